@@ -1,0 +1,47 @@
+"""Every tunable of nbattn in one place.
+
+Each value can be overridden by an environment variable of the same name with
+the prefix ``NBATTN_`` (for example ``NBATTN_KEY_BLOCK=512``), read once at
+import time. Tests patch the module attributes directly; kernels read them
+when they are compiled, so a patch must happen before the first call.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get("NBATTN_" + name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError as exc:
+        raise ValueError(f"environment variable NBATTN_{name}={raw!r} is not an integer") from exc
+    if value <= 0:
+        raise ValueError(f"environment variable NBATTN_{name}={raw!r} must be positive")
+    return value
+
+
+#: LLVM fast-math flags for every CPU kernel. Deliberately without ``nnan`` and
+#: ``ninf``: with those, LLVM may assume no NaN/inf exists, so ``np.isnan`` folds
+#: to False and ``-inf`` sentinels (empty rows, masked keys) break.
+FASTMATH = {"reassoc", "contract", "arcp", "nsz", "afn"}
+
+#: Keys per block of the streaming softmax. Each thread keeps one block of
+#: scores (KEY_BLOCK floats) in a scratch buffer that must stay in L1.
+KEY_BLOCK = _env_int("KEY_BLOCK", 256)
+
+#: Queries handed to a thread at once by the parallel loops.
+QUERY_BLOCK = _env_int("QUERY_BLOCK", 16)
+
+#: Below this many query x key pairs the full weight matrix may be returned.
+MAX_WEIGHT_MATRIX_ELEMENTS = _env_int("MAX_WEIGHT_MATRIX_ELEMENTS", 50_000_000)
+
+#: Threads per block of the CUDA kernels (tests patch a small value so that
+#: multi-block and partial-tile paths run under the simulator).
+CUDA_THREADS_PER_BLOCK = _env_int("CUDA_THREADS_PER_BLOCK", 128)
+
+#: Whether compiled kernels are cached on disk (second process: no recompile).
+CACHE = os.environ.get("NBATTN_CACHE", "1") not in ("0", "false", "False")

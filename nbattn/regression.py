@@ -1,0 +1,178 @@
+"""Functional kernel regression: Nadaraya-Watson attention pooling.
+
+    f(q) = sum_j softmax_j( -1/2 sum_d ((q_d - k_jd) / h_d)^2 ) v_j
+
+(seed 002, section 1.3.2), computed by the streaming kernel in
+``nbattn.kernels.pooling``: exact, stable, and without the queries x keys
+matrix. This layer validates inputs, resolves bandwidth rules, lays the
+arrays out for the kernel and dispatches to the device.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._validation import as_float_array, check_bandwidth, check_dtype, check_same_features
+from .kernels import pooling
+
+__all__ = [
+    "BANDWIDTH_RULES",
+    "average_pooling",
+    "bandwidth_rule",
+    "gaussian_attention_weights",
+    "nadaraya_watson",
+    "resolve_bandwidth",
+]
+
+
+def _scott(n: int, d: int) -> float:
+    return n ** (-1.0 / (d + 4))
+
+
+def _silverman(n: int, d: int) -> float:
+    return (n * (d + 2) / 4.0) ** (-1.0 / (d + 4))
+
+
+#: Bandwidth rules by name: factor(n, d) multiplied by each feature's spread.
+BANDWIDTH_RULES = {"scott": _scott, "silverman": _silverman}
+
+
+def bandwidth_rule(X, rule: str = "scott") -> np.ndarray:
+    """Per-feature rule-of-thumb bandwidths, as in ``scipy.stats.gaussian_kde``.
+
+    ``h_d = factor(n, d) * sigma_d`` with ``sigma_d`` the sample standard
+    deviation (ddof=1) of feature d, and
+
+    * Scott:     factor = n ** (-1 / (d + 4))
+    * Silverman: factor = (n (d + 2) / 4) ** (-1 / (d + 4))
+
+    A constant feature (sigma_d = 0, or a single sample) has no spread to
+    scale by; it gets sigma_d = 1, so its width is measured in the feature's
+    own units rather than dividing by zero.
+    """
+    if rule not in BANDWIDTH_RULES:
+        raise ValueError(f"bandwidth rule must be one of {sorted(BANDWIDTH_RULES)}, got {rule!r}")
+    X = as_float_array(X, "X", ndim=(1, 2), dtype="float64")
+    if X.ndim == 1:
+        X = X[:, None]
+    n, d = X.shape
+    sigma = X.std(axis=0, ddof=1) if n > 1 else np.zeros(d)
+    sigma = np.where(sigma > 0, sigma, 1.0)
+    return BANDWIDTH_RULES[rule](n, d) * sigma
+
+
+def resolve_bandwidth(bandwidth, keys: np.ndarray) -> np.ndarray:
+    """A rule name, a float or a per-feature array → per-feature array (d,)."""
+    if isinstance(bandwidth, str):
+        return bandwidth_rule(keys, bandwidth)
+    return check_bandwidth(bandwidth, keys.shape[1])
+
+
+def _as_2d(x, name, dtype):
+    arr = as_float_array(x, name, ndim=(1, 2), dtype=dtype)
+    return arr[:, None] if arr.ndim == 1 else arr
+
+
+def _layout(queries, keys, values, h, dtype):
+    """Scale by 1/(h sqrt 2) and transpose to the kernels' layout (see pooling)."""
+    scale = 1.0 / (h * np.sqrt(2.0))
+    q = np.ascontiguousarray(queries * scale, dtype=dtype)
+    k_t = np.ascontiguousarray((keys * scale).T, dtype=dtype)
+    v_t = None if values is None else np.ascontiguousarray(values.T, dtype=dtype)
+    return q, k_t, v_t
+
+
+def _check_exclude_self(exclude_self, queries, keys):
+    if exclude_self and queries.shape[0] != keys.shape[0]:
+        raise ValueError(
+            "exclude_self=True pairs query i with key i, so queries and keys must have the "
+            f"same number of rows; got {queries.shape[0]} and {keys.shape[0]}"
+        )
+
+
+def nadaraya_watson(
+    queries, keys, values, bandwidth="scott", exclude_self=False, *, dtype=None, return_lse=False
+):
+    """Nadaraya-Watson regression with a Gaussian kernel (attention pooling).
+
+    .. math::
+
+        f(q_i) = \\sum_j \\operatorname{softmax}_j\\Big(-\\tfrac12 \\sum_d
+                 \\big(\\tfrac{q_{id} - k_{jd}}{h_d}\\big)^2\\Big)\\, v_j
+
+    Parameters
+    ----------
+    queries : array-like (n_queries, d) or (n_queries,) when d = 1
+    keys : array-like (n_keys, d) or (n_keys,)
+    values : array-like (n_keys,) or (n_keys, n_outputs)
+    bandwidth : "scott", "silverman", float or array (d,)
+        Per-feature widths h_d; rule names are computed from ``keys``.
+    exclude_self : bool
+        Skip the pair (i, i): the leave-one-out prediction when ``queries``
+        are the ``keys``.
+    dtype : "float64" (default, or the inputs' float32) or "float32"
+        The precision of the computation; running sums are float64 always.
+    return_lse : bool
+        Also return ``lse_i = log sum_j exp(s_ij)`` (float64), the log
+        normaliser, which merges partial results over key shards exactly.
+
+    Returns
+    -------
+    out : ndarray (n_queries,) if ``values`` is 1-D, else (n_queries, n_outputs)
+    lse : ndarray (n_queries,), only with ``return_lse=True``
+
+    Notes
+    -----
+    Computed with an online softmax over key blocks, never holding the
+    n_queries x n_keys matrix; a query far from every key gets its nearest
+    key's value (where the textbook formula gives 0/0). A query with no
+    admissible key (one key, excluded) gets 0 and lse = -inf.
+    """
+    dtype = check_dtype(dtype) if dtype is not None else _default_dtype(queries, keys, values)
+    keys = _as_2d(keys, "keys", np.float64)
+    queries = _as_2d(queries, "queries", np.float64)
+    values_arr = as_float_array(values, "values", ndim=(1, 2), dtype=np.float64)
+    check_same_features(queries, keys, "queries", "keys")
+    if values_arr.shape[0] != keys.shape[0]:
+        raise ValueError(f"values has {values_arr.shape[0]} rows but keys has {keys.shape[0]}")
+    _check_exclude_self(exclude_self, queries, keys)
+    values_2d = values_arr[:, None] if values_arr.ndim == 1 else values_arr
+    h = resolve_bandwidth(bandwidth, keys)
+    q, k_t, v_t = _layout(queries, keys, values_2d, h, dtype)
+    out, lse = pooling.gaussian_pool(q, k_t, v_t, bool(exclude_self))
+    if values_arr.ndim == 1:
+        out = out[:, 0]
+    return (out, lse) if return_lse else out
+
+
+def _default_dtype(*arrays):
+    """float32 when every input is a float32 array, float64 otherwise."""
+    is_f32 = [getattr(a, "dtype", None) == np.float32 for a in arrays]
+    return np.float32 if all(is_f32) else np.float64
+
+
+def gaussian_attention_weights(queries, keys, bandwidth="scott", exclude_self=False, *, dtype=None):
+    """The attention-weight matrix ``W[i, j] = softmax_j(s_ij)`` (n_queries, n_keys).
+
+    Same score as :func:`nadaraya_watson`; ``W @ values`` is its prediction.
+    Memory is n_queries x n_keys: meant for plots and diagnostics.
+    """
+    dtype = check_dtype(dtype) if dtype is not None else _default_dtype(queries, keys)
+    keys = _as_2d(keys, "keys", np.float64)
+    queries = _as_2d(queries, "queries", np.float64)
+    check_same_features(queries, keys, "queries", "keys")
+    _check_exclude_self(exclude_self, queries, keys)
+    h = resolve_bandwidth(bandwidth, keys)
+    q, k_t, _ = _layout(queries, keys, None, h, dtype)
+    return pooling.gaussian_weights(q, k_t, bool(exclude_self))
+
+
+def average_pooling(queries, values):
+    """Average pooling (seed 002, section 1.3.1): f(q) = (1/n) sum_j v_j for every q.
+
+    Attention pooling with a constant score: every key gets weight 1/n.
+    """
+    queries = as_float_array(queries, "queries", ndim=(1, 2))
+    values = as_float_array(values, "values", ndim=(1, 2), dtype=np.float64)
+    mean = values.mean(axis=0)
+    return np.broadcast_to(mean, (queries.shape[0],) + mean.shape).copy()

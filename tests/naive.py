@@ -1,0 +1,59 @@
+"""Plain-NumPy references for every kernel: slow, obvious, float64.
+
+CPU and GPU tests compare against the same functions here. They hold the full
+queries x keys matrix, so keep the inputs small.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def softmax_rows(scores):
+    """Row-wise softmax with the max subtracted; a row of all -inf gives zeros."""
+    scores = np.asarray(scores, dtype=np.float64)
+    row_max = scores.max(axis=-1, keepdims=True)
+    safe_max = np.where(np.isfinite(row_max), row_max, 0.0)
+    e = np.exp(scores - safe_max)
+    total = e.sum(axis=-1, keepdims=True)
+    return np.divide(e, total, out=np.zeros_like(e), where=total > 0)
+
+
+def gaussian_scores(queries, keys, bandwidth):
+    """s_ij = -1/2 sum_d ((q_id - k_jd) / h_d)^2."""
+    q = np.asarray(queries, dtype=np.float64)
+    k = np.asarray(keys, dtype=np.float64)
+    h = np.broadcast_to(np.asarray(bandwidth, dtype=np.float64), (q.shape[1],))
+    diff = (q[:, None, :] - k[None, :, :]) / h
+    return -0.5 * np.sum(diff**2, axis=-1)
+
+
+def nadaraya_watson_weights(queries, keys, bandwidth, exclude_self=False):
+    scores = gaussian_scores(queries, keys, bandwidth)
+    if exclude_self:
+        np.fill_diagonal(scores, -np.inf)
+    return softmax_rows(scores)
+
+
+def nadaraya_watson(queries, keys, values, bandwidth, exclude_self=False):
+    """sum_j softmax_j(s_ij) v_j, values (n_keys,) or (n_keys, n_outputs)."""
+    weights = nadaraya_watson_weights(queries, keys, bandwidth, exclude_self)
+    return weights @ np.asarray(values, dtype=np.float64)
+
+
+def nadaraya_watson_lse(queries, keys, bandwidth, exclude_self=False):
+    """log sum_j exp(s_ij)."""
+    scores = gaussian_scores(queries, keys, bandwidth)
+    if exclude_self:
+        np.fill_diagonal(scores, -np.inf)
+    m = scores.max(axis=1)
+    safe = np.where(np.isfinite(m), m, 0.0)
+    with np.errstate(divide="ignore"):
+        return safe + np.log(np.exp(scores - safe[:, None]).sum(axis=1))
+
+
+def textbook_nadaraya_watson(queries, keys, values, bandwidth):
+    """The seed's formula as written, K(q, k) / sum K: underflows to 0/0 far from the data."""
+    k = np.exp(gaussian_scores(queries, keys, bandwidth))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (k @ np.asarray(values, dtype=np.float64)) / k.sum(axis=1)
