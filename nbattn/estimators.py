@@ -39,7 +39,8 @@ class NadarayaWatsonRegressor(RegressorMixin, BaseEstimator):
         target gets the same weight, whatever the query.
     device : "cpu", "cuda" or "auto"
     dtype : "float64" or "float32"
-        Precision of the computation (running sums are float64 always).
+        Precision of the computation (running sums are float64 always);
+        predictions are returned as float64 either way.
 
     Attributes
     ----------
@@ -71,6 +72,8 @@ class NadarayaWatsonRegressor(RegressorMixin, BaseEstimator):
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
         tags.target_tags.multi_output = True
+        # average pooling ignores X by design (the seed's baseline)
+        tags.regressor_tags.poor_score = self.kernel == "average"
         return tags
 
     def fit(self, X, y):
@@ -100,6 +103,7 @@ class NadarayaWatsonRegressor(RegressorMixin, BaseEstimator):
             out = regression.nadaraya_watson(
                 X, self.X_fit_, self.y_fit_, self.bandwidth_, dtype=check_dtype(self.dtype)
             )
+        out = np.asarray(out, dtype=np.float64)  # float64 like every scikit-learn regressor
         return out[:, 0] if self._y_ndim == 1 else out
 
     def attention_weights(self, X):

@@ -12,7 +12,9 @@ evaluated by Horner's rule with fused multiply-adds. Measured accuracy over
 the whole range (``tests/test_fastmath.py``): at most 2 ulp in float32 and
 below 1e-15 relative in float64. Results below the smallest normal number are
 flushed to zero (``x < -708.39`` in float64, ``x < -87.33`` in float32); that
-includes ``x = -inf``. ``x`` above the overflow threshold gives ``inf``. The
+includes ``x = -inf``. ``x > 709.43`` (float64) or ``x > 88.37`` (float32) gives
+``inf``, slightly before the true overflow (the last half-binade is given up
+so that 2**n stays a normal number). The
 kernels never pass NaN.
 """
 
@@ -29,14 +31,14 @@ _LN2_HI = 6.93147180369123816490e-01  # ln 2 with its low bits cleared, so n*LN2
 _LN2_LO = 1.90821492927058770002e-10
 _MAGIC64 = 6755399441055744.0  # 1.5 * 2**52: adding it leaves the integer n in the low bits
 _LO64 = -708.39  # exp(-708.39) ~ 2.2e-308, the smallest normal float64
-_HI64 = 709.78
+_HI64 = 709.43  # round(x / ln 2) <= 1023, the largest exponent; above: inf
 
 _LN2_HI32 = np.float32(0.693145751953125)
 _LN2_LO32 = np.float32(1.428606765330187045e-06)
 _LOG2E32 = np.float32(_LOG2E)
 _MAGIC32 = np.float32(12582912.0)  # 1.5 * 2**23
 _LO32 = np.float32(-87.33)
-_HI32 = np.float32(88.72)
+_HI32 = np.float32(88.37)
 
 
 @intrinsic

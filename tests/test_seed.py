@@ -1,0 +1,84 @@
+"""The seed's data, the demo job and the on-disk kernel cache."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+import nbattn
+from nbattn.cli import main
+from nbattn.datasets import DATA_DIR, load_csv, seed_data, seed_function
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_seed_csv_is_the_recipe():
+    data = seed_data()
+    frame = pd.read_csv(DATA_DIR / "seed_pooling.csv")
+    np.testing.assert_array_equal(frame["x"], data.x_train)
+    np.testing.assert_array_equal(frame["y"], data.y_train)
+    assert np.all(np.diff(data.x_train) >= 0) and data.x_train.max() < 6.0
+    assert len(data.x_test) == 50 and data.x_test[-1] < 6.28
+    np.testing.assert_allclose(data.y_test, 2 * np.sin(data.x_test) + data.x_test**0.8)
+    residual = data.y_train - seed_function(data.x_train)
+    assert 0.2 < residual.std() < 0.8  # N(0, 0.5) noise
+
+
+def test_engel_regression_beats_average_pooling():
+    df = load_csv("engel")
+    X, y = df[["income"]], df["foodexp"]
+    nw = nbattn.NadarayaWatsonRegressor().fit(X, y).score(X, y)
+    avg = nbattn.NadarayaWatsonRegressor(kernel="average").fit(X, y).score(X, y)
+    assert nw > 0.8 and avg < 1e-12
+
+
+def test_demo_prints_metrics_and_writes_figures(tmp_path, capsys):
+    assert main(["demo", "--outdir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    for name in ("average_pooling", "nadaraya_watson", "mse", "r2"):
+        assert name in out
+    for fig in (
+        "data.png",
+        "average_pooling.png",
+        "nadaraya_watson.png",
+        "heatmap_nadaraya_watson.png",
+    ):
+        assert (tmp_path / fig).stat().st_size > 1000
+
+
+def test_demo_nadaraya_watson_beats_average_pooling():
+    from nbattn.seed import run_seed
+
+    table = run_seed()
+    assert table.loc["nadaraya_watson", "mse"] < table.loc["average_pooling", "mse"]
+
+
+_PROBE = """
+import json, time
+t0 = time.perf_counter()
+import numpy as np, nbattn
+from nbattn.kernels import pooling
+x = np.linspace(0, 1, 50)[:, None]
+nbattn.nadaraya_watson(x, x, x[:, 0], 0.1)
+print(json.dumps({"misses": sum(pooling.gaussian_pool.stats.cache_misses.values()),
+                  "hits": sum(pooling.gaussian_pool.stats.cache_hits.values()),
+                  "seconds": time.perf_counter() - t0}))
+"""
+
+
+def test_second_process_loads_compiled_kernel_from_cache(tmp_path):
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path), PYTHONPATH=str(ROOT))
+    runs = [
+        json.loads(
+            subprocess.run(
+                [sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, check=True
+            ).stdout
+        )
+        for _ in range(2)
+    ]
+    assert runs[0]["misses"] >= 1
+    assert runs[1]["misses"] == 0 and runs[1]["hits"] >= 1
