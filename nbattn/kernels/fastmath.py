@@ -21,6 +21,7 @@ kernels never pass NaN.
 from __future__ import annotations
 
 import numpy as np
+from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic, overload
 
@@ -174,3 +175,22 @@ def _like_overload(value, array):
     if array.dtype == types.float32:
         return lambda value, array: np.float32(value)
     return lambda value, array: np.float64(value)
+
+
+@intrinsic
+def fmax(typingctx, a, b):
+    """``llvm.maxnum(a, b)`` for two floats of one type.
+
+    Python's ``max`` lowers to compare-and-select, which LLVM vectorises as a
+    reduction only under ``nnan`` function attributes that numba never sets;
+    a ``maxnum`` reduction vectorises as it is. Inputs are never NaN here.
+    """
+    if not (isinstance(a, types.Float) and a == b):
+        return None
+
+    def codegen(context, builder, signature, args):
+        ty = context.get_value_type(signature.return_type)
+        fn = builder.module.declare_intrinsic("llvm.maxnum", [ty], ir.FunctionType(ty, [ty, ty]))
+        return builder.call(fn, args)
+
+    return a(a, b), codegen

@@ -33,7 +33,7 @@ import numpy as np
 from numba import njit, prange
 
 from .. import config
-from .fastmath import fast_exp, like
+from .fastmath import fast_exp, fmax, like
 
 _KEY_BLOCK = config.KEY_BLOCK
 _QUERY_BLOCK = config.QUERY_BLOCK
@@ -42,20 +42,25 @@ _QUERY_BLOCK = config.QUERY_BLOCK
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
 def _block_scores(query_row, keys_t, j0, nb, scores):
     """scores[j] = -sum_f (keys_t[f, j0 + j] - query_row[f])**2 for j < nb."""
+    keys_f = keys_t[0, j0 : j0 + nb]
+    q0 = query_row[0]
     for j in range(nb):
-        scores[j] = 0.0
-    for f in range(keys_t.shape[0]):
+        diff = keys_f[j] - q0
+        scores[j] = -(diff * diff)
+    for f in range(1, keys_t.shape[0]):
+        keys_f = keys_t[f, j0 : j0 + nb]
         qf = query_row[f]
         for j in range(nb):
-            diff = keys_t[f, j0 + j] - qf
+            diff = keys_f[j] - qf
             scores[j] -= diff * diff
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
 def _block_max(scores, nb):
+    """max(scores[:nb]); the scores are finite or -inf, never NaN."""
     best = like(-np.inf, scores)
     for j in range(nb):
-        best = max(best, scores[j])
+        best = fmax(best, scores[j])
     return best
 
 
@@ -69,6 +74,19 @@ def _exp_shift_sum(scores, nb, shift):
         scores[j] = w
         total += w
     return total
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def _exp_shift_sum_dot(scores, nb, shift, values_row):
+    """Like _exp_shift_sum, and also returns sum_j exp(scores[j] - shift) * values_row[j]."""
+    total = like(0.0, scores)
+    weighted = like(0.0, scores)
+    shift = like(shift, scores)
+    for j in range(nb):
+        w = fast_exp(scores[j] - shift)
+        total += w
+        weighted += w * values_row[j]
+    return total, weighted
 
 
 @njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
@@ -108,11 +126,19 @@ def gaussian_pool(queries, keys_t, values_t, exclude_self):
                     for c in range(n_outputs):
                         acc[c] *= rescale
                     running_max = block_max
+                if n_outputs == 1:  # one fused pass: exp, sum and weighted sum
+                    total, weighted = _exp_shift_sum_dot(
+                        scores, nb, running_max, values_t[0, j0 : j0 + nb]
+                    )
+                    running_sum += total
+                    acc[0] += weighted
+                    continue
                 running_sum += _exp_shift_sum(scores, nb, running_max)
                 for c in range(n_outputs):
+                    values_c = values_t[c, j0 : j0 + nb]
                     weighted = like(0.0, scores)
                     for j in range(nb):
-                        weighted += scores[j] * values_t[c, j0 + j]
+                        weighted += scores[j] * values_c[j]
                     acc[c] += weighted
             if running_sum > 0.0:
                 for c in range(n_outputs):
