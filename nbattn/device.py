@@ -6,7 +6,7 @@ _DEVICES = ("cpu", "cuda", "auto")
 
 
 def cuda_available() -> bool:
-    """True when numba can see a usable CUDA GPU (never raises)."""
+    """True when numba can see a usable CUDA GPU, or runs the CUDA simulator (never raises)."""
     try:
         from numba import cuda
     except Exception:
@@ -20,14 +20,29 @@ def cuda_available() -> bool:
 def resolve_device(device: str) -> str:
     """Map a requested device to the one that runs: "auto" picks CUDA when a GPU is there.
 
-    Only the CPU kernels exist so far: "cuda" raises a ValueError saying so,
-    and "auto" runs on the CPU.
+    "cuda" without a usable GPU raises a ValueError that says what is missing.
     """
     if device not in _DEVICES:
         raise ValueError(f"device must be one of {_DEVICES}, got {device!r}")
+    if device == "cpu":
+        return "cpu"
+    if cuda_available():
+        return "cuda"
+    if device == "auto":
+        return "cpu"
+    raise ValueError(
+        "device='cuda' needs a CUDA GPU with its driver and numba-cuda "
+        "(pip install 'nbattn[cuda]'); numba found no usable GPU here. "
+        "Use device='cpu' or device='auto'."
+    )
+
+
+def pooling_kernels(device: str):
+    """The module holding ``gaussian_pool`` for a resolved device."""
     if device == "cuda":
-        raise ValueError(
-            "device='cuda' is not available: nbattn's CUDA kernels are not built yet "
-            "(use device='cpu' or 'auto')"
-        )
-    return "cpu"
+        from .cuda import pooling
+
+        return pooling
+    from .kernels import pooling
+
+    return pooling

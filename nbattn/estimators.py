@@ -38,6 +38,8 @@ class NadarayaWatsonRegressor(RegressorMixin, BaseEstimator):
         "average" is average pooling (seed section 1.3.1): every training
         target gets the same weight, whatever the query.
     device : "cpu", "cuda" or "auto"
+        Where predictions run; "auto" picks a CUDA GPU when numba sees one.
+        ``device_`` holds the device chosen at fit.
     dtype : "float64" or "float32"
         Precision of the computation (running sums are float64 always);
         predictions are returned as float64 either way.
@@ -101,7 +103,12 @@ class NadarayaWatsonRegressor(RegressorMixin, BaseEstimator):
             out = regression.average_pooling(X, self.y_fit_)
         else:
             out = regression.nadaraya_watson(
-                X, self.X_fit_, self.y_fit_, self.bandwidth_, dtype=check_dtype(self.dtype)
+                X,
+                self.X_fit_,
+                self.y_fit_,
+                self.bandwidth_,
+                dtype=check_dtype(self.dtype),
+                device=self.device_,
             )
         out = np.asarray(out, dtype=np.float64)  # float64 like every scikit-learn regressor
         return out[:, 0] if self._y_ndim == 1 else out

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._validation import as_float_array, check_bandwidth, check_dtype, check_same_features
+from .device import pooling_kernels, resolve_device
 from .kernels import pooling
 
 __all__ = [
@@ -91,7 +92,15 @@ def _check_exclude_self(exclude_self, queries, keys):
 
 
 def nadaraya_watson(
-    queries, keys, values, bandwidth="scott", exclude_self=False, *, dtype=None, return_lse=False
+    queries,
+    keys,
+    values,
+    bandwidth="scott",
+    exclude_self=False,
+    *,
+    dtype=None,
+    return_lse=False,
+    device="cpu",
 ):
     """Nadaraya-Watson regression with a Gaussian kernel (attention pooling).
 
@@ -115,6 +124,8 @@ def nadaraya_watson(
     return_lse : bool
         Also return ``lse_i = log sum_j exp(s_ij)`` (float64), the log
         normaliser, which merges partial results over key shards exactly.
+    device : "cpu", "cuda" or "auto"
+        "auto" runs on a CUDA GPU when numba sees one, else on the CPU.
 
     Returns
     -------
@@ -139,7 +150,10 @@ def nadaraya_watson(
     values_2d = values_arr[:, None] if values_arr.ndim == 1 else values_arr
     h = resolve_bandwidth(bandwidth, keys)
     q, k_t, v_t = _layout(queries, keys, values_2d, h, dtype)
-    out, lse = pooling.gaussian_pool(q, k_t, v_t, bool(exclude_self))
+    device = resolve_device(device)
+    out, lse = pooling_kernels(device).gaussian_pool(q, k_t, v_t, bool(exclude_self))
+    if device == "cuda":
+        out, lse = out.copy_to_host(), lse.copy_to_host()
     if values_arr.ndim == 1:
         out = out[:, 0]
     return (out, lse) if return_lse else out

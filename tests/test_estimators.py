@@ -83,7 +83,7 @@ def test_float32_dtype(frame):
         (dict(bandwidth=[1.0, -1.0, 1.0]), "bandwidth must be positive"),
         (dict(bandwidth=[1.0, 1.0]), "bandwidth has 2 entries"),
         (dict(device="tpu"), "device"),
-        (dict(device="cuda"), "device='cuda' is not available"),
+        (dict(device="cuda"), "device='cuda' needs a CUDA GPU"),
         (dict(dtype="int8"), "dtype"),
     ],
 )
@@ -117,3 +117,12 @@ def test_inputs_not_modified_and_clone(frame):
     pd.testing.assert_frame_equal(X, X0)
     pd.testing.assert_series_equal(y, y0)
     assert clone(model).get_params() == model.get_params()
+
+
+def test_auto_device_runs_on_cpu_without_gpu(frame):
+    X, y = frame
+    model = nbattn.NadarayaWatsonRegressor(device="auto").fit(X, y)
+    assert model.device_ == "cpu"
+    np.testing.assert_allclose(
+        model.predict(X), nbattn.NadarayaWatsonRegressor().fit(X, y).predict(X), rtol=1e-15
+    )

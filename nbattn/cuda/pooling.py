@@ -1,0 +1,136 @@
+"""Streaming Nadaraya-Watson on the GPU: the twin of ``nbattn.kernels.pooling``.
+
+Same contract as the CPU kernel: ``queries`` (n_queries, d) and ``keys_t``
+(d, n_keys) pre-scaled by 1/(h sqrt 2), ``values_t`` (n_outputs, n_keys), one
+float dtype; returns ``out`` (n_queries, n_outputs) and ``lse`` (n_queries,)
+float64, with
+
+    s_ij = -|| q_i - k_j ||^2,   out_i = sum_j softmax_j(s_ij) v_j,   lse_i = log sum_j exp(s_ij)
+
+One thread per query keeps the online-softmax state (running max, sum and
+weighted sums, float64) in registers; the block walks the keys in tiles of
+``config.CUDA_THREADS_PER_BLOCK`` keys that its threads load together into
+shared memory. Up to ``MAX_OUTPUTS`` outputs per launch; more outputs are
+handled in several launches by the host wrapper.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda, from_dtype
+
+from .. import config
+
+#: Outputs accumulated per thread (a compile-time size for the local array).
+MAX_OUTPUTS = 8
+
+
+def _make_pool_kernel(float_type):
+    """The kernel for one dtype: scores and exp in ``float_type``, sums in float64."""
+    zero = float_type(0.0)
+    minus_inf = float_type(-np.inf)
+    tile_type = from_dtype(np.dtype(float_type))
+
+    @cuda.jit(fastmath=True)
+    def gaussian_pool_kernel(queries, keys_t, values_t, exclude_self, out, lse):
+        tile = cuda.shared.array(0, dtype=tile_type)  # (d + n_outputs) x blockDim.x
+        i = cuda.grid(1)
+        tx = cuda.threadIdx.x
+        tpb = cuda.blockDim.x
+        n_queries = queries.shape[0]
+        d = keys_t.shape[0]
+        n_keys = keys_t.shape[1]
+        n_outputs = values_t.shape[0]
+        acc = cuda.local.array(MAX_OUTPUTS, dtype=np.float64)
+        for c in range(MAX_OUTPUTS):
+            acc[c] = 0.0
+        running_max = minus_inf
+        running_sum = 0.0
+        for j0 in range(0, n_keys, tpb):
+            j_load = j0 + tx
+            if j_load < n_keys:
+                for f in range(d):
+                    tile[f * tpb + tx] = keys_t[f, j_load]
+                for c in range(n_outputs):
+                    tile[(d + c) * tpb + tx] = values_t[c, j_load]
+            cuda.syncthreads()
+            if i < n_queries:
+                nb = min(tpb, n_keys - j0)
+                for jj in range(nb):
+                    if exclude_self and j0 + jj == i:
+                        continue
+                    s = zero
+                    for f in range(d):
+                        diff = tile[f * tpb + jj] - queries[i, f]
+                        s -= diff * diff
+                    if s > running_max:
+                        rescale = math.exp(float(running_max) - float(s))
+                        running_sum *= rescale
+                        for c in range(n_outputs):
+                            acc[c] *= rescale
+                        running_max = s
+                    w = math.exp(s - running_max)
+                    running_sum += w
+                    for c in range(n_outputs):
+                        acc[c] += w * tile[(d + c) * tpb + jj]
+            cuda.syncthreads()
+        if i < n_queries:
+            if running_sum > 0.0:
+                for c in range(n_outputs):
+                    out[i, c] = acc[c] / running_sum
+                lse[i] = running_max + math.log(running_sum)
+            else:
+                for c in range(n_outputs):
+                    out[i, c] = 0.0
+                lse[i] = -math.inf
+
+    return gaussian_pool_kernel
+
+
+#: One compiled kernel per dtype (compiled lazily on first launch).
+gaussian_pool_kernels = {
+    np.dtype(np.float32): _make_pool_kernel(np.float32),
+    np.dtype(np.float64): _make_pool_kernel(np.float64),
+}
+
+
+def to_device(array):
+    """A device view of ``array``: host arrays are copied, GPU arrays
+    (``__cuda_array_interface__``: numba, CuPy, torch) are used in place."""
+    if isinstance(array, np.ndarray):
+        return cuda.to_device(np.ascontiguousarray(array))
+    if hasattr(array, "__cuda_array_interface__"):
+        return cuda.as_cuda_array(array)
+    return array  # already a numba device array (or the simulator's)
+
+
+def gaussian_pool(queries, keys_t, values_t, exclude_self):
+    """Host wrapper: NumPy or device arrays in; ``(out, lse)`` as device arrays.
+
+    ``out`` has the dtype of ``queries``; running sums are float64.
+    """
+    device_queries = to_device(queries)
+    device_keys_t = to_device(keys_t)
+    device_values_t = to_device(values_t)
+    n_queries = device_queries.shape[0]
+    d, n_keys = device_keys_t.shape
+    n_outputs = device_values_t.shape[0]
+    device_out = cuda.device_array((n_queries, n_outputs), dtype=device_queries.dtype)
+    device_lse = cuda.device_array(n_queries, dtype=np.float64)
+    tpb = config.CUDA_THREADS_PER_BLOCK
+    blocks = (n_queries + tpb - 1) // tpb
+    for c0 in range(0, n_outputs, MAX_OUTPUTS):
+        c1 = min(n_outputs, c0 + MAX_OUTPUTS)
+        shared_bytes = (d + c1 - c0) * tpb * device_queries.dtype.itemsize
+        kernel = gaussian_pool_kernels[np.dtype(device_queries.dtype)]
+        kernel[blocks, tpb, 0, shared_bytes](
+            device_queries,
+            device_keys_t,
+            device_values_t[c0:c1],
+            bool(exclude_self),
+            device_out[:, c0:c1],
+            device_lse,
+        )
+    return device_out, device_lse
