@@ -15,8 +15,13 @@ fi
 # Reinstall only when pyproject.toml changed since the last install.
 stamp=".venv/.nbattn-installed-${NBATTN_EXTRAS:-base}"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    echo "installing nbattn${NBATTN_EXTRAS:+[$NBATTN_EXTRAS]} into .venv (log: .venv/pip-install.log)" >&2
     "$VENV_PY" -m pip install --quiet --upgrade pip >/dev/null 2>&1 || true
-    "$VENV_PY" -m pip install --quiet --disable-pip-version-check -e "$spec"
+    if ! "$VENV_PY" -m pip install --disable-pip-version-check -e "$spec" \
+        >.venv/pip-install.log 2>&1; then
+        cat .venv/pip-install.log >&2
+        exit 1
+    fi
     touch "$stamp"
 fi
 export PATH="$ROOT/.venv/bin:$PATH"
