@@ -1,0 +1,114 @@
+"""nbattn.dask on a real LocalCluster with two worker processes."""
+
+import os
+import signal
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import nbattn
+
+da = pytest.importorskip("dask.array")
+dd = pytest.importorskip("dask.dataframe")
+distributed = pytest.importorskip("distributed")
+nbdask = pytest.importorskip("nbattn.dask")
+
+
+@pytest.fixture(scope="module")
+def client():
+    cluster = distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+    )
+    with distributed.Client(cluster) as c:
+        yield c
+    cluster.close()
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(7)
+    keys = rng.uniform(0, 6, size=(3000, 2))
+    values = np.sin(keys[:, 0]) + 0.1 * keys[:, 1] + rng.normal(0, 0.2, 3000)
+    queries = rng.uniform(0, 6, size=(2000, 2))
+    return queries, keys, values
+
+
+def test_predict_dataframe_equals_in_memory_and_keeps_index(client, data):
+    queries, keys, values = data
+    cols = ["a", "b"]
+    model = nbattn.NadarayaWatsonRegressor().fit(pd.DataFrame(keys, columns=cols), values)
+    frame = pd.DataFrame(queries, columns=cols, index=np.arange(len(queries)) * 3 + 11)
+    ddf = dd.from_pandas(frame, npartitions=4)
+    got = nbdask.predict(model, ddf).compute()
+    expected = model.predict(frame)
+    pd.testing.assert_index_equal(got.index, frame.index)
+    np.testing.assert_allclose(got.to_numpy(), expected, rtol=1e-12, atol=0)
+
+
+def test_predict_multi_output_array(client, data):
+    queries, keys, values = data
+    model = nbattn.NadarayaWatsonRegressor().fit(keys, np.column_stack([values, -values]))
+    got = nbdask.predict(model, da.from_array(queries, chunks=(300, 2))).compute()
+    np.testing.assert_allclose(got, model.predict(queries), rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("key_chunk", [3000, 1000, 333])
+def test_sharded_keys_merge_is_exact(client, data, key_chunk):
+    queries, keys, values = data
+    got = nbdask.nadaraya_watson_sharded(
+        da.from_array(queries, chunks=(500, 2)),
+        da.from_array(keys, chunks=(key_chunk, 2)),
+        da.from_array(values, chunks=key_chunk),
+        bandwidth="scott",
+    ).compute()
+    expected = nbattn.nadaraya_watson(queries, keys, values, "scott")
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-14)
+
+
+def test_merge_of_empty_shard_is_identity():
+    out = np.array([[1.0], [2.0]])
+    lse = np.array([0.5, -np.inf])
+    empty = (np.zeros((2, 1)), np.array([-np.inf, -np.inf]))
+    merged_out, merged_lse = nbdask.merge_partial((out, lse), empty)
+    np.testing.assert_array_equal(merged_out, [[1.0], [0.0]])
+    np.testing.assert_array_equal(merged_lse, lse)
+
+
+def test_worker_killed_mid_job_still_gives_identical_results(client, data):
+    queries, keys, values = data
+    big_queries = np.tile(queries, (10, 1))
+    model = nbattn.NadarayaWatsonRegressor().fit(keys, values)
+    expected = model.predict(big_queries)
+    future = client.compute(nbdask.predict(model, da.from_array(big_queries, chunks=(500, 2))))
+    pids = client.run(os.getpid)
+    time.sleep(0.5)
+    victim = sorted(pids.values())[0]
+    os.kill(victim, signal.SIGKILL)
+    got = future.result(timeout=300)
+    assert got.shape == expected.shape
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=0)
+
+
+def test_workers_load_kernels_from_cache(client, data):
+    queries, keys, values = data
+    model = nbattn.NadarayaWatsonRegressor().fit(keys, values)
+    model.predict(queries[:5])  # this process has compiled (and cached) the kernel
+
+    def predict_then_cache_stats():
+        from nbattn.kernels import pooling
+
+        model.predict(queries[:5])
+        stats = pooling.gaussian_pool.stats
+        return sum(stats.cache_misses.values()), sum(stats.cache_hits.values())
+
+    for misses, hits in client.run(predict_then_cache_stats).values():
+        assert misses == 0 and hits >= 1
+
+
+def test_predict_rejects_in_memory_data(data):
+    queries, keys, values = data
+    model = nbattn.NadarayaWatsonRegressor().fit(keys, values)
+    with pytest.raises(ValueError, match="dask DataFrame or dask Array"):
+        nbdask.predict(model, queries)
