@@ -31,7 +31,7 @@ FASTMATH = {"reassoc", "contract", "arcp", "nsz", "afn"}
 
 #: Keys per block of the streaming softmax. Each thread keeps one block of
 #: scores (KEY_BLOCK floats) in a scratch buffer that must stay in L1.
-KEY_BLOCK = _env_int("KEY_BLOCK", 256)
+KEY_BLOCK = _env_int("KEY_BLOCK", 1024)
 
 #: Queries handed to a thread at once by the parallel loops.
 QUERY_BLOCK = _env_int("QUERY_BLOCK", 16)
