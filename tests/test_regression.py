@@ -40,7 +40,7 @@ def test_float32_inputs_compute_in_float32(rng):
     assert nbattn.nadaraya_watson(q, k, v[:, 0], 1.0).dtype == np.float32
 
 
-@pytest.mark.parametrize("n_keys", [1, 255, 256, 257, 1000])
+@pytest.mark.parametrize("n_keys", [1, 255, 1023, 1024, 1025, 2500])
 def test_exclude_self_is_leave_one_out(rng, n_keys):
     x = rng.normal(size=(n_keys, 2))
     y = rng.normal(size=n_keys)
@@ -51,6 +51,21 @@ def test_exclude_self_is_leave_one_out(rng, n_keys):
     assert _rel_err(got, naive.nadaraya_watson(x, x, y, 0.5, exclude_self=True)) <= 1e-12
     ref_lse = naive.nadaraya_watson_lse(x, x, 0.5, exclude_self=True)
     np.testing.assert_allclose(lse, ref_lse, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_online_rescaling_across_key_blocks(dtype):
+    # Keys sorted by distance, farthest first: every block raises the running
+    # max, so the rescaling path runs once per block (KEY_BLOCK = config value).
+    from nbattn import config
+
+    n = 3 * config.KEY_BLOCK + 17
+    keys = np.linspace(40.0, 0.0, n)[:, None]
+    values = np.cos(keys[:, 0])
+    queries = np.array([[0.0], [-3.0], [20.0]])
+    got = nbattn.nadaraya_watson(queries, keys, values, 0.5, dtype=dtype)
+    tol = 1e-12 if dtype == "float64" else 1e-5
+    assert _rel_err(got, naive.nadaraya_watson(queries, keys, values, 0.5)) <= tol
 
 
 def test_one_query_one_key():
