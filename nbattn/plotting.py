@@ -17,6 +17,10 @@ def _pyplot():
     return plt
 
 
+# The seed's colours: green average pooling, black attention pooling, then others.
+_CURVE_COLORS = ["tab:green", "black", "tab:orange", "tab:purple", "tab:brown", "tab:cyan"]
+
+
 def plot_fit(x_train, y_train, x_test, y_true, curves=None, ax=None, title=None):
     """Training points, the true function, and fitted curves {label: y_pred on x_test}."""
     plt = _pyplot()
@@ -24,8 +28,8 @@ def plot_fit(x_train, y_train, x_test, y_true, curves=None, ax=None, title=None)
         _, ax = plt.subplots(figsize=(6, 4))
     ax.scatter(x_train, y_train, color="tab:red", s=14, label="train_data")
     ax.plot(x_test, y_true, color="tab:blue", label="true function")
-    for label, y_pred in (curves or {}).items():
-        ax.plot(x_test, y_pred, label=label)
+    for (label, y_pred), color in zip((curves or {}).items(), _CURVE_COLORS * 4):
+        ax.plot(x_test, y_pred, label=label, color=color)
     ax.set_xlabel("x")
     ax.set_ylabel("y")
     if title:
