@@ -223,11 +223,14 @@ class Metrics:
 
     def add_classification(self, y, proba, *, where="") -> None:
         y = np.asarray(y)
-        idx = np.searchsorted(self.classes, y)
-        idx = np.clip(idx, 0, len(self.classes) - 1)
-        known = self.classes[idx] == y
+        try:  # classes_ is sorted (np.unique), so searchsorted finds each label
+            idx = np.clip(np.searchsorted(self.classes, y), 0, len(self.classes) - 1)
+            known = self.classes[idx] == y
+        except TypeError:  # labels of another type than the classes
+            known = np.zeros(len(y), dtype=bool)
         if not known.all():
             bad = y[int(np.argmin(known))]
+            bad = bad.item() if isinstance(bad, np.generic) else bad
             raise ValueError(f"{where}label {bad!r} is not one of the model's classes")
         pred = self.classes[np.argmax(proba, axis=1)]
         self.correct += int((pred == y).sum())
@@ -342,9 +345,13 @@ def _cmd_predict(args) -> int:
     ):
         for frame, first_row, position in chunks:
             X, keep = io.numeric_block(
-                frame, features, first_row=first_row, source=args.data, fmt=in_fmt,
+                frame,
+                features,
+                first_row=first_row,
+                source=args.data,
+                fmt=in_fmt,
                 on_nan=args.on_nan,
-            )  # fmt: skip
+            )
             n_in += len(frame)
             if not keep.all():
                 dropped += int((~keep).sum())
@@ -572,9 +579,12 @@ def _plot_loo(args):
     best = int(np.argmin(losses))
     ax.axvline(1.0, color="gray", ls="--", label="Scott's rule")
     ax.scatter(
-        [scales[best]], [losses[best]], color="tab:red", zorder=3,
+        [scales[best]],
+        [losses[best]],
+        color="tab:red",
+        zorder=3,
         label=f"minimum: {scales[best]:.3g} x Scott",
-    )  # fmt: skip
+    )
     ax.set_xscale("log")
     ax.set_xlabel("bandwidth / Scott's rule")
     ax.set_ylabel("leave-one-out MSE")

@@ -55,6 +55,7 @@ import numpy as np
 __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
+    "ModelFileError",
     "TableWriter",
     "atomic_output",
     "input_format",
@@ -242,8 +243,12 @@ def save(model, path, *, metadata=None) -> Path:
     return path
 
 
-def _bad(path, why: str) -> ValueError:
-    return ValueError(f"{path}: {why}")
+class ModelFileError(ValueError):
+    """A file that is not a readable nbattn model file of this format version."""
+
+
+def _bad(path, why: str) -> ModelFileError:
+    return ModelFileError(f"{path}: {why}")
 
 
 def read_model_file(path):
@@ -264,10 +269,11 @@ def read_model_file(path):
                 raise _bad(path, "not an nbattn model file (no nbattn metadata)")
             raw = npz[_META]
             members = {n: npz[n] for n in npz.files if n != _META}
-    except ValueError:
+    except ModelFileError:
         raise
-    except (zipfile.BadZipFile, EOFError, OSError, KeyError) as exc:
-        raise _bad(path, f"truncated or corrupt model file ({exc})") from exc
+    except (zipfile.BadZipFile, EOFError, OSError, KeyError, ValueError) as exc:
+        # ValueError: among others numpy's refusal of pickled (object) members
+        raise _bad(path, f"truncated, corrupt or foreign model file ({exc})") from exc
     if raw.dtype.kind != "U" or raw.ndim != 0:
         raise _bad(path, "not an nbattn model file (metadata is not a string)")
     try:
@@ -285,7 +291,11 @@ def read_model_file(path):
         )
     if meta.get("sha256") != _digest(meta, members):
         raise _bad(path, "checksum mismatch: the model file was modified or is corrupt")
-    return _rebuild(path, meta, members), meta
+    try:
+        model = _rebuild(path, meta, members)
+    except (TypeError, AttributeError) as exc:  # well-formed JSON of the wrong shape
+        raise _bad(path, f"invalid model description ({exc})") from exc
+    return model, meta
 
 
 def _rebuild(path, meta, members):
@@ -369,6 +379,15 @@ def _csv_error(path, exc) -> ValueError:
     return ValueError(f"{path}: cannot read as CSV: {' '.join(str(exc).split())}")
 
 
+def _exact_floats() -> dict:
+    """read_csv options that parse floats exactly (pandas 3 does by default; 2.x needs
+    ``float_precision="round_trip"``, which pandas 3 deprecates)."""
+    import pandas as pd
+
+    major = int(pd.__version__.split(".")[0])
+    return {} if major >= 3 else {"float_precision": "round_trip"}
+
+
 def read_columns(path) -> list[str]:
     """The column names of a CSV or Parquet file (reads the header only)."""
     import pandas as pd
@@ -439,12 +458,7 @@ def iter_chunks(path, columns=None, chunksize=100_000):
     def csv_chunks():
         with open(path, "rb") as fh:
             try:
-                reader = pd.read_csv(
-                    fh,
-                    usecols=columns,
-                    chunksize=chunksize,
-                    float_precision="round_trip",
-                )
+                reader = pd.read_csv(fh, usecols=columns, chunksize=chunksize, **_exact_floats())
                 row = 0
                 with reader:
                     for frame in reader:
