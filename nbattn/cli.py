@@ -138,11 +138,11 @@ def _features_for(args, columns, target):
     return features
 
 
-def _load_xy(path, features, target, on_nan, classifier):
+def _load_xy(path, features, target, on_nan, classifier, quiet=True):
     """Feature matrix (DataFrame, float64) and target of a whole file."""
     import pandas as pd
 
-    frame = io.read_table(path, columns=list(dict.fromkeys([*features, target])))
+    frame = io.read_table(path, columns=list(dict.fromkeys([*features, target])), quiet=quiet)
     fmt = io.input_format(path)
     X, keep = io.numeric_block(frame, features, source=path, fmt=fmt, on_nan=on_nan)
     if classifier:
@@ -259,6 +259,18 @@ def _score(model, X, y, classifier, metrics: Metrics, where="") -> None:
 # ----------------------------------------------------------------------------- predict std
 
 
+def _check_std(model) -> bool:
+    """True if the estimator's own ``predict(X, return_std=True)`` is used; raises if
+    neither it nor the fallback below applies."""
+    from .estimators import NadarayaWatsonRegressor
+
+    if "return_std" in inspect.signature(model.predict).parameters:
+        return True
+    if not isinstance(model, NadarayaWatsonRegressor) or model.n_outputs_ != 1:
+        raise ValueError(f"--std is not available for {type(model).__name__}")
+    return False
+
+
 def predict_std(model, X):
     """(prediction, attention-weighted standard deviation of the targets).
 
@@ -268,12 +280,9 @@ def predict_std(model, X):
     with ``y' = y - mean(y)``, from one streaming pass with two value columns.
     """
     from . import regression
-    from .estimators import NadarayaWatsonRegressor
 
-    if "return_std" in inspect.signature(model.predict).parameters:
+    if _check_std(model):
         return model.predict(X, return_std=True)
-    if not isinstance(model, NadarayaWatsonRegressor) or model.n_outputs_ != 1:
-        raise ValueError(f"--std is not available for {type(model).__name__}")
     mean = model.predict(X)
     y = model.y_fit_[:, 0]
     if model.kernel == "average":
@@ -297,7 +306,9 @@ def _cmd_fit(args) -> int:
     estimator = make_estimator(args.model, args.bandwidth, args.metric, args.kernel)
     _check_not_input([args.data], args.output)
     classifier = _is_classifier(estimator)
-    X, y, dropped = _load_xy(args.data, features, args.target, args.on_nan, classifier)
+    X, y, dropped = _load_xy(
+        args.data, features, args.target, args.on_nan, classifier, quiet=args.quiet
+    )
     with running(f"fit {type(estimator).__name__}", quiet=args.quiet):
         estimator.fit(X, y)
     io.save(estimator, args.output, metadata={"target": args.target, "features": features})
@@ -329,8 +340,8 @@ def _cmd_predict(args) -> int:
     classifier = _is_classifier(model)
     if args.std and classifier:
         raise ValueError("--std is for regressors; use --proba with a classifier")
-    if args.std and "return_std" not in inspect.signature(model.predict).parameters:
-        predict_std(model, pd.DataFrame(model.X_fit_[:1], columns=features))  # fails early
+    if args.std:
+        _check_std(model)  # fails before any output is started
     if args.proba and not classifier:
         raise ValueError("--proba is for classifiers")
     in_fmt = io.input_format(args.data)
@@ -434,7 +445,7 @@ def _cmd_cv(args) -> int:
     features = _features_for(args, columns, args.target)
     estimator = make_estimator(args.model, args.bandwidth, args.metric, args.kernel)
     classifier = _is_classifier(estimator)
-    X, y, _ = _load_xy(args.data, features, args.target, args.on_nan, classifier)
+    X, y, _ = _load_xy(args.data, features, args.target, args.on_nan, classifier, args.quiet)
     if args.folds < 2 or args.folds > len(y):
         raise ValueError(f"--folds must be between 2 and the number of rows ({len(y)})")
     splitter = (StratifiedKFold if classifier else KFold)(

@@ -470,12 +470,21 @@ def iter_chunks(path, columns=None, chunksize=100_000):
     return csv_chunks(), total, "bytes"
 
 
-def read_table(path, columns=None):
-    """The whole file (only ``columns``) as a DataFrame; ValueError if it has no rows."""
+def read_table(path, columns=None, *, quiet=True):
+    """The whole file (only ``columns``) as a DataFrame; ValueError if it has no rows.
+
+    With ``quiet=False`` a progress bar is drawn on stderr (when it is a terminal).
+    """
     import pandas as pd
 
-    chunks, _, _ = iter_chunks(path, columns, chunksize=1_000_000)
-    frames = [frame for frame, _, _ in chunks]
+    from .progress import Progress
+
+    chunks, total, unit = iter_chunks(path, columns, chunksize=200_000)
+    frames = []
+    with Progress(total, "read", unit=unit, quiet=quiet) as bar:
+        for frame, _, position in chunks:
+            frames.append(frame)
+            bar.update(position=position)
     frame = pd.concat(frames, ignore_index=True) if frames else None
     if frame is None or len(frame) == 0:
         raise ValueError(f"{path}: no data rows (only a header)")
