@@ -92,26 +92,29 @@ def _accepts_loo(cls) -> bool:
     return False
 
 
-def make_estimator(model="nw", bandwidth=None, metric=None, kernel=None):
+def make_estimator(model="nw", bandwidth=None, metric=None, kernel=None, max_iter=None):
     """The estimator ``nbattn fit`` builds from its options."""
     cls = _model_class(model)
     params = cls().get_params(deep=False)
     kwargs = {}
     if bandwidth is not None:
-        key = "bandwidth" if "bandwidth" in params else "init" if "init" in params else None
-        if key is None:
-            raise ValueError(f"--bandwidth does not apply to --model {model}")
-        if bandwidth == "loo" and key == "bandwidth" and not _accepts_loo(cls):
+        if "bandwidth" not in params:
+            raise ValueError(f"--bandwidth does not apply to --model {model}: it learns its widths")
+        if bandwidth == "loo" and not _accepts_loo(cls):
             raise ValueError(
                 f"--bandwidth loo requires leave-one-out bandwidth selection "
                 f"(nbattn.{cls.__name__}(bandwidth='loo')), which this version of nbattn "
                 "does not have"
             )
-        kwargs[key] = bandwidth
+        kwargs["bandwidth"] = bandwidth
     if metric is not None:
         if "metric" not in params:
             raise ValueError(f"--metric applies to --model learned, not --model {model}")
         kwargs["metric"] = metric
+    if max_iter is not None:
+        if "max_iter" not in params:
+            raise ValueError(f"--max-iter does not apply to --model {model}")
+        kwargs["max_iter"] = max_iter
     if kernel is not None:
         if "kernel" not in params:
             raise ValueError(f"--kernel does not apply to --model {model}")
@@ -303,7 +306,7 @@ def _cmd_fit(args) -> int:
     columns = io.read_columns(args.data)
     io.check_columns(args.data, columns, [args.target], "target column")
     features = _features_for(args, columns, args.target)
-    estimator = make_estimator(args.model, args.bandwidth, args.metric, args.kernel)
+    estimator = make_estimator(args.model, args.bandwidth, args.metric, args.kernel, args.max_iter)
     _check_not_input([args.data], args.output)
     classifier = _is_classifier(estimator)
     X, y, dropped = _load_xy(
@@ -443,7 +446,7 @@ def _cmd_cv(args) -> int:
     columns = io.read_columns(args.data)
     io.check_columns(args.data, columns, [args.target], "target column")
     features = _features_for(args, columns, args.target)
-    estimator = make_estimator(args.model, args.bandwidth, args.metric, args.kernel)
+    estimator = make_estimator(args.model, args.bandwidth, args.metric, args.kernel, args.max_iter)
     classifier = _is_classifier(estimator)
     X, y, _ = _load_xy(args.data, features, args.target, args.on_nan, classifier, args.quiet)
     if args.folds < 2 or args.folds > len(y):
@@ -701,6 +704,7 @@ def _add_model_options(p) -> None:
         help="scott, silverman, loo, FLOAT or F1,F2,... per feature (default: the model's)",
     )
     p.add_argument("--metric", choices=("scalar", "diagonal", "full"), help="--model learned")
+    p.add_argument("--max-iter", type=_positive_int, help="--model learned: optimiser iterations")
     p.add_argument(
         "--kernel", choices=("gaussian", "average"), help="--model nw (default gaussian)"
     )
