@@ -568,7 +568,33 @@ def _plot_heatmap(args):
     return fig
 
 
+def loo_curve(X, y, base, scales, quiet=True):
+    """Leave-one-out MSE of Nadaraya-Watson at the widths ``base * s`` for s in ``scales``.
+
+    ``L(h) = mean_i (f_{-i}(x_i) - y_i)^2`` with ``f_{-i}`` the prediction at x_i
+    without the pair (i, i). Uses ``nbattn.loo_loss`` (a one-pass kernel) when
+    this nbattn has it, else ``nadaraya_watson(..., exclude_self=True)``.
+    """
+    import nbattn
+
+    from . import regression
+
+    loo_loss = getattr(nbattn, "loo_loss", None)
+    losses = np.empty(len(scales))
+    with Progress(len(scales), "loo", unit="widths", quiet=quiet) as bar:
+        for i, s in enumerate(scales):
+            if loo_loss is not None:
+                losses[i] = loo_loss(X, y, base * s)
+            else:
+                pred = regression.nadaraya_watson(X, X, y, base * s, exclude_self=True)
+                losses[i] = np.mean((pred - y) ** 2)
+            bar.update(1)
+    return losses
+
+
 def _plot_loo(args):
+    import nbattn
+
     from . import regression
     from .plotting import _pyplot
 
@@ -581,17 +607,16 @@ def _plot_loo(args):
         raise ValueError("the leave-one-out loss needs at least 2 rows")
     scott = regression.bandwidth_rule(X, "scott")
     scales = np.logspace(-1.5, 1.0, args.points)
-    losses = np.empty(len(scales))
-    with Progress(len(scales), "loo", unit="widths", quiet=args.quiet) as bar:
-        for i, s in enumerate(scales):
-            pred = regression.nadaraya_watson(X, X, y, scott * s, exclude_self=True)
-            losses[i] = np.mean((pred - y) ** 2)
-            bar.update(1)
+    losses = loo_curve(X, y, scott, scales, quiet=args.quiet)
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(scales, losses, color="tab:blue")
     best = int(np.argmin(losses))
     ax.axvline(1.0, color="gray", ls="--", label="Scott's rule")
+    loo_bandwidth = getattr(nbattn, "loo_bandwidth", None)
+    if loo_bandwidth is not None:  # bandwidth="loo" (issue 3): one factor times Scott's widths
+        factor = float(np.asarray(loo_bandwidth(X, y))[0] / scott[0])
+        ax.axvline(factor, color="tab:green", ls=":", label=f"bandwidth='loo': {factor:.3g}")
     ax.scatter(
         [scales[best]],
         [losses[best]],

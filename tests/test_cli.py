@@ -514,6 +514,18 @@ def test_plots(work, capsys, ext):
     assert code == 1 and ".png or .svg" in err and not (folder / "w.jpg").exists()
 
 
+def test_loo_curve_matches_naive(rng):
+    X = rng.normal(size=(40, 2))
+    y = np.sin(X[:, 0]) + 0.1 * rng.normal(size=40)
+    base = np.array([0.4, 0.9])
+    scales = np.array([0.3, 1.0, 3.0])
+    want = [
+        np.mean((naive.nadaraya_watson(X, X, y, base * s, exclude_self=True) - y) ** 2)
+        for s in scales
+    ]
+    np.testing.assert_allclose(cli.loo_curve(X, y, base, scales), want, rtol=1e-10)
+
+
 def test_info(capsys):
     code, out, _ = call(capsys, "info")
     assert code == 0
