@@ -616,13 +616,15 @@ def _plot_loo(args):
     loo_bandwidth = getattr(nbattn, "loo_bandwidth", None)
     if loo_bandwidth is not None:  # bandwidth="loo" (issue 3): one factor times Scott's widths
         factor = float(np.asarray(loo_bandwidth(X, y))[0] / scott[0])
-        ax.axvline(factor, color="tab:green", ls=":", label=f"bandwidth='loo': {factor:.3g}")
+        ax.axvline(
+            factor, color="tab:green", ls=":", label=f"bandwidth='loo': {factor:.3g} x Scott"
+        )
     ax.scatter(
         [scales[best]],
         [losses[best]],
         color="tab:red",
         zorder=3,
-        label=f"minimum: {scales[best]:.3g} x Scott",
+        label=f"grid minimum: {scales[best]:.3g} x Scott",
     )
     ax.set_xscale("log")
     ax.set_xlabel("bandwidth / Scott's rule")
@@ -632,7 +634,7 @@ def _plot_loo(args):
 
 
 def _plot_widths(args):
-    from .plotting import _pyplot, plot_heatmap
+    from .plotting import _pyplot
 
     model, meta = io.read_model_file(args.model)
     features = _feature_names(meta, model, args.model)
@@ -648,8 +650,14 @@ def _plot_widths(args):
         ax.set_ylabel("kernel width h")
         ax.set_title(f"{type(model).__name__} widths")
     elif getattr(model, "components_", None) is not None:
-        plot_heatmap(model.components_, xlabel="features", ylabel="components", ax=ax)
+        L = np.asarray(model.components_, dtype=np.float64)
+        limit = float(np.abs(L).max()) or 1.0
+        image = ax.imshow(L, cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto")
+        fig.colorbar(image, ax=ax)
         ax.set_xticks(range(len(features)), features, rotation=45, ha="right")
+        ax.set_yticks(range(L.shape[0]), [str(i + 1) for i in range(L.shape[0])])
+        ax.set_xlabel("features")
+        ax.set_ylabel("rows of L")
         ax.set_title("learned metric L")
     else:
         plt.close(fig)
