@@ -3,11 +3,14 @@
 import io as pyio
 import json
 import os
+import tempfile
 import zipfile
 
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from sklearn.exceptions import NotFittedError
 
 import nbattn
@@ -372,3 +375,55 @@ def test_running_ticker():
     assert stream.getvalue().startswith("\rfit: [00:00]")
     with pytest.raises(KeyError), running("fit", stream=pyio.StringIO(), force=True):
         raise KeyError("x")
+
+
+# ----------------------------------------------------------------------------- properties
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    n=st.integers(2, 30),
+    d=st.integers(1, 4),
+    outputs=st.sampled_from([0, 1, 3]),
+    bandwidth=st.sampled_from(["scott", "silverman", 0.3, "per-feature"]),
+    names=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_round_trip_property(n, d, outputs, bandwidth, names, seed):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d)) * rng.uniform(0.1, 10, d)
+    y = rng.normal(size=n) if outputs == 0 else rng.normal(size=(n, outputs))
+    if bandwidth == "per-feature":
+        bandwidth = list(rng.uniform(0.1, 3, d))
+    if names:
+        X = pd.DataFrame(X, columns=[f"c{j}" for j in range(d)])
+    model = nbattn.NadarayaWatsonRegressor(bandwidth=bandwidth).fit(X, y)
+    with tempfile.TemporaryDirectory() as folder:
+        loaded = nbattn.load(nbattn.save(model, os.path.join(folder, "m.npz")))
+    Xq = X.iloc[: max(1, n // 2)] if names else X[: max(1, n // 2)]
+    np.testing.assert_array_equal(loaded.predict(Xq), model.predict(Xq))
+    state = {k: v for k, v in vars(model).items() if k.endswith("_") or k.startswith("_")}
+    for key, value in state.items():
+        np.testing.assert_array_equal(getattr(loaded, key), value)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    n=st.integers(1, 60),
+    chunksize=st.integers(1, 25),
+    bad_row=st.integers(0, 59),
+    column=st.sampled_from(["a", "b"]),
+)
+def test_text_cell_is_reported_at_its_row_whatever_the_chunks(n, chunksize, bad_row, column):
+    bad_row %= n
+    frame = pd.DataFrame({"a": np.arange(n) * 0.5, "b": np.arange(n) + 1.0}).astype(object)
+    frame.loc[bad_row, column] = "word"
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "t.csv")
+        frame.to_csv(path, index=False)
+        chunks, _, _ = io.iter_chunks(path, chunksize=chunksize)
+        with pytest.raises(ValueError) as info:
+            for chunk, first, _ in chunks:
+                io.numeric_block(chunk, ["a", "b"], first_row=first, source="t.csv")
+    expected = f"data row {bad_row + 1} (line {bad_row + 2} of the file): column '{column}'"
+    assert expected in str(info.value)
