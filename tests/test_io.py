@@ -160,8 +160,11 @@ def test_flipped_byte_is_refused(saved):
     data = bytearray(saved.read_bytes())
     with zipfile.ZipFile(saved) as zf:
         info = zf.getinfo("attr__y_fit_.npy")
-    # a byte inside the stored array data (after the local header and the .npy header)
-    pos = info.header_offset + 30 + len(info.filename) + 128 + 3
+    # a byte of the array data: after the zip local header (30 bytes, the name, the extra
+    # field) and the .npy header (a multiple of 64 bytes; 128 for these small arrays)
+    extra = int.from_bytes(data[info.header_offset + 28 : info.header_offset + 30], "little")
+    pos = info.header_offset + 30 + len(info.filename) + extra + 128 + 3
+    assert pos < info.header_offset + 30 + len(info.filename) + extra + info.compress_size
     data[pos] ^= 0xFF
     saved.write_bytes(bytes(data))
     with pytest.raises(ValueError, match="corrupt|checksum"):
