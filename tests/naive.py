@@ -57,3 +57,14 @@ def textbook_nadaraya_watson(queries, keys, values, bandwidth):
     k = np.exp(gaussian_scores(queries, keys, bandwidth))
     with np.errstate(invalid="ignore", divide="ignore"):
         return (k @ np.asarray(values, dtype=np.float64)) / k.sum(axis=1)
+
+
+# --- batch work (issue 7): the spread written by `nbattn predict --std` ---------------
+
+
+def nadaraya_watson_std(queries, keys, values, bandwidth):
+    """sqrt(sum_j w_ij (v_j - f_i)^2), the attention-weighted std of 1-D values."""
+    weights = nadaraya_watson_weights(queries, keys, bandwidth)
+    v = np.asarray(values, dtype=np.float64)
+    f = weights @ v
+    return np.sqrt(np.sum(weights * (v[None, :] - f[:, None]) ** 2, axis=1))
