@@ -327,6 +327,85 @@ def _cmd_fit(args) -> int:
     return 0
 
 
+def predict_frame(model, X, std=False, proba=False) -> dict:
+    """The output columns for one chunk: prediction, [std], [proba_<class>]."""
+    out = {}
+    if std:
+        out["prediction"], out["std"] = predict_std(model, X)
+    else:
+        out["prediction"] = model.predict(X)
+    if proba:
+        probabilities = model.predict_proba(X)
+        for k, label in enumerate(model.classes_):
+            out[f"proba_{label}"] = probabilities[:, k]
+    return out
+
+
+class _ChunkRunner:
+    """Predicts chunks here, or on a dask.distributed cluster with ``--scheduler``.
+
+    On a cluster the model is sent to every worker once and at most
+    ``2 x workers`` chunks are in flight; results are written in input order,
+    so memory stays bounded and the output is the same as a local run.
+    """
+
+    def __init__(self, model, args, writer):
+        self.model, self.writer = model, writer
+        self.std, self.proba, self.id_column = args.std, args.proba, args.id_column
+        self.scheduler = getattr(args, "scheduler", None)
+        self.client = None
+        self.pending = []
+
+    def __enter__(self):
+        if self.scheduler:
+            try:
+                from distributed import Client
+            except ImportError as exc:
+                raise ValueError("--scheduler needs dask: pip install 'nbattn[dask]'") from exc
+            try:
+                self.client = Client(self.scheduler, timeout=30)
+            except OSError as exc:
+                raise ValueError(
+                    f"cannot reach the dask scheduler {self.scheduler}: {exc}"
+                ) from exc
+            self.remote_model = self.client.scatter(self.model, broadcast=True)
+            self.window = 2 * max(1, len(self.client.scheduler_info()["workers"]))
+        return self
+
+    def __exit__(self, *exc):
+        if self.client is not None:
+            for future, _ in self.pending:
+                future.cancel()
+            self.client.close()
+        return False
+
+    def _write(self, columns, ids):
+        import pandas as pd
+
+        out = {} if ids is None else {self.id_column: ids}
+        out.update(columns)
+        self.writer.write(pd.DataFrame(out))
+
+    def submit(self, X, ids):
+        if self.client is None:
+            self._write(predict_frame(self.model, X, self.std, self.proba), ids)
+            return
+        future = self.client.submit(
+            predict_frame, self.remote_model, X, self.std, self.proba, pure=False
+        )
+        self.pending.append((future, ids))
+        while len(self.pending) > self.window:
+            self._drain_one()
+
+    def _drain_one(self):
+        future, ids = self.pending.pop(0)
+        self._write(future.result(), ids)
+
+    def finish(self):
+        while self.pending:
+            self._drain_one()
+
+
 def _cmd_predict(args) -> int:
     import pandas as pd
 
@@ -356,6 +435,7 @@ def _cmd_predict(args) -> int:
         io.atomic_output(args.output) as tmp,
         io.TableWriter(tmp, out_fmt) as writer,
         Progress(total, "predict", unit=unit, quiet=args.quiet) as bar,
+        _ChunkRunner(model, args, writer) as runner,
     ):
         for frame, first_row, position in chunks:
             X, keep = io.numeric_block(
@@ -373,19 +453,9 @@ def _cmd_predict(args) -> int:
             bar.update(position=position)
             if len(X) == 0:
                 continue
-            Xf = pd.DataFrame(X, columns=features)
-            out = {}
-            if args.id_column:
-                out[args.id_column] = frame[args.id_column].to_numpy()
-            if args.std:
-                out["prediction"], out["std"] = predict_std(model, Xf)
-            else:
-                out["prediction"] = model.predict(Xf)
-            if args.proba:
-                proba = model.predict_proba(Xf)
-                for k, label in enumerate(model.classes_):
-                    out[f"proba_{label}"] = proba[:, k]
-            writer.write(pd.DataFrame(out))
+            ids = frame[args.id_column].to_numpy() if args.id_column else None
+            runner.submit(pd.DataFrame(X, columns=features), ids)
+        runner.finish()
         if n_in == 0:
             raise ValueError(f"{args.data}: no data rows (only a header)")
         if writer.rows == 0:
@@ -766,6 +836,11 @@ def build_parser() -> argparse.ArgumentParser:
     pred.add_argument("--std", action="store_true", help="add the attention-weighted std")
     pred.add_argument("--proba", action="store_true", help="classifiers: class probabilities")
     pred.add_argument("--id-column", metavar="COL", help="copy this column to the output")
+    pred.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="run the predictions on a dask.distributed cluster (e.g. tcp://host:8786)",
+    )
     _add_common(pred)
     pred.set_defaults(func=_cmd_predict)
 

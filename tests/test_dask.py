@@ -76,21 +76,6 @@ def test_merge_of_empty_shard_is_identity():
     np.testing.assert_array_equal(merged_lse, lse)
 
 
-def test_worker_killed_mid_job_still_gives_identical_results(client, data):
-    queries, keys, values = data
-    big_queries = np.tile(queries, (10, 1))
-    model = nbattn.NadarayaWatsonRegressor().fit(keys, values)
-    expected = model.predict(big_queries)
-    future = client.compute(nbdask.predict(model, da.from_array(big_queries, chunks=(500, 2))))
-    pids = client.run(os.getpid)
-    time.sleep(0.5)
-    victim = sorted(pids.values())[0]
-    os.kill(victim, signal.SIGKILL)
-    got = future.result(timeout=300)
-    assert got.shape == expected.shape
-    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=0)
-
-
 def test_workers_load_kernels_from_cache(client, data):
     queries, keys, values = data
     model = nbattn.NadarayaWatsonRegressor().fit(keys, values)
@@ -112,3 +97,54 @@ def test_predict_rejects_in_memory_data(data):
     model = nbattn.NadarayaWatsonRegressor().fit(keys, values)
     with pytest.raises(ValueError, match="dask DataFrame or dask Array"):
         nbdask.predict(model, queries)
+
+
+def test_cli_predict_on_the_cluster_equals_local_run(client, tmp_path, data):
+    from nbattn.cli import main
+
+    queries, keys, values = data
+    train = pd.DataFrame({"a": keys[:, 0], "b": keys[:, 1], "y": values})
+    test = pd.DataFrame({"id": np.arange(len(queries)), "a": queries[:, 0], "b": queries[:, 1]})
+    train.to_csv(tmp_path / "train.csv", index=False)
+    test.to_csv(tmp_path / "test.csv", index=False)
+    model = str(tmp_path / "model.npz")
+    assert main(["fit", str(tmp_path / "train.csv"), "--target", "y", "-o", model, "-q"]) == 0
+    common = [model, str(tmp_path / "test.csv"), "--chunksize", "300", "--id-column", "id", "-q"]
+    assert main(["predict", *common, "-o", str(tmp_path / "local.csv")]) == 0
+    address = client.scheduler.address
+    assert main(["predict", *common, "--scheduler", address, "-o", str(tmp_path / "dask.csv")]) == 0
+    local = pd.read_csv(tmp_path / "local.csv")
+    remote = pd.read_csv(tmp_path / "dask.csv")
+    pd.testing.assert_frame_equal(local, remote)
+    assert len(remote) == len(queries)
+
+
+def test_cli_unreachable_scheduler_fails_cleanly(tmp_path, data, capsys):
+    from nbattn.cli import main
+
+    queries, keys, values = data
+    pd.DataFrame({"a": keys[:50, 0], "y": values[:50]}).to_csv(tmp_path / "t.csv", index=False)
+    model = str(tmp_path / "m.npz")
+    assert main(["fit", str(tmp_path / "t.csv"), "--target", "y", "-o", model, "-q"]) == 0
+    out = tmp_path / "p.csv"
+    args = ["predict", model, str(tmp_path / "t.csv"), "-o", str(out), "-q"]
+    assert main([*args, "--scheduler", "tcp://127.0.0.1:9"]) == 1
+    assert "dask scheduler" in capsys.readouterr().err
+    assert not out.exists()
+
+
+# Last: it kills a worker of the shared cluster.
+def test_worker_killed_mid_job_still_gives_identical_results(client, data):
+    queries, keys, values = data
+    big_queries = np.tile(queries, (10, 1))
+    model = nbattn.NadarayaWatsonRegressor().fit(keys, values)
+    expected = model.predict(big_queries)
+    future = client.compute(nbdask.predict(model, da.from_array(big_queries, chunks=(500, 2))))
+    pids = client.run(os.getpid)
+    time.sleep(0.5)
+    victim = sorted(pids.values())[0]
+    os.kill(victim, signal.SIGKILL)
+    got = future.result(timeout=300)
+    assert got.shape == expected.shape
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=0)
+    client.wait_for_workers(2, timeout=120)  # the nanny restarts the killed worker
