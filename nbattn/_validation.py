@@ -85,5 +85,6 @@ def check_bandwidth(bandwidth, n_features: int, name: str = "bandwidth") -> np.n
 
 
 def check_same_features(a: np.ndarray, b: np.ndarray, name_a: str, name_b: str) -> None:
-    if a.shape[-1] != b.shape[-1]:
-        raise ValueError(f"{name_a} has {a.shape[-1]} features but {name_b} has {b.shape[-1]}")
+    n_a, n_b = a.shape[len(a.shape) - 1], b.shape[len(b.shape) - 1]  # simulator shapes lack [-1]
+    if n_a != n_b:
+        raise ValueError(f"{name_a} has {n_a} features but {name_b} has {n_b}")

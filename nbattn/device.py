@@ -46,3 +46,41 @@ def pooling_kernels(device: str):
     from .kernels import pooling
 
     return pooling
+
+
+def is_device_array(x) -> bool:
+    """True for GPU arrays: ``__cuda_array_interface__`` (numba, CuPy, torch CUDA
+    tensors) or the CUDA simulator's device arrays."""
+    if x is None or type(x).__module__.startswith("numpy"):
+        return False
+    if hasattr(x, "__cuda_array_interface__"):
+        return True
+    return type(x).__name__ in ("DeviceNDArray", "FakeCUDAArray")
+
+
+def as_numba_device_array(x):
+    """A numba device view of a GPU array (no copy); host arrays are copied to the GPU."""
+    from numba import cuda
+
+    if not is_device_array(x):
+        import numpy as np
+
+        return cuda.to_device(np.ascontiguousarray(x))
+    if hasattr(x, "__cuda_array_interface__") and type(x).__name__ != "DeviceNDArray":
+        return cuda.as_cuda_array(x)
+    return x
+
+
+def like_input(result, template):
+    """``result`` (a numba device array) as the kind of GPU array ``template`` is:
+    a torch tensor for torch input, a CuPy array for CuPy input, else numba's."""
+    module = type(template).__module__.split(".")[0]
+    if module == "torch":
+        import torch
+
+        return torch.as_tensor(result, device=template.device)
+    if module == "cupy":
+        import cupy
+
+        return cupy.asarray(result)
+    return result

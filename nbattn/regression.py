@@ -13,7 +13,13 @@ from __future__ import annotations
 import numpy as np
 
 from ._validation import as_float_array, check_bandwidth, check_dtype, check_same_features
-from .device import pooling_kernels, resolve_device
+from .device import (
+    as_numba_device_array,
+    is_device_array,
+    like_input,
+    pooling_kernels,
+    resolve_device,
+)
 from .kernels import pooling
 
 __all__ = [
@@ -132,6 +138,10 @@ def nadaraya_watson(
     out : ndarray (n_queries,) if ``values`` is 1-D, else (n_queries, n_outputs)
     lse : ndarray (n_queries,), only with ``return_lse=True``
 
+    GPU arrays (numba device arrays, CuPy, torch CUDA tensors) are used where
+    they are, without a round trip through the host, and the results come
+    back as the same kind of GPU array as ``queries``.
+
     Notes
     -----
     Computed with an online softmax over key blocks, never holding the
@@ -140,6 +150,12 @@ def nadaraya_watson(
     admissible key (one key, excluded) gets 0 and lse = -inf.
     """
     dtype = check_dtype(dtype) if dtype is not None else _default_dtype(queries, keys, values)
+    if any(is_device_array(a) for a in (queries, keys, values)):
+        if resolve_device("cuda" if device == "auto" else device) != "cuda":
+            raise ValueError(f"GPU arrays need device='cuda' or 'auto', got device={device!r}")
+        return _nadaraya_watson_on_device(
+            queries, keys, values, bandwidth, exclude_self, dtype, return_lse
+        )
     keys = _as_2d(keys, "keys", np.float64)
     queries = _as_2d(queries, "queries", np.float64)
     values_arr = as_float_array(values, "values", ndim=(1, 2), dtype=np.float64)
@@ -159,9 +175,59 @@ def nadaraya_watson(
     return (out, lse) if return_lse else out
 
 
+def _device_2d(x, name):
+    """A numba view of a GPU array, checked: 1-D or 2-D, non-empty, finite."""
+    from .cuda import layout
+
+    arr = as_numba_device_array(x)
+    if arr.ndim not in (1, 2):
+        raise ValueError(f"{name} must be 1-D or 2-D, got an array of shape {arr.shape}")
+    if arr.size == 0:
+        raise ValueError(f"{name} is empty (shape {arr.shape})")
+    arr2 = arr.reshape(arr.shape[0], 1) if arr.ndim == 1 else arr
+    if np.dtype(arr2.dtype).kind != "f":
+        raise ValueError(f"{name} must be a float array on the GPU, got dtype {arr2.dtype}")
+    if layout.count_nonfinite(arr2):
+        raise ValueError(f"{name} contains NaN or inf")
+    return arr2
+
+
+def _nadaraya_watson_on_device(queries, keys, values, bandwidth, exclude_self, dtype, return_lse):
+    """nadaraya_watson for inputs on the GPU: checks and layout run on the device."""
+    from .cuda import layout
+    from .cuda import pooling as cuda_pooling
+
+    q, k, v = _device_2d(queries, "queries"), _device_2d(keys, "keys"), _device_2d(values, "values")
+    check_same_features(q, k, "queries", "keys")
+    if v.shape[0] != k.shape[0]:
+        raise ValueError(f"values has {v.shape[0]} rows but keys has {k.shape[0]}")
+    _check_exclude_self(exclude_self, q, k)
+    if isinstance(bandwidth, str):
+        if bandwidth not in BANDWIDTH_RULES:
+            raise ValueError(
+                f"bandwidth rule must be one of {sorted(BANDWIDTH_RULES)}, got {bandwidth!r}"
+            )
+        n, d = k.shape
+        _, sigma = layout.column_moments(k)
+        h = BANDWIDTH_RULES[bandwidth](n, d) * np.where(sigma > 0, sigma, 1.0)
+    else:
+        h = check_bandwidth(bandwidth, k.shape[1])
+    scale = 1.0 / (h * np.sqrt(2.0))
+    out, lse = cuda_pooling.gaussian_pool(
+        layout.scaled_copy(q, scale, dtype),
+        layout.scaled_transpose(k, scale, dtype),
+        layout.scaled_transpose(v, np.ones(v.shape[1]), dtype),
+        bool(exclude_self),
+    )
+    if getattr(values, "ndim", 2) == 1:
+        out = out.reshape(out.shape[0])
+    out, lse = like_input(out, queries), like_input(lse, queries)
+    return (out, lse) if return_lse else out
+
+
 def _default_dtype(*arrays):
     """float32 when every input is a float32 array, float64 otherwise."""
-    is_f32 = [getattr(a, "dtype", None) == np.float32 for a in arrays]
+    is_f32 = [str(getattr(a, "dtype", "")).endswith("float32") for a in arrays]  # numpy/torch
     return np.float32 if all(is_f32) else np.float64
 
 

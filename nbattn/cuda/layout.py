@@ -1,0 +1,115 @@
+"""Device-side checks and layout for inputs that already live on the GPU.
+
+The functional layer validates host arrays with NumPy; for arrays that expose
+``__cuda_array_interface__`` (numba device arrays, CuPy, torch CUDA tensors)
+these kernels do the same work on the device, so the data never makes a round
+trip through the host:
+
+* ``count_nonfinite``: how many entries are NaN or +-inf;
+* ``column_moments``: per-column mean and sample standard deviation (for the
+  bandwidth rules), from shifted sums so that large offsets do not cancel;
+* ``scaled_transpose`` / ``scaled_copy``: the kernels' layout, x * scale per
+  feature, transposed (keys) or not (queries), in the compute dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda
+
+from .. import config
+
+
+@cuda.jit
+def _count_nonfinite_kernel(x, counter):
+    start = cuda.grid(1)
+    stride = cuda.gridsize(1)
+    n_rows, n_cols = x.shape
+    for flat in range(start, n_rows * n_cols, stride):
+        value = x[flat // n_cols, flat % n_cols]
+        if not math.isfinite(value):
+            cuda.atomic.add(counter, 0, 1)
+
+
+@cuda.jit
+def _column_sums_kernel(x, shift, sums, sums_sq):
+    start = cuda.grid(1)
+    stride = cuda.gridsize(1)
+    n_rows, n_cols = x.shape
+    for flat in range(start, n_rows * n_cols, stride):
+        f = flat % n_cols
+        centred = x[flat // n_cols, f] - shift[f]
+        cuda.atomic.add(sums, f, centred)
+        cuda.atomic.add(sums_sq, f, centred * centred)
+
+
+@cuda.jit
+def _scaled_transpose_kernel(src, scale, dst):
+    start = cuda.grid(1)
+    stride = cuda.gridsize(1)
+    n_rows, n_cols = src.shape
+    for flat in range(start, n_rows * n_cols, stride):
+        j = flat // n_cols
+        f = flat % n_cols
+        dst[f, j] = src[j, f] * scale[f]
+
+
+@cuda.jit
+def _scaled_copy_kernel(src, scale, dst):
+    start = cuda.grid(1)
+    stride = cuda.gridsize(1)
+    n_rows, n_cols = src.shape
+    for flat in range(start, n_rows * n_cols, stride):
+        i = flat // n_cols
+        f = flat % n_cols
+        dst[i, f] = src[i, f] * scale[f]
+
+
+def _launch(n_items):
+    tpb = config.CUDA_THREADS_PER_BLOCK
+    return min(1024, max(1, (n_items + tpb - 1) // tpb)), tpb
+
+
+def count_nonfinite(device_x) -> int:
+    """Number of NaN or infinite entries of a 2-D device array."""
+    counter = cuda.to_device(np.zeros(1, dtype=np.int64))
+    blocks, tpb = _launch(device_x.size)
+    _count_nonfinite_kernel[blocks, tpb](device_x, counter)
+    return int(counter.copy_to_host()[0])
+
+
+def column_moments(device_x):
+    """Per-column mean and sample standard deviation (ddof=1) of a 2-D device array.
+
+    Only the d-vectors of results come back to the host.
+    """
+    n, d = device_x.shape
+    shift = device_x[0:1, :].copy_to_host().reshape(d).astype(np.float64)
+    device_shift = cuda.to_device(shift)
+    sums = cuda.to_device(np.zeros(d))
+    sums_sq = cuda.to_device(np.zeros(d))
+    blocks, tpb = _launch(device_x.size)
+    _column_sums_kernel[blocks, tpb](device_x, device_shift, sums, sums_sq)
+    s, s2 = sums.copy_to_host(), sums_sq.copy_to_host()
+    mean = shift + s / n
+    var = (s2 - s * s / n) / (n - 1) if n > 1 else np.zeros(d)
+    return mean, np.sqrt(np.maximum(var, 0.0))
+
+
+def scaled_transpose(device_x, scale, dtype):
+    """(n, d) device array -> (d, n) device array of ``x * scale`` in ``dtype``."""
+    n, d = device_x.shape
+    out = cuda.device_array((d, n), dtype=dtype)
+    blocks, tpb = _launch(device_x.size)
+    _scaled_transpose_kernel[blocks, tpb](device_x, cuda.to_device(np.asarray(scale, dtype)), out)
+    return out
+
+
+def scaled_copy(device_x, scale, dtype):
+    """(n, d) device array -> C-contiguous (n, d) device array of ``x * scale`` in ``dtype``."""
+    out = cuda.device_array(device_x.shape, dtype=dtype)
+    blocks, tpb = _launch(device_x.size)
+    _scaled_copy_kernel[blocks, tpb](device_x, cuda.to_device(np.asarray(scale, dtype)), out)
+    return out
