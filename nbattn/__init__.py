@@ -1,13 +1,19 @@
 """nbattn: Numba-accelerated attention pooling and kernel regression."""
 
-from .estimators import NadarayaWatsonRegressor
+from .estimators import LearnedKernelRegressor, NadarayaWatsonClassifier, NadarayaWatsonRegressor
+from .learning import loo_bandwidth, loo_loss, loo_loss_and_grad
 from .regression import average_pooling, nadaraya_watson
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "LearnedKernelRegressor",
+    "NadarayaWatsonClassifier",
     "NadarayaWatsonRegressor",
     "__version__",
     "average_pooling",
+    "loo_bandwidth",
+    "loo_loss",
+    "loo_loss_and_grad",
     "nadaraya_watson",
 ]
