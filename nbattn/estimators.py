@@ -250,7 +250,8 @@ class LearnedKernelRegressor(RegressorMixin, BaseEstimator):
         y2 = y.reshape(len(y), -1)
         if X.shape[0] < 2:
             raise ValueError(
-                f"LearnedKernelRegressor needs at least 2 samples (leave-one-out), got {X.shape[0]}"
+                "LearnedKernelRegressor needs at least 2 samples (leave-one-out), "
+                f"got n_samples={X.shape[0]}"
             )
         if self.metric == "full" and self.n_components is not None:
             if self.n_components > X.shape[1]:
@@ -408,7 +409,8 @@ class NadarayaWatsonClassifier(ClassifierMixin, BaseEstimator):
 
     def predict(self, X):
         """The most probable class of each row (ties go to the first in ``classes_``)."""
-        return self.classes_[np.argmax(self.predict_proba(X), axis=1)]
+        proba = self.predict_proba(X)
+        return self.classes_[np.argmax(proba, axis=1)]
 
     def attention_weights(self, X):
         """Attention weights (n_queries, n_train)."""

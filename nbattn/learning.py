@@ -69,7 +69,7 @@ def _prepare_xy(X, y, dtype):
     if y2.shape[0] != X.shape[0]:
         raise ValueError(f"y has {y2.shape[0]} rows but X has {X.shape[0]}")
     if X.shape[0] < 2:
-        raise ValueError(f"leave-one-out needs at least 2 samples, got X with {X.shape[0]} row(s)")
+        raise ValueError(f"leave-one-out needs at least 2 samples, got n_samples={X.shape[0]}")
     return X, y2
 
 
