@@ -98,10 +98,15 @@ def _check_components(components, d):
 # --------------------------------------------------------------------------- loss, gradient
 
 
-def _loss_from_layout(z, z_t, y2, dtype):
+def _loss_from_layout(z, z_t, y2, dtype, rows=None):
+    """LOO MSE; with ``rows`` only those rows are left out and predicted (an estimate)."""
     v_t = np.ascontiguousarray(y2.T, dtype=dtype)
-    total = loo.loo_squared_error(z, z_t, v_t, y2)
-    return float(total) / y2.size
+    if rows is None:
+        rows = np.arange(z.shape[0], dtype=np.int64)
+        total = loo.loo_squared_error(z, z_t, v_t, y2, rows)
+        return float(total) / y2.size
+    total = loo.loo_squared_error(np.ascontiguousarray(z[rows]), z_t, v_t, y2[rows], rows)
+    return float(total) / (rows.size * y2.shape[1])
 
 
 def loo_loss(X, y, bandwidth="scott", *, components=None, dtype=None):
@@ -203,7 +208,18 @@ def loo_loss_and_grad(X, y, bandwidth=None, *, components=None, dtype=None):
 # --------------------------------------------------------------------------- bandwidth search
 
 
-def loo_bandwidth(X, y, *, base="scott", grid=None, xatol=1e-3, dtype=None, return_curve=False):
+def loo_bandwidth(
+    X,
+    y,
+    *,
+    base="scott",
+    grid=None,
+    xatol=1e-3,
+    grid_queries=4096,
+    random_state=0,
+    dtype=None,
+    return_curve=False,
+):
     """Per-feature widths ``c* h0`` minimising the LOO MSE over one scale factor c.
 
     A robust bounded search on the log scale: (1) evaluate the LOO MSE at the
@@ -211,9 +227,17 @@ def loo_bandwidth(X, y, *, base="scott", grid=None, xatol=1e-3, dtype=None, retu
     quarter decade apart) to find the best basin even when the curve has
     several local minima or flat stretches; (2) refine with bounded Brent
     (``scipy.optimize.minimize_scalar(method="bounded")``) on log c between the
-    grid neighbours of the best grid point, to ``xatol`` in log c. The better
-    of the grid point and the Brent result is returned, so the answer is never
-    worse than the grid. Ties resolve to the smaller factor.
+    grid neighbours of the best grid point, to ``xatol`` in log c (1e-3: 0.1 %
+    in the width; the LOO MSE is then within ~1e-8 relative of the 1-D optimum).
+    The better of the grid point and the Brent result is returned, so the
+    answer is never worse than the grid. Ties resolve to the smaller factor.
+
+    For n > ``grid_queries`` the coarse stage leaves out and predicts only a
+    fixed random subset of ``grid_queries`` rows (every row stays a key), an
+    unbiased estimate of the LOO MSE at 1/``n`` of the cost per left-out row;
+    it only picks the bracket. The Brent stage and the returned curve point
+    values of the refinement are always exact (all n rows left out in turn).
+    ``grid_queries=None`` makes the coarse stage exact too.
 
     Parameters
     ----------
@@ -225,9 +249,12 @@ def loo_bandwidth(X, y, *, base="scott", grid=None, xatol=1e-3, dtype=None, retu
         score whatever its width).
     grid : array of positive factors, optional
     xatol : float, the Brent tolerance in log c
+    grid_queries : int or None, rows left out in the coarse stage when n is larger
+    random_state : seed of that subset
     dtype : "float64" or "float32"
     return_curve : bool
-        Also return ``(factors, losses)`` of every evaluation, sorted by factor.
+        Also return ``(factors, losses)`` of every exact evaluation, sorted by
+        factor (with the coarse stage subsampled, only the Brent stage's).
 
     Returns
     -------
@@ -241,16 +268,38 @@ def loo_bandwidth(X, y, *, base="scott", grid=None, xatol=1e-3, dtype=None, retu
     if grid.size < 1 or not np.all(np.isfinite(grid)) or np.any(grid <= 0):
         raise ValueError("grid must hold positive finite factors")
     log_grid = np.log(np.sort(grid))
+    n = X.shape[0]
+    rows = None
+    if grid_queries is not None and n > int(grid_queries):
+        rng = np.random.default_rng(random_state)
+        rows = np.sort(rng.choice(n, size=int(grid_queries), replace=False)).astype(np.int64)
     evaluated = {}
+    sorted_1d = X.shape[1] == 1  # sorted 1-D points: the windowed kernel skips negligible keys
+    if sorted_1d:
+        order = np.argsort(X[:, 0], kind="stable")
+        rank = np.empty(n, dtype=np.int64)
+        rank[order] = np.arange(n)
+        x_sorted = X[order, 0]
+        y_sorted = np.ascontiguousarray(y2[order])
+        v_sorted = np.ascontiguousarray(y_sorted.T, dtype=dtype)
+        gap = loo.PRUNE_GAP[np.dtype(dtype).name]
+
+    def loss_at(t, subset):
+        if sorted_1d:
+            zs = np.ascontiguousarray(x_sorted / (np.exp(t) * h0[0] * np.sqrt(2.0)), dtype=dtype)
+            sub = np.arange(n, dtype=np.int64) if subset is None else np.sort(rank[subset])
+            total = loo.loo_squared_error_sorted_1d(zs, v_sorted, y_sorted, sub, gap)
+            return float(total) / (sub.size * y2.shape[1])
+        z, z_t = _scaled(X, 1.0 / (np.exp(t) * h0), dtype)
+        return _loss_from_layout(z, z_t, y2, dtype, subset)
 
     def objective(t):
         t = float(t)
         if t not in evaluated:
-            z, z_t = _scaled(X, 1.0 / (np.exp(t) * h0), dtype)
-            evaluated[t] = _loss_from_layout(z, z_t, y2, dtype)
+            evaluated[t] = loss_at(t, None)
         return evaluated[t]
 
-    losses = np.array([objective(t) for t in log_grid])
+    losses = np.array([loss_at(t, rows) if rows is not None else objective(t) for t in log_grid])
     best = int(np.argmin(losses))
     best_t = log_grid[best]
     if log_grid.size > 1:
@@ -259,7 +308,8 @@ def loo_bandwidth(X, y, *, base="scott", grid=None, xatol=1e-3, dtype=None, retu
         res = minimize_scalar(
             objective, bounds=(lo, hi), method="bounded", options={"xatol": xatol}
         )
-        if np.isfinite(res.fun) and res.fun < losses[best]:
+        best_loss = losses[best] if rows is None else objective(best_t)
+        if np.isfinite(res.fun) and res.fun < best_loss:
             best_t = float(res.x)
     bandwidth = np.exp(best_t) * h0
     if not return_curve:

@@ -203,3 +203,36 @@ def test_spread_is_well_conditioned():
     _, std, _ = learning.nadaraya_watson_spread(x, x, y, 0.1)
     _, std_ref, _ = learning.nadaraya_watson_spread(x, x, y - 1e8, 0.1)
     np.testing.assert_allclose(std, std_ref, rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype,rtol", [("float64", 1e-12), ("float32", 1e-5)])
+@pytest.mark.parametrize("h", [0.02, 0.3, 5.0])
+def test_sorted_1d_kernel_matches_the_general_one(rng, dtype, rtol, h):
+    """The windowed 1-D kernel of the bandwidth search, against the full kernel."""
+    from nbattn.kernels import loo
+
+    n = 400
+    x = np.sort(rng.uniform(0, 6, n))
+    x[10] = x[11]  # a duplicate
+    y = np.column_stack([np.sin(x), np.cos(x)]) + 0.3 * rng.normal(size=(n, 2))
+    zs = np.ascontiguousarray(x / (h * np.sqrt(2.0)), dtype=dtype)
+    v_t = np.ascontiguousarray(y.T, dtype=dtype)
+    gap = loo.PRUNE_GAP[dtype]
+    total = loo.loo_squared_error_sorted_1d(zs, v_t, y, np.arange(n), gap)
+    assert total / y.size == pytest.approx(naive.loo_loss(x[:, None], y, bandwidth=h), rel=rtol)
+    rows = np.sort(rng.choice(n, 50, replace=False))
+    sub = loo.loo_squared_error_sorted_1d(zs, v_t, y, rows, gap)
+    w = naive._loo_weights(x[:, None] / h)
+    expected = np.sum((w[rows] @ y - y[rows]) ** 2)
+    assert sub == pytest.approx(expected, rel=rtol)
+
+
+def test_loo_bandwidth_subsampled_grid_stage(rng):
+    """n > grid_queries: the coarse stage estimates, the refinement stays exact."""
+    for d in (1, 2):
+        X, y = _data(rng, 300, d)
+        exact = learning.loo_bandwidth(X, y, grid_queries=None)
+        approx = learning.loo_bandwidth(X, y, grid_queries=100)
+        loss_exact = naive.loo_loss(X, y, bandwidth=exact)
+        loss_approx = naive.loo_loss(X, y, bandwidth=approx)
+        assert loss_approx <= loss_exact * (1 + 1e-3)

@@ -208,13 +208,16 @@ def gaussian_spread(queries, keys_t, values_t, centers, lse, exclude_self):
 
 
 @njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
-def loo_squared_error(queries, keys_t, values_t, targets):
-    """sum_i sum_c (f_-i(x_i)_c - targets[i, c])^2 in float64: the LOO loss in one pass.
+def loo_squared_error(queries, keys_t, values_t, targets, self_index):
+    """sum_i sum_c (f_-i(q_i)_c - targets[i, c])^2 in float64: the LOO loss in one pass.
 
-    The streaming pool of ``pooling.gaussian_pool`` with ``exclude_self``,
-    reduced to the squared error on the fly (no output array): the cheap
-    criterion evaluated many times by the bandwidth search. A query with no
-    admissible key (n = 1) predicts 0.
+    The streaming pool of ``pooling.gaussian_pool`` with the key
+    ``self_index[i]`` excluded for query i, reduced to the squared error on
+    the fly (no output array): the cheap criterion evaluated many times by
+    the bandwidth search. With queries = keys and ``self_index = arange(n)``
+    it is the exact LOO sum; with a subset of the rows as queries (and their
+    row numbers as ``self_index``) an unbiased estimate of it. A query with
+    no admissible key (n = 1) predicts 0.
     """
     n_queries = queries.shape[0]
     n_keys = keys_t.shape[1]
@@ -229,14 +232,15 @@ def loo_squared_error(queries, keys_t, values_t, targets):
         sq = 0.0
         for i in range(chunk * _QUERY_BLOCK, stop):
             query_row = queries[i]
+            own = self_index[i]
             running_max = -np.inf
             running_sum = 0.0
             acc[:] = 0.0
             for j0 in range(0, n_keys, _KEY_BLOCK):
                 nb = min(_KEY_BLOCK, n_keys - j0)
                 _block_scores(query_row, keys_t, j0, nb, scores)
-                if j0 <= i < j0 + nb:
-                    scores[i - j0] = -np.inf
+                if j0 <= own < j0 + nb:
+                    scores[own - j0] = -np.inf
                 block_max = like(-np.inf, scores)
                 for j in range(nb):
                     block_max = max(block_max, scores[j])
@@ -263,6 +267,85 @@ def loo_squared_error(queries, keys_t, values_t, targets):
             inv = 1.0 / running_sum if running_sum > 0.0 else 0.0
             for c in range(n_outputs):
                 err = acc[c] * inv - targets[i, c]
+                sq += err * err
+        partial[chunk] = sq
+    return partial.sum()
+
+
+#: Keys whose score is more than this below the best one are skipped by the
+#: sorted 1-D kernel: each would weigh < exp(-gap) of the nearest key, so n of
+#: them change the result by < n * exp(-gap) relative: 2e-22 n in float64
+#: (gap 50), 2e-16 n in float32 (gap 36), far below each dtype's rounding.
+PRUNE_GAP = {"float64": 50.0, "float32": 36.0}
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def _window_sums(zs, values_t, zi, shift, start, stop, acc, weights):
+    """Adds sum_j exp(shift - (zs_j - zi)^2) (returned) and its v-weighted sums (into acc)."""
+    total = 0.0
+    zi = like(zi, zs)
+    shift = like(shift, zs)
+    for b0 in range(start, stop, _KEY_BLOCK):
+        nb = min(stop - b0, _KEY_BLOCK)
+        block = like(0.0, zs)
+        for j in range(nb):
+            diff = zs[b0 + j] - zi
+            w = fast_exp(shift - diff * diff)
+            weights[j] = w
+            block += w
+        total += block
+        for c in range(values_t.shape[0]):
+            weighted = like(0.0, zs)
+            for j in range(nb):
+                weighted += weights[j] * values_t[c, b0 + j]
+            acc[c] += weighted
+    return total
+
+
+@njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
+def loo_squared_error_sorted_1d(zs, values_t, targets, rows, prune_gap):
+    """The LOO squared-error sum of ``loo_squared_error`` for 1-D points, sorted.
+
+    ``zs`` (n,) ascending, already scaled (s_ij = -(zs_i - zs_j)^2);
+    ``values_t`` (p, n) and ``targets`` (n, p) in the same order; ``rows``
+    the (sorted-order) rows left out and predicted, ``arange(n)`` for the
+    exact LOO sum. The best score of row i is that of its nearest neighbour,
+    -dmin_i^2 (an adjacent point), so only the keys with
+    (zs_j - zs_i)^2 <= dmin_i^2 + prune_gap can matter: a window found by
+    binary search. Weights are exp(s_ij + dmin_i^2) <= 1, so no online
+    rescaling is needed. Cost: rows x (window width) instead of rows x n.
+    """
+    n = zs.shape[0]
+    n_rows = rows.shape[0]
+    n_outputs = values_t.shape[0]
+    n_chunks = (n_rows + _QUERY_BLOCK - 1) // _QUERY_BLOCK
+    partial = np.zeros(n_chunks, dtype=np.float64)
+    for chunk in prange(n_chunks):
+        acc = np.empty(n_outputs, dtype=np.float64)
+        weights = np.empty(_KEY_BLOCK, dtype=zs.dtype)
+        stop = min(n_rows, (chunk + 1) * _QUERY_BLOCK)
+        sq = 0.0
+        for r in range(chunk * _QUERY_BLOCK, stop):
+            i = rows[r]
+            zi = np.float64(zs[i])
+            dmin = np.inf
+            if i > 0:
+                dmin = zi - zs[i - 1]
+            if i + 1 < n:
+                dmin = min(dmin, zs[i + 1] - zi)
+            acc[:] = 0.0
+            if dmin == np.inf:  # n = 1: no admissible key, predict 0
+                for c in range(n_outputs):
+                    sq += targets[i, c] * targets[i, c]
+                continue
+            shift = dmin * dmin
+            radius = np.sqrt(shift + prune_gap)
+            lo = np.searchsorted(zs, like(zi - radius, zs), side="left")
+            hi = np.searchsorted(zs, like(zi + radius, zs), side="right")
+            total = _window_sums(zs, values_t, zi, shift, lo, i, acc, weights)
+            total += _window_sums(zs, values_t, zi, shift, i + 1, hi, acc, weights)
+            for c in range(n_outputs):
+                err = acc[c] / total - targets[i, c]
                 sq += err * err
         partial[chunk] = sq
     return partial.sum()
