@@ -162,3 +162,13 @@ def test_learned_regressor_spread():
     np.testing.assert_allclose(mean, m_ref, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(std, s_ref, rtol=1e-8, atol=1e-10)
     np.testing.assert_allclose(model.effective_n_neighbors(X_test), n_ref, rtol=1e-10)
+
+
+def test_run_seed_has_the_learned_width_row_and_figures(tmp_path):
+    from nbattn.seed import run_seed
+
+    table = run_seed(tmp_path)
+    assert "learned_width" in table.index
+    assert table.loc["learned_width", "mse"] < table.loc["nadaraya_watson_scott", "mse"]
+    for name in ("learned_width.png", "heatmap_learned_width.png", "loo_curve.png"):
+        assert (tmp_path / name).stat().st_size > 0
