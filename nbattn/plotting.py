@@ -61,3 +61,20 @@ def save(ax, path) -> Path:
     ax.figure.savefig(path, dpi=100)
     plt.close(ax.figure)
     return path
+
+
+def plot_loss_curve(bandwidths, losses, marks=None, ax=None, title=None):
+    """A loss against the kernel width on a log axis; ``marks`` = {label: width} as lines."""
+    plt = _pyplot()
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(bandwidths, losses, color="tab:blue", label="leave-one-out MSE")
+    for (label, width), color in zip((marks or {}).items(), ["tab:red", "tab:green", "tab:gray"]):
+        ax.axvline(width, color=color, linestyle="--", label=f"{label} ({width:.3g})")
+    ax.set_xscale("log")
+    ax.set_xlabel("bandwidth h")
+    ax.set_ylabel("LOO MSE")
+    if title:
+        ax.set_title(title)
+    ax.legend(loc="best")
+    return ax

@@ -1,4 +1,4 @@
-"""Seed 002, section 1.3, as code: average pooling and Nadaraya-Watson on the seed's data.
+"""Seed 002, section 1.3, as code: average pooling, Nadaraya-Watson and a learned width.
 
 ``run_seed(outdir)`` fits each model, returns a metrics table and writes the
 seed's figures. Used by ``nbattn demo`` and ``scripts/reproduce_seed.py``.
@@ -13,7 +13,8 @@ import pandas as pd
 
 from . import plotting
 from .datasets import seed_data
-from .estimators import NadarayaWatsonRegressor
+from .estimators import LearnedKernelRegressor, NadarayaWatsonRegressor
+from .learning import loo_loss
 
 #: The seed's models: name -> estimator. "nadaraya_watson" is the seed's own
 #: kernel, exp(-(x - x_i)^2 / 2), i.e. bandwidth 1.
@@ -21,6 +22,8 @@ SEED_MODELS = {
     "average_pooling": lambda: NadarayaWatsonRegressor(kernel="average"),
     "nadaraya_watson": lambda: NadarayaWatsonRegressor(bandwidth=1.0),
     "nadaraya_watson_scott": lambda: NadarayaWatsonRegressor(bandwidth="scott"),
+    # section 1.3.3: the width w learned by minimising the leave-one-out MSE
+    "learned_width": lambda: LearnedKernelRegressor(metric="scalar"),
 }
 
 
@@ -87,4 +90,41 @@ def write_seed_figures(outdir: Path, data, curves, fitted) -> list[Path]:
         title="attention weights, h = 1",
     )
     written.append(plotting.save(heat, outdir / "heatmap_nadaraya_watson.png"))
+    if "learned_width" in fitted:
+        written += write_learned_width_figures(outdir, data, curves, fitted)
+    return written
+
+
+def write_learned_width_figures(outdir: Path, data, curves, fitted) -> list[Path]:
+    """Seed 002, section 1.3.3: the learned-w fit, its sharper heatmap, LOO MSE vs width."""
+    args = (data.x_train, data.y_train, data.x_test, data.y_test)
+    learned = fitted["learned_width"]
+    h_learned = float(learned.bandwidth_[0])
+    w = 1.0 / h_learned  # the seed's parameter: exp(-((x - x_i) w)^2 / 2)
+    fit = plotting.plot_fit(
+        *args,
+        {
+            "Nadaraya-Watson (h = 1)": curves["nadaraya_watson"],
+            f"learned w = {w:.3g} (h = {h_learned:.3g})": curves["learned_width"],
+        },
+        title="parametric attention pooling (learned w)",
+    )
+    written = [plotting.save(fit, outdir / "learned_width.png")]
+    heat = plotting.plot_heatmap(
+        learned.attention_weights(data.x_test[:, None]),
+        xlabel="x_train (keys)",
+        ylabel="x_test (queries)",
+        title=f"attention weights, learned w = {w:.3g}",
+    )
+    written.append(plotting.save(heat, outdir / "heatmap_learned_width.png"))
+    x_train = data.x_train[:, None]
+    widths = np.logspace(-2, 1, 61)
+    losses = [loo_loss(x_train, data.y_train, h) for h in widths]
+    marks = {
+        "learned": h_learned,
+        "Scott": float(fitted["nadaraya_watson_scott"].bandwidth_[0]),
+        "seed (h = 1)": 1.0,
+    }
+    ax = plotting.plot_loss_curve(widths, losses, marks, title="leave-one-out MSE vs width")
+    written.append(plotting.save(ax, outdir / "loo_curve.png"))
     return written

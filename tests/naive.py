@@ -68,3 +68,57 @@ def nadaraya_watson_std(queries, keys, values, bandwidth):
     v = np.asarray(values, dtype=np.float64)
     f = weights @ v
     return np.sqrt(np.sum(weights * (v[None, :] - f[:, None]) ** 2, axis=1))
+
+
+# ---------------------------------------------------------------- learned kernels (issue 3)
+
+
+def _loo_weights(points_scaled):
+    """softmax_{j != i}(-1/2 ||z_i - z_j||^2) for already-scaled points z (n, k)."""
+    scores = gaussian_scores(points_scaled, points_scaled, 1.0)
+    np.fill_diagonal(scores, -np.inf)
+    return softmax_rows(scores)
+
+
+def loo_loss(X, y, bandwidth=None, components=None):
+    """1/(n p) sum_i ||f_-i(x_i) - y_i||^2 with the full n x n weight matrix."""
+    X = np.asarray(X, dtype=np.float64)
+    y2 = np.asarray(y, dtype=np.float64).reshape(len(X), -1)
+    z = X @ np.asarray(components).T if components is not None else X / bandwidth
+    w = _loo_weights(z)
+    return np.mean((w @ y2 - y2) ** 2)
+
+
+def loo_grad(X, y, bandwidth=None, components=None):
+    """The LOO loss gradient with respect to log h (d,) or L (k, d), from full matrices.
+
+    dL/ds_ij = 2/(n p) w_ij sum_c r_ic (y_jc - f_ic), r = f - y; then
+    ds_ij/dlog h_d = ((x_id - x_jd)/h_d)^2 and ds_ij/dL = -L (x_i - x_j)(x_i - x_j)^T.
+    """
+    X = np.asarray(X, dtype=np.float64)
+    y2 = np.asarray(y, dtype=np.float64).reshape(len(X), -1)
+    n, p = y2.shape
+    z = X @ np.asarray(components).T if components is not None else X / bandwidth
+    w = _loo_weights(z)
+    f = w @ y2
+    r = f - y2
+    dl_ds = 2.0 / (n * p) * w * (r @ y2.T - np.sum(r * f, axis=1, keepdims=True))
+    delta = X[:, None, :] - X[None, :, :]
+    if components is None:
+        return np.einsum("ij,ijd->d", dl_ds, (delta / bandwidth) ** 2)
+    outer = np.einsum("ij,ija,ijb->ab", dl_ds, delta, delta)
+    return -np.asarray(components) @ outer
+
+
+def weighted_spread(queries, keys, values, bandwidth):
+    """(mean, std, n_eff) of Gaussian attention pooling with the full weight matrix."""
+    w = nadaraya_watson_weights(queries, keys, bandwidth)
+    v = np.asarray(values, dtype=np.float64)
+    v2 = v.reshape(len(v), -1)
+    mean = w @ v2
+    var = w @ v2**2 - mean**2
+    std = np.sqrt(np.maximum(var, 0.0))
+    n_eff = 1.0 / np.sum(w**2, axis=1)
+    if v.ndim == 1:
+        return mean[:, 0], std[:, 0], n_eff
+    return mean, std, n_eff

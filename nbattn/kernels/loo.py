@@ -1,0 +1,351 @@
+"""Second-pass kernels of Gaussian attention pooling: leave-one-out gradients and spread.
+
+Every kernel here runs *after* the streaming pool of ``nbattn.kernels.pooling``
+has produced, per query i, the pooled output ``f_i`` and the log normaliser
+``lse_i = log sum_j exp(s_ij)``. With ``lse_i`` known, the exact weights are
+available pair by pair, ``w_ij = exp(s_ij - lse_i)``, without an online
+rescaling, so a second streaming pass can accumulate any weighted sum of the
+pairs in O(n * d) memory. Layout and scaling are those of ``pooling``:
+
+* ``queries`` (n_queries, k) C-contiguous and ``keys_t`` (k, n_keys), already
+  multiplied by the metric and divided by sqrt(2), so that
+  ``s_ij = -|| queries_i - keys_t[:, j] ||^2``;
+* ``values_t`` (n_outputs, n_keys), ``centers`` (n_queries, n_outputs);
+* one dtype, float32 or float64; ``lse`` float64. Per-block partial sums are
+  taken in the input dtype and added into float64 accumulators.
+
+Leave-one-out gradient (``loo_grad_diag``, ``loo_grad_full``). With
+``f_i = sum_{j != i} w_ij y_j`` and the loss ``L = 1/(n p) sum_i ||f_i - y_i||^2``,
+``d f_ic / d s_ij = w_ij (y_jc - f_ic)``, so
+
+    dL/ds_ij = 2/(n p) * g_ij,   g_ij = w_ij * sum_c r_ic (y_jc - f_ic),   r_i = f_i - y_i
+
+(the caller passes ``resid = r`` and ``centers = f``). The kernels return the
+unnormalised sums
+
+    diag:  G_f  = sum_i sum_{j != i} g_ij (z_if - z_jf)^2          (k,)
+    full:  M_ab = sum_i sum_{j != i} g_ij (x_ia - x_ja)(x_ib - x_jb)   (d, d)
+
+from which the caller builds the gradient with respect to log-widths or to a
+linear map (see ``nbattn.learning``). A two-pass scheme was chosen over one
+online pass: the online form would carry n_outputs x k running sums per query
+(n_outputs x d x d for the full metric) and rescale all of them whenever the
+running maximum grows; the second pass needs only k (or d x d) accumulators
+per thread whatever the number of outputs, and its weights are exact.
+
+Spread (``gaussian_spread``): for centers c_i (the pooled output f_i),
+
+    var_ic = sum_j w_ij (v_jc - c_ic)^2,   sum_w2_i = sum_j w_ij^2
+
+the attention-weighted variance about the pooled mean (two-pass, so no
+cancellation between E[v^2] and E[v]^2) and the sum of squared weights (the
+effective number of neighbours is 1 / sum_w2_i).
+
+A query with lse = -inf (no admissible key) contributes nothing and gets
+zeros.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from .. import config
+from .fastmath import fast_exp, like
+from .pooling import _block_scores
+
+_KEY_BLOCK = config.KEY_BLOCK
+_QUERY_BLOCK = config.QUERY_BLOCK
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def _block_weights(scores, nb, shift, j0, i, exclude_self):
+    """scores[j] <- exp(scores[j] - shift); the pair (i, i) gets 0 when excluded."""
+    shift = like(shift, scores)
+    for j in range(nb):
+        scores[j] = fast_exp(scores[j] - shift)
+    if exclude_self and j0 <= i < j0 + nb:
+        scores[i - j0] = 0.0
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def _block_coef(weights, values_t, resid, centers, i, j0, nb, coef):
+    """coef[j] = weights[j] * sum_c resid[i, c] * (values_t[c, j0 + j] - centers[i, c])."""
+    for j in range(nb):
+        coef[j] = 0.0
+    for c in range(values_t.shape[0]):
+        r = resid[i, c]
+        fc = centers[i, c]
+        for j in range(nb):
+            coef[j] += r * (values_t[c, j0 + j] - fc)
+    for j in range(nb):
+        coef[j] *= weights[j]
+
+
+@njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
+def loo_grad_diag(queries, keys_t, values_t, resid, centers, lse):
+    """G_f = sum_i sum_{j != i} g_ij (z_if - z_jf)^2, float64 (k,); see the module docstring."""
+    n_queries, k = queries.shape
+    n_keys = keys_t.shape[1]
+    dtype = queries.dtype
+    n_chunks = (n_queries + _QUERY_BLOCK - 1) // _QUERY_BLOCK
+    partial = np.zeros((n_chunks, k), dtype=np.float64)
+    for chunk in prange(n_chunks):
+        weights = np.empty(_KEY_BLOCK, dtype=dtype)
+        coef = np.empty(_KEY_BLOCK, dtype=dtype)
+        acc = partial[chunk]
+        stop = min(n_queries, (chunk + 1) * _QUERY_BLOCK)
+        for i in range(chunk * _QUERY_BLOCK, stop):
+            if lse[i] == -np.inf:
+                continue
+            query_row = queries[i]
+            for j0 in range(0, n_keys, _KEY_BLOCK):
+                nb = min(_KEY_BLOCK, n_keys - j0)
+                _block_scores(query_row, keys_t, j0, nb, weights)
+                _block_weights(weights, nb, lse[i], j0, i, True)
+                _block_coef(weights, values_t, resid, centers, i, j0, nb, coef)
+                for f in range(k):
+                    qf = query_row[f]
+                    total = like(0.0, weights)
+                    for j in range(nb):
+                        diff = keys_t[f, j0 + j] - qf
+                        total += coef[j] * diff * diff
+                    acc[f] += total
+    out = np.zeros(k, dtype=np.float64)
+    for chunk in range(n_chunks):
+        for f in range(k):
+            out[f] += partial[chunk, f]
+    return out
+
+
+@njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
+def loo_grad_full(queries, keys_t, points, points_t, values_t, resid, centers, lse):
+    """M_ab = sum_i sum_{j != i} g_ij (x_ia - x_ja)(x_ib - x_jb), float64 (d, d).
+
+    ``queries``/``keys_t`` are the projected points (score space), ``points``
+    (n, d) and ``points_t`` (d, n) the original ones (centred by the caller).
+    """
+    n_queries = queries.shape[0]
+    n_keys = keys_t.shape[1]
+    d = points.shape[1]
+    dtype = queries.dtype
+    n_chunks = (n_queries + _QUERY_BLOCK - 1) // _QUERY_BLOCK
+    partial = np.zeros((n_chunks, d, d), dtype=np.float64)
+    for chunk in prange(n_chunks):
+        weights = np.empty(_KEY_BLOCK, dtype=dtype)
+        coef = np.empty(_KEY_BLOCK, dtype=dtype)
+        diffs = np.empty((d, _KEY_BLOCK), dtype=dtype)
+        acc = partial[chunk]
+        stop = min(n_queries, (chunk + 1) * _QUERY_BLOCK)
+        for i in range(chunk * _QUERY_BLOCK, stop):
+            if lse[i] == -np.inf:
+                continue
+            query_row = queries[i]
+            for j0 in range(0, n_keys, _KEY_BLOCK):
+                nb = min(_KEY_BLOCK, n_keys - j0)
+                _block_scores(query_row, keys_t, j0, nb, weights)
+                _block_weights(weights, nb, lse[i], j0, i, True)
+                _block_coef(weights, values_t, resid, centers, i, j0, nb, coef)
+                for a in range(d):
+                    xa = points[i, a]
+                    for j in range(nb):
+                        diffs[a, j] = points_t[a, j0 + j] - xa
+                for a in range(d):
+                    for b in range(a + 1):
+                        total = like(0.0, weights)
+                        for j in range(nb):
+                            total += coef[j] * diffs[a, j] * diffs[b, j]
+                        acc[a, b] += total
+    out = np.zeros((d, d), dtype=np.float64)
+    for chunk in range(n_chunks):
+        for a in range(d):
+            for b in range(a + 1):
+                out[a, b] += partial[chunk, a, b]
+    for a in range(d):
+        for b in range(a):
+            out[b, a] = out[a, b]
+    return out
+
+
+@njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
+def gaussian_spread(queries, keys_t, values_t, centers, lse, exclude_self):
+    """``(var, sum_w2)``: sum_j w_ij (v_jc - c_ic)^2 (n_queries, n_outputs) and sum_j w_ij^2.
+
+    Both float64. A query with lse = -inf gets var = 0 and sum_w2 = 0.
+    """
+    n_queries = queries.shape[0]
+    n_keys = keys_t.shape[1]
+    n_outputs = values_t.shape[0]
+    dtype = queries.dtype
+    var = np.zeros((n_queries, n_outputs), dtype=np.float64)
+    sum_w2 = np.zeros(n_queries, dtype=np.float64)
+    n_chunks = (n_queries + _QUERY_BLOCK - 1) // _QUERY_BLOCK
+    for chunk in prange(n_chunks):
+        weights = np.empty(_KEY_BLOCK, dtype=dtype)
+        stop = min(n_queries, (chunk + 1) * _QUERY_BLOCK)
+        for i in range(chunk * _QUERY_BLOCK, stop):
+            if lse[i] == -np.inf:
+                continue
+            query_row = queries[i]
+            w2 = 0.0
+            for j0 in range(0, n_keys, _KEY_BLOCK):
+                nb = min(_KEY_BLOCK, n_keys - j0)
+                _block_scores(query_row, keys_t, j0, nb, weights)
+                _block_weights(weights, nb, lse[i], j0, i, exclude_self)
+                block_w2 = like(0.0, weights)
+                for j in range(nb):
+                    block_w2 += weights[j] * weights[j]
+                w2 += block_w2
+                for c in range(n_outputs):
+                    center = like(centers[i, c], weights)
+                    total = like(0.0, weights)
+                    for j in range(nb):
+                        diff = values_t[c, j0 + j] - center
+                        total += weights[j] * diff * diff
+                    var[i, c] += total
+            sum_w2[i] = w2
+    return var, sum_w2
+
+
+@njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
+def loo_squared_error(queries, keys_t, values_t, targets, self_index):
+    """sum_i sum_c (f_-i(q_i)_c - targets[i, c])^2 in float64: the LOO loss in one pass.
+
+    The streaming pool of ``pooling.gaussian_pool`` with the key
+    ``self_index[i]`` excluded for query i, reduced to the squared error on
+    the fly (no output array): the cheap criterion evaluated many times by
+    the bandwidth search. With queries = keys and ``self_index = arange(n)``
+    it is the exact LOO sum; with a subset of the rows as queries (and their
+    row numbers as ``self_index``) an unbiased estimate of it. A query with
+    no admissible key (n = 1) predicts 0.
+    """
+    n_queries = queries.shape[0]
+    n_keys = keys_t.shape[1]
+    n_outputs = values_t.shape[0]
+    dtype = queries.dtype
+    n_chunks = (n_queries + _QUERY_BLOCK - 1) // _QUERY_BLOCK
+    partial = np.zeros(n_chunks, dtype=np.float64)
+    for chunk in prange(n_chunks):
+        scores = np.empty(_KEY_BLOCK, dtype=dtype)
+        acc = np.empty(n_outputs, dtype=np.float64)
+        stop = min(n_queries, (chunk + 1) * _QUERY_BLOCK)
+        sq = 0.0
+        for i in range(chunk * _QUERY_BLOCK, stop):
+            query_row = queries[i]
+            own = self_index[i]
+            running_max = -np.inf
+            running_sum = 0.0
+            acc[:] = 0.0
+            for j0 in range(0, n_keys, _KEY_BLOCK):
+                nb = min(_KEY_BLOCK, n_keys - j0)
+                _block_scores(query_row, keys_t, j0, nb, scores)
+                if j0 <= own < j0 + nb:
+                    scores[own - j0] = -np.inf
+                block_max = like(-np.inf, scores)
+                for j in range(nb):
+                    block_max = max(block_max, scores[j])
+                if block_max == -np.inf:
+                    continue
+                if block_max > running_max:
+                    rescale = np.exp(running_max - block_max)
+                    running_sum *= rescale
+                    for c in range(n_outputs):
+                        acc[c] *= rescale
+                    running_max = block_max
+                shift = like(running_max, scores)
+                block_sum = like(0.0, scores)
+                for j in range(nb):
+                    w = fast_exp(scores[j] - shift)
+                    scores[j] = w
+                    block_sum += w
+                running_sum += block_sum
+                for c in range(n_outputs):
+                    weighted = like(0.0, scores)
+                    for j in range(nb):
+                        weighted += scores[j] * values_t[c, j0 + j]
+                    acc[c] += weighted
+            inv = 1.0 / running_sum if running_sum > 0.0 else 0.0
+            for c in range(n_outputs):
+                err = acc[c] * inv - targets[i, c]
+                sq += err * err
+        partial[chunk] = sq
+    return partial.sum()
+
+
+#: Keys whose score is more than this below the best one are skipped by the
+#: sorted 1-D kernel: each would weigh < exp(-gap) of the nearest key, so n of
+#: them change the result by < n * exp(-gap) relative: 2e-22 n in float64
+#: (gap 50), 2e-16 n in float32 (gap 36), far below each dtype's rounding.
+PRUNE_GAP = {"float64": 50.0, "float32": 36.0}
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def _window_sums(zs, values_t, zi, shift, start, stop, acc, weights):
+    """Adds sum_j exp(shift - (zs_j - zi)^2) (returned) and its v-weighted sums (into acc)."""
+    total = 0.0
+    zi = like(zi, zs)
+    shift = like(shift, zs)
+    for b0 in range(start, stop, _KEY_BLOCK):
+        nb = min(stop - b0, _KEY_BLOCK)
+        block = like(0.0, zs)
+        for j in range(nb):
+            diff = zs[b0 + j] - zi
+            w = fast_exp(shift - diff * diff)
+            weights[j] = w
+            block += w
+        total += block
+        for c in range(values_t.shape[0]):
+            weighted = like(0.0, zs)
+            for j in range(nb):
+                weighted += weights[j] * values_t[c, b0 + j]
+            acc[c] += weighted
+    return total
+
+
+@njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
+def loo_squared_error_sorted_1d(zs, values_t, targets, rows, prune_gap):
+    """The LOO squared-error sum of ``loo_squared_error`` for 1-D points, sorted.
+
+    ``zs`` (n,) ascending, already scaled (s_ij = -(zs_i - zs_j)^2);
+    ``values_t`` (p, n) and ``targets`` (n, p) in the same order; ``rows``
+    the (sorted-order) rows left out and predicted, ``arange(n)`` for the
+    exact LOO sum. The best score of row i is that of its nearest neighbour,
+    -dmin_i^2 (an adjacent point), so only the keys with
+    (zs_j - zs_i)^2 <= dmin_i^2 + prune_gap can matter: a window found by
+    binary search. Weights are exp(s_ij + dmin_i^2) <= 1, so no online
+    rescaling is needed. Cost: rows x (window width) instead of rows x n.
+    """
+    n = zs.shape[0]
+    n_rows = rows.shape[0]
+    n_outputs = values_t.shape[0]
+    n_chunks = (n_rows + _QUERY_BLOCK - 1) // _QUERY_BLOCK
+    partial = np.zeros(n_chunks, dtype=np.float64)
+    for chunk in prange(n_chunks):
+        acc = np.empty(n_outputs, dtype=np.float64)
+        weights = np.empty(_KEY_BLOCK, dtype=zs.dtype)
+        stop = min(n_rows, (chunk + 1) * _QUERY_BLOCK)
+        sq = 0.0
+        for r in range(chunk * _QUERY_BLOCK, stop):
+            i = rows[r]
+            zi = np.float64(zs[i])
+            dmin = np.inf
+            if i > 0:
+                dmin = zi - zs[i - 1]
+            if i + 1 < n:
+                dmin = min(dmin, zs[i + 1] - zi)
+            acc[:] = 0.0
+            if dmin == np.inf:  # n = 1: no admissible key, predict 0
+                for c in range(n_outputs):
+                    sq += targets[i, c] * targets[i, c]
+                continue
+            shift = dmin * dmin
+            radius = np.sqrt(shift + prune_gap)
+            lo = np.searchsorted(zs, like(zi - radius, zs), side="left")
+            hi = np.searchsorted(zs, like(zi + radius, zs), side="right")
+            total = _window_sums(zs, values_t, zi, shift, lo, i, acc, weights)
+            total += _window_sums(zs, values_t, zi, shift, i + 1, hi, acc, weights)
+            for c in range(n_outputs):
+                err = acc[c] / total - targets[i, c]
+                sq += err * err
+        partial[chunk] = sq
+    return partial.sum()

@@ -1,0 +1,238 @@
+"""Leave-one-out loss, its exact gradient, the LOO bandwidth search and the spread kernel."""
+
+from . import naive
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nbattn import learning
+
+
+def _data(rng, n, d, p=None):
+    X = rng.normal(size=(n, d))
+    signal = np.sin(X @ rng.normal(size=d))
+    y = signal + 0.2 * rng.normal(size=n)
+    if p is not None:
+        y = np.column_stack([y] + [np.cos(X[:, 0] * (c + 1)) for c in range(p - 1)])
+    return X, y
+
+
+@pytest.mark.parametrize("d", [1, 2, 5, 8])
+@pytest.mark.parametrize("p", [None, 3])
+def test_loss_and_grad_match_naive_diagonal(rng, d, p):
+    X, y = _data(rng, 70, d, p)
+    h = rng.uniform(0.4, 2.0, size=d)
+    expected = naive.loo_loss(X, y, bandwidth=h)
+    assert learning.loo_loss(X, y, h) == pytest.approx(expected, rel=1e-12)
+    loss, grad = learning.loo_loss_and_grad(X, y, h)
+    assert loss == pytest.approx(expected, rel=1e-12)
+    np.testing.assert_allclose(grad, naive.loo_grad(X, y, bandwidth=h), rtol=1e-10, atol=1e-14)
+
+
+@pytest.mark.parametrize("d,k", [(1, 1), (3, 3), (5, 2), (8, 8)])
+def test_loss_and_grad_match_naive_full(rng, d, k):
+    X, y = _data(rng, 60, d, 2)
+    L = rng.normal(size=(k, d))
+    expected = naive.loo_loss(X, y, components=L)
+    assert learning.loo_loss(X, y, components=L) == pytest.approx(expected, rel=1e-12)
+    loss, grad = learning.loo_loss_and_grad(X, y, components=L)
+    assert loss == pytest.approx(expected, rel=1e-12)
+    np.testing.assert_allclose(grad, naive.loo_grad(X, y, components=L), rtol=1e-9, atol=1e-13)
+
+
+def _central_difference(fun, x, eps=1e-5):
+    grad = np.zeros_like(x)
+    for idx in np.ndindex(x.shape):
+        step = np.zeros_like(x)
+        step[idx] = eps
+        grad[idx] = (fun(x + step) - fun(x - step)) / (2 * eps)
+    return grad
+
+
+@pytest.mark.parametrize("d", range(1, 9))
+def test_grad_matches_finite_differences(rng, d):
+    """Relative error of the analytic gradient <= 1e-6 (float64), log-widths and full L."""
+    X, y = _data(rng, 40, d)
+    log_h = np.log(rng.uniform(0.5, 1.5, size=d))
+    _, grad = learning.loo_loss_and_grad(X, y, np.exp(log_h))
+    fd = _central_difference(lambda t: learning.loo_loss(X, y, np.exp(t)), log_h)
+    assert np.linalg.norm(grad - fd) <= 1e-6 * np.linalg.norm(fd)
+
+    L = rng.normal(size=(max(1, d - 1), d))
+    _, grad_l = learning.loo_loss_and_grad(X, y, components=L)
+    fd_l = _central_difference(lambda m: learning.loo_loss(X, y, components=m), L)
+    assert np.linalg.norm(grad_l - fd_l) <= 1e-6 * np.linalg.norm(fd_l)
+
+
+def test_float32_matches_float64(rng):
+    X, y = _data(rng, 300, 3)
+    h = np.array([0.5, 0.8, 1.2])
+    loss64, grad64 = learning.loo_loss_and_grad(X, y, h)
+    loss32, grad32 = learning.loo_loss_and_grad(X.astype(np.float32), y.astype(np.float32), h)
+    assert abs(loss32 - loss64) <= 1e-5 * loss64
+    assert np.max(np.abs(grad32 - grad64)) <= 1e-5 * np.max(np.abs(grad64))
+    L = rng.normal(size=(2, 3))
+    _, g64 = learning.loo_loss_and_grad(X, y, components=L)
+    _, g32 = learning.loo_loss_and_grad(X, y, components=L, dtype="float32")
+    assert np.max(np.abs(g32 - g64)) <= 1e-5 * np.max(np.abs(g64))
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    n=st.integers(2, 40),
+    d=st.integers(1, 4),
+    p=st.integers(1, 3),
+    seed=st.integers(0, 2**32 - 1),
+    log_h=st.floats(-2.0, 2.0),
+)
+def test_loss_and_grad_property(n, d, p, seed, log_h):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d))
+    y = rng.normal(size=(n, p))
+    h = np.exp(log_h) * rng.uniform(0.5, 2.0, size=d)
+    loss, grad = learning.loo_loss_and_grad(X, y, h)
+    assert loss == pytest.approx(naive.loo_loss(X, y, bandwidth=h), rel=1e-10)
+    expected = naive.loo_grad(X, y, bandwidth=h)
+    np.testing.assert_allclose(grad, expected, rtol=1e-8, atol=1e-12 * (1 + np.abs(expected).max()))
+
+
+def test_far_points_do_not_give_nan(rng):
+    """Widths far below the spacing: every weight of the textbook formula underflows."""
+    gaps = 100.0 + 10.0 * rng.permutation(19)  # distinct gaps: a unique nearest neighbour
+    x = np.concatenate([[0.0], np.cumsum(gaps)])
+    y = rng.normal(size=20)
+    loss, grad = learning.loo_loss_and_grad(x, y, 1e-3)
+    assert np.isfinite(loss) and np.all(np.isfinite(grad))
+    dist = np.abs(x[:, None] - x[None, :])
+    np.fill_diagonal(dist, np.inf)
+    f = y[np.argmin(dist, axis=1)]  # each left-out point takes its nearest neighbour's value
+    assert loss == pytest.approx(np.mean((f - y) ** 2), rel=1e-12)
+
+
+def test_two_samples_and_too_few(rng):
+    X = np.array([[0.0], [1.0]])
+    y = np.array([1.0, 3.0])
+    assert learning.loo_loss(X, y, 1.0) == pytest.approx(4.0)  # each predicts the other
+    with pytest.raises(ValueError, match="at least 2 samples"):
+        learning.loo_loss(X[:1], y[:1], 1.0)
+    with pytest.raises(ValueError, match="at least 2 samples"):
+        learning.loo_bandwidth(X[:1], y[:1])
+
+
+def test_bad_inputs(rng):
+    X, y = _data(rng, 10, 2)
+    with pytest.raises(ValueError, match="X contains NaN"):
+        learning.loo_loss(np.where(X > 1, np.nan, X), y)
+    with pytest.raises(ValueError, match="y has 9 rows"):
+        learning.loo_loss(X, y[:9])
+    with pytest.raises(ValueError, match="exactly one"):
+        learning.loo_loss_and_grad(X, y)
+    with pytest.raises(ValueError, match="components has 3 columns"):
+        learning.loo_loss(X, y, components=np.eye(3))
+    with pytest.raises(ValueError, match="bandwidth"):
+        learning.loo_loss(X, y, -1.0)
+    X_before, y_before = X.copy(), y.copy()
+    learning.loo_loss_and_grad(X, y, 1.0)
+    assert np.array_equal(X, X_before) and np.array_equal(y, y_before)
+
+
+def test_constant_feature_follows_the_rule(rng):
+    """A constant feature gets the rule's unit spread and changes no score."""
+    X, y = _data(rng, 50, 2)
+    Xc = np.column_stack([X, np.full(50, 3.0)])
+    h = learning.loo_bandwidth(Xc, y)
+    assert np.all(np.isfinite(h)) and np.all(h > 0)
+    assert learning.loo_loss(Xc, y, h) == pytest.approx(
+        naive.loo_loss(X, y, bandwidth=h[:2]), rel=1e-12
+    )
+    _, grad = learning.loo_loss_and_grad(Xc, y, h)
+    assert grad[2] == 0.0
+
+
+def test_loo_bandwidth_is_no_worse_than_its_grid(rng):
+    X, y = _data(rng, 120, 2)
+    h, (factors, losses) = learning.loo_bandwidth(X, y, return_curve=True)
+    best = naive.loo_loss(X, y, bandwidth=h)
+    h0 = learning.bandwidth_rule(X)
+    grid_losses = [naive.loo_loss(X, y, bandwidth=c * h0) for c in learning.LOO_GRID]
+    assert best <= min(grid_losses) * (1 + 1e-12)
+    assert np.all(np.diff(factors) > 0) and losses.min() == pytest.approx(best, rel=1e-12)
+    # the ratio to the base widths is one shared factor
+    assert np.allclose(h / h0, (h / h0)[0])
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_loo_bandwidth_no_worse_than_statsmodels_cv_ls(seed):
+    """Same data, same criterion: nbattn's LOO MSE <= statsmodels KernelReg(bw='cv_ls')'s."""
+    sm = pytest.importorskip("statsmodels.nonparametric.kernel_regression")
+    rng = np.random.default_rng(seed)
+    x = np.sort(rng.uniform(0, 6, 150))
+    y = 2 * np.sin(x) + x**0.8 + rng.normal(0, 0.5, 150)
+    bw_sm = sm.KernelReg(y, x, var_type="c", reg_type="lc", bw="cv_ls").bw
+    h = learning.loo_bandwidth(x, y)
+    ours = naive.loo_loss(x[:, None], y, bandwidth=h)
+    theirs = naive.loo_loss(x[:, None], y, bandwidth=bw_sm)
+    assert ours <= theirs * (1 + 1e-9)
+
+
+def test_spread_matches_naive(rng):
+    X, y = _data(rng, 80, 2, 2)
+    Q = rng.normal(size=(30, 2)) * 2
+    h = np.array([0.4, 0.7])
+    mean, std, n_eff = learning.nadaraya_watson_spread(Q, X, y, h)
+    m_ref, s_ref, n_ref = naive.weighted_spread(Q, X, y, h)
+    np.testing.assert_allclose(mean, m_ref, rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(std, s_ref, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(n_eff, n_ref, rtol=1e-12)
+    assert np.all((n_eff >= 1 - 1e-12) & (n_eff <= len(X) + 1e-9))
+    m1, s1, _ = learning.nadaraya_watson_spread(Q, X, y[:, 0], h)
+    assert m1.shape == (30,) and np.allclose(s1, std[:, 0], rtol=1e-14)
+    # float32: within 1e-5 of the output scale
+    m32, s32, n32 = learning.nadaraya_watson_spread(Q, X, y, h, dtype="float32")
+    scale = np.abs(y).max()
+    assert np.max(np.abs(m32 - m_ref)) <= 1e-5 * scale
+    assert np.max(np.abs(s32 - s_ref)) <= 1e-5 * scale
+    np.testing.assert_allclose(n32, n_ref, rtol=1e-5)
+
+
+def test_spread_is_well_conditioned():
+    """Targets with a huge offset: the two-pass variance keeps its digits."""
+    x = np.linspace(0, 1, 50)
+    y = 1e8 + np.sin(6 * x)
+    _, std, _ = learning.nadaraya_watson_spread(x, x, y, 0.1)
+    _, std_ref, _ = learning.nadaraya_watson_spread(x, x, y - 1e8, 0.1)
+    np.testing.assert_allclose(std, std_ref, rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype,rtol", [("float64", 1e-12), ("float32", 1e-5)])
+@pytest.mark.parametrize("h", [0.02, 0.3, 5.0])
+def test_sorted_1d_kernel_matches_the_general_one(rng, dtype, rtol, h):
+    """The windowed 1-D kernel of the bandwidth search, against the full kernel."""
+    from nbattn.kernels import loo
+
+    n = 400
+    x = np.sort(rng.uniform(0, 6, n))
+    x[10] = x[11]  # a duplicate
+    y = np.column_stack([np.sin(x), np.cos(x)]) + 0.3 * rng.normal(size=(n, 2))
+    zs = np.ascontiguousarray(x / (h * np.sqrt(2.0)), dtype=dtype)
+    v_t = np.ascontiguousarray(y.T, dtype=dtype)
+    gap = loo.PRUNE_GAP[dtype]
+    total = loo.loo_squared_error_sorted_1d(zs, v_t, y, np.arange(n), gap)
+    assert total / y.size == pytest.approx(naive.loo_loss(x[:, None], y, bandwidth=h), rel=rtol)
+    rows = np.sort(rng.choice(n, 50, replace=False))
+    sub = loo.loo_squared_error_sorted_1d(zs, v_t, y, rows, gap)
+    w = naive._loo_weights(x[:, None] / h)
+    expected = np.sum((w[rows] @ y - y[rows]) ** 2)
+    assert sub == pytest.approx(expected, rel=rtol)
+
+
+def test_loo_bandwidth_subsampled_grid_stage(rng):
+    """n > grid_queries: the coarse stage estimates, the refinement stays exact."""
+    for d in (1, 2):
+        X, y = _data(rng, 300, d)
+        exact = learning.loo_bandwidth(X, y, grid_queries=None)
+        approx = learning.loo_bandwidth(X, y, grid_queries=100)
+        loss_exact = naive.loo_loss(X, y, bandwidth=exact)
+        loss_approx = naive.loo_loss(X, y, bandwidth=approx)
+        assert loss_approx <= loss_exact * (1 + 1e-3)
