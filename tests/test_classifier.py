@@ -1,11 +1,12 @@
 """NadarayaWatsonClassifier: attention pooling over one-hot labels."""
 
-from . import naive
 import numpy as np
 import pytest
 
 import nbattn
 from nbattn import learning
+
+from . import naive
 
 
 def _blobs(seed, n=120):

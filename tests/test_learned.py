@@ -2,7 +2,6 @@
 
 import warnings
 
-from . import naive
 import numpy as np
 import pytest
 from sklearn.exceptions import ConvergenceWarning
@@ -11,6 +10,8 @@ import nbattn
 from nbattn import learning
 from nbattn.datasets import seed_data
 from nbattn.regression import bandwidth_rule
+
+from . import naive
 
 
 def _relevance_data(seed, n=300):

@@ -1,12 +1,13 @@
 """Leave-one-out loss, its exact gradient, the LOO bandwidth search and the spread kernel."""
 
-from . import naive
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nbattn import learning
+
+from . import naive
 
 
 def _data(rng, n, d, p=None):
