@@ -235,6 +235,7 @@ def flash_backward(
         bias = key_bias[bh] if use_bias else key_bias[0]
         slope = slopes[bh] if use_alibi else like(0.0, q)
         neg_inf = like(-np.inf, q)
+        sink = np.zeros(1, dtype=dtype)
         for kt in range(group, n_kt, n_groups):
             j0 = kt * block_k
             nb = min(block_k, n_k - j0)
@@ -251,14 +252,16 @@ def flash_backward(
                 dpt = dp_flat[: mb * nb].reshape((mb, nb))
                 np.dot(q_tile, k_tile.T, st)
                 _bias_and_mask(st, bias, slope, i0, j0, causal, use_bias, use_alibi)
+                p_sum = like(0.0, q)
                 for r in range(mb):
                     row = st[r]
                     shift = lse_t[bh, i0 + r]
                     if shift == neg_inf:
                         row[:] = 0.0
                     else:
-                        for j in range(nb):
-                            row[j] = fast_exp(row[j] - shift)
+                        # LLVM vectorises this loop only if its sum is used: kept in sink
+                        p_sum += _exp_shift_sum(row, shift)
+                sink[0] += p_sum
                 tv = tk_flat[: nb * d_v].reshape((nb, d_v))
                 np.dot(st.T, do_tile, tv)
                 _add_into(dv_acc[:nb], tv)
