@@ -43,10 +43,32 @@ gets zeros and lse = -inf.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
 
 from .. import config
 from .fastmath import fast_exp, like
+
+
+@intrinsic
+def _fmax(typingctx, a, b):
+    """``llvm.maxnum(a, b)`` for two floats of one type.
+
+    Python's ``max`` (compare and select) vectorises as a reduction only under
+    ``nnan``, which config.FASTMATH leaves out; ``maxnum`` vectorises as it is
+    (a scalar compare chain measured 0.8 ns per element, 8x the vector form).
+    Scores are never NaN here.
+    """
+    if not (isinstance(a, types.Float) and a == b):
+        return None
+
+    def codegen(context, builder, signature, args):
+        ty = context.get_value_type(signature.return_type)
+        fn = builder.module.declare_intrinsic("llvm.maxnum", [ty], ir.FunctionType(ty, [ty, ty]))
+        return builder.call(fn, args)
+
+    return a(a, b), codegen
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
@@ -87,8 +109,7 @@ def _bias_and_mask(st, bias, slope, i0, j0, causal, use_bias, use_alibi):
 def _row_max(row):
     best = like(-np.inf, row)
     for j in range(row.shape[0]):
-        x = row[j]
-        best = x if x > best else best
+        best = _fmax(best, row[j])
     return best
 
 
