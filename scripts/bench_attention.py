@@ -20,6 +20,7 @@ load; absolute times on a shared machine drift, ratios less so.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import numba
@@ -93,6 +94,7 @@ def main(argv=None):
     print(f"B={B} H={H} D={D} float32; numba {numba.__version__}", end="")
     print(f", torch {torch.__version__}" if torch is not None else ", torch not installed")
     print("FLOPs: fwd 4 N^2 D per head (half if causal), fwd+bwd 3.5x fwd")
+    print("load average at start: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
     header = f"{'threads':>7} {'N':>6} {'causal':>6} {'mode':>8} {'nbattn GF/s':>12}"
     if torch is not None:
         header += f" {'torch GF/s':>11} {'ratio':>6}"
@@ -124,6 +126,7 @@ def main(argv=None):
                     if theirs is not None:
                         line += f" {flops / times[1] / 1e9:>11.1f} {times[1] / times[0]:>6.2f}"
                     print(line, flush=True)
+    print("load average at end: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
 
 
 if __name__ == "__main__":
