@@ -159,7 +159,12 @@ def flash_attention_bias(
         s_ij   = scale * q_i . k_j + key_bias_j + slope * (j - i)
         out_i  = sum_j softmax_j(s_ij) v_j,     lse_i = log sum_j exp(s_ij)
 
-    with j restricted to j <= i when ``causal``.
+    with j restricted to j <= i when ``causal``. The Gaussian kernel of
+    Nadaraya-Watson rides the same kernel: with bandwidth h,
+    -||q - k||^2 / (2 h^2) = q.k / h^2 - ||k||^2 / (2 h^2) + (a per-query
+    constant that the softmax cancels), so ``scale = 1 / h**2`` and
+    ``key_bias = -||k||^2 / (2 h**2)`` give the same weights (lse then lacks
+    the -||q||^2 / (2 h^2) term).
 
     Parameters
     ----------
