@@ -32,6 +32,8 @@ __all__ = [
 ]
 
 _MAX_NDIM = 32
+#: Memory allowed for the per-group dQ buffers of the backward pass.
+_MAX_DQ_BUFFER_BYTES = 256 * 2**20
 _controller = None
 
 
@@ -264,14 +266,19 @@ def _unbroadcast(grad, shape):
     return grad
 
 
-def _n_groups(n_bh, n_key_tiles):
-    """Key-tile groups per (batch*head) so that every thread has work."""
+def _n_groups(n_bh, n_key_tiles, dq_bytes):
+    """Key-tile groups per (batch*head) so that every thread has work.
+
+    Each group beyond the first costs a dQ buffer of ``dq_bytes``; the extra
+    buffers are capped at ``_MAX_DQ_BUFFER_BYTES`` in all.
+    """
     import numba
 
     threads = numba.get_num_threads()
     if threads <= 1 or n_bh % threads == 0 or n_bh >= 4 * threads:
         return 1
-    return max(1, min(n_key_tiles, -(-4 * threads // n_bh)))
+    groups = min(n_key_tiles, -(-2 * threads // n_bh))
+    return max(1, min(groups, 1 + _MAX_DQ_BUFFER_BYTES // max(dq_bytes, 1)))
 
 
 def flash_attention_bias_backward(
@@ -315,7 +322,7 @@ def flash_attention_bias_backward(
     gf = _flat(grad_out, lead, dtype)
     lf = np.ascontiguousarray(lse.reshape(-1, n_q), dtype=np.float64)
     block_k = config.FLASH_BWD_BLOCK_K
-    groups = _n_groups(qf.shape[0], -(-n_k // block_k))
+    groups = _n_groups(qf.shape[0], -(-n_k // block_k), qf.nbytes)
     with _blas_one_thread():
         dq, dk, dv = _kernels.flash_backward(
             qf,

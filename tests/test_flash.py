@@ -184,6 +184,19 @@ def test_broadcast_leading_dims(rng):
     _close(dv, rv.sum(axis=0), np.float64)
 
 
+@pytest.mark.usefixtures("small_tiles")
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_key_tile_groups(rng, monkeypatch, causal):
+    """Several key-tile groups per head (each with its own dQ buffer), as with few heads."""
+    monkeypatch.setattr(nbattn.flash, "_n_groups", lambda *args: 3)
+    q, k, v = _qkv(rng, (1,), 50, 90, 5, 4, np.float64)
+    out, lse = nbattn.flash_attention(q, k, v, causal=causal, return_lse=True)
+    g = rng.standard_normal(out.shape)
+    grads = nbattn.flash_attention_backward(q, k, v, out, lse, g, causal=causal)
+    for grad, ref in zip(grads, naive.sdpa_backward(q, k, v, g, causal=causal)):
+        _close(grad, ref, np.float64)
+
+
 def test_inputs_not_modified_and_dtype(rng):
     q, k, v = _qkv(rng, (), 5, 6, 3, 3, np.float32)
     copies = [x.copy() for x in (q, k, v)]
