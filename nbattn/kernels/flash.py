@@ -301,8 +301,16 @@ def flash_backward(
                 _add_into(dk_acc[:nb], tk)
             dk[bh, j0 : j0 + nb] = dk_acc[:nb]
             dv[bh, j0 : j0 + nb] = dv_acc[:nb]
-    dq = np.empty((n_bh, n_q, d), dtype=dtype)
     factor = like(scale, q)
+    if n_groups == 1:
+        dq = dq_part[0]
+        for row in prange(n_bh * n_q):
+            bh = row // n_q
+            i = row % n_q
+            for c in range(d):
+                dq[bh, i, c] *= factor
+        return dq, dk, dv
+    dq = np.empty((n_bh, n_q, d), dtype=dtype)
     for row in prange(n_bh * n_q):
         bh = row // n_q
         i = row % n_q
