@@ -45,3 +45,12 @@ CUDA_THREADS_PER_BLOCK = _env_int("CUDA_THREADS_PER_BLOCK", 128)
 
 #: Whether compiled kernels are cached on disk (second process: no recompile).
 CACHE = os.environ.get("NBATTN_CACHE", "1") not in ("0", "false", "False")
+
+#: Query rows and keys per tile of the blocked (flash) attention kernels. A
+#: score tile holds FLASH_BLOCK_Q x FLASH_BLOCK_K floats per thread and should
+#: stay in L2; both GEMMs per tile go to BLAS, so larger tiles amortise its
+#: packing. The backward pass keeps two such tiles per thread.
+FLASH_BLOCK_Q = _env_int("FLASH_BLOCK_Q", 128)
+FLASH_BLOCK_K = _env_int("FLASH_BLOCK_K", 512)
+FLASH_BWD_BLOCK_Q = _env_int("FLASH_BWD_BLOCK_Q", 128)
+FLASH_BWD_BLOCK_K = _env_int("FLASH_BWD_BLOCK_K", 256)

@@ -122,3 +122,64 @@ def weighted_spread(queries, keys, values, bandwidth):
     if v.ndim == 1:
         return mean[:, 0], std[:, 0], n_eff
     return mean, std, n_eff
+
+
+# ---------------------------------------------------------------------------
+# Blocked (flash) attention: full-matrix scaled dot-product attention
+# ---------------------------------------------------------------------------
+
+
+def sdpa_scores(q, k, causal=False, scale=None, key_bias=None, alibi_slopes=None):
+    """s_ij = scale q_i.k_j + b_j + slope (j - i), -inf above the diagonal if causal.
+
+    q (..., L, E), k (..., S, E); key_bias broadcasts to (..., S), alibi_slopes to
+    the leading dimensions. Causal is aligned at the top left (j <= i), as torch.
+    """
+    q = np.asarray(q, dtype=np.float64)
+    k = np.asarray(k, dtype=np.float64)
+    if scale is None:
+        scale = 1.0 / np.sqrt(q.shape[-1])
+    s = scale * (q @ np.swapaxes(k, -1, -2))
+    n_q, n_k = s.shape[-2:]
+    i = np.arange(n_q)[:, None]
+    j = np.arange(n_k)[None, :]
+    if key_bias is not None:
+        s = s + np.asarray(key_bias, dtype=np.float64)[..., None, :]
+    if alibi_slopes is not None:
+        slopes = np.asarray(alibi_slopes, dtype=np.float64)[..., None, None]
+        s = s + slopes * (j - i)
+    if causal:
+        s = np.where(j <= i, s, -np.inf)
+    return s
+
+
+def sdpa(q, k, v, causal=False, scale=None, key_bias=None, alibi_slopes=None):
+    """(out, lse): softmax(s) v and log sum_j exp(s_ij); rows without keys -> 0, -inf."""
+    s = sdpa_scores(q, k, causal, scale, key_bias, alibi_slopes)
+    p = softmax_rows(s)
+    m = s.max(axis=-1, keepdims=True)
+    safe = np.where(np.isfinite(m), m, 0.0)
+    with np.errstate(divide="ignore"):
+        lse = (safe + np.log(np.exp(s - safe).sum(axis=-1, keepdims=True)))[..., 0]
+    return p @ np.asarray(v, dtype=np.float64), lse
+
+
+def sdpa_backward(q, k, v, grad_out, causal=False, scale=None, key_bias=None, alibi_slopes=None):
+    """(dq, dk, dv) of sdpa by the explicit formulas, with the full matrix P.
+
+    dV = P^T dO, dP = dO V^T, dS_ij = P_ij (dP_ij - sum_l P_il dP_il),
+    dQ = scale dS K, dK = scale dS^T Q (leading dimensions as given, no broadcasting).
+    """
+    q = np.asarray(q, dtype=np.float64)
+    k = np.asarray(k, dtype=np.float64)
+    v = np.asarray(v, dtype=np.float64)
+    g = np.asarray(grad_out, dtype=np.float64)
+    if scale is None:
+        scale = 1.0 / np.sqrt(q.shape[-1])
+    p = softmax_rows(sdpa_scores(q, k, causal, scale, key_bias, alibi_slopes))
+    dv = np.swapaxes(p, -1, -2) @ g
+    dp = g @ np.swapaxes(v, -1, -2)
+    ds = p * (dp - (p * dp).sum(axis=-1, keepdims=True))
+    dq = scale * (ds @ k)
+    dk = scale * (np.swapaxes(ds, -1, -2) @ q)
+    return dq, dk, dv
