@@ -42,7 +42,7 @@ MAX_WEIGHT_MATRIX_ELEMENTS = _env_int("MAX_WEIGHT_MATRIX_ELEMENTS", 50_000_000)
 #: Below this many query x key pairs a kernel call runs on one thread: the
 #: parallel launch and barrier cost more than they save on small calls
 #: (and far more on an oversubscribed machine). Used by nbattn.learning.
-SERIAL_PAIRS = _env_int("SERIAL_PAIRS", 1 << 20)
+SERIAL_PAIRS = _env_int("SERIAL_PAIRS", 1 << 22)
 
 #: Threads per block of the CUDA kernels (tests patch a small value so that
 #: multi-block and partial-tile paths run under the simulator).

@@ -241,6 +241,7 @@ def loo_bandwidth(
     grid=None,
     xatol=None,
     grid_queries=4096,
+    early_stop=True,
     random_state=0,
     dtype=None,
     return_curve=False,
@@ -262,17 +263,20 @@ def loo_bandwidth(
     1-D data are sorted once and evaluated by a windowed kernel that skips
     keys whose weight is below exp(-50) of the nearest one (exact to float64
     rounding), so an evaluation costs n x (window) and grows with the width.
-    For n > ``grid_queries`` the coarse stage is cut short:
 
-    * in 1-D it runs exactly, from the smallest factor up, and stops after
-      two consecutive rises of the LOO MSE (the wide, expensive end of the
-      grid is only visited if the curve still falls there). It assumes the
-      curve does not fall again after rising for half a decade;
-    * for d > 1 it leaves out and predicts only a fixed random subset of
-      ``grid_queries`` rows (every row stays a key): an unbiased estimate of
-      the LOO MSE that only picks the bracket. On very large n the LOO curve
-      can be flat to within that estimate's noise over a decade of widths;
-      pass ``grid_queries=None`` for an exact coarse stage (n^2 work each).
+    With ``early_stop`` (default) an exact coarse stage runs from the
+    smallest factor up and stops after two consecutive rises of the LOO MSE:
+    the wide end of the grid (the expensive one in 1-D) is only visited
+    while the curve still falls. This assumes the curve does not fall again
+    after rising for half a decade; ``early_stop=False`` scans the whole grid.
+
+    For d > 1 and n > ``grid_queries`` the coarse stage leaves out and
+    predicts only a fixed random subset of ``grid_queries`` rows (every row
+    stays a key): an unbiased estimate of the LOO MSE that only picks the
+    bracket (evaluated on the whole grid). On very large n the LOO curve can
+    be flat to within that estimate's noise over a decade of widths; pass
+    ``grid_queries=None`` for an exact coarse stage (n^2 work per point). In
+    1-D the coarse stage is always exact.
 
     The Brent stage is always exact (all n rows left out in turn).
 
@@ -286,7 +290,8 @@ def loo_bandwidth(
         score whatever its width).
     grid : array of positive factors, optional
     xatol : float, the Brent tolerance in log c (default: see above)
-    grid_queries : int or None, rows left out in the coarse stage when n is larger
+    grid_queries : int or None, rows left out in the coarse stage when n is larger (d > 1)
+    early_stop : bool, stop the exact coarse scan after two consecutive rises
     random_state : seed of that subset
     dtype : "float64" or "float32"
     return_curve : bool
@@ -307,11 +312,12 @@ def loo_bandwidth(
     log_grid = np.log(np.sort(grid))
     n = X.shape[0]
     rows = None
-    if grid_queries is not None and n > int(grid_queries):
+    if grid_queries is not None and n > int(grid_queries) and X.shape[1] > 1:
         rng = np.random.default_rng(random_state)
         rows = np.sort(rng.choice(n, size=int(grid_queries), replace=False)).astype(np.int64)
     if xatol is None:
-        xatol = 1e-3 if rows is None else 1e-2
+        large = grid_queries is not None and n > int(grid_queries)
+        xatol = 1e-2 if large else 1e-3
     evaluated = {}
     sorted_1d = X.shape[1] == 1  # sorted 1-D points: the windowed kernel skips negligible keys
     if sorted_1d:
@@ -327,7 +333,9 @@ def loo_bandwidth(
         if sorted_1d:
             zs = np.ascontiguousarray(x_sorted / (np.exp(t) * h0[0] * np.sqrt(2.0)), dtype=dtype)
             sub = np.arange(n, dtype=np.int64) if subset is None else np.sort(rank[subset])
-            with _threads_for(sub.size * n):
+            span = max(float(zs[-1] - zs[0]), 1e-300)
+            window = min(n, n * 2.0 * np.sqrt(gap) / span + 2.0)  # typical keys per row
+            with _threads_for(sub.size * window):
                 total = loo.loo_squared_error_sorted_1d(zs, v_sorted, y_sorted, sub, gap)
             return float(total) / (sub.size * y2.shape[1])
         z, z_t = _scaled(X, 1.0 / (np.exp(t) * h0), dtype)
@@ -339,11 +347,10 @@ def loo_bandwidth(
             evaluated[t] = loss_at(t, None)
         return evaluated[t]
 
-    if rows is None:
-        losses = np.array([objective(t) for t in log_grid])
-    elif sorted_1d:
-        # exact, in increasing width (the cost of a sorted 1-D evaluation grows
-        # with the width); stop after two consecutive rises past the minimum
+    if rows is not None:
+        losses = np.array([loss_at(t, rows) for t in log_grid])
+    elif early_stop:
+        # exact, in increasing width; stop after two consecutive rises
         losses = np.full(log_grid.size, np.inf)
         rises = 0
         for k, t in enumerate(log_grid):
@@ -352,7 +359,7 @@ def loo_bandwidth(
             if rises >= 2:
                 break
     else:
-        losses = np.array([loss_at(t, rows) for t in log_grid])
+        losses = np.array([objective(t) for t in log_grid])
     best = int(np.argmin(losses))
     best_t = log_grid[best]
     if log_grid.size > 1:
@@ -515,13 +522,13 @@ def fit_learned_kernel(
             raise FloatingPointError(
                 f"the LOO loss or its gradient became non-finite (loss={loss!r})"
             )
-        objective.last = (p.copy(), loss)
+        if not curve:  # L-BFGS-B evaluates x0 first: the start of the loss curve
+            curve.append(float(loss))
         return loss / norm, np.ravel(grad) / norm
 
     def callback(intermediate_result):
         curve.append(float(intermediate_result.fun) * norm)
 
-    curve.append(fun(x0)[0])
     res = minimize(
         objective,
         x0,
