@@ -39,6 +39,11 @@ QUERY_BLOCK = _env_int("QUERY_BLOCK", 16)
 #: Below this many query x key pairs the full weight matrix may be returned.
 MAX_WEIGHT_MATRIX_ELEMENTS = _env_int("MAX_WEIGHT_MATRIX_ELEMENTS", 50_000_000)
 
+#: Below this many query x key pairs a kernel call runs on one thread: the
+#: parallel launch and barrier cost more than they save on small calls
+#: (and far more on an oversubscribed machine). Used by nbattn.learning.
+SERIAL_PAIRS = _env_int("SERIAL_PAIRS", 1 << 22)
+
 #: Threads per block of the CUDA kernels (tests patch a small value so that
 #: multi-block and partial-tile paths run under the simulator).
 CUDA_THREADS_PER_BLOCK = _env_int("CUDA_THREADS_PER_BLOCK", 128)

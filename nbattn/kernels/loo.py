@@ -41,6 +41,11 @@ the attention-weighted variance about the pooled mean (two-pass, so no
 cancellation between E[v^2] and E[v]^2) and the sum of squared weights (the
 effective number of neighbours is 1 / sum_w2_i).
 
+LOO loss alone (``loo_squared_error``, ``loo_squared_error_sorted_1d``): the
+one-pass criterion of the bandwidth search, with no output array; the 1-D
+variant works on sorted points and visits, per row, only the window of keys
+whose weight can exceed exp(-PRUNE_GAP) of the nearest one.
+
 A query with lse = -inf (no admissible key) contributes nothing and gets
 zeros.
 """
@@ -135,6 +140,7 @@ def loo_grad_full(queries, keys_t, points, points_t, values_t, resid, centers, l
         weights = np.empty(_KEY_BLOCK, dtype=dtype)
         coef = np.empty(_KEY_BLOCK, dtype=dtype)
         diffs = np.empty((d, _KEY_BLOCK), dtype=dtype)
+        weighted = np.empty((d, _KEY_BLOCK), dtype=dtype)
         acc = partial[chunk]
         stop = min(n_queries, (chunk + 1) * _QUERY_BLOCK)
         for i in range(chunk * _QUERY_BLOCK, stop):
@@ -149,12 +155,14 @@ def loo_grad_full(queries, keys_t, points, points_t, values_t, resid, centers, l
                 for a in range(d):
                     xa = points[i, a]
                     for j in range(nb):
-                        diffs[a, j] = points_t[a, j0 + j] - xa
+                        diff = points_t[a, j0 + j] - xa
+                        diffs[a, j] = diff
+                        weighted[a, j] = coef[j] * diff
                 for a in range(d):
                     for b in range(a + 1):
                         total = like(0.0, weights)
                         for j in range(nb):
-                            total += coef[j] * diffs[a, j] * diffs[b, j]
+                            total += weighted[a, j] * diffs[b, j]
                         acc[a, b] += total
     out = np.zeros((d, d), dtype=np.float64)
     for chunk in range(n_chunks):
