@@ -49,7 +49,16 @@ SERIAL_PAIRS = _env_int("SERIAL_PAIRS", 1 << 22)
 CUDA_THREADS_PER_BLOCK = _env_int("CUDA_THREADS_PER_BLOCK", 128)
 
 #: Whether compiled kernels are cached on disk (second process: no recompile).
-CACHE = os.environ.get("NBATTN_CACHE", "1") not in ("0", "false", "False")
+#: The block sizes above are compiled into the kernels as constants, and numba's
+#: cache only notices source changes; so a process that overrides a size with an
+#: NBATTN_* variable compiles afresh instead of loading stale kernels, unless it
+#: sets NBATTN_CACHE=1 explicitly.
+_SIZE_OVERRIDES = any(name.startswith("NBATTN_") and name != "NBATTN_CACHE" for name in os.environ)
+CACHE = os.environ.get("NBATTN_CACHE", "0" if _SIZE_OVERRIDES else "1") not in (
+    "0",
+    "false",
+    "False",
+)
 
 #: Query rows and keys per tile of the blocked (flash) attention kernels. A
 #: score tile holds FLASH_BLOCK_Q x FLASH_BLOCK_K floats per thread and should

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import warnings
 from contextlib import contextmanager
+from contextvars import ContextVar
 
 import numba
 import numpy as np
@@ -119,13 +120,66 @@ def _loss_from_layout(z, z_t, y2, dtype, rows=None):
     """LOO MSE; with ``rows`` only those rows are left out and predicted (an estimate)."""
     v_t = np.ascontiguousarray(y2.T, dtype=dtype)
     if rows is None:
-        rows = np.arange(z.shape[0], dtype=np.int64)
-        with _threads_for(z.shape[0] ** 2):
-            total = loo.loo_squared_error(z, z_t, v_t, y2, rows)
-        return float(total) / y2.size
+        return _sum_over_rows(_sse_rows, z.shape[0], z, z_t, v_t, y2) / y2.size
     with _threads_for(rows.size * z.shape[0]):
         total = loo.loo_squared_error(np.ascontiguousarray(z[rows]), z_t, v_t, y2[rows], rows)
     return float(total) / (rows.size * y2.shape[1])
+
+
+# --------------------------------------------------------------------------- row partitions
+
+#: How sums over query rows run: None = here, one call over all rows;
+#: ``nbattn.dask.sharded_training`` sets a runner that maps row ranges onto a
+#: dask cluster (each range against all keys) and adds the partial sums.
+_ROW_RUNNER = ContextVar("nbattn_row_runner", default=None)
+
+
+def _sum_over_rows(task, n_rows, *args):
+    """``sum_r task(a_r, b_r, *args)`` over row ranges [a_r, b_r) that cover range(n_rows).
+
+    ``task`` returns a float or a tuple of floats and arrays, summed elementwise.
+    """
+    runner = _ROW_RUNNER.get()
+    if runner is None:
+        return task(0, n_rows, *args)
+    return runner(task, n_rows, args)
+
+
+def _sse_rows(a, b, z, z_t, v_t, y2):
+    """Sum of squared LOO errors of rows [a, b) (each left out) against all keys."""
+    rows = np.arange(a, b, dtype=np.int64)
+    with _threads_for((b - a) * z.shape[0]):
+        total = loo.loo_squared_error(np.ascontiguousarray(z[a:b]), z_t, v_t, y2[a:b], rows)
+    return float(total)
+
+
+def _sse_rows_sorted_1d(a, b, zs, v_sorted, y_sorted, gap, window):
+    """_sse_rows for sorted 1-D points with the windowed kernel (rows in sorted order)."""
+    rows = np.arange(a, b, dtype=np.int64)
+    with _threads_for((b - a) * window):
+        total = loo.loo_squared_error_sorted_1d(zs, v_sorted, y_sorted, rows, gap)
+    return float(total)
+
+
+def _loss_grad_rows(a, b, z, z_t, v_t, y2, points, points_t, dtype):
+    """Rows [a, b) of the two LOO passes: ``(sum of squared errors, gradient sums)``.
+
+    Gradient sums are ``loo_grad_diag``'s (k,) when ``points`` is None, else
+    ``loo_grad_full``'s (d, d) over the original (centred) points.
+    """
+    zq = np.ascontiguousarray(z[a:b])
+    with _threads_for((b - a) * z.shape[0]):
+        f, lse = pooling.gaussian_pool(zq, z_t, v_t, True, a)
+        f = f.astype(np.float64)
+        resid = f - y2[a:b]
+        resid_k = np.ascontiguousarray(resid, dtype=dtype)
+        f_k = np.ascontiguousarray(f, dtype=dtype)
+        if points is None:
+            sums = loo.loo_grad_diag(zq, z_t, v_t, resid_k, f_k, lse, a)
+        else:
+            pts = np.ascontiguousarray(points[a:b])
+            sums = loo.loo_grad_full(zq, z_t, pts, points_t, v_t, resid_k, f_k, lse, a)
+    return float(np.sum(resid**2)), sums
 
 
 def loo_loss(X, y, bandwidth="scott", *, components=None, dtype=None):
@@ -214,20 +268,17 @@ def loo_loss_and_grad(X, y, bandwidth=None, *, components=None, dtype=None):
 
 
 def _loss_and_grad_passes(X, y2, z, z_t, v_t, dtype, diagonal, L):
-    f, lse = pooling.gaussian_pool(z, z_t, v_t, True)
-    f = f.astype(np.float64)
-    resid = f - y2
-    loss = float(np.mean(resid**2))
     scale = 2.0 / y2.size
-    resid_k = np.ascontiguousarray(resid, dtype=dtype)
-    f_k = np.ascontiguousarray(f, dtype=dtype)
+    n = z.shape[0]
     if diagonal:
         # (x_id - x_jd)^2 / h_d^2 = 2 (z_id - z_jd)^2 with the sqrt(2) of the layout
-        sums = loo.loo_grad_diag(z, z_t, v_t, resid_k, f_k, lse)
-        return loss, 2.0 * scale * sums
+        sse, sums = _sum_over_rows(_loss_grad_rows, n, z, z_t, v_t, y2, None, None, dtype)
+        return sse / y2.size, 2.0 * scale * sums
     pts = np.ascontiguousarray(X, dtype=dtype)
-    M = loo.loo_grad_full(z, z_t, pts, np.ascontiguousarray(pts.T), v_t, resid_k, f_k, lse)
-    return loss, -scale * (L @ M)
+    sse, M = _sum_over_rows(
+        _loss_grad_rows, n, z, z_t, v_t, y2, pts, np.ascontiguousarray(pts.T), dtype
+    )
+    return sse / y2.size, -scale * (L @ M)
 
 
 # --------------------------------------------------------------------------- bandwidth search
@@ -332,9 +383,12 @@ def loo_bandwidth(
     def loss_at(t, subset):
         if sorted_1d:
             zs = np.ascontiguousarray(x_sorted / (np.exp(t) * h0[0] * np.sqrt(2.0)), dtype=dtype)
-            sub = np.arange(n, dtype=np.int64) if subset is None else np.sort(rank[subset])
             span = max(float(zs[-1] - zs[0]), 1e-300)
             window = min(n, n * 2.0 * np.sqrt(gap) / span + 2.0)  # typical keys per row
+            if subset is None:
+                args = (zs, v_sorted, y_sorted, gap, window)
+                return _sum_over_rows(_sse_rows_sorted_1d, n, *args) / y2.size
+            sub = np.sort(rank[subset])
             with _threads_for(sub.size * window):
                 total = loo.loo_squared_error_sorted_1d(zs, v_sorted, y_sorted, sub, gap)
             return float(total) / (sub.size * y2.shape[1])

@@ -88,8 +88,11 @@ def _block_coef(weights, values_t, resid, centers, i, j0, nb, coef):
 
 
 @njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
-def loo_grad_diag(queries, keys_t, values_t, resid, centers, lse):
-    """G_f = sum_i sum_{j != i} g_ij (z_if - z_jf)^2, float64 (k,); see the module docstring."""
+def loo_grad_diag(queries, keys_t, values_t, resid, centers, lse, self_offset=0):
+    """G_f = sum_i sum_{j != i} g_ij (z_if - z_jf)^2, float64 (k,); see the module docstring.
+
+    Query i is key ``i + self_offset`` (a block of rows for partitioned sums).
+    """
     n_queries, k = queries.shape
     n_keys = keys_t.shape[1]
     dtype = queries.dtype
@@ -107,7 +110,7 @@ def loo_grad_diag(queries, keys_t, values_t, resid, centers, lse):
             for j0 in range(0, n_keys, _KEY_BLOCK):
                 nb = min(_KEY_BLOCK, n_keys - j0)
                 _block_scores(query_row, keys_t, j0, nb, weights)
-                _block_weights(weights, nb, lse[i], j0, i, True)
+                _block_weights(weights, nb, lse[i], j0, i + self_offset, True)
                 _block_coef(weights, values_t, resid, centers, i, j0, nb, coef)
                 for f in range(k):
                     qf = query_row[f]
@@ -124,11 +127,12 @@ def loo_grad_diag(queries, keys_t, values_t, resid, centers, lse):
 
 
 @njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
-def loo_grad_full(queries, keys_t, points, points_t, values_t, resid, centers, lse):
+def loo_grad_full(queries, keys_t, points, points_t, values_t, resid, centers, lse, self_offset=0):
     """M_ab = sum_i sum_{j != i} g_ij (x_ia - x_ja)(x_ib - x_jb), float64 (d, d).
 
     ``queries``/``keys_t`` are the projected points (score space), ``points``
-    (n, d) and ``points_t`` (d, n) the original ones (centred by the caller).
+    (n_queries, d) the original query rows and ``points_t`` (d, n_keys) the
+    original keys (centred by the caller). Query i is key ``i + self_offset``.
     """
     n_queries = queries.shape[0]
     n_keys = keys_t.shape[1]
@@ -150,7 +154,7 @@ def loo_grad_full(queries, keys_t, points, points_t, values_t, resid, centers, l
             for j0 in range(0, n_keys, _KEY_BLOCK):
                 nb = min(_KEY_BLOCK, n_keys - j0)
                 _block_scores(query_row, keys_t, j0, nb, weights)
-                _block_weights(weights, nb, lse[i], j0, i, True)
+                _block_weights(weights, nb, lse[i], j0, i + self_offset, True)
                 _block_coef(weights, values_t, resid, centers, i, j0, nb, coef)
                 for a in range(d):
                     xa = points[i, a]
