@@ -202,7 +202,8 @@ def multi_head_attention(query, key, value, num_heads, wq, wk, wv, bq, bk, bv, w
         m = None
         if mask is not None:
             m = np.asarray(mask)
-            m = m[..., h, :, :] if m.ndim >= 3 and m.shape[-3] == num_heads else m
+            if m.ndim >= 3:  # (..., H or 1, L, S): this head's slice
+                m = m[..., h if m.shape[-3] == num_heads else 0, :, :]
         o, w = attention(Q[..., sl], K[..., sl], V[..., sl], mask=m)
         heads.append(o)
         weights.append(w)

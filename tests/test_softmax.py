@@ -13,6 +13,7 @@ from . import naive
 
 def assert_close(actual, expected, dtype=np.float64):
     expected = np.asarray(expected, dtype=np.float64)
+    assert np.shape(actual) == expected.shape
     finite = np.isfinite(expected)
     assert np.array_equal(np.isfinite(actual), finite)
     assert np.array_equal(actual[~finite], expected[~finite])
