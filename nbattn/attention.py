@@ -230,7 +230,8 @@ def _soft_attention(q, k, v, scale, mask_bias, causal):
     has_bias = mask_bias is not None
     bias = mask_bias if has_bias else _NO_BIAS[q.dtype.type]
     k_t = np.ascontiguousarray(np.swapaxes(k, 1, 2))
-    return _ka.soft_attention(q, k_t, v, float(scale), bias, has_bias, bool(causal))
+    v_t = np.ascontiguousarray(np.swapaxes(v, 1, 2))
+    return _ka.soft_attention(q, k_t, v_t, float(scale), bias, has_bias, bool(causal))
 
 
 def _select(weights, vf, mode, rng, scores_masked):

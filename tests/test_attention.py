@@ -80,11 +80,13 @@ def test_broadcast_over_mask_batch(rng):
 
 def test_many_keys_cross_blocks_and_rescale(rng):
     # S spans several key blocks; increasing scores force the running-max rescale
+    # and L spans several query tiles, the last one partial
     S = 2 * config.KEY_BLOCK + 37
-    q, k, v = _qkv(rng, (2,), 9, S, 3, 2)
+    L = 2 * config.QUERY_BLOCK + 3
+    q, k, v = _qkv(rng, (2,), L, S, 3, 2)
     k[..., 0] += np.linspace(0, 6, S)
     q[..., 0] = 3.0
-    mask = rng.random((9, S)) > 0.2
+    mask = rng.random((L, S)) > 0.2
     for causal in (False, True):
         fast, out, w = _both_paths(q, k, v, mask=mask, causal=causal)
         ref, ref_w = naive.attention(q, k, v, mask=mask, causal=causal)

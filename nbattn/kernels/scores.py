@@ -37,10 +37,13 @@ def dot_scores(q, k_t, scale):
         row = out[b, i]
         for j in range(n_keys):
             row[j] = 0.0
+        qr = q[b, i]
+        kb = k_t[b]
         for e in range(n_feat):
-            qe = q[b, i, e]
+            qe = qr[e]
+            kr = kb[e]
             for j in range(n_keys):
-                row[j] += qe * k_t[b, e, j]
+                row[j] += qe * kr[j]
         sc = like(scale, row)
         for j in range(n_keys):
             row[j] *= sc
@@ -59,10 +62,13 @@ def gaussian_scores(q, k_t):
         row = out[b, i]
         for j in range(n_keys):
             row[j] = 0.0
+        qr = q[b, i]
+        kb = k_t[b]
         for e in range(n_feat):
-            qe = q[b, i, e]
+            qe = qr[e]
+            kr = kb[e]
             for j in range(n_keys):
-                diff = k_t[b, e, j] - qe
+                diff = kr[j] - qe
                 row[j] += diff * diff
         half = like(-0.5, row)
         for j in range(n_keys):
@@ -86,11 +92,14 @@ def additive_scores(uq, wk_t, v):
         row = out[b, i]
         for j in range(n_keys):
             row[j] = 0.0
+        ur = uq[b, i]
+        wb = wk_t[b]
         for h in range(n_hidden):
-            a = uq[b, i, h]
+            a = ur[h]
             vh = v[h]
+            wr = wb[h]
             for j in range(n_keys):
-                x = a + wk_t[b, h, j]
+                x = a + wr[j]
                 # tanh(x) = sign(x) (1 - t) / (1 + t), t = exp(-2|x|): vectorisable,
                 # absolute error ~1 ulp of 1 (np.tanh would be a scalar libm call)
                 tt = fast_exp(like(-2.0, row) * abs(x))
