@@ -364,3 +364,31 @@ def test_attention_property(batch, L, S, E, Ev, causal, with_mask, f32, seed):
     assert_close(w, ref_w, dtype)
     rows = w.sum(axis=-1)
     assert np.all((np.abs(rows - 1) < 1e-5) | (rows == 0))
+
+
+# --------------------------------------------------------------------------- figures
+def test_show_heatmaps(rng, tmp_path):
+    from nbattn.plotting import show_heatmaps
+
+    _, w = nbattn.attention(*_qkv(rng, (2, 3), 4, 5, 2, 2), return_weights=True)
+    fig = show_heatmaps(w, "keys", "queries", ["a", "b", "c"])
+    assert len(fig.axes) == 2 * 3 + 1  # panels and the colour bar
+    assert [ax.get_title() for ax in fig.axes[:3]] == ["a", "b", "c"]
+    show_heatmaps(w[0, 0], path=tmp_path / "one.png")
+    assert (tmp_path / "one.png").stat().st_size > 0
+    with pytest.raises(ValueError, match="titles"):
+        show_heatmaps(w, titles=["a", "b"])
+    with pytest.raises(ValueError, match="weights must be"):
+        show_heatmaps(np.zeros((1, 1, 1, 2, 2)))
+
+
+def test_attention_tour_writes_its_figures(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "attention_tour.py"
+    spec = importlib.util.spec_from_file_location("attention_tour", script)
+    tour = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tour)
+    tour.main(tmp_path)
+    assert len(list(tmp_path.glob("*.png"))) == 7
