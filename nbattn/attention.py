@@ -23,6 +23,7 @@ from collections import namedtuple
 
 import numpy as np
 
+from . import config
 from . import scores as _scores
 from .kernels import attention as _ka
 from .kernels import softmax as _ks
@@ -234,14 +235,17 @@ def _soft_attention(q, k, v, scale, mask_bias, causal):
     return _ka.soft_attention(q, k_t, v_t, float(scale), bias, has_bias, bool(causal))
 
 
-def _select(weights, vf, mode, rng, scores_masked):
-    """Hard / sampled selection: returns (out, one-hot weights)."""
+def _select(weights, vf, mode, u, scores_masked):
+    """Hard / sampled selection: returns (out, one-hot weights).
+
+    ``u`` (B, L) uniform draws for mode "sample"; ``scores_masked`` the masked
+    scores for mode "hard" (ties go to the first key).
+    """
     B, L, S = weights.shape
     alive = weights.sum(axis=-1) > 0
     if mode == "hard":
         idx = np.argmax(scores_masked, axis=-1)
     else:
-        u = rng.random((B, L))
         cdf = np.cumsum(weights.astype(np.float64), axis=-1)
         idx = (cdf <= (u * cdf[..., -1])[..., None]).sum(axis=-1)
         last = S - 1 - np.argmax(weights[..., ::-1] > 0, axis=-1)
@@ -355,41 +359,61 @@ def attention(
     qf, kf, vf = _flat(q, batch), _flat(k, batch), _flat(v, batch)
     bias_f = _flat_bias(bias, batch)
 
+    B, Ev = qf.shape[0], v.shape[-1]
+    limit = config.MAX_WEIGHT_MATRIX_ELEMENTS
+    if return_weights and B * L * S > limit:
+        raise ValueError(
+            f"return_weights=True would hold {B * L * S} weights, more than "
+            f"nbattn.config.MAX_WEIGHT_MATRIX_ELEMENTS={limit}; ask for fewer queries or "
+            "raise the limit (environment variable NBATTN_MAX_WEIGHT_MATRIX_ELEMENTS)"
+        )
     if callable(score):
-        s = np.asarray(score(qf, kf, **params))
-        if s.shape != (qf.shape[0], L, S):
+        s_all = np.asarray(score(qf, kf, **params))
+        if s_all.shape != (B, L, S):
             raise ValueError(
-                f"the score callable returned shape {s.shape}, expected {(qf.shape[0], L, S)}"
+                f"the score callable returned shape {s_all.shape}, expected {(B, L, S)}"
             )
-        if not np.isfinite(s).all():
+        if not np.isfinite(s_all).all():
             raise ValueError("the score callable returned NaN or inf")
-        s = np.array(s, dtype=dt, copy=True)
+        s_all = np.array(s_all, dtype=dt, copy=True)
     else:
         p = _scores.check_params(score, q.shape[-1], k.shape[-1], params, dt)
         if mode == "soft" and not return_weights and score in ("scaled_dot", "dot", "bilinear"):
             qd, kd, sc = _scores.prepare_dot(score, qf, kf, p)
             out, _ = _soft_attention(qd, kd, vf, sc, bias_f, causal)
-            return out.reshape(batch + (L, v.shape[-1]))
-        s = _scores.compute(score, qf, kf, p)
+            return out.reshape(batch + (L, Ev))
+        s_all = None
 
-    masked = None
-    if mode == "hard":
-        masked = s.copy()
-        if bias_f is not None:
-            masked = masked + bias_f
-        if causal:
-            rows, cols = np.triu_indices(L, 1, S)
-            masked[:, rows, cols] = -np.inf
+    # the weight-matrix path, in slices of query rows that hold at most `limit` scores
+    u = np.random.default_rng(random_state).random((B, L)) if mode == "sample" else None
     has_bias = bias_f is not None
-    weights, _ = _ks.attention_weights(
-        s, bias_f if has_bias else _NO_BIAS[dt], has_bias, bool(causal)
-    )
-    if mode == "soft":
-        out = np.matmul(weights, vf)
-    else:
-        rng = np.random.default_rng(random_state) if mode == "sample" else None
-        out, weights = _select(weights, vf, mode, rng, masked)
-    out = out.reshape(batch + (L, v.shape[-1]))
+    out = np.empty((B, L, Ev), dtype=dt)
+    weights = np.empty((B, L, S), dtype=dt) if return_weights else None
+    rows = max(1, limit // (B * S))
+    for l0 in range(0, L, rows):
+        l1 = min(L, l0 + rows)
+        if s_all is not None:
+            s = np.ascontiguousarray(s_all[:, l0:l1])
+        else:
+            s = _scores.compute(score, np.ascontiguousarray(qf[:, l0:l1]), kf, p)
+        bias_c = _NO_BIAS[dt]
+        if has_bias:
+            bias_c = bias_f if bias_f.shape[1] == 1 else np.ascontiguousarray(bias_f[:, l0:l1])
+        masked = None
+        if mode == "hard":
+            masked = s + bias_c if has_bias else s.copy()
+            if causal:
+                ii, jj = np.nonzero(np.arange(S)[None, :] > np.arange(l0, l1)[:, None])
+                masked[:, ii, jj] = -np.inf
+        w, _ = _ks.attention_weights(s, bias_c, has_bias, bool(causal), l0)
+        if mode == "soft":
+            out[:, l0:l1] = np.matmul(w, vf)
+        else:
+            uc = None if u is None else u[:, l0:l1]
+            out[:, l0:l1], w = _select(w, vf, mode, uc, masked)
+        if return_weights:
+            weights[:, l0:l1] = w
+    out = out.reshape(batch + (L, Ev))
     if return_weights:
         return out, weights.reshape(batch + (L, S))
     return out

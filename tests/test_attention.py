@@ -148,6 +148,30 @@ def test_every_score_through_attention(rng, name, dtype):
     assert_close(w, ref_w, dtype)
 
 
+@pytest.mark.parametrize("mode", ["soft", "hard", "sample"])
+def test_row_slices_bound_the_score_matrix(rng, monkeypatch, mode):
+    # with a small limit the weight-matrix path runs in slices of query rows
+    q, k, v = _qkv(rng, (2,), 7, 5, 3, 2)
+    mask = rng.random((7, 5)) > 0.3
+    kw = {"score": "gaussian", "mask": mask, "causal": True, "mode": mode, "random_state": 5}
+    whole = nbattn.attention(q, k, v, **kw)
+    ref, _ = naive.attention(
+        q,
+        k,
+        v,
+        naive.gaussian_attention_scores,
+        mask=mask,
+        causal=True,
+        mode=mode,
+        random_state=5,
+    )
+    assert_close(whole, ref)
+    monkeypatch.setattr(config, "MAX_WEIGHT_MATRIX_ELEMENTS", 2 * 2 * 5)  # 2 rows per slice
+    assert_close(nbattn.attention(q, k, v, **kw), ref)
+    with pytest.raises(ValueError, match="MAX_WEIGHT_MATRIX_ELEMENTS"):
+        nbattn.attention(q, k, v, return_weights=True)
+
+
 def test_callable_score(rng):
     q, k, v = _qkv(rng, (2,), 3, 4, 5, 2)
     out = nbattn.attention(q, k, v, score=lambda q, k: -naive.dot_scores(q, k))

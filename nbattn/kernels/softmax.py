@@ -110,13 +110,15 @@ def masked_softmax_rows(x, valid_lens):
 
 
 @njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
-def attention_weights(scores, bias, has_bias, causal):
+def attention_weights(scores, bias, has_bias, causal, row_offset):
     """In place: scores (B, L, S) <- softmax_j(scores + bias, causal); returns lse (B, L).
 
     ``bias`` is (Bb, Lb, Sb) with Bb in {1, B}, Lb in {1, L}, Sb in {1, S}
     (size-1 axes broadcast); it holds 0 / -inf for boolean masks. ``causal``
-    admits key j for query i only when j <= i (torch's top-left alignment).
-    Rows with no admissible key become zeros with lse = -inf.
+    admits key j for query i only when j <= i + row_offset (torch's top-left
+    alignment; ``row_offset`` is the global index of row 0 when the caller
+    works on a slice of the query rows). Rows with no admissible key become
+    zeros with lse = -inf.
     """
     n_batch, n_rows, n_keys = scores.shape
     lse = np.empty((n_batch, n_rows), dtype=np.float64)
@@ -135,7 +137,7 @@ def attention_weights(scores, bias, has_bias, causal):
                     row[j] += bias[bb, bi, 0]
         n_adm = n_keys
         if causal:
-            n_adm = min(n_keys, i + 1)
+            n_adm = min(n_keys, max(0, i + row_offset + 1))
             for j in range(n_adm, n_keys):
                 row[j] = 0.0
         lse[b, i] = _softmax_inplace(row, n_adm)
