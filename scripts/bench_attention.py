@@ -11,7 +11,7 @@ For each configuration prints GFLOP/s (4 B H L S D flops for QK^T and PV) of
 and the ratio of nbattn to each peer. Absolute figures drift on a shared machine;
 the ratios are the result.
 
-    python scripts/bench_attention.py [--quick]
+    python scripts/bench_attention.py [--quick] [--threads N]
 """
 
 from __future__ import annotations
@@ -43,7 +43,20 @@ def numpy_attention(q, k, v):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes only")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="threads for numba and torch (default numba's); on a busy shared machine "
+        "--threads 1 gives the fairer per-core comparison: oversubscribed OpenMP "
+        "barriers slow parallel loops by up to 10x",
+    )
     args = parser.parse_args()
+    if args.threads:
+        numba.set_num_threads(args.threads)
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(args.threads)  # OpenBLAS under NumPy's matmul
     try:
         import torch
 

@@ -38,6 +38,7 @@ from numba import njit, prange
 
 from .. import config
 from .fastmath import fast_exp, like
+from .softmax import fmax
 
 _KEY_BLOCK = config.KEY_BLOCK
 _QUERY_BLOCK = config.QUERY_BLOCK
@@ -95,7 +96,7 @@ def soft_attention(q, k_t, v_t, scale, bias, has_bias, causal):
                             row[j] += b0
                 block_max = like(-np.inf, tile)
                 for j in range(nb):
-                    block_max = max(block_max, row[j])
+                    block_max = fmax(block_max, row[j])
                 if block_max == -np.inf:
                     continue
                 arow = acc[ii]

@@ -25,17 +25,39 @@ with ``out = sum_j softmax_j(s_j) v_j`` and ``lse = log sum_j exp(s_j)``;
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
 
 from .. import config
 from .fastmath import fast_exp, like
+
+
+@intrinsic
+def fmax(typingctx, a, b):
+    """``llvm.maxnum(a, b)`` for two floats of one type (a vectorisable max).
+
+    Python's ``max`` lowers to compare-and-select, which LLVM vectorises as a
+    reduction only under ``nnan``, which numba never sets; a ``maxnum``
+    reduction vectorises. The kernels never see NaN. (The same intrinsic as
+    ``fastmath.fmax`` on the main branch; one of the two can go at merge.)
+    """
+    if not (isinstance(a, types.Float) and a == b):
+        return None
+
+    def codegen(context, builder, signature, args):
+        ty = context.get_value_type(signature.return_type)
+        fn = builder.module.declare_intrinsic("llvm.maxnum", [ty], ir.FunctionType(ty, [ty, ty]))
+        return builder.call(fn, args)
+
+    return a(a, b), codegen
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
 def _row_max(row, n):
     best = like(-np.inf, row)
     for j in range(n):
-        best = max(best, row[j])
+        best = fmax(best, row[j])
     return best
 
 
