@@ -416,3 +416,41 @@ def test_attention_tour_writes_its_figures(tmp_path):
     spec.loader.exec_module(tour)
     tour.main(tmp_path)
     assert len(list(tmp_path.glob("*.png"))) == 7
+
+
+# --------------------------------------------------------------------------- kernel state
+def _naive_lse(s):
+    m = s.max(axis=-1)
+    safe = np.where(np.isfinite(m), m, 0.0)
+    with np.errstate(divide="ignore"):
+        return safe + np.log(np.exp(s - safe[..., None]).sum(axis=-1))
+
+
+def test_streaming_kernel_lse_and_key_split_merge(rng):
+    # the single entry point of the streaming path returns (out, lse); two key halves
+    # merged with merge_attention_states equal attention over all keys
+    from nbattn.attention import _soft_attention, merge_attention_states
+
+    q, k, v = _qkv(rng, (3,), 6, 11, 4, 2)
+    mask = rng.random((6, 11)) > 0.3
+    mask[2] = False
+    mask[4, :5] = False  # row 4: nothing in the first half
+    bias = np.where(mask, 0.0, -np.inf)[None]
+    scale = 0.5
+    out, lse = _soft_attention(q, k, v, scale, bias, False)
+    s = naive.dot_scores(q, k) * scale + bias
+    ref, _ = naive.attention(q, k, v, lambda q, k: naive.dot_scores(q, k) * scale, mask=mask)
+    assert_close(out, ref)
+    assert_close(lse, _naive_lse(s))
+    a = _soft_attention(q, k[:, :5], v[:, :5], scale, np.ascontiguousarray(bias[..., :5]), False)
+    b = _soft_attention(q, k[:, 5:], v[:, 5:], scale, np.ascontiguousarray(bias[..., 5:]), False)
+    merged, merged_lse = merge_attention_states(*a, *b)
+    assert_close(merged, ref)
+    assert_close(merged_lse, _naive_lse(s))
+
+
+def test_submodule_imports():
+    from nbattn.attention import hierarchical_attention, multi_head_attention
+
+    assert hierarchical_attention is nbattn.hierarchical_attention
+    assert multi_head_attention is nbattn.multi_head_attention
