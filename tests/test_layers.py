@@ -2,6 +2,8 @@
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import nbattn
 
@@ -204,3 +206,28 @@ def test_validation(rng):
         layer.load_state_dict({"in_proj_weight": np.zeros((12, 4)), "in_proj_bias": np.zeros(12)})
     with pytest.raises(ValueError, match="shape"):
         layer.load_state_dict({**layer.state_dict(), "in_proj_weight": np.zeros((3, 4))})
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    batch=st.lists(st.integers(1, 2), max_size=1),
+    heads=st.integers(1, 3),
+    head_dim=st.integers(1, 3),
+    L=st.integers(1, 5),
+    S=st.integers(1, 5),
+    with_mask=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_mha_property(batch, heads, head_dim, L, S, with_mask, seed):
+    rng = np.random.default_rng(seed)
+    E = heads * head_dim
+    layer = nbattn.MultiHeadAttention(E, heads, kdim=E + 1, vdim=2, random_state=seed)
+    layer.in_proj_bias[:] = rng.normal(size=3 * E)
+    x = rng.normal(size=tuple(batch) + (L, E))
+    key = rng.normal(size=tuple(batch) + (S, E + 1))
+    value = rng.normal(size=tuple(batch) + (S, 2))
+    mask = rng.random((L, S)) > 0.3 if with_mask else None
+    out, w = layer(x, key, value, mask=mask, average_attn_weights=False)
+    ref, ref_w = naive.multi_head_attention(x, key, value, heads, *_weights(layer), mask=mask)
+    assert_close(out, ref)
+    assert_close(w, ref_w)
