@@ -9,7 +9,7 @@ mask is added to the scores; either broadcasts to (..., L, S).
 
 A query row with no admissible key (fully masked, or causal with nothing
 before it) gets an all-zero output and an all-zero weight row — never NaN
-(torch returns NaN there).
+(``torch.nn.MultiheadAttention`` returns NaN there; recent torch SDPA zeros).
 
 This layer validates (ValueError naming the argument; inputs never modified),
 broadcasts and lays out arrays, and calls the numba kernels in

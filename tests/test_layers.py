@@ -68,7 +68,7 @@ def test_mha_matches_torch(rng, kdim, vdim, bias):
     k = rng.normal(size=(2, 7, kdim or 12))
     v = rng.normal(size=(2, 7, vdim or 12))
     mask = rng.random((5, 7)) > 0.3
-    mask[:, 0] = True  # every row keeps a key (torch's NaN rows are tested elsewhere)
+    mask[:, 0] = True  # every row keeps a key (torch gives NaN rows otherwise, see below)
     key_mask = np.ones((2, 7), bool)
     key_mask[1, 5:] = False
     T = [torch.tensor(a) for a in (q, k, v)]
@@ -231,3 +231,19 @@ def test_mha_property(batch, heads, head_dim, L, S, with_mask, seed):
     ref, ref_w = naive.multi_head_attention(x, key, value, heads, *_weights(layer), mask=mask)
     assert_close(out, ref)
     assert_close(w, ref_w)
+
+
+def test_fully_masked_row_torch_nan_nbattn_bias(rng):
+    torch = pytest.importorskip("torch")
+    layer = nbattn.MultiHeadAttention(4, 2, random_state=0)
+    layer.out_proj_bias[:] = [1.0, -1.0, 0.5, 2.0]
+    t = _torch_mha(torch, layer)
+    x = rng.normal(size=(1, 3, 4))
+    mask = np.ones((3, 3), bool)
+    mask[0] = False
+    with torch.no_grad():
+        ref, _ = t(*(torch.tensor(x),) * 3, attn_mask=torch.tensor(~mask))
+    out, _ = layer(x, x, x, mask=mask)
+    assert np.isnan(ref.numpy()[0, 0]).all() or np.allclose(ref.numpy()[0, 0], layer.out_proj_bias)
+    assert_close(out[0, 0], layer.out_proj_bias)
+    np.testing.assert_allclose(out[0, 1:], ref.numpy()[0, 1:], rtol=1e-12, atol=1e-12)
