@@ -328,6 +328,17 @@ def attention(
         Rows with no admissible key (fully masked; causal with no key) are
         zeros, never NaN, and their weight rows are zeros.
     weights : array (..., L, S), only with ``return_weights=True``
+
+    Notes
+    -----
+    Soft mode with the "scaled_dot", "dot" or "bilinear" score and no weights
+    requested runs the streaming kernel (``nbattn.kernels.attention``): online
+    softmax over key blocks, memory O((L + S) E) per batch entry, no L x S
+    matrix. Every other case computes score rows with the kernels of
+    ``nbattn.kernels.scores`` and the masked softmax of
+    ``nbattn.kernels.softmax``, in slices of query rows holding at most
+    ``config.MAX_WEIGHT_MATRIX_ELEMENTS`` scores (``return_weights=True``
+    beyond that is refused with a ValueError).
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
