@@ -15,7 +15,7 @@ the tile computes its scores as unit-stride axpys over the key block (which
 stays in cache across the tile's rows) and its weighted sum as one dot
 product per output feature over the block (values feature-major). Slices
 rather than 3-D indexing in the inner loops keep them vectorised; measured
-(scripts/bench_attention.py) this is ~2-4x the row-at-a-time loop with
+(scripts/bench_attention_mechanisms.py) this is ~2-4x the row-at-a-time loop with
 (S, Ev) values.
 
 Layout (the caller, ``nbattn.attention``, validates and lays out):

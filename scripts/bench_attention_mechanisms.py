@@ -11,7 +11,7 @@ For each configuration prints GFLOP/s (4 B H L S D flops for QK^T and PV) of
 and the ratio of nbattn to each peer. Absolute figures drift on a shared machine;
 the ratios are the result.
 
-    python scripts/bench_attention.py [--quick] [--threads N]
+    python scripts/bench_attention_mechanisms.py [--quick] [--threads N]
 """
 
 from __future__ import annotations
