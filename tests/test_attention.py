@@ -454,3 +454,32 @@ def test_submodule_imports():
 
     assert hierarchical_attention is nbattn.hierarchical_attention
     assert multi_head_attention is nbattn.multi_head_attention
+
+
+def test_hierarchical_attention_with_additive_and_gaussian_scores(rng):
+    x = rng.normal(size=(7, 3))
+    ids = np.array([0, 1, 0, 1, 1, 2, 2])
+    uw, us = rng.normal(size=3), rng.normal(size=3)
+    W, U, a = rng.normal(size=(4, 3)), rng.normal(size=(4, 3)), rng.normal(size=4)
+    res = nbattn.hierarchical_attention(
+        x,
+        ids,
+        uw,
+        us,
+        score="additive",
+        item_score_params={"W": W, "U": U, "v": a},
+        segment_score_params={"W": W, "U": U, "v": a},
+    )
+    segs = []
+    for g in range(3):
+        xs = x[ids == g]
+        alpha = naive.softmax_rows(naive.additive_scores(uw[None], xs, W, U, a))[0]
+        assert_close(res.item_weights[ids == g], alpha)
+        segs.append(alpha @ xs)
+    segs = np.array(segs)
+    beta = naive.softmax_rows(naive.additive_scores(us[None], segs, W, U, a))[0]
+    assert_close(res.segment_weights, beta)
+    assert_close(res.output, beta @ segs)
+    res_g = nbattn.hierarchical_attention(x, ids, uw, us, score="gaussian")
+    beta_g = naive.softmax_rows(naive.gaussian_attention_scores(us[None], res_g.segments))[0]
+    assert_close(res_g.segment_weights, beta_g)
