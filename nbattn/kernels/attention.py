@@ -14,9 +14,11 @@ tile of ``config.QUERY_BLOCK`` query rows); for each key block, every row of
 the tile computes its scores as unit-stride axpys over the key block (which
 stays in cache across the tile's rows) and its weighted sum as one dot
 product per output feature over the block (values feature-major). Slices
-rather than 3-D indexing in the inner loops keep them vectorised; measured
-(scripts/bench_attention_mechanisms.py) this is ~2-4x the row-at-a-time loop with
-(S, Ev) values.
+rather than 3-D indexing in the inner loops keep them vectorised, and both
+loops take four features per pass (fewer loads and stores per FMA). Measured
+in process CPU time, one thread, B=8 L=S=1024 D=64: ~30 -> ~36 GFLOP/s
+float32 and ~17 -> ~21 float64 for the 4-feature passes, on top of ~2-4x for
+tiles + slices + feature-major values over the row-at-a-time loop.
 
 Layout (the caller, ``nbattn.attention``, validates and lays out):
 
@@ -79,7 +81,20 @@ def soft_attention(q, k_t, v_t, scale, bias, has_bias, causal):
                 # scores: one axpy of a key-feature row per query feature (unit stride)
                 for j in range(nb):
                     row[j] = 0.0
-                for e in range(n_feat):
+                # four features per pass: one load/store of the score row per 4 FMAs
+                n_feat4 = n_feat - n_feat % 4
+                for e in range(0, n_feat4, 4):
+                    a0 = qr[e] * sc
+                    a1 = qr[e + 1] * sc
+                    a2 = qr[e + 2] * sc
+                    a3 = qr[e + 3] * sc
+                    k0 = kb[e, j0 : j0 + nb]
+                    k1 = kb[e + 1, j0 : j0 + nb]
+                    k2 = kb[e + 2, j0 : j0 + nb]
+                    k3 = kb[e + 3, j0 : j0 + nb]
+                    for j in range(nb):
+                        row[j] += (a0 * k0[j] + a1 * k1[j]) + (a2 * k2[j] + a3 * k3[j])
+                for e in range(n_feat4, n_feat):
                     qe = qr[e] * sc
                     kr = kb[e, j0 : j0 + nb]
                     for j in range(nb):
@@ -114,7 +129,28 @@ def soft_attention(q, k_t, v_t, scale, bias, has_bias, causal):
                     block_sum += w
                 running_sum[ii] += block_sum
                 # weighted sum: a dot product over the block per output feature
-                for c in range(n_out):
+                # four output features per pass: one load of the weights per 4 FMAs
+                n_out4 = n_out - n_out % 4
+                for c in range(0, n_out4, 4):
+                    v0 = vb[c, j0 : j0 + nb]
+                    v1 = vb[c + 1, j0 : j0 + nb]
+                    v2 = vb[c + 2, j0 : j0 + nb]
+                    v3 = vb[c + 3, j0 : j0 + nb]
+                    d0 = like(0.0, tile)
+                    d1 = like(0.0, tile)
+                    d2 = like(0.0, tile)
+                    d3 = like(0.0, tile)
+                    for j in range(nb):
+                        p = row[j]
+                        d0 += p * v0[j]
+                        d1 += p * v1[j]
+                        d2 += p * v2[j]
+                        d3 += p * v3[j]
+                    arow[c] += d0
+                    arow[c + 1] += d1
+                    arow[c + 2] += d2
+                    arow[c + 3] += d3
+                for c in range(n_out4, n_out):
                     vr = vb[c, j0 : j0 + nb]
                     d = like(0.0, tile)
                     for j in range(nb):
