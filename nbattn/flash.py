@@ -125,7 +125,7 @@ def _extras(key_bias, alibi_slopes, lead, n_keys, dtype):
             raise ValueError(
                 f"key_bias of shape {bias.shape} does not broadcast to {lead + (n_keys,)}"
             ) from exc
-        bias = np.ascontiguousarray(bias.reshape(n_bh, n_keys), dtype=dtype)
+        bias = np.array(bias.reshape(n_bh, n_keys), dtype=dtype, order="C")
     if alibi_slopes is None:
         slopes = np.zeros(1, dtype=dtype)
     else:
@@ -137,7 +137,10 @@ def _extras(key_bias, alibi_slopes, lead, n_keys, dtype):
                 f"alibi_slopes of shape {slopes.shape} does not broadcast to the leading "
                 f"dimensions {lead}"
             ) from exc
-        slopes = np.ascontiguousarray(slopes.reshape(n_bh), dtype=dtype)
+        slopes = np.array(slopes.reshape(n_bh), dtype=dtype, order="C")
+    # the kernels work in base 2: scores times log2(e)
+    bias *= dtype.type(_kernels.LOG2E)
+    slopes *= dtype.type(_kernels.LOG2E)
     return bias, slopes, key_bias is not None, alibi_slopes is not None
 
 
@@ -199,7 +202,7 @@ def flash_attention_bias(
     n_q, n_k = q.shape[-2], k.shape[-2]
     bias, slopes, use_bias, use_alibi = _extras(key_bias, alibi_slopes, lead, n_k, dtype)
     qf = _flat(q, lead, dtype)
-    qf *= dtype.type(scale)
+    qf *= dtype.type(scale * _kernels.LOG2E)  # the kernels work in base 2
     kf = _flat(k, lead, dtype)
     vf = _flat(v, lead, dtype)
     with _blas_one_thread():
@@ -315,7 +318,7 @@ def flash_attention_bias_backward(
     dtype = np.result_type(dtype, out.dtype, grad_out.dtype)
     bias, slopes, use_bias, use_alibi = _extras(key_bias, alibi_slopes, lead, n_k, dtype)
     qf = _flat(q, lead, dtype)
-    qf *= dtype.type(scale)
+    qf *= dtype.type(scale * _kernels.LOG2E)  # the kernels work in base 2
     kf = _flat(k, lead, dtype)
     vf = _flat(v, lead, dtype)
     of = _flat(out, lead, dtype)
