@@ -213,7 +213,7 @@ def _row_max(row):
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
 def _exp_shift_sum(row, shift):
-    """row[j] <- exp(row[j] - shift); returns the sum of the new values."""
+    """row[j] <- 2**(row[j] - shift); returns the sum of the new values."""
     total = like(0.0, row)
     for j in range(row.shape[0]):
         w = exp2(row[j] - shift)
