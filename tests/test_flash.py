@@ -37,7 +37,9 @@ SHAPES = [
 
 @pytest.fixture
 def small_tiles(monkeypatch):
-    """Tiles of 8 x 16 so that small inputs cross many tile boundaries."""
+    """Tiles of 8 x 16 so that small inputs cross many tile boundaries, and every
+    call on all numba threads (small calls otherwise run on one)."""
+    monkeypatch.setattr(nbattn.flash, "_SERIAL_WORK", 0)
     monkeypatch.setattr(config, "FLASH_BLOCK_Q", 8)
     monkeypatch.setattr(config, "FLASH_BLOCK_K", 16)
     monkeypatch.setattr(config, "FLASH_BWD_BLOCK_Q", 8)
