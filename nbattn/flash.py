@@ -42,6 +42,9 @@ def _blas_one_thread():
     """A context manager holding every BLAS library to one thread."""
     global _controller
     if _controller is None:
+        # numba's np.dot calls the BLAS behind scipy.linalg.cython_blas; load it
+        # first, or the controller would not see it and could not limit it.
+        import scipy.linalg.cython_blas  # noqa: F401
         from threadpoolctl import ThreadpoolController
 
         _controller = ThreadpoolController()

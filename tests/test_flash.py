@@ -225,6 +225,28 @@ def test_exp2_accuracy(dtype, rel):
     np.testing.assert_array_equal(evaluate(np.array([-np.inf, low - 1.0, 0.0], dtype)), [0, 0, 1])
 
 
+def test_blas_held_to_one_thread_and_restored():
+    """The kernels call BLAS from their own threads: BLAS runs on one thread
+    inside the call (including numba's, behind scipy.linalg.cython_blas) and
+    its setting is restored afterwards."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+
+    def blas_threads():
+        return {
+            i["filepath"]: i["num_threads"]
+            for i in threadpoolctl.threadpool_info()
+            if i["user_api"] == "blas"
+        }
+
+    q = np.ones((3, 2))
+    nbattn.flash_attention(q, q, q)
+    before = blas_threads()
+    with nbattn.flash._blas_one_thread():
+        assert set(blas_threads().values()) == {1}
+    nbattn.flash_attention(q, q, q)
+    assert blas_threads() == before
+
+
 def test_inputs_not_modified_and_dtype(rng):
     q, k, v = _qkv(rng, (), 5, 6, 3, 3, np.float32)
     copies = [x.copy() for x in (q, k, v)]
