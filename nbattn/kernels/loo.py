@@ -57,7 +57,7 @@ from numba import njit, prange
 
 from .. import config
 from .fastmath import fast_exp, like
-from .pooling import _block_scores
+from .pooling import _block_max, _block_scores, _exp_shift_sum
 
 _KEY_BLOCK = config.KEY_BLOCK
 _QUERY_BLOCK = config.QUERY_BLOCK
@@ -253,9 +253,7 @@ def loo_squared_error(queries, keys_t, values_t, targets, self_index):
                 _block_scores(query_row, keys_t, j0, nb, scores)
                 if j0 <= own < j0 + nb:
                     scores[own - j0] = -np.inf
-                block_max = like(-np.inf, scores)
-                for j in range(nb):
-                    block_max = max(block_max, scores[j])
+                block_max = _block_max(scores, nb)
                 if block_max == -np.inf:
                     continue
                 if block_max > running_max:
@@ -264,13 +262,7 @@ def loo_squared_error(queries, keys_t, values_t, targets, self_index):
                     for c in range(n_outputs):
                         acc[c] *= rescale
                     running_max = block_max
-                shift = like(running_max, scores)
-                block_sum = like(0.0, scores)
-                for j in range(nb):
-                    w = fast_exp(scores[j] - shift)
-                    scores[j] = w
-                    block_sum += w
-                running_sum += block_sum
+                running_sum += _exp_shift_sum(scores, nb, running_max)
                 for c in range(n_outputs):
                     weighted = like(0.0, scores)
                     for j in range(nb):
