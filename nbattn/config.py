@@ -41,10 +41,10 @@ MAX_WEIGHT_MATRIX_ELEMENTS = _env_int("MAX_WEIGHT_MATRIX_ELEMENTS", 50_000_000)
 
 #: Below this many query x key pairs a kernel call runs on one thread: the
 #: parallel launch and barrier cost more than they save on small calls (about
-#: 0.2 ms of work at 1e9 pairs/s; measured on the idle 2-core machine, n = 1000
+#: 0.5 ms of work at 1e9 pairs/s; measured on the 2-core machine, n = 1000
 #: LOO gradients ran 2x faster in parallel). On an oversubscribed machine a
 #: parallel call costs far more; raise it there. Used by nbattn.learning.
-SERIAL_PAIRS = _env_int("SERIAL_PAIRS", 1 << 18)
+SERIAL_PAIRS = _env_int("SERIAL_PAIRS", 1 << 19)
 
 #: Threads per block of the CUDA kernels (tests patch a small value so that
 #: multi-block and partial-tile paths run under the simulator).
