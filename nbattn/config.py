@@ -43,6 +43,12 @@ MAX_WEIGHT_MATRIX_ELEMENTS = _env_int("MAX_WEIGHT_MATRIX_ELEMENTS", 50_000_000)
 #: multi-block and partial-tile paths run under the simulator).
 CUDA_THREADS_PER_BLOCK = _env_int("CUDA_THREADS_PER_BLOCK", 128)
 
+#: Shared memory for the key (or query) tiles of one CUDA block, in bytes. A
+#: tile holds min(CUDA_THREADS_PER_BLOCK, budget / bytes per row) rows; 32 KiB
+#: stays under the 48 KiB every GPU grants without opt-in and leaves room for
+#: two blocks per multiprocessor.
+CUDA_SHARED_MEMORY_BYTES = _env_int("CUDA_SHARED_MEMORY_BYTES", 32768)
+
 #: Whether compiled kernels are cached on disk (second process: no recompile).
 CACHE = os.environ.get("NBATTN_CACHE", "1") not in ("0", "false", "False")
 
