@@ -1,0 +1,314 @@
+"""Blocked (FlashAttention-style) attention on the GPU: the twin of ``nbattn.kernels.flash``.
+
+For one (batch, head) slice, with the softmax scale applied to the scores,
+
+    s_ij  = scale * q_i . k_j               (j <= i only when ``causal``: top-left aligned)
+    out_i = sum_j softmax_j(s_ij) v_j,      lse_i = log sum_j exp(s_ij)
+
+and the backward pass, recomputing P = exp(S - lse) tile by tile:
+
+    D_i = sum_c dO_ic O_ic,   dS = P o (dO V^T - D),
+    dQ = scale dS K,          dK = scale dS^T Q,         dV = P^T dO
+
+Layout: q (BH, L, D), k (BH, S, D), v (BH, S, Dv), out and dO (BH, L, Dv),
+C-contiguous, one float dtype; lse (BH, L) float64. Unlike the CPU kernel the
+scale is an argument (so that GPU inputs need no scaled copy); results are
+device arrays.
+
+Forward: one thread per query row, a block of ``config.CUDA_THREADS_PER_BLOCK``
+rows per (batch, head) slice (grid: row blocks x BH). The block walks the keys
+in tiles of ``block_k`` rows of K and V that its threads load together
+(coalesced) into shared memory; each thread reads them as broadcasts, keeps
+its scaled query row and its output accumulator in registers (local arrays
+sized by the head dimension, a compile-time constant: one kernel is compiled
+per (dtype, D, Dv)), and runs the online softmax key by key: running max m,
+running sum l (float64), rescaling the accumulator when m grows. Causal tiles
+past the block's last row are skipped. A row without any admissible key gets
+zeros and lse = -inf (with top-left causal alignment every row sees key 0, so
+this happens only if S = 0).
+
+Backward: two kernels, no atomics. ``dq`` runs one thread per query row over
+key tiles (K and V in shared memory), computes D_i itself and writes it for
+the next kernel; ``dkdv`` runs one thread per key row over query tiles (Q, dO,
+lse and D in shared memory) and owns its dK and dV rows. Each recomputes the
+score and dO . v_j, so the backward does 7 dot products of length D per
+(query, key) pair where a single kernel with atomic dQ updates does 5; in
+exchange no two threads ever write the same memory, results are
+deterministic, and there is no atomic traffic on dQ (float atomics on one
+row from every key block serialise). Rows with lse = -inf contribute nothing.
+
+``MAX_HEAD_DIM`` (128) bounds D and Dv: per-thread registers hold a query
+row and an accumulator of that size, and a tile row of K and V must fit the
+shared budget. The functional layer rejects larger heads with a clear error.
+Tiles: ``block_k = min(CUDA_THREADS_PER_BLOCK, CUDA_SHARED_MEMORY_BYTES /
+((D + Dv) * itemsize))`` rows.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda, from_dtype
+
+from .. import config
+
+#: Largest head dimension (D and Dv) the kernels compile for.
+MAX_HEAD_DIM = 128
+
+_kernel_cache = {}
+
+
+def _make_kernels(float_type, d, d_v):
+    """Forward, dQ and dK/dV kernels for one dtype and head dimensions (compile-time sizes)."""
+    zero = float_type(0.0)
+    minus_inf = float_type(-np.inf)
+    tile_type = from_dtype(np.dtype(float_type))
+
+    @cuda.jit(fastmath=True)
+    def flash_forward_kernel(q, k, v, scale, causal, block_k, out, lse):
+        tile = cuda.shared.array(0, dtype=tile_type)  # block_k x (d + d_v): K then V rows
+        tx = cuda.threadIdx.x
+        tpb = cuda.blockDim.x
+        bh = cuda.blockIdx.y
+        row0 = cuda.blockIdx.x * tpb
+        i = row0 + tx
+        n_q = q.shape[1]
+        n_k = k.shape[1]
+        active = i < n_q
+        q_row = cuda.local.array(d, dtype=float_type)
+        acc = cuda.local.array(d_v, dtype=float_type)
+        factor = float_type(scale)
+        for f in range(d):
+            q_row[f] = q[bh, i, f] * factor if active else zero
+        for c in range(d_v):
+            acc[c] = zero
+        m = minus_inf
+        l_sum = 0.0
+        kv_end = min(n_k, row0 + tpb) if causal else n_k
+        v_off = block_k * d
+        for j0 in range(0, kv_end, block_k):
+            nb = min(block_k, kv_end - j0)
+            for idx in range(tx, nb * d, tpb):
+                tile[idx] = k[bh, j0 + idx // d, idx % d]
+            for idx in range(tx, nb * d_v, tpb):
+                tile[v_off + idx] = v[bh, j0 + idx // d_v, idx % d_v]
+            cuda.syncthreads()
+            if active:
+                stop = min(nb, i - j0 + 1) if causal else nb
+                for jj in range(stop):
+                    s = zero
+                    for f in range(d):
+                        s += q_row[f] * tile[jj * d + f]
+                    if s > m:
+                        rescale = math.exp(m - s)
+                        l_sum *= rescale
+                        for c in range(d_v):
+                            acc[c] *= rescale
+                        m = s
+                    w = math.exp(s - m)
+                    l_sum += w
+                    for c in range(d_v):
+                        acc[c] += w * tile[v_off + jj * d_v + c]
+            cuda.syncthreads()
+        if active:
+            if l_sum > 0.0:
+                inv = float_type(1.0 / l_sum)
+                for c in range(d_v):
+                    out[bh, i, c] = acc[c] * inv
+                lse[bh, i] = float(m) + math.log(l_sum)
+            else:
+                for c in range(d_v):
+                    out[bh, i, c] = zero
+                lse[bh, i] = -math.inf
+
+    @cuda.jit(fastmath=True)
+    def flash_dq_kernel(q, k, v, out, lse, dout, scale, causal, block_k, dq, delta):
+        tile = cuda.shared.array(0, dtype=tile_type)  # block_k x (d + d_v): K then V rows
+        tx = cuda.threadIdx.x
+        tpb = cuda.blockDim.x
+        bh = cuda.blockIdx.y
+        row0 = cuda.blockIdx.x * tpb
+        i = row0 + tx
+        n_q = q.shape[1]
+        n_k = k.shape[1]
+        active = i < n_q
+        q_row = cuda.local.array(d, dtype=float_type)
+        do_row = cuda.local.array(d_v, dtype=float_type)
+        acc = cuda.local.array(d, dtype=float_type)
+        factor = float_type(scale)
+        shift = zero
+        d_i = zero
+        if active:
+            active = lse[bh, i] != -math.inf
+            shift = float_type(lse[bh, i])
+            total = 0.0
+            for c in range(d_v):
+                total += float(dout[bh, i, c]) * float(out[bh, i, c])
+            d_i = float_type(total)
+            delta[bh, i] = d_i
+        for f in range(d):
+            q_row[f] = q[bh, i, f] * factor if active else zero
+            acc[f] = zero
+        for c in range(d_v):
+            do_row[c] = dout[bh, i, c] if active else zero
+        kv_end = min(n_k, row0 + tpb) if causal else n_k
+        v_off = block_k * d
+        for j0 in range(0, kv_end, block_k):
+            nb = min(block_k, kv_end - j0)
+            for idx in range(tx, nb * d, tpb):
+                tile[idx] = k[bh, j0 + idx // d, idx % d]
+            for idx in range(tx, nb * d_v, tpb):
+                tile[v_off + idx] = v[bh, j0 + idx // d_v, idx % d_v]
+            cuda.syncthreads()
+            if active:
+                stop = min(nb, i - j0 + 1) if causal else nb
+                for jj in range(stop):
+                    s = zero
+                    for f in range(d):
+                        s += q_row[f] * tile[jj * d + f]
+                    p = math.exp(s - shift)
+                    dp = zero
+                    for c in range(d_v):
+                        dp += do_row[c] * tile[v_off + jj * d_v + c]
+                    ds = p * (dp - d_i)
+                    for f in range(d):
+                        acc[f] += ds * tile[jj * d + f]
+            cuda.syncthreads()
+        if i < n_q:
+            for f in range(d):
+                dq[bh, i, f] = acc[f] * factor
+
+    @cuda.jit(fastmath=True)
+    def flash_dkdv_kernel(q, k, v, lse, dout, delta, scale, causal, block_q, dk, dv):
+        tile = cuda.shared.array(0, dtype=tile_type)  # block_q x (d + d_v + 2): Q, dO, lse, D
+        tx = cuda.threadIdx.x
+        tpb = cuda.blockDim.x
+        bh = cuda.blockIdx.y
+        col0 = cuda.blockIdx.x * tpb
+        j = col0 + tx
+        n_q = q.shape[1]
+        n_k = k.shape[1]
+        active = j < n_k
+        k_row = cuda.local.array(d, dtype=float_type)
+        v_row = cuda.local.array(d_v, dtype=float_type)
+        dk_acc = cuda.local.array(d, dtype=float_type)
+        dv_acc = cuda.local.array(d_v, dtype=float_type)
+        factor = float_type(scale)
+        for f in range(d):
+            k_row[f] = k[bh, j, f] if active else zero
+            dk_acc[f] = zero
+        for c in range(d_v):
+            v_row[c] = v[bh, j, c] if active else zero
+            dv_acc[c] = zero
+        do_off = block_q * d
+        lse_off = block_q * (d + d_v)
+        delta_off = lse_off + block_q
+        i_start = col0 if causal else 0
+        for i0 in range(i_start, n_q, block_q):
+            mb = min(block_q, n_q - i0)
+            for idx in range(tx, mb * d, tpb):
+                tile[idx] = q[bh, i0 + idx // d, idx % d] * factor
+            for idx in range(tx, mb * d_v, tpb):
+                tile[do_off + idx] = dout[bh, i0 + idx // d_v, idx % d_v]
+            for idx in range(tx, mb, tpb):
+                tile[lse_off + idx] = float_type(lse[bh, i0 + idx])
+                tile[delta_off + idx] = delta[bh, i0 + idx]
+            cuda.syncthreads()
+            if active:
+                start = max(0, j - i0) if causal else 0
+                for ii in range(start, mb):
+                    shift = tile[lse_off + ii]
+                    if shift == minus_inf:
+                        continue
+                    s = zero
+                    for f in range(d):
+                        s += tile[ii * d + f] * k_row[f]
+                    p = math.exp(s - shift)
+                    dp = zero
+                    for c in range(d_v):
+                        g = tile[do_off + ii * d_v + c]
+                        dv_acc[c] += p * g
+                        dp += g * v_row[c]
+                    ds = p * (dp - tile[delta_off + ii])
+                    for f in range(d):
+                        dk_acc[f] += ds * tile[ii * d + f]
+            cuda.syncthreads()
+        if active:
+            for f in range(d):
+                dk[bh, j, f] = dk_acc[f]
+            for c in range(d_v):
+                dv[bh, j, c] = dv_acc[c]
+
+    return flash_forward_kernel, flash_dq_kernel, flash_dkdv_kernel
+
+
+def flash_kernels(dtype, d, d_v):
+    """The (forward, dq, dkdv) kernels for a dtype and head sizes, compiled on first use."""
+    key = (np.dtype(dtype), int(d), int(d_v))
+    if key not in _kernel_cache:
+        if not (1 <= d <= MAX_HEAD_DIM and 1 <= d_v <= MAX_HEAD_DIM):
+            raise ValueError(
+                f"the CUDA flash kernels take head dimensions up to {MAX_HEAD_DIM}, got "
+                f"D={d}, Dv={d_v}"
+            )
+        _kernel_cache[key] = _make_kernels(np.dtype(dtype).type, int(d), int(d_v))
+    return _kernel_cache[key]
+
+
+def _tile_rows(floats_per_row, itemsize):
+    tpb = config.CUDA_THREADS_PER_BLOCK
+    return max(1, min(tpb, config.CUDA_SHARED_MEMORY_BYTES // (floats_per_row * itemsize)))
+
+
+def _grid(n_rows, n_bh):
+    tpb = config.CUDA_THREADS_PER_BLOCK
+    return ((n_rows + tpb - 1) // tpb, n_bh), tpb
+
+
+def flash_forward(q, k, v, scale, causal):
+    """``(out, lse)`` as device arrays: out (BH, L, Dv) in the input dtype, lse (BH, L) float64.
+
+    ``q``, ``k``, ``v``: device (or NumPy) arrays in the layout of the module docstring.
+    """
+    from .pooling import to_device
+
+    q, k, v = to_device(q), to_device(k), to_device(v)
+    n_bh, n_q, d = q.shape
+    d_v = v.shape[2]
+    dtype = np.dtype(q.dtype)
+    forward = flash_kernels(dtype, d, d_v)[0]
+    out = cuda.device_array((n_bh, n_q, d_v), dtype=dtype)
+    lse = cuda.device_array((n_bh, n_q), dtype=np.float64)
+    block_k = _tile_rows(d + d_v, dtype.itemsize)
+    grid, tpb = _grid(n_q, n_bh)
+    shared = block_k * (d + d_v) * dtype.itemsize
+    forward[grid, tpb, 0, shared](q, k, v, float(scale), bool(causal), block_k, out, lse)
+    return out, lse
+
+
+def flash_backward(q, k, v, out, lse, dout, scale, causal):
+    """``(dq, dk, dv)`` as device arrays in the input dtype (``lse`` float64, may hold -inf)."""
+    from .pooling import to_device
+
+    q, k, v, out, lse, dout = (to_device(a) for a in (q, k, v, out, lse, dout))
+    n_bh, n_q, d = q.shape
+    n_k = k.shape[1]
+    d_v = v.shape[2]
+    dtype = np.dtype(q.dtype)
+    _, dq_kernel, dkdv_kernel = flash_kernels(dtype, d, d_v)
+    dq = cuda.device_array((n_bh, n_q, d), dtype=dtype)
+    dk = cuda.device_array((n_bh, n_k, d), dtype=dtype)
+    dv = cuda.device_array((n_bh, n_k, d_v), dtype=dtype)
+    delta = cuda.device_array((n_bh, n_q), dtype=dtype)
+    block_k = _tile_rows(d + d_v, dtype.itemsize)
+    grid, tpb = _grid(n_q, n_bh)
+    dq_kernel[grid, tpb, 0, block_k * (d + d_v) * dtype.itemsize](
+        q, k, v, out, lse, dout, float(scale), bool(causal), block_k, dq, delta
+    )
+    block_q = _tile_rows(d + d_v + 2, dtype.itemsize)
+    grid, tpb = _grid(n_k, n_bh)
+    dkdv_kernel[grid, tpb, 0, block_q * (d + d_v + 2) * dtype.itemsize](
+        q, k, v, lse, dout, delta, float(scale), bool(causal), block_q, dk, dv
+    )
+    return dq, dk, dv
