@@ -93,7 +93,9 @@ class NadarayaWatsonRegressor(RegressorMixin, BaseEstimator):
         self.X_fit_ = X
         self.y_fit_ = y2
         if isinstance(self.bandwidth, str) and self.bandwidth == "loo":
-            self.bandwidth_ = learning.loo_bandwidth(X, y2, dtype=check_dtype(self.dtype))
+            self.bandwidth_ = learning.loo_bandwidth(
+                X, y2, dtype=check_dtype(self.dtype), device=self.device_
+            )
         else:
             self.bandwidth_ = regression.resolve_bandwidth(self.bandwidth, X)
         return self
@@ -285,6 +287,7 @@ class LearnedKernelRegressor(RegressorMixin, BaseEstimator):
             tol=self.tol,
             random_state=random_state,
             dtype=check_dtype(self.dtype),
+            device=self.device_,
         )
         self.n_outputs_ = y2.shape[1]
         self.X_fit_ = X
@@ -317,7 +320,7 @@ class LearnedKernelRegressor(RegressorMixin, BaseEstimator):
         if return_std:
             out, std, _ = learning.nadaraya_watson_spread(q, k, self.y_fit_, h, dtype=dtype)
         else:
-            out = regression.nadaraya_watson(q, k, self.y_fit_, h, dtype=dtype)
+            out = regression.nadaraya_watson(q, k, self.y_fit_, h, dtype=dtype, device=self.device_)
         if self._y_ndim == 1:
             out = out[:, 0]
             std = std[:, 0] if return_std else None
@@ -401,7 +404,9 @@ class NadarayaWatsonClassifier(ClassifierMixin, BaseEstimator):
         self.X_fit_ = X
         self.Y_fit_ = Y
         if isinstance(self.bandwidth, str) and self.bandwidth == "loo":
-            self.bandwidth_ = learning.loo_bandwidth(X, Y, dtype=check_dtype(self.dtype))
+            self.bandwidth_ = learning.loo_bandwidth(
+                X, Y, dtype=check_dtype(self.dtype), device=self.device_
+            )
         else:
             self.bandwidth_ = regression.resolve_bandwidth(self.bandwidth, X)
         return self

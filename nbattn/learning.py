@@ -39,6 +39,7 @@ from scipy.optimize import minimize, minimize_scalar
 from sklearn.exceptions import ConvergenceWarning
 
 from ._validation import as_float_array, check_dtype
+from .device import resolve_device
 from .kernels import loo, pooling
 from .regression import _default_dtype, bandwidth_rule, resolve_bandwidth
 
@@ -98,18 +99,33 @@ def _check_components(components, d):
 # --------------------------------------------------------------------------- loss, gradient
 
 
-def _loss_from_layout(z, z_t, y2, dtype, rows=None):
+def _kernels(device):
+    """(loo, pooling) kernel modules for a requested device ("cpu", "cuda" or "auto").
+
+    The CUDA twins (``nbattn.cuda.loo``, ``nbattn.cuda.pooling``) share the
+    CPU contracts, except that the CUDA pool returns device arrays.
+    """
+    if resolve_device(device) == "cuda":
+        from .cuda import loo as cuda_loo
+        from .cuda import pooling as cuda_pooling
+
+        return cuda_loo, cuda_pooling
+    return loo, pooling
+
+
+def _loss_from_layout(z, z_t, y2, dtype, rows=None, device="cpu"):
     """LOO MSE; with ``rows`` only those rows are left out and predicted (an estimate)."""
+    kernels = _kernels(device)[0]
     v_t = np.ascontiguousarray(y2.T, dtype=dtype)
     if rows is None:
         rows = np.arange(z.shape[0], dtype=np.int64)
-        total = loo.loo_squared_error(z, z_t, v_t, y2, rows)
+        total = kernels.loo_squared_error(z, z_t, v_t, y2, rows)
         return float(total) / y2.size
-    total = loo.loo_squared_error(np.ascontiguousarray(z[rows]), z_t, v_t, y2[rows], rows)
+    total = kernels.loo_squared_error(np.ascontiguousarray(z[rows]), z_t, v_t, y2[rows], rows)
     return float(total) / (rows.size * y2.shape[1])
 
 
-def loo_loss(X, y, bandwidth="scott", *, components=None, dtype=None):
+def loo_loss(X, y, bandwidth="scott", *, components=None, dtype=None, device="cpu"):
     """Leave-one-out mean squared error of Nadaraya-Watson regression.
 
     .. math::
@@ -128,6 +144,7 @@ def loo_loss(X, y, bandwidth="scott", *, components=None, dtype=None):
     bandwidth : "scott", "silverman", float or array (d,)
     components : array-like (k, d), optional
     dtype : "float64" or "float32"; the sum is accumulated in float64 either way
+    device : "cpu", "cuda" or "auto" (the CUDA twin ``nbattn.cuda.loo``)
 
     Raises
     ------
@@ -141,10 +158,10 @@ def loo_loss(X, y, bandwidth="scott", *, components=None, dtype=None):
     else:
         h = resolve_bandwidth(bandwidth, X)
         z, z_t = _scaled(X, 1.0 / h, dtype)
-    return _loss_from_layout(z, z_t, y2, dtype)
+    return _loss_from_layout(z, z_t, y2, dtype, device=device)
 
 
-def loo_loss_and_grad(X, y, bandwidth=None, *, components=None, dtype=None):
+def loo_loss_and_grad(X, y, bandwidth=None, *, components=None, dtype=None, device="cpu"):
     """The LOO MSE and its exact gradient (two streaming passes).
 
     Parameters
@@ -158,6 +175,9 @@ def loo_loss_and_grad(X, y, bandwidth=None, *, components=None, dtype=None):
         Score ``-1/2 ||L (x_i - x_j)||^2``; the gradient is with respect to L,
         shape (k, d). Give exactly one of ``bandwidth`` and ``components``.
     dtype : "float64" or "float32"
+    device : "cpu", "cuda" or "auto"
+        Both passes run on the GPU with "cuda"; only the n x (d + p) inputs
+        and the pass-1 outputs cross to and from the host.
 
     Returns
     -------
@@ -189,7 +209,10 @@ def loo_loss_and_grad(X, y, bandwidth=None, *, components=None, dtype=None):
         L = _check_components(components, d)
         Xc = X - X.mean(axis=0)
         z, z_t = _projected(Xc, L, dtype)
-    f, lse = pooling.gaussian_pool(z, z_t, v_t, True)
+    loo_k, pool_k = _kernels(device)
+    f, lse = pool_k.gaussian_pool(z, z_t, v_t, True)
+    if not isinstance(f, np.ndarray):  # the CUDA pool returns device arrays
+        f, lse = f.copy_to_host(), lse.copy_to_host()
     f = f.astype(np.float64)
     resid = f - y2
     loss = float(np.mean(resid**2))
@@ -198,10 +221,10 @@ def loo_loss_and_grad(X, y, bandwidth=None, *, components=None, dtype=None):
     f_k = np.ascontiguousarray(f, dtype=dtype)
     if components is None:
         # (x_id - x_jd)^2 / h_d^2 = 2 (z_id - z_jd)^2 with the sqrt(2) of the layout
-        sums = loo.loo_grad_diag(z, z_t, v_t, resid_k, f_k, lse)
+        sums = loo_k.loo_grad_diag(z, z_t, v_t, resid_k, f_k, lse)
         return loss, 2.0 * scale * sums
     pts = np.ascontiguousarray(Xc, dtype=dtype)
-    M = loo.loo_grad_full(z, z_t, pts, np.ascontiguousarray(pts.T), v_t, resid_k, f_k, lse)
+    M = loo_k.loo_grad_full(z, z_t, pts, np.ascontiguousarray(pts.T), v_t, resid_k, f_k, lse)
     return loss, -scale * (L @ M)
 
 
@@ -219,6 +242,7 @@ def loo_bandwidth(
     random_state=0,
     dtype=None,
     return_curve=False,
+    device="cpu",
 ):
     """Per-feature widths ``c* h0`` minimising the LOO MSE over one scale factor c.
 
@@ -255,6 +279,9 @@ def loo_bandwidth(
     return_curve : bool
         Also return ``(factors, losses)`` of every exact evaluation, sorted by
         factor (with the coarse stage subsampled, only the Brent stage's).
+    device : "cpu", "cuda" or "auto"
+        On the GPU every evaluation uses the full (unsorted) kernel
+        ``nbattn.cuda.loo.loo_squared_error``, also in 1-D.
 
     Returns
     -------
@@ -274,7 +301,9 @@ def loo_bandwidth(
         rng = np.random.default_rng(random_state)
         rows = np.sort(rng.choice(n, size=int(grid_queries), replace=False)).astype(np.int64)
     evaluated = {}
-    sorted_1d = X.shape[1] == 1  # sorted 1-D points: the windowed kernel skips negligible keys
+    device = resolve_device(device)
+    # sorted 1-D points: the windowed kernel skips negligible keys (CPU only)
+    sorted_1d = X.shape[1] == 1 and device == "cpu"
     if sorted_1d:
         order = np.argsort(X[:, 0], kind="stable")
         rank = np.empty(n, dtype=np.int64)
@@ -291,7 +320,7 @@ def loo_bandwidth(
             total = loo.loo_squared_error_sorted_1d(zs, v_sorted, y_sorted, sub, gap)
             return float(total) / (sub.size * y2.shape[1])
         z, z_t = _scaled(X, 1.0 / (np.exp(t) * h0), dtype)
-        return _loss_from_layout(z, z_t, y2, dtype, subset)
+        return _loss_from_layout(z, z_t, y2, dtype, subset, device)
 
     def objective(t):
         t = float(t)
@@ -352,6 +381,7 @@ def fit_learned_kernel(
     tol=1e-6,
     random_state=None,
     dtype=None,
+    device="cpu",
 ):
     """Minimise the LOO MSE over the kernel's metric with L-BFGS-B and the exact gradient.
 
@@ -375,6 +405,7 @@ def fit_learned_kernel(
         by the variance of y, so that ``tol`` does not depend on y's units).
     random_state : seed for init="random"
     dtype : "float64" or "float32"
+    device : "cpu", "cuda" or "auto": where the LOO loss and gradient run
 
     Returns
     -------
@@ -395,6 +426,7 @@ def fit_learned_kernel(
     if metric not in ("scalar", "diagonal", "full"):
         raise ValueError(f"metric must be 'scalar', 'diagonal' or 'full', got {metric!r}")
     dtype = _resolve_dtype(dtype, X, y)
+    device = resolve_device(device)
     X, y2 = _prepare_xy(X, y, dtype)
     n, d = X.shape
     Xs, sigma = _standardise(X)
@@ -424,7 +456,7 @@ def fit_learned_kernel(
                 return np.exp(p[0]) * h_std
 
             def fun(p):
-                loss, g = loo_loss_and_grad(Xs, y2, widths(p), dtype=dtype)
+                loss, g = loo_loss_and_grad(Xs, y2, widths(p), dtype=dtype, device=device)
                 return loss, np.array([g.sum()])
         else:
             x0 = np.log(h_init)
@@ -435,7 +467,7 @@ def fit_learned_kernel(
                 return np.exp(p)
 
             def fun(p):
-                return loo_loss_and_grad(Xs, y2, widths(p), dtype=dtype)
+                return loo_loss_and_grad(Xs, y2, widths(p), dtype=dtype, device=device)
 
         x0 = np.clip(x0, [b[0] for b in bounds], [b[1] for b in bounds])
     else:
@@ -452,7 +484,7 @@ def fit_learned_kernel(
         bounds = None
 
         def fun(p):
-            return loo_loss_and_grad(Xs, y2, components=p.reshape(k, d), dtype=dtype)
+            return loo_loss_and_grad(Xs, y2, components=p.reshape(k, d), dtype=dtype, device=device)
 
     curve = []
 
