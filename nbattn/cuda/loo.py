@@ -127,8 +127,8 @@ def _make_kernels(float_type):
         return total
 
     @cuda.jit(fastmath=True)
-    def loo_grad_diag_kernel(queries, keys_t, values_t, resid, centers, lse, f0, bk, out):
-        """Adds G_f for f in [f0, f0 + MAX_ACC) into out (float64)."""
+    def loo_grad_diag_kernel(queries, keys_t, values_t, resid, centers, lse, f0, n_acc, bk, out):
+        """Adds G_f for f in [f0, f0 + n_acc) into out (float64); n_acc <= MAX_ACC."""
         tile = cuda.shared.array(0, dtype=tile_type)  # k x bk
         block_acc = cuda.shared.array(MAX_ACC, dtype=np.float64)
         i = cuda.grid(1)
@@ -136,7 +136,6 @@ def _make_kernels(float_type):
         tpb = cuda.blockDim.x
         n_queries, k = queries.shape
         n_keys = keys_t.shape[1]
-        n_acc = min(MAX_ACC, k - f0)
         for a in range(tx, MAX_ACC, tpb):
             block_acc[a] = 0.0
         acc = cuda.local.array(MAX_ACC, dtype=np.float64)
@@ -295,7 +294,8 @@ def loo_grad_diag(queries, keys_t, values_t, resid, centers, lse):
     blocks, tpb = _blocks(args[0].shape[0])
     kernel = loo_kernels[dtype][1]
     for f0 in range(0, k, MAX_ACC):
-        kernel[blocks, tpb, 0, k * bk * dtype.itemsize](*args, device_lse, f0, bk, out)
+        n_acc = min(MAX_ACC, k - f0)
+        kernel[blocks, tpb, 0, k * bk * dtype.itemsize](*args, device_lse, f0, n_acc, bk, out)
     return out.copy_to_host()
 
 
