@@ -66,8 +66,18 @@ def _device_tensor(x, name, allow_neg_inf=False, min_ndim=2):
     return arr
 
 
+class _Shaped:
+    """A device array with ``shape`` as a plain tuple (the simulator's shape
+    object rejects negative indices)."""
+
+    def __init__(self, arr):
+        self.arr = arr
+        self.shape = tuple(arr.shape)
+        self.dtype = arr.dtype
+
+
 def _device_qkv(q, k, v):
-    q, k, v = _device_tensor(q, "q"), _device_tensor(k, "k"), _device_tensor(v, "v")
+    q, k, v = (_Shaped(_device_tensor(a, n)) for a, n in ((q, "q"), (k, "k"), (v, "v")))
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(
             f"q, k and v on the GPU must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
@@ -84,7 +94,7 @@ def _device_qkv(q, k, v):
         )
     _check_head_dims(q.shape[-1], v.shape[-1])
     n_bh = math.prod(lead)
-    flat = [a.reshape((n_bh,) + a.shape[-2:]) for a in (q, k, v)]
+    flat = [a.arr.reshape((n_bh,) + a.shape[-2:]) for a in (q, k, v)]
     return q, k, v, lead, flat
 
 
@@ -98,8 +108,8 @@ def flash_attention(q, k, v, causal, scale, return_lse):
         q, k, v, lead, (qf, kf, vf) = _device_qkv(q, k, v)
         scale = _flash._check_scale(scale, q.shape[-1])
         out, lse = _cuda.flash_forward(qf, kf, vf, scale, causal)
-        out = like_input(out.reshape(lead + out.shape[1:]), template)
-        lse = like_input(lse.reshape(lead + lse.shape[1:]), template)
+        out = like_input(out.reshape(lead + tuple(out.shape)[1:]), template)
+        lse = like_input(lse.reshape(lead + tuple(lse.shape)[1:]), template)
         return (out, lse) if return_lse else out
     q, k, v, lead, dtype = _flash._check_qkv(q, k, v)
     _check_head_dims(q.shape[-1], v.shape[-1])
@@ -127,9 +137,9 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, causal, scale):
         q, k, v, lead, (qf, kf, vf) = _device_qkv(q, k, v)
         scale = _flash._check_scale(scale, q.shape[-1])
         out_shape = lead + (q.shape[-2], v.shape[-1])
-        o = _device_tensor(out, "out")
-        g = _device_tensor(grad_out, "grad_out")
-        lse_d = _device_tensor(lse, "lse", allow_neg_inf=True, min_ndim=1)
+        o = _Shaped(_device_tensor(out, "out"))
+        g = _Shaped(_device_tensor(grad_out, "grad_out"))
+        lse_d = _Shaped(_device_tensor(lse, "lse", allow_neg_inf=True, min_ndim=1))
         for name, arr, shape in (
             ("out", o, out_shape),
             ("grad_out", g, out_shape),
@@ -146,9 +156,9 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, causal, scale):
             qf,
             kf,
             vf,
-            o.reshape((n_bh,) + o.shape[-2:]),
-            lse_d.reshape(n_bh, q.shape[-2]),
-            g.reshape((n_bh,) + g.shape[-2:]),
+            o.arr.reshape((n_bh,) + o.shape[-2:]),
+            lse_d.arr.reshape(n_bh, q.shape[-2]),
+            g.arr.reshape((n_bh,) + g.shape[-2:]),
             scale,
             causal,
         )
