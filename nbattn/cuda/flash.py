@@ -52,6 +52,7 @@ import numpy as np
 from numba import cuda, from_dtype
 
 from .. import config
+from ._util import imax, imin
 
 #: Largest head dimension (D and Dv) the kernels compile for.
 MAX_HEAD_DIM = 128
@@ -85,17 +86,17 @@ def _make_kernels(float_type, d, d_v):
             acc[c] = zero
         m = minus_inf
         l_sum = 0.0
-        kv_end = min(n_k, row0 + tpb) if causal else n_k
+        kv_end = imin(n_k, row0 + tpb) if causal else n_k
         v_off = block_k * d
         for j0 in range(0, kv_end, block_k):
-            nb = min(block_k, kv_end - j0)
+            nb = imin(block_k, kv_end - j0)
             for idx in range(tx, nb * d, tpb):
                 tile[idx] = k[bh, j0 + idx // d, idx % d]
             for idx in range(tx, nb * d_v, tpb):
                 tile[v_off + idx] = v[bh, j0 + idx // d_v, idx % d_v]
             cuda.syncthreads()
             if active:
-                stop = min(nb, i - j0 + 1) if causal else nb
+                stop = imin(nb, i - j0 + 1) if causal else nb
                 for jj in range(stop):
                     s = zero
                     for f in range(d):
@@ -152,17 +153,17 @@ def _make_kernels(float_type, d, d_v):
             acc[f] = zero
         for c in range(d_v):
             do_row[c] = dout[bh, i, c] if active else zero
-        kv_end = min(n_k, row0 + tpb) if causal else n_k
+        kv_end = imin(n_k, row0 + tpb) if causal else n_k
         v_off = block_k * d
         for j0 in range(0, kv_end, block_k):
-            nb = min(block_k, kv_end - j0)
+            nb = imin(block_k, kv_end - j0)
             for idx in range(tx, nb * d, tpb):
                 tile[idx] = k[bh, j0 + idx // d, idx % d]
             for idx in range(tx, nb * d_v, tpb):
                 tile[v_off + idx] = v[bh, j0 + idx // d_v, idx % d_v]
             cuda.syncthreads()
             if active:
-                stop = min(nb, i - j0 + 1) if causal else nb
+                stop = imin(nb, i - j0 + 1) if causal else nb
                 for jj in range(stop):
                     s = zero
                     for f in range(d):
@@ -206,7 +207,7 @@ def _make_kernels(float_type, d, d_v):
         delta_off = lse_off + block_q
         i_start = col0 if causal else 0
         for i0 in range(i_start, n_q, block_q):
-            mb = min(block_q, n_q - i0)
+            mb = imin(block_q, n_q - i0)
             for idx in range(tx, mb * d, tpb):
                 tile[idx] = q[bh, i0 + idx // d, idx % d] * factor
             for idx in range(tx, mb * d_v, tpb):
@@ -216,7 +217,7 @@ def _make_kernels(float_type, d, d_v):
                 tile[delta_off + idx] = delta[bh, i0 + idx]
             cuda.syncthreads()
             if active:
-                start = max(0, j - i0) if causal else 0
+                start = imax(0, j - i0) if causal else 0
                 for ii in range(start, mb):
                     shift = tile[lse_off + ii]
                     if shift == minus_inf:

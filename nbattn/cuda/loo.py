@@ -40,6 +40,7 @@ import numpy as np
 from numba import cuda, from_dtype
 
 from .. import config
+from ._util import imin
 
 #: Gradient entries accumulated per thread and launch (float64 local array).
 MAX_ACC = 64
@@ -81,7 +82,7 @@ def _make_kernels(float_type):
         if i < n_queries:
             own = self_index[i]
         for j0 in range(0, n_keys, bk):
-            nb = min(bk, n_keys - j0)
+            nb = imin(bk, n_keys - j0)
             for jj in range(tx, nb, tpb):
                 for f in range(k):
                     tile[f * bk + jj] = keys_t[f, j0 + jj]
@@ -147,7 +148,7 @@ def _make_kernels(float_type):
             active = lse[i] != -math.inf
             shift = float_type(lse[i])
         for j0 in range(0, n_keys, bk):
-            nb = min(bk, n_keys - j0)
+            nb = imin(bk, n_keys - j0)
             for jj in range(tx, nb, tpb):
                 for f in range(k):
                     tile[f * bk + jj] = keys_t[f, j0 + jj]
@@ -198,7 +199,7 @@ def _make_kernels(float_type):
             active = lse[i] != -math.inf
             shift = float_type(lse[i])
         for j0 in range(0, n_keys, bk):
-            nb = min(bk, n_keys - j0)
+            nb = imin(bk, n_keys - j0)
             for jj in range(tx, nb, tpb):
                 for f in range(k):
                     tile[f * bk + jj] = keys_t[f, j0 + jj]

@@ -22,6 +22,7 @@ import numpy as np
 from numba import cuda, from_dtype
 
 from .. import config
+from ._util import imin
 
 #: Outputs accumulated per thread (a compile-time size for the local array).
 MAX_OUTPUTS = 8
@@ -57,7 +58,7 @@ def _make_pool_kernel(float_type):
                     tile[(d + c) * tpb + tx] = values_t[c, j_load]
             cuda.syncthreads()
             if i < n_queries:
-                nb = min(tpb, n_keys - j0)
+                nb = imin(tpb, n_keys - j0)
                 for jj in range(nb):
                     if exclude_self and j0 + jj == i:
                         continue
