@@ -149,3 +149,19 @@ def test_head_dimension_limit(rng):
     q = rng.normal(size=(1, cuda_flash.MAX_HEAD_DIM + 1))
     with pytest.raises(ValueError, match="head dimensions up to"):
         nbattn.flash_attention(q, q, q, device="cuda")
+
+
+def test_tiles_smaller_than_the_block(rng, monkeypatch):
+    """A small shared-memory budget gives tiles of 3 rows for blocks of 8 threads."""
+    from nbattn import config
+
+    q, k, v = _qkv(rng, (1, 10, 4), 11, 4, np.float64)
+    monkeypatch.setattr(config, "CUDA_SHARED_MEMORY_BYTES", 3 * (4 + 4 + 2) * 8)
+    for causal in (False, True):
+        out, lse = nbattn.flash_attention(q, k, v, causal, return_lse=True, device="cuda")
+        ref_out, ref_lse = naive.sdpa(q, k, v, causal)
+        _close(out, ref_out, np.float64)
+        grad = rng.normal(size=out.shape)
+        got = nbattn.flash_attention_backward(q, k, v, out, lse, grad, causal, device="cuda")
+        for g, r in zip(got, naive.sdpa_backward(q, k, v, grad, causal), strict=True):
+            _close(g, r, np.float64)

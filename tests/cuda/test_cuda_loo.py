@@ -150,3 +150,22 @@ def test_loo_bandwidth_regressor_on_cuda(rng):
     gpu = nbattn.NadarayaWatsonRegressor(bandwidth="loo", device="cuda").fit(X, y)
     cpu = nbattn.NadarayaWatsonRegressor(bandwidth="loo").fit(X, y)
     np.testing.assert_allclose(gpu.bandwidth_, cpu.bandwidth_, rtol=1e-8)
+
+
+def test_tiles_smaller_than_the_block(rng, monkeypatch):
+    """A small shared-memory budget gives key tiles of 2 or 3 for blocks of 8 threads."""
+    from nbattn import config
+    from nbattn.cuda import pooling as cuda_pooling
+
+    monkeypatch.setattr(config, "CUDA_SHARED_MEMORY_BYTES", 2 * 5 * 8)
+    z, z_t, y, v_t = _layout(rng, 11, 3, 2, np.float64)
+    rows = np.arange(11, dtype=np.int64)
+    got = cuda_loo.loo_squared_error(z, z_t, v_t, y, rows)
+    _close(got, cpu_loo.loo_squared_error(z, z_t, v_t, y, rows), np.float64)
+    resid, f, lse = _pass_one(z, z_t, y, v_t, np.float64)
+    got = cuda_loo.loo_grad_diag(z, z_t, v_t, resid, f, lse)
+    _close(got, cpu_loo.loo_grad_diag(z, z_t, v_t, resid, f, lse), np.float64)
+    out, lse_gpu = cuda_pooling.gaussian_pool(z, z_t, v_t, True)
+    ref_out, ref_lse = cpu_pooling.gaussian_pool(z, z_t, v_t, True)
+    _close(out.copy_to_host(), ref_out, np.float64)
+    _close(lse_gpu.copy_to_host(), ref_lse, np.float64)
