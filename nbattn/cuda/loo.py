@@ -23,9 +23,12 @@ One thread per query i streams over the keys in tiles that the block loads
 together into shared memory (``block_k`` keys, at most
 ``config.CUDA_THREADS_PER_BLOCK`` and at most ``config.CUDA_SHARED_MEMORY_BYTES``
 of tile). Each thread accumulates its partial gradient in float64 registers
-(``MAX_ACC`` numbers); the block adds them with shared-memory atomics and
-one thread per entry adds the block's sum into the float64 result with
-``cuda.atomic.add`` -- so n_blocks, not n_queries, global atomics per entry.
+(up to ``MAX_ACC`` numbers per launch; kernels are compiled per dtype and
+per count -- and the loss kernel per (k, outputs) -- so that the local
+arrays have compile-time sizes and stay out of local memory); the block
+adds them with shared-memory atomics and one thread per entry adds the
+block's sum into the float64 result with ``cuda.atomic.add`` -- so
+n_blocks, not n_queries, global atomics per entry.
 More than ``MAX_ACC`` features (diag) or lower-triangle pairs (full: d (d+1)/2)
 are handled in several launches over ranges of entries; more than
 ``MAX_OUTPUTS`` outputs in the loss likewise (the squared error is a sum
@@ -42,7 +45,7 @@ from numba import cuda, from_dtype
 from .. import config
 from ._util import imin
 
-#: Gradient entries accumulated per thread and launch (float64 local array).
+#: Gradient entries accumulated per thread and launch (float64, in registers).
 MAX_ACC = 64
 #: Outputs accumulated per thread and launch by the loss kernel.
 MAX_OUTPUTS = 8
@@ -55,7 +58,9 @@ def block_keys(floats_per_key, itemsize):
     return max(1, min(tpb, fit))
 
 
-def _make_kernels(float_type):
+def _make_loss_kernel(float_type, k, n_outputs):
+    """The LOO squared-error kernel for a dtype, k features and n_outputs outputs
+    (compile-time sizes: query row and accumulators in registers)."""
     zero = float_type(0.0)
     minus_inf = float_type(-np.inf)
     tile_type = from_dtype(np.dtype(float_type))
@@ -68,19 +73,20 @@ def _make_kernels(float_type):
         i = cuda.grid(1)
         tx = cuda.threadIdx.x
         tpb = cuda.blockDim.x
-        n_queries, k = queries.shape
+        n_queries = queries.shape[0]
         n_keys = keys_t.shape[1]
-        n_outputs = values_t.shape[0]
         if tx == 0:
             block_sum[0] = 0.0
-        acc = cuda.local.array(MAX_OUTPUTS, dtype=np.float64)
-        for c in range(MAX_OUTPUTS):
+        active = i < n_queries
+        q_row = cuda.local.array(k, dtype=float_type)
+        acc = cuda.local.array(n_outputs, dtype=np.float64)
+        for f in range(k):
+            q_row[f] = queries[i, f] if active else zero
+        for c in range(n_outputs):
             acc[c] = 0.0
         running_max = minus_inf
         running_sum = 0.0
-        own = -1
-        if i < n_queries:
-            own = self_index[i]
+        own = self_index[i] if active else -1
         for j0 in range(0, n_keys, bk):
             nb = imin(bk, n_keys - j0)
             for jj in range(tx, nb, tpb):
@@ -95,7 +101,7 @@ def _make_kernels(float_type):
                         continue
                     s = zero
                     for f in range(k):
-                        diff = tile[f * bk + jj] - queries[i, f]
+                        diff = tile[f * bk + jj] - q_row[f]
                         s -= diff * diff
                     if s > running_max:
                         rescale = math.exp(float(running_max) - float(s))
@@ -119,6 +125,15 @@ def _make_kernels(float_type):
         if tx == 0:
             cuda.atomic.add(out, 0, block_sum[0])
 
+    return loo_squared_error_kernel
+
+
+def _make_kernels(float_type, n_acc):
+    """The (diag, full) gradient kernels for a dtype, accumulating n_acc <= MAX_ACC
+    entries per launch (a compile-time size: the accumulators live in registers)."""
+    zero = float_type(0.0)
+    tile_type = from_dtype(np.dtype(float_type))
+
     @cuda.jit(device=True)
     def _coef(values_t, resid, centers, i, j):
         """sum_c resid[i, c] * (values_t[c, j] - centers[i, c]), in the input dtype."""
@@ -128,19 +143,19 @@ def _make_kernels(float_type):
         return total
 
     @cuda.jit(fastmath=True)
-    def loo_grad_diag_kernel(queries, keys_t, values_t, resid, centers, lse, f0, n_acc, bk, out):
-        """Adds G_f for f in [f0, f0 + n_acc) into out (float64); n_acc <= MAX_ACC."""
+    def loo_grad_diag_kernel(queries, keys_t, values_t, resid, centers, lse, f0, bk, out):
+        """Adds G_f for f in [f0, f0 + n_acc) into out (float64)."""
         tile = cuda.shared.array(0, dtype=tile_type)  # k x bk
-        block_acc = cuda.shared.array(MAX_ACC, dtype=np.float64)
+        block_acc = cuda.shared.array(n_acc, dtype=np.float64)
         i = cuda.grid(1)
         tx = cuda.threadIdx.x
         tpb = cuda.blockDim.x
         n_queries, k = queries.shape
         n_keys = keys_t.shape[1]
-        for a in range(tx, MAX_ACC, tpb):
+        for a in range(tx, n_acc, tpb):
             block_acc[a] = 0.0
-        acc = cuda.local.array(MAX_ACC, dtype=np.float64)
-        for a in range(MAX_ACC):
+        acc = cuda.local.array(n_acc, dtype=np.float64)
+        for a in range(n_acc):
             acc[a] = 0.0
         active = False
         shift = zero
@@ -180,18 +195,17 @@ def _make_kernels(float_type):
     ):
         """Adds M[pair_a[p], pair_b[p]] for this launch's pairs into out (float64, flat)."""
         tile = cuda.shared.array(0, dtype=tile_type)  # (k + d) x bk
-        block_acc = cuda.shared.array(MAX_ACC, dtype=np.float64)
+        block_acc = cuda.shared.array(n_acc, dtype=np.float64)
         i = cuda.grid(1)
         tx = cuda.threadIdx.x
         tpb = cuda.blockDim.x
         n_queries, k = queries.shape
         d = points.shape[1]
         n_keys = keys_t.shape[1]
-        n_acc = pair_a.shape[0]
-        for a in range(tx, MAX_ACC, tpb):
+        for a in range(tx, n_acc, tpb):
             block_acc[a] = 0.0
-        acc = cuda.local.array(MAX_ACC, dtype=np.float64)
-        for a in range(MAX_ACC):
+        acc = cuda.local.array(n_acc, dtype=np.float64)
+        for a in range(n_acc):
             acc[a] = 0.0
         active = False
         shift = zero
@@ -230,14 +244,28 @@ def _make_kernels(float_type):
         for p in range(tx, n_acc, tpb):
             cuda.atomic.add(out, pair_a[p] * d + pair_b[p], block_acc[p])
 
-    return loo_squared_error_kernel, loo_grad_diag_kernel, loo_grad_full_kernel
+    return loo_grad_diag_kernel, loo_grad_full_kernel
 
 
-#: (loss, diag, full) kernels per dtype, compiled lazily on first launch.
-loo_kernels = {
-    np.dtype(np.float32): _make_kernels(np.float32),
-    np.dtype(np.float64): _make_kernels(np.float64),
-}
+_kernel_cache = {}
+
+
+def _cached(key, make):
+    if key not in _kernel_cache:
+        _kernel_cache[key] = make()
+    return _kernel_cache[key]
+
+
+def loss_kernel(dtype, k, n_outputs):
+    """The compiled LOO squared-error kernel for a dtype, k features, n_outputs <= MAX_OUTPUTS."""
+    t = np.dtype(dtype).type
+    return _cached(("loss", t, k, n_outputs), lambda: _make_loss_kernel(t, k, n_outputs))
+
+
+def grad_kernels(dtype, n_acc):
+    """The (diag, full) gradient kernels for a dtype and n_acc <= MAX_ACC entries per launch."""
+    t = np.dtype(dtype).type
+    return _cached(("grad", t, n_acc), lambda: _make_kernels(t, n_acc))
 
 
 def _device(array):
@@ -267,9 +295,9 @@ def loo_squared_error(queries, keys_t, values_t, targets, self_index):
     n_outputs = device_values_t.shape[0]
     total = cuda.to_device(np.zeros(1))
     blocks, tpb = _blocks(device_queries.shape[0])
-    kernel = loo_kernels[dtype][0]
     for c0 in range(0, n_outputs, MAX_OUTPUTS):
         c1 = min(n_outputs, c0 + MAX_OUTPUTS)
+        kernel = loss_kernel(dtype, k, c1 - c0)
         bk = block_keys(k + c1 - c0, dtype.itemsize)
         shared = (k + c1 - c0) * bk * dtype.itemsize
         kernel[blocks, tpb, 0, shared](
@@ -293,10 +321,9 @@ def loo_grad_diag(queries, keys_t, values_t, resid, centers, lse):
     out = cuda.to_device(np.zeros(k))
     bk = block_keys(k, dtype.itemsize)
     blocks, tpb = _blocks(args[0].shape[0])
-    kernel = loo_kernels[dtype][1]
     for f0 in range(0, k, MAX_ACC):
-        n_acc = min(MAX_ACC, k - f0)
-        kernel[blocks, tpb, 0, k * bk * dtype.itemsize](*args, device_lse, f0, n_acc, bk, out)
+        kernel = grad_kernels(dtype, min(MAX_ACC, k - f0))[0]
+        kernel[blocks, tpb, 0, k * bk * dtype.itemsize](*args, device_lse, f0, bk, out)
     return out.copy_to_host()
 
 
@@ -315,10 +342,10 @@ def loo_grad_full(queries, keys_t, points, points_t, values_t, resid, centers, l
     out = cuda.to_device(np.zeros(d * d))
     bk = block_keys(k + d, dtype.itemsize)
     blocks, tpb = _blocks(args[0].shape[0])
-    kernel = loo_kernels[dtype][2]
     for p0 in range(0, pairs_a.size, MAX_ACC):
         pa = cuda.to_device(pairs_a[p0 : p0 + MAX_ACC].astype(np.int64))
         pb = cuda.to_device(pairs_b[p0 : p0 + MAX_ACC].astype(np.int64))
+        kernel = grad_kernels(dtype, pa.shape[0])[1]
         kernel[blocks, tpb, 0, (k + d) * bk * dtype.itemsize](*args, device_lse, pa, pb, bk, out)
     m = out.copy_to_host().reshape(d, d)
     return np.tril(m) + np.tril(m, -1).T

@@ -68,7 +68,7 @@ def test_grad_diag_equals_cpu(rng, dtype):
 
 def test_grad_diag_more_features_than_max_acc(rng, monkeypatch):
     """Features beyond MAX_ACC run in further launches."""
-    monkeypatch.setattr(cuda_loo, "MAX_ACC", 2)  # the simulator reads it at run time
+    monkeypatch.setattr(cuda_loo, "MAX_ACC", 2)  # read by the host wrapper at each call
     z, z_t, y, v_t = _layout(rng, 9, 5, 1, np.float64)
     resid, f, lse = _pass_one(z, z_t, y, v_t, np.float64)
     got = cuda_loo.loo_grad_diag(z, z_t, v_t, resid, f, lse)
