@@ -16,7 +16,9 @@ scale is an argument (so that GPU inputs need no scaled copy); results are
 device arrays.
 
 Forward: one thread per query row, a block of ``config.CUDA_THREADS_PER_BLOCK``
-rows per (batch, head) slice (grid: row blocks x BH). The block walks the keys
+rows per (batch, head) slice (grid: row blocks x BH, in launches of at most
+65,535 slices; blocks are halved, down to 32 threads, while there would be
+fewer than two per multiprocessor). The block walks the keys
 in tiles of ``block_k`` rows of K and V that its threads load together
 (coalesced) into shared memory; each thread reads them as broadcasts, keeps
 its scaled query row and its output accumulator in registers (local arrays
@@ -290,9 +292,36 @@ def _tile_rows(floats_per_row, itemsize):
     return max(1, min(tpb, config.CUDA_SHARED_MEMORY_BYTES // (floats_per_row * itemsize)))
 
 
-def _grid(n_rows, n_bh):
+#: Most (batch, head) slices per launch: the grid's y dimension is capped at 65,535.
+MAX_GRID_Y = 65535
+
+
+def _multiprocessors():
+    try:
+        return int(cuda.get_current_device().MULTIPROCESSOR_COUNT)
+    except Exception:  # the simulator has no such attribute
+        return 1
+
+
+def _threads(n_rows, n_bh):
+    """Threads per block: ``config.CUDA_THREADS_PER_BLOCK``, halved (down to 32) while
+    the grid would give fewer than two blocks per multiprocessor (short sequences)."""
     tpb = config.CUDA_THREADS_PER_BLOCK
-    return ((n_rows + tpb - 1) // tpb, n_bh), tpb
+    target = 2 * _multiprocessors()
+    while tpb > 32 and -(-n_rows // tpb) * n_bh < target:
+        tpb //= 2
+    return tpb
+
+
+def _launch(kernel, n_rows, n_bh, shared, args):
+    """Launch over (row blocks, BH slices), in chunks of at most MAX_GRID_Y slices.
+
+    ``args(b0, b1)`` gives the kernel's arguments for the slices b0:b1.
+    """
+    tpb = _threads(n_rows, n_bh)
+    for b0 in range(0, n_bh, MAX_GRID_Y):
+        b1 = min(n_bh, b0 + MAX_GRID_Y)
+        kernel[((n_rows + tpb - 1) // tpb, b1 - b0), tpb, 0, shared](*args(b0, b1))
 
 
 def flash_forward(q, k, v, scale, causal):
@@ -310,9 +339,13 @@ def flash_forward(q, k, v, scale, causal):
     out = cuda.device_array((n_bh, n_q, d_v), dtype=dtype)
     lse = cuda.device_array((n_bh, n_q), dtype=np.float64)
     block_k = _tile_rows(d + d_v, dtype.itemsize)
-    grid, tpb = _grid(n_q, n_bh)
     shared = block_k * (d + d_v) * dtype.itemsize
-    forward[grid, tpb, 0, shared](q, k, v, float(scale), bool(causal), block_k, out, lse)
+    scale, causal = float(scale), bool(causal)
+
+    def args(b0, b1):
+        return (q[b0:b1], k[b0:b1], v[b0:b1], scale, causal, block_k, out[b0:b1], lse[b0:b1])
+
+    _launch(forward, n_q, n_bh, shared, args)
     return out, lse
 
 
@@ -330,14 +363,19 @@ def flash_backward(q, k, v, out, lse, dout, scale, causal):
     dk = cuda.device_array((n_bh, n_k, d), dtype=dtype)
     dv = cuda.device_array((n_bh, n_k, d_v), dtype=dtype)
     delta = cuda.device_array((n_bh, n_q), dtype=dtype)
+    scale, causal = float(scale), bool(causal)
     block_k = _tile_rows(d + d_v, dtype.itemsize)
-    grid, tpb = _grid(n_q, n_bh)
-    dq_kernel[grid, tpb, 0, block_k * (d + d_v) * dtype.itemsize](
-        q, k, v, out, lse, dout, float(scale), bool(causal), block_k, dq, delta
-    )
+
+    def dq_args(b0, b1):
+        inputs = (q, k, v, out, lse, dout)
+        return (*(a[b0:b1] for a in inputs), scale, causal, block_k, dq[b0:b1], delta[b0:b1])
+
+    _launch(dq_kernel, n_q, n_bh, block_k * (d + d_v) * dtype.itemsize, dq_args)
     block_q = _tile_rows(d + d_v + 2, dtype.itemsize)
-    grid, tpb = _grid(n_k, n_bh)
-    dkdv_kernel[grid, tpb, 0, block_q * (d + d_v + 2) * dtype.itemsize](
-        q, k, v, lse, dout, delta, float(scale), bool(causal), block_q, dk, dv
-    )
+
+    def dkdv_args(b0, b1):
+        inputs = (q, k, v, lse, dout, delta)
+        return (*(a[b0:b1] for a in inputs), scale, causal, block_q, dk[b0:b1], dv[b0:b1])
+
+    _launch(dkdv_kernel, n_k, n_bh, block_q * (d + d_v + 2) * dtype.itemsize, dkdv_args)
     return dq, dk, dv

@@ -165,3 +165,26 @@ def test_tiles_smaller_than_the_block(rng, monkeypatch):
         got = nbattn.flash_attention_backward(q, k, v, out, lse, grad, causal, device="cuda")
         for g, r in zip(got, naive.sdpa_backward(q, k, v, grad, causal), strict=True):
             _close(g, r, np.float64)
+
+
+def test_slices_in_several_launches(rng, monkeypatch):
+    """More (batch, head) slices than one grid's y dimension: launched in chunks."""
+    monkeypatch.setattr(cuda_flash, "MAX_GRID_Y", 2)
+    q, k, v = _qkv(rng, (5, 6, 3), 7, 2, np.float64)
+    out, lse = nbattn.flash_attention(q, k, v, True, return_lse=True, device="cuda")
+    ref_out, ref_lse = naive.sdpa(q, k, v, causal=True)
+    _close(out, ref_out, np.float64)
+    grad = rng.normal(size=out.shape)
+    got = nbattn.flash_attention_backward(q, k, v, out, lse, grad, True, device="cuda")
+    for g, r in zip(got, naive.sdpa_backward(q, k, v, grad, causal=True), strict=True):
+        _close(g, r, np.float64)
+
+
+def test_short_sequences_get_smaller_blocks(monkeypatch):
+    from nbattn import config
+
+    monkeypatch.setattr(config, "CUDA_THREADS_PER_BLOCK", 128)
+    monkeypatch.setattr(cuda_flash, "_multiprocessors", lambda: 100)
+    assert cuda_flash._threads(1024, 8) == 32  # 8 x 8 blocks of 128 < 200: halve twice
+    assert cuda_flash._threads(16384, 8) == 128
+    assert cuda_flash._threads(2400, 8) == 64  # 19 x 8 < 200 <= 38 x 8
