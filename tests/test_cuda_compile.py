@@ -47,7 +47,12 @@ def compile_ptx(monkeypatch):
     )
 
     def run(kernel, signature, tmp_path):
-        ptx, _ = cuda.compile_ptx(kernel.py_func, signature, cc=CC, fastmath=True)
+        try:
+            ptx, _ = cuda.compile_ptx(kernel.py_func, signature, cc=CC, fastmath=True)
+        except Exception as exc:
+            if type(exc).__name__ == "CudaSupportError":  # a numba that wants a driver here
+                pytest.skip(f"device functions need a CUDA driver with this numba: {exc}")
+            raise
         assert ".entry" in ptx
         if ptxas is not None:
             path = tmp_path / "kernel.ptx"
