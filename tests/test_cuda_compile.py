@@ -48,7 +48,8 @@ def compile_ptx(monkeypatch):
 
     def run(kernel, signature, tmp_path):
         try:
-            ptx, _ = cuda.compile_ptx(kernel.py_func, signature, cc=CC, fastmath=True)
+            fastmath = kernel.targetoptions.get("fastmath", False)
+            ptx, _ = cuda.compile_ptx(kernel.py_func, signature, cc=CC, fastmath=fastmath)
         except Exception as exc:
             if type(exc).__name__ == "CudaSupportError":  # a numba that wants a driver here
                 pytest.skip(f"device functions need a CUDA driver with this numba: {exc}")
@@ -78,14 +79,18 @@ def test_flash_kernels_compile(compile_ptx, tmp_path, dtype):
 
     a3, a2 = f"{dtype}[:,:,::1]", f"{dtype}[:,::1]"
     fwd, dq, dkdv = flash._make_kernels(np.dtype(dtype).type, 8, 4)
-    compile_ptx(
+    fwd_ptx = compile_ptx(
         fwd, _sig(a3, a3, a3, "float64", "boolean", "int64", a3, "float64[:,::1]"), tmp_path
     )
-    compile_ptx(
+    if dtype == "float32":  # weights through the fast exp (ex2.approx)
+        assert "ex2.approx" in fwd_ptx
+    dq_ptx = compile_ptx(
         dq,
         _sig(a3, a3, a3, a3, "float64[:,::1]", a3, "float64", "boolean", "int64", a3, a2),
         tmp_path,
     )
+    # the rows-without-keys test (lse != -inf) is compiled in
+    assert "0dFFF0000000000000" in dq_ptx
     compile_ptx(
         dkdv,
         _sig(a3, a3, a3, "float64[:,::1]", a3, a2, "float64", "boolean", "int64", a3, a3),

@@ -54,7 +54,7 @@ import numpy as np
 from numba import cuda, from_dtype
 
 from .. import config
-from ._util import imax, imin
+from ._util import exp_for, imax, imin
 
 #: Largest head dimension (D and Dv) the kernels compile for.
 MAX_HEAD_DIM = 128
@@ -67,10 +67,11 @@ def _make_kernels(float_type, d, d_v):
     zero = float_type(0.0)
     minus_inf = float_type(-np.inf)
     tile_type = from_dtype(np.dtype(float_type))
+    exp = exp_for(float_type)
     d4 = d - d % 4  # dot products of length d run as four independent sums (ILP)
     d_v4 = d_v - d_v % 4
 
-    @cuda.jit(fastmath=True)
+    @cuda.jit
     def flash_forward_kernel(q, k, v, scale, causal, block_k, out, lse):
         tile = cuda.shared.array(0, dtype=tile_type)  # block_k x (d + d_v): K then V rows
         tx = cuda.threadIdx.x
@@ -113,12 +114,12 @@ def _make_kernels(float_type, d, d_v):
                         s0 += q_row[f] * tile[base + f]
                     s = (s0 + s1) + (s2 + s3)
                     if s > m:
-                        rescale = math.exp(m - s)
+                        rescale = exp(m - s)
                         l_sum *= rescale
                         for c in range(d_v):
                             acc[c] *= rescale
                         m = s
-                    w = math.exp(s - m)
+                    w = exp(s - m)
                     l_sum += w
                     for c in range(d_v):
                         acc[c] += w * tile[v_off + jj * d_v + c]
@@ -134,7 +135,7 @@ def _make_kernels(float_type, d, d_v):
                     out[bh, i, c] = zero
                 lse[bh, i] = -math.inf
 
-    @cuda.jit(fastmath=True)
+    @cuda.jit
     def flash_dq_kernel(q, k, v, out, lse, dout, scale, causal, block_k, dq, delta):
         tile = cuda.shared.array(0, dtype=tile_type)  # block_k x (d + d_v): K then V rows
         tx = cuda.threadIdx.x
@@ -185,7 +186,7 @@ def _make_kernels(float_type, d, d_v):
                         s3 += q_row[f + 3] * tile[base + f + 3]
                     for f in range(d4, d):
                         s0 += q_row[f] * tile[base + f]
-                    p = math.exp((s0 + s1) + (s2 + s3) - shift)
+                    p = exp((s0 + s1) + (s2 + s3) - shift)
                     base = v_off + jj * d_v
                     s0, s1, s2, s3 = zero, zero, zero, zero
                     for c in range(0, d_v4, 4):
@@ -204,7 +205,7 @@ def _make_kernels(float_type, d, d_v):
             for f in range(d):
                 dq[bh, i, f] = acc[f] * factor
 
-    @cuda.jit(fastmath=True)
+    @cuda.jit
     def flash_dkdv_kernel(q, k, v, lse, dout, delta, scale, causal, block_q, dk, dv):
         tile = cuda.shared.array(0, dtype=tile_type)  # block_q x (d + d_v + 2): Q, dO, lse, D
         tx = cuda.threadIdx.x
@@ -255,7 +256,7 @@ def _make_kernels(float_type, d, d_v):
                         s3 += tile[base + f + 3] * k_row[f + 3]
                     for f in range(d4, d):
                         s0 += tile[base + f] * k_row[f]
-                    p = math.exp((s0 + s1) + (s2 + s3) - shift)
+                    p = exp((s0 + s1) + (s2 + s3) - shift)
                     dp = zero
                     for c in range(d_v):
                         g = tile[do_off + ii * d_v + c]

@@ -43,7 +43,7 @@ import numpy as np
 from numba import cuda, from_dtype
 
 from .. import config
-from ._util import imin
+from ._util import exp_for, imin
 
 #: Gradient entries accumulated per thread and launch (float64, in registers).
 MAX_ACC = 64
@@ -64,8 +64,9 @@ def _make_loss_kernel(float_type, k, n_outputs):
     zero = float_type(0.0)
     minus_inf = float_type(-np.inf)
     tile_type = from_dtype(np.dtype(float_type))
+    exp = exp_for(float_type)
 
-    @cuda.jit(fastmath=True)
+    @cuda.jit
     def loo_squared_error_kernel(queries, keys_t, values_t, targets, self_index, bk, out):
         """Adds sum_i sum_c (f_-i(q_i)_c - targets_ic)^2 over this launch's outputs to out[0]."""
         tile = cuda.shared.array(0, dtype=tile_type)  # (k + n_outputs) x bk
@@ -109,7 +110,7 @@ def _make_loss_kernel(float_type, k, n_outputs):
                         for c in range(n_outputs):
                             acc[c] *= rescale
                         running_max = s
-                    w = math.exp(s - running_max)
+                    w = exp(s - running_max)
                     running_sum += w
                     for c in range(n_outputs):
                         acc[c] += w * tile[(k + c) * bk + jj]
@@ -133,6 +134,7 @@ def _make_kernels(float_type, n_acc):
     entries per launch (a compile-time size: the accumulators live in registers)."""
     zero = float_type(0.0)
     tile_type = from_dtype(np.dtype(float_type))
+    exp = exp_for(float_type)
 
     @cuda.jit(device=True)
     def _coef(values_t, resid, centers, i, j):
@@ -142,7 +144,7 @@ def _make_kernels(float_type, n_acc):
             total += resid[i, c] * (values_t[c, j] - centers[i, c])
         return total
 
-    @cuda.jit(fastmath=True)
+    @cuda.jit
     def loo_grad_diag_kernel(queries, keys_t, values_t, resid, centers, lse, f0, bk, out):
         """Adds G_f for f in [f0, f0 + n_acc) into out (float64)."""
         tile = cuda.shared.array(0, dtype=tile_type)  # k x bk
@@ -177,7 +179,7 @@ def _make_kernels(float_type, n_acc):
                     for f in range(k):
                         diff = tile[f * bk + jj] - queries[i, f]
                         s -= diff * diff
-                    coef = math.exp(s - shift) * _coef(values_t, resid, centers, i, j)
+                    coef = exp(s - shift) * _coef(values_t, resid, centers, i, j)
                     for a in range(n_acc):
                         diff = tile[(f0 + a) * bk + jj] - queries[i, f0 + a]
                         acc[a] += coef * diff * diff
@@ -189,7 +191,7 @@ def _make_kernels(float_type, n_acc):
         for a in range(tx, n_acc, tpb):
             cuda.atomic.add(out, f0 + a, block_acc[a])
 
-    @cuda.jit(fastmath=True)
+    @cuda.jit
     def loo_grad_full_kernel(
         queries, keys_t, points, points_t, values_t, resid, centers, lse, pair_a, pair_b, bk, out
     ):
@@ -229,7 +231,7 @@ def _make_kernels(float_type, n_acc):
                     for f in range(k):
                         diff = tile[f * bk + jj] - queries[i, f]
                         s -= diff * diff
-                    coef = math.exp(s - shift) * _coef(values_t, resid, centers, i, j)
+                    coef = exp(s - shift) * _coef(values_t, resid, centers, i, j)
                     for p in range(n_acc):
                         a = pair_a[p]
                         b = pair_b[p]

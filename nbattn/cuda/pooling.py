@@ -25,7 +25,7 @@ import numpy as np
 from numba import cuda, from_dtype
 
 from .. import config
-from ._util import imin
+from ._util import exp_for, imin
 
 #: Outputs accumulated per thread and launch (more run in further launches).
 MAX_OUTPUTS = 8
@@ -40,8 +40,9 @@ def _make_pool_kernel(float_type, d, n_outputs):
     zero = float_type(0.0)
     minus_inf = float_type(-np.inf)
     tile_type = from_dtype(np.dtype(float_type))
+    exp = exp_for(float_type)
 
-    @cuda.jit(fastmath=True)
+    @cuda.jit
     def gaussian_pool_kernel(queries, keys_t, values_t, exclude_self, block_k, out, lse):
         tile = cuda.shared.array(0, dtype=tile_type)  # (d + n_outputs) x block_k
         i = cuda.grid(1)
@@ -80,7 +81,7 @@ def _make_pool_kernel(float_type, d, n_outputs):
                         for c in range(n_outputs):
                             acc[c] *= rescale
                         running_max = s
-                    w = math.exp(s - running_max)
+                    w = exp(s - running_max)
                     running_sum += w
                     for c in range(n_outputs):
                         acc[c] += w * tile[(d + c) * block_k + jj]
