@@ -81,6 +81,7 @@ def _make_loss_kernel(float_type, k, n_outputs):
         active = i < n_queries
         q_row = cuda.local.array(k, dtype=float_type)
         acc = cuda.local.array(n_outputs, dtype=np.float64)
+        part = cuda.local.array(n_outputs, dtype=float_type)
         for f in range(k):
             q_row[f] = queries[i, f] if active else zero
         for c in range(n_outputs):
@@ -96,7 +97,10 @@ def _make_loss_kernel(float_type, k, n_outputs):
                 for c in range(n_outputs):
                     tile[(k + c) * bk + jj] = values_t[c, j0 + jj]
             cuda.syncthreads()
-            if i < n_queries:
+            if active:  # tile sums in the input dtype, added into float64 (as pooling)
+                part_sum = zero
+                for c in range(n_outputs):
+                    part[c] = zero
                 for jj in range(nb):
                     if j0 + jj == own:
                         continue
@@ -107,13 +111,18 @@ def _make_loss_kernel(float_type, k, n_outputs):
                     if s > running_max:
                         rescale = math.exp(float(running_max) - float(s))
                         running_sum *= rescale
+                        part_sum *= float_type(rescale)
                         for c in range(n_outputs):
                             acc[c] *= rescale
+                            part[c] *= float_type(rescale)
                         running_max = s
                     w = exp(s - running_max)
-                    running_sum += w
+                    part_sum += w
                     for c in range(n_outputs):
-                        acc[c] += w * tile[(k + c) * bk + jj]
+                        part[c] += w * tile[(k + c) * bk + jj]
+                running_sum += part_sum
+                for c in range(n_outputs):
+                    acc[c] += part[c]
             cuda.syncthreads()
         if i < n_queries:
             inv = 1.0 / running_sum if running_sum > 0.0 else 0.0

@@ -35,8 +35,10 @@ _kernel_cache = {}
 
 def _make_pool_kernel(float_type, d, n_outputs):
     """The kernel for one dtype, d features and n_outputs outputs (compile-time sizes,
-    so that the query row and the accumulators live in registers): scores and exp
-    in ``float_type``, running sum and weighted sums in float64."""
+    so that the query row and the accumulators live in registers): scores, exp
+    and the sums over one tile of keys in ``float_type``, running sum and weighted
+    sums across tiles in float64 (as the CPU kernel: block sums in the input
+    dtype, added into float64)."""
     zero = float_type(0.0)
     minus_inf = float_type(-np.inf)
     tile_type = from_dtype(np.dtype(float_type))
@@ -53,6 +55,7 @@ def _make_pool_kernel(float_type, d, n_outputs):
         active = i < n_queries
         q_row = cuda.local.array(d, dtype=float_type)
         acc = cuda.local.array(n_outputs, dtype=np.float64)
+        part = cuda.local.array(n_outputs, dtype=float_type)
         for f in range(d):
             q_row[f] = queries[i, f] if active else zero
         for c in range(n_outputs):
@@ -68,6 +71,9 @@ def _make_pool_kernel(float_type, d, n_outputs):
                     tile[(d + c) * block_k + jj] = values_t[c, j0 + jj]
             cuda.syncthreads()
             if active:
+                part_sum = zero
+                for c in range(n_outputs):
+                    part[c] = zero
                 for jj in range(nb):
                     if exclude_self and j0 + jj == i:
                         continue
@@ -78,13 +84,18 @@ def _make_pool_kernel(float_type, d, n_outputs):
                     if s > running_max:
                         rescale = math.exp(float(running_max) - float(s))
                         running_sum *= rescale
+                        part_sum *= float_type(rescale)
                         for c in range(n_outputs):
                             acc[c] *= rescale
+                            part[c] *= float_type(rescale)
                         running_max = s
                     w = exp(s - running_max)
-                    running_sum += w
+                    part_sum += w
                     for c in range(n_outputs):
-                        acc[c] += w * tile[(d + c) * block_k + jj]
+                        part[c] += w * tile[(d + c) * block_k + jj]
+                running_sum += part_sum
+                for c in range(n_outputs):
+                    acc[c] += part[c]
             cuda.syncthreads()
         if active:
             if running_sum > 0.0:
