@@ -51,7 +51,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import cuda, from_dtype
+from numba import cuda, types
 
 from .. import config
 from ._util import exp_for, imax, imin
@@ -66,14 +66,18 @@ def _make_kernels(float_type, d, d_v):
     """Forward, dQ and dK/dV kernels for one dtype and head dimensions (compile-time sizes)."""
     zero = float_type(0.0)
     minus_inf = float_type(-np.inf)
-    tile_type = from_dtype(np.dtype(float_type))
     exp = exp_for(float_type)
+    # Shared-memory reads in the hot loops index with unsigned integers: numba
+    # wraps negative signed indices, which hides from NVVM that consecutive
+    # reads are contiguous; unsigned, they become ld.shared.v4 (see _shared_bytes).
+    U = np.uint64
     d4 = d - d % 4  # dot products of length d run as four independent sums (ILP)
     d_v4 = d_v - d_v % 4
 
     @cuda.jit
     def flash_forward_kernel(q, k, v, scale, causal, block_k, out, lse):
-        tile = cuda.shared.array(0, dtype=tile_type)  # block_k x (d + d_v): K then V rows
+        # block_k x (d + d_v): K then V rows (16-byte aligned: see _aligned_tile)
+        tile = cuda.shared.array(0, dtype=types.complex128).view(float_type)
         tx = cuda.threadIdx.x
         tpb = cuda.blockDim.x
         bh = cuda.blockIdx.y
@@ -103,15 +107,15 @@ def _make_kernels(float_type, d, d_v):
             if active:
                 stop = imin(nb, i - j0 + 1) if causal else nb
                 for jj in range(stop):
-                    base = jj * d
+                    base = U(jj) * U(d)
                     s0, s1, s2, s3 = zero, zero, zero, zero
                     for f in range(0, d4, 4):
-                        s0 += q_row[f] * tile[base + f]
-                        s1 += q_row[f + 1] * tile[base + f + 1]
-                        s2 += q_row[f + 2] * tile[base + f + 2]
-                        s3 += q_row[f + 3] * tile[base + f + 3]
+                        s0 += q_row[f] * tile[base + U(f)]
+                        s1 += q_row[f + 1] * tile[base + U(f + 1)]
+                        s2 += q_row[f + 2] * tile[base + U(f + 2)]
+                        s3 += q_row[f + 3] * tile[base + U(f + 3)]
                     for f in range(d4, d):
-                        s0 += q_row[f] * tile[base + f]
+                        s0 += q_row[f] * tile[base + U(f)]
                     s = (s0 + s1) + (s2 + s3)
                     if s > m:
                         rescale = exp(m - s)
@@ -122,7 +126,7 @@ def _make_kernels(float_type, d, d_v):
                     w = exp(s - m)
                     l_sum += w
                     for c in range(d_v):
-                        acc[c] += w * tile[v_off + jj * d_v + c]
+                        acc[c] += w * tile[U(v_off) + U(jj) * U(d_v) + U(c)]
             cuda.syncthreads()
         if active:
             if l_sum > 0.0:
@@ -137,7 +141,8 @@ def _make_kernels(float_type, d, d_v):
 
     @cuda.jit
     def flash_dq_kernel(q, k, v, out, lse, dout, scale, causal, block_k, dq, delta):
-        tile = cuda.shared.array(0, dtype=tile_type)  # block_k x (d + d_v): K then V rows
+        # block_k x (d + d_v): K then V rows (16-byte aligned: see _aligned_tile)
+        tile = cuda.shared.array(0, dtype=types.complex128).view(float_type)
         tx = cuda.threadIdx.x
         tpb = cuda.blockDim.x
         bh = cuda.blockIdx.y
@@ -177,29 +182,29 @@ def _make_kernels(float_type, d, d_v):
             if active:
                 stop = imin(nb, i - j0 + 1) if causal else nb
                 for jj in range(stop):
-                    base = jj * d
+                    base = U(jj) * U(d)
                     s0, s1, s2, s3 = zero, zero, zero, zero
                     for f in range(0, d4, 4):
-                        s0 += q_row[f] * tile[base + f]
-                        s1 += q_row[f + 1] * tile[base + f + 1]
-                        s2 += q_row[f + 2] * tile[base + f + 2]
-                        s3 += q_row[f + 3] * tile[base + f + 3]
+                        s0 += q_row[f] * tile[base + U(f)]
+                        s1 += q_row[f + 1] * tile[base + U(f + 1)]
+                        s2 += q_row[f + 2] * tile[base + U(f + 2)]
+                        s3 += q_row[f + 3] * tile[base + U(f + 3)]
                     for f in range(d4, d):
-                        s0 += q_row[f] * tile[base + f]
+                        s0 += q_row[f] * tile[base + U(f)]
                     p = exp((s0 + s1) + (s2 + s3) - shift)
-                    base = v_off + jj * d_v
+                    base = U(v_off) + U(jj) * U(d_v)
                     s0, s1, s2, s3 = zero, zero, zero, zero
                     for c in range(0, d_v4, 4):
-                        s0 += do_row[c] * tile[base + c]
-                        s1 += do_row[c + 1] * tile[base + c + 1]
-                        s2 += do_row[c + 2] * tile[base + c + 2]
-                        s3 += do_row[c + 3] * tile[base + c + 3]
+                        s0 += do_row[c] * tile[base + U(c)]
+                        s1 += do_row[c + 1] * tile[base + U(c + 1)]
+                        s2 += do_row[c + 2] * tile[base + U(c + 2)]
+                        s3 += do_row[c + 3] * tile[base + U(c + 3)]
                     for c in range(d_v4, d_v):
-                        s0 += do_row[c] * tile[base + c]
+                        s0 += do_row[c] * tile[base + U(c)]
                     dp = (s0 + s1) + (s2 + s3)
                     ds = p * (dp - d_i)
                     for f in range(d):
-                        acc[f] += ds * tile[jj * d + f]
+                        acc[f] += ds * tile[U(jj) * U(d) + U(f)]
             cuda.syncthreads()
         if i < n_q:
             for f in range(d):
@@ -207,7 +212,8 @@ def _make_kernels(float_type, d, d_v):
 
     @cuda.jit
     def flash_dkdv_kernel(q, k, v, lse, dout, delta, scale, causal, block_q, dk, dv):
-        tile = cuda.shared.array(0, dtype=tile_type)  # block_q x (d + d_v + 2): Q, dO, lse, D
+        # block_q x (d + d_v + 2): Q, dO, lse, D (16-byte aligned: see _aligned_tile)
+        tile = cuda.shared.array(0, dtype=types.complex128).view(float_type)
         tx = cuda.threadIdx.x
         tpb = cuda.blockDim.x
         bh = cuda.blockIdx.y
@@ -247,24 +253,24 @@ def _make_kernels(float_type, d, d_v):
                     shift = tile[lse_off + ii]
                     if shift == minus_inf:
                         continue
-                    base = ii * d
+                    base = U(ii) * U(d)
                     s0, s1, s2, s3 = zero, zero, zero, zero
                     for f in range(0, d4, 4):
-                        s0 += tile[base + f] * k_row[f]
-                        s1 += tile[base + f + 1] * k_row[f + 1]
-                        s2 += tile[base + f + 2] * k_row[f + 2]
-                        s3 += tile[base + f + 3] * k_row[f + 3]
+                        s0 += tile[base + U(f)] * k_row[f]
+                        s1 += tile[base + U(f + 1)] * k_row[f + 1]
+                        s2 += tile[base + U(f + 2)] * k_row[f + 2]
+                        s3 += tile[base + U(f + 3)] * k_row[f + 3]
                     for f in range(d4, d):
-                        s0 += tile[base + f] * k_row[f]
+                        s0 += tile[base + U(f)] * k_row[f]
                     p = exp((s0 + s1) + (s2 + s3) - shift)
                     dp = zero
                     for c in range(d_v):
-                        g = tile[do_off + ii * d_v + c]
+                        g = tile[U(do_off) + U(ii) * U(d_v) + U(c)]
                         dv_acc[c] += p * g
                         dp += g * v_row[c]
                     ds = p * (dp - tile[delta_off + ii])
                     for f in range(d):
-                        dk_acc[f] += ds * tile[ii * d + f]
+                        dk_acc[f] += ds * tile[U(ii) * U(d) + U(f)]
             cuda.syncthreads()
         if active:
             for f in range(d):
@@ -286,6 +292,18 @@ def flash_kernels(dtype, d, d_v):
             )
         _kernel_cache[key] = _make_kernels(np.dtype(dtype).type, int(d), int(d_v))
     return _kernel_cache[key]
+
+
+def _shared_bytes(n_floats, itemsize):
+    """Dynamic shared memory for a tile, in whole 16-byte units.
+
+    The tiles are declared as complex128 (16-byte) shared arrays viewed as
+    the float dtype: with the base known to be 16-byte aligned (and D a
+    multiple of 4 in float32), NVVM reads each row of K, V or Q with
+    ``ld.shared.v4`` -- a quarter of the shared-memory load instructions,
+    which bound these one-thread-per-row kernels (checked in the PTX).
+    """
+    return -(-n_floats * itemsize // 16) * 16
 
 
 def _tile_rows(floats_per_row, itemsize):
@@ -340,7 +358,7 @@ def flash_forward(q, k, v, scale, causal):
     out = cuda.device_array((n_bh, n_q, d_v), dtype=dtype)
     lse = cuda.device_array((n_bh, n_q), dtype=np.float64)
     block_k = _tile_rows(d + d_v, dtype.itemsize)
-    shared = block_k * (d + d_v) * dtype.itemsize
+    shared = _shared_bytes(block_k * (d + d_v), dtype.itemsize)
     scale, causal = float(scale), bool(causal)
 
     def args(b0, b1):
@@ -371,12 +389,13 @@ def flash_backward(q, k, v, out, lse, dout, scale, causal):
         inputs = (q, k, v, out, lse, dout)
         return (*(a[b0:b1] for a in inputs), scale, causal, block_k, dq[b0:b1], delta[b0:b1])
 
-    _launch(dq_kernel, n_q, n_bh, block_k * (d + d_v) * dtype.itemsize, dq_args)
+    _launch(dq_kernel, n_q, n_bh, _shared_bytes(block_k * (d + d_v), dtype.itemsize), dq_args)
     block_q = _tile_rows(d + d_v + 2, dtype.itemsize)
 
     def dkdv_args(b0, b1):
         inputs = (q, k, v, lse, dout, delta)
         return (*(a[b0:b1] for a in inputs), scale, causal, block_q, dk[b0:b1], dv[b0:b1])
 
-    _launch(dkdv_kernel, n_k, n_bh, block_q * (d + d_v + 2) * dtype.itemsize, dkdv_args)
+    shared = _shared_bytes(block_q * (d + d_v + 2), dtype.itemsize)
+    _launch(dkdv_kernel, n_k, n_bh, shared, dkdv_args)
     return dq, dk, dv
