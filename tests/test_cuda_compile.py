@@ -78,7 +78,7 @@ def test_flash_kernels_compile(compile_ptx, tmp_path, dtype):
     from nbattn.cuda import flash
 
     a3, a2 = f"{dtype}[:,:,::1]", f"{dtype}[:,::1]"
-    fwd, dq, dkdv = flash._make_kernels(np.dtype(dtype).type, 8, 4)
+    fwd, dq, dk, dv = flash._make_kernels(np.dtype(dtype).type, 8, 4)
     fwd_ptx = compile_ptx(
         fwd, _sig(a3, a3, a3, "float64", "boolean", "int64", a3, "float64[:,::1]"), tmp_path
     )
@@ -92,11 +92,12 @@ def test_flash_kernels_compile(compile_ptx, tmp_path, dtype):
     )
     # the rows-without-keys test (lse != -inf) is compiled in
     assert "0dFFF0000000000000" in dq_ptx
-    compile_ptx(
-        dkdv,
-        _sig(a3, a3, a3, "float64[:,::1]", a3, a2, "float64", "boolean", "int64", a3, a3),
-        tmp_path,
-    )
+    for kernel in (dk, dv):
+        compile_ptx(
+            kernel,
+            _sig(a3, a3, a3, "float64[:,::1]", a3, a2, "float64", "boolean", "int64", a3, a3),
+            tmp_path,
+        )
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])

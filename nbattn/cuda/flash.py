@@ -29,15 +29,19 @@ past the block's last row are skipped. A row without any admissible key gets
 zeros and lse = -inf (with top-left causal alignment every row sees key 0, so
 this happens only if S = 0).
 
-Backward: two kernels, no atomics. ``dq`` runs one thread per query row over
-key tiles (K and V in shared memory), computes D_i itself and writes it for
-the next kernel; ``dkdv`` runs one thread per key row over query tiles (Q, dO,
-lse and D in shared memory) and owns its dK and dV rows. Each recomputes the
-score and dO . v_j, so the backward does 7 dot products of length D per
-(query, key) pair where a single kernel with atomic dQ updates does 5; in
-exchange no two threads ever write the same memory, results are
-deterministic, and there is no atomic traffic on dQ (float atomics on one
-row from every key block serialise). Rows with lse = -inf contribute nothing.
+Backward: three kernels, no atomics. ``dq`` runs one thread per query row
+over key tiles (K and V in shared memory), computes D_i itself and writes it
+for the others; ``dv`` and ``dk`` run one thread per key row over query
+tiles (Q, dO, lse and D in shared memory) and own their rows of dV and dK.
+Each recomputes the scores, so the backward does 8 dot products of length D
+per (query, key) pair (dq: 3, dv: 2, dk: 3) where FlashAttention-2's single
+pass with atomic dQ updates does 5. In exchange no two threads ever write the
+same memory, results are deterministic, there is no atomic traffic on dQ
+(float atomics on one row from every key block serialise), and each kernel's
+registers fit: one kernel for dK and dV together needs K, V, dK and dV rows
+per thread (4 D floats) and spilled 448 bytes per thread at D = 64 (ptxas,
+sm_90), the split dv kernel spills nothing and dk 152 bytes. Rows with
+lse = -inf contribute nothing.
 
 ``MAX_HEAD_DIM`` (128) bounds D and Dv: per-thread registers hold a query
 row and an accumulator of that size, and a tile row of K and V must fit the
@@ -76,7 +80,7 @@ def _make_kernels(float_type, d, d_v):
 
     @cuda.jit
     def flash_forward_kernel(q, k, v, scale, causal, block_k, out, lse):
-        # block_k x (d + d_v): K then V rows (16-byte aligned: see _aligned_tile)
+        # block_k x (d + d_v): K then V rows (16-byte aligned: see _shared_bytes)
         tile = cuda.shared.array(0, dtype=types.complex128).view(float_type)
         tx = cuda.threadIdx.x
         tpb = cuda.blockDim.x
@@ -141,7 +145,7 @@ def _make_kernels(float_type, d, d_v):
 
     @cuda.jit
     def flash_dq_kernel(q, k, v, out, lse, dout, scale, causal, block_k, dq, delta):
-        # block_k x (d + d_v): K then V rows (16-byte aligned: see _aligned_tile)
+        # block_k x (d + d_v): K then V rows (16-byte aligned: see _shared_bytes)
         tile = cuda.shared.array(0, dtype=types.complex128).view(float_type)
         tx = cuda.threadIdx.x
         tpb = cuda.blockDim.x
@@ -210,79 +214,99 @@ def _make_kernels(float_type, d, d_v):
             for f in range(d):
                 dq[bh, i, f] = acc[f] * factor
 
-    @cuda.jit
-    def flash_dkdv_kernel(q, k, v, lse, dout, delta, scale, causal, block_q, dk, dv):
-        # block_q x (d + d_v + 2): Q, dO, lse, D (16-byte aligned: see _aligned_tile)
-        tile = cuda.shared.array(0, dtype=types.complex128).view(float_type)
-        tx = cuda.threadIdx.x
-        tpb = cuda.blockDim.x
-        bh = cuda.blockIdx.y
-        col0 = cuda.blockIdx.x * tpb
-        j = col0 + tx
-        n_q = q.shape[1]
-        n_k = k.shape[1]
-        active = j < n_k
-        k_row = cuda.local.array(d, dtype=float_type)
-        v_row = cuda.local.array(d_v, dtype=float_type)
-        dk_acc = cuda.local.array(d, dtype=float_type)
-        dv_acc = cuda.local.array(d_v, dtype=float_type)
-        factor = float_type(scale)
-        for f in range(d):
-            k_row[f] = k[bh, j, f] if active else zero
-            dk_acc[f] = zero
-        for c in range(d_v):
-            v_row[c] = v[bh, j, c] if active else zero
-            dv_acc[c] = zero
-        do_off = block_q * d
-        lse_off = block_q * (d + d_v)
-        delta_off = lse_off + block_q
-        i_start = col0 if causal else 0
-        for i0 in range(i_start, n_q, block_q):
-            mb = imin(block_q, n_q - i0)
-            for idx in range(tx, mb * d, tpb):
-                tile[idx] = q[bh, i0 + idx // d, idx % d] * factor
-            for idx in range(tx, mb * d_v, tpb):
-                tile[do_off + idx] = dout[bh, i0 + idx // d_v, idx % d_v]
-            for idx in range(tx, mb, tpb):
-                tile[lse_off + idx] = float_type(lse[bh, i0 + idx])
-                tile[delta_off + idx] = delta[bh, i0 + idx]
-            cuda.syncthreads()
-            if active:
-                start = imax(0, j - i0) if causal else 0
-                for ii in range(start, mb):
-                    shift = tile[lse_off + ii]
-                    if shift == minus_inf:
-                        continue
-                    base = U(ii) * U(d)
-                    s0, s1, s2, s3 = zero, zero, zero, zero
-                    for f in range(0, d4, 4):
-                        s0 += tile[base + U(f)] * k_row[f]
-                        s1 += tile[base + U(f + 1)] * k_row[f + 1]
-                        s2 += tile[base + U(f + 2)] * k_row[f + 2]
-                        s3 += tile[base + U(f + 3)] * k_row[f + 3]
-                    for f in range(d4, d):
-                        s0 += tile[base + U(f)] * k_row[f]
-                    p = exp((s0 + s1) + (s2 + s3) - shift)
-                    dp = zero
-                    for c in range(d_v):
-                        g = tile[U(do_off) + U(ii) * U(d_v) + U(c)]
-                        dv_acc[c] += p * g
-                        dp += g * v_row[c]
-                    ds = p * (dp - tile[delta_off + ii])
-                    for f in range(d):
-                        dk_acc[f] += ds * tile[U(ii) * U(d) + U(f)]
-            cuda.syncthreads()
-        if active:
-            for f in range(d):
-                dk[bh, j, f] = dk_acc[f]
-            for c in range(d_v):
-                dv[bh, j, c] = dv_acc[c]
+    def make_dkdv_kernel(want_dk, want_dv):
+        """One thread per key: dK (want_dk) or dV (want_dv) of its key row."""
 
-    return flash_forward_kernel, flash_dq_kernel, flash_dkdv_kernel
+        @cuda.jit
+        def flash_dkdv_kernel(q, k, v, lse, dout, delta, scale, causal, block_q, dk, dv):
+            # block_q x (d + d_v + 2): Q, dO, lse, D (16-byte aligned: see _shared_bytes)
+            tile = cuda.shared.array(0, dtype=types.complex128).view(float_type)
+            tx = cuda.threadIdx.x
+            tpb = cuda.blockDim.x
+            bh = cuda.blockIdx.y
+            col0 = cuda.blockIdx.x * tpb
+            j = col0 + tx
+            n_q = q.shape[1]
+            n_k = k.shape[1]
+            active = j < n_k
+            k_row = cuda.local.array(d, dtype=float_type)
+            v_row = cuda.local.array(d_v if want_dk else 1, dtype=float_type)
+            dk_acc = cuda.local.array(d if want_dk else 1, dtype=float_type)
+            dv_acc = cuda.local.array(d_v if want_dv else 1, dtype=float_type)
+            factor = float_type(scale)
+            for f in range(d):
+                k_row[f] = k[bh, j, f] if active else zero
+            if want_dk:
+                for f in range(d):
+                    dk_acc[f] = zero
+                for c in range(d_v):
+                    v_row[c] = v[bh, j, c] if active else zero
+            if want_dv:
+                for c in range(d_v):
+                    dv_acc[c] = zero
+            do_off = block_q * d
+            lse_off = block_q * (d + d_v)
+            delta_off = lse_off + block_q
+            i_start = col0 if causal else 0
+            for i0 in range(i_start, n_q, block_q):
+                mb = imin(block_q, n_q - i0)
+                for idx in range(tx, mb * d, tpb):
+                    tile[idx] = q[bh, i0 + idx // d, idx % d] * factor
+                for idx in range(tx, mb * d_v, tpb):
+                    tile[do_off + idx] = dout[bh, i0 + idx // d_v, idx % d_v]
+                for idx in range(tx, mb, tpb):
+                    tile[lse_off + idx] = float_type(lse[bh, i0 + idx])
+                    tile[delta_off + idx] = delta[bh, i0 + idx]
+                cuda.syncthreads()
+                if active:
+                    start = imax(0, j - i0) if causal else 0
+                    for ii in range(start, mb):
+                        shift = tile[lse_off + ii]
+                        if shift == minus_inf:
+                            continue
+                        base = U(ii) * U(d)
+                        s0, s1, s2, s3 = zero, zero, zero, zero
+                        for f in range(0, d4, 4):
+                            s0 += tile[base + U(f)] * k_row[f]
+                            s1 += tile[base + U(f + 1)] * k_row[f + 1]
+                            s2 += tile[base + U(f + 2)] * k_row[f + 2]
+                            s3 += tile[base + U(f + 3)] * k_row[f + 3]
+                        for f in range(d4, d):
+                            s0 += tile[base + U(f)] * k_row[f]
+                        p = exp((s0 + s1) + (s2 + s3) - shift)
+                        g_base = U(do_off) + U(ii) * U(d_v)
+                        if want_dv:
+                            for c in range(d_v):
+                                dv_acc[c] += p * tile[g_base + U(c)]
+                        if want_dk:
+                            s0, s1, s2, s3 = zero, zero, zero, zero
+                            for c in range(0, d_v4, 4):
+                                s0 += tile[g_base + U(c)] * v_row[c]
+                                s1 += tile[g_base + U(c + 1)] * v_row[c + 1]
+                                s2 += tile[g_base + U(c + 2)] * v_row[c + 2]
+                                s3 += tile[g_base + U(c + 3)] * v_row[c + 3]
+                            for c in range(d_v4, d_v):
+                                s0 += tile[g_base + U(c)] * v_row[c]
+                            ds = p * ((s0 + s1) + (s2 + s3) - tile[delta_off + ii])
+                            for f in range(d):
+                                dk_acc[f] += ds * tile[base + U(f)]
+                cuda.syncthreads()
+            if active and want_dk:
+                for f in range(d):
+                    dk[bh, j, f] = dk_acc[f]
+            if active and want_dv:
+                for c in range(d_v):
+                    dv[bh, j, c] = dv_acc[c]
+
+        return flash_dkdv_kernel
+
+    dk_kernel = make_dkdv_kernel(True, False)
+    dv_kernel = make_dkdv_kernel(False, True)
+    return flash_forward_kernel, flash_dq_kernel, dk_kernel, dv_kernel
 
 
 def flash_kernels(dtype, d, d_v):
-    """The (forward, dq, dkdv) kernels for a dtype and head sizes, compiled on first use."""
+    """The (forward, dq, dk, dv) kernels for a dtype and head sizes, compiled on first use."""
     key = (np.dtype(dtype), int(d), int(d_v))
     if key not in _kernel_cache:
         if not (1 <= d <= MAX_HEAD_DIM and 1 <= d_v <= MAX_HEAD_DIM):
@@ -377,7 +401,7 @@ def flash_backward(q, k, v, out, lse, dout, scale, causal):
     n_k = k.shape[1]
     d_v = v.shape[2]
     dtype = np.dtype(q.dtype)
-    _, dq_kernel, dkdv_kernel = flash_kernels(dtype, d, d_v)
+    _, dq_kernel, dk_kernel, dv_kernel = flash_kernels(dtype, d, d_v)
     dq = cuda.device_array((n_bh, n_q, d), dtype=dtype)
     dk = cuda.device_array((n_bh, n_k, d), dtype=dtype)
     dv = cuda.device_array((n_bh, n_k, d_v), dtype=dtype)
@@ -397,5 +421,6 @@ def flash_backward(q, k, v, out, lse, dout, scale, causal):
         return (*(a[b0:b1] for a in inputs), scale, causal, block_q, dk[b0:b1], dv[b0:b1])
 
     shared = _shared_bytes(block_q * (d + d_v + 2), dtype.itemsize)
-    _launch(dkdv_kernel, n_k, n_bh, shared, dkdv_args)
+    _launch(dv_kernel, n_k, n_bh, shared, dkdv_args)
+    _launch(dk_kernel, n_k, n_bh, shared, dkdv_args)
     return dq, dk, dv
