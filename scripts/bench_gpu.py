@@ -15,7 +15,7 @@
    autograd) on the same GPU when torch with CUDA is there, with the ratio
    nbattn / torch. FLOP convention of FlashAttention and torch: forward
    4 N^2 D per head (half when causal), backward 2.5x the forward. (nbattn's
-   backward recomputes scores in two kernels and does 7/5 of that work; the
+   backward recomputes scores in three kernels and does 8/5 of that work; the
    figure still uses the convention, so the ratio to torch is fair.)
 
 Every time is the best of 3 after a warm-up call, bracketed by
