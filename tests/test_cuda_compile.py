@@ -107,14 +107,15 @@ def test_pooling_and_loo_kernels_compile(compile_ptx, tmp_path, dtype):
     a2 = f"{dtype}[:,::1]"
     f64_1, f64_2, i64_1 = "float64[::1]", "float64[:,::1]", "int64[::1]"
     pool = pooling.gaussian_pool_kernel(dtype, 3, 2)
-    compile_ptx(pool, _sig(a2, a2, a2, "boolean", "int64", a2, f64_1), tmp_path)
+    compile_ptx(pool, _sig(a2, a2, a2, "boolean", "int64", "int64", a2, f64_1), tmp_path)
     loss = loo.loss_kernel(dtype, 3, 2)
     diag, full = loo.grad_kernels(dtype, 3)
     compile_ptx(loss, _sig(a2, a2, a2, f64_2, i64_1, "int64", f64_1), tmp_path)
-    compile_ptx(diag, _sig(a2, a2, a2, a2, a2, f64_1, "int64", "int64", f64_1), tmp_path)
+    sig = _sig(a2, a2, a2, a2, a2, f64_1, "int64", "int64", "int64", f64_1)
+    compile_ptx(diag, sig, tmp_path)
     compile_ptx(
         full,
-        _sig(a2, a2, a2, a2, a2, a2, a2, f64_1, i64_1, i64_1, "int64", f64_1),
+        _sig(a2, a2, a2, a2, a2, a2, a2, f64_1, "int64", i64_1, i64_1, "int64", f64_1),
         tmp_path,
     )
 

@@ -154,7 +154,9 @@ def _make_kernels(float_type, n_acc):
         return total
 
     @cuda.jit
-    def loo_grad_diag_kernel(queries, keys_t, values_t, resid, centers, lse, f0, bk, out):
+    def loo_grad_diag_kernel(
+        queries, keys_t, values_t, resid, centers, lse, self_offset, f0, bk, out
+    ):
         """Adds G_f for f in [f0, f0 + n_acc) into out (float64)."""
         tile = cuda.shared.array(0, dtype=tile_type)  # k x bk
         block_acc = cuda.shared.array(n_acc, dtype=np.float64)
@@ -182,7 +184,7 @@ def _make_kernels(float_type, n_acc):
             if active:
                 for jj in range(nb):
                     j = j0 + jj
-                    if j == i:
+                    if j == i + self_offset:
                         continue
                     s = zero
                     for f in range(k):
@@ -202,7 +204,19 @@ def _make_kernels(float_type, n_acc):
 
     @cuda.jit
     def loo_grad_full_kernel(
-        queries, keys_t, points, points_t, values_t, resid, centers, lse, pair_a, pair_b, bk, out
+        queries,
+        keys_t,
+        points,
+        points_t,
+        values_t,
+        resid,
+        centers,
+        lse,
+        self_offset,
+        pair_a,
+        pair_b,
+        bk,
+        out,
     ):
         """Adds M[pair_a[p], pair_b[p]] for this launch's pairs into out (float64, flat)."""
         tile = cuda.shared.array(0, dtype=tile_type)  # (k + d) x bk
@@ -234,7 +248,7 @@ def _make_kernels(float_type, n_acc):
             if active:
                 for jj in range(nb):
                     j = j0 + jj
-                    if j == i:
+                    if j == i + self_offset:
                         continue
                     s = zero
                     for f in range(k):
@@ -323,8 +337,11 @@ def loo_squared_error(queries, keys_t, values_t, targets, self_index):
     return float(total.copy_to_host()[0])
 
 
-def loo_grad_diag(queries, keys_t, values_t, resid, centers, lse):
-    """G_f = sum_i sum_{j != i} g_ij (z_if - z_jf)^2, float64 (k,); see the module docstring."""
+def loo_grad_diag(queries, keys_t, values_t, resid, centers, lse, self_offset=0):
+    """G_f = sum_i sum_{j != i} g_ij (z_if - z_jf)^2, float64 (k,); see the module docstring.
+
+    Query i is key ``i + self_offset`` (a block of rows for partitioned sums).
+    """
     args = [_device(a) for a in (queries, keys_t, values_t, resid, centers)]
     device_lse = _device(np.asarray(lse, dtype=np.float64) if isinstance(lse, np.ndarray) else lse)
     dtype = np.dtype(args[0].dtype)
@@ -334,15 +351,17 @@ def loo_grad_diag(queries, keys_t, values_t, resid, centers, lse):
     blocks, tpb = _blocks(args[0].shape[0])
     for f0 in range(0, k, MAX_ACC):
         kernel = grad_kernels(dtype, min(MAX_ACC, k - f0))[0]
-        kernel[blocks, tpb, 0, k * bk * dtype.itemsize](*args, device_lse, f0, bk, out)
+        shared = k * bk * dtype.itemsize
+        kernel[blocks, tpb, 0, shared](*args, device_lse, int(self_offset), f0, bk, out)
     return out.copy_to_host()
 
 
-def loo_grad_full(queries, keys_t, points, points_t, values_t, resid, centers, lse):
+def loo_grad_full(queries, keys_t, points, points_t, values_t, resid, centers, lse, self_offset=0):
     """M_ab = sum_i sum_{j != i} g_ij (x_ia - x_ja)(x_ib - x_jb), float64 (d, d).
 
     ``queries``/``keys_t`` are the projected points (score space), ``points``
-    (n, d) and ``points_t`` (d, n) the original ones (centred by the caller).
+    (n_queries, d) the original query rows and ``points_t`` (d, n_keys) the
+    original keys (centred by the caller); query i is key ``i + self_offset``.
     """
     args = [_device(a) for a in (queries, keys_t, points, points_t, values_t, resid, centers)]
     device_lse = _device(np.asarray(lse, dtype=np.float64) if isinstance(lse, np.ndarray) else lse)
@@ -357,6 +376,7 @@ def loo_grad_full(queries, keys_t, points, points_t, values_t, resid, centers, l
         pa = cuda.to_device(pairs_a[p0 : p0 + MAX_ACC].astype(np.int64))
         pb = cuda.to_device(pairs_b[p0 : p0 + MAX_ACC].astype(np.int64))
         kernel = grad_kernels(dtype, pa.shape[0])[1]
-        kernel[blocks, tpb, 0, (k + d) * bk * dtype.itemsize](*args, device_lse, pa, pb, bk, out)
+        shared = (k + d) * bk * dtype.itemsize
+        kernel[blocks, tpb, 0, shared](*args, device_lse, int(self_offset), pa, pb, bk, out)
     m = out.copy_to_host().reshape(d, d)
     return np.tril(m) + np.tril(m, -1).T

@@ -45,7 +45,9 @@ def _make_pool_kernel(float_type, d, n_outputs):
     exp = exp_for(float_type)
 
     @cuda.jit
-    def gaussian_pool_kernel(queries, keys_t, values_t, exclude_self, block_k, out, lse):
+    def gaussian_pool_kernel(
+        queries, keys_t, values_t, exclude_self, self_offset, block_k, out, lse
+    ):
         tile = cuda.shared.array(0, dtype=tile_type)  # (d + n_outputs) x block_k
         i = cuda.grid(1)
         tx = cuda.threadIdx.x
@@ -75,7 +77,7 @@ def _make_pool_kernel(float_type, d, n_outputs):
                 for c in range(n_outputs):
                     part[c] = zero
                 for jj in range(nb):
-                    if exclude_self and j0 + jj == i:
+                    if exclude_self and j0 + jj == i + self_offset:
                         continue
                     s = zero
                     for f in range(d):
@@ -128,10 +130,11 @@ def to_device(array):
     return array  # already a numba device array (or the simulator's)
 
 
-def gaussian_pool(queries, keys_t, values_t, exclude_self):
+def gaussian_pool(queries, keys_t, values_t, exclude_self, self_offset=0):
     """Host wrapper: NumPy or device arrays in; ``(out, lse)`` as device arrays.
 
-    ``out`` has the dtype of ``queries``; running sums are float64.
+    ``out`` has the dtype of ``queries``; running sums are float64. With
+    ``exclude_self``, query i skips key ``i + self_offset`` (as the CPU kernel).
     """
     device_queries = to_device(queries)
     device_keys_t = to_device(keys_t)
@@ -154,6 +157,7 @@ def gaussian_pool(queries, keys_t, values_t, exclude_self):
             device_keys_t,
             device_values_t[c0:c1],
             bool(exclude_self),
+            int(self_offset),
             block_k,
             device_out[:, c0:c1],
             device_lse,

@@ -169,3 +169,30 @@ def test_tiles_smaller_than_the_block(rng, monkeypatch):
     ref_out, ref_lse = cpu_pooling.gaussian_pool(z, z_t, v_t, True)
     _close(out.copy_to_host(), ref_out, np.float64)
     _close(lse_gpu.copy_to_host(), ref_lse, np.float64)
+
+
+def test_self_offset_blocks_sum_to_the_whole(rng):
+    """Query rows a:b with self_offset=a (the CPU contract for partitioned sums):
+    the pool's rows and the gradients' block sums equal the whole-range CPU results."""
+    from nbattn.cuda import pooling as cuda_pooling
+
+    n, a = 12, 5
+    z, z_t, y, v_t = _layout(rng, n, 2, 2, np.float64)
+    x = rng.normal(size=(n, 3))
+    resid, f, lse = _pass_one(z, z_t, y, v_t, np.float64)
+    out, lse_part = cuda_pooling.gaussian_pool(z[a:], z_t, v_t, True, a)
+    _close(out.copy_to_host(), f[a:], np.float64)
+    _close(lse_part.copy_to_host(), lse[a:], np.float64)
+    diag = sum(
+        cuda_loo.loo_grad_diag(z[lo:hi], z_t, v_t, resid[lo:hi], f[lo:hi], lse[lo:hi], lo)
+        for lo, hi in ((0, a), (a, n))
+    )
+    _close(diag, cpu_loo.loo_grad_diag(z, z_t, v_t, resid, f, lse), np.float64)
+    x_t = np.ascontiguousarray(x.T)
+    full = sum(
+        cuda_loo.loo_grad_full(
+            z[lo:hi], z_t, x[lo:hi], x_t, v_t, resid[lo:hi], f[lo:hi], lse[lo:hi], lo
+        )
+        for lo, hi in ((0, a), (a, n))
+    )
+    _close(full, cpu_loo.loo_grad_full(z, z_t, x, x_t, v_t, resid, f, lse), np.float64)
