@@ -39,6 +39,13 @@ QUERY_BLOCK = _env_int("QUERY_BLOCK", 16)
 #: Below this many query x key pairs the full weight matrix may be returned.
 MAX_WEIGHT_MATRIX_ELEMENTS = _env_int("MAX_WEIGHT_MATRIX_ELEMENTS", 50_000_000)
 
+#: Below this many query x key pairs a kernel call runs on one thread: the
+#: parallel launch and barrier cost more than they save on small calls (about
+#: 0.2 ms of work at 1e9 pairs/s; measured on the idle 2-core machine, n = 1000
+#: LOO gradients ran 2x faster in parallel). On an oversubscribed machine a
+#: parallel call costs far more; raise it there. Used by nbattn.learning.
+SERIAL_PAIRS = _env_int("SERIAL_PAIRS", 1 << 18)
+
 #: Threads per block of the CUDA kernels (tests patch a small value so that
 #: multi-block and partial-tile paths run under the simulator).
 CUDA_THREADS_PER_BLOCK = _env_int("CUDA_THREADS_PER_BLOCK", 128)
@@ -50,7 +57,16 @@ CUDA_THREADS_PER_BLOCK = _env_int("CUDA_THREADS_PER_BLOCK", 128)
 CUDA_SHARED_MEMORY_BYTES = _env_int("CUDA_SHARED_MEMORY_BYTES", 32768)
 
 #: Whether compiled kernels are cached on disk (second process: no recompile).
-CACHE = os.environ.get("NBATTN_CACHE", "1") not in ("0", "false", "False")
+#: The block sizes above are compiled into the kernels as constants, and numba's
+#: cache only notices source changes; so a process that overrides a size with an
+#: NBATTN_* variable compiles afresh instead of loading stale kernels, unless it
+#: sets NBATTN_CACHE=1 explicitly.
+_SIZE_OVERRIDES = any(name.startswith("NBATTN_") and name != "NBATTN_CACHE" for name in os.environ)
+CACHE = os.environ.get("NBATTN_CACHE", "0" if _SIZE_OVERRIDES else "1") not in (
+    "0",
+    "false",
+    "False",
+)
 
 #: Query rows and keys per tile of the blocked (flash) attention kernels. A
 #: score tile holds FLASH_BLOCK_Q x FLASH_BLOCK_K floats per thread and should

@@ -7,6 +7,17 @@ unchanged on the local scheduler or on a ``dask.distributed`` cluster
 from numba's on-disk cache, so a worker does not recompile after the first
 process on its machine has compiled them.
 
+Training on sharded rows. The leave-one-out loss and its gradient are sums
+over query rows, each row against all keys:
+
+    L = 1/(n p) sum_r sum_{i in R_r} ||f_-i(x_i) - y_i||^2,   grad L = sum_r (...)
+
+``sharded_training`` runs every such sum of ``nbattn.learning`` (the
+bandwidth search of ``bandwidth="loo"``, the L-BFGS-B fits of
+``LearnedKernelRegressor``) as one task per row range on the cluster and adds
+the partial sums, so the result equals the in-memory one up to the order of
+additions. ``fit(estimator, X, y)`` does this for dask collections.
+
 Sharded keys. Nadaraya-Watson over keys split into shards K_1, ..., K_m is
 exact: each shard returns, per query, its normalised output ``o_r`` and log
 normaliser ``lse_r = log sum_{j in K_r} exp(s_ij)``, and two partial states
@@ -20,11 +31,13 @@ associative, so the shards are combined in a tree.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import numpy as np
 
-from . import regression
+from . import learning, regression
 
-__all__ = ["merge_partial", "nadaraya_watson_sharded", "predict"]
+__all__ = ["fit", "merge_partial", "nadaraya_watson_sharded", "predict", "sharded_training"]
 
 
 def _require_dask():
@@ -191,3 +204,80 @@ def nadaraya_watson_sharded(queries, keys, values, bandwidth="scott", *, dtype=N
         pieces.append(da.from_delayed(out, shape=(rows, n_outputs), dtype=np.float64))
     result = da.concatenate(pieces, axis=0)
     return result[:, 0] if squeeze else result
+
+
+def _add_partials(parts):
+    """Elementwise sum of task results: floats, arrays, or tuples of them."""
+    total = parts[0]
+    for part in parts[1:]:
+        if isinstance(total, tuple):
+            total = tuple(a + b for a, b in zip(total, part))
+        else:
+            total = total + part
+    return total
+
+
+@contextmanager
+def sharded_training(client=None, n_partitions=None):
+    """Run the leave-one-out sums of ``nbattn.learning`` over row ranges on a cluster.
+
+    Inside the ``with`` block every LOO loss (and gradient) evaluation is split
+    into ``n_partitions`` row ranges (default: twice the number of workers);
+    each range is a task that scores its rows against all keys, and the
+    partial sums come back to be added. Arrays go to the workers with
+    ``client.scatter`` once per evaluation.
+
+    Parameters
+    ----------
+    client : distributed.Client, optional (default: the current client)
+    n_partitions : int, optional
+    """
+    _require_dask()
+    from distributed import default_client
+
+    client = client or default_client()
+    if n_partitions is None:
+        n_partitions = 2 * max(1, len(client.scheduler_info()["workers"]))
+    if int(n_partitions) < 1:
+        raise ValueError(f"n_partitions must be >= 1, got {n_partitions!r}")
+
+    def runner(task, n_rows, args):
+        remote = [
+            client.scatter(a, broadcast=True) if isinstance(a, np.ndarray) else a for a in args
+        ]
+        bounds = np.linspace(0, n_rows, min(int(n_partitions), n_rows) + 1).astype(np.int64)
+        futures = [
+            client.submit(task, int(a), int(b), *remote, pure=False)
+            for a, b in zip(bounds[:-1], bounds[1:])
+            if b > a
+        ]
+        return _add_partials(client.gather(futures))
+
+    token = learning._ROW_RUNNER.set(runner)
+    try:
+        yield client
+    finally:
+        learning._ROW_RUNNER.reset(token)
+
+
+def fit(estimator, X, y, client=None, n_partitions=None):
+    """Fit an nbattn estimator on dask collections, its LOO sums run on the cluster.
+
+    The training rows are gathered once (every row is a key of every other,
+    so each task needs all of them); the n^2 work of the leave-one-out loss
+    and gradient is split over query-row ranges, one task each (default: the
+    number of partitions of ``X``). Estimators whose fit has no LOO sums
+    (fixed or rule-of-thumb bandwidths) just fit on the gathered data.
+
+    Returns the fitted estimator.
+    """
+    _require_dask()
+    import dask
+
+    if n_partitions is None:
+        n_partitions = getattr(X, "npartitions", None)
+        if n_partitions is None and hasattr(X, "numblocks"):
+            n_partitions = X.numblocks[0]
+    X_local, y_local = dask.compute(X, y)
+    with sharded_training(client, n_partitions):
+        return estimator.fit(X_local, y_local)

@@ -17,6 +17,13 @@ from .device import resolve_device
 __all__ = ["LearnedKernelRegressor", "NadarayaWatsonClassifier", "NadarayaWatsonRegressor"]
 
 
+def _fit_bandwidth(bandwidth, X, Y, dtype, device="cpu"):
+    """Per-feature widths: the LOO-optimal scale of Scott's for "loo", else the rule or value."""
+    if isinstance(bandwidth, str) and bandwidth == "loo":
+        return learning.loo_bandwidth(X, Y, dtype=check_dtype(dtype), device=device)
+    return regression.resolve_bandwidth(bandwidth, X)
+
+
 class NadarayaWatsonRegressor(RegressorMixin, BaseEstimator):
     """Nadaraya-Watson kernel regression: attention pooling over the training set.
 
@@ -92,12 +99,7 @@ class NadarayaWatsonRegressor(RegressorMixin, BaseEstimator):
         self.n_outputs_ = y2.shape[1]
         self.X_fit_ = X
         self.y_fit_ = y2
-        if isinstance(self.bandwidth, str) and self.bandwidth == "loo":
-            self.bandwidth_ = learning.loo_bandwidth(
-                X, y2, dtype=check_dtype(self.dtype), device=self.device_
-            )
-        else:
-            self.bandwidth_ = regression.resolve_bandwidth(self.bandwidth, X)
+        self.bandwidth_ = _fit_bandwidth(self.bandwidth, X, y2, self.dtype, self.device_)
         return self
 
     def _check_queries(self, X):
@@ -403,12 +405,7 @@ class NadarayaWatsonClassifier(ClassifierMixin, BaseEstimator):
         Y[np.arange(X.shape[0]), codes] = 1.0
         self.X_fit_ = X
         self.Y_fit_ = Y
-        if isinstance(self.bandwidth, str) and self.bandwidth == "loo":
-            self.bandwidth_ = learning.loo_bandwidth(
-                X, Y, dtype=check_dtype(self.dtype), device=self.device_
-            )
-        else:
-            self.bandwidth_ = regression.resolve_bandwidth(self.bandwidth, X)
+        self.bandwidth_ = _fit_bandwidth(self.bandwidth, X, Y, self.dtype, self.device_)
         return self
 
     def _check_queries(self, X):

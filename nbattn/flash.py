@@ -17,6 +17,7 @@ see every key, and with L < S the last S - L keys are seen by no query).
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
@@ -41,10 +42,36 @@ def _blas_one_thread():
     """A context manager holding every BLAS library to one thread."""
     global _controller
     if _controller is None:
+        # numba's np.dot calls the BLAS behind scipy.linalg.cython_blas; load it
+        # first, or the controller would not see it and could not limit it.
+        import scipy.linalg.cython_blas  # noqa: F401
         from threadpoolctl import ThreadpoolController
 
         _controller = ThreadpoolController()
     return _controller.limit(limits=1, user_api="blas")
+
+
+#: Below this many multiply-adds (queries x keys x features, all heads) a call
+#: runs on one thread: waking the other numba threads costs more (measured
+#: 68 us on one thread against 5.7 ms on two for a 2 x 16 x 8 input on a busy
+#: machine).
+_SERIAL_WORK = 1 << 22
+
+
+@contextlib.contextmanager
+def _threads_for(work):
+    """One numba thread for small work, the configured number otherwise."""
+    if work >= _SERIAL_WORK:
+        yield
+        return
+    import numba
+
+    saved = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(saved)
 
 
 def _as_array(x, name, allow_neg_inf=False):
@@ -125,7 +152,7 @@ def _extras(key_bias, alibi_slopes, lead, n_keys, dtype):
             raise ValueError(
                 f"key_bias of shape {bias.shape} does not broadcast to {lead + (n_keys,)}"
             ) from exc
-        bias = np.ascontiguousarray(bias.reshape(n_bh, n_keys), dtype=dtype)
+        bias = np.array(bias.reshape(n_bh, n_keys), dtype=dtype, order="C")
     if alibi_slopes is None:
         slopes = np.zeros(1, dtype=dtype)
     else:
@@ -137,7 +164,10 @@ def _extras(key_bias, alibi_slopes, lead, n_keys, dtype):
                 f"alibi_slopes of shape {slopes.shape} does not broadcast to the leading "
                 f"dimensions {lead}"
             ) from exc
-        slopes = np.ascontiguousarray(slopes.reshape(n_bh), dtype=dtype)
+        slopes = np.array(slopes.reshape(n_bh), dtype=dtype, order="C")
+    # the kernels work in base 2: scores times log2(e)
+    bias *= dtype.type(_kernels.LOG2E)
+    slopes *= dtype.type(_kernels.LOG2E)
     return bias, slopes, key_bias is not None, alibi_slopes is not None
 
 
@@ -199,10 +229,11 @@ def flash_attention_bias(
     n_q, n_k = q.shape[-2], k.shape[-2]
     bias, slopes, use_bias, use_alibi = _extras(key_bias, alibi_slopes, lead, n_k, dtype)
     qf = _flat(q, lead, dtype)
-    qf *= dtype.type(scale)
+    qf *= dtype.type(scale * _kernels.LOG2E)  # the kernels work in base 2
     kf = _flat(k, lead, dtype)
     vf = _flat(v, lead, dtype)
-    with _blas_one_thread():
+    work = qf.shape[0] * n_q * n_k * (q.shape[-1] + v.shape[-1])
+    with _blas_one_thread(), _threads_for(work):
         out, lse = _kernels.flash_forward(
             qf,
             kf,
@@ -322,15 +353,16 @@ def flash_attention_bias_backward(
     dtype = np.result_type(dtype, out.dtype, grad_out.dtype)
     bias, slopes, use_bias, use_alibi = _extras(key_bias, alibi_slopes, lead, n_k, dtype)
     qf = _flat(q, lead, dtype)
-    qf *= dtype.type(scale)
+    qf *= dtype.type(scale * _kernels.LOG2E)  # the kernels work in base 2
     kf = _flat(k, lead, dtype)
     vf = _flat(v, lead, dtype)
     of = _flat(out, lead, dtype)
     gf = _flat(grad_out, lead, dtype)
     lf = np.ascontiguousarray(lse.reshape(-1, n_q), dtype=np.float64)
     block_k = config.FLASH_BWD_BLOCK_K
-    groups = _n_groups(qf.shape[0], -(-n_k // block_k), qf.nbytes)
-    with _blas_one_thread():
+    work = qf.shape[0] * n_q * n_k * (q.shape[-1] + v.shape[-1])
+    with _blas_one_thread(), _threads_for(work):
+        groups = _n_groups(qf.shape[0], -(-n_k // block_k), qf.nbytes)
         dq, dk, dv = _kernels.flash_backward(
             qf,
             kf,

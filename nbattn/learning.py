@@ -33,11 +33,15 @@ Memory is O(n (d + p)) throughout: no n x n matrix is formed.
 from __future__ import annotations
 
 import warnings
+from contextlib import contextmanager
+from contextvars import ContextVar
 
+import numba
 import numpy as np
 from scipy.optimize import minimize, minimize_scalar
 from sklearn.exceptions import ConvergenceWarning
 
+from . import config
 from ._validation import as_float_array, check_dtype
 from .device import resolve_device
 from .kernels import loo, pooling
@@ -60,6 +64,20 @@ WIDTH_BOUNDS = (1e-3, 1e4)
 
 
 # --------------------------------------------------------------------------- inputs
+
+
+@contextmanager
+def _threads_for(pairs):
+    """Run the kernels inside on one thread when the call has few pairs (config.SERIAL_PAIRS)."""
+    if pairs >= config.SERIAL_PAIRS:
+        yield
+        return
+    previous = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(previous)
 
 
 def _prepare_xy(X, y, dtype):
@@ -115,14 +133,74 @@ def _kernels(device):
 
 def _loss_from_layout(z, z_t, y2, dtype, rows=None, device="cpu"):
     """LOO MSE; with ``rows`` only those rows are left out and predicted (an estimate)."""
-    kernels = _kernels(device)[0]
     v_t = np.ascontiguousarray(y2.T, dtype=dtype)
     if rows is None:
-        rows = np.arange(z.shape[0], dtype=np.int64)
-        total = kernels.loo_squared_error(z, z_t, v_t, y2, rows)
-        return float(total) / y2.size
-    total = kernels.loo_squared_error(np.ascontiguousarray(z[rows]), z_t, v_t, y2[rows], rows)
+        return _sum_over_rows(_sse_rows, z.shape[0], z, z_t, v_t, y2, device) / y2.size
+    with _threads_for(rows.size * z.shape[0]):
+        total = _kernels(device)[0].loo_squared_error(
+            np.ascontiguousarray(z[rows]), z_t, v_t, y2[rows], rows
+        )
     return float(total) / (rows.size * y2.shape[1])
+
+
+# --------------------------------------------------------------------------- row partitions
+
+#: How sums over query rows run: None = here, one call over all rows;
+#: ``nbattn.dask.sharded_training`` sets a runner that maps row ranges onto a
+#: dask cluster (each range against all keys) and adds the partial sums.
+_ROW_RUNNER = ContextVar("nbattn_row_runner", default=None)
+
+
+def _sum_over_rows(task, n_rows, *args):
+    """``sum_r task(a_r, b_r, *args)`` over row ranges [a_r, b_r) that cover range(n_rows).
+
+    ``task`` returns a float or a tuple of floats and arrays, summed elementwise.
+    """
+    runner = _ROW_RUNNER.get()
+    if runner is None:
+        return task(0, n_rows, *args)
+    return runner(task, n_rows, args)
+
+
+def _sse_rows(a, b, z, z_t, v_t, y2, device="cpu"):
+    """Sum of squared LOO errors of rows [a, b) (each left out) against all keys."""
+    rows = np.arange(a, b, dtype=np.int64)
+    with _threads_for((b - a) * z.shape[0]):
+        kernels = _kernels(device)[0]
+        total = kernels.loo_squared_error(np.ascontiguousarray(z[a:b]), z_t, v_t, y2[a:b], rows)
+    return float(total)
+
+
+def _sse_rows_sorted_1d(a, b, zs, v_sorted, y_sorted, gap, window):
+    """_sse_rows for sorted 1-D points with the windowed kernel (rows in sorted order)."""
+    rows = np.arange(a, b, dtype=np.int64)
+    with _threads_for((b - a) * window):
+        total = loo.loo_squared_error_sorted_1d(zs, v_sorted, y_sorted, rows, gap)
+    return float(total)
+
+
+def _loss_grad_rows(a, b, z, z_t, v_t, y2, points, points_t, dtype, device="cpu"):
+    """Rows [a, b) of the two LOO passes: ``(sum of squared errors, gradient sums)``.
+
+    Gradient sums are ``loo_grad_diag``'s (k,) when ``points`` is None, else
+    ``loo_grad_full``'s (d, d) over the original (centred) points.
+    """
+    zq = np.ascontiguousarray(z[a:b])
+    loo_k, pool_k = _kernels(device)
+    with _threads_for((b - a) * z.shape[0]):
+        f, lse = pool_k.gaussian_pool(zq, z_t, v_t, True, a)
+        if not isinstance(f, np.ndarray):  # the CUDA pool returns device arrays
+            f, lse = f.copy_to_host(), lse.copy_to_host()
+        f = f.astype(np.float64)
+        resid = f - y2[a:b]
+        resid_k = np.ascontiguousarray(resid, dtype=dtype)
+        f_k = np.ascontiguousarray(f, dtype=dtype)
+        if points is None:
+            sums = loo_k.loo_grad_diag(zq, z_t, v_t, resid_k, f_k, lse, a)
+        else:
+            pts = np.ascontiguousarray(points[a:b])
+            sums = loo_k.loo_grad_full(zq, z_t, pts, points_t, v_t, resid_k, f_k, lse, a)
+    return float(np.sum(resid**2)), sums
 
 
 def loo_loss(X, y, bandwidth="scott", *, components=None, dtype=None, device="cpu"):
@@ -202,30 +280,32 @@ def loo_loss_and_grad(X, y, bandwidth=None, *, components=None, dtype=None, devi
     X, y2 = _prepare_xy(X, y, dtype)
     n, d = X.shape
     v_t = np.ascontiguousarray(y2.T, dtype=dtype)
+    L_or_none = None
     if components is None:
         h = resolve_bandwidth(bandwidth, X)
         z, z_t = _scaled(X, 1.0 / h, dtype)
     else:
-        L = _check_components(components, d)
-        Xc = X - X.mean(axis=0)
-        z, z_t = _projected(Xc, L, dtype)
-    loo_k, pool_k = _kernels(device)
-    f, lse = pool_k.gaussian_pool(z, z_t, v_t, True)
-    if not isinstance(f, np.ndarray):  # the CUDA pool returns device arrays
-        f, lse = f.copy_to_host(), lse.copy_to_host()
-    f = f.astype(np.float64)
-    resid = f - y2
-    loss = float(np.mean(resid**2))
+        L_or_none = _check_components(components, d)
+        X = X - X.mean(axis=0)
+        z, z_t = _projected(X, L_or_none, dtype)
+    with _threads_for(n * n):
+        return _loss_and_grad_passes(
+            X, y2, z, z_t, v_t, dtype, components is None, L_or_none, device
+        )
+
+
+def _loss_and_grad_passes(X, y2, z, z_t, v_t, dtype, diagonal, L, device="cpu"):
     scale = 2.0 / y2.size
-    resid_k = np.ascontiguousarray(resid, dtype=dtype)
-    f_k = np.ascontiguousarray(f, dtype=dtype)
-    if components is None:
+    n = z.shape[0]
+    if diagonal:
         # (x_id - x_jd)^2 / h_d^2 = 2 (z_id - z_jd)^2 with the sqrt(2) of the layout
-        sums = loo_k.loo_grad_diag(z, z_t, v_t, resid_k, f_k, lse)
-        return loss, 2.0 * scale * sums
-    pts = np.ascontiguousarray(Xc, dtype=dtype)
-    M = loo_k.loo_grad_full(z, z_t, pts, np.ascontiguousarray(pts.T), v_t, resid_k, f_k, lse)
-    return loss, -scale * (L @ M)
+        sse, sums = _sum_over_rows(_loss_grad_rows, n, z, z_t, v_t, y2, None, None, dtype, device)
+        return sse / y2.size, 2.0 * scale * sums
+    pts = np.ascontiguousarray(X, dtype=dtype)
+    sse, M = _sum_over_rows(
+        _loss_grad_rows, n, z, z_t, v_t, y2, pts, np.ascontiguousarray(pts.T), dtype, device
+    )
+    return sse / y2.size, -scale * (L @ M)
 
 
 # --------------------------------------------------------------------------- bandwidth search
@@ -237,8 +317,9 @@ def loo_bandwidth(
     *,
     base="scott",
     grid=None,
-    xatol=1e-3,
+    xatol=None,
     grid_queries=4096,
+    early_stop=True,
     random_state=0,
     dtype=None,
     return_curve=False,
@@ -251,17 +332,32 @@ def loo_bandwidth(
     quarter decade apart) to find the best basin even when the curve has
     several local minima or flat stretches; (2) refine with bounded Brent
     (``scipy.optimize.minimize_scalar(method="bounded")``) on log c between the
-    grid neighbours of the best grid point, to ``xatol`` in log c (1e-3: 0.1 %
-    in the width; the LOO MSE is then within ~1e-8 relative of the 1-D optimum).
+    grid neighbours of the best grid point, to ``xatol`` in log c (default 1e-3,
+    0.1 % in the width, which puts the LOO MSE within ~1e-8 relative of the
+    optimum; 1e-2 when n > ``grid_queries``, where the curve is flatter, each
+    evaluation costly, and 1 % far below the statistical spread of the width).
     The better of the grid point and the Brent result is returned, so the
     answer is never worse than the grid. Ties resolve to the smaller factor.
 
-    For n > ``grid_queries`` the coarse stage leaves out and predicts only a
-    fixed random subset of ``grid_queries`` rows (every row stays a key), an
-    unbiased estimate of the LOO MSE at 1/``n`` of the cost per left-out row;
-    it only picks the bracket. The Brent stage and the returned curve point
-    values of the refinement are always exact (all n rows left out in turn).
-    ``grid_queries=None`` makes the coarse stage exact too.
+    1-D data are sorted once and evaluated by a windowed kernel that skips
+    keys whose weight is below exp(-50) of the nearest one (exact to float64
+    rounding), so an evaluation costs n x (window) and grows with the width.
+
+    With ``early_stop`` (default) an exact coarse stage runs from the
+    smallest factor up and stops after two consecutive rises of the LOO MSE:
+    the wide end of the grid (the expensive one in 1-D) is only visited
+    while the curve still falls. This assumes the curve does not fall again
+    after rising for half a decade; ``early_stop=False`` scans the whole grid.
+
+    For d > 1 and n > ``grid_queries`` the coarse stage leaves out and
+    predicts only a fixed random subset of ``grid_queries`` rows (every row
+    stays a key): an unbiased estimate of the LOO MSE that only picks the
+    bracket (evaluated on the whole grid). On very large n the LOO curve can
+    be flat to within that estimate's noise over a decade of widths; pass
+    ``grid_queries=None`` for an exact coarse stage (n^2 work per point). In
+    1-D the coarse stage is always exact.
+
+    The Brent stage is always exact (all n rows left out in turn).
 
     Parameters
     ----------
@@ -272,8 +368,9 @@ def loo_bandwidth(
         :func:`nbattn.regression.bandwidth_rule`: it adds nothing to the
         score whatever its width).
     grid : array of positive factors, optional
-    xatol : float, the Brent tolerance in log c
-    grid_queries : int or None, rows left out in the coarse stage when n is larger
+    xatol : float, the Brent tolerance in log c (default: see above)
+    grid_queries : int or None, rows left out in the coarse stage when n is larger (d > 1)
+    early_stop : bool, stop the exact coarse scan after two consecutive rises
     random_state : seed of that subset
     dtype : "float64" or "float32"
     return_curve : bool
@@ -297,9 +394,12 @@ def loo_bandwidth(
     log_grid = np.log(np.sort(grid))
     n = X.shape[0]
     rows = None
-    if grid_queries is not None and n > int(grid_queries):
+    if grid_queries is not None and n > int(grid_queries) and X.shape[1] > 1:
         rng = np.random.default_rng(random_state)
         rows = np.sort(rng.choice(n, size=int(grid_queries), replace=False)).astype(np.int64)
+    if xatol is None:
+        large = grid_queries is not None and n > int(grid_queries)
+        xatol = 1e-2 if large else 1e-3
     evaluated = {}
     device = resolve_device(device)
     # sorted 1-D points: the windowed kernel skips negligible keys (CPU only)
@@ -316,8 +416,14 @@ def loo_bandwidth(
     def loss_at(t, subset):
         if sorted_1d:
             zs = np.ascontiguousarray(x_sorted / (np.exp(t) * h0[0] * np.sqrt(2.0)), dtype=dtype)
-            sub = np.arange(n, dtype=np.int64) if subset is None else np.sort(rank[subset])
-            total = loo.loo_squared_error_sorted_1d(zs, v_sorted, y_sorted, sub, gap)
+            span = max(float(zs[-1] - zs[0]), 1e-300)
+            window = min(n, n * 2.0 * np.sqrt(gap) / span + 2.0)  # typical keys per row
+            if subset is None:
+                args = (zs, v_sorted, y_sorted, gap, window)
+                return _sum_over_rows(_sse_rows_sorted_1d, n, *args) / y2.size
+            sub = np.sort(rank[subset])
+            with _threads_for(sub.size * window):
+                total = loo.loo_squared_error_sorted_1d(zs, v_sorted, y_sorted, sub, gap)
             return float(total) / (sub.size * y2.shape[1])
         z, z_t = _scaled(X, 1.0 / (np.exp(t) * h0), dtype)
         return _loss_from_layout(z, z_t, y2, dtype, subset, device)
@@ -328,7 +434,19 @@ def loo_bandwidth(
             evaluated[t] = loss_at(t, None)
         return evaluated[t]
 
-    losses = np.array([loss_at(t, rows) if rows is not None else objective(t) for t in log_grid])
+    if rows is not None:
+        losses = np.array([loss_at(t, rows) for t in log_grid])
+    elif early_stop:
+        # exact, in increasing width; stop after two consecutive rises
+        losses = np.full(log_grid.size, np.inf)
+        rises = 0
+        for k, t in enumerate(log_grid):
+            losses[k] = objective(t)
+            rises = rises + 1 if k and losses[k] > losses[k - 1] else 0
+            if rises >= 2:
+                break
+    else:
+        losses = np.array([objective(t) for t in log_grid])
     best = int(np.argmin(losses))
     best_t = log_grid[best]
     if log_grid.size > 1:
@@ -494,13 +612,13 @@ def fit_learned_kernel(
             raise FloatingPointError(
                 f"the LOO loss or its gradient became non-finite (loss={loss!r})"
             )
-        objective.last = (p.copy(), loss)
+        if not curve:  # L-BFGS-B evaluates x0 first: the start of the loss curve
+            curve.append(float(loss))
         return loss / norm, np.ravel(grad) / norm
 
     def callback(intermediate_result):
         curve.append(float(intermediate_result.fun) * norm)
 
-    curve.append(fun(x0)[0])
     res = minimize(
         objective,
         x0,
@@ -571,8 +689,9 @@ def nadaraya_watson_spread(queries, keys, values, bandwidth="scott", *, dtype=No
     q, _ = _scaled(queries, 1.0 / h, dtype)
     _, k_t = _scaled(keys, 1.0 / h, dtype)
     v_t = np.ascontiguousarray(v2.T, dtype=dtype)
-    mean, lse = pooling.gaussian_pool(q, k_t, v_t, False)
-    var, sum_w2 = loo.gaussian_spread(q, k_t, v_t, mean, lse, False)
+    with _threads_for(q.shape[0] * k_t.shape[1]):
+        mean, lse = pooling.gaussian_pool(q, k_t, v_t, False)
+        var, sum_w2 = loo.gaussian_spread(q, k_t, v_t, mean, lse, False)
     std = np.sqrt(np.maximum(var, 0.0))
     n_eff = 1.0 / sum_w2
     mean = mean.astype(np.float64)

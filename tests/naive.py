@@ -183,3 +183,233 @@ def sdpa_backward(q, k, v, grad_out, causal=False, scale=None, key_bias=None, al
     dq = scale * (ds @ k)
     dk = scale * (np.swapaxes(ds, -1, -2) @ q)
     return dq, dk, dv
+
+
+# ---------------------------------------------------------------------------
+# Attention mechanisms (issue 4): softmax, scores, attention, multi-head,
+# hierarchical attention, positional encodings. Loops and broadcasting, float64.
+# ---------------------------------------------------------------------------
+
+
+def softmax(x, axis=-1):
+    """softmax along axis; a slice of all -inf gives zeros."""
+    x = np.moveaxis(np.asarray(x, dtype=np.float64), axis, -1)
+    return np.moveaxis(softmax_rows(x), -1, axis)
+
+
+def log_softmax(x, axis=-1):
+    """x - max - log sum exp(x - max); a slice of all -inf stays -inf."""
+    x = np.moveaxis(np.asarray(x, dtype=np.float64), axis, -1)
+    m = x.max(axis=-1, keepdims=True)
+    safe = np.where(np.isfinite(m), m, 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lse = safe + np.log(np.exp(x - safe).sum(axis=-1, keepdims=True))
+        out = np.where(np.isfinite(lse), x - lse, -np.inf)
+    return np.moveaxis(out, -1, axis)
+
+
+def mask_to_bias(mask):
+    """Boolean mask (True = attend) -> 0 / -inf; float masks pass through."""
+    mask = np.asarray(mask)
+    if mask.dtype == bool:
+        return np.where(mask, 0.0, -np.inf)
+    return mask.astype(np.float64)
+
+
+def masked_softmax(scores, valid_lens):
+    """d2l's masked softmax, but a valid length of 0 gives zeros: row loop."""
+    x = np.asarray(scores, dtype=np.float64)
+    lens = np.asarray(valid_lens)
+    lens = lens.reshape(lens.shape + (1,) * (x.ndim - 1 - lens.ndim))
+    lens = np.broadcast_to(lens, x.shape[:-1])
+    out = np.zeros_like(x)
+    for idx in np.ndindex(*x.shape[:-1]):
+        n = int(lens[idx])
+        if n:
+            out[idx][:n] = softmax_rows(x[idx][:n])
+    return out
+
+
+def additive_scores(q, k, W, U, v):
+    """v^T tanh(W k_j + U q_i), materialising the (..., L, S, H) tensor."""
+    q = np.asarray(q, dtype=np.float64)
+    k = np.asarray(k, dtype=np.float64)
+    uq = q @ np.asarray(U, dtype=np.float64).T  # (..., L, H)
+    wk = k @ np.asarray(W, dtype=np.float64).T  # (..., S, H)
+    return np.tanh(uq[..., :, None, :] + wk[..., None, :, :]) @ np.asarray(v, dtype=np.float64)
+
+
+def dot_scores(q, k):
+    """sum_e q_ie k_je, as an explicit sum over broadcast products."""
+    q = np.asarray(q, dtype=np.float64)
+    k = np.asarray(k, dtype=np.float64)
+    return (q[..., :, None, :] * k[..., None, :, :]).sum(axis=-1)
+
+
+def scaled_dot_scores(q, k, scale=None):
+    q = np.asarray(q, dtype=np.float64)
+    scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
+    return dot_scores(q, k) * scale
+
+
+def bilinear_scores(q, k, W=None, U=None, V=None):
+    """k^T W q, or (U k)^T (V q) via W = U^T V."""
+    if W is None:
+        W = np.asarray(U, dtype=np.float64).T @ np.asarray(V, dtype=np.float64)
+    q = np.asarray(q, dtype=np.float64)
+    k = np.asarray(k, dtype=np.float64)
+    return np.einsum("...je,ef,...if->...ij", k, np.asarray(W, dtype=np.float64), q)
+
+
+def gaussian_attention_scores(q, k, bandwidth=1.0):
+    """-1/2 sum_d ((q_d - k_d) / h_d)^2 with batch dimensions."""
+    q = np.asarray(q, dtype=np.float64)
+    k = np.asarray(k, dtype=np.float64)
+    h = np.asarray(bandwidth, dtype=np.float64)
+    diff = (q[..., :, None, :] - k[..., None, :, :]) / h
+    return -0.5 * (diff**2).sum(axis=-1)
+
+
+def attention(
+    q, k, v, scores_fn=scaled_dot_scores, mask=None, causal=False, mode="soft", random_state=None
+):
+    """Textbook attention: scores, masks, softmax, then mode. Returns (out, weights)."""
+    q = np.asarray(q, dtype=np.float64)
+    k = np.asarray(k, dtype=np.float64)
+    v = np.asarray(v, dtype=np.float64)
+    s = scores_fn(q, k)
+    L, S = s.shape[-2:]
+    if mask is not None:
+        s = s + mask_to_bias(mask)
+    if causal:
+        s = np.where(np.tril(np.ones((L, S), dtype=bool)), s, -np.inf)
+    w = softmax_rows(s)
+    batch = np.broadcast_shapes(s.shape[:-2], v.shape[:-2])
+    w = np.broadcast_to(w, batch + (L, S))
+    v = np.broadcast_to(v, batch + v.shape[-2:])
+    if mode == "soft":
+        return w @ v, w
+    rng = np.random.default_rng(random_state) if mode == "sample" else None
+    u = rng.random(batch + (L,)) if mode == "sample" else None
+    s = np.broadcast_to(s, batch + (L, S))
+    out = np.zeros(batch + (L, v.shape[-1]))
+    onehot = np.zeros(batch + (L, S))
+    for idx in np.ndindex(*batch, L):
+        row = w[idx]
+        if row.sum() == 0:
+            continue
+        if mode == "hard":
+            j = int(np.argmax(s[idx]))
+        else:
+            cdf = np.cumsum(row)
+            j = int(np.searchsorted(cdf, u[idx] * cdf[-1], side="right"))
+            j = min(j, int(np.nonzero(row > 0)[0][-1]))
+        onehot[idx + (j,)] = 1.0
+        out[idx] = v[idx[:-1] + (j,)]
+    return out, onehot
+
+
+def multi_head_attention(query, key, value, num_heads, wq, wk, wv, bq, bk, bv, wo, bo, mask=None):
+    """Per-head loop: project, attend with the scaled dot score, concatenate, project.
+
+    Returns (out, per-head weights (..., H, L, S)).
+    """
+    query = np.asarray(query, dtype=np.float64)
+    key = np.asarray(key, dtype=np.float64)
+    value = np.asarray(value, dtype=np.float64)
+    E = wq.shape[0]
+    d = E // num_heads
+    Q = query @ wq.T + bq
+    K = key @ wk.T + bk
+    V = value @ wv.T + bv
+    heads, weights = [], []
+    for h in range(num_heads):
+        sl = slice(h * d, (h + 1) * d)
+        m = None
+        if mask is not None:
+            m = np.asarray(mask)
+            if m.ndim >= 3:  # (..., H or 1, L, S): this head's slice
+                m = m[..., h if m.shape[-3] == num_heads else 0, :, :]
+        o, w = attention(Q[..., sl], K[..., sl], V[..., sl], mask=m)
+        heads.append(o)
+        weights.append(w)
+    return np.concatenate(heads, axis=-1) @ wo.T + bo, np.stack(weights, axis=-3)
+
+
+def hierarchical_attention(x, segment_ids, item_query, segment_query):
+    """Two-level pooling with the scaled dot score: loops over segments."""
+    x = np.asarray(x, dtype=np.float64)
+    labels = np.unique(segment_ids)
+    segs, item_w = [], np.zeros(len(x))
+    for g in labels:
+        idx = np.nonzero(np.asarray(segment_ids) == g)[0]
+        s = x[idx] @ item_query / np.sqrt(x.shape[1])
+        a = np.exp(s - s.max())
+        a /= a.sum()
+        item_w[idx] = a
+        segs.append(a @ x[idx])
+    segs = np.array(segs)
+    s = segs @ segment_query / np.sqrt(segs.shape[1])
+    b = np.exp(s - s.max())
+    b /= b.sum()
+    return b @ segs, segs, item_w, b
+
+
+def sinusoidal(n, d, base=10000.0):
+    """P[i, 2j] = sin(i / base^(2j/d)), P[i, 2j+1] = cos(same), element by element."""
+    P = np.zeros((n, d))
+    for i in range(n):
+        for c in range(d):
+            angle = i / base ** ((c - c % 2) / d)
+            P[i, c] = np.sin(angle) if c % 2 == 0 else np.cos(angle)
+    return P
+
+
+def rope(x, positions=None, base=10000.0, interleaved=False):
+    """Rotate each feature pair by a 2x2 rotation matrix, position by position."""
+    x = np.asarray(x, dtype=np.float64)
+    L, D = x.shape[-2:]
+    pos = np.arange(L) if positions is None else np.asarray(positions, dtype=np.float64)
+    out = np.array(x)
+    for i in range(L):
+        for j in range(D // 2):
+            theta = pos[i] * base ** (-2.0 * j / D)
+            a, b = (2 * j, 2 * j + 1) if interleaved else (j, j + D // 2)
+            rot = np.array([[np.cos(theta), -np.sin(theta)], [np.sin(theta), np.cos(theta)]])
+            pair = np.stack([x[..., i, a], x[..., i, b]], axis=-1) @ rot.T
+            out[..., i, a], out[..., i, b] = pair[..., 0], pair[..., 1]
+    return out
+
+
+def alibi_slopes(n):
+    """Press et al.'s reference get_slopes, written out recursively."""
+
+    def pow2(m):
+        start = 2 ** (-(2 ** -(np.log2(m) - 3)))
+        return [start * start**i for i in range(m)]
+
+    if np.log2(n).is_integer():
+        return np.array(pow2(n))
+    closest = 2 ** int(np.floor(np.log2(n)))
+    return np.array(pow2(closest) + list(alibi_slopes(2 * closest)[0::2][: n - closest]))
+
+
+def alibi_bias(num_heads, L, S):
+    slopes = alibi_slopes(num_heads)
+    out = np.zeros((num_heads, L, S))
+    for h in range(num_heads):
+        for i in range(L):
+            for j in range(S):
+                out[h, i, j] = -slopes[h] * abs(i - j)
+    return out
+
+
+def relative_position_bias(table, L, S):
+    """b_ij = table[clip(j - i, -K, K) + K] by loops; table (2K+1,) or (2K+1, H)."""
+    table = np.asarray(table, dtype=np.float64)
+    K = (table.shape[0] - 1) // 2
+    out = np.zeros((L, S) + table.shape[1:])
+    for i in range(L):
+        for j in range(S):
+            out[i, j] = table[min(max(j - i, -K), K) + K]
+    return out if table.ndim == 1 else np.moveaxis(out, -1, 0)

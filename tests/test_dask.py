@@ -133,6 +133,48 @@ def test_cli_unreachable_scheduler_fails_cleanly(tmp_path, data, capsys):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("how", ["diagonal", "full", "scalar-1d"])
+def test_sharded_loo_sums_equal_in_memory(client, how):
+    from nbattn import learning
+
+    rng = np.random.default_rng(3)
+    X = rng.uniform(0, 5, size=(300, 3))
+    y = np.column_stack([np.sin(X[:, 0]), X[:, 1]]) + rng.normal(0, 0.1, size=(300, 2))
+    if how == "diagonal":
+        run = lambda: learning.loo_loss_and_grad(X, y, [0.5, 1.0, 2.0])  # noqa: E731
+    elif how == "full":
+        L = rng.normal(size=(2, 3))
+        run = lambda: learning.loo_loss_and_grad(X, y, components=L)  # noqa: E731
+    else:
+        run = lambda: (learning.loo_loss(X[:, :1], y, 0.3), np.zeros(1))  # noqa: E731
+    expected = run()
+    with distributed.get_task_stream(client) as stream, nbdask.sharded_training(client, 3):
+        got = run()
+    assert len(stream.data) >= 3  # the row ranges ran as tasks on the cluster
+    assert got[0] == pytest.approx(expected[0], rel=1e-12)
+    np.testing.assert_allclose(got[1], expected[1], rtol=1e-10, atol=1e-14)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: nbattn.NadarayaWatsonRegressor(bandwidth="loo"),
+        lambda: nbattn.LearnedKernelRegressor(metric="diagonal", max_iter=30),
+    ],
+)
+def test_fit_on_dask_dataframe_equals_in_memory_fit(client, make):
+    rng = np.random.default_rng(5)
+    frame = pd.DataFrame(rng.uniform(0, 5, size=(400, 3)), columns=["a", "b", "c"])
+    target = pd.Series(np.sin(frame["a"]) + rng.normal(0, 0.1, 400), name="y")
+    model = nbdask.fit(
+        make(), dd.from_pandas(frame, npartitions=4), dd.from_pandas(target, npartitions=4)
+    )
+    local = make().fit(frame, target)
+    np.testing.assert_allclose(model.bandwidth_, local.bandwidth_, rtol=1e-8)
+    np.testing.assert_allclose(model.predict(frame), local.predict(frame), rtol=1e-8)
+    assert list(model.feature_names_in_) == ["a", "b", "c"]
+
+
 # Last: it kills a worker of the shared cluster.
 def test_worker_killed_mid_job_still_gives_identical_results(client, data):
     queries, keys, values = data

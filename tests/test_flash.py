@@ -37,7 +37,9 @@ SHAPES = [
 
 @pytest.fixture
 def small_tiles(monkeypatch):
-    """Tiles of 8 x 16 so that small inputs cross many tile boundaries."""
+    """Tiles of 8 x 16 so that small inputs cross many tile boundaries, and every
+    call on all numba threads (small calls otherwise run on one)."""
+    monkeypatch.setattr(nbattn.flash, "_SERIAL_WORK", 0)
     monkeypatch.setattr(config, "FLASH_BLOCK_Q", 8)
     monkeypatch.setattr(config, "FLASH_BLOCK_K", 16)
     monkeypatch.setattr(config, "FLASH_BWD_BLOCK_Q", 8)
@@ -155,7 +157,10 @@ def test_key_bias_and_alibi(rng, causal):
     bias = rng.standard_normal((2, 1, 40))
     slopes = np.array([0.5, 0.25, 0.125])
     kwargs = dict(key_bias=bias, alibi_slopes=slopes, causal=causal, scale=0.7)
+    saved = bias.copy(), slopes.copy()
     out, lse = flash_attention_bias(q, k, v, return_lse=True, **kwargs)
+    np.testing.assert_array_equal(bias, saved[0])
+    np.testing.assert_array_equal(slopes, saved[1])
     ref_out, ref_lse = naive.sdpa(q, k, v, **kwargs)
     _close(out, ref_out, np.float64)
     _close(lse, ref_lse, np.float64)
@@ -195,6 +200,51 @@ def test_backward_key_tile_groups(rng, monkeypatch, causal):
     grads = nbattn.flash_attention_backward(q, k, v, out, lse, g, causal=causal)
     for grad, ref in zip(grads, naive.sdpa_backward(q, k, v, g, causal=causal)):
         _close(grad, ref, np.float64)
+
+
+@pytest.mark.parametrize("dtype, rel", [(np.float32, 1.5e-7), (np.float64, 5e-16)])
+def test_exp2_accuracy(dtype, rel):
+    """The kernels' inlined 2**x against np.exp2 (float64) over its whole range."""
+    from numba import njit
+
+    from nbattn.kernels.flash import exp2
+
+    @njit(fastmath=config.FASTMATH)
+    def evaluate(x):
+        out = np.empty_like(x)
+        for i in range(x.size):
+            out[i] = exp2(x[i])
+        return out
+
+    low = -126.0 if dtype == np.float32 else -1022.0
+    x = np.concatenate([np.linspace(low, 0.0, 200_001), np.linspace(-1.0, 1.0, 10_001)])
+    x = x.astype(dtype)
+    ref = np.exp2(x.astype(np.float64))
+    got = evaluate(x).astype(np.float64)
+    assert np.max(np.abs(got - ref) / ref) <= rel
+    np.testing.assert_array_equal(evaluate(np.array([-np.inf, low - 1.0, 0.0], dtype)), [0, 0, 1])
+
+
+def test_blas_held_to_one_thread_and_restored():
+    """The kernels call BLAS from their own threads: BLAS runs on one thread
+    inside the call (including numba's, behind scipy.linalg.cython_blas) and
+    its setting is restored afterwards."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+
+    def blas_threads():
+        return {
+            i["filepath"]: i["num_threads"]
+            for i in threadpoolctl.threadpool_info()
+            if i["user_api"] == "blas"
+        }
+
+    q = np.ones((3, 2))
+    nbattn.flash_attention(q, q, q)
+    before = blas_threads()
+    with nbattn.flash._blas_one_thread():
+        assert set(blas_threads().values()) == {1}
+    nbattn.flash_attention(q, q, q)
+    assert blas_threads() == before
 
 
 def test_inputs_not_modified_and_dtype(rng):

@@ -41,6 +41,11 @@ the attention-weighted variance about the pooled mean (two-pass, so no
 cancellation between E[v^2] and E[v]^2) and the sum of squared weights (the
 effective number of neighbours is 1 / sum_w2_i).
 
+LOO loss alone (``loo_squared_error``, ``loo_squared_error_sorted_1d``): the
+one-pass criterion of the bandwidth search, with no output array; the 1-D
+variant works on sorted points and visits, per row, only the window of keys
+whose weight can exceed exp(-PRUNE_GAP) of the nearest one.
+
 A query with lse = -inf (no admissible key) contributes nothing and gets
 zeros.
 """
@@ -52,10 +57,11 @@ from numba import njit, prange
 
 from .. import config
 from .fastmath import fast_exp, like
-from .pooling import _block_scores
+from .pooling import _block_max, _block_scores, _exp_shift_sum
 
 _KEY_BLOCK = config.KEY_BLOCK
 _QUERY_BLOCK = config.QUERY_BLOCK
+_FULL_GROUPS = 16  # row groups of loo_grad_full, each with n_keys float64 key sums
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
@@ -83,8 +89,11 @@ def _block_coef(weights, values_t, resid, centers, i, j0, nb, coef):
 
 
 @njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
-def loo_grad_diag(queries, keys_t, values_t, resid, centers, lse):
-    """G_f = sum_i sum_{j != i} g_ij (z_if - z_jf)^2, float64 (k,); see the module docstring."""
+def loo_grad_diag(queries, keys_t, values_t, resid, centers, lse, self_offset=0):
+    """G_f = sum_i sum_{j != i} g_ij (z_if - z_jf)^2, float64 (k,); see the module docstring.
+
+    Query i is key ``i + self_offset`` (a block of rows for partitioned sums).
+    """
     n_queries, k = queries.shape
     n_keys = keys_t.shape[1]
     dtype = queries.dtype
@@ -102,7 +111,7 @@ def loo_grad_diag(queries, keys_t, values_t, resid, centers, lse):
             for j0 in range(0, n_keys, _KEY_BLOCK):
                 nb = min(_KEY_BLOCK, n_keys - j0)
                 _block_scores(query_row, keys_t, j0, nb, weights)
-                _block_weights(weights, nb, lse[i], j0, i, True)
+                _block_weights(weights, nb, lse[i], j0, i + self_offset, True)
                 _block_coef(weights, values_t, resid, centers, i, j0, nb, coef)
                 for f in range(k):
                     qf = query_row[f]
@@ -119,51 +128,78 @@ def loo_grad_diag(queries, keys_t, values_t, resid, centers, lse):
 
 
 @njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
-def loo_grad_full(queries, keys_t, points, points_t, values_t, resid, centers, lse):
+def loo_grad_full(queries, keys_t, points, points_t, values_t, resid, centers, lse, self_offset=0):
     """M_ab = sum_i sum_{j != i} g_ij (x_ia - x_ja)(x_ib - x_jb), float64 (d, d).
 
     ``queries``/``keys_t`` are the projected points (score space), ``points``
-    (n, d) and ``points_t`` (d, n) the original ones (centred by the caller).
+    (n_queries, d) the original query rows and ``points_t`` (d, n_keys) the
+    original keys (centred by the caller). Query i is key ``i + self_offset``.
+
+    O(d) work per pair instead of O(d^2), by expanding the outer product:
+
+        M = sum_i [ a_i x_i x_i^T - x_i b_i^T - b_i x_i^T ] + sum_j c_j x_j x_j^T
+        a_i = sum_j g_ij,   b_i = sum_j g_ij x_j,   c_j = sum_i g_ij
+
+    The sums a, b, c are float64 (c per thread), so the cancellation between
+    the terms costs float64 rounding only, scaled by (|x| / |x_i - x_j|)^2; the
+    caller centres the points to keep |x| small.
     """
     n_queries = queries.shape[0]
     n_keys = keys_t.shape[1]
     d = points.shape[1]
     dtype = queries.dtype
-    n_chunks = (n_queries + _QUERY_BLOCK - 1) // _QUERY_BLOCK
-    partial = np.zeros((n_chunks, d, d), dtype=np.float64)
-    for chunk in prange(n_chunks):
+    # Query rows are split into a few groups, each with its own key sums c
+    # (groups x n_keys floats), run in parallel.
+    n_groups = min(_FULL_GROUPS, n_queries)
+    partial = np.zeros((n_groups, d, d), dtype=np.float64)
+    key_sums = np.zeros((n_groups, n_keys), dtype=np.float64)
+    for group in prange(n_groups):
         weights = np.empty(_KEY_BLOCK, dtype=dtype)
         coef = np.empty(_KEY_BLOCK, dtype=dtype)
-        diffs = np.empty((d, _KEY_BLOCK), dtype=dtype)
-        acc = partial[chunk]
-        stop = min(n_queries, (chunk + 1) * _QUERY_BLOCK)
-        for i in range(chunk * _QUERY_BLOCK, stop):
+        b_i = np.empty(d, dtype=np.float64)
+        acc = partial[group]
+        c_sum = key_sums[group]
+        start = group * n_queries // n_groups
+        stop = (group + 1) * n_queries // n_groups
+        for i in range(start, stop):
             if lse[i] == -np.inf:
                 continue
             query_row = queries[i]
+            a_i = 0.0
+            b_i[:] = 0.0
             for j0 in range(0, n_keys, _KEY_BLOCK):
                 nb = min(_KEY_BLOCK, n_keys - j0)
                 _block_scores(query_row, keys_t, j0, nb, weights)
-                _block_weights(weights, nb, lse[i], j0, i, True)
+                _block_weights(weights, nb, lse[i], j0, i + self_offset, True)
                 _block_coef(weights, values_t, resid, centers, i, j0, nb, coef)
+                block_total = 0.0
+                for j in range(nb):
+                    g = np.float64(coef[j])
+                    block_total += g
+                    c_sum[j0 + j] += g
+                a_i += block_total
                 for a in range(d):
-                    xa = points[i, a]
+                    keys_a = points_t[a, j0 : j0 + nb]
+                    total = 0.0
                     for j in range(nb):
-                        diffs[a, j] = points_t[a, j0 + j] - xa
-                for a in range(d):
-                    for b in range(a + 1):
-                        total = like(0.0, weights)
-                        for j in range(nb):
-                            total += coef[j] * diffs[a, j] * diffs[b, j]
-                        acc[a, b] += total
+                        total += np.float64(coef[j]) * np.float64(keys_a[j])
+                    b_i[a] += total
+            for a in range(d):
+                xa = np.float64(points[i, a])
+                for b in range(d):
+                    xb = np.float64(points[i, b])
+                    acc[a, b] += a_i * xa * xb - xa * b_i[b] - b_i[a] * xb
     out = np.zeros((d, d), dtype=np.float64)
-    for chunk in range(n_chunks):
+    for group in range(n_groups):
+        out += partial[group]
+    for j in range(n_keys):
+        c_j = 0.0
+        for t in range(key_sums.shape[0]):
+            c_j += key_sums[t, j]
         for a in range(d):
-            for b in range(a + 1):
-                out[a, b] += partial[chunk, a, b]
-    for a in range(d):
-        for b in range(a):
-            out[b, a] = out[a, b]
+            xa = np.float64(points_t[a, j])
+            for b in range(d):
+                out[a, b] += c_j * xa * np.float64(points_t[b, j])
     return out
 
 
@@ -241,9 +277,7 @@ def loo_squared_error(queries, keys_t, values_t, targets, self_index):
                 _block_scores(query_row, keys_t, j0, nb, scores)
                 if j0 <= own < j0 + nb:
                     scores[own - j0] = -np.inf
-                block_max = like(-np.inf, scores)
-                for j in range(nb):
-                    block_max = max(block_max, scores[j])
+                block_max = _block_max(scores, nb)
                 if block_max == -np.inf:
                     continue
                 if block_max > running_max:
@@ -252,13 +286,7 @@ def loo_squared_error(queries, keys_t, values_t, targets, self_index):
                     for c in range(n_outputs):
                         acc[c] *= rescale
                     running_max = block_max
-                shift = like(running_max, scores)
-                block_sum = like(0.0, scores)
-                for j in range(nb):
-                    w = fast_exp(scores[j] - shift)
-                    scores[j] = w
-                    block_sum += w
-                running_sum += block_sum
+                running_sum += _exp_shift_sum(scores, nb, running_max)
                 for c in range(n_outputs):
                     weighted = like(0.0, scores)
                     for j in range(nb):

@@ -90,11 +90,13 @@ def _exp_shift_sum_dot(scores, nb, shift, values_row):
 
 
 @njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
-def gaussian_pool(queries, keys_t, values_t, exclude_self):
+def gaussian_pool(queries, keys_t, values_t, exclude_self, self_offset=0):
     """Streaming Gaussian attention pooling; returns ``(out, lse)``.
 
     out (n_queries, n_outputs) in the input dtype, lse (n_queries,) float64.
-    See the module docstring for the layout of the arguments.
+    See the module docstring for the layout of the arguments. With
+    ``exclude_self``, query i skips key ``i + self_offset`` (the offset places
+    a block of query rows inside the keys, for leave-one-out over partitions).
     """
     n_queries = queries.shape[0]
     n_keys = keys_t.shape[1]
@@ -115,8 +117,9 @@ def gaussian_pool(queries, keys_t, values_t, exclude_self):
             for j0 in range(0, n_keys, _KEY_BLOCK):
                 nb = min(_KEY_BLOCK, n_keys - j0)
                 _block_scores(query_row, keys_t, j0, nb, scores)
-                if exclude_self and j0 <= i < j0 + nb:
-                    scores[i - j0] = -np.inf
+                own = i + self_offset
+                if exclude_self and j0 <= own < j0 + nb:
+                    scores[own - j0] = -np.inf
                 block_max = _block_max(scores, nb)
                 if block_max == -np.inf:
                     continue

@@ -1,0 +1,735 @@
+"""Functional attention: softmax, key-value attention (soft, hard, sampled), multi-head
+and hierarchical attention, as in the attention chapter (seed 000).
+
+Shapes follow torch's ``scaled_dot_product_attention``: queries q (..., L, E),
+keys k (..., S, E), values v (..., S, Ev) -> (..., L, Ev), with any leading
+batch/head dimensions, broadcast like torch. Masks follow torch's SDPA
+convention: a boolean mask is True where a query may attend to a key, a float
+mask is added to the scores; either broadcasts to (..., L, S).
+
+A query row with no admissible key (fully masked, or causal with nothing
+before it) gets an all-zero output and an all-zero weight row — never NaN
+(``torch.nn.MultiheadAttention`` returns NaN there; recent torch SDPA zeros).
+
+This layer validates (ValueError naming the argument; inputs never modified),
+broadcasts and lays out arrays, and calls the numba kernels in
+``nbattn.kernels``.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections import namedtuple
+
+import numpy as np
+
+from . import config
+from . import scores as _scores
+from .kernels import attention as _ka
+from .kernels import softmax as _ks
+
+__all__ = [
+    "HierarchicalResult",
+    "MODES",
+    "attention",
+    "hierarchical_attention",
+    "log_softmax",
+    "masked_softmax",
+    "merge_attention_states",
+    "multi_head_attention",
+    "softmax",
+]
+
+#: The attention modes of the text: soft (weighted average), hard (arg-max key),
+#: sample (a key drawn from the attention distribution).
+MODES = ("soft", "hard", "sample")
+
+_array = _scores._array
+_flat = _scores._flat
+_result_dtype = _scores._result_dtype
+_broadcast_batch = _scores._broadcast_batch
+
+
+# --------------------------------------------------------------------------- masks
+def _mask_bias(mask, dtype, name="mask", shape=None):
+    """A boolean (True = attend) or float (additive) mask as an additive float array.
+
+    ``shape`` (L, S), when given, checks that the last two axes broadcast to it.
+    Returns None for ``mask=None``.
+    """
+    if mask is None:
+        return None
+    try:
+        arr = np.asarray(mask)
+    except Exception as exc:
+        raise ValueError(f"{name} could not be converted to an array: {exc}") from exc
+    if arr.size == 0:
+        raise ValueError(f"{name} is empty (shape {arr.shape})")
+    if arr.dtype.kind == "b":
+        bias = np.where(arr, dtype(0.0), dtype(-np.inf)).astype(dtype)
+    elif arr.dtype.kind == "f":
+        bias = np.array(arr, dtype=dtype, copy=True)
+        if np.isnan(bias).any() or (bias == np.inf).any():
+            raise ValueError(f"{name} (a float, additive mask) contains NaN or +inf")
+    else:
+        raise ValueError(
+            f"{name} must be boolean (True = attend) or float (added to the scores), "
+            f"got dtype {arr.dtype}"
+        )
+    if bias.ndim == 0:
+        bias = bias.reshape(1, 1)
+    elif bias.ndim == 1:
+        bias = bias[None, :]
+    if shape is not None:
+        L, S = shape
+        if bias.shape[-2] not in (1, L) or bias.shape[-1] not in (1, S):
+            raise ValueError(
+                f"{name} has shape {np.shape(mask)}, which does not broadcast to (..., L, S) = "
+                f"(..., {L}, {S})"
+            )
+    return bias
+
+
+def _flat_bias(bias, batch):
+    """Bias (..., Lb, Sb) -> (Bb, Lb, Sb) for the kernels, Bb = 1 when it has no batch."""
+    if bias is None:
+        return None
+    lead = bias.shape[:-2]
+    if all(d == 1 for d in lead):
+        return np.ascontiguousarray(bias.reshape((1,) + bias.shape[-2:]))
+    return _flat(bias, batch)
+
+
+_NO_BIAS = {np.float32: np.zeros((1, 1, 1), np.float32), np.float64: np.zeros((1, 1, 1))}
+
+
+# --------------------------------------------------------------------------- softmax
+def _rows(x, axis, name):
+    """Move ``axis`` last and flatten to C-contiguous (rows, n); returns (rows, moved shape)."""
+    if isinstance(axis, bool) or not isinstance(axis, numbers.Integral):
+        raise ValueError(f"axis must be an integer, got {axis!r}")
+    if not -x.ndim <= axis < x.ndim:
+        raise ValueError(f"axis={axis} is out of range for {name} with {x.ndim} dimensions")
+    moved = np.moveaxis(x, axis, -1)
+    return np.ascontiguousarray(moved.reshape(-1, moved.shape[-1])), moved.shape
+
+
+def _masked_input(x, mask, name):
+    xa = _array(x, name, min_ndim=1)
+    if mask is None:
+        return xa
+    bias = _mask_bias(mask, xa.dtype.type)
+    try:
+        shape = np.broadcast_shapes(np.shape(mask), xa.shape)
+    except ValueError:
+        raise ValueError(
+            f"mask has shape {np.shape(mask)}, which does not broadcast to {name}'s shape "
+            f"{xa.shape}"
+        ) from None
+    if shape != xa.shape:
+        raise ValueError(
+            f"mask has shape {np.shape(mask)}, which does not broadcast to {name}'s shape "
+            f"{xa.shape}"
+        )
+    return xa + bias.reshape(np.shape(mask))
+
+
+def softmax(x, axis=-1, mask=None):
+    """Numerically stable softmax along ``axis``.
+
+    .. math:: \\operatorname{softmax}(x)_j = \\frac{e^{x_j - m}}{\\sum_k e^{x_k - m}},
+              \\quad m = \\max_k x_k
+
+    Parameters
+    ----------
+    x : array-like, finite (float32 stays float32; anything else becomes float64)
+    axis : int
+    mask : array-like of bool or float, optional, broadcastable to ``x``
+        Boolean: True keeps an entry, False gives it weight 0. Float: added to
+        ``x`` before the softmax (use ``-inf`` to drop an entry).
+
+    Returns
+    -------
+    array of ``x``'s shape. A slice whose every entry is masked is all zeros
+    (not NaN).
+    """
+    xa = _masked_input(x, mask, "x")
+    rows, shape = _rows(xa, axis, "x")
+    out = _ks.softmax_rows(rows).reshape(shape)
+    return np.moveaxis(out, -1, axis)
+
+
+def log_softmax(x, axis=-1, mask=None):
+    """Numerically stable log-softmax along ``axis``.
+
+    .. math:: \\log\\operatorname{softmax}(x)_j = x_j - m - \\log\\sum_k e^{x_k - m}
+
+    ``mask`` as in :func:`softmax`; masked entries are ``-inf`` (log 0), and a
+    fully masked slice is all ``-inf``, never NaN.
+    """
+    xa = _masked_input(x, mask, "x")
+    rows, shape = _rows(xa, axis, "x")
+    out = _ks.log_softmax_rows(rows).reshape(shape)
+    return np.moveaxis(out, -1, axis)
+
+
+def masked_softmax(scores, valid_lens=None, mask=None):
+    """Softmax over the last axis, keeping only the first ``valid_lens`` positions (d2l).
+
+    .. math:: w_{\\dots j} = \\frac{e^{x_{\\dots j}}\\,[j < n]}{\\sum_{k < n} e^{x_{\\dots k}}}
+
+    Parameters
+    ----------
+    scores : array (..., S)
+    valid_lens : int array, optional
+        Shape a prefix of ``scores.shape[:-1]``: with scores (B, L, S), (B,)
+        gives one length per batch entry (repeated over the L rows, as in d2l)
+        and (B, L) one per row. Values in [0, S]. Positions at or past the
+        length get weight 0; a length of 0 gives an all-zero row (d2l's -1e6
+        fill would give a uniform row; this gives zeros, never NaN).
+    mask : bool or float array, optional, broadcastable to ``scores``
+        Applied as in :func:`softmax`, together with ``valid_lens``.
+
+    Returns
+    -------
+    array of ``scores``' shape.
+    """
+    xa = _masked_input(scores, mask, "scores")
+    if valid_lens is None:
+        return softmax(xa)
+    lens = np.asarray(valid_lens)
+    if lens.dtype.kind == "f":
+        if not np.isfinite(lens).all() or (lens != np.round(lens)).any():
+            raise ValueError("valid_lens must hold whole numbers")
+        lens = lens.astype(np.int64)
+    if lens.dtype.kind not in "iu":
+        raise ValueError(f"valid_lens must be an integer array, got dtype {lens.dtype}")
+    lead = xa.shape[:-1]
+    if lens.ndim > len(lead) or lens.shape != lead[: lens.ndim]:
+        raise ValueError(
+            f"valid_lens has shape {lens.shape}; it must be a prefix of scores.shape[:-1] = {lead}"
+        )
+    n = xa.shape[-1]
+    if lens.size and (lens.min() < 0 or lens.max() > n):
+        raise ValueError(
+            f"valid_lens must lie in [0, {n}], got values in [{lens.min()}, {lens.max()}]"
+        )
+    full = np.broadcast_to(lens.reshape(lens.shape + (1,) * (len(lead) - lens.ndim)), lead)
+    rows = np.ascontiguousarray(xa.reshape(-1, n))
+    out = _ks.masked_softmax_rows(rows, np.ascontiguousarray(full, dtype=np.int64).reshape(-1))
+    return out.reshape(xa.shape)
+
+
+# --------------------------------------------------------------------------- attention
+def _soft_attention(q, k, v, scale, mask_bias, causal):
+    """The soft scaled-dot-product path: flat q (B, L, E), k (B, S, E), v (B, S, Ev).
+
+    ``mask_bias`` is None or an additive (Bb, Lb, Sb) array (Bb in {1, B}, Lb in
+    {1, L}, Sb in {1, S}). Returns ``(out (B, L, Ev), lse (B, L))``. This is the
+    single entry point of the soft path: without a mask it runs the blocked
+    FlashAttention kernel (``nbattn.flash``, BLAS on tiles); with an additive
+    mask, the streaming kernel of ``nbattn.kernels.attention``.
+    """
+    if mask_bias is None:
+        from .flash import flash_attention
+
+        return flash_attention(q, k, v, causal=causal, scale=scale, return_lse=True)
+    bias = mask_bias
+    k_t = np.ascontiguousarray(np.swapaxes(k, 1, 2))
+    v_t = np.ascontiguousarray(np.swapaxes(v, 1, 2))
+    return _ka.soft_attention(q, k_t, v_t, float(scale), bias, True, bool(causal))
+
+
+def _select(weights, vf, mode, u, scores_masked):
+    """Hard / sampled selection: returns (out, one-hot weights).
+
+    ``u`` (B, L) uniform draws for mode "sample"; ``scores_masked`` the masked
+    scores for mode "hard" (ties go to the first key).
+    """
+    B, L, S = weights.shape
+    alive = weights.sum(axis=-1) > 0
+    if mode == "hard":
+        idx = np.argmax(scores_masked, axis=-1)
+    else:
+        cdf = np.cumsum(weights.astype(np.float64), axis=-1)
+        idx = (cdf <= (u * cdf[..., -1])[..., None]).sum(axis=-1)
+        last = S - 1 - np.argmax(weights[..., ::-1] > 0, axis=-1)
+        idx = np.minimum(idx, last)
+    onehot = np.zeros_like(weights)
+    b_idx, i_idx = np.nonzero(alive)
+    onehot[b_idx, i_idx, idx[b_idx, i_idx]] = 1.0
+    out = np.zeros((B, L, vf.shape[-1]), dtype=vf.dtype)
+    out[b_idx, i_idx] = vf[b_idx, idx[b_idx, i_idx]]
+    return out, onehot
+
+
+def attention(
+    q,
+    k,
+    v,
+    score="scaled_dot",
+    mask=None,
+    causal=False,
+    mode="soft",
+    random_state=None,
+    return_weights=False,
+    *,
+    scale=None,
+    score_params=None,
+    dtype=None,
+    **score_kwargs,
+):
+    """Key-value attention ``att((K, V), q) = sum_j alpha_j v_j`` (seed 000).
+
+    .. math::
+
+        s_{ij} = s(q_i, k_j) + b_{ij}, \\qquad
+        \\alpha_{ij} = \\operatorname{softmax}_j(s_{ij}), \\qquad
+        \\text{out}_i = \\sum_j \\alpha_{ij} v_j
+
+    with ``b`` the mask (0 / -inf for a boolean mask, the values of a float
+    mask) and ``b_ij = -inf`` for j > i when ``causal``. K = V is plain soft
+    attention over the inputs.
+
+    Parameters
+    ----------
+    q : array (..., L, Eq)
+    k : array (..., S, Ek)
+    v : array (..., S, Ev)
+        Leading dimensions of q, k, v and mask broadcast (torch semantics).
+    score : str or callable
+        A name in ``nbattn.scores.SCORES`` ("scaled_dot" default, "dot",
+        "additive", "bilinear", "gaussian"), or ``f(q, k, **params)`` returning
+        (..., L, S) scores.
+    mask : bool or float array broadcastable to (..., L, S), optional
+        torch SDPA semantics: boolean True = the query may attend to the key;
+        float = added to the scores.
+    causal : bool
+        Query i attends to keys j <= i only (torch's ``is_causal``: the causal
+        band is aligned at the top-left, also when L != S).
+    mode : "soft", "hard" or "sample"
+        soft: the weighted average. hard: the value of the arg-max key (ties
+        go to the first key). sample: the value of a key drawn from alpha_i,
+        one draw per query: ``u = rng.random(batch + (L,))`` (C order) and the
+        key is the first j with ``cumsum(alpha_i)_j > u * sum(alpha_i)``.
+    random_state : None, int or numpy Generator
+        For mode="sample"; passed to ``numpy.random.default_rng``.
+    return_weights : bool
+        Also return the weights (..., L, S) that produced the output: alpha for
+        "soft", the one-hot selection for "hard" and "sample" (so that
+        ``out = weights @ v`` in every mode).
+    scale : float, optional
+        For "scaled_dot": replaces 1/sqrt(E).
+    score_params : dict, optional
+        Extra score parameters: W, U, v for "additive" (v must go here, since
+        ``v`` is the values), W or U, V for "bilinear", bandwidth for
+        "gaussian". Keyword arguments W=, U=, V=, bandwidth= are merged in.
+    dtype : None, "float32" or "float64"
+        None: float32 if q, k and v are all float32, else float64.
+
+    Returns
+    -------
+    out : array (..., L, Ev)
+        Rows with no admissible key (fully masked; causal with no key) are
+        zeros, never NaN, and their weight rows are zeros.
+    weights : array (..., L, S), only with ``return_weights=True``
+
+    Notes
+    -----
+    Soft mode with the "scaled_dot", "dot" or "bilinear" score and no weights
+    requested runs the streaming kernel (``nbattn.kernels.attention``): online
+    softmax over key blocks, memory O((L + S) E) per batch entry, no L x S
+    matrix. Every other case computes score rows with the kernels of
+    ``nbattn.kernels.scores`` and the masked softmax of
+    ``nbattn.kernels.softmax``, in slices of query rows holding at most
+    ``config.MAX_WEIGHT_MATRIX_ELEMENTS`` scores (``return_weights=True``
+    beyond that is refused with a ValueError).
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if not (callable(score) or (isinstance(score, str) and score in _scores.SCORES)):
+        raise ValueError(
+            f"score must be one of {sorted(_scores.SCORES)} or a callable, got {score!r}"
+        )
+    if not isinstance(causal, (bool, np.bool_)):
+        raise ValueError(f"causal must be True or False, got {causal!r}")
+    params = dict(score_params or {})
+    params.update(score_kwargs)
+    if scale is not None:
+        params["scale"] = scale
+    dt = _result_dtype([q, k, v], dtype)
+    q = _array(q, "q", dtype=dt)
+    k = _array(k, "k", dtype=dt)
+    v = _array(v, "v", dtype=dt)
+    L, S = q.shape[-2], k.shape[-2]
+    if v.shape[-2] != S:
+        raise ValueError(
+            f"k and v must have the same number of keys; k has {S} (shape {k.shape}) and "
+            f"v has {v.shape[-2]} (shape {v.shape})"
+        )
+    bias = _mask_bias(mask, dt, shape=(L, S))
+    shapes = {"q": q.shape[:-2], "k": k.shape[:-2], "v": v.shape[:-2]}
+    if bias is not None:
+        shapes["mask"] = bias.shape[:-2]
+    batch = _broadcast_batch(shapes)
+    qf, kf, vf = _flat(q, batch), _flat(k, batch), _flat(v, batch)
+    bias_f = _flat_bias(bias, batch)
+
+    B, Ev = qf.shape[0], v.shape[-1]
+    limit = config.MAX_WEIGHT_MATRIX_ELEMENTS
+    if return_weights and B * L * S > limit:
+        raise ValueError(
+            f"return_weights=True would hold {B * L * S} weights, more than "
+            f"nbattn.config.MAX_WEIGHT_MATRIX_ELEMENTS={limit}; ask for fewer queries or "
+            "raise the limit (environment variable NBATTN_MAX_WEIGHT_MATRIX_ELEMENTS)"
+        )
+    if callable(score):
+        s_all = np.asarray(score(qf, kf, **params))
+        if s_all.shape != (B, L, S):
+            raise ValueError(
+                f"the score callable returned shape {s_all.shape}, expected {(B, L, S)}"
+            )
+        if not np.isfinite(s_all).all():
+            raise ValueError("the score callable returned NaN or inf")
+        s_all = np.array(s_all, dtype=dt, copy=True)
+    else:
+        p = _scores.check_params(score, q.shape[-1], k.shape[-1], params, dt)
+        if mode == "soft" and not return_weights and score in ("scaled_dot", "dot", "bilinear"):
+            qd, kd, sc = _scores.prepare_dot(score, qf, kf, p)
+            out, _ = _soft_attention(qd, kd, vf, sc, bias_f, causal)
+            return out.reshape(batch + (L, Ev))
+        s_all = None
+
+    # the weight-matrix path, in slices of query rows that hold at most `limit` scores
+    u = np.random.default_rng(random_state).random((B, L)) if mode == "sample" else None
+    has_bias = bias_f is not None
+    out = np.empty((B, L, Ev), dtype=dt)
+    weights = np.empty((B, L, S), dtype=dt) if return_weights else None
+    rows = max(1, limit // (B * S))
+    for l0 in range(0, L, rows):
+        l1 = min(L, l0 + rows)
+        if s_all is not None:
+            s = np.ascontiguousarray(s_all[:, l0:l1])
+        else:
+            s = _scores.compute(score, np.ascontiguousarray(qf[:, l0:l1]), kf, p)
+        bias_c = _NO_BIAS[dt]
+        if has_bias:
+            bias_c = bias_f if bias_f.shape[1] == 1 else np.ascontiguousarray(bias_f[:, l0:l1])
+        masked = None
+        if mode == "hard":
+            masked = s + bias_c if has_bias else s.copy()
+            if causal:
+                ii, jj = np.nonzero(np.arange(S)[None, :] > np.arange(l0, l1)[:, None])
+                masked[:, ii, jj] = -np.inf
+        w, _ = _ks.attention_weights(s, bias_c, has_bias, bool(causal), l0)
+        if mode == "soft":
+            out[:, l0:l1] = np.matmul(w, vf)
+        else:
+            uc = None if u is None else u[:, l0:l1]
+            out[:, l0:l1], w = _select(w, vf, mode, uc, masked)
+        if return_weights:
+            weights[:, l0:l1] = w
+    out = out.reshape(batch + (L, Ev))
+    if return_weights:
+        return out, weights.reshape(batch + (L, S))
+    return out
+
+
+def merge_attention_states(out_a, lse_a, out_b, lse_b):
+    """Merge two partial attention results over disjoint key sets (online softmax).
+
+    .. math::
+
+        m = \\max(l_a, l_b),\\quad
+        \\text{out} = \\frac{e^{l_a - m}\\,\\text{out}_a + e^{l_b - m}\\,\\text{out}_b}
+                          {e^{l_a - m} + e^{l_b - m}},\\quad
+        l = m + \\log(e^{l_a - m} + e^{l_b - m})
+
+    ``out_*`` (..., Ev), ``lse_*`` (...) with ``lse = log sum_j exp(s_j)`` of
+    each part (-inf for a part with no admissible key). Returns (out, lse).
+    """
+    oa = _array(out_a, "out_a", min_ndim=1)
+    ob = _array(out_b, "out_b", min_ndim=1, dtype=oa.dtype)
+    if oa.shape != ob.shape:
+        raise ValueError(f"out_a {oa.shape} and out_b {ob.shape} must have the same shape")
+    la = np.array(lse_a, dtype=np.float64)
+    lb = np.array(lse_b, dtype=np.float64)
+    for name, lse in (("lse_a", la), ("lse_b", lb)):
+        if lse.shape != oa.shape[:-1]:
+            raise ValueError(f"{name} must have shape {oa.shape[:-1]}, got {lse.shape}")
+        if np.isnan(lse).any() or (lse == np.inf).any():
+            raise ValueError(f"{name} contains NaN or +inf")
+    d = oa.shape[-1]
+    out, lse = _ks.merge_states(
+        oa.reshape(-1, d), la.reshape(-1), np.ascontiguousarray(ob.reshape(-1, d)), lb.reshape(-1)
+    )
+    return out.reshape(oa.shape), lse.reshape(oa.shape[:-1])
+
+
+# --------------------------------------------------------------------------- multi-head
+def _linear(x, weight, bias):
+    y = x @ weight.T
+    return y + bias if bias is not None else y
+
+
+def multi_head_attention(
+    query,
+    key,
+    value,
+    num_heads,
+    in_proj_weight=None,
+    in_proj_bias=None,
+    out_proj_weight=None,
+    out_proj_bias=None,
+    *,
+    q_proj_weight=None,
+    k_proj_weight=None,
+    v_proj_weight=None,
+    mask=None,
+    key_mask=None,
+    causal=False,
+    need_weights=True,
+    average_attn_weights=True,
+    rotary_base=None,
+    dtype=None,
+):
+    """Multi-head scaled-dot-product attention with torch's parameter layout (batch first).
+
+    .. math::
+
+        \\text{head}_h = \\operatorname{att}\\big((K W_k^{(h)}, V W_v^{(h)}), Q W_q^{(h)}\\big),
+        \\qquad
+        \\text{out} = (\\text{head}_1 \\oplus \\cdots \\oplus \\text{head}_H) W_o^T + b_o
+
+    with per-head width d = E / H and the scaled dot score 1/sqrt(d).
+
+    Parameters
+    ----------
+    query : array (..., L, E)
+    key : array (..., S, kdim)
+    value : array (..., S, vdim)
+    num_heads : int, dividing E
+    in_proj_weight : array (3E, E), optional
+        Stacked [W_q; W_k; W_v] (torch's ``in_proj_weight``) when kdim = vdim = E;
+        otherwise give ``q_proj_weight`` (E, E), ``k_proj_weight`` (E, kdim),
+        ``v_proj_weight`` (E, vdim).
+    in_proj_bias : array (3E,), optional
+    out_proj_weight : array (E, E)
+    out_proj_bias : array (E,), optional
+    mask : bool or float array broadcastable to (..., H, L, S), optional
+        nbattn/SDPA convention: True = may attend (the opposite of
+        ``torch.nn.MultiheadAttention``'s ``attn_mask``, where True = blocked).
+        A per-batch mask without a head axis goes as (B, 1, L, S).
+    key_mask : bool array (..., S), optional
+        True = the key takes part (the opposite of torch's ``key_padding_mask``).
+    causal : bool
+    need_weights : bool
+        Return the attention weights too (else None).
+    average_attn_weights : bool
+        Weights averaged over heads, (..., L, S) (torch's default), or per head,
+        (..., H, L, S).
+    rotary_base : float, optional
+        Apply RoPE (``nbattn.positional.rope``, half-split pairing) with this
+        base to the per-head queries and keys before the scores.
+
+    Returns
+    -------
+    out : array (..., L, E)
+    weights : array (..., L, S) or (..., H, L, S), or None
+        Fully masked rows give zero outputs (before the output projection,
+        so ``out`` is the output bias there) and zero weights, never NaN.
+    """
+    if isinstance(num_heads, bool) or not isinstance(num_heads, numbers.Integral) or num_heads < 1:
+        raise ValueError(f"num_heads must be a positive integer, got {num_heads!r}")
+    dt = _result_dtype([query, key, value], dtype)
+    query = _array(query, "query", dtype=dt)
+    key = _array(key, "key", dtype=dt)
+    value = _array(value, "value", dtype=dt)
+    E = query.shape[-1]
+    if E % num_heads:
+        raise ValueError(f"embed dim {E} of query is not divisible by num_heads={num_heads}")
+    if key.shape[-2] != value.shape[-2]:
+        raise ValueError(
+            f"key and value must have the same length; got {key.shape[-2]} and {value.shape[-2]}"
+        )
+
+    def mat(x, name, shape):
+        return _scores._matrix(x, name, shape, dt)
+
+    if in_proj_weight is not None:
+        if key.shape[-1] != E or value.shape[-1] != E:
+            raise ValueError(
+                "in_proj_weight needs key and value of width E; use q_proj_weight, "
+                "k_proj_weight, v_proj_weight for other widths"
+            )
+        w = mat(in_proj_weight, "in_proj_weight", (3 * E, E))
+        wq, wk, wv = w[:E], w[E : 2 * E], w[2 * E :]
+    else:
+        if q_proj_weight is None or k_proj_weight is None or v_proj_weight is None:
+            raise ValueError(
+                "give in_proj_weight or all of q_proj_weight, k_proj_weight, v_proj_weight"
+            )
+        wq = mat(q_proj_weight, "q_proj_weight", (E, E))
+        wk = mat(k_proj_weight, "k_proj_weight", (E, key.shape[-1]))
+        wv = mat(v_proj_weight, "v_proj_weight", (E, value.shape[-1]))
+    bq = bk = bv = None
+    if in_proj_bias is not None:
+        b = mat(in_proj_bias, "in_proj_bias", (3 * E,))
+        bq, bk, bv = b[:E], b[E : 2 * E], b[2 * E :]
+    if out_proj_weight is None:
+        raise ValueError("out_proj_weight is required")
+    wo = mat(out_proj_weight, "out_proj_weight", (E, E))
+    bo = None if out_proj_bias is None else mat(out_proj_bias, "out_proj_bias", (E,))
+
+    H, d = num_heads, E // num_heads
+    L, S = query.shape[-2], key.shape[-2]
+
+    def heads(x, n):  # (..., n, E) -> (..., H, n, d)
+        return np.swapaxes(x.reshape(x.shape[:-1] + (H, d)), -2, -3)
+
+    qh = heads(_linear(query, wq, bq), L)
+    kh = heads(_linear(key, wk, bk), S)
+    vh = heads(_linear(value, wv, bv), S)
+    if rotary_base is not None:
+        from .positional import rope
+
+        qh = rope(qh, base=rotary_base)
+        kh = rope(kh, base=rotary_base)
+
+    bias = _mask_bias(mask, dt, shape=(L, S))
+    if key_mask is not None:
+        km = np.asarray(key_mask)
+        if km.dtype.kind != "b":
+            raise ValueError(f"key_mask must be boolean (True = key takes part), got {km.dtype}")
+        if km.ndim < 1 or km.shape[-1] != S:
+            raise ValueError(f"key_mask must have shape (..., {S}), got {km.shape}")
+        kb = _mask_bias(km[..., None, None, :], dt)
+        bias = kb if bias is None else bias + kb
+    res = attention(
+        qh,
+        kh,
+        vh,
+        "scaled_dot",
+        mask=bias,
+        causal=causal,
+        return_weights=need_weights,
+        dtype=dt,
+    )
+    out_h, weights = res if need_weights else (res, None)
+    concat = np.swapaxes(out_h, -2, -3)
+    concat = concat.reshape(concat.shape[:-2] + (E,))
+    out = _linear(concat, wo, bo)
+    if weights is not None and average_attn_weights:
+        weights = weights.mean(axis=-3)
+    return out, weights
+
+
+# --------------------------------------------------------------------------- hierarchical
+HierarchicalResult = namedtuple(
+    "HierarchicalResult",
+    ["output", "segments", "item_weights", "segment_weights", "segment_labels"],
+)
+HierarchicalResult.__doc__ = """Result of :func:`hierarchical_attention`.
+
+output : (Ev,) the document vector; segments : (G, Ev) the segment vectors;
+item_weights : (N,) alpha of each item within its segment (each segment's
+weights sum to 1); segment_weights : (G,) beta over segments;
+segment_labels : (G,) the distinct segment ids, in sorted order (row g of
+``segments`` belongs to ``segment_labels[g]``).
+"""
+
+
+def hierarchical_attention(
+    x,
+    segment_ids,
+    item_query,
+    segment_query,
+    score="scaled_dot",
+    values=None,
+    *,
+    item_score_params=None,
+    segment_score_params=None,
+    dtype=None,
+):
+    """Two-level (structured) attention: items -> segments -> document (seed 000).
+
+    Items (words) x_n with segment ids g(n) (sentences) are pooled within each
+    segment by an item-level query, and the segment vectors are pooled by a
+    segment-level query (Yang et al. 2016's hierarchical attention network,
+    without its projections):
+
+    .. math::
+
+        \\alpha_n = \\operatorname{softmax}_{n : g(n) = g}\\, s(u_w, x_n), \\qquad
+        c_g = \\sum_{n : g(n) = g} \\alpha_n\\, v_n
+
+        \\beta_g = \\operatorname{softmax}_g\\, s(u_s, c_g), \\qquad
+        \\text{output} = \\sum_g \\beta_g\\, c_g
+
+    Parameters
+    ----------
+    x : array (N, D)
+        The items (keys of level 1).
+    segment_ids : int array (N,)
+        The segment of each item; any integers, need not be sorted or
+        contiguous. Segments are ordered by id.
+    item_query : array (D,)
+        u_w, the item-level query.
+    segment_query : array (Dv,)
+        u_s, the segment-level query (Dv = D unless ``values`` is given).
+    score : str or callable
+        The score of both levels (see :func:`attention`).
+    values : array (N, Dv), optional
+        Values to pool instead of x (level 1 is key-value attention; the
+        segment vectors c_g are then both keys and values of level 2).
+    item_score_params, segment_score_params : dict, optional
+        Extra score parameters of each level (e.g. W, U, v for "additive").
+
+    Returns
+    -------
+    HierarchicalResult(output, segments, item_weights, segment_weights, segment_labels)
+    """
+    dt = _result_dtype([x, item_query, segment_query, values], dtype)
+    x = _array(x, "x", dtype=dt)
+    if x.ndim != 2:
+        raise ValueError(f"x must be 2-D (N items, D), got shape {x.shape}")
+    N = x.shape[0]
+    ids = np.asarray(segment_ids)
+    if ids.dtype.kind not in "iu" or ids.shape != (N,):
+        raise ValueError(
+            f"segment_ids must be an integer array of shape ({N},), got dtype {ids.dtype} "
+            f"and shape {ids.shape}"
+        )
+    vals = x if values is None else _array(values, "values", dtype=dt)
+    if vals.ndim != 2 or vals.shape[0] != N:
+        raise ValueError(f"values must have shape ({N}, Dv), got {vals.shape}")
+    uq = _array(item_query, "item_query", min_ndim=1, dtype=dt)
+    if uq.ndim != 1:
+        raise ValueError(f"item_query must be 1-D, got shape {uq.shape}")
+    us = _array(segment_query, "segment_query", min_ndim=1, dtype=dt)
+    if us.ndim != 1:
+        raise ValueError(f"segment_query must be 1-D, got shape {us.shape}")
+    labels, inverse = np.unique(ids, return_inverse=True)
+    G = labels.shape[0]
+    member = inverse[None, :] == np.arange(G)[:, None]  # (G, N)
+    segs, w1 = attention(
+        np.broadcast_to(uq, (G, uq.shape[0])),
+        x,
+        vals,
+        score,
+        mask=member,
+        return_weights=True,
+        score_params=item_score_params,
+        dtype=dt,
+    )
+    item_weights = w1[inverse, np.arange(N)]
+    doc, w2 = attention(
+        us[None, :],
+        segs,
+        segs,
+        score,
+        return_weights=True,
+        score_params=segment_score_params,
+        dtype=dt,
+    )
+    return HierarchicalResult(doc[0], segs, item_weights, w2[0], labels)

@@ -1,0 +1,286 @@
+"""Attention layers: parameter objects over :func:`nbattn.attention.multi_head_attention`.
+
+``MultiHeadAttention`` keeps torch's parameter layout and initialisation
+(``torch.nn.MultiheadAttention``), so weights copy across in either direction
+through :meth:`MultiHeadAttention.state_dict` / :meth:`load_state_dict`.
+``SelfAttention`` is the text's self-attention model, Q = W_q X, K = W_k X,
+V = W_v X, single- or multi-head. The layers are inference objects: the
+parameters are NumPy arrays, there is no dropout and no gradient.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from .attention import multi_head_attention
+
+__all__ = ["MultiHeadAttention", "SelfAttention"]
+
+
+def _xavier_uniform(rng, shape):
+    fan_out, fan_in = shape
+    bound = np.sqrt(6.0 / (fan_in + fan_out))
+    return rng.uniform(-bound, bound, size=shape)
+
+
+class MultiHeadAttention:
+    """Multi-head attention with torch's parameters (batch first).
+
+    .. math::
+
+        \\text{head}_h = \\operatorname{softmax}\\Big(\\frac{(Q W_q^{(h)})(K W_k^{(h)})^T}
+                         {\\sqrt{d}}\\Big) V W_v^{(h)}, \\qquad
+        \\text{out} = (\\text{head}_1 \\oplus \\cdots \\oplus \\text{head}_H) W_o^T + b_o
+
+    Parameters
+    ----------
+    embed_dim : int
+        E, the query width and the output width.
+    num_heads : int
+        H, dividing E; each head has width d = E / H.
+    bias : bool
+        Input and output projection biases (initialised to zero, as in torch).
+    kdim, vdim : int, optional
+        Key and value widths (default E). When both equal E the projections are
+        one stacked ``in_proj_weight`` (3E, E); otherwise separate
+        ``q_proj_weight`` (E, E), ``k_proj_weight`` (E, kdim), ``v_proj_weight``
+        (E, vdim) — torch's layout.
+    random_state : None, int or numpy Generator
+        Initialisation as torch: Xavier-uniform projections,
+        U(-1/sqrt(E), 1/sqrt(E)) output weights, zero biases.
+    rotary_base : float, optional
+        Apply RoPE (half-split pairing) to each head's queries and keys.
+    dtype : "float64" (default) or "float32"
+
+    Attributes
+    ----------
+    in_proj_weight, q_proj_weight, k_proj_weight, v_proj_weight, in_proj_bias,
+    out_proj_weight, out_proj_bias : arrays (None where absent)
+    """
+
+    def __init__(
+        self,
+        embed_dim,
+        num_heads,
+        bias=True,
+        kdim=None,
+        vdim=None,
+        random_state=None,
+        rotary_base=None,
+        dtype="float64",
+    ):
+        for name, value in (("embed_dim", embed_dim), ("num_heads", num_heads)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if embed_dim % num_heads:
+            raise ValueError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}")
+        kdim = embed_dim if kdim is None else kdim
+        vdim = embed_dim if vdim is None else vdim
+        for name, value in (("kdim", kdim), ("vdim", vdim)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        dt = np.dtype(dtype)
+        if dt not in (np.float32, np.float64):
+            raise ValueError(f"dtype must be 'float32' or 'float64', got {dtype!r}")
+        self.embed_dim = int(embed_dim)
+        self.num_heads = int(num_heads)
+        self.head_dim = self.embed_dim // self.num_heads
+        self.kdim = int(kdim)
+        self.vdim = int(vdim)
+        self.rotary_base = rotary_base
+        self.dtype = dt.type
+        E = self.embed_dim
+        rng = np.random.default_rng(random_state)
+        self.in_proj_weight = self.q_proj_weight = self.k_proj_weight = None
+        self.v_proj_weight = None
+        if self.kdim == E and self.vdim == E:
+            self.in_proj_weight = _xavier_uniform(rng, (3 * E, E)).astype(dt)
+        else:
+            self.q_proj_weight = _xavier_uniform(rng, (E, E)).astype(dt)
+            self.k_proj_weight = _xavier_uniform(rng, (E, self.kdim)).astype(dt)
+            self.v_proj_weight = _xavier_uniform(rng, (E, self.vdim)).astype(dt)
+        bound = 1.0 / np.sqrt(E)
+        self.out_proj_weight = rng.uniform(-bound, bound, size=(E, E)).astype(dt)
+        self.in_proj_bias = np.zeros(3 * E, dtype=dt) if bias else None
+        self.out_proj_bias = np.zeros(E, dtype=dt) if bias else None
+
+    _TORCH_NAMES = {
+        "in_proj_weight": "in_proj_weight",
+        "q_proj_weight": "q_proj_weight",
+        "k_proj_weight": "k_proj_weight",
+        "v_proj_weight": "v_proj_weight",
+        "in_proj_bias": "in_proj_bias",
+        "out_proj.weight": "out_proj_weight",
+        "out_proj.bias": "out_proj_bias",
+    }
+
+    def state_dict(self):
+        """The parameters under torch's names (``out_proj.weight`` ...), as NumPy arrays."""
+        return {
+            tname: getattr(self, attr).copy()
+            for tname, attr in self._TORCH_NAMES.items()
+            if getattr(self, attr) is not None
+        }
+
+    def load_state_dict(self, state):
+        """Copy parameters in from a dict with torch's names (arrays or tensors).
+
+        Every parameter this layer has must be present with its shape.
+        """
+        for tname, attr in self._TORCH_NAMES.items():
+            current = getattr(self, attr)
+            if current is None:
+                continue
+            if tname not in state:
+                raise ValueError(f"state is missing {tname!r}")
+            value = state[tname]
+            if hasattr(value, "detach"):
+                value = value.detach().cpu().numpy()
+            arr = np.array(value, dtype=self.dtype, copy=True)
+            if arr.shape != current.shape:
+                raise ValueError(
+                    f"state[{tname!r}] has shape {arr.shape}, expected {current.shape}"
+                )
+            if not np.isfinite(arr).all():
+                raise ValueError(f"state[{tname!r}] contains NaN or inf")
+            setattr(self, attr, arr)
+        return self
+
+    def forward(
+        self,
+        query,
+        key,
+        value,
+        mask=None,
+        *,
+        key_mask=None,
+        causal=False,
+        need_weights=True,
+        average_attn_weights=True,
+    ):
+        """Attend: query (..., L, E), key (..., S, kdim), value (..., S, vdim) -> (out, weights).
+
+        ``mask`` broadcasts to (..., H, L, S) and follows nbattn's (torch SDPA's)
+        convention: boolean True = may attend, float = added to the scores. This
+        is the opposite of ``torch.nn.MultiheadAttention``'s boolean
+        ``attn_mask`` (True = blocked); pass ``~mask`` there. ``key_mask``
+        (..., S) is True for keys that take part (torch's ``key_padding_mask``
+        inverted).
+
+        Returns
+        -------
+        out : (..., L, E)
+        weights : (..., L, S) averaged over heads (torch's default), or
+            (..., H, L, S) with ``average_attn_weights=False``; None when
+            ``need_weights=False``. Fully masked rows have zero weights and
+            the output bias as output, never NaN.
+        """
+        return multi_head_attention(
+            query,
+            key,
+            value,
+            self.num_heads,
+            self.in_proj_weight,
+            self.in_proj_bias,
+            self.out_proj_weight,
+            self.out_proj_bias,
+            q_proj_weight=self.q_proj_weight,
+            k_proj_weight=self.k_proj_weight,
+            v_proj_weight=self.v_proj_weight,
+            mask=mask,
+            key_mask=key_mask,
+            causal=causal,
+            need_weights=need_weights,
+            average_attn_weights=average_attn_weights,
+            rotary_base=self.rotary_base,
+            dtype=self.dtype,
+        )
+
+    __call__ = forward
+
+    def __repr__(self):
+        return (
+            f"MultiHeadAttention(embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
+            f"kdim={self.kdim}, vdim={self.vdim})"
+        )
+
+
+class SelfAttention:
+    """Self-attention (seed 000): Q = W_q X, K = W_k X, V = W_v X, then key-value attention.
+
+    .. math::
+
+        h_n = \\sum_j \\operatorname{softmax}_j\\big(s(k_j, q_n)\\big) v_j, \\quad
+        s(k, q) = k^T q / \\sqrt{d}
+
+    per head, heads concatenated and projected (``num_heads=1`` is the text's
+    single-head model followed by the output projection). A
+    :class:`MultiHeadAttention` with query = key = value = X underneath
+    (``self.attn``); the parameters are its.
+
+    Parameters
+    ----------
+    embed_dim : int
+    num_heads : int, default 1
+    bias : bool
+    causal : bool
+        Default causal flag of :meth:`forward` (each position sees itself and
+        the positions before it).
+    random_state, rotary_base, dtype : as for :class:`MultiHeadAttention`
+    """
+
+    def __init__(
+        self,
+        embed_dim,
+        num_heads=1,
+        bias=True,
+        causal=False,
+        random_state=None,
+        rotary_base=None,
+        dtype="float64",
+    ):
+        self.attn = MultiHeadAttention(
+            embed_dim,
+            num_heads,
+            bias=bias,
+            random_state=random_state,
+            rotary_base=rotary_base,
+            dtype=dtype,
+        )
+        self.causal = bool(causal)
+
+    def forward(
+        self,
+        x,
+        mask=None,
+        *,
+        key_mask=None,
+        causal=None,
+        need_weights=True,
+        average_attn_weights=True,
+    ):
+        """x (..., N, E) -> (H (..., N, E), weights); see :meth:`MultiHeadAttention.forward`."""
+        return self.attn.forward(
+            x,
+            x,
+            x,
+            mask,
+            key_mask=key_mask,
+            causal=self.causal if causal is None else causal,
+            need_weights=need_weights,
+            average_attn_weights=average_attn_weights,
+        )
+
+    __call__ = forward
+
+    def state_dict(self):
+        return self.attn.state_dict()
+
+    def load_state_dict(self, state):
+        self.attn.load_state_dict(state)
+        return self
+
+    def __repr__(self):
+        return f"SelfAttention(embed_dim={self.attn.embed_dim}, num_heads={self.attn.num_heads})"

@@ -1,0 +1,208 @@
+"""A tour of the attention chapter (seed 000), in the text's order, on small examples.
+
+Usage: python scripts/attention_tour.py OUTDIR
+
+Each step prints what it computes and saves its attention maps to OUTDIR:
+
+1. scoring functions (additive, dot, scaled dot, bilinear, low-rank bilinear,
+   Gaussian) on the same queries and keys          -> 01_scoring_functions.png
+2. soft attention and the two forms of hard attention
+   (arg-max key, a key sampled from alpha)          -> 02_soft_hard_sample.png
+3. key-value attention; K = V is plain soft attention (printed check)
+4. multi-head attention, one map per head           -> 03_multi_head.png
+5. structured (hierarchical) attention: words -> sentences -> document
+                                                     -> 04_hierarchical.png
+6. self-attention, plain and causal                 -> 05_self_attention.png
+7. self-attention ignores positions; absolute (sinusoidal) and relative (RoPE,
+   ALiBi, clipped relative bias) encodings restore them
+                                                     -> 06_positional_encodings.png,
+                                                        07_positions_in_self_attention.png
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+import nbattn
+from nbattn import positional
+from nbattn.plotting import _pyplot, show_heatmaps
+
+
+def step(title):
+    print(f"\n== {title}")
+
+
+def main(outdir):
+    out = Path(outdir)
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    saved = []
+
+    # 1. scoring functions --------------------------------------------------------------
+    step("1. scoring functions s(x, q) and the attention distribution alpha = softmax(s)")
+    L, S, D, hidden = 6, 10, 4, 8
+    q = rng.normal(size=(L, D))
+    k = rng.normal(size=(S, D))
+    W, U, a = rng.normal(size=(hidden, D)), rng.normal(size=(hidden, D)), rng.normal(size=hidden)
+    Wb = rng.normal(size=(D, D))
+    Ul, Vl = rng.normal(size=(2, D)), rng.normal(size=(2, D))
+    score_maps = {
+        "additive": nbattn.scores.additive(q, k, W, U, a),
+        "dot": nbattn.scores.dot(q, k),
+        "scaled dot": nbattn.scores.scaled_dot(q, k),
+        "bilinear": nbattn.scores.bilinear(q, k, Wb),
+        "low-rank (Ux)ᵀ(Vq)": nbattn.scores.bilinear(q, k, U=Ul, V=Vl),
+        "gaussian h=1": nbattn.scores.gaussian(q, k, 1.0),
+    }
+    alphas = np.stack([nbattn.softmax(s) for s in score_maps.values()])
+    for name, s in score_maps.items():
+        print(f"   {name:20s} scores in [{s.min():7.2f}, {s.max():7.2f}]")
+    saved.append(
+        show_heatmaps(
+            alphas[None], "keys", "queries", list(score_maps), path=out / "01_scoring_functions.png"
+        )
+    )
+
+    # 2. soft and hard attention ------------------------------------------------------------
+    step("2. soft attention (weighted average) and hard attention (arg-max / sampled key)")
+    v = rng.normal(size=(S, 3))
+    maps, outs = [], {}
+    for mode in ("soft", "hard", "sample"):
+        o, w = nbattn.attention(q, k, v, mode=mode, random_state=1, return_weights=True)
+        maps.append(w)
+        outs[mode] = o
+    print("   query 0 output:", {m: np.round(o[0], 3).tolist() for m, o in outs.items()})
+    saved.append(
+        show_heatmaps(
+            np.stack(maps)[None],
+            "keys",
+            "queries",
+            ["soft α", "hard: arg-max", "hard: sampled"],
+            path=out / "02_soft_hard_sample.png",
+        )
+    )
+
+    # 3. key-value attention ------------------------------------------------------------
+    step("3. key-value attention; with K = V it is plain soft attention over the inputs")
+    x = rng.normal(size=(S, D))
+    kv = nbattn.attention(q, x, x)
+    direct = nbattn.softmax(nbattn.scores.scaled_dot(q, x)) @ x
+    print(f"   max |att((X, X), q) - softmax(s(X, q)) X| = {np.abs(kv - direct).max():.2e}")
+
+    # 4. multi-head ------------------------------------------------------------------------
+    step("4. multi-head attention: 4 heads pick different parts of the input")
+    mha = nbattn.MultiHeadAttention(16, 4, random_state=2)
+    seq = rng.normal(size=(8, 16))
+    o, w = mha(seq, seq, seq, average_attn_weights=False)
+    print(f"   output {o.shape}, per-head weights {w.shape}")
+    saved.append(
+        show_heatmaps(
+            w[None],
+            "keys",
+            "queries",
+            [f"head {h}" for h in range(4)],
+            path=out / "03_multi_head.png",
+        )
+    )
+
+    # 5. structured attention ------------------------------------------------------------
+    step("5. structured attention: words -> sentences -> document")
+    sentence_of_word = np.array([0, 0, 0, 1, 1, 1, 1, 2, 2])
+    words = rng.normal(size=(len(sentence_of_word), D))
+    res = nbattn.hierarchical_attention(
+        words, sentence_of_word, rng.normal(size=D), rng.normal(size=D)
+    )
+    print("   word weights within sentences:", np.round(res.item_weights, 3).tolist())
+    print("   sentence weights:", np.round(res.segment_weights, 3).tolist())
+    grid = np.zeros((len(res.segment_labels), len(sentence_of_word)))
+    grid[np.searchsorted(res.segment_labels, sentence_of_word), np.arange(len(words))] = (
+        res.item_weights
+    )
+    both = np.zeros((1, 2) + grid.shape)
+    both[0, 0] = grid
+    both[0, 1] = grid * res.segment_weights[:, None]
+    saved.append(
+        show_heatmaps(
+            both,
+            "words",
+            "sentences",
+            ["α (words in sentence)", "β·α (words in document)"],
+            figsize=(3.5, 2.0),
+            path=out / "04_hierarchical.png",
+        )
+    )
+
+    # 6. self-attention --------------------------------------------------------------------
+    step("6. self-attention: Q = W_q X, K = W_k X, V = W_v X")
+    X = rng.normal(size=(8, 16))
+    sa = nbattn.SelfAttention(16, random_state=3)
+    h, w_plain = sa(X)
+    _, w_causal = sa(X, causal=True)
+    print(
+        f"   H {h.shape}; causal weights are lower-triangular: {np.all(np.triu(w_causal, 1) == 0)}"
+    )
+    saved.append(
+        show_heatmaps(
+            np.stack([w_plain, w_causal])[None],
+            "keys",
+            "queries",
+            ["self-attention", "causal"],
+            path=out / "05_self_attention.png",
+        )
+    )
+
+    # 7. positional encodings ------------------------------------------------------------
+    step("7. positional encodings")
+    N, E, H = 12, 16, 4
+    table = positional.sinusoidal(N, E)
+    unit = np.ones((N, E)) / np.sqrt(E)  # the same vector at every position
+    rope_scores = nbattn.scores.dot(positional.rope(unit), positional.rope(unit))
+    alibi = positional.alibi_bias(H, N)
+    rel = positional.relative_position_bias(np.linspace(-1, 1, 7), N)
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 4, figsize=(14, 3.2))
+    panels = [
+        (table, "sinusoidal table P (position x dim)", "RdBu"),
+        (rope_scores, "RoPE: rope(x)·rope(x), same x everywhere", "RdBu"),
+        (alibi[0], f"ALiBi bias, head 0 (slope {positional.alibi_slopes(H)[0]:.3g})", "Reds_r"),
+        (rel, "clipped relative bias, K = 3", "RdBu"),
+    ]
+    for ax, (m, title, cmap) in zip(axes, panels):
+        image = ax.imshow(m, cmap=cmap, aspect="auto")
+        ax.set_title(title, fontsize=8)
+        fig.colorbar(image, ax=ax)
+    fig.tight_layout()
+    fig.savefig(out / "06_positional_encodings.png", dpi=100)
+    plt.close(fig)
+    print(f"   ALiBi slopes for {H} heads: {positional.alibi_slopes(H).tolist()}")
+
+    # self-attention over identical tokens: uniform without positions, structured with them
+    token = rng.normal(size=E)
+    same = np.tile(token, (N, 1))
+    layer = nbattn.MultiHeadAttention(E, H, random_state=4)
+    rope_layer = nbattn.MultiHeadAttention(E, H, random_state=4, rotary_base=10.0)
+    _, w_none = layer(same, same, same)
+    _, w_sin = layer(same + table, same + table, same + table)
+    _, w_rope = rope_layer(same, same, same)
+    _, w_alibi = layer(same, same, same, mask=alibi)
+    print(f"   identical tokens, no positions: weights uniform = {np.allclose(w_none, 1 / N)}")
+    saved.append(
+        show_heatmaps(
+            np.stack([w_none, w_sin, w_rope, w_alibi])[None],
+            "keys",
+            "queries",
+            ["no positions", "+ sinusoidal", "RoPE", "ALiBi"],
+            path=out / "07_positions_in_self_attention.png",
+        )
+    )
+    files = sorted(p.name for p in out.glob("*.png"))
+    print(f"\nsaved {len(files)} figures to {out}: {', '.join(files)}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    main(sys.argv[1])
