@@ -50,6 +50,12 @@ SERIAL_PAIRS = _env_int("SERIAL_PAIRS", 1 << 19)
 #: multi-block and partial-tile paths run under the simulator).
 CUDA_THREADS_PER_BLOCK = _env_int("CUDA_THREADS_PER_BLOCK", 128)
 
+#: Shared memory for the key (or query) tiles of one CUDA block, in bytes. A
+#: tile holds min(CUDA_THREADS_PER_BLOCK, budget / bytes per row) rows; 32 KiB
+#: stays under the 48 KiB every GPU grants without opt-in and leaves room for
+#: two blocks per multiprocessor.
+CUDA_SHARED_MEMORY_BYTES = _env_int("CUDA_SHARED_MEMORY_BYTES", 32768)
+
 #: Whether compiled kernels are cached on disk (second process: no recompile).
 #: The block sizes above are compiled into the kernels as constants, and numba's
 #: cache only notices source changes; so a process that overrides a size with an

@@ -17,10 +17,10 @@ from .device import resolve_device
 __all__ = ["LearnedKernelRegressor", "NadarayaWatsonClassifier", "NadarayaWatsonRegressor"]
 
 
-def _fit_bandwidth(bandwidth, X, Y, dtype):
+def _fit_bandwidth(bandwidth, X, Y, dtype, device="cpu"):
     """Per-feature widths: the LOO-optimal scale of Scott's for "loo", else the rule or value."""
     if isinstance(bandwidth, str) and bandwidth == "loo":
-        return learning.loo_bandwidth(X, Y, dtype=check_dtype(dtype))
+        return learning.loo_bandwidth(X, Y, dtype=check_dtype(dtype), device=device)
     return regression.resolve_bandwidth(bandwidth, X)
 
 
@@ -99,7 +99,7 @@ class NadarayaWatsonRegressor(RegressorMixin, BaseEstimator):
         self.n_outputs_ = y2.shape[1]
         self.X_fit_ = X
         self.y_fit_ = y2
-        self.bandwidth_ = _fit_bandwidth(self.bandwidth, X, y2, self.dtype)
+        self.bandwidth_ = _fit_bandwidth(self.bandwidth, X, y2, self.dtype, self.device_)
         return self
 
     def _check_queries(self, X):
@@ -289,6 +289,7 @@ class LearnedKernelRegressor(RegressorMixin, BaseEstimator):
             tol=self.tol,
             random_state=random_state,
             dtype=check_dtype(self.dtype),
+            device=self.device_,
         )
         self.n_outputs_ = y2.shape[1]
         self.X_fit_ = X
@@ -321,7 +322,7 @@ class LearnedKernelRegressor(RegressorMixin, BaseEstimator):
         if return_std:
             out, std, _ = learning.nadaraya_watson_spread(q, k, self.y_fit_, h, dtype=dtype)
         else:
-            out = regression.nadaraya_watson(q, k, self.y_fit_, h, dtype=dtype)
+            out = regression.nadaraya_watson(q, k, self.y_fit_, h, dtype=dtype, device=self.device_)
         if self._y_ndim == 1:
             out = out[:, 0]
             std = std[:, 0] if return_std else None
@@ -404,7 +405,7 @@ class NadarayaWatsonClassifier(ClassifierMixin, BaseEstimator):
         Y[np.arange(X.shape[0]), codes] = 1.0
         self.X_fit_ = X
         self.Y_fit_ = Y
-        self.bandwidth_ = _fit_bandwidth(self.bandwidth, X, Y, self.dtype)
+        self.bandwidth_ = _fit_bandwidth(self.bandwidth, X, Y, self.dtype, self.device_)
         return self
 
     def _check_queries(self, X):

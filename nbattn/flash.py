@@ -22,7 +22,7 @@ import math
 
 import numpy as np
 
-from . import config
+from . import _flash_gpu, config
 from .kernels import flash as _kernels
 
 __all__ = [
@@ -252,7 +252,7 @@ def flash_attention_bias(
     return out
 
 
-def flash_attention(q, k, v, causal=False, scale=None, return_lse=False):
+def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, device="cpu"):
     """Scaled dot-product attention, blocked, with memory linear in the lengths.
 
         out = softmax(scale * q k^T) v,     scale = 1 / sqrt(E) by default
@@ -278,11 +278,18 @@ def flash_attention(q, k, v, causal=False, scale=None, return_lse=False):
     return_lse : bool
         Also return ``lse = log sum_j exp(scale q_i . k_j)`` (..., L) as
         float64, which :func:`flash_attention_backward` takes.
+    device : "cpu", "cuda" or "auto"
+        "auto" runs on a CUDA GPU when numba sees one. GPU arrays
+        (``__cuda_array_interface__``: numba, CuPy, torch CUDA tensors) are
+        used in place and the results come back as the same kind of array;
+        on the GPU E and Ev are at most ``nbattn.cuda.flash.MAX_HEAD_DIM``.
 
     Returns
     -------
     out : ndarray (..., L, Ev) in the computation dtype, or ``(out, lse)``.
     """
+    if _flash_gpu.runs_on_gpu(device, q, k, v):
+        return _flash_gpu.flash_attention(q, k, v, bool(causal), scale, return_lse)
     return flash_attention_bias(q, k, v, causal=causal, scale=scale, return_lse=return_lse)
 
 
@@ -379,7 +386,7 @@ def flash_attention_bias_backward(
     return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
 
 
-def flash_attention_backward(q, k, v, out, lse, grad_out, causal=False, scale=None):
+def flash_attention_backward(q, k, v, out, lse, grad_out, causal=False, scale=None, device="cpu"):
     """Gradients of :func:`flash_attention`: ``(dq, dk, dv)``, blocked, O(N) memory.
 
     With P = softmax(S), S = scale q k^T, recomputed tile by tile from the
@@ -399,10 +406,14 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, causal=False, scale=No
         The gradient of the loss with respect to ``out``.
     causal, scale
         As in the forward call.
+    device : "cpu", "cuda" or "auto"
+        As in :func:`flash_attention` (GPU arrays in, the same kind out).
 
     Returns
     -------
     dq, dk, dv : ndarrays of the shapes of q, k, v (gradients summed over
         broadcast leading dimensions) in the computation dtype.
     """
+    if _flash_gpu.runs_on_gpu(device, q, k, v, out, lse, grad_out):
+        return _flash_gpu.flash_attention_backward(q, k, v, out, lse, grad_out, bool(causal), scale)
     return flash_attention_bias_backward(q, k, v, out, lse, grad_out, causal=causal, scale=scale)

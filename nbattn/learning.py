@@ -43,6 +43,7 @@ from sklearn.exceptions import ConvergenceWarning
 
 from . import config
 from ._validation import as_float_array, check_dtype
+from .device import resolve_device
 from .kernels import loo, pooling
 from .regression import _default_dtype, bandwidth_rule, resolve_bandwidth
 
@@ -116,13 +117,29 @@ def _check_components(components, d):
 # --------------------------------------------------------------------------- loss, gradient
 
 
-def _loss_from_layout(z, z_t, y2, dtype, rows=None):
+def _kernels(device):
+    """(loo, pooling) kernel modules for a requested device ("cpu", "cuda" or "auto").
+
+    The CUDA twins (``nbattn.cuda.loo``, ``nbattn.cuda.pooling``) share the
+    CPU contracts, except that the CUDA pool returns device arrays.
+    """
+    if resolve_device(device) == "cuda":
+        from .cuda import loo as cuda_loo
+        from .cuda import pooling as cuda_pooling
+
+        return cuda_loo, cuda_pooling
+    return loo, pooling
+
+
+def _loss_from_layout(z, z_t, y2, dtype, rows=None, device="cpu"):
     """LOO MSE; with ``rows`` only those rows are left out and predicted (an estimate)."""
     v_t = np.ascontiguousarray(y2.T, dtype=dtype)
     if rows is None:
-        return _sum_over_rows(_sse_rows, z.shape[0], z, z_t, v_t, y2) / y2.size
+        return _sum_over_rows(_sse_rows, z.shape[0], z, z_t, v_t, y2, device) / y2.size
     with _threads_for(rows.size * z.shape[0]):
-        total = loo.loo_squared_error(np.ascontiguousarray(z[rows]), z_t, v_t, y2[rows], rows)
+        total = _kernels(device)[0].loo_squared_error(
+            np.ascontiguousarray(z[rows]), z_t, v_t, y2[rows], rows
+        )
     return float(total) / (rows.size * y2.shape[1])
 
 
@@ -145,11 +162,12 @@ def _sum_over_rows(task, n_rows, *args):
     return runner(task, n_rows, args)
 
 
-def _sse_rows(a, b, z, z_t, v_t, y2):
+def _sse_rows(a, b, z, z_t, v_t, y2, device="cpu"):
     """Sum of squared LOO errors of rows [a, b) (each left out) against all keys."""
     rows = np.arange(a, b, dtype=np.int64)
     with _threads_for((b - a) * z.shape[0]):
-        total = loo.loo_squared_error(np.ascontiguousarray(z[a:b]), z_t, v_t, y2[a:b], rows)
+        kernels = _kernels(device)[0]
+        total = kernels.loo_squared_error(np.ascontiguousarray(z[a:b]), z_t, v_t, y2[a:b], rows)
     return float(total)
 
 
@@ -161,28 +179,31 @@ def _sse_rows_sorted_1d(a, b, zs, v_sorted, y_sorted, gap, window):
     return float(total)
 
 
-def _loss_grad_rows(a, b, z, z_t, v_t, y2, points, points_t, dtype):
+def _loss_grad_rows(a, b, z, z_t, v_t, y2, points, points_t, dtype, device="cpu"):
     """Rows [a, b) of the two LOO passes: ``(sum of squared errors, gradient sums)``.
 
     Gradient sums are ``loo_grad_diag``'s (k,) when ``points`` is None, else
     ``loo_grad_full``'s (d, d) over the original (centred) points.
     """
     zq = np.ascontiguousarray(z[a:b])
+    loo_k, pool_k = _kernels(device)
     with _threads_for((b - a) * z.shape[0]):
-        f, lse = pooling.gaussian_pool(zq, z_t, v_t, True, a)
+        f, lse = pool_k.gaussian_pool(zq, z_t, v_t, True, a)
+        if not isinstance(f, np.ndarray):  # the CUDA pool returns device arrays
+            f, lse = f.copy_to_host(), lse.copy_to_host()
         f = f.astype(np.float64)
         resid = f - y2[a:b]
         resid_k = np.ascontiguousarray(resid, dtype=dtype)
         f_k = np.ascontiguousarray(f, dtype=dtype)
         if points is None:
-            sums = loo.loo_grad_diag(zq, z_t, v_t, resid_k, f_k, lse, a)
+            sums = loo_k.loo_grad_diag(zq, z_t, v_t, resid_k, f_k, lse, a)
         else:
             pts = np.ascontiguousarray(points[a:b])
-            sums = loo.loo_grad_full(zq, z_t, pts, points_t, v_t, resid_k, f_k, lse, a)
+            sums = loo_k.loo_grad_full(zq, z_t, pts, points_t, v_t, resid_k, f_k, lse, a)
     return float(np.sum(resid**2)), sums
 
 
-def loo_loss(X, y, bandwidth="scott", *, components=None, dtype=None):
+def loo_loss(X, y, bandwidth="scott", *, components=None, dtype=None, device="cpu"):
     """Leave-one-out mean squared error of Nadaraya-Watson regression.
 
     .. math::
@@ -201,6 +222,7 @@ def loo_loss(X, y, bandwidth="scott", *, components=None, dtype=None):
     bandwidth : "scott", "silverman", float or array (d,)
     components : array-like (k, d), optional
     dtype : "float64" or "float32"; the sum is accumulated in float64 either way
+    device : "cpu", "cuda" or "auto" (the CUDA twin ``nbattn.cuda.loo``)
 
     Raises
     ------
@@ -214,10 +236,10 @@ def loo_loss(X, y, bandwidth="scott", *, components=None, dtype=None):
     else:
         h = resolve_bandwidth(bandwidth, X)
         z, z_t = _scaled(X, 1.0 / h, dtype)
-    return _loss_from_layout(z, z_t, y2, dtype)
+    return _loss_from_layout(z, z_t, y2, dtype, device=device)
 
 
-def loo_loss_and_grad(X, y, bandwidth=None, *, components=None, dtype=None):
+def loo_loss_and_grad(X, y, bandwidth=None, *, components=None, dtype=None, device="cpu"):
     """The LOO MSE and its exact gradient (two streaming passes).
 
     Parameters
@@ -231,6 +253,9 @@ def loo_loss_and_grad(X, y, bandwidth=None, *, components=None, dtype=None):
         Score ``-1/2 ||L (x_i - x_j)||^2``; the gradient is with respect to L,
         shape (k, d). Give exactly one of ``bandwidth`` and ``components``.
     dtype : "float64" or "float32"
+    device : "cpu", "cuda" or "auto"
+        Both passes run on the GPU with "cuda"; only the n x (d + p) inputs
+        and the pass-1 outputs cross to and from the host.
 
     Returns
     -------
@@ -264,19 +289,21 @@ def loo_loss_and_grad(X, y, bandwidth=None, *, components=None, dtype=None):
         X = X - X.mean(axis=0)
         z, z_t = _projected(X, L_or_none, dtype)
     with _threads_for(n * n):
-        return _loss_and_grad_passes(X, y2, z, z_t, v_t, dtype, components is None, L_or_none)
+        return _loss_and_grad_passes(
+            X, y2, z, z_t, v_t, dtype, components is None, L_or_none, device
+        )
 
 
-def _loss_and_grad_passes(X, y2, z, z_t, v_t, dtype, diagonal, L):
+def _loss_and_grad_passes(X, y2, z, z_t, v_t, dtype, diagonal, L, device="cpu"):
     scale = 2.0 / y2.size
     n = z.shape[0]
     if diagonal:
         # (x_id - x_jd)^2 / h_d^2 = 2 (z_id - z_jd)^2 with the sqrt(2) of the layout
-        sse, sums = _sum_over_rows(_loss_grad_rows, n, z, z_t, v_t, y2, None, None, dtype)
+        sse, sums = _sum_over_rows(_loss_grad_rows, n, z, z_t, v_t, y2, None, None, dtype, device)
         return sse / y2.size, 2.0 * scale * sums
     pts = np.ascontiguousarray(X, dtype=dtype)
     sse, M = _sum_over_rows(
-        _loss_grad_rows, n, z, z_t, v_t, y2, pts, np.ascontiguousarray(pts.T), dtype
+        _loss_grad_rows, n, z, z_t, v_t, y2, pts, np.ascontiguousarray(pts.T), dtype, device
     )
     return sse / y2.size, -scale * (L @ M)
 
@@ -296,6 +323,7 @@ def loo_bandwidth(
     random_state=0,
     dtype=None,
     return_curve=False,
+    device="cpu",
 ):
     """Per-feature widths ``c* h0`` minimising the LOO MSE over one scale factor c.
 
@@ -348,6 +376,9 @@ def loo_bandwidth(
     return_curve : bool
         Also return ``(factors, losses)`` of every exact evaluation, sorted by
         factor (with the coarse stage subsampled, only the Brent stage's).
+    device : "cpu", "cuda" or "auto"
+        On the GPU every evaluation uses the full (unsorted) kernel
+        ``nbattn.cuda.loo.loo_squared_error``, also in 1-D.
 
     Returns
     -------
@@ -370,7 +401,9 @@ def loo_bandwidth(
         large = grid_queries is not None and n > int(grid_queries)
         xatol = 1e-2 if large else 1e-3
     evaluated = {}
-    sorted_1d = X.shape[1] == 1  # sorted 1-D points: the windowed kernel skips negligible keys
+    device = resolve_device(device)
+    # sorted 1-D points: the windowed kernel skips negligible keys (CPU only)
+    sorted_1d = X.shape[1] == 1 and device == "cpu"
     if sorted_1d:
         order = np.argsort(X[:, 0], kind="stable")
         rank = np.empty(n, dtype=np.int64)
@@ -393,7 +426,7 @@ def loo_bandwidth(
                 total = loo.loo_squared_error_sorted_1d(zs, v_sorted, y_sorted, sub, gap)
             return float(total) / (sub.size * y2.shape[1])
         z, z_t = _scaled(X, 1.0 / (np.exp(t) * h0), dtype)
-        return _loss_from_layout(z, z_t, y2, dtype, subset)
+        return _loss_from_layout(z, z_t, y2, dtype, subset, device)
 
     def objective(t):
         t = float(t)
@@ -466,6 +499,7 @@ def fit_learned_kernel(
     tol=1e-6,
     random_state=None,
     dtype=None,
+    device="cpu",
 ):
     """Minimise the LOO MSE over the kernel's metric with L-BFGS-B and the exact gradient.
 
@@ -489,6 +523,7 @@ def fit_learned_kernel(
         by the variance of y, so that ``tol`` does not depend on y's units).
     random_state : seed for init="random"
     dtype : "float64" or "float32"
+    device : "cpu", "cuda" or "auto": where the LOO loss and gradient run
 
     Returns
     -------
@@ -509,6 +544,7 @@ def fit_learned_kernel(
     if metric not in ("scalar", "diagonal", "full"):
         raise ValueError(f"metric must be 'scalar', 'diagonal' or 'full', got {metric!r}")
     dtype = _resolve_dtype(dtype, X, y)
+    device = resolve_device(device)
     X, y2 = _prepare_xy(X, y, dtype)
     n, d = X.shape
     Xs, sigma = _standardise(X)
@@ -538,7 +574,7 @@ def fit_learned_kernel(
                 return np.exp(p[0]) * h_std
 
             def fun(p):
-                loss, g = loo_loss_and_grad(Xs, y2, widths(p), dtype=dtype)
+                loss, g = loo_loss_and_grad(Xs, y2, widths(p), dtype=dtype, device=device)
                 return loss, np.array([g.sum()])
         else:
             x0 = np.log(h_init)
@@ -549,7 +585,7 @@ def fit_learned_kernel(
                 return np.exp(p)
 
             def fun(p):
-                return loo_loss_and_grad(Xs, y2, widths(p), dtype=dtype)
+                return loo_loss_and_grad(Xs, y2, widths(p), dtype=dtype, device=device)
 
         x0 = np.clip(x0, [b[0] for b in bounds], [b[1] for b in bounds])
     else:
@@ -566,7 +602,7 @@ def fit_learned_kernel(
         bounds = None
 
         def fun(p):
-            return loo_loss_and_grad(Xs, y2, components=p.reshape(k, d), dtype=dtype)
+            return loo_loss_and_grad(Xs, y2, components=p.reshape(k, d), dtype=dtype, device=device)
 
     curve = []
 

@@ -34,6 +34,17 @@ def _count_nonfinite_kernel(x, counter):
 
 
 @cuda.jit
+def _count_nan_or_posinf_kernel(x, counter):
+    start = cuda.grid(1)
+    stride = cuda.gridsize(1)
+    n_rows, n_cols = x.shape
+    for flat in range(start, n_rows * n_cols, stride):
+        value = x[flat // n_cols, flat % n_cols]
+        if math.isnan(value) or value == math.inf:
+            cuda.atomic.add(counter, 0, 1)
+
+
+@cuda.jit
 def _column_sums_kernel(x, shift, sums, sums_sq):
     start = cuda.grid(1)
     stride = cuda.gridsize(1)
@@ -72,11 +83,12 @@ def _launch(n_items):
     return min(1024, max(1, (n_items + tpb - 1) // tpb)), tpb
 
 
-def count_nonfinite(device_x) -> int:
-    """Number of NaN or infinite entries of a 2-D device array."""
+def count_nonfinite(device_x, allow_neg_inf=False) -> int:
+    """Number of NaN or infinite entries of a 2-D device array (-inf allowed if asked)."""
     counter = cuda.to_device(np.zeros(1, dtype=np.int64))
     blocks, tpb = _launch(device_x.size)
-    _count_nonfinite_kernel[blocks, tpb](device_x, counter)
+    kernel = _count_nan_or_posinf_kernel if allow_neg_inf else _count_nonfinite_kernel
+    kernel[blocks, tpb](device_x, counter)
     return int(counter.copy_to_host()[0])
 
 
