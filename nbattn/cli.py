@@ -368,7 +368,7 @@ class _ChunkRunner:
                 raise ValueError(
                     f"cannot reach the dask scheduler {self.scheduler}: {exc}"
                 ) from exc
-            self.remote_model = self.client.scatter(self.model, broadcast=True)
+            self.remote_model = self.client.scatter(self.model, broadcast=True, hash=False)
             self.window = 2 * max(1, len(self.client.scheduler_info()["workers"]))
         return self
 

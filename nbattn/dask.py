@@ -225,7 +225,9 @@ def sharded_training(client=None, n_partitions=None):
     into ``n_partitions`` row ranges (default: twice the number of workers);
     each range is a task that scores its rows against all keys, and the
     partial sums come back to be added. Arrays go to the workers with
-    ``client.scatter`` once per evaluation.
+    ``client.scatter`` once per evaluation, under fresh keys (``hash=False``):
+    content-hashed keys would let the release of one evaluation's copy drop
+    the identical array that the next evaluation has just scattered.
 
     Parameters
     ----------
@@ -243,7 +245,8 @@ def sharded_training(client=None, n_partitions=None):
 
     def runner(task, n_rows, args):
         remote = [
-            client.scatter(a, broadcast=True) if isinstance(a, np.ndarray) else a for a in args
+            client.scatter(a, broadcast=True, hash=False) if isinstance(a, np.ndarray) else a
+            for a in args
         ]
         bounds = np.linspace(0, n_rows, min(int(n_partitions), n_rows) + 1).astype(np.int64)
         futures = [

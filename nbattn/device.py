@@ -53,7 +53,10 @@ def is_device_array(x) -> bool:
     tensors) or the CUDA simulator's device arrays."""
     if x is None or type(x).__module__.startswith("numpy"):
         return False
-    if hasattr(x, "__cuda_array_interface__"):
+    try:
+        if hasattr(x, "__cuda_array_interface__"):
+            return True
+    except RuntimeError:  # torch raises for a CUDA tensor that requires grad
         return True
     return type(x).__name__ in ("DeviceNDArray", "FakeCUDAArray")
 
