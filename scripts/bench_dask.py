@@ -17,6 +17,11 @@ import numba
 import numpy as np
 
 
+def numba_threads():
+    """The numba thread count of the process it runs in (a worker, under client.run)."""
+    return numba.config.NUMBA_NUM_THREADS
+
+
 def timed(fn):
     t0 = time.perf_counter()
     result = fn()
@@ -30,6 +35,7 @@ def main():
     parser.add_argument("--chunk", type=int, default=500_000)
     args = parser.parse_args()
 
+    import dask
     import dask.array as da
     from distributed import Client, LocalCluster
 
@@ -53,15 +59,16 @@ def main():
     numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
 
     for workers in (1, 2):
-        cluster = LocalCluster(
-            n_workers=workers,
-            threads_per_worker=1,
-            processes=True,
-            dashboard_address=None,
-            env={"NUMBA_NUM_THREADS": "1"},
-        )
+        # NUMBA_NUM_THREADS must be set before numba is imported in the worker:
+        # pre-spawn-environ applies it when the worker process starts.
+        with dask.config.set({"distributed.nanny.pre-spawn-environ": {"NUMBA_NUM_THREADS": "1"}}):
+            cluster = LocalCluster(
+                n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None
+            )
         with Client(cluster) as client:
             client.run(model.predict, queries[:10])  # load the kernels on each worker
+            threads = set(client.run(numba_threads).values())
+            assert threads == {1}, f"workers run {threads} numba threads, not 1"
             dq = da.from_array(queries, chunks=(args.chunk, 1))
             got, seconds = timed(lambda dq=dq: nbdask.predict(model, dq).compute())
         cluster.close()
