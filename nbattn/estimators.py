@@ -17,6 +17,14 @@ from .device import resolve_device
 __all__ = ["LearnedKernelRegressor", "NadarayaWatsonClassifier", "NadarayaWatsonRegressor"]
 
 
+def _validate_regression_data(estimator, X, y):
+    """validate_data for a regressor: float64 X and y as 2-D (n, n_outputs); remembers y's ndim."""
+    X, y = validate_data(estimator, X, y, multi_output=True, y_numeric=True, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    estimator._y_ndim = y.ndim
+    return X, y.reshape(len(y), -1)
+
+
 def _fit_bandwidth(bandwidth, X, Y, dtype, device="cpu"):
     """Per-feature widths: the LOO-optimal scale of Scott's for "loo", else the rule or value."""
     if isinstance(bandwidth, str) and bandwidth == "loo":
@@ -92,10 +100,7 @@ class NadarayaWatsonRegressor(RegressorMixin, BaseEstimator):
         """Store the training rows as keys and values and resolve the bandwidth."""
         self._validate_params()
         self.device_ = resolve_device(self.device)
-        X, y = validate_data(self, X, y, multi_output=True, y_numeric=True, dtype=np.float64)
-        y = np.asarray(y, dtype=np.float64)
-        self._y_ndim = y.ndim
-        y2 = y.reshape(len(y), -1)
+        X, y2 = _validate_regression_data(self, X, y)
         self.n_outputs_ = y2.shape[1]
         self.X_fit_ = X
         self.y_fit_ = y2
@@ -260,10 +265,7 @@ class LearnedKernelRegressor(RegressorMixin, BaseEstimator):
         """Learn the metric by minimising the leave-one-out MSE (L-BFGS-B)."""
         self._validate_params()
         self.device_ = resolve_device(self.device)
-        X, y = validate_data(self, X, y, multi_output=True, y_numeric=True, dtype=np.float64)
-        y = np.asarray(y, dtype=np.float64)
-        self._y_ndim = y.ndim
-        y2 = y.reshape(len(y), -1)
+        X, y2 = _validate_regression_data(self, X, y)
         if X.shape[0] < 2:
             raise ValueError(
                 "LearnedKernelRegressor needs at least 2 samples (leave-one-out), "
