@@ -57,7 +57,7 @@ from numba import njit, prange
 
 from .. import config
 from .fastmath import fast_exp, like
-from .pooling import _block_max, _block_scores, _exp_shift_sum
+from .pooling import _block_scores, pool_row
 
 _KEY_BLOCK = config.KEY_BLOCK
 _QUERY_BLOCK = config.QUERY_BLOCK
@@ -256,7 +256,6 @@ def loo_squared_error(queries, keys_t, values_t, targets, self_index):
     no admissible key (n = 1) predicts 0.
     """
     n_queries = queries.shape[0]
-    n_keys = keys_t.shape[1]
     n_outputs = values_t.shape[0]
     dtype = queries.dtype
     n_chunks = (n_queries + _QUERY_BLOCK - 1) // _QUERY_BLOCK
@@ -267,31 +266,7 @@ def loo_squared_error(queries, keys_t, values_t, targets, self_index):
         stop = min(n_queries, (chunk + 1) * _QUERY_BLOCK)
         sq = 0.0
         for i in range(chunk * _QUERY_BLOCK, stop):
-            query_row = queries[i]
-            own = self_index[i]
-            running_max = -np.inf
-            running_sum = 0.0
-            acc[:] = 0.0
-            for j0 in range(0, n_keys, _KEY_BLOCK):
-                nb = min(_KEY_BLOCK, n_keys - j0)
-                _block_scores(query_row, keys_t, j0, nb, scores)
-                if j0 <= own < j0 + nb:
-                    scores[own - j0] = -np.inf
-                block_max = _block_max(scores, nb)
-                if block_max == -np.inf:
-                    continue
-                if block_max > running_max:
-                    rescale = np.exp(running_max - block_max)
-                    running_sum *= rescale
-                    for c in range(n_outputs):
-                        acc[c] *= rescale
-                    running_max = block_max
-                running_sum += _exp_shift_sum(scores, nb, running_max)
-                for c in range(n_outputs):
-                    weighted = like(0.0, scores)
-                    for j in range(nb):
-                        weighted += scores[j] * values_t[c, j0 + j]
-                    acc[c] += weighted
+            _, running_sum = pool_row(queries[i], keys_t, values_t, self_index[i], scores, acc)
             inv = 1.0 / running_sum if running_sum > 0.0 else 0.0
             for c in range(n_outputs):
                 err = acc[c] * inv - targets[i, c]

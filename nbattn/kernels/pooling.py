@@ -89,6 +89,49 @@ def _exp_shift_sum_dot(scores, nb, shift, values_row):
     return total, weighted
 
 
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def pool_row(query_row, keys_t, values_t, own, scores, acc):
+    """The online softmax of one query over all keys; key ``own`` is skipped (-1: none).
+
+    Leaves the unnormalised weighted sums sum_j exp(s_j - m) v_j in ``acc``
+    (float64, n_outputs) and returns ``(m, l)``: the running maximum and
+    l = sum_j exp(s_j - m). ``scores`` is a KEY_BLOCK scratch buffer. With no
+    admissible key, l = 0 and m = -inf.
+    """
+    n_keys = keys_t.shape[1]
+    n_outputs = values_t.shape[0]
+    running_max = -np.inf
+    running_sum = 0.0
+    acc[:] = 0.0
+    for j0 in range(0, n_keys, _KEY_BLOCK):
+        nb = min(_KEY_BLOCK, n_keys - j0)
+        _block_scores(query_row, keys_t, j0, nb, scores)
+        if j0 <= own < j0 + nb:
+            scores[own - j0] = -np.inf
+        block_max = _block_max(scores, nb)
+        if block_max == -np.inf:
+            continue
+        if block_max > running_max:
+            rescale = np.exp(running_max - block_max)
+            running_sum *= rescale
+            for c in range(n_outputs):
+                acc[c] *= rescale
+            running_max = block_max
+        if n_outputs == 1:  # one fused pass: exp, sum and weighted sum
+            total, weighted = _exp_shift_sum_dot(scores, nb, running_max, values_t[0, j0 : j0 + nb])
+            running_sum += total
+            acc[0] += weighted
+            continue
+        running_sum += _exp_shift_sum(scores, nb, running_max)
+        for c in range(n_outputs):
+            values_c = values_t[c, j0 : j0 + nb]
+            weighted = like(0.0, scores)
+            for j in range(nb):
+                weighted += scores[j] * values_c[j]
+            acc[c] += weighted
+    return running_max, running_sum
+
+
 @njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
 def gaussian_pool(queries, keys_t, values_t, exclude_self, self_offset=0):
     """Streaming Gaussian attention pooling; returns ``(out, lse)``.
@@ -99,7 +142,6 @@ def gaussian_pool(queries, keys_t, values_t, exclude_self, self_offset=0):
     a block of query rows inside the keys, for leave-one-out over partitions).
     """
     n_queries = queries.shape[0]
-    n_keys = keys_t.shape[1]
     n_outputs = values_t.shape[0]
     dtype = queries.dtype
     out = np.zeros((n_queries, n_outputs), dtype=dtype)
@@ -110,39 +152,8 @@ def gaussian_pool(queries, keys_t, values_t, exclude_self, self_offset=0):
         acc = np.empty(n_outputs, dtype=np.float64)
         stop = min(n_queries, (chunk + 1) * _QUERY_BLOCK)
         for i in range(chunk * _QUERY_BLOCK, stop):
-            query_row = queries[i]
-            running_max = -np.inf
-            running_sum = 0.0
-            acc[:] = 0.0
-            for j0 in range(0, n_keys, _KEY_BLOCK):
-                nb = min(_KEY_BLOCK, n_keys - j0)
-                _block_scores(query_row, keys_t, j0, nb, scores)
-                own = i + self_offset
-                if exclude_self and j0 <= own < j0 + nb:
-                    scores[own - j0] = -np.inf
-                block_max = _block_max(scores, nb)
-                if block_max == -np.inf:
-                    continue
-                if block_max > running_max:
-                    rescale = np.exp(running_max - block_max)
-                    running_sum *= rescale
-                    for c in range(n_outputs):
-                        acc[c] *= rescale
-                    running_max = block_max
-                if n_outputs == 1:  # one fused pass: exp, sum and weighted sum
-                    total, weighted = _exp_shift_sum_dot(
-                        scores, nb, running_max, values_t[0, j0 : j0 + nb]
-                    )
-                    running_sum += total
-                    acc[0] += weighted
-                    continue
-                running_sum += _exp_shift_sum(scores, nb, running_max)
-                for c in range(n_outputs):
-                    values_c = values_t[c, j0 : j0 + nb]
-                    weighted = like(0.0, scores)
-                    for j in range(nb):
-                        weighted += scores[j] * values_c[j]
-                    acc[c] += weighted
+            own = i + self_offset if exclude_self else -1
+            running_max, running_sum = pool_row(queries[i], keys_t, values_t, own, scores, acc)
             if running_sum > 0.0:
                 for c in range(n_outputs):
                     out[i, c] = acc[c] / running_sum
