@@ -23,6 +23,30 @@ def check_dtype(dtype) -> type:
     return _DTYPES[key]
 
 
+def resolve_dtype(dtype, *arrays) -> type:
+    """The one dtype rule of nbattn: the computation's NumPy float type.
+
+    An explicit ``dtype`` ("float64"/"float32" or the NumPy types) wins;
+    otherwise float32 when every given array (NumPy, torch or GPU array) is
+    float32, float64 otherwise. ``None`` entries in ``arrays`` are ignored.
+    """
+    if dtype is not None:
+        return check_dtype(dtype)
+    kinds = [str(getattr(a, "dtype", "")) for a in arrays if a is not None]
+    return np.float32 if kinds and all(k.endswith("float32") for k in kinds) else np.float64
+
+
+def check_bool(value, name: str) -> bool:
+    """``value`` as a Python bool; anything but a bool (or NumPy bool) raises, naming ``name``.
+
+    Strings such as ``"False"`` are truthy in Python; taking them as True would
+    silently apply what the caller asked to leave out.
+    """
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise ValueError(f"{name} must be True or False, got {value!r}")
+
+
 def as_float_array(x, name: str, ndim: tuple[int, ...], dtype=None) -> np.ndarray:
     """A finite float array with ``x.ndim`` in ``ndim``.
 

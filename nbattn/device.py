@@ -37,15 +37,37 @@ def resolve_device(device: str) -> str:
     )
 
 
-def pooling_kernels(device: str):
-    """The module holding ``gaussian_pool`` for a resolved device."""
-    if device == "cuda":
-        from .cuda import pooling
+#: The one dispatch table: (op, device) -> the module that implements ``op``
+#: there. CPU modules live in ``nbattn.kernels``, their CUDA twins (same
+#: function contracts) in ``nbattn.cuda``; both are imported on first use, so
+#: importing nbattn never needs numba-cuda or a GPU.
+KERNELS = {
+    ("pooling", "cpu"): "nbattn.kernels.pooling",
+    ("pooling", "cuda"): "nbattn.cuda.pooling",
+    ("loo", "cpu"): "nbattn.kernels.loo",
+    ("loo", "cuda"): "nbattn.cuda.loo",
+    ("flash", "cpu"): "nbattn.kernels.flash",
+    ("flash", "cuda"): "nbattn.cuda.flash",
+}
 
-        return pooling
-    from .kernels import pooling
 
-    return pooling
+def kernels_for(op: str, device: str):
+    """The kernel module for ``op`` on ``device`` ("cpu", "cuda" or "auto").
+
+    ``device`` is resolved here (:func:`resolve_device`), so this is the one
+    place where nbattn chooses between CPU and GPU.
+    """
+    import importlib
+
+    resolved = resolve_device(device)
+    try:
+        name = KERNELS[(op, resolved)]
+    except KeyError:
+        ops = sorted({o for o, _ in KERNELS})
+        if op not in ops:
+            raise ValueError(f"unknown kernel op {op!r}; known: {ops}") from None
+        raise ValueError(f"{op!r} has no {resolved} kernels; use device='cpu'") from None
+    return importlib.import_module(name)
 
 
 def is_device_array(x) -> bool:

@@ -42,10 +42,10 @@ from scipy.optimize import minimize, minimize_scalar
 from sklearn.exceptions import ConvergenceWarning
 
 from . import config
-from ._validation import as_float_array, check_dtype
-from .device import resolve_device
+from ._validation import as_float_array, resolve_dtype
+from .device import kernels_for, resolve_device
 from .kernels import loo, pooling
-from .regression import _default_dtype, bandwidth_rule, resolve_bandwidth
+from .regression import bandwidth_rule, resolve_bandwidth
 
 __all__ = [
     "LOO_GRID",
@@ -92,10 +92,6 @@ def _prepare_xy(X, y, dtype):
     return X, y2
 
 
-def _resolve_dtype(dtype, *arrays):
-    return check_dtype(dtype) if dtype is not None else _default_dtype(*arrays)
-
-
 def _scaled(points, scale, dtype):
     """points * scale / sqrt(2) as (rows, transposed) in ``dtype``: the kernels' layout."""
     z = np.ascontiguousarray(points * (scale / np.sqrt(2.0)), dtype=dtype)
@@ -118,17 +114,8 @@ def _check_components(components, d):
 
 
 def _kernels(device):
-    """(loo, pooling) kernel modules for a requested device ("cpu", "cuda" or "auto").
-
-    The CUDA twins (``nbattn.cuda.loo``, ``nbattn.cuda.pooling``) share the
-    CPU contracts, except that the CUDA pool returns device arrays.
-    """
-    if resolve_device(device) == "cuda":
-        from .cuda import loo as cuda_loo
-        from .cuda import pooling as cuda_pooling
-
-        return cuda_loo, cuda_pooling
-    return loo, pooling
+    """(loo, pooling) kernel modules for ``device``, from the one dispatch table."""
+    return kernels_for("loo", device), kernels_for("pooling", device)
 
 
 def _loss_from_layout(z, z_t, y2, dtype, rows=None, device="cpu"):
@@ -229,7 +216,7 @@ def loo_loss(X, y, bandwidth="scott", *, components=None, dtype=None, device="cp
     ValueError
         fewer than 2 samples, NaN/inf, mismatched shapes.
     """
-    dtype = _resolve_dtype(dtype, X, y)
+    dtype = resolve_dtype(dtype, X, y)
     X, y2 = _prepare_xy(X, y, dtype)
     if components is not None:
         z, z_t = _projected(X - X.mean(axis=0), _check_components(components, X.shape[1]), dtype)
@@ -276,7 +263,7 @@ def loo_loss_and_grad(X, y, bandwidth=None, *, components=None, dtype=None, devi
     """
     if (bandwidth is None) == (components is None):
         raise ValueError("give exactly one of bandwidth and components")
-    dtype = _resolve_dtype(dtype, X, y)
+    dtype = resolve_dtype(dtype, X, y)
     X, y2 = _prepare_xy(X, y, dtype)
     n, d = X.shape
     v_t = np.ascontiguousarray(y2.T, dtype=dtype)
@@ -385,7 +372,7 @@ def loo_bandwidth(
     bandwidth : ndarray (d,)
     curve : tuple of two arrays, only with ``return_curve=True``
     """
-    dtype = _resolve_dtype(dtype, X, y)
+    dtype = resolve_dtype(dtype, X, y)
     X, y2 = _prepare_xy(X, y, dtype)
     h0 = resolve_bandwidth(base, X)
     grid = LOO_GRID if grid is None else np.asarray(grid, dtype=np.float64).reshape(-1)
@@ -543,7 +530,7 @@ def fit_learned_kernel(
     """
     if metric not in ("scalar", "diagonal", "full"):
         raise ValueError(f"metric must be 'scalar', 'diagonal' or 'full', got {metric!r}")
-    dtype = _resolve_dtype(dtype, X, y)
+    dtype = resolve_dtype(dtype, X, y)
     device = resolve_device(device)
     X, y2 = _prepare_xy(X, y, dtype)
     n, d = X.shape
@@ -674,7 +661,7 @@ def nadaraya_watson_spread(queries, keys, values, bandwidth="scott", *, dtype=No
     mean, std : ndarray (n_queries,) or (n_queries, n_outputs) like ``values``
     n_eff : ndarray (n_queries,)
     """
-    dtype = _resolve_dtype(dtype, queries, keys, values)
+    dtype = resolve_dtype(dtype, queries, keys, values)
     keys = as_float_array(keys, "keys", ndim=(1, 2), dtype=np.float64)
     keys = keys[:, None] if keys.ndim == 1 else keys
     queries = as_float_array(queries, "queries", ndim=(1, 2), dtype=np.float64)

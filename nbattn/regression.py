@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._validation import as_float_array, check_bandwidth, check_dtype, check_same_features
+from ._validation import as_float_array, check_bandwidth, check_same_features, resolve_dtype
 from .device import (
     as_numba_device_array,
     is_device_array,
+    kernels_for,
     like_input,
-    pooling_kernels,
     resolve_device,
 )
 from .kernels import pooling
@@ -149,7 +149,7 @@ def nadaraya_watson(
     key's value (where the textbook formula gives 0/0). A query with no
     admissible key (one key, excluded) gets 0 and lse = -inf.
     """
-    dtype = check_dtype(dtype) if dtype is not None else _default_dtype(queries, keys, values)
+    dtype = resolve_dtype(dtype, queries, keys, values)
     if any(is_device_array(a) for a in (queries, keys, values)):
         if resolve_device("cuda" if device == "auto" else device) != "cuda":
             raise ValueError(f"GPU arrays need device='cuda' or 'auto', got device={device!r}")
@@ -167,7 +167,7 @@ def nadaraya_watson(
     h = resolve_bandwidth(bandwidth, keys)
     q, k_t, v_t = _layout(queries, keys, values_2d, h, dtype)
     device = resolve_device(device)
-    out, lse = pooling_kernels(device).gaussian_pool(q, k_t, v_t, bool(exclude_self))
+    out, lse = kernels_for("pooling", device).gaussian_pool(q, k_t, v_t, bool(exclude_self))
     if device == "cuda":
         out, lse = out.copy_to_host(), lse.copy_to_host()
     if values_arr.ndim == 1:
@@ -225,19 +225,13 @@ def _nadaraya_watson_on_device(queries, keys, values, bandwidth, exclude_self, d
     return (out, lse) if return_lse else out
 
 
-def _default_dtype(*arrays):
-    """float32 when every input is a float32 array, float64 otherwise."""
-    is_f32 = [str(getattr(a, "dtype", "")).endswith("float32") for a in arrays]  # numpy/torch
-    return np.float32 if all(is_f32) else np.float64
-
-
 def gaussian_attention_weights(queries, keys, bandwidth="scott", exclude_self=False, *, dtype=None):
     """The attention-weight matrix ``W[i, j] = softmax_j(s_ij)`` (n_queries, n_keys).
 
     Same score as :func:`nadaraya_watson`; ``W @ values`` is its prediction.
     Memory is n_queries x n_keys: meant for plots and diagnostics.
     """
-    dtype = check_dtype(dtype) if dtype is not None else _default_dtype(queries, keys)
+    dtype = resolve_dtype(dtype, queries, keys)
     keys = _as_2d(keys, "keys", np.float64)
     queries = _as_2d(queries, "queries", np.float64)
     check_same_features(queries, keys, "queries", "keys")
