@@ -76,9 +76,12 @@ def _refuse_dates_and_complex(X) -> None:
     for what, dtype in columns:
         kind = getattr(dtype, "kind", "O")
         if kind in "mM":
+            held, hint = ("dates", "seconds since a reference time")
+            if kind == "m":
+                held, hint = ("durations", "their length in seconds")
             raise ValueError(
-                f"{what} holds dates or durations (dtype {dtype}); convert it to numbers "
-                "first, for instance seconds since a reference time"
+                f"{what} holds {held} (dtype {dtype}); convert it to numbers first, "
+                f"for instance {hint}"
             )
         if kind == "c":
             raise ValueError(
@@ -94,8 +97,10 @@ def _refuse_missing_targets(y) -> None:
     check, so None would become a NaN training target (every prediction that
     pools it NaN), or an error about label types for a classifier.
     """
+    if y is None:  # scikit-learn's own message: "requires y to be passed"
+        return
     arr = np.asarray(y) if not hasattr(y, "to_numpy") else y.to_numpy()
-    if arr.dtype.kind != "O":
+    if arr.dtype.kind != "O" or arr.ndim == 0:
         return
     flat = arr.reshape(-1)
     for index, value in enumerate(flat):
@@ -105,7 +110,7 @@ def _refuse_missing_targets(y) -> None:
             or (isinstance(value, numbers.Real) and value != value)
         )
         if missing:
-            row = np.unravel_index(index, arr.shape)[0] if arr.ndim else 0
+            row = np.unravel_index(index, arr.shape)[0]
             raise ValueError(
                 f"y holds a missing value ({value!r}) at row {int(row)}; "
                 "drop or fill the rows without a target before fitting"
