@@ -102,19 +102,23 @@ def _refuse_missing_targets(y) -> None:
     arr = np.asarray(y) if not hasattr(y, "to_numpy") else y.to_numpy()
     if arr.dtype.kind != "O" or arr.ndim == 0:
         return
-    flat = arr.reshape(-1)
-    for index, value in enumerate(flat):
-        missing = (
-            value is None
-            or type(value).__name__ == "NAType"
-            or (isinstance(value, numbers.Real) and value != value)
+    missing = np.frompyfunc(_is_missing, 1, 1)(arr.reshape(-1)).astype(bool)
+    if missing.any():
+        index = int(np.argmax(missing))
+        row = np.unravel_index(index, arr.shape)[0]
+        raise ValueError(
+            f"y holds a missing value ({arr.reshape(-1)[index]!r}) at row {int(row)}; "
+            "drop or fill the rows without a target before fitting"
         )
-        if missing:
-            row = np.unravel_index(index, arr.shape)[0]
-            raise ValueError(
-                f"y holds a missing value ({value!r}) at row {int(row)}; "
-                "drop or fill the rows without a target before fitting"
-            )
+
+
+def _is_missing(value) -> bool:
+    """None, pandas.NA (without importing pandas) or a float NaN."""
+    return (
+        value is None
+        or type(value).__name__ == "NAType"
+        or (isinstance(value, numbers.Real) and value != value)
+    )
 
 
 # ----------------------------------------------------------------------------- the base

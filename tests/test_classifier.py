@@ -108,3 +108,24 @@ def test_loo_width_keeps_every_neighbouring_class_possible(seed):
     for i, rows in enumerate(nearest):
         present = np.unique(labels[rows])
         assert (proba[i, present] > 0).all(), (i, proba[i], present)
+
+
+@pytest.mark.parametrize(
+    "labels",
+    [
+        np.array(["x", "y", "z"] * 6, dtype=object),
+        np.array([True, False, True] * 6),
+        np.array([0.0, 1.0, 2.0] * 6),
+        np.array([-3, 7, 2] * 6),
+        np.array(["x", "y", "z"] * 6),
+    ],
+    ids=["object-str", "bool", "float", "int", "str"],
+)
+def test_every_label_kind_saves_and_predicts_the_same_labels(labels, tmp_path):
+    X = np.random.default_rng(0).normal(size=(18, 2))
+    model = nbattn.NadarayaWatsonClassifier().fit(X, labels)
+    loaded = nbattn.load(nbattn.save(model, tmp_path / "m.npz"))
+    pred, pred_loaded = model.predict(X), loaded.predict(X)
+    assert pred.tolist() == pred_loaded.tolist()
+    assert set(pred.tolist()) <= set(labels.tolist())
+    np.testing.assert_array_equal(loaded.predict_proba(X), model.predict_proba(X))
