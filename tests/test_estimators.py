@@ -582,6 +582,7 @@ def test_check_fitted_state_refuses_other_objects():
         check_fitted_state(nbattn.NadarayaWatsonRegressor())
 
 
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # statsmodels' own random-state notice
 @pytest.mark.parametrize("seed", range(5))
 def test_matches_statsmodels_local_constant_regression(seed):
     """statsmodels' KernelReg(reg_type="lc") is the same Nadaraya-Watson estimator."""
