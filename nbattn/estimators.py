@@ -136,6 +136,7 @@ class _PoolingEstimator(BaseEstimator):
     _common_constraints = {
         "device": [StrOptions({"cpu", "cuda", "auto"})],
         "dtype": [StrOptions({"float64", "float32"})],
+        "verbose": ["verbose"],
     }
 
     # ---- fit-time helpers
@@ -352,7 +353,6 @@ class NadarayaWatsonRegressor(_PoolingRegressor):
         "bandwidth": _BANDWIDTH_CONSTRAINT,
         "kernel": [StrOptions({"gaussian", "average"})],
         **_PoolingEstimator._common_constraints,
-        "verbose": ["verbose"],
     }
 
     def __init__(
@@ -482,7 +482,6 @@ class LearnedKernelRegressor(_PoolingRegressor):
         "tol": [Interval(Real, 0, None, closed="left")],
         "random_state": ["random_state", np.random.Generator],
         **_PoolingEstimator._common_constraints,
-        "verbose": ["verbose"],
     }
 
     def __init__(
@@ -630,7 +629,6 @@ class NadarayaWatsonClassifier(ClassifierMixin, _PoolingEstimator):
     _parameter_constraints = {
         "bandwidth": _BANDWIDTH_CONSTRAINT,
         **_PoolingEstimator._common_constraints,
-        "verbose": ["verbose"],
     }
 
     def __init__(self, bandwidth="scott", device="cpu", dtype="float64", verbose=0):
@@ -733,9 +731,7 @@ def _require_bandwidth(model, parameter):
     if parameter is not None and not isinstance(parameter, str):
         expected = check_bandwidth(parameter, model.n_features_in_)
         if not np.array_equal(expected, h):
-            raise ValueError(
-                f"bandwidth_ {h!r} does not match the bandwidth parameter {parameter!r}"
-            )
+            raise ValueError("bandwidth_ does not match the numeric bandwidth parameter")
 
 
 def check_fitted_state(model) -> None:

@@ -598,3 +598,62 @@ def test_matches_statsmodels_local_constant_regression(seed):
     for dtype, rtol in (("float64", 1e-10), ("float32", 1e-4)):
         model = nbattn.NadarayaWatsonRegressor(bandwidth=h, dtype=dtype).fit(X, y)
         np.testing.assert_allclose(model.predict(Q), want, rtol=rtol, atol=rtol * 1e-2)
+
+
+_FIT_ON_SIMULATED_GPU = """
+import sys
+import warnings
+
+import numpy as np
+
+import nbattn
+from nbattn.device import cuda_available
+
+assert cuda_available(), "the CUDA simulator should count as a GPU"
+warnings.simplefilter("ignore")
+out = sys.argv[1]
+rng = np.random.default_rng(0)
+X = rng.uniform(-2, 2, size=(12, 2))
+y = np.sin(X[:, 0]) + X[:, 1]
+Q = rng.uniform(-2, 2, size=(5, 2))
+models = {
+    "nw": nbattn.NadarayaWatsonRegressor(device="auto").fit(X, y),
+    "loo": nbattn.NadarayaWatsonRegressor(bandwidth="loo", device="auto").fit(X, y),
+    "learned": nbattn.LearnedKernelRegressor(max_iter=2, device="auto").fit(X, y),
+    "clf": nbattn.NadarayaWatsonClassifier(device="auto").fit(X, np.where(y > 0, "up", "dn")),
+}
+np.save(f"{out}/queries.npy", Q)
+for name, model in models.items():
+    nbattn.save(model, f"{out}/{name}.npz")
+    result = model.predict_proba(Q) if name == "clf" else model.predict(Q)
+    np.save(f"{out}/{name}.npy", result)
+"""
+
+
+@pytest.mark.skipif(cuda_available(), reason="needs a machine without a GPU")
+def test_fitted_on_a_gpu_machine_predicts_on_a_cpu_one(tmp_path):
+    """Fit with device="auto" where numba sees a GPU (the CUDA simulator, in a process of
+    its own), save; load here, where there is none: the models predict, on the CPU."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("numba.cuda")
+    root = Path(nbattn.__file__).resolve().parents[1]
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", _FIT_ON_SIMULATED_GPU, str(tmp_path)],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    Q = np.load(tmp_path / "queries.npy")
+    for name in ("nw", "loo", "learned", "clf"):
+        model = nbattn.load(tmp_path / f"{name}.npz")
+        assert model.device == "auto"
+        got = model.predict_proba(Q) if name == "clf" else model.predict(Q)
+        np.testing.assert_allclose(got, np.load(tmp_path / f"{name}.npy"), rtol=1e-12)
