@@ -40,7 +40,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from . import learning, regression
-from ._validation import check_bandwidth, resolve_dtype
+from ._validation import as_float_array, check_bandwidth, resolve_dtype
 from .device import resolve_device
 
 __all__ = [
@@ -258,10 +258,8 @@ class _PoolingRegressor(RegressorMixin, _PoolingEstimator):
     def _validate_regression_data(self, X, y):
         """(X, y as float64 (n, n_outputs), whether y is 2-D); X and y are copies."""
         X, y = self._validate_training_X(X, y, multi_output=True, y_numeric=True)
-        y = np.array(y, dtype=np.float64, copy=True)
-        if not np.isfinite(y).all():  # object arrays reach here unchecked by scikit-learn
-            row = int(np.argwhere(~np.isfinite(y))[0][0])
-            raise ValueError(f"y holds NaN or infinity at row {row}")
+        # a float64 copy, finite: scikit-learn checks object arrays before converting them
+        y = as_float_array(y, "y", ndim=(1, 2), dtype="float64")
         return X, y.reshape(len(y), -1), y.ndim == 2
 
     def _store_training_data(self, X, y2, outputs_2d):
