@@ -45,8 +45,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
+import re
+import stat
 import tempfile
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -58,19 +62,29 @@ __all__ = [
     "ModelFileError",
     "TableWriter",
     "atomic_output",
+    "check_columns",
+    "check_labels",
+    "check_not_input",
+    "clip",
     "input_format",
     "iter_chunks",
+    "labels_from_text",
     "load",
     "numeric_block",
     "output_format",
     "read_columns",
     "read_model_file",
     "read_table",
+    "row_location",
     "save",
+    "shorten",
 ]
 
 FORMAT_NAME = "nbattn-model"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: the metadata member is refused beyond this size, before it is read
+MAX_METADATA_BYTES = 16 * 2**20
+_ARRAY_KINDS = "biufcU"
 _META = "__nbattn__"
 _PREFIX = "attr__"
 _JSON_SCALARS = (bool, int, float, str, type(None))
@@ -90,21 +104,31 @@ def atomic_output(path):
     """Yield a temporary path beside ``path``; on success rename it to ``path``.
 
     The temporary file lives in the same folder (so ``os.replace`` is an
-    atomic rename) and is removed if the block raises: a failed run leaves
-    neither a partial output nor a stray file, and an existing ``path`` is
-    untouched until the new one is complete.
+    atomic rename) and is removed if the block raises, including on an
+    interruption: a failed run leaves neither a partial output nor a stray
+    file, and an existing ``path`` is untouched until the new one is complete.
+
+    An existing output keeps its permission bits (a new one gets the umask's).
+    An output that is a symbolic link is written through: the file it points
+    to is replaced and the link stays.
     """
     path = Path(path)
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():
         raise ValueError(f"output folder {str(folder)!r} does not exist")
     if path.is_dir():
         raise ValueError(f"output {str(path)!r} is a folder")
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        mode = 0o666 & ~_umask()
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=folder)
     os.close(fd)
     try:
         yield Path(tmp)
-        os.chmod(tmp, 0o666 & ~_umask())
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -150,7 +174,7 @@ def _array_for_file(value: np.ndarray):
         if not all(isinstance(v, str) for v in value.ravel()):
             raise TypeError("object array that is not all str")
         return np.asarray(value.tolist(), dtype=str).reshape(value.shape), True
-    if value.dtype.kind not in "biufcU":
+    if value.dtype.kind not in _ARRAY_KINDS:
         raise TypeError(f"array of dtype {value.dtype}")
     return value, False
 
@@ -169,7 +193,13 @@ def _fitted_state(model):
                 is_scalar = isinstance(value, np.generic)
                 stored, was_object = _array_for_file(np.asarray(value))
                 arrays[_PREFIX + name] = stored
-                attributes[name] = {"kind": "array", "object": was_object, "scalar": is_scalar}
+                attributes[name] = {
+                    "kind": "array",
+                    "object": was_object,
+                    "scalar": is_scalar,
+                    "dtype": stored.dtype.str,
+                    "shape": list(stored.shape),
+                }
             else:
                 attributes[name] = {"kind": "json", "value": _jsonable(value, name)}
         except (TypeError, ValueError) as exc:
@@ -187,6 +217,16 @@ def _digest(meta: dict, arrays: dict) -> str:
         h.update(f"{name}|{arr.dtype.str}|{arr.shape}|".encode())
         h.update(arr.tobytes())
     return h.hexdigest()
+
+
+def _nbattn_version() -> str:
+    """The installed distribution's version (read without importing the package)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("nbattn")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def save(model, path, *, metadata=None) -> Path:
@@ -212,8 +252,6 @@ def save(model, path, *, metadata=None) -> Path:
     """
     from sklearn.utils.validation import check_is_fitted
 
-    from . import __version__
-
     name = type(model).__name__
     if _estimator_classes().get(name) is not type(model):
         raise ValueError(
@@ -225,7 +263,7 @@ def save(model, path, *, metadata=None) -> Path:
     meta = {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
-        "nbattn_version": __version__,
+        "nbattn_version": _nbattn_version(),
         "estimator": name,
         "params": {
             k: _jsonable(v, f"parameter {k!r}") for k, v in model.get_params(deep=False).items()
@@ -239,7 +277,7 @@ def save(model, path, *, metadata=None) -> Path:
     path = Path(path)
     with atomic_output(path) as tmp:
         with open(tmp, "wb") as fh:
-            np.savez(fh, **members)
+            np.savez(fh, **members)  # ZIP_STORED members: what read_model_file requires
     return path
 
 
@@ -254,27 +292,90 @@ def _bad(path, why: str) -> ModelFileError:
 def read_model_file(path):
     """Load a model file: ``(estimator, metadata dict)``.
 
-    Raises ValueError for a file that is not an nbattn model file, one of
-    another format version, a truncated, corrupted or edited one, or one
-    naming an estimator class outside the whitelist.
+    Sizes come first: the archive's directory, the metadata member (at most
+    :data:`MAX_METADATA_BYTES`) and every array's ``.npy`` header are checked
+    against the metadata and against the file's size on disk before any
+    array is read, so a forged size or shape costs nothing (members must be
+    stored uncompressed, as ``save`` writes them: no zip bombs). Then the
+    checksum, and the rebuilt estimator is validated by
+    ``nbattn.estimators.check_fitted_state`` (its parameters against the
+    estimator's constraints, its fitted attributes' names, shapes and dtypes):
+    the checksum detects accidents, the validation detects edits.
+
+    Raises ValueError (:class:`ModelFileError`) for a file that is not an
+    nbattn model file, one of another format version, a truncated, corrupted
+    or edited one, or one naming an estimator class outside the whitelist.
     """
     path = Path(path)
     with open(path, "rb") as fh:
         magic = fh.read(4)
+        disk_size = os.fstat(fh.fileno()).st_size
     if magic != b"PK\x03\x04":
         raise _bad(path, "not an nbattn model file (not an .npz archive)")
     try:
-        with np.load(path, allow_pickle=False) as npz:
-            if _META not in npz.files:
+        with zipfile.ZipFile(path) as zf:
+            infos = _archive_members(path, zf, disk_size)
+            if _META + ".npy" not in infos:
                 raise _bad(path, "not an nbattn model file (no nbattn metadata)")
-            raw = npz[_META]
-            members = {n: npz[n] for n in npz.files if n != _META}
+            meta = _read_metadata(path, zf, infos[_META + ".npy"])
+            declared = _declared_arrays(path, meta)
+            extra = sorted(set(infos) - {_META + ".npy"} - {k + ".npy" for k in declared})
+            if extra:
+                raise _bad(path, f"member {extra[0]!r} is not described by the metadata")
+            members = {}
+            for key, (dtype, shape) in declared.items():
+                if key + ".npy" not in infos:
+                    raise _bad(path, f"array {key!r} is missing")
+                members[key] = _read_member(path, zf, infos[key + ".npy"], dtype, shape)
     except ModelFileError:
         raise
-    except (zipfile.BadZipFile, EOFError, OSError, KeyError, ValueError) as exc:
-        # ValueError: among others numpy's refusal of pickled (object) members
-        raise _bad(path, f"truncated, corrupt or foreign model file ({exc})") from exc
-    if raw.dtype.kind != "U" or raw.ndim != 0:
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, ValueError) as exc:
+        raise _bad(path, f"truncated, corrupt or foreign model file ({_one_line(exc)})") from exc
+    if meta.get("sha256") != _digest(meta, members):
+        raise _bad(path, "checksum mismatch: the model file was modified or is corrupt")
+    try:
+        model = _rebuild(path, meta, members)
+        _check_fitted_state(model)
+    except ModelFileError:
+        raise
+    except (TypeError, AttributeError, ValueError) as exc:  # well-formed, wrong content
+        raise _bad(path, f"invalid model: {_one_line(exc)}") from exc
+    return model, meta
+
+
+def _check_fitted_state(model) -> None:
+    from .estimators import check_fitted_state
+
+    check_fitted_state(model)
+
+
+def _one_line(exc) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _archive_members(path, zf, disk_size) -> dict:
+    """name -> ZipInfo, after checking that every member is a stored ``.npy`` whose
+    declared extent lies inside the file."""
+    infos = {}
+    for info in zf.infolist():
+        name = info.filename
+        if name in infos:
+            raise _bad(path, f"member {name!r} appears twice in the archive")
+        if not name.endswith(".npy") or "/" in name:
+            raise _bad(path, f"member {name!r} is not an array of a model file")
+        if info.compress_type != zipfile.ZIP_STORED or info.compress_size != info.file_size:
+            raise _bad(path, f"member {name!r} is compressed; model files store arrays as they are")
+        if info.header_offset + info.compress_size > disk_size:
+            raise _bad(path, f"member {name!r} declares more bytes than the file holds")
+        infos[name] = info
+    return infos
+
+
+def _read_metadata(path, zf, info) -> dict:
+    if info.file_size > MAX_METADATA_BYTES:
+        raise _bad(path, f"metadata of {info.file_size} bytes (at most {MAX_METADATA_BYTES})")
+    raw = _read_member(path, zf, info, None, ())
+    if raw.dtype.kind != "U":
         raise _bad(path, "not an nbattn model file (metadata is not a string)")
     try:
         meta = json.loads(str(raw))
@@ -287,15 +388,56 @@ def read_model_file(path):
         raise _bad(
             path,
             f"model file format version {version!r} (written by nbattn "
-            f"{meta.get('nbattn_version', '?')}); this nbattn reads version {FORMAT_VERSION}",
+            f"{meta.get('nbattn_version', '?')}); this nbattn reads version {FORMAT_VERSION}"
+            + ("; fit and save the model again" if version == 1 else ""),
         )
-    if meta.get("sha256") != _digest(meta, members):
-        raise _bad(path, "checksum mismatch: the model file was modified or is corrupt")
-    try:
-        model = _rebuild(path, meta, members)
-    except (TypeError, AttributeError) as exc:  # well-formed JSON of the wrong shape
-        raise _bad(path, f"invalid model description ({exc})") from exc
-    return model, meta
+    return meta
+
+
+def _declared_arrays(path, meta) -> dict:
+    """member key -> (dtype, shape) of every array the metadata describes."""
+    attributes = meta.get("attributes")
+    if not isinstance(attributes, dict):
+        raise _bad(path, "invalid model description (attributes is not an object)")
+    declared = {}
+    for attr, info in attributes.items():
+        if not isinstance(info, dict):
+            raise _bad(path, f"invalid description of attribute {attr!r}")
+        if info.get("kind") != "array":
+            continue
+        try:
+            dtype = np.dtype(info["dtype"])
+            shape = tuple(int(n) for n in info["shape"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise _bad(path, f"attribute {attr!r}: no valid dtype and shape ({exc})") from exc
+        if dtype.kind not in _ARRAY_KINDS or dtype.hasobject or any(n < 0 for n in shape):
+            raise _bad(path, f"attribute {attr!r}: dtype {dtype} and shape {shape} not allowed")
+        declared[_PREFIX + attr] = (dtype, shape)
+    return declared
+
+
+def _read_member(path, zf, info, dtype, shape):
+    """The array of one stored ``.npy`` member, its header checked against ``dtype``
+    (None: any unicode dtype) and ``shape`` before the data is allocated and read."""
+    fmt = np.lib.format
+    name = info.filename
+    with zf.open(info) as fh:
+        version = fmt.read_magic(fh)
+        read_header = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+        got_shape, fortran, got_dtype = read_header(fh)
+        if got_dtype.hasobject:
+            raise _bad(path, f"member {name!r} holds Python objects; model files never do")
+        if (dtype is not None and got_dtype != dtype) or (dtype is None and got_dtype.kind != "U"):
+            raise _bad(path, f"member {name!r} has dtype {got_dtype}, the metadata says {dtype}")
+        if tuple(got_shape) != tuple(shape):
+            raise _bad(path, f"member {name!r} has shape {got_shape}, the metadata says {shape}")
+        count = math.prod(shape)
+        if fh.tell() + count * got_dtype.itemsize != info.file_size:
+            raise _bad(path, f"member {name!r} holds {info.file_size} bytes, not its shape's")
+        flat = np.empty(count, dtype=got_dtype)
+        if count and fh.readinto(flat.view(np.uint8)) != flat.nbytes:
+            raise _bad(path, f"member {name!r} is truncated")
+    return flat.reshape(shape[::-1]).T if fortran else flat.reshape(shape)
 
 
 def _rebuild(path, meta, members):
@@ -313,16 +455,13 @@ def _rebuild(path, meta, members):
     if unknown:
         raise _bad(path, f"parameters {unknown} are not parameters of nbattn.{name}")
     model = cls(**params)
-    for attr, info in meta.get("attributes", {}).items():
-        if not isinstance(attr, str) or not attr.endswith("_") and not attr.startswith("_"):
+    for attr, info in meta["attributes"].items():
+        if not attr.endswith("_") and not attr.startswith("_"):
             raise _bad(path, f"attribute name {attr!r} is not a fitted attribute")
         if attr in known or attr.startswith("__"):
             raise _bad(path, f"attribute name {attr!r} is not allowed")
         if info.get("kind") == "array":
-            key = _PREFIX + attr
-            if key not in members:
-                raise _bad(path, f"array for attribute {attr!r} is missing")
-            value = members[key]
+            value = members[_PREFIX + attr]
             if info.get("object"):
                 value = value.astype(object)
             if info.get("scalar"):
@@ -371,12 +510,32 @@ def _pyarrow_parquet():
     return pq
 
 
+_FIELDS = re.compile(r"Expected (\d+) fields in line (\d+), saw (\d+)")
+
+
 def _csv_error(path, exc) -> ValueError:
     import pandas as pd
 
     if isinstance(exc, pd.errors.EmptyDataError):
         return ValueError(f"{path}: the file is empty")
-    return ValueError(f"{path}: cannot read as CSV: {' '.join(str(exc).split())}")
+    fields = _FIELDS.search(str(exc))
+    if fields:
+        want, line, saw = fields.groups()
+        return ValueError(f"{path}: line {line} has {saw} fields; the header has {want}")
+    return ValueError(f"{path}: cannot read as CSV: {clip(' '.join(str(exc).split()), 300)}")
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` cut to about ``limit`` characters, saying how long it was."""
+    if len(text) <= limit:
+        return text
+    return f"{text[: max(limit - 30, 10)]}...{text[-8:]} ({len(text)} characters)"
+
+
+def shorten(value, limit: int = 60) -> str:
+    """``repr(value)`` clipped to about ``limit`` characters: a cell or a name quoted in an
+    error message, which must stay one readable line whatever the file holds."""
+    return clip(repr(value), limit)
 
 
 def _exact_floats() -> dict:
@@ -389,43 +548,74 @@ def _exact_floats() -> dict:
 
 
 def read_columns(path) -> list[str]:
-    """The column names of a CSV or Parquet file (reads the header only)."""
+    """The column names of a CSV or Parquet file (reads the header only).
+
+    A name that appears twice is an error (pandas would rename the second
+    ``x.1`` and a command would silently read the first).
+    """
     import pandas as pd
 
     path = Path(path)
     if input_format(path) == "parquet":
         pq = _pyarrow_parquet()
         try:
-            return list(pq.read_schema(path).names)
+            names = list(pq.read_schema(path).names)
         except OSError:
             raise
         except Exception as exc:
             raise ValueError(f"{path}: cannot read as Parquet: {exc}") from exc
+        _check_unique(path, names)
+        return names
     if path.is_file() and path.stat().st_size == 0:
         raise ValueError(f"{path}: the file is empty")
     try:
-        return [str(c) for c in pd.read_csv(path, nrows=0).columns]
+        raw = pd.read_csv(path, header=None, nrows=1, dtype=str, keep_default_na=False)
+        names = [str(c) for c in pd.read_csv(path, nrows=0).columns]
     except (ValueError, pd.errors.ParserError) as exc:
         raise _csv_error(path, exc) from exc
+    _check_unique(path, [c for c in raw.iloc[0].tolist() if c != ""])
+    return names
+
+
+def _check_unique(path, names) -> None:
+    seen = set()
+    for name in names:
+        if name in seen:
+            raise ValueError(f"{path}: the column name {shorten(name)} appears more than once")
+        seen.add(name)
+
+
+def check_not_input(inputs, output) -> None:
+    """ValueError when ``output`` is (the same file as) one of ``inputs``."""
+    for path in inputs:
+        if os.path.exists(output) and os.path.exists(path) and os.path.samefile(path, output):
+            raise ValueError(f"the output {str(output)!r} is an input file; choose another name")
 
 
 def check_columns(path, columns, wanted, what="column") -> None:
     """ValueError naming the first of ``wanted`` that is not in ``columns``."""
     missing = [c for c in wanted if c not in columns]
     if missing:
-        shown = ", ".join(repr(c) for c in columns[:20])
+        shown = ", ".join(shorten(c) for c in columns[:20])
         more = " ..." if len(columns) > 20 else ""
-        raise ValueError(f"{path}: {what} {missing[0]!r} not found; the columns are {shown}{more}")
+        raise ValueError(
+            f"{path}: {what} {shorten(missing[0])} not found; the columns are {shown}{more}"
+        )
 
 
-def iter_chunks(path, columns=None, chunksize=100_000):
+def iter_chunks(path, columns=None, chunksize=100_000, *, text_columns=()):
     """Read a CSV or Parquet file in chunks.
 
     Returns ``(chunks, total, unit)``: ``chunks`` yields
     ``(frame, first_row, position)`` with ``first_row`` the 0-based data row
     of the chunk's first row and ``position`` the progress so far in
     ``unit`` ("bytes" for CSV, "rows" for Parquet) out of ``total``.
-    Only ``columns`` are read (all when None).
+    Only ``columns`` are returned (all when None). CSV columns in
+    ``text_columns`` are read as text, so their type does not depend on where
+    a chunk starts (pandas infers each chunk's types on its own).
+
+    Every CSV row is checked against the header: a row with more fields than
+    the header is an error naming its line (it is not silently cut).
     """
     import pandas as pd
 
@@ -454,32 +644,46 @@ def iter_chunks(path, columns=None, chunksize=100_000):
     total = path.stat().st_size
     if total == 0:
         raise ValueError(f"{path}: the file is empty")
+    options = {
+        # all columns are parsed (usecols would skip the field count check), and the
+        # first column is never taken as an index when a row has one field too many
+        "index_col": False,
+        "chunksize": chunksize,
+        "dtype": {c: str for c in text_columns} or None,
+        **_exact_floats(),
+    }
 
     def csv_chunks():
-        with open(path, "rb") as fh:
+        with open(path, "rb") as fh, warnings.catch_warnings():
+            # pandas only warns when the first data row is longer than the header
+            warnings.simplefilter("error", pd.errors.ParserWarning)
             try:
-                reader = pd.read_csv(fh, usecols=columns, chunksize=chunksize, **_exact_floats())
                 row = 0
-                with reader:
+                with pd.read_csv(fh, **options) as reader:
                     for frame in reader:
-                        yield frame, row, fh.tell()
+                        yield (frame if columns is None else frame[columns]), row, fh.tell()
                         row += len(frame)
+            except pd.errors.ParserWarning:
+                raise ValueError(
+                    f"{path}: line 2 has more fields than the header (line 1)"
+                ) from None
             except (ValueError, pd.errors.ParserError) as exc:
                 raise _csv_error(path, exc) from exc
 
     return csv_chunks(), total, "bytes"
 
 
-def read_table(path, columns=None, *, quiet=True):
+def read_table(path, columns=None, *, quiet=True, text_columns=()):
     """The whole file (only ``columns``) as a DataFrame; ValueError if it has no rows.
 
-    With ``quiet=False`` a progress bar is drawn on stderr (when it is a terminal).
+    ``text_columns`` as for :func:`iter_chunks`. With ``quiet=False`` a
+    progress bar is drawn on stderr (when it is a terminal).
     """
     import pandas as pd
 
     from .progress import Progress
 
-    chunks, total, unit = iter_chunks(path, columns, chunksize=200_000)
+    chunks, total, unit = iter_chunks(path, columns, 200_000, text_columns=text_columns)
     frames = []
     with Progress(total, "read", unit=unit, quiet=quiet) as bar:
         for frame, _, position in chunks:
@@ -491,7 +695,7 @@ def read_table(path, columns=None, *, quiet=True):
     return frame
 
 
-def _where(source, fmt, row0: int) -> str:
+def row_location(source, fmt, row0: int) -> str:
     """Where 0-based data row ``row0`` is: data rows count from 1 after the header."""
     if fmt == "csv":
         return f"{source}: data row {row0 + 1} (line {row0 + 2} of the file)"
@@ -527,8 +731,8 @@ def numeric_block(frame, columns, *, first_row=0, source="data", fmt="csv", on_n
         if text.any():
             i = int(np.argmax(text))
             raise ValueError(
-                f"{_where(source, fmt, first_row + i)}: column {col!r} holds "
-                f"{series.iloc[i]!r}, which is not a number"
+                f"{row_location(source, fmt, first_row + i)}: column {shorten(col)} holds "
+                f"{shorten(series.iloc[i])}, which is not a number"
             )
         out[:, j] = values
     finite = np.isfinite(out)
@@ -537,8 +741,8 @@ def numeric_block(frame, columns, *, first_row=0, source="data", fmt="csv", on_n
         i = int(np.argmin(keep))
         col = columns[int(np.argmin(finite[i]))]
         raise ValueError(
-            f"{_where(source, fmt, first_row + i)}: column {col!r} is missing or not finite "
-            f"({out[i, columns.index(col)]}); use --on-nan drop to skip such rows"
+            f"{row_location(source, fmt, first_row + i)}: column {shorten(col)} is missing or "
+            f"not finite ({out[i, columns.index(col)]}); use --on-nan drop to skip such rows"
         )
     return out, keep
 
@@ -549,10 +753,45 @@ def check_labels(frame, column, *, first_row=0, source="data", fmt="csv", on_nan
     if on_nan == "error" and missing.any():
         i = int(np.argmax(missing))
         raise ValueError(
-            f"{_where(source, fmt, first_row + i)}: column {column!r} is missing; "
+            f"{row_location(source, fmt, first_row + i)}: column {shorten(column)} is missing; "
             "use --on-nan drop to skip such rows"
         )
     return ~missing
+
+
+_INTEGER = re.compile(r"[+-]?\d+")
+
+
+def labels_from_text(values, classes=None):
+    """Class labels read as text (a CSV column read with ``text_columns``), typed by one
+    rule that does not depend on how the file was chunked.
+
+    Without ``classes`` (fitting): integers when every label is written as
+    one, else the text. With the fitted model's ``classes``: integers or
+    floats where the classes are (labels that do not parse stay text, and are
+    reported as unknown classes), else the text. Values that are not text
+    (Parquet columns carry their type) are returned as they are.
+    """
+    values = np.asarray(values, dtype=object)
+    if not all(isinstance(v, str) for v in values):
+        return values
+    kind = None if classes is None else np.asarray(classes).dtype.kind
+    if kind is None:
+        if len(values) and all(_INTEGER.fullmatch(v.strip()) for v in values):
+            return np.array([int(v) for v in values])
+        return values
+    if kind in "iu":
+        return np.array([int(v) if _INTEGER.fullmatch(v.strip()) else v for v in values], object)
+    if kind == "f":
+        return np.array([_float_or_text(v) for v in values], dtype=object)
+    return values
+
+
+def _float_or_text(text):
+    try:
+        return float(text)
+    except ValueError:
+        return text
 
 
 class TableWriter:
