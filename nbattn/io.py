@@ -405,10 +405,14 @@ def _declared_arrays(path, meta) -> dict:
             raise _bad(path, f"invalid description of attribute {attr!r}")
         if info.get("kind") != "array":
             continue
+        descr, shape = info.get("dtype"), info.get("shape")
         try:
-            dtype = np.dtype(info["dtype"])
-            shape = tuple(int(n) for n in info["shape"])
-        except (KeyError, TypeError, ValueError) as exc:
+            if not isinstance(descr, str) or not isinstance(shape, list):
+                raise TypeError("dtype must be a string and shape a list")
+            if not all(isinstance(n, int) and not isinstance(n, bool) for n in shape):
+                raise TypeError("shape must hold integers")
+            dtype, shape = np.dtype(descr), tuple(shape)
+        except (TypeError, ValueError) as exc:
             raise _bad(path, f"attribute {attr!r}: no valid dtype and shape ({exc})") from exc
         if dtype.kind not in _ARRAY_KINDS or dtype.hasobject or any(n < 0 for n in shape):
             raise _bad(path, f"attribute {attr!r}: dtype {dtype} and shape {shape} not allowed")

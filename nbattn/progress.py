@@ -34,19 +34,26 @@ class Progress:
     stream : file, default sys.stderr
     force : bool
         Draw even when ``stream`` is not a terminal.
+    bar_format : str, optional
+        tqdm's ``bar_format`` (default: tqdm's bar, or a counter without a total).
     """
 
-    def __init__(self, total=None, desc="", unit="", quiet=False, stream=None, force=False):
+    def __init__(
+        self, total=None, desc="", unit="", quiet=False, stream=None, force=False, bar_format=None
+    ):
         stream = sys.stderr if stream is None else stream
         isatty = getattr(stream, "isatty", lambda: False)
         self.enabled = not quiet and (force or bool(isatty()))
         in_bytes = unit == "bytes"
+        unit = "B" if in_bytes else (unit or "it")
+        counter = f"{{n_fmt}} {unit} " if unit != "it" else "{n_fmt} "
         self.bar = tqdm(
             total=total,
             desc=desc,
-            unit="B" if in_bytes else (unit or "it"),
-            unit_scale=True,
+            unit=unit,
+            unit_scale=in_bytes or (total or 0) >= 10_000,
             unit_divisor=1024 if in_bytes else 1000,
+            bar_format=bar_format or (None if total else "{desc}: " + counter + "[{elapsed}]"),
             file=stream,
             disable=not self.enabled,
             mininterval=0.1,
@@ -88,7 +95,9 @@ class running:  # noqa: N801 - used like a function: ``with running("fit"):``
     """
 
     def __init__(self, desc, quiet=False, stream=None, force=False):
-        self.bar = Progress(None, desc, quiet=quiet, stream=stream, force=force)
+        self.bar = Progress(
+            None, desc, quiet=quiet, stream=stream, force=force, bar_format="{desc}: [{elapsed}]"
+        )
         self._stop = threading.Event()
         self._thread = None
 
