@@ -284,6 +284,10 @@ def fit(estimator, X, y, client=None, n_partitions=None):
     number of partitions of ``X``). Estimators whose fit has no LOO sums
     (fixed or rule-of-thumb bandwidths) just fit on the gathered data.
 
+    ``client``: a ``distributed.Client`` (default: the running one). Without
+    any, ``X`` and ``y`` are computed with dask's local scheduler and the fit
+    runs in this process, its LOO sums on numba's threads.
+
     Returns the fitted estimator.
     """
     _require_dask()

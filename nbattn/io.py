@@ -2,18 +2,19 @@
 
 Model files (``nbattn.save`` / ``nbattn.load``)
 -----------------------------------------------
-One ``.npz`` archive (a zip of ``.npy`` arrays) that never holds pickled
-objects and is read with ``allow_pickle=False``, so loading cannot execute
-code. Format ``"nbattn-model"``, version :data:`FORMAT_VERSION` (1):
+One ``.npz`` archive of uncompressed (stored) ``.npy`` members that never
+holds pickled objects, so loading cannot execute code. Format
+``"nbattn-model"``, version :data:`FORMAT_VERSION` (2):
 
 * member ``__nbattn__``: a 0-d unicode array with the JSON metadata::
 
-      {"format": "nbattn-model", "format_version": 1,
+      {"format": "nbattn-model", "format_version": 2,
        "nbattn_version": "0.1.0", "estimator": "NadarayaWatsonRegressor",
        "params": {...get_params()...},
        "feature_names": ["income"] or null,
-       "attributes": {"bandwidth_": {"kind": "array"}, "n_features_in_":
-                      {"kind": "json", "value": 1}, ...},
+       "attributes": {"bandwidth_": {"kind": "array", "dtype": "<f8", "shape": [1],
+                                     "object": false, "scalar": false},
+                      "n_features_in_": {"kind": "json", "value": 1}, ...},
        "user": {...},                      # free JSON from save(metadata=...)
        "sha256": "<hex digest>"}
 
@@ -21,23 +22,35 @@ code. Format ``"nbattn-model"``, version :data:`FORMAT_VERSION` (1):
 
 The fitted state is every instance attribute whose name ends in ``_`` (the
 scikit-learn convention) plus private ones (one leading ``_``) holding a
-number, a string or an array, so new estimators need no new code here.
-Arrays (numeric, bool or str; an object array of str, like
-``feature_names_in_``, is stored as str and restored as object) go into the
-archive; Python scalars, strings, None and lists of them go into the JSON.
-``sha256`` is the SHA-256 of the canonical JSON of the metadata without that
-key, followed by each array's name, dtype, shape and bytes in name order:
-a truncated, corrupted or edited file raises a ValueError, as does another
-format version or an estimator class that is not one of
-``nbattn.estimators.__all__``.
+number, a string or an array. Arrays (numeric, bool or str; an object array
+of str, like ``feature_names_in_``, is stored as str and restored as object)
+go into the archive; Python scalars, strings, None and lists of them go into
+the JSON. ``sha256`` is the SHA-256 of the canonical JSON of the metadata
+without that key, followed by each array's name, dtype, shape and bytes in
+name order.
+
+Reading trusts nothing: sizes first (members stored and inside the file,
+metadata at most :data:`MAX_METADATA_BYTES`, every ``.npy`` header equal to
+the dtype and shape the metadata declares, with exactly their bytes), then
+the checksum (accidents), then the estimator's own validation of what was
+rebuilt (edits: ``nbattn.estimators.check_fitted_state``). Any failure, another
+format version or an estimator class outside ``nbattn.estimators.__all__``
+raises a :class:`ModelFileError` (a ValueError) that says which.
 
 Tables
 ------
-:func:`iter_chunks` reads CSV (pandas, in chunks) or Parquet (pyarrow, in
-record batches), :func:`numeric_block` turns chunk columns into float64 with
-errors that name the row and the column, :class:`TableWriter` appends chunks
-to CSV or Parquet, and :func:`atomic_output` makes the result appear under
-its name only when everything was written.
+:func:`iter_chunks` reads CSV (pandas, in chunks; every row's field count
+checked against the header) or Parquet (pyarrow, in record batches),
+:func:`read_columns` refuses duplicated names, :func:`numeric_block` turns
+chunk columns into float64 with errors that name the row and the column,
+:func:`labels_from_text` types class labels independently of the chunking,
+:class:`TableWriter` appends chunks to CSV or Parquet, and
+:func:`atomic_output` makes the result appear under its name only when
+everything was written (keeping an existing file's mode, writing through a
+symbolic link).
+
+This module imports no other part of nbattn at import time (the estimator
+classes are looked up when a model file is read or written).
 """
 
 from __future__ import annotations

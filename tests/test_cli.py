@@ -1021,3 +1021,39 @@ def test_interrupted_predict_leaves_no_trace(slow_predict, signum, code):
     assert (proc.returncode, stderr, stdout) == (code, "nbattn: interrupted\n", "")
     assert out.read_text() == "older output\n"
     assert not [n for n in os.listdir(folder) if n.endswith(".part")]
+
+
+# ----------------------------------------------------------------------------- verbose, layering
+
+
+def test_fit_verbose_passes_verbose_to_the_estimator(work, capsys):
+    # needs the estimators' verbose= parameter
+    folder, _ = work
+    assert cli.make_estimator("learned", verbose=True, max_iter=3).verbose == 1
+    args = ["fit", folder / "train.csv", "--target", "y", "--model", "learned", "--max-iter", "3"]
+    code, out, err = call(capsys, *args, "--verbose", "-q", "-o", folder / "v.npz")
+    assert code == 0, err
+    assert nbattn.load(folder / "v.npz").verbose == 1
+    assert err.count("\n") >= 1 and "\r" not in err and out == ""  # plain lines, not a bar
+
+
+def test_command_layer_calls_no_private_names():
+    import ast
+
+    tree = ast.parse((ROOT / "nbattn" / "cli.py").read_text())
+    private = [
+        f"{ast.unparse(node.value)}.{node.attr}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and node.attr.startswith("_")
+        and not node.attr.startswith("__")
+    ]
+    assert private == []
+    imported = [
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+        if alias.name.startswith("_")
+    ]
+    assert imported == []

@@ -687,3 +687,20 @@ def test_atomic_output_cleans_up_on_interruption(tmp_path):
         tmp.write_text("partial")
         raise KeyboardInterrupt
     assert target.read_text() == "old" and os.listdir(tmp_path) == ["out.txt"]
+
+
+def test_io_imports_no_package_level_names():
+    import ast
+    from pathlib import Path
+
+    package = Path(io.__file__).parent
+    tree = ast.parse(Path(io.__file__).read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            assert all(not a.name.startswith("nbattn") for a in node.names)
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            # "from . import x" only for submodules, never for names of nbattn/__init__
+            names = [node.module] if node.module else [a.name for a in node.names]
+            for name in names:
+                path = package / name.split(".")[0]
+                assert path.with_suffix(".py").exists() or path.is_dir(), name
