@@ -75,7 +75,7 @@ def predict(estimator, data):
     import pandas as pd
 
     n_outputs = getattr(estimator, "n_outputs_", 1)
-    single = n_outputs == 1 and getattr(estimator, "_y_ndim", 1) == 1
+    single = n_outputs == 1 and not getattr(estimator, "outputs_2d_", False)
     if isinstance(data, dd.DataFrame):
 
         def predict_partition(part):

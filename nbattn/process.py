@@ -10,7 +10,9 @@
 * any other exception, whatever its type, prints one line
   ``nbattn: error: ...`` (at most :data:`MESSAGE_LIMIT` characters) and
   returns 1;
-* ``SystemExit`` (argparse's usage errors, exit 2) passes through.
+* ``SystemExit`` (argparse's usage errors, exit 2) passes through;
+* a warning is printed as one line ``nbattn: warning: ...`` (its category
+  and message, without Python's file and source line).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import contextlib
 import signal
 import sys
 import threading
+import warnings
 
 from .io import clip
 
@@ -71,9 +74,15 @@ def error_line(exc: BaseException) -> str:
     return "nbattn: error: " + clip(message, MESSAGE_LIMIT)
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    text = clip(" ".join(str(message).split()), MESSAGE_LIMIT)
+    print(f"nbattn: warning: {category.__name__}: {text}", file=sys.stderr)
+
+
 def run_command(command) -> int:
     """Call ``command()`` and return its exit code (see the module's docstring)."""
-    with signals_raise():
+    with signals_raise(), warnings.catch_warnings():
+        warnings.showwarning = _show_warning
         try:
             return command() or 0
         except Interrupted as exc:

@@ -7,8 +7,6 @@ with numba-cuda's reason instead of raising.
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
-
 #: The dynamic libraries numba-cuda loads to compile and run kernels.
 CUDA_LIBRARIES = ("nvvm", "nvrtc", "cudart")
 
@@ -50,24 +48,17 @@ def cuda_libraries() -> dict:
     return found
 
 
-def _version(distribution: str) -> str:
-    try:
-        return version(distribution)
-    except PackageNotFoundError:
-        return "not installed"
-
-
 def info_lines() -> list[str]:
     """The lines ``nbattn info`` prints."""
     import numba
     import numpy as np
 
-    from . import config, io
+    from . import __version__, config, io
     from .device import cuda_available
 
     threads = numba.config.NUMBA_NUM_THREADS
     lines = [
-        f"nbattn {_version('nbattn')}",
+        f"nbattn {__version__}",
         f"numpy {np.__version__}, numba {numba.__version__}",
         f"threading layer: {numba.config.THREADING_LAYER}, threads: {threads}",
         f"key block: {config.KEY_BLOCK}, query block: {config.QUERY_BLOCK}",

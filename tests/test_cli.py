@@ -1057,3 +1057,18 @@ def test_command_layer_calls_no_private_names():
         if alias.name.startswith("_")
     ]
     assert imported == []
+
+
+def test_warnings_are_one_line(work, capsys, monkeypatch):
+    folder, _ = work
+
+    def warn(*args, **kwargs):
+        import warnings
+
+        warnings.warn("the search stopped\nat its edge", UserWarning, stacklevel=1)
+        return 3, 0
+
+    monkeypatch.setattr(batch, "predict_file", warn)
+    code, _, err = call(capsys, "predict", folder / "model.npz", folder / "train.csv", "-o", "p")
+    assert code == 0
+    assert err == "nbattn: warning: UserWarning: the search stopped at its edge\n"
