@@ -97,6 +97,8 @@ FORMAT_NAME = "nbattn-model"
 FORMAT_VERSION = 2
 #: the metadata member is refused beyond this size, before it is read
 MAX_METADATA_BYTES = 16 * 2**20
+#: CSV chunks hold at most this many cells (rows x all columns of the file)
+CSV_CHUNK_CELLS = 2**22
 _ARRAY_KINDS = "biufcU"
 _META = "__nbattn__"
 _PREFIX = "attr__"
@@ -661,31 +663,34 @@ def iter_chunks(path, columns=None, chunksize=100_000, *, text_columns=()):
     total = path.stat().st_size
     if total == 0:
         raise ValueError(f"{path}: the file is empty")
+    # All columns are parsed: usecols would turn off pandas' field count check. So
+    # that memory stays bounded for wide files, a chunk holds at most CSV_CHUNK_CELLS.
+    width = max(1, len(read_columns(path)))
     options = {
-        # all columns are parsed (usecols would skip the field count check), and the
-        # first column is never taken as an index when a row has one field too many
-        "index_col": False,
-        "chunksize": chunksize,
+        "index_col": False,  # never take the first column as an index when rows are longer
+        "chunksize": max(1, min(chunksize, CSV_CHUNK_CELLS // width)),
         "dtype": {c: str for c in text_columns} or None,
         **_exact_floats(),
     }
 
+    def parse(step):
+        """``step()`` with pandas' ParserWarning (a first data row longer than the header)
+        as an error; the filter is set around each read only, never across a yield."""
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", pd.errors.ParserWarning)
+                return step()
+        except pd.errors.ParserWarning:
+            raise ValueError(f"{path}: line 2 has more fields than the header") from None
+        except (ValueError, pd.errors.ParserError) as exc:
+            raise _csv_error(path, exc) from exc
+
     def csv_chunks():
-        with open(path, "rb") as fh, warnings.catch_warnings():
-            # pandas only warns when the first data row is longer than the header
-            warnings.simplefilter("error", pd.errors.ParserWarning)
-            try:
-                row = 0
-                with pd.read_csv(fh, **options) as reader:
-                    for frame in reader:
-                        yield (frame if columns is None else frame[columns]), row, fh.tell()
-                        row += len(frame)
-            except pd.errors.ParserWarning:
-                raise ValueError(
-                    f"{path}: line 2 has more fields than the header (line 1)"
-                ) from None
-            except (ValueError, pd.errors.ParserError) as exc:
-                raise _csv_error(path, exc) from exc
+        with open(path, "rb") as fh, parse(lambda: pd.read_csv(fh, **options)) as reader:
+            row = 0
+            while (frame := parse(lambda: next(reader, None))) is not None:
+                yield (frame if columns is None else frame[columns]), row, fh.tell()
+                row += len(frame)
 
     return csv_chunks(), total, "bytes"
 

@@ -705,3 +705,16 @@ def test_io_imports_no_package_level_names():
             for name in names:
                 path = package / name.split(".")[0]
                 assert path.with_suffix(".py").exists() or path.is_dir(), name
+
+
+def test_wide_csv_chunks_stay_within_the_cell_budget(tmp_path, rng, monkeypatch):
+    frame = pd.DataFrame(rng.normal(size=(95, 6)), columns=list("abcdef"))
+    path = tmp_path / "w.csv"
+    frame.to_csv(path, index=False)
+    monkeypatch.setattr(io, "CSV_CHUNK_CELLS", 60)  # 10 rows of 6 columns
+    chunks, _, _ = io.iter_chunks(path, ["b"], chunksize=1000)
+    got = list(chunks)
+    assert [len(f) for f, _, _ in got] == [10] * 9 + [5]
+    assert [first for _, first, _ in got] == list(range(0, 95, 10))
+    back = pd.concat([f for f, _, _ in got], ignore_index=True)
+    np.testing.assert_array_equal(back["b"].to_numpy(), frame["b"].to_numpy())
