@@ -887,14 +887,25 @@ def test_every_error_type_is_one_line(work, capsys, monkeypatch, exc):
 
 @pytest.mark.filterwarnings("error::RuntimeWarning")
 def test_normal_runs_warn_nothing(work, capsys):
-    folder, _ = work
+    folder, frame = work
     data, model = folder / "train.csv", folder / "model.npz"
+    learned, classifier, labelled = folder / "l.npz", folder / "c.npz", folder / "labels.csv"
+    frame.assign(label=np.where(frame["y"] > 1.5, "hi", "lo")).drop(columns="y").to_csv(
+        labelled, index=False
+    )
     for args in (
         ["fit", data, "--target", "y", "--bandwidth", "loo", "-o", folder / "m.npz"],
         ["predict", model, data, "--std", "-o", folder / "p.csv"],
         ["evaluate", model, data],
         ["cv", data, "--target", "y", "--folds", "3", "--grid", "0.1,1"],
         ["plot", "fit", model, data, "-o", folder / "f.png"],
+        ["plot", "loo", data, "--target", "y", "--points", "5", "-o", folder / "l.png"],
+        ["plot", "heatmap", model, data, "-o", folder / "h.png"],
+        ["fit", data, "--target", "y", "--model", "learned", "--max-iter", "20", "-o", learned],
+        ["plot", "widths", learned, "-o", folder / "w.png"],
+        ["fit", labelled, "--target", "label", "--model", "classifier", "-o", classifier],
+        ["predict", classifier, labelled, "--proba", "-o", folder / "c.csv"],
+        ["evaluate", classifier, labelled],
     ):
         code, _, err = call(capsys, *args)
         assert code == 0 and err == "", err
@@ -1072,3 +1083,17 @@ def test_warnings_are_one_line(work, capsys, monkeypatch):
     code, _, err = call(capsys, "predict", folder / "model.npz", folder / "train.csv", "-o", "p")
     assert code == 0
     assert err == "nbattn: warning: UserWarning: the search stopped at its edge\n"
+
+
+def test_info_never_fails_on_cuda_lookups(capsys, monkeypatch):
+    from numba.cuda.cudadrv import libs
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("lookup exploded")
+
+    for name in ("locate_driver_and_loader", "open_cudalib", "get_cudalib"):
+        monkeypatch.setattr(libs, name, broken)
+    code, out, err = call(capsys, "info")
+    assert code == 0 and err == ""
+    for lib in ("driver", "nvvm", "nvrtc", "cudart", "cudadevrt"):
+        assert f"  {lib}: not found: lookup exploded" in out
