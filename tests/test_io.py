@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from sklearn.exceptions import NotFittedError
 
 import nbattn
-from nbattn import io
+from nbattn import io, modelfile
 from nbattn.progress import Progress, running
 
 
@@ -33,7 +33,7 @@ def _rewrite(path, meta, arrays, digest=True):
     """Write a model file by hand (to test what load does with foreign content)."""
     meta = dict(meta)
     if digest:
-        meta["sha256"] = io._digest(meta, arrays)
+        meta["sha256"] = modelfile._digest(meta, arrays)
     with open(path, "wb") as fh:
         np.savez(fh, __nbattn__=np.array(json.dumps(meta)), **arrays)
 
@@ -564,7 +564,7 @@ def test_members_not_described_by_the_metadata_are_refused(saved):
 
 
 def test_oversized_metadata_is_refused_before_it_is_read(saved, monkeypatch):
-    monkeypatch.setattr(io, "MAX_METADATA_BYTES", 1000)
+    monkeypatch.setattr(modelfile, "MAX_METADATA_BYTES", 1000)
     with pytest.raises(ValueError, match=r"metadata of \d+ bytes \(at most 1000\)"):
         nbattn.load(saved)
 
@@ -690,12 +690,13 @@ def test_atomic_output_cleans_up_on_interruption(tmp_path):
     assert target.read_text() == "old" and os.listdir(tmp_path) == ["out.txt"]
 
 
-def test_io_imports_no_package_level_names():
+@pytest.mark.parametrize("module", [io, modelfile])
+def test_io_imports_no_package_level_names(module):
     import ast
     from pathlib import Path
 
-    package = Path(io.__file__).parent
-    tree = ast.parse(Path(io.__file__).read_text())
+    package = Path(module.__file__).parent
+    tree = ast.parse(Path(module.__file__).read_text())
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             assert all(not a.name.startswith("nbattn") for a in node.names)
