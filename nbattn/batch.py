@@ -2,7 +2,7 @@
 cross-validate: the work behind ``nbattn fit / predict / evaluate / cv``.
 
 Files are read through :mod:`nbattn.io` (errors name the row and the column)
-and written through :func:`nbattn.io.atomic_output`, so a failed or
+and written through :func:`nbattn.atomic.atomic_output`, so a failed or
 interrupted run leaves no partial output. Memory is bounded by the chunk size,
 not by the file.
 """
@@ -14,6 +14,7 @@ import contextlib
 import numpy as np
 
 from . import io
+from .atomic import atomic_output, check_not_input
 from .metrics import Metrics, score_chunk
 from .progress import Progress
 
@@ -149,14 +150,14 @@ def predict_file(
     import pandas as pd
 
     _check_columns(data, features, id=id_column)
-    io.check_not_input([data], output)
+    check_not_input([data], output)
     out_fmt = io.output_format(output)
     in_fmt = io.input_format(data)
     wanted = list(dict.fromkeys([*features, *([id_column] if id_column else [])]))
     chunks, total, unit = io.iter_chunks(data, wanted, chunksize)
     n_in = dropped = 0
     with (
-        io.atomic_output(output) as tmp,
+        atomic_output(output) as tmp,
         io.TableWriter(tmp, out_fmt) as writer,
         Progress(total, "predict", unit=unit, quiet=quiet) as bar,
         contextlib.ExitStack() as stack,
@@ -169,7 +170,9 @@ def predict_file(
         if scheduler:
             from .dask import ClusterChunkRunner
 
-            runner = stack.enter_context(ClusterChunkRunner(scheduler, model, write, std, proba))
+            runner = stack.enter_context(
+                ClusterChunkRunner(scheduler, model, write, predict_columns, std, proba)
+            )
         for frame, first_row, position in chunks:
             where = {"first_row": first_row, "source": data, "fmt": in_fmt}
             X, keep = io.numeric_block(frame, features, **where, on_nan=on_nan)

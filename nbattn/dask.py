@@ -318,20 +318,21 @@ def _current_client():
 
 
 class ClusterChunkRunner:
-    """Predict chunks on a ``dask.distributed`` cluster, results handed back in order.
+    """Run ``function(model, X, *args)`` on chunks on a ``dask.distributed`` cluster,
+    results handed back in order.
 
     The model is sent to every worker once; at most ``2 x workers`` chunks are
-    in flight, and ``write(columns, ids)`` receives the results in input
-    order, so memory stays bounded and the output equals a local run. Each
-    chunk's columns are :func:`nbattn.batch.predict_columns`.
+    in flight, and ``write(result, ids)`` receives the results in input
+    order, so memory stays bounded and the output equals a local run
+    (``nbattn predict --scheduler`` passes :func:`nbattn.batch.predict_columns`).
 
-    ``with ClusterChunkRunner(address, model, write, std, proba) as run:
+    ``with ClusterChunkRunner(address, model, write, function, *args) as run:
     run.submit(X, ids) ...; run.finish()``
     """
 
-    def __init__(self, address, model, write, std=False, proba=False):
+    def __init__(self, address, model, write, function, *args):
         self.address, self.model, self.write = address, model, write
-        self.std, self.proba = std, proba
+        self.function, self.args = function, args
         self.client = None
         self.pending = []
 
@@ -356,11 +357,7 @@ class ClusterChunkRunner:
         return False
 
     def submit(self, X, ids) -> None:
-        from .batch import predict_columns
-
-        future = self.client.submit(
-            predict_columns, self.remote_model, X, self.std, self.proba, pure=False
-        )
+        future = self.client.submit(self.function, self.remote_model, X, *self.args, pure=False)
         self.pending.append((future, ids))
         while len(self.pending) > self.window:
             self._drain_one()

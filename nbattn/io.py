@@ -1,8 +1,9 @@
 """Tables read and written in chunks, and outputs that appear only when complete.
 
-Model files live in :mod:`nbattn.modelfile`; ``save``, ``load``,
-``read_model_file`` and the format constants are re-exported here, where
-``nbattn.save`` / ``nbattn.load`` and the command line have always found them.
+Model files live in :mod:`nbattn.modelfile` and outputs that appear only when
+complete in :mod:`nbattn.atomic`; ``save``, ``load``, ``read_model_file``,
+the format constants, ``atomic_output`` and ``check_not_input`` are
+re-exported here, where ``nbattn.save`` / ``nbattn.load`` have always found them.
 
 Tables
 ------
@@ -19,16 +20,13 @@ symbolic link).
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-import stat
-import tempfile
 import warnings
 from pathlib import Path
 
 import numpy as np
 
+from .atomic import atomic_output, check_not_input
 from .modelfile import (
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -64,54 +62,6 @@ __all__ = [
 
 #: CSV chunks hold at most this many cells (rows x all columns of the file)
 CSV_CHUNK_CELLS = 2**22
-
-
-# ----------------------------------------------------------------------------- atomic output
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-@contextlib.contextmanager
-def atomic_output(path):
-    """Yield a temporary path beside ``path``; on success rename it to ``path``.
-
-    The temporary file lives in the same folder (so ``os.replace`` is an
-    atomic rename) and is removed if the block raises, including on an
-    interruption: a failed run leaves neither a partial output nor a stray
-    file, and an existing ``path`` is untouched until the new one is complete.
-
-    An existing output keeps its permission bits (a new one gets the umask's).
-    An output that is a symbolic link is written through: the file it points
-    to is replaced and the link stays.
-    """
-    path = Path(path)
-    if path.is_symlink():
-        path = Path(os.path.realpath(path))
-    folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        raise ValueError(f"output folder {str(folder)!r} does not exist")
-    if path.is_dir():
-        raise ValueError(f"output {str(path)!r} is a folder")
-    try:
-        mode = stat.S_IMODE(os.stat(path).st_mode)
-    except FileNotFoundError:
-        mode = 0o666 & ~_umask()
-    tmp = None
-    try:  # from mkstemp on, so that an interruption at any point removes the file
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=folder)
-        os.close(fd)
-        yield Path(tmp)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        if tmp is not None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-        raise
 
 
 # ----------------------------------------------------------------------------- tables
@@ -215,13 +165,6 @@ def _check_unique(path, names) -> None:
         if name in seen:
             raise ValueError(f"{path}: the column name {shorten(name)} appears more than once")
         seen.add(name)
-
-
-def check_not_input(inputs, output) -> None:
-    """ValueError when ``output`` is (the same file as) one of ``inputs``."""
-    for path in inputs:
-        if os.path.exists(output) and os.path.exists(path) and os.path.samefile(path, output):
-            raise ValueError(f"the output {str(output)!r} is an input file; choose another name")
 
 
 def check_columns(path, columns, wanted, what="column") -> None:

@@ -36,7 +36,7 @@ format version or an estimator class outside ``nbattn.estimators.__all__``
 raises a :class:`ModelFileError` (a ValueError) that says which.
 
 This module imports no other part of nbattn at import time (the estimator
-classes are looked up, and :func:`nbattn.io.atomic_output` imported, when a
+classes are looked up, and :func:`nbattn.atomic.atomic_output` imported, when a
 model file is read or written).
 """
 
@@ -206,7 +206,7 @@ def save(model, path, *, metadata=None) -> Path:
     }
     meta["sha256"] = _digest(meta, arrays)
     members = {_META: np.array(json.dumps(meta, sort_keys=True)), **arrays}
-    from .io import atomic_output
+    from .atomic import atomic_output
 
     path = Path(path)
     with atomic_output(path) as tmp:

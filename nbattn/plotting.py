@@ -176,7 +176,7 @@ def figure_format(path) -> str:
 
 def save_figure(fig, path) -> None:
     """Write ``fig`` to ``path`` (PNG or SVG by extension) atomically, and close it."""
-    from .io import atomic_output
+    from .atomic import atomic_output
 
     fmt = figure_format(path)
     try:
