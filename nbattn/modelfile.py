@@ -9,6 +9,7 @@ holds pickled objects, so loading cannot execute code. Format
       {"format": "nbattn-model", "format_version": 2,
        "nbattn_version": "0.1.0", "estimator": "NadarayaWatsonRegressor",
        "params": {...get_params()...},
+       "params_not_saved": {"random_state": "Generator"},   # saved as null (not JSON)
        "feature_names": ["income"] or null,
        "attributes": {"bandwidth_": {"kind": "array", "dtype": "<f8", "shape": [1],
                                      "object": false, "scalar": false},
@@ -98,6 +99,22 @@ def _jsonable(value, what: str):
     if isinstance(value, _JSON_SCALARS):
         return value
     raise ValueError(f"cannot save {what}: values of type {type(value).__name__} are not supported")
+
+
+def _saved_params(model):
+    """(JSON parameters, {name: type} of those saved as null).
+
+    A random generator (``np.random.Generator`` or ``RandomState``) holds state
+    that JSON cannot carry; it only seeds a fit, never a prediction, so it is
+    saved as null and its type recorded under ``params_not_saved``.
+    """
+    params, not_saved = {}, {}
+    for k, v in model.get_params(deep=False).items():
+        if isinstance(v, (np.random.Generator, np.random.RandomState)):
+            params[k], not_saved[k] = None, type(v).__name__
+        else:
+            params[k] = _jsonable(v, f"parameter {k!r}")
+    return params, not_saved
 
 
 def _array_for_file(value: np.ndarray):
@@ -192,14 +209,14 @@ def save(model, path, *, metadata=None) -> Path:
     check_is_fitted(model)
     arrays, attributes = _fitted_state(model)
     names = getattr(model, "feature_names_in_", None)
+    params, not_saved = _saved_params(model)
     meta = {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
         "nbattn_version": _nbattn_version(),
         "estimator": name,
-        "params": {
-            k: _jsonable(v, f"parameter {k!r}") for k, v in model.get_params(deep=False).items()
-        },
+        "params": params,
+        "params_not_saved": not_saved,
         "feature_names": None if names is None else [str(n) for n in names],
         "attributes": attributes,
         "user": _jsonable(metadata or {}, "metadata"),
