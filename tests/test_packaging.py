@@ -56,95 +56,84 @@ def _run_python(code: str, python=sys.executable, cwd=ROOT, env=None, timeout=60
     return result.stdout
 
 
-def _loaded_after(statement: str) -> set[str]:
-    """Top-level packages present in sys.modules after ``statement`` in a fresh process."""
-    report = 'import json, sys; print(json.dumps(sorted({m.split(".")[0] for m in sys.modules})))'
-    out = _run_python(f"{statement}\n{report}")
-    return set(json.loads(out.strip().splitlines()[-1]))
-
-
 # ----------------------------------------------------------------------------- lazy import
 
+#: Run in one fresh process; it reaches the public names in steps and records,
+#: after each step, the heavy libraries loaded so far. Loading only grows, so
+#: the first step that shows a library is the one that loaded it.
+_IMPORT_PROBE = """
+import importlib, json, pkgutil, sys
+HEAVY = set({heavy!r})
+steps = {{}}
+def record(step):
+    steps[step] = sorted({{m.split(".")[0] for m in sys.modules}} & HEAVY)
+import nbattn
+record("import nbattn")
+steps["numpy or numba after import nbattn"] = "numpy" in sys.modules or "numba" in sys.modules
+for name in {functional!r}:
+    getattr(nbattn, name)
+    record(name)
+for name in {pending!r}:
+    getattr(nbattn, name)
+    record(name)
+lazy_submodule = "nbattn.datasets" not in sys.modules
+lazy_submodule &= nbattn.datasets.__name__ == "nbattn.datasets"
+nbattn.NadarayaWatsonRegressor
+record("NadarayaWatsonRegressor")
+modules = [m.name for m in pkgutil.walk_packages(nbattn.__path__, "nbattn.")
+           if not m.name.startswith(("nbattn.cuda", "nbattn.data", "nbattn.dask"))]
+for module in modules:
+    importlib.import_module(module)
+wrong = [n for n, mod in nbattn._PUBLIC.items()
+         if getattr(nbattn, n) is not getattr(sys.modules["nbattn." + mod], n)]
+print(json.dumps({{"steps": steps, "lazy_submodule": lazy_submodule, "wrong": wrong,
+                  "modules": modules, "attention": type(nbattn.attention).__name__}}))
+"""
 
-def test_import_nbattn_loads_no_heavy_library():
-    loaded = _loaded_after("import nbattn")
-    assert not loaded & {*HEAVY, "numpy", "numba", "scipy"}, sorted(loaded)
+#: The names of the functional layer: reaching them loads numpy and numba only.
+FUNCTIONAL = sorted(
+    {n for n, module in nbattn._PUBLIC.items() if module != "estimators"} - PENDING_LAZY
+) + ["positional", "scores"]
 
 
-def _heavy_loaded_per_name(names) -> dict:
-    """In one fresh process: for each name in turn, ``nbattn.<name>`` and the heavy
-    libraries loaded so far (loading only grows, so the first name that shows
-    a library is the one that loaded it)."""
-    out = _run_python(
-        f"""
-        import json, sys
-        import nbattn
-        seen = {{}}
-        for name in {sorted(names)!r}:
-            getattr(nbattn, name)
-            seen[name] = sorted({{m.split(".")[0] for m in sys.modules}} & set({HEAVY!r}))
-        print(json.dumps(seen))
-        """
-    )
-    return json.loads(out.strip().splitlines()[-1])
+@pytest.fixture(scope="module")
+def import_probe():
+    code = _IMPORT_PROBE.format(heavy=HEAVY, functional=FUNCTIONAL, pending=sorted(PENDING_LAZY))
+    return json.loads(_run_python(code).strip().splitlines()[-1])
 
 
-def _functional_names():
-    return {n for n, module in nbattn._PUBLIC.items() if module != "estimators"} | {
-        "positional",
-        "scores",
-    }
+def test_import_nbattn_loads_no_heavy_library(import_probe):
+    assert import_probe["steps"]["import nbattn"] == []
+    assert import_probe["steps"]["numpy or numba after import nbattn"] is False
 
 
-def test_functional_names_load_no_heavy_library():
+def test_functional_names_load_no_heavy_library(import_probe):
     """Reaching a name of the functional layer (attention, flash, regression,
     layers, io, positional, scores) loads numpy and numba, not scikit-learn,
     pandas, matplotlib or Dask."""
-    seen = _heavy_loaded_per_name(_functional_names() - PENDING_LAZY)
-    assert {name: heavy for name, heavy in seen.items() if heavy} == {}
+    steps = import_probe["steps"]
+    assert {name: steps[name] for name in FUNCTIONAL if steps[name]} == {}
 
 
 @pytest.mark.xfail(strict=False, reason="learning.py imports scikit-learn at the top")
-def test_learning_names_load_no_heavy_library():
-    seen = _heavy_loaded_per_name(PENDING_LAZY)
-    assert {name: heavy for name, heavy in seen.items() if heavy} == {}
+def test_learning_names_load_no_heavy_library(import_probe):
+    steps = import_probe["steps"]
+    assert {name: steps[name] for name in sorted(PENDING_LAZY) if steps[name]} == {}
 
 
-def test_estimators_load_scikit_learn_when_used():
-    assert "sklearn" in _loaded_after("import nbattn\nnbattn.NadarayaWatsonRegressor")
+def test_estimators_load_scikit_learn_when_used(import_probe):
+    assert "sklearn" in import_probe["steps"]["NadarayaWatsonRegressor"]
 
 
-def test_public_names_resolve_after_every_submodule_is_imported():
+def test_public_names_resolve_after_every_submodule_is_imported(import_probe):
     """Importing a submodule binds it on the package; ``nbattn.attention`` must still
     be the function, and every public name the object its module defines."""
-    out = _run_python(
-        """
-        import importlib, json, pkgutil, sys
-        import nbattn
-        names = [m.name for m in pkgutil.walk_packages(nbattn.__path__, "nbattn.")
-                 if not m.name.startswith(("nbattn.cuda", "nbattn.data", "nbattn.dask"))]
-        for name in names:
-            importlib.import_module(name)
-        wrong = [n for n, mod in nbattn._PUBLIC.items()
-                 if getattr(nbattn, n) is not getattr(sys.modules["nbattn." + mod], n)]
-        print(json.dumps({"wrong": wrong, "modules": len(names),
-                          "attention": type(nbattn.attention).__name__}))
-        """
-    )
-    report = json.loads(out.strip().splitlines()[-1])
-    assert report["wrong"] == [] and report["attention"] == "function"
-    assert report["modules"] >= 10
+    assert import_probe["wrong"] == [] and import_probe["attention"] == "function"
+    assert {"nbattn.attention", "nbattn.layers", "nbattn.cli"} <= set(import_probe["modules"])
 
 
-def test_submodules_load_on_attribute_access():
-    out = _run_python(
-        """
-        import sys, nbattn
-        assert "nbattn.learning" not in sys.modules
-        print(nbattn.learning.__name__, nbattn.positional.__name__)
-        """
-    )
-    assert out.split() == ["nbattn.learning", "nbattn.positional"]
+def test_submodules_load_on_attribute_access(import_probe):
+    assert import_probe["lazy_submodule"] is True
     with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
         nbattn.no_such_name  # noqa: B018
 
