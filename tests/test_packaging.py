@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -334,3 +335,36 @@ def test_editable_install_finds_the_data(source_copy, tmp_path):
     data, rows = out.split()
     assert Path(data).resolve() == (source_copy / "data").resolve()
     assert rows == "442"
+
+
+# ----------------------------------------------------------------------------- test set-up
+
+
+def test_test_scripts_name_no_machine_path():
+    for script in ("scripts/test", "scripts/_setup.sh", "scripts/demo"):
+        text = (ROOT / script).read_text()
+        code = "\n".join(line.split("#")[0] for line in text.splitlines()[1:])  # no shebang
+        for prefix in ("/opt/", "/home/", "/usr/", "/root", "/tmp/", "/work"):
+            assert prefix not in code, f"{script} names {prefix}"
+
+
+@pytest.mark.parametrize("marker", ["procfs", "ru_maxrss"])
+def test_platform_markers_skip_where_the_platform_lacks_it(marker, monkeypatch):
+    from . import conftest
+
+    class Item:
+        def get_closest_marker(self, name):
+            return object() if name == marker else None
+
+    available, reason = conftest.PLATFORM_MARKERS[marker]
+    if available:
+        conftest.pytest_runtest_setup(Item())  # no skip where the platform has it
+    monkeypatch.setitem(conftest.PLATFORM_MARKERS, marker, (False, reason))
+    with pytest.raises(pytest.skip.Exception, match=re.escape(reason)):
+        conftest.pytest_runtest_setup(Item())
+
+
+@pytest.mark.procfs
+def test_procfs_marker_runs_only_where_proc_exists():
+    with open("/proc/self/status") as f:
+        assert any(line.startswith("VmHWM:") for line in f)
