@@ -18,7 +18,6 @@ import re
 import shutil
 import subprocess
 import sys
-import sysconfig
 import textwrap
 import venv
 import zipfile
@@ -220,8 +219,11 @@ def _new_venv(where: Path) -> Path:
     venv.EnvBuilder(with_pip=False, symlinks=os.name != "nt").create(where)
     python = where / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
     site_dir = _run_python("import sysconfig; print(sysconfig.get_paths()['purelib'])", python)
-    ours = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
-    Path(site_dir.strip(), "test-environment.pth").write_text("\n".join(sorted(ours)) + "\n")
+    # Every folder this interpreter imports from (site-packages, user site, ...)
+    # but the checkout, so that only the installed nbattn can be found.
+    seen = [Path(p).resolve() for p in sys.path if p and Path(p).is_dir()]
+    ours = [str(p) for p in dict.fromkeys(seen) if p != ROOT and ROOT not in p.parents]
+    Path(site_dir.strip(), "test-environment.pth").write_text("\n".join(ours) + "\n")
     return python
 
 
