@@ -202,12 +202,8 @@ def source_copy(tmp_path_factory):
 @pytest.fixture(scope="module")
 def wheel(source_copy, tmp_path_factory):
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index"]
-        + ["--quiet", "-w", str(out), str(source_copy)],
-        check=True,
-        capture_output=True,
-        text=True,
+    _pip(
+        "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", str(out), str(source_copy)
     )
     (path,) = out.glob("nbattn-*.whl")
     return path
@@ -220,20 +216,21 @@ def _new_venv(where: Path) -> Path:
     python = where / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
     site_dir = _run_python("import sysconfig; print(sysconfig.get_paths()['purelib'])", python)
     # Every folder this interpreter imports from (site-packages, user site, ...)
-    # but the checkout, so that only the installed nbattn can be found.
+    # but the checkout itself. They come after the new site-packages, so the
+    # installed nbattn is the one found (the tests check its path).
     seen = [Path(p).resolve() for p in sys.path if p and Path(p).is_dir()]
-    ours = [str(p) for p in dict.fromkeys(seen) if p != ROOT and ROOT not in p.parents]
+    ours = [str(p) for p in dict.fromkeys(seen) if p != ROOT]
     Path(site_dir.strip(), "test-environment.pth").write_text("\n".join(ours) + "\n")
     return python
 
 
+def _pip(*args: str) -> None:
+    result = subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True)
+    assert result.returncode == 0, f"pip {' '.join(args)}:\n{result.stdout}\n{result.stderr}"
+
+
 def _pip_into(python: Path, *args: str) -> None:
-    subprocess.run(
-        [sys.executable, "-m", "pip", "--python", str(python), *args],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
+    _pip("--python", str(python), *args)
 
 
 def _clean_env() -> dict:
