@@ -6,9 +6,11 @@ median reported, with the fastest and slowest run, and which heavy libraries
 the probe left loaded. The probes that call a kernel run once against an empty
 numba cache (cold: they compile and fill it) and then repeatedly against that
 cache (warm: ``cache=True`` loads the compiled kernels). ``numpy + numba`` is
-the floor: every kernel needs both.
+the floor: every kernel needs both. The CPU column (the process's CPU time
+over the same span; all threads) is steadier than the wall clock on a shared
+machine, and close to what the wall clock is on an idle one for the imports.
 
-    python scripts/bench_startup.py [--repeats 7] [--cold-repeats 1]
+    python scripts/bench_startup.py [--repeats 7] [--cold-repeats 1] [--imports-only]
 """
 
 from __future__ import annotations
@@ -52,9 +54,9 @@ PROBES = {
 
 HARNESS = """
 import json, sys, time
-t0 = time.perf_counter()
+t0, c0 = time.perf_counter(), time.process_time()
 {body}
-seconds = time.perf_counter() - t0
+seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
 heavy = sorted({{m.split(".")[0] for m in sys.modules}} & set({heavy!r}))
 from numba.core.dispatcher import Dispatcher
 compiled = sum(
@@ -62,7 +64,7 @@ compiled = sum(
     for name, module in list(sys.modules.items()) if name.startswith("nbattn.")
     for obj in list(vars(module).values()) if isinstance(obj, Dispatcher)
 ) if "numba" in sys.modules else 0
-print(json.dumps({{"seconds": seconds, "heavy": heavy, "compiled": compiled}}))
+print(json.dumps({{"seconds": seconds, "cpu": cpu, "heavy": heavy, "compiled": compiled}}))
 """
 
 
@@ -79,12 +81,13 @@ def run_probe(body: str, cache_dir: str) -> dict:
 
 def report(label: str, runs: list[dict]) -> None:
     times = [r["seconds"] for r in runs]
+    cpu = statistics.median(r["cpu"] for r in runs)
     heavy = ", ".join(runs[-1]["heavy"]) or "none"
     compiled = runs[-1]["compiled"]
     print(
-        f"{label:<52} median {statistics.median(times):6.3f} s  "
-        f"(min {min(times):.3f}, max {max(times):.3f}, n={len(times)})  "
-        f"kernels compiled: {compiled:<3} heavy: {heavy}"
+        f"{label:<48} median {statistics.median(times):6.3f} s "
+        f"(min {min(times):.3f}, max {max(times):.3f}, n={len(times)}), CPU {cpu:6.3f} s; "
+        f"compiled: {compiled}; heavy: {heavy}"
     )
 
 
@@ -94,10 +97,15 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--cold-repeats", type=int, default=1, help="runs against an empty numba cache"
     )
+    parser.add_argument(
+        "--imports-only", action="store_true", help="skip the probes that run a kernel"
+    )
     args = parser.parse_args(argv)
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs; fresh process per run")
     with tempfile.TemporaryDirectory() as warm_cache:
         for label, (body, runs_kernel) in PROBES.items():
+            if runs_kernel and args.imports_only:
+                continue
             if runs_kernel:
                 cold = []
                 for _ in range(args.cold_repeats):
