@@ -30,7 +30,7 @@ _PUBLIC = {
     "flash_attention": "flash",
     "flash_attention_backward": "flash",
     "hierarchical_attention": "attention",
-    "load": "io",
+    "load": "modelfile",
     "log_softmax": "attention",
     "loo_bandwidth": "learning",
     "loo_loss": "learning",
@@ -38,7 +38,7 @@ _PUBLIC = {
     "masked_softmax": "attention",
     "multi_head_attention": "attention",
     "nadaraya_watson": "regression",
-    "save": "io",
+    "save": "modelfile",
     "softmax": "attention",
 }
 
@@ -133,7 +133,7 @@ if TYPE_CHECKING:
         NadarayaWatsonRegressor,
     )
     from .flash import flash_attention, flash_attention_backward
-    from .io import load, save
+    from .modelfile import load, save
     from .layers import MultiHeadAttention, SelfAttention
     from .learning import loo_bandwidth, loo_loss, loo_loss_and_grad
     from .regression import average_pooling, nadaraya_watson
