@@ -78,9 +78,13 @@ FLASH_BWD_BLOCK_Q = _env_int("FLASH_BWD_BLOCK_Q", 128)
 FLASH_BWD_BLOCK_K = _env_int("FLASH_BWD_BLOCK_K", 256)
 
 #: Factors of the base (Scott) widths that the coarse stage of
-#: ``nbattn.learning.loo_bandwidth`` evaluates: a quarter decade apart from
-#: 0.01 to 100, with 1 (the rule itself) among them. Read at call time.
-LOO_GRID = tuple(10.0 ** (k / 4.0) for k in range(-8, 9))
+#: ``nbattn.learning.loo_bandwidth`` evaluates: six per decade from 0.01 to
+#: 100, with 1 (the rule itself) among them. Read at call time. Leave-one-out
+#: curves of small or tied data have dips narrower than a quarter decade; on
+#: 300 random data sets (10-700 rows, 1-8 features, ties, duplicated rows)
+#: this grid put every search within 1e-4 of a 20-per-decade brute force,
+#: a quarter-decade grid one of them only within 5e-3.
+LOO_GRID = tuple(10.0 ** (k / 6.0) for k in range(-12, 13))
 
 #: How far ``loo_bandwidth`` extends its grid, in decades beyond each end, while
 #: the criterion is still falling there (a minimum at the edge of LOO_GRID).

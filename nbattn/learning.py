@@ -378,8 +378,8 @@ def loo_bandwidth(
     A bounded search on the log scale (:func:`nbattn.search.minimize_log_scale`):
 
     1. **Grid.** The LOO MSE at every factor of ``grid`` (default
-       ``config.LOO_GRID``: 0.01 to 100, a quarter decade apart, with 1, the
-       base rule itself). The whole grid, whatever the curve does on the
+       ``config.LOO_GRID``: 0.01 to 100, six per decade, with 1, the base
+       rule itself). The whole grid, whatever the curve does on the
        way: LOO curves have flat stretches (at small widths every row is
        predicted by its nearest neighbour, and the curve is flat to 1e-10)
        and several local minima.
@@ -543,7 +543,7 @@ def loo_bandwidth(
         factor = math.exp(result.t)
         log.note(
             f"{what}: {factor:.4g} x {base_name} widths, LOO criterion "
-            f"{result.value * loss_unit:.6g} ({base_name}: {result.exact[0.0] * loss_unit:.6g}); "
+            f"{result.value * loss_unit:.7g} ({base_name}: {result.exact[0.0] * loss_unit:.7g}); "
             f"{result.n_coarse} grid and {result.n_exact} exact evaluations"
         )
     if result.edge is not None:

@@ -21,10 +21,12 @@ It minimises ``criterion(t)`` over ``t = log c``:
    A best point still at the end there is reported in ``edge``.
 3. **Refinement.** Bounded Brent (``scipy.optimize.minimize_scalar``) between
    the grid neighbours of the best point, to ``xatol`` in t, with the exact
-   criterion. If Brent ends at a side of its bracket, the bracket moves one
-   grid step that way (useful when the coarse stage ran on an estimate).
-   Skipped where a neighbour ties the best point (a plateau: nothing to gain
-   beyond ``rtol``).
+   criterion; likewise around the next deepest local minima of the grid (up
+   to ``basins`` in all): a dip narrower than the grid spacing can hold the
+   minimum while a grid point beside it is only a local minimum of the grid.
+   If Brent ends at a side of its bracket, the bracket moves one grid step
+   that way (useful when the coarse stage ran on an estimate). A point inside
+   a plateau (both neighbours tie it) is not refined.
 4. **Choice.** Among the exactly evaluated points within ``rtol`` of the
    smallest exact value, a grid point (the one nearest the anchor) is
    preferred; otherwise the refined minimum. So the answer is never worse
@@ -98,6 +100,28 @@ def _best_index(ts, values, rtol: float, anchor: float) -> int:
     return int(tied[np.argmin(np.abs(np.asarray(ts)[tied] - anchor))])
 
 
+def _basins(values, best, rtol, count):
+    """Grid indices to refine: ``best`` and the next deepest coarse local minima, at most
+    ``count`` in all; none inside a plateau (both neighbours tie it: nothing to gain).
+
+    A dip narrower than the grid spacing can make a local minimum of the grid that is not
+    its lowest point while the true minimum lies in that dip: hence several basins.
+    """
+    last = len(values) - 1
+
+    def is_dip(k):
+        # no neighbour lower, at least one higher (beyond rtol); a flat side may hide a dip
+        neighbours = [values[j] for j in (k - 1, k + 1) if 0 <= j <= last]
+        return not any(_lower(v, values[k], rtol) for v in neighbours) and any(
+            _lower(values[k], v, rtol) for v in neighbours
+        )
+
+    others = [k for k in range(1, last) if k != best and is_dip(k)]  # ends: extension's
+    others.sort(key=lambda k: values[k])
+    chosen = ([best] if is_dip(best) else []) + others
+    return chosen[: max(int(count), 0)]
+
+
 def minimize_log_scale(
     criterion,
     grid,
@@ -108,6 +132,7 @@ def minimize_log_scale(
     anchor=0.0,
     coarse=None,
     report=None,
+    basins=3,
 ):
     """Minimise ``criterion(t)`` over a log-scale parameter t; see the module docstring.
 
@@ -131,7 +156,10 @@ def minimize_log_scale(
         anchor and the best coarse point are also evaluated exactly.
     report : callable, optional
         ``report(stage, t, value)`` after each evaluation, with stage
-        "grid", "extend" or "refine".
+        "grid", "extend", "exact" or "refine".
+    basins : int
+        How many coarse local minima (the best one first, then the lowest
+        others) are refined.
 
     Returns
     -------
@@ -197,16 +225,12 @@ def minimize_log_scale(
     grid_values = np.array(values)
     best = _best_index(grid_ts, grid_values, rtol, anchor)
 
-    # refinement with the exact criterion
+    # refinement with the exact criterion, in the best basin and the next deepest ones
     exact_at(anchor, "exact")
     exact_at(grid_ts[best], "exact")
     last = grid_ts.size - 1
-    flat = any(
-        0 <= k <= last and not _lower(grid_values[best], grid_values[k], rtol)
-        for k in (best - 1, best + 1)
-    )
-    if last > 0 and not flat:
-        centre = best
+    for centre in _basins(grid_values, best, rtol, basins):
+        exact_at(grid_ts[centre], "exact")
         for _ in range(MAX_BRACKET_MOVES + 1):
             lo, hi = grid_ts[max(centre - 1, 0)], grid_ts[min(centre + 1, last)]
             res = minimize_scalar(
