@@ -18,12 +18,15 @@ It minimises ``criterion(t)`` over ``t = log c``:
 2. **Extension.** While the best point is an end of the grid, the grid grows
    by one step in that direction, up to ``extend`` beyond the original end;
    it stops as soon as the criterion no longer falls by more than ``rtol``.
-   A best point still at the end there is reported in ``edge``.
+   A best point still at the end there is reported in ``edge``. (Only the
+   best point's end is extended: a deeper minimum beyond an end whose
+   approach stays above an interior minimum is not sought.)
 3. **Refinement.** Bounded Brent (``scipy.optimize.minimize_scalar``) between
    the grid neighbours of the best point, to ``xatol`` in t, with the exact
    criterion; likewise around the next deepest local minima of the grid (up
-   to ``basins`` in all): a dip narrower than the grid spacing can hold the
-   minimum while a grid point beside it is only a local minimum of the grid.
+   to ``basins`` in all, within ``basin_margin`` of the best): a dip narrower
+   than the grid spacing can hold the minimum while a grid point beside it is
+   only a local minimum of the grid.
    If Brent ends at a side of its bracket, the bracket moves one grid step
    that way (useful when the coarse stage ran on an estimate). A point inside
    a plateau (both neighbours tie it) is not refined.
@@ -100,7 +103,7 @@ def _best_index(ts, values, rtol: float, anchor: float) -> int:
     return int(tied[np.argmin(np.abs(np.asarray(ts)[tied] - anchor))])
 
 
-def _basins(values, best, rtol, count):
+def _basins(values, best, rtol, count, margin):
     """Grid indices to refine: ``best`` and the next deepest coarse local minima, at most
     ``count`` in all; none inside a plateau (both neighbours tie it: nothing to gain).
 
@@ -116,7 +119,10 @@ def _basins(values, best, rtol, count):
             _lower(values[k], v, rtol) for v in neighbours
         )
 
-    others = [k for k in range(1, last) if k != best and is_dip(k)]  # ends: extension's
+    ceiling = values[best] + margin * abs(values[best])
+    others = [  # the ends are the extension's business
+        k for k in range(1, last) if k != best and is_dip(k) and values[k] <= ceiling
+    ]
     others.sort(key=lambda k: values[k])
     chosen = ([best] if is_dip(best) else []) + others
     return chosen[: max(int(count), 0)]
@@ -133,6 +139,7 @@ def minimize_log_scale(
     coarse=None,
     report=None,
     basins=3,
+    basin_margin=0.02,
 ):
     """Minimise ``criterion(t)`` over a log-scale parameter t; see the module docstring.
 
@@ -160,6 +167,9 @@ def minimize_log_scale(
     basins : int
         How many coarse local minima (the best one first, then the lowest
         others) are refined.
+    basin_margin : float
+        Only local minima within this relative margin of the best grid value
+        are refined besides it.
 
     Returns
     -------
@@ -229,7 +239,7 @@ def minimize_log_scale(
     exact_at(anchor, "exact")
     exact_at(grid_ts[best], "exact")
     last = grid_ts.size - 1
-    for centre in _basins(grid_values, best, rtol, basins):
+    for centre in _basins(grid_values, best, rtol, basins, basin_margin):
         exact_at(grid_ts[centre], "exact")
         for _ in range(MAX_BRACKET_MOVES + 1):
             lo, hi = grid_ts[max(centre - 1, 0)], grid_ts[min(centre + 1, last)]
