@@ -404,13 +404,14 @@ def test_scale_within_half_a_percent_of_a_dense_brute_force():
 
 
 def test_evaluation_count_stays_reasonable():
-    X, y = airquality_like(0)
-    counts = []
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", learning.BandwidthRangeWarning)
-        _, (factors, _) = learning.loo_bandwidth(X, y, return_curve=True)
-    counts.append(factors.size)
-    assert factors.size <= len(config.LOO_GRID) + 25
+    """The grid, the anchor and at most three Brent refinements (about 15 each)."""
+    for seed in range(3):
+        X_p, kind = prestige_like(seed)
+        for X, y in (airquality_like(seed), (X_p, np.eye(3)[kind])):
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", learning.BandwidthRangeWarning)
+                _, (factors, _) = learning.loo_bandwidth(X, y, return_curve=True)
+            assert factors.size <= len(config.LOO_GRID) + 3 * 17 + 2
 
 
 # --------------------------------------------------------------------------- progress
@@ -450,8 +451,10 @@ def test_verbose_on_a_terminal_draws_a_tqdm_bar(monkeypatch):
         monkeypatch.setattr(sys, "stderr", stream)
         learning.loo_bandwidth(x, y, verbose=level)
         text = stream.getvalue()
-        assert ("\r" in text and "width/s" in text) == bar, text[-300:]
+        assert ("\r" in text) == bar, text[-300:]  # tqdm redraws its line
         assert "LOO criterion" in text
+        plain = [line for line in text.splitlines() if line.startswith("loo_bandwidth: grid:")]
+        assert len(plain) == (0 if bar else len(config.LOO_GRID))
 
 
 @pytest.mark.parametrize("bad", [-1, "yes", 1.5, None])
