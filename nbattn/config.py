@@ -103,3 +103,10 @@ LOO_RTOL = 1e-5
 #: (scalar and diagonal metrics), as factors of the initial (Scott) widths: an
 #: irrelevant feature's width grows to the upper bound instead of overflowing.
 WIDTH_BOUNDS = (1e-3, 1e4)
+
+#: In 1-D, ``loo_bandwidth``'s subsampled grid stage (n > grid_queries) leaves
+#: out at most this many rows: the windowed 1-D kernel costs (rows) x n per
+#: factor at the wide end of the grid, and the refinement walks the grid on
+#: exact values from wherever the estimate points. Measured at n = 20,000:
+#: 1024 rows did 1.7e9 pair evaluations in all, 4096 rows 2.3e9.
+LOO_GRID_QUERIES_1D = 1024

@@ -404,14 +404,18 @@ def loo_bandwidth(
     or of extreme magnitude keep their float32 digits and do not overflow.
 
     For n > ``grid_queries`` the grid stage leaves out and predicts only a
-    fixed random subset of ``grid_queries`` rows (every row stays a key): an
+    fixed random subset of ``grid_queries`` rows (in 1-D at most
+    ``config.LOO_GRID_QUERIES_1D`` = 1024; every row stays a key): an
     unbiased estimate of the LOO MSE that only picks the bracket; the base
-    rule and the best grid factor are then evaluated exactly, and the Brent
-    bracket moves along the grid if the exact minimum lies beyond it. Pass
+    rule and the best grid factor are then evaluated exactly, and the
+    refinement first walks the grid on exact values to a local minimum
+    (the estimate may be a step or two off). Pass
     ``grid_queries=None`` for an exact grid stage (n^2 work per factor).
     1-D data are sorted once and evaluated by a windowed kernel that skips
     keys whose weight is below exp(-50) of the nearest one (exact to float64
-    rounding), so an evaluation costs n x (window) and grows with the width.
+    rounding), so an evaluation costs n x (window) and grows with the width:
+    the wide end of the grid costs (rows) x n per factor, hence the smaller
+    subset in 1-D.
 
     The classifier's Brier criterion is this one on one-hot targets.
 
@@ -481,8 +485,10 @@ def loo_bandwidth(
     log_grid = np.log(np.sort(grid))
     rows = None
     if grid_queries is not None and n > int(grid_queries):
+        # 1-D: fewer rows, for the windowed kernel's wide widths cost rows x n each
+        size = int(grid_queries) if d > 1 else min(int(grid_queries), config.LOO_GRID_QUERIES_1D)
         rng = np.random.default_rng(random_state)
-        rows = np.sort(rng.choice(n, size=int(grid_queries), replace=False)).astype(np.int64)
+        rows = np.sort(rng.choice(n, size=size, replace=False)).astype(np.int64)
     if xatol is None:
         xatol = 1e-2 if rows is not None else 1e-3
     device = resolve_device(device)

@@ -26,10 +26,10 @@ It minimises ``criterion(t)`` over ``t = log c``:
    criterion; likewise around the next deepest local minima of the grid (up
    to ``basins`` in all, within ``basin_margin`` of the best): a dip narrower
    than the grid spacing can hold the minimum while a grid point beside it is
-   only a local minimum of the grid.
-   If Brent ends at a side of its bracket, the bracket moves one grid step
-   that way (useful when the coarse stage ran on an estimate). A point inside
-   a plateau (both neighbours tie it) is not refined.
+   only a local minimum of the grid. When the coarse stage ran on an
+   estimate, each refinement first walks the grid on exact values to a local
+   minimum (the estimate may be a step or two off), which then brackets
+   Brent. A point inside a plateau (both neighbours tie it) is not refined.
 4. **Choice.** Among the exactly evaluated points within ``rtol`` of the
    smallest exact value, a grid point (the one nearest the anchor) is
    preferred; otherwise the refined minimum. So the answer is never worse
@@ -44,9 +44,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 __all__ = ["ScaleSearchResult", "minimize_log_scale"]
-
-#: Most moves of the Brent bracket along the grid (step 3).
-MAX_BRACKET_MOVES = 4
 
 
 @dataclass
@@ -239,25 +236,31 @@ def minimize_log_scale(
     exact_at(anchor, "exact")
     exact_at(grid_ts[best], "exact")
     last = grid_ts.size - 1
+
+    def exact_on_grid(k):
+        return exact_at(grid_ts[k], "exact")
+
     for centre in _basins(grid_values, best, rtol, basins, basin_margin):
-        exact_at(grid_ts[centre], "exact")
-        for _ in range(MAX_BRACKET_MOVES + 1):
-            lo, hi = grid_ts[max(centre - 1, 0)], grid_ts[min(centre + 1, last)]
-            res = minimize_scalar(
-                lambda t: exact_at(t, "refine"),
-                bounds=(lo, hi),
-                method="bounded",
-                options={"xatol": xatol},
-            )
-            x = float(res.x)
-            if coarse is None:  # an exact coarse stage brackets the minimum already
-                break
-            if x - lo <= 2 * xatol and centre - 1 > 0:
-                centre -= 1
-            elif hi - x <= 2 * xatol and centre + 1 < last:
-                centre += 1
-            else:
-                break
+        if coarse is not None:
+            # the estimate may be a step or two off: walk the grid on exact values
+            # to a local minimum, which brackets the exact minimum
+            for _ in range(last + 1):
+                here = exact_on_grid(centre)
+                side = {k: exact_on_grid(k) for k in (centre - 1, centre + 1) if 0 <= k <= last}
+                k_low = min(side, key=side.get)
+                if not _lower(side[k_low], here, rtol):
+                    break
+                centre = k_low
+            around = range(max(centre - 1, 0), min(centre + 2, last + 1))
+            if not any(_lower(exact_on_grid(centre), exact_on_grid(k), rtol) for k in around):
+                continue  # a plateau: nothing to gain beyond rtol
+        lo, hi = grid_ts[max(centre - 1, 0)], grid_ts[min(centre + 1, last)]
+        minimize_scalar(
+            lambda t: exact_at(t, "refine"),
+            bounds=(lo, hi),
+            method="bounded",
+            options={"xatol": xatol},
+        )
 
     # the choice: a grid point within rtol of the exact minimum, else the exact minimum
     ex_t = np.array(list(exact))
