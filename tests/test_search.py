@@ -177,14 +177,16 @@ def test_noise_below_the_tolerance_changes_no_choice():
         assert a.edge == b.edge
 
 
-def test_coarse_estimate_with_bracket_moves():
-    """The coarse stage on a biased estimate that puts the minimum one grid step off:
-    the exact refinement moves its bracket and still finds the minimum."""
+@pytest.mark.parametrize("offset", [0.65, -1.2, 2.0])
+def test_a_biased_coarse_estimate_is_corrected_on_exact_values(offset):
+    """The coarse stage on an estimate whose minimum is one to five grid steps off:
+    the refinement walks the grid on exact values and still finds the minimum."""
     exact = _bowl(0.9, width=0.6)
-    biased = _bowl(0.9 - 0.65, width=0.6)
+    biased = _bowl(0.9 - offset, width=0.6)
     res = _search(exact, coarse=biased)
     assert abs(res.t - 0.9) <= 0.005
     assert res.value <= exact(0.0)
+    assert res.n_coarse == GRID.size and res.n_exact <= 30
 
 
 @settings(max_examples=60, deadline=None)
