@@ -384,7 +384,8 @@ def test_edge_warning_names_the_data_and_the_direction(monkeypatch):
         warnings.simplefilter("error", learning.BandwidthRangeWarning)
         h_ext = learning.loo_bandwidth(x, y, grid=[1.0, 2.0, 4.0])  # extended to the minimum
     assert h_ext[0] < 0.6 * h0[0]
-    assert learning.loo_loss(x, y, h_ext) <= learning.loo_loss(x, y, learning.loo_bandwidth(x, y))
+    default = learning.loo_loss(x, y, learning.loo_bandwidth(x, y))
+    assert learning.loo_loss(x, y, h_ext) <= default * (1 + 1e-6)  # both refined by Brent
 
 
 def test_early_stop_is_deprecated():
