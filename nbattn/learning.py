@@ -66,8 +66,6 @@ def __getattr__(name):
     # the grid as an array, always the one in config (tests patch config.LOO_GRID)
     if name == "LOO_GRID":
         return np.asarray(config.LOO_GRID, dtype=np.float64)
-    if name == "WIDTH_BOUNDS":
-        return config.WIDTH_BOUNDS
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
