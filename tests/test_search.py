@@ -512,3 +512,30 @@ def test_learning_imports_neither_scikit_learn_nor_scipy_optimize():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300
     )
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_the_search_does_not_depend_on_the_units_of_y(dtype):
+    """y scaled by 1e-150 or 1e150 (beyond float32's range): the same width; the
+    criterion is computed on y centred and divided by a power of two."""
+    rng = np.random.default_rng(11)
+    X = rng.uniform(0, 6, size=(120, 2))
+    y = 1e3 + np.sin(X[:, 0]) + 0.3 * rng.normal(size=120)
+    h = learning.loo_bandwidth(X, y, dtype=dtype)
+    for scale in (1e-150, 1e150):
+        h_scaled, (_, losses) = learning.loo_bandwidth(X, y * scale, dtype=dtype, return_curve=True)
+        assert np.all(np.isfinite(losses)) and np.all(losses > 0)
+        if dtype == "float64":
+            np.testing.assert_allclose(h_scaled, h, rtol=1e-6)
+        else:  # float32 rounding of y differs with the scale: as good on the criterion
+            loss = learning.loo_loss(X, y, h)
+            assert learning.loo_loss(X, y, h_scaled) == pytest.approx(loss, rel=1e-5)
+
+
+@pytest.mark.parametrize("d", [1, 3])
+@pytest.mark.parametrize("seed", range(4))
+def test_subsampled_grid_stage_finds_the_minimum(seed, d):
+    """n > grid_queries: the grid on an estimate, the refinement on exact values."""
+    X, y = _random_data(seed, 600, d, "smooth" if seed % 2 else "ties")
+    h = learning.loo_bandwidth(X, y, grid_queries=150)
+    _check_against_brute_force(X, y, h)
