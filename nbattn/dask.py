@@ -268,11 +268,8 @@ def sharded_training(client=None, n_partitions=None):
     if client is None:  # no cluster: the sums run here, on numba's threads
         yield None
         return
-    token = learning._ROW_RUNNER.set(cluster_runner)
-    try:
+    with learning.row_runner(cluster_runner):
         yield client
-    finally:
-        learning._ROW_RUNNER.reset(token)
 
 
 def fit(estimator, X, y, client=None, n_partitions=None):
