@@ -133,7 +133,7 @@ if TYPE_CHECKING:
         NadarayaWatsonRegressor,
     )
     from .flash import flash_attention, flash_attention_backward
-    from .modelfile import load, save
     from .layers import MultiHeadAttention, SelfAttention
     from .learning import loo_bandwidth, loo_loss, loo_loss_and_grad
+    from .modelfile import load, save
     from .regression import average_pooling, nadaraya_watson
