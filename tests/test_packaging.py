@@ -34,7 +34,6 @@ HEAVY = ("sklearn", "pandas", "matplotlib", "dask", "distributed", "pyarrow", "t
 
 #: Public names whose module still imports scikit-learn at the top (learning.py
 #: imports sklearn.exceptions.ConvergenceWarning); the change belongs to its owner.
-PENDING_LAZY = {"loo_bandwidth", "loo_loss", "loo_loss_and_grad"}
 
 
 def _pyproject() -> dict:
@@ -73,9 +72,6 @@ steps["numpy or numba after import nbattn"] = "numpy" in sys.modules or "numba" 
 for name in {functional!r}:
     getattr(nbattn, name)
     record(name)
-for name in {pending!r}:
-    getattr(nbattn, name)
-    record(name)
 lazy_submodule = "nbattn.datasets" not in sys.modules
 lazy_submodule &= nbattn.datasets.__name__ == "nbattn.datasets"
 nbattn.NadarayaWatsonRegressor
@@ -91,14 +87,15 @@ print(json.dumps({{"steps": steps, "lazy_submodule": lazy_submodule, "wrong": wr
 """
 
 #: The names of the functional layer: reaching them loads numpy and numba only.
-FUNCTIONAL = sorted(
-    {n for n, module in nbattn._PUBLIC.items() if module != "estimators"} - PENDING_LAZY
-) + ["positional", "scores"]
+FUNCTIONAL = sorted({n for n, module in nbattn._PUBLIC.items() if module != "estimators"}) + [
+    "positional",
+    "scores",
+]
 
 
 @pytest.fixture(scope="module")
 def import_probe():
-    code = _IMPORT_PROBE.format(heavy=HEAVY, functional=FUNCTIONAL, pending=sorted(PENDING_LAZY))
+    code = _IMPORT_PROBE.format(heavy=HEAVY, functional=FUNCTIONAL)
     return json.loads(_run_python(code).strip().splitlines()[-1])
 
 
@@ -113,12 +110,6 @@ def test_functional_names_load_no_heavy_library(import_probe):
     pandas, matplotlib or Dask."""
     steps = import_probe["steps"]
     assert {name: steps[name] for name in FUNCTIONAL if steps[name]} == {}
-
-
-@pytest.mark.xfail(strict=False, reason="learning.py imports scikit-learn at the top")
-def test_learning_names_load_no_heavy_library(import_probe):
-    steps = import_probe["steps"]
-    assert {name: steps[name] for name in sorted(PENDING_LAZY) if steps[name]} == {}
 
 
 def test_estimators_load_scikit_learn_when_used(import_probe):
