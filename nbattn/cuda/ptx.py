@@ -251,19 +251,24 @@ def shared_load_widths(ptx):
 
 def main(argv=None):
     """Print the register/spill table of :func:`kernel_cases`."""
+    import importlib.metadata
+
     import numba
 
     try:
-        from numba.cuda.cudadrv import nvvm
-
-        nvvm_version = ".".join(map(str, nvvm.NVVM().get_version()))
+        numba_cuda = "numba-cuda " + importlib.metadata.version("numba-cuda")
+    except importlib.metadata.PackageNotFoundError:
+        numba_cuda = "numba's bundled numba.cuda"
+    cases = kernel_cases()
+    try:
+        isa = re.search(r"^\.version (\S+)", compile_ptx(cases[-1]), re.M).group(1)
     except Exception as exc:  # the table says what is missing
-        nvvm_version = f"unavailable ({type(exc).__name__})"
-    print(f"numba {numba.__version__}, NVVM {nvvm_version}, sm_{CC[0]}{CC[1]}")
+        isa = f"unavailable ({type(exc).__name__}: {exc})"
+    print(f"numba {numba.__version__}, {numba_cuda}, PTX ISA {isa}, sm_{CC[0]}{CC[1]}")
     print(f"ptxas candidates: {', '.join(ptxas_candidates()) or 'none'}")
     header = f"{'kernel':<44s} {'regs':>5s} {'stack':>6s} {'spill st':>9s} {'spill ld':>9s}"
     print(header + f" {'ld.shared v4/v2/1':>18s}")
-    for case in kernel_cases():
+    for case in cases:
         try:
             ptx = compile_ptx(case)
             widths = shared_load_widths(ptx)
