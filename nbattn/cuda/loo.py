@@ -241,14 +241,15 @@ def loss_kernel(dtype, k, n_outputs):
     """The compiled LOO squared-error kernel for a dtype, k features and n_outputs outputs."""
     t = np.dtype(dtype).type
     return compiled(
-        ("loo_loss", t, int(k), int(n_outputs)), lambda: _make_loss_kernel(t, k, n_outputs)
+        ("loo_loss", t, int(k), int(n_outputs)),
+        lambda: _make_loss_kernel(t, int(k), int(n_outputs)),
     )
 
 
 def grad_kernels(dtype, n_acc):
     """The (diag, full) gradient kernels for a dtype and n_acc entries per launch."""
     t = np.dtype(dtype).type
-    return compiled(("loo_grad", t, int(n_acc)), lambda: _make_grad_kernels(t, n_acc))
+    return compiled(("loo_grad", t, int(n_acc)), lambda: _make_grad_kernels(t, int(n_acc)))
 
 
 def _lse_on_device(lse):

@@ -97,7 +97,7 @@ def pool_row_function(dtype, d, n_outputs):
     """The device function ``pool_row`` for a dtype, d features and n_outputs outputs."""
     t = np.dtype(dtype).type
     return compiled(
-        ("pool_row", t, int(d), int(n_outputs)), lambda: _make_pool_row(t, d, n_outputs)
+        ("pool_row", t, int(d), int(n_outputs)), lambda: _make_pool_row(t, int(d), int(n_outputs))
     )
 
 
@@ -137,7 +137,9 @@ def _make_pool_kernel(float_type, d, n_outputs):
 def gaussian_pool_kernel(dtype, d, n_outputs):
     """The compiled kernel for a dtype, d features and n_outputs outputs per launch."""
     t = np.dtype(dtype).type
-    return compiled(("pool", t, int(d), int(n_outputs)), lambda: _make_pool_kernel(t, d, n_outputs))
+    return compiled(
+        ("pool", t, int(d), int(n_outputs)), lambda: _make_pool_kernel(t, int(d), int(n_outputs))
+    )
 
 
 def gaussian_pool(queries, keys_t, values_t, exclude_self, self_offset=0):

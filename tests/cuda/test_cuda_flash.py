@@ -152,6 +152,18 @@ def test_head_dimension_limit(rng):
         nbattn.flash_attention(q, q, q, device="cuda")
 
 
+def test_head_dimension_limit_is_read_at_call_time(rng, monkeypatch):
+    from nbattn import config
+
+    monkeypatch.setattr(config, "CUDA_MAX_HEAD_DIM", 4)
+    assert cuda_flash.MAX_HEAD_DIM == 4
+    q = rng.normal(size=(1, 5))
+    with pytest.raises(ValueError, match="head dimensions up to 4"):
+        nbattn.flash_attention(q, q, q, device="cuda")
+    with pytest.raises(ValueError, match="up to 4"):
+        cuda_flash.flash_forward(q[None], q[None], q[None], 1.0, False)
+
+
 def test_tiles_smaller_than_the_block(rng, monkeypatch):
     """A small shared-memory budget gives tiles of 3 rows for blocks of 8 threads."""
     from nbattn import config
