@@ -110,3 +110,24 @@ WIDTH_BOUNDS = (1e-3, 1e4)
 #: exact values from wherever the estimate points. Measured at n = 20,000:
 #: 1024 rows did 1.7e9 pair evaluations in all, 4096 rows 2.3e9.
 LOO_GRID_QUERIES_1D = 1024
+
+# --- CUDA kernels (nbattn.cuda) ---------------------------------------------
+# CUDA_THREADS_PER_BLOCK and CUDA_SHARED_MEMORY_BYTES above shape every launch.
+# The host wrappers in nbattn.cuda read these values at each call; a kernel is
+# compiled (and cached) per value it was built with.
+
+#: Outputs (columns of values) accumulated per thread and launch by the CUDA
+#: Nadaraya-Watson and LOO-loss kernels; more outputs run in further launches.
+#: Each output is a float64 and an input-dtype accumulator in registers.
+CUDA_MAX_OUTPUTS = _env_int("CUDA_MAX_OUTPUTS", 8)
+
+#: Gradient entries (features, or lower-triangle pairs of a metric) that one
+#: thread of the CUDA LOO gradient kernels accumulates per launch, in float64
+#: registers; more entries run in further launches over ranges of entries.
+CUDA_MAX_GRAD_ENTRIES = _env_int("CUDA_MAX_GRAD_ENTRIES", 64)
+
+#: Largest head dimension (E and Ev) the CUDA flash kernels compile for: a
+#: thread holds a query row and an accumulator of that size in registers, and
+#: a tile row of K and V must fit CUDA_SHARED_MEMORY_BYTES. Larger heads are
+#: refused with a clear error (use device="cpu").
+CUDA_MAX_HEAD_DIM = _env_int("CUDA_MAX_HEAD_DIM", 128)
