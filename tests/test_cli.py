@@ -713,6 +713,7 @@ def _peak_rss_mb(*args):
     return int(result.stdout.split()[-1]) / 1024
 
 
+@pytest.mark.ru_maxrss
 def test_million_rows_in_flat_memory(tmp_path, rng, capsys):
     n = 1_000_000
     train = _frame(rng, n=200)
