@@ -134,12 +134,20 @@ def test_loo_bandwidth_on_cuda_equals_cpu_in_1d(rng):
 
 
 @pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
-def test_learned_kernel_regressor_on_cuda(rng):
+def test_learned_kernel_regressor_on_cuda(rng, monkeypatch):
     X = rng.normal(size=(14, 2))
     y = X[:, 0] ** 2
+    calls = []
+    launch = cuda_loo.loo_grad_diag
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return launch(*args, **kwargs)
+
+    monkeypatch.setattr(cuda_loo, "loo_grad_diag", counted)
     gpu = nbattn.LearnedKernelRegressor(max_iter=2, device="cuda").fit(X, y)
+    assert calls  # the fit ran the CUDA gradient kernel
     cpu = nbattn.LearnedKernelRegressor(max_iter=2).fit(X, y)
-    assert gpu.device_ == "cuda"
     np.testing.assert_allclose(gpu.bandwidth_, cpu.bandwidth_, rtol=1e-8)
     np.testing.assert_allclose(gpu.predict(X[:3]), cpu.predict(X[:3]), rtol=1e-8)
 
