@@ -39,7 +39,7 @@ SHAPES = [
 def small_tiles(monkeypatch):
     """Tiles of 8 x 16 so that small inputs cross many tile boundaries, and every
     call on all numba threads (small calls otherwise run on one)."""
-    monkeypatch.setattr(nbattn.flash, "_SERIAL_WORK", 0)
+    monkeypatch.setattr(nbattn.config, "FLASH_SERIAL_WORK", 0)
     monkeypatch.setattr(config, "FLASH_BLOCK_Q", 8)
     monkeypatch.setattr(config, "FLASH_BLOCK_K", 16)
     monkeypatch.setattr(config, "FLASH_BWD_BLOCK_Q", 8)
