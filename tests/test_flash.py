@@ -267,7 +267,7 @@ def test_inputs_not_modified_and_dtype(rng):
         (dict(k=np.full((4, 2), np.inf)), "k contains NaN or inf"),
         (dict(q=np.ones((3, 5))), "features"),
         (dict(v=np.ones((5, 2))), "keys"),
-        (dict(q=np.ones(3)), "q must have 2 or more"),
+        (dict(q=np.ones(3)), "q must have at least 2 dimensions"),
         (dict(q=np.ones((2, 3, 2)), k=np.ones((3, 4, 2)), v=np.ones((3, 4, 2))), "broadcast"),
         (dict(scale=float("nan")), "scale"),
     ],
