@@ -161,7 +161,9 @@ def _key_bias(key_bias, lead, n_q, n_k, dtype, causal):
         base2 = (bias - top[:, None]) * LOG2E
     lost = finite & (base2 < floor)
     if causal and lost.any():
-        seen = np.maximum.accumulate(np.where(finite, base2, -np.inf), axis=1)[:, : min(n_q, n_k)]
+        # finite biases that overflowed to -inf in the shift still count as seen keys
+        admissible = np.where(finite, np.maximum(base2, -np.finfo(np.float64).max), -np.inf)
+        seen = np.maximum.accumulate(admissible, axis=1)[:, : min(n_q, n_k)]
         if ((seen < floor / 2) & (seen > -np.inf)).any():
             raise ValueError(
                 "key_bias: with causal=True some query sees only keys whose bias lies more than "
