@@ -301,6 +301,12 @@ def flash_attention_bias(
     return out
 
 
+#: A key-bias shift (see :func:`_key_bias`) from which ``lse - shift`` loses more
+#: than 10 bits of lse; the backward then recomputes the shifted lse (one more
+#: forward pass) instead of subtracting.
+_RECOMPUTE_SHIFT = 2.0**10
+
+
 def _n_groups(n_bh, n_key_tiles, dq_bytes):
     """Key-tile groups per (batch*head) so that every thread has work.
 
@@ -348,7 +354,10 @@ def flash_attention_bias_backward(
     """Gradients of :func:`flash_attention_bias` with respect to q, k and v.
 
     The bias and the slopes are constants here (no gradient is returned for
-    them). See :func:`flash_attention_backward` for the formulas.
+    them). See :func:`flash_attention_backward` for the formulas. When the
+    key bias reaches magnitudes of 2**10 and more, the row normalisers are
+    recomputed from the shifted bias rather than taken from ``lse`` (whose
+    low bits are lost next to such a bias), at the cost of a forward pass.
     """
     causal = check_bool(causal, "causal")
     q, k, v, lead, dtype = _check_qkv(q, k, v, out, grad_out)
@@ -368,6 +377,20 @@ def flash_attention_bias_backward(
     block_k = config.FLASH_BWD_BLOCK_K
     work = qf.shape[0] * n_q * n_k * (q.shape[-1] + v.shape[-1])
     with _blas_one_thread(), _threads_for(work):
+        if np.abs(shift).max() >= _RECOMPUTE_SHIFT:
+            # lse - shift has lost the low bits of lse: recompute the shifted lse
+            _, lf = kernels_for("flash", "cpu").flash_forward(
+                qf,
+                kf,
+                vf,
+                bias,
+                slopes,
+                causal,
+                use_bias,
+                use_alibi,
+                config.FLASH_BLOCK_Q,
+                config.FLASH_BLOCK_K,
+            )
         groups = _n_groups(qf.shape[0], -(-n_k // block_k), qf.nbytes)
         dq, dk, dv = kernels_for("flash", "cpu").flash_backward(
             qf,
