@@ -293,10 +293,8 @@ def check_bandwidth(bandwidth, n_features: int, name: str = "bandwidth") -> np.n
             h = np.full(n_features, h[0])
         elif h.size != n_features:
             raise ValueError(f"{name} has {h.size} entries but the data has {n_features} features")
-    if not np.isfinite(h).all():
-        raise ValueError(f"{name} must be finite, got {bandwidth!r}")
-    if (h <= 0).any():
-        raise ValueError(f"{name} must be positive, got {bandwidth!r}")
+    if not np.isfinite(h).all() or (h <= 0).any():
+        raise ValueError(f"{name} must be positive and finite, got {bandwidth!r}")
     smallest, largest = float(h.min()), float(h.max())
     if smallest < _FLOAT64_TINY:
         raise ValueError(
