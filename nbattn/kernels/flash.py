@@ -11,7 +11,13 @@ over the admissible keys (all keys, or j <= i when ``causal``: top-left
 alignment, as torch's ``is_causal``). It works in base 2: the caller passes
 q, b and a multiplied by log2(e) (and q by the scale), so the kernel sees
 t_ij = s_ij log2(e) and uses exp(s) = 2**t, whose range reduction is exact
-(``exp2`` below is 1/3 cheaper than ``fast_exp`` in the softmax loop).
+(``exp2`` below is 1/3 cheaper than ``fast_exp`` in the softmax loop). That
+is why this module has its own exponential and its own exp-shift-sum
+(``exp2_shift_sum``, the base-2 twin of ``nbattn.kernels.softmax.exp_shift_sum``)
+while the row maximum is the shared ``nbattn.kernels.softmax.row_max``. The
+caller (``nbattn.flash``) keeps every base-2 score within the dtype's range:
+huge key biases are shifted by their maximum, and scores or ALiBi terms that
+would overflow are refused there.
 
 Queries are cut into tiles of ``block_q`` rows and keys into tiles of
 ``block_k``; for every pair of tiles the score tile T = Q K^T and the product
