@@ -221,6 +221,34 @@ def broadcast_leading(shapes_by_name: dict) -> tuple[int, ...]:
         raise ValueError(f"the leading (batch) dimensions do not broadcast: {desc}") from None
 
 
+def _log_max_abs(x) -> float:
+    """log of the largest magnitude in ``x`` (-inf for all zeros), without overflow."""
+    top = float(np.abs(x).max())
+    return math.log(top) if top > 0 else -math.inf
+
+
+def check_dot_range(q, k, scale: float, dtype, name: str = "q and k") -> None:
+    """Refuse scaled dot products ``scale * q . k`` that could overflow ``dtype``.
+
+    The bound |scale| max|q| max|k| E (and |scale| max|q| alone, which the
+    kernels form first) must stay below 1/16 of the dtype's largest value,
+    so that scores, biases and ALiBi terms add up without overflow and a
+    softmax never meets inf - inf. The message names ``name``.
+    """
+    if scale == 0.0:
+        return
+    log_limit = math.log(float(np.finfo(dtype).max) / 16)
+    log_q = math.log(abs(scale)) + _log_max_abs(q)
+    log_bound = log_q + _log_max_abs(k) + math.log(q.shape[-1])
+    if log_q > log_limit or log_bound > log_limit:
+        reach = max(log_q, log_bound) / math.log(10)
+        raise ValueError(
+            f"{name}: the scores scale * q . k can reach about 10**{reach:.0f}, beyond what "
+            f"{np.dtype(dtype).name} can hold (10**{log_limit / math.log(10):.0f}); rescale them "
+            "(or use float64 inputs)"
+        )
+
+
 def check_same_features(a, b, name_a: str, name_b: str) -> None:
     """The last dimensions of ``a`` and ``b`` agree (host or GPU arrays)."""
     n_a, n_b = a.shape[len(a.shape) - 1], b.shape[len(b.shape) - 1]  # simulator shapes lack [-1]

@@ -29,6 +29,7 @@ from ._validation import (
     as_float_array,
     broadcast_leading,
     check_bool,
+    check_dot_range,
     check_positive_int,
     resolve_dtype,
 )
@@ -474,6 +475,7 @@ def attention(
         p = record.validate(q.shape[-1], k.shape[-1], params, dt)
         if mode == "soft" and not return_weights and record.flash is not None:
             qd, kd, sc = record.flash(qf, kf, p)
+            check_dot_range(qd, kd, sc, dt)
             out, _ = _soft_attention(qd, kd, vf, sc, bias_f, causal)
             return out.reshape(batch + (L, Ev))
         s_all = None
@@ -490,6 +492,11 @@ def attention(
             s = np.ascontiguousarray(s_all[:, l0:l1])
         else:
             s = record.cpu(np.ascontiguousarray(qf[:, l0:l1]), kf, p)
+            if not np.isfinite(s).all():
+                raise ValueError(
+                    f"q and k: the {record.name!r} scores overflow {np.dtype(dt).name}; "
+                    "rescale them (or use float64 inputs)"
+                )
         bias_c = _NO_BIAS[dt]
         if has_bias:
             bias_c = bias_f if bias_f.shape[1] == 1 else np.ascontiguousarray(bias_f[:, l0:l1])

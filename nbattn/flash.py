@@ -44,6 +44,7 @@ from ._validation import (
     as_float_array,
     broadcast_leading,
     check_bool,
+    check_dot_range,
     check_scale,
     resolve_dtype,
 )
@@ -105,33 +106,6 @@ def _check_qkv(q, k, v, *others):
         raise ValueError(f"k has S={k.shape[-2]} keys but v has {v.shape[-2]}")
     lead = broadcast_leading({"q": q.shape[:-2], "k": k.shape[:-2], "v": v.shape[:-2]})
     return q, k, v, lead, dtype
-
-
-def _log_max_abs(x):
-    """log of the largest magnitude in ``x`` (-inf for all zeros), without overflow."""
-    top = float(np.abs(x).max())
-    return math.log(top) if top > 0 else -math.inf
-
-
-def _check_score_range(q, k, scale, dtype):
-    """Refuse scores ``scale * q . k`` (times log2 e) that the base-2 kernels cannot hold.
-
-    The bound |scale| max|q| max|k| E log2(e) must stay below 1/16 of the
-    dtype's largest value, so that scores, key bias and ALiBi terms add up
-    without overflow.
-    """
-    if scale == 0.0:
-        return
-    log_limit = math.log(float(np.finfo(dtype).max) / 16)
-    log_q = math.log(abs(scale) * LOG2E) + _log_max_abs(q)
-    log_bound = log_q + _log_max_abs(k) + math.log(q.shape[-1])
-    if log_q > log_limit or log_bound > log_limit:
-        reach = max(log_q, log_bound) / math.log(10)
-        raise ValueError(
-            f"q and k: the scores scale * q . k can reach about 10**{reach:.0f}, beyond what "
-            f"the {np.dtype(dtype).name} kernels can hold (10**{log_limit / math.log(10):.0f}); "
-            "rescale q or k (or use float64 inputs)"
-        )
 
 
 def _key_bias(key_bias, lead, n_q, n_k, dtype, causal):
@@ -272,7 +246,7 @@ def flash_attention_bias(
     return_lse = check_bool(return_lse, "return_lse")
     q, k, v, lead, dtype = _check_qkv(q, k, v)
     scale = check_scale(scale, q.shape[-1])
-    _check_score_range(q, k, scale, dtype)
+    check_dot_range(q, k, scale * LOG2E, dtype)
     n_q, n_k = q.shape[-2], k.shape[-2]
     bias, slopes, use_bias, use_alibi, shift = _extras(
         key_bias, alibi_slopes, lead, n_q, n_k, dtype, causal
@@ -362,7 +336,7 @@ def flash_attention_bias_backward(
     causal = check_bool(causal, "causal")
     q, k, v, lead, dtype = _check_qkv(q, k, v, out, grad_out)
     scale = check_scale(scale, q.shape[-1])
-    _check_score_range(q, k, scale, dtype)
+    check_dot_range(q, k, scale * LOG2E, dtype)
     n_q, n_k = q.shape[-2], k.shape[-2]
     out, lse, grad_out = _check_forward_results(out, lse, grad_out, lead, n_q, v.shape[-1], dtype)
     bias, slopes, use_bias, use_alibi, shift = _extras(

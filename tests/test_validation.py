@@ -214,6 +214,16 @@ def test_scores_beyond_the_kernels_range_are_refused():
     _refused(lambda: nbattn.flash_attention(big32, big32, Q.astype(np.float32)), "float32")
 
 
+@pytest.mark.parametrize("score", ["scaled_dot", "gaussian"])
+@pytest.mark.parametrize("return_weights", [False, True])
+def test_attention_scores_that_overflow_are_refused(score, return_weights):
+    # not NaN rows (inf - inf) and not silent zeros
+    big = np.array([[1e200, 0.0], [0.0, 1.0], [-1e200, 1.0]])
+    _refused(lambda: nbattn.attention(big, big, Q, score, return_weights=return_weights), "q and k")
+    mask = np.ones((3, 3), bool)
+    _refused(lambda: nbattn.attention(big, big, Q, score, mask=mask), "q and k")
+
+
 def test_alibi_slopes_beyond_the_kernels_range_are_refused():
     q = np.ones((1, 4, 2))
     _refused(
