@@ -109,6 +109,14 @@ def _index(flat_position, shape):
     return tuple(int(i) for i in np.unravel_index(flat_position, shape))
 
 
+def _is_real_type(t) -> bool:
+    """Entries of this type convert to float64 exactly as numbers (no strings, no None)."""
+    return (
+        issubclass(t, (numbers.Real, np.bool_, np.integer, np.floating))
+        and not issubclass(t, (str, bytes))
+    )
+
+
 def _numeric(arr, name):
     """``arr`` with a bool, integer or float dtype; object arrays are checked entry by entry."""
     kind = arr.dtype.kind
@@ -122,6 +130,8 @@ def _numeric(arr, name):
     if kind != "O":
         raise ValueError(f"{name} must be numeric, got dtype {arr.dtype}")
     flat = arr.reshape(-1)
+    if all(_is_real_type(t) for t in set(map(type, flat))):
+        return arr.astype(np.float64)
     for position, item in enumerate(flat):
         if item is None:
             raise ValueError(f"{name} contains None (first at index {_index(position, arr.shape)})")
