@@ -117,15 +117,31 @@ def test_the_cycle_finder_finds_cycles():
     assert _find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
 
 
+@pytest.fixture(scope="module")
+def fresh_imports():
+    """``python -c "import X"`` for every module, run side by side: {module: (rc, stderr)}."""
+    skip_cuda = not _has_numba_cuda()
+    running = {
+        module: subprocess.Popen(
+            [sys.executable, "-c", f"import {module}"],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for module in MODULES
+        if not (skip_cuda and module.startswith("nbattn.cuda"))
+    }
+    results = {}
+    for module, process in running.items():
+        _, err = process.communicate(timeout=600)
+        results[module] = (process.returncode, err)
+    return results
+
+
 @pytest.mark.parametrize("module", MODULES)
-def test_module_imports_in_a_fresh_process(module):
-    if module.startswith("nbattn.cuda") and not _has_numba_cuda():
+def test_module_imports_in_a_fresh_process(module, fresh_imports):
+    if module not in fresh_imports:
         pytest.skip("numba-cuda is not installed")
-    result = subprocess.run(
-        [sys.executable, "-c", f"import {module}"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, f"import {module} failed:\n{result.stderr[-3000:]}"
+    rc, err = fresh_imports[module]
+    assert rc == 0, f"import {module} failed:\n{err[-3000:]}"
