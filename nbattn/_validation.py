@@ -111,10 +111,7 @@ def _index(flat_position, shape):
 
 def _is_real_type(t) -> bool:
     """Entries of this type convert to float64 exactly as numbers (no strings, no None)."""
-    return (
-        issubclass(t, (numbers.Real, np.bool_, np.integer, np.floating))
-        and not issubclass(t, (str, bytes))
-    )
+    return issubclass(t, (numbers.Real, np.bool_))  # NumPy's numbers are registered there
 
 
 def _numeric(arr, name):

@@ -119,7 +119,7 @@ def _key_bias(key_bias, lead, n_q, n_k, dtype, causal):
     """
     n_bh = math.prod(lead)
     bias = as_float_array(key_bias, "key_bias", dtype="float64", allow_neg_inf=True)
-    if bias.shape[-1] != n_k:
+    if bias.ndim == 0 or bias.shape[-1] != n_k:
         raise ValueError(f"key_bias must have shape (..., S) with S={n_k}, got {bias.shape}")
     try:
         bias = np.broadcast_to(bias, lead + (n_k,)).reshape(n_bh, n_k)

@@ -232,6 +232,11 @@ def test_alibi_slopes_beyond_the_kernels_range_are_refused():
     )
 
 
+def test_key_bias_shape():
+    _refused(lambda: flash.flash_attention_bias(Q, Q, Q, key_bias=1.0), "key_bias", "(..., S)")
+    _refused(lambda: flash.flash_attention_bias(Q, Q, Q, key_bias=np.ones(2)), "key_bias")
+
+
 def test_causal_key_bias_spanning_more_than_float64_is_refused():
     # row 0 sees key 0 only, whose bias lies 2e308 below key 1's: not representable
     q = np.zeros((2, 1))
