@@ -77,6 +77,17 @@ FLASH_BLOCK_K = _env_int("FLASH_BLOCK_K", 512)
 FLASH_BWD_BLOCK_Q = _env_int("FLASH_BWD_BLOCK_Q", 128)
 FLASH_BWD_BLOCK_K = _env_int("FLASH_BWD_BLOCK_K", 256)
 
+#: Below this many multiply-adds (queries x keys x features, all heads) a flash
+#: call runs on one numba thread: waking the others costs more (measured 68 us
+#: on one thread against 5.7 ms on two for a 2 x 16 x 8 input on a busy
+#: machine). Read at every call.
+FLASH_SERIAL_WORK = _env_int("FLASH_SERIAL_WORK", 1 << 22)
+
+#: Memory allowed for the per-group dQ buffers of the flash backward pass, in
+#: bytes (extra key-tile groups that keep every thread busy when there are
+#: fewer heads than threads). Read at every call.
+FLASH_MAX_DQ_BUFFER_BYTES = _env_int("FLASH_MAX_DQ_BUFFER_BYTES", 256 * 2**20)
+
 #: Factors of the base (Scott) widths that the coarse stage of
 #: ``nbattn.learning.loo_bandwidth`` evaluates: six per decade from 0.01 to
 #: 100, with 1 (the rule itself) among them. Read at call time. Leave-one-out
