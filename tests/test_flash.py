@@ -356,6 +356,7 @@ _MEMORY_SCRIPT = textwrap.dedent(
 
 
 @pytest.mark.slow
+@pytest.mark.procfs
 def test_memory_linear_in_length():
     """N = 65,536, D = 64, one head, float32, causal forward + backward: peak RSS
     growth under 1 GB (the N x N float32 matrix alone would be 16 GiB)."""
