@@ -1,4 +1,4 @@
-"""A tour of the attention chapter (seed 000), in the text's order, on small examples.
+"""A tour of the attention chapter, in the text's order, on small examples.
 
 Usage: python scripts/attention_tour.py OUTDIR
 

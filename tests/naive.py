@@ -59,7 +59,7 @@ def textbook_nadaraya_watson(queries, keys, values, bandwidth):
         return (k @ np.asarray(values, dtype=np.float64)) / k.sum(axis=1)
 
 
-# --- batch work (issue 7): the spread written by `nbattn predict --std` ---------------
+# --- batch work: the spread written by `nbattn predict --std` ---------------
 
 
 def nadaraya_watson_std(queries, keys, values, bandwidth):
@@ -70,7 +70,7 @@ def nadaraya_watson_std(queries, keys, values, bandwidth):
     return np.sqrt(np.sum(weights * (v[None, :] - f[:, None]) ** 2, axis=1))
 
 
-# ---------------------------------------------------------------- learned kernels (issue 3)
+# ---------------------------------------------------------------- learned kernels
 
 
 def _loo_weights(points_scaled):
@@ -186,7 +186,7 @@ def sdpa_backward(q, k, v, grad_out, causal=False, scale=None, key_bias=None, al
 
 
 # ---------------------------------------------------------------------------
-# Attention mechanisms (issue 4): softmax, scores, attention, multi-head,
+# Attention mechanisms: softmax, scores, attention, multi-head,
 # hierarchical attention, positional encodings. Loops and broadcasting, float64.
 # ---------------------------------------------------------------------------
 
