@@ -17,10 +17,6 @@ FIGURE_FORMATS = ("png", "svg")
 
 def pyplot():
     """``matplotlib.pyplot`` on a non-interactive backend."""
-    return _pyplot()
-
-
-def _pyplot():
     import matplotlib
 
     if matplotlib.get_backend().lower() not in ("agg", "pdf", "svg"):
@@ -36,7 +32,7 @@ _CURVE_COLORS = ["tab:green", "black", "tab:orange", "tab:purple", "tab:brown", 
 
 def plot_fit(x_train, y_train, x_test, y_true, curves=None, ax=None, title=None):
     """Training points, the true function, and fitted curves {label: y_pred on x_test}."""
-    plt = _pyplot()
+    plt = pyplot()
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 4))
     ax.scatter(x_train, y_train, color="tab:red", s=14, label="train_data")
@@ -53,7 +49,7 @@ def plot_fit(x_train, y_train, x_test, y_true, curves=None, ax=None, title=None)
 
 def plot_heatmap(weights, xlabel="keys", ylabel="queries", ax=None, title=None):
     """One attention map (n_queries, n_keys) as an image with a colour bar."""
-    plt = _pyplot()
+    plt = pyplot()
     if ax is None:
         _, ax = plt.subplots(figsize=(5, 4))
     image = ax.imshow(np.asarray(weights), cmap="Reds", aspect="auto")
@@ -67,7 +63,7 @@ def plot_heatmap(weights, xlabel="keys", ylabel="queries", ax=None, title=None):
 
 def save(ax, path) -> Path:
     """Save the figure holding ``ax`` and close it."""
-    plt = _pyplot()
+    plt = pyplot()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     ax.figure.tight_layout()
@@ -78,7 +74,7 @@ def save(ax, path) -> Path:
 
 def plot_loss_curve(bandwidths, losses, marks=None, ax=None, title=None):
     """A loss against the kernel width on a log axis; ``marks`` = {label: width} as lines."""
-    plt = _pyplot()
+    plt = pyplot()
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 4))
     ax.plot(bandwidths, losses, color="tab:blue", label="leave-one-out MSE")
@@ -133,7 +129,7 @@ def show_heatmaps(
     rows, cols = w.shape[:2]
     if titles is not None and len(titles) not in (cols, rows * cols):
         raise ValueError(f"titles must have {cols} or {rows * cols} entries, got {len(titles)}")
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(
         rows,
         cols,
@@ -184,7 +180,7 @@ def save_figure(fig, path) -> None:
             fig.tight_layout()
             fig.savefig(tmp, format=fmt, dpi=100)
     finally:
-        _pyplot().close(fig)
+        pyplot().close(fig)
 
 
 #: scatter at most this many points of a data file (a random subset beyond)
@@ -209,7 +205,7 @@ def fit_figure(model, X, y, target, label="data"):
     """
     import pandas as pd
 
-    plt = _pyplot()
+    plt = pyplot()
     features = list(X.columns)
     d = len(features)
     cols = min(d, 3)
@@ -251,7 +247,7 @@ def attention_figure(model, X, data_name="data"):
     keys = getattr(model, "X_fit_", None)
     if keys is not None and keys.shape[0] == weights.shape[1]:
         weights = weights[:, np.argsort(keys[:, 0], kind="stable")]
-    _, ax = _pyplot().subplots(figsize=(6, 4.5))
+    _, ax = pyplot().subplots(figsize=(6, 4.5))
     plot_heatmap(
         weights,
         xlabel=f"training rows (keys), by {features[0]}",
@@ -294,7 +290,7 @@ def loo_figure(X, y, points=30, progress=None):
     scales = np.logspace(-1.5, 1.0, points)
     losses = loo_curve(X, y, scott, scales, progress)
     factor = float(np.asarray(loo_bandwidth(X, y))[0] / scott[0])
-    _, ax = _pyplot().subplots(figsize=(6, 4))
+    _, ax = pyplot().subplots(figsize=(6, 4))
     ax.plot(scales, losses, color="tab:blue")
     ax.axvline(1.0, color="gray", ls="--", label="Scott's rule")
     ax.axvline(factor, color="tab:green", ls=":", label=f"bandwidth='loo': {factor:.3g} x Scott")
@@ -316,7 +312,7 @@ def loo_figure(X, y, points=30, progress=None):
 def widths_figure(model, features):
     """The kernel widths per feature (``bandwidth_``, log scale) or the learned metric
     ``components_`` as an image."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(max(4, 0.6 * len(features) + 2), 4))
     if getattr(model, "bandwidth_", None) is not None:
         widths = np.asarray(model.bandwidth_, dtype=np.float64).reshape(-1)
