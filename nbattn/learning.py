@@ -45,8 +45,8 @@ import numpy as np
 from . import config
 from ._validation import as_float_array, resolve_dtype
 from .device import kernels_for, resolve_device
-from .fit_progress import FitProgress, check_verbose
 from .kernels import loo, pooling
+from .progress import FitProgress, check_verbose
 from .regression import bandwidth_rule, resolve_bandwidth
 from .search import minimize_log_scale
 
@@ -443,7 +443,7 @@ def loo_bandwidth(
         On the GPU every evaluation uses the full (unsorted) kernel
         ``nbattn.cuda.loo.loo_squared_error``, also in 1-D.
     verbose : bool or int
-        Progress on stderr (:mod:`nbattn.fit_progress`): each factor tried
+        Progress on stderr (:mod:`nbattn.progress`): each factor tried
         and its criterion, and the choice.
     name : str, optional
         How warnings and progress lines name the data (a file name, say);
@@ -631,7 +631,7 @@ def fit_learned_kernel(
     dtype : "float64" or "float32"
     device : "cpu", "cuda" or "auto": where the LOO loss and gradient run
     verbose : bool or int
-        Progress on stderr (:mod:`nbattn.fit_progress`): the iteration, the
+        Progress on stderr (:mod:`nbattn.progress`): the iteration, the
         LOO MSE and its change; a tqdm bar on a terminal, plain lines
         otherwise or with ``verbose=2``.
 

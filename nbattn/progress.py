@@ -1,20 +1,33 @@
-"""Progress bars on stderr for the command line, drawn by tqdm.
+"""Progress on stderr, drawn by tqdm: the command line's bars and the fits' ``verbose=``.
 
-A bar is shown only when its stream is a terminal (``stream.isatty()``) and
-the caller did not ask for quiet; ``force=True`` draws it on any stream
-(tests). tqdm redraws at most ten times a second here, so updating it costs
-nothing measurable. Plain per-iteration lines (``nbattn fit --verbose``) are
-the estimators' ``verbose=1`` and go to stderr whether or not it is a terminal.
+* :class:`Progress` and :func:`running`: bars of the command line. A bar is
+  shown only when its stream is a terminal (``stream.isatty()``) and the
+  caller did not ask for quiet; ``force=True`` draws it on any stream
+  (tests). tqdm redraws at most ten times a second here, so updating it costs
+  nothing measurable.
+* :class:`FitProgress`: ``verbose=`` of the fitting functions
+  (``loo_bandwidth``, ``fit_learned_kernel``, the estimators, ``nbattn fit
+  --verbose``):
+
+  - ``verbose=False`` or 0: nothing;
+  - ``verbose=True`` or 1: a tqdm bar (step count, the latest loss and its
+    change) when stderr is a terminal; one plain line per step otherwise, so
+    that logs of batch jobs show the progress too;
+  - ``verbose=2`` (or more): plain lines always.
+
+  stderr is looked up when the progress starts, so redirecting it (pytest's
+  capture, ``contextlib.redirect_stderr``) works.
+
+tqdm is imported when a bar is made, so importing this module costs nothing.
 """
 
 from __future__ import annotations
 
 import sys
 import threading
+from numbers import Integral
 
-from tqdm import tqdm
-
-__all__ = ["Progress", "running"]
+__all__ = ["FitProgress", "Progress", "check_verbose", "running"]
 
 
 class Progress:
@@ -47,6 +60,8 @@ class Progress:
         in_bytes = unit == "bytes"
         unit = "B" if in_bytes else (unit or "it")
         counter = f"{{n_fmt}} {unit} " if unit != "it" else "{n_fmt} "
+        from tqdm import tqdm
+
         self.bar = tqdm(
             total=total,
             desc=desc,
@@ -118,3 +133,84 @@ class running:  # noqa: N801 - used like a function: ``with running("fit"):``
         if self._thread is not None:
             self._thread.join()
         return self.bar.__exit__(exc_type, exc, tb)
+
+
+def check_verbose(verbose) -> int:
+    """``verbose`` as a level 0, 1 or 2; a ValueError naming it otherwise."""
+    if isinstance(verbose, (bool, Integral)) and int(verbose) >= 0:
+        return min(int(verbose), 2)
+    raise ValueError(f"verbose must be a bool or a non-negative integer, got {verbose!r}")
+
+
+def _is_terminal(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
+
+
+class FitProgress:
+    """``with FitProgress(verbose, "fit_learned_kernel", total=200) as log: log.step("...")``.
+
+    Parameters
+    ----------
+    verbose : bool or int
+        See the module docstring.
+    desc : str
+        The name in front of every line (the function that reports).
+    total : int, optional
+        Expected number of steps (the bar's length); steps may exceed it.
+    unit : str
+        What a step is, for the bar.
+    """
+
+    def __init__(self, verbose, desc, total=None, unit="it"):
+        level = check_verbose(verbose)
+        self.desc = desc
+        self.stream = sys.stderr
+        self._bar = None
+        if level == 0:
+            self.mode = None
+        elif level == 1 and _is_terminal(self.stream):
+            from tqdm import tqdm
+
+            self.mode = "bar"
+            self._bar = tqdm(total=total, desc=desc, unit=unit, file=self.stream, leave=True)
+        else:
+            self.mode = "lines"
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode is not None
+
+    def step(self, message, n=1):
+        """One step done: the bar advances by ``n`` and shows ``message``; or a line."""
+        if self.mode == "bar":
+            if self._bar.total is not None and self._bar.n + n > self._bar.total:
+                self._bar.total = self._bar.n + n
+            self._bar.set_postfix_str(message, refresh=False)
+            self._bar.update(n)
+        elif self.mode == "lines":
+            self._line(message)
+
+    def note(self, message):
+        """A line of its own (above the bar on a terminal)."""
+        if self.mode == "bar":
+            self._bar.write(f"{self.desc}: {message}", file=self.stream)
+        elif self.mode == "lines":
+            self._line(message)
+
+    def _line(self, message):
+        print(f"{self.desc}: {message}", file=self.stream, flush=True)
+
+    def close(self):
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.close()
+        return False
