@@ -32,13 +32,13 @@ hold are refused with a ValueError naming the argument.
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import numpy as np
 
 from . import config
 from ._layout import flat_batch, unbroadcast
+from ._threads import blas_one_thread, serial_below
 from ._validation import (
     as_device_array,
     as_float_array,
@@ -58,36 +58,10 @@ __all__ = [
     "flash_attention_bias_backward",
 ]
 
-_controller = None
 
-
-def _blas_one_thread():
-    """A context manager holding every BLAS library to one thread."""
-    global _controller
-    if _controller is None:
-        # numba's np.dot calls the BLAS behind scipy.linalg.cython_blas; load it
-        # first, or the controller would not see it and could not limit it.
-        import scipy.linalg.cython_blas  # noqa: F401
-        from threadpoolctl import ThreadpoolController
-
-        _controller = ThreadpoolController()
-    return _controller.limit(limits=1, user_api="blas")
-
-
-@contextlib.contextmanager
 def _threads_for(work):
     """One numba thread below ``config.FLASH_SERIAL_WORK`` multiply-adds (read per call)."""
-    if work >= config.FLASH_SERIAL_WORK:
-        yield
-        return
-    import numba
-
-    saved = numba.get_num_threads()
-    numba.set_num_threads(1)
-    try:
-        yield
-    finally:
-        numba.set_num_threads(saved)
+    return serial_below(work, config.FLASH_SERIAL_WORK)
 
 
 # --------------------------------------------------------------------------- host inputs
@@ -255,7 +229,7 @@ def flash_attention_bias(
     kf = flat_batch(k, lead, dtype)
     vf = flat_batch(v, lead, dtype)
     work = qf.shape[0] * n_q * n_k * (q.shape[-1] + v.shape[-1])
-    with _blas_one_thread(), _threads_for(work):
+    with blas_one_thread(), _threads_for(work):
         out, lse = kernels_for("flash", "cpu").flash_forward(
             qf,
             kf,
@@ -350,7 +324,7 @@ def flash_attention_bias_backward(
     lf = np.ascontiguousarray(lse.reshape(-1, n_q) - shift[:, None], dtype=np.float64)
     block_k = config.FLASH_BWD_BLOCK_K
     work = qf.shape[0] * n_q * n_k * (q.shape[-1] + v.shape[-1])
-    with _blas_one_thread(), _threads_for(work):
+    with blas_one_thread(), _threads_for(work):
         if np.abs(shift).max() >= _RECOMPUTE_SHIFT:
             # lse - shift has lost the low bits of lse: recompute the shifted lse
             _, lf = kernels_for("flash", "cpu").flash_forward(

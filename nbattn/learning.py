@@ -39,10 +39,10 @@ import warnings
 from contextlib import contextmanager
 from contextvars import ContextVar
 
-import numba
 import numpy as np
 
 from . import config
+from ._threads import serial_below
 from ._validation import as_float_array, resolve_dtype
 from .device import kernels_for, resolve_device
 from .kernels import loo, pooling
@@ -76,18 +76,9 @@ class BandwidthRangeWarning(UserWarning):
 # --------------------------------------------------------------------------- inputs
 
 
-@contextmanager
 def _threads_for(pairs):
     """Run the kernels inside on one thread when the call has few pairs (config.SERIAL_PAIRS)."""
-    if pairs >= config.SERIAL_PAIRS:
-        yield
-        return
-    previous = numba.get_num_threads()
-    numba.set_num_threads(1)
-    try:
-        yield
-    finally:
-        numba.set_num_threads(previous)
+    return serial_below(pairs, config.SERIAL_PAIRS)
 
 
 def _mid_range(a):

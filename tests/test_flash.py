@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 import nbattn
 from nbattn import config
+from nbattn._threads import blas_one_thread
 from nbattn.flash import flash_attention_bias, flash_attention_bias_backward
 
 from . import naive
@@ -242,7 +243,7 @@ def test_blas_held_to_one_thread_and_restored():
     q = np.ones((3, 2))
     nbattn.flash_attention(q, q, q)
     before = blas_threads()
-    with nbattn.flash._blas_one_thread():
+    with blas_one_thread():
         assert set(blas_threads().values()) == {1}
     nbattn.flash_attention(q, q, q)
     assert blas_threads() == before
