@@ -55,7 +55,7 @@ from numba import cuda, from_dtype
 
 from .. import config
 from .common import compiled, exp_for, imin, launch, load_columns, tile_rows, to_device
-from .pooling import pool_row_function
+from .pooling import pool_row_function, tile_score_function
 
 __all__ = [
     "gaussian_spread",
@@ -351,6 +351,11 @@ def _make_spread_kernel(float_type, k, n_outputs):
     zero = float_type(0.0)
     tile_type = from_dtype(np.dtype(float_type))
     exp = exp_for(float_type)
+    tile_score = tile_score_function(float_type, k)
+    # float32 sums run per tile and are added into float64 once per tile (the
+    # CPU kernel's scheme); float64 ones go straight into the float64
+    # registers, which spares n_outputs registers of per-tile sums.
+    per_tile = np.dtype(float_type) != np.float64
 
     @cuda.jit
     def gaussian_spread_kernel(
@@ -389,18 +394,18 @@ def _make_spread_kernel(float_type, k, n_outputs):
                 for jj in range(nb):
                     if j0 + jj == own:
                         continue
-                    s = zero
-                    for f in range(k):
-                        diff = tile[f * bk + jj] - q_row[f]
-                        s -= diff * diff
-                    w = exp(s - shift)
+                    w = exp(tile_score(tile, bk, jj, q_row) - shift)
                     part_w2 += w * w
                     for c in range(n_outputs):
                         dev = tile[(k + c) * bk + jj] - center[c]
-                        part[c] += w * dev * dev
+                        if per_tile:
+                            part[c] += w * dev * dev
+                        else:
+                            acc[c] += w * dev * dev
                 w2 += part_w2
-                for c in range(n_outputs):
-                    acc[c] += part[c]
+                if per_tile:
+                    for c in range(n_outputs):
+                        acc[c] += part[c]
             cuda.syncthreads()
         if in_range:
             for c in range(n_outputs):

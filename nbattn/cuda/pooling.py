@@ -44,15 +44,40 @@ __all__ = [
     "gaussian_pool_kernel",
     "gaussian_weights",
     "pool_row_function",
+    "tile_score_function",
     "to_device",
     "weights_kernels",
 ]
+
+
+def _make_tile_score(float_type, d):
+    zero = float_type(0.0)
+
+    @cuda.jit(device=True, inline=True)
+    def tile_score(tile, block_k, jj, q_row):
+        """s = -sum_f (tile[f * block_k + jj] - q_row[f])^2: the score of the key in
+        column ``jj`` of a tile (features in rows 0..d-1), in the input dtype."""
+        s = zero
+        for f in range(d):
+            diff = tile[f * block_k + jj] - q_row[f]
+            s -= diff * diff
+        return s
+
+    return tile_score
+
+
+def tile_score_function(dtype, d):
+    """The device function ``tile_score`` for a dtype and d features (the one score
+    of the tiled Nadaraya-Watson kernels: the pool here, the spread in ``loo``)."""
+    t = np.dtype(dtype).type
+    return compiled(("tile_score", t, int(d)), lambda: _make_tile_score(t, int(d)))
 
 
 def _make_pool_row(float_type, d, n_outputs):
     zero = float_type(0.0)
     minus_inf = float_type(-np.inf)
     exp = exp_for(float_type)
+    tile_score = tile_score_function(float_type, d)
 
     @cuda.jit(device=True, inline=True)
     def pool_row(keys_t, values_t, own, active, q_row, tile, block_k, acc):
@@ -84,10 +109,7 @@ def _make_pool_row(float_type, d, n_outputs):
                 for jj in range(nb):
                     if j0 + jj == own:
                         continue
-                    s = zero
-                    for f in range(d):
-                        diff = tile[f * block_k + jj] - q_row[f]
-                        s -= diff * diff
+                    s = tile_score(tile, block_k, jj, q_row)
                     if s > running_max:
                         rescale = math.exp(float(running_max) - float(s))
                         running_sum *= rescale

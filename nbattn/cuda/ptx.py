@@ -67,26 +67,30 @@ def pooling_cases(dtype, d, n_outputs):
 
     a2, f64_1, f64_2, i64_1 = f"{dtype}[:,::1]", "float64[::1]", "float64[:,::1]", "int64[::1]"
     tag = f"{dtype} d={d} outputs={n_outputs}"
-    a1 = f"{dtype}[::1]"
     pool = pooling.gaussian_pool_kernel(dtype, d, n_outputs)
     loss = loo.loss_kernel(dtype, d, n_outputs)
     spread = loo.spread_kernel(dtype, d, n_outputs)
-    normaliser, weights = pooling.weights_kernels(dtype, d)
     spread_sig = _sig(a2, a2, a2, a2, f64_1, "boolean", "int64", f64_2, f64_1)
     return [
         Case(f"NW pool {tag}", pool, _sig(a2, a2, a2, "boolean", "int64", "int64", a2, f64_1)),
         Case(f"LOO loss {tag}", loss, _sig(a2, a2, a2, f64_2, i64_1, "int64", f64_1)),
         Case(f"NW spread {tag}", spread, spread_sig),
+    ]
+
+
+def weights_cases(dtype, d):
+    """The two kernels of the weight matrix (``pooling.gaussian_weights``)."""
+    from . import pooling
+
+    a2, a1, f64_1 = f"{dtype}[:,::1]", f"{dtype}[::1]", "float64[::1]"
+    normaliser, weights = pooling.weights_kernels(dtype, d)
+    return [
         Case(
-            f"NW weights rows {dtype} d={d}",
+            f"NW weight rows {dtype} d={d}",
             normaliser,
             _sig(a2, a2, a2, "boolean", "int64", a1, f64_1),
         ),
-        Case(
-            f"NW weights {dtype} d={d}",
-            weights,
-            _sig(a2, a2, a1, f64_1, "boolean", "int64", a2),
-        ),
+        Case(f"NW weights {dtype} d={d}", weights, _sig(a2, a2, a1, f64_1, "boolean", "int64", a2)),
     ]
 
 
@@ -142,6 +146,8 @@ def kernel_cases():
             cases += flash_cases(dtype, d, d)
         for d, n_outputs in ((1, 1), (8, 1), (8, 8)):
             cases += pooling_cases(dtype, d, n_outputs)
+        for d in (1, 8):
+            cases += weights_cases(dtype, d)
         for n_acc in (8, 64):
             cases += grad_cases(dtype, n_acc)
     return cases + layout_cases()
