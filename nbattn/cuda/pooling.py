@@ -280,13 +280,13 @@ def gaussian_weights(queries, keys_t, exclude_self):
     n_queries = device_queries.shape[0]
     d, n_keys = device_keys_t.shape
     dtype = np.dtype(device_queries.dtype)
+    if n_queries == 0 or n_keys == 0:
+        return np.zeros((n_queries, n_keys), dtype=dtype)
     normaliser, weights = weights_kernels(dtype, d)
     zero_values_t = cuda.to_device(np.zeros((1, n_keys), dtype=dtype))
     device_m = cuda.device_array(n_queries, dtype=dtype)
     device_l = cuda.device_array(n_queries, dtype=np.float64)
     out = cuda.device_array((n_queries, n_keys), dtype=dtype)
-    if n_queries == 0 or n_keys == 0:
-        return out.copy_to_host()
     block_k = tile_rows(d + 1, dtype.itemsize)
     args = (device_queries, device_keys_t, zero_values_t, bool(exclude_self), block_k)
     launch(

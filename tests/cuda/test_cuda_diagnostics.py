@@ -77,6 +77,20 @@ def test_weights_exclude_self_with_more_queries_than_keys(rng):
         np.testing.assert_allclose(got.sum(axis=1), 1.0, rtol=1e-12)
 
 
+def test_weights_over_several_query_launches(rng, monkeypatch):
+    """More queries than the grid's y dimension takes run in several launches."""
+    from nbattn.cuda import common
+
+    monkeypatch.setattr(common, "MAX_GRID_Y", 3)
+    for _ in range(DRAWS):
+        x = rng.normal(size=(10, 2))
+        q, k_t = _layout(x, x, 0.9, np.float64)
+        for exclude_self in (False, True):
+            got = cuda_pooling.gaussian_weights(q, k_t, exclude_self)
+            want = cpu_pooling.gaussian_weights(q, k_t, exclude_self)
+            np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-15)
+
+
 def test_weights_row_without_admissible_key_is_zero():
     q = np.array([[0.3]])
     got = cuda_pooling.gaussian_weights(q, np.ascontiguousarray(q.T), True)
