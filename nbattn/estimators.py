@@ -188,14 +188,11 @@ class _PoolingEstimator(BaseEstimator):
         return np.asarray(out, dtype=np.float64)
 
     def _pooled_spread(self, X):
-        """(pooled values, weighted std about them, effective n) for the checked queries X.
-
-        :func:`nbattn.learning.nadaraya_watson_spread` has no ``device``
-        argument yet, so this runs on the CPU whatever ``device`` says.
-        """
+        """(pooled values, weighted std about them, effective n) for the checked queries X,
+        on ``device`` (:func:`nbattn.learning.nadaraya_watson_spread`)."""
         q, k, h = self._score_coordinates(X)
         mean, std, n_eff = learning.nadaraya_watson_spread(
-            q, k, self.y_fit_, h, dtype=self._dtype()
+            q, k, self.y_fit_, h, dtype=self._dtype(), device=self._device()
         )
         return (
             np.asarray(mean, dtype=np.float64),
@@ -210,12 +207,14 @@ class _PoolingEstimator(BaseEstimator):
 
         Row i is how query i pools ``y_fit_``: ``W @ y_fit_`` is the pooled
         prediction. Memory is n_queries x n_train: meant for plots and
-        diagnostics. Computed by :func:`nbattn.regression.gaussian_attention_weights`,
-        which has no ``device`` argument yet (CPU).
+        diagnostics. Computed by :func:`nbattn.regression.gaussian_attention_weights`
+        on ``device``.
         """
         X = self._check_queries(X)
         q, k, h = self._score_coordinates(X)
-        w = regression.gaussian_attention_weights(q, k, h, dtype=self._dtype())
+        w = regression.gaussian_attention_weights(
+            q, k, h, dtype=self._dtype(), device=self._device()
+        )
         return np.asarray(w, dtype=np.float64)
 
     def effective_n_neighbors(self, X):
@@ -280,8 +279,8 @@ class _PoolingRegressor(RegressorMixin, _PoolingEstimator):
         ``std_i = sqrt(sum_j w_ij (y_j - f_i)^2)`` (computed in a second pass
         about f_i, not as E[y^2] - E[y]^2, which cancels), shaped like the
         prediction. It is the spread of the targets the query pools, not a
-        confidence interval of f. The spread runs on the CPU
-        (:func:`nbattn.learning.nadaraya_watson_spread` has no ``device`` yet).
+        confidence interval of f. Both run on ``device``
+        (:func:`nbattn.learning.nadaraya_watson_spread` for the spread).
         """
         X = self._check_queries(X)
         if return_std:

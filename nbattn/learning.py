@@ -45,7 +45,7 @@ from . import config
 from ._threads import serial_below
 from ._validation import as_float_array, resolve_dtype
 from .device import kernels_for, resolve_device
-from .kernels import loo, pooling
+from .kernels import loo
 from .progress import FitProgress, check_verbose
 from .regression import bandwidth_rule, resolve_bandwidth
 from .search import minimize_log_scale
@@ -773,7 +773,7 @@ def fit_learned_kernel(
 # --------------------------------------------------------------------------- spread
 
 
-def nadaraya_watson_spread(queries, keys, values, bandwidth="scott", *, dtype=None):
+def nadaraya_watson_spread(queries, keys, values, bandwidth="scott", *, dtype=None, device="cpu"):
     """Pooled mean, attention-weighted standard deviation and effective number of neighbours.
 
     .. math::
@@ -786,7 +786,8 @@ def nadaraya_watson_spread(queries, keys, values, bandwidth="scott", *, dtype=No
     passes: the pool gives f and lse, the second pass sums the squared
     deviations about f (no cancellation, unlike E[v^2] - E[v]^2) and the
     squared weights. n_eff runs from 1 (one key holds all the weight) to
-    n_keys (uniform weights).
+    n_keys (uniform weights). ``device`` ("cpu", "cuda" or "auto") picks
+    the kernels of both passes; the results are NumPy arrays either way.
 
     Returns
     -------
@@ -809,8 +810,10 @@ def nadaraya_watson_spread(queries, keys, values, bandwidth="scott", *, dtype=No
     _, k_t = _scaled(keys, 1.0 / h, dtype)
     v_t = np.ascontiguousarray(v2.T, dtype=dtype)
     with _threads_for(q.shape[0] * k_t.shape[1]):
-        mean, lse = pooling.gaussian_pool(q, k_t, v_t, False)
-        var, sum_w2 = loo.gaussian_spread(q, k_t, v_t, mean, lse, False)
+        mean, lse = kernels_for("pooling", device).gaussian_pool(q, k_t, v_t, False)
+        var, sum_w2 = kernels_for("loo", device).gaussian_spread(q, k_t, v_t, mean, lse, False)
+    if not isinstance(mean, np.ndarray):  # the CUDA pool returns device arrays
+        mean = mean.copy_to_host()
     std = np.sqrt(np.maximum(var, 0.0))
     n_eff = 1.0 / sum_w2
     mean = mean.astype(np.float64)

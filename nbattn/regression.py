@@ -215,11 +215,15 @@ def _nadaraya_watson_on_device(queries, keys, values, bandwidth, exclude_self, d
     return (out, lse) if return_lse else out
 
 
-def gaussian_attention_weights(queries, keys, bandwidth="scott", exclude_self=False, *, dtype=None):
+def gaussian_attention_weights(
+    queries, keys, bandwidth="scott", exclude_self=False, *, dtype=None, device="cpu"
+):
     """The attention-weight matrix ``W[i, j] = softmax_j(s_ij)`` (n_queries, n_keys).
 
     Same score as :func:`nadaraya_watson`; ``W @ values`` is its prediction.
     Memory is n_queries x n_keys: meant for plots and diagnostics.
+    ``device`` ("cpu", "cuda" or "auto") picks the kernel; the matrix is
+    returned as a NumPy array either way.
     """
     dtype = resolve_dtype(dtype, queries, keys)
     keys = _as_2d(keys, "keys", np.float64)
@@ -229,7 +233,7 @@ def gaussian_attention_weights(queries, keys, bandwidth="scott", exclude_self=Fa
     _check_exclude_self(exclude_self, queries, keys)
     h = resolve_bandwidth(bandwidth, keys)
     q, k_t, _ = _layout(queries, keys, None, h, dtype)
-    return kernels_for("pooling", "cpu").gaussian_weights(q, k_t, exclude_self)
+    return kernels_for("pooling", device).gaussian_weights(q, k_t, exclude_self)
 
 
 def average_pooling(queries, values):

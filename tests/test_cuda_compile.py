@@ -71,6 +71,7 @@ def test_every_kernel_compiles_and_assembles(ptx, dtype):
         ptx.flash_cases(dtype, 6, 5)
         + ptx.pooling_cases(dtype, 1, 3)
         + ptx.pooling_cases(dtype, 3, 2)
+        + ptx.weights_cases(dtype, 3)
         + ptx.grad_cases(dtype, 3)
     )
     if dtype == "float64":
@@ -103,11 +104,24 @@ def test_flash_float32_fast_exp_vector_loads_and_no_spills(ptx):
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_pooling_and_loo_kernels_fit_in_registers(ptx, dtype):
-    """Nadaraya-Watson and the LOO loss at d = 8 with 8 outputs, and the LOO
-    gradients with 8 entries per launch: no local memory at all, and at most
-    128 registers per thread, so that four blocks of 128 threads fit on a
-    multiprocessor (65,536 registers)."""
-    for case in ptx.pooling_cases(dtype, 8, 8) + ptx.grad_cases(dtype, 8):
+    """Nadaraya-Watson, the LOO loss and the spread at d = 8 with 8 outputs, the
+    weight matrix at d = 8, and the LOO gradients with 8 entries per launch: no
+    local memory at all, and at most 128 registers per thread, so that four
+    blocks of 128 threads fit on a multiprocessor (65,536 registers)."""
+    cases = ptx.pooling_cases(dtype, 8, 8) + ptx.weights_cases(dtype, 8) + ptx.grad_cases(dtype, 8)
+    for case in cases:
         usage = _usage_or_skip(ptx, _compile(ptx, case))
         assert usage.spill_stores == usage.spill_loads == usage.stack == 0, (case.name, usage)
         assert usage.registers <= 128, (case.name, usage)
+
+
+def test_diagnostics_float32_fast_exp_and_empty_rows_compiled_in(ptx):
+    """The spread and weight-matrix kernels of float32 take their weights through
+    the fast exp (ex2.approx), and the spread keeps its test for rows without
+    admissible keys (lse = -inf: var 0, sum_w2 0), which is not folded away."""
+    spread = next(c for c in ptx.pooling_cases("float32", 2, 2) if c.name.startswith("NW spread"))
+    rows, weights = ptx.weights_cases("float32", 2)
+    texts = {case.name: _compile(ptx, case) for case in (spread, rows, weights)}
+    assert "ex2.approx" in texts[spread.name]
+    assert "ex2.approx" in texts[weights.name]
+    assert "0dFFF0000000000000" in texts[spread.name]

@@ -35,6 +35,15 @@ d (d+1)/2) run in several launches over ranges of entries; more than
 ``config.CUDA_MAX_OUTPUTS`` outputs in the loss likewise (the squared error
 is a sum over outputs, so each range of outputs runs its own softmax). Both
 limits are read at each call.
+
+* ``gaussian_spread(queries, keys_t, values_t, centers, lse, exclude_self)``:
+  ``var_ic = sum_j w_ij (v_jc - c_ic)^2`` (n_queries, n_outputs) and
+  ``sum_w2_i = sum_j w_ij^2`` (n_queries,), both float64 host arrays; a query
+  with lse = -inf gets 0 and 0; with ``exclude_self`` the pair (i, i) has
+  weight 0. One thread per query walks tiles of keys and values (at most
+  ``config.CUDA_MAX_OUTPUTS`` outputs per launch, more in further launches);
+  per tile the sums run in the input dtype and are added into float64
+  registers, as in the CPU kernel.
 """
 
 from __future__ import annotations
@@ -46,15 +55,17 @@ from numba import cuda, from_dtype
 
 from .. import config
 from .common import compiled, exp_for, imin, launch, load_columns, tile_rows, to_device
-from .pooling import pool_row_function
+from .pooling import pool_row_function, tile_score_function
 
 __all__ = [
+    "gaussian_spread",
     "grad_kernels",
     "loo_grad_diag",
     "loo_grad_full",
     "loo_squared_error",
     "loss_kernel",
     "pair_weight_function",
+    "spread_kernel",
 ]
 
 
@@ -332,3 +343,122 @@ def loo_grad_full(queries, keys_t, points, points_t, values_t, resid, centers, l
         launch(kernel, arrays[0].shape[0], args, shared=(k + d) * bk * dtype.itemsize)
     m = out.copy_to_host().reshape(d, d)
     return np.tril(m) + np.tril(m, -1).T
+
+
+def _make_spread_kernel(float_type, k, n_outputs):
+    """The spread kernel for a dtype, k features and n_outputs outputs (compile-time
+    sizes: query row, centers and accumulators in registers)."""
+    zero = float_type(0.0)
+    tile_type = from_dtype(np.dtype(float_type))
+    exp = exp_for(float_type)
+    tile_score = tile_score_function(float_type, k)
+    # float32 sums run per tile and are added into float64 once per tile (the
+    # CPU kernel's scheme); float64 ones go straight into the float64
+    # registers, which spares n_outputs registers of per-tile sums.
+    per_tile = np.dtype(float_type) != np.float64
+
+    @cuda.jit
+    def gaussian_spread_kernel(
+        queries, keys_t, values_t, centers, lse, exclude_self, bk, var, sum_w2
+    ):
+        """var[i, c] = sum_j w_ij (v_jc - c_ic)^2 and sum_w2[i] = sum_j w_ij^2,
+        with w_ij = exp(s_ij - lse_i) (0 for the pair (i, i) with exclude_self)."""
+        tile = cuda.shared.array(0, dtype=tile_type)  # (k + n_outputs) x bk
+        i = cuda.grid(1)
+        n_keys = keys_t.shape[1]
+        in_range = i < queries.shape[0]
+        active = False
+        shift = zero
+        if in_range:
+            active = lse[i] != -math.inf
+            shift = float_type(lse[i])
+        q_row = cuda.local.array(k, dtype=float_type)
+        center = cuda.local.array(n_outputs, dtype=float_type)
+        part = cuda.local.array(n_outputs, dtype=float_type)
+        acc = cuda.local.array(n_outputs, dtype=np.float64)
+        for f in range(k):
+            q_row[f] = queries[i, f] if in_range else zero
+        for c in range(n_outputs):
+            center[c] = float_type(centers[i, c]) if in_range else zero
+            acc[c] = 0.0
+        own = i if exclude_self else -1
+        w2 = 0.0
+        for j0 in range(0, n_keys, bk):
+            nb = imin(bk, n_keys - j0)
+            load_columns(tile, bk, j0, nb, keys_t, k, values_t, n_outputs)
+            cuda.syncthreads()
+            if active:
+                part_w2 = zero
+                for c in range(n_outputs):
+                    part[c] = zero
+                for jj in range(nb):
+                    if j0 + jj == own:
+                        continue
+                    w = exp(tile_score(tile, bk, jj, q_row) - shift)
+                    part_w2 += w * w
+                    for c in range(n_outputs):
+                        dev = tile[(k + c) * bk + jj] - center[c]
+                        if per_tile:
+                            part[c] += w * dev * dev
+                        else:
+                            acc[c] += w * dev * dev
+                w2 += part_w2
+                if per_tile:
+                    for c in range(n_outputs):
+                        acc[c] += part[c]
+            cuda.syncthreads()
+        if in_range:
+            for c in range(n_outputs):
+                var[i, c] = acc[c]
+            sum_w2[i] = w2
+
+    return gaussian_spread_kernel
+
+
+def spread_kernel(dtype, k, n_outputs):
+    """The compiled spread kernel for a dtype, k features and n_outputs outputs per launch."""
+    t = np.dtype(dtype).type
+    return compiled(
+        ("spread", t, int(k), int(n_outputs)),
+        lambda: _make_spread_kernel(t, int(k), int(n_outputs)),
+    )
+
+
+def gaussian_spread(queries, keys_t, values_t, centers, lse, exclude_self):
+    """``(var, sum_w2)``: sum_j w_ij (v_jc - c_ic)^2 (n_queries, n_outputs) and sum_j w_ij^2.
+
+    The twin of :func:`nbattn.kernels.loo.gaussian_spread`, with
+    w_ij = exp(s_ij - lse_i). Host or device arrays in (``centers`` and
+    ``lse`` as the pool returns them); float64 host arrays out. A query with
+    lse = -inf gets var = 0 and sum_w2 = 0.
+    """
+    device_queries = to_device(queries)
+    device_keys_t = to_device(keys_t)
+    device_values_t = to_device(values_t)
+    device_centers = to_device(centers)
+    device_lse = _lse_on_device(lse)
+    dtype = np.dtype(device_queries.dtype)
+    n_queries = device_queries.shape[0]
+    k = device_keys_t.shape[0]
+    n_outputs = device_values_t.shape[0]
+    var = cuda.device_array((n_queries, n_outputs), dtype=np.float64)
+    sum_w2 = cuda.device_array(n_queries, dtype=np.float64)
+    per_launch = config.CUDA_MAX_OUTPUTS
+    for c0 in range(0, n_outputs, per_launch):
+        c1 = min(n_outputs, c0 + per_launch)
+        per_key = k + c1 - c0
+        bk = tile_rows(per_key, dtype.itemsize)
+        args = (
+            device_queries,
+            device_keys_t,
+            device_values_t[c0:c1],
+            device_centers[:, c0:c1],
+            device_lse,
+            bool(exclude_self),
+            bk,
+            var[:, c0:c1],
+            sum_w2,
+        )
+        kernel = spread_kernel(dtype, k, c1 - c0)
+        launch(kernel, n_queries, args, shared=per_key * bk * dtype.itemsize)
+    return var.copy_to_host(), sum_w2.copy_to_host()

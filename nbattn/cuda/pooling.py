@@ -18,6 +18,15 @@ same one. Kernels and device functions are compiled per (dtype, d, outputs
 per launch), so that the query row and the accumulators have compile-time
 sizes and stay in registers. Up to ``config.CUDA_MAX_OUTPUTS`` outputs per
 launch (read at each call); more run in further launches.
+
+``gaussian_weights(queries, keys_t, exclude_self)`` is the twin of the CPU
+diagnostic: the full (n_queries, n_keys) matrix W_ij = softmax_j(s_ij), a row
+with no admissible key all 0, as a host array. A first kernel runs
+``pool_row`` (on one row of zero values) for each query's maximum m_i and
+float64 sum l_i = sum_j exp(s_ij - m_i); a second, one thread per pair on a
+(key blocks, queries) grid, writes W_ij = exp(s_ij - m_i) / l_i (coalesced
+along the keys). Shifting by the maximum, not by lse_i = m_i + log l_i, keeps
+the largest weight of a far query exact in float32, where lse_i would round.
 """
 
 from __future__ import annotations
@@ -30,13 +39,45 @@ from numba import cuda, from_dtype
 from .. import config
 from .common import compiled, exp_for, imin, launch, load_columns, tile_rows, to_device
 
-__all__ = ["gaussian_pool", "gaussian_pool_kernel", "pool_row_function", "to_device"]
+__all__ = [
+    "gaussian_pool",
+    "gaussian_pool_kernel",
+    "gaussian_weights",
+    "pool_row_function",
+    "tile_score_function",
+    "to_device",
+    "weights_kernels",
+]
+
+
+def _make_tile_score(float_type, d):
+    zero = float_type(0.0)
+
+    @cuda.jit(device=True, inline=True)
+    def tile_score(tile, block_k, jj, q_row):
+        """s = -sum_f (tile[f * block_k + jj] - q_row[f])^2: the score of the key in
+        column ``jj`` of a tile (features in rows 0..d-1), in the input dtype."""
+        s = zero
+        for f in range(d):
+            diff = tile[f * block_k + jj] - q_row[f]
+            s -= diff * diff
+        return s
+
+    return tile_score
+
+
+def tile_score_function(dtype, d):
+    """The device function ``tile_score`` for a dtype and d features (the one score
+    of the tiled Nadaraya-Watson kernels: the pool here, the spread in ``loo``)."""
+    t = np.dtype(dtype).type
+    return compiled(("tile_score", t, int(d)), lambda: _make_tile_score(t, int(d)))
 
 
 def _make_pool_row(float_type, d, n_outputs):
     zero = float_type(0.0)
     minus_inf = float_type(-np.inf)
     exp = exp_for(float_type)
+    tile_score = tile_score_function(float_type, d)
 
     @cuda.jit(device=True, inline=True)
     def pool_row(keys_t, values_t, own, active, q_row, tile, block_k, acc):
@@ -68,10 +109,7 @@ def _make_pool_row(float_type, d, n_outputs):
                 for jj in range(nb):
                     if j0 + jj == own:
                         continue
-                    s = zero
-                    for f in range(d):
-                        diff = tile[f * block_k + jj] - q_row[f]
-                        s -= diff * diff
+                    s = tile_score(tile, block_k, jj, q_row)
                     if s > running_max:
                         rescale = math.exp(float(running_max) - float(s))
                         running_sum *= rescale
@@ -175,3 +213,99 @@ def gaussian_pool(queries, keys_t, values_t, exclude_self, self_offset=0):
         kernel = gaussian_pool_kernel(dtype, d, c1 - c0)
         launch(kernel, n_queries, args, shared=per_key * block_k * dtype.itemsize)
     return device_out, device_lse
+
+
+def _make_weights_kernels(float_type, d):
+    """(row normaliser, weights) kernels of :func:`gaussian_weights` for a dtype and d."""
+    zero = float_type(0.0)
+    tile_type = from_dtype(np.dtype(float_type))
+    exp = exp_for(float_type)
+    pool_row = pool_row_function(float_type, d, 1)
+
+    @cuda.jit
+    def row_normaliser_kernel(queries, keys_t, zero_values_t, exclude_self, block_k, m, l):
+        """m[i] = max_j s_ij and l[i] = sum_j exp(s_ij - m[i]) (float64) over admissible keys."""
+        tile = cuda.shared.array(0, dtype=tile_type)  # (d + 1) x block_k
+        i = cuda.grid(1)
+        active = i < queries.shape[0]
+        q_row = cuda.local.array(d, dtype=float_type)
+        acc = cuda.local.array(1, dtype=np.float64)
+        for f in range(d):
+            q_row[f] = queries[i, f] if active else zero
+        own = i if exclude_self else -1
+        running_max, running_sum = pool_row(
+            keys_t, zero_values_t, own, active, q_row, tile, block_k, acc
+        )
+        if active:
+            m[i] = running_max
+            l[i] = running_sum
+
+    @cuda.jit
+    def weights_kernel(queries, keys_t, m, l, exclude_self, q0, weights):
+        """weights[i, j] = exp(s_ij - m[i]) / l[i] for query i = q0 + blockIdx.y."""
+        j = cuda.grid(1)
+        i = q0 + cuda.blockIdx.y
+        if j >= keys_t.shape[1]:
+            return
+        row = cuda.blockIdx.y
+        if l[i] == 0.0 or (exclude_self and i == j):
+            weights[row, j] = zero
+            return
+        s = zero
+        for f in range(d):
+            diff = keys_t[f, j] - queries[i, f]
+            s -= diff * diff
+        weights[row, j] = exp(s - m[i]) * float_type(1.0 / l[i])
+
+    return row_normaliser_kernel, weights_kernel
+
+
+def weights_kernels(dtype, d):
+    """The (row normaliser, weights) kernels of :func:`gaussian_weights` for a dtype and d."""
+    t = np.dtype(dtype).type
+    return compiled(("weights", t, int(d)), lambda: _make_weights_kernels(t, int(d)))
+
+
+def gaussian_weights(queries, keys_t, exclude_self):
+    """Full attention-weight matrix (n_queries, n_keys) of the Gaussian score, on the GPU.
+
+    The twin of :func:`nbattn.kernels.pooling.gaussian_weights`: row i is
+    softmax_j(-||q_i - k_j||^2), the pair (i, i) left out with
+    ``exclude_self``; a row with no admissible key is 0. Host or device
+    arrays in; a host array of the dtype of ``queries`` out (meant for small
+    inputs: the matrix is n_queries x n_keys).
+    """
+    device_queries = to_device(queries)
+    device_keys_t = to_device(keys_t)
+    n_queries = device_queries.shape[0]
+    d, n_keys = device_keys_t.shape
+    dtype = np.dtype(device_queries.dtype)
+    if n_queries == 0 or n_keys == 0:
+        return np.zeros((n_queries, n_keys), dtype=dtype)
+    normaliser, weights = weights_kernels(dtype, d)
+    zero_values_t = cuda.to_device(np.zeros((1, n_keys), dtype=dtype))
+    device_m = cuda.device_array(n_queries, dtype=dtype)
+    device_l = cuda.device_array(n_queries, dtype=np.float64)
+    out = cuda.device_array((n_queries, n_keys), dtype=dtype)
+    block_k = tile_rows(d + 1, dtype.itemsize)
+    args = (device_queries, device_keys_t, zero_values_t, bool(exclude_self), block_k)
+    launch(
+        normaliser,
+        n_queries,
+        (*args, device_m, device_l),
+        shared=(d + 1) * block_k * dtype.itemsize,
+    )
+
+    def rows(b0, b1):
+        return (
+            device_queries,
+            device_keys_t,
+            device_m,
+            device_l,
+            bool(exclude_self),
+            b0,
+            out[b0:b1],
+        )
+
+    launch(weights, n_keys, rows, n_slices=n_queries)
+    return out.copy_to_host()

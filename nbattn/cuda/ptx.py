@@ -69,9 +69,28 @@ def pooling_cases(dtype, d, n_outputs):
     tag = f"{dtype} d={d} outputs={n_outputs}"
     pool = pooling.gaussian_pool_kernel(dtype, d, n_outputs)
     loss = loo.loss_kernel(dtype, d, n_outputs)
+    spread = loo.spread_kernel(dtype, d, n_outputs)
+    spread_sig = _sig(a2, a2, a2, a2, f64_1, "boolean", "int64", f64_2, f64_1)
     return [
         Case(f"NW pool {tag}", pool, _sig(a2, a2, a2, "boolean", "int64", "int64", a2, f64_1)),
         Case(f"LOO loss {tag}", loss, _sig(a2, a2, a2, f64_2, i64_1, "int64", f64_1)),
+        Case(f"NW spread {tag}", spread, spread_sig),
+    ]
+
+
+def weights_cases(dtype, d):
+    """The two kernels of the weight matrix (``pooling.gaussian_weights``)."""
+    from . import pooling
+
+    a2, a1, f64_1 = f"{dtype}[:,::1]", f"{dtype}[::1]", "float64[::1]"
+    normaliser, weights = pooling.weights_kernels(dtype, d)
+    return [
+        Case(
+            f"NW weight rows {dtype} d={d}",
+            normaliser,
+            _sig(a2, a2, a2, "boolean", "int64", a1, f64_1),
+        ),
+        Case(f"NW weights {dtype} d={d}", weights, _sig(a2, a2, a1, f64_1, "boolean", "int64", a2)),
     ]
 
 
@@ -118,14 +137,17 @@ def layout_cases():
 
 def kernel_cases():
     """The catalogue at the sizes that matter: flash D = 64 and 128 (float32 and
-    float64), Nadaraya-Watson and the LOO loss at d = 1 and 8 with 1 and 8
-    outputs, LOO gradients with 8 and 64 entries per launch, the layout kernels."""
+    float64), Nadaraya-Watson, the LOO loss, the spread and the weight matrix
+    at d = 1 and 8 with 1 and 8 outputs, LOO gradients with 8 and 64 entries
+    per launch, the layout kernels."""
     cases = []
     for dtype in ("float32", "float64"):
         for d in (64, 128):
             cases += flash_cases(dtype, d, d)
         for d, n_outputs in ((1, 1), (8, 1), (8, 8)):
             cases += pooling_cases(dtype, d, n_outputs)
+        for d in (1, 8):
+            cases += weights_cases(dtype, d)
         for n_acc in (8, 64):
             cases += grad_cases(dtype, n_acc)
     return cases + layout_cases()
