@@ -76,3 +76,28 @@ FLASH_BLOCK_Q = _env_int("FLASH_BLOCK_Q", 128)
 FLASH_BLOCK_K = _env_int("FLASH_BLOCK_K", 512)
 FLASH_BWD_BLOCK_Q = _env_int("FLASH_BWD_BLOCK_Q", 128)
 FLASH_BWD_BLOCK_K = _env_int("FLASH_BWD_BLOCK_K", 256)
+
+#: Row groups of the full-metric LOO gradient (``kernels.loo.loo_grad_full``):
+#: each group keeps its own float64 sums over the keys (groups x n_keys floats)
+#: and runs in parallel. Read when the kernel is compiled.
+LOO_FULL_GROUPS = _env_int("LOO_FULL_GROUPS", 16)
+
+#: Score gap beyond which the sorted 1-D LOO kernel skips a key: it weighs less
+#: than exp(-gap) of the nearest one, so n skipped keys change the result by
+#: < n exp(-gap) relative (2e-22 n in float64 at 50, 2e-16 n in float32 at 36),
+#: far below each dtype's rounding. Read at call time by
+#: ``kernels.loo.prune_gap``.
+PRUNE_GAP_FLOAT64 = _env_int("PRUNE_GAP_FLOAT64", 50)
+PRUNE_GAP_FLOAT32 = _env_int("PRUNE_GAP_FLOAT32", 36)
+
+#: Far rows of the streaming softmax (``kernels.pooling``). A query whose best
+#: score m = -min_j ||z_q - z_j||^2 lies below -FAR_SCORE_<dtype> (or whose
+#: scores all overflow to -inf) is recomputed in float64 relative to its nearest
+#: key, s_j - s_a = (z_j - z_a) . ((z_q - z_j) + (z_q - z_a)): the direct scores
+#: there carry a rounding error of about (d + 3) u |m| (u the unit roundoff),
+#: which would decide the weights. At the defaults that error is below
+#: (d + 3) 2^-12 (float32, u = 2^-24) and (d + 3) 2^-29 (float64) before the
+#: switch. The check is one comparison per row; only far rows pay the extra
+#: passes. Read when the kernels are compiled.
+FAR_SCORE_FLOAT32 = _env_int("FAR_SCORE_FLOAT32", 1 << 12)
+FAR_SCORE_FLOAT64 = _env_int("FAR_SCORE_FLOAT64", 1 << 24)

@@ -25,18 +25,76 @@ Callers (``nbattn.regression``) validate and lay out the arrays:
 
 ``exclude_self`` drops the pair (i, i): leave-one-out when queries are keys.
 A query with no admissible key (one key, excluded) gets zeros and lse = -inf.
+
+Far rows. The direct score -||z_q - z_k||^2 carries a rounding error of about
+(d + 3) u |s| (u: the dtype's unit roundoff), and overflows to -inf beyond
+~1.8e308. Where the best score of a row lies below ``-config.FAR_SCORE_<dtype>``
+(or every admissible score overflowed), that error would decide the weights:
+at 1e8 in float32 every key would look equally far and a query at 1e160 would
+get 0/0. Such a row is recomputed (``far_state``, ``far_pool``) in float64
+relative to an anchor key a, its nearest:
+
+    s_j - s_a = (z_j - z_a) . ((z_q - z_j) + (z_q - z_a))
+
+a product of a small, exactly formed key difference and a large sum, with a
+relative error of a few u instead of an absolute error of u |s|. The inputs
+are first multiplied by a power of two c (exact) that keeps every product
+finite, and the anchor is found in two steps: the smallest scaled direct
+distance, then the best relative score against that candidate (which breaks
+the rounding ties of the first step). The row's log normaliser is then
+lse = s_a + log sum_j exp(s_j - s_a); it is -inf where s_a itself overflows,
+and the second-pass kernels of ``nbattn.kernels.loo`` recognise such a row by
+its admissible keys. The direct path costs one comparison per row for this.
 """
 
 from __future__ import annotations
 
 import numpy as np
 from numba import njit, prange
+from numba.core import types
+from numba.extending import overload
 
 from .. import config
-from .fastmath import fast_exp, fmax, like
+from .fastmath import exp_shift_sum, fast_exp, like, row_max
 
+# Compile-time constants (read from config when this module is imported).
 _KEY_BLOCK = config.KEY_BLOCK
 _QUERY_BLOCK = config.QUERY_BLOCK
+_FAR_SCORE_FLOAT32 = float(config.FAR_SCORE_FLOAT32)
+_FAR_SCORE_FLOAT64 = float(config.FAR_SCORE_FLOAT64)
+# Largest scaled magnitude in the far path: differences stay below 2**502 and
+# products of two below 2**1004, so a score summed over up to 2**19 features is finite.
+_FAR_MAGNITUDE = 2.0**500
+
+
+def far_score(array):
+    """The score magnitude beyond which a row of ``array``'s dtype is far (see module doc)."""
+    return _FAR_SCORE_FLOAT32 if array.dtype == np.float32 else _FAR_SCORE_FLOAT64
+
+
+@overload(far_score, inline="always")
+def _far_score_overload(array):
+    if array.dtype == types.float32:
+        return lambda array: _FAR_SCORE_FLOAT32
+    return lambda array: _FAR_SCORE_FLOAT64
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def has_admissible_key(n_keys, own):
+    """Whether a row over ``n_keys`` keys with key ``own`` skipped (-1: none) has any key."""
+    return n_keys - (1 if 0 <= own < n_keys else 0) > 0
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def is_far_row(lse, n_keys, own, array):
+    """Whether a row with log normaliser ``lse`` was computed by the far path.
+
+    lse >= m (the best score), so lse < -far_score implies m < -far_score;
+    lse = -inf with an admissible key is a row whose scores overflowed.
+    """
+    if lse == -np.inf:
+        return has_admissible_key(n_keys, own)
+    return lse < -far_score(array)
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
@@ -56,29 +114,8 @@ def _block_scores(query_row, keys_t, j0, nb, scores):
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def _block_max(scores, nb):
-    """max(scores[:nb]); the scores are finite or -inf, never NaN."""
-    best = like(-np.inf, scores)
-    for j in range(nb):
-        best = fmax(best, scores[j])
-    return best
-
-
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def _exp_shift_sum(scores, nb, shift):
-    """scores[j] <- exp(scores[j] - shift); returns the sum of the new values."""
-    total = like(0.0, scores)
-    shift = like(shift, scores)
-    for j in range(nb):
-        w = fast_exp(scores[j] - shift)
-        scores[j] = w
-        total += w
-    return total
-
-
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
 def _exp_shift_sum_dot(scores, nb, shift, values_row):
-    """Like _exp_shift_sum, and also returns sum_j exp(scores[j] - shift) * values_row[j]."""
+    """exp_shift_sum without the store, and also sum_j exp(scores[j] - shift) * values_row[j]."""
     total = like(0.0, scores)
     weighted = like(0.0, scores)
     shift = like(shift, scores)
@@ -89,14 +126,145 @@ def _exp_shift_sum_dot(scores, nb, shift, values_row):
     return total, weighted
 
 
+# --------------------------------------------------------------------------- far rows
+# Rare rows: plain float64 loops without fast-math, so that no reassociation
+# can undo the factored form of the relative score.
+
+
+@njit(cache=config.CACHE)
+def _far_scale(query_row, keys_t):
+    """A power of two c with c * max(|z_q|, |z_k|) <= 2**500 (1 when already so)."""
+    big = 0.0
+    for f in range(query_row.shape[0]):
+        big = max(big, abs(np.float64(query_row[f])))
+    for f in range(keys_t.shape[0]):
+        for j in range(keys_t.shape[1]):
+            big = max(big, abs(np.float64(keys_t[f, j])))
+    c = 1.0
+    while big * c > _FAR_MAGNITUDE:
+        c *= 2.0**-64
+    return c
+
+
+@njit(cache=config.CACHE)
+def _relative_score(query_row, keys_t, j, a, c):
+    """c**2 (s_j - s_a) = sum_f (c k_jf - c k_af) ((c q_f - c k_jf) + (c q_f - c k_af))."""
+    total = 0.0
+    for f in range(keys_t.shape[0]):
+        q = c * np.float64(query_row[f])
+        kj = c * np.float64(keys_t[f, j])
+        ka = c * np.float64(keys_t[f, a])
+        total += (kj - ka) * ((q - kj) + (q - ka))
+    return total
+
+
+@njit(cache=config.CACHE)
+def far_state(query_row, keys_t, own):
+    """Anchor and normaliser of a far row: ``(a, c, s_a, shift, l)``.
+
+    ``a`` is the nearest admissible key (-1 if there is none), ``c`` the power
+    of two of the scaled arithmetic, ``s_a = -||z_q - z_a||^2`` (float64, -inf
+    where it overflows), and with r_j = s_j - s_a (``_relative_score / c**2``)
+
+        shift = max_j r_j,   l = sum_j exp(r_j - shift),
+
+    so that w_j = exp(r_j - shift) / l and lse = s_a + shift + log l.
+    """
+    n_keys = keys_t.shape[1]
+    c = _far_scale(query_row, keys_t)
+    # 1. the smallest scaled direct distance: the anchor up to rounding ties
+    anchor = -1
+    best = np.inf
+    for j in range(n_keys):
+        if j == own:
+            continue
+        dist = 0.0
+        for f in range(keys_t.shape[0]):
+            diff = c * np.float64(keys_t[f, j]) - c * np.float64(query_row[f])
+            dist += diff * diff
+        if dist < best:
+            best = dist
+            anchor = j
+    if anchor < 0:
+        return -1, c, -np.inf, 0.0, 0.0
+    # 2. the best relative score against that candidate breaks the ties
+    best = 0.0
+    candidate = anchor
+    for j in range(n_keys):
+        if j == own:
+            continue
+        r = _relative_score(query_row, keys_t, j, candidate, c)
+        if r > best:
+            best = r
+            anchor = j
+    # 3. online max and sum of exp(r_j) relative to the anchor
+    inv_c = 1.0 / c
+    shift = 0.0
+    total = 0.0
+    for j in range(n_keys):
+        if j == own:
+            continue
+        r = _relative_score(query_row, keys_t, j, anchor, c) * inv_c * inv_c
+        if r > shift:
+            total = total * np.exp(shift - r) + 1.0
+            shift = r
+        else:
+            total += np.exp(r - shift)
+    s_a = 0.0
+    for f in range(keys_t.shape[0]):
+        diff = c * np.float64(keys_t[f, anchor]) - c * np.float64(query_row[f])
+        s_a -= diff * diff
+    s_a = s_a * inv_c * inv_c
+    return anchor, c, s_a, shift, total
+
+
+@njit(cache=config.CACHE)
+def far_block_weights(query_row, keys_t, j0, nb, own, anchor, c, shift, weights):
+    """weights[j] = exp(r_{j0+j} - shift) for j < nb (0 for the key ``own``); see far_state."""
+    inv_c = 1.0 / c
+    for j in range(nb):
+        if j0 + j == own:
+            weights[j] = 0.0
+            continue
+        r = _relative_score(query_row, keys_t, j0 + j, anchor, c) * inv_c * inv_c
+        weights[j] = np.exp(r - shift)
+
+
+@njit(cache=config.CACHE)
+def far_pool(query_row, keys_t, values_t, own, weights, acc):
+    """``pool_row`` for a far row: acc = sum_j exp(r_j - shift) v_j; returns ``(s_a + shift, l)``.
+
+    ``weights`` is a KEY_BLOCK scratch buffer. With no admissible key: (-inf, 0).
+    """
+    n_keys = keys_t.shape[1]
+    n_outputs = values_t.shape[0]
+    acc[:] = 0.0
+    anchor, c, s_a, shift, total = far_state(query_row, keys_t, own)
+    if anchor < 0:
+        return -np.inf, 0.0
+    for j0 in range(0, n_keys, _KEY_BLOCK):
+        nb = min(_KEY_BLOCK, n_keys - j0)
+        far_block_weights(query_row, keys_t, j0, nb, own, anchor, c, shift, weights)
+        for out in range(n_outputs):
+            weighted = 0.0
+            for j in range(nb):
+                weighted += np.float64(weights[j]) * np.float64(values_t[out, j0 + j])
+            acc[out] += weighted
+    return s_a + shift, total
+
+
+# --------------------------------------------------------------------------- the row
+
+
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
 def pool_row(query_row, keys_t, values_t, own, scores, acc):
     """The online softmax of one query over all keys; key ``own`` is skipped (-1: none).
 
     Leaves the unnormalised weighted sums sum_j exp(s_j - m) v_j in ``acc``
-    (float64, n_outputs) and returns ``(m, l)``: the running maximum and
-    l = sum_j exp(s_j - m). ``scores`` is a KEY_BLOCK scratch buffer. With no
-    admissible key, l = 0 and m = -inf.
+    (float64, n_outputs) and returns ``(m, l)``: the reference score and
+    l = sum_j exp(s_j - m), so that out = acc / l and lse = m + log l.
+    ``scores`` is a KEY_BLOCK scratch buffer. With no admissible key, l = 0
+    and m = -inf. A far row (module docstring) is recomputed by ``far_pool``.
     """
     n_keys = keys_t.shape[1]
     n_outputs = values_t.shape[0]
@@ -108,7 +276,7 @@ def pool_row(query_row, keys_t, values_t, own, scores, acc):
         _block_scores(query_row, keys_t, j0, nb, scores)
         if j0 <= own < j0 + nb:
             scores[own - j0] = -np.inf
-        block_max = _block_max(scores, nb)
+        block_max = row_max(scores, nb)
         if block_max == -np.inf:
             continue
         if block_max > running_max:
@@ -122,13 +290,17 @@ def pool_row(query_row, keys_t, values_t, own, scores, acc):
             running_sum += total
             acc[0] += weighted
             continue
-        running_sum += _exp_shift_sum(scores, nb, running_max)
+        running_sum += exp_shift_sum(scores, nb, running_max)
         for c in range(n_outputs):
             values_c = values_t[c, j0 : j0 + nb]
             weighted = like(0.0, scores)
             for j in range(nb):
                 weighted += scores[j] * values_c[j]
             acc[c] += weighted
+    if running_max < -far_score(scores) or (
+        running_max == -np.inf and has_admissible_key(n_keys, own)
+    ):
+        return far_pool(query_row, keys_t, values_t, own, scores, acc)
     return running_max, running_sum
 
 
@@ -178,11 +350,18 @@ def gaussian_weights(queries, keys_t, exclude_self):
         _block_scores(queries[i], keys_t, 0, n_keys, row)
         if exclude_self and i < n_keys:
             row[i] = -np.inf
-        row_max = _block_max(row, n_keys)
-        if row_max == -np.inf:
+        best = row_max(row, n_keys)
+        if best < -far_score(row) or best == -np.inf:
             row[:] = 0.0
+            own = i if exclude_self else -1
+            anchor, c, _, shift, total = far_state(queries[i], keys_t, own)
+            if anchor >= 0:
+                far_block_weights(queries[i], keys_t, 0, n_keys, own, anchor, c, shift, row)
+                inv_total = like(1.0 / total, row)
+                for j in range(n_keys):
+                    row[j] *= inv_total
             continue
-        total = _exp_shift_sum(row, n_keys, row_max)
+        total = exp_shift_sum(row, n_keys, best)
         inv_total = 1.0 / total
         for j in range(n_keys):
             row[j] *= inv_total
