@@ -659,12 +659,6 @@ def nadaraya_watson_spread(queries, keys, values, bandwidth="scott", *, dtype=No
     spread; a query far from every key gets its nearest key's value, std 0
     (or the spread of tied nearest keys) and n_eff 1.
 
-    Raises
-    ------
-    ValueError
-        where the standard deviation itself exceeds the float64 range
-        (values spanning nearly all of it).
-
     Returns
     -------
     mean, std : ndarray (n_queries,) or (n_queries, n_outputs) like ``values``
@@ -688,11 +682,6 @@ def nadaraya_watson_spread(queries, keys, values, bandwidth="scott", *, dtype=No
     with _threads_for(q.shape[0] * k_t.shape[1]):
         mean, lse = pooling.gaussian_pool(q, k_t, v_t, False)
         std, sum_w2 = loo.gaussian_spread(q, k_t, v_t, mean, lse, False)
-    if not np.all(np.isfinite(std)):
-        raise ValueError(
-            "values span more than the float range: their weighted standard deviation "
-            "cannot be represented"
-        )
     n_eff = 1.0 / sum_w2
     mean = mean.astype(np.float64)
     if values_arr.ndim == 1:

@@ -160,12 +160,15 @@ def loo_grad_diag(queries, keys_t, values_t, resid, centers, lse, self_offset=0)
                     query_row, keys_t, j0, nb, own, lse[i], far, anchor, c, shift, weights
                 )
                 _block_coef(weights, values_t, resid, centers, i, j0, nb, coef)
+                zero = like(0.0, weights)
                 for f in range(k):
                     qf = query_row[f]
                     total = like(0.0, weights)
                     for j in range(nb):
                         diff = keys_t[f, j0 + j] - qf
-                        total += coef[j] * diff * diff
+                        term = coef[j] * diff * diff
+                        # a zero weight times an overflowing square is 0, not NaN
+                        total += term if coef[j] != 0.0 else zero
                     acc[f] += total
     out = np.zeros(k, dtype=np.float64)
     for chunk in range(n_chunks):
@@ -253,7 +256,7 @@ def loo_grad_full(queries, keys_t, points, points_t, values_t, resid, centers, l
     return out
 
 
-@njit(cache=config.CACHE)
+@njit(fastmath=False, cache=config.CACHE)
 def _power_of_two_near(x):
     """2**(e - 1) for x = m 2**e, 1/2 <= m < 1: x / 2 < result <= x, exact to divide by; 1 for 0."""
     if x == 0.0:

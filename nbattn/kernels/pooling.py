@@ -65,6 +65,7 @@ _FAR_SCORE_FLOAT64 = float(config.FAR_SCORE_FLOAT64)
 # Largest scaled magnitude in the far path: differences stay below 2**502 and
 # products of two below 2**1004, so a score summed over up to 2**19 features is finite.
 _FAR_MAGNITUDE = 2.0**500
+_FLOAT64_MAX = float(np.finfo(np.float64).max)
 
 
 def far_score(array):
@@ -127,11 +128,13 @@ def _exp_shift_sum_dot(scores, nb, shift, values_row):
 
 
 # --------------------------------------------------------------------------- far rows
-# Rare rows: plain float64 loops without fast-math, so that no reassociation
-# can undo the factored form of the relative score.
+# Rare rows: plain float64 loops. ``fastmath=False`` is spelled out because
+# numba lets a callee without an explicit setting inherit the fast-math flags
+# of the kernel it is first compiled from, and reassociation would undo both
+# the TwoSum compensation and the order r * (1/c) * (1/c) (0 * inf = NaN).
 
 
-@njit(cache=config.CACHE)
+@njit(fastmath=False, cache=config.CACHE)
 def _far_scale(query_row, keys_t):
     """A power of two c with c * max(|z_q|, |z_k|) <= 2**500 (1 when already so)."""
     big = 0.0
@@ -146,19 +149,43 @@ def _far_scale(query_row, keys_t):
     return c
 
 
-@njit(cache=config.CACHE)
+@njit(fastmath=False, cache=config.CACHE, inline="always")
+def _two_sum(a, b):
+    """(s, e) with s = fl(a + b) and s + e = a + b exactly (Knuth's TwoSum)."""
+    s = a + b
+    bb = s - a
+    return s, (a - (s - bb)) + (b - bb)
+
+
+@njit(fastmath=False, cache=config.CACHE)
 def _relative_score(query_row, keys_t, j, a, c):
-    """c**2 (s_j - s_a) = sum_f (c k_jf - c k_af) ((c q_f - c k_jf) + (c q_f - c k_af))."""
+    """c**2 (s_j - s_a) = sum_f (c k_jf - c k_af) (2 c q_f - c k_jf - c k_af).
+
+    The second factor is summed with TwoSum, so it stays accurate where the
+    query sits near the midpoint of two far-apart keys (it then cancels).
+    """
     total = 0.0
     for f in range(keys_t.shape[0]):
-        q = c * np.float64(query_row[f])
+        q2 = 2.0 * (c * np.float64(query_row[f]))
         kj = c * np.float64(keys_t[f, j])
         ka = c * np.float64(keys_t[f, a])
-        total += (kj - ka) * ((q - kj) + (q - ka))
+        s1, e1 = _two_sum(q2, -kj)
+        s2, e2 = _two_sum(s1, -ka)
+        total += (kj - ka) * (s2 + (e1 + e2))
     return total
 
 
-@njit(cache=config.CACHE)
+@njit(fastmath=False, cache=config.CACHE, inline="always")
+def _unscaled(r, inv_c):
+    """r / c**2, at most the largest float: a rounding-level positive r of a row
+    whose scores are beyond the float range must not become +inf (inf - inf).
+    1/c**2 itself may overflow, so 0 is returned as 0, not 0 * inf."""
+    if r == 0.0:
+        return 0.0
+    return min(r * inv_c * inv_c, _FLOAT64_MAX)
+
+
+@njit(fastmath=False, cache=config.CACHE)
 def far_state(query_row, keys_t, own):
     """Anchor and normaliser of a far row: ``(a, c, s_a, shift, l)``.
 
@@ -204,7 +231,7 @@ def far_state(query_row, keys_t, own):
     for j in range(n_keys):
         if j == own:
             continue
-        r = _relative_score(query_row, keys_t, j, anchor, c) * inv_c * inv_c
+        r = _unscaled(_relative_score(query_row, keys_t, j, anchor, c), inv_c)
         if r > shift:
             total = total * np.exp(shift - r) + 1.0
             shift = r
@@ -218,7 +245,7 @@ def far_state(query_row, keys_t, own):
     return anchor, c, s_a, shift, total
 
 
-@njit(cache=config.CACHE)
+@njit(fastmath=False, cache=config.CACHE)
 def far_block_weights(query_row, keys_t, j0, nb, own, anchor, c, shift, weights):
     """weights[j] = exp(r_{j0+j} - shift) for j < nb (0 for the key ``own``); see far_state."""
     inv_c = 1.0 / c
@@ -226,11 +253,11 @@ def far_block_weights(query_row, keys_t, j0, nb, own, anchor, c, shift, weights)
         if j0 + j == own:
             weights[j] = 0.0
             continue
-        r = _relative_score(query_row, keys_t, j0 + j, anchor, c) * inv_c * inv_c
+        r = _unscaled(_relative_score(query_row, keys_t, j0 + j, anchor, c), inv_c)
         weights[j] = np.exp(r - shift)
 
 
-@njit(cache=config.CACHE)
+@njit(fastmath=False, cache=config.CACHE)
 def far_pool(query_row, keys_t, values_t, own, weights, acc):
     """``pool_row`` for a far row: acc = sum_j exp(r_j - shift) v_j; returns ``(s_a + shift, l)``.
 
