@@ -49,11 +49,11 @@ variant works on sorted points and visits, per row, only the window of keys
 whose weight can exceed exp(-PRUNE_GAP) of the nearest one.
 
 A query with lse = -inf and no admissible key contributes nothing and gets
-zeros. A far row (``nbattn.kernels.pooling``, "Far rows": lse below
-``-config.FAR_SCORE_<dtype>``, or -inf with an admissible key) takes its
-weights from the anchored float64 form, ``pooling.far_state`` and
-``pooling.far_block_weights``, as the pool did; the other rows recompute the
-direct scores.
+zeros. A far row (``nbattn.kernels.pooling``, "Far rows") takes its weights the way
+the pool did: lse below ``-config.FAR_SCORE_FLOAT32`` in a float32 kernel,
+from float64 scores; lse below ``-config.FAR_SCORE_FLOAT64`` (or -inf with an
+admissible key), from the anchored float64 form of ``pooling.far_state`` and
+``pooling.far_block_weights``. The other rows recompute the direct scores.
 
 Tunables: ``config.KEY_BLOCK``, ``QUERY_BLOCK`` and ``LOO_FULL_GROUPS`` are
 read when this module is imported (compiled in as constants);
@@ -70,12 +70,13 @@ from numba import njit, prange
 from .. import config
 from .fastmath import fast_exp, like
 from .pooling import (
+    _FAR_SCORE_FLOAT64,
     _block_scores,
     far_block_weights,
     far_pool,
     far_score,
     far_state,
-    is_far_row,
+    has_admissible_key,
     pool_row,
 )
 
@@ -94,28 +95,50 @@ def _block_weights(scores, nb, shift, j0, i, exclude_self):
         scores[i - j0] = 0.0
 
 
+#: How a second pass gets a row's weights (``_row_setup``).
+_DIRECT, _DIRECT_FLOAT64, _ANCHORED = 0, 1, 2
+
+
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
 def _row_setup(query_row, keys_t, own, lse_i, weights):
-    """``(skip, far, anchor, c, shift)`` of one row of a second pass.
+    """``(skip, mode, anchor, c, shift)`` of one row of a second pass.
 
-    ``skip``: no admissible key. ``far``: the weights come from
-    ``far_block_weights(..., anchor, c, shift)``, normalised (shift includes
-    log l); otherwise from exp(s_ij - lse_i).
+    ``skip``: no admissible key. ``mode``: _DIRECT, exp(s_ij - lse_i) with the
+    scores in the dtype of ``weights``; _DIRECT_FLOAT64, the same with float64
+    scores (a float32 far row); _ANCHORED, ``far_block_weights(..., anchor, c,
+    shift)`` with shift including log l. The same thresholds as ``pool_row``,
+    applied to lse_i (>= the row's best score).
     """
-    if not is_far_row(lse_i, keys_t.shape[1], own, weights):
-        return lse_i == -np.inf, False, -1, 1.0, 0.0
+    n_keys = keys_t.shape[1]
+    limit = far_score(weights)
+    if lse_i >= -limit:
+        return False, _DIRECT, -1, 1.0, 0.0
+    if lse_i == -np.inf and not has_admissible_key(n_keys, own):
+        return True, _DIRECT, -1, 1.0, 0.0
+    if lse_i >= -_FAR_SCORE_FLOAT64:
+        return False, _DIRECT_FLOAT64, -1, 1.0, 0.0
     anchor, c, _, shift, total = far_state(query_row, keys_t, own)
-    return anchor < 0, True, anchor, c, shift + np.log(total)
+    return anchor < 0, _ANCHORED, anchor, c, shift + np.log(total)
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def _row_block_weights(query_row, keys_t, j0, nb, own, lse_i, far, anchor, c, shift, weights):
-    """weights[:nb] <- w_ij for the keys j0 .. j0 + nb (0 for the key ``own``)."""
-    if far:
+def _row_block_weights(
+    query_row, keys_t, j0, nb, own, lse_i, mode, anchor, c, shift, weights, scores64
+):
+    """weights[:nb] <- w_ij for the keys j0 .. j0 + nb (0 for the key ``own``).
+
+    ``scores64`` is a float64 KEY_BLOCK scratch buffer for _DIRECT_FLOAT64.
+    """
+    if mode == _ANCHORED:
         far_block_weights(query_row, keys_t, j0, nb, own, anchor, c, shift, weights)
-        return
-    _block_scores(query_row, keys_t, j0, nb, weights)
-    _block_weights(weights, nb, lse_i, j0, own, True)
+    elif mode == _DIRECT_FLOAT64:
+        _block_scores(query_row, keys_t, j0, nb, scores64)
+        _block_weights(scores64, nb, lse_i, j0, own, True)
+        for j in range(nb):
+            weights[j] = scores64[j]
+    else:
+        _block_scores(query_row, keys_t, j0, nb, weights)
+        _block_weights(weights, nb, lse_i, j0, own, True)
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
@@ -145,19 +168,31 @@ def loo_grad_diag(queries, keys_t, values_t, resid, centers, lse, self_offset=0)
     partial = np.zeros((n_chunks, k), dtype=np.float64)
     for chunk in prange(n_chunks):
         weights = np.empty(_KEY_BLOCK, dtype=dtype)
+        scores64 = np.empty(_KEY_BLOCK, dtype=np.float64)
         coef = np.empty(_KEY_BLOCK, dtype=dtype)
         acc = partial[chunk]
         stop = min(n_queries, (chunk + 1) * _QUERY_BLOCK)
         for i in range(chunk * _QUERY_BLOCK, stop):
             query_row = queries[i]
             own = np.int64(i) + np.int64(self_offset)
-            skip, far, anchor, c, shift = _row_setup(query_row, keys_t, own, lse[i], weights)
+            skip, mode, anchor, c, shift = _row_setup(query_row, keys_t, own, lse[i], weights)
             if skip:
                 continue
             for j0 in range(0, n_keys, _KEY_BLOCK):
                 nb = min(_KEY_BLOCK, n_keys - j0)
                 _row_block_weights(
-                    query_row, keys_t, j0, nb, own, lse[i], far, anchor, c, shift, weights
+                    query_row,
+                    keys_t,
+                    j0,
+                    nb,
+                    own,
+                    lse[i],
+                    mode,
+                    anchor,
+                    c,
+                    shift,
+                    weights,
+                    scores64,
                 )
                 _block_coef(weights, values_t, resid, centers, i, j0, nb, coef)
                 zero = like(0.0, weights)
@@ -205,6 +240,7 @@ def loo_grad_full(queries, keys_t, points, points_t, values_t, resid, centers, l
     key_sums = np.zeros((n_groups, n_keys), dtype=np.float64)
     for group in prange(n_groups):
         weights = np.empty(_KEY_BLOCK, dtype=dtype)
+        scores64 = np.empty(_KEY_BLOCK, dtype=np.float64)
         coef = np.empty(_KEY_BLOCK, dtype=dtype)
         b_i = np.empty(d, dtype=np.float64)
         acc = partial[group]
@@ -214,7 +250,7 @@ def loo_grad_full(queries, keys_t, points, points_t, values_t, resid, centers, l
         for i in range(start, stop):
             query_row = queries[i]
             own = np.int64(i) + np.int64(self_offset)
-            skip, far, anchor, c, shift = _row_setup(query_row, keys_t, own, lse[i], weights)
+            skip, mode, anchor, c, shift = _row_setup(query_row, keys_t, own, lse[i], weights)
             if skip:
                 continue
             a_i = 0.0
@@ -222,7 +258,18 @@ def loo_grad_full(queries, keys_t, points, points_t, values_t, resid, centers, l
             for j0 in range(0, n_keys, _KEY_BLOCK):
                 nb = min(_KEY_BLOCK, n_keys - j0)
                 _row_block_weights(
-                    query_row, keys_t, j0, nb, own, lse[i], far, anchor, c, shift, weights
+                    query_row,
+                    keys_t,
+                    j0,
+                    nb,
+                    own,
+                    lse[i],
+                    mode,
+                    anchor,
+                    c,
+                    shift,
+                    weights,
+                    scores64,
                 )
                 _block_coef(weights, values_t, resid, centers, i, j0, nb, coef)
                 block_total = 0.0
@@ -288,6 +335,7 @@ def gaussian_spread(queries, keys_t, values_t, centers, lse, exclude_self):
     n_chunks = (n_queries + _QUERY_BLOCK - 1) // _QUERY_BLOCK
     for chunk in prange(n_chunks):
         weights = np.empty(_KEY_BLOCK, dtype=dtype)
+        scores64 = np.empty(_KEY_BLOCK, dtype=np.float64)
         var = np.empty(n_outputs, dtype=np.float64)
         stop = min(n_queries, (chunk + 1) * _QUERY_BLOCK)
         for i in range(chunk * _QUERY_BLOCK, stop):
@@ -295,7 +343,7 @@ def gaussian_spread(queries, keys_t, values_t, centers, lse, exclude_self):
             own = np.int64(-1)
             if exclude_self:
                 own = np.int64(i)
-            skip, far, anchor, c, shift = _row_setup(query_row, keys_t, own, lse[i], weights)
+            skip, mode, anchor, c, shift = _row_setup(query_row, keys_t, own, lse[i], weights)
             if skip:
                 continue
             var[:] = 0.0
@@ -303,7 +351,18 @@ def gaussian_spread(queries, keys_t, values_t, centers, lse, exclude_self):
             for j0 in range(0, n_keys, _KEY_BLOCK):
                 nb = min(_KEY_BLOCK, n_keys - j0)
                 _row_block_weights(
-                    query_row, keys_t, j0, nb, own, lse[i], far, anchor, c, shift, weights
+                    query_row,
+                    keys_t,
+                    j0,
+                    nb,
+                    own,
+                    lse[i],
+                    mode,
+                    anchor,
+                    c,
+                    shift,
+                    weights,
+                    scores64,
                 )
                 block_w2 = like(0.0, weights)
                 for j in range(nb):
@@ -377,21 +436,24 @@ PRUNE_GAP = {"float64": prune_gap_for("float64"), "float32": prune_gap_for("floa
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
 def _window_sums(zs, values_t, zi, shift, start, stop, acc, weights):
-    """Adds sum_j exp(shift - (zs_j - zi)^2) (returned) and its v-weighted sums (into acc)."""
+    """Adds sum_j exp(shift - (zs_j - zi)^2) (returned) and its v-weighted sums (into acc).
+
+    Computed in the dtype of the scratch buffer ``weights``.
+    """
     total = 0.0
-    zi = like(zi, zs)
-    shift = like(shift, zs)
+    zi = like(zi, weights)
+    shift = like(shift, weights)
     for b0 in range(start, stop, _KEY_BLOCK):
         nb = min(stop - b0, _KEY_BLOCK)
-        block = like(0.0, zs)
+        block = like(0.0, weights)
         for j in range(nb):
-            diff = zs[b0 + j] - zi
+            diff = like(zs[b0 + j], weights) - zi
             w = fast_exp(shift - diff * diff)
             weights[j] = w
             block += w
         total += block
         for c in range(values_t.shape[0]):
-            weighted = like(0.0, zs)
+            weighted = like(0.0, weights)
             for j in range(nb):
                 weighted += weights[j] * values_t[c, b0 + j]
             acc[c] += weighted
@@ -410,8 +472,10 @@ def loo_squared_error_sorted_1d(zs, values_t, targets, rows, prune_gap):
     (zs_j - zs_i)^2 <= dmin_i^2 + prune_gap can matter: a window found by
     binary search. Weights are exp(s_ij + dmin_i^2) <= 1, so no online
     rescaling is needed. Cost: rows x (window width) instead of rows x n.
-    A far row (dmin_i^2 beyond ``config.FAR_SCORE_<dtype>``, or overflowing)
-    is pooled over all keys by ``pooling.far_pool`` instead.
+    Far rows as in ``pooling.pool_row``: dmin_i^2 beyond
+    ``config.FAR_SCORE_FLOAT32`` in float32, the window in float64; beyond
+    ``config.FAR_SCORE_FLOAT64`` (or overflowing), all keys by the anchored
+    ``pooling.far_pool``.
     """
     n = zs.shape[0]
     n_rows = rows.shape[0]
@@ -421,6 +485,7 @@ def loo_squared_error_sorted_1d(zs, values_t, targets, rows, prune_gap):
     for chunk in prange(n_chunks):
         acc = np.empty(n_outputs, dtype=np.float64)
         weights = np.empty(_KEY_BLOCK, dtype=zs.dtype)
+        scores64 = np.empty(_KEY_BLOCK, dtype=np.float64)
         stop = min(n_rows, (chunk + 1) * _QUERY_BLOCK)
         sq = 0.0
         for r in range(chunk * _QUERY_BLOCK, stop):
@@ -437,14 +502,18 @@ def loo_squared_error_sorted_1d(zs, values_t, targets, rows, prune_gap):
             if i + 1 < n:
                 dmin = min(dmin, zs[i + 1] - zi)
             shift = dmin * dmin
-            if not shift <= far_score(zs):  # a far row, or one whose distance overflows
+            if not shift <= _FAR_SCORE_FLOAT64:  # far in float64, or overflowing
                 _, total = far_pool(zs[i : i + 1], zs.reshape((1, n)), values_t, i, weights, acc)
             else:
                 radius = np.sqrt(shift + prune_gap)
                 lo = np.searchsorted(zs, like(zi - radius, zs), side="left")
                 hi = np.searchsorted(zs, like(zi + radius, zs), side="right")
-                total = _window_sums(zs, values_t, zi, shift, lo, i, acc, weights)
-                total += _window_sums(zs, values_t, zi, shift, i + 1, hi, acc, weights)
+                if shift <= far_score(zs):
+                    total = _window_sums(zs, values_t, zi, shift, lo, i, acc, weights)
+                    total += _window_sums(zs, values_t, zi, shift, i + 1, hi, acc, weights)
+                else:  # a float32 far row: the window in float64
+                    total = _window_sums(zs, values_t, zi, shift, lo, i, acc, scores64)
+                    total += _window_sums(zs, values_t, zi, shift, i + 1, hi, acc, scores64)
             for c in range(n_outputs):
                 err = acc[c] / total - targets[i, c]
                 sq += err * err

@@ -31,7 +31,10 @@ Far rows. The direct score -||z_q - z_k||^2 carries a rounding error of about
 ~1.8e308. Where the best score of a row lies below ``-config.FAR_SCORE_<dtype>``
 (or every admissible score overflowed), that error would decide the weights:
 at 1e8 in float32 every key would look equally far and a query at 1e160 would
-get 0/0. Such a row is recomputed (``far_state``, ``far_pool``) in float64
+get 0/0. A float32 row beyond ``FAR_SCORE_FLOAT32`` is first recomputed with
+float64 scores (the differences of float32 numbers are exact in float64; the
+same vectorised loop, about twice the cost of a float32 row). A row beyond
+``FAR_SCORE_FLOAT64`` in float64 is recomputed (``far_state``, ``far_pool``)
 relative to an anchor key a, its nearest:
 
     s_j - s_a = (z_j - z_a) . ((z_q - z_j) + (z_q - z_a))
@@ -100,17 +103,21 @@ def is_far_row(lse, n_keys, own, array):
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
 def _block_scores(query_row, keys_t, j0, nb, scores):
-    """scores[j] = -sum_f (keys_t[f, j0 + j] - query_row[f])**2 for j < nb."""
+    """scores[j] = -sum_f (keys_t[f, j0 + j] - query_row[f])**2 for j < nb.
+
+    In the dtype of ``scores``: a float64 buffer with float32 inputs takes the
+    differences exactly (the float32 far rows, module docstring).
+    """
     keys_f = keys_t[0, j0 : j0 + nb]
-    q0 = query_row[0]
+    q0 = like(query_row[0], scores)
     for j in range(nb):
-        diff = keys_f[j] - q0
+        diff = like(keys_f[j], scores) - q0
         scores[j] = -(diff * diff)
     for f in range(1, keys_t.shape[0]):
         keys_f = keys_t[f, j0 : j0 + nb]
-        qf = query_row[f]
+        qf = like(query_row[f], scores)
         for j in range(nb):
-            diff = keys_f[j] - qf
+            diff = like(keys_f[j], scores) - qf
             scores[j] -= diff * diff
 
 
@@ -284,15 +291,8 @@ def far_pool(query_row, keys_t, values_t, own, weights, acc):
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def pool_row(query_row, keys_t, values_t, own, scores, acc):
-    """The online softmax of one query over all keys; key ``own`` is skipped (-1: none).
-
-    Leaves the unnormalised weighted sums sum_j exp(s_j - m) v_j in ``acc``
-    (float64, n_outputs) and returns ``(m, l)``: the reference score and
-    l = sum_j exp(s_j - m), so that out = acc / l and lse = m + log l.
-    ``scores`` is a KEY_BLOCK scratch buffer. With no admissible key, l = 0
-    and m = -inf. A far row (module docstring) is recomputed by ``far_pool``.
-    """
+def _online_row(query_row, keys_t, values_t, own, scores, acc):
+    """The direct online softmax of ``pool_row``, scores in the dtype of ``scores``."""
     n_keys = keys_t.shape[1]
     n_outputs = values_t.shape[0]
     running_max = -np.inf
@@ -324,8 +324,36 @@ def pool_row(query_row, keys_t, values_t, own, scores, acc):
             for j in range(nb):
                 weighted += scores[j] * values_c[j]
             acc[c] += weighted
-    if running_max < -far_score(scores) or (
-        running_max == -np.inf and has_admissible_key(n_keys, own)
+    return running_max, running_sum
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _online_row_float64(query_row, keys_t, values_t, own, acc):
+    """_online_row with float64 scores (a float32 far row; not inlined: it is rare)."""
+    return _online_row(query_row, keys_t, values_t, own, np.empty(_KEY_BLOCK, np.float64), acc)
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def pool_row(query_row, keys_t, values_t, own, scores, acc):
+    """The online softmax of one query over all keys; key ``own`` is skipped (-1: none).
+
+    Leaves the unnormalised weighted sums sum_j exp(s_j - m) v_j in ``acc``
+    (float64, n_outputs) and returns ``(m, l)``: the reference score and
+    l = sum_j exp(s_j - m), so that out = acc / l and lse = m + log l.
+    ``scores`` is a KEY_BLOCK scratch buffer. With no admissible key, l = 0
+    and m = -inf.
+
+    Far rows (module docstring): a float32 row whose best score lies beyond
+    ``FAR_SCORE_FLOAT32`` is recomputed with float64 scores (differences of
+    float32 numbers are exact there); a row beyond ``FAR_SCORE_FLOAT64``, or
+    whose scores all overflowed, by the anchored ``far_pool``.
+    """
+    running_max, running_sum = _online_row(query_row, keys_t, values_t, own, scores, acc)
+    limit = far_score(scores)
+    if limit < _FAR_SCORE_FLOAT64 and not running_max >= -limit:  # float32, far
+        running_max, running_sum = _online_row_float64(query_row, keys_t, values_t, own, acc)
+    if running_max < -_FAR_SCORE_FLOAT64 or (
+        running_max == -np.inf and has_admissible_key(keys_t.shape[1], own)
     ):
         return far_pool(query_row, keys_t, values_t, own, scores, acc)
     return running_max, running_sum
