@@ -26,6 +26,7 @@ __all__ = [
     "BANDWIDTH_RULES",
     "average_pooling",
     "bandwidth_rule",
+    "rule_bandwidth",
     "gaussian_attention_weights",
     "nadaraya_watson",
     "resolve_bandwidth",
@@ -83,15 +84,30 @@ def bandwidth_rule(X, rule: str = "scott") -> np.ndarray:
         ``rule`` unknown, or a feature whose width would be a subnormal number
         (spread below ~1e-308), whose scaled distances cannot be represented.
     """
-    if rule not in BANDWIDTH_RULES:
-        raise ValueError(f"bandwidth rule must be one of {sorted(BANDWIDTH_RULES)}, got {rule!r}")
     X = as_float_array(X, "X", ndim=(1, 2), dtype="float64")
     if X.ndim == 1:
         X = X[:, None]
-    n, d = X.shape
-    sigma = _scaled_std(X)
+    return rule_bandwidth(_scaled_std(X), X.shape[0], rule)
+
+
+def rule_bandwidth(sigma, n: int, rule: str = "scott") -> np.ndarray:
+    """A rule's widths ``factor(n, d) * sigma_d`` from per-feature spreads ``sigma`` (d,).
+
+    The one place that turns spreads into widths: :func:`bandwidth_rule` and
+    every other caller that measures the spread elsewhere (on a GPU, over
+    dask shards) end here. A zero spread (constant feature, or n < 2) becomes
+    1, the feature's own unit.
+
+    Raises
+    ------
+    ValueError
+        ``rule`` unknown, or a width below the smallest normal float64.
+    """
+    if rule not in BANDWIDTH_RULES:
+        raise ValueError(f"bandwidth rule must be one of {sorted(BANDWIDTH_RULES)}, got {rule!r}")
+    sigma = np.asarray(sigma, dtype=np.float64).reshape(-1)
     sigma = np.where(sigma > 0, sigma, 1.0)
-    h = BANDWIDTH_RULES[rule](n, d) * sigma
+    h = BANDWIDTH_RULES[rule](n, sigma.size) * sigma
     tiny = np.flatnonzero(h < np.finfo(np.float64).tiny)
     if tiny.size:
         raise ValueError(
