@@ -26,6 +26,7 @@ __all__ = [
     "BANDWIDTH_RULES",
     "average_pooling",
     "bandwidth_rule",
+    "feature_spread",
     "rule_bandwidth",
     "gaussian_attention_weights",
     "nadaraya_watson",
@@ -45,13 +46,13 @@ def _silverman(n: int, d: int) -> float:
 BANDWIDTH_RULES = {"scott": _scott, "silverman": _silverman}
 
 
-def _scaled_std(X: np.ndarray) -> np.ndarray:
-    """Sample standard deviation (ddof=1) per column, safe at any magnitude.
+def feature_spread(X: np.ndarray) -> np.ndarray:
+    """Sample standard deviation (ddof=1) per column of a 2-D float64 array, at any magnitude.
 
     Each column is divided by a power of two near its largest magnitude
     (exact) before the mean and the squares, and the result multiplied back,
     so neither the squares of data near 1e160 overflow nor those of data near
-    1e-170 underflow.
+    1e-170 underflow. Zeros for fewer than 2 rows.
     """
     n, d = X.shape
     if n < 2:
@@ -87,7 +88,7 @@ def bandwidth_rule(X, rule: str = "scott") -> np.ndarray:
     X = as_float_array(X, "X", ndim=(1, 2), dtype="float64")
     if X.ndim == 1:
         X = X[:, None]
-    return rule_bandwidth(_scaled_std(X), X.shape[0], rule)
+    return rule_bandwidth(feature_spread(X), X.shape[0], rule)
 
 
 def rule_bandwidth(sigma, n: int, rule: str = "scott") -> np.ndarray:
