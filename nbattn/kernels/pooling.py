@@ -412,6 +412,8 @@ def gaussian_weights(queries, keys_t, exclude_self):
 
     Row i is softmax_j(-||q_i - k_j||^2); a row with no admissible key is 0.
     For small inputs only (plots, diagnostics): memory is n_queries x n_keys.
+    A row whose best score lies beyond ``FAR_SCORE_<dtype>`` (or overflowed)
+    takes the anchored weights of ``far_state`` (module docstring).
     """
     n_queries = queries.shape[0]
     n_keys = keys_t.shape[1]
