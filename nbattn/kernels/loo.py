@@ -48,11 +48,14 @@ one-pass criterion of the bandwidth search, with no output array; the 1-D
 variant works on sorted points and visits, per row, only the window of keys
 whose weight can exceed exp(-PRUNE_GAP) of the nearest one.
 
-A query with lse = -inf and no admissible key contributes nothing and gets
-zeros. A far row (``nbattn.kernels.pooling``, "Far rows") takes its weights the way
+A query with lse = -inf contributes nothing and gets zeros (no admissible
+key, or a row the caller leaves out), unless its scores overflow: then -inf
+is the overflow of a finite log normaliser, and the row is a far row.
+
+A far row (``nbattn.kernels.pooling``, "Far rows") takes its weights the way
 the pool did: lse below ``-config.FAR_SCORE_FLOAT32`` in a float32 kernel,
-from float64 scores; lse below ``-config.FAR_SCORE_FLOAT64`` (or -inf with an
-admissible key), from the anchored float64 form of ``pooling.far_state`` and
+from float64 scores; lse below ``-config.FAR_SCORE_FLOAT64`` (or overflowed),
+from the anchored float64 form of ``pooling.far_state`` and
 ``pooling.far_block_weights``. The other rows recompute the direct scores.
 
 Tunables: ``config.KEY_BLOCK``, ``QUERY_BLOCK`` and ``LOO_FULL_GROUPS`` are
@@ -117,7 +120,10 @@ def _row_setup(query_row, keys_t, own, lse_i, weights):
         return True, _DIRECT, -1, 1.0, 0.0
     if lse_i >= -_FAR_SCORE_FLOAT64:
         return False, _DIRECT_FLOAT64, -1, 1.0, 0.0
-    anchor, c, _, shift, total = far_state(query_row, keys_t, own)
+    anchor, c, s_a, shift, total = far_state(query_row, keys_t, own)
+    if lse_i == -np.inf and s_a > -np.inf:
+        # not an overflow: a row the caller gave lse = -inf contributes nothing
+        return True, _DIRECT, -1, 1.0, 0.0
     return anchor < 0, _ANCHORED, anchor, c, shift + np.log(total)
 
 
