@@ -255,6 +255,21 @@ def test_return_std_scales_with_the_targets(dtype, scale):
     np.testing.assert_allclose(std / scale, std_unit, rtol=rtol)
 
 
+def test_predict_return_std_of_targets_near_1e200():
+    """The estimator path of the spread (``predict(return_std=True)``)."""
+    from nbattn import NadarayaWatsonRegressor
+
+    rng = np.random.default_rng(4)
+    X = rng.uniform(0, 4, size=(40, 1))
+    y = (np.sin(X[:, 0]) + 0.3 * rng.normal(size=40)) * 1e200
+    Q = np.linspace(0, 4, 5)[:, None]
+    mean, std = NadarayaWatsonRegressor(bandwidth=0.4).fit(X, y).predict(Q, return_std=True)
+    m_ref, s_ref, _ = naive.weighted_spread_exact(Q, X, y, 0.4)
+    np.testing.assert_allclose(mean, m_ref, rtol=1e-10, atol=1e-10 * 1e200)
+    np.testing.assert_allclose(std, s_ref, rtol=1e-10)
+    assert np.all(std > 1e199)
+
+
 # ----------------------------------------------------------------- properties
 
 
