@@ -1,5 +1,5 @@
 """Functional attention: softmax, key-value attention (soft, hard, sampled), multi-head
-and hierarchical attention, as in the attention chapter (seed 000).
+and hierarchical attention, as in the attention chapter.
 
 Shapes follow torch's ``scaled_dot_product_attention``: queries q (..., L, E),
 keys k (..., S, E), values v (..., S, Ev) -> (..., L, Ev), with any leading
@@ -18,15 +18,22 @@ broadcasts and lays out arrays, and calls the numba kernels in
 
 from __future__ import annotations
 
-import numbers
 from collections import namedtuple
 
 import numpy as np
 
 from . import config
 from . import scores as _scores
-from .kernels import attention as _ka
-from .kernels import softmax as _ks
+from ._layout import flat_batch
+from ._validation import (
+    as_float_array,
+    broadcast_leading,
+    check_bool,
+    check_dot_range,
+    check_positive_int,
+    resolve_dtype,
+)
+from .device import kernels_for
 
 __all__ = [
     "HierarchicalResult",
@@ -44,18 +51,19 @@ __all__ = [
 #: sample (a key drawn from the attention distribution).
 MODES = ("soft", "hard", "sample")
 
-_array = _scores._array
-_flat = _scores._flat
-_result_dtype = _scores._result_dtype
-_broadcast_batch = _scores._broadcast_batch
+
+def _kernels(op):
+    """The CPU kernel module of ``op`` (the score-matrix paths have no GPU twin)."""
+    return kernels_for(op, "cpu")
 
 
 # --------------------------------------------------------------------------- masks
-def _mask_bias(mask, dtype, name="mask", shape=None):
-    """A boolean (True = attend) or float (additive) mask as an additive float array.
+def _mask_bias(mask, name="mask", shape=None):
+    """A boolean (True = attend) or float (additive) mask as an additive float64 array.
 
     ``shape`` (L, S), when given, checks that the last two axes broadcast to it.
-    Returns None for ``mask=None``.
+    Returns None for ``mask=None``. float64 whatever the computation's dtype:
+    :func:`_fit_bias` shifts huge biases before they are cast.
     """
     if mask is None:
         return None
@@ -66,11 +74,9 @@ def _mask_bias(mask, dtype, name="mask", shape=None):
     if arr.size == 0:
         raise ValueError(f"{name} is empty (shape {arr.shape})")
     if arr.dtype.kind == "b":
-        bias = np.where(arr, dtype(0.0), dtype(-np.inf)).astype(dtype)
+        bias = np.where(arr, 0.0, -np.inf)
     elif arr.dtype.kind == "f":
-        bias = np.array(arr, dtype=dtype, copy=True)
-        if np.isnan(bias).any() or (bias == np.inf).any():
-            raise ValueError(f"{name} (a float, additive mask) contains NaN or +inf")
+        bias = as_float_array(arr, name, dtype="float64", allow_neg_inf=True)
     else:
         raise ValueError(
             f"{name} must be boolean (True = attend) or float (added to the scores), "
@@ -90,6 +96,46 @@ def _mask_bias(mask, dtype, name="mask", shape=None):
     return bias
 
 
+def _shift_rows(z, admissible=None):
+    """``z - max`` along the last axis over the admissible entries (a softmax-invariant shift).
+
+    Rows without an admissible finite entry are left as they are. Called only
+    when the values are too large for the computation's dtype; entries that
+    fall below the float64 range become -inf, which is their weight (0)
+    relative to the row's maximum.
+    """
+    considered = z if admissible is None else np.where(admissible, z, -np.inf)
+    top = considered.max(axis=-1, keepdims=True)
+    top = np.where(np.isfinite(top), top, 0.0)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return z - top
+
+
+def _fit_bias(bias, dtype, causal=False, n_queries=None):
+    """An additive float64 (..., Lb, Sb) bias in ``dtype``, shifted per query row when huge.
+
+    Adding a constant to every admissible key of a query row leaves its softmax
+    unchanged, so a bias beyond a quarter of the dtype's range (where adding
+    the scores could overflow) is shifted by the row's largest admissible
+    entry; what then lies beyond the dtype's range has weight 0 next to that
+    entry and becomes -inf. Causal rows are shifted over the keys they see.
+    """
+    if bias is None:
+        return None
+    finite = np.isfinite(bias)
+    limit = float(np.finfo(dtype).max) / 4
+    if not finite.any() or np.abs(bias[finite]).max() <= limit:
+        return bias.astype(dtype)
+    admissible = None
+    if causal:
+        S = bias.shape[-1]
+        bias = np.broadcast_to(bias, bias.shape[:-2] + (n_queries, S))
+        admissible = np.arange(S)[None, :] <= np.arange(n_queries)[:, None]
+    shifted = _shift_rows(bias, admissible)
+    with np.errstate(over="ignore"):
+        return np.where(shifted < -float(np.finfo(dtype).max), -np.inf, shifted).astype(dtype)
+
+
 def _flat_bias(bias, batch):
     """Bias (..., Lb, Sb) -> (Bb, Lb, Sb) for the kernels, Bb = 1 when it has no batch."""
     if bias is None:
@@ -97,41 +143,60 @@ def _flat_bias(bias, batch):
     lead = bias.shape[:-2]
     if all(d == 1 for d in lead):
         return np.ascontiguousarray(bias.reshape((1,) + bias.shape[-2:]))
-    return _flat(bias, batch)
+    return flat_batch(bias, batch)
 
 
 _NO_BIAS = {np.float32: np.zeros((1, 1, 1), np.float32), np.float64: np.zeros((1, 1, 1))}
 
 
 # --------------------------------------------------------------------------- softmax
-def _rows(x, axis, name):
-    """Move ``axis`` last and flatten to C-contiguous (rows, n); returns (rows, moved shape)."""
-    if isinstance(axis, bool) or not isinstance(axis, numbers.Integral):
+def _check_axis(axis, ndim, name):
+    if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (int, np.integer)):
         raise ValueError(f"axis must be an integer, got {axis!r}")
-    if not -x.ndim <= axis < x.ndim:
-        raise ValueError(f"axis={axis} is out of range for {name} with {x.ndim} dimensions")
-    moved = np.moveaxis(x, axis, -1)
-    return np.ascontiguousarray(moved.reshape(-1, moved.shape[-1])), moved.shape
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"axis={axis} is out of range for {name} with {ndim} dimensions")
+    return int(axis) % ndim
 
 
-def _masked_input(x, mask, name):
-    xa = _array(x, name, min_ndim=1)
+def _rows(x):
+    """(..., n) as C-contiguous (rows, n)."""
+    return np.ascontiguousarray(x.reshape(-1, x.shape[-1]))
+
+
+def _scores_with_mask(x, mask, name, axis=-1, admissible=None):
+    """``x + mask`` with ``axis`` moved last, in ``x``'s dtype, finite or -inf.
+
+    Huge values (a mask of -1e308 and +1e308, float32 scores with a float64
+    mask beyond float32) are summed as halves and shifted by each row's
+    maximum over its ``admissible`` positions: the softmax is unchanged and
+    nothing overflows to +inf or NaN.
+    """
+    xa = as_float_array(x, name, min_ndim=1, allow_bool=False)
+    axis = _check_axis(axis, xa.ndim, name)
     if mask is None:
-        return xa
-    bias = _mask_bias(mask, xa.dtype.type)
+        return np.moveaxis(xa, axis, -1)
+    bias = _mask_bias(mask, name="mask")
     try:
         shape = np.broadcast_shapes(np.shape(mask), xa.shape)
     except ValueError:
-        raise ValueError(
-            f"mask has shape {np.shape(mask)}, which does not broadcast to {name}'s shape "
-            f"{xa.shape}"
-        ) from None
+        shape = None
     if shape != xa.shape:
         raise ValueError(
             f"mask has shape {np.shape(mask)}, which does not broadcast to {name}'s shape "
             f"{xa.shape}"
         )
-    return xa + bias.reshape(np.shape(mask))
+    bias = np.moveaxis(np.broadcast_to(bias.reshape(np.shape(mask)), xa.shape), axis, -1)
+    x64 = np.moveaxis(xa, axis, -1).astype(np.float64)
+    with np.errstate(over="ignore"):
+        z = x64 + bias
+    overflow = (z == np.inf) | ((z == -np.inf) & np.isfinite(bias))
+    finite = np.isfinite(z)
+    limit = float(np.finfo(xa.dtype).max) / 2
+    if overflow.any() or (finite.any() and np.abs(z[finite]).max() > limit):
+        with np.errstate(over="ignore"):
+            z = _shift_rows(x64 / 2 + bias / 2, admissible) * 2
+    with np.errstate(over="ignore"):
+        return z.astype(xa.dtype)
 
 
 def softmax(x, axis=-1, mask=None):
@@ -146,16 +211,17 @@ def softmax(x, axis=-1, mask=None):
     axis : int
     mask : array-like of bool or float, optional, broadcastable to ``x``
         Boolean: True keeps an entry, False gives it weight 0. Float: added to
-        ``x`` before the softmax (use ``-inf`` to drop an entry).
+        ``x`` before the softmax (use ``-inf`` to drop an entry); any finite
+        magnitude, up to the float64 range, is exact (a row is shifted by its
+        maximum before anything could overflow).
 
     Returns
     -------
     array of ``x``'s shape. A slice whose every entry is masked is all zeros
     (not NaN).
     """
-    xa = _masked_input(x, mask, "x")
-    rows, shape = _rows(xa, axis, "x")
-    out = _ks.softmax_rows(rows).reshape(shape)
+    z = _scores_with_mask(x, mask, "x", axis)
+    out = _kernels("softmax").softmax_rows(_rows(z)).reshape(z.shape)
     return np.moveaxis(out, -1, axis)
 
 
@@ -167,16 +233,40 @@ def log_softmax(x, axis=-1, mask=None):
     ``mask`` as in :func:`softmax`; masked entries are ``-inf`` (log 0), and a
     fully masked slice is all ``-inf``, never NaN.
     """
-    xa = _masked_input(x, mask, "x")
-    rows, shape = _rows(xa, axis, "x")
-    out = _ks.log_softmax_rows(rows).reshape(shape)
+    z = _scores_with_mask(x, mask, "x", axis)
+    out = _kernels("softmax").log_softmax_rows(_rows(z)).reshape(z.shape)
     return np.moveaxis(out, -1, axis)
 
 
+def _valid_lengths(valid_lens, lead, n):
+    """``valid_lens`` checked and broadcast to ``lead`` (int64)."""
+    lens = np.asarray(valid_lens)
+    if lens.dtype.kind == "f":
+        if not np.isfinite(lens).all() or (lens != np.round(lens)).any():
+            raise ValueError("valid_lens must hold whole numbers")
+        lens = lens.astype(np.int64)
+    if lens.dtype.kind not in "iu":
+        raise ValueError(f"valid_lens must be an integer array, got dtype {lens.dtype}")
+    if lens.ndim > len(lead) or lens.shape != lead[: lens.ndim]:
+        raise ValueError(
+            f"valid_lens has shape {lens.shape}; it must be a prefix of scores.shape[:-1] = {lead}"
+        )
+    if lens.size and (lens.min() < 0 or lens.max() > n):
+        raise ValueError(
+            f"valid_lens must lie in [0, {n}], got values in [{lens.min()}, {lens.max()}]"
+        )
+    full = np.broadcast_to(lens.reshape(lens.shape + (1,) * (len(lead) - lens.ndim)), lead)
+    return np.ascontiguousarray(full, dtype=np.int64)
+
+
 def masked_softmax(scores, valid_lens=None, mask=None):
-    """Softmax over the last axis, keeping only the first ``valid_lens`` positions (d2l).
+    """Softmax over the last axis, keeping only the first ``valid_lens`` positions.
 
     .. math:: w_{\\dots j} = \\frac{e^{x_{\\dots j}}\\,[j < n]}{\\sum_{k < n} e^{x_{\\dots k}}}
+
+    The d2l book's ``masked_softmax`` with one difference: a length of 0
+    gives an all-zero row here, where d2l's fill value of -1e6 gives a
+    uniform row over every position.
 
     Parameters
     ----------
@@ -185,8 +275,7 @@ def masked_softmax(scores, valid_lens=None, mask=None):
         Shape a prefix of ``scores.shape[:-1]``: with scores (B, L, S), (B,)
         gives one length per batch entry (repeated over the L rows, as in d2l)
         and (B, L) one per row. Values in [0, S]. Positions at or past the
-        length get weight 0; a length of 0 gives an all-zero row (d2l's -1e6
-        fill would give a uniform row; this gives zeros, never NaN).
+        length get weight 0.
     mask : bool or float array, optional, broadcastable to ``scores``
         Applied as in :func:`softmax`, together with ``valid_lens``.
 
@@ -194,30 +283,17 @@ def masked_softmax(scores, valid_lens=None, mask=None):
     -------
     array of ``scores``' shape.
     """
-    xa = _masked_input(scores, mask, "scores")
     if valid_lens is None:
-        return softmax(xa)
-    lens = np.asarray(valid_lens)
-    if lens.dtype.kind == "f":
-        if not np.isfinite(lens).all() or (lens != np.round(lens)).any():
-            raise ValueError("valid_lens must hold whole numbers")
-        lens = lens.astype(np.int64)
-    if lens.dtype.kind not in "iu":
-        raise ValueError(f"valid_lens must be an integer array, got dtype {lens.dtype}")
-    lead = xa.shape[:-1]
-    if lens.ndim > len(lead) or lens.shape != lead[: lens.ndim]:
-        raise ValueError(
-            f"valid_lens has shape {lens.shape}; it must be a prefix of scores.shape[:-1] = {lead}"
-        )
-    n = xa.shape[-1]
-    if lens.size and (lens.min() < 0 or lens.max() > n):
-        raise ValueError(
-            f"valid_lens must lie in [0, {n}], got values in [{lens.min()}, {lens.max()}]"
-        )
-    full = np.broadcast_to(lens.reshape(lens.shape + (1,) * (len(lead) - lens.ndim)), lead)
-    rows = np.ascontiguousarray(xa.reshape(-1, n))
-    out = _ks.masked_softmax_rows(rows, np.ascontiguousarray(full, dtype=np.int64).reshape(-1))
-    return out.reshape(xa.shape)
+        z = _scores_with_mask(scores, mask, "scores")
+        return _kernels("softmax").softmax_rows(_rows(z)).reshape(z.shape)
+    shape = np.shape(scores)
+    if len(shape) == 0:
+        raise ValueError("scores must have at least 1 dimensions, got an array of shape ()")
+    lens = _valid_lengths(valid_lens, shape[:-1], shape[-1])
+    admissible = np.arange(shape[-1]) < lens[..., None]
+    z = _scores_with_mask(scores, mask, "scores", admissible=admissible)
+    out = _kernels("softmax").masked_softmax_rows(_rows(z), lens.reshape(-1))
+    return out.reshape(z.shape)
 
 
 # --------------------------------------------------------------------------- attention
@@ -234,10 +310,11 @@ def _soft_attention(q, k, v, scale, mask_bias, causal):
         from .flash import flash_attention
 
         return flash_attention(q, k, v, causal=causal, scale=scale, return_lse=True)
-    bias = mask_bias
     k_t = np.ascontiguousarray(np.swapaxes(k, 1, 2))
     v_t = np.ascontiguousarray(np.swapaxes(v, 1, 2))
-    return _ka.soft_attention(q, k_t, v_t, float(scale), bias, True, bool(causal))
+    return _kernels("attention").soft_attention(
+        q, k_t, v_t, float(scale), mask_bias, True, bool(causal)
+    )
 
 
 def _select(weights, vf, mode, u, scores_masked):
@@ -279,7 +356,7 @@ def attention(
     dtype=None,
     **score_kwargs,
 ):
-    """Key-value attention ``att((K, V), q) = sum_j alpha_j v_j`` (seed 000).
+    """Key-value attention ``att((K, V), q) = sum_j alpha_j v_j`` (the attention chapter).
 
     .. math::
 
@@ -345,34 +422,36 @@ def attention(
     ``config.MAX_WEIGHT_MATRIX_ELEMENTS`` scores (``return_weights=True``
     beyond that is refused with a ValueError).
     """
-    if mode not in MODES:
+    if not isinstance(mode, str) or mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    if not (callable(score) or (isinstance(score, str) and score in _scores.SCORES)):
-        raise ValueError(
-            f"score must be one of {sorted(_scores.SCORES)} or a callable, got {score!r}"
-        )
-    if not isinstance(causal, (bool, np.bool_)):
-        raise ValueError(f"causal must be True or False, got {causal!r}")
+    if isinstance(score, _scores.Score):
+        record = score
+    elif callable(score):
+        record = None  # a user's score function: its (B, L, S) result is checked below
+    else:
+        record = _scores.get_score(score)
+    causal = check_bool(causal, "causal")
+    return_weights = check_bool(return_weights, "return_weights")
     params = dict(score_params or {})
     params.update(score_kwargs)
     if scale is not None:
         params["scale"] = scale
-    dt = _result_dtype([q, k, v], dtype)
-    q = _array(q, "q", dtype=dt)
-    k = _array(k, "k", dtype=dt)
-    v = _array(v, "v", dtype=dt)
+    dt = resolve_dtype(dtype, q, k, v)
+    q = as_float_array(q, "q", min_ndim=2, dtype=dt, allow_bool=False)
+    k = as_float_array(k, "k", min_ndim=2, dtype=dt, allow_bool=False)
+    v = as_float_array(v, "v", min_ndim=2, dtype=dt, allow_bool=False)
     L, S = q.shape[-2], k.shape[-2]
     if v.shape[-2] != S:
         raise ValueError(
             f"k and v must have the same number of keys; k has {S} (shape {k.shape}) and "
             f"v has {v.shape[-2]} (shape {v.shape})"
         )
-    bias = _mask_bias(mask, dt, shape=(L, S))
+    bias = _fit_bias(_mask_bias(mask, shape=(L, S)), dt, causal, L)
     shapes = {"q": q.shape[:-2], "k": k.shape[:-2], "v": v.shape[:-2]}
     if bias is not None:
         shapes["mask"] = bias.shape[:-2]
-    batch = _broadcast_batch(shapes)
-    qf, kf, vf = _flat(q, batch), _flat(k, batch), _flat(v, batch)
+    batch = broadcast_leading(shapes)
+    qf, kf, vf = flat_batch(q, batch), flat_batch(k, batch), flat_batch(v, batch)
     bias_f = _flat_bias(bias, batch)
 
     B, Ev = qf.shape[0], v.shape[-1]
@@ -383,7 +462,7 @@ def attention(
             f"nbattn.config.MAX_WEIGHT_MATRIX_ELEMENTS={limit}; ask for fewer queries or "
             "raise the limit (environment variable NBATTN_MAX_WEIGHT_MATRIX_ELEMENTS)"
         )
-    if callable(score):
+    if record is None:
         s_all = np.asarray(score(qf, kf, **params))
         if s_all.shape != (B, L, S):
             raise ValueError(
@@ -393,9 +472,10 @@ def attention(
             raise ValueError("the score callable returned NaN or inf")
         s_all = np.array(s_all, dtype=dt, copy=True)
     else:
-        p = _scores.check_params(score, q.shape[-1], k.shape[-1], params, dt)
-        if mode == "soft" and not return_weights and score in ("scaled_dot", "dot", "bilinear"):
-            qd, kd, sc = _scores.prepare_dot(score, qf, kf, p)
+        p = record.validate(q.shape[-1], k.shape[-1], params, dt)
+        if mode == "soft" and not return_weights and record.flash is not None:
+            qd, kd, sc = record.flash(qf, kf, p)
+            check_dot_range(qd, kd, sc, dt)
             out, _ = _soft_attention(qd, kd, vf, sc, bias_f, causal)
             return out.reshape(batch + (L, Ev))
         s_all = None
@@ -411,7 +491,12 @@ def attention(
         if s_all is not None:
             s = np.ascontiguousarray(s_all[:, l0:l1])
         else:
-            s = _scores.compute(score, np.ascontiguousarray(qf[:, l0:l1]), kf, p)
+            s = record.cpu(np.ascontiguousarray(qf[:, l0:l1]), kf, p)
+            if not np.isfinite(s).all():
+                raise ValueError(
+                    f"q and k: the {record.name!r} scores overflow {np.dtype(dt).name}; "
+                    "rescale them (or use float64 inputs)"
+                )
         bias_c = _NO_BIAS[dt]
         if has_bias:
             bias_c = bias_f if bias_f.shape[1] == 1 else np.ascontiguousarray(bias_f[:, l0:l1])
@@ -421,7 +506,7 @@ def attention(
             if causal:
                 ii, jj = np.nonzero(np.arange(S)[None, :] > np.arange(l0, l1)[:, None])
                 masked[:, ii, jj] = -np.inf
-        w, _ = _ks.attention_weights(s, bias_c, has_bias, bool(causal), l0)
+        w, _ = _kernels("softmax").attention_weights(s, bias_c, has_bias, causal, l0)
         if mode == "soft":
             out[:, l0:l1] = np.matmul(w, vf)
         else:
@@ -448,19 +533,22 @@ def merge_attention_states(out_a, lse_a, out_b, lse_b):
     ``out_*`` (..., Ev), ``lse_*`` (...) with ``lse = log sum_j exp(s_j)`` of
     each part (-inf for a part with no admissible key). Returns (out, lse).
     """
-    oa = _array(out_a, "out_a", min_ndim=1)
-    ob = _array(out_b, "out_b", min_ndim=1, dtype=oa.dtype)
+    dt = resolve_dtype(None, out_a, out_b)
+    oa = as_float_array(out_a, "out_a", min_ndim=1, dtype=dt)
+    ob = as_float_array(out_b, "out_b", min_ndim=1, dtype=dt)
     if oa.shape != ob.shape:
         raise ValueError(f"out_a {oa.shape} and out_b {ob.shape} must have the same shape")
-    la = np.array(lse_a, dtype=np.float64)
-    lb = np.array(lse_b, dtype=np.float64)
-    for name, lse in (("lse_a", la), ("lse_b", lb)):
-        if lse.shape != oa.shape[:-1]:
-            raise ValueError(f"{name} must have shape {oa.shape[:-1]}, got {lse.shape}")
-        if np.isnan(lse).any() or (lse == np.inf).any():
-            raise ValueError(f"{name} contains NaN or +inf")
+    lses = []
+    for name, lse in (("lse_a", lse_a), ("lse_b", lse_b)):
+        arr = np.asarray(lse)
+        if arr.shape != oa.shape[:-1]:
+            raise ValueError(f"{name} must have shape {oa.shape[:-1]}, got {arr.shape}")
+        if arr.ndim == 0:
+            arr = arr.reshape(1)
+        lses.append(as_float_array(arr, name, dtype="float64", allow_neg_inf=True))
+    la, lb = lses
     d = oa.shape[-1]
-    out, lse = _ks.merge_states(
+    out, lse = _kernels("softmax").merge_states(
         oa.reshape(-1, d), la.reshape(-1), np.ascontiguousarray(ob.reshape(-1, d)), lb.reshape(-1)
     )
     return out.reshape(oa.shape), lse.reshape(oa.shape[:-1])
@@ -539,12 +627,14 @@ def multi_head_attention(
         Fully masked rows give zero outputs (before the output projection,
         so ``out`` is the output bias there) and zero weights, never NaN.
     """
-    if isinstance(num_heads, bool) or not isinstance(num_heads, numbers.Integral) or num_heads < 1:
-        raise ValueError(f"num_heads must be a positive integer, got {num_heads!r}")
-    dt = _result_dtype([query, key, value], dtype)
-    query = _array(query, "query", dtype=dt)
-    key = _array(key, "key", dtype=dt)
-    value = _array(value, "value", dtype=dt)
+    num_heads = check_positive_int(num_heads, "num_heads")
+    causal = check_bool(causal, "causal")
+    need_weights = check_bool(need_weights, "need_weights")
+    average_attn_weights = check_bool(average_attn_weights, "average_attn_weights")
+    dt = resolve_dtype(dtype, query, key, value)
+    query = as_float_array(query, "query", min_ndim=2, dtype=dt, allow_bool=False)
+    key = as_float_array(key, "key", min_ndim=2, dtype=dt, allow_bool=False)
+    value = as_float_array(value, "value", min_ndim=2, dtype=dt, allow_bool=False)
     E = query.shape[-1]
     if E % num_heads:
         raise ValueError(f"embed dim {E} of query is not divisible by num_heads={num_heads}")
@@ -554,7 +644,7 @@ def multi_head_attention(
         )
 
     def mat(x, name, shape):
-        return _scores._matrix(x, name, shape, dt)
+        return _scores.parameter_matrix(x, name, shape, dt)
 
     if in_proj_weight is not None:
         if key.shape[-1] != E or value.shape[-1] != E:
@@ -596,14 +686,14 @@ def multi_head_attention(
         qh = rope(qh, base=rotary_base)
         kh = rope(kh, base=rotary_base)
 
-    bias = _mask_bias(mask, dt, shape=(L, S))
+    bias = _mask_bias(mask, shape=(L, S))
     if key_mask is not None:
         km = np.asarray(key_mask)
         if km.dtype.kind != "b":
             raise ValueError(f"key_mask must be boolean (True = key takes part), got {km.dtype}")
         if km.ndim < 1 or km.shape[-1] != S:
             raise ValueError(f"key_mask must have shape (..., {S}), got {km.shape}")
-        kb = _mask_bias(km[..., None, None, :], dt)
+        kb = _mask_bias(km[..., None, None, :], name="key_mask")
         bias = kb if bias is None else bias + kb
     res = attention(
         qh,
@@ -651,7 +741,7 @@ def hierarchical_attention(
     segment_score_params=None,
     dtype=None,
 ):
-    """Two-level (structured) attention: items -> segments -> document (seed 000).
+    """Two-level (structured) attention: items -> segments -> document (the attention chapter).
 
     Items (words) x_n with segment ids g(n) (sentences) are pooled within each
     segment by an item-level query, and the segment vectors are pooled by a
@@ -689,8 +779,8 @@ def hierarchical_attention(
     -------
     HierarchicalResult(output, segments, item_weights, segment_weights, segment_labels)
     """
-    dt = _result_dtype([x, item_query, segment_query, values], dtype)
-    x = _array(x, "x", dtype=dt)
+    dt = resolve_dtype(dtype, x, item_query, segment_query, values)
+    x = as_float_array(x, "x", min_ndim=2, dtype=dt, allow_bool=False)
     if x.ndim != 2:
         raise ValueError(f"x must be 2-D (N items, D), got shape {x.shape}")
     N = x.shape[0]
@@ -700,13 +790,13 @@ def hierarchical_attention(
             f"segment_ids must be an integer array of shape ({N},), got dtype {ids.dtype} "
             f"and shape {ids.shape}"
         )
-    vals = x if values is None else _array(values, "values", dtype=dt)
+    vals = x if values is None else as_float_array(values, "values", min_ndim=2, dtype=dt)
     if vals.ndim != 2 or vals.shape[0] != N:
         raise ValueError(f"values must have shape ({N}, Dv), got {vals.shape}")
-    uq = _array(item_query, "item_query", min_ndim=1, dtype=dt)
+    uq = as_float_array(item_query, "item_query", min_ndim=1, dtype=dt)
     if uq.ndim != 1:
         raise ValueError(f"item_query must be 1-D, got shape {uq.shape}")
-    us = _array(segment_query, "segment_query", min_ndim=1, dtype=dt)
+    us = as_float_array(segment_query, "segment_query", min_ndim=1, dtype=dt)
     if us.ndim != 1:
         raise ValueError(f"segment_query must be 1-D, got shape {us.shape}")
     labels, inverse = np.unique(ids, return_inverse=True)

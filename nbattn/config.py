@@ -77,6 +77,74 @@ FLASH_BLOCK_K = _env_int("FLASH_BLOCK_K", 512)
 FLASH_BWD_BLOCK_Q = _env_int("FLASH_BWD_BLOCK_Q", 128)
 FLASH_BWD_BLOCK_K = _env_int("FLASH_BWD_BLOCK_K", 256)
 
+#: Below this many multiply-adds (queries x keys x features, all heads) a flash
+#: call runs on one numba thread: waking the others costs more (measured 68 us
+#: on one thread against 5.7 ms on two for a 2 x 16 x 8 input on a busy
+#: machine). Read at every call.
+FLASH_SERIAL_WORK = _env_int("FLASH_SERIAL_WORK", 1 << 22)
+
+#: Memory allowed for the per-group dQ buffers of the flash backward pass, in
+#: bytes (extra key-tile groups that keep every thread busy when there are
+#: fewer heads than threads). Read at every call.
+FLASH_MAX_DQ_BUFFER_BYTES = _env_int("FLASH_MAX_DQ_BUFFER_BYTES", 256 * 2**20)
+
+#: Factors of the base (Scott) widths that the coarse stage of
+#: ``nbattn.learning.loo_bandwidth`` evaluates: six per decade from 0.01 to
+#: 100, with 1 (the rule itself) among them. Read at call time. Leave-one-out
+#: curves of small or tied data have dips narrower than a quarter decade; on
+#: 300 random data sets (10-700 rows, 1-8 features, ties, duplicated rows)
+#: this grid put every search within 1e-4 of a 20-per-decade brute force,
+#: a quarter-decade grid one of them only within 5e-3.
+LOO_GRID = tuple(10.0 ** (k / 6.0) for k in range(-12, 13))
+
+#: How far ``loo_bandwidth`` extends its grid, in decades beyond each end, while
+#: the criterion is still falling there (a minimum at the edge of LOO_GRID).
+#: Past that it returns the end and warns.
+LOO_EXTEND_DECADES = 3.0
+
+#: Relative tolerance under which two values of the leave-one-out criterion
+#: count as equal in ``loo_bandwidth``: a flat stretch is a plateau, not a rise
+#: or a fall, and the float32 and float64 searches make the same choices. The
+#: float32 criterion carries a relative error of about 1e-6 (sums of float32
+#: products over one key block, added in float64); 1e-5 stays clear of it and
+#: is far below the criterion's own sampling noise (about 1/sqrt(n)).
+LOO_RTOL = 1e-5
+
+#: Bounds of the widths learned by ``nbattn.learning.fit_learned_kernel``
+#: (scalar and diagonal metrics), as factors of the initial (Scott) widths: an
+#: irrelevant feature's width grows to the upper bound instead of overflowing.
+WIDTH_BOUNDS = (1e-3, 1e4)
+
+#: In 1-D, ``loo_bandwidth``'s subsampled grid stage (n > grid_queries) leaves
+#: out at most this many rows: the windowed 1-D kernel costs (rows) x n per
+#: factor at the wide end of the grid, and the refinement walks the grid on
+#: exact values from wherever the estimate points. Measured at n = 20,000:
+#: 1024 rows did 1.7e9 pair evaluations in all, 4096 rows 2.3e9.
+LOO_GRID_QUERIES_1D = 1024
+
+# --- CUDA kernels (nbattn.cuda) ---------------------------------------------
+# CUDA_THREADS_PER_BLOCK and CUDA_SHARED_MEMORY_BYTES above shape every launch.
+# The host wrappers in nbattn.cuda read these values at each call; a kernel is
+# compiled (and cached) per value it was built with.
+
+#: Outputs (columns of values) accumulated per thread and launch by the CUDA
+#: Nadaraya-Watson and LOO-loss kernels; more outputs run in further launches.
+#: Each output is a float64 and an input-dtype accumulator in registers.
+CUDA_MAX_OUTPUTS = _env_int("CUDA_MAX_OUTPUTS", 8)
+
+#: Gradient entries (features, or lower-triangle pairs of a metric) that one
+#: thread of the CUDA LOO gradient kernels accumulates per launch, in float64
+#: registers; more entries run in further launches over ranges of entries.
+CUDA_MAX_GRAD_ENTRIES = _env_int("CUDA_MAX_GRAD_ENTRIES", 64)
+
+#: Largest head dimension (E and Ev) the CUDA flash kernels compile for: a
+#: thread holds a query row and an accumulator of that size in registers, and
+#: a tile row of K and V must fit CUDA_SHARED_MEMORY_BYTES. Larger heads are
+#: refused with a clear error (use device="cpu").
+CUDA_MAX_HEAD_DIM = _env_int("CUDA_MAX_HEAD_DIM", 128)
+
+# --- Leave-one-out and far-row kernels (nbattn.kernels.loo, pooling) ----------
+
 #: Row groups of the full-metric LOO gradient (``kernels.loo.loo_grad_full``):
 #: each group keeps its own float64 sums over the keys (groups x n_keys floats)
 #: and runs in parallel. Read when the kernel is compiled.
@@ -86,18 +154,19 @@ LOO_FULL_GROUPS = _env_int("LOO_FULL_GROUPS", 16)
 #: than exp(-gap) of the nearest one, so n skipped keys change the result by
 #: < n exp(-gap) relative (2e-22 n in float64 at 50, 2e-16 n in float32 at 36),
 #: far below each dtype's rounding. Read at call time by
-#: ``kernels.loo.prune_gap``.
+#: ``kernels.loo.prune_gap_for``.
 PRUNE_GAP_FLOAT64 = _env_int("PRUNE_GAP_FLOAT64", 50)
 PRUNE_GAP_FLOAT32 = _env_int("PRUNE_GAP_FLOAT32", 36)
 
-#: Far rows of the streaming softmax (``kernels.pooling``). A query whose best
-#: score m = -min_j ||z_q - z_j||^2 lies below -FAR_SCORE_<dtype> (or whose
-#: scores all overflow to -inf) is recomputed in float64 relative to its nearest
-#: key, s_j - s_a = (z_j - z_a) . ((z_q - z_j) + (z_q - z_a)): the direct scores
-#: there carry a rounding error of about (d + 3) u |m| (u the unit roundoff),
-#: which would decide the weights. At the defaults that error is below
-#: (d + 3) 2^-12 (float32, u = 2^-24) and (d + 3) 2^-29 (float64) before the
-#: switch. The check is one comparison per row; only far rows pay the extra
-#: passes. Read when the kernels are compiled.
+#: Far rows of the streaming softmax (``kernels.pooling``, "Far rows"). The
+#: direct score -||z_q - z_j||^2 carries a rounding error of about (d + 3) u |m|
+#: (u the unit roundoff, m the row's best score). A float32 row with
+#: m < -FAR_SCORE_FLOAT32 is recomputed with float64 scores (the differences of
+#: float32 numbers are exact there); a row with m < -FAR_SCORE_FLOAT64, or whose
+#: scores all overflow, relative to its nearest key a in float64,
+#: s_j - s_a = (z_j - z_a) . (2 z_q - z_j - z_a). Before each switch the error
+#: stays below (d + 3) 2^-12 (float32) and (d + 3) 2^-29 (float64). The check
+#: is one comparison per row; only far rows pay the extra passes. Read when the
+#: kernels are compiled.
 FAR_SCORE_FLOAT32 = _env_int("FAR_SCORE_FLOAT32", 1 << 12)
 FAR_SCORE_FLOAT64 = _env_int("FAR_SCORE_FLOAT64", 1 << 24)

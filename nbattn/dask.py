@@ -37,7 +37,14 @@ import numpy as np
 
 from . import learning, regression
 
-__all__ = ["fit", "merge_partial", "nadaraya_watson_sharded", "predict", "sharded_training"]
+__all__ = [
+    "ClusterChunkRunner",
+    "fit",
+    "merge_partial",
+    "nadaraya_watson_sharded",
+    "predict",
+    "sharded_training",
+]
 
 
 def _require_dask():
@@ -68,7 +75,7 @@ def predict(estimator, data):
     import pandas as pd
 
     n_outputs = getattr(estimator, "n_outputs_", 1)
-    single = n_outputs == 1 and getattr(estimator, "_y_ndim", 1) == 1
+    single = n_outputs == 1 and not getattr(estimator, "outputs_2d_", False)
     if isinstance(data, dd.DataFrame):
 
         def predict_partition(part):
@@ -106,16 +113,12 @@ def merge_partial(a, b):
 
     ``out`` (n_queries, n_outputs) normalised within its shard, ``lse``
     (n_queries,) its log normaliser; -inf marks a shard with no admissible key.
+    The one log-sum-exp merge of the package,
+    :func:`nbattn.attention.merge_attention_states`.
     """
-    out_a, lse_a = a
-    out_b, lse_b = b
-    lse = np.logaddexp(lse_a, lse_b)
-    finite = np.isfinite(lse)
-    safe = np.where(finite, lse, 0.0)
-    with np.errstate(invalid="ignore"):
-        w_a = np.where(finite, np.exp(lse_a - safe), 0.0)
-        w_b = np.where(finite, np.exp(lse_b - safe), 0.0)
-    return w_a[:, None] * out_a + w_b[:, None] * out_b, lse
+    from .attention import merge_attention_states
+
+    return merge_attention_states(a[0], a[1], b[0], b[1])
 
 
 def _partial(queries, keys, values, bandwidth, dtype):
@@ -229,38 +232,44 @@ def sharded_training(client=None, n_partitions=None):
     content-hashed keys would let the release of one evaluation's copy drop
     the identical array that the next evaluation has just scattered.
 
+    Without a ``distributed`` client (none given and none running) the sums
+    run in this process on numba's threads, as they do outside the block:
+    dask's local threaded scheduler would only run the same kernels
+    concurrently from several threads, which numba's parallel kernels must
+    not be (and cannot use more cores than they already do).
+
     Parameters
     ----------
-    client : distributed.Client, optional (default: the current client)
+    client : distributed.Client, optional (default: the current client, if any)
     n_partitions : int, optional
     """
     _require_dask()
-    from distributed import default_client
-
-    client = client or default_client()
-    if n_partitions is None:
+    if client is None:
+        client = _current_client()
+    if n_partitions is None and client is not None:
         n_partitions = 2 * max(1, len(client.scheduler_info()["workers"]))
+    if n_partitions is None:
+        n_partitions = 1
     if int(n_partitions) < 1:
         raise ValueError(f"n_partitions must be >= 1, got {n_partitions!r}")
 
-    def runner(task, n_rows, args):
+    def bounds_of(n_rows):
+        bounds = np.linspace(0, n_rows, min(int(n_partitions), n_rows) + 1).astype(np.int64)
+        return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+
+    def cluster_runner(task, n_rows, args):
         remote = [
             client.scatter(a, broadcast=True, hash=False) if isinstance(a, np.ndarray) else a
             for a in args
         ]
-        bounds = np.linspace(0, n_rows, min(int(n_partitions), n_rows) + 1).astype(np.int64)
-        futures = [
-            client.submit(task, int(a), int(b), *remote, pure=False)
-            for a, b in zip(bounds[:-1], bounds[1:])
-            if b > a
-        ]
+        futures = [client.submit(task, a, b, *remote, pure=False) for a, b in bounds_of(n_rows)]
         return _add_partials(client.gather(futures))
 
-    token = learning._ROW_RUNNER.set(runner)
-    try:
+    if client is None:  # no cluster: the sums run here, on numba's threads
+        yield None
+        return
+    with learning.row_runner(cluster_runner):
         yield client
-    finally:
-        learning._ROW_RUNNER.reset(token)
 
 
 def fit(estimator, X, y, client=None, n_partitions=None):
@@ -271,6 +280,10 @@ def fit(estimator, X, y, client=None, n_partitions=None):
     and gradient is split over query-row ranges, one task each (default: the
     number of partitions of ``X``). Estimators whose fit has no LOO sums
     (fixed or rule-of-thumb bandwidths) just fit on the gathered data.
+
+    ``client``: a ``distributed.Client`` (default: the running one). Without
+    any, ``X`` and ``y`` are computed with dask's local scheduler and the fit
+    runs in this process, its LOO sums on numba's threads.
 
     Returns the fitted estimator.
     """
@@ -284,3 +297,72 @@ def fit(estimator, X, y, client=None, n_partitions=None):
     X_local, y_local = dask.compute(X, y)
     with sharded_training(client, n_partitions):
         return estimator.fit(X_local, y_local)
+
+
+def _current_client():
+    """The running ``distributed`` client, or None (no distributed, or no client)."""
+    try:
+        from distributed import default_client
+    except ImportError:
+        return None
+    try:
+        return default_client()
+    except ValueError:  # "No clients found"
+        return None
+
+
+# ----------------------------------------------------------------------------- batch prediction
+
+
+class ClusterChunkRunner:
+    """Run ``function(model, X, *args)`` on chunks on a ``dask.distributed`` cluster,
+    results handed back in order.
+
+    The model is sent to every worker once; at most ``2 x workers`` chunks are
+    in flight, and ``write(result, ids)`` receives the results in input
+    order, so memory stays bounded and the output equals a local run
+    (``nbattn predict --scheduler`` passes :func:`nbattn.batch.predict_columns`).
+
+    ``with ClusterChunkRunner(address, model, write, function, *args) as run:
+    run.submit(X, ids) ...; run.finish()``
+    """
+
+    def __init__(self, address, model, write, function, *args):
+        self.address, self.model, self.write = address, model, write
+        self.function, self.args = function, args
+        self.client = None
+        self.pending = []
+
+    def __enter__(self):
+        try:
+            from distributed import Client
+        except ImportError as exc:
+            raise ValueError("--scheduler needs dask: pip install 'nbattn[dask]'") from exc
+        try:
+            self.client = Client(self.address, timeout=30)
+        except OSError as exc:
+            raise ValueError(f"cannot reach the dask scheduler {self.address}: {exc}") from exc
+        self.remote_model = self.client.scatter(self.model, broadcast=True, hash=False)
+        self.window = 2 * max(1, len(self.client.scheduler_info()["workers"]))
+        return self
+
+    def __exit__(self, *exc):
+        if self.client is not None:
+            for future, _ in self.pending:
+                future.cancel()
+            self.client.close()
+        return False
+
+    def submit(self, X, ids) -> None:
+        future = self.client.submit(self.function, self.remote_model, X, *self.args, pure=False)
+        self.pending.append((future, ids))
+        while len(self.pending) > self.window:
+            self._drain_one()
+
+    def _drain_one(self) -> None:
+        future, ids = self.pending.pop(0)
+        self.write(future.result(), ids)
+
+    def finish(self) -> None:
+        while self.pending:
+            self._drain_one()

@@ -48,6 +48,9 @@ KERNELS = {
     ("loo", "cuda"): "nbattn.cuda.loo",
     ("flash", "cpu"): "nbattn.kernels.flash",
     ("flash", "cuda"): "nbattn.cuda.flash",
+    ("scores", "cpu"): "nbattn.kernels.scores",
+    ("softmax", "cpu"): "nbattn.kernels.softmax",
+    ("attention", "cpu"): "nbattn.kernels.attention",
 }
 
 
@@ -68,6 +71,22 @@ def kernels_for(op: str, device: str):
             raise ValueError(f"unknown kernel op {op!r}; known: {ops}") from None
         raise ValueError(f"{op!r} has no {resolved} kernels; use device='cpu'") from None
     return importlib.import_module(name)
+
+
+def device_for(device: str, *arrays) -> str:
+    """The device ("cpu" or "cuda") that runs a call with these arrays.
+
+    GPU arrays (see :func:`is_device_array`) need ``device="cuda"`` or
+    ``"auto"`` and run on the GPU; host arrays follow :func:`resolve_device`
+    ("auto" picks the GPU when numba sees one; "cuda" without one raises).
+    """
+    if any(is_device_array(a) for a in arrays):
+        if device not in _DEVICES:
+            raise ValueError(f"device must be one of {_DEVICES}, got {device!r}")
+        if device == "cpu" or resolve_device("cuda") != "cuda":
+            raise ValueError(f"GPU arrays need device='cuda' or 'auto', got device={device!r}")
+        return "cuda"
+    return resolve_device(device)
 
 
 def is_device_array(x) -> bool:

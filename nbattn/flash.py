@@ -13,17 +13,43 @@ Shapes follow ``torch.nn.functional.scaled_dot_product_attention``: q
 dimensions broadcast. ``causal=True`` lets query i see keys j <= i, aligned
 at the top left as torch's ``is_causal`` (so with L > S the last L - S rows
 see every key, and with L < S the last S - L keys are seen by no query).
+
+The device is chosen once, by ``nbattn.device.device_for`` and
+``kernels_for("flash", device)``: NumPy (or any array-like) inputs are
+validated and laid out here for either device; GPU arrays
+(``__cuda_array_interface__``: numba device arrays, CuPy, torch CUDA tensors)
+are checked on the device by ``nbattn._validation.as_device_array`` and used
+where they are (C-contiguous, one float dtype, equal leading dimensions: no
+broadcasting on the device), and the results come back as the kind of GPU
+array ``q`` is.
+
+Magnitudes: the kernels work in base 2 (scores times log2(e)). A per-key
+bias is shifted by its largest entry per (batch, head) -- the softmax does not
+change, lse gets the shift back -- so biases up to the float64 range are
+exact; scores ``scale * q . k`` or ALiBi terms that the base-2 form cannot
+hold are refused with a ValueError naming the argument.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import numpy as np
 
-from . import _flash_gpu, config
-from .kernels import flash as _kernels
+from . import config
+from ._layout import flat_batch, unbroadcast
+from ._threads import blas_one_thread, serial_below
+from ._validation import (
+    as_device_array,
+    as_float_array,
+    broadcast_leading,
+    check_bool,
+    check_dot_range,
+    check_scale,
+    resolve_dtype,
+)
+from .device import device_for, is_device_array, kernels_for, like_input
+from .kernels.flash import LOG2E
 
 __all__ = [
     "flash_attention",
@@ -32,145 +58,110 @@ __all__ = [
     "flash_attention_bias_backward",
 ]
 
-_MAX_NDIM = 32
-#: Memory allowed for the per-group dQ buffers of the backward pass.
-_MAX_DQ_BUFFER_BYTES = 256 * 2**20
-_controller = None
 
-
-def _blas_one_thread():
-    """A context manager holding every BLAS library to one thread."""
-    global _controller
-    if _controller is None:
-        # numba's np.dot calls the BLAS behind scipy.linalg.cython_blas; load it
-        # first, or the controller would not see it and could not limit it.
-        import scipy.linalg.cython_blas  # noqa: F401
-        from threadpoolctl import ThreadpoolController
-
-        _controller = ThreadpoolController()
-    return _controller.limit(limits=1, user_api="blas")
-
-
-#: Below this many multiply-adds (queries x keys x features, all heads) a call
-#: runs on one thread: waking the other numba threads costs more (measured
-#: 68 us on one thread against 5.7 ms on two for a 2 x 16 x 8 input on a busy
-#: machine).
-_SERIAL_WORK = 1 << 22
-
-
-@contextlib.contextmanager
 def _threads_for(work):
-    """One numba thread for small work, the configured number otherwise."""
-    if work >= _SERIAL_WORK:
-        yield
-        return
-    import numba
-
-    saved = numba.get_num_threads()
-    numba.set_num_threads(1)
-    try:
-        yield
-    finally:
-        numba.set_num_threads(saved)
+    """One numba thread below ``config.FLASH_SERIAL_WORK`` multiply-adds (read per call)."""
+    return serial_below(work, config.FLASH_SERIAL_WORK)
 
 
-def _as_array(x, name, allow_neg_inf=False):
-    """A float array copy of ``x``; NaN, +inf (and -inf unless allowed) raise."""
-    try:
-        arr = np.asarray(x)
-    except Exception as exc:  # ragged lists and the like
-        raise ValueError(f"{name} could not be converted to an array: {exc}") from exc
-    if arr.dtype.kind not in "biuf":
-        raise ValueError(f"{name} must be a real numeric array, got dtype {arr.dtype}")
-    if arr.dtype.kind != "f" or arr.dtype.itemsize < 4:
-        arr = arr.astype(np.float64)
-    elif arr.dtype.itemsize > 8:
-        arr = arr.astype(np.float64)
-    bad = np.isnan(arr) | (arr == np.inf)
-    if not allow_neg_inf:
-        bad |= arr == -np.inf
-    if bad.any():
-        where = tuple(int(i) for i in np.argwhere(bad)[0])
-        what = "NaN or +inf" if allow_neg_inf else "NaN or inf"
-        raise ValueError(f"{name} contains {what} (first at index {where})")
-    return arr
+# --------------------------------------------------------------------------- host inputs
+def _check_qkv(q, k, v, *others):
+    """Checked host q, k, v, their broadcast leading dimensions and the computation dtype.
 
-
-def _check_qkv(q, k, v):
-    q = _as_array(q, "q")
-    k = _as_array(k, "k")
-    v = _as_array(v, "v")
-    for name, arr in (("q", q), ("k", k), ("v", v)):
-        if not 2 <= arr.ndim <= _MAX_NDIM:
-            raise ValueError(f"{name} must have 2 or more dimensions (..., n, d), got {arr.shape}")
-        if arr.size == 0:
-            raise ValueError(f"{name} is empty (shape {arr.shape})")
+    ``others`` (out, grad_out of the backward) take part in the dtype rule.
+    """
+    dtype = resolve_dtype(None, q, k, v, *others)
+    q = as_float_array(q, "q", min_ndim=2, dtype=dtype, allow_bool=False)
+    k = as_float_array(k, "k", min_ndim=2, dtype=dtype, allow_bool=False)
+    v = as_float_array(v, "v", min_ndim=2, dtype=dtype, allow_bool=False)
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q has E={q.shape[-1]} features but k has {k.shape[-1]}")
     if k.shape[-2] != v.shape[-2]:
         raise ValueError(f"k has S={k.shape[-2]} keys but v has {v.shape[-2]}")
-    try:
-        lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-    except ValueError as exc:
-        raise ValueError(
-            f"the leading dimensions of q {q.shape}, k {k.shape} and v {v.shape} do not broadcast"
-        ) from exc
-    dtype = np.result_type(q.dtype, k.dtype, v.dtype)
+    lead = broadcast_leading({"q": q.shape[:-2], "k": k.shape[:-2], "v": v.shape[:-2]})
     return q, k, v, lead, dtype
 
 
-def _check_scale(scale, n_features):
-    if scale is None:
-        return 1.0 / math.sqrt(n_features)
-    try:
-        value = float(scale)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"scale must be a float or None, got {scale!r}") from exc
-    if not math.isfinite(value):
-        raise ValueError(f"scale must be finite, got {scale!r}")
-    return value
+def _key_bias(key_bias, lead, n_q, n_k, dtype, causal):
+    """The kernels' base-2 key bias (BH, S) in ``dtype`` and the shift per (batch*head).
 
-
-def _flat(arr, lead, dtype):
-    """Broadcast to lead + arr.shape[-2:] and lay out as C-contiguous (BH, n, d)."""
-    full = np.broadcast_to(arr, lead + arr.shape[-2:])
-    return np.array(full.reshape((-1,) + arr.shape[-2:]), dtype=dtype, order="C")
-
-
-def _extras(key_bias, alibi_slopes, lead, n_keys, dtype):
-    """Kernel arrays and flags for the optional key bias and ALiBi slopes."""
+    ``bias - max_j bias_j`` changes no softmax (the same constant for every
+    key of a row); lse gets the shift back. Entries more than half the
+    dtype's range below that maximum have weight 0 next to it and become
+    -inf. Under ``causal`` a row sees only keys j <= i, so the largest bias
+    among those must itself be representable after the shift.
+    """
     n_bh = math.prod(lead)
-    if key_bias is None:
-        bias = np.zeros((1, 1), dtype=dtype)
-    else:
-        bias = _as_array(key_bias, "key_bias", allow_neg_inf=True)
-        if bias.ndim == 0 or bias.shape[-1] != n_keys:
-            raise ValueError(f"key_bias must have shape (..., S) with S={n_keys}, got {bias.shape}")
-        try:
-            bias = np.broadcast_to(bias, lead + (n_keys,))
-        except ValueError as exc:
+    bias = as_float_array(key_bias, "key_bias", dtype="float64", allow_neg_inf=True)
+    if bias.ndim == 0 or bias.shape[-1] != n_k:
+        raise ValueError(f"key_bias must have shape (..., S) with S={n_k}, got {bias.shape}")
+    try:
+        bias = np.broadcast_to(bias, lead + (n_k,)).reshape(n_bh, n_k)
+    except ValueError as exc:
+        raise ValueError(
+            f"key_bias of shape {bias.shape} does not broadcast to {lead + (n_k,)}"
+        ) from exc
+    finite = np.isfinite(bias)
+    top = np.where(finite, bias, -np.inf).max(axis=1)
+    top = np.where(np.isfinite(top), top, 0.0)
+    floor = -float(np.finfo(dtype).max) / 2
+    with np.errstate(over="ignore"):
+        base2 = (bias - top[:, None]) * LOG2E
+    lost = finite & (base2 < floor)
+    if causal and lost.any():
+        # finite biases that overflowed to -inf in the shift still count as seen keys
+        admissible = np.where(finite, np.maximum(base2, -np.finfo(np.float64).max), -np.inf)
+        seen = np.maximum.accumulate(admissible, axis=1)[:, : min(n_q, n_k)]
+        if ((seen < floor / 2) & (seen > -np.inf)).any():
             raise ValueError(
-                f"key_bias of shape {bias.shape} does not broadcast to {lead + (n_keys,)}"
-            ) from exc
-        bias = np.array(bias.reshape(n_bh, n_keys), dtype=dtype, order="C")
-    if alibi_slopes is None:
-        slopes = np.zeros(1, dtype=dtype)
-    else:
-        slopes = _as_array(alibi_slopes, "alibi_slopes")
-        try:
-            slopes = np.broadcast_to(slopes, lead)
-        except ValueError as exc:
-            raise ValueError(
-                f"alibi_slopes of shape {slopes.shape} does not broadcast to the leading "
-                f"dimensions {lead}"
-            ) from exc
-        slopes = np.array(slopes.reshape(n_bh), dtype=dtype, order="C")
-    # the kernels work in base 2: scores times log2(e)
-    bias *= dtype.type(_kernels.LOG2E)
-    slopes *= dtype.type(_kernels.LOG2E)
-    return bias, slopes, key_bias is not None, alibi_slopes is not None
+                "key_bias: with causal=True some query sees only keys whose bias lies more than "
+                f"the {np.dtype(dtype).name} range below the largest bias; rescale key_bias"
+            )
+    base2 = np.where(lost, -np.inf, base2)
+    return np.ascontiguousarray(base2, dtype=dtype), top
 
 
+def _slopes(alibi_slopes, lead, n_q, n_k, dtype):
+    """The kernels' base-2 ALiBi slopes (BH,); slopes whose terms overflow are refused."""
+    slopes = as_float_array(alibi_slopes, "alibi_slopes", dtype="float64", allow_bool=False)
+    try:
+        slopes = np.broadcast_to(slopes, lead).reshape(math.prod(lead))
+    except ValueError as exc:
+        raise ValueError(
+            f"alibi_slopes of shape {slopes.shape} does not broadcast to the leading "
+            f"dimensions {lead}"
+        ) from exc
+    limit = float(np.finfo(dtype).max) / 16
+    largest = float(np.abs(slopes).max())
+    if largest * max(n_q, n_k) * LOG2E > limit:
+        raise ValueError(
+            f"alibi_slopes holds the slope {largest:.3g}: slope x distance over "
+            f"{max(n_q, n_k)} positions exceeds what the {np.dtype(dtype).name} kernels can hold "
+            f"(|slope| <= {limit / (max(n_q, n_k) * LOG2E):.3g} here); rescale the slopes"
+        )
+    return np.ascontiguousarray(slopes * LOG2E, dtype=dtype)
+
+
+def _extras(key_bias, alibi_slopes, lead, n_q, n_k, dtype, causal):
+    """Kernel arrays, flags and the per-(batch*head) lse shift of the optional bias terms."""
+    n_bh = math.prod(lead)
+    bias, shift = np.zeros((1, 1), dtype=dtype), np.zeros(n_bh)
+    if key_bias is not None:
+        bias, shift = _key_bias(key_bias, lead, n_q, n_k, dtype, causal)
+    slopes = np.zeros(1, dtype=dtype)
+    if alibi_slopes is not None:
+        slopes = _slopes(alibi_slopes, lead, n_q, n_k, dtype)
+    return bias, slopes, key_bias is not None, alibi_slopes is not None, shift
+
+
+def _base2_queries(q, lead, dtype, scale):
+    """q times scale * log2(e), flattened to (BH, L, E): the kernels work in base 2."""
+    qf = flat_batch(q, lead, dtype)
+    qf *= dtype(scale * LOG2E)
+    return qf
+
+
+# --------------------------------------------------------------------------- CPU
 def flash_attention_bias(
     q,
     k,
@@ -206,7 +197,8 @@ def flash_attention_bias(
     key_bias : array_like (..., S), optional
         Added to every query's scores for key j; broadcasts against the
         leading dimensions. ``-inf`` excludes a key (a padding mask); a row
-        with no admissible key gives zeros and lse = -inf.
+        with no admissible key gives zeros and lse = -inf. Any finite
+        magnitude up to the float64 range is exact (see the module notes).
     alibi_slopes : array_like, optional
         One slope per (batch, head), broadcasting to the leading dimensions
         (for example shape (H,) with q of shape (B, H, L, E)). Adds
@@ -224,23 +216,27 @@ def flash_attention_bias(
     -------
     out : ndarray (..., L, Ev), or ``(out, lse)`` if ``return_lse``.
     """
+    causal = check_bool(causal, "causal")
+    return_lse = check_bool(return_lse, "return_lse")
     q, k, v, lead, dtype = _check_qkv(q, k, v)
-    scale = _check_scale(scale, q.shape[-1])
+    scale = check_scale(scale, q.shape[-1])
+    check_dot_range(q, k, scale * LOG2E, dtype)
     n_q, n_k = q.shape[-2], k.shape[-2]
-    bias, slopes, use_bias, use_alibi = _extras(key_bias, alibi_slopes, lead, n_k, dtype)
-    qf = _flat(q, lead, dtype)
-    qf *= dtype.type(scale * _kernels.LOG2E)  # the kernels work in base 2
-    kf = _flat(k, lead, dtype)
-    vf = _flat(v, lead, dtype)
+    bias, slopes, use_bias, use_alibi, shift = _extras(
+        key_bias, alibi_slopes, lead, n_q, n_k, dtype, causal
+    )
+    qf = _base2_queries(q, lead, dtype, scale)
+    kf = flat_batch(k, lead, dtype)
+    vf = flat_batch(v, lead, dtype)
     work = qf.shape[0] * n_q * n_k * (q.shape[-1] + v.shape[-1])
-    with _blas_one_thread(), _threads_for(work):
-        out, lse = _kernels.flash_forward(
+    with blas_one_thread(), _threads_for(work):
+        out, lse = kernels_for("flash", "cpu").flash_forward(
             qf,
             kf,
             vf,
             bias,
             slopes,
-            bool(causal),
+            causal,
             use_bias,
             use_alibi,
             config.FLASH_BLOCK_Q,
@@ -248,10 +244,249 @@ def flash_attention_bias(
         )
     out = out.reshape(lead + (n_q, v.shape[-1]))
     if return_lse:
+        lse += shift[:, None]
         return out, lse.reshape(lead + (n_q,))
     return out
 
 
+#: A key-bias shift (see :func:`_key_bias`) from which ``lse - shift`` loses more
+#: than 10 bits of lse; the backward then recomputes the shifted lse (one more
+#: forward pass) instead of subtracting.
+_RECOMPUTE_SHIFT = 2.0**10
+
+
+def _n_groups(n_bh, n_key_tiles, dq_bytes):
+    """Key-tile groups per (batch*head) so that every thread has work.
+
+    Each group beyond the first costs a dQ buffer of ``dq_bytes``; the extra
+    buffers are capped at ``config.FLASH_MAX_DQ_BUFFER_BYTES`` in all (read
+    per call).
+    """
+    import numba
+
+    threads = numba.get_num_threads()
+    if threads <= 1 or n_bh % threads == 0 or n_bh >= 4 * threads:
+        return 1
+    groups = min(n_key_tiles, -(-2 * threads // n_bh))
+    return max(1, min(groups, 1 + config.FLASH_MAX_DQ_BUFFER_BYTES // max(dq_bytes, 1)))
+
+
+def _check_forward_results(out, lse, grad_out, lead, n_q, d_v, dtype):
+    """The forward's out, lse and the incoming grad_out, checked against the shapes."""
+    out_shape = lead + (n_q, d_v)
+    out = as_float_array(out, "out", min_ndim=2, dtype=dtype, allow_bool=False)
+    grad_out = as_float_array(grad_out, "grad_out", min_ndim=2, dtype=dtype, allow_bool=False)
+    lse = as_float_array(lse, "lse", min_ndim=1, dtype="float64", allow_neg_inf=True)
+    if out.shape != out_shape:
+        raise ValueError(f"out must have shape {out_shape}, got {out.shape}")
+    if grad_out.shape != out_shape:
+        raise ValueError(f"grad_out must have shape {out_shape}, got {grad_out.shape}")
+    if lse.shape != lead + (n_q,):
+        raise ValueError(f"lse must have shape {lead + (n_q,)}, got {lse.shape}")
+    return out, lse, grad_out
+
+
+def flash_attention_bias_backward(
+    q,
+    k,
+    v,
+    out,
+    lse,
+    grad_out,
+    *,
+    key_bias=None,
+    alibi_slopes=None,
+    causal=False,
+    scale=None,
+):
+    """Gradients of :func:`flash_attention_bias` with respect to q, k and v.
+
+    The bias and the slopes are constants here (no gradient is returned for
+    them). See :func:`flash_attention_backward` for the formulas. When the
+    key bias reaches magnitudes of 2**10 and more, the row normalisers are
+    recomputed from the shifted bias rather than taken from ``lse`` (whose
+    low bits are lost next to such a bias), at the cost of a forward pass.
+    """
+    causal = check_bool(causal, "causal")
+    q, k, v, lead, dtype = _check_qkv(q, k, v, out, grad_out)
+    scale = check_scale(scale, q.shape[-1])
+    check_dot_range(q, k, scale * LOG2E, dtype)
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    out, lse, grad_out = _check_forward_results(out, lse, grad_out, lead, n_q, v.shape[-1], dtype)
+    bias, slopes, use_bias, use_alibi, shift = _extras(
+        key_bias, alibi_slopes, lead, n_q, n_k, dtype, causal
+    )
+    qf = _base2_queries(q, lead, dtype, scale)
+    kf = flat_batch(k, lead, dtype)
+    vf = flat_batch(v, lead, dtype)
+    of = flat_batch(out, lead, dtype)
+    gf = flat_batch(grad_out, lead, dtype)
+    lf = np.ascontiguousarray(lse.reshape(-1, n_q) - shift[:, None], dtype=np.float64)
+    block_k = config.FLASH_BWD_BLOCK_K
+    work = qf.shape[0] * n_q * n_k * (q.shape[-1] + v.shape[-1])
+    with blas_one_thread(), _threads_for(work):
+        if np.abs(shift).max() >= _RECOMPUTE_SHIFT:
+            # lse - shift has lost the low bits of lse: recompute the shifted lse
+            _, lf = kernels_for("flash", "cpu").flash_forward(
+                qf,
+                kf,
+                vf,
+                bias,
+                slopes,
+                causal,
+                use_bias,
+                use_alibi,
+                config.FLASH_BLOCK_Q,
+                config.FLASH_BLOCK_K,
+            )
+        groups = _n_groups(qf.shape[0], -(-n_k // block_k), qf.nbytes)
+        dq, dk, dv = kernels_for("flash", "cpu").flash_backward(
+            qf,
+            kf,
+            vf,
+            of,
+            lf,
+            gf,
+            bias,
+            slopes,
+            scale,
+            causal,
+            use_bias,
+            use_alibi,
+            groups,
+            config.FLASH_BWD_BLOCK_Q,
+            block_k,
+        )
+    return (
+        unbroadcast(dq.reshape(lead + dq.shape[1:]), q.shape),
+        unbroadcast(dk.reshape(lead + dk.shape[1:]), k.shape),
+        unbroadcast(dv.reshape(lead + dv.shape[1:]), v.shape),
+    )
+
+
+# --------------------------------------------------------------------------- GPU
+def _head_dims(kernels, d, d_v):
+    if d > kernels.MAX_HEAD_DIM or d_v > kernels.MAX_HEAD_DIM:
+        raise ValueError(
+            f"device='cuda' supports head dimensions up to {kernels.MAX_HEAD_DIM} "
+            f"(nbattn.cuda.flash.MAX_HEAD_DIM), got E={d}, Ev={d_v}; use device='cpu'"
+        )
+
+
+def _device_qkv(kernels, q, k, v):
+    """GPU q, k, v checked on the device: (flat (BH, n, d) views, their shapes, lead)."""
+    arrays = [as_device_array(a, n, min_ndim=2, contiguous=True) for a, n in zip((q, k, v), "qkv")]
+    q_shape, k_shape, v_shape = (tuple(a.shape) for a in arrays)
+    if not (arrays[0].dtype == arrays[1].dtype == arrays[2].dtype):
+        raise ValueError(
+            "q, k and v on the GPU must share one dtype, got "
+            + ", ".join(str(a.dtype) for a in arrays)
+        )
+    if q_shape[-1] != k_shape[-1]:
+        raise ValueError(f"q has E={q_shape[-1]} features but k has {k_shape[-1]}")
+    if k_shape[-2] != v_shape[-2]:
+        raise ValueError(f"k has S={k_shape[-2]} keys but v has {v_shape[-2]}")
+    lead = q_shape[:-2]
+    if k_shape[:-2] != lead or v_shape[:-2] != lead:
+        raise ValueError(
+            f"GPU arrays need equal leading dimensions (no broadcasting on the device), got "
+            f"q {q_shape}, k {k_shape}, v {v_shape}"
+        )
+    _head_dims(kernels, q_shape[-1], v_shape[-1])
+    n_bh = math.prod(lead)
+    flat = [a.reshape((n_bh,) + s[-2:]) for a, s in zip(arrays, (q_shape, k_shape, v_shape))]
+    return flat, (q_shape, k_shape, v_shape), lead
+
+
+def _forward_cuda(q, k, v, causal, scale, return_lse):
+    """:func:`flash_attention` on the GPU (see the module docstring for the array kinds)."""
+    kernels = kernels_for("flash", "cuda")
+    if any(is_device_array(a) for a in (q, k, v)):
+        template = q
+        (qf, kf, vf), (q_shape, _, _), lead = _device_qkv(kernels, q, k, v)
+        scale = check_scale(scale, q_shape[-1])
+        out, lse = kernels.flash_forward(qf, kf, vf, scale, causal)
+        out = like_input(out.reshape(lead + tuple(out.shape)[1:]), template)
+        lse = like_input(lse.reshape(lead + tuple(lse.shape)[1:]), template)
+        return (out, lse) if return_lse else out
+    q, k, v, lead, dtype = _check_qkv(q, k, v)
+    _head_dims(kernels, q.shape[-1], v.shape[-1])
+    scale = check_scale(scale, q.shape[-1])
+    out, lse = kernels.flash_forward(
+        flat_batch(q, lead, dtype),
+        flat_batch(k, lead, dtype),
+        flat_batch(v, lead, dtype),
+        scale,
+        causal,
+    )
+    out = out.copy_to_host().reshape(lead + (q.shape[-2], v.shape[-1]))
+    if return_lse:
+        return out, lse.copy_to_host().reshape(lead + (q.shape[-2],))
+    return out
+
+
+def _backward_cuda(q, k, v, out, lse, grad_out, causal, scale):
+    """:func:`flash_attention_backward` on the GPU: ``(dq, dk, dv)``."""
+    kernels = kernels_for("flash", "cuda")
+    if any(is_device_array(a) for a in (q, k, v, out, lse, grad_out)):
+        template = q
+        (qf, kf, vf), shapes, lead = _device_qkv(kernels, q, k, v)
+        q_shape, _, v_shape = shapes
+        scale = check_scale(scale, q_shape[-1])
+        n_q = q_shape[-2]
+        out_shape = lead + (n_q, v_shape[-1])
+        o = as_device_array(out, "out", min_ndim=2, contiguous=True)
+        g = as_device_array(grad_out, "grad_out", min_ndim=2, contiguous=True)
+        ls = as_device_array(lse, "lse", min_ndim=1, allow_neg_inf=True, contiguous=True)
+        for name, arr, shape in (
+            ("out", o, out_shape),
+            ("grad_out", g, out_shape),
+            ("lse", ls, lead + (n_q,)),
+        ):
+            if tuple(arr.shape) != shape:
+                raise ValueError(f"{name} must have shape {shape}, got {tuple(arr.shape)}")
+        if not (o.dtype == g.dtype == qf.dtype):
+            raise ValueError(f"out and grad_out on the GPU must have q's dtype {qf.dtype}")
+        if np.dtype(ls.dtype) != np.float64:
+            raise ValueError(f"lse on the GPU must be float64, got {ls.dtype}")
+        n_bh = qf.shape[0]
+        grads = kernels.flash_backward(
+            qf,
+            kf,
+            vf,
+            o.reshape((n_bh,) + out_shape[-2:]),
+            ls.reshape(n_bh, n_q),
+            g.reshape((n_bh,) + out_shape[-2:]),
+            scale,
+            causal,
+        )
+        return tuple(
+            like_input(grad.reshape(shape), template)
+            for grad, shape in zip(grads, shapes, strict=True)
+        )
+    q, k, v, lead, dtype = _check_qkv(q, k, v, out, grad_out)
+    _head_dims(kernels, q.shape[-1], v.shape[-1])
+    scale = check_scale(scale, q.shape[-1])
+    n_q = q.shape[-2]
+    out, lse, grad_out = _check_forward_results(out, lse, grad_out, lead, n_q, v.shape[-1], dtype)
+    dq, dk, dv = kernels.flash_backward(
+        flat_batch(q, lead, dtype),
+        flat_batch(k, lead, dtype),
+        flat_batch(v, lead, dtype),
+        flat_batch(out, lead, dtype),
+        np.ascontiguousarray(lse.reshape(-1, n_q)),
+        flat_batch(grad_out, lead, dtype),
+        scale,
+        causal,
+    )
+    return (
+        unbroadcast(dq.copy_to_host().reshape(lead + dq.shape[1:]), q.shape),
+        unbroadcast(dk.copy_to_host().reshape(lead + dk.shape[1:]), k.shape),
+        unbroadcast(dv.copy_to_host().reshape(lead + dv.shape[1:]), v.shape),
+    )
+
+
+# --------------------------------------------------------------------------- public entries
 def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, device="cpu"):
     """Scaled dot-product attention, blocked, with memory linear in the lengths.
 
@@ -288,102 +523,11 @@ def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, device=
     -------
     out : ndarray (..., L, Ev) in the computation dtype, or ``(out, lse)``.
     """
-    if _flash_gpu.runs_on_gpu(device, q, k, v):
-        return _flash_gpu.flash_attention(q, k, v, bool(causal), scale, return_lse)
+    causal = check_bool(causal, "causal")
+    return_lse = check_bool(return_lse, "return_lse")
+    if device_for(device, q, k, v) == "cuda":
+        return _forward_cuda(q, k, v, causal, scale, return_lse)
     return flash_attention_bias(q, k, v, causal=causal, scale=scale, return_lse=return_lse)
-
-
-def _unbroadcast(grad, shape):
-    """Sum ``grad`` over the dimensions that broadcasting added to ``shape``."""
-    extra = grad.ndim - len(shape)
-    if extra:
-        grad = grad.sum(axis=tuple(range(extra)))
-    axes = tuple(i for i, n in enumerate(shape[:-2]) if n == 1 and grad.shape[i] != 1)
-    if axes:
-        grad = grad.sum(axis=axes, keepdims=True)
-    return grad
-
-
-def _n_groups(n_bh, n_key_tiles, dq_bytes):
-    """Key-tile groups per (batch*head) so that every thread has work.
-
-    Each group beyond the first costs a dQ buffer of ``dq_bytes``; the extra
-    buffers are capped at ``_MAX_DQ_BUFFER_BYTES`` in all.
-    """
-    import numba
-
-    threads = numba.get_num_threads()
-    if threads <= 1 or n_bh % threads == 0 or n_bh >= 4 * threads:
-        return 1
-    groups = min(n_key_tiles, -(-2 * threads // n_bh))
-    return max(1, min(groups, 1 + _MAX_DQ_BUFFER_BYTES // max(dq_bytes, 1)))
-
-
-def flash_attention_bias_backward(
-    q,
-    k,
-    v,
-    out,
-    lse,
-    grad_out,
-    *,
-    key_bias=None,
-    alibi_slopes=None,
-    causal=False,
-    scale=None,
-):
-    """Gradients of :func:`flash_attention_bias` with respect to q, k and v.
-
-    The bias and the slopes are constants here (no gradient is returned for
-    them). See :func:`flash_attention_backward` for the formulas.
-    """
-    q, k, v, lead, dtype = _check_qkv(q, k, v)
-    scale = _check_scale(scale, q.shape[-1])
-    n_q, n_k = q.shape[-2], k.shape[-2]
-    out_shape = lead + (n_q, v.shape[-1])
-    out = _as_array(out, "out")
-    grad_out = _as_array(grad_out, "grad_out")
-    lse = _as_array(lse, "lse", allow_neg_inf=True)
-    if out.shape != out_shape:
-        raise ValueError(f"out must have shape {out_shape}, got {out.shape}")
-    if grad_out.shape != out_shape:
-        raise ValueError(f"grad_out must have shape {out_shape}, got {grad_out.shape}")
-    if lse.shape != lead + (n_q,):
-        raise ValueError(f"lse must have shape {lead + (n_q,)}, got {lse.shape}")
-    dtype = np.result_type(dtype, out.dtype, grad_out.dtype)
-    bias, slopes, use_bias, use_alibi = _extras(key_bias, alibi_slopes, lead, n_k, dtype)
-    qf = _flat(q, lead, dtype)
-    qf *= dtype.type(scale * _kernels.LOG2E)  # the kernels work in base 2
-    kf = _flat(k, lead, dtype)
-    vf = _flat(v, lead, dtype)
-    of = _flat(out, lead, dtype)
-    gf = _flat(grad_out, lead, dtype)
-    lf = np.ascontiguousarray(lse.reshape(-1, n_q), dtype=np.float64)
-    block_k = config.FLASH_BWD_BLOCK_K
-    work = qf.shape[0] * n_q * n_k * (q.shape[-1] + v.shape[-1])
-    with _blas_one_thread(), _threads_for(work):
-        groups = _n_groups(qf.shape[0], -(-n_k // block_k), qf.nbytes)
-        dq, dk, dv = _kernels.flash_backward(
-            qf,
-            kf,
-            vf,
-            of,
-            lf,
-            gf,
-            bias,
-            slopes,
-            scale,
-            bool(causal),
-            use_bias,
-            use_alibi,
-            groups,
-            config.FLASH_BWD_BLOCK_Q,
-            block_k,
-        )
-    dq = _unbroadcast(dq.reshape(lead + dq.shape[1:]), q.shape)
-    dk = _unbroadcast(dk.reshape(lead + dk.shape[1:]), k.shape)
-    dv = _unbroadcast(dv.reshape(lead + dv.shape[1:]), v.shape)
-    return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
 
 
 def flash_attention_backward(q, k, v, out, lse, grad_out, causal=False, scale=None, device="cpu"):
@@ -414,6 +558,7 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, causal=False, scale=No
     dq, dk, dv : ndarrays of the shapes of q, k, v (gradients summed over
         broadcast leading dimensions) in the computation dtype.
     """
-    if _flash_gpu.runs_on_gpu(device, q, k, v, out, lse, grad_out):
-        return _flash_gpu.flash_attention_backward(q, k, v, out, lse, grad_out, bool(causal), scale)
+    causal = check_bool(causal, "causal")
+    if device_for(device, q, k, v, out, lse, grad_out) == "cuda":
+        return _backward_cuda(q, k, v, out, lse, grad_out, causal, scale)
     return flash_attention_bias_backward(q, k, v, out, lse, grad_out, causal=causal, scale=scale)

@@ -1,56 +1,40 @@
-"""Model files, and tables read and written in chunks.
+"""Tables read and written in chunks, and outputs that appear only when complete.
 
-Model files (``nbattn.save`` / ``nbattn.load``)
------------------------------------------------
-One ``.npz`` archive (a zip of ``.npy`` arrays) that never holds pickled
-objects and is read with ``allow_pickle=False``, so loading cannot execute
-code. Format ``"nbattn-model"``, version :data:`FORMAT_VERSION` (1):
-
-* member ``__nbattn__``: a 0-d unicode array with the JSON metadata::
-
-      {"format": "nbattn-model", "format_version": 1,
-       "nbattn_version": "0.1.0", "estimator": "NadarayaWatsonRegressor",
-       "params": {...get_params()...},
-       "feature_names": ["income"] or null,
-       "attributes": {"bandwidth_": {"kind": "array"}, "n_features_in_":
-                      {"kind": "json", "value": 1}, ...},
-       "user": {...},                      # free JSON from save(metadata=...)
-       "sha256": "<hex digest>"}
-
-* member ``attr__<name>`` for every attribute of kind ``"array"``.
-
-The fitted state is every instance attribute whose name ends in ``_`` (the
-scikit-learn convention) plus private ones (one leading ``_``) holding a
-number, a string or an array, so new estimators need no new code here.
-Arrays (numeric, bool or str; an object array of str, like
-``feature_names_in_``, is stored as str and restored as object) go into the
-archive; Python scalars, strings, None and lists of them go into the JSON.
-``sha256`` is the SHA-256 of the canonical JSON of the metadata without that
-key, followed by each array's name, dtype, shape and bytes in name order:
-a truncated, corrupted or edited file raises a ValueError, as does another
-format version or an estimator class that is not one of
-``nbattn.estimators.__all__``.
+Model files live in :mod:`nbattn.modelfile` and outputs that appear only when
+complete in :mod:`nbattn.atomic`; ``save``, ``load``, ``read_model_file``,
+the format constants, ``atomic_output`` and ``check_not_input`` are
+re-exported here, where ``nbattn.save`` / ``nbattn.load`` have always found them.
 
 Tables
 ------
-:func:`iter_chunks` reads CSV (pandas, in chunks) or Parquet (pyarrow, in
-record batches), :func:`numeric_block` turns chunk columns into float64 with
-errors that name the row and the column, :class:`TableWriter` appends chunks
-to CSV or Parquet, and :func:`atomic_output` makes the result appear under
-its name only when everything was written.
+:func:`iter_chunks` reads CSV (pandas, in chunks; every row's field count
+checked against the header) or Parquet (pyarrow, in record batches),
+:func:`read_columns` refuses duplicated names, :func:`numeric_block` turns
+chunk columns into float64 with errors that name the row and the column,
+:func:`labels_from_text` types class labels independently of the chunking,
+:class:`TableWriter` appends chunks to CSV or Parquet, and
+:func:`atomic_output` makes the result appear under its name only when
+everything was written (keeping an existing file's mode, writing through a
+symbolic link).
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import json
-import os
-import tempfile
-import zipfile
+import re
+import warnings
 from pathlib import Path
 
 import numpy as np
+
+from .atomic import atomic_output, check_not_input
+from .modelfile import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    ModelFileError,
+    load,
+    read_model_file,
+    save,
+)
 
 __all__ = [
     "FORMAT_NAME",
@@ -58,289 +42,26 @@ __all__ = [
     "ModelFileError",
     "TableWriter",
     "atomic_output",
+    "check_columns",
+    "check_labels",
+    "check_not_input",
+    "clip",
     "input_format",
     "iter_chunks",
+    "labels_from_text",
     "load",
     "numeric_block",
     "output_format",
     "read_columns",
     "read_model_file",
     "read_table",
+    "row_location",
     "save",
+    "shorten",
 ]
 
-FORMAT_NAME = "nbattn-model"
-FORMAT_VERSION = 1
-_META = "__nbattn__"
-_PREFIX = "attr__"
-_JSON_SCALARS = (bool, int, float, str, type(None))
-
-
-# ----------------------------------------------------------------------------- atomic output
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-@contextlib.contextmanager
-def atomic_output(path):
-    """Yield a temporary path beside ``path``; on success rename it to ``path``.
-
-    The temporary file lives in the same folder (so ``os.replace`` is an
-    atomic rename) and is removed if the block raises: a failed run leaves
-    neither a partial output nor a stray file, and an existing ``path`` is
-    untouched until the new one is complete.
-    """
-    path = Path(path)
-    folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        raise ValueError(f"output folder {str(folder)!r} does not exist")
-    if path.is_dir():
-        raise ValueError(f"output {str(path)!r} is a folder")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=folder)
-    os.close(fd)
-    try:
-        yield Path(tmp)
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
-# ----------------------------------------------------------------------------- model files
-
-
-def _estimator_classes() -> dict:
-    """The whitelist: classes named in ``nbattn.estimators.__all__``."""
-    from . import estimators
-
-    out = {}
-    for name in getattr(estimators, "__all__", ()):
-        cls = getattr(estimators, name, None)
-        if isinstance(cls, type) and hasattr(cls, "get_params"):
-            out[name] = cls
-    return out
-
-
-def _jsonable(value, what: str):
-    """Plain JSON value for a parameter or attribute, or raise."""
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, np.ndarray):
-        if value.dtype.kind not in "biufU":
-            raise ValueError(f"cannot save {what}: array of dtype {value.dtype}")
-        return value.tolist()
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v, what) for v in value]
-    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
-        return {k: _jsonable(v, what) for k, v in value.items()}
-    if isinstance(value, _JSON_SCALARS):
-        return value
-    raise ValueError(f"cannot save {what}: values of type {type(value).__name__} are not supported")
-
-
-def _array_for_file(value: np.ndarray):
-    """(array to store, was an object array of str)."""
-    if value.dtype.kind == "O":
-        if not all(isinstance(v, str) for v in value.ravel()):
-            raise TypeError("object array that is not all str")
-        return np.asarray(value.tolist(), dtype=str).reshape(value.shape), True
-    if value.dtype.kind not in "biufcU":
-        raise TypeError(f"array of dtype {value.dtype}")
-    return value, False
-
-
-def _fitted_state(model):
-    """(arrays, attribute descriptions) of the fitted state of ``model``."""
-    params = set(model.get_params(deep=False))
-    arrays, attributes = {}, {}
-    for name, value in sorted(vars(model).items()):
-        public = name.endswith("_") and not name.startswith("_")
-        private = name.startswith("_") and not name.startswith("__")
-        if name in params or not (public or private):
-            continue
-        try:
-            if isinstance(value, np.ndarray | np.generic):
-                is_scalar = isinstance(value, np.generic)
-                stored, was_object = _array_for_file(np.asarray(value))
-                arrays[_PREFIX + name] = stored
-                attributes[name] = {"kind": "array", "object": was_object, "scalar": is_scalar}
-            else:
-                attributes[name] = {"kind": "json", "value": _jsonable(value, name)}
-        except (TypeError, ValueError) as exc:
-            if public:
-                raise ValueError(f"cannot save fitted attribute {name!r}: {exc}") from exc
-            # private state of another kind (caches, sklearn internals) is not saved
-    return arrays, attributes
-
-
-def _digest(meta: dict, arrays: dict) -> str:
-    body = {k: v for k, v in meta.items() if k != "sha256"}
-    h = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
-    for name in sorted(arrays):
-        arr = np.ascontiguousarray(arrays[name])
-        h.update(f"{name}|{arr.dtype.str}|{arr.shape}|".encode())
-        h.update(arr.tobytes())
-    return h.hexdigest()
-
-
-def save(model, path, *, metadata=None) -> Path:
-    """Write a fitted nbattn estimator to ``path`` (an ``.npz`` model file).
-
-    The format is documented in :mod:`nbattn.io` (version
-    :data:`FORMAT_VERSION`); it holds no pickled objects. The file is written
-    to a temporary name and renamed, so ``path`` is never left half-written.
-
-    Parameters
-    ----------
-    model : a fitted estimator from ``nbattn.estimators``
-    path : str or Path
-        Written as given (no extension is added; ``.npz`` is the convention).
-    metadata : dict, optional
-        Extra JSON-serialisable information kept in the file (the command
-        line stores the target column here); read back with
-        :func:`read_model_file`.
-
-    Returns
-    -------
-    Path
-    """
-    from sklearn.utils.validation import check_is_fitted
-
-    from . import __version__
-
-    name = type(model).__name__
-    if _estimator_classes().get(name) is not type(model):
-        raise ValueError(
-            f"nbattn.save writes nbattn estimators only; got {type(model).__module__}.{name}"
-        )
-    check_is_fitted(model)
-    arrays, attributes = _fitted_state(model)
-    names = getattr(model, "feature_names_in_", None)
-    meta = {
-        "format": FORMAT_NAME,
-        "format_version": FORMAT_VERSION,
-        "nbattn_version": __version__,
-        "estimator": name,
-        "params": {
-            k: _jsonable(v, f"parameter {k!r}") for k, v in model.get_params(deep=False).items()
-        },
-        "feature_names": None if names is None else [str(n) for n in names],
-        "attributes": attributes,
-        "user": _jsonable(metadata or {}, "metadata"),
-    }
-    meta["sha256"] = _digest(meta, arrays)
-    members = {_META: np.array(json.dumps(meta, sort_keys=True)), **arrays}
-    path = Path(path)
-    with atomic_output(path) as tmp:
-        with open(tmp, "wb") as fh:
-            np.savez(fh, **members)
-    return path
-
-
-class ModelFileError(ValueError):
-    """A file that is not a readable nbattn model file of this format version."""
-
-
-def _bad(path, why: str) -> ModelFileError:
-    return ModelFileError(f"{path}: {why}")
-
-
-def read_model_file(path):
-    """Load a model file: ``(estimator, metadata dict)``.
-
-    Raises ValueError for a file that is not an nbattn model file, one of
-    another format version, a truncated, corrupted or edited one, or one
-    naming an estimator class outside the whitelist.
-    """
-    path = Path(path)
-    with open(path, "rb") as fh:
-        magic = fh.read(4)
-    if magic != b"PK\x03\x04":
-        raise _bad(path, "not an nbattn model file (not an .npz archive)")
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            if _META not in npz.files:
-                raise _bad(path, "not an nbattn model file (no nbattn metadata)")
-            raw = npz[_META]
-            members = {n: npz[n] for n in npz.files if n != _META}
-    except ModelFileError:
-        raise
-    except (zipfile.BadZipFile, EOFError, OSError, KeyError, ValueError) as exc:
-        # ValueError: among others numpy's refusal of pickled (object) members
-        raise _bad(path, f"truncated, corrupt or foreign model file ({exc})") from exc
-    if raw.dtype.kind != "U" or raw.ndim != 0:
-        raise _bad(path, "not an nbattn model file (metadata is not a string)")
-    try:
-        meta = json.loads(str(raw))
-    except json.JSONDecodeError as exc:
-        raise _bad(path, f"corrupt metadata ({exc})") from exc
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
-        raise _bad(path, "not an nbattn model file (unknown format)")
-    version = meta.get("format_version")
-    if version != FORMAT_VERSION:
-        raise _bad(
-            path,
-            f"model file format version {version!r} (written by nbattn "
-            f"{meta.get('nbattn_version', '?')}); this nbattn reads version {FORMAT_VERSION}",
-        )
-    if meta.get("sha256") != _digest(meta, members):
-        raise _bad(path, "checksum mismatch: the model file was modified or is corrupt")
-    try:
-        model = _rebuild(path, meta, members)
-    except (TypeError, AttributeError) as exc:  # well-formed JSON of the wrong shape
-        raise _bad(path, f"invalid model description ({exc})") from exc
-    return model, meta
-
-
-def _rebuild(path, meta, members):
-    classes = _estimator_classes()
-    name = meta.get("estimator")
-    if name not in classes:
-        raise _bad(
-            path,
-            f"estimator {name!r} is not available in this nbattn (known: {sorted(classes)})",
-        )
-    cls = classes[name]
-    params = meta.get("params", {})
-    known = set(cls().get_params(deep=False))
-    unknown = sorted(set(params) - known)
-    if unknown:
-        raise _bad(path, f"parameters {unknown} are not parameters of nbattn.{name}")
-    model = cls(**params)
-    for attr, info in meta.get("attributes", {}).items():
-        if not isinstance(attr, str) or not attr.endswith("_") and not attr.startswith("_"):
-            raise _bad(path, f"attribute name {attr!r} is not a fitted attribute")
-        if attr in known or attr.startswith("__"):
-            raise _bad(path, f"attribute name {attr!r} is not allowed")
-        if info.get("kind") == "array":
-            key = _PREFIX + attr
-            if key not in members:
-                raise _bad(path, f"array for attribute {attr!r} is missing")
-            value = members[key]
-            if info.get("object"):
-                value = value.astype(object)
-            if info.get("scalar"):
-                value = value[()]
-        elif info.get("kind") == "json":
-            value = info.get("value")
-        else:
-            raise _bad(path, f"attribute {attr!r} has an unknown kind")
-        setattr(model, attr, value)
-    return model
-
-
-def load(path):
-    """Read an estimator written by :func:`save` (no code is executed).
-
-    Raises ValueError for a foreign, truncated, edited or other-version file.
-    """
-    return read_model_file(path)[0]
+#: CSV chunks hold at most this many cells (rows x all columns of the file)
+CSV_CHUNK_CELLS = 2**22
 
 
 # ----------------------------------------------------------------------------- tables
@@ -371,12 +92,32 @@ def _pyarrow_parquet():
     return pq
 
 
+_FIELDS = re.compile(r"Expected (\d+) fields in line (\d+), saw (\d+)")
+
+
 def _csv_error(path, exc) -> ValueError:
     import pandas as pd
 
     if isinstance(exc, pd.errors.EmptyDataError):
         return ValueError(f"{path}: the file is empty")
-    return ValueError(f"{path}: cannot read as CSV: {' '.join(str(exc).split())}")
+    fields = _FIELDS.search(str(exc))
+    if fields:
+        want, line, saw = fields.groups()
+        return ValueError(f"{path}: line {line} has {saw} fields; the header has {want}")
+    return ValueError(f"{path}: cannot read as CSV: {clip(' '.join(str(exc).split()), 300)}")
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` cut to about ``limit`` characters, saying how long it was."""
+    if len(text) <= limit:
+        return text
+    return f"{text[: max(limit - 30, 10)]}...{text[-8:]} ({len(text)} characters)"
+
+
+def shorten(value, limit: int = 60) -> str:
+    """``repr(value)`` clipped to about ``limit`` characters: a cell or a name quoted in an
+    error message, which must stay one readable line whatever the file holds."""
+    return clip(repr(value), limit)
 
 
 def _exact_floats() -> dict:
@@ -389,43 +130,67 @@ def _exact_floats() -> dict:
 
 
 def read_columns(path) -> list[str]:
-    """The column names of a CSV or Parquet file (reads the header only)."""
+    """The column names of a CSV or Parquet file (reads the header only).
+
+    A name that appears twice is an error (pandas would rename the second
+    ``x.1`` and a command would silently read the first).
+    """
     import pandas as pd
 
     path = Path(path)
     if input_format(path) == "parquet":
         pq = _pyarrow_parquet()
         try:
-            return list(pq.read_schema(path).names)
+            names = list(pq.read_schema(path).names)
         except OSError:
             raise
         except Exception as exc:
             raise ValueError(f"{path}: cannot read as Parquet: {exc}") from exc
+        _check_unique(path, names)
+        return names
     if path.is_file() and path.stat().st_size == 0:
         raise ValueError(f"{path}: the file is empty")
     try:
-        return [str(c) for c in pd.read_csv(path, nrows=0).columns]
+        raw = pd.read_csv(path, header=None, nrows=1, dtype=str, keep_default_na=False)
+        names = [str(c) for c in pd.read_csv(path, nrows=0).columns]
     except (ValueError, pd.errors.ParserError) as exc:
         raise _csv_error(path, exc) from exc
+    _check_unique(path, [c for c in raw.iloc[0].tolist() if c != ""])
+    return names
+
+
+def _check_unique(path, names) -> None:
+    seen = set()
+    for name in names:
+        if name in seen:
+            raise ValueError(f"{path}: the column name {shorten(name)} appears more than once")
+        seen.add(name)
 
 
 def check_columns(path, columns, wanted, what="column") -> None:
     """ValueError naming the first of ``wanted`` that is not in ``columns``."""
     missing = [c for c in wanted if c not in columns]
     if missing:
-        shown = ", ".join(repr(c) for c in columns[:20])
+        shown = ", ".join(shorten(c) for c in columns[:20])
         more = " ..." if len(columns) > 20 else ""
-        raise ValueError(f"{path}: {what} {missing[0]!r} not found; the columns are {shown}{more}")
+        raise ValueError(
+            f"{path}: {what} {shorten(missing[0])} not found; the columns are {shown}{more}"
+        )
 
 
-def iter_chunks(path, columns=None, chunksize=100_000):
+def iter_chunks(path, columns=None, chunksize=100_000, *, text_columns=()):
     """Read a CSV or Parquet file in chunks.
 
     Returns ``(chunks, total, unit)``: ``chunks`` yields
     ``(frame, first_row, position)`` with ``first_row`` the 0-based data row
     of the chunk's first row and ``position`` the progress so far in
     ``unit`` ("bytes" for CSV, "rows" for Parquet) out of ``total``.
-    Only ``columns`` are read (all when None).
+    Only ``columns`` are returned (all when None). CSV columns in
+    ``text_columns`` are read as text, so their type does not depend on where
+    a chunk starts (pandas infers each chunk's types on its own).
+
+    Every CSV row is checked against the header: a row with more fields than
+    the header is an error naming its line (it is not silently cut).
     """
     import pandas as pd
 
@@ -454,32 +219,49 @@ def iter_chunks(path, columns=None, chunksize=100_000):
     total = path.stat().st_size
     if total == 0:
         raise ValueError(f"{path}: the file is empty")
+    # All columns are parsed: usecols would turn off pandas' field count check. So
+    # that memory stays bounded for wide files, a chunk holds at most CSV_CHUNK_CELLS.
+    width = max(1, len(read_columns(path)))
+    options = {
+        "index_col": False,  # never take the first column as an index when rows are longer
+        "chunksize": max(1, min(chunksize, CSV_CHUNK_CELLS // width)),
+        "dtype": {c: str for c in text_columns} or None,
+        **_exact_floats(),
+    }
+
+    def parse(step):
+        """``step()`` with pandas' ParserWarning (a first data row longer than the header)
+        as an error; the filter is set around each read only, never across a yield."""
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", pd.errors.ParserWarning)
+                return step()
+        except pd.errors.ParserWarning:
+            raise ValueError(f"{path}: line 2 has more fields than the header") from None
+        except (ValueError, pd.errors.ParserError) as exc:
+            raise _csv_error(path, exc) from exc
 
     def csv_chunks():
-        with open(path, "rb") as fh:
-            try:
-                reader = pd.read_csv(fh, usecols=columns, chunksize=chunksize, **_exact_floats())
-                row = 0
-                with reader:
-                    for frame in reader:
-                        yield frame, row, fh.tell()
-                        row += len(frame)
-            except (ValueError, pd.errors.ParserError) as exc:
-                raise _csv_error(path, exc) from exc
+        with open(path, "rb") as fh, parse(lambda: pd.read_csv(fh, **options)) as reader:
+            row = 0
+            while (frame := parse(lambda: next(reader, None))) is not None:
+                yield (frame if columns is None else frame[columns]), row, fh.tell()
+                row += len(frame)
 
     return csv_chunks(), total, "bytes"
 
 
-def read_table(path, columns=None, *, quiet=True):
+def read_table(path, columns=None, *, quiet=True, text_columns=()):
     """The whole file (only ``columns``) as a DataFrame; ValueError if it has no rows.
 
-    With ``quiet=False`` a progress bar is drawn on stderr (when it is a terminal).
+    ``text_columns`` as for :func:`iter_chunks`. With ``quiet=False`` a
+    progress bar is drawn on stderr (when it is a terminal).
     """
     import pandas as pd
 
     from .progress import Progress
 
-    chunks, total, unit = iter_chunks(path, columns, chunksize=200_000)
+    chunks, total, unit = iter_chunks(path, columns, 200_000, text_columns=text_columns)
     frames = []
     with Progress(total, "read", unit=unit, quiet=quiet) as bar:
         for frame, _, position in chunks:
@@ -491,7 +273,7 @@ def read_table(path, columns=None, *, quiet=True):
     return frame
 
 
-def _where(source, fmt, row0: int) -> str:
+def row_location(source, fmt, row0: int) -> str:
     """Where 0-based data row ``row0`` is: data rows count from 1 after the header."""
     if fmt == "csv":
         return f"{source}: data row {row0 + 1} (line {row0 + 2} of the file)"
@@ -527,8 +309,8 @@ def numeric_block(frame, columns, *, first_row=0, source="data", fmt="csv", on_n
         if text.any():
             i = int(np.argmax(text))
             raise ValueError(
-                f"{_where(source, fmt, first_row + i)}: column {col!r} holds "
-                f"{series.iloc[i]!r}, which is not a number"
+                f"{row_location(source, fmt, first_row + i)}: column {shorten(col)} holds "
+                f"{shorten(series.iloc[i])}, which is not a number"
             )
         out[:, j] = values
     finite = np.isfinite(out)
@@ -537,8 +319,8 @@ def numeric_block(frame, columns, *, first_row=0, source="data", fmt="csv", on_n
         i = int(np.argmin(keep))
         col = columns[int(np.argmin(finite[i]))]
         raise ValueError(
-            f"{_where(source, fmt, first_row + i)}: column {col!r} is missing or not finite "
-            f"({out[i, columns.index(col)]}); use --on-nan drop to skip such rows"
+            f"{row_location(source, fmt, first_row + i)}: column {shorten(col)} is missing or "
+            f"not finite ({out[i, columns.index(col)]}); use --on-nan drop to skip such rows"
         )
     return out, keep
 
@@ -549,10 +331,45 @@ def check_labels(frame, column, *, first_row=0, source="data", fmt="csv", on_nan
     if on_nan == "error" and missing.any():
         i = int(np.argmax(missing))
         raise ValueError(
-            f"{_where(source, fmt, first_row + i)}: column {column!r} is missing; "
+            f"{row_location(source, fmt, first_row + i)}: column {shorten(column)} is missing; "
             "use --on-nan drop to skip such rows"
         )
     return ~missing
+
+
+_INTEGER = re.compile(r"[+-]?\d+")
+
+
+def labels_from_text(values, classes=None):
+    """Class labels read as text (a CSV column read with ``text_columns``), typed by one
+    rule that does not depend on how the file was chunked.
+
+    Without ``classes`` (fitting): integers when every label is written as
+    one, else the text. With the fitted model's ``classes``: integers or
+    floats where the classes are (labels that do not parse stay text, and are
+    reported as unknown classes), else the text. Values that are not text
+    (Parquet columns carry their type) are returned as they are.
+    """
+    values = np.asarray(values, dtype=object)
+    if not all(isinstance(v, str) for v in values):
+        return values
+    kind = None if classes is None else np.asarray(classes).dtype.kind
+    if kind is None:
+        if len(values) and all(_INTEGER.fullmatch(v.strip()) for v in values):
+            return np.array([int(v) for v in values])
+        return values
+    if kind in "iu":
+        return np.array([int(v) if _INTEGER.fullmatch(v.strip()) else v for v in values], object)
+    if kind == "f":
+        return np.array([_float_or_text(v) for v in values], dtype=object)
+    return values
+
+
+def _float_or_text(text):
+    try:
+        return float(text)
+    except ValueError:
+        return text
 
 
 class TableWriter:

@@ -10,10 +10,9 @@ parameters are NumPy arrays, there is no dropout and no gradient.
 
 from __future__ import annotations
 
-import numbers
-
 import numpy as np
 
+from ._validation import as_float_array, check_bool, check_dtype, check_positive_int
 from .attention import multi_head_attention
 
 __all__ = ["MultiHeadAttention", "SelfAttention"]
@@ -71,19 +70,16 @@ class MultiHeadAttention:
         rotary_base=None,
         dtype="float64",
     ):
-        for name, value in (("embed_dim", embed_dim), ("num_heads", num_heads)):
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        embed_dim = check_positive_int(embed_dim, "embed_dim")
+        num_heads = check_positive_int(num_heads, "num_heads")
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}")
         kdim = embed_dim if kdim is None else kdim
         vdim = embed_dim if vdim is None else vdim
-        for name, value in (("kdim", kdim), ("vdim", vdim)):
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        dt = np.dtype(dtype)
-        if dt not in (np.float32, np.float64):
-            raise ValueError(f"dtype must be 'float32' or 'float64', got {dtype!r}")
+        kdim = check_positive_int(kdim, "kdim")
+        vdim = check_positive_int(vdim, "vdim")
+        bias = check_bool(bias, "bias")
+        dt = np.dtype(check_dtype(dtype))
         self.embed_dim = int(embed_dim)
         self.num_heads = int(num_heads)
         self.head_dim = self.embed_dim // self.num_heads
@@ -127,24 +123,37 @@ class MultiHeadAttention:
     def load_state_dict(self, state):
         """Copy parameters in from a dict with torch's names (arrays or tensors).
 
-        Every parameter this layer has must be present with its shape.
+        All or nothing: every parameter this layer has must be present, real,
+        finite and of its shape, and no other key may be there; only when all
+        of them pass is any parameter replaced. A ValueError names the key.
         """
-        for tname, attr in self._TORCH_NAMES.items():
-            current = getattr(self, attr)
-            if current is None:
-                continue
+        if not hasattr(state, "keys"):
+            raise ValueError(f"state must be a dict of arrays, got {type(state).__name__}")
+        expected = {
+            tname: attr
+            for tname, attr in self._TORCH_NAMES.items()
+            if getattr(self, attr) is not None
+        }
+        unknown = sorted(str(key) for key in state.keys() if key not in expected)
+        if unknown:
+            raise ValueError(
+                f"state has keys this layer does not have: {unknown}; expected {sorted(expected)}"
+            )
+        checked = {}
+        for tname, attr in expected.items():
             if tname not in state:
                 raise ValueError(f"state is missing {tname!r}")
             value = state[tname]
             if hasattr(value, "detach"):
                 value = value.detach().cpu().numpy()
-            arr = np.array(value, dtype=self.dtype, copy=True)
+            arr = as_float_array(value, f"state[{tname!r}]", dtype=self.dtype, allow_bool=False)
+            current = getattr(self, attr)
             if arr.shape != current.shape:
                 raise ValueError(
                     f"state[{tname!r}] has shape {arr.shape}, expected {current.shape}"
                 )
-            if not np.isfinite(arr).all():
-                raise ValueError(f"state[{tname!r}] contains NaN or inf")
+            checked[attr] = arr
+        for attr, arr in checked.items():
             setattr(self, attr, arr)
         return self
 
@@ -208,7 +217,7 @@ class MultiHeadAttention:
 
 
 class SelfAttention:
-    """Self-attention (seed 000): Q = W_q X, K = W_k X, V = W_v X, then key-value attention.
+    """Self-attention (the attention chapter): Q = W_q X, K = W_k X, V = W_v X, then attention.
 
     .. math::
 
@@ -249,7 +258,7 @@ class SelfAttention:
             rotary_base=rotary_base,
             dtype=dtype,
         )
-        self.causal = bool(causal)
+        self.causal = check_bool(causal, "causal")
 
     def forward(
         self,

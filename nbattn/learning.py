@@ -1,8 +1,8 @@
 """Learned kernels: leave-one-out loss and gradients, LOO bandwidths, learned metrics, spread.
 
-Seed 002, section 1.3.3 makes the kernel width a parameter learned from the
-data. The criterion is the leave-one-out (LOO) mean squared error of
-Nadaraya-Watson regression,
+The attention-pooling walk-through, section 1.3.3, makes the kernel width a
+parameter learned from the data. The criterion is the leave-one-out (LOO)
+mean squared error of Nadaraya-Watson regression,
 
 .. math::
 
@@ -12,7 +12,7 @@ Nadaraya-Watson regression,
 (p outputs), with one of three scores:
 
 * ``scalar``:   ``s_ij = -1/2 sum_d ((x_id - x_jd) / (c h_d))^2``, one factor c
-  on fixed base widths h (Scott's rule by default); the seed's single w is 1/(c h).
+  on fixed base widths h (Scott's rule by default); the text's single w is 1/(c h).
 * ``diagonal``: ``s_ij = -1/2 sum_d ((x_id - x_jd) / h_d)^2``, one width per feature.
 * ``full``:     ``s_ij = -1/2 || L (x_i - x_j) ||^2`` with L (n_components, d):
   metric learning for kernel regression (MLKR, Weinberger & Tesauro 2007).
@@ -27,60 +27,73 @@ The gradient is exact and streamed (``nbattn.kernels.loo``): with
     \\frac{\\partial L}{\\partial L} = -\\frac{2}{n p}\\, L \\sum_{i, j \\ne i}
         g_{ij} (x_i - x_j)(x_i - x_j)^T .
 
-Memory is O(n (d + p)) throughout: no n x n matrix is formed.
+Memory is O(n (d + p)) throughout: no n x n matrix is formed. The tunables
+(``LOO_GRID``, ``LOO_EXTEND_DECADES``, ``LOO_RTOL``, ``WIDTH_BOUNDS``) live in
+:mod:`nbattn.config` and are read at call time.
 """
 
 from __future__ import annotations
 
+import math
 import warnings
 from contextlib import contextmanager
 from contextvars import ContextVar
 
-import numba
 import numpy as np
-from scipy.optimize import minimize, minimize_scalar
-from sklearn.exceptions import ConvergenceWarning
 
 from . import config
+from ._threads import serial_below
 from ._validation import as_float_array, resolve_dtype
 from .device import kernels_for, resolve_device
 from .kernels import loo, pooling
+from .progress import FitProgress, check_verbose
 from .regression import bandwidth_rule, resolve_bandwidth
+from .search import minimize_log_scale
 
 __all__ = [
-    "LOO_GRID",
+    "LOO_GRID",  # noqa: F822 - provided by the module __getattr__ (config at call time)
+    "BandwidthRangeWarning",
     "fit_learned_kernel",
     "loo_bandwidth",
     "loo_loss",
     "loo_loss_and_grad",
     "nadaraya_watson_spread",
+    "row_runner",
 ]
 
-#: Factors of the base (Scott) widths tried by the coarse stage of ``loo_bandwidth``.
-LOO_GRID = np.logspace(-2.0, 2.0, 17)
 
-#: Bounds of the learned log-widths, as factors of the initial (Scott) widths.
-WIDTH_BOUNDS = (1e-3, 1e4)
+def __getattr__(name):
+    # the grid as an array, always the one in config (tests patch config.LOO_GRID)
+    if name == "LOO_GRID":
+        return np.asarray(config.LOO_GRID, dtype=np.float64)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class BandwidthRangeWarning(UserWarning):
+    """The LOO criterion still falls at an end of the bandwidth search range."""
 
 
 # --------------------------------------------------------------------------- inputs
 
 
-@contextmanager
 def _threads_for(pairs):
     """Run the kernels inside on one thread when the call has few pairs (config.SERIAL_PAIRS)."""
-    if pairs >= config.SERIAL_PAIRS:
-        yield
-        return
-    previous = numba.get_num_threads()
-    numba.set_num_threads(1)
-    try:
-        yield
-    finally:
-        numba.set_num_threads(previous)
+    return serial_below(pairs, config.SERIAL_PAIRS)
+
+
+def _mid_range(a):
+    """Per-column centre of the range, (min + max) / 2 computed without overflow."""
+    return a.min(axis=0) / 2 + a.max(axis=0) / 2
 
 
 def _prepare_xy(X, y, dtype):
+    """X (n, d) and y (n, p) as float64, each column centred on the middle of its range.
+
+    Scores depend on differences of X and the LOO errors on differences of y
+    (the weights sum to 1), so the centring changes nothing but float32
+    rounding: a column far from 0 (temperatures in kelvin, incomes) keeps its
+    digits.
+    """
     X = as_float_array(X, "X", ndim=(1, 2), dtype=np.float64)
     X = X[:, None] if X.ndim == 1 else X
     y = as_float_array(y, "y", ndim=(1, 2), dtype=np.float64)
@@ -89,7 +102,7 @@ def _prepare_xy(X, y, dtype):
         raise ValueError(f"y has {y2.shape[0]} rows but X has {X.shape[0]}")
     if X.shape[0] < 2:
         raise ValueError(f"leave-one-out needs at least 2 samples, got n_samples={X.shape[0]}")
-    return X, y2
+    return X - _mid_range(X), y2 - _mid_range(y2)
 
 
 def _scaled(points, scale, dtype):
@@ -132,10 +145,37 @@ def _loss_from_layout(z, z_t, y2, dtype, rows=None, device="cpu"):
 
 # --------------------------------------------------------------------------- row partitions
 
-#: How sums over query rows run: None = here, one call over all rows;
-#: ``nbattn.dask.sharded_training`` sets a runner that maps row ranges onto a
-#: dask cluster (each range against all keys) and adds the partial sums.
+#: How sums over query rows run: None = here, one call over all rows; set by
+#: :func:`row_runner`.
 _ROW_RUNNER = ContextVar("nbattn_row_runner", default=None)
+
+
+@contextmanager
+def row_runner(runner):
+    """Run the LOO passes' sums over query rows through ``runner`` inside the block.
+
+    ``runner(task, n_rows, args)`` must return the sum, over row ranges
+    ``[a, b)`` that cover ``range(n_rows)``, of ``task(a, b, *args)`` (a float,
+    or a tuple of floats and arrays, added elementwise). Each range is left
+    out and predicted against all keys, so the ranges are independent:
+    ``nbattn.dask.sharded_training`` maps them onto a Dask cluster. ``None``
+    runs them here, as one call. Contexts nest and are per thread / task
+    (a ``ContextVar``).
+
+    Examples
+    --------
+    >>> def serial(task, n_rows, args):
+    ...     return task(0, n_rows, *args)
+    >>> with row_runner(serial):
+    ...     loss = loo_loss(X, y)  # doctest: +SKIP
+    """
+    if runner is not None and not callable(runner):
+        raise ValueError(f"runner must be callable or None, got {runner!r}")
+    token = _ROW_RUNNER.set(runner)
+    try:
+        yield runner
+    finally:
+        _ROW_RUNNER.reset(token)
 
 
 def _sum_over_rows(task, n_rows, *args):
@@ -298,6 +338,14 @@ def _loss_and_grad_passes(X, y2, z, z_t, v_t, dtype, diagonal, L, device="cpu"):
 # --------------------------------------------------------------------------- bandwidth search
 
 
+def _unit_scale(y2):
+    """A power of two near max |y2|: dividing by it is exact and keeps the criterion O(1)."""
+    top = float(np.max(np.abs(y2))) if y2.size else 0.0
+    if top == 0.0:
+        return 1.0
+    return math.ldexp(1.0, math.frexp(top)[1])
+
+
 def loo_bandwidth(
     X,
     y,
@@ -306,45 +354,61 @@ def loo_bandwidth(
     grid=None,
     xatol=None,
     grid_queries=4096,
-    early_stop=True,
+    early_stop=None,
     random_state=0,
     dtype=None,
     return_curve=False,
     device="cpu",
+    verbose=False,
+    name=None,
 ):
     """Per-feature widths ``c* h0`` minimising the LOO MSE over one scale factor c.
 
-    A robust bounded search on the log scale: (1) evaluate the LOO MSE at the
-    factors ``grid`` (default ``LOO_GRID``: 17 factors from 0.01 to 100, a
-    quarter decade apart) to find the best basin even when the curve has
-    several local minima or flat stretches; (2) refine with bounded Brent
-    (``scipy.optimize.minimize_scalar(method="bounded")``) on log c between the
-    grid neighbours of the best grid point, to ``xatol`` in log c (default 1e-3,
-    0.1 % in the width, which puts the LOO MSE within ~1e-8 relative of the
-    optimum; 1e-2 when n > ``grid_queries``, where the curve is flatter, each
-    evaluation costly, and 1 % far below the statistical spread of the width).
-    The better of the grid point and the Brent result is returned, so the
-    answer is never worse than the grid. Ties resolve to the smaller factor.
+    A bounded search on the log scale (:func:`nbattn.search.minimize_log_scale`):
 
+    1. **Grid.** The LOO MSE at every factor of ``grid`` (default
+       ``config.LOO_GRID``: 0.01 to 100, six per decade, with 1, the base
+       rule itself). The whole grid, whatever the curve does on the
+       way: LOO curves have flat stretches (at small widths every row is
+       predicted by its nearest neighbour, and the curve is flat to 1e-10)
+       and several local minima.
+    2. **Ends.** If the best factor is an end of the grid, the grid grows a
+       step at a time in that direction while the criterion still falls, up
+       to ``config.LOO_EXTEND_DECADES`` decades; a minimum still at the end
+       there gives a :class:`BandwidthRangeWarning` naming the data and the
+       direction, never a silent edge.
+    3. **Refinement.** Bounded Brent on log c between the grid neighbours of
+       the best factor, and of up to two other local minima of the grid
+       within 2 % of it (the minimum can hide in a dip narrower than the
+       grid spacing), to ``xatol`` in log c (default 3e-4, 0.03 % in the
+       width; 1e-2 when n > ``grid_queries``, where each evaluation is
+       costly and 1 % far below the statistical spread of the width).
+
+    Values of the criterion are compared in float64 with the relative
+    tolerance ``config.LOO_RTOL`` (1e-5): values that close are equal. On a
+    plateau the factor nearest 1 wins; a refined factor replaces the best
+    grid factor only when it is better by more than the tolerance. So the
+    float32 search makes the float64 search's choices, and the answer is
+    never worse than the base rule (factor 1, always evaluated exactly).
+    The criterion is computed on y centred and divided by a power of two
+    (the LOO MSE changes by that exact factor only), so targets far from 0
+    or of extreme magnitude keep their float32 digits and do not overflow.
+
+    For n > ``grid_queries`` the grid stage leaves out and predicts only a
+    fixed random subset of ``grid_queries`` rows (in 1-D at most
+    ``config.LOO_GRID_QUERIES_1D`` = 1024; every row stays a key): an
+    unbiased estimate of the LOO MSE that only picks the bracket; the base
+    rule and the best grid factor are then evaluated exactly, and the
+    refinement first walks the grid on exact values to a local minimum
+    (the estimate may be a step or two off). Pass
+    ``grid_queries=None`` for an exact grid stage (n^2 work per factor).
     1-D data are sorted once and evaluated by a windowed kernel that skips
     keys whose weight is below exp(-50) of the nearest one (exact to float64
-    rounding), so an evaluation costs n x (window) and grows with the width.
+    rounding), so an evaluation costs n x (window) and grows with the width:
+    the wide end of the grid costs (rows) x n per factor, hence the smaller
+    subset in 1-D.
 
-    With ``early_stop`` (default) an exact coarse stage runs from the
-    smallest factor up and stops after two consecutive rises of the LOO MSE:
-    the wide end of the grid (the expensive one in 1-D) is only visited
-    while the curve still falls. This assumes the curve does not fall again
-    after rising for half a decade; ``early_stop=False`` scans the whole grid.
-
-    For d > 1 and n > ``grid_queries`` the coarse stage leaves out and
-    predicts only a fixed random subset of ``grid_queries`` rows (every row
-    stays a key): an unbiased estimate of the LOO MSE that only picks the
-    bracket (evaluated on the whole grid). On very large n the LOO curve can
-    be flat to within that estimate's noise over a decade of widths; pass
-    ``grid_queries=None`` for an exact coarse stage (n^2 work per point). In
-    1-D the coarse stage is always exact.
-
-    The Brent stage is always exact (all n rows left out in turn).
+    The classifier's Brier criterion is this one on one-hot targets.
 
     Parameters
     ----------
@@ -355,42 +419,72 @@ def loo_bandwidth(
         :func:`nbattn.regression.bandwidth_rule`: it adds nothing to the
         score whatever its width).
     grid : array of positive factors, optional
+        The factor 1 is always added.
     xatol : float, the Brent tolerance in log c (default: see above)
-    grid_queries : int or None, rows left out in the coarse stage when n is larger (d > 1)
-    early_stop : bool, stop the exact coarse scan after two consecutive rises
+    grid_queries : int or None, rows left out in the grid stage when n is larger
+    early_stop : deprecated, ignored
+        The grid stage no longer stops early (a rise of 4e-10 on a flat
+        stretch stopped it at the narrow edge); giving it warns.
     random_state : seed of that subset
     dtype : "float64" or "float32"
     return_curve : bool
         Also return ``(factors, losses)`` of every exact evaluation, sorted by
-        factor (with the coarse stage subsampled, only the Brent stage's).
+        factor (with the grid stage subsampled, only the exact ones).
     device : "cpu", "cuda" or "auto"
         On the GPU every evaluation uses the full (unsorted) kernel
         ``nbattn.cuda.loo.loo_squared_error``, also in 1-D.
+    verbose : bool or int
+        Progress on stderr (:mod:`nbattn.progress`): each factor tried
+        and its criterion, and the choice.
+    name : str, optional
+        How warnings and progress lines name the data (a file name, say);
+        default "X (n rows, d features)".
 
     Returns
     -------
     bandwidth : ndarray (d,)
     curve : tuple of two arrays, only with ``return_curve=True``
+
+    Warns
+    -----
+    BandwidthRangeWarning
+        The criterion still falls at an end of the extended range.
     """
+    if early_stop is not None:
+        warnings.warn(
+            "loo_bandwidth(early_stop=...) is deprecated and ignored: the grid stage always "
+            "scans the whole grid",
+            DeprecationWarning,
+            stacklevel=2,
+        )
     dtype = resolve_dtype(dtype, X, y)
     X, y2 = _prepare_xy(X, y, dtype)
+    n, d = X.shape
+    what = name if name is not None else f"X ({n} rows, {d} feature{'s' if d > 1 else ''})"
+    unit = _unit_scale(y2)
+    y2 = y2 / unit
+    loss_unit = unit * unit  # the criterion of the original y = loss_unit * the computed one
     h0 = resolve_bandwidth(base, X)
-    grid = LOO_GRID if grid is None else np.asarray(grid, dtype=np.float64).reshape(-1)
+    base_name = base if isinstance(base, str) else "base"
+    grid = (
+        np.asarray(config.LOO_GRID, dtype=np.float64)
+        if grid is None
+        else np.asarray(grid, dtype=np.float64).reshape(-1)
+    )
     if grid.size < 1 or not np.all(np.isfinite(grid)) or np.any(grid <= 0):
         raise ValueError("grid must hold positive finite factors")
     log_grid = np.log(np.sort(grid))
-    n = X.shape[0]
     rows = None
-    if grid_queries is not None and n > int(grid_queries) and X.shape[1] > 1:
+    if grid_queries is not None and n > int(grid_queries):
+        # 1-D: fewer rows, for the windowed kernel's wide widths cost rows x n each
+        size = int(grid_queries) if d > 1 else min(int(grid_queries), config.LOO_GRID_QUERIES_1D)
         rng = np.random.default_rng(random_state)
-        rows = np.sort(rng.choice(n, size=int(grid_queries), replace=False)).astype(np.int64)
+        rows = np.sort(rng.choice(n, size=size, replace=False)).astype(np.int64)
     if xatol is None:
-        large = grid_queries is not None and n > int(grid_queries)
-        xatol = 1e-2 if large else 1e-3
-    evaluated = {}
+        xatol = 1e-2 if rows is not None else 3e-4
     device = resolve_device(device)
     # sorted 1-D points: the windowed kernel skips negligible keys (CPU only)
-    sorted_1d = X.shape[1] == 1 and device == "cpu"
+    sorted_1d = d == 1 and device == "cpu"
     if sorted_1d:
         order = np.argsort(X[:, 0], kind="stable")
         rank = np.empty(n, dtype=np.int64)
@@ -408,48 +502,63 @@ def loo_bandwidth(
             if subset is None:
                 args = (zs, v_sorted, y_sorted, gap, window)
                 return _sum_over_rows(_sse_rows_sorted_1d, n, *args) / y2.size
-            sub = np.sort(rank[subset])
+            sub = rank[subset]
+            sub.sort()
             with _threads_for(sub.size * window):
                 total = loo.loo_squared_error_sorted_1d(zs, v_sorted, y_sorted, sub, gap)
             return float(total) / (sub.size * y2.shape[1])
         z, z_t = _scaled(X, 1.0 / (np.exp(t) * h0), dtype)
         return _loss_from_layout(z, z_t, y2, dtype, subset, device)
 
-    def objective(t):
-        t = float(t)
-        if t not in evaluated:
-            evaluated[t] = loss_at(t, None)
-        return evaluated[t]
+    with FitProgress(verbose, "loo_bandwidth", total=log_grid.size, unit="width") as log:
+        best = [math.inf, None]
 
-    if rows is not None:
-        losses = np.array([loss_at(t, rows) for t in log_grid])
-    elif early_stop:
-        # exact, in increasing width; stop after two consecutive rises
-        losses = np.full(log_grid.size, np.inf)
-        rises = 0
-        for k, t in enumerate(log_grid):
-            losses[k] = objective(t)
-            rises = rises + 1 if k and losses[k] > losses[k - 1] else 0
-            if rises >= 2:
-                break
-    else:
-        losses = np.array([objective(t) for t in log_grid])
-    best = int(np.argmin(losses))
-    best_t = log_grid[best]
-    if log_grid.size > 1:
-        lo = log_grid[max(best - 1, 0)]
-        hi = log_grid[min(best + 1, log_grid.size - 1)]
-        res = minimize_scalar(
-            objective, bounds=(lo, hi), method="bounded", options={"xatol": xatol}
+        def report(stage, t, value):
+            if value < best[0]:
+                best[0], best[1] = value, t
+            label = {"grid": "grid", "extend": "extended grid", "exact": "exact"}.get(
+                stage, "refine"
+            )
+            estimate = " (estimate)" if rows is not None and stage in ("grid", "extend") else ""
+            log.step(
+                f"{label}: {math.exp(t):.4g} x {base_name}: LOO criterion "
+                f"{value * loss_unit:.6g}{estimate}; best {best[0] * loss_unit:.6g} at "
+                f"{math.exp(best[1]):.4g} x",
+                n=1 if stage in ("grid", "extend") else 0,
+            )
+
+        result = minimize_log_scale(
+            lambda t: loss_at(t, None),
+            log_grid,
+            rtol=config.LOO_RTOL,
+            xatol=xatol,
+            extend=config.LOO_EXTEND_DECADES * math.log(10.0),
+            anchor=0.0,
+            coarse=None if rows is None else (lambda t: loss_at(t, rows)),
+            report=report if log.enabled else None,
         )
-        best_loss = losses[best] if rows is None else objective(best_t)
-        if np.isfinite(res.fun) and res.fun < best_loss:
-            best_t = float(res.x)
-    bandwidth = np.exp(best_t) * h0
+        factor = math.exp(result.t)
+        log.note(
+            f"{what}: {factor:.4g} x {base_name} widths, LOO criterion "
+            f"{result.value * loss_unit:.7g} ({base_name}: {result.exact[0.0] * loss_unit:.7g}); "
+            f"{result.n_coarse} grid and {result.n_exact} exact evaluations"
+        )
+    if result.edge is not None:
+        direction = "narrower" if result.edge == "low" else "wider"
+        warnings.warn(
+            f"loo_bandwidth: on {what} the leave-one-out criterion still falls towards "
+            f"{direction} widths at the end of the search range ({factor:.3g} x the "
+            f"{base_name} widths, {config.LOO_EXTEND_DECADES:g} decades beyond the grid); "
+            "the width returned is that end, not a minimum",
+            BandwidthRangeWarning,
+            stacklevel=2,
+        )
+    bandwidth = factor * h0
     if not return_curve:
         return bandwidth
-    ts = np.array(sorted(evaluated))
-    return bandwidth, (np.exp(ts), np.array([evaluated[t] for t in ts]))
+    ts = np.array(list(result.exact))
+    losses = np.array([result.exact[t] for t in ts]) * loss_unit
+    return bandwidth, (np.exp(ts), losses)
 
 
 # --------------------------------------------------------------------------- learned metrics
@@ -487,6 +596,7 @@ def fit_learned_kernel(
     random_state=None,
     dtype=None,
     device="cpu",
+    verbose=False,
 ):
     """Minimise the LOO MSE over the kernel's metric with L-BFGS-B and the exact gradient.
 
@@ -498,8 +608,8 @@ def fit_learned_kernel(
         * "scalar": widths ``c * h_scott``, c learned (the seed's single w);
         * "diagonal": one width per feature, learned on the log scale;
         * "full": a linear map L (n_components, d), score ``-1/2 ||L(x - x')||^2``.
-        Scalar and diagonal log-widths are bounded to ``WIDTH_BOUNDS`` times
-        the Scott widths (1e-3 ... 1e4), so an irrelevant feature's width
+        Scalar and diagonal log-widths are bounded to ``config.WIDTH_BOUNDS``
+        times the Scott widths (1e-3 ... 1e4), so an irrelevant feature's width
         grows until the bound instead of overflowing.
     n_components : int, only for "full" (default d)
     init : "scott", "random" (full only) or an array
@@ -511,6 +621,10 @@ def fit_learned_kernel(
     random_state : seed for init="random"
     dtype : "float64" or "float32"
     device : "cpu", "cuda" or "auto": where the LOO loss and gradient run
+    verbose : bool or int
+        Progress on stderr (:mod:`nbattn.progress`): the iteration, the
+        LOO MSE and its change; a tqdm bar on a terminal, plain lines
+        otherwise or with ``verbose=2``.
 
     Returns
     -------
@@ -520,7 +634,7 @@ def fit_learned_kernel(
 
     Warns
     -----
-    ConvergenceWarning
+    sklearn.exceptions.ConvergenceWarning
         when L-BFGS-B stops without meeting its tolerance (e.g. ``max_iter``).
 
     Raises
@@ -528,8 +642,11 @@ def fit_learned_kernel(
     FloatingPointError
         if the loss or gradient ever becomes non-finite (never returned silently).
     """
+    from scipy.optimize import minimize
+
     if metric not in ("scalar", "diagonal", "full"):
         raise ValueError(f"metric must be 'scalar', 'diagonal' or 'full', got {metric!r}")
+    check_verbose(verbose)
     dtype = resolve_dtype(dtype, X, y)
     device = resolve_device(device)
     X, y2 = _prepare_xy(X, y, dtype)
@@ -552,7 +669,7 @@ def fit_learned_kernel(
             raise ValueError(f"init must be 'scott' or an array for metric={metric!r}")
         if not np.all(np.isfinite(h_init)) or np.any(h_init <= 0):
             raise ValueError("init widths must be positive and finite")
-        lo, hi = np.log(WIDTH_BOUNDS[0]), np.log(WIDTH_BOUNDS[1])
+        lo, hi = np.log(config.WIDTH_BOUNDS[0]), np.log(config.WIDTH_BOUNDS[1])
         if metric == "scalar":
             x0 = np.array([np.log(h_init[0] / h_std[0])])
             bounds = [(lo, hi)]
@@ -603,21 +720,36 @@ def fit_learned_kernel(
             curve.append(float(loss))
         return loss / norm, np.ravel(grad) / norm
 
-    def callback(intermediate_result):
-        curve.append(float(intermediate_result.fun) * norm)
+    with FitProgress(verbose, "fit_learned_kernel", total=int(max_iter), unit="iter") as log:
 
-    res = minimize(
-        objective,
-        x0,
-        jac=True,
-        method="L-BFGS-B",
-        bounds=bounds,
-        tol=tol,
-        callback=callback,
-        options={"maxiter": int(max_iter)},
-    )
-    converged = bool(res.success)
+        def callback(intermediate_result):
+            curve.append(float(intermediate_result.fun) * norm)
+            log.step(
+                f"iteration {len(curve) - 1}: LOO MSE {curve[-1]:.6g} "
+                f"(change {curve[-1] - curve[-2]:+.3g})"
+            )
+
+        if log.enabled:
+            log.note(f"{metric} metric, {n} rows, {d} features")
+        res = minimize(
+            objective,
+            x0,
+            jac=True,
+            method="L-BFGS-B",
+            bounds=bounds,
+            tol=tol,
+            callback=callback,
+            options={"maxiter": int(max_iter)},
+        )
+        converged = bool(res.success)
+        if log.enabled:
+            log.note(
+                f"{'converged' if converged else 'stopped'} after {res.nit} iterations: "
+                f"LOO MSE {float(res.fun) * norm:.6g} (start {curve[0]:.6g}); {res.message}"
+            )
     if not converged:
+        from sklearn.exceptions import ConvergenceWarning
+
         warnings.warn(
             f"L-BFGS-B did not converge in {res.nit} iterations ({res.message}); "
             "increase max_iter or loosen tol",

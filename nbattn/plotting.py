@@ -1,13 +1,22 @@
-"""matplotlib figures: the seed's fit curves and attention heatmaps."""
+"""Every matplotlib figure: the attention-pooling walk-through's fit curves and heatmaps,
+and the figures of ``nbattn plot`` (fit, heatmap, loo, widths).
+
+matplotlib is imported when a figure is drawn, with the non-interactive Agg
+backend unless a file backend is already selected.
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
 
+FIGURE_FORMATS = ("png", "svg")
 
-def _pyplot():
+
+def pyplot():
+    """``matplotlib.pyplot`` on a non-interactive backend."""
     import matplotlib
 
     if matplotlib.get_backend().lower() not in ("agg", "pdf", "svg"):
@@ -23,7 +32,7 @@ _CURVE_COLORS = ["tab:green", "black", "tab:orange", "tab:purple", "tab:brown", 
 
 def plot_fit(x_train, y_train, x_test, y_true, curves=None, ax=None, title=None):
     """Training points, the true function, and fitted curves {label: y_pred on x_test}."""
-    plt = _pyplot()
+    plt = pyplot()
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 4))
     ax.scatter(x_train, y_train, color="tab:red", s=14, label="train_data")
@@ -40,7 +49,7 @@ def plot_fit(x_train, y_train, x_test, y_true, curves=None, ax=None, title=None)
 
 def plot_heatmap(weights, xlabel="keys", ylabel="queries", ax=None, title=None):
     """One attention map (n_queries, n_keys) as an image with a colour bar."""
-    plt = _pyplot()
+    plt = pyplot()
     if ax is None:
         _, ax = plt.subplots(figsize=(5, 4))
     image = ax.imshow(np.asarray(weights), cmap="Reds", aspect="auto")
@@ -54,7 +63,7 @@ def plot_heatmap(weights, xlabel="keys", ylabel="queries", ax=None, title=None):
 
 def save(ax, path) -> Path:
     """Save the figure holding ``ax`` and close it."""
-    plt = _pyplot()
+    plt = pyplot()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     ax.figure.tight_layout()
@@ -65,7 +74,7 @@ def save(ax, path) -> Path:
 
 def plot_loss_curve(bandwidths, losses, marks=None, ax=None, title=None):
     """A loss against the kernel width on a log axis; ``marks`` = {label: width} as lines."""
-    plt = _pyplot()
+    plt = pyplot()
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 4))
     ax.plot(bandwidths, losses, color="tab:blue", label="leave-one-out MSE")
@@ -120,7 +129,7 @@ def show_heatmaps(
     rows, cols = w.shape[:2]
     if titles is not None and len(titles) not in (cols, rows * cols):
         raise ValueError(f"titles must have {cols} or {rows * cols} entries, got {len(titles)}")
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(
         rows,
         cols,
@@ -147,4 +156,184 @@ def show_heatmaps(
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=100, bbox_inches="tight")
         plt.close(fig)
+    return fig
+
+
+# ----------------------------------------------------------------------------- nbattn plot
+
+
+def figure_format(path) -> str:
+    """ "png" or "svg" from the extension of ``path``; anything else is a ValueError."""
+    ext = os.path.splitext(str(path))[1].lower().lstrip(".")
+    if ext not in FIGURE_FORMATS:
+        raise ValueError(f"figure {str(path)!r} must end in .png or .svg")
+    return ext
+
+
+def save_figure(fig, path) -> None:
+    """Write ``fig`` to ``path`` (PNG or SVG by extension) atomically, and close it."""
+    from .atomic import atomic_output
+
+    fmt = figure_format(path)
+    try:
+        with atomic_output(path) as tmp:
+            fig.tight_layout()
+            fig.savefig(tmp, format=fmt, dpi=100)
+    finally:
+        pyplot().close(fig)
+
+
+#: scatter at most this many points of a data file (a random subset beyond)
+MAX_POINTS = 5000
+
+
+def fit_figure(model, X, y, target, label="data"):
+    """The fitted curve over the data, one panel per feature.
+
+    With one feature the panel is the model's prediction along the feature.
+    With several, panel f is a partial-dependence slice: the prediction along
+    feature f with every other feature held at its median over ``X``,
+    ``g_f(t) = f(x_med with x_f = t)``, drawn over the data's ``(x_f, y)``.
+
+    Parameters
+    ----------
+    model : fitted regressor with ``feature_names_in_``
+    X : DataFrame (n, d), the model's features in its order
+    y : array (n,)
+    target : str, the label of the y axis
+    label : str, the legend entry of the data points
+    """
+    import pandas as pd
+
+    plt = pyplot()
+    features = list(X.columns)
+    d = len(features)
+    cols = min(d, 3)
+    rows = -(-d // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows), squeeze=False)
+    values = X.to_numpy(dtype=np.float64)
+    y = np.asarray(y)
+    if len(y) > MAX_POINTS:
+        pick = np.random.default_rng(0).choice(len(y), MAX_POINTS, replace=False)
+        shown, shown_y = values[pick], y[pick]
+    else:
+        shown, shown_y = values, y
+    medians = np.median(values, axis=0)
+    for f, name in enumerate(features):
+        ax = axes.flat[f]
+        grid = np.linspace(values[:, f].min(), values[:, f].max(), 400)
+        queries = np.tile(medians, (len(grid), 1))
+        queries[:, f] = grid
+        curve = model.predict(pd.DataFrame(queries, columns=features))
+        ax.scatter(shown[:, f], shown_y, s=8, color="tab:red", alpha=0.6, label=label)
+        curve_label = type(model).__name__ if d == 1 else "others at their medians"
+        ax.plot(grid, curve, color="tab:blue", label=curve_label)
+        ax.set_xlabel(name)
+        ax.set_ylabel(target)
+        ax.legend(loc="best", fontsize="small")
+    for ax in list(axes.flat)[d:]:
+        ax.set_visible(False)
+    if d > 1:
+        fig.suptitle(f"{type(model).__name__}: partial dependence on each feature")
+    return fig
+
+
+def attention_figure(model, X, data_name="data"):
+    """Attention weights of the rows of ``X`` (queries) over the training rows (keys),
+    both sorted by the first feature."""
+    features = list(X.columns)
+    X = X.iloc[np.argsort(X.iloc[:, 0].to_numpy(), kind="stable")]
+    weights = np.asarray(model.attention_weights(X))
+    keys = getattr(model, "X_fit_", None)
+    if keys is not None and keys.shape[0] == weights.shape[1]:
+        weights = weights[:, np.argsort(keys[:, 0], kind="stable")]
+    _, ax = pyplot().subplots(figsize=(6, 4.5))
+    plot_heatmap(
+        weights,
+        xlabel=f"training rows (keys), by {features[0]}",
+        ylabel=f"rows of {data_name} (queries), by {features[0]}",
+        ax=ax,
+        title="attention weights",
+    )
+    return ax.figure
+
+
+def loo_curve(X, y, base, scales, progress=None):
+    """Leave-one-out MSE of Nadaraya-Watson at the widths ``base * s`` for s in ``scales``.
+
+    ``L(h) = mean_i (f_{-i}(x_i) - y_i)^2``, ``f_{-i}`` the prediction at x_i
+    without the pair (i, i) (``nbattn.learning.loo_loss``). ``progress`` is
+    called once per width.
+    """
+    from .learning import loo_loss
+
+    losses = np.empty(len(scales))
+    for i, s in enumerate(scales):
+        losses[i] = loo_loss(X, y, base * s)
+        if progress is not None:
+            progress()
+    return losses
+
+
+def loo_figure(X, y, points=30, progress=None):
+    """Leave-one-out MSE against the width, in units of Scott's rule, over ``points``
+    scales from 10^-1.5 to 10, with Scott's rule, the grid minimum and the width
+    ``bandwidth="loo"`` chooses (:func:`nbattn.learning.loo_bandwidth`) marked.
+    ``progress`` is called once per width."""
+    from .learning import loo_bandwidth
+    from .regression import bandwidth_rule
+
+    X = np.asarray(X, dtype=np.float64)
+    if len(y) < 2:
+        raise ValueError("the leave-one-out loss needs at least 2 rows")
+    scott = bandwidth_rule(X, "scott")
+    scales = np.logspace(-1.5, 1.0, points)
+    losses = loo_curve(X, y, scott, scales, progress)
+    factor = float(np.asarray(loo_bandwidth(X, y))[0] / scott[0])
+    _, ax = pyplot().subplots(figsize=(6, 4))
+    ax.plot(scales, losses, color="tab:blue")
+    ax.axvline(1.0, color="gray", ls="--", label="Scott's rule")
+    ax.axvline(factor, color="tab:green", ls=":", label=f"bandwidth='loo': {factor:.3g} x Scott")
+    best = int(np.argmin(losses))
+    ax.scatter(
+        [scales[best]],
+        [losses[best]],
+        color="tab:red",
+        zorder=3,
+        label=f"grid minimum: {scales[best]:.3g} x Scott",
+    )
+    ax.set_xscale("log")
+    ax.set_xlabel("bandwidth / Scott's rule")
+    ax.set_ylabel("leave-one-out MSE")
+    ax.legend(loc="best")
+    return ax.figure
+
+
+def widths_figure(model, features):
+    """The kernel widths per feature (``bandwidth_``, log scale) or the learned metric
+    ``components_`` as an image."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(max(4, 0.6 * len(features) + 2), 4))
+    if getattr(model, "bandwidth_", None) is not None:
+        widths = np.asarray(model.bandwidth_, dtype=np.float64).reshape(-1)
+        if widths.size == 1 and len(features) > 1:
+            widths = np.full(len(features), widths[0])
+        ax.bar(range(len(widths)), widths, color="tab:blue")
+        ax.set_xticks(range(len(widths)), features, rotation=45, ha="right")
+        ax.set_yscale("log")
+        ax.set_ylabel("kernel width h")
+        ax.set_title(f"{type(model).__name__} widths")
+    elif getattr(model, "components_", None) is not None:
+        L = np.asarray(model.components_, dtype=np.float64)
+        limit = float(np.abs(L).max()) or 1.0
+        image = ax.imshow(L, cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto")
+        fig.colorbar(image, ax=ax)
+        ax.set_xticks(range(len(features)), features, rotation=45, ha="right")
+        ax.set_yticks(range(L.shape[0]), [str(i + 1) for i in range(L.shape[0])])
+        ax.set_xlabel("features")
+        ax.set_ylabel("rows of L")
+        ax.set_title("learned metric L")
+    else:
+        plt.close(fig)
+        raise ValueError(f"{type(model).__name__} has no widths (bandwidth_ or components_)")
     return fig

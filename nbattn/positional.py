@@ -1,4 +1,4 @@
-"""Positional encodings for self-attention (seed 000, "self-attention with positions").
+"""Positional encodings for self-attention (the attention chapter, self-attention with positions).
 
 Self-attention alone ignores order: alpha_ij depends only on q_i and k_j.
 Two families fix that (the text's two choices):
@@ -25,7 +25,13 @@ import numbers
 
 import numpy as np
 
-from .scores import _array
+from ._validation import (
+    as_float_array,
+    check_bool,
+    check_dtype,
+    check_positive_float,
+    check_positive_int,
+)
 
 __all__ = [
     "add_positions",
@@ -39,25 +45,6 @@ __all__ = [
 ]
 
 
-def _positive_int(x, name):
-    if isinstance(x, bool) or not isinstance(x, numbers.Integral) or x < 1:
-        raise ValueError(f"{name} must be a positive integer, got {x!r}")
-    return int(x)
-
-
-def _positive_float(x, name):
-    if isinstance(x, bool) or not isinstance(x, numbers.Real) or not (np.isfinite(x) and x > 0):
-        raise ValueError(f"{name} must be a positive finite number, got {x!r}")
-    return float(x)
-
-
-def _dtype(dtype):
-    key = np.dtype(dtype)
-    if key not in (np.float32, np.float64):
-        raise ValueError(f"dtype must be 'float32' or 'float64', got {dtype!r}")
-    return key.type
-
-
 def sinusoidal(num_positions, dim, base=10000.0, dtype="float64"):
     """The sinusoidal position table P (num_positions, dim) of Vaswani et al. / d2l.
 
@@ -69,16 +56,16 @@ def sinusoidal(num_positions, dim, base=10000.0, dtype="float64"):
     for positions i = 0 .. num_positions-1 (an odd ``dim`` drops the last cosine).
     Add it to the inputs with :func:`add_positions`.
     """
-    n = _positive_int(num_positions, "num_positions")
-    d = _positive_int(dim, "dim")
-    base = _positive_float(base, "base")
+    n = check_positive_int(num_positions, "num_positions")
+    d = check_positive_int(dim, "dim")
+    base = check_positive_float(base, "base")
     angles = np.arange(n, dtype=np.float64)[:, None] / np.power(
         base, np.arange(0, d, 2, dtype=np.float64) / d
     )
     table = np.empty((n, d), dtype=np.float64)
     table[:, 0::2] = np.sin(angles)
     table[:, 1::2] = np.cos(angles[:, : d // 2])
-    return table.astype(_dtype(dtype))
+    return table.astype(check_dtype(dtype))
 
 
 def learned(num_positions, dim, random_state=None, std=0.02, dtype="float64"):
@@ -88,17 +75,17 @@ def learned(num_positions, dim, random_state=None, std=0.02, dtype="float64"):
     array to be trained by whatever fits the rest of the model, and applied
     with :func:`add_positions`.
     """
-    n = _positive_int(num_positions, "num_positions")
-    d = _positive_int(dim, "dim")
-    std = _positive_float(std, "std")
+    n = check_positive_int(num_positions, "num_positions")
+    d = check_positive_int(dim, "dim")
+    std = check_positive_float(std, "std")
     rng = np.random.default_rng(random_state)
-    return rng.normal(0.0, std, size=(n, d)).astype(_dtype(dtype))
+    return rng.normal(0.0, std, size=(n, d)).astype(check_dtype(dtype))
 
 
 def add_positions(x, table, offset=0):
     """x (..., L, D) + table[offset : offset + L]: absolute positions added to the inputs."""
-    x = _array(x, "x")
-    t = _array(table, "table", dtype=x.dtype)
+    x = as_float_array(x, "x", min_ndim=2, allow_bool=False)
+    t = as_float_array(table, "table", dtype=x.dtype, allow_bool=False)
     if t.ndim != 2 or t.shape[1] != x.shape[-1]:
         raise ValueError(f"table must have shape (positions, {x.shape[-1]}), got {t.shape}")
     if isinstance(offset, bool) or not isinstance(offset, numbers.Integral) or offset < 0:
@@ -112,7 +99,7 @@ def add_positions(x, table, offset=0):
 def _positions(positions, n, name):
     if positions is None:
         return np.arange(n, dtype=np.float64)
-    p = _array(positions, name, min_ndim=1, dtype=np.float64)
+    p = as_float_array(positions, name, min_ndim=1, dtype=np.float64, allow_bool=False)
     if p.shape != (n,):
         raise ValueError(f"{name} must have shape ({n},), got {p.shape}")
     return p
@@ -143,11 +130,12 @@ def rope(x, positions=None, base=10000.0, interleaved=False):
         b_j = x[j + D/2] (GPT-NeoX, Llama / Hugging Face ``rotate_half``).
         True: interleaved, a_j = x[2j], b_j = x[2j+1] (the RoFormer paper).
     """
-    x = _array(x, "x")
+    x = as_float_array(x, "x", min_ndim=2, allow_bool=False)
+    interleaved = check_bool(interleaved, "interleaved")
     D = x.shape[-1]
     if D % 2:
         raise ValueError(f"rope needs an even feature dimension, x has {D}")
-    base = _positive_float(base, "base")
+    base = check_positive_float(base, "base")
     p = _positions(positions, x.shape[-2], "positions")
     theta = np.power(base, -np.arange(0, D, 2, dtype=np.float64) / D)
     angle = p[:, None] * theta[None, :]  # (L, D/2)
@@ -176,7 +164,7 @@ def alibi_slopes(num_heads):
     (the odd-indexed ones: 2^(-8(2h-1)/(2 n0))), h = 1 .. n - n0 — the
     reference implementation's rule.
     """
-    n = _positive_int(num_heads, "num_heads")
+    n = check_positive_int(num_heads, "num_heads")
 
     def power_of_two(m):
         start = 2.0 ** (-8.0 / m)
@@ -196,17 +184,17 @@ def alibi_bias(num_heads, num_queries, num_keys=None, dtype="float64"):
     non-causal attention. Pass it as ``mask=`` (float masks are added).
     """
     slopes = alibi_slopes(num_heads)
-    L = _positive_int(num_queries, "num_queries")
-    S = L if num_keys is None else _positive_int(num_keys, "num_keys")
+    L = check_positive_int(num_queries, "num_queries")
+    S = L if num_keys is None else check_positive_int(num_keys, "num_keys")
     dist = np.abs(np.arange(L)[:, None] - np.arange(S)[None, :]).astype(np.float64)
-    return (-slopes[:, None, None] * dist[None]).astype(_dtype(dtype))
+    return (-slopes[:, None, None] * dist[None]).astype(check_dtype(dtype))
 
 
 def relative_position_index(num_queries, num_keys=None, max_distance=1):
     """Indices (L, S) into a table of 2K+1 offsets: ``clip(j - i, -K, K) + K`` (Shaw et al.)."""
-    L = _positive_int(num_queries, "num_queries")
-    S = L if num_keys is None else _positive_int(num_keys, "num_keys")
-    K = _positive_int(max_distance, "max_distance")
+    L = check_positive_int(num_queries, "num_queries")
+    S = L if num_keys is None else check_positive_int(num_keys, "num_keys")
+    K = check_positive_int(max_distance, "max_distance")
     rel = np.arange(S)[None, :] - np.arange(L)[:, None]
     return np.clip(rel, -K, K) + K
 
@@ -221,7 +209,7 @@ def relative_position_bias(table, num_queries, num_keys=None):
     learn such a table (of vectors, added to the keys); here each offset
     carries a scalar added to the scores — pass the result as ``mask=``.
     """
-    t = _array(table, "table", min_ndim=1)
+    t = as_float_array(table, "table", min_ndim=1, allow_bool=False)
     if t.ndim > 2 or t.shape[0] % 2 == 0 or t.shape[0] < 3:
         raise ValueError(
             f"table must have shape (2K+1,) or (2K+1, heads) with K >= 1, got {t.shape}"

@@ -1,21 +1,33 @@
-"""A small progress bar on stderr (no dependency).
+"""Progress on stderr, drawn by tqdm: the command line's bars and the fits' ``verbose=``.
 
-Shown only when the stream is a terminal (``stream.isatty()``) and the
-caller did not ask for quiet; ``force=True`` draws it on any stream (tests).
-Redraws at most ten times a second, so updating it costs nothing measurable.
+* :class:`Progress` and :func:`running`: bars of the command line. A bar is
+  shown only when its stream is a terminal (``stream.isatty()``) and the
+  caller did not ask for quiet; ``force=True`` draws it on any stream
+  (tests). tqdm redraws at most ten times a second here, so updating it costs
+  nothing measurable.
+* :class:`FitProgress`: ``verbose=`` of the fitting functions
+  (``loo_bandwidth``, ``fit_learned_kernel``, the estimators, ``nbattn fit
+  --verbose``):
+
+  - ``verbose=False`` or 0: nothing;
+  - ``verbose=True`` or 1: a tqdm bar (step count, the latest loss and its
+    change) when stderr is a terminal; one plain line per step otherwise, so
+    that logs of batch jobs show the progress too;
+  - ``verbose=2`` (or more): plain lines always.
+
+  stderr is looked up when the progress starts, so redirecting it (pytest's
+  capture, ``contextlib.redirect_stderr``) works.
+
+tqdm is imported when a bar is made, so importing this module costs nothing.
 """
 
 from __future__ import annotations
 
 import sys
-import time
+import threading
+from numbers import Integral
 
-
-def _fmt_time(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    minutes, secs = divmod(seconds, 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes:02d}:{secs:02d}"
+__all__ = ["FitProgress", "Progress", "check_verbose", "running"]
 
 
 class Progress:
@@ -24,127 +36,181 @@ class Progress:
     Parameters
     ----------
     total : float or None
-        The amount of work (rows, bytes, folds); None draws a counter without
-        a percentage.
+        The amount of work (rows, bytes, widths); None draws a counter with
+        the elapsed time and no percentage.
     desc : str
         A label in front of the bar.
     unit : str
-        Shown after the counts.
+        Shown after the counts; "bytes" is shown as B, kB, MB.
     quiet : bool
         Never draw.
     stream : file, default sys.stderr
     force : bool
         Draw even when ``stream`` is not a terminal.
+    bar_format : str, optional
+        tqdm's ``bar_format`` (default: tqdm's bar, or a counter without a total).
     """
 
-    width = 24
-    interval = 0.1
-
-    def __init__(self, total=None, desc="", unit="", quiet=False, stream=None, force=False):
-        self.stream = sys.stderr if stream is None else stream
-        isatty = getattr(self.stream, "isatty", lambda: False)
+    def __init__(
+        self, total=None, desc="", unit="", quiet=False, stream=None, force=False, bar_format=None
+    ):
+        stream = sys.stderr if stream is None else stream
+        isatty = getattr(stream, "isatty", lambda: False)
         self.enabled = not quiet and (force or bool(isatty()))
-        self.total = total
-        self.desc = desc
-        self.unit = unit
-        self.n = 0
-        self.start = time.monotonic()
-        self._last = 0.0
-        self._drawn = False
+        in_bytes = unit == "bytes"
+        unit = "B" if in_bytes else (unit or "it")
+        counter = f"{{n_fmt}} {unit} " if unit != "it" else "{n_fmt} "
+        from tqdm import tqdm
+
+        self.bar = tqdm(
+            total=total,
+            desc=desc,
+            unit=unit,
+            unit_scale=in_bytes or (total or 0) >= 10_000,
+            unit_divisor=1024 if in_bytes else 1000,
+            bar_format=bar_format or (None if total else "{desc}: " + counter + "[{elapsed}]"),
+            file=stream,
+            disable=not self.enabled,
+            mininterval=0.1,
+            leave=True,
+        )
+
+    @property
+    def n(self):
+        return self.bar.n
 
     def update(self, n=1, *, position=None) -> None:
-        """Advance by ``n`` (or jump to ``position``) and redraw if due."""
-        self.n = position if position is not None else self.n + n
-        if not self.enabled:
-            return
-        now = time.monotonic()
-        if now - self._last >= self.interval:
-            self._last = now
-            self._draw(now)
+        """Advance by ``n`` (or jump to ``position``)."""
+        if position is not None:
+            n = position - self.bar.n
+        self.bar.update(n)
 
-    def message(self) -> str:
-        """The current line (without the carriage return)."""
-        elapsed = time.monotonic() - self.start
-        head = f"{self.desc}: " if self.desc else ""
-        unit = f" {self.unit}" if self.unit else ""
-        if self.total:
-            frac = min(max(self.n / self.total, 0.0), 1.0)
-            filled = int(round(frac * self.width))
-            bar = "#" * filled + " " * (self.width - filled)
-            eta = elapsed * (1 - frac) / frac if frac > 0 else 0.0
-            return (
-                f"{head}{frac * 100:3.0f}% |{bar}| {_count(self.n)}/{_count(self.total)}{unit}"
-                f" [{_fmt_time(elapsed)}<{_fmt_time(eta)}]"
-            )
-        count = f"{_count(self.n)}{unit} " if (self.n or self.unit) else ""
-        return f"{head}{count}[{_fmt_time(elapsed)}]"
-
-    def _draw(self, now=None) -> None:
-        self.stream.write("\r" + self.message() + "\x1b[K")
-        self.stream.flush()
-        self._drawn = True
+    def refresh(self) -> None:
+        """Redraw now (the elapsed time of a bar without updates)."""
+        if self.enabled:
+            self.bar.refresh()
 
     def close(self) -> None:
         """Draw the final state and end the line."""
-        if self.enabled:
-            self._draw()
-            self.stream.write("\n")
-            self.stream.flush()
-            self.enabled = False
+        self.bar.close()
 
     def __enter__(self):
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        if exc_type is None:
-            self.close()
-        elif self.enabled and self._drawn:
-            self.stream.write("\n")
-            self.stream.flush()
-            self.enabled = False
+        self.close()
         return False
 
 
-def _count(x) -> str:
-    x = float(x)
-    if x >= 1e9:
-        return f"{x / 1e9:.2f}G"
-    if x >= 1e6:
-        return f"{x / 1e6:.2f}M"
-    if x >= 1e4:
-        return f"{x / 1e3:.1f}k"
-    return f"{x:.0f}"
-
-
 class running:  # noqa: N801 - used like a function: ``with running("fit"):``
-    """Show ``desc: mm:ss`` ticking on stderr while a block runs (terminal only).
+    """Show ``desc: <elapsed>`` ticking on stderr while a block runs (terminal only).
 
-    For work that reports no progress of its own (an estimator's ``fit``):
-    a daemon thread redraws the elapsed time twice a second.
+    For work that reports no progress of its own: a daemon thread redraws the
+    elapsed time twice a second.
     """
 
     def __init__(self, desc, quiet=False, stream=None, force=False):
-        self.bar = Progress(None, desc, quiet=quiet, stream=stream, force=force)
-        self._stop = None
+        self.bar = Progress(
+            None, desc, quiet=quiet, stream=stream, force=force, bar_format="{desc}: [{elapsed}]"
+        )
+        self._stop = threading.Event()
         self._thread = None
 
     def __enter__(self):
         if self.bar.enabled:
-            import threading
-
-            self._stop = threading.Event()
+            self.bar.refresh()
 
             def tick():
                 while not self._stop.wait(0.5):
-                    self.bar._draw()
+                    self.bar.refresh()
 
-            self.bar._draw()
             self._thread = threading.Thread(target=tick, daemon=True)
             self._thread.start()
         return self.bar
 
     def __exit__(self, exc_type, exc, tb):
+        self._stop.set()
         if self._thread is not None:
-            self._stop.set()
             self._thread.join()
         return self.bar.__exit__(exc_type, exc, tb)
+
+
+def check_verbose(verbose) -> int:
+    """``verbose`` as a level 0, 1 or 2; a ValueError naming it otherwise."""
+    if isinstance(verbose, (bool, Integral)) and int(verbose) >= 0:
+        return min(int(verbose), 2)
+    raise ValueError(f"verbose must be a bool or a non-negative integer, got {verbose!r}")
+
+
+def _is_terminal(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
+
+
+class FitProgress:
+    """``with FitProgress(verbose, "fit_learned_kernel", total=200) as log: log.step("...")``.
+
+    Parameters
+    ----------
+    verbose : bool or int
+        See the module docstring.
+    desc : str
+        The name in front of every line (the function that reports).
+    total : int, optional
+        Expected number of steps (the bar's length); steps may exceed it.
+    unit : str
+        What a step is, for the bar.
+    """
+
+    def __init__(self, verbose, desc, total=None, unit="it"):
+        level = check_verbose(verbose)
+        self.desc = desc
+        self.stream = sys.stderr
+        self._bar = None
+        if level == 0:
+            self.mode = None
+        elif level == 1 and _is_terminal(self.stream):
+            from tqdm import tqdm
+
+            self.mode = "bar"
+            self._bar = tqdm(total=total, desc=desc, unit=unit, file=self.stream, leave=True)
+        else:
+            self.mode = "lines"
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode is not None
+
+    def step(self, message, n=1):
+        """One step done: the bar advances by ``n`` and shows ``message``; or a line."""
+        if self.mode == "bar":
+            if self._bar.total is not None and self._bar.n + n > self._bar.total:
+                self._bar.total = self._bar.n + n
+            self._bar.set_postfix_str(message, refresh=False)
+            self._bar.update(n)
+        elif self.mode == "lines":
+            self._line(message)
+
+    def note(self, message):
+        """A line of its own (above the bar on a terminal)."""
+        if self.mode == "bar":
+            self._bar.write(f"{self.desc}: {message}", file=self.stream)
+        elif self.mode == "lines":
+            self._line(message)
+
+    def _line(self, message):
+        print(f"{self.desc}: {message}", file=self.stream, flush=True)
+
+    def close(self):
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.close()
+        return False

@@ -2,7 +2,7 @@
 
     f(q) = sum_j softmax_j( -1/2 sum_d ((q_d - k_jd) / h_d)^2 ) v_j
 
-(seed 002, section 1.3.2), computed by the streaming kernel in
+(the attention-pooling walk-through, section 1.3.2), computed by the streaming kernel in
 ``nbattn.kernels.pooling``: exact, stable, and without the queries x keys
 matrix. This layer validates inputs, resolves bandwidth rules, lays the
 arrays out for the kernel and dispatches to the device.
@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._validation import as_float_array, check_bandwidth, check_same_features, resolve_dtype
-from .device import (
-    as_numba_device_array,
-    is_device_array,
-    kernels_for,
-    like_input,
-    resolve_device,
+from ._validation import (
+    as_device_array,
+    as_float_array,
+    check_bandwidth,
+    check_bool,
+    check_same_features,
+    resolve_dtype,
 )
-from .kernels import pooling
+from .device import device_for, is_device_array, kernels_for, like_input
 
 __all__ = [
     "BANDWIDTH_RULES",
@@ -133,9 +133,11 @@ def _as_2d(x, name, dtype):
 def _layout(queries, keys, values, h, dtype):
     """Scale by 1/(h sqrt 2) and transpose to the kernels' layout (see pooling)."""
     scale = 1.0 / (h * np.sqrt(2.0))
-    q = np.ascontiguousarray(queries * scale, dtype=dtype)
-    k_t = np.ascontiguousarray((keys * scale).T, dtype=dtype)
-    v_t = None if values is None else np.ascontiguousarray(values.T, dtype=dtype)
+    q = as_float_array(queries * scale, "queries / bandwidth", dtype=dtype)
+    k_t = np.ascontiguousarray(as_float_array(keys * scale, "keys / bandwidth", dtype=dtype).T)
+    v_t = None
+    if values is not None:
+        v_t = np.ascontiguousarray(as_float_array(values, "values", dtype=dtype).T)
     return q, k_t, v_t
 
 
@@ -200,9 +202,10 @@ def nadaraya_watson(
     admissible key (one key, excluded) gets 0 and lse = -inf.
     """
     dtype = resolve_dtype(dtype, queries, keys, values)
-    if any(is_device_array(a) for a in (queries, keys, values)):
-        if resolve_device("cuda" if device == "auto" else device) != "cuda":
-            raise ValueError(f"GPU arrays need device='cuda' or 'auto', got device={device!r}")
+    exclude_self = check_bool(exclude_self, "exclude_self")
+    return_lse = check_bool(return_lse, "return_lse")
+    device = device_for(device, queries, keys, values)
+    if device == "cuda" and any(is_device_array(a) for a in (queries, keys, values)):
         return _nadaraya_watson_on_device(
             queries, keys, values, bandwidth, exclude_self, dtype, return_lse
         )
@@ -216,8 +219,7 @@ def nadaraya_watson(
     values_2d = values_arr[:, None] if values_arr.ndim == 1 else values_arr
     h = resolve_bandwidth(bandwidth, keys)
     q, k_t, v_t = _layout(queries, keys, values_2d, h, dtype)
-    device = resolve_device(device)
-    out, lse = kernels_for("pooling", device).gaussian_pool(q, k_t, v_t, bool(exclude_self))
+    out, lse = kernels_for("pooling", device).gaussian_pool(q, k_t, v_t, exclude_self)
     if device == "cuda":
         out, lse = out.copy_to_host(), lse.copy_to_host()
     if values_arr.ndim == 1:
@@ -226,26 +228,14 @@ def nadaraya_watson(
 
 
 def _device_2d(x, name):
-    """A numba view of a GPU array, checked: 1-D or 2-D, non-empty, finite."""
-    from .cuda import layout
-
-    arr = as_numba_device_array(x)
-    if arr.ndim not in (1, 2):
-        raise ValueError(f"{name} must be 1-D or 2-D, got an array of shape {arr.shape}")
-    if arr.size == 0:
-        raise ValueError(f"{name} is empty (shape {arr.shape})")
-    arr2 = arr.reshape(arr.shape[0], 1) if arr.ndim == 1 else arr
-    if np.dtype(arr2.dtype).kind != "f":
-        raise ValueError(f"{name} must be a float array on the GPU, got dtype {arr2.dtype}")
-    if layout.count_nonfinite(arr2):
-        raise ValueError(f"{name} contains NaN or inf")
-    return arr2
+    """A checked GPU array (1-D or 2-D) as a 2-D numba view."""
+    arr = as_device_array(x, name, ndim=(1, 2))
+    return arr.reshape(arr.shape[0], 1) if arr.ndim == 1 else arr
 
 
 def _nadaraya_watson_on_device(queries, keys, values, bandwidth, exclude_self, dtype, return_lse):
     """nadaraya_watson for inputs on the GPU: checks and layout run on the device."""
     from .cuda import layout
-    from .cuda import pooling as cuda_pooling
 
     q, k, v = _device_2d(queries, "queries"), _device_2d(keys, "keys"), _device_2d(values, "values")
     check_same_features(q, k, "queries", "keys")
@@ -263,11 +253,11 @@ def _nadaraya_watson_on_device(queries, keys, values, bandwidth, exclude_self, d
     else:
         h = check_bandwidth(bandwidth, k.shape[1])
     scale = 1.0 / (h * np.sqrt(2.0))
-    out, lse = cuda_pooling.gaussian_pool(
+    out, lse = kernels_for("pooling", "cuda").gaussian_pool(
         layout.scaled_copy(q, scale, dtype),
         layout.scaled_transpose(k, scale, dtype),
         layout.scaled_transpose(v, np.ones(v.shape[1]), dtype),
-        bool(exclude_self),
+        exclude_self,
     )
     if getattr(values, "ndim", 2) == 1:
         out = out.reshape(out.shape[0])
@@ -285,14 +275,15 @@ def gaussian_attention_weights(queries, keys, bandwidth="scott", exclude_self=Fa
     keys = _as_2d(keys, "keys", np.float64)
     queries = _as_2d(queries, "queries", np.float64)
     check_same_features(queries, keys, "queries", "keys")
+    exclude_self = check_bool(exclude_self, "exclude_self")
     _check_exclude_self(exclude_self, queries, keys)
     h = resolve_bandwidth(bandwidth, keys)
     q, k_t, _ = _layout(queries, keys, None, h, dtype)
-    return pooling.gaussian_weights(q, k_t, bool(exclude_self))
+    return kernels_for("pooling", "cpu").gaussian_weights(q, k_t, exclude_self)
 
 
 def average_pooling(queries, values):
-    """Average pooling (seed 002, section 1.3.1): f(q) = (1/n) sum_j v_j for every q.
+    """Average pooling (the attention-pooling walk-through, section 1.3.1): f(q) = mean_j v_j.
 
     Attention pooling with a constant score: every key gets weight 1/n.
     """

@@ -1,7 +1,8 @@
-"""Seed 002, section 1.3, as code: average pooling, Nadaraya-Watson and a learned width.
+"""The attention-pooling walk-through, section 1.3, as code: average pooling,
+Nadaraya-Watson and a learned width.
 
 ``run_seed(outdir)`` fits each model, returns a metrics table and writes the
-seed's figures. Used by ``nbattn demo`` and ``scripts/reproduce_seed.py``.
+walk-through's figures. Used by ``nbattn demo`` and ``scripts/reproduce_seed.py``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from .datasets import seed_data
 from .estimators import LearnedKernelRegressor, NadarayaWatsonRegressor
 from .learning import loo_loss
 
-#: The seed's models: name -> estimator. "nadaraya_watson" is the seed's own
+#: The walk-through's models: name -> estimator. "nadaraya_watson" is the walk-through's own
 #: kernel, exp(-(x - x_i)^2 / 2), i.e. bandwidth 1.
 SEED_MODELS = {
     "average_pooling": lambda: NadarayaWatsonRegressor(kernel="average"),
@@ -38,7 +39,7 @@ def _metrics(y_true, y_pred):
 
 
 def run_seed(outdir=None, random_state=None):
-    """Fit the seed's models; write its figures to ``outdir`` when given.
+    """Fit the walk-through's models; write its figures to ``outdir`` when given.
 
     Returns a DataFrame indexed by model with the test-grid MSE, MAE and R²
     against the true function, and the training MSE.
@@ -62,7 +63,7 @@ def run_seed(outdir=None, random_state=None):
 
 
 def write_seed_figures(outdir: Path, data, curves, fitted) -> list[Path]:
-    """The figures of seed 002, section 1.3.1-1.3.2."""
+    """The figures of the attention-pooling walk-through, sections 1.3.1-1.3.2."""
     args = (data.x_train, data.y_train, data.x_test, data.y_test)
     written = [
         plotting.save(plotting.plot_fit(*args, title="training data"), outdir / "data.png"),
@@ -96,11 +97,12 @@ def write_seed_figures(outdir: Path, data, curves, fitted) -> list[Path]:
 
 
 def write_learned_width_figures(outdir: Path, data, curves, fitted) -> list[Path]:
-    """Seed 002, section 1.3.3: the learned-w fit, its sharper heatmap, LOO MSE vs width."""
+    """The walk-through's section 1.3.3: the learned-w fit, its sharper heatmap and the
+    leave-one-out MSE against the width."""
     args = (data.x_train, data.y_train, data.x_test, data.y_test)
     learned = fitted["learned_width"]
     h_learned = float(learned.bandwidth_[0])
-    w = 1.0 / h_learned  # the seed's parameter: exp(-((x - x_i) w)^2 / 2)
+    w = 1.0 / h_learned  # the walk-through's parameter: exp(-((x - x_i) w)^2 / 2)
     fit = plotting.plot_fit(
         *args,
         {
@@ -123,7 +125,7 @@ def write_learned_width_figures(outdir: Path, data, curves, fitted) -> list[Path
     marks = {
         "learned": h_learned,
         "Scott": float(fitted["nadaraya_watson_scott"].bandwidth_[0]),
-        "seed (h = 1)": 1.0,
+        "walk-through (h = 1)": 1.0,
     }
     ax = plotting.plot_loss_curve(widths, losses, marks, title="leave-one-out MSE vs width")
     written.append(plotting.save(ax, outdir / "loo_curve.png"))

@@ -1,4 +1,4 @@
-"""A tour of the attention chapter (seed 000), in the text's order, on small examples.
+"""A tour of the attention chapter, in the text's order, on small examples.
 
 Usage: python scripts/attention_tour.py OUTDIR
 
@@ -28,7 +28,7 @@ import numpy as np
 
 import nbattn
 from nbattn import positional
-from nbattn.plotting import _pyplot, show_heatmaps
+from nbattn.plotting import pyplot, show_heatmaps
 
 
 def step(title):
@@ -162,7 +162,7 @@ def main(outdir):
     rope_scores = nbattn.scores.dot(positional.rope(unit), positional.rope(unit))
     alibi = positional.alibi_bias(H, N)
     rel = positional.relative_position_bias(np.linspace(-1, 1, 7), N)
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 4, figsize=(14, 3.2))
     panels = [
         (table, "sinusoidal table P (position x dim)", "RdBu"),

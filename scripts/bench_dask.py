@@ -5,7 +5,7 @@ run takes minutes on 2 cores). Prints pairs/s for the single process (numba on
 1 and on all threads) and for 1 and 2 worker processes (one numba thread each),
 with the ratios.
 
-    python scripts/bench_dask.py [--queries 10000000] [--keys 100000] [--chunk 500000]
+    .venv/bin/python scripts/bench_dask.py [--queries 10000000] [--keys 100000] [--chunk 500000]
 """
 
 from __future__ import annotations

@@ -1,15 +1,21 @@
 """GPU checks and figures for nbattn's CUDA kernels, in one run (needs a CUDA GPU).
 
-1. Checks, on small inputs, that every CUDA twin gives what the CPU path gives:
-   Nadaraya-Watson (1-D and 8-D, float32 and float64, exclude_self), the LOO
-   loss and gradient (diagonal widths and full metric), flash attention
-   forward and backward (causal and not, L != S); torch CUDA tensors in ->
-   torch CUDA tensors out when torch with CUDA is installed. A failed check
-   is printed as FAIL and makes the exit status 1 (the timings still run).
-2. Nadaraya-Watson pairs/s (queries x keys per second), 1-D and 8-D,
-   float32, one output, with the inputs already on the GPU. The problem size
-   grows from 2^16 x 2^16 until one call takes ~0.5 s (at most 2^20 x 2^20).
-3. Flash attention TFLOP/s, B = 1, H = 8, D = 64, float32, N = 1024 ...
+1. Checks, on small inputs, that every CUDA twin gives what its CPU twin
+   gives: the kernels themselves (``nbattn.cuda.pooling`` / ``loo`` against
+   ``nbattn.kernels.pooling`` / ``loo``, including the paths that split
+   outputs or gradient entries over several launches), then the functional
+   layer with ``device="cuda"`` against ``device="cpu"``: Nadaraya-Watson
+   (1-D and 8-D, float32 and float64, exclude_self), a far query (nearest
+   value, not 0/0), the LOO loss and gradients (log-widths and a metric),
+   flash attention forward and backward (causal and not, L != S, D = 64 and
+   an odd D), numba device arrays in -> device arrays out, and torch CUDA
+   tensors in -> torch CUDA tensors out when torch with CUDA is installed.
+2. Nadaraya-Watson pairs/s (queries x keys per second), 1-D and 8-D, float32,
+   one output, inputs already on the GPU; the size grows from 2^14 x 2^14
+   until one call takes ~0.3 s (at most 2^20 x 2^20).
+3. The LOO loss and gradient (n = 2^13 and 2^15, d = 4, float32) on the GPU,
+   beside the CPU on this machine for n = 2^13.
+4. Flash attention TFLOP/s, B = 1, H = 8, D = 64, float32, N = 1024 ...
    16,384, forward and backward, causal and not, beside
    ``torch.nn.functional.scaled_dot_product_attention`` (forward; backward by
    autograd) on the same GPU when torch with CUDA is there, with the ratio
@@ -18,15 +24,24 @@
    backward recomputes scores in three kernels and does 8/5 of that work; the
    figure still uses the convention, so the ratio to torch is fair.)
 
-Every time is the best of 3 after a warm-up call, bracketed by
-``cuda.synchronize()``. The whole run takes well under 5 minutes on an H200
-(a time guard skips the largest sizes if it would not).
+Robust by construction: every check and every timing runs guarded -- an
+exception is printed as ERROR with its last line and counted, and the run
+goes on. A time budget (``--budget``, 240 s by default; Nadaraya-Watson
+gets at most 45 s of it and the LOO timing 30 s) skips the timings that
+would not fit, so the whole run stays under 5 minutes on an H200 (first
+calls compile kernels: a few seconds each). The run ends with a
+summary table. Every time is the best of 3 after a warm-up call, bracketed
+by ``cuda.synchronize()``.
 
     python scripts/bench_gpu.py                  # on a machine with a CUDA GPU
     python scripts/bench_gpu.py --simulate-tiny  # the checks and one tiny timing of
                                                  # each kind, under the CUDA simulator
 
-Exit status: 0 all checks passed; 1 a check failed; 2 no usable GPU.
+It imports the nbattn that Python finds: an installed one, or from a
+checkout without installing, ``PYTHONPATH=. python scripts/bench_gpu.py``
+(it needs nbattn's dependencies and numba-cuda; torch is optional).
+
+Exit status: 0 all checks passed; 1 a check failed or raised; 2 no usable GPU.
 """
 
 from __future__ import annotations
@@ -35,11 +50,9 @@ import argparse
 import os
 import sys
 import time
+import traceback
 
 import numpy as np
-
-#: Seconds after which the timing sections stop growing the problem sizes.
-TIME_BUDGET_S = 200.0
 
 
 def _parse(argv=None):
@@ -56,94 +69,269 @@ def _parse(argv=None):
         default=[1024, 4096, 16384],
         help="flash attention sequence lengths N (default 1024 4096 16384)",
     )
+    parser.add_argument(
+        "--budget", type=float, default=240.0, help="seconds after which timings are skipped"
+    )
     parser.add_argument("--no-torch", action="store_true", help="skip torch SDPA")
     return parser.parse_args(argv)
 
 
-class Checks:
-    """Collects PASS/FAIL lines: max |got - ref| / max |ref| against a tolerance."""
+class Report:
+    """Collects check results and timing rows; every part runs through :meth:`guard`."""
 
-    def __init__(self):
-        self.failed = 0
+    def __init__(self, budget_s):
+        self.t0 = time.perf_counter()
+        self.budget_s = budget_s
+        self.checks = []  # (name, status, detail)
+        self.timings = []  # (section, what, figure)
+
+    def elapsed(self):
+        return time.perf_counter() - self.t0
+
+    def out_of_time(self, section_start=None, allowance_s=None):
+        """Past the whole run's budget, or past ``allowance_s`` since ``section_start``
+        (so that slow kernel compiles in the checks do not starve the timings)."""
+        now = self.elapsed()
+        if now > self.budget_s:
+            return True
+        return allowance_s is not None and now - section_start > allowance_s
+
+    def guard(self, name, fn, *args):
+        """Run ``fn(*args)``; an exception becomes an ERROR line and the run goes on."""
+        try:
+            return fn(*args)
+        except Exception as exc:  # one part failing must not stop the others
+            last = traceback.format_exception_only(type(exc), exc)[-1].strip()
+            where = traceback.extract_tb(exc.__traceback__)[-1]
+            detail = f"{last} ({os.path.basename(where.filename)}:{where.lineno})"
+            self.checks.append((name, "ERROR", detail))
+            print(f"  ERROR {name}: {detail}", flush=True)
+            return None
 
     def compare(self, name, got, ref, tol):
+        """PASS when max |got - ref| <= tol * max |ref| and the non-finite entries agree."""
         got = np.asarray(got, dtype=np.float64)
         ref = np.asarray(ref, dtype=np.float64)
+        if got.shape != ref.shape:
+            self._record(name, False, f"shape {got.shape} != {ref.shape}")
+            return
         finite = np.isfinite(ref)
-        same_inf = got.shape == ref.shape and np.array_equal(np.isfinite(got), finite)
-        scale = max(np.abs(ref[finite]).max(initial=0.0), 1e-30)
-        err = np.abs(got[finite] - ref[finite]).max(initial=0.0) / scale if same_inf else np.inf
-        ok = err <= tol
-        self.failed += not ok
-        print(f"  {'PASS' if ok else 'FAIL'}  {name:<46s} rel err {err:.1e} (tol {tol:.0e})")
+        if not np.array_equal(np.isfinite(got), finite) or not np.array_equal(
+            got[~finite], ref[~finite]
+        ):
+            self._record(name, False, "non-finite entries differ")
+            return
+        scale = max(np.abs(ref[finite]).max(initial=0.0), 1e-300)
+        err = np.abs(got[finite] - ref[finite]).max(initial=0.0) / scale
+        self._record(name, err <= tol, f"rel err {err:.1e} (tol {tol:.0e})")
+
+    def expect(self, name, ok, detail):
+        self._record(name, bool(ok), detail)
+
+    def _record(self, name, ok, detail):
+        status = "PASS" if ok else "FAIL"
+        self.checks.append((name, status, detail))
+        print(f"  {status}  {name:<52s} {detail}", flush=True)
+
+    def timing(self, section, what, figure):
+        self.timings.append((section, what, figure))
+        print(f"  {what:<44s} {figure}", flush=True)
+
+    def failed(self):
+        return sum(status != "PASS" for _, status, _ in self.checks)
+
+    def summary(self):
+        print("\nsummary")
+        counts = {s: sum(st == s for _, st, _ in self.checks) for s in ("PASS", "FAIL", "ERROR")}
+        print(
+            f"  checks: {counts['PASS']} passed, {counts['FAIL']} failed, {counts['ERROR']} errors"
+        )
+        for name, status, detail in self.checks:
+            if status != "PASS":
+                print(f"    {status:<5s} {name}: {detail}")
+        if self.timings:
+            print(f"  {'section':<18s} {'what':<44s} figure")
+            for section, what, figure in self.timings:
+                print(f"  {section:<18s} {what:<44s} {figure}")
+        print(f"  total {self.elapsed():.1f} s")
 
 
-def run_checks(tiny):
-    """CUDA twin vs CPU path on small inputs; returns the number of failed checks."""
+TOL = {np.dtype(np.float64): 1e-10, np.dtype(np.float32): 2e-5}
+
+
+# --- 1. checks ---------------------------------------------------------------
+
+
+def check_kernel_twins(report, tiny):
+    """nbattn.cuda.{pooling,loo} against nbattn.kernels.{pooling,loo}, arrays in the kernels'
+    layout; sizes that need several launches (outputs, gradient entries)."""
+    from nbattn import config
+    from nbattn.cuda import loo as gpu_loo
+    from nbattn.cuda import pooling as gpu_pool
+    from nbattn.kernels import loo as cpu_loo
+    from nbattn.kernels import pooling as cpu_pool
+
+    print("checks: CUDA kernels against their CPU twins", flush=True)
+    rng = np.random.default_rng(0)
+    n = 13 if tiny else 700
+    for dtype in (np.float32, np.float64):
+        tol = TOL[np.dtype(dtype)]
+        for d, p in ((1, 1), (3, config.CUDA_MAX_OUTPUTS + 3)):
+            name = f"{np.dtype(dtype).name} d={d} outputs={p}"
+            z = rng.normal(size=(n, d)).astype(dtype)
+            z_t = np.ascontiguousarray(z.T)
+            y = rng.normal(size=(n, p))
+            v_t = np.ascontiguousarray(y.T, dtype=dtype)
+
+            def pool(z=z, z_t=z_t, v_t=v_t, name=name, tol=tol):
+                for exclude, offset in ((False, 0), (True, 0)):
+                    out, lse = gpu_pool.gaussian_pool(z, z_t, v_t, exclude, offset)
+                    ref_out, ref_lse = cpu_pool.gaussian_pool(z, z_t, v_t, exclude, offset)
+                    tag = f"pool {name} exclude={exclude}"
+                    report.compare(f"{tag} out", out.copy_to_host(), ref_out, tol)
+                    report.compare(f"{tag} lse", lse.copy_to_host(), ref_lse, tol)
+
+            def loss(z=z, z_t=z_t, v_t=v_t, y=y, name=name, tol=tol):
+                rows = np.arange(z.shape[0], dtype=np.int64)
+                got = gpu_loo.loo_squared_error(z, z_t, v_t, y, rows)
+                ref = cpu_loo.loo_squared_error(z, z_t, v_t, y, rows)
+                report.compare(f"LOO squared error {name}", got, ref, tol)
+
+            report.guard(f"pool {name}", pool)
+            report.guard(f"LOO squared error {name}", loss)
+
+        def grads(dtype=dtype, tol=tol):
+            # k = 70 features and d = 12 points (78 pairs): more entries than one launch holds
+            for k in (3, config.CUDA_MAX_GRAD_ENTRIES + 6):
+                m = 11 if tiny else 300
+                z = (rng.normal(size=(m, k)) / np.sqrt(k)).astype(dtype)
+                z_t = np.ascontiguousarray(z.T)
+                y = rng.normal(size=(m, 2))
+                v_t = np.ascontiguousarray(y.T, dtype=dtype)
+                f, lse = cpu_pool.gaussian_pool(z, z_t, v_t, True)
+                resid = np.ascontiguousarray(f - y, dtype=dtype)
+                f = np.ascontiguousarray(f, dtype=dtype)
+                got = gpu_loo.loo_grad_diag(z, z_t, v_t, resid, f, lse)
+                ref = cpu_loo.loo_grad_diag(z, z_t, v_t, resid, f, lse)
+                report.compare(f"LOO grad diag {np.dtype(dtype).name} k={k}", got, ref, tol)
+            d = 12
+            x = rng.normal(size=(m, d)).astype(dtype)
+            L = rng.normal(size=(3, d)) / np.sqrt(d)
+            z = np.ascontiguousarray(x @ L.T, dtype=dtype)
+            z_t = np.ascontiguousarray(z.T)
+            f, lse = cpu_pool.gaussian_pool(z, z_t, v_t, True)
+            resid = np.ascontiguousarray(f - y, dtype=dtype)
+            f = np.ascontiguousarray(f, dtype=dtype)
+            x_t = np.ascontiguousarray(x.T)
+            got = gpu_loo.loo_grad_full(z, z_t, x, x_t, v_t, resid, f, lse)
+            ref = cpu_loo.loo_grad_full(z, z_t, x, x_t, v_t, resid, f, lse)
+            report.compare(f"LOO grad full {np.dtype(dtype).name} d={d}", got, ref, tol)
+
+        report.guard(f"LOO gradients {np.dtype(dtype).name}", grads)
+
+
+def check_functional(report, tiny):
+    """The functional layer with device="cuda" against device="cpu"."""
     import nbattn
     from nbattn import learning
 
-    print("checks: CUDA against the CPU path")
-    checks = Checks()
-    rng = np.random.default_rng(0)
+    print("checks: device='cuda' against device='cpu'", flush=True)
+    rng = np.random.default_rng(1)
     n = 13 if tiny else 300
-    tol = {np.float64: 1e-10, np.float32: 2e-5}
+
+    def nadaraya_watson(d, dtype):
+        tol = TOL[np.dtype(dtype)]
+        x = rng.normal(size=(n, d)).astype(dtype)
+        q = rng.normal(size=(n // 2 + 1, d)).astype(dtype)
+        y = rng.normal(size=(n, 2)).astype(dtype)
+        tag = f"d={d} {np.dtype(dtype).name}"
+        got = nbattn.nadaraya_watson(q, x, y, 0.7, device="cuda")
+        report.compare(f"NW {tag}", got, nbattn.nadaraya_watson(q, x, y, 0.7), tol)
+        got = nbattn.nadaraya_watson(x, x, y, 0.7, exclude_self=True, device="cuda")
+        ref = nbattn.nadaraya_watson(x, x, y, 0.7, exclude_self=True)
+        report.compare(f"NW exclude_self {tag}", got, ref, tol)
+
     for d in (1, 8):
         for dtype in (np.float32, np.float64):
-            x = rng.normal(size=(n, d)).astype(dtype)
-            q = rng.normal(size=(n // 2 + 1, d)).astype(dtype)
-            y = rng.normal(size=(n, 2)).astype(dtype)
-            got = nbattn.nadaraya_watson(q, x, y, 0.7, device="cuda")
-            checks.compare(
-                f"NW d={d} {np.dtype(dtype).name}",
-                got,
-                nbattn.nadaraya_watson(q, x, y, 0.7),
-                tol[dtype],
-            )
-            got = nbattn.nadaraya_watson(x, x, y, 0.7, exclude_self=True, device="cuda")
-            ref = nbattn.nadaraya_watson(x, x, y, 0.7, exclude_self=True)
-            checks.compare(f"NW exclude_self d={d} {np.dtype(dtype).name}", got, ref, tol[dtype])
+            report.guard(f"NW d={d} {np.dtype(dtype).name}", nadaraya_watson, d, dtype)
+
+    def far_query():
+        keys = np.array([[0.0], [1.0], [2.0]])
+        got = nbattn.nadaraya_watson([[-1e4], [1e4]], keys, [10.0, 20.0, 30.0], 1.0, device="cuda")
+        report.expect(
+            "NW far query gets its nearest key's value", np.array_equal(got, [10, 30]), got
+        )
+
+    report.guard("NW far query", far_query)
+
+    def device_arrays():
+        from numba import cuda
+
+        q, k = rng.normal(size=(11, 2)), rng.normal(size=(19, 2))
+        v = rng.normal(size=19)
+        got = nbattn.nadaraya_watson(
+            cuda.to_device(q), cuda.to_device(k), cuda.to_device(v), "scott", device="cuda"
+        )
+        report.expect("NW device arrays in, device array out", not isinstance(got, np.ndarray), "")
+        ref = nbattn.nadaraya_watson(q, k, v, "scott")
+        report.compare("NW device arrays", got.copy_to_host(), ref, 1e-10)
+
+    report.guard("NW device arrays", device_arrays)
+
     X = rng.normal(size=(n, 3))
     yv = np.sin(X[:, 0]) + X[:, 1] * X[:, 2]
     h = np.array([0.6, 0.9, 1.2])
     L = rng.normal(size=(2, 3))
-    for dtype in ("float64", "float32"):
-        t = tol[np.dtype(dtype).type]
+
+    def loo(dtype):
+        t = TOL[np.dtype(dtype)]
         loss_g, grad_g = learning.loo_loss_and_grad(X, yv, h, dtype=dtype, device="cuda")
         loss_c, grad_c = learning.loo_loss_and_grad(X, yv, h, dtype=dtype)
-        checks.compare(f"LOO loss {dtype}", loss_g, loss_c, t)
-        checks.compare(f"LOO grad log-widths {dtype}", grad_g, grad_c, t)
+        report.compare(f"LOO loss {dtype}", loss_g, loss_c, t)
+        report.compare(f"LOO grad log-widths {dtype}", grad_g, grad_c, t)
         _, grad_g = learning.loo_loss_and_grad(X, yv, components=L, dtype=dtype, device="cuda")
         _, grad_c = learning.loo_loss_and_grad(X, yv, components=L, dtype=dtype)
-        checks.compare(f"LOO grad metric L {dtype}", grad_g, grad_c, t)
-    heads, n_q, n_k, dim = (2, 11, 13, 4) if tiny else (3, 100, 130, 64)
-    for dtype in (np.float32, np.float64):
-        for causal in (False, True):
-            q = rng.normal(size=(heads, n_q, dim)).astype(dtype)
-            k = rng.normal(size=(heads, n_k, dim)).astype(dtype)
-            v = rng.normal(size=(heads, n_k, dim)).astype(dtype)
-            g = rng.normal(size=(heads, n_q, dim)).astype(dtype)
-            name = f"{np.dtype(dtype).name} causal={causal}"
-            out, lse = nbattn.flash_attention(q, k, v, causal, return_lse=True, device="cuda")
-            ref_out, ref_lse = nbattn.flash_attention(q, k, v, causal, return_lse=True)
-            checks.compare(f"flash forward out {name}", out, ref_out, tol[dtype])
-            checks.compare(f"flash forward lse {name}", lse, ref_lse, tol[dtype])
-            got = nbattn.flash_attention_backward(q, k, v, out, lse, g, causal, device="cuda")
-            ref = nbattn.flash_attention_backward(q, k, v, ref_out, ref_lse, g, causal)
-            for grad_name, a, b in zip(("dq", "dk", "dv"), got, ref, strict=True):
-                checks.compare(f"flash backward {grad_name} {name}", a, b, tol[dtype])
+        report.compare(f"LOO grad metric L {dtype}", grad_g, grad_c, t)
+
+    for dtype in ("float64", "float32"):
+        report.guard(f"LOO {dtype}", loo, dtype)
+
+    def flash(dtype, causal, dim):
+        heads, n_q, n_k = (2, 11, 13) if tiny else (3, 100, 130)
+        tol = TOL[np.dtype(dtype)]
+        q = rng.normal(size=(heads, n_q, dim)).astype(dtype)
+        k = rng.normal(size=(heads, n_k, dim)).astype(dtype)
+        v = rng.normal(size=(heads, n_k, dim)).astype(dtype)
+        g = rng.normal(size=(heads, n_q, dim)).astype(dtype)
+        name = f"{np.dtype(dtype).name} causal={causal} D={dim}"
+        out, lse = nbattn.flash_attention(q, k, v, causal, return_lse=True, device="cuda")
+        ref_out, ref_lse = nbattn.flash_attention(q, k, v, causal, return_lse=True)
+        report.compare(f"flash forward out {name}", out, ref_out, tol)
+        report.compare(f"flash forward lse {name}", lse, ref_lse, tol)
+        got = nbattn.flash_attention_backward(q, k, v, out, lse, g, causal, device="cuda")
+        ref = nbattn.flash_attention_backward(q, k, v, ref_out, ref_lse, g, causal)
+        for grad_name, a, b in zip(("dq", "dk", "dv"), got, ref, strict=True):
+            report.compare(f"flash backward {grad_name} {name}", a, b, tol)
+
+    for dim in (4, 7) if tiny else (64, 7):
+        for dtype in (np.float32, np.float64):
+            for causal in (False, True):
+                name = f"flash {np.dtype(dtype).name} causal={causal} D={dim}"
+                report.guard(name, flash, dtype, causal, dim)
+
     torch = _torch_cuda()
     if torch is not None:
-        q = rng.normal(size=(2, 33, 16)).astype(np.float32)
-        tq = torch.from_numpy(q).cuda()
-        out = nbattn.flash_attention(tq, tq, tq, True, device="cuda")
-        same_kind = isinstance(out, torch.Tensor) and out.is_cuda
-        ref = nbattn.flash_attention(q, q, q, True)
-        checks.compare("torch CUDA tensors in and out", out.cpu().numpy(), ref, 2e-5)
-        if not same_kind:
-            checks.failed += 1
-            print("  FAIL  torch CUDA tensors in did not give a torch CUDA tensor out")
-    return checks.failed
+
+        def torch_tensors():
+            q = rng.normal(size=(2, 33, 16)).astype(np.float32)
+            tq = torch.from_numpy(q).cuda()
+            out = nbattn.flash_attention(tq, tq, tq, True, device="cuda")
+            same_kind = isinstance(out, torch.Tensor) and out.is_cuda
+            report.expect("torch CUDA tensors in, torch CUDA tensor out", same_kind, type(out))
+            ref = nbattn.flash_attention(q, q, q, True)
+            report.compare("torch CUDA tensors", out.cpu().numpy(), ref, 2e-5)
+
+        report.guard("torch CUDA tensors", torch_tensors)
 
 
 def _torch_cuda():
@@ -151,7 +339,13 @@ def _torch_cuda():
         import torch
     except ImportError:
         return None
-    return torch if torch.cuda.is_available() else None
+    try:
+        return torch if torch.cuda.is_available() else None
+    except Exception:
+        return None
+
+
+# --- 2-4. timings ------------------------------------------------------------
 
 
 def _best_of(fn, sync, repeat=3):
@@ -166,17 +360,20 @@ def _best_of(fn, sync, repeat=3):
     return best
 
 
-def bench_nadaraya_watson(tiny, t0):
+def bench_nadaraya_watson(report, tiny):
     from numba import cuda
 
     from nbattn.cuda import pooling
 
-    print("\nNadaraya-Watson, float32, inputs on the GPU, one output (best of 3)")
-    print(f"  {'d':>2s} {'queries':>9s} {'keys':>9s} {'seconds':>9s} {'pairs/s':>10s}")
-    rng = np.random.default_rng(1)
+    print("\nNadaraya-Watson, float32, inputs on the GPU, one output (best of 3)", flush=True)
+    rng = np.random.default_rng(2)
+    start = report.elapsed()
     for d in (1, 8):
-        n = 16 if tiny else 2**16
+        n = 16 if tiny else 2**14
         while True:
+            if report.out_of_time(start, 45.0):
+                report.timing("NW", f"d={d} n={n}", "skipped (time budget)")
+                break
             q = cuda.to_device(rng.normal(size=(n, d)).astype(np.float32))
             k_t = cuda.to_device(rng.normal(size=(d, n)).astype(np.float32))
             v_t = cuda.to_device(rng.normal(size=(1, n)).astype(np.float32))
@@ -184,47 +381,87 @@ def bench_nadaraya_watson(tiny, t0):
                 lambda q=q, k_t=k_t, v_t=v_t: pooling.gaussian_pool(q, k_t, v_t, False),
                 cuda.synchronize,
             )
-            print(f"  {d:>2d} {n:>9d} {n:>9d} {seconds:>9.4f} {n * n / seconds:>10.3g}")
-            if tiny or seconds > 0.5 or n >= 2**20 or time.perf_counter() - t0 > TIME_BUDGET_S / 2:
+            report.timing(
+                "NW", f"d={d} {n} x {n}", f"{n * n / seconds:.3g} pairs/s ({seconds:.4f} s)"
+            )
+            if tiny or seconds > 0.3 or n >= 2**20:
                 break
-            n *= 2
+            n *= 4 if seconds < 0.02 else 2
 
 
-def _flops(n, causal, backward):
-    fwd = 4.0 * 8 * n * n * 64 / (2.0 if causal else 1.0)
+def bench_loo(report, tiny):
+    from numba import cuda
+
+    from nbattn import learning
+
+    print("\nLOO loss and gradient (log-widths), float32, d = 4", flush=True)
+    rng = np.random.default_rng(3)
+    start = report.elapsed()
+    for n in (16,) if tiny else (2**13, 2**15):
+        if report.out_of_time(start, 30.0):
+            report.timing("LOO", f"n={n}", "skipped (time budget)")
+            continue
+        X = rng.normal(size=(n, 4))
+        y = np.sin(X[:, 0]) + X[:, 1]
+        h = np.full(4, 0.5)
+
+        def on(device, X=X, y=y, h=h):
+            return learning.loo_loss_and_grad(X, y, h, dtype="float32", device=device)
+
+        gpu = _best_of(lambda: on("cuda"), cuda.synchronize)
+        line = f"GPU {gpu:.4f} s ({2 * n * n / gpu:.3g} pairs/s over both passes)"
+        if n <= 2**13 and not report.out_of_time(start, 30.0):
+            cpu = _best_of(lambda: on("cpu"), lambda: None, repeat=1)
+            line += f", CPU {cpu:.3g} s, CPU/GPU {cpu / gpu:.3g}x"
+        report.timing("LOO", f"n={n} loss and gradient", line)
+
+
+def _flops(n, heads, dim, causal, backward):
+    fwd = 4.0 * heads * n * n * dim / (2.0 if causal else 1.0)
     return fwd * 2.5 if backward else fwd
 
 
-def bench_flash(sizes, tiny, use_torch, t0):
+def bench_flash(report, sizes, tiny, use_torch):
     from numba import cuda
 
     from nbattn.cuda import flash
 
     torch = _torch_cuda() if use_torch else None
     heads, dim = (1, 4) if tiny else (8, 64)
-    print(f"\nflash attention, float32, B=1 H={heads} D={dim} (TFLOP/s, best of 3)")
+    print(f"\nflash attention, float32, B=1 H={heads} D={dim} (TFLOP/s, best of 3)", flush=True)
     if torch is None:
         print("  torch with CUDA not found (or --no-torch): nbattn's figures alone")
-    print(f"  {'N':>6s} {'causal':>6s} {'pass':>8s} {'nbattn':>8s} {'torch':>8s} {'ratio':>6s}")
-    rng = np.random.default_rng(2)
+    rng = np.random.default_rng(4)
     for n in [16] if tiny else sizes:
-        if time.perf_counter() - t0 > TIME_BUDGET_S:
-            print(f"  N={n}: skipped (time budget of {TIME_BUDGET_S:.0f} s reached)")
-            continue
-        q, k, v, g = (rng.normal(size=(heads, n, dim)).astype(np.float32) for _ in range(4))
-        dq_, dk_, dv_, dg_ = (cuda.to_device(a) for a in (q, k, v, g))
-        scale = 1.0 / np.sqrt(dim)
         for causal in (False, True):
-            times = _nbattn_times(flash, (dq_, dk_, dv_, dg_), scale, causal)
-            torch_times = _torch_times(torch, q, k, v, g, causal) if torch is not None else {}
-            for name, seconds in times.items():
-                flops = _flops(n, causal, name == "backward") * heads / 8 * dim / 64
-                ours = flops / seconds / 1e12
-                line = f"  {n:>6d} {causal!s:>6s} {name:>8s} {ours:>8.3g}"
-                if name in torch_times:
-                    theirs = flops / torch_times[name] / 1e12
-                    line += f" {theirs:>8.3g} {ours / theirs:>6.2f}"
-                print(line)
+            if report.out_of_time():
+                report.timing("flash", f"N={n} causal={causal}", "skipped (time budget)")
+                continue
+            q, k, v, g = (rng.normal(size=(heads, n, dim)).astype(np.float32) for _ in range(4))
+            arrays = tuple(cuda.to_device(a) for a in (q, k, v, g))
+            scale = 1.0 / np.sqrt(dim)
+            ours = report.guard(
+                f"flash timing N={n} causal={causal}", _nbattn_times, flash, arrays, scale, causal
+            )
+            theirs = {}
+            if torch is not None:
+                theirs = report.guard(
+                    f"torch SDPA timing N={n} causal={causal}",
+                    _torch_times,
+                    torch,
+                    q,
+                    k,
+                    v,
+                    g,
+                    causal,
+                )
+            for name, seconds in (ours or {}).items():
+                flops = _flops(n, heads, dim, causal, name == "backward")
+                figure = f"{flops / seconds / 1e12:.3g} TFLOP/s"
+                if theirs and name in theirs:
+                    torch_tflops = flops / theirs[name] / 1e12
+                    figure += f", torch {torch_tflops:.3g}, ratio {theirs[name] / seconds:.2f}"
+                report.timing("flash", f"N={n} causal={causal} {name}", figure)
 
 
 def _nbattn_times(flash, arrays, scale, causal):
@@ -233,16 +470,11 @@ def _nbattn_times(flash, arrays, scale, causal):
 
     q, k, v, g = arrays
     out, lse = flash.flash_forward(q, k, v, scale, causal)
-
-    def forward():
-        flash.flash_forward(q, k, v, scale, causal)
-
-    def backward():
-        flash.flash_backward(q, k, v, out, lse, g, scale, causal)
-
     return {
-        "forward": _best_of(forward, cuda.synchronize),
-        "backward": _best_of(backward, cuda.synchronize),
+        "forward": _best_of(lambda: flash.flash_forward(q, k, v, scale, causal), cuda.synchronize),
+        "backward": _best_of(
+            lambda: flash.flash_backward(q, k, v, out, lse, g, scale, causal), cuda.synchronize
+        ),
     }
 
 
@@ -288,19 +520,30 @@ def main(argv=None):
             file=sys.stderr,
         )
         return 2
+    import numba
     from numba import cuda
 
-    t0 = time.perf_counter()
+    report = Report(args.budget)
     if args.simulate_tiny:
         print("device: CUDA simulator (NUMBA_ENABLE_CUDASIM=1), tiny shapes, 8 threads per block")
     else:
-        name = cuda.get_current_device().name
-        print(f"device: {name.decode() if isinstance(name, bytes) else name}")
-    failed = run_checks(args.simulate_tiny)
-    bench_nadaraya_watson(args.simulate_tiny, t0)
-    bench_flash(args.sizes, args.simulate_tiny, not args.no_torch, t0)
-    print(f"\n{failed} check(s) failed; total {time.perf_counter() - t0:.1f} s")
-    return 1 if failed else 0
+        device = cuda.get_current_device()
+        name = device.name.decode() if isinstance(device.name, bytes) else device.name
+        print(f"device: {name}, compute capability {device.compute_capability}")
+    print(f"numba {numba.__version__}, numba.cuda from {os.path.dirname(cuda.__file__)}")
+    tiny = args.simulate_tiny
+    for section, fn, fn_args in (
+        ("kernel twins", check_kernel_twins, (report, tiny)),
+        ("functional layer", check_functional, (report, tiny)),
+        ("NW timing", bench_nadaraya_watson, (report, tiny)),
+        ("LOO timing", bench_loo, (report, tiny)),
+        ("flash timing", bench_flash, (report, args.sizes, tiny, not args.no_torch)),
+    ):
+        start = report.elapsed()
+        report.guard(section, fn, *fn_args)
+        print(f"  [{section}: {report.elapsed() - start:.1f} s]", flush=True)
+    report.summary()
+    return 1 if report.failed() else 0
 
 
 if __name__ == "__main__":

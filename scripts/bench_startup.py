@@ -1,39 +1,121 @@
-"""Cold and warm start-up: time from a new process to its first prediction.
+"""Start-up: import times and time to the first result, each in a fresh process.
 
-The first process compiles the kernels and writes numba's cache; the second
-loads them from the cache (``cache=True``) without recompiling.
+Every probe runs in a new Python process and times itself from just before
+``import nbattn`` (interpreter start-up excluded). Each is repeated and the
+median reported, with the fastest and slowest run, and which heavy libraries
+the probe left loaded. The probes that call a kernel run once against an empty
+numba cache (cold: they compile and fill it) and then repeatedly against that
+cache (warm: ``cache=True`` loads the compiled kernels). ``numpy + numba`` is
+the floor: every kernel needs both. The CPU column (the process's CPU time
+over the same span; all threads) is steadier than the wall clock on a shared
+machine, and close to what the wall clock is on an idle one for the imports.
 
-    python scripts/bench_startup.py
+    python scripts/bench_startup.py [--repeats 7] [--cold-repeats 1] [--imports-only]
 """
 
+from __future__ import annotations
+
+import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
-PROBE = """
-import json, time
-t0 = time.perf_counter()
-import numpy as np
-import nbattn
-from nbattn.kernels import pooling
-t_import = time.perf_counter() - t0
-x = np.linspace(0, 1, 100)[:, None]
-nbattn.NadarayaWatsonRegressor().fit(x, x[:, 0]).predict(x)
-print(json.dumps({"import": t_import, "first_prediction": time.perf_counter() - t0,
-                  "compiled": sum(pooling.gaussian_pool.stats.cache_misses.values())}))
+ROOT = Path(__file__).resolve().parent.parent
+
+#: The libraries whose import dominates start-up; a probe reports which it loaded.
+HEAVY = ("sklearn", "scipy", "pandas", "matplotlib", "dask", "distributed", "pyarrow", "torch")
+
+#: name -> (code timed in a fresh process, whether it runs a kernel).
+PROBES = {
+    "numpy + numba (floor)": ("import numpy, numba", False),
+    "import nbattn": ("import nbattn", False),
+    "nbattn.flash_attention": ("import nbattn\nnbattn.flash_attention", False),
+    "nbattn.nadaraya_watson": ("import nbattn\nnbattn.nadaraya_watson", False),
+    "nbattn.NadarayaWatsonRegressor": ("import nbattn\nnbattn.NadarayaWatsonRegressor", False),
+    "first flash_attention call": (
+        "import numpy as np\n"
+        "import nbattn\n"
+        "q = np.random.default_rng(0).standard_normal((1, 2, 64, 32)).astype(np.float32)\n"
+        "nbattn.flash_attention(q, q, q)",
+        True,
+    ),
+    "first NadarayaWatsonRegressor prediction": (
+        "import numpy as np\n"
+        "import nbattn\n"
+        "x = np.linspace(0.0, 1.0, 100)[:, None]\n"
+        "nbattn.NadarayaWatsonRegressor().fit(x, x[:, 0]).predict(x)",
+        True,
+    ),
+}
+
+HARNESS = """
+import json, sys, time
+t0, c0 = time.perf_counter(), time.process_time()
+{body}
+seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+heavy = sorted({{m.split(".")[0] for m in sys.modules}} & set({heavy!r}))
+from numba.core.dispatcher import Dispatcher
+compiled = sum(
+    sum(obj.stats.cache_misses.values())
+    for name, module in list(sys.modules.items()) if name.startswith("nbattn.")
+    for obj in list(vars(module).values()) if isinstance(obj, Dispatcher)
+) if "numba" in sys.modules else 0
+print(json.dumps({{"seconds": seconds, "cpu": cpu, "heavy": heavy, "compiled": compiled}}))
 """
 
+
+def run_probe(body: str, cache_dir: str) -> dict:
+    code = HARNESS.format(body=body, heavy=HEAVY)
+    env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir)
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"probe failed:\n{body}\n{result.stderr}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def report(label: str, runs: list[dict]) -> None:
+    times = [r["seconds"] for r in runs]
+    cpu = statistics.median(r["cpu"] for r in runs)
+    heavy = ", ".join(runs[-1]["heavy"]) or "none"
+    compiled = runs[-1]["compiled"]
+    print(
+        f"{label:<48} median {statistics.median(times):6.3f} s "
+        f"(min {min(times):.3f}, max {max(times):.3f}, n={len(times)}), CPU {cpu:6.3f} s; "
+        f"compiled: {compiled}; heavy: {heavy}"
+    )
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=7, help="warm runs per probe")
+    parser.add_argument(
+        "--cold-repeats", type=int, default=1, help="runs against an empty numba cache"
+    )
+    parser.add_argument(
+        "--imports-only", action="store_true", help="skip the probes that run a kernel"
+    )
+    args = parser.parse_args(argv)
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs; fresh process per run")
+    with tempfile.TemporaryDirectory() as warm_cache:
+        for label, (body, runs_kernel) in PROBES.items():
+            if runs_kernel and args.imports_only:
+                continue
+            if runs_kernel:
+                cold = []
+                for _ in range(args.cold_repeats):
+                    with tempfile.TemporaryDirectory() as empty_cache:
+                        cold.append(run_probe(body, empty_cache))
+                report(f"{label}, cold", cold)
+                run_probe(body, warm_cache)  # fills the warm cache
+                label = f"{label}, warm"
+            report(label, [run_probe(body, warm_cache) for _ in range(args.repeats)])
+
+
 if __name__ == "__main__":
-    with tempfile.TemporaryDirectory() as cache:
-        env = dict(os.environ, NUMBA_CACHE_DIR=cache)
-        for label in ("cold (compiles)", "warm (cache)", "warm (cache)"):
-            out = subprocess.run(
-                [sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, check=True
-            ).stdout
-            r = json.loads(out)
-            print(
-                f"{label:<16} import {r['import']:.2f} s, first prediction after "
-                f"{r['first_prediction']:.2f} s, kernels compiled: {r['compiled']}"
-            )
+    main()

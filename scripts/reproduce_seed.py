@@ -1,4 +1,4 @@
-"""Regenerate the figures of seed 002, section 1.3, into OUTDIR.
+"""Regenerate the figures of the attention-pooling walk-through, section 1.3, into OUTDIR.
 
 Usage: python scripts/reproduce_seed.py OUTDIR
 """

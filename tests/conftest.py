@@ -1,5 +1,21 @@
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
+
+#: Markers for tests that read what only some platforms have; such a test is
+#: skipped elsewhere, with the reason shown by ``pytest -ra``.
+PLATFORM_MARKERS = {
+    "procfs": (
+        Path("/proc/self/status").is_file(),
+        "reads /proc/self/status, which only Linux has",
+    ),
+    "ru_maxrss": (
+        sys.platform.startswith("linux"),
+        "reads ru_maxrss in KiB, as Linux reports it (macOS reports bytes, Windows has none)",
+    ),
+}
 
 
 @pytest.fixture
@@ -11,3 +27,9 @@ def pytest_configure(config):
     # The CUDA simulator suite needs NUMBA_ENABLE_CUDASIM before numba is
     # imported, so scripts/test runs tests/cuda in a process of its own.
     config.addinivalue_line("norecursedirs", "cuda")
+
+
+def pytest_runtest_setup(item):
+    for name, (available, reason) in PLATFORM_MARKERS.items():
+        if not available and item.get_closest_marker(name) is not None:
+            pytest.skip(f"{sys.platform}: {reason}")

@@ -59,7 +59,7 @@ def textbook_nadaraya_watson(queries, keys, values, bandwidth):
         return (k @ np.asarray(values, dtype=np.float64)) / k.sum(axis=1)
 
 
-# --- batch work (issue 7): the spread written by `nbattn predict --std` ---------------
+# --- batch work: the spread written by `nbattn predict --std` ---------------
 
 
 def nadaraya_watson_std(queries, keys, values, bandwidth):
@@ -70,7 +70,7 @@ def nadaraya_watson_std(queries, keys, values, bandwidth):
     return np.sqrt(np.sum(weights * (v[None, :] - f[:, None]) ** 2, axis=1))
 
 
-# ---------------------------------------------------------------- learned kernels (issue 3)
+# ---------------------------------------------------------------- learned kernels
 
 
 def _loo_weights(points_scaled):
@@ -186,7 +186,7 @@ def sdpa_backward(q, k, v, grad_out, causal=False, scale=None, key_bias=None, al
 
 
 # ---------------------------------------------------------------------------
-# Attention mechanisms (issue 4): softmax, scores, attention, multi-head,
+# Attention mechanisms: softmax, scores, attention, multi-head,
 # hierarchical attention, positional encodings. Loops and broadcasting, float64.
 # ---------------------------------------------------------------------------
 
@@ -413,6 +413,47 @@ def relative_position_bias(table, L, S):
         for j in range(S):
             out[i, j] = table[min(max(j - i, -K), K) + K]
     return out if table.ndim == 1 else np.moveaxis(out, -1, 0)
+
+
+# ---------------------------------------------------------------------------
+# Extended-range references (np.longdouble, x87 80-bit on x86: range ~1e4932),
+# for inputs near the float64 limits where a float64 reference would overflow.
+# ---------------------------------------------------------------------------
+
+
+def softmax_extended(scores):
+    """Row-wise softmax in long double (the sums of huge scores and masks cannot overflow)."""
+    s = np.asarray(scores, dtype=np.longdouble)
+    m = s.max(axis=-1, keepdims=True)
+    safe = np.where(np.isfinite(m), m, 0)
+    e = np.exp(s - safe)
+    total = e.sum(axis=-1, keepdims=True)
+    return np.divide(e, total, out=np.zeros_like(e), where=total > 0)
+
+
+def sdpa_extended(q, k, v, causal=False, scale=None, key_bias=None, alibi_slopes=None):
+    """(out, lse) of scaled dot-product attention computed in long double."""
+    q = np.asarray(q, dtype=np.longdouble)
+    k = np.asarray(k, dtype=np.longdouble)
+    if scale is None:
+        scale = 1.0 / np.sqrt(q.shape[-1])
+    s = np.longdouble(scale) * (q @ np.swapaxes(k, -1, -2))
+    n_q, n_k = s.shape[-2:]
+    i = np.arange(n_q)[:, None]
+    j = np.arange(n_k)[None, :]
+    if key_bias is not None:
+        s = s + np.asarray(key_bias, dtype=np.longdouble)[..., None, :]
+    if alibi_slopes is not None:
+        s = s + np.asarray(alibi_slopes, dtype=np.longdouble)[..., None, None] * (j - i)
+    if causal:
+        s = np.where(j <= i, s, -np.inf)
+    p = softmax_extended(s)
+    m = s.max(axis=-1, keepdims=True)
+    safe = np.where(np.isfinite(m), m, 0)
+    with np.errstate(divide="ignore"):
+        lse = (safe + np.log(np.exp(s - safe).sum(axis=-1, keepdims=True)))[..., 0]
+    out = p @ np.asarray(v, dtype=np.longdouble)
+    return out.astype(np.float64), lse.astype(np.float64)
 
 
 # ------------------------------------------------ exact at extreme magnitudes

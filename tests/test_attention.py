@@ -483,3 +483,32 @@ def test_hierarchical_attention_with_additive_and_gaussian_scores(rng):
     res_g = nbattn.hierarchical_attention(x, ids, uw, us, score="gaussian")
     beta_g = naive.softmax_rows(naive.gaussian_attention_scores(us[None], res_g.segments))[0]
     assert_close(res_g.segment_weights, beta_g)
+
+
+# --------------------------------------------------------------------------- extreme magnitudes
+@settings(max_examples=40, deadline=None)
+@given(
+    exponent=st.sampled_from([0, 100, 300, 308]),
+    L=st.integers(1, 6),
+    S=st.integers(1, 6),
+    causal=st.booleans(),
+    f32=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_huge_float_masks_match_long_double(exponent, L, S, causal, f32, seed):
+    """A float mask up to 1e308 (float64 scores, or float32 scores with a float64 mask)."""
+    rng = np.random.default_rng(seed)
+    dtype = np.float32 if f32 else np.float64
+    q, k, v = _qkv(rng, (2,), L, S, 3, 2, dtype)
+    mask = rng.uniform(-1, 1, size=(L, S)) * 10.0**exponent
+    mask[rng.random((L, S)) < 0.2] = -np.inf
+    s = naive.scaled_dot_scores(q, k).astype(np.longdouble) + mask.astype(np.longdouble)
+    if causal:
+        s = np.where(np.tril(np.ones((L, S), bool)), s, -np.inf)
+    w_ref = naive.softmax_extended(s)
+    ref = (w_ref @ v.astype(np.longdouble)).astype(np.float64)
+    fast, out, w = _both_paths(q, k, v, mask=mask, causal=causal)
+    for got in (fast, out):
+        assert not np.isnan(got).any()
+        assert_close(got, ref, dtype)
+    assert_close(w, w_ref.astype(np.float64), dtype)

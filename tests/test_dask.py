@@ -16,6 +16,22 @@ distributed = pytest.importorskip("distributed")
 nbdask = pytest.importorskip("nbattn.dask")
 
 
+# First, before the module's cluster exists: no distributed client at all.
+def test_fit_and_predict_without_a_client_use_the_local_scheduler():
+    assert nbdask._current_client() is None
+    rng = np.random.default_rng(11)
+    frame = pd.DataFrame(rng.uniform(0, 5, size=(200, 2)), columns=["a", "b"])
+    target = pd.Series(np.sin(frame["a"]) + rng.normal(0, 0.1, 200), name="y")
+    make = lambda: nbattn.NadarayaWatsonRegressor(bandwidth="loo")  # noqa: E731
+    model = nbdask.fit(
+        make(), dd.from_pandas(frame, npartitions=3), dd.from_pandas(target, npartitions=3)
+    )
+    local = make().fit(frame, target)
+    np.testing.assert_array_equal(model.bandwidth_, local.bandwidth_)
+    got = nbdask.predict(model, dd.from_pandas(frame, npartitions=3)).compute()
+    np.testing.assert_array_equal(got.to_numpy(), local.predict(frame))
+
+
 @pytest.fixture(scope="module")
 def client():
     cluster = distributed.LocalCluster(

@@ -53,3 +53,25 @@ def test_unknown_device_is_rejected(rng):
         nbattn.flash_attention(q, q, q, device="tpu")
     with pytest.raises(ValueError, match="device must be one of"):
         learning.loo_loss(q, q[:, 0], 1.0, device="gpu")
+
+
+def test_kernels_for_names_every_op_and_device():
+    from nbattn import device
+
+    for op in ("pooling", "loo", "flash", "scores", "softmax", "attention"):
+        assert device.kernels_for(op, "cpu").__name__ == f"nbattn.kernels.{op}"
+    with pytest.raises(ValueError, match="unknown kernel op"):
+        device.kernels_for("convolution", "cpu")
+
+
+@needs_no_gpu
+def test_device_for_host_and_gpu_arrays(rng):
+    from nbattn.device import device_for
+
+    x = rng.normal(size=(3, 2))
+    assert device_for("cpu", x) == "cpu"
+    assert device_for("auto", x, None) == "cpu"
+    with pytest.raises(ValueError, match="device must be one of"):
+        device_for("gpu", x)
+    with pytest.raises(ValueError, match="device='cuda' needs a CUDA GPU"):
+        device_for("cuda", x)

@@ -16,9 +16,11 @@ from hypothesis import strategies as st
 
 import nbattn
 from nbattn import config
+from nbattn._threads import blas_one_thread
 from nbattn.flash import flash_attention_bias, flash_attention_bias_backward
 
 from . import naive
+from .test_softmax import assert_close
 
 TOL = {np.float64: 1e-12, np.float32: 2e-5}
 
@@ -39,7 +41,7 @@ SHAPES = [
 def small_tiles(monkeypatch):
     """Tiles of 8 x 16 so that small inputs cross many tile boundaries, and every
     call on all numba threads (small calls otherwise run on one)."""
-    monkeypatch.setattr(nbattn.flash, "_SERIAL_WORK", 0)
+    monkeypatch.setattr(nbattn.config, "FLASH_SERIAL_WORK", 0)
     monkeypatch.setattr(config, "FLASH_BLOCK_Q", 8)
     monkeypatch.setattr(config, "FLASH_BLOCK_K", 16)
     monkeypatch.setattr(config, "FLASH_BWD_BLOCK_Q", 8)
@@ -241,7 +243,7 @@ def test_blas_held_to_one_thread_and_restored():
     q = np.ones((3, 2))
     nbattn.flash_attention(q, q, q)
     before = blas_threads()
-    with nbattn.flash._blas_one_thread():
+    with blas_one_thread():
         assert set(blas_threads().values()) == {1}
     nbattn.flash_attention(q, q, q)
     assert blas_threads() == before
@@ -267,7 +269,7 @@ def test_inputs_not_modified_and_dtype(rng):
         (dict(k=np.full((4, 2), np.inf)), "k contains NaN or inf"),
         (dict(q=np.ones((3, 5))), "features"),
         (dict(v=np.ones((5, 2))), "keys"),
-        (dict(q=np.ones(3)), "q must have 2 or more"),
+        (dict(q=np.ones(3)), "q must have at least 2 dimensions"),
         (dict(q=np.ones((2, 3, 2)), k=np.ones((3, 4, 2)), v=np.ones((3, 4, 2))), "broadcast"),
         (dict(scale=float("nan")), "scale"),
     ],
@@ -355,6 +357,7 @@ _MEMORY_SCRIPT = textwrap.dedent(
 
 
 @pytest.mark.slow
+@pytest.mark.procfs
 def test_memory_linear_in_length():
     """N = 65,536, D = 64, one head, float32, causal forward + backward: peak RSS
     growth under 1 GB (the N x N float32 matrix alone would be 16 GiB)."""
@@ -369,3 +372,62 @@ def test_memory_linear_in_length():
     assert result.returncode == 0, result.stderr
     growth_kib = int(result.stdout.split()[-1])
     assert growth_kib < 1024 * 1024, f"peak RSS grew by {growth_kib / 1024:.0f} MiB"
+
+
+# --------------------------------------------------------------------------- extreme magnitudes
+@settings(max_examples=50, deadline=None)
+@given(
+    exponent=st.sampled_from([0, 100, 300, 307, 308]),
+    L=st.integers(1, 9),
+    S=st.integers(1, 9),
+    causal=st.booleans(),
+    f32=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_huge_key_bias_matches_long_double(exponent, L, S, causal, f32, seed):
+    """A per-key bias up to 1e308 (zeros before: the base-2 factor overflowed)."""
+    rng = np.random.default_rng(seed)
+    dtype = np.float32 if f32 else np.float64
+    q, k, v = (rng.normal(size=(2, n, 3)).astype(dtype) for n in (L, S, S))
+    bias = rng.uniform(-1, 1, size=(2, S)) * 10.0**exponent
+    bias[rng.random((2, S)) < 0.2] = -np.inf
+    try:
+        out, lse = flash_attention_bias(q, k, v, key_bias=bias, causal=causal, return_lse=True)
+    except ValueError as exc:
+        # only a causal row whose every key lies beyond the dtype's range below the maximum
+        assert causal and (exponent >= 308 or (f32 and exponent > 38)), exc
+        assert "key_bias" in str(exc)
+        return
+    ref, ref_lse = naive.sdpa_extended(q, k, v, causal, key_bias=bias)
+    assert not np.isnan(out).any() and not np.isnan(lse).any()
+    assert_close(out, ref, dtype)
+    assert_close(lse, ref_lse, dtype)
+    if not causal:
+        g = rng.normal(size=out.shape).astype(dtype)
+        grads = flash_attention_bias_backward(q, k, v, out, lse, g, key_bias=bias)
+        # the bias shifted by its maximum per row is the same problem, representable in float64
+        top = np.where(np.isfinite(bias), bias, -np.inf).max(axis=1, keepdims=True)
+        top = np.where(np.isfinite(top), top, 0.0)
+        with np.errstate(over="ignore"):
+            shifted = bias - top
+        for got, want in zip(grads, naive.sdpa_backward(q, k, v, g, key_bias=shifted)):
+            assert_close(got, want, dtype)
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e100, 1e300])
+def test_large_alibi_slopes_match_long_double(rng, scale):
+    q, k, v = (rng.normal(size=(1, 2, 6, 3)) for _ in range(3))
+    slopes = np.array([0.5, -0.25]) * scale
+    for causal in (False, True):
+        out, lse = flash_attention_bias(
+            q, k, v, alibi_slopes=slopes, causal=causal, return_lse=True
+        )
+        ref, ref_lse = naive.sdpa_extended(q, k, v, causal, alibi_slopes=slopes)
+        assert_close(out, ref)
+        assert_close(lse, ref_lse)
+
+
+def test_alibi_slopes_beyond_the_range_are_refused(rng):
+    q = rng.normal(size=(1, 6, 3))
+    with pytest.raises(ValueError, match="alibi_slopes"):
+        flash_attention_bias(q, q, q, alibi_slopes=np.array([1e307]))

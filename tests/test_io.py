@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from sklearn.exceptions import NotFittedError
 
 import nbattn
-from nbattn import io
+from nbattn import io, modelfile
 from nbattn.progress import Progress, running
 
 
@@ -33,7 +33,7 @@ def _rewrite(path, meta, arrays, digest=True):
     """Write a model file by hand (to test what load does with foreign content)."""
     meta = dict(meta)
     if digest:
-        meta["sha256"] = io._digest(meta, arrays)
+        meta["sha256"] = modelfile._digest(meta, arrays)
     with open(path, "wb") as fh:
         np.savez(fh, __nbattn__=np.array(json.dumps(meta)), **arrays)
 
@@ -72,22 +72,29 @@ def test_round_trip_predicts_identically(tmp_path, rng, params):
     assert loaded.n_features_in_ == model.n_features_in_
 
 
-def test_round_trip_arrays_multioutput_and_extra_state(tmp_path, rng):
+def test_round_trip_multioutput_and_private_state(tmp_path, rng):
     X = rng.normal(size=(30, 3))
     Y = rng.normal(size=(30, 2))
     model = nbattn.NadarayaWatsonRegressor(bandwidth="silverman").fit(X, Y)
-    model.extra_ = np.arange(4, dtype=np.int32)  # an attribute a future estimator might have
-    model.curve_ = [1.0, 0.5, 0.25]
-    model.scalar_ = np.float64(2.5)
-    model._private_count = 7
     loaded = nbattn.load(nbattn.save(model, tmp_path / "m.npz"))
     np.testing.assert_array_equal(loaded.predict(X), model.predict(X))
     assert loaded.predict(X).shape == (30, 2)
-    assert loaded.extra_.dtype == np.int32 and list(loaded.extra_) == [0, 1, 2, 3]
-    assert loaded.curve_ == [1.0, 0.5, 0.25]
-    assert isinstance(loaded.scalar_, np.float64) and loaded.scalar_ == 2.5
-    assert loaded._private_count == 7
     assert not hasattr(loaded, "feature_names_in_")
+    state = {k: v for k, v in vars(model).items() if k.endswith("_") or k.startswith("_")}
+    assert state and set(state) <= set(vars(loaded))
+    for key, value in state.items():
+        np.testing.assert_array_equal(getattr(loaded, key), value)
+        assert type(getattr(loaded, key)) is type(value)
+
+
+def test_attribute_that_is_not_a_fitted_attribute_is_refused(tmp_path, rng):
+    # needs nbattn.estimators.check_fitted_state (it knows each estimator's attributes)
+    X, y = _data(rng)
+    model = nbattn.NadarayaWatsonRegressor().fit(X, y)
+    model.extra_ = np.arange(4, dtype=np.int32)
+    path = nbattn.save(model, tmp_path / "m.npz")
+    with pytest.raises(ValueError, match="extra_"):
+        nbattn.load(path)
 
 
 def test_file_holds_no_pickle_and_documents_itself(tmp_path, rng):
@@ -102,8 +109,9 @@ def test_file_holds_no_pickle_and_documents_itself(tmp_path, rng):
     assert meta["feature_names"] == ["f0", "f1"]
     assert meta["user"] == {"target": "y"}
     assert meta["params"] == model.get_params()
-    for name in ("X_fit_", "y_fit_", "bandwidth_", "n_features_in_", "_y_ndim"):
-        assert name in meta["attributes"]
+    fitted = [k for k in vars(model) if k.endswith("_") and k not in model.get_params()]
+    assert {"X_fit_", "y_fit_", "bandwidth_", "n_features_in_"} <= set(fitted)
+    assert set(fitted) <= set(meta["attributes"])
     with zipfile.ZipFile(path) as zf:
         assert all(n.endswith(".npy") for n in zf.namelist())
 
@@ -118,9 +126,7 @@ def test_file_holds_no_pickle_and_documents_itself(tmp_path, rng):
     ],
 )
 def test_round_trip_other_estimators(tmp_path, rng, name, kwargs):
-    cls = getattr(nbattn, name, None)
-    if cls is None:
-        pytest.skip(f"nbattn.{name} is not in this branch yet")
+    cls = getattr(nbattn, name)
     X, y = _data(rng, n=40, d=2)
     if name.endswith("Classifier"):
         y = np.where(y > np.median(y), "high", "low")
@@ -140,11 +146,12 @@ def saved(tmp_path, rng):
     return nbattn.save(nbattn.NadarayaWatsonRegressor().fit(X, y), tmp_path / "m.npz")
 
 
-def test_other_format_version_is_refused(saved):
+@pytest.mark.parametrize("version, advice", [(3, ""), (1, "; fit and save the model again")])
+def test_other_format_version_is_refused(saved, version, advice):
     meta, arrays = _split(saved)
-    meta["format_version"] = 2
+    meta["format_version"] = version
     _rewrite(saved, meta, arrays)
-    with pytest.raises(ValueError, match="format version 2.*reads version 1"):
+    with pytest.raises(ValueError, match=rf"format version {version}.*reads version 2{advice}$"):
         nbattn.load(saved)
 
 
@@ -353,22 +360,37 @@ def test_output_format():
 # ----------------------------------------------------------------------------- progress
 
 
+class _Terminal(pyio.StringIO):
+    def isatty(self):
+        return True
+
+
 def test_progress_draws_only_on_a_terminal():
     stream = pyio.StringIO()  # not a TTY
     with Progress(100, "work", unit="rows", stream=stream) as bar:
         bar.update(50)
     assert stream.getvalue() == ""
-    stream = pyio.StringIO()
-    with Progress(200, "work", unit="rows", stream=stream, force=True) as bar:
+    stream = _Terminal()
+    with Progress(200, "work", unit="rows", stream=stream) as bar:
         bar.update(50)
-        assert bar.message().startswith("work:  25% |######")
         bar.update(position=200)
     out = stream.getvalue()
-    assert out.endswith("\n") and "100%" in out and "200/200 rows" in out
-    stream = pyio.StringIO()
-    with Progress(10, "work", stream=stream, force=True, quiet=True) as bar:
+    assert out.endswith("\n") and "work: 100%" in out and "200/200" in out and "rows" in out
+    stream = _Terminal()
+    with Progress(10, "work", stream=stream, quiet=True) as bar:
         bar.update(5)
     assert stream.getvalue() == ""
+
+
+def test_progress_in_bytes_and_without_a_total():
+    stream = pyio.StringIO()
+    with Progress(3 * 2**20, "read", unit="bytes", stream=stream, force=True) as bar:
+        bar.update(position=3 * 2**20)
+    assert "3.00M/3.00M" in stream.getvalue() and "B/s" in stream.getvalue()
+    stream = pyio.StringIO()
+    with Progress(None, "fit", unit="rows", stream=stream, force=True) as bar:
+        bar.update(3)
+    assert stream.getvalue().endswith("\rfit: 3 rows [00:00]\n")
 
 
 def test_running_ticker():
@@ -378,6 +400,10 @@ def test_running_ticker():
     assert stream.getvalue().startswith("\rfit: [00:00]")
     with pytest.raises(KeyError), running("fit", stream=pyio.StringIO(), force=True):
         raise KeyError("x")
+    stream = pyio.StringIO()
+    with running("fit", stream=stream, quiet=True, force=True):
+        pass
+    assert stream.getvalue() == ""
 
 
 # ----------------------------------------------------------------------------- properties
@@ -430,3 +456,266 @@ def test_text_cell_is_reported_at_its_row_whatever_the_chunks(n, chunksize, bad_
                 io.numeric_block(chunk, ["a", "b"], first_row=first, source="t.csv")
     expected = f"data row {bad_row + 1} (line {bad_row + 2} of the file): column '{column}'"
     assert expected in str(info.value)
+
+
+# ----------------------------------------------------------------------------- hostile model files
+
+
+def _npy(arr) -> bytes:
+    buf = pyio.BytesIO()
+    np.lib.format.write_array(buf, np.asarray(arr), allow_pickle=False)
+    return buf.getvalue()
+
+
+def _npy_header(shape, dtype) -> bytes:
+    buf = pyio.BytesIO()
+    d = {"descr": np.dtype(dtype).str, "fortran_order": False, "shape": tuple(shape)}
+    np.lib.format.write_array_header_1_0(buf, d)
+    return buf.getvalue()
+
+
+def _zip(path, members, deflate=()):
+    """Write ``members`` (name -> bytes, in order; a list of pairs may repeat a name),
+    stored, or deflated for the names in ``deflate``."""
+    items = members.items() if isinstance(members, dict) else members
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, data in items:
+            how = zipfile.ZIP_DEFLATED if name in deflate else zipfile.ZIP_STORED
+            zf.writestr(name, data, compress_type=how)
+
+
+def _raw_members(path):
+    with zipfile.ZipFile(path) as zf:
+        return {n: zf.read(n) for n in zf.namelist()}
+
+
+def _with_meta(raw, meta):
+    return {**raw, "__nbattn__.npy": _npy(np.array(json.dumps(meta)))}
+
+
+def test_deflated_member_is_refused_before_it_is_inflated(saved):
+    import tracemalloc
+
+    raw = _raw_members(saved)
+    zeros = np.zeros(2**25)  # 256 MiB of float64, a few hundred kB deflated
+    meta, _ = _split(saved)
+    meta["attributes"]["X_fit_"]["shape"] = list(zeros.shape)
+    raw["attr__X_fit_.npy"] = _npy(zeros)
+    del zeros
+    _zip(saved, _with_meta(raw, meta), deflate={"attr__X_fit_.npy"})
+    assert saved.stat().st_size < 2**21
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match="'attr__X_fit_.npy' is compressed"):
+            nbattn.load(saved)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**23  # nothing near the member's 256 MiB was allocated
+
+
+def test_header_declaring_a_huge_array_is_refused_without_allocating(saved):
+    raw = _raw_members(saved)
+    meta, _ = _split(saved)
+    meta["attributes"]["y_fit_"]["shape"] = [10**12]
+    raw["attr__y_fit_.npy"] = _npy_header((10**12,), "<f8") + bytes(80)
+    _zip(saved, _with_meta(raw, meta))
+    with pytest.raises(ValueError, match="'attr__y_fit_.npy' holds .* bytes, not its shape's"):
+        nbattn.load(saved)
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        ({"shape": [3]}, "has shape .* the metadata says \\(3,\\)"),
+        ({"dtype": "<i8"}, "has dtype float64, the metadata says int64"),
+        ({"dtype": "|O"}, "dtype object .* not allowed"),
+        ({"dtype": "<M8[s]"}, "not allowed"),
+        ({"shape": [-1]}, "not allowed"),
+        ({"shape": "12"}, "no valid dtype and shape"),
+        ({"shape": [40, True]}, "no valid dtype and shape"),
+        ({"dtype": None}, "no valid dtype and shape"),
+    ],
+)
+def test_declared_dtype_and_shape_must_match_the_archive(saved, edit, message):
+    meta, arrays = _split(saved)
+    meta["attributes"]["y_fit_"].update(edit)
+    _rewrite(saved, meta, arrays)
+    with pytest.raises(ValueError, match=message):
+        nbattn.load(saved)
+
+
+def test_members_not_described_by_the_metadata_are_refused(saved):
+    raw = _raw_members(saved)
+    _zip(saved, {**raw, "attr__extra_.npy": _npy(np.arange(3))})
+    with pytest.raises(ValueError, match="'attr__extra_.npy' is not described by the metadata"):
+        nbattn.load(saved)
+    with pytest.warns(UserWarning, match="Duplicate name"):  # zipfile warns, and writes it
+        _zip(saved, [*raw.items(), ("attr__y_fit_.npy", raw["attr__y_fit_.npy"])])
+    with pytest.raises(ValueError, match="appears twice"):
+        nbattn.load(saved)
+    _zip(saved, {**raw, "notes.txt": b"hello"})
+    with pytest.raises(ValueError, match="'notes.txt' is not an array of a model file"):
+        nbattn.load(saved)
+    missing = {k: v for k, v in raw.items() if k != "attr__y_fit_.npy"}
+    _zip(saved, missing)
+    with pytest.raises(ValueError, match="'attr__y_fit_' is missing"):
+        nbattn.load(saved)
+
+
+def test_oversized_metadata_is_refused_before_it_is_read(saved, monkeypatch):
+    monkeypatch.setattr(modelfile, "MAX_METADATA_BYTES", 1000)
+    with pytest.raises(ValueError, match=r"metadata of \d+ bytes \(at most 1000\)"):
+        nbattn.load(saved)
+
+
+def test_edited_parameters_are_refused_even_with_a_recomputed_checksum(saved):
+    # needs nbattn.estimators.check_fitted_state (the estimator's own constraints)
+    meta, arrays = _split(saved)
+    meta["params"]["kernel"] = "evil"
+    _rewrite(saved, meta, arrays)  # the checksum is recomputed: anyone can
+    with pytest.raises(ValueError, match="kernel"):
+        nbattn.load(saved)
+
+
+def test_edited_fitted_shapes_are_refused_even_with_a_recomputed_checksum(saved):
+    # needs nbattn.estimators.check_fitted_state (fitted attributes' shapes agree)
+    meta, arrays = _split(saved)
+    arrays["attr__bandwidth_"] = np.ones(5)
+    meta["attributes"]["bandwidth_"]["shape"] = [5]
+    _rewrite(saved, meta, arrays)
+    with pytest.raises(ValueError, match="bandwidth_"):
+        nbattn.load(saved)
+
+
+def test_stored_file_has_shapes_and_dtypes_in_its_metadata(saved):
+    meta, arrays = _split(saved)
+    for name, arr in arrays.items():
+        described = meta["attributes"][name.removeprefix("attr__")]
+        assert described["dtype"] == arr.dtype.str and described["shape"] == list(arr.shape)
+    with zipfile.ZipFile(saved) as zf:
+        assert all(i.compress_type == zipfile.ZIP_STORED for i in zf.infolist())
+
+
+# ----------------------------------------------------------------------------- hostile tables
+
+
+def test_duplicated_column_names_are_an_error(tmp_path):
+    path = tmp_path / "d.csv"
+    path.write_text("a,b,a\n1,2,3\n")
+    with pytest.raises(ValueError, match="column name 'a' appears more than once"):
+        io.read_columns(path)
+    path.write_text("a,b,,\n1,2,3,4\n")  # unnamed columns are not duplicates of each other
+    assert io.read_columns(path)[:2] == ["a", "b"]
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+
+    pq.write_table(pa.table([[1], [2]], names=["x", "x"]), tmp_path / "d.parquet")
+    with pytest.raises(ValueError, match="column name 'x' appears more than once"):
+        io.read_columns(tmp_path / "d.parquet")
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 40), chunksize=st.integers(1, 15), bad=st.integers(0, 39))
+def test_row_with_more_fields_is_reported_at_its_line(n, chunksize, bad):
+    bad %= n
+    lines = ["a,b"] + [f"{i},{i * 0.5}" for i in range(n)]
+    lines[bad + 1] += ",9"
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "t.csv")
+        with open(path, "w") as fh:
+            fh.write("\n".join(lines) + "\n")
+        for columns in (None, ["a"]):  # also when only some columns are wanted
+            chunks, _, _ = io.iter_chunks(path, columns, chunksize=chunksize)
+            with pytest.raises(ValueError) as info:
+                list(chunks)
+            line = bad + 2
+            assert f"line {line} has 3 fields; the header has 2" in str(
+                info.value
+            ) or f"line {line} has more fields than the header" in str(info.value)
+
+
+def test_text_columns_keep_their_type_across_chunks(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("x,label\n" + "".join(f"{i},{i % 2}\n" for i in range(6)) + "6,a\n")
+    chunks, _, _ = io.iter_chunks(path, chunksize=3, text_columns=["label"])
+    labels = [v for frame, _, _ in chunks for v in frame["label"]]
+    assert labels == ["0", "1", "0", "1", "0", "1", "a"]
+
+
+def test_labels_from_text():
+    text = np.array(["2", "10", "-1"], dtype=object)
+    assert io.labels_from_text(text).tolist() == [2, 10, -1]
+    mixed = np.array(["2", "x"], dtype=object)
+    assert io.labels_from_text(mixed).tolist() == ["2", "x"]
+    # typed by the model's classes, not by what one chunk holds
+    assert io.labels_from_text(text, classes=np.array(["10", "2", "x"])).tolist() == text.tolist()
+    assert io.labels_from_text(mixed, classes=np.array([1, 2])).tolist() == [2, "x"]
+    assert io.labels_from_text(np.array(["1.5"], object), np.array([0.5, 1.5])).tolist() == [1.5]
+    parquet = np.array([1, 2])
+    assert io.labels_from_text(parquet) is not None and io.labels_from_text(parquet).tolist() == [
+        1,
+        2,
+    ]
+
+
+def test_shortened_values():
+    assert io.shorten("abc") == "'abc'"
+    long = io.shorten("x" * 10_000)
+    assert len(long) < 80 and long.endswith("(10002 characters)")
+
+
+# ----------------------------------------------------------------------------- output files
+
+
+def test_atomic_output_keeps_the_mode_and_writes_through_symlinks(tmp_path):
+    target = tmp_path / "out.txt"
+    target.write_text("old")
+    target.chmod(0o604)
+    link = tmp_path / "link.txt"
+    link.symlink_to(target)
+    with io.atomic_output(link) as tmp:
+        tmp.write_text("new")
+    assert link.is_symlink() and target.read_text() == "new"
+    assert os.stat(target).st_mode & 0o777 == 0o604
+    assert sorted(os.listdir(tmp_path)) == ["link.txt", "out.txt"]
+
+
+def test_atomic_output_cleans_up_on_interruption(tmp_path):
+    target = tmp_path / "out.txt"
+    target.write_text("old")
+    with pytest.raises(KeyboardInterrupt), io.atomic_output(target) as tmp:
+        tmp.write_text("partial")
+        raise KeyboardInterrupt
+    assert target.read_text() == "old" and os.listdir(tmp_path) == ["out.txt"]
+
+
+@pytest.mark.parametrize("module", [io, modelfile])
+def test_io_imports_no_package_level_names(module):
+    import ast
+    from pathlib import Path
+
+    package = Path(module.__file__).parent
+    tree = ast.parse(Path(module.__file__).read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            assert all(not a.name.startswith("nbattn") for a in node.names)
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            # "from . import x" only for submodules, never for names of nbattn/__init__
+            names = [node.module] if node.module else [a.name for a in node.names]
+            for name in names:
+                path = package / name.split(".")[0]
+                assert path.with_suffix(".py").exists() or path.is_dir(), name
+
+
+def test_wide_csv_chunks_stay_within_the_cell_budget(tmp_path, rng, monkeypatch):
+    frame = pd.DataFrame(rng.normal(size=(95, 6)), columns=list("abcdef"))
+    path = tmp_path / "w.csv"
+    frame.to_csv(path, index=False)
+    monkeypatch.setattr(io, "CSV_CHUNK_CELLS", 60)  # 10 rows of 6 columns
+    chunks, _, _ = io.iter_chunks(path, ["b"], chunksize=1000)
+    got = list(chunks)
+    assert [len(f) for f, _, _ in got] == [10] * 9 + [5]
+    assert [first for _, first, _ in got] == list(range(0, 95, 10))
+    back = pd.concat([f for f, _, _ in got], ignore_index=True)
+    np.testing.assert_array_equal(back["b"].to_numpy(), frame["b"].to_numpy())

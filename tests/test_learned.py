@@ -40,25 +40,36 @@ def test_learned_width_beats_scott_on_the_seed_data():
 
 
 def test_diagonal_switches_off_irrelevant_features():
-    """Irrelevant features widen >= 10x Scott.
+    """Irrelevant features get wide, over ten draws (seeds 0-9, every one counted).
 
-    Not every sample gets there: the LOO optimum of an irrelevant width is a
-    property of the sample, and on 4 of 10 draws (n = 300 or 500, seeds 0-4)
-    one irrelevant width stops at 4.5-10x Scott (still >= 15x the relevant
-    widths, so the feature is practically switched off). Seed 3 is a draw
-    where all three reach 10x; the ratio to the relevant widths is checked too.
+    The LOO optimum of an irrelevant width is a property of the sample: on some
+    draws one irrelevant width stops at 4.5-10x Scott (still >= 15x the relevant
+    widths, so the feature is practically switched off). So the promise is
+    stated over the draws: every irrelevant width grows past 3x Scott and every
+    relevant one narrows below Scott; the median widening of the irrelevant
+    widths is >= 10x; in at least 9 of 10 draws the narrowest irrelevant width
+    is >= 10x the widest relevant one; the diagonal metric predicts better than
+    the scalar one in at least 8 of 10 and has the lower LOO loss in 9 of 10.
     """
-    X, y, X_test, f_test = _relevance_data(3)
-    scalar = nbattn.LearnedKernelRegressor(metric="scalar").fit(X, y)
-    diagonal = nbattn.LearnedKernelRegressor(metric="diagonal").fit(X, y)
-    widening = diagonal.bandwidth_ / bandwidth_rule(X)
-    assert np.all(widening[2:] >= 10.0), widening
-    assert np.all(widening[:2] < 1.0), widening
-    assert widening[2:].min() >= 10.0 * widening[:2].max()
-    mse_scalar = np.mean((scalar.predict(X_test) - f_test) ** 2)
-    mse_diagonal = np.mean((diagonal.predict(X_test) - f_test) ** 2)
-    assert mse_diagonal < mse_scalar
-    assert diagonal.loss_ < scalar.loss_
+    widenings, separated, better_mse, better_loss = [], 0, 0, 0
+    for seed in range(10):
+        X, y, X_test, f_test = _relevance_data(seed)
+        scalar = nbattn.LearnedKernelRegressor(metric="scalar").fit(X, y)
+        diagonal = nbattn.LearnedKernelRegressor(metric="diagonal").fit(X, y)
+        widening = diagonal.bandwidth_ / bandwidth_rule(X)
+        assert np.all(widening[2:] >= 3.0) and np.all(widening[:2] < 1.0), (seed, widening)
+        widenings.extend(widening[2:])
+        separated += widening[2:].min() >= 10.0 * widening[:2].max()
+        mse_scalar = np.mean((scalar.predict(X_test) - f_test) ** 2)
+        mse_diagonal = np.mean((diagonal.predict(X_test) - f_test) ** 2)
+        better_mse += mse_diagonal < mse_scalar
+        better_loss += diagonal.loss_ < scalar.loss_
+    assert np.median(widenings) >= 10.0, widenings
+    assert separated >= 9 and better_mse >= 8 and better_loss >= 9, (
+        separated,
+        better_mse,
+        better_loss,
+    )
 
 
 @pytest.mark.parametrize("n_components", [None, 2])
@@ -173,3 +184,26 @@ def test_run_seed_has_the_learned_width_row_and_figures(tmp_path):
     assert table.loc["learned_width", "mse"] < table.loc["nadaraya_watson_scott", "mse"]
     for name in ("learned_width.png", "heatmap_learned_width.png", "loo_curve.png"):
         assert (tmp_path / name).stat().st_size > 0
+
+
+def test_fit_verbose_lines_carry_the_loss_and_its_change(capfd):
+    X, y, _, _ = _relevance_data(2, n=80)
+    result = learning.fit_learned_kernel(X, y, metric="diagonal", verbose=True)
+    lines = [
+        line
+        for line in capfd.readouterr().err.splitlines()
+        if line.startswith("fit_learned_kernel: iteration ")
+    ]
+    curve = result["loss_curve"]
+    assert len(lines) == result["n_iter"] == len(curve) - 1
+    for k, line in enumerate(lines, start=1):
+        head, change = line.split("(change ")
+        assert head.startswith(f"fit_learned_kernel: iteration {k}: LOO MSE ")
+        assert float(head.split("LOO MSE ")[1]) == pytest.approx(curve[k], rel=1e-5)
+        assert float(change.rstrip(")")) == pytest.approx(
+            curve[k] - curve[k - 1], rel=1e-2, abs=1e-9
+        )
+    learning.fit_learned_kernel(X, y, metric="diagonal")
+    assert capfd.readouterr().err == ""  # quiet by default
+    with pytest.raises(ValueError, match="verbose"):
+        learning.fit_learned_kernel(X, y, verbose="loud")

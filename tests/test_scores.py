@@ -1,4 +1,4 @@
-"""Scoring functions (seed 000) vs tests/naive.py, their registry and validation."""
+"""Scoring functions of the attention chapter vs tests/naive.py, their registry and validation."""
 
 import numpy as np
 import pytest
@@ -92,10 +92,66 @@ def test_single_key_and_single_query(rng):
 
 def test_registry():
     assert set(scores.SCORES) == {"additive", "dot", "scaled_dot", "bilinear", "gaussian"}
-    for name, fn in scores.SCORES.items():
-        assert scores.get_score(name) is fn
+    for name, record in scores.SCORES.items():
+        assert scores.get_score(name) is record
+        assert isinstance(record, scores.Score) and record.name == name
+        assert record.function is getattr(scores, name)
     with pytest.raises(ValueError, match="score must be one of"):
         scores.get_score("cosine")
+    # the flash path exists exactly for the scores that are scaled dot products
+    assert {n for n, r in scores.SCORES.items() if r.flash} == {"dot", "scaled_dot", "bilinear"}
+
+
+def test_records_are_callable_as_their_functions(rng):
+    q, k = rng.normal(size=(3, 4)), rng.normal(size=(5, 4))
+    assert_close(scores.SCORES["scaled_dot"](q, k, 0.3), scores.scaled_dot(q, k, 0.3))
+    assert_close(scores.SCORES["gaussian"](q, k, 0.7), scores.gaussian(q, k, 0.7))
+
+
+@pytest.mark.parametrize("name", ["dot", "scaled_dot", "bilinear"])
+def test_flash_form_is_the_score(rng, name):
+    """scale * q' . k' of the record's flash form equals its score matrix."""
+    q, k = rng.normal(size=(2, 3, 4)), rng.normal(size=(2, 5, 4))
+    params = {"W": rng.normal(size=(4, 4))} if name == "bilinear" else {}
+    record = scores.SCORES[name]
+    p = record.validate(4, 4, params, np.float64)
+    qd, kd, scale = record.flash(q, k, p)
+    assert_close(scale * qd @ np.swapaxes(kd, 1, 2), record.cpu(q, k, p))
+
+
+def test_adding_a_score_is_one_registry_entry(rng, monkeypatch):
+    """A new record drives attention through both its paths (flash form and weight matrix)."""
+
+    def check(eq, ek, params, dtype):
+        return {"temperature": float(params.get("temperature", 1.0))}
+
+    def form(qf, kf, params):
+        return -qf, kf, 1.0 / params["temperature"]
+
+    def cpu(qf, kf, params):
+        qd, kd, scale = form(qf, kf, params)
+        return scale * qd @ np.swapaxes(kd, 1, 2)
+
+    record = scores.Score(
+        "negative_dot",
+        function=lambda q, k, **kw: None,
+        params=frozenset({"temperature"}),
+        same_width=True,
+        check=check,
+        cpu=cpu,
+        flash=form,
+    )
+    monkeypatch.setitem(scores.SCORES, "negative_dot", record)
+    q, k, v = rng.normal(size=(4, 3)), rng.normal(size=(6, 3)), rng.normal(size=(6, 2))
+    fn = lambda a, b: -naive.dot_scores(a, b) / 2.0  # noqa: E731
+    ref, ref_w = naive.attention(q, k, v, fn)
+    out = nbattn.attention(q, k, v, score="negative_dot", temperature=2.0)
+    out_w, w = nbattn.attention(q, k, v, "negative_dot", return_weights=True, temperature=2.0)
+    assert_close(out, ref)
+    assert_close(out_w, ref)
+    assert_close(w, ref_w)
+    with pytest.raises(ValueError, match="unknown"):
+        nbattn.attention(q, k, v, score="negative_dot", bandwidth=1.0)
 
 
 def test_inputs_not_modified(rng):

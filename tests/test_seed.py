@@ -1,4 +1,4 @@
-"""The seed's data, the demo job and the on-disk kernel cache."""
+"""The walk-through's data, the shipped datasets, the demo job and the on-disk kernel cache."""
 
 import json
 import os
@@ -8,17 +8,18 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 
 import nbattn
 from nbattn.cli import main
-from nbattn.datasets import DATA_DIR, load_csv, seed_data, seed_function
+from nbattn.datasets import available_datasets, data_files, load_csv, seed_data, seed_function
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_seed_csv_is_the_recipe():
     data = seed_data()
-    frame = pd.read_csv(DATA_DIR / "seed_pooling.csv")
+    frame = load_csv("seed_pooling")
     np.testing.assert_array_equal(frame["x"], data.x_train)
     np.testing.assert_array_equal(frame["y"], data.y_train)
     assert np.all(np.diff(data.x_train) >= 0) and data.x_train.max() < 6.0
@@ -26,6 +27,22 @@ def test_seed_csv_is_the_recipe():
     np.testing.assert_allclose(data.y_test, 2 * np.sin(data.x_test) + data.x_test**0.8)
     residual = data.y_train - seed_function(data.x_train)
     assert 0.2 < residual.std() < 0.8  # N(0, 0.5) noise
+
+
+def test_shipped_datasets_are_the_files_of_data():
+    """Every CSV of the top-level data/ folder loads, unchanged, by its name."""
+    files = sorted((ROOT / "data").glob("*.csv"))
+    assert available_datasets() == [p.stem for p in files] and len(files) >= 3
+    for path in files:
+        pd.testing.assert_frame_equal(load_csv(path.stem), pd.read_csv(path))
+    assert load_csv("diabetes").shape == (442, 11)
+    assert data_files().joinpath("README.md").is_file()  # sources and licences travel along
+
+
+@pytest.mark.parametrize("name", ["nope", "engel.csv", "README", "__init__", "", None, 3])
+def test_unknown_dataset_is_refused_by_name(name):
+    with pytest.raises(ValueError, match=r"^name: no dataset .*available: diabetes, engel"):
+        load_csv(name)
 
 
 def test_engel_regression_beats_average_pooling():

@@ -180,3 +180,61 @@ def test_softmax_property(shape, seed, scale, f32):
     lens = rng.integers(0, shape[-1] + 1, size=shape[:1]) if len(shape) > 1 else None
     if lens is not None:
         assert_close(nbattn.masked_softmax(x, lens), naive.masked_softmax(x, lens), dtype)
+
+
+# --------------------------------------------------------------------------- extreme magnitudes
+@settings(max_examples=60, deadline=None)
+@given(
+    exponent=st.sampled_from([0, 2, 100, 300, 307, 308]),
+    n=st.integers(1, 7),
+    f32=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_huge_additive_masks_match_long_double(exponent, n, f32, seed):
+    """x + mask at any magnitude up to the float64 range: the long-double answer, never NaN."""
+    rng = np.random.default_rng(seed)
+    dtype = np.float32 if f32 else np.float64
+    x = (rng.uniform(-1, 1, size=(4, n)) * 10.0 ** min(exponent, 37 if f32 else 308)).astype(dtype)
+    mask = rng.uniform(-1, 1, size=(4, n)) * 10.0**exponent
+    mask[rng.random((4, n)) < 0.2] = -np.inf
+    mask[0] = -np.inf  # a fully masked row
+    total = x.astype(np.longdouble) + mask.astype(np.longdouble)
+    ref = naive.softmax_extended(total).astype(np.float64)
+    out = nbattn.softmax(x, mask=mask)
+    assert out.dtype == dtype and not np.isnan(out).any()
+    assert_close(out, ref, dtype)
+    top = total.max(axis=1, keepdims=True)
+    safe = np.where(np.isfinite(top), top, 0)
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        lse = safe + np.log(np.exp(total - safe).sum(axis=1, keepdims=True))
+        # beyond the dtype's range a log-probability rounds to -inf
+        log_ref = np.where(np.isfinite(lse), total - lse, -np.inf).astype(dtype)
+    log_out = nbattn.log_softmax(x, mask=mask)
+    assert not np.isnan(log_out).any()
+    finite = np.isfinite(log_ref) & (np.abs(log_ref) < np.finfo(dtype).max / 4)
+    assert np.array_equal(np.isneginf(log_out[~finite]), np.isneginf(log_ref[~finite]))
+    np.testing.assert_allclose(
+        log_out[finite], log_ref[finite], rtol=1e-5 if f32 else 1e-12, atol=1e-5 if f32 else 1e-12
+    )
+    lens = rng.integers(0, n + 1, size=4)
+    masked = nbattn.masked_softmax(x, lens, mask=mask)
+    keep = np.arange(n)[None, :] < lens[:, None]
+    ref_masked = naive.softmax_extended(np.where(keep, total, -np.inf)).astype(np.float64)
+    assert_close(masked, ref_masked, dtype)
+
+
+@pytest.mark.parametrize("scale", [1e10, 1e150, 1e300, 1e308])
+def test_ties_at_huge_magnitudes(rng, scale):
+    """x = a s, mask = b s with small integers a, b: uniform over the maxima of a + b.
+
+    Crosses the overflow boundary (a + b = 2 at s = 1e308 is beyond float64)."""
+    a = rng.integers(-1, 2, size=(200, 5)).astype(float)
+    b = rng.integers(-1, 2, size=(200, 5)).astype(float)
+    total = a + b
+    top = total == total.max(axis=1, keepdims=True)
+    expected = top / top.sum(axis=1, keepdims=True)
+    assert_close(nbattn.softmax(a * scale, mask=b * scale), expected)
+    # float32 scores with a float64 mask: a power of two keeps a s exact in both
+    scale32 = 2.0 ** round(np.log2(min(scale, 1e37)))
+    out32 = nbattn.softmax((a * scale32).astype(np.float32), mask=b * scale32)
+    assert_close(out32, expected, np.float32)

@@ -18,7 +18,7 @@ device arrays.
 Forward: one thread per query row, a block of ``config.CUDA_THREADS_PER_BLOCK``
 rows per (batch, head) slice (grid: row blocks x BH, in launches of at most
 65,535 slices; blocks are halved, down to 32 threads, while there would be
-fewer than two per multiprocessor). The block walks the keys
+fewer than two per multiprocessor: ``common.launch``). The block walks the keys
 in tiles of ``block_k`` rows of K and V that its threads load together
 (coalesced) into shared memory; each thread reads them as broadcasts, keeps
 its scaled query row and its output accumulator in registers (local arrays
@@ -43,9 +43,17 @@ per thread (4 D floats) and spilled 448 bytes per thread at D = 64 (ptxas,
 sm_90), the split dv kernel spills nothing and dk 152 bytes. Rows with
 lse = -inf contribute nothing.
 
-``MAX_HEAD_DIM`` (128) bounds D and Dv: per-thread registers hold a query
-row and an accumulator of that size, and a tile row of K and V must fit the
-shared budget. The functional layer rejects larger heads with a clear error.
+The four kernels share their tile work as device functions, built per
+(dtype, row length) by :func:`tile_functions`: ``load_rows`` (a block's
+cooperative, coalesced copy of rows of Q, K, V or dO into shared memory),
+``dot`` (a row in registers times a tile row, as four independent sums for
+instruction-level parallelism) and ``axpy`` (acc += w * tile row). Launch
+geometry, tile sizes and the kernel cache are ``nbattn.cuda.common``'s.
+
+``config.CUDA_MAX_HEAD_DIM`` (128; also readable as ``MAX_HEAD_DIM`` here,
+at call time) bounds D and Dv: per-thread registers hold a query row and an
+accumulator of that size, and a tile row of K and V must fit the shared
+budget. The functional layer rejects larger heads with a clear error.
 Tiles: ``block_k = min(CUDA_THREADS_PER_BLOCK, CUDA_SHARED_MEMORY_BYTES /
 ((D + Dv) * itemsize))`` rows.
 """
@@ -58,30 +66,89 @@ import numpy as np
 from numba import cuda, types
 
 from .. import config
-from ._util import exp_for, imax, imin
+from .common import (
+    SHARED_ALIGNMENT_KWARG,
+    compiled,
+    exp_for,
+    imax,
+    imin,
+    launch,
+    shared_bytes,
+    tile_rows,
+    to_device,
+)
 
-#: Largest head dimension (D and Dv) the kernels compile for.
-MAX_HEAD_DIM = 128
+__all__ = ["flash_backward", "flash_forward", "flash_kernels", "tile_functions"]
 
-_kernel_cache = {}
+# Shared-memory reads in the hot loops index with unsigned integers: numba
+# wraps negative signed indices, which hides from NVVM that consecutive reads
+# are contiguous; unsigned, they become ld.shared.v4 (see common.SHARED_ALIGNMENT_KWARG).
+U = np.uint64
+
+
+def __getattr__(name):
+    if name == "MAX_HEAD_DIM":  # read at each access, so that config changes count
+        return config.CUDA_MAX_HEAD_DIM
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _make_tile_functions(float_type, n):
+    zero = float_type(0.0)
+    n4 = n - n % 4  # dot products of length n run as four independent sums (ILP)
+
+    @cuda.jit(device=True, inline=True)
+    def load_rows(tile, offset, src, bh, r0, nb, factor):
+        """tile[offset + r * n + c] = src[bh, r0 + r, c] * factor for r < nb, c < n.
+
+        All threads of the block together, consecutive threads on consecutive
+        floats (coalesced); the caller synchronises."""
+        for idx in range(cuda.threadIdx.x, nb * n, cuda.blockDim.x):
+            tile[offset + idx] = src[bh, r0 + idx // n, idx % n] * factor
+
+    @cuda.jit(device=True, inline=True)
+    def dot(row, tile, base):
+        """sum_f row[f] * tile[base + f] over the n floats of a register row."""
+        s0, s1, s2, s3 = zero, zero, zero, zero
+        for f in range(0, n4, 4):
+            s0 += row[f] * tile[base + U(f)]
+            s1 += row[f + 1] * tile[base + U(f + 1)]
+            s2 += row[f + 2] * tile[base + U(f + 2)]
+            s3 += row[f + 3] * tile[base + U(f + 3)]
+        for f in range(n4, n):
+            s0 += row[f] * tile[base + U(f)]
+        return (s0 + s1) + (s2 + s3)
+
+    @cuda.jit(device=True, inline=True)
+    def axpy(acc, w, tile, base):
+        """acc[f] += w * tile[base + f] for the n floats of a register row."""
+        for f in range(n):
+            acc[f] += w * tile[base + U(f)]
+
+    return load_rows, dot, axpy
+
+
+def tile_functions(dtype, n):
+    """The device functions ``(load_rows, dot, axpy)`` for rows of ``n`` floats of ``dtype``."""
+    t = np.dtype(dtype).type
+    return compiled(("flash_tile", t, int(n)), lambda: _make_tile_functions(t, int(n)))
 
 
 def _make_kernels(float_type, d, d_v):
-    """Forward, dQ and dK/dV kernels for one dtype and head dimensions (compile-time sizes)."""
+    """Forward, dQ, dK and dV kernels for one dtype and head dimensions (compile-time sizes)."""
     zero = float_type(0.0)
+    one = float_type(1.0)
     minus_inf = float_type(-np.inf)
     exp = exp_for(float_type)
-    # Shared-memory reads in the hot loops index with unsigned integers: numba
-    # wraps negative signed indices, which hides from NVVM that consecutive
-    # reads are contiguous; unsigned, they become ld.shared.v4 (see _shared_bytes).
-    U = np.uint64
-    d4 = d - d % 4  # dot products of length d run as four independent sums (ILP)
-    d_v4 = d_v - d_v % 4
+    load_d, dot_d, axpy_d = tile_functions(float_type, d)  # rows of Q, K, dQ, dK
+    load_v, dot_v, axpy_v = tile_functions(float_type, d_v)  # rows of V, O, dO, dV
 
     @cuda.jit
     def flash_forward_kernel(q, k, v, scale, causal, block_k, out, lse):
-        # block_k x (d + d_v): K then V rows (16-byte aligned: see _shared_bytes)
-        tile = cuda.shared.array(0, dtype=types.complex128).view(float_type)
+        # block_k x (d + d_v): K then V rows (16-byte aligned base)
+        if SHARED_ALIGNMENT_KWARG:  # one spelling per numba; the other is pruned
+            tile = cuda.shared.array(0, dtype=float_type, alignment=16)
+        else:
+            tile = cuda.shared.array(0, dtype=types.complex128).view(float_type)
         tx = cuda.threadIdx.x
         tpb = cuda.blockDim.x
         bh = cuda.blockIdx.y
@@ -103,24 +170,13 @@ def _make_kernels(float_type, d, d_v):
         v_off = block_k * d
         for j0 in range(0, kv_end, block_k):
             nb = imin(block_k, kv_end - j0)
-            for idx in range(tx, nb * d, tpb):
-                tile[idx] = k[bh, j0 + idx // d, idx % d]
-            for idx in range(tx, nb * d_v, tpb):
-                tile[v_off + idx] = v[bh, j0 + idx // d_v, idx % d_v]
+            load_d(tile, 0, k, bh, j0, nb, one)
+            load_v(tile, v_off, v, bh, j0, nb, one)
             cuda.syncthreads()
             if active:
                 stop = imin(nb, i - j0 + 1) if causal else nb
                 for jj in range(stop):
-                    base = U(jj) * U(d)
-                    s0, s1, s2, s3 = zero, zero, zero, zero
-                    for f in range(0, d4, 4):
-                        s0 += q_row[f] * tile[base + U(f)]
-                        s1 += q_row[f + 1] * tile[base + U(f + 1)]
-                        s2 += q_row[f + 2] * tile[base + U(f + 2)]
-                        s3 += q_row[f + 3] * tile[base + U(f + 3)]
-                    for f in range(d4, d):
-                        s0 += q_row[f] * tile[base + U(f)]
-                    s = (s0 + s1) + (s2 + s3)
+                    s = dot_d(q_row, tile, U(jj) * U(d))
                     if s > m:
                         rescale = exp(m - s)
                         l_sum *= rescale
@@ -129,8 +185,7 @@ def _make_kernels(float_type, d, d_v):
                         m = s
                     w = exp(s - m)
                     l_sum += w
-                    for c in range(d_v):
-                        acc[c] += w * tile[U(v_off) + U(jj) * U(d_v) + U(c)]
+                    axpy_v(acc, w, tile, U(v_off) + U(jj) * U(d_v))
             cuda.syncthreads()
         if active:
             if l_sum > 0.0:
@@ -145,8 +200,11 @@ def _make_kernels(float_type, d, d_v):
 
     @cuda.jit
     def flash_dq_kernel(q, k, v, out, lse, dout, scale, causal, block_k, dq, delta):
-        # block_k x (d + d_v): K then V rows (16-byte aligned: see _shared_bytes)
-        tile = cuda.shared.array(0, dtype=types.complex128).view(float_type)
+        # block_k x (d + d_v): K then V rows (16-byte aligned base)
+        if SHARED_ALIGNMENT_KWARG:  # one spelling per numba; the other is pruned
+            tile = cuda.shared.array(0, dtype=float_type, alignment=16)
+        else:
+            tile = cuda.shared.array(0, dtype=types.complex128).view(float_type)
         tx = cuda.threadIdx.x
         tpb = cuda.blockDim.x
         bh = cuda.blockIdx.y
@@ -178,37 +236,15 @@ def _make_kernels(float_type, d, d_v):
         v_off = block_k * d
         for j0 in range(0, kv_end, block_k):
             nb = imin(block_k, kv_end - j0)
-            for idx in range(tx, nb * d, tpb):
-                tile[idx] = k[bh, j0 + idx // d, idx % d]
-            for idx in range(tx, nb * d_v, tpb):
-                tile[v_off + idx] = v[bh, j0 + idx // d_v, idx % d_v]
+            load_d(tile, 0, k, bh, j0, nb, one)
+            load_v(tile, v_off, v, bh, j0, nb, one)
             cuda.syncthreads()
             if active:
                 stop = imin(nb, i - j0 + 1) if causal else nb
                 for jj in range(stop):
-                    base = U(jj) * U(d)
-                    s0, s1, s2, s3 = zero, zero, zero, zero
-                    for f in range(0, d4, 4):
-                        s0 += q_row[f] * tile[base + U(f)]
-                        s1 += q_row[f + 1] * tile[base + U(f + 1)]
-                        s2 += q_row[f + 2] * tile[base + U(f + 2)]
-                        s3 += q_row[f + 3] * tile[base + U(f + 3)]
-                    for f in range(d4, d):
-                        s0 += q_row[f] * tile[base + U(f)]
-                    p = exp((s0 + s1) + (s2 + s3) - shift)
-                    base = U(v_off) + U(jj) * U(d_v)
-                    s0, s1, s2, s3 = zero, zero, zero, zero
-                    for c in range(0, d_v4, 4):
-                        s0 += do_row[c] * tile[base + U(c)]
-                        s1 += do_row[c + 1] * tile[base + U(c + 1)]
-                        s2 += do_row[c + 2] * tile[base + U(c + 2)]
-                        s3 += do_row[c + 3] * tile[base + U(c + 3)]
-                    for c in range(d_v4, d_v):
-                        s0 += do_row[c] * tile[base + U(c)]
-                    dp = (s0 + s1) + (s2 + s3)
-                    ds = p * (dp - d_i)
-                    for f in range(d):
-                        acc[f] += ds * tile[U(jj) * U(d) + U(f)]
+                    p = exp(dot_d(q_row, tile, U(jj) * U(d)) - shift)
+                    dp = dot_v(do_row, tile, U(v_off) + U(jj) * U(d_v))
+                    axpy_d(acc, p * (dp - d_i), tile, U(jj) * U(d))
             cuda.syncthreads()
         if i < n_q:
             for f in range(d):
@@ -219,8 +255,11 @@ def _make_kernels(float_type, d, d_v):
 
         @cuda.jit
         def flash_dkdv_kernel(q, k, v, lse, dout, delta, scale, causal, block_q, dk, dv):
-            # block_q x (d + d_v + 2): Q, dO, lse, D (16-byte aligned: see _shared_bytes)
-            tile = cuda.shared.array(0, dtype=types.complex128).view(float_type)
+            # block_q x (d + d_v + 2): Q, dO, lse, D (16-byte aligned base)
+            if SHARED_ALIGNMENT_KWARG:  # one spelling per numba; the other is pruned
+                tile = cuda.shared.array(0, dtype=float_type, alignment=16)
+            else:
+                tile = cuda.shared.array(0, dtype=types.complex128).view(float_type)
             tx = cuda.threadIdx.x
             tpb = cuda.blockDim.x
             bh = cuda.blockIdx.y
@@ -250,10 +289,8 @@ def _make_kernels(float_type, d, d_v):
             i_start = col0 if causal else 0
             for i0 in range(i_start, n_q, block_q):
                 mb = imin(block_q, n_q - i0)
-                for idx in range(tx, mb * d, tpb):
-                    tile[idx] = q[bh, i0 + idx // d, idx % d] * factor
-                for idx in range(tx, mb * d_v, tpb):
-                    tile[do_off + idx] = dout[bh, i0 + idx // d_v, idx % d_v]
+                load_d(tile, 0, q, bh, i0, mb, factor)
+                load_v(tile, do_off, dout, bh, i0, mb, one)
                 for idx in range(tx, mb, tpb):
                     tile[lse_off + idx] = float_type(lse[bh, i0 + idx])
                     tile[delta_off + idx] = delta[bh, i0 + idx]
@@ -265,31 +302,13 @@ def _make_kernels(float_type, d, d_v):
                         if shift == minus_inf:
                             continue
                         base = U(ii) * U(d)
-                        s0, s1, s2, s3 = zero, zero, zero, zero
-                        for f in range(0, d4, 4):
-                            s0 += tile[base + U(f)] * k_row[f]
-                            s1 += tile[base + U(f + 1)] * k_row[f + 1]
-                            s2 += tile[base + U(f + 2)] * k_row[f + 2]
-                            s3 += tile[base + U(f + 3)] * k_row[f + 3]
-                        for f in range(d4, d):
-                            s0 += tile[base + U(f)] * k_row[f]
-                        p = exp((s0 + s1) + (s2 + s3) - shift)
+                        p = exp(dot_d(k_row, tile, base) - shift)
                         g_base = U(do_off) + U(ii) * U(d_v)
                         if want_dv:
-                            for c in range(d_v):
-                                dv_acc[c] += p * tile[g_base + U(c)]
+                            axpy_v(dv_acc, p, tile, g_base)
                         if want_dk:
-                            s0, s1, s2, s3 = zero, zero, zero, zero
-                            for c in range(0, d_v4, 4):
-                                s0 += tile[g_base + U(c)] * v_row[c]
-                                s1 += tile[g_base + U(c + 1)] * v_row[c + 1]
-                                s2 += tile[g_base + U(c + 2)] * v_row[c + 2]
-                                s3 += tile[g_base + U(c + 3)] * v_row[c + 3]
-                            for c in range(d_v4, d_v):
-                                s0 += tile[g_base + U(c)] * v_row[c]
-                            ds = p * ((s0 + s1) + (s2 + s3) - tile[delta_off + ii])
-                            for f in range(d):
-                                dk_acc[f] += ds * tile[base + U(f)]
+                            ds = p * (dot_v(v_row, tile, g_base) - tile[delta_off + ii])
+                            axpy_d(dk_acc, ds, tile, base)
                 cuda.syncthreads()
             if active and want_dk:
                 for f in range(d):
@@ -307,64 +326,14 @@ def _make_kernels(float_type, d, d_v):
 
 def flash_kernels(dtype, d, d_v):
     """The (forward, dq, dk, dv) kernels for a dtype and head sizes, compiled on first use."""
-    key = (np.dtype(dtype), int(d), int(d_v))
-    if key not in _kernel_cache:
-        if not (1 <= d <= MAX_HEAD_DIM and 1 <= d_v <= MAX_HEAD_DIM):
-            raise ValueError(
-                f"the CUDA flash kernels take head dimensions up to {MAX_HEAD_DIM}, got "
-                f"D={d}, Dv={d_v}"
-            )
-        _kernel_cache[key] = _make_kernels(np.dtype(dtype).type, int(d), int(d_v))
-    return _kernel_cache[key]
-
-
-def _shared_bytes(n_floats, itemsize):
-    """Dynamic shared memory for a tile, in whole 16-byte units.
-
-    The tiles are declared as complex128 (16-byte) shared arrays viewed as
-    the float dtype: with the base known to be 16-byte aligned (and D a
-    multiple of 4 in float32), NVVM reads each row of K, V or Q with
-    ``ld.shared.v4`` -- a quarter of the shared-memory load instructions,
-    which bound these one-thread-per-row kernels (checked in the PTX).
-    """
-    return -(-n_floats * itemsize // 16) * 16
-
-
-def _tile_rows(floats_per_row, itemsize):
-    tpb = config.CUDA_THREADS_PER_BLOCK
-    return max(1, min(tpb, config.CUDA_SHARED_MEMORY_BYTES // (floats_per_row * itemsize)))
-
-
-#: Most (batch, head) slices per launch: the grid's y dimension is capped at 65,535.
-MAX_GRID_Y = 65535
-
-
-def _multiprocessors():
-    try:
-        return int(cuda.get_current_device().MULTIPROCESSOR_COUNT)
-    except Exception:  # the simulator has no such attribute
-        return 1
-
-
-def _threads(n_rows, n_bh):
-    """Threads per block: ``config.CUDA_THREADS_PER_BLOCK``, halved (down to 32) while
-    the grid would give fewer than two blocks per multiprocessor (short sequences)."""
-    tpb = config.CUDA_THREADS_PER_BLOCK
-    target = 2 * _multiprocessors()
-    while tpb > 32 and -(-n_rows // tpb) * n_bh < target:
-        tpb //= 2
-    return tpb
-
-
-def _launch(kernel, n_rows, n_bh, shared, args):
-    """Launch over (row blocks, BH slices), in chunks of at most MAX_GRID_Y slices.
-
-    ``args(b0, b1)`` gives the kernel's arguments for the slices b0:b1.
-    """
-    tpb = _threads(n_rows, n_bh)
-    for b0 in range(0, n_bh, MAX_GRID_Y):
-        b1 = min(n_bh, b0 + MAX_GRID_Y)
-        kernel[((n_rows + tpb - 1) // tpb, b1 - b0), tpb, 0, shared](*args(b0, b1))
+    limit = config.CUDA_MAX_HEAD_DIM
+    if not (1 <= d <= limit and 1 <= d_v <= limit):
+        raise ValueError(
+            f"the CUDA flash kernels take head dimensions up to {limit} "
+            f"(config.CUDA_MAX_HEAD_DIM), got D={d}, Dv={d_v}"
+        )
+    t = np.dtype(dtype).type
+    return compiled(("flash", t, int(d), int(d_v)), lambda: _make_kernels(t, int(d), int(d_v)))
 
 
 def flash_forward(q, k, v, scale, causal):
@@ -372,8 +341,6 @@ def flash_forward(q, k, v, scale, causal):
 
     ``q``, ``k``, ``v``: device (or NumPy) arrays in the layout of the module docstring.
     """
-    from .pooling import to_device
-
     q, k, v = to_device(q), to_device(k), to_device(v)
     n_bh, n_q, d = q.shape
     d_v = v.shape[2]
@@ -381,21 +348,19 @@ def flash_forward(q, k, v, scale, causal):
     forward = flash_kernels(dtype, d, d_v)[0]
     out = cuda.device_array((n_bh, n_q, d_v), dtype=dtype)
     lse = cuda.device_array((n_bh, n_q), dtype=np.float64)
-    block_k = _tile_rows(d + d_v, dtype.itemsize)
-    shared = _shared_bytes(block_k * (d + d_v), dtype.itemsize)
+    block_k = tile_rows(d + d_v, dtype.itemsize)
+    shared = shared_bytes(block_k * (d + d_v), dtype.itemsize)
     scale, causal = float(scale), bool(causal)
 
     def args(b0, b1):
         return (q[b0:b1], k[b0:b1], v[b0:b1], scale, causal, block_k, out[b0:b1], lse[b0:b1])
 
-    _launch(forward, n_q, n_bh, shared, args)
+    launch(forward, n_q, args, shared=shared, n_slices=n_bh)
     return out, lse
 
 
 def flash_backward(q, k, v, out, lse, dout, scale, causal):
     """``(dq, dk, dv)`` as device arrays in the input dtype (``lse`` float64, may hold -inf)."""
-    from .pooling import to_device
-
     q, k, v, out, lse, dout = (to_device(a) for a in (q, k, v, out, lse, dout))
     n_bh, n_q, d = q.shape
     n_k = k.shape[1]
@@ -407,20 +372,21 @@ def flash_backward(q, k, v, out, lse, dout, scale, causal):
     dv = cuda.device_array((n_bh, n_k, d_v), dtype=dtype)
     delta = cuda.device_array((n_bh, n_q), dtype=dtype)
     scale, causal = float(scale), bool(causal)
-    block_k = _tile_rows(d + d_v, dtype.itemsize)
+    block_k = tile_rows(d + d_v, dtype.itemsize)
 
     def dq_args(b0, b1):
         inputs = (q, k, v, out, lse, dout)
         return (*(a[b0:b1] for a in inputs), scale, causal, block_k, dq[b0:b1], delta[b0:b1])
 
-    _launch(dq_kernel, n_q, n_bh, _shared_bytes(block_k * (d + d_v), dtype.itemsize), dq_args)
-    block_q = _tile_rows(d + d_v + 2, dtype.itemsize)
+    shared = shared_bytes(block_k * (d + d_v), dtype.itemsize)
+    launch(dq_kernel, n_q, dq_args, shared=shared, n_slices=n_bh)
+    block_q = tile_rows(d + d_v + 2, dtype.itemsize)
 
     def dkdv_args(b0, b1):
         inputs = (q, k, v, lse, dout, delta)
         return (*(a[b0:b1] for a in inputs), scale, causal, block_q, dk[b0:b1], dv[b0:b1])
 
-    shared = _shared_bytes(block_q * (d + d_v + 2), dtype.itemsize)
-    _launch(dv_kernel, n_k, n_bh, shared, dkdv_args)
-    _launch(dk_kernel, n_k, n_bh, shared, dkdv_args)
+    shared = shared_bytes(block_q * (d + d_v + 2), dtype.itemsize)
+    launch(dv_kernel, n_k, dkdv_args, shared=shared, n_slices=n_bh)
+    launch(dk_kernel, n_k, dkdv_args, shared=shared, n_slices=n_bh)
     return dq, dk, dv

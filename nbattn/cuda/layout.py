@@ -19,7 +19,7 @@ import math
 import numpy as np
 from numba import cuda
 
-from .. import config
+from .common import launch
 
 
 @cuda.jit
@@ -78,17 +78,19 @@ def _scaled_copy_kernel(src, scale, dst):
         dst[i, f] = src[i, f] * scale[f]
 
 
-def _launch(n_items):
-    tpb = config.CUDA_THREADS_PER_BLOCK
-    return min(1024, max(1, (n_items + tpb - 1) // tpb)), tpb
+#: Grid-stride kernels: at most this many blocks, each thread loops over the rest.
+_MAX_BLOCKS = 1024
+
+
+def _run(kernel, n_items, *args):
+    launch(kernel, n_items, args, max_blocks=_MAX_BLOCKS)
 
 
 def count_nonfinite(device_x, allow_neg_inf=False) -> int:
     """Number of NaN or infinite entries of a 2-D device array (-inf allowed if asked)."""
     counter = cuda.to_device(np.zeros(1, dtype=np.int64))
-    blocks, tpb = _launch(device_x.size)
     kernel = _count_nan_or_posinf_kernel if allow_neg_inf else _count_nonfinite_kernel
-    kernel[blocks, tpb](device_x, counter)
+    _run(kernel, device_x.size, device_x, counter)
     return int(counter.copy_to_host()[0])
 
 
@@ -102,8 +104,7 @@ def column_moments(device_x):
     device_shift = cuda.to_device(shift)
     sums = cuda.to_device(np.zeros(d))
     sums_sq = cuda.to_device(np.zeros(d))
-    blocks, tpb = _launch(device_x.size)
-    _column_sums_kernel[blocks, tpb](device_x, device_shift, sums, sums_sq)
+    _run(_column_sums_kernel, device_x.size, device_x, device_shift, sums, sums_sq)
     s, s2 = sums.copy_to_host(), sums_sq.copy_to_host()
     mean = shift + s / n
     var = (s2 - s * s / n) / (n - 1) if n > 1 else np.zeros(d)
@@ -114,14 +115,14 @@ def scaled_transpose(device_x, scale, dtype):
     """(n, d) device array -> (d, n) device array of ``x * scale`` in ``dtype``."""
     n, d = device_x.shape
     out = cuda.device_array((d, n), dtype=dtype)
-    blocks, tpb = _launch(device_x.size)
-    _scaled_transpose_kernel[blocks, tpb](device_x, cuda.to_device(np.asarray(scale, dtype)), out)
+    device_scale = cuda.to_device(np.asarray(scale, dtype))
+    _run(_scaled_transpose_kernel, device_x.size, device_x, device_scale, out)
     return out
 
 
 def scaled_copy(device_x, scale, dtype):
     """(n, d) device array -> C-contiguous (n, d) device array of ``x * scale`` in ``dtype``."""
     out = cuda.device_array(device_x.shape, dtype=dtype)
-    blocks, tpb = _launch(device_x.size)
-    _scaled_copy_kernel[blocks, tpb](device_x, cuda.to_device(np.asarray(scale, dtype)), out)
+    device_scale = cuda.to_device(np.asarray(scale, dtype))
+    _run(_scaled_copy_kernel, device_x.size, device_x, device_scale, out)
     return out

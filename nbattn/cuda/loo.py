@@ -20,19 +20,21 @@ and return what the CPU kernels return (a float, or float64 NumPy arrays):
 the results are a few numbers, the inputs stay on the device.
 
 One thread per query i streams over the keys in tiles that the block loads
-together into shared memory (``block_k`` keys, at most
-``config.CUDA_THREADS_PER_BLOCK`` and at most ``config.CUDA_SHARED_MEMORY_BYTES``
-of tile). Each thread accumulates its partial gradient in float64 registers
-(up to ``MAX_ACC`` numbers per launch; kernels are compiled per dtype and
-per count -- and the loss kernel per (k, outputs) -- so that the local
-arrays have compile-time sizes and stay out of local memory); the block
-adds them with shared-memory atomics and one thread per entry adds the
-block's sum into the float64 result with ``cuda.atomic.add`` -- so
-n_blocks, not n_queries, global atomics per entry.
-More than ``MAX_ACC`` features (diag) or lower-triangle pairs (full: d (d+1)/2)
-are handled in several launches over ranges of entries; more than
-``MAX_OUTPUTS`` outputs in the loss likewise (the squared error is a sum
-over outputs, so each range of outputs runs its own softmax).
+together into shared memory (``block_k`` keys: ``common.tile_rows``). The
+loss kernel runs the Nadaraya-Watson walk of ``nbattn.cuda.pooling``
+(its device function ``pool_row``, as the CPU loss kernel runs the CPU
+``pool_row``); the gradient kernels weigh each pair with the one device
+function ``pair_weight`` and accumulate their partial gradient in float64
+registers (up to ``config.CUDA_MAX_GRAD_ENTRIES`` numbers per launch; kernels
+are compiled per dtype and per count -- and the loss kernel per (k, outputs)
+-- so that the local arrays have compile-time sizes); the block adds them
+with shared-memory atomics and one thread per entry adds the block's sum into
+the float64 result with ``cuda.atomic.add`` -- so n_blocks, not n_queries,
+global atomics per entry. More features (diag) or lower-triangle pairs (full:
+d (d+1)/2) run in several launches over ranges of entries; more than
+``config.CUDA_MAX_OUTPUTS`` outputs in the loss likewise (the squared error
+is a sum over outputs, so each range of outputs runs its own softmax). Both
+limits are read at each call.
 """
 
 from __future__ import annotations
@@ -43,28 +45,25 @@ import numpy as np
 from numba import cuda, from_dtype
 
 from .. import config
-from ._util import exp_for, imin
+from .common import compiled, exp_for, imin, launch, load_columns, tile_rows, to_device
+from .pooling import pool_row_function
 
-#: Gradient entries accumulated per thread and launch (float64, in registers).
-MAX_ACC = 64
-#: Outputs accumulated per thread and launch by the loss kernel.
-MAX_OUTPUTS = 8
-
-
-def block_keys(floats_per_key, itemsize):
-    """Keys per shared-memory tile: at most the threads per block and the shared budget."""
-    tpb = config.CUDA_THREADS_PER_BLOCK
-    fit = config.CUDA_SHARED_MEMORY_BYTES // max(1, floats_per_key * itemsize)
-    return max(1, min(tpb, fit))
+__all__ = [
+    "grad_kernels",
+    "loo_grad_diag",
+    "loo_grad_full",
+    "loo_squared_error",
+    "loss_kernel",
+    "pair_weight_function",
+]
 
 
 def _make_loss_kernel(float_type, k, n_outputs):
     """The LOO squared-error kernel for a dtype, k features and n_outputs outputs
     (compile-time sizes: query row and accumulators in registers)."""
     zero = float_type(0.0)
-    minus_inf = float_type(-np.inf)
     tile_type = from_dtype(np.dtype(float_type))
-    exp = exp_for(float_type)
+    pool_row = pool_row_function(float_type, k, n_outputs)
 
     @cuda.jit
     def loo_squared_error_kernel(queries, keys_t, values_t, targets, self_index, bk, out):
@@ -72,59 +71,16 @@ def _make_loss_kernel(float_type, k, n_outputs):
         tile = cuda.shared.array(0, dtype=tile_type)  # (k + n_outputs) x bk
         block_sum = cuda.shared.array(1, dtype=np.float64)
         i = cuda.grid(1)
-        tx = cuda.threadIdx.x
-        tpb = cuda.blockDim.x
-        n_queries = queries.shape[0]
-        n_keys = keys_t.shape[1]
-        if tx == 0:
+        if cuda.threadIdx.x == 0:
             block_sum[0] = 0.0
-        active = i < n_queries
+        active = i < queries.shape[0]
         q_row = cuda.local.array(k, dtype=float_type)
         acc = cuda.local.array(n_outputs, dtype=np.float64)
-        part = cuda.local.array(n_outputs, dtype=float_type)
         for f in range(k):
             q_row[f] = queries[i, f] if active else zero
-        for c in range(n_outputs):
-            acc[c] = 0.0
-        running_max = minus_inf
-        running_sum = 0.0
         own = self_index[i] if active else -1
-        for j0 in range(0, n_keys, bk):
-            nb = imin(bk, n_keys - j0)
-            for jj in range(tx, nb, tpb):
-                for f in range(k):
-                    tile[f * bk + jj] = keys_t[f, j0 + jj]
-                for c in range(n_outputs):
-                    tile[(k + c) * bk + jj] = values_t[c, j0 + jj]
-            cuda.syncthreads()
-            if active:  # tile sums in the input dtype, added into float64 (as pooling)
-                part_sum = zero
-                for c in range(n_outputs):
-                    part[c] = zero
-                for jj in range(nb):
-                    if j0 + jj == own:
-                        continue
-                    s = zero
-                    for f in range(k):
-                        diff = tile[f * bk + jj] - q_row[f]
-                        s -= diff * diff
-                    if s > running_max:
-                        rescale = math.exp(float(running_max) - float(s))
-                        running_sum *= rescale
-                        part_sum *= float_type(rescale)
-                        for c in range(n_outputs):
-                            acc[c] *= rescale
-                            part[c] *= float_type(rescale)
-                        running_max = s
-                    w = exp(s - running_max)
-                    part_sum += w
-                    for c in range(n_outputs):
-                        part[c] += w * tile[(k + c) * bk + jj]
-                running_sum += part_sum
-                for c in range(n_outputs):
-                    acc[c] += part[c]
-            cuda.syncthreads()
-        if i < n_queries:
+        _, running_sum = pool_row(keys_t, values_t, own, active, q_row, tile, bk, acc)
+        if active:
             inv = 1.0 / running_sum if running_sum > 0.0 else 0.0
             sq = 0.0
             for c in range(n_outputs):
@@ -132,26 +88,49 @@ def _make_loss_kernel(float_type, k, n_outputs):
                 sq += err * err
             cuda.atomic.add(block_sum, 0, sq)
         cuda.syncthreads()
-        if tx == 0:
+        if cuda.threadIdx.x == 0:
             cuda.atomic.add(out, 0, block_sum[0])
 
     return loo_squared_error_kernel
 
 
-def _make_kernels(float_type, n_acc):
-    """The (diag, full) gradient kernels for a dtype, accumulating n_acc <= MAX_ACC
-    entries per launch (a compile-time size: the accumulators live in registers)."""
-    zero = float_type(0.0)
-    tile_type = from_dtype(np.dtype(float_type))
+def _make_pair_weight(float_type):
     exp = exp_for(float_type)
+    zero = float_type(0.0)
 
-    @cuda.jit(device=True)
-    def _coef(values_t, resid, centers, i, j):
-        """sum_c resid[i, c] * (values_t[c, j] - centers[i, c]), in the input dtype."""
+    @cuda.jit(device=True, inline=True)
+    def pair_weight(tile, bk, jj, queries, i, shift, values_t, resid, centers, j):
+        """g_ij = exp(s_ij - lse_i) * sum_c resid[i, c] (values_t[c, j] - centers[i, c]).
+
+        The score s_ij = -sum_f (k_jf - q_if)^2 reads key j from rows 0..k-1,
+        column jj of the tile (``bk`` columns); ``shift`` is lse_i in the
+        input dtype. Everything in the input dtype.
+        """
+        s = zero
+        for f in range(queries.shape[1]):
+            diff = tile[f * bk + jj] - queries[i, f]
+            s -= diff * diff
+        w = exp(s - shift)
         total = zero
         for c in range(values_t.shape[0]):
             total += resid[i, c] * (values_t[c, j] - centers[i, c])
-        return total
+        return w * total
+
+    return pair_weight
+
+
+def pair_weight_function(dtype):
+    """The device function ``pair_weight`` for a dtype (see :func:`_make_pair_weight`)."""
+    t = np.dtype(dtype).type
+    return compiled(("pair_weight", t), lambda: _make_pair_weight(t))
+
+
+def _make_grad_kernels(float_type, n_acc):
+    """The (diag, full) gradient kernels for a dtype, accumulating n_acc entries
+    per launch (a compile-time size: the accumulators live in registers)."""
+    zero = float_type(0.0)
+    tile_type = from_dtype(np.dtype(float_type))
+    pair_weight = pair_weight_function(float_type)
 
     @cuda.jit
     def loo_grad_diag_kernel(
@@ -163,7 +142,7 @@ def _make_kernels(float_type, n_acc):
         i = cuda.grid(1)
         tx = cuda.threadIdx.x
         tpb = cuda.blockDim.x
-        n_queries, k = queries.shape
+        k = queries.shape[1]
         n_keys = keys_t.shape[1]
         for a in range(tx, n_acc, tpb):
             block_acc[a] = 0.0
@@ -172,25 +151,19 @@ def _make_kernels(float_type, n_acc):
             acc[a] = 0.0
         active = False
         shift = zero
-        if i < n_queries:
+        if i < queries.shape[0]:
             active = lse[i] != -math.inf
             shift = float_type(lse[i])
         for j0 in range(0, n_keys, bk):
             nb = imin(bk, n_keys - j0)
-            for jj in range(tx, nb, tpb):
-                for f in range(k):
-                    tile[f * bk + jj] = keys_t[f, j0 + jj]
+            load_columns(tile, bk, j0, nb, keys_t, k, keys_t, 0)
             cuda.syncthreads()
             if active:
                 for jj in range(nb):
                     j = j0 + jj
                     if j == i + self_offset:
                         continue
-                    s = zero
-                    for f in range(k):
-                        diff = tile[f * bk + jj] - queries[i, f]
-                        s -= diff * diff
-                    coef = exp(s - shift) * _coef(values_t, resid, centers, i, j)
+                    coef = pair_weight(tile, bk, jj, queries, i, shift, values_t, resid, centers, j)
                     for a in range(n_acc):
                         diff = tile[(f0 + a) * bk + jj] - queries[i, f0 + a]
                         acc[a] += coef * diff * diff
@@ -224,7 +197,7 @@ def _make_kernels(float_type, n_acc):
         i = cuda.grid(1)
         tx = cuda.threadIdx.x
         tpb = cuda.blockDim.x
-        n_queries, k = queries.shape
+        k = queries.shape[1]
         d = points.shape[1]
         n_keys = keys_t.shape[1]
         for a in range(tx, n_acc, tpb):
@@ -234,27 +207,19 @@ def _make_kernels(float_type, n_acc):
             acc[a] = 0.0
         active = False
         shift = zero
-        if i < n_queries:
+        if i < queries.shape[0]:
             active = lse[i] != -math.inf
             shift = float_type(lse[i])
         for j0 in range(0, n_keys, bk):
             nb = imin(bk, n_keys - j0)
-            for jj in range(tx, nb, tpb):
-                for f in range(k):
-                    tile[f * bk + jj] = keys_t[f, j0 + jj]
-                for f in range(d):
-                    tile[(k + f) * bk + jj] = points_t[f, j0 + jj]
+            load_columns(tile, bk, j0, nb, keys_t, k, points_t, d)
             cuda.syncthreads()
             if active:
                 for jj in range(nb):
                     j = j0 + jj
                     if j == i + self_offset:
                         continue
-                    s = zero
-                    for f in range(k):
-                        diff = tile[f * bk + jj] - queries[i, f]
-                        s -= diff * diff
-                    coef = exp(s - shift) * _coef(values_t, resid, centers, i, j)
+                    coef = pair_weight(tile, bk, jj, queries, i, shift, values_t, resid, centers, j)
                     for p in range(n_acc):
                         a = pair_a[p]
                         b = pair_b[p]
@@ -272,36 +237,23 @@ def _make_kernels(float_type, n_acc):
     return loo_grad_diag_kernel, loo_grad_full_kernel
 
 
-_kernel_cache = {}
-
-
-def _cached(key, make):
-    if key not in _kernel_cache:
-        _kernel_cache[key] = make()
-    return _kernel_cache[key]
-
-
 def loss_kernel(dtype, k, n_outputs):
-    """The compiled LOO squared-error kernel for a dtype, k features, n_outputs <= MAX_OUTPUTS."""
+    """The compiled LOO squared-error kernel for a dtype, k features and n_outputs outputs."""
     t = np.dtype(dtype).type
-    return _cached(("loss", t, k, n_outputs), lambda: _make_loss_kernel(t, k, n_outputs))
+    return compiled(
+        ("loo_loss", t, int(k), int(n_outputs)),
+        lambda: _make_loss_kernel(t, int(k), int(n_outputs)),
+    )
 
 
 def grad_kernels(dtype, n_acc):
-    """The (diag, full) gradient kernels for a dtype and n_acc <= MAX_ACC entries per launch."""
+    """The (diag, full) gradient kernels for a dtype and n_acc entries per launch."""
     t = np.dtype(dtype).type
-    return _cached(("grad", t, n_acc), lambda: _make_kernels(t, n_acc))
+    return compiled(("loo_grad", t, int(n_acc)), lambda: _make_grad_kernels(t, int(n_acc)))
 
 
-def _device(array):
-    from .pooling import to_device
-
-    return to_device(array)
-
-
-def _blocks(n):
-    tpb = config.CUDA_THREADS_PER_BLOCK
-    return max(1, (n + tpb - 1) // tpb), tpb
+def _lse_on_device(lse):
+    return to_device(np.asarray(lse, dtype=np.float64) if isinstance(lse, np.ndarray) else lse)
 
 
 def loo_squared_error(queries, keys_t, values_t, targets, self_index):
@@ -310,22 +262,20 @@ def loo_squared_error(queries, keys_t, values_t, targets, self_index):
     The twin of :func:`nbattn.kernels.loo.loo_squared_error`: with queries =
     keys and ``self_index = arange(n)`` the exact LOO sum.
     """
-    device_queries = _device(queries)
-    device_keys_t = _device(keys_t)
-    device_values_t = _device(values_t)
-    device_targets = _device(np.asarray(targets, dtype=np.float64))
-    device_index = _device(np.asarray(self_index, dtype=np.int64))
+    device_queries = to_device(queries)
+    device_keys_t = to_device(keys_t)
+    device_values_t = to_device(values_t)
+    device_targets = to_device(np.asarray(targets, dtype=np.float64))
+    device_index = to_device(np.asarray(self_index, dtype=np.int64))
     dtype = np.dtype(device_queries.dtype)
-    k, n_keys = device_keys_t.shape
+    k = device_keys_t.shape[0]
     n_outputs = device_values_t.shape[0]
     total = cuda.to_device(np.zeros(1))
-    blocks, tpb = _blocks(device_queries.shape[0])
-    for c0 in range(0, n_outputs, MAX_OUTPUTS):
-        c1 = min(n_outputs, c0 + MAX_OUTPUTS)
-        kernel = loss_kernel(dtype, k, c1 - c0)
-        bk = block_keys(k + c1 - c0, dtype.itemsize)
-        shared = (k + c1 - c0) * bk * dtype.itemsize
-        kernel[blocks, tpb, 0, shared](
+    per_launch = config.CUDA_MAX_OUTPUTS
+    for c0 in range(0, n_outputs, per_launch):
+        c1 = min(n_outputs, c0 + per_launch)
+        bk = tile_rows(k + c1 - c0, dtype.itemsize)
+        args = (
             device_queries,
             device_keys_t,
             device_values_t[c0:c1],
@@ -334,6 +284,8 @@ def loo_squared_error(queries, keys_t, values_t, targets, self_index):
             bk,
             total,
         )
+        kernel = loss_kernel(dtype, k, c1 - c0)
+        launch(kernel, device_queries.shape[0], args, shared=(k + c1 - c0) * bk * dtype.itemsize)
     return float(total.copy_to_host()[0])
 
 
@@ -342,17 +294,17 @@ def loo_grad_diag(queries, keys_t, values_t, resid, centers, lse, self_offset=0)
 
     Query i is key ``i + self_offset`` (a block of rows for partitioned sums).
     """
-    args = [_device(a) for a in (queries, keys_t, values_t, resid, centers)]
-    device_lse = _device(np.asarray(lse, dtype=np.float64) if isinstance(lse, np.ndarray) else lse)
-    dtype = np.dtype(args[0].dtype)
-    k = args[1].shape[0]
+    arrays = [to_device(a) for a in (queries, keys_t, values_t, resid, centers)]
+    device_lse = _lse_on_device(lse)
+    dtype = np.dtype(arrays[0].dtype)
+    k = arrays[1].shape[0]
     out = cuda.to_device(np.zeros(k))
-    bk = block_keys(k, dtype.itemsize)
-    blocks, tpb = _blocks(args[0].shape[0])
-    for f0 in range(0, k, MAX_ACC):
-        kernel = grad_kernels(dtype, min(MAX_ACC, k - f0))[0]
-        shared = k * bk * dtype.itemsize
-        kernel[blocks, tpb, 0, shared](*args, device_lse, int(self_offset), f0, bk, out)
+    bk = tile_rows(k, dtype.itemsize)
+    per_launch = config.CUDA_MAX_GRAD_ENTRIES
+    for f0 in range(0, k, per_launch):
+        kernel = grad_kernels(dtype, min(per_launch, k - f0))[0]
+        args = (*arrays, device_lse, int(self_offset), f0, bk, out)
+        launch(kernel, arrays[0].shape[0], args, shared=k * bk * dtype.itemsize)
     return out.copy_to_host()
 
 
@@ -363,20 +315,20 @@ def loo_grad_full(queries, keys_t, points, points_t, values_t, resid, centers, l
     (n_queries, d) the original query rows and ``points_t`` (d, n_keys) the
     original keys (centred by the caller); query i is key ``i + self_offset``.
     """
-    args = [_device(a) for a in (queries, keys_t, points, points_t, values_t, resid, centers)]
-    device_lse = _device(np.asarray(lse, dtype=np.float64) if isinstance(lse, np.ndarray) else lse)
-    dtype = np.dtype(args[0].dtype)
-    k = args[1].shape[0]
-    d = args[2].shape[1]
+    arrays = [to_device(a) for a in (queries, keys_t, points, points_t, values_t, resid, centers)]
+    device_lse = _lse_on_device(lse)
+    dtype = np.dtype(arrays[0].dtype)
+    k = arrays[1].shape[0]
+    d = arrays[2].shape[1]
     pairs_a, pairs_b = np.tril_indices(d)
     out = cuda.to_device(np.zeros(d * d))
-    bk = block_keys(k + d, dtype.itemsize)
-    blocks, tpb = _blocks(args[0].shape[0])
-    for p0 in range(0, pairs_a.size, MAX_ACC):
-        pa = cuda.to_device(pairs_a[p0 : p0 + MAX_ACC].astype(np.int64))
-        pb = cuda.to_device(pairs_b[p0 : p0 + MAX_ACC].astype(np.int64))
+    bk = tile_rows(k + d, dtype.itemsize)
+    per_launch = config.CUDA_MAX_GRAD_ENTRIES
+    for p0 in range(0, pairs_a.size, per_launch):
+        pa = cuda.to_device(pairs_a[p0 : p0 + per_launch].astype(np.int64))
+        pb = cuda.to_device(pairs_b[p0 : p0 + per_launch].astype(np.int64))
         kernel = grad_kernels(dtype, pa.shape[0])[1]
-        shared = (k + d) * bk * dtype.itemsize
-        kernel[blocks, tpb, 0, shared](*args, device_lse, int(self_offset), pa, pb, bk, out)
+        args = (*arrays, device_lse, int(self_offset), pa, pb, bk, out)
+        launch(kernel, arrays[0].shape[0], args, shared=(k + d) * bk * dtype.itemsize)
     m = out.copy_to_host().reshape(d, d)
     return np.tril(m) + np.tril(m, -1).T

@@ -8,13 +8,16 @@ float64, with
     s_ij = -|| q_i - k_j ||^2,   out_i = sum_j softmax_j(s_ij) v_j,   lse_i = log sum_j exp(s_ij)
 
 One thread per query keeps its query row and the online-softmax state
-(running max, sum and weighted sums, float64) in registers -- a kernel is
-compiled per (dtype, d, outputs per launch), so that these arrays have
-compile-time sizes; the block walks the keys in tiles of ``block_k`` keys
-(at most ``config.CUDA_THREADS_PER_BLOCK``, and at most
-``config.CUDA_SHARED_MEMORY_BYTES`` of tile) that its threads load together
-into shared memory. Up to ``MAX_OUTPUTS`` outputs per launch; more outputs
-are handled in several launches by the host wrapper.
+(running max, sum and weighted sums, float64) in registers; the block walks
+the keys in tiles of ``block_k`` keys (``common.tile_rows``: at most
+``config.CUDA_THREADS_PER_BLOCK`` keys and ``config.CUDA_SHARED_MEMORY_BYTES``
+of tile) that its threads load together into shared memory. That walk is the
+device function :func:`pool_row_function` ``(dtype, d, n_outputs)``, the twin
+of the CPU ``pool_row``; the LOO loss kernel (``nbattn.cuda.loo``) runs the
+same one. Kernels and device functions are compiled per (dtype, d, outputs
+per launch), so that the query row and the accumulators have compile-time
+sizes and stay in registers. Up to ``config.CUDA_MAX_OUTPUTS`` outputs per
+launch (read at each call); more run in further launches.
 """
 
 from __future__ import annotations
@@ -25,59 +28,45 @@ import numpy as np
 from numba import cuda, from_dtype
 
 from .. import config
-from ._util import exp_for, imin
+from .common import compiled, exp_for, imin, launch, load_columns, tile_rows, to_device
 
-#: Outputs accumulated per thread and launch (more run in further launches).
-MAX_OUTPUTS = 8
-
-_kernel_cache = {}
+__all__ = ["gaussian_pool", "gaussian_pool_kernel", "pool_row_function", "to_device"]
 
 
-def _make_pool_kernel(float_type, d, n_outputs):
-    """The kernel for one dtype, d features and n_outputs outputs (compile-time sizes,
-    so that the query row and the accumulators live in registers): scores, exp
-    and the sums over one tile of keys in ``float_type``, running sum and weighted
-    sums across tiles in float64 (as the CPU kernel: block sums in the input
-    dtype, added into float64)."""
+def _make_pool_row(float_type, d, n_outputs):
     zero = float_type(0.0)
     minus_inf = float_type(-np.inf)
-    tile_type = from_dtype(np.dtype(float_type))
     exp = exp_for(float_type)
 
-    @cuda.jit
-    def gaussian_pool_kernel(
-        queries, keys_t, values_t, exclude_self, self_offset, block_k, out, lse
-    ):
-        tile = cuda.shared.array(0, dtype=tile_type)  # (d + n_outputs) x block_k
-        i = cuda.grid(1)
-        tx = cuda.threadIdx.x
-        tpb = cuda.blockDim.x
-        n_queries = queries.shape[0]
+    @cuda.jit(device=True, inline=True)
+    def pool_row(keys_t, values_t, own, active, q_row, tile, block_k, acc):
+        """The online softmax of this thread's query over all keys; key ``own`` is skipped.
+
+        Called by every thread of the block (the threads load each tile of
+        ``block_k`` keys and values into ``tile`` together: (d + n_outputs) x
+        block_k floats of shared memory); only ``active`` threads compute.
+        Leaves sum_j exp(s_j - m) v_j in ``acc`` (float64, n_outputs) and
+        returns ``(m, l)``, the running maximum and l = sum_j exp(s_j - m);
+        with no admissible key l = 0 and m = -inf. Within a tile the sums run
+        in the input dtype and are added into the float64 ``l`` and ``acc``
+        once per tile (the CPU kernels' scheme: no float64 work per pair).
+        """
         n_keys = keys_t.shape[1]
-        active = i < n_queries
-        q_row = cuda.local.array(d, dtype=float_type)
-        acc = cuda.local.array(n_outputs, dtype=np.float64)
         part = cuda.local.array(n_outputs, dtype=float_type)
-        for f in range(d):
-            q_row[f] = queries[i, f] if active else zero
         for c in range(n_outputs):
             acc[c] = 0.0
         running_max = minus_inf
         running_sum = 0.0
         for j0 in range(0, n_keys, block_k):
             nb = imin(block_k, n_keys - j0)
-            for jj in range(tx, nb, tpb):
-                for f in range(d):
-                    tile[f * block_k + jj] = keys_t[f, j0 + jj]
-                for c in range(n_outputs):
-                    tile[(d + c) * block_k + jj] = values_t[c, j0 + jj]
+            load_columns(tile, block_k, j0, nb, keys_t, d, values_t, n_outputs)
             cuda.syncthreads()
             if active:
                 part_sum = zero
                 for c in range(n_outputs):
                     part[c] = zero
                 for jj in range(nb):
-                    if exclude_self and j0 + jj == i + self_offset:
+                    if j0 + jj == own:
                         continue
                     s = zero
                     for f in range(d):
@@ -99,6 +88,39 @@ def _make_pool_kernel(float_type, d, n_outputs):
                 for c in range(n_outputs):
                     acc[c] += part[c]
             cuda.syncthreads()
+        return running_max, running_sum
+
+    return pool_row
+
+
+def pool_row_function(dtype, d, n_outputs):
+    """The device function ``pool_row`` for a dtype, d features and n_outputs outputs."""
+    t = np.dtype(dtype).type
+    return compiled(
+        ("pool_row", t, int(d), int(n_outputs)), lambda: _make_pool_row(t, int(d), int(n_outputs))
+    )
+
+
+def _make_pool_kernel(float_type, d, n_outputs):
+    zero = float_type(0.0)
+    tile_type = from_dtype(np.dtype(float_type))
+    pool_row = pool_row_function(float_type, d, n_outputs)
+
+    @cuda.jit
+    def gaussian_pool_kernel(
+        queries, keys_t, values_t, exclude_self, self_offset, block_k, out, lse
+    ):
+        tile = cuda.shared.array(0, dtype=tile_type)  # (d + n_outputs) x block_k
+        i = cuda.grid(1)
+        active = i < queries.shape[0]
+        q_row = cuda.local.array(d, dtype=float_type)
+        acc = cuda.local.array(n_outputs, dtype=np.float64)
+        for f in range(d):
+            q_row[f] = queries[i, f] if active else zero
+        own = i + self_offset if exclude_self else -1
+        running_max, running_sum = pool_row(
+            keys_t, values_t, own, active, q_row, tile, block_k, acc
+        )
         if active:
             if running_sum > 0.0:
                 for c in range(n_outputs):
@@ -113,21 +135,11 @@ def _make_pool_kernel(float_type, d, n_outputs):
 
 
 def gaussian_pool_kernel(dtype, d, n_outputs):
-    """The compiled kernel for a dtype, d features and n_outputs <= MAX_OUTPUTS outputs."""
-    key = (np.dtype(dtype), int(d), int(n_outputs))
-    if key not in _kernel_cache:
-        _kernel_cache[key] = _make_pool_kernel(np.dtype(dtype).type, int(d), int(n_outputs))
-    return _kernel_cache[key]
-
-
-def to_device(array):
-    """A device view of ``array``: host arrays are copied, GPU arrays
-    (``__cuda_array_interface__``: numba, CuPy, torch) are used in place."""
-    if isinstance(array, np.ndarray):
-        return cuda.to_device(np.ascontiguousarray(array))
-    if hasattr(array, "__cuda_array_interface__"):
-        return cuda.as_cuda_array(array)
-    return array  # already a numba device array (or the simulator's)
+    """The compiled kernel for a dtype, d features and n_outputs outputs per launch."""
+    t = np.dtype(dtype).type
+    return compiled(
+        ("pool", t, int(d), int(n_outputs)), lambda: _make_pool_kernel(t, int(d), int(n_outputs))
+    )
 
 
 def gaussian_pool(queries, keys_t, values_t, exclude_self, self_offset=0):
@@ -140,19 +152,17 @@ def gaussian_pool(queries, keys_t, values_t, exclude_self, self_offset=0):
     device_keys_t = to_device(keys_t)
     device_values_t = to_device(values_t)
     n_queries = device_queries.shape[0]
-    d, n_keys = device_keys_t.shape
+    d = device_keys_t.shape[0]
     n_outputs = device_values_t.shape[0]
-    device_out = cuda.device_array((n_queries, n_outputs), dtype=device_queries.dtype)
+    dtype = np.dtype(device_queries.dtype)
+    device_out = cuda.device_array((n_queries, n_outputs), dtype=dtype)
     device_lse = cuda.device_array(n_queries, dtype=np.float64)
-    tpb = config.CUDA_THREADS_PER_BLOCK
-    blocks = max(1, (n_queries + tpb - 1) // tpb)
-    itemsize = np.dtype(device_queries.dtype).itemsize
-    for c0 in range(0, n_outputs, MAX_OUTPUTS):
-        c1 = min(n_outputs, c0 + MAX_OUTPUTS)
+    per_launch = config.CUDA_MAX_OUTPUTS
+    for c0 in range(0, n_outputs, per_launch):
+        c1 = min(n_outputs, c0 + per_launch)
         per_key = d + c1 - c0
-        block_k = max(1, min(tpb, config.CUDA_SHARED_MEMORY_BYTES // (per_key * itemsize)))
-        kernel = gaussian_pool_kernel(device_queries.dtype, d, c1 - c0)
-        kernel[blocks, tpb, 0, per_key * block_k * itemsize](
+        block_k = tile_rows(per_key, dtype.itemsize)
+        args = (
             device_queries,
             device_keys_t,
             device_values_t[c0:c1],
@@ -162,4 +172,6 @@ def gaussian_pool(queries, keys_t, values_t, exclude_self, self_offset=0):
             device_out[:, c0:c1],
             device_lse,
         )
+        kernel = gaussian_pool_kernel(dtype, d, c1 - c0)
+        launch(kernel, n_queries, args, shared=per_key * block_k * dtype.itemsize)
     return device_out, device_lse

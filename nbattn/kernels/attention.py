@@ -39,8 +39,11 @@ import numpy as np
 from numba import njit, prange
 
 from .. import config
-from .fastmath import fast_exp, fmax, like
+from .fastmath import like
+from .softmax import exp_shift_sum, row_max
 
+# Read once at import: the tile sizes are compiled into the kernel as constants
+# (config.py explains why a process overriding them compiles afresh).
 _KEY_BLOCK = config.KEY_BLOCK
 _QUERY_BLOCK = config.QUERY_BLOCK
 
@@ -108,9 +111,7 @@ def soft_attention(q, k_t, v_t, scale, bias, has_bias, causal):
                         b0 = bias[bb, bi, 0]
                         for j in range(nb):
                             row[j] += b0
-                block_max = like(-np.inf, tile)
-                for j in range(nb):
-                    block_max = fmax(block_max, row[j])
+                block_max = row_max(row[:nb])
                 if block_max == -np.inf:
                     continue
                 arow = acc[ii]
@@ -120,13 +121,7 @@ def soft_attention(q, k_t, v_t, scale, bias, has_bias, causal):
                     for c in range(n_out):
                         arow[c] *= rescale
                     running_max[ii] = block_max
-                shift = like(running_max[ii], tile)
-                block_sum = like(0.0, tile)
-                for j in range(nb):
-                    w = fast_exp(row[j] - shift)
-                    row[j] = w
-                    block_sum += w
-                running_sum[ii] += block_sum
+                running_sum[ii] += exp_shift_sum(row[:nb], running_max[ii])
                 # weighted sum: a dot product over the block per output feature
                 # four output features per pass: one load of the weights per 4 FMAs
                 n_out4 = n_out - n_out % 4

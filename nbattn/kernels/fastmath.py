@@ -17,24 +17,23 @@ includes ``x = -inf``. ``x > 709.43`` (float64) or ``x > 88.37`` (float32) gives
 so that 2**n stays a normal number). The
 kernels never pass NaN.
 
-This module is the one home of the CPU kernels' elementwise primitives: the
-natural-base ``fast_exp``, the ``maxnum`` reduction ``row_max`` and the
-shifted exponential sum ``exp_shift_sum`` (the two halves of every softmax
-row). The blocked attention kernels (``nbattn.kernels.flash``) keep their own
-base-2 ``exp2`` on purpose: they fold log2(e) into the queries once, so each
-score is already t = s log2(e) and 2**t needs no ln 2 range reduction (one
-FMA and the split into n and r fewer per element, measured 1/3 cheaper in the
-softmax loop). Every kernel whose scores arrive in natural units (pooling,
-LOO, softmax, masked attention) uses ``fast_exp``; a score in natural units
-passed to ``exp2`` would need the multiplication by log2(e) that ``fast_exp``
-does inside its range reduction, so nothing is gained there.
+This module holds the natural-base ``fast_exp`` and the ``maxnum`` intrinsic
+``fmax``; the row reductions built on them, the one ``row_max`` and the one
+``exp_shift_sum``, are in ``nbattn.kernels.softmax``. The blocked attention
+kernels (``nbattn.kernels.flash``) keep their own base-2 ``exp2`` on purpose:
+they fold log2(e) into the queries once, so each score is already
+t = s log2(e) and 2**t needs no ln 2 range reduction (measured 1/3 cheaper in
+the softmax loop). Every kernel whose scores arrive in natural units
+(pooling, LOO, softmax, masked attention) uses ``fast_exp``: a natural-unit
+score passed to ``exp2`` would need the multiplication by log2(e) that
+``fast_exp`` does inside its range reduction, so nothing is gained there.
 """
 
 from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import types
 from numba.extending import intrinsic, overload
 
 from .. import config
@@ -206,32 +205,3 @@ def fmax(typingctx, a, b):
         return builder.call(fn, args)
 
     return a(a, b), codegen
-
-
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def row_max(row, n):
-    """max(row[:n]), -inf for n = 0; the entries are finite or -inf, never NaN.
-
-    A ``maxnum`` reduction (:func:`fmax`), so the loop vectorises.
-    """
-    best = like(-np.inf, row)
-    for j in range(n):
-        best = fmax(best, row[j])
-    return best
-
-
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def exp_shift_sum(row, n, shift):
-    """row[j] <- exp(row[j] - shift) for j < n; returns sum_j of the new values.
-
-    The sum is taken in the row's dtype (one block of a softmax row); callers
-    add block sums into float64. ``shift`` is cast to the row's dtype first,
-    so a float32 row stays in float32 registers.
-    """
-    total = like(0.0, row)
-    shift = like(shift, row)
-    for j in range(n):
-        w = fast_exp(row[j] - shift)
-        row[j] = w
-        total += w
-    return total

@@ -11,7 +11,13 @@ over the admissible keys (all keys, or j <= i when ``causal``: top-left
 alignment, as torch's ``is_causal``). It works in base 2: the caller passes
 q, b and a multiplied by log2(e) (and q by the scale), so the kernel sees
 t_ij = s_ij log2(e) and uses exp(s) = 2**t, whose range reduction is exact
-(``exp2`` below is 1/3 cheaper than ``fast_exp`` in the softmax loop).
+(``exp2`` below is 1/3 cheaper than ``fast_exp`` in the softmax loop). That
+is why this module has its own exponential and its own exp-shift-sum
+(``exp2_shift_sum``, the base-2 twin of ``nbattn.kernels.softmax.exp_shift_sum``)
+while the row maximum is the shared ``nbattn.kernels.softmax.row_max``. The
+caller (``nbattn.flash``) keeps every base-2 score within the dtype's range:
+huge key biases are shifted by their maximum, and scores or ALiBi terms that
+would overflow are refused there.
 
 Queries are cut into tiles of ``block_q`` rows and keys into tiles of
 ``block_k``; for every pair of tiles the score tile T = Q K^T and the product
@@ -59,9 +65,9 @@ from .fastmath import (
     _bits_to_float64,
     _float32_to_bits,
     _float64_to_bits,
-    fmax,
     like,
 )
+from .softmax import row_max
 
 LN2 = 0.6931471805599453
 LOG2E = 1.4426950408889634
@@ -184,16 +190,13 @@ def _bias_and_mask(st, bias, slope, i0, j0, causal, use_bias, use_alibi):
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def _row_max(row):
-    best = like(-np.inf, row)
-    for j in range(row.shape[0]):
-        best = fmax(best, row[j])
-    return best
+def exp2_shift_sum(row, shift):
+    """In place ``row[j] <- 2**(row[j] - shift)``; returns the sum of the new values.
 
-
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def _exp_shift_sum(row, shift):
-    """row[j] <- 2**(row[j] - shift); returns the sum of the new values."""
+    The base-2 twin of ``nbattn.kernels.softmax.exp_shift_sum``: the flash
+    kernels carry a factor log2(e) in their scores, so ``exp2`` (one range
+    reduction, exact) replaces ``fast_exp`` (two-step ln 2 reduction).
+    """
     total = like(0.0, row)
     for j in range(row.shape[0]):
         w = exp2(row[j] - shift)
@@ -237,12 +240,12 @@ def flash_forward(q, k, v, key_bias, slopes, causal, use_bias, use_alibi, block_
             _bias_and_mask(st, bias, slope, i0, j0, causal, use_bias, use_alibi)
             for r in range(mb):
                 row = st[r]
-                m_new = max(m[r], np.float64(_row_max(row)))
+                m_new = max(m[r], np.float64(row_max(row)))
                 if m_new == -np.inf:
                     row[:] = 0.0
                     continue
                 rescale = np.exp2(m[r] - m_new)
-                l[r] = l[r] * rescale + _exp_shift_sum(row, like(m_new, row))
+                l[r] = l[r] * rescale + exp2_shift_sum(row, like(m_new, row))
                 if rescale != 1.0:
                     factor = like(rescale, acc)
                     acc_row = acc[r]
@@ -360,7 +363,7 @@ def flash_backward(
                         row[:] = 0.0
                     else:
                         # LLVM vectorises this loop only if its sum is used: kept in sink
-                        p_sum += _exp_shift_sum(row, shift)
+                        p_sum += exp2_shift_sum(row, shift)
                 sink[0] += p_sum
                 tv = tk_flat[: nb * d_v].reshape((nb, d_v))
                 np.dot(st.T, do_tile, tv)

@@ -65,7 +65,8 @@ from numba.core import types
 from numba.extending import overload
 
 from .. import config
-from .fastmath import exp_shift_sum, fast_exp, like, row_max
+from .fastmath import fast_exp, like
+from .softmax import exp_shift_sum, row_max
 
 # Compile-time constants (read from config when this module is imported).
 _KEY_BLOCK = config.KEY_BLOCK
@@ -257,11 +258,11 @@ def far_state(query_row, keys_t, own):
     for j0 in range(0, n_keys, _KEY_BLOCK):
         nb = min(_KEY_BLOCK, n_keys - j0)
         _far_block_scores(query_row, keys_t, j0, nb, own, anchor, c, buf)
-        block_max = row_max(buf, nb)
+        block_max = row_max(buf[:nb])
         if block_max > shift:
             total *= np.exp(shift - block_max)
             shift = block_max
-        total += exp_shift_sum(buf, nb, shift)
+        total += exp_shift_sum(buf[:nb], shift)
     inv_c = 1.0 / c
     s_a = 0.0
     for f in range(keys_t.shape[0]):
@@ -319,7 +320,7 @@ def _online_row(query_row, keys_t, values_t, own, scores, acc):
         _block_scores(query_row, keys_t, j0, nb, scores)
         if j0 <= own < j0 + nb:
             scores[own - j0] = -np.inf
-        block_max = row_max(scores, nb)
+        block_max = row_max(scores[:nb])
         if block_max == -np.inf:
             continue
         if block_max > running_max:
@@ -333,7 +334,7 @@ def _online_row(query_row, keys_t, values_t, own, scores, acc):
             running_sum += total
             acc[0] += weighted
             continue
-        running_sum += exp_shift_sum(scores, nb, running_max)
+        running_sum += exp_shift_sum(scores[:nb], running_max)
         for c in range(n_outputs):
             values_c = values_t[c, j0 : j0 + nb]
             weighted = like(0.0, scores)
@@ -423,7 +424,7 @@ def gaussian_weights(queries, keys_t, exclude_self):
         _block_scores(queries[i], keys_t, 0, n_keys, row)
         if exclude_self and i < n_keys:
             row[i] = -np.inf
-        best = row_max(row, n_keys)
+        best = row_max(row)
         if best < -far_score(row) or best == -np.inf:
             row[:] = 0.0
             own = np.int64(-1)  # (a prange index is unsigned: keep own signed)
@@ -436,7 +437,7 @@ def gaussian_weights(queries, keys_t, exclude_self):
                 for j in range(n_keys):
                     row[j] *= inv_total
             continue
-        total = exp_shift_sum(row, n_keys, best)
+        total = exp_shift_sum(row, best)
         inv_total = 1.0 / total
         for j in range(n_keys):
             row[j] *= inv_total

@@ -13,6 +13,11 @@ admissible entry: softmax gives an all-zero row and log_softmax an all
 ``fast_exp``; sums are accumulated in the input dtype per row and the
 normaliser is inverted once per row.
 
+``row_max`` and ``exp_shift_sum`` are the one row maximum and the one
+exp-shift-sum of the CPU kernels (``nbattn.kernels.attention`` and
+``nbattn.kernels.flash`` inline them too; flash has a base-2 twin of the
+latter, ``exp2_shift_sum``, documented there).
+
 The online-softmax state of a query over a set of keys is ``(out, lse)``
 with ``out = sum_j softmax_j(s_j) v_j`` and ``lse = log sum_j exp(s_j)``;
 ``merge_states`` combines the states of two disjoint key sets exactly:
@@ -32,28 +37,48 @@ from .fastmath import fast_exp, fmax, like
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def _row_max(row, n):
+def row_max(row):
+    """max_j row[j] of a 1-D float array (a view such as ``tile[r, :nb]``); -inf when empty.
+
+    The one row maximum of the CPU kernels (softmax, streaming attention,
+    flash). Entries are finite or -inf, never NaN (the functional layer
+    refuses NaN), so the NaN-ignoring ``fmax`` vectorises safely.
+    """
     best = like(-np.inf, row)
-    for j in range(n):
+    for j in range(row.shape[0]):
         best = fmax(best, row[j])
     return best
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def _softmax_inplace(row, n):
-    """row[:n] <- softmax(row[:n]) (all -inf -> zeros); returns log-sum-exp (float64)."""
-    m = _row_max(row, n)
-    if m == -np.inf:
-        for j in range(n):
-            row[j] = 0.0
-        return -np.inf
+def exp_shift_sum(row, shift):
+    """In place ``row[j] <- exp(row[j] - shift)``; returns the sum of the new values.
+
+    The one exp-shift-sum of the natural-base kernels (the flash kernels work
+    in base 2 and have the twin ``nbattn.kernels.flash.exp2_shift_sum``).
+    The sum is accumulated in the row's dtype (callers add it into float64
+    per block); ``shift`` is cast to that dtype. -inf entries become 0.
+    """
     total = like(0.0, row)
-    for j in range(n):
-        w = fast_exp(row[j] - m)
+    s = like(shift, row)
+    for j in range(row.shape[0]):
+        w = fast_exp(row[j] - s)
         row[j] = w
         total += w
+    return total
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def _softmax_inplace(row):
+    """row <- softmax(row) (all -inf -> zeros); returns log-sum-exp (float64)."""
+    m = row_max(row)
+    if m == -np.inf:
+        for j in range(row.shape[0]):
+            row[j] = 0.0
+        return -np.inf
+    total = exp_shift_sum(row, m)
     inv = like(1.0, row) / total
-    for j in range(n):
+    for j in range(row.shape[0]):
         row[j] *= inv
     return np.float64(m) + np.log(np.float64(total))
 
@@ -67,7 +92,7 @@ def softmax_rows(x):
         row = out[i]
         for j in range(n):
             row[j] = x[i, j]
-        _softmax_inplace(row, n)
+        _softmax_inplace(row)
     return out
 
 
@@ -77,17 +102,19 @@ def log_softmax_rows(x):
     n_rows, n = x.shape
     out = np.empty_like(x)
     for i in prange(n_rows):
-        m = _row_max(x[i], n)
+        xr = x[i]
+        row = out[i]
+        m = row_max(xr)
         if m == -np.inf:
             for j in range(n):
-                out[i, j] = -np.inf
+                row[j] = -np.inf
             continue
-        total = like(0.0, x)
         for j in range(n):
-            total += fast_exp(x[i, j] - m)
+            row[j] = xr[j]
+        total = exp_shift_sum(row, m)
         shift = like(np.float64(m) + np.log(np.float64(total)), x)
         for j in range(n):
-            out[i, j] = x[i, j] - shift
+            row[j] = xr[j] - shift
     return out
 
 
@@ -105,7 +132,7 @@ def masked_softmax_rows(x, valid_lens):
         row = out[i]
         for j in range(n_valid):
             row[j] = x[i, j]
-        _softmax_inplace(row, n_valid)
+        _softmax_inplace(row[:n_valid])
     return out
 
 
@@ -140,7 +167,7 @@ def attention_weights(scores, bias, has_bias, causal, row_offset):
             n_adm = min(n_keys, max(0, i + row_offset + 1))
             for j in range(n_adm, n_keys):
                 row[j] = 0.0
-        lse[b, i] = _softmax_inplace(row, n_adm)
+        lse[b, i] = _softmax_inplace(row[:n_adm])
     return scores, lse
 
 
@@ -148,8 +175,16 @@ def attention_weights(scores, bias, has_bias, causal, row_offset):
 def merge_states(out_a, lse_a, out_b, lse_b):
     """Merge two online-softmax states over disjoint key sets; returns (out, lse).
 
-    ``out_*`` (n, d), ``lse_*`` (n,) float64. A side with lse = -inf (no
-    admissible key) contributes nothing; both -inf gives zeros and -inf.
+    The one log-sum-exp merge of nbattn (attention's ``merge_attention_states``
+    and the Dask shard merge call it). Contract, NumPy arrays in and out:
+
+    * ``out_a``, ``out_b``: (n, d), one dtype (float32 or float64), any layout;
+    * ``lse_a``, ``lse_b``: (n,) float64, finite or -inf (never NaN or +inf);
+    * returns ``out`` (n, d) in the dtype of ``out_a`` and ``lse`` (n,) float64.
+
+    A side with lse = -inf (no admissible key) contributes nothing; both -inf
+    gives zeros and -inf. The weights ``exp(lse - max)`` are at most 1, so
+    nothing overflows whatever the magnitude of the lse values.
     """
     n, d = out_a.shape
     out = np.zeros_like(out_a)

@@ -7,6 +7,7 @@ import pytest
 from numba import cuda
 
 import nbattn
+from nbattn.cuda import common
 from nbattn.cuda import flash as cuda_flash
 
 from .. import naive
@@ -151,6 +152,18 @@ def test_head_dimension_limit(rng):
         nbattn.flash_attention(q, q, q, device="cuda")
 
 
+def test_head_dimension_limit_is_read_at_call_time(rng, monkeypatch):
+    from nbattn import config
+
+    monkeypatch.setattr(config, "CUDA_MAX_HEAD_DIM", 4)
+    assert cuda_flash.MAX_HEAD_DIM == 4
+    q = rng.normal(size=(1, 5))
+    with pytest.raises(ValueError, match="head dimensions up to 4"):
+        nbattn.flash_attention(q, q, q, device="cuda")
+    with pytest.raises(ValueError, match="up to 4"):
+        cuda_flash.flash_forward(q[None], q[None], q[None], 1.0, False)
+
+
 def test_tiles_smaller_than_the_block(rng, monkeypatch):
     """A small shared-memory budget gives tiles of 3 rows for blocks of 8 threads."""
     from nbattn import config
@@ -169,7 +182,7 @@ def test_tiles_smaller_than_the_block(rng, monkeypatch):
 
 def test_slices_in_several_launches(rng, monkeypatch):
     """More (batch, head) slices than one grid's y dimension: launched in chunks."""
-    monkeypatch.setattr(cuda_flash, "MAX_GRID_Y", 2)
+    monkeypatch.setattr(common, "MAX_GRID_Y", 2)
     q, k, v = _qkv(rng, (5, 6, 3), 7, 2, np.float64)
     out, lse = nbattn.flash_attention(q, k, v, True, return_lse=True, device="cuda")
     ref_out, ref_lse = naive.sdpa(q, k, v, causal=True)
@@ -184,7 +197,8 @@ def test_short_sequences_get_smaller_blocks(monkeypatch):
     from nbattn import config
 
     monkeypatch.setattr(config, "CUDA_THREADS_PER_BLOCK", 128)
-    monkeypatch.setattr(cuda_flash, "_multiprocessors", lambda: 100)
-    assert cuda_flash._threads(1024, 8) == 32  # 8 x 8 blocks of 128 < 200: halve twice
-    assert cuda_flash._threads(16384, 8) == 128
-    assert cuda_flash._threads(2400, 8) == 64  # 19 x 8 < 200 <= 38 x 8
+    monkeypatch.setattr(common, "multiprocessors", lambda: 100)
+    assert common.threads_for(1024, 8) == 32  # 8 x 8 blocks of 128 < 200: halve twice
+    assert common.threads_for(16384, 8) == 128
+    assert common.threads_for(2400, 8) == 64  # 19 x 8 < 200 <= 38 x 8
+    assert common.threads_for(100_000) == 128

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import nbattn
-from nbattn import learning
+from nbattn import config, learning
 from nbattn.cuda import loo as cuda_loo
 from nbattn.kernels import loo as cpu_loo
 from nbattn.kernels import pooling as cpu_pooling
@@ -36,7 +36,7 @@ def _close(got, ref, dtype):
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize(("n", "k", "p"), [(1, 1, 1), (13, 2, 1), (10, 3, 10)])
 def test_squared_error_equals_cpu(rng, dtype, n, k, p):
-    """Full LOO sum, partial tiles (TPB 8), n = 1 (no admissible key) and p > MAX_OUTPUTS."""
+    """Full LOO sum, partial tiles (TPB 8), n = 1 (no admissible key), p > CUDA_MAX_OUTPUTS."""
     z, z_t, y, v_t = _layout(rng, n, k, p, dtype)
     rows = np.arange(n, dtype=np.int64)
     got = cuda_loo.loo_squared_error(z, z_t, v_t, y, rows)
@@ -67,8 +67,8 @@ def test_grad_diag_equals_cpu(rng, dtype):
 
 
 def test_grad_diag_more_features_than_max_acc(rng, monkeypatch):
-    """Features beyond MAX_ACC run in further launches."""
-    monkeypatch.setattr(cuda_loo, "MAX_ACC", 2)  # read by the host wrapper at each call
+    """Features beyond config.CUDA_MAX_GRAD_ENTRIES run in further launches."""
+    monkeypatch.setattr(config, "CUDA_MAX_GRAD_ENTRIES", 2)  # read by the wrapper at each call
     z, z_t, y, v_t = _layout(rng, 9, 5, 1, np.float64)
     resid, f, lse = _pass_one(z, z_t, y, v_t, np.float64)
     got = cuda_loo.loo_grad_diag(z, z_t, v_t, resid, f, lse)
@@ -134,12 +134,20 @@ def test_loo_bandwidth_on_cuda_equals_cpu_in_1d(rng):
 
 
 @pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
-def test_learned_kernel_regressor_on_cuda(rng):
+def test_learned_kernel_regressor_on_cuda(rng, monkeypatch):
     X = rng.normal(size=(14, 2))
     y = X[:, 0] ** 2
+    calls = []
+    launch = cuda_loo.loo_grad_diag
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return launch(*args, **kwargs)
+
+    monkeypatch.setattr(cuda_loo, "loo_grad_diag", counted)
     gpu = nbattn.LearnedKernelRegressor(max_iter=2, device="cuda").fit(X, y)
+    assert calls  # the fit ran the CUDA gradient kernel
     cpu = nbattn.LearnedKernelRegressor(max_iter=2).fit(X, y)
-    assert gpu.device_ == "cuda"
     np.testing.assert_allclose(gpu.bandwidth_, cpu.bandwidth_, rtol=1e-8)
     np.testing.assert_allclose(gpu.predict(X[:3]), cpu.predict(X[:3]), rtol=1e-8)
 

@@ -1,0 +1,288 @@
+"""Compile every CUDA kernel for a real GPU without one, and read ptxas's resource table.
+
+``numba.cuda.compile_ptx`` needs libNVVM (the CUDA toolkit, or numba-cuda's
+``[cu12]``/``[cu13]`` wheels) but no GPU and no driver; ``ptxas`` (from a
+CUDA toolkit, or the ``nvidia-cuda-nvcc`` wheel) assembles the PTX and
+reports, per kernel, registers per thread, stack frame and spill bytes --
+what decides occupancy and whether per-thread rows live in registers.
+
+* :func:`kernel_cases`: every kernel with the argument types its host
+  wrapper launches it with, at given compile-time sizes (the one catalogue);
+* :func:`compile_ptx`: PTX for one kernel (sm_90 by default);
+* :func:`assemble`: ptxas's registers/stack/spills for that PTX, trying each
+  ptxas found until one accepts the PTX version;
+* ``python -m nbattn.cuda.ptx``: the table for the sizes that matter (flash
+  D = 64 and 128, Nadaraya-Watson and LOO at typical widths).
+
+Used by ``tests/test_cuda_compile.py``; a development tool, imported by
+nothing else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+
+#: The compute capability compiled for: Hopper (H100, H200).
+CC = (9, 0)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One kernel at given compile-time sizes: a name, the kernel, its signature."""
+
+    name: str
+    kernel: object
+    signature: str
+
+
+def _sig(*args):
+    return "void(" + ", ".join(args) + ")"
+
+
+def flash_cases(dtype, d, d_v):
+    from . import flash
+
+    a3, a2, f64_2 = f"{dtype}[:,:,::1]", f"{dtype}[:,::1]", "float64[:,::1]"
+    fwd, dq, dk, dv = flash.flash_kernels(dtype, d, d_v)
+    scalars = ("float64", "boolean", "int64")
+    dkdv = _sig(a3, a3, a3, f64_2, a3, a2, *scalars, a3, a3)
+    tag = f"{dtype} D={d} Dv={d_v}"
+    return [
+        Case(f"flash forward {tag}", fwd, _sig(a3, a3, a3, *scalars, a3, f64_2)),
+        Case(f"flash dq {tag}", dq, _sig(a3, a3, a3, a3, f64_2, a3, *scalars, a3, a2)),
+        Case(f"flash dk {tag}", dk, dkdv),
+        Case(f"flash dv {tag}", dv, dkdv),
+    ]
+
+
+def pooling_cases(dtype, d, n_outputs):
+    from . import loo, pooling
+
+    a2, f64_1, f64_2, i64_1 = f"{dtype}[:,::1]", "float64[::1]", "float64[:,::1]", "int64[::1]"
+    tag = f"{dtype} d={d} outputs={n_outputs}"
+    pool = pooling.gaussian_pool_kernel(dtype, d, n_outputs)
+    loss = loo.loss_kernel(dtype, d, n_outputs)
+    return [
+        Case(f"NW pool {tag}", pool, _sig(a2, a2, a2, "boolean", "int64", "int64", a2, f64_1)),
+        Case(f"LOO loss {tag}", loss, _sig(a2, a2, a2, f64_2, i64_1, "int64", f64_1)),
+    ]
+
+
+def grad_cases(dtype, n_acc):
+    from . import loo
+
+    a2, f64_1, i64_1 = f"{dtype}[:,::1]", "float64[::1]", "int64[::1]"
+    diag, full = loo.grad_kernels(dtype, n_acc)
+    tag = f"{dtype} entries={n_acc}"
+    return [
+        Case(
+            f"LOO grad diag {tag}",
+            diag,
+            _sig(a2, a2, a2, a2, a2, f64_1, "int64", "int64", "int64", f64_1),
+        ),
+        Case(
+            f"LOO grad full {tag}",
+            full,
+            _sig(a2, a2, a2, a2, a2, a2, a2, f64_1, "int64", i64_1, i64_1, "int64", f64_1),
+        ),
+    ]
+
+
+def layout_cases():
+    from . import layout
+
+    f2, f1 = "float64[:,::1]", "float64[::1]"
+    return [
+        Case("layout count_nonfinite", layout._count_nonfinite_kernel, _sig(f2, "int64[::1]")),
+        Case(
+            "layout count_nan_or_posinf",
+            layout._count_nan_or_posinf_kernel,
+            _sig(f2, "int64[::1]"),
+        ),
+        Case("layout column_sums", layout._column_sums_kernel, _sig(f2, f1, f1, f1)),
+        Case(
+            "layout scaled_transpose",
+            layout._scaled_transpose_kernel,
+            _sig(f2, f1, "float32[:,::1]"),
+        ),
+        Case("layout scaled_copy", layout._scaled_copy_kernel, _sig(f2, f1, "float32[:,::1]")),
+    ]
+
+
+def kernel_cases():
+    """The catalogue at the sizes that matter: flash D = 64 and 128 (float32 and
+    float64), Nadaraya-Watson and the LOO loss at d = 1 and 8 with 1 and 8
+    outputs, LOO gradients with 8 and 64 entries per launch, the layout kernels."""
+    cases = []
+    for dtype in ("float32", "float64"):
+        for d in (64, 128):
+            cases += flash_cases(dtype, d, d)
+        for d, n_outputs in ((1, 1), (8, 1), (8, 8)):
+            cases += pooling_cases(dtype, d, n_outputs)
+        for n_acc in (8, 64):
+            cases += grad_cases(dtype, n_acc)
+    return cases + layout_cases()
+
+
+@contextlib.contextmanager
+def _no_device_needed():
+    """numba's bundled ``numba.cuda`` compiles device functions for the current
+    device's compute capability and asks the driver for it; there is none
+    without a GPU, so it is told CC for the duration."""
+    try:
+        import numba.cuda.dispatcher as dispatcher
+    except ImportError:  # pragma: no cover - a numba without CUDA
+        yield
+        return
+
+    class _Device:
+        compute_capability = CC
+
+    saved = getattr(dispatcher, "get_current_device", None)
+    dispatcher.get_current_device = lambda: _Device()
+    try:
+        yield
+    finally:
+        if saved is None:
+            del dispatcher.get_current_device
+        else:
+            dispatcher.get_current_device = saved
+
+
+def compile_ptx(case, cc=CC):
+    """The PTX of ``case``'s kernel for compute capability ``cc`` (no GPU needed)."""
+    from numba import cuda
+
+    fastmath = case.kernel.targetoptions.get("fastmath", False)
+    with _no_device_needed():
+        ptx, _ = cuda.compile_ptx(case.kernel.py_func, case.signature, cc=cc, fastmath=fastmath)
+    return ptx
+
+
+def ptxas_candidates():
+    """Every ptxas found: on PATH, in CUDA_HOME / /usr/local/cuda, and the one of the
+    ``nvidia-cuda-nvcc`` wheel (numba-cuda's ``[cu12]`` extra), newest PTX last tried."""
+    found = []
+    for path in (
+        shutil.which("ptxas"),
+        os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "ptxas"),
+        "/usr/local/cuda/bin/ptxas",
+    ):
+        if path and os.path.exists(path):
+            found.append(os.path.realpath(path))
+    for entry in sys.path:
+        for sub in ("nvidia/cuda_nvcc/bin/ptxas", "nvidia/cu13/bin/ptxas"):
+            path = os.path.join(entry, sub)
+            if os.path.exists(path):
+                found.append(os.path.realpath(path))
+    return list(dict.fromkeys(found))
+
+
+@dataclass(frozen=True)
+class Usage:
+    """ptxas's resource figures for one kernel (bytes per thread)."""
+
+    registers: int
+    stack: int
+    spill_stores: int
+    spill_loads: int
+
+
+class PtxasUnavailable(RuntimeError):
+    """No ptxas here accepts this PTX (none found, or all older than the PTX version)."""
+
+
+def assemble(ptx, cc=CC):
+    """Assemble ``ptx`` with ``ptxas -v``; the kernel's :class:`Usage`.
+
+    Raises :class:`PtxasUnavailable` when no ptxas found accepts the PTX (for
+    example PTX 9.5 from NVVM 13.2 and ptxas 13.0), and ``RuntimeError`` with
+    ptxas's message when the PTX does not assemble.
+    """
+    candidates = ptxas_candidates()
+    if not candidates:
+        raise PtxasUnavailable("no ptxas found (PATH, CUDA_HOME, nvidia-cuda-nvcc wheel)")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kernel.ptx")
+        with open(path, "w") as handle:
+            handle.write(ptx)
+        refused = []
+        for ptxas in candidates:
+            done = subprocess.run(
+                [ptxas, f"-arch=sm_{cc[0]}{cc[1]}", "-v", path, "-o", os.devnull],
+                capture_output=True,
+                text=True,
+            )
+            if "Unsupported .version" in done.stderr:
+                refused.append(f"{ptxas}: {done.stderr.strip().splitlines()[0]}")
+                continue
+            if done.returncode != 0:
+                raise RuntimeError(f"ptxas ({ptxas}) rejected the PTX:\n{done.stderr}")
+            return _parse_usage(done.stderr + done.stdout)
+    raise PtxasUnavailable("; ".join(refused))
+
+
+def _parse_usage(text):
+    registers = re.search(r"Used (\d+) registers", text)
+    frame = re.search(
+        r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", text
+    )
+    if registers is None or frame is None:
+        raise RuntimeError(f"unexpected ptxas output:\n{text}")
+    return Usage(int(registers.group(1)), *(int(g) for g in frame.groups()))
+
+
+def shared_load_widths(ptx):
+    """How many shared-memory loads of each width the PTX has: {"v4": n, "v2": n, "scalar": n}."""
+    loads = re.findall(r"\bld\.shared(\.v[24])?\.", ptx)
+    return {
+        "v4": sum(w == ".v4" for w in loads),
+        "v2": sum(w == ".v2" for w in loads),
+        "scalar": sum(w == "" for w in loads),
+    }
+
+
+def main(argv=None):
+    """Print the register/spill table of :func:`kernel_cases`."""
+    import importlib.metadata
+
+    import numba
+
+    try:
+        numba_cuda = "numba-cuda " + importlib.metadata.version("numba-cuda")
+    except importlib.metadata.PackageNotFoundError:
+        numba_cuda = "numba's bundled numba.cuda"
+    cases = kernel_cases()
+    try:
+        isa = re.search(r"^\.version (\S+)", compile_ptx(cases[-1]), re.M).group(1)
+    except Exception as exc:  # the table says what is missing
+        isa = f"unavailable ({type(exc).__name__}: {exc})"
+    print(f"numba {numba.__version__}, {numba_cuda}, PTX ISA {isa}, sm_{CC[0]}{CC[1]}")
+    print(f"ptxas candidates: {', '.join(ptxas_candidates()) or 'none'}")
+    header = f"{'kernel':<44s} {'regs':>5s} {'stack':>6s} {'spill st':>9s} {'spill ld':>9s}"
+    print(header + f" {'ld.shared v4/v2/1':>18s}")
+    for case in cases:
+        try:
+            ptx = compile_ptx(case)
+            widths = shared_load_widths(ptx)
+            loads = f"{widths['v4']}/{widths['v2']}/{widths['scalar']}"
+            u = assemble(ptx)
+            print(
+                f"{case.name:<44s} {u.registers:>5d} {u.stack:>6d} {u.spill_stores:>9d}"
+                f" {u.spill_loads:>9d} {loads:>18s}",
+                flush=True,
+            )
+        except Exception as exc:  # one failed kernel does not stop the table
+            print(f"{case.name:<44s} FAILED: {type(exc).__name__}: {exc}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
