@@ -142,3 +142,31 @@ CUDA_MAX_GRAD_ENTRIES = _env_int("CUDA_MAX_GRAD_ENTRIES", 64)
 #: a tile row of K and V must fit CUDA_SHARED_MEMORY_BYTES. Larger heads are
 #: refused with a clear error (use device="cpu").
 CUDA_MAX_HEAD_DIM = _env_int("CUDA_MAX_HEAD_DIM", 128)
+
+# --- Leave-one-out and far-row kernels (nbattn.kernels.loo, pooling) ----------
+
+#: Row groups of the full-metric LOO gradient (``kernels.loo.loo_grad_full``):
+#: each group keeps its own float64 sums over the keys (groups x n_keys floats)
+#: and runs in parallel. Read when the kernel is compiled.
+LOO_FULL_GROUPS = _env_int("LOO_FULL_GROUPS", 16)
+
+#: Score gap beyond which the sorted 1-D LOO kernel skips a key: it weighs less
+#: than exp(-gap) of the nearest one, so n skipped keys change the result by
+#: < n exp(-gap) relative (2e-22 n in float64 at 50, 2e-16 n in float32 at 36),
+#: far below each dtype's rounding. Read at call time by
+#: ``kernels.loo.prune_gap_for``.
+PRUNE_GAP_FLOAT64 = _env_int("PRUNE_GAP_FLOAT64", 50)
+PRUNE_GAP_FLOAT32 = _env_int("PRUNE_GAP_FLOAT32", 36)
+
+#: Far rows of the streaming softmax (``kernels.pooling``, "Far rows"). The
+#: direct score -||z_q - z_j||^2 carries a rounding error of about (d + 3) u |m|
+#: (u the unit roundoff, m the row's best score). A float32 row with
+#: m < -FAR_SCORE_FLOAT32 is recomputed with float64 scores (the differences of
+#: float32 numbers are exact there); a row with m < -FAR_SCORE_FLOAT64, or whose
+#: scores all overflow, relative to its nearest key a in float64,
+#: s_j - s_a = (z_j - z_a) . (2 z_q - z_j - z_a). Before each switch the error
+#: stays below (d + 3) 2^-12 (float32) and (d + 3) 2^-29 (float64). The check
+#: is one comparison per row; only far rows pay the extra passes. Read when the
+#: kernels are compiled.
+FAR_SCORE_FLOAT32 = _env_int("FAR_SCORE_FLOAT32", 1 << 12)
+FAR_SCORE_FLOAT64 = _env_int("FAR_SCORE_FLOAT64", 1 << 24)

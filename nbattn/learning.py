@@ -786,8 +786,12 @@ def nadaraya_watson_spread(queries, keys, values, bandwidth="scott", *, dtype=No
     passes: the pool gives f and lse, the second pass sums the squared
     deviations about f (no cancellation, unlike E[v^2] - E[v]^2) and the
     squared weights. n_eff runs from 1 (one key holds all the weight) to
-    n_keys (uniform weights). ``device`` ("cpu", "cuda" or "auto") picks
-    the kernels of both passes; the results are NumPy arrays either way.
+    n_keys (uniform weights). The deviations are divided by a power of two
+    near max |v| before squaring, so values near 1e200 or 1e-200 keep their
+    spread; a query far from every key gets its nearest key's value, std 0
+    (or the spread of tied nearest keys) and n_eff 1. ``device`` ("cpu",
+    "cuda" or "auto") picks the kernels of both passes; the results are NumPy
+    arrays either way.
 
     Returns
     -------
@@ -811,10 +815,9 @@ def nadaraya_watson_spread(queries, keys, values, bandwidth="scott", *, dtype=No
     v_t = np.ascontiguousarray(v2.T, dtype=dtype)
     with _threads_for(q.shape[0] * k_t.shape[1]):
         mean, lse = kernels_for("pooling", device).gaussian_pool(q, k_t, v_t, False)
-        var, sum_w2 = kernels_for("loo", device).gaussian_spread(q, k_t, v_t, mean, lse, False)
+        std, sum_w2 = kernels_for("loo", device).gaussian_spread(q, k_t, v_t, mean, lse, False)
     if not isinstance(mean, np.ndarray):  # the CUDA pool returns device arrays
         mean = mean.copy_to_host()
-    std = np.sqrt(np.maximum(var, 0.0))
     n_eff = 1.0 / sum_w2
     mean = mean.astype(np.float64)
     if values_arr.ndim == 1:

@@ -26,6 +26,8 @@ __all__ = [
     "BANDWIDTH_RULES",
     "average_pooling",
     "bandwidth_rule",
+    "feature_spread",
+    "rule_bandwidth",
     "gaussian_attention_weights",
     "nadaraya_watson",
     "resolve_bandwidth",
@@ -44,6 +46,24 @@ def _silverman(n: int, d: int) -> float:
 BANDWIDTH_RULES = {"scott": _scott, "silverman": _silverman}
 
 
+def feature_spread(X: np.ndarray) -> np.ndarray:
+    """Sample standard deviation (ddof=1) per column of a 2-D float64 array, at any magnitude.
+
+    Each column is divided by a power of two near its largest magnitude
+    (exact) before the mean and the squares, and the result multiplied back,
+    so neither the squares of data near 1e160 overflow nor those of data near
+    1e-170 underflow. Zeros for fewer than 2 rows.
+    """
+    n, d = X.shape
+    if n < 2:
+        return np.zeros(d)
+    big = np.abs(X).max(axis=0)
+    _, exponent = np.frexp(big)
+    scale = np.ldexp(1.0, exponent - 1)  # big / 2 < scale <= big; 1 for an all-zero column
+    scale[big == 0] = 1.0
+    return (X / scale).std(axis=0, ddof=1) * scale
+
+
 def bandwidth_rule(X, rule: str = "scott") -> np.ndarray:
     """Per-feature rule-of-thumb bandwidths, as in ``scipy.stats.gaussian_kde``.
 
@@ -53,19 +73,49 @@ def bandwidth_rule(X, rule: str = "scott") -> np.ndarray:
     * Scott:     factor = n ** (-1 / (d + 4))
     * Silverman: factor = (n (d + 2) / 4) ** (-1 / (d + 4))
 
-    A constant feature (sigma_d = 0, or a single sample) has no spread to
-    scale by; it gets sigma_d = 1, so its width is measured in the feature's
-    own units rather than dividing by zero.
+    The spread is computed on each column divided by a power of two near its
+    largest magnitude, so the widths scale with the data from 1e-300 to 1e300
+    (units do not matter). A constant feature (sigma_d = 0, or a single
+    sample) has no spread to scale by; it gets sigma_d = 1, so its width is
+    measured in the feature's own units rather than dividing by zero.
+
+    Raises
+    ------
+    ValueError
+        ``rule`` unknown, or a feature whose width would be a subnormal number
+        (spread below ~1e-308), whose scaled distances cannot be represented.
     """
-    if rule not in BANDWIDTH_RULES:
-        raise ValueError(f"bandwidth rule must be one of {sorted(BANDWIDTH_RULES)}, got {rule!r}")
     X = as_float_array(X, "X", ndim=(1, 2), dtype="float64")
     if X.ndim == 1:
         X = X[:, None]
-    n, d = X.shape
-    sigma = X.std(axis=0, ddof=1) if n > 1 else np.zeros(d)
+    return rule_bandwidth(feature_spread(X), X.shape[0], rule)
+
+
+def rule_bandwidth(sigma, n: int, rule: str = "scott") -> np.ndarray:
+    """A rule's widths ``factor(n, d) * sigma_d`` from per-feature spreads ``sigma`` (d,).
+
+    The one place that turns spreads into widths: :func:`bandwidth_rule` and
+    every other caller that measures the spread elsewhere (on a GPU, over
+    dask shards) end here. A zero spread (constant feature, or n < 2) becomes
+    1, the feature's own unit.
+
+    Raises
+    ------
+    ValueError
+        ``rule`` unknown, or a width below the smallest normal float64.
+    """
+    if rule not in BANDWIDTH_RULES:
+        raise ValueError(f"bandwidth rule must be one of {sorted(BANDWIDTH_RULES)}, got {rule!r}")
+    sigma = np.asarray(sigma, dtype=np.float64).reshape(-1)
     sigma = np.where(sigma > 0, sigma, 1.0)
-    return BANDWIDTH_RULES[rule](n, d) * sigma
+    h = BANDWIDTH_RULES[rule](n, sigma.size) * sigma
+    tiny = np.flatnonzero(h < np.finfo(np.float64).tiny)
+    if tiny.size:
+        raise ValueError(
+            f"X column {tiny[0]} has a spread of {sigma[tiny[0]]:.3g}: its {rule} width "
+            f"{h[tiny[0]]:.3g} is below the smallest normal float64; rescale that column"
+        )
+    return h
 
 
 def resolve_bandwidth(bandwidth, keys: np.ndarray) -> np.ndarray:

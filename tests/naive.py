@@ -454,3 +454,83 @@ def sdpa_extended(q, k, v, causal=False, scale=None, key_bias=None, alibi_slopes
         lse = (safe + np.log(np.exp(s - safe).sum(axis=-1, keepdims=True)))[..., 0]
     out = p @ np.asarray(v, dtype=np.longdouble)
     return out.astype(np.float64), lse.astype(np.float64)
+
+
+# ------------------------------------------------ exact at extreme magnitudes
+
+
+def _exact_scores(queries, keys, bandwidth):
+    """s_ij = -1/2 sum_d ((q_id - k_jd) / h_d)^2 as exact fractions of the float inputs."""
+    from fractions import Fraction
+
+    q = np.asarray(queries, dtype=np.float64)
+    k = np.asarray(keys, dtype=np.float64)
+    q = q[:, None] if q.ndim == 1 else q
+    k = k[:, None] if k.ndim == 1 else k
+    h = np.broadcast_to(np.asarray(bandwidth, dtype=np.float64), (q.shape[1],))
+    inv_2h2 = [Fraction(1, 2) / (Fraction(float(hd)) ** 2) for hd in h]
+    qf = [[Fraction(float(v)) for v in row] for row in q]
+    kf = [[Fraction(float(v)) for v in row] for row in k]
+    return [[-sum((a - b) ** 2 * c for a, b, c in zip(qi, kj, inv_2h2)) for kj in kf] for qi in qf]
+
+
+def nadaraya_watson_exact_weights(queries, keys, bandwidth, exclude_self=False):
+    """softmax_j(s_ij) with the scores and their gaps to the row's best exact.
+
+    Scale-safe: nothing overflows or cancels before the exponential, so a
+    query far from every key gets its nearest key's weight 1 (ties share it).
+    Only exp(gap) is rounded; a gap below -2000 weighs exactly 0. Small
+    inputs only (Python fractions).
+    """
+    import math
+
+    rows = []
+    for i, row in enumerate(_exact_scores(queries, keys, bandwidth)):
+        admissible = [j for j in range(len(row)) if not (exclude_self and j == i)]
+        w = np.zeros(len(row))
+        if admissible:
+            best = max(row[j] for j in admissible)
+            for j in admissible:
+                gap = row[j] - best
+                w[j] = 0.0 if gap < -2000 else math.exp(float(gap))
+            w /= math.fsum(w)
+        rows.append(w)
+    return np.array(rows)
+
+
+def nadaraya_watson_exact(queries, keys, values, bandwidth, exclude_self=False):
+    """sum_j softmax_j(s_ij) v_j from the exact weights; values (n_keys,) or (n_keys, p)."""
+    w = nadaraya_watson_exact_weights(queries, keys, bandwidth, exclude_self)
+    v = np.asarray(values, dtype=np.float64)
+    v2 = v[:, None] if v.ndim == 1 else v
+    # scale the values by a power of two so that the sums cannot overflow
+    big = np.abs(v2).max() if v2.size else 0.0
+    scale = np.ldexp(1.0, int(np.frexp(big)[1])) if big > 0 else 1.0
+    out = (w @ (v2 / scale)) * scale
+    return out[:, 0] if v.ndim == 1 else out
+
+
+def weighted_spread_exact(queries, keys, values, bandwidth):
+    """(mean, std, n_eff) of the exact weights; deviations scaled like the values."""
+    w = nadaraya_watson_exact_weights(queries, keys, bandwidth)
+    v = np.asarray(values, dtype=np.float64)
+    v2 = v[:, None] if v.ndim == 1 else v
+    big = np.abs(v2).max()
+    scale = np.ldexp(1.0, int(np.frexp(big)[1])) if big > 0 else 1.0
+    vs = v2 / scale
+    mean = w @ vs
+    var = np.einsum("ij,ijc->ic", w, (vs[None, :, :] - mean[:, None, :]) ** 2)
+    out = (mean * scale, np.sqrt(var) * scale, 1.0 / np.sum(w**2, axis=1))
+    if v.ndim == 1:
+        return out[0][:, 0], out[1][:, 0], out[2]
+    return out
+
+
+def loo_loss_exact(X, y, bandwidth):
+    """Leave-one-out MSE from the exact weights (scale-safe twin of loo_loss)."""
+    X = np.asarray(X, dtype=np.float64)
+    X = X[:, None] if X.ndim == 1 else X
+    y = np.asarray(y, dtype=np.float64)
+    y2 = y[:, None] if y.ndim == 1 else y
+    pred = nadaraya_watson_exact(X, X, y2, bandwidth, exclude_self=True)
+    return float(np.mean((pred - y2) ** 2))

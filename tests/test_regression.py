@@ -6,7 +6,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import nbattn
-from nbattn.regression import bandwidth_rule, gaussian_attention_weights
+from nbattn.regression import (
+    BANDWIDTH_RULES,
+    bandwidth_rule,
+    gaussian_attention_weights,
+    rule_bandwidth,
+)
 
 from . import naive
 
@@ -151,6 +156,20 @@ def test_constant_feature_gets_unit_spread():
     x = np.column_stack([np.arange(10.0), np.full(10, 3.0)])
     h = bandwidth_rule(x, "scott")
     assert np.isfinite(h).all() and h[1] == pytest.approx(10 ** (-1 / 6))
+
+
+@pytest.mark.parametrize("rule", ["scott", "silverman"])
+def test_rule_bandwidth_is_the_one_rule(rng, rule):
+    """bandwidth_rule = rule_bandwidth(std, n): the entry point for spreads measured elsewhere."""
+    x = rng.normal(size=(60, 3)) * [1.0, 1e-3, 1e3]
+    x[:, 1] = 2.0  # constant: unit spread
+    expected = rule_bandwidth(x.std(axis=0, ddof=1), 60, rule)
+    np.testing.assert_allclose(bandwidth_rule(x, rule), expected, rtol=1e-12)
+    assert expected[1] == pytest.approx(BANDWIDTH_RULES[rule](60, 3))
+    with pytest.raises(ValueError, match="bandwidth rule must be one of"):
+        rule_bandwidth(np.ones(3), 60, "scot")
+    with pytest.raises(ValueError, match="bandwidth rule must be one of"):
+        bandwidth_rule(x, "scot")
 
 
 def test_agrees_with_statsmodels_kernelreg():

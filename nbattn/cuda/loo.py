@@ -425,17 +425,27 @@ def spread_kernel(dtype, k, n_outputs):
 
 
 def gaussian_spread(queries, keys_t, values_t, centers, lse, exclude_self):
-    """``(var, sum_w2)``: sum_j w_ij (v_jc - c_ic)^2 (n_queries, n_outputs) and sum_j w_ij^2.
+    """``(std, sum_w2)``: the weighted std (n_queries, n_outputs) and sum_j w_ij^2 (n_queries,).
 
     The twin of :func:`nbattn.kernels.loo.gaussian_spread`, with
-    w_ij = exp(s_ij - lse_i). Host or device arrays in (``centers`` and
+    w_ij = exp(s_ij - lse_i): std_ic = S_c sqrt(sum_j w_ij ((v_jc - c_ic) / S_c)^2),
+    S_c a power of two near max_j |v_jc| (dividing by it is exact), so values
+    near 1e200 keep their spread. Host or device arrays in (``centers`` and
     ``lse`` as the pool returns them); float64 host arrays out. A query with
-    lse = -inf gets var = 0 and sum_w2 = 0.
+    lse = -inf gets std = 0 and sum_w2 = 0.
     """
+    host_values_t = values_t if isinstance(values_t, np.ndarray) else values_t.copy_to_host()
+    host_centers = centers if isinstance(centers, np.ndarray) else centers.copy_to_host()
+    big = np.abs(host_values_t.astype(np.float64)).max(axis=1)
+    scale = np.where(big > 0, np.ldexp(1.0, np.frexp(big)[1] - 1), 1.0)
     device_queries = to_device(queries)
     device_keys_t = to_device(keys_t)
-    device_values_t = to_device(values_t)
-    device_centers = to_device(centers)
+    device_values_t = to_device(
+        np.ascontiguousarray(host_values_t / scale[:, None], dtype=host_values_t.dtype)
+    )
+    device_centers = to_device(
+        np.ascontiguousarray(host_centers / scale[None, :], dtype=host_centers.dtype)
+    )
     device_lse = _lse_on_device(lse)
     dtype = np.dtype(device_queries.dtype)
     n_queries = device_queries.shape[0]
@@ -461,4 +471,5 @@ def gaussian_spread(queries, keys_t, values_t, centers, lse, exclude_self):
         )
         kernel = spread_kernel(dtype, k, c1 - c0)
         launch(kernel, n_queries, args, shared=per_key * bk * dtype.itemsize)
-    return var.copy_to_host(), sum_w2.copy_to_host()
+    std = np.sqrt(np.maximum(var.copy_to_host(), 0.0)) * scale[None, :]
+    return std, sum_w2.copy_to_host()

@@ -16,6 +16,17 @@ includes ``x = -inf``. ``x > 709.43`` (float64) or ``x > 88.37`` (float32) gives
 ``inf``, slightly before the true overflow (the last half-binade is given up
 so that 2**n stays a normal number). The
 kernels never pass NaN.
+
+This module holds the natural-base ``fast_exp`` and the ``maxnum`` intrinsic
+``fmax``; the row reductions built on them, the one ``row_max`` and the one
+``exp_shift_sum``, are in ``nbattn.kernels.softmax``. The blocked attention
+kernels (``nbattn.kernels.flash``) keep their own base-2 ``exp2`` on purpose:
+they fold log2(e) into the queries once, so each score is already
+t = s log2(e) and 2**t needs no ln 2 range reduction (measured 1/3 cheaper in
+the softmax loop). Every kernel whose scores arrive in natural units
+(pooling, LOO, softmax, masked attention) uses ``fast_exp``: a natural-unit
+score passed to ``exp2`` would need the multiplication by log2(e) that
+``fast_exp`` does inside its range reduction, so nothing is gained there.
 """
 
 from __future__ import annotations

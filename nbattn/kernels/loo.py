@@ -35,33 +35,57 @@ per thread whatever the number of outputs, and its weights are exact.
 
 Spread (``gaussian_spread``): for centers c_i (the pooled output f_i),
 
-    var_ic = sum_j w_ij (v_jc - c_ic)^2,   sum_w2_i = sum_j w_ij^2
+    std_ic = S_c sqrt( sum_j w_ij ((v_jc - c_ic) / S_c)^2 ),   sum_w2_i = sum_j w_ij^2
 
-the attention-weighted variance about the pooled mean (two-pass, so no
-cancellation between E[v^2] and E[v]^2) and the sum of squared weights (the
-effective number of neighbours is 1 / sum_w2_i).
+the attention-weighted standard deviation about the pooled mean (two-pass, so
+no cancellation between E[v^2] and E[v]^2) and the sum of squared weights (the
+effective number of neighbours is 1 / sum_w2_i). S_c is a power of two near
+max_j |v_jc| (exact to divide by): the squares neither overflow for values
+near 1e200 nor underflow for values near 1e-200.
 
 LOO loss alone (``loo_squared_error``, ``loo_squared_error_sorted_1d``): the
 one-pass criterion of the bandwidth search, with no output array; the 1-D
 variant works on sorted points and visits, per row, only the window of keys
 whose weight can exceed exp(-PRUNE_GAP) of the nearest one.
 
-A query with lse = -inf (no admissible key) contributes nothing and gets
-zeros.
+A query with lse = -inf contributes nothing and gets zeros (no admissible
+key, or a row the caller leaves out), unless its scores overflow: then -inf
+is the overflow of a finite log normaliser, and the row is a far row.
+
+A far row (``nbattn.kernels.pooling``, "Far rows") takes its weights the way
+the pool did: lse below ``-config.FAR_SCORE_FLOAT32`` in a float32 kernel,
+from float64 scores; lse below ``-config.FAR_SCORE_FLOAT64`` (or overflowed),
+from the anchored float64 form of ``pooling.far_state`` and
+``pooling.far_block_weights``. The other rows recompute the direct scores.
+
+Tunables: ``config.KEY_BLOCK``, ``QUERY_BLOCK`` and ``LOO_FULL_GROUPS`` are
+read when this module is imported (compiled in as constants);
+``config.PRUNE_GAP_<dtype>`` at call time through :func:`prune_gap_for`.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 from numba import njit, prange
 
 from .. import config
 from .fastmath import fast_exp, like
-from .pooling import _block_scores, pool_row
+from .pooling import (
+    _FAR_SCORE_FLOAT64,
+    _block_scores,
+    far_block_weights,
+    far_pool,
+    far_score,
+    far_state,
+    has_admissible_key,
+    pool_row,
+)
 
 _KEY_BLOCK = config.KEY_BLOCK
 _QUERY_BLOCK = config.QUERY_BLOCK
-_FULL_GROUPS = 16  # row groups of loo_grad_full, each with n_keys float64 key sums
+_FULL_GROUPS = config.LOO_FULL_GROUPS
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
@@ -72,6 +96,55 @@ def _block_weights(scores, nb, shift, j0, i, exclude_self):
         scores[j] = fast_exp(scores[j] - shift)
     if exclude_self and j0 <= i < j0 + nb:
         scores[i - j0] = 0.0
+
+
+#: How a second pass gets a row's weights (``_row_setup``).
+_DIRECT, _DIRECT_FLOAT64, _ANCHORED = 0, 1, 2
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def _row_setup(query_row, keys_t, own, lse_i, weights):
+    """``(skip, mode, anchor, c, shift)`` of one row of a second pass.
+
+    ``skip``: no admissible key. ``mode``: _DIRECT, exp(s_ij - lse_i) with the
+    scores in the dtype of ``weights``; _DIRECT_FLOAT64, the same with float64
+    scores (a float32 far row); _ANCHORED, ``far_block_weights(..., anchor, c,
+    shift)`` with shift including log l. The same thresholds as ``pool_row``,
+    applied to lse_i (>= the row's best score).
+    """
+    n_keys = keys_t.shape[1]
+    limit = far_score(weights)
+    if lse_i >= -limit:
+        return False, _DIRECT, -1, 1.0, 0.0
+    if lse_i == -np.inf and not has_admissible_key(n_keys, own):
+        return True, _DIRECT, -1, 1.0, 0.0
+    if lse_i >= -_FAR_SCORE_FLOAT64:
+        return False, _DIRECT_FLOAT64, -1, 1.0, 0.0
+    anchor, c, s_a, shift, total = far_state(query_row, keys_t, own)
+    if lse_i == -np.inf and s_a > -np.inf:
+        # not an overflow: a row the caller gave lse = -inf contributes nothing
+        return True, _DIRECT, -1, 1.0, 0.0
+    return anchor < 0, _ANCHORED, anchor, c, shift + np.log(total)
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def _row_block_weights(
+    query_row, keys_t, j0, nb, own, lse_i, mode, anchor, c, shift, weights, scores64
+):
+    """weights[:nb] <- w_ij for the keys j0 .. j0 + nb (0 for the key ``own``).
+
+    ``scores64`` is a float64 KEY_BLOCK scratch buffer for _DIRECT_FLOAT64.
+    """
+    if mode == _ANCHORED:
+        far_block_weights(query_row, keys_t, j0, nb, own, anchor, c, shift, weights)
+    elif mode == _DIRECT_FLOAT64:
+        _block_scores(query_row, keys_t, j0, nb, scores64)
+        _block_weights(scores64, nb, lse_i, j0, own, True)
+        for j in range(nb):
+            weights[j] = scores64[j]
+    else:
+        _block_scores(query_row, keys_t, j0, nb, weights)
+        _block_weights(weights, nb, lse_i, j0, own, True)
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
@@ -101,24 +174,42 @@ def loo_grad_diag(queries, keys_t, values_t, resid, centers, lse, self_offset=0)
     partial = np.zeros((n_chunks, k), dtype=np.float64)
     for chunk in prange(n_chunks):
         weights = np.empty(_KEY_BLOCK, dtype=dtype)
+        scores64 = np.empty(_KEY_BLOCK, dtype=np.float64)
         coef = np.empty(_KEY_BLOCK, dtype=dtype)
         acc = partial[chunk]
         stop = min(n_queries, (chunk + 1) * _QUERY_BLOCK)
         for i in range(chunk * _QUERY_BLOCK, stop):
-            if lse[i] == -np.inf:
-                continue
             query_row = queries[i]
+            own = np.int64(i) + np.int64(self_offset)
+            skip, mode, anchor, c, shift = _row_setup(query_row, keys_t, own, lse[i], weights)
+            if skip:
+                continue
             for j0 in range(0, n_keys, _KEY_BLOCK):
                 nb = min(_KEY_BLOCK, n_keys - j0)
-                _block_scores(query_row, keys_t, j0, nb, weights)
-                _block_weights(weights, nb, lse[i], j0, i + self_offset, True)
+                _row_block_weights(
+                    query_row,
+                    keys_t,
+                    j0,
+                    nb,
+                    own,
+                    lse[i],
+                    mode,
+                    anchor,
+                    c,
+                    shift,
+                    weights,
+                    scores64,
+                )
                 _block_coef(weights, values_t, resid, centers, i, j0, nb, coef)
+                zero = like(0.0, weights)
                 for f in range(k):
                     qf = query_row[f]
                     total = like(0.0, weights)
                     for j in range(nb):
                         diff = keys_t[f, j0 + j] - qf
-                        total += coef[j] * diff * diff
+                        term = coef[j] * diff * diff
+                        # a zero weight times an overflowing square is 0, not NaN
+                        total += term if coef[j] != 0.0 else zero
                     acc[f] += total
     out = np.zeros(k, dtype=np.float64)
     for chunk in range(n_chunks):
@@ -155,6 +246,7 @@ def loo_grad_full(queries, keys_t, points, points_t, values_t, resid, centers, l
     key_sums = np.zeros((n_groups, n_keys), dtype=np.float64)
     for group in prange(n_groups):
         weights = np.empty(_KEY_BLOCK, dtype=dtype)
+        scores64 = np.empty(_KEY_BLOCK, dtype=np.float64)
         coef = np.empty(_KEY_BLOCK, dtype=dtype)
         b_i = np.empty(d, dtype=np.float64)
         acc = partial[group]
@@ -162,15 +254,29 @@ def loo_grad_full(queries, keys_t, points, points_t, values_t, resid, centers, l
         start = group * n_queries // n_groups
         stop = (group + 1) * n_queries // n_groups
         for i in range(start, stop):
-            if lse[i] == -np.inf:
-                continue
             query_row = queries[i]
+            own = np.int64(i) + np.int64(self_offset)
+            skip, mode, anchor, c, shift = _row_setup(query_row, keys_t, own, lse[i], weights)
+            if skip:
+                continue
             a_i = 0.0
             b_i[:] = 0.0
             for j0 in range(0, n_keys, _KEY_BLOCK):
                 nb = min(_KEY_BLOCK, n_keys - j0)
-                _block_scores(query_row, keys_t, j0, nb, weights)
-                _block_weights(weights, nb, lse[i], j0, i + self_offset, True)
+                _row_block_weights(
+                    query_row,
+                    keys_t,
+                    j0,
+                    nb,
+                    own,
+                    lse[i],
+                    mode,
+                    anchor,
+                    c,
+                    shift,
+                    weights,
+                    scores64,
+                )
                 _block_coef(weights, values_t, resid, centers, i, j0, nb, coef)
                 block_total = 0.0
                 for j in range(nb):
@@ -203,44 +309,83 @@ def loo_grad_full(queries, keys_t, points, points_t, values_t, resid, centers, l
     return out
 
 
+@njit(fastmath=False, cache=config.CACHE)
+def _power_of_two_near(x):
+    """2**(e - 1) for x = m 2**e, 1/2 <= m < 1: x / 2 < result <= x, exact to divide by; 1 for 0."""
+    if x == 0.0:
+        return 1.0
+    _, e = math.frexp(x)
+    return math.ldexp(1.0, e - 1)
+
+
 @njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
 def gaussian_spread(queries, keys_t, values_t, centers, lse, exclude_self):
-    """``(var, sum_w2)``: sum_j w_ij (v_jc - c_ic)^2 (n_queries, n_outputs) and sum_j w_ij^2.
+    """``(std, sum_w2)``: the weighted std (n_queries, n_outputs) and sum_j w_ij^2 (n_queries,).
 
-    Both float64. A query with lse = -inf gets var = 0 and sum_w2 = 0.
+    std_ic = S_c sqrt(sum_j w_ij ((v_jc - c_ic) / S_c)^2) with S_c a power of
+    two near max_j |v_jc| (module docstring); both float64. A query with no
+    admissible key gets std = 0 and sum_w2 = 0.
     """
     n_queries = queries.shape[0]
     n_keys = keys_t.shape[1]
     n_outputs = values_t.shape[0]
     dtype = queries.dtype
-    var = np.zeros((n_queries, n_outputs), dtype=np.float64)
+    inv_scale = np.empty(n_outputs, dtype=np.float64)
+    for c in range(n_outputs):
+        big = 0.0
+        for j in range(n_keys):
+            big = max(big, abs(np.float64(values_t[c, j])))
+        inv_scale[c] = 1.0 / _power_of_two_near(big)
+    std = np.zeros((n_queries, n_outputs), dtype=np.float64)
     sum_w2 = np.zeros(n_queries, dtype=np.float64)
     n_chunks = (n_queries + _QUERY_BLOCK - 1) // _QUERY_BLOCK
     for chunk in prange(n_chunks):
         weights = np.empty(_KEY_BLOCK, dtype=dtype)
+        scores64 = np.empty(_KEY_BLOCK, dtype=np.float64)
+        var = np.empty(n_outputs, dtype=np.float64)
         stop = min(n_queries, (chunk + 1) * _QUERY_BLOCK)
         for i in range(chunk * _QUERY_BLOCK, stop):
-            if lse[i] == -np.inf:
-                continue
             query_row = queries[i]
+            own = np.int64(-1)
+            if exclude_self:
+                own = np.int64(i)
+            skip, mode, anchor, c, shift = _row_setup(query_row, keys_t, own, lse[i], weights)
+            if skip:
+                continue
+            var[:] = 0.0
             w2 = 0.0
             for j0 in range(0, n_keys, _KEY_BLOCK):
                 nb = min(_KEY_BLOCK, n_keys - j0)
-                _block_scores(query_row, keys_t, j0, nb, weights)
-                _block_weights(weights, nb, lse[i], j0, i, exclude_self)
+                _row_block_weights(
+                    query_row,
+                    keys_t,
+                    j0,
+                    nb,
+                    own,
+                    lse[i],
+                    mode,
+                    anchor,
+                    c,
+                    shift,
+                    weights,
+                    scores64,
+                )
                 block_w2 = like(0.0, weights)
                 for j in range(nb):
                     block_w2 += weights[j] * weights[j]
                 w2 += block_w2
-                for c in range(n_outputs):
-                    center = like(centers[i, c], weights)
-                    total = like(0.0, weights)
+                for out in range(n_outputs):
+                    inv = inv_scale[out]
+                    center = np.float64(centers[i, out]) * inv
+                    total = 0.0
                     for j in range(nb):
-                        diff = values_t[c, j0 + j] - center
-                        total += weights[j] * diff * diff
-                    var[i, c] += total
+                        diff = np.float64(values_t[out, j0 + j]) * inv - center
+                        total += np.float64(weights[j]) * diff * diff
+                    var[out] += total
+            for out in range(n_outputs):
+                std[i, out] = np.sqrt(var[out]) / inv_scale[out]
             sum_w2[i] = w2
-    return var, sum_w2
+    return std, sum_w2
 
 
 @njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
@@ -275,30 +420,46 @@ def loo_squared_error(queries, keys_t, values_t, targets, self_index):
     return partial.sum()
 
 
-#: Keys whose score is more than this below the best one are skipped by the
-#: sorted 1-D kernel: each would weigh < exp(-gap) of the nearest key, so n of
-#: them change the result by < n * exp(-gap) relative: 2e-22 n in float64
-#: (gap 50), 2e-16 n in float32 (gap 36), far below each dtype's rounding.
-PRUNE_GAP = {"float64": 50.0, "float32": 36.0}
+def prune_gap_for(dtype) -> float:
+    """The ``prune_gap`` of ``loo_squared_error_sorted_1d`` for ``dtype``.
+
+    ``config.PRUNE_GAP_FLOAT64`` / ``PRUNE_GAP_FLOAT32``, read at call time:
+    a skipped key weighs < exp(-gap) of the nearest one, so n of them change
+    the result by < n exp(-gap) relative, below each dtype's rounding.
+    """
+    name = np.dtype(dtype).name
+    if name == "float32":
+        return float(config.PRUNE_GAP_FLOAT32)
+    if name == "float64":
+        return float(config.PRUNE_GAP_FLOAT64)
+    raise ValueError(f"dtype must be float32 or float64, got {name}")
+
+
+#: The gaps of :func:`prune_gap_for` as read from config when this module was
+#: imported; kept for callers that index it by dtype name (``nbattn.learning``).
+PRUNE_GAP = {"float64": prune_gap_for("float64"), "float32": prune_gap_for("float32")}
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
 def _window_sums(zs, values_t, zi, shift, start, stop, acc, weights):
-    """Adds sum_j exp(shift - (zs_j - zi)^2) (returned) and its v-weighted sums (into acc)."""
+    """Adds sum_j exp(shift - (zs_j - zi)^2) (returned) and its v-weighted sums (into acc).
+
+    Computed in the dtype of the scratch buffer ``weights``.
+    """
     total = 0.0
-    zi = like(zi, zs)
-    shift = like(shift, zs)
+    zi = like(zi, weights)
+    shift = like(shift, weights)
     for b0 in range(start, stop, _KEY_BLOCK):
         nb = min(stop - b0, _KEY_BLOCK)
-        block = like(0.0, zs)
+        block = like(0.0, weights)
         for j in range(nb):
-            diff = zs[b0 + j] - zi
+            diff = like(zs[b0 + j], weights) - zi
             w = fast_exp(shift - diff * diff)
             weights[j] = w
             block += w
         total += block
         for c in range(values_t.shape[0]):
-            weighted = like(0.0, zs)
+            weighted = like(0.0, weights)
             for j in range(nb):
                 weighted += weights[j] * values_t[c, b0 + j]
             acc[c] += weighted
@@ -317,6 +478,10 @@ def loo_squared_error_sorted_1d(zs, values_t, targets, rows, prune_gap):
     (zs_j - zs_i)^2 <= dmin_i^2 + prune_gap can matter: a window found by
     binary search. Weights are exp(s_ij + dmin_i^2) <= 1, so no online
     rescaling is needed. Cost: rows x (window width) instead of rows x n.
+    Far rows as in ``pooling.pool_row``: dmin_i^2 beyond
+    ``config.FAR_SCORE_FLOAT32`` in float32, the window in float64; beyond
+    ``config.FAR_SCORE_FLOAT64`` (or overflowing), all keys by the anchored
+    ``pooling.far_pool``.
     """
     n = zs.shape[0]
     n_rows = rows.shape[0]
@@ -326,27 +491,35 @@ def loo_squared_error_sorted_1d(zs, values_t, targets, rows, prune_gap):
     for chunk in prange(n_chunks):
         acc = np.empty(n_outputs, dtype=np.float64)
         weights = np.empty(_KEY_BLOCK, dtype=zs.dtype)
+        scores64 = np.empty(_KEY_BLOCK, dtype=np.float64)
         stop = min(n_rows, (chunk + 1) * _QUERY_BLOCK)
         sq = 0.0
         for r in range(chunk * _QUERY_BLOCK, stop):
             i = rows[r]
+            acc[:] = 0.0
+            if n == 1:  # no admissible key: predict 0
+                for c in range(n_outputs):
+                    sq += targets[i, c] * targets[i, c]
+                continue
             zi = np.float64(zs[i])
             dmin = np.inf
             if i > 0:
                 dmin = zi - zs[i - 1]
             if i + 1 < n:
                 dmin = min(dmin, zs[i + 1] - zi)
-            acc[:] = 0.0
-            if dmin == np.inf:  # n = 1: no admissible key, predict 0
-                for c in range(n_outputs):
-                    sq += targets[i, c] * targets[i, c]
-                continue
             shift = dmin * dmin
-            radius = np.sqrt(shift + prune_gap)
-            lo = np.searchsorted(zs, like(zi - radius, zs), side="left")
-            hi = np.searchsorted(zs, like(zi + radius, zs), side="right")
-            total = _window_sums(zs, values_t, zi, shift, lo, i, acc, weights)
-            total += _window_sums(zs, values_t, zi, shift, i + 1, hi, acc, weights)
+            if not shift <= _FAR_SCORE_FLOAT64:  # far in float64, or overflowing
+                _, total = far_pool(zs[i : i + 1], zs.reshape((1, n)), values_t, i, weights, acc)
+            else:
+                radius = np.sqrt(shift + prune_gap)
+                lo = np.searchsorted(zs, like(zi - radius, zs), side="left")
+                hi = np.searchsorted(zs, like(zi + radius, zs), side="right")
+                if shift <= far_score(zs):
+                    total = _window_sums(zs, values_t, zi, shift, lo, i, acc, weights)
+                    total += _window_sums(zs, values_t, zi, shift, i + 1, hi, acc, weights)
+                else:  # a float32 far row: the window in float64
+                    total = _window_sums(zs, values_t, zi, shift, lo, i, acc, scores64)
+                    total += _window_sums(zs, values_t, zi, shift, i + 1, hi, acc, scores64)
             for c in range(n_outputs):
                 err = acc[c] / total - targets[i, c]
                 sq += err * err

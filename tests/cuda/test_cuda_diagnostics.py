@@ -149,11 +149,13 @@ def test_spread_equals_cpu_kernel_and_naive(
         q, k_t = _layout(queries, keys, h, dtype)
         v_t = np.ascontiguousarray(values.T, dtype=dtype)
         mean, lse = cpu_pooling.gaussian_pool(q, k_t, v_t, exclude_self)
-        got_var, got_w2 = cuda_loo.gaussian_spread(q, k_t, v_t, mean, lse, exclude_self)
-        for got in (got_var, got_w2):
+        got_std, got_w2 = cuda_loo.gaussian_spread(q, k_t, v_t, mean, lse, exclude_self)
+        for got in (got_std, got_w2):
             assert isinstance(got, np.ndarray) and got.dtype == np.float64
-        assert got_var.shape == (n_queries, n_outputs) and got_w2.shape == (n_queries,)
-        cpu_var, cpu_w2 = cpu_loo.gaussian_spread(q, k_t, v_t, mean, lse, exclude_self)
+        assert got_std.shape == (n_queries, n_outputs) and got_w2.shape == (n_queries,)
+        cpu_std, cpu_w2 = cpu_loo.gaussian_spread(q, k_t, v_t, mean, lse, exclude_self)
+        # compared as variances: the square root magnifies rounding near 0
+        got_var, cpu_var = got_std**2, cpu_std**2
         tol = _tol(dtype)
         scale = float(np.max(np.abs(cpu_var), initial=1.0))
         np.testing.assert_allclose(got_var, cpu_var, rtol=tol, atol=tol * scale)
@@ -175,8 +177,8 @@ def test_spread_without_admissible_key_is_zero():
     v_t = np.array([[5.0]])
     mean, lse = cpu_pooling.gaussian_pool(q, k_t, v_t, True)
     assert lse[0] == -np.inf
-    var, sum_w2 = cuda_loo.gaussian_spread(q, k_t, v_t, mean, lse, True)
-    np.testing.assert_array_equal(var, [[0.0]])
+    std, sum_w2 = cuda_loo.gaussian_spread(q, k_t, v_t, mean, lse, True)
+    np.testing.assert_array_equal(std, [[0.0]])
     np.testing.assert_array_equal(sum_w2, [0.0])
 
 
@@ -185,8 +187,8 @@ def test_spread_of_a_far_query_is_its_nearest_key():
     q, k_t = _layout(np.array([[-1e4], [1e4]]), keys, 1.0, np.float64)
     v_t = np.array([[10.0, 20.0, 30.0]])
     mean, lse = cpu_pooling.gaussian_pool(q, k_t, v_t, False)
-    var, sum_w2 = cuda_loo.gaussian_spread(q, k_t, v_t, mean, lse, False)
-    np.testing.assert_array_equal(var, [[0.0], [0.0]])
+    std, sum_w2 = cuda_loo.gaussian_spread(q, k_t, v_t, mean, lse, False)
+    np.testing.assert_array_equal(std, [[0.0], [0.0]])
     np.testing.assert_allclose(sum_w2, [1.0, 1.0], rtol=1e-12)
 
 
@@ -198,10 +200,10 @@ def test_spread_over_several_launches_and_from_device_pool(rng, monkeypatch):
         q, k_t = _layout(rng.normal(size=(10, 2)), rng.normal(size=(13, 2)), 0.7, np.float64)
         v_t = rng.normal(size=(5, 13))
         mean, lse = cuda_pooling.gaussian_pool(q, k_t, v_t, False)
-        var, sum_w2 = cuda_loo.gaussian_spread(q, k_t, v_t, mean, lse, False)
+        std, sum_w2 = cuda_loo.gaussian_spread(q, k_t, v_t, mean, lse, False)
         cpu_mean, cpu_lse = cpu_pooling.gaussian_pool(q, k_t, v_t, False)
-        cpu_var, cpu_w2 = cpu_loo.gaussian_spread(q, k_t, v_t, cpu_mean, cpu_lse, False)
-        np.testing.assert_allclose(var, cpu_var, rtol=1e-12, atol=1e-14)
+        cpu_std, cpu_w2 = cpu_loo.gaussian_spread(q, k_t, v_t, cpu_mean, cpu_lse, False)
+        np.testing.assert_allclose(std**2, cpu_std**2, rtol=1e-12, atol=1e-14)
         np.testing.assert_allclose(sum_w2, cpu_w2, rtol=1e-12)
 
 
@@ -256,3 +258,15 @@ def test_estimator_diagnostics_on_cuda_equal_cpu(rng, monkeypatch):
         gpu.effective_n_neighbors(queries), cpu.effective_n_neighbors(queries), rtol=1e-12
     )
     assert calls == ["gaussian_weights", "gaussian_spread", "gaussian_spread"]
+
+
+def test_spread_of_huge_values_keeps_its_scale(rng):
+    """Values near 1e200: the deviations are scaled by a power of two before squaring."""
+    for _ in range(DRAWS):
+        q, k_t = _layout(rng.normal(size=(6, 2)), rng.normal(size=(9, 2)), 0.8, np.float64)
+        v_t = rng.normal(size=(2, 9))
+        mean, lse = cpu_pooling.gaussian_pool(q, k_t, v_t, False)
+        small, _ = cuda_loo.gaussian_spread(q, k_t, v_t, mean, lse, False)
+        huge, _ = cuda_loo.gaussian_spread(q, k_t, v_t * 1e200, mean * 1e200, lse, False)
+        assert np.isfinite(huge).all()
+        np.testing.assert_allclose(huge, small * 1e200, rtol=1e-10)
