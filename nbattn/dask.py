@@ -152,14 +152,15 @@ def _sharded_bandwidth(bandwidth, keys):
 
     if not isinstance(bandwidth, str):
         return bandwidth
-    if bandwidth not in regression.BANDWIDTH_RULES:
-        raise ValueError(
-            f"bandwidth rule must be one of {sorted(regression.BANDWIDTH_RULES)}, got {bandwidth!r}"
-        )
     n, d = keys.shape
-    sigma = da.nanstd(keys, axis=0, ddof=1).compute() if n > 1 else np.zeros(d)
-    sigma = np.where(sigma > 0, sigma, 1.0)
-    return regression.BANDWIDTH_RULES[bandwidth](n, d) * sigma
+    if n < 2:
+        return regression.rule_bandwidth(np.zeros(d), n, bandwidth)
+    # divide by a power of two near each column's largest magnitude (exact), so
+    # the squares of data near 1e160 or 1e-170 neither overflow nor underflow
+    big = da.nanmax(abs(keys), axis=0).compute()
+    scale = np.where(big > 0, np.ldexp(1.0, np.frexp(big)[1] - 1), 1.0)
+    sigma = da.nanstd(keys / scale, axis=0, ddof=1).compute() * scale
+    return regression.rule_bandwidth(sigma, n, bandwidth)
 
 
 def nadaraya_watson_sharded(queries, keys, values, bandwidth="scott", *, dtype=None):

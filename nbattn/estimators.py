@@ -386,7 +386,7 @@ class NadarayaWatsonRegressor(_PoolingRegressor):
         if self.kernel == "average":
             n = X.shape[0]
             mean = regression.average_pooling(X, self.y_fit_)
-            std = np.broadcast_to(self.y_fit_.std(axis=0), mean.shape).copy()
+            std = np.broadcast_to(regression.feature_spread(self.y_fit_, ddof=0), mean.shape).copy()
             return mean, std, np.full(n, float(self.X_fit_.shape[0]))
         return super()._pooled_spread(X)
 

@@ -47,7 +47,7 @@ from ._validation import as_float_array, resolve_dtype
 from .device import kernels_for, resolve_device
 from .kernels import loo
 from .progress import FitProgress, check_verbose
-from .regression import bandwidth_rule, resolve_bandwidth
+from .regression import bandwidth_rule, feature_spread, resolve_bandwidth
 from .search import minimize_log_scale
 
 __all__ = [
@@ -81,11 +81,6 @@ def _threads_for(pairs):
     return serial_below(pairs, config.SERIAL_PAIRS)
 
 
-def _mid_range(a):
-    """Per-column centre of the range, (min + max) / 2 computed without overflow."""
-    return a.min(axis=0) / 2 + a.max(axis=0) / 2
-
-
 def _prepare_xy(X, y, dtype):
     """X (n, d) and y (n, p) as float64, each column centred on the middle of its range.
 
@@ -102,7 +97,7 @@ def _prepare_xy(X, y, dtype):
         raise ValueError(f"y has {y2.shape[0]} rows but X has {X.shape[0]}")
     if X.shape[0] < 2:
         raise ValueError(f"leave-one-out needs at least 2 samples, got n_samples={X.shape[0]}")
-    return X - _mid_range(X), y2 - _mid_range(y2)
+    return X - np.median(X, axis=0), y2 - np.median(y2, axis=0)
 
 
 def _scaled(points, scale, dtype):
@@ -492,7 +487,7 @@ def loo_bandwidth(
         x_sorted = X[order, 0]
         y_sorted = np.ascontiguousarray(y2[order])
         v_sorted = np.ascontiguousarray(y_sorted.T, dtype=dtype)
-        gap = loo.PRUNE_GAP[np.dtype(dtype).name]
+        gap = loo.prune_gap_for(dtype)
 
     def loss_at(t, subset):
         if sorted_1d:
@@ -565,10 +560,10 @@ def loo_bandwidth(
 
 
 def _standardise(X):
-    mean = X.mean(axis=0)
-    sigma = X.std(axis=0, ddof=1) if X.shape[0] > 1 else np.zeros(X.shape[1])
+    """(X - median) / spread per column, with the spread computed at any magnitude."""
+    sigma = feature_spread(X)
     sigma = np.where(sigma > 0, sigma, 1.0)
-    return (X - mean) / sigma, sigma
+    return (X - np.median(X, axis=0)) / sigma, sigma
 
 
 def _initial_components(Xs, h_std, n_components, init, rng):

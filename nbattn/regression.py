@@ -46,22 +46,23 @@ def _silverman(n: int, d: int) -> float:
 BANDWIDTH_RULES = {"scott": _scott, "silverman": _silverman}
 
 
-def feature_spread(X: np.ndarray) -> np.ndarray:
-    """Sample standard deviation (ddof=1) per column of a 2-D float64 array, at any magnitude.
+def feature_spread(X: np.ndarray, ddof: int = 1) -> np.ndarray:
+    """Standard deviation (``ddof=1``: the sample's) per column of a 2-D float64 array,
+    at any magnitude.
 
     Each column is divided by a power of two near its largest magnitude
     (exact) before the mean and the squares, and the result multiplied back,
     so neither the squares of data near 1e160 overflow nor those of data near
-    1e-170 underflow. Zeros for fewer than 2 rows.
+    1e-170 underflow. Zeros for fewer than ``ddof + 1`` rows.
     """
     n, d = X.shape
-    if n < 2:
+    if n <= ddof:
         return np.zeros(d)
     big = np.abs(X).max(axis=0)
     _, exponent = np.frexp(big)
     scale = np.ldexp(1.0, exponent - 1)  # big / 2 < scale <= big; 1 for an all-zero column
     scale[big == 0] = 1.0
-    return (X / scale).std(axis=0, ddof=1) * scale
+    return (X / scale).std(axis=0, ddof=ddof) * scale
 
 
 def bandwidth_rule(X, rule: str = "scott") -> np.ndarray:
@@ -243,13 +244,8 @@ def _nadaraya_watson_on_device(queries, keys, values, bandwidth, exclude_self, d
         raise ValueError(f"values has {v.shape[0]} rows but keys has {k.shape[0]}")
     _check_exclude_self(exclude_self, q, k)
     if isinstance(bandwidth, str):
-        if bandwidth not in BANDWIDTH_RULES:
-            raise ValueError(
-                f"bandwidth rule must be one of {sorted(BANDWIDTH_RULES)}, got {bandwidth!r}"
-            )
-        n, d = k.shape
         _, sigma = layout.column_moments(k)
-        h = BANDWIDTH_RULES[bandwidth](n, d) * np.where(sigma > 0, sigma, 1.0)
+        h = rule_bandwidth(sigma, k.shape[0], bandwidth)
     else:
         h = check_bandwidth(bandwidth, k.shape[1])
     scale = 1.0 / (h * np.sqrt(2.0))

@@ -218,7 +218,7 @@ def test_sorted_1d_kernel_matches_the_general_one(rng, dtype, rtol, h):
     y = np.column_stack([np.sin(x), np.cos(x)]) + 0.3 * rng.normal(size=(n, 2))
     zs = np.ascontiguousarray(x / (h * np.sqrt(2.0)), dtype=dtype)
     v_t = np.ascontiguousarray(y.T, dtype=dtype)
-    gap = loo.PRUNE_GAP[dtype]
+    gap = loo.prune_gap_for(dtype)
     total = loo.loo_squared_error_sorted_1d(zs, v_t, y, np.arange(n), gap)
     assert total / y.size == pytest.approx(naive.loo_loss(x[:, None], y, bandwidth=h), rel=rtol)
     rows = np.sort(rng.choice(n, 50, replace=False))

@@ -435,11 +435,6 @@ def prune_gap_for(dtype) -> float:
     raise ValueError(f"dtype must be float32 or float64, got {name}")
 
 
-#: The gaps of :func:`prune_gap_for` as read from config when this module was
-#: imported; kept for callers that index it by dtype name (``nbattn.learning``).
-PRUNE_GAP = {"float64": prune_gap_for("float64"), "float32": prune_gap_for("float32")}
-
-
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
 def _window_sums(zs, values_t, zi, shift, start, stop, acc, weights):
     """Adds sum_j exp(shift - (zs_j - zi)^2) (returned) and its v-weighted sums (into acc).
