@@ -132,10 +132,19 @@ def _as_2d(x, name, dtype):
 
 
 def _layout(queries, keys, values, h, dtype):
-    """Scale by 1/(h sqrt 2) and transpose to the kernels' layout (see pooling)."""
+    """Centre on the keys' median, scale by 1/(h sqrt 2) and transpose to the kernels'
+    layout (see pooling).
+
+    The centring is done in float64 and cancels in every score; it keeps data
+    far from the origin exact in float32 (keys at 1e8 + [0, 1, 2] would round
+    to one value).
+    """
     scale = 1.0 / (h * np.sqrt(2.0))
-    q = as_float_array(queries * scale, "queries / bandwidth", dtype=dtype)
-    k_t = np.ascontiguousarray(as_float_array(keys * scale, "keys / bandwidth", dtype=dtype).T)
+    centre = np.median(keys, axis=0)
+    q = as_float_array((queries - centre) * scale, "queries / bandwidth", dtype=dtype)
+    k_t = np.ascontiguousarray(
+        as_float_array((keys - centre) * scale, "keys / bandwidth", dtype=dtype).T
+    )
     v_t = None
     if values is not None:
         v_t = np.ascontiguousarray(as_float_array(values, "values", dtype=dtype).T)
