@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import config
 from ._validation import (
     as_device_array,
     as_float_array,
@@ -232,9 +233,32 @@ def nadaraya_watson(
     out, lse = kernels_for("pooling", device).gaussian_pool(q, k_t, v_t, exclude_self)
     if device == "cuda":
         out, lse = out.copy_to_host(), lse.copy_to_host()
+        _far_rows_on_the_cpu(out, lse, q, k_t, v_t, exclude_self)
     if values_arr.ndim == 1:
         out = out[:, 0]
     return (out, lse) if return_lse else out
+
+
+def _far_rows(lse, dtype, n_keys, exclude_self):
+    """Rows a CUDA pool may have got wrong: its kernels have no far-row path.
+
+    A row whose best score m is below ``-config.FAR_SCORE_<dtype>`` has
+    lse <= m + log(n_keys); a row whose every score overflowed has lse = -inf
+    (or NaN) although it has an admissible key. The CPU kernels recompute such rows
+    relative to the nearest key (:mod:`nbattn.kernels.pooling`).
+    """
+    if n_keys <= (1 if exclude_self else 0):  # no admissible key: lse = -inf is right
+        return np.empty(0, dtype=np.int64)
+    limit = config.FAR_SCORE_FLOAT32 if np.dtype(dtype) == np.float32 else config.FAR_SCORE_FLOAT64
+    return np.flatnonzero(~(lse >= -limit + np.log(n_keys)))  # NaN from inf - inf too
+
+
+def _far_rows_on_the_cpu(out, lse, q, k_t, v_t, exclude_self):
+    """Recompute, in place and on the CPU, the rows :func:`_far_rows` picks (host arrays)."""
+    cpu = kernels_for("pooling", "cpu")
+    for i in _far_rows(lse, q.dtype, k_t.shape[1], exclude_self):
+        row_out, row_lse = cpu.gaussian_pool(q[i : i + 1], k_t, v_t, exclude_self, i)
+        out[i], lse[i] = row_out[0], row_lse[0]
 
 
 def _device_2d(x, name):
@@ -258,12 +282,26 @@ def _nadaraya_watson_on_device(queries, keys, values, bandwidth, exclude_self, d
     else:
         h = check_bandwidth(bandwidth, k.shape[1])
     scale = 1.0 / (h * np.sqrt(2.0))
+    device_q = layout.scaled_copy(q, scale, dtype)
+    device_k_t = layout.scaled_transpose(k, scale, dtype)
+    device_v_t = layout.scaled_transpose(v, np.ones(v.shape[1]), dtype)
     out, lse = kernels_for("pooling", "cuda").gaussian_pool(
-        layout.scaled_copy(q, scale, dtype),
-        layout.scaled_transpose(k, scale, dtype),
-        layout.scaled_transpose(v, np.ones(v.shape[1]), dtype),
-        exclude_self,
+        device_q, device_k_t, device_v_t, exclude_self
     )
+    host_lse = lse.copy_to_host()
+    if _far_rows(host_lse, device_q.dtype, device_k_t.shape[1], exclude_self).size:
+        from numba import cuda
+
+        host_out = out.copy_to_host()
+        _far_rows_on_the_cpu(
+            host_out,
+            host_lse,
+            device_q.copy_to_host(),
+            device_k_t.copy_to_host(),
+            device_v_t.copy_to_host(),
+            exclude_self,
+        )
+        out, lse = cuda.to_device(host_out), cuda.to_device(host_lse)
     if getattr(values, "ndim", 2) == 1:
         out = out.reshape(out.shape[0])
     out, lse = like_input(out, queries), like_input(lse, queries)

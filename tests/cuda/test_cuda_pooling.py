@@ -65,3 +65,30 @@ def test_far_query_gets_nearest_value(rng):
     keys = np.array([[0.0], [1.0], [2.0]])
     got = nbattn.nadaraya_watson([[-1e4], [1e4]], keys, [10.0, 20.0, 30.0], 1.0, device="cuda")
     np.testing.assert_array_equal(got, [10.0, 30.0])
+
+
+# the simulator runs the kernels on NumPy scalars, which warn where a GPU overflows quietly
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize(
+    ("dtype", "far"), [("float64", 1e160), ("float64", 1e30), ("float32", 1e30), ("float32", 1e8)]
+)
+def test_queries_whose_scores_overflow_get_the_nearest_value(dtype, far):
+    """Far rows (beyond config.FAR_SCORE_<dtype>, or every score overflowed) are
+    recomputed relative to the nearest key, as on the CPU: host and device arrays."""
+    from numba import cuda
+
+    keys = np.array([[0.0], [1.0], [2.0]])
+    values = np.array([10.0, 20.0, 30.0])
+    queries = np.array([[-far], [far], [1.2]])
+    want = nbattn.nadaraya_watson(queries[2:], keys, values, 1.0)[0]
+    from_host = nbattn.nadaraya_watson(queries, keys, values, 1.0, dtype=dtype, device="cuda")
+    from_device = nbattn.nadaraya_watson(
+        cuda.to_device(queries.astype(dtype)),
+        cuda.to_device(keys.astype(dtype)),
+        cuda.to_device(values.astype(dtype)),
+        1.0,
+        device="cuda",
+    ).copy_to_host()
+    for got in (from_host, from_device):
+        np.testing.assert_array_equal(got[:2], [10.0, 30.0])
+        np.testing.assert_allclose(got[2], want, rtol=1e-5 if dtype == "float32" else 1e-12)
