@@ -305,16 +305,20 @@ def as_device_array(
 
 
 # --------------------------------------------------------------------------- bandwidths
-def check_bandwidth(bandwidth, n_features: int, name: str = "bandwidth") -> np.ndarray:
+def check_bandwidth(
+    bandwidth, n_features: int, name: str = "bandwidth", *, square_representable: bool = False
+) -> np.ndarray:
     """A positive, finite per-feature bandwidth array of shape (n_features,), float64.
 
     ``bandwidth`` is a positive float (the same for every feature) or an array
     of n_features positive floats. Refused, naming ``name``: strings (resolve
-    rule names first), NaN, inf, zero or negative widths, subnormal widths
-    (every weight would underflow and every prediction would be 0), and widths
-    whose square under- or overflows float64 (h outside [1.5e-154, 1.3e154]:
-    the scaled dot-product form of the Gaussian score needs 1 / h**2); data on
-    such scales must be rescaled first.
+    rule names first), NaN, inf, zero or negative widths, and subnormal widths
+    (1 / h overflows: every weight would underflow and every prediction would
+    be 0). The streaming kernels need only 1 / h, so data at 1e-170 with
+    widths at 1e-170 is fine. With ``square_representable``, widths whose
+    square under- or overflows float64 (h outside [1.5e-154, 1.3e154]) are
+    refused too: the scaled dot-product form of the Gaussian score needs
+    1 / h**2.
     """
     if isinstance(bandwidth, str):
         raise ValueError(f"{name}={bandwidth!r} is not a number; resolve rule names first")
@@ -336,7 +340,7 @@ def check_bandwidth(bandwidth, n_features: int, name: str = "bandwidth") -> np.n
             f"{name} holds the subnormal width {smallest:.3g}: every Gaussian weight would "
             "underflow to 0; rescale the data (multiply it by a power of ten)"
         )
-    if smallest < _MIN_WIDTH or largest > _MAX_WIDTH:
+    if square_representable and (smallest < _MIN_WIDTH or largest > _MAX_WIDTH):
         bad = smallest if smallest < _MIN_WIDTH else largest
         what = "underflows" if bad < 1.0 else "overflows"
         raise ValueError(

@@ -135,7 +135,9 @@ def _check_scaled_dot(eq, ek, params, dtype):
 
 
 def _check_gaussian(eq, ek, params, dtype):
-    return {"bandwidth": check_bandwidth(params.get("bandwidth", 1.0), eq)}
+    return {
+        "bandwidth": check_bandwidth(params.get("bandwidth", 1.0), eq, square_representable=True)
+    }
 
 
 def _check_additive(eq, ek, params, dtype):

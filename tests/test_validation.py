@@ -86,15 +86,22 @@ def test_subnormal_bandwidth_is_refused(bandwidth):
 
 
 @pytest.mark.parametrize("bandwidth, what", [(1e-160, "underflows"), (1e160, "overflows")])
-def test_bandwidth_whose_square_leaves_float64_is_refused(bandwidth, what):
-    _refused(
-        lambda: nbattn.nadaraya_watson(X, X, Y, bandwidth), "bandwidth", what, "rescale the data"
-    )
+def test_gaussian_score_bandwidth_whose_square_leaves_float64_is_refused(bandwidth, what):
+    # the score-matrix and flash forms of the Gaussian score need 1 / h**2
     _refused(lambda: scores.gaussian(Q, Q, bandwidth), "bandwidth", what)
+
+
+@pytest.mark.parametrize("scale", [1e-170, 1e-300, 1e160, 1e300])
+def test_pooling_takes_widths_at_any_normal_scale(scale):
+    # the streaming kernels need only 1 / h: data and widths scaled together
+    want = nbattn.nadaraya_watson(X, X, Y, 0.7)
+    np.testing.assert_allclose(nbattn.nadaraya_watson(X * scale, X * scale, Y, 0.7 * scale), want)
 
 
 def test_bandwidths_at_the_edges_of_the_range_are_accepted():
     for h in (1.5e-154, 1.3e154):
+        np.testing.assert_array_equal(v.check_bandwidth(h, 2, square_representable=True), [h, h])
+    for h in (float(np.finfo(np.float64).tiny), 1e300):
         np.testing.assert_array_equal(v.check_bandwidth(h, 2), [h, h])
 
 
