@@ -304,6 +304,31 @@ def as_device_array(
     return arr
 
 
+def as_columns(x, name: str, dtype=None) -> np.ndarray:
+    """:func:`as_float_array` of a 1-D or 2-D ``x``, as (n, d) columns: (n,) becomes (n, 1)."""
+    arr = as_float_array(x, name, ndim=(1, 2), dtype=dtype)
+    return arr[:, None] if arr.ndim == 1 else arr
+
+
+def check_pooling_inputs(queries, keys, values=None):
+    """Queries (n_q, d), keys (n_k, d) and values (n_k, p) of attention pooling, float64.
+
+    1-D queries and keys are one feature; 1-D values are one output. Raises a
+    ValueError naming the argument when features or rows do not match.
+    Returns ``(queries, keys, values, values_1d)``; values is None when not given.
+    """
+    keys = as_columns(keys, "keys", np.float64)
+    queries = as_columns(queries, "queries", np.float64)
+    check_same_features(queries, keys, "queries", "keys")
+    if values is None:
+        return queries, keys, None, False
+    values_arr = as_float_array(values, "values", ndim=(1, 2), dtype=np.float64)
+    if values_arr.shape[0] != keys.shape[0]:
+        raise ValueError(f"values has {values_arr.shape[0]} rows but keys has {keys.shape[0]}")
+    values_1d = values_arr.ndim == 1
+    return queries, keys, (values_arr[:, None] if values_1d else values_arr), values_1d
+
+
 # --------------------------------------------------------------------------- bandwidths
 def check_bandwidth(
     bandwidth, n_features: int, name: str = "bandwidth", *, square_representable: bool = False

@@ -59,6 +59,22 @@ __all__ = [
 ]
 
 
+def _cpu_forward(qf, kf, vf, bias, slopes, causal, use_bias, use_alibi):
+    """The CPU flash forward on laid-out arrays, with the configured tiles (read per call)."""
+    return kernels_for("flash", "cpu").flash_forward(
+        qf,
+        kf,
+        vf,
+        bias,
+        slopes,
+        causal,
+        use_bias,
+        use_alibi,
+        config.FLASH_BLOCK_Q,
+        config.FLASH_BLOCK_K,
+    )
+
+
 def _threads_for(work):
     """One numba thread below ``config.FLASH_SERIAL_WORK`` multiply-adds (read per call)."""
     return serial_below(work, config.FLASH_SERIAL_WORK)
@@ -230,18 +246,7 @@ def flash_attention_bias(
     vf = flat_batch(v, lead, dtype)
     work = qf.shape[0] * n_q * n_k * (q.shape[-1] + v.shape[-1])
     with blas_one_thread(), _threads_for(work):
-        out, lse = kernels_for("flash", "cpu").flash_forward(
-            qf,
-            kf,
-            vf,
-            bias,
-            slopes,
-            causal,
-            use_bias,
-            use_alibi,
-            config.FLASH_BLOCK_Q,
-            config.FLASH_BLOCK_K,
-        )
+        out, lse = _cpu_forward(qf, kf, vf, bias, slopes, causal, use_bias, use_alibi)
     out = out.reshape(lead + (n_q, v.shape[-1]))
     if return_lse:
         lse += shift[:, None]
@@ -327,18 +332,7 @@ def flash_attention_bias_backward(
     with blas_one_thread(), _threads_for(work):
         if np.abs(shift).max() >= _RECOMPUTE_SHIFT:
             # lse - shift has lost the low bits of lse: recompute the shifted lse
-            _, lf = kernels_for("flash", "cpu").flash_forward(
-                qf,
-                kf,
-                vf,
-                bias,
-                slopes,
-                causal,
-                use_bias,
-                use_alibi,
-                config.FLASH_BLOCK_Q,
-                config.FLASH_BLOCK_K,
-            )
+            _, lf = _cpu_forward(qf, kf, vf, bias, slopes, causal, use_bias, use_alibi)
         groups = _n_groups(qf.shape[0], -(-n_k // block_k), qf.nbytes)
         dq, dk, dv = kernels_for("flash", "cpu").flash_backward(
             qf,

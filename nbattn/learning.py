@@ -43,7 +43,7 @@ import numpy as np
 
 from . import config
 from ._threads import serial_below
-from ._validation import as_float_array, resolve_dtype
+from ._validation import as_columns, as_float_array, check_pooling_inputs, resolve_dtype
 from .device import kernels_for, resolve_device
 from .kernels import loo
 from .progress import FitProgress, check_verbose
@@ -89,10 +89,8 @@ def _prepare_xy(X, y, dtype):
     rounding: a column far from 0 (temperatures in kelvin, incomes) keeps its
     digits.
     """
-    X = as_float_array(X, "X", ndim=(1, 2), dtype=np.float64)
-    X = X[:, None] if X.ndim == 1 else X
-    y = as_float_array(y, "y", ndim=(1, 2), dtype=np.float64)
-    y2 = y[:, None] if y.ndim == 1 else y
+    X = as_columns(X, "X", np.float64)
+    y2 = as_columns(y, "y", np.float64)
     if y2.shape[0] != X.shape[0]:
         raise ValueError(f"y has {y2.shape[0]} rows but X has {X.shape[0]}")
     if X.shape[0] < 2:
@@ -794,16 +792,7 @@ def nadaraya_watson_spread(queries, keys, values, bandwidth="scott", *, dtype=No
     n_eff : ndarray (n_queries,)
     """
     dtype = resolve_dtype(dtype, queries, keys, values)
-    keys = as_float_array(keys, "keys", ndim=(1, 2), dtype=np.float64)
-    keys = keys[:, None] if keys.ndim == 1 else keys
-    queries = as_float_array(queries, "queries", ndim=(1, 2), dtype=np.float64)
-    queries = queries[:, None] if queries.ndim == 1 else queries
-    if queries.shape[1] != keys.shape[1]:
-        raise ValueError(f"queries has {queries.shape[1]} features but keys has {keys.shape[1]}")
-    values_arr = as_float_array(values, "values", ndim=(1, 2), dtype=np.float64)
-    if values_arr.shape[0] != keys.shape[0]:
-        raise ValueError(f"values has {values_arr.shape[0]} rows but keys has {keys.shape[0]}")
-    v2 = values_arr[:, None] if values_arr.ndim == 1 else values_arr
+    queries, keys, v2, values_1d = check_pooling_inputs(queries, keys, values)
     h = resolve_bandwidth(bandwidth, keys)
     q, _ = _scaled(queries, 1.0 / h, dtype)
     _, k_t = _scaled(keys, 1.0 / h, dtype)
@@ -815,6 +804,6 @@ def nadaraya_watson_spread(queries, keys, values, bandwidth="scott", *, dtype=No
         mean = mean.copy_to_host()
     n_eff = 1.0 / sum_w2
     mean = mean.astype(np.float64)
-    if values_arr.ndim == 1:
+    if values_1d:
         return mean[:, 0], std[:, 0], n_eff
     return mean, std, n_eff

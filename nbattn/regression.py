@@ -18,6 +18,7 @@ from ._validation import (
     as_float_array,
     check_bandwidth,
     check_bool,
+    check_pooling_inputs,
     check_same_features,
     resolve_dtype,
 )
@@ -127,11 +128,6 @@ def resolve_bandwidth(bandwidth, keys: np.ndarray) -> np.ndarray:
     return check_bandwidth(bandwidth, keys.shape[1])
 
 
-def _as_2d(x, name, dtype):
-    arr = as_float_array(x, name, ndim=(1, 2), dtype=dtype)
-    return arr[:, None] if arr.ndim == 1 else arr
-
-
 def _layout(queries, keys, values, h, dtype):
     """Centre on the keys' median, scale by 1/(h sqrt 2) and transpose to the kernels'
     layout (see pooling).
@@ -220,21 +216,15 @@ def nadaraya_watson(
         return _nadaraya_watson_on_device(
             queries, keys, values, bandwidth, exclude_self, dtype, return_lse
         )
-    keys = _as_2d(keys, "keys", np.float64)
-    queries = _as_2d(queries, "queries", np.float64)
-    values_arr = as_float_array(values, "values", ndim=(1, 2), dtype=np.float64)
-    check_same_features(queries, keys, "queries", "keys")
-    if values_arr.shape[0] != keys.shape[0]:
-        raise ValueError(f"values has {values_arr.shape[0]} rows but keys has {keys.shape[0]}")
+    queries, keys, values_2d, values_1d = check_pooling_inputs(queries, keys, values)
     _check_exclude_self(exclude_self, queries, keys)
-    values_2d = values_arr[:, None] if values_arr.ndim == 1 else values_arr
     h = resolve_bandwidth(bandwidth, keys)
     q, k_t, v_t = _layout(queries, keys, values_2d, h, dtype)
     out, lse = kernels_for("pooling", device).gaussian_pool(q, k_t, v_t, exclude_self)
     if device == "cuda":
         out, lse = out.copy_to_host(), lse.copy_to_host()
         _far_rows_on_the_cpu(out, lse, q, k_t, v_t, exclude_self)
-    if values_arr.ndim == 1:
+    if values_1d:
         out = out[:, 0]
     return (out, lse) if return_lse else out
 
@@ -319,9 +309,7 @@ def gaussian_attention_weights(
     returned as a NumPy array either way.
     """
     dtype = resolve_dtype(dtype, queries, keys)
-    keys = _as_2d(keys, "keys", np.float64)
-    queries = _as_2d(queries, "queries", np.float64)
-    check_same_features(queries, keys, "queries", "keys")
+    queries, keys, _, _ = check_pooling_inputs(queries, keys)
     exclude_self = check_bool(exclude_self, "exclude_self")
     _check_exclude_self(exclude_self, queries, keys)
     h = resolve_bandwidth(bandwidth, keys)

@@ -20,3 +20,22 @@ config.CUDA_THREADS_PER_BLOCK = 8
 @pytest.fixture
 def rng():
     return np.random.default_rng(2024)
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """``launches(module, name)`` wraps ``module.name`` for this test; the returned
+    list gets ``name`` appended at each call (which CUDA kernels a method ran)."""
+    calls = []
+
+    def watch(module, name):
+        original = getattr(module, name)
+
+        def counted(*args, **kwargs):
+            calls.append(name)
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, counted)
+        return calls
+
+    return watch

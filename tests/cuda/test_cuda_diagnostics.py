@@ -225,24 +225,13 @@ def test_spread_public_function_on_cuda_equals_cpu(rng, n_outputs):
 # --------------------------------------------------------------- estimators
 
 
-def _count_calls(monkeypatch, module, name, calls):
-    original = getattr(module, name)
-
-    def counted(*args, **kwargs):
-        calls.append(name)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(module, name, counted)
-
-
-def test_estimator_diagnostics_on_cuda_equal_cpu(rng, monkeypatch):
+def test_estimator_diagnostics_on_cuda_equal_cpu(rng, launches):
     X = rng.uniform(0, 3, size=(25, 2))
     y = np.sin(X[:, 0]) + X[:, 1]
     gpu = nbattn.NadarayaWatsonRegressor(device="cuda").fit(X, y)
     cpu = nbattn.NadarayaWatsonRegressor().fit(X, y)
-    calls = []
-    _count_calls(monkeypatch, cuda_pooling, "gaussian_weights", calls)
-    _count_calls(monkeypatch, cuda_loo, "gaussian_spread", calls)
+    launches(cuda_pooling, "gaussian_weights")
+    calls = launches(cuda_loo, "gaussian_spread")
     queries = X[:9] + 0.1
 
     np.testing.assert_allclose(

@@ -134,17 +134,10 @@ def test_loo_bandwidth_on_cuda_equals_cpu_in_1d(rng):
 
 
 @pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
-def test_learned_kernel_regressor_on_cuda(rng, monkeypatch):
+def test_learned_kernel_regressor_on_cuda(rng, launches):
     X = rng.normal(size=(14, 2))
     y = X[:, 0] ** 2
-    calls = []
-    launch = cuda_loo.loo_grad_diag
-
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return launch(*args, **kwargs)
-
-    monkeypatch.setattr(cuda_loo, "loo_grad_diag", counted)
+    calls = launches(cuda_loo, "loo_grad_diag")
     gpu = nbattn.LearnedKernelRegressor(max_iter=2, device="cuda").fit(X, y)
     assert calls  # the fit ran the CUDA gradient kernel
     cpu = nbattn.LearnedKernelRegressor(max_iter=2).fit(X, y)

@@ -44,19 +44,12 @@ def test_exclude_self_equals_cpu(rng, n):
     np.testing.assert_allclose(got, naive.nadaraya_watson(x, x, v, 0.7, True), rtol=1e-12)
 
 
-def test_estimator_on_cuda_equals_cpu(rng, monkeypatch):
+def test_estimator_on_cuda_equals_cpu(rng, launches):
     X = rng.uniform(0, 3, size=(30, 2))
     y = np.sin(X[:, 0]) + X[:, 1]
     gpu = nbattn.NadarayaWatsonRegressor(device="cuda").fit(X, y)
     cpu = nbattn.NadarayaWatsonRegressor().fit(X, y)
-    calls = []
-    launch = cuda_pooling.gaussian_pool
-
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return launch(*args, **kwargs)
-
-    monkeypatch.setattr(cuda_pooling, "gaussian_pool", counted)
+    calls = launches(cuda_pooling, "gaussian_pool")
     np.testing.assert_allclose(gpu.predict(X[:11]), cpu.predict(X[:11]), rtol=1e-12)
     assert calls  # the prediction ran the CUDA kernel
 
