@@ -230,7 +230,7 @@ def broadcast_leading(shapes_by_name: dict) -> tuple[int, ...]:
 
 def _log_max_abs(x) -> float:
     """log of the largest magnitude in ``x`` (-inf for all zeros), without overflow."""
-    top = float(np.abs(x).max())
+    top = max(float(x.max()), -float(x.min()))  # no |x| temporary
     return math.log(top) if top > 0 else -math.inf
 
 
