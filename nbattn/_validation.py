@@ -201,16 +201,17 @@ def as_float_array(
     else:
         target = np.float32 if arr.dtype == np.float32 else np.float64
     source = arr if arr.dtype.kind == "f" and arr.dtype.itemsize <= 8 else arr.astype(np.float64)
-    bad = np.isnan(source) | (source == np.inf)
-    if not allow_neg_inf:
-        bad |= source == -np.inf
-    if bad.any():
+    finite = np.isfinite(source)
+    bad = None
+    if not finite.all():  # only then work out which entries are refused
+        bad = ~finite if not allow_neg_inf else np.isnan(source) | (source == np.inf)
+    if bad is not None and bad.any():
         what = "NaN or +inf" if allow_neg_inf else "NaN or inf"
         first = _index(int(np.argmax(bad.reshape(-1))), arr.shape)
         raise ValueError(f"{name} contains {what} (first at index {first})")
     if target is np.float32 and source.dtype != np.float32:
-        finite = source[np.isfinite(source)]
-        largest = float(np.abs(finite).max()) if finite.size else 0.0
+        values = source[finite]
+        largest = float(np.abs(values).max()) if values.size else 0.0
         if largest > _FLOAT32_MAX:
             raise ValueError(
                 f"{name} has values beyond the float32 range (largest magnitude {largest:.3g} > "
