@@ -45,13 +45,23 @@ def _count_nan_or_posinf_kernel(x, counter):
 
 
 @cuda.jit
-def _column_sums_kernel(x, shift, sums, sums_sq):
+def _column_spread_kernel(x, shift, spread):
     start = cuda.grid(1)
     stride = cuda.gridsize(1)
     n_rows, n_cols = x.shape
     for flat in range(start, n_rows * n_cols, stride):
         f = flat % n_cols
-        centred = x[flat // n_cols, f] - shift[f]
+        cuda.atomic.max(spread, f, abs(x[flat // n_cols, f] - shift[f]))
+
+
+@cuda.jit
+def _column_sums_kernel(x, shift, inv_scale, sums, sums_sq):
+    start = cuda.grid(1)
+    stride = cuda.gridsize(1)
+    n_rows, n_cols = x.shape
+    for flat in range(start, n_rows * n_cols, stride):
+        f = flat % n_cols
+        centred = (x[flat // n_cols, f] - shift[f]) * inv_scale[f]
         cuda.atomic.add(sums, f, centred)
         cuda.atomic.add(sums_sq, f, centred * centred)
 
@@ -97,18 +107,34 @@ def count_nonfinite(device_x, allow_neg_inf=False) -> int:
 def column_moments(device_x):
     """Per-column mean and sample standard deviation (ddof=1) of a 2-D device array.
 
-    Only the d-vectors of results come back to the host.
+    Each column is shifted by its first row and divided by a power of two near
+    its largest deviation from it (exact) before the squares, so data near
+    1e160 or 1e-170 neither overflows nor underflows (as
+    :func:`nbattn.regression.feature_spread` on the host). Only the d-vectors
+    of results come back to the host.
     """
     n, d = device_x.shape
     shift = device_x[0:1, :].copy_to_host().reshape(d).astype(np.float64)
     device_shift = cuda.to_device(shift)
+    spread = cuda.to_device(np.zeros(d))
+    _run(_column_spread_kernel, device_x.size, device_x, device_shift, spread)
+    big = spread.copy_to_host()
+    scale = np.where(big > 0, np.ldexp(1.0, np.frexp(big)[1] - 1), 1.0)
     sums = cuda.to_device(np.zeros(d))
     sums_sq = cuda.to_device(np.zeros(d))
-    _run(_column_sums_kernel, device_x.size, device_x, device_shift, sums, sums_sq)
+    _run(
+        _column_sums_kernel,
+        device_x.size,
+        device_x,
+        device_shift,
+        cuda.to_device(1.0 / scale),
+        sums,
+        sums_sq,
+    )
     s, s2 = sums.copy_to_host(), sums_sq.copy_to_host()
-    mean = shift + s / n
+    mean = shift + s / n * scale
     var = (s2 - s * s / n) / (n - 1) if n > 1 else np.zeros(d)
-    return mean, np.sqrt(np.maximum(var, 0.0))
+    return mean, np.sqrt(np.maximum(var, 0.0)) * scale
 
 
 def scaled_transpose(device_x, scale, dtype):

@@ -125,7 +125,8 @@ def layout_cases():
             layout._count_nan_or_posinf_kernel,
             _sig(f2, "int64[::1]"),
         ),
-        Case("layout column_sums", layout._column_sums_kernel, _sig(f2, f1, f1, f1)),
+        Case("layout column_spread", layout._column_spread_kernel, _sig(f2, f1, f1)),
+        Case("layout column_sums", layout._column_sums_kernel, _sig(f2, f1, f1, f1, f1)),
         Case(
             "layout scaled_transpose",
             layout._scaled_transpose_kernel,

@@ -60,3 +60,30 @@ def test_column_moments_match_numpy(rng):
     mean, std = layout.column_moments(cuda.to_device(x))
     np.testing.assert_allclose(mean, x.mean(0), rtol=1e-12)
     np.testing.assert_allclose(std, x.std(0, ddof=1), rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("scale", [1e-170, 1e160, 1e300])
+def test_column_moments_at_any_magnitude(rng, scale):
+    """Columns are divided by a power of two before the squares: no overflow or underflow."""
+    from nbattn.cuda import layout
+
+    for _ in range(3):
+        x = rng.normal(size=(30, 2)) * [1.0, 3.0]
+        mean, std = layout.column_moments(cuda.to_device(x * scale))
+        np.testing.assert_allclose(mean / scale, x.mean(0), rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(std / scale, x.std(0, ddof=1), rtol=1e-9)
+
+
+def test_rule_widths_from_device_arrays_in_any_units(rng):
+    x = rng.uniform(0, 6, size=(25, 1))
+    y = np.sin(x[:, 0])
+    want = nbattn.nadaraya_watson(x[:5], x, y, "scott")
+    for scale in (1e-170, 1e160):
+        got = nbattn.nadaraya_watson(
+            cuda.to_device(x[:5] * scale),
+            cuda.to_device(x * scale),
+            cuda.to_device(y),
+            "scott",
+            device="cuda",
+        ).copy_to_host()
+        np.testing.assert_allclose(got, want, rtol=1e-9)
