@@ -255,12 +255,24 @@ def minimize_log_scale(
             if not any(_lower(exact_on_grid(centre), exact_on_grid(k), rtol) for k in around):
                 continue  # a plateau: nothing to gain beyond rtol
         lo, hi = grid_ts[max(centre - 1, 0)], grid_ts[min(centre + 1, last)]
-        minimize_scalar(
-            lambda t: exact_at(t, "refine"),
-            bounds=(lo, hi),
-            method="bounded",
-            options={"xatol": xatol},
-        )
+        refine = lambda t: exact_at(t, "refine")  # noqa: E731
+        options = {"xatol": xatol}
+        minimize_scalar(refine, bounds=(lo, hi), method="bounded", options=options)
+        if not 0 < centre < last:
+            continue
+        # Brent can settle on a flat stretch of the bracket and miss a dip on the
+        # other side of the grid point. When it found nothing lower than the grid
+        # point (and the neighbours are not level with it: a plateau), probe each
+        # side at its quarters and search on its own a side that holds a lower value.
+        here = exact_on_grid(centre)
+        if _lower(min(v for t, v in exact.items() if lo <= t <= hi), here, rtol):
+            continue
+        if all(not _lower(here, exact_on_grid(k), rtol) for k in (centre - 1, centre + 1)):
+            continue
+        for a, b in ((lo, grid_ts[centre]), (grid_ts[centre], hi)):
+            probes = [refine(a + f * (b - a)) for f in (0.25, 0.5, 0.75)]
+            if _lower(min(probes), here, rtol):
+                minimize_scalar(refine, bounds=(a, b), method="bounded", options=options)
 
     # the choice: a grid point within rtol of the exact minimum, else the exact minimum
     ex_t = np.array(list(exact))
