@@ -10,8 +10,15 @@ from __future__ import annotations
 
 import os
 
+#: The tunables that may be compiled into kernels (see CACHE at the end).
+_COMPILED_TUNABLES = set()
 
-def _env_int(name: str, default: int) -> int:
+
+def _env_int(name: str, default: int, *, compiled: bool = True) -> int:
+    """``NBATTN_<name>`` as a positive int, or ``default``; ``compiled``: it may be
+    baked into compiled kernels (an override then turns the on-disk cache off)."""
+    if compiled:
+        _COMPILED_TUNABLES.add(name)
     raw = os.environ.get("NBATTN_" + name)
     if raw is None:
         return default
@@ -56,17 +63,6 @@ CUDA_THREADS_PER_BLOCK = _env_int("CUDA_THREADS_PER_BLOCK", 128)
 #: two blocks per multiprocessor.
 CUDA_SHARED_MEMORY_BYTES = _env_int("CUDA_SHARED_MEMORY_BYTES", 32768)
 
-#: Whether compiled kernels are cached on disk (second process: no recompile).
-#: The block sizes above are compiled into the kernels as constants, and numba's
-#: cache only notices source changes; so a process that overrides a size with an
-#: NBATTN_* variable compiles afresh instead of loading stale kernels, unless it
-#: sets NBATTN_CACHE=1 explicitly.
-_SIZE_OVERRIDES = any(name.startswith("NBATTN_") and name != "NBATTN_CACHE" for name in os.environ)
-CACHE = os.environ.get("NBATTN_CACHE", "0" if _SIZE_OVERRIDES else "1") not in (
-    "0",
-    "false",
-    "False",
-)
 
 #: Query rows and keys per tile of the blocked (flash) attention kernels. A
 #: score tile holds FLASH_BLOCK_Q x FLASH_BLOCK_K floats per thread and should
@@ -170,3 +166,17 @@ PRUNE_GAP_FLOAT32 = _env_int("PRUNE_GAP_FLOAT32", 36)
 #: kernels are compiled.
 FAR_SCORE_FLOAT32 = _env_int("FAR_SCORE_FLOAT32", 1 << 12)
 FAR_SCORE_FLOAT64 = _env_int("FAR_SCORE_FLOAT64", 1 << 24)
+
+#: Seconds the command line waits for a dask scheduler (``--scheduler``) to
+#: answer before it gives up with an error. Read when connecting.
+DASK_CONNECT_TIMEOUT = _env_int("DASK_CONNECT_TIMEOUT", 30, compiled=False)
+
+#: Whether compiled kernels are cached on disk (second process: no recompile).
+#: Block sizes and thresholds are compiled into the kernels as constants, and
+#: numba's cache only notices source changes; so a process that overrides one of
+#: them with an NBATTN_* variable compiles afresh instead of loading stale
+#: kernels, unless it sets NBATTN_CACHE=1 explicitly. Other NBATTN_* variables
+#: (the test script's NBATTN_TEST_TORCH, NBATTN_DASK_CONNECT_TIMEOUT) leave the
+#: cache on. Kernel modules read this when they are imported.
+_OVERRIDDEN = sorted(name for name in _COMPILED_TUNABLES if "NBATTN_" + name in os.environ)
+CACHE = os.environ.get("NBATTN_CACHE", "0" if _OVERRIDDEN else "1") not in ("0", "false", "False")

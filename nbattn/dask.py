@@ -35,7 +35,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from . import learning, regression
+from . import config, learning, regression
 
 __all__ = [
     "ClusterChunkRunner",
@@ -340,7 +340,7 @@ class ClusterChunkRunner:
         except ImportError as exc:
             raise ValueError("--scheduler needs dask: pip install 'nbattn[dask]'") from exc
         try:
-            self.client = Client(self.address, timeout=30)
+            self.client = Client(self.address, timeout=config.DASK_CONNECT_TIMEOUT)
         except OSError as exc:
             raise ValueError(f"cannot reach the dask scheduler {self.address}: {exc}") from exc
         self.remote_model = self.client.scatter(self.model, broadcast=True, hash=False)

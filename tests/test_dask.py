@@ -135,8 +135,11 @@ def test_cli_predict_on_the_cluster_equals_local_run(client, tmp_path, data):
     assert len(remote) == len(queries)
 
 
-def test_cli_unreachable_scheduler_fails_cleanly(tmp_path, data, capsys):
+def test_cli_unreachable_scheduler_fails_cleanly(tmp_path, data, capsys, monkeypatch):
+    from nbattn import config
     from nbattn.cli import main
+
+    monkeypatch.setattr(config, "DASK_CONNECT_TIMEOUT", 2)
 
     queries, keys, values = data
     pd.DataFrame({"a": keys[:50, 0], "y": values[:50]}).to_csv(tmp_path / "t.csv", index=False)

@@ -99,3 +99,22 @@ def test_second_process_loads_compiled_kernel_from_cache(tmp_path):
     ]
     assert runs[0]["misses"] >= 1
     assert runs[1]["misses"] == 0 and runs[1]["hits"] >= 1
+
+
+def test_only_compiled_tunables_turn_the_kernel_cache_off():
+    """NBATTN_* variables that no kernel bakes in (the test script's torch opt-in,
+    the dask timeout) leave numba's on-disk cache on; a block size turns it off."""
+    import subprocess
+    import sys
+
+    probe = [sys.executable, "-c", "import nbattn.config as c; print(c.CACHE)"]
+    for env, want in (
+        ({"NBATTN_TEST_TORCH": "1", "NBATTN_DASK_CONNECT_TIMEOUT": "5"}, "True"),
+        ({"NBATTN_KEY_BLOCK": "512"}, "False"),
+        ({"NBATTN_KEY_BLOCK": "512", "NBATTN_CACHE": "1"}, "True"),
+    ):
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("NBATTN_")}
+        out = subprocess.run(
+            probe, env={**clean, **env}, capture_output=True, text=True, check=True
+        )
+        assert out.stdout.strip() == want, env
