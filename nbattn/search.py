@@ -30,6 +30,10 @@ It minimises ``criterion(t)`` over ``t = log c``:
    estimate, each refinement first walks the grid on exact values to a local
    minimum (the estimate may be a step or two off), which then brackets
    Brent. A point inside a plateau (both neighbours tie it) is not refined.
+   Brent can settle on a flat stretch of its bracket and miss a dip on the
+   other side of the grid point: when it finds nothing below the grid point,
+   each side is probed at its quarters and searched on its own if a probe is
+   lower.
 4. **Choice.** Among the exactly evaluated points within ``rtol`` of the
    smallest exact value, a grid point (the one nearest the anchor) is
    preferred; otherwise the refined minimum. So the answer is never worse
