@@ -1,8 +1,17 @@
+import os
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import settings
+
+# Under CI (``CI`` set, as .ci/run runs) hypothesis draws the same examples every
+# run, so a red run is reproducible and never depends on the draw of the day;
+# locally it explores new examples each run (and keeps failures in .hypothesis/).
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI", "").lower() not in ("", "0", "false"):
+    settings.load_profile("ci")
 
 #: Markers for tests that read what only some platforms have; such a test is
 #: skipped elsewhere, with the reason shown by ``pytest -ra``.
