@@ -36,6 +36,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from . import config, learning, regression
+from .kernels.fastmath import power_of_two_scale
 
 __all__ = [
     "ClusterChunkRunner",
@@ -157,8 +158,7 @@ def _sharded_bandwidth(bandwidth, keys):
         return regression.rule_bandwidth(np.zeros(d), n, bandwidth)
     # divide by a power of two near each column's largest magnitude (exact), so
     # the squares of data near 1e160 or 1e-170 neither overflow nor underflow
-    big = da.nanmax(abs(keys), axis=0).compute()
-    scale = np.where(big > 0, np.ldexp(1.0, np.frexp(big)[1] - 1), 1.0)
+    scale = power_of_two_scale(da.nanmax(abs(keys), axis=0).compute())
     sigma = da.nanstd(keys / scale, axis=0, ddof=1).compute() * scale
     return regression.rule_bandwidth(sigma, n, bandwidth)
 

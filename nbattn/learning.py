@@ -46,6 +46,7 @@ from ._threads import serial_below
 from ._validation import as_columns, as_float_array, check_pooling_inputs, resolve_dtype
 from .device import kernels_for, resolve_device
 from .kernels import loo
+from .kernels.fastmath import power_of_two_scale
 from .progress import FitProgress, check_verbose
 from .regression import bandwidth_rule, feature_spread, resolve_bandwidth
 from .search import minimize_log_scale
@@ -331,14 +332,6 @@ def _loss_and_grad_passes(X, y2, z, z_t, v_t, dtype, diagonal, L, device="cpu"):
 # --------------------------------------------------------------------------- bandwidth search
 
 
-def _unit_scale(y2):
-    """A power of two near max |y2|: dividing by it is exact and keeps the criterion O(1)."""
-    top = float(np.max(np.abs(y2))) if y2.size else 0.0
-    if top == 0.0:
-        return 1.0
-    return math.ldexp(1.0, math.frexp(top)[1])
-
-
 def loo_bandwidth(
     X,
     y,
@@ -454,7 +447,8 @@ def loo_bandwidth(
     X, y2 = _prepare_xy(X, y, dtype)
     n, d = X.shape
     what = name if name is not None else f"X ({n} rows, {d} feature{'s' if d > 1 else ''})"
-    unit = _unit_scale(y2)
+    # a power of two near max |y| (exact to divide by) keeps the criterion O(1)
+    unit = float(power_of_two_scale(np.max(np.abs(y2))))
     y2 = y2 / unit
     loss_unit = unit * unit  # the criterion of the original y = loss_unit * the computed one
     h0 = resolve_bandwidth(base, X)

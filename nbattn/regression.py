@@ -23,6 +23,7 @@ from ._validation import (
     resolve_dtype,
 )
 from .device import device_for, is_device_array, kernels_for, like_input
+from .kernels.fastmath import power_of_two_scale
 
 __all__ = [
     "BANDWIDTH_RULES",
@@ -60,10 +61,7 @@ def feature_spread(X: np.ndarray, ddof: int = 1) -> np.ndarray:
     n, d = X.shape
     if n <= ddof:
         return np.zeros(d)
-    big = np.abs(X).max(axis=0)
-    _, exponent = np.frexp(big)
-    scale = np.ldexp(1.0, exponent - 1)  # big / 2 < scale <= big; 1 for an all-zero column
-    scale[big == 0] = 1.0
+    scale = power_of_two_scale(np.abs(X).max(axis=0))
     return (X / scale).std(axis=0, ddof=ddof) * scale
 
 

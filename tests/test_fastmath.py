@@ -120,3 +120,16 @@ def test_reductions_and_the_pool_row_vectorise(dtype):
     v_t = np.ones((1, 5), dtype=dtype)
     np.testing.assert_allclose(_pool_rows(q, k_t, v_t), 1.0)
     assert len(_packed_fma(_pool_rows, dtype)) >= 8, "pool_row's loop did not vectorise"
+
+
+def test_power_of_two_scale_brackets_the_magnitude():
+    """magnitude / 2 < scale <= magnitude, an exact power of two; 1 for 0."""
+    from nbattn.kernels.fastmath import power_of_two_scale
+
+    rng = np.random.default_rng(0)
+    mags = np.concatenate([10.0 ** rng.uniform(-300, 300, 500), [0.0, 1.0, 2.0, 3.0, 5e-324]])
+    scale = power_of_two_scale(mags)
+    positive = mags > 0
+    assert np.all(scale[~positive] == 1.0)
+    assert np.all((mags[positive] / 2 < scale[positive]) & (scale[positive] <= mags[positive]))
+    assert np.all(np.frexp(scale[positive])[0] == 0.5)

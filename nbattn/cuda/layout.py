@@ -19,6 +19,7 @@ import math
 import numpy as np
 from numba import cuda
 
+from ..kernels.fastmath import power_of_two_scale
 from .common import launch
 
 
@@ -118,8 +119,7 @@ def column_moments(device_x):
     device_shift = cuda.to_device(shift)
     spread = cuda.to_device(np.zeros(d))
     _run(_column_spread_kernel, device_x.size, device_x, device_shift, spread)
-    big = spread.copy_to_host()
-    scale = np.where(big > 0, np.ldexp(1.0, np.frexp(big)[1] - 1), 1.0)
+    scale = power_of_two_scale(spread.copy_to_host())
     sums = cuda.to_device(np.zeros(d))
     sums_sq = cuda.to_device(np.zeros(d))
     _run(

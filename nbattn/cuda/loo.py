@@ -54,6 +54,7 @@ import numpy as np
 from numba import cuda, from_dtype
 
 from .. import config
+from ..kernels.fastmath import power_of_two_scale
 from .common import compiled, exp_for, imin, launch, load_columns, tile_rows, to_device
 from .pooling import pool_row_function, tile_score_function
 
@@ -436,8 +437,7 @@ def gaussian_spread(queries, keys_t, values_t, centers, lse, exclude_self):
     """
     host_values_t = values_t if isinstance(values_t, np.ndarray) else values_t.copy_to_host()
     host_centers = centers if isinstance(centers, np.ndarray) else centers.copy_to_host()
-    big = np.abs(host_values_t.astype(np.float64)).max(axis=1)
-    scale = np.where(big > 0, np.ldexp(1.0, np.frexp(big)[1] - 1), 1.0)
+    scale = power_of_two_scale(np.abs(host_values_t.astype(np.float64)).max(axis=1))
     device_queries = to_device(queries)
     device_keys_t = to_device(keys_t)
     device_values_t = to_device(
