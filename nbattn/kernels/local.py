@@ -119,6 +119,7 @@ def _block(
     keys_cat_t,
     cat_params,
     log_weights,
+    weighted,
     kernel,
     degree,
     exclude_self,
@@ -127,12 +128,18 @@ def _block(
     design,
 ):
     """Scores of keys j0 .. j0+nb-1 for query i into ``scores``, the scaled differences
-    into ``design[1 : 1 + dc]`` (0 where missing) and the quadratic terms after them.
-    Returns the block's maximum score (-inf when no key is admissible)."""
+    into ``design[1 : 1 + dc]`` (0 where missing) and the quadratic terms after them
+    (``design[0]`` is scratch: the constant term is implicit). ``weighted``: whether
+    ``log_weights`` holds anything but zeros. Returns the block's maximum score (-inf
+    when no key is admissible)."""
     dc = keys_cont_t.shape[0]
     dk = keys_cat_t.shape[0]
-    for j in range(nb):
-        scores[j] = log_weights[j0 + j]
+    if weighted:
+        for j in range(nb):
+            scores[j] = log_weights[j0 + j]
+    else:
+        for j in range(nb):
+            scores[j] = 0.0
     if kernel == GAUSSIAN:
         for c in range(dc):
             qc = q_cont[i, c]
@@ -207,8 +214,6 @@ def _block(
     if exclude_self and j0 <= i < j0 + nb:
         scores[i - j0] = -np.inf
     p = design.shape[0]
-    for j in range(nb):
-        design[0, j] = 1.0
     if degree >= 2 and p > 1:
         t = 1 + dc
         for c in range(dc):
@@ -220,6 +225,15 @@ def _block(
     for j in range(nb):
         best = max(best, scores[j])
     return best
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _any_weight(log_weights):
+    """Whether any key has a log weight other than 0 (the unweighted case skips them)."""
+    for j in range(log_weights.shape[0]):
+        if log_weights[j] != 0.0:
+            return True
+    return False
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
@@ -333,6 +347,7 @@ def local_fit(
     n_q = q_cont.shape[0]
     dc = keys_cont_t.shape[0]
     n_k = log_weights.shape[0]
+    weighted = _any_weight(log_weights)
     n_out = values_t.shape[0]
     p = _n_terms(dc, degree)
     beta = np.zeros((n_q, p, n_out))
@@ -345,6 +360,7 @@ def local_fit(
     n_chunks = (n_q + _QUERY_BLOCK - 1) // _QUERY_BLOCK
     for chunk in prange(n_chunks):
         scores = np.empty(_KEY_BLOCK)
+        wx = np.empty(_KEY_BLOCK)
         design = np.empty((max(p, 1 + dc), _KEY_BLOCK))
         moments = np.empty((p, p))
         rhs = np.empty((p, n_out))
@@ -369,6 +385,7 @@ def local_fit(
                     keys_cat_t,
                     cat_params,
                     log_weights,
+                    weighted,
                     kernel,
                     degree,
                     exclude_self,
@@ -386,21 +403,38 @@ def local_fit(
                         dsum *= factor
                         dysum *= factor
                     m = block_max
+                total = 0.0
                 for j in range(nb):
-                    scores[j] = fast_exp(scores[j] - m)
-                for a in range(p):
+                    w = fast_exp(scores[j] - m)
+                    scores[j] = w
+                    total += w
+                moments[0, 0] += total
+                for o in range(n_out):
+                    yo = values_t[o, j0 : j0 + nb]
+                    acc = 0.0
+                    for j in range(nb):
+                        acc += scores[j] * yo[j]
+                    rhs[0, o] += acc
+                for a in range(1, p):
+                    # wx[j] = w_j x_ja, then one dot product per moment
                     xa = design[a]
+                    for j in range(nb):
+                        wx[j] = scores[j] * xa[j]
+                    acc = 0.0
+                    for j in range(nb):
+                        acc += wx[j]
+                    moments[0, a] += acc
                     for b in range(a, p):
                         xb = design[b]
                         acc = 0.0
                         for j in range(nb):
-                            acc += scores[j] * xa[j] * xb[j]
+                            acc += wx[j] * xb[j]
                         moments[a, b] += acc
                     for o in range(n_out):
                         yo = values_t[o, j0 : j0 + nb]
                         acc = 0.0
                         for j in range(nb):
-                            acc += scores[j] * xa[j] * yo[j]
+                            acc += wx[j] * yo[j]
                         rhs[a, o] += acc
                 if do_mfx:
                     for c in range(dc):
@@ -485,6 +519,7 @@ def local_loo_gradient(
     dc = keys_cont_t.shape[0]
     dk = keys_cat_t.shape[0]
     n_k = log_weights.shape[0]
+    weighted = _any_weight(log_weights)
     n_out = values_t.shape[0]
     p = beta.shape[1]
     n_par = dc + dk
@@ -519,6 +554,7 @@ def local_loo_gradient(
                     keys_cat_t,
                     cat_params,
                     log_weights,
+                    weighted,
                     kernel,
                     degree,
                     exclude_self,
@@ -625,6 +661,7 @@ def local_interval_sums(
     n_q = q_cont.shape[0]
     dc = keys_cont_t.shape[0]
     n_k = log_weights.shape[0]
+    weighted = _any_weight(log_weights)
     n_out = residuals_t.shape[0]
     p = g.shape[1]
     out = np.zeros((n_q, n_out))
@@ -653,6 +690,7 @@ def local_interval_sums(
                     keys_cat_t,
                     cat_params,
                     log_weights,
+                    weighted,
                     kernel,
                     degree,
                     exclude_self,
@@ -663,8 +701,8 @@ def local_interval_sums(
                 if block_max == -np.inf:
                     continue
                 for j in range(nb):
-                    cj = 0.0
-                    for t in range(p):
+                    cj = g[i, 0]
+                    for t in range(1, p):
                         cj += g[i, t] * design[t, j]
                     lj = fast_exp(scores[j] - offset) * cj
                     scores[j] = lj * lj
