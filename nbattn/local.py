@@ -49,6 +49,7 @@ in c (the column drops out of its design).
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -384,8 +385,15 @@ def prepare(
     cont = np.array([k == "c" for k in var_type], dtype=bool)
     h = widths[cont]
     kc, qc = keys[:, cont], queries[:, cont]
-    centre = np.nanmedian(kc, axis=0) if kc.shape[0] and cont.any() else np.zeros(0)
-    centre = np.where(np.isnan(centre), 0.0, centre)
+    if not cont.any():
+        centre = np.zeros(0)
+    elif missing and np.isnan(kc).any():
+        with warnings.catch_warnings():  # an all-NaN column has no centre: use 0
+            warnings.simplefilter("ignore", RuntimeWarning)
+            centre = np.nanmedian(kc, axis=0)
+        centre = np.where(np.isnan(centre), 0.0, centre)
+    else:
+        centre = np.median(kc, axis=0)
     with np.errstate(over="ignore"):
         q_cont = np.ascontiguousarray((qc - centre) / h)
         keys_cont_t = np.ascontiguousarray(((kc - centre) / h).T)

@@ -62,7 +62,7 @@ import numpy as np
 from numba import njit, prange
 
 from .. import config
-from .fastmath import fast_exp
+from .fastmath import fast_exp, fmax
 
 _KEY_BLOCK = config.KEY_BLOCK
 _QUERY_BLOCK = config.QUERY_BLOCK
@@ -202,7 +202,7 @@ def _block(
                 if x == qk:
                     scores[j] += a_eq
                 elif x == x:  # not missing
-                    scores[j] += b_ne + t_step * max(abs(x - qk), 1.0)
+                    scores[j] += b_ne + t_step * fmax(abs(x - qk), 1.0)
         elif t_step == 0.0:
             for j in range(nb):
                 scores[j] += a_eq if kk[j] == qk else b_ne
@@ -210,7 +210,7 @@ def _block(
             # |x - q| >= 1 where the codes differ, so t = -inf (l = 0) never meets 0 there
             for j in range(nb):
                 x = kk[j]
-                scores[j] += a_eq if x == qk else b_ne + t_step * max(abs(x - qk), 1.0)
+                scores[j] += a_eq if x == qk else b_ne + t_step * fmax(abs(x - qk), 1.0)
     if exclude_self and j0 <= i < j0 + nb:
         scores[i - j0] = -np.inf
     p = design.shape[0]
@@ -223,7 +223,7 @@ def _block(
                 t += 1
     best = -np.inf
     for j in range(nb):
-        best = max(best, scores[j])
+        best = fmax(best, scores[j])  # maxnum vectorises; scores are never NaN
     return best
 
 
