@@ -194,4 +194,4 @@ LOCAL_RIDGE = 1e-12
 #: far from all keys) is dropped (coefficient 0), like a truncated pseudo-inverse;
 #: the fit then shrinks towards the local constant instead of amplifying rounding.
 #: Read when the kernels are compiled.
-LOCAL_PIVOT_TOL = 1e-10
+LOCAL_PIVOT_TOL = 1e-8

@@ -32,7 +32,7 @@ The local system is solved with a relative ridge, ``(M + ridge diag(0, M_11, ..,
 M_pp)) beta = V`` (M the normalised moment matrix; default ``ridge=1e-12``,
 ``config.LOCAL_RIDGE``), which does not depend on the units of any column and
 changes a well-conditioned fit by about ``ridge`` times its condition number.
-A term whose design column lies within ``config.LOCAL_PIVOT_TOL`` (1e-10,
+A term whose design column lies within ``config.LOCAL_PIVOT_TOL`` (1e-8,
 relative) of the span of the earlier ones is dropped (coefficient 0), as a
 truncated pseudo-inverse would: a singular design (a constant column, fewer
 distinct neighbours than terms, a query far from every key) shrinks towards

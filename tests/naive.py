@@ -601,7 +601,7 @@ def local_polynomial_exact(
     sample_weight=None,
     exclude_self=False,
     ridge=1e-12,
-    pivot_tol=1e-10,
+    pivot_tol=1e-8,
 ):
     """(fit, coefficients, weights): the weighted least-squares local polynomial per query,
 

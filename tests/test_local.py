@@ -218,20 +218,22 @@ def test_local_polynomial_property(problem):
     )
     kw = dict(var_type=var_type, n_categories=counts, kernel=kernel)
     fit = local_polynomial(Q, X, y, widths, degree, **kw)
-    ref, _, _ = naive.local_polynomial_exact(
+    ref, _, W = naive.local_polynomial_exact(
         Q, X, y, widths, var_type, counts, degree, kernel=kernel
     )
     assert np.isfinite(fit).all()
-    # near-singular local designs (fewer distinct neighbours than terms) keep terms whose
-    # pivot is just above LOCAL_PIVOT_TOL = 1e-10, where rounding (1e-16 / 1e-10) decides
-    # the last digits: agree to 1e-4 of the data's scale there, to 1e-9 otherwise
-    p = (
-        1
-        + var_type.count("c") * (degree >= 1)
-        + (degree >= 2) * var_type.count("c") * (var_type.count("c") + 1) // 2
-    )
-    tol = 1e-4 if n < 3 * p or degenerate != "none" else 1e-9
-    np.testing.assert_allclose(fit, ref, rtol=tol, atol=tol * (1 + np.abs(y).max()))
+    # A local design with fewer distinct neighbours than terms (or nearly so) has no
+    # unique fit: its nearly dependent terms are dropped or kept by rounding (pivot
+    # tolerance 1e-8), so there the fit must only be finite and near. Well-conditioned
+    # designs (Jacobi-scaled condition number below 1e6) agree to 1e-9.
+    design = naive.local_design(Q, X, var_type, degree)
+    scale = 1 + np.abs(y).max()
+    for i in range(Q.shape[0]):
+        M = np.einsum("j,ja,jb->ab", W[i], design[i], design[i])
+        diag = np.sqrt(np.maximum(np.diag(M), 1e-300))
+        cond = np.linalg.cond(M / np.outer(diag, diag)) if W[i].any() else 1.0
+        tol = 1e-9 if cond < 1e6 else 1e-2
+        assert abs(fit[i] - ref[i]) <= tol * scale, (i, cond, fit[i], ref[i])
     # the fit is a weighted average (degree 0) or stays within the data's reach
     if degree == 0:
         assert (fit >= y.min() - 1e-9).all() and (fit <= y.max() + 1e-9).all()
