@@ -92,7 +92,8 @@ def test_product_kernel_reference_matches_statsmodels_gpke():
 
 @pytest.mark.parametrize("degree", [0, 1, 2])
 @pytest.mark.parametrize("kernel", ["gaussian", "epanechnikov", "tricube"])
-def test_mixed_local_polynomial_matches_reference(degree, kernel):
+@pytest.mark.parametrize("ridge", [None, 0.05])
+def test_mixed_local_polynomial_matches_reference(degree, kernel, ridge):
     rng = np.random.default_rng(degree + 10 * len(kernel))
     var_type, counts = "cuco", [0, 3, 0, 4]
     X = _mixed(rng, 60, var_type, counts)
@@ -111,10 +112,20 @@ def test_mixed_local_polynomial_matches_reference(degree, kernel):
         n_categories=counts,
         kernel=kernel,
         sample_weight=w,
+        ridge=ridge,
         return_gradient=True,
     )
     ref, coef, _ = naive.local_polynomial_exact(
-        Q, X, y, bw, var_type, counts, degree, kernel=kernel, sample_weight=w
+        Q,
+        X,
+        y,
+        bw,
+        var_type,
+        counts,
+        degree,
+        kernel=kernel,
+        sample_weight=w,
+        ridge=1e-12 if ridge is None else ridge,
     )
     np.testing.assert_allclose(fit, ref, rtol=1e-9, atol=1e-9)
     assert grad.shape == (20, 2, 2)
@@ -149,16 +160,21 @@ def test_marginal_effects_match_finite_differences(kernel, degree):
 
 
 @pytest.mark.parametrize("degree", [0, 1, 2])
-def test_loo_gradient_matches_finite_differences(degree):
+@pytest.mark.parametrize("missing", [False, True])
+def test_loo_gradient_matches_finite_differences(degree, missing):
     from nbattn.local_widths import local_loo_loss_and_grad
 
     rng = np.random.default_rng(degree)
     var_type, counts = "cuo", [0, 3, 4]
     X = _mixed(rng, 50, var_type, counts)
     y = _target(X, var_type, rng)
+    if missing:
+        X[rng.random(X.shape) < 0.1] = np.nan
     w = rng.uniform(0.5, 2.0, 50)
     theta = np.array([np.log(0.7), -0.4, 0.6])
     kw = dict(var_type=var_type, n_categories=counts, sample_weight=w, ridge=1e-3)
+    if missing:
+        kw["missing"] = "marginalize"
     value, grad = local_loo_loss_and_grad(X, y, theta, degree, **kw)
     ref = naive.local_loo_loss_exact(
         X,
