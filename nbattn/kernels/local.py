@@ -316,6 +316,161 @@ def _nearest(i, q_cont, keys_cont_t, q_cat, keys_cat_t, log_weights, exclude_sel
     return best
 
 
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def _fused_moments(scores, design, y, nb, m, p, moments, rhs):
+    """All moments of a block in one pass with register accumulators, for one output and
+    p = 2 to 5 terms (local-linear in 1-4 columns, local-quadratic in one): the
+    general path makes one pass per moment."""
+    if p == 2:
+        s00 = s01 = s11 = v0 = v1 = 0.0
+        x1 = design[1]
+        for j in range(nb):
+            w = fast_exp(scores[j] - m)
+            a = x1[j]
+            wa = w * a
+            s00 += w
+            s01 += wa
+            s11 += wa * a
+            v0 += w * y[j]
+            v1 += wa * y[j]
+        moments[0, 0] += s00
+        moments[0, 1] += s01
+        moments[1, 1] += s11
+        rhs[0, 0] += v0
+        rhs[1, 0] += v1
+    elif p == 3:
+        s00 = s01 = s02 = s11 = s12 = s22 = v0 = v1 = v2 = 0.0
+        x1 = design[1]
+        x2 = design[2]
+        for j in range(nb):
+            w = fast_exp(scores[j] - m)
+            a = x1[j]
+            b = x2[j]
+            wa = w * a
+            wb = w * b
+            wy = w * y[j]
+            s00 += w
+            s01 += wa
+            s02 += wb
+            s11 += wa * a
+            s12 += wa * b
+            s22 += wb * b
+            v0 += wy
+            v1 += wy * a
+            v2 += wy * b
+        moments[0, 0] += s00
+        moments[0, 1] += s01
+        moments[0, 2] += s02
+        moments[1, 1] += s11
+        moments[1, 2] += s12
+        moments[2, 2] += s22
+        rhs[0, 0] += v0
+        rhs[1, 0] += v1
+        rhs[2, 0] += v2
+    elif p == 4:
+        s00 = s01 = s02 = s03 = s11 = s12 = s13 = s22 = s23 = s33 = 0.0
+        v0 = v1 = v2 = v3 = 0.0
+        x1 = design[1]
+        x2 = design[2]
+        x3 = design[3]
+        for j in range(nb):
+            w = fast_exp(scores[j] - m)
+            a = x1[j]
+            b = x2[j]
+            c = x3[j]
+            wa = w * a
+            wb = w * b
+            wc = w * c
+            wy = w * y[j]
+            s00 += w
+            s01 += wa
+            s02 += wb
+            s03 += wc
+            s11 += wa * a
+            s12 += wa * b
+            s13 += wa * c
+            s22 += wb * b
+            s23 += wb * c
+            s33 += wc * c
+            v0 += wy
+            v1 += wy * a
+            v2 += wy * b
+            v3 += wy * c
+        moments[0, 0] += s00
+        moments[0, 1] += s01
+        moments[0, 2] += s02
+        moments[0, 3] += s03
+        moments[1, 1] += s11
+        moments[1, 2] += s12
+        moments[1, 3] += s13
+        moments[2, 2] += s22
+        moments[2, 3] += s23
+        moments[3, 3] += s33
+        rhs[0, 0] += v0
+        rhs[1, 0] += v1
+        rhs[2, 0] += v2
+        rhs[3, 0] += v3
+    else:
+        s00 = s01 = s02 = s03 = s04 = s11 = s12 = s13 = s14 = 0.0
+        s22 = s23 = s24 = s33 = s34 = s44 = 0.0
+        v0 = v1 = v2 = v3 = v4 = 0.0
+        x1 = design[1]
+        x2 = design[2]
+        x3 = design[3]
+        x4 = design[4]
+        for j in range(nb):
+            w = fast_exp(scores[j] - m)
+            a = x1[j]
+            b = x2[j]
+            c = x3[j]
+            e = x4[j]
+            wa = w * a
+            wb = w * b
+            wc = w * c
+            we = w * e
+            wy = w * y[j]
+            s00 += w
+            s01 += wa
+            s02 += wb
+            s03 += wc
+            s04 += we
+            s11 += wa * a
+            s12 += wa * b
+            s13 += wa * c
+            s14 += wa * e
+            s22 += wb * b
+            s23 += wb * c
+            s24 += wb * e
+            s33 += wc * c
+            s34 += wc * e
+            s44 += we * e
+            v0 += wy
+            v1 += wy * a
+            v2 += wy * b
+            v3 += wy * c
+            v4 += wy * e
+        moments[0, 0] += s00
+        moments[0, 1] += s01
+        moments[0, 2] += s02
+        moments[0, 3] += s03
+        moments[0, 4] += s04
+        moments[1, 1] += s11
+        moments[1, 2] += s12
+        moments[1, 3] += s13
+        moments[1, 4] += s14
+        moments[2, 2] += s22
+        moments[2, 3] += s23
+        moments[2, 4] += s24
+        moments[3, 3] += s33
+        moments[3, 4] += s34
+        moments[4, 4] += s44
+        rhs[0, 0] += v0
+        rhs[1, 0] += v1
+        rhs[2, 0] += v2
+        rhs[3, 0] += v3
+        rhs[4, 0] += v4
+
+
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, parallel=True)
 def local_fit(
     q_cont,
@@ -403,6 +558,11 @@ def local_fit(
                         dsum *= factor
                         dysum *= factor
                     m = block_max
+                if n_out == 1 and 2 <= p <= 5:
+                    _fused_moments(
+                        scores, design, values_t[0, j0 : j0 + nb], nb, m, p, moments, rhs
+                    )
+                    continue
                 total = 0.0
                 for j in range(nb):
                     w = fast_exp(scores[j] - m)
