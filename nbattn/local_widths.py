@@ -27,6 +27,7 @@ import math
 import numpy as np
 
 from . import config
+from ._threads import blas_one_thread
 from .device import kernels_for
 from .local import (
     LocalProblem,
@@ -321,12 +322,13 @@ def local_loo_widths(
         grid = np.log(np.asarray(config.LOO_GRID))
         minimize_log_scale(along, grid[(grid >= math.log(low)) & (grid <= math.log(high))])
     first = criterion.best[1].copy()
-    minimize(
-        criterion.loss_and_grad,
-        np.clip(first, [b[0] for b in bounds], [b[1] for b in bounds]),
-        jac=True,
-        method="L-BFGS-B",
-        bounds=bounds,
-        options={"maxiter": int(maxiter)},
-    )
+    with blas_one_thread():  # L-BFGS-B's BLAS calls on 5 numbers: threads only contend
+        minimize(
+            criterion.loss_and_grad,
+            np.clip(first, [b[0] for b in bounds], [b[1] for b in bounds]),
+            jac=True,
+            method="L-BFGS-B",
+            bounds=bounds,
+            options={"maxiter": int(maxiter)},
+        )
     return theta_to_widths(criterion.best[1], var_type, counts)
