@@ -180,3 +180,19 @@ DASK_CONNECT_TIMEOUT = _env_int("DASK_CONNECT_TIMEOUT", 30, compiled=False)
 #: cache on. Kernel modules read this when they are imported.
 _OVERRIDDEN = sorted(name for name in _COMPILED_TUNABLES if "NBATTN_" + name in os.environ)
 CACHE = os.environ.get("NBATTN_CACHE", "0" if _OVERRIDDEN else "1") not in ("0", "false", "False")
+
+# --- Leave-one-out row tiles and learned metrics on many rows (kernels.loo_tiles, learning) --
+
+#: Rows per tile of the one-pass LOO gradient (``kernels.loo_tiles``), and the
+#: most bytes one tile of scores may take (rows x n_keys float64 per thread): with
+#: many keys a tile holds fewer rows. Read at call time.
+LOO_TILE_ROWS = _env_int("LOO_TILE_ROWS", 64, compiled=False)
+LOO_TILE_BYTES = _env_int("LOO_TILE_BYTES", 8 << 20, compiled=False)
+
+#: Score dimensions from which a tile's scores are a GEMM instead of direct
+#: differences, and the largest squared radius (in score units) of a block of
+#: rows about its mean for which the GEMM scores are used: their rounding error
+#: relative to the row's largest weight stays below (k + 3) u (3 R^2 + 2), about
+#: 5e-12 at k = 20, R^2 = 64. Read at call time.
+LOO_TILE_GEMM_MIN_DIMS = _env_int("LOO_TILE_GEMM_MIN_DIMS", 8, compiled=False)
+LOO_TILE_GEMM_MAX_RADIUS2 = _env_int("LOO_TILE_GEMM_MAX_RADIUS2", 64, compiled=False)

@@ -298,6 +298,7 @@ def loo_loss_and_grad(X, y, bandwidth=None, *, components=None, dtype=None, devi
     if (bandwidth is None) == (components is None):
         raise ValueError("give exactly one of bandwidth and components")
     dtype = resolve_dtype(dtype, X, y)
+    device = resolve_device(device)
     X, y2 = _prepare_xy(X, y, dtype)
     n, d = X.shape
     v_t = np.ascontiguousarray(y2.T, dtype=dtype)
@@ -315,9 +316,66 @@ def loo_loss_and_grad(X, y, bandwidth=None, *, components=None, dtype=None, devi
         )
 
 
+def _tile_rows(n_keys):
+    """Rows per tile of ``loo_tiles``: config.LOO_TILE_ROWS, fewer when a tile would pass
+    config.LOO_TILE_BYTES."""
+    return int(max(1, min(config.LOO_TILE_ROWS, config.LOO_TILE_BYTES // (8 * n_keys))))
+
+
+def _loss_grad_rows_tiled(a, b, z64, z_t64, points64, y2, z, z_t, v_t, dtype, diagonal):
+    """Rows [a, b) of the one-pass tile kernel: ``(sse, sums)`` as :func:`_loss_grad_rows`.
+
+    ``z64``/``z_t64``: the score-space points (the ``dtype`` layout widened to
+    float64); ``points64`` the gradient's coordinates (z64 for the diagonal,
+    the centred x for the full metric). Rows the tiles leave (far rows, n = 1)
+    go through the two-pass kernels of :mod:`nbattn.kernels.loo`, one by one.
+    """
+    from ._threads import blas_one_thread
+    from .kernels import loo_tiles
+
+    n = z64.shape[0]
+    y_t = np.ascontiguousarray(y2.T)
+    k = z64.shape[1]
+    use_gemm = k >= config.LOO_TILE_GEMM_MIN_DIMS
+    with blas_one_thread(), _threads_for((b - a) * n):
+        sse, M, key_sums, far = loo_tiles.loo_tiles(
+            np.ascontiguousarray(z64[a:b]),
+            z_t64,
+            points64,
+            y_t,
+            np.ascontiguousarray(y2[a:b]),
+            a,
+            _tile_rows(n),
+            use_gemm,
+            float(config.LOO_TILE_GEMM_MAX_RADIUS2),
+        )
+        M = M + points64.T @ (key_sums[:, None] * points64)
+    sse = float(sse)
+    for i in a + np.flatnonzero(far):
+        pts = None if diagonal else np.ascontiguousarray(points64, dtype=dtype)
+        pts_t = None if diagonal else np.ascontiguousarray(pts.T)
+        row_sse, sums = _loss_grad_rows(i, i + 1, z, z_t, v_t, y2, pts, pts_t, dtype)
+        sse += row_sse
+        if diagonal:
+            M[np.diag_indices(k)] += sums
+        else:
+            M += sums
+    return sse, (np.diag(M).copy() if diagonal else M)
+
+
 def _loss_and_grad_passes(X, y2, z, z_t, v_t, dtype, diagonal, L, device="cpu"):
     scale = 2.0 / y2.size
     n = z.shape[0]
+    if device == "cpu":
+        # one pass over row tiles, the gradient as GEMMs (kernels.loo_tiles)
+        z64 = np.ascontiguousarray(z, dtype=np.float64)
+        z_t64 = np.ascontiguousarray(z64.T)
+        points64 = z64 if diagonal else np.ascontiguousarray(X, dtype=np.float64)
+        args = (z64, z_t64, points64, y2, z, z_t, v_t, dtype, diagonal)
+        sse, sums = _sum_over_rows(_loss_grad_rows_tiled, n, *args)
+        if diagonal:
+            return sse / y2.size, 2.0 * scale * sums
+        return sse / y2.size, -scale * (L @ sums)
     if diagonal:
         # (x_id - x_jd)^2 / h_d^2 = 2 (z_id - z_jd)^2 with the sqrt(2) of the layout
         sse, sums = _sum_over_rows(_loss_grad_rows, n, z, z_t, v_t, y2, None, None, dtype, device)
