@@ -196,3 +196,12 @@ LOO_TILE_BYTES = _env_int("LOO_TILE_BYTES", 8 << 20, compiled=False)
 #: 5e-12 at k = 20, R^2 = 64. Read at call time.
 LOO_TILE_GEMM_MIN_DIMS = _env_int("LOO_TILE_GEMM_MIN_DIMS", 8, compiled=False)
 LOO_TILE_GEMM_MAX_RADIUS2 = _env_int("LOO_TILE_GEMM_MAX_RADIUS2", 64, compiled=False)
+
+#: Learned metrics on many rows (``learning.fit_learned_kernel``): with n >= 2 m
+#: rows, L-BFGS-B first minimises the LOO criterion of a random subsample of
+#: m = LEARN_SUBSAMPLE_ROWS query rows (against all n keys), then of
+#: LEARN_SUBSAMPLE_GROWTH times more while that is at most half the rows, and
+#: finishes on the full criterion from there. 0 (set in code) turns the ladder off.
+#: Read at call time.
+LEARN_SUBSAMPLE_ROWS = _env_int("LEARN_SUBSAMPLE_ROWS", 2048, compiled=False)
+LEARN_SUBSAMPLE_GROWTH = _env_int("LEARN_SUBSAMPLE_GROWTH", 4, compiled=False)

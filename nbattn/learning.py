@@ -300,20 +300,40 @@ def loo_loss_and_grad(X, y, bandwidth=None, *, components=None, dtype=None, devi
     dtype = resolve_dtype(dtype, X, y)
     device = resolve_device(device)
     X, y2 = _prepare_xy(X, y, dtype)
-    n, d = X.shape
-    v_t = np.ascontiguousarray(y2.T, dtype=dtype)
-    L_or_none = None
     if components is None:
         h = resolve_bandwidth(bandwidth, X)
-        z, z_t = _scaled(X, 1.0 / h, dtype)
-    else:
-        L_or_none = _check_components(components, d)
-        X = X - X.mean(axis=0)
-        z, z_t = _projected(X, L_or_none, dtype)
-    with _threads_for(n * n):
-        return _loss_and_grad_passes(
-            X, y2, z, z_t, v_t, dtype, components is None, L_or_none, device
-        )
+        return _prepared_loss_and_grad(X, y2, h, dtype=dtype, device=device)
+    L = _check_components(components, X.shape[1])
+    return _prepared_loss_and_grad(X, y2, components=L, dtype=dtype, device=device)
+
+
+_BLAS_LIBRARIES = []
+
+
+@contextmanager
+def _blas_held_to_one_thread():
+    """Every BLAS library on one thread inside the block (the tile kernel calls BLAS from its
+    own parallel loop).
+
+    The same effect as ``nbattn._threads.blas_one_thread`` at a fraction of its cost
+    (threadpoolctl's ``limit`` inspects the loaded libraries at each call, ~10 ms; a
+    tile call at n = 1,000 takes ~1 ms): the library controllers are found once and
+    their thread counts set and restored directly.
+    """
+    if not _BLAS_LIBRARIES:
+        # numba's np.dot calls the BLAS behind scipy.linalg.cython_blas: load it first
+        import scipy.linalg.cython_blas  # noqa: F401
+        from threadpoolctl import ThreadpoolController
+
+        _BLAS_LIBRARIES.extend(ThreadpoolController().select(user_api="blas").lib_controllers)
+    saved = [library.num_threads for library in _BLAS_LIBRARIES]
+    for library in _BLAS_LIBRARIES:
+        library.set_num_threads(1)
+    try:
+        yield
+    finally:
+        for library, threads in zip(_BLAS_LIBRARIES, saved):
+            library.set_num_threads(threads)
 
 
 def _tile_rows(n_keys):
@@ -330,14 +350,13 @@ def _loss_grad_rows_tiled(a, b, z64, z_t64, points64, y2, z, z_t, v_t, dtype, di
     the centred x for the full metric). Rows the tiles leave (far rows, n = 1)
     go through the two-pass kernels of :mod:`nbattn.kernels.loo`, one by one.
     """
-    from ._threads import blas_one_thread
     from .kernels import loo_tiles
 
     n = z64.shape[0]
     y_t = np.ascontiguousarray(y2.T)
     k = z64.shape[1]
     use_gemm = k >= config.LOO_TILE_GEMM_MIN_DIMS
-    with blas_one_thread(), _threads_for((b - a) * n):
+    with _blas_held_to_one_thread(), _threads_for((b - a) * n):
         sse, M, key_sums, far = loo_tiles.loo_tiles(
             np.ascontiguousarray(z64[a:b]),
             z_t64,
@@ -363,9 +382,13 @@ def _loss_grad_rows_tiled(a, b, z64, z_t64, points64, y2, z, z_t, v_t, dtype, di
     return sse, (np.diag(M).copy() if diagonal else M)
 
 
-def _loss_and_grad_passes(X, y2, z, z_t, v_t, dtype, diagonal, L, device="cpu"):
-    scale = 2.0 / y2.size
-    n = z.shape[0]
+def _loss_and_grad_passes(X, y2, z, z_t, v_t, dtype, diagonal, L, device="cpu", n_rows=None):
+    """LOO MSE and gradient of rows [0, n_rows) (all rows by default), each left out and
+    predicted against all keys: the full criterion, or an estimate of it on the first
+    n_rows rows (a random subsample when the rows were shuffled)."""
+    n = z.shape[0] if n_rows is None else int(n_rows)
+    size = n * y2.shape[1]
+    scale = 2.0 / size
     if device == "cpu":
         # one pass over row tiles, the gradient as GEMMs (kernels.loo_tiles)
         z64 = np.ascontiguousarray(z, dtype=np.float64)
@@ -374,17 +397,32 @@ def _loss_and_grad_passes(X, y2, z, z_t, v_t, dtype, diagonal, L, device="cpu"):
         args = (z64, z_t64, points64, y2, z, z_t, v_t, dtype, diagonal)
         sse, sums = _sum_over_rows(_loss_grad_rows_tiled, n, *args)
         if diagonal:
-            return sse / y2.size, 2.0 * scale * sums
-        return sse / y2.size, -scale * (L @ sums)
+            return sse / size, 2.0 * scale * sums
+        return sse / size, -scale * (L @ sums)
     if diagonal:
         # (x_id - x_jd)^2 / h_d^2 = 2 (z_id - z_jd)^2 with the sqrt(2) of the layout
         sse, sums = _sum_over_rows(_loss_grad_rows, n, z, z_t, v_t, y2, None, None, dtype, device)
-        return sse / y2.size, 2.0 * scale * sums
+        return sse / size, 2.0 * scale * sums
     pts = np.ascontiguousarray(X, dtype=dtype)
     sse, M = _sum_over_rows(
         _loss_grad_rows, n, z, z_t, v_t, y2, pts, np.ascontiguousarray(pts.T), dtype, device
     )
-    return sse / y2.size, -scale * (L @ M)
+    return sse / size, -scale * (L @ M)
+
+
+def _prepared_loss_and_grad(X, y2, widths=None, components=None, *, dtype, device, n_rows=None):
+    """:func:`loo_loss_and_grad` on inputs already checked and centred by ``_prepare_xy``."""
+    v_t = np.ascontiguousarray(y2.T, dtype=dtype)
+    if components is None:
+        z, z_t = _scaled(X, 1.0 / widths, dtype)
+    else:
+        X = X - X.mean(axis=0)
+        z, z_t = _projected(X, components, dtype)
+    n_queries = X.shape[0] if n_rows is None else n_rows
+    with _threads_for(n_queries * X.shape[0]):
+        return _loss_and_grad_passes(
+            X, y2, z, z_t, v_t, dtype, components is None, components, device, n_rows
+        )
 
 
 # --------------------------------------------------------------------------- bandwidth search
@@ -722,8 +760,10 @@ def fit_learned_kernel(
             def widths(p):
                 return np.exp(p[0]) * h_std
 
-            def fun(p):
-                loss, g = loo_loss_and_grad(Xs, y2, widths(p), dtype=dtype, device=device)
+            def fun(p, n_rows):
+                loss, g = _prepared_loss_and_grad(
+                    Xs, y2, widths(p), dtype=dtype, device=device, n_rows=n_rows
+                )
                 return loss, np.array([g.sum()])
         else:
             x0 = np.log(h_init)
@@ -733,8 +773,10 @@ def fit_learned_kernel(
             def widths(p):
                 return np.exp(p)
 
-            def fun(p):
-                return loo_loss_and_grad(Xs, y2, widths(p), dtype=dtype, device=device)
+            def fun(p, n_rows):
+                return _prepared_loss_and_grad(
+                    Xs, y2, widths(p), dtype=dtype, device=device, n_rows=n_rows
+                )
 
         x0 = np.clip(x0, [b[0] for b in bounds], [b[1] for b in bounds])
     else:
@@ -750,13 +792,21 @@ def fit_learned_kernel(
         x0 = L0.ravel()
         bounds = None
 
-        def fun(p):
-            return loo_loss_and_grad(Xs, y2, components=p.reshape(k, d), dtype=dtype, device=device)
+        def fun(p, n_rows):
+            return _prepared_loss_and_grad(
+                Xs, y2, components=p.reshape(k, d), dtype=dtype, device=device, n_rows=n_rows
+            )
 
+    stages = _subsample_ladder(n)
+    if len(stages) > 1:
+        # the rows in a random order: rows [0, m) are a random subsample of m rows
+        order = rng.permutation(n)
+        Xs, y2 = np.ascontiguousarray(Xs[order]), np.ascontiguousarray(y2[order])
     curve = []
+    stage_rows = [None]
 
     def objective(p):
-        loss, grad = fun(p)
+        loss, grad = fun(p, stage_rows[0])
         if not np.isfinite(loss) or not np.all(np.isfinite(grad)):
             raise FloatingPointError(
                 f"the LOO loss or its gradient became non-finite (loss={loss!r})"
@@ -765,38 +815,47 @@ def fit_learned_kernel(
             curve.append(float(loss))
         return loss / norm, np.ravel(grad) / norm
 
+    n_iter, x = 0, x0
     with FitProgress(verbose, "fit_learned_kernel", total=int(max_iter), unit="iter") as log:
 
         def callback(intermediate_result):
             curve.append(float(intermediate_result.fun) * norm)
+            estimate = "" if stage_rows[0] is None else f" (estimate on {stage_rows[0]} rows)"
             log.step(
-                f"iteration {len(curve) - 1}: LOO MSE {curve[-1]:.6g} "
+                f"iteration {len(curve) - 1}: LOO MSE {curve[-1]:.6g}{estimate} "
                 f"(change {curve[-1] - curve[-2]:+.3g})"
             )
 
         if log.enabled:
             log.note(f"{metric} metric, {n} rows, {d} features")
-        res = minimize(
-            objective,
-            x0,
-            jac=True,
-            method="L-BFGS-B",
-            bounds=bounds,
-            tol=tol,
-            callback=callback,
-            options={"maxiter": int(max_iter)},
-        )
+        for rows in stages:
+            stage_rows[0] = None if rows == n else rows
+            if log.enabled and len(stages) > 1:
+                what = "all rows" if rows == n else f"a random subsample of {rows} query rows"
+                log.note(f"stage: the LOO criterion of {what} against all {n} keys")
+            res = minimize(
+                objective,
+                x,
+                jac=True,
+                method="L-BFGS-B",
+                bounds=bounds,
+                tol=tol,
+                callback=callback,
+                options={"maxiter": max(int(max_iter) - n_iter, 1)},
+            )
+            n_iter += int(res.nit)
+            x = res.x
         converged = bool(res.success)
         if log.enabled:
             log.note(
-                f"{'converged' if converged else 'stopped'} after {res.nit} iterations: "
+                f"{'converged' if converged else 'stopped'} after {n_iter} iterations: "
                 f"LOO MSE {float(res.fun) * norm:.6g} (start {curve[0]:.6g}); {res.message}"
             )
     if not converged:
         from sklearn.exceptions import ConvergenceWarning
 
         warnings.warn(
-            f"L-BFGS-B did not converge in {res.nit} iterations ({res.message}); "
+            f"L-BFGS-B did not converge in {n_iter} iterations ({res.message}); "
             "increase max_iter or loosen tol",
             ConvergenceWarning,
             stacklevel=2,
@@ -804,15 +863,30 @@ def fit_learned_kernel(
     result = {
         "loss": float(res.fun) * norm,
         "loss_curve": np.array(curve),
-        "n_iter": int(res.nit),
+        "n_iter": n_iter,
         "converged": converged,
         "message": str(res.message),
+        "stages": stages,
     }
     if metric == "full":
         result["components"] = res.x.reshape(-1, d) / sigma
     else:
         result["bandwidth"] = widths(res.x) * sigma
     return result
+
+
+def _subsample_ladder(n):
+    """Query rows of each fitting stage: ``[m, g m, g^2 m, ..., n]`` with m =
+    ``config.LEARN_SUBSAMPLE_ROWS`` and g = ``config.LEARN_SUBSAMPLE_GROWTH``, every
+    subsample at most half of the rows; ``[n]`` when n < 2 m (or m = 0)."""
+    first = int(config.LEARN_SUBSAMPLE_ROWS)
+    growth = max(int(config.LEARN_SUBSAMPLE_GROWTH), 2)
+    stages = []
+    rows = first
+    while 0 < rows and 2 * rows <= n:
+        stages.append(rows)
+        rows *= growth
+    return stages + [n]
 
 
 # --------------------------------------------------------------------------- spread

@@ -101,7 +101,7 @@ def test_non_convergence_warns_and_never_returns_nan():
 
 def test_non_finite_loss_raises(monkeypatch):
     X, y, _, _ = _relevance_data(3, n=30)
-    monkeypatch.setattr(learning, "loo_loss_and_grad", lambda *a, **k: (np.nan, np.zeros(5)))
+    monkeypatch.setattr(learning, "_prepared_loss_and_grad", lambda *a, **k: (np.nan, np.zeros(5)))
     with pytest.raises(FloatingPointError, match="non-finite"):
         nbattn.LearnedKernelRegressor().fit(X, y)
 

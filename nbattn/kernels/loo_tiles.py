@@ -187,17 +187,29 @@ def loo_tiles(
                     row[:] = 0.0
                     continue
                 total = 0.0
-                for j in range(n):
-                    w = fast_exp(row[j] - best)
-                    row[j] = w
-                    total += w
-                inv = 1.0 / total
-                for c in range(p):
-                    vals = values_t[c]
+                if p == 1:  # one fused pass: weights, their sum and the weighted sum
+                    vals = values_t[0]
                     weighted = 0.0
                     for j in range(n):
-                        weighted += row[j] * vals[j]
-                    f_row[c] = weighted * inv
+                        w = fast_exp(row[j] - best)
+                        row[j] = w
+                        total += w
+                        weighted += w * vals[j]
+                    f_row[0] = weighted
+                else:
+                    for j in range(n):
+                        w = fast_exp(row[j] - best)
+                        row[j] = w
+                        total += w
+                    for c in range(p):
+                        vals = values_t[c]
+                        weighted = 0.0
+                        for j in range(n):
+                            weighted += row[j] * vals[j]
+                        f_row[c] = weighted
+                inv = 1.0 / total
+                for c in range(p):
+                    f_row[c] *= inv
                     resid[c] = f_row[c] - targets[i0 + r, c]
                     sse += resid[c] * resid[c]
                 # g_ij = w_ij sum_c r_ic (y_jc - f_ic), differences first (no cancellation)
