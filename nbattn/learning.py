@@ -342,43 +342,64 @@ def _tile_rows(n_keys):
     return int(max(1, min(config.LOO_TILE_ROWS, config.LOO_TILE_BYTES // (8 * n_keys))))
 
 
-def _loss_grad_rows_tiled(a, b, z64, z_t64, points64, y2, z, z_t, v_t, dtype, diagonal):
+def _sorted_keys(z64, points64, y2):
+    """The keys for ``loo_tiles``: ``(axis, rank, z_t, points, y)``, sorted along the score
+    coordinate of widest range when pruning pays (n >= config.LOO_PRUNE_MIN_ROWS), else in
+    their order with axis = -1. ``rank[i]`` is row i's position."""
+    n = z64.shape[0]
+    if n < config.LOO_PRUNE_MIN_ROWS:
+        return -1, np.arange(n), np.ascontiguousarray(z64.T), points64, y2
+    axis = int(np.argmax(np.ptp(z64, axis=0)))
+    order = np.argsort(z64[:, axis], kind="stable")
+    rank = np.empty(n, dtype=np.int64)
+    rank[order] = np.arange(n)
+    z_t = np.ascontiguousarray(z64[order].T)
+    return axis, rank, z_t, np.ascontiguousarray(points64[order]), y2[order]
+
+
+def _loss_grad_rows_tiled(a, b, keys, z, z_t, v_t, y2, dtype, diagonal):
     """Rows [a, b) of the one-pass tile kernel: ``(sse, sums)`` as :func:`_loss_grad_rows`.
 
-    ``z64``/``z_t64``: the score-space points (the ``dtype`` layout widened to
-    float64); ``points64`` the gradient's coordinates (z64 for the diagonal,
-    the centred x for the full metric). Rows the tiles leave (far rows, n = 1)
-    go through the two-pass kernels of :mod:`nbattn.kernels.loo`, one by one.
+    ``keys`` is :func:`_sorted_keys` of the score-space points (the ``dtype``
+    layout widened to float64) and the gradient's coordinates (those points for
+    the diagonal, the centred x for the full metric). Rows the tiles leave (far
+    rows, n = 1) go through the two-pass kernels of :mod:`nbattn.kernels.loo`,
+    one by one, on ``z``, ``z_t``, ``v_t`` (the ``dtype`` layout).
     """
     from .kernels import loo_tiles
 
-    n = z64.shape[0]
-    y_t = np.ascontiguousarray(y2.T)
-    k = z64.shape[1]
+    axis, rank, keys_t, points, y_keys = keys
+    k, n = keys_t.shape
+    rows = np.sort(rank[a:b]).astype(np.int64)
     use_gemm = k >= config.LOO_TILE_GEMM_MIN_DIMS
+    gap = loo.prune_gap_for(np.float64)
     with _blas_held_to_one_thread(), _threads_for((b - a) * n):
         sse, M, key_sums, far = loo_tiles.loo_tiles(
-            np.ascontiguousarray(z64[a:b]),
-            z_t64,
-            points64,
-            y_t,
-            np.ascontiguousarray(y2[a:b]),
-            a,
+            keys_t,
+            points,
+            np.ascontiguousarray(y_keys.T),
+            np.ascontiguousarray(y_keys[rows]),
+            rows,
             _tile_rows(n),
             use_gemm,
             float(config.LOO_TILE_GEMM_MAX_RADIUS2),
+            axis,
+            gap,
         )
-        M = M + points64.T @ (key_sums[:, None] * points64)
+        M = M + points.T @ (key_sums[:, None] * points)
     sse = float(sse)
-    for i in a + np.flatnonzero(far):
-        pts = None if diagonal else np.ascontiguousarray(points64, dtype=dtype)
+    if np.any(far):
+        position = np.empty(n, dtype=np.int64)
+        position[rank] = np.arange(n)
+        pts = None if diagonal else np.ascontiguousarray(points[rank], dtype=dtype)
         pts_t = None if diagonal else np.ascontiguousarray(pts.T)
-        row_sse, sums = _loss_grad_rows(i, i + 1, z, z_t, v_t, y2, pts, pts_t, dtype)
-        sse += row_sse
-        if diagonal:
-            M[np.diag_indices(k)] += sums
-        else:
-            M += sums
+        for i in position[rows[far]]:
+            row_sse, sums = _loss_grad_rows(i, i + 1, z, z_t, v_t, y2, pts, pts_t, dtype)
+            sse += row_sse
+            if diagonal:
+                M[np.diag_indices(k)] += sums
+            else:
+                M += sums
     return sse, (np.diag(M).copy() if diagonal else M)
 
 
@@ -392,9 +413,9 @@ def _loss_and_grad_passes(X, y2, z, z_t, v_t, dtype, diagonal, L, device="cpu", 
     if device == "cpu":
         # one pass over row tiles, the gradient as GEMMs (kernels.loo_tiles)
         z64 = np.ascontiguousarray(z, dtype=np.float64)
-        z_t64 = np.ascontiguousarray(z64.T)
         points64 = z64 if diagonal else np.ascontiguousarray(X, dtype=np.float64)
-        args = (z64, z_t64, points64, y2, z, z_t, v_t, dtype, diagonal)
+        keys = _sorted_keys(z64, points64, y2)
+        args = (keys, z, z_t, v_t, y2, dtype, diagonal)
         sse, sums = _sum_over_rows(_loss_grad_rows_tiled, n, *args)
         if diagonal:
             return sse / size, 2.0 * scale * sums

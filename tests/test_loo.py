@@ -242,19 +242,23 @@ def test_loo_bandwidth_subsampled_grid_stage(rng):
 # --------------------------------------------------------------------------- row tiles
 
 
-def _tile_settings(monkeypatch, rows, gemm, radius2=64):
-    """Tiles of ``rows`` rows; GEMM scores for every metric (gemm) or for none."""
+def _tile_settings(monkeypatch, rows, gemm, radius2=64, prune=True):
+    """Tiles of ``rows`` rows; GEMM scores for every metric (gemm) or for none; keys
+    sorted and pruned from 2 rows on (prune) or never."""
+    monkeypatch.setattr(config, "LOO_PRUNE_MIN_ROWS", 2 if prune else 10**9)
     monkeypatch.setattr(config, "LOO_TILE_ROWS", rows)
     monkeypatch.setattr(config, "LOO_TILE_GEMM_MIN_DIMS", 1 if gemm else 10**6)
     monkeypatch.setattr(config, "LOO_TILE_GEMM_MAX_RADIUS2", radius2)
 
 
+@pytest.mark.parametrize("prune", [False, True])
 @pytest.mark.parametrize("gemm", [False, True])
 @pytest.mark.parametrize("rows", [1, 7, 64])
 @pytest.mark.parametrize("p", [1, 3])
-def test_tiles_match_naive(monkeypatch, rng, gemm, rows, p):
-    """Both score paths, one-row / partial / single tiles, one and several outputs."""
-    _tile_settings(monkeypatch, rows, gemm)
+def test_tiles_match_naive(monkeypatch, rng, gemm, rows, p, prune):
+    """Both score paths, one-row / partial / single tiles, one and several outputs, keys
+    pruned or not."""
+    _tile_settings(monkeypatch, rows, gemm, prune=prune)
     X, y = _data(rng, 45, 4, p if p > 1 else None)
     h = rng.uniform(0.4, 2.0, size=4)
     loss, grad = learning.loo_loss_and_grad(X, y, h)
@@ -303,15 +307,16 @@ def test_tiles_mixed_far_and_near_rows(rng):
     p=st.integers(1, 3),
     rows=st.integers(1, 12),
     gemm=st.booleans(),
+    prune=st.booleans(),
     seed=st.integers(0, 2**32 - 1),
 )
-def test_tiles_property(n, d, p, rows, gemm, seed):
+def test_tiles_property(n, d, p, rows, gemm, prune, seed):
     rng = np.random.default_rng(seed)
     X = rng.normal(size=(n, d))
     y = rng.normal(size=(n, p))
     L = rng.normal(size=(max(1, d // 2), d)) / np.sqrt(d)
     with pytest.MonkeyPatch.context() as monkeypatch:
-        _tile_settings(monkeypatch, rows, gemm)
+        _tile_settings(monkeypatch, rows, gemm, prune=prune)
         loss, grad = learning.loo_loss_and_grad(X, y, components=L)
     assert loss == pytest.approx(naive.loo_loss(X, y, components=L), rel=1e-10)
     expected = naive.loo_grad(X, y, components=L)
@@ -342,3 +347,37 @@ def test_row_subset_loss_and_grad(rng, n_rows):
         lambda m: naive.loo_loss_and_grad_rows(X, y, n_rows, components=m)[0], L
     )
     assert np.linalg.norm(grad - fd) <= 1e-6 * np.linalg.norm(fd)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_tiles_pruning_bound(seed):
+    """Keys beyond the window of a tile weigh < exp(-gap) of their row's best: the loss moves
+    by at most the bound of the skipped mass (n exp(-gap) relative per row), and with the
+    default gap it is the exact loss. A small gap shows that keys were in fact skipped."""
+    from nbattn.kernels import loo_tiles
+
+    rng = np.random.default_rng(seed)
+    n = 300
+    z = np.sort(rng.uniform(0.0, 60.0, size=n))[:, None] * np.array([[1.0, 0.05]])
+    z[:, 1] += rng.normal(size=n) * 0.3
+    y = np.sin(z[:, 0] / 3.0) + 0.1 * rng.normal(size=n)
+    y2 = y[:, None]
+    z_t = np.ascontiguousarray(z.T)
+    rows = np.arange(n, dtype=np.int64)
+    sse_exact = naive.loo_loss(z * np.sqrt(2.0), y, bandwidth=1.0) * n
+    r_exact = naive._loo_weights(z * np.sqrt(2.0)) @ y - y
+
+    def sse(gap, axis=0):
+        out = loo_tiles.loo_tiles(
+            z_t, z.copy(), np.ascontiguousarray(y2.T), y2, rows, 16, False, 64.0, axis, gap
+        )
+        assert not np.any(out[3])
+        return out[0]
+
+    assert sse(50.0) == pytest.approx(sse_exact, rel=1e-12)
+    assert sse(-1.0, axis=-1) == pytest.approx(sse_exact, rel=1e-12)
+    for gap in (1.0, 3.0, 6.0):
+        eps = 2.0 * n * np.exp(-gap) * np.abs(y).max()  # bound on |f_i - f_i exact|
+        bound = np.sum(eps * (2.0 * np.abs(r_exact) + eps))
+        assert abs(sse(gap) - sse_exact) <= bound, gap
+    assert sse(1.0) != pytest.approx(sse_exact, rel=1e-6)  # keys were skipped

@@ -37,6 +37,16 @@ Rows left to the caller (``far[i]``): the row's best score is below
 score's rounding would show, and ``loo``'s anchored two-pass kernels handle
 them. Their sums here are zero.
 
+Pruning (``axis >= 0``): the keys are sorted along score coordinate ``axis``.
+For a block of rows, U = max over its rows of the squared distance to the
+nearest of a few keys beside it in that order bounds -max_j s_ij from above
+for every row, so a key with |z_j,axis - z_i,axis|^2 > U + ``prune_gap``
+weighs less than exp(-prune_gap) of its row's largest weight. The block takes
+only the keys within sqrt(U + prune_gap) of its rows along ``axis`` (two
+binary searches): n skipped keys change a row's sum by less than
+n exp(-prune_gap) relative (and its gradient terms g_ij |x_i - x_j|^2 likewise,
+as t exp(-t) falls for t > 1), below float64 rounding at the default gap of 50.
+
 Inside ``prange``, ``np.dot`` calls BLAS: the caller holds BLAS to one thread
 (``nbattn._threads.blas_one_thread``).
 """
@@ -52,96 +62,139 @@ from .fastmath import fast_exp, fmax
 _FAR_SCORE_FLOAT64 = float(config.FAR_SCORE_FLOAT64)
 
 
+_NEIGHBOURS = 4  # keys on each side, in the sorted order, that bound a row's best score
+
+
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def _direct_scores(z, z_t, i0, nb, tile):
-    """tile[r, j] = -||z_{i0+r} - z_j||^2 by differences."""
+def _direct_scores(z_t, rows, i0, nb, lo, hi, tile):
+    """tile[r, j] = -||z_{rows[i0+r]} - z_{lo+j}||^2 by differences."""
     k = z_t.shape[0]
+    width = hi - lo
     for r in range(nb):
         row = tile[r]
-        q0 = z[i0 + r, 0]
-        keys0 = z_t[0]
-        for j in range(row.shape[0]):
+        own = rows[i0 + r]
+        q0 = z_t[0, own]
+        keys0 = z_t[0, lo:hi]
+        for j in range(width):
             diff = keys0[j] - q0
             row[j] = -(diff * diff)
         for f in range(1, k):
-            qf = z[i0 + r, f]
-            keys_f = z_t[f]
-            for j in range(row.shape[0]):
+            qf = z_t[f, own]
+            keys_f = z_t[f, lo:hi]
+            for j in range(width):
                 diff = keys_f[j] - qf
                 row[j] -= diff * diff
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
-def _block_radius2(z, i0, nb, centre):
-    """centre <- mean of rows i0 .. i0 + nb of z; returns max_r |z_r - centre|^2."""
-    k = z.shape[1]
+def _block_radius2(z_t, rows, i0, nb, centre):
+    """centre <- mean of the block's rows; returns max_r |z_r - centre|^2."""
+    k = z_t.shape[0]
     centre[:] = 0.0
     for r in range(nb):
         for f in range(k):
-            centre[f] += z[i0 + r, f]
+            centre[f] += z_t[f, rows[i0 + r]]
     for f in range(k):
         centre[f] /= nb
     radius2 = 0.0
     for r in range(nb):
         dist = 0.0
         for f in range(k):
-            diff = z[i0 + r, f] - centre[f]
+            diff = z_t[f, rows[i0 + r]] - centre[f]
             dist += diff * diff
         radius2 = max(radius2, dist)
     return radius2
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
-def _gemm_scores(z, z_t, i0, nb, centre, queries_c, keys_c, key_sq, tile):
-    """tile[r, j] = -||z_{i0+r} - z_j||^2 as a GEMM on points shifted by ``centre``."""
-    k, n = z_t.shape
-    key_sq[:] = 0.0
+def _gemm_scores(z_t, rows, i0, nb, lo, hi, centre, queries_c, keys_c, key_sq, tile):
+    """tile[r, j] = -||z_{rows[i0+r]} - z_{lo+j}||^2 as a GEMM on points shifted by ``centre``."""
+    k = z_t.shape[0]
+    width = hi - lo
+    keys_w = keys_c[: k * width].reshape((k, width))
+    sq = key_sq[:width]
+    sq[:] = 0.0
     for f in range(k):
         cf = centre[f]
-        src = z_t[f]
-        dst = keys_c[f]
-        for j in range(n):
+        src = z_t[f, lo:hi]
+        dst = keys_w[f]
+        for j in range(width):
             value = src[j] - cf
             dst[j] = value
-            key_sq[j] += value * value
+            sq[j] += value * value
     for r in range(nb):
         for f in range(k):
-            queries_c[r, f] = z[i0 + r, f] - centre[f]
-    np.dot(queries_c[:nb], keys_c, tile[:nb])
+            queries_c[r, f] = z_t[f, rows[i0 + r]] - centre[f]
+    np.dot(queries_c[:nb], keys_w, tile)
     for r in range(nb):
         q_sq = 0.0
         for f in range(k):
             q_sq += queries_c[r, f] * queries_c[r, f]
         row = tile[r]
-        for j in range(n):
-            row[j] = min(2.0 * row[j] - q_sq - key_sq[j], 0.0)
+        for j in range(width):
+            row[j] = min(2.0 * row[j] - q_sq - sq[j], 0.0)
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _block_window(z_t, rows, i0, nb, axis, prune_gap):
+    """[lo, hi): the keys within sqrt(U + prune_gap) of the block's rows along ``axis``
+    (module docstring); all keys when ``axis < 0``."""
+    k, n = z_t.shape
+    if axis < 0:
+        return 0, n
+    bound = 0.0
+    for r in range(nb):
+        own = rows[i0 + r]
+        nearest = np.inf
+        for j in range(max(own - _NEIGHBOURS, 0), min(own + _NEIGHBOURS + 1, n)):
+            if j == own:
+                continue
+            dist = 0.0
+            for f in range(k):
+                diff = z_t[f, j] - z_t[f, own]
+                dist += diff * diff
+            nearest = min(nearest, dist)
+        bound = max(bound, nearest)
+    if not bound < np.inf:  # one key, or overflowing distances: no pruning
+        return 0, n
+    # a relative margin over the rounding of the bound and of the coordinates
+    radius = np.sqrt(bound + prune_gap) * (1.0 + 1e-12)
+    keys_axis = z_t[axis]
+    low = keys_axis[rows[i0]] - radius
+    high = keys_axis[rows[i0 + nb - 1]] + radius
+    return np.searchsorted(keys_axis, low, side="left"), np.searchsorted(
+        keys_axis, high, side="right"
+    )
 
 
 @njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
 def loo_tiles(
-    z, z_t, points, values_t, targets, self_offset, block_rows, use_gemm, gemm_max_radius2
+    z_t, points, values_t, targets, rows, block_rows, use_gemm, gemm_max_radius2, axis, prune_gap
 ):
     """``(sse, M_rows, key_sums, far)``: the LOO squared error and gradient sums of rows.
 
     Parameters
     ----------
-    z : (n_rows, k) float64, the query rows in score space (s_ij = -||z_i - z_j||^2)
-    z_t : (k, n) float64, all keys in score space; query r is key ``r + self_offset``
+    z_t : (k, n) float64, all keys in score space (s_ij = -||z_i - z_j||^2),
+        ascending along score coordinate ``axis`` when ``axis >= 0``
     points : (n, d) float64, the keys in the coordinates of the gradient
         (the centred x for the full metric, z itself for the diagonal)
-    values_t : (p, n) float64; targets : (n_rows, p) float64 (the queries' y)
+    values_t : (p, n) float64, the keys' y
+    targets : (n_rows, p) float64, the query rows' y
+    rows : (n_rows,) int64, ascending: query r is key ``rows[r]`` (left out)
     block_rows : rows per tile; use_gemm : GEMM scores allowed (blocks whose
         squared radius exceeds ``gemm_max_radius2`` take the direct ones)
+    axis, prune_gap : the pruning of the module docstring; ``axis = -1``: none
 
     Returns
     -------
-    sse : float, sum_i ||f_i - y_i||^2 over the rows not flagged
-    M_rows : (d, d), sum_i [a_i x_i x_i^T - x_i b_i^T - b_i x_i^T]
-    key_sums : (n,), c_j = sum_i g_ij
+    sse : float, sum_r ||f_r - y_r||^2 over the rows not flagged
+    M_rows : (d, d), sum_r [a_r x_r x_r^T - x_r b_r^T - b_r x_r^T]
+    key_sums : (n,), c_j = sum_r g_rj
     far : (n_rows,) bool, rows left to the caller
     """
-    n_rows, k = z.shape
-    n = z_t.shape[1]
+    k, n = z_t.shape
+    n_rows = rows.shape[0]
     d = points.shape[1]
     p = values_t.shape[0]
     n_blocks = (n_rows + block_rows - 1) // block_rows
@@ -151,11 +204,11 @@ def loo_tiles(
     partial_sse = np.zeros(n_groups)
     far = np.zeros(n_rows, dtype=np.bool_)
     for group in prange(n_groups):
-        tile = np.empty((block_rows, n))
+        flat = np.empty(block_rows * n)
         gx = np.empty((block_rows, d))
         centre = np.empty(k)
         queries_c = np.empty((block_rows, k))
-        keys_c = np.empty((k, n)) if use_gemm else np.empty((k, 0))
+        keys_c = np.empty(k * n) if use_gemm else np.empty(0)
         key_sq = np.empty(n) if use_gemm else np.empty(0)
         f_row = np.empty(p)
         resid = np.empty(p)
@@ -168,18 +221,21 @@ def loo_tiles(
         for blk in range(first, last):
             i0 = blk * block_rows
             nb = min(block_rows, n_rows - i0)
-            gemm = use_gemm and _block_radius2(z, i0, nb, centre) <= gemm_max_radius2
+            lo, hi = _block_window(z_t, rows, i0, nb, axis, prune_gap)
+            width = hi - lo
+            tile = flat[: nb * width].reshape((nb, width))
+            gemm = use_gemm and _block_radius2(z_t, rows, i0, nb, centre) <= gemm_max_radius2
             if gemm:
-                _gemm_scores(z, z_t, i0, nb, centre, queries_c, keys_c, key_sq, tile)
+                _gemm_scores(z_t, rows, i0, nb, lo, hi, centre, queries_c, keys_c, key_sq, tile)
             else:
-                _direct_scores(z, z_t, i0, nb, tile)
+                _direct_scores(z_t, rows, i0, nb, lo, hi, tile)
             for r in range(nb):
                 row = tile[r]
-                own = i0 + r + self_offset
-                if 0 <= own < n:
-                    row[own] = -np.inf
+                own = rows[i0 + r]
+                if lo <= own < hi:
+                    row[own - lo] = -np.inf
                 best = -np.inf
-                for j in range(n):
+                for j in range(width):
                     best = fmax(best, row[j])
                 row_sums[r] = 0.0
                 if not best >= -_FAR_SCORE_FLOAT64:  # far, overflowing or no key
@@ -188,23 +244,23 @@ def loo_tiles(
                     continue
                 total = 0.0
                 if p == 1:  # one fused pass: weights, their sum and the weighted sum
-                    vals = values_t[0]
+                    vals = values_t[0, lo:hi]
                     weighted = 0.0
-                    for j in range(n):
+                    for j in range(width):
                         w = fast_exp(row[j] - best)
                         row[j] = w
                         total += w
                         weighted += w * vals[j]
                     f_row[0] = weighted
                 else:
-                    for j in range(n):
+                    for j in range(width):
                         w = fast_exp(row[j] - best)
                         row[j] = w
                         total += w
                     for c in range(p):
-                        vals = values_t[c]
+                        vals = values_t[c, lo:hi]
                         weighted = 0.0
-                        for j in range(n):
+                        for j in range(width):
                             weighted += row[j] * vals[j]
                         f_row[c] = weighted
                 inv = 1.0 / total
@@ -216,24 +272,25 @@ def loo_tiles(
                 if p == 1:
                     scale = resid[0] * inv
                     f0 = f_row[0]
-                    vals = values_t[0]
-                    for j in range(n):
+                    vals = values_t[0, lo:hi]
+                    for j in range(width):
                         row[j] = row[j] * scale * (vals[j] - f0)
                 else:
-                    for j in range(n):
+                    for j in range(width):
                         inner = 0.0
                         for c in range(p):
-                            inner += resid[c] * (values_t[c, j] - f_row[c])
+                            inner += resid[c] * (values_t[c, lo + j] - f_row[c])
                         row[j] = row[j] * inv * inner
                 a_r = 0.0
-                for j in range(n):
+                keys_sum = c_sum[lo:hi]
+                for j in range(width):
                     a_r += row[j]
-                    c_sum[j] += row[j]
+                    keys_sum[j] += row[j]
                 row_sums[r] = a_r
-            np.dot(tile[:nb], points, gx[:nb])
+            np.dot(tile, points[lo:hi], gx[:nb])
             for r in range(nb):
                 a_r = row_sums[r]
-                x_r = points[i0 + r + self_offset]
+                x_r = points[rows[i0 + r]]
                 for a in range(d):
                     xa = x_r[a]
                     for b in range(d):
