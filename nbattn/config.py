@@ -210,3 +210,7 @@ LEARN_SUBSAMPLE_GROWTH = _env_int("LEARN_SUBSAMPLE_GROWTH", 4, compiled=False)
 #: the widest score coordinate and gives each tile only the keys within reach (the bound
 #: of PRUNE_GAP_FLOAT64); below it every tile takes every key. Read at call time.
 LOO_PRUNE_MIN_ROWS = _env_int("LOO_PRUNE_MIN_ROWS", 2048, compiled=False)
+
+#: The first subsample of that ladder has at least this many query rows per learned
+#: parameter (a few rows would let a full metric overfit them). Read at call time.
+LEARN_ROWS_PER_PARAMETER = _env_int("LEARN_ROWS_PER_PARAMETER", 50, compiled=False)

@@ -343,18 +343,24 @@ def _tile_rows(n_keys):
 
 
 def _sorted_keys(z64, points64, y2):
-    """The keys for ``loo_tiles``: ``(axis, rank, z_t, points, y)``, sorted along the score
-    coordinate of widest range when pruning pays (n >= config.LOO_PRUNE_MIN_ROWS), else in
-    their order with axis = -1. ``rank[i]`` is row i's position."""
+    """The keys for ``loo_tiles``: ``(proj, rank, z_t, points, y)``, sorted by their
+    projection on the leading principal direction of z when pruning pays
+    (n >= config.LOO_PRUNE_MIN_ROWS; proj empty otherwise, the keys in their order).
+    ``rank[i]`` is row i's position."""
     n = z64.shape[0]
     if n < config.LOO_PRUNE_MIN_ROWS:
-        return -1, np.arange(n), np.ascontiguousarray(z64.T), points64, y2
-    axis = int(np.argmax(np.ptp(z64, axis=0)))
-    order = np.argsort(z64[:, axis], kind="stable")
+        return np.empty(0), np.arange(n), np.ascontiguousarray(z64.T), points64, y2
+    centred = z64 - z64.mean(axis=0)
+    # the leading eigenvector of the k x k scatter matrix: the widest direction
+    direction = np.linalg.eigh(centred.T @ centred)[1][:, -1]
+    direction /= np.linalg.norm(direction)  # a unit vector: |u.(z_i - z_j)| <= |z_i - z_j|
+    proj = z64 @ direction
+    order = np.argsort(proj, kind="stable")
     rank = np.empty(n, dtype=np.int64)
     rank[order] = np.arange(n)
     z_t = np.ascontiguousarray(z64[order].T)
-    return axis, rank, z_t, np.ascontiguousarray(points64[order]), y2[order]
+    keys = (np.ascontiguousarray(proj[order]), rank, z_t)
+    return keys + (np.ascontiguousarray(points64[order]), y2[order])
 
 
 def _loss_grad_rows_tiled(a, b, keys, z, z_t, v_t, y2, dtype, diagonal):
@@ -368,7 +374,7 @@ def _loss_grad_rows_tiled(a, b, keys, z, z_t, v_t, y2, dtype, diagonal):
     """
     from .kernels import loo_tiles
 
-    axis, rank, keys_t, points, y_keys = keys
+    proj, rank, keys_t, points, y_keys = keys
     k, n = keys_t.shape
     rows = np.sort(rank[a:b]).astype(np.int64)
     use_gemm = k >= config.LOO_TILE_GEMM_MIN_DIMS
@@ -383,7 +389,7 @@ def _loss_grad_rows_tiled(a, b, keys, z, z_t, v_t, y2, dtype, diagonal):
             _tile_rows(n),
             use_gemm,
             float(config.LOO_TILE_GEMM_MAX_RADIUS2),
-            axis,
+            proj,
             gap,
         )
         M = M + points.T @ (key_sums[:, None] * points)
@@ -722,7 +728,7 @@ def fit_learned_kernel(
         gives the initial widths (d,) or factor (scalar), or L (full).
     max_iter, tol : L-BFGS-B's ``maxiter`` and ``tol`` (on the loss divided
         by the variance of y, so that ``tol`` does not depend on y's units).
-    random_state : seed for init="random"
+    random_state : seed for init="random" and for the subsamples of the ladder
     dtype : "float64" or "float32"
     device : "cpu", "cuda" or "auto": where the LOO loss and gradient run
     verbose : bool or int
@@ -733,8 +739,25 @@ def fit_learned_kernel(
     Returns
     -------
     dict with ``bandwidth`` (d,) or ``components`` (k, d), ``loss`` (final LOO
-    MSE), ``loss_curve`` (LOO MSE at the start and after each iteration),
-    ``n_iter``, ``converged`` and ``message``.
+    MSE, on all rows), ``loss_curve`` (the criterion at the start and after each
+    iteration: the subsample estimates during the early stages), ``n_iter`` (all
+    stages), ``converged`` and ``message`` (of the last stage) and ``stages``
+    (the query rows of each stage, the last one n).
+
+    Notes
+    -----
+    Many rows (the ladder). One evaluation costs n^2 pairs. With
+    n >= 2 m, m = max(``config.LEARN_SUBSAMPLE_ROWS``,
+    ``config.LEARN_ROWS_PER_PARAMETER`` x parameters), the rows are shuffled and
+    L-BFGS-B first minimises the criterion of the first m rows, each left out and
+    predicted against all n keys (an unbiased estimate of the LOO MSE, with its
+    exact gradient; m n pairs), then of ``LEARN_SUBSAMPLE_GROWTH`` times more rows
+    while that is at most n / 2, each stage starting where the last one ended,
+    and finishes on the full criterion. A stage whose criterion is lower at the
+    initial point than at the previous stage's result (the subsample was
+    overfitted) starts afresh from the initial point, so the result is never
+    worse than the start. The final stage's tolerance is ``tol`` on the full
+    criterion, so the result is a minimum of the full criterion.
 
     Warns
     -----
@@ -818,16 +841,21 @@ def fit_learned_kernel(
                 Xs, y2, components=p.reshape(k, d), dtype=dtype, device=device, n_rows=n_rows
             )
 
-    stages = _subsample_ladder(n)
+    stages = _subsample_ladder(n, x0.size)
     if len(stages) > 1:
         # the rows in a random order: rows [0, m) are a random subsample of m rows
         order = rng.permutation(n)
         Xs, y2 = np.ascontiguousarray(Xs[order]), np.ascontiguousarray(y2[order])
     curve = []
     stage_rows = [None]
+    last = {}  # the last evaluation, so that a stage's start check costs L-BFGS-B nothing
 
     def objective(p):
-        loss, grad = fun(p, stage_rows[0])
+        key = (stage_rows[0], p.tobytes())
+        if key not in last:
+            last.clear()
+            last[key] = fun(p, stage_rows[0])
+        loss, grad = last[key]
         if not np.isfinite(loss) or not np.all(np.isfinite(grad)):
             raise FloatingPointError(
                 f"the LOO loss or its gradient became non-finite (loss={loss!r})"
@@ -854,6 +882,12 @@ def fit_learned_kernel(
             if log.enabled and len(stages) > 1:
                 what = "all rows" if rows == n else f"a random subsample of {rows} query rows"
                 log.note(f"stage: the LOO criterion of {what} against all {n} keys")
+            if rows != stages[0] and objective(x0)[0] < objective(x)[0]:
+                # the subsample led somewhere worse than the start on this stage's
+                # criterion (it was overfitted): start this stage afresh
+                if log.enabled:
+                    log.note("the previous stage's result is worse than the start here: restart")
+                x = x0
             res = minimize(
                 objective,
                 x,
@@ -896,11 +930,14 @@ def fit_learned_kernel(
     return result
 
 
-def _subsample_ladder(n):
-    """Query rows of each fitting stage: ``[m, g m, g^2 m, ..., n]`` with m =
-    ``config.LEARN_SUBSAMPLE_ROWS`` and g = ``config.LEARN_SUBSAMPLE_GROWTH``, every
-    subsample at most half of the rows; ``[n]`` when n < 2 m (or m = 0)."""
-    first = int(config.LEARN_SUBSAMPLE_ROWS)
+def _subsample_ladder(n, n_params):
+    """Query rows of each fitting stage: ``[m, g m, g^2 m, ..., n]`` with m the larger of
+    ``config.LEARN_SUBSAMPLE_ROWS`` and ``config.LEARN_ROWS_PER_PARAMETER * n_params``
+    and g = ``config.LEARN_SUBSAMPLE_GROWTH``, every subsample at most half of the
+    rows; ``[n]`` when n < 2 m (or LEARN_SUBSAMPLE_ROWS = 0)."""
+    if int(config.LEARN_SUBSAMPLE_ROWS) <= 0:
+        return [n]
+    first = max(int(config.LEARN_SUBSAMPLE_ROWS), int(config.LEARN_ROWS_PER_PARAMETER) * n_params)
     growth = max(int(config.LEARN_SUBSAMPLE_GROWTH), 2)
     stages = []
     rows = first

@@ -37,15 +37,17 @@ Rows left to the caller (``far[i]``): the row's best score is below
 score's rounding would show, and ``loo``'s anchored two-pass kernels handle
 them. Their sums here are zero.
 
-Pruning (``axis >= 0``): the keys are sorted along score coordinate ``axis``.
-For a block of rows, U = max over its rows of the squared distance to the
-nearest of a few keys beside it in that order bounds -max_j s_ij from above
-for every row, so a key with |z_j,axis - z_i,axis|^2 > U + ``prune_gap``
-weighs less than exp(-prune_gap) of its row's largest weight. The block takes
-only the keys within sqrt(U + prune_gap) of its rows along ``axis`` (two
-binary searches): n skipped keys change a row's sum by less than
-n exp(-prune_gap) relative (and its gradient terms g_ij |x_i - x_j|^2 likewise,
-as t exp(-t) falls for t > 1), below float64 rounding at the default gap of 50.
+Pruning (``proj`` not empty): ``proj_j = u . z_j`` for a unit vector u (the
+caller takes the data's principal direction), keys sorted by it. As
+|proj_i - proj_j| <= ||z_i - z_j||, a key with (proj_j - proj_i)^2 > U + gap
+has s_ij < -(U + gap). For a block of rows, U = the largest over its rows of
+the squared distance to the nearest of a few keys beside it in that order, so
+-max_j s_ij <= U for every row, and such a key weighs less than exp(-gap) of its
+row's largest weight. The block takes only the keys within sqrt(U + gap) of its
+rows' projections (two binary searches): n skipped keys change a row's sum by
+less than n exp(-gap) relative (and its gradient terms g_ij |x_i - x_j|^2
+likewise, as t exp(-t) falls for t > 1), below float64 rounding at the default
+gap of 50 (``config.PRUNE_GAP_FLOAT64``).
 
 Inside ``prange``, ``np.dot`` calls BLAS: the caller holds BLAS to one thread
 (``nbattn._threads.blas_one_thread``).
@@ -136,11 +138,11 @@ def _gemm_scores(z_t, rows, i0, nb, lo, hi, centre, queries_c, keys_c, key_sq, t
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
-def _block_window(z_t, rows, i0, nb, axis, prune_gap):
-    """[lo, hi): the keys within sqrt(U + prune_gap) of the block's rows along ``axis``
-    (module docstring); all keys when ``axis < 0``."""
+def _block_window(z_t, rows, i0, nb, proj, prune_gap):
+    """[lo, hi): the keys within sqrt(U + prune_gap) of the block's rows along ``proj``
+    (module docstring); all keys when ``proj`` is empty."""
     k, n = z_t.shape
-    if axis < 0:
+    if proj.shape[0] == 0:
         return 0, n
     bound = 0.0
     for r in range(nb):
@@ -157,26 +159,23 @@ def _block_window(z_t, rows, i0, nb, axis, prune_gap):
         bound = max(bound, nearest)
     if not bound < np.inf:  # one key, or overflowing distances: no pruning
         return 0, n
-    # a relative margin over the rounding of the bound and of the coordinates
-    radius = np.sqrt(bound + prune_gap) * (1.0 + 1e-12)
-    keys_axis = z_t[axis]
-    low = keys_axis[rows[i0]] - radius
-    high = keys_axis[rows[i0 + nb - 1]] + radius
-    return np.searchsorted(keys_axis, low, side="left"), np.searchsorted(
-        keys_axis, high, side="right"
-    )
+    # a relative margin over the rounding of the bound and of the projections
+    radius = np.sqrt(bound + prune_gap) * (1.0 + 1e-9)
+    low = proj[rows[i0]] - radius
+    high = proj[rows[i0 + nb - 1]] + radius
+    return np.searchsorted(proj, low, side="left"), np.searchsorted(proj, high, side="right")
 
 
 @njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
 def loo_tiles(
-    z_t, points, values_t, targets, rows, block_rows, use_gemm, gemm_max_radius2, axis, prune_gap
+    z_t, points, values_t, targets, rows, block_rows, use_gemm, gemm_max_radius2, proj, prune_gap
 ):
     """``(sse, M_rows, key_sums, far)``: the LOO squared error and gradient sums of rows.
 
     Parameters
     ----------
     z_t : (k, n) float64, all keys in score space (s_ij = -||z_i - z_j||^2),
-        ascending along score coordinate ``axis`` when ``axis >= 0``
+        in ascending order of ``proj`` when pruning
     points : (n, d) float64, the keys in the coordinates of the gradient
         (the centred x for the full metric, z itself for the diagonal)
     values_t : (p, n) float64, the keys' y
@@ -184,7 +183,8 @@ def loo_tiles(
     rows : (n_rows,) int64, ascending: query r is key ``rows[r]`` (left out)
     block_rows : rows per tile; use_gemm : GEMM scores allowed (blocks whose
         squared radius exceeds ``gemm_max_radius2`` take the direct ones)
-    axis, prune_gap : the pruning of the module docstring; ``axis = -1``: none
+    proj, prune_gap : the pruning of the module docstring: (n,) ascending
+        projections u . z_j of the keys; empty: no pruning
 
     Returns
     -------
@@ -221,7 +221,7 @@ def loo_tiles(
         for blk in range(first, last):
             i0 = blk * block_rows
             nb = min(block_rows, n_rows - i0)
-            lo, hi = _block_window(z_t, rows, i0, nb, axis, prune_gap)
+            lo, hi = _block_window(z_t, rows, i0, nb, proj, prune_gap)
             width = hi - lo
             tile = flat[: nb * width].reshape((nb, width))
             gemm = use_gemm and _block_radius2(z_t, rows, i0, nb, centre) <= gemm_max_radius2
