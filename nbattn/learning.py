@@ -756,8 +756,9 @@ def fit_learned_kernel(
     and finishes on the full criterion. A stage whose criterion is lower at the
     initial point than at the previous stage's result (the subsample was
     overfitted) starts afresh from the initial point, so the result is never
-    worse than the start. The final stage's tolerance is ``tol`` on the full
-    criterion, so the result is a minimum of the full criterion.
+    worse than the start. In the ladder, ``tol`` is relative to each stage's
+    starting loss (not to the variance of y: a warm start is near a minimum),
+    and the last stage minimises the full criterion.
 
     Warns
     -----
@@ -848,9 +849,10 @@ def fit_learned_kernel(
         Xs, y2 = np.ascontiguousarray(Xs[order]), np.ascontiguousarray(y2[order])
     curve = []
     stage_rows = [None]
+    scale = [norm]  # the objective is loss / scale: tol is relative to it
     last = {}  # the last evaluation, so that a stage's start check costs L-BFGS-B nothing
 
-    def objective(p):
+    def raw(p):
         key = (stage_rows[0], p.tobytes())
         if key not in last:
             last.clear()
@@ -862,13 +864,17 @@ def fit_learned_kernel(
             )
         if not curve:  # L-BFGS-B evaluates x0 first: the start of the loss curve
             curve.append(float(loss))
-        return loss / norm, np.ravel(grad) / norm
+        return loss, grad
+
+    def objective(p):
+        loss, grad = raw(p)
+        return loss / scale[0], np.ravel(grad) / scale[0]
 
     n_iter, x = 0, x0
     with FitProgress(verbose, "fit_learned_kernel", total=int(max_iter), unit="iter") as log:
 
         def callback(intermediate_result):
-            curve.append(float(intermediate_result.fun) * norm)
+            curve.append(float(intermediate_result.fun) * scale[0])
             estimate = "" if stage_rows[0] is None else f" (estimate on {stage_rows[0]} rows)"
             log.step(
                 f"iteration {len(curve) - 1}: LOO MSE {curve[-1]:.6g}{estimate} "
@@ -882,12 +888,18 @@ def fit_learned_kernel(
             if log.enabled and len(stages) > 1:
                 what = "all rows" if rows == n else f"a random subsample of {rows} query rows"
                 log.note(f"stage: the LOO criterion of {what} against all {n} keys")
-            if rows != stages[0] and objective(x0)[0] < objective(x)[0]:
+            if rows != stages[0] and raw(x0)[0] < raw(x)[0]:
                 # the subsample led somewhere worse than the start on this stage's
                 # criterion (it was overfitted): start this stage afresh
                 if log.enabled:
                     log.note("the previous stage's result is worse than the start here: restart")
                 x = x0
+            if len(stages) > 1:
+                # relative to the stage's starting loss, not var(y): a warm start is
+                # near a minimum, and a tolerance on loss / var(y) (LOO MSE << var(y))
+                # would end the stage after a step or two
+                start = float(raw(x)[0])
+                scale[0] = start if start > 0 else norm
             res = minimize(
                 objective,
                 x,
@@ -904,7 +916,7 @@ def fit_learned_kernel(
         if log.enabled:
             log.note(
                 f"{'converged' if converged else 'stopped'} after {n_iter} iterations: "
-                f"LOO MSE {float(res.fun) * norm:.6g} (start {curve[0]:.6g}); {res.message}"
+                f"LOO MSE {float(res.fun) * scale[0]:.6g} (start {curve[0]:.6g}); {res.message}"
             )
     if not converged:
         from sklearn.exceptions import ConvergenceWarning
@@ -916,7 +928,7 @@ def fit_learned_kernel(
             stacklevel=2,
         )
     result = {
-        "loss": float(res.fun) * norm,
+        "loss": float(res.fun) * scale[0],
         "loss_curve": np.array(curve),
         "n_iter": n_iter,
         "converged": converged,
