@@ -51,6 +51,7 @@ KERNELS = {
     ("scores", "cpu"): "nbattn.kernels.scores",
     ("softmax", "cpu"): "nbattn.kernels.softmax",
     ("attention", "cpu"): "nbattn.kernels.attention",
+    ("loo_tiles", "cpu"): "nbattn.kernels.loo_tiles",
 }
 
 

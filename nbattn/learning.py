@@ -372,8 +372,7 @@ def _loss_grad_rows_tiled(a, b, keys, z, z_t, v_t, y2, dtype, diagonal):
     rows, n = 1) go through the two-pass kernels of :mod:`nbattn.kernels.loo`,
     one by one, on ``z``, ``z_t``, ``v_t`` (the ``dtype`` layout).
     """
-    from .kernels import loo_tiles
-
+    loo_tiles = kernels_for("loo_tiles", "cpu")
     proj, rank, keys_t, points, y_keys = keys
     k, n = keys_t.shape
     rows = np.sort(rank[a:b]).astype(np.int64)
