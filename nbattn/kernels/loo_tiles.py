@@ -45,12 +45,14 @@ the squared distance to the nearest of a few keys beside it in that order, so
 -max_j s_ij <= U for every row, and such a key weighs less than exp(-gap) of its
 row's largest weight. The block takes only the keys within sqrt(U + gap) of its
 rows' projections (two binary searches): n skipped keys change a row's sum by
-less than n exp(-gap) relative (and its gradient terms g_ij |x_i - x_j|^2
-likewise, as t exp(-t) falls for t > 1), below float64 rounding at the default
-gap of 50 (``config.PRUNE_GAP_FLOAT64``).
+less than n exp(-gap) relative, below float64 rounding at the default gap of
+50 (``config.PRUNE_GAP_FLOAT64``). The skipped gradient terms are as small: for
+the diagonal metric (points = z) g_ij |z_i - z_j|^2 with |z_i - z_j|^2 e^{-|z_i - z_j|^2}
+falling beyond 1; for the full metric g_ij carries the same exp(-gap) factor
+times |x_i - x_j|^2, at most the data's squared diameter.
 
-Inside ``prange``, ``np.dot`` calls BLAS: the caller holds BLAS to one thread
-(``nbattn._threads.blas_one_thread``).
+Inside ``prange``, ``np.dot`` calls BLAS: the caller (``nbattn.learning``) holds
+BLAS to one thread while the kernel runs.
 """
 
 from __future__ import annotations
