@@ -42,7 +42,7 @@ from contextvars import ContextVar
 import numpy as np
 
 from . import config
-from ._threads import serial_below
+from ._threads import blas_one_thread, serial_below
 from ._validation import as_columns, as_float_array, check_pooling_inputs, resolve_dtype
 from .device import kernels_for, resolve_device
 from .kernels import loo
@@ -307,35 +307,6 @@ def loo_loss_and_grad(X, y, bandwidth=None, *, components=None, dtype=None, devi
     return _prepared_loss_and_grad(X, y2, components=L, dtype=dtype, device=device)
 
 
-_BLAS_LIBRARIES = []
-
-
-@contextmanager
-def _blas_held_to_one_thread():
-    """Every BLAS library on one thread inside the block (the tile kernel calls BLAS from its
-    own parallel loop).
-
-    The same effect as ``nbattn._threads.blas_one_thread`` at a fraction of its cost
-    (threadpoolctl's ``limit`` inspects the loaded libraries at each call, ~10 ms; a
-    tile call at n = 1,000 takes ~1 ms): the library controllers are found once and
-    their thread counts set and restored directly.
-    """
-    if not _BLAS_LIBRARIES:
-        # numba's np.dot calls the BLAS behind scipy.linalg.cython_blas: load it first
-        import scipy.linalg.cython_blas  # noqa: F401
-        from threadpoolctl import ThreadpoolController
-
-        _BLAS_LIBRARIES.extend(ThreadpoolController().select(user_api="blas").lib_controllers)
-    saved = [library.num_threads for library in _BLAS_LIBRARIES]
-    for library in _BLAS_LIBRARIES:
-        library.set_num_threads(1)
-    try:
-        yield
-    finally:
-        for library, threads in zip(_BLAS_LIBRARIES, saved):
-            library.set_num_threads(threads)
-
-
 def _tile_rows(n_keys):
     """Rows per tile of ``loo_tiles``: config.LOO_TILE_ROWS, fewer when a tile would pass
     config.LOO_TILE_BYTES."""
@@ -378,7 +349,7 @@ def _loss_grad_rows_tiled(a, b, keys, z, z_t, v_t, y2, dtype, diagonal):
     rows = np.sort(rank[a:b]).astype(np.int64)
     use_gemm = k >= config.LOO_TILE_GEMM_MIN_DIMS
     gap = loo.prune_gap_for(np.float64)
-    with _blas_held_to_one_thread(), _threads_for((b - a) * n):
+    with blas_one_thread(), _threads_for((b - a) * n):
         sse, M, key_sums, far = loo_tiles.loo_tiles(
             keys_t,
             points,
