@@ -52,6 +52,7 @@ KERNELS = {
     ("softmax", "cpu"): "nbattn.kernels.softmax",
     ("attention", "cpu"): "nbattn.kernels.attention",
     ("local", "cpu"): "nbattn.kernels.local",
+    ("local", "cuda"): "nbattn.cuda.local",
 }
 
 
