@@ -125,3 +125,28 @@ def test_diagnostics_float32_fast_exp_and_empty_rows_compiled_in(ptx):
     assert "ex2.approx" in texts[spread.name]
     assert "ex2.approx" in texts[weights.name]
     assert "0dFFF0000000000000" in texts[spread.name]
+
+
+def test_local_kernels_compile_and_assemble(ptx):
+    """The local fit where the other cases do not reach: local-constant marginal
+    effects with a compact kernel, missing entries and three outputs; only
+    categorical columns at degree 2 (one term). Each compiles to PTX that ptxas
+    accepts (the second passes share the fit's device functions)."""
+    fits = (
+        ptx.local_cases(1, 1, 0, 3, kernel=2, missing=True)[0],
+        ptx.local_cases(0, 2, 2, 1)[0],
+    )
+    for case in fits:
+        _usage(ptx, _compile(ptx, case))
+
+
+def test_local_linear_kernels_keep_their_state_in_registers(ptx):
+    """Local-linear with 3 continuous and 2 categorical columns (5 terms: 15 moments
+    and 5 right-hand sides per thread): no local memory in any of the three kernels
+    (the accumulators, the Cholesky factor and the query row stay in registers);
+    the -inf tests of the fallback rows are compiled in, not folded away."""
+    for case in ptx.local_cases(3, 2, 1, 1):
+        text = _compile(ptx, case)
+        assert "0dFFF0000000000000" in text, case.name
+        usage = _usage_or_skip(ptx, text)
+        assert usage.spill_stores == usage.spill_loads == usage.stack == 0, (case.name, usage)

@@ -136,6 +136,39 @@ def layout_cases():
     ]
 
 
+def local_cases(dc, dk, degree, n_out, kernel=0, missing=False):
+    """The local-polynomial kernels (``local.local_fit`` with marginal effects where
+    they apply, ``local_interval_sums``, ``local_loo_gradient``) at dc continuous and
+    dk categorical columns, a degree, n_out outputs per launch; float64 (their one dtype)."""
+    from . import local
+
+    f2, f1, f3, i1 = "float64[:,::1]", "float64[::1]", "float64[:,:,::1]", "int64[::1]"
+    names = ("gaussian", "epanechnikov", "tricube")
+    tag = f"dc={dc} dk={dk} deg={degree} out={n_out} {names[kernel]}" + (" nan" if missing else "")
+    do_mfx = local.n_terms(dc, degree) == 1 and dc > 0
+    fit = local.fit_kernel(dc, dk, kernel, degree, missing, n_out, do_mfx)
+    interval = local.interval_kernel(dc, dk, kernel, degree, missing, n_out)
+    gradient = local.gradient_kernel(dc, dk, kernel, degree, missing, n_out)
+    inputs = (f2, f2, f2, f2, f2, f1)
+    return [
+        Case(
+            f"local fit {tag}",
+            fit,
+            _sig(*inputs, f2, "boolean", "float64", "int64", f3, f2, f1, f1, i1, f3),
+        ),
+        Case(
+            f"local interval {tag}",
+            interval,
+            _sig(*inputs, f2, "boolean", f2, f1, f1, i1, "int64", f2),
+        ),
+        Case(
+            f"local gradient {tag}",
+            gradient,
+            _sig(*inputs[:5], f2, f1, f2, "boolean", "float64", f3, f2, f1, f1, f2, "int64", f2),
+        ),
+    ]
+
+
 def kernel_cases():
     """The catalogue at the sizes that matter: flash D = 64 and 128 (float32 and
     float64), Nadaraya-Watson, the LOO loss, the spread and the weight matrix
@@ -151,6 +184,10 @@ def kernel_cases():
             cases += weights_cases(dtype, d)
         for n_acc in (8, 64):
             cases += grad_cases(dtype, n_acc)
+    # local polynomial: local-linear with 3 continuous and 2 categorical columns,
+    # local-quadratic in 2-D, local-constant (marginal effects) with a compact kernel
+    for args in ((3, 2, 1, 1), (2, 0, 2, 1), (3, 2, 0, 1, 2, True), (1, 1, 1, 8)):
+        cases += local_cases(*args)
     return cases + layout_cases()
 
 
