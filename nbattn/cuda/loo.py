@@ -55,6 +55,7 @@ from numba import cuda, from_dtype
 
 from .. import config
 from ..kernels.fastmath import power_of_two_scale
+from . import far
 from .common import compiled, exp_for, imin, launch, load_columns, tile_rows, to_device
 from .pooling import pool_row_function, tile_score_function
 
@@ -76,6 +77,7 @@ def _make_loss_kernel(float_type, k, n_outputs):
     zero = float_type(0.0)
     tile_type = from_dtype(np.dtype(float_type))
     pool_row = pool_row_function(float_type, k, n_outputs)
+    limit = far.far_limit(float_type)
 
     @cuda.jit
     def loo_squared_error_kernel(queries, keys_t, values_t, targets, self_index, bk, out):
@@ -91,7 +93,12 @@ def _make_loss_kernel(float_type, k, n_outputs):
         for f in range(k):
             q_row[f] = queries[i, f] if active else zero
         own = self_index[i] if active else -1
-        _, running_sum = pool_row(keys_t, values_t, own, active, q_row, tile, bk, acc)
+        running_max, running_sum = pool_row(keys_t, values_t, own, active, q_row, tile, bk, acc)
+        if active and not running_max >= -limit:  # a far row (rare): redone as on the CPU
+            if far.has_admissible_key(keys_t.shape[1], own):
+                running_max, running_sum = far.repair_row(
+                    q_row, keys_t, values_t, own, limit, running_max, running_sum, acc
+                )
         if active:
             inv = 1.0 / running_sum if running_sum > 0.0 else 0.0
             sq = 0.0
@@ -131,6 +138,15 @@ def _make_pair_weight(float_type):
     return pair_weight
 
 
+@cuda.jit(device=True, inline=True)
+def pair_residual(values_t, resid, centers, i, j):
+    """sum_c resid[i, c] (values_t[c, j] - centers[i, c]), in the input dtype."""
+    total = resid[i, 0] * (values_t[0, j] - centers[i, 0])
+    for c in range(1, values_t.shape[0]):
+        total += resid[i, c] * (values_t[c, j] - centers[i, c])
+    return total
+
+
 def pair_weight_function(dtype):
     """The device function ``pair_weight`` for a dtype (see :func:`_make_pair_weight`)."""
     t = np.dtype(dtype).type
@@ -143,6 +159,7 @@ def _make_grad_kernels(float_type, n_acc):
     zero = float_type(0.0)
     tile_type = from_dtype(np.dtype(float_type))
     pair_weight = pair_weight_function(float_type)
+    limit = far.far_limit(float_type)
 
     @cuda.jit
     def loo_grad_diag_kernel(
@@ -163,9 +180,19 @@ def _make_grad_kernels(float_type, n_acc):
             acc[a] = 0.0
         active = False
         shift = zero
+        mode = far.DIRECT
+        lse_i = -math.inf
+        anchor = -1
+        scale = 1.0
+        far_shift = 0.0
+        own = i + self_offset
         if i < queries.shape[0]:
-            active = lse[i] != -math.inf
-            shift = float_type(lse[i])
+            lse_i = lse[i]
+            shift = float_type(lse_i)
+            skip, mode, anchor, scale, far_shift = far.row_setup(
+                queries[i], keys_t, own, lse_i, limit
+            )
+            active = not skip
         for j0 in range(0, n_keys, bk):
             nb = imin(bk, n_keys - j0)
             load_columns(tile, bk, j0, nb, keys_t, k, keys_t, 0)
@@ -173,9 +200,17 @@ def _make_grad_kernels(float_type, n_acc):
             if active:
                 for jj in range(nb):
                     j = j0 + jj
-                    if j == i + self_offset:
+                    if j == own:
                         continue
-                    coef = pair_weight(tile, bk, jj, queries, i, shift, values_t, resid, centers, j)
+                    if mode == far.DIRECT:
+                        coef = pair_weight(
+                            tile, bk, jj, queries, i, shift, values_t, resid, centers, j
+                        )
+                    else:  # a far row (rare)
+                        w = far.far_weight(
+                            queries[i], keys_t, j, own, mode, lse_i, anchor, scale, far_shift
+                        )
+                        coef = float_type(w) * pair_residual(values_t, resid, centers, i, j)
                     for a in range(n_acc):
                         diff = tile[(f0 + a) * bk + jj] - queries[i, f0 + a]
                         acc[a] += coef * diff * diff
@@ -219,9 +254,19 @@ def _make_grad_kernels(float_type, n_acc):
             acc[a] = 0.0
         active = False
         shift = zero
+        mode = far.DIRECT
+        lse_i = -math.inf
+        anchor = -1
+        scale = 1.0
+        far_shift = 0.0
+        own = i + self_offset
         if i < queries.shape[0]:
-            active = lse[i] != -math.inf
-            shift = float_type(lse[i])
+            lse_i = lse[i]
+            shift = float_type(lse_i)
+            skip, mode, anchor, scale, far_shift = far.row_setup(
+                queries[i], keys_t, own, lse_i, limit
+            )
+            active = not skip
         for j0 in range(0, n_keys, bk):
             nb = imin(bk, n_keys - j0)
             load_columns(tile, bk, j0, nb, keys_t, k, points_t, d)
@@ -229,9 +274,17 @@ def _make_grad_kernels(float_type, n_acc):
             if active:
                 for jj in range(nb):
                     j = j0 + jj
-                    if j == i + self_offset:
+                    if j == own:
                         continue
-                    coef = pair_weight(tile, bk, jj, queries, i, shift, values_t, resid, centers, j)
+                    if mode == far.DIRECT:
+                        coef = pair_weight(
+                            tile, bk, jj, queries, i, shift, values_t, resid, centers, j
+                        )
+                    else:  # a far row (rare)
+                        w = far.far_weight(
+                            queries[i], keys_t, j, own, mode, lse_i, anchor, scale, far_shift
+                        )
+                        coef = float_type(w) * pair_residual(values_t, resid, centers, i, j)
                     for p in range(n_acc):
                         a = pair_a[p]
                         b = pair_b[p]
@@ -353,6 +406,7 @@ def _make_spread_kernel(float_type, k, n_outputs):
     tile_type = from_dtype(np.dtype(float_type))
     exp = exp_for(float_type)
     tile_score = tile_score_function(float_type, k)
+    limit = far.far_limit(float_type)
     # float32 sums run per tile and are added into float64 once per tile (the
     # CPU kernel's scheme); float64 ones go straight into the float64
     # registers, which spares n_outputs registers of per-tile sums.
@@ -368,11 +422,21 @@ def _make_spread_kernel(float_type, k, n_outputs):
         i = cuda.grid(1)
         n_keys = keys_t.shape[1]
         in_range = i < queries.shape[0]
+        own = i if exclude_self else -1
         active = False
         shift = zero
+        mode = far.DIRECT
+        lse_i = -math.inf
+        anchor = -1
+        scale = 1.0
+        far_shift = 0.0
         if in_range:
-            active = lse[i] != -math.inf
-            shift = float_type(lse[i])
+            lse_i = lse[i]
+            shift = float_type(lse_i)
+            skip, mode, anchor, scale, far_shift = far.row_setup(
+                queries[i], keys_t, own, lse_i, limit
+            )
+            active = not skip
         q_row = cuda.local.array(k, dtype=float_type)
         center = cuda.local.array(n_outputs, dtype=float_type)
         part = cuda.local.array(n_outputs, dtype=float_type)
@@ -382,7 +446,6 @@ def _make_spread_kernel(float_type, k, n_outputs):
         for c in range(n_outputs):
             center[c] = float_type(centers[i, c]) if in_range else zero
             acc[c] = 0.0
-        own = i if exclude_self else -1
         w2 = 0.0
         for j0 in range(0, n_keys, bk):
             nb = imin(bk, n_keys - j0)
@@ -395,7 +458,14 @@ def _make_spread_kernel(float_type, k, n_outputs):
                 for jj in range(nb):
                     if j0 + jj == own:
                         continue
-                    w = exp(tile_score(tile, bk, jj, q_row) - shift)
+                    if mode == far.DIRECT:
+                        w = exp(tile_score(tile, bk, jj, q_row) - shift)
+                    else:  # a far row (rare)
+                        w = float_type(
+                            far.far_weight(
+                                q_row, keys_t, j0 + jj, own, mode, lse_i, anchor, scale, far_shift
+                            )
+                        )
                     part_w2 += w * w
                     for c in range(n_outputs):
                         dev = tile[(k + c) * bk + jj] - center[c]
