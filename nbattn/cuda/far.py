@@ -8,22 +8,27 @@ so do these device functions, one thread per row, in float64, with the same
 thresholds and steps (see the CPU module's "Far rows"):
 
 * a float32 row beyond ``FAR_SCORE_FLOAT32``: direct scores in float64 (the
-  differences of float32 numbers are exact there) -- :func:`direct_row64`;
+  differences of float32 numbers are exact there) -- :func:`direct_state64`;
 * a row beyond ``FAR_SCORE_FLOAT64``, or overflowed: scores relative to its
   nearest key a, r_j = s_j - s_a = (z_j - z_a) . (2 z_q - z_j - z_a), the second
   factor summed with TwoSum, on inputs multiplied by a power of two c that
   keeps every product finite -- :func:`far_state`, :func:`far_score`.
 
-These rows are rare, so the functions read the keys from global memory with
-plain loops (no tiles, no synchronisation: a thread may run them alone). The
+These rows are rare, so the functions read the query row and the keys from
+global memory with plain loops (no tiles, no synchronisation: a thread may run
+them alone; and no local arrays passed in, which would put a kernel's
+register-held rows on the stack). A first pass (the LOO loss) redoes a far
+row with :func:`repair_state` and :func:`weighted_value` (:func:`far_squared_error`). The
 kernels compile without fast-math (``common.exp_for``), so TwoSum's
 compensation is kept; NVVM's contraction into fused multiply-adds only makes
 the products more exact.
 
-Second passes (LOO gradients, spread) find a row's mode from its lse as the
-CPU's ``_row_setup`` does (:func:`row_setup`): ``DIRECT`` (scores in the
-input dtype, w = exp(s - lse)), ``DIRECT_FLOAT64`` (float64 scores), or
-``ANCHORED`` (w = exp(r_j - shift), shift including log l).
+Second passes (LOO gradients, spread) run their direct rows in their tiled
+kernels and hand the others (:func:`far_rows`: lse below -far_limit) to a far
+kernel, one thread per such row, which finds the row's mode from its lse as
+the CPU's ``_row_setup`` does (:func:`row_setup`): skip, ``DIRECT_FLOAT64``
+(float64 scores, w = exp(s - lse)), or ``ANCHORED`` (w = exp(r_j - shift),
+shift including log l). The tiled kernels keep their registers that way.
 """
 
 from __future__ import annotations
@@ -47,10 +52,16 @@ _SCALE_STEP = 2.0**-64
 
 
 def far_limit(dtype):
-    """The score magnitude beyond which a row of ``dtype`` is far (read at each call)."""
-    if np.dtype(dtype) == np.float32:
-        return float(config.FAR_SCORE_FLOAT32)
-    return float(config.FAR_SCORE_FLOAT64)
+    """The score magnitude beyond which a row of ``dtype`` is far (config's value when
+    this module was imported, as for the CPU kernels, which compile it in)."""
+    return FAR_SCORE_FLOAT32 if np.dtype(dtype) == np.float32 else FAR_SCORE_FLOAT64
+
+
+def far_rows(lse, dtype):
+    """Indices of the rows whose lse is not >= -far_limit(dtype) (NaN included): the
+    rows a second pass hands to its far kernel. ``lse``: host or device array."""
+    host = lse if isinstance(lse, np.ndarray) else lse.copy_to_host()
+    return np.flatnonzero(~(np.asarray(host, dtype=np.float64) >= -far_limit(dtype)))
 
 
 @cuda.jit(device=True, inline=True)
@@ -179,13 +190,10 @@ def direct_score64(q_row, keys_t, j):
 
 
 @cuda.jit(device=True)
-def direct_row64(q_row, keys_t, values_t, own, acc):
-    """The online softmax of one row with float64 scores: acc = sum_j exp(s_j - m) v_j,
-    returns (m, l); with no admissible key (-inf, 0)."""
+def direct_state64(q_row, keys_t, own):
+    """(m, l) of one row with float64 scores: m = max_j s_j, l = sum_j exp(s_j - m)."""
     m = -math.inf
     total = 0.0
-    for c in range(values_t.shape[0]):
-        acc[c] = 0.0
     for j in range(keys_t.shape[1]):
         if j == own:
             continue
@@ -193,49 +201,51 @@ def direct_row64(q_row, keys_t, values_t, own, acc):
         if s == -math.inf:
             continue
         if s > m:
-            rescale = math.exp(m - s)
-            total *= rescale
-            for c in range(values_t.shape[0]):
-                acc[c] *= rescale
+            total *= math.exp(m - s)
             m = s
-        w = math.exp(s - m)
-        total += w
-        for c in range(values_t.shape[0]):
-            acc[c] += w * np.float64(values_t[c, j])
+        total += math.exp(s - m)
     return m, total
 
 
 @cuda.jit(device=True)
-def far_row(q_row, keys_t, values_t, own, acc):
-    """``pool_row``'s far path for one row: acc = sum_j exp(r_j - shift) v_j; returns
-    ``(s_a + shift, l)``; with no admissible key (-inf, 0)."""
-    for c in range(values_t.shape[0]):
-        acc[c] = 0.0
+def repair_state(q_row, keys_t, own, limit):
+    """``(mode, anchor, c, shift, l)`` of a far row of a first pass (the tail of the
+    CPU's ``pool_row``), for a row with an admissible key whose direct best score
+    lies below ``-limit`` (the dtype's far limit): a float32 row takes float64
+    scores (mode DIRECT_FLOAT64, shift = m), unless those too lie beyond
+    FAR_SCORE_FLOAT64 or overflow; then the anchored form (ANCHORED). The weights
+    are :func:`far_weight` ``(..., shift, anchor, c, shift) / l``."""
+    if limit < FAR_SCORE_FLOAT64:
+        m, total = direct_state64(q_row, keys_t, own)
+        if m >= -FAR_SCORE_FLOAT64:
+            return DIRECT_FLOAT64, -1, 1.0, m, total
     anchor, c, s_a, shift, total = far_state(q_row, keys_t, own)
-    if anchor < 0:
-        return -math.inf, 0.0
-    inv_c = 1.0 / c
-    for j in range(keys_t.shape[1]):
-        if j == own:
-            continue
-        r = unscaled(scaled_relative(q_row, keys_t, j, anchor, c), inv_c)
-        w = math.exp(r - shift)
-        for o in range(values_t.shape[0]):
-            acc[o] += w * np.float64(values_t[o, j])
-    return s_a + shift, total
+    return ANCHORED, anchor, c, shift, total
 
 
 @cuda.jit(device=True)
-def repair_row(q_row, keys_t, values_t, own, limit, m, l, acc):
-    """The CPU ``pool_row``'s tail: given the direct pass's (m, l, acc) of a row in a
-    dtype whose far limit is ``limit``, redo a float32 far row with float64 scores,
-    then a row beyond FAR_SCORE_FLOAT64 (or overflowed) in the anchored form.
-    Returns the final (m, l); ``acc`` updated in place."""
-    if limit < FAR_SCORE_FLOAT64 and not m >= -limit:
-        m, l = direct_row64(q_row, keys_t, values_t, own, acc)
-    if m < -FAR_SCORE_FLOAT64 or (m == -math.inf and has_admissible_key(keys_t.shape[1], own)):
-        m, l = far_row(q_row, keys_t, values_t, own, acc)
-    return m, l
+def weighted_value(q_row, keys_t, values_t, o, own, mode, anchor, c, shift):
+    """sum_j w_j values_t[o, j] with the unnormalised weights of :func:`repair_state`."""
+    total = 0.0
+    for j in range(keys_t.shape[1]):
+        if j == own:
+            continue
+        w = far_weight(q_row, keys_t, j, own, mode, shift, anchor, c, shift)
+        total += w * np.float64(values_t[o, j])
+    return total
+
+
+@cuda.jit(device=True)
+def far_squared_error(q_row, keys_t, values_t, targets, i, own, limit):
+    """sum_c (f_c - targets[i, c])^2 for a far row of a first pass, f_c its prediction
+    from :func:`repair_state`'s weights (the LOO loss's far rows)."""
+    mode, anchor, c, shift, total = repair_state(q_row, keys_t, own, limit)
+    sq = 0.0
+    for o in range(values_t.shape[0]):
+        value = weighted_value(q_row, keys_t, values_t, o, own, mode, anchor, c, shift)
+        err = value / total - targets[i, o]
+        sq += err * err
+    return sq
 
 
 @cuda.jit(device=True)

@@ -114,6 +114,33 @@ def grad_cases(dtype, n_acc):
     ]
 
 
+def far_cases(dtype, n_acc):
+    """The far-row kernels of the LOO second passes (``loo.far_grad_kernels``,
+    ``loo.far_spread_kernel``): one thread per far row, keys from global memory."""
+    from . import loo
+
+    a2, f64_1, f64_2, i64_1 = f"{dtype}[:,::1]", "float64[::1]", "float64[:,::1]", "int64[::1]"
+    diag, full = loo.far_grad_kernels(dtype, n_acc)
+    tag = f"{dtype} entries={n_acc}"
+    return [
+        Case(
+            f"LOO far grad diag {tag}",
+            diag,
+            _sig(a2, a2, a2, a2, a2, f64_1, "int64", i64_1, "int64", f64_1),
+        ),
+        Case(
+            f"LOO far grad full {tag}",
+            full,
+            _sig(a2, a2, a2, a2, a2, a2, a2, f64_1, "int64", i64_1, i64_1, i64_1, f64_1),
+        ),
+        Case(
+            f"NW far spread {dtype}",
+            loo.far_spread_kernel(dtype),
+            _sig(a2, a2, a2, a2, f64_1, "boolean", i64_1, f64_2, f64_1),
+        ),
+    ]
+
+
 def layout_cases():
     from . import layout
 
@@ -188,6 +215,8 @@ def kernel_cases():
     # local-quadratic in 2-D, local-constant (marginal effects) with a compact kernel
     for args in ((3, 2, 1, 1), (2, 0, 2, 1), (3, 2, 0, 1, 2, True), (1, 1, 1, 8)):
         cases += local_cases(*args)
+    for dtype in ("float32", "float64"):
+        cases += far_cases(dtype, 8)
     return cases + layout_cases()
 
 
