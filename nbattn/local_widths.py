@@ -39,6 +39,7 @@ from .local import (
     fit_problem,
     lambda_max,
     prepare,
+    threads_for,
 )
 
 __all__ = ["local_loo_loss_and_grad", "local_loo_widths", "theta_to_widths", "widths_to_theta"]
@@ -168,21 +169,23 @@ class _Criterion:
         value = float((residual**2).sum(axis=1) @ self.loo_weights)
         out_weights = np.ascontiguousarray(2.0 * residual * self.loo_weights[:, None])
         module = kernels_for("local", self.device)
-        per_query = module.local_loo_gradient(
-            *problem.kernel_args(),
-            problem.values_t,
-            _categorical_derivatives(theta, problem.var_type, problem.n_categories),
-            problem.kernel,
-            problem.degree,
-            True,
-            problem.missing,
-            problem.ridge,
-            beta,
-            g,
-            shift,
-            log_norm,
-            out_weights,
-        )
+        with threads_for(problem):
+            per_query = module.local_loo_gradient(
+                *problem.kernel_args(),
+                problem.values_t,
+                _categorical_derivatives(theta, problem.var_type, problem.n_categories),
+                problem.kernel,
+                problem.degree,
+                True,
+                problem.missing,
+                problem.ridge,
+                beta,
+                g,
+                shift,
+                log_norm,
+                out_weights,
+            )
+
         grad = np.empty(len(problem.var_type))
         grad[self.order] = per_query.sum(axis=0)
         if not math.isfinite(value) or not np.isfinite(grad).all():

@@ -31,9 +31,11 @@ and at the end solves the small system, normalised by l = sum_j w_j,
 
     (M/l + R) beta = V/l,       R = ridge * diag(0, M_11/l, ..., M_pp/l)
 
-by a Cholesky factorisation; a pivot that is not positive (a design column
-that is zero: every neighbour equal to the query in that column) drops its
-term (its coefficient is 0), so a singular design shrinks towards the local
+by a Cholesky factorisation; a term whose pivot is below
+``config.LOCAL_PIVOT_TOL`` times its diagonal entry (its column within that
+relative distance of the span of the earlier ones: a zero or constant column,
+fewer distinct neighbours than terms) is dropped (coefficient 0), like a
+truncated pseudo-inverse, so a singular design shrinks towards the local
 constant and never gives NaN. ``beta`` holds the fit (beta[0]) and the local
 slopes in scaled units (divide by h). The relative ridge is invariant to the
 units of every column.
@@ -60,10 +62,11 @@ import numpy as np
 from numba import njit, prange
 
 from .. import config
-from .fastmath import fast_exp
+from .fastmath import fast_exp, fmax
 
 _KEY_BLOCK = config.KEY_BLOCK
 _QUERY_BLOCK = config.QUERY_BLOCK
+_PIVOT_TOL = config.LOCAL_PIVOT_TOL
 
 GAUSSIAN, EPANECHNIKOV, TRICUBE = 0, 1, 2
 #: Continuous kernels by name -> the code the kernels take.
@@ -116,6 +119,7 @@ def _block(
     keys_cat_t,
     cat_params,
     log_weights,
+    weighted,
     kernel,
     degree,
     exclude_self,
@@ -124,12 +128,18 @@ def _block(
     design,
 ):
     """Scores of keys j0 .. j0+nb-1 for query i into ``scores``, the scaled differences
-    into ``design[1 : 1 + dc]`` (0 where missing) and the quadratic terms after them.
-    Returns the block's maximum score (-inf when no key is admissible)."""
+    into ``design[1 : 1 + dc]`` (0 where missing) and the quadratic terms after them
+    (``design[0]`` is scratch: the constant term is implicit). ``weighted``: whether
+    ``log_weights`` holds anything but zeros. Returns the block's maximum score (-inf
+    when no key is admissible)."""
     dc = keys_cont_t.shape[0]
     dk = keys_cat_t.shape[0]
-    for j in range(nb):
-        scores[j] = log_weights[j0 + j]
+    if weighted:
+        for j in range(nb):
+            scores[j] = log_weights[j0 + j]
+    else:
+        for j in range(nb):
+            scores[j] = 0.0
     if kernel == GAUSSIAN:
         for c in range(dc):
             qc = q_cont[i, c]
@@ -186,20 +196,24 @@ def _block(
         b_ne = cat_params[k, 1]
         t_step = cat_params[k, 2]
         kk = keys_cat_t[k, j0 : j0 + nb]
-        for j in range(nb):
-            x = kk[j]
-            if x == qk:
-                scores[j] += a_eq
-            elif x == x:  # not missing
-                if t_step == 0.0:
-                    scores[j] += b_ne
-                else:
-                    scores[j] += b_ne + t_step * abs(x - qk)
+        if missing:
+            for j in range(nb):
+                x = kk[j]
+                if x == qk:
+                    scores[j] += a_eq
+                elif x == x:  # not missing
+                    scores[j] += b_ne + t_step * fmax(abs(x - qk), 1.0)
+        elif t_step == 0.0:
+            for j in range(nb):
+                scores[j] += a_eq if kk[j] == qk else b_ne
+        else:
+            # |x - q| >= 1 where the codes differ, so t = -inf (l = 0) never meets 0 there
+            for j in range(nb):
+                x = kk[j]
+                scores[j] += a_eq if x == qk else b_ne + t_step * fmax(abs(x - qk), 1.0)
     if exclude_self and j0 <= i < j0 + nb:
         scores[i - j0] = -np.inf
     p = design.shape[0]
-    for j in range(nb):
-        design[0, j] = 1.0
     if degree >= 2 and p > 1:
         t = 1 + dc
         for c in range(dc):
@@ -209,8 +223,17 @@ def _block(
                 t += 1
     best = -np.inf
     for j in range(nb):
-        best = max(best, scores[j])
+        best = fmax(best, scores[j])  # maxnum vectorises; scores are never NaN
     return best
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _any_weight(log_weights):
+    """Whether any key has a log weight other than 0 (the unweighted case skips them)."""
+    for j in range(log_weights.shape[0]):
+        if log_weights[j] != 0.0:
+            return True
+    return False
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
@@ -229,7 +252,7 @@ def _solve(moments, rhs, ridge, g, beta):
                 continue
             a[t, t] -= a[t, u] * a[t, u]
         diag_scale = moments[t, t] * (1.0 + ridge)
-        if not (a[t, t] > 1e-13 * diag_scale) or not (diag_scale > 0.0):
+        if not (a[t, t] > _PIVOT_TOL * diag_scale) or not (diag_scale > 0.0):
             keep[t] = False
             for v in range(t, p):
                 a[v, t] = 0.0
@@ -293,6 +316,161 @@ def _nearest(i, q_cont, keys_cont_t, q_cat, keys_cat_t, log_weights, exclude_sel
     return best
 
 
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def _fused_moments(scores, design, y, nb, m, p, moments, rhs):
+    """All moments of a block in one pass with register accumulators, for one output and
+    p = 2 to 5 terms (local-linear in 1-4 columns, local-quadratic in one): the
+    general path makes one pass per moment."""
+    if p == 2:
+        s00 = s01 = s11 = v0 = v1 = 0.0
+        x1 = design[1]
+        for j in range(nb):
+            w = fast_exp(scores[j] - m)
+            a = x1[j]
+            wa = w * a
+            s00 += w
+            s01 += wa
+            s11 += wa * a
+            v0 += w * y[j]
+            v1 += wa * y[j]
+        moments[0, 0] += s00
+        moments[0, 1] += s01
+        moments[1, 1] += s11
+        rhs[0, 0] += v0
+        rhs[1, 0] += v1
+    elif p == 3:
+        s00 = s01 = s02 = s11 = s12 = s22 = v0 = v1 = v2 = 0.0
+        x1 = design[1]
+        x2 = design[2]
+        for j in range(nb):
+            w = fast_exp(scores[j] - m)
+            a = x1[j]
+            b = x2[j]
+            wa = w * a
+            wb = w * b
+            wy = w * y[j]
+            s00 += w
+            s01 += wa
+            s02 += wb
+            s11 += wa * a
+            s12 += wa * b
+            s22 += wb * b
+            v0 += wy
+            v1 += wy * a
+            v2 += wy * b
+        moments[0, 0] += s00
+        moments[0, 1] += s01
+        moments[0, 2] += s02
+        moments[1, 1] += s11
+        moments[1, 2] += s12
+        moments[2, 2] += s22
+        rhs[0, 0] += v0
+        rhs[1, 0] += v1
+        rhs[2, 0] += v2
+    elif p == 4:
+        s00 = s01 = s02 = s03 = s11 = s12 = s13 = s22 = s23 = s33 = 0.0
+        v0 = v1 = v2 = v3 = 0.0
+        x1 = design[1]
+        x2 = design[2]
+        x3 = design[3]
+        for j in range(nb):
+            w = fast_exp(scores[j] - m)
+            a = x1[j]
+            b = x2[j]
+            c = x3[j]
+            wa = w * a
+            wb = w * b
+            wc = w * c
+            wy = w * y[j]
+            s00 += w
+            s01 += wa
+            s02 += wb
+            s03 += wc
+            s11 += wa * a
+            s12 += wa * b
+            s13 += wa * c
+            s22 += wb * b
+            s23 += wb * c
+            s33 += wc * c
+            v0 += wy
+            v1 += wy * a
+            v2 += wy * b
+            v3 += wy * c
+        moments[0, 0] += s00
+        moments[0, 1] += s01
+        moments[0, 2] += s02
+        moments[0, 3] += s03
+        moments[1, 1] += s11
+        moments[1, 2] += s12
+        moments[1, 3] += s13
+        moments[2, 2] += s22
+        moments[2, 3] += s23
+        moments[3, 3] += s33
+        rhs[0, 0] += v0
+        rhs[1, 0] += v1
+        rhs[2, 0] += v2
+        rhs[3, 0] += v3
+    else:
+        s00 = s01 = s02 = s03 = s04 = s11 = s12 = s13 = s14 = 0.0
+        s22 = s23 = s24 = s33 = s34 = s44 = 0.0
+        v0 = v1 = v2 = v3 = v4 = 0.0
+        x1 = design[1]
+        x2 = design[2]
+        x3 = design[3]
+        x4 = design[4]
+        for j in range(nb):
+            w = fast_exp(scores[j] - m)
+            a = x1[j]
+            b = x2[j]
+            c = x3[j]
+            e = x4[j]
+            wa = w * a
+            wb = w * b
+            wc = w * c
+            we = w * e
+            wy = w * y[j]
+            s00 += w
+            s01 += wa
+            s02 += wb
+            s03 += wc
+            s04 += we
+            s11 += wa * a
+            s12 += wa * b
+            s13 += wa * c
+            s14 += wa * e
+            s22 += wb * b
+            s23 += wb * c
+            s24 += wb * e
+            s33 += wc * c
+            s34 += wc * e
+            s44 += we * e
+            v0 += wy
+            v1 += wy * a
+            v2 += wy * b
+            v3 += wy * c
+            v4 += wy * e
+        moments[0, 0] += s00
+        moments[0, 1] += s01
+        moments[0, 2] += s02
+        moments[0, 3] += s03
+        moments[0, 4] += s04
+        moments[1, 1] += s11
+        moments[1, 2] += s12
+        moments[1, 3] += s13
+        moments[1, 4] += s14
+        moments[2, 2] += s22
+        moments[2, 3] += s23
+        moments[2, 4] += s24
+        moments[3, 3] += s33
+        moments[3, 4] += s34
+        moments[4, 4] += s44
+        rhs[0, 0] += v0
+        rhs[1, 0] += v1
+        rhs[2, 0] += v2
+        rhs[3, 0] += v3
+        rhs[4, 0] += v4
+
+
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, parallel=True)
 def local_fit(
     q_cont,
@@ -324,6 +502,7 @@ def local_fit(
     n_q = q_cont.shape[0]
     dc = keys_cont_t.shape[0]
     n_k = log_weights.shape[0]
+    weighted = _any_weight(log_weights)
     n_out = values_t.shape[0]
     p = _n_terms(dc, degree)
     beta = np.zeros((n_q, p, n_out))
@@ -336,6 +515,7 @@ def local_fit(
     n_chunks = (n_q + _QUERY_BLOCK - 1) // _QUERY_BLOCK
     for chunk in prange(n_chunks):
         scores = np.empty(_KEY_BLOCK)
+        wx = np.empty(_KEY_BLOCK)
         design = np.empty((max(p, 1 + dc), _KEY_BLOCK))
         moments = np.empty((p, p))
         rhs = np.empty((p, n_out))
@@ -360,6 +540,7 @@ def local_fit(
                     keys_cat_t,
                     cat_params,
                     log_weights,
+                    weighted,
                     kernel,
                     degree,
                     exclude_self,
@@ -377,21 +558,43 @@ def local_fit(
                         dsum *= factor
                         dysum *= factor
                     m = block_max
+                if n_out == 1 and 2 <= p <= 5:
+                    _fused_moments(
+                        scores, design, values_t[0, j0 : j0 + nb], nb, m, p, moments, rhs
+                    )
+                    continue
+                total = 0.0
                 for j in range(nb):
-                    scores[j] = fast_exp(scores[j] - m)
-                for a in range(p):
+                    w = fast_exp(scores[j] - m)
+                    scores[j] = w
+                    total += w
+                moments[0, 0] += total
+                for o in range(n_out):
+                    yo = values_t[o, j0 : j0 + nb]
+                    acc = 0.0
+                    for j in range(nb):
+                        acc += scores[j] * yo[j]
+                    rhs[0, o] += acc
+                for a in range(1, p):
+                    # wx[j] = w_j x_ja, then one dot product per moment
                     xa = design[a]
+                    for j in range(nb):
+                        wx[j] = scores[j] * xa[j]
+                    acc = 0.0
+                    for j in range(nb):
+                        acc += wx[j]
+                    moments[0, a] += acc
                     for b in range(a, p):
                         xb = design[b]
                         acc = 0.0
                         for j in range(nb):
-                            acc += scores[j] * xa[j] * xb[j]
+                            acc += wx[j] * xb[j]
                         moments[a, b] += acc
                     for o in range(n_out):
                         yo = values_t[o, j0 : j0 + nb]
                         acc = 0.0
                         for j in range(nb):
-                            acc += scores[j] * xa[j] * yo[j]
+                            acc += wx[j] * yo[j]
                         rhs[a, o] += acc
                 if do_mfx:
                     for c in range(dc):
@@ -476,6 +679,7 @@ def local_loo_gradient(
     dc = keys_cont_t.shape[0]
     dk = keys_cat_t.shape[0]
     n_k = log_weights.shape[0]
+    weighted = _any_weight(log_weights)
     n_out = values_t.shape[0]
     p = beta.shape[1]
     n_par = dc + dk
@@ -485,6 +689,9 @@ def local_loo_gradient(
         scores = np.empty(_KEY_BLOCK)
         design = np.empty((max(p, 1 + dc), _KEY_BLOCK))
         coef = np.empty(_KEY_BLOCK)
+        cvec = np.empty(_KEY_BLOCK)
+        fit = np.empty(_KEY_BLOCK)
+        pen = np.empty(_KEY_BLOCK)
         a_sum = np.empty(n_par)
         s_sum = np.empty(n_par)
         stop = min(n_q, (chunk + 1) * _QUERY_BLOCK)
@@ -507,6 +714,7 @@ def local_loo_gradient(
                     keys_cat_t,
                     cat_params,
                     log_weights,
+                    weighted,
                     kernel,
                     degree,
                     exclude_self,
@@ -518,25 +726,35 @@ def local_loo_gradient(
                     continue
                 for j in range(nb):
                     scores[j] = fast_exp(scores[j] - offset)
-                # coef_j = sum_o e_o [c_j r_jo - ridge sum_t g_t beta_to x_jt^2]
+                # coef_j = p_j sum_o e_o [c_j r_jo - ridge sum_t g_t beta_to x_jt^2]
                 for j in range(nb):
-                    cj = 0.0
-                    for t in range(p):
-                        cj += g[i, t] * design[t, j]
-                    total = 0.0
-                    for o in range(n_out):
-                        e = out_weights[i, o]
-                        if e == 0.0:
-                            continue
-                        fit = 0.0
-                        pen = 0.0
-                        for t in range(p):
-                            x = design[t, j]
-                            fit += beta[i, t, o] * x
-                            if t >= 1:
-                                pen += g[i, t] * beta[i, t, o] * x * x
-                        total += e * (cj * (values_t[o, j0 + j] - fit) - ridge * pen)
-                    coef[j] = scores[j] * total
+                    cvec[j] = g[i, 0]
+                    coef[j] = 0.0
+                for t in range(1, p):
+                    gt = g[i, t]
+                    xt = design[t]
+                    for j in range(nb):
+                        cvec[j] += gt * xt[j]
+                for o in range(n_out):
+                    e = out_weights[i, o]
+                    if e == 0.0:
+                        continue
+                    y = values_t[o, j0 : j0 + nb]
+                    b0 = beta[i, 0, o]
+                    for j in range(nb):
+                        fit[j] = b0
+                        pen[j] = 0.0
+                    for t in range(1, p):
+                        bt = beta[i, t, o]
+                        gbt = g[i, t] * bt
+                        xt = design[t]
+                        for j in range(nb):
+                            fit[j] += bt * xt[j]
+                            pen[j] += gbt * xt[j] * xt[j]
+                    for j in range(nb):
+                        coef[j] += e * (cvec[j] * (y[j] - fit[j]) - ridge * pen[j])
+                for j in range(nb):
+                    coef[j] *= scores[j]
                     a_total += coef[j]
                 for c in range(dc):
                     qc = q_cont[i, c]
@@ -603,6 +821,7 @@ def local_interval_sums(
     n_q = q_cont.shape[0]
     dc = keys_cont_t.shape[0]
     n_k = log_weights.shape[0]
+    weighted = _any_weight(log_weights)
     n_out = residuals_t.shape[0]
     p = g.shape[1]
     out = np.zeros((n_q, n_out))
@@ -631,6 +850,7 @@ def local_interval_sums(
                     keys_cat_t,
                     cat_params,
                     log_weights,
+                    weighted,
                     kernel,
                     degree,
                     exclude_self,
@@ -641,8 +861,8 @@ def local_interval_sums(
                 if block_max == -np.inf:
                     continue
                 for j in range(nb):
-                    cj = 0.0
-                    for t in range(p):
+                    cj = g[i, 0]
+                    for t in range(1, p):
                         cj += g[i, t] * design[t, j]
                     lj = fast_exp(scores[j] - offset) * cj
                     scores[j] = lj * lj
