@@ -69,9 +69,6 @@ GAUSSIAN, EPANECHNIKOV, TRICUBE = 0, 1, 2
 #: The tiles' element type (float64: the CPU kernels' one dtype).
 _TILE_TYPE = from_dtype(np.dtype(np.float64))
 
-#: Pivots below this fraction of their diagonal drop their term (the CPU's ``_solve``).
-_PIVOT_RTOL = 1e-13
-
 
 def n_terms(dc, degree):
     """Terms of the local design: 1, 1 + dc, or 1 + dc + dc (dc + 1) / 2."""
@@ -160,7 +157,9 @@ def _make_pair(dc, dk, kernel, degree, missing):
                 if cat[k, 2] == 0.0:
                     s += cat[k, 1]
                 else:
-                    s += cat[k, 1] + cat[k, 2] * abs(xk - qk)
+                    # |x - q| >= 1 where codes differ, so t = -inf (l = 0) never meets 0
+                    gap = abs(xk - qk)
+                    s += cat[k, 1] + cat[k, 2] * (gap if gap > 1.0 else 1.0)
         x[0] = 1.0
         if degree >= 2 and p > 1:
             t = 1 + dc
@@ -182,14 +181,16 @@ def pair_function(dc, dk, kernel, degree, missing):
 
 
 def _make_solve(p, n_out):
+    pivot_tol = float(config.LOCAL_PIVOT_TOL)
+
     @cuda.jit(device=True)
     def solve(moments, rhs, ridge, i, g, beta):
         """Solve (M + ridge diag(0, M_11, ...)) [g, beta] = [e_1, rhs] for query i.
 
         ``moments`` (p, p) symmetric and ``rhs`` (p, n_out) are normalised by l;
         writes g[i, :] and beta[i, :, :]. Cholesky with the CPU's pivot rule: a
-        pivot not above 1e-13 of its (ridged) diagonal, or a zero diagonal,
-        drops its term (coefficient 0).
+        pivot not above ``config.LOCAL_PIVOT_TOL`` (read when compiled) of its
+        (ridged) diagonal, or a zero diagonal, drops its term (coefficient 0).
         """
         a = cuda.local.array((p, p), dtype=np.float64)
         keep = cuda.local.array(p, dtype=np.int32)
@@ -206,7 +207,7 @@ def _make_solve(p, n_out):
                     continue
                 a[t, t] -= a[t, u] * a[t, u]
             diag_scale = moments[t, t] * (1.0 + ridge)
-            if not (a[t, t] > _PIVOT_RTOL * diag_scale) or not (diag_scale > 0.0):
+            if not (a[t, t] > pivot_tol * diag_scale) or not (diag_scale > 0.0):
                 keep[t] = 0
                 for v in range(t, p):
                     a[v, t] = 0.0

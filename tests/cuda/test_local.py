@@ -17,6 +17,9 @@ import nbattn
 from nbattn import config
 from nbattn.cuda import local as cuda_local
 from nbattn.kernels import local as cpu_local
+from nbattn.local import local_interval_sums, local_prediction_interval
+
+from .. import naive
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("NUMBA_ENABLE_CUDASIM") != "1", reason="runs under the CUDA simulator"
@@ -242,3 +245,72 @@ def test_functional_layer_dispatches_to_cuda(rng, launches):
     assert calls
     np.testing.assert_allclose(fit, want_fit, rtol=1e-9)
     np.testing.assert_allclose(slope, want_slope, rtol=1e-7, atol=1e-9)
+
+
+def test_nearly_collinear_design_drops_the_same_terms(rng):
+    """A second column within 1e-5 of the first (relative pivot ~1e-10): both twins drop
+    it under config.LOCAL_PIVOT_TOL, so the slopes are the first column's alone."""
+    n = 15
+    x1 = np.linspace(-1.0, 1.0, n)
+    keys_cont_t = np.vstack([x1, x1 + 1e-5 * rng.normal(size=n)])
+    problem = make_problem(rng, 5, n, 2, 0, 1)
+    problem["keys_cont_t"] = keys_cont_t
+    problem["q_cont"] = rng.uniform(-0.5, 0.5, size=(5, 1)) * np.ones((1, 2))
+    flags = dict(kernel=0, degree=1, exclude_self=False, missing=False, ridge=0.0)
+    got, want = both_fits(problem, **flags, want_mfx=False)
+    assert_fits_equal(got, want)
+    assert (got[0][:, 2] == 0).all() and (got[0][:, 1] != 0).all()
+
+
+def _mixed_data(rng, n, counts):
+    """Two continuous columns and an ordered one with ``counts[2]`` categories."""
+    cont = rng.uniform(-1.0, 1.0, size=(n, 2))
+    cat = rng.integers(0, counts[2], size=(n, 1)).astype(float)
+    return np.hstack([cont, cat])
+
+
+@pytest.mark.parametrize("kernel", ["gaussian", "tricube"])
+@pytest.mark.parametrize("degree", [0, 1, 2])
+def test_functional_on_cuda_equals_naive(rng, kernel, degree):
+    """local_polynomial(device="cuda") against the plain-NumPy twin the CPU tests use
+    (weighted least squares per query), sample weights, fits and slopes."""
+    var_type, counts = "cco", [0, 0, 3]
+    X = _mixed_data(rng, 30, counts)
+    y = np.sin(2 * X[:, 0]) + X[:, 1] ** 2 + 0.3 * X[:, 2]
+    Q = _mixed_data(rng, 7, counts)
+    bw = np.array([0.7, 0.9, 0.4]) * (1.0 if kernel == "gaussian" else 2.0)
+    w = rng.uniform(0.2, 2.0, 30)
+    common = dict(var_type=var_type, n_categories=counts, kernel=kernel, sample_weight=w)
+    fit, slope = nbattn.local_polynomial(
+        Q, X, y, bw, degree, device="cuda", return_gradient=True, **common
+    )
+    ref, coef, _ = naive.local_polynomial_exact(
+        Q, X, y, bw, var_type, counts, degree, kernel=kernel, sample_weight=w
+    )
+    np.testing.assert_allclose(fit, ref, rtol=1e-9, atol=1e-9)
+    if degree >= 1:
+        np.testing.assert_allclose(slope, coef[:, 1:3], rtol=1e-7, atol=1e-7)
+
+
+def test_interval_sums_and_prediction_interval_on_cuda_equal_naive(rng):
+    """sum_j l_ij^2 r_j^2 with the naive equivalent-kernel weights l_ij, and the
+    sandwich interval of local_prediction_interval(device="cuda") built from them."""
+    var_type, counts = "cco", [0, 0, 3]
+    X = _mixed_data(rng, 24, counts)
+    y = np.cos(2 * X[:, 0]) + X[:, 1] + 0.2 * rng.normal(size=24)
+    Q = _mixed_data(rng, 6, counts)
+    bw = np.array([0.8, 1.0, 0.4])
+    r = rng.normal(size=24)
+    common = dict(var_type=var_type, n_categories=counts)
+    for degree in (0, 1):
+        got = local_interval_sums(Q, X, r, bw, degree, device="cuda", **common)
+        L = naive.local_equivalent_weights(Q, X, bw, var_type, counts, degree)
+        np.testing.assert_allclose(got, (L**2) @ (r**2), rtol=1e-9)
+    fit, lo, hi = local_prediction_interval(
+        X, y, Q, bw, 1, alpha=0.1, return_fit=True, device="cuda", **common
+    )
+    loo, _, _ = naive.local_polynomial_exact(X, X, y, bw, var_type, counts, 1, exclude_self=True)
+    L = naive.local_equivalent_weights(Q, X, bw, var_type, counts, 1)
+    half = 1.6448536269514722 * np.sqrt((L**2) @ (y - loo) ** 2)
+    np.testing.assert_allclose(hi - fit, half, rtol=1e-9)
+    np.testing.assert_allclose(fit - lo, half, rtol=1e-9)
