@@ -531,3 +531,20 @@ def test_loo_widths_match_or_beat_statsmodels_cv_ls_n150(reg):
     for seed in range(3):
         ours, sm = _cv_ls_comparison(seed, 150, reg)
         assert ours <= sm * (1 + 1e-6), (seed, ours, sm)
+
+
+def test_degree_zero_gaussian_is_nadaraya_watson():
+    rng = np.random.default_rng(19)
+    X = rng.normal(size=(60, 3))
+    y = np.column_stack([np.sin(X[:, 0]), X[:, 1] ** 2])
+    Q = rng.normal(size=(20, 3)) * 2
+    h = np.array([0.5, 0.8, 1.3])
+    np.testing.assert_allclose(
+        local_polynomial(Q, X, y, h, 0), nadaraya_watson(Q, X, y, h), rtol=1e-12, atol=1e-13
+    )
+    np.testing.assert_allclose(
+        local_polynomial(X, X, y, h, 0, exclude_self=True),
+        nadaraya_watson(X, X, y, h, exclude_self=True),
+        rtol=1e-12,
+        atol=1e-13,
+    )
