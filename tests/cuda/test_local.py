@@ -315,3 +315,31 @@ def test_interval_sums_and_prediction_interval_on_cuda_equal_naive(rng):
     half = 1.6448536269514722 * np.sqrt((L**2) @ (y - loo) ** 2)
     np.testing.assert_allclose(hi - fit, half, rtol=1e-9)
     np.testing.assert_allclose(fit - lo, half, rtol=1e-9)
+
+
+@pytest.mark.parametrize("degree", [0, 1])
+def test_loo_loss_and_gradient_on_cuda_equal_cpu_and_naive(rng, degree):
+    """The width search's criterion on device="cuda": the leave-one-out loss equals the
+    naive one, and loss and exact gradient (over log h and the categorical parameter,
+    with missing entries marginalised) equal the CPU's."""
+    from nbattn.local_widths import local_loo_loss_and_grad, theta_to_widths
+
+    var_type, counts = "cco", [0, 0, 3]
+    X = _mixed_data(rng, 20, counts)
+    y = np.sin(2 * X[:, 0]) + X[:, 1] + 0.2 * rng.normal(size=20)
+    theta = np.array([np.log(0.6), np.log(0.9), 0.3])
+    common = dict(var_type=var_type, n_categories=counts)
+    got = local_loo_loss_and_grad(X, y, theta, degree, device="cuda", **common)
+    want = local_loo_loss_and_grad(X, y, theta, degree, **common)
+    widths = theta_to_widths(theta, var_type, np.array(counts))
+    ref = naive.local_loo_loss_exact(X, y, widths, var_type, counts, degree)
+    np.testing.assert_allclose(got[0], ref, rtol=1e-9)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-10)
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-8, atol=1e-12)
+    X[[2, 9], [0, 2]] = np.nan
+    got = local_loo_loss_and_grad(
+        X, y, theta, degree, missing="marginalize", device="cuda", **common
+    )
+    want = local_loo_loss_and_grad(X, y, theta, degree, missing="marginalize", **common)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-10)
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-8, atol=1e-12)
