@@ -44,6 +44,16 @@ limits are read at each call.
   ``config.CUDA_MAX_OUTPUTS`` outputs per launch, more in further launches);
   per tile the sums run in the input dtype and are added into float64
   registers, as in the CPU kernel.
+
+Far rows (the CPU's contract, ``nbattn.kernels.pooling``): a row whose best
+score lies below ``-config.FAR_SCORE_<dtype>``, or whose scores overflowed,
+takes float64 scores (a float32 row) or scores relative to its nearest key
+(``nbattn.cuda.far``). The loss kernel redoes such a row in the thread that
+found it (``far.far_squared_error``); the second passes leave rows with
+lse < -FAR_SCORE (``far.far_rows``) to small kernels of one thread per far
+row (``far_grad_kernels``, ``far_spread_kernel``) that pick the row's mode
+from lse as the CPU's ``_row_setup`` does -- so the tiled kernels keep their
+registers, and a call whose every lse is >= -FAR_SCORE launches nothing more.
 """
 
 from __future__ import annotations
