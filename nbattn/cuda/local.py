@@ -18,8 +18,9 @@ and the local design x_j = (1, d_j, [d_jc d_jc' for c <= c']) (degree 0, 1, 2).
   V = sum_j w_j x_j y_j^T (w_j = exp(s_j - m), m the running maximum, the sums
   rescaled when m grows), then the ridge-stabilised Cholesky solve of
   (M/l + R) [g, beta] = [e_1, V/l] with the CPU's pivot rule (a term whose pivot
-  is not positive is dropped); a query without a key of positive weight gets
-  its nearest admissible key's value (``nearest``), log_norm = -inf.
+  is at most ``config.LOCAL_PIVOT_TOL`` of its diagonal is dropped); a query
+  without a key of positive weight gets its nearest admissible key's value
+  (``nearest``), log_norm = -inf.
 * ``local_loo_gradient(...)``: the second pass, per query the derivative of
   sum_o e_o fit_o with respect to every width parameter (dc + dk,).
 * ``local_interval_sums(...)``: the second pass sum_j l_j^2 r_jo^2 with the
