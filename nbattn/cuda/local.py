@@ -120,7 +120,7 @@ def _make_pair(dc, dk, kernel, degree, missing):
 
         Tile rows: 0..dc-1 the scaled continuous columns, dc..dc+dk-1 the
         categorical codes, dc+dk the log weight. ``cat`` (dk, 3) holds (a, b, t)
-        per categorical column. Fills x[0] = 1, x[1 + c] = d_jc (0 where
+        per categorical column (``cat_params``). Fills x[0] = 1, x[1 + c] = d_jc (0 where
         missing) and, for degree 2, the products d_jc d_jc' (c <= c').
         """
         s = tile[weight_row * block_k + jj]
@@ -303,16 +303,16 @@ def nearest_key(i, q_cont, keys_cont_t, q_cat, keys_cat_t, log_weights, exclude_
 
 
 def _query_state(dc, dk):
-    """The device function that loads a thread's query row and categorical terms."""
+    """The device function that loads a thread's query row (compile-time sizes: the
+    row stays in registers; the categorical terms, the same for every thread, are
+    read from global memory, where all threads of a warp share one load)."""
 
     @cuda.jit(device=True, inline=True)
-    def load_query(i, active, q_cont, q_cat, cat_params, q_cont_row, q_cat_row, cat):
+    def load_query(i, active, q_cont, q_cat, q_cont_row, q_cat_row):
         for c in range(dc):
             q_cont_row[c] = q_cont[i, c] if active else 0.0
         for k in range(dk):
             q_cat_row[k] = q_cat[i, k] if active else 0.0
-            for t in range(3):
-                cat[k, t] = cat_params[k, t]
 
     return load_query
 
@@ -356,8 +356,7 @@ def _make_fit_kernel(dc, dk, kernel, degree, missing, n_out, do_mfx):
         active = i < q_cont.shape[0]
         q_cont_row = cuda.local.array(dc1, dtype=np.float64)
         q_cat_row = cuda.local.array(dk1, dtype=np.float64)
-        cat = cuda.local.array((dk1, 3), dtype=np.float64)
-        load_query(i, active, q_cont, q_cat, cat_params, q_cont_row, q_cat_row, cat)
+        load_query(i, active, q_cont, q_cat, q_cont_row, q_cat_row)
         x = cuda.local.array(n_design, dtype=np.float64)
         moments = cuda.local.array((p, p), dtype=np.float64)
         rhs = cuda.local.array((p, n_out), dtype=np.float64)
@@ -385,7 +384,7 @@ def _make_fit_kernel(dc, dk, kernel, degree, missing, n_out, do_mfx):
                 for jj in range(nb):
                     if j0 + jj == own:
                         continue
-                    s = pair_score(tile, block_k, jj, q_cont_row, q_cat_row, cat, x)
+                    s = pair_score(tile, block_k, jj, q_cont_row, q_cat_row, cat_params, x)
                     if s == minus_inf:
                         continue
                     if s > m:
@@ -593,8 +592,7 @@ def _make_interval_kernel(dc, dk, kernel, degree, missing, n_out):
         in_range = i < q_cont.shape[0]
         q_cont_row = cuda.local.array(dc1, dtype=np.float64)
         q_cat_row = cuda.local.array(dk1, dtype=np.float64)
-        cat = cuda.local.array((dk1, 3), dtype=np.float64)
-        load_query(i, in_range, q_cont, q_cat, cat_params, q_cont_row, q_cat_row, cat)
+        load_query(i, in_range, q_cont, q_cat, q_cont_row, q_cat_row)
         x = cuda.local.array(n_design, dtype=np.float64)
         g_row = cuda.local.array(p, dtype=np.float64)
         acc = cuda.local.array(n_out, dtype=np.float64)
@@ -619,7 +617,7 @@ def _make_interval_kernel(dc, dk, kernel, degree, missing, n_out):
                 for jj in range(nb):
                     if j0 + jj == own:
                         continue
-                    s = pair_score(tile, block_k, jj, q_cont_row, q_cat_row, cat, x)
+                    s = pair_score(tile, block_k, jj, q_cont_row, q_cat_row, cat_params, x)
                     if s == minus_inf:
                         continue
                     cj = 0.0
@@ -746,12 +744,7 @@ def _make_gradient_kernel(dc, dk, kernel, degree, missing, n_out):
         in_range = i < q_cont.shape[0]
         q_cont_row = cuda.local.array(dc1, dtype=np.float64)
         q_cat_row = cuda.local.array(dk1, dtype=np.float64)
-        cat = cuda.local.array((dk1, 3), dtype=np.float64)
-        dcat = cuda.local.array((dk1, 3), dtype=np.float64)
-        load_query(i, in_range, q_cont, q_cat, cat_params, q_cont_row, q_cat_row, cat)
-        for k in range(dk):
-            for t in range(3):
-                dcat[k, t] = cat_dparams[k, t]
+        load_query(i, in_range, q_cont, q_cat, q_cont_row, q_cat_row)
         x = cuda.local.array(n_design, dtype=np.float64)
         g_row = cuda.local.array(p, dtype=np.float64)
         beta_row = cuda.local.array((p, n_out), dtype=np.float64)
@@ -785,7 +778,7 @@ def _make_gradient_kernel(dc, dk, kernel, degree, missing, n_out):
                 for jj in range(nb):
                     if j0 + jj == own:
                         continue
-                    s = pair_score(tile, block_k, jj, q_cont_row, q_cat_row, cat, x)
+                    s = pair_score(tile, block_k, jj, q_cont_row, q_cat_row, cat_params, x)
                     if s == minus_inf:  # weight 0: contributes nothing
                         continue
                     w = math.exp(s - offset)
@@ -821,9 +814,9 @@ def _make_gradient_kernel(dc, dk, kernel, degree, missing, n_out):
                             continue
                         xk = tile[(dc + k) * block_k + jj]
                         if xk == qk:
-                            ds = dcat[k, 0]
+                            ds = cat_dparams[k, 0]
                         elif xk == xk:
-                            ds = dcat[k, 1] + dcat[k, 2] * abs(xk - qk)
+                            ds = cat_dparams[k, 1] + cat_dparams[k, 2] * abs(xk - qk)
                         else:
                             ds = 0.0
                         a_sum[dc + k] += coef * ds
