@@ -53,6 +53,7 @@ KERNELS = {
     ("attention", "cpu"): "nbattn.kernels.attention",
     ("local", "cpu"): "nbattn.kernels.local",
     ("loo_tiles", "cpu"): "nbattn.kernels.loo_tiles",
+    ("local", "cuda"): "nbattn.cuda.local",
 }
 
 
