@@ -1,4 +1,4 @@
-"""Checks of sequence lengths and windows: the integer inputs of varlen and decoding.
+"""Checks of sequence lengths: the integer inputs of varlen and decoding.
 
 The same wording as ``nbattn._validation`` (messages start with the
 argument's name, and name the entry); every check returns a new array.
@@ -57,9 +57,7 @@ def as_cu_seqlens(x, name: str, total: int) -> np.ndarray:
             f"{name} must be non-decreasing; {name}[{i + 1}] = {cu[i + 1]} < {name}[{i}] = {cu[i]}"
         )
     if cu[-1] != total:
-        raise ValueError(
-            f"{name} must end at the packed length {total}, got {name}[-1] = {cu[-1]}"
-        )
+        raise ValueError(f"{name} must end at the packed length {total}, got {name}[-1] = {cu[-1]}")
     return cu
 
 
@@ -73,29 +71,3 @@ def check_max_seqlen(value, name: str, lengths: np.ndarray) -> int:
     if value < longest:
         raise ValueError(f"{name}={value} is below the longest sequence, {longest}")
     return int(value)
-
-
-def check_window(window) -> tuple[int, int]:
-    """``window=(left, right)``: each side a non-negative int or None (unbounded).
-
-    Returns the two sides with -1 for an unbounded one (the kernels' form).
-    """
-    if window is None:
-        return -1, -1
-    if isinstance(window, (str, bytes)) or not hasattr(window, "__len__") or len(window) != 2:
-        raise ValueError(f"window must be None or a pair (left, right), got {window!r}")
-    sides = []
-    for side, value in zip(("left", "right"), window):
-        if value is None:
-            sides.append(-1)
-            continue
-        if (
-            isinstance(value, (bool, np.bool_))
-            or not isinstance(value, numbers.Integral)
-            or value < 0
-        ):
-            raise ValueError(
-                f"window {side} side must be a non-negative integer or None, got {value!r}"
-            )
-        sides.append(int(value))
-    return sides[0], sides[1]

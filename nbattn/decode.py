@@ -27,13 +27,13 @@ from __future__ import annotations
 import numpy as np
 
 from . import config
-from ._lengths import as_lengths, check_window
+from ._flash_args import check_keywords
+from ._lengths import as_lengths
 from ._threads import serial_below
 from ._validation import (
     as_float_array,
     check_bool,
     check_dtype,
-    check_positive_float,
     check_positive_int,
     check_scale,
     resolve_dtype,
@@ -97,8 +97,11 @@ def _check_heads(n_heads, n_kv_heads, enable_gqa):
     return 1
 
 
-def _check_softcap(softcap):
-    return 0.0 if softcap is None else check_positive_float(softcap, "softcap")
+def _window_sides(window):
+    """The kernel's (left, right) from a checked window; -1 = unbounded."""
+    if window is None:
+        return -1, -1
+    return tuple(-1 if side is None else side for side in window)
 
 
 # --------------------------------------------------------------------------- the split
@@ -217,9 +220,9 @@ def flash_decode(
     -------
     out : ndarray (B, H, L, Ev), or ``(out, lse)``.
     """
-    causal = check_bool(causal, "causal")
+    kw = check_keywords(causal, enable_gqa, window, "bottom_right", softcap, 0.0)
+    causal, enable_gqa = kw.causal, kw.enable_gqa
     return_lse = check_bool(return_lse, "return_lse")
-    enable_gqa = check_bool(enable_gqa, "enable_gqa")
     kernels = kernels_for("decode", device_for(device, q, k_cache, v_cache, k_new, v_new))
     dtype = resolve_dtype(None, q, k_new, v_new)
     q = as_float_array(q, "q", ndim=(4,), dtype=dtype, allow_bool=False)
@@ -248,8 +251,8 @@ def flash_decode(
             f"{n_new} new tokens exceeds the cache length S_max = {s_max}"
         )
     scale = check_scale(scale, d)
-    left, right = check_window(window)
-    softcap = _check_softcap(softcap)
+    left, right = _window_sides(kw.window)
+    softcap = 0.0 if kw.softcap is None else kw.softcap
 
     if n_new:
         for b in range(n_b):
