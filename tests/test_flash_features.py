@@ -393,21 +393,26 @@ def test_fully_masked_rows_are_zero_never_nan(rng, dtype):
 
 
 def test_huge_float_mask_is_shifted_exactly(rng):
-    """Biases near the float64 range give the answer of the same bias minus its row max."""
+    """Biases near the float64 range: the keys at a row's largest bias share its weight
+    exactly as with a 0 / -inf mask, and lse carries the bias."""
     q, k, v, g = _inputs(rng, (1, 9, 4), (1, 12, 4), 3, np.float64)
-    small = rng.standard_normal((9, 12))
-    top = 1e300 * np.ones((9, 1))
+    top = rng.random((9, 12)) > 0.6
+    top[:, 0] = True
+    huge = np.where(top, 1e300, -1e300)
     for causal in (False, True):
-        ref_out, ref_lse = flash_attention(q, k, v, mask=small, return_lse=True, causal=causal)
-        out, lse = flash_attention(q, k, v, mask=small + top, return_lse=True, causal=causal)
+        ref_out, ref_lse = flash_attention(q, k, v, mask=top, return_lse=True, causal=causal)
+        out, lse = flash_attention(q, k, v, mask=huge, return_lse=True, causal=causal)
         _close(out, ref_out, np.float64, "out")
         np.testing.assert_allclose(lse, ref_lse + 1e300, rtol=1e-15)
+        ref_grads = flash_attention_backward(q, k, v, ref_out, ref_lse, g, mask=top, causal=causal)
+        grads = flash_attention_backward(q, k, v, out, lse, g, mask=huge, causal=causal)
+        for grad, ref in zip(grads, ref_grads):
+            _close(grad, ref, np.float64, "gradient")
+    small = rng.standard_normal((9, 12))
+    for causal in (False, True):
+        ref_out = flash_attention(q, k, v, mask=small, causal=causal)
         f32 = flash_attention(
-            q.astype(np.float32),
-            k.astype(np.float32),
-            v.astype(np.float32),
-            mask=small + 1e6,
-            causal=causal,
+            *(a.astype(np.float32) for a in (q, k, v)), mask=small + 1e6, causal=causal
         )
         _close(f32, ref_out, np.float32, "float32 out with a 1e6 bias")
 
