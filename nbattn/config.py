@@ -180,3 +180,11 @@ DASK_CONNECT_TIMEOUT = _env_int("DASK_CONNECT_TIMEOUT", 30, compiled=False)
 #: cache on. Kernel modules read this when they are imported.
 _OVERRIDDEN = sorted(name for name in _COMPILED_TUNABLES if "NBATTN_" + name in os.environ)
 CACHE = os.environ.get("NBATTN_CACHE", "0" if _OVERRIDDEN else "1") not in ("0", "false", "False")
+
+# --------------------------------------------------------------------------- flash tiles by length
+#: Query rows per tile of the flash forward for calls with at least
+#: FLASH_LONG_KEYS keys (replacing FLASH_BLOCK_Q when larger): 256 x 512 tiles
+#: ran about 6% faster than 128 x 512 at N = 2048, H = 8, D = 64, float32, one
+#: thread (CPU time, scripts/bench_attention.py's shape). Read at every call.
+FLASH_LONG_BLOCK_Q = _env_int("FLASH_LONG_BLOCK_Q", 256, compiled=False)
+FLASH_LONG_KEYS = _env_int("FLASH_LONG_KEYS", 1024, compiled=False)
