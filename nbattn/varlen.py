@@ -18,7 +18,9 @@ Empty sequences (equal consecutive offsets) are allowed.
 The work runs in one parallel loop over (sequence, head, query tile) items
 that call the flash kernels on views of the packed arrays
 (``nbattn.kernels.varlen``): no padding, no per-sequence copies, and no
-Python loop over the sequences.
+Python loop over the sequences. The items are dealt to the threads by cost
+beforehand (largest first, back and forth), so a mix of long and short
+sequences keeps every thread busy.
 
 Masks: there is no ``mask`` keyword (FlashAttention's varlen has none
 either). A mask per sequence would be a ragged array; causal attention,
@@ -111,44 +113,56 @@ class _Packed:
         return n_bh * int(self.len_q @ self.len_k) * (self.qf.shape[2] + self.vf.shape[2])
 
     def forward_items(self, block_q):
-        """(sequence, bh, i0, i1) per query tile of every sequence and slice, largest first."""
+        """(sequence, bh, i0, i1) per query tile of every sequence and slice; their costs."""
         n_bh = self.qf.shape[0]
         tiles = -(-self.len_q // block_q)
         seq = np.repeat(np.arange(self.len_q.size), tiles)
         first = np.arange(seq.size) - np.repeat(np.cumsum(tiles) - tiles, tiles)
         i0 = first * block_q
         i1 = np.minimum(i0 + block_q, self.len_q[seq])
-        cost = (i1 - i0) * self.len_k[seq]
-        order = np.argsort(-cost, kind="stable")
-        per_slice = np.stack([seq[order], i0[order], i1[order]], axis=1)
-        items = np.empty((per_slice.shape[0] * n_bh, 4), dtype=np.int64)
-        items[:, 0] = np.repeat(per_slice[:, 0], n_bh)
-        items[:, 1] = np.tile(np.arange(n_bh), per_slice.shape[0])
-        items[:, 2] = np.repeat(per_slice[:, 1], n_bh)
-        items[:, 3] = np.repeat(per_slice[:, 2], n_bh)
-        return items
+        items = np.empty((seq.size * n_bh, 4), dtype=np.int64)
+        items[:, 0] = np.repeat(seq, n_bh)
+        items[:, 1] = np.tile(np.arange(n_bh), seq.size)
+        items[:, 2] = np.repeat(i0, n_bh)
+        items[:, 3] = np.repeat(i1, n_bh)
+        cost = (items[:, 3] - items[:, 2]) * self.len_k[items[:, 0]]
+        return items, cost
 
     def backward_items(self):
-        """(sequence, kv slice) of every non-empty sequence, largest first; and the readers."""
+        """(sequence, kv slice) of every non-empty sequence and their costs; the readers
+        of each kv slice (``readers[reader_start[kv] : reader_start[kv + 1]]``)."""
         n_kv = self.kf.shape[0]
         busy = np.flatnonzero((self.len_q > 0) | (self.len_k > 0))
-        order = busy[np.argsort(-(self.len_q[busy] * self.len_k[busy]), kind="stable")]
-        items = np.empty((order.size * n_kv, 2), dtype=np.int64)
-        items[:, 0] = np.repeat(order, n_kv)
-        items[:, 1] = np.tile(np.arange(n_kv), order.size)
-        readers = np.argsort(self.kv_index, kind="stable").astype(np.int64)
+        items = np.empty((busy.size * n_kv, 2), dtype=np.int64)
+        items[:, 0] = np.repeat(busy, n_kv)
+        items[:, 1] = np.tile(np.arange(n_kv), busy.size)
         counts = np.bincount(self.kv_index, minlength=n_kv)
+        cost = (self.len_q * self.len_k)[items[:, 0]] * counts[items[:, 1]]
+        readers = np.argsort(self.kv_index, kind="stable").astype(np.int64)
         reader_start = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        return items, readers, reader_start
+        return items, cost, readers, reader_start
 
 
-def _run(kernel, work, *args):
-    """Call a varlen kernel with BLAS on one thread and the items handed out one by one."""
+def _deal(cost, n_workers):
+    """Items largest first, dealt back and forth (0, 1, .., n-1, n-1, .., 0, 0, ..) to the
+    workers: (the item order grouped by worker, int64 start of each worker's items)."""
+    order = np.argsort(-cost, kind="stable")
+    position = np.arange(order.size)
+    column = position % n_workers
+    worker = np.where((position // n_workers) % 2 == 0, column, n_workers - 1 - column)
+    by_worker = np.argsort(worker, kind="stable")
+    counts = np.bincount(worker, minlength=n_workers)
+    return order[by_worker], np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+
+
+def _run(kernel, work, items, cost, head, tail):
+    """``kernel(*head, items, worker_start, *tail)`` with the items dealt to the threads,
+    BLAS on one thread and one numba thread for small work."""
     import numba
 
     with blas_one_thread(), serial_below(work, config.FLASH_SERIAL_WORK):
-        with numba.parallel_chunksize(1):
-            return kernel(*args)
+        order, worker_start = _deal(cost, numba.get_num_threads())
+        return kernel(*head, np.ascontiguousarray(items[order]), worker_start, *tail)
 
 
 def flash_attention_varlen(
@@ -209,22 +223,14 @@ def flash_attention_varlen(
     t_q, t_k = packed.qf.shape[1], packed.kf.shape[1]
     dropout, keep_scale = dropout_words(kw.dropout_p, random_state, t_q, t_k)
     block_q, block_k = config.FLASH_BLOCK_Q, config.FLASH_BLOCK_K
+    items, cost = packed.forward_items(block_q)
     out, lse = _run(
         kernels.varlen_forward,
         packed.work,
-        packed.qf,
-        packed.kf,
-        packed.vf,
-        packed.kv_index,
-        packed.cu_q,
-        packed.cu_k,
-        packed.forward_items(block_q),
-        packed.bands,
-        packed.softcap,
-        dropout,
-        keep_scale,
-        block_q,
-        block_k,
+        items,
+        cost,
+        (packed.qf, packed.kf, packed.vf, packed.kv_index, packed.cu_q, packed.cu_k),
+        (packed.bands, packed.softcap, dropout, keep_scale, block_q, block_k),
     )
     out = out.reshape(packed.lead + (t_q, packed.vf.shape[2]))
     return (out, lse.reshape(packed.lead + (t_q,))) if return_lse else out
@@ -296,10 +302,8 @@ def flash_attention_varlen_backward(
         out, lse, grad_out, packed.lead, t_q, packed.vf.shape[2], packed.dtype
     )
     dropout, keep_scale = dropout_words(kw.dropout_p, random_state, t_q, t_k, for_backward=True)
-    items, readers, reader_start = packed.backward_items()
-    dq, dk, dv = _run(
-        kernels.varlen_backward,
-        packed.work,
+    items, cost, readers, reader_start = packed.backward_items()
+    head = (
         packed.qf,
         packed.kf,
         packed.vf,
@@ -310,7 +314,8 @@ def flash_attention_varlen_backward(
         reader_start,
         packed.cu_q,
         packed.cu_k,
-        items,
+    )
+    tail = (
         packed.bands,
         packed.softcap,
         dropout,
@@ -319,6 +324,7 @@ def flash_attention_varlen_backward(
         config.FLASH_BWD_BLOCK_Q,
         config.FLASH_BWD_BLOCK_K,
     )
+    dq, dk, dv = _run(kernels.varlen_backward, packed.work, items, cost, head, tail)
     q_shape, k_shape, v_shape = packed.shapes
     return (
         unbroadcast(dq.reshape(packed.lead + dq.shape[1:]), q_shape),
