@@ -228,3 +228,26 @@ LOO_PRUNE_MIN_ROWS = _env_int("LOO_PRUNE_MIN_ROWS", 2048, compiled=False)
 #: The first subsample of that ladder has at least this many query rows per learned
 #: parameter (a few rows would let a full metric overfit them). Read at call time.
 LEARN_ROWS_PER_PARAMETER = _env_int("LEARN_ROWS_PER_PARAMETER", 50, compiled=False)
+# --- Decoding over a key/value cache (nbattn.decode, nbattn.kernels.decode) -----
+
+#: Keys per block of the split-KV decode kernel's online softmax: one score
+#: block per query row, in L1. Read at every call.
+DECODE_BLOCK_K = _env_int("DECODE_BLOCK_K", 256, compiled=False)
+
+#: Fewest keys a split-KV chunk gets: below it the per-chunk state and the
+#: merge cost more than the parallelism saves. Read at every call.
+DECODE_MIN_SPLIT_KEYS = _env_int("DECODE_MIN_SPLIT_KEYS", 512, compiled=False)
+
+#: Work items (batch row x kv head x chunk) per numba thread that the decode
+#: split aims at, so that threads finishing early find more work. Read at
+#: every call.
+DECODE_ITEMS_PER_THREAD = _env_int("DECODE_ITEMS_PER_THREAD", 4, compiled=False)
+
+
+# --------------------------------------------------------------------------- flash tiles by length
+#: Query rows per tile of the flash forward for calls with at least
+#: FLASH_LONG_KEYS keys (replacing FLASH_BLOCK_Q when larger): 256 x 512 tiles
+#: ran about 6% faster than 128 x 512 at N = 2048, H = 8, D = 64, float32, one
+#: thread (CPU time, scripts/bench_attention.py's shape). Read at every call.
+FLASH_LONG_BLOCK_Q = _env_int("FLASH_LONG_BLOCK_Q", 256, compiled=False)
+FLASH_LONG_KEYS = _env_int("FLASH_LONG_KEYS", 1024, compiled=False)

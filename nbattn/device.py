@@ -54,6 +54,8 @@ KERNELS = {
     ("local", "cpu"): "nbattn.kernels.local",
     ("loo_tiles", "cpu"): "nbattn.kernels.loo_tiles",
     ("local", "cuda"): "nbattn.cuda.local",
+    ("decode", "cpu"): "nbattn.kernels.decode",
+    ("varlen", "cpu"): "nbattn.kernels.varlen",
 }
 
 
