@@ -431,9 +431,11 @@ def flash_forward(
     use_dropout = threshold > 0
     key_mask = mask.shape[0] > 0 and mask.shape[2] > 1  # fused into the exponential pass
     mask_rows = mask.shape[1] > 1
+    # query tile outer, slice inner: consecutive items read one mask block (shared by
+    # the heads of a batch entry) while it is still in cache
     for item in prange(n_bh * n_qt):
-        bh = item // n_qt
-        qt = _tile_order(item % n_qt, n_qt)
+        bh = item % n_bh
+        qt = _tile_order(item // n_bh, n_qt)
         i0 = qt * block_q
         mb = min(block_q, n_q - i0)
         kv = kv_index[bh]
