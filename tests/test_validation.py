@@ -244,11 +244,15 @@ def test_key_bias_shape():
     _refused(lambda: flash.flash_attention_bias(Q, Q, Q, key_bias=np.ones(2)), "key_bias")
 
 
-def test_causal_key_bias_spanning_more_than_float64_is_refused():
-    # row 0 sees key 0 only, whose bias lies 2e308 below key 1's: not representable
+def test_causal_key_bias_spanning_more_than_float64_is_exact():
+    # row 0 sees key 0 only; the mask is shifted per row over the keys it may see, so a span
+    # of 2e308 between keys is answered exactly, not refused
     q = np.zeros((2, 1))
+    v = np.array([[1.0], [2.0]])
     bias = np.array([-1e308, 1e308])
-    _refused(lambda: flash.flash_attention_bias(q, q, q, key_bias=bias, causal=True), "key_bias")
+    out, lse = flash.flash_attention_bias(q, q, v, key_bias=bias, causal=True, return_lse=True)
+    np.testing.assert_array_equal(out, [[1.0], [2.0]])
+    np.testing.assert_array_equal(lse, [-1e308, 1e308])
 
 
 def test_merge_states_lse():
