@@ -77,6 +77,7 @@ from .common import (
     tile_rows,
     to_device,
 )
+from .dropout import counter, keep
 
 __all__ = ["flash_backward", "flash_forward", "flash_kernels", "tile_functions"]
 
@@ -133,17 +134,56 @@ def tile_functions(dtype, n):
     return compiled(("flash_tile", t, int(n)), lambda: _make_tile_functions(t, int(n)))
 
 
-def _make_kernels(float_type, d, d_v):
-    """Forward, dQ, dK and dV kernels for one dtype and head dimensions (compile-time sizes)."""
+#: Mask kinds, compile-time constants of the kernels: none, boolean (True = may
+#: attend), float (added to the score; -inf closes an entry).
+NO_MASK, BOOL_MASK, FLOAT_MASK = 0, 1, 2
+
+
+def _make_kernels(float_type, d, d_v, mask_kind, use_softcap, use_dropout):
+    """Forward, dQ, dK and dV kernels for one dtype, head dimensions and feature set.
+
+    ``mask_kind``, ``use_softcap`` and ``use_dropout`` are compile-time
+    constants: the branches of features not used are pruned, so plain
+    attention compiles to the lean loop of the module docstring.
+    """
     zero = float_type(0.0)
     one = float_type(1.0)
     minus_inf = float_type(-np.inf)
     exp = exp_for(float_type)
     load_d, dot_d, axpy_d = tile_functions(float_type, d)  # rows of Q, K, dQ, dK
     load_v, dot_v, axpy_v = tile_functions(float_type, d_v)  # rows of V, O, dO, dV
+    has_mask = mask_kind != NO_MASK
+
+    @cuda.jit(device=True, inline=True)
+    def mask_term(mask, m_bh, i, j):
+        """The mask's term for (row i, key j): 0 or -inf (boolean), the entry (float).
+        A mask with one row (key padding) serves every row."""
+        row = i if mask.shape[1] > 1 else 0
+        if mask_kind == BOOL_MASK:
+            return zero if mask[m_bh, row, j] else minus_inf
+        return float_type(mask[m_bh, row, j])
+
+    @cuda.jit(device=True, inline=True)
+    def any_admissible(mask, m_bh, i, j_lo, j_hi):
+        """Whether the mask admits (row i, key j) for some j in j_lo:j_hi."""
+        for j in range(j_lo, j_hi):
+            if mask_term(mask, m_bh, i, j) != minus_inf:
+                return True
+        return False
+
+    @cuda.jit(device=True, inline=True)
+    def capped(s, cap, inv_cap):
+        """(cap tanh(s / cap), tanh(s / cap)) with a softcap, else (s, 0)."""
+        if use_softcap:
+            t = math.tanh(s * inv_cap)
+            return cap * t, t
+        return s, zero
 
     @cuda.jit
-    def flash_forward_kernel(q, k, v, scale, causal, block_k, out, lse):
+    def flash_forward_kernel(
+        q, k, v, mask, mask_index, scale, lo_off, hi_off, softcap, seed, threshold,
+        keep_scale, block_k, bh0, out, lse,
+    ):  # fmt: skip
         # block_k x (d + d_v): K then V rows (16-byte aligned base)
         if SHARED_ALIGNMENT_KWARG:  # one spelling per numba; the other is pruned
             tile = cuda.shared.array(0, dtype=float_type, alignment=16)
@@ -151,12 +191,17 @@ def _make_kernels(float_type, d, d_v):
             tile = cuda.shared.array(0, dtype=types.complex128).view(float_type)
         tx = cuda.threadIdx.x
         tpb = cuda.blockDim.x
-        bh = cuda.blockIdx.y
-        row0 = cuda.blockIdx.x * tpb
-        i = row0 + tx
+        bh = bh0 + cuda.blockIdx.y  # launches of at most MAX_GRID_Y slices
         n_q = q.shape[1]
         n_k = k.shape[1]
+        kv = bh // (q.shape[0] // k.shape[0])  # grouped-query: the head's K/V head
+        row0 = cuda.blockIdx.x * tpb
+        i = row0 + tx
         active = i < n_q
+        m_bh = mask_index[bh] if has_mask else 0
+        cap = float_type(softcap)
+        inv_cap = float_type(1.0 / softcap) if use_softcap else zero
+        drop_scale = float_type(keep_scale)
         q_row = cuda.local.array(d, dtype=float_type)
         acc = cuda.local.array(d_v, dtype=float_type)
         factor = float_type(scale)
@@ -166,17 +211,28 @@ def _make_kernels(float_type, d, d_v):
             acc[c] = zero
         m = minus_inf
         l_sum = 0.0
-        kv_end = imin(n_k, row0 + tpb) if causal else n_k
+        # row i sees keys i + lo_off <= j <= i + hi_off; the block walks their union
+        j_begin = imax(0, row0 + lo_off)
+        j_end = imin(n_k, imin(row0 + tpb, n_q) + hi_off)
         v_off = block_k * d
-        for j0 in range(0, kv_end, block_k):
-            nb = imin(block_k, kv_end - j0)
-            load_d(tile, 0, k, bh, j0, nb, one)
-            load_v(tile, v_off, v, bh, j0, nb, one)
+        for j0 in range(j_begin, j_end, block_k):
+            nb = imin(block_k, j_end - j0)
+            a = imax(0, i + lo_off - j0)
+            b = imin(nb, i + hi_off + 1 - j0)
+            if has_mask:  # skip a tile that the mask closes for every row of the block
+                seen = active and any_admissible(mask, m_bh, i, j0 + a, j0 + b)
+                if not cuda.syncthreads_or(seen):
+                    continue
+            load_d(tile, 0, k, kv, j0, nb, one)
+            load_v(tile, v_off, v, kv, j0, nb, one)
             cuda.syncthreads()
             if active:
-                stop = imin(nb, i - j0 + 1) if causal else nb
-                for jj in range(stop):
-                    s = dot_d(q_row, tile, U(jj) * U(d))
+                for jj in range(a, b):
+                    s, _ = capped(dot_d(q_row, tile, U(jj) * U(d)), cap, inv_cap)
+                    if has_mask:
+                        s += mask_term(mask, m_bh, i, j0 + jj)
+                        if s == minus_inf:
+                            continue
                     if s > m:
                         rescale = exp(m - s)
                         l_sum *= rescale
@@ -185,6 +241,10 @@ def _make_kernels(float_type, d, d_v):
                         m = s
                     w = exp(s - m)
                     l_sum += w
+                    if use_dropout:  # the normaliser counts every weight, the sum the kept
+                        if not keep(seed, counter(bh, i, j0 + jj, n_q, n_k), threshold):
+                            continue
+                        w *= drop_scale
                     axpy_v(acc, w, tile, U(v_off) + U(jj) * U(d_v))
             cuda.syncthreads()
         if active:
@@ -199,7 +259,10 @@ def _make_kernels(float_type, d, d_v):
                 lse[bh, i] = -math.inf
 
     @cuda.jit
-    def flash_dq_kernel(q, k, v, out, lse, dout, scale, causal, block_k, dq, delta):
+    def flash_dq_kernel(
+        q, k, v, out, lse, dout, mask, mask_index, scale, lo_off, hi_off, softcap, seed,
+        threshold, keep_scale, block_k, bh0, dq, delta,
+    ):  # fmt: skip
         # block_k x (d + d_v): K then V rows (16-byte aligned base)
         if SHARED_ALIGNMENT_KWARG:  # one spelling per numba; the other is pruned
             tile = cuda.shared.array(0, dtype=float_type, alignment=16)
@@ -207,12 +270,17 @@ def _make_kernels(float_type, d, d_v):
             tile = cuda.shared.array(0, dtype=types.complex128).view(float_type)
         tx = cuda.threadIdx.x
         tpb = cuda.blockDim.x
-        bh = cuda.blockIdx.y
-        row0 = cuda.blockIdx.x * tpb
-        i = row0 + tx
+        bh = bh0 + cuda.blockIdx.y  # launches of at most MAX_GRID_Y slices
         n_q = q.shape[1]
         n_k = k.shape[1]
+        kv = bh // (q.shape[0] // k.shape[0])
+        row0 = cuda.blockIdx.x * tpb
+        i = row0 + tx
         active = i < n_q
+        m_bh = mask_index[bh] if has_mask else 0
+        cap = float_type(softcap)
+        inv_cap = float_type(1.0 / softcap) if use_softcap else zero
+        drop_scale = float_type(keep_scale)
         q_row = cuda.local.array(d, dtype=float_type)
         do_row = cuda.local.array(d_v, dtype=float_type)
         acc = cuda.local.array(d, dtype=float_type)
@@ -232,29 +300,52 @@ def _make_kernels(float_type, d, d_v):
             acc[f] = zero
         for c in range(d_v):
             do_row[c] = dout[bh, i, c] if active else zero
-        kv_end = imin(n_k, row0 + tpb) if causal else n_k
+        j_begin = imax(0, row0 + lo_off)
+        j_end = imin(n_k, imin(row0 + tpb, n_q) + hi_off)
         v_off = block_k * d
-        for j0 in range(0, kv_end, block_k):
-            nb = imin(block_k, kv_end - j0)
-            load_d(tile, 0, k, bh, j0, nb, one)
-            load_v(tile, v_off, v, bh, j0, nb, one)
+        for j0 in range(j_begin, j_end, block_k):
+            nb = imin(block_k, j_end - j0)
+            a = imax(0, i + lo_off - j0)
+            b = imin(nb, i + hi_off + 1 - j0)
+            if has_mask:
+                seen = active and any_admissible(mask, m_bh, i, j0 + a, j0 + b)
+                if not cuda.syncthreads_or(seen):
+                    continue
+            load_d(tile, 0, k, kv, j0, nb, one)
+            load_v(tile, v_off, v, kv, j0, nb, one)
             cuda.syncthreads()
             if active:
-                stop = imin(nb, i - j0 + 1) if causal else nb
-                for jj in range(stop):
-                    p = exp(dot_d(q_row, tile, U(jj) * U(d)) - shift)
+                for jj in range(a, b):
+                    s, t = capped(dot_d(q_row, tile, U(jj) * U(d)), cap, inv_cap)
+                    if has_mask:
+                        s += mask_term(mask, m_bh, i, j0 + jj)
+                        if s == minus_inf:
+                            continue
+                    p = exp(s - shift)
                     dp = dot_v(do_row, tile, U(v_off) + U(jj) * U(d_v))
-                    axpy_d(acc, p * (dp - d_i), tile, U(jj) * U(d))
+                    if use_dropout:  # dP of the weights before dropout: dO V^T o Z
+                        if keep(seed, counter(bh, i, j0 + jj, n_q, n_k), threshold):
+                            dp *= drop_scale
+                        else:
+                            dp = zero
+                    ds = p * (dp - d_i)
+                    if use_softcap:
+                        ds *= one - t * t
+                    axpy_d(acc, ds, tile, U(jj) * U(d))
             cuda.syncthreads()
         if i < n_q:
             for f in range(d):
                 dq[bh, i, f] = acc[f] * factor
 
     def make_dkdv_kernel(want_dk, want_dv):
-        """One thread per key: dK (want_dk) or dV (want_dv) of its key row."""
+        """One thread per key: dK (want_dk) or dV (want_dv) of its key row, summed over
+        the query heads that share its K/V head."""
 
         @cuda.jit
-        def flash_dkdv_kernel(q, k, v, lse, dout, delta, scale, causal, block_q, dk, dv):
+        def flash_dkdv_kernel(
+            q, k, v, lse, dout, delta, mask, mask_index, scale, lo_off, hi_off, softcap,
+            seed, threshold, keep_scale, block_q, kv0, dk, dv,
+        ):  # fmt: skip
             # block_q x (d + d_v + 2): Q, dO, lse, D (16-byte aligned base)
             if SHARED_ALIGNMENT_KWARG:  # one spelling per numba; the other is pruned
                 tile = cuda.shared.array(0, dtype=float_type, alignment=16)
@@ -262,60 +353,93 @@ def _make_kernels(float_type, d, d_v):
                 tile = cuda.shared.array(0, dtype=types.complex128).view(float_type)
             tx = cuda.threadIdx.x
             tpb = cuda.blockDim.x
-            bh = cuda.blockIdx.y
+            kv = kv0 + cuda.blockIdx.y
+            group = q.shape[0] // k.shape[0]
             col0 = cuda.blockIdx.x * tpb
             j = col0 + tx
             n_q = q.shape[1]
             n_k = k.shape[1]
             active = j < n_k
+            cap = float_type(softcap)
+            inv_cap = float_type(1.0 / softcap) if use_softcap else zero
+            drop_scale = float_type(keep_scale)
             k_row = cuda.local.array(d, dtype=float_type)
             v_row = cuda.local.array(d_v if want_dk else 1, dtype=float_type)
             dk_acc = cuda.local.array(d if want_dk else 1, dtype=float_type)
             dv_acc = cuda.local.array(d_v if want_dv else 1, dtype=float_type)
             factor = float_type(scale)
             for f in range(d):
-                k_row[f] = k[bh, j, f] if active else zero
+                k_row[f] = k[kv, j, f] if active else zero
             if want_dk:
                 for f in range(d):
                     dk_acc[f] = zero
                 for c in range(d_v):
-                    v_row[c] = v[bh, j, c] if active else zero
+                    v_row[c] = v[kv, j, c] if active else zero
             if want_dv:
                 for c in range(d_v):
                     dv_acc[c] = zero
             do_off = block_q * d
             lse_off = block_q * (d + d_v)
             delta_off = lse_off + block_q
-            i_start = col0 if causal else 0
-            for i0 in range(i_start, n_q, block_q):
-                mb = imin(block_q, n_q - i0)
-                load_d(tile, 0, q, bh, i0, mb, factor)
-                load_v(tile, do_off, dout, bh, i0, mb, one)
-                for idx in range(tx, mb, tpb):
-                    tile[lse_off + idx] = float_type(lse[bh, i0 + idx])
-                    tile[delta_off + idx] = delta[bh, i0 + idx]
-                cuda.syncthreads()
-                if active:
-                    start = imax(0, j - i0) if causal else 0
-                    for ii in range(start, mb):
-                        shift = tile[lse_off + ii]
-                        if shift == minus_inf:
+            # key j is seen by rows j - hi_off <= i <= j - lo_off; the block walks their union
+            i_begin = imax(0, col0 - hi_off)
+            i_end = imin(n_q, imin(col0 + tpb, n_k) - lo_off)
+            for g in range(group):
+                bh = kv * group + g
+                m_bh = mask_index[bh] if has_mask else 0
+                for i0 in range(i_begin, i_end, block_q):
+                    mb = imin(block_q, i_end - i0)
+                    a = imax(0, j - hi_off - i0)
+                    b = imin(mb, j - lo_off + 1 - i0)
+                    if has_mask:  # skip a tile that the mask closes for every key of the block
+                        seen = False
+                        if active:
+                            for ii in range(a, b):
+                                if mask_term(mask, m_bh, i0 + ii, j) != minus_inf:
+                                    seen = True
+                                    break
+                        if not cuda.syncthreads_or(seen):
                             continue
-                        base = U(ii) * U(d)
-                        p = exp(dot_d(k_row, tile, base) - shift)
-                        g_base = U(do_off) + U(ii) * U(d_v)
-                        if want_dv:
-                            axpy_v(dv_acc, p, tile, g_base)
-                        if want_dk:
-                            ds = p * (dot_v(v_row, tile, g_base) - tile[delta_off + ii])
-                            axpy_d(dk_acc, ds, tile, base)
-                cuda.syncthreads()
+                    load_d(tile, 0, q, bh, i0, mb, factor)
+                    load_v(tile, do_off, dout, bh, i0, mb, one)
+                    for idx in range(tx, mb, tpb):
+                        tile[lse_off + idx] = float_type(lse[bh, i0 + idx])
+                        tile[delta_off + idx] = delta[bh, i0 + idx]
+                    cuda.syncthreads()
+                    if active:
+                        for ii in range(a, b):
+                            shift = tile[lse_off + ii]
+                            if shift == minus_inf:
+                                continue
+                            base = U(ii) * U(d)
+                            s, t = capped(dot_d(k_row, tile, base), cap, inv_cap)
+                            if has_mask:
+                                s += mask_term(mask, m_bh, i0 + ii, j)
+                                if s == minus_inf:
+                                    continue
+                            p = exp(s - shift)
+                            z = one
+                            if use_dropout:
+                                if not keep(seed, counter(bh, i0 + ii, j, n_q, n_k), threshold):
+                                    z = zero
+                                else:
+                                    z = drop_scale
+                            g_base = U(do_off) + U(ii) * U(d_v)
+                            if want_dv:
+                                axpy_v(dv_acc, p * z, tile, g_base)
+                            if want_dk:
+                                dp = dot_v(v_row, tile, g_base) * z
+                                ds = p * (dp - tile[delta_off + ii])
+                                if use_softcap:
+                                    ds *= one - t * t
+                                axpy_d(dk_acc, ds, tile, base)
+                    cuda.syncthreads()
             if active and want_dk:
                 for f in range(d):
-                    dk[bh, j, f] = dk_acc[f]
+                    dk[kv, j, f] = dk_acc[f]
             if active and want_dv:
                 for c in range(d_v):
-                    dv[bh, j, c] = dv_acc[c]
+                    dv[kv, j, c] = dv_acc[c]
 
         return flash_dkdv_kernel
 
@@ -324,8 +448,10 @@ def _make_kernels(float_type, d, d_v):
     return flash_forward_kernel, flash_dq_kernel, dk_kernel, dv_kernel
 
 
-def flash_kernels(dtype, d, d_v):
-    """The (forward, dq, dk, dv) kernels for a dtype and head sizes, compiled on first use."""
+def flash_kernels(dtype, d, d_v, mask_kind=NO_MASK, softcap=False, dropout=False):
+    """The (forward, dq, dk, dv) kernels for a dtype, head sizes and feature set
+    (``mask_kind``: NO_MASK, BOOL_MASK or FLOAT_MASK; ``softcap``, ``dropout``:
+    whether those terms are compiled in), compiled on first use."""
     limit = config.CUDA_MAX_HEAD_DIM
     if not (1 <= d <= limit and 1 <= d_v <= limit):
         raise ValueError(
@@ -333,60 +459,160 @@ def flash_kernels(dtype, d, d_v):
             f"(config.CUDA_MAX_HEAD_DIM), got D={d}, Dv={d_v}"
         )
     t = np.dtype(dtype).type
-    return compiled(("flash", t, int(d), int(d_v)), lambda: _make_kernels(t, int(d), int(d_v)))
+    features = (int(mask_kind), bool(softcap), bool(dropout))
+    return compiled(
+        ("flash", t, int(d), int(d_v), *features),
+        lambda: _make_kernels(t, int(d), int(d_v), *features),
+    )
 
 
-def flash_forward(q, k, v, scale, causal):
+def band(n_q, n_k, causal=False, window=None, bottom_right=False):
+    """``(lo_off, hi_off)``: row i sees the keys i + lo_off <= j <= i + hi_off.
+
+    The alignment offset is ``S - L`` for ``bottom_right`` (FlashAttention-2's
+    causal: the last query row sees the last key), else 0 (torch's
+    ``is_causal``). ``causal`` admits j <= i + offset; ``window = (left,
+    right)`` (None on a side: unbounded) admits i + offset - left <= j <=
+    i + offset + right. Unbounded sides are ``n_q + n_k`` away, beyond any
+    index (so the kernels' integer bounds never overflow).
+    """
+    offset = n_k - n_q if bottom_right else 0
+    far = n_q + n_k
+    left, right = (None, None) if window is None else window
+    lo_off = -far if left is None else offset - int(left)
+    hi_off = far if right is None else offset + int(right)
+    if causal:
+        hi_off = min(hi_off, offset)
+    return max(lo_off, -far), min(hi_off, far)
+
+
+def _features(mask, softcap, dropout_p, seed):
+    """Kernel feature flags and the scalar arguments of the optional terms."""
+    if mask is None:
+        mask_kind = NO_MASK
+    elif np.dtype(mask.dtype) == np.bool_:
+        mask_kind = BOOL_MASK
+    else:
+        mask_kind = FLOAT_MASK
+    dropout_p = float(dropout_p)
+    use_dropout = dropout_p > 0.0
+    threshold = np.uint64(round(dropout_p * 2.0**24))
+    keep_scale = 1.0 / (1.0 - dropout_p)
+    scalars = (0.0 if softcap is None else float(softcap), np.uint64(int(seed) % 2**64))
+    return (mask_kind, softcap is not None, use_dropout), scalars + (threshold, keep_scale)
+
+
+def _mask_arrays(mask, mask_index, n_bh, dtype):
+    """Device mask (BM, 1 or L, S) and its row per (batch*head) (BH,) int64; placeholders
+    when there is no mask. A float mask is cast to the computation dtype."""
+    if mask is None:
+        return cuda.to_device(np.zeros((1, 1, 1), dtype=dtype)), cuda.to_device(
+            np.zeros(1, dtype=np.int64)
+        )
+    if isinstance(mask, np.ndarray) and mask.dtype != np.bool_:
+        mask = mask.astype(dtype, copy=False)
+    if mask_index is None:
+        mask_index = np.zeros(n_bh, dtype=np.int64) if mask.shape[0] == 1 else np.arange(n_bh)
+    return to_device(mask), to_device(np.asarray(mask_index, dtype=np.int64))
+
+
+def flash_forward(
+    q,
+    k,
+    v,
+    scale,
+    causal,
+    mask=None,
+    mask_index=None,
+    window=None,
+    bottom_right=False,
+    softcap=None,
+    dropout_p=0.0,
+    seed=0,
+):
     """``(out, lse)`` as device arrays: out (BH, L, Dv) in the input dtype, lse (BH, L) float64.
 
-    ``q``, ``k``, ``v``: device (or NumPy) arrays in the layout of the module docstring.
+    ``q`` (BH, L, D), ``k`` (BH_kv, S, D), ``v`` (BH_kv, S, Dv): device (or
+    NumPy) arrays; BH_kv divides BH and query head bh reads K/V head
+    ``bh // (BH // BH_kv)`` (grouped-query attention, no copies). ``mask``
+    (BM, 1 or L, S): boolean (True = may attend) or float (added to the
+    score), row ``mask_index[bh]`` for query head bh (default: bh, or 0 when
+    BM = 1). ``causal``, ``window``, ``bottom_right``: the band of
+    :func:`band`. ``softcap`` c: scores c tanh(s / c) before the mask.
+    ``dropout_p`` and ``seed`` (uint64): the counter-based dropout of
+    ``nbattn.cuda.dropout``; lse is the normaliser before dropout.
     """
     q, k, v = to_device(q), to_device(k), to_device(v)
     n_bh, n_q, d = q.shape
+    n_k = k.shape[1]
     d_v = v.shape[2]
     dtype = np.dtype(q.dtype)
-    forward = flash_kernels(dtype, d, d_v)[0]
+    flags, extra = _features(mask, softcap, dropout_p, seed)
+    device_mask, device_mask_index = _mask_arrays(mask, mask_index, n_bh, dtype)
+    forward = flash_kernels(dtype, d, d_v, *flags)[0]
     out = cuda.device_array((n_bh, n_q, d_v), dtype=dtype)
     lse = cuda.device_array((n_bh, n_q), dtype=np.float64)
     block_k = tile_rows(d + d_v, dtype.itemsize)
     shared = shared_bytes(block_k * (d + d_v), dtype.itemsize)
-    scale, causal = float(scale), bool(causal)
+    lo_off, hi_off = band(n_q, n_k, bool(causal), window, bottom_right)
+    head_args = (q, k, v, device_mask, device_mask_index, float(scale), lo_off, hi_off, *extra)
 
     def args(b0, b1):
-        return (q[b0:b1], k[b0:b1], v[b0:b1], scale, causal, block_k, out[b0:b1], lse[b0:b1])
+        return (*head_args, block_k, b0, out, lse)
 
     launch(forward, n_q, args, shared=shared, n_slices=n_bh)
     return out, lse
 
 
-def flash_backward(q, k, v, out, lse, dout, scale, causal):
-    """``(dq, dk, dv)`` as device arrays in the input dtype (``lse`` float64, may hold -inf)."""
+def flash_backward(
+    q,
+    k,
+    v,
+    out,
+    lse,
+    dout,
+    scale,
+    causal,
+    mask=None,
+    mask_index=None,
+    window=None,
+    bottom_right=False,
+    softcap=None,
+    dropout_p=0.0,
+    seed=0,
+):
+    """``(dq, dk, dv)`` as device arrays in the input dtype (``lse`` float64, may hold -inf).
+
+    The keywords are :func:`flash_forward`'s; dk and dv have k's and v's
+    (BH_kv) heads, summed over each group of query heads.
+    """
     q, k, v, out, lse, dout = (to_device(a) for a in (q, k, v, out, lse, dout))
     n_bh, n_q, d = q.shape
-    n_k = k.shape[1]
+    n_kv, n_k = k.shape[0], k.shape[1]
     d_v = v.shape[2]
     dtype = np.dtype(q.dtype)
-    _, dq_kernel, dk_kernel, dv_kernel = flash_kernels(dtype, d, d_v)
+    flags, extra = _features(mask, softcap, dropout_p, seed)
+    device_mask, device_mask_index = _mask_arrays(mask, mask_index, n_bh, dtype)
+    _, dq_kernel, dk_kernel, dv_kernel = flash_kernels(dtype, d, d_v, *flags)
     dq = cuda.device_array((n_bh, n_q, d), dtype=dtype)
-    dk = cuda.device_array((n_bh, n_k, d), dtype=dtype)
-    dv = cuda.device_array((n_bh, n_k, d_v), dtype=dtype)
+    dk = cuda.device_array((n_kv, n_k, d), dtype=dtype)
+    dv = cuda.device_array((n_kv, n_k, d_v), dtype=dtype)
     delta = cuda.device_array((n_bh, n_q), dtype=dtype)
-    scale, causal = float(scale), bool(causal)
+    lo_off, hi_off = band(n_q, n_k, bool(causal), window, bottom_right)
+    terms = (device_mask, device_mask_index, float(scale), lo_off, hi_off, *extra)
     block_k = tile_rows(d + d_v, dtype.itemsize)
 
     def dq_args(b0, b1):
-        inputs = (q, k, v, out, lse, dout)
-        return (*(a[b0:b1] for a in inputs), scale, causal, block_k, dq[b0:b1], delta[b0:b1])
+        return (q, k, v, out, lse, dout, *terms, block_k, b0, dq, delta)
 
     shared = shared_bytes(block_k * (d + d_v), dtype.itemsize)
     launch(dq_kernel, n_q, dq_args, shared=shared, n_slices=n_bh)
     block_q = tile_rows(d + d_v + 2, dtype.itemsize)
 
     def dkdv_args(b0, b1):
-        inputs = (q, k, v, lse, dout, delta)
-        return (*(a[b0:b1] for a in inputs), scale, causal, block_q, dk[b0:b1], dv[b0:b1])
+        return (q, k, v, lse, dout, delta, *terms, block_q, b0, dk, dv)
 
     shared = shared_bytes(block_q * (d + d_v + 2), dtype.itemsize)
-    launch(dv_kernel, n_k, dkdv_args, shared=shared, n_slices=n_bh)
-    launch(dk_kernel, n_k, dkdv_args, shared=shared, n_slices=n_bh)
+    launch(dv_kernel, n_k, dkdv_args, shared=shared, n_slices=n_kv)
+    launch(dk_kernel, n_k, dkdv_args, shared=shared, n_slices=n_kv)
     return dq, dk, dv
