@@ -69,7 +69,6 @@ from .. import config
 from .common import (
     SHARED_ALIGNMENT_KWARG,
     compiled,
-    exp_for,
     imax,
     imin,
     launch,
@@ -79,7 +78,19 @@ from .common import (
 )
 from .dropout import counter, keep
 
-__all__ = ["flash_backward", "flash_forward", "flash_kernels", "tile_functions"]
+__all__ = [
+    "BOOL_MASK",
+    "FLOAT_MASK",
+    "NO_MASK",
+    "band_offsets",
+    "flash_backward",
+    "flash_forward",
+    "flash_kernels",
+    "tile_functions",
+]
+
+LN2 = 0.6931471805599453
+LOG2E = 1.4426950408889634
 
 # Shared-memory reads in the hot loops index with unsigned integers: numba
 # wraps negative signed indices, which hides from NVVM that consecutive reads
@@ -139,17 +150,34 @@ def tile_functions(dtype, n):
 NO_MASK, BOOL_MASK, FLOAT_MASK = 0, 1, 2
 
 
-def _make_kernels(float_type, d, d_v, mask_kind, use_softcap, use_dropout):
+def exp2_for(float_type):
+    """The 2**x of the kernels: libdevice's exp2f (``ex2.approx``: a few ulp, exp2(-inf)
+    = 0) for float32, the accurate exp2 for float64; the simulator's ``math.pow``."""
+    from numba import config as numba_config
+
+    if numba_config.ENABLE_CUDASIM:
+
+        def exp2(x):
+            return math.pow(2.0, x)
+
+        return exp2
+    from numba.cuda import libdevice
+
+    return libdevice.exp2f if np.dtype(float_type) == np.float32 else libdevice.exp2
+
+
+def _make_kernels(float_type, d, d_v, mask_kind, use_alibi, use_softcap, use_dropout):
     """Forward, dQ, dK and dV kernels for one dtype, head dimensions and feature set.
 
-    ``mask_kind``, ``use_softcap`` and ``use_dropout`` are compile-time
-    constants: the branches of features not used are pruned, so plain
-    attention compiles to the lean loop of the module docstring.
+    ``mask_kind``, ``use_alibi``, ``use_softcap`` and ``use_dropout`` are
+    compile-time constants: the branches of features not used are pruned, so
+    plain attention compiles to the lean loop of the module docstring.
     """
     zero = float_type(0.0)
     one = float_type(1.0)
+    ln2 = float_type(LN2)
     minus_inf = float_type(-np.inf)
-    exp = exp_for(float_type)
+    exp2 = exp2_for(float_type)
     load_d, dot_d, axpy_d = tile_functions(float_type, d)  # rows of Q, K, dQ, dK
     load_v, dot_v, axpy_v = tile_functions(float_type, d_v)  # rows of V, O, dO, dV
     has_mask = mask_kind != NO_MASK
@@ -159,9 +187,10 @@ def _make_kernels(float_type, d, d_v, mask_kind, use_softcap, use_dropout):
         """The mask's term for (row i, key j): 0 or -inf (boolean), the entry (float).
         A mask with one row (key padding) serves every row."""
         row = i if mask.shape[1] > 1 else 0
+        col = j if mask.shape[2] > 1 else 0
         if mask_kind == BOOL_MASK:
-            return zero if mask[m_bh, row, j] else minus_inf
-        return float_type(mask[m_bh, row, j])
+            return zero if mask[m_bh, row, col] else minus_inf
+        return float_type(mask[m_bh, row, col])
 
     @cuda.jit(device=True, inline=True)
     def any_admissible(mask, m_bh, i, j_lo, j_hi):
@@ -170,6 +199,15 @@ def _make_kernels(float_type, d, d_v, mask_kind, use_softcap, use_dropout):
             if mask_term(mask, m_bh, i, j) != minus_inf:
                 return True
         return False
+
+    @cuda.jit(device=True, inline=True)
+    def terms(s, mask, m_bh, slope, i, j):
+        """The score plus the mask's and ALiBi's terms for (row i, key j)."""
+        if has_mask:
+            s += mask_term(mask, m_bh, i, j)
+        if use_alibi:
+            s += slope * float_type(j - i)
+        return s
 
     @cuda.jit(device=True, inline=True)
     def capped(s, cap, inv_cap):
@@ -181,8 +219,8 @@ def _make_kernels(float_type, d, d_v, mask_kind, use_softcap, use_dropout):
 
     @cuda.jit
     def flash_forward_kernel(
-        q, k, v, mask, mask_index, scale, lo_off, hi_off, softcap, seed, threshold,
-        keep_scale, block_k, bh0, out, lse,
+        q, k, v, kv_index, mask, mask_index, slopes, q_factor, lo_off, hi_off, softcap,
+        seed, threshold, n_rows, n_cols, row0, col0, keep_scale, block_k, bh0, out, lse,
     ):  # fmt: skip
         # block_k x (d + d_v): K then V rows (16-byte aligned base)
         if SHARED_ALIGNMENT_KWARG:  # one spelling per numba; the other is pruned
@@ -194,26 +232,27 @@ def _make_kernels(float_type, d, d_v, mask_kind, use_softcap, use_dropout):
         bh = bh0 + cuda.blockIdx.y  # launches of at most MAX_GRID_Y slices
         n_q = q.shape[1]
         n_k = k.shape[1]
-        kv = bh // (q.shape[0] // k.shape[0])  # grouped-query: the head's K/V head
-        row0 = cuda.blockIdx.x * tpb
-        i = row0 + tx
+        kv = kv_index[bh]
+        first = cuda.blockIdx.x * tpb
+        i = first + tx
         active = i < n_q
         m_bh = mask_index[bh] if has_mask else 0
+        slope = slopes[bh] if use_alibi else zero
         cap = float_type(softcap)
         inv_cap = float_type(1.0 / softcap) if use_softcap else zero
         drop_scale = float_type(keep_scale)
         q_row = cuda.local.array(d, dtype=float_type)
         acc = cuda.local.array(d_v, dtype=float_type)
-        factor = float_type(scale)
+        factor = float_type(q_factor)
         for f in range(d):
             q_row[f] = q[bh, i, f] * factor if active else zero
         for c in range(d_v):
             acc[c] = zero
-        m = minus_inf
+        m = minus_inf  # base 2
         l_sum = 0.0
         # row i sees keys i + lo_off <= j <= i + hi_off; the block walks their union
-        j_begin = imax(0, row0 + lo_off)
-        j_end = imin(n_k, imin(row0 + tpb, n_q) + hi_off)
+        j_begin = imax(0, first + lo_off)
+        j_end = imin(n_k, imin(first + tpb, n_q) + hi_off)
         v_off = block_k * d
         for j0 in range(j_begin, j_end, block_k):
             nb = imin(block_k, j_end - j0)
@@ -229,20 +268,20 @@ def _make_kernels(float_type, d, d_v, mask_kind, use_softcap, use_dropout):
             if active:
                 for jj in range(a, b):
                     s, _ = capped(dot_d(q_row, tile, U(jj) * U(d)), cap, inv_cap)
-                    if has_mask:
-                        s += mask_term(mask, m_bh, i, j0 + jj)
-                        if s == minus_inf:
-                            continue
+                    s = terms(s, mask, m_bh, slope, i, j0 + jj)
+                    if s == minus_inf:
+                        continue
                     if s > m:
-                        rescale = exp(m - s)
+                        rescale = exp2(m - s)
                         l_sum *= rescale
                         for c in range(d_v):
                             acc[c] *= rescale
                         m = s
-                    w = exp(s - m)
+                    w = exp2(s - m)
                     l_sum += w
-                    if use_dropout:  # the normaliser counts every weight, the sum the kept
-                        if not keep(seed, counter(bh, i, j0 + jj, n_q, n_k), threshold):
+                    if use_dropout:  # the normaliser counts every weight, acc the kept
+                        count = counter(bh, row0 + i, col0 + j0 + jj, n_rows, n_cols)
+                        if not keep(seed, count, threshold):
                             continue
                         w *= drop_scale
                     axpy_v(acc, w, tile, U(v_off) + U(jj) * U(d_v))
@@ -252,7 +291,7 @@ def _make_kernels(float_type, d, d_v, mask_kind, use_softcap, use_dropout):
                 inv = float_type(1.0 / l_sum)
                 for c in range(d_v):
                     out[bh, i, c] = acc[c] * inv
-                lse[bh, i] = float(m) + math.log(l_sum)
+                lse[bh, i] = float(m) * LN2 + math.log(l_sum)
             else:
                 for c in range(d_v):
                     out[bh, i, c] = zero
@@ -260,8 +299,9 @@ def _make_kernels(float_type, d, d_v, mask_kind, use_softcap, use_dropout):
 
     @cuda.jit
     def flash_dq_kernel(
-        q, k, v, out, lse, dout, mask, mask_index, scale, lo_off, hi_off, softcap, seed,
-        threshold, keep_scale, block_k, bh0, dq, delta,
+        q, k, v, out, lse, dout, kv_index, mask, mask_index, slopes, q_factor, scale,
+        lo_off, hi_off, softcap, seed, threshold, n_rows, n_cols, row0, col0, keep_scale,
+        block_k, bh0, dq, delta,
     ):  # fmt: skip
         # block_k x (d + d_v): K then V rows (16-byte aligned base)
         if SHARED_ALIGNMENT_KWARG:  # one spelling per numba; the other is pruned
@@ -270,26 +310,27 @@ def _make_kernels(float_type, d, d_v, mask_kind, use_softcap, use_dropout):
             tile = cuda.shared.array(0, dtype=types.complex128).view(float_type)
         tx = cuda.threadIdx.x
         tpb = cuda.blockDim.x
-        bh = bh0 + cuda.blockIdx.y  # launches of at most MAX_GRID_Y slices
+        bh = bh0 + cuda.blockIdx.y
         n_q = q.shape[1]
         n_k = k.shape[1]
-        kv = bh // (q.shape[0] // k.shape[0])
-        row0 = cuda.blockIdx.x * tpb
-        i = row0 + tx
+        kv = kv_index[bh]
+        first = cuda.blockIdx.x * tpb
+        i = first + tx
         active = i < n_q
         m_bh = mask_index[bh] if has_mask else 0
+        slope = slopes[bh] if use_alibi else zero
         cap = float_type(softcap)
         inv_cap = float_type(1.0 / softcap) if use_softcap else zero
         drop_scale = float_type(keep_scale)
         q_row = cuda.local.array(d, dtype=float_type)
         do_row = cuda.local.array(d_v, dtype=float_type)
         acc = cuda.local.array(d, dtype=float_type)
-        factor = float_type(scale)
+        factor = float_type(q_factor)
         shift = zero
         d_i = zero
         if active:
             active = lse[bh, i] != -math.inf
-            shift = float_type(lse[bh, i])
+            shift = float_type(lse[bh, i] * LOG2E)
             total = 0.0
             for c in range(d_v):
                 total += float(dout[bh, i, c]) * float(out[bh, i, c])
@@ -300,8 +341,8 @@ def _make_kernels(float_type, d, d_v, mask_kind, use_softcap, use_dropout):
             acc[f] = zero
         for c in range(d_v):
             do_row[c] = dout[bh, i, c] if active else zero
-        j_begin = imax(0, row0 + lo_off)
-        j_end = imin(n_k, imin(row0 + tpb, n_q) + hi_off)
+        j_begin = imax(0, first + lo_off)
+        j_end = imin(n_k, imin(first + tpb, n_q) + hi_off)
         v_off = block_k * d
         for j0 in range(j_begin, j_end, block_k):
             nb = imin(block_k, j_end - j0)
@@ -317,34 +358,33 @@ def _make_kernels(float_type, d, d_v, mask_kind, use_softcap, use_dropout):
             if active:
                 for jj in range(a, b):
                     s, t = capped(dot_d(q_row, tile, U(jj) * U(d)), cap, inv_cap)
-                    if has_mask:
-                        s += mask_term(mask, m_bh, i, j0 + jj)
-                        if s == minus_inf:
-                            continue
-                    p = exp(s - shift)
+                    s = terms(s, mask, m_bh, slope, i, j0 + jj)
+                    if s == minus_inf:
+                        continue
+                    p = exp2(s - shift)
                     dp = dot_v(do_row, tile, U(v_off) + U(jj) * U(d_v))
-                    if use_dropout:  # dP of the weights before dropout: dO V^T o Z
-                        if keep(seed, counter(bh, i, j0 + jj, n_q, n_k), threshold):
-                            dp *= drop_scale
-                        else:
-                            dp = zero
+                    if use_dropout:  # dP of the weights before dropout: (dO V^T) o Z
+                        count = counter(bh, row0 + i, col0 + j0 + jj, n_rows, n_cols)
+                        dp = dp * drop_scale if keep(seed, count, threshold) else zero
                     ds = p * (dp - d_i)
                     if use_softcap:
                         ds *= one - t * t
                     axpy_d(acc, ds, tile, U(jj) * U(d))
             cuda.syncthreads()
         if i < n_q:
+            factor = float_type(scale)
             for f in range(d):
                 dq[bh, i, f] = acc[f] * factor
 
     def make_dkdv_kernel(want_dk, want_dv):
         """One thread per key: dK (want_dk) or dV (want_dv) of its key row, summed over
-        the query heads that share its K/V head."""
+        the query slices that read its key/value slice."""
 
         @cuda.jit
         def flash_dkdv_kernel(
-            q, k, v, lse, dout, delta, mask, mask_index, scale, lo_off, hi_off, softcap,
-            seed, threshold, keep_scale, block_q, kv0, dk, dv,
+            q, k, v, lse, dout, delta, readers, reader_start, mask, mask_index, slopes,
+            q_factor, lo_off, hi_off, softcap, seed, threshold, n_rows, n_cols, row0, col0,
+            keep_scale, block_q, kv0, dk, dv,
         ):  # fmt: skip
             # block_q x (d + d_v + 2): Q, dO, lse, D (16-byte aligned base)
             if SHARED_ALIGNMENT_KWARG:  # one spelling per numba; the other is pruned
@@ -354,20 +394,19 @@ def _make_kernels(float_type, d, d_v, mask_kind, use_softcap, use_dropout):
             tx = cuda.threadIdx.x
             tpb = cuda.blockDim.x
             kv = kv0 + cuda.blockIdx.y
-            group = q.shape[0] // k.shape[0]
-            col0 = cuda.blockIdx.x * tpb
-            j = col0 + tx
+            first = cuda.blockIdx.x * tpb
+            j = first + tx
             n_q = q.shape[1]
             n_k = k.shape[1]
             active = j < n_k
             cap = float_type(softcap)
             inv_cap = float_type(1.0 / softcap) if use_softcap else zero
             drop_scale = float_type(keep_scale)
+            factor = float_type(q_factor)
             k_row = cuda.local.array(d, dtype=float_type)
             v_row = cuda.local.array(d_v if want_dk else 1, dtype=float_type)
             dk_acc = cuda.local.array(d if want_dk else 1, dtype=float_type)
             dv_acc = cuda.local.array(d_v if want_dv else 1, dtype=float_type)
-            factor = float_type(scale)
             for f in range(d):
                 k_row[f] = k[kv, j, f] if active else zero
             if want_dk:
@@ -382,11 +421,12 @@ def _make_kernels(float_type, d, d_v, mask_kind, use_softcap, use_dropout):
             lse_off = block_q * (d + d_v)
             delta_off = lse_off + block_q
             # key j is seen by rows j - hi_off <= i <= j - lo_off; the block walks their union
-            i_begin = imax(0, col0 - hi_off)
-            i_end = imin(n_q, imin(col0 + tpb, n_k) - lo_off)
-            for g in range(group):
-                bh = kv * group + g
+            i_begin = imax(0, first - hi_off)
+            i_end = imin(n_q, imin(first + tpb, n_k) - lo_off)
+            for reader in range(reader_start[kv], reader_start[kv + 1]):
+                bh = readers[reader]
                 m_bh = mask_index[bh] if has_mask else 0
+                slope = slopes[bh] if use_alibi else zero
                 for i0 in range(i_begin, i_end, block_q):
                     mb = imin(block_q, i_end - i0)
                     a = imax(0, j - hi_off - i0)
@@ -403,7 +443,7 @@ def _make_kernels(float_type, d, d_v, mask_kind, use_softcap, use_dropout):
                     load_d(tile, 0, q, bh, i0, mb, factor)
                     load_v(tile, do_off, dout, bh, i0, mb, one)
                     for idx in range(tx, mb, tpb):
-                        tile[lse_off + idx] = float_type(lse[bh, i0 + idx])
+                        tile[lse_off + idx] = float_type(lse[bh, i0 + idx] * LOG2E)
                         tile[delta_off + idx] = delta[bh, i0 + idx]
                     cuda.syncthreads()
                     if active:
@@ -413,30 +453,27 @@ def _make_kernels(float_type, d, d_v, mask_kind, use_softcap, use_dropout):
                                 continue
                             base = U(ii) * U(d)
                             s, t = capped(dot_d(k_row, tile, base), cap, inv_cap)
-                            if has_mask:
-                                s += mask_term(mask, m_bh, i0 + ii, j)
-                                if s == minus_inf:
-                                    continue
-                            p = exp(s - shift)
-                            z = one
+                            s = terms(s, mask, m_bh, slope, i0 + ii, j)
+                            if s == minus_inf:
+                                continue
+                            p = exp2(s - shift)
+                            pz = p  # P o Z: the weight after dropout
                             if use_dropout:
-                                if not keep(seed, counter(bh, i0 + ii, j, n_q, n_k), threshold):
-                                    z = zero
-                                else:
-                                    z = drop_scale
+                                count = counter(bh, row0 + i0 + ii, col0 + j, n_rows, n_cols)
+                                pz = p * drop_scale if keep(seed, count, threshold) else zero
                             g_base = U(do_off) + U(ii) * U(d_v)
                             if want_dv:
-                                axpy_v(dv_acc, p * z, tile, g_base)
-                            if want_dk:
-                                dp = dot_v(v_row, tile, g_base) * z
-                                ds = p * (dp - tile[delta_off + ii])
+                                axpy_v(dv_acc, pz, tile, g_base)
+                            if want_dk:  # dS = P o ((dO V^T) o Z - D)
+                                dp = dot_v(v_row, tile, g_base)
+                                ds = pz * dp - p * tile[delta_off + ii]
                                 if use_softcap:
                                     ds *= one - t * t
                                 axpy_d(dk_acc, ds, tile, base)
                     cuda.syncthreads()
-            if active and want_dk:
+            if active and want_dk:  # dK = ln 2 dS^T Q' (Q' = the base-2 queries in the tile)
                 for f in range(d):
-                    dk[kv, j, f] = dk_acc[f]
+                    dk[kv, j, f] = dk_acc[f] * ln2
             if active and want_dv:
                 for c in range(d_v):
                     dv[kv, j, c] = dv_acc[c]
@@ -448,10 +485,12 @@ def _make_kernels(float_type, d, d_v, mask_kind, use_softcap, use_dropout):
     return flash_forward_kernel, flash_dq_kernel, dk_kernel, dv_kernel
 
 
-def flash_kernels(dtype, d, d_v, mask_kind=NO_MASK, softcap=False, dropout=False):
+def flash_kernels(
+    dtype, d, d_v, mask_kind=NO_MASK, alibi=False, softcap=False, dropout=False
+):  # fmt: skip
     """The (forward, dq, dk, dv) kernels for a dtype, head sizes and feature set
-    (``mask_kind``: NO_MASK, BOOL_MASK or FLOAT_MASK; ``softcap``, ``dropout``:
-    whether those terms are compiled in), compiled on first use."""
+    (``mask_kind``: NO_MASK, BOOL_MASK or FLOAT_MASK; ``alibi``, ``softcap``,
+    ``dropout``: whether those terms are compiled in), compiled on first use."""
     limit = config.CUDA_MAX_HEAD_DIM
     if not (1 <= d <= limit and 1 <= d_v <= limit):
         raise ValueError(
@@ -459,158 +498,191 @@ def flash_kernels(dtype, d, d_v, mask_kind=NO_MASK, softcap=False, dropout=False
             f"(config.CUDA_MAX_HEAD_DIM), got D={d}, Dv={d_v}"
         )
     t = np.dtype(dtype).type
-    features = (int(mask_kind), bool(softcap), bool(dropout))
+    features = (int(mask_kind), bool(alibi), bool(softcap), bool(dropout))
     return compiled(
         ("flash", t, int(d), int(d_v), *features),
         lambda: _make_kernels(t, int(d), int(d_v), *features),
     )
 
 
-def band(n_q, n_k, causal=False, window=None, bottom_right=False):
-    """``(lo_off, hi_off)``: row i sees the keys i + lo_off <= j <= i + hi_off.
-
-    The alignment offset is ``S - L`` for ``bottom_right`` (FlashAttention-2's
-    causal: the last query row sees the last key), else 0 (torch's
-    ``is_causal``). ``causal`` admits j <= i + offset; ``window = (left,
-    right)`` (None on a side: unbounded) admits i + offset - left <= j <=
-    i + offset + right. Unbounded sides are ``n_q + n_k`` away, beyond any
-    index (so the kernels' integer bounds never overflow).
-    """
-    offset = n_k - n_q if bottom_right else 0
-    far = n_q + n_k
-    left, right = (None, None) if window is None else window
-    lo_off = -far if left is None else offset - int(left)
-    hi_off = far if right is None else offset + int(right)
-    if causal:
-        hi_off = min(hi_off, offset)
-    return max(lo_off, -far), min(hi_off, far)
+def band_offsets(band, n_q, n_k):
+    """``(lo_off, hi_off)`` of a band ``(offset, left, right)``: row i sees the keys
+    i + lo_off <= j <= i + hi_off, lo_off = offset - left, hi_off = offset + right,
+    clamped to +-(n_q + n_k + 1) (a side that large is unbounded; the kernels' integer
+    bounds then never overflow)."""
+    offset, left, right = (int(x) for x in np.asarray(band).reshape(3))
+    far = n_q + n_k + 1
+    return max(offset - min(left, far), -far), min(offset + min(right, far), far)
 
 
-def _features(mask, softcap, dropout_p, seed):
-    """Kernel feature flags and the scalar arguments of the optional terms."""
-    if mask is None:
-        mask_kind = NO_MASK
-    elif np.dtype(mask.dtype) == np.bool_:
-        mask_kind = BOOL_MASK
-    else:
-        mask_kind = FLOAT_MASK
-    dropout_p = float(dropout_p)
-    use_dropout = dropout_p > 0.0
-    threshold = np.uint64(round(dropout_p * 2.0**24))
-    keep_scale = 1.0 / (1.0 - dropout_p)
-    scalars = (0.0 if softcap is None else float(softcap), np.uint64(int(seed) % 2**64))
-    return (mask_kind, softcap is not None, use_dropout), scalars + (threshold, keep_scale)
+def _host(array, dtype=None):
+    """A host copy of a small argument array (device arrays are copied back)."""
+    if hasattr(array, "copy_to_host"):
+        array = array.copy_to_host()
+    elif not isinstance(array, np.ndarray) and hasattr(array, "__cuda_array_interface__"):
+        array = cuda.as_cuda_array(array).copy_to_host()
+    return np.asarray(array, dtype=dtype)
 
 
-def _mask_arrays(mask, mask_index, n_bh, dtype):
-    """Device mask (BM, 1 or L, S) and its row per (batch*head) (BH,) int64; placeholders
-    when there is no mask. A float mask is cast to the computation dtype."""
-    if mask is None:
-        return cuda.to_device(np.zeros((1, 1, 1), dtype=dtype)), cuda.to_device(
-            np.zeros(1, dtype=np.int64)
+class _Terms:
+    """The optional terms of one call, as the kernels take them: compile-time flags,
+    device arrays (placeholders where unused) and scalars."""
+
+    def __init__(
+        self, q, k, kv_index, mask, mask_index, slopes, band, softcap, dropout, keep_scale
+    ):
+        n_bh, n_q = q.shape[0], q.shape[1]
+        n_k = k.shape[1]
+        if kv_index is None:  # the short form: one K/V slice per query slice
+            kv_index = np.arange(n_bh, dtype=np.int64)
+        self.kv_index = _host(kv_index, np.int64)
+        if mask is None or mask.shape[0] == 0:
+            self.mask_kind = NO_MASK
+            mask = np.zeros((1, 1, 1), dtype=q.dtype)
+            mask_index = np.zeros(1, dtype=np.int64)
+        else:
+            self.mask_kind = BOOL_MASK if np.dtype(mask.dtype) == np.bool_ else FLOAT_MASK
+        self.mask = to_device(mask)
+        self.mask_index = to_device(_host(mask_index, np.int64))
+        self.alibi = slopes is not None and slopes.shape[0] > 0
+        if not self.alibi:
+            slopes = np.zeros(1, dtype=q.dtype)
+        self.slopes = to_device(slopes)
+        self.lo_off, self.hi_off = band_offsets(band, n_q, n_k)
+        self.softcap = float(softcap)
+        words = _host(dropout, np.uint64).reshape(6)
+        self.dropout = bool(words[1] > 0)
+        self.scalars = (
+            np.uint64(words[0]),  # seed
+            np.uint64(words[1]),  # threshold
+            int(words[2]),  # counter rows, columns, first row, first column
+            int(words[3]),
+            int(words[4]),
+            int(words[5]),
+            float(keep_scale),
         )
-    if isinstance(mask, np.ndarray) and mask.dtype != np.bool_:
-        mask = mask.astype(dtype, copy=False)
-    if mask_index is None:
-        mask_index = np.zeros(n_bh, dtype=np.int64) if mask.shape[0] == 1 else np.arange(n_bh)
-    return to_device(mask), to_device(np.asarray(mask_index, dtype=np.int64))
+
+    def kernels(self, dtype, d, d_v):
+        flags = (self.mask_kind, self.alibi, self.softcap > 0.0, self.dropout)
+        return flash_kernels(dtype, d, d_v, *flags)
+
+    def readers(self, n_kv):
+        """The query slices that read each K/V slice, grouped: (readers, start (n_kv + 1,))."""
+        order = np.argsort(self.kv_index, kind="stable").astype(np.int64)
+        counts = np.bincount(self.kv_index, minlength=n_kv)[:n_kv]
+        start = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+        return to_device(order), to_device(start)
 
 
-def flash_forward(
-    q,
-    k,
-    v,
-    scale,
-    causal,
-    mask=None,
-    mask_index=None,
-    window=None,
-    bottom_right=False,
-    softcap=None,
-    dropout_p=0.0,
-    seed=0,
-):
-    """``(out, lse)`` as device arrays: out (BH, L, Dv) in the input dtype, lse (BH, L) float64.
+def _short_form(q, k, scale, causal):
+    """The keywords of the short call ``(q, k, v, scale, causal)``: unscaled q, top-left
+    causal or nothing, no mask, ALiBi, softcap or dropout."""
+    n_q, n_k = q.shape[1], k.shape[1]
+    far = n_q + n_k + 1
+    band = np.array([0, far, 0 if causal else far], dtype=np.int64)
+    return dict(
+        kv_index=None, mask=None, mask_index=None, slopes=None, band=band, softcap=0.0,
+        dropout=np.zeros(6, dtype=np.uint64), keep_scale=1.0,
+    ), float(scale) * LOG2E  # fmt: skip
 
-    ``q`` (BH, L, D), ``k`` (BH_kv, S, D), ``v`` (BH_kv, S, Dv): device (or
-    NumPy) arrays; BH_kv divides BH and query head bh reads K/V head
-    ``bh // (BH // BH_kv)`` (grouped-query attention, no copies). ``mask``
-    (BM, 1 or L, S): boolean (True = may attend) or float (added to the
-    score), row ``mask_index[bh]`` for query head bh (default: bh, or 0 when
-    BM = 1). ``causal``, ``window``, ``bottom_right``: the band of
-    :func:`band`. ``softcap`` c: scores c tanh(s / c) before the mask.
-    ``dropout_p`` and ``seed`` (uint64): the counter-based dropout of
-    ``nbattn.cuda.dropout``; lse is the normaliser before dropout.
+
+def flash_forward(q, k, v, *args):
+    """``(out, lse)`` as device arrays: out (BH, L, Dv) in the input dtype, lse (BH, L)
+    float64 in natural units -- the twin of ``nbattn.kernels.flash.flash_forward``.
+
+    The full form takes the CPU kernel's arguments (see its module docstring)::
+
+        flash_forward(q, k, v, kv_index, mask, mask_index, mask_live, slopes, band,
+                      softcap, dropout, keep_scale, block_q, block_k)
+
+    q is the user's q times scale * log2(e), mask, slopes and softcap are
+    base 2; ``mask_live``, ``block_q`` and ``block_k`` are the CPU's tiles and
+    are not used here (the GPU's tiles follow ``config``, and a block skips a
+    key tile that the mask closes for all its rows by itself). A boolean mask
+    (True = may attend) is accepted besides the float one. The short form
+    ``flash_forward(q, k, v, scale, causal)`` takes the user's q and plain
+    (top-left causal) attention. Arrays may be host or device arrays.
     """
+    if len(args) == 2:
+        keywords, q_factor = _short_form(q, k, *args)
+    else:
+        names = ("kv_index", "mask", "mask_index", "mask_live", "slopes", "band", "softcap")
+        keywords = dict(zip(names + ("dropout", "keep_scale"), args[:9]))
+        del keywords["mask_live"]
+        q_factor = 1.0
     q, k, v = to_device(q), to_device(k), to_device(v)
     n_bh, n_q, d = q.shape
-    n_k = k.shape[1]
     d_v = v.shape[2]
     dtype = np.dtype(q.dtype)
-    flags, extra = _features(mask, softcap, dropout_p, seed)
-    device_mask, device_mask_index = _mask_arrays(mask, mask_index, n_bh, dtype)
-    forward = flash_kernels(dtype, d, d_v, *flags)[0]
+    terms = _Terms(q, k, **keywords)
+    forward = terms.kernels(dtype, d, d_v)[0]
     out = cuda.device_array((n_bh, n_q, d_v), dtype=dtype)
     lse = cuda.device_array((n_bh, n_q), dtype=np.float64)
     block_k = tile_rows(d + d_v, dtype.itemsize)
     shared = shared_bytes(block_k * (d + d_v), dtype.itemsize)
-    lo_off, hi_off = band(n_q, n_k, bool(causal), window, bottom_right)
-    head_args = (q, k, v, device_mask, device_mask_index, float(scale), lo_off, hi_off, *extra)
+    head = (q, k, v, to_device(terms.kv_index), terms.mask, terms.mask_index, terms.slopes)
+    band = (float(q_factor), terms.lo_off, terms.hi_off, terms.softcap)
 
-    def args(b0, b1):
-        return (*head_args, block_k, b0, out, lse)
+    def args_for(b0, b1):
+        return (*head, *band, *terms.scalars, block_k, b0, out, lse)
 
-    launch(forward, n_q, args, shared=shared, n_slices=n_bh)
+    launch(forward, n_q, args_for, shared=shared, n_slices=n_bh)
     return out, lse
 
 
-def flash_backward(
-    q,
-    k,
-    v,
-    out,
-    lse,
-    dout,
-    scale,
-    causal,
-    mask=None,
-    mask_index=None,
-    window=None,
-    bottom_right=False,
-    softcap=None,
-    dropout_p=0.0,
-    seed=0,
-):
-    """``(dq, dk, dv)`` as device arrays in the input dtype (``lse`` float64, may hold -inf).
+def flash_backward(q, k, v, out, lse, dout, *args):
+    """``(dq, dk, dv)`` as device arrays in the input dtype -- the twin of
+    ``nbattn.kernels.flash.flash_backward``.
 
-    The keywords are :func:`flash_forward`'s; dk and dv have k's and v's
-    (BH_kv) heads, summed over each group of query heads.
+    The full form takes the CPU kernel's arguments::
+
+        flash_backward(q, k, v, out, lse, dout, kv_index, mask, mask_index, mask_live,
+                       slopes, band, softcap, dropout, keep_scale, scale, n_groups,
+                       block_q, block_k)
+
+    (base-2 q as in the forward; dq is the gradient for the user's q, dk and
+    dv have k's and v's slices, summed over the query slices that read them;
+    ``mask_live``, ``n_groups`` and the block sizes are the CPU's and unused).
+    The short form ``flash_backward(q, k, v, out, lse, dout, scale, causal)``
+    takes the user's q. ``lse`` is float64 and may hold -inf (rows without
+    keys: zero gradients).
     """
+    if len(args) == 2:
+        keywords, q_factor = _short_form(q, k, *args)
+        scale = float(args[0])
+    else:
+        names = ("kv_index", "mask", "mask_index", "mask_live", "slopes", "band", "softcap")
+        keywords = dict(zip(names + ("dropout", "keep_scale"), args[:9]))
+        del keywords["mask_live"]
+        q_factor, scale = 1.0, float(args[9])
     q, k, v, out, lse, dout = (to_device(a) for a in (q, k, v, out, lse, dout))
     n_bh, n_q, d = q.shape
     n_kv, n_k = k.shape[0], k.shape[1]
     d_v = v.shape[2]
     dtype = np.dtype(q.dtype)
-    flags, extra = _features(mask, softcap, dropout_p, seed)
-    device_mask, device_mask_index = _mask_arrays(mask, mask_index, n_bh, dtype)
-    _, dq_kernel, dk_kernel, dv_kernel = flash_kernels(dtype, d, d_v, *flags)
+    terms = _Terms(q, k, **keywords)
+    _, dq_kernel, dk_kernel, dv_kernel = terms.kernels(dtype, d, d_v)
     dq = cuda.device_array((n_bh, n_q, d), dtype=dtype)
     dk = cuda.device_array((n_kv, n_k, d), dtype=dtype)
     dv = cuda.device_array((n_kv, n_k, d_v), dtype=dtype)
     delta = cuda.device_array((n_bh, n_q), dtype=dtype)
-    lo_off, hi_off = band(n_q, n_k, bool(causal), window, bottom_right)
-    terms = (device_mask, device_mask_index, float(scale), lo_off, hi_off, *extra)
+    masks = (terms.mask, terms.mask_index, terms.slopes)
+    band = (terms.lo_off, terms.hi_off, terms.softcap, *terms.scalars)
     block_k = tile_rows(d + d_v, dtype.itemsize)
+    kv_index = to_device(terms.kv_index)
 
     def dq_args(b0, b1):
-        return (q, k, v, out, lse, dout, *terms, block_k, b0, dq, delta)
+        inputs = (q, k, v, out, lse, dout, kv_index, *masks, float(q_factor), scale)
+        return (*inputs, *band, block_k, b0, dq, delta)
 
     shared = shared_bytes(block_k * (d + d_v), dtype.itemsize)
     launch(dq_kernel, n_q, dq_args, shared=shared, n_slices=n_bh)
     block_q = tile_rows(d + d_v + 2, dtype.itemsize)
+    readers, reader_start = terms.readers(n_kv)
 
     def dkdv_args(b0, b1):
-        return (q, k, v, lse, dout, delta, *terms, block_q, b0, dk, dv)
+        inputs = (q, k, v, lse, dout, delta, readers, reader_start, *masks, float(q_factor))
+        return (*inputs, *band, block_q, b0, dk, dv)
 
     shared = shared_bytes(block_q * (d + d_v + 2), dtype.itemsize)
     launch(dv_kernel, n_k, dkdv_args, shared=shared, n_slices=n_kv)
