@@ -104,6 +104,21 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+@cuda.jit(device=True, inline=True)
+def aligned(n):
+    """``n`` rounded up to a multiple of 4: a tile offset whose 4-byte floats start
+    16-byte aligned, which the compiler can see (vector loads from there)."""
+    return (n + 3) // 4 * 4
+
+
+@cuda.jit(device=True, inline=True)
+def block_any(flag):
+    """Whether ``flag`` holds for some thread of the block (a barrier: every thread calls it).
+
+    ``syncthreads_or`` takes an integer predicate: the CUDA compiler refuses a bool."""
+    return cuda.syncthreads_or(np.int32(1) if flag else np.int32(0)) != 0
+
+
 def _make_tile_functions(float_type, n):
     zero = float_type(0.0)
     n4 = n - n % 4  # dot products of length n run as four independent sums (ILP)
@@ -253,14 +268,14 @@ def _make_kernels(float_type, d, d_v, mask_kind, use_alibi, use_softcap, use_dro
         # row i sees keys i + lo_off <= j <= i + hi_off; the block walks their union
         j_begin = imax(0, first + lo_off)
         j_end = imin(n_k, imin(first + tpb, n_q) + hi_off)
-        v_off = block_k * d
+        v_off = aligned(block_k * d)  # V rows start 16-byte aligned (ld.shared.v4)
         for j0 in range(j_begin, j_end, block_k):
             nb = imin(block_k, j_end - j0)
             a = imax(0, i + lo_off - j0)
             b = imin(nb, i + hi_off + 1 - j0)
             if has_mask:  # skip a tile that the mask closes for every row of the block
                 seen = active and any_admissible(mask, m_bh, i, j0 + a, j0 + b)
-                if not cuda.syncthreads_or(seen):
+                if not block_any(seen):
                     continue
             load_d(tile, 0, k, kv, j0, nb, one)
             load_v(tile, v_off, v, kv, j0, nb, one)
@@ -269,7 +284,7 @@ def _make_kernels(float_type, d, d_v, mask_kind, use_alibi, use_softcap, use_dro
                 for jj in range(a, b):
                     s, _ = capped(dot_d(q_row, tile, U(jj) * U(d)), cap, inv_cap)
                     s = terms(s, mask, m_bh, slope, i, j0 + jj)
-                    if s == minus_inf:
+                    if has_mask and s == minus_inf:  # only a mask gives -inf
                         continue
                     if s > m:
                         rescale = exp2(m - s)
@@ -343,14 +358,14 @@ def _make_kernels(float_type, d, d_v, mask_kind, use_alibi, use_softcap, use_dro
             do_row[c] = dout[bh, i, c] if active else zero
         j_begin = imax(0, first + lo_off)
         j_end = imin(n_k, imin(first + tpb, n_q) + hi_off)
-        v_off = block_k * d
+        v_off = aligned(block_k * d)  # V rows start 16-byte aligned (ld.shared.v4)
         for j0 in range(j_begin, j_end, block_k):
             nb = imin(block_k, j_end - j0)
             a = imax(0, i + lo_off - j0)
             b = imin(nb, i + hi_off + 1 - j0)
             if has_mask:
                 seen = active and any_admissible(mask, m_bh, i, j0 + a, j0 + b)
-                if not cuda.syncthreads_or(seen):
+                if not block_any(seen):
                     continue
             load_d(tile, 0, k, kv, j0, nb, one)
             load_v(tile, v_off, v, kv, j0, nb, one)
@@ -359,7 +374,7 @@ def _make_kernels(float_type, d, d_v, mask_kind, use_alibi, use_softcap, use_dro
                 for jj in range(a, b):
                     s, t = capped(dot_d(q_row, tile, U(jj) * U(d)), cap, inv_cap)
                     s = terms(s, mask, m_bh, slope, i, j0 + jj)
-                    if s == minus_inf:
+                    if has_mask and s == minus_inf:  # only a mask gives -inf
                         continue
                     p = exp2(s - shift)
                     dp = dot_v(do_row, tile, U(v_off) + U(jj) * U(d_v))
@@ -417,60 +432,63 @@ def _make_kernels(float_type, d, d_v, mask_kind, use_alibi, use_softcap, use_dro
             if want_dv:
                 for c in range(d_v):
                     dv_acc[c] = zero
-            do_off = block_q * d
-            lse_off = block_q * (d + d_v)
+            do_off = aligned(block_q * d)  # dO rows start 16-byte aligned
+            lse_off = do_off + block_q * d_v
             delta_off = lse_off + block_q
             # key j is seen by rows j - hi_off <= i <= j - lo_off; the block walks their union
             i_begin = imax(0, first - hi_off)
             i_end = imin(n_q, imin(first + tpb, n_k) - lo_off)
-            for reader in range(reader_start[kv], reader_start[kv + 1]):
-                bh = readers[reader]
+            # one flat loop over (reader, query tile): one loop level fewer keeps registers
+            n_tiles = imax(0, (i_end - i_begin + block_q - 1) // block_q)
+            first_reader = reader_start[kv]
+            for item in range((reader_start[kv + 1] - first_reader) * n_tiles):
+                bh = readers[first_reader + item // n_tiles]
                 m_bh = mask_index[bh] if has_mask else 0
                 slope = slopes[bh] if use_alibi else zero
-                for i0 in range(i_begin, i_end, block_q):
-                    mb = imin(block_q, i_end - i0)
-                    a = imax(0, j - hi_off - i0)
-                    b = imin(mb, j - lo_off + 1 - i0)
-                    if has_mask:  # skip a tile that the mask closes for every key of the block
-                        seen = False
-                        if active:
-                            for ii in range(a, b):
-                                if mask_term(mask, m_bh, i0 + ii, j) != minus_inf:
-                                    seen = True
-                                    break
-                        if not cuda.syncthreads_or(seen):
-                            continue
-                    load_d(tile, 0, q, bh, i0, mb, factor)
-                    load_v(tile, do_off, dout, bh, i0, mb, one)
-                    for idx in range(tx, mb, tpb):
-                        tile[lse_off + idx] = float_type(lse[bh, i0 + idx] * LOG2E)
-                        tile[delta_off + idx] = delta[bh, i0 + idx]
-                    cuda.syncthreads()
+                i0 = i_begin + (item % n_tiles) * block_q
+                mb = imin(block_q, i_end - i0)
+                a = imax(0, j - hi_off - i0)
+                b = imin(mb, j - lo_off + 1 - i0)
+                if has_mask:  # skip a tile that the mask closes for every key of the block
+                    seen = False
                     if active:
                         for ii in range(a, b):
-                            shift = tile[lse_off + ii]
-                            if shift == minus_inf:
-                                continue
-                            base = U(ii) * U(d)
-                            s, t = capped(dot_d(k_row, tile, base), cap, inv_cap)
-                            s = terms(s, mask, m_bh, slope, i0 + ii, j)
-                            if s == minus_inf:
-                                continue
-                            p = exp2(s - shift)
-                            pz = p  # P o Z: the weight after dropout
-                            if use_dropout:
-                                count = counter(bh, row0 + i0 + ii, col0 + j, n_rows, n_cols)
-                                pz = p * drop_scale if keep(seed, count, threshold) else zero
-                            g_base = U(do_off) + U(ii) * U(d_v)
-                            if want_dv:
-                                axpy_v(dv_acc, pz, tile, g_base)
-                            if want_dk:  # dS = P o ((dO V^T) o Z - D)
-                                dp = dot_v(v_row, tile, g_base)
-                                ds = pz * dp - p * tile[delta_off + ii]
-                                if use_softcap:
-                                    ds *= one - t * t
-                                axpy_d(dk_acc, ds, tile, base)
-                    cuda.syncthreads()
+                            if mask_term(mask, m_bh, i0 + ii, j) != minus_inf:
+                                seen = True
+                                break
+                    if not block_any(seen):
+                        continue
+                load_d(tile, 0, q, bh, i0, mb, factor)
+                load_v(tile, do_off, dout, bh, i0, mb, one)
+                for idx in range(tx, mb, tpb):
+                    tile[lse_off + idx] = float_type(lse[bh, i0 + idx] * LOG2E)
+                    tile[delta_off + idx] = delta[bh, i0 + idx]
+                cuda.syncthreads()
+                if active:
+                    for ii in range(a, b):
+                        shift = tile[lse_off + ii]
+                        if shift == minus_inf:
+                            continue
+                        base = U(ii) * U(d)
+                        s, t = capped(dot_d(k_row, tile, base), cap, inv_cap)
+                        s = terms(s, mask, m_bh, slope, i0 + ii, j)
+                        if has_mask and s == minus_inf:
+                            continue
+                        p = exp2(s - shift)
+                        pz = p  # P o Z: the weight after dropout
+                        if use_dropout:
+                            count = counter(bh, row0 + i0 + ii, col0 + j, n_rows, n_cols)
+                            pz = p * drop_scale if keep(seed, count, threshold) else zero
+                        g_base = U(do_off) + U(ii) * U(d_v)
+                        if want_dv:
+                            axpy_v(dv_acc, pz, tile, g_base)
+                        if want_dk:  # dS = P o ((dO V^T) o Z - D)
+                            dp = dot_v(v_row, tile, g_base)
+                            ds = pz * dp - p * tile[delta_off + ii]
+                            if use_softcap:
+                                ds *= one - t * t
+                            axpy_d(dk_acc, ds, tile, base)
+                cuda.syncthreads()
             if active and want_dk:  # dK = ln 2 dS^T Q' (Q' = the base-2 queries in the tile)
                 for f in range(d):
                     dk[kv, j, f] = dk_acc[f] * ln2
@@ -619,7 +637,7 @@ def flash_forward(q, k, v, *args):
     out = cuda.device_array((n_bh, n_q, d_v), dtype=dtype)
     lse = cuda.device_array((n_bh, n_q), dtype=np.float64)
     block_k = tile_rows(d + d_v, dtype.itemsize)
-    shared = shared_bytes(block_k * (d + d_v), dtype.itemsize)
+    shared = shared_bytes(block_k * (d + d_v) + 3, dtype.itemsize)  # + 3: V aligned
     head = (q, k, v, to_device(terms.kv_index), terms.mask, terms.mask_index, terms.slopes)
     band = (float(q_factor), terms.lo_off, terms.hi_off, terms.softcap)
 
@@ -675,7 +693,7 @@ def flash_backward(q, k, v, out, lse, dout, *args):
         inputs = (q, k, v, out, lse, dout, kv_index, *masks, float(q_factor), scale)
         return (*inputs, *band, block_k, b0, dq, delta)
 
-    shared = shared_bytes(block_k * (d + d_v), dtype.itemsize)
+    shared = shared_bytes(block_k * (d + d_v) + 3, dtype.itemsize)
     launch(dq_kernel, n_q, dq_args, shared=shared, n_slices=n_bh)
     block_q = tile_rows(d + d_v + 2, dtype.itemsize)
     readers, reader_start = terms.readers(n_kv)
@@ -684,7 +702,7 @@ def flash_backward(q, k, v, out, lse, dout, *args):
         inputs = (q, k, v, lse, dout, delta, readers, reader_start, *masks, float(q_factor))
         return (*inputs, *band, block_q, b0, dk, dv)
 
-    shared = shared_bytes(block_q * (d + d_v + 2), dtype.itemsize)
+    shared = shared_bytes(block_q * (d + d_v + 2) + 3, dtype.itemsize)
     launch(dv_kernel, n_k, dkdv_args, shared=shared, n_slices=n_kv)
     launch(dk_kernel, n_k, dkdv_args, shared=shared, n_slices=n_kv)
     return dq, dk, dv

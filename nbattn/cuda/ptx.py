@@ -46,20 +46,53 @@ def _sig(*args):
     return "void(" + ", ".join(args) + ")"
 
 
-def flash_cases(dtype, d, d_v):
+def flash_cases(dtype, d, d_v, mask_kind=0, alibi=False, softcap=False, dropout=False):
+    """The flash forward, dq, dk and dv kernels of one feature set (see
+    ``flash.flash_kernels``) with the argument types ``flash.flash_forward`` and
+    ``flash.flash_backward`` launch them with."""
     from . import flash
 
-    a3, a2, f64_2 = f"{dtype}[:,:,::1]", f"{dtype}[:,::1]", "float64[:,::1]"
-    fwd, dq, dk, dv = flash.flash_kernels(dtype, d, d_v)
-    scalars = ("float64", "boolean", "int64")
-    dkdv = _sig(a3, a3, a3, f64_2, a3, a2, *scalars, a3, a3)
-    tag = f"{dtype} D={d} Dv={d_v}"
+    a3, a2, a1 = f"{dtype}[:,:,::1]", f"{dtype}[:,::1]", f"{dtype}[::1]"
+    f64_2, i64_1 = "float64[:,::1]", "int64[::1]"
+    mask = "boolean[:,:,::1]" if mask_kind == flash.BOOL_MASK else a3
+    fwd, dq, dk, dv = flash.flash_kernels(dtype, d, d_v, mask_kind, alibi, softcap, dropout)
+    band = ("int64", "int64", "float64")  # lo_off, hi_off, softcap
+    words = ("uint64", "uint64", "int64", "int64", "int64", "int64", "float64")  # + keep_scale
+    terms = (mask, i64_1, a1)  # mask, mask_index, slopes
+    tiles = ("int64", "int64")  # block size, first slice of the launch
+    dkdv = _sig(a3, a3, a3, f64_2, a3, a2, i64_1, i64_1, *terms, "float64", *band, *words)
+    dkdv = dkdv[:-1] + ", " + ", ".join((*tiles, a3, a3)) + ")"
+    features = [
+        name
+        for name, on in (
+            ("bool mask", mask_kind == flash.BOOL_MASK),
+            ("float mask", mask_kind == flash.FLOAT_MASK),
+            ("alibi", alibi),
+            ("softcap", softcap),
+            ("dropout", dropout),
+        )
+        if on
+    ]
+    tag = f"{dtype} D={d} Dv={d_v}" + (f" +{'+'.join(features)}" if features else "")
+    forward_sig = _sig(a3, a3, a3, i64_1, *terms, "float64", *band, *words, *tiles, a3, f64_2)
+    dq_sig = _sig(a3, a3, a3, a3, f64_2, a3, i64_1, *terms, "float64", "float64", *band, *words)
+    dq_sig = dq_sig[:-1] + ", " + ", ".join((*tiles, a3, a2)) + ")"
     return [
-        Case(f"flash forward {tag}", fwd, _sig(a3, a3, a3, *scalars, a3, f64_2)),
-        Case(f"flash dq {tag}", dq, _sig(a3, a3, a3, a3, f64_2, a3, *scalars, a3, a2)),
+        Case(f"flash forward {tag}", fwd, forward_sig),
+        Case(f"flash dq {tag}", dq, dq_sig),
         Case(f"flash dk {tag}", dk, dkdv),
         Case(f"flash dv {tag}", dv, dkdv),
     ]
+
+
+def flash_feature_cases(dtype, d):
+    """The flash kernels with every optional term (float mask, ALiBi, softcap,
+    dropout) and with a boolean mask alone, at head size ``d``."""
+    from . import flash
+
+    return flash_cases(dtype, d, d, flash.FLOAT_MASK, True, True, True) + flash_cases(
+        dtype, d, d, flash.BOOL_MASK
+    )
 
 
 def pooling_cases(dtype, d, n_outputs):
@@ -138,13 +171,15 @@ def layout_cases():
 
 def kernel_cases():
     """The catalogue at the sizes that matter: flash D = 64 and 128 (float32 and
-    float64), Nadaraya-Watson, the LOO loss, the spread and the weight matrix
-    at d = 1 and 8 with 1 and 8 outputs, LOO gradients with 8 and 64 entries
+    float64) and, at D = 64, with every optional term and with a boolean mask;
+    Nadaraya-Watson, the LOO loss, the spread and the weight matrix at d = 1
+    and 8 with 1 and 8 outputs, LOO gradients with 8 and 64 entries
     per launch, the layout kernels."""
     cases = []
     for dtype in ("float32", "float64"):
         for d in (64, 128):
             cases += flash_cases(dtype, d, d)
+        cases += flash_feature_cases(dtype, 64)
         for d, n_outputs in ((1, 1), (8, 1), (8, 8)):
             cases += pooling_cases(dtype, d, n_outputs)
         for d in (1, 8):
