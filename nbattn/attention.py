@@ -297,24 +297,24 @@ def masked_softmax(scores, valid_lens=None, mask=None):
 
 
 # --------------------------------------------------------------------------- attention
-def _soft_attention(q, k, v, scale, mask_bias, causal):
+def _soft_attention(q, k, v, scale, mask_bias, causal, batch):
     """The soft scaled-dot-product path: flat q (B, L, E), k (B, S, E), v (B, S, Ev).
 
-    ``mask_bias`` is None or an additive (Bb, Lb, Sb) array (Bb in {1, B}, Lb in
-    {1, L}, Sb in {1, S}). Returns ``(out (B, L, Ev), lse (B, L))``. This is the
-    single entry point of the soft path: without a mask it runs the blocked
-    FlashAttention kernel (``nbattn.flash``, BLAS on tiles); with an additive
-    mask, the streaming kernel of ``nbattn.kernels.attention``.
+    ``mask_bias`` is None or an additive (..., Lb, Sb) array whose leading
+    dimensions broadcast to ``batch`` (B = prod(batch)); it is handed to the
+    blocked FlashAttention kernel (``nbattn.flash``, BLAS on tiles) as it is,
+    never expanded per head, and applied on the tiles. Returns
+    ``(out (B, L, Ev), lse (B, L))``.
     """
-    if mask_bias is None:
-        from .flash import flash_attention
+    from .flash import flash_attention
 
-        return flash_attention(q, k, v, causal=causal, scale=scale, return_lse=True)
-    k_t = np.ascontiguousarray(np.swapaxes(k, 1, 2))
-    v_t = np.ascontiguousarray(np.swapaxes(v, 1, 2))
-    return _kernels("attention").soft_attention(
-        q, k_t, v_t, float(scale), mask_bias, True, bool(causal)
+    def lead(x):
+        return x.reshape(tuple(batch) + x.shape[1:])
+
+    out, lse = flash_attention(
+        lead(q), lead(k), lead(v), causal=causal, scale=scale, return_lse=True, mask=mask_bias
     )
+    return out.reshape(q.shape[:1] + out.shape[-2:]), lse.reshape(q.shape[:1] + lse.shape[-1:])
 
 
 def _select(weights, vf, mode, u, scores_masked):
@@ -414,9 +414,10 @@ def attention(
     Notes
     -----
     Soft mode with the "scaled_dot", "dot" or "bilinear" score and no weights
-    requested runs the streaming kernel (``nbattn.kernels.attention``): online
-    softmax over key blocks, memory O((L + S) E) per batch entry, no L x S
-    matrix. Every other case computes score rows with the kernels of
+    requested runs the blocked FlashAttention kernels (``nbattn.flash``, the
+    mask applied on the tiles without expanding it per head): online softmax
+    over key tiles, memory O((L + S) E) per batch entry, no L x S matrix.
+    Every other case computes score rows with the kernels of
     ``nbattn.kernels.scores`` and the masked softmax of
     ``nbattn.kernels.softmax``, in slices of query rows holding at most
     ``config.MAX_WEIGHT_MATRIX_ELEMENTS`` scores (``return_weights=True``
@@ -476,7 +477,7 @@ def attention(
         if mode == "soft" and not return_weights and record.flash is not None:
             qd, kd, sc = record.flash(qf, kf, p)
             check_dot_range(qd, kd, sc, dt)
-            out, _ = _soft_attention(qd, kd, vf, sc, bias_f, causal)
+            out, _ = _soft_attention(qd, kd, vf, sc, bias, causal, batch)
             return out.reshape(batch + (L, Ev))
         s_all = None
 
@@ -579,6 +580,7 @@ def multi_head_attention(
     need_weights=True,
     average_attn_weights=True,
     rotary_base=None,
+    num_kv_heads=None,
     dtype=None,
 ):
     """Multi-head scaled-dot-product attention with torch's parameter layout (batch first).
@@ -589,7 +591,10 @@ def multi_head_attention(
         \\qquad
         \\text{out} = (\\text{head}_1 \\oplus \\cdots \\oplus \\text{head}_H) W_o^T + b_o
 
-    with per-head width d = E / H and the scaled dot score 1/sqrt(d).
+    with per-head width d = E / H and the scaled dot score 1/sqrt(d). With
+    ``num_kv_heads = H_kv < H`` (grouped-query attention) there are H_kv key
+    and value projections of width d, and query head h reads key/value head
+    h // (H / H_kv).
 
     Parameters
     ----------
@@ -600,8 +605,10 @@ def multi_head_attention(
     in_proj_weight : array (3E, E), optional
         Stacked [W_q; W_k; W_v] (torch's ``in_proj_weight``) when kdim = vdim = E;
         otherwise give ``q_proj_weight`` (E, E), ``k_proj_weight`` (E, kdim),
-        ``v_proj_weight`` (E, vdim).
-    in_proj_bias : array (3E,), optional
+        ``v_proj_weight`` (E, vdim). With ``num_kv_heads`` the key and value
+        blocks have H_kv d rows: (E + 2 H_kv d, E) stacked, (H_kv d, kdim) and
+        (H_kv d, vdim) apart.
+    in_proj_bias : array (3E,) or (E + 2 H_kv d,), optional
     out_proj_weight : array (E, E)
     out_proj_bias : array (E,), optional
     mask : bool or float array broadcastable to (..., H, L, S), optional
@@ -619,6 +626,17 @@ def multi_head_attention(
     rotary_base : float, optional
         Apply RoPE (``nbattn.positional.rope``, half-split pairing) with this
         base to the per-head queries and keys before the scores.
+    num_kv_heads : int dividing num_heads, optional
+        Key/value heads for grouped-query attention (1: multi-query
+        attention); default num_heads. The key/value heads are shared by
+        their query heads without copies on the blocked path.
+
+    Notes
+    -----
+    With ``need_weights=False`` the heads run on the blocked flash kernels
+    (``nbattn.flash.flash_attention``, the mask applied on the tiles and
+    the key/value heads shared with ``enable_gqa``); weights need the score
+    matrix and take the path of :func:`attention`.
 
     Returns
     -------
@@ -638,6 +656,10 @@ def multi_head_attention(
     E = query.shape[-1]
     if E % num_heads:
         raise ValueError(f"embed dim {E} of query is not divisible by num_heads={num_heads}")
+    H_kv = num_heads if num_kv_heads is None else check_positive_int(num_kv_heads, "num_kv_heads")
+    if num_heads % H_kv:
+        raise ValueError(f"num_kv_heads={H_kv} must divide num_heads={num_heads}")
+    E_kv = H_kv * (E // num_heads)
     if key.shape[-2] != value.shape[-2]:
         raise ValueError(
             f"key and value must have the same length; got {key.shape[-2]} and {value.shape[-2]}"
@@ -652,20 +674,20 @@ def multi_head_attention(
                 "in_proj_weight needs key and value of width E; use q_proj_weight, "
                 "k_proj_weight, v_proj_weight for other widths"
             )
-        w = mat(in_proj_weight, "in_proj_weight", (3 * E, E))
-        wq, wk, wv = w[:E], w[E : 2 * E], w[2 * E :]
+        w = mat(in_proj_weight, "in_proj_weight", (E + 2 * E_kv, E))
+        wq, wk, wv = w[:E], w[E : E + E_kv], w[E + E_kv :]
     else:
         if q_proj_weight is None or k_proj_weight is None or v_proj_weight is None:
             raise ValueError(
                 "give in_proj_weight or all of q_proj_weight, k_proj_weight, v_proj_weight"
             )
         wq = mat(q_proj_weight, "q_proj_weight", (E, E))
-        wk = mat(k_proj_weight, "k_proj_weight", (E, key.shape[-1]))
-        wv = mat(v_proj_weight, "v_proj_weight", (E, value.shape[-1]))
+        wk = mat(k_proj_weight, "k_proj_weight", (E_kv, key.shape[-1]))
+        wv = mat(v_proj_weight, "v_proj_weight", (E_kv, value.shape[-1]))
     bq = bk = bv = None
     if in_proj_bias is not None:
-        b = mat(in_proj_bias, "in_proj_bias", (3 * E,))
-        bq, bk, bv = b[:E], b[E : 2 * E], b[2 * E :]
+        b = mat(in_proj_bias, "in_proj_bias", (E + 2 * E_kv,))
+        bq, bk, bv = b[:E], b[E : E + E_kv], b[E + E_kv :]
     if out_proj_weight is None:
         raise ValueError("out_proj_weight is required")
     wo = mat(out_proj_weight, "out_proj_weight", (E, E))
@@ -674,12 +696,12 @@ def multi_head_attention(
     H, d = num_heads, E // num_heads
     L, S = query.shape[-2], key.shape[-2]
 
-    def heads(x, n):  # (..., n, E) -> (..., H, n, d)
-        return np.swapaxes(x.reshape(x.shape[:-1] + (H, d)), -2, -3)
+    def heads(x, n_heads):  # (..., n, n_heads d) -> (..., n_heads, n, d)
+        return np.swapaxes(x.reshape(x.shape[:-1] + (n_heads, d)), -2, -3)
 
-    qh = heads(_linear(query, wq, bq), L)
-    kh = heads(_linear(key, wk, bk), S)
-    vh = heads(_linear(value, wv, bv), S)
+    qh = heads(_linear(query, wq, bq), H)
+    kh = heads(_linear(key, wk, bk), H_kv)
+    vh = heads(_linear(value, wv, bv), H_kv)
     if rotary_base is not None:
         from .positional import rope
 
@@ -695,17 +717,18 @@ def multi_head_attention(
             raise ValueError(f"key_mask must have shape (..., {S}), got {km.shape}")
         kb = _mask_bias(km[..., None, None, :], name="key_mask")
         bias = kb if bias is None else bias + kb
-    res = attention(
-        qh,
-        kh,
-        vh,
-        "scaled_dot",
-        mask=bias,
-        causal=causal,
-        return_weights=need_weights,
-        dtype=dt,
-    )
-    out_h, weights = res if need_weights else (res, None)
+    if need_weights:
+        if H_kv != H:
+            kh = np.repeat(kh, H // H_kv, axis=-3)
+            vh = np.repeat(vh, H // H_kv, axis=-3)
+        out_h, weights = attention(
+            qh, kh, vh, "scaled_dot", mask=bias, causal=causal, return_weights=True, dtype=dt
+        )
+    else:
+        from .flash import flash_attention
+
+        out_h = flash_attention(qh, kh, vh, causal=causal, mask=bias, enable_gqa=H_kv != H)
+        weights = None
     concat = np.swapaxes(out_h, -2, -3)
     concat = concat.reshape(concat.shape[:-2] + (E,))
     out = _linear(concat, wo, bo)

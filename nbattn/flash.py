@@ -1,18 +1,45 @@
 """Blocked (FlashAttention-style) scaled dot-product attention, forward and backward.
 
-    out = softmax(scale * q k^T [+ bias]) v,     lse = logsumexp(scale * q k^T [+ bias])
+    out = softmax(cap(scale * q k^T) + mask) v  (with dropout),
+    lse = logsumexp(cap(scale * q k^T) + mask)
 
 computed tile by tile with an online softmax by ``nbattn.kernels.flash``:
 memory is linear in the sequence lengths, never queries x keys. This layer
-validates, broadcasts the leading (batch, head) dimensions, picks the dtype,
-lays the arrays out for the kernels and holds BLAS to one thread while they
-run (they call BLAS on tiles from their own parallel loop).
+validates (``nbattn._flash_args`` checks the keywords), broadcasts the leading
+(batch, head) dimensions, picks the dtype, lays the arrays out for the
+kernels and holds BLAS to one thread while they run (they call BLAS on tiles
+from their own parallel loop).
 
 Shapes follow ``torch.nn.functional.scaled_dot_product_attention``: q
 (..., L, E), k (..., S, E), v (..., S, Ev) -> (..., L, Ev); the leading
-dimensions broadcast. ``causal=True`` lets query i see keys j <= i, aligned
-at the top left as torch's ``is_causal`` (so with L > S the last L - S rows
-see every key, and with L < S the last S - L keys are seen by no query).
+dimensions broadcast, and with ``enable_gqa=True`` k and v may have fewer
+heads (axis -3) than q. What the keywords mean:
+
+* ``mask``: boolean (True = may attend) or float (added to the scores),
+  broadcastable to (..., L, S); a key-padding mask is (..., 1, S). It is
+  applied on the tiles, never expanded: a (B, 1, 1, S) mask costs S floats
+  per batch entry, and tiles that a boolean mask excludes entirely are
+  skipped.
+* ``causal`` and ``causal_alignment``: "top_left" lets query i see keys
+  j <= i (torch's ``is_causal``: with L > S the rows i >= S see every key,
+  with L < S the keys j >= L are seen by no query); "bottom_right" lets it
+  see j <= i + S - L (FlashAttention-2: the last query sees every key, as
+  in decoding with a cache).
+* ``window=(left, right)``: query i sees keys j with
+  i - left <= j - offset <= i + right (offset = 0 top-left, S - L
+  bottom-right; None on a side = unbounded); composes with ``causal``.
+  Tiles outside the band are never visited: the work is O(L * window).
+* ``softcap=c``: scores become c tanh(s / c) (on the scaled score, before
+  the mask: FlashAttention-2's order), with the gradient 1 - tanh^2.
+* ``dropout_p``, ``random_state``: each weight is dropped with probability
+  p and the kept ones scaled by 1 / (1 - p), after the softmax normaliser
+  (lse does not see dropout, as in torch and FlashAttention-2). The mask is
+  a counter-based hash of the seed and the weight's position
+  (``nbattn.kernels.dropout``): deterministic for a given seed, independent
+  of tile sizes and thread count, the same on the GPU. The backward pass
+  regenerates it from the seed, so it needs the int ``random_state`` that
+  the forward used (``random_state=None`` in the forward draws a fresh seed
+  that cannot be given back: pass an int when you take gradients).
 
 The device is chosen once, by ``nbattn.device.device_for`` and
 ``kernels_for("flash", device)``: NumPy (or any array-like) inputs are
@@ -21,22 +48,36 @@ validated and laid out here for either device; GPU arrays
 are checked on the device by ``nbattn._validation.as_device_array`` and used
 where they are (C-contiguous, one float dtype, equal leading dimensions: no
 broadcasting on the device), and the results come back as the kind of GPU
-array ``q`` is.
+array ``q`` is. The GPU kernels take no mask, window, softcap, dropout or
+grouped heads yet.
 
-Magnitudes: the kernels work in base 2 (scores times log2(e)). A per-key
-bias is shifted by its largest entry per (batch, head) -- the softmax does not
-change, lse gets the shift back -- so biases up to the float64 range are
-exact; scores ``scale * q . k`` or ALiBi terms that the base-2 form cannot
-hold are refused with a ValueError naming the argument.
+Magnitudes: the kernels work in base 2 (scores times log2(e)). A mask with
+entries beyond 64 in magnitude is shifted per query row by its largest
+admissible entry -- the softmax does not change, lse gets the shift back --
+so biases up to the float64 range are exact; scores ``scale * q . k`` or
+ALiBi terms that the base-2 form cannot hold are refused with a ValueError
+naming the argument.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
 from . import config
+from ._flash_args import (
+    Keywords,
+    MaskArrays,
+    band,
+    check_keywords,
+    dropout_words,
+    has_band,
+    kv_layout,
+    mask_arrays,
+    mask_as_bias,
+)
 from ._layout import flat_batch, unbroadcast
 from ._threads import blas_one_thread, serial_below
 from ._validation import (
@@ -58,21 +99,7 @@ __all__ = [
     "flash_attention_bias_backward",
 ]
 
-
-def _cpu_forward(qf, kf, vf, bias, slopes, causal, use_bias, use_alibi):
-    """The CPU flash forward on laid-out arrays, with the configured tiles (read per call)."""
-    return kernels_for("flash", "cpu").flash_forward(
-        qf,
-        kf,
-        vf,
-        bias,
-        slopes,
-        causal,
-        use_bias,
-        use_alibi,
-        config.FLASH_BLOCK_Q,
-        config.FLASH_BLOCK_K,
-    )
+_NO_MASK_LIVE = np.ones((1, 1, 1), dtype=np.uint8)
 
 
 def _threads_for(work):
@@ -98,43 +125,12 @@ def _check_qkv(q, k, v, *others):
     return q, k, v, lead, dtype
 
 
-def _key_bias(key_bias, lead, n_q, n_k, dtype, causal):
-    """The kernels' base-2 key bias (BH, S) in ``dtype`` and the shift per (batch*head).
-
-    ``bias - max_j bias_j`` changes no softmax (the same constant for every
-    key of a row); lse gets the shift back. Entries more than half the
-    dtype's range below that maximum have weight 0 next to it and become
-    -inf. Under ``causal`` a row sees only keys j <= i, so the largest bias
-    among those must itself be representable after the shift.
-    """
-    n_bh = math.prod(lead)
+def _key_bias_mask(key_bias, n_k):
+    """A per-key bias (..., S) as a float64 mask (..., 1, S)."""
     bias = as_float_array(key_bias, "key_bias", dtype="float64", allow_neg_inf=True)
     if bias.ndim == 0 or bias.shape[-1] != n_k:
         raise ValueError(f"key_bias must have shape (..., S) with S={n_k}, got {bias.shape}")
-    try:
-        bias = np.broadcast_to(bias, lead + (n_k,)).reshape(n_bh, n_k)
-    except ValueError as exc:
-        raise ValueError(
-            f"key_bias of shape {bias.shape} does not broadcast to {lead + (n_k,)}"
-        ) from exc
-    finite = np.isfinite(bias)
-    top = np.where(finite, bias, -np.inf).max(axis=1)
-    top = np.where(np.isfinite(top), top, 0.0)
-    floor = -float(np.finfo(dtype).max) / 2
-    with np.errstate(over="ignore"):
-        base2 = (bias - top[:, None]) * LOG2E
-    lost = finite & (base2 < floor)
-    if causal and lost.any():
-        # finite biases that overflowed to -inf in the shift still count as seen keys
-        admissible = np.where(finite, np.maximum(base2, -np.finfo(np.float64).max), -np.inf)
-        seen = np.maximum.accumulate(admissible, axis=1)[:, : min(n_q, n_k)]
-        if ((seen < floor / 2) & (seen > -np.inf)).any():
-            raise ValueError(
-                "key_bias: with causal=True some query sees only keys whose bias lies more than "
-                f"the {np.dtype(dtype).name} range below the largest bias; rescale key_bias"
-            )
-    base2 = np.where(lost, -np.inf, base2)
-    return np.ascontiguousarray(base2, dtype=dtype), top
+    return bias[..., None, :]
 
 
 def _slopes(alibi_slopes, lead, n_q, n_k, dtype):
@@ -158,110 +154,129 @@ def _slopes(alibi_slopes, lead, n_q, n_k, dtype):
     return np.ascontiguousarray(slopes * LOG2E, dtype=dtype)
 
 
-def _extras(key_bias, alibi_slopes, lead, n_q, n_k, dtype, causal):
-    """Kernel arrays, flags and the per-(batch*head) lse shift of the optional bias terms."""
-    n_bh = math.prod(lead)
-    bias, shift = np.zeros((1, 1), dtype=dtype), np.zeros(n_bh)
-    if key_bias is not None:
-        bias, shift = _key_bias(key_bias, lead, n_q, n_k, dtype, causal)
-    slopes = np.zeros(1, dtype=dtype)
-    if alibi_slopes is not None:
-        slopes = _slopes(alibi_slopes, lead, n_q, n_k, dtype)
-    return bias, slopes, key_bias is not None, alibi_slopes is not None, shift
+@dataclass
+class _Layout:
+    """Everything the CPU kernels read for one call, and how to give the results back."""
+
+    qf: np.ndarray  # (BH, L, E): q * scale * log2(e)
+    kf: np.ndarray  # (BKV, S, E)
+    vf: np.ndarray  # (BKV, S, Ev)
+    lead: tuple
+    kv_lead: tuple
+    kv_index: np.ndarray
+    masks: MaskArrays
+    slopes: np.ndarray
+    band: np.ndarray
+    softcap: float  # base 2, 0 = none
+    scale: float
+    dtype: type
+    shapes: tuple  # q, k, v shapes as given
+
+    @property
+    def work(self):
+        """Multiply-adds of the full (unbanded) computation, for the thread rule."""
+        n_bh, n_q, e = self.qf.shape
+        return n_bh * n_q * self.kf.shape[1] * (e + self.vf.shape[2])
+
+    def mask_live(self, block_q, block_k):
+        if self.masks.mask.shape[0] == 0:
+            return _NO_MASK_LIVE
+        return kernels_for("flash", "cpu").mask_tile_live(self.masks.mask, block_q, block_k)
 
 
-def _base2_queries(q, lead, dtype, scale):
-    """q times scale * log2(e), flattened to (BH, L, E): the kernels work in base 2."""
-    qf = flat_batch(q, lead, dtype)
-    qf *= dtype(scale * LOG2E)
-    return qf
-
-
-# --------------------------------------------------------------------------- CPU
-def flash_attention_bias(
-    q,
-    k,
-    v,
-    *,
-    key_bias=None,
-    alibi_slopes=None,
-    causal=False,
-    scale=None,
-    return_lse=False,
-):
-    """Blocked attention with an optional per-key bias and ALiBi slopes.
-
-    The internal entry behind :func:`flash_attention` (which is this with no
-    bias), for callers that route biased soft attention here (positional
-    biases, key padding masks, the Gaussian kernel written as a dot product):
-
-        s_ij   = scale * q_i . k_j + key_bias_j + slope * (j - i)
-        out_i  = sum_j softmax_j(s_ij) v_j,     lse_i = log sum_j exp(s_ij)
-
-    with j restricted to j <= i when ``causal``. The Gaussian kernel of
-    Nadaraya-Watson rides the same kernel: with bandwidth h,
-    -||q - k||^2 / (2 h^2) = q.k / h^2 - ||k||^2 / (2 h^2) + (a per-query
-    constant that the softmax cancels), so ``scale = 1 / h**2`` and
-    ``key_bias = -||k||^2 / (2 h**2)`` give the same weights (lse then lacks
-    the -||q||^2 / (2 h^2) term).
-
-    Parameters
-    ----------
-    q, k, v : array_like, (..., L, E), (..., S, E), (..., S, Ev)
-        Leading dimensions broadcast. float32 stays float32 (if all three
-        are float32); anything else is computed in float64.
-    key_bias : array_like (..., S), optional
-        Added to every query's scores for key j; broadcasts against the
-        leading dimensions. ``-inf`` excludes a key (a padding mask); a row
-        with no admissible key gives zeros and lse = -inf. Any finite
-        magnitude up to the float64 range is exact (see the module notes).
-    alibi_slopes : array_like, optional
-        One slope per (batch, head), broadcasting to the leading dimensions
-        (for example shape (H,) with q of shape (B, H, L, E)). Adds
-        ``slope * (j - i)`` (negative for past keys when the slope is
-        positive; torch/ALiBi write ``-m (i - j)``), without a score matrix.
-    causal : bool
-        Keys j <= i only (top-left alignment, as torch's ``is_causal``).
-    scale : float, optional
-        Multiplies q . k; default 1 / sqrt(E).
-    return_lse : bool
-        Also return lse (..., L), float64 (the row's log-normaliser, what
-        :func:`flash_attention_backward` needs).
-
-    Returns
-    -------
-    out : ndarray (..., L, Ev), or ``(out, lse)`` if ``return_lse``.
-    """
-    causal = check_bool(causal, "causal")
-    return_lse = check_bool(return_lse, "return_lse")
-    q, k, v, lead, dtype = _check_qkv(q, k, v)
+def _layout(q, k, v, kw: Keywords, scale, mask, key_bias=None, alibi_slopes=None, others=()):
+    """Checked and laid-out arrays of one CPU flash call (forward or backward)."""
+    dtype = resolve_dtype(None, q, k, v, *others)
+    q = as_float_array(q, "q", min_ndim=2, dtype=dtype, allow_bool=False)
+    k = as_float_array(k, "k", min_ndim=2, dtype=dtype, allow_bool=False)
+    v = as_float_array(v, "v", min_ndim=2, dtype=dtype, allow_bool=False)
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q has E={q.shape[-1]} features but k has {k.shape[-1]}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"k has S={k.shape[-2]} keys but v has {v.shape[-2]}")
+    if kw.enable_gqa and (q.ndim < 3 or k.ndim < 3 or v.ndim < 3):
+        raise ValueError(
+            "enable_gqa needs a head axis (-3) on q, k and v, got shapes "
+            f"{q.shape}, {k.shape}, {v.shape}"
+        )
     scale = check_scale(scale, q.shape[-1])
     check_dot_range(q, k, scale * LOG2E, dtype)
     n_q, n_k = q.shape[-2], k.shape[-2]
-    bias, slopes, use_bias, use_alibi, shift = _extras(
-        key_bias, alibi_slopes, lead, n_q, n_k, dtype, causal
+    bias = None if mask is None else mask_as_bias(mask, n_q, n_k)
+    if key_bias is not None:
+        kb = _key_bias_mask(key_bias, n_k)
+        bias = kb if bias is None else bias + kb
+    extra = () if bias is None else (bias.shape[:-2],)
+    lead, kv_lead, kv_index = kv_layout(q.shape, k.shape, v.shape, kw.enable_gqa, extra)
+    band_ = band(kw, n_q, n_k)
+    masks = mask_arrays(bias, lead, n_q, n_k, dtype, band_, has_band(band_, n_q, n_k))
+    slopes = np.zeros(0, dtype=dtype)
+    if alibi_slopes is not None:
+        slopes = _slopes(alibi_slopes, lead, n_q, n_k, dtype)
+    qf = flat_batch(q, lead, dtype)
+    qf *= dtype(scale * LOG2E)
+    return _Layout(
+        qf=qf,
+        kf=flat_batch(k, kv_lead, dtype),
+        vf=flat_batch(v, kv_lead, dtype),
+        lead=lead,
+        kv_lead=kv_lead,
+        kv_index=kv_index,
+        masks=masks,
+        slopes=slopes,
+        band=band_,
+        softcap=0.0 if kw.softcap is None else kw.softcap * LOG2E,
+        scale=scale,
+        dtype=dtype,
+        shapes=(q.shape, k.shape, v.shape),
     )
-    qf = _base2_queries(q, lead, dtype, scale)
-    kf = flat_batch(k, lead, dtype)
-    vf = flat_batch(v, lead, dtype)
-    work = qf.shape[0] * n_q * n_k * (q.shape[-1] + v.shape[-1])
-    with blas_one_thread(), _threads_for(work):
-        out, lse = _cpu_forward(qf, kf, vf, bias, slopes, causal, use_bias, use_alibi)
-    out = out.reshape(lead + (n_q, v.shape[-1]))
-    if return_lse:
-        lse += shift[:, None]
-        return out, lse.reshape(lead + (n_q,))
-    return out
 
 
-#: A key-bias shift (see :func:`_key_bias`) from which ``lse - shift`` loses more
-#: than 10 bits of lse; the backward then recomputes the shifted lse (one more
-#: forward pass) instead of subtracting.
+def _run_forward(lay: _Layout, dropout, keep_scale):
+    """The CPU flash forward on a layout: (out (BH, L, Ev), shifted lse (BH, L))."""
+    block_q, block_k = config.FLASH_BLOCK_Q, config.FLASH_BLOCK_K
+    return kernels_for("flash", "cpu").flash_forward(
+        lay.qf,
+        lay.kf,
+        lay.vf,
+        lay.kv_index,
+        lay.masks.mask,
+        lay.masks.index,
+        lay.mask_live(block_q, block_k),
+        lay.slopes,
+        lay.band,
+        lay.softcap,
+        dropout,
+        keep_scale,
+        block_q,
+        block_k,
+    )
+
+
+def _forward(q, k, v, kw, scale, return_lse, mask, random_state, key_bias=None, alibi=None):
+    """:func:`flash_attention` on the CPU."""
+    lay = _layout(q, k, v, kw, scale, mask, key_bias, alibi)
+    n_q = lay.qf.shape[1]
+    dropout, keep_scale = dropout_words(kw.dropout_p, random_state, n_q, lay.kf.shape[1])
+    with blas_one_thread(), _threads_for(lay.work):
+        out, lse = _run_forward(lay, dropout, keep_scale)
+    out = out.reshape(lay.lead + (n_q, lay.vf.shape[2]))
+    if not return_lse:
+        return out
+    shift = lay.masks.lse_shift(n_q)
+    if shift is not None:
+        lse += shift
+    return out, lse.reshape(lay.lead + (n_q,))
+
+
+#: A mask shift (see ``nbattn._flash_args.mask_arrays``) from which ``lse - shift``
+#: loses more than 10 bits of lse; the backward then recomputes the shifted lse
+#: (one more forward pass) instead of subtracting.
 _RECOMPUTE_SHIFT = 2.0**10
 
 
-def _n_groups(n_bh, n_key_tiles, dq_bytes):
-    """Key-tile groups per (batch*head) so that every thread has work.
+def _n_groups(n_kv, n_key_tiles, dq_bytes):
+    """Key-tile groups per key/value slice so that every thread has work.
 
     Each group beyond the first costs a dQ buffer of ``dq_bytes``; the extra
     buffers are capped at ``config.FLASH_MAX_DQ_BUFFER_BYTES`` in all (read
@@ -270,9 +285,9 @@ def _n_groups(n_bh, n_key_tiles, dq_bytes):
     import numba
 
     threads = numba.get_num_threads()
-    if threads <= 1 or n_bh % threads == 0 or n_bh >= 4 * threads:
+    if threads <= 1 or n_kv % threads == 0 or n_kv >= 4 * threads:
         return 1
-    groups = min(n_key_tiles, -(-2 * threads // n_bh))
+    groups = min(n_key_tiles, -(-2 * threads // n_kv))
     return max(1, min(groups, 1 + config.FLASH_MAX_DQ_BUFFER_BYTES // max(dq_bytes, 1)))
 
 
@@ -291,6 +306,105 @@ def _check_forward_results(out, lse, grad_out, lead, n_q, d_v, dtype):
     return out, lse, grad_out
 
 
+def _backward(
+    q, k, v, out, lse, grad_out, kw, scale, mask, random_state, key_bias=None, alibi=None
+):
+    """:func:`flash_attention_backward` on the CPU."""
+    lay = _layout(q, k, v, kw, scale, mask, key_bias, alibi, others=(out, grad_out))
+    n_bh, n_q, _ = lay.qf.shape
+    n_kv, n_k, _ = lay.kf.shape
+    out, lse, grad_out = _check_forward_results(
+        out, lse, grad_out, lay.lead, n_q, lay.vf.shape[2], lay.dtype
+    )
+    dropout, keep_scale = dropout_words(kw.dropout_p, random_state, n_q, n_k, for_backward=True)
+    of = flat_batch(out, lay.lead, lay.dtype)
+    gf = flat_batch(grad_out, lay.lead, lay.dtype)
+    lf = np.ascontiguousarray(lse.reshape(-1, n_q), dtype=np.float64)
+    shift = lay.masks.lse_shift(n_q)
+    block_q, block_k = config.FLASH_BWD_BLOCK_Q, config.FLASH_BWD_BLOCK_K
+    kernels = kernels_for("flash", "cpu")
+    with blas_one_thread(), _threads_for(lay.work):
+        if shift is not None:
+            if np.abs(shift).max() >= _RECOMPUTE_SHIFT:
+                # lse - shift has lost the low bits of lse: recompute the shifted lse
+                _, lf = _run_forward(lay, dropout, keep_scale)
+            else:
+                lf = lf - shift
+        groups = _n_groups(n_kv, -(-n_k // block_k), lay.qf.nbytes)
+        dq, dk, dv = kernels.flash_backward(
+            lay.qf,
+            lay.kf,
+            lay.vf,
+            of,
+            lf,
+            gf,
+            lay.kv_index,
+            lay.masks.mask,
+            lay.masks.index,
+            lay.mask_live(block_q, block_k),
+            lay.slopes,
+            lay.band,
+            lay.softcap,
+            dropout,
+            keep_scale,
+            lay.scale,
+            groups,
+            block_q,
+            block_k,
+        )
+    q_shape, k_shape, v_shape = lay.shapes
+    return (
+        unbroadcast(dq.reshape(lay.lead + dq.shape[1:]), q_shape),
+        unbroadcast(dk.reshape(lay.kv_lead + dk.shape[1:]), k_shape),
+        unbroadcast(dv.reshape(lay.kv_lead + dv.shape[1:]), v_shape),
+    )
+
+
+
+
+def flash_attention_bias(
+    q,
+    k,
+    v,
+    *,
+    key_bias=None,
+    alibi_slopes=None,
+    causal=False,
+    scale=None,
+    return_lse=False,
+):
+    """Blocked attention with an optional per-key bias and ALiBi slopes.
+
+        s_ij   = scale * q_i . k_j + key_bias_j + slope * (j - i)
+        out_i  = sum_j softmax_j(s_ij) v_j,     lse_i = log sum_j exp(s_ij)
+
+    with j restricted to j <= i when ``causal``. ``key_bias`` is the mask
+    ``key_bias[..., None, :]`` of :func:`flash_attention` (a key-padding
+    mask); ``alibi_slopes`` adds ``slope * (j - i)`` per (batch, head)
+    without a score matrix. The Gaussian kernel of Nadaraya-Watson rides the
+    same kernel: with bandwidth h, -||q - k||^2 / (2 h^2) = q.k / h^2 -
+    ||k||^2 / (2 h^2) + (a per-query constant that the softmax cancels), so
+    ``scale = 1 / h**2`` and ``key_bias = -||k||^2 / (2 h**2)`` give the same
+    weights (lse then lacks the -||q||^2 / (2 h^2) term).
+
+    Parameters
+    ----------
+    q, k, v : array_like, (..., L, E), (..., S, E), (..., S, Ev)
+    key_bias : array_like (..., S), optional
+        ``-inf`` excludes a key; any finite magnitude up to the float64 range
+        is exact (see the module notes).
+    alibi_slopes : array_like, optional
+        One slope per (batch, head), broadcasting to the leading dimensions
+        (for example shape (H,) with q of shape (B, H, L, E)). Adds
+        ``slope * (j - i)`` (torch/ALiBi write ``-m (i - j)``).
+    causal, scale, return_lse
+        As in :func:`flash_attention`.
+    """
+    kw = check_keywords(causal, False, None, "top_left", None, 0.0)
+    return_lse = check_bool(return_lse, "return_lse")
+    return _forward(q, k, v, kw, scale, return_lse, None, None, key_bias, alibi_slopes)
+
+
 def flash_attention_bias_backward(
     q,
     k,
@@ -307,55 +421,10 @@ def flash_attention_bias_backward(
     """Gradients of :func:`flash_attention_bias` with respect to q, k and v.
 
     The bias and the slopes are constants here (no gradient is returned for
-    them). See :func:`flash_attention_backward` for the formulas. When the
-    key bias reaches magnitudes of 2**10 and more, the row normalisers are
-    recomputed from the shifted bias rather than taken from ``lse`` (whose
-    low bits are lost next to such a bias), at the cost of a forward pass.
+    them). See :func:`flash_attention_backward` for the formulas.
     """
-    causal = check_bool(causal, "causal")
-    q, k, v, lead, dtype = _check_qkv(q, k, v, out, grad_out)
-    scale = check_scale(scale, q.shape[-1])
-    check_dot_range(q, k, scale * LOG2E, dtype)
-    n_q, n_k = q.shape[-2], k.shape[-2]
-    out, lse, grad_out = _check_forward_results(out, lse, grad_out, lead, n_q, v.shape[-1], dtype)
-    bias, slopes, use_bias, use_alibi, shift = _extras(
-        key_bias, alibi_slopes, lead, n_q, n_k, dtype, causal
-    )
-    qf = _base2_queries(q, lead, dtype, scale)
-    kf = flat_batch(k, lead, dtype)
-    vf = flat_batch(v, lead, dtype)
-    of = flat_batch(out, lead, dtype)
-    gf = flat_batch(grad_out, lead, dtype)
-    lf = np.ascontiguousarray(lse.reshape(-1, n_q) - shift[:, None], dtype=np.float64)
-    block_k = config.FLASH_BWD_BLOCK_K
-    work = qf.shape[0] * n_q * n_k * (q.shape[-1] + v.shape[-1])
-    with blas_one_thread(), _threads_for(work):
-        if np.abs(shift).max() >= _RECOMPUTE_SHIFT:
-            # lse - shift has lost the low bits of lse: recompute the shifted lse
-            _, lf = _cpu_forward(qf, kf, vf, bias, slopes, causal, use_bias, use_alibi)
-        groups = _n_groups(qf.shape[0], -(-n_k // block_k), qf.nbytes)
-        dq, dk, dv = kernels_for("flash", "cpu").flash_backward(
-            qf,
-            kf,
-            vf,
-            of,
-            lf,
-            gf,
-            bias,
-            slopes,
-            scale,
-            causal,
-            use_bias,
-            use_alibi,
-            groups,
-            config.FLASH_BWD_BLOCK_Q,
-            block_k,
-        )
-    return (
-        unbroadcast(dq.reshape(lead + dq.shape[1:]), q.shape),
-        unbroadcast(dk.reshape(lead + dk.shape[1:]), k.shape),
-        unbroadcast(dv.reshape(lead + dv.shape[1:]), v.shape),
-    )
+    kw = check_keywords(causal, False, None, "top_left", None, 0.0)
+    return _backward(q, k, v, out, lse, grad_out, kw, scale, None, None, key_bias, alibi_slopes)
 
 
 # --------------------------------------------------------------------------- GPU
@@ -481,15 +550,53 @@ def _backward_cuda(q, k, v, out, lse, grad_out, causal, scale):
 
 
 # --------------------------------------------------------------------------- public entries
-def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, device="cpu"):
+def _cuda_refuses(kw: Keywords, mask):
+    """The GPU kernels run plain (optionally causal) attention only; say so."""
+    used = [
+        name
+        for name, on in (
+            ("mask", mask is not None),
+            ("enable_gqa", kw.enable_gqa),
+            ("window", kw.window is not None),
+            ("causal_alignment", kw.causal_alignment != "top_left"),
+            ("softcap", kw.softcap is not None),
+            ("dropout_p", kw.dropout_p > 0.0),
+        )
+        if on
+    ]
+    if used:
+        raise ValueError(f"device='cuda' does not support {', '.join(used)} yet; use device='cpu'")
+
+
+def flash_attention(
+    q,
+    k,
+    v,
+    causal=False,
+    scale=None,
+    return_lse=False,
+    mask=None,
+    enable_gqa=False,
+    window=None,
+    causal_alignment="top_left",
+    softcap=None,
+    dropout_p=0.0,
+    random_state=None,
+    device="cpu",
+):
     """Scaled dot-product attention, blocked, with memory linear in the lengths.
 
-        out = softmax(scale * q k^T) v,     scale = 1 / sqrt(E) by default
+        s_ij   = cap(scale * q_i . k_j) + mask_ij      (j admissible: causal, window)
+        out_i  = sum_j drop_ij softmax_j(s_ij) v_j,   lse_i = log sum_j exp(s_ij)
 
-    the same as ``torch.nn.functional.scaled_dot_product_attention`` (without
-    dropout or masks). Query tiles x key tiles, an online softmax (running
-    maximum and sum, deferred normalisation) and BLAS on every tile; the
-    queries x keys matrix is never formed.
+    with cap(x) = c tanh(x / c) under ``softcap=c`` and drop_ij in
+    {0, 1 / (1 - p)} under ``dropout_p=p``: the same as
+    ``torch.nn.functional.scaled_dot_product_attention`` (with ``enable_gqa``,
+    ``attn_mask``, ``is_causal``, ``scale``), plus windows, bottom-right
+    causal alignment and softcapping of FlashAttention-2. Query tiles x key
+    tiles, an online softmax (running maximum and sum, deferred
+    normalisation) and BLAS on every tile; the queries x keys matrix is
+    never formed. See the module docstring for each keyword's meaning.
 
     Parameters
     ----------
@@ -499,39 +606,75 @@ def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, device=
         Leading (batch, head) dimensions broadcast. float32 stays float32
         when all three are float32; anything else is float64.
     causal : bool
-        Query i attends to keys j <= i. Aligned at the top left like torch's
-        ``is_causal``: with L > S the rows i >= S see every key; with L < S
-        the keys j >= L are seen by no query.
+        Query i attends to keys j <= i + offset (offset per ``causal_alignment``).
     scale : float, optional
         Default 1 / sqrt(E).
     return_lse : bool
-        Also return ``lse = log sum_j exp(scale q_i . k_j)`` (..., L) as
-        float64, which :func:`flash_attention_backward` takes.
+        Also return ``lse`` (..., L) as float64 (the log-normaliser before
+        dropout), which :func:`flash_attention_backward` takes.
+    mask : bool or float array_like broadcastable to (..., L, S), optional
+        True = may attend; a float mask is added to the scores (-inf excludes).
+    enable_gqa : bool
+        k and v may have H_kv heads (axis -3) dividing q's H; query head h
+        reads key/value head h // (H // H_kv). Nothing is copied per head.
+    window : (left, right) or None
+        Query i sees keys with i - left <= j - offset <= i + right; None on a
+        side is unbounded.
+    causal_alignment : "top_left" or "bottom_right"
+        offset = 0 (torch's ``is_causal``) or S - L (FlashAttention-2).
+    softcap : float > 0, optional
+    dropout_p : float in [0, 1)
+    random_state : None, int or numpy.random.Generator
+        The dropout seed (``nbattn.kernels.dropout.dropout_seed``); pass an
+        int to take gradients (the backward needs the same int).
     device : "cpu", "cuda" or "auto"
-        "auto" runs on a CUDA GPU when numba sees one. GPU arrays
-        (``__cuda_array_interface__``: numba, CuPy, torch CUDA tensors) are
-        used in place and the results come back as the same kind of array;
-        on the GPU E and Ev are at most ``nbattn.cuda.flash.MAX_HEAD_DIM``.
+        "auto" runs on a CUDA GPU when numba sees one. GPU arrays are used in
+        place and the results come back as the same kind of array; on the GPU
+        E and Ev are at most ``nbattn.cuda.flash.MAX_HEAD_DIM`` and the
+        keywords from ``mask`` on are not supported yet.
 
     Returns
     -------
     out : ndarray (..., L, Ev) in the computation dtype, or ``(out, lse)``.
+        A row with no admissible key gives zeros and lse = -inf.
     """
-    causal = check_bool(causal, "causal")
+    kw = check_keywords(causal, enable_gqa, window, causal_alignment, softcap, dropout_p)
     return_lse = check_bool(return_lse, "return_lse")
     if device_for(device, q, k, v) == "cuda":
-        return _forward_cuda(q, k, v, causal, scale, return_lse)
-    return flash_attention_bias(q, k, v, causal=causal, scale=scale, return_lse=return_lse)
+        _cuda_refuses(kw, mask)
+        return _forward_cuda(q, k, v, kw.causal, scale, return_lse)
+    return _forward(q, k, v, kw, scale, return_lse, mask, random_state)
 
 
-def flash_attention_backward(q, k, v, out, lse, grad_out, causal=False, scale=None, device="cpu"):
+def flash_attention_backward(
+    q,
+    k,
+    v,
+    out,
+    lse,
+    grad_out,
+    causal=False,
+    scale=None,
+    mask=None,
+    enable_gqa=False,
+    window=None,
+    causal_alignment="top_left",
+    softcap=None,
+    dropout_p=0.0,
+    random_state=None,
+    device="cpu",
+):
     """Gradients of :func:`flash_attention`: ``(dq, dk, dv)``, blocked, O(N) memory.
 
-    With P = softmax(S), S = scale q k^T, recomputed tile by tile from the
-    saved ``lse`` (P = exp(S - lse)), and dO = ``grad_out``:
+    With P = softmax(S'), S' = cap(S) + mask, S = scale q k^T, recomputed
+    tile by tile from the saved ``lse`` (P = exp(S' - lse)), Z the dropout
+    factors (0 or 1 / (1 - p)) and dO = ``grad_out``:
 
-        dV = P^T dO,   dP = dO V^T,   D_i = sum_c dO_ic O_ic,
-        dS = P o (dP - D),   dQ = scale dS K,   dK = scale dS^T Q
+        dV = (P o Z)^T dO,   dP = (dO V^T) o Z,   D_i = sum_c dO_ic O_ic,
+        dS = P o (dP - D) o cap'(S),   dQ = scale dS K,   dK = scale dS^T Q
+
+    with cap' = 1 - tanh^2(S / c) under a softcap. With ``enable_gqa`` dK and
+    dV are summed over the query heads that share a key/value head.
 
     Parameters
     ----------
@@ -542,8 +685,11 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, causal=False, scale=No
         ``lse`` may hold -inf (rows without keys; their gradients are zero).
     grad_out : array_like, the shape of ``out``
         The gradient of the loss with respect to ``out``.
-    causal, scale
+    causal, scale, mask, enable_gqa, window, causal_alignment, softcap, dropout_p
         As in the forward call.
+    random_state : int
+        With ``dropout_p > 0``: the int the forward used (the dropout mask is
+        regenerated from it); anything else is a ValueError.
     device : "cpu", "cuda" or "auto"
         As in :func:`flash_attention` (GPU arrays in, the same kind out).
 
@@ -552,7 +698,8 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, causal=False, scale=No
     dq, dk, dv : ndarrays of the shapes of q, k, v (gradients summed over
         broadcast leading dimensions) in the computation dtype.
     """
-    causal = check_bool(causal, "causal")
+    kw = check_keywords(causal, enable_gqa, window, causal_alignment, softcap, dropout_p)
     if device_for(device, q, k, v, out, lse, grad_out) == "cuda":
-        return _backward_cuda(q, k, v, out, lse, grad_out, causal, scale)
-    return flash_attention_bias_backward(q, k, v, out, lse, grad_out, causal=causal, scale=scale)
+        _cuda_refuses(kw, mask)
+        return _backward_cuda(q, k, v, out, lse, grad_out, kw.causal, scale)
+    return _backward(q, k, v, out, lse, grad_out, kw, scale, mask, random_state)

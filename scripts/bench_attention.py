@@ -1,20 +1,26 @@
-"""Benchmark: blocked (flash) attention in nbattn against torch's CPU SDPA.
+"""Benchmark: blocked (flash) attention in nbattn against torch's CPU SDPA, feature by feature.
 
-Prints, from one run, GFLOP/s of ``nbattn.flash_attention`` (forward) and of
-``flash_attention`` + ``flash_attention_backward`` (forward+backward), and
-the same for ``torch.nn.functional.scaled_dot_product_attention`` (forward,
-and forward + autograd backward) when torch is installed, with the ratio
-nbattn / torch, for B = 1, H = 8, D = 64, float32, causal and not, with 1 and
-2 threads (numba.set_num_threads and torch.set_num_threads together).
+One run prints every ratio the flash work is judged by, nbattn and torch
+measured in the same run, each time the median of ``--repeat`` interleaved
+rounds (so both see the same load; absolute times on a shared machine drift
+by up to 2x, ratios much less). ``ratio`` is torch's time / nbattn's time
+(> 1: nbattn is faster). float32, B = 1, D = 64, numba and torch on
+``--threads`` threads (2 by default), BLAS inside the flash kernels on one.
 
-FLOP counts (the FlashAttention / torch convention): forward 4 N^2 D per
-head (two GEMMs), half of it when causal; backward 2.5x the forward (five
-GEMMs), so forward+backward is 3.5x the forward. Each figure is the best of
-``--repeat`` runs, nbattn and torch interleaved so that both see the same
-load; absolute times on a shared machine drift, ratios less so.
+Cases (N = sequence length, L = S = N):
 
-    python scripts/bench_attention.py                        # N = 1024 ... 8192
-    python scripts/bench_attention.py --sizes 1024 2048 --repeat 5
+* ``plain``: H = 8, N = 4096, forward and forward + backward (autograd);
+* ``key padding``, ``bool``, ``float bias``: the same with a mask, N = 2048
+  and 4096, torch given the same mask; forward, and forward + backward;
+* ``gqa``: H = 32 query heads, H_kv = 8, N = 2048, torch ``enable_gqa``;
+* ``window``: causal with a 256-key window at N = 16384 against nbattn's
+  own full causal attention (the window skips the tiles outside the band)
+  and against torch with the equivalent boolean band mask.
+
+``--quick`` divides every N by 8 (a smoke run of the script, not a figure).
+
+    python scripts/bench_attention.py
+    python scripts/bench_attention.py --quick --repeat 3
 """
 
 from __future__ import annotations
@@ -31,101 +37,134 @@ import nbattn
 try:
     import torch
     import torch.nn.functional as F
-except ImportError:  # torch is optional: nbattn's figures alone
+except ImportError:  # torch is optional: nbattn's times alone
     torch = None
 
-B, H, D = 1, 8, 64
+D = 64
 
 
-def _flops(n, causal, backward):
-    fwd = 4.0 * B * H * n * n * D / (2.0 if causal else 1.0)
-    return fwd * (3.5 if backward else 1.0)
-
-
-def _nbattn_runs(q, k, v, g, causal):
-    def forward():
-        nbattn.flash_attention(q, k, v, causal=causal)
-
-    def forward_backward():
-        out, lse = nbattn.flash_attention(q, k, v, causal=causal, return_lse=True)
-        nbattn.flash_attention_backward(q, k, v, out, lse, g, causal=causal)
-
-    return forward, forward_backward
-
-
-def _torch_runs(q, k, v, g, causal):
-    tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
-    tg = torch.from_numpy(g)
-    leaves = [x.clone().requires_grad_(True) for x in (tq, tk, tv)]
-
-    def forward():
-        with torch.no_grad():
-            F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
-
-    def forward_backward():
-        for leaf in leaves:
-            leaf.grad = None
-        out = F.scaled_dot_product_attention(*leaves, is_causal=causal)
-        out.backward(tg)
-
-    return forward, forward_backward
-
-
-def _best(fns, repeat):
-    """Best wall time of each function over ``repeat`` interleaved rounds."""
-    best = [np.inf] * len(fns)
+def _median_times(fns, repeat):
+    """Median wall time of each function over ``repeat`` interleaved rounds (after one warm-up)."""
+    for fn in fns:
+        fn()
+    times = [[] for _ in fns]
     for _ in range(repeat):
         for i, fn in enumerate(fns):
             start = time.perf_counter()
             fn()
-            best[i] = min(best[i], time.perf_counter() - start)
-    return best
+            times[i].append(time.perf_counter() - start)
+    return [float(np.median(t)) for t in times]
+
+
+def _arrays(rng, h, n, h_kv=None):
+    h_kv = h if h_kv is None else h_kv
+    q = rng.standard_normal((1, h, n, D)).astype(np.float32)
+    k = rng.standard_normal((1, h_kv, n, D)).astype(np.float32)
+    v = rng.standard_normal((1, h_kv, n, D)).astype(np.float32)
+    g = rng.standard_normal((1, h, n, D)).astype(np.float32)
+    return q, k, v, g
+
+
+def _nbattn(q, k, v, g, backward, **kwargs):
+    if not backward:
+        return lambda: nbattn.flash_attention(q, k, v, **kwargs)
+
+    def run():
+        out, lse = nbattn.flash_attention(q, k, v, return_lse=True, **kwargs)
+        nbattn.flash_attention_backward(q, k, v, out, lse, g, **kwargs)
+
+    return run
+
+
+def _torch(q, k, v, g, backward, mask=None, causal=False, enable_gqa=False):
+    tq, tk, tv, tg = (torch.from_numpy(x) for x in (q, k, v, g))
+    tm = None if mask is None else torch.from_numpy(mask)
+    kwargs = dict(attn_mask=tm, is_causal=causal, enable_gqa=enable_gqa)
+    if not backward:
+
+        def forward():
+            with torch.no_grad():
+                F.scaled_dot_product_attention(tq, tk, tv, **kwargs)
+
+        return forward
+    leaves = [x.clone().requires_grad_(True) for x in (tq, tk, tv)]
+
+    def forward_backward():
+        for leaf in leaves:
+            leaf.grad = None
+        F.scaled_dot_product_attention(*leaves, **kwargs).backward(tg)
+
+    return forward_backward
+
+
+def _masks(rng, n):
+    keys = np.ones((1, 1, 1, n), dtype=bool)
+    keys[..., int(0.8 * n) :] = False  # the last fifth is padding
+    causal_ish = np.tril(np.ones((n, n), dtype=bool), k=n // 8)  # a structured boolean mask
+    bias = (0.1 * rng.standard_normal((1, 1, n, n))).astype(np.float32)
+    return {"key padding": keys, "bool": causal_ish, "float bias": bias}
+
+
+def _report(name, ours, theirs, target):
+    ratio = theirs / ours if theirs is not None else float("nan")
+    verdict = "" if theirs is None else ("ok" if ratio >= target else f"below {target}")
+    other = f"{theirs * 1e3:10.1f}" if theirs is not None else f"{'-':>10}"
+    print(f"{name:<44} {ours * 1e3:10.1f} {other} {ratio:7.2f}  {verdict}", flush=True)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
-    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--modes", nargs="+", default=["fwd", "fwd+bwd"])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="every N divided by 8")
+    parser.add_argument(
+        "--only", nargs="+", default=["plain", "masks", "gqa", "window"], help="case groups"
+    )
     args = parser.parse_args(argv)
-
-    rng = np.random.default_rng(0)
-    print(f"B={B} H={H} D={D} float32; numba {numba.__version__}", end="")
-    print(f", torch {torch.__version__}" if torch is not None else ", torch not installed")
-    print("FLOPs: fwd 4 N^2 D per head (half if causal), fwd+bwd 3.5x fwd")
-    print("load average at start: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
-    header = f"{'threads':>7} {'N':>6} {'causal':>6} {'mode':>8} {'nbattn GF/s':>12}"
+    numba.set_num_threads(args.threads)
     if torch is not None:
-        header += f" {'torch GF/s':>11} {'ratio':>6}"
-    print(header)
-    for threads in args.threads:
-        numba.set_num_threads(threads)
+        torch.set_num_threads(args.threads)
+    div = 8 if args.quick else 1
+    rng = np.random.default_rng(0)
+    print(f"D={D} float32, {args.threads} threads, median of {args.repeat}; numba", end=" ")
+    print(numba.__version__ + (f", torch {torch.__version__}" if torch is not None else ""))
+    print("load average at start: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
+    print(f"{'case':<44} {'nbattn ms':>10} {'torch ms':>10} {'ratio':>7}  (torch / nbattn)")
+
+    def compare(name, arrays, target, backward=False, torch_kwargs=None, **kwargs):
+        fns = [_nbattn(*arrays, backward, **kwargs)]
         if torch is not None:
-            torch.set_num_threads(threads)
-        # warm up: compile the kernels, start the thread pools
-        small = [rng.standard_normal((B, H, 64, D)).astype(np.float32) for _ in range(4)]
-        for causal in (False, True):
-            for fn in _nbattn_runs(*small, causal) + (
-                _torch_runs(*small, causal) if torch is not None else ()
-            ):
-                fn()
-        for n in args.sizes:
-            q, k, v, g = (rng.standard_normal((B, H, n, D)).astype(np.float32) for _ in range(4))
-            for causal in (False, True):
-                ours = _nbattn_runs(q, k, v, g, causal)
-                theirs = _torch_runs(q, k, v, g, causal) if torch is not None else None
-                for index, mode in enumerate(["fwd", "fwd+bwd"]):
-                    if mode not in args.modes:
-                        continue
-                    fns = [ours[index]] + ([theirs[index]] if theirs is not None else [])
-                    times = _best(fns, args.repeat)
-                    flops = _flops(n, causal, mode == "fwd+bwd")
-                    line = f"{threads:>7} {n:>6} {causal!s:>6} {mode:>8}"
-                    line += f" {flops / times[0] / 1e9:>12.1f}"
-                    if theirs is not None:
-                        line += f" {flops / times[1] / 1e9:>11.1f} {times[1] / times[0]:>6.2f}"
-                    print(line, flush=True)
+            fns.append(_torch(*arrays, backward, **(torch_kwargs or kwargs)))
+        times = _median_times(fns, args.repeat)
+        _report(name, times[0], times[1] if torch is not None else None, target)
+
+    if "plain" in args.only:
+        n = 4096 // div
+        arrays = _arrays(rng, 8, n)
+        compare(f"plain H8 N{n} fwd", arrays, 1.1)
+        compare(f"plain H8 N{n} fwd+bwd", arrays, 1.1, backward=True)
+    if "masks" in args.only:
+        for n in (2048 // div, 4096 // div):
+            arrays = _arrays(rng, 8, n)
+            for name, mask in _masks(rng, n).items():
+                compare(f"{name} H8 N{n} fwd", arrays, 1.0, mask=mask)
+                compare(f"{name} H8 N{n} fwd+bwd", arrays, 1.0, backward=True, mask=mask)
+    if "gqa" in args.only:
+        n = 2048 // div
+        arrays = _arrays(rng, 32, n, h_kv=8)
+        compare(f"gqa H32 Hkv8 N{n} fwd", arrays, 1.0, enable_gqa=True)
+        compare(f"gqa H32 Hkv8 N{n} fwd+bwd", arrays, 1.0, backward=True, enable_gqa=True)
+    if "window" in args.only:
+        n, w = 16384 // div, 256 // div
+        arrays = _arrays(rng, 8, n)
+        windowed = _nbattn(*arrays, False, causal=True, window=(w, None))
+        full = _nbattn(*arrays, False, causal=True)
+        t_window, t_full = _median_times([windowed, full], max(1, args.repeat // 2))
+        _report(f"window {w} vs full causal, nbattn N{n} fwd", t_window, t_full, 10.0)
+        if torch is not None:
+            band = np.tril(np.ones((n, n), dtype=bool)) & ~np.tril(np.ones((n, n), bool), k=-w - 1)
+            t_torch = _median_times([_torch(*arrays, False, mask=band)], max(1, args.repeat // 2))
+            _report(f"window {w} vs torch band mask N{n} fwd", t_window, t_torch[0], 1.0)
     print("load average at end: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
 
 

@@ -536,6 +536,149 @@ def loo_loss_exact(X, y, bandwidth):
     return float(np.mean((pred - y2) ** 2))
 
 
+# ---------------------------------------------------------------------------
+# Flash attention features: masks, grouped heads, windows, alignment, softcap,
+# dropout -- full matrices in float64, the formulas written out.
+# ---------------------------------------------------------------------------
+
+
+def dropout_keep(seed, counter, threshold):
+    """The dropout decision of one weight, in Python integers (the spec's definition).
+
+    z = seed + (counter + 1) 0x9E3779B97F4A7C15, then the SplitMix64 finaliser;
+    keep iff (z >> 40) >= threshold (all arithmetic modulo 2**64).
+    """
+    mask = 2**64 - 1
+    z = (int(seed) + (int(counter) + 1) * 0x9E3779B97F4A7C15) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    z ^= z >> 31
+    return (z >> 40) >= int(threshold)
+
+
+def dropout_factors(seed, n_bh, n_q, n_k, dropout_p):
+    """(BH, L, S) dropout factors: 1 / (1 - p) where kept, 0 where dropped (NumPy uint64)."""
+    with np.errstate(over="ignore"):
+        counter = np.arange(n_bh * n_q * n_k, dtype=np.uint64).reshape(n_bh, n_q, n_k)
+        z = np.uint64(seed) + (counter + np.uint64(1)) * np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    threshold = np.uint64(round(dropout_p * 2**24))
+    return np.where((z >> np.uint64(40)) >= threshold, 1.0 / (1.0 - dropout_p), 0.0)
+
+
+def band_mask(n_q, n_k, causal=False, window=None, alignment="top_left"):
+    """(L, S) boolean: key j admissible for query i (causal / window, aligned)."""
+    offset = n_k - n_q if alignment == "bottom_right" else 0
+    d = np.arange(n_k)[None, :] - np.arange(n_q)[:, None] - offset
+    ok = np.ones((n_q, n_k), dtype=bool)
+    if causal:
+        ok &= d <= 0
+    if window is not None:
+        left, right = window
+        if left is not None:
+            ok &= d >= -left
+        if right is not None:
+            ok &= d <= right
+    return ok
+
+
+def _flash_parts(q, k, v, mask, causal, scale, window, alignment, softcap, enable_gqa):
+    q = np.asarray(q, dtype=np.float64)
+    k = np.asarray(k, dtype=np.float64)
+    v = np.asarray(v, dtype=np.float64)
+    if enable_gqa and k.shape[-3] != q.shape[-3]:
+        group = q.shape[-3] // k.shape[-3]
+        k = np.repeat(k, group, axis=-3)
+        v = np.repeat(v, group, axis=-3)
+    if scale is None:
+        scale = 1.0 / np.sqrt(q.shape[-1])
+    raw = scale * (q @ np.swapaxes(k, -1, -2))
+    th = np.tanh(raw / softcap) if softcap is not None else None
+    s = softcap * th if softcap is not None else raw
+    if mask is not None:
+        m = np.asarray(mask)
+        s = s + (np.where(m, 0.0, -np.inf) if m.dtype == bool else m.astype(np.float64))
+    n_q, n_k = s.shape[-2:]
+    s = np.where(band_mask(n_q, n_k, causal, window, alignment), s, -np.inf)
+    return q, k, v, s, th, scale
+
+
+def flash_features(
+    q,
+    k,
+    v,
+    mask=None,
+    causal=False,
+    scale=None,
+    window=None,
+    alignment="top_left",
+    softcap=None,
+    enable_gqa=False,
+    dropout=None,
+):
+    """(out, lse) of softmax(cap(scale q k^T) + mask) (o dropout) v, full matrices.
+
+    cap(x) = softcap tanh(x / softcap); ``dropout`` (..., L, S) factors (0 or
+    1/(1-p)) multiply the weights after the softmax; lse is before dropout.
+    Rows without an admissible key: zeros and -inf.
+    """
+    q, k, v, s, _, _ = _flash_parts(
+        q, k, v, mask, causal, scale, window, alignment, softcap, enable_gqa
+    )
+    p = softmax_rows(s)
+    m = s.max(axis=-1, keepdims=True)
+    safe = np.where(np.isfinite(m), m, 0.0)
+    with np.errstate(divide="ignore"):
+        lse = (safe + np.log(np.exp(s - safe).sum(axis=-1, keepdims=True)))[..., 0]
+    if dropout is not None:
+        p = p * dropout
+    return p @ v, lse
+
+
+def flash_features_backward(
+    q,
+    k,
+    v,
+    grad_out,
+    mask=None,
+    causal=False,
+    scale=None,
+    window=None,
+    alignment="top_left",
+    softcap=None,
+    enable_gqa=False,
+    dropout=None,
+):
+    """(dq, dk, dv) of :func:`flash_features` by the explicit formulas.
+
+    dV = (P o Z)^T dO, dP = (dO V^T) o Z, dS = P o (dP - rowsum(P o dP)) o (1 - tanh^2),
+    dQ = scale dS K, dK = scale dS^T Q; with grouped heads dK, dV are summed over
+    each group.
+    """
+    q0, k0 = np.asarray(q), np.asarray(k)
+    q, k, v, s, th, scale = _flash_parts(
+        q, k, v, mask, causal, scale, window, alignment, softcap, enable_gqa
+    )
+    g = np.asarray(grad_out, dtype=np.float64)
+    p = softmax_rows(s)
+    z = np.ones_like(p) if dropout is None else dropout
+    dv = np.swapaxes(p * z, -1, -2) @ g
+    dp = (g @ np.swapaxes(v, -1, -2)) * z
+    ds = p * (dp - (p * dp).sum(axis=-1, keepdims=True))
+    if th is not None:
+        ds = ds * (1.0 - th**2)
+    dq = scale * (ds @ k)
+    dk = scale * (np.swapaxes(ds, -1, -2) @ q)
+    if enable_gqa and k0.shape[-3] != q0.shape[-3]:
+        group = q0.shape[-3] // k0.shape[-3]
+        shape = dk.shape[:-3] + (k0.shape[-3], group) + dk.shape[-2:]
+        dk = dk.reshape(shape).sum(axis=-3)
+        dv = dv.reshape(dv.shape[:-3] + (k0.shape[-3], group) + dv.shape[-2:]).sum(axis=-3)
+    return dq, dk, dv
+
+
 # ------------------------------------------------ flash kernels' layout (slices, band, drop)
 
 

@@ -1,56 +1,88 @@
 """Blocked (FlashAttention-style) scaled dot-product attention on the CPU.
 
-For one (batch, head) slice with queries q_i, keys k_j and values v_j the
-forward kernel computes
+For query slice ``bh`` (a flattened batch*head index) and its key/value
+slice ``kv = kv_index[bh]`` (grouped-query attention and broadcast leading
+dimensions share key/value slices without copies), the forward kernel
+computes
 
-    s_ij   = scale q_i . k_j + b_j + a (j - i)     (b: optional key bias, a: ALiBi slope)
-    out_i  = sum_j softmax_j(s_ij) v_j
-    lse_i  = log sum_j exp(s_ij)
+    s_ij   = cap(scale q_i . k_j) + M_ij + a (j - i)
+    out_i  = sum_j drop_ij softmax_j(s_ij) v_j,     lse_i = log sum_j exp(s_ij)
 
-over the admissible keys (all keys, or j <= i when ``causal``: top-left
-alignment, as torch's ``is_causal``). It works in base 2: the caller passes
-q, b and a multiplied by log2(e) (and q by the scale), so the kernel sees
-t_ij = s_ij log2(e) and uses exp(s) = 2**t, whose range reduction is exact
-(``exp2`` below is 1/3 cheaper than ``fast_exp`` in the softmax loop). That
-is why this module has its own exponential and its own exp-shift-sum
-(``exp2_shift_sum``, the base-2 twin of ``nbattn.kernels.softmax.exp_shift_sum``)
-while the row maximum is the shared ``nbattn.kernels.softmax.row_max``. The
-caller (``nbattn.flash``) keeps every base-2 score within the dtype's range:
-huge key biases are shifted by their maximum, and scores or ALiBi terms that
-would overflow are refused there.
+over the admissible keys  i + offset - left <= j <= i + offset + right
+(the band; causal attention is right = 0, torch's top-left ``is_causal`` is
+offset = 0, FlashAttention-2's bottom-right alignment offset = S - L), where
+
+* cap(x) = c tanh(x / c) when a softcap c > 0 is given (FlashAttention-2's
+  order: on the scaled score, before the mask), else x;
+* M is an additive mask (``-inf`` = excluded) held un-expanded as
+  (BM, LM, SM) with LM in {1, L}, SM in {1, S} and ``mask_index[bh]`` its
+  slice: a key-padding mask is (B, 1, S) and costs nothing per query;
+* a is an optional ALiBi slope per query slice;
+* drop_ij is 0 for dropped weights and 1 / (1 - p) for kept ones, decided
+  by ``nbattn.kernels.dropout.keep`` from the seed and the weight's position
+  (no stored mask; the softmax normaliser and lse are taken BEFORE dropout).
+
+It works in base 2: the caller passes q, M, a and c multiplied by log2(e)
+(and q by the scale), so the kernel sees t_ij = s_ij log2(e) and uses
+exp(s) = 2**t, whose range reduction is exact (``exp2`` below is 1/3
+cheaper than ``fast_exp`` in the softmax loop). The caller
+(``nbattn.flash``) keeps every base-2 score within the dtype's range.
 
 Queries are cut into tiles of ``block_q`` rows and keys into tiles of
-``block_k``; for every pair of tiles the score tile T = Q K^T and the product
-P V are BLAS GEMM calls (``np.dot`` with a preallocated output, so there is
-no copy and no allocation per tile), and the online softmax between them --
-row maximum ``m``, row sum ``l``, rescaling of the accumulator by
-2**(m_old - m_new), deferred normalisation -- is a vectorised loop with the
-inlined ``exp2``. Memory is O(threads * block_q * block_k) for scratch plus
-the output: never the queries x keys matrix. Causal tiles entirely above
-the diagonal are skipped; lse is returned in natural units,
-lse = m ln 2 + log l.
+``block_k`` (tile t covers [t*block, (t+1)*block)); for every pair of tiles
+the score tile Q K^T and the product P V are BLAS GEMM calls (``np.dot`` with
+a preallocated output), and the online softmax between them -- row maximum
+``m``, row sum ``l``, rescaling of the accumulator by 2**(m_old - m_new),
+deferred normalisation -- is a vectorised loop with the inlined ``exp2``.
+Memory is O(threads * block_q * block_k) for scratch plus the output. Tiles
+outside the band are never visited (a window costs O(L * window) work), and
+tiles whose mask entries are all ``-inf`` are skipped through ``mask_live``,
+one flag per (mask slice, query tile, key tile) precomputed by
+:func:`mask_tile_live` (one query tile when LM = 1, one key tile when SM = 1).
+lse is returned in natural units, lse = m ln 2 + log l.
 
 The backward kernel recomputes P tile by tile from the saved ``lse``:
 
-    P    = 2**(T - lse log2 e)          dV = P^T dO
-    dP   = dO V^T                       D_i = sum_c dO_ic O_ic
-    dS   = P o (dP - D)                 dQ = scale dS K     dK = scale dS^T Q
+    P    = 2**(T - lse log2 e)          Z = drop (0 or 1 / (1 - p))
+    dV   = (P o Z)^T dO                 dP = (dO V^T) o Z
+    D_i  = sum_c dO_ic O_ic             dS = P o (dP - D) o cap'
+    dQ   = scale dS K                   dK = scale dS^T Q
 
-(dK is computed as ln 2 dS^T Q' with Q' the base-2 queries.) Five GEMMs per
-tile pair (the forward has two). Work items are (batch*head, key-tile
-group): each owns its dK and dV rows; dQ is accumulated per group in a
-buffer of its own and the groups are summed at the end, so no two threads
-write the same memory. With as many heads as threads there is one group and
-no extra buffer.
+with cap' = 1 - tanh^2(x / c) under a softcap, else 1. (dK is computed as
+ln 2 dS^T Q' with Q' the base-2 queries.) Five GEMMs per tile pair (the
+forward has two). Work items are (key/value slice, key-tile group): each
+owns its dK and dV rows and loops over every query slice that reads it (the
+head group of grouped-query attention), so dK and dV are summed over the
+group without atomics; dQ is accumulated per group in a buffer of its own
+and the groups are summed at the end.
 
-Callers (``nbattn.flash``) validate and lay out the arrays: q (BH, L, D)
-times scale * log2(e), k (BH, S, D), v (BH, S, Dv), all C-contiguous and of
-one dtype (float32 or float64); key_bias (BH, S) and slopes (BH,) of that
-dtype, times log2(e) (any shape when unused). BLAS must be held to one
-thread while these kernels run (``np.dot`` inside ``prange`` otherwise starts
-BLAS threads that fight the numba threads). Tiles are accumulated in the
-input dtype; ``m``, ``l`` and ``lse`` are float64. A row with no admissible
-key (every key biased to -inf) gets zeros and lse = -inf.
+Argument conventions shared by both kernels (the varlen and decode entries
+call them per sequence with slices of shape (BH, n, E), and the CUDA twins
+mirror them):
+
+    q          (BH, L, E)   user q * scale * log2(e), C-contiguous
+    k, v       (BKV, S, E), (BKV, S, Ev)
+    kv_index   (BH,) int64  key/value slice of each query slice
+    mask       (BM, LM, SM) base-2 additive mask; shape (0, 1, 1) = none
+    mask_index (BH,) int64  mask slice of each query slice
+    mask_live  (BM, QT, KT) uint8 from :func:`mask_tile_live` with the
+                            kernel's own block sizes (ignored without mask)
+    slopes     (BH,)        base-2 ALiBi slopes; shape (0,) = none
+    band       (3,) int64   offset, left, right (a side >= L + S is unbounded)
+    softcap    float        c * log2(e); 0 = none
+    dropout    (6,) uint64  seed, threshold (0 = none), n_rows, n_cols,
+                            row0, col0: the counter of weight (bh, i, j) is
+                            (bh * n_rows + row0 + i) * n_cols + col0 + j
+                            (n_rows = L, n_cols = S, row0 = col0 = 0 for a
+                            plain call; packed totals and offsets for varlen)
+    keep_scale float        1 / (1 - p)
+    block_q, block_k        tile sizes
+
+All floating arrays share one dtype (float32 or float64); tiles are
+accumulated in it, ``m``, ``l`` and ``lse`` are float64. BLAS must be held
+to one thread while these kernels run (``np.dot`` inside ``prange`` otherwise
+starts BLAS threads that fight the numba threads). A row with no admissible
+key gets zeros and lse = -inf, and zero gradients.
 """
 
 from __future__ import annotations
@@ -60,6 +92,7 @@ from numba import njit, prange, types
 from numba.extending import overload
 
 from .. import config
+from .dropout import keep
 from .fastmath import (
     _bits_to_float32,
     _bits_to_float64,
@@ -156,40 +189,6 @@ def _exp2_overload(x):
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def _tile_order(t, n):
-    """Interleave heavy and light causal tiles: 0, n-1, 1, n-2, ..."""
-    half = t // 2
-    if t % 2 == 0:
-        return half
-    return n - 1 - half
-
-
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def _bias_and_mask(st, bias, slope, i0, j0, causal, use_bias, use_alibi):
-    """Add the key bias and the ALiBi term to a score tile; mask j > i when causal."""
-    mb, nb = st.shape
-    if use_bias:
-        for r in range(mb):
-            row = st[r]
-            for j in range(nb):
-                row[j] += bias[j0 + j]
-    if use_alibi:
-        for r in range(mb):
-            row = st[r]
-            base = slope * like(j0 - (i0 + r), st)
-            for j in range(nb):
-                row[j] += base + slope * like(j, st)
-    if causal:
-        neg = like(-np.inf, st)
-        for r in range(mb):
-            first_masked = i0 + r - j0 + 1
-            if first_masked < nb:
-                row = st[r]
-                for j in range(max(first_masked, 0), nb):
-                    row[j] = neg
-
-
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
 def exp2_shift_sum(row, shift):
     """In place ``row[j] <- 2**(row[j] - shift)``; returns the sum of the new values.
 
@@ -205,13 +204,170 @@ def exp2_shift_sum(row, shift):
     return total
 
 
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def _tile_order(t, n):
+    """Interleave heavy and light causal tiles: 0, n-1, 1, n-2, ..."""
+    half = t // 2
+    if t % 2 == 0:
+        return half
+    return n - 1 - half
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def _tanh_in_place(row, inv_cap, cap, saved, save):
+    """``row[j] <- cap * tanh(row[j] * inv_cap)``; ``saved[j] <- tanh(...)`` when ``save``.
+
+    tanh(x) = sign(x) (1 - e) / (1 + e) with e = exp(-2|x|) = 2**(-2|x| log2 e):
+    the inlined ``exp2`` keeps the loop vectorised (numba's ``np.tanh`` is a
+    scalar libm call) and the error stays within a few ulps of 1.
+    """
+    two_log2e = like(2.0 * LOG2E, row)
+    one = like(1.0, row)
+    for j in range(row.shape[0]):
+        x = row[j] * inv_cap
+        e = exp2(-abs(x) * two_log2e)
+        th = (one - e) / (one + e)
+        if x < 0:
+            th = -th
+        row[j] = cap * th
+        if save:
+            saved[j] = th
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def _tile_terms(st, th, bh, i0, j0, mask, mask_index, slopes, band, softcap, need_band, save_th):
+    """Softcap, mask, ALiBi and band of one score tile ``st`` (rows i0.., keys j0..), in place.
+
+    ``th`` receives tanh of the capped scores when ``save_th`` (the backward's
+    cap' = 1 - th**2).
+    """
+    mb, nb = st.shape
+    if softcap > 0.0:
+        cap = like(softcap, st)
+        inv_cap = like(1.0 / softcap, st)
+        for r in range(mb):
+            _tanh_in_place(st[r], inv_cap, cap, th[r], save_th)
+    if mask.shape[0] > 0:
+        mi = mask_index[bh]
+        per_row = mask.shape[1] > 1
+        per_key = mask.shape[2] > 1
+        for r in range(mb):
+            m_row = mask[mi, i0 + r if per_row else 0]
+            row = st[r]
+            if per_key:
+                for j in range(nb):
+                    row[j] += m_row[j0 + j]
+            else:
+                b = m_row[0]
+                for j in range(nb):
+                    row[j] += b
+    if slopes.shape[0] > 0:
+        slope = slopes[bh]
+        for r in range(mb):
+            row = st[r]
+            base = slope * like(j0 - (i0 + r), st)
+            for j in range(nb):
+                row[j] += base + slope * like(j, st)
+    if need_band:
+        neg = like(-np.inf, st)
+        offset, left, right = band[0], band[1], band[2]
+        for r in range(mb):
+            row = st[r]
+            centre = i0 + r + offset - j0
+            lo = min(max(centre - left, 0), nb)
+            hi = min(max(centre + right + 1, 0), nb)
+            for j in range(lo):
+                row[j] = neg
+            for j in range(hi, nb):
+                row[j] = neg
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def _needs_band(i0, mb, j0, nb, band):
+    """Whether some entry of the tile (rows i0..i0+mb-1, keys j0..j0+nb-1) is outside the band."""
+    offset, left, right = band[0], band[1], band[2]
+    return j0 < i0 + mb - 1 + offset - left or j0 + nb - 1 > i0 + offset + right
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def _tile_is_live(mask, mask_index, mask_live, bh, qt, kt):
+    """False when the mask excludes every entry of tile (qt, kt) of query slice bh."""
+    if mask.shape[0] == 0:
+        return True
+    mq = qt if mask.shape[1] > 1 else 0
+    mk = kt if mask.shape[2] > 1 else 0
+    return mask_live[mask_index[bh], mq, mk] != 0
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def _drop_row(row, scale, seed, threshold, counter0):
+    """``row[j] <- row[j] * (keep ? scale : 0)`` with the counter of entry j = counter0 + j."""
+    zero = like(0.0, row)
+    for j in range(row.shape[0]):
+        if keep(seed, counter0 + np.uint64(j), threshold):
+            row[j] = row[j] * scale
+        else:
+            row[j] = zero
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def _row_counter(dropout, bh, i, j0):
+    """The dropout counter of entry (bh, i, j0): (bh n_rows + row0 + i) n_cols + col0 + j0."""
+    row = np.uint64(bh) * dropout[2] + dropout[4] + np.uint64(i)
+    return row * dropout[3] + dropout[5] + np.uint64(j0)
+
+
 @njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
-def flash_forward(q, k, v, key_bias, slopes, causal, use_bias, use_alibi, block_q, block_k):
+def mask_tile_live(mask, block_q, block_k):
+    """uint8 (BM, QT, KT): 1 where a (mask slice, query tile, key tile) has an entry > -inf.
+
+    QT = 1 when the mask has one row (LM = 1, e.g. key padding), else
+    ceil(LM / block_q); KT likewise over the keys. The kernels skip the
+    tiles flagged 0.
+    """
+    n_m, n_l, n_s = mask.shape
+    n_qt = (n_l + block_q - 1) // block_q if n_l > 1 else 1
+    n_kt = (n_s + block_k - 1) // block_k if n_s > 1 else 1
+    bq = block_q if n_l > 1 else 1
+    bk = block_k if n_s > 1 else 1
+    live = np.zeros((n_m, n_qt, n_kt), dtype=np.uint8)
+    neg = like(-np.inf, mask)
+    for item in prange(n_m * n_qt):
+        mi = item // n_qt
+        qt = item % n_qt
+        for i in range(qt * bq, min(n_l, (qt + 1) * bq)):
+            row = mask[mi, i]
+            for kt in range(n_kt):
+                if live[mi, qt, kt]:
+                    continue
+                for j in range(kt * bk, min(n_s, (kt + 1) * bk)):
+                    if row[j] > neg:
+                        live[mi, qt, kt] = 1
+                        break
+    return live
+
+
+@njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
+def flash_forward(
+    q,
+    k,
+    v,
+    kv_index,
+    mask,
+    mask_index,
+    mask_live,
+    slopes,
+    band,
+    softcap,
+    dropout,
+    keep_scale,
+    block_q,
+    block_k,
+):
     """Blocked attention forward; returns ``(out, lse)``.
 
-    out (BH, L, Dv) in the input dtype, lse (BH, L) float64 in natural units.
-    See the module docstring for the formula and the (base-2) layout of the
-    arguments.
+    out (BH, L, Ev) in the input dtype, lse (BH, L) float64 in natural units.
+    See the module docstring for the formula and the (base-2) arguments.
     """
     n_bh, n_q, _ = q.shape
     n_k = k.shape[1]
@@ -219,10 +375,15 @@ def flash_forward(q, k, v, key_bias, slopes, causal, use_bias, use_alibi, block_
     out = np.empty((n_bh, n_q, d_v), dtype=q.dtype)
     lse = np.empty((n_bh, n_q), dtype=np.float64)
     n_qt = (n_q + block_q - 1) // block_q
+    offset, left, right = band[0], band[1], band[2]
+    seed, threshold = dropout[0], dropout[1]
+    use_dropout = threshold > 0
     for item in prange(n_bh * n_qt):
         bh = item // n_qt
-        i0 = _tile_order(item % n_qt, n_qt) * block_q
+        qt = _tile_order(item % n_qt, n_qt)
+        i0 = qt * block_q
         mb = min(block_q, n_q - i0)
+        kv = kv_index[bh]
         s_flat = np.empty(mb * block_k, dtype=q.dtype)
         pv_flat = np.empty(mb * d_v, dtype=q.dtype)
         pv = pv_flat.reshape((mb, d_v))
@@ -230,14 +391,21 @@ def flash_forward(q, k, v, key_bias, slopes, causal, use_bias, use_alibi, block_
         m = np.full(mb, -np.inf)
         l = np.zeros(mb)
         q_tile = q[bh, i0 : i0 + mb]
-        bias = key_bias[bh] if use_bias else key_bias[0]
-        slope = slopes[bh] if use_alibi else like(0.0, q)
-        kv_end = min(n_k, i0 + mb) if causal else n_k
-        for j0 in range(0, kv_end, block_k):
-            nb = min(block_k, kv_end - j0)
+        j_first = max(i0 + offset - left, 0)
+        j_last = min(i0 + mb - 1 + offset + right, n_k - 1)
+        kt_first = j_first // block_k
+        kt_last = j_last // block_k if j_last >= j_first else kt_first - 1
+        for kt in range(kt_first, kt_last + 1):
+            if not _tile_is_live(mask, mask_index, mask_live, bh, qt, kt):
+                continue
+            j0 = kt * block_k
+            nb = min(block_k, n_k - j0)
             st = s_flat[: mb * nb].reshape((mb, nb))
-            np.dot(q_tile, k[bh, j0 : j0 + nb].T, st)
-            _bias_and_mask(st, bias, slope, i0, j0, causal, use_bias, use_alibi)
+            np.dot(q_tile, k[kv, j0 : j0 + nb].T, st)
+            need_band = _needs_band(i0, mb, j0, nb, band)
+            _tile_terms(
+                st, st, bh, i0, j0, mask, mask_index, slopes, band, softcap, need_band, False
+            )
             for r in range(mb):
                 row = st[r]
                 m_new = max(m[r], np.float64(row_max(row)))
@@ -252,7 +420,11 @@ def flash_forward(q, k, v, key_bias, slopes, causal, use_bias, use_alibi, block_
                     for c in range(d_v):
                         acc_row[c] *= factor
                 m[r] = m_new
-            np.dot(st, v[bh, j0 : j0 + nb], pv)
+                if use_dropout:
+                    _drop_row(
+                        row, like(1.0, row), seed, threshold, _row_counter(dropout, bh, i0 + r, j0)
+                    )
+            np.dot(st, v[kv, j0 : j0 + nb], pv)
             for r in range(mb):
                 acc_row = acc[r]
                 pv_row = pv[r]
@@ -260,7 +432,7 @@ def flash_forward(q, k, v, key_bias, slopes, causal, use_bias, use_alibi, block_
                     acc_row[c] += pv_row[c]
         for r in range(mb):
             if l[r] > 0.0:
-                inv = like(1.0 / l[r], acc)
+                inv = like(keep_scale / l[r], acc)
                 for c in range(d_v):
                     out[bh, i0 + r, c] = acc[r, c] * inv
                 lse[bh, i0 + r] = m[r] * LN2 + np.log(l[r])
@@ -288,28 +460,40 @@ def flash_backward(
     out,
     lse,
     dout,
-    key_bias,
+    kv_index,
+    mask,
+    mask_index,
+    mask_live,
     slopes,
+    band,
+    softcap,
+    dropout,
+    keep_scale,
     scale,
-    causal,
-    use_bias,
-    use_alibi,
     n_groups,
     block_q,
     block_k,
 ):
     """Blocked attention backward; returns ``(dq, dk, dv)`` in the input dtype.
 
-    ``q`` is q_user * scale * log2(e) as in the forward, so dK = ln 2 dS^T q
-    and dQ = scale dS K. ``lse`` (BH, L) in natural units, any float dtype.
-    ``n_groups`` key-tile groups per (batch*head) run in parallel, each with
-    its own dQ buffer; see the module docstring.
+    dq has q's shape (BH, L, E); dk and dv have k's and v's (BKV, S, .),
+    summed over the query slices that share them. ``q`` is q_user * scale *
+    log2(e) as in the forward, so dK = ln 2 dS^T q and dQ = scale dS K.
+    ``lse`` (BH, L) in natural units (float64). ``n_groups`` key-tile groups
+    per key/value slice run in parallel, each with its own dQ buffer;
+    ``mask_live`` must come from the backward's block sizes. See the module
+    docstring for the other arguments.
     """
     n_bh, n_q, d = q.shape
-    n_k = k.shape[1]
+    n_kv, n_k, _ = k.shape
     d_v = v.shape[2]
     dtype = q.dtype
+    offset, left, right = band[0], band[1], band[2]
+    seed, threshold = dropout[0], dropout[1]
+    use_dropout = threshold > 0
+    use_cap = softcap > 0.0
     delta = np.empty((n_bh, n_q), dtype=dtype)
+    lse_t = np.empty((n_bh, n_q), dtype=dtype)
     for row in prange(n_bh * n_q):
         bh = row // n_q
         i = row % n_q
@@ -317,75 +501,110 @@ def flash_backward(
         for c in range(d_v):
             total += np.float64(dout[bh, i, c]) * np.float64(out[bh, i, c])
         delta[bh, i] = total
-    lse_t = np.empty((n_bh, n_q), dtype=dtype)
-    for row in prange(n_bh * n_q):
-        bh = row // n_q
-        i = row % n_q
         lse_t[bh, i] = lse[bh, i] * LOG2E
     dq_part = np.zeros((n_groups, n_bh, n_q, d), dtype=dtype)
-    dk = np.empty((n_bh, n_k, d), dtype=dtype)
-    dv = np.empty((n_bh, n_k, d_v), dtype=dtype)
+    dk = np.empty((n_kv, n_k, d), dtype=dtype)
+    dv = np.empty((n_kv, n_k, d_v), dtype=dtype)
     n_kt = (n_k + block_k - 1) // block_k
-    for item in prange(n_bh * n_groups):
-        bh = item // n_groups
+    for item in prange(n_kv * n_groups):
+        kv = item // n_groups
         group = item % n_groups
         s_flat = np.empty(block_q * block_k, dtype=dtype)
         dp_flat = np.empty(block_q * block_k, dtype=dtype)
+        th_flat = np.empty(block_q * block_k if use_cap else 1, dtype=dtype)
         tk_flat = np.empty(block_k * max(d, d_v), dtype=dtype)
         tq_flat = np.empty(block_q * d, dtype=dtype)
         dk_acc = np.empty((block_k, d), dtype=dtype)
         dv_acc = np.empty((block_k, d_v), dtype=dtype)
-        bias = key_bias[bh] if use_bias else key_bias[0]
-        slope = slopes[bh] if use_alibi else like(0.0, q)
         neg_inf = like(-np.inf, q)
+        one = like(1.0, q)
+        drop_scale = like(keep_scale, q)
         sink = np.zeros(1, dtype=dtype)
         for kt in range(group, n_kt, n_groups):
             j0 = kt * block_k
             nb = min(block_k, n_k - j0)
             dk_acc[:nb] = 0.0
             dv_acc[:nb] = 0.0
-            k_tile = k[bh, j0 : j0 + nb]
-            v_tile = v[bh, j0 : j0 + nb]
-            i_start = j0 if causal else 0
-            for i0 in range(i_start, n_q, block_q):
-                mb = min(block_q, n_q - i0)
-                q_tile = q[bh, i0 : i0 + mb]
-                do_tile = dout[bh, i0 : i0 + mb]
-                st = s_flat[: mb * nb].reshape((mb, nb))
-                dpt = dp_flat[: mb * nb].reshape((mb, nb))
-                np.dot(q_tile, k_tile.T, st)
-                _bias_and_mask(st, bias, slope, i0, j0, causal, use_bias, use_alibi)
-                p_sum = like(0.0, q)
-                for r in range(mb):
-                    row = st[r]
-                    shift = lse_t[bh, i0 + r]
-                    if shift == neg_inf:
-                        row[:] = 0.0
-                    else:
-                        # LLVM vectorises this loop only if its sum is used: kept in sink
-                        p_sum += exp2_shift_sum(row, shift)
-                sink[0] += p_sum
-                tv = tk_flat[: nb * d_v].reshape((nb, d_v))
-                np.dot(st.T, do_tile, tv)
-                _add_into(dv_acc[:nb], tv)
-                np.dot(do_tile, v_tile.T, dpt)
-                for r in range(mb):
-                    row = st[r]
-                    dp_row = dpt[r]
-                    di = delta[bh, i0 + r]
-                    for j in range(nb):
-                        row[j] = row[j] * (dp_row[j] - di)
-                tq = tq_flat[: mb * d].reshape((mb, d))
-                np.dot(st, k_tile, tq)
-                _add_into(dq_part[group, bh, i0 : i0 + mb], tq)
-                tk = tk_flat[: nb * d].reshape((nb, d))
-                np.dot(st.T, q_tile, tk)
-                _add_into(dk_acc[:nb], tk)
+            k_tile = k[kv, j0 : j0 + nb]
+            v_tile = v[kv, j0 : j0 + nb]
+            i_first = max(j0 - offset - right, 0)
+            i_last = min(j0 + nb - 1 - offset + left, n_q - 1)
+            qt_first = i_first // block_q
+            qt_last = i_last // block_q if i_last >= i_first else qt_first - 1
+            for bh in range(n_bh):
+                if kv_index[bh] != kv:
+                    continue
+                for qt in range(qt_first, qt_last + 1):
+                    if not _tile_is_live(mask, mask_index, mask_live, bh, qt, kt):
+                        continue
+                    i0 = qt * block_q
+                    mb = min(block_q, n_q - i0)
+                    q_tile = q[bh, i0 : i0 + mb]
+                    do_tile = dout[bh, i0 : i0 + mb]
+                    st = s_flat[: mb * nb].reshape((mb, nb))
+                    dpt = dp_flat[: mb * nb].reshape((mb, nb))
+                    tht = th_flat[: mb * nb].reshape((mb, nb)) if use_cap else st
+                    np.dot(q_tile, k_tile.T, st)
+                    need_band = _needs_band(i0, mb, j0, nb, band)
+                    _tile_terms(
+                        st,
+                        tht,
+                        bh,
+                        i0,
+                        j0,
+                        mask,
+                        mask_index,
+                        slopes,
+                        band,
+                        softcap,
+                        need_band,
+                        True,
+                    )
+                    p_sum = like(0.0, q)
+                    for r in range(mb):
+                        row = st[r]
+                        shift = lse_t[bh, i0 + r]
+                        if shift == neg_inf:
+                            row[:] = 0.0
+                        else:
+                            # LLVM vectorises this loop only if its sum is used: kept in sink
+                            p_sum += exp2_shift_sum(row, shift)
+                    sink[0] += p_sum
+                    np.dot(do_tile, v_tile.T, dpt)
+                    for r in range(mb):
+                        row = st[r]
+                        dp_row = dpt[r]
+                        di = delta[bh, i0 + r]
+                        if use_dropout:
+                            counter0 = _row_counter(dropout, bh, i0 + r, j0)
+                            for j in range(nb):
+                                if keep(seed, counter0 + np.uint64(j), threshold):
+                                    dp_row[j] = row[j] * (dp_row[j] * drop_scale - di)
+                                    row[j] = row[j] * drop_scale
+                                else:
+                                    dp_row[j] = -row[j] * di
+                                    row[j] = 0.0
+                        else:
+                            for j in range(nb):
+                                dp_row[j] = row[j] * (dp_row[j] - di)
+                        if use_cap:
+                            th_row = tht[r]
+                            for j in range(nb):
+                                dp_row[j] *= one - th_row[j] * th_row[j]
+                    tv = tk_flat[: nb * d_v].reshape((nb, d_v))
+                    np.dot(st.T, do_tile, tv)
+                    _add_into(dv_acc[:nb], tv)
+                    tq = tq_flat[: mb * d].reshape((mb, d))
+                    np.dot(dpt, k_tile, tq)
+                    _add_into(dq_part[group, bh, i0 : i0 + mb], tq)
+                    tk = tk_flat[: nb * d].reshape((nb, d))
+                    np.dot(dpt.T, q_tile, tk)
+                    _add_into(dk_acc[:nb], tk)
             ln2 = like(LN2, q)
             for j in range(nb):
                 for c in range(d):
-                    dk[bh, j0 + j, c] = dk_acc[j, c] * ln2
-            dv[bh, j0 : j0 + nb] = dv_acc[:nb]
+                    dk[kv, j0 + j, c] = dk_acc[j, c] * ln2
+            dv[kv, j0 : j0 + nb] = dv_acc[:nb]
     factor = like(scale, q)
     if n_groups == 1:
         dq = dq_part[0]

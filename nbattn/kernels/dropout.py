@@ -1,0 +1,77 @@
+"""Counter-based dropout random numbers: one definition for the CPU and the GPU.
+
+No mask is ever stored. For the attention weight of query row ``i`` and key
+column ``j`` of the flattened (batch*head) slice ``bh`` (the QUERY head), with
+``n_q`` rows and ``n_k`` columns,
+
+    counter = (bh * n_q + i) * n_k + j                       (uint64, wrapping)
+    z = seed + (counter + 1) * 0x9E3779B97F4A7C15            (uint64, wrapping)
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EB
+    z = z ^ (z >> 31)
+    keep  <=>  (z >> 40) >= threshold,   threshold = round(dropout_p * 2**24)
+
+(the SplitMix64 finaliser of the counter). The decision depends only on the
+seed and the weight's position, never on tiling or thread count, so a given
+seed gives the same mask on every machine, on any number of threads, in the
+forward and in the backward pass (which regenerates it), and on the GPU
+(``nbattn.cuda.dropout.keep`` is the bit-for-bit twin).
+
+``dropout_seed(random_state)`` is the one way a seed is made: an int is
+taken modulo 2**64, ``None`` draws fresh entropy from NumPy, a
+``numpy.random.Generator`` gives one draw.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .. import config
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+_ONE = np.uint64(1)
+_S30 = np.uint64(30)
+_S27 = np.uint64(27)
+_S31 = np.uint64(31)
+_S40 = np.uint64(40)
+
+#: Resolution of the dropout probability: ``threshold = round(p * 2**24)``.
+DROPOUT_BITS = 24
+
+
+def dropout_threshold(dropout_p):
+    """``uint64(round(dropout_p * 2**24))``: keep a weight iff its 24 random bits are >= this."""
+    return np.uint64(round(float(dropout_p) * 2.0**DROPOUT_BITS))
+
+
+def dropout_seed(random_state):
+    """The uint64 dropout seed of ``random_state``.
+
+    int -> ``random_state mod 2**64``; None -> fresh entropy from NumPy;
+    ``numpy.random.Generator`` -> one draw of 64 bits. Anything else is a
+    ValueError naming ``random_state``.
+    """
+    if random_state is None:
+        random_state = np.random.default_rng()
+    if isinstance(random_state, np.random.Generator):
+        return np.uint64(random_state.integers(0, 2**64, dtype=np.uint64))
+    if isinstance(random_state, (bool, np.bool_)) or not isinstance(
+        random_state, (int, np.integer)
+    ):
+        raise ValueError(
+            f"random_state must be None, an int or a numpy.random.Generator, got {random_state!r}"
+        )
+    return np.uint64(int(random_state) % 2**64)
+
+
+@njit(inline="always", cache=config.CACHE)
+def keep(seed, counter, threshold):
+    """True when the weight at ``counter`` survives dropout (all three uint64)."""
+    z = seed + (counter + _ONE) * _GOLDEN
+    z = (z ^ (z >> _S30)) * _MIX1
+    z = (z ^ (z >> _S27)) * _MIX2
+    z = z ^ (z >> _S31)
+    return (z >> _S40) >= threshold
