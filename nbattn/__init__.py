@@ -20,6 +20,7 @@ __version__ = "0.1.0"
 
 #: public name -> the submodule that defines it.
 _PUBLIC = {
+    "KVCache": "decode",
     "LearnedKernelRegressor": "estimators",
     "MultiHeadAttention": "layers",
     "NadarayaWatsonClassifier": "estimators",
@@ -29,6 +30,9 @@ _PUBLIC = {
     "average_pooling": "regression",
     "flash_attention": "flash",
     "flash_attention_backward": "flash",
+    "flash_attention_varlen": "varlen",
+    "flash_attention_varlen_backward": "varlen",
+    "flash_decode": "decode",
     "hierarchical_attention": "attention",
     "load": "modelfile",
     "log_softmax": "attention",
@@ -46,6 +50,7 @@ _PUBLIC = {
 #: names are imported under TYPE_CHECKING at the end, for type checkers and
 #: IDEs; tests/test_packaging.py checks that the three lists agree.
 __all__ = [
+    "KVCache",
     "LearnedKernelRegressor",
     "MultiHeadAttention",
     "NadarayaWatsonClassifier",
@@ -56,6 +61,9 @@ __all__ = [
     "average_pooling",
     "flash_attention",
     "flash_attention_backward",
+    "flash_attention_varlen",
+    "flash_attention_varlen_backward",
+    "flash_decode",
     "hierarchical_attention",
     "load",
     "log_softmax",
@@ -127,6 +135,7 @@ if TYPE_CHECKING:
         multi_head_attention,
         softmax,
     )
+    from .decode import KVCache, flash_decode
     from .estimators import (
         LearnedKernelRegressor,
         NadarayaWatsonClassifier,
@@ -137,3 +146,4 @@ if TYPE_CHECKING:
     from .learning import loo_bandwidth, loo_loss, loo_loss_and_grad
     from .modelfile import load, save
     from .regression import average_pooling, nadaraya_watson
+    from .varlen import flash_attention_varlen, flash_attention_varlen_backward

@@ -180,3 +180,18 @@ DASK_CONNECT_TIMEOUT = _env_int("DASK_CONNECT_TIMEOUT", 30, compiled=False)
 #: cache on. Kernel modules read this when they are imported.
 _OVERRIDDEN = sorted(name for name in _COMPILED_TUNABLES if "NBATTN_" + name in os.environ)
 CACHE = os.environ.get("NBATTN_CACHE", "0" if _OVERRIDDEN else "1") not in ("0", "false", "False")
+
+# --- Decoding over a key/value cache (nbattn.decode, nbattn.kernels.decode) -----
+
+#: Keys per block of the split-KV decode kernel's online softmax: one score
+#: block per query row, in L1. Read at every call.
+DECODE_BLOCK_K = _env_int("DECODE_BLOCK_K", 256, compiled=False)
+
+#: Fewest keys a split-KV chunk gets: below it the per-chunk state and the
+#: merge cost more than the parallelism saves. Read at every call.
+DECODE_MIN_SPLIT_KEYS = _env_int("DECODE_MIN_SPLIT_KEYS", 512, compiled=False)
+
+#: Work items (batch row x kv head x chunk) per numba thread that the decode
+#: split aims at, so that threads finishing early find more work. Read at
+#: every call.
+DECODE_ITEMS_PER_THREAD = _env_int("DECODE_ITEMS_PER_THREAD", 4, compiled=False)

@@ -51,6 +51,8 @@ KERNELS = {
     ("scores", "cpu"): "nbattn.kernels.scores",
     ("softmax", "cpu"): "nbattn.kernels.softmax",
     ("attention", "cpu"): "nbattn.kernels.attention",
+    ("decode", "cpu"): "nbattn.kernels.decode",
+    ("varlen", "cpu"): "nbattn.kernels.varlen",
 }
 
 

@@ -247,3 +247,149 @@ def test_fully_masked_row_torch_nan_nbattn_bias(rng):
     assert np.isnan(ref.numpy()[0, 0]).all() or np.allclose(ref.numpy()[0, 0], layer.out_proj_bias)
     assert_close(out[0, 0], layer.out_proj_bias)
     np.testing.assert_allclose(out[0, 1:], ref.numpy()[0, 1:], rtol=1e-12, atol=1e-12)
+
+
+# --------------------------------------------------------------------------- grouped-query heads
+def _gqa_reference(layer, query, key, value, causal=False):
+    """Per-head NumPy attention with kv head h // (H / H_kv), then the output projection."""
+    H, H_kv, d = layer.num_heads, layer.num_kv_heads, layer.head_dim
+    E, E_kv = layer.embed_dim, H_kv * d
+    b = layer.in_proj_bias if layer.in_proj_bias is not None else np.zeros(E + 2 * E_kv)
+    bo = layer.out_proj_bias if layer.out_proj_bias is not None else np.zeros(E)
+
+    def heads(x, w, bias, n):
+        y = x @ w.T + bias
+        return np.swapaxes(y.reshape(y.shape[:-1] + (n, d)), -2, -3)
+
+    qh = heads(query, layer.q_proj_weight, b[:E], H)
+    kh = heads(key, layer.k_proj_weight, b[E : E + E_kv], H_kv)
+    vh = heads(value, layer.v_proj_weight, b[E + E_kv :], H_kv)
+    outs = [
+        naive.attention_bottom_right(qh[i], kh[i], vh[i], causal=causal, bottom_right=False)[0]
+        for i in range(query.shape[0])
+    ]
+    concat = np.swapaxes(np.stack(outs), 1, 2).reshape(query.shape[:-1] + (E,))
+    return concat @ layer.out_proj_weight.T + bo
+
+
+@pytest.mark.parametrize("num_kv_heads", [1, 2])
+@pytest.mark.parametrize("causal", [False, True])
+def test_grouped_query_layer_matches_numpy(rng, num_kv_heads, causal):
+    layer = nbattn.MultiHeadAttention(12, 4, num_kv_heads=num_kv_heads, random_state=5)
+    d = 3
+    assert layer.in_proj_weight is None
+    assert layer.k_proj_weight.shape == (num_kv_heads * d, 12)
+    assert layer.in_proj_bias.shape == (12 + 2 * num_kv_heads * d,)
+    layer.in_proj_bias[:] = rng.normal(size=layer.in_proj_bias.shape)
+    layer.out_proj_bias[:] = rng.normal(size=12)
+    x = rng.normal(size=(2, 5, 12))
+    kv = rng.normal(size=(2, 7, 12))
+    out, w = layer(x, kv, kv, causal=causal)
+    assert_close(out, _gqa_reference(layer, x, kv, kv, causal=causal))
+    assert w.shape == (2, 5, 7)
+
+
+def test_grouped_query_layer_matches_torch_enable_gqa(rng):
+    torch = pytest.importorskip("torch")
+    layer = nbattn.MultiHeadAttention(16, 8, num_kv_heads=2, kdim=5, vdim=6, random_state=1)
+    layer.in_proj_bias[:] = rng.normal(size=layer.in_proj_bias.shape)
+    x, key, value = (
+        rng.normal(size=(2, 4, 16)),
+        rng.normal(size=(2, 9, 5)),
+        rng.normal(size=(2, 9, 6)),
+    )
+    b = layer.in_proj_bias
+    T = torch.tensor
+
+    def heads(a, w, bias, n):
+        y = T(a) @ T(w).T + T(bias)
+        return y.reshape(2, -1, n, 2).transpose(1, 2)
+
+    qh = heads(x, layer.q_proj_weight, b[:16], 8)
+    kh = heads(key, layer.k_proj_weight, b[16:20], 2)
+    vh = heads(value, layer.v_proj_weight, b[20:], 2)
+    o = torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, enable_gqa=True)
+    ref = o.transpose(1, 2).reshape(2, 4, 16) @ T(layer.out_proj_weight).T
+    out, _ = layer(x, key, value, need_weights=False)
+    np.testing.assert_allclose(out, ref.numpy() + layer.out_proj_bias, rtol=1e-12, atol=1e-12)
+
+
+def test_grouped_query_state_dict_round_trip(rng):
+    layer = nbattn.MultiHeadAttention(8, 4, num_kv_heads=2, random_state=0)
+    layer.in_proj_bias[:] = rng.normal(size=layer.in_proj_bias.shape)
+    state = layer.state_dict()
+    assert set(state) == {
+        "q_proj_weight",
+        "k_proj_weight",
+        "v_proj_weight",
+        "in_proj_bias",
+        "out_proj.weight",
+        "out_proj.bias",
+    }
+    other = nbattn.MultiHeadAttention(8, 4, num_kv_heads=2, random_state=1).load_state_dict(state)
+    x = rng.normal(size=(2, 3, 8))
+    assert np.array_equal(other(x, x, x)[0], layer(x, x, x)[0])
+    with pytest.raises(ValueError, match=r"state\['k_proj_weight'\] has shape"):
+        nbattn.MultiHeadAttention(8, 4, random_state=1, kdim=3).load_state_dict(
+            {
+                **nbattn.MultiHeadAttention(8, 4, kdim=3).state_dict(),
+                "k_proj_weight": state["k_proj_weight"],
+            }
+        )
+    with pytest.raises(ValueError, match="num_heads=4 is not divisible by num_kv_heads=3"):
+        nbattn.MultiHeadAttention(8, 4, num_kv_heads=3)
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        nbattn.MultiHeadAttention(8, 4, num_kv_heads=0)
+
+
+# --------------------------------------------------------------------------- incremental decoding
+@pytest.mark.parametrize(
+    "num_kv_heads, rotary_base, bias",
+    [(4, None, True), (2, None, True), (1, 100.0, True), (4, 50.0, False)],
+)
+def test_step_by_step_decoding_equals_the_full_causal_forward(rng, num_kv_heads, rotary_base, bias):
+    layer = nbattn.MultiHeadAttention(
+        8, 4, num_kv_heads=num_kv_heads, rotary_base=rotary_base, bias=bias, random_state=3
+    )
+    if bias:
+        layer.in_proj_bias[:] = rng.normal(size=layer.in_proj_bias.shape)
+        layer.out_proj_bias[:] = rng.normal(size=8)
+    x = rng.normal(size=(2, 10, 8))
+    full, _ = layer(x, x, x, causal=True)
+    cache = layer.new_cache(2, capacity=3)  # grows on the way
+    pieces = []
+    for a, b in ((0, 4), (4, 5), (5, 6), (6, 8), (8, 9), (9, 10)):  # a prefill, then steps
+        step = x[:, a:b]
+        out, weights = layer(step, step, step, causal=True, cache=cache)
+        assert weights is None and out.shape == (2, b - a, 8)
+        pieces.append(out)
+    np.testing.assert_allclose(np.concatenate(pieces, axis=1), full, rtol=1e-10, atol=1e-10)
+    assert cache.lengths.tolist() == [10, 10]
+
+
+def test_self_attention_decoding_float32(rng):
+    sa = nbattn.SelfAttention(8, num_heads=2, num_kv_heads=1, causal=True, dtype="float32")
+    x = rng.normal(size=(1, 6, 8)).astype(np.float32)
+    full, _ = sa(x)
+    cache = sa.new_cache(1)
+    steps = [sa(x[:, t : t + 1], cache=cache)[0] for t in range(6)]
+    got = np.concatenate(steps, axis=1)
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, full, rtol=0, atol=2e-5 * np.abs(full).max())
+
+
+def test_decoding_validation(rng):
+    layer = nbattn.MultiHeadAttention(8, 4, num_kv_heads=2)
+    x = rng.normal(size=(2, 1, 8))
+    with pytest.raises(ValueError, match="cache holds"):
+        layer(x, x, x, cache=nbattn.KVCache(2, 4, 2))
+    with pytest.raises(ValueError, match="cache must be a KVCache"):
+        layer(x, x, x, cache={})
+    cache = layer.new_cache(2)
+    with pytest.raises(ValueError, match="not supported with cache"):
+        layer(x, x, x, cache=cache, mask=np.ones((1, 1), bool))
+    with pytest.raises(ValueError, match="B = 2"):
+        layer(x[:1], x[:1], x[:1], cache=cache)
+    with pytest.raises(ValueError, match="query must be 3-D"):
+        layer(x[0], x[0], x[0], cache=cache)
+    assert cache.lengths.tolist() == [0, 0]  # nothing appended by the refused calls

@@ -1,0 +1,327 @@
+"""Attention over packed variable-length batches (FlashAttention's ``varlen`` form).
+
+Instead of padding a batch of sequences to one length, concatenate them
+along the sequence axis and say where each starts:
+
+    q (..., T_q, E),  k (..., T_k, E),  v (..., T_k, Ev)
+    cu_seqlens_q = [0, n_1, n_1 + n_2, ..., T_q]   (int, n_seqs + 1 entries)
+    cu_seqlens_k = [0, m_1, m_1 + m_2, ..., T_k]
+
+Sequence s is q rows ``cu_seqlens_q[s] .. cu_seqlens_q[s+1] - 1`` against k/v
+rows ``cu_seqlens_k[s] .. cu_seqlens_k[s+1] - 1``; nothing attends across a
+boundary, and the result is what :func:`nbattn.flash_attention` gives on
+each sequence alone (same keywords), packed the same way. The leading
+dimensions are the heads (and anything else that broadcasts, as in
+:func:`nbattn.flash_attention`); ``enable_gqa`` lets k and v have fewer heads.
+Empty sequences (equal consecutive offsets) are allowed.
+
+The work runs in one parallel loop over (sequence, head, query tile) items
+that call the flash kernels on views of the packed arrays
+(``nbattn.kernels.varlen``): no padding, no per-sequence copies, and no
+Python loop over the sequences.
+
+Masks: there is no ``mask`` keyword (FlashAttention's varlen has none
+either). A mask per sequence would be a ragged array; causal attention,
+windows and the alignment cover the usual packed-batch cases, and a
+sequence that needs an arbitrary mask can go through
+:func:`nbattn.flash_attention` on its own.
+
+Dropout: the weight of (query slice bh, packed row i, packed column j) is
+kept or dropped by the counter (bh * T_q + i) * T_k + j of
+``nbattn.kernels.dropout``, with the packed indices; so the packed call and
+one :func:`nbattn.flash_attention` call over the full (T_q, T_k) problem with
+the same seed drop the same weights inside the sequences' diagonal blocks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import config
+from ._flash_args import band, check_keywords, dropout_words, kv_layout
+from ._layout import flat_batch, unbroadcast
+from ._lengths import as_cu_seqlens, check_max_seqlen
+from ._threads import blas_one_thread, serial_below
+from ._validation import (
+    as_float_array,
+    check_bool,
+    check_dot_range,
+    check_scale,
+    resolve_dtype,
+)
+from .device import device_for, kernels_for
+from .kernels.flash import LOG2E
+
+__all__ = ["flash_attention_varlen", "flash_attention_varlen_backward"]
+
+
+class _Packed:
+    """Checked, laid-out arrays and per-sequence data of one varlen call."""
+
+    def __init__(
+        self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, kw, scale, others
+    ):
+        dtype = resolve_dtype(None, q, k, v, *others)
+        q = as_float_array(q, "q", min_ndim=2, dtype=dtype, allow_bool=False)
+        k = as_float_array(k, "k", min_ndim=2, dtype=dtype, allow_bool=False)
+        v = as_float_array(v, "v", min_ndim=2, dtype=dtype, allow_bool=False)
+        if q.shape[-1] != k.shape[-1]:
+            raise ValueError(f"q has E={q.shape[-1]} features but k has {k.shape[-1]}")
+        if k.shape[-2] != v.shape[-2]:
+            raise ValueError(f"k has T_k={k.shape[-2]} packed keys but v has {v.shape[-2]}")
+        if kw.enable_gqa and (q.ndim < 3 or k.ndim < 3 or v.ndim < 3):
+            raise ValueError(
+                "enable_gqa needs a head axis (-3) on q, k and v, got shapes "
+                f"{q.shape}, {k.shape}, {v.shape}"
+            )
+        t_q, t_k = q.shape[-2], k.shape[-2]
+        self.cu_q = as_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", t_q)
+        self.cu_k = as_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", t_k)
+        if self.cu_q.shape != self.cu_k.shape:
+            raise ValueError(
+                f"cu_seqlens_q describes {self.cu_q.size - 1} sequences but cu_seqlens_k "
+                f"{self.cu_k.size - 1}; they must describe the same sequences"
+            )
+        self.len_q = np.diff(self.cu_q)
+        self.len_k = np.diff(self.cu_k)
+        check_max_seqlen(max_seqlen_q, "max_seqlen_q", self.len_q)
+        check_max_seqlen(max_seqlen_k, "max_seqlen_k", self.len_k)
+        self.scale = check_scale(scale, q.shape[-1])
+        check_dot_range(q, k, self.scale * LOG2E, dtype)
+        self.lead, self.kv_lead, self.kv_index = kv_layout(q.shape, k.shape, v.shape, kw.enable_gqa)
+        self.dtype = dtype
+        self.shapes = (q.shape, k.shape, v.shape)
+        self.qf = flat_batch(q, self.lead, dtype)
+        self.qf *= dtype(self.scale * LOG2E)
+        self.kf = flat_batch(k, self.kv_lead, dtype)
+        self.vf = flat_batch(v, self.kv_lead, dtype)
+        # One band for all: its unbounded sides (T_q + T_k + 1) exceed every
+        # sequence's; only the bottom-right offset is per sequence.
+        base = band(kw, t_q, t_k)
+        offsets = self.len_k - self.len_q if kw.causal_alignment == "bottom_right" else 0
+        self.bands = np.empty((self.len_q.size, 3), dtype=np.int64)
+        self.bands[:, 0] = offsets
+        self.bands[:, 1:] = base[1:]
+        self.softcap = 0.0 if kw.softcap is None else kw.softcap * LOG2E
+
+    @property
+    def work(self):
+        """Multiply-adds over all sequences (without the band), for the thread rule."""
+        n_bh = self.qf.shape[0]
+        return n_bh * int(self.len_q @ self.len_k) * (self.qf.shape[2] + self.vf.shape[2])
+
+    def forward_items(self, block_q):
+        """(sequence, bh, i0, i1) per query tile of every sequence and slice, largest first."""
+        n_bh = self.qf.shape[0]
+        tiles = -(-self.len_q // block_q)
+        seq = np.repeat(np.arange(self.len_q.size), tiles)
+        first = np.arange(seq.size) - np.repeat(np.cumsum(tiles) - tiles, tiles)
+        i0 = first * block_q
+        i1 = np.minimum(i0 + block_q, self.len_q[seq])
+        cost = (i1 - i0) * self.len_k[seq]
+        order = np.argsort(-cost, kind="stable")
+        per_slice = np.stack([seq[order], i0[order], i1[order]], axis=1)
+        items = np.empty((per_slice.shape[0] * n_bh, 4), dtype=np.int64)
+        items[:, 0] = np.repeat(per_slice[:, 0], n_bh)
+        items[:, 1] = np.tile(np.arange(n_bh), per_slice.shape[0])
+        items[:, 2] = np.repeat(per_slice[:, 1], n_bh)
+        items[:, 3] = np.repeat(per_slice[:, 2], n_bh)
+        return items
+
+    def backward_items(self):
+        """(sequence, kv slice) of every non-empty sequence, largest first; and the readers."""
+        n_kv = self.kf.shape[0]
+        busy = np.flatnonzero((self.len_q > 0) | (self.len_k > 0))
+        order = busy[np.argsort(-(self.len_q[busy] * self.len_k[busy]), kind="stable")]
+        items = np.empty((order.size * n_kv, 2), dtype=np.int64)
+        items[:, 0] = np.repeat(order, n_kv)
+        items[:, 1] = np.tile(np.arange(n_kv), order.size)
+        readers = np.argsort(self.kv_index, kind="stable").astype(np.int64)
+        counts = np.bincount(self.kv_index, minlength=n_kv)
+        reader_start = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        return items, readers, reader_start
+
+
+def _run(kernel, work, *args):
+    """Call a varlen kernel with BLAS on one thread and the items handed out one by one."""
+    import numba
+
+    with blas_one_thread(), serial_below(work, config.FLASH_SERIAL_WORK):
+        with numba.parallel_chunksize(1):
+            return kernel(*args)
+
+
+def flash_attention_varlen(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q=None,
+    max_seqlen_k=None,
+    causal=False,
+    scale=None,
+    return_lse=False,
+    enable_gqa=False,
+    window=None,
+    causal_alignment="top_left",
+    softcap=None,
+    dropout_p=0.0,
+    random_state=None,
+    device="cpu",
+):
+    """Blocked attention over sequences packed along the sequence axis.
+
+    For sequence s with queries Q_s (rows cu_seqlens_q[s] .. cu_seqlens_q[s+1] - 1)
+    and keys/values K_s, V_s (rows cu_seqlens_k[s] ..):
+
+        out[Q_s] = flash_attention(Q_s, K_s, V_s, <the same keywords>)
+
+    Parameters
+    ----------
+    q, k, v : array_like (..., T_q, E), (..., T_k, E), (..., T_k, Ev)
+        The packed sequences; the leading dimensions (heads) broadcast.
+        float32 stays float32 when all three are float32, else float64.
+    cu_seqlens_q, cu_seqlens_k : int arrays (n_seqs + 1,)
+        Offsets of the sequences: start at 0, non-decreasing, end at T_q
+        (T_k). Equal neighbours are empty sequences.
+    max_seqlen_q, max_seqlen_k : int, optional
+        The longest sequence (FlashAttention's arguments): checked to be at
+        least that, otherwise unused (the lengths come from the offsets).
+    causal, scale, return_lse, enable_gqa, window, causal_alignment, softcap
+        As in :func:`nbattn.flash_attention`, per sequence (a bottom-right
+        alignment aligns each sequence's last query with its last key).
+    dropout_p, random_state
+        As in :func:`nbattn.flash_attention`, with the packed indices in the
+        dropout counter (see the module notes).
+    device : "cpu" or "auto"
+        The varlen kernels run on the CPU.
+
+    Returns
+    -------
+    out : ndarray (..., T_q, Ev), or ``(out, lse)`` with lse (..., T_q) float64.
+        Queries of a sequence without keys get zeros and lse = -inf.
+    """
+    return_lse = check_bool(return_lse, "return_lse")
+    kw = check_keywords(causal, enable_gqa, window, causal_alignment, softcap, dropout_p)
+    kernels = kernels_for("varlen", device_for(device, q, k, v))
+    packed = _Packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, kw, scale, ())
+    t_q, t_k = packed.qf.shape[1], packed.kf.shape[1]
+    dropout, keep_scale = dropout_words(kw.dropout_p, random_state, t_q, t_k)
+    block_q, block_k = config.FLASH_BLOCK_Q, config.FLASH_BLOCK_K
+    out, lse = _run(
+        kernels.varlen_forward,
+        packed.work,
+        packed.qf,
+        packed.kf,
+        packed.vf,
+        packed.kv_index,
+        packed.cu_q,
+        packed.cu_k,
+        packed.forward_items(block_q),
+        packed.bands,
+        packed.softcap,
+        dropout,
+        keep_scale,
+        block_q,
+        block_k,
+    )
+    out = out.reshape(packed.lead + (t_q, packed.vf.shape[2]))
+    return (out, lse.reshape(packed.lead + (t_q,))) if return_lse else out
+
+
+def _check_results(out, lse, grad_out, lead, n_q, d_v, dtype):
+    """The forward's out, lse and the incoming grad_out, checked against the shapes."""
+    out_shape = lead + (n_q, d_v)
+    out = as_float_array(out, "out", min_ndim=2, dtype=dtype, allow_bool=False)
+    grad_out = as_float_array(grad_out, "grad_out", min_ndim=2, dtype=dtype, allow_bool=False)
+    lse = as_float_array(lse, "lse", min_ndim=1, dtype="float64", allow_neg_inf=True)
+    for name, arr, shape in (
+        ("out", out, out_shape),
+        ("grad_out", grad_out, out_shape),
+        ("lse", lse, lead + (n_q,)),
+    ):
+        if arr.shape != shape:
+            raise ValueError(f"{name} must have shape {shape}, got {arr.shape}")
+    return out, lse, grad_out
+
+
+def flash_attention_varlen_backward(
+    q,
+    k,
+    v,
+    out,
+    lse,
+    grad_out,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q=None,
+    max_seqlen_k=None,
+    causal=False,
+    scale=None,
+    enable_gqa=False,
+    window=None,
+    causal_alignment="top_left",
+    softcap=None,
+    dropout_p=0.0,
+    random_state=None,
+    device="cpu",
+):
+    """Gradients of :func:`flash_attention_varlen`: ``(dq, dk, dv)``.
+
+    Per sequence the gradients of :func:`nbattn.flash_attention_backward`
+    (see there for the formulas), packed as the inputs are. ``out`` and
+    ``lse`` are the forward's (``return_lse=True``); with ``dropout_p > 0``
+    ``random_state`` must be the int seed the forward used (the mask is
+    regenerated from it). Gradients are summed over broadcast leading
+    dimensions, and over the query heads sharing a key/value head under
+    ``enable_gqa``.
+    """
+    kw = check_keywords(causal, enable_gqa, window, causal_alignment, softcap, dropout_p)
+    kernels = kernels_for("varlen", device_for(device, q, k, v, out, lse, grad_out))
+    packed = _Packed(
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        kw,
+        scale,
+        (out, grad_out),
+    )
+    t_q, t_k = packed.qf.shape[1], packed.kf.shape[1]
+    out, lse, grad_out = _check_results(
+        out, lse, grad_out, packed.lead, t_q, packed.vf.shape[2], packed.dtype
+    )
+    dropout, keep_scale = dropout_words(kw.dropout_p, random_state, t_q, t_k, for_backward=True)
+    items, readers, reader_start = packed.backward_items()
+    dq, dk, dv = _run(
+        kernels.varlen_backward,
+        packed.work,
+        packed.qf,
+        packed.kf,
+        packed.vf,
+        flat_batch(out, packed.lead, packed.dtype),
+        np.ascontiguousarray(lse.reshape(-1, t_q), dtype=np.float64),
+        flat_batch(grad_out, packed.lead, packed.dtype),
+        readers,
+        reader_start,
+        packed.cu_q,
+        packed.cu_k,
+        items,
+        packed.bands,
+        packed.softcap,
+        dropout,
+        keep_scale,
+        packed.scale,
+        config.FLASH_BWD_BLOCK_Q,
+        config.FLASH_BWD_BLOCK_K,
+    )
+    q_shape, k_shape, v_shape = packed.shapes
+    return (
+        unbroadcast(dq.reshape(packed.lead + dq.shape[1:]), q_shape),
+        unbroadcast(dk.reshape(packed.kv_lead + dk.shape[1:]), k_shape),
+        unbroadcast(dv.reshape(packed.kv_lead + dv.shape[1:]), v_shape),
+    )
