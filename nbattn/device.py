@@ -52,6 +52,7 @@ KERNELS = {
     ("softmax", "cpu"): "nbattn.kernels.softmax",
     ("attention", "cpu"): "nbattn.kernels.attention",
     ("decode", "cpu"): "nbattn.kernels.decode",
+    ("decode", "cuda"): "nbattn.cuda.decode",
     ("varlen", "cpu"): "nbattn.kernels.varlen",
 }
 

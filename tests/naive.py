@@ -682,29 +682,6 @@ def flash_features_backward(
 # ------------------------------------------------ flash kernels' layout (slices, band, drop)
 
 
-def splitmix_keep(seed, counter, threshold):
-    """The dropout decision of one weight, in Python integers (exact, wrapping mod 2**64)."""
-    full = 2**64 - 1
-    z = (int(seed) + (int(counter) + 1) * 0x9E3779B97F4A7C15) & full
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & full
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & full
-    z ^= z >> 31
-    return (z >> 40) >= int(threshold)
-
-
-def dropout_scales(seed, n_bh, n_q, n_k, dropout_p):
-    """(BH, L, S) factors Z: 1 / (1 - p) where the weight is kept, 0 where dropped
-    (counter (bh * L + i) * S + j)."""
-    threshold = round(dropout_p * 2**24)
-    z = np.zeros((n_bh, n_q, n_k))
-    for bh in range(n_bh):
-        for i in range(n_q):
-            for j in range(n_k):
-                if splitmix_keep(seed, (bh * n_q + i) * n_k + j, threshold):
-                    z[bh, i, j] = 1.0 / (1.0 - dropout_p)
-    return z
-
-
 def _slice_scores(q, k, kv_index, scale, bias, band, softcap, slopes):
     q = np.asarray(q, dtype=np.float64)
     k = np.asarray(k, dtype=np.float64)[np.asarray(kv_index)]

@@ -73,7 +73,7 @@ def test_keep_equals_the_integer_reference(rng):
         threshold = round(p * 2**24)
         counts = _counts(rng, 96)
         got = _device_keep(seed, counts, threshold)
-        ref = [naive.splitmix_keep(seed, int(c), threshold) for c in counts]
+        ref = [naive.dropout_keep(seed, int(c), threshold) for c in counts]
         np.testing.assert_array_equal(got, ref)
 
 
@@ -152,7 +152,7 @@ def _run(q, k, v, kv_index, scale, *, mask=None, mask_index=None, bias=None, ban
     drop = None
     if dropout_p > 0:
         words[:4] = [seed, round(dropout_p * 2**24), n_q, n_k]
-        drop = naive.dropout_scales(seed, n_bh, n_q, n_k, dropout_p)
+        drop = naive.dropout_factors(seed, n_bh, n_q, n_k, dropout_p)
     cap = 0.0 if softcap is None else softcap * LOG2E
     args = (
         kv_index, kernel_mask, index, None, kernel_slopes, np.array(band), cap, words,
@@ -260,7 +260,7 @@ def test_dropout_counters_follow_the_packed_offsets(rng):
     drops what the whole array drops there."""
     q, k, v = _case(rng, np.float64, n_bh=2, n_kv=2, n_q=10, n_k=12)
     seed, p = 99, 0.4
-    full = naive.dropout_scales(seed, 2, 10, 12, p)
+    full = naive.dropout_factors(seed, 2, 10, 12, p)
     words = np.array([seed, round(p * 2**24), 10, 12, 3, 5], dtype=np.uint64)
     args = (np.arange(2), np.zeros((0, 1, 1)), np.zeros(2, np.int64), None, np.zeros(0))
     args += (np.array([0, FAR, FAR]), 0.0, words, 1 / (1 - p))
