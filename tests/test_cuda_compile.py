@@ -76,6 +76,7 @@ def test_every_kernel_compiles_and_assembles(ptx, dtype):
     )
     if dtype == "float64":  # float32 with every flash term: test_flash_feature_kernels
         cases += ptx.layout_cases() + ptx.flash_cases(dtype, 6, 5, 2, True, True, True)
+    cases += ptx.decode_cases(dtype, 3, 5)
     for case in cases:
         _usage(ptx, _compile(ptx, case))
 
@@ -123,6 +124,14 @@ def test_flash_feature_kernels(ptx):
     for case, before in ((dq, 256), (dk, 232)):
         usage = _usage_or_skip(ptx, texts[case.name])
         assert usage.spill_stores <= before * 1.1, (case.name, usage)
+
+
+def test_decode_kernel_at_head_size_128(ptx):
+    """Split-KV decoding at D = Ev = 128 float32 (the decode benchmark's heads): the
+    query row and the accumulator stay in registers (no local memory)."""
+    (case,) = ptx.decode_cases("float32", 128, 128)
+    usage = _usage_or_skip(ptx, _compile(ptx, case))
+    assert usage.spill_stores == usage.spill_loads == usage.stack == 0, (case.name, usage)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import math
 
+import numba
 import numpy as np
 from numba import cuda, types
 
@@ -57,6 +58,8 @@ LN2 = 0.6931471805599453
 
 def _make_decode_kernel(float_type, d, d_v):
     zero = float_type(0.0)
+    itemsize = np.dtype(float_type).itemsize
+    row_type = numba.from_dtype(np.dtype(float_type))
     minus_inf = -math.inf
     exp2 = exp2_for(np.float64)  # states in float64: exp2 of float64 differences
 
@@ -72,11 +75,9 @@ def _make_decode_kernel(float_type, d, d_v):
         return lo, hi
 
     @cuda.jit(device=True, inline=True)
-    def row_state(q, k_cache, v_cache, b, hk, h, i, j_lo, j_hi, factor, cap, acc):
-        """(m, l) of row (b, h, i) over keys j_lo..j_hi - 1 (base 2); acc (Ev) relative to m."""
-        q_row = cuda.local.array(d, dtype=float_type)
-        for f in range(d):
-            q_row[f] = q[b, h, i, f] * factor
+    def row_state(rows, q_base, k_cache, v_cache, b, hk, j_lo, j_hi, cap, acc):
+        """(m, l) over keys j_lo..j_hi - 1 (base 2) of the scaled query row at
+        rows[q_base:q_base + d] (shared memory); acc (Ev) relative to m."""
         for c in range(d_v):
             acc[c] = zero
         m = minus_inf
@@ -84,7 +85,7 @@ def _make_decode_kernel(float_type, d, d_v):
         for j in range(j_lo, j_hi):
             s = zero
             for f in range(d):
-                s += q_row[f] * k_cache[b, hk, j, f]
+                s += rows[q_base + f] * k_cache[b, hk, j, f]
             if cap > 0.0:  # c tanh(s / c) on the natural score, then base 2
                 s = float_type(cap * math.tanh(s / cap))
             t = float(s) * LOG2E
@@ -101,15 +102,30 @@ def _make_decode_kernel(float_type, d, d_v):
                 acc[c] += wf * v_cache[b, hk, j, c]
         return m, l_sum
 
+    @cuda.jit(device=True, inline=True)
+    def write(part_out, part_lse, split, out_row, m, l_sum, acc):
+        """The chunk state of one row: out = acc / l, lse = m ln 2 + log l (zeros, -inf)."""
+        if l_sum > 0.0:
+            for c in range(d_v):
+                part_out[split, out_row, c] = float(acc[c]) / l_sum
+            part_lse[split, out_row] = m * LN2 + math.log(l_sum)
+        else:
+            for c in range(d_v):
+                part_out[split, out_row, c] = 0.0
+            part_lse[split, out_row] = minus_inf
+
     @cuda.jit
     def decode_kernel(
         q, k_cache, v_cache, totals, starts, chunks, ends, n_rep, scale, causal, left, right,
         softcap, n_sub, item0, part_out, part_lse,
     ):  # fmt: skip
-        # states of the sub-slices: T x (m, l, Ev accumulators), float64
-        shared = cuda.shared.array(0, dtype=types.float64)
+        # shared: T sub-slice states (m, l, Ev accumulators) in float64, then up to T
+        # scaled query rows in the input dtype (both views of the one dynamic array)
+        states = cuda.shared.array(0, dtype=types.float64)
+        rows = cuda.shared.array(0, dtype=row_type)
         tx = cuda.threadIdx.x
         tpb = cuda.blockDim.x
+        q_off = tpb * (d_v + 2) * 8 // itemsize
         split = cuda.blockIdx.x
         item = item0 + cuda.blockIdx.y
         n_b, n_h, n_q, _ = q.shape
@@ -123,67 +139,64 @@ def _make_decode_kernel(float_type, d, d_v):
         factor = float_type(scale)
         cap = float(softcap)
         acc = cuda.local.array(d_v, dtype=float_type)
-        if n_sub == 1:  # at least as many rows as threads: whole chunk per row
-            for r in range(tx, n_rows, tpb):
+        if n_sub == 1:  # at least as many rows as threads: rounds of one row per thread
+            for r0 in range(0, n_rows, tpb):
+                r = r0 + tx
                 h = hk * n_rep + r // n_q
                 i = r % n_q
-                lo, hi = key_range(total - n_q + i, total, causal, left, right)
-                m, l_sum = row_state(
-                    q, k_cache, v_cache, b, hk, h, i, imax(lo, j_begin), imin(hi + 1, j_end),
-                    factor, cap, acc,
-                )  # fmt: skip
-                out_row = (b * n_h + h) * n_q + i
-                if l_sum > 0.0:
-                    for c in range(d_v):
-                        part_out[split, out_row, c] = float(acc[c]) / l_sum
-                    part_lse[split, out_row] = m * LN2 + math.log(l_sum)
-                else:
-                    for c in range(d_v):
-                        part_out[split, out_row, c] = 0.0
-                    part_lse[split, out_row] = minus_inf
+                cuda.syncthreads()  # the previous round's rows are no longer read
+                if r < n_rows:
+                    for f in range(d):
+                        rows[q_off + tx * d + f] = q[b, h, i, f] * factor
+                    lo, hi = key_range(total - n_q + i, total, causal, left, right)
+                    m, l_sum = row_state(
+                        rows, q_off + tx * d, k_cache, v_cache, b, hk, imax(lo, j_begin),
+                        imin(hi + 1, j_end), cap, acc,
+                    )  # fmt: skip
+                    write(part_out, part_lse, split, (b * n_h + h) * n_q + i, m, l_sum, acc)
             return
         r = tx % n_rows
         sub = tx // n_rows
         h = hk * n_rep + r // n_q
         i = r % n_q
+        if tx < n_rows:  # the block's query rows, scaled, once
+            for f in range(d):
+                rows[q_off + tx * d + f] = q[b, h, i, f] * factor
+        cuda.syncthreads()
         width = imax(1, (j_end - j_begin + n_sub - 1) // n_sub)
         s_begin = j_begin + sub * width
         s_end = imin(j_end, s_begin + width)
-        m = minus_inf
-        l_sum = 0.0
         if sub < n_sub:
             lo, hi = key_range(total - n_q + i, total, causal, left, right)
             m, l_sum = row_state(
-                q, k_cache, v_cache, b, hk, h, i, imax(lo, s_begin), imin(hi + 1, s_end),
-                factor, cap, acc,
+                rows, q_off + r * d, k_cache, v_cache, b, hk, imax(lo, s_begin),
+                imin(hi + 1, s_end), cap, acc,
             )  # fmt: skip
             base = tx * (d_v + 2)
-            shared[base] = m
-            shared[base + 1] = l_sum
+            states[base] = m
+            states[base + 1] = l_sum
             for c in range(d_v):
-                shared[base + 2 + c] = float(acc[c])
+                states[base + 2 + c] = float(acc[c])
         cuda.syncthreads()
         if sub == 0:  # the row's first thread merges the n_sub states
             top = minus_inf
             for s in range(n_sub):
-                top = imax(top, shared[(r + s * n_rows) * (d_v + 2)])
+                top = imax(top, states[(r + s * n_rows) * (d_v + 2)])
             out_row = (b * n_h + h) * n_q + i
             if top == minus_inf:
-                for c in range(d_v):
-                    part_out[split, out_row, c] = 0.0
-                part_lse[split, out_row] = minus_inf
+                write(part_out, part_lse, split, out_row, top, 0.0, acc)
                 return
             total_l = 0.0
             for c in range(d_v):
                 part_out[split, out_row, c] = 0.0
             for s in range(n_sub):
                 base = (r + s * n_rows) * (d_v + 2)
-                if shared[base] == minus_inf:
+                if states[base] == minus_inf:
                     continue
-                weight = exp2(shared[base] - top)
-                total_l += shared[base + 1] * weight
+                weight = exp2(states[base] - top)
+                total_l += states[base + 1] * weight
                 for c in range(d_v):
-                    part_out[split, out_row, c] += shared[base + 2 + c] * weight
+                    part_out[split, out_row, c] += states[base + 2 + c] * weight
             for c in range(d_v):
                 part_out[split, out_row, c] /= total_l
             part_lse[split, out_row] = top * LN2 + math.log(total_l)
@@ -199,14 +212,19 @@ def decode_kernel(dtype, d, d_v):
     )
 
 
-def _threads(n_rows, d_v):
-    """Threads per block and sub-slices per row (see the module docstring)."""
+def _threads(n_rows, d, d_v, itemsize):
+    """Threads per block and sub-slices per row (see the module docstring): each thread
+    needs (Ev + 2) float64 for its state and d floats for a query row in shared memory."""
     tpb = config.CUDA_THREADS_PER_BLOCK
-    fit = config.CUDA_SHARED_MEMORY_BYTES // ((d_v + 2) * 8)
+    fit = config.CUDA_SHARED_MEMORY_BYTES // _shared_per_thread(d, d_v, itemsize)
     tpb = max(1, min(tpb, fit))
     if n_rows >= tpb:
         return tpb, 1
     return tpb, tpb // n_rows
+
+
+def _shared_per_thread(d, d_v, itemsize):
+    return (d_v + 2) * 8 + d * itemsize
 
 
 def decode_partials(
@@ -246,8 +264,9 @@ def decode_partials(
     if n_splits == 0 or rows == 0:
         return part_out, part_lse
     kernel = decode_kernel(np.dtype(q.dtype), d, d_v)
-    tpb, n_sub = _threads(int(n_rep) * n_q, d_v)
-    shared = tpb * (d_v + 2) * 8 if n_sub > 1 else 0
+    itemsize = np.dtype(q.dtype).itemsize
+    tpb, n_sub = _threads(int(n_rep) * n_q, d, d_v, itemsize)
+    shared = tpb * _shared_per_thread(d, d_v, itemsize)
     n_items = n_b * n_hkv
     for item0 in range(0, n_items, MAX_GRID_Y):
         items = min(MAX_GRID_Y, n_items - item0)

@@ -95,6 +95,18 @@ def flash_feature_cases(dtype, d):
     )
 
 
+def decode_cases(dtype, d, d_v):
+    """The split-KV decoding kernel (``decode.decode_partials``) at head sizes d, d_v."""
+    from . import decode
+
+    a4, i64_1 = f"{dtype}[:,:,:,::1]", "int64[::1]"
+    ints = ("int64", "float64", "boolean", "int64", "int64", "float64", "int64", "int64")
+    sig = _sig(a4, a4, a4, i64_1, i64_1, i64_1, i64_1, *ints, "float64[:,:,::1]", "float64[:,::1]")
+    return [
+        Case(f"decode partials {dtype} D={d} Dv={d_v}", decode.decode_kernel(dtype, d, d_v), sig)
+    ]
+
+
 def pooling_cases(dtype, d, n_outputs):
     from . import loo, pooling
 
@@ -172,6 +184,7 @@ def layout_cases():
 def kernel_cases():
     """The catalogue at the sizes that matter: flash D = 64 and 128 (float32 and
     float64) and, at D = 64, with every optional term and with a boolean mask;
+    split-KV decoding at D = 128;
     Nadaraya-Watson, the LOO loss, the spread and the weight matrix at d = 1
     and 8 with 1 and 8 outputs, LOO gradients with 8 and 64 entries
     per launch, the layout kernels."""
@@ -179,7 +192,7 @@ def kernel_cases():
     for dtype in ("float32", "float64"):
         for d in (64, 128):
             cases += flash_cases(dtype, d, d)
-        cases += flash_feature_cases(dtype, 64)
+        cases += flash_feature_cases(dtype, 64) + decode_cases(dtype, 128, 128)
         for d, n_outputs in ((1, 1), (8, 1), (8, 8)):
             cases += pooling_cases(dtype, d, n_outputs)
         for d in (1, 8):

@@ -90,9 +90,11 @@ def test_partials_equal_cpu_and_merge_to_dense(rng, dtype, case):
 
 
 def test_shared_budget_limits_the_block(monkeypatch):
-    """Sub-slice states need (Ev + 2) float64 per thread: a small budget, fewer threads."""
+    """Each thread needs (Ev + 2) float64 for its state and a query row of d floats in
+    shared memory: a small budget, fewer threads per block."""
     monkeypatch.setattr(config, "CUDA_THREADS_PER_BLOCK", 128)
-    monkeypatch.setattr(config, "CUDA_SHARED_MEMORY_BYTES", 64 * 10 * 8)
-    assert cuda_decode._threads(1, 8) == (64, 64)
-    assert cuda_decode._threads(3, 8) == (64, 21)
-    assert cuda_decode._threads(100, 8) == (64, 1)
+    monkeypatch.setattr(config, "CUDA_SHARED_MEMORY_BYTES", 64 * ((8 + 2) * 8 + 4 * 8))
+    assert cuda_decode._threads(1, 4, 8, 8) == (64, 64)
+    assert cuda_decode._threads(3, 4, 8, 8) == (64, 21)
+    assert cuda_decode._threads(100, 4, 8, 8) == (64, 1)
+    assert cuda_decode._threads(1, 4, 8, 4)[0] == 7168 // (80 + 16)  # float32 rows: half
