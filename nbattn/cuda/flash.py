@@ -1,19 +1,39 @@
 """Blocked (FlashAttention-style) attention on the GPU: the twin of ``nbattn.kernels.flash``.
 
-For one (batch, head) slice, with the softmax scale applied to the scores,
+For query slice bh (a flattened batch*head index) and its key/value slice
+``kv = kv_index[bh]`` (grouped-query attention and broadcast leading
+dimensions share K/V slices without copies), in base 2 as the CPU kernels:
 
-    s_ij  = scale * q_i . k_j               (j <= i only when ``causal``: top-left aligned)
-    out_i = sum_j softmax_j(s_ij) v_j,      lse_i = log sum_j exp(s_ij)
+    t_ij  = cap(q'_i . k_j) + M_ij + a (j - i)    over i + offset - left <= j <= i + offset + right
+    out_i = sum_j Z_ij 2**(t_ij - m_i) v_j / l_i,   lse_i = (m_i + log2 l_i) ln 2
 
-and the backward pass, recomputing P = exp(S - lse) tile by tile:
+with q' = q * scale * log2(e), cap(x) = c' tanh(x / c') (softcap c' = c log2 e,
+on the scaled score, before the mask), M the un-expanded mask (BM, 1 or L,
+1 or S) at slice ``mask_index[bh]`` (float, base 2, -inf = excluded; or
+boolean, True = may attend), a the ALiBi slope, Z the dropout factors (0 or
+1 / (1 - p), ``nbattn.cuda.dropout.keep`` from the seed and the weight's
+counter, the same bits as the CPU; lse is taken before dropout). The
+backward recomputes P = 2**(T - lse log2 e) tile by tile:
 
-    D_i = sum_c dO_ic O_ic,   dS = P o (dO V^T - D),
-    dQ = scale dS K,          dK = scale dS^T Q,         dV = P^T dO
+    D_i = sum_c dO_ic O_ic,   dS = P o ((dO V^T) o Z - D) o (1 - tanh^2),
+    dQ = scale dS K,          dK = ln 2 dS^T Q',        dV = (P o Z)^T dO
 
-Layout: q (BH, L, D), k (BH, S, D), v (BH, S, Dv), out and dO (BH, L, Dv),
-C-contiguous, one float dtype; lse (BH, L) float64. Unlike the CPU kernel the
-scale is an argument (so that GPU inputs need no scaled copy); results are
-device arrays.
+(dK, dV summed over the query slices that read a K/V slice). The entry
+points take the CPU kernel's arguments (see :func:`flash_forward`) and give
+device arrays; they also take the short form ``(q, k, v, scale, causal)``
+(plain attention, the user's q) that ``nbattn.flash``'s GPU path passes.
+Layout: q (BH, L, D), k (BKV, S, D), v (BKV, S, Dv), out and dO (BH, L, Dv),
+C-contiguous, one float dtype; lse (BH, L) float64.
+
+The optional terms are compile-time features (``flash_kernels``: mask kind,
+ALiBi, softcap, dropout), so plain attention compiles to the lean loop; the
+band is two integers, lo_off = offset - left and hi_off = offset + right
+(``band_offsets``), that bound each row's and each block's key loop: tiles
+outside the band are never loaded (a window costs O(L * window)). A block
+skips a key tile that its mask closes for every row (a block-wide OR,
+``block_any``, before the tile is loaded): a key-padding mask costs nothing
+for padded tiles, and no host pass over the mask is needed (the CPU's
+``mask_live`` is accepted and not used).
 
 Forward: one thread per query row, a block of ``config.CUDA_THREADS_PER_BLOCK``
 rows per (batch, head) slice (grid: row blocks x BH, in launches of at most
@@ -23,11 +43,10 @@ in tiles of ``block_k`` rows of K and V that its threads load together
 (coalesced) into shared memory; each thread reads them as broadcasts, keeps
 its scaled query row and its output accumulator in registers (local arrays
 sized by the head dimension, a compile-time constant: one kernel is compiled
-per (dtype, D, Dv)), and runs the online softmax key by key: running max m,
-running sum l (float64), rescaling the accumulator when m grows. Causal tiles
-past the block's last row are skipped. A row without any admissible key gets
-zeros and lse = -inf (with top-left causal alignment every row sees key 0, so
-this happens only if S = 0).
+per (dtype, D, Dv) and feature set), and runs the online softmax key by key: running max m,
+running sum l (float64), rescaling the accumulator when m grows. Key tiles
+outside the block's band are skipped. A row without any admissible key gets
+zeros and lse = -inf (a mask, a band or S = 0 can leave one).
 
 Backward: three kernels, no atomics. ``dq`` runs one thread per query row
 over key tiles (K and V in shared memory), computes D_i itself and writes it
@@ -40,8 +59,10 @@ same memory, results are deterministic, there is no atomic traffic on dQ
 (float atomics on one row from every key block serialise), and each kernel's
 registers fit: one kernel for dK and dV together needs K, V, dK and dV rows
 per thread (4 D floats) and spilled 448 bytes per thread at D = 64 (ptxas,
-sm_90), the split dv kernel spills nothing and dk 152 bytes. Rows with
-lse = -inf contribute nothing.
+sm_90), the split dv kernel spills nothing and dk 148 bytes. dK and dV loop
+over (reader, query tile) in one flat loop, the readers of a K/V slice
+grouped on the host (``_Terms.readers``); a nested loop spilled 208 bytes.
+Rows with lse = -inf contribute nothing.
 
 The four kernels share their tile work as device functions, built per
 (dtype, row length) by :func:`tile_functions`: ``load_rows`` (a block's
@@ -55,7 +76,8 @@ at call time) bounds D and Dv: per-thread registers hold a query row and an
 accumulator of that size, and a tile row of K and V must fit the shared
 budget. The functional layer rejects larger heads with a clear error.
 Tiles: ``block_k = min(CUDA_THREADS_PER_BLOCK, CUDA_SHARED_MEMORY_BYTES /
-((D + Dv) * itemsize))`` rows.
+((D + Dv) * itemsize))`` rows; the second array of a tile (V, dO) starts at a
+multiple of 4 floats (``aligned``) so that every tile read is a vector load.
 """
 
 from __future__ import annotations
