@@ -54,6 +54,7 @@ KERNELS = {
     ("decode", "cpu"): "nbattn.kernels.decode",
     ("decode", "cuda"): "nbattn.cuda.decode",
     ("varlen", "cpu"): "nbattn.kernels.varlen",
+    ("varlen", "cuda"): "nbattn.cuda.varlen",
 }
 
 

@@ -104,11 +104,15 @@ __all__ = [
     "BOOL_MASK",
     "FLOAT_MASK",
     "NO_MASK",
+    "backward_packed",
     "band_offsets",
     "flash_backward",
     "flash_forward",
     "flash_kernels",
+    "forward_packed",
+    "host_array",
     "tile_functions",
+    "varlen_call",
 ]
 
 LN2 = 0.6931471805599453
@@ -247,6 +251,17 @@ def _make_kernels(float_type, d, d_v, mask_kind, use_alibi, use_softcap, use_dro
         return s
 
     @cuda.jit(device=True, inline=True)
+    def sequence(item, n_slices, cu_q, cu_k, offsets):
+        """(seq, slice, first row, rows, first key, keys, lo_off, hi_off) of grid row
+        ``item`` = seq * n_slices + slice: the packed sequence's place in q and k."""
+        seq = item // n_slices
+        a_q = cu_q[seq]
+        a_k = cu_k[seq]
+        n_q = cu_q[seq + 1] - a_q
+        n_k = cu_k[seq + 1] - a_k
+        return seq, item - seq * n_slices, a_q, n_q, a_k, n_k, offsets[seq, 0], offsets[seq, 1]
+
+    @cuda.jit(device=True, inline=True)
     def capped(s, cap, inv_cap):
         """(cap tanh(s / cap), tanh(s / cap)) with a softcap, else (s, 0)."""
         if use_softcap:
@@ -256,7 +271,7 @@ def _make_kernels(float_type, d, d_v, mask_kind, use_alibi, use_softcap, use_dro
 
     @cuda.jit
     def flash_forward_kernel(
-        q, k, v, kv_index, mask, mask_index, slopes, q_factor, lo_off, hi_off, softcap,
+        q, k, v, kv_index, cu_q, cu_k, offsets, mask, mask_index, slopes, q_factor, softcap,
         seed, threshold, n_rows, n_cols, row0, col0, keep_scale, block_k, bh0, out, lse,
     ):  # fmt: skip
         # block_k x (d + d_v): K then V rows (16-byte aligned base)
@@ -266,11 +281,13 @@ def _make_kernels(float_type, d, d_v, mask_kind, use_alibi, use_softcap, use_dro
             tile = cuda.shared.array(0, dtype=types.complex128).view(float_type)
         tx = cuda.threadIdx.x
         tpb = cuda.blockDim.x
-        bh = bh0 + cuda.blockIdx.y  # launches of at most MAX_GRID_Y slices
-        n_q = q.shape[1]
-        n_k = k.shape[1]
+        seq, bh, a_q, n_q, a_k, n_k, lo_off, hi_off = sequence(
+            bh0 + cuda.blockIdx.y, q.shape[0], cu_q, cu_k, offsets
+        )
         kv = kv_index[bh]
         first = cuda.blockIdx.x * tpb
+        if first >= n_q:  # past this sequence's rows: the whole block leaves
+            return
         i = first + tx
         active = i < n_q
         m_bh = mask_index[bh] if has_mask else 0
@@ -282,7 +299,7 @@ def _make_kernels(float_type, d, d_v, mask_kind, use_alibi, use_softcap, use_dro
         acc = cuda.local.array(d_v, dtype=float_type)
         factor = float_type(q_factor)
         for f in range(d):
-            q_row[f] = q[bh, i, f] * factor if active else zero
+            q_row[f] = q[bh, a_q + i, f] * factor if active else zero
         for c in range(d_v):
             acc[c] = zero
         m = minus_inf  # base 2
@@ -299,8 +316,8 @@ def _make_kernels(float_type, d, d_v, mask_kind, use_alibi, use_softcap, use_dro
                 seen = active and any_admissible(mask, m_bh, i, j0 + a, j0 + b)
                 if not block_any(seen):
                     continue
-            load_d(tile, 0, k, kv, j0, nb, one)
-            load_v(tile, v_off, v, kv, j0, nb, one)
+            load_d(tile, 0, k, kv, a_k + j0, nb, one)
+            load_v(tile, v_off, v, kv, a_k + j0, nb, one)
             cuda.syncthreads()
             if active:
                 for jj in range(a, b):
@@ -317,7 +334,7 @@ def _make_kernels(float_type, d, d_v, mask_kind, use_alibi, use_softcap, use_dro
                     w = exp2(s - m)
                     l_sum += w
                     if use_dropout:  # the normaliser counts every weight, acc the kept
-                        count = counter(bh, row0 + i, col0 + j0 + jj, n_rows, n_cols)
+                        count = counter(bh, row0 + a_q + i, col0 + a_k + j0 + jj, n_rows, n_cols)
                         if not keep(seed, count, threshold):
                             continue
                         w *= drop_scale
@@ -327,17 +344,17 @@ def _make_kernels(float_type, d, d_v, mask_kind, use_alibi, use_softcap, use_dro
             if l_sum > 0.0:
                 inv = float_type(1.0 / l_sum)
                 for c in range(d_v):
-                    out[bh, i, c] = acc[c] * inv
-                lse[bh, i] = float(m) * LN2 + math.log(l_sum)
+                    out[bh, a_q + i, c] = acc[c] * inv
+                lse[bh, a_q + i] = float(m) * LN2 + math.log(l_sum)
             else:
                 for c in range(d_v):
-                    out[bh, i, c] = zero
-                lse[bh, i] = -math.inf
+                    out[bh, a_q + i, c] = zero
+                lse[bh, a_q + i] = -math.inf
 
     @cuda.jit
     def flash_dq_kernel(
-        q, k, v, out, lse, dout, kv_index, mask, mask_index, slopes, q_factor, scale,
-        lo_off, hi_off, softcap, seed, threshold, n_rows, n_cols, row0, col0, keep_scale,
+        q, k, v, out, lse, dout, kv_index, cu_q, cu_k, offsets, mask, mask_index, slopes,
+        q_factor, scale, softcap, seed, threshold, n_rows, n_cols, row0, col0, keep_scale,
         block_k, bh0, dq, delta,
     ):  # fmt: skip
         # block_k x (d + d_v): K then V rows (16-byte aligned base)
@@ -347,13 +364,16 @@ def _make_kernels(float_type, d, d_v, mask_kind, use_alibi, use_softcap, use_dro
             tile = cuda.shared.array(0, dtype=types.complex128).view(float_type)
         tx = cuda.threadIdx.x
         tpb = cuda.blockDim.x
-        bh = bh0 + cuda.blockIdx.y
-        n_q = q.shape[1]
-        n_k = k.shape[1]
+        seq, bh, a_q, n_q, a_k, n_k, lo_off, hi_off = sequence(
+            bh0 + cuda.blockIdx.y, q.shape[0], cu_q, cu_k, offsets
+        )
         kv = kv_index[bh]
         first = cuda.blockIdx.x * tpb
+        if first >= n_q:
+            return
         i = first + tx
         active = i < n_q
+        row = a_q + i  # in the packed arrays
         m_bh = mask_index[bh] if has_mask else 0
         slope = slopes[bh] if use_alibi else zero
         cap = float_type(softcap)
@@ -366,18 +386,18 @@ def _make_kernels(float_type, d, d_v, mask_kind, use_alibi, use_softcap, use_dro
         shift = zero
         d_i = zero
         if active:
-            active = lse[bh, i] != -math.inf
-            shift = float_type(lse[bh, i] * LOG2E)
+            active = lse[bh, row] != -math.inf
+            shift = float_type(lse[bh, row] * LOG2E)
             total = 0.0
             for c in range(d_v):
-                total += float(dout[bh, i, c]) * float(out[bh, i, c])
+                total += float(dout[bh, row, c]) * float(out[bh, row, c])
             d_i = float_type(total)
-            delta[bh, i] = d_i
+            delta[bh, row] = d_i
         for f in range(d):
-            q_row[f] = q[bh, i, f] * factor if active else zero
+            q_row[f] = q[bh, row, f] * factor if active else zero
             acc[f] = zero
         for c in range(d_v):
-            do_row[c] = dout[bh, i, c] if active else zero
+            do_row[c] = dout[bh, row, c] if active else zero
         j_begin = imax(0, first + lo_off)
         j_end = imin(n_k, imin(first + tpb, n_q) + hi_off)
         v_off = aligned(block_k * d)  # V rows start 16-byte aligned (ld.shared.v4)
@@ -389,8 +409,8 @@ def _make_kernels(float_type, d, d_v, mask_kind, use_alibi, use_softcap, use_dro
                 seen = active and any_admissible(mask, m_bh, i, j0 + a, j0 + b)
                 if not block_any(seen):
                     continue
-            load_d(tile, 0, k, kv, j0, nb, one)
-            load_v(tile, v_off, v, kv, j0, nb, one)
+            load_d(tile, 0, k, kv, a_k + j0, nb, one)
+            load_v(tile, v_off, v, kv, a_k + j0, nb, one)
             cuda.syncthreads()
             if active:
                 for jj in range(a, b):
@@ -401,7 +421,7 @@ def _make_kernels(float_type, d, d_v, mask_kind, use_alibi, use_softcap, use_dro
                     p = exp2(s - shift)
                     dp = dot_v(do_row, tile, U(v_off) + U(jj) * U(d_v))
                     if use_dropout:  # dP of the weights before dropout: (dO V^T) o Z
-                        count = counter(bh, row0 + i, col0 + j0 + jj, n_rows, n_cols)
+                        count = counter(bh, row0 + a_q + i, col0 + a_k + j0 + jj, n_rows, n_cols)
                         dp = dp * drop_scale if keep(seed, count, threshold) else zero
                     ds = p * (dp - d_i)
                     if use_softcap:
@@ -411,7 +431,7 @@ def _make_kernels(float_type, d, d_v, mask_kind, use_alibi, use_softcap, use_dro
         if i < n_q:
             factor = float_type(scale)
             for f in range(d):
-                dq[bh, i, f] = acc[f] * factor
+                dq[bh, row, f] = acc[f] * factor
 
     def make_dkdv_kernel(want_dk, want_dv):
         """One thread per key: dK (want_dk) or dV (want_dv) of its key row, summed over
@@ -419,8 +439,8 @@ def _make_kernels(float_type, d, d_v, mask_kind, use_alibi, use_softcap, use_dro
 
         @cuda.jit
         def flash_dkdv_kernel(
-            q, k, v, lse, dout, delta, readers, reader_start, mask, mask_index, slopes,
-            q_factor, lo_off, hi_off, softcap, seed, threshold, n_rows, n_cols, row0, col0,
+            q, k, v, lse, dout, delta, readers, reader_start, cu_q, cu_k, offsets, mask,
+            mask_index, slopes, q_factor, softcap, seed, threshold, n_rows, n_cols, row0, col0,
             keep_scale, block_q, kv0, dk, dv,
         ):  # fmt: skip
             # block_q x (d + d_v + 2): Q, dO, lse, D (16-byte aligned base)
@@ -430,11 +450,13 @@ def _make_kernels(float_type, d, d_v, mask_kind, use_alibi, use_softcap, use_dro
                 tile = cuda.shared.array(0, dtype=types.complex128).view(float_type)
             tx = cuda.threadIdx.x
             tpb = cuda.blockDim.x
-            kv = kv0 + cuda.blockIdx.y
+            seq, kv, a_q, n_q, a_k, n_k, lo_off, hi_off = sequence(
+                kv0 + cuda.blockIdx.y, k.shape[0], cu_q, cu_k, offsets
+            )
             first = cuda.blockIdx.x * tpb
+            if first >= n_k:
+                return
             j = first + tx
-            n_q = q.shape[1]
-            n_k = k.shape[1]
             active = j < n_k
             cap = float_type(softcap)
             inv_cap = float_type(1.0 / softcap) if use_softcap else zero
@@ -445,12 +467,12 @@ def _make_kernels(float_type, d, d_v, mask_kind, use_alibi, use_softcap, use_dro
             dk_acc = cuda.local.array(d if want_dk else 1, dtype=float_type)
             dv_acc = cuda.local.array(d_v if want_dv else 1, dtype=float_type)
             for f in range(d):
-                k_row[f] = k[kv, j, f] if active else zero
+                k_row[f] = k[kv, a_k + j, f] if active else zero
             if want_dk:
                 for f in range(d):
                     dk_acc[f] = zero
                 for c in range(d_v):
-                    v_row[c] = v[kv, j, c] if active else zero
+                    v_row[c] = v[kv, a_k + j, c] if active else zero
             if want_dv:
                 for c in range(d_v):
                     dv_acc[c] = zero
@@ -480,11 +502,11 @@ def _make_kernels(float_type, d, d_v, mask_kind, use_alibi, use_softcap, use_dro
                                 break
                     if not block_any(seen):
                         continue
-                load_d(tile, 0, q, bh, i0, mb, factor)
-                load_v(tile, do_off, dout, bh, i0, mb, one)
+                load_d(tile, 0, q, bh, a_q + i0, mb, factor)
+                load_v(tile, do_off, dout, bh, a_q + i0, mb, one)
                 for idx in range(tx, mb, tpb):
-                    tile[lse_off + idx] = float_type(lse[bh, i0 + idx] * LOG2E)
-                    tile[delta_off + idx] = delta[bh, i0 + idx]
+                    tile[lse_off + idx] = float_type(lse[bh, a_q + i0 + idx] * LOG2E)
+                    tile[delta_off + idx] = delta[bh, a_q + i0 + idx]
                 cuda.syncthreads()
                 if active:
                     for ii in range(a, b):
@@ -499,7 +521,9 @@ def _make_kernels(float_type, d, d_v, mask_kind, use_alibi, use_softcap, use_dro
                         p = exp2(s - shift)
                         pz = p  # P o Z: the weight after dropout
                         if use_dropout:
-                            count = counter(bh, row0 + i0 + ii, col0 + j, n_rows, n_cols)
+                            count = counter(
+                                bh, row0 + a_q + i0 + ii, col0 + a_k + j, n_rows, n_cols
+                            )
                             pz = p * drop_scale if keep(seed, count, threshold) else zero
                         g_base = U(do_off) + U(ii) * U(d_v)
                         if want_dv:
@@ -513,10 +537,10 @@ def _make_kernels(float_type, d, d_v, mask_kind, use_alibi, use_softcap, use_dro
                 cuda.syncthreads()
             if active and want_dk:  # dK = ln 2 dS^T Q' (Q' = the base-2 queries in the tile)
                 for f in range(d):
-                    dk[kv, j, f] = dk_acc[f] * ln2
+                    dk[kv, a_k + j, f] = dk_acc[f] * ln2
             if active and want_dv:
                 for c in range(d_v):
-                    dv[kv, j, c] = dv_acc[c]
+                    dv[kv, a_k + j, c] = dv_acc[c]
 
         return flash_dkdv_kernel
 
@@ -545,17 +569,21 @@ def flash_kernels(
     )
 
 
-def band_offsets(band, n_q, n_k):
-    """``(lo_off, hi_off)`` of a band ``(offset, left, right)``: row i sees the keys
+def band_offsets(bands, n_q, n_k):
+    """``(lo_off, hi_off)`` per band ``(offset, left, right)`` (rows of ``bands``, with
+    the lengths ``n_q``, ``n_k`` of their sequences): row i sees the keys
     i + lo_off <= j <= i + hi_off, lo_off = offset - left, hi_off = offset + right,
-    clamped to +-(n_q + n_k + 1) (a side that large is unbounded; the kernels' integer
-    bounds then never overflow)."""
-    offset, left, right = (int(x) for x in np.asarray(band).reshape(3))
-    far = n_q + n_k + 1
-    return max(offset - min(left, far), -far), min(offset + min(right, far), far)
+    clamped to +-(n_q + n_k + 1) (a side that large is unbounded; the kernels'
+    integer bounds then never overflow). Returns int64 (n, 2)."""
+    bands = np.asarray(bands, dtype=np.int64).reshape(-1, 3)
+    far = np.asarray(n_q, dtype=np.int64) + np.asarray(n_k, dtype=np.int64) + 1
+    offset, left, right = bands[:, 0], bands[:, 1], bands[:, 2]
+    lo = np.maximum(offset - np.minimum(left, far), -far)
+    hi = np.minimum(offset + np.minimum(right, far), far)
+    return np.ascontiguousarray(np.stack([lo, hi], axis=1))
 
 
-def _host(array, dtype=None):
+def host_array(array, dtype=None):
     """A host copy of a small argument array (device arrays are copied back)."""
     if hasattr(array, "copy_to_host"):
         array = array.copy_to_host()
@@ -564,18 +592,22 @@ def _host(array, dtype=None):
     return np.asarray(array, dtype=dtype)
 
 
-class _Terms:
-    """The optional terms of one call, as the kernels take them: compile-time flags,
-    device arrays (placeholders where unused) and scalars."""
+class _Call:
+    """One call's optional terms and packing as the kernels take them: compile-time
+    flags, device arrays (placeholders where unused) and scalars."""
 
-    def __init__(
-        self, q, k, kv_index, mask, mask_index, slopes, band, softcap, dropout, keep_scale
-    ):
-        n_bh, n_q = q.shape[0], q.shape[1]
-        n_k = k.shape[1]
+    def __init__(self, q, k, kv_index, cu_q, cu_k, bands, mask, mask_index, slopes, softcap,
+                 dropout, keep_scale):  # fmt: skip
+        n_bh = q.shape[0]
         if kv_index is None:  # the short form: one K/V slice per query slice
             kv_index = np.arange(n_bh, dtype=np.int64)
-        self.kv_index = _host(kv_index, np.int64)
+        self.kv_index = host_array(kv_index, np.int64)
+        cu_q, cu_k = host_array(cu_q, np.int64), host_array(cu_k, np.int64)
+        self.n_seqs = cu_q.size - 1
+        self.longest_q = int(np.diff(cu_q).max(initial=0))
+        self.longest_k = int(np.diff(cu_k).max(initial=0))
+        self.cu_q, self.cu_k = to_device(cu_q), to_device(cu_k)
+        self.offsets = to_device(band_offsets(host_array(bands), np.diff(cu_q), np.diff(cu_k)))
         if mask is None or mask.shape[0] == 0:
             self.mask_kind = NO_MASK
             mask = np.zeros((1, 1, 1), dtype=q.dtype)
@@ -583,14 +615,13 @@ class _Terms:
         else:
             self.mask_kind = BOOL_MASK if np.dtype(mask.dtype) == np.bool_ else FLOAT_MASK
         self.mask = to_device(mask)
-        self.mask_index = to_device(_host(mask_index, np.int64))
+        self.mask_index = to_device(host_array(mask_index, np.int64))
         self.alibi = slopes is not None and slopes.shape[0] > 0
         if not self.alibi:
             slopes = np.zeros(1, dtype=q.dtype)
         self.slopes = to_device(slopes)
-        self.lo_off, self.hi_off = band_offsets(band, n_q, n_k)
         self.softcap = float(softcap)
-        words = _host(dropout, np.uint64).reshape(6)
+        words = host_array(dropout, np.uint64).reshape(6)
         self.dropout = bool(words[1] > 0)
         self.scalars = (
             np.uint64(words[0]),  # seed
@@ -606,6 +637,9 @@ class _Terms:
         flags = (self.mask_kind, self.alibi, self.softcap > 0.0, self.dropout)
         return flash_kernels(dtype, d, d_v, *flags)
 
+    def packing(self):
+        return (self.cu_q, self.cu_k, self.offsets)
+
     def readers(self, n_kv):
         """The query slices that read each K/V slice, grouped: (readers, start (n_kv + 1,))."""
         order = np.argsort(self.kv_index, kind="stable").astype(np.int64)
@@ -614,16 +648,88 @@ class _Terms:
         return to_device(order), to_device(start)
 
 
+def forward_packed(call: _Call, q, k, v, q_factor=1.0):
+    """The forward launch of one call over its packed sequences: ``(out, lse)``."""
+    q, k, v = to_device(q), to_device(k), to_device(v)
+    n_bh, n_rows, d = q.shape
+    d_v = v.shape[2]
+    dtype = np.dtype(q.dtype)
+    forward = call.kernels(dtype, d, d_v)[0]
+    out = cuda.device_array((n_bh, n_rows, d_v), dtype=dtype)
+    lse = cuda.device_array((n_bh, n_rows), dtype=np.float64)
+    block_k = tile_rows(d + d_v, dtype.itemsize)
+    shared = shared_bytes(block_k * (d + d_v) + 3, dtype.itemsize)  # + 3: V aligned
+    head = (q, k, v, to_device(call.kv_index), *call.packing(), call.mask, call.mask_index)
+    terms = (call.slopes, float(q_factor), call.softcap, *call.scalars)
+
+    def args_for(b0, b1):
+        return (*head, *terms, block_k, b0, out, lse)
+
+    n_items = call.n_seqs * n_bh
+    launch(forward, call.longest_q, args_for, shared=shared, n_slices=n_items)
+    return out, lse
+
+
+def backward_packed(call: _Call, q, k, v, out, lse, dout, scale, q_factor=1.0):
+    """The backward launches of one call over its packed sequences: ``(dq, dk, dv)``."""
+    q, k, v, out, lse, dout = (to_device(a) for a in (q, k, v, out, lse, dout))
+    n_bh, n_rows, d = q.shape
+    n_kv, n_keys = k.shape[0], k.shape[1]
+    d_v = v.shape[2]
+    dtype = np.dtype(q.dtype)
+    _, dq_kernel, dk_kernel, dv_kernel = call.kernels(dtype, d, d_v)
+    dq = cuda.device_array((n_bh, n_rows, d), dtype=dtype)
+    dk = cuda.device_array((n_kv, n_keys, d), dtype=dtype)
+    dv = cuda.device_array((n_kv, n_keys, d_v), dtype=dtype)
+    delta = cuda.device_array((n_bh, n_rows), dtype=dtype)
+    masks = (*call.packing(), call.mask, call.mask_index, call.slopes)
+    words = (call.softcap, *call.scalars)
+    block_k = tile_rows(d + d_v, dtype.itemsize)
+    kv_index = to_device(call.kv_index)
+
+    def dq_args(b0, b1):
+        inputs = (q, k, v, out, lse, dout, kv_index, *masks, float(q_factor), float(scale))
+        return (*inputs, *words, block_k, b0, dq, delta)
+
+    shared = shared_bytes(block_k * (d + d_v) + 3, dtype.itemsize)
+    launch(dq_kernel, call.longest_q, dq_args, shared=shared, n_slices=call.n_seqs * n_bh)
+    block_q = tile_rows(d + d_v + 2, dtype.itemsize)
+    readers, reader_start = call.readers(n_kv)
+
+    def dkdv_args(b0, b1):
+        inputs = (q, k, v, lse, dout, delta, readers, reader_start, *masks, float(q_factor))
+        return (*inputs, *words, block_q, b0, dk, dv)
+
+    shared = shared_bytes(block_q * (d + d_v + 2) + 3, dtype.itemsize)
+    n_items = call.n_seqs * n_kv
+    launch(dv_kernel, call.longest_k, dkdv_args, shared=shared, n_slices=n_items)
+    launch(dk_kernel, call.longest_k, dkdv_args, shared=shared, n_slices=n_items)
+    return dq, dk, dv
+
+
+def _one_sequence(q, k):
+    """cu_q, cu_k of an unpacked call: one sequence of all rows and keys."""
+    return np.array([0, q.shape[1]], np.int64), np.array([0, k.shape[1]], np.int64)
+
+
 def _short_form(q, k, scale, causal):
-    """The keywords of the short call ``(q, k, v, scale, causal)``: unscaled q, top-left
-    causal or nothing, no mask, ALiBi, softcap or dropout."""
-    n_q, n_k = q.shape[1], k.shape[1]
-    far = n_q + n_k + 1
+    """The call of the short form ``(q, k, v, scale, causal)``: the user's q, top-left
+    causal or nothing, no mask, ALiBi, softcap or dropout; and the q factor."""
+    far = q.shape[1] + k.shape[1] + 1
     band = np.array([0, far, 0 if causal else far], dtype=np.int64)
-    return dict(
-        kv_index=None, mask=None, mask_index=None, slopes=None, band=band, softcap=0.0,
-        dropout=np.zeros(6, dtype=np.uint64), keep_scale=1.0,
-    ), float(scale) * LOG2E  # fmt: skip
+    words = np.zeros(6, dtype=np.uint64)
+    call = _Call(q, k, None, *_one_sequence(q, k), band, None, None, None, 0.0, words, 1.0)
+    return call, float(scale) * LOG2E
+
+
+def _full_form(q, k, args):
+    """The call of the CPU contract's arguments (kv_index, mask, mask_index, mask_live,
+    slopes, band, softcap, dropout, keep_scale, ...)."""
+    kv_index, mask, mask_index, _, slopes, band, softcap, dropout, keep_scale = args[:9]
+    return _Call(
+        q, k, kv_index, *_one_sequence(q, k), band, mask, mask_index, slopes, softcap, dropout,
+        keep_scale,
+    )  # fmt: skip
 
 
 def flash_forward(q, k, v, *args):
@@ -643,31 +749,11 @@ def flash_forward(q, k, v, *args):
     ``flash_forward(q, k, v, scale, causal)`` takes the user's q and plain
     (top-left causal) attention. Arrays may be host or device arrays.
     """
+    q, k = to_device(q), to_device(k)
     if len(args) == 2:
-        keywords, q_factor = _short_form(q, k, *args)
-    else:
-        names = ("kv_index", "mask", "mask_index", "mask_live", "slopes", "band", "softcap")
-        keywords = dict(zip(names + ("dropout", "keep_scale"), args[:9]))
-        del keywords["mask_live"]
-        q_factor = 1.0
-    q, k, v = to_device(q), to_device(k), to_device(v)
-    n_bh, n_q, d = q.shape
-    d_v = v.shape[2]
-    dtype = np.dtype(q.dtype)
-    terms = _Terms(q, k, **keywords)
-    forward = terms.kernels(dtype, d, d_v)[0]
-    out = cuda.device_array((n_bh, n_q, d_v), dtype=dtype)
-    lse = cuda.device_array((n_bh, n_q), dtype=np.float64)
-    block_k = tile_rows(d + d_v, dtype.itemsize)
-    shared = shared_bytes(block_k * (d + d_v) + 3, dtype.itemsize)  # + 3: V aligned
-    head = (q, k, v, to_device(terms.kv_index), terms.mask, terms.mask_index, terms.slopes)
-    band = (float(q_factor), terms.lo_off, terms.hi_off, terms.softcap)
-
-    def args_for(b0, b1):
-        return (*head, *band, *terms.scalars, block_k, b0, out, lse)
-
-    launch(forward, n_q, args_for, shared=shared, n_slices=n_bh)
-    return out, lse
+        call, q_factor = _short_form(q, k, *args)
+        return forward_packed(call, q, k, v, q_factor)
+    return forward_packed(_full_form(q, k, args), q, k, v)
 
 
 def flash_backward(q, k, v, out, lse, dout, *args):
@@ -687,44 +773,13 @@ def flash_backward(q, k, v, out, lse, dout, *args):
     takes the user's q. ``lse`` is float64 and may hold -inf (rows without
     keys: zero gradients).
     """
+    q, k = to_device(q), to_device(k)
     if len(args) == 2:
-        keywords, q_factor = _short_form(q, k, *args)
-        scale = float(args[0])
-    else:
-        names = ("kv_index", "mask", "mask_index", "mask_live", "slopes", "band", "softcap")
-        keywords = dict(zip(names + ("dropout", "keep_scale"), args[:9]))
-        del keywords["mask_live"]
-        q_factor, scale = 1.0, float(args[9])
-    q, k, v, out, lse, dout = (to_device(a) for a in (q, k, v, out, lse, dout))
-    n_bh, n_q, d = q.shape
-    n_kv, n_k = k.shape[0], k.shape[1]
-    d_v = v.shape[2]
-    dtype = np.dtype(q.dtype)
-    terms = _Terms(q, k, **keywords)
-    _, dq_kernel, dk_kernel, dv_kernel = terms.kernels(dtype, d, d_v)
-    dq = cuda.device_array((n_bh, n_q, d), dtype=dtype)
-    dk = cuda.device_array((n_kv, n_k, d), dtype=dtype)
-    dv = cuda.device_array((n_kv, n_k, d_v), dtype=dtype)
-    delta = cuda.device_array((n_bh, n_q), dtype=dtype)
-    masks = (terms.mask, terms.mask_index, terms.slopes)
-    band = (terms.lo_off, terms.hi_off, terms.softcap, *terms.scalars)
-    block_k = tile_rows(d + d_v, dtype.itemsize)
-    kv_index = to_device(terms.kv_index)
+        call, q_factor = _short_form(q, k, *args)
+        return backward_packed(call, q, k, v, out, lse, dout, float(args[0]), q_factor)
+    return backward_packed(_full_form(q, k, args), q, k, v, out, lse, dout, float(args[9]))
 
-    def dq_args(b0, b1):
-        inputs = (q, k, v, out, lse, dout, kv_index, *masks, float(q_factor), scale)
-        return (*inputs, *band, block_k, b0, dq, delta)
 
-    shared = shared_bytes(block_k * (d + d_v) + 3, dtype.itemsize)
-    launch(dq_kernel, n_q, dq_args, shared=shared, n_slices=n_bh)
-    block_q = tile_rows(d + d_v + 2, dtype.itemsize)
-    readers, reader_start = terms.readers(n_kv)
-
-    def dkdv_args(b0, b1):
-        inputs = (q, k, v, lse, dout, delta, readers, reader_start, *masks, float(q_factor))
-        return (*inputs, *band, block_q, b0, dk, dv)
-
-    shared = shared_bytes(block_q * (d + d_v + 2) + 3, dtype.itemsize)
-    launch(dv_kernel, n_k, dkdv_args, shared=shared, n_slices=n_kv)
-    launch(dk_kernel, n_k, dkdv_args, shared=shared, n_slices=n_kv)
-    return dq, dk, dv
+def varlen_call(q, k, kv_index, cu_q, cu_k, bands, softcap, dropout, keep_scale):
+    """The call of packed sequences (no mask, no ALiBi: ``nbattn.kernels.varlen``'s terms)."""
+    return _Call(q, k, kv_index, cu_q, cu_k, bands, None, None, None, softcap, dropout, keep_scale)
