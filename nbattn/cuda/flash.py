@@ -207,12 +207,14 @@ def exp2_for(float_type):
     return libdevice.exp2f if np.dtype(float_type) == np.float32 else libdevice.exp2
 
 
-def _make_kernels(float_type, d, d_v, mask_kind, use_alibi, use_softcap, use_dropout):
+def _make_kernels(float_type, d, d_v, mask_kind, use_alibi, use_softcap, use_dropout, packed):
     """Forward, dQ, dK and dV kernels for one dtype, head dimensions and feature set.
 
-    ``mask_kind``, ``use_alibi``, ``use_softcap`` and ``use_dropout`` are
+    ``mask_kind``, ``use_alibi``, ``use_softcap``, ``use_dropout`` and
+    ``packed`` (sequences packed along the rows, ``cu_q``/``cu_k``) are
     compile-time constants: the branches of features not used are pruned, so
-    plain attention compiles to the lean loop of the module docstring.
+    plain attention compiles to the lean loop of the module docstring (the
+    sequence offsets alone cost dQ and dK some 70 bytes more of spills).
     """
     zero = float_type(0.0)
     one = float_type(1.0)
@@ -253,7 +255,10 @@ def _make_kernels(float_type, d, d_v, mask_kind, use_alibi, use_softcap, use_dro
     @cuda.jit(device=True, inline=True)
     def sequence(item, n_slices, cu_q, cu_k, offsets):
         """(seq, slice, first row, rows, first key, keys, lo_off, hi_off) of grid row
-        ``item`` = seq * n_slices + slice: the packed sequence's place in q and k."""
+        ``item`` = seq * n_slices + slice: the packed sequence's place in q and k
+        (unpacked: one sequence of all rows and keys, cu_q = [0, L], cu_k = [0, S])."""
+        if not packed:
+            return 0, item, 0, cu_q[1], 0, cu_k[1], offsets[0, 0], offsets[0, 1]
         seq = item // n_slices
         a_q = cu_q[seq]
         a_k = cu_k[seq]
@@ -550,11 +555,11 @@ def _make_kernels(float_type, d, d_v, mask_kind, use_alibi, use_softcap, use_dro
 
 
 def flash_kernels(
-    dtype, d, d_v, mask_kind=NO_MASK, alibi=False, softcap=False, dropout=False
+    dtype, d, d_v, mask_kind=NO_MASK, alibi=False, softcap=False, dropout=False, packed=False
 ):  # fmt: skip
     """The (forward, dq, dk, dv) kernels for a dtype, head sizes and feature set
     (``mask_kind``: NO_MASK, BOOL_MASK or FLOAT_MASK; ``alibi``, ``softcap``,
-    ``dropout``: whether those terms are compiled in), compiled on first use."""
+    ``dropout``, ``packed``: whether those terms are compiled in), compiled on first use."""
     limit = config.CUDA_MAX_HEAD_DIM
     if not (1 <= d <= limit and 1 <= d_v <= limit):
         raise ValueError(
@@ -562,7 +567,7 @@ def flash_kernels(
             f"(config.CUDA_MAX_HEAD_DIM), got D={d}, Dv={d_v}"
         )
     t = np.dtype(dtype).type
-    features = (int(mask_kind), bool(alibi), bool(softcap), bool(dropout))
+    features = (int(mask_kind), bool(alibi), bool(softcap), bool(dropout), bool(packed))
     return compiled(
         ("flash", t, int(d), int(d_v), *features),
         lambda: _make_kernels(t, int(d), int(d_v), *features),
@@ -597,8 +602,9 @@ class _Call:
     flags, device arrays (placeholders where unused) and scalars."""
 
     def __init__(self, q, k, kv_index, cu_q, cu_k, bands, mask, mask_index, slopes, softcap,
-                 dropout, keep_scale):  # fmt: skip
+                 dropout, keep_scale, packed=False):  # fmt: skip
         n_bh = q.shape[0]
+        self.packed = packed
         if kv_index is None:  # the short form: one K/V slice per query slice
             kv_index = np.arange(n_bh, dtype=np.int64)
         self.kv_index = host_array(kv_index, np.int64)
@@ -634,7 +640,7 @@ class _Call:
         )
 
     def kernels(self, dtype, d, d_v):
-        flags = (self.mask_kind, self.alibi, self.softcap > 0.0, self.dropout)
+        flags = (self.mask_kind, self.alibi, self.softcap > 0.0, self.dropout, self.packed)
         return flash_kernels(dtype, d, d_v, *flags)
 
     def packing(self):
@@ -782,4 +788,5 @@ def flash_backward(q, k, v, out, lse, dout, *args):
 
 def varlen_call(q, k, kv_index, cu_q, cu_k, bands, softcap, dropout, keep_scale):
     """The call of packed sequences (no mask, no ALiBi: ``nbattn.kernels.varlen``'s terms)."""
-    return _Call(q, k, kv_index, cu_q, cu_k, bands, None, None, None, softcap, dropout, keep_scale)
+    no = (None, None, None)  # mask, mask_index, slopes
+    return _Call(q, k, kv_index, cu_q, cu_k, bands, *no, softcap, dropout, keep_scale, True)

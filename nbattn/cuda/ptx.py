@@ -46,22 +46,23 @@ def _sig(*args):
     return "void(" + ", ".join(args) + ")"
 
 
-def flash_cases(dtype, d, d_v, mask_kind=0, alibi=False, softcap=False, dropout=False):
+def flash_cases(
+    dtype, d, d_v, mask_kind=0, alibi=False, softcap=False, dropout=False, packed=False
+):  # fmt: skip
     """The flash forward, dq, dk and dv kernels of one feature set (see
-    ``flash.flash_kernels``) with the argument types ``flash.flash_forward`` and
-    ``flash.flash_backward`` launch them with."""
+    ``flash.flash_kernels``) with the argument types ``flash.forward_packed`` and
+    ``flash.backward_packed`` launch them with."""
     from . import flash
 
     a3, a2, a1 = f"{dtype}[:,:,::1]", f"{dtype}[:,::1]", f"{dtype}[::1]"
-    f64_2, i64_1 = "float64[:,::1]", "int64[::1]"
+    f64_2, i64_1, i64_2 = "float64[:,::1]", "int64[::1]", "int64[:,::1]"
     mask = "boolean[:,:,::1]" if mask_kind == flash.BOOL_MASK else a3
-    fwd, dq, dk, dv = flash.flash_kernels(dtype, d, d_v, mask_kind, alibi, softcap, dropout)
-    band = ("int64", "int64", "float64")  # lo_off, hi_off, softcap
-    words = ("uint64", "uint64", "int64", "int64", "int64", "int64", "float64")  # + keep_scale
+    flags = (mask_kind, alibi, softcap, dropout, packed)
+    fwd, dq, dk, dv = flash.flash_kernels(dtype, d, d_v, *flags)
+    packing = (i64_1, i64_1, i64_2)  # cu_q, cu_k, offsets
     terms = (mask, i64_1, a1)  # mask, mask_index, slopes
-    tiles = ("int64", "int64")  # block size, first slice of the launch
-    dkdv = _sig(a3, a3, a3, f64_2, a3, a2, i64_1, i64_1, *terms, "float64", *band, *words)
-    dkdv = dkdv[:-1] + ", " + ", ".join((*tiles, a3, a3)) + ")"
+    words = ("float64", "uint64", "uint64", "int64", "int64", "int64", "int64", "float64")
+    tiles = ("int64", "int64")  # block size, first grid row of the launch
     features = [
         name
         for name, on in (
@@ -70,15 +71,22 @@ def flash_cases(dtype, d, d_v, mask_kind=0, alibi=False, softcap=False, dropout=
             ("alibi", alibi),
             ("softcap", softcap),
             ("dropout", dropout),
+            ("packed", packed),
         )
         if on
     ]
     tag = f"{dtype} D={d} Dv={d_v}" + (f" +{'+'.join(features)}" if features else "")
-    forward_sig = _sig(a3, a3, a3, i64_1, *terms, "float64", *band, *words, *tiles, a3, f64_2)
-    dq_sig = _sig(a3, a3, a3, a3, f64_2, a3, i64_1, *terms, "float64", "float64", *band, *words)
-    dq_sig = dq_sig[:-1] + ", " + ", ".join((*tiles, a3, a2)) + ")"
+    forward = _sig(a3, a3, a3, i64_1, *packing, *terms, "float64", *words, *tiles, a3, f64_2)
+    dq_sig = _sig(
+        a3, a3, a3, a3, f64_2, a3, i64_1, *packing, *terms, "float64", "float64", *words,
+        *tiles, a3, a2,
+    )  # fmt: skip
+    dkdv = _sig(
+        a3, a3, a3, f64_2, a3, a2, i64_1, i64_1, *packing, *terms, "float64", *words, *tiles,
+        a3, a3,
+    )  # fmt: skip
     return [
-        Case(f"flash forward {tag}", fwd, forward_sig),
+        Case(f"flash forward {tag}", fwd, forward),
         Case(f"flash dq {tag}", dq, dq_sig),
         Case(f"flash dk {tag}", dk, dkdv),
         Case(f"flash dv {tag}", dv, dkdv),
@@ -87,11 +95,14 @@ def flash_cases(dtype, d, d_v, mask_kind=0, alibi=False, softcap=False, dropout=
 
 def flash_feature_cases(dtype, d):
     """The flash kernels with every optional term (float mask, ALiBi, softcap,
-    dropout) and with a boolean mask alone, at head size ``d``."""
+    dropout), with a boolean mask alone, and packed (varlen: softcap, dropout,
+    sequence offsets) at head size ``d``."""
     from . import flash
 
-    return flash_cases(dtype, d, d, flash.FLOAT_MASK, True, True, True) + flash_cases(
-        dtype, d, d, flash.BOOL_MASK
+    return (
+        flash_cases(dtype, d, d, flash.FLOAT_MASK, True, True, True)
+        + flash_cases(dtype, d, d, flash.BOOL_MASK)
+        + flash_cases(dtype, d, d, flash.NO_MASK, False, True, True, True)
     )
 
 
