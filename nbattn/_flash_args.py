@@ -166,11 +166,14 @@ def kv_layout(q_shape, k_shape, v_shape, enable_gqa, extra_leads=()):
 
 
 # --------------------------------------------------------------------------- masks
-def mask_as_bias(mask, n_q: int, n_k: int, name: str = "mask") -> np.ndarray:
-    """A boolean (True = may attend) or float (added) mask as float64 (..., LM, SM).
+def mask_as_bias(mask, n_q: int, n_k: int, name: str = "mask", dtype=np.float64) -> np.ndarray:
+    """A boolean (True = may attend) or float (added) mask as a float (..., LM, SM) array.
 
-    LM in {1, L} and SM in {1, S}; -inf excludes. A ValueError names ``name``
-    for other dtypes, NaN or +inf, and shapes that do not broadcast to (..., L, S).
+    LM in {1, L} and SM in {1, S}; -inf excludes. A boolean mask becomes
+    0 / -inf in ``dtype`` (exact); a float mask keeps its own float32 or
+    float64 (shifts of huge values are taken in float64). A ValueError names
+    ``name`` for other dtypes, NaN or +inf, and shapes that do not broadcast
+    to (..., L, S).
     """
     try:
         arr = np.asarray(mask)
@@ -179,9 +182,9 @@ def mask_as_bias(mask, n_q: int, n_k: int, name: str = "mask") -> np.ndarray:
     if arr.size == 0:
         raise ValueError(f"{name} is empty (shape {arr.shape})")
     if arr.dtype.kind == "b":
-        bias = np.where(arr, 0.0, -np.inf)
+        bias = np.where(arr, dtype(0.0), dtype(-np.inf))
     elif arr.dtype.kind == "f":
-        bias = as_float_array(arr, name, dtype="float64", allow_neg_inf=True)
+        bias = as_float_array(arr, name, allow_neg_inf=True)
     else:
         raise ValueError(
             f"{name} must be boolean (True = attend) or float (added to the scores), "
@@ -230,18 +233,19 @@ def mask_arrays(bias, lead, n_q, n_k, dtype, band_, banded) -> MaskArrays:
     index = np.arange(math.prod(m_lead), dtype=np.int64).reshape(m_lead)
     index = np.ascontiguousarray(np.broadcast_to(index, lead).reshape(-1))
     flat = bias.reshape((-1,) + bias.shape[-2:])
-    finite = np.isfinite(flat)
-    shift = None
-    if finite.any() and np.abs(flat[finite]).max() > _SHIFT_ABOVE:
-        considered = flat
-        if banded and flat.shape[-1] > 1:
-            considered = np.broadcast_to(flat, (flat.shape[0], n_q, n_k))
-            considered = np.where(admissible(band_, n_q, n_k), considered, -np.inf)
-        top = considered.max(axis=-1)
-        top = np.where(np.isfinite(top), top, 0.0)
-        with np.errstate(over="ignore", invalid="ignore"):
-            flat = considered - top[..., None]
-        shift = top
+    largest = max(float(flat.max()), -float(np.min(flat, initial=0.0, where=flat > -np.inf)))
+    if largest <= _SHIFT_ABOVE:  # the common case: one pass, straight into the kernels' dtype
+        return MaskArrays(np.multiply(flat, LOG2E, dtype=dtype), index, None)
+    flat = flat.astype(np.float64)
+    considered = flat
+    if banded and flat.shape[-1] > 1:
+        considered = np.broadcast_to(flat, (flat.shape[0], n_q, n_k))
+        considered = np.where(admissible(band_, n_q, n_k), considered, -np.inf)
+    top = considered.max(axis=-1)
+    top = np.where(np.isfinite(top), top, 0.0)
+    with np.errstate(over="ignore", invalid="ignore"):
+        flat = considered - top[..., None]
+    shift = top
     with np.errstate(over="ignore"):
         base2 = flat * LOG2E
     floor = -float(np.finfo(dtype).max) / 2

@@ -297,16 +297,18 @@ def masked_softmax(scores, valid_lens=None, mask=None):
 
 
 # --------------------------------------------------------------------------- attention
-def _soft_attention(q, k, v, scale, mask_bias, causal, batch):
+def _soft_attention(q, k, v, scale, mask_bias, causal, batch=None):
     """The soft scaled-dot-product path: flat q (B, L, E), k (B, S, E), v (B, S, Ev).
 
     ``mask_bias`` is None or an additive (..., Lb, Sb) array whose leading
-    dimensions broadcast to ``batch`` (B = prod(batch)); it is handed to the
+    dimensions broadcast to ``batch`` (B = prod(batch); default (B,)); it is handed to the
     blocked FlashAttention kernel (``nbattn.flash``, BLAS on tiles) as it is,
     never expanded per head, and applied on the tiles. Returns
     ``(out (B, L, Ev), lse (B, L))``.
     """
     from .flash import flash_attention
+
+    batch = q.shape[:1] if batch is None else batch
 
     def lead(x):
         return x.reshape(tuple(batch) + x.shape[1:])
@@ -447,7 +449,8 @@ def attention(
             f"k and v must have the same number of keys; k has {S} (shape {k.shape}) and "
             f"v has {v.shape[-2]} (shape {v.shape})"
         )
-    bias = _fit_bias(_mask_bias(mask, shape=(L, S)), dt, causal, L)
+    raw_bias = _mask_bias(mask, shape=(L, S))  # float64: the flash path shifts it exactly
+    bias = _fit_bias(raw_bias, dt, causal, L)
     shapes = {"q": q.shape[:-2], "k": k.shape[:-2], "v": v.shape[:-2]}
     if bias is not None:
         shapes["mask"] = bias.shape[:-2]
@@ -477,7 +480,7 @@ def attention(
         if mode == "soft" and not return_weights and record.flash is not None:
             qd, kd, sc = record.flash(qf, kf, p)
             check_dot_range(qd, kd, sc, dt)
-            out, _ = _soft_attention(qd, kd, vf, sc, bias, causal, batch)
+            out, _ = _soft_attention(qd, kd, vf, sc, raw_bias, causal, batch)
             return out.reshape(batch + (L, Ev))
         s_all = None
 

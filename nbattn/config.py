@@ -195,3 +195,11 @@ DECODE_MIN_SPLIT_KEYS = _env_int("DECODE_MIN_SPLIT_KEYS", 512, compiled=False)
 #: split aims at, so that threads finishing early find more work. Read at
 #: every call.
 DECODE_ITEMS_PER_THREAD = _env_int("DECODE_ITEMS_PER_THREAD", 4, compiled=False)
+
+# --------------------------------------------------------------------------- flash tiles by length
+#: Query rows per tile of the flash forward for calls with at least
+#: FLASH_LONG_KEYS keys (replacing FLASH_BLOCK_Q when larger): 256 x 512 tiles
+#: ran about 6% faster than 128 x 512 at N = 2048, H = 8, D = 64, float32, one
+#: thread (CPU time, scripts/bench_attention.py's shape). Read at every call.
+FLASH_LONG_BLOCK_Q = _env_int("FLASH_LONG_BLOCK_Q", 256, compiled=False)
+FLASH_LONG_KEYS = _env_int("FLASH_LONG_KEYS", 1024, compiled=False)

@@ -154,6 +154,14 @@ def _slopes(alibi_slopes, lead, n_q, n_k, dtype):
     return np.ascontiguousarray(slopes * LOG2E, dtype=dtype)
 
 
+def _flat(x, lead):
+    """A checked array (our own C-contiguous copy) as (prod(lead), n, d): a view when its
+    leading dimensions are ``lead``, else a broadcast copy."""
+    if x.shape[:-2] == tuple(lead) and x.flags.c_contiguous:
+        return x.reshape((-1,) + x.shape[-2:])
+    return flat_batch(x, lead)
+
+
 @dataclass
 class _Layout:
     """Everything the CPU kernels read for one call, and how to give the results back."""
@@ -202,7 +210,7 @@ def _layout(q, k, v, kw: Keywords, scale, mask, key_bias=None, alibi_slopes=None
     scale = check_scale(scale, q.shape[-1])
     check_dot_range(q, k, scale * LOG2E, dtype)
     n_q, n_k = q.shape[-2], k.shape[-2]
-    bias = None if mask is None else mask_as_bias(mask, n_q, n_k)
+    bias = None if mask is None else mask_as_bias(mask, n_q, n_k, dtype=dtype)
     if key_bias is not None:
         kb = _key_bias_mask(key_bias, n_k)
         bias = kb if bias is None else bias + kb
@@ -213,12 +221,12 @@ def _layout(q, k, v, kw: Keywords, scale, mask, key_bias=None, alibi_slopes=None
     slopes = np.zeros(0, dtype=dtype)
     if alibi_slopes is not None:
         slopes = _slopes(alibi_slopes, lead, n_q, n_k, dtype)
-    qf = flat_batch(q, lead, dtype)
+    qf = _flat(q, lead)
     qf *= dtype(scale * LOG2E)
     return _Layout(
         qf=qf,
-        kf=flat_batch(k, kv_lead, dtype),
-        vf=flat_batch(v, kv_lead, dtype),
+        kf=_flat(k, kv_lead),
+        vf=_flat(v, kv_lead),
         lead=lead,
         kv_lead=kv_lead,
         kv_index=kv_index,
@@ -232,9 +240,30 @@ def _layout(q, k, v, kw: Keywords, scale, mask, key_bias=None, alibi_slopes=None
     )
 
 
+def _blocks(block_q, block_k, lay: _Layout):
+    """The tile sizes of one call: the configured ones, narrowed under a window.
+
+    A query tile of ``block_q`` rows visits the key tiles that meet its band,
+    left + right + block_q keys wide; key tiles much wider than the band
+    would be mostly outside it, so under a window narrower than ``block_k``
+    both sizes drop to the power of two at or above half the band's width
+    (at least 64, at most the configured sizes).
+    """
+    n_k = lay.kf.shape[1]
+    _, left, right = (int(x) for x in lay.band)
+    width = min(left, n_k) + min(right, n_k) + 1
+    if width >= block_k:
+        return block_q, block_k
+    narrow = max(64, 1 << max(0, (width // 2 - 1).bit_length()))
+    return min(block_q, narrow), min(block_k, narrow)
+
+
 def _run_forward(lay: _Layout, dropout, keep_scale):
     """The CPU flash forward on a layout: (out (BH, L, Ev), shifted lse (BH, L))."""
-    block_q, block_k = config.FLASH_BLOCK_Q, config.FLASH_BLOCK_K
+    block_q = config.FLASH_BLOCK_Q
+    if lay.kf.shape[1] >= config.FLASH_LONG_KEYS:
+        block_q = max(block_q, config.FLASH_LONG_BLOCK_Q)
+    block_q, block_k = _blocks(block_q, config.FLASH_BLOCK_K, lay)
     return kernels_for("flash", "cpu").flash_forward(
         lay.qf,
         lay.kf,
@@ -321,7 +350,7 @@ def _backward(
     gf = flat_batch(grad_out, lay.lead, lay.dtype)
     lf = np.ascontiguousarray(lse.reshape(-1, n_q), dtype=np.float64)
     shift = lay.masks.lse_shift(n_q)
-    block_q, block_k = config.FLASH_BWD_BLOCK_Q, config.FLASH_BWD_BLOCK_K
+    block_q, block_k = _blocks(config.FLASH_BWD_BLOCK_Q, config.FLASH_BWD_BLOCK_K, lay)
     kernels = kernels_for("flash", "cpu")
     with blas_one_thread(), _threads_for(lay.work):
         if shift is not None:
@@ -358,8 +387,6 @@ def _backward(
         unbroadcast(dk.reshape(lay.kv_lead + dk.shape[1:]), k_shape),
         unbroadcast(dv.reshape(lay.kv_lead + dv.shape[1:]), v_shape),
     )
-
-
 
 
 def flash_attention_bias(

@@ -466,3 +466,74 @@ def test_public_name_takes_the_keywords(rng):
     np.testing.assert_array_equal(
         nbattn.flash_attention(q, k, v, enable_gqa=True, window=(1, 1)), expected
     )
+
+
+# --------------------------------------------------------------------------- routing
+@pytest.mark.parametrize("need_weights", [False, True])
+@pytest.mark.parametrize("stacked", [False, True])
+def test_multi_head_attention_grouped_kv_heads(rng, need_weights, stacked):
+    """num_kv_heads: H_kv key/value projections of width d shared by H / H_kv query heads."""
+    B, L, S, E, H, H_kv = 2, 9, 13, 16, 4, 2
+    d = E // H
+    x = rng.standard_normal((B, L, E))
+    memory = rng.standard_normal((B, S, E))
+    wq, wk, wv = (0.3 * rng.standard_normal((n, E)) for n in (E, H_kv * d, H_kv * d))
+    wo = 0.3 * rng.standard_normal((E, E))
+    bias = rng.standard_normal(E + 2 * H_kv * d)
+    keys = rng.random((B, S)) > 0.3
+    keys[:, 0] = True
+    weights = (
+        dict(in_proj_weight=np.concatenate([wq, wk, wv]))
+        if stacked
+        else dict(q_proj_weight=wq, k_proj_weight=wk, v_proj_weight=wv)
+    )
+    out, w = nbattn.multi_head_attention(
+        x,
+        memory,
+        memory,
+        H,
+        in_proj_bias=bias,
+        out_proj_weight=wo,
+        key_mask=keys,
+        causal=True,
+        num_kv_heads=H_kv,
+        need_weights=need_weights,
+        **weights,
+    )
+
+    def heads(y, n):
+        return np.swapaxes(y.reshape(y.shape[:-1] + (n, d)), -2, -3)
+
+    qh = heads(x @ wq.T + bias[:E], H)
+    kh = heads(memory @ wk.T + bias[E : E + H_kv * d], H_kv)
+    vh = heads(memory @ wv.T + bias[E + H_kv * d :], H_kv)
+    ref_h, _ = naive.flash_features(
+        qh, kh, vh, mask=keys[:, None, None, :], causal=True, enable_gqa=True
+    )
+    ref = np.swapaxes(ref_h, -2, -3).reshape(B, L, E) @ wo.T
+    _close(out, ref, np.float64, "out")
+    if need_weights:
+        assert w.shape == (B, L, S)
+        np.testing.assert_allclose(w.sum(axis=-1), 1.0, rtol=1e-12)
+    else:
+        assert w is None
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        nbattn.multi_head_attention(x, memory, memory, H, num_kv_heads=3, **weights)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_attention_masks_run_on_the_flash_tiles(rng, dtype, monkeypatch):
+    """attention() with a mask and causal takes the flash path (the streaming kernel is
+    never called) and matches torch."""
+    import nbattn.kernels.attention as streaming
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the streaming kernel was called")
+
+    monkeypatch.setattr(streaming, "soft_attention", refuse)
+    q, k, v, g = _inputs(rng, (2, 3, 17, 8), (2, 3, 17, 8), 5, dtype)
+    mask = rng.random((2, 1, 17, 17)) > 0.3
+    out = nbattn.attention(q, k, v, mask=mask, causal=True)
+    tril = np.tril(np.ones((17, 17), bool))
+    ref, _ = _torch_reference(q, k, v, g, mask=mask & tril)
+    _close(out, ref, dtype, "out")

@@ -204,6 +204,54 @@ def exp2_shift_sum(row, shift):
     return total
 
 
+#: A row's reference maximum m (base 2) is kept while the weights 2**(t - m) of
+#: a new tile sum to at most REBASE_SUM (so none exceeds it): the exponentials
+#: then need no maximum pass of their own (the one-pass path of the forward;
+#: LLVM does not vectorise a loop that keeps a maximum and a sum together).
+#: Beyond it the row is redone against its new maximum.
+REBASE_SUM = 2.0**20
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def _exp2_into(row, out, shift):
+    """``out[j] <- 2**(row[j] - shift)``; returns the sum of the new values."""
+    total = like(0.0, row)
+    for j in range(row.shape[0]):
+        w = exp2(row[j] - shift)
+        out[j] = w
+        total += w
+    return total
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def _exp2_into_masked(row, bias, out, shift):
+    """``out[j] <- 2**(row[j] + bias[j] - shift)``; returns the sum of the new values."""
+    total = like(0.0, row)
+    for j in range(row.shape[0]):
+        w = exp2(row[j] + bias[j] - shift)
+        out[j] = w
+        total += w
+    return total
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def _add_row(row, bias):
+    """``row[j] += bias[j]``."""
+    for j in range(row.shape[0]):
+        row[j] += bias[j]
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def _exp2_shift_sum_masked(row, bias, shift):
+    """In place ``row[j] <- 2**(row[j] + bias[j] - shift)``; returns the sum."""
+    total = like(0.0, row)
+    for j in range(row.shape[0]):
+        w = exp2(row[j] + bias[j] - shift)
+        row[j] = w
+        total += w
+    return total
+
+
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
 def _tile_order(t, n):
     """Interleave heavy and light causal tiles: 0, n-1, 1, n-2, ..."""
@@ -235,11 +283,14 @@ def _tanh_in_place(row, inv_cap, cap, saved, save):
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def _tile_terms(st, th, bh, i0, j0, mask, mask_index, slopes, band, softcap, need_band, save_th):
+def _tile_terms(
+    st, th, bh, i0, j0, mask, mask_index, slopes, band, softcap, need_band, save_th, add_keys
+):
     """Softcap, mask, ALiBi and band of one score tile ``st`` (rows i0.., keys j0..), in place.
 
     ``th`` receives tanh of the capped scores when ``save_th`` (the backward's
-    cap' = 1 - th**2).
+    cap' = 1 - th**2). A mask with one entry per key (SM = S) is added only
+    when ``add_keys``; otherwise the caller fuses it into its exponential pass.
     """
     mb, nb = st.shape
     if softcap > 0.0:
@@ -247,7 +298,7 @@ def _tile_terms(st, th, bh, i0, j0, mask, mask_index, slopes, band, softcap, nee
         inv_cap = like(1.0 / softcap, st)
         for r in range(mb):
             _tanh_in_place(st[r], inv_cap, cap, th[r], save_th)
-    if mask.shape[0] > 0:
+    if mask.shape[0] > 0 and (add_keys or mask.shape[2] == 1):
         mi = mask_index[bh]
         per_row = mask.shape[1] > 1
         per_key = mask.shape[2] > 1
@@ -378,6 +429,8 @@ def flash_forward(
     offset, left, right = band[0], band[1], band[2]
     seed, threshold = dropout[0], dropout[1]
     use_dropout = threshold > 0
+    key_mask = mask.shape[0] > 0 and mask.shape[2] > 1  # fused into the exponential pass
+    mask_rows = mask.shape[1] > 1
     for item in prange(n_bh * n_qt):
         bh = item // n_qt
         qt = _tile_order(item % n_qt, n_qt)
@@ -385,6 +438,7 @@ def flash_forward(
         mb = min(block_q, n_q - i0)
         kv = kv_index[bh]
         s_flat = np.empty(mb * block_k, dtype=q.dtype)
+        p_flat = np.empty(mb * block_k, dtype=q.dtype)
         pv_flat = np.empty(mb * d_v, dtype=q.dtype)
         pv = pv_flat.reshape((mb, d_v))
         acc = np.zeros((mb, d_v), dtype=q.dtype)
@@ -401,30 +455,52 @@ def flash_forward(
             j0 = kt * block_k
             nb = min(block_k, n_k - j0)
             st = s_flat[: mb * nb].reshape((mb, nb))
+            pt = p_flat[: mb * nb].reshape((mb, nb))
             np.dot(q_tile, k[kv, j0 : j0 + nb].T, st)
             need_band = _needs_band(i0, mb, j0, nb, band)
             _tile_terms(
-                st, st, bh, i0, j0, mask, mask_index, slopes, band, softcap, need_band, False
+                st, st, bh, i0, j0, mask, mask_index, slopes, band, softcap, need_band, False, False
             )
             for r in range(mb):
                 row = st[r]
-                m_new = max(m[r], np.float64(row_max(row)))
-                if m_new == -np.inf:
-                    row[:] = 0.0
+                p_row = pt[r]
+                if key_mask:
+                    bias = mask[mask_index[bh], i0 + r if mask_rows else 0, j0 : j0 + nb]
+                else:
+                    bias = row  # unused
+                shift = m[r]
+                if shift != -np.inf:
+                    # one pass: the exponentials against the kept maximum; a sum beyond
+                    # REBASE_SUM (inf included) means the maximum jumped: redo below
+                    if key_mask:
+                        total = _exp2_into_masked(row, bias, p_row, like(shift, row))
+                    else:
+                        total = _exp2_into(row, p_row, like(shift, row))
+                    if total <= REBASE_SUM:
+                        l[r] += total
+                        if use_dropout:
+                            counter0 = _row_counter(dropout, bh, i0 + r, j0)
+                            _drop_row(p_row, like(1.0, row), seed, threshold, counter0)
+                        continue
+                # the row's first admissible tile, or a jump of its maximum: rebase
+                if key_mask:
+                    _add_row(row, bias)
+                top = np.float64(row_max(row))
+                if top == -np.inf:  # nothing admissible yet (shift is -inf too)
+                    p_row[:] = 0.0
                     continue
-                rescale = np.exp2(m[r] - m_new)
-                l[r] = l[r] * rescale + exp2_shift_sum(row, like(m_new, row))
+                rescale = np.exp2(shift - top)
+                l[r] = l[r] * rescale + _exp2_into(row, p_row, like(top, row))
                 if rescale != 1.0:
                     factor = like(rescale, acc)
                     acc_row = acc[r]
                     for c in range(d_v):
                         acc_row[c] *= factor
-                m[r] = m_new
+                m[r] = top
                 if use_dropout:
-                    _drop_row(
-                        row, like(1.0, row), seed, threshold, _row_counter(dropout, bh, i0 + r, j0)
-                    )
-            np.dot(st, v[kv, j0 : j0 + nb], pv)
+                    counter0 = _row_counter(dropout, bh, i0 + r, j0)
+                    _drop_row(p_row, like(1.0, row), seed, threshold, counter0)
+            np.dot(pt, v[kv, j0 : j0 + nb], pv)
             for r in range(mb):
                 acc_row = acc[r]
                 pv_row = pv[r]
@@ -492,6 +568,8 @@ def flash_backward(
     seed, threshold = dropout[0], dropout[1]
     use_dropout = threshold > 0
     use_cap = softcap > 0.0
+    key_mask = mask.shape[0] > 0 and mask.shape[2] > 1  # fused into the exponential pass
+    mask_rows = mask.shape[1] > 1
     delta = np.empty((n_bh, n_q), dtype=dtype)
     lse_t = np.empty((n_bh, n_q), dtype=dtype)
     for row in prange(n_bh * n_q):
@@ -559,6 +637,7 @@ def flash_backward(
                         softcap,
                         need_band,
                         True,
+                        False,
                     )
                     p_sum = like(0.0, q)
                     for r in range(mb):
@@ -566,6 +645,9 @@ def flash_backward(
                         shift = lse_t[bh, i0 + r]
                         if shift == neg_inf:
                             row[:] = 0.0
+                        elif key_mask:
+                            bias = mask[mask_index[bh], i0 + r if mask_rows else 0, j0 : j0 + nb]
+                            p_sum += _exp2_shift_sum_masked(row, bias, shift)
                         else:
                             # LLVM vectorises this loop only if its sum is used: kept in sink
                             p_sum += exp2_shift_sum(row, shift)
