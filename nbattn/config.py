@@ -196,6 +196,7 @@ DECODE_MIN_SPLIT_KEYS = _env_int("DECODE_MIN_SPLIT_KEYS", 512, compiled=False)
 #: every call.
 DECODE_ITEMS_PER_THREAD = _env_int("DECODE_ITEMS_PER_THREAD", 4, compiled=False)
 
+
 # --------------------------------------------------------------------------- flash tiles by length
 #: Query rows per tile of the flash forward for calls with at least
 #: FLASH_LONG_KEYS keys (replacing FLASH_BLOCK_Q when larger): 256 x 512 tiles

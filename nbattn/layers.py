@@ -193,13 +193,6 @@ class MultiHeadAttention:
         b = self.in_proj_bias
         return wq, wk, wv, b[:E], b[E : E + E_kv], b[E + E_kv :]
 
-    def _per_query_head(self, x):
-        """Rows of a kv projection (H_kv d, ...) repeated so that query head h gets kv head
-        h // (H / H_kv): the grouped-query layer as a plain multi-head one."""
-        n_rep = self.num_heads // self.num_kv_heads
-        grouped = x.reshape((self.num_kv_heads, self.head_dim) + x.shape[1:])
-        return np.repeat(grouped, n_rep, axis=0).reshape((self.embed_dim,) + x.shape[1:])
-
     def forward(
         self,
         query,
@@ -243,32 +236,25 @@ class MultiHeadAttention:
             if mask is not None or key_mask is not None:
                 raise ValueError("mask and key_mask are not supported with cache=")
             return self._decode_step(query, key, value, cache, check_bool(causal, "causal")), None
-        wq, wk, wv, bq, bk, bv = self._projections()
-        in_proj_weight, in_proj_bias = self.in_proj_weight, self.in_proj_bias
-        if self.num_kv_heads != self.num_heads:
-            wk, wv = self._per_query_head(wk), self._per_query_head(wv)
-            if in_proj_bias is not None:
-                in_proj_bias = np.concatenate(
-                    [bq, self._per_query_head(bk), self._per_query_head(bv)]
-                )
         return multi_head_attention(
             query,
             key,
             value,
             self.num_heads,
-            in_proj_weight,
-            in_proj_bias,
+            self.in_proj_weight,
+            self.in_proj_bias,
             self.out_proj_weight,
             self.out_proj_bias,
-            q_proj_weight=None if in_proj_weight is not None else wq,
-            k_proj_weight=None if in_proj_weight is not None else wk,
-            v_proj_weight=None if in_proj_weight is not None else wv,
+            q_proj_weight=self.q_proj_weight,
+            k_proj_weight=self.k_proj_weight,
+            v_proj_weight=self.v_proj_weight,
             mask=mask,
             key_mask=key_mask,
             causal=causal,
             need_weights=need_weights,
             average_attn_weights=average_attn_weights,
             rotary_base=self.rotary_base,
+            num_kv_heads=self.num_kv_heads,
             dtype=self.dtype,
         )
 

@@ -17,6 +17,9 @@ Each step prints what it computes and saves its attention maps to OUTDIR:
    ALiBi, clipped relative bias) encodings restore them
                                                      -> 06_positional_encodings.png,
                                                         07_positions_in_self_attention.png
+8. causal self-attention as a (toy) language model: greedy decoding with a
+   key/value cache, one token per step, checked against the full forward
+   (printed check)
 """
 
 from __future__ import annotations
@@ -198,8 +201,50 @@ def main(outdir):
             path=out / "07_positions_in_self_attention.png",
         )
     )
+    greedy_decoding(rng)
     files = sorted(p.name for p in out.glob("*.png"))
     print(f"\nsaved {len(files)} figures to {out}: {', '.join(files)}")
+
+
+def greedy_decoding(rng):
+    """Step 8: generate tokens one at a time with a KV cache; the full forward agrees."""
+    step("8. greedy decoding with a key/value cache (causal self-attention as a language model)")
+    vocab = "the cat dog sat ran on a mat log . and slept".split()
+    E, H, H_kv = 16, 4, 2
+    embed = rng.normal(size=(len(vocab), E))  # tied input/output embeddings
+    layer = nbattn.SelfAttention(
+        E, num_heads=H, num_kv_heads=H_kv, causal=True, rotary_base=100.0, random_state=8
+    )
+
+    def next_token(hidden):  # logits = h . embedding, greedy choice
+        return int(np.argmax(hidden @ embed.T))
+
+    prompt = [vocab.index(w) for w in "the cat sat".split()]
+    tokens = list(prompt)
+    cache = layer.new_cache(batch_size=1, capacity=4)  # grows as the text does
+    x = embed[tokens][None]  # (1, 3, E): the prompt in one step (prefill)
+    steps = []
+    for _ in range(6):
+        out, _ = layer(x, cache=cache)
+        steps.append(out[0])
+        tokens.append(next_token(out[0, -1]))
+        x = embed[tokens[-1:]][None]  # only the new token goes in
+    print(
+        f"   prompt {' '.join(vocab[t] for t in prompt)!r} -> "
+        f"{' '.join(vocab[t] for t in tokens)!r}"
+    )
+    print(f"   cache holds {cache.lengths[0]} positions (capacity now {cache.capacity})")
+    # the same text through the full causal forward, all positions at once
+    seen = embed[tokens[:-1]][None]
+    full, _ = layer(seen)
+    incremental = np.concatenate(steps)
+    greedy = [next_token(h) for h in full[0, len(prompt) - 1 :]]
+    print(
+        f"   max |cached step - full forward| = {np.abs(incremental - full[0]).max():.1e}; "
+        f"same greedy tokens: {greedy == tokens[len(prompt) :]}"
+    )
+    if not np.allclose(incremental, full[0], rtol=1e-10, atol=1e-10):
+        raise SystemExit("decoding with the cache disagrees with the full forward")
 
 
 if __name__ == "__main__":

@@ -536,6 +536,56 @@ def loo_loss_exact(X, y, bandwidth):
     return float(np.mean((pred - y2) ** 2))
 
 
+def attention_bottom_right(
+    q, k, v, causal=False, scale=None, window=None, softcap=None, bottom_right=True
+):
+    """Dense attention of one sequence with GQA, windows and softcap: returns (out, lse).
+
+    q (H, L, E), k (H_kv, S, E), v (H_kv, S, Ev); query head h reads kv head
+    h // (H / H_kv). Query i sits at position p = i + S - L (``bottom_right``)
+    or p = i, and admits key j iff j <= p (causal) and p - left <= j <= p + right
+    (``window`` = (left, right), None sides unbounded). Scores
+    s = scale q.k, then c tanh(s / c) with ``softcap`` c. Rows with no key: 0, -inf.
+    """
+    q = np.asarray(q, dtype=np.float64)
+    k = np.asarray(k, dtype=np.float64)
+    v = np.asarray(v, dtype=np.float64)
+    H, L, E = q.shape
+    n_rep = H // k.shape[0]
+    k = np.repeat(k, n_rep, axis=0)
+    v = np.repeat(v, n_rep, axis=0)
+    S = k.shape[1]
+    scale = 1.0 / np.sqrt(E) if scale is None else scale
+    s = scale * q @ np.swapaxes(k, -1, -2)
+    if softcap is not None:
+        s = softcap * np.tanh(s / softcap)
+    p = np.arange(L)[:, None] + (S - L if bottom_right else 0)
+    j = np.arange(S)[None, :]
+    ok = np.ones((L, S), dtype=bool)
+    if causal:
+        ok &= j <= p
+    if window is not None:
+        left, right = window
+        if left is not None:
+            ok &= j >= p - left
+        if right is not None:
+            ok &= j <= p + right
+    s = np.where(ok, s, -np.inf)
+    out = np.zeros((H, L, v.shape[-1]))
+    lse = np.full((H, L), -np.inf)
+    if S == 0:
+        return out, lse
+    m = s.max(axis=-1, keepdims=True)
+    safe = np.where(np.isfinite(m), m, 0.0)
+    e = np.exp(s - safe)
+    total = e.sum(axis=-1, keepdims=True)
+    w = np.divide(e, total, out=np.zeros_like(e), where=total > 0)
+    out = w @ v
+    with np.errstate(divide="ignore"):
+        lse = (safe + np.log(total))[..., 0]
+    return out, lse
+
+
 # ---------------------------------------------------------------------------
 # Flash attention features: masks, grouped heads, windows, alignment, softcap,
 # dropout -- full matrices in float64, the formulas written out.
@@ -747,53 +797,3 @@ def flash_slices_backward(q, k, v, grad_out, kv_index, scale, bias=None, band=(0
     np.add.at(dk, kv_index, dk_slices)
     np.add.at(dv, kv_index, dv_slices)
     return dq, dk, dv
-
-
-def attention_bottom_right(
-    q, k, v, causal=False, scale=None, window=None, softcap=None, bottom_right=True
-):
-    """Dense attention of one sequence with GQA, windows and softcap: returns (out, lse).
-
-    q (H, L, E), k (H_kv, S, E), v (H_kv, S, Ev); query head h reads kv head
-    h // (H / H_kv). Query i sits at position p = i + S - L (``bottom_right``)
-    or p = i, and admits key j iff j <= p (causal) and p - left <= j <= p + right
-    (``window`` = (left, right), None sides unbounded). Scores
-    s = scale q.k, then c tanh(s / c) with ``softcap`` c. Rows with no key: 0, -inf.
-    """
-    q = np.asarray(q, dtype=np.float64)
-    k = np.asarray(k, dtype=np.float64)
-    v = np.asarray(v, dtype=np.float64)
-    H, L, E = q.shape
-    n_rep = H // k.shape[0]
-    k = np.repeat(k, n_rep, axis=0)
-    v = np.repeat(v, n_rep, axis=0)
-    S = k.shape[1]
-    scale = 1.0 / np.sqrt(E) if scale is None else scale
-    s = scale * q @ np.swapaxes(k, -1, -2)
-    if softcap is not None:
-        s = softcap * np.tanh(s / softcap)
-    p = np.arange(L)[:, None] + (S - L if bottom_right else 0)
-    j = np.arange(S)[None, :]
-    ok = np.ones((L, S), dtype=bool)
-    if causal:
-        ok &= j <= p
-    if window is not None:
-        left, right = window
-        if left is not None:
-            ok &= j >= p - left
-        if right is not None:
-            ok &= j <= p + right
-    s = np.where(ok, s, -np.inf)
-    out = np.zeros((H, L, v.shape[-1]))
-    lse = np.full((H, L), -np.inf)
-    if S == 0:
-        return out, lse
-    m = s.max(axis=-1, keepdims=True)
-    safe = np.where(np.isfinite(m), m, 0.0)
-    e = np.exp(s - safe)
-    total = e.sum(axis=-1, keepdims=True)
-    w = np.divide(e, total, out=np.zeros_like(e), where=total > 0)
-    out = w @ v
-    with np.errstate(divide="ignore"):
-        lse = (safe + np.log(total))[..., 0]
-    return out, lse
