@@ -55,7 +55,9 @@ KERNELS = {
     ("loo_tiles", "cpu"): "nbattn.kernels.loo_tiles",
     ("local", "cuda"): "nbattn.cuda.local",
     ("decode", "cpu"): "nbattn.kernels.decode",
+    ("decode", "cuda"): "nbattn.cuda.decode",
     ("varlen", "cpu"): "nbattn.kernels.varlen",
+    ("varlen", "cuda"): "nbattn.cuda.varlen",
 }
 
 

@@ -899,3 +899,73 @@ def flash_features_backward(
         dk = dk.reshape(shape).sum(axis=-3)
         dv = dv.reshape(dv.shape[:-3] + (k0.shape[-3], group) + dv.shape[-2:]).sum(axis=-3)
     return dq, dk, dv
+
+
+# ------------------------------------------------ flash kernels' layout (slices, band, drop)
+
+
+def _slice_scores(q, k, kv_index, scale, bias, band, softcap, slopes):
+    q = np.asarray(q, dtype=np.float64)
+    k = np.asarray(k, dtype=np.float64)[np.asarray(kv_index)]
+    s = scale * (q @ np.swapaxes(k, -1, -2))
+    th = np.zeros_like(s)
+    if softcap is not None:
+        th = np.tanh(s / softcap)
+        s = softcap * th
+    n_q, n_k = s.shape[-2:]
+    i = np.arange(n_q)[:, None]
+    j = np.arange(n_k)[None, :]
+    if bias is not None:
+        s = s + np.asarray(bias, dtype=np.float64)
+    if slopes is not None:
+        s = s + np.asarray(slopes, dtype=np.float64)[:, None, None] * (j - i)
+    offset, left, right = band
+    inside = (j - i - offset >= -left) & (j - i - offset <= right)
+    return np.where(inside, s, -np.inf), th
+
+
+def flash_slices(q, k, v, kv_index, scale, bias=None, band=(0, 10**9, 10**9), softcap=None,
+                 slopes=None, drop=None):  # fmt: skip
+    """(out, lse) of attention on the flash kernels' layout, with the full score matrix.
+
+    q (BH, L, E); k, v (BKV, S, .) read by query slice bh at kv_index[bh]; bias
+    (BH, L, S) added after the softcap c tanh(s / c) (-inf excludes); slopes (BH,)
+    add slope (j - i); band (offset, left, right) admits i + offset - left <= j <=
+    i + offset + right; drop (BH, L, S) multiplies the weights after the softmax.
+    """
+    s, _ = _slice_scores(q, k, kv_index, scale, bias, band, softcap, slopes)
+    p = softmax_rows(s)
+    m = s.max(axis=-1, keepdims=True)
+    safe = np.where(np.isfinite(m), m, 0.0)
+    with np.errstate(divide="ignore"):
+        lse = (safe + np.log(np.exp(s - safe).sum(axis=-1, keepdims=True)))[..., 0]
+    if drop is not None:
+        p = p * drop
+    return p @ np.asarray(v, dtype=np.float64)[np.asarray(kv_index)], lse
+
+
+def flash_slices_backward(q, k, v, grad_out, kv_index, scale, bias=None, band=(0, 10**9, 10**9),
+                          softcap=None, slopes=None, drop=None):  # fmt: skip
+    """(dq, dk, dv) of :func:`flash_slices` by the explicit formulas: with P the softmax,
+    Z the dropout factors, dV = (P o Z)^T dO, dP = (dO V^T) o Z, dS = P o (dP - rowsum(P o
+    dP)) o (1 - tanh^2), dQ = scale dS K, dK = scale dS^T Q (dk, dv summed per K/V slice)."""
+    kv_index = np.asarray(kv_index)
+    q = np.asarray(q, dtype=np.float64)
+    vv = np.asarray(v, dtype=np.float64)[kv_index]
+    kk = np.asarray(k, dtype=np.float64)[kv_index]
+    g = np.asarray(grad_out, dtype=np.float64)
+    s, th = _slice_scores(q, k, kv_index, scale, bias, band, softcap, slopes)
+    p = softmax_rows(s)
+    z = np.ones_like(p) if drop is None else drop
+    dv_slices = np.swapaxes(p * z, -1, -2) @ g
+    dp = (g @ np.swapaxes(vv, -1, -2)) * z
+    ds = p * (dp - (p * dp).sum(axis=-1, keepdims=True))
+    if softcap is not None:
+        ds = ds * (1.0 - th**2)
+    dq = scale * (ds @ kk)
+    dk_slices = scale * (np.swapaxes(ds, -1, -2) @ q)
+    dk = np.zeros(np.shape(k))
+    dv = np.zeros(np.shape(v))
+    np.add.at(dk, kv_index, dk_slices)
+    np.add.at(dv, kv_index, dv_slices)
+    return dq, dk, dv

@@ -1,19 +1,39 @@
 """Blocked (FlashAttention-style) attention on the GPU: the twin of ``nbattn.kernels.flash``.
 
-For one (batch, head) slice, with the softmax scale applied to the scores,
+For query slice bh (a flattened batch*head index) and its key/value slice
+``kv = kv_index[bh]`` (grouped-query attention and broadcast leading
+dimensions share K/V slices without copies), in base 2 as the CPU kernels:
 
-    s_ij  = scale * q_i . k_j               (j <= i only when ``causal``: top-left aligned)
-    out_i = sum_j softmax_j(s_ij) v_j,      lse_i = log sum_j exp(s_ij)
+    t_ij  = cap(q'_i . k_j) + M_ij + a (j - i)    over i + offset - left <= j <= i + offset + right
+    out_i = sum_j Z_ij 2**(t_ij - m_i) v_j / l_i,   lse_i = (m_i + log2 l_i) ln 2
 
-and the backward pass, recomputing P = exp(S - lse) tile by tile:
+with q' = q * scale * log2(e), cap(x) = c' tanh(x / c') (softcap c' = c log2 e,
+on the scaled score, before the mask), M the un-expanded mask (BM, 1 or L,
+1 or S) at slice ``mask_index[bh]`` (float, base 2, -inf = excluded; or
+boolean, True = may attend), a the ALiBi slope, Z the dropout factors (0 or
+1 / (1 - p), ``nbattn.cuda.dropout.keep`` from the seed and the weight's
+counter, the same bits as the CPU; lse is taken before dropout). The
+backward recomputes P = 2**(T - lse log2 e) tile by tile:
 
-    D_i = sum_c dO_ic O_ic,   dS = P o (dO V^T - D),
-    dQ = scale dS K,          dK = scale dS^T Q,         dV = P^T dO
+    D_i = sum_c dO_ic O_ic,   dS = P o ((dO V^T) o Z - D) o (1 - tanh^2),
+    dQ = scale dS K,          dK = ln 2 dS^T Q',        dV = (P o Z)^T dO
 
-Layout: q (BH, L, D), k (BH, S, D), v (BH, S, Dv), out and dO (BH, L, Dv),
-C-contiguous, one float dtype; lse (BH, L) float64. Unlike the CPU kernel the
-scale is an argument (so that GPU inputs need no scaled copy); results are
-device arrays.
+(dK, dV summed over the query slices that read a K/V slice). The entry
+points take the CPU kernel's arguments (see :func:`flash_forward`) and give
+device arrays; they also take the short form ``(q, k, v, scale, causal)``
+(plain attention, the user's q) that ``nbattn.flash``'s GPU path passes.
+Layout: q (BH, L, D), k (BKV, S, D), v (BKV, S, Dv), out and dO (BH, L, Dv),
+C-contiguous, one float dtype; lse (BH, L) float64.
+
+The optional terms are compile-time features (``flash_kernels``: mask kind,
+ALiBi, softcap, dropout), so plain attention compiles to the lean loop; the
+band is two integers, lo_off = offset - left and hi_off = offset + right
+(``band_offsets``), that bound each row's and each block's key loop: tiles
+outside the band are never loaded (a window costs O(L * window)). A block
+skips a key tile that its mask closes for every row (a block-wide OR,
+``block_any``, before the tile is loaded): a key-padding mask costs nothing
+for padded tiles, and no host pass over the mask is needed (the CPU's
+``mask_live`` is accepted and not used).
 
 Forward: one thread per query row, a block of ``config.CUDA_THREADS_PER_BLOCK``
 rows per (batch, head) slice (grid: row blocks x BH, in launches of at most
@@ -23,11 +43,10 @@ in tiles of ``block_k`` rows of K and V that its threads load together
 (coalesced) into shared memory; each thread reads them as broadcasts, keeps
 its scaled query row and its output accumulator in registers (local arrays
 sized by the head dimension, a compile-time constant: one kernel is compiled
-per (dtype, D, Dv)), and runs the online softmax key by key: running max m,
-running sum l (float64), rescaling the accumulator when m grows. Causal tiles
-past the block's last row are skipped. A row without any admissible key gets
-zeros and lse = -inf (with top-left causal alignment every row sees key 0, so
-this happens only if S = 0).
+per (dtype, D, Dv) and feature set), and runs the online softmax key by key: running max m,
+running sum l (float64), rescaling the accumulator when m grows. Key tiles
+outside the block's band are skipped. A row without any admissible key gets
+zeros and lse = -inf (a mask, a band or S = 0 can leave one).
 
 Backward: three kernels, no atomics. ``dq`` runs one thread per query row
 over key tiles (K and V in shared memory), computes D_i itself and writes it
@@ -40,8 +59,10 @@ same memory, results are deterministic, there is no atomic traffic on dQ
 (float atomics on one row from every key block serialise), and each kernel's
 registers fit: one kernel for dK and dV together needs K, V, dK and dV rows
 per thread (4 D floats) and spilled 448 bytes per thread at D = 64 (ptxas,
-sm_90), the split dv kernel spills nothing and dk 152 bytes. Rows with
-lse = -inf contribute nothing.
+sm_90), the split dv kernel spills nothing and dk 148 bytes. dK and dV loop
+over (reader, query tile) in one flat loop, the readers of a K/V slice
+grouped on the host (``_Terms.readers``); a nested loop spilled 208 bytes.
+Rows with lse = -inf contribute nothing.
 
 The four kernels share their tile work as device functions, built per
 (dtype, row length) by :func:`tile_functions`: ``load_rows`` (a block's
@@ -55,7 +76,8 @@ at call time) bounds D and Dv: per-thread registers hold a query row and an
 accumulator of that size, and a tile row of K and V must fit the shared
 budget. The functional layer rejects larger heads with a clear error.
 Tiles: ``block_k = min(CUDA_THREADS_PER_BLOCK, CUDA_SHARED_MEMORY_BYTES /
-((D + Dv) * itemsize))`` rows.
+((D + Dv) * itemsize))`` rows; the second array of a tile (V, dO) starts at a
+multiple of 4 floats (``aligned``) so that every tile read is a vector load.
 """
 
 from __future__ import annotations
@@ -69,7 +91,6 @@ from .. import config
 from .common import (
     SHARED_ALIGNMENT_KWARG,
     compiled,
-    exp_for,
     imax,
     imin,
     launch,
@@ -77,8 +98,25 @@ from .common import (
     tile_rows,
     to_device,
 )
+from .dropout import counter, keep
 
-__all__ = ["flash_backward", "flash_forward", "flash_kernels", "tile_functions"]
+__all__ = [
+    "BOOL_MASK",
+    "FLOAT_MASK",
+    "NO_MASK",
+    "backward_packed",
+    "band_offsets",
+    "flash_backward",
+    "flash_forward",
+    "flash_kernels",
+    "forward_packed",
+    "host_array",
+    "tile_functions",
+    "varlen_call",
+]
+
+LN2 = 0.6931471805599453
+LOG2E = 1.4426950408889634
 
 # Shared-memory reads in the hot loops index with unsigned integers: numba
 # wraps negative signed indices, which hides from NVVM that consecutive reads
@@ -90,6 +128,21 @@ def __getattr__(name):
     if name == "MAX_HEAD_DIM":  # read at each access, so that config changes count
         return config.CUDA_MAX_HEAD_DIM
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+@cuda.jit(device=True, inline=True)
+def aligned(n):
+    """``n`` rounded up to a multiple of 4: a tile offset whose 4-byte floats start
+    16-byte aligned, which the compiler can see (vector loads from there)."""
+    return (n + 3) // 4 * 4
+
+
+@cuda.jit(device=True, inline=True)
+def block_any(flag):
+    """Whether ``flag`` holds for some thread of the block (a barrier: every thread calls it).
+
+    ``syncthreads_or`` takes an integer predicate: the CUDA compiler refuses a bool."""
+    return cuda.syncthreads_or(np.int32(1) if flag else np.int32(0)) != 0
 
 
 def _make_tile_functions(float_type, n):
@@ -133,17 +186,99 @@ def tile_functions(dtype, n):
     return compiled(("flash_tile", t, int(n)), lambda: _make_tile_functions(t, int(n)))
 
 
-def _make_kernels(float_type, d, d_v):
-    """Forward, dQ, dK and dV kernels for one dtype and head dimensions (compile-time sizes)."""
+#: Mask kinds, compile-time constants of the kernels: none, boolean (True = may
+#: attend), float (added to the score; -inf closes an entry).
+NO_MASK, BOOL_MASK, FLOAT_MASK = 0, 1, 2
+
+
+def exp2_for(float_type):
+    """The 2**x of the kernels: libdevice's exp2f (``ex2.approx``: a few ulp, exp2(-inf)
+    = 0) for float32, the accurate exp2 for float64; the simulator's ``math.pow``."""
+    from numba import config as numba_config
+
+    if numba_config.ENABLE_CUDASIM:
+
+        def exp2(x):
+            return math.pow(2.0, x)
+
+        return exp2
+    from numba.cuda import libdevice
+
+    return libdevice.exp2f if np.dtype(float_type) == np.float32 else libdevice.exp2
+
+
+def _make_kernels(float_type, d, d_v, mask_kind, use_alibi, use_softcap, use_dropout, packed):
+    """Forward, dQ, dK and dV kernels for one dtype, head dimensions and feature set.
+
+    ``mask_kind``, ``use_alibi``, ``use_softcap``, ``use_dropout`` and
+    ``packed`` (sequences packed along the rows, ``cu_q``/``cu_k``) are
+    compile-time constants: the branches of features not used are pruned, so
+    plain attention compiles to the lean loop of the module docstring (the
+    sequence offsets alone cost dQ and dK some 70 bytes more of spills).
+    """
     zero = float_type(0.0)
     one = float_type(1.0)
+    ln2 = float_type(LN2)
     minus_inf = float_type(-np.inf)
-    exp = exp_for(float_type)
+    exp2 = exp2_for(float_type)
     load_d, dot_d, axpy_d = tile_functions(float_type, d)  # rows of Q, K, dQ, dK
     load_v, dot_v, axpy_v = tile_functions(float_type, d_v)  # rows of V, O, dO, dV
+    has_mask = mask_kind != NO_MASK
+
+    @cuda.jit(device=True, inline=True)
+    def mask_term(mask, m_bh, i, j):
+        """The mask's term for (row i, key j): 0 or -inf (boolean), the entry (float).
+        A mask with one row (key padding) serves every row."""
+        row = i if mask.shape[1] > 1 else 0
+        col = j if mask.shape[2] > 1 else 0
+        if mask_kind == BOOL_MASK:
+            return zero if mask[m_bh, row, col] else minus_inf
+        return float_type(mask[m_bh, row, col])
+
+    @cuda.jit(device=True, inline=True)
+    def any_admissible(mask, m_bh, i, j_lo, j_hi):
+        """Whether the mask admits (row i, key j) for some j in j_lo:j_hi."""
+        for j in range(j_lo, j_hi):
+            if mask_term(mask, m_bh, i, j) != minus_inf:
+                return True
+        return False
+
+    @cuda.jit(device=True, inline=True)
+    def terms(s, mask, m_bh, slope, i, j):
+        """The score plus the mask's and ALiBi's terms for (row i, key j)."""
+        if has_mask:
+            s += mask_term(mask, m_bh, i, j)
+        if use_alibi:
+            s += slope * float_type(j - i)
+        return s
+
+    @cuda.jit(device=True, inline=True)
+    def sequence(item, n_slices, cu_q, cu_k, offsets):
+        """(seq, slice, first row, rows, first key, keys, lo_off, hi_off) of grid row
+        ``item`` = seq * n_slices + slice: the packed sequence's place in q and k
+        (unpacked: one sequence of all rows and keys, cu_q = [0, L], cu_k = [0, S])."""
+        if not packed:
+            return 0, item, 0, cu_q[1], 0, cu_k[1], offsets[0, 0], offsets[0, 1]
+        seq = item // n_slices
+        a_q = cu_q[seq]
+        a_k = cu_k[seq]
+        n_q = cu_q[seq + 1] - a_q
+        n_k = cu_k[seq + 1] - a_k
+        return seq, item - seq * n_slices, a_q, n_q, a_k, n_k, offsets[seq, 0], offsets[seq, 1]
+
+    @cuda.jit(device=True, inline=True)
+    def capped(s, cap, inv_cap):
+        """(cap tanh(s / cap), tanh(s / cap)) with a softcap, else (s, 0)."""
+        if use_softcap:
+            t = math.tanh(s * inv_cap)
+            return cap * t, t
+        return s, zero
 
     @cuda.jit
-    def flash_forward_kernel(q, k, v, scale, causal, block_k, out, lse):
+    def flash_forward_kernel(
+        q, k, v, kv_index, cu_q, cu_k, offsets, mask, mask_index, slopes, q_factor, softcap,
+        seed, threshold, n_rows, n_cols, row0, col0, keep_scale, block_k, bh0, out, lse,
+    ):  # fmt: skip
         # block_k x (d + d_v): K then V rows (16-byte aligned base)
         if SHARED_ALIGNMENT_KWARG:  # one spelling per numba; the other is pruned
             tile = cuda.shared.array(0, dtype=float_type, alignment=16)
@@ -151,55 +286,82 @@ def _make_kernels(float_type, d, d_v):
             tile = cuda.shared.array(0, dtype=types.complex128).view(float_type)
         tx = cuda.threadIdx.x
         tpb = cuda.blockDim.x
-        bh = cuda.blockIdx.y
-        row0 = cuda.blockIdx.x * tpb
-        i = row0 + tx
-        n_q = q.shape[1]
-        n_k = k.shape[1]
+        seq, bh, a_q, n_q, a_k, n_k, lo_off, hi_off = sequence(
+            bh0 + cuda.blockIdx.y, q.shape[0], cu_q, cu_k, offsets
+        )
+        kv = kv_index[bh]
+        first = cuda.blockIdx.x * tpb
+        if first >= n_q:  # past this sequence's rows: the whole block leaves
+            return
+        i = first + tx
         active = i < n_q
+        m_bh = mask_index[bh] if has_mask else 0
+        slope = slopes[bh] if use_alibi else zero
+        cap = float_type(softcap)
+        inv_cap = float_type(1.0 / softcap) if use_softcap else zero
+        drop_scale = float_type(keep_scale)
         q_row = cuda.local.array(d, dtype=float_type)
         acc = cuda.local.array(d_v, dtype=float_type)
-        factor = float_type(scale)
+        factor = float_type(q_factor)
         for f in range(d):
-            q_row[f] = q[bh, i, f] * factor if active else zero
+            q_row[f] = q[bh, a_q + i, f] * factor if active else zero
         for c in range(d_v):
             acc[c] = zero
-        m = minus_inf
+        m = minus_inf  # base 2
         l_sum = 0.0
-        kv_end = imin(n_k, row0 + tpb) if causal else n_k
-        v_off = block_k * d
-        for j0 in range(0, kv_end, block_k):
-            nb = imin(block_k, kv_end - j0)
-            load_d(tile, 0, k, bh, j0, nb, one)
-            load_v(tile, v_off, v, bh, j0, nb, one)
+        # row i sees keys i + lo_off <= j <= i + hi_off; the block walks their union
+        j_begin = imax(0, first + lo_off)
+        j_end = imin(n_k, imin(first + tpb, n_q) + hi_off)
+        v_off = aligned(block_k * d)  # V rows start 16-byte aligned (ld.shared.v4)
+        for j0 in range(j_begin, j_end, block_k):
+            nb = imin(block_k, j_end - j0)
+            a = imax(0, i + lo_off - j0)
+            b = imin(nb, i + hi_off + 1 - j0)
+            if has_mask:  # skip a tile that the mask closes for every row of the block
+                seen = active and any_admissible(mask, m_bh, i, j0 + a, j0 + b)
+                if not block_any(seen):
+                    continue
+            load_d(tile, 0, k, kv, a_k + j0, nb, one)
+            load_v(tile, v_off, v, kv, a_k + j0, nb, one)
             cuda.syncthreads()
             if active:
-                stop = imin(nb, i - j0 + 1) if causal else nb
-                for jj in range(stop):
-                    s = dot_d(q_row, tile, U(jj) * U(d))
+                for jj in range(a, b):
+                    s, _ = capped(dot_d(q_row, tile, U(jj) * U(d)), cap, inv_cap)
+                    s = terms(s, mask, m_bh, slope, i, j0 + jj)
+                    if has_mask and s == minus_inf:  # only a mask gives -inf
+                        continue
                     if s > m:
-                        rescale = exp(m - s)
+                        rescale = exp2(m - s)
                         l_sum *= rescale
                         for c in range(d_v):
                             acc[c] *= rescale
                         m = s
-                    w = exp(s - m)
+                    w = exp2(s - m)
                     l_sum += w
+                    if use_dropout:  # the normaliser counts every weight, acc the kept
+                        count = counter(bh, row0 + a_q + i, col0 + a_k + j0 + jj, n_rows, n_cols)
+                        if not keep(seed, count, threshold):
+                            continue
+                        w *= drop_scale
                     axpy_v(acc, w, tile, U(v_off) + U(jj) * U(d_v))
             cuda.syncthreads()
         if active:
             if l_sum > 0.0:
                 inv = float_type(1.0 / l_sum)
                 for c in range(d_v):
-                    out[bh, i, c] = acc[c] * inv
-                lse[bh, i] = float(m) + math.log(l_sum)
+                    out[bh, a_q + i, c] = acc[c] * inv
+                lse[bh, a_q + i] = float(m) * LN2 + math.log(l_sum)
             else:
                 for c in range(d_v):
-                    out[bh, i, c] = zero
-                lse[bh, i] = -math.inf
+                    out[bh, a_q + i, c] = zero
+                lse[bh, a_q + i] = -math.inf
 
     @cuda.jit
-    def flash_dq_kernel(q, k, v, out, lse, dout, scale, causal, block_k, dq, delta):
+    def flash_dq_kernel(
+        q, k, v, out, lse, dout, kv_index, cu_q, cu_k, offsets, mask, mask_index, slopes,
+        q_factor, scale, softcap, seed, threshold, n_rows, n_cols, row0, col0, keep_scale,
+        block_k, bh0, dq, delta,
+    ):  # fmt: skip
         # block_k x (d + d_v): K then V rows (16-byte aligned base)
         if SHARED_ALIGNMENT_KWARG:  # one spelling per numba; the other is pruned
             tile = cuda.shared.array(0, dtype=float_type, alignment=16)
@@ -207,54 +369,85 @@ def _make_kernels(float_type, d, d_v):
             tile = cuda.shared.array(0, dtype=types.complex128).view(float_type)
         tx = cuda.threadIdx.x
         tpb = cuda.blockDim.x
-        bh = cuda.blockIdx.y
-        row0 = cuda.blockIdx.x * tpb
-        i = row0 + tx
-        n_q = q.shape[1]
-        n_k = k.shape[1]
+        seq, bh, a_q, n_q, a_k, n_k, lo_off, hi_off = sequence(
+            bh0 + cuda.blockIdx.y, q.shape[0], cu_q, cu_k, offsets
+        )
+        kv = kv_index[bh]
+        first = cuda.blockIdx.x * tpb
+        if first >= n_q:
+            return
+        i = first + tx
         active = i < n_q
+        row = a_q + i  # in the packed arrays
+        m_bh = mask_index[bh] if has_mask else 0
+        slope = slopes[bh] if use_alibi else zero
+        cap = float_type(softcap)
+        inv_cap = float_type(1.0 / softcap) if use_softcap else zero
+        drop_scale = float_type(keep_scale)
         q_row = cuda.local.array(d, dtype=float_type)
         do_row = cuda.local.array(d_v, dtype=float_type)
         acc = cuda.local.array(d, dtype=float_type)
-        factor = float_type(scale)
+        factor = float_type(q_factor)
         shift = zero
         d_i = zero
         if active:
-            active = lse[bh, i] != -math.inf
-            shift = float_type(lse[bh, i])
+            active = lse[bh, row] != -math.inf
+            shift = float_type(lse[bh, row] * LOG2E)
             total = 0.0
             for c in range(d_v):
-                total += float(dout[bh, i, c]) * float(out[bh, i, c])
+                total += float(dout[bh, row, c]) * float(out[bh, row, c])
             d_i = float_type(total)
-            delta[bh, i] = d_i
+            delta[bh, row] = d_i
         for f in range(d):
-            q_row[f] = q[bh, i, f] * factor if active else zero
+            q_row[f] = q[bh, row, f] * factor if active else zero
             acc[f] = zero
         for c in range(d_v):
-            do_row[c] = dout[bh, i, c] if active else zero
-        kv_end = imin(n_k, row0 + tpb) if causal else n_k
-        v_off = block_k * d
-        for j0 in range(0, kv_end, block_k):
-            nb = imin(block_k, kv_end - j0)
-            load_d(tile, 0, k, bh, j0, nb, one)
-            load_v(tile, v_off, v, bh, j0, nb, one)
+            do_row[c] = dout[bh, row, c] if active else zero
+        j_begin = imax(0, first + lo_off)
+        j_end = imin(n_k, imin(first + tpb, n_q) + hi_off)
+        v_off = aligned(block_k * d)  # V rows start 16-byte aligned (ld.shared.v4)
+        for j0 in range(j_begin, j_end, block_k):
+            nb = imin(block_k, j_end - j0)
+            a = imax(0, i + lo_off - j0)
+            b = imin(nb, i + hi_off + 1 - j0)
+            if has_mask:
+                seen = active and any_admissible(mask, m_bh, i, j0 + a, j0 + b)
+                if not block_any(seen):
+                    continue
+            load_d(tile, 0, k, kv, a_k + j0, nb, one)
+            load_v(tile, v_off, v, kv, a_k + j0, nb, one)
             cuda.syncthreads()
             if active:
-                stop = imin(nb, i - j0 + 1) if causal else nb
-                for jj in range(stop):
-                    p = exp(dot_d(q_row, tile, U(jj) * U(d)) - shift)
+                for jj in range(a, b):
+                    s, t = capped(dot_d(q_row, tile, U(jj) * U(d)), cap, inv_cap)
+                    s = terms(s, mask, m_bh, slope, i, j0 + jj)
+                    if has_mask and s == minus_inf:  # only a mask gives -inf
+                        continue
+                    p = exp2(s - shift)
                     dp = dot_v(do_row, tile, U(v_off) + U(jj) * U(d_v))
-                    axpy_d(acc, p * (dp - d_i), tile, U(jj) * U(d))
+                    if use_dropout:  # dP of the weights before dropout: (dO V^T) o Z
+                        count = counter(bh, row0 + a_q + i, col0 + a_k + j0 + jj, n_rows, n_cols)
+                        dp = dp * drop_scale if keep(seed, count, threshold) else zero
+                    ds = p * (dp - d_i)
+                    if use_softcap:
+                        ds *= one - t * t
+                    axpy_d(acc, ds, tile, U(jj) * U(d))
             cuda.syncthreads()
         if i < n_q:
+            factor = float_type(scale)
             for f in range(d):
-                dq[bh, i, f] = acc[f] * factor
+                dq[bh, row, f] = acc[f] * factor
 
     def make_dkdv_kernel(want_dk, want_dv):
-        """One thread per key: dK (want_dk) or dV (want_dv) of its key row."""
+        """One thread per key: dK (want_dk) or dV (want_dv) of its key row, summed over
+        the query slices that read its key/value slice."""
 
         @cuda.jit
-        def flash_dkdv_kernel(q, k, v, lse, dout, delta, scale, causal, block_q, dk, dv):
+        def flash_dkdv_kernel(
+            q, k, v, lse, dout, delta, readers, reader_start, cu_q, cu_k, offsets, mask,
+            mask_index, slopes, q_factor, softcap, seed, threshold, n_rows, n_cols, row0, col0,
+            keep_scale, block_q, kv0, dk, dv,
+        ):  # fmt: skip
             # block_q x (d + d_v + 2): Q, dO, lse, D (16-byte aligned base)
             if SHARED_ALIGNMENT_KWARG:  # one spelling per numba; the other is pruned
                 tile = cuda.shared.array(0, dtype=float_type, alignment=16)
@@ -262,60 +455,97 @@ def _make_kernels(float_type, d, d_v):
                 tile = cuda.shared.array(0, dtype=types.complex128).view(float_type)
             tx = cuda.threadIdx.x
             tpb = cuda.blockDim.x
-            bh = cuda.blockIdx.y
-            col0 = cuda.blockIdx.x * tpb
-            j = col0 + tx
-            n_q = q.shape[1]
-            n_k = k.shape[1]
+            seq, kv, a_q, n_q, a_k, n_k, lo_off, hi_off = sequence(
+                kv0 + cuda.blockIdx.y, k.shape[0], cu_q, cu_k, offsets
+            )
+            first = cuda.blockIdx.x * tpb
+            if first >= n_k:
+                return
+            j = first + tx
             active = j < n_k
+            cap = float_type(softcap)
+            inv_cap = float_type(1.0 / softcap) if use_softcap else zero
+            drop_scale = float_type(keep_scale)
+            factor = float_type(q_factor)
             k_row = cuda.local.array(d, dtype=float_type)
             v_row = cuda.local.array(d_v if want_dk else 1, dtype=float_type)
             dk_acc = cuda.local.array(d if want_dk else 1, dtype=float_type)
             dv_acc = cuda.local.array(d_v if want_dv else 1, dtype=float_type)
-            factor = float_type(scale)
             for f in range(d):
-                k_row[f] = k[bh, j, f] if active else zero
+                k_row[f] = k[kv, a_k + j, f] if active else zero
             if want_dk:
                 for f in range(d):
                     dk_acc[f] = zero
                 for c in range(d_v):
-                    v_row[c] = v[bh, j, c] if active else zero
+                    v_row[c] = v[kv, a_k + j, c] if active else zero
             if want_dv:
                 for c in range(d_v):
                     dv_acc[c] = zero
-            do_off = block_q * d
-            lse_off = block_q * (d + d_v)
+            do_off = aligned(block_q * d)  # dO rows start 16-byte aligned
+            lse_off = do_off + block_q * d_v
             delta_off = lse_off + block_q
-            i_start = col0 if causal else 0
-            for i0 in range(i_start, n_q, block_q):
-                mb = imin(block_q, n_q - i0)
-                load_d(tile, 0, q, bh, i0, mb, factor)
-                load_v(tile, do_off, dout, bh, i0, mb, one)
+            # key j is seen by rows j - hi_off <= i <= j - lo_off; the block walks their union
+            i_begin = imax(0, first - hi_off)
+            i_end = imin(n_q, imin(first + tpb, n_k) - lo_off)
+            # one flat loop over (reader, query tile): one loop level fewer keeps registers
+            n_tiles = imax(0, (i_end - i_begin + block_q - 1) // block_q)
+            first_reader = reader_start[kv]
+            for item in range((reader_start[kv + 1] - first_reader) * n_tiles):
+                bh = readers[first_reader + item // n_tiles]
+                m_bh = mask_index[bh] if has_mask else 0
+                slope = slopes[bh] if use_alibi else zero
+                i0 = i_begin + (item % n_tiles) * block_q
+                mb = imin(block_q, i_end - i0)
+                a = imax(0, j - hi_off - i0)
+                b = imin(mb, j - lo_off + 1 - i0)
+                if has_mask:  # skip a tile that the mask closes for every key of the block
+                    seen = False
+                    if active:
+                        for ii in range(a, b):
+                            if mask_term(mask, m_bh, i0 + ii, j) != minus_inf:
+                                seen = True
+                                break
+                    if not block_any(seen):
+                        continue
+                load_d(tile, 0, q, bh, a_q + i0, mb, factor)
+                load_v(tile, do_off, dout, bh, a_q + i0, mb, one)
                 for idx in range(tx, mb, tpb):
-                    tile[lse_off + idx] = float_type(lse[bh, i0 + idx])
-                    tile[delta_off + idx] = delta[bh, i0 + idx]
+                    tile[lse_off + idx] = float_type(lse[bh, a_q + i0 + idx] * LOG2E)
+                    tile[delta_off + idx] = delta[bh, a_q + i0 + idx]
                 cuda.syncthreads()
                 if active:
-                    start = imax(0, j - i0) if causal else 0
-                    for ii in range(start, mb):
+                    for ii in range(a, b):
                         shift = tile[lse_off + ii]
                         if shift == minus_inf:
                             continue
                         base = U(ii) * U(d)
-                        p = exp(dot_d(k_row, tile, base) - shift)
+                        s, t = capped(dot_d(k_row, tile, base), cap, inv_cap)
+                        s = terms(s, mask, m_bh, slope, i0 + ii, j)
+                        if has_mask and s == minus_inf:
+                            continue
+                        p = exp2(s - shift)
+                        pz = p  # P o Z: the weight after dropout
+                        if use_dropout:
+                            count = counter(
+                                bh, row0 + a_q + i0 + ii, col0 + a_k + j, n_rows, n_cols
+                            )
+                            pz = p * drop_scale if keep(seed, count, threshold) else zero
                         g_base = U(do_off) + U(ii) * U(d_v)
                         if want_dv:
-                            axpy_v(dv_acc, p, tile, g_base)
-                        if want_dk:
-                            ds = p * (dot_v(v_row, tile, g_base) - tile[delta_off + ii])
+                            axpy_v(dv_acc, pz, tile, g_base)
+                        if want_dk:  # dS = P o ((dO V^T) o Z - D)
+                            dp = dot_v(v_row, tile, g_base)
+                            ds = pz * dp - p * tile[delta_off + ii]
+                            if use_softcap:
+                                ds *= one - t * t
                             axpy_d(dk_acc, ds, tile, base)
                 cuda.syncthreads()
-            if active and want_dk:
+            if active and want_dk:  # dK = ln 2 dS^T Q' (Q' = the base-2 queries in the tile)
                 for f in range(d):
-                    dk[bh, j, f] = dk_acc[f]
+                    dk[kv, a_k + j, f] = dk_acc[f] * ln2
             if active and want_dv:
                 for c in range(d_v):
-                    dv[bh, j, c] = dv_acc[c]
+                    dv[kv, a_k + j, c] = dv_acc[c]
 
         return flash_dkdv_kernel
 
@@ -324,8 +554,12 @@ def _make_kernels(float_type, d, d_v):
     return flash_forward_kernel, flash_dq_kernel, dk_kernel, dv_kernel
 
 
-def flash_kernels(dtype, d, d_v):
-    """The (forward, dq, dk, dv) kernels for a dtype and head sizes, compiled on first use."""
+def flash_kernels(
+    dtype, d, d_v, mask_kind=NO_MASK, alibi=False, softcap=False, dropout=False, packed=False
+):  # fmt: skip
+    """The (forward, dq, dk, dv) kernels for a dtype, head sizes and feature set
+    (``mask_kind``: NO_MASK, BOOL_MASK or FLOAT_MASK; ``alibi``, ``softcap``,
+    ``dropout``, ``packed``: whether those terms are compiled in), compiled on first use."""
     limit = config.CUDA_MAX_HEAD_DIM
     if not (1 <= d <= limit and 1 <= d_v <= limit):
         raise ValueError(
@@ -333,60 +567,226 @@ def flash_kernels(dtype, d, d_v):
             f"(config.CUDA_MAX_HEAD_DIM), got D={d}, Dv={d_v}"
         )
     t = np.dtype(dtype).type
-    return compiled(("flash", t, int(d), int(d_v)), lambda: _make_kernels(t, int(d), int(d_v)))
+    features = (int(mask_kind), bool(alibi), bool(softcap), bool(dropout), bool(packed))
+    return compiled(
+        ("flash", t, int(d), int(d_v), *features),
+        lambda: _make_kernels(t, int(d), int(d_v), *features),
+    )
 
 
-def flash_forward(q, k, v, scale, causal):
-    """``(out, lse)`` as device arrays: out (BH, L, Dv) in the input dtype, lse (BH, L) float64.
+def band_offsets(bands, n_q, n_k):
+    """``(lo_off, hi_off)`` per band ``(offset, left, right)`` (rows of ``bands``, with
+    the lengths ``n_q``, ``n_k`` of their sequences): row i sees the keys
+    i + lo_off <= j <= i + hi_off, lo_off = offset - left, hi_off = offset + right,
+    clamped to +-(n_q + n_k + 1) (a side that large is unbounded; the kernels'
+    integer bounds then never overflow). Returns int64 (n, 2)."""
+    bands = np.asarray(bands, dtype=np.int64).reshape(-1, 3)
+    far = np.asarray(n_q, dtype=np.int64) + np.asarray(n_k, dtype=np.int64) + 1
+    offset, left, right = bands[:, 0], bands[:, 1], bands[:, 2]
+    lo = np.maximum(offset - np.minimum(left, far), -far)
+    hi = np.minimum(offset + np.minimum(right, far), far)
+    return np.ascontiguousarray(np.stack([lo, hi], axis=1))
 
-    ``q``, ``k``, ``v``: device (or NumPy) arrays in the layout of the module docstring.
-    """
+
+def host_array(array, dtype=None):
+    """A host copy of a small argument array (device arrays are copied back)."""
+    if hasattr(array, "copy_to_host"):
+        array = array.copy_to_host()
+    elif not isinstance(array, np.ndarray) and hasattr(array, "__cuda_array_interface__"):
+        array = cuda.as_cuda_array(array).copy_to_host()
+    return np.asarray(array, dtype=dtype)
+
+
+class _Call:
+    """One call's optional terms and packing as the kernels take them: compile-time
+    flags, device arrays (placeholders where unused) and scalars."""
+
+    def __init__(self, q, k, kv_index, cu_q, cu_k, bands, mask, mask_index, slopes, softcap,
+                 dropout, keep_scale, packed=False):  # fmt: skip
+        n_bh = q.shape[0]
+        self.packed = packed
+        if kv_index is None:  # the short form: one K/V slice per query slice
+            kv_index = np.arange(n_bh, dtype=np.int64)
+        self.kv_index = host_array(kv_index, np.int64)
+        cu_q, cu_k = host_array(cu_q, np.int64), host_array(cu_k, np.int64)
+        self.n_seqs = cu_q.size - 1
+        self.longest_q = int(np.diff(cu_q).max(initial=0))
+        self.longest_k = int(np.diff(cu_k).max(initial=0))
+        self.cu_q, self.cu_k = to_device(cu_q), to_device(cu_k)
+        self.offsets = to_device(band_offsets(host_array(bands), np.diff(cu_q), np.diff(cu_k)))
+        if mask is None or mask.shape[0] == 0:
+            self.mask_kind = NO_MASK
+            mask = np.zeros((1, 1, 1), dtype=q.dtype)
+            mask_index = np.zeros(1, dtype=np.int64)
+        else:
+            self.mask_kind = BOOL_MASK if np.dtype(mask.dtype) == np.bool_ else FLOAT_MASK
+        self.mask = to_device(mask)
+        self.mask_index = to_device(host_array(mask_index, np.int64))
+        self.alibi = slopes is not None and slopes.shape[0] > 0
+        if not self.alibi:
+            slopes = np.zeros(1, dtype=q.dtype)
+        self.slopes = to_device(slopes)
+        self.softcap = float(softcap)
+        words = host_array(dropout, np.uint64).reshape(6)
+        self.dropout = bool(words[1] > 0)
+        self.scalars = (
+            np.uint64(words[0]),  # seed
+            np.uint64(words[1]),  # threshold
+            int(words[2]),  # counter rows, columns, first row, first column
+            int(words[3]),
+            int(words[4]),
+            int(words[5]),
+            float(keep_scale),
+        )
+
+    def kernels(self, dtype, d, d_v):
+        flags = (self.mask_kind, self.alibi, self.softcap > 0.0, self.dropout, self.packed)
+        return flash_kernels(dtype, d, d_v, *flags)
+
+    def packing(self):
+        return (self.cu_q, self.cu_k, self.offsets)
+
+    def readers(self, n_kv):
+        """The query slices that read each K/V slice, grouped: (readers, start (n_kv + 1,))."""
+        order = np.argsort(self.kv_index, kind="stable").astype(np.int64)
+        counts = np.bincount(self.kv_index, minlength=n_kv)[:n_kv]
+        start = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+        return to_device(order), to_device(start)
+
+
+def forward_packed(call: _Call, q, k, v, q_factor=1.0):
+    """The forward launch of one call over its packed sequences: ``(out, lse)``."""
     q, k, v = to_device(q), to_device(k), to_device(v)
-    n_bh, n_q, d = q.shape
+    n_bh, n_rows, d = q.shape
     d_v = v.shape[2]
     dtype = np.dtype(q.dtype)
-    forward = flash_kernels(dtype, d, d_v)[0]
-    out = cuda.device_array((n_bh, n_q, d_v), dtype=dtype)
-    lse = cuda.device_array((n_bh, n_q), dtype=np.float64)
+    forward = call.kernels(dtype, d, d_v)[0]
+    out = cuda.device_array((n_bh, n_rows, d_v), dtype=dtype)
+    lse = cuda.device_array((n_bh, n_rows), dtype=np.float64)
     block_k = tile_rows(d + d_v, dtype.itemsize)
-    shared = shared_bytes(block_k * (d + d_v), dtype.itemsize)
-    scale, causal = float(scale), bool(causal)
+    shared = shared_bytes(block_k * (d + d_v) + 3, dtype.itemsize)  # + 3: V aligned
+    head = (q, k, v, to_device(call.kv_index), *call.packing(), call.mask, call.mask_index)
+    terms = (call.slopes, float(q_factor), call.softcap, *call.scalars)
 
-    def args(b0, b1):
-        return (q[b0:b1], k[b0:b1], v[b0:b1], scale, causal, block_k, out[b0:b1], lse[b0:b1])
+    def args_for(b0, b1):
+        return (*head, *terms, block_k, b0, out, lse)
 
-    launch(forward, n_q, args, shared=shared, n_slices=n_bh)
+    n_items = call.n_seqs * n_bh
+    launch(forward, call.longest_q, args_for, shared=shared, n_slices=n_items)
     return out, lse
 
 
-def flash_backward(q, k, v, out, lse, dout, scale, causal):
-    """``(dq, dk, dv)`` as device arrays in the input dtype (``lse`` float64, may hold -inf)."""
+def backward_packed(call: _Call, q, k, v, out, lse, dout, scale, q_factor=1.0):
+    """The backward launches of one call over its packed sequences: ``(dq, dk, dv)``."""
     q, k, v, out, lse, dout = (to_device(a) for a in (q, k, v, out, lse, dout))
-    n_bh, n_q, d = q.shape
-    n_k = k.shape[1]
+    n_bh, n_rows, d = q.shape
+    n_kv, n_keys = k.shape[0], k.shape[1]
     d_v = v.shape[2]
     dtype = np.dtype(q.dtype)
-    _, dq_kernel, dk_kernel, dv_kernel = flash_kernels(dtype, d, d_v)
-    dq = cuda.device_array((n_bh, n_q, d), dtype=dtype)
-    dk = cuda.device_array((n_bh, n_k, d), dtype=dtype)
-    dv = cuda.device_array((n_bh, n_k, d_v), dtype=dtype)
-    delta = cuda.device_array((n_bh, n_q), dtype=dtype)
-    scale, causal = float(scale), bool(causal)
+    _, dq_kernel, dk_kernel, dv_kernel = call.kernels(dtype, d, d_v)
+    dq = cuda.device_array((n_bh, n_rows, d), dtype=dtype)
+    dk = cuda.device_array((n_kv, n_keys, d), dtype=dtype)
+    dv = cuda.device_array((n_kv, n_keys, d_v), dtype=dtype)
+    delta = cuda.device_array((n_bh, n_rows), dtype=dtype)
+    masks = (*call.packing(), call.mask, call.mask_index, call.slopes)
+    words = (call.softcap, *call.scalars)
     block_k = tile_rows(d + d_v, dtype.itemsize)
+    kv_index = to_device(call.kv_index)
 
     def dq_args(b0, b1):
-        inputs = (q, k, v, out, lse, dout)
-        return (*(a[b0:b1] for a in inputs), scale, causal, block_k, dq[b0:b1], delta[b0:b1])
+        inputs = (q, k, v, out, lse, dout, kv_index, *masks, float(q_factor), float(scale))
+        return (*inputs, *words, block_k, b0, dq, delta)
 
-    shared = shared_bytes(block_k * (d + d_v), dtype.itemsize)
-    launch(dq_kernel, n_q, dq_args, shared=shared, n_slices=n_bh)
+    shared = shared_bytes(block_k * (d + d_v) + 3, dtype.itemsize)
+    launch(dq_kernel, call.longest_q, dq_args, shared=shared, n_slices=call.n_seqs * n_bh)
     block_q = tile_rows(d + d_v + 2, dtype.itemsize)
+    readers, reader_start = call.readers(n_kv)
 
     def dkdv_args(b0, b1):
-        inputs = (q, k, v, lse, dout, delta)
-        return (*(a[b0:b1] for a in inputs), scale, causal, block_q, dk[b0:b1], dv[b0:b1])
+        inputs = (q, k, v, lse, dout, delta, readers, reader_start, *masks, float(q_factor))
+        return (*inputs, *words, block_q, b0, dk, dv)
 
-    shared = shared_bytes(block_q * (d + d_v + 2), dtype.itemsize)
-    launch(dv_kernel, n_k, dkdv_args, shared=shared, n_slices=n_bh)
-    launch(dk_kernel, n_k, dkdv_args, shared=shared, n_slices=n_bh)
+    shared = shared_bytes(block_q * (d + d_v + 2) + 3, dtype.itemsize)
+    n_items = call.n_seqs * n_kv
+    launch(dv_kernel, call.longest_k, dkdv_args, shared=shared, n_slices=n_items)
+    launch(dk_kernel, call.longest_k, dkdv_args, shared=shared, n_slices=n_items)
     return dq, dk, dv
+
+
+def _one_sequence(q, k):
+    """cu_q, cu_k of an unpacked call: one sequence of all rows and keys."""
+    return np.array([0, q.shape[1]], np.int64), np.array([0, k.shape[1]], np.int64)
+
+
+def _short_form(q, k, scale, causal):
+    """The call of the short form ``(q, k, v, scale, causal)``: the user's q, top-left
+    causal or nothing, no mask, ALiBi, softcap or dropout; and the q factor."""
+    far = q.shape[1] + k.shape[1] + 1
+    band = np.array([0, far, 0 if causal else far], dtype=np.int64)
+    words = np.zeros(6, dtype=np.uint64)
+    call = _Call(q, k, None, *_one_sequence(q, k), band, None, None, None, 0.0, words, 1.0)
+    return call, float(scale) * LOG2E
+
+
+def _full_form(q, k, args):
+    """The call of the CPU contract's arguments (kv_index, mask, mask_index, mask_live,
+    slopes, band, softcap, dropout, keep_scale, ...)."""
+    kv_index, mask, mask_index, _, slopes, band, softcap, dropout, keep_scale = args[:9]
+    return _Call(
+        q, k, kv_index, *_one_sequence(q, k), band, mask, mask_index, slopes, softcap, dropout,
+        keep_scale,
+    )  # fmt: skip
+
+
+def flash_forward(q, k, v, *args):
+    """``(out, lse)`` as device arrays: out (BH, L, Dv) in the input dtype, lse (BH, L)
+    float64 in natural units -- the twin of ``nbattn.kernels.flash.flash_forward``.
+
+    The full form takes the CPU kernel's arguments (see its module docstring)::
+
+        flash_forward(q, k, v, kv_index, mask, mask_index, mask_live, slopes, band,
+                      softcap, dropout, keep_scale, block_q, block_k)
+
+    q is the user's q times scale * log2(e), mask, slopes and softcap are
+    base 2; ``mask_live``, ``block_q`` and ``block_k`` are the CPU's tiles and
+    are not used here (the GPU's tiles follow ``config``, and a block skips a
+    key tile that the mask closes for all its rows by itself). A boolean mask
+    (True = may attend) is accepted besides the float one. The short form
+    ``flash_forward(q, k, v, scale, causal)`` takes the user's q and plain
+    (top-left causal) attention. Arrays may be host or device arrays.
+    """
+    q, k = to_device(q), to_device(k)
+    if len(args) == 2:
+        call, q_factor = _short_form(q, k, *args)
+        return forward_packed(call, q, k, v, q_factor)
+    return forward_packed(_full_form(q, k, args), q, k, v)
+
+
+def flash_backward(q, k, v, out, lse, dout, *args):
+    """``(dq, dk, dv)`` as device arrays in the input dtype -- the twin of
+    ``nbattn.kernels.flash.flash_backward``.
+
+    The full form takes the CPU kernel's arguments::
+
+        flash_backward(q, k, v, out, lse, dout, kv_index, mask, mask_index, mask_live,
+                       slopes, band, softcap, dropout, keep_scale, scale, n_groups,
+                       block_q, block_k)
+
+    (base-2 q as in the forward; dq is the gradient for the user's q, dk and
+    dv have k's and v's slices, summed over the query slices that read them;
+    ``mask_live``, ``n_groups`` and the block sizes are the CPU's and unused).
+    The short form ``flash_backward(q, k, v, out, lse, dout, scale, causal)``
+    takes the user's q. ``lse`` is float64 and may hold -inf (rows without
+    keys: zero gradients).
+    """
+    q, k = to_device(q), to_device(k)
+    if len(args) == 2:
+        call, q_factor = _short_form(q, k, *args)
+        return backward_packed(call, q, k, v, out, lse, dout, float(args[0]), q_factor)
+    return backward_packed(_full_form(q, k, args), q, k, v, out, lse, dout, float(args[9]))
+
+
+def varlen_call(q, k, kv_index, cu_q, cu_k, bands, softcap, dropout, keep_scale):
+    """The call of packed sequences (no mask, no ALiBi: ``nbattn.kernels.varlen``'s terms)."""
+    no = (None, None, None)  # mask, mask_index, slopes
+    return _Call(q, k, kv_index, cu_q, cu_k, bands, *no, softcap, dropout, keep_scale, True)

@@ -46,19 +46,75 @@ def _sig(*args):
     return "void(" + ", ".join(args) + ")"
 
 
-def flash_cases(dtype, d, d_v):
+def flash_cases(
+    dtype, d, d_v, mask_kind=0, alibi=False, softcap=False, dropout=False, packed=False
+):  # fmt: skip
+    """The flash forward, dq, dk and dv kernels of one feature set (see
+    ``flash.flash_kernels``) with the argument types ``flash.forward_packed`` and
+    ``flash.backward_packed`` launch them with."""
     from . import flash
 
-    a3, a2, f64_2 = f"{dtype}[:,:,::1]", f"{dtype}[:,::1]", "float64[:,::1]"
-    fwd, dq, dk, dv = flash.flash_kernels(dtype, d, d_v)
-    scalars = ("float64", "boolean", "int64")
-    dkdv = _sig(a3, a3, a3, f64_2, a3, a2, *scalars, a3, a3)
-    tag = f"{dtype} D={d} Dv={d_v}"
+    a3, a2, a1 = f"{dtype}[:,:,::1]", f"{dtype}[:,::1]", f"{dtype}[::1]"
+    f64_2, i64_1, i64_2 = "float64[:,::1]", "int64[::1]", "int64[:,::1]"
+    mask = "boolean[:,:,::1]" if mask_kind == flash.BOOL_MASK else a3
+    flags = (mask_kind, alibi, softcap, dropout, packed)
+    fwd, dq, dk, dv = flash.flash_kernels(dtype, d, d_v, *flags)
+    packing = (i64_1, i64_1, i64_2)  # cu_q, cu_k, offsets
+    terms = (mask, i64_1, a1)  # mask, mask_index, slopes
+    words = ("float64", "uint64", "uint64", "int64", "int64", "int64", "int64", "float64")
+    tiles = ("int64", "int64")  # block size, first grid row of the launch
+    features = [
+        name
+        for name, on in (
+            ("bool mask", mask_kind == flash.BOOL_MASK),
+            ("float mask", mask_kind == flash.FLOAT_MASK),
+            ("alibi", alibi),
+            ("softcap", softcap),
+            ("dropout", dropout),
+            ("packed", packed),
+        )
+        if on
+    ]
+    tag = f"{dtype} D={d} Dv={d_v}" + (f" +{'+'.join(features)}" if features else "")
+    forward = _sig(a3, a3, a3, i64_1, *packing, *terms, "float64", *words, *tiles, a3, f64_2)
+    dq_sig = _sig(
+        a3, a3, a3, a3, f64_2, a3, i64_1, *packing, *terms, "float64", "float64", *words,
+        *tiles, a3, a2,
+    )  # fmt: skip
+    dkdv = _sig(
+        a3, a3, a3, f64_2, a3, a2, i64_1, i64_1, *packing, *terms, "float64", *words, *tiles,
+        a3, a3,
+    )  # fmt: skip
     return [
-        Case(f"flash forward {tag}", fwd, _sig(a3, a3, a3, *scalars, a3, f64_2)),
-        Case(f"flash dq {tag}", dq, _sig(a3, a3, a3, a3, f64_2, a3, *scalars, a3, a2)),
+        Case(f"flash forward {tag}", fwd, forward),
+        Case(f"flash dq {tag}", dq, dq_sig),
         Case(f"flash dk {tag}", dk, dkdv),
         Case(f"flash dv {tag}", dv, dkdv),
+    ]
+
+
+def flash_feature_cases(dtype, d):
+    """The flash kernels with every optional term (float mask, ALiBi, softcap,
+    dropout), with a boolean mask alone, and packed (varlen: softcap, dropout,
+    sequence offsets) at head size ``d``."""
+    from . import flash
+
+    return (
+        flash_cases(dtype, d, d, flash.FLOAT_MASK, True, True, True)
+        + flash_cases(dtype, d, d, flash.BOOL_MASK)
+        + flash_cases(dtype, d, d, flash.NO_MASK, False, True, True, True)
+    )
+
+
+def decode_cases(dtype, d, d_v):
+    """The split-KV decoding kernel (``decode.decode_partials``) at head sizes d, d_v."""
+    from . import decode
+
+    a4, i64_1 = f"{dtype}[:,:,:,::1]", "int64[::1]"
+    ints = ("int64", "float64", "boolean", "int64", "int64", "float64", "int64", "int64")
+    sig = _sig(a4, a4, a4, i64_1, i64_1, i64_1, i64_1, *ints, "float64[:,:,::1]", "float64[:,::1]")
+    return [
+        Case(f"decode partials {dtype} D={d} Dv={d_v}", decode.decode_kernel(dtype, d, d_v), sig)
     ]
 
 
@@ -198,13 +254,16 @@ def local_cases(dc, dk, degree, n_out, kernel=0, missing=False):
 
 def kernel_cases():
     """The catalogue at the sizes that matter: flash D = 64 and 128 (float32 and
-    float64), Nadaraya-Watson, the LOO loss, the spread and the weight matrix
-    at d = 1 and 8 with 1 and 8 outputs, LOO gradients with 8 and 64 entries
+    float64) and, at D = 64, with every optional term and with a boolean mask;
+    split-KV decoding at D = 128;
+    Nadaraya-Watson, the LOO loss, the spread and the weight matrix at d = 1
+    and 8 with 1 and 8 outputs, LOO gradients with 8 and 64 entries
     per launch, the layout kernels."""
     cases = []
     for dtype in ("float32", "float64"):
         for d in (64, 128):
             cases += flash_cases(dtype, d, d)
+        cases += flash_feature_cases(dtype, 64) + decode_cases(dtype, 128, 128)
         for d, n_outputs in ((1, 1), (8, 1), (8, 8)):
             cases += pooling_cases(dtype, d, n_outputs)
         for d in (1, 8):

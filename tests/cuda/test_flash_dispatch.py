@@ -1,0 +1,76 @@
+"""flash_attention(device="cuda") with every keyword equals device="cpu" (simulator).
+
+The functional layer lays the arrays out once and calls
+``kernels_for("flash", device)`` with the same arguments on both devices; these
+tests skip while it still refuses the keywords on the GPU.
+"""
+
+import os
+
+import numpy as np
+import pytest
+
+import nbattn
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("NUMBA_ENABLE_CUDASIM") != "1", reason="runs under the CUDA simulator"
+)
+
+TOL = {np.float64: 1e-10, np.float32: 3e-5}
+
+
+@pytest.fixture(autouse=True)
+def _dispatched():
+    q = np.ones((1, 2, 2))
+    try:
+        nbattn.flash_attention(q, q, q, window=(0, 0), device="cuda")
+    except ValueError as exc:
+        if "does not support" in str(exc):
+            pytest.skip(f"the functional layer keeps these keywords on the CPU: {exc}")
+        raise
+
+
+def _close(got, ref, dtype):
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    assert got.shape == ref.shape
+    finite = np.isfinite(ref)
+    np.testing.assert_array_equal(np.isfinite(got), finite)
+    np.testing.assert_array_equal(got[~finite], ref[~finite])
+    scale = max(np.abs(ref[finite]).max(initial=0.0), 1e-30)
+    assert np.abs(got[finite] - ref[finite]).max(initial=0.0) <= TOL[dtype] * scale
+
+
+def _both(q, k, v, dtype, **keywords):
+    """Forward and backward on both devices, compared."""
+    out, lse = nbattn.flash_attention(q, k, v, return_lse=True, device="cuda", **keywords)
+    ref_out, ref_lse = nbattn.flash_attention(q, k, v, return_lse=True, **keywords)
+    assert isinstance(out, np.ndarray) and out.dtype == dtype
+    _close(out, ref_out, dtype)
+    _close(lse, ref_lse, dtype)
+    grad = np.random.default_rng(1).normal(size=out.shape).astype(dtype)
+    got = nbattn.flash_attention_backward(q, k, v, out, lse, grad, device="cuda", **keywords)
+    ref = nbattn.flash_attention_backward(q, k, v, ref_out, ref_lse, grad, **keywords)
+    for g, r in zip(got, ref, strict=True):
+        assert g.dtype == dtype
+        _close(g, r, dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_key_padding_gqa_window_bottom_right(rng, dtype):
+    q = rng.normal(size=(2, 4, 6, 3)).astype(dtype)
+    k = rng.normal(size=(2, 2, 9, 3)).astype(dtype)
+    v = rng.normal(size=(2, 2, 9, 2)).astype(dtype)
+    pad = rng.random((2, 1, 1, 9)) < 0.7
+    _both(
+        q, k, v, dtype, mask=pad, enable_gqa=True, window=(2, 1),
+        causal_alignment="bottom_right", causal=True,
+    )  # fmt: skip
+
+
+def test_float_mask_softcap_dropout(rng):
+    q = rng.normal(size=(3, 5, 4)) * 2
+    k = rng.normal(size=(3, 7, 4))
+    v = rng.normal(size=(3, 7, 3))
+    mask = rng.normal(size=(5, 7))
+    mask[2] = -np.inf  # a row without keys
+    _both(q, k, v, np.float64, mask=mask, softcap=2.0, dropout_p=0.25, random_state=11)
