@@ -688,6 +688,8 @@ def local_loo_loss_exact(X, y, widths, var_type, n_categories, degree, **kwargs)
     err = err.reshape(err.shape[0], -1).sum(axis=1)
     w = np.ones(err.shape[0]) if weights is None else np.asarray(weights, float)
     return float(err @ (w / w.sum()))
+
+
 def loo_loss_and_grad_rows(X, y, n_rows, bandwidth=None, components=None):
     """The LOO loss of the first ``n_rows`` rows, each left out and predicted from all the
     other rows, and its gradient (log h (d,) or L (k, d)), from full matrices:
@@ -708,6 +710,8 @@ def loo_loss_and_grad_rows(X, y, n_rows, bandwidth=None, components=None):
         return loss, np.einsum("ij,ijd->d", dl_ds, (delta / bandwidth) ** 2)
     outer = np.einsum("ij,ija,ijb->ab", dl_ds, delta, delta)
     return loss, -np.asarray(components) @ outer
+
+
 def attention_bottom_right(
     q, k, v, causal=False, scale=None, window=None, softcap=None, bottom_right=True
 ):
