@@ -171,6 +171,29 @@ FAR_SCORE_FLOAT64 = _env_int("FAR_SCORE_FLOAT64", 1 << 24)
 #: answer before it gives up with an error. Read when connecting.
 DASK_CONNECT_TIMEOUT = _env_int("DASK_CONNECT_TIMEOUT", 30, compiled=False)
 
+# --- Gaussian pooling on GEMM tiles (nbattn.kernels.pooling_gemm) -----------
+# Placed before CACHE below so that overriding one of these turns the on-disk
+# cache off like every other compiled tunable.
+
+#: Features from which ``nbattn.nadaraya_watson`` computes the scores as
+#: 2 q.k - ||k||^2 - ||q||^2 on BLAS tiles instead of the direct differences.
+#: Read at call time. Measured crossover on the 2-core AVX-512 machine
+#: (scripts/bench_regression.py --crossover).
+GEMM_MIN_FEATURES = _env_int("GEMM_MIN_FEATURES", 16, compiled=False)
+
+#: Query rows and keys per tile of the GEMM pooling kernel: the score tile
+#: (GEMM_BLOCK_Q x GEMM_BLOCK_K floats per thread) should stay in L2.
+GEMM_BLOCK_Q = _env_int("GEMM_BLOCK_Q", 64)
+GEMM_BLOCK_K = _env_int("GEMM_BLOCK_K", 512)
+
+#: Row check of the GEMM kernel (``kernels.pooling_gemm``): a row keeps its
+#: expanded scores only where ||q||^2 + max ||k||^2 <= GEMM_NORM_RATIO *
+#: max(-log l, GEMM_NORM_FLOOR), i.e. where their rounding error is at most
+#: about GEMM_NORM_RATIO times that of the direct differences (or bounded by
+#: the floor for a row with a near key); other rows take the direct path.
+GEMM_NORM_RATIO = _env_int("GEMM_NORM_RATIO", 8)
+GEMM_NORM_FLOOR = _env_int("GEMM_NORM_FLOOR", 64)
+
 #: Whether compiled kernels are cached on disk (second process: no recompile).
 #: Block sizes and thresholds are compiled into the kernels as constants, and
 #: numba's cache only notices source changes; so a process that overrides one of

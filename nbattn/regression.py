@@ -34,6 +34,7 @@ __all__ = [
     "gaussian_attention_weights",
     "nadaraya_watson",
     "resolve_bandwidth",
+    "uses_gemm_tiles",
 ]
 
 
@@ -218,13 +219,37 @@ def nadaraya_watson(
     _check_exclude_self(exclude_self, queries, keys)
     h = resolve_bandwidth(bandwidth, keys)
     q, k_t, v_t = _layout(queries, keys, values_2d, h, dtype)
-    out, lse = kernels_for("pooling", device).gaussian_pool(q, k_t, v_t, exclude_self)
+    if device == "cpu" and uses_gemm_tiles(q.shape[1]):
+        out, lse = _gaussian_pool_gemm(q, k_t, v_t, exclude_self)
+    else:
+        out, lse = kernels_for("pooling", device).gaussian_pool(q, k_t, v_t, exclude_self)
     if device == "cuda":
         out, lse = out.copy_to_host(), lse.copy_to_host()
         _far_rows_on_the_cpu(out, lse, q, k_t, v_t, exclude_self)
     if values_1d:
         out = out[:, 0]
     return (out, lse) if return_lse else out
+
+
+def uses_gemm_tiles(n_features: int) -> bool:
+    """Whether the CPU pools ``n_features`` features on BLAS tiles (``config.GEMM_MIN_FEATURES``).
+
+    Below the crossover the direct differences (d passes over a key block) are
+    cheaper than a GEMM and its packing, and more accurate; above it the GEMM
+    (``nbattn.kernels.pooling_gemm``) wins. Read at call time.
+    """
+    return n_features >= config.GEMM_MIN_FEATURES
+
+
+def _gaussian_pool_gemm(q, k_t, v_t, exclude_self):
+    """The GEMM-tile pool of the laid-out arrays (keys also row-major; BLAS on one thread)."""
+    from ._threads import blas_one_thread
+
+    keys = np.ascontiguousarray(k_t.T)
+    with blas_one_thread():
+        return kernels_for("pooling_gemm", "cpu").gaussian_pool_gemm(
+            q, keys, k_t, v_t, exclude_self
+        )
 
 
 def _far_rows(lse, dtype, n_keys, exclude_self):

@@ -13,6 +13,32 @@ the maximum. The queries x keys matrix is never held, so memory is
 O((n_queries + n_keys) * (d + n_outputs)), and a query far from every key
 gets the value of its nearest key instead of 0/0.
 
+One pass. A Gaussian score is never positive (it is minus a sum of squares,
+and rounding keeps the sign), so exp(s) <= 1 never overflows and
+``gaussian_pool`` first tries each row without a running maximum: one fused
+loop per key block computes the score, exp(s), their sum l = sum_j exp(s_j)
+and the weighted sums acc = sum_j exp(s_j) v_j (``one_pass_row``; the
+squared distances of all features but the last are summed in a buffer, the
+last feature is fused into the exponential). The driver first divides each
+column of values by a power of two (exact) so that |v| <= 2, and multiplies
+the outputs back. What the missing shift can cost is underflow: ``fast_exp``
+flushes weights below the smallest normal number T (2**-126 float32,
+2**-1022 float64) to zero, and a product w v below T is rounded to a
+multiple of T u (u the unit roundoff). Over n keys they change l by less
+than n T and acc by less than n T (2 + u), so out = acc / l moves by less
+than about 4 n T / l, relative to the values' scale (max |v| in (1, 2]). So
+a row is accepted when
+
+    l >= one_pass_min_sum = n 2**-80 (float32),  n 2**-950 (float64),
+
+which bounds that error by 2**-44 (float32) and 2**-70 (float64), far below
+the unit roundoff (2**-24, 2**-53); a subnormal or zero l fails. Such a row
+(a query whose best score is below about -55 in float32 or -650 in float64)
+is redone by ``pool_row``, the max-shifted online softmax described next,
+which also holds every far-row path below; and since neighbouring queries
+tend to be alike, the next row then starts there too. An accepted row has
+m = 0, l its unshifted sum and lse = log l, so callers see one contract.
+
 Callers (``nbattn.regression``) validate and lay out the arrays:
 
 * ``queries``  (n_queries, d), C-contiguous, already divided by h * sqrt(2);
@@ -476,8 +502,8 @@ def one_pass_min_sum(n_keys, array):
 
     ``n_keys * 2**-80`` in float32 and ``n_keys * 2**-950`` in float64: with
     values scaled to |v| <= 2, the weights flushed to zero and the products
-    that underflow then change out and l by less than 2**-40 (float32) and
-    2**-70 (float64) relative.
+    that underflow then change the output by less than 2**-44 (float32) and
+    2**-70 (float64) of the values' scale.
     """
     per_key = _ONE_PASS_MIN_SUM_FLOAT32 if array.dtype == np.float32 else _ONE_PASS_MIN_SUM_FLOAT64
     return n_keys * per_key
@@ -556,7 +582,8 @@ def gaussian_pool(queries, keys_t, values_t, exclude_self, self_offset=0):
     ``exclude_self``, query i skips key ``i + self_offset`` (the offset places
     a block of query rows inside the keys, for leave-one-out over partitions).
     Each row is one fused pass where its weights allow it (``pool_row_one_pass``),
-    else the max-shifted online softmax and the far-row paths of ``pool_row``.
+    else the max-shifted online softmax and the far-row paths of ``pool_row``;
+    a row after one that failed the one-pass bound goes to ``pool_row`` directly.
     """
     n_queries = queries.shape[0]
     n_outputs = values_t.shape[0]
@@ -566,15 +593,23 @@ def gaussian_pool(queries, keys_t, values_t, exclude_self, self_offset=0):
     out = np.zeros((n_queries, n_outputs), dtype=dtype)
     lse = np.empty(n_queries, dtype=np.float64)
     n_chunks = (n_queries + _QUERY_BLOCK - 1) // _QUERY_BLOCK
+    log_min_sum = np.log(one_pass_min_sum(keys_t.shape[1], queries))
     for chunk in prange(n_chunks):
         scores = np.empty(_KEY_BLOCK, dtype=dtype)
         acc = np.empty(n_outputs, dtype=np.float64)
         stop = min(n_queries, (chunk + 1) * _QUERY_BLOCK)
+        try_one_pass = True
         for i in range(chunk * _QUERY_BLOCK, stop):
             own = i + self_offset if exclude_self else -1
-            running_max, running_sum = pool_row_one_pass(
-                queries[i], keys_t, values_s, own, scores, acc
-            )
+            if try_one_pass:
+                running_max, running_sum = pool_row_one_pass(
+                    queries[i], keys_t, values_s, own, scores, acc
+                )
+            else:
+                running_max, running_sum = pool_row(queries[i], keys_t, values_s, own, scores, acc)
+            # Neighbouring queries tend to be alike: after a row whose unshifted sum
+            # would have failed the bound, the next row starts with the shifted path.
+            try_one_pass = running_sum > 0.0 and running_max + np.log(running_sum) >= log_min_sum
             store_row(out, lse, i, running_max, running_sum, acc, exponents)
     return out, lse
 
