@@ -177,9 +177,12 @@ DASK_CONNECT_TIMEOUT = _env_int("DASK_CONNECT_TIMEOUT", 30, compiled=False)
 
 #: Features from which ``nbattn.nadaraya_watson`` computes the scores as
 #: 2 q.k - ||k||^2 - ||q||^2 on BLAS tiles instead of the direct differences.
-#: Read at call time. Measured crossover on the 2-core AVX-512 machine
-#: (scripts/bench_regression.py --crossover).
-GEMM_MIN_FEATURES = _env_int("GEMM_MIN_FEATURES", 16, compiled=False)
+#: Read at call time. Measured on the 2-core AVX-512 machine, 4096 x 4096
+#: (``scripts/bench_regression.py --crossover``, time direct / time GEMM):
+#: float32 0.76 at d = 24, 1.15 at 32, 1.50 at 64; float64 1.01 at 24, 1.09
+#: at 32, 1.58 at 64. Below the crossover the direct differences are also
+#: the more accurate.
+GEMM_MIN_FEATURES = _env_int("GEMM_MIN_FEATURES", 32, compiled=False)
 
 #: Query rows and keys per tile of the GEMM pooling kernel: the score tile
 #: (GEMM_BLOCK_Q x GEMM_BLOCK_K floats per thread) should stay in L2.
