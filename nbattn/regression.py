@@ -127,24 +127,50 @@ def resolve_bandwidth(bandwidth, keys: np.ndarray) -> np.ndarray:
     return check_bandwidth(bandwidth, keys.shape[1])
 
 
-def _layout(queries, keys, values, h, dtype):
-    """Centre on the keys' median, scale by 1/(h sqrt 2) and transpose to the kernels'
-    layout (see pooling).
+#: Rows of the keys whose per-feature median centres the data (evenly spaced).
+_CENTRE_SAMPLE = 2048
+
+
+def _layout(queries, keys, values, h, dtype, keys_row_major=False):
+    """Centre on the keys' median, scale by 1/(h sqrt 2) and lay out for the kernels
+    (see pooling): ``(q, k_t, v_t, k)``, ``k`` the row-major keys or None.
 
     The centring is done in float64 and cancels in every score; it keeps data
     far from the origin exact in float32 (keys at 1e8 + [0, 1, 2] would round
-    to one value).
+    to one value) and the norms of the GEMM path small. The median is taken
+    over at most ``_CENTRE_SAMPLE`` evenly spaced keys: any centre among the
+    keys serves, and a full median of a wide array costs more than the pool.
     """
     scale = 1.0 / (h * np.sqrt(2.0))
-    centre = np.median(keys, axis=0)
-    q = as_float_array((queries - centre) * scale, "queries / bandwidth", dtype=dtype)
-    k_t = np.ascontiguousarray(
-        as_float_array((keys - centre) * scale, "keys / bandwidth", dtype=dtype).T
-    )
+    step = max(1, keys.shape[0] // _CENTRE_SAMPLE)
+    centre = np.median(keys[::step], axis=0)
+    dtype = np.dtype(dtype)
+    n_keys, d = keys.shape
+    q = _centred_scaled(queries, centre, scale, dtype, "queries / bandwidth")
+    k_t = np.empty((d, n_keys), dtype=dtype)
+    k = np.empty((n_keys, d), dtype=dtype) if keys_row_major else np.empty((0, d), dtype=dtype)
+    _centred_scaled(keys, centre, scale, dtype, "keys / bandwidth", k, k_t)
     v_t = None
     if values is not None:
         v_t = np.ascontiguousarray(as_float_array(values, "values", dtype=dtype).T)
-    return q, k_t, v_t
+    return q, k_t, v_t, (k if keys_row_major else None)
+
+
+def _centred_scaled(x, centre, scale, dtype, name, out=None, out_t=None):
+    """(x - centre) * scale in ``dtype`` through the one-pass layout kernel; with
+    ``out``/``out_t`` given, written there (row-major / feature-major), else a new
+    row-major array is returned. Values the dtype cannot hold get
+    ``as_float_array``'s error naming ``name``."""
+    if out is None:
+        out = np.empty(x.shape, dtype=dtype)
+        out_t = np.empty((0, 0), dtype=dtype)
+    kernel = kernels_for("pooling", "cpu").centred_scaled
+    centre = np.ascontiguousarray(centre, dtype=np.float64)
+    scale = np.ascontiguousarray(scale, dtype=np.float64)
+    largest = kernel(np.ascontiguousarray(x), centre, scale, out, out_t)
+    if not largest <= np.finfo(dtype).max:  # overflow: the checked path words the error
+        as_float_array((x - centre) * scale, name, dtype=dtype)
+    return out
 
 
 def _check_exclude_self(exclude_self, queries, keys):
@@ -218,9 +244,10 @@ def nadaraya_watson(
     queries, keys, values_2d, values_1d = check_pooling_inputs(queries, keys, values)
     _check_exclude_self(exclude_self, queries, keys)
     h = resolve_bandwidth(bandwidth, keys)
-    q, k_t, v_t = _layout(queries, keys, values_2d, h, dtype)
-    if device == "cpu" and uses_gemm_tiles(q.shape[1]):
-        out, lse = _gaussian_pool_gemm(q, k_t, v_t, exclude_self)
+    gemm = device == "cpu" and uses_gemm_tiles(keys.shape[1])
+    q, k_t, v_t, k = _layout(queries, keys, values_2d, h, dtype, keys_row_major=gemm)
+    if gemm:
+        out, lse = _gaussian_pool_gemm(q, k, k_t, v_t, exclude_self)
     else:
         out, lse = kernels_for("pooling", device).gaussian_pool(q, k_t, v_t, exclude_self)
     if device == "cuda":
@@ -241,11 +268,11 @@ def uses_gemm_tiles(n_features: int) -> bool:
     return n_features >= config.GEMM_MIN_FEATURES
 
 
-def _gaussian_pool_gemm(q, k_t, v_t, exclude_self):
-    """The GEMM-tile pool of the laid-out arrays (keys also row-major; BLAS on one thread)."""
+def _gaussian_pool_gemm(q, keys, k_t, v_t, exclude_self):
+    """The GEMM-tile pool of the laid-out arrays (keys row-major and feature-major;
+    BLAS on one thread)."""
     from ._threads import blas_one_thread
 
-    keys = np.ascontiguousarray(k_t.T)
     with blas_one_thread():
         return kernels_for("pooling_gemm", "cpu").gaussian_pool_gemm(
             q, keys, k_t, v_t, exclude_self
@@ -336,7 +363,7 @@ def gaussian_attention_weights(
     exclude_self = check_bool(exclude_self, "exclude_self")
     _check_exclude_self(exclude_self, queries, keys)
     h = resolve_bandwidth(bandwidth, keys)
-    q, k_t, _ = _layout(queries, keys, None, h, dtype)
+    q, k_t, _, _ = _layout(queries, keys, None, h, dtype)
     return kernels_for("pooling", device).gaussian_weights(q, k_t, exclude_self)
 
 

@@ -649,3 +649,40 @@ def gaussian_weights(queries, keys_t, exclude_self):
         for j in range(n_keys):
             row[j] *= inv_total
     return weights
+
+
+# --------------------------------------------------------------------------- layout
+
+
+@njit(parallel=True, fastmath=False, cache=config.CACHE)
+def centred_scaled(x, centre, scale, out, out_t):
+    """out[i, f] = (x[i, f] - centre[f]) * scale[f], computed in float64 and rounded once
+    to out's dtype; the same into out_t[f, i] when out_t has rows (feature-major).
+
+    One pass for the callers' layout (``nbattn.regression``). Returns the
+    largest magnitude written (float64, before rounding; inf or NaN where a
+    product overflowed or x held one), so the caller can refuse what the
+    dtype cannot hold.
+    """
+    n, d = x.shape
+    write_rows = out.shape[0] == n
+    write_t = out_t.shape[0] == d and out_t.shape[1] == n
+    n_chunks = (n + 255) // 256
+    largest = np.zeros(n_chunks)
+    for chunk in prange(n_chunks):
+        big = 0.0
+        for i in range(chunk * 256, min(n, (chunk + 1) * 256)):
+            for f in range(d):
+                value = (np.float64(x[i, f]) - centre[f]) * scale[f]
+                if not abs(value) <= big:  # also takes NaN
+                    big = abs(value)
+                if write_rows:
+                    out[i, f] = value
+                if write_t:
+                    out_t[f, i] = value
+        largest[chunk] = big
+    big = 0.0
+    for chunk in range(n_chunks):
+        if not largest[chunk] <= big:
+            big = largest[chunk]
+    return big
