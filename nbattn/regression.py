@@ -3,7 +3,8 @@
     f(q) = sum_j softmax_j( -1/2 sum_d ((q_d - k_jd) / h_d)^2 ) v_j
 
 (the attention-pooling walk-through, section 1.3.2), computed by the streaming kernel in
-``nbattn.kernels.pooling``: exact, stable, and without the queries x keys
+``nbattn.kernels.pooling`` (or, for many features, on the BLAS tiles of
+``nbattn.kernels.pooling_gemm``): exact, stable, and without the queries x keys
 matrix. This layer validates inputs, resolves bandwidth rules, lays the
 arrays out for the kernel and dispatches to the device.
 """
@@ -231,7 +232,12 @@ def nadaraya_watson(
     Computed with an online softmax over key blocks, never holding the
     n_queries x n_keys matrix; a query far from every key gets its nearest
     key's value (where the textbook formula gives 0/0). A query with no
-    admissible key (one key, excluded) gets 0 and lse = -inf.
+    admissible key (one key, excluded) gets 0 and lse = -inf. On the CPU, rows
+    whose weights cannot underflow take one fused pass without a running
+    maximum (``nbattn.kernels.pooling``, "One pass"), and inputs with at least
+    ``config.GEMM_MIN_FEATURES`` features compute their scores on BLAS tiles
+    as 2 q.k - ||k||^2 - ||q||^2 (``nbattn.kernels.pooling_gemm``), with the
+    same results to rounding.
     """
     dtype = resolve_dtype(dtype, queries, keys, values)
     exclude_self = check_bool(exclude_self, "exclude_self")

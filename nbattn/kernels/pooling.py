@@ -39,7 +39,8 @@ which also holds every far-row path below; and since neighbouring queries
 tend to be alike, the next row then starts there too. An accepted row has
 m = 0, l its unshifted sum and lse = log l, so callers see one contract.
 
-Callers (``nbattn.regression``) validate and lay out the arrays:
+Callers (``nbattn.regression``, with the one-pass ``centred_scaled`` at the
+end of this module) validate and lay out the arrays:
 
 * ``queries``  (n_queries, d), C-contiguous, already divided by h * sqrt(2);
 * ``keys_t``   (d, n_keys), C-contiguous (feature-major, so the inner loop
