@@ -170,6 +170,24 @@ def test_gemm_redoes_near_queries_among_keys_far_from_the_centre(monkeypatch):
     assert _rel_err(got, ref) <= 1e-5
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_gemm_tile_far_above_the_running_maximum(dtype, monkeypatch):
+    """The first key tile holds only keys 12 widths away (scores ~ -72), a later one
+    the near keys (~ 0): the later tile rises more than 60 above the shift its fused
+    pass used, so it is redone with its own maximum; the result is the reference's."""
+    monkeypatch.setattr(config, "GEMM_MIN_FEATURES", 1)
+    rng = np.random.default_rng(7)
+    n_far = config.GEMM_BLOCK_K + 44
+    side = np.where(np.arange(n_far) % 2 == 0, 12.0, -12.0)
+    far_keys = np.column_stack([side, rng.normal(scale=0.1, size=(n_far, 2))])
+    keys = np.vstack([far_keys, rng.normal(scale=0.3, size=(10, 3))])
+    queries = rng.normal(scale=0.3, size=(30, 3))
+    values = rng.normal(size=keys.shape[0])
+    got = nbattn.nadaraya_watson(queries, keys, values, 1.0, dtype=dtype)
+    ref = naive.nadaraya_watson(queries, keys, values, 1.0)
+    assert _rel_err(got, ref) <= TOL[dtype]
+
+
 def test_gemm_agrees_with_the_direct_path_across_the_crossover(monkeypatch):
     rng = np.random.default_rng(6)
     for d in (config.GEMM_MIN_FEATURES - 1, config.GEMM_MIN_FEATURES, 64):
