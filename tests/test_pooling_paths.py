@@ -173,8 +173,8 @@ def test_gemm_redoes_near_queries_among_keys_far_from_the_centre(monkeypatch):
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_gemm_tile_far_above_the_running_maximum(dtype, monkeypatch):
     """The first key tile holds only keys 12 widths away (scores ~ -72), a later one
-    the near keys (~ 0): the later tile rises more than 60 above the shift its fused
-    pass used, so it is redone with its own maximum; the result is the reference's."""
+    the near keys (~ 0): the online softmax rescales the first tiles' sums by e**-72
+    when the maximum jumps; the result is the reference's."""
     monkeypatch.setattr(config, "GEMM_MIN_FEATURES", 1)
     rng = np.random.default_rng(7)
     n_far = config.GEMM_BLOCK_K + 44

@@ -6,19 +6,15 @@ The Gaussian score expands into a dot product and two norms,
 
 so for many features the score tile of a block of queries against a block
 of keys is one GEMM, T = Q K^T (``np.dot`` inside numba: BLAS), followed by
-vectorised loops that form the distance
+a vectorised loop that forms the distance
 
     dist_ij = max(||k_j||^2 + ||q_i||^2 - 2 T_ij, 0)
 
-(the clamp removes the rounding-level negative distances of near pairs), the
-row maximum m and the online softmax (sum and weighted sum of
-exp(-dist_ij - m), rescaled when m grows). With one output, every tile
-after a row's first takes one fused loop shifted by the running maximum of
-the earlier tiles (the score, its maximum, exp, the sums); where the tile's
-best score rose more than 60 above that shift (weights beyond e**60 could
-overflow a float32 sum) the tile is redone from its stored scores with its
-own maximum. With several outputs the weights are stored in the tile and
-P V is a second GEMM. The norms are computed in
+(the clamp removes the rounding-level negative distances of near pairs, so a
+weight never exceeds 1), and accumulates exp(-dist_ij), its sum and its
+product with the values: the one fused pass of ``nbattn.kernels.pooling``
+("One pass"), without a running maximum. With several outputs the weights
+are stored in the tile and P V is a second GEMM. The norms are computed in
 float64 and rounded once to the input dtype; the tiles are in the input
 dtype, the running sums l and acc in float64.
 
@@ -71,9 +67,6 @@ _BLOCK_Q = config.GEMM_BLOCK_Q
 _BLOCK_K = config.GEMM_BLOCK_K
 _NORM_RATIO = float(config.GEMM_NORM_RATIO)
 _NORM_FLOOR = float(config.GEMM_NORM_FLOOR)
-# How far a tile's best score may rise above the running maximum used as its
-# shift: weights up to e**60 (1e26) and 2**16 keys of them stay finite in float32.
-_LAZY_GAP = 60.0
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
@@ -103,26 +96,6 @@ def _tile_scores(row, key_norms, q_norm):
         row[j] = t
         best = fmax(best, t)
     return best
-
-
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def _scores_exp_sum_dot(row, key_norms, q_norm, shift, values_row):
-    """``_tile_scores`` and ``_exp_sum_dot`` in one loop with a shift fixed in advance:
-    returns (max_j t_j, sum_j exp(t_j - shift), sum_j exp(t_j - shift) values_row[j]),
-    the scores t_j left in ``row``. Valid where max_j t_j <= shift + _LAZY_GAP."""
-    best = like(-np.inf, row)
-    total = like(0.0, row)
-    weighted = like(0.0, row)
-    zero = like(0.0, row)
-    two = like(2.0, row)
-    for j in range(row.shape[0]):
-        t = -fmax(key_norms[j] + q_norm - two * row[j], zero)
-        row[j] = t
-        best = fmax(best, t)
-        w = fast_exp(t - shift)
-        total += w
-        weighted += w * values_row[j]
-    return best, total, weighted
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
@@ -174,25 +147,7 @@ def gaussian_pool_gemm(queries, keys, keys_t, values_t, exclude_self, self_offse
                 own_col = i0 + r + self_offset - j0 if exclude_self else -1
                 if 0 <= own_col < nb:  # the excluded pair: a -inf score weighs exactly 0
                     row[own_col] = -np.inf
-                if n_outputs == 1 and m[r] > -np.inf:
-                    # one pass, shifted by the running maximum of the earlier tiles
-                    shift = like(m[r], row)
-                    best, total, weighted = _scores_exp_sum_dot(
-                        row, norms_k, query_norms[i0 + r], shift, values_s[0, j0 : j0 + nb]
-                    )
-                    best = np.float64(best)
-                    if best <= m[r] + _LAZY_GAP:
-                        l[r] += total
-                        acc[r, 0] += weighted
-                        if best > m[r]:
-                            rescale = math.exp(m[r] - best)
-                            l[r] *= rescale
-                            acc[r, 0] *= rescale
-                            m[r] = best
-                        continue
-                    # the tile rose too far above the shift: redo it from its stored scores
-                else:
-                    best = np.float64(_tile_scores(row, norms_k, query_norms[i0 + r]))
+                best = np.float64(_tile_scores(row, norms_k, query_norms[i0 + r]))
                 if best > m[r]:
                     rescale = math.exp(m[r] - best)
                     l[r] *= rescale
