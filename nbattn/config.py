@@ -176,13 +176,14 @@ DASK_CONNECT_TIMEOUT = _env_int("DASK_CONNECT_TIMEOUT", 30, compiled=False)
 # cache off like every other compiled tunable.
 
 #: Features from which ``nbattn.nadaraya_watson`` computes the scores as
-#: 2 q.k - ||k||^2 - ||q||^2 on BLAS tiles instead of the direct differences.
-#: Read at call time. Measured on the 2-core AVX-512 machine, 4096 x 4096
-#: (``scripts/bench_regression.py --crossover``, time direct / time GEMM):
-#: float32 0.76 at d = 24, 1.15 at 32, 1.50 at 64; float64 1.01 at 24, 1.09
-#: at 32, 1.58 at 64. Below the crossover the direct differences are also
-#: the more accurate.
-GEMM_MIN_FEATURES = _env_int("GEMM_MIN_FEATURES", 32, compiled=False)
+#: 2 q.k - ||k||^2 - ||q||^2 on BLAS tiles instead of the direct differences,
+#: per dtype. Read at call time. Measured on the idle 2-core AVX-512 machine,
+#: 4096 x 4096 (``scripts/bench_regression.py --crossover``, time direct / time
+#: GEMM): float32 0.88 at d = 24, 0.97 at 32, 1.07 at 48, 1.34 at 64; float64
+#: 0.91 at 16, 1.22 at 24, 1.57 at 64. Below the crossover the direct
+#: differences are also the more accurate.
+GEMM_MIN_FEATURES_FLOAT32 = _env_int("GEMM_MIN_FEATURES_FLOAT32", 40, compiled=False)
+GEMM_MIN_FEATURES_FLOAT64 = _env_int("GEMM_MIN_FEATURES_FLOAT64", 24, compiled=False)
 
 #: Query rows and keys per tile of the GEMM pooling kernel: the score tile
 #: (GEMM_BLOCK_Q x GEMM_BLOCK_K floats per thread, 256 KiB in float32) should

@@ -235,7 +235,7 @@ def nadaraya_watson(
     admissible key (one key, excluded) gets 0 and lse = -inf. On the CPU, rows
     whose weights cannot underflow take one fused pass without a running
     maximum (``nbattn.kernels.pooling``, "One pass"), and inputs with at least
-    ``config.GEMM_MIN_FEATURES`` features compute their scores on BLAS tiles
+    ``config.GEMM_MIN_FEATURES_<dtype>`` features compute their scores on BLAS tiles
     as 2 q.k - ||k||^2 - ||q||^2 (``nbattn.kernels.pooling_gemm``), with the
     same results to rounding.
     """
@@ -250,7 +250,7 @@ def nadaraya_watson(
     queries, keys, values_2d, values_1d = check_pooling_inputs(queries, keys, values)
     _check_exclude_self(exclude_self, queries, keys)
     h = resolve_bandwidth(bandwidth, keys)
-    gemm = device == "cpu" and uses_gemm_tiles(keys.shape[1])
+    gemm = device == "cpu" and uses_gemm_tiles(keys.shape[1], dtype)
     q, k_t, v_t, k = _layout(queries, keys, values_2d, h, dtype, keys_row_major=gemm)
     if gemm:
         out, lse = _gaussian_pool_gemm(q, k, k_t, v_t, exclude_self)
@@ -264,14 +264,17 @@ def nadaraya_watson(
     return (out, lse) if return_lse else out
 
 
-def uses_gemm_tiles(n_features: int) -> bool:
-    """Whether the CPU pools ``n_features`` features on BLAS tiles (``config.GEMM_MIN_FEATURES``).
+def uses_gemm_tiles(n_features: int, dtype) -> bool:
+    """Whether the CPU pools ``n_features`` features of ``dtype`` on BLAS tiles
+    (``config.GEMM_MIN_FEATURES_FLOAT32`` / ``_FLOAT64``, read at call time).
 
     Below the crossover the direct differences (d passes over a key block) are
     cheaper than a GEMM and its packing, and more accurate; above it the GEMM
-    (``nbattn.kernels.pooling_gemm``) wins. Read at call time.
+    (``nbattn.kernels.pooling_gemm``) wins.
     """
-    return n_features >= config.GEMM_MIN_FEATURES
+    if np.dtype(dtype) == np.float32:
+        return n_features >= config.GEMM_MIN_FEATURES_FLOAT32
+    return n_features >= config.GEMM_MIN_FEATURES_FLOAT64
 
 
 def _gaussian_pool_gemm(q, keys, k_t, v_t, exclude_self):

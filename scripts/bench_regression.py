@@ -145,10 +145,10 @@ def targets(n: int, n_wide: int = 8192, repeat: int = 5) -> None:
 
 def crossover(n: int = 4096, repeat: int = 3) -> None:
     """Direct differences against GEMM tiles over d: the measurement behind
-    ``config.GEMM_MIN_FEATURES``."""
+    ``config.GEMM_MIN_FEATURES_FLOAT32`` and ``_FLOAT64``."""
     numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
     cfg = nbattn.config
-    saved = cfg.GEMM_MIN_FEATURES
+    saved = cfg.GEMM_MIN_FEATURES_FLOAT32, cfg.GEMM_MIN_FEATURES_FLOAT64
     rng = np.random.default_rng(0)
     print(f"crossover: {n} x {n}, time direct / time GEMM (> 1: GEMM faster)")
     try:
@@ -160,11 +160,11 @@ def crossover(n: int = 4096, repeat: int = 3) -> None:
                 h = nbattn.regression.bandwidth_rule(keys)
 
                 def direct(q=queries, k=keys, v=values, h=h):
-                    cfg.GEMM_MIN_FEATURES = 10**9
+                    cfg.GEMM_MIN_FEATURES_FLOAT32 = cfg.GEMM_MIN_FEATURES_FLOAT64 = 10**9
                     nbattn.nadaraya_watson(q, k, v, h)
 
                 def gemm(q=queries, k=keys, v=values, h=h):
-                    cfg.GEMM_MIN_FEATURES = 1
+                    cfg.GEMM_MIN_FEATURES_FLOAT32 = cfg.GEMM_MIN_FEATURES_FLOAT64 = 1
                     nbattn.nadaraya_watson(q, k, v, h)
 
                 gemm()
@@ -174,7 +174,7 @@ def crossover(n: int = 4096, repeat: int = 3) -> None:
                 print(f"  {dtype} d = {d:3d}: {times}, {ratio:.2f}x")
                 sys.stdout.flush()
     finally:
-        cfg.GEMM_MIN_FEATURES = saved
+        cfg.GEMM_MIN_FEATURES_FLOAT32, cfg.GEMM_MIN_FEATURES_FLOAT64 = saved
 
 
 def best_time(fn, *args, repeat=3):

@@ -5,7 +5,7 @@
 * the GEMM tiles of ``kernels.pooling_gemm`` for wide inputs, with their row
   checks (far queries, data far from the origin, keys far from the centre).
 
-The path is forced through ``config.GEMM_MIN_FEATURES`` (read at call time).
+The path is forced through ``config.GEMM_MIN_FEATURES_<dtype>`` (read at call time).
 """
 
 import numpy as np
@@ -29,8 +29,14 @@ def _rel_err(got, ref):
 @pytest.fixture(params=["direct", "gemm"])
 def path(request, monkeypatch):
     """Run the test on the direct kernel, then on the GEMM tiles, whatever d is."""
-    monkeypatch.setattr(config, "GEMM_MIN_FEATURES", 10**9 if request.param == "direct" else 1)
+    _force(monkeypatch, request.param == "gemm")
     return request.param
+
+
+def _force(monkeypatch, gemm):
+    """Send every call to the GEMM tiles (``gemm``) or to the direct kernel."""
+    for name in ("GEMM_MIN_FEATURES_FLOAT32", "GEMM_MIN_FEATURES_FLOAT64"):
+        monkeypatch.setattr(config, name, 1 if gemm else 10**9)
 
 
 # --------------------------------------------------------------- the one pass
@@ -110,7 +116,7 @@ def test_value_scaling_is_exact_and_bounded():
 @pytest.mark.parametrize("exclude_self", [False, True])
 def test_gemm_tiles_across_tile_edges(dtype, n_outputs, exclude_self, monkeypatch):
     """More keys than GEMM_BLOCK_K and queries than GEMM_BLOCK_Q (partial tiles)."""
-    monkeypatch.setattr(config, "GEMM_MIN_FEATURES", 1)
+    _force(monkeypatch, True)
     rng = np.random.default_rng(2)
     n, d = config.GEMM_BLOCK_K + 37, 24
     x = rng.normal(size=(n, d))
@@ -165,7 +171,7 @@ def test_gemm_redoes_near_queries_among_keys_far_from_the_centre(monkeypatch):
     queries = b + rng.normal(scale=0.2, size=b.shape)
     values = rng.normal(size=203)
     ref = naive.nadaraya_watson(queries, keys, values, 0.5)
-    monkeypatch.setattr(config, "GEMM_MIN_FEATURES", 1)
+    _force(monkeypatch, True)
     got = nbattn.nadaraya_watson(queries, keys, values, 0.5, dtype="float32")
     assert _rel_err(got, ref) <= 1e-5
 
@@ -175,7 +181,7 @@ def test_gemm_tile_far_above_the_running_maximum(dtype, monkeypatch):
     """The first key tile holds only keys 12 widths away (scores ~ -72), a later one
     the near keys (~ 0): the online softmax rescales the first tiles' sums by e**-72
     when the maximum jumps; the result is the reference's."""
-    monkeypatch.setattr(config, "GEMM_MIN_FEATURES", 1)
+    _force(monkeypatch, True)
     rng = np.random.default_rng(7)
     n_far = config.GEMM_BLOCK_K + 44
     side = np.where(np.arange(n_far) % 2 == 0, 12.0, -12.0)
@@ -188,18 +194,22 @@ def test_gemm_tile_far_above_the_running_maximum(dtype, monkeypatch):
     assert _rel_err(got, ref) <= TOL[dtype]
 
 
-def test_gemm_agrees_with_the_direct_path_across_the_crossover(monkeypatch):
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_gemm_agrees_with_the_direct_path_across_the_crossover(dtype, monkeypatch):
     rng = np.random.default_rng(6)
-    for d in (config.GEMM_MIN_FEATURES - 1, config.GEMM_MIN_FEATURES, 64):
+    crossover = getattr(config, "GEMM_MIN_FEATURES_" + dtype.upper())
+    for d in (crossover - 1, crossover, 64):
         q, k, v = rng.normal(size=(60, d)), rng.normal(size=(400, d)), rng.normal(size=400)
         h = nbattn.regression.bandwidth_rule(k)
-        auto = nbattn.nadaraya_watson(q, k, v, h)
-        monkeypatch.setattr(config, "GEMM_MIN_FEATURES", 10**9)
-        direct = nbattn.nadaraya_watson(q, k, v, h)
+        auto = nbattn.nadaraya_watson(q, k, v, h, dtype=dtype)
+        _force(monkeypatch, False)
+        direct = nbattn.nadaraya_watson(q, k, v, h, dtype=dtype)
         monkeypatch.undo()
-        assert nbattn.regression.uses_gemm_tiles(d) == (d >= config.GEMM_MIN_FEATURES)
-        assert _rel_err(auto, direct) <= 1e-12
-        assert _rel_err(auto, naive.nadaraya_watson(q, k, v, h)) <= 1e-12
+        assert nbattn.regression.uses_gemm_tiles(d, dtype) == (d >= crossover)
+        ref = naive.nadaraya_watson(q, k, v, h)
+        tol = 2e-5 if dtype == "float32" else TOL[dtype]  # float32 at d = 64: (d + 3) u |s|
+        assert _rel_err(auto, direct) <= tol
+        assert _rel_err(auto, ref) <= tol
 
 
 @settings(max_examples=25, deadline=None)
@@ -225,12 +235,9 @@ def test_random_shapes_on_both_paths(
     v = rng.normal(size=(n_keys, n_outputs))
     h = 10.0**log_h
     dtype = "float32" if f32 else "float64"
-    saved = config.GEMM_MIN_FEATURES
-    config.GEMM_MIN_FEATURES = 1 if gemm else 10**9
-    try:
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        _force(monkeypatch, gemm)
         got = nbattn.nadaraya_watson(q, k, v, h, exclude_self=exclude_self, dtype=dtype)
-    finally:
-        config.GEMM_MIN_FEATURES = saved
     ref = naive.nadaraya_watson(q, k, v, h, exclude_self=exclude_self)
     assert np.all(np.isfinite(got))
     if exclude_self and n_keys == 1:
