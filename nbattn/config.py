@@ -171,6 +171,36 @@ FAR_SCORE_FLOAT64 = _env_int("FAR_SCORE_FLOAT64", 1 << 24)
 #: answer before it gives up with an error. Read when connecting.
 DASK_CONNECT_TIMEOUT = _env_int("DASK_CONNECT_TIMEOUT", 30, compiled=False)
 
+# --- Gaussian pooling on GEMM tiles (nbattn.kernels.pooling_gemm) -----------
+# Placed before CACHE below so that overriding one of these turns the on-disk
+# cache off like every other compiled tunable.
+
+#: Features from which ``nbattn.nadaraya_watson`` computes the scores as
+#: 2 q.k - ||k||^2 - ||q||^2 on BLAS tiles instead of the direct differences,
+#: per dtype. Read at call time. Measured on the idle 2-core AVX-512 machine,
+#: 4096 x 4096 (``scripts/bench_regression.py --crossover``, time direct / time
+#: GEMM): float32 0.88 at d = 24, 0.97 at 32, 1.07 at 48, 1.34 at 64; float64
+#: 0.91 at 16, 1.22 at 24, 1.57 at 64. Below the crossover the direct
+#: differences are also the more accurate.
+GEMM_MIN_FEATURES_FLOAT32 = _env_int("GEMM_MIN_FEATURES_FLOAT32", 40, compiled=False)
+GEMM_MIN_FEATURES_FLOAT64 = _env_int("GEMM_MIN_FEATURES_FLOAT64", 24, compiled=False)
+
+#: Query rows and keys per tile of the GEMM pooling kernel: the score tile
+#: (GEMM_BLOCK_Q x GEMM_BLOCK_K floats per thread, 256 KiB in float32) should
+#: stay in L2, and BLAS packs the key tile once per GEMM_BLOCK_Q rows. Measured
+#: at d = 256 float32 (8k x 8k, the score GEMMs alone): 64 x 512 ran at 0.6x
+#: the speed of 256 x 256 and 512 x 512 (whose score tile outgrows L2).
+GEMM_BLOCK_Q = _env_int("GEMM_BLOCK_Q", 256)
+GEMM_BLOCK_K = _env_int("GEMM_BLOCK_K", 256)
+
+#: Row check of the GEMM kernel (``kernels.pooling_gemm``): a row keeps its
+#: expanded scores only where ||q||^2 + max ||k||^2 <= GEMM_NORM_RATIO *
+#: max(-log l, GEMM_NORM_FLOOR), i.e. where their rounding error is at most
+#: about GEMM_NORM_RATIO times that of the direct differences (or bounded by
+#: the floor for a row with a near key); other rows take the direct path.
+GEMM_NORM_RATIO = _env_int("GEMM_NORM_RATIO", 8)
+GEMM_NORM_FLOOR = _env_int("GEMM_NORM_FLOOR", 64)
+
 #: Whether compiled kernels are cached on disk (second process: no recompile).
 #: Block sizes and thresholds are compiled into the kernels as constants, and
 #: numba's cache only notices source changes; so a process that overrides one of

@@ -44,6 +44,7 @@ def resolve_device(device: str) -> str:
 KERNELS = {
     ("pooling", "cpu"): "nbattn.kernels.pooling",
     ("pooling", "cuda"): "nbattn.cuda.pooling",
+    ("pooling_gemm", "cpu"): "nbattn.kernels.pooling_gemm",
     ("loo", "cpu"): "nbattn.kernels.loo",
     ("loo", "cuda"): "nbattn.cuda.loo",
     ("flash", "cpu"): "nbattn.kernels.flash",

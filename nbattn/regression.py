@@ -3,7 +3,8 @@
     f(q) = sum_j softmax_j( -1/2 sum_d ((q_d - k_jd) / h_d)^2 ) v_j
 
 (the attention-pooling walk-through, section 1.3.2), computed by the streaming kernel in
-``nbattn.kernels.pooling``: exact, stable, and without the queries x keys
+``nbattn.kernels.pooling`` (or, for many features, on the BLAS tiles of
+``nbattn.kernels.pooling_gemm``): exact, stable, and without the queries x keys
 matrix. This layer validates inputs, resolves bandwidth rules, lays the
 arrays out for the kernel and dispatches to the device.
 """
@@ -34,6 +35,7 @@ __all__ = [
     "gaussian_attention_weights",
     "nadaraya_watson",
     "resolve_bandwidth",
+    "uses_gemm_tiles",
 ]
 
 
@@ -126,24 +128,50 @@ def resolve_bandwidth(bandwidth, keys: np.ndarray) -> np.ndarray:
     return check_bandwidth(bandwidth, keys.shape[1])
 
 
-def _layout(queries, keys, values, h, dtype):
-    """Centre on the keys' median, scale by 1/(h sqrt 2) and transpose to the kernels'
-    layout (see pooling).
+#: Rows of the keys whose per-feature median centres the data (evenly spaced).
+_CENTRE_SAMPLE = 2048
+
+
+def _layout(queries, keys, values, h, dtype, keys_row_major=False):
+    """Centre on the keys' median, scale by 1/(h sqrt 2) and lay out for the kernels
+    (see pooling): ``(q, k_t, v_t, k)``, ``k`` the row-major keys or None.
 
     The centring is done in float64 and cancels in every score; it keeps data
     far from the origin exact in float32 (keys at 1e8 + [0, 1, 2] would round
-    to one value).
+    to one value) and the norms of the GEMM path small. The median is taken
+    over at most ``_CENTRE_SAMPLE`` evenly spaced keys: any centre among the
+    keys serves, and a full median of a wide array costs more than the pool.
     """
     scale = 1.0 / (h * np.sqrt(2.0))
-    centre = np.median(keys, axis=0)
-    q = as_float_array((queries - centre) * scale, "queries / bandwidth", dtype=dtype)
-    k_t = np.ascontiguousarray(
-        as_float_array((keys - centre) * scale, "keys / bandwidth", dtype=dtype).T
-    )
+    step = max(1, keys.shape[0] // _CENTRE_SAMPLE)
+    centre = np.median(keys[::step], axis=0)
+    dtype = np.dtype(dtype)
+    n_keys, d = keys.shape
+    q = _centred_scaled(queries, centre, scale, dtype, "queries / bandwidth")
+    k_t = np.empty((d, n_keys), dtype=dtype)
+    k = np.empty((n_keys, d), dtype=dtype) if keys_row_major else np.empty((0, d), dtype=dtype)
+    _centred_scaled(keys, centre, scale, dtype, "keys / bandwidth", k, k_t)
     v_t = None
     if values is not None:
         v_t = np.ascontiguousarray(as_float_array(values, "values", dtype=dtype).T)
-    return q, k_t, v_t
+    return q, k_t, v_t, (k if keys_row_major else None)
+
+
+def _centred_scaled(x, centre, scale, dtype, name, out=None, out_t=None):
+    """(x - centre) * scale in ``dtype`` through the one-pass layout kernel; with
+    ``out``/``out_t`` given, written there (row-major / feature-major), else a new
+    row-major array is returned. Values the dtype cannot hold get
+    ``as_float_array``'s error naming ``name``."""
+    if out is None:
+        out = np.empty(x.shape, dtype=dtype)
+        out_t = np.empty((0, 0), dtype=dtype)
+    kernel = kernels_for("pooling", "cpu").centred_scaled
+    centre = np.ascontiguousarray(centre, dtype=np.float64)
+    scale = np.ascontiguousarray(scale, dtype=np.float64)
+    largest = kernel(np.ascontiguousarray(x), centre, scale, out, out_t)
+    if not largest <= np.finfo(dtype).max:  # overflow: the checked path words the error
+        as_float_array((x - centre) * scale, name, dtype=dtype)
+    return out
 
 
 def _check_exclude_self(exclude_self, queries, keys):
@@ -204,7 +232,12 @@ def nadaraya_watson(
     Computed with an online softmax over key blocks, never holding the
     n_queries x n_keys matrix; a query far from every key gets its nearest
     key's value (where the textbook formula gives 0/0). A query with no
-    admissible key (one key, excluded) gets 0 and lse = -inf.
+    admissible key (one key, excluded) gets 0 and lse = -inf. On the CPU, rows
+    whose weights cannot underflow take one fused pass without a running
+    maximum (``nbattn.kernels.pooling``, "One pass"), and inputs with at least
+    ``config.GEMM_MIN_FEATURES_<dtype>`` features compute their scores on BLAS tiles
+    as 2 q.k - ||k||^2 - ||q||^2 (``nbattn.kernels.pooling_gemm``), with the
+    same results to rounding.
     """
     dtype = resolve_dtype(dtype, queries, keys, values)
     exclude_self = check_bool(exclude_self, "exclude_self")
@@ -217,14 +250,42 @@ def nadaraya_watson(
     queries, keys, values_2d, values_1d = check_pooling_inputs(queries, keys, values)
     _check_exclude_self(exclude_self, queries, keys)
     h = resolve_bandwidth(bandwidth, keys)
-    q, k_t, v_t = _layout(queries, keys, values_2d, h, dtype)
-    out, lse = kernels_for("pooling", device).gaussian_pool(q, k_t, v_t, exclude_self)
+    gemm = device == "cpu" and uses_gemm_tiles(keys.shape[1], dtype)
+    q, k_t, v_t, k = _layout(queries, keys, values_2d, h, dtype, keys_row_major=gemm)
+    if gemm:
+        out, lse = _gaussian_pool_gemm(q, k, k_t, v_t, exclude_self)
+    else:
+        out, lse = kernels_for("pooling", device).gaussian_pool(q, k_t, v_t, exclude_self)
     if device == "cuda":
         out, lse = out.copy_to_host(), lse.copy_to_host()
         _far_rows_on_the_cpu(out, lse, q, k_t, v_t, exclude_self)
     if values_1d:
         out = out[:, 0]
     return (out, lse) if return_lse else out
+
+
+def uses_gemm_tiles(n_features: int, dtype) -> bool:
+    """Whether the CPU pools ``n_features`` features of ``dtype`` on BLAS tiles
+    (``config.GEMM_MIN_FEATURES_FLOAT32`` / ``_FLOAT64``, read at call time).
+
+    Below the crossover the direct differences (d passes over a key block) are
+    cheaper than a GEMM and its packing, and more accurate; above it the GEMM
+    (``nbattn.kernels.pooling_gemm``) wins.
+    """
+    if np.dtype(dtype) == np.float32:
+        return n_features >= config.GEMM_MIN_FEATURES_FLOAT32
+    return n_features >= config.GEMM_MIN_FEATURES_FLOAT64
+
+
+def _gaussian_pool_gemm(q, keys, k_t, v_t, exclude_self):
+    """The GEMM-tile pool of the laid-out arrays (keys row-major and feature-major;
+    BLAS on one thread)."""
+    from ._threads import blas_one_thread
+
+    with blas_one_thread():
+        return kernels_for("pooling_gemm", "cpu").gaussian_pool_gemm(
+            q, keys, k_t, v_t, exclude_self
+        )
 
 
 def _far_rows(lse, dtype, n_keys, exclude_self):
@@ -311,7 +372,7 @@ def gaussian_attention_weights(
     exclude_self = check_bool(exclude_self, "exclude_self")
     _check_exclude_self(exclude_self, queries, keys)
     h = resolve_bandwidth(bandwidth, keys)
-    q, k_t, _ = _layout(queries, keys, None, h, dtype)
+    q, k_t, _, _ = _layout(queries, keys, None, h, dtype)
     return kernels_for("pooling", device).gaussian_weights(q, k_t, exclude_self)
 
 

@@ -9,7 +9,17 @@ Peers: the NumPy full-matrix formula, scikit-learn KNeighborsRegressor with
 n_neighbors = n and Gaussian weights, statsmodels KernelReg.fit (reg_type
 'lc'), and a naive numba kernel that calls np.exp.
 
-    python scripts/bench_regression.py [--n 20000] [--million]
+First it prints the speed targets, as medians of repeats, each ratio from
+timings taken alternately in one run (numba and torch on 2 threads):
+
+* 1-D float32 n x n against the limit kernel: one plain fused loop per query
+  (score, inlined polynomial exp, sum, weighted sum; no max pass, no blocks,
+  no far-row checks), the fastest any exact-enough 1-D kernel can be here;
+* float32 8k x 8k at d = 64 and 256 against torch: cdist -> softmax ->
+  matmul over blocks of query rows (the O(n) memory way to do it in torch).
+
+    python scripts/bench_regression.py [--n 20000] [--million] [--targets-only]
+    python scripts/bench_regression.py --crossover   # direct vs GEMM tiles over d
 
 --million also measures peak memory of 1,000,000 x 1,000,000 in 1-D float32
 (in a subprocess; minutes of compute).
@@ -29,6 +39,142 @@ import numpy as np
 from numba import njit, prange
 
 import nbattn
+from nbattn.kernels.fastmath import fast_exp
+
+
+def median_ratio(fn_ours, fn_peer, repeat=5):
+    """(median time ours, median time peer, median of per-round peer/ours ratios).
+
+    The two run alternately, so load on a shared machine hits both alike.
+    """
+    ours, peer, ratios = [], [], []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn_ours()
+        t1 = time.perf_counter()
+        fn_peer()
+        t2 = time.perf_counter()
+        ours.append(t1 - t0)
+        peer.append(t2 - t1)
+        ratios.append((t2 - t1) / (t1 - t0))
+    return float(np.median(ours)), float(np.median(peer)), float(np.median(ratios))
+
+
+@njit(parallel=True, fastmath=nbattn.config.FASTMATH)
+def limit_nw_1d(queries, keys, values):
+    """The limit kernel: per query one fused loop over the keys, inlined exp, no max pass.
+
+    Inputs pre-scaled by 1/(h sqrt 2); sums in the input dtype. Not safe (a
+    far query gives 0/0): it measures the machine, not a method.
+    """
+    out = np.empty_like(queries)
+    for i in prange(queries.shape[0]):
+        q = queries[i]
+        total = queries.dtype.type(0.0)
+        acc = queries.dtype.type(0.0)
+        for j in range(keys.shape[0]):
+            diff = keys[j] - q
+            w = fast_exp(-(diff * diff))
+            total += w
+            acc += w * values[j]
+        out[i] = acc / total
+    return out
+
+
+def torch_nw_blocks(torch, queries, keys, values, h, block=1024):
+    """Nadaraya-Watson in torch: cdist -> softmax -> matmul over blocks of query rows."""
+    inv = 1.0 / (h * np.sqrt(2.0))
+    k = keys * torch.as_tensor(inv, dtype=keys.dtype)
+    q = queries * torch.as_tensor(inv, dtype=keys.dtype)
+    out = torch.empty((q.shape[0], values.shape[1]), dtype=values.dtype)
+    for i0 in range(0, q.shape[0], block):
+        dist = torch.cdist(q[i0 : i0 + block], k)
+        out[i0 : i0 + block] = torch.softmax(-(dist * dist), dim=1) @ values
+    return out
+
+
+def targets(n: int, n_wide: int = 8192, repeat: int = 5) -> None:
+    """Print the speed targets (module docstring), medians over ``repeat`` rounds."""
+    numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+    rng = np.random.default_rng(0)
+    print(f"targets: numba threads {numba.get_num_threads()}, median of {repeat} rounds")
+    keys = rng.uniform(0, 6, n).astype(np.float32)
+    queries = rng.uniform(0, 6, n).astype(np.float32)
+    values = np.sin(keys).astype(np.float32)
+    h = float(nbattn.regression.bandwidth_rule(keys)[0])
+    scale = np.float32(1.0 / (h * np.sqrt(2.0)))
+    ks, qs = keys * scale, queries * scale
+    limit_nw_1d(qs[:4], ks[:50], values[:50])
+    nbattn.nadaraya_watson(queries[:4], keys[:50], values[:50], h)
+    t_ours, t_peer, ratio = median_ratio(
+        lambda: nbattn.nadaraya_watson(queries, keys, values, h),
+        lambda: limit_nw_1d(qs, ks, values),
+        repeat,
+    )
+    print(
+        f"  1-D float32 {n} x {n}: nbattn {n * n / t_ours:.3g} pairs/s, limit kernel "
+        f"{n * n / t_peer:.3g} pairs/s, nbattn / limit = {ratio:.2f}x (target >= 0.9x)"
+    )
+    try:
+        import torch
+    except ImportError:
+        print("  torch not installed: the wide-input targets are skipped")
+        return
+    torch.set_num_threads(2)
+    for d, target in ((64, 4), (256, 3)):
+        keys = rng.normal(size=(n_wide, d)).astype(np.float32)
+        queries = rng.normal(size=(n_wide, d)).astype(np.float32)
+        values = rng.normal(size=(n_wide, 1)).astype(np.float32)
+        h = nbattn.regression.bandwidth_rule(keys)
+        tk, tq, tv = (torch.from_numpy(a) for a in (keys, queries, values))
+        nbattn.nadaraya_watson(queries[:4], keys[:50], values[:50], h)
+        with torch.inference_mode():
+            t_ours, t_peer, ratio = median_ratio(
+                lambda q=queries, k=keys, v=values, h=h: nbattn.nadaraya_watson(q, k, v, h),
+                lambda q=tq, k=tk, v=tv, h=h: torch_nw_blocks(torch, q, k, v, h),
+                repeat,
+            )
+        pairs = n_wide * n_wide
+        print(
+            f"  float32 {n_wide} x {n_wide}, d = {d}: nbattn {pairs / t_ours:.3g} pairs/s, "
+            f"torch {pairs / t_peer:.3g} pairs/s, nbattn / torch = {ratio:.2f}x "
+            f"(target >= {target}x)"
+        )
+    sys.stdout.flush()
+
+
+def crossover(n: int = 4096, repeat: int = 3) -> None:
+    """Direct differences against GEMM tiles over d: the measurement behind
+    ``config.GEMM_MIN_FEATURES_FLOAT32`` and ``_FLOAT64``."""
+    numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+    cfg = nbattn.config
+    saved = cfg.GEMM_MIN_FEATURES_FLOAT32, cfg.GEMM_MIN_FEATURES_FLOAT64
+    rng = np.random.default_rng(0)
+    print(f"crossover: {n} x {n}, time direct / time GEMM (> 1: GEMM faster)")
+    try:
+        for dtype in ("float32", "float64"):
+            for d in (2, 4, 8, 12, 16, 24, 32, 48, 64):
+                keys = rng.normal(size=(n, d)).astype(dtype)
+                queries = rng.normal(size=(n, d)).astype(dtype)
+                values = rng.normal(size=n).astype(dtype)
+                h = nbattn.regression.bandwidth_rule(keys)
+
+                def direct(q=queries, k=keys, v=values, h=h):
+                    cfg.GEMM_MIN_FEATURES_FLOAT32 = cfg.GEMM_MIN_FEATURES_FLOAT64 = 10**9
+                    nbattn.nadaraya_watson(q, k, v, h)
+
+                def gemm(q=queries, k=keys, v=values, h=h):
+                    cfg.GEMM_MIN_FEATURES_FLOAT32 = cfg.GEMM_MIN_FEATURES_FLOAT64 = 1
+                    nbattn.nadaraya_watson(q, k, v, h)
+
+                gemm()
+                direct()
+                t_gemm, t_direct, ratio = median_ratio(gemm, direct, repeat)
+                times = f"direct {t_direct:.4f} s, GEMM {t_gemm:.4f} s"
+                print(f"  {dtype} d = {d:3d}: {times}, {ratio:.2f}x")
+                sys.stdout.flush()
+    finally:
+        cfg.GEMM_MIN_FEATURES_FLOAT32, cfg.GEMM_MIN_FEATURES_FLOAT64 = saved
 
 
 def best_time(fn, *args, repeat=3):
@@ -165,8 +311,16 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, default=20_000)
     parser.add_argument("--million", action="store_true")
+    parser.add_argument("--targets-only", action="store_true")
+    parser.add_argument("--crossover", action="store_true")
     args = parser.parse_args()
     warnings.simplefilter("ignore", FutureWarning)  # statsmodels on pandas 3
+    if args.crossover:
+        crossover()
+        sys.exit(0)
+    targets(args.n)
+    if args.targets_only:
+        sys.exit(0)
     bench(args.n)
     if args.million:
         million()

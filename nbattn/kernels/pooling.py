@@ -13,7 +13,34 @@ the maximum. The queries x keys matrix is never held, so memory is
 O((n_queries + n_keys) * (d + n_outputs)), and a query far from every key
 gets the value of its nearest key instead of 0/0.
 
-Callers (``nbattn.regression``) validate and lay out the arrays:
+One pass. A Gaussian score is never positive (it is minus a sum of squares,
+and rounding keeps the sign), so exp(s) <= 1 never overflows and
+``gaussian_pool`` first tries each row without a running maximum: one fused
+loop per key block computes the score, exp(s), their sum l = sum_j exp(s_j)
+and the weighted sums acc = sum_j exp(s_j) v_j (``one_pass_row``; the
+squared distances of all features but the last are summed in a buffer, the
+last feature is fused into the exponential). The driver first divides each
+column of values by a power of two (exact) so that |v| <= 2, and multiplies
+the outputs back. What the missing shift can cost is underflow: ``fast_exp``
+flushes weights below the smallest normal number T (2**-126 float32,
+2**-1022 float64) to zero, and a product w v below T is rounded to a
+multiple of T u (u the unit roundoff). Over n keys they change l by less
+than n T and acc by less than n T (2 + u), so out = acc / l moves by less
+than about 4 n T / l, relative to the values' scale (max |v| in (1, 2]). So
+a row is accepted when
+
+    l >= one_pass_min_sum = n 2**-80 (float32),  n 2**-950 (float64),
+
+which bounds that error by 2**-44 (float32) and 2**-70 (float64), far below
+the unit roundoff (2**-24, 2**-53); a subnormal or zero l fails. Such a row
+(a query whose best score is below about -55 in float32 or -650 in float64)
+is redone by ``pool_row``, the max-shifted online softmax described next,
+which also holds every far-row path below; and since neighbouring queries
+tend to be alike, the next row then starts there too. An accepted row has
+m = 0, l its unshifted sum and lse = log l, so callers see one contract.
+
+Callers (``nbattn.regression``, with the one-pass ``centred_scaled`` at the
+end of this module) validate and lay out the arrays:
 
 * ``queries``  (n_queries, d), C-contiguous, already divided by h * sqrt(2);
 * ``keys_t``   (d, n_keys), C-contiguous (feature-major, so the inner loop
@@ -59,6 +86,8 @@ direct path costs one comparison per row for all this.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import njit, prange
 from numba.core import types
@@ -77,6 +106,9 @@ _FAR_SCORE_FLOAT64 = float(config.FAR_SCORE_FLOAT64)
 # products of two below 2**1004, so a score summed over up to 2**19 features is finite.
 _FAR_MAGNITUDE = 2.0**500
 _FLOAT64_MAX = float(np.finfo(np.float64).max)
+# Per key, the smallest one-pass sum accepted (module docstring, "One pass").
+_ONE_PASS_MIN_SUM_FLOAT32 = 2.0**-80
+_ONE_PASS_MIN_SUM_FLOAT64 = 2.0**-950
 
 
 def far_score(array):
@@ -376,6 +408,172 @@ def pool_row(query_row, keys_t, values_t, own, scores, acc):
     return running_max, running_sum
 
 
+# --------------------------------------------------------------------------- one pass
+# A Gaussian score is never positive, so exp(s) <= 1 cannot overflow and the
+# first attempt at a row needs no running maximum: one fused pass per key
+# (score, exp, sum, weighted sum). See "One pass" in the module docstring for
+# when a row must be redone with the max-shifted online softmax.
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def _fused_range(query_row, keys_t, values_t, a, b, buf, acc):
+    """Keys a <= j < b of the one-pass row: returns sum_j exp(s_j) (input dtype) and adds
+    sum_j exp(s_j) v_j into ``acc`` (float64). ``buf`` holds at least b - a floats.
+
+    The squared distance over all features but the last is accumulated in
+    ``buf``; the last feature, the exponential and the sums are one loop. With
+    one feature (or one output) nothing but the distances touches ``buf``.
+    """
+    n = b - a
+    d = keys_t.shape[0]
+    n_outputs = values_t.shape[0]
+    last = keys_t[d - 1, a:b]
+    q_last = query_row[d - 1]
+    if d > 1:
+        keys_f = keys_t[0, a:b]
+        q0 = query_row[0]
+        for j in range(n):
+            diff = keys_f[j] - q0
+            buf[j] = diff * diff
+        for f in range(1, d - 1):
+            keys_f = keys_t[f, a:b]
+            qf = query_row[f]
+            for j in range(n):
+                diff = keys_f[j] - qf
+                buf[j] += diff * diff
+    total = like(0.0, buf)
+    if n_outputs == 1:
+        values_row = values_t[0, a:b]
+        weighted = like(0.0, buf)
+        if d == 1:
+            for j in range(n):
+                diff = last[j] - q_last
+                w = fast_exp(-(diff * diff))
+                total += w
+                weighted += w * values_row[j]
+        else:
+            for j in range(n):
+                diff = last[j] - q_last
+                w = fast_exp(-(buf[j] + diff * diff))
+                total += w
+                weighted += w * values_row[j]
+        acc[0] += weighted
+        return total
+    for j in range(n):
+        diff = last[j] - q_last
+        dist = diff * diff
+        if d > 1:
+            dist += buf[j]
+        w = fast_exp(-dist)
+        buf[j] = w
+        total += w
+    for c in range(n_outputs):
+        values_c = values_t[c, a:b]
+        weighted = like(0.0, buf)
+        for j in range(n):
+            weighted += buf[j] * values_c[j]
+        acc[c] += weighted
+    return total
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def one_pass_row(query_row, keys_t, values_t, own, buf, acc):
+    """l = sum_j exp(s_j) over all keys but ``own`` (float64); acc = sum_j exp(s_j) v_j.
+
+    No shift: valid where l passes :func:`one_pass_min_sum` (module docstring,
+    "One pass"); the key ``own`` is skipped, not subtracted (its weight may
+    dominate the row).
+    """
+    n_keys = keys_t.shape[1]
+    acc[:] = 0.0
+    total = 0.0
+    for j0 in range(0, n_keys, _KEY_BLOCK):
+        j1 = min(n_keys, j0 + _KEY_BLOCK)
+        if j0 <= own < j1:
+            total += _fused_range(query_row, keys_t, values_t, j0, own, buf, acc)
+            total += _fused_range(query_row, keys_t, values_t, own + 1, j1, buf, acc)
+        else:
+            total += _fused_range(query_row, keys_t, values_t, j0, j1, buf, acc)
+    return total
+
+
+def one_pass_min_sum(n_keys, array):
+    """The smallest l = sum_j exp(s_j) a one-pass row of ``array``'s dtype may have
+    (module docstring, "One pass").
+
+    ``n_keys * 2**-80`` in float32 and ``n_keys * 2**-950`` in float64: with
+    values scaled to |v| <= 2, the weights flushed to zero and the products
+    that underflow then change the output by less than 2**-44 (float32) and
+    2**-70 (float64) of the values' scale.
+    """
+    per_key = _ONE_PASS_MIN_SUM_FLOAT32 if array.dtype == np.float32 else _ONE_PASS_MIN_SUM_FLOAT64
+    return n_keys * per_key
+
+
+@overload(one_pass_min_sum, inline="always")
+def _one_pass_min_sum_overload(n_keys, array):
+    if array.dtype == types.float32:
+        return lambda n_keys, array: n_keys * _ONE_PASS_MIN_SUM_FLOAT32
+    return lambda n_keys, array: n_keys * _ONE_PASS_MIN_SUM_FLOAT64
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def pool_row_one_pass(query_row, keys_t, values_t, own, scores, acc):
+    """``pool_row`` that tries the one fused pass first; same contract, returns ``(m, l)``.
+
+    Values must be scaled to |v| <= 2 (as :func:`gaussian_pool` does): the
+    acceptance bound of the one pass assumes it. A row whose sum falls below
+    :func:`one_pass_min_sum` (a query far from its keys, whose weights
+    underflow) is redone by ``pool_row``, which also handles the far rows.
+    """
+    total = one_pass_row(query_row, keys_t, values_t, own, scores, acc)
+    if total >= one_pass_min_sum(keys_t.shape[1], scores):
+        return 0.0, total
+    return pool_row(query_row, keys_t, values_t, own, scores, acc)
+
+
+@njit(fastmath=False, cache=config.CACHE)
+def value_scales(values_t):
+    """Per output c the exponent e_c with max_j |v_cj| < 2**e_c <= 2 max_j |v_cj| (0 for zeros).
+
+    Dividing a column by 2**(e_c - 1) (``math.ldexp``, exact) leaves it in
+    [-2, 2]: the range the one-pass bound assumes, and sums of n such values
+    cannot overflow where values near the largest float would.
+    """
+    n_outputs = values_t.shape[0]
+    exponents = np.zeros(n_outputs, dtype=np.int64)
+    for c in range(n_outputs):
+        big = 0.0
+        for j in range(values_t.shape[1]):
+            big = max(big, abs(np.float64(values_t[c, j])))
+        if big > 0.0:
+            exponents[c] = math.frexp(big)[1]
+    return exponents
+
+
+@njit(fastmath=False, cache=config.CACHE)
+def scaled_values(values_t, exponents):
+    """values_t[c] * 2**(1 - exponents[c]) in values_t's dtype (exact where it stays normal)."""
+    out = np.empty_like(values_t)
+    for c in range(values_t.shape[0]):
+        shift = 1 - exponents[c]
+        for j in range(values_t.shape[1]):
+            out[c, j] = math.ldexp(np.float64(values_t[c, j]), shift)
+    return out
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def store_row(out, lse, i, running_max, running_sum, acc, exponents):
+    """out[i, c] = acc[c] / l * 2**(e_c - 1), lse[i] = m + log l (zeros and -inf when l = 0)."""
+    if running_sum > 0.0:
+        for c in range(out.shape[1]):
+            out[i, c] = math.ldexp(acc[c] / running_sum, exponents[c] - 1)
+        lse[i] = running_max + np.log(running_sum)
+    else:
+        out[i, :] = 0.0
+        lse[i] = -np.inf
+
+
 @njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
 def gaussian_pool(queries, keys_t, values_t, exclude_self, self_offset=0):
     """Streaming Gaussian attention pooling; returns ``(out, lse)``.
@@ -384,26 +582,36 @@ def gaussian_pool(queries, keys_t, values_t, exclude_self, self_offset=0):
     See the module docstring for the layout of the arguments. With
     ``exclude_self``, query i skips key ``i + self_offset`` (the offset places
     a block of query rows inside the keys, for leave-one-out over partitions).
+    Each row is one fused pass where its weights allow it (``pool_row_one_pass``),
+    else the max-shifted online softmax and the far-row paths of ``pool_row``;
+    a row after one that failed the one-pass bound goes to ``pool_row`` directly.
     """
     n_queries = queries.shape[0]
     n_outputs = values_t.shape[0]
     dtype = queries.dtype
+    exponents = value_scales(values_t)
+    values_s = scaled_values(values_t, exponents)
     out = np.zeros((n_queries, n_outputs), dtype=dtype)
     lse = np.empty(n_queries, dtype=np.float64)
     n_chunks = (n_queries + _QUERY_BLOCK - 1) // _QUERY_BLOCK
+    log_min_sum = np.log(one_pass_min_sum(keys_t.shape[1], queries))
     for chunk in prange(n_chunks):
         scores = np.empty(_KEY_BLOCK, dtype=dtype)
         acc = np.empty(n_outputs, dtype=np.float64)
         stop = min(n_queries, (chunk + 1) * _QUERY_BLOCK)
+        try_one_pass = True
         for i in range(chunk * _QUERY_BLOCK, stop):
             own = i + self_offset if exclude_self else -1
-            running_max, running_sum = pool_row(queries[i], keys_t, values_t, own, scores, acc)
-            if running_sum > 0.0:
-                for c in range(n_outputs):
-                    out[i, c] = acc[c] / running_sum
-                lse[i] = running_max + np.log(running_sum)
+            if try_one_pass:
+                running_max, running_sum = pool_row_one_pass(
+                    queries[i], keys_t, values_s, own, scores, acc
+                )
             else:
-                lse[i] = -np.inf
+                running_max, running_sum = pool_row(queries[i], keys_t, values_s, own, scores, acc)
+            # Neighbouring queries tend to be alike: after a row whose unshifted sum
+            # would have failed the bound, the next row starts with the shifted path.
+            try_one_pass = running_sum > 0.0 and running_max + np.log(running_sum) >= log_min_sum
+            store_row(out, lse, i, running_max, running_sum, acc, exponents)
     return out, lse
 
 
@@ -442,3 +650,40 @@ def gaussian_weights(queries, keys_t, exclude_self):
         for j in range(n_keys):
             row[j] *= inv_total
     return weights
+
+
+# --------------------------------------------------------------------------- layout
+
+
+@njit(parallel=True, fastmath=False, cache=config.CACHE)
+def centred_scaled(x, centre, scale, out, out_t):
+    """out[i, f] = (x[i, f] - centre[f]) * scale[f], computed in float64 and rounded once
+    to out's dtype; the same into out_t[f, i] when out_t has rows (feature-major).
+
+    One pass for the callers' layout (``nbattn.regression``). Returns the
+    largest magnitude written (float64, before rounding; inf or NaN where a
+    product overflowed or x held one), so the caller can refuse what the
+    dtype cannot hold.
+    """
+    n, d = x.shape
+    write_rows = out.shape[0] == n
+    write_t = out_t.shape[0] == d and out_t.shape[1] == n
+    n_chunks = (n + 255) // 256
+    largest = np.zeros(n_chunks)
+    for chunk in prange(n_chunks):
+        big = 0.0
+        for i in range(chunk * 256, min(n, (chunk + 1) * 256)):
+            for f in range(d):
+                value = (np.float64(x[i, f]) - centre[f]) * scale[f]
+                if not abs(value) <= big:  # also takes NaN
+                    big = abs(value)
+                if write_rows:
+                    out[i, f] = value
+                if write_t:
+                    out_t[f, i] = value
+        largest[chunk] = big
+    big = 0.0
+    for chunk in range(n_chunks):
+        if not largest[chunk] <= big:
+            big = largest[chunk]
+    return big

@@ -1,0 +1,190 @@
+"""Gaussian attention pooling on BLAS tiles, for inputs with many features.
+
+The Gaussian score expands into a dot product and two norms,
+
+    s_ij = -||q_i - k_j||^2 = 2 q_i . k_j - ||k_j||^2 - ||q_i||^2,
+
+so for many features the score tile of a block of queries against a block
+of keys is one GEMM, T = Q K^T (``np.dot`` inside numba: BLAS), followed by
+a vectorised loop that forms the distance
+
+    dist_ij = max(||k_j||^2 + ||q_i||^2 - 2 T_ij, 0)
+
+(the clamp removes the rounding-level negative distances of near pairs, so a
+weight never exceeds 1), and accumulates exp(-dist_ij), its sum and its
+product with the values: the one fused pass of ``nbattn.kernels.pooling``
+("One pass"), without a running maximum. With several outputs the weights
+are stored in the tile and P V is a second GEMM. The norms are computed in
+float64 and rounded once to the input dtype; the tiles are in the input
+dtype, the running sums l and acc in float64.
+
+Exactness. The expanded form carries a rounding error of about
+(d + 2) u (||q_i||^2 + ||k_j||^2) in each score (u the dtype's unit roundoff),
+where the direct difference of ``pooling`` carries (d + 3) u |s_ij|. Callers
+(``nbattn.regression``) centre queries and keys on the keys (in float64) so
+that data far from the origin has small norms. A row keeps the GEMM result
+only where
+
+* its sum passes ``pooling.one_pass_min_sum`` (the weights did not
+  underflow), and
+* ||q_i||^2 + max_j ||k_j||^2 <= ``GEMM_NORM_RATIO`` * max(-log l_i, ``GEMM_NORM_FLOOR``):
+  -log l_i <= |m_i| (m_i the row's best score), so the GEMM error is at most
+  about GEMM_NORM_RATIO times the direct path's (d + 3) u |m_i|, or bounded by
+  the floor where the row has a near key;
+
+any other row (a query far from every key, or a near query among keys far
+from the centre) is recomputed by ``pooling.pool_row_one_pass`` on the
+feature-major keys, with its float64 and anchored far-row paths. So a far
+query still gets its nearest key's value.
+
+Callers lay out the arrays: ``queries`` (n_queries, d) and ``keys``
+(n_keys, d) C-contiguous, centred and scaled by 1/(h sqrt 2) like
+``pooling``'s; ``keys_t`` = keys.T C-contiguous (the fallback rows);
+``values_t`` (n_outputs, n_keys); all one dtype. BLAS must be held to one
+thread while the kernel runs (``np.dot`` inside ``prange``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from .. import config
+from .fastmath import fast_exp, fmax, like
+from .pooling import (
+    _KEY_BLOCK,
+    far_score,
+    pool_row_one_pass,
+    scaled_values,
+    store_row,
+    value_scales,
+)
+from .softmax import exp_shift_sum
+
+_BLOCK_Q = config.GEMM_BLOCK_Q
+_BLOCK_K = config.GEMM_BLOCK_K
+_NORM_RATIO = float(config.GEMM_NORM_RATIO)
+_NORM_FLOOR = float(config.GEMM_NORM_FLOOR)
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def squared_norms(rows, dtype_like):
+    """||rows[i]||^2 accumulated in float64, rounded once to ``dtype_like``'s dtype."""
+    out = np.empty(rows.shape[0], dtype=dtype_like.dtype)
+    for i in range(rows.shape[0]):
+        total = 0.0
+        for f in range(rows.shape[1]):
+            x = np.float64(rows[i, f])
+            total += x * x
+        out[i] = total
+    return out
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def _tile_scores(row, key_norms, q_norm):
+    """row[j] <- -max(key_norms[j] + q_norm - 2 row[j], 0); returns the row's maximum.
+
+    An entry set to -inf (the excluded pair) stays -inf.
+    """
+    best = like(-np.inf, row)
+    zero = like(0.0, row)
+    two = like(2.0, row)
+    for j in range(row.shape[0]):
+        t = -fmax(key_norms[j] + q_norm - two * row[j], zero)
+        row[j] = t
+        best = fmax(best, t)
+    return best
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def _exp_sum_dot(row, shift, values_row):
+    """(sum_j exp(row[j] - shift), sum_j exp(row[j] - shift) values_row[j]) in the row's dtype."""
+    total = like(0.0, row)
+    weighted = like(0.0, row)
+    for j in range(row.shape[0]):
+        w = fast_exp(row[j] - shift)
+        total += w
+        weighted += w * values_row[j]
+    return total, weighted
+
+
+@njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
+def gaussian_pool_gemm(queries, keys, keys_t, values_t, exclude_self, self_offset=0):
+    """Gaussian attention pooling on GEMM tiles; returns ``(out, lse)`` like
+    ``pooling.gaussian_pool`` (module docstring for the layout and the row checks)."""
+    n_queries, _ = queries.shape
+    n_keys = keys.shape[0]
+    n_outputs = values_t.shape[0]
+    dtype = queries.dtype
+    exponents = value_scales(values_t)
+    values_s = scaled_values(values_t, exponents)
+    values_kc = np.ascontiguousarray(values_s.T)  # (n_keys, n_outputs) for the P V GEMM
+    key_norms = squared_norms(keys, queries)
+    query_norms = squared_norms(queries, queries)
+    max_key_norm = np.float64(key_norms.max()) if n_keys > 0 else 0.0
+    far = far_score(queries)
+    out = np.zeros((n_queries, n_outputs), dtype=dtype)
+    lse = np.empty(n_queries, dtype=np.float64)
+    n_tiles = (n_queries + _BLOCK_Q - 1) // _BLOCK_Q
+    for tile in prange(n_tiles):
+        i0 = tile * _BLOCK_Q
+        mb = min(_BLOCK_Q, n_queries - i0)
+        s_flat = np.empty(mb * _BLOCK_K, dtype=dtype)
+        pv_flat = np.empty(mb * n_outputs, dtype=dtype)
+        m = np.full(mb, -np.inf)
+        l = np.zeros(mb)
+        acc = np.zeros((mb, n_outputs))
+        q_tile = queries[i0 : i0 + mb]
+        for j0 in range(0, n_keys, _BLOCK_K):
+            nb = min(_BLOCK_K, n_keys - j0)
+            st = s_flat[: mb * nb].reshape((mb, nb))
+            np.dot(q_tile, keys[j0 : j0 + nb].T, st)
+            norms_k = key_norms[j0 : j0 + nb]
+            for r in range(mb):
+                row = st[r]
+                own_col = i0 + r + self_offset - j0 if exclude_self else -1
+                if 0 <= own_col < nb:  # the excluded pair: a -inf score weighs exactly 0
+                    row[own_col] = -np.inf
+                best = np.float64(_tile_scores(row, norms_k, query_norms[i0 + r]))
+                if best > m[r]:
+                    rescale = math.exp(m[r] - best)
+                    l[r] *= rescale
+                    for c in range(n_outputs):
+                        acc[r, c] *= rescale
+                    m[r] = best
+                if m[r] == -np.inf:
+                    row[:] = 0.0
+                    continue
+                shift = like(m[r], row)
+                if n_outputs == 1:
+                    total, weighted = _exp_sum_dot(row, shift, values_s[0, j0 : j0 + nb])
+                    l[r] += total
+                    acc[r, 0] += weighted
+                else:
+                    l[r] += exp_shift_sum(row, shift)
+            if n_outputs > 1:
+                pv = pv_flat.reshape((mb, n_outputs))
+                np.dot(st, values_kc[j0 : j0 + nb], pv)
+                for r in range(mb):
+                    for c in range(n_outputs):
+                        acc[r, c] += pv[r, c]
+        scores = np.empty(_KEY_BLOCK, dtype=dtype)
+        row_acc = np.empty(n_outputs)
+        for r in range(mb):
+            i = i0 + r
+            near = np.float64(query_norms[i]) + max_key_norm <= _NORM_RATIO * max(
+                -m[r], _NORM_FLOOR
+            )
+            if l[r] > 0.0 and m[r] >= -far and near:
+                for c in range(n_outputs):
+                    row_acc[c] = acc[r, c]
+                store_row(out, lse, i, m[r], l[r], row_acc, exponents)
+                continue
+            own = i + self_offset if exclude_self else -1
+            running_max, running_sum = pool_row_one_pass(
+                queries[i], keys_t, values_s, own, scores, row_acc
+            )
+            store_row(out, lse, i, running_max, running_sum, row_acc, exponents)
+    return out, lse
