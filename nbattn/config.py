@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-#: The tunables that may be compiled into kernels (see CACHE at the end).
+#: The tunables that may be compiled into kernels (see CACHE, the last block).
 _COMPILED_TUNABLES = set()
 
 
@@ -201,15 +201,6 @@ GEMM_BLOCK_K = _env_int("GEMM_BLOCK_K", 256)
 GEMM_NORM_RATIO = _env_int("GEMM_NORM_RATIO", 8)
 GEMM_NORM_FLOOR = _env_int("GEMM_NORM_FLOOR", 64)
 
-#: Whether compiled kernels are cached on disk (second process: no recompile).
-#: Block sizes and thresholds are compiled into the kernels as constants, and
-#: numba's cache only notices source changes; so a process that overrides one of
-#: them with an NBATTN_* variable compiles afresh instead of loading stale
-#: kernels, unless it sets NBATTN_CACHE=1 explicitly. Other NBATTN_* variables
-#: (the test script's NBATTN_TEST_TORCH, NBATTN_DASK_CONNECT_TIMEOUT) leave the
-#: cache on. Kernel modules read this when they are imported.
-_OVERRIDDEN = sorted(name for name in _COMPILED_TUNABLES if "NBATTN_" + name in os.environ)
-CACHE = os.environ.get("NBATTN_CACHE", "0" if _OVERRIDDEN else "1") not in ("0", "false", "False")
 
 # --- Local-polynomial regression (nbattn.local, nbattn.kernels.local) ----------
 
@@ -281,3 +272,17 @@ DECODE_ITEMS_PER_THREAD = _env_int("DECODE_ITEMS_PER_THREAD", 4, compiled=False)
 #: thread (CPU time, scripts/bench_attention.py's shape). Read at every call.
 FLASH_LONG_BLOCK_Q = _env_int("FLASH_LONG_BLOCK_Q", 256, compiled=False)
 FLASH_LONG_KEYS = _env_int("FLASH_LONG_KEYS", 1024, compiled=False)
+
+
+# --------------------------------------------------------------------------- the on-disk cache
+# Keep this block LAST: it looks at every compiled tunable defined above it.
+
+#: Whether compiled kernels are cached on disk (second process: no recompile).
+#: Block sizes and thresholds are compiled into the kernels as constants, and
+#: numba's cache only notices source changes; so a process that overrides one of
+#: them with an NBATTN_* variable compiles afresh instead of loading stale
+#: kernels, unless it sets NBATTN_CACHE=1 explicitly. Other NBATTN_* variables
+#: (the test script's NBATTN_TEST_TORCH, NBATTN_DASK_CONNECT_TIMEOUT) leave the
+#: cache on. Kernel modules read this when they are imported.
+_OVERRIDDEN = sorted(name for name in _COMPILED_TUNABLES if "NBATTN_" + name in os.environ)
+CACHE = os.environ.get("NBATTN_CACHE", "0" if _OVERRIDDEN else "1") not in ("0", "false", "False")
