@@ -21,6 +21,7 @@ __version__ = "0.1.0"
 #: public name -> the submodule that defines it.
 _PUBLIC = {
     "LearnedKernelRegressor": "estimators",
+    "LocalPolynomialRegressor": "estimators",
     "MultiHeadAttention": "layers",
     "NadarayaWatsonClassifier": "estimators",
     "NadarayaWatsonRegressor": "estimators",
@@ -47,6 +48,7 @@ _PUBLIC = {
 #: IDEs; tests/test_packaging.py checks that the three lists agree.
 __all__ = [
     "LearnedKernelRegressor",
+    "LocalPolynomialRegressor",
     "MultiHeadAttention",
     "NadarayaWatsonClassifier",
     "NadarayaWatsonRegressor",
@@ -129,6 +131,7 @@ if TYPE_CHECKING:
     )
     from .estimators import (
         LearnedKernelRegressor,
+        LocalPolynomialRegressor,
         NadarayaWatsonClassifier,
         NadarayaWatsonRegressor,
     )

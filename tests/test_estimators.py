@@ -86,7 +86,7 @@ def test_float32_dtype(frame):
 @pytest.mark.parametrize(
     ("params", "match"),
     [
-        (dict(kernel="epanechnikov"), "kernel"),
+        (dict(kernel="box"), "kernel"),
         (dict(bandwidth=0.0), "bandwidth"),
         (dict(bandwidth="wide"), "bandwidth"),
         (dict(bandwidth=[1.0, -1.0, 1.0]), "bandwidth must be positive"),
