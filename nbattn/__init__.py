@@ -32,6 +32,7 @@ _PUBLIC = {
     "flash_attention_backward": "flash",
     "hierarchical_attention": "attention",
     "load": "modelfile",
+    "local_polynomial": "local",
     "log_softmax": "attention",
     "loo_bandwidth": "learning",
     "loo_loss": "learning",
@@ -60,6 +61,7 @@ __all__ = [
     "flash_attention_backward",
     "hierarchical_attention",
     "load",
+    "local_polynomial",
     "log_softmax",
     "loo_bandwidth",
     "loo_loss",
@@ -138,5 +140,6 @@ if TYPE_CHECKING:
     from .flash import flash_attention, flash_attention_backward
     from .layers import MultiHeadAttention, SelfAttention
     from .learning import loo_bandwidth, loo_loss, loo_loss_and_grad
+    from .local import local_polynomial
     from .modelfile import load, save
     from .regression import average_pooling, nadaraya_watson

@@ -51,6 +51,7 @@ KERNELS = {
     ("scores", "cpu"): "nbattn.kernels.scores",
     ("softmax", "cpu"): "nbattn.kernels.softmax",
     ("attention", "cpu"): "nbattn.kernels.attention",
+    ("local", "cpu"): "nbattn.kernels.local",
 }
 
 
