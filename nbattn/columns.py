@@ -46,6 +46,7 @@ import numpy as np
 __all__ = [
     "KINDS",
     "UNKNOWN_CODE",
+    "all_numeric",
     "as_table",
     "is_dataframe",
     "check_var_type",
@@ -83,6 +84,15 @@ def as_table(X):
             "for a single sample"
         )
     return arr
+
+
+def all_numeric(X) -> bool:
+    """Whether every column of X has a numeric (or bool) dtype; True for non-DataFrames."""
+    if not is_dataframe(X):
+        return True
+    from pandas.api.types import is_numeric_dtype
+
+    return all(is_numeric_dtype(dtype) for dtype in X.dtypes)
 
 
 def column_names(X) -> list[str]:

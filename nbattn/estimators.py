@@ -179,12 +179,28 @@ class _PoolingEstimator(BaseEstimator):
         kinds = None
         if var_type is not None or columns.is_dataframe(X) or missing != "error":
             kinds = columns.resolve_var_type(columns.as_table(X), var_type)
-        if kinds is None or (set(kinds) <= {"c"} and missing == "error"):
+        plain = kinds is None or (
+            set(kinds) <= {"c"} and missing == "error" and columns.all_numeric(X)
+        )
+        if plain:
             X, y = validate_data(self, X, y, dtype=np.float64, copy=True, **kwargs)
             categories = [None] * X.shape[1]
         else:
             table = columns.as_table(X)
             validate_data(self, table, y, skip_check_array=True)
+            if sample_weight is not None:
+                # a row of weight 0 is a row removed: its categories are not the model's
+                sample_weight = _check_sample_weight(
+                    sample_weight,
+                    np.empty((table.shape[0], 1)),
+                    dtype=np.float64,
+                    ensure_non_negative=True,
+                )
+                keep = sample_weight > 0
+                table = table.iloc[keep] if columns.is_dataframe(table) else table[keep]
+                if y is not None and len(y) == len(keep):
+                    y = y.iloc[keep] if hasattr(y, "iloc") else np.asarray(y)[keep]
+                sample_weight = sample_weight[keep]
             categories = columns.fit_categories(table, kinds)
             encoded = columns.encode_columns(table, kinds, categories, missing=missing)
             X, y = check_X_y(
@@ -232,32 +248,17 @@ class _PoolingEstimator(BaseEstimator):
         local = _engine()
         kinds, counts = self.var_type_, self._n_categories()
         if is_loo:
-            return np.asarray(
-                local.local_loo_widths(
-                    X,
-                    Y,
-                    degree=degree,
-                    var_type=kinds,
-                    n_categories=counts,
-                    kernel=self._kernel(),
-                    sample_weight=sample_weight,
-                    missing=self._missing(),
-                    dtype=self._dtype(),
-                    device=self._device(),
-                ),
-                dtype=np.float64,
-            )
+            return _engine_loo_widths(self, X, Y, sample_weight, degree)[0]
         if isinstance(bandwidth, str):
-            widths = np.asarray(local.default_widths(X, kinds, counts, bandwidth), dtype=np.float64)
-            if sample_weight is not None and set(kinds) <= {"c"}:
-                widths = _weighted_rule_bandwidth(X, sample_weight, bandwidth)
-            return widths
+            if sample_weight is not None:
+                return _weighted_default_widths(X, kinds, counts, sample_weight, bandwidth)
+            return np.asarray(local.default_widths(X, kinds, counts, bandwidth), dtype=np.float64)
         if isinstance(bandwidth, Real) and set(kinds) - {"c"}:
             # one number is a width for the continuous columns; categories keep their default
             widths = np.asarray(local.default_widths(X, kinds, counts, "scott"), dtype=np.float64)
             widths[[k == "c" for k in kinds]] = check_bandwidth(bandwidth, 1)[0]
             return widths
-        return check_bandwidth(bandwidth, X.shape[1])
+        return np.asarray(local.check_widths(bandwidth, kinds, counts), dtype=np.float64)
 
     # ---- how the model reads its columns
 
@@ -1245,19 +1246,52 @@ def _engine():
 def _engine_loo_widths(model, X, Y, sample_weight, degree):
     """(widths, LOO MSE at them): every h and lambda learned by the engine's weighted LOO."""
     local = _engine()
-    kinds, counts = model._kinds(), model._n_categories()
     common = dict(
-        var_type=kinds,
-        n_categories=counts,
+        var_type=model._kinds(),
+        n_categories=model._n_categories(),
         kernel=model._kernel(),
         sample_weight=sample_weight,
         missing=model._missing(),
-        dtype=model._dtype(),
         device=model._device(),
     )
     widths = np.asarray(local.local_loo_widths(X, Y, degree, **common), dtype=np.float64)
     loss = float(local.local_loo_loss(X, Y, widths, degree, **common))
     return widths, loss
+
+
+def _weighted_default_widths(X, var_type, n_categories, sample_weight, rule):
+    """:func:`nbattn.local.default_widths` with the weighted spread and n = sum of weights.
+
+    The engine's rule: ``h_c = factor(n, d) sigma_c`` over all d columns and
+    ``lambda = lambda_max min(1, factor(n, d))``; with integer weights this is
+    the rule of the repeated rows. Missing entries are left out of the spreads.
+    """
+    local = _engine()
+    d = X.shape[1]
+    factor = regression.BANDWIDTH_RULES[rule](float(np.sum(sample_weight)), d)
+    out = np.empty(d)
+    top = local.lambda_max(var_type, n_categories)
+    for j, kind in enumerate(var_type):
+        if kind != "c":
+            out[j] = top[j] * min(1.0, factor)
+            continue
+        present = ~np.isnan(X[:, j])
+        sigma = _weighted_spread(X[present, j : j + 1], sample_weight[present])[0]
+        out[j] = factor * (sigma if sigma > 0 else 1.0)
+    return out
+
+
+def _weighted_spread(X, w):
+    """Weighted standard deviation per column, ``sum s (x - m)^2 / (sum s - 1)`` (zeros
+    when sum s <= 1), on columns divided by a power of two near their largest magnitude."""
+    total = float(w.sum())
+    if X.shape[0] == 0 or total <= 1.0:
+        return np.zeros(X.shape[1])
+    peak = np.abs(X).max(axis=0)
+    scale = np.ldexp(1.0, np.frexp(np.where(peak > 0, peak, 1.0))[1])
+    Z = X / scale
+    mean = (w @ Z) / total
+    return np.sqrt((w @ ((Z - mean) ** 2)) / (total - 1.0)) * scale
 
 
 def _weighted_rule_bandwidth(X, sample_weight, rule):
@@ -1269,14 +1303,7 @@ def _weighted_rule_bandwidth(X, sample_weight, rule):
     as in :func:`nbattn.regression.feature_spread`).
     """
     w = np.asarray(sample_weight, dtype=np.float64)
-    total = float(w.sum())
-    peak = np.abs(X).max(axis=0)
-    scale = np.ldexp(1.0, np.frexp(np.where(peak > 0, peak, 1.0))[1])
-    Z = X / scale
-    mean = (w @ Z) / total
-    ss = w @ ((Z - mean) ** 2)
-    sigma = np.sqrt(ss / (total - 1.0)) * scale if total > 1.0 else np.zeros(X.shape[1])
-    return regression.rule_bandwidth(sigma, total, rule)
+    return regression.rule_bandwidth(_weighted_spread(X, w), float(w.sum()), rule)
 
 
 # ----------------------------------------------------------------------------- fitted state

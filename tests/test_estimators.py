@@ -107,7 +107,7 @@ def test_bad_parameters(frame, params, match):
         (lambda X, y: (X.assign(a=np.nan), y), "NaN"),
         (lambda X, y: (X, y.where(y > 0.5, np.inf)), "infinity|NaN"),
         (lambda X, y: (X.iloc[:0], y.iloc[:0]), "0 sample"),
-        (lambda X, y: (X.assign(a="text"), y), "could not convert|numeric"),
+        (lambda X, y: (X.assign(a=[{"k": 1}] * len(X)), y), "not a string, number or bool"),
         (lambda X, y: (X, y.iloc[:5]), "inconsistent numbers of samples"),
     ],
 )
