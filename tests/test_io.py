@@ -151,7 +151,9 @@ def test_other_format_version_is_refused(saved, version, advice):
     meta, arrays = _split(saved)
     meta["format_version"] = version
     _rewrite(saved, meta, arrays)
-    with pytest.raises(ValueError, match=rf"format version {version}.*reads versions 2, 3{advice}$"):
+    with pytest.raises(
+        ValueError, match=rf"format version {version}.*reads versions 2, 3{advice}$"
+    ):
         nbattn.load(saved)
 
 

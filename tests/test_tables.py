@@ -227,9 +227,7 @@ def test_weighted_classifier_equals_repeated_rows(rng):
     w = rng.integers(0, 3, 30)
     w[:2] = 1
     weighted = nbattn.NadarayaWatsonClassifier().fit(X, labels, sample_weight=w)
-    repeated = nbattn.NadarayaWatsonClassifier().fit(
-        np.repeat(X, w, axis=0), np.repeat(labels, w)
-    )
+    repeated = nbattn.NadarayaWatsonClassifier().fit(np.repeat(X, w, axis=0), np.repeat(labels, w))
     np.testing.assert_allclose(weighted.predict_proba(X), repeated.predict_proba(X), rtol=1e-9)
 
 
