@@ -560,7 +560,6 @@ class _PoolingRegressor(RegressorMixin, _PoolingEstimator):
         continuous = np.array([k == "c" for k in self._kinds()])
         if not continuous.any():
             raise ValueError("marginal_effects needs a continuous column; this model has none")
-        m = self.y_fit_.shape[1]
         if self._degree() == 0 and self._kernel() == "gaussian" and self._missing() == "error":
             grad = self._gaussian_slopes(X)[:, :, continuous]
         else:

@@ -30,9 +30,9 @@ the JSON: a table's column kinds ``var_type_`` ("cuo" letters) and its
 numbers, code k being entry k) are plain JSON, so the encoding needs no
 pickle. Version 3 added those two and ``sample_weight_``; a version-2 file
 (all columns continuous, unweighted) is read with ``var_type_`` all "c",
-``categories_`` all null and ``sample_weight_`` null. ``sha256`` is the SHA-256 of the canonical JSON of the metadata
-without that key, followed by each array's name, dtype, shape and bytes in
-name order.
+``categories_`` all null and ``sample_weight_`` null. ``sha256`` is the
+SHA-256 of the canonical JSON of the metadata without that key, followed
+by each array's name, dtype, shape and bytes in name order.
 
 Reading trusts nothing: sizes first (members stored and inside the file,
 metadata at most :data:`MAX_METADATA_BYTES`, every ``.npy`` header equal to
