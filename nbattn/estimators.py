@@ -30,6 +30,7 @@ and that it holds nothing else.
 
 from __future__ import annotations
 
+import math
 import numbers
 from numbers import Integral, Real
 
@@ -45,9 +46,10 @@ from sklearn.utils.validation import (
     validate_data,
 )
 
-from . import columns, learning, regression
+from . import columns, config, learning, regression
 from ._validation import as_float_array, check_bandwidth, resolve_dtype
 from .device import resolve_device
+from .search import minimize_log_scale
 
 __all__ = [
     "LearnedKernelRegressor",
@@ -233,7 +235,9 @@ class _PoolingEstimator(BaseEstimator):
         h and the engine's default lambda.
         """
         is_loo = isinstance(bandwidth, str) and bandwidth == "loo"
-        if not self._uses_engine() and not (is_loo and sample_weight is not None):
+        if not self._uses_engine():
+            if is_loo and sample_weight is not None:
+                return _weighted_loo_scale(self, X, Y, sample_weight)
             if is_loo:
                 return learning.loo_bandwidth(
                     X,
@@ -1256,6 +1260,34 @@ def _engine_loo_widths(model, X, Y, sample_weight, degree):
     widths = np.asarray(local.local_loo_widths(X, Y, degree, **common), dtype=np.float64)
     loss = float(local.local_loo_loss(X, Y, widths, degree, **common))
     return widths, loss
+
+
+def _weighted_loo_scale(model, X, Y, sample_weight):
+    """Weighted Scott widths times the one factor minimising the weighted LOO MSE.
+
+    The weighted form of :func:`nbattn.learning.loo_bandwidth`: the same
+    search over log-scale factors (:func:`nbattn.search.minimize_log_scale`,
+    the same grid and tolerance) of the criterion
+    ``sum_i s_i (y_i - f_{-i}(x_i))^2 / sum_i s_i``, where f_{-i} leaves row i
+    out and weighs every other key by its s_j
+    (:func:`nbattn.local.local_loo_loss` at degree 0).
+    """
+    local = _engine()
+    base = _weighted_rule_bandwidth(X, sample_weight, "scott")
+
+    def criterion(t):
+        return local.local_loo_loss(
+            X, Y, base * math.exp(t), 0, sample_weight=sample_weight, device=model._device()
+        )
+
+    result = minimize_log_scale(
+        criterion,
+        np.log(np.sort(np.asarray(config.LOO_GRID, dtype=np.float64))),
+        rtol=config.LOO_RTOL,
+        extend=config.LOO_EXTEND_DECADES * math.log(10.0),
+        anchor=0.0,
+    )
+    return base * math.exp(result.t)
 
 
 def _weighted_default_widths(X, var_type, n_categories, sample_weight, rule):

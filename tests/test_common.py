@@ -3,7 +3,34 @@
 import numpy as np
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
-from nbattn import LearnedKernelRegressor, NadarayaWatsonClassifier, NadarayaWatsonRegressor
+from nbattn import (
+    LearnedKernelRegressor,
+    LocalPolynomialRegressor,
+    NadarayaWatsonClassifier,
+    NadarayaWatsonRegressor,
+)
+
+_LOO_WEIGHTS = (
+    "a leave-one-out criterion leaves out one row, where repeating a row leaves its copies "
+    "in: weights and repetitions choose different widths"
+)
+_ONE_SCALE_METRICS = (
+    "metrics 'scalar' and 'full' learn on unweighted data; sample_weight needs 'diagonal'"
+)
+
+
+def _expected_failures(estimator) -> dict:
+    """The checks an estimator fails by design, with the reason."""
+    loo = getattr(estimator, "bandwidth", None) == "loo" or isinstance(
+        estimator, LearnedKernelRegressor
+    )
+    out = {}
+    if loo:
+        out["check_sample_weight_equivalence_on_dense_data"] = _LOO_WEIGHTS
+    if isinstance(estimator, LearnedKernelRegressor) and estimator.metric != "diagonal":
+        out["check_sample_weights_not_overwritten"] = _ONE_SCALE_METRICS
+        out["check_sample_weight_equivalence_on_dense_data"] = _ONE_SCALE_METRICS
+    return out
 
 
 @parametrize_with_checks(
@@ -13,6 +40,8 @@ from nbattn import LearnedKernelRegressor, NadarayaWatsonClassifier, NadarayaWat
         NadarayaWatsonRegressor(kernel="average"),
         NadarayaWatsonRegressor(bandwidth="loo"),
         NadarayaWatsonRegressor(device="auto"),
+        NadarayaWatsonRegressor(kernel="tricube", bandwidth="silverman"),
+        NadarayaWatsonRegressor(missing="marginalize"),
         LearnedKernelRegressor(metric="scalar"),
         LearnedKernelRegressor(metric="diagonal", max_iter=10, dtype="float32"),
         LearnedKernelRegressor(metric="full", max_iter=10),
@@ -20,10 +49,14 @@ from nbattn import LearnedKernelRegressor, NadarayaWatsonClassifier, NadarayaWat
         LearnedKernelRegressor(
             metric="full", init="random", max_iter=5, random_state=np.random.RandomState(0)
         ),
+        LocalPolynomialRegressor(),
+        LocalPolynomialRegressor(degree=0, bandwidth="scott", kernel="epanechnikov"),
+        LocalPolynomialRegressor(degree=2, bandwidth="scott", missing="marginalize"),
         NadarayaWatsonClassifier(),
         NadarayaWatsonClassifier(bandwidth="loo"),
         NadarayaWatsonClassifier(bandwidth=[1.0], dtype="float32", device="auto"),
-    ]
+    ],
+    expected_failed_checks=_expected_failures,
 )
 def test_sklearn_compatible(estimator, check):
     check(estimator)
