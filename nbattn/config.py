@@ -180,3 +180,18 @@ DASK_CONNECT_TIMEOUT = _env_int("DASK_CONNECT_TIMEOUT", 30, compiled=False)
 #: cache on. Kernel modules read this when they are imported.
 _OVERRIDDEN = sorted(name for name in _COMPILED_TUNABLES if "NBATTN_" + name in os.environ)
 CACHE = os.environ.get("NBATTN_CACHE", "0" if _OVERRIDDEN else "1") not in ("0", "false", "False")
+
+# --- Local-polynomial regression (nbattn.local, nbattn.kernels.local) ----------
+
+#: Relative ridge of the local solve, (M + ridge diag(0, M_11, ..)) beta = V, when the
+#: caller passes ridge=None. It changes a well-conditioned fit by about ridge times the
+#: design's condition number (the statsmodels comparisons hold to 1e-10 at 1e-12).
+LOCAL_RIDGE = 1e-12
+
+#: A term of the local design whose Cholesky pivot falls below this share of its
+#: diagonal entry (its column lies within that relative distance of the span of the
+#: earlier columns: a constant column, fewer distinct neighbours than terms, a query
+#: far from all keys) is dropped (coefficient 0), like a truncated pseudo-inverse;
+#: the fit then shrinks towards the local constant instead of amplifying rounding.
+#: Read when the kernels are compiled.
+LOCAL_PIVOT_TOL = 1e-10

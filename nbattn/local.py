@@ -29,11 +29,15 @@ design as if they were numbers; nbattn does not (np's convention), so with
 categorical columns the two agree only for ``reg_type="lc"``.
 
 The local system is solved with a relative ridge, ``(M + ridge diag(0, M_11, ..,
-M_pp)) beta = V`` (M the normalised moment matrix; default ``ridge=1e-12``),
-which does not depend on the units of any column, changes a well-conditioned
-fit by about ``ridge`` times its condition number, and shrinks the slopes of a
-singular design (fewer distinct neighbours than terms) towards the local
-constant; a design column that is exactly zero drops out (slope 0).
+M_pp)) beta = V`` (M the normalised moment matrix; default ``ridge=1e-12``,
+``config.LOCAL_RIDGE``), which does not depend on the units of any column and
+changes a well-conditioned fit by about ``ridge`` times its condition number.
+A term whose design column lies within ``config.LOCAL_PIVOT_TOL`` (1e-10,
+relative) of the span of the earlier ones is dropped (coefficient 0), as a
+truncated pseudo-inverse would: a singular design (a constant column, fewer
+distinct neighbours than terms, a query far from every key) shrinks towards
+the local constant, never to NaN. Pass a larger ``ridge`` to shrink the slopes
+of ill-conditioned designs more.
 
 Missing values (``missing="marginalize"``): a pair with column c missing on
 either side leaves that column's kernel term out. In the local design a key
@@ -49,6 +53,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import config
+from ._threads import serial_below
 from ._validation import (
     as_float_array,
     check_bandwidth,
@@ -73,7 +79,7 @@ _KERNEL_CODES = {name: code for code, name in enumerate(KERNELS)}
 _MISSING = ("error", "marginalize")
 _VAR_KINDS = "cuo"
 #: Default relative ridge of the local solve (module docstring).
-DEFAULT_RIDGE = 1e-12
+DEFAULT_RIDGE = config.LOCAL_RIDGE
 
 
 # --------------------------------------------------------------------------- checks
@@ -416,19 +422,26 @@ def _check_ridge(ridge):
     return check_positive_float(ridge, "ridge")
 
 
+def threads_for(problem: LocalProblem):
+    """One numba thread for calls with fewer than ``config.SERIAL_PAIRS`` pairs (a parallel
+    launch costs more than it saves there; on a busy 2-core machine 30x more at n = 150)."""
+    return serial_below(problem.q_cont.shape[0] * problem.log_weights.shape[0], config.SERIAL_PAIRS)
+
+
 def fit_problem(problem: LocalProblem, device="cpu", want_mfx=False):
     """Run the first pass of the local fit (``kernels.local.local_fit``) on a prepared problem."""
     module = kernels_for("local", device)
-    return module.local_fit(
-        *problem.kernel_args(),
-        problem.values_t,
-        problem.kernel,
-        problem.degree,
-        problem.exclude_self,
-        problem.missing,
-        problem.ridge,
-        want_mfx,
-    )
+    with threads_for(problem):
+        return module.local_fit(
+            *problem.kernel_args(),
+            problem.values_t,
+            problem.kernel,
+            problem.degree,
+            problem.exclude_self,
+            problem.missing,
+            problem.ridge,
+            want_mfx,
+        )
 
 
 def _cast(x, dtype):
@@ -583,18 +596,20 @@ def local_interval_sums(
 def _interval_sums(problem: LocalProblem, device, residuals_t=None):
     _, g, shift, log_norm, nearest, _ = fit_problem(problem, device)
     module = kernels_for("local", device)
-    out = module.local_interval_sums(
-        *problem.kernel_args(),
-        problem.values_t if residuals_t is None else residuals_t,
-        problem.kernel,
-        problem.degree,
-        problem.exclude_self,
-        problem.missing,
-        g,
-        shift,
-        log_norm,
-        nearest,
-    )
+    with threads_for(problem):
+        out = module.local_interval_sums(
+            *problem.kernel_args(),
+            problem.values_t if residuals_t is None else residuals_t,
+            problem.kernel,
+            problem.degree,
+            problem.exclude_self,
+            problem.missing,
+            g,
+            shift,
+            log_norm,
+            nearest,
+        )
+
     return out[:, 0] if problem.values_1d else out
 
 
@@ -654,30 +669,33 @@ def local_prediction_interval(
     )
     beta, g, shift, log_norm, nearest, _ = fit_problem(problem, device)
     module = kernels_for("local", device)
-    variance = module.local_interval_sums(
-        *problem.kernel_args(),
-        residuals_t,
-        problem.kernel,
-        problem.degree,
-        False,
-        problem.missing,
-        g,
-        shift,
-        log_norm,
-        nearest,
-    )
-    if kind == "observation":
-        squared = np.ascontiguousarray(residuals_t**2)
-        local_var = module.local_fit(
+    with threads_for(problem):
+        variance = module.local_interval_sums(
             *problem.kernel_args(),
-            squared,
+            residuals_t,
             problem.kernel,
-            0,
+            problem.degree,
             False,
             problem.missing,
-            problem.ridge,
-            False,
-        )[0][:, 0, :]
+            g,
+            shift,
+            log_norm,
+            nearest,
+        )
+
+    if kind == "observation":
+        squared = np.ascontiguousarray(residuals_t**2)
+        with threads_for(problem):
+            local_var = module.local_fit(
+                *problem.kernel_args(),
+                squared,
+                problem.kernel,
+                0,
+                False,
+                problem.missing,
+                problem.ridge,
+                False,
+            )[0][:, 0, :]
         variance = variance + local_var
     z = float(norm.ppf(1.0 - alpha / 2.0))
     fit = beta[:, 0, :]

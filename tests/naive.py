@@ -536,6 +536,160 @@ def loo_loss_exact(X, y, bandwidth):
     return float(np.mean((pred - y2) ** 2))
 
 
+# --------------------------------------------------------------------------- local polynomials
+def product_kernel_matrix(queries, keys, widths, var_type, n_categories, kernel="gaussian"):
+    """K[i, j] = prod_c K_c(q_ic, k_jc), the mixed-type product kernel (constants dropped).
+
+    Continuous (u = (k - q) / h): gaussian exp(-u^2/2), epanechnikov max(1 - u^2, 0),
+    tricube max(1 - |u|^3, 0)^3; unordered (Aitchison-Aitken) 1 - l or l / (c - 1);
+    ordered (Wang-van Ryzin) 1 - l or (1 - l)/2 l^|x - y|. A NaN on either side
+    makes its column's factor 1.
+    """
+    q = np.atleast_2d(np.asarray(queries, dtype=np.float64))
+    k = np.atleast_2d(np.asarray(keys, dtype=np.float64))
+    K = np.ones((q.shape[0], k.shape[0]))
+    for c, kind in enumerate(var_type):
+        a, b = q[:, c][:, None], k[:, c][None, :]
+        lam = widths[c]
+        if kind == "c":
+            u = (b - a) / lam
+            if kernel == "gaussian":
+                f = np.exp(-0.5 * u**2)
+            elif kernel == "epanechnikov":
+                f = np.maximum(1.0 - u**2, 0.0)
+            else:
+                f = np.maximum(1.0 - np.abs(u) ** 3, 0.0) ** 3
+        elif kind == "u":
+            n_cat = n_categories[c]
+            other = lam / (n_cat - 1) if n_cat > 1 else 0.0
+            f = np.where(a == b, 1.0 - lam, other)
+        else:
+            with np.errstate(invalid="ignore"):
+                f = np.where(a == b, 1.0 - lam, 0.5 * (1.0 - lam) * lam ** np.abs(a - b))
+        f = np.where(np.isnan(a) | np.isnan(b), 1.0, f)
+        K = K * f
+    return K
+
+
+def local_design(queries, keys, var_type, degree):
+    """x_ij = (1, k_j - q_i, [(k_jc - q_ic)(k_jc' - q_ic') for c <= c']) over the 'c'
+    columns, a NaN difference counted as 0; shape (n_q, n_k, p)."""
+    q = np.atleast_2d(np.asarray(queries, dtype=np.float64))
+    k = np.atleast_2d(np.asarray(keys, dtype=np.float64))
+    cont = [c for c, kind in enumerate(var_type) if kind == "c"]
+    diff = k[None, :, cont] - q[:, None, cont]
+    diff = np.where(np.isnan(diff), 0.0, diff)
+    cols = [np.ones(diff.shape[:2])]
+    if degree >= 1:
+        cols += [diff[:, :, c] for c in range(len(cont))]
+    if degree >= 2:
+        for c in range(len(cont)):
+            for c2 in range(c, len(cont)):
+                cols.append(diff[:, :, c] * diff[:, :, c2])
+    return np.stack(cols, axis=-1)
+
+
+def local_polynomial_exact(
+    queries,
+    keys,
+    values,
+    widths,
+    var_type,
+    n_categories,
+    degree,
+    kernel="gaussian",
+    sample_weight=None,
+    exclude_self=False,
+    ridge=1e-12,
+    pivot_tol=1e-10,
+):
+    """(fit, coefficients, weights): the weighted least-squares local polynomial per query,
+
+        (M / l + ridge diag(0, M_11/l, ...)) beta = V / l,  M = sum_j K_ij w_j x_ij x_ij^T,
+
+    solved with numpy in raw units; a term whose pivot (Schur complement on the kept
+    earlier terms) is at most ``pivot_tol`` times its diagonal entry is dropped
+    (coefficient 0). A query whose weights are all 0 takes the value of its nearest admissible key
+    (fewest unequal categories, then smallest sum of squared scaled differences).
+    """
+    q = np.atleast_2d(np.asarray(queries, dtype=np.float64))
+    k = np.atleast_2d(np.asarray(keys, dtype=np.float64))
+    y = np.asarray(values, dtype=np.float64)
+    y2 = y[:, None] if y.ndim == 1 else y
+    K = product_kernel_matrix(q, k, widths, var_type, n_categories, kernel)
+    w = np.ones(k.shape[0]) if sample_weight is None else np.asarray(sample_weight, float)
+    K = K * w[None, :]
+    if exclude_self:
+        np.fill_diagonal(K, 0.0)
+    X = local_design(q, k, var_type, degree)
+    n_q, p = q.shape[0], X.shape[2]
+    fit = np.zeros((n_q, y2.shape[1]))
+    coef = np.zeros((n_q, p, y2.shape[1]))
+    weights = np.zeros_like(K)
+    cont = [c for c, kind in enumerate(var_type) if kind == "c"]
+    for i in range(n_q):
+        total = K[i].sum()
+        if not total > 0:
+            admissible = np.flatnonzero(w > 0)
+            if exclude_self:
+                admissible = admissible[admissible != i]
+            if admissible.size == 0:
+                continue
+            cat = [c for c, kind in enumerate(var_type) if kind != "c"]
+            mis = np.zeros(admissible.size)
+            for c in cat:
+                a, b = q[i, c], k[admissible, c]
+                mis += (a != b) & ~np.isnan(b) & ~np.isnan(a)
+            d = (k[admissible][:, cont] - q[i, cont]) / np.asarray(widths)[cont]
+            dist = np.nansum(np.where(np.isnan(d), 0.0, d) ** 2, axis=1)
+            order = np.lexsort((np.arange(admissible.size), dist, mis))
+            j = admissible[order[0]]
+            fit[i] = y2[j]
+            coef[i, 0] = y2[j]
+            weights[i, j] = 1.0
+            continue
+        p_i = K[i] / total
+        weights[i] = p_i
+        M = np.einsum("j,ja,jb->ab", p_i, X[i], X[i])
+        V = np.einsum("j,ja,jo->ao", p_i, X[i], y2)
+        A = M + ridge * np.diag(np.r_[0.0, np.diag(M)[1:]])
+        keep = np.zeros(p, dtype=bool)
+        keep[0] = True
+        for t in range(1, p):  # drop a term whose Schur complement is below tol * A_tt
+            S = np.flatnonzero(keep)
+            pivot = A[t, t] - A[t, S] @ np.linalg.solve(A[np.ix_(S, S)], A[S, t])
+            keep[t] = A[t, t] > 0 and pivot > pivot_tol * A[t, t]
+        sol = np.linalg.solve(A[np.ix_(keep, keep)], V[keep])
+        coef[i, keep] = sol
+        fit[i] = sol[0]
+    if y.ndim == 1:
+        return fit[:, 0], coef[:, :, 0], weights
+    return fit, coef, weights
+
+
+def local_equivalent_weights(queries, keys, widths, var_type, n_categories, degree, **kwargs):
+    """l_ij with fit_i = sum_j l_ij y_j (the equivalent kernel), from the exact solve."""
+    k = np.atleast_2d(np.asarray(keys, dtype=np.float64))
+    eye = np.eye(k.shape[0])
+    fit, _, _ = local_polynomial_exact(
+        queries, keys, eye, widths, var_type, n_categories, degree, **kwargs
+    )
+    return fit
+
+
+def local_loo_loss_exact(X, y, widths, var_type, n_categories, degree, **kwargs):
+    """Mean squared leave-one-out error of local_polynomial_exact (optionally weighted)."""
+    weights = kwargs.get("sample_weight")
+    fit, _, _ = local_polynomial_exact(
+        X, X, y, widths, var_type, n_categories, degree, exclude_self=True, **kwargs
+    )
+    y2 = np.asarray(y, float).reshape(fit.shape)
+    err = (fit - y2) ** 2
+    err = err.reshape(err.shape[0], -1).sum(axis=1)
+    w = np.ones(err.shape[0]) if weights is None else np.asarray(weights, float)
+    return float(err @ (w / w.sum()))
+
+
 # ----------------------------------------------------------------------------- tables (estimators)
 
 

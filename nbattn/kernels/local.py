@@ -31,9 +31,11 @@ and at the end solves the small system, normalised by l = sum_j w_j,
 
     (M/l + R) beta = V/l,       R = ridge * diag(0, M_11/l, ..., M_pp/l)
 
-by a Cholesky factorisation; a pivot that is not positive (a design column
-that is zero: every neighbour equal to the query in that column) drops its
-term (its coefficient is 0), so a singular design shrinks towards the local
+by a Cholesky factorisation; a term whose pivot is below
+``config.LOCAL_PIVOT_TOL`` times its diagonal entry (its column within that
+relative distance of the span of the earlier ones: a zero or constant column,
+fewer distinct neighbours than terms) is dropped (coefficient 0), like a
+truncated pseudo-inverse, so a singular design shrinks towards the local
 constant and never gives NaN. ``beta`` holds the fit (beta[0]) and the local
 slopes in scaled units (divide by h). The relative ridge is invariant to the
 units of every column.
@@ -64,6 +66,7 @@ from .fastmath import fast_exp
 
 _KEY_BLOCK = config.KEY_BLOCK
 _QUERY_BLOCK = config.QUERY_BLOCK
+_PIVOT_TOL = config.LOCAL_PIVOT_TOL
 
 GAUSSIAN, EPANECHNIKOV, TRICUBE = 0, 1, 2
 #: Continuous kernels by name -> the code the kernels take.
@@ -186,15 +189,21 @@ def _block(
         b_ne = cat_params[k, 1]
         t_step = cat_params[k, 2]
         kk = keys_cat_t[k, j0 : j0 + nb]
-        for j in range(nb):
-            x = kk[j]
-            if x == qk:
-                scores[j] += a_eq
-            elif x == x:  # not missing
-                if t_step == 0.0:
-                    scores[j] += b_ne
-                else:
-                    scores[j] += b_ne + t_step * abs(x - qk)
+        if missing:
+            for j in range(nb):
+                x = kk[j]
+                if x == qk:
+                    scores[j] += a_eq
+                elif x == x:  # not missing
+                    scores[j] += b_ne + t_step * max(abs(x - qk), 1.0)
+        elif t_step == 0.0:
+            for j in range(nb):
+                scores[j] += a_eq if kk[j] == qk else b_ne
+        else:
+            # |x - q| >= 1 where the codes differ, so t = -inf (l = 0) never meets 0 there
+            for j in range(nb):
+                x = kk[j]
+                scores[j] += a_eq if x == qk else b_ne + t_step * max(abs(x - qk), 1.0)
     if exclude_self and j0 <= i < j0 + nb:
         scores[i - j0] = -np.inf
     p = design.shape[0]
@@ -229,7 +238,7 @@ def _solve(moments, rhs, ridge, g, beta):
                 continue
             a[t, t] -= a[t, u] * a[t, u]
         diag_scale = moments[t, t] * (1.0 + ridge)
-        if not (a[t, t] > 1e-13 * diag_scale) or not (diag_scale > 0.0):
+        if not (a[t, t] > _PIVOT_TOL * diag_scale) or not (diag_scale > 0.0):
             keep[t] = False
             for v in range(t, p):
                 a[v, t] = 0.0
@@ -443,9 +452,9 @@ def local_loo_gradient(
     q_cat,
     keys_cat_t,
     cat_params,
-    cat_dparams,
     log_weights,
     values_t,
+    cat_dparams,
     kernel,
     degree,
     exclude_self,
@@ -485,6 +494,9 @@ def local_loo_gradient(
         scores = np.empty(_KEY_BLOCK)
         design = np.empty((max(p, 1 + dc), _KEY_BLOCK))
         coef = np.empty(_KEY_BLOCK)
+        cvec = np.empty(_KEY_BLOCK)
+        fit = np.empty(_KEY_BLOCK)
+        pen = np.empty(_KEY_BLOCK)
         a_sum = np.empty(n_par)
         s_sum = np.empty(n_par)
         stop = min(n_q, (chunk + 1) * _QUERY_BLOCK)
@@ -518,25 +530,35 @@ def local_loo_gradient(
                     continue
                 for j in range(nb):
                     scores[j] = fast_exp(scores[j] - offset)
-                # coef_j = sum_o e_o [c_j r_jo - ridge sum_t g_t beta_to x_jt^2]
+                # coef_j = p_j sum_o e_o [c_j r_jo - ridge sum_t g_t beta_to x_jt^2]
                 for j in range(nb):
-                    cj = 0.0
-                    for t in range(p):
-                        cj += g[i, t] * design[t, j]
-                    total = 0.0
-                    for o in range(n_out):
-                        e = out_weights[i, o]
-                        if e == 0.0:
-                            continue
-                        fit = 0.0
-                        pen = 0.0
-                        for t in range(p):
-                            x = design[t, j]
-                            fit += beta[i, t, o] * x
-                            if t >= 1:
-                                pen += g[i, t] * beta[i, t, o] * x * x
-                        total += e * (cj * (values_t[o, j0 + j] - fit) - ridge * pen)
-                    coef[j] = scores[j] * total
+                    cvec[j] = g[i, 0]
+                    coef[j] = 0.0
+                for t in range(1, p):
+                    gt = g[i, t]
+                    xt = design[t]
+                    for j in range(nb):
+                        cvec[j] += gt * xt[j]
+                for o in range(n_out):
+                    e = out_weights[i, o]
+                    if e == 0.0:
+                        continue
+                    y = values_t[o, j0 : j0 + nb]
+                    b0 = beta[i, 0, o]
+                    for j in range(nb):
+                        fit[j] = b0
+                        pen[j] = 0.0
+                    for t in range(1, p):
+                        bt = beta[i, t, o]
+                        gbt = g[i, t] * bt
+                        xt = design[t]
+                        for j in range(nb):
+                            fit[j] += bt * xt[j]
+                            pen[j] += gbt * xt[j] * xt[j]
+                    for j in range(nb):
+                        coef[j] += e * (cvec[j] * (y[j] - fit[j]) - ridge * pen[j])
+                for j in range(nb):
+                    coef[j] *= scores[j]
                     a_total += coef[j]
                 for c in range(dc):
                     qc = q_cont[i, c]

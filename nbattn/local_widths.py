@@ -1,0 +1,332 @@
+"""Leave-one-out widths of the local fits: h per continuous column, l per categorical column.
+
+The criterion is the (sample-weighted) leave-one-out mean squared error of
+``nbattn.local`` (statsmodels' ``cv_ls``),
+
+    CV(theta) = sum_i w_i sum_o (y_io - fit_{-i}(x_i)_o)^2 / sum_i w_i,
+
+over the parameters theta = (log h_c for each 'c' column, t_k for each 'u'/'o'
+column) with the bounded smoothing l_k = lambda_max_k sigmoid(t_k)
+(lambda_max = (c-1)/c for 'u', 1 for 'o'). Its exact gradient comes from one
+more streaming pass (``kernels.local.local_loo_gradient``):
+
+    d CV / d theta = sum_i 2 w_i (fit_{-i} - y_i) d fit_{-i} / d theta.
+
+The search: the rule widths (:func:`nbattn.local.default_widths`), then a
+one-dimensional search over a common factor of every h (``nbattn.search``,
+the safeguard that finds the right scale when the rule is far off), then
+scipy's L-BFGS-B over all of theta from the better of the two. The best point
+ever evaluated is returned, so the answer is never worse than the rule or the
+best common scale.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from . import config
+from .device import kernels_for
+from .local import (
+    LocalProblem,
+    _as_data,
+    _loo_weights,
+    categorical_terms,
+    check_n_categories,
+    check_var_type,
+    default_widths,
+    fit_problem,
+    lambda_max,
+    prepare,
+    threads_for,
+)
+
+__all__ = ["local_loo_loss_and_grad", "local_loo_widths", "theta_to_widths", "widths_to_theta"]
+
+#: Bound on the categorical parameter t (l = lambda_max sigmoid(t)): sigmoid(30) is 1 - 1e-13,
+#: so l reaches its ends to 13 digits while log(1 - l) stays finite.
+_T_BOUND = 30.0
+
+
+def _sigmoid(t):
+    return 1.0 / (1.0 + math.exp(-t)) if t >= 0 else math.exp(t) / (1.0 + math.exp(t))
+
+
+def theta_to_widths(theta, var_type, n_categories) -> np.ndarray:
+    """Per-column widths from theta: h = exp(theta) for 'c', l = lambda_max sigmoid(theta)."""
+    top = lambda_max(var_type, n_categories)
+    out = np.empty(len(var_type))
+    for position, kind in enumerate(var_type):
+        if kind == "c":
+            out[position] = math.exp(theta[position])
+        else:
+            out[position] = top[position] * _sigmoid(float(theta[position]))
+    return out
+
+
+def widths_to_theta(widths, var_type, n_categories) -> np.ndarray:
+    """The inverse of :func:`theta_to_widths` (t clipped to +-30)."""
+    top = lambda_max(var_type, n_categories)
+    out = np.empty(len(var_type))
+    for position, kind in enumerate(var_type):
+        if kind == "c":
+            out[position] = math.log(widths[position])
+        elif top[position] == 0:
+            out[position] = 0.0
+        else:
+            s = min(max(widths[position] / top[position], 1e-300), 1.0)
+            t = math.log(s) - math.log1p(-s) if s < 1 else _T_BOUND
+            out[position] = min(max(t, -_T_BOUND), _T_BOUND)
+    return out
+
+
+def _categorical_derivatives(theta, var_type, n_categories):
+    """(dk, 3) derivatives of the categorical score terms (a, b, t) with respect to t_k."""
+    top = lambda_max(var_type, n_categories)
+    rows = []
+    for position, kind in enumerate(var_type):
+        if kind == "c":
+            continue
+        s = _sigmoid(float(theta[position]))
+        if top[position] == 0:  # one category: nothing to smooth
+            rows.append((0.0, 0.0, 0.0))
+            continue
+        lam = top[position] * s
+        da = -lam * (1.0 - s) / (1.0 - lam)
+        if kind == "u":
+            rows.append((da, 1.0 - s, 0.0))
+        else:
+            rows.append((da, da, 1.0 - s))
+    return np.array(rows, dtype=np.float64).reshape(len(rows), 3)
+
+
+def _column_order(var_type):
+    """Positions of theta in the kernels' gradient order (continuous first, then categorical)."""
+    cont = [p for p, k in enumerate(var_type) if k == "c"]
+    cat = [p for p, k in enumerate(var_type) if k != "c"]
+    return np.array(cont + cat, dtype=np.int64)
+
+
+class _Criterion:
+    """CV(theta) and its gradient on one prepared training problem."""
+
+    def __init__(self, problem: LocalProblem, targets, loo_weights, device):
+        self.base = problem
+        self.targets = targets  # (n, n_out)
+        self.loo_weights = loo_weights
+        self.device = device
+        self.order = _column_order(problem.var_type)
+        cont = np.array([k == "c" for k in problem.var_type], dtype=bool)
+        self.cont = cont
+        # the layout holds data / h; keep the data's scaled copy for h = 1
+        h = problem.h
+        self.q_unit = problem.q_cont * h
+        self.k_unit = problem.keys_cont_t * h[:, None]
+        self.best = (math.inf, None)
+
+    def problem_at(self, theta):
+        widths = theta_to_widths(theta, self.base.var_type, self.base.n_categories)
+        h = widths[self.cont]
+        p = self.base
+        return LocalProblem(
+            q_cont=np.ascontiguousarray(self.q_unit / h),
+            keys_cont_t=np.ascontiguousarray(self.k_unit / h[:, None]),
+            q_cat=p.q_cat,
+            keys_cat_t=p.keys_cat_t,
+            cat_params=categorical_terms(p.var_type, p.n_categories, widths),
+            log_weights=p.log_weights,
+            values_t=p.values_t,
+            kernel=p.kernel,
+            degree=p.degree,
+            exclude_self=True,
+            missing=p.missing,
+            ridge=p.ridge,
+            h=h,
+            var_type=p.var_type,
+            n_categories=p.n_categories,
+            widths=widths,
+            values_1d=p.values_1d,
+        )
+
+    def _record(self, value, theta):
+        if value < self.best[0]:
+            self.best = (value, np.array(theta, dtype=np.float64))
+
+    def loss(self, theta):
+        problem = self.problem_at(theta)
+        beta = fit_problem(problem, self.device)[0]
+        errors = ((beta[:, 0, :] - self.targets) ** 2).sum(axis=1)
+        value = float(errors @ self.loo_weights)
+        value = value if math.isfinite(value) else math.inf
+        self._record(value, theta)
+        return value
+
+    def loss_and_grad(self, theta):
+        problem = self.problem_at(theta)
+        beta, g, shift, log_norm, _, _ = fit_problem(problem, self.device)
+        residual = beta[:, 0, :] - self.targets
+        value = float((residual**2).sum(axis=1) @ self.loo_weights)
+        out_weights = np.ascontiguousarray(2.0 * residual * self.loo_weights[:, None])
+        module = kernels_for("local", self.device)
+        with threads_for(problem):
+            per_query = module.local_loo_gradient(
+                *problem.kernel_args(),
+                problem.values_t,
+                _categorical_derivatives(theta, problem.var_type, problem.n_categories),
+                problem.kernel,
+                problem.degree,
+                True,
+                problem.missing,
+                problem.ridge,
+                beta,
+                g,
+                shift,
+                log_norm,
+                out_weights,
+            )
+
+        grad = np.empty(len(problem.var_type))
+        grad[self.order] = per_query.sum(axis=0)
+        if not math.isfinite(value) or not np.isfinite(grad).all():
+            return math.inf, np.zeros_like(grad)
+        self._record(value, theta)
+        return value, grad
+
+
+def _setup(X, y, degree, var_type, n_categories, kernel, sample_weight, missing, ridge, widths):
+    X = _as_data(X, "X", missing == "marginalize")
+    var_type = check_var_type(var_type, X.shape[1])
+    counts = check_n_categories(n_categories, var_type, X)
+    if widths is None:
+        widths = default_widths(X, var_type, counts)
+    problem = prepare(
+        X,
+        X,
+        y,
+        widths,
+        degree,
+        var_type=var_type,
+        n_categories=counts,
+        kernel=kernel,
+        sample_weight=sample_weight,
+        missing=missing,
+        exclude_self=True,
+        ridge=ridge,
+    )
+    targets = problem.values_t.T.copy()
+    return problem, targets, _loo_weights(sample_weight, X.shape[0])
+
+
+def local_loo_loss_and_grad(
+    X,
+    y,
+    theta,
+    degree=1,
+    *,
+    var_type=None,
+    n_categories=None,
+    kernel="gaussian",
+    sample_weight=None,
+    missing="error",
+    ridge=None,
+    device="cpu",
+):
+    """CV(theta) and its exact gradient with respect to theta (module docstring).
+
+    ``theta`` (d,): log h for 'c' columns, t for 'u'/'o' columns
+    (l = lambda_max sigmoid(t); see :func:`theta_to_widths`).
+    """
+    X = _as_data(X, "X", missing == "marginalize")
+    var_type = check_var_type(var_type, X.shape[1])
+    counts = check_n_categories(n_categories, var_type, X)
+    theta = np.asarray(theta, dtype=np.float64).reshape(-1)
+    if theta.shape != (X.shape[1],):
+        raise ValueError(f"theta must have one entry per column ({X.shape[1]}), got {theta.shape}")
+    widths = theta_to_widths(theta, var_type, counts)
+    problem, targets, loo_weights = _setup(
+        X, y, degree, var_type, counts, kernel, sample_weight, missing, ridge, widths
+    )
+    return _Criterion(problem, targets, loo_weights, device).loss_and_grad(theta)
+
+
+def local_loo_widths(
+    X,
+    y,
+    degree=1,
+    *,
+    var_type=None,
+    n_categories=None,
+    kernel="gaussian",
+    sample_weight=None,
+    missing="error",
+    ridge=None,
+    init=None,
+    device="cpu",
+    maxiter=200,
+):
+    """Widths (h per 'c' column, l per 'u'/'o' column) that minimise the LOO error.
+
+    Parameters
+    ----------
+    X : array-like (n, d)
+    y : array-like (n,) or (n, n_outputs)
+    degree, var_type, n_categories, kernel, sample_weight, missing, ridge
+        As in :func:`nbattn.local.local_polynomial`; ``sample_weight`` weighs
+        the keys of every fit and the terms of the criterion.
+    init : array (d,), optional
+        Starting widths; None: the Scott rule (:func:`nbattn.local.default_widths`).
+    maxiter : int
+        Iterations of L-BFGS-B.
+
+    Returns
+    -------
+    widths : ndarray (d,)
+
+    Notes
+    -----
+    The h are bounded to ``config.WIDTH_BOUNDS`` times their start, the
+    categorical parameters t to [-30, 30] (l within 1e-13 of either end).
+    """
+    from scipy.optimize import minimize
+
+    from .search import minimize_log_scale
+
+    X = _as_data(X, "X", missing == "marginalize")
+    var_type = check_var_type(var_type, X.shape[1])
+    counts = check_n_categories(n_categories, var_type, X)
+    start = default_widths(X, var_type, counts) if init is None else None
+    problem, targets, loo_weights = _setup(
+        X, y, degree, var_type, counts, kernel, sample_weight, missing, ridge, start
+    )
+    if init is not None:
+        start = problem.widths
+    criterion = _Criterion(problem, targets, loo_weights, device)
+    theta0 = widths_to_theta(start, var_type, counts)
+    cont = np.array([k == "c" for k in var_type], dtype=bool)
+    low, high = config.WIDTH_BOUNDS
+    bounds = [
+        (t + math.log(low), t + math.log(high)) if c else (-_T_BOUND, _T_BOUND)
+        for t, c in zip(theta0, cont)
+    ]
+    criterion.loss(theta0)
+    if cont.any():
+        # the safeguard: one common factor of every h, categorical parameters at the start
+
+        def along(log_factor):
+            theta = theta0.copy()
+            theta[cont] += log_factor
+            return criterion.loss(theta)
+
+        grid = np.log(np.asarray(config.LOO_GRID))
+        minimize_log_scale(along, grid[(grid >= math.log(low)) & (grid <= math.log(high))])
+    first = criterion.best[1].copy()
+    minimize(
+        criterion.loss_and_grad,
+        np.clip(first, [b[0] for b in bounds], [b[1] for b in bounds]),
+        jac=True,
+        method="L-BFGS-B",
+        bounds=bounds,
+        options={"maxiter": int(maxiter)},
+    )
+    return theta_to_widths(criterion.best[1], var_type, counts)
