@@ -1257,7 +1257,9 @@ def _engine_loo_widths(model, X, Y, sample_weight, degree):
         missing=model._missing(),
         device=model._device(),
     )
-    widths = np.asarray(local.local_loo_widths(X, Y, degree, **common), dtype=np.float64)
+    from .local_widths import local_loo_widths
+
+    widths = np.asarray(local_loo_widths(X, Y, degree, **common), dtype=np.float64)
     loss = float(local.local_loo_loss(X, Y, widths, degree, **common))
     return widths, loss
 

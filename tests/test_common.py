@@ -25,6 +25,11 @@ def _expected_failures(estimator) -> dict:
         estimator, LearnedKernelRegressor
     )
     out = {}
+    if estimator.dtype == "float32":
+        out["check_sample_weight_equivalence_on_dense_data"] = (
+            "float32 computation: weights and repetitions agree to float32 rounding (~3e-7), "
+            "the check asks 1e-7"
+        )
     if loo:
         out["check_sample_weight_equivalence_on_dense_data"] = _LOO_WEIGHTS
     if isinstance(estimator, LearnedKernelRegressor) and estimator.metric != "diagonal":
