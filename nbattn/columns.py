@@ -76,6 +76,10 @@ def as_table(X):
     """X itself when it is a DataFrame, else a 2-D NumPy array (object dtype allowed)."""
     if is_dataframe(X):
         return X
+    if hasattr(X, "tocsr") or hasattr(X, "tocoo"):  # scipy.sparse, without importing it
+        raise TypeError(
+            "Sparse data was passed, but dense data is required; convert it with X.toarray()"
+        )
     arr = np.asarray(X) if not hasattr(X, "to_numpy") else X.to_numpy()
     if arr.ndim != 2:
         raise ValueError(

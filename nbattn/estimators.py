@@ -167,11 +167,12 @@ class _PoolingEstimator(BaseEstimator):
         """(X float64 (n, d), y, sample weights or None): the training data checked and copied.
 
         Column kinds come from ``var_type`` or a DataFrame's dtypes
-        (:mod:`nbattn.columns`). All-continuous data with ``missing="error"``
-        goes through scikit-learn's ``validate_data`` as it is; a table with
-        categorical columns or missing values is encoded first (category
-        codes, NaN where missing) and checked after. Rows of zero weight are
-        dropped; weights that are all 1 become None (the unweighted fit).
+        (:mod:`nbattn.columns`). All-continuous numeric data goes through
+        scikit-learn's ``validate_data`` as it is (NaN allowed with
+        ``missing="marginalize"``); a table with categorical or text columns
+        is encoded first (category codes, NaN where missing) and checked
+        after. Rows of zero weight are dropped; weights that are all 1 become
+        None (the unweighted fit).
         Sets ``var_type_`` and ``categories_``.
         """
         _refuse_dates_and_complex(X)
@@ -179,13 +180,18 @@ class _PoolingEstimator(BaseEstimator):
         var_type = getattr(self, "var_type", None)
         missing = getattr(self, "missing", "error")
         kinds = None
-        if var_type is not None or columns.is_dataframe(X) or missing != "error":
+        if var_type is not None or columns.is_dataframe(X):
             kinds = columns.resolve_var_type(columns.as_table(X), var_type)
-        plain = kinds is None or (
-            set(kinds) <= {"c"} and missing == "error" and columns.all_numeric(X)
-        )
-        if plain:
-            X, y = validate_data(self, X, y, dtype=np.float64, copy=True, **kwargs)
+        if (kinds is None or set(kinds) <= {"c"}) and columns.all_numeric(X):
+            X, y = validate_data(
+                self,
+                X,
+                y,
+                dtype=np.float64,
+                copy=True,
+                ensure_all_finite="allow-nan" if missing == "marginalize" else True,
+                **kwargs,
+            )
             categories = [None] * X.shape[1]
         else:
             table = columns.as_table(X)
@@ -311,8 +317,15 @@ class _PoolingEstimator(BaseEstimator):
     def _check_queries(self, X):
         check_is_fitted(self)
         _refuse_dates_and_complex(X)
-        if not self._encodes():
-            return validate_data(self, X, reset=False, dtype=np.float64)
+        if set(self._kinds()) == {"c"} and columns.all_numeric(X):
+            allow_nan = self._missing() == "marginalize"
+            return validate_data(
+                self,
+                X,
+                reset=False,
+                dtype=np.float64,
+                ensure_all_finite="allow-nan" if allow_nan else True,
+            )
         table = columns.as_table(X)
         validate_data(self, table, reset=False, skip_check_array=True)  # names and count
         encoded = columns.encode_columns(
@@ -930,6 +943,8 @@ class LearnedKernelRegressor(_PoolingRegressor):
                 )
         if self.init == "random" and self.metric != "full":
             raise ValueError("init='random' is only for metric='full'")
+        if sw is not None and self.metric != "diagonal" and np.all(sw == sw[0]):
+            sw = None  # one weight for every row changes neither the softmax nor the LOO mean
         if self._uses_engine() or sw is not None:
             if self.metric != "diagonal":
                 raise ValueError(

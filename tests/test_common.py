@@ -32,6 +32,11 @@ def _expected_failures(estimator) -> dict:
         )
     if loo:
         out["check_sample_weight_equivalence_on_dense_data"] = _LOO_WEIGHTS
+    if getattr(estimator, "degree", 0) == 2:
+        out["check_sample_weight_equivalence_on_dense_data"] = (
+            "the check's 30 features give 496 local-quadratic terms for 15 rows: the truncated "
+            "solve drops different near-dependent terms for weighted and repeated moments"
+        )
     if isinstance(estimator, LearnedKernelRegressor) and estimator.metric != "diagonal":
         out["check_sample_weights_not_overwritten"] = _ONE_SCALE_METRICS
         out["check_sample_weight_equivalence_on_dense_data"] = _ONE_SCALE_METRICS
