@@ -328,9 +328,15 @@ def numeric_block(frame, columns, *, first_row=0, source="data", fmt="csv", on_n
 
 
 def text_kinds(frame, columns, var_type=None) -> str:
-    """The kind of each of ``columns`` in a table read from a file: "c" when every
-    present value is a number, "u" (unordered categorical) when a column holds text;
-    ``var_type`` (one letter of "cuo" per column) overrides."""
+    """The kind of each of ``columns`` in a table read from a file: "u" (unordered
+    categorical) for a text column, "c" otherwise; ``var_type`` (one letter of "cuo"
+    per column) overrides.
+
+    A text column is one where most present values are not numbers. A column
+    of numbers with a stray word stays continuous, so that the word is an
+    error naming its row (:func:`numeric_block`) rather than turning every
+    number of the column into a category.
+    """
     import pandas as pd
 
     from .columns import check_var_type
@@ -344,8 +350,9 @@ def text_kinds(frame, columns, var_type=None) -> str:
             kinds.append("c")
             continue
         numbers = pd.to_numeric(series, errors="coerce")
-        text = numbers.isna().to_numpy() & series.notna().to_numpy()
-        kinds.append("u" if text.any() else "c")
+        present = series.notna().to_numpy()
+        text = numbers.isna().to_numpy() & present
+        kinds.append("u" if text.sum() * 2 > present.sum() else "c")
     return "".join(kinds)
 
 

@@ -157,3 +157,10 @@ def test_batch_load_xy_returns_kinds(mixed):
         folder / "train.csv", ["x", "size", "town"], "y", classifier=False
     )
     assert kinds == "cuu" and dropped == 0 and X["size"].map(type).eq(str).all()
+
+
+def test_a_stray_word_in_a_numeric_column_is_an_error_not_a_category():
+    frame = pd.DataFrame({"x": ["1.5", "2", "abc", "4"], "town": ["a", "b", "a", "7"]})
+    assert io.text_kinds(frame, ["x", "town"]) == "cu"
+    with pytest.raises(ValueError, match="column 'x' holds 'abc'"):
+        io.feature_block(frame, ["x", "town"], "cu")
