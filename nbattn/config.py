@@ -194,4 +194,37 @@ LOCAL_RIDGE = 1e-12
 #: far from all keys) is dropped (coefficient 0), like a truncated pseudo-inverse;
 #: the fit then shrinks towards the local constant instead of amplifying rounding.
 #: Read when the kernels are compiled.
-LOCAL_PIVOT_TOL = 1e-10
+LOCAL_PIVOT_TOL = 1e-8
+# --- Leave-one-out row tiles and learned metrics on many rows (kernels.loo_tiles, learning) --
+
+#: Rows per tile of the one-pass LOO gradient (``kernels.loo_tiles``), and the
+#: most bytes one tile of scores may take (rows x n_keys float64 per thread): with
+#: many keys a tile holds fewer rows. Read at call time.
+LOO_TILE_ROWS = _env_int("LOO_TILE_ROWS", 64, compiled=False)
+LOO_TILE_BYTES = _env_int("LOO_TILE_BYTES", 8 << 20, compiled=False)
+
+#: Score dimensions from which a tile's scores are a GEMM instead of direct
+#: differences, and the largest squared radius (in score units) of a block of
+#: rows about its mean for which the GEMM scores are used: their rounding error
+#: relative to the row's largest weight stays below (k + 3) u (3 R^2 + 2), about
+#: 5e-12 at k = 20, R^2 = 64. Read at call time.
+LOO_TILE_GEMM_MIN_DIMS = _env_int("LOO_TILE_GEMM_MIN_DIMS", 8, compiled=False)
+LOO_TILE_GEMM_MAX_RADIUS2 = _env_int("LOO_TILE_GEMM_MAX_RADIUS2", 64, compiled=False)
+
+#: Learned metrics on many rows (``learning.fit_learned_kernel``): with n >= 2 m
+#: rows, L-BFGS-B first minimises the LOO criterion of a random subsample of
+#: m = LEARN_SUBSAMPLE_ROWS query rows (against all n keys), then of
+#: LEARN_SUBSAMPLE_GROWTH times more while that is at most half the rows, and
+#: finishes on the full criterion from there. 0 (set in code) turns the ladder off.
+#: Read at call time.
+LEARN_SUBSAMPLE_ROWS = _env_int("LEARN_SUBSAMPLE_ROWS", 2048, compiled=False)
+LEARN_SUBSAMPLE_GROWTH = _env_int("LEARN_SUBSAMPLE_GROWTH", 4, compiled=False)
+
+#: Keys from which the one-pass LOO gradient (``kernels.loo_tiles``) sorts the keys along
+#: the widest score coordinate and gives each tile only the keys within reach (the bound
+#: of PRUNE_GAP_FLOAT64); below it every tile takes every key. Read at call time.
+LOO_PRUNE_MIN_ROWS = _env_int("LOO_PRUNE_MIN_ROWS", 2048, compiled=False)
+
+#: The first subsample of that ladder has at least this many query rows per learned
+#: parameter (a few rows would let a full metric overfit them). Read at call time.
+LEARN_ROWS_PER_PARAMETER = _env_int("LEARN_ROWS_PER_PARAMETER", 50, compiled=False)

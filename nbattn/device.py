@@ -52,6 +52,8 @@ KERNELS = {
     ("softmax", "cpu"): "nbattn.kernels.softmax",
     ("attention", "cpu"): "nbattn.kernels.attention",
     ("local", "cpu"): "nbattn.kernels.local",
+    ("loo_tiles", "cpu"): "nbattn.kernels.loo_tiles",
+    ("local", "cuda"): "nbattn.cuda.local",
 }
 
 

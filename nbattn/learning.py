@@ -42,7 +42,7 @@ from contextvars import ContextVar
 import numpy as np
 
 from . import config
-from ._threads import serial_below
+from ._threads import blas_one_thread, serial_below
 from ._validation import as_columns, as_float_array, check_pooling_inputs, resolve_dtype
 from .device import kernels_for, resolve_device
 from .kernels import loo
@@ -298,35 +298,128 @@ def loo_loss_and_grad(X, y, bandwidth=None, *, components=None, dtype=None, devi
     if (bandwidth is None) == (components is None):
         raise ValueError("give exactly one of bandwidth and components")
     dtype = resolve_dtype(dtype, X, y)
+    device = resolve_device(device)
     X, y2 = _prepare_xy(X, y, dtype)
-    n, d = X.shape
-    v_t = np.ascontiguousarray(y2.T, dtype=dtype)
-    L_or_none = None
     if components is None:
         h = resolve_bandwidth(bandwidth, X)
-        z, z_t = _scaled(X, 1.0 / h, dtype)
-    else:
-        L_or_none = _check_components(components, d)
-        X = X - X.mean(axis=0)
-        z, z_t = _projected(X, L_or_none, dtype)
-    with _threads_for(n * n):
-        return _loss_and_grad_passes(
-            X, y2, z, z_t, v_t, dtype, components is None, L_or_none, device
+        return _prepared_loss_and_grad(X, y2, h, dtype=dtype, device=device)
+    L = _check_components(components, X.shape[1])
+    return _prepared_loss_and_grad(X, y2, components=L, dtype=dtype, device=device)
+
+
+def _tile_rows(n_keys):
+    """Rows per tile of ``loo_tiles``: config.LOO_TILE_ROWS, fewer when a tile would pass
+    config.LOO_TILE_BYTES."""
+    return int(max(1, min(config.LOO_TILE_ROWS, config.LOO_TILE_BYTES // (8 * n_keys))))
+
+
+def _sorted_keys(z64, points64, y2):
+    """The keys for ``loo_tiles``: ``(proj, rank, z_t, points, y)``, sorted by their
+    projection on the leading principal direction of z when pruning pays
+    (n >= config.LOO_PRUNE_MIN_ROWS; proj empty otherwise, the keys in their order).
+    ``rank[i]`` is row i's position."""
+    n = z64.shape[0]
+    if n < config.LOO_PRUNE_MIN_ROWS:
+        return np.empty(0), np.arange(n), np.ascontiguousarray(z64.T), points64, y2
+    centred = z64 - z64.mean(axis=0)
+    # the leading eigenvector of the k x k scatter matrix: the widest direction
+    direction = np.linalg.eigh(centred.T @ centred)[1][:, -1]
+    direction /= np.linalg.norm(direction)  # a unit vector: |u.(z_i - z_j)| <= |z_i - z_j|
+    proj = z64 @ direction
+    order = np.argsort(proj, kind="stable")
+    rank = np.empty(n, dtype=np.int64)
+    rank[order] = np.arange(n)
+    z_t = np.ascontiguousarray(z64[order].T)
+    keys = (np.ascontiguousarray(proj[order]), rank, z_t)
+    return keys + (np.ascontiguousarray(points64[order]), y2[order])
+
+
+def _loss_grad_rows_tiled(a, b, keys, z, z_t, v_t, y2, dtype, diagonal):
+    """Rows [a, b) of the one-pass tile kernel: ``(sse, sums)`` as :func:`_loss_grad_rows`.
+
+    ``keys`` is :func:`_sorted_keys` of the score-space points (the ``dtype``
+    layout widened to float64) and the gradient's coordinates (those points for
+    the diagonal, the centred x for the full metric). Rows the tiles leave (far
+    rows, n = 1) go through the two-pass kernels of :mod:`nbattn.kernels.loo`,
+    one by one, on ``z``, ``z_t``, ``v_t`` (the ``dtype`` layout).
+    """
+    loo_tiles = kernels_for("loo_tiles", "cpu")
+    proj, rank, keys_t, points, y_keys = keys
+    k, n = keys_t.shape
+    rows = np.sort(rank[a:b]).astype(np.int64)
+    use_gemm = k >= config.LOO_TILE_GEMM_MIN_DIMS
+    gap = loo.prune_gap_for(np.float64)
+    with blas_one_thread(), _threads_for((b - a) * n):
+        sse, M, key_sums, far = loo_tiles.loo_tiles(
+            keys_t,
+            points,
+            np.ascontiguousarray(y_keys.T),
+            np.ascontiguousarray(y_keys[rows]),
+            rows,
+            _tile_rows(n),
+            use_gemm,
+            float(config.LOO_TILE_GEMM_MAX_RADIUS2),
+            proj,
+            gap,
         )
+        M = M + points.T @ (key_sums[:, None] * points)
+    sse = float(sse)
+    if np.any(far):
+        position = np.empty(n, dtype=np.int64)
+        position[rank] = np.arange(n)
+        pts = None if diagonal else np.ascontiguousarray(points[rank], dtype=dtype)
+        pts_t = None if diagonal else np.ascontiguousarray(pts.T)
+        for i in position[rows[far]]:
+            row_sse, sums = _loss_grad_rows(i, i + 1, z, z_t, v_t, y2, pts, pts_t, dtype)
+            sse += row_sse
+            if diagonal:
+                M[np.diag_indices(k)] += sums
+            else:
+                M += sums
+    return sse, (np.diag(M).copy() if diagonal else M)
 
 
-def _loss_and_grad_passes(X, y2, z, z_t, v_t, dtype, diagonal, L, device="cpu"):
-    scale = 2.0 / y2.size
-    n = z.shape[0]
+def _loss_and_grad_passes(X, y2, z, z_t, v_t, dtype, diagonal, L, device="cpu", n_rows=None):
+    """LOO MSE and gradient of rows [0, n_rows) (all rows by default), each left out and
+    predicted against all keys: the full criterion, or an estimate of it on the first
+    n_rows rows (a random subsample when the rows were shuffled)."""
+    n = z.shape[0] if n_rows is None else int(n_rows)
+    size = n * y2.shape[1]
+    scale = 2.0 / size
+    if device == "cpu":
+        # one pass over row tiles, the gradient as GEMMs (kernels.loo_tiles)
+        z64 = np.ascontiguousarray(z, dtype=np.float64)
+        points64 = z64 if diagonal else np.ascontiguousarray(X, dtype=np.float64)
+        keys = _sorted_keys(z64, points64, y2)
+        args = (keys, z, z_t, v_t, y2, dtype, diagonal)
+        sse, sums = _sum_over_rows(_loss_grad_rows_tiled, n, *args)
+        if diagonal:
+            return sse / size, 2.0 * scale * sums
+        return sse / size, -scale * (L @ sums)
     if diagonal:
         # (x_id - x_jd)^2 / h_d^2 = 2 (z_id - z_jd)^2 with the sqrt(2) of the layout
         sse, sums = _sum_over_rows(_loss_grad_rows, n, z, z_t, v_t, y2, None, None, dtype, device)
-        return sse / y2.size, 2.0 * scale * sums
+        return sse / size, 2.0 * scale * sums
     pts = np.ascontiguousarray(X, dtype=dtype)
     sse, M = _sum_over_rows(
         _loss_grad_rows, n, z, z_t, v_t, y2, pts, np.ascontiguousarray(pts.T), dtype, device
     )
-    return sse / y2.size, -scale * (L @ M)
+    return sse / size, -scale * (L @ M)
+
+
+def _prepared_loss_and_grad(X, y2, widths=None, components=None, *, dtype, device, n_rows=None):
+    """:func:`loo_loss_and_grad` on inputs already checked and centred by ``_prepare_xy``."""
+    v_t = np.ascontiguousarray(y2.T, dtype=dtype)
+    if components is None:
+        z, z_t = _scaled(X, 1.0 / widths, dtype)
+    else:
+        X = X - X.mean(axis=0)
+        z, z_t = _projected(X, components, dtype)
+    n_queries = X.shape[0] if n_rows is None else n_rows
+    with _threads_for(n_queries * X.shape[0]):
+        return _loss_and_grad_passes(
+            X, y2, z, z_t, v_t, dtype, components is None, components, device, n_rows
+        )
 
 
 # --------------------------------------------------------------------------- bandwidth search
@@ -605,7 +698,7 @@ def fit_learned_kernel(
         gives the initial widths (d,) or factor (scalar), or L (full).
     max_iter, tol : L-BFGS-B's ``maxiter`` and ``tol`` (on the loss divided
         by the variance of y, so that ``tol`` does not depend on y's units).
-    random_state : seed for init="random"
+    random_state : seed for init="random" and for the subsamples of the ladder
     dtype : "float64" or "float32"
     device : "cpu", "cuda" or "auto": where the LOO loss and gradient run
     verbose : bool or int
@@ -616,8 +709,26 @@ def fit_learned_kernel(
     Returns
     -------
     dict with ``bandwidth`` (d,) or ``components`` (k, d), ``loss`` (final LOO
-    MSE), ``loss_curve`` (LOO MSE at the start and after each iteration),
-    ``n_iter``, ``converged`` and ``message``.
+    MSE, on all rows), ``loss_curve`` (the criterion at the start and after each
+    iteration: the subsample estimates during the early stages), ``n_iter`` (all
+    stages), ``converged`` and ``message`` (of the last stage) and ``stages``
+    (the query rows of each stage, the last one n).
+
+    Notes
+    -----
+    Many rows (the ladder). One evaluation costs n^2 pairs. With
+    n >= 2 m, m = max(``config.LEARN_SUBSAMPLE_ROWS``,
+    ``config.LEARN_ROWS_PER_PARAMETER`` x parameters), the rows are shuffled and
+    L-BFGS-B first minimises the criterion of the first m rows, each left out and
+    predicted against all n keys (an unbiased estimate of the LOO MSE, with its
+    exact gradient; m n pairs), then of ``LEARN_SUBSAMPLE_GROWTH`` times more rows
+    while that is at most n / 2, each stage starting where the last one ended,
+    and finishes on the full criterion. A stage whose criterion is lower at the
+    initial point than at the previous stage's result (the subsample was
+    overfitted) starts afresh from the initial point, so the result is never
+    worse than the start. In the ladder, ``tol`` is relative to each stage's
+    starting loss (not to the variance of y: a warm start is near a minimum),
+    and the last stage minimises the full criterion.
 
     Warns
     -----
@@ -664,8 +775,10 @@ def fit_learned_kernel(
             def widths(p):
                 return np.exp(p[0]) * h_std
 
-            def fun(p):
-                loss, g = loo_loss_and_grad(Xs, y2, widths(p), dtype=dtype, device=device)
+            def fun(p, n_rows):
+                loss, g = _prepared_loss_and_grad(
+                    Xs, y2, widths(p), dtype=dtype, device=device, n_rows=n_rows
+                )
                 return loss, np.array([g.sum()])
         else:
             x0 = np.log(h_init)
@@ -675,8 +788,10 @@ def fit_learned_kernel(
             def widths(p):
                 return np.exp(p)
 
-            def fun(p):
-                return loo_loss_and_grad(Xs, y2, widths(p), dtype=dtype, device=device)
+            def fun(p, n_rows):
+                return _prepared_loss_and_grad(
+                    Xs, y2, widths(p), dtype=dtype, device=device, n_rows=n_rows
+                )
 
         x0 = np.clip(x0, [b[0] for b in bounds], [b[1] for b in bounds])
     else:
@@ -692,69 +807,126 @@ def fit_learned_kernel(
         x0 = L0.ravel()
         bounds = None
 
-        def fun(p):
-            return loo_loss_and_grad(Xs, y2, components=p.reshape(k, d), dtype=dtype, device=device)
+        def fun(p, n_rows):
+            return _prepared_loss_and_grad(
+                Xs, y2, components=p.reshape(k, d), dtype=dtype, device=device, n_rows=n_rows
+            )
 
+    stages = _subsample_ladder(n, x0.size)
+    if len(stages) > 1:
+        # the rows in a random order: rows [0, m) are a random subsample of m rows
+        order = rng.permutation(n)
+        Xs, y2 = np.ascontiguousarray(Xs[order]), np.ascontiguousarray(y2[order])
     curve = []
+    stage_rows = [None]
+    scale = [norm]  # the objective is loss / scale: tol is relative to it
+    last = {}  # the last evaluation, so that a stage's start check costs L-BFGS-B nothing
 
-    def objective(p):
-        loss, grad = fun(p)
+    def raw(p):
+        key = (stage_rows[0], p.tobytes())
+        if key not in last:
+            last.clear()
+            last[key] = fun(p, stage_rows[0])
+        loss, grad = last[key]
         if not np.isfinite(loss) or not np.all(np.isfinite(grad)):
             raise FloatingPointError(
                 f"the LOO loss or its gradient became non-finite (loss={loss!r})"
             )
         if not curve:  # L-BFGS-B evaluates x0 first: the start of the loss curve
             curve.append(float(loss))
-        return loss / norm, np.ravel(grad) / norm
+        return loss, grad
 
+    def objective(p):
+        loss, grad = raw(p)
+        return loss / scale[0], np.ravel(grad) / scale[0]
+
+    n_iter, x = 0, x0
     with FitProgress(verbose, "fit_learned_kernel", total=int(max_iter), unit="iter") as log:
 
         def callback(intermediate_result):
-            curve.append(float(intermediate_result.fun) * norm)
+            curve.append(float(intermediate_result.fun) * scale[0])
+            estimate = "" if stage_rows[0] is None else f" (estimate on {stage_rows[0]} rows)"
             log.step(
-                f"iteration {len(curve) - 1}: LOO MSE {curve[-1]:.6g} "
+                f"iteration {len(curve) - 1}: LOO MSE {curve[-1]:.6g}{estimate} "
                 f"(change {curve[-1] - curve[-2]:+.3g})"
             )
 
         if log.enabled:
             log.note(f"{metric} metric, {n} rows, {d} features")
-        res = minimize(
-            objective,
-            x0,
-            jac=True,
-            method="L-BFGS-B",
-            bounds=bounds,
-            tol=tol,
-            callback=callback,
-            options={"maxiter": int(max_iter)},
-        )
+        for rows in stages:
+            stage_rows[0] = None if rows == n else rows
+            if log.enabled and len(stages) > 1:
+                what = "all rows" if rows == n else f"a random subsample of {rows} query rows"
+                log.note(f"stage: the LOO criterion of {what} against all {n} keys")
+            if rows != stages[0] and raw(x0)[0] < raw(x)[0]:
+                # the subsample led somewhere worse than the start on this stage's
+                # criterion (it was overfitted): start this stage afresh
+                if log.enabled:
+                    log.note("the previous stage's result is worse than the start here: restart")
+                x = x0
+            if len(stages) > 1:
+                # relative to the stage's starting loss, not var(y): a warm start is
+                # near a minimum, and a tolerance on loss / var(y) (LOO MSE << var(y))
+                # would end the stage after a step or two
+                start = float(raw(x)[0])
+                scale[0] = start if start > 0 else norm
+            res = minimize(
+                objective,
+                x,
+                jac=True,
+                method="L-BFGS-B",
+                bounds=bounds,
+                tol=tol,
+                callback=callback,
+                options={"maxiter": max(int(max_iter) - n_iter, 1)},
+            )
+            n_iter += int(res.nit)
+            x = res.x
         converged = bool(res.success)
         if log.enabled:
             log.note(
-                f"{'converged' if converged else 'stopped'} after {res.nit} iterations: "
-                f"LOO MSE {float(res.fun) * norm:.6g} (start {curve[0]:.6g}); {res.message}"
+                f"{'converged' if converged else 'stopped'} after {n_iter} iterations: "
+                f"LOO MSE {float(res.fun) * scale[0]:.6g} (start {curve[0]:.6g}); {res.message}"
             )
     if not converged:
         from sklearn.exceptions import ConvergenceWarning
 
         warnings.warn(
-            f"L-BFGS-B did not converge in {res.nit} iterations ({res.message}); "
+            f"L-BFGS-B did not converge in {n_iter} iterations ({res.message}); "
             "increase max_iter or loosen tol",
             ConvergenceWarning,
             stacklevel=2,
         )
     result = {
-        "loss": float(res.fun) * norm,
+        "loss": float(res.fun) * scale[0],
         "loss_curve": np.array(curve),
-        "n_iter": int(res.nit),
+        "n_iter": n_iter,
         "converged": converged,
         "message": str(res.message),
+        "stages": stages,
     }
     if metric == "full":
         result["components"] = res.x.reshape(-1, d) / sigma
     else:
         result["bandwidth"] = widths(res.x) * sigma
     return result
+
+
+def _subsample_ladder(n, n_params):
+    """Query rows of each fitting stage: ``[m, g m, g^2 m, ..., n]`` with m the larger of
+    ``config.LEARN_SUBSAMPLE_ROWS`` and ``config.LEARN_ROWS_PER_PARAMETER * n_params``
+    and g = ``config.LEARN_SUBSAMPLE_GROWTH``, every subsample at most half of the
+    rows; ``[n]`` when n < 2 m (or LEARN_SUBSAMPLE_ROWS = 0)."""
+    if int(config.LEARN_SUBSAMPLE_ROWS) <= 0:
+        return [n]
+    first = max(int(config.LEARN_SUBSAMPLE_ROWS), int(config.LEARN_ROWS_PER_PARAMETER) * n_params)
+    growth = max(int(config.LEARN_SUBSAMPLE_GROWTH), 2)
+    stages = []
+    rows = first
+    while 0 < rows and 2 * rows <= n:
+        stages.append(rows)
+        rows *= growth
+    return stages + [n]
 
 
 # --------------------------------------------------------------------------- spread

@@ -32,7 +32,7 @@ The local system is solved with a relative ridge, ``(M + ridge diag(0, M_11, ..,
 M_pp)) beta = V`` (M the normalised moment matrix; default ``ridge=1e-12``,
 ``config.LOCAL_RIDGE``), which does not depend on the units of any column and
 changes a well-conditioned fit by about ``ridge`` times its condition number.
-A term whose design column lies within ``config.LOCAL_PIVOT_TOL`` (1e-10,
+A term whose design column lies within ``config.LOCAL_PIVOT_TOL`` (1e-8,
 relative) of the span of the earlier ones is dropped (coefficient 0), as a
 truncated pseudo-inverse would: a singular design (a constant column, fewer
 distinct neighbours than terms, a query far from every key) shrinks towards
@@ -49,6 +49,7 @@ in c (the column drops out of its design).
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -66,7 +67,11 @@ from .device import kernels_for
 
 __all__ = [
     "KERNELS",
+    "check_n_categories",
+    "check_var_type",
+    "check_widths",
     "default_widths",
+    "lambda_max",
     "local_interval_sums",
     "local_loo_loss",
     "local_polynomial",
@@ -116,7 +121,7 @@ def _check_degree(degree) -> int:
     return int(degree)
 
 
-def _as_data(x, name, allow_nan):
+def as_data_columns(x, name, allow_nan):
     """A float64 (n, d) copy of ``x`` (1-D is one column); NaN passes only with ``allow_nan``."""
     arr = np.asarray(x) if not isinstance(x, np.ndarray) else x
     if allow_nan and getattr(arr, "dtype", None) is not None and arr.dtype.kind == "f":
@@ -243,7 +248,7 @@ def default_widths(X, var_type=None, n_categories=None, rule="scott") -> np.ndar
     """
     from .regression import BANDWIDTH_RULES, rule_bandwidth
 
-    X = _as_data(X, "X", allow_nan=True)
+    X = as_data_columns(X, "X", allow_nan=True)
     var_type = check_var_type(var_type, X.shape[1])
     counts = check_n_categories(n_categories, var_type, X)
     if not isinstance(rule, str) or rule not in BANDWIDTH_RULES:
@@ -352,8 +357,8 @@ def prepare(
 ) -> LocalProblem:
     """Check every input of the local fits and lay them out for the kernels."""
     missing = _check_choice(missing, "missing", _MISSING) == "marginalize"
-    keys = _as_data(keys, "keys", missing)
-    queries = _as_data(queries, "queries", missing)
+    keys = as_data_columns(keys, "keys", missing)
+    queries = as_data_columns(queries, "queries", missing)
     if queries.shape[1] != keys.shape[1]:
         raise ValueError(f"queries has {queries.shape[1]} features but keys has {keys.shape[1]}")
     values_arr = as_float_array(values, "values", ndim=(1, 2), dtype="float64")
@@ -384,8 +389,15 @@ def prepare(
     cont = np.array([k == "c" for k in var_type], dtype=bool)
     h = widths[cont]
     kc, qc = keys[:, cont], queries[:, cont]
-    centre = np.nanmedian(kc, axis=0) if kc.shape[0] and cont.any() else np.zeros(0)
-    centre = np.where(np.isnan(centre), 0.0, centre)
+    if not cont.any():
+        centre = np.zeros(0)
+    elif missing and np.isnan(kc).any():
+        with warnings.catch_warnings():  # an all-NaN column has no centre: use 0
+            warnings.simplefilter("ignore", RuntimeWarning)
+            centre = np.nanmedian(kc, axis=0)
+        centre = np.where(np.isnan(centre), 0.0, centre)
+    else:
+        centre = np.median(kc, axis=0)
     with np.errstate(over="ignore"):
         q_cont = np.ascontiguousarray((qc - centre) / h)
         keys_cont_t = np.ascontiguousarray(((kc - centre) / h).T)
@@ -706,7 +718,8 @@ def local_prediction_interval(
     return (fit, lower, upper) if return_fit else (lower, upper)
 
 
-def _loo_weights(sample_weight, n):
+def loo_term_weights(sample_weight, n):
+    """The leave-one-out criterion's term weights, summing to 1 (uniform without weights)."""
     if sample_weight is None:
         return np.full(n, 1.0 / n)
     w = as_float_array(sample_weight, "sample_weight", ndim=(1,), dtype="float64")
@@ -751,4 +764,4 @@ def local_loo_loss(
     )
     beta = fit_problem(problem, device)[0]
     errors = ((beta[:, 0, :] - problem.values_t.T) ** 2).sum(axis=1)
-    return float(errors @ _loo_weights(sample_weight, errors.shape[0]))
+    return float(errors @ loo_term_weights(sample_weight, errors.shape[0]))

@@ -27,17 +27,18 @@ import math
 import numpy as np
 
 from . import config
+from ._threads import blas_one_thread
 from .device import kernels_for
 from .local import (
     LocalProblem,
-    _as_data,
-    _loo_weights,
+    as_data_columns,
     categorical_terms,
     check_n_categories,
     check_var_type,
     default_widths,
     fit_problem,
     lambda_max,
+    loo_term_weights,
     prepare,
     threads_for,
 )
@@ -195,7 +196,7 @@ class _Criterion:
 
 
 def _setup(X, y, degree, var_type, n_categories, kernel, sample_weight, missing, ridge, widths):
-    X = _as_data(X, "X", missing == "marginalize")
+    X = as_data_columns(X, "X", missing == "marginalize")
     var_type = check_var_type(var_type, X.shape[1])
     counts = check_n_categories(n_categories, var_type, X)
     if widths is None:
@@ -215,7 +216,7 @@ def _setup(X, y, degree, var_type, n_categories, kernel, sample_weight, missing,
         ridge=ridge,
     )
     targets = problem.values_t.T.copy()
-    return problem, targets, _loo_weights(sample_weight, X.shape[0])
+    return problem, targets, loo_term_weights(sample_weight, X.shape[0])
 
 
 def local_loo_loss_and_grad(
@@ -237,7 +238,7 @@ def local_loo_loss_and_grad(
     ``theta`` (d,): log h for 'c' columns, t for 'u'/'o' columns
     (l = lambda_max sigmoid(t); see :func:`theta_to_widths`).
     """
-    X = _as_data(X, "X", missing == "marginalize")
+    X = as_data_columns(X, "X", missing == "marginalize")
     var_type = check_var_type(var_type, X.shape[1])
     counts = check_n_categories(n_categories, var_type, X)
     theta = np.asarray(theta, dtype=np.float64).reshape(-1)
@@ -292,7 +293,7 @@ def local_loo_widths(
 
     from .search import minimize_log_scale
 
-    X = _as_data(X, "X", missing == "marginalize")
+    X = as_data_columns(X, "X", missing == "marginalize")
     var_type = check_var_type(var_type, X.shape[1])
     counts = check_n_categories(n_categories, var_type, X)
     start = default_widths(X, var_type, counts) if init is None else None
@@ -321,12 +322,13 @@ def local_loo_widths(
         grid = np.log(np.asarray(config.LOO_GRID))
         minimize_log_scale(along, grid[(grid >= math.log(low)) & (grid <= math.log(high))])
     first = criterion.best[1].copy()
-    minimize(
-        criterion.loss_and_grad,
-        np.clip(first, [b[0] for b in bounds], [b[1] for b in bounds]),
-        jac=True,
-        method="L-BFGS-B",
-        bounds=bounds,
-        options={"maxiter": int(maxiter)},
-    )
+    with blas_one_thread():  # L-BFGS-B's BLAS calls on 5 numbers: threads only contend
+        minimize(
+            criterion.loss_and_grad,
+            np.clip(first, [b[0] for b in bounds], [b[1] for b in bounds]),
+            jac=True,
+            method="L-BFGS-B",
+            bounds=bounds,
+            options={"maxiter": int(maxiter)},
+        )
     return theta_to_widths(criterion.best[1], var_type, counts)

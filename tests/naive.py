@@ -601,7 +601,7 @@ def local_polynomial_exact(
     sample_weight=None,
     exclude_self=False,
     ridge=1e-12,
-    pivot_tol=1e-10,
+    pivot_tol=1e-8,
 ):
     """(fit, coefficients, weights): the weighted least-squares local polynomial per query,
 
@@ -688,6 +688,26 @@ def local_loo_loss_exact(X, y, widths, var_type, n_categories, degree, **kwargs)
     err = err.reshape(err.shape[0], -1).sum(axis=1)
     w = np.ones(err.shape[0]) if weights is None else np.asarray(weights, float)
     return float(err @ (w / w.sum()))
+def loo_loss_and_grad_rows(X, y, n_rows, bandwidth=None, components=None):
+    """The LOO loss of the first ``n_rows`` rows, each left out and predicted from all the
+    other rows, and its gradient (log h (d,) or L (k, d)), from full matrices:
+
+    L_m = 1/(m p) sum_{i < m} ||f_-i(x_i) - y_i||^2.
+    """
+    X = np.asarray(X, dtype=np.float64)
+    y2 = np.asarray(y, dtype=np.float64).reshape(len(X), -1)
+    p = y2.shape[1]
+    z = X @ np.asarray(components).T if components is not None else X / bandwidth
+    w = _loo_weights(z)[:n_rows]
+    f = w @ y2
+    r = f - y2[:n_rows]
+    loss = np.sum(r**2) / (n_rows * p)
+    dl_ds = 2.0 / (n_rows * p) * w * (r @ y2.T - np.sum(r * f, axis=1, keepdims=True))
+    delta = X[:n_rows, None, :] - X[None, :, :]
+    if components is None:
+        return loss, np.einsum("ij,ijd->d", dl_ds, (delta / bandwidth) ** 2)
+    outer = np.einsum("ij,ija,ijb->ab", dl_ds, delta, delta)
+    return loss, -np.asarray(components) @ outer
 
 
 # ----------------------------------------------------------------------------- tables (estimators)

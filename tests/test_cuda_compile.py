@@ -117,11 +117,46 @@ def test_pooling_and_loo_kernels_fit_in_registers(ptx, dtype):
 
 def test_diagnostics_float32_fast_exp_and_empty_rows_compiled_in(ptx):
     """The spread and weight-matrix kernels of float32 take their weights through
-    the fast exp (ex2.approx), and the spread keeps its test for rows without
-    admissible keys (lse = -inf: var 0, sum_w2 0), which is not folded away."""
+    the fast exp (ex2.approx), and the spread keeps its test for rows that are
+    not direct (lse < -FAR_SCORE_FLOAT32, by default -4096, which includes the rows without
+    admissible keys, lse = -inf: var 0, sum_w2 0; the others go to the far kernel),
+    which is not folded away."""
     spread = next(c for c in ptx.pooling_cases("float32", 2, 2) if c.name.startswith("NW spread"))
     rows, weights = ptx.weights_cases("float32", 2)
     texts = {case.name: _compile(ptx, case) for case in (spread, rows, weights)}
     assert "ex2.approx" in texts[spread.name]
     assert "ex2.approx" in texts[weights.name]
-    assert "0dFFF0000000000000" in texts[spread.name]
+    import struct
+
+    from nbattn import config
+
+    limit = struct.pack(">d", -float(config.FAR_SCORE_FLOAT32)).hex().upper()
+    assert f"0d{limit}" in texts[spread.name]
+
+
+def test_local_fit_compiles_and_assembles(ptx):
+    """The local fit where the register test below does not reach: local-constant
+    marginal effects with a compact kernel, missing entries and three outputs (the
+    second passes share the fit's device functions)."""
+    fit = ptx.local_cases(1, 1, 0, 3, kernel=2, missing=True)[0]
+    _usage(ptx, _compile(ptx, fit))
+
+
+def test_local_linear_kernels_keep_their_state_in_registers(ptx):
+    """Local-linear with 3 continuous and 2 categorical columns (5 terms: 15 moments
+    and 5 right-hand sides per thread): no local memory in any of the three kernels
+    (the accumulators, the Cholesky factor and the query row stay in registers);
+    the -inf tests of the fallback rows are compiled in, not folded away."""
+    for case in ptx.local_cases(3, 2, 1, 1):
+        text = _compile(ptx, case)
+        assert "0dFFF0000000000000" in text, case.name
+        usage = _usage_or_skip(ptx, text)
+        assert usage.spill_stores == usage.spill_loads == usage.stack == 0, (case.name, usage)
+
+
+def test_far_row_kernels_compile_and_assemble(ptx):
+    """The LOO far-row kernels (diagonal gradient, spread; the full gradient is the
+    same code), float32 (casts of float64 weights), odd entry count."""
+    diag, _, spread = ptx.far_cases("float32", 3)
+    for case in (diag, spread):
+        _usage(ptx, _compile(ptx, case))

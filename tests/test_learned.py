@@ -7,7 +7,7 @@ import pytest
 from sklearn.exceptions import ConvergenceWarning
 
 import nbattn
-from nbattn import learning
+from nbattn import config, learning
 from nbattn.datasets import seed_data
 from nbattn.regression import bandwidth_rule
 
@@ -101,7 +101,7 @@ def test_non_convergence_warns_and_never_returns_nan():
 
 def test_non_finite_loss_raises(monkeypatch):
     X, y, _, _ = _relevance_data(3, n=30)
-    monkeypatch.setattr(learning, "loo_loss_and_grad", lambda *a, **k: (np.nan, np.zeros(5)))
+    monkeypatch.setattr(learning, "_prepared_loss_and_grad", lambda *a, **k: (np.nan, np.zeros(5)))
     with pytest.raises(FloatingPointError, match="non-finite"):
         nbattn.LearnedKernelRegressor().fit(X, y)
 
@@ -207,3 +207,97 @@ def test_fit_verbose_lines_carry_the_loss_and_its_change(capfd):
     assert capfd.readouterr().err == ""  # quiet by default
     with pytest.raises(ValueError, match="verbose"):
         learning.fit_learned_kernel(X, y, verbose="loud")
+
+
+def test_subsample_ladder(monkeypatch):
+    monkeypatch.setattr(config, "LEARN_SUBSAMPLE_ROWS", 16)
+    monkeypatch.setattr(config, "LEARN_SUBSAMPLE_GROWTH", 4)
+    monkeypatch.setattr(config, "LEARN_ROWS_PER_PARAMETER", 2)
+    assert learning._subsample_ladder(31, 1) == [31]
+    assert learning._subsample_ladder(32, 1) == [16, 32]
+    assert learning._subsample_ladder(200, 1) == [16, 64, 200]
+    assert learning._subsample_ladder(10_000, 1) == [16, 64, 256, 1024, 4096, 10_000]
+    assert learning._subsample_ladder(200, 20) == [40, 200]  # 2 rows per parameter
+    assert learning._subsample_ladder(79, 20) == [79]
+    monkeypatch.setattr(config, "LEARN_SUBSAMPLE_ROWS", 0)
+    assert learning._subsample_ladder(10_000, 1) == [10_000]
+
+
+def _ladder_and_full(monkeypatch, X, y, first, per_parameter, **kwargs):
+    monkeypatch.setattr(config, "LEARN_ROWS_PER_PARAMETER", per_parameter)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        monkeypatch.setattr(config, "LEARN_SUBSAMPLE_ROWS", 0)
+        full = learning.fit_learned_kernel(X, y, max_iter=300, **kwargs)
+        monkeypatch.setattr(config, "LEARN_SUBSAMPLE_ROWS", first)
+        ladder = learning.fit_learned_kernel(X, y, max_iter=300, **kwargs)
+    assert full["stages"] == [len(X)] and len(ladder["stages"]) > 1
+    if "components" in ladder:
+        loss = learning.loo_loss(X, y, components=ladder["components"])
+    else:
+        loss = learning.loo_loss(X, y, ladder["bandwidth"])
+    # the last stage is the full criterion: the reported loss is the full-data loss
+    assert ladder["loss"] == pytest.approx(loss, rel=1e-10)
+    assert len(ladder["loss_curve"]) == ladder["n_iter"] + 1
+    return full, ladder
+
+
+@pytest.mark.parametrize("metric", ["scalar", "diagonal", "full"])
+def test_ladder_fit_reaches_the_full_data_optimum(monkeypatch, metric):
+    """Subsample stages (at least 6 rows per parameter here), then the full criterion: over
+    five draws the full-data LOO MSE of the result is within 0.5 % of the fit on the full
+    criterion throughout."""
+    gaps = []
+    for seed in range(5):
+        X, y, _, _ = _relevance_data(seed, n=240)
+        extra = {"n_components": 2} if metric == "full" else {}
+        full, ladder = _ladder_and_full(
+            monkeypatch, X, y, 30, 6, metric=metric, random_state=seed, **extra
+        )
+        gaps.append(ladder["loss"] / full["loss"] - 1.0)
+    assert max(gaps) <= 5e-3, gaps
+
+
+def test_ladder_never_worse_than_its_start(monkeypatch):
+    """A subsample far too small for the parameters (12 rows for 10) can overfit it; the
+    result is never worse than the start on the full criterion, over five draws."""
+    for seed in range(5):
+        X, y, _, _ = _relevance_data(seed, n=200)
+        full, ladder = _ladder_and_full(
+            monkeypatch, X, y, 12, 1, metric="full", n_components=2, random_state=seed
+        )
+        assert ladder["loss"] <= full["loss_curve"][0] * (1 + 1e-12), seed
+
+
+def test_ladder_restarts_when_the_subsample_misleads(monkeypatch, capfd):
+    """A subsample criterion whose minimum is far from the full one (widths driven to
+    e^9): the full stage finds the start better than the subsample's result, restarts
+    from it and ends at the minimum the fit on the full criterion throughout finds."""
+    real = learning._prepared_loss_and_grad
+
+    def misleading(X, y2, widths=None, components=None, *, dtype, device, n_rows=None):
+        if n_rows is None:
+            return real(X, y2, widths, components, dtype=dtype, device=device)
+        return float(np.sum((np.log(widths) - 9.0) ** 2)), 2.0 * (np.log(widths) - 9.0)
+
+    monkeypatch.setattr(learning, "_prepared_loss_and_grad", misleading)
+    X, y, _, _ = _relevance_data(5, n=200)
+    full, ladder = _ladder_and_full(monkeypatch, X, y, 30, 1, metric="diagonal", verbose=2)
+    assert "restart" in capfd.readouterr().err
+    # the same minimum (to L-BFGS-B's tolerances: the ladder's are relative to the loss)
+    assert ladder["loss"] == pytest.approx(full["loss"], rel=1e-4)
+    # (the widths of the irrelevant features sit on a flat stretch: not compared)
+    np.testing.assert_allclose(ladder["bandwidth"][:2], full["bandwidth"][:2], rtol=0.05)
+
+
+def test_ladder_progress_names_the_stages(monkeypatch, capfd):
+    X, y, _, _ = _relevance_data(6, n=200)
+    monkeypatch.setattr(config, "LEARN_ROWS_PER_PARAMETER", 1)
+    monkeypatch.setattr(config, "LEARN_SUBSAMPLE_ROWS", 25)
+    result = learning.fit_learned_kernel(X, y, metric="diagonal", verbose=2)
+    err = capfd.readouterr().err
+    assert result["stages"] == [25, 100, 200]
+    assert "a random subsample of 25 query rows against all 200 keys" in err
+    assert "(estimate on 100 rows)" in err and "stage: the LOO criterion of all rows" in err
+    iterations = [line for line in err.splitlines() if "iteration " in line]
+    assert len(iterations) == result["n_iter"] == len(result["loss_curve"]) - 1

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nbattn import learning
+from nbattn import config, learning
 
 from . import naive
 
@@ -237,3 +237,149 @@ def test_loo_bandwidth_subsampled_grid_stage(rng):
         loss_exact = naive.loo_loss(X, y, bandwidth=exact)
         loss_approx = naive.loo_loss(X, y, bandwidth=approx)
         assert loss_approx <= loss_exact * (1 + 1e-3)
+
+
+# --------------------------------------------------------------------------- row tiles
+
+
+def _tile_settings(monkeypatch, rows, gemm, radius2=64, prune=True):
+    """Tiles of ``rows`` rows; GEMM scores for every metric (gemm) or for none; keys
+    sorted and pruned from 2 rows on (prune) or never."""
+    monkeypatch.setattr(config, "LOO_PRUNE_MIN_ROWS", 2 if prune else 10**9)
+    monkeypatch.setattr(config, "LOO_TILE_ROWS", rows)
+    monkeypatch.setattr(config, "LOO_TILE_GEMM_MIN_DIMS", 1 if gemm else 10**6)
+    monkeypatch.setattr(config, "LOO_TILE_GEMM_MAX_RADIUS2", radius2)
+
+
+@pytest.mark.parametrize("prune", [False, True])
+@pytest.mark.parametrize("gemm", [False, True])
+@pytest.mark.parametrize("rows", [1, 7, 64])
+@pytest.mark.parametrize("p", [1, 3])
+def test_tiles_match_naive(monkeypatch, rng, gemm, rows, p, prune):
+    """Both score paths, one-row / partial / single tiles, one and several outputs, keys
+    pruned or not."""
+    _tile_settings(monkeypatch, rows, gemm, prune=prune)
+    X, y = _data(rng, 45, 4, p if p > 1 else None)
+    h = rng.uniform(0.4, 2.0, size=4)
+    loss, grad = learning.loo_loss_and_grad(X, y, h)
+    assert loss == pytest.approx(naive.loo_loss(X, y, bandwidth=h), rel=1e-12)
+    np.testing.assert_allclose(grad, naive.loo_grad(X, y, bandwidth=h), rtol=1e-10, atol=1e-14)
+    L = rng.normal(size=(3, 4))
+    loss, grad = learning.loo_loss_and_grad(X, y, components=L)
+    assert loss == pytest.approx(naive.loo_loss(X, y, components=L), rel=1e-12)
+    np.testing.assert_allclose(grad, naive.loo_grad(X, y, components=L), rtol=1e-9, atol=1e-13)
+
+
+def test_tiles_gemm_scores_fall_back_on_wide_blocks(monkeypatch, rng):
+    """A block wider than LOO_TILE_GEMM_MAX_RADIUS2 takes the direct scores: same result,
+    and the GEMM scores themselves stay within float64 rounding of the direct ones."""
+    X, y = _data(rng, 80, 9)
+    X[::7] *= 30.0  # some rows far out: those blocks are wide
+    h = np.full(9, 0.8)
+    expected = naive.loo_grad(X, y, bandwidth=h)
+    for radius2 in (1, 64, 10**9):
+        _tile_settings(monkeypatch, 16, True, radius2)
+        loss, grad = learning.loo_loss_and_grad(X, y, h)
+        assert loss == pytest.approx(naive.loo_loss(X, y, bandwidth=h), rel=1e-10), radius2
+        np.testing.assert_allclose(grad, expected, rtol=1e-8, atol=1e-12 * np.abs(expected).max())
+
+
+def test_tiles_mixed_far_and_near_rows(rng):
+    """An outlier whose best score is beyond FAR_SCORE_FLOAT64 in a tile with ordinary rows:
+    the tile leaves it to the anchored two-pass kernels; it takes its nearest neighbour."""
+    x = np.concatenate([rng.uniform(0.0, 3.0, size=30), [2.0e4, 2.3e4]])
+    y = np.sin(x) + 0.1 * rng.normal(size=x.size)
+    h = 0.5
+    assert (2.0e4 - 3.0) ** 2 / (2 * h * h) > config.FAR_SCORE_FLOAT64
+    loss, grad = learning.loo_loss_and_grad(x, y, h)
+    # the two outliers predict each other; the others by the ordinary softmax
+    w = naive._loo_weights(x[:30, None] / h)
+    f = np.concatenate([w @ y[:30], [y[31], y[30]]])
+    assert loss == pytest.approx(np.mean((f - y) ** 2), rel=1e-12)
+    near_grad = naive.loo_grad(x[:30, None], y[:30], bandwidth=h) * 30 / 32
+    np.testing.assert_allclose(grad, near_grad, rtol=1e-9)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    n=st.integers(2, 40),
+    d=st.integers(1, 10),
+    p=st.integers(1, 3),
+    rows=st.integers(1, 12),
+    gemm=st.booleans(),
+    prune=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_tiles_property(n, d, p, rows, gemm, prune, seed):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d))
+    y = rng.normal(size=(n, p))
+    L = rng.normal(size=(max(1, d // 2), d)) / np.sqrt(d)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        _tile_settings(monkeypatch, rows, gemm, prune=prune)
+        loss, grad = learning.loo_loss_and_grad(X, y, components=L)
+    assert loss == pytest.approx(naive.loo_loss(X, y, components=L), rel=1e-10)
+    expected = naive.loo_grad(X, y, components=L)
+    np.testing.assert_allclose(grad, expected, rtol=1e-8, atol=1e-11 * (1 + np.abs(expected).max()))
+
+
+@pytest.mark.parametrize("n_rows", [1, 9, 40])
+def test_row_subset_loss_and_grad(rng, n_rows):
+    """The criterion of the first rows against all keys (the fitting ladder's estimate):
+    against the naive reference and finite differences, for both metrics."""
+    X, y = _data(rng, 40, 3)
+    y2 = y[:, None]
+    h = rng.uniform(0.5, 1.5, size=3)
+    loss, grad = learning._prepared_loss_and_grad(
+        X, y2, h, dtype=np.float64, device="cpu", n_rows=n_rows
+    )
+    ref_loss, ref_grad = naive.loo_loss_and_grad_rows(X, y, n_rows, bandwidth=h)
+    assert loss == pytest.approx(ref_loss, rel=1e-12)
+    np.testing.assert_allclose(grad, ref_grad, rtol=1e-10, atol=1e-14)
+    L = rng.normal(size=(2, 3))
+    loss, grad = learning._prepared_loss_and_grad(
+        X, y2, components=L, dtype=np.float64, device="cpu", n_rows=n_rows
+    )
+    ref_loss, ref_grad = naive.loo_loss_and_grad_rows(X, y, n_rows, components=L)
+    assert loss == pytest.approx(ref_loss, rel=1e-12)
+    np.testing.assert_allclose(grad, ref_grad, rtol=1e-9, atol=1e-13)
+    fd = _central_difference(
+        lambda m: naive.loo_loss_and_grad_rows(X, y, n_rows, components=m)[0], L
+    )
+    assert np.linalg.norm(grad - fd) <= 1e-6 * np.linalg.norm(fd)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_tiles_pruning_bound(seed):
+    """Keys beyond the window of a tile weigh < exp(-gap) of their row's best: the loss moves
+    by at most the bound of the skipped mass (n exp(-gap) relative per row), and with the
+    default gap it is the exact loss. A small gap shows that keys were in fact skipped."""
+    from nbattn.kernels import loo_tiles
+
+    rng = np.random.default_rng(seed)
+    n = 300
+    z = np.sort(rng.uniform(0.0, 60.0, size=n))[:, None] * np.array([[1.0, 0.05]])
+    z[:, 1] += rng.normal(size=n) * 0.3
+    y = np.sin(z[:, 0] / 3.0) + 0.1 * rng.normal(size=n)
+    y2 = y[:, None]
+    z_t = np.ascontiguousarray(z.T)
+    rows = np.arange(n, dtype=np.int64)
+    sse_exact = naive.loo_loss(z * np.sqrt(2.0), y, bandwidth=1.0) * n
+    r_exact = naive._loo_weights(z * np.sqrt(2.0)) @ y - y
+
+    first_coordinate = z[:, 0].copy()  # the projection on a unit vector, ascending
+
+    def sse(gap, proj=first_coordinate):
+        out = loo_tiles.loo_tiles(
+            z_t, z.copy(), np.ascontiguousarray(y2.T), y2, rows, 16, False, 64.0, proj, gap
+        )
+        assert not np.any(out[3])
+        return out[0]
+
+    assert sse(50.0) == pytest.approx(sse_exact, rel=1e-12)
+    assert sse(-1.0, proj=np.empty(0)) == pytest.approx(sse_exact, rel=1e-12)
+    for gap in (1.0, 3.0, 6.0):
+        eps = 2.0 * n * np.exp(-gap) * np.abs(y).max()  # bound on |f_i - f_i exact|
+        bound = np.sum(eps * (2.0 * np.abs(r_exact) + eps))
+        assert abs(sse(gap) - sse_exact) <= bound, gap
+    assert sse(1.0) != pytest.approx(sse_exact, rel=1e-6)  # keys were skipped

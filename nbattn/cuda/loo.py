@@ -44,17 +44,26 @@ limits are read at each call.
   ``config.CUDA_MAX_OUTPUTS`` outputs per launch, more in further launches);
   per tile the sums run in the input dtype and are added into float64
   registers, as in the CPU kernel.
+
+Far rows (the CPU's contract, ``nbattn.kernels.pooling``): a row whose best
+score lies below ``-config.FAR_SCORE_<dtype>``, or whose scores overflowed,
+takes float64 scores (a float32 row) or scores relative to its nearest key
+(``nbattn.cuda.far``). The loss kernel redoes such a row in the thread that
+found it (``far.far_squared_error``); the second passes leave rows with
+lse < -FAR_SCORE (``far.far_rows``) to small kernels of one thread per far
+row (``far_grad_kernels``, ``far_spread_kernel``) that pick the row's mode
+from lse as the CPU's ``_row_setup`` does -- so the tiled kernels keep their
+registers, and a call whose every lse is >= -FAR_SCORE launches nothing more.
 """
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 from numba import cuda, from_dtype
 
 from .. import config
 from ..kernels.fastmath import power_of_two_scale
+from . import far
 from .common import compiled, exp_for, imin, launch, load_columns, tile_rows, to_device
 from .pooling import pool_row_function, tile_score_function
 
@@ -64,6 +73,8 @@ __all__ = [
     "loo_grad_diag",
     "loo_grad_full",
     "loo_squared_error",
+    "far_grad_kernels",
+    "far_spread_kernel",
     "loss_kernel",
     "pair_weight_function",
     "spread_kernel",
@@ -76,6 +87,7 @@ def _make_loss_kernel(float_type, k, n_outputs):
     zero = float_type(0.0)
     tile_type = from_dtype(np.dtype(float_type))
     pool_row = pool_row_function(float_type, k, n_outputs)
+    limit = far.far_limit(float_type)
 
     @cuda.jit
     def loo_squared_error_kernel(queries, keys_t, values_t, targets, self_index, bk, out):
@@ -91,13 +103,16 @@ def _make_loss_kernel(float_type, k, n_outputs):
         for f in range(k):
             q_row[f] = queries[i, f] if active else zero
         own = self_index[i] if active else -1
-        _, running_sum = pool_row(keys_t, values_t, own, active, q_row, tile, bk, acc)
+        running_max, running_sum = pool_row(keys_t, values_t, own, active, q_row, tile, bk, acc)
         if active:
-            inv = 1.0 / running_sum if running_sum > 0.0 else 0.0
             sq = 0.0
-            for c in range(n_outputs):
-                err = acc[c] * inv - targets[i, c]
-                sq += err * err
+            if running_max >= -limit or not far.has_admissible_key(keys_t.shape[1], own):
+                inv = 1.0 / running_sum if running_sum > 0.0 else 0.0
+                for c in range(n_outputs):
+                    err = acc[c] * inv - targets[i, c]
+                    sq += err * err
+            else:  # a far row (rare): redone as on the CPU (acc left alone: it stays in registers)
+                sq = far.far_squared_error(queries[i], keys_t, values_t, targets, i, own, limit)
             cuda.atomic.add(block_sum, 0, sq)
         cuda.syncthreads()
         if cuda.threadIdx.x == 0:
@@ -131,6 +146,15 @@ def _make_pair_weight(float_type):
     return pair_weight
 
 
+@cuda.jit(device=True, inline=True)
+def pair_residual(values_t, resid, centers, i, j):
+    """sum_c resid[i, c] (values_t[c, j] - centers[i, c]), in the input dtype."""
+    total = resid[i, 0] * (values_t[0, j] - centers[i, 0])
+    for c in range(1, values_t.shape[0]):
+        total += resid[i, c] * (values_t[c, j] - centers[i, c])
+    return total
+
+
 def pair_weight_function(dtype):
     """The device function ``pair_weight`` for a dtype (see :func:`_make_pair_weight`)."""
     t = np.dtype(dtype).type
@@ -143,6 +167,7 @@ def _make_grad_kernels(float_type, n_acc):
     zero = float_type(0.0)
     tile_type = from_dtype(np.dtype(float_type))
     pair_weight = pair_weight_function(float_type)
+    limit = far.far_limit(float_type)
 
     @cuda.jit
     def loo_grad_diag_kernel(
@@ -163,8 +188,9 @@ def _make_grad_kernels(float_type, n_acc):
             acc[a] = 0.0
         active = False
         shift = zero
+        own = i + self_offset
         if i < queries.shape[0]:
-            active = lse[i] != -math.inf
+            active = lse[i] >= -limit  # far rows: far_grad_kernels
             shift = float_type(lse[i])
         for j0 in range(0, n_keys, bk):
             nb = imin(bk, n_keys - j0)
@@ -173,7 +199,7 @@ def _make_grad_kernels(float_type, n_acc):
             if active:
                 for jj in range(nb):
                     j = j0 + jj
-                    if j == i + self_offset:
+                    if j == own:
                         continue
                     coef = pair_weight(tile, bk, jj, queries, i, shift, values_t, resid, centers, j)
                     for a in range(n_acc):
@@ -219,8 +245,9 @@ def _make_grad_kernels(float_type, n_acc):
             acc[a] = 0.0
         active = False
         shift = zero
+        own = i + self_offset
         if i < queries.shape[0]:
-            active = lse[i] != -math.inf
+            active = lse[i] >= -limit  # far rows: far_grad_kernels
             shift = float_type(lse[i])
         for j0 in range(0, n_keys, bk):
             nb = imin(bk, n_keys - j0)
@@ -229,7 +256,7 @@ def _make_grad_kernels(float_type, n_acc):
             if active:
                 for jj in range(nb):
                     j = j0 + jj
-                    if j == i + self_offset:
+                    if j == own:
                         continue
                     coef = pair_weight(tile, bk, jj, queries, i, shift, values_t, resid, centers, j)
                     for p in range(n_acc):
@@ -247,6 +274,88 @@ def _make_grad_kernels(float_type, n_acc):
             cuda.atomic.add(out, pair_a[p] * d + pair_b[p], block_acc[p])
 
     return loo_grad_diag_kernel, loo_grad_full_kernel
+
+
+def _make_far_grad_kernels(float_type, n_acc):
+    """The (diag, full) gradient kernels of far rows: one thread per listed row, keys
+    read from global memory, weights from ``far.row_setup`` / ``far.far_weight``."""
+    limit = far.far_limit(float_type)
+
+    @cuda.jit
+    def far_grad_diag_kernel(
+        queries, keys_t, values_t, resid, centers, lse, self_offset, rows, f0, out
+    ):
+        """Adds row rows[t]'s part of G_f for f in [f0, f0 + n_acc) into out."""
+        t = cuda.grid(1)
+        if t >= rows.shape[0]:
+            return
+        i = rows[t]
+        own = i + self_offset
+        skip, mode, anchor, scale, shift = far.row_setup(queries[i], keys_t, own, lse[i], limit)
+        if skip:
+            return
+        acc = cuda.local.array(n_acc, dtype=np.float64)
+        for a in range(n_acc):
+            acc[a] = 0.0
+        for j in range(keys_t.shape[1]):
+            if j == own:
+                continue
+            w = far.far_weight(queries[i], keys_t, j, own, mode, lse[i], anchor, scale, shift)
+            coef = float_type(w) * pair_residual(values_t, resid, centers, i, j)
+            for a in range(n_acc):
+                diff = keys_t[f0 + a, j] - queries[i, f0 + a]
+                acc[a] += coef * diff * diff
+        for a in range(n_acc):
+            cuda.atomic.add(out, f0 + a, acc[a])
+
+    @cuda.jit
+    def far_grad_full_kernel(
+        queries,
+        keys_t,
+        points,
+        points_t,
+        values_t,
+        resid,
+        centers,
+        lse,
+        self_offset,
+        pair_a,
+        pair_b,
+        rows,
+        out,
+    ):
+        """Adds row rows[t]'s part of M[pair_a[p], pair_b[p]] into out (flat)."""
+        t = cuda.grid(1)
+        if t >= rows.shape[0]:
+            return
+        i = rows[t]
+        own = i + self_offset
+        d = points.shape[1]
+        skip, mode, anchor, scale, shift = far.row_setup(queries[i], keys_t, own, lse[i], limit)
+        if skip:
+            return
+        acc = cuda.local.array(n_acc, dtype=np.float64)
+        for p in range(n_acc):
+            acc[p] = 0.0
+        for j in range(keys_t.shape[1]):
+            if j == own:
+                continue
+            w = far.far_weight(queries[i], keys_t, j, own, mode, lse[i], anchor, scale, shift)
+            coef = float_type(w) * pair_residual(values_t, resid, centers, i, j)
+            for p in range(n_acc):
+                da = points_t[pair_a[p], j] - points[i, pair_a[p]]
+                db = points_t[pair_b[p], j] - points[i, pair_b[p]]
+                acc[p] += coef * da * db
+        for p in range(n_acc):
+            cuda.atomic.add(out, pair_a[p] * d + pair_b[p], acc[p])
+
+    return far_grad_diag_kernel, far_grad_full_kernel
+
+
+def far_grad_kernels(dtype, n_acc):
+    """The (diag, full) far-row gradient kernels for a dtype and n_acc entries per launch."""
+    t = np.dtype(dtype).type
+    return compiled(("loo_far_grad", t, int(n_acc)), lambda: _make_far_grad_kernels(t, int(n_acc)))
 
 
 def loss_kernel(dtype, k, n_outputs):
@@ -313,10 +422,17 @@ def loo_grad_diag(queries, keys_t, values_t, resid, centers, lse, self_offset=0)
     out = cuda.to_device(np.zeros(k))
     bk = tile_rows(k, dtype.itemsize)
     per_launch = config.CUDA_MAX_GRAD_ENTRIES
+    rows = far.far_rows(lse, dtype)
+    device_rows = cuda.to_device(rows.astype(np.int64)) if rows.size else None
     for f0 in range(0, k, per_launch):
-        kernel = grad_kernels(dtype, min(per_launch, k - f0))[0]
+        n_acc = min(per_launch, k - f0)
+        kernel = grad_kernels(dtype, n_acc)[0]
         args = (*arrays, device_lse, int(self_offset), f0, bk, out)
         launch(kernel, arrays[0].shape[0], args, shared=k * bk * dtype.itemsize)
+        if rows.size:  # rare: rows whose weights need the far path
+            far_kernel = far_grad_kernels(dtype, n_acc)[0]
+            far_args = (*arrays, device_lse, int(self_offset), device_rows, f0, out)
+            launch(far_kernel, rows.size, far_args)
     return out.copy_to_host()
 
 
@@ -336,12 +452,18 @@ def loo_grad_full(queries, keys_t, points, points_t, values_t, resid, centers, l
     out = cuda.to_device(np.zeros(d * d))
     bk = tile_rows(k + d, dtype.itemsize)
     per_launch = config.CUDA_MAX_GRAD_ENTRIES
+    rows = far.far_rows(lse, dtype)
+    device_rows = cuda.to_device(rows.astype(np.int64)) if rows.size else None
     for p0 in range(0, pairs_a.size, per_launch):
         pa = cuda.to_device(pairs_a[p0 : p0 + per_launch].astype(np.int64))
         pb = cuda.to_device(pairs_b[p0 : p0 + per_launch].astype(np.int64))
         kernel = grad_kernels(dtype, pa.shape[0])[1]
         args = (*arrays, device_lse, int(self_offset), pa, pb, bk, out)
         launch(kernel, arrays[0].shape[0], args, shared=(k + d) * bk * dtype.itemsize)
+        if rows.size:  # rare: rows whose weights need the far path
+            far_kernel = far_grad_kernels(dtype, pa.shape[0])[1]
+            far_args = (*arrays, device_lse, int(self_offset), pa, pb, device_rows, out)
+            launch(far_kernel, rows.size, far_args)
     m = out.copy_to_host().reshape(d, d)
     return np.tril(m) + np.tril(m, -1).T
 
@@ -353,6 +475,7 @@ def _make_spread_kernel(float_type, k, n_outputs):
     tile_type = from_dtype(np.dtype(float_type))
     exp = exp_for(float_type)
     tile_score = tile_score_function(float_type, k)
+    limit = far.far_limit(float_type)
     # float32 sums run per tile and are added into float64 once per tile (the
     # CPU kernel's scheme); float64 ones go straight into the float64
     # registers, which spares n_outputs registers of per-tile sums.
@@ -368,10 +491,11 @@ def _make_spread_kernel(float_type, k, n_outputs):
         i = cuda.grid(1)
         n_keys = keys_t.shape[1]
         in_range = i < queries.shape[0]
+        own = i if exclude_self else -1
         active = False
         shift = zero
         if in_range:
-            active = lse[i] != -math.inf
+            active = lse[i] >= -limit  # far rows: far_spread_kernel
             shift = float_type(lse[i])
         q_row = cuda.local.array(k, dtype=float_type)
         center = cuda.local.array(n_outputs, dtype=float_type)
@@ -382,7 +506,6 @@ def _make_spread_kernel(float_type, k, n_outputs):
         for c in range(n_outputs):
             center[c] = float_type(centers[i, c]) if in_range else zero
             acc[c] = 0.0
-        own = i if exclude_self else -1
         w2 = 0.0
         for j0 in range(0, n_keys, bk):
             nb = imin(bk, n_keys - j0)
@@ -414,6 +537,45 @@ def _make_spread_kernel(float_type, k, n_outputs):
             sum_w2[i] = w2
 
     return gaussian_spread_kernel
+
+
+def _make_far_spread_kernel(float_type):
+    limit = far.far_limit(float_type)
+
+    @cuda.jit
+    def far_spread_kernel(queries, keys_t, values_t, centers, lse, exclude_self, rows, var, sum_w2):
+        """var[i, c] and sum_w2[i] of the far row i = rows[t] (the tiled kernel left
+        them 0), with the weights of ``far.row_setup`` / ``far.far_weight``."""
+        t = cuda.grid(1)
+        if t >= rows.shape[0]:
+            return
+        i = rows[t]
+        own = i if exclude_self else -1
+        skip, mode, anchor, scale, shift = far.row_setup(queries[i], keys_t, own, lse[i], limit)
+        if skip:
+            return
+        w2 = 0.0
+        for c in range(values_t.shape[0]):
+            total = 0.0
+            for j in range(keys_t.shape[1]):
+                if j == own:
+                    continue
+                w = far.far_weight(queries[i], keys_t, j, own, mode, lse[i], anchor, scale, shift)
+                w = float_type(w)
+                dev = values_t[c, j] - centers[i, c]
+                total += w * dev * dev
+                if c == 0:
+                    w2 += w * w
+            var[i, c] = total
+        sum_w2[i] = w2
+
+    return far_spread_kernel
+
+
+def far_spread_kernel(dtype):
+    """The far-row spread kernel for a dtype."""
+    t = np.dtype(dtype).type
+    return compiled(("far_spread", t), lambda: _make_far_spread_kernel(t))
 
 
 def spread_kernel(dtype, k, n_outputs):
@@ -454,6 +616,8 @@ def gaussian_spread(queries, keys_t, values_t, centers, lse, exclude_self):
     var = cuda.device_array((n_queries, n_outputs), dtype=np.float64)
     sum_w2 = cuda.device_array(n_queries, dtype=np.float64)
     per_launch = config.CUDA_MAX_OUTPUTS
+    rows = far.far_rows(lse, dtype)
+    device_rows = cuda.to_device(rows.astype(np.int64)) if rows.size else None
     for c0 in range(0, n_outputs, per_launch):
         c1 = min(n_outputs, c0 + per_launch)
         per_key = k + c1 - c0
@@ -471,5 +635,8 @@ def gaussian_spread(queries, keys_t, values_t, centers, lse, exclude_self):
         )
         kernel = spread_kernel(dtype, k, c1 - c0)
         launch(kernel, n_queries, args, shared=per_key * bk * dtype.itemsize)
+        if rows.size:  # rare: rows whose weights need the far path
+            far_args = (*args[:6], device_rows, var[:, c0:c1], sum_w2)
+            launch(far_spread_kernel(dtype), rows.size, far_args)
     std = np.sqrt(np.maximum(var.copy_to_host(), 0.0)) * scale[None, :]
     return std, sum_w2.copy_to_host()

@@ -114,6 +114,33 @@ def grad_cases(dtype, n_acc):
     ]
 
 
+def far_cases(dtype, n_acc):
+    """The far-row kernels of the LOO second passes (``loo.far_grad_kernels``,
+    ``loo.far_spread_kernel``): one thread per far row, keys from global memory."""
+    from . import loo
+
+    a2, f64_1, f64_2, i64_1 = f"{dtype}[:,::1]", "float64[::1]", "float64[:,::1]", "int64[::1]"
+    diag, full = loo.far_grad_kernels(dtype, n_acc)
+    tag = f"{dtype} entries={n_acc}"
+    return [
+        Case(
+            f"LOO far grad diag {tag}",
+            diag,
+            _sig(a2, a2, a2, a2, a2, f64_1, "int64", i64_1, "int64", f64_1),
+        ),
+        Case(
+            f"LOO far grad full {tag}",
+            full,
+            _sig(a2, a2, a2, a2, a2, a2, a2, f64_1, "int64", i64_1, i64_1, i64_1, f64_1),
+        ),
+        Case(
+            f"NW far spread {dtype}",
+            loo.far_spread_kernel(dtype),
+            _sig(a2, a2, a2, a2, f64_1, "boolean", i64_1, f64_2, f64_1),
+        ),
+    ]
+
+
 def layout_cases():
     from . import layout
 
@@ -136,6 +163,39 @@ def layout_cases():
     ]
 
 
+def local_cases(dc, dk, degree, n_out, kernel=0, missing=False):
+    """The local-polynomial kernels (``local.local_fit`` with marginal effects where
+    they apply, ``local_interval_sums``, ``local_loo_gradient``) at dc continuous and
+    dk categorical columns, a degree, n_out outputs per launch; float64 (their one dtype)."""
+    from . import local
+
+    f2, f1, f3, i1 = "float64[:,::1]", "float64[::1]", "float64[:,:,::1]", "int64[::1]"
+    names = ("gaussian", "epanechnikov", "tricube")
+    tag = f"dc={dc} dk={dk} deg={degree} out={n_out} {names[kernel]}" + (" nan" if missing else "")
+    do_mfx = local.n_terms(dc, degree) == 1 and dc > 0
+    fit = local.fit_kernel(dc, dk, kernel, degree, missing, n_out, do_mfx)
+    interval = local.interval_kernel(dc, dk, kernel, degree, missing, n_out)
+    gradient = local.gradient_kernel(dc, dk, kernel, degree, missing, n_out)
+    inputs = (f2, f2, f2, f2, f2, f1)
+    return [
+        Case(
+            f"local fit {tag}",
+            fit,
+            _sig(*inputs, f2, "boolean", "float64", "int64", f3, f2, f1, f1, i1, f3),
+        ),
+        Case(
+            f"local interval {tag}",
+            interval,
+            _sig(*inputs, f2, "boolean", f2, f1, f1, i1, "int64", f2),
+        ),
+        Case(
+            f"local gradient {tag}",
+            gradient,
+            _sig(*inputs[:5], f2, f1, f2, "boolean", "float64", f3, f2, f1, f1, f2, "int64", f2),
+        ),
+    ]
+
+
 def kernel_cases():
     """The catalogue at the sizes that matter: flash D = 64 and 128 (float32 and
     float64), Nadaraya-Watson, the LOO loss, the spread and the weight matrix
@@ -151,6 +211,12 @@ def kernel_cases():
             cases += weights_cases(dtype, d)
         for n_acc in (8, 64):
             cases += grad_cases(dtype, n_acc)
+    # local polynomial: local-linear with 3 continuous and 2 categorical columns,
+    # local-quadratic in 2-D, local-constant (marginal effects) with a compact kernel
+    for args in ((3, 2, 1, 1), (2, 0, 2, 1), (3, 2, 0, 1, 2, True), (1, 1, 1, 8)):
+        cases += local_cases(*args)
+    for dtype in ("float32", "float64"):
+        cases += far_cases(dtype, 8)
     return cases + layout_cases()
 
 

@@ -62,7 +62,7 @@ import numpy as np
 from numba import njit, prange
 
 from .. import config
-from .fastmath import fast_exp
+from .fastmath import fast_exp, fmax
 
 _KEY_BLOCK = config.KEY_BLOCK
 _QUERY_BLOCK = config.QUERY_BLOCK
@@ -119,6 +119,7 @@ def _block(
     keys_cat_t,
     cat_params,
     log_weights,
+    weighted,
     kernel,
     degree,
     exclude_self,
@@ -127,12 +128,18 @@ def _block(
     design,
 ):
     """Scores of keys j0 .. j0+nb-1 for query i into ``scores``, the scaled differences
-    into ``design[1 : 1 + dc]`` (0 where missing) and the quadratic terms after them.
-    Returns the block's maximum score (-inf when no key is admissible)."""
+    into ``design[1 : 1 + dc]`` (0 where missing) and the quadratic terms after them
+    (``design[0]`` is scratch: the constant term is implicit). ``weighted``: whether
+    ``log_weights`` holds anything but zeros. Returns the block's maximum score (-inf
+    when no key is admissible)."""
     dc = keys_cont_t.shape[0]
     dk = keys_cat_t.shape[0]
-    for j in range(nb):
-        scores[j] = log_weights[j0 + j]
+    if weighted:
+        for j in range(nb):
+            scores[j] = log_weights[j0 + j]
+    else:
+        for j in range(nb):
+            scores[j] = 0.0
     if kernel == GAUSSIAN:
         for c in range(dc):
             qc = q_cont[i, c]
@@ -195,7 +202,7 @@ def _block(
                 if x == qk:
                     scores[j] += a_eq
                 elif x == x:  # not missing
-                    scores[j] += b_ne + t_step * max(abs(x - qk), 1.0)
+                    scores[j] += b_ne + t_step * fmax(abs(x - qk), 1.0)
         elif t_step == 0.0:
             for j in range(nb):
                 scores[j] += a_eq if kk[j] == qk else b_ne
@@ -203,12 +210,10 @@ def _block(
             # |x - q| >= 1 where the codes differ, so t = -inf (l = 0) never meets 0 there
             for j in range(nb):
                 x = kk[j]
-                scores[j] += a_eq if x == qk else b_ne + t_step * max(abs(x - qk), 1.0)
+                scores[j] += a_eq if x == qk else b_ne + t_step * fmax(abs(x - qk), 1.0)
     if exclude_self and j0 <= i < j0 + nb:
         scores[i - j0] = -np.inf
     p = design.shape[0]
-    for j in range(nb):
-        design[0, j] = 1.0
     if degree >= 2 and p > 1:
         t = 1 + dc
         for c in range(dc):
@@ -218,8 +223,17 @@ def _block(
                 t += 1
     best = -np.inf
     for j in range(nb):
-        best = max(best, scores[j])
+        best = fmax(best, scores[j])  # maxnum vectorises; scores are never NaN
     return best
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _any_weight(log_weights):
+    """Whether any key has a log weight other than 0 (the unweighted case skips them)."""
+    for j in range(log_weights.shape[0]):
+        if log_weights[j] != 0.0:
+            return True
+    return False
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
@@ -302,6 +316,161 @@ def _nearest(i, q_cont, keys_cont_t, q_cat, keys_cat_t, log_weights, exclude_sel
     return best
 
 
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def _fused_moments(scores, design, y, nb, m, p, moments, rhs):
+    """All moments of a block in one pass with register accumulators, for one output and
+    p = 2 to 5 terms (local-linear in 1-4 columns, local-quadratic in one): the
+    general path makes one pass per moment."""
+    if p == 2:
+        s00 = s01 = s11 = v0 = v1 = 0.0
+        x1 = design[1]
+        for j in range(nb):
+            w = fast_exp(scores[j] - m)
+            a = x1[j]
+            wa = w * a
+            s00 += w
+            s01 += wa
+            s11 += wa * a
+            v0 += w * y[j]
+            v1 += wa * y[j]
+        moments[0, 0] += s00
+        moments[0, 1] += s01
+        moments[1, 1] += s11
+        rhs[0, 0] += v0
+        rhs[1, 0] += v1
+    elif p == 3:
+        s00 = s01 = s02 = s11 = s12 = s22 = v0 = v1 = v2 = 0.0
+        x1 = design[1]
+        x2 = design[2]
+        for j in range(nb):
+            w = fast_exp(scores[j] - m)
+            a = x1[j]
+            b = x2[j]
+            wa = w * a
+            wb = w * b
+            wy = w * y[j]
+            s00 += w
+            s01 += wa
+            s02 += wb
+            s11 += wa * a
+            s12 += wa * b
+            s22 += wb * b
+            v0 += wy
+            v1 += wy * a
+            v2 += wy * b
+        moments[0, 0] += s00
+        moments[0, 1] += s01
+        moments[0, 2] += s02
+        moments[1, 1] += s11
+        moments[1, 2] += s12
+        moments[2, 2] += s22
+        rhs[0, 0] += v0
+        rhs[1, 0] += v1
+        rhs[2, 0] += v2
+    elif p == 4:
+        s00 = s01 = s02 = s03 = s11 = s12 = s13 = s22 = s23 = s33 = 0.0
+        v0 = v1 = v2 = v3 = 0.0
+        x1 = design[1]
+        x2 = design[2]
+        x3 = design[3]
+        for j in range(nb):
+            w = fast_exp(scores[j] - m)
+            a = x1[j]
+            b = x2[j]
+            c = x3[j]
+            wa = w * a
+            wb = w * b
+            wc = w * c
+            wy = w * y[j]
+            s00 += w
+            s01 += wa
+            s02 += wb
+            s03 += wc
+            s11 += wa * a
+            s12 += wa * b
+            s13 += wa * c
+            s22 += wb * b
+            s23 += wb * c
+            s33 += wc * c
+            v0 += wy
+            v1 += wy * a
+            v2 += wy * b
+            v3 += wy * c
+        moments[0, 0] += s00
+        moments[0, 1] += s01
+        moments[0, 2] += s02
+        moments[0, 3] += s03
+        moments[1, 1] += s11
+        moments[1, 2] += s12
+        moments[1, 3] += s13
+        moments[2, 2] += s22
+        moments[2, 3] += s23
+        moments[3, 3] += s33
+        rhs[0, 0] += v0
+        rhs[1, 0] += v1
+        rhs[2, 0] += v2
+        rhs[3, 0] += v3
+    else:
+        s00 = s01 = s02 = s03 = s04 = s11 = s12 = s13 = s14 = 0.0
+        s22 = s23 = s24 = s33 = s34 = s44 = 0.0
+        v0 = v1 = v2 = v3 = v4 = 0.0
+        x1 = design[1]
+        x2 = design[2]
+        x3 = design[3]
+        x4 = design[4]
+        for j in range(nb):
+            w = fast_exp(scores[j] - m)
+            a = x1[j]
+            b = x2[j]
+            c = x3[j]
+            e = x4[j]
+            wa = w * a
+            wb = w * b
+            wc = w * c
+            we = w * e
+            wy = w * y[j]
+            s00 += w
+            s01 += wa
+            s02 += wb
+            s03 += wc
+            s04 += we
+            s11 += wa * a
+            s12 += wa * b
+            s13 += wa * c
+            s14 += wa * e
+            s22 += wb * b
+            s23 += wb * c
+            s24 += wb * e
+            s33 += wc * c
+            s34 += wc * e
+            s44 += we * e
+            v0 += wy
+            v1 += wy * a
+            v2 += wy * b
+            v3 += wy * c
+            v4 += wy * e
+        moments[0, 0] += s00
+        moments[0, 1] += s01
+        moments[0, 2] += s02
+        moments[0, 3] += s03
+        moments[0, 4] += s04
+        moments[1, 1] += s11
+        moments[1, 2] += s12
+        moments[1, 3] += s13
+        moments[1, 4] += s14
+        moments[2, 2] += s22
+        moments[2, 3] += s23
+        moments[2, 4] += s24
+        moments[3, 3] += s33
+        moments[3, 4] += s34
+        moments[4, 4] += s44
+        rhs[0, 0] += v0
+        rhs[1, 0] += v1
+        rhs[2, 0] += v2
+        rhs[3, 0] += v3
+        rhs[4, 0] += v4
+
+
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, parallel=True)
 def local_fit(
     q_cont,
@@ -333,6 +502,7 @@ def local_fit(
     n_q = q_cont.shape[0]
     dc = keys_cont_t.shape[0]
     n_k = log_weights.shape[0]
+    weighted = _any_weight(log_weights)
     n_out = values_t.shape[0]
     p = _n_terms(dc, degree)
     beta = np.zeros((n_q, p, n_out))
@@ -345,6 +515,7 @@ def local_fit(
     n_chunks = (n_q + _QUERY_BLOCK - 1) // _QUERY_BLOCK
     for chunk in prange(n_chunks):
         scores = np.empty(_KEY_BLOCK)
+        wx = np.empty(_KEY_BLOCK)
         design = np.empty((max(p, 1 + dc), _KEY_BLOCK))
         moments = np.empty((p, p))
         rhs = np.empty((p, n_out))
@@ -369,6 +540,7 @@ def local_fit(
                     keys_cat_t,
                     cat_params,
                     log_weights,
+                    weighted,
                     kernel,
                     degree,
                     exclude_self,
@@ -386,21 +558,43 @@ def local_fit(
                         dsum *= factor
                         dysum *= factor
                     m = block_max
+                if n_out == 1 and 2 <= p <= 5:
+                    _fused_moments(
+                        scores, design, values_t[0, j0 : j0 + nb], nb, m, p, moments, rhs
+                    )
+                    continue
+                total = 0.0
                 for j in range(nb):
-                    scores[j] = fast_exp(scores[j] - m)
-                for a in range(p):
+                    w = fast_exp(scores[j] - m)
+                    scores[j] = w
+                    total += w
+                moments[0, 0] += total
+                for o in range(n_out):
+                    yo = values_t[o, j0 : j0 + nb]
+                    acc = 0.0
+                    for j in range(nb):
+                        acc += scores[j] * yo[j]
+                    rhs[0, o] += acc
+                for a in range(1, p):
+                    # wx[j] = w_j x_ja, then one dot product per moment
                     xa = design[a]
+                    for j in range(nb):
+                        wx[j] = scores[j] * xa[j]
+                    acc = 0.0
+                    for j in range(nb):
+                        acc += wx[j]
+                    moments[0, a] += acc
                     for b in range(a, p):
                         xb = design[b]
                         acc = 0.0
                         for j in range(nb):
-                            acc += scores[j] * xa[j] * xb[j]
+                            acc += wx[j] * xb[j]
                         moments[a, b] += acc
                     for o in range(n_out):
                         yo = values_t[o, j0 : j0 + nb]
                         acc = 0.0
                         for j in range(nb):
-                            acc += scores[j] * xa[j] * yo[j]
+                            acc += wx[j] * yo[j]
                         rhs[a, o] += acc
                 if do_mfx:
                     for c in range(dc):
@@ -485,6 +679,7 @@ def local_loo_gradient(
     dc = keys_cont_t.shape[0]
     dk = keys_cat_t.shape[0]
     n_k = log_weights.shape[0]
+    weighted = _any_weight(log_weights)
     n_out = values_t.shape[0]
     p = beta.shape[1]
     n_par = dc + dk
@@ -519,6 +714,7 @@ def local_loo_gradient(
                     keys_cat_t,
                     cat_params,
                     log_weights,
+                    weighted,
                     kernel,
                     degree,
                     exclude_self,
@@ -625,6 +821,7 @@ def local_interval_sums(
     n_q = q_cont.shape[0]
     dc = keys_cont_t.shape[0]
     n_k = log_weights.shape[0]
+    weighted = _any_weight(log_weights)
     n_out = residuals_t.shape[0]
     p = g.shape[1]
     out = np.zeros((n_q, n_out))
@@ -653,6 +850,7 @@ def local_interval_sums(
                     keys_cat_t,
                     cat_params,
                     log_weights,
+                    weighted,
                     kernel,
                     degree,
                     exclude_self,
@@ -663,8 +861,8 @@ def local_interval_sums(
                 if block_max == -np.inf:
                     continue
                 for j in range(nb):
-                    cj = 0.0
-                    for t in range(p):
+                    cj = g[i, 0]
+                    for t in range(1, p):
                         cj += g[i, t] * design[t, j]
                     lj = fast_exp(scores[j] - offset) * cj
                     scores[j] = lj * lj

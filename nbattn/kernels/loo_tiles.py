@@ -1,0 +1,301 @@
+"""Leave-one-out loss and gradient sums in one pass over row tiles, with BLAS.
+
+The two-pass kernels of ``nbattn.kernels.loo`` stream one key at a time and
+spend O(d) scalar work per pair on the gradient. Here a block of B query rows
+holds its whole row of scores against all n keys (B x n float64, B chosen by
+the caller so that the tile stays a few MB: memory O(B n + n d), never n x n),
+so the softmax of each row is exact in one pass (max, exp, sum) and the
+gradient of the block is one GEMM:
+
+    s_ij = -|| z_i - z_j ||^2,  w_ij = exp(s_ij - max_j s_ij) / l_i   (j != i)
+    f_i = sum_j w_ij y_j,  r_i = f_i - y_i,  g_ij = w_ij sum_c r_ic (y_jc - f_ic)
+
+    M = sum_i sum_{j != i} g_ij (x_i - x_j)(x_i - x_j)^T
+      = sum_i [ a_i x_i x_i^T - x_i b_i^T - b_i x_i^T ] + sum_j c_j x_j x_j^T
+    a_i = sum_j g_ij,  b_i = sum_j g_ij x_j  (b = G X: the GEMM),  c_j = sum_i g_ij
+
+(the same sums as ``loo.loo_grad_full``; with ``points = z`` the diagonal of M
+is ``loo.loo_grad_diag``'s). The kernel returns the squared-error sum, the
+row part of M, the key sums c (the caller adds X^T diag(c) X, one more GEMM)
+and a flag per row that it left to the caller.
+
+Scores. With few score dimensions k the direct difference is cheapest and
+exact to (k + 3) u |s|. With more, the block's scores are a GEMM on points
+shifted by the block's mean c_b:
+
+    s_ij = 2 (z_i - c_b).(z_j - c_b) - |z_i - c_b|^2 - |z_j - c_b|^2   (clamped to <= 0)
+
+whose rounding error is about (k + 3) u (|z_i - c_b|^2 + |z_j - c_b|^2). As
+|z_j - c_b|^2 <= 2 |z_i - z_j|^2 + 2 |z_i - c_b|^2, and the weight carries
+exp(-|z_i - z_j|^2), the error relative to the row's largest weight stays
+below (k + 3) u (3 R_b^2 + 2) with R_b the block's radius; a block with
+R_b^2 > ``gemm_max_radius2`` takes the direct scores. Both are float64 (float32
+inputs are widened: their differences are then exact).
+
+Rows left to the caller (``far[i]``): the row's best score is below
+``-config.FAR_SCORE_FLOAT64`` (or no key is admissible, n = 1): the direct
+score's rounding would show, and ``loo``'s anchored two-pass kernels handle
+them. Their sums here are zero.
+
+Pruning (``proj`` not empty): ``proj_j = u . z_j`` for a unit vector u (the
+caller takes the data's principal direction), keys sorted by it. As
+|proj_i - proj_j| <= ||z_i - z_j||, a key with (proj_j - proj_i)^2 > U + gap
+has s_ij < -(U + gap). For a block of rows, U = the largest over its rows of
+the squared distance to the nearest of a few keys beside it in that order, so
+-max_j s_ij <= U for every row, and such a key weighs less than exp(-gap) of its
+row's largest weight. The block takes only the keys within sqrt(U + gap) of its
+rows' projections (two binary searches): n skipped keys change a row's sum by
+less than n exp(-gap) relative, below float64 rounding at the default gap of
+50 (``config.PRUNE_GAP_FLOAT64``). The skipped gradient terms are as small: for
+the diagonal metric (points = z) g_ij |z_i - z_j|^2 with |z_i - z_j|^2 e^{-|z_i - z_j|^2}
+falling beyond 1; for the full metric g_ij carries the same exp(-gap) factor
+times |x_i - x_j|^2, at most the data's squared diameter.
+
+Inside ``prange``, ``np.dot`` calls BLAS: the caller (``nbattn.learning``) holds
+BLAS to one thread while the kernel runs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from .. import config
+from .fastmath import fast_exp, fmax
+
+_FAR_SCORE_FLOAT64 = float(config.FAR_SCORE_FLOAT64)
+
+
+_NEIGHBOURS = 4  # keys on each side, in the sorted order, that bound a row's best score
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def _direct_scores(z_t, rows, i0, nb, lo, hi, tile):
+    """tile[r, j] = -||z_{rows[i0+r]} - z_{lo+j}||^2 by differences."""
+    k = z_t.shape[0]
+    width = hi - lo
+    for r in range(nb):
+        row = tile[r]
+        own = rows[i0 + r]
+        q0 = z_t[0, own]
+        keys0 = z_t[0, lo:hi]
+        for j in range(width):
+            diff = keys0[j] - q0
+            row[j] = -(diff * diff)
+        for f in range(1, k):
+            qf = z_t[f, own]
+            keys_f = z_t[f, lo:hi]
+            for j in range(width):
+                diff = keys_f[j] - qf
+                row[j] -= diff * diff
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _block_radius2(z_t, rows, i0, nb, centre):
+    """centre <- mean of the block's rows; returns max_r |z_r - centre|^2."""
+    k = z_t.shape[0]
+    centre[:] = 0.0
+    for r in range(nb):
+        for f in range(k):
+            centre[f] += z_t[f, rows[i0 + r]]
+    for f in range(k):
+        centre[f] /= nb
+    radius2 = 0.0
+    for r in range(nb):
+        dist = 0.0
+        for f in range(k):
+            diff = z_t[f, rows[i0 + r]] - centre[f]
+            dist += diff * diff
+        radius2 = max(radius2, dist)
+    return radius2
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _gemm_scores(z_t, rows, i0, nb, lo, hi, centre, queries_c, keys_c, key_sq, tile):
+    """tile[r, j] = -||z_{rows[i0+r]} - z_{lo+j}||^2 as a GEMM on points shifted by ``centre``."""
+    k = z_t.shape[0]
+    width = hi - lo
+    keys_w = keys_c[: k * width].reshape((k, width))
+    sq = key_sq[:width]
+    sq[:] = 0.0
+    for f in range(k):
+        cf = centre[f]
+        src = z_t[f, lo:hi]
+        dst = keys_w[f]
+        for j in range(width):
+            value = src[j] - cf
+            dst[j] = value
+            sq[j] += value * value
+    for r in range(nb):
+        for f in range(k):
+            queries_c[r, f] = z_t[f, rows[i0 + r]] - centre[f]
+    np.dot(queries_c[:nb], keys_w, tile)
+    for r in range(nb):
+        q_sq = 0.0
+        for f in range(k):
+            q_sq += queries_c[r, f] * queries_c[r, f]
+        row = tile[r]
+        for j in range(width):
+            row[j] = min(2.0 * row[j] - q_sq - sq[j], 0.0)
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _block_window(z_t, rows, i0, nb, proj, prune_gap):
+    """[lo, hi): the keys within sqrt(U + prune_gap) of the block's rows along ``proj``
+    (module docstring); all keys when ``proj`` is empty."""
+    k, n = z_t.shape
+    if proj.shape[0] == 0:
+        return 0, n
+    bound = 0.0
+    for r in range(nb):
+        own = rows[i0 + r]
+        nearest = np.inf
+        for j in range(max(own - _NEIGHBOURS, 0), min(own + _NEIGHBOURS + 1, n)):
+            if j == own:
+                continue
+            dist = 0.0
+            for f in range(k):
+                diff = z_t[f, j] - z_t[f, own]
+                dist += diff * diff
+            nearest = min(nearest, dist)
+        bound = max(bound, nearest)
+    if not bound < np.inf:  # one key, or overflowing distances: no pruning
+        return 0, n
+    # a relative margin over the rounding of the bound and of the projections
+    radius = np.sqrt(bound + prune_gap) * (1.0 + 1e-9)
+    low = proj[rows[i0]] - radius
+    high = proj[rows[i0 + nb - 1]] + radius
+    return np.searchsorted(proj, low, side="left"), np.searchsorted(proj, high, side="right")
+
+
+@njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
+def loo_tiles(
+    z_t, points, values_t, targets, rows, block_rows, use_gemm, gemm_max_radius2, proj, prune_gap
+):
+    """``(sse, M_rows, key_sums, far)``: the LOO squared error and gradient sums of rows.
+
+    Parameters
+    ----------
+    z_t : (k, n) float64, all keys in score space (s_ij = -||z_i - z_j||^2),
+        in ascending order of ``proj`` when pruning
+    points : (n, d) float64, the keys in the coordinates of the gradient
+        (the centred x for the full metric, z itself for the diagonal)
+    values_t : (p, n) float64, the keys' y
+    targets : (n_rows, p) float64, the query rows' y
+    rows : (n_rows,) int64, ascending: query r is key ``rows[r]`` (left out)
+    block_rows : rows per tile; use_gemm : GEMM scores allowed (blocks whose
+        squared radius exceeds ``gemm_max_radius2`` take the direct ones)
+    proj, prune_gap : the pruning of the module docstring: (n,) ascending
+        projections u . z_j of the keys; empty: no pruning
+
+    Returns
+    -------
+    sse : float, sum_r ||f_r - y_r||^2 over the rows not flagged
+    M_rows : (d, d), sum_r [a_r x_r x_r^T - x_r b_r^T - b_r x_r^T]
+    key_sums : (n,), c_j = sum_r g_rj
+    far : (n_rows,) bool, rows left to the caller
+    """
+    k, n = z_t.shape
+    n_rows = rows.shape[0]
+    d = points.shape[1]
+    p = values_t.shape[0]
+    n_blocks = (n_rows + block_rows - 1) // block_rows
+    n_groups = min(config.LOO_FULL_GROUPS, n_blocks)
+    partial_m = np.zeros((n_groups, d, d))
+    partial_c = np.zeros((n_groups, n))
+    partial_sse = np.zeros(n_groups)
+    far = np.zeros(n_rows, dtype=np.bool_)
+    for group in prange(n_groups):
+        flat = np.empty(block_rows * n)
+        gx = np.empty((block_rows, d))
+        centre = np.empty(k)
+        queries_c = np.empty((block_rows, k))
+        keys_c = np.empty(k * n) if use_gemm else np.empty(0)
+        key_sq = np.empty(n) if use_gemm else np.empty(0)
+        f_row = np.empty(p)
+        resid = np.empty(p)
+        row_sums = np.zeros(block_rows)
+        acc = partial_m[group]
+        c_sum = partial_c[group]
+        sse = 0.0
+        first = group * n_blocks // n_groups
+        last = (group + 1) * n_blocks // n_groups
+        for blk in range(first, last):
+            i0 = blk * block_rows
+            nb = min(block_rows, n_rows - i0)
+            lo, hi = _block_window(z_t, rows, i0, nb, proj, prune_gap)
+            width = hi - lo
+            tile = flat[: nb * width].reshape((nb, width))
+            gemm = use_gemm and _block_radius2(z_t, rows, i0, nb, centre) <= gemm_max_radius2
+            if gemm:
+                _gemm_scores(z_t, rows, i0, nb, lo, hi, centre, queries_c, keys_c, key_sq, tile)
+            else:
+                _direct_scores(z_t, rows, i0, nb, lo, hi, tile)
+            for r in range(nb):
+                row = tile[r]
+                own = rows[i0 + r]
+                if lo <= own < hi:
+                    row[own - lo] = -np.inf
+                best = -np.inf
+                for j in range(width):
+                    best = fmax(best, row[j])
+                row_sums[r] = 0.0
+                if not best >= -_FAR_SCORE_FLOAT64:  # far, overflowing or no key
+                    far[i0 + r] = True
+                    row[:] = 0.0
+                    continue
+                total = 0.0
+                if p == 1:  # one fused pass: weights, their sum and the weighted sum
+                    vals = values_t[0, lo:hi]
+                    weighted = 0.0
+                    for j in range(width):
+                        w = fast_exp(row[j] - best)
+                        row[j] = w
+                        total += w
+                        weighted += w * vals[j]
+                    f_row[0] = weighted
+                else:
+                    for j in range(width):
+                        w = fast_exp(row[j] - best)
+                        row[j] = w
+                        total += w
+                    for c in range(p):
+                        vals = values_t[c, lo:hi]
+                        weighted = 0.0
+                        for j in range(width):
+                            weighted += row[j] * vals[j]
+                        f_row[c] = weighted
+                inv = 1.0 / total
+                for c in range(p):
+                    f_row[c] *= inv
+                    resid[c] = f_row[c] - targets[i0 + r, c]
+                    sse += resid[c] * resid[c]
+                # g_ij = w_ij sum_c r_ic (y_jc - f_ic), differences first (no cancellation)
+                if p == 1:
+                    scale = resid[0] * inv
+                    f0 = f_row[0]
+                    vals = values_t[0, lo:hi]
+                    for j in range(width):
+                        row[j] = row[j] * scale * (vals[j] - f0)
+                else:
+                    for j in range(width):
+                        inner = 0.0
+                        for c in range(p):
+                            inner += resid[c] * (values_t[c, lo + j] - f_row[c])
+                        row[j] = row[j] * inv * inner
+                a_r = 0.0
+                keys_sum = c_sum[lo:hi]
+                for j in range(width):
+                    a_r += row[j]
+                    keys_sum[j] += row[j]
+                row_sums[r] = a_r
+            np.dot(tile, points[lo:hi], gx[:nb])
+            for r in range(nb):
+                a_r = row_sums[r]
+                x_r = points[rows[i0 + r]]
+                for a in range(d):
+                    xa = x_r[a]
+                    for b in range(d):
+                        acc[a, b] += a_r * xa * x_r[b] - xa * gx[r, b] - gx[r, a] * x_r[b]
+        partial_sse[group] = sse
+    return partial_sse.sum(), partial_m.sum(axis=0), partial_c.sum(axis=0), far
