@@ -22,6 +22,7 @@ __version__ = "0.1.0"
 _PUBLIC = {
     "KVCache": "decode",
     "LearnedKernelRegressor": "estimators",
+    "LocalPolynomialRegressor": "estimators",
     "MultiHeadAttention": "layers",
     "NadarayaWatsonClassifier": "estimators",
     "NadarayaWatsonRegressor": "estimators",
@@ -53,6 +54,7 @@ _PUBLIC = {
 __all__ = [
     "KVCache",
     "LearnedKernelRegressor",
+    "LocalPolynomialRegressor",
     "MultiHeadAttention",
     "NadarayaWatsonClassifier",
     "NadarayaWatsonRegressor",
@@ -140,6 +142,7 @@ if TYPE_CHECKING:
     from .decode import KVCache, flash_decode
     from .estimators import (
         LearnedKernelRegressor,
+        LocalPolynomialRegressor,
         NadarayaWatsonClassifier,
         NadarayaWatsonRegressor,
     )

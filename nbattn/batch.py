@@ -24,6 +24,7 @@ __all__ = [
     "feature_columns",
     "first_rows",
     "load_xy",
+    "model_kinds",
     "predict_columns",
     "predict_file",
     "read_model",
@@ -71,45 +72,70 @@ def _labels(frame, target, fmt, classes=None):
     return io.labels_from_text(values, classes) if fmt == "csv" else values
 
 
-def load_xy(path, features, target, *, classifier, on_nan="error", quiet=True):
-    """The whole file: features (DataFrame, float64), target and the number of rows dropped.
+def load_xy(path, features, target, *, classifier, on_nan="error", quiet=True, var_type=None):
+    """The whole file: features, target, the number of rows dropped and the column kinds.
 
-    A classifier's labels are typed by :func:`nbattn.io.labels_from_text`
+    Feature columns holding text are categorical ("u"); ``var_type`` (one
+    letter of "cuo" per feature) overrides. Categorical columns are read as
+    text (so "7" is the category "7" whatever the chunking) and returned as
+    text, continuous ones as float64 (:func:`nbattn.io.feature_block`). A
+    classifier's labels are typed by :func:`nbattn.io.labels_from_text`
     (integers when every label is one, else text), whatever the chunking.
-    """
-    import pandas as pd
+    ``on_nan``: "error", "drop" or "marginalize" (missing features kept; a
+    missing target is still an error or dropped).
 
+    Returns
+    -------
+    X : DataFrame, y : ndarray, dropped : int, kinds : str
+    """
     _check_columns(path, features, target=target)
     fmt = io.input_format(path)
     columns = list(dict.fromkeys([*features, target]))
-    frame = io.read_table(path, columns, quiet=quiet, text_columns=[target] if classifier else ())
-    X, keep = io.numeric_block(frame, features, source=path, fmt=fmt, on_nan=on_nan)
+    labels = [target] if classifier else []
+    frame = io.read_table(path, columns, quiet=quiet, text_columns=labels)
+    kinds = io.text_kinds(frame, features, var_type)
+    categorical = [f for f, k in zip(features, kinds) if k != "c"]
+    if categorical and io.input_format(path) == "csv":
+        frame = io.read_table(path, columns, quiet=True, text_columns=[*labels, *categorical])
+    where = {"source": path, "fmt": fmt}
+    X, keep = io.feature_block(frame, features, kinds, **where, on_nan=on_nan)
+    target_nan = "drop" if on_nan == "drop" else "error"
     if classifier:
-        keep &= io.check_labels(frame, target, source=path, fmt=fmt, on_nan=on_nan)
+        keep &= io.check_labels(frame, target, **where, on_nan=target_nan)
     else:
-        y, keep_y = io.numeric_block(frame, [target], source=path, fmt=fmt, on_nan=on_nan)
+        y, keep_y = io.numeric_block(frame, [target], **where, on_nan=target_nan)
         keep &= keep_y
     if not keep.all():
         frame, X = frame[keep], X[keep]
         if len(X) == 0:
             raise ValueError(f"{path}: no rows left after dropping rows with missing values")
     y = _labels(frame, target, fmt) if classifier else y[keep, 0]
-    return pd.DataFrame(X, columns=features), y, int((~keep).sum())
+    return X.reset_index(drop=True), y, int((~keep).sum()), kinds
 
 
-def first_rows(path, features, n, *, on_nan="error"):
-    """The ``features`` of the first ``n`` rows of a file (DataFrame, float64); with
-    ``on_nan="drop"`` the rows with a missing value among them are left out."""
-    import pandas as pd
+def model_kinds(model, features) -> str:
+    """The column kinds a fitted model reads its features with (all "c" for old models)."""
+    kinds = getattr(model, "var_type_", None)
+    return kinds if isinstance(kinds, str) else "c" * len(features)
 
+
+def _text_columns(features, kinds) -> list:
+    return [f for f, k in zip(features, kinds) if k != "c"]
+
+
+def first_rows(path, features, n, *, on_nan="error", kinds=None):
+    """The ``features`` of the first ``n`` rows of a file (a DataFrame as
+    :func:`nbattn.io.feature_block` makes it: ``kinds`` per feature, all "c" by
+    default); with ``on_nan="drop"`` rows with a missing value are left out."""
+    kinds = "c" * len(features) if kinds is None else kinds
     _check_columns(path, features)
-    chunks, _, _ = io.iter_chunks(path, features, n)
+    chunks, _, _ = io.iter_chunks(path, features, n, text_columns=_text_columns(features, kinds))
     frame = next(chunks, (None,))[0]
     if frame is None or len(frame) == 0:
         raise ValueError(f"{path}: no data rows (only a header)")
     fmt = io.input_format(path)
-    X, keep = io.numeric_block(frame, features, source=path, fmt=fmt, on_nan=on_nan)
-    return pd.DataFrame(X[keep], columns=features)
+    X, keep = io.feature_block(frame, features, kinds, source=path, fmt=fmt, on_nan=on_nan)
+    return X[keep].reset_index(drop=True)
 
 
 def predict_columns(model, X, std=False, proba=False) -> dict:
@@ -154,7 +180,10 @@ def predict_file(
     out_fmt = io.output_format(output)
     in_fmt = io.input_format(data)
     wanted = list(dict.fromkeys([*features, *([id_column] if id_column else [])]))
-    chunks, total, unit = io.iter_chunks(data, wanted, chunksize)
+    kinds = model_kinds(model, features)
+    chunks, total, unit = io.iter_chunks(
+        data, wanted, chunksize, text_columns=_text_columns(features, kinds)
+    )
     n_in = dropped = 0
     with (
         atomic_output(output) as tmp,
@@ -175,7 +204,7 @@ def predict_file(
             )
         for frame, first_row, position in chunks:
             where = {"first_row": first_row, "source": data, "fmt": in_fmt}
-            X, keep = io.numeric_block(frame, features, **where, on_nan=on_nan)
+            X, keep = io.feature_block(frame, features, kinds, **where, on_nan=on_nan)
             n_in += len(frame)
             if not keep.all():
                 dropped += int((~keep).sum())
@@ -184,7 +213,7 @@ def predict_file(
             if len(X) == 0:
                 continue
             ids = frame[id_column].to_numpy() if id_column else None
-            X = pd.DataFrame(X, columns=features)
+            X = X.reset_index(drop=True)
             if runner is not None:
                 runner.submit(X, ids)
             else:
@@ -202,24 +231,25 @@ def evaluate_file(model, features, target, data, *, chunksize=100_000, on_nan="e
     """Metrics of ``model`` on the labelled file ``data``, read in chunks (a dict, see
     :meth:`nbattn.metrics.Metrics.result`). A label the model has not seen is an
     error naming its row."""
-    import pandas as pd
     from sklearn.base import is_classifier
 
     _check_columns(data, features, target=target)
     classifier = bool(is_classifier(model))
     metrics = Metrics(classifier, getattr(model, "classes_", None))
     fmt = io.input_format(data)
+    kinds = model_kinds(model, features)
     chunks, total, unit = io.iter_chunks(
         data,
         list(dict.fromkeys([*features, target])),
         chunksize,
-        text_columns=[target] if classifier else (),
+        text_columns=[*([target] if classifier else []), *_text_columns(features, kinds)],
     )
     n_in = 0
     with Progress(total, "evaluate", unit=unit, quiet=quiet) as bar:
         for frame, first_row, position in chunks:
-            kw = {"first_row": first_row, "source": data, "fmt": fmt, "on_nan": on_nan}
-            X, keep = io.numeric_block(frame, features, **kw)
+            kw = {"first_row": first_row, "source": data, "fmt": fmt}
+            X, keep = io.feature_block(frame, features, kinds, **kw, on_nan=on_nan)
+            kw["on_nan"] = "drop" if on_nan == "drop" else "error"
             if classifier:
                 keep &= io.check_labels(frame, target, **kw)
             else:
@@ -237,7 +267,7 @@ def evaluate_file(model, features, target, data, *, chunksize=100_000, on_nan="e
                 def where(i, first_row=first_row, rows=rows):
                     return io.row_location(data, fmt, first_row + int(rows[i]))
 
-                score_chunk(model, pd.DataFrame(X[rows], columns=features), y, metrics, where)
+                score_chunk(model, X.iloc[rows].reset_index(drop=True), y, metrics, where)
     if n_in == 0:
         raise ValueError(f"{data}: no data rows (only a header)")
     if metrics.n == 0:

@@ -28,6 +28,7 @@ from .progress import Progress, running
 #: ``--model`` name -> estimator class name in ``nbattn.estimators``
 MODELS = {
     "nw": "NadarayaWatsonRegressor",
+    "lp": "LocalPolynomialRegressor",
     "learned": "LearnedKernelRegressor",
     "classifier": "NadarayaWatsonClassifier",
 }
@@ -83,6 +84,13 @@ def _int_arg(low, high=None):
     return parse
 
 
+def _var_type_arg(text: str) -> str:
+    t = text.strip().lower()
+    if not t or set(t) - set("cuo"):
+        raise argparse.ArgumentTypeError(f"expected letters c, u and o, got {text!r}")
+    return t
+
+
 def _column_list(text: str) -> list[str]:
     cols = [c.strip() for c in text.split(",") if c.strip()]
     if not cols:
@@ -95,7 +103,8 @@ def _column_list(text: str) -> list[str]:
 
 def make_estimator(model="nw", *, verbose=False, **options):
     """The estimator that ``nbattn fit`` builds: ``options`` are bandwidth, metric,
-    max_iter and kernel (None: the estimator's default), refused where they do not apply."""
+    max_iter, kernel, degree, var_type and missing (None: the estimator's default),
+    refused where they do not apply."""
     from . import estimators
 
     cls = getattr(estimators, MODELS[model])
@@ -134,14 +143,26 @@ def _print_metrics(metrics: dict, as_json: bool) -> None:
 # ----------------------------------------------------------------------------- commands
 
 
+def _load_for(estimator, args, features, target):
+    """(estimator with the data's column kinds, X, y, rows dropped) for fit and cv."""
+    X, y, dropped, kinds = batch.load_xy(
+        args.data,
+        features,
+        target,
+        classifier=_is_classifier(estimator),
+        on_nan=args.on_nan,
+        var_type=args.var_type,
+    )
+    if set(kinds) != {"c"} or args.var_type is not None:
+        estimator.set_params(var_type=kinds)
+    return estimator, X, y, dropped
+
+
 def _cmd_fit(args) -> int:
     features = batch.feature_columns(args.data, args.target, args.features)
     estimator = make_estimator(args.model, verbose=args.verbose, **_model_options(args))
     io.check_not_input([args.data], args.output)
-    classifier = _is_classifier(estimator)
-    X, y, dropped = batch.load_xy(
-        args.data, features, args.target, classifier=classifier, on_nan=args.on_nan
-    )
+    estimator, X, y, dropped = _load_for(estimator, args, features, args.target)
     with running(f"fit {type(estimator).__name__}", quiet=args.quiet or args.verbose):
         estimator.fit(X, y)
     io.save(estimator, args.output, metadata={"target": args.target, "features": features})
@@ -152,7 +173,11 @@ def _cmd_fit(args) -> int:
             f"{extra} -> {args.output}"
         )
         if hasattr(estimator, "bandwidth_"):
-            widths = ", ".join(f"{f}={h:.6g}" for f, h in zip(features, estimator.bandwidth_))
+            kinds = batch.model_kinds(estimator, features)
+            widths = ", ".join(
+                f"{f}={h:.6g}" + ("" if k == "c" else " (lambda)")
+                for f, h, k in zip(features, estimator.bandwidth_, kinds)
+            )
             print(f"bandwidth: {widths}")
     return 0
 
@@ -163,6 +188,8 @@ def _model_options(args, bandwidth=None) -> dict:
         "metric": args.metric,
         "max_iter": args.max_iter,
         "kernel": args.kernel,
+        "degree": args.degree,
+        "missing": "marginalize" if args.on_nan == "marginalize" else None,
     }
 
 
@@ -210,9 +237,9 @@ def _cmd_cv(args) -> int:
     candidates = args.grid or [args.bandwidth]
     estimators = [make_estimator(args.model, **_model_options(args, b)) for b in candidates]
     classifier = _is_classifier(estimators[0])
-    X, y, _ = batch.load_xy(
-        args.data, features, args.target, classifier=classifier, on_nan=args.on_nan
-    )
+    X = y = None
+    for estimator in estimators:
+        _, X, y, _ = _load_for(estimator, args, features, args.target)
     tables = batch.cross_validate(estimators, X, y, **_pick(args, "folds", "seed", "quiet"))
     name = type(estimators[0]).__name__
     if args.grid:
@@ -245,7 +272,14 @@ def _plot_fit(args):
     target = _need_target(target, args.model)
     if _is_classifier(model):
         raise ValueError("plot fit draws regression curves; this model is a classifier")
-    X, y, _ = batch.load_xy(args.data, features, target, classifier=False, on_nan=args.on_nan)
+    X, y, _, _ = batch.load_xy(
+        args.data,
+        features,
+        target,
+        classifier=False,
+        on_nan=args.on_nan,
+        var_type=batch.model_kinds(model, features),
+    )
     return plotting.fit_figure(model, X, y, target, label=os.path.basename(args.data))
 
 
@@ -255,7 +289,8 @@ def _plot_heatmap(args):
     model, features, _ = batch.read_model(args.model)
     if not hasattr(model, "attention_weights"):
         raise ValueError(f"{type(model).__name__} has no attention weights to plot")
-    X = batch.first_rows(args.data, features, args.rows, on_nan=args.on_nan)
+    kinds = batch.model_kinds(model, features)
+    X = batch.first_rows(args.data, features, args.rows, on_nan=args.on_nan, kinds=kinds)
     return plotting.attention_figure(model, X, os.path.basename(args.data))
 
 
@@ -263,7 +298,14 @@ def _plot_loo(args):
     from . import plotting
 
     features = batch.feature_columns(args.data, args.target, args.features)
-    X, y, _ = batch.load_xy(args.data, features, args.target, classifier=False, on_nan=args.on_nan)
+    X, y, _, _ = batch.load_xy(
+        args.data,
+        features,
+        args.target,
+        classifier=False,
+        on_nan=args.on_nan,
+        var_type="c" * len(features),
+    )
     with Progress(args.points, "loo", unit="widths", quiet=args.quiet) as bar:
         return plotting.loo_figure(X.to_numpy(), y, args.points, progress=bar.update)
 
@@ -318,9 +360,11 @@ def _add_common(p, on_nan=True) -> None:
     if on_nan:
         p.add_argument(
             "--on-nan",
-            choices=("error", "drop"),
+            choices=("error", "drop", "marginalize"),
             default="error",
-            help="rows with a missing or infinite value: stop with an error (default) or drop",
+            help="rows with a missing value: stop with an error (default), drop them, or "
+            "marginalize (the model leaves that column out of that row's kernel; fit with "
+            "it to predict with it)",
         )
 
 
@@ -337,7 +381,18 @@ def _add_model_options(p) -> None:
     p.add_argument("--metric", choices=("scalar", "diagonal", "full"), help="--model learned")
     p.add_argument("--max-iter", type=_int_arg(1), help="--model learned: optimiser iterations")
     p.add_argument(
-        "--kernel", choices=("gaussian", "average"), help="--model nw (default gaussian)"
+        "--kernel",
+        choices=("gaussian", "epanechnikov", "tricube", "average"),
+        help="kernel of the continuous columns (default gaussian; average: --model nw)",
+    )
+    p.add_argument(
+        "--degree", type=_int_arg(0, 3), help="--model lp: local polynomial degree (default 1)"
+    )
+    p.add_argument(
+        "--var-type",
+        type=_var_type_arg,
+        help="one letter per feature: c continuous, u unordered, o ordered categorical "
+        "(default: columns holding text are u, the rest c)",
     )
 
 

@@ -30,6 +30,7 @@ and that it holds nothing else.
 
 from __future__ import annotations
 
+import math
 import numbers
 from numbers import Integral, Real
 
@@ -37,14 +38,22 @@ import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.multiclass import check_classification_targets
-from sklearn.utils.validation import check_is_fitted, validate_data
+from sklearn.utils.validation import (
+    _check_sample_weight,
+    check_array,
+    check_is_fitted,
+    check_X_y,
+    validate_data,
+)
 
-from . import learning, regression
+from . import columns, config, learning, regression
 from ._validation import as_float_array, check_bandwidth, resolve_dtype
 from .device import resolve_device
+from .search import minimize_log_scale
 
 __all__ = [
     "LearnedKernelRegressor",
+    "LocalPolynomialRegressor",
     "NadarayaWatsonClassifier",
     "NadarayaWatsonRegressor",
     "check_fitted_state",
@@ -55,6 +64,14 @@ _BANDWIDTH_CONSTRAINT = [
     Interval(Real, 0, None, closed="neither"),
     "array-like",
 ]
+#: the kernels of the mixed-type engine (:mod:`nbattn.local`) for continuous columns
+_KERNELS = ("gaussian", "epanechnikov", "tricube")
+#: the parameters that say how a table's columns are read (see :mod:`nbattn.columns`)
+_TABLE_CONSTRAINTS = {
+    "var_type": [str, None],
+    "missing": [StrOptions({"error", "marginalize"})],
+    "handle_unknown": [StrOptions({"error", "ignore"})],
+}
 
 
 # ----------------------------------------------------------------------------- input checks
@@ -139,25 +156,152 @@ class _PoolingEstimator(BaseEstimator):
         "verbose": ["verbose"],
     }
 
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.allow_nan = getattr(self, "missing", "error") == "marginalize"
+        return tags
+
     # ---- fit-time helpers
 
-    def _validate_training_X(self, X, y, **kwargs):
-        """validate_data on the training data, X copied; errors name columns and y's rows."""
+    def _validate_training_X(self, X, y, sample_weight=None, **kwargs):
+        """(X float64 (n, d), y, sample weights or None): the training data checked and copied.
+
+        Column kinds come from ``var_type`` or a DataFrame's dtypes
+        (:mod:`nbattn.columns`). All-continuous numeric data goes through
+        scikit-learn's ``validate_data`` as it is (NaN allowed with
+        ``missing="marginalize"``); a table with categorical or text columns
+        is encoded first (category codes, NaN where missing) and checked
+        after. Rows of zero weight are dropped; weights that are all 1 become
+        None (the unweighted fit).
+        Sets ``var_type_`` and ``categories_``.
+        """
         _refuse_dates_and_complex(X)
         _refuse_missing_targets(y)
-        return validate_data(self, X, y, dtype=np.float64, copy=True, **kwargs)
-
-    def _fit_bandwidth(self, bandwidth, X, Y):
-        """Per-feature widths: the LOO-optimal scale of Scott's for "loo", else rule or value."""
-        if isinstance(bandwidth, str) and bandwidth == "loo":
-            return learning.loo_bandwidth(
+        var_type = getattr(self, "var_type", None)
+        missing = getattr(self, "missing", "error")
+        kinds = None
+        if var_type is not None or columns.is_dataframe(X):
+            kinds = columns.resolve_var_type(columns.as_table(X), var_type)
+        if (kinds is None or set(kinds) <= {"c"}) and columns.all_numeric(X):
+            X, y = validate_data(
+                self,
                 X,
-                Y,
-                dtype=self._dtype(),
-                device=self._device(),
-                verbose=self.verbose,
+                y,
+                dtype=np.float64,
+                copy=True,
+                ensure_all_finite="allow-nan" if missing == "marginalize" else True,
+                **kwargs,
             )
-        return regression.resolve_bandwidth(bandwidth, X)
+            categories = [None] * X.shape[1]
+        else:
+            table = columns.as_table(X)
+            validate_data(self, table, y, skip_check_array=True)
+            if sample_weight is not None:
+                # a row of weight 0 is a row removed: its categories are not the model's
+                sample_weight = _check_sample_weight(
+                    sample_weight,
+                    np.empty((table.shape[0], 1)),
+                    dtype=np.float64,
+                    ensure_non_negative=True,
+                )
+                keep = sample_weight > 0
+                table = table.iloc[keep] if columns.is_dataframe(table) else table[keep]
+                if y is not None and len(y) == len(keep):
+                    y = y.iloc[keep] if hasattr(y, "iloc") else np.asarray(y)[keep]
+                sample_weight = sample_weight[keep]
+            categories = columns.fit_categories(table, kinds)
+            encoded = columns.encode_columns(table, kinds, categories, missing=missing)
+            X, y = check_X_y(
+                encoded,
+                y,
+                dtype=np.float64,
+                ensure_all_finite="allow-nan" if missing == "marginalize" else True,
+                estimator=self,
+                **kwargs,
+            )
+        self.var_type_ = "c" * X.shape[1] if kinds is None else kinds
+        self.categories_ = categories
+        if sample_weight is None:
+            return X, y, None
+        sw = _check_sample_weight(
+            sample_weight, X, dtype=np.float64, ensure_non_negative=True, copy=True
+        )
+        keep = sw > 0
+        X, y, sw = X[keep], y[keep], sw[keep]
+        return X, y, (None if np.all(sw == 1.0) else sw)
+
+    def _fit_bandwidth(self, bandwidth, X, Y, sample_weight=None, degree=0):
+        """Per-feature widths (h for continuous columns, lambda for categorical ones).
+
+        The Gaussian fast path: "loo" is the LOO-optimal scale of Scott's
+        widths, a rule name the rule on the (weighted) spread. The engine's
+        path (categorical columns, missing values, another kernel, weights
+        with "loo"): :func:`nbattn.local.local_loo_widths` learns every h and
+        lambda together, :func:`nbattn.local.default_widths` gives a rule's
+        h and the engine's default lambda.
+        """
+        is_loo = isinstance(bandwidth, str) and bandwidth == "loo"
+        if not self._uses_engine():
+            if is_loo and sample_weight is not None:
+                return _weighted_loo_scale(self, X, Y, sample_weight)
+            if is_loo:
+                return learning.loo_bandwidth(
+                    X,
+                    Y,
+                    dtype=self._dtype(),
+                    device=self._device(),
+                    verbose=self.verbose,
+                )
+            if isinstance(bandwidth, str) and sample_weight is not None:
+                return _weighted_rule_bandwidth(X, sample_weight, bandwidth)
+            return regression.resolve_bandwidth(bandwidth, X)
+        local = _engine()
+        kinds, counts = self.var_type_, self._n_categories()
+        if is_loo:
+            return _engine_loo_widths(self, X, Y, sample_weight, degree)[0]
+        if isinstance(bandwidth, str):
+            if sample_weight is not None:
+                return _weighted_default_widths(X, kinds, counts, sample_weight, bandwidth)
+            return np.asarray(local.default_widths(X, kinds, counts, bandwidth), dtype=np.float64)
+        if isinstance(bandwidth, Real) and set(kinds) - {"c"}:
+            # one number is a width for the continuous columns; categories keep their default
+            widths = np.asarray(local.default_widths(X, kinds, counts, "scott"), dtype=np.float64)
+            widths[[k == "c" for k in kinds]] = check_bandwidth(bandwidth, 1)[0]
+            return widths
+        return np.asarray(local.check_widths(bandwidth, kinds, counts), dtype=np.float64)
+
+    # ---- how the model reads its columns
+
+    def _kinds(self) -> str:
+        """The fitted column kinds ("c" for every column of a model from an older file)."""
+        kinds = getattr(self, "var_type_", None)
+        return kinds if kinds is not None else "c" * self.n_features_in_
+
+    def _n_categories(self) -> list:
+        categories = getattr(self, "categories_", None) or [None] * self.n_features_in_
+        return columns.n_categories(categories)
+
+    def _kernel(self) -> str:
+        kernel = getattr(self, "kernel", "gaussian")
+        return "gaussian" if kernel == "average" else kernel
+
+    def _missing(self) -> str:
+        return getattr(self, "missing", "error")
+
+    def _encodes(self) -> bool:
+        """Whether query tables go through :func:`nbattn.columns.encode_columns`."""
+        return set(self._kinds()) != {"c"} or self._missing() == "marginalize"
+
+    def _uses_engine(self) -> bool:
+        """Whether the mixed-type engine (:mod:`nbattn.local`) computes this model.
+
+        All-continuous data with the Gaussian kernel and no missing values
+        stays on the streaming Nadaraya-Watson kernels (CPU and GPU).
+        """
+        return self._encodes() or self._kernel() != "gaussian"
+
+    def _weights(self):
+        return getattr(self, "sample_weight_", None)
 
     # ---- resolved at every call
 
@@ -173,32 +317,155 @@ class _PoolingEstimator(BaseEstimator):
     def _check_queries(self, X):
         check_is_fitted(self)
         _refuse_dates_and_complex(X)
-        return validate_data(self, X, reset=False, dtype=np.float64)
+        if set(self._kinds()) == {"c"} and columns.all_numeric(X):
+            allow_nan = self._missing() == "marginalize"
+            return validate_data(
+                self,
+                X,
+                reset=False,
+                dtype=np.float64,
+                ensure_all_finite="allow-nan" if allow_nan else True,
+            )
+        table = columns.as_table(X)
+        validate_data(self, table, reset=False, skip_check_array=True)  # names and count
+        encoded = columns.encode_columns(
+            table,
+            self._kinds(),
+            self.categories_,
+            missing=self._missing(),
+            handle_unknown=getattr(self, "handle_unknown", "error"),
+        )
+        unknown_allowed = getattr(self, "handle_unknown", "error") == "ignore"
+        return check_array(
+            encoded,
+            dtype=np.float64,
+            # NaN here is a marginalised missing value or an unseen category (nbattn.columns)
+            ensure_all_finite="allow-nan"
+            if self._missing() == "marginalize" or unknown_allowed
+            else True,
+            estimator=self,
+        )
 
     def _score_coordinates(self, X):
         """(queries, keys, widths) of the Gaussian score for the checked queries X."""
         return X, self.X_fit_, self.bandwidth_
 
-    def _pooled(self, X):
-        """Pooled values ``sum_j w_ij y_fit_j`` (n_queries, m) as float64, on ``device``."""
-        q, k, h = self._score_coordinates(X)
-        out = regression.nadaraya_watson(
-            q, k, self.y_fit_, h, dtype=self._dtype(), device=self._device()
+    def _degree(self) -> int:
+        """Degree of the local polynomial (0: Nadaraya-Watson)."""
+        return 0
+
+    def _engine_options(self, X):
+        """The keywords of the engine's calls for the checked queries X."""
+        # NaN in the queries of a model that refuses missing values is an unseen category:
+        # the engine leaves that column out of the row's product (see nbattn.columns)
+        missing = self._missing()
+        if missing == "error" and X is not None and np.isnan(X).any():
+            missing = "marginalize"
+        return dict(
+            var_type=self._kinds(),
+            n_categories=self._n_categories(),
+            kernel=self._kernel(),
+            sample_weight=self._weights(),
+            missing=missing,
+            device=self._device(),
         )
+
+    def _local_fit(self, X, values, return_gradient=False, degree=None):
+        """The engine's local fit of ``values`` (n_train, m) at the checked queries X:
+        (n, m) float64, and with ``return_gradient`` the slopes (n, m, d_continuous)."""
+        degree = self._degree() if degree is None else degree
+        out = _engine().local_polynomial(
+            X,
+            self.X_fit_,
+            values,
+            self.bandwidth_,
+            degree,
+            return_gradient=return_gradient,
+            dtype=self._dtype(),
+            **self._engine_options(X),
+        )
+        if return_gradient:
+            grad = np.asarray(out[1], dtype=np.float64)  # (n, d_c, m)
+            return np.asarray(out[0], dtype=np.float64), np.transpose(grad, (0, 2, 1))
         return np.asarray(out, dtype=np.float64)
 
-    def _pooled_spread(self, X):
-        """(pooled values, weighted std about them, effective n) for the checked queries X,
-        on ``device`` (:func:`nbattn.learning.nadaraya_watson_spread`)."""
+    def _pooled_values(self, X, values):
+        """``sum_j w_ij v_j`` for any values (n_train, m) at the checked queries X: the
+        engine's degree-0 fit, or the streaming kernel (weights: pooled as ``[w v, w]``
+        and divided, which is the weighted softmax exactly)."""
+        if self._uses_engine():
+            return self._local_fit(X, values, degree=0)
         q, k, h = self._score_coordinates(X)
-        mean, std, n_eff = learning.nadaraya_watson_spread(
-            q, k, self.y_fit_, h, dtype=self._dtype(), device=self._device()
+        sw = self._weights()
+        if sw is not None:
+            values = np.column_stack([sw[:, None] * values, sw])
+        out = regression.nadaraya_watson(
+            q, k, values, h, dtype=self._dtype(), device=self._device()
         )
-        return (
-            np.asarray(mean, dtype=np.float64),
-            np.asarray(std, dtype=np.float64),
-            np.asarray(n_eff, dtype=np.float64),
+        out = np.asarray(out, dtype=np.float64)
+        return out if sw is None else out[:, :-1] / out[:, -1:]
+
+    def _pooled(self, X):
+        """Predictions (n_queries, m) as float64, on ``device``."""
+        if self._uses_engine():
+            return self._local_fit(X, self.y_fit_)
+        return self._pooled_values(X, self.y_fit_)
+
+    def _pooled_spread(self, X, effective_n=True):
+        """(predictions, weighted std of the targets about them, effective n or None) for
+        the checked queries X, on ``device``.
+
+        The unweighted Gaussian fast path runs
+        :func:`nbattn.learning.nadaraya_watson_spread` (a second pass about f).
+        Otherwise the spread about f comes from pooled moments of the targets
+        centred on their mean c, ``sum_j w_ij (y_j - f)^2 = E[(y-c)^2] -
+        2 (f-c) E[y-c] + (f-c)^2``, and the effective n from the attention weights.
+        """
+        if not self._uses_engine() and self._weights() is None:
+            q, k, h = self._score_coordinates(X)
+            mean, std, n_eff = learning.nadaraya_watson_spread(
+                q, k, self.y_fit_, h, dtype=self._dtype(), device=self._device()
+            )
+            return (
+                np.asarray(mean, dtype=np.float64),
+                np.asarray(std, dtype=np.float64),
+                np.asarray(n_eff, dtype=np.float64),
+            )
+        f = self._pooled(X)
+        m = self.y_fit_.shape[1]
+        centre = self.y_fit_.mean(axis=0)
+        dy = self.y_fit_ - centre
+        moments = self._pooled_values(X, np.column_stack([dy, dy * dy]))
+        first, second = moments[:, :m], moments[:, m:]
+        fc = f - centre
+        var = np.maximum(second - 2.0 * fc * first + fc * fc, 0.0)
+        n_eff = None
+        if effective_n:
+            weights = self._attention_weights_checked(X)
+            n_eff = 1.0 / np.sum(weights * weights, axis=1)
+        return f, np.sqrt(var), n_eff
+
+    def _attention_weights_checked(self, X):
+        """Attention weights (n_queries, n_train) for the checked queries X."""
+        if self._uses_engine():
+            # weight j is the pooled value of the j-th unit vector; keys in blocks of columns
+            n = self.X_fit_.shape[0]
+            w = np.empty((X.shape[0], n))
+            for start in range(0, n, 256):
+                block = np.zeros((n, min(256, n - start)))
+                block[np.arange(start, start + block.shape[1]), np.arange(block.shape[1])] = 1.0
+                w[:, start : start + block.shape[1]] = self._pooled_values(X, block)
+            return w
+        q, k, h = self._score_coordinates(X)
+        w = regression.gaussian_attention_weights(
+            q, k, h, dtype=self._dtype(), device=self._device()
         )
+        w = np.asarray(w, dtype=np.float64)
+        sw = self._weights()
+        if sw is not None:
+            w = w * sw
+            w /= w.sum(axis=1, keepdims=True)
+        return w
 
     # ---- public diagnostics, the same for every estimator
 
@@ -211,11 +478,7 @@ class _PoolingEstimator(BaseEstimator):
         on ``device``.
         """
         X = self._check_queries(X)
-        q, k, h = self._score_coordinates(X)
-        w = regression.gaussian_attention_weights(
-            q, k, h, dtype=self._dtype(), device=self._device()
-        )
-        return np.asarray(w, dtype=np.float64)
+        return self._attention_weights_checked(X)
 
     def effective_n_neighbors(self, X):
         """Effective number of training rows each query pools: ``1 / sum_j w_ij^2``.
@@ -232,7 +495,7 @@ class _PoolingEstimator(BaseEstimator):
     def _check_fitted_attributes(self):
         """Check the fitted attributes shared by every estimator; return the allowed names."""
         d = _require_int(self, "n_features_in_", minimum=1)
-        X = _require_array(self, "X_fit_", "f", (None, d))
+        X = _require_array(self, "X_fit_", "f", (None, d), allow_nan=self._missing() != "error")
         n = X.shape[0]
         y = _require_array(self, "y_fit_", "f", (n, None))
         if n < 1 or y.shape[1] < 1:
@@ -240,6 +503,7 @@ class _PoolingEstimator(BaseEstimator):
                 f"X_fit_ and y_fit_ must be non-empty, got shapes {X.shape}, {y.shape}"
             )
         allowed = {"n_features_in_", "X_fit_", "y_fit_"}
+        allowed |= _check_table_attributes(self, X)
         if "feature_names_in_" in vars(self):
             names = _require_array(self, "feature_names_in_", "OU", (d,))
             if not all(isinstance(v, str) for v in names):
@@ -254,18 +518,20 @@ class _PoolingEstimator(BaseEstimator):
 class _PoolingRegressor(RegressorMixin, _PoolingEstimator):
     """The regressors' share: targets as float64 columns, 1-D or 2-D output, ``return_std``."""
 
-    def _validate_regression_data(self, X, y):
-        """(X, y as float64 (n, n_outputs), whether y is 2-D); X and y are copies."""
-        X, y = self._validate_training_X(X, y, multi_output=True, y_numeric=True)
+    def _validate_regression_data(self, X, y, sample_weight=None):
+        """(X, y as float64 (n, n_outputs), whether y is 2-D, sample weights or None);
+        X and y are copies, rows of zero weight dropped."""
+        X, y, sw = self._validate_training_X(X, y, sample_weight, multi_output=True, y_numeric=True)
         # a float64 copy, finite: scikit-learn checks object arrays before converting them
         y = as_float_array(y, "y", ndim=(1, 2), dtype="float64")
-        return X, y.reshape(len(y), -1), y.ndim == 2
+        return X, y.reshape(len(y), -1), y.ndim == 2, sw
 
-    def _store_training_data(self, X, y2, outputs_2d):
+    def _store_training_data(self, X, y2, outputs_2d, sample_weight=None):
         self.X_fit_ = X
         self.y_fit_ = y2
         self.n_outputs_ = y2.shape[1]
         self.outputs_2d_ = outputs_2d
+        self.sample_weight_ = sample_weight
 
     def _shape_output(self, out):
         """Columns of (n_queries, n_outputs) → 1-D when the model was fitted on a 1-D y."""
@@ -284,9 +550,91 @@ class _PoolingRegressor(RegressorMixin, _PoolingEstimator):
         """
         X = self._check_queries(X)
         if return_std:
-            out, std, _ = self._pooled_spread(X)
+            out, std, _ = self._pooled_spread(X, effective_n=False)
             return self._shape_output(out), self._shape_output(std)
         return self._shape_output(self._pooled(X))
+
+    def marginal_effects(self, X):
+        """The slope of the fit along each continuous column at the rows of X.
+
+        ``d f(x) / d x_d`` for every column of kind "c" (in column order),
+        shape (n, d_continuous) for a 1-D target, (n, n_outputs, d_continuous)
+        for a 2-D one. For the Gaussian kernel at degree 0 (Nadaraya-Watson)
+        it is exact: with the attention weights w_j(x),
+
+        .. math::
+
+            \\frac{\\partial f}{\\partial x_d} =
+            \\frac{1}{h_d^2} \\sum_j w_j(x)\\,(y_j - f(x))\\,(x_{jd} - x_d),
+
+        the weighted covariance of y and the key's coordinate divided by
+        h_d^2 (categorical columns do not depend on x_d, so the formula holds
+        in the mixed product kernel too). A local polynomial of degree >= 1
+        and the compact kernels return the engine's local slope
+        (:func:`nbattn.local.local_polynomial` with ``return_gradient``).
+        """
+        X = self._check_queries(X)
+        continuous = np.array([k == "c" for k in self._kinds()])
+        if not continuous.any():
+            raise ValueError("marginal_effects needs a continuous column; this model has none")
+        if self._degree() == 0 and self._kernel() == "gaussian" and self._missing() == "error":
+            grad = self._gaussian_slopes(X)[:, :, continuous]
+        else:
+            _, grad = self._local_fit(X, self.y_fit_, return_gradient=True)
+        return grad if self.outputs_2d_ else grad[:, 0, :]
+
+    def predict_interval(self, X, alpha=0.05, kind="mean"):
+        """A pointwise (1 - alpha) normal interval at the rows of X: (n, 2), or
+        (n, n_outputs, 2) for a 2-D target; column 0 the lower, 1 the upper end.
+
+        From the leave-one-out residuals r_j of the training rows and the
+        equivalent-kernel weights l_j(x) of the fit (``f(x) = sum_j l_j(x) y_j``):
+
+        * ``kind="mean"``: the interval for the regression function,
+          ``var = sum_j l_j(x)^2 r_j^2`` (the sandwich variance);
+        * ``kind="observation"``: for a new observation at x, adding the
+          kernel-weighted mean of r^2 around x (the local noise variance).
+
+        The ends are ``f(x) -/+ z_{1 - alpha/2} sqrt(var)``
+        (:func:`nbattn.local.local_prediction_interval`). The interval is
+        centred on f, so it covers the true mean only where the smoothing
+        bias is small against the noise (a wide enough width).
+        """
+        X = self._check_queries(X)
+        if getattr(self, "kernel", None) == "average":
+            raise ValueError("predict_interval needs a kernel; kernel='average' has none")
+        if self._uses_engine():
+            q, k, widths = X, self.X_fit_, self.bandwidth_
+        else:
+            q, k, h = self._score_coordinates(X)
+            widths = np.broadcast_to(np.asarray(h, dtype=np.float64), (k.shape[1],)).copy()
+        options = self._engine_options(X)
+        if not self._uses_engine():
+            options.update(var_type="c" * k.shape[1], n_categories=None)
+        lower, upper = _engine().local_prediction_interval(
+            k, self.y_fit_, q, widths, self._degree(), alpha=alpha, kind=kind, **options
+        )
+        out = np.stack([np.asarray(lower), np.asarray(upper)], axis=-1).astype(np.float64)
+        return out if self.outputs_2d_ else out[:, 0, :]
+
+    def _gaussian_slopes(self, X):
+        """(n, m, d) exact slopes of the Gaussian pooling in the score's coordinates,
+        mapped back to X's columns (``components_`` for the full metric)."""
+        q, k, h = self._score_coordinates(X)
+        m, e = self.y_fit_.shape[1], k.shape[1]
+        h = np.broadcast_to(np.asarray(h, dtype=np.float64), (e,))
+        centre = k.mean(axis=0)
+        dk = k - centre
+        y = self.y_fit_
+        values = np.column_stack([y, dk, (y[:, :, None] * dk[:, None, :]).reshape(len(y), -1)])
+        pooled = self._pooled_values(X, values)
+        ey, ek = pooled[:, :m], pooled[:, m : m + e]
+        eyk = pooled[:, m + e :].reshape(-1, m, e)
+        grad = (eyk - ey[:, :, None] * ek[:, None, :]) / (h * h)
+        components = getattr(self, "components_", None)
+        if getattr(self, "metric", None) == "full" and components is not None:
+            grad = grad @ components
+        return grad
 
     def _check_fitted_attributes(self):
         allowed = super()._check_fitted_attributes()
@@ -319,9 +667,25 @@ class NadarayaWatsonRegressor(_PoolingRegressor):
         :func:`nbattn.regression.bandwidth_rule`). "loo" scales Scott's widths
         by the one factor that minimises the leave-one-out MSE
         (:func:`nbattn.learning.loo_bandwidth`).
-    kernel : "gaussian" or "average"
-        "average" is average pooling (the walk-through, section 1.3.1): every
-        training target gets the same weight, whatever the query.
+    kernel : "gaussian", "epanechnikov", "tricube" or "average"
+        The kernel of the continuous columns. "average" is average pooling
+        (the walk-through, section 1.3.1): every training target gets the same
+        weight, whatever the query. The Gaussian kernel on all-continuous data
+        without missing values runs the streaming kernels (CPU or GPU); every
+        other case the mixed-type engine :mod:`nbattn.local`.
+    var_type : str of "c", "u", "o", or None
+        The kind of each column: continuous, unordered or ordered categorical
+        (statsmodels' letters). None: from a DataFrame's dtypes (``category``
+        ordered -> "o"; ``category``, bool, object, string -> "u"; numeric ->
+        "c"); a NumPy array is all continuous. See :mod:`nbattn.columns`.
+    missing : "error" or "marginalize"
+        A missing value in X (NaN, None, pandas.NA): an error naming the
+        column and row, or "marginalize": that column drops out of that row's
+        kernel product (no imputation, no rows dropped).
+    handle_unknown : "error" or "ignore"
+        A category unseen at fit: an error naming the column and value, or
+        "ignore": it matches no training row (every row gets the mismatch
+        weight lambda / (c - 1) in that column).
     device : "cpu", "cuda" or "auto"
         Where the computation runs, resolved each time a method runs: "auto"
         picks a CUDA GPU when numba sees one, so a saved model predicts on
@@ -336,7 +700,16 @@ class NadarayaWatsonRegressor(_PoolingRegressor):
     Attributes
     ----------
     bandwidth_ : ndarray of shape (n_features,)
-        The per-feature widths used.
+        The per-feature widths used: h for a continuous column, lambda (in
+        [0, 1]) for a categorical one.
+    var_type_ : str
+        The kind of each column, as used.
+    categories_ : list
+        Per column: None (continuous) or the list of its categories; code k
+        in ``X_fit_`` is ``categories_[j][k]``.
+    sample_weight_ : ndarray (n_samples,) or None
+        The positive training weights (None: unweighted; rows of weight 0
+        are not kept).
     n_features_in_ : int
     feature_names_in_ : ndarray of str, only when fitted on a DataFrame
     n_outputs_ : int
@@ -348,15 +721,27 @@ class NadarayaWatsonRegressor(_PoolingRegressor):
 
     _parameter_constraints = {
         "bandwidth": _BANDWIDTH_CONSTRAINT,
-        "kernel": [StrOptions({"gaussian", "average"})],
+        "kernel": [StrOptions({*_KERNELS, "average"})],
+        **_TABLE_CONSTRAINTS,
         **_PoolingEstimator._common_constraints,
     }
 
     def __init__(
-        self, bandwidth="scott", kernel="gaussian", device="cpu", dtype="float64", verbose=0
+        self,
+        bandwidth="scott",
+        kernel="gaussian",
+        var_type=None,
+        missing="error",
+        handle_unknown="error",
+        device="cpu",
+        dtype="float64",
+        verbose=0,
     ):
         self.bandwidth = bandwidth
         self.kernel = kernel
+        self.var_type = var_type
+        self.missing = missing
+        self.handle_unknown = handle_unknown
         self.device = device
         self.dtype = dtype
         self.verbose = verbose
@@ -368,38 +753,49 @@ class NadarayaWatsonRegressor(_PoolingRegressor):
         tags.regressor_tags.poor_score = self.kernel == "average"
         return tags
 
-    def fit(self, X, y):
-        """Store copies of the training rows as keys and values; resolve the bandwidth."""
+    def fit(self, X, y, sample_weight=None):
+        """Store copies of the training rows as keys and values; resolve the bandwidth.
+
+        ``sample_weight`` (n_samples,), non-negative: a key's weight multiplies
+        its kernel weight, ``f(x) = sum_j s_j K_j(x) y_j / sum_j s_j K_j(x)``;
+        the rules use the weighted spread and n = sum of weights (so integer
+        weights equal repeated rows) and "loo" weights each left-out term.
+        """
         self._validate_params()
-        X, y2, outputs_2d = self._validate_regression_data(X, y)
-        bandwidth = self._fit_bandwidth(self.bandwidth, X, y2)
-        self._store_training_data(X, y2, outputs_2d)
+        X, y2, outputs_2d, sw = self._validate_regression_data(X, y, sample_weight)
+        bandwidth = self._fit_bandwidth(self.bandwidth, X, y2, sw)
+        self._store_training_data(X, y2, outputs_2d, sw)
         self.bandwidth_ = bandwidth
         return self
 
+    def _pooled_values(self, X, values):
+        if self.kernel == "average":
+            sw = self._weights()
+            if sw is None:
+                return regression.average_pooling(X, values)
+            mean = (sw @ values) / sw.sum()
+            return np.broadcast_to(mean, (X.shape[0], values.shape[1])).copy()
+        return super()._pooled_values(X, values)
+
     def _pooled(self, X):
         if self.kernel == "average":
-            return regression.average_pooling(X, self.y_fit_)
+            return self._pooled_values(X, self.y_fit_)
         return super()._pooled(X)
 
-    def _pooled_spread(self, X):
-        if self.kernel == "average":
+    def _pooled_spread(self, X, effective_n=True):
+        if self.kernel == "average" and self._weights() is None:
             n = X.shape[0]
             mean = regression.average_pooling(X, self.y_fit_)
             std = np.broadcast_to(regression.feature_spread(self.y_fit_, ddof=0), mean.shape).copy()
             return mean, std, np.full(n, float(self.X_fit_.shape[0]))
-        return super()._pooled_spread(X)
+        return super()._pooled_spread(X, effective_n)
 
-    def attention_weights(self, X):
-        """Attention weights ``W[i, j]`` (n_queries, n_train); 1/n_train for average pooling.
-
-        Row i is how query i pools ``y_fit_``: ``W @ y_fit_`` is the prediction.
-        """
+    def _attention_weights_checked(self, X):
         if self.kernel == "average":
-            X = self._check_queries(X)
-            n = self.X_fit_.shape[0]
-            return np.full((X.shape[0], n), 1.0 / n)
-        return super().attention_weights(X)
+            sw = self._weights()
+            sw = np.ones(self.X_fit_.shape[0]) if sw is None else sw
+            return np.broadcast_to(sw / sw.sum(), (X.shape[0], sw.size)).copy()
+        return super()._attention_weights_checked(X)
 
     def _check_fitted_attributes(self):
         allowed = super()._check_fitted_attributes()
@@ -444,6 +840,11 @@ class LearnedKernelRegressor(_PoolingRegressor):
         Randomness of init="random". A Generator or RandomState is used (and
         advanced) as given; model files store such a parameter as None, since
         a fitted model's predictions do not depend on it.
+    var_type, missing, handle_unknown
+        How the columns of X are read (see :class:`NadarayaWatsonRegressor`).
+        Categorical columns, missing values or sample weights need
+        ``metric="diagonal"``: the engine (:func:`nbattn.local.local_loo_widths`)
+        then learns each h and lambda together by the weighted LOO MSE.
     device : "cpu", "cuda" or "auto"
         Where the fit and the predictions run, resolved each time (see
         :class:`NadarayaWatsonRegressor`).
@@ -478,6 +879,7 @@ class LearnedKernelRegressor(_PoolingRegressor):
         "max_iter": [Interval(Integral, 1, None, closed="left")],
         "tol": [Interval(Real, 0, None, closed="left")],
         "random_state": ["random_state", np.random.Generator],
+        **_TABLE_CONSTRAINTS,
         **_PoolingEstimator._common_constraints,
     }
 
@@ -489,6 +891,9 @@ class LearnedKernelRegressor(_PoolingRegressor):
         max_iter=200,
         tol=1e-6,
         random_state=None,
+        var_type=None,
+        missing="error",
+        handle_unknown="error",
         device="cpu",
         dtype="float64",
         verbose=0,
@@ -499,6 +904,9 @@ class LearnedKernelRegressor(_PoolingRegressor):
         self.max_iter = max_iter
         self.tol = tol
         self.random_state = random_state
+        self.var_type = var_type
+        self.missing = missing
+        self.handle_unknown = handle_unknown
         self.device = device
         self.dtype = dtype
         self.verbose = verbose
@@ -514,10 +922,15 @@ class LearnedKernelRegressor(_PoolingRegressor):
             return int(self.random_state.randint(np.iinfo(np.int32).max))
         return self.random_state  # None, an int or a Generator: default_rng takes them
 
-    def fit(self, X, y):
-        """Learn the metric by minimising the leave-one-out MSE (L-BFGS-B)."""
+    def fit(self, X, y, sample_weight=None):
+        """Learn the metric by minimising the leave-one-out MSE (L-BFGS-B).
+
+        With ``sample_weight``, categorical columns or missing values (metric
+        "diagonal" only) the engine learns the widths: each key's weight
+        multiplies its kernel weight and each left-out term of the criterion.
+        """
         self._validate_params()
-        X, y2, outputs_2d = self._validate_regression_data(X, y)
+        X, y2, outputs_2d, sw = self._validate_regression_data(X, y, sample_weight)
         if X.shape[0] < 2:
             raise ValueError(
                 "LearnedKernelRegressor needs at least 2 samples (leave-one-out), "
@@ -530,6 +943,22 @@ class LearnedKernelRegressor(_PoolingRegressor):
                 )
         if self.init == "random" and self.metric != "full":
             raise ValueError("init='random' is only for metric='full'")
+        if sw is not None and self.metric != "diagonal" and np.all(sw == sw[0]):
+            sw = None  # one weight for every row changes neither the softmax nor the LOO mean
+        if self._uses_engine() or sw is not None:
+            if self.metric != "diagonal":
+                raise ValueError(
+                    f"metric={self.metric!r} learns on continuous, complete, unweighted data; "
+                    "categorical columns, missing='marginalize' and sample_weight need "
+                    "metric='diagonal'"
+                )
+            widths, loss = _engine_loo_widths(self, X, y2, sw, degree=0)
+            self._store_training_data(X, y2, outputs_2d, sw)
+            self.bandwidth_ = widths
+            self.loss_ = loss
+            self.loss_curve_ = np.array([loss])
+            self.n_iter_ = 0
+            return self
         result = learning.fit_learned_kernel(
             X,
             y2,
@@ -580,6 +1009,120 @@ class LearnedKernelRegressor(_PoolingRegressor):
         return allowed | {fitted, "loss_", "loss_curve_", "n_iter_"}
 
 
+class LocalPolynomialRegressor(_PoolingRegressor):
+    """Local-polynomial kernel regression over mixed continuous and categorical columns.
+
+    At each query x the fit solves a small weighted least-squares problem in
+    the continuous differences ``k - x`` and reads off its constant term:
+
+    .. math::
+
+        \\hat\\beta(x) = \\arg\\min_\\beta \\sum_j s_j K(x, x_j)
+            \\big(y_j - \\beta_0 - \\beta_1^\\top (x_j - x)_c - \\dots\\big)^2,
+        \\qquad \\hat f(x) = \\hat\\beta_0(x),
+
+    with the product kernel K (Gaussian, Epanechnikov or tricube in each
+    continuous column of width h_d; Aitchison-Aitken ``1 - lambda`` /
+    ``lambda / (c - 1)`` in an unordered column; the engine's ordered kernel
+    in an ordered one) and s_j the sample weights. Degree 0 is Nadaraya-Watson;
+    degree 1 (local-linear) removes the boundary bias and the bias from a
+    sloped design density; ``beta_1`` is the local slope
+    (:meth:`marginal_effects`). The weights are the attention weights of the
+    mixed-type score, so the sums stream over the keys as in every other
+    estimator here (:func:`nbattn.local.local_polynomial`).
+
+    Parameters
+    ----------
+    degree : 0, 1 or 2
+        Degree of the local polynomial in the continuous columns.
+    bandwidth : "loo", "scott", "silverman", float or array-like (n_features,)
+        "loo" learns every h and lambda by the leave-one-out MSE of this
+        degree's fit (:func:`nbattn.local.local_loo_widths`); a rule gives the
+        continuous columns its widths and the categorical ones the engine's
+        default lambda (:func:`nbattn.local.default_widths`); one number is h
+        for every continuous column; an array gives h or lambda per column.
+    kernel : "gaussian", "epanechnikov" or "tricube"
+        The kernel of the continuous columns.
+    var_type, missing, handle_unknown
+        How the columns of X are read (see :class:`NadarayaWatsonRegressor`).
+    device : "cpu", "cuda" or "auto"
+        Resolved each time a method runs.
+    dtype : "float64" or "float32"
+        Precision of the computation; results are float64 either way.
+    verbose : int or bool, default 0
+        Accepted for symmetry with the other estimators.
+
+    Attributes
+    ----------
+    bandwidth_, var_type_, categories_, sample_weight_, n_features_in_,
+    feature_names_in_, n_outputs_, outputs_2d_, X_fit_, y_fit_
+        As for :class:`NadarayaWatsonRegressor`.
+    """
+
+    _parameter_constraints = {
+        "degree": [Interval(Integral, 0, 2, closed="both")],
+        "bandwidth": _BANDWIDTH_CONSTRAINT,
+        "kernel": [StrOptions(set(_KERNELS))],
+        **_TABLE_CONSTRAINTS,
+        **_PoolingEstimator._common_constraints,
+    }
+
+    def __init__(
+        self,
+        degree=1,
+        bandwidth="loo",
+        kernel="gaussian",
+        var_type=None,
+        missing="error",
+        handle_unknown="error",
+        device="cpu",
+        dtype="float64",
+        verbose=0,
+    ):
+        self.degree = degree
+        self.bandwidth = bandwidth
+        self.kernel = kernel
+        self.var_type = var_type
+        self.missing = missing
+        self.handle_unknown = handle_unknown
+        self.device = device
+        self.dtype = dtype
+        self.verbose = verbose
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.target_tags.multi_output = True
+        return tags
+
+    def _degree(self) -> int:
+        return int(self.degree)
+
+    def _uses_engine(self) -> bool:
+        return True
+
+    def fit(self, X, y, sample_weight=None):
+        """Store the training rows, targets and weights; resolve the widths."""
+        self._validate_params()
+        X, y2, outputs_2d, sw = self._validate_regression_data(X, y, sample_weight)
+        if isinstance(self.bandwidth, str) and self.bandwidth == "loo":
+            if X.shape[0] < 2:
+                raise ValueError(
+                    "bandwidth='loo' needs at least 2 samples (leave-one-out), "
+                    f"got n_samples={X.shape[0]}"
+                )
+            bandwidth, _ = _engine_loo_widths(self, X, y2, sw, degree=self._degree())
+        else:
+            bandwidth = self._fit_bandwidth(self.bandwidth, X, y2, sw, degree=self._degree())
+        self._store_training_data(X, y2, outputs_2d, sw)
+        self.bandwidth_ = bandwidth
+        return self
+
+    def _check_fitted_attributes(self):
+        allowed = super()._check_fitted_attributes()
+        _require_bandwidth(self, self.bandwidth)
+        return allowed | {"bandwidth_"}
+
+
 # ----------------------------------------------------------------------------- classifier
 
 
@@ -606,6 +1149,12 @@ class NadarayaWatsonClassifier(ClassifierMixin, _PoolingEstimator):
         (which happens as soon as its nearest neighbours all disagree and the
         width is small), so the search never meets an infinite plateau, and it
         runs on the same exact LOO kernel as the regressor.
+    kernel : "gaussian", "epanechnikov" or "tricube"
+        The kernel of the continuous columns (see :class:`NadarayaWatsonRegressor`).
+    var_type, missing, handle_unknown
+        How the columns of X are read (see :class:`NadarayaWatsonRegressor`);
+        with categorical columns "loo" learns each h and lambda by the LOO
+        Brier score (:func:`nbattn.local.local_loo_widths`).
     device : "cpu", "cuda" or "auto"
         Resolved each time a method runs (see :class:`NadarayaWatsonRegressor`).
     dtype : "float64" or "float32"
@@ -616,7 +1165,9 @@ class NadarayaWatsonClassifier(ClassifierMixin, _PoolingEstimator):
     Attributes
     ----------
     classes_ : ndarray (n_classes,)
-    bandwidth_ : ndarray (n_features,)
+    bandwidth_ : ndarray (n_features,), h per continuous column, lambda per categorical one
+    var_type_, categories_, sample_weight_
+        As for :class:`NadarayaWatsonRegressor`.
     X_fit_ : ndarray (n_samples, n_features), a float64 copy of the training rows
     y_fit_ : ndarray (n_samples, n_classes), the one-hot training labels (the
         values pooled; named like the regressors' targets)
@@ -625,19 +1176,39 @@ class NadarayaWatsonClassifier(ClassifierMixin, _PoolingEstimator):
 
     _parameter_constraints = {
         "bandwidth": _BANDWIDTH_CONSTRAINT,
+        "kernel": [StrOptions(set(_KERNELS))],
+        **_TABLE_CONSTRAINTS,
         **_PoolingEstimator._common_constraints,
     }
 
-    def __init__(self, bandwidth="scott", device="cpu", dtype="float64", verbose=0):
+    def __init__(
+        self,
+        bandwidth="scott",
+        kernel="gaussian",
+        var_type=None,
+        missing="error",
+        handle_unknown="error",
+        device="cpu",
+        dtype="float64",
+        verbose=0,
+    ):
         self.bandwidth = bandwidth
+        self.kernel = kernel
+        self.var_type = var_type
+        self.missing = missing
+        self.handle_unknown = handle_unknown
         self.device = device
         self.dtype = dtype
         self.verbose = verbose
 
-    def fit(self, X, y):
-        """Store copies of the training rows and one-hot labels; resolve the bandwidth."""
+    def fit(self, X, y, sample_weight=None):
+        """Store copies of the training rows and one-hot labels; resolve the bandwidth.
+
+        ``sample_weight`` multiplies each key's kernel weight (and its term in
+        the "loo" criterion); rows of weight 0 are dropped.
+        """
         self._validate_params()
-        X, y = self._validate_training_X(X, y)
+        X, y, sw = self._validate_training_X(X, y, sample_weight)
         check_classification_targets(y)
         classes, codes = np.unique(y, return_inverse=True)
         if classes.size < 2:
@@ -647,10 +1218,11 @@ class NadarayaWatsonClassifier(ClassifierMixin, _PoolingEstimator):
             )
         Y = np.zeros((X.shape[0], classes.size))
         Y[np.arange(X.shape[0]), codes] = 1.0
-        bandwidth = self._fit_bandwidth(self.bandwidth, X, Y)
+        bandwidth = self._fit_bandwidth(self.bandwidth, X, Y, sw)
         self.classes_ = classes
         self.X_fit_ = X
         self.y_fit_ = Y
+        self.sample_weight_ = sw
         self.bandwidth_ = bandwidth
         return self
 
@@ -679,6 +1251,109 @@ class NadarayaWatsonClassifier(ClassifierMixin, _PoolingEstimator):
         return allowed | {"classes_", "bandwidth_"}
 
 
+# ----------------------------------------------------------------------------- engine helpers
+
+
+def _engine():
+    """The mixed-type local-polynomial engine, imported when a model first needs it."""
+    from . import local
+
+    return local
+
+
+def _engine_loo_widths(model, X, Y, sample_weight, degree):
+    """(widths, LOO MSE at them): every h and lambda learned by the engine's weighted LOO."""
+    local = _engine()
+    common = dict(
+        var_type=model._kinds(),
+        n_categories=model._n_categories(),
+        kernel=model._kernel(),
+        sample_weight=sample_weight,
+        missing=model._missing(),
+        device=model._device(),
+    )
+    from .local_widths import local_loo_widths
+
+    widths = np.asarray(local_loo_widths(X, Y, degree, **common), dtype=np.float64)
+    loss = float(local.local_loo_loss(X, Y, widths, degree, **common))
+    return widths, loss
+
+
+def _weighted_loo_scale(model, X, Y, sample_weight):
+    """Weighted Scott widths times the one factor minimising the weighted LOO MSE.
+
+    The weighted form of :func:`nbattn.learning.loo_bandwidth`: the same
+    search over log-scale factors (:func:`nbattn.search.minimize_log_scale`,
+    the same grid and tolerance) of the criterion
+    ``sum_i s_i (y_i - f_{-i}(x_i))^2 / sum_i s_i``, where f_{-i} leaves row i
+    out and weighs every other key by its s_j
+    (:func:`nbattn.local.local_loo_loss` at degree 0).
+    """
+    local = _engine()
+    base = _weighted_rule_bandwidth(X, sample_weight, "scott")
+
+    def criterion(t):
+        return local.local_loo_loss(
+            X, Y, base * math.exp(t), 0, sample_weight=sample_weight, device=model._device()
+        )
+
+    result = minimize_log_scale(
+        criterion,
+        np.log(np.sort(np.asarray(config.LOO_GRID, dtype=np.float64))),
+        rtol=config.LOO_RTOL,
+        extend=config.LOO_EXTEND_DECADES * math.log(10.0),
+        anchor=0.0,
+    )
+    return base * math.exp(result.t)
+
+
+def _weighted_default_widths(X, var_type, n_categories, sample_weight, rule):
+    """:func:`nbattn.local.default_widths` with the weighted spread and n = sum of weights.
+
+    The engine's rule: ``h_c = factor(n, d) sigma_c`` over all d columns and
+    ``lambda = lambda_max min(1, factor(n, d))``; with integer weights this is
+    the rule of the repeated rows. Missing entries are left out of the spreads.
+    """
+    local = _engine()
+    d = X.shape[1]
+    factor = regression.BANDWIDTH_RULES[rule](float(np.sum(sample_weight)), d)
+    out = np.empty(d)
+    top = local.lambda_max(var_type, n_categories)
+    for j, kind in enumerate(var_type):
+        if kind != "c":
+            out[j] = top[j] * min(1.0, factor)
+            continue
+        present = ~np.isnan(X[:, j])
+        sigma = _weighted_spread(X[present, j : j + 1], sample_weight[present])[0]
+        out[j] = factor * (sigma if sigma > 0 else 1.0)
+    return out
+
+
+def _weighted_spread(X, w):
+    """Weighted standard deviation per column, ``sum s (x - m)^2 / (sum s - 1)`` (zeros
+    when sum s <= 1), on columns divided by a power of two near their largest magnitude."""
+    total = float(w.sum())
+    if X.shape[0] == 0 or total <= 1.0:
+        return np.zeros(X.shape[1])
+    peak = np.abs(X).max(axis=0)
+    scale = np.ldexp(1.0, np.frexp(np.where(peak > 0, peak, 1.0))[1])
+    Z = X / scale
+    mean = (w @ Z) / total
+    return np.sqrt((w @ ((Z - mean) ** 2)) / (total - 1.0)) * scale
+
+
+def _weighted_rule_bandwidth(X, sample_weight, rule):
+    """A rule's widths from the weighted spread, with n = sum of weights.
+
+    ``sigma_d^2 = sum_j s_j (x_jd - m_d)^2 / (sum_j s_j - 1)`` with the weighted
+    mean m_d: for integer weights exactly the spread of the repeated rows (the
+    columns are divided by a power of two near their largest magnitude first,
+    as in :func:`nbattn.regression.feature_spread`).
+    """
+    w = np.asarray(sample_weight, dtype=np.float64)
+    return regression.rule_bandwidth(_weighted_spread(X, w), float(w.sum()), rule)
+
+
 # ----------------------------------------------------------------------------- fitted state
 
 
@@ -702,9 +1377,9 @@ def _require_bool(model, name):
     return bool(value)
 
 
-def _require_array(model, name, kinds, shape):
+def _require_array(model, name, kinds, shape, allow_nan=False):
     """The attribute ``name``: an ndarray of a dtype kind in ``kinds`` and ``shape``
-    (None matches any length), finite when it is float."""
+    (None matches any length), finite when it is float (NaN allowed with ``allow_nan``)."""
     value = _require(model, name)
     if not isinstance(value, np.ndarray):
         raise ValueError(f"{name} must be an array, got {type(value).__name__}")
@@ -716,18 +1391,65 @@ def _require_array(model, name, kinds, shape):
     ):
         want = tuple("any" if s is None else s for s in shape)
         raise ValueError(f"{name} has shape {value.shape}, expected {want}")
-    if value.dtype.kind == "f" and not np.isfinite(value).all():
-        raise ValueError(f"{name} holds NaN or infinity")
+    if value.dtype.kind == "f":
+        bad = np.isinf(value) if allow_nan else ~np.isfinite(value)
+        if bad.any():
+            raise ValueError(f"{name} holds NaN or infinity")
     return value
 
 
+def _check_table_attributes(model, X):
+    """var_type_, categories_ (codes of X_fit_ within them) and sample_weight_; their names.
+
+    A model read from a file of format version 2 has none of them; the model
+    file reader fills them in (all continuous, unweighted) before this runs.
+    """
+    d = X.shape[1]
+    kinds = _require(model, "var_type_")
+    if not isinstance(kinds, str):
+        raise ValueError(f"var_type_ must be a string, got {kinds!r}")
+    columns.check_var_type(kinds, d)
+    cats = _require(model, "categories_")
+    if not isinstance(cats, list) or len(cats) != d:
+        raise ValueError(f"categories_ must be a list of {d} entries")
+    for j, (kind, c) in enumerate(zip(kinds, cats)):
+        if kind == "c":
+            if c is not None:
+                raise ValueError(f"categories_[{j}] must be None for a continuous column")
+            continue
+        plain = (bool, int, float, str)
+        if not isinstance(c, list) or not c or not all(isinstance(v, plain) for v in c):
+            raise ValueError(f"categories_[{j}] must be a non-empty list of strings or numbers")
+        codes = X[:, j][~np.isnan(X[:, j])]
+        if not np.all((codes == np.round(codes)) & (codes >= 0) & (codes < len(c))):
+            raise ValueError(f"X_fit_ column {j} holds codes outside categories_[{j}]")
+    sw = _require(model, "sample_weight_")
+    if sw is not None:
+        sw = _require_array(model, "sample_weight_", "f", (X.shape[0],))
+        if not np.all(sw > 0):
+            raise ValueError("sample_weight_ must be positive")
+    return {"var_type_", "categories_", "sample_weight_"}
+
+
 def _require_bandwidth(model, parameter):
-    """bandwidth_: positive finite float64 (n_features,), equal to a numeric ``parameter``."""
+    """bandwidth_ (n_features,) float64: a positive normal width for a continuous column,
+    lambda in [0, 1] for a categorical one; equal to a numeric ``parameter`` (a single
+    number: on the continuous columns)."""
     h = _require_array(model, "bandwidth_", "f", (model.n_features_in_,))
-    check_bandwidth(h, model.n_features_in_, name="bandwidth_")
+    continuous = np.array([k == "c" for k in model._kinds()])
+    if continuous.any():
+        check_bandwidth(h[continuous], int(continuous.sum()), name="bandwidth_")
+    lam = h[~continuous]
+    if lam.size and not np.all((lam >= 0) & (lam <= 1)):
+        raise ValueError("bandwidth_ of a categorical column must lie in [0, 1]")
     if parameter is not None and not isinstance(parameter, str):
-        expected = check_bandwidth(parameter, model.n_features_in_)
-        if not np.array_equal(expected, h):
+        if isinstance(parameter, Real) and not continuous.all():
+            expected, got = np.full(int(continuous.sum()), float(parameter)), h[continuous]
+        else:
+            expected, got = np.asarray(parameter, dtype=np.float64).reshape(-1), h
+            if continuous.all():
+                expected = check_bandwidth(parameter, model.n_features_in_)
+        if not np.array_equal(np.broadcast_to(expected, got.shape), got):
             raise ValueError("bandwidth_ does not match the numeric bandwidth parameter")
 
 

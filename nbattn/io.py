@@ -48,6 +48,7 @@ __all__ = [
     "clip",
     "input_format",
     "iter_chunks",
+    "feature_block",
     "labels_from_text",
     "load",
     "numeric_block",
@@ -58,6 +59,7 @@ __all__ = [
     "row_location",
     "save",
     "shorten",
+    "text_kinds",
 ]
 
 #: CSV chunks hold at most this many cells (rows x all columns of the file)
@@ -323,6 +325,83 @@ def numeric_block(frame, columns, *, first_row=0, source="data", fmt="csv", on_n
             f"not finite ({out[i, columns.index(col)]}); use --on-nan drop to skip such rows"
         )
     return out, keep
+
+
+def text_kinds(frame, columns, var_type=None) -> str:
+    """The kind of each of ``columns`` in a table read from a file: "u" (unordered
+    categorical) for a text column, "c" otherwise; ``var_type`` (one letter of "cuo"
+    per column) overrides.
+
+    A text column is one where most present values are not numbers. A column
+    of numbers with a stray word stays continuous, so that the word is an
+    error naming its row (:func:`numeric_block`) rather than turning every
+    number of the column into a category.
+    """
+    import pandas as pd
+
+    from .columns import check_var_type
+
+    if var_type is not None:
+        return check_var_type(var_type, len(columns))
+    kinds = []
+    for col in columns:
+        series = frame[col]
+        if series.dtype.kind in "biuf":
+            kinds.append("c")
+            continue
+        numbers = pd.to_numeric(series, errors="coerce")
+        present = series.notna().to_numpy()
+        text = numbers.isna().to_numpy() & present
+        kinds.append("u" if text.sum() * 2 > present.sum() else "c")
+    return "".join(kinds)
+
+
+def feature_block(frame, columns, kinds, *, first_row=0, source="data", fmt="csv", on_nan="error"):
+    """The ``columns`` of ``frame`` as a DataFrame for an estimator, and the rows to keep.
+
+    Continuous columns (kind "c") are float64, as :func:`numeric_block` reads
+    them; categorical ones ("u", "o") hold their text (None where missing),
+    which the estimator encodes with the categories it learnt. ``on_nan``:
+    "error" (a missing value raises, naming row and column), "drop" (its row
+    is marked False), or "marginalize" (kept: NaN / None for the estimator's
+    ``missing="marginalize"``; infinity is still an error).
+    """
+    import pandas as pd
+
+    if on_nan not in ("error", "drop", "marginalize"):
+        raise ValueError(f"on_nan must be 'error', 'drop' or 'marginalize', got {on_nan!r}")
+    where = {"first_row": first_row, "source": source, "fmt": fmt}
+    numeric = [c for c, k in zip(columns, kinds) if k == "c"]
+    values, keep = numeric_block(
+        frame, numeric, **where, on_nan="error" if on_nan == "error" else "drop"
+    )
+    if on_nan == "marginalize":
+        infinite = np.isinf(values)
+        if infinite.any():
+            i = int(np.argmax(infinite.any(axis=1)))
+            col = numeric[int(np.argmax(infinite[i]))]
+            raise ValueError(
+                f"{row_location(source, fmt, first_row + i)}: column {shorten(col)} is infinite"
+            )
+        keep = np.ones(len(frame), dtype=bool)
+    out = {}
+    for col, kind in zip(columns, kinds):
+        if kind == "c":
+            out[col] = values[:, numeric.index(col)]
+            continue
+        series = frame[col]
+        missing = series.isna().to_numpy()
+        if missing.any() and on_nan == "error":
+            i = int(np.argmax(missing))
+            raise ValueError(
+                f"{row_location(source, fmt, first_row + i)}: column {shorten(col)} is missing; "
+                "use --on-nan drop or --on-nan marginalize"
+            )
+        if on_nan == "drop":
+            keep &= ~missing
+        text = series.astype(object).where(~missing, None)
+        out[col] = text.map(lambda v: v if v is None or isinstance(v, str) else str(v))
+    return pd.DataFrame(out, index=frame.index), keep
 
 
 def check_labels(frame, column, *, first_row=0, source="data", fmt="csv", on_nan="error"):

@@ -2,11 +2,12 @@
 
 One ``.npz`` archive of uncompressed (stored) ``.npy`` members that never
 holds pickled objects, so loading cannot execute code. Format
-``"nbattn-model"``, version :data:`FORMAT_VERSION` (2):
+``"nbattn-model"``, version :data:`FORMAT_VERSION` (3; files of version 2
+still load):
 
 * member ``__nbattn__``: a 0-d unicode array with the JSON metadata::
 
-      {"format": "nbattn-model", "format_version": 2,
+      {"format": "nbattn-model", "format_version": 3,
        "nbattn_version": "0.1.0", "estimator": "NadarayaWatsonRegressor",
        "params": {...get_params()...},
        "params_not_saved": {"random_state": "Generator"},   # saved as null (not JSON)
@@ -24,9 +25,14 @@ scikit-learn convention) plus private ones (one leading ``_``) holding a
 number, a string or an array. Arrays (numeric, bool or str; an object array
 of str, like ``feature_names_in_``, is stored as str and restored as object)
 go into the archive; Python scalars, strings, None and lists of them go into
-the JSON. ``sha256`` is the SHA-256 of the canonical JSON of the metadata
-without that key, followed by each array's name, dtype, shape and bytes in
-name order.
+the JSON: a table's column kinds ``var_type_`` ("cuo" letters) and its
+``categories_`` (per column null or the list of category strings or
+numbers, code k being entry k) are plain JSON, so the encoding needs no
+pickle. Version 3 added those two and ``sample_weight_``; a version-2 file
+(all columns continuous, unweighted) is read with ``var_type_`` all "c",
+``categories_`` all null and ``sample_weight_`` null. ``sha256`` is the
+SHA-256 of the canonical JSON of the metadata without that key, followed
+by each array's name, dtype, shape and bytes in name order.
 
 Reading trusts nothing: sizes first (members stored and inside the file,
 metadata at most :data:`MAX_METADATA_BYTES`, every ``.npy`` header equal to
@@ -56,6 +62,7 @@ __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "MAX_METADATA_BYTES",
+    "READABLE_VERSIONS",
     "ModelFileError",
     "load",
     "read_model_file",
@@ -63,7 +70,9 @@ __all__ = [
 ]
 
 FORMAT_NAME = "nbattn-model"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
+#: older versions this nbattn still reads (see _upgrade)
+READABLE_VERSIONS = (2, 3)
 #: the metadata member is refused beyond this size, before it is read
 MAX_METADATA_BYTES = 16 * 2**20
 _ARRAY_KINDS = "biufcU"
@@ -335,11 +344,12 @@ def _read_metadata(path, zf, info) -> dict:
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
         raise _bad(path, "not an nbattn model file (unknown format)")
     version = meta.get("format_version")
-    if version != FORMAT_VERSION:
+    if version not in READABLE_VERSIONS or isinstance(version, bool):
         raise _bad(
             path,
             f"model file format version {version!r} (written by nbattn "
-            f"{meta.get('nbattn_version', '?')}); this nbattn reads version {FORMAT_VERSION}"
+            f"{meta.get('nbattn_version', '?')}); this nbattn reads versions "
+            f"{', '.join(map(str, READABLE_VERSIONS))}"
             + ("; fit and save the model again" if version == 1 else ""),
         )
     return meta
@@ -426,7 +436,22 @@ def _rebuild(path, meta, members):
         else:
             raise _bad(path, f"attribute {attr!r} has an unknown kind")
         setattr(model, attr, value)
+    _upgrade(model, meta.get("format_version"))
     return model
+
+
+def _upgrade(model, version) -> None:
+    """Fill in what a file of an older version did not hold.
+
+    Version 2 predates tables: every column was continuous and fits were
+    unweighted, which is what these values say.
+    """
+    if version == 2:
+        d = vars(model).get("n_features_in_")
+        if isinstance(d, int) and not isinstance(d, bool) and d >= 1:
+            vars(model).setdefault("var_type_", "c" * d)
+            vars(model).setdefault("categories_", [None] * d)
+        vars(model).setdefault("sample_weight_", None)
 
 
 def load(path):

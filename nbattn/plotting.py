@@ -187,13 +187,44 @@ def save_figure(fig, path) -> None:
 MAX_POINTS = 5000
 
 
+def _kinds_of(model, d) -> str:
+    kinds = getattr(model, "var_type_", None)
+    return kinds if isinstance(kinds, str) and len(kinds) == d else "c" * d
+
+
+def _reference_row(X, kinds):
+    """The row the partial-dependence slices hold fixed: each continuous column's
+    median, each categorical column's most frequent value."""
+    row = {}
+    for name, kind in zip(X.columns, kinds):
+        column = X[name]
+        if kind == "c":
+            row[name] = float(np.nanmedian(column.to_numpy(dtype=np.float64)))
+        else:
+            row[name] = column.mode(dropna=True).iloc[0]
+    return row
+
+
+def _band(model, queries):
+    """(lower, upper) of the 95% interval of the mean, or None when the model has none."""
+    if not hasattr(model, "predict_interval") or getattr(model, "kernel", None) == "average":
+        return None
+    band = np.asarray(model.predict_interval(queries, alpha=0.05, kind="mean"))
+    return band[:, 0], band[:, 1]
+
+
 def fit_figure(model, X, y, target, label="data"):
-    """The fitted curve over the data, one panel per feature.
+    """The fitted curve over the data with its 95% band, one panel per feature.
 
     With one feature the panel is the model's prediction along the feature.
     With several, panel f is a partial-dependence slice: the prediction along
-    feature f with every other feature held at its median over ``X``,
-    ``g_f(t) = f(x_med with x_f = t)``, drawn over the data's ``(x_f, y)``.
+    feature f with every other feature held at a reference row (continuous
+    columns at their median over ``X``, categorical ones at their most
+    frequent value), ``g_f(t) = f(x_ref with x_f = t)``, drawn over the
+    data's ``(x_f, y)``. A categorical feature's panel shows the prediction
+    at each category (with its band as an error bar) over the data points of
+    each category. The band is the pointwise 95% interval of the mean
+    (``model.predict_interval``), when the model has one.
 
     Parameters
     ----------
@@ -208,26 +239,53 @@ def fit_figure(model, X, y, target, label="data"):
     plt = pyplot()
     features = list(X.columns)
     d = len(features)
+    kinds = _kinds_of(model, d)
     cols = min(d, 3)
     rows = -(-d // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows), squeeze=False)
-    values = X.to_numpy(dtype=np.float64)
     y = np.asarray(y)
+    shown = np.arange(len(y))
     if len(y) > MAX_POINTS:
-        pick = np.random.default_rng(0).choice(len(y), MAX_POINTS, replace=False)
-        shown, shown_y = values[pick], y[pick]
-    else:
-        shown, shown_y = values, y
-    medians = np.median(values, axis=0)
+        shown = np.random.default_rng(0).choice(len(y), MAX_POINTS, replace=False)
+    reference = _reference_row(X, kinds)
     for f, name in enumerate(features):
         ax = axes.flat[f]
-        grid = np.linspace(values[:, f].min(), values[:, f].max(), 400)
-        queries = np.tile(medians, (len(grid), 1))
-        queries[:, f] = grid
-        curve = model.predict(pd.DataFrame(queries, columns=features))
-        ax.scatter(shown[:, f], shown_y, s=8, color="tab:red", alpha=0.6, label=label)
-        curve_label = type(model).__name__ if d == 1 else "others at their medians"
-        ax.plot(grid, curve, color="tab:blue", label=curve_label)
+        column = X[name].iloc[shown]
+        if kinds[f] == "c":
+            values = X[name].to_numpy(dtype=np.float64)
+            grid = np.linspace(np.nanmin(values), np.nanmax(values), 400)
+        else:
+            cats = getattr(model, "categories_", [None] * d)[f]
+            grid = list(cats) if cats else sorted(X[name].dropna().unique().tolist())
+        queries = pd.DataFrame({c: [reference[c]] * len(grid) for c in features})
+        queries[name] = grid
+        for c, kind in zip(features, kinds):
+            if kind == "c":
+                queries[c] = queries[c].astype(np.float64)
+        curve = np.asarray(model.predict(queries))
+        band = _band(model, queries)
+        curve_label = type(model).__name__ if d == 1 else "others at reference"
+        if kinds[f] == "c":
+            ax.scatter(column, y[shown], s=8, color="tab:red", alpha=0.6, label=label)
+            ax.plot(grid, curve, color="tab:blue", label=curve_label)
+            if band is not None:
+                ax.fill_between(grid, *band, color="tab:blue", alpha=0.2, label="95% band")
+        else:
+            position = {v: k for k, v in enumerate(grid)}
+            x = np.array([position.get(v, np.nan) for v in column], dtype=np.float64)
+            jitter = np.random.default_rng(1).uniform(-0.2, 0.2, x.size)
+            ax.scatter(x + jitter, y[shown], s=8, color="tab:red", alpha=0.4, label=label)
+            spread = None if band is None else np.vstack([curve - band[0], band[1] - curve])
+            ax.errorbar(
+                np.arange(len(grid)),
+                curve,
+                yerr=spread,
+                fmt="o",
+                color="tab:blue",
+                capsize=4,
+                label=curve_label,
+            )
+            ax.set_xticks(range(len(grid)), [str(v) for v in grid], rotation=30, ha="right")
         ax.set_xlabel(name)
         ax.set_ylabel(target)
         ax.legend(loc="best", fontsize="small")
@@ -238,20 +296,64 @@ def fit_figure(model, X, y, target, label="data"):
     return fig
 
 
+def _training_table(model):
+    """The model's training rows (keys) as the table it was fitted on: category codes
+    turned back into their categories, NaN codes into None."""
+    import pandas as pd
+
+    keys = np.asarray(model.X_fit_)
+    d = keys.shape[1]
+    given = getattr(model, "feature_names_in_", None)
+    names = [str(n) for n in given] if given is not None else [f"x{j}" for j in range(d)]
+    kinds = _kinds_of(model, d)
+    cats = getattr(model, "categories_", None) or [None] * d
+    out = {}
+    for j, (name, kind) in enumerate(zip(names, kinds)):
+        if kind == "c":
+            out[name] = keys[:, j]
+        else:
+            out[name] = [None if np.isnan(v) else cats[j][int(v)] for v in keys[:, j]]
+    frame = pd.DataFrame(out)
+    if given is not None:
+        return frame
+    return frame.to_numpy(dtype=np.float64 if set(kinds) == {"c"} else object)
+
+
+def _prediction_order(model, X):
+    """Row order of X by the model's prediction (a classifier: by the probability of
+    its last class)."""
+    if hasattr(model, "predict_proba"):
+        score = np.asarray(model.predict_proba(X))[:, -1]
+    else:
+        score = np.asarray(model.predict(X)).reshape(len(X), -1)[:, 0]
+    return np.argsort(score, kind="stable")
+
+
 def attention_figure(model, X, data_name="data"):
-    """Attention weights of the rows of ``X`` (queries) over the training rows (keys),
-    both sorted by the first feature."""
+    """Attention weights of the rows of ``X`` (queries) over the training rows (keys).
+
+    With one continuous feature both are sorted by it; otherwise (several
+    features, or a categorical one) both are sorted by the model's
+    prediction, so that rows which pool alike sit together."""
     features = list(X.columns)
-    X = X.iloc[np.argsort(X.iloc[:, 0].to_numpy(), kind="stable")]
-    weights = np.asarray(model.attention_weights(X))
     keys = getattr(model, "X_fit_", None)
-    if keys is not None and keys.shape[0] == weights.shape[1]:
-        weights = weights[:, np.argsort(keys[:, 0], kind="stable")]
+    by_feature = len(features) == 1 and _kinds_of(model, 1) == "c"
+    if by_feature:
+        X = X.iloc[np.argsort(X.iloc[:, 0].to_numpy(), kind="stable")]
+        key_order = None if keys is None else np.argsort(keys[:, 0], kind="stable")
+        how = f"by {features[0]}"
+    else:
+        X = X.iloc[_prediction_order(model, X)]
+        key_order = None if keys is None else _prediction_order(model, _training_table(model))
+        how = "by prediction"
+    weights = np.asarray(model.attention_weights(X))
+    if key_order is not None and key_order.size == weights.shape[1]:
+        weights = weights[:, key_order]
     _, ax = pyplot().subplots(figsize=(6, 4.5))
     plot_heatmap(
         weights,
-        xlabel=f"training rows (keys), by {features[0]}",
-        ylabel=f"rows of {data_name} (queries), by {features[0]}",
+        xlabel=f"training rows (keys), {how}",
+        ylabel=f"rows of {data_name} (queries), {how}",
         ax=ax,
         title="attention weights",
     )
@@ -309,20 +411,46 @@ def loo_figure(X, y, points=30, progress=None):
     return ax.figure
 
 
+def relative_widths(model):
+    """Each width relative to its feature: ``h_d / sd_d`` for a continuous column (its
+    training spread; 1 when constant), ``lambda / lambda_max`` for a categorical one
+    (lambda_max = (c - 1)/c unordered, 1 ordered: 1 means the column is ignored)."""
+    widths = np.asarray(model.bandwidth_, dtype=np.float64).reshape(-1)
+    keys = np.asarray(model.X_fit_)
+    d = keys.shape[1]
+    if widths.size == 1 and d > 1:
+        widths = np.full(d, widths[0])
+    kinds = _kinds_of(model, d)
+    cats = getattr(model, "categories_", None) or [None] * d
+    out = np.empty(d)
+    for j, kind in enumerate(kinds):
+        if kind == "c":
+            column = keys[:, j][~np.isnan(keys[:, j])]
+            sd = float(np.std(column, ddof=1)) if column.size > 1 else 0.0
+            out[j] = widths[j] / (sd if sd > 0 else 1.0)
+        else:
+            c = len(cats[j]) if cats[j] else 2
+            top = (c - 1) / c if kind == "u" else 1.0
+            out[j] = widths[j] / top if top > 0 else 1.0
+    return out
+
+
 def widths_figure(model, features):
-    """The kernel widths per feature (``bandwidth_``, log scale) or the learned metric
-    ``components_`` as an image."""
+    """The kernel widths per feature relative to the feature's spread
+    (:func:`relative_widths`, symmetric-log scale: 0 is drawn, huge ratios fit), or
+    the learned metric ``components_`` as an image."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(max(4, 0.6 * len(features) + 2), 4))
     if getattr(model, "bandwidth_", None) is not None:
-        widths = np.asarray(model.bandwidth_, dtype=np.float64).reshape(-1)
-        if widths.size == 1 and len(features) > 1:
-            widths = np.full(len(features), widths[0])
-        ax.bar(range(len(widths)), widths, color="tab:blue")
-        ax.set_xticks(range(len(widths)), features, rotation=45, ha="right")
-        ax.set_yscale("log")
-        ax.set_ylabel("kernel width h")
-        ax.set_title(f"{type(model).__name__} widths")
+        ratios = relative_widths(model)
+        kinds = _kinds_of(model, ratios.size)
+        colours = ["tab:blue" if k == "c" else "tab:orange" for k in kinds]
+        ax.bar(range(ratios.size), ratios, color=colours)
+        ax.set_xticks(range(ratios.size), features, rotation=45, ha="right")
+        ax.set_yscale("symlog", linthresh=0.1)
+        ax.axhline(1.0, color="gray", ls="--", lw=0.8)
+        ax.set_ylabel("h / feature sd  (categorical: lambda / lambda_max)")
+        ax.set_title(f"{type(model).__name__} widths relative to each feature")
     elif getattr(model, "components_", None) is not None:
         L = np.asarray(model.components_, dtype=np.float64)
         limit = float(np.abs(L).max()) or 1.0

@@ -973,3 +973,85 @@ def flash_slices_backward(q, k, v, grad_out, kv_index, scale, bias=None, band=(0
     np.add.at(dk, kv_index, dk_slices)
     np.add.at(dv, kv_index, dv_slices)
     return dq, dk, dv
+
+
+# ----------------------------------------------------------------------------- tables (estimators)
+
+
+def table_kernel_log_weights(query, keys, widths, var_type, n_categories, kernel="gaussian"):
+    """log of the mixed product kernel between one query (d,) and every key (n, d).
+
+    Continuous column of width h, u = (q - k) / h: Gaussian -u^2/2,
+    Epanechnikov log(1 - u^2), tricube 3 log(1 - |u|^3) (-inf outside |u| <= 1);
+    unordered with c categories and lambda: log(1 - lambda) if equal else
+    log(lambda / (c - 1)); ordered: log(1 - lambda) if equal else
+    log((1 - lambda) / 2 * lambda^|q - k|). A NaN on either side leaves the
+    column out. Plain loops, no vectorised tricks.
+    """
+    n, d = keys.shape
+    out = np.zeros(n)
+    for j in range(n):
+        total = 0.0
+        for c in range(d):
+            q, k = float(query[c]), float(keys[j, c])
+            if np.isnan(q) or np.isnan(k):
+                continue
+            lam = float(widths[c])
+            if var_type[c] == "c":
+                u = (q - k) / lam
+                if kernel == "gaussian":
+                    total += -0.5 * u * u
+                elif abs(u) > 1:
+                    total = -np.inf
+                elif kernel == "epanechnikov":
+                    total += np.log(1 - u * u) if u * u < 1 else -np.inf
+                else:
+                    total += 3 * np.log(1 - abs(u) ** 3) if abs(u) < 1 else -np.inf
+            elif q == k:
+                total += np.log(1 - lam) if lam < 1 else -np.inf
+            elif var_type[c] == "u":
+                cats = int(n_categories[c])
+                total += np.log(lam / (cats - 1)) if lam > 0 else -np.inf
+            else:
+                total += (
+                    np.log((1 - lam) / 2) + abs(q - k) * np.log(lam) if 0 < lam < 1 else -np.inf
+                )
+        out[j] = total
+    return out
+
+
+def table_local_polynomial(
+    queries,
+    keys,
+    values,
+    widths,
+    var_type,
+    n_categories,
+    degree=0,
+    kernel="gaussian",
+    sample_weight=None,
+):
+    """Weighted least squares per query in the continuous differences (k - q), degree 0 or 1,
+    with the product-kernel weights times the sample weights; returns (fit (n_q, m),
+    slopes (n_q, m, d_continuous)). Keys with a NaN continuous entry sit at the query's
+    coordinate in the design (difference 0)."""
+    values = np.asarray(values, dtype=np.float64).reshape(len(keys), -1)
+    cont = [c for c in range(len(var_type)) if var_type[c] == "c"]
+    fits = np.zeros((len(queries), values.shape[1]))
+    slopes = np.zeros((len(queries), values.shape[1], len(cont)))
+    for i, q in enumerate(queries):
+        logw = table_kernel_log_weights(q, keys, widths, var_type, n_categories, kernel)
+        if sample_weight is not None:
+            logw = logw + np.log(np.asarray(sample_weight, dtype=np.float64))
+        w = np.exp(logw - logw.max())
+        if degree == 0:
+            fits[i] = w @ values / w.sum()
+            continue
+        diff = np.nan_to_num(keys[:, cont] - q[cont])
+        design = np.column_stack([np.ones(len(keys)), diff])
+        lhs = design.T @ (w[:, None] * design)
+        rhs = design.T @ (w[:, None] * values)
+        beta = np.linalg.solve(lhs, rhs)
+        fits[i] = beta[0]
+        slopes[i] = beta[1:].T
+    return fits, slopes

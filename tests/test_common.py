@@ -3,7 +3,44 @@
 import numpy as np
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
-from nbattn import LearnedKernelRegressor, NadarayaWatsonClassifier, NadarayaWatsonRegressor
+from nbattn import (
+    LearnedKernelRegressor,
+    LocalPolynomialRegressor,
+    NadarayaWatsonClassifier,
+    NadarayaWatsonRegressor,
+)
+
+_LOO_WEIGHTS = (
+    "a leave-one-out criterion leaves out one row, where repeating a row leaves its copies "
+    "in: weights and repetitions choose different widths"
+)
+_ONE_SCALE_METRICS = (
+    "metrics 'scalar' and 'full' learn on unweighted data; sample_weight needs 'diagonal'"
+)
+
+
+def _expected_failures(estimator) -> dict:
+    """The checks an estimator fails by design, with the reason."""
+    loo = getattr(estimator, "bandwidth", None) == "loo" or isinstance(
+        estimator, LearnedKernelRegressor
+    )
+    out = {}
+    if estimator.dtype == "float32":
+        out["check_sample_weight_equivalence_on_dense_data"] = (
+            "float32 computation: weights and repetitions agree to float32 rounding (~3e-7), "
+            "the check asks 1e-7"
+        )
+    if loo:
+        out["check_sample_weight_equivalence_on_dense_data"] = _LOO_WEIGHTS
+    if getattr(estimator, "degree", 0) == 2:
+        out["check_sample_weight_equivalence_on_dense_data"] = (
+            "the check's 30 features give 496 local-quadratic terms for 15 rows: the truncated "
+            "solve drops different near-dependent terms for weighted and repeated moments"
+        )
+    if isinstance(estimator, LearnedKernelRegressor) and estimator.metric != "diagonal":
+        out["check_sample_weights_not_overwritten"] = _ONE_SCALE_METRICS
+        out["check_sample_weight_equivalence_on_dense_data"] = _ONE_SCALE_METRICS
+    return out
 
 
 class _SeededRandomState(np.random.RandomState):
@@ -25,6 +62,8 @@ class _SeededRandomState(np.random.RandomState):
         NadarayaWatsonRegressor(kernel="average"),
         NadarayaWatsonRegressor(bandwidth="loo"),
         NadarayaWatsonRegressor(device="auto"),
+        NadarayaWatsonRegressor(kernel="tricube", bandwidth="silverman"),
+        NadarayaWatsonRegressor(missing="marginalize"),
         LearnedKernelRegressor(metric="scalar"),
         LearnedKernelRegressor(metric="diagonal", max_iter=10, dtype="float32"),
         LearnedKernelRegressor(metric="full", max_iter=10),
@@ -32,10 +71,14 @@ class _SeededRandomState(np.random.RandomState):
         LearnedKernelRegressor(
             metric="full", init="random", max_iter=5, random_state=_SeededRandomState(0)
         ),
+        LocalPolynomialRegressor(),
+        LocalPolynomialRegressor(degree=0, bandwidth="scott", kernel="epanechnikov"),
+        LocalPolynomialRegressor(degree=2, bandwidth="scott", missing="marginalize"),
         NadarayaWatsonClassifier(),
         NadarayaWatsonClassifier(bandwidth="loo"),
         NadarayaWatsonClassifier(bandwidth=[1.0], dtype="float32", device="auto"),
-    ]
+    ],
+    expected_failed_checks=_expected_failures,
 )
 def test_sklearn_compatible(estimator, check):
     check(estimator)

@@ -86,7 +86,7 @@ def test_float32_dtype(frame):
 @pytest.mark.parametrize(
     ("params", "match"),
     [
-        (dict(kernel="epanechnikov"), "kernel"),
+        (dict(kernel="box"), "kernel"),
         (dict(bandwidth=0.0), "bandwidth"),
         (dict(bandwidth="wide"), "bandwidth"),
         (dict(bandwidth=[1.0, -1.0, 1.0]), "bandwidth must be positive"),
@@ -107,7 +107,7 @@ def test_bad_parameters(frame, params, match):
         (lambda X, y: (X.assign(a=np.nan), y), "NaN"),
         (lambda X, y: (X, y.where(y > 0.5, np.inf)), "infinity|NaN"),
         (lambda X, y: (X.iloc[:0], y.iloc[:0]), "0 sample"),
-        (lambda X, y: (X.assign(a="text"), y), "could not convert|numeric"),
+        (lambda X, y: (X.assign(a=[{"k": 1}] * len(X)), y), "not a string, number or bool"),
         (lambda X, y: (X, y.iloc[:5]), "inconsistent numbers of samples"),
     ],
 )

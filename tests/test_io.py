@@ -146,13 +146,65 @@ def saved(tmp_path, rng):
     return nbattn.save(nbattn.NadarayaWatsonRegressor().fit(X, y), tmp_path / "m.npz")
 
 
-@pytest.mark.parametrize("version, advice", [(3, ""), (1, "; fit and save the model again")])
+@pytest.mark.parametrize("version, advice", [(4, ""), (1, "; fit and save the model again")])
 def test_other_format_version_is_refused(saved, version, advice):
     meta, arrays = _split(saved)
     meta["format_version"] = version
     _rewrite(saved, meta, arrays)
-    with pytest.raises(ValueError, match=rf"format version {version}.*reads version 2{advice}$"):
+    with pytest.raises(
+        ValueError, match=rf"format version {version}.*reads versions 2, 3{advice}$"
+    ):
         nbattn.load(saved)
+
+
+def test_version_2_file_still_loads(tmp_path, rng):
+    """A file written before tables (no column kinds, categories or weights) loads as
+    an all-continuous, unweighted model and predicts what it predicted."""
+    X, y = _data(rng)
+    model = nbattn.NadarayaWatsonRegressor().fit(X, y)
+    path = nbattn.save(model, tmp_path / "m.npz")
+    meta, arrays = _split(path)
+    meta["format_version"] = 2
+    for name in ("var_type_", "categories_", "sample_weight_"):
+        del meta["attributes"][name]
+    for name in ("var_type", "missing", "handle_unknown"):
+        del meta["params"][name]
+    _rewrite(path, meta, arrays)
+    loaded = nbattn.load(path)
+    assert loaded.var_type_ == "cc" and loaded.categories_ == [None, None]
+    assert loaded.sample_weight_ is None
+    np.testing.assert_array_equal(loaded.predict(X), model.predict(X))
+
+
+def test_mixed_table_round_trip_keeps_categories_as_json(tmp_path):
+    """Category encodings are saved as JSON lists (no pickle) and predictions survive."""
+    rng = np.random.default_rng(3)
+    n = 60
+    frame = pd.DataFrame(
+        {
+            "x": rng.normal(size=n),
+            "colour": rng.choice(["red", "green", "blue"], n),
+            "grade": pd.Categorical(
+                rng.choice(["low", "mid", "high"], n), ["low", "mid", "high"], ordered=True
+            ),
+            "flag": rng.random(n) < 0.5,
+        }
+    )
+    y = frame.x + (frame.colour == "red") + frame.grade.cat.codes + rng.normal(0, 0.1, n)
+    for model in (
+        nbattn.LocalPolynomialRegressor(bandwidth="scott"),
+        nbattn.NadarayaWatsonRegressor(handle_unknown="ignore"),
+    ):
+        model.fit(frame, y, sample_weight=rng.integers(1, 3, n))
+        path = nbattn.save(model, tmp_path / "m.npz")
+        meta, arrays = _split(path)
+        assert meta["attributes"]["categories_"] == {
+            "kind": "json",
+            "value": [None, ["blue", "green", "red"], ["low", "mid", "high"], [False, True]],
+        }
+        assert meta["attributes"]["var_type_"]["value"] == "cuou"
+        loaded = nbattn.load(path)
+        np.testing.assert_array_equal(loaded.predict(frame), model.predict(frame))
 
 
 def test_truncated_file_is_refused(saved):
