@@ -57,3 +57,26 @@ def test_decode_step(rng):
     assert isinstance(out, np.ndarray) and isinstance(lse, np.ndarray)
     np.testing.assert_allclose(out, ref_out, rtol=0, atol=1e-12)
     np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=1e-12)
+
+
+def test_varlen_float32_window_dropout(rng):
+    """float32 stays float32 through the GPU path; dropout draws the CPU's bits."""
+    cu_q = np.array([0, 3, 8])
+    cu_k = np.array([0, 6, 10])
+    q, k = (rng.normal(size=(2, n, 4)).astype(np.float32) for n in (8, 10))
+    v = rng.normal(size=(2, 10, 3)).astype(np.float32)
+    kw = dict(window=(2, 1), dropout_p=0.3, random_state=5)
+    out, lse = nbattn.flash_attention_varlen(
+        q, k, v, cu_q, cu_k, return_lse=True, device="cuda", **kw
+    )
+    ref_out, ref_lse = nbattn.flash_attention_varlen(q, k, v, cu_q, cu_k, return_lse=True, **kw)
+    assert out.dtype == np.float32 and isinstance(out, np.ndarray)
+    np.testing.assert_allclose(out, ref_out, rtol=0, atol=3e-5 * np.abs(ref_out).max())
+    np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=3e-5 * np.abs(ref_lse).max())
+    grad = rng.normal(size=out.shape).astype(np.float32)
+    args = (q, k, v, ref_out, ref_lse, grad, cu_q, cu_k)
+    got = nbattn.flash_attention_varlen_backward(*args, device="cuda", **kw)
+    ref = nbattn.flash_attention_varlen_backward(*args, **kw)
+    for g, r in zip(got, ref, strict=True):
+        assert g.dtype == np.float32
+        np.testing.assert_allclose(g, r, rtol=0, atol=3e-5 * np.abs(r).max())
