@@ -129,6 +129,15 @@ def _n_splits(n_items, longest, threads):
     return max(1, min(want, useful))
 
 
+def _workers(device, numba):
+    """What the chunks are dealt to: numba's threads, or on the GPU its multiprocessors."""
+    if device == "cpu":
+        return numba.get_num_threads()
+    from .cuda.common import multiprocessors
+
+    return multiprocessors()
+
+
 def _merge_chunks(part_out, part_lse):
     """Merge the chunk states (n_splits, rows, Ev) pairwise with the one LSE merge."""
     merge_states = kernels_for("softmax", "cpu").merge_states
@@ -213,8 +222,11 @@ def flash_decode(
     enable_gqa : bool
         Grouped-query attention: H_kv divides H and query head h reads kv
         head h // (H / H_kv), as torch's ``enable_gqa``. Without it, H_kv = H.
-    device : "cpu" or "auto"
-        The split-KV kernel runs on the CPU (there is no CUDA twin yet).
+    device : "cpu", "cuda" or "auto"
+        Where the split-KV kernel runs (``kernels_for("decode", device)``;
+        "auto" picks a CUDA GPU when numba sees one). The caches are host
+        arrays, written in place, and the results come back to the host on
+        either device.
 
     Returns
     -------
@@ -223,7 +235,8 @@ def flash_decode(
     kw = check_keywords(causal, enable_gqa, window, "bottom_right", softcap, 0.0)
     causal, enable_gqa = kw.causal, kw.enable_gqa
     return_lse = check_bool(return_lse, "return_lse")
-    kernels = kernels_for("decode", device_for(device, q, k_cache, v_cache, k_new, v_new))
+    device = device_for(device, q, k_cache, v_cache, k_new, v_new)
+    kernels = kernels_for("decode", device)
     dtype = resolve_dtype(None, q, k_new, v_new)
     q = as_float_array(q, "q", ndim=(4,), dtype=dtype, allow_bool=False)
     n_b, n_h, n_q, d = q.shape
@@ -266,7 +279,7 @@ def flash_decode(
     with serial_below(work, config.FLASH_SERIAL_WORK):
         import numba
 
-        n_splits = _n_splits(n_b * k_cache.shape[1], longest, numba.get_num_threads())
+        n_splits = _n_splits(n_b * k_cache.shape[1], longest, _workers(device, numba))
         chunks = np.maximum(-(-spans // n_splits), 1)
         part_out, part_lse = kernels.decode_partials(
             q,
@@ -285,6 +298,8 @@ def flash_decode(
             softcap,
             config.DECODE_BLOCK_K,
         )
+        if hasattr(part_out, "copy_to_host"):
+            part_out, part_lse = part_out.copy_to_host(), part_lse.copy_to_host()
         out, lse = _merge_chunks(part_out, part_lse)
     out = out.reshape(n_b, n_h, n_q, -1)
     lse = lse.reshape(n_b, n_h, n_q)

@@ -43,13 +43,15 @@ heads (axis -3) than q. What the keywords mean:
 
 The device is chosen once, by ``nbattn.device.device_for`` and
 ``kernels_for("flash", device)``: NumPy (or any array-like) inputs are
-validated and laid out here for either device; GPU arrays
-(``__cuda_array_interface__``: numba device arrays, CuPy, torch CUDA tensors)
-are checked on the device by ``nbattn._validation.as_device_array`` and used
-where they are (C-contiguous, one float dtype, equal leading dimensions: no
-broadcasting on the device), and the results come back as the kind of GPU
-array ``q`` is. The GPU kernels take no mask, window, softcap, dropout or
-grouped heads yet.
+validated and laid out here the same way for either device and handed to
+that device's kernels with the same arguments (every keyword works on both;
+the GPU twin's device results are copied back, so host in, host out). GPU
+arrays (``__cuda_array_interface__``: numba device arrays, CuPy, torch CUDA
+tensors) are checked on the device by ``nbattn._validation.as_device_array``
+and used where they are (C-contiguous, one float dtype, equal leading
+dimensions: no broadcasting on the device), and the results come back as the
+kind of GPU array ``q`` is; that in-place path runs plain (optionally causal)
+attention only and refuses the other keywords with a ValueError.
 
 Magnitudes: the kernels work in base 2 (scores times log2(e)). A mask with
 entries beyond 64 in magnitude is shifted per query row by its largest
@@ -83,7 +85,6 @@ from ._threads import blas_one_thread, serial_below
 from ._validation import (
     as_device_array,
     as_float_array,
-    broadcast_leading,
     check_bool,
     check_dot_range,
     check_scale,
@@ -108,23 +109,6 @@ def _threads_for(work):
 
 
 # --------------------------------------------------------------------------- host inputs
-def _check_qkv(q, k, v, *others):
-    """Checked host q, k, v, their broadcast leading dimensions and the computation dtype.
-
-    ``others`` (out, grad_out of the backward) take part in the dtype rule.
-    """
-    dtype = resolve_dtype(None, q, k, v, *others)
-    q = as_float_array(q, "q", min_ndim=2, dtype=dtype, allow_bool=False)
-    k = as_float_array(k, "k", min_ndim=2, dtype=dtype, allow_bool=False)
-    v = as_float_array(v, "v", min_ndim=2, dtype=dtype, allow_bool=False)
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q has E={q.shape[-1]} features but k has {k.shape[-1]}")
-    if k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"k has S={k.shape[-2]} keys but v has {v.shape[-2]}")
-    lead = broadcast_leading({"q": q.shape[:-2], "k": k.shape[:-2], "v": v.shape[:-2]})
-    return q, k, v, lead, dtype
-
-
 def _key_bias_mask(key_bias, n_k):
     """A per-key bias (..., S) as a float64 mask (..., 1, S)."""
     bias = as_float_array(key_bias, "key_bias", dtype="float64", allow_neg_inf=True)
@@ -258,20 +242,31 @@ def _blocks(block_q, block_k, lay: _Layout):
     return min(block_q, narrow), min(block_k, narrow)
 
 
-def _run_forward(lay: _Layout, dropout, keep_scale):
-    """The CPU flash forward on a layout: (out (BH, L, Ev), shifted lse (BH, L))."""
+def _to_host(a):
+    """A kernel result on the host: GPU twins give device arrays, the CPU kernels ndarrays."""
+    return a.copy_to_host() if hasattr(a, "copy_to_host") else a
+
+
+def _mask_live(lay: _Layout, block_q, block_k, device):
+    """The CPU's table of live mask tiles; the GPU twin skips closed tiles by itself."""
+    return lay.mask_live(block_q, block_k) if device == "cpu" else _NO_MASK_LIVE
+
+
+def _run_forward(lay: _Layout, dropout, keep_scale, device="cpu"):
+    """The flash forward of ``kernels_for("flash", device)`` on a layout, on the host:
+    (out (BH, L, Ev), shifted lse (BH, L))."""
     block_q = config.FLASH_BLOCK_Q
     if lay.kf.shape[1] >= config.FLASH_LONG_KEYS:
         block_q = max(block_q, config.FLASH_LONG_BLOCK_Q)
     block_q, block_k = _blocks(block_q, config.FLASH_BLOCK_K, lay)
-    return kernels_for("flash", "cpu").flash_forward(
+    out, lse = kernels_for("flash", device).flash_forward(
         lay.qf,
         lay.kf,
         lay.vf,
         lay.kv_index,
         lay.masks.mask,
         lay.masks.index,
-        lay.mask_live(block_q, block_k),
+        _mask_live(lay, block_q, block_k, device),
         lay.slopes,
         lay.band,
         lay.softcap,
@@ -280,15 +275,20 @@ def _run_forward(lay: _Layout, dropout, keep_scale):
         block_q,
         block_k,
     )
+    return _to_host(out), _to_host(lse)
 
 
-def _forward(q, k, v, kw, scale, return_lse, mask, random_state, key_bias=None, alibi=None):
-    """:func:`flash_attention` on the CPU."""
+def _forward(
+    q, k, v, kw, scale, return_lse, mask, random_state, key_bias=None, alibi=None, device="cpu"
+):
+    """:func:`flash_attention` of host inputs, on ``device`` (results on the host)."""
     lay = _layout(q, k, v, kw, scale, mask, key_bias, alibi)
+    if device == "cuda":
+        _head_dims(kernels_for("flash", "cuda"), lay.qf.shape[2], lay.vf.shape[2])
     n_q = lay.qf.shape[1]
     dropout, keep_scale = dropout_words(kw.dropout_p, random_state, n_q, lay.kf.shape[1])
     with blas_one_thread(), _threads_for(lay.work):
-        out, lse = _run_forward(lay, dropout, keep_scale)
+        out, lse = _run_forward(lay, dropout, keep_scale, device)
     out = out.reshape(lay.lead + (n_q, lay.vf.shape[2]))
     if not return_lse:
         return out
@@ -336,10 +336,24 @@ def _check_forward_results(out, lse, grad_out, lead, n_q, d_v, dtype):
 
 
 def _backward(
-    q, k, v, out, lse, grad_out, kw, scale, mask, random_state, key_bias=None, alibi=None
+    q,
+    k,
+    v,
+    out,
+    lse,
+    grad_out,
+    kw,
+    scale,
+    mask,
+    random_state,
+    key_bias=None,
+    alibi=None,
+    device="cpu",
 ):
-    """:func:`flash_attention_backward` on the CPU."""
+    """:func:`flash_attention_backward` of host inputs, on ``device`` (results on the host)."""
     lay = _layout(q, k, v, kw, scale, mask, key_bias, alibi, others=(out, grad_out))
+    if device == "cuda":
+        _head_dims(kernels_for("flash", "cuda"), lay.qf.shape[2], lay.vf.shape[2])
     n_bh, n_q, _ = lay.qf.shape
     n_kv, n_k, _ = lay.kf.shape
     out, lse, grad_out = _check_forward_results(
@@ -351,16 +365,16 @@ def _backward(
     lf = np.ascontiguousarray(lse.reshape(-1, n_q), dtype=np.float64)
     shift = lay.masks.lse_shift(n_q)
     block_q, block_k = _blocks(config.FLASH_BWD_BLOCK_Q, config.FLASH_BWD_BLOCK_K, lay)
-    kernels = kernels_for("flash", "cpu")
+    kernels = kernels_for("flash", device)
     with blas_one_thread(), _threads_for(lay.work):
         if shift is not None:
             if np.abs(shift).max() >= _RECOMPUTE_SHIFT:
                 # lse - shift has lost the low bits of lse: recompute the shifted lse
-                _, lf = _run_forward(lay, dropout, keep_scale)
+                _, lf = _run_forward(lay, dropout, keep_scale, device)
             else:
                 lf = lf - shift
         groups = _n_groups(n_kv, -(-n_k // block_k), lay.qf.nbytes)
-        dq, dk, dv = kernels.flash_backward(
+        grads = kernels.flash_backward(
             lay.qf,
             lay.kf,
             lay.vf,
@@ -370,7 +384,7 @@ def _backward(
             lay.kv_index,
             lay.masks.mask,
             lay.masks.index,
-            lay.mask_live(block_q, block_k),
+            _mask_live(lay, block_q, block_k, device),
             lay.slopes,
             lay.band,
             lay.softcap,
@@ -381,6 +395,7 @@ def _backward(
             block_q,
             block_k,
         )
+    dq, dk, dv = map(_to_host, grads)
     q_shape, k_shape, v_shape = lay.shapes
     return (
         unbroadcast(dq.reshape(lay.lead + dq.shape[1:]), q_shape),
@@ -489,96 +504,59 @@ def _device_qkv(kernels, q, k, v):
 
 
 def _forward_cuda(q, k, v, causal, scale, return_lse):
-    """:func:`flash_attention` on the GPU (see the module docstring for the array kinds)."""
+    """:func:`flash_attention` of GPU arrays, in place (see the module docstring)."""
     kernels = kernels_for("flash", "cuda")
-    if any(is_device_array(a) for a in (q, k, v)):
-        template = q
-        (qf, kf, vf), (q_shape, _, _), lead = _device_qkv(kernels, q, k, v)
-        scale = check_scale(scale, q_shape[-1])
-        out, lse = kernels.flash_forward(qf, kf, vf, scale, causal)
-        out = like_input(out.reshape(lead + tuple(out.shape)[1:]), template)
-        lse = like_input(lse.reshape(lead + tuple(lse.shape)[1:]), template)
-        return (out, lse) if return_lse else out
-    q, k, v, lead, dtype = _check_qkv(q, k, v)
-    _head_dims(kernels, q.shape[-1], v.shape[-1])
-    scale = check_scale(scale, q.shape[-1])
-    out, lse = kernels.flash_forward(
-        flat_batch(q, lead, dtype),
-        flat_batch(k, lead, dtype),
-        flat_batch(v, lead, dtype),
-        scale,
-        causal,
-    )
-    out = out.copy_to_host().reshape(lead + (q.shape[-2], v.shape[-1]))
-    if return_lse:
-        return out, lse.copy_to_host().reshape(lead + (q.shape[-2],))
-    return out
+    template = q
+    (qf, kf, vf), (q_shape, _, _), lead = _device_qkv(kernels, q, k, v)
+    scale = check_scale(scale, q_shape[-1])
+    out, lse = kernels.flash_forward(qf, kf, vf, scale, causal)
+    out = like_input(out.reshape(lead + tuple(out.shape)[1:]), template)
+    lse = like_input(lse.reshape(lead + tuple(lse.shape)[1:]), template)
+    return (out, lse) if return_lse else out
 
 
 def _backward_cuda(q, k, v, out, lse, grad_out, causal, scale):
-    """:func:`flash_attention_backward` on the GPU: ``(dq, dk, dv)``."""
+    """:func:`flash_attention_backward` of GPU arrays, in place: ``(dq, dk, dv)``."""
     kernels = kernels_for("flash", "cuda")
-    if any(is_device_array(a) for a in (q, k, v, out, lse, grad_out)):
-        template = q
-        (qf, kf, vf), shapes, lead = _device_qkv(kernels, q, k, v)
-        q_shape, _, v_shape = shapes
-        scale = check_scale(scale, q_shape[-1])
-        n_q = q_shape[-2]
-        out_shape = lead + (n_q, v_shape[-1])
-        o = as_device_array(out, "out", min_ndim=2, contiguous=True)
-        g = as_device_array(grad_out, "grad_out", min_ndim=2, contiguous=True)
-        ls = as_device_array(lse, "lse", min_ndim=1, allow_neg_inf=True, contiguous=True)
-        for name, arr, shape in (
-            ("out", o, out_shape),
-            ("grad_out", g, out_shape),
-            ("lse", ls, lead + (n_q,)),
-        ):
-            if tuple(arr.shape) != shape:
-                raise ValueError(f"{name} must have shape {shape}, got {tuple(arr.shape)}")
-        if not (o.dtype == g.dtype == qf.dtype):
-            raise ValueError(f"out and grad_out on the GPU must have q's dtype {qf.dtype}")
-        if np.dtype(ls.dtype) != np.float64:
-            raise ValueError(f"lse on the GPU must be float64, got {ls.dtype}")
-        n_bh = qf.shape[0]
-        grads = kernels.flash_backward(
-            qf,
-            kf,
-            vf,
-            o.reshape((n_bh,) + out_shape[-2:]),
-            ls.reshape(n_bh, n_q),
-            g.reshape((n_bh,) + out_shape[-2:]),
-            scale,
-            causal,
-        )
-        return tuple(
-            like_input(grad.reshape(shape), template)
-            for grad, shape in zip(grads, shapes, strict=True)
-        )
-    q, k, v, lead, dtype = _check_qkv(q, k, v, out, grad_out)
-    _head_dims(kernels, q.shape[-1], v.shape[-1])
-    scale = check_scale(scale, q.shape[-1])
-    n_q = q.shape[-2]
-    out, lse, grad_out = _check_forward_results(out, lse, grad_out, lead, n_q, v.shape[-1], dtype)
-    dq, dk, dv = kernels.flash_backward(
-        flat_batch(q, lead, dtype),
-        flat_batch(k, lead, dtype),
-        flat_batch(v, lead, dtype),
-        flat_batch(out, lead, dtype),
-        np.ascontiguousarray(lse.reshape(-1, n_q)),
-        flat_batch(grad_out, lead, dtype),
+    template = q
+    (qf, kf, vf), shapes, lead = _device_qkv(kernels, q, k, v)
+    q_shape, _, v_shape = shapes
+    scale = check_scale(scale, q_shape[-1])
+    n_q = q_shape[-2]
+    out_shape = lead + (n_q, v_shape[-1])
+    o = as_device_array(out, "out", min_ndim=2, contiguous=True)
+    g = as_device_array(grad_out, "grad_out", min_ndim=2, contiguous=True)
+    ls = as_device_array(lse, "lse", min_ndim=1, allow_neg_inf=True, contiguous=True)
+    for name, arr, shape in (
+        ("out", o, out_shape),
+        ("grad_out", g, out_shape),
+        ("lse", ls, lead + (n_q,)),
+    ):
+        if tuple(arr.shape) != shape:
+            raise ValueError(f"{name} must have shape {shape}, got {tuple(arr.shape)}")
+    if not (o.dtype == g.dtype == qf.dtype):
+        raise ValueError(f"out and grad_out on the GPU must have q's dtype {qf.dtype}")
+    if np.dtype(ls.dtype) != np.float64:
+        raise ValueError(f"lse on the GPU must be float64, got {ls.dtype}")
+    n_bh = qf.shape[0]
+    grads = kernels.flash_backward(
+        qf,
+        kf,
+        vf,
+        o.reshape((n_bh,) + out_shape[-2:]),
+        ls.reshape(n_bh, n_q),
+        g.reshape((n_bh,) + out_shape[-2:]),
         scale,
         causal,
     )
-    return (
-        unbroadcast(dq.copy_to_host().reshape(lead + dq.shape[1:]), q.shape),
-        unbroadcast(dk.copy_to_host().reshape(lead + dk.shape[1:]), k.shape),
-        unbroadcast(dv.copy_to_host().reshape(lead + dv.shape[1:]), v.shape),
+    return tuple(
+        like_input(grad.reshape(shape), template) for grad, shape in zip(grads, shapes, strict=True)
     )
 
 
 # --------------------------------------------------------------------------- public entries
 def _cuda_refuses(kw: Keywords, mask):
-    """The GPU kernels run plain (optionally causal) attention only; say so."""
+    """GPU arrays are used in place for plain (optionally causal) attention only; say so."""
     used = [
         name
         for name, on in (
@@ -592,7 +570,10 @@ def _cuda_refuses(kw: Keywords, mask):
         if on
     ]
     if used:
-        raise ValueError(f"device='cuda' does not support {', '.join(used)} yet; use device='cpu'")
+        raise ValueError(
+            f"GPU arrays do not support {', '.join(used)} yet; pass host (NumPy) arrays, "
+            "which device='cuda' takes with every keyword, or use device='cpu'"
+        )
 
 
 def flash_attention(
@@ -655,10 +636,11 @@ def flash_attention(
         The dropout seed (``nbattn.kernels.dropout.dropout_seed``); pass an
         int to take gradients (the backward needs the same int).
     device : "cpu", "cuda" or "auto"
-        "auto" runs on a CUDA GPU when numba sees one. GPU arrays are used in
-        place and the results come back as the same kind of array; on the GPU
-        E and Ev are at most ``nbattn.cuda.flash.MAX_HEAD_DIM`` and the
-        keywords from ``mask`` on are not supported yet.
+        "auto" runs on a CUDA GPU when numba sees one. On the GPU E and Ev are
+        at most ``nbattn.cuda.flash.MAX_HEAD_DIM``. Host arrays take every
+        keyword on either device and the results come back as ndarrays; GPU
+        arrays are used in place (results of the same kind) for plain,
+        optionally causal, attention only.
 
     Returns
     -------
@@ -667,10 +649,11 @@ def flash_attention(
     """
     kw = check_keywords(causal, enable_gqa, window, causal_alignment, softcap, dropout_p)
     return_lse = check_bool(return_lse, "return_lse")
-    if device_for(device, q, k, v) == "cuda":
+    device = device_for(device, q, k, v)
+    if device == "cuda" and any(is_device_array(a) for a in (q, k, v)):
         _cuda_refuses(kw, mask)
         return _forward_cuda(q, k, v, kw.causal, scale, return_lse)
-    return _forward(q, k, v, kw, scale, return_lse, mask, random_state)
+    return _forward(q, k, v, kw, scale, return_lse, mask, random_state, device=device)
 
 
 def flash_attention_backward(
@@ -726,7 +709,9 @@ def flash_attention_backward(
         broadcast leading dimensions) in the computation dtype.
     """
     kw = check_keywords(causal, enable_gqa, window, causal_alignment, softcap, dropout_p)
-    if device_for(device, q, k, v, out, lse, grad_out) == "cuda":
+    arrays = (q, k, v, out, lse, grad_out)
+    device = device_for(device, *arrays)
+    if device == "cuda" and any(is_device_array(a) for a in arrays):
         _cuda_refuses(kw, mask)
         return _backward_cuda(q, k, v, out, lse, grad_out, kw.causal, scale)
-    return _backward(q, k, v, out, lse, grad_out, kw, scale, mask, random_state)
+    return _backward(q, k, v, out, lse, grad_out, kw, scale, mask, random_state, device=device)

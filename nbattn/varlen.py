@@ -155,9 +155,16 @@ def _deal(cost, n_workers):
     return order[by_worker], np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
 
 
-def _run(kernel, work, items, cost, head, tail):
+def _run(kernel, device, work, items, cost, head, tail):
     """``kernel(*head, items, worker_start, *tail)`` with the items dealt to the threads,
-    BLAS on one thread and one numba thread for small work."""
+    BLAS on one thread and one numba thread for small work; the results on the host.
+
+    The GPU twin takes ``kernel(*head, items, *tail)`` (its grid deals the work)
+    and gives device arrays, which are copied back.
+    """
+    if device != "cpu":
+        results = kernel(*head, items, *tail)
+        return tuple(a.copy_to_host() if hasattr(a, "copy_to_host") else a for a in results)
     import numba
 
     with blas_one_thread(), serial_below(work, config.FLASH_SERIAL_WORK):
@@ -208,8 +215,10 @@ def flash_attention_varlen(
     dropout_p, random_state
         As in :func:`nbattn.flash_attention`, with the packed indices in the
         dropout counter (see the module notes).
-    device : "cpu" or "auto"
-        The varlen kernels run on the CPU.
+    device : "cpu", "cuda" or "auto"
+        Where the varlen kernels run (``kernels_for("varlen", device)``; "auto"
+        picks a CUDA GPU when numba sees one). Inputs and results are host
+        arrays on either device.
 
     Returns
     -------
@@ -218,7 +227,8 @@ def flash_attention_varlen(
     """
     return_lse = check_bool(return_lse, "return_lse")
     kw = check_keywords(causal, enable_gqa, window, causal_alignment, softcap, dropout_p)
-    kernels = kernels_for("varlen", device_for(device, q, k, v))
+    device = device_for(device, q, k, v)
+    kernels = kernels_for("varlen", device)
     packed = _Packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, kw, scale, ())
     t_q, t_k = packed.qf.shape[1], packed.kf.shape[1]
     dropout, keep_scale = dropout_words(kw.dropout_p, random_state, t_q, t_k)
@@ -226,6 +236,7 @@ def flash_attention_varlen(
     items, cost = packed.forward_items(block_q)
     out, lse = _run(
         kernels.varlen_forward,
+        device,
         packed.work,
         items,
         cost,
@@ -284,7 +295,8 @@ def flash_attention_varlen_backward(
     ``enable_gqa``.
     """
     kw = check_keywords(causal, enable_gqa, window, causal_alignment, softcap, dropout_p)
-    kernels = kernels_for("varlen", device_for(device, q, k, v, out, lse, grad_out))
+    device = device_for(device, q, k, v, out, lse, grad_out)
+    kernels = kernels_for("varlen", device)
     packed = _Packed(
         q,
         k,
@@ -324,7 +336,7 @@ def flash_attention_varlen_backward(
         config.FLASH_BWD_BLOCK_Q,
         config.FLASH_BWD_BLOCK_K,
     )
-    dq, dk, dv = _run(kernels.varlen_backward, packed.work, items, cost, head, tail)
+    dq, dk, dv = _run(kernels.varlen_backward, device, packed.work, items, cost, head, tail)
     q_shape, k_shape, v_shape = packed.shapes
     return (
         unbroadcast(dq.reshape(packed.lead + dq.shape[1:]), q_shape),

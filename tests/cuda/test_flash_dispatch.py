@@ -1,8 +1,8 @@
 """flash_attention(device="cuda") with every keyword equals device="cpu" (simulator).
 
 The functional layer lays the arrays out once and calls
-``kernels_for("flash", device)`` with the same arguments on both devices; these
-tests skip while it still refuses the keywords on the GPU.
+``kernels_for("flash", device)`` with the same arguments on both devices and
+copies the GPU twin's results back to the host.
 """
 
 import os
@@ -17,17 +17,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 TOL = {np.float64: 1e-10, np.float32: 3e-5}
-
-
-@pytest.fixture(autouse=True)
-def _dispatched():
-    q = np.ones((1, 2, 2))
-    try:
-        nbattn.flash_attention(q, q, q, window=(0, 0), device="cuda")
-    except ValueError as exc:
-        if "does not support" in str(exc):
-            pytest.skip(f"the functional layer keeps these keywords on the CPU: {exc}")
-        raise
 
 
 def _close(got, ref, dtype):
@@ -74,3 +63,31 @@ def test_float_mask_softcap_dropout(rng):
     mask = rng.normal(size=(5, 7))
     mask[2] = -np.inf  # a row without keys
     _both(q, k, v, np.float64, mask=mask, softcap=2.0, dropout_p=0.25, random_state=11)
+
+
+@pytest.mark.parametrize(
+    "keywords, name",
+    [
+        ({"window": (1, 1)}, "window"),
+        ({"softcap": 3.0}, "softcap"),
+        ({"dropout_p": 0.5, "random_state": 3}, "dropout_p"),
+        ({"causal_alignment": "bottom_right"}, "causal_alignment"),
+    ],
+)
+def test_gpu_arrays_refuse_the_keywords_they_do_not_take(rng, keywords, name):
+    """GPU arrays are used in place for plain attention only: a clear error names the keyword."""
+    from numba import cuda
+
+    q = cuda.to_device(rng.normal(size=(2, 3, 4)))
+    with pytest.raises(ValueError, match=f"GPU arrays do not support {name}"):
+        nbattn.flash_attention(q, q, q, device="cuda", **keywords)
+    with pytest.raises(ValueError, match=f"GPU arrays do not support {name}"):
+        nbattn.flash_attention_backward(q, q, q, q, q[:, :, 0], q, device="cuda", **keywords)
+
+
+def test_gpu_arrays_still_run_plain_causal_attention(rng):
+    from numba import cuda
+
+    q, k, v = (rng.normal(size=(2, 5, 3)) for _ in range(3))
+    out = nbattn.flash_attention(*map(cuda.to_device, (q, k, v)), causal=True, device="cuda")
+    _close(out.copy_to_host(), nbattn.flash_attention(q, k, v, causal=True), np.float64)
