@@ -159,11 +159,11 @@ def _run(kernel, device, work, items, cost, head, tail):
     """``kernel(*head, items, worker_start, *tail)`` with the items dealt to the threads,
     BLAS on one thread and one numba thread for small work; the results on the host.
 
-    The GPU twin takes ``kernel(*head, items, *tail)`` (its grid deals the work)
-    and gives device arrays, which are copied back.
+    The GPU twin takes the same arguments (its grid deals the work, so it ignores
+    ``items`` and ``worker_start``) and gives device arrays, which are copied back.
     """
     if device != "cpu":
-        results = kernel(*head, items, *tail)
+        results = kernel(*head, items, None, *tail)
         return tuple(a.copy_to_host() if hasattr(a, "copy_to_host") else a for a in results)
     import numba
 

@@ -238,7 +238,7 @@ def test_non_finite_cache_contents_are_reported_with_the_row(rng):
         nbattn.flash_decode(q, k_cache, v_cache, np.array([3, 5]))
 
 
-def test_no_cuda_twin_is_a_clear_error(rng):
+def test_cuda_without_gpu_is_a_clear_error(rng):
     q, k_cache, v_cache, lengths = _args(rng)
     if nbattn.device.cuda_available():
         pytest.skip("a GPU (or the simulator) is present")

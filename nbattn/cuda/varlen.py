@@ -23,9 +23,27 @@ __all__ = ["varlen_backward", "varlen_forward"]
 
 
 def varlen_forward(
-    q, k, v, kv_index, cu_q, cu_k, items, bands, softcap, dropout, keep_scale, block_q, block_k
+    q,
+    k,
+    v,
+    kv_index,
+    cu_q,
+    cu_k,
+    items,
+    worker_start,
+    bands,
+    softcap,
+    dropout,
+    keep_scale,
+    block_q,
+    block_k,
 ):
-    """Packed forward: ``(out (BH, T_q, Ev), lse (BH, T_q) float64)`` as device arrays."""
+    """Packed forward: ``(out (BH, T_q, Ev), lse (BH, T_q) float64)`` as device arrays.
+
+    The arguments are those of ``nbattn.kernels.varlen.varlen_forward``; ``items`` and
+    ``worker_start`` (how the CPU deals the work to its threads) are not used: the
+    grid deals the work here.
+    """
     call = varlen_call(q, k, kv_index, cu_q, cu_k, bands, softcap, dropout, keep_scale)
     return forward_packed(call, q, k, v)
 
@@ -42,6 +60,7 @@ def varlen_backward(
     cu_q,
     cu_k,
     items,
+    worker_start,
     bands,
     softcap,
     dropout,
@@ -51,6 +70,9 @@ def varlen_backward(
     block_k,
 ):
     """Packed backward: ``(dq, dk, dv)`` as device arrays (shapes of q, k, v).
+
+    The arguments are those of ``nbattn.kernels.varlen.varlen_backward`` (``items``
+    and ``worker_start`` not used).
 
     ``readers[reader_start[kv] : reader_start[kv + 1]]`` are the query slices that
     read key/value slice kv (the K/V slice of each query slice is read off them).

@@ -71,7 +71,7 @@ def test_packed_sequences(rng, causal, left, right, softcap, dropout_p):
     keep_scale = 1.0 / (1.0 - dropout_p)
     q2 = q * scale * LOG2E
     out, lse = cuda_varlen.varlen_forward(
-        q2, k, v, GQA, CU_Q, CU_K, None, bands, cap, words, keep_scale, 16, 16
+        q2, k, v, GQA, CU_Q, CU_K, None, None, bands, cap, words, keep_scale, 16, 16
     )
     out, lse = out.copy_to_host(), lse.copy_to_host()
     (ref_out, ref_lse), ref_grads = _reference(q, k, v, scale, bands, softcap, drop, grad)
@@ -82,7 +82,7 @@ def test_packed_sequences(rng, causal, left, right, softcap, dropout_p):
     readers = np.array([0, 1, 2, 3], dtype=np.int64)
     reader_start = np.array([0, 2, 4], dtype=np.int64)
     grads = cuda_varlen.varlen_backward(
-        q2, k, v, out, lse, grad, readers, reader_start, CU_Q, CU_K, None, bands, cap, words,
+        q2, k, v, out, lse, grad, readers, reader_start, CU_Q, CU_K, None, None, bands, cap, words,
         keep_scale, scale, 16, 16,
     )  # fmt: skip
     for g, r in zip(grads, ref_grads, strict=True):
@@ -101,7 +101,8 @@ def test_equals_the_cpu_kernels(rng):
     words = np.array([7, round(0.2 * 2**24), 11, 16, 0, 0], dtype=np.uint64)
     n_q = np.diff(CU_Q)
     items = np.array([(s, bh, 0, n_q[s]) for s in range(4) for bh in range(4) if n_q[s]])
-    args = (GQA, CU_Q, CU_K, items, bands, 0.0, words, 1.25, 16, 16)
+    one_worker = np.array([0, len(items)], dtype=np.int64)
+    args = (GQA, CU_Q, CU_K, items, one_worker, bands, 0.0, words, 1.25, 16, 16)
     out, lse = (a.copy_to_host() for a in cuda_varlen.varlen_forward(q, k, v, *args))
     ref_out, ref_lse = cpu_varlen.varlen_forward(q, k, v, *args)
     np.testing.assert_allclose(out, ref_out, rtol=0, atol=1e-12)
@@ -110,7 +111,22 @@ def test_equals_the_cpu_kernels(rng):
     np.testing.assert_allclose(lse[finite], ref_lse[finite], atol=1e-12)
     readers, start = np.arange(4), np.array([0, 2, 4])
     back_items = np.array([(s, kv) for s in range(4) for kv in range(2)])
-    back = (readers, start, CU_Q, CU_K, back_items, bands, 0.0, words, 1.25, 0.9, 16, 16)
+    back_worker = np.array([0, len(back_items)], dtype=np.int64)
+    back = (
+        readers,
+        start,
+        CU_Q,
+        CU_K,
+        back_items,
+        back_worker,
+        bands,
+        0.0,
+        words,
+        1.25,
+        0.9,
+        16,
+        16,
+    )
     got = cuda_varlen.varlen_backward(q, k, v, out, lse, grad, *back)
     ref = cpu_varlen.varlen_backward(q, k, v, ref_out, ref_lse, grad, *back)
     for g, r in zip(got, ref, strict=True):
