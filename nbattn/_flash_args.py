@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._validation import as_float_array, check_bool
+from ._validation import as_float_array, check_bool, resolve_dtype
 from .kernels.dropout import dropout_seed, dropout_threshold
 from .kernels.flash import LOG2E
 
@@ -33,6 +33,26 @@ ALIGNMENTS = ("top_left", "bottom_right")
 #: (the softmax does not change, lse gets the shift back), which keeps their
 #: admissible entries near 0 where the kernel's dtype resolves them.
 _SHIFT_ABOVE = 64.0
+
+
+def check_qkv(q, k, v, enable_gqa, others=(), keys="S keys"):
+    """q, k, v as arrays of one computation dtype (``others``, e.g. out and grad_out,
+    take part in the dtype rule), with matching feature and key axes and, for
+    grouped-query attention, a head axis; returns ``(q, k, v, dtype)``."""
+    dtype = resolve_dtype(None, q, k, v, *others)
+    q = as_float_array(q, "q", min_ndim=2, dtype=dtype, allow_bool=False)
+    k = as_float_array(k, "k", min_ndim=2, dtype=dtype, allow_bool=False)
+    v = as_float_array(v, "v", min_ndim=2, dtype=dtype, allow_bool=False)
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q has E={q.shape[-1]} features but k has {k.shape[-1]}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"k has {keys}={k.shape[-2]} but v has {v.shape[-2]}")
+    if enable_gqa and (q.ndim < 3 or k.ndim < 3 or v.ndim < 3):
+        raise ValueError(
+            "enable_gqa needs a head axis (-3) on q, k and v, got shapes "
+            f"{q.shape}, {k.shape}, {v.shape}"
+        )
+    return q, k, v, dtype
 
 
 @dataclass

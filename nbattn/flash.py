@@ -74,6 +74,7 @@ from ._flash_args import (
     MaskArrays,
     band,
     check_keywords,
+    check_qkv,
     dropout_words,
     has_band,
     kv_layout,
@@ -88,7 +89,6 @@ from ._validation import (
     check_bool,
     check_dot_range,
     check_scale,
-    resolve_dtype,
 )
 from .device import device_for, is_device_array, kernels_for, like_input
 from .kernels.flash import LOG2E
@@ -178,19 +178,7 @@ class _Layout:
 
 def _layout(q, k, v, kw: Keywords, scale, mask, key_bias=None, alibi_slopes=None, others=()):
     """Checked and laid-out arrays of one CPU flash call (forward or backward)."""
-    dtype = resolve_dtype(None, q, k, v, *others)
-    q = as_float_array(q, "q", min_ndim=2, dtype=dtype, allow_bool=False)
-    k = as_float_array(k, "k", min_ndim=2, dtype=dtype, allow_bool=False)
-    v = as_float_array(v, "v", min_ndim=2, dtype=dtype, allow_bool=False)
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q has E={q.shape[-1]} features but k has {k.shape[-1]}")
-    if k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"k has S={k.shape[-2]} keys but v has {v.shape[-2]}")
-    if kw.enable_gqa and (q.ndim < 3 or k.ndim < 3 or v.ndim < 3):
-        raise ValueError(
-            "enable_gqa needs a head axis (-3) on q, k and v, got shapes "
-            f"{q.shape}, {k.shape}, {v.shape}"
-        )
+    q, k, v, dtype = check_qkv(q, k, v, kw.enable_gqa, others)
     scale = check_scale(scale, q.shape[-1])
     check_dot_range(q, k, scale * LOG2E, dtype)
     n_q, n_k = q.shape[-2], k.shape[-2]

@@ -40,7 +40,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import config
-from ._flash_args import band, check_keywords, dropout_words, kv_layout
+from ._flash_args import band, check_keywords, check_qkv, dropout_words, kv_layout
 from ._layout import flat_batch, unbroadcast
 from ._lengths import as_cu_seqlens, check_max_seqlen
 from ._threads import blas_one_thread, serial_below
@@ -49,7 +49,6 @@ from ._validation import (
     check_bool,
     check_dot_range,
     check_scale,
-    resolve_dtype,
 )
 from .device import device_for, kernels_for
 from .kernels.flash import LOG2E
@@ -63,19 +62,7 @@ class _Packed:
     def __init__(
         self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, kw, scale, others
     ):
-        dtype = resolve_dtype(None, q, k, v, *others)
-        q = as_float_array(q, "q", min_ndim=2, dtype=dtype, allow_bool=False)
-        k = as_float_array(k, "k", min_ndim=2, dtype=dtype, allow_bool=False)
-        v = as_float_array(v, "v", min_ndim=2, dtype=dtype, allow_bool=False)
-        if q.shape[-1] != k.shape[-1]:
-            raise ValueError(f"q has E={q.shape[-1]} features but k has {k.shape[-1]}")
-        if k.shape[-2] != v.shape[-2]:
-            raise ValueError(f"k has T_k={k.shape[-2]} packed keys but v has {v.shape[-2]}")
-        if kw.enable_gqa and (q.ndim < 3 or k.ndim < 3 or v.ndim < 3):
-            raise ValueError(
-                "enable_gqa needs a head axis (-3) on q, k and v, got shapes "
-                f"{q.shape}, {k.shape}, {v.shape}"
-            )
+        q, k, v, dtype = check_qkv(q, k, v, kw.enable_gqa, others, keys="T_k packed keys")
         t_q, t_k = q.shape[-2], k.shape[-2]
         self.cu_q = as_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", t_q)
         self.cu_k = as_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", t_k)
