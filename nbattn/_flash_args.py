@@ -35,7 +35,7 @@ ALIGNMENTS = ("top_left", "bottom_right")
 _SHIFT_ABOVE = 64.0
 
 
-def check_qkv(q, k, v, enable_gqa, others=(), keys="S keys"):
+def check_qkv(q, k, v, enable_gqa, others=(), keys=("S", "keys")):
     """q, k, v as arrays of one computation dtype (``others``, e.g. out and grad_out,
     take part in the dtype rule), with matching feature and key axes and, for
     grouped-query attention, a head axis; returns ``(q, k, v, dtype)``."""
@@ -46,7 +46,7 @@ def check_qkv(q, k, v, enable_gqa, others=(), keys="S keys"):
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q has E={q.shape[-1]} features but k has {k.shape[-1]}")
     if k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"k has {keys}={k.shape[-2]} but v has {v.shape[-2]}")
+        raise ValueError(f"k has {keys[0]}={k.shape[-2]} {keys[1]} but v has {v.shape[-2]}")
     if enable_gqa and (q.ndim < 3 or k.ndim < 3 or v.ndim < 3):
         raise ValueError(
             "enable_gqa needs a head axis (-3) on q, k and v, got shapes "

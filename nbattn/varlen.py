@@ -62,7 +62,7 @@ class _Packed:
     def __init__(
         self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, kw, scale, others
     ):
-        q, k, v, dtype = check_qkv(q, k, v, kw.enable_gqa, others, keys="T_k packed keys")
+        q, k, v, dtype = check_qkv(q, k, v, kw.enable_gqa, others, keys=("T_k", "packed keys"))
         t_q, t_k = q.shape[-2], k.shape[-2]
         self.cu_q = as_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", t_q)
         self.cu_k = as_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", t_k)
