@@ -8,7 +8,9 @@
    (1-D and 8-D, float32 and float64, exclude_self), a far query (nearest
    value, not 0/0), the LOO loss and gradients (log-widths and a metric),
    flash attention forward and backward (causal and not, L != S, D = 64 and
-   an odd D), numba device arrays in -> device arrays out, and torch CUDA
+   an odd D; masks, grouped-query heads, windows, bottom-right causal,
+   softcap, dropout), packed variable-length attention, KV-cache decoding,
+   mixed-type local-polynomial fits, numba device arrays in -> device arrays out, and torch CUDA
    tensors in -> torch CUDA tensors out when torch with CUDA is installed.
 2. Nadaraya-Watson pairs/s (queries x keys per second), 1-D and 8-D, float32,
    one output, inputs already on the GPU; the size grows from 2^14 x 2^14
@@ -318,6 +320,80 @@ def check_functional(report, tiny):
             for causal in (False, True):
                 name = f"flash {np.dtype(dtype).name} causal={causal} D={dim}"
                 report.guard(name, flash, dtype, causal, dim)
+
+    def flash_features(dtype):
+        heads, kv_heads, n_q, n_k, dim = (4, 2, 9, 13, 4) if tiny else (8, 2, 100, 130, 64)
+        tol = TOL[np.dtype(dtype)]
+        q = rng.normal(size=(heads, n_q, dim)).astype(dtype)
+        k = rng.normal(size=(kv_heads, n_k, dim)).astype(dtype)
+        v = rng.normal(size=(kv_heads, n_k, dim)).astype(dtype)
+        g = rng.normal(size=(heads, n_q, dim)).astype(dtype)
+        padding = rng.random(n_k) > 0.2
+        cases = {
+            "bool key-padding mask, GQA": dict(mask=padding[None, :], enable_gqa=True),
+            "float mask, window, bottom-right causal": dict(
+                mask=rng.normal(size=(n_q, n_k)),
+                enable_gqa=True,
+                window=(5, None),
+                causal=True,
+                causal_alignment="bottom_right",
+            ),
+            "softcap, dropout": dict(enable_gqa=True, softcap=2.0, dropout_p=0.25, random_state=7),
+        }
+        for label, kw in cases.items():
+            name = f"flash {label} {np.dtype(dtype).name}"
+            out, lse = nbattn.flash_attention(q, k, v, return_lse=True, device="cuda", **kw)
+            ref_out, ref_lse = nbattn.flash_attention(q, k, v, return_lse=True, **kw)
+            report.compare(f"{name} out", out, ref_out, tol)
+            got = nbattn.flash_attention_backward(q, k, v, out, lse, g, device="cuda", **kw)
+            ref = nbattn.flash_attention_backward(q, k, v, ref_out, ref_lse, g, **kw)
+            for grad_name, a, b in zip(("dq", "dk", "dv"), got, ref, strict=True):
+                report.compare(f"{name} {grad_name}", a, b, tol)
+
+    def varlen_and_decode(dtype):
+        tol = TOL[np.dtype(dtype)]
+        lengths = np.array([0, 5, 17] if tiny else [0, 50, 170, 1])
+        cu = np.concatenate([[0], np.cumsum(lengths)])
+        q = rng.normal(size=(4, cu[-1], 8)).astype(dtype)
+        kv = rng.normal(size=(2, cu[-1], 8)).astype(dtype)
+        kw = dict(causal=True, enable_gqa=True, window=(3, None))
+        got = nbattn.flash_attention_varlen(q, kv, kv, cu, cu, device="cuda", **kw)
+        ref = nbattn.flash_attention_varlen(q, kv, kv, cu, cu, **kw)
+        report.compare(f"varlen {np.dtype(dtype).name}", got, ref, tol)
+        s_max, b = 32 if tiny else 512, len(lengths)
+        cache_k = rng.normal(size=(b, 2, s_max, 8)).astype(dtype)
+        cache_v = rng.normal(size=(b, 2, s_max, 8)).astype(dtype)
+        seqlens = np.minimum(lengths, s_max - 2)
+        q1 = rng.normal(size=(b, 4, 2, 8)).astype(dtype)
+        k_new = rng.normal(size=(b, 2, 2, 8)).astype(dtype)
+        v_new = rng.normal(size=(b, 2, 2, 8)).astype(dtype)
+        outs = []
+        for device in ("cuda", "cpu"):
+            ck, cv = cache_k.copy(), cache_v.copy()
+            outs.append(
+                nbattn.flash_decode(
+                    q1, ck, cv, seqlens, k_new, v_new, enable_gqa=True, device=device
+                )
+            )
+        report.compare(f"flash_decode {np.dtype(dtype).name}", outs[0], outs[1], tol)
+
+    def local_mixed(degree):
+        n = 60 if tiny else 2000
+        X = np.column_stack(
+            [rng.normal(size=n), rng.normal(size=n), rng.integers(0, 3, n), rng.integers(0, 4, n)]
+        ).astype(float)
+        y = np.sin(X[:, 0]) + 0.3 * X[:, 2] + 0.1 * rng.normal(size=n)
+        widths = [0.5, 0.7, 0.2, 0.3]
+        kw = dict(degree=degree, var_type="ccuo", n_categories=[0, 0, 3, 4])
+        got = nbattn.local_polynomial(X[:20], X, y, widths, device="cuda", **kw)
+        ref = nbattn.local_polynomial(X[:20], X, y, widths, **kw)
+        report.compare(f"local polynomial degree {degree}", got, ref, 1e-9)
+
+    for dtype in (np.float32, np.float64):
+        report.guard(f"flash features {np.dtype(dtype).name}", flash_features, dtype)
+        report.guard(f"varlen and decode {np.dtype(dtype).name}", varlen_and_decode, dtype)
+    for degree in (0, 1):
+        report.guard(f"local polynomial degree {degree}", local_mixed, degree)
 
     torch = _torch_cuda()
     if torch is not None:
