@@ -51,7 +51,6 @@ KERNELS = {
     ("flash", "cuda"): "nbattn.cuda.flash",
     ("scores", "cpu"): "nbattn.kernels.scores",
     ("softmax", "cpu"): "nbattn.kernels.softmax",
-    ("attention", "cpu"): "nbattn.kernels.attention",
     ("local", "cpu"): "nbattn.kernels.local",
     ("loo_tiles", "cpu"): "nbattn.kernels.loo_tiles",
     ("local", "cuda"): "nbattn.cuda.local",

@@ -523,17 +523,21 @@ def test_multi_head_attention_grouped_kv_heads(rng, need_weights, stacked):
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_attention_masks_run_on_the_flash_tiles(rng, dtype, monkeypatch):
-    """attention() with a mask and causal takes the flash path (the streaming kernel is
-    never called) and matches torch."""
-    import nbattn.kernels.attention as streaming
+    """attention() with a mask and causal takes the flash path and matches torch."""
+    import nbattn.flash
 
-    def refuse(*args, **kwargs):
-        raise AssertionError("the streaming kernel was called")
+    calls = []
+    flash_attention = nbattn.flash.flash_attention
 
-    monkeypatch.setattr(streaming, "soft_attention", refuse)
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return flash_attention(*args, **kwargs)
+
+    monkeypatch.setattr(nbattn.flash, "flash_attention", counted)
     q, k, v, g = _inputs(rng, (2, 3, 17, 8), (2, 3, 17, 8), 5, dtype)
     mask = rng.random((2, 1, 17, 17)) > 0.3
     out = nbattn.attention(q, k, v, mask=mask, causal=True)
+    assert calls, "attention() with a mask did not take the flash path"
     tril = np.tril(np.ones((17, 17), bool))
     ref, _ = _torch_reference(q, k, v, g, mask=mask & tril)
     _close(out, ref, dtype, "out")

@@ -14,9 +14,8 @@ admissible entry: softmax gives an all-zero row and log_softmax an all
 normaliser is inverted once per row.
 
 ``row_max`` and ``exp_shift_sum`` are the one row maximum and the one
-exp-shift-sum of the CPU kernels (``nbattn.kernels.attention`` and
-``nbattn.kernels.flash`` inline them too; flash has a base-2 twin of the
-latter, ``exp2_shift_sum``, documented there).
+exp-shift-sum of the CPU kernels (``nbattn.kernels.flash`` has a base-2
+twin of the latter, ``exp2_shift_sum``, documented there).
 
 The online-softmax state of a query over a set of keys is ``(out, lse)``
 with ``out = sum_j softmax_j(s_j) v_j`` and ``lse = log sum_j exp(s_j)``;
