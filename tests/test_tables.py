@@ -11,7 +11,7 @@ from sklearn.pipeline import Pipeline
 
 import nbattn
 from nbattn import columns
-from tests.naive import table_local_polynomial
+from tests.naive import local_polynomial_exact
 
 KINDS = {"c": "continuous", "u": "unordered", "o": "ordered"}
 
@@ -36,18 +36,20 @@ def _frame(rng, n=60, kinds="cuo"):
 
 
 def _reference(model, frame_or_codes, degree=0):
-    """The plain-NumPy fit of a fitted model at already-encoded queries."""
-    return table_local_polynomial(
+    """The plain-NumPy fit of a fitted model at already-encoded queries: (fit (n, m),
+    slopes (n, m, d_continuous))."""
+    fit, coef, _ = local_polynomial_exact(
         frame_or_codes,
         model.X_fit_,
         model.y_fit_,
         model.bandwidth_,
         model.var_type_,
         columns.n_categories(model.categories_),
-        degree=degree,
+        degree,
         kernel=model.kernel if model.kernel != "average" else "gaussian",
         sample_weight=model.sample_weight_,
     )
+    return fit, np.swapaxes(coef[:, 1:, :], 1, 2)
 
 
 # ----------------------------------------------------------------------------- column kinds
