@@ -17,6 +17,7 @@ from nbattn.local import (
     local_polynomial,
     local_prediction_interval,
 )
+from nbattn.local_widths import local_loo_widths
 from nbattn.regression import nadaraya_watson
 from tests import naive
 
@@ -548,3 +549,60 @@ def test_degree_zero_gaussian_is_nadaraya_watson():
         rtol=1e-12,
         atol=1e-13,
     )
+
+
+def _grid_minimum(X, y, degree, var_type, counts, h_grid, lam_grid):
+    """The smallest LOO error over a brute-force grid of (h, lambda)."""
+    best = np.inf
+    for h in h_grid:
+        for lam in lam_grid:
+            loss = local_loo_loss(X, y, [h, lam], degree, var_type=var_type, n_categories=counts)
+            best = min(best, loss)
+    return best
+
+
+@pytest.mark.parametrize("degree", [0, 1])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "wiggly",  # several local minima in h (a fast wiggle on a slow trend)
+        "irrelevant category",  # the best lambda is at the end of its range
+        "pure noise",  # a flat criterion: the best h is at the wide end
+        pytest.param(
+            "ties",  # a continuous column with few distinct values: plateaus in h
+            marks=pytest.mark.xfail(
+                reason="known: with local-linear fits on tied x the best point (small h, "
+                "lambda = 0) is a narrow basin that only a joint move in (h, lambda) reaches; "
+                "the column sweep moves one parameter at a time",
+                strict=False,
+            ),
+        ),
+    ],
+)
+def test_loo_widths_no_worse_than_a_brute_force_grid(case, degree):
+    """On curves built to break it, the search is never worse than a dense grid of
+    (h, lambda), over several draws."""
+    var_type, counts = "cu", [0, 3]
+    lam_max = 2.0 / 3.0
+    h_grid = np.geomspace(0.01, 100.0, 41)
+    lam_grid = np.linspace(0.0, lam_max, 13)
+    for seed in range(3):
+        rng = np.random.default_rng(1000 + seed)
+        n = 60
+        x = rng.uniform(0, 4, n)
+        cat = rng.integers(0, 3, n).astype(float)
+        noise = 0.2 * rng.normal(size=n)
+        if case == "wiggly":
+            y = 0.5 * x + np.sin(6 * x) + noise
+        elif case == "irrelevant category":
+            y = np.sin(x) + noise
+        elif case == "pure noise":
+            y = rng.normal(size=n)
+        else:
+            x = np.round(x)
+            y = np.cos(x) + 0.5 * cat + noise
+        X = np.column_stack([x, cat])
+        widths = local_loo_widths(X, y, degree, var_type=var_type, n_categories=counts)
+        ours = local_loo_loss(X, y, widths, degree, var_type=var_type, n_categories=counts)
+        grid = _grid_minimum(X, y, degree, var_type, counts, h_grid, lam_grid)
+        assert ours <= grid * (1 + 1e-6), (case, seed, ours, grid, widths)
