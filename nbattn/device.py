@@ -5,7 +5,14 @@ from __future__ import annotations
 _DEVICES = ("cpu", "cuda", "auto")
 
 
-def cuda_available() -> bool:
+_NO_GPU = (
+    "device='cuda' needs a CUDA GPU with its driver and numba-cuda "
+    "(pip install 'nbattn[cuda]'); numba found no usable GPU here. "
+    "Use device='cpu' or device='auto'."
+)
+
+
+def _numba_sees_gpu() -> bool:
     """True when numba can see a usable CUDA GPU, or runs the CUDA simulator (never raises)."""
     try:
         from numba import cuda
@@ -17,24 +24,52 @@ def cuda_available() -> bool:
         return False
 
 
+def cuda_problem() -> str | None:
+    """Why ``device="cuda"`` cannot run here, as a sentence that names the fix; None
+    when it can (never raises).
+
+    Either numba sees no GPU, or it sees one but numba-cuda cannot compile
+    kernels with the installed NumPy (``nbattn.cuda.compat``: numba-cuda 0.30.4
+    with NumPy 2.5); the latter is checked once per process, only where a GPU is.
+    """
+    if not _numba_sees_gpu():
+        return _NO_GPU
+    try:
+        from .cuda.compat import numpy_problem
+
+        return numpy_problem()
+    except Exception:  # the check itself must never stand in the way
+        return None
+
+
+def cuda_available() -> bool:
+    """True when CUDA kernels can run here: numba sees a usable GPU (or runs the CUDA
+    simulator) and numba-cuda can compile with this NumPy (never raises)."""
+    return cuda_problem() is None
+
+
 def resolve_device(device: str) -> str:
     """Map a requested device to the one that runs: "auto" picks CUDA when a GPU is there.
 
-    "cuda" without a usable GPU raises a ValueError that says what is missing.
+    "cuda" where CUDA cannot run raises a ValueError that says what is missing
+    (:func:`cuda_problem`). "auto" falls back to the CPU: silently without a
+    GPU, with a ``RuntimeWarning`` that says why when a GPU is there but
+    numba-cuda cannot compile with this NumPy.
     """
     if device not in _DEVICES:
         raise ValueError(f"device must be one of {_DEVICES}, got {device!r}")
     if device == "cpu":
         return "cpu"
-    if cuda_available():
+    problem = cuda_problem()
+    if problem is None:
         return "cuda"
     if device == "auto":
+        if problem != _NO_GPU:
+            import warnings
+
+            warnings.warn(f"{problem} Running on the CPU.", RuntimeWarning, stacklevel=2)
         return "cpu"
-    raise ValueError(
-        "device='cuda' needs a CUDA GPU with its driver and numba-cuda "
-        "(pip install 'nbattn[cuda]'); numba found no usable GPU here. "
-        "Use device='cpu' or device='auto'."
-    )
+    raise ValueError(problem)
 
 
 #: The one dispatch table: (op, device) -> the module that implements ``op``

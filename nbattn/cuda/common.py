@@ -1,5 +1,7 @@
-"""What every CUDA kernel module shares: device views, the kernel cache, launches.
+"""What every CUDA kernel module shares: the decorator, device views, the kernel cache, launches.
 
+* :func:`jit`: the one decorator of every CUDA kernel and device function
+  (numba's ``cuda.jit`` with ``cache=True``);
 * :func:`to_device`: the one way host or GPU arrays become numba device arrays;
 * :func:`compiled`: the one cache of kernels built per compile-time sizes;
 * :func:`launch`, :func:`threads_for`, :func:`tile_rows`, :func:`shared_bytes`:
@@ -28,24 +30,52 @@ from numba import cuda
 
 from .. import config
 
+
+def jit(func_or_sig=None, **options):
+    """numba's ``cuda.jit`` with ``cache=True``: the decorator of every kernel and
+    device function in ``nbattn.cuda``, used as ``@jit`` or ``@jit(device=True, ...)``.
+
+    Kernels go to numba's on-disk cache (``NUMBA_CACHE_DIR``, else the
+    ``__pycache__`` beside the module or the user's cache folder), so a new
+    process loads them instead of compiling them again (the first run on an
+    H200 spent about two minutes compiling the kernel-twin checks alone).
+    Kernels built per compile-time sizes are closures: numba keys each cache
+    entry on the function's bytecode and a hash of its closure's values
+    (sizes, dtypes, the device functions it calls, pickled by value), so one
+    source file holds every specialisation. Device functions accept
+    ``cache=True`` and are compiled into (and cached with) the kernels that
+    call them. The CUDA simulator accepts and ignores it.
+
+    What numba's cache does not see, as for CPU kernels: module globals that
+    a kernel reads (frozen at compile time, so tunables reach kernels as
+    closure values or arguments, never as globals) and edits of another
+    module holding a device function that a kernel calls (after changing
+    ``common.py``, ``far.py`` or ``dropout.py`` in a checkout, clear the cache).
+    """
+    options.setdefault("cache", True)
+    if func_or_sig is None:
+        return cuda.jit(**options)
+    return cuda.jit(func_or_sig, **options)
+
+
 #: Most (batch, head) slices per launch: the grid's y dimension is capped at
 #: 65,535 by the hardware (a limit, not a tunable).
 MAX_GRID_Y = 65535
 
 
-@cuda.jit(device=True)
+@jit(device=True)
 def imin(a, b):
     """The smaller of two numbers."""
     return a if a < b else b
 
 
-@cuda.jit(device=True)
+@jit(device=True)
 def imax(a, b):
     """The larger of two numbers."""
     return a if a > b else b
 
 
-@cuda.jit(device=True, inline=True)
+@jit(device=True, inline=True)
 def load_columns(tile, block_k, j0, nb, first, n_first, second, n_second):
     """Columns j0:j0 + nb of two feature-major arrays into one tile of ``block_k`` columns.
 

@@ -47,7 +47,7 @@ import numpy as np
 from numba import cuda, types
 
 from .. import config
-from .common import MAX_GRID_Y, compiled, imax, imin, to_device
+from .common import MAX_GRID_Y, compiled, imax, imin, jit, to_device
 from .flash import exp2_for
 
 __all__ = ["decode_kernel", "decode_partials"]
@@ -63,7 +63,7 @@ def _make_decode_kernel(float_type, d, d_v):
     minus_inf = -math.inf
     exp2 = exp2_for(np.float64)  # states in float64: exp2 of float64 differences
 
-    @cuda.jit(device=True, inline=True)
+    @jit(device=True, inline=True)
     def key_range(p, total, causal, left, right):
         """[lo, hi] (inclusive) of the keys query position ``p`` admits."""
         lo = imax(0, p - left) if left >= 0 else 0
@@ -74,7 +74,7 @@ def _make_decode_kernel(float_type, d, d_v):
             hi = imin(hi, p + right)
         return lo, hi
 
-    @cuda.jit(device=True, inline=True)
+    @jit(device=True, inline=True)
     def row_state(rows, q_base, k_cache, v_cache, b, hk, j_lo, j_hi, cap, acc):
         """(m, l) over keys j_lo..j_hi - 1 (base 2) of the scaled query row at
         rows[q_base:q_base + d] (shared memory); acc (Ev) relative to m."""
@@ -102,7 +102,7 @@ def _make_decode_kernel(float_type, d, d_v):
                 acc[c] += wf * v_cache[b, hk, j, c]
         return m, l_sum
 
-    @cuda.jit(device=True, inline=True)
+    @jit(device=True, inline=True)
     def write(part_out, part_lse, split, out_row, m, l_sum, acc):
         """The chunk state of one row: out = acc / l, lse = m ln 2 + log l (zeros, -inf)."""
         if l_sum > 0.0:
@@ -114,7 +114,7 @@ def _make_decode_kernel(float_type, d, d_v):
                 part_out[split, out_row, c] = 0.0
             part_lse[split, out_row] = minus_inf
 
-    @cuda.jit
+    @jit
     def decode_kernel(
         q, k_cache, v_cache, totals, starts, chunks, ends, n_rep, scale, causal, left, right,
         softcap, n_sub, item0, part_out, part_lse,

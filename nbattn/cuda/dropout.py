@@ -26,7 +26,8 @@ scores; only dropout kernels contain them.
 from __future__ import annotations
 
 import numpy as np
-from numba import cuda
+
+from .common import jit
 
 __all__ = ["add64", "counter", "keep", "mul64"]
 
@@ -40,7 +41,7 @@ _MIX2 = np.uint64(0x94D049BB133111EB)
 _S30, _S27, _S31, _S40 = np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(40)
 
 
-@cuda.jit(device=True, inline=True)
+@jit(device=True, inline=True)
 def mul64(a, b):
     """a * b mod 2**64 for uint64 a, b, from 32-bit halves (no intermediate overflows)."""
     a0 = a & _LOW
@@ -52,7 +53,7 @@ def mul64(a, b):
     return ((mid & _LOW) << _32) | (low & _LOW)
 
 
-@cuda.jit(device=True, inline=True)
+@jit(device=True, inline=True)
 def add64(a, b):
     """a + b mod 2**64 for uint64 a, b, from 32-bit halves (no intermediate overflows)."""
     low = (a & _LOW) + (b & _LOW)
@@ -60,14 +61,14 @@ def add64(a, b):
     return ((high & _LOW) << _32) | (low & _LOW)
 
 
-@cuda.jit(device=True, inline=True)
+@jit(device=True, inline=True)
 def counter(bh, i, j, n_q, n_k):
     """(bh * n_q + i) * n_k + j as a uint64 (wrapping), from non-negative integers."""
     row = add64(mul64(_U(bh), _U(n_q)), _U(i))
     return add64(mul64(row, _U(n_k)), _U(j))
 
 
-@cuda.jit(device=True, inline=True)
+@jit(device=True, inline=True)
 def keep(seed, count, threshold):
     """True when the weight numbered ``count`` survives dropout (all three uint64).
 

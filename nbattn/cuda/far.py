@@ -36,9 +36,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import cuda
 
 from .. import config
+from .common import jit
 
 #: How a second pass gets a row's weights (the CPU's ``_row_setup`` modes).
 DIRECT, DIRECT_FLOAT64, ANCHORED = 0, 1, 2
@@ -64,14 +64,14 @@ def far_rows(lse, dtype):
     return np.flatnonzero(~(np.asarray(host, dtype=np.float64) >= -far_limit(dtype)))
 
 
-@cuda.jit(device=True, inline=True)
+@jit(device=True, inline=True)
 def has_admissible_key(n_keys, own):
     """Whether a row over ``n_keys`` keys with key ``own`` skipped (-1: none) has any key."""
     skipped = 1 if 0 <= own and own < n_keys else 0
     return n_keys - skipped > 0
 
 
-@cuda.jit(device=True, inline=True)
+@jit(device=True, inline=True)
 def two_sum(a, b):
     """(s, e) with s = fl(a + b) and s + e = a + b exactly (Knuth's TwoSum)."""
     s = a + b
@@ -79,7 +79,7 @@ def two_sum(a, b):
     return s, (a - (s - bb)) + (b - bb)
 
 
-@cuda.jit(device=True)
+@jit(device=True)
 def far_scale(q_row, keys_t):
     """A power of two c with c * max(|z_q|, |z_k|) <= 2**500 (1 when already so)."""
     big = 0.0
@@ -98,7 +98,7 @@ def far_scale(q_row, keys_t):
     return c
 
 
-@cuda.jit(device=True)
+@jit(device=True)
 def scaled_distance(q_row, keys_t, j, c):
     """sum_f (c k_jf - c q_f)^2 (finite for the scaled inputs)."""
     total = 0.0
@@ -108,7 +108,7 @@ def scaled_distance(q_row, keys_t, j, c):
     return total
 
 
-@cuda.jit(device=True)
+@jit(device=True)
 def scaled_relative(q_row, keys_t, j, a, c):
     """c**2 (s_j - s_a) = sum_f (c k_jf - c k_af) (2 c q_f - c k_jf - c k_af), TwoSum'd."""
     total = 0.0
@@ -122,7 +122,7 @@ def scaled_relative(q_row, keys_t, j, a, c):
     return total
 
 
-@cuda.jit(device=True, inline=True)
+@jit(device=True, inline=True)
 def unscaled(r, inv_c):
     """r / c**2, at most the largest float (0 stays 0, never 0 * inf)."""
     if r == 0.0:
@@ -131,7 +131,7 @@ def unscaled(r, inv_c):
     return v if v < _FLOAT64_MAX else _FLOAT64_MAX
 
 
-@cuda.jit(device=True)
+@jit(device=True)
 def far_score(q_row, keys_t, j, own, anchor, c):
     """r_j = s_j - s_anchor (float64; -inf for the key ``own``)."""
     if j == own:
@@ -139,7 +139,7 @@ def far_score(q_row, keys_t, j, own, anchor, c):
     return unscaled(scaled_relative(q_row, keys_t, j, anchor, c), 1.0 / c)
 
 
-@cuda.jit(device=True)
+@jit(device=True)
 def far_state(q_row, keys_t, own):
     """Anchor and normaliser of a far row: ``(a, c, s_a, shift, l)`` (the CPU's far_state).
 
@@ -179,7 +179,7 @@ def far_state(q_row, keys_t, own):
     return anchor, c, s_a, shift, total
 
 
-@cuda.jit(device=True)
+@jit(device=True)
 def direct_score64(q_row, keys_t, j):
     """s_j = -||z_q - z_j||^2 in float64 (exact differences of float32 inputs)."""
     s = 0.0
@@ -189,7 +189,7 @@ def direct_score64(q_row, keys_t, j):
     return s
 
 
-@cuda.jit(device=True)
+@jit(device=True)
 def direct_state64(q_row, keys_t, own):
     """(m, l) of one row with float64 scores: m = max_j s_j, l = sum_j exp(s_j - m)."""
     m = -math.inf
@@ -207,23 +207,25 @@ def direct_state64(q_row, keys_t, own):
     return m, total
 
 
-@cuda.jit(device=True)
-def repair_state(q_row, keys_t, own, limit):
+@jit(device=True)
+def repair_state(q_row, keys_t, own, limit, limit64):
     """``(mode, anchor, c, shift, l)`` of a far row of a first pass (the tail of the
     CPU's ``pool_row``), for a row with an admissible key whose direct best score
     lies below ``-limit`` (the dtype's far limit): a float32 row takes float64
     scores (mode DIRECT_FLOAT64, shift = m), unless those too lie beyond
-    FAR_SCORE_FLOAT64 or overflow; then the anchored form (ANCHORED). The weights
-    are :func:`far_weight` ``(..., shift, anchor, c, shift) / l``."""
-    if limit < FAR_SCORE_FLOAT64:
+    ``limit64`` (float64's far limit) or overflow; then the anchored form
+    (ANCHORED). The weights are :func:`far_weight` ``(..., shift, anchor, c, shift) / l``.
+    Both limits are arguments, not this module's globals, so that they enter the
+    calling kernels' closures and so their disk-cache keys (``common.jit``)."""
+    if limit < limit64:
         m, total = direct_state64(q_row, keys_t, own)
-        if m >= -FAR_SCORE_FLOAT64:
+        if m >= -limit64:
             return DIRECT_FLOAT64, -1, 1.0, m, total
     anchor, c, s_a, shift, total = far_state(q_row, keys_t, own)
     return ANCHORED, anchor, c, shift, total
 
 
-@cuda.jit(device=True)
+@jit(device=True)
 def weighted_value(q_row, keys_t, values_t, o, own, mode, anchor, c, shift):
     """sum_j w_j values_t[o, j] with the unnormalised weights of :func:`repair_state`."""
     total = 0.0
@@ -235,11 +237,11 @@ def weighted_value(q_row, keys_t, values_t, o, own, mode, anchor, c, shift):
     return total
 
 
-@cuda.jit(device=True)
-def far_squared_error(q_row, keys_t, values_t, targets, i, own, limit):
+@jit(device=True)
+def far_squared_error(q_row, keys_t, values_t, targets, i, own, limit, limit64):
     """sum_c (f_c - targets[i, c])^2 for a far row of a first pass, f_c its prediction
     from :func:`repair_state`'s weights (the LOO loss's far rows)."""
-    mode, anchor, c, shift, total = repair_state(q_row, keys_t, own, limit)
+    mode, anchor, c, shift, total = repair_state(q_row, keys_t, own, limit, limit64)
     sq = 0.0
     for o in range(values_t.shape[0]):
         value = weighted_value(q_row, keys_t, values_t, o, own, mode, anchor, c, shift)
@@ -248,18 +250,18 @@ def far_squared_error(q_row, keys_t, values_t, targets, i, own, limit):
     return sq
 
 
-@cuda.jit(device=True)
-def row_setup(q_row, keys_t, own, lse_i, limit):
+@jit(device=True)
+def row_setup(q_row, keys_t, own, lse_i, limit, limit64):
     """``(skip, mode, anchor, c, shift)`` of one row of a second pass (the CPU's
     ``_row_setup``): DIRECT when lse_i >= -limit; skip a row with lse = -inf and
-    no admissible key; DIRECT_FLOAT64 when lse_i >= -FAR_SCORE_FLOAT64; else
+    no admissible key; DIRECT_FLOAT64 when lse_i >= -limit64; else
     ANCHORED with shift = max r + log l (skip when lse = -inf is not an overflow:
     a row the caller leaves out)."""
     if lse_i >= -limit:
         return False, DIRECT, -1, 1.0, 0.0
     if lse_i == -math.inf and not has_admissible_key(keys_t.shape[1], own):
         return True, DIRECT, -1, 1.0, 0.0
-    if lse_i >= -FAR_SCORE_FLOAT64:
+    if lse_i >= -limit64:
         return False, DIRECT_FLOAT64, -1, 1.0, 0.0
     anchor, c, s_a, shift, total = far_state(q_row, keys_t, own)
     if lse_i == -math.inf and s_a > -math.inf:
@@ -267,7 +269,7 @@ def row_setup(q_row, keys_t, own, lse_i, limit):
     return anchor < 0, ANCHORED, anchor, c, shift + math.log(total)
 
 
-@cuda.jit(device=True)
+@jit(device=True)
 def far_weight(q_row, keys_t, j, own, mode, lse_i, anchor, c, shift):
     """w_j of a DIRECT_FLOAT64 or ANCHORED row (float64; 0 for the key ``own``)."""
     if j == own:

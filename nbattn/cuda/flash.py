@@ -93,6 +93,7 @@ from .common import (
     compiled,
     imax,
     imin,
+    jit,
     launch,
     shared_bytes,
     tile_rows,
@@ -130,14 +131,14 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-@cuda.jit(device=True, inline=True)
+@jit(device=True, inline=True)
 def aligned(n):
     """``n`` rounded up to a multiple of 4: a tile offset whose 4-byte floats start
     16-byte aligned, which the compiler can see (vector loads from there)."""
     return (n + 3) // 4 * 4
 
 
-@cuda.jit(device=True, inline=True)
+@jit(device=True, inline=True)
 def block_any(flag):
     """Whether ``flag`` holds for some thread of the block (a barrier: every thread calls it).
 
@@ -149,7 +150,7 @@ def _make_tile_functions(float_type, n):
     zero = float_type(0.0)
     n4 = n - n % 4  # dot products of length n run as four independent sums (ILP)
 
-    @cuda.jit(device=True, inline=True)
+    @jit(device=True, inline=True)
     def load_rows(tile, offset, src, bh, r0, nb, factor):
         """tile[offset + r * n + c] = src[bh, r0 + r, c] * factor for r < nb, c < n.
 
@@ -158,7 +159,7 @@ def _make_tile_functions(float_type, n):
         for idx in range(cuda.threadIdx.x, nb * n, cuda.blockDim.x):
             tile[offset + idx] = src[bh, r0 + idx // n, idx % n] * factor
 
-    @cuda.jit(device=True, inline=True)
+    @jit(device=True, inline=True)
     def dot(row, tile, base):
         """sum_f row[f] * tile[base + f] over the n floats of a register row."""
         s0, s1, s2, s3 = zero, zero, zero, zero
@@ -171,7 +172,7 @@ def _make_tile_functions(float_type, n):
             s0 += row[f] * tile[base + U(f)]
         return (s0 + s1) + (s2 + s3)
 
-    @cuda.jit(device=True, inline=True)
+    @jit(device=True, inline=True)
     def axpy(acc, w, tile, base):
         """acc[f] += w * tile[base + f] for the n floats of a register row."""
         for f in range(n):
@@ -225,7 +226,7 @@ def _make_kernels(float_type, d, d_v, mask_kind, use_alibi, use_softcap, use_dro
     load_v, dot_v, axpy_v = tile_functions(float_type, d_v)  # rows of V, O, dO, dV
     has_mask = mask_kind != NO_MASK
 
-    @cuda.jit(device=True, inline=True)
+    @jit(device=True, inline=True)
     def mask_term(mask, m_bh, i, j):
         """The mask's term for (row i, key j): 0 or -inf (boolean), the entry (float).
         A mask with one row (key padding) serves every row."""
@@ -235,7 +236,7 @@ def _make_kernels(float_type, d, d_v, mask_kind, use_alibi, use_softcap, use_dro
             return zero if mask[m_bh, row, col] else minus_inf
         return float_type(mask[m_bh, row, col])
 
-    @cuda.jit(device=True, inline=True)
+    @jit(device=True, inline=True)
     def any_admissible(mask, m_bh, i, j_lo, j_hi):
         """Whether the mask admits (row i, key j) for some j in j_lo:j_hi."""
         for j in range(j_lo, j_hi):
@@ -243,7 +244,7 @@ def _make_kernels(float_type, d, d_v, mask_kind, use_alibi, use_softcap, use_dro
                 return True
         return False
 
-    @cuda.jit(device=True, inline=True)
+    @jit(device=True, inline=True)
     def terms(s, mask, m_bh, slope, i, j):
         """The score plus the mask's and ALiBi's terms for (row i, key j)."""
         if has_mask:
@@ -252,7 +253,7 @@ def _make_kernels(float_type, d, d_v, mask_kind, use_alibi, use_softcap, use_dro
             s += slope * float_type(j - i)
         return s
 
-    @cuda.jit(device=True, inline=True)
+    @jit(device=True, inline=True)
     def sequence(item, n_slices, cu_q, cu_k, offsets):
         """(seq, slice, first row, rows, first key, keys, lo_off, hi_off) of grid row
         ``item`` = seq * n_slices + slice: the packed sequence's place in q and k
@@ -266,7 +267,7 @@ def _make_kernels(float_type, d, d_v, mask_kind, use_alibi, use_softcap, use_dro
         n_k = cu_k[seq + 1] - a_k
         return seq, item - seq * n_slices, a_q, n_q, a_k, n_k, offsets[seq, 0], offsets[seq, 1]
 
-    @cuda.jit(device=True, inline=True)
+    @jit(device=True, inline=True)
     def capped(s, cap, inv_cap):
         """(cap tanh(s / cap), tanh(s / cap)) with a softcap, else (s, 0)."""
         if use_softcap:
@@ -274,7 +275,7 @@ def _make_kernels(float_type, d, d_v, mask_kind, use_alibi, use_softcap, use_dro
             return cap * t, t
         return s, zero
 
-    @cuda.jit
+    @jit
     def flash_forward_kernel(
         q, k, v, kv_index, cu_q, cu_k, offsets, mask, mask_index, slopes, q_factor, softcap,
         seed, threshold, n_rows, n_cols, row0, col0, keep_scale, block_k, bh0, out, lse,
@@ -356,7 +357,7 @@ def _make_kernels(float_type, d, d_v, mask_kind, use_alibi, use_softcap, use_dro
                     out[bh, a_q + i, c] = zero
                 lse[bh, a_q + i] = -math.inf
 
-    @cuda.jit
+    @jit
     def flash_dq_kernel(
         q, k, v, out, lse, dout, kv_index, cu_q, cu_k, offsets, mask, mask_index, slopes,
         q_factor, scale, softcap, seed, threshold, n_rows, n_cols, row0, col0, keep_scale,
@@ -442,7 +443,7 @@ def _make_kernels(float_type, d, d_v, mask_kind, use_alibi, use_softcap, use_dro
         """One thread per key: dK (want_dk) or dV (want_dv) of its key row, summed over
         the query slices that read its key/value slice."""
 
-        @cuda.jit
+        @jit
         def flash_dkdv_kernel(
             q, k, v, lse, dout, delta, readers, reader_start, cu_q, cu_k, offsets, mask,
             mask_index, slopes, q_factor, softcap, seed, threshold, n_rows, n_cols, row0, col0,

@@ -20,10 +20,10 @@ import numpy as np
 from numba import cuda
 
 from ..kernels.fastmath import power_of_two_scale
-from .common import launch
+from .common import jit, launch
 
 
-@cuda.jit
+@jit
 def _count_nonfinite_kernel(x, counter):
     start = cuda.grid(1)
     stride = cuda.gridsize(1)
@@ -34,7 +34,7 @@ def _count_nonfinite_kernel(x, counter):
             cuda.atomic.add(counter, 0, 1)
 
 
-@cuda.jit
+@jit
 def _count_nan_or_posinf_kernel(x, counter):
     start = cuda.grid(1)
     stride = cuda.gridsize(1)
@@ -45,7 +45,7 @@ def _count_nan_or_posinf_kernel(x, counter):
             cuda.atomic.add(counter, 0, 1)
 
 
-@cuda.jit
+@jit
 def _column_spread_kernel(x, shift, spread):
     start = cuda.grid(1)
     stride = cuda.gridsize(1)
@@ -55,7 +55,7 @@ def _column_spread_kernel(x, shift, spread):
         cuda.atomic.max(spread, f, abs(x[flat // n_cols, f] - shift[f]))
 
 
-@cuda.jit
+@jit
 def _column_sums_kernel(x, shift, inv_scale, sums, sums_sq):
     start = cuda.grid(1)
     stride = cuda.gridsize(1)
@@ -67,7 +67,7 @@ def _column_sums_kernel(x, shift, inv_scale, sums, sums_sq):
         cuda.atomic.add(sums_sq, f, centred * centred)
 
 
-@cuda.jit
+@jit
 def _scaled_transpose_kernel(src, scale, dst):
     start = cuda.grid(1)
     stride = cuda.gridsize(1)
@@ -78,7 +78,7 @@ def _scaled_transpose_kernel(src, scale, dst):
         dst[f, j] = src[j, f] * scale[f]
 
 
-@cuda.jit
+@jit
 def _scaled_copy_kernel(src, scale, dst):
     start = cuda.grid(1)
     stride = cuda.gridsize(1)

@@ -49,7 +49,7 @@ import numpy as np
 from numba import cuda, from_dtype
 
 from .. import config
-from .common import compiled, imin, launch, tile_rows, to_device
+from .common import compiled, imin, jit, launch, tile_rows, to_device
 
 __all__ = [
     "fit_kernel",
@@ -90,7 +90,7 @@ def _design_rows(dc, degree):
 
 
 def _make_dlog_kernel(kernel):
-    @cuda.jit(device=True, inline=True)
+    @jit(device=True, inline=True)
     def dlog_kernel(d):
         """s'(d), the derivative of log K(d) (0 outside a compact support)."""
         if kernel == GAUSSIAN:
@@ -114,7 +114,7 @@ def _make_pair(dc, dk, kernel, degree, missing):
     weight_row = dc + dk
     minus_inf = -math.inf
 
-    @cuda.jit(device=True, inline=True)
+    @jit(device=True, inline=True)
     def pair_score(tile, block_k, jj, q_cont_row, q_cat_row, cat, x):
         """The score s_j of the key in column ``jj`` of the tile, and its design vector.
 
@@ -184,7 +184,7 @@ def pair_function(dc, dk, kernel, degree, missing):
 def _make_solve(p, n_out):
     pivot_tol = float(config.LOCAL_PIVOT_TOL)
 
-    @cuda.jit(device=True)
+    @jit(device=True)
     def solve(moments, rhs, ridge, i, g, beta):
         """Solve (M + ridge diag(0, M_11, ...)) [g, beta] = [e_1, rhs] for query i.
 
@@ -255,7 +255,7 @@ def solve_function(p, n_out):
     return compiled(("local_solve", int(p), int(n_out)), lambda: _make_solve(int(p), int(n_out)))
 
 
-@cuda.jit(device=True, inline=True)
+@jit(device=True, inline=True)
 def load_tile(tile, block_k, j0, nb, keys_cont_t, keys_cat_t, log_weights, values_t):
     """Keys j0:j0 + nb into the tile: continuous rows, categorical rows, the log
     weight, then the values (or residuals) rows; consecutive threads on
@@ -272,7 +272,7 @@ def load_tile(tile, block_k, j0, nb, keys_cont_t, keys_cat_t, log_weights, value
             tile[(dc + dk + 1 + f) * block_k + jj] = values_t[f, j0 + jj]
 
 
-@cuda.jit(device=True)
+@jit(device=True)
 def nearest_key(i, q_cont, keys_cont_t, q_cat, keys_cat_t, log_weights, exclude_self):
     """The admissible key nearest query i: fewest unequal categories, then the
     smallest sum of squared scaled differences (missing entries ignored), the
@@ -307,7 +307,7 @@ def _query_state(dc, dk):
     row stays in registers; the categorical terms, the same for every thread, are
     read from global memory, where all threads of a warp share one load)."""
 
-    @cuda.jit(device=True, inline=True)
+    @jit(device=True, inline=True)
     def load_query(i, active, q_cont, q_cat, q_cont_row, q_cat_row):
         for c in range(dc):
             q_cont_row[c] = q_cont[i, c] if active else 0.0
@@ -331,7 +331,7 @@ def _make_fit_kernel(dc, dk, kernel, degree, missing, n_out, do_mfx):
     load_query = _query_state(dc, dk)
     minus_inf = -math.inf
 
-    @cuda.jit
+    @jit
     def local_fit_kernel(
         q_cont,
         keys_cont_t,
@@ -568,7 +568,7 @@ def _make_interval_kernel(dc, dk, kernel, degree, missing, n_out):
     load_query = _query_state(dc, dk)
     minus_inf = -math.inf
 
-    @cuda.jit
+    @jit
     def local_interval_sums_kernel(
         q_cont,
         keys_cont_t,
@@ -716,7 +716,7 @@ def _make_gradient_kernel(dc, dk, kernel, degree, missing, n_out):
     load_query = _query_state(dc, dk)
     minus_inf = -math.inf
 
-    @cuda.jit
+    @jit
     def local_loo_gradient_kernel(
         q_cont,
         keys_cont_t,

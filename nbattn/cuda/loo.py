@@ -64,7 +64,7 @@ from numba import cuda, from_dtype
 from .. import config
 from ..kernels.fastmath import power_of_two_scale
 from . import far
-from .common import compiled, exp_for, imin, launch, load_columns, tile_rows, to_device
+from .common import compiled, exp_for, imin, jit, launch, load_columns, tile_rows, to_device
 from .pooling import pool_row_function, tile_score_function
 
 __all__ = [
@@ -88,8 +88,9 @@ def _make_loss_kernel(float_type, k, n_outputs):
     tile_type = from_dtype(np.dtype(float_type))
     pool_row = pool_row_function(float_type, k, n_outputs)
     limit = far.far_limit(float_type)
+    limit64 = far.FAR_SCORE_FLOAT64
 
-    @cuda.jit
+    @jit
     def loo_squared_error_kernel(queries, keys_t, values_t, targets, self_index, bk, out):
         """Adds sum_i sum_c (f_-i(q_i)_c - targets_ic)^2 over this launch's outputs to out[0]."""
         tile = cuda.shared.array(0, dtype=tile_type)  # (k + n_outputs) x bk
@@ -112,7 +113,9 @@ def _make_loss_kernel(float_type, k, n_outputs):
                     err = acc[c] * inv - targets[i, c]
                     sq += err * err
             else:  # a far row (rare): redone as on the CPU (acc left alone: it stays in registers)
-                sq = far.far_squared_error(queries[i], keys_t, values_t, targets, i, own, limit)
+                sq = far.far_squared_error(
+                    queries[i], keys_t, values_t, targets, i, own, limit, limit64
+                )
             cuda.atomic.add(block_sum, 0, sq)
         cuda.syncthreads()
         if cuda.threadIdx.x == 0:
@@ -125,7 +128,7 @@ def _make_pair_weight(float_type):
     exp = exp_for(float_type)
     zero = float_type(0.0)
 
-    @cuda.jit(device=True, inline=True)
+    @jit(device=True, inline=True)
     def pair_weight(tile, bk, jj, queries, i, shift, values_t, resid, centers, j):
         """g_ij = exp(s_ij - lse_i) * sum_c resid[i, c] (values_t[c, j] - centers[i, c]).
 
@@ -146,7 +149,7 @@ def _make_pair_weight(float_type):
     return pair_weight
 
 
-@cuda.jit(device=True, inline=True)
+@jit(device=True, inline=True)
 def pair_residual(values_t, resid, centers, i, j):
     """sum_c resid[i, c] (values_t[c, j] - centers[i, c]), in the input dtype."""
     total = resid[i, 0] * (values_t[0, j] - centers[i, 0])
@@ -169,7 +172,7 @@ def _make_grad_kernels(float_type, n_acc):
     pair_weight = pair_weight_function(float_type)
     limit = far.far_limit(float_type)
 
-    @cuda.jit
+    @jit
     def loo_grad_diag_kernel(
         queries, keys_t, values_t, resid, centers, lse, self_offset, f0, bk, out
     ):
@@ -213,7 +216,7 @@ def _make_grad_kernels(float_type, n_acc):
         for a in range(tx, n_acc, tpb):
             cuda.atomic.add(out, f0 + a, block_acc[a])
 
-    @cuda.jit
+    @jit
     def loo_grad_full_kernel(
         queries,
         keys_t,
@@ -280,8 +283,9 @@ def _make_far_grad_kernels(float_type, n_acc):
     """The (diag, full) gradient kernels of far rows: one thread per listed row, keys
     read from global memory, weights from ``far.row_setup`` / ``far.far_weight``."""
     limit = far.far_limit(float_type)
+    limit64 = far.FAR_SCORE_FLOAT64
 
-    @cuda.jit
+    @jit
     def far_grad_diag_kernel(
         queries, keys_t, values_t, resid, centers, lse, self_offset, rows, f0, out
     ):
@@ -291,7 +295,9 @@ def _make_far_grad_kernels(float_type, n_acc):
             return
         i = rows[t]
         own = i + self_offset
-        skip, mode, anchor, scale, shift = far.row_setup(queries[i], keys_t, own, lse[i], limit)
+        skip, mode, anchor, scale, shift = far.row_setup(
+            queries[i], keys_t, own, lse[i], limit, limit64
+        )
         if skip:
             return
         acc = cuda.local.array(n_acc, dtype=np.float64)
@@ -308,7 +314,7 @@ def _make_far_grad_kernels(float_type, n_acc):
         for a in range(n_acc):
             cuda.atomic.add(out, f0 + a, acc[a])
 
-    @cuda.jit
+    @jit
     def far_grad_full_kernel(
         queries,
         keys_t,
@@ -331,7 +337,9 @@ def _make_far_grad_kernels(float_type, n_acc):
         i = rows[t]
         own = i + self_offset
         d = points.shape[1]
-        skip, mode, anchor, scale, shift = far.row_setup(queries[i], keys_t, own, lse[i], limit)
+        skip, mode, anchor, scale, shift = far.row_setup(
+            queries[i], keys_t, own, lse[i], limit, limit64
+        )
         if skip:
             return
         acc = cuda.local.array(n_acc, dtype=np.float64)
@@ -481,7 +489,7 @@ def _make_spread_kernel(float_type, k, n_outputs):
     # registers, which spares n_outputs registers of per-tile sums.
     per_tile = np.dtype(float_type) != np.float64
 
-    @cuda.jit
+    @jit
     def gaussian_spread_kernel(
         queries, keys_t, values_t, centers, lse, exclude_self, bk, var, sum_w2
     ):
@@ -541,8 +549,9 @@ def _make_spread_kernel(float_type, k, n_outputs):
 
 def _make_far_spread_kernel(float_type):
     limit = far.far_limit(float_type)
+    limit64 = far.FAR_SCORE_FLOAT64
 
-    @cuda.jit
+    @jit
     def far_spread_kernel(queries, keys_t, values_t, centers, lse, exclude_self, rows, var, sum_w2):
         """var[i, c] and sum_w2[i] of the far row i = rows[t] (the tiled kernel left
         them 0), with the weights of ``far.row_setup`` / ``far.far_weight``."""
@@ -551,7 +560,9 @@ def _make_far_spread_kernel(float_type):
             return
         i = rows[t]
         own = i if exclude_self else -1
-        skip, mode, anchor, scale, shift = far.row_setup(queries[i], keys_t, own, lse[i], limit)
+        skip, mode, anchor, scale, shift = far.row_setup(
+            queries[i], keys_t, own, lse[i], limit, limit64
+        )
         if skip:
             return
         w2 = 0.0

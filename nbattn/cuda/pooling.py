@@ -37,7 +37,7 @@ import numpy as np
 from numba import cuda, from_dtype
 
 from .. import config
-from .common import compiled, exp_for, imin, launch, load_columns, tile_rows, to_device
+from .common import compiled, exp_for, imin, jit, launch, load_columns, tile_rows, to_device
 
 __all__ = [
     "gaussian_pool",
@@ -53,7 +53,7 @@ __all__ = [
 def _make_tile_score(float_type, d):
     zero = float_type(0.0)
 
-    @cuda.jit(device=True, inline=True)
+    @jit(device=True, inline=True)
     def tile_score(tile, block_k, jj, q_row):
         """s = -sum_f (tile[f * block_k + jj] - q_row[f])^2: the score of the key in
         column ``jj`` of a tile (features in rows 0..d-1), in the input dtype."""
@@ -79,7 +79,7 @@ def _make_pool_row(float_type, d, n_outputs):
     exp = exp_for(float_type)
     tile_score = tile_score_function(float_type, d)
 
-    @cuda.jit(device=True, inline=True)
+    @jit(device=True, inline=True)
     def pool_row(keys_t, values_t, own, active, q_row, tile, block_k, acc):
         """The online softmax of this thread's query over all keys; key ``own`` is skipped.
 
@@ -144,7 +144,7 @@ def _make_pool_kernel(float_type, d, n_outputs):
     tile_type = from_dtype(np.dtype(float_type))
     pool_row = pool_row_function(float_type, d, n_outputs)
 
-    @cuda.jit
+    @jit
     def gaussian_pool_kernel(
         queries, keys_t, values_t, exclude_self, self_offset, block_k, out, lse
     ):
@@ -222,7 +222,7 @@ def _make_weights_kernels(float_type, d):
     exp = exp_for(float_type)
     pool_row = pool_row_function(float_type, d, 1)
 
-    @cuda.jit
+    @jit
     def row_normaliser_kernel(queries, keys_t, zero_values_t, exclude_self, block_k, m, l):
         """m[i] = max_j s_ij and l[i] = sum_j exp(s_ij - m[i]) (float64) over admissible keys."""
         tile = cuda.shared.array(0, dtype=tile_type)  # (d + 1) x block_k
@@ -240,7 +240,7 @@ def _make_weights_kernels(float_type, d):
             m[i] = running_max
             l[i] = running_sum
 
-    @cuda.jit
+    @jit
     def weights_kernel(queries, keys_t, m, l, exclude_self, q0, weights):
         """weights[i, j] = exp(s_ij - m[i]) / l[i] for query i = q0 + blockIdx.y."""
         j = cuda.grid(1)
