@@ -195,3 +195,86 @@ def test_far_row_kernels_compile_and_assemble(ptx):
     diag, _, spread = ptx.far_cases("float32", 3)
     for case in (diag, spread):
         _usage(ptx, _compile(ptx, case))
+
+
+# --- the disk cache: every kernel through common.jit (cache=True) ---------------
+
+
+def test_every_cuda_decorator_is_the_caching_one():
+    """No module in nbattn/cuda decorates with numba's ``cuda.jit`` directly: all go
+    through ``common.jit``, which adds ``cache=True`` (checked on the source, so a
+    kernel that no catalogue entry builds is covered too)."""
+    import ast
+    import pathlib
+
+    import nbattn.cuda
+
+    offenders = []
+    for path in sorted(pathlib.Path(nbattn.cuda.__file__).parent.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for deco in node.decorator_list:
+                target = deco.func if isinstance(deco, ast.Call) else deco
+                if ast.unparse(target) in ("cuda.jit", "numba.cuda.jit"):
+                    offenders.append(f"{path.name}:{node.lineno} {node.name}")
+    assert offenders == []
+
+
+class _Codegen:
+    """Stands in for the CUDA codegen in numba's cache key (its magic tuple names the
+    target; nothing here compiles)."""
+
+    def magic_tuple(self):
+        return ("cuda-test",)
+
+
+def _cache_key(kernel, signature):
+    """numba's on-disk index key of ``kernel`` for ``signature``: the signature, the
+    target, the bytecode's hash and the hash of the pickled closure values."""
+    return kernel._cache._index_key(signature, _Codegen())
+
+
+def test_every_catalogued_kernel_has_a_disk_cache_with_distinct_keys():
+    """Every kernel of the catalogue (closures built per compile-time sizes, and the
+    module-level layout kernels) caches on disk, numba can compute its cache key
+    (which pickles the closure: sizes, dtypes, the device functions it calls), and
+    two specialisations of one kernel never share a key."""
+    from nbattn.cuda import ptx
+
+    cases = (
+        ptx.kernel_cases()
+        + ptx.flash_cases("float32", 6, 5)
+        + ptx.flash_cases("float64", 7, 7, 2, True, True, True)
+        + ptx.pooling_cases("float32", 3, 2)
+    )
+    seen = {}
+    for case in cases:
+        assert type(case.kernel._cache).__name__ == "CUDACache", case.name
+        key = _cache_key(case.kernel, case.signature)
+        previous = seen.setdefault(key, case)
+        assert previous.kernel is case.kernel, (previous.name, case.name)
+
+
+def test_far_limits_are_in_the_cache_key(monkeypatch):
+    """The far-row limits (``config.FAR_SCORE_FLOAT32/64``, read from the
+    environment at import) reach the LOO kernels as closure values, so a process
+    with other limits does not load kernels compiled for these from the disk."""
+    import numpy as np
+
+    from nbattn.cuda import far, loo
+
+    def keys():
+        loss = loo._make_loss_kernel(np.float32, 2, 1)
+        far_diag, _ = loo._make_far_grad_kernels(np.float32, 3)
+        spread = loo._make_far_spread_kernel(np.float32)
+        return [_cache_key(k, "void()") for k in (loss, far_diag, spread)]
+
+    before = keys()
+    monkeypatch.setattr(far, "FAR_SCORE_FLOAT64", far.FAR_SCORE_FLOAT64 * 2)
+    after = keys()
+    for a, b in zip(before, after, strict=True):
+        assert a != b
+    monkeypatch.undo()
+    assert keys() == before

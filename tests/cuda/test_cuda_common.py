@@ -125,3 +125,24 @@ def test_pooling_and_loss_equal_cpu_over_random_shapes(
         assert abs(got - ref) <= tol * max(1.0, abs(ref))
     finally:
         config.CUDA_MAX_OUTPUTS = old
+
+
+def test_the_caching_decorator_runs_under_the_simulator():
+    """``common.jit`` passes ``cache=True`` to numba's ``cuda.jit``; the simulator
+    takes it and runs kernels and device functions as they are (bare and with
+    options)."""
+
+    @common.jit(device=True, inline=True)
+    def twice(x):
+        return 2.0 * x
+
+    @common.jit
+    def kernel(x, out):
+        i = cuda.grid(1)
+        if i < x.size:
+            out[i] = twice(x[i])
+
+    x = np.arange(5, dtype=np.float64)
+    out = cuda.to_device(np.zeros(5))
+    kernel[1, 8](cuda.to_device(x), out)
+    np.testing.assert_array_equal(out.copy_to_host(), 2.0 * x)
