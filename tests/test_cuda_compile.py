@@ -11,6 +11,7 @@ assembles the PTX and reports registers and spills, which are checked too
 prints the whole table).
 """
 
+import functools
 import os
 
 import pytest
@@ -286,3 +287,63 @@ def test_far_limits_are_in_the_cache_key(monkeypatch):
         assert a != b
     monkeypatch.undo()
     assert keys() == before
+
+
+@functools.cache
+def _module_names_from_config(module):
+    """The module-level names of ``module`` assigned from an expression that reads
+    ``config`` (env-overridable tunables)."""
+    import ast
+    import inspect
+
+    names = set()
+    for node in ast.parse(inspect.getsource(module)).body:
+        if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
+            if "config." in ast.unparse(node.value):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return names
+
+
+def test_no_kernel_reads_a_tunable_as_a_global():
+    """A global that a kernel reads is frozen into it and is not part of numba's
+    cache key, so a tunable read that way would be served stale from the disk
+    cache in a process that sets another value. Every kernel and device function
+    reachable from the catalogue (through globals and closures) reads only true
+    constants: none of the module-level names computed from ``config``."""
+    import sys
+    import types
+
+    from nbattn import config
+    from nbattn.cuda import ptx
+
+    seen, offenders = set(), []
+
+    def walk(fn):
+        py = getattr(fn, "py_func", None)
+        if py is None or id(py) in seen:
+            return
+        seen.add(id(py))
+        # globals, and attributes of modules read as globals (``far.row_setup``)
+        scopes = [sys.modules[py.__module__]]
+        scopes += [
+            v
+            for v in py.__globals__.values()
+            if isinstance(v, types.ModuleType) and v.__name__.startswith("nbattn.")
+        ]
+        for name in py.__code__.co_names:
+            for scope in scopes:
+                if not hasattr(scope, name):
+                    continue
+                value = getattr(scope, name)
+                from_config = _module_names_from_config(scope) | set(vars(config))
+                if name in from_config and not callable(value):
+                    offenders.append(f"{py.__qualname__} reads {scope.__name__}.{name}")
+                walk(value)
+        for cell in py.__closure__ or ():
+            walk(cell.cell_contents)
+
+    for case in ptx.kernel_cases():
+        walk(case.kernel)
+    assert len(seen) > 50  # the walk reached the device functions too
+    assert offenders == []
