@@ -48,13 +48,20 @@ def cuda_libraries() -> dict:
     return found
 
 
+def _cuda_lines(problem: str | None) -> list[str]:
+    """Whether CUDA kernels can run here and, when not, why."""
+    if problem is None:
+        return ["CUDA usable: True"]
+    return ["CUDA usable: False", f"  why: {problem}"]
+
+
 def info_lines() -> list[str]:
     """The lines ``nbattn info`` prints."""
     import numba
     import numpy as np
 
     from . import __version__, config, io
-    from .device import cuda_available
+    from .device import cuda_problem
 
     threads = numba.config.NUMBA_NUM_THREADS
     lines = [
@@ -62,7 +69,7 @@ def info_lines() -> list[str]:
         f"numpy {np.__version__}, numba {numba.__version__}",
         f"threading layer: {numba.config.THREADING_LAYER}, threads: {threads}",
         f"key block: {config.KEY_BLOCK}, query block: {config.QUERY_BLOCK}",
-        f"CUDA usable: {cuda_available()}",
+        *_cuda_lines(cuda_problem()),
         "CUDA libraries (numba-cuda):",
         *(f"  {name}: {where}" for name, where in cuda_libraries().items()),
     ]
