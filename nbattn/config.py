@@ -286,3 +286,16 @@ FLASH_LONG_KEYS = _env_int("FLASH_LONG_KEYS", 1024, compiled=False)
 #: cache on. Kernel modules read this when they are imported.
 _OVERRIDDEN = sorted(name for name in _COMPILED_TUNABLES if "NBATTN_" + name in os.environ)
 CACHE = os.environ.get("NBATTN_CACHE", "0" if _OVERRIDDEN else "1") not in ("0", "false", "False")
+
+
+# --- LOO bandwidth search: coarse-to-fine grid (nbattn.search) -------------------
+#: ``nbattn.learning.loo_bandwidth`` first evaluates every LOO_GRID_STRIDE-th
+#: factor of LOO_GRID (counted from 1, the base rule, with both ends), then
+#: every factor of LOO_GRID in a coarse interval that touches a factor within
+#: LOO_FILL_MARGIN (relative) of the best value so far, until none is added; the
+#: extension also moves by LOO_GRID_STRIDE steps. A dip of the criterion lying
+#: wholly inside a coarse interval whose two ends are both more than
+#: LOO_FILL_MARGIN above the best value is not sought. 1 evaluates the whole
+#: grid. Read at call time.
+LOO_GRID_STRIDE = _env_int("LOO_GRID_STRIDE", 3, compiled=False)
+LOO_FILL_MARGIN = 0.1

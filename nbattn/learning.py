@@ -616,6 +616,8 @@ def loo_bandwidth(
             anchor=0.0,
             coarse=None if rows is None else (lambda t: loss_at(t, rows)),
             report=report if log.enabled else None,
+            stride=config.LOO_GRID_STRIDE,
+            fill_margin=config.LOO_FILL_MARGIN,
         )
         factor = math.exp(result.t)
         log.note(
