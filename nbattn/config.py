@@ -299,3 +299,10 @@ CACHE = os.environ.get("NBATTN_CACHE", "0" if _OVERRIDDEN else "1") not in ("0",
 #: grid. Read at call time.
 LOO_GRID_STRIDE = _env_int("LOO_GRID_STRIDE", 3, compiled=False)
 LOO_FILL_MARGIN = 0.1
+
+#: Largest squared span (max - min of the scaled 1-D points, s_ij = -(z_i - z_j)^2)
+#: at which ``loo_bandwidth`` evaluates the LOO criterion by the Taylor series of
+#: ``kernels.loo.loo_squared_error_taylor_1d`` (O(n) instead of O(n^2) per width):
+#: the series' terms cancel by at most e^span^2 (55 at 4), so the criterion keeps
+#: about 13 digits in float64. Read at call time.
+LOO_TAYLOR_MAX_SPAN_SQ = 4.0

@@ -200,6 +200,12 @@ def _sse_rows_sorted_1d(a, b, zs, v_sorted, y_sorted, gap, window):
     return float(total)
 
 
+def _sse_rows_taylor_1d(a, b, zs, v_sorted, y_sorted, n_terms):
+    """_sse_rows for 1-D points of small span by the Taylor series (O(n) per width)."""
+    rows = np.arange(a, b, dtype=np.int64)
+    return float(loo.loo_squared_error_taylor_1d(zs, v_sorted, y_sorted, rows, n_terms))
+
+
 def _loss_grad_rows(a, b, z, z_t, v_t, y2, points, points_t, dtype, device="cpu"):
     """Rows [a, b) of the two LOO passes: ``(sum of squared errors, gradient sums)``.
 
@@ -577,7 +583,15 @@ def loo_bandwidth(
     def loss_at(t, subset):
         if sorted_1d:
             zs = np.ascontiguousarray(x_sorted / (np.exp(t) * h0[0] * np.sqrt(2.0)), dtype=dtype)
-            span = max(float(zs[-1] - zs[0]), 1e-300)
+            span = max(float(zs[-1]) - float(zs[0]), 1e-300)
+            n_terms = loo.taylor_terms(span * span)
+            if n_terms:  # wide: every key counts, and the series costs O(n)
+                if subset is None:
+                    args = (zs, v_sorted, y_sorted, n_terms)
+                    return _sum_over_rows(_sse_rows_taylor_1d, n, *args) / y2.size
+                sub = np.sort(rank[subset])
+                total = loo.loo_squared_error_taylor_1d(zs, v_sorted, y_sorted, sub, n_terms)
+                return float(total) / (sub.size * y2.shape[1])
             window = min(n, n * 2.0 * np.sqrt(gap) / span + 2.0)  # typical keys per row
             if subset is None:
                 args = (zs, v_sorted, y_sorted, gap, window)
