@@ -273,6 +273,26 @@ def test_taylor_1d_kernel_is_used_only_where_its_series_keeps_its_digits():
         previous = terms
 
 
+@pytest.mark.parametrize("scale", [1.0, 1e-170, 1e160])
+def test_loo_bandwidth_1d_series_gives_the_windowed_kernels_curve(monkeypatch, rng, scale):
+    """The 1-D search with the wide widths on the Taylor series and with every width on
+    the windowed kernel (series off): the same criterion at every factor (1e-12), the
+    same width; at x near 1e-170 and 1e160 too."""
+    from nbattn import config
+
+    x = rng.uniform(0, 6, 300) * scale
+    y = np.sin(x / scale) + 0.3 * rng.normal(size=300)
+    h, (factors, losses) = learning.loo_bandwidth(x, y, return_curve=True)
+    h0 = learning.bandwidth_rule(x)[0]
+    assert np.any((np.ptp(x) / (factors * h0 * np.sqrt(2.0))) ** 2 <= 4.0)  # series used
+    monkeypatch.setattr(config, "LOO_TAYLOR_MAX_SPAN_SQ", -1.0)
+    h_w, (factors_w, losses_w) = learning.loo_bandwidth(x, y, return_curve=True)
+    np.testing.assert_allclose(factors_w, factors, rtol=1e-12)
+    np.testing.assert_allclose(losses_w, losses, rtol=1e-12)
+    np.testing.assert_allclose(h_w, h, rtol=1e-12)
+    assert h[0] / scale == pytest.approx(learning.loo_bandwidth(x / scale, y)[0], rel=1e-9)
+
+
 def test_loo_bandwidth_subsampled_grid_stage(rng):
     """n > grid_queries: the coarse stage estimates, the refinement stays exact."""
     for d in (1, 2):
