@@ -210,14 +210,16 @@ def test_spread_is_well_conditioned():
 
 @pytest.mark.parametrize("dtype,rtol", [("float64", 1e-12), ("float32", 1e-5)])
 @pytest.mark.parametrize("h", [0.02, 0.3, 5.0])
-def test_sorted_1d_kernel_matches_the_general_one(rng, dtype, rtol, h):
-    """The windowed 1-D kernel of the bandwidth search, against the full kernel."""
+@pytest.mark.parametrize("p", [1, 2])
+def test_sorted_1d_kernel_matches_the_general_one(rng, dtype, rtol, h, p):
+    """The windowed 1-D kernel of the bandwidth search, against the full kernel, with
+    one output and with two."""
     from nbattn.kernels import loo
 
     n = 400
     x = np.sort(rng.uniform(0, 6, n))
     x[10] = x[11]  # a duplicate
-    y = np.column_stack([np.sin(x), np.cos(x)]) + 0.3 * rng.normal(size=(n, 2))
+    y = np.column_stack([np.sin(x), np.cos(x)])[:, :p] + 0.3 * rng.normal(size=(n, p))
     zs = np.ascontiguousarray(x / (h * np.sqrt(2.0)), dtype=dtype)
     v_t = np.ascontiguousarray(y.T, dtype=dtype)
     gap = loo.prune_gap_for(dtype)
