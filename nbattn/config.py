@@ -286,3 +286,23 @@ FLASH_LONG_KEYS = _env_int("FLASH_LONG_KEYS", 1024, compiled=False)
 #: cache on. Kernel modules read this when they are imported.
 _OVERRIDDEN = sorted(name for name in _COMPILED_TUNABLES if "NBATTN_" + name in os.environ)
 CACHE = os.environ.get("NBATTN_CACHE", "0" if _OVERRIDDEN else "1") not in ("0", "false", "False")
+
+
+# --- LOO bandwidth search: coarse-to-fine grid (nbattn.search) -------------------
+#: ``nbattn.learning.loo_bandwidth`` first evaluates every LOO_GRID_STRIDE-th
+#: factor of LOO_GRID (counted from 1, the base rule, with both ends), then
+#: every factor of LOO_GRID in a coarse interval that touches a factor within
+#: LOO_FILL_MARGIN (relative) of the best value so far, until none is added; the
+#: extension also moves by LOO_GRID_STRIDE steps. A dip of the criterion lying
+#: wholly inside a coarse interval whose two ends are both more than
+#: LOO_FILL_MARGIN above the best value is not sought. 1 evaluates the whole
+#: grid. Read at call time.
+LOO_GRID_STRIDE = _env_int("LOO_GRID_STRIDE", 3, compiled=False)
+LOO_FILL_MARGIN = 0.1
+
+#: Largest squared span (max - min of the scaled 1-D points, s_ij = -(z_i - z_j)^2)
+#: at which ``loo_bandwidth`` evaluates the LOO criterion by the Taylor series of
+#: ``kernels.loo.loo_squared_error_taylor_1d`` (O(n) instead of O(n^2) per width):
+#: the series' terms cancel by at most e^span^2 (55 at 4), so the criterion keeps
+#: about 13 digits in float64. Read at call time.
+LOO_TAYLOR_MAX_SPAN_SQ = 4.0

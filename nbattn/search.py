@@ -7,16 +7,24 @@ minima, float32 noise) against brute force.
 
 It minimises ``criterion(t)`` over ``t = log c``:
 
-1. **Coarse stage.** Evaluate every point of a grid (no early stop: a curve
-   may fall again after rising). Values are compared with a relative
+1. **Coarse stage.** Evaluate every ``stride``-th point of the grid, counted
+   from ``anchor``, and both ends (``stride=1``: every point); no early stop:
+   a curve may fall again after rising. Values are compared with a relative
    tolerance ``rtol``: ``a`` and ``b`` are equal when
    ``|a - b| <= rtol * max(|a|, |b|)``, so a flat stretch is a plateau, not a
    rise or a fall, and noise below ``rtol`` (float32 sums) changes no choice.
-   The best grid point is the one nearest ``anchor`` among those within
-   ``rtol`` of the smallest value (on a plateau: the end nearest the anchor,
-   Scott's rule for the bandwidth search).
-2. **Extension.** While the best point is an end of the grid, the grid grows
-   by one step in that direction, up to ``extend`` beyond the original end;
+   **Fill**: every grid point inside a coarse interval that touches a point
+   within ``fill_margin`` (relative) of the smallest value so far is evaluated
+   too, repeatedly, until none is added. So near the best value, and near every
+   point within ``fill_margin`` of it, the search sees the whole grid; what a
+   coarser stage can miss is a dip lying wholly inside a coarse interval whose
+   two ends are both more than ``fill_margin`` above the best value (with
+   ``stride=1`` nothing is skipped). The best grid point is the one nearest
+   ``anchor`` among those within ``rtol`` of the smallest value (on a
+   plateau: the end nearest the anchor, Scott's rule for the bandwidth search).
+2. **Extension.** While the best point is an end of the evaluated range, the
+   range grows by ``stride`` grid steps (the end steps of ``grid``) in that
+   direction, up to ``extend`` beyond the original end, and is filled as above;
    it stops as soon as the criterion no longer falls by more than ``rtol``.
    A best point still at the end there is reported in ``edge``. (Only the
    best point's end is extended: a deeper minimum beyond an end whose
@@ -64,7 +72,8 @@ class ScaleSearchResult:
         "low" / "high" when ``t`` is the low / high end of the extended range and
         the criterion was still falling there (the minimum may lie beyond).
     grid : ndarray
-        The coarse grid after extension, sorted.
+        The grid points evaluated by the coarse stage (after the fill and the
+        extension), sorted.
     grid_values : ndarray
         The coarse criterion on it (the estimate, when one was given).
     exact : dict
@@ -141,6 +150,8 @@ def minimize_log_scale(
     report=None,
     basins=3,
     basin_margin=0.02,
+    stride=1,
+    fill_margin=0.1,
 ):
     """Minimise ``criterion(t)`` over a log-scale parameter t; see the module docstring.
 
@@ -171,6 +182,13 @@ def minimize_log_scale(
     basin_margin : float
         Only local minima within this relative margin of the best grid value
         are refined besides it.
+    stride : int
+        The coarse stage evaluates every ``stride``-th grid point (from the
+        anchor) and the ends, then fills; 1 evaluates the whole grid.
+    fill_margin : float
+        Coarse intervals touching a point within this relative margin of the
+        best value are filled with every grid point inside them. Keep it
+        at least ``basin_margin``, so that every refined basin sees the whole grid.
 
     Returns
     -------
@@ -178,8 +196,10 @@ def minimize_log_scale(
     """
     from scipy.optimize import minimize_scalar
 
-    if not rtol >= 0 or not xatol > 0 or not extend >= 0:
-        raise ValueError("rtol and extend must be >= 0 and xatol > 0")
+    if not rtol >= 0 or not xatol > 0 or not extend >= 0 or not fill_margin >= 0:
+        raise ValueError("rtol, extend and fill_margin must be >= 0 and xatol > 0")
+    if int(stride) != stride or stride < 1:
+        raise ValueError(f"stride must be a positive integer, got {stride!r}")
     ts = np.unique(np.append(np.asarray(grid, dtype=np.float64).reshape(-1), float(anchor)))
     if not np.all(np.isfinite(ts)):
         raise ValueError("grid must be finite")
@@ -207,31 +227,79 @@ def minimize_log_scale(
             report(stage, float(t), value)
         return value
 
-    ts = list(ts)
-    values = [coarse_at(t, "grid") for t in ts]
-
-    # extension: while the best point is an end and the criterion still falls there
-    edge = None
-    if len(ts) > 1:
+    # the fine grid, extended by whole end steps up to ``extend``: indices k of
+    # ``t_of``; k < 0 and k > k_last are the extension
+    k_last = len(ts) - 1
+    if k_last > 0:
         step_low, step_high = ts[1] - ts[0], ts[-1] - ts[-2]
-        limit_low, limit_high = ts[0] - extend, ts[-1] + extend
         slack = 1e-9 * max(step_low, step_high)
+        k_min = -int(math.floor((extend + slack) / step_low))
+        k_max = k_last + int(math.floor((extend + slack) / step_high))
+    else:
+        step_low = step_high = 0.0
+        k_min = k_max = 0
+    fine = list(ts)
+
+    def t_of(k):
+        if k < 0:
+            return fine[0] + k * step_low
+        if k > k_last:
+            return fine[-1] + (k - k_last) * step_high
+        return fine[k]
+
+    stride = int(stride)
+    k_anchor = fine.index(float(anchor))
+    known: dict[int, float] = {}  # fine-grid index -> coarse value
+
+    def visit(k):
+        if k not in known:
+            known[k] = coarse_at(t_of(k), "grid" if 0 <= k <= k_last else "extend")
+
+    def fill():
+        # every fine point in a coarse interval that touches a point within
+        # ``fill_margin`` of the best value found so far, until none is added
         while True:
-            best = _best_index(ts, values, rtol, anchor)
-            if best == 0:
-                if ts[0] - step_low < limit_low - slack:
-                    edge = "low" if _lower(values[0], values[1], rtol) else None
-                    break
-                ts.insert(0, ts[0] - step_low)
-                values.insert(0, coarse_at(ts[0], "extend"))
-            elif best == len(ts) - 1:
-                if ts[-1] + step_high > limit_high + slack:
-                    edge = "high" if _lower(values[-1], values[-2], rtol) else None
-                    break
-                ts.append(ts[-1] + step_high)
-                values.append(coarse_at(ts[-1], "extend"))
-            else:
+            keys = sorted(known)
+            v_min = min(known.values())
+            ceiling = v_min + fill_margin * abs(v_min) if math.isfinite(v_min) else math.inf
+            todo = []
+            for pos, k in enumerate(keys):
+                if known[k] <= ceiling:
+                    for a, b in ((pos - 1, pos), (pos, pos + 1)):
+                        if 0 <= a and b < len(keys):
+                            todo.extend(range(keys[a] + 1, keys[b]))
+            if not todo:
+                return
+            for k in sorted(set(todo)):
+                visit(k)
+
+    # coarse stage (every ``stride``-th point from the anchor, and the ends), the
+    # fill, then the extension: while the best point is an end and the criterion
+    # still falls there, the range grows by ``stride`` steps in that direction
+    lo_k, hi_k = 0, k_last
+    edge = None
+    while True:
+        for k in range(lo_k, hi_k + 1):
+            if (k - k_anchor) % stride == 0 or k in (lo_k, hi_k):
+                visit(k)
+        fill()
+        keys = sorted(known)
+        best = keys[_best_index([t_of(k) for k in keys], [known[k] for k in keys], rtol, anchor)]
+        if len(keys) < 2 or 0 < keys.index(best) < len(keys) - 1:
+            break
+        if best == keys[0]:
+            if lo_k == k_min:
+                edge = "low" if _lower(known[keys[0]], known[keys[1]], rtol) else None
                 break
+            lo_k = max(lo_k - stride, k_min)
+        else:
+            if hi_k == k_max:
+                edge = "high" if _lower(known[keys[-1]], known[keys[-2]], rtol) else None
+                break
+            hi_k = min(hi_k + stride, k_max)
+    keys = sorted(known)
+    ts = [t_of(k) for k in keys]
+    values = [known[k] for k in keys]
     grid_ts = np.array(ts)
     grid_values = np.array(values)
     best = _best_index(grid_ts, grid_values, rtol, anchor)

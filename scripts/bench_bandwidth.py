@@ -4,10 +4,13 @@ Usage: python scripts/bench_bandwidth.py [--full] [--skip-statsmodels]
 
 1. statsmodels ``KernelReg(reg_type="lc", bw="cv_ls")`` (Nelder-Mead over the
    per-feature LOO least-squares criterion, Python loops) against
-   ``nbattn.loo_bandwidth`` (one scale of Scott's widths: grid + bounded
-   Brent) and, in 3-D, ``LearnedKernelRegressor(metric="diagonal")`` (per-feature
-   widths, L-BFGS-B on the exact gradient): n = 500 and 2,000 in 1-D, n = 500
-   in 3-D (n = 2,000 in 3-D with --full: statsmodels needs ~30 min there).
+   ``nbattn.loo_bandwidth`` (one scale of Scott's widths: a coarse grid filled
+   near the best value, then bounded Brent; in 1-D also the number of
+   evaluations, those taken by the Taylor series, and the same search over
+   the whole grid) and, in 3-D, ``LearnedKernelRegressor(metric="diagonal")``
+   (per-feature widths, L-BFGS-B on the exact gradient): n = 500 and 2,000 in
+   1-D, n = 500 in 3-D (n = 2,000 in 3-D with --full: statsmodels needs ~30 min
+   there).
    Both LOO MSEs are computed by the same exact float64 function.
 2. MLKR loss + gradient per evaluation at n = 1,000 and 4,000 with d = 5, and
    n = 4,000 with d = 20: metric-learn's formulation (full n x n matrices,
@@ -88,11 +91,17 @@ def bench_statsmodels(cases, skip):
             bw = KernelReg(y, X, var_type="c" * d, reg_type="lc", bw="cv_ls").bw
             t_sm = time.perf_counter() - t0
             mse_sm = learning.loo_loss(X, y, np.asarray(bw))
-        t_nb, (h, (factors, _)) = _best_of(
-            lambda X=X, y=y: learning.loo_bandwidth(X, y, return_curve=True)
+        t_nb, cpu_nb, (h, (factors, _)) = _best_of_both(
+            lambda X=X, y=y: learning.loo_bandwidth(X, y, return_curve=True), repeat=7
         )
         mse_nb = learning.loo_loss(X, y, h)
-        print(f"{'':>6} loo_bandwidth: {factors.size} exact evaluations of the LOO criterion")
+        print(
+            f"{'':>6} loo_bandwidth: {factors.size} evaluations of the LOO criterion"
+            f"{_series_count(X, factors) if d == 1 else ''}; best of 7: {t_nb * 1e3:.1f} ms "
+            f"wall, {cpu_nb * 1e3:.1f} ms CPU"
+        )
+        if d == 1:
+            _whole_grid_line(X, y, t_sm)
         print(
             f"{n:>6} {d:>2} {t_sm:>14.2f} {t_nb:>10.4f} {t_sm / t_nb:>7.0f}x "
             f"{mse_sm:>12.6f} {mse_nb:>15.6f} {'loo_bandwidth (scale)':>22}"
@@ -108,6 +117,34 @@ def bench_statsmodels(cases, skip):
                 f"{n:>6} {d:>2} {t_sm:>14.2f} {t_dg:>10.4f} {t_sm / t_dg:>7.0f}x "
                 f"{mse_sm:>12.6f} {mse_dg:>15.6f} {'diagonal L-BFGS-B':>22}"
             )
+
+
+def _series_count(X, factors):
+    """How many of the 1-D evaluations took the O(n) Taylor series (the wide widths)."""
+    from nbattn import config
+
+    h0 = learning.bandwidth_rule(X)[0]
+    span_sq = (np.ptp(X) / (factors * h0 * np.sqrt(2.0))) ** 2
+    return f" ({int(np.sum(span_sq <= config.LOO_TAYLOR_MAX_SPAN_SQ))} by the Taylor series)"
+
+
+def _whole_grid_line(X, y, t_sm):
+    """The same search over the whole grid (stride 1, the search before the coarse stage)."""
+    from nbattn import config
+
+    saved = config.LOO_GRID_STRIDE
+    config.LOO_GRID_STRIDE = 1
+    try:
+        t_all, cpu_all, (h, (factors, _)) = _best_of_both(
+            lambda: learning.loo_bandwidth(X, y, return_curve=True), repeat=7
+        )
+    finally:
+        config.LOO_GRID_STRIDE = saved
+    print(
+        f"{'':>6} whole grid (LOO_GRID_STRIDE=1): {factors.size} evaluations, "
+        f"{t_all * 1e3:.1f} ms wall, {cpu_all * 1e3:.1f} ms CPU, ratio {t_sm / t_all:.0f}x, "
+        f"LOO MSE {learning.loo_loss(X, y, h):.6f}"
+    )
 
 
 def mlkr_loss_and_grad(A, X, y):

@@ -1,5 +1,7 @@
 """Leave-one-out loss, its exact gradient, the LOO bandwidth search and the spread kernel."""
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -208,14 +210,16 @@ def test_spread_is_well_conditioned():
 
 @pytest.mark.parametrize("dtype,rtol", [("float64", 1e-12), ("float32", 1e-5)])
 @pytest.mark.parametrize("h", [0.02, 0.3, 5.0])
-def test_sorted_1d_kernel_matches_the_general_one(rng, dtype, rtol, h):
-    """The windowed 1-D kernel of the bandwidth search, against the full kernel."""
+@pytest.mark.parametrize("p", [1, 2])
+def test_sorted_1d_kernel_matches_the_general_one(rng, dtype, rtol, h, p):
+    """The windowed 1-D kernel of the bandwidth search, against the full kernel, with
+    one output and with two."""
     from nbattn.kernels import loo
 
     n = 400
     x = np.sort(rng.uniform(0, 6, n))
     x[10] = x[11]  # a duplicate
-    y = np.column_stack([np.sin(x), np.cos(x)]) + 0.3 * rng.normal(size=(n, 2))
+    y = np.column_stack([np.sin(x), np.cos(x)])[:, :p] + 0.3 * rng.normal(size=(n, p))
     zs = np.ascontiguousarray(x / (h * np.sqrt(2.0)), dtype=dtype)
     v_t = np.ascontiguousarray(y.T, dtype=dtype)
     gap = loo.prune_gap_for(dtype)
@@ -226,6 +230,69 @@ def test_sorted_1d_kernel_matches_the_general_one(rng, dtype, rtol, h):
     w = naive._loo_weights(x[:, None] / h)
     expected = np.sum((w[rows] @ y - y[rows]) ** 2)
     assert sub == pytest.approx(expected, rel=rtol)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("span_sq", [1e-6, 0.05, 1.0, 3.999])
+@pytest.mark.parametrize("n", [2, 3, 40, 300])
+def test_taylor_1d_kernel_matches_naive(rng, dtype, span_sq, n):
+    """The series of the wide widths, against the full weight matrix, to 1e-12 relative
+    (the float32 inputs are converted exactly; the series runs in float64), for every
+    squared span up to its limit, with duplicates, unsorted points and a row subset."""
+    from nbattn.kernels import loo
+
+    x = rng.uniform(0, 6, n)
+    if n > 2:
+        x[0] = x[-1]  # a duplicate
+    y = np.column_stack([np.sin(x), np.cos(x)]) + 0.3 * rng.normal(size=(n, 2))
+    h = np.ptp(x) / np.sqrt(2.0 * span_sq)
+    zs = np.ascontiguousarray(x / (h * np.sqrt(2.0)), dtype=dtype)
+    x_used = zs.astype(np.float64) * np.sqrt(2.0)  # what the kernel sees, times sqrt 2
+    v_t = np.ascontiguousarray(y.T, dtype=dtype)
+    y_used = v_t.T.astype(np.float64)
+    terms = loo.taylor_terms(float(np.ptp(zs.astype(np.float64))) ** 2)
+    assert terms > 0
+    w = naive._loo_weights(x_used[:, None])
+    for rows in (np.arange(n), np.sort(rng.choice(n, max(1, n // 3), replace=False))):
+        total = loo.loo_squared_error_taylor_1d(zs, v_t, y, rows, terms)
+        expected = np.sum((w[rows] @ y_used - y[rows]) ** 2)
+        assert total == pytest.approx(expected, rel=1e-12)
+
+
+def test_taylor_1d_kernel_is_used_only_where_its_series_keeps_its_digits():
+    from nbattn import config
+    from nbattn.kernels import loo
+
+    limit = config.LOO_TAYLOR_MAX_SPAN_SQ
+    assert loo.taylor_terms(limit * (1 + 1e-9)) == 0 and loo.taylor_terms(np.inf) == 0
+    assert loo.taylor_terms(np.nan) == 0
+    previous = 0
+    for span_sq in (0.0, 1e-3, 0.1, 1.0, limit):  # more terms for wider spans
+        terms = loo.taylor_terms(span_sq)
+        x = span_sq / 2
+        bound = x**terms / math.factorial(terms) * math.exp(2 * x)
+        assert terms >= previous and bound <= 2.0**-60
+        previous = terms
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e-170, 1e160])
+def test_loo_bandwidth_1d_series_gives_the_windowed_kernels_curve(monkeypatch, rng, scale):
+    """The 1-D search with the wide widths on the Taylor series and with every width on
+    the windowed kernel (series off): the same criterion at every factor (1e-12), the
+    same width; at x near 1e-170 and 1e160 too."""
+    from nbattn import config
+
+    x = rng.uniform(0, 6, 300) * scale
+    y = np.sin(x / scale) + 0.3 * rng.normal(size=300)
+    h, (factors, losses) = learning.loo_bandwidth(x, y, return_curve=True)
+    h0 = learning.bandwidth_rule(x)[0]
+    assert np.any((np.ptp(x) / (factors * h0 * np.sqrt(2.0))) ** 2 <= 4.0)  # series used
+    monkeypatch.setattr(config, "LOO_TAYLOR_MAX_SPAN_SQ", -1.0)
+    h_w, (factors_w, losses_w) = learning.loo_bandwidth(x, y, return_curve=True)
+    np.testing.assert_allclose(factors_w, factors, rtol=1e-12)
+    np.testing.assert_allclose(losses_w, losses, rtol=1e-12)
+    np.testing.assert_allclose(h_w, h, rtol=1e-12)
+    assert h[0] / scale == pytest.approx(learning.loo_bandwidth(x / scale, y)[0], rel=1e-9)
 
 
 def test_loo_bandwidth_subsampled_grid_stage(rng):

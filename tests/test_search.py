@@ -38,6 +38,7 @@ from . import naive
 LN10 = math.log(10.0)
 GRID = np.log(np.asarray(config.LOO_GRID))  # -2 ... 2 decades, six steps per decade
 RTOL = config.LOO_RTOL
+STRIDES = [1, 3]  # the whole grid; every third point, filled near the best
 
 
 def _search(f, **kwargs):
@@ -82,8 +83,9 @@ def _airquality_shape(t):
     return 1.0 + 0.5 * s * s / (1.0 + 0.1 * s * s) + (nn - 1.5) / (1.0 + (c / 0.08) ** 4)
 
 
-def test_the_flat_nearest_neighbour_stretch_does_not_stop_the_search():
-    res = _search(_airquality_shape)
+@pytest.mark.parametrize("stride", STRIDES)
+def test_the_flat_nearest_neighbour_stretch_does_not_stop_the_search(stride):
+    res = _search(_airquality_shape, stride=stride)
     t_true, v_true = _brute(_airquality_shape, -3 * LN10, 3 * LN10)
     assert res.value <= v_true * (1 + 1e-9)
     assert abs(res.t - t_true) <= 0.005
@@ -91,64 +93,71 @@ def test_the_flat_nearest_neighbour_stretch_does_not_stop_the_search():
 
 
 @pytest.mark.parametrize("t_star", [-4.3, -1.0, 0.0, 0.31, 2.2, 4.6])
-def test_smooth_minimum_within_half_a_percent_of_its_scale(t_star):
+@pytest.mark.parametrize("stride", STRIDES)
+def test_smooth_minimum_within_half_a_percent_of_its_scale(t_star, stride):
     f = _bowl(t_star, width=0.7)
-    res = _search(f)
+    res = _search(f, stride=stride)
     assert abs(res.t - t_star) <= 0.005  # the scale within 0.5 %
     assert res.value <= f(0.0)
     assert res.edge is None
 
 
 @pytest.mark.parametrize("direction", [-1, 1])
-def test_minimum_beyond_the_grid_is_reached_by_extension(direction):
+@pytest.mark.parametrize("stride", STRIDES)
+def test_minimum_beyond_the_grid_is_reached_by_extension(direction, stride):
     t_star = direction * 2.75 * LN10  # three quarters of a decade beyond the grid's end
     f = _bowl(t_star, width=0.5)
-    res = _search(f)
+    res = _search(f, stride=stride)
     assert abs(res.t - t_star) <= 0.005
     assert res.edge is None
     assert res.grid.min() < GRID.min() or res.grid.max() > GRID.max()
 
 
 @pytest.mark.parametrize("direction", [-1, 1])
-def test_minimum_beyond_the_extension_is_reported_as_an_edge(direction):
+@pytest.mark.parametrize("stride", STRIDES)
+def test_minimum_beyond_the_extension_is_reported_as_an_edge(direction, stride):
     f = lambda t: 2.0 - math.tanh(direction * t / 10.0)  # noqa: E731 - falls for ever
-    res = _search(f)
+    res = _search(f, stride=stride)
     assert res.edge == ("low" if direction < 0 else "high")
     end = GRID.min() - 3 * LN10 if direction < 0 else GRID.max() + 3 * LN10
     assert res.t == pytest.approx(end, abs=1e-9)
     # without extension the edge is the grid's own end, and said so
-    res0 = _search(f, extend=0.0)
+    res0 = _search(f, extend=0.0, stride=stride)
     assert res0.edge == res.edge and res0.t == pytest.approx(end - direction * 3 * LN10)
 
 
 @pytest.mark.parametrize("side", [-1, 1])
-def test_plateau_at_an_end_is_not_an_edge(side):
+@pytest.mark.parametrize("stride", STRIDES)
+def test_plateau_at_an_end_is_not_an_edge(side, stride):
     """Falling into a plateau at an end (all widths beyond are equal): the plateau's
     start, nearest the rule, no warning; the plateau wiggles below the tolerance."""
     step = lambda t: 1.0 + 0.5 * (1.0 + math.tanh(-side * (t - side * 2.0) * 2.0))  # noqa: E731
     f = _wiggle(step, 1e-7)
-    res = _search(f)
+    res = _search(f, stride=stride)
     assert res.edge is None
     v_min = _brute(f)[1]
     assert res.value <= v_min * (1 + 2 * RTOL)
     assert abs(res.t) < 4 * LN10  # not wandered off along the plateau
 
 
-def test_flat_curve_returns_the_anchor():
-    res = _search(_wiggle(lambda t: 3.0, 1e-8))
+@pytest.mark.parametrize("stride", STRIDES)
+def test_flat_curve_returns_the_anchor(stride):
+    res = _search(_wiggle(lambda t: 3.0, 1e-8), stride=stride)
     assert res.t == 0.0 and res.edge is None
-    res0 = _search(lambda t: 0.0)  # constant targets: a zero criterion
+    res0 = _search(lambda t: 0.0, stride=stride)  # constant targets: a zero criterion
     assert res0.t == 0.0
 
 
-def test_plateau_on_both_sides_with_the_minimum_between():
+@pytest.mark.parametrize("stride", STRIDES)
+def test_plateau_on_both_sides_with_the_minimum_between(stride):
     f = _wiggle(_bowl(-1.7, depth=0.3, width=0.4, level=1.0), 1e-9)
-    res = _search(f)
+    res = _search(f, stride=stride)
     assert abs(res.t + 1.7) <= 0.005 and res.edge is None
 
 
 @pytest.mark.parametrize("deep_at", [-3.5, 3.5])
-def test_several_local_minima_find_the_deepest(deep_at):
+@pytest.mark.parametrize("stride", STRIDES)
+def test_several_local_minima_find_the_deepest(deep_at, stride):
     """A shallow dip, a rise of more than half a decade, then the deeper one (either side)."""
 
     def f(t):
@@ -159,12 +168,13 @@ def test_several_local_minima_find_the_deepest(deep_at):
         )
 
     t_true, v_true = _brute(f)
-    res = _search(f)
+    res = _search(f, stride=stride)
     assert res.value <= v_true * (1 + 1e-6)
     assert abs(res.t - t_true) <= 0.005
 
 
-def test_noise_below_the_tolerance_changes_no_choice():
+@pytest.mark.parametrize("stride", STRIDES)
+def test_noise_below_the_tolerance_changes_no_choice(stride):
     """float32-sized noise (1e-6 relative) on curves with plateaus and ties: the same
     answer as without noise, to the tolerance of the criterion."""
     for seed in range(20):
@@ -172,21 +182,24 @@ def test_noise_below_the_tolerance_changes_no_choice():
         t_star = rng.uniform(-5, 5)
         clean = _bowl(t_star, depth=rng.uniform(0.01, 1.0), width=rng.uniform(0.2, 2.0))
         noisy = _wiggle(clean, 1e-6, seed)
-        a, b = _search(clean), _search(noisy)
+        a, b = _search(clean, stride=stride), _search(noisy, stride=stride)
         assert clean(b.t) <= clean(a.t) * (1 + 3 * RTOL)
         assert a.edge == b.edge
 
 
 @pytest.mark.parametrize("offset", [0.65, -1.2, 2.0])
-def test_a_biased_coarse_estimate_is_corrected_on_exact_values(offset):
+@pytest.mark.parametrize("stride", STRIDES)
+def test_a_biased_coarse_estimate_is_corrected_on_exact_values(offset, stride):
     """The coarse stage on an estimate whose minimum is one to five grid steps off:
     the refinement walks the grid on exact values and still finds the minimum."""
     exact = _bowl(0.9, width=0.6)
     biased = _bowl(0.9 - offset, width=0.6)
-    res = _search(exact, coarse=biased)
+    res = _search(exact, coarse=biased, stride=stride)
     assert abs(res.t - 0.9) <= 0.005
     assert res.value <= exact(0.0)
-    assert res.n_coarse == GRID.size and res.n_exact <= 30
+    assert res.n_coarse <= GRID.size and res.n_exact <= 30
+    if stride == 1:
+        assert res.n_coarse == GRID.size
 
 
 @settings(max_examples=60, deadline=None)
@@ -197,9 +210,10 @@ def test_a_biased_coarse_estimate_is_corrected_on_exact_values(offset):
     level=st.floats(1.5, 1e6),
     plateau=st.floats(-7.0, 7.0),
     wiggle=st.sampled_from([0.0, 1e-10, 1e-7]),
+    stride=st.sampled_from(STRIDES),
 )
 def test_property_random_curves_against_brute_force(
-    centres, depths, widths, level, plateau, wiggle
+    centres, depths, widths, level, plateau, wiggle, stride
 ):
     """Sums of dips on a level with a flat (clipped) stretch: never worse than the
     anchor, within 0.5 % of the brute-force minimum over the range searched (the grid,
@@ -216,7 +230,7 @@ def test_property_random_curves_against_brute_force(
         )
 
     f = _wiggle(clean, wiggle)
-    res = _search(f)
+    res = _search(f, stride=stride)
     # the range searched: the grid, extended where its best point was an end
     lo, hi = res.grid.min(), res.grid.max()
     assert GRID.min() - 3 * LN10 - 1e-9 <= lo and hi <= GRID.max() + 3 * LN10 + 1e-9
@@ -225,6 +239,89 @@ def test_property_random_curves_against_brute_force(
     assert res.value <= v_true * 1.005
     assert lo <= res.t <= hi
     assert res.n_exact <= res.grid.size + 60
+
+
+# --------------------------------------------------------------------------- coarse stage and fill
+
+COARSE_STEP = 3 * (GRID[1] - GRID[0])  # half a decade: the coarse grid of stride 3
+
+
+def _bowl_with_a_narrow_dip(level_at_dip, dip_at=1.5 * COARSE_STEP, depth=0.5, width=0.12):
+    """A broad minimum of 1 at t = -2 and a narrow dip (invisible from the coarse points,
+    half a coarse step away) in the middle of a coarse interval, where the broad curve
+    stands at ``level_at_dip``."""
+    slope = (level_at_dip - 1.0) / (dip_at + 2.0) ** 2
+
+    def f(t):
+        return 1.0 + slope * (t + 2.0) ** 2 - depth * math.exp(-0.5 * ((t - dip_at) / width) ** 2)
+
+    return f
+
+
+@pytest.mark.parametrize("level_at_dip", [1.02, 1.08])
+def test_a_narrow_dip_between_coarse_points_near_the_best_value_is_found(level_at_dip):
+    """The coarse points beside the dip lie within the fill margin (10 %) of the best
+    value: their intervals are filled with the whole grid, which sees the dip."""
+    f = _bowl_with_a_narrow_dip(level_at_dip)
+    t_true, v_true = _brute(f, GRID.min(), GRID.max(), 20001)
+    res = _search(f, stride=3, fill_margin=0.1)
+    assert v_true < 0.9  # the dip is the minimum, far below the broad one
+    assert res.value <= v_true * (1 + 1e-6) and abs(res.t - t_true) <= 0.005
+    assert res.n_exact <= _search(f, stride=1).n_exact
+
+
+def test_a_second_minimum_between_coarse_points_is_refined():
+    """A broad dip on a coarse point (the anchor) and a narrower, deeper one between two
+    coarse points on its flank: the flank's coarse points are within the fill margin, so
+    the whole grid sees the second dip, and the deeper one wins."""
+
+    def f(t):
+        return (
+            2.0
+            - 0.50 * math.exp(-0.5 * (t / 1.0) ** 2)
+            - 0.53 * math.exp(-0.5 * ((t - 1.5 * COARSE_STEP) / 0.4) ** 2)
+        )
+
+    t_true, v_true = _brute(f, GRID.min(), GRID.max(), 20001)
+    for stride in STRIDES:
+        res = _search(f, stride=stride)
+        assert res.value <= v_true * (1 + 1e-6) and abs(res.t - t_true) <= 0.005
+
+
+def test_a_dip_inside_a_coarse_interval_far_above_the_best_is_the_documented_limit():
+    """The one thing the coarse stage gives up (module docstring, stage 1): a dip wholly
+    inside a coarse interval whose ends both stand more than fill_margin above the best
+    value. The whole grid (stride 1), or a wider margin, finds it."""
+    f = _bowl_with_a_narrow_dip(1.3, depth=1.5)
+    t_true, v_true = _brute(f, GRID.min(), GRID.max(), 20001)
+    assert _search(f, stride=1).value <= v_true * (1 + 1e-6)
+    assert _search(f, stride=3, fill_margin=0.5).value <= v_true * (1 + 1e-6)
+    missed = _search(f, stride=3, fill_margin=0.1)
+    assert abs(missed.t + 2.0) <= 0.005 and missed.value > v_true  # the broad minimum
+
+
+def test_the_fill_evaluates_the_whole_grid_near_every_near_best_point():
+    """Every grid point inside a coarse interval that touches a point within the fill
+    margin of the best value is evaluated; coarse points are every third from the anchor."""
+    f = _bowl(0.4, depth=1.0, width=0.8, level=2.0)
+    res = _search(f, stride=3, fill_margin=0.1)
+    seen = set(np.round(res.grid, 9))
+    k_anchor = int(np.argmin(np.abs(GRID)))
+    coarse = [k for k in range(GRID.size) if (k - k_anchor) % 3 == 0] + [0, GRID.size - 1]
+    assert {round(GRID[k], 9) for k in coarse} <= seen
+    v_best = min(f(t) for t in res.grid)
+    for a, b in zip(sorted(set(coarse))[:-1], sorted(set(coarse))[1:]):
+        if min(f(GRID[a]), f(GRID[b])) <= v_best * 1.1:
+            assert {round(GRID[k], 9) for k in range(a, b + 1)} <= seen, (a, b)
+    assert res.grid.size < GRID.size  # the far intervals are not filled
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5])
+def test_bad_stride_is_refused(bad):
+    with pytest.raises(ValueError, match="stride"):
+        _search(lambda t: t * t, stride=bad)
+    with pytest.raises(ValueError, match="fill_margin"):
+        _search(lambda t: t * t, fill_margin=-0.1)
 
 
 # --------------------------------------------------------------------------- data sets
@@ -429,7 +526,14 @@ def test_verbose_lines_carry_the_criterion(capfd):
     h = learning.loo_bandwidth(X, y, verbose=True)  # stderr is not a terminal: plain lines
     err = capfd.readouterr().err.splitlines()
     grid_lines = [line for line in err if line.startswith("loo_bandwidth: grid:")]
-    assert len(grid_lines) == len(config.LOO_GRID)
+    # one line per grid factor evaluated: the coarse grid (every LOO_GRID_STRIDE-th factor
+    # from 1, and the ends) and the fill, each factor once
+    factors = [float(line.split("grid: ")[1].split(" x ")[0]) for line in grid_lines]
+    on_grid = [np.argmin(np.abs(np.log(np.asarray(config.LOO_GRID) / f))) for f in factors]
+    assert len(set(on_grid)) == len(on_grid)
+    anchor = int(np.argmin(np.abs(np.log(config.LOO_GRID))))
+    coarse = {k for k in range(len(config.LOO_GRID)) if (k - anchor) % config.LOO_GRID_STRIDE == 0}
+    assert coarse | {0, len(config.LOO_GRID) - 1} <= set(on_grid)
     h0 = bandwidth_rule(X)
     for line, value in zip(grid_lines, _criterion_values(grid_lines)):
         factor = float(line.split("grid: ")[1].split(" x ")[0])
@@ -457,7 +561,8 @@ def test_verbose_on_a_terminal_draws_a_tqdm_bar(monkeypatch):
         assert ("\r" in text) == bar, text[-300:]  # tqdm redraws its line
         assert "LOO criterion" in text
         plain = [line for line in text.splitlines() if line.startswith("loo_bandwidth: grid:")]
-        assert len(plain) == (0 if bar else len(config.LOO_GRID))
+        coarse = len(config.LOO_GRID[:: config.LOO_GRID_STRIDE])
+        assert (len(plain) == 0) if bar else (coarse <= len(plain) <= len(config.LOO_GRID))
 
 
 @pytest.mark.parametrize("bad", [-1, "yes", 1.5, None])

@@ -520,3 +520,89 @@ def loo_squared_error_sorted_1d(zs, values_t, targets, rows, prune_gap):
                 sq += err * err
         partial[chunk] = sq
     return partial.sum()
+
+
+def taylor_terms(span_sq, dtype=np.float64) -> int:
+    """Terms of :func:`loo_squared_error_taylor_1d` for points of squared span ``span_sq``
+    (scaled), or 0 when the series is not used there (``span_sq`` above
+    ``config.LOO_TAYLOR_MAX_SPAN_SQ``).
+
+    With ``x = span_sq / 2`` bounding ``|2 u_i u_j|``, the weights' relative
+    truncation error is at most ``x^p / p! * e^(2x)`` (``e^x`` for the remainder
+    of the exponential series, ``e^x`` for the smallest weight relative to
+    its series); p is the first to bring it below 2^-60.
+    """
+    limit = float(config.LOO_TAYLOR_MAX_SPAN_SQ)
+    if not span_sq <= limit:
+        return 0
+    x = 0.5 * float(span_sq)
+    bound, p = math.exp(2.0 * x), 0
+    while bound > 2.0**-60:
+        p += 1
+        bound *= x / p
+    return max(p, 1)
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def loo_squared_error_taylor_1d(zs, values_t, targets, rows, n_terms):
+    """The LOO squared-error sum of ``loo_squared_error`` for 1-D points of small span.
+
+    ``zs`` (n,) already scaled (s_ij = -(zs_i - zs_j)^2; any order), ``values_t``
+    (p, n), ``targets`` (n, p), ``rows`` the rows left out and predicted. With
+    ``u = zs - m`` about the middle m of the range,
+
+    .. math::
+
+        e^{-(u_i - u_j)^2} = e^{-u_i^2} \\sum_{k \\ge 0} \\frac{(2 u_i)^k}{k!}\\,
+            u_j^k e^{-u_j^2},
+
+    so the moments ``N_k = sum_j u_j^k e^{-u_j^2}`` and
+    ``M_kc = sum_j u_j^k e^{-u_j^2} v_jc`` (k < ``n_terms``), taken once, give
+    every row's sums in O(n_terms) each; the row's own key (weight exactly 1)
+    is taken out afterwards. Cost O(n * n_terms) instead of O(n^2): the wide
+    end of the bandwidth search. The caller picks ``n_terms`` by
+    :func:`taylor_terms` and uses it only where the span is small
+    (``config.LOO_TAYLOR_MAX_SPAN_SQ``): then every weight is at least
+    e^-span^2 and the alternating terms cancel by at most e^span^2, so the sums
+    keep about 13 digits in float64. Computed in float64 whatever the dtype.
+    """
+    n = zs.shape[0]
+    n_outputs = values_t.shape[0]
+    lo, hi = np.float64(zs[0]), np.float64(zs[0])
+    for j in range(n):
+        lo = min(lo, np.float64(zs[j]))
+        hi = max(hi, np.float64(zs[j]))
+    middle = 0.5 * (lo + hi)
+    den = np.zeros(n_terms, dtype=np.float64)
+    num = np.zeros((n_outputs, n_terms), dtype=np.float64)
+    for j in range(n):
+        u = np.float64(zs[j]) - middle
+        power = np.exp(-u * u)
+        for k in range(n_terms):
+            den[k] += power
+            for c in range(n_outputs):
+                num[c, k] += power * np.float64(values_t[c, j])
+            power *= u
+    acc = np.empty(n_outputs, dtype=np.float64)
+    sq = 0.0
+    for r in range(rows.shape[0]):
+        i = rows[r]
+        if n == 1:  # no admissible key: predict 0
+            for c in range(n_outputs):
+                sq += targets[i, c] * targets[i, c]
+            continue
+        u = np.float64(zs[i]) - middle
+        coef = 1.0
+        total = 0.0
+        acc[:] = 0.0
+        for k in range(n_terms):
+            total += coef * den[k]
+            for c in range(n_outputs):
+                acc[c] += coef * num[c, k]
+            coef *= 2.0 * u / (k + 1)
+        scale = np.exp(-u * u)
+        total = total * scale - 1.0  # without the row's own key, weight exp(0) = 1
+        for c in range(n_outputs):
+            err = (acc[c] * scale - np.float64(values_t[c, i])) / total - targets[i, c]
+            sq += err * err
+    return sq
