@@ -274,20 +274,6 @@ FLASH_LONG_BLOCK_Q = _env_int("FLASH_LONG_BLOCK_Q", 256, compiled=False)
 FLASH_LONG_KEYS = _env_int("FLASH_LONG_KEYS", 1024, compiled=False)
 
 
-# --------------------------------------------------------------------------- the on-disk cache
-# Keep this block LAST: it looks at every compiled tunable defined above it.
-
-#: Whether compiled kernels are cached on disk (second process: no recompile).
-#: Block sizes and thresholds are compiled into the kernels as constants, and
-#: numba's cache only notices source changes; so a process that overrides one of
-#: them with an NBATTN_* variable compiles afresh instead of loading stale
-#: kernels, unless it sets NBATTN_CACHE=1 explicitly. Other NBATTN_* variables
-#: (the test script's NBATTN_TEST_TORCH, NBATTN_DASK_CONNECT_TIMEOUT) leave the
-#: cache on. Kernel modules read this when they are imported.
-_OVERRIDDEN = sorted(name for name in _COMPILED_TUNABLES if "NBATTN_" + name in os.environ)
-CACHE = os.environ.get("NBATTN_CACHE", "0" if _OVERRIDDEN else "1") not in ("0", "false", "False")
-
-
 # --- LOO bandwidth search: coarse-to-fine grid (nbattn.search) -------------------
 #: ``nbattn.learning.loo_bandwidth`` first evaluates every LOO_GRID_STRIDE-th
 #: factor of LOO_GRID (counted from 1, the base rule, with both ends), then
@@ -306,3 +292,17 @@ LOO_FILL_MARGIN = 0.1
 #: the series' terms cancel by at most e^span^2 (55 at 4), so the criterion keeps
 #: about 13 digits in float64. Read at call time.
 LOO_TAYLOR_MAX_SPAN_SQ = 4.0
+
+
+# --------------------------------------------------------------------------- the on-disk cache
+# Keep this block LAST: it looks at every compiled tunable defined above it.
+
+#: Whether compiled kernels are cached on disk (second process: no recompile).
+#: Block sizes and thresholds are compiled into the kernels as constants, and
+#: numba's cache only notices source changes; so a process that overrides one of
+#: them with an NBATTN_* variable compiles afresh instead of loading stale
+#: kernels, unless it sets NBATTN_CACHE=1 explicitly. Other NBATTN_* variables
+#: (the test script's NBATTN_TEST_TORCH, NBATTN_DASK_CONNECT_TIMEOUT) leave the
+#: cache on. Kernel modules read this when they are imported.
+_OVERRIDDEN = sorted(name for name in _COMPILED_TUNABLES if "NBATTN_" + name in os.environ)
+CACHE = os.environ.get("NBATTN_CACHE", "0" if _OVERRIDDEN else "1") not in ("0", "false", "False")
