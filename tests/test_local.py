@@ -568,15 +568,8 @@ def _grid_minimum(X, y, degree, var_type, counts, h_grid, lam_grid):
         "wiggly",  # several local minima in h (a fast wiggle on a slow trend)
         "irrelevant category",  # the best lambda is at the end of its range
         "pure noise",  # a flat criterion: the best h is at the wide end
-        pytest.param(
-            "ties",  # a continuous column with few distinct values: plateaus in h
-            marks=pytest.mark.xfail(
-                reason="known: with local-linear fits on tied x the best point (small h, "
-                "lambda = 0) is a narrow basin that only a joint move in (h, lambda) reaches; "
-                "the column sweep moves one parameter at a time",
-                strict=False,
-            ),
-        ),
+        "ties",  # a continuous column with few distinct values: plateaus in h, and the best
+        # point (small h, lambda = 0) at the end of a valley only a joint move reaches
     ],
 )
 def test_loo_widths_no_worse_than_a_brute_force_grid(case, degree):
