@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nbattn import config
 from nbattn.datasets import seed_data
 from nbattn.local import (
     default_widths,
@@ -599,3 +600,57 @@ def test_loo_widths_no_worse_than_a_brute_force_grid(case, degree):
         ours = local_loo_loss(X, y, widths, degree, var_type=var_type, n_categories=counts)
         grid = _grid_minimum(X, y, degree, var_type, counts, h_grid, lam_grid)
         assert ours <= grid * (1 + 1e-6), (case, seed, ours, grid, widths)
+
+
+@pytest.mark.parametrize("degree", [0, 1])
+def test_loo_widths_joint_stage_with_two_categorical_columns(degree):
+    """Tied x with one relevant and one irrelevant categorical column: the best point has
+    l = 0 in the relevant column (exact matching, a corner only a joint move in (h, l)
+    reaches) and l near its top in the other. The search is never worse than a brute-force
+    grid over (h, l_1, l_2) that includes both ends of each l, over several draws."""
+    var_type, counts = "cuu", [0, 3, 4]
+    h_grid = np.geomspace(0.02, 50.0, 21)
+    lam1 = np.linspace(0.0, 2.0 / 3.0, 5)
+    lam2 = np.linspace(0.0, 3.0 / 4.0, 5)
+    kw = dict(var_type=var_type, n_categories=counts)
+    for seed in range(3):
+        rng = np.random.default_rng(2000 + seed)
+        n = 60
+        x = np.round(rng.uniform(0, 4, n))
+        relevant = rng.integers(0, 3, n).astype(float)
+        irrelevant = rng.integers(0, 4, n).astype(float)
+        y = np.cos(x) + 0.5 * relevant + 0.2 * rng.normal(size=n)
+        X = np.column_stack([x, relevant, irrelevant])
+        widths = local_loo_widths(X, y, degree, **kw)
+        ours = local_loo_loss(X, y, widths, degree, **kw)
+        grid = min(
+            local_loo_loss(X, y, [h, a, b], degree, **kw)
+            for h in h_grid
+            for a in lam1
+            for b in lam2
+        )
+        # within the search's equality tolerance: on the exact-matching plateau the
+        # neighbouring x still weigh exp(-1/(2 h^2)), a slope of a few 1e-6 that the search
+        # rightly calls flat (config.LOO_RTOL)
+        assert ours <= grid * (1 + config.LOO_RTOL), (seed, ours, grid, widths)
+        assert 0.0 <= widths[1] <= 2.0 / 3.0 and 0.0 <= widths[2] <= 3.0 / 4.0
+
+
+def test_loo_widths_reach_exact_matching():
+    """On tied x where each (x, category) cell explains y, the search does at least as well
+    as the exact-matching cell fits (l = 0 exactly, h from tiny to a third of the spacing
+    of x): t within +-30 alone cannot reach them, l would stay above 1e-14, which at
+    h = 0.1 still outweighs the neighbouring x (exp(-50))."""
+    var_type, counts = "cu", [0, 3]
+    kw = dict(var_type=var_type, n_categories=counts)
+    for seed in range(4):
+        rng = np.random.default_rng(3000 + seed)
+        n = 90
+        x = np.round(rng.uniform(0, 4, n))
+        cat = rng.integers(0, 3, n).astype(float)
+        y = np.cos(2.0 * x) + cat + 0.05 * rng.normal(size=n)
+        X = np.column_stack([x, cat])
+        widths = local_loo_widths(X, y, 0, **kw)
+        ours = local_loo_loss(X, y, widths, 0, **kw)
+        cells = min(local_loo_loss(X, y, [h, 0.0], 0, **kw) for h in np.geomspace(0.01, 0.3, 8))
+        assert ours <= cells * (1 + 1e-6), (seed, ours, cells, widths)
