@@ -15,9 +15,14 @@ more streaming pass (``kernels.local.local_loo_gradient``):
 The search: the rule widths (:func:`nbattn.local.default_widths`), then a
 one-dimensional search over a common factor of every h (``nbattn.search``,
 the safeguard that finds the right scale when the rule is far off), then
-scipy's L-BFGS-B over all of theta from the better of the two. The best point
-ever evaluated is returned, so the answer is never worse than the rule or the
-best common scale.
+scipy's L-BFGS-B over all of theta from each of the two (they can start in
+different basins). Then a joint (h, l) stage: every h by a common factor with
+the categorical smoothing at exactly 0 (exact matching; all categorical
+columns, and each alone), the corner of a valley in (log h, t) that no move
+of one parameter follows (tied x). Then sweeps of each parameter alone over a
+grid (plateaus, flat ends), each sweep that gains more than ``config.LOO_RTOL``
+followed by another descent. The best point ever evaluated is returned, so
+the answer is never worse than the rule or the best common scale.
 """
 
 from __future__ import annotations
@@ -328,18 +333,25 @@ def local_loo_widths(
         # the safeguard: one common factor of every h, categorical parameters at the start
         _common_scale_search(criterion, theta0, cont, lower, upper)
 
-    def descend():
+    def descend(start=None):
+        start = criterion.best[1] if start is None else start
         with blas_one_thread():  # L-BFGS-B's BLAS calls on 5 numbers: threads only contend
             minimize(
                 criterion.loss_and_grad,
-                np.clip(criterion.best[1], lower, upper),
+                np.clip(start, lower, upper),
                 jac=True,
                 method="L-BFGS-B",
                 bounds=bounds,
                 options={"maxiter": int(maxiter)},
             )
 
-    descend()
+    # two starts: the rule itself and the best common scale. They can lie in different
+    # basins, and the common scale's (better at the start) is not always the deeper one:
+    # on the benchmark's mixed data (n = 500, cccuo) the rule's basin is 5% lower
+    scaled = criterion.best[1].copy()
+    descend(theta0)
+    if not np.array_equal(scaled, theta0):
+        descend(scaled)
     if cont.any():
         # the joint (h, lambda) stage: exact matching in categorical columns, every h by a
         # common factor from the descent's point (a corner no one-parameter move reaches)
