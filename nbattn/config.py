@@ -274,18 +274,6 @@ FLASH_LONG_BLOCK_Q = _env_int("FLASH_LONG_BLOCK_Q", 256, compiled=False)
 FLASH_LONG_KEYS = _env_int("FLASH_LONG_KEYS", 1024, compiled=False)
 
 
-# --------------------------------------------------------------------------- local-polynomial fits
-#: Below this many query x key pairs a local-polynomial kernel call
-#: (nbattn.local, nbattn.local_widths) runs on one numba thread. Lower than
-#: SERIAL_PAIRS because a pair of the local fits costs 2-4x a Nadaraya-Watson
-#: pair (the moments of the local design): measured on the 2-core machine,
-#: best of 300, 3 continuous columns, degree 0 / 1, one thread against two:
-#: 62,500 pairs 0.127 / 0.222 ms against 0.072 / 0.122 ms; 250,000 pairs
-#: 0.393 / 0.675 ms against 0.240 / 0.367 ms. Raise it on an oversubscribed
-#: machine, where a parallel launch costs far more. Read at every call.
-LOCAL_SERIAL_PAIRS = _env_int("LOCAL_SERIAL_PAIRS", 1 << 16, compiled=False)
-
-
 # --------------------------------------------------------------------------- the on-disk cache
 # Keep this block LAST: it looks at every compiled tunable defined above it.
 

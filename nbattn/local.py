@@ -435,11 +435,9 @@ def _check_ridge(ridge):
 
 
 def threads_for(problem: LocalProblem):
-    """One numba thread for calls with fewer than ``config.LOCAL_SERIAL_PAIRS`` pairs (a
-    parallel launch costs more than it saves there; on a busy 2-core machine 30x more at
-    n = 150)."""
-    pairs = problem.q_cont.shape[0] * problem.log_weights.shape[0]
-    return serial_below(pairs, config.LOCAL_SERIAL_PAIRS)
+    """One numba thread for calls with fewer than ``config.SERIAL_PAIRS`` pairs (a parallel
+    launch costs more than it saves there; on a busy 2-core machine 30x more at n = 150)."""
+    return serial_below(problem.q_cont.shape[0] * problem.log_weights.shape[0], config.SERIAL_PAIRS)
 
 
 def fit_problem(problem: LocalProblem, device="cpu", want_mfx=False):

@@ -16,10 +16,11 @@ The search: the rule widths (:func:`nbattn.local.default_widths`), then a
 one-dimensional search over a common factor of every h (``nbattn.search``,
 the safeguard that finds the right scale when the rule is far off), then
 scipy's L-BFGS-B over all of theta from each of the two (they can start in
-different basins). Then a joint (h, l) stage: every h by a common factor with
-the categorical smoothing at exactly 0 (exact matching; all categorical
-columns, and each alone), the corner of a valley in (log h, t) that no move
-of one parameter follows (tied x). Then sweeps of each parameter alone over a
+different basins). Then a joint (h, l) stage: every h by a common factor up
+to 1 with the categorical smoothing at exactly 0 (exact matching; all
+categorical columns, and each alone that the descent left below half its
+range), the corner of a valley in (log h, t) that no move of one parameter
+follows (tied x). Then sweeps of each parameter alone over a
 grid (plateaus, flat ends), each sweep that gains more than ``config.LOO_RTOL``
 followed by another descent. The best point ever evaluated is returned, so
 the answer is never worse than the rule or the best common scale.
@@ -356,10 +357,13 @@ def local_loo_widths(
         # the joint (h, lambda) stage: exact matching in categorical columns, every h by a
         # common factor from the descent's point (a corner no one-parameter move reaches)
         descended = criterion.best[1]
-        for columns in _exact_match_subsets(cont):
+        shares = theta_to_widths(descended, var_type, counts) / np.maximum(
+            lambda_max(var_type, counts), 1e-300
+        )
+        for columns in _exact_match_subsets(cont, shares):
             corner = descended.copy()
             corner[columns] = -math.inf
-            _common_scale_search(criterion, corner, cont, lower, upper)
+            _common_scale_search(criterion, corner, cont, lower, upper, smaller_only=True)
     for _ in range(_SWEEPS):
         before = criterion.best[0]
         _sweep_columns(criterion, cont, lower, upper)
@@ -382,10 +386,12 @@ def _lower_by_rtol(value, reference):
     return value < reference - config.LOO_RTOL * abs(reference)
 
 
-def _common_scale_search(criterion, theta, cont, lower, upper):
+def _common_scale_search(criterion, theta, cont, lower, upper, smaller_only=False):
     """Search one common factor of every h (``nbattn.search`` over ``config.LOO_GRID``)
     from ``theta``, the other parameters held; each log h stays within its bounds
-    (``lower``, ``upper``: arrays over theta)."""
+    (``lower``, ``upper``: arrays over theta). ``smaller_only``: factors up to 1 (the
+    joint stage: exact matching needs small h where t cannot follow; at larger h a t near
+    its lower bound serves as well, and the descent and the sweeps reach it)."""
     from .search import minimize_log_scale
 
     def along(log_factor):
@@ -396,14 +402,18 @@ def _common_scale_search(criterion, theta, cont, lower, upper):
     grid = np.log(np.asarray(config.LOO_GRID))
     room_low = float(np.max(lower[cont] - theta[cont]))  # <= 0 inside the bounds
     room_high = float(np.min(upper[cont] - theta[cont]))
+    if smaller_only:
+        room_high = min(room_high, 0.0)
     inside = grid[(grid >= room_low) & (grid <= room_high)]
     if inside.size >= 3:
         minimize_log_scale(along, inside, rtol=config.LOO_RTOL)
 
 
-def _exact_match_subsets(cont):
+def _exact_match_subsets(cont, shares):
     """Sets of categorical columns whose smoothing the joint stage sets to exactly 0: all of
-    them, and each alone when there are several.
+    them, and when there are several, each alone whose smoothing after the descent is below
+    half its range (``shares``: l / lambda_max per column; a column smoothed beyond that
+    is weak, and exact matching in it alone would only split the data).
 
     Why a joint stage: with l_k = 0 only keys of the query's category count, and a small h
     can then fit each cell of tied x on its own; with l_k > 0 the other categories' keys
@@ -417,7 +427,7 @@ def _exact_match_subsets(cont):
         return []
     subsets = [cat]
     if cat.size > 1:
-        subsets += [cat[k : k + 1] for k in range(cat.size)]
+        subsets += [cat[k : k + 1] for k in range(cat.size) if shares[cat[k]] < 0.5]
     return subsets
 
 
