@@ -16,8 +16,8 @@ The search: the rule widths (:func:`nbattn.local.default_widths`), then a
 one-dimensional search over a common factor of every h (``nbattn.search``,
 the safeguard that finds the right scale when the rule is far off), then
 scipy's L-BFGS-B over all of theta from each of the two (they can start in
-different basins). Then a joint (h, l) stage: every h by a common factor up
-to 1 with the categorical smoothing at exactly 0 (exact matching; all
+different basins). Then a joint (h, l) stage: every h by a common factor
+with the categorical smoothing at exactly 0 (exact matching; all
 categorical columns, and each alone that the descent left below half its
 range), the corner of a valley in (log h, t) that no move of one parameter
 follows (tied x). Then sweeps of each parameter alone over a
@@ -363,7 +363,7 @@ def local_loo_widths(
         for columns in _exact_match_subsets(cont, shares):
             corner = descended.copy()
             corner[columns] = -math.inf
-            _common_scale_search(criterion, corner, cont, lower, upper, smaller_only=True)
+            _common_scale_search(criterion, corner, cont, lower, upper)
     for _ in range(_SWEEPS):
         before = criterion.best[0]
         _sweep_columns(criterion, cont, lower, upper)
@@ -386,12 +386,10 @@ def _lower_by_rtol(value, reference):
     return value < reference - config.LOO_RTOL * abs(reference)
 
 
-def _common_scale_search(criterion, theta, cont, lower, upper, smaller_only=False):
+def _common_scale_search(criterion, theta, cont, lower, upper):
     """Search one common factor of every h (``nbattn.search`` over ``config.LOO_GRID``)
     from ``theta``, the other parameters held; each log h stays within its bounds
-    (``lower``, ``upper``: arrays over theta). ``smaller_only``: factors up to 1 (the
-    joint stage: exact matching needs small h where t cannot follow; at larger h a t near
-    its lower bound serves as well, and the descent and the sweeps reach it)."""
+    (``lower``, ``upper``: arrays over theta)."""
     from .search import minimize_log_scale
 
     def along(log_factor):
@@ -402,8 +400,6 @@ def _common_scale_search(criterion, theta, cont, lower, upper, smaller_only=Fals
     grid = np.log(np.asarray(config.LOO_GRID))
     room_low = float(np.max(lower[cont] - theta[cont]))  # <= 0 inside the bounds
     room_high = float(np.min(upper[cont] - theta[cont]))
-    if smaller_only:
-        room_high = min(room_high, 0.0)
     inside = grid[(grid >= room_low) & (grid <= room_high)]
     if inside.size >= 3:
         minimize_log_scale(along, inside, rtol=config.LOO_RTOL)
