@@ -126,12 +126,15 @@ def _block(
     missing,
     scores,
     design,
+    store_design=True,
 ):
     """Scores of keys j0 .. j0+nb-1 for query i into ``scores``, the scaled differences
     into ``design[1 : 1 + dc]`` (0 where missing) and the quadratic terms after them
     (``design[0]`` is scratch: the constant term is implicit). ``weighted``: whether
-    ``log_weights`` holds anything but zeros. Returns the block's maximum score (-inf
-    when no key is admissible)."""
+    ``log_weights`` holds anything but zeros. With ``store_design`` False (only without
+    missing values) the design rows are left unwritten: the caller reads the differences
+    from the keys itself. Returns the block's maximum score (-inf when no key is
+    admissible)."""
     dc = keys_cont_t.shape[0]
     dk = keys_cat_t.shape[0]
     if weighted:
@@ -156,10 +159,14 @@ def _block(
                         d = 0.0
                     row[j] = d
                     scores[j] -= 0.5 * d * d
-            else:
+            elif store_design:
                 for j in range(nb):
                     d = kc[j] - qc
                     row[j] = d
+                    scores[j] -= 0.5 * d * d
+            else:
+                for j in range(nb):
+                    d = kc[j] - qc
                     scores[j] -= 0.5 * d * d
     elif dc > 0:
         # Compact kernels: the product in the linear domain, one log per pair.
@@ -178,7 +185,8 @@ def _block(
                 d = kc[j] - qc
                 if missing and d != d:
                     d = 0.0
-                row[j] = d
+                if store_design:
+                    row[j] = d
                 if kernel == EPANECHNIKOV:
                     f = 1.0 - d * d
                 else:
@@ -237,15 +245,20 @@ def _any_weight(log_weights):
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
-def _solve(moments, rhs, ridge, g, beta):
-    """Solve (M + ridge diag(0, M_11, ...)) [g, beta] = [e_1, rhs] by Cholesky (in place on
-    copies); non-positive pivots drop their term (coefficient 0)."""
+def _solve(moments, rhs, ridge, g, beta, a, keep, z):
+    """Solve (M + ridge diag(0, M_11, ...)) [g, beta] = [e_1, rhs] by Cholesky; non-positive
+    pivots drop their term (coefficient 0). ``a`` (p, p), ``keep`` (p,) and ``z`` (p,) are
+    scratch (the caller's, so that a query allocates nothing). The factor's diagonal is
+    stored as its reciprocal: one division per term instead of one per entry (the solve is
+    a chain of dependent operations, so its latency, not its flops, is what a query pays)."""
     p = moments.shape[0]
     n_out = rhs.shape[1]
-    a = moments.copy()
+    for t in range(p):  # explicit loops: numba's slice assignment costs more at p <= 10
+        for u in range(p):
+            a[t, u] = moments[t, u]
+        keep[t] = True
     for t in range(1, p):
         a[t, t] += ridge * a[t, t]
-    keep = np.ones(p, dtype=np.bool_)
     for t in range(p):
         for u in range(t):
             if not keep[u]:
@@ -257,22 +270,23 @@ def _solve(moments, rhs, ridge, g, beta):
             for v in range(t, p):
                 a[v, t] = 0.0
             continue
-        a[t, t] = np.sqrt(a[t, t])
+        a[t, t] = 1.0 / np.sqrt(a[t, t])
         for v in range(t + 1, p):
             acc = a[v, t]
             for u in range(t):
                 acc -= a[v, u] * a[t, u]
-            a[v, t] = acc / a[t, t]
+            a[v, t] = acc * a[t, t]
     # forward and back substitution for e_1 and each output
     for col in range(n_out + 1):
-        z = np.zeros(p)
+        for t in range(p):
+            z[t] = 0.0
         for t in range(p):
             if not keep[t]:
                 continue
             acc = (1.0 if t == 0 else 0.0) if col == 0 else rhs[t, col - 1]
             for u in range(t):
                 acc -= a[t, u] * z[u]
-            z[t] = acc / a[t, t]
+            z[t] = acc * a[t, t]
         for t in range(p - 1, -1, -1):
             if not keep[t]:
                 z[t] = 0.0
@@ -280,7 +294,7 @@ def _solve(moments, rhs, ridge, g, beta):
             acc = z[t]
             for u in range(t + 1, p):
                 acc -= a[u, t] * z[u]
-            z[t] = acc / a[t, t]
+            z[t] = acc * a[t, t]
         if col == 0:
             for t in range(p):
                 g[t] = z[t]
@@ -317,16 +331,19 @@ def _nearest(i, q_cont, keys_cont_t, q_cat, keys_cat_t, log_weights, exclude_sel
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def _fused_moments(scores, design, y, nb, m, p, moments, rhs):
+def _fused_moments(scores, rows, offsets, y, nb, m, p, moments, rhs):
     """All moments of a block in one pass with register accumulators, for one output and
     p = 2 to 5 terms (local-linear in 1-4 columns, local-quadratic in one): the
-    general path makes one pass per moment."""
+    general path makes one pass per moment. Term t >= 1 of key j is
+    ``rows[t - 1][j] - offsets[t - 1]``: the key rows and the query's coordinates (the
+    differences computed here, never stored), or the design rows and zeros."""
     if p == 2:
         s00 = s01 = s11 = v0 = v1 = 0.0
-        x1 = design[1]
+        x1 = rows[0]
+        o1 = offsets[0]
         for j in range(nb):
             w = fast_exp(scores[j] - m)
-            a = x1[j]
+            a = x1[j] - o1
             wa = w * a
             s00 += w
             s01 += wa
@@ -340,12 +357,14 @@ def _fused_moments(scores, design, y, nb, m, p, moments, rhs):
         rhs[1, 0] += v1
     elif p == 3:
         s00 = s01 = s02 = s11 = s12 = s22 = v0 = v1 = v2 = 0.0
-        x1 = design[1]
-        x2 = design[2]
+        x1 = rows[0]
+        o1 = offsets[0]
+        x2 = rows[1]
+        o2 = offsets[1]
         for j in range(nb):
             w = fast_exp(scores[j] - m)
-            a = x1[j]
-            b = x2[j]
+            a = x1[j] - o1
+            b = x2[j] - o2
             wa = w * a
             wb = w * b
             wy = w * y[j]
@@ -370,14 +389,17 @@ def _fused_moments(scores, design, y, nb, m, p, moments, rhs):
     elif p == 4:
         s00 = s01 = s02 = s03 = s11 = s12 = s13 = s22 = s23 = s33 = 0.0
         v0 = v1 = v2 = v3 = 0.0
-        x1 = design[1]
-        x2 = design[2]
-        x3 = design[3]
+        x1 = rows[0]
+        o1 = offsets[0]
+        x2 = rows[1]
+        o2 = offsets[1]
+        x3 = rows[2]
+        o3 = offsets[2]
         for j in range(nb):
             w = fast_exp(scores[j] - m)
-            a = x1[j]
-            b = x2[j]
-            c = x3[j]
+            a = x1[j] - o1
+            b = x2[j] - o2
+            c = x3[j] - o3
             wa = w * a
             wb = w * b
             wc = w * c
@@ -414,16 +436,20 @@ def _fused_moments(scores, design, y, nb, m, p, moments, rhs):
         s00 = s01 = s02 = s03 = s04 = s11 = s12 = s13 = s14 = 0.0
         s22 = s23 = s24 = s33 = s34 = s44 = 0.0
         v0 = v1 = v2 = v3 = v4 = 0.0
-        x1 = design[1]
-        x2 = design[2]
-        x3 = design[3]
-        x4 = design[4]
+        x1 = rows[0]
+        o1 = offsets[0]
+        x2 = rows[1]
+        o2 = offsets[1]
+        x3 = rows[2]
+        o3 = offsets[2]
+        x4 = rows[3]
+        o4 = offsets[3]
         for j in range(nb):
             w = fast_exp(scores[j] - m)
-            a = x1[j]
-            b = x2[j]
-            c = x3[j]
-            e = x4[j]
+            a = x1[j] - o1
+            b = x2[j] - o2
+            c = x3[j] - o3
+            e = x4[j] - o4
             wa = w * a
             wb = w * b
             wc = w * c
@@ -512,6 +538,10 @@ def local_fit(
     nearest = np.full(n_q, -1, dtype=np.int64)
     mfx = np.zeros((n_q, dc, n_out))
     do_mfx = want_mfx and p == 1 and dc > 0
+    fused = n_out == 1 and 2 <= p <= 5
+    # without missing values the local-linear moments and the local constant read the
+    # differences from the keys: the design rows are never written (one pass less)
+    store_design = missing or do_mfx or (p > 1 and degree >= 2) or (p > 1 and not fused)
     n_chunks = (n_q + _QUERY_BLOCK - 1) // _QUERY_BLOCK
     for chunk in prange(n_chunks):
         scores = np.empty(_KEY_BLOCK)
@@ -519,14 +549,22 @@ def local_fit(
         design = np.empty((max(p, 1 + dc), _KEY_BLOCK))
         moments = np.empty((p, p))
         rhs = np.empty((p, n_out))
+        scratch = np.empty((p, p))
+        keep = np.empty(p, dtype=np.bool_)
+        z = np.empty(p)
         dsum = np.empty(dc)
         dysum = np.empty((dc, n_out))
         stop = min(n_q, (chunk + 1) * _QUERY_BLOCK)
         for i in range(chunk * _QUERY_BLOCK, stop):
-            moments[:] = 0.0
-            rhs[:] = 0.0
-            dsum[:] = 0.0
-            dysum[:] = 0.0
+            for a in range(p):  # explicit loops: slice assignment costs more per query
+                for b in range(p):
+                    moments[a, b] = 0.0
+                for o in range(n_out):
+                    rhs[a, o] = 0.0
+            for c in range(dc):
+                dsum[c] = 0.0
+                for o in range(n_out):
+                    dysum[c, o] = 0.0
             m = -np.inf
             for j0 in range(0, n_k, _KEY_BLOCK):
                 nb = min(_KEY_BLOCK, n_k - j0)
@@ -547,6 +585,7 @@ def local_fit(
                     missing,
                     scores,
                     design,
+                    store_design,
                 )
                 if block_max == -np.inf:
                     continue
@@ -558,10 +597,38 @@ def local_fit(
                         dsum *= factor
                         dysum *= factor
                     m = block_max
-                if n_out == 1 and 2 <= p <= 5:
-                    _fused_moments(
-                        scores, design, values_t[0, j0 : j0 + nb], nb, m, p, moments, rhs
-                    )
+                if fused:
+                    y = values_t[0, j0 : j0 + nb]
+                    if store_design:
+                        rows = (
+                            design[1, 0:nb],
+                            design[min(2, p - 1), 0:nb],
+                            design[0, 0:nb],
+                            design[0, 0:nb],
+                        )
+                        offsets = (0.0, 0.0, 0.0, 0.0)
+                    else:  # rows past the last column repeat it (never read)
+                        c1, c2, c3 = min(1, dc - 1), min(2, dc - 1), min(3, dc - 1)
+                        rows = (
+                            keys_cont_t[0, j0 : j0 + nb],
+                            keys_cont_t[c1, j0 : j0 + nb],
+                            keys_cont_t[c2, j0 : j0 + nb],
+                            keys_cont_t[c3, j0 : j0 + nb],
+                        )
+                        offsets = (q_cont[i, 0], q_cont[i, c1], q_cont[i, c2], q_cont[i, c3])
+                    _fused_moments(scores, rows, offsets, y, nb, m, p, moments, rhs)
+                    continue
+                if p == 1 and n_out == 1 and not do_mfx:
+                    # local constant, one output: the sum and the weighted sum in one pass
+                    y = values_t[0, j0 : j0 + nb]
+                    total = 0.0
+                    acc = 0.0
+                    for j in range(nb):
+                        w = fast_exp(scores[j] - m)
+                        total += w
+                        acc += w * y[j]
+                    moments[0, 0] += total
+                    rhs[0, 0] += acc
                     continue
                 total = 0.0
                 for j in range(nb):
@@ -629,7 +696,12 @@ def local_fit(
                     moments[a, b] = moments[b, a]
                 for o in range(n_out):
                     rhs[a, o] *= inv
-            _solve(moments, rhs, ridge, g[i], beta[i])
+            if p == 1:  # the local constant: M/l = 1, nothing to factorise
+                g[i, 0] = 1.0
+                for o in range(n_out):
+                    beta[i, 0, o] = rhs[0, o]
+            else:
+                _solve(moments, rhs, ridge, g[i], beta[i], scratch, keep, z)
             shift[i] = m
             log_norm[i] = np.log(total)
             if do_mfx:
