@@ -42,6 +42,14 @@ rebuilt (edits: ``nbattn.estimators.check_fitted_state``). Any failure, another
 format version or an estimator class outside ``nbattn.estimators.__all__``
 raises a :class:`ModelFileError` (a ValueError) that says which.
 
+Two readers share those checks: :func:`read_model_file` (and :func:`load`)
+rebuild the scikit-learn estimator; :func:`read_fitted_state` returns the
+plain content (metadata and fitted attributes by name) without importing
+scikit-learn, for :mod:`nbattn.predictor`, which validates it with
+:func:`nbattn.fitted_state.check_fitted_state` (the same checks as the
+estimator's) and predicts the same numbers: ``nbattn predict`` reads model
+files that way.
+
 This module imports no other part of nbattn at import time (the estimator
 classes are looked up, and :func:`nbattn.atomic.atomic_output` imported, when a
 model file is read or written).
