@@ -31,6 +31,7 @@ __all__ = [
     "ESTIMATORS",
     "check_fitted_state",
     "check_params",
+    "check_table_attributes",
     "require",
     "require_array",
     "require_bandwidth",
@@ -229,8 +230,9 @@ def require_array(state, name, kinds, shape, allow_nan=False, estimator="the mod
     return value
 
 
-def _check_table_attributes(state, X, estimator) -> set:
-    """var_type_, categories_ (codes of X_fit_ within them) and sample_weight_."""
+def check_table_attributes(state, X, estimator="the model") -> set:
+    """var_type_, categories_ (codes of X_fit_ within them) and sample_weight_ of
+    ``state`` for the training rows X; returns their names."""
     d = X.shape[1]
     kinds = require(state, "var_type_", estimator)
     if not isinstance(kinds, str):
@@ -291,7 +293,7 @@ def _common_attributes(state, params, estimator) -> set:
     if n < 1 or y.shape[1] < 1:
         raise ValueError(f"X_fit_ and y_fit_ must be non-empty, got shapes {X.shape}, {y.shape}")
     allowed = {"n_features_in_", "X_fit_", "y_fit_"}
-    allowed |= _check_table_attributes(state, X, estimator)
+    allowed |= check_table_attributes(state, X, estimator)
     if "feature_names_in_" in state:
         names = require_array(state, "feature_names_in_", "OU", (d,), estimator=estimator)
         if not all(isinstance(v, str) for v in names):
@@ -300,11 +302,11 @@ def _common_attributes(state, params, estimator) -> set:
     return allowed
 
 
-def _regressor_attributes(state) -> set:
-    m = require_int(state, "n_outputs_", 1)
+def _regressor_attributes(state, estimator) -> set:
+    m = require_int(state, "n_outputs_", 1, estimator)
     if state["y_fit_"].shape[1] != m:
         raise ValueError(f"y_fit_ has {state['y_fit_'].shape[1]} columns but n_outputs_ is {m}")
-    two_d = require_bool(state, "outputs_2d_")
+    two_d = require_bool(state, "outputs_2d_", estimator)
     if not two_d and m != 1:
         raise ValueError(f"outputs_2d_ is False but n_outputs_ is {m}")
     return {"n_outputs_", "outputs_2d_"}
@@ -367,7 +369,7 @@ def check_fitted_state(estimator: str, params: dict, state: dict) -> dict:
     if estimator in CLASSIFIERS:
         allowed |= _classifier_attributes(state, params, estimator)
     else:
-        allowed |= _regressor_attributes(state)
+        allowed |= _regressor_attributes(state, estimator)
         if estimator == "LearnedKernelRegressor":
             allowed |= _learned_attributes(state, params, estimator)
         else:

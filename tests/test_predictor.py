@@ -279,7 +279,7 @@ def _rename(estimator):
 
 EDITS = {
     "kernel evil": ("mixed-nw", _set_param("kernel", "evil")),
-    "extra param": ("nw", _set_param("alpha", 1.0)),
+    "alpha is no parameter": ("nw", _set_param("alpha", 1.0)),
     "device": ("nw", _set_param("device", "tpu")),
     "degree 3": ("lp-1", _set_param("degree", 3)),
     "degree text": ("lp-1", _set_param("degree", "1")),
@@ -305,10 +305,26 @@ EDITS = {
     "loss_": ("learned-diagonal", _set_json("loss_", -1.0)),
     "components_ shape": ("learned-full", _set_array("components_", np.ones((3, 3)))),
     "no bandwidth_": ("nw", _drop("bandwidth_")),
+    "no n_outputs_": ("nw", _drop("n_outputs_")),
+    "no classes_": ("classifier", _drop("classes_")),
     "extra attribute": ("nw", _set_json("secret_", 1)),
     "private attribute": ("nw", _set_json("_cache", 1)),
-    "foreign estimator": ("nw", _rename("LinearRegression")),
+    "estimator foreign": ("nw", _rename("LinearRegression")),
     "estimator with a dot": ("nw", _rename("os.system")),
+}
+
+
+#: edits of the parameters or the class name, which the two readers word differently
+PARAMETER_EDITS = {
+    "kernel evil",
+    "alpha is no parameter",
+    "device",
+    "degree 3",
+    "degree text",
+    "verbose -1",
+    "n_components 0",
+    "estimator foreign",
+    "estimator with a dot",
 }
 
 
@@ -324,14 +340,13 @@ def test_edited_files_are_refused_as_load_refuses_them(tables, tmp_path, edit):
         nbattn.load(path)
     with pytest.raises(modelfile.ModelFileError) as by_predictor:
         read_predictor(path)
-    # the same words: the attribute's own message, or the parameter's name
     for error in (by_load.value, by_predictor.value):
         assert str(error).startswith(f"{path}: ")
-    if isinstance(by_load.value.__cause__, ValueError) and edit.split()[0].endswith("_"):
+    if edit in PARAMETER_EDITS:  # scikit-learn words its constraints its own way
+        word = edit.split()[0]
+        assert word in str(by_load.value) and word in str(by_predictor.value)
+    else:  # the fitted attributes: the same checks, the same message
         assert str(by_load.value) == str(by_predictor.value)
-    needle = edit.split()[0] if edit.split()[0] in str(by_load.value) else None
-    if needle:
-        assert needle in str(by_predictor.value)
 
 
 def test_version_2_files_predict_too(tables, tmp_path):
