@@ -153,7 +153,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7, help="warm runs per probe")
     parser.add_argument(
-        "--cold-repeats", type=int, default=1, help="runs against an empty numba cache"
+        "--cold-repeats", type=int, default=1, help="runs against an empty numba cache (0: none)"
     )
     parser.add_argument(
         "--imports-only", action="store_true", help="skip the probes that run a kernel"
@@ -176,7 +176,8 @@ def main(argv=None) -> None:
                 for _ in range(args.cold_repeats):
                     with tempfile.TemporaryDirectory() as empty_cache:
                         cold.append(run_probe(body, empty_cache))
-                report(f"{label}, cold", cold)
+                if cold:
+                    report(f"{label}, cold", cold)
                 run_probe(body, warm_cache)  # fills the warm cache
                 label = f"{label}, warm"
             report(label, [run_probe(body, warm_cache) for _ in range(args.repeats)])
