@@ -3,6 +3,9 @@
 Parsing and thin commands only: files are read, predicted and scored by
 :mod:`nbattn.batch` (on :mod:`nbattn.io` and :mod:`nbattn.metrics`), figures
 drawn by :mod:`nbattn.plotting`, cluster runs done by :mod:`nbattn.dask`.
+``predict`` reads its model with :mod:`nbattn.predictor`, which predicts what
+the estimator predicts without importing scikit-learn, so that a fresh process
+starts quickly; the other commands load the estimator.
 
 Exit codes: 0 ok; 1 error, reported as one line ``nbattn: error: ...`` on
 stderr whatever went wrong; 2 usage error (argparse); 128 + the signal's
