@@ -42,6 +42,14 @@ rebuilt (edits: ``nbattn.estimators.check_fitted_state``). Any failure, another
 format version or an estimator class outside ``nbattn.estimators.__all__``
 raises a :class:`ModelFileError` (a ValueError) that says which.
 
+Two readers share those checks: :func:`read_model_file` (and :func:`load`)
+rebuild the scikit-learn estimator; :func:`read_fitted_state` returns the
+plain content (metadata and fitted attributes by name) without importing
+scikit-learn, for :mod:`nbattn.predictor`, which validates it with
+:func:`nbattn.fitted_state.check_fitted_state` (the same checks as the
+estimator's) and predicts the same numbers: ``nbattn predict`` reads model
+files that way.
+
 This module imports no other part of nbattn at import time (the estimator
 classes are looked up, and :func:`nbattn.atomic.atomic_output` imported, when a
 model file is read or written).
@@ -65,6 +73,8 @@ __all__ = [
     "READABLE_VERSIONS",
     "ModelFileError",
     "load",
+    "invalid_model",
+    "read_fitted_state",
     "read_model_file",
     "save",
 ]
@@ -267,6 +277,45 @@ def read_model_file(path):
     or edited one, or one naming an estimator class outside the whitelist.
     """
     path = Path(path)
+    meta, members = _read_checked(path)
+    try:
+        model = _rebuild(path, meta, members)
+        _check_fitted_state(model)
+    except ModelFileError:
+        raise
+    except (TypeError, AttributeError, ValueError) as exc:  # well-formed, wrong content
+        raise invalid_model(path, exc) from exc
+    return model, meta
+
+
+def read_fitted_state(path):
+    """A model file's content without building the estimator: ``(metadata, attributes)``.
+
+    The same checks as :func:`read_model_file` up to the checksum (sizes,
+    headers, format version, SHA-256), then the fitted attributes decoded as
+    the estimator would hold them (``{name: value}``, object arrays of str
+    restored, a version-2 file upgraded). The parameters are
+    ``metadata["params"]``, the class name ``metadata["estimator"]``; neither
+    is validated here (:func:`nbattn.fitted_state.check_fitted_state` does it).
+    Imports nothing beyond NumPy: :mod:`nbattn.predictor` reads model files
+    with it without loading scikit-learn.
+
+    Raises :class:`ModelFileError` (a ValueError) as :func:`read_model_file`.
+    """
+    path = Path(path)
+    meta, members = _read_checked(path)
+    attributes = _decoded_attributes(path, meta, members)
+    _upgrade(attributes, meta.get("format_version"))
+    return meta, attributes
+
+
+def invalid_model(path, exc) -> ModelFileError:
+    """The error for a well-formed model file whose content ``exc`` refuses."""
+    return _bad(path, f"invalid model: {_one_line(exc)}")
+
+
+def _read_checked(path):
+    """(metadata, arrays by member name) after the size, header and checksum checks."""
     with open(path, "rb") as fh:
         magic = fh.read(4)
         disk_size = os.fstat(fh.fileno()).st_size
@@ -293,14 +342,7 @@ def read_model_file(path):
         raise _bad(path, f"truncated, corrupt or foreign model file ({_one_line(exc)})") from exc
     if meta.get("sha256") != _digest(meta, members):
         raise _bad(path, "checksum mismatch: the model file was modified or is corrupt")
-    try:
-        model = _rebuild(path, meta, members)
-        _check_fitted_state(model)
-    except ModelFileError:
-        raise
-    except (TypeError, AttributeError, ValueError) as exc:  # well-formed, wrong content
-        raise _bad(path, f"invalid model: {_one_line(exc)}") from exc
-    return model, meta
+    return meta, members
 
 
 def _check_fitted_state(model) -> None:
@@ -405,6 +447,29 @@ def _read_member(path, zf, info, dtype, shape):
     return flat.reshape(shape[::-1]).T if fortran else flat.reshape(shape)
 
 
+def _decoded_attributes(path, meta, members) -> dict:
+    """{name: value} of the fitted attributes the metadata describes (names checked:
+    a trailing ``_`` or one leading ``_``)."""
+    attributes = {}
+    for attr, info in meta["attributes"].items():
+        if not attr.endswith("_") and not attr.startswith("_"):
+            raise _bad(path, f"attribute name {attr!r} is not a fitted attribute")
+        if attr.startswith("__"):
+            raise _bad(path, f"attribute name {attr!r} is not allowed")
+        if info.get("kind") == "array":
+            value = members[_PREFIX + attr]
+            if info.get("object"):
+                value = value.astype(object)
+            if info.get("scalar"):
+                value = value[()]
+        elif info.get("kind") == "json":
+            value = info.get("value")
+        else:
+            raise _bad(path, f"attribute {attr!r} has an unknown kind")
+        attributes[attr] = value
+    return attributes
+
+
 def _rebuild(path, meta, members):
     classes = _estimator_classes()
     name = meta.get("estimator")
@@ -420,38 +485,29 @@ def _rebuild(path, meta, members):
     if unknown:
         raise _bad(path, f"parameters {unknown} are not parameters of nbattn.{name}")
     model = cls(**params)
-    for attr, info in meta["attributes"].items():
-        if not attr.endswith("_") and not attr.startswith("_"):
-            raise _bad(path, f"attribute name {attr!r} is not a fitted attribute")
-        if attr in known or attr.startswith("__"):
-            raise _bad(path, f"attribute name {attr!r} is not allowed")
-        if info.get("kind") == "array":
-            value = members[_PREFIX + attr]
-            if info.get("object"):
-                value = value.astype(object)
-            if info.get("scalar"):
-                value = value[()]
-        elif info.get("kind") == "json":
-            value = info.get("value")
-        else:
-            raise _bad(path, f"attribute {attr!r} has an unknown kind")
+    attributes = _decoded_attributes(path, meta, members)
+    clash = sorted(set(attributes) & known)
+    if clash:
+        raise _bad(path, f"attribute name {clash[0]!r} is not allowed")
+    for attr, value in attributes.items():
         setattr(model, attr, value)
-    _upgrade(model, meta.get("format_version"))
+    _upgrade(vars(model), meta.get("format_version"))
     return model
 
 
-def _upgrade(model, version) -> None:
-    """Fill in what a file of an older version did not hold.
+def _upgrade(attributes: dict, version) -> None:
+    """Fill in what a file of an older version did not hold (``attributes``: the
+    fitted attributes by name, an estimator's ``vars``).
 
     Version 2 predates tables: every column was continuous and fits were
     unweighted, which is what these values say.
     """
     if version == 2:
-        d = vars(model).get("n_features_in_")
+        d = attributes.get("n_features_in_")
         if isinstance(d, int) and not isinstance(d, bool) and d >= 1:
-            vars(model).setdefault("var_type_", "c" * d)
-            vars(model).setdefault("categories_", [None] * d)
-        vars(model).setdefault("sample_weight_", None)
+            attributes.setdefault("var_type_", "c" * d)
+            attributes.setdefault("categories_", [None] * d)
+        attributes.setdefault("sample_weight_", None)
 
 
 def load(path):
