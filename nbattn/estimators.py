@@ -49,6 +49,7 @@ from sklearn.utils.validation import (
 from . import columns, config, learning, regression
 from ._validation import as_float_array, check_bandwidth, resolve_dtype
 from .device import resolve_device
+from .fitted_state import ESTIMATORS, check_attributes
 from .search import minimize_log_scale
 
 __all__ = [
@@ -490,27 +491,6 @@ class _PoolingEstimator(BaseEstimator):
         X = self._check_queries(X)
         return self._pooled_spread(X)[2]
 
-    # ---- fitted-state description (for check_fitted_state)
-
-    def _check_fitted_attributes(self):
-        """Check the fitted attributes shared by every estimator; return the allowed names."""
-        d = _require_int(self, "n_features_in_", minimum=1)
-        X = _require_array(self, "X_fit_", "f", (None, d), allow_nan=self._missing() != "error")
-        n = X.shape[0]
-        y = _require_array(self, "y_fit_", "f", (n, None))
-        if n < 1 or y.shape[1] < 1:
-            raise ValueError(
-                f"X_fit_ and y_fit_ must be non-empty, got shapes {X.shape}, {y.shape}"
-            )
-        allowed = {"n_features_in_", "X_fit_", "y_fit_"}
-        allowed |= _check_table_attributes(self, X)
-        if "feature_names_in_" in vars(self):
-            names = _require_array(self, "feature_names_in_", "OU", (d,))
-            if not all(isinstance(v, str) for v in names):
-                raise ValueError("feature_names_in_ must hold strings")
-            allowed.add("feature_names_in_")
-        return allowed
-
 
 # ----------------------------------------------------------------------------- regressors
 
@@ -635,16 +615,6 @@ class _PoolingRegressor(RegressorMixin, _PoolingEstimator):
         if getattr(self, "metric", None) == "full" and components is not None:
             grad = grad @ components
         return grad
-
-    def _check_fitted_attributes(self):
-        allowed = super()._check_fitted_attributes()
-        m = _require_int(self, "n_outputs_", minimum=1)
-        if self.y_fit_.shape[1] != m:
-            raise ValueError(f"y_fit_ has {self.y_fit_.shape[1]} columns but n_outputs_ is {m}")
-        two_d = _require_bool(self, "outputs_2d_")
-        if not two_d and m != 1:
-            raise ValueError(f"outputs_2d_ is False but n_outputs_ is {m}")
-        return allowed | {"n_outputs_", "outputs_2d_"}
 
 
 class NadarayaWatsonRegressor(_PoolingRegressor):
@@ -796,11 +766,6 @@ class NadarayaWatsonRegressor(_PoolingRegressor):
             sw = np.ones(self.X_fit_.shape[0]) if sw is None else sw
             return np.broadcast_to(sw / sw.sum(), (X.shape[0], sw.size)).copy()
         return super()._attention_weights_checked(X)
-
-    def _check_fitted_attributes(self):
-        allowed = super()._check_fitted_attributes()
-        _require_bandwidth(self, self.bandwidth)
-        return allowed | {"bandwidth_"}
 
 
 class LearnedKernelRegressor(_PoolingRegressor):
@@ -989,25 +954,6 @@ class LearnedKernelRegressor(_PoolingRegressor):
             return X @ L.T, self.X_fit_ @ L.T, 1.0
         return X, self.X_fit_, self.bandwidth_
 
-    def _check_fitted_attributes(self):
-        allowed = super()._check_fitted_attributes()
-        if self.X_fit_.shape[0] < 2:
-            raise ValueError("X_fit_ of a LearnedKernelRegressor must have at least 2 rows")
-        d = self.n_features_in_
-        if self.metric == "full":
-            k = d if self.n_components is None else self.n_components
-            _require_array(self, "components_", "f", (k, d))
-            fitted = "components_"
-        else:
-            _require_bandwidth(self, None)
-            fitted = "bandwidth_"
-        loss = getattr(self, "loss_", None)
-        if not isinstance(loss, Real) or isinstance(loss, bool) or not loss >= 0:
-            raise ValueError(f"loss_ must be a non-negative number, got {loss!r}")
-        _require_array(self, "loss_curve_", "f", (None,))
-        _require_int(self, "n_iter_", minimum=0)
-        return allowed | {fitted, "loss_", "loss_curve_", "n_iter_"}
-
 
 class LocalPolynomialRegressor(_PoolingRegressor):
     """Local-polynomial kernel regression over mixed continuous and categorical columns.
@@ -1116,11 +1062,6 @@ class LocalPolynomialRegressor(_PoolingRegressor):
         self._store_training_data(X, y2, outputs_2d, sw)
         self.bandwidth_ = bandwidth
         return self
-
-    def _check_fitted_attributes(self):
-        allowed = super()._check_fitted_attributes()
-        _require_bandwidth(self, self.bandwidth)
-        return allowed | {"bandwidth_"}
 
 
 # ----------------------------------------------------------------------------- classifier
@@ -1237,19 +1178,6 @@ class NadarayaWatsonClassifier(ClassifierMixin, _PoolingEstimator):
         proba = self.predict_proba(X)
         return self.classes_[np.argmax(proba, axis=1)]
 
-    def _check_fitted_attributes(self):
-        allowed = super()._check_fitted_attributes()
-        classes = _require_array(self, "classes_", "biufUO", (None,))
-        if classes.size < 2 or len(np.unique(classes)) != classes.size:
-            raise ValueError(f"classes_ must hold at least 2 distinct labels, got {classes!r}")
-        Y = self.y_fit_
-        if Y.shape[1] != classes.size:
-            raise ValueError(f"y_fit_ has {Y.shape[1]} columns but classes_ has {classes.size}")
-        if not (np.isin(Y, (0.0, 1.0)).all() and (Y.sum(axis=1) == 1.0).all()):
-            raise ValueError("y_fit_ of a classifier must be one-hot (one 1 per row, else 0)")
-        _require_bandwidth(self, self.bandwidth)
-        return allowed | {"classes_", "bandwidth_"}
-
 
 # ----------------------------------------------------------------------------- engine helpers
 
@@ -1357,102 +1285,6 @@ def _weighted_rule_bandwidth(X, sample_weight, rule):
 # ----------------------------------------------------------------------------- fitted state
 
 
-def _require(model, name):
-    if name not in vars(model):
-        raise ValueError(f"{type(model).__name__}: fitted attribute {name!r} is missing")
-    return vars(model)[name]
-
-
-def _require_int(model, name, minimum):
-    value = _require(model, name)
-    if not isinstance(value, Integral) or isinstance(value, (bool, np.bool_)) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
-
-
-def _require_bool(model, name):
-    value = _require(model, name)
-    if not isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"{name} must be True or False, got {value!r}")
-    return bool(value)
-
-
-def _require_array(model, name, kinds, shape, allow_nan=False):
-    """The attribute ``name``: an ndarray of a dtype kind in ``kinds`` and ``shape``
-    (None matches any length), finite when it is float (NaN allowed with ``allow_nan``)."""
-    value = _require(model, name)
-    if not isinstance(value, np.ndarray):
-        raise ValueError(f"{name} must be an array, got {type(value).__name__}")
-    if value.dtype.kind not in kinds or (value.dtype.kind == "f" and value.dtype != np.float64):
-        want = "float64" if kinds == "f" else f"kinds {kinds!r}"
-        raise ValueError(f"{name} must have dtype {want}, got {value.dtype}")
-    if value.ndim != len(shape) or any(
-        s is not None and s != v for s, v in zip(shape, value.shape)
-    ):
-        want = tuple("any" if s is None else s for s in shape)
-        raise ValueError(f"{name} has shape {value.shape}, expected {want}")
-    if value.dtype.kind == "f":
-        bad = np.isinf(value) if allow_nan else ~np.isfinite(value)
-        if bad.any():
-            raise ValueError(f"{name} holds NaN or infinity")
-    return value
-
-
-def _check_table_attributes(model, X):
-    """var_type_, categories_ (codes of X_fit_ within them) and sample_weight_; their names.
-
-    A model read from a file of format version 2 has none of them; the model
-    file reader fills them in (all continuous, unweighted) before this runs.
-    """
-    d = X.shape[1]
-    kinds = _require(model, "var_type_")
-    if not isinstance(kinds, str):
-        raise ValueError(f"var_type_ must be a string, got {kinds!r}")
-    columns.check_var_type(kinds, d)
-    cats = _require(model, "categories_")
-    if not isinstance(cats, list) or len(cats) != d:
-        raise ValueError(f"categories_ must be a list of {d} entries")
-    for j, (kind, c) in enumerate(zip(kinds, cats)):
-        if kind == "c":
-            if c is not None:
-                raise ValueError(f"categories_[{j}] must be None for a continuous column")
-            continue
-        plain = (bool, int, float, str)
-        if not isinstance(c, list) or not c or not all(isinstance(v, plain) for v in c):
-            raise ValueError(f"categories_[{j}] must be a non-empty list of strings or numbers")
-        codes = X[:, j][~np.isnan(X[:, j])]
-        if not np.all((codes == np.round(codes)) & (codes >= 0) & (codes < len(c))):
-            raise ValueError(f"X_fit_ column {j} holds codes outside categories_[{j}]")
-    sw = _require(model, "sample_weight_")
-    if sw is not None:
-        sw = _require_array(model, "sample_weight_", "f", (X.shape[0],))
-        if not np.all(sw > 0):
-            raise ValueError("sample_weight_ must be positive")
-    return {"var_type_", "categories_", "sample_weight_"}
-
-
-def _require_bandwidth(model, parameter):
-    """bandwidth_ (n_features,) float64: a positive normal width for a continuous column,
-    lambda in [0, 1] for a categorical one; equal to a numeric ``parameter`` (a single
-    number: on the continuous columns)."""
-    h = _require_array(model, "bandwidth_", "f", (model.n_features_in_,))
-    continuous = np.array([k == "c" for k in model._kinds()])
-    if continuous.any():
-        check_bandwidth(h[continuous], int(continuous.sum()), name="bandwidth_")
-    lam = h[~continuous]
-    if lam.size and not np.all((lam >= 0) & (lam <= 1)):
-        raise ValueError("bandwidth_ of a categorical column must lie in [0, 1]")
-    if parameter is not None and not isinstance(parameter, str):
-        if isinstance(parameter, Real) and not continuous.all():
-            expected, got = np.full(int(continuous.sum()), float(parameter)), h[continuous]
-        else:
-            expected, got = np.asarray(parameter, dtype=np.float64).reshape(-1), h
-            if continuous.all():
-                expected = check_bandwidth(parameter, model.n_features_in_)
-        if not np.array_equal(np.broadcast_to(expected, got.shape), got):
-            raise ValueError("bandwidth_ does not match the numeric bandwidth parameter")
-
-
 def check_fitted_state(model) -> None:
     """Validate a fitted nbattn estimator, such as one rebuilt from a model file.
 
@@ -1462,7 +1294,8 @@ def check_fitted_state(model) -> None:
     * that ``model`` is one of the estimators of this module;
     * the parameters, through the estimator's own ``_parameter_constraints``
       (a ``kernel`` of ``"evil"`` is refused);
-    * every required fitted attribute: present, with the right type, dtype
+    * every required fitted attribute (:func:`nbattn.fitted_state.check_attributes`,
+      the checks ``nbattn predict`` runs without scikit-learn): present, with the right type, dtype
       and shape, finite, and consistent with the others (``X_fit_`` rows =
       ``y_fit_`` rows, ``n_features_in_`` = ``X_fit_`` columns = the length of
       ``bandwidth_`` and ``feature_names_in_``, ``classes_`` = the one-hot
@@ -1481,11 +1314,7 @@ def check_fitted_state(model) -> None:
             f"not an nbattn estimator: {type(model).__module__}.{type(model).__name__}"
         )
     model._validate_params()
-    allowed = model._check_fitted_attributes()
-    params = set(model.get_params(deep=False))
-    unknown = sorted(set(vars(model)) - params - allowed)
-    if unknown:
-        raise ValueError(
-            f"{type(model).__name__}: {unknown[0]!r} is not a fitted attribute of this estimator"
-            + (f" (nor are {unknown[1:]})" if len(unknown) > 1 else "")
-        )
+    params = model.get_params(deep=False)
+    state = {name: value for name, value in vars(model).items() if name not in params}
+    estimator = next(c.__name__ for c in type(model).__mro__ if c.__name__ in ESTIMATORS)
+    check_attributes(estimator, params, state)

@@ -29,6 +29,7 @@ __all__ = [
     "CLASSIFIERS",
     "DEFAULTS",
     "ESTIMATORS",
+    "check_attributes",
     "check_fitted_state",
     "check_params",
     "check_table_attributes",
@@ -365,6 +366,18 @@ def check_fitted_state(estimator: str, params: dict, state: dict) -> dict:
         naming the parameter or attribute at fault.
     """
     params = check_params(estimator, params)
+    check_attributes(estimator, params, state)
+    return params
+
+
+def check_attributes(estimator: str, params: dict, state: dict) -> None:
+    """The attribute half of :func:`check_fitted_state`: ``state`` against the
+    estimator ``estimator`` with (already checked) parameters ``params``.
+
+    ``nbattn.estimators.check_fitted_state`` calls it after scikit-learn has
+    checked the parameters (an in-memory estimator may hold a
+    ``numpy.random.Generator`` as ``random_state``, which no model file does).
+    """
     allowed = _common_attributes(state, params, estimator)
     if estimator in CLASSIFIERS:
         allowed |= _classifier_attributes(state, params, estimator)
@@ -381,4 +394,3 @@ def check_fitted_state(estimator: str, params: dict, state: dict) -> dict:
             f"{estimator}: {unknown[0]!r} is not a fitted attribute of this estimator"
             + (f" (nor are {unknown[1:]})" if len(unknown) > 1 else "")
         )
-    return params
