@@ -274,6 +274,31 @@ FLASH_LONG_BLOCK_Q = _env_int("FLASH_LONG_BLOCK_Q", 256, compiled=False)
 FLASH_LONG_KEYS = _env_int("FLASH_LONG_KEYS", 1024, compiled=False)
 
 
+# ------------------------------------------------------- flash tiles of long sequences, scheduling
+#: Tiles of the flash kernels for calls with at least FLASH_LONG_KEYS keys (these
+#: replace FLASH_LONG_BLOCK_Q and the FLASH_(BWD_)BLOCK_* sizes there). Measured
+#: one thread, CPU time, H = 1, D = 64, float32, 5 interleaved rounds on the
+#: shared 2-core machine (scripts/bench_attention.py --profile shows the split):
+#: forward 512 x 256 ran 4-5 % faster than 256 x 512 at N = 2048 and 4096 (the
+#: score GEMM Q K^T with 256 keys per call keeps its output in L2; 512 x 512 was
+#: 19 % slower at N = 2048); the backward 256 x 256 ran 2.5-3.5 % faster than
+#: 128 x 256 at N = 4096 (its transposed-operand GEMMs P^T dO and dS^T Q get
+#: 256-long inner dimensions). Read at every call.
+FLASH_LONG_FWD_BLOCK_Q = _env_int("FLASH_LONG_FWD_BLOCK_Q", 512, compiled=False)
+FLASH_LONG_FWD_BLOCK_K = _env_int("FLASH_LONG_FWD_BLOCK_K", 256, compiled=False)
+FLASH_LONG_BWD_BLOCK_Q = _env_int("FLASH_LONG_BWD_BLOCK_Q", 256, compiled=False)
+FLASH_LONG_BWD_BLOCK_K = _env_int("FLASH_LONG_BWD_BLOCK_K", 256, compiled=False)
+
+#: Multiply-adds per work item (one query tile of one head in the forward, one
+#: key/value head's key-tile group in the backward) from which the flash kernels'
+#: parallel loops hand items to the threads one at a time as they finish
+#: (numba's parallel_chunksize(1)) instead of in equal static shares: a thread
+#: that the OS holds back on a busy machine then leaves its items to the other.
+#: Below it the per-item scheduling would cost more than it saves. Read at every
+#: call.
+FLASH_DYNAMIC_ITEM_WORK = _env_int("FLASH_DYNAMIC_ITEM_WORK", 1 << 22, compiled=False)
+
+
 # --------------------------------------------------------------------------- the on-disk cache
 # Keep this block LAST: it looks at every compiled tunable defined above it.
 
