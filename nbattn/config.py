@@ -289,13 +289,12 @@ FLASH_LONG_FWD_BLOCK_K = _env_int("FLASH_LONG_FWD_BLOCK_K", 256, compiled=False)
 FLASH_LONG_BWD_BLOCK_Q = _env_int("FLASH_LONG_BWD_BLOCK_Q", 256, compiled=False)
 FLASH_LONG_BWD_BLOCK_K = _env_int("FLASH_LONG_BWD_BLOCK_K", 256, compiled=False)
 
-#: Multiply-adds per work item (one query tile of one head in the forward, one
-#: key/value head's key-tile group in the backward) from which the flash kernels'
-#: parallel loops hand items to the threads one at a time as they finish
-#: (numba's parallel_chunksize(1)) instead of in equal static shares: a thread
-#: that the OS holds back on a busy machine then leaves its items to the other.
-#: Below it the per-item scheduling would cost more than it saves. Read at every
-#: call.
+#: Multiply-adds per work item (one query tile of one head) from which the flash
+#: forward hands its items to the threads one at a time as they finish (numba's
+#: parallel_chunksize(1)) instead of in equal static shares: a thread that the
+#: OS holds back on a busy machine then leaves its items to the other. Below it
+#: the per-item scheduling would cost more than it saves. (The backward keeps
+#: static shares: see nbattn.flash._backward.) Read at every call.
 FLASH_DYNAMIC_ITEM_WORK = _env_int("FLASH_DYNAMIC_ITEM_WORK", 1 << 22, compiled=False)
 
 

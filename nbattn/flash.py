@@ -374,10 +374,10 @@ def _backward(
     shift = lay.masks.lse_shift(n_q)
     block_q, block_k = _tiles(lay, backward=True)
     kernels = kernels_for("flash", device)
+    # equal static shares here: numba turns the kernel's np.zeros into a parallel
+    # loop of its own, which one-at-a-time scheduling would cut into single elements
     groups = _n_groups(n_kv, -(-n_k // block_k), lay.qf.nbytes)
-    # the backward's five GEMMs per tile against the forward's two
-    schedule = _scheduling_for(2.5 * lay.work, n_kv * groups)
-    with blas_one_thread(), _threads_for(lay.work), schedule:
+    with blas_one_thread(), _threads_for(lay.work):
         if shift is not None:
             if np.abs(shift).max() >= _RECOMPUTE_SHIFT:
                 # lse - shift has lost the low bits of lse: recompute the shifted lse

@@ -587,15 +587,14 @@ def flash_backward(
     mask_rows = mask.shape[1] > 1
     delta = np.empty((n_bh, n_q), dtype=dtype)
     lse_t = np.empty((n_bh, n_q), dtype=dtype)
-    # row loops run per slice: items of one row would cost a scheduling step
-    # each under dynamic scheduling (numba.parallel_chunksize)
-    for bh in prange(n_bh):
-        for i in range(n_q):
-            total = 0.0
-            for c in range(d_v):
-                total += np.float64(dout[bh, i, c]) * np.float64(out[bh, i, c])
-            delta[bh, i] = total
-            lse_t[bh, i] = lse[bh, i] * LOG2E
+    for row in prange(n_bh * n_q):
+        bh = row // n_q
+        i = row % n_q
+        total = 0.0
+        for c in range(d_v):
+            total += np.float64(dout[bh, i, c]) * np.float64(out[bh, i, c])
+        delta[bh, i] = total
+        lse_t[bh, i] = lse[bh, i] * LOG2E
     dq_part = np.zeros((n_groups, n_bh, n_q, d), dtype=dtype)
     dk = np.empty((n_kv, n_k, d), dtype=dtype)
     dv = np.empty((n_kv, n_k, d_v), dtype=dtype)
@@ -706,17 +705,19 @@ def flash_backward(
     factor = like(scale, q)
     if n_groups == 1:
         dq = dq_part[0]
-        for bh in prange(n_bh):
-            for i in range(n_q):
-                for c in range(d):
-                    dq[bh, i, c] *= factor
+        for row in prange(n_bh * n_q):
+            bh = row // n_q
+            i = row % n_q
+            for c in range(d):
+                dq[bh, i, c] *= factor
         return dq, dk, dv
     dq = np.empty((n_bh, n_q, d), dtype=dtype)
-    for bh in prange(n_bh):
-        for i in range(n_q):
-            for c in range(d):
-                total = dq_part[0, bh, i, c]
-                for g in range(1, n_groups):
-                    total += dq_part[g, bh, i, c]
-                dq[bh, i, c] = total * factor
+    for row in prange(n_bh * n_q):
+        bh = row // n_q
+        i = row % n_q
+        for c in range(d):
+            total = dq_part[0, bh, i, c]
+            for g in range(1, n_groups):
+                total += dq_part[g, bh, i, c]
+            dq[bh, i, c] = total * factor
     return dq, dk, dv
