@@ -266,22 +266,26 @@ def _run_forward(lay: _Layout, dropout, keep_scale, device="cpu"):
     """The flash forward of ``kernels_for("flash", device)`` on a layout, on the host:
     (out (BH, L, Ev), shifted lse (BH, L))."""
     block_q, block_k = _tiles(lay, backward=False)
-    out, lse = kernels_for("flash", device).flash_forward(
-        lay.qf,
-        lay.kf,
-        lay.vf,
-        lay.kv_index,
-        lay.masks.mask,
-        lay.masks.index,
-        _mask_live(lay, block_q, block_k, device),
-        lay.slopes,
-        lay.band,
-        lay.softcap,
-        dropout,
-        keep_scale,
-        block_q,
-        block_k,
-    )
+    mask_live = _mask_live(lay, block_q, block_k, device)
+    n_items = lay.qf.shape[0] * -(-lay.qf.shape[1] // block_q)
+    # around the kernel alone: mask_tile_live's np.zeros is a parallel loop of its own
+    with _scheduling_for(lay.work, n_items):
+        out, lse = kernels_for("flash", device).flash_forward(
+            lay.qf,
+            lay.kf,
+            lay.vf,
+            lay.kv_index,
+            lay.masks.mask,
+            lay.masks.index,
+            mask_live,
+            lay.slopes,
+            lay.band,
+            lay.softcap,
+            dropout,
+            keep_scale,
+            block_q,
+            block_k,
+        )
     return _to_host(out), _to_host(lse)
 
 
@@ -294,8 +298,7 @@ def _forward(
         _head_dims(kernels_for("flash", "cuda"), lay.qf.shape[2], lay.vf.shape[2])
     n_q = lay.qf.shape[1]
     dropout, keep_scale = dropout_words(kw.dropout_p, random_state, n_q, lay.kf.shape[1])
-    n_items = lay.qf.shape[0] * -(-n_q // _tiles(lay, backward=False)[0])
-    with blas_one_thread(), _threads_for(lay.work), _scheduling_for(lay.work, n_items):
+    with blas_one_thread(), _threads_for(lay.work):
         out, lse = _run_forward(lay, dropout, keep_scale, device)
     out = out.reshape(lay.lead + (n_q, lay.vf.shape[2]))
     if not return_lse:
@@ -374,7 +377,7 @@ def _backward(
     shift = lay.masks.lse_shift(n_q)
     block_q, block_k = _tiles(lay, backward=True)
     kernels = kernels_for("flash", device)
-    # equal static shares here: numba turns the kernel's np.zeros into a parallel
+    # the backward keeps equal static shares: numba turns its np.zeros into a parallel
     # loop of its own, which one-at-a-time scheduling would cut into single elements
     groups = _n_groups(n_kv, -(-n_k // block_k), lay.qf.nbytes)
     with blas_one_thread(), _threads_for(lay.work):
