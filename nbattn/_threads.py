@@ -30,6 +30,26 @@ def serial_below(work, threshold):
 
 
 @contextlib.contextmanager
+def dynamic_below(item_work, threshold):
+    """Hand parallel-loop items to numba's threads one at a time when ``item_work >= threshold``.
+
+    numba splits a ``prange`` into one equal share per thread by default; when
+    the OS holds one thread back (a busy machine) the call waits for its share.
+    With ``numba.parallel_chunksize(1)`` each thread takes the next item when it
+    finishes one, which costs a scheduling step per item: worth it for items of
+    ``item_work`` multiply-adds from ``threshold`` on (``FLASH_DYNAMIC_ITEM_WORK``
+    in ``nbattn.config``). Applies to the loops started from this thread.
+    """
+    if item_work < threshold:
+        yield
+        return
+    import numba
+
+    with numba.parallel_chunksize(1):
+        yield
+
+
+@contextlib.contextmanager
 def blas_one_thread():
     """Hold every BLAS library to one thread inside the block.
 

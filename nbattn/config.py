@@ -265,15 +265,6 @@ DECODE_MIN_SPLIT_KEYS = _env_int("DECODE_MIN_SPLIT_KEYS", 512, compiled=False)
 DECODE_ITEMS_PER_THREAD = _env_int("DECODE_ITEMS_PER_THREAD", 4, compiled=False)
 
 
-# --------------------------------------------------------------------------- flash tiles by length
-#: Query rows per tile of the flash forward for calls with at least
-#: FLASH_LONG_KEYS keys (replacing FLASH_BLOCK_Q when larger): 256 x 512 tiles
-#: ran about 6% faster than 128 x 512 at N = 2048, H = 8, D = 64, float32, one
-#: thread (CPU time, scripts/bench_attention.py's shape). Read at every call.
-FLASH_LONG_BLOCK_Q = _env_int("FLASH_LONG_BLOCK_Q", 256, compiled=False)
-FLASH_LONG_KEYS = _env_int("FLASH_LONG_KEYS", 1024, compiled=False)
-
-
 # --- LOO bandwidth search: coarse-to-fine grid (nbattn.search) -------------------
 #: ``nbattn.learning.loo_bandwidth`` first evaluates every LOO_GRID_STRIDE-th
 #: factor of LOO_GRID (counted from 1, the base rule, with both ends), then
@@ -292,6 +283,33 @@ LOO_FILL_MARGIN = 0.1
 #: the series' terms cancel by at most e^span^2 (55 at 4), so the criterion keeps
 #: about 13 digits in float64. Read at call time.
 LOO_TAYLOR_MAX_SPAN_SQ = 4.0
+
+
+# ------------------------------------------------------- flash tiles of long sequences, scheduling
+#: Keys from which a flash call is "long" and takes the tiles below.
+FLASH_LONG_KEYS = _env_int("FLASH_LONG_KEYS", 1024, compiled=False)
+
+#: Tiles of the flash kernels for calls with at least FLASH_LONG_KEYS keys (these
+#: replace the FLASH_(BWD_)BLOCK_* sizes there). Measured
+#: one thread, CPU time, H = 1, D = 64, float32, 5 interleaved rounds on the
+#: shared 2-core machine (scripts/bench_attention.py --profile shows the split):
+#: forward 512 x 256 ran 4-5 % faster than 256 x 512 at N = 2048 and 4096 (the
+#: score GEMM Q K^T with 256 keys per call keeps its output in L2; 512 x 512 was
+#: 19 % slower at N = 2048); the backward 256 x 256 ran 2.5-3.5 % faster than
+#: 128 x 256 at N = 4096 (its transposed-operand GEMMs P^T dO and dS^T Q get
+#: 256-long inner dimensions). Read at every call.
+FLASH_LONG_FWD_BLOCK_Q = _env_int("FLASH_LONG_FWD_BLOCK_Q", 512, compiled=False)
+FLASH_LONG_FWD_BLOCK_K = _env_int("FLASH_LONG_FWD_BLOCK_K", 256, compiled=False)
+FLASH_LONG_BWD_BLOCK_Q = _env_int("FLASH_LONG_BWD_BLOCK_Q", 256, compiled=False)
+FLASH_LONG_BWD_BLOCK_K = _env_int("FLASH_LONG_BWD_BLOCK_K", 256, compiled=False)
+
+#: Multiply-adds per work item (one query tile of one head) from which the flash
+#: forward hands its items to the threads one at a time as they finish (numba's
+#: parallel_chunksize(1)) instead of in equal static shares: a thread that the
+#: OS holds back on a busy machine then leaves its items to the other. Below it
+#: the per-item scheduling would cost more than it saves. (The backward keeps
+#: static shares: see nbattn.flash._backward.) Read at every call.
+FLASH_DYNAMIC_ITEM_WORK = _env_int("FLASH_DYNAMIC_ITEM_WORK", 1 << 22, compiled=False)
 
 
 # --------------------------------------------------------------------------- the on-disk cache

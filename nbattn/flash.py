@@ -82,7 +82,7 @@ from ._flash_args import (
     mask_as_bias,
 )
 from ._layout import flat_batch, unbroadcast
-from ._threads import blas_one_thread, serial_below
+from ._threads import blas_one_thread, dynamic_below, serial_below
 from ._validation import (
     as_device_array,
     as_float_array,
@@ -106,6 +106,12 @@ _NO_MASK_LIVE = np.ones((1, 1, 1), dtype=np.uint8)
 def _threads_for(work):
     """One numba thread below ``config.FLASH_SERIAL_WORK`` multiply-adds (read per call)."""
     return serial_below(work, config.FLASH_SERIAL_WORK)
+
+
+def _scheduling_for(work, n_items):
+    """Items handed out one at a time from ``config.FLASH_DYNAMIC_ITEM_WORK``
+    multiply-adds per item (read per call), else equal static shares."""
+    return dynamic_below(work / max(n_items, 1), config.FLASH_DYNAMIC_ITEM_WORK)
 
 
 # --------------------------------------------------------------------------- host inputs
@@ -230,6 +236,22 @@ def _blocks(block_q, block_k, lay: _Layout):
     return min(block_q, narrow), min(block_k, narrow)
 
 
+def _tiles(lay: _Layout, backward):
+    """(block_q, block_k) of one call: ``config.FLASH_LONG_*`` from
+    ``config.FLASH_LONG_KEYS`` keys, else ``config.FLASH_(BWD_)BLOCK_*``; then
+    narrowed under a window (:func:`_blocks`). Read per call."""
+    long = lay.kf.shape[1] >= config.FLASH_LONG_KEYS
+    if backward and long:
+        sizes = config.FLASH_LONG_BWD_BLOCK_Q, config.FLASH_LONG_BWD_BLOCK_K
+    elif backward:
+        sizes = config.FLASH_BWD_BLOCK_Q, config.FLASH_BWD_BLOCK_K
+    elif long:
+        sizes = config.FLASH_LONG_FWD_BLOCK_Q, config.FLASH_LONG_FWD_BLOCK_K
+    else:
+        sizes = config.FLASH_BLOCK_Q, config.FLASH_BLOCK_K
+    return _blocks(*sizes, lay)
+
+
 def _to_host(a):
     """A kernel result on the host: GPU twins give device arrays, the CPU kernels ndarrays."""
     return a.copy_to_host() if hasattr(a, "copy_to_host") else a
@@ -243,26 +265,27 @@ def _mask_live(lay: _Layout, block_q, block_k, device):
 def _run_forward(lay: _Layout, dropout, keep_scale, device="cpu"):
     """The flash forward of ``kernels_for("flash", device)`` on a layout, on the host:
     (out (BH, L, Ev), shifted lse (BH, L))."""
-    block_q = config.FLASH_BLOCK_Q
-    if lay.kf.shape[1] >= config.FLASH_LONG_KEYS:
-        block_q = max(block_q, config.FLASH_LONG_BLOCK_Q)
-    block_q, block_k = _blocks(block_q, config.FLASH_BLOCK_K, lay)
-    out, lse = kernels_for("flash", device).flash_forward(
-        lay.qf,
-        lay.kf,
-        lay.vf,
-        lay.kv_index,
-        lay.masks.mask,
-        lay.masks.index,
-        _mask_live(lay, block_q, block_k, device),
-        lay.slopes,
-        lay.band,
-        lay.softcap,
-        dropout,
-        keep_scale,
-        block_q,
-        block_k,
-    )
+    block_q, block_k = _tiles(lay, backward=False)
+    mask_live = _mask_live(lay, block_q, block_k, device)
+    n_items = lay.qf.shape[0] * -(-lay.qf.shape[1] // block_q)
+    # around the kernel alone: mask_tile_live's np.zeros is a parallel loop of its own
+    with _scheduling_for(lay.work, n_items):
+        out, lse = kernels_for("flash", device).flash_forward(
+            lay.qf,
+            lay.kf,
+            lay.vf,
+            lay.kv_index,
+            lay.masks.mask,
+            lay.masks.index,
+            mask_live,
+            lay.slopes,
+            lay.band,
+            lay.softcap,
+            dropout,
+            keep_scale,
+            block_q,
+            block_k,
+        )
     return _to_host(out), _to_host(lse)
 
 
@@ -352,8 +375,11 @@ def _backward(
     gf = flat_batch(grad_out, lay.lead, lay.dtype)
     lf = np.ascontiguousarray(lse.reshape(-1, n_q), dtype=np.float64)
     shift = lay.masks.lse_shift(n_q)
-    block_q, block_k = _blocks(config.FLASH_BWD_BLOCK_Q, config.FLASH_BWD_BLOCK_K, lay)
+    block_q, block_k = _tiles(lay, backward=True)
     kernels = kernels_for("flash", device)
+    # the backward keeps equal static shares: numba turns its np.zeros into a parallel
+    # loop of its own, which one-at-a-time scheduling would cut into single elements
+    groups = _n_groups(n_kv, -(-n_k // block_k), lay.qf.nbytes)
     with blas_one_thread(), _threads_for(lay.work):
         if shift is not None:
             if np.abs(shift).max() >= _RECOMPUTE_SHIFT:
@@ -361,7 +387,6 @@ def _backward(
                 _, lf = _run_forward(lay, dropout, keep_scale, device)
             else:
                 lf = lf - shift
-        groups = _n_groups(n_kv, -(-n_k // block_k), lay.qf.nbytes)
         grads = kernels.flash_backward(
             lay.qf,
             lay.kf,

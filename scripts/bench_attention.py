@@ -19,8 +19,15 @@ Cases (N = sequence length, L = S = N):
 
 ``--quick`` divides every N by 8 (a smoke run of the script, not a figure).
 
+``--profile`` prints instead where the time of the plain case goes: one head,
+one thread, CPU time (less disturbed by other processes than wall time), the
+whole forward and forward + backward against torch, and each stage alone on
+the kernels' own tiles: the score GEMM Q K^T, the exponential pass, the GEMM
+P V, and the backward's five GEMMs.
+
     python scripts/bench_attention.py
     python scripts/bench_attention.py --quick --repeat 3
+    python scripts/bench_attention.py --profile
 """
 
 from __future__ import annotations
@@ -112,15 +119,145 @@ def _report(name, ours, theirs, target):
     print(f"{name:<44} {ours * 1e3:10.1f} {other} {ratio:7.2f}  {verdict}", flush=True)
 
 
+def _cpu_times(fns, repeat):
+    """Least CPU time of each function over ``repeat`` interleaved rounds (after one warm-up)."""
+    for fn in fns:
+        fn()
+    times = [[] for _ in fns]
+    for _ in range(repeat):
+        for i, fn in enumerate(fns):
+            start = time.process_time()
+            fn()
+            times[i].append(time.process_time() - start)
+    return [min(t) for t in times]
+
+
+def _stage_kernels():
+    """The stages of the flash kernels alone, as numba loops over the same tiles."""
+    from numba import njit
+
+    from nbattn import config
+    from nbattn.kernels.flash import exp2_shift_sum
+
+    @njit(cache=False)
+    def score_gemm(q, k, block_q, block_k):
+        n_q, n_k = q.shape[0], k.shape[0]
+        st = np.empty((block_q, block_k), dtype=q.dtype)
+        for i0 in range(0, n_q, block_q):
+            for j0 in range(0, n_k, block_k):
+                np.dot(q[i0 : i0 + block_q], k[j0 : j0 + block_k].T, st)
+        return st[0, 0]
+
+    @njit(fastmath=config.FASTMATH, cache=False)
+    def exp_pass(st, n_q, n_k):
+        total = 0.0
+        for _ in range(0, n_q, st.shape[0]):
+            for _ in range(0, n_k, st.shape[1]):
+                for r in range(st.shape[0]):
+                    total += exp2_shift_sum(st[r], st.dtype.type(0.0))
+                    st[r, :] = -1.0
+        return total
+
+    @njit(cache=False)
+    def pv_gemm(p, v, n_q):
+        pv = np.empty((p.shape[0], v.shape[1]), dtype=v.dtype)
+        for _ in range(0, n_q, p.shape[0]):
+            for j0 in range(0, v.shape[0], p.shape[1]):
+                np.dot(p, v[j0 : j0 + p.shape[1]], pv)
+        return pv[0, 0]
+
+    @njit(cache=False)
+    def backward_gemms(q, k, v, g, block_q, block_k):
+        n_q, n_k, d = q.shape[0], k.shape[0], q.shape[1]
+        st = np.empty((block_q, block_k), dtype=q.dtype)
+        dp = np.empty((block_q, block_k), dtype=q.dtype)
+        tk = np.empty((block_k, d), dtype=q.dtype)
+        tq = np.empty((block_q, d), dtype=q.dtype)
+        for j0 in range(0, n_k, block_k):
+            k_tile, v_tile = k[j0 : j0 + block_k], v[j0 : j0 + block_k]
+            for i0 in range(0, n_q, block_q):
+                q_tile, g_tile = q[i0 : i0 + block_q], g[i0 : i0 + block_q]
+                np.dot(q_tile, k_tile.T, st)
+                np.dot(g_tile, v_tile.T, dp)
+                np.dot(st.T, g_tile, tk)
+                np.dot(dp, k_tile, tq)
+                np.dot(dp.T, q_tile, tk)
+        return tk[0, 0]
+
+    return score_gemm, exp_pass, pv_gemm, backward_gemms
+
+
+def profile(n, repeat):
+    """Where the time of one head goes (one thread, CPU time): see the module docstring."""
+    from nbattn import config
+    from nbattn._threads import blas_one_thread
+
+    numba.set_num_threads(1)
+    if torch is not None:
+        torch.set_num_threads(1)
+    rng = np.random.default_rng(0)
+    q, k, v, g = _arrays(rng, 1, n)
+    long = n >= config.FLASH_LONG_KEYS
+    fq, fk = (
+        (config.FLASH_LONG_FWD_BLOCK_Q, config.FLASH_LONG_FWD_BLOCK_K)
+        if long
+        else (config.FLASH_BLOCK_Q, config.FLASH_BLOCK_K)
+    )
+    bq, bk = (
+        (config.FLASH_LONG_BWD_BLOCK_Q, config.FLASH_LONG_BWD_BLOCK_K)
+        if long
+        else (config.FLASH_BWD_BLOCK_Q, config.FLASH_BWD_BLOCK_K)
+    )
+    score_gemm, exp_pass, pv_gemm, backward_gemms = _stage_kernels()
+    q2, k2, v2, g2 = (x[0, 0] for x in (q, k, v, g))
+    st = np.full((fq, fk), -1.0, dtype=np.float32)
+    p = np.full((fq, fk), 1e-3, dtype=np.float32)
+    flops = 4.0 * n * n * D  # the forward's two GEMMs; the backward has five
+    stages = [
+        ("nbattn forward", _nbattn(q, k, v, g, False), flops),
+        ("nbattn forward + backward", _nbattn(q, k, v, g, True), 3.5 * flops),
+        (f"  score GEMM Q K^T ({fq} x {fk} tiles)", lambda: score_gemm(q2, k2, fq, fk), flops / 2),
+        ("  exponential pass", lambda: exp_pass(st, n, n), None),
+        ("  GEMM P V", lambda: pv_gemm(p, v2, n), flops / 2),
+        (
+            f"  backward's 5 GEMMs ({bq} x {bk} tiles)",
+            lambda: backward_gemms(q2, k2, v2, g2, bq, bk),
+            2.5 * flops,
+        ),
+    ]
+    if torch is not None:
+        stages.append(("torch forward", _torch(q, k, v, g, False), flops))
+        stages.append(("torch forward + backward", _torch(q, k, v, g, True), 3.5 * flops))
+    with blas_one_thread():
+        measured = _cpu_times([fn for _, fn, _ in stages], repeat)
+    times = {}
+    print(f"profile: one head, N={n}, D={D}, float32, one thread, least CPU time of {repeat}")
+    print(f"{'stage':<44} {'ms':>8} {'GFLOP/s':>8}")
+    for (name, _, work), t in zip(stages, measured):
+        times[name] = t
+        rate = f"{work / t / 1e9:8.0f}" if work else f"{'':>8}"
+        print(f"{name:<44} {t * 1e3:8.1f} {rate}")
+    if torch is not None:
+        for what in ("forward", "forward + backward"):
+            ratio = times[f"torch {what}"] / times[f"nbattn {what}"]
+            print(f"ratio torch / nbattn, {what}: {ratio:.2f}")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="every N divided by 8")
     parser.add_argument(
+        "--profile", action="store_true", help="where the plain case's time goes (one head)"
+    )
+    parser.add_argument(
         "--only", nargs="+", default=["plain", "masks", "gqa", "window"], help="case groups"
     )
     args = parser.parse_args(argv)
+    if args.profile:
+        profile(4096 // (8 if args.quick else 1), args.repeat)
+        return
     numba.set_num_threads(args.threads)
     if torch is not None:
         torch.set_num_threads(args.threads)

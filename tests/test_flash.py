@@ -99,6 +99,32 @@ def test_default_tiles_partial(rng, causal):
         _close(grad, ref, np.float64)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_long_tiles_and_dynamic_scheduling(rng, monkeypatch, causal):
+    """From FLASH_LONG_KEYS keys the FLASH_LONG_* tiles run (here small, and different
+    for the two passes), and the forward hands large items out one at a time: the
+    results match the reference and equal, bit for bit, those of static shares."""
+    monkeypatch.setattr(config, "FLASH_SERIAL_WORK", 0)
+    monkeypatch.setattr(config, "FLASH_LONG_KEYS", 40)
+    monkeypatch.setattr(config, "FLASH_LONG_FWD_BLOCK_Q", 16)
+    monkeypatch.setattr(config, "FLASH_LONG_FWD_BLOCK_K", 8)
+    monkeypatch.setattr(config, "FLASH_LONG_BWD_BLOCK_Q", 8)
+    monkeypatch.setattr(config, "FLASH_LONG_BWD_BLOCK_K", 16)
+    q, k, v = _qkv(rng, (3,), 61, 45, 6, 5, np.float32)
+    g = rng.standard_normal((3, 61, 5)).astype(np.float32)
+    results = []
+    for item_work in (0, 2**62):  # every item dynamic, then static shares
+        monkeypatch.setattr(config, "FLASH_DYNAMIC_ITEM_WORK", item_work)
+        out, lse = nbattn.flash_attention(q, k, v, causal=causal, return_lse=True)
+        grads = nbattn.flash_attention_backward(q, k, v, out, lse, g, causal=causal)
+        results.append((out, lse) + tuple(grads))
+    ref_out, ref_lse = naive.sdpa(q, k, v, causal=causal)
+    refs = (ref_out, ref_lse) + tuple(naive.sdpa_backward(q, k, v, g, causal=causal))
+    for dynamic, static, ref in zip(*results, refs):
+        np.testing.assert_array_equal(dynamic, static)
+        _close(dynamic, ref, np.float32)
+
+
 TORCH_SHAPES = [(1, 1, 1, 1), (37, 37, 64, 64), (45, 70, 80, 80), (70, 45, 3, 3)]
 
 
