@@ -876,7 +876,7 @@ def fit_learned_kernel(
                 jac=True,
                 method="L-BFGS-B",
                 bounds=bounds,
-                tol=tol if len(stages) == 1 else max(tol, float(config.LEARN_LADDER_RTOL)),
+                tol=tol if rows != n or len(stages) == 1 else max(tol, config.LEARN_LADDER_RTOL),
                 callback=callback,
                 options={"maxiter": max(int(max_iter) - n_iter, 1)},
             )
