@@ -274,16 +274,7 @@ FLASH_LONG_BLOCK_Q = _env_int("FLASH_LONG_BLOCK_Q", 256, compiled=False)
 FLASH_LONG_KEYS = _env_int("FLASH_LONG_KEYS", 1024, compiled=False)
 
 
-# --------------------------------------------------------------------------- learned metrics: ladder tolerance
-#: Tolerance of every stage of the subsample ladder of ``learning.fit_learned_kernel``
-#: (L-BFGS-B's ftol and gtol on the loss relative to the stage's starting loss), at
-#: least the caller's ``tol``. A subsample's criterion is an estimate (its minimiser
-#: moves by more than a 1e-6 refinement buys), and the last stage starts near the
-#: full-data minimum: stopping at a relative change of 1e-4 per iteration leaves the
-#: full-data LOO MSE within 0.5 % of its optimum on the diamonds table
-#: (scripts/bench_bandwidth.py). Read at call time.
-LEARN_LADDER_RTOL = 1e-4
-
+# ------------------------------------------------------------------ learned metrics: boxed tiles
 #: Keys per leaf of the k-d order of ``kernels.loo_tiles.loo_tiles_boxed`` (the fit's
 #: LOO tiles on many rows): a tile keeps a leaf when the leaf's bounding box comes
 #: within reach of one of its rows. Smaller leaves prune closer and cost more box

@@ -730,6 +730,13 @@ def fit_learned_kernel(
     starting loss (not to the variance of y: a warm start is near a minimum),
     and the last stage minimises the full criterion.
 
+    Many keys (on the CPU, n >= ``config.LOO_PRUNE_MIN_ROWS``): each evaluation
+    orders the keys by a k-d split of the current score space and each tile of
+    query rows takes only the leaves whose bounding box comes within reach of
+    one of its rows (``kernels.loo_tiles.loo_tiles_boxed``): the skipped keys
+    weigh less than exp(-``config.PRUNE_GAP_FLOAT64``) of their row's largest
+    weight, so the loss and gradient are those of all keys to rounding.
+
     Warns
     -----
     sklearn.exceptions.ConvergenceWarning
@@ -876,7 +883,7 @@ def fit_learned_kernel(
                 jac=True,
                 method="L-BFGS-B",
                 bounds=bounds,
-                tol=tol if rows != n or len(stages) == 1 else max(tol, config.LEARN_LADDER_RTOL),
+                tol=tol,
                 callback=callback,
                 options={"maxiter": max(int(max_iter) - n_iter, 1)},
             )

@@ -51,6 +51,10 @@ the diagonal metric (points = z) g_ij |z_i - z_j|^2 with |z_i - z_j|^2 e^{-|z_i 
 falling beyond 1; for the full metric g_ij carries the same exp(-gap) factor
 times |x_i - x_j|^2, at most the data's squared diameter.
 
+Boxed keys (``loo_tiles_boxed``, the fit's tiles on many rows): the keys in
+k-d order and a tile's keys chosen by leaf bounding boxes in every score
+coordinate, not along one direction (section "boxed keys" below).
+
 Inside ``prange``, ``np.dot`` calls BLAS: the caller (``nbattn.learning``) holds
 BLAS to one thread while the kernel runs.
 """
@@ -467,6 +471,56 @@ def _kept_leaves(z_t, rows, i0, nb, box_lo, box_hi, prune_gap, reach, keep):
                 break
 
 
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def _gathered_direct_scores(z_t, rows, i0, nb, keys_z, width, tile):
+    """tile[r, j] = -||z_{rows[i0+r]} - keys_z[:, j]||^2 by differences."""
+    k = z_t.shape[0]
+    for r in range(nb):
+        row = tile[r]
+        own = rows[i0 + r]
+        q0 = z_t[0, own]
+        keys0 = keys_z[0]
+        for j in range(width):
+            diff = keys0[j] - q0
+            row[j] = -(diff * diff)
+        for f in range(1, k):
+            qf = z_t[f, own]
+            keys_f = keys_z[f]
+            for j in range(width):
+                diff = keys_f[j] - qf
+                row[j] -= diff * diff
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _gathered_gemm_scores(
+    z_t, rows, i0, nb, keys_z, width, centre, queries_c, keys_c, key_sq, tile
+):
+    """tile[r, j] = -||z_{rows[i0+r]} - keys_z[:, j]||^2 as a GEMM about ``centre``."""
+    k = z_t.shape[0]
+    keys_w = keys_c[: k * width].reshape((k, width))
+    sq = key_sq[:width]
+    sq[:] = 0.0
+    for f in range(k):
+        cf = centre[f]
+        src = keys_z[f]
+        dst = keys_w[f]
+        for j in range(width):
+            value = src[j] - cf
+            dst[j] = value
+            sq[j] += value * value
+    for r in range(nb):
+        for f in range(k):
+            queries_c[r, f] = z_t[f, rows[i0 + r]] - centre[f]
+    np.dot(queries_c[:nb], keys_w, tile)
+    for r in range(nb):
+        q_sq = 0.0
+        for f in range(k):
+            q_sq += queries_c[r, f] * queries_c[r, f]
+        row = tile[r]
+        for j in range(width):
+            row[j] = min(2.0 * row[j] - q_sq - sq[j], 0.0)
+
+
 @njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
 def loo_tiles_boxed(
     z_t,
@@ -612,51 +666,3 @@ def loo_tiles_boxed(
                         acc[a, b] += a_r * xa * x_r[b] - xa * gx[r, b] - gx[r, a] * x_r[b]
         partial_sse[group] = sse
     return partial_sse.sum(), partial_m.sum(axis=0), partial_c.sum(axis=0), far
-
-
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def _gathered_direct_scores(z_t, rows, i0, nb, keys_z, width, tile):
-    """tile[r, j] = -||z_{rows[i0+r]} - keys_z[:, j]||^2 by differences."""
-    k = z_t.shape[0]
-    for r in range(nb):
-        row = tile[r]
-        own = rows[i0 + r]
-        q0 = z_t[0, own]
-        keys0 = keys_z[0]
-        for j in range(width):
-            diff = keys0[j] - q0
-            row[j] = -(diff * diff)
-        for f in range(1, k):
-            qf = z_t[f, own]
-            keys_f = keys_z[f]
-            for j in range(width):
-                diff = keys_f[j] - qf
-                row[j] -= diff * diff
-
-
-@njit(fastmath=config.FASTMATH, cache=config.CACHE)
-def _gathered_gemm_scores(z_t, rows, i0, nb, keys_z, width, centre, queries_c, keys_c, key_sq, tile):
-    """tile[r, j] = -||z_{rows[i0+r]} - keys_z[:, j]||^2 as a GEMM about ``centre``."""
-    k = z_t.shape[0]
-    keys_w = keys_c[: k * width].reshape((k, width))
-    sq = key_sq[:width]
-    sq[:] = 0.0
-    for f in range(k):
-        cf = centre[f]
-        src = keys_z[f]
-        dst = keys_w[f]
-        for j in range(width):
-            value = src[j] - cf
-            dst[j] = value
-            sq[j] += value * value
-    for r in range(nb):
-        for f in range(k):
-            queries_c[r, f] = z_t[f, rows[i0 + r]] - centre[f]
-    np.dot(queries_c[:nb], keys_w, tile)
-    for r in range(nb):
-        q_sq = 0.0
-        for f in range(k):
-            q_sq += queries_c[r, f] * queries_c[r, f]
-        row = tile[r]
-        for j in range(width):
-            row[j] = min(2.0 * row[j] - q_sq - sq[j], 0.0)
