@@ -312,6 +312,14 @@ FLASH_LONG_BWD_BLOCK_K = _env_int("FLASH_LONG_BWD_BLOCK_K", 256, compiled=False)
 FLASH_DYNAMIC_ITEM_WORK = _env_int("FLASH_DYNAMIC_ITEM_WORK", 1 << 22, compiled=False)
 
 
+# ------------------------------------------------------------------ learned metrics: boxed tiles
+#: Keys per leaf of the k-d order of ``kernels.loo_tiles.loo_tiles_boxed`` (the fit's
+#: LOO tiles on many rows): a tile keeps a leaf when the leaf's bounding box comes
+#: within reach of one of its rows. Smaller leaves prune closer and cost more box
+#: tests per tile. Read at call time.
+LOO_TILE_LEAF_KEYS = _env_int("LOO_TILE_LEAF_KEYS", 32, compiled=False)
+
+
 # --------------------------------------------------------------------------- the on-disk cache
 # Keep this block LAST: it looks at every compiled tunable defined above it.
 

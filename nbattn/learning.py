@@ -757,6 +757,13 @@ def fit_learned_kernel(
     starting loss (not to the variance of y: a warm start is near a minimum),
     and the last stage minimises the full criterion.
 
+    Many keys (on the CPU, n >= ``config.LOO_PRUNE_MIN_ROWS``): each evaluation
+    orders the keys by a k-d split of the current score space and each tile of
+    query rows takes only the leaves whose bounding box comes within reach of
+    one of its rows (``kernels.loo_tiles.loo_tiles_boxed``): the skipped keys
+    weigh less than exp(-``config.PRUNE_GAP_FLOAT64``) of their row's largest
+    weight, so the loss and gradient are those of all keys to rounding.
+
     Warns
     -----
     sklearn.exceptions.ConvergenceWarning
@@ -803,7 +810,7 @@ def fit_learned_kernel(
                 return np.exp(p[0]) * h_std
 
             def fun(p, n_rows):
-                loss, g = _prepared_loss_and_grad(
+                loss, g = _learned_loss_and_grad(
                     Xs, y2, widths(p), dtype=dtype, device=device, n_rows=n_rows
                 )
                 return loss, np.array([g.sum()])
@@ -816,7 +823,7 @@ def fit_learned_kernel(
                 return np.exp(p)
 
             def fun(p, n_rows):
-                return _prepared_loss_and_grad(
+                return _learned_loss_and_grad(
                     Xs, y2, widths(p), dtype=dtype, device=device, n_rows=n_rows
                 )
 
@@ -835,7 +842,7 @@ def fit_learned_kernel(
         bounds = None
 
         def fun(p, n_rows):
-            return _prepared_loss_and_grad(
+            return _learned_loss_and_grad(
                 Xs, y2, components=p.reshape(k, d), dtype=dtype, device=device, n_rows=n_rows
             )
 
@@ -937,6 +944,92 @@ def fit_learned_kernel(
     else:
         result["bandwidth"] = widths(res.x) * sigma
     return result
+
+
+def _learned_loss_and_grad(X, y2, widths=None, components=None, *, dtype, device, n_rows=None):
+    """:func:`_prepared_loss_and_grad` for the fit: on the CPU with at least
+    ``config.LOO_PRUNE_MIN_ROWS`` keys, the tiles of ``kernels.loo_tiles.loo_tiles_boxed``
+    (keys in k-d order, pruned by leaf boxes in every score coordinate); otherwise that
+    function. Same loss and gradient, to rounding."""
+    n = X.shape[0]
+    if device != "cpu" or n < config.LOO_PRUNE_MIN_ROWS:
+        return _prepared_loss_and_grad(
+            X, y2, widths, components, dtype=dtype, device=device, n_rows=n_rows
+        )
+    diagonal = components is None
+    if diagonal:
+        z, z_t = _scaled(X, 1.0 / widths, dtype)
+    else:
+        X = X - X.mean(axis=0)
+        z, z_t = _projected(X, components, dtype)
+    v_t = np.ascontiguousarray(y2.T, dtype=dtype)
+    rows = n if n_rows is None else int(n_rows)
+    size = rows * y2.shape[1]
+    z64 = np.ascontiguousarray(z, dtype=np.float64)
+    keys = _boxed_keys(z64, z64 if diagonal else np.ascontiguousarray(X, dtype=np.float64), y2)
+    with _threads_for(rows * n):
+        sse, sums = _sum_over_rows(
+            _boxed_loss_grad_rows, rows, keys, z, z_t, v_t, y2, dtype, diagonal
+        )
+    if diagonal:
+        # (x_id - x_jd)^2 / h_d^2 = 2 (z_id - z_jd)^2 with the sqrt(2) of the layout
+        return sse / size, (4.0 / size) * sums
+    return sse / size, (-2.0 / size) * (components @ sums)
+
+
+def _boxed_keys(z64, points64, y2):
+    """The keys for ``loo_tiles_boxed``: ``(leaf_start, box_lo, box_hi, rank, z_t, points,
+    y)`` in k-d order (leaves of ``config.LOO_TILE_LEAF_KEYS`` keys); ``rank[i]`` is row
+    i's position in that order."""
+    tiles = kernels_for("loo_tiles", "cpu")
+    n = z64.shape[0]
+    order, leaf_start = tiles.kd_order(z64, int(config.LOO_TILE_LEAF_KEYS))
+    rank = np.empty(n, dtype=np.int64)
+    rank[order] = np.arange(n)
+    z_t = np.ascontiguousarray(z64[order].T)
+    box_lo, box_hi = tiles.leaf_boxes(z_t, leaf_start)
+    points = np.ascontiguousarray(points64[order])
+    return leaf_start, box_lo, box_hi, rank, z_t, points, y2[order]
+
+
+def _boxed_loss_grad_rows(a, b, keys, z, z_t, v_t, y2, dtype, diagonal):
+    """Rows [a, b) through ``loo_tiles_boxed``: ``(sse, sums)``, the gradient sums
+    (k,) for the diagonal metric, (d, d) for the full one. Far rows go through the
+    anchored two-pass kernels, one by one, as in the one-pass tiles."""
+    tiles = kernels_for("loo_tiles", "cpu")
+    leaf_start, box_lo, box_hi, rank, keys_t, points, y_keys = keys
+    k, n = keys_t.shape
+    rows = np.sort(rank[a:b]).astype(np.int64)
+    with blas_one_thread(), _threads_for((b - a) * n):
+        sse, M, key_sums, far = tiles.loo_tiles_boxed(
+            keys_t,
+            points,
+            np.ascontiguousarray(y_keys.T),
+            np.ascontiguousarray(y_keys[rows]),
+            rows,
+            _tile_rows(n),
+            k >= config.LOO_TILE_GEMM_MIN_DIMS,
+            float(config.LOO_TILE_GEMM_MAX_RADIUS2),
+            leaf_start,
+            box_lo,
+            box_hi,
+            loo.prune_gap_for(np.float64),
+        )
+        M = M + points.T @ (key_sums[:, None] * points)
+    sse = float(sse)
+    if np.any(far):
+        position = np.empty(n, dtype=np.int64)
+        position[rank] = np.arange(n)
+        pts = None if diagonal else np.ascontiguousarray(points[rank], dtype=dtype)
+        pts_t = None if diagonal else np.ascontiguousarray(pts.T)
+        for i in position[rows[far]]:
+            row_sse, sums = _loss_grad_rows(i, i + 1, z, z_t, v_t, y2, pts, pts_t, dtype)
+            sse += row_sse
+            if diagonal:
+                M[np.diag_indices(k)] += sums
+            else:
+                M += sums
+    return sse, (np.diag(M).copy() if diagonal else M)
 
 
 def _subsample_ladder(n, n_params):

@@ -51,6 +51,10 @@ the diagonal metric (points = z) g_ij |z_i - z_j|^2 with |z_i - z_j|^2 e^{-|z_i 
 falling beyond 1; for the full metric g_ij carries the same exp(-gap) factor
 times |x_i - x_j|^2, at most the data's squared diameter.
 
+Boxed keys (``loo_tiles_boxed``, the fit's tiles on many rows): the keys in
+k-d order and a tile's keys chosen by leaf bounding boxes in every score
+coordinate, not along one direction (section "boxed keys" below).
+
 Inside ``prange``, ``np.dot`` calls BLAS: the caller (``nbattn.learning``) holds
 BLAS to one thread while the kernel runs.
 """
@@ -290,6 +294,369 @@ def loo_tiles(
                     keys_sum[j] += row[j]
                 row_sums[r] = a_r
             np.dot(tile, points[lo:hi], gx[:nb])
+            for r in range(nb):
+                a_r = row_sums[r]
+                x_r = points[rows[i0 + r]]
+                for a in range(d):
+                    xa = x_r[a]
+                    for b in range(d):
+                        acc[a, b] += a_r * xa * x_r[b] - xa * gx[r, b] - gx[r, a] * x_r[b]
+        partial_sse[group] = sse
+    return partial_sse.sum(), partial_m.sum(axis=0), partial_c.sum(axis=0), far
+
+
+# --------------------------------------------------------------------------- boxed keys
+# The keys in k-d order: pruning by boxes in every score coordinate.
+#
+# ``loo_tiles`` bounds distances along one direction only; when several score
+# coordinates are wide (a table whose widths make a category an almost exact
+# match, sizes that vary together), a key can be close along that direction and
+# far in another, and the window keeps it. Here the keys are ordered by a k-d
+# split (halve the widest coordinate of each node at its median, down to leaves
+# of ``leaf_keys`` keys), so that each leaf, a contiguous range of the order, is
+# small in every coordinate, and a tile keeps only the leaves whose bounding box
+# comes within reach of one of its rows:
+#
+#     dist^2(z_i, box) = sum_f max(lo_f - z_if, 0, z_if - hi_f)^2 <= |z_i - z_j|^2
+#
+# for every key j in the box, so a leaf with dist^2(z_i, box) > U_i + gap holds
+# no key of row i's weight above exp(-gap) of its largest, U_i being row i's
+# squared distance to the nearest of a few keys beside it in the order (so
+# -max_j s_ij <= U_i). The bound is per row; a tile takes the union of its rows'
+# leaves, gathered into contiguous buffers.
+
+
+@njit(cache=config.CACHE)
+def _select_median(order, z, a, b, mid, dim):
+    """Reorder order[a:b] so that order[mid] holds the median key along ``dim``, with no
+    key before it larger and none after it smaller (Hoare's selection)."""
+    lo, hi = a, b - 1
+    while lo < hi:
+        pivot = z[order[(lo + hi) // 2], dim]
+        i, j = lo, hi
+        while i <= j:
+            while z[order[i], dim] < pivot:
+                i += 1
+            while z[order[j], dim] > pivot:
+                j -= 1
+            if i <= j:
+                order[i], order[j] = order[j], order[i]
+                i += 1
+                j -= 1
+        if mid <= j:
+            hi = j
+        elif mid >= i:
+            lo = i
+        else:
+            return
+
+
+@njit(cache=config.CACHE)
+def kd_order(z, leaf_keys):
+    """``(order, leaf_start)``: keys in k-d order and the leaves' first positions (plus n).
+
+    Each node [a, b) of more than ``leaf_keys`` keys is split at its median along its
+    widest coordinate; leaves are ranges of ``order``, in depth-first order.
+    """
+    n, k = z.shape
+    order = np.arange(n)
+    stack_a = np.empty(64, dtype=np.int64)
+    stack_b = np.empty(64, dtype=np.int64)
+    starts = np.empty(n + 1, dtype=np.int64)
+    n_leaves = 0
+    top = 0
+    stack_a[0], stack_b[0] = 0, n
+    top = 1
+    while top > 0:
+        top -= 1
+        a, b = stack_a[top], stack_b[top]
+        if b - a <= leaf_keys:
+            starts[n_leaves] = a
+            n_leaves += 1
+            continue
+        best_dim, best_extent = 0, -1.0
+        for f in range(k):
+            low, high = np.inf, -np.inf
+            for t in range(a, b):
+                value = z[order[t], f]
+                low = min(low, value)
+                high = max(high, value)
+            if high - low > best_extent:
+                best_dim, best_extent = f, high - low
+        mid = (a + b) // 2
+        _select_median(order, z, a, b, mid, best_dim)
+        # the right half first on the stack, so that the left leaf comes out first
+        stack_a[top], stack_b[top] = mid, b
+        stack_a[top + 1], stack_b[top + 1] = a, mid
+        top += 2
+    starts[n_leaves] = n
+    return order, starts[: n_leaves + 1].copy()
+
+
+@njit(cache=config.CACHE)
+def leaf_boxes(z_t, leaf_start):
+    """(lo, hi), each (n_leaves, k): the bounding box of each leaf's keys (z_t in k-d order)."""
+    k = z_t.shape[0]
+    n_leaves = leaf_start.shape[0] - 1
+    lo = np.empty((n_leaves, k))
+    hi = np.empty((n_leaves, k))
+    for leaf in range(n_leaves):
+        for f in range(k):
+            low, high = np.inf, -np.inf
+            for j in range(leaf_start[leaf], leaf_start[leaf + 1]):
+                low = min(low, z_t[f, j])
+                high = max(high, z_t[f, j])
+            lo[leaf, f] = low
+            hi[leaf, f] = high
+    return lo, hi
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _row_bound(z_t, own):
+    """U: the squared distance from key ``own`` to the nearest of its neighbours in the
+    order (an upper bound of -max_j s_own,j); inf when there is none or it overflows."""
+    k, n = z_t.shape
+    nearest = np.inf
+    for j in range(max(own - _NEIGHBOURS, 0), min(own + _NEIGHBOURS + 1, n)):
+        if j == own:
+            continue
+        dist = 0.0
+        for f in range(k):
+            diff = z_t[f, j] - z_t[f, own]
+            dist += diff * diff
+        nearest = min(nearest, dist)
+    return nearest
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _kept_leaves(z_t, rows, i0, nb, box_lo, box_hi, prune_gap, reach, keep):
+    """keep[leaf] <- whether some row of the block comes within reach of the leaf's box
+    (the bound of the section above); every leaf when a row's bound is not finite.
+    ``reach`` (block_rows,) is scratch: each row's U_i + gap."""
+    k = z_t.shape[0]
+    n_leaves = box_lo.shape[0]
+    block_lo = np.full(k, np.inf)
+    block_hi = np.full(k, -np.inf)
+    reach_max = 0.0
+    for r in range(nb):
+        own = rows[i0 + r]
+        bound = _row_bound(z_t, own)
+        if not bound < np.inf:
+            keep[:] = True
+            return
+        # a relative margin over the rounding of the bound and of the box distances
+        reach[r] = (bound + prune_gap) * (1.0 + 1e-9)
+        reach_max = max(reach_max, reach[r])
+        for f in range(k):
+            block_lo[f] = min(block_lo[f], z_t[f, own])
+            block_hi[f] = max(block_hi[f], z_t[f, own])
+    for leaf in range(n_leaves):
+        keep[leaf] = False
+        # the distance between the block's box and the leaf's first: a cheap filter
+        total = 0.0
+        for f in range(k):
+            gap = max(box_lo[leaf, f] - block_hi[f], block_lo[f] - box_hi[leaf, f], 0.0)
+            total += gap * gap
+        if total > reach_max:
+            continue
+        for r in range(nb):
+            own = rows[i0 + r]
+            total = 0.0
+            for f in range(k):
+                value = z_t[f, own]
+                gap = max(box_lo[leaf, f] - value, value - box_hi[leaf, f], 0.0)
+                total += gap * gap
+            if total <= reach[r]:
+                keep[leaf] = True
+                break
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def _gathered_direct_scores(z_t, rows, i0, nb, keys_z, width, tile):
+    """tile[r, j] = -||z_{rows[i0+r]} - keys_z[:, j]||^2 by differences."""
+    k = z_t.shape[0]
+    for r in range(nb):
+        row = tile[r]
+        own = rows[i0 + r]
+        q0 = z_t[0, own]
+        keys0 = keys_z[0]
+        for j in range(width):
+            diff = keys0[j] - q0
+            row[j] = -(diff * diff)
+        for f in range(1, k):
+            qf = z_t[f, own]
+            keys_f = keys_z[f]
+            for j in range(width):
+                diff = keys_f[j] - qf
+                row[j] -= diff * diff
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _gathered_gemm_scores(
+    z_t, rows, i0, nb, keys_z, width, centre, queries_c, keys_c, key_sq, tile
+):
+    """tile[r, j] = -||z_{rows[i0+r]} - keys_z[:, j]||^2 as a GEMM about ``centre``."""
+    k = z_t.shape[0]
+    keys_w = keys_c[: k * width].reshape((k, width))
+    sq = key_sq[:width]
+    sq[:] = 0.0
+    for f in range(k):
+        cf = centre[f]
+        src = keys_z[f]
+        dst = keys_w[f]
+        for j in range(width):
+            value = src[j] - cf
+            dst[j] = value
+            sq[j] += value * value
+    for r in range(nb):
+        for f in range(k):
+            queries_c[r, f] = z_t[f, rows[i0 + r]] - centre[f]
+    np.dot(queries_c[:nb], keys_w, tile)
+    for r in range(nb):
+        q_sq = 0.0
+        for f in range(k):
+            q_sq += queries_c[r, f] * queries_c[r, f]
+        row = tile[r]
+        for j in range(width):
+            row[j] = min(2.0 * row[j] - q_sq - sq[j], 0.0)
+
+
+@njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
+def loo_tiles_boxed(
+    z_t,
+    points,
+    values_t,
+    targets,
+    rows,
+    block_rows,
+    use_gemm,
+    gemm_max_radius2,
+    leaf_start,
+    box_lo,
+    box_hi,
+    prune_gap,
+):
+    """:func:`loo_tiles` with keys in k-d order and tiles pruned by leaf boxes.
+
+    Parameters and returns as :func:`loo_tiles`, except that the keys (``z_t``,
+    ``points``, ``values_t``) are in the order of :func:`kd_order`, ``leaf_start``
+    (n_leaves + 1,) are its leaves' first positions and ``box_lo``, ``box_hi``
+    their bounding boxes (:func:`leaf_boxes`). Each tile gathers the keys of the
+    leaves within reach of its rows (section "boxed keys") into contiguous buffers
+    and runs the one-pass softmax and GEMM gradient of :func:`loo_tiles` on them.
+    """
+    k, n = z_t.shape
+    n_rows = rows.shape[0]
+    d = points.shape[1]
+    p = values_t.shape[0]
+    n_leaves = box_lo.shape[0]
+    n_blocks = (n_rows + block_rows - 1) // block_rows
+    n_groups = min(config.LOO_FULL_GROUPS, n_blocks)
+    partial_m = np.zeros((n_groups, d, d))
+    partial_c = np.zeros((n_groups, n))
+    partial_sse = np.zeros(n_groups)
+    far = np.zeros(n_rows, dtype=np.bool_)
+    for group in prange(n_groups):
+        flat = np.empty(block_rows * n)
+        gx = np.empty((block_rows, d))
+        keep = np.empty(n_leaves, dtype=np.bool_)
+        reach = np.empty(block_rows)
+        keys_z = np.empty((k, n))  # the kept keys, gathered
+        keys_v = np.empty((p, n))
+        keys_x = np.empty((n, d))
+        key_index = np.empty(n, dtype=np.int64)
+        centre = np.empty(k)
+        queries_c = np.empty((block_rows, k))
+        keys_c = np.empty(k * n) if use_gemm else np.empty(0)
+        key_sq = np.empty(n) if use_gemm else np.empty(0)
+        f_row = np.empty(p)
+        resid = np.empty(p)
+        row_sums = np.zeros(block_rows)
+        acc = partial_m[group]
+        c_sum = partial_c[group]
+        sse = 0.0
+        first = group * n_blocks // n_groups
+        last = (group + 1) * n_blocks // n_groups
+        for blk in range(first, last):
+            i0 = blk * block_rows
+            nb = min(block_rows, n_rows - i0)
+            _kept_leaves(z_t, rows, i0, nb, box_lo, box_hi, prune_gap, reach, keep)
+            width = 0
+            for leaf in range(n_leaves):
+                if not keep[leaf]:
+                    continue
+                for j in range(leaf_start[leaf], leaf_start[leaf + 1]):
+                    key_index[width] = j
+                    width += 1
+            for f in range(k):
+                src = z_t[f]
+                dst = keys_z[f]
+                for t in range(width):
+                    dst[t] = src[key_index[t]]
+            for c in range(p):
+                src = values_t[c]
+                dst = keys_v[c]
+                for t in range(width):
+                    dst[t] = src[key_index[t]]
+            for t in range(width):
+                keys_x[t] = points[key_index[t]]
+            tile = flat[: nb * width].reshape((nb, width))
+            gemm = use_gemm and _block_radius2(z_t, rows, i0, nb, centre) <= gemm_max_radius2
+            if gemm:
+                _gathered_gemm_scores(
+                    z_t, rows, i0, nb, keys_z, width, centre, queries_c, keys_c, key_sq, tile
+                )
+            else:
+                _gathered_direct_scores(z_t, rows, i0, nb, keys_z, width, tile)
+            for r in range(nb):
+                row = tile[r]
+                own = rows[i0 + r]
+                at = np.searchsorted(key_index[:width], own)  # ascending: leaves in order
+                if at < width and key_index[at] == own:  # the row's own key is left out
+                    row[at] = -np.inf
+                best = -np.inf
+                for j in range(width):
+                    best = fmax(best, row[j])
+                row_sums[r] = 0.0
+                if not best >= -_FAR_SCORE_FLOAT64:  # far, overflowing or no key
+                    far[i0 + r] = True
+                    row[:] = 0.0
+                    continue
+                total = 0.0
+                for j in range(width):
+                    w = fast_exp(row[j] - best)
+                    row[j] = w
+                    total += w
+                for c in range(p):
+                    vals = keys_v[c]
+                    weighted = 0.0
+                    for j in range(width):
+                        weighted += row[j] * vals[j]
+                    f_row[c] = weighted
+                inv = 1.0 / total
+                for c in range(p):
+                    f_row[c] *= inv
+                    resid[c] = f_row[c] - targets[i0 + r, c]
+                    sse += resid[c] * resid[c]
+                # g_ij = w_ij sum_c r_ic (y_jc - f_ic), differences first (no cancellation)
+                if p == 1:
+                    scale = resid[0] * inv
+                    f0 = f_row[0]
+                    vals = keys_v[0]
+                    for j in range(width):
+                        row[j] = row[j] * scale * (vals[j] - f0)
+                else:
+                    for j in range(width):
+                        inner = 0.0
+                        for c in range(p):
+                            inner += resid[c] * (keys_v[c, j] - f_row[c])
+                        row[j] = row[j] * inv * inner
+                a_r = 0.0
+                for j in range(width):
+                    a_r += row[j]
+                    c_sum[key_index[j]] += row[j]
+                row_sums[r] = a_r
+            np.dot(tile, keys_x[:width], gx[:nb])
             for r in range(nb):
                 a_r = row_sums[r]
                 x_r = points[rows[i0 + r]]
