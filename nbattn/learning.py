@@ -319,35 +319,20 @@ def _tile_rows(n_keys):
     return int(max(1, min(config.LOO_TILE_ROWS, config.LOO_TILE_BYTES // (8 * n_keys))))
 
 
-def _sorted_keys(z64, points64, y2):
-    """The keys for ``loo_tiles``: ``(proj, rank, z_t, points, y)``, sorted by their
-    projection on the leading principal direction of z when pruning pays
-    (n >= config.LOO_PRUNE_MIN_ROWS; proj empty otherwise, the keys in their order).
-    ``rank[i]`` is row i's position."""
+def _plain_keys(z64, points64, y2):
+    """The keys for ``loo_tiles`` below ``config.LOO_PRUNE_MIN_ROWS`` rows, where pruning
+    does not pay: ``(proj, rank, z_t, points, y)`` in their order, proj empty."""
     n = z64.shape[0]
-    if n < config.LOO_PRUNE_MIN_ROWS:
-        return np.empty(0), np.arange(n), np.ascontiguousarray(z64.T), points64, y2
-    centred = z64 - z64.mean(axis=0)
-    # the leading eigenvector of the k x k scatter matrix: the widest direction
-    direction = np.linalg.eigh(centred.T @ centred)[1][:, -1]
-    direction /= np.linalg.norm(direction)  # a unit vector: |u.(z_i - z_j)| <= |z_i - z_j|
-    proj = z64 @ direction
-    order = np.argsort(proj, kind="stable")
-    rank = np.empty(n, dtype=np.int64)
-    rank[order] = np.arange(n)
-    z_t = np.ascontiguousarray(z64[order].T)
-    keys = (np.ascontiguousarray(proj[order]), rank, z_t)
-    return keys + (np.ascontiguousarray(points64[order]), y2[order])
+    return np.empty(0), np.arange(n), np.ascontiguousarray(z64.T), points64, y2
 
 
 def _loss_grad_rows_tiled(a, b, keys, z, z_t, v_t, y2, dtype, diagonal):
     """Rows [a, b) of the one-pass tile kernel: ``(sse, sums)`` as :func:`_loss_grad_rows`.
 
-    ``keys`` is :func:`_sorted_keys` of the score-space points (the ``dtype``
+    ``keys`` is :func:`_plain_keys` of the score-space points (the ``dtype``
     layout widened to float64) and the gradient's coordinates (those points for
-    the diagonal, the centred x for the full metric). Rows the tiles leave (far
-    rows, n = 1) go through the two-pass kernels of :mod:`nbattn.kernels.loo`,
-    one by one, on ``z``, ``z_t``, ``v_t`` (the ``dtype`` layout).
+    the diagonal, the centred x for the full metric); :func:`_with_far_rows`
+    adds the rows the tiles leave.
     """
     loo_tiles = kernels_for("loo_tiles", "cpu")
     proj, rank, keys_t, points, y_keys = keys
@@ -369,7 +354,15 @@ def _loss_grad_rows_tiled(a, b, keys, z, z_t, v_t, y2, dtype, diagonal):
             gap,
         )
         M = M + points.T @ (key_sums[:, None] * points)
-    sse = float(sse)
+    return _with_far_rows(float(sse), M, far, rows, rank, points, z, z_t, v_t, y2, dtype, diagonal)
+
+
+def _with_far_rows(sse, M, far, rows, rank, points, z, z_t, v_t, y2, dtype, diagonal):
+    """``(sse, sums)`` of a tile pass with the rows it left (``far``: far rows, n = 1)
+    added through the anchored two-pass kernels of :mod:`nbattn.kernels.loo`, one by
+    one, on ``z``, ``z_t``, ``v_t`` (the ``dtype`` layout); ``rank`` maps a row to its
+    position in the keys' order."""
+    k, n = M.shape[0], z.shape[0]
     if np.any(far):
         position = np.empty(n, dtype=np.int64)
         position[rank] = np.arange(n)
@@ -396,9 +389,12 @@ def _loss_and_grad_passes(X, y2, z, z_t, v_t, dtype, diagonal, L, device="cpu", 
         # one pass over row tiles, the gradient as GEMMs (kernels.loo_tiles)
         z64 = np.ascontiguousarray(z, dtype=np.float64)
         points64 = z64 if diagonal else np.ascontiguousarray(X, dtype=np.float64)
-        keys = _sorted_keys(z64, points64, y2)
-        args = (keys, z, z_t, v_t, y2, dtype, diagonal)
-        sse, sums = _sum_over_rows(_loss_grad_rows_tiled, n, *args)
+        if z.shape[0] >= config.LOO_PRUNE_MIN_ROWS:
+            # keys in k-d order, tiles pruned by leaf boxes (kernels.loo_tiles.loo_tiles_boxed)
+            keys, rows_fn = _boxed_keys(z64, points64, y2), _boxed_loss_grad_rows
+        else:
+            keys, rows_fn = _plain_keys(z64, points64, y2), _loss_grad_rows_tiled
+        sse, sums = _sum_over_rows(rows_fn, n, keys, z, z_t, v_t, y2, dtype, diagonal)
         if diagonal:
             return sse / size, 2.0 * scale * sums
         return sse / size, -scale * (L @ sums)
@@ -810,7 +806,7 @@ def fit_learned_kernel(
                 return np.exp(p[0]) * h_std
 
             def fun(p, n_rows):
-                loss, g = _learned_loss_and_grad(
+                loss, g = _prepared_loss_and_grad(
                     Xs, y2, widths(p), dtype=dtype, device=device, n_rows=n_rows
                 )
                 return loss, np.array([g.sum()])
@@ -823,7 +819,7 @@ def fit_learned_kernel(
                 return np.exp(p)
 
             def fun(p, n_rows):
-                return _learned_loss_and_grad(
+                return _prepared_loss_and_grad(
                     Xs, y2, widths(p), dtype=dtype, device=device, n_rows=n_rows
                 )
 
@@ -842,7 +838,7 @@ def fit_learned_kernel(
         bounds = None
 
         def fun(p, n_rows):
-            return _learned_loss_and_grad(
+            return _prepared_loss_and_grad(
                 Xs, y2, components=p.reshape(k, d), dtype=dtype, device=device, n_rows=n_rows
             )
 
@@ -946,37 +942,6 @@ def fit_learned_kernel(
     return result
 
 
-def _learned_loss_and_grad(X, y2, widths=None, components=None, *, dtype, device, n_rows=None):
-    """:func:`_prepared_loss_and_grad` for the fit: on the CPU with at least
-    ``config.LOO_PRUNE_MIN_ROWS`` keys, the tiles of ``kernels.loo_tiles.loo_tiles_boxed``
-    (keys in k-d order, pruned by leaf boxes in every score coordinate); otherwise that
-    function. Same loss and gradient, to rounding."""
-    n = X.shape[0]
-    if device != "cpu" or n < config.LOO_PRUNE_MIN_ROWS:
-        return _prepared_loss_and_grad(
-            X, y2, widths, components, dtype=dtype, device=device, n_rows=n_rows
-        )
-    diagonal = components is None
-    if diagonal:
-        z, z_t = _scaled(X, 1.0 / widths, dtype)
-    else:
-        X = X - X.mean(axis=0)
-        z, z_t = _projected(X, components, dtype)
-    v_t = np.ascontiguousarray(y2.T, dtype=dtype)
-    rows = n if n_rows is None else int(n_rows)
-    size = rows * y2.shape[1]
-    z64 = np.ascontiguousarray(z, dtype=np.float64)
-    keys = _boxed_keys(z64, z64 if diagonal else np.ascontiguousarray(X, dtype=np.float64), y2)
-    with _threads_for(rows * n):
-        sse, sums = _sum_over_rows(
-            _boxed_loss_grad_rows, rows, keys, z, z_t, v_t, y2, dtype, diagonal
-        )
-    if diagonal:
-        # (x_id - x_jd)^2 / h_d^2 = 2 (z_id - z_jd)^2 with the sqrt(2) of the layout
-        return sse / size, (4.0 / size) * sums
-    return sse / size, (-2.0 / size) * (components @ sums)
-
-
 def _boxed_keys(z64, points64, y2):
     """The keys for ``loo_tiles_boxed``: ``(leaf_start, box_lo, box_hi, rank, z_t, points,
     y)`` in k-d order (leaves of ``config.LOO_TILE_LEAF_KEYS`` keys); ``rank[i]`` is row
@@ -1016,20 +981,7 @@ def _boxed_loss_grad_rows(a, b, keys, z, z_t, v_t, y2, dtype, diagonal):
             loo.prune_gap_for(np.float64),
         )
         M = M + points.T @ (key_sums[:, None] * points)
-    sse = float(sse)
-    if np.any(far):
-        position = np.empty(n, dtype=np.int64)
-        position[rank] = np.arange(n)
-        pts = None if diagonal else np.ascontiguousarray(points[rank], dtype=dtype)
-        pts_t = None if diagonal else np.ascontiguousarray(pts.T)
-        for i in position[rows[far]]:
-            row_sse, sums = _loss_grad_rows(i, i + 1, z, z_t, v_t, y2, pts, pts_t, dtype)
-            sse += row_sse
-            if diagonal:
-                M[np.diag_indices(k)] += sums
-            else:
-                M += sums
-    return sse, (np.diag(M).copy() if diagonal else M)
+    return _with_far_rows(float(sse), M, far, rows, rank, points, z, z_t, v_t, y2, dtype, diagonal)
 
 
 def _subsample_ladder(n, n_params):

@@ -102,13 +102,13 @@ def test_boxed_loss_and_gradient_match_naive(monkeypatch, metric, n_rows, output
         rng = np.random.default_rng(seed)
         if metric == "diagonal":
             h = np.array([0.05, 0.4, 1e-3]) * rng.uniform(0.7, 1.4, size=3)
-            loss, grad = learning._learned_loss_and_grad(
+            loss, grad = learning._prepared_loss_and_grad(
                 X2, y2, h, dtype=np.float64, device="cpu", n_rows=n_rows
             )
             ref = naive.loo_loss_and_grad_rows(X, y, n_rows or len(X), bandwidth=h)
         else:
             L = rng.normal(size=(2, 3)) * np.array([20.0, 2.5, 1e3])
-            loss, grad = learning._learned_loss_and_grad(
+            loss, grad = learning._prepared_loss_and_grad(
                 X2, y2, components=L, dtype=np.float64, device="cpu", n_rows=n_rows
             )
             ref = naive.loo_loss_and_grad_rows(X, y, n_rows or len(X), components=L)
@@ -161,12 +161,14 @@ def test_boxed_far_rows_and_float32(monkeypatch):
     d2[5] = np.inf
     assert d2.min() > config.FAR_SCORE_FLOAT64
     args = dict(device="cpu", n_rows=None)
-    loss, grad = learning._learned_loss_and_grad(X2, y2, h, dtype=np.float64, **args)
-    ref_loss, ref_grad = learning._prepared_loss_and_grad(X2, y2, h, dtype=np.float64, **args)
+    loss, grad = learning._prepared_loss_and_grad(X2, y2, h, dtype=np.float64, **args)
+    with monkeypatch.context() as unpruned:  # the plain one-pass tiles, every key
+        unpruned.setattr(config, "LOO_PRUNE_MIN_ROWS", 10**9)
+        ref_loss, ref_grad = learning._prepared_loss_and_grad(X2, y2, h, dtype=np.float64, **args)
     assert loss == pytest.approx(ref_loss, rel=1e-12)
     np.testing.assert_allclose(grad, ref_grad, rtol=1e-9, atol=1e-12 * np.abs(ref_grad).max())
     assert loss == pytest.approx(naive.loo_loss_exact(X, y, h), rel=1e-10)
-    loss32, grad32 = learning._learned_loss_and_grad(X2, y2, h, dtype=np.float32, **args)
+    loss32, grad32 = learning._prepared_loss_and_grad(X2, y2, h, dtype=np.float32, **args)
     assert loss32 == pytest.approx(loss, rel=1e-4)
     np.testing.assert_allclose(grad32, grad, rtol=1e-3, atol=1e-4 * np.abs(grad).max())
 
