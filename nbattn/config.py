@@ -249,6 +249,11 @@ LOO_PRUNE_MIN_ROWS = _env_int("LOO_PRUNE_MIN_ROWS", 2048, compiled=False)
 #: The first subsample of that ladder has at least this many query rows per learned
 #: parameter (a few rows would let a full metric overfit them). Read at call time.
 LEARN_ROWS_PER_PARAMETER = _env_int("LEARN_ROWS_PER_PARAMETER", 50, compiled=False)
+
+#: Restarts of L-BFGS-B on the ladder's last stage (the full criterion): each
+#: starts from where the previous one stopped, with fresh curvature pairs, and
+#: the next runs only while one gains more than ``tol``. Read at call time.
+LEARN_FINAL_RESTARTS = _env_int("LEARN_FINAL_RESTARTS", 3, compiled=False)
 # --- Decoding over a key/value cache (nbattn.decode, nbattn.kernels.decode) -----
 
 #: Keys per block of the split-KV decode kernel's online softmax: one score

@@ -900,18 +900,29 @@ def fit_learned_kernel(
                 # would end the stage after a step or two
                 start = float(raw(x)[0])
                 scale[0] = start if start > 0 else norm
-            res = minimize(
-                objective,
-                x,
-                jac=True,
-                method="L-BFGS-B",
-                bounds=bounds,
-                tol=tol,
-                callback=callback,
-                options={"maxiter": max(int(max_iter) - n_iter, 1)},
-            )
-            n_iter += int(res.nit)
-            x = res.x
+            restarts = int(config.LEARN_FINAL_RESTARTS) if len(stages) > 1 and rows == n else 0
+            res = None
+            for _ in range(1 + restarts):
+                # On the last stage of the ladder, L-BFGS-B starts again from where it
+                # stopped, with fresh curvature pairs, while that gains more than tol: a
+                # warm start in a long flat valley (a width that barely matters) stops on
+                # a short step far from the minimum.
+                again = minimize(
+                    objective,
+                    x,
+                    jac=True,
+                    method="L-BFGS-B",
+                    bounds=bounds,
+                    tol=tol,
+                    callback=callback,
+                    options={"maxiter": max(int(max_iter) - n_iter, 1)},
+                )
+                n_iter += int(again.nit)
+                gained = res is None or res.fun - again.fun > tol * abs(res.fun)
+                if res is None or again.fun <= res.fun:
+                    res, x = again, again.x
+                if not gained or n_iter >= int(max_iter):
+                    break
         converged = bool(res.success)
         if log.enabled:
             log.note(
