@@ -75,7 +75,7 @@ def test_demo_nadaraya_watson_beats_average_pooling():
 
 
 # The probe compiles one small kernel (the row softmax): the pooling kernels would
-# take a minute of CPU to compile in this fresh cache, on every run, warm or cold.
+# take 40 s of CPU to compile in this fresh cache, on every run, warm or cold.
 _PROBE = """
 import json, time
 t0 = time.perf_counter()
