@@ -245,6 +245,26 @@ def test_wheel_contents(wheel):
     assert "nbattn = nbattn.cli:main" in entry_points
 
 
+def _seed_kernel_cache(dest: Path) -> None:
+    """Copy the CPU kernels this test run has compiled so far into ``dest``, the
+    cache folder of an installed copy of the same sources. numba keys its cache
+    by the content hash of the source file and the function's bytecode, not by
+    its path, so the copy loads them instead of compiling the demo's kernels
+    afresh (minutes of CPU, on every run); a kernel not compiled yet, or a cache
+    that does not match, is compiled as before. numba writes each cache file
+    whole (a temporary file, then a rename), so a concurrent writer is harmless."""
+    from nbattn.kernels import pooling
+
+    source = getattr(getattr(pooling.gaussian_pool, "_cache", None), "cache_path", None)
+    if source is None or not Path(source).is_dir():  # the cache is off, or nothing compiled
+        return
+    dest.mkdir(parents=True, exist_ok=True)
+    # Data files first, then the indexes that name them.
+    for pattern in ("*.nbc", "*.nbi"):
+        for path in Path(source).glob(pattern):
+            shutil.copyfile(path, dest / path.name)
+
+
 @pytest.mark.slow
 def test_installed_wheel_runs_the_demo_and_loads_data(wheel, tmp_path):
     """``pip install nbattn.whl`` (not editable) into a new environment, then, from a
@@ -290,10 +310,13 @@ def test_installed_wheel_runs_the_demo_and_loads_data(wheel, tmp_path):
     assert info["command"] == "nbattn.cli:main"
 
     command = python.parent / ("nbattn.exe" if os.name == "nt" else "nbattn")
+    env = _clean_env()
+    env.pop("NUMBA_CACHE_DIR", None)  # the installed copy caches beside its own sources
+    _seed_kernel_cache(site / "nbattn" / "kernels" / "__pycache__")
     result = subprocess.run(
         [str(command), "demo", "--outdir", "figures"],
         cwd=work,
-        env=_clean_env(),
+        env=env,
         capture_output=True,
         text=True,
         timeout=600,
