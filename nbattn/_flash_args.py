@@ -181,7 +181,7 @@ def kv_layout(q_shape, k_shape, v_shape, enable_gqa, extra_leads=()):
     index = np.arange(math.prod(kv_lead), dtype=np.int64).reshape(kv_lead)
     if group > 1:
         index = np.repeat(index, group, axis=-1)
-    kv_index = np.ascontiguousarray(np.broadcast_to(index, lead).reshape(-1))
+    kv_index = np.broadcast_to(index, lead).reshape(-1).copy()
     return lead, kv_lead, kv_index
 
 
@@ -251,7 +251,7 @@ def mask_arrays(bias, lead, n_q, n_k, dtype, band_, banded) -> MaskArrays:
         return MaskArrays(np.zeros((0, 1, 1), dtype=dtype), np.zeros(n_bh, np.int64), None)
     m_lead = bias.shape[:-2]
     index = np.arange(math.prod(m_lead), dtype=np.int64).reshape(m_lead)
-    index = np.ascontiguousarray(np.broadcast_to(index, lead).reshape(-1))
+    index = np.broadcast_to(index, lead).reshape(-1).copy()
     flat = bias.reshape((-1,) + bias.shape[-2:])
     largest = max(float(flat.max()), -float(np.min(flat, initial=0.0, where=flat > -np.inf)))
     if largest <= _SHIFT_ABOVE:  # the common case: one pass, straight into the kernels' dtype

@@ -256,7 +256,7 @@ def _valid_lengths(valid_lens, lead, n):
             f"valid_lens must lie in [0, {n}], got values in [{lens.min()}, {lens.max()}]"
         )
     full = np.broadcast_to(lens.reshape(lens.shape + (1,) * (len(lead) - lens.ndim)), lead)
-    return np.ascontiguousarray(full, dtype=np.int64)
+    return np.array(full, dtype=np.int64)  # writeable: one kernel specialisation
 
 
 def masked_softmax(scores, valid_lens=None, mask=None):

@@ -1047,7 +1047,7 @@ def nadaraya_watson_spread(queries, keys, values, bandwidth="scott", *, dtype=No
     _, k_t = _scaled(keys, 1.0 / h, dtype)
     v_t = np.ascontiguousarray(v2.T, dtype=dtype)
     with _threads_for(q.shape[0] * k_t.shape[1]):
-        mean, lse = kernels_for("pooling", device).gaussian_pool(q, k_t, v_t, False)
+        mean, lse = kernels_for("pooling", device).gaussian_pool(q, k_t, v_t, False, 0)
         std, sum_w2 = kernels_for("loo", device).gaussian_spread(q, k_t, v_t, mean, lse, False)
     if not isinstance(mean, np.ndarray):  # the CUDA pool returns device arrays
         mean = mean.copy_to_host()

@@ -255,7 +255,7 @@ def nadaraya_watson(
     if gemm:
         out, lse = _gaussian_pool_gemm(q, k, k_t, v_t, exclude_self)
     else:
-        out, lse = kernels_for("pooling", device).gaussian_pool(q, k_t, v_t, exclude_self)
+        out, lse = kernels_for("pooling", device).gaussian_pool(q, k_t, v_t, exclude_self, 0)
     if device == "cuda":
         out, lse = out.copy_to_host(), lse.copy_to_host()
         _far_rows_on_the_cpu(out, lse, q, k_t, v_t, exclude_self)
