@@ -321,37 +321,55 @@ def _tile_rows(n_keys):
 
 def _plain_keys(z64, points64, y2):
     """The keys for ``loo_tiles`` below ``config.LOO_PRUNE_MIN_ROWS`` rows, where pruning
-    does not pay: ``(proj, rank, z_t, points, y)`` in their order, proj empty."""
+    does not pay: every key in its order (an empty projection: nothing pruned). See
+    :func:`_tile_loss_grad_rows` for the tuple."""
     n = z64.shape[0]
-    return np.empty(0), np.arange(n), np.ascontiguousarray(z64.T), points64, y2
+    return "loo_tiles", (np.empty(0),), np.arange(n), np.ascontiguousarray(z64.T), points64, y2
 
 
-def _loss_grad_rows_tiled(a, b, keys, z, z_t, v_t, y2, dtype, diagonal):
-    """Rows [a, b) of the one-pass tile kernel: ``(sse, sums)`` as :func:`_loss_grad_rows`.
+def _boxed_keys(z64, points64, y2):
+    """The keys for ``loo_tiles_boxed``: in k-d order (leaves of
+    ``config.LOO_TILE_LEAF_KEYS`` keys) with the leaves' bounding boxes. See
+    :func:`_tile_loss_grad_rows` for the tuple."""
+    tiles = kernels_for("loo_tiles", "cpu")
+    n = z64.shape[0]
+    order, leaf_start = tiles.kd_order(z64, int(config.LOO_TILE_LEAF_KEYS))
+    rank = np.empty(n, dtype=np.int64)
+    rank[order] = np.arange(n)
+    z_t = np.ascontiguousarray(z64[order].T)
+    box_lo, box_hi = tiles.leaf_boxes(z_t, leaf_start)
+    points = np.ascontiguousarray(points64[order])
+    pruning = (leaf_start, box_lo, box_hi)
+    return "loo_tiles_boxed", pruning, rank, z_t, points, y2[order]
 
-    ``keys`` is :func:`_plain_keys` of the score-space points (the ``dtype``
-    layout widened to float64) and the gradient's coordinates (those points for
-    the diagonal, the centred x for the full metric); :func:`_with_far_rows`
-    adds the rows the tiles leave.
+
+def _tile_loss_grad_rows(a, b, keys, z, z_t, v_t, y2, dtype, diagonal):
+    """Rows [a, b) of a one-pass tile kernel: ``(sse, sums)`` as :func:`_loss_grad_rows`.
+
+    ``keys`` is ``(kernel, pruning, rank, z_t, points, y)`` from :func:`_plain_keys`
+    or :func:`_boxed_keys`: the kernel of ``kernels.loo_tiles``, its pruning
+    arguments, each row's position in the keys' order, the score-space points
+    (the ``dtype`` layout widened to float64, feature-major), the gradient's
+    coordinates (those points for the diagonal, the centred x for the full
+    metric) and the targets, in that order. :func:`_with_far_rows` adds the rows
+    the tiles leave.
     """
-    loo_tiles = kernels_for("loo_tiles", "cpu")
-    proj, rank, keys_t, points, y_keys = keys
+    tiles = kernels_for("loo_tiles", "cpu")
+    kernel, pruning, rank, keys_t, points, y_keys = keys
     k, n = keys_t.shape
     rows = np.sort(rank[a:b]).astype(np.int64)
-    use_gemm = k >= config.LOO_TILE_GEMM_MIN_DIMS
-    gap = loo.prune_gap_for(np.float64)
     with blas_one_thread(), _threads_for((b - a) * n):
-        sse, M, key_sums, far = loo_tiles.loo_tiles(
+        sse, M, key_sums, far = getattr(tiles, kernel)(
             keys_t,
             points,
             np.ascontiguousarray(y_keys.T),
             np.ascontiguousarray(y_keys[rows]),
             rows,
             _tile_rows(n),
-            use_gemm,
+            k >= config.LOO_TILE_GEMM_MIN_DIMS,
             float(config.LOO_TILE_GEMM_MAX_RADIUS2),
-            proj,
-            gap,
+            *pruning,
+            loo.prune_gap_for(np.float64),
         )
         M = M + points.T @ (key_sums[:, None] * points)
     return _with_far_rows(float(sse), M, far, rows, rank, points, z, z_t, v_t, y2, dtype, diagonal)
@@ -389,12 +407,10 @@ def _loss_and_grad_passes(X, y2, z, z_t, v_t, dtype, diagonal, L, device="cpu", 
         # one pass over row tiles, the gradient as GEMMs (kernels.loo_tiles)
         z64 = np.ascontiguousarray(z, dtype=np.float64)
         points64 = z64 if diagonal else np.ascontiguousarray(X, dtype=np.float64)
-        if z.shape[0] >= config.LOO_PRUNE_MIN_ROWS:
-            # keys in k-d order, tiles pruned by leaf boxes (kernels.loo_tiles.loo_tiles_boxed)
-            keys, rows_fn = _boxed_keys(z64, points64, y2), _boxed_loss_grad_rows
-        else:
-            keys, rows_fn = _plain_keys(z64, points64, y2), _loss_grad_rows_tiled
-        sse, sums = _sum_over_rows(rows_fn, n, keys, z, z_t, v_t, y2, dtype, diagonal)
+        # from LOO_PRUNE_MIN_ROWS keys: k-d order, tiles pruned by the leaves' boxes
+        pick = _boxed_keys if z.shape[0] >= config.LOO_PRUNE_MIN_ROWS else _plain_keys
+        keys = pick(z64, points64, y2)
+        sse, sums = _sum_over_rows(_tile_loss_grad_rows, n, keys, z, z_t, v_t, y2, dtype, diagonal)
         if diagonal:
             return sse / size, 2.0 * scale * sums
         return sse / size, -scale * (L @ sums)
@@ -951,48 +967,6 @@ def fit_learned_kernel(
     else:
         result["bandwidth"] = widths(res.x) * sigma
     return result
-
-
-def _boxed_keys(z64, points64, y2):
-    """The keys for ``loo_tiles_boxed``: ``(leaf_start, box_lo, box_hi, rank, z_t, points,
-    y)`` in k-d order (leaves of ``config.LOO_TILE_LEAF_KEYS`` keys); ``rank[i]`` is row
-    i's position in that order."""
-    tiles = kernels_for("loo_tiles", "cpu")
-    n = z64.shape[0]
-    order, leaf_start = tiles.kd_order(z64, int(config.LOO_TILE_LEAF_KEYS))
-    rank = np.empty(n, dtype=np.int64)
-    rank[order] = np.arange(n)
-    z_t = np.ascontiguousarray(z64[order].T)
-    box_lo, box_hi = tiles.leaf_boxes(z_t, leaf_start)
-    points = np.ascontiguousarray(points64[order])
-    return leaf_start, box_lo, box_hi, rank, z_t, points, y2[order]
-
-
-def _boxed_loss_grad_rows(a, b, keys, z, z_t, v_t, y2, dtype, diagonal):
-    """Rows [a, b) through ``loo_tiles_boxed``: ``(sse, sums)``, the gradient sums
-    (k,) for the diagonal metric, (d, d) for the full one. Far rows go through the
-    anchored two-pass kernels, one by one, as in the one-pass tiles."""
-    tiles = kernels_for("loo_tiles", "cpu")
-    leaf_start, box_lo, box_hi, rank, keys_t, points, y_keys = keys
-    k, n = keys_t.shape
-    rows = np.sort(rank[a:b]).astype(np.int64)
-    with blas_one_thread(), _threads_for((b - a) * n):
-        sse, M, key_sums, far = tiles.loo_tiles_boxed(
-            keys_t,
-            points,
-            np.ascontiguousarray(y_keys.T),
-            np.ascontiguousarray(y_keys[rows]),
-            rows,
-            _tile_rows(n),
-            k >= config.LOO_TILE_GEMM_MIN_DIMS,
-            float(config.LOO_TILE_GEMM_MAX_RADIUS2),
-            leaf_start,
-            box_lo,
-            box_hi,
-            loo.prune_gap_for(np.float64),
-        )
-        M = M + points.T @ (key_sums[:, None] * points)
-    return _with_far_rows(float(sse), M, far, rows, rank, points, z, z_t, v_t, y2, dtype, diagonal)
 
 
 def _subsample_ladder(n, n_params):
