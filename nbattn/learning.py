@@ -343,6 +343,28 @@ def _boxed_keys(z64, points64, y2):
     return "loo_tiles_boxed", pruning, rank, z_t, points, y2[order]
 
 
+def _boxed_share(keys, n_sample=64):
+    """An estimate of the share of keys the boxed tiles would keep for a row: over
+    ``n_sample`` rows spread through the k-d order, the keys of the leaves whose box
+    lies within ``U + gap`` of the row (U: the squared distance to its nearest
+    neighbour among the 4 on each side in that order, as the kernel bounds it).
+    Only chooses between two exact paths."""
+    _, (leaf_start, box_lo, box_hi), _, z_t, _, _ = keys
+    n = z_t.shape[1]
+    positions = np.unique(np.linspace(0, n - 1, min(n_sample, n)).astype(np.int64))
+    sizes = np.diff(leaf_start).astype(np.float64)
+    gap = loo.prune_gap_for(np.float64)
+    kept = 0.0
+    for i in positions:
+        q = z_t[:, i]
+        near = [j for j in range(max(i - 4, 0), min(i + 5, n)) if j != i]
+        bound = min(float(np.sum((z_t[:, j] - q) ** 2)) for j in near) if near else np.inf
+        outside = np.maximum(np.maximum(box_lo - q, q - box_hi), 0.0)
+        reach = np.sum(outside**2, axis=1) <= bound + gap
+        kept += float(sizes[reach].sum()) / n
+    return kept / positions.size
+
+
 def _tile_loss_grad_rows(a, b, keys, z, z_t, v_t, y2, dtype, diagonal):
     """Rows [a, b) of a one-pass tile kernel: ``(sse, sums)`` as :func:`_loss_grad_rows`.
 
@@ -407,9 +429,15 @@ def _loss_and_grad_passes(X, y2, z, z_t, v_t, dtype, diagonal, L, device="cpu", 
         # one pass over row tiles, the gradient as GEMMs (kernels.loo_tiles)
         z64 = np.ascontiguousarray(z, dtype=np.float64)
         points64 = z64 if diagonal else np.ascontiguousarray(X, dtype=np.float64)
-        # from LOO_PRUNE_MIN_ROWS keys: k-d order, tiles pruned by the leaves' boxes
-        pick = _boxed_keys if z.shape[0] >= config.LOO_PRUNE_MIN_ROWS else _plain_keys
-        keys = pick(z64, points64, y2)
+        # from LOO_PRUNE_MIN_ROWS keys: k-d order, tiles pruned by the leaves' boxes,
+        # unless they would keep most keys (a wide kernel), where gathering costs more
+        keys = None
+        if z.shape[0] >= config.LOO_PRUNE_MIN_ROWS:
+            keys = _boxed_keys(z64, points64, y2)
+            if _boxed_share(keys) > config.LOO_BOXED_MAX_SHARE:
+                keys = None
+        if keys is None:
+            keys = _plain_keys(z64, points64, y2)
         sse, sums = _sum_over_rows(_tile_loss_grad_rows, n, keys, z, z_t, v_t, y2, dtype, diagonal)
         if diagonal:
             return sse / size, 2.0 * scale * sums

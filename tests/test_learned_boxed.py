@@ -32,6 +32,7 @@ def _table(seed, n=240, outputs=1):
 
 def _boxed(monkeypatch, leaf_keys=8):
     monkeypatch.setattr(config, "LOO_PRUNE_MIN_ROWS", 16)
+    monkeypatch.setattr(config, "LOO_BOXED_MAX_SHARE", 1.0)  # boxed whatever they keep
     monkeypatch.setattr(config, "LOO_TILE_LEAF_KEYS", leaf_keys)
     monkeypatch.setattr(config, "LOO_TILE_ROWS", 16)
 
@@ -183,3 +184,48 @@ def test_fit_on_boxed_tiles_reports_the_full_data_loss(monkeypatch):
     assert result["loss"] == pytest.approx(naive.loo_loss(X, y, result["bandwidth"]), rel=1e-9)
     assert result["loss"] < result["loss_curve"][0]
     assert loo.prune_gap_for(np.float64) == config.PRUNE_GAP_FLOAT64
+
+
+def test_boxed_share_estimate_follows_the_width():
+    """The estimate that picks between the boxed and the plain tiles: near 1 for a width
+    wide against the data, small for a narrow one; it matches the share of keys within
+    reach computed by brute force over every row, to the sampling error."""
+    rng = np.random.default_rng(11)
+    n, k = 600, 3
+    z = rng.uniform(0.0, 1.0, size=(n, k))
+    y = rng.normal(size=(n, 1))
+    gap = float(config.PRUNE_GAP_FLOAT64)
+    for scale in (0.5, 4.0, 40.0):
+        zs = np.ascontiguousarray(z * scale)
+        keys = learning._boxed_keys(zs, zs, y)
+        share = learning._boxed_share(keys, n_sample=n)
+        _, (starts, lo, hi), _, z_t, _, _ = keys
+        sizes = np.diff(starts)
+        brute = 0.0
+        for i in range(n):
+            q = z_t[:, i]
+            near = [j for j in range(max(i - 4, 0), min(i + 5, n)) if j != i]
+            bound = min(np.sum((z_t[:, j] - q) ** 2) for j in near)
+            dist = np.sum(np.maximum(np.maximum(lo - q, q - hi), 0.0) ** 2, axis=1)
+            brute += sizes[dist <= bound + gap].sum() / n
+        assert share == pytest.approx(brute / n, abs=1e-12)
+        if scale == 0.5:
+            assert share == 1.0
+        if scale == 40.0:
+            assert share < 0.5
+
+
+def test_both_tile_paths_give_the_same_loss(monkeypatch):
+    """Whichever tiles the share estimate picks, the loss and gradient are the same (to
+    rounding): the choice is about speed only."""
+    X, y = _table(5)
+    X2, y2 = learning._prepare_xy(X, y, np.float64)
+    h = np.array([0.05, 0.4, 1e-3])
+    monkeypatch.setattr(config, "LOO_PRUNE_MIN_ROWS", 16)
+    results = []
+    for share in (0.0, 1.0):  # 0: plain tiles always; 1: boxed tiles always
+        monkeypatch.setattr(config, "LOO_BOXED_MAX_SHARE", share)
+        results.append(learning._prepared_loss_and_grad(X2, y2, h, dtype=np.float64, device="cpu"))
+    assert results[0][0] == pytest.approx(results[1][0], rel=1e-12)
+    scale = np.abs(results[1][1]).max()
+    np.testing.assert_allclose(results[0][1], results[1][1], rtol=1e-9, atol=1e-12 * scale)
