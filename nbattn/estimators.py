@@ -49,6 +49,7 @@ from sklearn.utils.validation import (
 from . import columns, config, learning, regression
 from ._predicting import PoolingPrediction
 from ._validation import as_float_array, check_bandwidth
+from .device import resolve_device
 from .fitted_state import ESTIMATORS, check_attributes
 from .search import minimize_log_scale
 
@@ -280,6 +281,11 @@ class _PoolingEstimator(PoolingPrediction, BaseEstimator):
 
     def _fitted(self, name, default=None):
         return getattr(self, name, default)
+
+    def _device(self) -> str:
+        """The device that runs this call ("auto" resolved here, not at fit), through this
+        module's ``resolve_device`` (the name tests replace to pretend a GPU machine)."""
+        return resolve_device(self.device)
 
     # ---- query-time helpers
 
