@@ -236,3 +236,19 @@ class PoolingPrediction:
             weights = self._attention_weights_checked(X)
             n_eff = 1.0 / np.sum(weights * weights, axis=1)
         return f, np.sqrt(var), n_eff
+
+    # ---- what predict and predict_proba return for checked queries X
+
+    def _predictions(self, X, return_std=False):
+        """A regressor's predictions, shaped like its targets, and with ``return_std``
+        the spread of the targets about them (:meth:`_pooled_spread`)."""
+        if return_std:
+            out, std, _ = self._pooled_spread(X, effective_n=False)
+            return self._shape_output(out), self._shape_output(std)
+        return self._shape_output(self._pooled(X))
+
+    def _probabilities(self, X):
+        """A classifier's probabilities: the pooled one-hot labels clipped at 0 and
+        normalised, ``p_ic = max(f_ic, 0) / sum_c' max(f_ic', 0)``."""
+        proba = np.clip(self._pooled(X), 0.0, None)
+        return proba / proba.sum(axis=1, keepdims=True)

@@ -400,10 +400,7 @@ class _PoolingRegressor(RegressorMixin, _PoolingEstimator):
         (:func:`nbattn.learning.nadaraya_watson_spread` for the spread).
         """
         X = self._check_queries(X)
-        if return_std:
-            out, std, _ = self._pooled_spread(X, effective_n=False)
-            return self._shape_output(out), self._shape_output(std)
-        return self._shape_output(self._pooled(X))
+        return self._predictions(X, return_std)
 
     def marginal_effects(self, X):
         """The slope of the fit along each continuous column at the rows of X.
@@ -1009,8 +1006,7 @@ class NadarayaWatsonClassifier(ClassifierMixin, _PoolingEstimator):
     def predict_proba(self, X):
         """Class probabilities (n_queries, n_classes) as float64, columns in ``classes_`` order."""
         X = self._check_queries(X)
-        proba = np.clip(self._pooled(X), 0.0, None)
-        return proba / proba.sum(axis=1, keepdims=True)
+        return self._probabilities(X)
 
     def predict(self, X):
         """The most probable class of each row (ties go to the first in ``classes_``)."""

@@ -115,18 +115,14 @@ class Predictor(PoolingPrediction):
             proba = self.predict_proba(X)
             return self.state["classes_"][np.argmax(proba, axis=1)]
         X = self._check_queries(X)
-        if return_std:
-            out, std, _ = self._pooled_spread(X, effective_n=False)
-            return self._shape_output(out), self._shape_output(std)
-        return self._shape_output(self._pooled(X))
+        return self._predictions(X, return_std)
 
     def predict_proba(self, X):
         """Class probabilities (n_queries, n_classes), columns in ``classes_`` order."""
         if not self.is_classifier:
             raise AttributeError(f"{self.estimator} has no predict_proba")
         X = self._check_queries(X)
-        proba = np.clip(self._pooled(X), 0.0, None)
-        return proba / proba.sum(axis=1, keepdims=True)
+        return self._probabilities(X)
 
     # ---- what the shared computation reads (nbattn._predicting)
 
