@@ -47,7 +47,8 @@ from sklearn.utils.validation import (
 )
 
 from . import columns, config, learning, regression
-from ._validation import as_float_array, check_bandwidth, resolve_dtype
+from ._predicting import PoolingPrediction
+from ._validation import as_float_array, check_bandwidth
 from .device import resolve_device
 from .fitted_state import ESTIMATORS, check_attributes
 from .search import minimize_log_scale
@@ -142,8 +143,10 @@ def _is_missing(value) -> bool:
 # ----------------------------------------------------------------------------- the base
 
 
-class _PoolingEstimator(BaseEstimator):
-    """What every nbattn estimator shares: checks, device, dtype, the pooling calls.
+class _PoolingEstimator(PoolingPrediction, BaseEstimator):
+    """What every nbattn estimator shares: checks, device, dtype, the pooling calls
+    (the computation is :class:`nbattn._predicting.PoolingPrediction`, shared with
+    :class:`nbattn.predictor.Predictor`).
 
     A subclass fits ``X_fit_`` (n, d) and ``y_fit_`` (n, m) (float64 copies)
     and describes its score through :meth:`_score_coordinates`: the queries,
@@ -271,47 +274,18 @@ class _PoolingEstimator(BaseEstimator):
             return widths
         return np.asarray(local.check_widths(bandwidth, kinds, counts), dtype=np.float64)
 
-    # ---- how the model reads its columns
+    # ---- what the shared computation reads (nbattn._predicting)
 
-    def _kinds(self) -> str:
-        """The fitted column kinds ("c" for every column of a model from an older file)."""
-        kinds = getattr(self, "var_type_", None)
-        return kinds if kinds is not None else "c" * self.n_features_in_
+    def _param(self, name, default=None):
+        return getattr(self, name, default)
 
-    def _n_categories(self) -> list:
-        categories = getattr(self, "categories_", None) or [None] * self.n_features_in_
-        return columns.n_categories(categories)
-
-    def _kernel(self) -> str:
-        kernel = getattr(self, "kernel", "gaussian")
-        return "gaussian" if kernel == "average" else kernel
-
-    def _missing(self) -> str:
-        return getattr(self, "missing", "error")
-
-    def _encodes(self) -> bool:
-        """Whether query tables go through :func:`nbattn.columns.encode_columns`."""
-        return set(self._kinds()) != {"c"} or self._missing() == "marginalize"
-
-    def _uses_engine(self) -> bool:
-        """Whether the mixed-type engine (:mod:`nbattn.local`) computes this model.
-
-        All-continuous data with the Gaussian kernel and no missing values
-        stays on the streaming Nadaraya-Watson kernels (CPU and GPU).
-        """
-        return self._encodes() or self._kernel() != "gaussian"
-
-    def _weights(self):
-        return getattr(self, "sample_weight_", None)
-
-    # ---- resolved at every call
+    def _fitted(self, name, default=None):
+        return getattr(self, name, default)
 
     def _device(self) -> str:
-        """The device that runs this call ("auto" resolved here, not at fit)."""
+        """The device that runs this call ("auto" resolved here, not at fit), through this
+        module's ``resolve_device`` (the name tests replace to pretend a GPU machine)."""
         return resolve_device(self.device)
-
-    def _dtype(self):
-        return resolve_dtype(self.dtype)
 
     # ---- query-time helpers
 
@@ -346,105 +320,6 @@ class _PoolingEstimator(BaseEstimator):
             else True,
             estimator=self,
         )
-
-    def _score_coordinates(self, X):
-        """(queries, keys, widths) of the Gaussian score for the checked queries X."""
-        return X, self.X_fit_, self.bandwidth_
-
-    def _degree(self) -> int:
-        """Degree of the local polynomial (0: Nadaraya-Watson)."""
-        return 0
-
-    def _engine_options(self, X):
-        """The keywords of the engine's calls for the checked queries X."""
-        # NaN in the queries of a model that refuses missing values is an unseen category:
-        # the engine leaves that column out of the row's product (see nbattn.columns)
-        missing = self._missing()
-        if missing == "error" and X is not None and np.isnan(X).any():
-            missing = "marginalize"
-        return dict(
-            var_type=self._kinds(),
-            n_categories=self._n_categories(),
-            kernel=self._kernel(),
-            sample_weight=self._weights(),
-            missing=missing,
-            device=self._device(),
-        )
-
-    def _local_fit(self, X, values, return_gradient=False, degree=None):
-        """The engine's local fit of ``values`` (n_train, m) at the checked queries X:
-        (n, m) float64, and with ``return_gradient`` the slopes (n, m, d_continuous)."""
-        degree = self._degree() if degree is None else degree
-        out = _engine().local_polynomial(
-            X,
-            self.X_fit_,
-            values,
-            self.bandwidth_,
-            degree,
-            return_gradient=return_gradient,
-            dtype=self._dtype(),
-            **self._engine_options(X),
-        )
-        if return_gradient:
-            grad = np.asarray(out[1], dtype=np.float64)  # (n, d_c, m)
-            return np.asarray(out[0], dtype=np.float64), np.transpose(grad, (0, 2, 1))
-        return np.asarray(out, dtype=np.float64)
-
-    def _pooled_values(self, X, values):
-        """``sum_j w_ij v_j`` for any values (n_train, m) at the checked queries X: the
-        engine's degree-0 fit, or the streaming kernel (weights: pooled as ``[w v, w]``
-        and divided, which is the weighted softmax exactly)."""
-        if self._uses_engine():
-            return self._local_fit(X, values, degree=0)
-        q, k, h = self._score_coordinates(X)
-        sw = self._weights()
-        if sw is not None:
-            values = np.column_stack([sw[:, None] * values, sw])
-        out = regression.nadaraya_watson(
-            q, k, values, h, dtype=self._dtype(), device=self._device()
-        )
-        out = np.asarray(out, dtype=np.float64)
-        return out if sw is None else out[:, :-1] / out[:, -1:]
-
-    def _pooled(self, X):
-        """Predictions (n_queries, m) as float64, on ``device``."""
-        if self._uses_engine():
-            return self._local_fit(X, self.y_fit_)
-        return self._pooled_values(X, self.y_fit_)
-
-    def _pooled_spread(self, X, effective_n=True):
-        """(predictions, weighted std of the targets about them, effective n or None) for
-        the checked queries X, on ``device``.
-
-        The unweighted Gaussian fast path runs
-        :func:`nbattn.learning.nadaraya_watson_spread` (a second pass about f).
-        Otherwise the spread about f comes from pooled moments of the targets
-        centred on their mean c, ``sum_j w_ij (y_j - f)^2 = E[(y-c)^2] -
-        2 (f-c) E[y-c] + (f-c)^2``, and the effective n from the attention weights.
-        """
-        if not self._uses_engine() and self._weights() is None:
-            q, k, h = self._score_coordinates(X)
-            mean, std, n_eff = learning.nadaraya_watson_spread(
-                q, k, self.y_fit_, h, dtype=self._dtype(), device=self._device()
-            )
-            return (
-                np.asarray(mean, dtype=np.float64),
-                np.asarray(std, dtype=np.float64),
-                np.asarray(n_eff, dtype=np.float64),
-            )
-        f = self._pooled(X)
-        m = self.y_fit_.shape[1]
-        centre = self.y_fit_.mean(axis=0)
-        dy = self.y_fit_ - centre
-        moments = self._pooled_values(X, np.column_stack([dy, dy * dy]))
-        first, second = moments[:, :m], moments[:, m:]
-        fc = f - centre
-        var = np.maximum(second - 2.0 * fc * first + fc * fc, 0.0)
-        n_eff = None
-        if effective_n:
-            weights = self._attention_weights_checked(X)
-            n_eff = 1.0 / np.sum(weights * weights, axis=1)
-        return f, np.sqrt(var), n_eff
 
     def _attention_weights_checked(self, X):
         """Attention weights (n_queries, n_train) for the checked queries X."""
@@ -513,10 +388,6 @@ class _PoolingRegressor(RegressorMixin, _PoolingEstimator):
         self.outputs_2d_ = outputs_2d
         self.sample_weight_ = sample_weight
 
-    def _shape_output(self, out):
-        """Columns of (n_queries, n_outputs) → 1-D when the model was fitted on a 1-D y."""
-        return out if self.outputs_2d_ else out[:, 0]
-
     def predict(self, X, return_std=False):
         """Attention-pooled targets for the rows of X (float64).
 
@@ -529,10 +400,7 @@ class _PoolingRegressor(RegressorMixin, _PoolingEstimator):
         (:func:`nbattn.learning.nadaraya_watson_spread` for the spread).
         """
         X = self._check_queries(X)
-        if return_std:
-            out, std, _ = self._pooled_spread(X, effective_n=False)
-            return self._shape_output(out), self._shape_output(std)
-        return self._shape_output(self._pooled(X))
+        return self._predictions(X, return_std)
 
     def marginal_effects(self, X):
         """The slope of the fit along each continuous column at the rows of X.
@@ -581,7 +449,7 @@ class _PoolingRegressor(RegressorMixin, _PoolingEstimator):
         bias is small against the noise (a wide enough width).
         """
         X = self._check_queries(X)
-        if getattr(self, "kernel", None) == "average":
+        if self._average():
             raise ValueError("predict_interval needs a kernel; kernel='average' has none")
         if self._uses_engine():
             q, k, widths = X, self.X_fit_, self.bandwidth_
@@ -737,28 +605,6 @@ class NadarayaWatsonRegressor(_PoolingRegressor):
         self._store_training_data(X, y2, outputs_2d, sw)
         self.bandwidth_ = bandwidth
         return self
-
-    def _pooled_values(self, X, values):
-        if self.kernel == "average":
-            sw = self._weights()
-            if sw is None:
-                return regression.average_pooling(X, values)
-            mean = (sw @ values) / sw.sum()
-            return np.broadcast_to(mean, (X.shape[0], values.shape[1])).copy()
-        return super()._pooled_values(X, values)
-
-    def _pooled(self, X):
-        if self.kernel == "average":
-            return self._pooled_values(X, self.y_fit_)
-        return super()._pooled(X)
-
-    def _pooled_spread(self, X, effective_n=True):
-        if self.kernel == "average" and self._weights() is None:
-            n = X.shape[0]
-            mean = regression.average_pooling(X, self.y_fit_)
-            std = np.broadcast_to(regression.feature_spread(self.y_fit_, ddof=0), mean.shape).copy()
-            return mean, std, np.full(n, float(self.X_fit_.shape[0]))
-        return super()._pooled_spread(X, effective_n)
 
     def _attention_weights_checked(self, X):
         if self.kernel == "average":
@@ -947,13 +793,6 @@ class LearnedKernelRegressor(_PoolingRegressor):
         self.n_iter_ = int(result["n_iter"])
         return self
 
-    def _score_coordinates(self, X):
-        """Metric "full" maps x to Lx, where the score is the unit-width Gaussian."""
-        if self.metric == "full":
-            L = self.components_
-            return X @ L.T, self.X_fit_ @ L.T, 1.0
-        return X, self.X_fit_, self.bandwidth_
-
 
 class LocalPolynomialRegressor(_PoolingRegressor):
     """Local-polynomial kernel regression over mixed continuous and categorical columns.
@@ -1040,10 +879,7 @@ class LocalPolynomialRegressor(_PoolingRegressor):
         tags.target_tags.multi_output = True
         return tags
 
-    def _degree(self) -> int:
-        return int(self.degree)
-
-    def _uses_engine(self) -> bool:
+    def _is_local_polynomial(self) -> bool:
         return True
 
     def fit(self, X, y, sample_weight=None):
@@ -1170,8 +1006,7 @@ class NadarayaWatsonClassifier(ClassifierMixin, _PoolingEstimator):
     def predict_proba(self, X):
         """Class probabilities (n_queries, n_classes) as float64, columns in ``classes_`` order."""
         X = self._check_queries(X)
-        proba = np.clip(self._pooled(X), 0.0, None)
-        return proba / proba.sum(axis=1, keepdims=True)
+        return self._probabilities(X)
 
     def predict(self, X):
         """The most probable class of each row (ties go to the first in ``classes_``)."""

@@ -7,7 +7,9 @@ of a small file. A :class:`Predictor` reads the same file
 content (:func:`nbattn.fitted_state.check_fitted_state`: the checks the
 estimator makes, without scikit-learn) and predicts through the same
 functional-layer calls as the estimator's methods, in the same order and
-with the same arguments, so its predictions are bit for bit the estimator's:
+with the same arguments (the one computation of both,
+:class:`nbattn._predicting.PoolingPrediction`), so its predictions are bit for
+bit the estimator's:
 
 * all-continuous Gaussian data without missing values: attention pooling by
   the streaming kernel, :func:`nbattn.regression.nadaraya_watson`, with
@@ -33,8 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from . import columns
-from ._validation import resolve_dtype
-from .device import resolve_device
+from ._predicting import PoolingPrediction
 from .fitted_state import CLASSIFIERS, check_fitted_state
 from .modelfile import invalid_model, read_fitted_state
 
@@ -57,7 +58,7 @@ def read_predictor(path):
     return predictor, meta
 
 
-class Predictor:
+class Predictor(PoolingPrediction):
     """A fitted nbattn estimator's predictions, from its class name, parameters and
     fitted attributes (what a model file holds).
 
@@ -114,52 +115,27 @@ class Predictor:
             proba = self.predict_proba(X)
             return self.state["classes_"][np.argmax(proba, axis=1)]
         X = self._check_queries(X)
-        if return_std:
-            out, std = self._pooled_spread(X)
-            return self._shape_output(out), self._shape_output(std)
-        return self._shape_output(self._pooled(X))
+        return self._predictions(X, return_std)
 
     def predict_proba(self, X):
         """Class probabilities (n_queries, n_classes), columns in ``classes_`` order."""
         if not self.is_classifier:
             raise AttributeError(f"{self.estimator} has no predict_proba")
         X = self._check_queries(X)
-        proba = np.clip(self._pooled(X), 0.0, None)
-        return proba / proba.sum(axis=1, keepdims=True)
+        return self._probabilities(X)
 
-    # ---- how the model reads its columns (as the estimators' shared base)
+    # ---- what the shared computation reads (nbattn._predicting)
 
-    def _kernel(self) -> str:
-        kernel = self.params.get("kernel", "gaussian")
-        return "gaussian" if kernel == "average" else kernel
+    def _param(self, name, default=None):
+        return self.params.get(name, default)
 
-    def _average(self) -> bool:
-        return self.params.get("kernel") == "average"
+    def _fitted(self, name, default=None):
+        return self.state.get(name, default)
 
-    def _missing(self) -> str:
-        return self.params["missing"]
+    def _is_local_polynomial(self) -> bool:
+        return self.estimator == "LocalPolynomialRegressor"
 
-    def _uses_engine(self) -> bool:
-        if self.estimator == "LocalPolynomialRegressor":
-            return True
-        kinds = self.state["var_type_"]
-        encodes = set(kinds) != {"c"} or self._missing() == "marginalize"
-        return encodes or self._kernel() != "gaussian"
-
-    def _degree(self) -> int:
-        return int(self.params["degree"]) if self.estimator == "LocalPolynomialRegressor" else 0
-
-    def _weights(self):
-        return self.state["sample_weight_"]
-
-    def _device(self) -> str:
-        return resolve_device(self.params["device"])
-
-    def _dtype(self):
-        return resolve_dtype(self.params["dtype"])
-
-    def _shape_output(self, out):
-        return out if self.state["outputs_2d_"] else out[:, 0]
+    # ---- query checks (the estimators' run through scikit-learn's validate_data)
 
     def _check_queries(self, X):
         """X as the float64 (n, d) array the estimator's checks make of it: numbers for
@@ -174,7 +150,7 @@ class Predictor:
                     f"X has the columns {got}; the model was fitted on {list(map(str, names))}"
                 )
         kinds = self.state["var_type_"]
-        unknown_allowed = self.params["handle_unknown"] == "ignore"
+        unknown_allowed = self._param("handle_unknown", "error") == "ignore"
         if set(kinds) == {"c"} and columns.all_numeric(X):
             arr = np.asarray(X, dtype=np.float64)  # as scikit-learn's check_array converts
             allow_nan = self._missing() == "marginalize"
@@ -185,7 +161,7 @@ class Predictor:
                 kinds,
                 self.state["categories_"],
                 missing=self._missing(),
-                handle_unknown=self.params["handle_unknown"],
+                handle_unknown=self._param("handle_unknown", "error"),
             )
             allow_nan = self._missing() == "marginalize" or unknown_allowed
         if arr.ndim != 2 or arr.shape[1] != d:
@@ -197,93 +173,3 @@ class Predictor:
             i, j = np.argwhere(bad)[0]
             raise ValueError(f"X holds {arr[i, j]} at row {i}, column {j}")
         return arr
-
-    def _score_coordinates(self, X):
-        """(queries, keys, widths) of the Gaussian score; metric "full" maps x to Lx."""
-        if self.estimator == "LearnedKernelRegressor" and self.params["metric"] == "full":
-            L = self.state["components_"]
-            return X @ L.T, self.state["X_fit_"] @ L.T, 1.0
-        return X, self.state["X_fit_"], self.state["bandwidth_"]
-
-    def _engine_options(self, X):
-        missing = self._missing()
-        if missing == "error" and X is not None and np.isnan(X).any():
-            missing = "marginalize"  # an unseen category (nbattn.columns)
-        return dict(
-            var_type=self.state["var_type_"],
-            n_categories=columns.n_categories(self.state["categories_"]),
-            kernel=self._kernel(),
-            sample_weight=self._weights(),
-            missing=missing,
-            device=self._device(),
-        )
-
-    # ---- the computation (the same calls as nbattn.estimators)
-
-    def _local_fit(self, X, values, degree=None):
-        from .local import local_polynomial
-
-        out = local_polynomial(
-            X,
-            self.state["X_fit_"],
-            values,
-            self.state["bandwidth_"],
-            self._degree() if degree is None else degree,
-            return_gradient=False,
-            dtype=self._dtype(),
-            **self._engine_options(X),
-        )
-        return np.asarray(out, dtype=np.float64)
-
-    def _pooled_values(self, X, values):
-        if self._average():
-            from .regression import average_pooling
-
-            sw = self._weights()
-            if sw is None:
-                return average_pooling(X, values)
-            mean = (sw @ values) / sw.sum()
-            return np.broadcast_to(mean, (X.shape[0], values.shape[1])).copy()
-        if self._uses_engine():
-            return self._local_fit(X, values, degree=0)
-        from .regression import nadaraya_watson
-
-        q, k, h = self._score_coordinates(X)
-        sw = self._weights()
-        if sw is not None:
-            values = np.column_stack([sw[:, None] * values, sw])
-        out = nadaraya_watson(q, k, values, h, dtype=self._dtype(), device=self._device())
-        out = np.asarray(out, dtype=np.float64)
-        return out if sw is None else out[:, :-1] / out[:, -1:]
-
-    def _pooled(self, X):
-        y = self.state["y_fit_"]
-        if not self._average() and self._uses_engine():
-            return self._local_fit(X, y)
-        return self._pooled_values(X, y)
-
-    def _pooled_spread(self, X):
-        """(predictions, weighted std of the targets about them), as the estimators'."""
-        y = self.state["y_fit_"]
-        if self._average() and self._weights() is None:
-            from .regression import average_pooling, feature_spread
-
-            mean = average_pooling(X, y)
-            return mean, np.broadcast_to(feature_spread(y, ddof=0), mean.shape).copy()
-        if not self._uses_engine() and self._weights() is None:
-            from .learning import nadaraya_watson_spread
-
-            q, k, h = self._score_coordinates(X)
-            mean, std, _ = nadaraya_watson_spread(
-                q, k, y, h, dtype=self._dtype(), device=self._device()
-            )
-            return np.asarray(mean, dtype=np.float64), np.asarray(std, dtype=np.float64)
-        f = self._pooled(X)
-        m = y.shape[1]
-        centre = y.mean(axis=0)
-        dy = y - centre
-        moments = self._pooled_values(X, np.column_stack([dy, dy * dy]))
-        first, second = moments[:, :m], moments[:, m:]
-        fc = f - centre
-        var = np.maximum(second - 2.0 * fc * first + fc * fc, 0.0)
-        return f, np.sqrt(var)
