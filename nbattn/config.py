@@ -241,9 +241,10 @@ LOO_TILE_GEMM_MAX_RADIUS2 = _env_int("LOO_TILE_GEMM_MAX_RADIUS2", 64, compiled=F
 LEARN_SUBSAMPLE_ROWS = _env_int("LEARN_SUBSAMPLE_ROWS", 2048, compiled=False)
 LEARN_SUBSAMPLE_GROWTH = _env_int("LEARN_SUBSAMPLE_GROWTH", 4, compiled=False)
 
-#: Keys from which the one-pass LOO gradient (``kernels.loo_tiles``) sorts the keys along
-#: the widest score coordinate and gives each tile only the keys within reach (the bound
-#: of PRUNE_GAP_FLOAT64); below it every tile takes every key. Read at call time.
+#: Keys from which the one-pass LOO gradient may take the boxed tiles
+#: (``kernels.loo_tiles.loo_tiles_boxed``: keys in k-d order, each tile given only the
+#: leaves within reach, the bound of PRUNE_GAP_FLOAT64; see LOO_BOXED_MAX_SHARE); below
+#: it every tile takes every key (``loo_tiles``). Read at call time.
 LOO_PRUNE_MIN_ROWS = _env_int("LOO_PRUNE_MIN_ROWS", 2048, compiled=False)
 
 #: The first subsample of that ladder has at least this many query rows per learned

@@ -321,10 +321,9 @@ def _tile_rows(n_keys):
 
 def _plain_keys(z64, points64, y2):
     """The keys for ``loo_tiles`` below ``config.LOO_PRUNE_MIN_ROWS`` rows, where pruning
-    does not pay: every key in its order (an empty projection: nothing pruned). See
-    :func:`_tile_loss_grad_rows` for the tuple."""
+    does not pay: every key in its order. See :func:`_tile_loss_grad_rows` for the tuple."""
     n = z64.shape[0]
-    return "loo_tiles", (np.empty(0),), np.arange(n), np.ascontiguousarray(z64.T), points64, y2
+    return "loo_tiles", (), np.arange(n), np.ascontiguousarray(z64.T), points64, y2
 
 
 def _boxed_keys(z64, points64, y2):
@@ -339,7 +338,7 @@ def _boxed_keys(z64, points64, y2):
     z_t = np.ascontiguousarray(z64[order].T)
     box_lo, box_hi = tiles.leaf_boxes(z_t, leaf_start)
     points = np.ascontiguousarray(points64[order])
-    pruning = (leaf_start, box_lo, box_hi)
+    pruning = (leaf_start, box_lo, box_hi, loo.prune_gap_for(np.float64))
     return "loo_tiles_boxed", pruning, rank, z_t, points, y2[order]
 
 
@@ -349,11 +348,10 @@ def _boxed_share(keys, n_sample=64):
     lies within ``U + gap`` of the row (U: the squared distance to its nearest
     neighbour among the 4 on each side in that order, as the kernel bounds it).
     Only chooses between two exact paths."""
-    _, (leaf_start, box_lo, box_hi), _, z_t, _, _ = keys
+    _, (leaf_start, box_lo, box_hi, gap), _, z_t, _, _ = keys
     n = z_t.shape[1]
     positions = np.unique(np.linspace(0, n - 1, min(n_sample, n)).astype(np.int64))
     sizes = np.diff(leaf_start).astype(np.float64)
-    gap = loo.prune_gap_for(np.float64)
     kept = 0.0
     for i in positions:
         q = z_t[:, i]
@@ -391,7 +389,6 @@ def _tile_loss_grad_rows(a, b, keys, z, z_t, v_t, y2, dtype, diagonal):
             k >= config.LOO_TILE_GEMM_MIN_DIMS,
             float(config.LOO_TILE_GEMM_MAX_RADIUS2),
             *pruning,
-            loo.prune_gap_for(np.float64),
         )
         M = M + points.T @ (key_sums[:, None] * points)
     return _with_far_rows(float(sse), M, far, rows, rank, points, z, z_t, v_t, y2, dtype, diagonal)

@@ -199,7 +199,7 @@ def test_boxed_share_estimate_follows_the_width():
         zs = np.ascontiguousarray(z * scale)
         keys = learning._boxed_keys(zs, zs, y)
         share = learning._boxed_share(keys, n_sample=n)
-        _, (starts, lo, hi), _, z_t, _, _ = keys
+        _, (starts, lo, hi, _), _, z_t, _, _ = keys
         sizes = np.diff(starts)
         brute = 0.0
         for i in range(n):

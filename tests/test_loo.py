@@ -310,9 +310,10 @@ def test_loo_bandwidth_subsampled_grid_stage(rng):
 
 
 def _tile_settings(monkeypatch, rows, gemm, radius2=64, prune=True):
-    """Tiles of ``rows`` rows; GEMM scores for every metric (gemm) or for none; keys
-    sorted and pruned from 2 rows on (prune) or never."""
+    """Tiles of ``rows`` rows; GEMM scores for every metric (gemm) or for none; the
+    boxed (pruned) tiles from 2 rows on, whatever they keep (prune), or the plain ones."""
     monkeypatch.setattr(config, "LOO_PRUNE_MIN_ROWS", 2 if prune else 10**9)
+    monkeypatch.setattr(config, "LOO_BOXED_MAX_SHARE", 1.0)
     monkeypatch.setattr(config, "LOO_TILE_ROWS", rows)
     monkeypatch.setattr(config, "LOO_TILE_GEMM_MIN_DIMS", 1 if gemm else 10**6)
     monkeypatch.setattr(config, "LOO_TILE_GEMM_MAX_RADIUS2", radius2)
@@ -414,39 +415,3 @@ def test_row_subset_loss_and_grad(rng, n_rows):
         lambda m: naive.loo_loss_and_grad_rows(X, y, n_rows, components=m)[0], L
     )
     assert np.linalg.norm(grad - fd) <= 1e-6 * np.linalg.norm(fd)
-
-
-@pytest.mark.parametrize("seed", range(5))
-def test_tiles_pruning_bound(seed):
-    """Keys beyond the window of a tile weigh < exp(-gap) of their row's best: the loss moves
-    by at most the bound of the skipped mass (n exp(-gap) relative per row), and with the
-    default gap it is the exact loss. A small gap shows that keys were in fact skipped."""
-    from nbattn.kernels import loo_tiles
-
-    rng = np.random.default_rng(seed)
-    n = 300
-    z = np.sort(rng.uniform(0.0, 60.0, size=n))[:, None] * np.array([[1.0, 0.05]])
-    z[:, 1] += rng.normal(size=n) * 0.3
-    y = np.sin(z[:, 0] / 3.0) + 0.1 * rng.normal(size=n)
-    y2 = y[:, None]
-    z_t = np.ascontiguousarray(z.T)
-    rows = np.arange(n, dtype=np.int64)
-    sse_exact = naive.loo_loss(z * np.sqrt(2.0), y, bandwidth=1.0) * n
-    r_exact = naive._loo_weights(z * np.sqrt(2.0)) @ y - y
-
-    first_coordinate = z[:, 0].copy()  # the projection on a unit vector, ascending
-
-    def sse(gap, proj=first_coordinate):
-        out = loo_tiles.loo_tiles(
-            z_t, z.copy(), np.ascontiguousarray(y2.T), y2, rows, 16, False, 64.0, proj, gap
-        )
-        assert not np.any(out[3])
-        return out[0]
-
-    assert sse(50.0) == pytest.approx(sse_exact, rel=1e-12)
-    assert sse(-1.0, proj=np.empty(0)) == pytest.approx(sse_exact, rel=1e-12)
-    for gap in (1.0, 3.0, 6.0):
-        eps = 2.0 * n * np.exp(-gap) * np.abs(y).max()  # bound on |f_i - f_i exact|
-        bound = np.sum(eps * (2.0 * np.abs(r_exact) + eps))
-        assert abs(sse(gap) - sse_exact) <= bound, gap
-    assert sse(1.0) != pytest.approx(sse_exact, rel=1e-6)  # keys were skipped

@@ -37,23 +37,9 @@ Rows left to the caller (``far[i]``): the row's best score is below
 score's rounding would show, and ``loo``'s anchored two-pass kernels handle
 them. Their sums here are zero.
 
-Pruning (``proj`` not empty): ``proj_j = u . z_j`` for a unit vector u (the
-caller takes the data's principal direction), keys sorted by it. As
-|proj_i - proj_j| <= ||z_i - z_j||, a key with (proj_j - proj_i)^2 > U + gap
-has s_ij < -(U + gap). For a block of rows, U = the largest over its rows of
-the squared distance to the nearest of a few keys beside it in that order, so
--max_j s_ij <= U for every row, and such a key weighs less than exp(-gap) of its
-row's largest weight. The block takes only the keys within sqrt(U + gap) of its
-rows' projections (two binary searches): n skipped keys change a row's sum by
-less than n exp(-gap) relative, below float64 rounding at the default gap of
-50 (``config.PRUNE_GAP_FLOAT64``). The skipped gradient terms are as small: for
-the diagonal metric (points = z) g_ij |z_i - z_j|^2 with |z_i - z_j|^2 e^{-|z_i - z_j|^2}
-falling beyond 1; for the full metric g_ij carries the same exp(-gap) factor
-times |x_i - x_j|^2, at most the data's squared diameter.
-
-Boxed keys (``loo_tiles_boxed``, the fit's tiles on many rows): the keys in
-k-d order and a tile's keys chosen by leaf bounding boxes in every score
-coordinate, not along one direction (section "boxed keys" below).
+``loo_tiles`` takes every key. Pruning is ``loo_tiles_boxed``'s (the tiles on
+many rows): the keys in k-d order and a tile's keys chosen by leaf bounding
+boxes in every score coordinate (section "boxed keys" below).
 
 Inside ``prange``, ``np.dot`` calls BLAS: the caller (``nbattn.learning``) holds
 BLAS to one thread while the kernel runs.
@@ -143,45 +129,13 @@ def _gemm_scores(z_t, rows, i0, nb, lo, hi, centre, queries_c, keys_c, key_sq, t
             row[j] = min(2.0 * row[j] - q_sq - sq[j], 0.0)
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE)
-def _block_window(z_t, rows, i0, nb, proj, prune_gap):
-    """[lo, hi): the keys within sqrt(U + prune_gap) of the block's rows along ``proj``
-    (module docstring); all keys when ``proj`` is empty."""
-    k, n = z_t.shape
-    if proj.shape[0] == 0:
-        return 0, n
-    bound = 0.0
-    for r in range(nb):
-        own = rows[i0 + r]
-        nearest = np.inf
-        for j in range(max(own - _NEIGHBOURS, 0), min(own + _NEIGHBOURS + 1, n)):
-            if j == own:
-                continue
-            dist = 0.0
-            for f in range(k):
-                diff = z_t[f, j] - z_t[f, own]
-                dist += diff * diff
-            nearest = min(nearest, dist)
-        bound = max(bound, nearest)
-    if not bound < np.inf:  # one key, or overflowing distances: no pruning
-        return 0, n
-    # a relative margin over the rounding of the bound and of the projections
-    radius = np.sqrt(bound + prune_gap) * (1.0 + 1e-9)
-    low = proj[rows[i0]] - radius
-    high = proj[rows[i0 + nb - 1]] + radius
-    return np.searchsorted(proj, low, side="left"), np.searchsorted(proj, high, side="right")
-
-
 @njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
-def loo_tiles(
-    z_t, points, values_t, targets, rows, block_rows, use_gemm, gemm_max_radius2, proj, prune_gap
-):
+def loo_tiles(z_t, points, values_t, targets, rows, block_rows, use_gemm, gemm_max_radius2):
     """``(sse, M_rows, key_sums, far)``: the LOO squared error and gradient sums of rows.
 
     Parameters
     ----------
-    z_t : (k, n) float64, all keys in score space (s_ij = -||z_i - z_j||^2),
-        in ascending order of ``proj`` when pruning
+    z_t : (k, n) float64, all keys in score space (s_ij = -||z_i - z_j||^2)
     points : (n, d) float64, the keys in the coordinates of the gradient
         (the centred x for the full metric, z itself for the diagonal)
     values_t : (p, n) float64, the keys' y
@@ -189,8 +143,6 @@ def loo_tiles(
     rows : (n_rows,) int64, ascending: query r is key ``rows[r]`` (left out)
     block_rows : rows per tile; use_gemm : GEMM scores allowed (blocks whose
         squared radius exceeds ``gemm_max_radius2`` take the direct ones)
-    proj, prune_gap : the pruning of the module docstring: (n,) ascending
-        projections u . z_j of the keys; empty: no pruning
 
     Returns
     -------
@@ -227,7 +179,7 @@ def loo_tiles(
         for blk in range(first, last):
             i0 = blk * block_rows
             nb = min(block_rows, n_rows - i0)
-            lo, hi = _block_window(z_t, rows, i0, nb, proj, prune_gap)
+            lo, hi = 0, n
             width = hi - lo
             tile = flat[: nb * width].reshape((nb, width))
             gemm = use_gemm and _block_radius2(z_t, rows, i0, nb, centre) <= gemm_max_radius2
