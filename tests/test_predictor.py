@@ -456,4 +456,10 @@ def test_the_command_never_imports_scikit_learn(tables, tmp_path):
             if column == "prediction" and is_classifier(estimator):
                 assert written[column].astype(str).tolist() == [str(v) for v in values]
             else:
-                assert np.array_equal(written[column].to_numpy(), values), column
+                # Another process, so possibly another build of the same kernel: a
+                # freshly compiled numba kernel and the one loaded from the cache can
+                # round differently in the last bit (measured: 1 ulp, cold cache only).
+                np.testing.assert_allclose(
+                    written[column].to_numpy(), values, rtol=4 * np.finfo(float).eps, atol=0,
+                    err_msg=column,
+                )
