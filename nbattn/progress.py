@@ -18,7 +18,7 @@
   stderr is looked up when the progress starts, so redirecting it (pytest's
   capture, ``contextlib.redirect_stderr``) works.
 
-tqdm is imported when a bar is made, so importing this module costs nothing.
+tqdm is imported when a bar is drawn, so importing this module, and a quiet\nrun, cost nothing.
 """
 
 from __future__ import annotations
@@ -60,6 +60,10 @@ class Progress:
         in_bytes = unit == "bytes"
         unit = "B" if in_bytes else (unit or "it")
         counter = f"{{n_fmt}} {unit} " if unit != "it" else "{n_fmt} "
+        self._count = 0
+        self.bar = None
+        if not self.enabled:  # counts without tqdm: quiet runs never import it
+            return
         from tqdm import tqdm
 
         self.bar = tqdm(
@@ -70,29 +74,32 @@ class Progress:
             unit_divisor=1024 if in_bytes else 1000,
             bar_format=bar_format or (None if total else "{desc}: " + counter + "[{elapsed}]"),
             file=stream,
-            disable=not self.enabled,
             mininterval=0.1,
             leave=True,
         )
 
     @property
     def n(self):
-        return self.bar.n
+        return self.bar.n if self.bar is not None else self._count
 
     def update(self, n=1, *, position=None) -> None:
         """Advance by ``n`` (or jump to ``position``)."""
         if position is not None:
-            n = position - self.bar.n
-        self.bar.update(n)
+            n = position - self.n
+        if self.bar is not None:
+            self.bar.update(n)
+        else:
+            self._count += n
 
     def refresh(self) -> None:
         """Redraw now (the elapsed time of a bar without updates)."""
-        if self.enabled:
+        if self.bar is not None:
             self.bar.refresh()
 
     def close(self) -> None:
         """Draw the final state and end the line."""
-        self.bar.close()
+        if self.bar is not None:
+            self.bar.close()
 
     def __enter__(self):
         return self

@@ -3,8 +3,11 @@
 import io as pyio
 import json
 import os
+import subprocess
+import sys
 import tempfile
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -431,7 +434,24 @@ def test_progress_draws_only_on_a_terminal():
     stream = _Terminal()
     with Progress(10, "work", stream=stream, quiet=True) as bar:
         bar.update(5)
+        bar.update(position=8)
+        assert bar.n == 8  # a quiet bar still counts
     assert stream.getvalue() == ""
+
+
+def test_a_quiet_progress_never_imports_tqdm():
+    code = (
+        "import sys\n"
+        "from nbattn.progress import Progress, running\n"
+        "with Progress(10, 'work', quiet=True) as bar:\n"
+        "    bar.update(3)\n"
+        "with running('fit', quiet=True):\n"
+        "    pass\n"
+        "print('tqdm' in sys.modules)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.stdout.strip() == "False", out.stderr
 
 
 def test_progress_in_bytes_and_without_a_total():
