@@ -59,22 +59,49 @@ _FAR_SCORE_FLOAT64 = float(config.FAR_SCORE_FLOAT64)
 _NEIGHBOURS = 4  # keys on each side, in the sorted order, that bound a row's best score
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def _direct_scores(z_t, rows, i0, nb, lo, hi, tile):
-    """tile[r, j] = -||z_{rows[i0+r]} - z_{lo+j}||^2 by differences."""
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _direct_scores(z_t, rows, i0, nb, keys_z, width, tile):
+    """tile[r, j] = -||z_{rows[i0+r]} - keys_z[:, j]||^2 by differences.
+
+    Two query rows share each pass over a key coordinate, so each key value is
+    loaded once for both (the passes stream the keys from cache, not the rows).
+    """
     k = z_t.shape[0]
-    width = hi - lo
-    for r in range(nb):
+    r = 0
+    while r + 1 < nb:
+        row_a = tile[r]
+        row_b = tile[r + 1]
+        own_a = rows[i0 + r]
+        own_b = rows[i0 + r + 1]
+        qa = z_t[0, own_a]
+        qb = z_t[0, own_b]
+        keys0 = keys_z[0]
+        for j in range(width):
+            da = keys0[j] - qa
+            db = keys0[j] - qb
+            row_a[j] = -(da * da)
+            row_b[j] = -(db * db)
+        for f in range(1, k):
+            qa = z_t[f, own_a]
+            qb = z_t[f, own_b]
+            keys_f = keys_z[f]
+            for j in range(width):
+                da = keys_f[j] - qa
+                db = keys_f[j] - qb
+                row_a[j] -= da * da
+                row_b[j] -= db * db
+        r += 2
+    if r < nb:
         row = tile[r]
         own = rows[i0 + r]
         q0 = z_t[0, own]
-        keys0 = z_t[0, lo:hi]
+        keys0 = keys_z[0]
         for j in range(width):
             diff = keys0[j] - q0
             row[j] = -(diff * diff)
         for f in range(1, k):
             qf = z_t[f, own]
-            keys_f = z_t[f, lo:hi]
+            keys_f = keys_z[f]
             for j in range(width):
                 diff = keys_f[j] - qf
                 row[j] -= diff * diff
@@ -101,16 +128,16 @@ def _block_radius2(z_t, rows, i0, nb, centre):
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
-def _gemm_scores(z_t, rows, i0, nb, lo, hi, centre, queries_c, keys_c, key_sq, tile):
-    """tile[r, j] = -||z_{rows[i0+r]} - z_{lo+j}||^2 as a GEMM on points shifted by ``centre``."""
+def _gemm_scores(z_t, rows, i0, nb, keys_z, width, centre, queries_c, keys_c, key_sq, tile):
+    """tile[r, j] = -||z_{rows[i0+r]} - keys_z[:, j]||^2 as a GEMM on points shifted by
+    ``centre`` (clamped to <= 0)."""
     k = z_t.shape[0]
-    width = hi - lo
     keys_w = keys_c[: k * width].reshape((k, width))
     sq = key_sq[:width]
     sq[:] = 0.0
     for f in range(k):
         cf = centre[f]
-        src = z_t[f, lo:hi]
+        src = keys_z[f]
         dst = keys_w[f]
         for j in range(width):
             value = src[j] - cf
@@ -127,6 +154,131 @@ def _gemm_scores(z_t, rows, i0, nb, lo, hi, centre, queries_c, keys_c, key_sq, t
         row = tile[r]
         for j in range(width):
             row[j] = min(2.0 * row[j] - q_sq - sq[j], 0.0)
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _tile_rows_pass(
+    z_t,
+    rows,
+    i0,
+    nb,
+    keys_z,
+    keys_v,
+    keys_x,
+    width,
+    own_at,
+    targets,
+    points,
+    use_gemm,
+    gemm_max_radius2,
+    scratch,
+    tile,
+    key_sums,
+    acc,
+    far,
+):
+    """The one tile body of both kernels: rows ``rows[i0:i0+nb]`` against ``width``
+    gathered keys; returns the tile's squared-error sum.
+
+    ``keys_z`` (k, >= width), ``keys_v`` (p, >= width), ``keys_x`` (>= width, d): the
+    keys' scores, values and gradient coordinates (all keys themselves for
+    :func:`loo_tiles`); ``own_at[r]`` the position of row r's own key among them, or
+    -1. Adds g_rj to ``key_sums[j]`` (positions among the keys), the row part of M to
+    ``acc`` (d, d), flags far rows in ``far`` (indexed from ``i0``). ``scratch`` is
+    ``(centre, queries_c, keys_c, key_sq, f_row, resid, row_sums, gx)``.
+    """
+    centre, queries_c, keys_c, key_sq, f_row, resid, row_sums, gx = scratch
+    d = points.shape[1]
+    p = keys_v.shape[0]
+    sse = 0.0
+    if use_gemm and _block_radius2(z_t, rows, i0, nb, centre) <= gemm_max_radius2:
+        _gemm_scores(z_t, rows, i0, nb, keys_z, width, centre, queries_c, keys_c, key_sq, tile)
+    else:
+        _direct_scores(z_t, rows, i0, nb, keys_z, width, tile)
+    for r in range(nb):
+        row = tile[r]
+        if own_at[r] >= 0:  # the row's own key is left out
+            row[own_at[r]] = -np.inf
+        best = -np.inf
+        for j in range(width):
+            best = fmax(best, row[j])
+        row_sums[r] = 0.0
+        if not best >= -_FAR_SCORE_FLOAT64:  # far, overflowing or no key
+            far[i0 + r] = True
+            row[:] = 0.0
+            continue
+        total = 0.0
+        if p == 1:  # one fused pass: weights, their sum and the weighted sum
+            vals = keys_v[0]
+            weighted = 0.0
+            for j in range(width):
+                w = fast_exp(row[j] - best)
+                row[j] = w
+                total += w
+                weighted += w * vals[j]
+            f_row[0] = weighted
+        else:
+            for j in range(width):
+                w = fast_exp(row[j] - best)
+                row[j] = w
+                total += w
+            for c in range(p):
+                vals = keys_v[c]
+                weighted = 0.0
+                for j in range(width):
+                    weighted += row[j] * vals[j]
+                f_row[c] = weighted
+        inv = 1.0 / total
+        for c in range(p):
+            f_row[c] *= inv
+            resid[c] = f_row[c] - targets[i0 + r, c]
+            sse += resid[c] * resid[c]
+        # g_ij = w_ij sum_c r_ic (y_jc - f_ic), differences first (no cancellation),
+        # with its row sum a_i and key sums c_j in the same pass
+        a_r = 0.0
+        if p == 1:
+            scale = resid[0] * inv
+            f0 = f_row[0]
+            vals = keys_v[0]
+            for j in range(width):
+                g = row[j] * scale * (vals[j] - f0)
+                row[j] = g
+                a_r += g
+                key_sums[j] += g
+        else:
+            for j in range(width):
+                inner = 0.0
+                for c in range(p):
+                    inner += resid[c] * (keys_v[c, j] - f_row[c])
+                g = row[j] * inv * inner
+                row[j] = g
+                a_r += g
+                key_sums[j] += g
+        row_sums[r] = a_r
+    np.dot(tile, keys_x[:width], gx[:nb])
+    for r in range(nb):
+        a_r = row_sums[r]
+        x_r = points[rows[i0 + r]]
+        for a in range(d):
+            xa = x_r[a]
+            for b in range(d):
+                acc[a, b] += a_r * xa * x_r[b] - xa * gx[r, b] - gx[r, a] * x_r[b]
+    return sse
+
+
+@njit(cache=config.CACHE)
+def _scratch(k, n, d, p, block_rows, use_gemm):
+    """The per-thread buffers of :func:`_tile_rows_pass` (a tuple, see there)."""
+    return (
+        np.empty(k),
+        np.empty((block_rows, k)),
+        np.empty(k * n) if use_gemm else np.empty(0),
+        np.empty(n) if use_gemm else np.empty(0),
+        np.empty(p),
+        np.empty(p),
+        np.zeros(block_rows),
+        np.empty((block_rows, d)),
+    )
 
 
 @njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
@@ -163,96 +315,36 @@ def loo_tiles(z_t, points, values_t, targets, rows, block_rows, use_gemm, gemm_m
     far = np.zeros(n_rows, dtype=np.bool_)
     for group in prange(n_groups):
         flat = np.empty(block_rows * n)
-        gx = np.empty((block_rows, d))
-        centre = np.empty(k)
-        queries_c = np.empty((block_rows, k))
-        keys_c = np.empty(k * n) if use_gemm else np.empty(0)
-        key_sq = np.empty(n) if use_gemm else np.empty(0)
-        f_row = np.empty(p)
-        resid = np.empty(p)
-        row_sums = np.zeros(block_rows)
-        acc = partial_m[group]
-        c_sum = partial_c[group]
+        scratch = _scratch(k, n, d, p, block_rows, use_gemm)
+        own_at = np.empty(block_rows, dtype=np.int64)
         sse = 0.0
         first = group * n_blocks // n_groups
         last = (group + 1) * n_blocks // n_groups
         for blk in range(first, last):
             i0 = blk * block_rows
             nb = min(block_rows, n_rows - i0)
-            lo, hi = 0, n
-            width = hi - lo
-            tile = flat[: nb * width].reshape((nb, width))
-            gemm = use_gemm and _block_radius2(z_t, rows, i0, nb, centre) <= gemm_max_radius2
-            if gemm:
-                _gemm_scores(z_t, rows, i0, nb, lo, hi, centre, queries_c, keys_c, key_sq, tile)
-            else:
-                _direct_scores(z_t, rows, i0, nb, lo, hi, tile)
             for r in range(nb):
-                row = tile[r]
-                own = rows[i0 + r]
-                if lo <= own < hi:
-                    row[own - lo] = -np.inf
-                best = -np.inf
-                for j in range(width):
-                    best = fmax(best, row[j])
-                row_sums[r] = 0.0
-                if not best >= -_FAR_SCORE_FLOAT64:  # far, overflowing or no key
-                    far[i0 + r] = True
-                    row[:] = 0.0
-                    continue
-                total = 0.0
-                if p == 1:  # one fused pass: weights, their sum and the weighted sum
-                    vals = values_t[0, lo:hi]
-                    weighted = 0.0
-                    for j in range(width):
-                        w = fast_exp(row[j] - best)
-                        row[j] = w
-                        total += w
-                        weighted += w * vals[j]
-                    f_row[0] = weighted
-                else:
-                    for j in range(width):
-                        w = fast_exp(row[j] - best)
-                        row[j] = w
-                        total += w
-                    for c in range(p):
-                        vals = values_t[c, lo:hi]
-                        weighted = 0.0
-                        for j in range(width):
-                            weighted += row[j] * vals[j]
-                        f_row[c] = weighted
-                inv = 1.0 / total
-                for c in range(p):
-                    f_row[c] *= inv
-                    resid[c] = f_row[c] - targets[i0 + r, c]
-                    sse += resid[c] * resid[c]
-                # g_ij = w_ij sum_c r_ic (y_jc - f_ic), differences first (no cancellation)
-                if p == 1:
-                    scale = resid[0] * inv
-                    f0 = f_row[0]
-                    vals = values_t[0, lo:hi]
-                    for j in range(width):
-                        row[j] = row[j] * scale * (vals[j] - f0)
-                else:
-                    for j in range(width):
-                        inner = 0.0
-                        for c in range(p):
-                            inner += resid[c] * (values_t[c, lo + j] - f_row[c])
-                        row[j] = row[j] * inv * inner
-                a_r = 0.0
-                keys_sum = c_sum[lo:hi]
-                for j in range(width):
-                    a_r += row[j]
-                    keys_sum[j] += row[j]
-                row_sums[r] = a_r
-            np.dot(tile, points[lo:hi], gx[:nb])
-            for r in range(nb):
-                a_r = row_sums[r]
-                x_r = points[rows[i0 + r]]
-                for a in range(d):
-                    xa = x_r[a]
-                    for b in range(d):
-                        acc[a, b] += a_r * xa * x_r[b] - xa * gx[r, b] - gx[r, a] * x_r[b]
+                own_at[r] = rows[i0 + r]
+            sse += _tile_rows_pass(
+                z_t,
+                rows,
+                i0,
+                nb,
+                z_t,
+                values_t,
+                points,
+                n,
+                own_at,
+                targets,
+                points,
+                use_gemm,
+                gemm_max_radius2,
+                scratch,
+                flat[: nb * n].reshape((nb, n)),
+                partial_c[group],
+                partial_m[group],
+                far,
+            )
         partial_sse[group] = sse
     return partial_sse.sum(), partial_m.sum(axis=0), partial_c.sum(axis=0), far
 
@@ -423,56 +515,6 @@ def _kept_leaves(z_t, rows, i0, nb, box_lo, box_hi, prune_gap, reach, keep):
                 break
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def _gathered_direct_scores(z_t, rows, i0, nb, keys_z, width, tile):
-    """tile[r, j] = -||z_{rows[i0+r]} - keys_z[:, j]||^2 by differences."""
-    k = z_t.shape[0]
-    for r in range(nb):
-        row = tile[r]
-        own = rows[i0 + r]
-        q0 = z_t[0, own]
-        keys0 = keys_z[0]
-        for j in range(width):
-            diff = keys0[j] - q0
-            row[j] = -(diff * diff)
-        for f in range(1, k):
-            qf = z_t[f, own]
-            keys_f = keys_z[f]
-            for j in range(width):
-                diff = keys_f[j] - qf
-                row[j] -= diff * diff
-
-
-@njit(fastmath=config.FASTMATH, cache=config.CACHE)
-def _gathered_gemm_scores(
-    z_t, rows, i0, nb, keys_z, width, centre, queries_c, keys_c, key_sq, tile
-):
-    """tile[r, j] = -||z_{rows[i0+r]} - keys_z[:, j]||^2 as a GEMM about ``centre``."""
-    k = z_t.shape[0]
-    keys_w = keys_c[: k * width].reshape((k, width))
-    sq = key_sq[:width]
-    sq[:] = 0.0
-    for f in range(k):
-        cf = centre[f]
-        src = keys_z[f]
-        dst = keys_w[f]
-        for j in range(width):
-            value = src[j] - cf
-            dst[j] = value
-            sq[j] += value * value
-    for r in range(nb):
-        for f in range(k):
-            queries_c[r, f] = z_t[f, rows[i0 + r]] - centre[f]
-    np.dot(queries_c[:nb], keys_w, tile)
-    for r in range(nb):
-        q_sq = 0.0
-        for f in range(k):
-            q_sq += queries_c[r, f] * queries_c[r, f]
-        row = tile[r]
-        for j in range(width):
-            row[j] = min(2.0 * row[j] - q_sq - sq[j], 0.0)
-
-
 @njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
 def loo_tiles_boxed(
     z_t,
@@ -510,21 +552,15 @@ def loo_tiles_boxed(
     far = np.zeros(n_rows, dtype=np.bool_)
     for group in prange(n_groups):
         flat = np.empty(block_rows * n)
-        gx = np.empty((block_rows, d))
+        scratch = _scratch(k, n, d, p, block_rows, use_gemm)
+        own_at = np.empty(block_rows, dtype=np.int64)
         keep = np.empty(n_leaves, dtype=np.bool_)
         reach = np.empty(block_rows)
         keys_z = np.empty((k, n))  # the kept keys, gathered
         keys_v = np.empty((p, n))
         keys_x = np.empty((n, d))
         key_index = np.empty(n, dtype=np.int64)
-        centre = np.empty(k)
-        queries_c = np.empty((block_rows, k))
-        keys_c = np.empty(k * n) if use_gemm else np.empty(0)
-        key_sq = np.empty(n) if use_gemm else np.empty(0)
-        f_row = np.empty(p)
-        resid = np.empty(p)
-        row_sums = np.zeros(block_rows)
-        acc = partial_m[group]
+        keys_c = np.empty(n)  # the tile's key sums, by position among the kept keys
         c_sum = partial_c[group]
         sse = 0.0
         first = group * n_blocks // n_groups
@@ -552,69 +588,32 @@ def loo_tiles_boxed(
                     dst[t] = src[key_index[t]]
             for t in range(width):
                 keys_x[t] = points[key_index[t]]
-            tile = flat[: nb * width].reshape((nb, width))
-            gemm = use_gemm and _block_radius2(z_t, rows, i0, nb, centre) <= gemm_max_radius2
-            if gemm:
-                _gathered_gemm_scores(
-                    z_t, rows, i0, nb, keys_z, width, centre, queries_c, keys_c, key_sq, tile
-                )
-            else:
-                _gathered_direct_scores(z_t, rows, i0, nb, keys_z, width, tile)
             for r in range(nb):
-                row = tile[r]
                 own = rows[i0 + r]
                 at = np.searchsorted(key_index[:width], own)  # ascending: leaves in order
-                if at < width and key_index[at] == own:  # the row's own key is left out
-                    row[at] = -np.inf
-                best = -np.inf
-                for j in range(width):
-                    best = fmax(best, row[j])
-                row_sums[r] = 0.0
-                if not best >= -_FAR_SCORE_FLOAT64:  # far, overflowing or no key
-                    far[i0 + r] = True
-                    row[:] = 0.0
-                    continue
-                total = 0.0
-                for j in range(width):
-                    w = fast_exp(row[j] - best)
-                    row[j] = w
-                    total += w
-                for c in range(p):
-                    vals = keys_v[c]
-                    weighted = 0.0
-                    for j in range(width):
-                        weighted += row[j] * vals[j]
-                    f_row[c] = weighted
-                inv = 1.0 / total
-                for c in range(p):
-                    f_row[c] *= inv
-                    resid[c] = f_row[c] - targets[i0 + r, c]
-                    sse += resid[c] * resid[c]
-                # g_ij = w_ij sum_c r_ic (y_jc - f_ic), differences first (no cancellation)
-                if p == 1:
-                    scale = resid[0] * inv
-                    f0 = f_row[0]
-                    vals = keys_v[0]
-                    for j in range(width):
-                        row[j] = row[j] * scale * (vals[j] - f0)
-                else:
-                    for j in range(width):
-                        inner = 0.0
-                        for c in range(p):
-                            inner += resid[c] * (keys_v[c, j] - f_row[c])
-                        row[j] = row[j] * inv * inner
-                a_r = 0.0
-                for j in range(width):
-                    a_r += row[j]
-                    c_sum[key_index[j]] += row[j]
-                row_sums[r] = a_r
-            np.dot(tile, keys_x[:width], gx[:nb])
-            for r in range(nb):
-                a_r = row_sums[r]
-                x_r = points[rows[i0 + r]]
-                for a in range(d):
-                    xa = x_r[a]
-                    for b in range(d):
-                        acc[a, b] += a_r * xa * x_r[b] - xa * gx[r, b] - gx[r, a] * x_r[b]
+                own_at[r] = at if at < width and key_index[at] == own else -1
+            keys_c[:width] = 0.0
+            sse += _tile_rows_pass(
+                z_t,
+                rows,
+                i0,
+                nb,
+                keys_z,
+                keys_v,
+                keys_x,
+                width,
+                own_at,
+                targets,
+                points,
+                use_gemm,
+                gemm_max_radius2,
+                scratch,
+                flat[: nb * width].reshape((nb, width)),
+                keys_c,
+                partial_m[group],
+                far,
+            )
+            for t in range(width):
+                c_sum[key_index[t]] += keys_c[t]
         partial_sse[group] = sse
     return partial_sse.sum(), partial_m.sum(axis=0), partial_c.sum(axis=0), far
