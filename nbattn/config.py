@@ -334,6 +334,26 @@ LOO_TILE_LEAF_KEYS = _env_int("LOO_TILE_LEAF_KEYS", 32, compiled=False)
 LOO_BOXED_MAX_SHARE = 0.5
 
 
+# ------------------------------------------------------ learned metrics: tile shape, refined GEMM
+#: Rows per tile of the plain LOO tiles on direct scores (``kernels.loo_tiles.loo_tiles``
+#: with every key in every tile and fewer than LOO_TILE_GEMM_MIN_DIMS score dimensions)
+#: are also capped so that a tile of scores, rows x n_keys float64, fits in about this
+#: many bytes (a core's L2 share), with at least 8 rows: the tile's softmax, gradient
+#: and GEMM passes then reread it from cache (n = 4,000 keys, 5 dimensions: 16 rows
+#: instead of 64 measured 1.2x faster; with GEMM scores small tiles lose, so those
+#: keep LOO_TILE_ROWS). Read at call time.
+LOO_TILE_CACHE_BYTES = _env_int("LOO_TILE_CACHE_BYTES", 512 << 10, compiled=False)
+
+#: A block of the LOO tiles wider than LOO_TILE_GEMM_MAX_RADIUS2 still takes the
+#: GEMM scores up to this squared radius, with each row's keys within e^-36 of its
+#: best scored again by differences (``kernels.loo_tiles``, section "refined GEMM
+#: scores": the float64 contract holds for any radius up to it). 0 turns it off.
+#: Read at call time.
+LOO_TILE_GEMM_REFINE_MAX_RADIUS2 = _env_int(
+    "LOO_TILE_GEMM_REFINE_MAX_RADIUS2", 1 << 20, compiled=False
+)
+
+
 # --------------------------------------------------------------------------- the on-disk cache
 # Keep this block LAST: it looks at every compiled tunable defined above it.
 

@@ -313,10 +313,14 @@ def loo_loss_and_grad(X, y, bandwidth=None, *, components=None, dtype=None, devi
     return _prepared_loss_and_grad(X, y2, components=L, dtype=dtype, device=device)
 
 
-def _tile_rows(n_keys):
+def _tile_rows(n_keys, every_key=False):
     """Rows per tile of ``loo_tiles``: config.LOO_TILE_ROWS, fewer when a tile would pass
-    config.LOO_TILE_BYTES."""
-    return int(max(1, min(config.LOO_TILE_ROWS, config.LOO_TILE_BYTES // (8 * n_keys))))
+    config.LOO_TILE_BYTES; with ``every_key`` (the plain tiles on direct scores) also at
+    most what fits in config.LOO_TILE_CACHE_BYTES, but at least 8."""
+    rows = min(config.LOO_TILE_ROWS, config.LOO_TILE_BYTES // (8 * n_keys))
+    if every_key:
+        rows = min(rows, max(8, config.LOO_TILE_CACHE_BYTES // (8 * n_keys)))
+    return int(max(1, rows))
 
 
 def _plain_keys(z64, points64, y2):
@@ -352,15 +356,16 @@ def _boxed_share(keys, n_sample=64):
     n = z_t.shape[1]
     positions = np.unique(np.linspace(0, n - 1, min(n_sample, n)).astype(np.int64))
     sizes = np.diff(leaf_start).astype(np.float64)
-    kept = 0.0
-    for i in positions:
-        q = z_t[:, i]
-        near = [j for j in range(max(i - 4, 0), min(i + 5, n)) if j != i]
-        bound = min(float(np.sum((z_t[:, j] - q) ** 2)) for j in near) if near else np.inf
-        outside = np.maximum(np.maximum(box_lo - q, q - box_hi), 0.0)
-        reach = np.sum(outside**2, axis=1) <= bound + gap
-        kept += float(sizes[reach].sum()) / n
-    return kept / positions.size
+    q = z_t[:, positions].T  # (rows, k)
+    bound = np.full(positions.size, np.inf)
+    for offset in (-4, -3, -2, -1, 1, 2, 3, 4):
+        near = positions + offset
+        inside = (near >= 0) & (near < n)
+        dist = np.sum((z_t[:, np.clip(near, 0, n - 1)].T - q) ** 2, axis=1)
+        bound = np.where(inside, np.minimum(bound, dist), bound)
+    outside = np.maximum(np.maximum(box_lo[None] - q[:, None], q[:, None] - box_hi[None]), 0.0)
+    reach = np.sum(outside**2, axis=2) <= (bound + gap)[:, None]  # (rows, leaves)
+    return float(np.mean(reach @ sizes) / n)
 
 
 def _tile_loss_grad_rows(a, b, keys, z, z_t, v_t, y2, dtype, diagonal):
@@ -378,6 +383,8 @@ def _tile_loss_grad_rows(a, b, keys, z, z_t, v_t, y2, dtype, diagonal):
     kernel, pruning, rank, keys_t, points, y_keys = keys
     k, n = keys_t.shape
     rows = np.sort(rank[a:b]).astype(np.int64)
+    # tiles of every key with direct scores are capped to the cache (config.LOO_TILE_CACHE_BYTES)
+    cached_tile = kernel == "loo_tiles" and k < config.LOO_TILE_GEMM_MIN_DIMS
     with blas_one_thread(), _threads_for((b - a) * n):
         sse, M, key_sums, far = getattr(tiles, kernel)(
             keys_t,
@@ -385,10 +392,11 @@ def _tile_loss_grad_rows(a, b, keys, z, z_t, v_t, y2, dtype, diagonal):
             np.ascontiguousarray(y_keys.T),
             np.ascontiguousarray(y_keys[rows]),
             rows,
-            _tile_rows(n),
+            _tile_rows(n, every_key=cached_tile),
             k >= config.LOO_TILE_GEMM_MIN_DIMS,
             float(config.LOO_TILE_GEMM_MAX_RADIUS2),
             *pruning,
+            refine_max_radius2=float(config.LOO_TILE_GEMM_REFINE_MAX_RADIUS2),
         )
         M = M + points.T @ (key_sums[:, None] * points)
     return _with_far_rows(float(sse), M, far, rows, rank, points, z, z_t, v_t, y2, dtype, diagonal)

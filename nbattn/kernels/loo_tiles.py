@@ -156,6 +156,56 @@ def _gemm_scores(z_t, rows, i0, nb, keys_z, width, centre, queries_c, keys_c, ke
             row[j] = min(2.0 * row[j] - q_sq - sq[j], 0.0)
 
 
+# --------------------------------------------------------------------------- refined GEMM scores
+# A block wider than ``gemm_max_radius2`` may still take the GEMM scores when each
+# row's keys near its best are then scored again by differences. The GEMM score's
+# absolute error is at most eps_ij = (k + 3) u (|z_i - c|^2 + |z_j - c|^2) (the
+# module's first section); below ``refine_max_radius2`` and the far-row limit that
+# is far below REFINE_SLACK = 1 for every key of weight that matters, so:
+#
+#   * every key with GEMM score >= best_gemm - REFINE_GAP - REFINE_SLACK, which
+#     includes the true best key, gets its exact score, and the row's best is then
+#     exact;
+#   * every other key has exact score below best - REFINE_GAP, weight below
+#     e^-REFINE_GAP = 2.3e-16 of the largest, and its weight's relative error
+#     eps_ij e^eps_ij (k + 3) u-small: its contribution's error is below u^2 of the
+#     largest weight.
+#
+# So the result meets the float64 contract whatever the block's radius; the
+# refinement's cost is k operations per key near the best (few, when the rows
+# are narrow against the block: the case where the block is wide).
+
+_REFINE_GAP = 36.0
+_REFINE_SLACK = 1.0
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _refine_near_best(z_t, own, keys_z, width, row, best, near, dist):
+    """Exact scores, by differences, for the keys of ``row`` (GEMM scores of key
+    ``own``) within REFINE_GAP + REFINE_SLACK of ``best``; returns the exact best.
+    ``near`` (int64) and ``dist`` (float64), each of at least ``width``, are scratch:
+    the keys are listed first, then scored one coordinate at a time over the list."""
+    k = z_t.shape[0]
+    cut = best - (_REFINE_GAP + _REFINE_SLACK)
+    count = 0
+    for j in range(width):
+        if row[j] >= cut:
+            near[count] = j
+            count += 1
+    dist[:count] = 0.0
+    for f in range(k):
+        qf = z_t[f, own]
+        keys_f = keys_z[f]
+        for t in range(count):
+            diff = keys_f[near[t]] - qf
+            dist[t] += diff * diff
+    exact_best = -np.inf
+    for t in range(count):
+        row[near[t]] = -dist[t]
+        exact_best = fmax(exact_best, -dist[t])
+    return exact_best
+
+
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def _tile_rows_pass(
     z_t,
@@ -171,6 +221,7 @@ def _tile_rows_pass(
     points,
     use_gemm,
     gemm_max_radius2,
+    refine_max_radius2,
     scratch,
     tile,
     key_sums,
@@ -185,15 +236,25 @@ def _tile_rows_pass(
     :func:`loo_tiles`); ``own_at[r]`` the position of row r's own key among them, or
     -1. Adds g_rj to ``key_sums[j]`` (positions among the keys), the row part of M to
     ``acc`` (d, d), flags far rows in ``far`` (indexed from ``i0``). ``scratch`` is
-    ``(centre, queries_c, keys_c, key_sq, f_row, resid, row_sums, gx)``.
+    ``(centre, queries_c, keys_c, key_sq, f_row, resid, row_sums, gx, near, dist)``.
+
+    Scores: GEMM when the block's squared radius is at most ``gemm_max_radius2``;
+    GEMM then exact differences for the keys near each row's best (section
+    "refined GEMM scores") up to ``refine_max_radius2``; direct beyond.
     """
-    centre, queries_c, keys_c, key_sq, f_row, resid, row_sums, gx = scratch
+    centre, queries_c, keys_c, key_sq, f_row, resid, row_sums, gx, near, dist = scratch
     d = points.shape[1]
     p = keys_v.shape[0]
     sse = 0.0
-    if use_gemm and _block_radius2(z_t, rows, i0, nb, centre) <= gemm_max_radius2:
+    refine = False
+    if use_gemm:
+        radius2 = _block_radius2(z_t, rows, i0, nb, centre)
+        refine = radius2 > gemm_max_radius2
+        use_gemm = radius2 <= max(gemm_max_radius2, refine_max_radius2)
+    if use_gemm:
         _gemm_scores(z_t, rows, i0, nb, keys_z, width, centre, queries_c, keys_c, key_sq, tile)
     else:
+        refine = False
         _direct_scores(z_t, rows, i0, nb, keys_z, width, tile)
     for r in range(nb):
         row = tile[r]
@@ -202,6 +263,8 @@ def _tile_rows_pass(
         best = -np.inf
         for j in range(width):
             best = fmax(best, row[j])
+        if refine and best >= -_FAR_SCORE_FLOAT64:
+            best = _refine_near_best(z_t, rows[i0 + r], keys_z, width, row, best, near, dist)
         row_sums[r] = 0.0
         if not best >= -_FAR_SCORE_FLOAT64:  # far, overflowing or no key
             far[i0 + r] = True
@@ -278,11 +341,23 @@ def _scratch(k, n, d, p, block_rows, use_gemm):
         np.empty(p),
         np.zeros(block_rows),
         np.empty((block_rows, d)),
+        np.empty(n if use_gemm else 0, dtype=np.int64),
+        np.empty(n if use_gemm else 0),
     )
 
 
 @njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
-def loo_tiles(z_t, points, values_t, targets, rows, block_rows, use_gemm, gemm_max_radius2):
+def loo_tiles(
+    z_t,
+    points,
+    values_t,
+    targets,
+    rows,
+    block_rows,
+    use_gemm,
+    gemm_max_radius2,
+    refine_max_radius2=0.0,
+):
     """``(sse, M_rows, key_sums, far)``: the LOO squared error and gradient sums of rows.
 
     Parameters
@@ -294,7 +369,9 @@ def loo_tiles(z_t, points, values_t, targets, rows, block_rows, use_gemm, gemm_m
     targets : (n_rows, p) float64, the query rows' y
     rows : (n_rows,) int64, ascending: query r is key ``rows[r]`` (left out)
     block_rows : rows per tile; use_gemm : GEMM scores allowed (blocks whose
-        squared radius exceeds ``gemm_max_radius2`` take the direct ones)
+        squared radius exceeds ``gemm_max_radius2`` take the direct ones, or up to
+        ``refine_max_radius2`` the refined GEMM scores of section "refined GEMM
+        scores"; the default 0 turns those off)
 
     Returns
     -------
@@ -339,6 +416,7 @@ def loo_tiles(z_t, points, values_t, targets, rows, block_rows, use_gemm, gemm_m
                 points,
                 use_gemm,
                 gemm_max_radius2,
+                refine_max_radius2,
                 scratch,
                 flat[: nb * n].reshape((nb, n)),
                 partial_c[group],
@@ -529,6 +607,7 @@ def loo_tiles_boxed(
     box_lo,
     box_hi,
     prune_gap,
+    refine_max_radius2=0.0,
 ):
     """:func:`loo_tiles` with keys in k-d order and tiles pruned by leaf boxes.
 
@@ -607,6 +686,7 @@ def loo_tiles_boxed(
                 points,
                 use_gemm,
                 gemm_max_radius2,
+                refine_max_radius2,
                 scratch,
                 flat[: nb * width].reshape((nb, width)),
                 keys_c,
