@@ -344,7 +344,8 @@ LOO_BOXED_MAX_SHARE = 0.5
 #: keep LOO_TILE_ROWS). Read at call time.
 LOO_TILE_CACHE_BYTES = _env_int("LOO_TILE_CACHE_BYTES", 512 << 10, compiled=False)
 
-#: A block of the LOO tiles wider than LOO_TILE_GEMM_MAX_RADIUS2 still takes the
+#: A block of the plain LOO tiles (every key; the boxed tiles keep keys near their rows,
+#: where refining cost 5 % more than it saved) wider than LOO_TILE_GEMM_MAX_RADIUS2 takes the
 #: GEMM scores up to this squared radius, with each row's keys within e^-36 of its
 #: best scored again by differences (``kernels.loo_tiles``, section "refined GEMM
 #: scores": the float64 contract holds for any radius up to it). 0 turns it off.

@@ -383,8 +383,12 @@ def _tile_loss_grad_rows(a, b, keys, z, z_t, v_t, y2, dtype, diagonal):
     kernel, pruning, rank, keys_t, points, y_keys = keys
     k, n = keys_t.shape
     rows = np.sort(rank[a:b]).astype(np.int64)
-    # tiles of every key with direct scores are capped to the cache (config.LOO_TILE_CACHE_BYTES)
-    cached_tile = kernel == "loo_tiles" and k < config.LOO_TILE_GEMM_MIN_DIMS
+    # tiles of every key: with direct scores capped to the cache (config.LOO_TILE_CACHE_BYTES),
+    # wide blocks on refined GEMM scores (the boxed tiles keep keys near their rows, where
+    # refining costs more than the GEMM saves)
+    every_key = kernel == "loo_tiles"
+    cached_tile = every_key and k < config.LOO_TILE_GEMM_MIN_DIMS
+    refine = float(config.LOO_TILE_GEMM_REFINE_MAX_RADIUS2) if every_key else 0.0
     with blas_one_thread(), _threads_for((b - a) * n):
         sse, M, key_sums, far = getattr(tiles, kernel)(
             keys_t,
@@ -396,7 +400,7 @@ def _tile_loss_grad_rows(a, b, keys, z, z_t, v_t, y2, dtype, diagonal):
             k >= config.LOO_TILE_GEMM_MIN_DIMS,
             float(config.LOO_TILE_GEMM_MAX_RADIUS2),
             *pruning,
-            refine_max_radius2=float(config.LOO_TILE_GEMM_REFINE_MAX_RADIUS2),
+            refine_max_radius2=refine,
         )
         M = M + points.T @ (key_sums[:, None] * points)
     return _with_far_rows(float(sse), M, far, rows, rank, points, z, z_t, v_t, y2, dtype, diagonal)
