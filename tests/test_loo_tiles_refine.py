@@ -51,7 +51,7 @@ def _refined(boxed=False):
 )
 def test_refined_gemm_scores_match_naive(n, d, k, outputs, spread, boxed, seed):
     """Wide blocks (radius far beyond LOO_TILE_GEMM_MAX_RADIUS2) on refined GEMM scores
-    (plain keys; the boxed keys take plain GEMM scores, every block in the GEMM band):
+    (plain keys; the boxed keys, which take the direct scores there, meet the same contract):
     the loss and gradient of the float64 contract against the plain-NumPy reference."""
     rng = np.random.default_rng(seed)
     X = rng.normal(size=(n, d)) * rng.uniform(0.2, 1.0, size=d)
