@@ -200,6 +200,21 @@ def _sse_rows_sorted_1d(a, b, zs, v_sorted, y_sorted, gap, window):
     return float(total)
 
 
+def _boxed_1d_pays(n, span, window):
+    """Whether the boxed Hermite series beats the windowed kernel on n sorted 1-D points of
+    scaled span ``span`` whose direct window holds ``window`` keys per row."""
+    n_boxes = span / (2.0 * config.LOO_BOXED_HALF_WIDTH)
+    return window >= config.LOO_BOXED_MIN_WINDOW and n_boxes <= 4.0 * n
+
+
+def _sse_rows_boxed_1d(a, b, zs, v_sorted, y_sorted, gap):
+    """_sse_rows for sorted 1-D points by the boxed Hermite series (exact to
+    ``config.LOO_BOXED_TOL``; rows it cannot vouch for directly)."""
+    rows = np.arange(a, b, dtype=np.int64)
+    total, _ = loo.loo_squared_error_boxed_rows_1d(zs, v_sorted, y_sorted, rows, gap)
+    return total
+
+
 def _sse_rows_taylor_1d(a, b, zs, v_sorted, y_sorted, n_terms):
     """_sse_rows for 1-D points of small span by the Taylor series (O(n) per width)."""
     rows = np.arange(a, b, dtype=np.int64)
@@ -641,6 +656,13 @@ def loo_bandwidth(
                 total = loo.loo_squared_error_taylor_1d(zs, v_sorted, y_sorted, sub, n_terms)
                 return float(total) / (sub.size * y2.shape[1])
             window = min(n, n * 2.0 * np.sqrt(gap) / span + 2.0)  # typical keys per row
+            if _boxed_1d_pays(n, span, window):
+                if subset is None:
+                    args = (zs, v_sorted, y_sorted, gap)
+                    return _sum_over_rows(_sse_rows_boxed_1d, n, *args) / y2.size
+                sub = np.sort(rank[subset])
+                total, _ = loo.loo_squared_error_boxed_rows_1d(zs, v_sorted, y_sorted, sub, gap)
+                return total / (sub.size * y2.shape[1])
             if subset is None:
                 args = (zs, v_sorted, y_sorted, gap, window)
                 return _sum_over_rows(_sse_rows_sorted_1d, n, *args) / y2.size
