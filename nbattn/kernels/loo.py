@@ -612,7 +612,7 @@ def loo_squared_error_taylor_1d(zs, values_t, targets, rows, n_terms):
 # Cramér's inequality, |H_k(s)| e^{-s^2/2} <= _CRAMER * 2^{k/2} sqrt(k!) for the
 # physicists' Hermite polynomials (Indritz 1961; the constant is 1.0864...).
 _CRAMER = 1.0865
-_HERMITE_BLOCK = 64
+_HERMITE_BLOCK = 256
 
 
 def hermite_terms(half_width, tolerance) -> int:
