@@ -46,7 +46,13 @@ near 1e200 nor underflow for values near 1e-200.
 LOO loss alone (``loo_squared_error``, ``loo_squared_error_sorted_1d``): the
 one-pass criterion of the bandwidth search, with no output array; the 1-D
 variant works on sorted points and visits, per row, only the window of keys
-whose weight can exceed exp(-PRUNE_GAP) of the nearest one.
+whose weight can exceed exp(-PRUNE_GAP) of the nearest one. Two series serve
+the wider 1-D widths in O(n) per width: ``loo_squared_error_boxed_1d`` (a
+one-dimensional fast Gauss transform: per box of width 1 in scaled units, a
+Hermite series of the keys within reach, with a proven error bound checked
+row by row; rows it cannot vouch for go to the windowed kernel,
+``loo_squared_error_boxed_rows_1d``) and ``loo_squared_error_taylor_1d`` (one
+Taylor series about the middle of the range, for spans up to 2).
 
 A query with lse = -inf contributes nothing and gets zeros (no admissible
 key, or a row the caller leaves out), unless its scores overflow: then -inf
@@ -60,7 +66,9 @@ from the anchored float64 form of ``pooling.far_state`` and
 
 Tunables: ``config.KEY_BLOCK``, ``QUERY_BLOCK`` and ``LOO_FULL_GROUPS`` are
 read when this module is imported (compiled in as constants);
-``config.PRUNE_GAP_<dtype>`` at call time through :func:`prune_gap_for`.
+``config.PRUNE_GAP_<dtype>`` at call time through :func:`prune_gap_for`, and
+``LOO_BOXED_HALF_WIDTH``, ``LOO_BOXED_TOL``, ``LOO_BOXED_REACH_GAP`` through
+:func:`boxed_1d_plan`.
 """
 
 from __future__ import annotations
@@ -677,16 +685,16 @@ def loo_squared_error_boxed_1d(
     (weight exactly 1, value v_i) is subtracted afterwards.
 
     Error: by Cramér's inequality each key's weight is off by at most
-    ``e^{-s_j^2/2}`` times the tail of :func:`hermite_terms` (plus the rounding
-    allowance of :func:`hermite_rounding`); ``bound_per_mass`` is that factor
-    divided by the tolerance, so with ``B = sum_j e^{-s_j^2/2}`` over the box's
-    keys the row's weight sum is off by at most ``tol * bound_per_mass * B``, and
-    its value sums by ``max|v|`` times that. Keys beyond ``reach`` weigh at most
-    ``e^{-(reach - r)^2}`` each, ``omitted = n e^{-(reach - r)^2} / tol`` in all.
-    The row's exact sum without its own key is at least ``e^{-dmin_i^2}`` (its
-    nearest neighbour, dmin_i away), so a row is expanded only when
+    ``e^{-s_j^2/2}`` times the tail of :func:`hermite_terms` plus the rounding
+    allowance of :func:`hermite_rounding` (together ``bound``), so with
+    ``B = sum_j e^{-s_j^2/2}`` over the box's keys the row's weight sum is off
+    by at most ``bound * B``, and its value sums by ``max|v|`` times that. Keys
+    beyond ``reach`` weigh at most ``e^{-(reach - r)^2}`` each, ``omitted =
+    n e^{-(reach - r)^2}`` in all. The row's exact sum T_i without its own key
+    is at least ``e^{-dmin_i^2}`` (its nearest neighbour, dmin_i away) and at
+    least the computed sum less the error, so a row is expanded only when
 
-        bound_per_mass * B + omitted <= e^{-dmin_i^2},
+        (bound * B + omitted) / tol <= max(e^{-dmin_i^2}, computed T_i / (1 + tol)),
 
     which keeps its weight sum within ``tol`` relative, and its prediction
     within ``2 tol max|v|``, however much the subtraction of the own key
