@@ -366,8 +366,3 @@ LOO_BOXED_TOL = 2.0**-40
 #: Keys farther than sqrt(LOO_BOXED_REACH_GAP) from a box (scaled units) are left
 #: out of its series: each weighs below exp(-LOO_BOXED_REACH_GAP) (counted in the bound).
 LOO_BOXED_REACH_GAP = 40.0
-#: A Brent run of the bandwidth search (``nbattn.search``, ``settle``) stops once a
-#: point within 10 xatol of the best one of its bracket lowers it by at most this
-#: (relative); None runs Brent to xatol. A thousandth of LOO_RTOL: on the 1-D
-#: benchmark curve the steps it saves moved the criterion by 1e-11 relative.
-LOO_REFINE_SETTLE = 1e-8

@@ -534,11 +534,7 @@ def loo_bandwidth(
        within 2 % of it (the minimum can hide in a dip narrower than the
        grid spacing), to ``xatol`` in log c (default 3e-4, 0.03 % in the
        width; 1e-2 when n > ``grid_queries``, where each evaluation is
-       costly and 1 % far below the statistical spread of the width). A
-       Brent run stops earlier once a point within 10 ``xatol`` of the best
-       one of its bracket lowers it by no more than ``config.LOO_REFINE_SETTLE``
-       (1e-8 relative, a thousandth of ``LOO_RTOL``): there the curve is flat
-       far below the tolerance at which values are compared.
+       costly and 1 % far below the statistical spread of the width).
 
     Values of the criterion are compared in float64 with the relative
     tolerance ``config.LOO_RTOL`` (1e-5): values that close are equal. On a
@@ -722,7 +718,6 @@ def loo_bandwidth(
             report=report if log.enabled else None,
             stride=config.LOO_GRID_STRIDE,
             fill_margin=config.LOO_FILL_MARGIN,
-            settle=config.LOO_REFINE_SETTLE,
         )
         factor = math.exp(result.t)
         log.note(

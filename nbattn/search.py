@@ -41,10 +41,7 @@ It minimises ``criterion(t)`` over ``t = log c``:
    Brent can settle on a flat stretch of its bracket and miss a dip on the
    other side of the grid point: when it finds nothing below the grid point,
    each side is probed at its quarters and searched on its own if a probe is
-   lower. With ``settle``, a Brent run stops once an evaluation close to the
-   best point of its bracket no longer lowers it by more than ``settle``
-   (relative): the last steps of Brent on a flat minimum move the value by
-   1e-10 relative, far below ``rtol``.
+   lower.
 4. **Choice.** Among the exactly evaluated points within ``rtol`` of the
    smallest exact value, a grid point (the one nearest the anchor) is
    preferred; otherwise the refined minimum. So the answer is never worse
@@ -141,38 +138,6 @@ def _basins(values, best, rtol, count, margin):
     return chosen[: max(int(count), 0)]
 
 
-class _Settled(Exception):
-    """Raised inside a Brent run once it no longer lowers the best value of its bracket."""
-
-
-def _brent(refine, lo, hi, xatol, settle, exact):
-    """Bounded Brent (scipy) on ``refine`` over [lo, hi] to ``xatol`` in t; with ``settle``,
-    stopped early as the ``settle`` parameter of :func:`minimize_log_scale` says.
-    ``exact`` holds every exact evaluation so far (``refine`` adds to it)."""
-    from scipy.optimize import minimize_scalar
-
-    options = {"xatol": xatol}
-    if settle is None:
-        minimize_scalar(refine, bounds=(lo, hi), method="bounded", options=options)
-        return
-    calls = [0]
-
-    def watched(t):
-        inside = [(s, v) for s, v in exact.items() if lo <= s <= hi]
-        value = refine(t)
-        calls[0] += 1
-        if inside and calls[0] >= 3:
-            t_best, v_best = min(inside, key=lambda item: item[1])
-            if abs(t - t_best) <= 10.0 * xatol and not _lower(value, v_best, settle):
-                raise _Settled
-        return value
-
-    try:
-        minimize_scalar(watched, bounds=(lo, hi), method="bounded", options=options)
-    except _Settled:
-        pass
-
-
 def minimize_log_scale(
     criterion,
     grid,
@@ -187,7 +152,6 @@ def minimize_log_scale(
     basin_margin=0.02,
     stride=1,
     fill_margin=0.1,
-    settle=None,
 ):
     """Minimise ``criterion(t)`` over a log-scale parameter t; see the module docstring.
 
@@ -225,19 +189,13 @@ def minimize_log_scale(
         Coarse intervals touching a point within this relative margin of the
         best value are filled with every grid point inside them. Keep it
         at least ``basin_margin``, so that every refined basin sees the whole grid.
-    settle : float, optional
-        Stop a Brent run early, from its third evaluation on, as soon as it evaluates a
-        point within ``10 xatol`` of the best point of its bracket that does not lower
-        that best value by more than ``settle`` (relative): the criterion is then flat
-        there to far below ``rtol``, the resolution at which the search compares
-        values. None runs Brent to ``xatol``.
 
     Returns
     -------
     ScaleSearchResult
     """
-    if settle is not None and not settle >= 0:
-        raise ValueError(f"settle must be None or >= 0, got {settle!r}")
+    from scipy.optimize import minimize_scalar
+
     if not rtol >= 0 or not xatol > 0 or not extend >= 0 or not fill_margin >= 0:
         raise ValueError("rtol, extend and fill_margin must be >= 0 and xatol > 0")
     if int(stride) != stride or stride < 1:
@@ -370,7 +328,8 @@ def minimize_log_scale(
                 continue  # a plateau: nothing to gain beyond rtol
         lo, hi = grid_ts[max(centre - 1, 0)], grid_ts[min(centre + 1, last)]
         refine = lambda t: exact_at(t, "refine")  # noqa: E731
-        _brent(refine, lo, hi, xatol, settle, exact)
+        options = {"xatol": xatol}
+        minimize_scalar(refine, bounds=(lo, hi), method="bounded", options=options)
         if not 0 < centre < last:
             continue
         # Brent can settle on a flat stretch of the bracket and miss a dip on the
@@ -385,7 +344,7 @@ def minimize_log_scale(
         for a, b in ((lo, grid_ts[centre]), (grid_ts[centre], hi)):
             probes = [refine(a + f * (b - a)) for f in (0.25, 0.5, 0.75)]
             if _lower(min(probes), here, rtol):
-                _brent(refine, a, b, xatol, settle, exact)
+                minimize_scalar(refine, bounds=(a, b), method="bounded", options=options)
 
     # the choice: a grid point within rtol of the exact minimum, else the exact minimum
     ex_t = np.array(list(exact))
