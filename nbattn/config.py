@@ -334,20 +334,6 @@ LOO_TILE_LEAF_KEYS = _env_int("LOO_TILE_LEAF_KEYS", 32, compiled=False)
 LOO_BOXED_MAX_SHARE = 0.5
 
 
-# --------------------------------------------------------------------------- the on-disk cache
-# Keep this block LAST: it looks at every compiled tunable defined above it.
-
-#: Whether compiled kernels are cached on disk (second process: no recompile).
-#: Block sizes and thresholds are compiled into the kernels as constants, and
-#: numba's cache only notices source changes; so a process that overrides one of
-#: them with an NBATTN_* variable compiles afresh instead of loading stale
-#: kernels, unless it sets NBATTN_CACHE=1 explicitly. Other NBATTN_* variables
-#: (the test script's NBATTN_TEST_TORCH, NBATTN_DASK_CONNECT_TIMEOUT) leave the
-#: cache on. Kernel modules read this when they are imported.
-_OVERRIDDEN = sorted(name for name in _COMPILED_TUNABLES if "NBATTN_" + name in os.environ)
-CACHE = os.environ.get("NBATTN_CACHE", "0" if _OVERRIDDEN else "1") not in ("0", "false", "False")
-
-
 # --- LOO bandwidth search, 1-D: the boxed Hermite series (kernels.loo) -----------------
 # Read at call time (not compiled into the kernels).
 #: ``loo_bandwidth`` evaluates a 1-D width by the boxed Hermite series
@@ -366,3 +352,17 @@ LOO_BOXED_TOL = 2.0**-40
 #: Keys farther than sqrt(LOO_BOXED_REACH_GAP) from a box (scaled units) are left
 #: out of its series: each weighs below exp(-LOO_BOXED_REACH_GAP) (counted in the bound).
 LOO_BOXED_REACH_GAP = 40.0
+
+
+# --------------------------------------------------------------------------- the on-disk cache
+# Keep this block LAST: it looks at every compiled tunable defined above it.
+
+#: Whether compiled kernels are cached on disk (second process: no recompile).
+#: Block sizes and thresholds are compiled into the kernels as constants, and
+#: numba's cache only notices source changes; so a process that overrides one of
+#: them with an NBATTN_* variable compiles afresh instead of loading stale
+#: kernels, unless it sets NBATTN_CACHE=1 explicitly. Other NBATTN_* variables
+#: (the test script's NBATTN_TEST_TORCH, NBATTN_DASK_CONNECT_TIMEOUT) leave the
+#: cache on. Kernel modules read this when they are imported.
+_OVERRIDDEN = sorted(name for name in _COMPILED_TUNABLES if "NBATTN_" + name in os.environ)
+CACHE = os.environ.get("NBATTN_CACHE", "0" if _OVERRIDDEN else "1") not in ("0", "false", "False")
