@@ -334,6 +334,26 @@ LOO_TILE_LEAF_KEYS = _env_int("LOO_TILE_LEAF_KEYS", 32, compiled=False)
 LOO_BOXED_MAX_SHARE = 0.5
 
 
+# --- LOO bandwidth search, 1-D: the boxed Hermite series (kernels.loo) -----------------
+# Read at call time (not compiled into the kernels).
+#: ``loo_bandwidth`` evaluates a 1-D width by the boxed Hermite series
+#: (``kernels.loo.loo_squared_error_boxed_1d``, a one-dimensional fast Gauss
+#: transform) instead of the windowed direct kernel once the direct window holds
+#: at least this many keys per row on average; the series' cost does not grow
+#: with the width, the window's does.
+LOO_BOXED_MIN_WINDOW = _env_int("LOO_BOXED_MIN_WINDOW", 48, compiled=False)
+#: Half-width of the boxes, in scaled units (the weight is exp(-(z_i - z_j)^2)).
+#: Wider boxes need more terms, narrower ones more boxes per key; 0.5 measured best.
+LOO_BOXED_HALF_WIDTH = 0.5
+#: Each expanded row's weight sum is within this relative error of the exact one
+#: and its prediction within twice this times max |y|; rows the bound cannot
+#: vouch for are computed directly.
+LOO_BOXED_TOL = 2.0**-40
+#: Keys farther than sqrt(LOO_BOXED_REACH_GAP) from a box (scaled units) are left
+#: out of its series: each weighs below exp(-LOO_BOXED_REACH_GAP) (counted in the bound).
+LOO_BOXED_REACH_GAP = 40.0
+
+
 # ------------------------------------------------------ learned metrics: tile shape, refined GEMM
 #: Rows per tile of the plain LOO tiles on direct scores (``kernels.loo_tiles.loo_tiles``
 #: with every key in every tile and fewer than LOO_TILE_GEMM_MIN_DIMS score dimensions)

@@ -1,16 +1,17 @@
 """Leave-one-out bandwidths and learned metrics: nbattn against its peers, in one run.
 
-Usage: python scripts/bench_bandwidth.py [--full] [--skip-statsmodels]
+Usage: python scripts/bench_bandwidth.py [--full] [--skip-statsmodels] [--no-reference] [--1d]
 
 1. statsmodels ``KernelReg(reg_type="lc", bw="cv_ls")`` (Nelder-Mead over the
    per-feature LOO least-squares criterion, Python loops) against
    ``nbattn.loo_bandwidth`` (one scale of Scott's widths: a coarse grid filled
    near the best value, then bounded Brent; in 1-D also the number of
-   evaluations, those taken by the Taylor series, and the same search over
-   the whole grid) and, in 3-D, ``LearnedKernelRegressor(metric="diagonal")``
+   evaluations by path, and the same search over the whole grid) and, in 3-D,
+   ``LearnedKernelRegressor(metric="diagonal")``
    (per-feature widths, L-BFGS-B on the exact gradient): n = 500 and 2,000 in
    1-D, n = 500 in 3-D (n = 2,000 in 3-D with --full: statsmodels needs ~30 min
-   there).
+   there). In 1-D each line also says how the evaluations ran (the windowed kernel,
+   the boxed Hermite series, the Taylor series); ``--1d`` runs only these 1-D lines.
    Both LOO MSEs are computed by the same exact float64 function.
 2. MLKR loss + gradient per evaluation at n = 1,000 and 4,000 with d = 5, and
    n = 4,000 with d = 20: metric-learn's formulation (full n x n matrices,
@@ -97,7 +98,7 @@ def bench_statsmodels(cases, skip):
         mse_nb = learning.loo_loss(X, y, h)
         print(
             f"{'':>6} loo_bandwidth: {factors.size} evaluations of the LOO criterion"
-            f"{_series_count(X, factors) if d == 1 else ''}; best of 7: {t_nb * 1e3:.1f} ms "
+            f"{_path_counts(X, factors) if d == 1 else ''}; best of 7: {t_nb * 1e3:.1f} ms "
             f"wall, {cpu_nb * 1e3:.1f} ms CPU"
         )
         if d == 1:
@@ -119,13 +120,27 @@ def bench_statsmodels(cases, skip):
             )
 
 
-def _series_count(X, factors):
-    """How many of the 1-D evaluations took the O(n) Taylor series (the wide widths)."""
+def _path_counts(X, factors):
+    """How the 1-D evaluations ran: the windowed direct kernel (narrow widths), the boxed
+    Hermite series (medium and wide) or the one-centre Taylor series; the rule of
+    ``learning.loo_bandwidth``'s ``loss_at``."""
     from nbattn import config
+    from nbattn.kernels import loo
 
+    n = X.shape[0]
     h0 = learning.bandwidth_rule(X)[0]
-    span_sq = (np.ptp(X) / (factors * h0 * np.sqrt(2.0))) ** 2
-    return f" ({int(np.sum(span_sq <= config.LOO_TAYLOR_MAX_SPAN_SQ))} by the Taylor series)"
+    gap = loo.prune_gap_for("float64")
+    counts = {"windowed": 0, "boxed": 0, "Taylor": 0}
+    for factor in factors:
+        span = max(np.ptp(X) / (factor * h0 * np.sqrt(2.0)), 1e-300)
+        window = min(n, n * 2.0 * np.sqrt(gap) / span + 2.0)
+        if learning._boxed_1d_pays(n, span, window):
+            counts["boxed"] += 1
+        elif span * span <= config.LOO_TAYLOR_MAX_SPAN_SQ:
+            counts["Taylor"] += 1
+        else:
+            counts["windowed"] += 1
+    return " (" + ", ".join(f"{k} {v}" for k, v in counts.items()) + ")"
 
 
 def _whole_grid_line(X, y, t_sm):
@@ -305,11 +320,23 @@ def main():
     parser.add_argument(
         "--no-reference", action="store_true", help="skip the full-criterion diamonds fit"
     )
+    parser.add_argument(
+        "--1d",
+        dest="one_d",
+        action="store_true",
+        help="only the 1-D lines of the first table (n = 500 and 2,000)",
+    )
     args = parser.parse_args()
     print(f"cpus: {os.cpu_count()}, load average: {os.getloadavg()}")
     rng = np.random.default_rng(3)
     Xw, yw = _seed_like(300, 3, rng)
     learning.loo_bandwidth(Xw[:, :1], yw)  # compile the kernels before timing
+    Xl, yl = _seed_like(2000, 1, rng)
+    learning.loo_bandwidth(Xl, yl)  # and the boxed series' paths
+    if args.one_d:
+        bench_statsmodels([(500, 1), (2000, 1)], args.skip_statsmodels)
+        print(f"\nload average at the end: {os.getloadavg()}")
+        return
     learning.loo_bandwidth(Xw, yw)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -973,3 +973,38 @@ def flash_slices_backward(q, k, v, grad_out, kv_index, scale, bias=None, band=(0
     np.add.at(dk, kv_index, dk_slices)
     np.add.at(dv, kv_index, dv_slices)
     return dq, dk, dv
+
+
+# ------------------------------------------------------------------ 1-D boxed Hermite series
+def hermite_functions(s, n_terms):
+    """h_k(s) = H_k(s) exp(-s^2), k < n_terms (physicists' Hermite polynomials), shape
+    (n_terms, len(s)), by numpy.polynomial.hermite (one basis polynomial at a time)."""
+    from numpy.polynomial import hermite
+
+    s = np.asarray(s, dtype=np.float64)
+    return np.array(
+        [hermite.hermval(s, np.eye(n_terms)[k]) * np.exp(-s * s) for k in range(n_terms)]
+    )
+
+
+def loo_sse_boxed_1d(zs, values_t, targets, rows, half_width, n_terms, reach):
+    """The boxed Hermite series of kernels.loo.loo_squared_error_boxed_1d for every row of
+    ``rows`` (no fallback): box of width 2 r from zs[0], weights
+    sum_k (z_i - c)^k / k! h_k(z_j - c) over keys within ``reach`` of the centre c,
+    the own key (1, v_i) subtracted. Returns the per-row squared errors."""
+    from math import factorial
+
+    zs = np.asarray(zs, dtype=np.float64)
+    v = np.asarray(values_t, dtype=np.float64)
+    out = []
+    for i in rows:
+        centre = zs[0] + 2 * half_width * (np.floor((zs[i] - zs[0]) / (2 * half_width)) + 0.5)
+        near = np.abs(zs - centre) <= reach
+        h = hermite_functions(zs[near] - centre, n_terms)
+        t = zs[i] - centre
+        coef = np.array([t**k / factorial(k) for k in range(n_terms)])
+        weights = coef @ h
+        total = weights.sum() - 1.0
+        f = (v[:, near] @ weights - v[:, i]) / total
+        out.append(np.sum((f - targets[i]) ** 2))
+    return np.array(out)

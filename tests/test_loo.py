@@ -282,6 +282,7 @@ def test_loo_bandwidth_1d_series_gives_the_windowed_kernels_curve(monkeypatch, r
     same width; at x near 1e-170 and 1e160 too."""
     from nbattn import config
 
+    monkeypatch.setattr(config, "LOO_BOXED_MIN_WINDOW", 10**9)  # the boxed series off
     x = rng.uniform(0, 6, 300) * scale
     y = np.sin(x / scale) + 0.3 * rng.normal(size=300)
     h, (factors, losses) = learning.loo_bandwidth(x, y, return_curve=True)
@@ -415,3 +416,187 @@ def test_row_subset_loss_and_grad(rng, n_rows):
         lambda m: naive.loo_loss_and_grad_rows(X, y, n_rows, components=m)[0], L
     )
     assert np.linalg.norm(grad - fd) <= 1e-6 * np.linalg.norm(fd)
+
+
+# --------------------------------------------------------------------------- 1-D boxed series
+
+
+def _boxed_case(rng, kind, n, p=1):
+    """Sorted 1-D points of several shapes, with targets of p columns."""
+    if kind == "uniform":
+        x = rng.uniform(0, 6, n)
+    elif kind == "clustered":  # dense clumps and a few isolated points
+        centres = rng.uniform(0, 50, 4)
+        x = np.concatenate([c + 0.05 * rng.normal(size=n // 5) for c in centres])
+        x = np.concatenate([x, rng.uniform(-200, 200, n - x.size)])
+    elif kind == "ties":  # many exact duplicates
+        x = np.round(rng.uniform(0, 6, n), 1)
+    elif kind == "offset":  # far from the origin: the differences must keep their digits
+        x = 1e6 + rng.uniform(0, 6, n)
+    x = np.sort(x)
+    y = np.column_stack([np.sin(3 * x + c) for c in range(p)]) + 0.3 * rng.normal(size=(n, p))
+    return x, y
+
+
+def _exact_sse_per_row(x_used, y_used, targets, rows):
+    """Per-row LOO squared errors from the full weight matrix (float64, naive twin)."""
+    w = naive._loo_weights(x_used[:, None])
+    return np.sum((w[rows] @ y_used - targets[rows]) ** 2, axis=1)
+
+
+@pytest.mark.parametrize("kind", ["uniform", "clustered", "ties", "offset"])
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("p", [1, 2])
+def test_boxed_1d_kernel_matches_naive(rng, kind, dtype, p):
+    """The boxed Hermite series (with its direct fallback) against the full weight matrix
+    over many random draws and widths from the window of a few keys to all of them: the
+    sum to 1e-12 relative, every expanded row's prediction to 4 tol max|y| (the
+    bound), on uniform, clustered (isolated rows: the fallback), tied and offset
+    points; float32 inputs are converted exactly (the series runs in float64; the rows
+    computed directly round in float32, hence 1e-6 there)."""
+    from nbattn.kernels import loo
+
+    n = 240
+    fallbacks = 0
+    gap = loo.prune_gap_for(dtype)
+    rtol = 1e-12 if dtype == "float64" else 1e-6  # float32: the fallback rows' own rounding
+    for _ in range(4):
+        x, y = _boxed_case(rng, kind, n, p)
+        span = np.ptp(x)
+        for keys_per_row in (8, 40, 120, 239):  # the direct window's typical width
+            h = span / keys_per_row
+            zs = (x - x[0]) / (h * np.sqrt(2.0)) + (1e6 if kind == "offset" else 0.0)
+            zs = np.ascontiguousarray(zs, dtype=dtype)
+            # what the kernel sees, times sqrt 2 (differences from zs[0] are exact)
+            x_used = (zs.astype(np.float64) - np.float64(zs[0])) * np.sqrt(2.0)
+            v_t = np.ascontiguousarray(y.T, dtype=dtype)
+            y_used = v_t.T.astype(np.float64)
+            rows = np.arange(n)
+            total, n_direct = loo.loo_squared_error_boxed_rows_1d(zs, v_t, y, rows, gap)
+            expected = _exact_sse_per_row(x_used, y_used, y, rows)
+            assert total == pytest.approx(expected.sum(), rel=rtol)
+            # rows one at a time: each expanded row's prediction within the bound
+            tol = config.LOO_BOXED_TOL
+            for i in rng.choice(n, 4, replace=False):
+                one, direct = loo.loo_squared_error_boxed_rows_1d(zs, v_t, y, np.array([i]), gap)
+                f_err = abs(np.sqrt(one) - np.sqrt(expected[i]))
+                if not direct:
+                    assert f_err <= 4 * tol * np.abs(y_used).max() * np.sqrt(p) + 1e-15
+            sub = np.sort(rng.choice(n, 30, replace=False))
+            part, _ = loo.loo_squared_error_boxed_rows_1d(zs, v_t, y, sub, gap)
+            assert part == pytest.approx(expected[sub].sum(), rel=rtol)
+            fallbacks += n_direct
+    if kind == "clustered":
+        assert fallbacks > 0  # isolated points were computed directly
+
+
+def test_boxed_1d_kernel_is_its_naive_series(rng):
+    """The compiled series is the plain-NumPy one (numpy's Hermite polynomials) on the
+    rows it expands: the recurrence and the box layout, not just the final sum."""
+    from nbattn.kernels import loo
+
+    for _ in range(5):
+        x, y = _boxed_case(rng, "uniform", 150, 2)
+        zs = np.ascontiguousarray(x / (np.ptp(x) / 60))
+        v_t = np.ascontiguousarray(y.T)
+        half_width, n_terms, reach, bound, omitted, tol = loo.boxed_1d_plan(150)
+        rows = np.arange(150)
+        expanded = np.empty(150, dtype=np.bool_)
+        total = loo.loo_squared_error_boxed_1d(
+            zs, v_t, y, rows, half_width, n_terms, reach, bound, omitted, tol, expanded
+        )
+        assert expanded.mean() > 0.9
+        ref = naive.loo_sse_boxed_1d(zs, v_t, y, rows[expanded], half_width, n_terms, reach)
+        assert total == pytest.approx(ref.sum(), rel=1e-13)
+
+
+@pytest.mark.parametrize("half_width", [0.25, 0.5, 1.0])
+def test_hermite_truncation_bound_holds(half_width):
+    """The proven bound behind the series: for every offset |t| <= r and key distance s,
+    the truncated series of exp(-(s - t)^2) is within tol * exp(-s^2 / 2) of it
+    (Cramér's inequality), checked on a dense grid against numpy's Hermite polynomials."""
+    from nbattn.kernels import loo
+
+    tol = 1e-13
+    n_terms = loo.hermite_terms(half_width, tol)
+    s = np.linspace(-8.0, 8.0, 801)
+    h = naive.hermite_functions(s, n_terms)
+    for t in np.linspace(-half_width, half_width, 41):
+        coef = np.array([t**k / math.factorial(k) for k in range(n_terms)])
+        error = np.abs(coef @ h - np.exp(-((s - t) ** 2)))
+        # the series' own rounding (the terms reach about 2 p eps) on top of the bound
+        assert np.all(error <= tol * np.exp(-0.5 * s * s) + 1e-15)
+    assert loo.hermite_terms(half_width, tol * 1e-3) > n_terms  # tighter: more terms
+
+
+def test_boxed_1d_far_and_isolated_rows_fall_back(rng):
+    """Rows whose nearest neighbour is far (their sum without the own key is tiny, so the
+    subtraction of the own key would cancel) are computed by the windowed kernel, and
+    the result is still exact; so are points spaced 1e-300 apart and 1e6 apart."""
+    from nbattn.kernels import loo
+
+    x = np.sort(np.concatenate([rng.uniform(0, 3, 100), [40.0, 80.0, 300.0]]))
+    y = np.sin(x)[:, None]
+    zs = np.ascontiguousarray(x)
+    v_t = np.ascontiguousarray(y.T)
+    total, n_direct = loo.loo_squared_error_boxed_rows_1d(zs, v_t, y, np.arange(x.size), 50.0)
+    assert n_direct >= 3
+    direct = loo.loo_squared_error_sorted_1d(zs, v_t, y, np.arange(x.size), 50.0)
+    assert total == pytest.approx(direct, rel=1e-12) and np.isfinite(total)
+    two = np.ascontiguousarray([0.0, 1e6])
+    y2 = np.array([[1.0], [-1.0]])
+    total, _ = loo.loo_squared_error_boxed_rows_1d(
+        two, np.ascontiguousarray(y2.T), y2, np.arange(2), 50.0
+    )
+    assert total == pytest.approx(8.0)  # each predicted by the other
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e-170, 1e160])
+def test_loo_bandwidth_1d_boxed_series_gives_the_windowed_kernels_curve(monkeypatch, rng, scale):
+    """The 1-D search with the medium widths on the boxed series and with every width on
+    the windowed kernel (boxes off): the same criterion at every factor (1e-12), the same
+    width, at x near 1e-170 and 1e160 too; and the boxed path was taken."""
+    from nbattn.kernels import loo
+
+    x = rng.uniform(0, 6, 400) * scale
+    y = np.sin(x / scale) + 0.3 * rng.normal(size=400)
+    calls = []
+    kernel = loo.loo_squared_error_boxed_1d
+
+    def counted(*args):
+        calls.append(1)
+        return kernel(*args)
+
+    monkeypatch.setattr(loo, "loo_squared_error_boxed_1d", counted)
+    h, (factors, losses) = learning.loo_bandwidth(x, y, return_curve=True)
+    assert calls
+    monkeypatch.setattr(config, "LOO_BOXED_MIN_WINDOW", 10**9)
+    h_w, (factors_w, losses_w) = learning.loo_bandwidth(x, y, return_curve=True)
+    np.testing.assert_allclose(factors_w, factors, rtol=1e-12)
+    np.testing.assert_allclose(losses_w, losses, rtol=1e-12)
+    np.testing.assert_allclose(h_w, h, rtol=1e-12)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    n=st.integers(2, 300),
+    log_keys=st.floats(0.0, 6.0),
+    seed=st.integers(0, 2**31 - 1),
+    kind=st.sampled_from(["uniform", "clustered", "ties", "offset"]),
+)
+def test_boxed_1d_property_against_the_windowed_kernel(n, log_keys, seed, kind):
+    """Random sizes, widths from a window of one key to all of them (the switch point
+    included) and point shapes: the boxed series with its fallback gives the windowed
+    kernel's sum to 1e-12 relative (or 1e-300 absolute when the errors are all 0)."""
+    from nbattn.kernels import loo
+
+    rng = np.random.default_rng(seed)
+    x, y = _boxed_case(rng, kind, max(n, 10), 1)
+    x, y = x[:n], y[:n]
+    h = max(np.ptp(x), 1e-3) / math.exp(log_keys)
+    zs = np.ascontiguousarray((x - x[0]) / (h * np.sqrt(2.0)) + (1e6 if kind == "offset" else 0))
+    v_t = np.ascontiguousarray(y.T)
+    rows = np.arange(n)
+    boxed, _ = loo.loo_squared_error_boxed_rows_1d(zs, v_t, y, rows, 50.0)
+    direct = loo.loo_squared_error_sorted_1d(zs, v_t, y, rows, 50.0)
+    assert boxed == pytest.approx(direct, rel=1e-12, abs=1e-300)
