@@ -193,6 +193,16 @@ GEMM_MIN_FEATURES_FLOAT64 = _env_int("GEMM_MIN_FEATURES_FLOAT64", 24, compiled=F
 GEMM_BLOCK_Q = _env_int("GEMM_BLOCK_Q", 256)
 GEMM_BLOCK_K = _env_int("GEMM_BLOCK_K", 256)
 
+#: From GEMM_WIDE_FEATURES features on, the tiles are GEMM_WIDE_BLOCK_Q x
+#: GEMM_WIDE_BLOCK_K: the GEMM dominates there and one BLAS call per taller
+#: tile runs nearer its peak. Measured at d = 256 float32 (one thread, 1024 x
+#: 8192, best of 7, OpenBLAS on an AVX-512 core whose large sgemm runs at
+#: ~100 GFLOP/s): the score GEMMs ran at 91 GFLOP/s on 256 x 256 tiles, 97 on
+#: 512 x 256, 99 on 512 x 512, 100 on 1024 x 256 (too few tiles to share out).
+GEMM_WIDE_FEATURES = _env_int("GEMM_WIDE_FEATURES", 128)
+GEMM_WIDE_BLOCK_Q = _env_int("GEMM_WIDE_BLOCK_Q", 512)
+GEMM_WIDE_BLOCK_K = _env_int("GEMM_WIDE_BLOCK_K", 512)
+
 #: Row check of the GEMM kernel (``kernels.pooling_gemm``): a row keeps its
 #: expanded scores only where ||q||^2 + max ||k||^2 <= GEMM_NORM_RATIO *
 #: max(-log l, GEMM_NORM_FLOOR), i.e. where their rounding error is at most

@@ -61,10 +61,12 @@ from .pooling import (
     store_row,
     value_scales,
 )
-from .softmax import exp_shift_sum
 
 _BLOCK_Q = config.GEMM_BLOCK_Q
 _BLOCK_K = config.GEMM_BLOCK_K
+_WIDE_FEATURES = config.GEMM_WIDE_FEATURES
+_WIDE_BLOCK_Q = config.GEMM_WIDE_BLOCK_Q
+_WIDE_BLOCK_K = config.GEMM_WIDE_BLOCK_K
 _NORM_RATIO = float(config.GEMM_NORM_RATIO)
 _NORM_FLOOR = float(config.GEMM_NORM_FLOOR)
 
@@ -82,42 +84,73 @@ def squared_norms(rows, dtype_like):
     return out
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def _tile_scores(row, key_norms, q_norm):
-    """row[j] <- -max(key_norms[j] + q_norm - 2 row[j], 0); returns the row's maximum.
+@njit(cache=config.CACHE)
+def tile_shape(n_features):
+    """(query rows, keys) per tile for ``n_features`` features (``config``, section
+    "Gaussian pooling on GEMM tiles"): from ``GEMM_WIDE_FEATURES`` on, the taller
+    and wider tiles on which one BLAS call per tile runs nearer its peak."""
+    if n_features >= _WIDE_FEATURES:
+        return _WIDE_BLOCK_Q, _WIDE_BLOCK_K
+    return _BLOCK_Q, _BLOCK_K
 
-    An entry set to -inf (the excluded pair) stays -inf.
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def _score(dot, key_norm, q_norm, zero):
+    """s = -max(||k||^2 + ||q||^2 - 2 q.k, 0) (``zero`` a 0 of the tile's dtype): the
+    clamp keeps a near pair's weight <= 1. dot = -inf (the excluded pair) gives -inf.
+    """
+    return -fmax(key_norm + q_norm - (dot + dot), zero)
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def _tile_row_max(row, key_norms, q_norm):
+    """max_j s_j over one row of dot products ``row`` (read only; -inf when empty).
+
+    The scores are not stored: a loop that stores them and reduces their
+    maximum does not vectorise (a scalar ``vmaxss`` loop, measured 7x slower),
+    and recomputing s_j in the exponential pass costs one fused multiply-add.
     """
     best = like(-np.inf, row)
     zero = like(0.0, row)
-    two = like(2.0, row)
     for j in range(row.shape[0]):
-        t = -fmax(key_norms[j] + q_norm - two * row[j], zero)
-        row[j] = t
-        best = fmax(best, t)
+        best = fmax(best, _score(row[j], key_norms[j], q_norm, zero))
     return best
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def _exp_sum_dot(row, shift, values_row):
-    """(sum_j exp(row[j] - shift), sum_j exp(row[j] - shift) values_row[j]) in the row's dtype."""
-    total = like(0.0, row)
-    weighted = like(0.0, row)
+def _exp_sum_dot(row, key_norms, q_norm, shift, values_row):
+    """(sum_j exp(s_j - shift), sum_j exp(s_j - shift) values_row[j]) in the row's dtype."""
+    zero = like(0.0, row)
+    total = zero
+    weighted = zero
     for j in range(row.shape[0]):
-        w = fast_exp(row[j] - shift)
+        w = fast_exp(_score(row[j], key_norms[j], q_norm, zero) - shift)
         total += w
         weighted += w * values_row[j]
     return total, weighted
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def _exp_sum_store(row, key_norms, q_norm, shift):
+    """row[j] <- exp(s_j - shift) (the weights for the P V GEMM); returns their sum."""
+    zero = like(0.0, row)
+    total = zero
+    for j in range(row.shape[0]):
+        w = fast_exp(_score(row[j], key_norms[j], q_norm, zero) - shift)
+        row[j] = w
+        total += w
+    return total
 
 
 @njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
 def gaussian_pool_gemm(queries, keys, keys_t, values_t, exclude_self, self_offset=0):
     """Gaussian attention pooling on GEMM tiles; returns ``(out, lse)`` like
     ``pooling.gaussian_pool`` (module docstring for the layout and the row checks)."""
-    n_queries, _ = queries.shape
+    n_queries, n_features = queries.shape
     n_keys = keys.shape[0]
     n_outputs = values_t.shape[0]
     dtype = queries.dtype
+    block_q, block_k = tile_shape(n_features)
     exponents = value_scales(values_t)
     values_s = scaled_values(values_t, exponents)
     values_kc = np.ascontiguousarray(values_s.T)  # (n_keys, n_outputs) for the P V GEMM
@@ -127,27 +160,28 @@ def gaussian_pool_gemm(queries, keys, keys_t, values_t, exclude_self, self_offse
     far = far_score(queries)
     out = np.zeros((n_queries, n_outputs), dtype=dtype)
     lse = np.empty(n_queries, dtype=np.float64)
-    n_tiles = (n_queries + _BLOCK_Q - 1) // _BLOCK_Q
+    n_tiles = (n_queries + block_q - 1) // block_q
     for tile in prange(n_tiles):
-        i0 = tile * _BLOCK_Q
-        mb = min(_BLOCK_Q, n_queries - i0)
-        s_flat = np.empty(mb * _BLOCK_K, dtype=dtype)
+        i0 = tile * block_q
+        mb = min(block_q, n_queries - i0)
+        s_flat = np.empty(mb * block_k, dtype=dtype)
         pv_flat = np.empty(mb * n_outputs, dtype=dtype)
         m = np.full(mb, -np.inf)
         l = np.zeros(mb)
         acc = np.zeros((mb, n_outputs))
         q_tile = queries[i0 : i0 + mb]
-        for j0 in range(0, n_keys, _BLOCK_K):
-            nb = min(_BLOCK_K, n_keys - j0)
+        for j0 in range(0, n_keys, block_k):
+            nb = min(block_k, n_keys - j0)
             st = s_flat[: mb * nb].reshape((mb, nb))
-            np.dot(q_tile, keys[j0 : j0 + nb].T, st)
+            np.dot(q_tile, keys[j0 : j0 + nb].T, st)  # st holds q.k until the weights
             norms_k = key_norms[j0 : j0 + nb]
             for r in range(mb):
                 row = st[r]
+                q_norm = query_norms[i0 + r]
                 own_col = i0 + r + self_offset - j0 if exclude_self else -1
                 if 0 <= own_col < nb:  # the excluded pair: a -inf score weighs exactly 0
                     row[own_col] = -np.inf
-                best = np.float64(_tile_scores(row, norms_k, query_norms[i0 + r]))
+                best = np.float64(_tile_row_max(row, norms_k, q_norm))
                 if best > m[r]:
                     rescale = math.exp(m[r] - best)
                     l[r] *= rescale
@@ -155,15 +189,18 @@ def gaussian_pool_gemm(queries, keys, keys_t, values_t, exclude_self, self_offse
                         acc[r, c] *= rescale
                     m[r] = best
                 if m[r] == -np.inf:
-                    row[:] = 0.0
+                    if n_outputs > 1:
+                        row[:] = 0.0
                     continue
                 shift = like(m[r], row)
                 if n_outputs == 1:
-                    total, weighted = _exp_sum_dot(row, shift, values_s[0, j0 : j0 + nb])
+                    total, weighted = _exp_sum_dot(
+                        row, norms_k, q_norm, shift, values_s[0, j0 : j0 + nb]
+                    )
                     l[r] += total
                     acc[r, 0] += weighted
                 else:
-                    l[r] += exp_shift_sum(row, shift)
+                    l[r] += _exp_sum_store(row, norms_k, q_norm, shift)
             if n_outputs > 1:
                 pv = pv_flat.reshape((mb, n_outputs))
                 np.dot(st, values_kc[j0 : j0 + nb], pv)
