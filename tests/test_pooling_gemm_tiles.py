@@ -114,3 +114,30 @@ def test_random_wide_shapes(n_queries, n_keys, d, n_outputs, f32, log_scale, see
     # the scores carry (d + 3) u |s| of rounding on either path; |s| grows as h**-2
     tol = _tol(dtype, d) * 100.0**log_scale
     assert _rel_err(got, ref) <= tol
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_rows_redone_without_the_transposed_keys(dtype):
+    """Callers may pass an empty ``keys_t``: the rows the tiles do not keep (queries
+    far from every key, near queries among keys far from the centre) are redone on
+    keys the kernel transposes itself, with the same results as with ``keys_t``."""
+    rng = np.random.default_rng(13)
+    a, b = rng.normal(size=(300, WIDE)), rng.normal(size=(3, WIDE)) + 40.0
+    keys = np.vstack([a, b])
+    far = 1e30 if dtype == "float32" else 1e160
+    queries = np.vstack(
+        [rng.normal(size=(20, WIDE)), b + rng.normal(scale=0.05, size=b.shape), a[7] * far]
+    )
+    values = rng.normal(size=(keys.shape[0], 2))
+    h = np.full(WIDE, 4.0)  # the layout takes a resolved bandwidth, one per feature
+    q, k_t, v_t, k = regression._layout(
+        queries, keys, values, h, np.dtype(dtype), keys_row_major=True
+    )
+    with blas_one_thread():
+        out, lse = pooling_gemm.gaussian_pool_gemm(q, k, k_t, v_t, False)
+        out_e, lse_e = pooling_gemm.gaussian_pool_gemm(q, k, np.empty((0, 0), q.dtype), v_t, False)
+    np.testing.assert_array_equal(out_e, out)
+    np.testing.assert_array_equal(lse_e, lse)
+    ref = naive.nadaraya_watson(queries[:-1], keys, values, h)
+    assert _rel_err(out[:-1], ref) <= _tol(dtype, WIDE) * 10
+    np.testing.assert_allclose(out[-1], values[np.argmax(keys @ a[7])], rtol=_tol(dtype, WIDE))

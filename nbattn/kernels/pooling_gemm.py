@@ -50,7 +50,9 @@ query still gets its nearest key's value.
 
 Callers lay out the arrays: ``queries`` (n_queries, d) and ``keys``
 (n_keys, d) C-contiguous, centred and scaled by 1/(h sqrt 2) like
-``pooling``'s; ``keys_t`` = keys.T C-contiguous (the fallback rows);
+``pooling``'s; ``keys_t`` = keys.T C-contiguous for the rows redone by the
+direct path, or an empty (0, 0) array, and then the kernel transposes the
+keys itself if a row needs them;
 ``values_t`` (n_outputs, n_keys); all one dtype. BLAS must be held to one
 thread while the kernel runs (``np.dot`` inside ``prange``).
 """
@@ -177,6 +179,7 @@ def gaussian_pool_gemm(queries, keys, keys_t, values_t, exclude_self, self_offse
     out = np.zeros((n_queries, n_outputs), dtype=dtype)
     lse = np.empty(n_queries, dtype=np.float64)
     n_tiles = (n_queries + block_q - 1) // block_q
+    redo = np.zeros(n_queries, dtype=np.bool_)  # rows for the direct path
     for tile in prange(n_tiles):
         i0 = tile * block_q
         mb = min(block_q, n_queries - i0)
@@ -223,7 +226,6 @@ def gaussian_pool_gemm(queries, keys, keys_t, values_t, exclude_self, self_offse
                 for r in range(mb):
                     for c in range(n_outputs):
                         acc[r, c] += pv[r, c]
-        scores = np.empty(_KEY_BLOCK, dtype=dtype)
         row_acc = np.empty(n_outputs)
         for r in range(mb):
             i = i0 + r
@@ -235,10 +237,33 @@ def gaussian_pool_gemm(queries, keys, keys_t, values_t, exclude_self, self_offse
                 for c in range(n_outputs):
                     row_acc[c] = acc[r, c]
                 store_row(out, lse, i, best, l[r], row_acc, exponents)
-                continue
-            own = i + self_offset if exclude_self else -1
-            running_max, running_sum = pool_row_one_pass(
-                queries[i], keys_t, values_s, own, scores, row_acc
-            )
-            store_row(out, lse, i, running_max, running_sum, row_acc, exponents)
+            else:
+                redo[i] = True
+    rows = np.nonzero(redo)[0]
+    if rows.size > 0:
+        _redo_rows(
+            out, lse, rows, queries, keys, keys_t, values_s, exponents, exclude_self, self_offset
+        )
     return out, lse
+
+
+@njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
+def _redo_rows(
+    out, lse, rows, queries, keys, keys_t, values_s, exponents, exclude_self, self_offset
+):
+    """The rows the GEMM tiles did not keep, by ``pooling.pool_row_one_pass`` on the
+    feature-major keys: ``keys_t``, or keys.T built here when ``keys_t`` is empty
+    (callers may leave the transposed copy out; the rows that need it are rare)."""
+    if keys_t.shape[0] == keys.shape[1] and keys_t.shape[1] == keys.shape[0]:
+        k_t = keys_t
+    else:
+        k_t = np.ascontiguousarray(keys.T)
+    for index in prange(rows.size):
+        i = rows[index]
+        scores = np.empty(_KEY_BLOCK, dtype=queries.dtype)
+        row_acc = np.empty(values_s.shape[0])
+        own = i + self_offset if exclude_self else -1
+        running_max, running_sum = pool_row_one_pass(
+            queries[i], k_t, values_s, own, scores, row_acc
+        )
+        store_row(out, lse, i, running_max, running_sum, row_acc, exponents)
