@@ -185,13 +185,27 @@ DASK_CONNECT_TIMEOUT = _env_int("DASK_CONNECT_TIMEOUT", 30, compiled=False)
 GEMM_MIN_FEATURES_FLOAT32 = _env_int("GEMM_MIN_FEATURES_FLOAT32", 40, compiled=False)
 GEMM_MIN_FEATURES_FLOAT64 = _env_int("GEMM_MIN_FEATURES_FLOAT64", 24, compiled=False)
 
-#: Query rows and keys per tile of the GEMM pooling kernel: the score tile
-#: (GEMM_BLOCK_Q x GEMM_BLOCK_K floats per thread, 256 KiB in float32) should
-#: stay in L2, and BLAS packs the key tile once per GEMM_BLOCK_Q rows. Measured
-#: at d = 256 float32 (8k x 8k, the score GEMMs alone): 64 x 512 ran at 0.6x
-#: the speed of 256 x 256 and 512 x 512 (whose score tile outgrows L2).
+#: Query rows and keys per tile of the GEMM pooling kernel below
+#: GEMM_WIDE_FEATURES features: the score tile (GEMM_BLOCK_Q x GEMM_BLOCK_K
+#: floats per thread, 256 KiB in float32) should stay in L2, and BLAS packs the
+#: key tile once per GEMM_BLOCK_Q rows. Measured at d = 256 float32 (8k x 8k,
+#: the score GEMMs alone): 64 x 512 ran at 0.6x the speed of 256 x 256. At
+#: d = 48 and 64 no shape of 256 x 256 to 512 x 512 was measurably faster
+#: (a loaded machine: differences below ~10 % were noise).
 GEMM_BLOCK_Q = _env_int("GEMM_BLOCK_Q", 256)
 GEMM_BLOCK_K = _env_int("GEMM_BLOCK_K", 256)
+
+#: From GEMM_WIDE_FEATURES features on, the tiles are GEMM_WIDE_BLOCK_Q x
+#: GEMM_WIDE_BLOCK_K: the GEMM is nine tenths of the kernel there and one BLAS
+#: call per taller tile runs nearer its peak. Measured at d = 256 float32 (one
+#: thread, 1024 x 8192, best of 7, OpenBLAS on an AVX-512 core whose large
+#: sgemm runs at ~100 GFLOP/s): the score GEMMs ran at 91-93 GFLOP/s on
+#: 256 x 256 tiles, 97 on 512 x 256, 99 on 512 x 512, 100-101 on 1024 x 256
+#: (too few tiles to share among threads); the whole kernel was 6 % faster on
+#: 512 x 512 than on 256 x 256.
+GEMM_WIDE_FEATURES = _env_int("GEMM_WIDE_FEATURES", 128)
+GEMM_WIDE_BLOCK_Q = _env_int("GEMM_WIDE_BLOCK_Q", 512)
+GEMM_WIDE_BLOCK_K = _env_int("GEMM_WIDE_BLOCK_K", 512)
 
 #: Row check of the GEMM kernel (``kernels.pooling_gemm``): a row keeps its
 #: expanded scores only where ||q||^2 + max ||k||^2 <= GEMM_NORM_RATIO *

@@ -20,6 +20,7 @@ timings taken alternately in one run (numba and torch on 2 threads):
 
     python scripts/bench_regression.py [--n 20000] [--million] [--targets-only]
     python scripts/bench_regression.py --crossover   # direct vs GEMM tiles over d
+    python scripts/bench_regression.py --profile [--threads 1]  # where the wide time goes
 
 --million also measures peak memory of 1,000,000 x 1,000,000 in 1-D float32
 (in a subprocess; minutes of compute).
@@ -177,6 +178,97 @@ def crossover(n: int = 4096, repeat: int = 3) -> None:
         cfg.GEMM_MIN_FEATURES_FLOAT32, cfg.GEMM_MIN_FEATURES_FLOAT64 = saved
 
 
+@njit(parallel=True)
+def score_gemm_tiles(queries, keys, block_q, block_k):
+    """Only the score GEMMs of ``kernels.pooling_gemm`` (same tiles, same prange, one
+    BLAS thread each): the floor under the pooling kernel."""
+    n_queries, n_keys = queries.shape[0], keys.shape[0]
+    n_tiles = (n_queries + block_q - 1) // block_q
+    checksum = np.zeros(n_tiles)
+    for tile in prange(n_tiles):
+        i0 = tile * block_q
+        mb = min(block_q, n_queries - i0)
+        s_flat = np.empty(mb * block_k, dtype=queries.dtype)
+        for j0 in range(0, n_keys, block_k):
+            nb = min(block_k, n_keys - j0)
+            st = s_flat[: mb * nb].reshape((mb, nb))
+            np.dot(queries[i0 : i0 + mb], keys[j0 : j0 + nb].T, st)
+            checksum[tile] += st[0, 0]
+    return checksum
+
+
+def profile(threads: int = 2, n: int = 8192, repeat: int = 5) -> None:
+    """Where the time of the wide float32 targets goes: the whole call, the pooling
+    kernel alone, its score GEMMs alone, and one big BLAS / torch GEMM of the same
+    n x n x d (the roofline this machine reaches); best of ``repeat``."""
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    rng = np.random.default_rng(0)
+    print(f"profile: float32 {n} x {n}, {numba.get_num_threads()} numba threads, best of {repeat}")
+    for d in (64, 256):
+        keys = rng.normal(size=(n, d)).astype(np.float32)
+        queries = rng.normal(size=(n, d)).astype(np.float32)
+        values = rng.normal(size=(n, 1)).astype(np.float32)
+        rows = _profile_rows(queries, keys, values, repeat)
+        flops = 2.0 * n * n * d
+        whole = rows[0][1]
+        print(f"  d = {d}:")
+        for name, seconds in rows:
+            print(
+                f"    {name:<46}{seconds * 1e3:9.1f} ms{flops / seconds / 1e9:8.1f} GFLOP/s"
+                f"{seconds / whole:7.2f}x the call"
+            )
+        sys.stdout.flush()
+
+
+def _profile_rows(queries, keys, values, repeat):
+    """[(what, best seconds)] for :func:`profile`, the whole call first."""
+    from threadpoolctl import threadpool_limits
+
+    from nbattn._threads import blas_one_thread
+    from nbattn.kernels import pooling_gemm
+
+    h = nbattn.regression.bandwidth_rule(keys)
+    q, k_t, v_t, k = nbattn.regression._layout(
+        queries, keys, values, h, np.dtype(np.float32), keys_row_major=True
+    )
+    block_q, block_k = pooling_gemm.tile_shape(keys.shape[1])
+
+    def call():
+        nbattn.nadaraya_watson(queries, keys, values, h)
+
+    def kernel():
+        with blas_one_thread():
+            pooling_gemm.gaussian_pool_gemm(q, k, k_t, v_t, False)
+
+    def gemms():
+        with blas_one_thread():
+            score_gemm_tiles(q, k, block_q, block_k)
+
+    rows = []
+    for name, fn in (
+        ("nadaraya_watson (whole call)", call),
+        ("pooling_gemm kernel", kernel),
+        (f"its score GEMMs alone ({block_q} x {block_k} tiles)", gemms),
+    ):
+        fn()
+        rows.append((name, best_time(fn, repeat=repeat)))
+    scores = np.empty((len(q), len(k)), dtype=np.float32)
+    with threadpool_limits(numba.get_num_threads(), user_api="blas"):
+        np.dot(q, k.T, scores)
+        rows.append(("one numpy sgemm Q K^T", best_time(np.dot, q, k.T, scores, repeat=repeat)))
+    try:
+        import torch
+    except ImportError:
+        return rows
+    torch.set_num_threads(numba.get_num_threads())
+    tq, tk, tv = (torch.from_numpy(a) for a in (queries, keys, values))
+    with torch.inference_mode():
+        rows.append(("torch mm Q K^T", best_time(lambda: tq @ tk.T, repeat=repeat)))
+        peer = best_time(lambda: torch_nw_blocks(torch, tq, tk, tv, h), repeat=repeat)
+        rows.append(("torch cdist -> softmax -> matmul", peer))
+    return rows
+
+
 def best_time(fn, *args, repeat=3):
     best = np.inf
     for _ in range(repeat):
@@ -313,10 +405,17 @@ if __name__ == "__main__":
     parser.add_argument("--million", action="store_true")
     parser.add_argument("--targets-only", action="store_true")
     parser.add_argument("--crossover", action="store_true")
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument(
+        "--threads", type=int, default=2, help="numba/BLAS/torch threads (--profile)"
+    )
     args = parser.parse_args()
     warnings.simplefilter("ignore", FutureWarning)  # statsmodels on pandas 3
     if args.crossover:
         crossover()
+        sys.exit(0)
+    if args.profile:
+        profile(args.threads)
         sys.exit(0)
     targets(args.n)
     if args.targets_only:
