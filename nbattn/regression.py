@@ -129,12 +129,13 @@ def resolve_bandwidth(bandwidth, keys: np.ndarray) -> np.ndarray:
 
 
 #: Rows of the keys whose per-feature median centres the data (evenly spaced).
-_CENTRE_SAMPLE = 2048
+_CENTRE_SAMPLE = 512
 
 
-def _layout(queries, keys, values, h, dtype, keys_row_major=False):
+def _layout(queries, keys, values, h, dtype, keys_row_major=False, keys_feature_major=True):
     """Centre on the keys' median, scale by 1/(h sqrt 2) and lay out for the kernels
-    (see pooling): ``(q, k_t, v_t, k)``, ``k`` the row-major keys or None.
+    (see pooling): ``(q, k_t, v_t, k)``, ``k`` the row-major keys or None, ``k_t``
+    the feature-major keys or, without ``keys_feature_major``, an empty (0, 0) array.
 
     The centring is done in float64 and cancels in every score; it keeps data
     far from the origin exact in float32 (keys at 1e8 + [0, 1, 2] would round
@@ -148,7 +149,7 @@ def _layout(queries, keys, values, h, dtype, keys_row_major=False):
     dtype = np.dtype(dtype)
     n_keys, d = keys.shape
     q = _centred_scaled(queries, centre, scale, dtype, "queries / bandwidth")
-    k_t = np.empty((d, n_keys), dtype=dtype)
+    k_t = np.empty((d, n_keys) if keys_feature_major else (0, 0), dtype=dtype)
     k = np.empty((n_keys, d), dtype=dtype) if keys_row_major else np.empty((0, d), dtype=dtype)
     _centred_scaled(keys, centre, scale, dtype, "keys / bandwidth", k, k_t)
     v_t = None
@@ -251,7 +252,10 @@ def nadaraya_watson(
     _check_exclude_self(exclude_self, queries, keys)
     h = resolve_bandwidth(bandwidth, keys)
     gemm = device == "cpu" and uses_gemm_tiles(keys.shape[1], dtype)
-    q, k_t, v_t, k = _layout(queries, keys, values_2d, h, dtype, keys_row_major=gemm)
+    # the GEMM tiles read the row-major keys (and transpose them only for far rows)
+    q, k_t, v_t, k = _layout(
+        queries, keys, values_2d, h, dtype, keys_row_major=gemm, keys_feature_major=not gemm
+    )
     if gemm:
         out, lse = _gaussian_pool_gemm(q, k, k_t, v_t, exclude_self)
     else:
@@ -278,11 +282,15 @@ def uses_gemm_tiles(n_features: int, dtype) -> bool:
 
 
 def _gaussian_pool_gemm(q, keys, k_t, v_t, exclude_self):
-    """The GEMM-tile pool of the laid-out arrays (keys row-major and feature-major;
-    BLAS on one thread)."""
+    """The GEMM-tile pool of the laid-out arrays (keys row-major; feature-major or an
+    empty ``k_t``), BLAS on one thread. Its tiles (milliseconds each) are handed to
+    numba's threads one at a time, so a thread the OS holds back does not keep the
+    other waiting for its share."""
+    import numba
+
     from ._threads import blas_one_thread
 
-    with blas_one_thread():
+    with blas_one_thread(), numba.parallel_chunksize(1):
         return kernels_for("pooling_gemm", "cpu").gaussian_pool_gemm(
             q, keys, k_t, v_t, exclude_self
         )
