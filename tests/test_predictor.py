@@ -460,6 +460,9 @@ def test_the_command_never_imports_scikit_learn(tables, tmp_path):
                 # freshly compiled numba kernel and the one loaded from the cache can
                 # round differently in the last bit (measured: 1 ulp, cold cache only).
                 np.testing.assert_allclose(
-                    written[column].to_numpy(), values, rtol=4 * np.finfo(float).eps, atol=0,
+                    written[column].to_numpy(),
+                    values,
+                    rtol=4 * np.finfo(float).eps,
+                    atol=0,
                     err_msg=column,
                 )
