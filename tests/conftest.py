@@ -27,16 +27,6 @@ PLATFORM_MARKERS = {
 }
 
 
-#: Test files whose kernels cost tens of seconds to compile and are used nowhere
-#: else: under ``pytest -n N --dist loadgroup`` (as scripts/test runs) each file's
-#: tests share one xdist group, so one worker compiles those kernels (a cold run
-#: spread the float32 and float64 varlen tests over both workers, each compiling
-#: the forward and backward kernels: about 80 s of CPU twice).
-HEAVY_KERNEL_GROUPS = {
-    "test_varlen.py": "varlen",
-}
-
-
 @pytest.fixture
 def rng():
     return np.random.default_rng(12345)
@@ -52,12 +42,3 @@ def pytest_runtest_setup(item):
     for name, (available, reason) in PLATFORM_MARKERS.items():
         if not available and item.get_closest_marker(name) is not None:
             pytest.skip(f"{sys.platform}: {reason}")
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-    # tryfirst: pytest-xdist reads the xdist_group marks in its own hook of this name.
-    for item in items:
-        group = HEAVY_KERNEL_GROUPS.get(item.path.name)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
