@@ -123,7 +123,7 @@ def _loo_kernels(z, y, dtype):
     y2 = np.asarray(y, dtype=np.float64)[:, None]
     v_t = np.ascontiguousarray(y2.T, dtype=dtype)
     fused = loo.loo_squared_error(z, z_t, v_t, y2, np.arange(len(z)))
-    f, lse = pooling.gaussian_pool(z, z_t, v_t, True)
+    f, lse = pooling.gaussian_pool(z, z_t, v_t, True, 0)
     f = f.astype(np.float64)
     resid = f - y2
     grad = loo.loo_grad_diag(
@@ -133,6 +133,7 @@ def _loo_kernels(z, y, dtype):
         np.ascontiguousarray(resid, dtype=dtype),
         np.ascontiguousarray(f, dtype=dtype),
         lse,
+        0,
     )
     return float(np.sum(resid**2)), fused, grad
 
@@ -208,7 +209,7 @@ def test_far_rows_switch_at_the_configured_score(dtype):
     q = np.array([[d * 0.999, 0.0], [d * 1.001, 0.0]], dtype=dtype)
     k_t = np.array([[0.0, -0.5, 0.1], [0.0, 0.2, -0.3]], dtype=dtype)
     v_t = np.array([[1.0, 2.0, 3.0]], dtype=dtype)
-    out, lse = pooling.gaussian_pool(q, k_t, v_t, False)
+    out, lse = pooling.gaussian_pool(q, k_t, v_t, False, 0)
     ref = naive.nadaraya_watson_exact(
         q.astype(np.float64), k_t.T.astype(np.float64), v_t[0], np.sqrt(0.5)
     )

@@ -114,7 +114,7 @@ def test_pooling_and_loss_equal_cpu_over_random_shapes(
         v_t = rng.normal(size=(n_outputs, n_keys)).astype(dtype)
         exclude = bool(rng.integers(2))
         out, lse = pooling.gaussian_pool(q, k_t, v_t, exclude)
-        ref_out, ref_lse = cpu_pooling.gaussian_pool(q, k_t, v_t, exclude)
+        ref_out, ref_lse = cpu_pooling.gaussian_pool(q, k_t, v_t, exclude, 0)
         tol = 1e-12 if dtype == np.float64 else 2e-5
         np.testing.assert_allclose(out.copy_to_host(), ref_out, rtol=tol, atol=tol)
         np.testing.assert_allclose(lse.copy_to_host(), ref_lse, rtol=tol, atol=tol)

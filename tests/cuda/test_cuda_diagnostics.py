@@ -148,7 +148,7 @@ def test_spread_equals_cpu_kernel_and_naive(
         values = rng.normal(size=(n_keys, n_outputs)) * 3.0 + 1.0
         q, k_t = _layout(queries, keys, h, dtype)
         v_t = np.ascontiguousarray(values.T, dtype=dtype)
-        mean, lse = cpu_pooling.gaussian_pool(q, k_t, v_t, exclude_self)
+        mean, lse = cpu_pooling.gaussian_pool(q, k_t, v_t, exclude_self, 0)
         got_std, got_w2 = cuda_loo.gaussian_spread(q, k_t, v_t, mean, lse, exclude_self)
         for got in (got_std, got_w2):
             assert isinstance(got, np.ndarray) and got.dtype == np.float64
@@ -175,7 +175,7 @@ def test_spread_without_admissible_key_is_zero():
     q = np.array([[0.2, -0.4]])
     k_t = np.ascontiguousarray(q.T)
     v_t = np.array([[5.0]])
-    mean, lse = cpu_pooling.gaussian_pool(q, k_t, v_t, True)
+    mean, lse = cpu_pooling.gaussian_pool(q, k_t, v_t, True, 0)
     assert lse[0] == -np.inf
     std, sum_w2 = cuda_loo.gaussian_spread(q, k_t, v_t, mean, lse, True)
     np.testing.assert_array_equal(std, [[0.0]])
@@ -186,7 +186,7 @@ def test_spread_of_a_far_query_is_its_nearest_key():
     keys = np.array([[0.0], [1.0], [2.0]])
     q, k_t = _layout(np.array([[-1e4], [1e4]]), keys, 1.0, np.float64)
     v_t = np.array([[10.0, 20.0, 30.0]])
-    mean, lse = cpu_pooling.gaussian_pool(q, k_t, v_t, False)
+    mean, lse = cpu_pooling.gaussian_pool(q, k_t, v_t, False, 0)
     std, sum_w2 = cuda_loo.gaussian_spread(q, k_t, v_t, mean, lse, False)
     np.testing.assert_array_equal(std, [[0.0], [0.0]])
     np.testing.assert_allclose(sum_w2, [1.0, 1.0], rtol=1e-12)
@@ -201,7 +201,7 @@ def test_spread_over_several_launches_and_from_device_pool(rng, monkeypatch):
         v_t = rng.normal(size=(5, 13))
         mean, lse = cuda_pooling.gaussian_pool(q, k_t, v_t, False)
         std, sum_w2 = cuda_loo.gaussian_spread(q, k_t, v_t, mean, lse, False)
-        cpu_mean, cpu_lse = cpu_pooling.gaussian_pool(q, k_t, v_t, False)
+        cpu_mean, cpu_lse = cpu_pooling.gaussian_pool(q, k_t, v_t, False, 0)
         cpu_std, cpu_w2 = cpu_loo.gaussian_spread(q, k_t, v_t, cpu_mean, cpu_lse, False)
         np.testing.assert_allclose(std**2, cpu_std**2, rtol=1e-12, atol=1e-14)
         np.testing.assert_allclose(sum_w2, cpu_w2, rtol=1e-12)
@@ -254,7 +254,7 @@ def test_spread_of_huge_values_keeps_its_scale(rng):
     for _ in range(DRAWS):
         q, k_t = _layout(rng.normal(size=(6, 2)), rng.normal(size=(9, 2)), 0.8, np.float64)
         v_t = rng.normal(size=(2, 9))
-        mean, lse = cpu_pooling.gaussian_pool(q, k_t, v_t, False)
+        mean, lse = cpu_pooling.gaussian_pool(q, k_t, v_t, False, 0)
         small, _ = cuda_loo.gaussian_spread(q, k_t, v_t, mean, lse, False)
         huge, _ = cuda_loo.gaussian_spread(q, k_t, v_t * 1e200, mean * 1e200, lse, False)
         assert np.isfinite(huge).all()

@@ -52,7 +52,7 @@ def test_squared_error_subset_equals_cpu(rng):
 
 
 def _pass_one(z, z_t, y, v_t, dtype):
-    f, lse = cpu_pooling.gaussian_pool(z, z_t, v_t, True)
+    f, lse = cpu_pooling.gaussian_pool(z, z_t, v_t, True, 0)
     f = f.astype(np.float64)
     return np.ascontiguousarray(f - y, dtype=dtype), np.ascontiguousarray(f, dtype=dtype), lse
 
@@ -63,7 +63,7 @@ def test_grad_diag_equals_cpu(rng, dtype):
     resid, f, lse = _pass_one(z, z_t, y, v_t, dtype)
     got = cuda_loo.loo_grad_diag(z, z_t, v_t, resid, f, lse)
     assert got.dtype == np.float64 and got.shape == (3,)
-    _close(got, cpu_loo.loo_grad_diag(z, z_t, v_t, resid, f, lse), dtype)
+    _close(got, cpu_loo.loo_grad_diag(z, z_t, v_t, resid, f, lse, 0), dtype)
 
 
 def test_grad_diag_more_features_than_max_acc(rng, monkeypatch):
@@ -72,7 +72,7 @@ def test_grad_diag_more_features_than_max_acc(rng, monkeypatch):
     z, z_t, y, v_t = _layout(rng, 9, 5, 1, np.float64)
     resid, f, lse = _pass_one(z, z_t, y, v_t, np.float64)
     got = cuda_loo.loo_grad_diag(z, z_t, v_t, resid, f, lse)
-    _close(got, cpu_loo.loo_grad_diag(z, z_t, v_t, resid, f, lse), np.float64)
+    _close(got, cpu_loo.loo_grad_diag(z, z_t, v_t, resid, f, lse, 0), np.float64)
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
@@ -89,7 +89,7 @@ def test_grad_full_equals_cpu(rng, dtype):
     pts = np.ascontiguousarray(x, dtype=dtype)
     pts_t = np.ascontiguousarray(pts.T)
     got = cuda_loo.loo_grad_full(z, z_t, pts, pts_t, v_t, resid, f, lse)
-    ref = cpu_loo.loo_grad_full(z, z_t, pts, pts_t, v_t, resid, f, lse)
+    ref = cpu_loo.loo_grad_full(z, z_t, pts, pts_t, v_t, resid, f, lse, 0)
     assert got.shape == (d, d)
     np.testing.assert_array_equal(got, got.T)
     _close(got, ref, dtype)
@@ -101,7 +101,7 @@ def test_skipped_query_with_no_key(rng):
     resid, f, lse = _pass_one(z, z_t, y, v_t, np.float64)
     lse[2] = -np.inf
     got = cuda_loo.loo_grad_diag(z, z_t, v_t, resid, f, lse)
-    _close(got, cpu_loo.loo_grad_diag(z, z_t, v_t, resid, f, lse), np.float64)
+    _close(got, cpu_loo.loo_grad_diag(z, z_t, v_t, resid, f, lse, 0), np.float64)
 
 
 @pytest.mark.parametrize("metric", ["diagonal", "full"])
@@ -165,9 +165,9 @@ def test_tiles_smaller_than_the_block(rng, monkeypatch):
     _close(got, cpu_loo.loo_squared_error(z, z_t, v_t, y, rows), np.float64)
     resid, f, lse = _pass_one(z, z_t, y, v_t, np.float64)
     got = cuda_loo.loo_grad_diag(z, z_t, v_t, resid, f, lse)
-    _close(got, cpu_loo.loo_grad_diag(z, z_t, v_t, resid, f, lse), np.float64)
+    _close(got, cpu_loo.loo_grad_diag(z, z_t, v_t, resid, f, lse, 0), np.float64)
     out, lse_gpu = cuda_pooling.gaussian_pool(z, z_t, v_t, True)
-    ref_out, ref_lse = cpu_pooling.gaussian_pool(z, z_t, v_t, True)
+    ref_out, ref_lse = cpu_pooling.gaussian_pool(z, z_t, v_t, True, 0)
     _close(out.copy_to_host(), ref_out, np.float64)
     _close(lse_gpu.copy_to_host(), ref_lse, np.float64)
 
@@ -188,7 +188,7 @@ def test_self_offset_blocks_sum_to_the_whole(rng):
         cuda_loo.loo_grad_diag(z[lo:hi], z_t, v_t, resid[lo:hi], f[lo:hi], lse[lo:hi], lo)
         for lo, hi in ((0, a), (a, n))
     )
-    _close(diag, cpu_loo.loo_grad_diag(z, z_t, v_t, resid, f, lse), np.float64)
+    _close(diag, cpu_loo.loo_grad_diag(z, z_t, v_t, resid, f, lse, 0), np.float64)
     x_t = np.ascontiguousarray(x.T)
     full = sum(
         cuda_loo.loo_grad_full(
@@ -196,4 +196,4 @@ def test_self_offset_blocks_sum_to_the_whole(rng):
         )
         for lo, hi in ((0, a), (a, n))
     )
-    _close(full, cpu_loo.loo_grad_full(z, z_t, x, x_t, v_t, resid, f, lse), np.float64)
+    _close(full, cpu_loo.loo_grad_full(z, z_t, x, x_t, v_t, resid, f, lse, 0), np.float64)

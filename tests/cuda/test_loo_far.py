@@ -78,7 +78,7 @@ def test_squared_error_of_far_rows_equals_cpu(rng, dtype, far, shared):
 
 
 def _first_pass(z, z_t, y, v_t, dtype):
-    f, lse = cpu_pooling.gaussian_pool(z, z_t, v_t, True)
+    f, lse = cpu_pooling.gaussian_pool(z, z_t, v_t, True, 0)
     f = f.astype(np.float64)
     return np.ascontiguousarray(f - y, dtype=dtype), np.ascontiguousarray(f, dtype=dtype), lse
 
@@ -107,11 +107,11 @@ def test_gradients_of_far_rows_equal_cpu(rng, dtype, far):
     points = rng.normal(size=(z.shape[0], 3)).astype(dtype)
     points_t = np.ascontiguousarray(points.T)
     got = cuda_loo.loo_grad_full(z, z_t, points, points_t, v_t, resid, f, lse)
-    want = cpu_loo.loo_grad_full(z, z_t, points, points_t, v_t, resid, f, lse)
+    want = cpu_loo.loo_grad_full(z, z_t, points, points_t, v_t, resid, f, lse, 0)
     assert np.isfinite(got).all()
     _close(got, want, dtype)
     got = cuda_loo.loo_grad_diag(z, z_t, v_t, resid, f, lse)
-    want = cpu_loo.loo_grad_diag(z, z_t, v_t, resid, f, lse)
+    want = cpu_loo.loo_grad_diag(z, z_t, v_t, resid, f, lse, 0)
     if not np.isfinite(want).all():  # squared distances beyond the dtype's range (both twins)
         np.testing.assert_array_equal(np.isfinite(got), np.isfinite(want))
         return
@@ -127,7 +127,7 @@ def test_gradients_of_far_rows_equal_cpu(rng, dtype, far):
 @pytest.mark.parametrize(("dtype", "far"), CASES)
 def test_spread_of_far_rows_equals_cpu(rng, dtype, far, shared):
     z, z_t, y, v_t = _points(rng, dtype, far, shared)
-    f, lse = cpu_pooling.gaussian_pool(z, z_t, v_t, True)
+    f, lse = cpu_pooling.gaussian_pool(z, z_t, v_t, True, 0)
     got_std, got_w2 = cuda_loo.gaussian_spread(z, z_t, v_t, f, lse, True)
     want_std, want_w2 = cpu_loo.gaussian_spread(z, z_t, v_t, f, lse, True)
     assert np.isfinite(got_std).all() and np.isfinite(got_w2).all()
@@ -147,6 +147,6 @@ def test_rows_left_out_by_lse_stay_left_out(rng):
     lse = lse.copy()
     lse[[2, 5]] = -np.inf
     got = cuda_loo.loo_grad_diag(z, z_t, v_t, resid, f, lse)
-    _close(got, cpu_loo.loo_grad_diag(z, z_t, v_t, resid, f, lse), "float64")
+    _close(got, cpu_loo.loo_grad_diag(z, z_t, v_t, resid, f, lse, 0), "float64")
     std, w2 = cuda_loo.gaussian_spread(z, z_t, v_t, f, lse, True)
     assert (std[[2, 5]] == 0).all() and (w2[[2, 5]] == 0).all()
