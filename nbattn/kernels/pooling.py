@@ -382,11 +382,7 @@ def _online_row_float64(query_row, keys_t, values_t, own, acc):
     return _online_row(query_row, keys_t, values_t, own, np.empty(_KEY_BLOCK, np.float64), acc)
 
 
-# The two row functions below are called, not inlined (``inline="always"``): the
-# parallel loops of their callers (gaussian_pool, the LOO and GEMM kernels) then
-# hold a call instead of every row path, which numba's parallel passes would copy
-# and analyse again in each of them; one compile per signature serves them all.
-@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
 def pool_row(query_row, keys_t, values_t, own, scores, acc):
     """The online softmax of one query over all keys; key ``own`` is skipped (-1: none).
 
@@ -521,7 +517,7 @@ def _one_pass_min_sum_overload(n_keys, array):
     return lambda n_keys, array: n_keys * _ONE_PASS_MIN_SUM_FLOAT64
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
 def pool_row_one_pass(query_row, keys_t, values_t, own, scores, acc):
     """``pool_row`` that tries the one fused pass first; same contract, returns ``(m, l)``.
 
@@ -578,38 +574,6 @@ def store_row(out, lse, i, running_max, running_sum, acc, exponents):
         lse[i] = -np.inf
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE)
-def _pool_rows(
-    queries, keys_t, values_s, exclude_self, self_offset, start, stop, exponents, out, lse
-):
-    """Rows ``start <= i < stop`` of :func:`gaussian_pool` (one chunk of its parallel loop).
-
-    A function of its own, called (not inlined) from the parallel loop: numba's
-    parallel passes copy and analyse the whole body of a ``prange`` loop several
-    times, and with the row paths inlined there (the one pass, the shifted row,
-    the far rows) a cold compile of one gaussian_pool specialisation took about
-    31 s of CPU; with the call, about 18 s. The results are bit-identical.
-    """
-    dtype = queries.dtype
-    n_outputs = values_s.shape[0]
-    scores = np.empty(_KEY_BLOCK, dtype=dtype)
-    acc = np.empty(n_outputs, dtype=np.float64)
-    log_min_sum = np.log(one_pass_min_sum(keys_t.shape[1], queries))
-    try_one_pass = True
-    for i in range(start, stop):
-        own = i + self_offset if exclude_self else -1
-        if try_one_pass:
-            running_max, running_sum = pool_row_one_pass(
-                queries[i], keys_t, values_s, own, scores, acc
-            )
-        else:
-            running_max, running_sum = pool_row(queries[i], keys_t, values_s, own, scores, acc)
-        # Neighbouring queries tend to be alike: after a row whose unshifted sum
-        # would have failed the bound, the next row starts with the shifted path.
-        try_one_pass = running_sum > 0.0 and running_max + np.log(running_sum) >= log_min_sum
-        store_row(out, lse, i, running_max, running_sum, acc, exponents)
-
-
 @njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
 def gaussian_pool(queries, keys_t, values_t, exclude_self, self_offset=0):
     """Streaming Gaussian attention pooling; returns ``(out, lse)``.
@@ -624,17 +588,30 @@ def gaussian_pool(queries, keys_t, values_t, exclude_self, self_offset=0):
     """
     n_queries = queries.shape[0]
     n_outputs = values_t.shape[0]
+    dtype = queries.dtype
     exponents = value_scales(values_t)
     values_s = scaled_values(values_t, exponents)
-    out = np.zeros((n_queries, n_outputs), dtype=queries.dtype)
+    out = np.zeros((n_queries, n_outputs), dtype=dtype)
     lse = np.empty(n_queries, dtype=np.float64)
     n_chunks = (n_queries + _QUERY_BLOCK - 1) // _QUERY_BLOCK
+    log_min_sum = np.log(one_pass_min_sum(keys_t.shape[1], queries))
     for chunk in prange(n_chunks):
-        start = chunk * _QUERY_BLOCK
-        stop = min(n_queries, start + _QUERY_BLOCK)
-        _pool_rows(
-            queries, keys_t, values_s, exclude_self, self_offset, start, stop, exponents, out, lse
-        )
+        scores = np.empty(_KEY_BLOCK, dtype=dtype)
+        acc = np.empty(n_outputs, dtype=np.float64)
+        stop = min(n_queries, (chunk + 1) * _QUERY_BLOCK)
+        try_one_pass = True
+        for i in range(chunk * _QUERY_BLOCK, stop):
+            own = i + self_offset if exclude_self else -1
+            if try_one_pass:
+                running_max, running_sum = pool_row_one_pass(
+                    queries[i], keys_t, values_s, own, scores, acc
+                )
+            else:
+                running_max, running_sum = pool_row(queries[i], keys_t, values_s, own, scores, acc)
+            # Neighbouring queries tend to be alike: after a row whose unshifted sum
+            # would have failed the bound, the next row starts with the shifted path.
+            try_one_pass = running_sum > 0.0 and running_max + np.log(running_sum) >= log_min_sum
+            store_row(out, lse, i, running_max, running_sum, acc, exponents)
     return out, lse
 
 
