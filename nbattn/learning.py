@@ -368,6 +368,16 @@ def _boxed_keys(z64, points64, y2):
     return "loo_tiles_boxed", pruning, rank, z_t, points, y2[order]
 
 
+def _pruned_keys(z64, points64, y2):
+    """:func:`_boxed_keys` where pruning pays: from ``config.LOO_PRUNE_MIN_ROWS`` keys,
+    when the boxes would keep at most ``config.LOO_BOXED_MAX_SHARE`` of them (a wide
+    kernel keeps most, and gathering them costs more than it saves); else None."""
+    if z64.shape[0] < config.LOO_PRUNE_MIN_ROWS:
+        return None
+    keys = _boxed_keys(z64, points64, y2)
+    return keys if _boxed_share(keys) <= config.LOO_BOXED_MAX_SHARE else None
+
+
 def _boxed_share(keys, n_sample=64):
     """An estimate of the share of keys the boxed tiles would keep for a row: over
     ``n_sample`` rows spread through the k-d order, the keys of the leaves whose box
@@ -462,11 +472,7 @@ def _loss_and_grad_passes(X, y2, z, z_t, v_t, dtype, diagonal, L, device="cpu", 
         points64 = z64 if diagonal else np.ascontiguousarray(X, dtype=np.float64)
         # from LOO_PRUNE_MIN_ROWS keys: k-d order, tiles pruned by the leaves' boxes,
         # unless they would keep most keys (a wide kernel), where gathering costs more
-        keys = None
-        if z.shape[0] >= config.LOO_PRUNE_MIN_ROWS:
-            keys = _boxed_keys(z64, points64, y2)
-            if _boxed_share(keys) > config.LOO_BOXED_MAX_SHARE:
-                keys = None
+        keys = _pruned_keys(z64, points64, y2)
         if keys is None:
             keys = _plain_keys(z64, points64, y2)
         sse, sums = _sum_over_rows(_tile_loss_grad_rows, n, keys, z, z_t, v_t, y2, dtype, diagonal)
@@ -968,11 +974,16 @@ def fit_learned_kernel(
         return loss / scale[0], np.ravel(grad) / scale[0]
 
     def start_loss():
-        """The criterion of this stage at x0, without its gradient: at the start's
-        (often wide) widths the loss-only kernel costs a third of the tile pass
-        (diamonds, all rows at Scott's widths: 1.8 s against 6.6 s)."""
+        """The criterion of this stage at x0. Where the tiles would not prune (the
+        start's widths are often wide), without its gradient: the loss-only kernel
+        costs a third of the tile pass (diamonds, all rows at Scott's widths: 1.8 s
+        against 6.6 s); where they would, by the pruned tile pass."""
         rows = stage_rows[0]
         z, z_t = layout(x0)
+        if device == "cpu":
+            z64 = np.ascontiguousarray(z, dtype=np.float64)
+            if _pruned_keys(z64, z64, y2) is not None:
+                return raw(x0)[0]
         return _loss_from_layout(
             z, z_t, y2, dtype, rows=None if rows is None else np.arange(rows), device=device
         )
