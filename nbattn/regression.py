@@ -283,14 +283,14 @@ def uses_gemm_tiles(n_features: int, dtype) -> bool:
 
 def _gaussian_pool_gemm(q, keys, k_t, v_t, exclude_self):
     """The GEMM-tile pool of the laid-out arrays (keys row-major; feature-major or an
-    empty ``k_t``), BLAS on one thread. Its tiles (milliseconds each) are handed to
-    numba's threads one at a time, so a thread the OS holds back does not keep the
-    other waiting for its share."""
-    import numba
+    empty ``k_t``), BLAS on one thread. Tiles of enough work (milliseconds each) are
+    handed to numba's threads one at a time, so a thread the OS holds back does not
+    keep the other waiting for its share."""
+    from ._threads import blas_one_thread, dynamic_below
 
-    from ._threads import blas_one_thread
-
-    with blas_one_thread(), numba.parallel_chunksize(1):
+    block_q, _ = kernels_for("pooling_gemm", "cpu").tile_shape(keys.shape[1])
+    item_work = block_q * keys.shape[0] * keys.shape[1]  # multiply-adds per row tile
+    with blas_one_thread(), dynamic_below(item_work, config.FLASH_DYNAMIC_ITEM_WORK):
         return kernels_for("pooling_gemm", "cpu").gaussian_pool_gemm(
             q, keys, k_t, v_t, exclude_self
         )
