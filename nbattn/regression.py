@@ -292,7 +292,7 @@ def _gaussian_pool_gemm(q, keys, k_t, v_t, exclude_self):
     item_work = block_q * keys.shape[0] * keys.shape[1]  # multiply-adds per row tile
     with blas_one_thread(), dynamic_below(item_work, config.FLASH_DYNAMIC_ITEM_WORK):
         return kernels_for("pooling_gemm", "cpu").gaussian_pool_gemm(
-            q, keys, k_t, v_t, exclude_self
+            q, keys, k_t, v_t, exclude_self, 0
         )
 
 

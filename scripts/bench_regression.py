@@ -238,7 +238,7 @@ def _profile_rows(queries, keys, values, repeat):
 
     def kernel():
         with blas_one_thread():
-            pooling_gemm.gaussian_pool_gemm(q, k, k_t, v_t, False)
+            pooling_gemm.gaussian_pool_gemm(q, k, k_t, v_t, False, 0)
 
     def gemms():
         with blas_one_thread():

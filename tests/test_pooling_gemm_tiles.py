@@ -134,8 +134,10 @@ def test_rows_redone_without_the_transposed_keys(dtype):
         queries, keys, values, h, np.dtype(dtype), keys_row_major=True
     )
     with blas_one_thread():
-        out, lse = pooling_gemm.gaussian_pool_gemm(q, k, k_t, v_t, False)
-        out_e, lse_e = pooling_gemm.gaussian_pool_gemm(q, k, np.empty((0, 0), q.dtype), v_t, False)
+        out, lse = pooling_gemm.gaussian_pool_gemm(q, k, k_t, v_t, False, 0)
+        out_e, lse_e = pooling_gemm.gaussian_pool_gemm(
+            q, k, np.empty((0, 0), q.dtype), v_t, False, 0
+        )
     np.testing.assert_array_equal(out_e, out)
     np.testing.assert_array_equal(lse_e, lse)
     ref = naive.nadaraya_watson(queries[:-1], keys, values, h)

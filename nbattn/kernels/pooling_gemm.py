@@ -161,9 +161,12 @@ def _exp2_sum_store(row, key_norms, q_norm, shift):
 
 
 @njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
-def gaussian_pool_gemm(queries, keys, keys_t, values_t, exclude_self, self_offset=0):
+def gaussian_pool_gemm(queries, keys, keys_t, values_t, exclude_self, self_offset):
     """Gaussian attention pooling on GEMM tiles; returns ``(out, lse)`` like
-    ``pooling.gaussian_pool`` (module docstring for the layout and the row checks)."""
+    ``pooling.gaussian_pool`` (module docstring for the layout and the row checks).
+
+    With ``exclude_self``, query row i is key row ``i + self_offset``. The offset has
+    no default: an omitted argument would be a second compiled specialisation."""
     n_queries, n_features = queries.shape
     n_keys = keys.shape[0]
     n_outputs = values_t.shape[0]
