@@ -87,11 +87,14 @@ key gets zeros and lse = -inf, and zero gradients.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import njit, prange, types
 from numba.extending import overload
 
 from .. import config
+from .blas import gemm
 from .dropout import keep
 from .fastmath import (
     _bits_to_float32,
@@ -221,30 +224,37 @@ def exp2_shift_sum(row, shift):
 #: a new tile sum to at most REBASE_SUM (so none exceeds it): the exponentials
 #: then need no maximum pass of their own (the one-pass path of the forward;
 #: LLVM does not vectorise a loop that keeps a maximum and a sum together).
-#: Beyond it the row is redone against its new maximum.
+#: Beyond it the reference is raised: by a power of two up to REBASE_EXACT_SUM,
+#: else by scoring the row again against its new maximum.
 REBASE_SUM = 2.0**20
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def _exp2_into(row, out, shift):
-    """``out[j] <- 2**(row[j] - shift)``; returns the sum of the new values."""
-    total = like(0.0, row)
-    for j in range(row.shape[0]):
-        w = exp2(row[j] - shift)
-        out[j] = w
-        total += w
-    return total
+#: Up to this sum the weights of a tile computed against a too-low reference
+#: maximum are rebased exactly, by a power of two, instead of being scored again:
+#: no weight can have saturated (``exp2`` clamps at 2**127 in float32).
+REBASE_EXACT_SUM = 2.0**100
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def _exp2_into_masked(row, bias, out, shift):
-    """``out[j] <- 2**(row[j] + bias[j] - shift)``; returns the sum of the new values."""
-    total = like(0.0, row)
+def _scale_row(row, acc_row, factor):
+    """``row *= factor``, ``acc_row *= factor`` (a power of two: exact)."""
+    f_row = like(factor, row)
     for j in range(row.shape[0]):
-        w = exp2(row[j] + bias[j] - shift)
-        out[j] = w
-        total += w
-    return total
+        row[j] *= f_row
+    f_acc = like(factor, acc_row)
+    for c in range(acc_row.shape[0]):
+        acc_row[c] *= f_acc
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def _score_row(q_tile, k_tile, st, r, bh, i0, j0, mask, mask_index, slopes, band, softcap):
+    """Row r of the score tile ``st`` again: q_r K^T with its softcap, mask, ALiBi and band
+    (a mask with one entry per key excepted, as in the tile pass)."""
+    one = st[r : r + 1]
+    gemm(q_tile[r : r + 1], k_tile, one, False, True, 0.0)
+    _tile_terms(
+        one, one, bh, i0 + r, j0, mask, mask_index, slopes, band, softcap, True, False, False
+    )
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
@@ -453,9 +463,6 @@ def flash_forward(
         mb = min(block_q, n_q - i0)
         kv = kv_index[bh]
         s_flat = np.empty(mb * block_k, dtype=q.dtype)
-        p_flat = np.empty(mb * block_k, dtype=q.dtype)
-        pv_flat = np.empty(mb * d_v, dtype=q.dtype)
-        pv = pv_flat.reshape((mb, d_v))
         acc = np.zeros((mb, d_v), dtype=q.dtype)
         m = np.full(mb, -np.inf)
         l = np.zeros(mb)
@@ -469,43 +476,71 @@ def flash_forward(
                 continue
             j0 = kt * block_k
             nb = min(block_k, n_k - j0)
+            k_tile = k[kv, j0 : j0 + nb]
+            # the weights P overwrite the scores S in place: one tile of scratch, which
+            # stays in the core's L2 cache with the K and V tiles
             st = s_flat[: mb * nb].reshape((mb, nb))
-            pt = p_flat[: mb * nb].reshape((mb, nb))
-            np.dot(q_tile, k[kv, j0 : j0 + nb].T, st)
+            gemm(q_tile, k_tile, st, False, True, 0.0)
             need_band = _needs_band(i0, mb, j0, nb, band)
             _tile_terms(
                 st, st, bh, i0, j0, mask, mask_index, slopes, band, softcap, need_band, False, False
             )
             for r in range(mb):
                 row = st[r]
-                p_row = pt[r]
                 if key_mask:
                     bias = mask[mask_index[bh], i0 + r if mask_rows else 0, j0 : j0 + nb]
                 else:
                     bias = row  # unused
                 shift = m[r]
                 if shift != -np.inf:
-                    # one pass: the exponentials against the kept maximum; a sum beyond
-                    # REBASE_SUM (inf included) means the maximum jumped: redo below
+                    # one pass: the exponentials against the kept reference maximum
                     if key_mask:
-                        total = _exp2_into_masked(row, bias, p_row, like(shift, row))
+                        total = _exp2_shift_sum_masked(row, bias, like(shift, row))
                     else:
-                        total = _exp2_into(row, p_row, like(shift, row))
+                        total = exp2_shift_sum(row, like(shift, row))
                     if total <= REBASE_SUM:
                         l[r] += total
+                        rebased = True
+                    elif total <= REBASE_EXACT_SUM:
+                        # the reference maximum is e bits too low: scale the new weights,
+                        # the sum and the accumulator by 2**-e (exact, no weight saturated)
+                        e = math.frexp(total)[1]
+                        _scale_row(row, acc[r], math.ldexp(1.0, -e))
+                        l[r] = math.ldexp(l[r] + total, -e)
+                        m[r] = shift + e
+                        rebased = True
+                    else:
+                        # weights may have saturated at 2**127 (2**1023): score the row
+                        # again and rebase it on its maximum below
+                        _score_row(
+                            q_tile,
+                            k_tile,
+                            st,
+                            r,
+                            bh,
+                            i0,
+                            j0,
+                            mask,
+                            mask_index,
+                            slopes,
+                            band,
+                            softcap,
+                        )
+                        rebased = False
+                    if rebased:
                         if use_dropout:
                             counter0 = _row_counter(dropout, bh, i0 + r, j0)
-                            _drop_row(p_row, like(1.0, row), seed, threshold, counter0)
+                            _drop_row(row, like(1.0, row), seed, threshold, counter0)
                         continue
-                # the row's first admissible tile, or a jump of its maximum: rebase
+                # the row's first admissible tile, or a saturated jump: rebase on the maximum
                 if key_mask:
                     _add_row(row, bias)
                 top = np.float64(row_max(row))
                 if top == -np.inf:  # nothing admissible yet (shift is -inf too)
-                    p_row[:] = 0.0
+                    row[:] = 0.0
                     continue
                 rescale = np.exp2(shift - top)
-                l[r] = l[r] * rescale + _exp2_into(row, p_row, like(top, row))
+                l[r] = l[r] * rescale + exp2_shift_sum(row, like(top, row))
                 if rescale != 1.0:
                     factor = like(rescale, acc)
                     acc_row = acc[r]
@@ -514,13 +549,8 @@ def flash_forward(
                 m[r] = top
                 if use_dropout:
                     counter0 = _row_counter(dropout, bh, i0 + r, j0)
-                    _drop_row(p_row, like(1.0, row), seed, threshold, counter0)
-            np.dot(pt, v[kv, j0 : j0 + nb], pv)
-            for r in range(mb):
-                acc_row = acc[r]
-                pv_row = pv[r]
-                for c in range(d_v):
-                    acc_row[c] += pv_row[c]
+                    _drop_row(row, like(1.0, row), seed, threshold, counter0)
+            gemm(st, v[kv, j0 : j0 + nb], acc, False, False, 1.0)
         for r in range(mb):
             if l[r] > 0.0:
                 inv = like(keep_scale / l[r], acc)
