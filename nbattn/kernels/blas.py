@@ -78,10 +78,12 @@ def _gemm_impl(kind):
         scalars[0] = 1.0
         scalars[1] = beta
         # column-major: C^T (n x m) = op(B)^T (n x k) op(A)^T (k x m)
+        flag_a = _N + (_T - _N) * trans_a
+        flag_b = _N + (_T - _N) * trans_b
         _XXGEMM(
             kind,
-            _T if trans_b else _N,
-            _T if trans_a else _N,
+            flag_b,
+            flag_a,
             n,
             m,
             k,
@@ -101,7 +103,7 @@ def _gemm_impl(kind):
 _IMPLS = {32: _gemm_impl(ord("s")), 64: _gemm_impl(ord("d"))}
 
 
-@overload(gemm, inline="always", jit_options={"fastmath": config.FASTMATH})
+@overload(gemm, jit_options={"fastmath": config.FASTMATH})
 def _gemm_overload(a, b, c, trans_a, trans_b, beta):
     if not all(isinstance(x, types.Array) and x.ndim == 2 for x in (a, b, c)):
         return None

@@ -563,16 +563,6 @@ def flash_forward(
     return out, lse
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def _add_into(dst, src):
-    """dst += src for two 2-D arrays of one shape (dst may be a strided view)."""
-    for r in range(src.shape[0]):
-        d_row = dst[r]
-        s_row = src[r]
-        for c in range(src.shape[1]):
-            d_row[c] += s_row[c]
-
-
 @njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
 def flash_backward(
     q,
@@ -635,8 +625,6 @@ def flash_backward(
         s_flat = np.empty(block_q * block_k, dtype=dtype)
         dp_flat = np.empty(block_q * block_k, dtype=dtype)
         th_flat = np.empty(block_q * block_k if use_cap else 1, dtype=dtype)
-        tk_flat = np.empty(block_k * max(d, d_v), dtype=dtype)
-        tq_flat = np.empty(block_q * d, dtype=dtype)
         dk_acc = np.empty((block_k, d), dtype=dtype)
         dv_acc = np.empty((block_k, d_v), dtype=dtype)
         neg_inf = like(-np.inf, q)
@@ -667,7 +655,7 @@ def flash_backward(
                     st = s_flat[: mb * nb].reshape((mb, nb))
                     dpt = dp_flat[: mb * nb].reshape((mb, nb))
                     tht = th_flat[: mb * nb].reshape((mb, nb)) if use_cap else st
-                    np.dot(q_tile, k_tile.T, st)
+                    gemm(q_tile, k_tile, st, False, True, 0.0)
                     need_band = _needs_band(i0, mb, j0, nb, band)
                     _tile_terms(
                         st,
@@ -697,7 +685,7 @@ def flash_backward(
                             # LLVM vectorises this loop only if its sum is used: kept in sink
                             p_sum += exp2_shift_sum(row, shift)
                     sink[0] += p_sum
-                    np.dot(do_tile, v_tile.T, dpt)
+                    gemm(do_tile, v_tile, dpt, False, True, 0.0)
                     for r in range(mb):
                         row = st[r]
                         dp_row = dpt[r]
@@ -718,15 +706,10 @@ def flash_backward(
                             th_row = tht[r]
                             for j in range(nb):
                                 dp_row[j] *= one - th_row[j] * th_row[j]
-                    tv = tk_flat[: nb * d_v].reshape((nb, d_v))
-                    np.dot(st.T, do_tile, tv)
-                    _add_into(dv_acc[:nb], tv)
-                    tq = tq_flat[: mb * d].reshape((mb, d))
-                    np.dot(dpt, k_tile, tq)
-                    _add_into(dq_part[group, bh, i0 : i0 + mb], tq)
-                    tk = tk_flat[: nb * d].reshape((nb, d))
-                    np.dot(dpt.T, q_tile, tk)
-                    _add_into(dk_acc[:nb], tk)
+                    # the three products accumulate in place (beta = 1)
+                    gemm(st, do_tile, dv_acc[:nb], True, False, 1.0)
+                    gemm(dpt, k_tile, dq_part[group, bh, i0 : i0 + mb], False, False, 1.0)
+                    gemm(dpt, q_tile, dk_acc[:nb], True, False, 1.0)
             ln2 = like(LN2, q)
             for j in range(nb):
                 for c in range(d):
