@@ -3,59 +3,145 @@
 numba's ``np.dot(a, b, out)`` always overwrites ``out`` (beta = 0), so a
 kernel that accumulates a product (the flash kernels' ``acc += P V``,
 ``dQ += dS K``) needs a scratch tile and an addition pass over it. ``gemm``
-calls the same BLAS as ``np.dot`` -- numba's ``numba_xxgemm`` helper, which
-reaches the ``?gemm`` of ``scipy.linalg.cython_blas`` -- with beta and the
-transposes given by the caller, so the product lands in ``C`` directly.
+calls a BLAS ``?gemm`` with beta and the transposes given by the caller, so
+the product lands in ``C`` directly.
+
+Which BLAS. ``np.dot`` in numba reaches the ``?gemm`` of
+``scipy.linalg.cython_blas`` through numba's ``numba_xxgemm`` helper; that is
+the default here too. Products of the form ``A^T B`` (``trans_a`` without
+``trans_b``: the flash backward's ``dV += P^T dO`` and ``dK += dS^T Q``) go
+instead to the OpenBLAS that NumPy's wheels carry (``scipy_?gemm_64_``, the
+64-bit-integer build), found through NumPy's own extension module when it is
+there: on the development machine (OpenBLAS 0.3.30 in SciPy's wheel, 0.3.31
+in NumPy's, SkylakeX kernels) that form ran at 84 GFLOP/s through SciPy's
+library and at 95-97 through NumPy's on 256 x 256 x 64 tiles, while NumPy's
+was 4 % slower on ``A B^T`` and equal on ``A B`` (one thread, CPU time,
+``scripts/bench_attention.py --profile`` shows the stages). Without such a
+library the symbol points at a compiled shim onto ``numba_xxgemm``, so the
+kernels are the same either way and cache on disk (they name the symbols,
+never an address). Both libraries are held to one thread by
+``nbattn._threads.blas_one_thread`` like every BLAS in the process.
 
 Arrays are row-major with unit stride along their last axis (C-contiguous
 tiles or row ranges of larger arrays; the leading dimension is the row
 stride). A row-major m x n matrix is the column-major n x m matrix of the
 same memory, so ``C = op(A) op(B)`` is handed to the column-major BLAS as
-``C^T = op(B)^T op(A)^T``. Results are identical to ``np.dot`` (the same
-library, the same call).
+``C^T = op(B)^T op(A)^T``.
 """
 
 from __future__ import annotations
 
+import ctypes
+
+import llvmlite.binding as llvm
 import numpy as np
-from numba import types
+from numba import cfunc, types
 from numba.extending import overload
 
 from .. import config
 
-# numba's own BLAS entry (numba/_lapack.c), exported by its helper library and
-# resolved by name, so kernels that call it can be cached on disk.
-_XXGEMM = types.ExternalFunction(
-    "numba_xxgemm",
-    types.intc(
-        types.char,  # kind: 's' or 'd'
-        types.char,  # transa
-        types.char,  # transb
-        types.intp,  # m
-        types.intp,  # n
-        types.intp,  # k
-        types.voidptr,  # alpha
-        types.voidptr,  # a
-        types.intp,  # lda
-        types.voidptr,  # b
-        types.intp,  # ldb
-        types.voidptr,  # beta
-        types.voidptr,  # c
-        types.intp,  # ldc
-    ),
-)
 
+def _xxgemm(dtype):
+    """numba's BLAS entry (numba/_lapack.c), exported by its helper library and resolved
+    by name, so kernels that call it can be cached on disk."""
+    ptr = types.CPointer(dtype)
+    return types.ExternalFunction(
+        "numba_xxgemm",
+        types.intc(
+            types.char,  # kind: 's' or 'd'
+            types.char,  # transa
+            types.char,  # transb
+            types.intp,  # m
+            types.intp,  # n
+            types.intp,  # k
+            ptr,  # alpha
+            ptr,  # a
+            types.intp,  # lda
+            ptr,  # b
+            types.intp,  # ldb
+            ptr,  # beta
+            ptr,  # c
+            types.intp,  # ldc
+        ),
+    )
+
+
+def _ilp64_signature(dtype):
+    """The Fortran ``?gemm`` of a 64-bit-integer BLAS: every argument by pointer."""
+    ptr, chars, ints = (
+        types.CPointer(dtype),
+        types.CPointer(types.uint8),
+        types.CPointer(types.int64),
+    )
+    return types.void(chars, chars, ints, ints, ints, ptr, ptr, ints, ptr, ints, ptr, ptr, ints)
+
+
+_XXGEMM = {32: _xxgemm(types.float32), 64: _xxgemm(types.float64)}
+_SIGNATURES = {32: _ilp64_signature(types.float32), 64: _ilp64_signature(types.float64)}
+#: The symbols the kernels call for ``A^T B``; bound at import (see the module docstring).
+_TN_SYMBOLS = {32: "nbattn_sgemm64_tn", 64: "nbattn_dgemm64_tn"}
+_TN = {bits: types.ExternalFunction(name, _SIGNATURES[bits]) for bits, name in _TN_SYMBOLS.items()}
 _N = ord("N")
 _T = ord("T")
 
 
-def _ensure_blas():
+def _shim(bits, kind):
+    """A compiled function with the 64-bit-integer ``?gemm`` ABI that calls ``numba_xxgemm``."""
+    xxgemm = _XXGEMM[bits]
+
+    def shim(transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
+        xxgemm(
+            kind,
+            np.int8(transa[0]),
+            np.int8(transb[0]),
+            m[0],
+            n[0],
+            k[0],
+            alpha,
+            a,
+            lda[0],
+            b,
+            ldb[0],
+            beta,
+            c,
+            ldc[0],
+        )
+
+    return cfunc(_SIGNATURES[bits], cache=config.CACHE)(shim)
+
+
+def _numpy_openblas():
+    """Addresses of ``scipy_sgemm_64_`` and ``scipy_dgemm_64_`` of NumPy's bundled OpenBLAS,
+    or None (another NumPy build: MKL, Accelerate, a system BLAS)."""
+    try:
+        from numpy._core import _multiarray_umath as extension
+    except ImportError:  # NumPy 1.x
+        try:
+            from numpy.core import _multiarray_umath as extension
+        except ImportError:
+            return None
+    try:
+        library = ctypes.CDLL(extension.__file__)
+        functions = library.scipy_sgemm_64_, library.scipy_dgemm_64_
+    except (OSError, AttributeError):
+        return None
+    return tuple(ctypes.cast(f, ctypes.c_void_p).value for f in functions)
+
+
+def _bind_symbols():
     # numba_xxgemm finds ?gemm in scipy.linalg.cython_blas; np.dot's typing
-    # imports it, a kernel that only calls gemm must do so itself.
+    # imports it, kernels that only call gemm need it imported here.
     import scipy.linalg.cython_blas  # noqa: F401
 
+    found = _numpy_openblas() if config.BLAS_TN_NUMPY else None
+    for i, (bits, kind) in enumerate(((32, ord("s")), (64, ord("d")))):
+        address = found[i] if found else _shim(bits, kind).address
+        llvm.add_symbol(_TN_SYMBOLS[bits], address)
+    return found is not None
 
-_ensure_blas()
+
+#: Whether ``A^T B`` products run on NumPy's bundled OpenBLAS (else numba's BLAS).
+TN_ON_NUMPY_BLAS = _bind_symbols()
 
 
 def gemm(a, b, c, trans_a, trans_b, beta):
@@ -69,7 +155,10 @@ def gemm(a, b, c, trans_a, trans_b, beta):
     raise NotImplementedError("gemm runs inside numba kernels only")
 
 
-def _gemm_impl(kind):
+def _gemm_impl(bits, kind):
+    xxgemm = _XXGEMM[bits]
+    tn = _TN[bits]
+
     def impl(a, b, c, trans_a, trans_b, beta):
         m, n = c.shape
         k = a.shape[0] if trans_a else a.shape[1]
@@ -78,9 +167,36 @@ def _gemm_impl(kind):
         scalars[0] = 1.0
         scalars[1] = beta
         # column-major: C^T (n x m) = op(B)^T (n x k) op(A)^T (k x m)
+        if trans_a and not trans_b:
+            words = np.empty(8, dtype=np.int64)
+            words[0] = n
+            words[1] = m
+            words[2] = k
+            words[3] = b.strides[0] // item
+            words[4] = a.strides[0] // item
+            words[5] = c.strides[0] // item
+            flags = np.empty(2, dtype=np.uint8)
+            flags[0] = _N
+            flags[1] = _T
+            tn(
+                flags[0:].ctypes,
+                flags[1:].ctypes,
+                words[0:].ctypes,
+                words[1:].ctypes,
+                words[2:].ctypes,
+                scalars[0:].ctypes,
+                b.ctypes,
+                words[3:].ctypes,
+                a.ctypes,
+                words[4:].ctypes,
+                scalars[1:].ctypes,
+                c.ctypes,
+                words[5:].ctypes,
+            )
+            return
         flag_a = _N + (_T - _N) * trans_a
         flag_b = _N + (_T - _N) * trans_b
-        _XXGEMM(
+        xxgemm(
             kind,
             flag_b,
             flag_a,
@@ -100,7 +216,7 @@ def _gemm_impl(kind):
     return impl
 
 
-_IMPLS = {32: _gemm_impl(ord("s")), 64: _gemm_impl(ord("d"))}
+_IMPLS = {32: _gemm_impl(32, ord("s")), 64: _gemm_impl(64, ord("d"))}
 
 
 @overload(gemm, jit_options={"fastmath": config.FASTMATH})
