@@ -24,9 +24,10 @@ one thread, CPU time (less disturbed by other processes than wall time), the
 whole forward and forward + backward against torch, and each stage alone on
 the kernels' own tiles and BLAS calls (``nbattn.kernels.blas.gemm``): the
 score GEMM Q K^T, the exponential pass, the GEMM acc += P V, and the
-backward's five GEMMs by form (two A B^T, two A^T B, one A B; the A^T B run
-on NumPy's bundled OpenBLAS where it is found, see ``nbattn.kernels.blas``).
-``NBATTN_BLAS_TN_NUMPY=0`` keeps them on numba's BLAS, for a comparison.
+backward's five GEMMs by form (two A B^T, two A^T B, one A B; A B and A^T B
+run on NumPy's bundled OpenBLAS where it is found, see ``nbattn.kernels.blas``).
+``NBATTN_GEMM_ON_NUMPY_BLAS=0`` keeps them on numba's BLAS, for a comparison
+(of the profile and of every case).
 
     python scripts/bench_attention.py
     python scripts/bench_attention.py --quick --repeat 3
@@ -201,7 +202,7 @@ def profile(n, repeat):
     """Where the time of one head goes (one thread, CPU time): see the module docstring."""
     from nbattn import config
     from nbattn._threads import blas_one_thread
-    from nbattn.kernels.blas import TN_ON_NUMPY_BLAS
+    from nbattn.kernels.blas import ON_NUMPY_BLAS
 
     numba.set_num_threads(1)
     if torch is not None:
@@ -224,24 +225,28 @@ def profile(n, repeat):
     st = np.full((fq, fk), -1.0, dtype=np.float32)
     p = np.full((fq, fk), 1e-3, dtype=np.float32)
     flops = 4.0 * n * n * D  # the forward's two GEMMs; the backward has five
-    tn_library = "NumPy's OpenBLAS" if TN_ON_NUMPY_BLAS else "numba's BLAS"
+    library = "NumPy's OpenBLAS" if ON_NUMPY_BLAS else "numba's BLAS"
     stages = [
         ("nbattn forward", _nbattn(q, k, v, g, False), flops),
         ("nbattn forward + backward", _nbattn(q, k, v, g, True), 3.5 * flops),
         (f"  score GEMM Q K^T ({fq} x {fk} tiles)", lambda: score_gemm(q2, k2, fq, fk), flops / 2),
         ("  exponential pass", lambda: exp_pass(st, n, n), None),
-        ("  GEMM acc += P V", lambda: pv_gemm(p, v2, n), flops / 2),
+        (f"  GEMM acc += P V ({library})", lambda: pv_gemm(p, v2, n), flops / 2),
         (
             f"  backward S, dP: A B^T ({bq} x {bk} tiles)",
             lambda: backward_gemms(0, q2, k2, v2, g2, bq, bk),
             flops,
         ),
         (
-            f"  backward dV, dK: A^T B ({tn_library})",
+            f"  backward dV, dK: A^T B ({library})",
             lambda: backward_gemms(1, q2, k2, v2, g2, bq, bk),
             flops,
         ),
-        ("  backward dQ: A B", lambda: backward_gemms(2, q2, k2, v2, g2, bq, bk), flops / 2),
+        (
+            f"  backward dQ: A B ({library})",
+            lambda: backward_gemms(2, q2, k2, v2, g2, bq, bk),
+            flops / 2,
+        ),
     ]
     if torch is not None:
         stages.append(("torch forward", _torch(q, k, v, g, False), flops))

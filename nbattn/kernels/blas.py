@@ -7,17 +7,18 @@ calls a BLAS ``?gemm`` with beta and the transposes given by the caller, so
 the product lands in ``C`` directly.
 
 Which BLAS. ``np.dot`` in numba reaches the ``?gemm`` of
-``scipy.linalg.cython_blas`` through numba's ``numba_xxgemm`` helper; that is
-the default here too. Products of the form ``A^T B`` (``trans_a`` without
-``trans_b``: the flash backward's ``dV += P^T dO`` and ``dK += dS^T Q``) go
-instead to the OpenBLAS that NumPy's wheels carry (``scipy_?gemm_64_``, the
-64-bit-integer build), found through NumPy's own extension module when it is
-there: on the development machine (OpenBLAS 0.3.30 in SciPy's wheel, 0.3.31
-in NumPy's, SkylakeX kernels) that form ran at 84 GFLOP/s through SciPy's
-library and at 95-97 through NumPy's on 256 x 256 x 64 tiles, while NumPy's
-was 4 % slower on ``A B^T`` and equal on ``A B`` (one thread, CPU time,
-``scripts/bench_attention.py --profile`` shows the stages). Without such a
-library the symbol points at a compiled shim onto ``numba_xxgemm``, so the
+``scipy.linalg.cython_blas`` through numba's ``numba_xxgemm`` helper. Here
+only the products ``A B^T`` (``trans_b``: the flash score tiles Q K^T and
+dO V^T) take that road; ``A B`` and ``A^T B`` go to the OpenBLAS that
+NumPy's wheels carry (``scipy_?gemm_64_``, the 64-bit-integer build), found
+through NumPy's own extension module when it is there. Measured on the
+development machine (OpenBLAS 0.3.30 in SciPy's wheel, 0.3.31 in NumPy's,
+SkylakeX kernels; one thread, CPU time, 256 x 256 tiles, 64 features):
+``A^T B`` (the flash backward's dV += P^T dO, dK += dS^T Q) 84 GFLOP/s
+through SciPy's library against 95-97 through NumPy's, ``A B`` (acc += P V,
+dQ += dS K) 96.6 against 99.3, ``A B^T`` 93 against 90
+(``scripts/bench_attention.py --profile`` shows the stages). Without such a
+library the symbols point at a compiled shim onto ``numba_xxgemm``, so the
 kernels are the same either way and cache on disk (they name the symbols,
 never an address). Both libraries are held to one thread by
 ``nbattn._threads.blas_one_thread`` like every BLAS in the process.
@@ -78,9 +79,12 @@ def _ilp64_signature(dtype):
 
 _XXGEMM = {32: _xxgemm(types.float32), 64: _xxgemm(types.float64)}
 _SIGNATURES = {32: _ilp64_signature(types.float32), 64: _ilp64_signature(types.float64)}
-#: The symbols the kernels call for ``A^T B``; bound at import (see the module docstring).
-_TN_SYMBOLS = {32: "nbattn_sgemm64_tn", 64: "nbattn_dgemm64_tn"}
-_TN = {bits: types.ExternalFunction(name, _SIGNATURES[bits]) for bits, name in _TN_SYMBOLS.items()}
+#: The symbols the kernels call for ``A B`` and ``A^T B``; bound at import (see the module
+#: docstring).
+_ILP64_SYMBOLS = {32: "nbattn_sgemm64", 64: "nbattn_dgemm64"}
+_ILP64 = {
+    bits: types.ExternalFunction(name, _SIGNATURES[bits]) for bits, name in _ILP64_SYMBOLS.items()
+}
 _N = ord("N")
 _T = ord("T")
 
@@ -133,15 +137,15 @@ def _bind_symbols():
     # imports it, kernels that only call gemm need it imported here.
     import scipy.linalg.cython_blas  # noqa: F401
 
-    found = _numpy_openblas() if config.BLAS_TN_NUMPY else None
+    found = _numpy_openblas() if config.GEMM_ON_NUMPY_BLAS else None
     for i, (bits, kind) in enumerate(((32, ord("s")), (64, ord("d")))):
         address = found[i] if found else _shim(bits, kind).address
-        llvm.add_symbol(_TN_SYMBOLS[bits], address)
+        llvm.add_symbol(_ILP64_SYMBOLS[bits], address)
     return found is not None
 
 
-#: Whether ``A^T B`` products run on NumPy's bundled OpenBLAS (else numba's BLAS).
-TN_ON_NUMPY_BLAS = _bind_symbols()
+#: Whether ``A B`` and ``A^T B`` products run on NumPy's bundled OpenBLAS (else numba's BLAS).
+ON_NUMPY_BLAS = _bind_symbols()
 
 
 def gemm(a, b, c, trans_a, trans_b, beta):
@@ -157,7 +161,7 @@ def gemm(a, b, c, trans_a, trans_b, beta):
 
 def _gemm_impl(bits, kind):
     xxgemm = _XXGEMM[bits]
-    tn = _TN[bits]
+    ilp64 = _ILP64[bits]
 
     def impl(a, b, c, trans_a, trans_b, beta):
         m, n = c.shape
@@ -167,7 +171,9 @@ def _gemm_impl(bits, kind):
         scalars[0] = 1.0
         scalars[1] = beta
         # column-major: C^T (n x m) = op(B)^T (n x k) op(A)^T (k x m)
-        if trans_a and not trans_b:
+        flag_a = _N + (_T - _N) * trans_a
+        flag_b = _N + (_T - _N) * trans_b
+        if not trans_b:
             words = np.empty(8, dtype=np.int64)
             words[0] = n
             words[1] = m
@@ -176,9 +182,9 @@ def _gemm_impl(bits, kind):
             words[4] = a.strides[0] // item
             words[5] = c.strides[0] // item
             flags = np.empty(2, dtype=np.uint8)
-            flags[0] = _N
-            flags[1] = _T
-            tn(
+            flags[0] = flag_b
+            flags[1] = flag_a
+            ilp64(
                 flags[0:].ctypes,
                 flags[1:].ctypes,
                 words[0:].ctypes,
@@ -194,8 +200,6 @@ def _gemm_impl(bits, kind):
                 words[5:].ctypes,
             )
             return
-        flag_a = _N + (_T - _N) * trans_a
-        flag_b = _N + (_T - _N) * trans_b
         xxgemm(
             kind,
             flag_b,
