@@ -563,6 +563,18 @@ def flash_forward(
     return out, lse
 
 
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def _transpose_into(tile, flat):
+    """``tile.T`` (c, r) written into the front of ``flat`` and returned as a C-contiguous view."""
+    rows, cols = tile.shape
+    out = flat[: rows * cols].reshape((cols, rows))
+    for r in range(rows):
+        row = tile[r]
+        for c in range(cols):
+            out[c, r] = row[c]
+    return out
+
+
 @njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
 def flash_backward(
     q,
@@ -627,6 +639,8 @@ def flash_backward(
         th_flat = np.empty(block_q * block_k if use_cap else 1, dtype=dtype)
         dk_acc = np.empty((block_k, d), dtype=dtype)
         dv_acc = np.empty((block_k, d_v), dtype=dtype)
+        kt_flat = np.empty(d * block_k, dtype=dtype)
+        vt_flat = np.empty(d_v * block_k, dtype=dtype)
         neg_inf = like(-np.inf, q)
         one = like(1.0, q)
         drop_scale = like(keep_scale, q)
@@ -638,6 +652,10 @@ def flash_backward(
             dv_acc[:nb] = 0.0
             k_tile = k[kv, j0 : j0 + nb]
             v_tile = v[kv, j0 : j0 + nb]
+            # K^T and V^T of the tile, once for every query tile that reads it: the score
+            # products Q K^T and dO V^T then run as A B (3 % faster than A B^T here)
+            k_tile_t = _transpose_into(k_tile, kt_flat)
+            v_tile_t = _transpose_into(v_tile, vt_flat)
             i_first = max(j0 - offset - right, 0)
             i_last = min(j0 + nb - 1 - offset + left, n_q - 1)
             qt_first = i_first // block_q
@@ -655,7 +673,7 @@ def flash_backward(
                     st = s_flat[: mb * nb].reshape((mb, nb))
                     dpt = dp_flat[: mb * nb].reshape((mb, nb))
                     tht = th_flat[: mb * nb].reshape((mb, nb)) if use_cap else st
-                    gemm(q_tile, k_tile, st, False, True, 0.0)
+                    gemm(q_tile, k_tile_t, st, False, False, 0.0)
                     need_band = _needs_band(i0, mb, j0, nb, band)
                     _tile_terms(
                         st,
@@ -685,7 +703,7 @@ def flash_backward(
                             # LLVM vectorises this loop only if its sum is used: kept in sink
                             p_sum += exp2_shift_sum(row, shift)
                     sink[0] += p_sum
-                    gemm(do_tile, v_tile, dpt, False, True, 0.0)
+                    gemm(do_tile, v_tile_t, dpt, False, False, 0.0)
                     for r in range(mb):
                         row = st[r]
                         dp_row = dpt[r]
