@@ -32,7 +32,7 @@ from . import naive
 from .test_softmax import assert_close
 
 
-@njit(cache=False)
+@njit(cache=True)
 def _gemm(a, b, c, trans_a, trans_b, beta):
     blas.gemm(a, b, c, trans_a, trans_b, beta)
 

@@ -30,10 +30,16 @@ cheaper than ``fast_exp`` in the softmax loop). The caller
 
 Queries are cut into tiles of ``block_q`` rows and keys into tiles of
 ``block_k`` (tile t covers [t*block, (t+1)*block)); for every pair of tiles
-the score tile Q K^T and the product P V are BLAS GEMM calls (``np.dot`` with
-a preallocated output), and the online softmax between them -- row maximum
-``m``, row sum ``l``, rescaling of the accumulator by 2**(m_old - m_new),
-deferred normalisation -- is a vectorised loop with the inlined ``exp2``.
+the score tile Q K^T and the product P V are BLAS GEMM calls
+(``nbattn.kernels.blas.gemm``; P V accumulates into ``acc`` with beta = 1),
+and the online softmax between them -- row maximum ``m``, row sum ``l``,
+rescaling of the accumulator by 2**(m_old - m_new), deferred normalisation
+-- is a vectorised loop with the inlined ``exp2`` that overwrites the scores
+with the weights (one tile of scratch per thread, which stays in L2 with the
+K and V tiles). A row keeps its reference maximum while a tile's weights sum
+to at most ``REBASE_SUM``; a larger sum up to ``REBASE_EXACT_SUM`` raises the
+reference by a power of two (weights, sum and accumulator scaled exactly),
+and beyond it the row is scored again and rebased on its maximum.
 Memory is O(threads * block_q * block_k) for scratch plus the output. Tiles
 outside the band are never visited (a window costs O(L * window) work), and
 tiles whose mask entries are all ``-inf`` are skipped through ``mask_live``,
@@ -50,11 +56,14 @@ The backward kernel recomputes P tile by tile from the saved ``lse``:
 
 with cap' = 1 - tanh^2(x / c) under a softcap, else 1. (dK is computed as
 ln 2 dS^T Q' with Q' the base-2 queries.) Five GEMMs per tile pair (the
-forward has two). Work items are (key/value slice, key-tile group): each
-owns its dK and dV rows and loops over every query slice that reads it (the
-head group of grouped-query attention), so dK and dV are summed over the
-group without atomics; dQ is accumulated per group in a buffer of its own
-and the groups are summed at the end.
+forward has two): S = Q (K^T) and dP = dO (V^T) as A B products on K^T and
+V^T written once per key tile, dV += P^T dO and dK += dS^T Q as A^T B, and
+dQ += dS K, the three accumulating in place (beta = 1). Work items are
+(key/value slice, key-tile group): each owns its dK and dV rows and loops
+over every query slice that reads it (the head group of grouped-query
+attention), so dK and dV are summed over the group without atomics; dQ is
+accumulated per group in a buffer of its own and the groups are summed at
+the end.
 
 Argument conventions shared by both kernels (the varlen and decode entries
 call them per sequence with slices of shape (BH, n, E), and the CUDA twins
@@ -80,7 +89,7 @@ mirror them):
 
 All floating arrays share one dtype (float32 or float64); tiles are
 accumulated in it, ``m``, ``l`` and ``lse`` are float64. BLAS must be held
-to one thread while these kernels run (``np.dot`` inside ``prange`` otherwise
+to one thread while these kernels run (a GEMM inside ``prange`` otherwise
 starts BLAS threads that fight the numba threads). A row with no admissible
 key gets zeros and lse = -inf, and zero gradients.
 """
