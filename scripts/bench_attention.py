@@ -173,21 +173,27 @@ def _stage_kernels():
 
     @njit(cache=False)
     def backward_gemms(form, q, k, v, g, block_q, block_k):
-        """form 0: the two A B^T (S = Q K^T, dP = dO V^T); 1: the two A^T B (dV += P^T dO,
-        dK += dS^T Q); 2: the A B (dQ += dS K)."""
+        """form 0: S = Q K^T and dP = dO V^T as A B on K^T and V^T written once per key
+        tile (as the kernel does); 1: the two A^T B (dV += P^T dO, dK += dS^T Q); 2: the
+        A B dQ += dS K."""
         n_q, n_k, d = q.shape[0], k.shape[0], q.shape[1]
         st = np.full((block_q, block_k), 1e-3, dtype=q.dtype)
         dp = np.full((block_q, block_k), 1e-3, dtype=q.dtype)
         dk = np.zeros((block_k, d), dtype=q.dtype)
         dv = np.zeros((block_k, d), dtype=q.dtype)
         dq = np.zeros((block_q, d), dtype=q.dtype)
+        k_t = np.empty((d, block_k), dtype=q.dtype)
+        v_t = np.empty((v.shape[1], block_k), dtype=q.dtype)
         for j0 in range(0, n_k, block_k):
             k_tile, v_tile = k[j0 : j0 + block_k], v[j0 : j0 + block_k]
+            if form == 0:
+                k_t[:] = k_tile.T
+                v_t[:] = v_tile.T
             for i0 in range(0, n_q, block_q):
                 q_tile, g_tile = q[i0 : i0 + block_q], g[i0 : i0 + block_q]
                 if form == 0:
-                    gemm(q_tile, k_tile, st, False, True, 0.0)
-                    gemm(g_tile, v_tile, dp, False, True, 0.0)
+                    gemm(q_tile, k_t, st, False, False, 0.0)
+                    gemm(g_tile, v_t, dp, False, False, 0.0)
                 elif form == 1:
                     gemm(st, g_tile, dv, True, False, 1.0)
                     gemm(dp, q_tile, dk, True, False, 1.0)
@@ -233,7 +239,7 @@ def profile(n, repeat):
         ("  exponential pass", lambda: exp_pass(st, n, n), None),
         (f"  GEMM acc += P V ({library})", lambda: pv_gemm(p, v2, n), flops / 2),
         (
-            f"  backward S, dP: A B^T ({bq} x {bk} tiles)",
+            f"  backward S, dP: A B on K^T, V^T ({bq} x {bk})",
             lambda: backward_gemms(0, q2, k2, v2, g2, bq, bk),
             flops,
         ),
