@@ -389,6 +389,17 @@ LOO_TILE_GEMM_REFINE_MAX_RADIUS2 = _env_int(
 )
 
 
+# ------------------------------------------------------------ flash tiles: which BLAS
+#: Whether the tile kernels' products ``A B`` and ``A^T B`` (the flash kernels'
+#: acc += P V, dQ += dS K, dV += P^T dO, dK += dS^T Q) run on the OpenBLAS that
+#: NumPy's wheels carry, when it is found (``nbattn.kernels.blas``): measured
+#: 95-97 GFLOP/s there against 84 through SciPy's (numba's) for A^T B, 99 against
+#: 97 for A B, on 256 x 256 x 64 tiles, one thread. NBATTN_GEMM_ON_NUMPY_BLAS=0
+#: keeps every product on numba's BLAS. Read once, when ``nbattn.kernels.blas`` is
+#: imported (the kernels name a symbol bound then, so the cache stays valid).
+GEMM_ON_NUMPY_BLAS = os.environ.get("NBATTN_GEMM_ON_NUMPY_BLAS", "1") not in ("0", "false", "False")
+
+
 # --------------------------------------------------------------------------- the on-disk cache
 # Keep this block LAST: it looks at every compiled tunable defined above it.
 

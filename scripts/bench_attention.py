@@ -22,8 +22,12 @@ Cases (N = sequence length, L = S = N):
 ``--profile`` prints instead where the time of the plain case goes: one head,
 one thread, CPU time (less disturbed by other processes than wall time), the
 whole forward and forward + backward against torch, and each stage alone on
-the kernels' own tiles: the score GEMM Q K^T, the exponential pass, the GEMM
-P V, and the backward's five GEMMs.
+the kernels' own tiles and BLAS calls (``nbattn.kernels.blas.gemm``): the
+score GEMM Q K^T, the exponential pass, the GEMM acc += P V, and the
+backward's five GEMMs by form (two A B^T, two A^T B, one A B; A B and A^T B
+run on NumPy's bundled OpenBLAS where it is found, see ``nbattn.kernels.blas``).
+``NBATTN_GEMM_ON_NUMPY_BLAS=0`` keeps them on numba's BLAS, for a comparison
+(of the profile and of every case).
 
     python scripts/bench_attention.py
     python scripts/bench_attention.py --quick --repeat 3
@@ -133,10 +137,11 @@ def _cpu_times(fns, repeat):
 
 
 def _stage_kernels():
-    """The stages of the flash kernels alone, as numba loops over the same tiles."""
+    """The stages of the flash kernels alone, as numba loops over the same tiles and calls."""
     from numba import njit
 
     from nbattn import config
+    from nbattn.kernels.blas import gemm
     from nbattn.kernels.flash import exp2_shift_sum
 
     @njit(cache=False)
@@ -145,7 +150,7 @@ def _stage_kernels():
         st = np.empty((block_q, block_k), dtype=q.dtype)
         for i0 in range(0, n_q, block_q):
             for j0 in range(0, n_k, block_k):
-                np.dot(q[i0 : i0 + block_q], k[j0 : j0 + block_k].T, st)
+                gemm(q[i0 : i0 + block_q], k[j0 : j0 + block_k], st, False, True, 0.0)
         return st[0, 0]
 
     @njit(fastmath=config.FASTMATH, cache=False)
@@ -160,29 +165,41 @@ def _stage_kernels():
 
     @njit(cache=False)
     def pv_gemm(p, v, n_q):
-        pv = np.empty((p.shape[0], v.shape[1]), dtype=v.dtype)
+        acc = np.zeros((p.shape[0], v.shape[1]), dtype=v.dtype)
         for _ in range(0, n_q, p.shape[0]):
             for j0 in range(0, v.shape[0], p.shape[1]):
-                np.dot(p, v[j0 : j0 + p.shape[1]], pv)
-        return pv[0, 0]
+                gemm(p, v[j0 : j0 + p.shape[1]], acc, False, False, 1.0)
+        return acc[0, 0]
 
     @njit(cache=False)
-    def backward_gemms(q, k, v, g, block_q, block_k):
+    def backward_gemms(form, q, k, v, g, block_q, block_k):
+        """form 0: S = Q K^T and dP = dO V^T as A B on K^T and V^T written once per key
+        tile (as the kernel does); 1: the two A^T B (dV += P^T dO, dK += dS^T Q); 2: the
+        A B dQ += dS K."""
         n_q, n_k, d = q.shape[0], k.shape[0], q.shape[1]
-        st = np.empty((block_q, block_k), dtype=q.dtype)
-        dp = np.empty((block_q, block_k), dtype=q.dtype)
-        tk = np.empty((block_k, d), dtype=q.dtype)
-        tq = np.empty((block_q, d), dtype=q.dtype)
+        st = np.full((block_q, block_k), 1e-3, dtype=q.dtype)
+        dp = np.full((block_q, block_k), 1e-3, dtype=q.dtype)
+        dk = np.zeros((block_k, d), dtype=q.dtype)
+        dv = np.zeros((block_k, d), dtype=q.dtype)
+        dq = np.zeros((block_q, d), dtype=q.dtype)
+        k_t = np.empty((d, block_k), dtype=q.dtype)
+        v_t = np.empty((v.shape[1], block_k), dtype=q.dtype)
         for j0 in range(0, n_k, block_k):
             k_tile, v_tile = k[j0 : j0 + block_k], v[j0 : j0 + block_k]
+            if form == 0:
+                k_t[:] = k_tile.T
+                v_t[:] = v_tile.T
             for i0 in range(0, n_q, block_q):
                 q_tile, g_tile = q[i0 : i0 + block_q], g[i0 : i0 + block_q]
-                np.dot(q_tile, k_tile.T, st)
-                np.dot(g_tile, v_tile.T, dp)
-                np.dot(st.T, g_tile, tk)
-                np.dot(dp, k_tile, tq)
-                np.dot(dp.T, q_tile, tk)
-        return tk[0, 0]
+                if form == 0:
+                    gemm(q_tile, k_t, st, False, False, 0.0)
+                    gemm(g_tile, v_t, dp, False, False, 0.0)
+                elif form == 1:
+                    gemm(st, g_tile, dv, True, False, 1.0)
+                    gemm(dp, q_tile, dk, True, False, 1.0)
+                else:
+                    gemm(dp, k_tile, dq, False, False, 1.0)
+        return dk[0, 0] + dv[0, 0] + dq[0, 0] + st[0, 0] + dp[0, 0]
 
     return score_gemm, exp_pass, pv_gemm, backward_gemms
 
@@ -191,6 +208,7 @@ def profile(n, repeat):
     """Where the time of one head goes (one thread, CPU time): see the module docstring."""
     from nbattn import config
     from nbattn._threads import blas_one_thread
+    from nbattn.kernels.blas import ON_NUMPY_BLAS
 
     numba.set_num_threads(1)
     if torch is not None:
@@ -213,25 +231,38 @@ def profile(n, repeat):
     st = np.full((fq, fk), -1.0, dtype=np.float32)
     p = np.full((fq, fk), 1e-3, dtype=np.float32)
     flops = 4.0 * n * n * D  # the forward's two GEMMs; the backward has five
+    library = "NumPy's OpenBLAS" if ON_NUMPY_BLAS else "numba's BLAS"
     stages = [
         ("nbattn forward", _nbattn(q, k, v, g, False), flops),
         ("nbattn forward + backward", _nbattn(q, k, v, g, True), 3.5 * flops),
         (f"  score GEMM Q K^T ({fq} x {fk} tiles)", lambda: score_gemm(q2, k2, fq, fk), flops / 2),
         ("  exponential pass", lambda: exp_pass(st, n, n), None),
-        ("  GEMM P V", lambda: pv_gemm(p, v2, n), flops / 2),
+        (f"  GEMM acc += P V ({library})", lambda: pv_gemm(p, v2, n), flops / 2),
         (
-            f"  backward's 5 GEMMs ({bq} x {bk} tiles)",
-            lambda: backward_gemms(q2, k2, v2, g2, bq, bk),
-            2.5 * flops,
+            f"  backward S, dP: A B on K^T, V^T ({bq} x {bk})",
+            lambda: backward_gemms(0, q2, k2, v2, g2, bq, bk),
+            flops,
+        ),
+        (
+            f"  backward dV, dK: A^T B ({library})",
+            lambda: backward_gemms(1, q2, k2, v2, g2, bq, bk),
+            flops,
+        ),
+        (
+            f"  backward dQ: A B ({library})",
+            lambda: backward_gemms(2, q2, k2, v2, g2, bq, bk),
+            flops / 2,
         ),
     ]
     if torch is not None:
         stages.append(("torch forward", _torch(q, k, v, g, False), flops))
         stages.append(("torch forward + backward", _torch(q, k, v, g, True), 3.5 * flops))
+    load = os.getloadavg()
     with blas_one_thread():
         measured = _cpu_times([fn for _, fn, _ in stages], repeat)
     times = {}
     print(f"profile: one head, N={n}, D={D}, float32, one thread, least CPU time of {repeat}")
+    print("load average at start: {:.2f} {:.2f} {:.2f}".format(*load))
     print(f"{'stage':<44} {'ms':>8} {'GFLOP/s':>8}")
     for (name, _, work), t in zip(stages, measured):
         times[name] = t
@@ -241,6 +272,7 @@ def profile(n, repeat):
         for what in ("forward", "forward + backward"):
             ratio = times[f"torch {what}"] / times[f"nbattn {what}"]
             print(f"ratio torch / nbattn, {what}: {ratio:.2f}")
+    print("load average at end: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
 
 
 def main(argv=None):

@@ -30,10 +30,16 @@ cheaper than ``fast_exp`` in the softmax loop). The caller
 
 Queries are cut into tiles of ``block_q`` rows and keys into tiles of
 ``block_k`` (tile t covers [t*block, (t+1)*block)); for every pair of tiles
-the score tile Q K^T and the product P V are BLAS GEMM calls (``np.dot`` with
-a preallocated output), and the online softmax between them -- row maximum
-``m``, row sum ``l``, rescaling of the accumulator by 2**(m_old - m_new),
-deferred normalisation -- is a vectorised loop with the inlined ``exp2``.
+the score tile Q K^T and the product P V are BLAS GEMM calls
+(``nbattn.kernels.blas.gemm``; P V accumulates into ``acc`` with beta = 1),
+and the online softmax between them -- row maximum ``m``, row sum ``l``,
+rescaling of the accumulator by 2**(m_old - m_new), deferred normalisation
+-- is a vectorised loop with the inlined ``exp2`` that overwrites the scores
+with the weights (one tile of scratch per thread, which stays in L2 with the
+K and V tiles). A row keeps its reference maximum while a tile's weights sum
+to at most ``REBASE_SUM``; a larger sum up to ``REBASE_EXACT_SUM`` raises the
+reference by a power of two (weights, sum and accumulator scaled exactly),
+and beyond it the row is scored again and rebased on its maximum.
 Memory is O(threads * block_q * block_k) for scratch plus the output. Tiles
 outside the band are never visited (a window costs O(L * window) work), and
 tiles whose mask entries are all ``-inf`` are skipped through ``mask_live``,
@@ -50,11 +56,14 @@ The backward kernel recomputes P tile by tile from the saved ``lse``:
 
 with cap' = 1 - tanh^2(x / c) under a softcap, else 1. (dK is computed as
 ln 2 dS^T Q' with Q' the base-2 queries.) Five GEMMs per tile pair (the
-forward has two). Work items are (key/value slice, key-tile group): each
-owns its dK and dV rows and loops over every query slice that reads it (the
-head group of grouped-query attention), so dK and dV are summed over the
-group without atomics; dQ is accumulated per group in a buffer of its own
-and the groups are summed at the end.
+forward has two): S = Q (K^T) and dP = dO (V^T) as A B products on K^T and
+V^T written once per key tile, dV += P^T dO and dK += dS^T Q as A^T B, and
+dQ += dS K, the three accumulating in place (beta = 1). Work items are
+(key/value slice, key-tile group): each owns its dK and dV rows and loops
+over every query slice that reads it (the head group of grouped-query
+attention), so dK and dV are summed over the group without atomics; dQ is
+accumulated per group in a buffer of its own and the groups are summed at
+the end.
 
 Argument conventions shared by both kernels (the varlen and decode entries
 call them per sequence with slices of shape (BH, n, E), and the CUDA twins
@@ -80,18 +89,21 @@ mirror them):
 
 All floating arrays share one dtype (float32 or float64); tiles are
 accumulated in it, ``m``, ``l`` and ``lse`` are float64. BLAS must be held
-to one thread while these kernels run (``np.dot`` inside ``prange`` otherwise
+to one thread while these kernels run (a GEMM inside ``prange`` otherwise
 starts BLAS threads that fight the numba threads). A row with no admissible
 key gets zeros and lse = -inf, and zero gradients.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import njit, prange, types
 from numba.extending import overload
 
 from .. import config
+from .blas import gemm
 from .dropout import keep
 from .fastmath import (
     _bits_to_float32,
@@ -221,30 +233,37 @@ def exp2_shift_sum(row, shift):
 #: a new tile sum to at most REBASE_SUM (so none exceeds it): the exponentials
 #: then need no maximum pass of their own (the one-pass path of the forward;
 #: LLVM does not vectorise a loop that keeps a maximum and a sum together).
-#: Beyond it the row is redone against its new maximum.
+#: Beyond it the reference is raised: by a power of two up to REBASE_EXACT_SUM,
+#: else by scoring the row again against its new maximum.
 REBASE_SUM = 2.0**20
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def _exp2_into(row, out, shift):
-    """``out[j] <- 2**(row[j] - shift)``; returns the sum of the new values."""
-    total = like(0.0, row)
-    for j in range(row.shape[0]):
-        w = exp2(row[j] - shift)
-        out[j] = w
-        total += w
-    return total
+#: Up to this sum the weights of a tile computed against a too-low reference
+#: maximum are rebased exactly, by a power of two, instead of being scored again:
+#: no weight can have saturated (``exp2`` clamps at 2**127 in float32).
+REBASE_EXACT_SUM = 2.0**100
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def _exp2_into_masked(row, bias, out, shift):
-    """``out[j] <- 2**(row[j] + bias[j] - shift)``; returns the sum of the new values."""
-    total = like(0.0, row)
+def _scale_row(row, acc_row, factor):
+    """``row *= factor``, ``acc_row *= factor`` (a power of two: exact)."""
+    f_row = like(factor, row)
     for j in range(row.shape[0]):
-        w = exp2(row[j] + bias[j] - shift)
-        out[j] = w
-        total += w
-    return total
+        row[j] *= f_row
+    f_acc = like(factor, acc_row)
+    for c in range(acc_row.shape[0]):
+        acc_row[c] *= f_acc
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def _score_row(q_tile, k_tile, st, r, bh, i0, j0, mask, mask_index, slopes, band, softcap):
+    """Row r of the score tile ``st`` again: q_r K^T with its softcap, mask, ALiBi and band
+    (a mask with one entry per key excepted, as in the tile pass)."""
+    one = st[r : r + 1]
+    gemm(q_tile[r : r + 1], k_tile, one, False, True, 0.0)
+    _tile_terms(
+        one, one, bh, i0 + r, j0, mask, mask_index, slopes, band, softcap, True, False, False
+    )
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
@@ -453,9 +472,6 @@ def flash_forward(
         mb = min(block_q, n_q - i0)
         kv = kv_index[bh]
         s_flat = np.empty(mb * block_k, dtype=q.dtype)
-        p_flat = np.empty(mb * block_k, dtype=q.dtype)
-        pv_flat = np.empty(mb * d_v, dtype=q.dtype)
-        pv = pv_flat.reshape((mb, d_v))
         acc = np.zeros((mb, d_v), dtype=q.dtype)
         m = np.full(mb, -np.inf)
         l = np.zeros(mb)
@@ -469,43 +485,71 @@ def flash_forward(
                 continue
             j0 = kt * block_k
             nb = min(block_k, n_k - j0)
+            k_tile = k[kv, j0 : j0 + nb]
+            # the weights P overwrite the scores S in place: one tile of scratch, which
+            # stays in the core's L2 cache with the K and V tiles
             st = s_flat[: mb * nb].reshape((mb, nb))
-            pt = p_flat[: mb * nb].reshape((mb, nb))
-            np.dot(q_tile, k[kv, j0 : j0 + nb].T, st)
+            gemm(q_tile, k_tile, st, False, True, 0.0)
             need_band = _needs_band(i0, mb, j0, nb, band)
             _tile_terms(
                 st, st, bh, i0, j0, mask, mask_index, slopes, band, softcap, need_band, False, False
             )
             for r in range(mb):
                 row = st[r]
-                p_row = pt[r]
                 if key_mask:
                     bias = mask[mask_index[bh], i0 + r if mask_rows else 0, j0 : j0 + nb]
                 else:
                     bias = row  # unused
                 shift = m[r]
                 if shift != -np.inf:
-                    # one pass: the exponentials against the kept maximum; a sum beyond
-                    # REBASE_SUM (inf included) means the maximum jumped: redo below
+                    # one pass: the exponentials against the kept reference maximum
                     if key_mask:
-                        total = _exp2_into_masked(row, bias, p_row, like(shift, row))
+                        total = _exp2_shift_sum_masked(row, bias, like(shift, row))
                     else:
-                        total = _exp2_into(row, p_row, like(shift, row))
+                        total = exp2_shift_sum(row, like(shift, row))
                     if total <= REBASE_SUM:
                         l[r] += total
+                        rebased = True
+                    elif total <= REBASE_EXACT_SUM:
+                        # the reference maximum is e bits too low: scale the new weights,
+                        # the sum and the accumulator by 2**-e (exact, no weight saturated)
+                        e = math.frexp(total)[1]
+                        _scale_row(row, acc[r], math.ldexp(1.0, -e))
+                        l[r] = math.ldexp(l[r] + total, -e)
+                        m[r] = shift + e
+                        rebased = True
+                    else:
+                        # weights may have saturated at 2**127 (2**1023): score the row
+                        # again and rebase it on its maximum below
+                        _score_row(
+                            q_tile,
+                            k_tile,
+                            st,
+                            r,
+                            bh,
+                            i0,
+                            j0,
+                            mask,
+                            mask_index,
+                            slopes,
+                            band,
+                            softcap,
+                        )
+                        rebased = False
+                    if rebased:
                         if use_dropout:
                             counter0 = _row_counter(dropout, bh, i0 + r, j0)
-                            _drop_row(p_row, like(1.0, row), seed, threshold, counter0)
+                            _drop_row(row, like(1.0, row), seed, threshold, counter0)
                         continue
-                # the row's first admissible tile, or a jump of its maximum: rebase
+                # the row's first admissible tile, or a saturated jump: rebase on the maximum
                 if key_mask:
                     _add_row(row, bias)
                 top = np.float64(row_max(row))
                 if top == -np.inf:  # nothing admissible yet (shift is -inf too)
-                    p_row[:] = 0.0
+                    row[:] = 0.0
                     continue
                 rescale = np.exp2(shift - top)
-                l[r] = l[r] * rescale + _exp2_into(row, p_row, like(top, row))
+                l[r] = l[r] * rescale + exp2_shift_sum(row, like(top, row))
                 if rescale != 1.0:
                     factor = like(rescale, acc)
                     acc_row = acc[r]
@@ -514,13 +558,8 @@ def flash_forward(
                 m[r] = top
                 if use_dropout:
                     counter0 = _row_counter(dropout, bh, i0 + r, j0)
-                    _drop_row(p_row, like(1.0, row), seed, threshold, counter0)
-            np.dot(pt, v[kv, j0 : j0 + nb], pv)
-            for r in range(mb):
-                acc_row = acc[r]
-                pv_row = pv[r]
-                for c in range(d_v):
-                    acc_row[c] += pv_row[c]
+                    _drop_row(row, like(1.0, row), seed, threshold, counter0)
+            gemm(st, v[kv, j0 : j0 + nb], acc, False, False, 1.0)
         for r in range(mb):
             if l[r] > 0.0:
                 inv = like(keep_scale / l[r], acc)
@@ -534,13 +573,15 @@ def flash_forward(
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def _add_into(dst, src):
-    """dst += src for two 2-D arrays of one shape (dst may be a strided view)."""
-    for r in range(src.shape[0]):
-        d_row = dst[r]
-        s_row = src[r]
-        for c in range(src.shape[1]):
-            d_row[c] += s_row[c]
+def _transpose_into(tile, flat):
+    """``tile.T`` (c, r) written into the front of ``flat`` and returned as a C-contiguous view."""
+    rows, cols = tile.shape
+    out = flat[: rows * cols].reshape((cols, rows))
+    for r in range(rows):
+        row = tile[r]
+        for c in range(cols):
+            out[c, r] = row[c]
+    return out
 
 
 @njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
@@ -605,10 +646,10 @@ def flash_backward(
         s_flat = np.empty(block_q * block_k, dtype=dtype)
         dp_flat = np.empty(block_q * block_k, dtype=dtype)
         th_flat = np.empty(block_q * block_k if use_cap else 1, dtype=dtype)
-        tk_flat = np.empty(block_k * max(d, d_v), dtype=dtype)
-        tq_flat = np.empty(block_q * d, dtype=dtype)
         dk_acc = np.empty((block_k, d), dtype=dtype)
         dv_acc = np.empty((block_k, d_v), dtype=dtype)
+        kt_flat = np.empty(d * block_k, dtype=dtype)
+        vt_flat = np.empty(d_v * block_k, dtype=dtype)
         neg_inf = like(-np.inf, q)
         one = like(1.0, q)
         drop_scale = like(keep_scale, q)
@@ -620,6 +661,10 @@ def flash_backward(
             dv_acc[:nb] = 0.0
             k_tile = k[kv, j0 : j0 + nb]
             v_tile = v[kv, j0 : j0 + nb]
+            # K^T and V^T of the tile, once for every query tile that reads it: the score
+            # products Q K^T and dO V^T then run as A B (3 % faster than A B^T here)
+            k_tile_t = _transpose_into(k_tile, kt_flat)
+            v_tile_t = _transpose_into(v_tile, vt_flat)
             i_first = max(j0 - offset - right, 0)
             i_last = min(j0 + nb - 1 - offset + left, n_q - 1)
             qt_first = i_first // block_q
@@ -637,7 +682,7 @@ def flash_backward(
                     st = s_flat[: mb * nb].reshape((mb, nb))
                     dpt = dp_flat[: mb * nb].reshape((mb, nb))
                     tht = th_flat[: mb * nb].reshape((mb, nb)) if use_cap else st
-                    np.dot(q_tile, k_tile.T, st)
+                    gemm(q_tile, k_tile_t, st, False, False, 0.0)
                     need_band = _needs_band(i0, mb, j0, nb, band)
                     _tile_terms(
                         st,
@@ -667,7 +712,7 @@ def flash_backward(
                             # LLVM vectorises this loop only if its sum is used: kept in sink
                             p_sum += exp2_shift_sum(row, shift)
                     sink[0] += p_sum
-                    np.dot(do_tile, v_tile.T, dpt)
+                    gemm(do_tile, v_tile_t, dpt, False, False, 0.0)
                     for r in range(mb):
                         row = st[r]
                         dp_row = dpt[r]
@@ -688,15 +733,10 @@ def flash_backward(
                             th_row = tht[r]
                             for j in range(nb):
                                 dp_row[j] *= one - th_row[j] * th_row[j]
-                    tv = tk_flat[: nb * d_v].reshape((nb, d_v))
-                    np.dot(st.T, do_tile, tv)
-                    _add_into(dv_acc[:nb], tv)
-                    tq = tq_flat[: mb * d].reshape((mb, d))
-                    np.dot(dpt, k_tile, tq)
-                    _add_into(dq_part[group, bh, i0 : i0 + mb], tq)
-                    tk = tk_flat[: nb * d].reshape((nb, d))
-                    np.dot(dpt.T, q_tile, tk)
-                    _add_into(dk_acc[:nb], tk)
+                    # the three products accumulate in place (beta = 1)
+                    gemm(st, do_tile, dv_acc[:nb], True, False, 1.0)
+                    gemm(dpt, k_tile, dq_part[group, bh, i0 : i0 + mb], False, False, 1.0)
+                    gemm(dpt, q_tile, dk_acc[:nb], True, False, 1.0)
             ln2 = like(LN2, q)
             for j in range(nb):
                 for c in range(d):
