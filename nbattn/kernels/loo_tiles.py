@@ -60,54 +60,6 @@ _NEIGHBOURS = 4  # keys on each side, in the sorted order, that bound a row's be
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
-def _direct_scores(z_t, rows, i0, nb, keys_z, width, tile):
-    """tile[r, j] = -||z_{rows[i0+r]} - keys_z[:, j]||^2 by differences.
-
-    Two query rows share each pass over a key coordinate, so each key value is
-    loaded once for both (the passes stream the keys from cache, not the rows).
-    """
-    k = z_t.shape[0]
-    r = 0
-    while r + 1 < nb:
-        row_a = tile[r]
-        row_b = tile[r + 1]
-        own_a = rows[i0 + r]
-        own_b = rows[i0 + r + 1]
-        qa = z_t[0, own_a]
-        qb = z_t[0, own_b]
-        keys0 = keys_z[0]
-        for j in range(width):
-            da = keys0[j] - qa
-            db = keys0[j] - qb
-            row_a[j] = -(da * da)
-            row_b[j] = -(db * db)
-        for f in range(1, k):
-            qa = z_t[f, own_a]
-            qb = z_t[f, own_b]
-            keys_f = keys_z[f]
-            for j in range(width):
-                da = keys_f[j] - qa
-                db = keys_f[j] - qb
-                row_a[j] -= da * da
-                row_b[j] -= db * db
-        r += 2
-    if r < nb:
-        row = tile[r]
-        own = rows[i0 + r]
-        q0 = z_t[0, own]
-        keys0 = keys_z[0]
-        for j in range(width):
-            diff = keys0[j] - q0
-            row[j] = -(diff * diff)
-        for f in range(1, k):
-            qf = z_t[f, own]
-            keys_f = keys_z[f]
-            for j in range(width):
-                diff = keys_f[j] - qf
-                row[j] -= diff * diff
-
-
-@njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def _block_radius2(z_t, rows, i0, nb, centre):
     """centre <- mean of the block's rows; returns max_r |z_r - centre|^2."""
     k = z_t.shape[0]
@@ -206,6 +158,267 @@ def _refine_near_best(z_t, own, keys_z, width, row, best, near, dist):
     return exact_best
 
 
+# --------------------------------------------------------------------------- fused direct tiles
+# With direct scores (few score dimensions) a tile's rows go through two passes over
+# their keys, two rows at a time (each key loaded once for both), the keys in chunks
+# of ``_CHUNK`` that stay in L1 between the steps of a pass:
+#
+#   pass A (per chunk): the scores by differences, then w_ij = exp(s_ij) with its row
+#       sum l_i, weighted sum and the row's best score, in one loop;
+#   pass B (per chunk): g_ij = (w_ij / l_i) sum_c r_ic (y_jc - f_ic), the key sums c_j,
+#       and b_i = sum_j g_ij x_j as d dot products (no tile-wide GEMM).
+#
+# Pass A takes 0 as the softmax's reference instead of the row's best score: a
+# Gaussian score is <= 0, so exp(s_ij) cannot overflow, and it is as accurate as
+# exp(s_ij - best) (the same absolute error of s_ij, one rounding fewer). Scores below
+# -708.39 give 0: for a row whose best is at least -``_ZERO_REF_MIN_BEST`` (-600) those
+# keys weigh below e^-108 of its largest, far below float64 rounding. A row with a
+# lower best is scored again and takes exp(s_ij - best) (``_shifted_row``); one below
+# -FAR_SCORE_FLOAT64 is left to the caller as before.
+#
+# a_i = sum_j g_ij is zero (the weights sum to 1 and f_i is their mean of y), so the
+# row part of M is -sum_i (x_i b_i^T + b_i x_i^T) here.
+
+_CHUNK = 256
+_ZERO_REF_MIN_SUM = float(np.exp(-600.0))
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _pair_exp_pass(z_t, own_a, own_b, keys_z, keys_v, width, at_a, at_b, row_a, row_b, sums):
+    """Pass A for query rows ``own_a``, ``own_b`` (key positions ``at_a``, ``at_b`` left
+    out, or -1): row_x[j] <- exp(s_xj); ``sums`` (2, 2) <- (l, sum_j w_j y_j0).
+
+    The loops run over slices (an index from a variable start keeps numba's negative-index
+    check and LLVM from vectorising) and keep no running maximum (a max reduction beside
+    the inlined exp stops the vectorisation too).
+    """
+    k = z_t.shape[0]
+    one_output = keys_v.shape[0] == 1
+    tot_a, tot_b = 0.0, 0.0
+    wv_a, wv_b = 0.0, 0.0
+    for j0 in range(0, width, _CHUNK):
+        j1 = min(j0 + _CHUNK, width)
+        ra = row_a[j0:j1]
+        rb = row_b[j0:j1]
+        m = j1 - j0
+        qa = z_t[0, own_a]
+        qb = z_t[0, own_b]
+        keys_f = keys_z[0, j0:j1]
+        for j in range(m):
+            da = keys_f[j] - qa
+            db = keys_f[j] - qb
+            ra[j] = -(da * da)
+            rb[j] = -(db * db)
+        for f in range(1, k):
+            qa = z_t[f, own_a]
+            qb = z_t[f, own_b]
+            keys_f = keys_z[f, j0:j1]
+            for j in range(m):
+                da = keys_f[j] - qa
+                db = keys_f[j] - qb
+                ra[j] -= da * da
+                rb[j] -= db * db
+        if j0 <= at_a < j1:
+            row_a[at_a] = -np.inf
+        if j0 <= at_b < j1:
+            row_b[at_b] = -np.inf
+        if one_output:
+            vals = keys_v[0, j0:j1]
+            for j in range(m):
+                wa = fast_exp(ra[j])
+                wb = fast_exp(rb[j])
+                ra[j] = wa
+                rb[j] = wb
+                tot_a += wa
+                tot_b += wb
+                wv_a += wa * vals[j]
+                wv_b += wb * vals[j]
+        else:
+            for j in range(m):
+                wa = fast_exp(ra[j])
+                wb = fast_exp(rb[j])
+                ra[j] = wa
+                rb[j] = wb
+                tot_a += wa
+                tot_b += wb
+    sums[0, 0], sums[0, 1] = tot_a, wv_a
+    sums[1, 0], sums[1, 1] = tot_b, wv_b
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _shifted_row(z_t, own, keys_z, keys_v, width, at, row):
+    """Pass A for one row whose weights exp(s_j) sum below _ZERO_REF_MIN_SUM: row[j] <-
+    exp(s_j - best); returns (best, l, sum_j w_j y_j0). Best below -FAR_SCORE_FLOAT64
+    (or no key): (best, 0, 0), the row's weights not set."""
+    k = z_t.shape[0]
+    q0 = z_t[0, own]
+    keys0 = keys_z[0]
+    for j in range(width):
+        diff = keys0[j] - q0
+        row[j] = -(diff * diff)
+    for f in range(1, k):
+        qf = z_t[f, own]
+        keys_f = keys_z[f]
+        for j in range(width):
+            diff = keys_f[j] - qf
+            row[j] -= diff * diff
+    if at >= 0:
+        row[at] = -np.inf
+    best = -np.inf
+    for j in range(width):
+        best = fmax(best, row[j])
+    if not best >= -_FAR_SCORE_FLOAT64:
+        return best, 0.0, 0.0
+    vals = keys_v[0]
+    total = 0.0
+    weighted = 0.0
+    for j in range(width):
+        w = fast_exp(row[j] - best)
+        row[j] = w
+        total += w
+        weighted += w * vals[j]
+    return best, total, weighted
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _pair_gradient_pass(keys_v, keys_x_t, width, row_a, row_b, coef, f_rows, gx, key_sums):
+    """Pass B for two rows of weights w (not normalised): row_x[j] <- g_xj =
+    (w_xj coef[x, 0]) sum_c coef[x, 1 + c] (y_jc - f_rows[x, c]), with coef[x] =
+    (1 / l_x, r_x); adds g_aj + g_bj to key_sums[j] and sets gx[x, :] = sum_j g_xj x_j
+    (``keys_x_t`` (d, >= width)). A row with coef[x] = 0 gets g = 0."""
+    p = keys_v.shape[0]
+    d = keys_x_t.shape[0]
+    inv_a, inv_b = coef[0, 0], coef[1, 0]
+    for a in range(d):
+        gx[0, a] = 0.0
+        gx[1, a] = 0.0
+    for j0 in range(0, width, _CHUNK):
+        j1 = min(j0 + _CHUNK, width)
+        ra = row_a[j0:j1]
+        rb = row_b[j0:j1]
+        ks = key_sums[j0:j1]
+        m = j1 - j0
+        if p == 1:
+            vals = keys_v[0, j0:j1]
+            ca, cb = coef[0, 1], coef[1, 1]
+            fa, fb = f_rows[0, 0], f_rows[1, 0]
+            for j in range(m):
+                ga = (ra[j] * inv_a) * (ca * (vals[j] - fa))
+                gb = (rb[j] * inv_b) * (cb * (vals[j] - fb))
+                ra[j] = ga
+                rb[j] = gb
+                ks[j] += ga + gb
+        else:
+            for j in range(m):
+                inner_a = 0.0
+                inner_b = 0.0
+                for c in range(p):
+                    inner_a += coef[0, 1 + c] * (keys_v[c, j0 + j] - f_rows[0, c])
+                    inner_b += coef[1, 1 + c] * (keys_v[c, j0 + j] - f_rows[1, c])
+                ga = (ra[j] * inv_a) * inner_a
+                gb = (rb[j] * inv_b) * inner_b
+                ra[j] = ga
+                rb[j] = gb
+                ks[j] += ga + gb
+        for a in range(d):
+            xs = keys_x_t[a, j0:j1]
+            sa = 0.0
+            sb = 0.0
+            for j in range(m):
+                sa += ra[j] * xs[j]
+                sb += rb[j] * xs[j]
+            gx[0, a] += sa
+            gx[1, a] += sb
+
+
+@njit(cache=config.CACHE)
+def _no_gradient(coef, f_rows, x):
+    """Row ``x`` of a pair contributes nothing to pass B."""
+    coef[x, :] = 0.0
+    f_rows[x, :] = 0.0
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _direct_rows_pass(
+    z_t,
+    rows,
+    i0,
+    nb,
+    keys_z,
+    keys_v,
+    keys_x_t,
+    width,
+    own_at,
+    targets,
+    points,
+    pair,
+    sums,
+    coef,
+    f_rows,
+    gx,
+    key_sums,
+    acc,
+    far,
+):
+    """The tile body on direct scores (section "fused direct tiles"): rows
+    ``rows[i0:i0+nb]``, two at a time; returns the squared-error sum. ``pair`` (2, >=
+    width) holds the two rows' weights; ``sums`` (2, 3), ``coef`` (2, 1 + p), ``f_rows``
+    (2, p), ``gx`` (2, d) are scratch. Accumulates as :func:`_tile_rows_pass`."""
+    d = points.shape[1]
+    p = keys_v.shape[0]
+    sse = 0.0
+    row_a = pair[0]
+    row_b = pair[1]
+    for r0 in range(0, nb, 2):
+        second = r0 + 1 < nb
+        own_a = rows[i0 + r0]
+        own_b = rows[i0 + r0 + 1] if second else own_a
+        at_b = own_at[r0 + 1] if second else own_at[r0]
+        _pair_exp_pass(
+            z_t, own_a, own_b, keys_z, keys_v, width, own_at[r0], at_b, row_a, row_b, sums
+        )
+        for x in range(2):
+            row = row_a if x == 0 else row_b
+            if x == 1 and not second:  # the pair's second row repeats the first: no sums
+                _no_gradient(coef, f_rows, 1)
+                continue
+            total, weighted = sums[x, 0], sums[x, 1]
+            best = 0.0
+            if not total >= _ZERO_REF_MIN_SUM:  # far from its keys (or none)
+                best, total, weighted = _shifted_row(
+                    z_t, rows[i0 + r0 + x], keys_z, keys_v, width, own_at[r0 + x], row
+                )
+            if not best >= -_FAR_SCORE_FLOAT64:  # far, overflowing or no key
+                far[i0 + r0 + x] = True
+                row[:width] = 0.0
+                _no_gradient(coef, f_rows, x)
+                continue
+            inv = 1.0 / total
+            if p == 1:
+                f_rows[x, 0] = weighted
+            else:
+                for c in range(p):
+                    vals = keys_v[c]
+                    weighted = 0.0
+                    for j in range(width):
+                        weighted += row[j] * vals[j]
+                    f_rows[x, c] = weighted
+            coef[x, 0] = inv
+            for c in range(p):
+                f_rows[x, c] *= inv
+                resid = f_rows[x, c] - targets[i0 + r0 + x, c]
+                coef[x, 1 + c] = resid
+                sse += resid * resid
+        _pair_gradient_pass(keys_v, keys_x_t, width, row_a, row_b, coef, f_rows, gx, key_sums)
+        for x in range(2 if second else 1):
+            x_r = points[rows[i0 + r0 + x]]
+            for a in range(d):
+                xa = x_r[a]
+                for b in range(d):
+                    acc[a, b] -= xa * gx[x, b] + gx[x, a] * x_r[b]
+    return sse
+
+
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def _tile_rows_pass(
     z_t,
@@ -215,6 +428,7 @@ def _tile_rows_pass(
     keys_z,
     keys_v,
     keys_x,
+    keys_x_t,
     width,
     own_at,
     targets,
@@ -242,7 +456,8 @@ def _tile_rows_pass(
     GEMM then exact differences for the keys near each row's best (section
     "refined GEMM scores") up to ``refine_max_radius2``; direct beyond.
     """
-    centre, queries_c, keys_c, key_sq, f_row, resid, row_sums, gx, near, dist = scratch
+    centre, queries_c, keys_c, key_sq, f_row, resid, row_sums, gx, near, dist = scratch[:10]
+    pair, pair_sums, coef, f_rows, pair_gx = scratch[10:]
     d = points.shape[1]
     p = keys_v.shape[0]
     sse = 0.0
@@ -251,11 +466,29 @@ def _tile_rows_pass(
         radius2 = _block_radius2(z_t, rows, i0, nb, centre)
         refine = radius2 > gemm_max_radius2
         use_gemm = radius2 <= max(gemm_max_radius2, refine_max_radius2)
-    if use_gemm:
-        _gemm_scores(z_t, rows, i0, nb, keys_z, width, centre, queries_c, keys_c, key_sq, tile)
-    else:
-        refine = False
-        _direct_scores(z_t, rows, i0, nb, keys_z, width, tile)
+    if not use_gemm:
+        return _direct_rows_pass(
+            z_t,
+            rows,
+            i0,
+            nb,
+            keys_z,
+            keys_v,
+            keys_x_t,
+            width,
+            own_at,
+            targets,
+            points,
+            pair,
+            pair_sums,
+            coef,
+            f_rows,
+            pair_gx,
+            key_sums,
+            acc,
+            far,
+        )
+    _gemm_scores(z_t, rows, i0, nb, keys_z, width, centre, queries_c, keys_c, key_sq, tile)
     for r in range(nb):
         row = tile[r]
         if own_at[r] >= 0:  # the row's own key is left out
@@ -343,6 +576,11 @@ def _scratch(k, n, d, p, block_rows, use_gemm):
         np.empty((block_rows, d)),
         np.empty(n if use_gemm else 0, dtype=np.int64),
         np.empty(n if use_gemm else 0),
+        np.empty((2, n)),
+        np.empty((2, 2)),
+        np.empty((2, 1 + p)),
+        np.empty((2, p)),
+        np.empty((2, d)),
     )
 
 
@@ -390,6 +628,7 @@ def loo_tiles(
     partial_c = np.zeros((n_groups, n))
     partial_sse = np.zeros(n_groups)
     far = np.zeros(n_rows, dtype=np.bool_)
+    points_t = np.ascontiguousarray(points.T)
     for group in prange(n_groups):
         flat = np.empty(block_rows * n)
         scratch = _scratch(k, n, d, p, block_rows, use_gemm)
@@ -410,6 +649,7 @@ def loo_tiles(
                 z_t,
                 values_t,
                 points,
+                points_t,
                 n,
                 own_at,
                 targets,
@@ -638,6 +878,7 @@ def loo_tiles_boxed(
         keys_z = np.empty((k, n))  # the kept keys, gathered
         keys_v = np.empty((p, n))
         keys_x = np.empty((n, d))
+        keys_x_t = np.empty((d, n))
         key_index = np.empty(n, dtype=np.int64)
         keys_c = np.empty(n)  # the tile's key sums, by position among the kept keys
         c_sum = partial_c[group]
@@ -667,6 +908,10 @@ def loo_tiles_boxed(
                     dst[t] = src[key_index[t]]
             for t in range(width):
                 keys_x[t] = points[key_index[t]]
+            for a in range(d):
+                dst = keys_x_t[a]
+                for t in range(width):
+                    dst[t] = points[key_index[t], a]
             for r in range(nb):
                 own = rows[i0 + r]
                 at = np.searchsorted(key_index[:width], own)  # ascending: leaves in order
@@ -680,6 +925,7 @@ def loo_tiles_boxed(
                 keys_z,
                 keys_v,
                 keys_x,
+                keys_x_t,
                 width,
                 own_at,
                 targets,
