@@ -179,8 +179,61 @@ def _refine_near_best(z_t, own, keys_z, width, row, best, near, dist):
 # a_i = sum_j g_ij is zero (the weights sum to 1 and f_i is their mean of y), so the
 # row part of M is -sum_i (x_i b_i^T + b_i x_i^T) here.
 
-_CHUNK = 256
+_CHUNK = 512
 _ZERO_REF_MIN_SUM = float(np.exp(-600.0))
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _pair_scores(z_t, own_a, own_b, keys_z, j0, ra, rb):
+    """ra[j] <- -||z_own_a - keys_z[:, j0 + j]||^2 (rb likewise for own_b), over the
+    slices' length: coordinates four, then two, then one at a time per sweep, so that
+    the two score rows are loaded and stored once per group, not per coordinate."""
+    k = z_t.shape[0]
+    m = ra.shape[0]
+    ra[:] = 0.0
+    rb[:] = 0.0
+    f = 0
+    while f + 4 <= k:
+        k0 = keys_z[f, j0 : j0 + m]
+        k1 = keys_z[f + 1, j0 : j0 + m]
+        k2 = keys_z[f + 2, j0 : j0 + m]
+        k3 = keys_z[f + 3, j0 : j0 + m]
+        a0, a1, a2, a3 = z_t[f, own_a], z_t[f + 1, own_a], z_t[f + 2, own_a], z_t[f + 3, own_a]
+        b0, b1, b2, b3 = z_t[f, own_b], z_t[f + 1, own_b], z_t[f + 2, own_b], z_t[f + 3, own_b]
+        for j in range(m):
+            da0 = k0[j] - a0
+            da1 = k1[j] - a1
+            da2 = k2[j] - a2
+            da3 = k3[j] - a3
+            db0 = k0[j] - b0
+            db1 = k1[j] - b1
+            db2 = k2[j] - b2
+            db3 = k3[j] - b3
+            ra[j] -= (da0 * da0 + da1 * da1) + (da2 * da2 + da3 * da3)
+            rb[j] -= (db0 * db0 + db1 * db1) + (db2 * db2 + db3 * db3)
+        f += 4
+    while f + 2 <= k:
+        k0 = keys_z[f, j0 : j0 + m]
+        k1 = keys_z[f + 1, j0 : j0 + m]
+        a0, a1 = z_t[f, own_a], z_t[f + 1, own_a]
+        b0, b1 = z_t[f, own_b], z_t[f + 1, own_b]
+        for j in range(m):
+            da0 = k0[j] - a0
+            da1 = k1[j] - a1
+            db0 = k0[j] - b0
+            db1 = k1[j] - b1
+            ra[j] -= da0 * da0 + da1 * da1
+            rb[j] -= db0 * db0 + db1 * db1
+        f += 2
+    if f < k:
+        k0 = keys_z[f, j0 : j0 + m]
+        a0 = z_t[f, own_a]
+        b0 = z_t[f, own_b]
+        for j in range(m):
+            da0 = k0[j] - a0
+            db0 = k0[j] - b0
+            ra[j] -= da0 * da0
+            rb[j] -= db0 * db0
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
@@ -192,7 +245,6 @@ def _pair_exp_pass(z_t, own_a, own_b, keys_z, keys_v, width, at_a, at_b, row_a, 
     check and LLVM from vectorising) and keep no running maximum (a max reduction beside
     the inlined exp stops the vectorisation too).
     """
-    k = z_t.shape[0]
     one_output = keys_v.shape[0] == 1
     tot_a, tot_b = 0.0, 0.0
     wv_a, wv_b = 0.0, 0.0
@@ -201,23 +253,7 @@ def _pair_exp_pass(z_t, own_a, own_b, keys_z, keys_v, width, at_a, at_b, row_a, 
         ra = row_a[j0:j1]
         rb = row_b[j0:j1]
         m = j1 - j0
-        qa = z_t[0, own_a]
-        qb = z_t[0, own_b]
-        keys_f = keys_z[0, j0:j1]
-        for j in range(m):
-            da = keys_f[j] - qa
-            db = keys_f[j] - qb
-            ra[j] = -(da * da)
-            rb[j] = -(db * db)
-        for f in range(1, k):
-            qa = z_t[f, own_a]
-            qb = z_t[f, own_b]
-            keys_f = keys_z[f, j0:j1]
-            for j in range(m):
-                da = keys_f[j] - qa
-                db = keys_f[j] - qb
-                ra[j] -= da * da
-                rb[j] -= db * db
+        _pair_scores(z_t, own_a, own_b, keys_z, j0, ra, rb)
         if j0 <= at_a < j1:
             row_a[at_a] = -np.inf
         if j0 <= at_b < j1:
@@ -298,6 +334,9 @@ def _pair_gradient_pass(keys_v, keys_x_t, width, row_a, row_b, coef, f_rows, gx,
         rb = row_b[j0:j1]
         ks = key_sums[j0:j1]
         m = j1 - j0
+        x0 = keys_x_t[0, j0:j1]
+        sa = 0.0
+        sb = 0.0
         if p == 1:
             vals = keys_v[0, j0:j1]
             ca, cb = coef[0, 1], coef[1, 1]
@@ -308,6 +347,8 @@ def _pair_gradient_pass(keys_v, keys_x_t, width, row_a, row_b, coef, f_rows, gx,
                 ra[j] = ga
                 rb[j] = gb
                 ks[j] += ga + gb
+                sa += ga * x0[j]
+                sb += gb * x0[j]
         else:
             for j in range(m):
                 inner_a = 0.0
@@ -320,15 +361,34 @@ def _pair_gradient_pass(keys_v, keys_x_t, width, row_a, row_b, coef, f_rows, gx,
                 ra[j] = ga
                 rb[j] = gb
                 ks[j] += ga + gb
-        for a in range(d):
-            xs = keys_x_t[a, j0:j1]
-            sa = 0.0
-            sb = 0.0
+                sa += ga * x0[j]
+                sb += gb * x0[j]
+        gx[0, 0] += sa
+        gx[1, 0] += sb
+        # the other coordinates two at a time: each g loaded once for both
+        a = 1
+        while a + 2 <= d:
+            x1 = keys_x_t[a, j0:j1]
+            x2 = keys_x_t[a + 1, j0:j1]
+            sa1, sb1, sa2, sb2 = 0.0, 0.0, 0.0, 0.0
             for j in range(m):
-                sa += ra[j] * xs[j]
-                sb += rb[j] * xs[j]
-            gx[0, a] += sa
-            gx[1, a] += sb
+                sa1 += ra[j] * x1[j]
+                sb1 += rb[j] * x1[j]
+                sa2 += ra[j] * x2[j]
+                sb2 += rb[j] * x2[j]
+            gx[0, a] += sa1
+            gx[1, a] += sb1
+            gx[0, a + 1] += sa2
+            gx[1, a + 1] += sb2
+            a += 2
+        if a < d:
+            x1 = keys_x_t[a, j0:j1]
+            sa1, sb1 = 0.0, 0.0
+            for j in range(m):
+                sa1 += ra[j] * x1[j]
+                sb1 += rb[j] * x1[j]
+            gx[0, a] += sa1
+            gx[1, a] += sb1
 
 
 @njit(cache=config.CACHE)
