@@ -496,8 +496,11 @@ def _prepared_loss_and_grad(X, y2, widths=None, components=None, *, dtype, devic
     if components is None:
         z, z_t = _scaled(X, 1.0 / widths, dtype)
     else:
-        X = X - X.mean(axis=0)
-        z, z_t = _projected(X, components, dtype)
+        # scores on the mean-centred points (the layout of the loss-only kernels); the
+        # gradient's coordinates keep _prepare_xy's median centring: M depends on
+        # differences only, and an outlying row pulls the mean away from the bulk, where
+        # the expanded sums of kernels.loo_tiles (x x^T terms) would then lose digits
+        z, z_t = _projected(X - X.mean(axis=0), components, dtype)
     n_queries = X.shape[0] if n_rows is None else n_rows
     with _threads_for(n_queries * X.shape[0]):
         return _loss_and_grad_passes(

@@ -176,8 +176,9 @@ def _refine_near_best(z_t, own, keys_z, width, row, best, near, dist):
 # lower best is scored again and takes exp(s_ij - best) (``_shifted_row``); one below
 # -FAR_SCORE_FLOAT64 is left to the caller as before.
 #
-# a_i = sum_j g_ij is zero (the weights sum to 1 and f_i is their mean of y), so the
-# row part of M is -sum_i (x_i b_i^T + b_i x_i^T) here.
+# The row part of M keeps a_i = sum_j g_ij x_i x_i^T although a_i is zero in exact
+# arithmetic (the weights sum to 1 and f_i is their mean of y): with it, the expansion
+# is exact for the rounded g_ij, and points far from the origin lose fewer digits.
 
 _CHUNK = 512
 _ZERO_REF_MIN_SUM = float(np.exp(-600.0))
@@ -317,17 +318,20 @@ def _shifted_row(z_t, own, keys_z, keys_v, width, at, row):
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
-def _pair_gradient_pass(keys_v, keys_x_t, width, row_a, row_b, coef, f_rows, gx, key_sums):
+def _pair_gradient_pass(keys_v, keys_x_t, width, row_a, row_b, coef, f_rows, gx, row_g, key_sums):
     """Pass B for two rows of weights w (not normalised): row_x[j] <- g_xj =
     (w_xj coef[x, 0]) sum_c coef[x, 1 + c] (y_jc - f_rows[x, c]), with coef[x] =
     (1 / l_x, r_x); adds g_aj + g_bj to key_sums[j] and sets gx[x, :] = sum_j g_xj x_j
-    (``keys_x_t`` (d, >= width)). A row with coef[x] = 0 gets g = 0."""
+    (``keys_x_t`` (d, >= width)) and row_g[x] = sum_j g_xj. A row with coef[x] = 0 gets
+    g = 0."""
     p = keys_v.shape[0]
     d = keys_x_t.shape[0]
     inv_a, inv_b = coef[0, 0], coef[1, 0]
     for a in range(d):
         gx[0, a] = 0.0
         gx[1, a] = 0.0
+    row_g[0] = 0.0
+    row_g[1] = 0.0
     for j0 in range(0, width, _CHUNK):
         j1 = min(j0 + _CHUNK, width)
         ra = row_a[j0:j1]
@@ -337,6 +341,8 @@ def _pair_gradient_pass(keys_v, keys_x_t, width, row_a, row_b, coef, f_rows, gx,
         x0 = keys_x_t[0, j0:j1]
         sa = 0.0
         sb = 0.0
+        ga_sum = 0.0
+        gb_sum = 0.0
         if p == 1:
             vals = keys_v[0, j0:j1]
             ca, cb = coef[0, 1], coef[1, 1]
@@ -347,6 +353,8 @@ def _pair_gradient_pass(keys_v, keys_x_t, width, row_a, row_b, coef, f_rows, gx,
                 ra[j] = ga
                 rb[j] = gb
                 ks[j] += ga + gb
+                ga_sum += ga
+                gb_sum += gb
                 sa += ga * x0[j]
                 sb += gb * x0[j]
         else:
@@ -361,10 +369,14 @@ def _pair_gradient_pass(keys_v, keys_x_t, width, row_a, row_b, coef, f_rows, gx,
                 ra[j] = ga
                 rb[j] = gb
                 ks[j] += ga + gb
+                ga_sum += ga
+                gb_sum += gb
                 sa += ga * x0[j]
                 sb += gb * x0[j]
         gx[0, 0] += sa
         gx[1, 0] += sb
+        row_g[0] += ga_sum
+        row_g[1] += gb_sum
         # the other coordinates two at a time: each g loaded once for both
         a = 1
         while a + 2 <= d:
@@ -416,14 +428,15 @@ def _direct_rows_pass(
     coef,
     f_rows,
     gx,
+    row_g,
     key_sums,
     acc,
     far,
 ):
     """The tile body on direct scores (section "fused direct tiles"): rows
     ``rows[i0:i0+nb]``, two at a time; returns the squared-error sum. ``pair`` (2, >=
-    width) holds the two rows' weights; ``sums`` (2, 3), ``coef`` (2, 1 + p), ``f_rows``
-    (2, p), ``gx`` (2, d) are scratch. Accumulates as :func:`_tile_rows_pass`."""
+    width) holds the two rows' weights; ``sums`` (2, 2), ``coef`` (2, 1 + p), ``f_rows``
+    (2, p), ``gx`` (2, d), ``row_g`` (2,) are scratch. Accumulates as :func:`_tile_rows_pass`."""
     d = points.shape[1]
     p = keys_v.shape[0]
     sse = 0.0
@@ -469,13 +482,15 @@ def _direct_rows_pass(
                 resid = f_rows[x, c] - targets[i0 + r0 + x, c]
                 coef[x, 1 + c] = resid
                 sse += resid * resid
-        _pair_gradient_pass(keys_v, keys_x_t, width, row_a, row_b, coef, f_rows, gx, key_sums)
+        _pair_gradient_pass(
+            keys_v, keys_x_t, width, row_a, row_b, coef, f_rows, gx, row_g, key_sums
+        )
         for x in range(2 if second else 1):
             x_r = points[rows[i0 + r0 + x]]
             for a in range(d):
                 xa = x_r[a]
                 for b in range(d):
-                    acc[a, b] -= xa * gx[x, b] + gx[x, a] * x_r[b]
+                    acc[a, b] += row_g[x] * xa * x_r[b] - xa * gx[x, b] - gx[x, a] * x_r[b]
     return sse
 
 
@@ -517,7 +532,7 @@ def _tile_rows_pass(
     "refined GEMM scores") up to ``refine_max_radius2``; direct beyond.
     """
     centre, queries_c, keys_c, key_sq, f_row, resid, row_sums, gx, near, dist = scratch[:10]
-    pair, pair_sums, coef, f_rows, pair_gx = scratch[10:]
+    pair, pair_sums, coef, f_rows, pair_gx, pair_g = scratch[10:]
     d = points.shape[1]
     p = keys_v.shape[0]
     sse = 0.0
@@ -544,6 +559,7 @@ def _tile_rows_pass(
             coef,
             f_rows,
             pair_gx,
+            pair_g,
             key_sums,
             acc,
             far,
@@ -641,6 +657,7 @@ def _scratch(k, n, d, p, block_rows, use_gemm):
         np.empty((2, 1 + p)),
         np.empty((2, p)),
         np.empty((2, d)),
+        np.empty(2),
     )
 
 
