@@ -374,8 +374,29 @@ def _pruned_keys(z64, points64, y2):
     kernel keeps most, and gathering them costs more than it saves); else None."""
     if z64.shape[0] < config.LOO_PRUNE_MIN_ROWS:
         return None
+    if _reach_share(z64) > config.LOO_BOXED_MAX_SHARE:  # a wide kernel: no k-d order
+        return None
     keys = _boxed_keys(z64, points64, y2)
     return keys if _boxed_share(keys) <= config.LOO_BOXED_MAX_SHARE else None
+
+
+def _reach_share(z64, n_sample=32):
+    """The share of keys within ``U_i + gap`` of a row i (squared distances, U_i the
+    row's squared distance to its nearest other key), over ``n_sample`` rows spread
+    through the rows: what the boxed tiles would keep at least (their bound takes U_i
+    from a few keys beside the row in k-d order, at least the nearest, and keeps whole
+    leaves), without building that order. Distances by one small GEMM: it only chooses
+    between two exact paths."""
+    n = z64.shape[0]
+    rows = np.unique(np.linspace(0, n - 1, min(n_sample, n)).astype(np.int64))
+    sq = np.einsum("ij,ij->i", z64, z64)
+    dist = z64[rows] @ z64.T  # in place from here: no large temporaries
+    dist *= -2.0
+    dist += sq
+    dist += sq[rows, None]
+    dist[np.arange(rows.size), rows] = np.inf
+    reach = dist.min(axis=1) + loo.prune_gap_for(np.float64)
+    return float(np.count_nonzero(dist <= reach[:, None])) / dist.size
 
 
 def _boxed_share(keys, n_sample=64):

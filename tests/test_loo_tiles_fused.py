@@ -174,3 +174,27 @@ def test_diagonal_metric_on_fused_tiles(seed):
     expected = naive.loo_grad_differences(X, y, bandwidth=h)
     assert loss == pytest.approx(naive.loo_loss(X, y, bandwidth=h), rel=1e-11)
     np.testing.assert_allclose(grad, expected, rtol=1e-9, atol=1e-12 * np.abs(expected).max())
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    n=st.integers(2, 300),
+    k=st.integers(1, 6),
+    scale=st.sampled_from([0.05, 1.0, 20.0]),
+    seed=st.integers(0, 2**31),
+)
+def test_reach_share_matches_brute_force(n, k, scale, seed):
+    """The pre-check of the boxed tiles (share of keys within U_i + gap of sampled rows,
+    distances by a GEMM) against exact differences."""
+    rng = np.random.default_rng(seed)
+    z = rng.normal(size=(n, k)) * scale
+    z[: n // 5] *= 30.0  # a sparse outer shell
+    rows = np.unique(np.linspace(0, n - 1, min(32, n)).astype(np.int64))
+    dist = ((z[rows, None, :] - z[None, :, :]) ** 2).sum(axis=2)
+    dist[np.arange(rows.size), rows] = np.inf
+    reach = dist.min(axis=1) + config.PRUNE_GAP_FLOAT64
+    inside = dist <= reach[:, None]
+    # a key at the edge of reach may fall either side by rounding
+    edge = np.abs(dist - reach[:, None]) <= 1e-9 * (1.0 + reach[:, None])
+    share = learning._reach_share(z)
+    assert np.mean(inside & ~edge) - 1e-12 <= share <= np.mean(inside | edge) + 1e-12

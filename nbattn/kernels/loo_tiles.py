@@ -707,7 +707,7 @@ def loo_tiles(
     far = np.zeros(n_rows, dtype=np.bool_)
     points_t = np.ascontiguousarray(points.T)
     for group in prange(n_groups):
-        flat = np.empty(block_rows * n)
+        flat = np.empty(block_rows * n if use_gemm else 0)  # direct tiles: two rows
         scratch = _scratch(k, n, d, p, block_rows, use_gemm)
         own_at = np.empty(block_rows, dtype=np.int64)
         sse = 0.0
@@ -735,7 +735,7 @@ def loo_tiles(
                 gemm_max_radius2,
                 refine_max_radius2,
                 scratch,
-                flat[: nb * n].reshape((nb, n)),
+                flat[: nb * n].reshape((nb, n)) if use_gemm else flat.reshape((0, 0)),
                 partial_c[group],
                 partial_m[group],
                 far,
@@ -947,7 +947,7 @@ def loo_tiles_boxed(
     partial_sse = np.zeros(n_groups)
     far = np.zeros(n_rows, dtype=np.bool_)
     for group in prange(n_groups):
-        flat = np.empty(block_rows * n)
+        flat = np.empty(block_rows * n if use_gemm else 0)  # direct tiles: two rows
         scratch = _scratch(k, n, d, p, block_rows, use_gemm)
         own_at = np.empty(block_rows, dtype=np.int64)
         keep = np.empty(n_leaves, dtype=np.bool_)
@@ -1011,7 +1011,7 @@ def loo_tiles_boxed(
                 gemm_max_radius2,
                 refine_max_radius2,
                 scratch,
-                flat[: nb * width].reshape((nb, width)),
+                flat[: nb * width].reshape((nb, width)) if use_gemm else flat.reshape((0, 0)),
                 keys_c,
                 partial_m[group],
                 far,
