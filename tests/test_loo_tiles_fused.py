@@ -27,11 +27,13 @@ def _settings(**values):
             setattr(config, name, value)
 
 
-def _direct(boxed=False, tile_rows=8):
-    """Direct scores on every tile (no GEMM), plain keys or boxed keys in k-d order."""
+def _direct(boxed=False, tile_rows=8, gemm=False):
+    """Direct scores on every tile (no GEMM), plain keys or boxed keys in k-d order; with
+    ``gemm`` GEMM scores at any dimension instead (blocks narrow against the kernel
+    unrefined, wider ones refined or direct, as in the fit)."""
     return _settings(
         LOO_TILE_ROWS=tile_rows,
-        LOO_TILE_GEMM_MIN_DIMS=10**6,
+        LOO_TILE_GEMM_MIN_DIMS=1 if gemm else 10**6,
         LOO_PRUNE_MIN_ROWS=16 if boxed else 10**9,
         LOO_BOXED_MAX_SHARE=1.0,
         LOO_TILE_LEAF_KEYS=8,
@@ -52,15 +54,18 @@ def _check(X, y, L, loss, grad, rel_loss=1e-11, rtol=1e-9):
     d=st.integers(1, 6),
     k=st.integers(1, 7),
     outputs=st.integers(1, 3),
-    isolated=st.sampled_from([0.0, 33.0, 38.0, 1e4]),
+    isolated=st.sampled_from([0.0, 9.0, 9.8, 38.0, 1e4]),
     boxed=st.booleans(),
+    gemm=st.booleans(),
     seed=st.integers(0, 2**31),
 )
-def test_fused_direct_tiles_match_naive(n, d, k, outputs, isolated, boxed, seed):
+def test_fused_direct_tiles_match_naive(n, d, k, outputs, isolated, boxed, gemm, seed):
     """Any shape, one to three outputs, odd and even row counts, with a quarter of the rows
-    isolated in a chain at score distance about 545, 722 (both sides of the reference-0 limit, where
-    the row is scored again with its best subtracted) or 1e8 (a far row, left to the
-    anchored kernels): the loss and gradient of the float64 contract."""
+    isolated in a chain at score distance about 40 or 48 (both sides of the reference-0
+    limit l >= 2^-64, below which a row is scored again with its best subtracted), 722
+    (where every exp(s) of reference 0 underflows) or 5e7 (far rows, left to the anchored
+    kernels): the loss and gradient of the float64 contract, on direct scores and on GEMM
+    scores (whose exp pass takes reference 0 too)."""
     rng = np.random.default_rng(seed)
     X = rng.normal(size=(n, d))
     y = rng.normal(size=(n, outputs)) if outputs > 1 else rng.normal(size=n)
@@ -73,7 +78,7 @@ def test_fused_direct_tiles_match_naive(n, d, k, outputs, isolated, boxed, seed)
         direction /= np.linalg.norm(L @ direction)
         for i in range(n // 4 + 1):
             X[i] += isolated * (i + 1) * direction
-    with _direct(boxed):
+    with _direct(boxed, gemm=gemm):
         loss, grad = learning.loo_loss_and_grad(X, y, components=L)
     _check(X, y, L, loss, grad)
 
@@ -92,12 +97,12 @@ def test_rows_across_chunks_and_tiles(seed):
     _check(X, y, L, loss, grad)
 
 
-@pytest.mark.parametrize("nearest", [590.0, 600.0, 606.0, 650.0, 708.0, 745.0, 2000.0])
+@pytest.mark.parametrize("nearest", [30.0, 43.0, 44.4, 46.0, 600.0, 708.0, 745.0, 2000.0])
 def test_rows_at_the_reference_zero_limit(nearest):
-    """Pairs of points whose best score is -``nearest``, around the limit where exp(s) of
-    reference 0 underflows (a row whose weights sum below e^-600 is scored again with its
-    best subtracted): every row still gets its neighbour's weight, the loss and the
-    gradient of the references, and the two paths agree across the limit."""
+    """Pairs of points whose best score is -``nearest``, around the limit of reference 0
+    (a row whose weights exp(s) sum below 2^-64, best below about -44.4, is scored again
+    with its best subtracted) and where exp(s) underflows: every row still gets its
+    neighbour's value, and the loss and gradient of the references."""
     rng = np.random.default_rng(int(nearest))
     pairs = 12
     centres = np.arange(pairs)[:, None] * np.array([[200.0, 0.0]])
@@ -106,12 +111,15 @@ def test_rows_at_the_reference_zero_limit(nearest):
     X = np.concatenate([centres, centres + offsets])
     y = rng.normal(size=2 * pairs)
     L = np.eye(2)
-    with _direct():
-        loss, grad = learning.loo_loss_and_grad(X, y, components=L)
-    # each row's prediction is its partner's value
-    partner = np.concatenate([y[pairs:], y[:pairs]])
-    assert loss == pytest.approx(np.mean((partner - y) ** 2), rel=1e-12)
-    _check(X, y, L, loss, grad)
+    for gemm in (False, True):
+        # GEMM scores unrefined on these wide blocks: each row's one neighbour takes all
+        # its weight, so the scores' rounding cannot show
+        with _direct(gemm=gemm), _settings(LOO_TILE_GEMM_MAX_RADIUS2=1 << 40):
+            loss, grad = learning.loo_loss_and_grad(X, y, components=L)
+        # each row's prediction is its partner's value
+        partner = np.concatenate([y[pairs:], y[:pairs]])
+        assert loss == pytest.approx(np.mean((partner - y) ** 2), rel=1e-12)
+        _check(X, y, L, loss, grad)
 
 
 @settings(max_examples=20, deadline=None)

@@ -80,9 +80,13 @@ def _block_radius2(z_t, rows, i0, nb, centre):
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
-def _gemm_scores(z_t, rows, i0, nb, keys_z, width, centre, queries_c, keys_c, key_sq, tile):
+def _gemm_scores(
+    z_t, rows, i0, nb, keys_z, width, centre, queries_c, keys_c, key_sq, tile, finish=True
+):
     """tile[r, j] = -||z_{rows[i0+r]} - keys_z[:, j]||^2 as a GEMM on points shifted by
-    ``centre`` (clamped to <= 0)."""
+    ``centre`` (clamped to <= 0). With ``finish`` False the tile keeps the products
+    (z_r - c).(z_j - c), ``key_sq[j]`` = |z_j - c|^2 and ``queries_c[r]`` = z_r - c, for
+    :func:`_gemm_exp_row` to finish the scores in its exp pass."""
     k = z_t.shape[0]
     keys_w = keys_c[: k * width].reshape((k, width))
     sq = key_sq[:width]
@@ -99,6 +103,8 @@ def _gemm_scores(z_t, rows, i0, nb, keys_z, width, centre, queries_c, keys_c, ke
         for f in range(k):
             queries_c[r, f] = z_t[f, rows[i0 + r]] - centre[f]
     np.dot(queries_c[:nb], keys_w, tile)
+    if not finish:
+        return
     for r in range(nb):
         q_sq = 0.0
         for f in range(k):
@@ -163,25 +169,28 @@ def _refine_near_best(z_t, own, keys_z, width, row, best, near, dist):
 # their keys, two rows at a time (each key loaded once for both), the keys in chunks
 # of ``_CHUNK`` that stay in L1 between the steps of a pass:
 #
-#   pass A (per chunk): the scores by differences, then w_ij = exp(s_ij) with its row
-#       sum l_i, weighted sum and the row's best score, in one loop;
+#   pass A (per chunk): the scores by differences, four coordinates per sweep, then
+#       w_ij = exp(s_ij) with the row sum l_i and the weighted sum, in one loop;
 #   pass B (per chunk): g_ij = (w_ij / l_i) sum_c r_ic (y_jc - f_ic), the key sums c_j,
-#       and b_i = sum_j g_ij x_j as d dot products (no tile-wide GEMM).
+#       a_i = sum_j g_ij and b_i = sum_j g_ij x_j as d dot products (no tile GEMM).
 #
-# Pass A takes 0 as the softmax's reference instead of the row's best score: a
-# Gaussian score is <= 0, so exp(s_ij) cannot overflow, and it is as accurate as
-# exp(s_ij - best) (the same absolute error of s_ij, one rounding fewer). Scores below
-# -708.39 give 0: for a row whose best is at least -``_ZERO_REF_MIN_BEST`` (-600) those
-# keys weigh below e^-108 of its largest, far below float64 rounding. A row with a
-# lower best is scored again and takes exp(s_ij - best) (``_shifted_row``); one below
-# -FAR_SCORE_FLOAT64 is left to the caller as before.
+# Reference 0. Pass A (and the exp pass of the GEMM scores when they are not refined)
+# takes 0 as the softmax's reference instead of the row's best score: a Gaussian score
+# is <= 0, so exp(s_ij) cannot overflow, no pass over the row looks for its maximum, and
+# the weights are as accurate as exp(s_ij - best) (the same absolute error of s_ij, one
+# rounding fewer). A row whose weights sum to l_i >= ``_ZERO_REF_MIN_SUM`` = 2^-64 has
+# its best score above -45 - log(n): the keys whose exp underflows (s_ij < -708.39)
+# weigh below e^-600 of its largest, and 1 / l_i <= 2^64 cannot overflow against a
+# residual. A row below it is scored again by differences and takes exp(s_ij - best)
+# (``_shifted_row``); one whose best is below -FAR_SCORE_FLOAT64 is left to the caller.
+# (A running maximum in the exp loop would also stop LLVM from vectorising it.)
 #
-# The row part of M keeps a_i = sum_j g_ij x_i x_i^T although a_i is zero in exact
-# arithmetic (the weights sum to 1 and f_i is their mean of y): with it, the expansion
-# is exact for the rounded g_ij, and points far from the origin lose fewer digits.
+# The row part of M keeps a_i x_i x_i^T although a_i is zero in exact arithmetic (the
+# weights sum to 1 and f_i is their mean of y): with it the expansion is exact for the
+# rounded g_ij, and points far from the origin lose fewer digits.
 
 _CHUNK = 512
-_ZERO_REF_MIN_SUM = float(np.exp(-600.0))
+_ZERO_REF_MIN_SUM = 2.0**-64
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
@@ -495,6 +504,61 @@ def _direct_rows_pass(
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _gemm_exp_row(row, query_c, key_sq, keys_v, width):
+    """The GEMM scores' exp pass with reference 0 (section "fused direct tiles"): row[j]
+    <- exp(min(2 row[j] - |q|^2 - key_sq[j], 0)) from the products of
+    :func:`_gemm_scores` (``finish`` False; an excluded key's product set to -inf);
+    returns (l, sum_j w_j y_j0)."""
+    q_sq = 0.0
+    for f in range(query_c.shape[0]):
+        q_sq += query_c[f] * query_c[f]
+    sq = key_sq[:width]
+    total = 0.0
+    weighted = 0.0
+    if keys_v.shape[0] == 1:
+        vals = keys_v[0, :width]
+        for j in range(width):
+            w = fast_exp(min(2.0 * row[j] - q_sq - sq[j], 0.0))
+            row[j] = w
+            total += w
+            weighted += w * vals[j]
+    else:
+        for j in range(width):
+            w = fast_exp(min(2.0 * row[j] - q_sq - sq[j], 0.0))
+            row[j] = w
+            total += w
+    return total, weighted
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _shifted_exps(row, best, keys_v, width, f_row):
+    """row[j] <- exp(row[j] - best), f_row[c] <- sum_j w_j y_jc; returns l = sum_j w_j."""
+    p = keys_v.shape[0]
+    total = 0.0
+    if p == 1:  # one fused pass: weights, their sum and the weighted sum
+        vals = keys_v[0]
+        weighted = 0.0
+        for j in range(width):
+            w = fast_exp(row[j] - best)
+            row[j] = w
+            total += w
+            weighted += w * vals[j]
+        f_row[0] = weighted
+        return total
+    for j in range(width):
+        w = fast_exp(row[j] - best)
+        row[j] = w
+        total += w
+    for c in range(p):
+        vals = keys_v[c]
+        weighted = 0.0
+        for j in range(width):
+            weighted += row[j] * vals[j]
+        f_row[c] = weighted
+    return total
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def _tile_rows_pass(
     z_t,
     rows,
@@ -564,42 +628,45 @@ def _tile_rows_pass(
             acc,
             far,
         )
-    _gemm_scores(z_t, rows, i0, nb, keys_z, width, centre, queries_c, keys_c, key_sq, tile)
+    _gemm_scores(z_t, rows, i0, nb, keys_z, width, centre, queries_c, keys_c, key_sq, tile, refine)
     for r in range(nb):
         row = tile[r]
         if own_at[r] >= 0:  # the row's own key is left out
             row[own_at[r]] = -np.inf
-        best = -np.inf
-        for j in range(width):
-            best = fmax(best, row[j])
-        if refine and best >= -_FAR_SCORE_FLOAT64:
-            best = _refine_near_best(z_t, rows[i0 + r], keys_z, width, row, best, near, dist)
         row_sums[r] = 0.0
-        if not best >= -_FAR_SCORE_FLOAT64:  # far, overflowing or no key
-            far[i0 + r] = True
-            row[:] = 0.0
-            continue
-        total = 0.0
-        if p == 1:  # one fused pass: weights, their sum and the weighted sum
-            vals = keys_v[0]
-            weighted = 0.0
-            for j in range(width):
-                w = fast_exp(row[j] - best)
-                row[j] = w
-                total += w
-                weighted += w * vals[j]
-            f_row[0] = weighted
+        if not refine:
+            # scores finished in the exp pass, reference 0; a row whose weights sum
+            # below _ZERO_REF_MIN_SUM is scored again by differences, its best subtracted
+            total, weighted = _gemm_exp_row(row, queries_c[r], key_sq, keys_v, width)
+            best = 0.0
+            if not total >= _ZERO_REF_MIN_SUM:
+                best, total, weighted = _shifted_row(
+                    z_t, rows[i0 + r], keys_z, keys_v, width, own_at[r], row
+                )
+            if not best >= -_FAR_SCORE_FLOAT64:  # far, overflowing or no key
+                far[i0 + r] = True
+                row[:] = 0.0
+                continue
+            if p == 1:
+                f_row[0] = weighted
+            else:
+                for c in range(p):
+                    vals = keys_v[c]
+                    weighted = 0.0
+                    for j in range(width):
+                        weighted += row[j] * vals[j]
+                    f_row[c] = weighted
         else:
+            best = -np.inf
             for j in range(width):
-                w = fast_exp(row[j] - best)
-                row[j] = w
-                total += w
-            for c in range(p):
-                vals = keys_v[c]
-                weighted = 0.0
-                for j in range(width):
-                    weighted += row[j] * vals[j]
-                f_row[c] = weighted
+                best = fmax(best, row[j])
+            if best >= -_FAR_SCORE_FLOAT64:
+                best = _refine_near_best(z_t, rows[i0 + r], keys_z, width, row, best, near, dist)
+            if not best >= -_FAR_SCORE_FLOAT64:  # far, overflowing or no key
+                far[i0 + r] = True
+                row[:] = 0.0
+                continue
+            total = _shifted_exps(row, best, keys_v, width, f_row)
         inv = 1.0 / total
         for c in range(p):
             f_row[c] *= inv
@@ -609,11 +676,11 @@ def _tile_rows_pass(
         # with its row sum a_i and key sums c_j in the same pass
         a_r = 0.0
         if p == 1:
-            scale = resid[0] * inv
+            r0 = resid[0]
             f0 = f_row[0]
             vals = keys_v[0]
             for j in range(width):
-                g = row[j] * scale * (vals[j] - f0)
+                g = (row[j] * inv) * (r0 * (vals[j] - f0))
                 row[j] = g
                 a_r += g
                 key_sums[j] += g
@@ -622,7 +689,7 @@ def _tile_rows_pass(
                 inner = 0.0
                 for c in range(p):
                     inner += resid[c] * (keys_v[c, j] - f_row[c])
-                g = row[j] * inv * inner
+                g = (row[j] * inv) * inner
                 row[j] = g
                 a_r += g
                 key_sums[j] += g
