@@ -61,11 +61,11 @@ def _check(X, y, L, loss, grad, rel_loss=1e-11, rtol=1e-9):
 )
 def test_fused_direct_tiles_match_naive(n, d, k, outputs, isolated, boxed, gemm, seed):
     """Any shape, one to three outputs, odd and even row counts, with a quarter of the rows
-    isolated in a chain at score distance about 40 or 48 (both sides of the reference-0
-    limit l >= 2^-64, below which a row is scored again with its best subtracted), 722
-    (where every exp(s) of reference 0 underflows) or 5e7 (far rows, left to the anchored
-    kernels): the loss and gradient of the float64 contract, on direct scores and on GEMM
-    scores (whose exp pass takes reference 0 too)."""
+    isolated in a chain at score distance about 40 or 48 (both sides of the weights' sum
+    2^-64, below which a row is divided by its sum before the gradient), 722 (where every
+    exp(s) of reference 0 underflows: scored again, its best subtracted) or 5e7 (far
+    rows, left to the anchored kernels): the loss and gradient of the float64 contract,
+    on direct scores and on GEMM scores (whose exp pass takes reference 0 too)."""
     rng = np.random.default_rng(seed)
     X = rng.normal(size=(n, d))
     y = rng.normal(size=(n, outputs)) if outputs > 1 else rng.normal(size=n)
@@ -97,12 +97,13 @@ def test_rows_across_chunks_and_tiles(seed):
     _check(X, y, L, loss, grad)
 
 
-@pytest.mark.parametrize("nearest", [30.0, 43.0, 44.4, 46.0, 600.0, 708.0, 745.0, 2000.0])
+@pytest.mark.parametrize("nearest", [30.0, 44.4, 46.0, 598.0, 600.0, 708.0, 745.0, 2000.0])
 def test_rows_at_the_reference_zero_limit(nearest):
-    """Pairs of points whose best score is -``nearest``, around the limit of reference 0
-    (a row whose weights exp(s) sum below 2^-64, best below about -44.4, is scored again
-    with its best subtracted) and where exp(s) underflows: every row still gets its
-    neighbour's value, and the loss and gradient of the references."""
+    """Pairs of points whose best score is -``nearest``, on both sides of the limits of
+    reference 0 (weights exp(s) summing below 2^-64, best below about -44.4: the row is
+    divided by its sum first; below e^-600: scored again with its best subtracted) and
+    where exp(s) underflows: every row still gets its neighbour's value, and the loss and
+    gradient of the references."""
     rng = np.random.default_rng(int(nearest))
     pairs = 12
     centres = np.arange(pairs)[:, None] * np.array([[200.0, 0.0]])

@@ -178,10 +178,12 @@ def _refine_near_best(z_t, own, keys_z, width, row, best, near, dist):
 # takes 0 as the softmax's reference instead of the row's best score: a Gaussian score
 # is <= 0, so exp(s_ij) cannot overflow, no pass over the row looks for its maximum, and
 # the weights are as accurate as exp(s_ij - best) (the same absolute error of s_ij, one
-# rounding fewer). A row whose weights sum to l_i >= ``_ZERO_REF_MIN_SUM`` = 2^-64 has
-# its best score above -45 - log(n): the keys whose exp underflows (s_ij < -708.39)
-# weigh below e^-600 of its largest, and 1 / l_i <= 2^64 cannot overflow against a
-# residual. A row below it is scored again by differences and takes exp(s_ij - best)
+# rounding fewer). A row whose weights sum to l_i >= ``_ZERO_REF_MIN_SUM`` = e^-600 has
+# its best score above -600 - log(n): the keys whose exp underflows (s_ij < -708.39)
+# weigh below e^-64 of its largest (n < 2^63). One with l_i below 2^-64 (``_UNIT_SUM_MIN``) is
+# divided by l_i first (``_bounded_sums``), so that 1 / l_i <= 2^64 in every later
+# product and cannot overflow against a residual whatever the order fastmath picks.
+# A row with l_i < e^-600 is scored again by differences and takes exp(s_ij - best)
 # (``_shifted_row``); one whose best is below -FAR_SCORE_FLOAT64 is left to the caller.
 # (A running maximum in the exp loop would also stop LLVM from vectorising it.)
 #
@@ -190,7 +192,8 @@ def _refine_near_best(z_t, own, keys_z, width, row, best, near, dist):
 # rounded g_ij, and points far from the origin lose fewer digits.
 
 _CHUNK = 512
-_ZERO_REF_MIN_SUM = 2.0**-64
+_ZERO_REF_MIN_SUM = float(np.exp(-600.0))
+_UNIT_SUM_MIN = 2.0**-64
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
@@ -412,6 +415,18 @@ def _pair_gradient_pass(keys_v, keys_x_t, width, row_a, row_b, coef, f_rows, gx,
             gx[1, a] += sb1
 
 
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _bounded_sums(row, width, total, weighted):
+    """(l, sum_j w_j y_j0) of a row of weights, the row divided by l first when l <
+    _UNIT_SUM_MIN, so that 1 / l stays below 2^64 in every later product."""
+    if total >= _UNIT_SUM_MIN:
+        return total, weighted
+    inv = 1.0 / total
+    for j in range(width):
+        row[j] *= inv
+    return 1.0, weighted * inv
+
+
 @njit(cache=config.CACHE)
 def _no_gradient(coef, f_rows, x):
     """Row ``x`` of a pair contributes nothing to pass B."""
@@ -470,6 +485,8 @@ def _direct_rows_pass(
                 best, total, weighted = _shifted_row(
                     z_t, rows[i0 + r0 + x], keys_z, keys_v, width, own_at[r0 + x], row
                 )
+            else:
+                total, weighted = _bounded_sums(row, width, total, weighted)
             if not best >= -_FAR_SCORE_FLOAT64:  # far, overflowing or no key
                 far[i0 + r0 + x] = True
                 row[:width] = 0.0
@@ -635,14 +652,15 @@ def _tile_rows_pass(
             row[own_at[r]] = -np.inf
         row_sums[r] = 0.0
         if not refine:
-            # scores finished in the exp pass, reference 0; a row whose weights sum
-            # below _ZERO_REF_MIN_SUM is scored again by differences, its best subtracted
+            # scores finished in the exp pass, reference 0 (section "fused direct tiles")
             total, weighted = _gemm_exp_row(row, queries_c[r], key_sq, keys_v, width)
             best = 0.0
             if not total >= _ZERO_REF_MIN_SUM:
                 best, total, weighted = _shifted_row(
                     z_t, rows[i0 + r], keys_z, keys_v, width, own_at[r], row
                 )
+            else:
+                total, weighted = _bounded_sums(row, width, total, weighted)
             if not best >= -_FAR_SCORE_FLOAT64:  # far, overflowing or no key
                 far[i0 + r] = True
                 row[:] = 0.0
