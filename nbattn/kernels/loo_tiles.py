@@ -357,11 +357,11 @@ def _pair_gradient_pass(keys_v, keys_x_t, width, row_a, row_b, coef, f_rows, gx,
         gb_sum = 0.0
         if p == 1:
             vals = keys_v[0, j0:j1]
-            ca, cb = coef[0, 1], coef[1, 1]
+            ca, cb = inv_a * coef[0, 1], inv_b * coef[1, 1]  # 1 / l <= 2^64
             fa, fb = f_rows[0, 0], f_rows[1, 0]
             for j in range(m):
-                ga = (ra[j] * inv_a) * (ca * (vals[j] - fa))
-                gb = (rb[j] * inv_b) * (cb * (vals[j] - fb))
+                ga = ra[j] * ca * (vals[j] - fa)
+                gb = rb[j] * cb * (vals[j] - fb)
                 ra[j] = ga
                 rb[j] = gb
                 ks[j] += ga + gb
@@ -694,11 +694,11 @@ def _tile_rows_pass(
         # with its row sum a_i and key sums c_j in the same pass
         a_r = 0.0
         if p == 1:
-            r0 = resid[0]
+            scale = resid[0] * inv  # 1 / l <= 2^64 (section "fused direct tiles")
             f0 = f_row[0]
             vals = keys_v[0]
             for j in range(width):
-                g = (row[j] * inv) * (r0 * (vals[j] - f0))
+                g = row[j] * scale * (vals[j] - f0)
                 row[j] = g
                 a_r += g
                 key_sums[j] += g
