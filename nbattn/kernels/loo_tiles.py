@@ -80,11 +80,9 @@ def _block_radius2(z_t, rows, i0, nb, centre):
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
-def _gemm_scores(
-    z_t, rows, i0, nb, keys_z, width, centre, queries_c, keys_c, key_sq, tile, finish=True
-):
+def _gemm_scores(z_t, rows, i0, nb, keys_z, width, centre, queries_c, keys_c, key_sq, tile, finish):
     """tile[r, j] = -||z_{rows[i0+r]} - keys_z[:, j]||^2 as a GEMM on points shifted by
-    ``centre`` (clamped to <= 0). With ``finish`` False the tile keeps the products
+    ``centre`` (clamped to <= 0) when ``finish``; without, the tile keeps the products
     (z_r - c).(z_j - c), ``key_sq[j]`` = |z_j - c|^2 and ``queries_c[r]`` = z_r - c, for
     :func:`_gemm_exp_row` to finish the scores in its exp pass."""
     k = z_t.shape[0]
