@@ -256,7 +256,6 @@ def _pair_exp_pass(z_t, own_a, own_b, keys_z, keys_v, width, at_a, at_b, row_a, 
     check and LLVM from vectorising) and keep no running maximum (a max reduction beside
     the inlined exp stops the vectorisation too).
     """
-    one_output = keys_v.shape[0] == 1
     tot_a, tot_b = 0.0, 0.0
     wv_a, wv_b = 0.0, 0.0
     for j0 in range(0, width, _CHUNK):
@@ -269,25 +268,16 @@ def _pair_exp_pass(z_t, own_a, own_b, keys_z, keys_v, width, at_a, at_b, row_a, 
             row_a[at_a] = -np.inf
         if j0 <= at_b < j1:
             row_b[at_b] = -np.inf
-        if one_output:
-            vals = keys_v[0, j0:j1]
-            for j in range(m):
-                wa = fast_exp(ra[j])
-                wb = fast_exp(rb[j])
-                ra[j] = wa
-                rb[j] = wb
-                tot_a += wa
-                tot_b += wb
-                wv_a += wa * vals[j]
-                wv_b += wb * vals[j]
-        else:
-            for j in range(m):
-                wa = fast_exp(ra[j])
-                wb = fast_exp(rb[j])
-                ra[j] = wa
-                rb[j] = wb
-                tot_a += wa
-                tot_b += wb
+        vals = keys_v[0, j0:j1]  # the first output's weighted sum, whatever p (one loop)
+        for j in range(m):
+            wa = fast_exp(ra[j])
+            wb = fast_exp(rb[j])
+            ra[j] = wa
+            rb[j] = wb
+            tot_a += wa
+            tot_b += wb
+            wv_a += wa * vals[j]
+            wv_b += wb * vals[j]
     sums[0, 0], sums[0, 1] = tot_a, wv_a
     sums[1, 0], sums[1, 1] = tot_b, wv_b
 
@@ -530,18 +520,12 @@ def _gemm_exp_row(row, query_c, key_sq, keys_v, width):
     sq = key_sq[:width]
     total = 0.0
     weighted = 0.0
-    if keys_v.shape[0] == 1:
-        vals = keys_v[0, :width]
-        for j in range(width):
-            w = fast_exp(min(2.0 * row[j] - q_sq - sq[j], 0.0))
-            row[j] = w
-            total += w
-            weighted += w * vals[j]
-    else:
-        for j in range(width):
-            w = fast_exp(min(2.0 * row[j] - q_sq - sq[j], 0.0))
-            row[j] = w
-            total += w
+    vals = keys_v[0, :width]  # the first output's weighted sum, whatever p (one loop)
+    for j in range(width):
+        w = fast_exp(min(2.0 * row[j] - q_sq - sq[j], 0.0))
+        row[j] = w
+        total += w
+        weighted += w * vals[j]
     return total, weighted
 
 
