@@ -338,7 +338,9 @@ def loo_loss_and_grad(X, y, bandwidth=None, *, components=None, dtype=None, devi
 def _tile_rows(n_keys, every_key=False):
     """Rows per tile of ``loo_tiles``: config.LOO_TILE_ROWS, fewer when a tile would pass
     config.LOO_TILE_BYTES; with ``every_key`` (the plain tiles on direct scores) also at
-    most what fits in config.LOO_TILE_CACHE_BYTES, but at least 8."""
+    most what fits in config.LOO_TILE_CACHE_BYTES, but at least 8. (The direct tiles now
+    hold two rows of weights at a time, whatever this says: for them it only sets how
+    many rows a block hands to a thread; 16 and 64 rows measured the same.)"""
     rows = min(config.LOO_TILE_ROWS, config.LOO_TILE_BYTES // (8 * n_keys))
     if every_key:
         rows = min(rows, max(8, config.LOO_TILE_CACHE_BYTES // (8 * n_keys)))
@@ -436,7 +438,7 @@ def _tile_loss_grad_rows(a, b, keys, z, z_t, v_t, y2, dtype, diagonal):
     kernel, pruning, rank, keys_t, points, y_keys = keys
     k, n = keys_t.shape
     rows = np.sort(rank[a:b]).astype(np.int64)
-    # tiles of every key: with direct scores capped to the cache (config.LOO_TILE_CACHE_BYTES),
+    # tiles of every key: with direct scores blocks of the rows _tile_rows gives (see there),
     # wide blocks on refined GEMM scores (the boxed tiles keep keys near their rows, where
     # refining costs more than the GEMM saves)
     every_key = kernel == "loo_tiles"
