@@ -20,8 +20,10 @@ row part of M, the key sums c (the caller adds X^T diag(c) X, one more GEMM)
 and a flag per row that it left to the caller.
 
 Scores. With few score dimensions k the direct difference is cheapest and
-exact to (k + 3) u |s|. With more, the block's scores are a GEMM on points
-shifted by the block's mean c_b:
+exact to (k + 3) u |s|; those tiles take their rows two at a time through two fused
+passes over L1-sized chunks of keys, the softmax with reference 0 and the gradient
+as dot products instead of the GEMM (section "fused direct tiles"). With more, the
+block's scores are a GEMM on points shifted by the block's mean c_b:
 
     s_ij = 2 (z_i - c_b).(z_j - c_b) - |z_i - c_b|^2 - |z_j - c_b|^2   (clamped to <= 0)
 
