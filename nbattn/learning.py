@@ -338,7 +338,9 @@ def loo_loss_and_grad(X, y, bandwidth=None, *, components=None, dtype=None, devi
 def _tile_rows(n_keys, every_key=False):
     """Rows per tile of ``loo_tiles``: config.LOO_TILE_ROWS, fewer when a tile would pass
     config.LOO_TILE_BYTES; with ``every_key`` (the plain tiles on direct scores) also at
-    most what fits in config.LOO_TILE_CACHE_BYTES, but at least 8."""
+    most what fits in config.LOO_TILE_CACHE_BYTES, but at least 8. (The direct tiles now
+    hold two rows of weights at a time, whatever this says: for them it only sets how
+    many rows a block hands to a thread; 16 and 64 rows measured the same.)"""
     rows = min(config.LOO_TILE_ROWS, config.LOO_TILE_BYTES // (8 * n_keys))
     if every_key:
         rows = min(rows, max(8, config.LOO_TILE_CACHE_BYTES // (8 * n_keys)))
@@ -374,8 +376,29 @@ def _pruned_keys(z64, points64, y2):
     kernel keeps most, and gathering them costs more than it saves); else None."""
     if z64.shape[0] < config.LOO_PRUNE_MIN_ROWS:
         return None
+    if _reach_share(z64) > config.LOO_BOXED_MAX_SHARE:  # a wide kernel: no k-d order
+        return None
     keys = _boxed_keys(z64, points64, y2)
     return keys if _boxed_share(keys) <= config.LOO_BOXED_MAX_SHARE else None
+
+
+def _reach_share(z64, n_sample=32):
+    """The share of keys within ``U_i + gap`` of a row i (squared distances, U_i the
+    row's squared distance to its nearest other key), over ``n_sample`` rows spread
+    through the rows: what the boxed tiles would keep at least (their bound takes U_i
+    from a few keys beside the row in k-d order, at least the nearest, and keeps whole
+    leaves), without building that order. Distances by one small GEMM: it only chooses
+    between two exact paths."""
+    n = z64.shape[0]
+    rows = np.unique(np.linspace(0, n - 1, min(n_sample, n)).astype(np.int64))
+    sq = np.einsum("ij,ij->i", z64, z64)
+    dist = z64[rows] @ z64.T  # in place from here: no large temporaries
+    dist *= -2.0
+    dist += sq
+    dist += sq[rows, None]
+    dist[np.arange(rows.size), rows] = np.inf
+    reach = dist.min(axis=1) + loo.prune_gap_for(np.float64)
+    return float(np.count_nonzero(dist <= reach[:, None])) / dist.size
 
 
 def _boxed_share(keys, n_sample=64):
@@ -415,7 +438,7 @@ def _tile_loss_grad_rows(a, b, keys, z, z_t, v_t, y2, dtype, diagonal):
     kernel, pruning, rank, keys_t, points, y_keys = keys
     k, n = keys_t.shape
     rows = np.sort(rank[a:b]).astype(np.int64)
-    # tiles of every key: with direct scores capped to the cache (config.LOO_TILE_CACHE_BYTES),
+    # tiles of every key: with direct scores blocks of the rows _tile_rows gives (see there),
     # wide blocks on refined GEMM scores (the boxed tiles keep keys near their rows, where
     # refining costs more than the GEMM saves)
     every_key = kernel == "loo_tiles"
@@ -496,8 +519,11 @@ def _prepared_loss_and_grad(X, y2, widths=None, components=None, *, dtype, devic
     if components is None:
         z, z_t = _scaled(X, 1.0 / widths, dtype)
     else:
-        X = X - X.mean(axis=0)
-        z, z_t = _projected(X, components, dtype)
+        # scores on the mean-centred points (the layout of the loss-only kernels); the
+        # gradient's coordinates keep _prepare_xy's median centring: M depends on
+        # differences only, and an outlying row pulls the mean away from the bulk, where
+        # the expanded sums of kernels.loo_tiles (x x^T terms) would then lose digits
+        z, z_t = _projected(X - X.mean(axis=0), components, dtype)
     n_queries = X.shape[0] if n_rows is None else n_rows
     with _threads_for(n_queries * X.shape[0]):
         return _loss_and_grad_passes(

@@ -1008,3 +1008,27 @@ def loo_sse_boxed_1d(zs, values_t, targets, rows, half_width, n_terms, reach):
         f = (v[:, near] @ weights - v[:, i]) / total
         out.append(np.sum((f - targets[i]) ** 2))
     return np.array(out)
+
+
+# ------------------------------------------------------------- LOO gradient, differences first
+
+
+def loo_grad_differences(X, y, bandwidth=None, components=None):
+    """:func:`loo_grad` with g_ij = w_ij sum_c r_ic (y_jc - f_ic) formed from the
+    differences y_jc - f_ic (not r_i . y_j - r_i . f_i): exact where a row's weight sits
+    on one key (f_i = y_j), so that (x_i - x_j)^2 of points far apart does not magnify
+    the rounding of a cancelled sum."""
+    X = np.asarray(X, dtype=np.float64)
+    y2 = np.asarray(y, dtype=np.float64).reshape(len(X), -1)
+    n, p = y2.shape
+    z = X @ np.asarray(components).T if components is not None else X / bandwidth
+    w = _loo_weights(z)
+    f = w @ y2
+    r = f - y2
+    inner = np.einsum("ic,ijc->ij", r, y2[None, :, :] - f[:, None, :])
+    dl_ds = 2.0 / (n * p) * w * inner
+    delta = X[:, None, :] - X[None, :, :]
+    if components is None:
+        return np.einsum("ij,ijd->d", dl_ds, (delta / bandwidth) ** 2)
+    outer = np.einsum("ij,ija,ijb->ab", dl_ds, delta, delta)
+    return -np.asarray(components) @ outer

@@ -20,8 +20,10 @@ row part of M, the key sums c (the caller adds X^T diag(c) X, one more GEMM)
 and a flag per row that it left to the caller.
 
 Scores. With few score dimensions k the direct difference is cheapest and
-exact to (k + 3) u |s|. With more, the block's scores are a GEMM on points
-shifted by the block's mean c_b:
+exact to (k + 3) u |s|; those tiles take their rows two at a time through two fused
+passes over L1-sized chunks of keys, the softmax with reference 0 and the gradient
+as dot products instead of the GEMM (section "fused direct tiles"). With more, the
+block's scores are a GEMM on points shifted by the block's mean c_b:
 
     s_ij = 2 (z_i - c_b).(z_j - c_b) - |z_i - c_b|^2 - |z_j - c_b|^2   (clamped to <= 0)
 
@@ -60,54 +62,6 @@ _NEIGHBOURS = 4  # keys on each side, in the sorted order, that bound a row's be
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
-def _direct_scores(z_t, rows, i0, nb, keys_z, width, tile):
-    """tile[r, j] = -||z_{rows[i0+r]} - keys_z[:, j]||^2 by differences.
-
-    Two query rows share each pass over a key coordinate, so each key value is
-    loaded once for both (the passes stream the keys from cache, not the rows).
-    """
-    k = z_t.shape[0]
-    r = 0
-    while r + 1 < nb:
-        row_a = tile[r]
-        row_b = tile[r + 1]
-        own_a = rows[i0 + r]
-        own_b = rows[i0 + r + 1]
-        qa = z_t[0, own_a]
-        qb = z_t[0, own_b]
-        keys0 = keys_z[0]
-        for j in range(width):
-            da = keys0[j] - qa
-            db = keys0[j] - qb
-            row_a[j] = -(da * da)
-            row_b[j] = -(db * db)
-        for f in range(1, k):
-            qa = z_t[f, own_a]
-            qb = z_t[f, own_b]
-            keys_f = keys_z[f]
-            for j in range(width):
-                da = keys_f[j] - qa
-                db = keys_f[j] - qb
-                row_a[j] -= da * da
-                row_b[j] -= db * db
-        r += 2
-    if r < nb:
-        row = tile[r]
-        own = rows[i0 + r]
-        q0 = z_t[0, own]
-        keys0 = keys_z[0]
-        for j in range(width):
-            diff = keys0[j] - q0
-            row[j] = -(diff * diff)
-        for f in range(1, k):
-            qf = z_t[f, own]
-            keys_f = keys_z[f]
-            for j in range(width):
-                diff = keys_f[j] - qf
-                row[j] -= diff * diff
-
-
-@njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def _block_radius2(z_t, rows, i0, nb, centre):
     """centre <- mean of the block's rows; returns max_r |z_r - centre|^2."""
     k = z_t.shape[0]
@@ -128,9 +82,11 @@ def _block_radius2(z_t, rows, i0, nb, centre):
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
-def _gemm_scores(z_t, rows, i0, nb, keys_z, width, centre, queries_c, keys_c, key_sq, tile):
+def _gemm_scores(z_t, rows, i0, nb, keys_z, width, centre, queries_c, keys_c, key_sq, tile, finish):
     """tile[r, j] = -||z_{rows[i0+r]} - keys_z[:, j]||^2 as a GEMM on points shifted by
-    ``centre`` (clamped to <= 0)."""
+    ``centre`` (clamped to <= 0) when ``finish``; without, the tile keeps the products
+    (z_r - c).(z_j - c), ``key_sq[j]`` = |z_j - c|^2 and ``queries_c[r]`` = z_r - c, for
+    :func:`_gemm_exp_row` to finish the scores in its exp pass."""
     k = z_t.shape[0]
     keys_w = keys_c[: k * width].reshape((k, width))
     sq = key_sq[:width]
@@ -147,6 +103,8 @@ def _gemm_scores(z_t, rows, i0, nb, keys_z, width, centre, queries_c, keys_c, ke
         for f in range(k):
             queries_c[r, f] = z_t[f, rows[i0 + r]] - centre[f]
     np.dot(queries_c[:nb], keys_w, tile)
+    if not finish:
+        return
     for r in range(nb):
         q_sq = 0.0
         for f in range(k):
@@ -206,6 +164,401 @@ def _refine_near_best(z_t, own, keys_z, width, row, best, near, dist):
     return exact_best
 
 
+# --------------------------------------------------------------------------- fused direct tiles
+# With direct scores (few score dimensions) a tile's rows go through two passes over
+# their keys, two rows at a time (each key loaded once for both), the keys in chunks
+# of ``_CHUNK`` that stay in L1 between the steps of a pass:
+#
+#   pass A (per chunk): the scores by differences, four coordinates per sweep, then
+#       w_ij = exp(s_ij) with the row sum l_i and the weighted sum, in one loop;
+#   pass B (per chunk): g_ij = (w_ij / l_i) sum_c r_ic (y_jc - f_ic), the key sums c_j,
+#       a_i = sum_j g_ij and b_i = sum_j g_ij x_j as d dot products (no tile GEMM).
+#
+# Reference 0. Pass A (and the exp pass of the GEMM scores when they are not refined)
+# takes 0 as the softmax's reference instead of the row's best score: a Gaussian score
+# is <= 0, so exp(s_ij) cannot overflow, no pass over the row looks for its maximum, and
+# the weights are as accurate as exp(s_ij - best) (the same absolute error of s_ij, one
+# rounding fewer). A row whose weights sum to l_i >= ``_ZERO_REF_MIN_SUM`` = e^-600 has
+# its best score above -600 - log(n): the keys whose exp underflows (s_ij < -708.39)
+# weigh below e^-64 of its largest (n < 2^63). One with l_i below 2^-64 (``_UNIT_SUM_MIN``) is
+# divided by l_i first (``_bounded_sums``), so that 1 / l_i <= 2^64 in every later
+# product and cannot overflow against a residual whatever the order fastmath picks.
+# A row with l_i < e^-600 is scored again by differences and takes exp(s_ij - best)
+# (``_shifted_row``); one whose best is below -FAR_SCORE_FLOAT64 is left to the caller.
+# (A running maximum in the exp loop would also stop LLVM from vectorising it.)
+#
+# The row part of M keeps a_i x_i x_i^T although a_i is zero in exact arithmetic (the
+# weights sum to 1 and f_i is their mean of y): with it the expansion is exact for the
+# rounded g_ij, and points far from the origin lose fewer digits.
+
+_CHUNK = 512
+_ZERO_REF_MIN_SUM = float(np.exp(-600.0))
+_UNIT_SUM_MIN = 2.0**-64
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _pair_scores(z_t, own_a, own_b, keys_z, j0, ra, rb):
+    """ra[j] <- -||z_own_a - keys_z[:, j0 + j]||^2 (rb likewise for own_b), over the
+    slices' length: coordinates four, then two, then one at a time per sweep, so that
+    the two score rows are loaded and stored once per group, not per coordinate."""
+    k = z_t.shape[0]
+    m = ra.shape[0]
+    ra[:] = 0.0
+    rb[:] = 0.0
+    f = 0
+    while f + 4 <= k:
+        k0 = keys_z[f, j0 : j0 + m]
+        k1 = keys_z[f + 1, j0 : j0 + m]
+        k2 = keys_z[f + 2, j0 : j0 + m]
+        k3 = keys_z[f + 3, j0 : j0 + m]
+        a0, a1, a2, a3 = z_t[f, own_a], z_t[f + 1, own_a], z_t[f + 2, own_a], z_t[f + 3, own_a]
+        b0, b1, b2, b3 = z_t[f, own_b], z_t[f + 1, own_b], z_t[f + 2, own_b], z_t[f + 3, own_b]
+        for j in range(m):
+            da0 = k0[j] - a0
+            da1 = k1[j] - a1
+            da2 = k2[j] - a2
+            da3 = k3[j] - a3
+            db0 = k0[j] - b0
+            db1 = k1[j] - b1
+            db2 = k2[j] - b2
+            db3 = k3[j] - b3
+            ra[j] -= (da0 * da0 + da1 * da1) + (da2 * da2 + da3 * da3)
+            rb[j] -= (db0 * db0 + db1 * db1) + (db2 * db2 + db3 * db3)
+        f += 4
+    while f + 2 <= k:
+        k0 = keys_z[f, j0 : j0 + m]
+        k1 = keys_z[f + 1, j0 : j0 + m]
+        a0, a1 = z_t[f, own_a], z_t[f + 1, own_a]
+        b0, b1 = z_t[f, own_b], z_t[f + 1, own_b]
+        for j in range(m):
+            da0 = k0[j] - a0
+            da1 = k1[j] - a1
+            db0 = k0[j] - b0
+            db1 = k1[j] - b1
+            ra[j] -= da0 * da0 + da1 * da1
+            rb[j] -= db0 * db0 + db1 * db1
+        f += 2
+    if f < k:
+        k0 = keys_z[f, j0 : j0 + m]
+        a0 = z_t[f, own_a]
+        b0 = z_t[f, own_b]
+        for j in range(m):
+            da0 = k0[j] - a0
+            db0 = k0[j] - b0
+            ra[j] -= da0 * da0
+            rb[j] -= db0 * db0
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _pair_exp_pass(z_t, own_a, own_b, keys_z, keys_v, width, at_a, at_b, row_a, row_b, sums):
+    """Pass A for query rows ``own_a``, ``own_b`` (key positions ``at_a``, ``at_b`` left
+    out, or -1): row_x[j] <- exp(s_xj); ``sums`` (2, 2) <- (l, sum_j w_j y_j0).
+
+    The loops run over slices (an index from a variable start keeps numba's negative-index
+    check and LLVM from vectorising) and keep no running maximum (a max reduction beside
+    the inlined exp stops the vectorisation too).
+    """
+    tot_a, tot_b = 0.0, 0.0
+    wv_a, wv_b = 0.0, 0.0
+    for j0 in range(0, width, _CHUNK):
+        j1 = min(j0 + _CHUNK, width)
+        ra = row_a[j0:j1]
+        rb = row_b[j0:j1]
+        m = j1 - j0
+        _pair_scores(z_t, own_a, own_b, keys_z, j0, ra, rb)
+        if j0 <= at_a < j1:
+            row_a[at_a] = -np.inf
+        if j0 <= at_b < j1:
+            row_b[at_b] = -np.inf
+        vals = keys_v[0, j0:j1]  # the first output's weighted sum, whatever p (one loop)
+        for j in range(m):
+            wa = fast_exp(ra[j])
+            wb = fast_exp(rb[j])
+            ra[j] = wa
+            rb[j] = wb
+            tot_a += wa
+            tot_b += wb
+            wv_a += wa * vals[j]
+            wv_b += wb * vals[j]
+    sums[0, 0], sums[0, 1] = tot_a, wv_a
+    sums[1, 0], sums[1, 1] = tot_b, wv_b
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _shifted_row(z_t, own, keys_z, keys_v, width, at, row):
+    """Pass A for one row whose weights exp(s_j) sum below _ZERO_REF_MIN_SUM: row[j] <-
+    exp(s_j - best); returns (best, l, sum_j w_j y_j0). Best below -FAR_SCORE_FLOAT64
+    (or no key): (best, 0, 0), the row's weights not set."""
+    k = z_t.shape[0]
+    q0 = z_t[0, own]
+    keys0 = keys_z[0]
+    for j in range(width):
+        diff = keys0[j] - q0
+        row[j] = -(diff * diff)
+    for f in range(1, k):
+        qf = z_t[f, own]
+        keys_f = keys_z[f]
+        for j in range(width):
+            diff = keys_f[j] - qf
+            row[j] -= diff * diff
+    if at >= 0:
+        row[at] = -np.inf
+    best = -np.inf
+    for j in range(width):
+        best = fmax(best, row[j])
+    if not best >= -_FAR_SCORE_FLOAT64:
+        return best, 0.0, 0.0
+    vals = keys_v[0]
+    total = 0.0
+    weighted = 0.0
+    for j in range(width):
+        w = fast_exp(row[j] - best)
+        row[j] = w
+        total += w
+        weighted += w * vals[j]
+    return best, total, weighted
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _pair_gradient_pass(keys_v, keys_x_t, width, row_a, row_b, coef, f_rows, gx, row_g, key_sums):
+    """Pass B for two rows of weights w (not normalised): row_x[j] <- g_xj =
+    (w_xj coef[x, 0]) sum_c coef[x, 1 + c] (y_jc - f_rows[x, c]), with coef[x] =
+    (1 / l_x, r_x); adds g_aj + g_bj to key_sums[j] and sets gx[x, :] = sum_j g_xj x_j
+    (``keys_x_t`` (d, >= width)) and row_g[x] = sum_j g_xj. A row with coef[x] = 0 gets
+    g = 0."""
+    p = keys_v.shape[0]
+    d = keys_x_t.shape[0]
+    inv_a, inv_b = coef[0, 0], coef[1, 0]
+    for a in range(d):
+        gx[0, a] = 0.0
+        gx[1, a] = 0.0
+    row_g[0] = 0.0
+    row_g[1] = 0.0
+    for j0 in range(0, width, _CHUNK):
+        j1 = min(j0 + _CHUNK, width)
+        ra = row_a[j0:j1]
+        rb = row_b[j0:j1]
+        ks = key_sums[j0:j1]
+        m = j1 - j0
+        x0 = keys_x_t[0, j0:j1]
+        sa = 0.0
+        sb = 0.0
+        ga_sum = 0.0
+        gb_sum = 0.0
+        if p == 1:
+            vals = keys_v[0, j0:j1]
+            ca, cb = inv_a * coef[0, 1], inv_b * coef[1, 1]  # 1 / l <= 2^64
+            fa, fb = f_rows[0, 0], f_rows[1, 0]
+            for j in range(m):
+                ga = ra[j] * ca * (vals[j] - fa)
+                gb = rb[j] * cb * (vals[j] - fb)
+                ra[j] = ga
+                rb[j] = gb
+                ks[j] += ga + gb
+                ga_sum += ga
+                gb_sum += gb
+                sa += ga * x0[j]
+                sb += gb * x0[j]
+        else:
+            for j in range(m):
+                inner_a = 0.0
+                inner_b = 0.0
+                for c in range(p):
+                    inner_a += coef[0, 1 + c] * (keys_v[c, j0 + j] - f_rows[0, c])
+                    inner_b += coef[1, 1 + c] * (keys_v[c, j0 + j] - f_rows[1, c])
+                ga = (ra[j] * inv_a) * inner_a
+                gb = (rb[j] * inv_b) * inner_b
+                ra[j] = ga
+                rb[j] = gb
+                ks[j] += ga + gb
+                ga_sum += ga
+                gb_sum += gb
+                sa += ga * x0[j]
+                sb += gb * x0[j]
+        gx[0, 0] += sa
+        gx[1, 0] += sb
+        row_g[0] += ga_sum
+        row_g[1] += gb_sum
+        # the other coordinates two at a time: each g loaded once for both
+        a = 1
+        while a + 2 <= d:
+            x1 = keys_x_t[a, j0:j1]
+            x2 = keys_x_t[a + 1, j0:j1]
+            sa1, sb1, sa2, sb2 = 0.0, 0.0, 0.0, 0.0
+            for j in range(m):
+                sa1 += ra[j] * x1[j]
+                sb1 += rb[j] * x1[j]
+                sa2 += ra[j] * x2[j]
+                sb2 += rb[j] * x2[j]
+            gx[0, a] += sa1
+            gx[1, a] += sb1
+            gx[0, a + 1] += sa2
+            gx[1, a + 1] += sb2
+            a += 2
+        if a < d:
+            x1 = keys_x_t[a, j0:j1]
+            sa1, sb1 = 0.0, 0.0
+            for j in range(m):
+                sa1 += ra[j] * x1[j]
+                sb1 += rb[j] * x1[j]
+            gx[0, a] += sa1
+            gx[1, a] += sb1
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _bounded_sums(row, width, total, weighted):
+    """(l, sum_j w_j y_j0) of a row of weights, the row divided by l first when l <
+    _UNIT_SUM_MIN, so that 1 / l stays below 2^64 in every later product."""
+    if total >= _UNIT_SUM_MIN:
+        return total, weighted
+    inv = 1.0 / total
+    for j in range(width):
+        row[j] *= inv
+    return 1.0, weighted * inv
+
+
+@njit(cache=config.CACHE)
+def _no_gradient(coef, f_rows, x):
+    """Row ``x`` of a pair contributes nothing to pass B."""
+    coef[x, :] = 0.0
+    f_rows[x, :] = 0.0
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _direct_rows_pass(
+    z_t,
+    rows,
+    i0,
+    nb,
+    keys_z,
+    keys_v,
+    keys_x_t,
+    width,
+    own_at,
+    targets,
+    points,
+    pair,
+    sums,
+    coef,
+    f_rows,
+    gx,
+    row_g,
+    key_sums,
+    acc,
+    far,
+):
+    """The tile body on direct scores (section "fused direct tiles"): rows
+    ``rows[i0:i0+nb]``, two at a time; returns the squared-error sum. ``pair`` (2, >=
+    width) holds the two rows' weights; ``sums`` (2, 2), ``coef`` (2, 1 + p), ``f_rows``
+    (2, p), ``gx`` (2, d), ``row_g`` (2,) are scratch. Accumulates as :func:`_tile_rows_pass`."""
+    d = points.shape[1]
+    p = keys_v.shape[0]
+    sse = 0.0
+    row_a = pair[0]
+    row_b = pair[1]
+    for r0 in range(0, nb, 2):
+        second = r0 + 1 < nb
+        own_a = rows[i0 + r0]
+        own_b = rows[i0 + r0 + 1] if second else own_a
+        at_b = own_at[r0 + 1] if second else own_at[r0]
+        _pair_exp_pass(
+            z_t, own_a, own_b, keys_z, keys_v, width, own_at[r0], at_b, row_a, row_b, sums
+        )
+        for x in range(2):
+            row = row_a if x == 0 else row_b
+            if x == 1 and not second:  # the pair's second row repeats the first: no sums
+                _no_gradient(coef, f_rows, 1)
+                continue
+            total, weighted = sums[x, 0], sums[x, 1]
+            best = 0.0
+            if not total >= _ZERO_REF_MIN_SUM:  # far from its keys (or none)
+                best, total, weighted = _shifted_row(
+                    z_t, rows[i0 + r0 + x], keys_z, keys_v, width, own_at[r0 + x], row
+                )
+            else:
+                total, weighted = _bounded_sums(row, width, total, weighted)
+            if not best >= -_FAR_SCORE_FLOAT64:  # far, overflowing or no key
+                far[i0 + r0 + x] = True
+                row[:width] = 0.0
+                _no_gradient(coef, f_rows, x)
+                continue
+            inv = 1.0 / total
+            if p == 1:
+                f_rows[x, 0] = weighted
+            else:
+                for c in range(p):
+                    vals = keys_v[c]
+                    weighted = 0.0
+                    for j in range(width):
+                        weighted += row[j] * vals[j]
+                    f_rows[x, c] = weighted
+            coef[x, 0] = inv
+            for c in range(p):
+                f_rows[x, c] *= inv
+                resid = f_rows[x, c] - targets[i0 + r0 + x, c]
+                coef[x, 1 + c] = resid
+                sse += resid * resid
+        _pair_gradient_pass(
+            keys_v, keys_x_t, width, row_a, row_b, coef, f_rows, gx, row_g, key_sums
+        )
+        for x in range(2 if second else 1):
+            x_r = points[rows[i0 + r0 + x]]
+            for a in range(d):
+                xa = x_r[a]
+                for b in range(d):
+                    acc[a, b] += row_g[x] * xa * x_r[b] - xa * gx[x, b] - gx[x, a] * x_r[b]
+    return sse
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _gemm_exp_row(row, query_c, key_sq, keys_v, width):
+    """The GEMM scores' exp pass with reference 0 (section "fused direct tiles"): row[j]
+    <- exp(min(2 row[j] - |q|^2 - key_sq[j], 0)) from the products of
+    :func:`_gemm_scores` (``finish`` False; an excluded key's product set to -inf);
+    returns (l, sum_j w_j y_j0)."""
+    q_sq = 0.0
+    for f in range(query_c.shape[0]):
+        q_sq += query_c[f] * query_c[f]
+    sq = key_sq[:width]
+    total = 0.0
+    weighted = 0.0
+    vals = keys_v[0, :width]  # the first output's weighted sum, whatever p (one loop)
+    for j in range(width):
+        w = fast_exp(min(2.0 * row[j] - q_sq - sq[j], 0.0))
+        row[j] = w
+        total += w
+        weighted += w * vals[j]
+    return total, weighted
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _shifted_exps(row, best, keys_v, width, f_row):
+    """row[j] <- exp(row[j] - best), f_row[c] <- sum_j w_j y_jc; returns l = sum_j w_j."""
+    p = keys_v.shape[0]
+    total = 0.0
+    if p == 1:  # one fused pass: weights, their sum and the weighted sum
+        vals = keys_v[0]
+        weighted = 0.0
+        for j in range(width):
+            w = fast_exp(row[j] - best)
+            row[j] = w
+            total += w
+            weighted += w * vals[j]
+        f_row[0] = weighted
+        return total
+    for j in range(width):
+        w = fast_exp(row[j] - best)
+        row[j] = w
+        total += w
+    for c in range(p):
+        vals = keys_v[c]
+        weighted = 0.0
+        for j in range(width):
+            weighted += row[j] * vals[j]
+        f_row[c] = weighted
+    return total
+
+
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def _tile_rows_pass(
     z_t,
@@ -215,6 +568,7 @@ def _tile_rows_pass(
     keys_z,
     keys_v,
     keys_x,
+    keys_x_t,
     width,
     own_at,
     targets,
@@ -242,7 +596,8 @@ def _tile_rows_pass(
     GEMM then exact differences for the keys near each row's best (section
     "refined GEMM scores") up to ``refine_max_radius2``; direct beyond.
     """
-    centre, queries_c, keys_c, key_sq, f_row, resid, row_sums, gx, near, dist = scratch
+    centre, queries_c, keys_c, key_sq, f_row, resid, row_sums, gx, near, dist = scratch[:10]
+    pair, pair_sums, coef, f_rows, pair_gx, pair_g = scratch[10:]
     d = points.shape[1]
     p = keys_v.shape[0]
     sse = 0.0
@@ -251,46 +606,69 @@ def _tile_rows_pass(
         radius2 = _block_radius2(z_t, rows, i0, nb, centre)
         refine = radius2 > gemm_max_radius2
         use_gemm = radius2 <= max(gemm_max_radius2, refine_max_radius2)
-    if use_gemm:
-        _gemm_scores(z_t, rows, i0, nb, keys_z, width, centre, queries_c, keys_c, key_sq, tile)
-    else:
-        refine = False
-        _direct_scores(z_t, rows, i0, nb, keys_z, width, tile)
+    if not use_gemm:
+        return _direct_rows_pass(
+            z_t,
+            rows,
+            i0,
+            nb,
+            keys_z,
+            keys_v,
+            keys_x_t,
+            width,
+            own_at,
+            targets,
+            points,
+            pair,
+            pair_sums,
+            coef,
+            f_rows,
+            pair_gx,
+            pair_g,
+            key_sums,
+            acc,
+            far,
+        )
+    _gemm_scores(z_t, rows, i0, nb, keys_z, width, centre, queries_c, keys_c, key_sq, tile, refine)
     for r in range(nb):
         row = tile[r]
         if own_at[r] >= 0:  # the row's own key is left out
             row[own_at[r]] = -np.inf
-        best = -np.inf
-        for j in range(width):
-            best = fmax(best, row[j])
-        if refine and best >= -_FAR_SCORE_FLOAT64:
-            best = _refine_near_best(z_t, rows[i0 + r], keys_z, width, row, best, near, dist)
         row_sums[r] = 0.0
-        if not best >= -_FAR_SCORE_FLOAT64:  # far, overflowing or no key
-            far[i0 + r] = True
-            row[:] = 0.0
-            continue
-        total = 0.0
-        if p == 1:  # one fused pass: weights, their sum and the weighted sum
-            vals = keys_v[0]
-            weighted = 0.0
-            for j in range(width):
-                w = fast_exp(row[j] - best)
-                row[j] = w
-                total += w
-                weighted += w * vals[j]
-            f_row[0] = weighted
+        if not refine:
+            # scores finished in the exp pass, reference 0 (section "fused direct tiles")
+            total, weighted = _gemm_exp_row(row, queries_c[r], key_sq, keys_v, width)
+            best = 0.0
+            if not total >= _ZERO_REF_MIN_SUM:
+                best, total, weighted = _shifted_row(
+                    z_t, rows[i0 + r], keys_z, keys_v, width, own_at[r], row
+                )
+            else:
+                total, weighted = _bounded_sums(row, width, total, weighted)
+            if not best >= -_FAR_SCORE_FLOAT64:  # far, overflowing or no key
+                far[i0 + r] = True
+                row[:] = 0.0
+                continue
+            if p == 1:
+                f_row[0] = weighted
+            else:
+                for c in range(p):
+                    vals = keys_v[c]
+                    weighted = 0.0
+                    for j in range(width):
+                        weighted += row[j] * vals[j]
+                    f_row[c] = weighted
         else:
+            best = -np.inf
             for j in range(width):
-                w = fast_exp(row[j] - best)
-                row[j] = w
-                total += w
-            for c in range(p):
-                vals = keys_v[c]
-                weighted = 0.0
-                for j in range(width):
-                    weighted += row[j] * vals[j]
-                f_row[c] = weighted
+                best = fmax(best, row[j])
+            if best >= -_FAR_SCORE_FLOAT64:
+                best = _refine_near_best(z_t, rows[i0 + r], keys_z, width, row, best, near, dist)
+            if not best >= -_FAR_SCORE_FLOAT64:  # far, overflowing or no key
+                far[i0 + r] = True
+                row[:] = 0.0
+                continue
+            total = _shifted_exps(row, best, keys_v, width, f_row)
         inv = 1.0 / total
         for c in range(p):
             f_row[c] *= inv
@@ -300,7 +678,7 @@ def _tile_rows_pass(
         # with its row sum a_i and key sums c_j in the same pass
         a_r = 0.0
         if p == 1:
-            scale = resid[0] * inv
+            scale = resid[0] * inv  # 1 / l <= 2^64 (section "fused direct tiles")
             f0 = f_row[0]
             vals = keys_v[0]
             for j in range(width):
@@ -313,7 +691,7 @@ def _tile_rows_pass(
                 inner = 0.0
                 for c in range(p):
                     inner += resid[c] * (keys_v[c, j] - f_row[c])
-                g = row[j] * inv * inner
+                g = (row[j] * inv) * inner
                 row[j] = g
                 a_r += g
                 key_sums[j] += g
@@ -343,6 +721,12 @@ def _scratch(k, n, d, p, block_rows, use_gemm):
         np.empty((block_rows, d)),
         np.empty(n if use_gemm else 0, dtype=np.int64),
         np.empty(n if use_gemm else 0),
+        np.empty((2, n)),
+        np.empty((2, 2)),
+        np.empty((2, 1 + p)),
+        np.empty((2, p)),
+        np.empty((2, d)),
+        np.empty(2),
     )
 
 
@@ -390,8 +774,9 @@ def loo_tiles(
     partial_c = np.zeros((n_groups, n))
     partial_sse = np.zeros(n_groups)
     far = np.zeros(n_rows, dtype=np.bool_)
+    points_t = np.ascontiguousarray(points.T)
     for group in prange(n_groups):
-        flat = np.empty(block_rows * n)
+        flat = np.empty(block_rows * n if use_gemm else 0)  # direct tiles: two rows
         scratch = _scratch(k, n, d, p, block_rows, use_gemm)
         own_at = np.empty(block_rows, dtype=np.int64)
         sse = 0.0
@@ -410,6 +795,7 @@ def loo_tiles(
                 z_t,
                 values_t,
                 points,
+                points_t,
                 n,
                 own_at,
                 targets,
@@ -418,7 +804,7 @@ def loo_tiles(
                 gemm_max_radius2,
                 refine_max_radius2,
                 scratch,
-                flat[: nb * n].reshape((nb, n)),
+                flat[: nb * n].reshape((nb, n)) if use_gemm else flat.reshape((0, 0)),
                 partial_c[group],
                 partial_m[group],
                 far,
@@ -630,7 +1016,7 @@ def loo_tiles_boxed(
     partial_sse = np.zeros(n_groups)
     far = np.zeros(n_rows, dtype=np.bool_)
     for group in prange(n_groups):
-        flat = np.empty(block_rows * n)
+        flat = np.empty(block_rows * n if use_gemm else 0)  # direct tiles: two rows
         scratch = _scratch(k, n, d, p, block_rows, use_gemm)
         own_at = np.empty(block_rows, dtype=np.int64)
         keep = np.empty(n_leaves, dtype=np.bool_)
@@ -638,6 +1024,7 @@ def loo_tiles_boxed(
         keys_z = np.empty((k, n))  # the kept keys, gathered
         keys_v = np.empty((p, n))
         keys_x = np.empty((n, d))
+        keys_x_t = np.empty((d, n))
         key_index = np.empty(n, dtype=np.int64)
         keys_c = np.empty(n)  # the tile's key sums, by position among the kept keys
         c_sum = partial_c[group]
@@ -667,6 +1054,10 @@ def loo_tiles_boxed(
                     dst[t] = src[key_index[t]]
             for t in range(width):
                 keys_x[t] = points[key_index[t]]
+            for a in range(d):
+                dst = keys_x_t[a]
+                for t in range(width):
+                    dst[t] = points[key_index[t], a]
             for r in range(nb):
                 own = rows[i0 + r]
                 at = np.searchsorted(key_index[:width], own)  # ascending: leaves in order
@@ -680,6 +1071,7 @@ def loo_tiles_boxed(
                 keys_z,
                 keys_v,
                 keys_x,
+                keys_x_t,
                 width,
                 own_at,
                 targets,
@@ -688,7 +1080,7 @@ def loo_tiles_boxed(
                 gemm_max_radius2,
                 refine_max_radius2,
                 scratch,
-                flat[: nb * width].reshape((nb, width)),
+                flat[: nb * width].reshape((nb, width)) if use_gemm else flat.reshape((0, 0)),
                 keys_c,
                 partial_m[group],
                 far,
