@@ -371,11 +371,10 @@ LOO_BOXED_REACH_GAP = 40.0
 # ------------------------------------------------------ learned metrics: tile shape, refined GEMM
 #: Rows per tile of the plain LOO tiles on direct scores (``kernels.loo_tiles.loo_tiles``
 #: with every key in every tile and fewer than LOO_TILE_GEMM_MIN_DIMS score dimensions)
-#: are also capped so that a tile of scores, rows x n_keys float64, fits in about this
-#: many bytes (a core's L2 share), with at least 8 rows: the tile's softmax, gradient
-#: and GEMM passes then reread it from cache (n = 4,000 keys, 5 dimensions: 16 rows
-#: instead of 64 measured 1.2x faster; with GEMM scores small tiles lose, so those
-#: keep LOO_TILE_ROWS). Read at call time.
+#: are also capped so that rows x n_keys float64 fit in about this many bytes, with at
+#: least 8 rows. Those tiles now hold two rows of weights at a time (the fused direct
+#: passes of ``kernels.loo_tiles``), so this only sets how many rows a block hands to a
+#: thread; 16 and 64 rows measured the same. Read at call time.
 LOO_TILE_CACHE_BYTES = _env_int("LOO_TILE_CACHE_BYTES", 512 << 10, compiled=False)
 
 #: A block of the plain LOO tiles (every key; the boxed tiles keep keys near their rows,

@@ -96,8 +96,8 @@ JOBS = [
     ("flash float64", 30, _flash, (np.float64,)),
     ("flash float32", 28, _flash, (np.float32,)),
     ("local polynomial", 20, _local, ()),
-    ("boxed loo tiles", 15, _loo_tiles, (True,)),
-    ("loo tiles", 10, _loo_tiles, (False,)),
+    ("boxed loo tiles", 21, _loo_tiles, (True,)),
+    ("loo tiles", 15, _loo_tiles, (False,)),
 ]
 
 
