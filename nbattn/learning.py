@@ -338,9 +338,9 @@ def loo_loss_and_grad(X, y, bandwidth=None, *, components=None, dtype=None, devi
 def _tile_rows(n_keys, every_key=False):
     """Rows per tile of ``loo_tiles``: config.LOO_TILE_ROWS, fewer when a tile would pass
     config.LOO_TILE_BYTES; with ``every_key`` (the plain tiles on direct scores) also at
-    most what fits in config.LOO_TILE_CACHE_BYTES, but at least 8. (The direct tiles now
-    hold two rows of weights at a time, whatever this says: for them it only sets how
-    many rows a block hands to a thread; 16 and 64 rows measured the same.)"""
+    most what fits in config.LOO_TILE_CACHE_BYTES, but at least 8. (The fused direct
+    tiles hold two rows of weights at a time: for them this only sets how many rows a
+    block hands to a thread.)"""
     rows = min(config.LOO_TILE_ROWS, config.LOO_TILE_BYTES // (8 * n_keys))
     if every_key:
         rows = min(rows, max(8, config.LOO_TILE_CACHE_BYTES // (8 * n_keys)))

@@ -1013,16 +1013,21 @@ def loo_sse_boxed_1d(zs, values_t, targets, rows, half_width, n_terms, reach):
 # ------------------------------------------------------------- LOO gradient, differences first
 
 
-def loo_grad_differences(X, y, bandwidth=None, components=None):
+def loo_grad_differences(X, y, bandwidth=None, components=None, dtype=np.float64):
     """:func:`loo_grad` with g_ij = w_ij sum_c r_ic (y_jc - f_ic) formed from the
     differences y_jc - f_ic (not r_i . y_j - r_i . f_i): exact where a row's weight sits
     on one key (f_i = y_j), so that (x_i - x_j)^2 of points far apart does not magnify
-    the rounding of a cancelled sum."""
-    X = np.asarray(X, dtype=np.float64)
-    y2 = np.asarray(y, dtype=np.float64).reshape(len(X), -1)
+    the rounding of a cancelled sum. ``dtype=np.longdouble`` (80-bit on x86-64) computes
+    it all in extended precision: a reference for rows far from every other, where the
+    float64 formula itself is off by 1e-7 of the gradient's scale."""
+    X = np.asarray(X, dtype=dtype)
+    y2 = np.asarray(y, dtype=dtype).reshape(len(X), -1)
     n, p = y2.shape
-    z = X @ np.asarray(components).T if components is not None else X / bandwidth
-    w = _loo_weights(z)
+    z = X @ np.asarray(components, dtype=dtype).T if components is not None else X / bandwidth
+    scores = -0.5 * np.sum((z[:, None, :] - z[None, :, :]) ** 2, axis=-1)
+    np.fill_diagonal(scores, -np.inf)
+    w = np.exp(scores - scores.max(axis=1, keepdims=True))
+    w /= w.sum(axis=1, keepdims=True)
     f = w @ y2
     r = f - y2
     inner = np.einsum("ic,ijc->ij", r, y2[None, :, :] - f[:, None, :])
@@ -1031,4 +1036,4 @@ def loo_grad_differences(X, y, bandwidth=None, components=None):
     if components is None:
         return np.einsum("ij,ijd->d", dl_ds, (delta / bandwidth) ** 2)
     outer = np.einsum("ij,ija,ijb->ab", dl_ds, delta, delta)
-    return -np.asarray(components) @ outer
+    return -np.asarray(components, dtype=dtype) @ outer
