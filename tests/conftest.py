@@ -33,6 +33,10 @@ def rng():
 
 
 def pytest_configure(config):
+    # After the initial conftests: tests/cuda's sets NUMBA_ENABLE_CUDASIM before numba loads.
+    from . import _compile_locks
+
+    _compile_locks.install(Path(__file__).resolve().parent.parent)
     # The CUDA simulator suite needs NUMBA_ENABLE_CUDASIM before numba is
     # imported, so scripts/test runs tests/cuda in a process of its own.
     config.addinivalue_line("norecursedirs", "cuda")
