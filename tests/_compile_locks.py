@@ -1,13 +1,13 @@
 """One compile of a numba kernel at a time across the test processes.
 
-scripts/test runs the CPU suite on every core and the CUDA-simulator suite beside
-it, all sharing numba's on-disk cache. A kernel that is not in the cache yet is
-compiled by whichever process needs it first; without a lock, a second process
-that needs it before the first has written it compiles it again (20-40 s of CPU
-for the larger kernels). Here each process takes an exclusive file lock named
-after the kernel before it compiles it, so the second one waits, then finds the
-kernel in the cache (numba looks there first) and loads it. A waiting process
-leaves its core to the others, which is why the suites can run side by side.
+scripts/test runs the suites on every core (pytest-xdist), the workers sharing
+numba's on-disk cache. A kernel that is not in the cache yet is compiled by
+whichever worker needs it first; without a lock, a second worker that needs it
+before the first has written it compiles it again (20-40 s of CPU for the larger
+kernels). Here each process takes an exclusive file lock named after the kernel
+before it compiles it, so the second one waits, then finds the kernel in the
+cache (numba looks there first) and loads it: no CPU spent twice, which a loaded
+machine feels (on an idle one the waiting core idles instead).
 
 Only outermost compiles take a lock (a process holds at most one, so no two
 processes can wait on each other); a callee compiled inside one is not locked.
