@@ -392,7 +392,8 @@ def _reach_share(z64, n_sample=32):
     n = z64.shape[0]
     rows = np.unique(np.linspace(0, n - 1, min(n_sample, n)).astype(np.int64))
     sq = np.einsum("ij,ij->i", z64, z64)
-    dist = z64[rows] @ z64.T  # in place from here: no large temporaries
+    with blas_one_thread():  # BLAS threads left spinning would slow the kernels after
+        dist = z64[rows] @ z64.T  # in place from here: no large temporaries
     dist *= -2.0
     dist += sq
     dist += sq[rows, None]
