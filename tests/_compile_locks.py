@@ -18,7 +18,6 @@ released by the system when its process ends, however it ends.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import tempfile
 import threading
@@ -28,7 +27,12 @@ _held = threading.local()
 
 
 def install(root: Path) -> None:
-    """Wrap numba's ``Dispatcher.compile`` with a per-kernel file lock (once per process)."""
+    """Wrap numba's ``Dispatcher.compile`` with a per-kernel file lock (once per process;
+    nothing where there is no ``fcntl``, as on Windows)."""
+    try:
+        import fcntl
+    except ImportError:
+        return
     from numba.core import dispatcher
     from numba.core.caching import NullCache
 
