@@ -34,12 +34,16 @@ def _nw(dtype, n_features):
     nbattn.nadaraya_watson(x, x, y, 1.0, True, dtype=dtype)
 
 
-def _gemm_features(dtype):
+def _nw_gemm(dtype):
+    """``_nw`` with as many features as take the GEMM tiles."""
     from nbattn import config
 
-    if dtype == np.float32:
-        return config.GEMM_MIN_FEATURES_FLOAT32
-    return config.GEMM_MIN_FEATURES_FLOAT64
+    wide = (
+        config.GEMM_MIN_FEATURES_FLOAT32
+        if dtype == np.float32
+        else config.GEMM_MIN_FEATURES_FLOAT64
+    )
+    _nw(dtype, wide)
 
 
 def _flash(dtype):
@@ -91,8 +95,8 @@ JOBS = [
     ("varlen float32", 40, _varlen, (np.float32,)),
     ("pooling float32", 35, _nw, (np.float32, 3)),
     ("pooling float64", 31, _nw, (np.float64, 3)),
-    ("gemm pooling float32", 30, _nw, (np.float32, None)),
-    ("gemm pooling float64", 30, _nw, (np.float64, None)),
+    ("gemm pooling float32", 30, _nw_gemm, (np.float32,)),
+    ("gemm pooling float64", 30, _nw_gemm, (np.float64,)),
     ("flash float64", 30, _flash, (np.float64,)),
     ("flash float32", 28, _flash, (np.float32,)),
     ("local polynomial", 20, _local, ()),
@@ -102,8 +106,6 @@ JOBS = [
 
 
 def _run(name, job, args):
-    if job is _nw and args[1] is None:
-        args = (args[0], _gemm_features(args[0]))
     t0 = time.perf_counter()
     try:
         job(*args)

@@ -1,8 +1,6 @@
 """The LOO tiles on direct scores: two fused passes, two rows at a time, exp with reference 0
 (kernels.loo_tiles, section "fused direct tiles"), against the plain-NumPy references."""
 
-import contextlib
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -12,26 +10,14 @@ from nbattn import config, learning
 from nbattn.kernels import loo_tiles
 
 from . import naive
-
-
-@contextlib.contextmanager
-def _settings(**values):
-    """config values set inside the block (hypothesis tests cannot take monkeypatch)."""
-    saved = {name: getattr(config, name) for name in values}
-    for name, value in values.items():
-        setattr(config, name, value)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(config, name, value)
+from ._config import config_values
 
 
 def _direct(boxed=False, tile_rows=8, gemm=False):
     """Direct scores on every tile (no GEMM), plain keys or boxed keys in k-d order; with
     ``gemm`` GEMM scores at any dimension instead (blocks narrow against the kernel
     unrefined, wider ones refined or direct, as in the fit)."""
-    return _settings(
+    return config_values(
         LOO_TILE_ROWS=tile_rows,
         LOO_TILE_GEMM_MIN_DIMS=1 if gemm else 10**6,
         LOO_PRUNE_MIN_ROWS=16 if boxed else 10**9,
@@ -122,7 +108,7 @@ def test_rows_at_the_reference_zero_limit(nearest):
     for gemm in (False, True):
         # GEMM scores unrefined on these wide blocks: each row's one neighbour takes all
         # its weight, so the scores' rounding cannot show
-        with _direct(gemm=gemm), _settings(LOO_TILE_GEMM_MAX_RADIUS2=1 << 40):
+        with _direct(gemm=gemm), config_values(LOO_TILE_GEMM_MAX_RADIUS2=1 << 40):
             loss, grad = learning.loo_loss_and_grad(X, y, components=L)
         # each row's prediction is its partner's value
         partner = np.concatenate([y[pairs:], y[:pairs]])

@@ -1,7 +1,5 @@
 """The LOO tiles' refined GEMM scores, tile shape and boxed-share estimate (kernels.loo_tiles)."""
 
-import contextlib
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -11,24 +9,12 @@ from nbattn import config, learning
 from nbattn.kernels import loo_tiles
 
 from . import naive
-
-
-@contextlib.contextmanager
-def _settings(**values):
-    """config values set inside the block (hypothesis tests cannot take monkeypatch)."""
-    saved = {name: getattr(config, name) for name in values}
-    for name, value in values.items():
-        setattr(config, name, value)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(config, name, value)
+from ._config import config_values
 
 
 def _refined(boxed=False):
     """GEMM scores on every block, every block in the refined band."""
-    return _settings(
+    return config_values(
         LOO_TILE_ROWS=8,
         LOO_TILE_GEMM_MIN_DIMS=1,
         LOO_TILE_GEMM_MAX_RADIUS2=0,
@@ -210,6 +196,6 @@ def _share_brute_force(keys, n_sample=64):
 def test_boxed_share_matches_brute_force(n, k, scale, seed):
     rng = np.random.default_rng(seed)
     z = rng.normal(size=(n, k)) * scale * rng.uniform(0.1, 1.0, size=k)
-    with _settings(LOO_TILE_LEAF_KEYS=8):
+    with config_values(LOO_TILE_LEAF_KEYS=8):
         keys = learning._boxed_keys(z, z, rng.normal(size=(n, 1)))
     assert learning._boxed_share(keys) == pytest.approx(_share_brute_force(keys), abs=1e-12)
