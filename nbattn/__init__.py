@@ -4,48 +4,49 @@ The public names below are imported on first use (PEP 562 module
 ``__getattr__``), so ``import nbattn`` costs almost nothing and
 ``nbattn.flash_attention`` loads numpy, numba and the flash kernels only:
 scikit-learn, pandas, matplotlib and Dask load when a name that needs them is
-first used. Submodules (``nbattn.learning``, ``nbattn.dask``, ...) load the
-same way.
+first used. Subpackages (``nbattn.smoothing``, ``nbattn.app``, ...) and the
+documented aliases of :data:`ALIASES` (``nbattn.scores``, ``nbattn.dask``, ...)
+load the same way.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.machinery
 import sys
-import types
 from typing import TYPE_CHECKING
 
-#: The one source of the version: pyproject.toml reads it from here.
-__version__ = "0.1.0"
+from ._core.version import __version__
 
 #: public name -> the submodule that defines it.
 _PUBLIC = {
-    "KVCache": "decode",
-    "LearnedKernelRegressor": "estimators",
-    "LocalPolynomialRegressor": "estimators",
-    "MultiHeadAttention": "layers",
-    "NadarayaWatsonClassifier": "estimators",
-    "NadarayaWatsonRegressor": "estimators",
-    "SelfAttention": "layers",
-    "attention": "attention",
-    "average_pooling": "regression",
-    "flash_attention": "flash",
-    "flash_attention_backward": "flash",
-    "flash_attention_varlen": "varlen",
-    "flash_attention_varlen_backward": "varlen",
-    "flash_decode": "decode",
-    "hierarchical_attention": "attention",
-    "load": "modelfile",
-    "local_polynomial": "local",
-    "log_softmax": "attention",
-    "loo_bandwidth": "learning",
-    "loo_loss": "learning",
-    "loo_loss_and_grad": "learning",
-    "masked_softmax": "attention",
-    "multi_head_attention": "attention",
-    "nadaraya_watson": "regression",
-    "save": "modelfile",
-    "softmax": "attention",
+    "KVCache": "attn.decode",
+    "LearnedKernelRegressor": "estimators.estimators",
+    "LocalPolynomialRegressor": "estimators.estimators",
+    "MultiHeadAttention": "attn.layers",
+    "NadarayaWatsonClassifier": "estimators.estimators",
+    "NadarayaWatsonRegressor": "estimators.estimators",
+    "SelfAttention": "attn.layers",
+    "attention": "attn.attention",
+    "average_pooling": "smoothing.regression",
+    "flash_attention": "attn.flash",
+    "flash_attention_backward": "attn.flash",
+    "flash_attention_varlen": "attn.varlen",
+    "flash_attention_varlen_backward": "attn.varlen",
+    "flash_decode": "attn.decode",
+    "hierarchical_attention": "attn.attention",
+    "load": "persistence.modelfile",
+    "local_polynomial": "local.engine",
+    "log_softmax": "attn.attention",
+    "loo_bandwidth": "smoothing.learning",
+    "loo_loss": "smoothing.learning",
+    "loo_loss_and_grad": "smoothing.learning",
+    "masked_softmax": "attn.attention",
+    "multi_head_attention": "attn.attention",
+    "nadaraya_watson": "smoothing.regression",
+    "save": "persistence.modelfile",
+    "softmax": "attn.attention",
 }
 
 #: The public names above, the public submodules and the version. The same
@@ -90,7 +91,7 @@ def __getattr__(name: str):
         value = getattr(importlib.import_module(f"{__name__}.{module_name}"), name)
         globals()[name] = value  # later look-ups skip this function
         return value
-    if not name.startswith("__") and name in _submodule_names():
+    if not name.startswith("__") and (name in ALIASES or name in _submodule_names()):
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
@@ -105,33 +106,47 @@ def _submodule_names() -> set[str]:
     return {info.name for info in pkgutil.iter_modules(__path__)}
 
 
-class _Package(types.ModuleType):
-    """The type of the ``nbattn`` module object.
-
-    Importing a submodule binds it as an attribute of its package. For a
-    submodule that shares its name with a public function (``nbattn.attention``
-    the module defines ``nbattn.attention`` the function), that binding would
-    replace the function whenever some other module imports the submodule
-    first; this type leaves such a name unbound instead, so it resolves through
-    ``__getattr__`` to the function. ``sys.modules`` still holds the submodule.
-    """
-
-    def __setattr__(self, name, value):
-        if (
-            name in _PUBLIC
-            and isinstance(value, types.ModuleType)
-            and value.__name__ == f"{self.__name__}.{name}"
-        ):
-            return
-        super().__setattr__(name, value)
+#: Documented paths kept as aliases of their homes: ``import nbattn.scores`` and
+#: ``nbattn.scores`` give the module ``nbattn.attn.scores`` itself (one module
+#: object, loaded on first use).
+ALIASES = {
+    "dask": "app.dask",
+    "datasets": "app.datasets",
+    "flash": "attn.flash",
+    "plotting": "app.plotting",
+    "positional": "attn.positional",
+    "scores": "attn.scores",
+    "search": "smoothing.search",
+}
 
 
-sys.modules[__name__].__class__ = _Package
+class _AliasFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Imports ``nbattn.<alias>`` as the module it names in :data:`ALIASES`."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        package, _, name = fullname.rpartition(".")
+        if package != __name__ or name not in ALIASES:
+            return None
+        return importlib.machinery.ModuleSpec(fullname, self)
+
+    def create_module(self, spec):
+        home = importlib.import_module(f"{__name__}.{ALIASES[spec.name.rpartition('.')[2]]}")
+        spec.loader_state = home.__spec__
+        return home
+
+    def exec_module(self, module):
+        # The home module is loaded already; the import system has just set its
+        # __spec__ to the alias's: give it its own back (its __name__ is untouched).
+        module.__spec__ = module.__spec__.loader_state
+
+
+if not any(isinstance(finder, _AliasFinder) for finder in sys.meta_path):
+    sys.meta_path.append(_AliasFinder())
 
 
 if TYPE_CHECKING:
-    from . import positional, scores
-    from .attention import (
+    from .attn import positional, scores
+    from .attn.attention import (
         attention,
         hierarchical_attention,
         log_softmax,
@@ -139,17 +154,17 @@ if TYPE_CHECKING:
         multi_head_attention,
         softmax,
     )
-    from .decode import KVCache, flash_decode
-    from .estimators import (
+    from .attn.decode import KVCache, flash_decode
+    from .attn.flash import flash_attention, flash_attention_backward
+    from .attn.layers import MultiHeadAttention, SelfAttention
+    from .attn.varlen import flash_attention_varlen, flash_attention_varlen_backward
+    from .estimators.estimators import (
         LearnedKernelRegressor,
         LocalPolynomialRegressor,
         NadarayaWatsonClassifier,
         NadarayaWatsonRegressor,
     )
-    from .flash import flash_attention, flash_attention_backward
-    from .layers import MultiHeadAttention, SelfAttention
-    from .learning import loo_bandwidth, loo_loss, loo_loss_and_grad
-    from .local import local_polynomial
-    from .modelfile import load, save
-    from .regression import average_pooling, nadaraya_watson
-    from .varlen import flash_attention_varlen, flash_attention_varlen_backward
+    from .local.engine import local_polynomial
+    from .persistence.modelfile import load, save
+    from .smoothing.learning import loo_bandwidth, loo_loss, loo_loss_and_grad
+    from .smoothing.regression import average_pooling, nadaraya_watson

@@ -1,9 +1,12 @@
-"""Every tunable of nbattn in one place.
+"""Every tunable of nbattn in one place, by domain.
 
-Each value can be overridden by an environment variable of the same name with
-the prefix ``NBATTN_`` (for example ``NBATTN_KEY_BLOCK=512``), read once at
-import time. Tests patch the module attributes directly; kernels read them
-when they are compiled, so a patch must happen before the first call.
+The sections below (engine, pooling, loo, search, learned, local, flash,
+decode, cuda, app) are listed in :data:`SECTIONS`; :data:`DEFAULTS` is the one
+table of their values at import and :func:`reset` puts them back. Each value
+can be overridden by an environment variable of the same name with the prefix
+``NBATTN_`` (for example ``NBATTN_KEY_BLOCK=512``), read once at import time. Tests patch the module attributes directly;
+kernels read them when they are compiled, so a patch must happen before the
+first call.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ def _env_int(name: str, default: int, *, compiled: bool = True) -> int:
     return value
 
 
+# --- engine: the streaming engine (every CPU kernel) ------------------------------------------
+
 #: LLVM fast-math flags for every CPU kernel. Deliberately without ``nnan`` and
 #: ``ninf``: with those, LLVM may assume no NaN/inf exists, so ``np.isnan`` folds
 #: to False and ``-inf`` sentinels (empty rows, masked keys) break.
@@ -50,109 +55,8 @@ MAX_WEIGHT_MATRIX_ELEMENTS = _env_int("MAX_WEIGHT_MATRIX_ELEMENTS", 50_000_000)
 #: parallel launch and barrier cost more than they save on small calls (about
 #: 0.5 ms of work at 1e9 pairs/s; measured on the 2-core machine, n = 1000
 #: LOO gradients ran 2x faster in parallel). On an oversubscribed machine a
-#: parallel call costs far more; raise it there. Used by nbattn.learning.
+#: parallel call costs far more; raise it there. Used by nbattn.smoothing.learning.
 SERIAL_PAIRS = _env_int("SERIAL_PAIRS", 1 << 19)
-
-#: Threads per block of the CUDA kernels (tests patch a small value so that
-#: multi-block and partial-tile paths run under the simulator).
-CUDA_THREADS_PER_BLOCK = _env_int("CUDA_THREADS_PER_BLOCK", 128)
-
-#: Shared memory for the key (or query) tiles of one CUDA block, in bytes. A
-#: tile holds min(CUDA_THREADS_PER_BLOCK, budget / bytes per row) rows; 32 KiB
-#: stays under the 48 KiB every GPU grants without opt-in and leaves room for
-#: two blocks per multiprocessor.
-CUDA_SHARED_MEMORY_BYTES = _env_int("CUDA_SHARED_MEMORY_BYTES", 32768)
-
-
-#: Query rows and keys per tile of the blocked (flash) attention kernels. A
-#: score tile holds FLASH_BLOCK_Q x FLASH_BLOCK_K floats per thread and should
-#: stay in L2; both GEMMs per tile go to BLAS, so larger tiles amortise its
-#: packing. The backward pass keeps two such tiles per thread.
-FLASH_BLOCK_Q = _env_int("FLASH_BLOCK_Q", 128)
-FLASH_BLOCK_K = _env_int("FLASH_BLOCK_K", 512)
-FLASH_BWD_BLOCK_Q = _env_int("FLASH_BWD_BLOCK_Q", 128)
-FLASH_BWD_BLOCK_K = _env_int("FLASH_BWD_BLOCK_K", 256)
-
-#: Below this many multiply-adds (queries x keys x features, all heads) a flash
-#: call runs on one numba thread: waking the others costs more (measured 68 us
-#: on one thread against 5.7 ms on two for a 2 x 16 x 8 input on a busy
-#: machine). Read at every call.
-FLASH_SERIAL_WORK = _env_int("FLASH_SERIAL_WORK", 1 << 22)
-
-#: Memory allowed for the per-group dQ buffers of the flash backward pass, in
-#: bytes (extra key-tile groups that keep every thread busy when there are
-#: fewer heads than threads). Read at every call.
-FLASH_MAX_DQ_BUFFER_BYTES = _env_int("FLASH_MAX_DQ_BUFFER_BYTES", 256 * 2**20)
-
-#: Factors of the base (Scott) widths that the coarse stage of
-#: ``nbattn.learning.loo_bandwidth`` evaluates: six per decade from 0.01 to
-#: 100, with 1 (the rule itself) among them. Read at call time. Leave-one-out
-#: curves of small or tied data have dips narrower than a quarter decade; on
-#: 300 random data sets (10-700 rows, 1-8 features, ties, duplicated rows)
-#: this grid put every search within 1e-4 of a 20-per-decade brute force,
-#: a quarter-decade grid one of them only within 5e-3.
-LOO_GRID = tuple(10.0 ** (k / 6.0) for k in range(-12, 13))
-
-#: How far ``loo_bandwidth`` extends its grid, in decades beyond each end, while
-#: the criterion is still falling there (a minimum at the edge of LOO_GRID).
-#: Past that it returns the end and warns.
-LOO_EXTEND_DECADES = 3.0
-
-#: Relative tolerance under which two values of the leave-one-out criterion
-#: count as equal in ``loo_bandwidth``: a flat stretch is a plateau, not a rise
-#: or a fall, and the float32 and float64 searches make the same choices. The
-#: float32 criterion carries a relative error of about 1e-6 (sums of float32
-#: products over one key block, added in float64); 1e-5 stays clear of it and
-#: is far below the criterion's own sampling noise (about 1/sqrt(n)).
-LOO_RTOL = 1e-5
-
-#: Bounds of the widths learned by ``nbattn.learning.fit_learned_kernel``
-#: (scalar and diagonal metrics), as factors of the initial (Scott) widths: an
-#: irrelevant feature's width grows to the upper bound instead of overflowing.
-WIDTH_BOUNDS = (1e-3, 1e4)
-
-#: In 1-D, ``loo_bandwidth``'s subsampled grid stage (n > grid_queries) leaves
-#: out at most this many rows: the windowed 1-D kernel costs (rows) x n per
-#: factor at the wide end of the grid, and the refinement walks the grid on
-#: exact values from wherever the estimate points. Measured at n = 20,000:
-#: 1024 rows did 1.7e9 pair evaluations in all, 4096 rows 2.3e9.
-LOO_GRID_QUERIES_1D = 1024
-
-# --- CUDA kernels (nbattn.cuda) ---------------------------------------------
-# CUDA_THREADS_PER_BLOCK and CUDA_SHARED_MEMORY_BYTES above shape every launch.
-# The host wrappers in nbattn.cuda read these values at each call; a kernel is
-# compiled (and cached) per value it was built with.
-
-#: Outputs (columns of values) accumulated per thread and launch by the CUDA
-#: Nadaraya-Watson and LOO-loss kernels; more outputs run in further launches.
-#: Each output is a float64 and an input-dtype accumulator in registers.
-CUDA_MAX_OUTPUTS = _env_int("CUDA_MAX_OUTPUTS", 8)
-
-#: Gradient entries (features, or lower-triangle pairs of a metric) that one
-#: thread of the CUDA LOO gradient kernels accumulates per launch, in float64
-#: registers; more entries run in further launches over ranges of entries.
-CUDA_MAX_GRAD_ENTRIES = _env_int("CUDA_MAX_GRAD_ENTRIES", 64)
-
-#: Largest head dimension (E and Ev) the CUDA flash kernels compile for: a
-#: thread holds a query row and an accumulator of that size in registers, and
-#: a tile row of K and V must fit CUDA_SHARED_MEMORY_BYTES. Larger heads are
-#: refused with a clear error (use device="cpu").
-CUDA_MAX_HEAD_DIM = _env_int("CUDA_MAX_HEAD_DIM", 128)
-
-# --- Leave-one-out and far-row kernels (nbattn.kernels.loo, pooling) ----------
-
-#: Row groups of the full-metric LOO gradient (``kernels.loo.loo_grad_full``):
-#: each group keeps its own float64 sums over the keys (groups x n_keys floats)
-#: and runs in parallel. Read when the kernel is compiled.
-LOO_FULL_GROUPS = _env_int("LOO_FULL_GROUPS", 16)
-
-#: Score gap beyond which the sorted 1-D LOO kernel skips a key: it weighs less
-#: than exp(-gap) of the nearest one, so n skipped keys change the result by
-#: < n exp(-gap) relative (2e-22 n in float64 at 50, 2e-16 n in float32 at 36),
-#: far below each dtype's rounding. Read at call time by
-#: ``kernels.loo.prune_gap_for``.
-PRUNE_GAP_FLOAT64 = _env_int("PRUNE_GAP_FLOAT64", 50)
-PRUNE_GAP_FLOAT32 = _env_int("PRUNE_GAP_FLOAT32", 36)
 
 #: Far rows of the streaming softmax (``kernels.pooling``, "Far rows"). The
 #: direct score -||z_q - z_j||^2 carries a rounding error of about (d + 3) u |m|
@@ -167,13 +71,8 @@ PRUNE_GAP_FLOAT32 = _env_int("PRUNE_GAP_FLOAT32", 36)
 FAR_SCORE_FLOAT32 = _env_int("FAR_SCORE_FLOAT32", 1 << 12)
 FAR_SCORE_FLOAT64 = _env_int("FAR_SCORE_FLOAT64", 1 << 24)
 
-#: Seconds the command line waits for a dask scheduler (``--scheduler``) to
-#: answer before it gives up with an error. Read when connecting.
-DASK_CONNECT_TIMEOUT = _env_int("DASK_CONNECT_TIMEOUT", 30, compiled=False)
 
-# --- Gaussian pooling on GEMM tiles (nbattn.kernels.pooling_gemm) -----------
-# Placed before CACHE below so that overriding one of these turns the on-disk
-# cache off like every other compiled tunable.
+# --- pooling: Gaussian pooling on GEMM tiles (nbattn.kernels.pooling_gemm) --------------------
 
 #: Features from which ``nbattn.nadaraya_watson`` computes the scores as
 #: 2 q.k - ||k||^2 - ||q||^2 on BLAS tiles instead of the direct differences,
@@ -216,77 +115,54 @@ GEMM_NORM_RATIO = _env_int("GEMM_NORM_RATIO", 8)
 GEMM_NORM_FLOOR = _env_int("GEMM_NORM_FLOOR", 64)
 
 
-# --- Local-polynomial regression (nbattn.local, nbattn.kernels.local) ----------
+# --- loo: leave-one-out kernels (nbattn.kernels.loo) ------------------------------------------
 
-#: Relative ridge of the local solve, (M + ridge diag(0, M_11, ..)) beta = V, when the
-#: caller passes ridge=None. It changes a well-conditioned fit by about ridge times the
-#: design's condition number (the statsmodels comparisons hold to 1e-10 at 1e-12).
-LOCAL_RIDGE = 1e-12
+#: Row groups of the full-metric LOO gradient (``kernels.loo.loo_grad_full``):
+#: each group keeps its own float64 sums over the keys (groups x n_keys floats)
+#: and runs in parallel. Read when the kernel is compiled.
+LOO_FULL_GROUPS = _env_int("LOO_FULL_GROUPS", 16)
 
-#: A term of the local design whose Cholesky pivot falls below this share of its
-#: diagonal entry (its column lies within that relative distance of the span of the
-#: earlier columns: a constant column, fewer distinct neighbours than terms, a query
-#: far from all keys) is dropped (coefficient 0), like a truncated pseudo-inverse;
-#: the fit then shrinks towards the local constant instead of amplifying rounding.
-#: Read when the kernels are compiled.
-LOCAL_PIVOT_TOL = 1e-8
-# --- Leave-one-out row tiles and learned metrics on many rows (kernels.loo_tiles, learning) --
-
-#: Rows per tile of the one-pass LOO gradient (``kernels.loo_tiles``), and the
-#: most bytes one tile of scores may take (rows x n_keys float64 per thread): with
-#: many keys a tile holds fewer rows. Read at call time.
-LOO_TILE_ROWS = _env_int("LOO_TILE_ROWS", 64, compiled=False)
-LOO_TILE_BYTES = _env_int("LOO_TILE_BYTES", 8 << 20, compiled=False)
-
-#: Score dimensions from which a tile's scores are a GEMM instead of direct
-#: differences, and the largest squared radius (in score units) of a block of
-#: rows about its mean for which the GEMM scores are used: their rounding error
-#: relative to the row's largest weight stays below (k + 3) u (3 R^2 + 2), about
-#: 5e-12 at k = 20, R^2 = 64. Read at call time.
-LOO_TILE_GEMM_MIN_DIMS = _env_int("LOO_TILE_GEMM_MIN_DIMS", 8, compiled=False)
-LOO_TILE_GEMM_MAX_RADIUS2 = _env_int("LOO_TILE_GEMM_MAX_RADIUS2", 64, compiled=False)
-
-#: Learned metrics on many rows (``learning.fit_learned_kernel``): with n >= 2 m
-#: rows, L-BFGS-B first minimises the LOO criterion of a random subsample of
-#: m = LEARN_SUBSAMPLE_ROWS query rows (against all n keys), then of
-#: LEARN_SUBSAMPLE_GROWTH times more while that is at most half the rows, and
-#: finishes on the full criterion from there. 0 (set in code) turns the ladder off.
-#: Read at call time.
-LEARN_SUBSAMPLE_ROWS = _env_int("LEARN_SUBSAMPLE_ROWS", 2048, compiled=False)
-LEARN_SUBSAMPLE_GROWTH = _env_int("LEARN_SUBSAMPLE_GROWTH", 4, compiled=False)
-
-#: Keys from which the one-pass LOO gradient may take the boxed tiles
-#: (``kernels.loo_tiles.loo_tiles_boxed``: keys in k-d order, each tile given only the
-#: leaves within reach, the bound of PRUNE_GAP_FLOAT64; see LOO_BOXED_MAX_SHARE); below
-#: it every tile takes every key (``loo_tiles``). Read at call time.
-LOO_PRUNE_MIN_ROWS = _env_int("LOO_PRUNE_MIN_ROWS", 2048, compiled=False)
-
-#: The first subsample of that ladder has at least this many query rows per learned
-#: parameter (a few rows would let a full metric overfit them). Read at call time.
-LEARN_ROWS_PER_PARAMETER = _env_int("LEARN_ROWS_PER_PARAMETER", 50, compiled=False)
-
-#: Restarts of L-BFGS-B on the ladder's last stage (the full criterion): each
-#: starts from where the previous one stopped, with fresh curvature pairs, and
-#: the next runs only while one gains more than ``tol``. Read at call time.
-LEARN_FINAL_RESTARTS = _env_int("LEARN_FINAL_RESTARTS", 3, compiled=False)
-# --- Decoding over a key/value cache (nbattn.decode, nbattn.kernels.decode) -----
-
-#: Keys per block of the split-KV decode kernel's online softmax: one score
-#: block per query row, in L1. Read at every call.
-DECODE_BLOCK_K = _env_int("DECODE_BLOCK_K", 256, compiled=False)
-
-#: Fewest keys a split-KV chunk gets: below it the per-chunk state and the
-#: merge cost more than the parallelism saves. Read at every call.
-DECODE_MIN_SPLIT_KEYS = _env_int("DECODE_MIN_SPLIT_KEYS", 512, compiled=False)
-
-#: Work items (batch row x kv head x chunk) per numba thread that the decode
-#: split aims at, so that threads finishing early find more work. Read at
-#: every call.
-DECODE_ITEMS_PER_THREAD = _env_int("DECODE_ITEMS_PER_THREAD", 4, compiled=False)
+#: Score gap beyond which the sorted 1-D LOO kernel skips a key: it weighs less
+#: than exp(-gap) of the nearest one, so n skipped keys change the result by
+#: < n exp(-gap) relative (2e-22 n in float64 at 50, 2e-16 n in float32 at 36),
+#: far below each dtype's rounding. Read at call time by
+#: ``kernels.loo.prune_gap_for``.
+PRUNE_GAP_FLOAT64 = _env_int("PRUNE_GAP_FLOAT64", 50)
+PRUNE_GAP_FLOAT32 = _env_int("PRUNE_GAP_FLOAT32", 36)
 
 
-# --- LOO bandwidth search: coarse-to-fine grid (nbattn.search) -------------------
-#: ``nbattn.learning.loo_bandwidth`` first evaluates every LOO_GRID_STRIDE-th
+# --- search: the leave-one-out width search (nbattn.smoothing) --------------------------------
+
+#: Factors of the base (Scott) widths that the coarse stage of
+#: ``nbattn.smoothing.learning.loo_bandwidth`` evaluates: six per decade from 0.01 to
+#: 100, with 1 (the rule itself) among them. Read at call time. Leave-one-out
+#: curves of small or tied data have dips narrower than a quarter decade; on
+#: 300 random data sets (10-700 rows, 1-8 features, ties, duplicated rows)
+#: this grid put every search within 1e-4 of a 20-per-decade brute force,
+#: a quarter-decade grid one of them only within 5e-3.
+LOO_GRID = tuple(10.0 ** (k / 6.0) for k in range(-12, 13))
+
+#: How far ``loo_bandwidth`` extends its grid, in decades beyond each end, while
+#: the criterion is still falling there (a minimum at the edge of LOO_GRID).
+#: Past that it returns the end and warns.
+LOO_EXTEND_DECADES = 3.0
+
+#: Relative tolerance under which two values of the leave-one-out criterion
+#: count as equal in ``loo_bandwidth``: a flat stretch is a plateau, not a rise
+#: or a fall, and the float32 and float64 searches make the same choices. The
+#: float32 criterion carries a relative error of about 1e-6 (sums of float32
+#: products over one key block, added in float64); 1e-5 stays clear of it and
+#: is far below the criterion's own sampling noise (about 1/sqrt(n)).
+LOO_RTOL = 1e-5
+
+#: In 1-D, ``loo_bandwidth``'s subsampled grid stage (n > grid_queries) leaves
+#: out at most this many rows: the windowed 1-D kernel costs (rows) x n per
+#: factor at the wide end of the grid, and the refinement walks the grid on
+#: exact values from wherever the estimate points. Measured at n = 20,000:
+#: 1024 rows did 1.7e9 pair evaluations in all, 4096 rows 2.3e9.
+LOO_GRID_QUERIES_1D = 1024
+
+#: ``nbattn.smoothing.learning.loo_bandwidth`` first evaluates every LOO_GRID_STRIDE-th
 #: factor of LOO_GRID (counted from 1, the base rule, with both ends), then
 #: every factor of LOO_GRID in a coarse interval that touches a factor within
 #: LOO_FILL_MARGIN (relative) of the best value so far, until none is added; the
@@ -304,8 +180,140 @@ LOO_FILL_MARGIN = 0.1
 #: about 13 digits in float64. Read at call time.
 LOO_TAYLOR_MAX_SPAN_SQ = 4.0
 
+#: ``loo_bandwidth`` evaluates a 1-D width by the boxed Hermite series
+#: (``kernels.loo.loo_squared_error_boxed_1d``, a one-dimensional fast Gauss
+#: transform) instead of the windowed direct kernel once the direct window holds
+#: at least this many keys per row on average; the series' cost does not grow
+#: with the width, the window's does.
+LOO_BOXED_MIN_WINDOW = _env_int("LOO_BOXED_MIN_WINDOW", 48, compiled=False)
+#: Half-width of the boxes, in scaled units (the weight is exp(-(z_i - z_j)^2)).
+#: Wider boxes need more terms, narrower ones more boxes per key; 0.5 measured best.
+LOO_BOXED_HALF_WIDTH = 0.5
+#: Each expanded row's weight sum is within this relative error of the exact one
+#: and its prediction within twice this times max |y|; rows the bound cannot
+#: vouch for are computed directly.
+LOO_BOXED_TOL = 2.0**-40
+#: Keys farther than sqrt(LOO_BOXED_REACH_GAP) from a box (scaled units) are left
+#: out of its series: each weighs below exp(-LOO_BOXED_REACH_GAP) (counted in the bound).
+LOO_BOXED_REACH_GAP = 40.0
 
-# ------------------------------------------------------- flash tiles of long sequences, scheduling
+
+# --- learned: learned metrics and their leave-one-out tiles (nbattn.kernels.loo_tiles) ---
+
+#: Bounds of the widths learned by ``nbattn.smoothing.learning.fit_learned_kernel``
+#: (scalar and diagonal metrics), as factors of the initial (Scott) widths: an
+#: irrelevant feature's width grows to the upper bound instead of overflowing.
+WIDTH_BOUNDS = (1e-3, 1e4)
+
+#: Learned metrics on many rows (``learning.fit_learned_kernel``): with n >= 2 m
+#: rows, L-BFGS-B first minimises the LOO criterion of a random subsample of
+#: m = LEARN_SUBSAMPLE_ROWS query rows (against all n keys), then of
+#: LEARN_SUBSAMPLE_GROWTH times more while that is at most half the rows, and
+#: finishes on the full criterion from there. 0 (set in code) turns the ladder off.
+#: Read at call time.
+LEARN_SUBSAMPLE_ROWS = _env_int("LEARN_SUBSAMPLE_ROWS", 2048, compiled=False)
+LEARN_SUBSAMPLE_GROWTH = _env_int("LEARN_SUBSAMPLE_GROWTH", 4, compiled=False)
+
+#: The first subsample of that ladder has at least this many query rows per learned
+#: parameter (a few rows would let a full metric overfit them). Read at call time.
+LEARN_ROWS_PER_PARAMETER = _env_int("LEARN_ROWS_PER_PARAMETER", 50, compiled=False)
+
+#: Restarts of L-BFGS-B on the ladder's last stage (the full criterion): each
+#: starts from where the previous one stopped, with fresh curvature pairs, and
+#: the next runs only while one gains more than ``tol``. Read at call time.
+LEARN_FINAL_RESTARTS = _env_int("LEARN_FINAL_RESTARTS", 3, compiled=False)
+
+#: Rows per tile of the one-pass LOO gradient (``kernels.loo_tiles``), and the
+#: most bytes one tile of scores may take (rows x n_keys float64 per thread): with
+#: many keys a tile holds fewer rows. Read at call time.
+LOO_TILE_ROWS = _env_int("LOO_TILE_ROWS", 64, compiled=False)
+LOO_TILE_BYTES = _env_int("LOO_TILE_BYTES", 8 << 20, compiled=False)
+
+#: Score dimensions from which a tile's scores are a GEMM instead of direct
+#: differences, and the largest squared radius (in score units) of a block of
+#: rows about its mean for which the GEMM scores are used: their rounding error
+#: relative to the row's largest weight stays below (k + 3) u (3 R^2 + 2), about
+#: 5e-12 at k = 20, R^2 = 64. Read at call time.
+LOO_TILE_GEMM_MIN_DIMS = _env_int("LOO_TILE_GEMM_MIN_DIMS", 8, compiled=False)
+LOO_TILE_GEMM_MAX_RADIUS2 = _env_int("LOO_TILE_GEMM_MAX_RADIUS2", 64, compiled=False)
+
+#: Rows per tile of the plain LOO tiles on direct scores (``kernels.loo_tiles.loo_tiles``
+#: with every key in every tile and fewer than LOO_TILE_GEMM_MIN_DIMS score dimensions)
+#: are also capped so that rows x n_keys float64 fit in about this many bytes, with at
+#: least 8 rows. Those tiles now hold two rows of weights at a time (the fused direct
+#: passes of ``kernels.loo_tiles``), so this only sets how many rows a block hands to a
+#: thread; 16 and 64 rows measured the same. Read at call time.
+LOO_TILE_CACHE_BYTES = _env_int("LOO_TILE_CACHE_BYTES", 512 << 10, compiled=False)
+
+#: A block of the plain LOO tiles (every key; the boxed tiles keep keys near their rows,
+#: where refining cost 5 % more than it saved) wider than LOO_TILE_GEMM_MAX_RADIUS2 takes the
+#: GEMM scores up to this squared radius, with each row's keys within e^-36 of its
+#: best scored again by differences (``kernels.loo_tiles``, section "refined GEMM
+#: scores": the float64 contract holds for any radius up to it). 0 turns it off.
+#: Read at call time.
+LOO_TILE_GEMM_REFINE_MAX_RADIUS2 = _env_int(
+    "LOO_TILE_GEMM_REFINE_MAX_RADIUS2", 1 << 20, compiled=False
+)
+
+#: Keys from which the one-pass LOO gradient may take the boxed tiles
+#: (``kernels.loo_tiles.loo_tiles_boxed``: keys in k-d order, each tile given only the
+#: leaves within reach, the bound of PRUNE_GAP_FLOAT64; see LOO_BOXED_MAX_SHARE); below
+#: it every tile takes every key (``loo_tiles``). Read at call time.
+LOO_PRUNE_MIN_ROWS = _env_int("LOO_PRUNE_MIN_ROWS", 2048, compiled=False)
+
+#: Keys per leaf of the k-d order of ``kernels.loo_tiles.loo_tiles_boxed`` (the fit's
+#: LOO tiles on many rows): a tile keeps a leaf when the leaf's bounding box comes
+#: within reach of one of its rows. Smaller leaves prune closer and cost more box
+#: tests per tile. Read at call time.
+LOO_TILE_LEAF_KEYS = _env_int("LOO_TILE_LEAF_KEYS", 32, compiled=False)
+
+#: The boxed LOO tiles run only when an estimate of the share of keys they keep
+#: per row is at most this (``learning._boxed_share``); above it (a kernel wide
+#: against the data) the plain one-pass tiles run, since gathering the kept
+#: leaves then costs more than it saves (on random 4000 x 20 data with unit
+#: widths the boxed tiles took 87 ms, the plain ones 70 ms; on the 40k-row price
+#: table at its fitted widths the boxes keep about 5 % and run 3.5x faster).
+LOO_BOXED_MAX_SHARE = 0.5
+
+
+# --- local: local-polynomial regression (nbattn.local, nbattn.kernels.local) ------------------
+
+#: Relative ridge of the local solve, (M + ridge diag(0, M_11, ..)) beta = V, when the
+#: caller passes ridge=None. It changes a well-conditioned fit by about ridge times the
+#: design's condition number (the statsmodels comparisons hold to 1e-10 at 1e-12).
+LOCAL_RIDGE = 1e-12
+
+#: A term of the local design whose Cholesky pivot falls below this share of its
+#: diagonal entry (its column lies within that relative distance of the span of the
+#: earlier columns: a constant column, fewer distinct neighbours than terms, a query
+#: far from all keys) is dropped (coefficient 0), like a truncated pseudo-inverse;
+#: the fit then shrinks towards the local constant instead of amplifying rounding.
+#: Read when the kernels are compiled.
+LOCAL_PIVOT_TOL = 1e-8
+
+
+# --- flash: flash attention tiles and scheduling (nbattn.attn, nbattn.kernels.flash) ----------
+
+#: Query rows and keys per tile of the blocked (flash) attention kernels. A
+#: score tile holds FLASH_BLOCK_Q x FLASH_BLOCK_K floats per thread and should
+#: stay in L2; both GEMMs per tile go to BLAS, so larger tiles amortise its
+#: packing. The backward pass keeps two such tiles per thread.
+FLASH_BLOCK_Q = _env_int("FLASH_BLOCK_Q", 128)
+FLASH_BLOCK_K = _env_int("FLASH_BLOCK_K", 512)
+FLASH_BWD_BLOCK_Q = _env_int("FLASH_BWD_BLOCK_Q", 128)
+FLASH_BWD_BLOCK_K = _env_int("FLASH_BWD_BLOCK_K", 256)
+
+#: Below this many multiply-adds (queries x keys x features, all heads) a flash
+#: call runs on one numba thread: waking the others costs more (measured 68 us
+#: on one thread against 5.7 ms on two for a 2 x 16 x 8 input on a busy
+#: machine). Read at every call.
+FLASH_SERIAL_WORK = _env_int("FLASH_SERIAL_WORK", 1 << 22)
+
+#: Memory allowed for the per-group dQ buffers of the flash backward pass, in
+#: bytes (extra key-tile groups that keep every thread busy when there are
+#: fewer heads than threads). Read at every call.
+FLASH_MAX_DQ_BUFFER_BYTES = _env_int("FLASH_MAX_DQ_BUFFER_BYTES", 256 * 2**20)
+
 #: Keys from which a flash call is "long" and takes the tiles below.
 FLASH_LONG_KEYS = _env_int("FLASH_LONG_KEYS", 1024, compiled=False)
 
@@ -331,64 +339,6 @@ FLASH_LONG_BWD_BLOCK_K = _env_int("FLASH_LONG_BWD_BLOCK_K", 256, compiled=False)
 #: static shares: see nbattn.flash._backward.) Read at every call.
 FLASH_DYNAMIC_ITEM_WORK = _env_int("FLASH_DYNAMIC_ITEM_WORK", 1 << 22, compiled=False)
 
-
-# ------------------------------------------------------------------ learned metrics: boxed tiles
-#: Keys per leaf of the k-d order of ``kernels.loo_tiles.loo_tiles_boxed`` (the fit's
-#: LOO tiles on many rows): a tile keeps a leaf when the leaf's bounding box comes
-#: within reach of one of its rows. Smaller leaves prune closer and cost more box
-#: tests per tile. Read at call time.
-LOO_TILE_LEAF_KEYS = _env_int("LOO_TILE_LEAF_KEYS", 32, compiled=False)
-
-#: The boxed LOO tiles run only when an estimate of the share of keys they keep
-#: per row is at most this (``learning._boxed_share``); above it (a kernel wide
-#: against the data) the plain one-pass tiles run, since gathering the kept
-#: leaves then costs more than it saves (on random 4000 x 20 data with unit
-#: widths the boxed tiles took 87 ms, the plain ones 70 ms; on the 40k-row price
-#: table at its fitted widths the boxes keep about 5 % and run 3.5x faster).
-LOO_BOXED_MAX_SHARE = 0.5
-
-
-# --- LOO bandwidth search, 1-D: the boxed Hermite series (kernels.loo) -----------------
-# Read at call time (not compiled into the kernels).
-#: ``loo_bandwidth`` evaluates a 1-D width by the boxed Hermite series
-#: (``kernels.loo.loo_squared_error_boxed_1d``, a one-dimensional fast Gauss
-#: transform) instead of the windowed direct kernel once the direct window holds
-#: at least this many keys per row on average; the series' cost does not grow
-#: with the width, the window's does.
-LOO_BOXED_MIN_WINDOW = _env_int("LOO_BOXED_MIN_WINDOW", 48, compiled=False)
-#: Half-width of the boxes, in scaled units (the weight is exp(-(z_i - z_j)^2)).
-#: Wider boxes need more terms, narrower ones more boxes per key; 0.5 measured best.
-LOO_BOXED_HALF_WIDTH = 0.5
-#: Each expanded row's weight sum is within this relative error of the exact one
-#: and its prediction within twice this times max |y|; rows the bound cannot
-#: vouch for are computed directly.
-LOO_BOXED_TOL = 2.0**-40
-#: Keys farther than sqrt(LOO_BOXED_REACH_GAP) from a box (scaled units) are left
-#: out of its series: each weighs below exp(-LOO_BOXED_REACH_GAP) (counted in the bound).
-LOO_BOXED_REACH_GAP = 40.0
-
-
-# ------------------------------------------------------ learned metrics: tile shape, refined GEMM
-#: Rows per tile of the plain LOO tiles on direct scores (``kernels.loo_tiles.loo_tiles``
-#: with every key in every tile and fewer than LOO_TILE_GEMM_MIN_DIMS score dimensions)
-#: are also capped so that rows x n_keys float64 fit in about this many bytes, with at
-#: least 8 rows. Those tiles now hold two rows of weights at a time (the fused direct
-#: passes of ``kernels.loo_tiles``), so this only sets how many rows a block hands to a
-#: thread; 16 and 64 rows measured the same. Read at call time.
-LOO_TILE_CACHE_BYTES = _env_int("LOO_TILE_CACHE_BYTES", 512 << 10, compiled=False)
-
-#: A block of the plain LOO tiles (every key; the boxed tiles keep keys near their rows,
-#: where refining cost 5 % more than it saved) wider than LOO_TILE_GEMM_MAX_RADIUS2 takes the
-#: GEMM scores up to this squared radius, with each row's keys within e^-36 of its
-#: best scored again by differences (``kernels.loo_tiles``, section "refined GEMM
-#: scores": the float64 contract holds for any radius up to it). 0 turns it off.
-#: Read at call time.
-LOO_TILE_GEMM_REFINE_MAX_RADIUS2 = _env_int(
-    "LOO_TILE_GEMM_REFINE_MAX_RADIUS2", 1 << 20, compiled=False
-)
-
-
-# ------------------------------------------------------------ flash tiles: which BLAS
 #: Whether the tile kernels' products ``A B`` and ``A^T B`` (the flash kernels'
 #: acc += P V, dQ += dS K, dV += P^T dO, dK += dS^T Q) run on the OpenBLAS that
 #: NumPy's wheels carry, when it is found (``nbattn.kernels.blas``): measured
@@ -397,6 +347,173 @@ LOO_TILE_GEMM_REFINE_MAX_RADIUS2 = _env_int(
 #: keeps every product on numba's BLAS. Read once, when ``nbattn.kernels.blas`` is
 #: imported (the kernels name a symbol bound then, so the cache stays valid).
 GEMM_ON_NUMPY_BLAS = os.environ.get("NBATTN_GEMM_ON_NUMPY_BLAS", "1") not in ("0", "false", "False")
+
+
+# --- decode: decoding over a key/value cache (nbattn.attn.decode, nbattn.kernels.decode) ------
+
+#: Keys per block of the split-KV decode kernel's online softmax: one score
+#: block per query row, in L1. Read at every call.
+DECODE_BLOCK_K = _env_int("DECODE_BLOCK_K", 256, compiled=False)
+
+#: Fewest keys a split-KV chunk gets: below it the per-chunk state and the
+#: merge cost more than the parallelism saves. Read at every call.
+DECODE_MIN_SPLIT_KEYS = _env_int("DECODE_MIN_SPLIT_KEYS", 512, compiled=False)
+
+#: Work items (batch row x kv head x chunk) per numba thread that the decode
+#: split aims at, so that threads finishing early find more work. Read at
+#: every call.
+DECODE_ITEMS_PER_THREAD = _env_int("DECODE_ITEMS_PER_THREAD", 4, compiled=False)
+
+
+# --- cuda: CUDA kernels (nbattn.cuda) -----------------------------------------------------
+# The host wrappers read these at each call; a kernel is compiled (and cached) per value.
+
+#: Threads per block of the CUDA kernels (tests patch a small value so that
+#: multi-block and partial-tile paths run under the simulator).
+CUDA_THREADS_PER_BLOCK = _env_int("CUDA_THREADS_PER_BLOCK", 128)
+
+#: Shared memory for the key (or query) tiles of one CUDA block, in bytes. A
+#: tile holds min(CUDA_THREADS_PER_BLOCK, budget / bytes per row) rows; 32 KiB
+#: stays under the 48 KiB every GPU grants without opt-in and leaves room for
+#: two blocks per multiprocessor.
+CUDA_SHARED_MEMORY_BYTES = _env_int("CUDA_SHARED_MEMORY_BYTES", 32768)
+
+#: Outputs (columns of values) accumulated per thread and launch by the CUDA
+#: Nadaraya-Watson and LOO-loss kernels; more outputs run in further launches.
+#: Each output is a float64 and an input-dtype accumulator in registers.
+CUDA_MAX_OUTPUTS = _env_int("CUDA_MAX_OUTPUTS", 8)
+
+#: Gradient entries (features, or lower-triangle pairs of a metric) that one
+#: thread of the CUDA LOO gradient kernels accumulates per launch, in float64
+#: registers; more entries run in further launches over ranges of entries.
+CUDA_MAX_GRAD_ENTRIES = _env_int("CUDA_MAX_GRAD_ENTRIES", 64)
+
+#: Largest head dimension (E and Ev) the CUDA flash kernels compile for: a
+#: thread holds a query row and an accumulator of that size in registers, and
+#: a tile row of K and V must fit CUDA_SHARED_MEMORY_BYTES. Larger heads are
+#: refused with a clear error (use device="cpu").
+CUDA_MAX_HEAD_DIM = _env_int("CUDA_MAX_HEAD_DIM", 128)
+
+
+# --- app: the command line and Dask (nbattn.app) ----------------------------------------------
+
+#: Seconds the command line waits for a dask scheduler (``--scheduler``) to
+#: answer before it gives up with an error. Read when connecting.
+DASK_CONNECT_TIMEOUT = _env_int("DASK_CONNECT_TIMEOUT", 30, compiled=False)
+
+
+# --- the one defaults table, and a reset -------------------------------------------------
+
+#: The tunables by domain, in the order above (``nbattn.config.SECTIONS["flash"]``).
+SECTIONS = {
+    "engine": (
+        "FASTMATH",
+        "KEY_BLOCK",
+        "QUERY_BLOCK",
+        "MAX_WEIGHT_MATRIX_ELEMENTS",
+        "SERIAL_PAIRS",
+        "FAR_SCORE_FLOAT32",
+        "FAR_SCORE_FLOAT64",
+    ),
+    "pooling": (
+        "GEMM_MIN_FEATURES_FLOAT32",
+        "GEMM_MIN_FEATURES_FLOAT64",
+        "GEMM_BLOCK_Q",
+        "GEMM_BLOCK_K",
+        "GEMM_WIDE_FEATURES",
+        "GEMM_WIDE_BLOCK_Q",
+        "GEMM_WIDE_BLOCK_K",
+        "GEMM_NORM_RATIO",
+        "GEMM_NORM_FLOOR",
+    ),
+    "loo": (
+        "LOO_FULL_GROUPS",
+        "PRUNE_GAP_FLOAT64",
+        "PRUNE_GAP_FLOAT32",
+    ),
+    "search": (
+        "LOO_GRID",
+        "LOO_EXTEND_DECADES",
+        "LOO_RTOL",
+        "LOO_GRID_QUERIES_1D",
+        "LOO_GRID_STRIDE",
+        "LOO_FILL_MARGIN",
+        "LOO_TAYLOR_MAX_SPAN_SQ",
+        "LOO_BOXED_MIN_WINDOW",
+        "LOO_BOXED_HALF_WIDTH",
+        "LOO_BOXED_TOL",
+        "LOO_BOXED_REACH_GAP",
+    ),
+    "learned": (
+        "WIDTH_BOUNDS",
+        "LEARN_SUBSAMPLE_ROWS",
+        "LEARN_SUBSAMPLE_GROWTH",
+        "LEARN_ROWS_PER_PARAMETER",
+        "LEARN_FINAL_RESTARTS",
+        "LOO_TILE_ROWS",
+        "LOO_TILE_BYTES",
+        "LOO_TILE_GEMM_MIN_DIMS",
+        "LOO_TILE_GEMM_MAX_RADIUS2",
+        "LOO_TILE_CACHE_BYTES",
+        "LOO_TILE_GEMM_REFINE_MAX_RADIUS2",
+        "LOO_PRUNE_MIN_ROWS",
+        "LOO_TILE_LEAF_KEYS",
+        "LOO_BOXED_MAX_SHARE",
+    ),
+    "local": (
+        "LOCAL_RIDGE",
+        "LOCAL_PIVOT_TOL",
+    ),
+    "flash": (
+        "FLASH_BLOCK_Q",
+        "FLASH_BLOCK_K",
+        "FLASH_BWD_BLOCK_Q",
+        "FLASH_BWD_BLOCK_K",
+        "FLASH_SERIAL_WORK",
+        "FLASH_MAX_DQ_BUFFER_BYTES",
+        "FLASH_LONG_KEYS",
+        "FLASH_LONG_FWD_BLOCK_Q",
+        "FLASH_LONG_FWD_BLOCK_K",
+        "FLASH_LONG_BWD_BLOCK_Q",
+        "FLASH_LONG_BWD_BLOCK_K",
+        "FLASH_DYNAMIC_ITEM_WORK",
+        "GEMM_ON_NUMPY_BLAS",
+    ),
+    "decode": (
+        "DECODE_BLOCK_K",
+        "DECODE_MIN_SPLIT_KEYS",
+        "DECODE_ITEMS_PER_THREAD",
+    ),
+    "cuda": (
+        "CUDA_THREADS_PER_BLOCK",
+        "CUDA_SHARED_MEMORY_BYTES",
+        "CUDA_MAX_OUTPUTS",
+        "CUDA_MAX_GRAD_ENTRIES",
+        "CUDA_MAX_HEAD_DIM",
+    ),
+    "app": ("DASK_CONNECT_TIMEOUT",),
+}
+
+#: Every tunable's value at import (after its NBATTN_* override): what :func:`reset` restores.
+DEFAULTS = {
+    name: (frozenset(value) if isinstance(value, set) else value)
+    for names in SECTIONS.values()
+    for name in names
+    for value in [globals()[name]]
+}
+
+
+def reset(*names: str) -> None:
+    """Put the named tunables (all when none is named) back to :data:`DEFAULTS`.
+
+    A kernel compiled while a tunable held another value keeps it (see the module
+    docstring): reset before the first call that should see the default.
+    """
+    for name in names or DEFAULTS:
+        if name not in DEFAULTS:
+            raise ValueError(f"unknown tunable {name!r}; known: {sorted(DEFAULTS)}")
+        value = DEFAULTS[name]
+        globals()[name] = set(value) if isinstance(value, frozenset) else value
 
 
 # --------------------------------------------------------------------------- the on-disk cache

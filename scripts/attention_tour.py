@@ -30,8 +30,8 @@ from pathlib import Path
 import numpy as np
 
 import nbattn
-from nbattn import positional
-from nbattn.plotting import pyplot, show_heatmaps
+from nbattn.app.plotting import pyplot, show_heatmaps
+from nbattn.attn import positional
 
 
 def step(title):

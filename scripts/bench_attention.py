@@ -207,7 +207,7 @@ def _stage_kernels():
 def profile(n, repeat):
     """Where the time of one head goes (one thread, CPU time): see the module docstring."""
     from nbattn import config
-    from nbattn._threads import blas_one_thread
+    from nbattn._core.threads import blas_one_thread
     from nbattn.kernels.blas import ON_NUMPY_BLAS
 
     numba.set_num_threads(1)

@@ -45,7 +45,7 @@ import warnings
 import numpy as np
 
 import nbattn
-from nbattn import learning
+from nbattn.smoothing import learning
 
 
 def _seed_like(n, d, rng):

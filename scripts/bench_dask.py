@@ -40,7 +40,7 @@ def main():
     from distributed import Client, LocalCluster
 
     import nbattn
-    import nbattn.dask as nbdask
+    import nbattn.app.dask as nbdask
 
     rng = np.random.default_rng(0)
     keys = rng.uniform(0, 6, size=(args.keys, 1))

@@ -491,7 +491,7 @@ def check_nadaraya_watson(report, tiny, rng):
 
 def check_loo(report, tiny, rng):
     """The LOO loss and its gradients (log-widths; a metric L), float64 and float32."""
-    from nbattn import learning
+    from nbattn.smoothing import learning
 
     n = 13 if tiny else 300
     X = rng.normal(size=(n, 3))
@@ -690,7 +690,7 @@ def bench_nadaraya_watson(report, tiny):
 def bench_loo(report, tiny):
     from numba import cuda
 
-    from nbattn import learning
+    from nbattn.smoothing import learning
 
     print("\nLOO loss and gradient (log-widths), float32, d = 4", flush=True)
     rng = np.random.default_rng(3)
@@ -843,7 +843,7 @@ def main(argv=None):
         from nbattn import config
 
         config.CUDA_THREADS_PER_BLOCK = 8
-    from nbattn.device import cuda_problem
+    from nbattn.dispatch.device import cuda_problem
 
     problem = cuda_problem()
     if problem is not None:

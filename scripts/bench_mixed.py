@@ -3,10 +3,10 @@
 Three measurements on mixed data (3 continuous columns, one unordered column
 with 3 categories and one ordered column with 4):
 
-1. Leave-one-out widths: ``nbattn.local_widths.local_loo_widths`` against
+1. Leave-one-out widths: ``nbattn.local.widths.local_loo_widths`` against
    statsmodels ``KernelReg(bw="cv_ls")``, local-constant (degree 0, the
    estimator both define for categorical columns), n = 500: seconds each, the
-   LOO MSE each reaches (both evaluated by ``nbattn.local.local_loo_loss``;
+   LOO MSE each reaches (both evaluated by ``nbattn.local.engine.local_loo_loss``;
    statsmodels' unbounded Nelder-Mead may leave a smoothing l outside its
    kernel's domain, which is clipped to the domain for the evaluation), and the
    speed ratio.
@@ -29,9 +29,9 @@ import warnings
 
 import numpy as np
 
-from nbattn.local import fit_problem, local_loo_loss, local_polynomial, prepare
-from nbattn.local_widths import local_loo_widths
-from nbattn.regression import nadaraya_watson
+from nbattn.local.engine import fit_problem, local_loo_loss, local_polynomial, prepare
+from nbattn.local.widths import local_loo_widths
+from nbattn.smoothing.regression import nadaraya_watson
 
 VAR_TYPE = "cccuo"
 COUNTS = [0, 0, 0, 3, 4]

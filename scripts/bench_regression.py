@@ -102,7 +102,7 @@ def targets(n: int, n_wide: int = 8192, repeat: int = 5) -> None:
     keys = rng.uniform(0, 6, n).astype(np.float32)
     queries = rng.uniform(0, 6, n).astype(np.float32)
     values = np.sin(keys).astype(np.float32)
-    h = float(nbattn.regression.bandwidth_rule(keys)[0])
+    h = float(nbattn.smoothing.regression.bandwidth_rule(keys)[0])
     scale = np.float32(1.0 / (h * np.sqrt(2.0)))
     ks, qs = keys * scale, queries * scale
     limit_nw_1d(qs[:4], ks[:50], values[:50])
@@ -126,7 +126,7 @@ def targets(n: int, n_wide: int = 8192, repeat: int = 5) -> None:
         keys = rng.normal(size=(n_wide, d)).astype(np.float32)
         queries = rng.normal(size=(n_wide, d)).astype(np.float32)
         values = rng.normal(size=(n_wide, 1)).astype(np.float32)
-        h = nbattn.regression.bandwidth_rule(keys)
+        h = nbattn.smoothing.regression.bandwidth_rule(keys)
         tk, tq, tv = (torch.from_numpy(a) for a in (keys, queries, values))
         nbattn.nadaraya_watson(queries[:4], keys[:50], values[:50], h)
         with torch.inference_mode():
@@ -158,7 +158,7 @@ def crossover(n: int = 4096, repeat: int = 3) -> None:
                 keys = rng.normal(size=(n, d)).astype(dtype)
                 queries = rng.normal(size=(n, d)).astype(dtype)
                 values = rng.normal(size=n).astype(dtype)
-                h = nbattn.regression.bandwidth_rule(keys)
+                h = nbattn.smoothing.regression.bandwidth_rule(keys)
 
                 def direct(q=queries, k=keys, v=values, h=h):
                     cfg.GEMM_MIN_FEATURES_FLOAT32 = cfg.GEMM_MIN_FEATURES_FLOAT64 = 10**9
@@ -224,11 +224,11 @@ def _profile_rows(queries, keys, values, repeat):
     """[(what, best seconds)] for :func:`profile`, the whole call first."""
     from threadpoolctl import threadpool_limits
 
-    from nbattn._threads import blas_one_thread
+    from nbattn._core.threads import blas_one_thread
     from nbattn.kernels import pooling_gemm
 
-    h = nbattn.regression.bandwidth_rule(keys)
-    q, k_t, v_t, k = nbattn.regression._layout(
+    h = nbattn.smoothing.regression.bandwidth_rule(keys)
+    q, k_t, v_t, k = nbattn.smoothing.regression._layout(
         queries, keys, values, h, np.dtype(np.float32), keys_row_major=True
     )
     block_q, block_k = pooling_gemm.tile_shape(keys.shape[1])
@@ -339,7 +339,7 @@ def bench(n: int) -> None:
         keys = rng.uniform(0, 6, size=(n, d))
         queries = rng.uniform(0, 6, size=(n, d))
         values = np.sin(keys).sum(axis=1) + rng.normal(0, 0.3, n)
-        h = nbattn.regression.bandwidth_rule(keys, "scott")
+        h = nbattn.smoothing.regression.bandwidth_rule(keys, "scott")
         for dtype in ("float32", "float64"):
             q, k, v = (a.astype(dtype) for a in (queries, keys, values))
             nbattn.nadaraya_watson(q[:4], k[:50], v[:50], h)  # compile

@@ -12,7 +12,7 @@ machine, and close to what the wall clock is on an idle one for the imports.
 
 The last probe is the command itself, ``nbattn predict`` of a model file
 fitted on the walk-through's sample: it reads the file without scikit-learn
-(:mod:`nbattn.predictor`). For each probe that runs a kernel, one more warm run
+(:mod:`nbattn.persistence.predictor`). For each probe that runs a kernel, one more warm run
 under ``python -X importtime`` says how much of its time is imports, and which
 packages take it. "whole process" is the wall time of the process from its
 start, interpreter start-up included.
@@ -60,13 +60,13 @@ PROBES = {
     ),
     "model file + kernel, no pandas (predict's floor)": (
         "import numpy as np\n"
-        "from nbattn.predictor import read_predictor\n"
+        "from nbattn.persistence.predictor import read_predictor\n"
         "model = read_predictor({predict_args!r}[1])[0]\n"
         "model.predict(np.linspace(0.0, 6.0, 50)[:, None])",
         True,
     ),
     "nbattn predict (the command, one model file)": (
-        "import nbattn.cli\nassert nbattn.cli.main({predict_args!r}) == 0",
+        "import nbattn.app.cli\nassert nbattn.app.cli.main({predict_args!r}) == 0",
         True,
     ),
 }
@@ -190,7 +190,7 @@ def command_files(folder: Path) -> list:
     return the probe's ``nbattn predict`` arguments."""
     model = folder / "model.npz"
     fit = ["fit", str(DATA), "--target", "y", "-q", "-o", str(model)]
-    subprocess.run([sys.executable, "-m", "nbattn.cli", *fit], cwd=ROOT, check=True)
+    subprocess.run([sys.executable, "-m", "nbattn.app.cli", *fit], cwd=ROOT, check=True)
     return ["predict", str(model), str(DATA), "-o", str(folder / "out.csv"), "-q"]
 
 

@@ -56,7 +56,7 @@ def main():
     from sklearn.neighbors import KNeighborsRegressor
 
     import nbattn
-    from nbattn.plotting import relative_widths
+    from nbattn.app.plotting import relative_widths
 
     X, y = load()
     X_train, X_test, y_train, y_test = train_test_split(X, y, test_size=0.25, random_state=0)

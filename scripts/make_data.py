@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from nbattn.datasets import seed_data
+from nbattn.app.datasets import seed_data
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 

@@ -5,7 +5,7 @@ Usage: python scripts/reproduce_seed.py OUTDIR
 
 import sys
 
-from nbattn.seed import run_seed
+from nbattn.app.seed import run_seed
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:

@@ -7,12 +7,13 @@ it makes. ``numba.cuda.compile_ptx`` needs libNVVM (the CUDA toolkit, or
 numba-cuda's ``[cu12]``/``[cu13]`` wheels) but no GPU and no driver; the tests
 skip where libNVVM is missing. ptxas, where one here accepts the PTX version,
 assembles the PTX and reports registers and spills, which are checked too
-(``nbattn.cuda.ptx`` holds the kernel catalogue; ``python -m nbattn.cuda.ptx``
+(``scripts/ptx.py`` holds the kernel catalogue; ``python scripts/ptx.py``
 prints the whole table).
 """
 
 import functools
 import os
+import sys
 
 import pytest
 
@@ -21,11 +22,24 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+def _load_ptx_tools():
+    """scripts/ptx.py, the kernel catalogue (a development tool, not shipped)."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parent.parent / "scripts" / "ptx.py"
+    spec = importlib.util.spec_from_file_location("nbattn_ptx_tools", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture(scope="module")
 def ptx():
     from numba import cuda
 
-    from nbattn.cuda import ptx as ptx_tools
+    ptx_tools = _load_ptx_tools()
 
     def trivial(x):
         x[0] = 1.0

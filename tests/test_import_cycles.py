@@ -104,7 +104,7 @@ def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def test_the_module_list_is_complete():
-    assert "nbattn.attention" in MODULES and "nbattn.kernels.flash" in MODULES
+    assert "nbattn.attn.attention" in MODULES and "nbattn.kernels.flash" in MODULES
     assert "nbattn._flash_gpu" not in MODULES  # folded into nbattn.flash
 
 

@@ -73,11 +73,11 @@ for name in {functional!r}:
     getattr(nbattn, name)
     record(name)
 lazy_submodule = "nbattn.datasets" not in sys.modules
-lazy_submodule &= nbattn.datasets.__name__ == "nbattn.datasets"
+lazy_submodule &= nbattn.datasets.__name__ == "nbattn.app.datasets"
 nbattn.NadarayaWatsonRegressor
 record("NadarayaWatsonRegressor")
 modules = [m.name for m in pkgutil.walk_packages(nbattn.__path__, "nbattn.")
-           if not m.name.startswith(("nbattn.cuda", "nbattn.data", "nbattn.dask"))]
+           if not m.name.startswith(("nbattn.cuda", "nbattn.data", "nbattn.app.dask"))]
 for module in modules:
     importlib.import_module(module)
 wrong = [n for n, mod in nbattn._PUBLIC.items()
@@ -87,7 +87,7 @@ print(json.dumps({{"steps": steps, "lazy_submodule": lazy_submodule, "wrong": wr
 """
 
 #: The names of the functional layer: reaching them loads numpy and numba only.
-FUNCTIONAL = sorted({n for n, module in nbattn._PUBLIC.items() if module != "estimators"}) + [
+FUNCTIONAL = sorted({n for n, module in nbattn._PUBLIC.items() if not module.startswith("estimators")}) + [
     "positional",
     "scores",
 ]
@@ -120,7 +120,9 @@ def test_public_names_resolve_after_every_submodule_is_imported(import_probe):
     """Importing a submodule binds it on the package; ``nbattn.attention`` must still
     be the function, and every public name the object its module defines."""
     assert import_probe["wrong"] == [] and import_probe["attention"] == "function"
-    assert {"nbattn.attention", "nbattn.layers", "nbattn.cli"} <= set(import_probe["modules"])
+    assert {"nbattn.attn.attention", "nbattn.attn.layers", "nbattn.app.cli"} <= set(
+        import_probe["modules"]
+    )
 
 
 def test_submodules_load_on_attribute_access(import_probe):
@@ -138,7 +140,7 @@ def test_public_name_lists_agree():
         if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
             for imp in node.body:
                 for alias in imp.names:
-                    if imp.module is None:  # from . import positional
+                    if imp.module is None or alias.name in nbattn.ALIASES:  # public submodules
                         submodules.add(alias.name)
                     else:
                         static[alias.name] = imp.module
@@ -242,7 +244,7 @@ def test_wheel_contents(wheel):
     requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
     assert any(r.startswith("Requires-Dist: numba-cuda[cu12]") and 'extra == "cuda"' in r
                for r in requires)  # fmt: skip
-    assert "nbattn = nbattn.cli:main" in entry_points
+    assert "nbattn = nbattn.app.cli:main" in entry_points
 
 
 def _seed_kernel_cache(dest: Path) -> None:
@@ -307,7 +309,7 @@ def test_installed_wheel_runs_the_demo_and_loads_data(wheel, tmp_path):
     expected = pd.read_csv(ROOT / "data" / "engel.csv")
     assert pd.DataFrame(info["engel"]).equals(expected) and expected.shape == (235, 2)
     assert info["version"] == nbattn.__version__
-    assert info["command"] == "nbattn.cli:main"
+    assert info["command"] == "nbattn.app.cli:main"
 
     command = python.parent / ("nbattn.exe" if os.name == "nt" else "nbattn")
     env = _clean_env()

@@ -17,7 +17,7 @@ and it would change NumPy for every other library in the process. Instead
 :func:`numpy_problem` builds numba-cuda's target context once, up front (what
 the first compile does, in the same order), and turns that failure into a
 sentence that names the cause and the fix; the device layer
-(``nbattn.device``) raises it for ``device="cuda"`` and falls back to the
+(``nbattn.dispatch.device``) raises it for ``device="cuda"`` and falls back to the
 CPU, with a warning, for ``device="auto"``.
 
 Imports numba only; needs no GPU. The simulator (``NUMBA_ENABLE_CUDASIM=1``)

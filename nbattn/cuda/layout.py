@@ -19,7 +19,7 @@ import math
 import numpy as np
 from numba import cuda
 
-from ..kernels.fastmath import power_of_two_scale
+from .._core.numeric import power_of_two_scale
 from .common import jit, launch
 
 
@@ -111,7 +111,7 @@ def column_moments(device_x):
     Each column is shifted by its first row and divided by a power of two near
     its largest deviation from it (exact) before the squares, so data near
     1e160 or 1e-170 neither overflows nor underflows (as
-    :func:`nbattn.regression.feature_spread` on the host). Only the d-vectors
+    :func:`nbattn.smoothing.regression.feature_spread` on the host). Only the d-vectors
     of results come back to the host.
     """
     n, d = device_x.shape

@@ -62,7 +62,7 @@ import numpy as np
 from numba import cuda, from_dtype
 
 from .. import config
-from ..kernels.fastmath import power_of_two_scale
+from .._core.numeric import power_of_two_scale
 from . import far
 from .common import compiled, exp_for, imin, jit, launch, load_columns, tile_rows, to_device
 from .pooling import pool_row_function, tile_score_function

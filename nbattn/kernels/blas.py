@@ -21,7 +21,7 @@ dQ += dS K) 96.6 against 99.3, ``A B^T`` 93 against 90
 library the symbols point at a compiled shim onto ``numba_xxgemm``, so the
 kernels are the same either way and cache on disk (they name the symbols,
 never an address). Both libraries are held to one thread by
-``nbattn._threads.blas_one_thread`` like every BLAS in the process.
+``nbattn._core.threads.blas_one_thread`` like every BLAS in the process.
 
 Arrays are row-major with unit stride along their last axis (C-contiguous
 tiles or row ranges of larger arrays; the leading dimension is the row

@@ -38,34 +38,6 @@ _S27 = np.uint64(27)
 _S31 = np.uint64(31)
 _S40 = np.uint64(40)
 
-#: Resolution of the dropout probability: ``threshold = round(p * 2**24)``.
-DROPOUT_BITS = 24
-
-
-def dropout_threshold(dropout_p):
-    """``uint64(round(dropout_p * 2**24))``: keep a weight iff its 24 random bits are >= this."""
-    return np.uint64(round(float(dropout_p) * 2.0**DROPOUT_BITS))
-
-
-def dropout_seed(random_state):
-    """The uint64 dropout seed of ``random_state``.
-
-    int -> ``random_state mod 2**64``; None -> fresh entropy from NumPy;
-    ``numpy.random.Generator`` -> one draw of 64 bits. Anything else is a
-    ValueError naming ``random_state``.
-    """
-    if random_state is None:
-        random_state = np.random.default_rng()
-    if isinstance(random_state, np.random.Generator):
-        return np.uint64(random_state.integers(0, 2**64, dtype=np.uint64))
-    if isinstance(random_state, (bool, np.bool_)) or not isinstance(
-        random_state, (int, np.integer)
-    ):
-        raise ValueError(
-            f"random_state must be None, an int or a numpy.random.Generator, got {random_state!r}"
-        )
-    return np.uint64(int(random_state) % 2**64)
-
 
 @njit(inline="always", cache=config.CACHE)
 def keep(seed, counter, threshold):

@@ -205,15 +205,3 @@ def fmax(typingctx, a, b):
         return builder.call(fn, args)
 
     return a(a, b), codegen
-
-
-def power_of_two_scale(magnitude):
-    """Per entry, 2**(e - 1) for ``magnitude = m 2**e`` (1/2 <= m < 1); 1 where it is 0.
-
-    ``magnitude / 2 < scale <= magnitude``, and dividing by a power of two is
-    exact: the one scaling by which spreads and sums of squares of data near
-    1e160 or 1e-170 neither overflow nor underflow (NumPy, host side; used by
-    the regression rules, the CUDA host wrappers and Dask).
-    """
-    magnitude = np.asarray(magnitude, dtype=np.float64)
-    return np.where(magnitude > 0, np.ldexp(1.0, np.frexp(magnitude)[1] - 1), 1.0)

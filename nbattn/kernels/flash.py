@@ -103,19 +103,13 @@ from numba import njit, prange, types
 from numba.extending import overload
 
 from .. import config
+from .._core.numeric import LOG2E
 from .blas import gemm
 from .dropout import keep
-from .fastmath import (
-    _bits_to_float32,
-    _bits_to_float64,
-    _float32_to_bits,
-    _float64_to_bits,
-    like,
-)
+from .fastmath import _bits_to_float32, _bits_to_float64, _float32_to_bits, _float64_to_bits, like
 from .softmax import row_max
 
 LN2 = 0.6931471805599453
-LOG2E = 1.4426950408889634
 
 
 def exp2(x):

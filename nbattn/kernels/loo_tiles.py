@@ -43,7 +43,7 @@ them. Their sums here are zero.
 many rows): the keys in k-d order and a tile's keys chosen by leaf bounding
 boxes in every score coordinate (section "boxed keys" below).
 
-Inside ``prange``, ``np.dot`` calls BLAS: the caller (``nbattn.learning``) holds
+Inside ``prange``, ``np.dot`` calls BLAS: the caller (``nbattn.smoothing.learning``) holds
 BLAS to one thread while the kernel runs.
 """
 

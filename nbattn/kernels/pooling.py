@@ -39,7 +39,7 @@ which also holds every far-row path below; and since neighbouring queries
 tend to be alike, the next row then starts there too. An accepted row has
 m = 0, l its unshifted sum and lse = log l, so callers see one contract.
 
-Callers (``nbattn.regression``, with the one-pass ``centred_scaled`` at the
+Callers (``nbattn.smoothing.regression``, with the one-pass ``centred_scaled`` at the
 end of this module) validate and lay out the arrays:
 
 * ``queries``  (n_queries, d), C-contiguous, already divided by h * sqrt(2);
@@ -660,7 +660,7 @@ def centred_scaled(x, centre, scale, out, out_t):
     """out[i, f] = (x[i, f] - centre[f]) * scale[f], computed in float64 and rounded once
     to out's dtype; the same into out_t[f, i] when out_t has rows (feature-major).
 
-    One pass for the callers' layout (``nbattn.regression``). Returns the
+    One pass for the callers' layout (``nbattn.smoothing.regression``). Returns the
     largest magnitude written (float64, before rounding; inf or NaN where a
     product overflowed or x held one), so the caller can refuse what the
     dtype cannot hold.

@@ -33,7 +33,7 @@ tiles", for the measurements).
 Exactness. The expanded form carries a rounding error of about
 (d + 2) u (||q_i||^2 + ||k_j||^2) + u |s_ij| in each score (u the dtype's
 unit roundoff), where the direct difference of
-``pooling`` carries (d + 3) u |s_ij|. Callers (``nbattn.regression``) centre
+``pooling`` carries (d + 3) u |s_ij|. Callers (``nbattn.smoothing.regression``) centre
 queries and keys on the keys (in float64) so that data far from the origin
 has small norms. A row keeps the GEMM result only where
 

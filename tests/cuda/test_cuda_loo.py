@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 
 import nbattn
-from nbattn import config, learning
+from nbattn import config
 from nbattn.cuda import loo as cuda_loo
 from nbattn.kernels import loo as cpu_loo
 from nbattn.kernels import pooling as cpu_pooling
+from nbattn.smoothing import learning
 
 from .. import naive
 

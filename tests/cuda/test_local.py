@@ -17,7 +17,7 @@ import nbattn
 from nbattn import config
 from nbattn.cuda import local as cuda_local
 from nbattn.kernels import local as cpu_local
-from nbattn.local import local_interval_sums, local_prediction_interval
+from nbattn.local.engine import local_interval_sums, local_prediction_interval
 
 from .. import naive
 
@@ -322,7 +322,7 @@ def test_loo_loss_and_gradient_on_cuda_equal_cpu_and_naive(rng, degree):
     """The width search's criterion on device="cuda": the leave-one-out loss equals the
     naive one, and loss and exact gradient (over log h and the categorical parameter,
     with missing entries marginalised) equal the CPU's."""
-    from nbattn.local_widths import local_loo_loss_and_grad, theta_to_widths
+    from nbattn.local.widths import local_loo_loss_and_grad, theta_to_widths
 
     var_type, counts = "cco", [0, 0, 3]
     X = _mixed_data(rng, 20, counts)

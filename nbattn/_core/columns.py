@@ -1,0 +1,333 @@
+"""Column kinds and category codes: how a table becomes the engine's float array.
+
+The mixed-type product kernel (:mod:`nbattn.local.engine`) reads one float array
+whose continuous columns hold numbers and whose categorical columns hold
+integer codes ``0 .. c-1``, plus a kind per column, statsmodels' spelling:
+
+* ``"c"`` continuous: numbers;
+* ``"u"`` unordered categorical (Aitchison-Aitken kernel: the same category
+  weighs ``1 - lambda``, any other ``lambda / (c - 1)``);
+* ``"o"`` ordered categorical (codes in the categories' order, so distance
+  between codes means something).
+
+This module decides the kinds and the codes. Kinds come from a DataFrame's
+dtypes unless ``var_type`` says otherwise:
+
+==========================================  =====
+pandas dtype                                kind
+==========================================  =====
+``category`` (ordered)                      "o"
+``category`` (unordered), bool, object, str "u"
+numeric                                     "c"
+==========================================  =====
+
+A NumPy array is all continuous unless ``var_type`` is given. The
+categories are found at fit (a ``category`` dtype's own categories, in its
+order; otherwise the sorted distinct values) and kept as plain Python lists
+(``None`` for a continuous column), so that a model file stores them as JSON.
+
+Missing values (None, NaN, pandas.NA) become NaN codes when the caller
+allows them (``missing="marginalize"``) and are an error naming the column
+and the row otherwise. A category not seen at fit is an error naming the
+column and the value, or with ``handle_unknown="ignore"`` the code
+:data:`UNKNOWN_CODE` (NaN). An unseen category matches no training row, so
+in that column every row would get the same mismatch weight (lambda / (c-1)
+in an unordered column); a factor common to every key cancels in the
+softmax, so this is exactly leaving the column out of that query's kernel
+product, which is what the engine does with a missing entry.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+__all__ = [
+    "KINDS",
+    "UNKNOWN_CODE",
+    "all_numeric",
+    "as_table",
+    "is_dataframe",
+    "check_var_type",
+    "column_names",
+    "encode_columns",
+    "fit_categories",
+    "infer_var_type",
+    "n_categories",
+    "resolve_var_type",
+]
+
+#: the column kinds, statsmodels' letters
+KINDS = "cuo"
+#: the code of a category unseen at fit (``handle_unknown="ignore"``): the column drops
+#: out of that row's kernel product, as for a missing value (module docstring)
+UNKNOWN_CODE = float("nan")
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def is_dataframe(X) -> bool:
+    return hasattr(X, "dtypes") and hasattr(X, "columns") and hasattr(X, "iloc")
+
+
+def as_table(X):
+    """X itself when it is a DataFrame, else a 2-D NumPy array (object dtype allowed)."""
+    if is_dataframe(X):
+        return X
+    if hasattr(X, "tocsr") or hasattr(X, "tocoo"):  # scipy.sparse, without importing it
+        raise TypeError(
+            "Sparse data was passed, but dense data is required; convert it with X.toarray()"
+        )
+    arr = np.asarray(X) if not hasattr(X, "to_numpy") else X.to_numpy()
+    if arr.ndim != 2:
+        raise ValueError(
+            f"Expected a 2D array, got an array of shape {arr.shape}: reshape your data "
+            "with array.reshape(-1, 1) for a single feature or array.reshape(1, -1) "
+            "for a single sample"
+        )
+    return arr
+
+
+def all_numeric(X) -> bool:
+    """Whether every column of X has a numeric (or bool) dtype; True for non-DataFrames."""
+    if not is_dataframe(X):
+        return True
+    from pandas.api.types import is_numeric_dtype
+
+    return all(is_numeric_dtype(dtype) for dtype in X.dtypes)
+
+
+def column_names(X) -> list[str]:
+    """How errors name the columns of X: ``'name'`` for a DataFrame, else the index."""
+    if is_dataframe(X):
+        return [repr(str(c)) for c in X.columns]
+    return [str(j) for j in range(as_table(X).shape[1])]
+
+
+def _column(table, j):
+    """Column j as a 1-D NumPy array (object dtype for text and pandas extension types)."""
+    if is_dataframe(table):
+        col = table.iloc[:, j]
+        dtype = col.dtype
+        if getattr(dtype, "kind", "O") in "biuf" and isinstance(dtype, np.dtype):
+            return col.to_numpy()
+        return col.to_numpy(dtype=object)
+    return table[:, j]
+
+
+def _is_missing(value) -> bool:
+    """None, pandas.NA/NaT (without importing pandas) or a float NaN."""
+    return (
+        value is None
+        or type(value).__name__ in ("NAType", "NaTType")
+        or (isinstance(value, numbers.Real) and value != value)
+    )
+
+
+def _missing_mask(values: np.ndarray) -> np.ndarray:
+    if values.dtype.kind == "f":
+        return np.isnan(values)
+    if values.dtype.kind == "O":
+        return np.frompyfunc(_is_missing, 1, 1)(values).astype(bool)
+    return np.zeros(values.shape, dtype=bool)
+
+
+def _plain(value):
+    """A category as a plain Python value (str, int, float, bool), what JSON can hold."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, (bool, int, float, str)):
+        return value
+    raise ValueError(
+        f"category {value!r} of type {type(value).__name__} is not a string, number or bool"
+    )
+
+
+def _sorted_categories(values) -> list:
+    values = list(values)
+    try:
+        return sorted(values)
+    except TypeError:  # mixed types: group by type name, then by value's text
+        return sorted(values, key=lambda v: (type(v).__name__, str(v)))
+
+
+# ----------------------------------------------------------------------------- kinds
+
+
+def check_var_type(var_type, n_features: int) -> str:
+    """A ``var_type`` string of ``n_features`` letters from "cuo", or a ValueError."""
+    if not isinstance(var_type, str):
+        raise ValueError(f"var_type must be a string of letters c, u, o; got {var_type!r}")
+    bad = sorted(set(var_type) - set(KINDS))
+    if bad:
+        raise ValueError(
+            f"var_type={var_type!r} holds {bad[0]!r}: use 'c' (continuous), "
+            "'u' (unordered categorical) or 'o' (ordered categorical)"
+        )
+    if len(var_type) != n_features:
+        raise ValueError(
+            f"var_type={var_type!r} has {len(var_type)} letters but X has {n_features} columns"
+        )
+    return var_type
+
+
+def infer_var_type(X) -> str:
+    """The kind of each column of X from its dtype (all "c" for a NumPy array)."""
+    table = as_table(X)
+    if not is_dataframe(table):
+        return "c" * table.shape[1]
+    from pandas.api.types import (
+        is_bool_dtype,
+        is_numeric_dtype,
+    )
+
+    kinds = []
+    for dtype in table.dtypes:
+        if getattr(dtype, "name", "") == "category":
+            kinds.append("o" if dtype.ordered else "u")
+        elif is_bool_dtype(dtype):
+            kinds.append("u")
+        elif is_numeric_dtype(dtype):
+            kinds.append("c")
+        else:  # object, string: text
+            kinds.append("u")
+    return "".join(kinds)
+
+
+def resolve_var_type(X, var_type=None) -> str:
+    """``var_type`` checked against X's columns, or the kinds inferred from X's dtypes."""
+    if var_type is None:
+        return infer_var_type(X)
+    return check_var_type(var_type, as_table(X).shape[1])
+
+
+def n_categories(categories) -> list[int]:
+    """Categories per column (0 for a continuous column) from ``fit_categories``' list."""
+    return [0 if c is None else len(c) for c in categories]
+
+
+# ----------------------------------------------------------------------------- codes
+
+
+def fit_categories(X, var_type: str) -> list:
+    """The categories of each categorical column (None for continuous ones).
+
+    A pandas ``category`` column keeps its dtype's categories in their order
+    (including levels absent from the data); any other categorical column gets
+    its sorted distinct non-missing values. Raises ValueError naming a
+    categorical column that holds no value at all (every value missing).
+    """
+    table = as_table(X)
+    names = column_names(table)
+    out = []
+    for j, kind in enumerate(var_type):
+        if kind == "c":
+            out.append(None)
+            continue
+        dtype = table.dtypes.iloc[j] if is_dataframe(table) else None
+        if dtype is not None and getattr(dtype, "name", "") == "category":
+            cats = [_plain(v) for v in dtype.categories]
+        else:
+            values = _column(table, j)
+            kept = values[~_missing_mask(values)]
+            try:
+                cats = _sorted_categories({_plain(v) for v in kept})
+            except ValueError as exc:
+                raise ValueError(f"X column {names[j]}: {exc}") from exc
+        if not cats:
+            raise ValueError(f"X column {names[j]} is categorical but holds no value")
+        out.append(cats)
+    return out
+
+
+def encode_columns(
+    X, var_type: str, categories: list, *, missing: str = "error", handle_unknown: str = "error"
+) -> np.ndarray:
+    """X as the engine's float64 array (n, d): numbers, category codes, NaN where missing.
+
+    Parameters
+    ----------
+    X : DataFrame or array-like (n, d)
+    var_type : str of "cuo", one letter per column
+    categories : list from :func:`fit_categories`
+    missing : "error" or "marginalize"
+        "error": a missing value is a ValueError naming the column and row;
+        "marginalize": it becomes NaN (the engine leaves that column out of
+        that row's kernel product).
+    handle_unknown : "error" or "ignore"
+        What a category absent from ``categories`` does: a ValueError naming
+        the column and the value, or the code :data:`UNKNOWN_CODE`.
+
+    Returns
+    -------
+    ndarray (n, d) float64, a new array (X is never modified).
+    """
+    table = as_table(X)
+    names = column_names(table)
+    n, d = table.shape
+    out = np.empty((n, d), dtype=np.float64)
+    for j, kind in enumerate(var_type):
+        values = _column(table, j)
+        gone = _missing_mask(values)
+        if gone.any() and missing != "marginalize":
+            row = int(np.argmax(gone))
+            raise ValueError(
+                f"X column {names[j]} has a missing value ({values[row]!r}) at row {row}; "
+                "fill it, drop the row, or pass missing='marginalize'"
+            )
+        if kind == "c":
+            out[:, j] = _numbers(values, gone, names[j])
+        else:
+            out[:, j] = _codes(values, gone, categories[j], names[j], handle_unknown)
+    return out
+
+
+def _numbers(values, gone, name) -> np.ndarray:
+    if values.dtype.kind in "biuf":
+        col = values.astype(np.float64)
+        col[gone] = np.nan
+        return col
+    col = np.full(values.shape, np.nan)
+    for i, v in enumerate(values):
+        if gone[i]:
+            continue
+        if isinstance(v, (str, bytes)) or not isinstance(v, numbers.Real):
+            raise ValueError(
+                f"X column {name} holds text or objects ({v!r} at row {i}) but is continuous; "
+                "declare it categorical in var_type ('u' or 'o') or convert it to numbers"
+            )
+        col[i] = float(v)
+    return col
+
+
+def _codes(values, gone, cats, name, handle_unknown) -> np.ndarray:
+    lookup = {(type(c) is bool, c): k for k, c in enumerate(cats)}
+    col = np.full(values.shape, np.nan)
+    for i, v in enumerate(values):
+        if gone[i]:
+            continue
+        try:
+            p = _plain(v)
+        except ValueError:
+            p = v
+        try:
+            code = lookup.get((type(p) is bool, p))
+        except TypeError:  # unhashable
+            code = None
+        if code is None:
+            if handle_unknown != "ignore":
+                raise ValueError(
+                    f"X column {name} holds the category {v!r} (row {i}) that was not seen "
+                    f"at fit (known: {_preview(cats)}); pass handle_unknown='ignore' to give "
+                    "it the mismatch weight"
+                )
+            code = UNKNOWN_CODE
+        col[i] = code
+    return col
+
+
+def _preview(cats, k: int = 8) -> str:
+    shown = ", ".join(repr(c) for c in cats[:k])
+    return shown + (f", ... ({len(cats)} in all)" if len(cats) > k else "")

@@ -1,0 +1,49 @@
+"""Host-side numeric helpers shared by the functional layers, Dask and the CUDA host wrappers."""
+
+from __future__ import annotations
+
+import numpy as np
+
+#: log2(e): the flash kernels work in base 2 (scores pre-multiplied by it once per tile).
+LOG2E = 1.4426950408889634
+
+
+def power_of_two_scale(magnitude):
+    """Per entry, 2**(e - 1) for ``magnitude = m 2**e`` (1/2 <= m < 1); 1 where it is 0.
+
+    ``magnitude / 2 < scale <= magnitude``, and dividing by a power of two is
+    exact: the one scaling by which spreads and sums of squares of data near
+    1e160 or 1e-170 neither overflow nor underflow (NumPy, host side; used by
+    the width rules, the CUDA host wrappers and Dask).
+    """
+    magnitude = np.asarray(magnitude, dtype=np.float64)
+    return np.where(magnitude > 0, np.ldexp(1.0, np.frexp(magnitude)[1] - 1), 1.0)
+
+
+#: Resolution of the dropout probability: ``threshold = round(p * 2**24)``.
+DROPOUT_BITS = 24
+
+
+def dropout_threshold(dropout_p):
+    """``uint64(round(dropout_p * 2**24))``: keep a weight iff its 24 random bits are >= this."""
+    return np.uint64(round(float(dropout_p) * 2.0**DROPOUT_BITS))
+
+
+def dropout_seed(random_state):
+    """The uint64 dropout seed of ``random_state``.
+
+    int -> ``random_state mod 2**64``; None -> fresh entropy from NumPy;
+    ``numpy.random.Generator`` -> one draw of 64 bits. Anything else is a
+    ValueError naming ``random_state``.
+    """
+    if random_state is None:
+        random_state = np.random.default_rng()
+    if isinstance(random_state, np.random.Generator):
+        return np.uint64(random_state.integers(0, 2**64, dtype=np.uint64))
+    if isinstance(random_state, (bool, np.bool_)) or not isinstance(
+        random_state, (int, np.integer)
+    ):
+        raise ValueError(
+            f"random_state must be None, an int or a numpy.random.Generator, got {random_state!r}"
+        )
+    return np.uint64(int(random_state) % 2**64)

@@ -1,0 +1,306 @@
+"""Models over files: load a labelled table, predict or score a file in chunks, and
+cross-validate: the work behind ``nbattn fit / predict / evaluate / cv``.
+
+Files are read through :mod:`nbattn.app.io` (errors name the row and the column)
+and written through :func:`nbattn._core.atomic.atomic_output`, so a failed or
+interrupted run leaves no partial output. Memory is bounded by the chunk size,
+not by the file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+from .._core.atomic import atomic_output, check_not_input
+from .._core.progress import Progress
+from . import io
+from .metrics import Metrics, score_chunk
+
+__all__ = [
+    "cross_validate",
+    "evaluate_file",
+    "feature_columns",
+    "first_rows",
+    "load_xy",
+    "model_kinds",
+    "predict_columns",
+    "predict_file",
+    "read_model",
+]
+
+
+def feature_columns(path, target, features=None) -> list:
+    """The feature columns of a labelled file: ``features`` (checked), or every column
+    but the target; a missing column is an error that lists the file's columns."""
+    columns = io.read_columns(path)
+    io.check_columns(path, columns, [target], "target column")
+    if features:
+        io.check_columns(path, columns, features, "feature column")
+        features = list(features)
+    else:
+        features = [c for c in columns if c != target]
+    if target in features:
+        raise ValueError(f"the target column {target!r} is also a feature")
+    if not features:
+        raise ValueError(f"{path}: no feature columns besides the target {target!r}")
+    return features
+
+
+def _check_columns(path, features, **others) -> None:
+    """Every feature column, and each of ``others`` (what -> column or None), is in the file."""
+    columns = io.read_columns(path)
+    for what, column in others.items():
+        if column is not None:
+            io.check_columns(path, columns, [column], f"{what.replace('_', ' ')} column")
+    io.check_columns(path, columns, features, "feature column")
+
+
+def read_model(path, target=None):
+    """(model, feature names, target column) of a model file; the target is ``target``
+    when given, else the one saved by ``nbattn fit`` (None if neither)."""
+    model, meta = io.read_model_file(path)
+    names = meta.get("feature_names")
+    if not names:
+        raise ValueError(f"{path}: the model has no feature names (fit it on a table)")
+    return model, list(names), target or meta.get("user", {}).get("target")
+
+
+def _labels(frame, target, fmt, classes=None):
+    values = frame[target].to_numpy()
+    return io.labels_from_text(values, classes) if fmt == "csv" else values
+
+
+def load_xy(path, features, target, *, classifier, on_nan="error", quiet=True, var_type=None):
+    """The whole file: features, target, the number of rows dropped and the column kinds.
+
+    Feature columns holding text are categorical ("u"); ``var_type`` (one
+    letter of "cuo" per feature) overrides. Categorical columns are read as
+    text (so "7" is the category "7" whatever the chunking) and returned as
+    text, continuous ones as float64 (:func:`nbattn.app.io.feature_block`). A
+    classifier's labels are typed by :func:`nbattn.app.io.labels_from_text`
+    (integers when every label is one, else text), whatever the chunking.
+    ``on_nan``: "error", "drop" or "marginalize" (missing features kept; a
+    missing target is still an error or dropped).
+
+    Returns
+    -------
+    X : DataFrame, y : ndarray, dropped : int, kinds : str
+    """
+    _check_columns(path, features, target=target)
+    fmt = io.input_format(path)
+    columns = list(dict.fromkeys([*features, target]))
+    labels = [target] if classifier else []
+    frame = io.read_table(path, columns, quiet=quiet, text_columns=labels)
+    kinds = io.text_kinds(frame, features, var_type)
+    categorical = [f for f, k in zip(features, kinds) if k != "c"]
+    if categorical and io.input_format(path) == "csv":
+        frame = io.read_table(path, columns, quiet=True, text_columns=[*labels, *categorical])
+    where = {"source": path, "fmt": fmt}
+    X, keep = io.feature_block(frame, features, kinds, **where, on_nan=on_nan)
+    target_nan = "drop" if on_nan == "drop" else "error"
+    if classifier:
+        keep &= io.check_labels(frame, target, **where, on_nan=target_nan)
+    else:
+        y, keep_y = io.numeric_block(frame, [target], **where, on_nan=target_nan)
+        keep &= keep_y
+    if not keep.all():
+        frame, X = frame[keep], X[keep]
+        if len(X) == 0:
+            raise ValueError(f"{path}: no rows left after dropping rows with missing values")
+    y = _labels(frame, target, fmt) if classifier else y[keep, 0]
+    return X.reset_index(drop=True), y, int((~keep).sum()), kinds
+
+
+def model_kinds(model, features) -> str:
+    """The column kinds a fitted model reads its features with (all "c" for old models)."""
+    kinds = getattr(model, "var_type_", None)
+    return kinds if isinstance(kinds, str) else "c" * len(features)
+
+
+def _text_columns(features, kinds) -> list:
+    return [f for f, k in zip(features, kinds) if k != "c"]
+
+
+def first_rows(path, features, n, *, on_nan="error", kinds=None):
+    """The ``features`` of the first ``n`` rows of a file (a DataFrame as
+    :func:`nbattn.app.io.feature_block` makes it: ``kinds`` per feature, all "c" by
+    default); with ``on_nan="drop"`` rows with a missing value are left out."""
+    kinds = "c" * len(features) if kinds is None else kinds
+    _check_columns(path, features)
+    chunks, _, _ = io.iter_chunks(path, features, n, text_columns=_text_columns(features, kinds))
+    frame = next(chunks, (None,))[0]
+    if frame is None or len(frame) == 0:
+        raise ValueError(f"{path}: no data rows (only a header)")
+    fmt = io.input_format(path)
+    X, keep = io.feature_block(frame, features, kinds, source=path, fmt=fmt, on_nan=on_nan)
+    return X[keep].reset_index(drop=True)
+
+
+def predict_columns(model, X, std=False, proba=False) -> dict:
+    """The output columns for one chunk:
+    ``prediction``, [``std``], [``proba_<class>`` for each class]."""
+    out = {}
+    if std:
+        out["prediction"], out["std"] = model.predict(X, return_std=True)
+    else:
+        out["prediction"] = model.predict(X)
+    if proba:
+        probabilities = model.predict_proba(X)
+        for k, label in enumerate(model.classes_):
+            out[f"proba_{label}"] = probabilities[:, k]
+    return out
+
+
+def predict_file(
+    model,
+    features,
+    data,
+    output,
+    *,
+    chunksize=100_000,
+    std=False,
+    proba=False,
+    id_column=None,
+    on_nan="error",
+    scheduler=None,
+    quiet=True,
+):
+    """Predict every row of ``data`` into ``output`` (CSV or Parquet) chunk by chunk.
+
+    The columns are ``[id_column], prediction, [std], [proba_<class>...]``; with
+    ``scheduler`` (a ``dask.distributed`` address) the chunks are predicted on
+    that cluster and written in input order. Returns (rows written, rows dropped).
+    """
+    import pandas as pd
+
+    _check_columns(data, features, id=id_column)
+    check_not_input([data], output)
+    out_fmt = io.output_format(output)
+    in_fmt = io.input_format(data)
+    wanted = list(dict.fromkeys([*features, *([id_column] if id_column else [])]))
+    kinds = model_kinds(model, features)
+    chunks, total, unit = io.iter_chunks(
+        data, wanted, chunksize, text_columns=_text_columns(features, kinds)
+    )
+    n_in = dropped = 0
+    with (
+        atomic_output(output) as tmp,
+        io.TableWriter(tmp, out_fmt) as writer,
+        Progress(total, "predict", unit=unit, quiet=quiet) as bar,
+        contextlib.ExitStack() as stack,
+    ):
+
+        def write(columns, ids):
+            writer.write(pd.DataFrame({**({} if ids is None else {id_column: ids}), **columns}))
+
+        runner = None
+        if scheduler:
+            from .dask import ClusterChunkRunner
+
+            runner = stack.enter_context(
+                ClusterChunkRunner(scheduler, model, write, predict_columns, std, proba)
+            )
+        for frame, first_row, position in chunks:
+            where = {"first_row": first_row, "source": data, "fmt": in_fmt}
+            X, keep = io.feature_block(frame, features, kinds, **where, on_nan=on_nan)
+            n_in += len(frame)
+            if not keep.all():
+                dropped += int((~keep).sum())
+                frame, X = frame[keep], X[keep]
+            bar.update(position=position)
+            if len(X) == 0:
+                continue
+            ids = frame[id_column].to_numpy() if id_column else None
+            X = X.reset_index(drop=True)
+            if runner is not None:
+                runner.submit(X, ids)
+            else:
+                write(predict_columns(model, X, std, proba), ids)
+        if runner is not None:
+            runner.finish()
+        if n_in == 0:
+            raise ValueError(f"{data}: no data rows (only a header)")
+        if writer.rows == 0:
+            raise ValueError(f"{data}: no rows left after dropping rows with missing values")
+    return writer.rows, dropped
+
+
+def evaluate_file(model, features, target, data, *, chunksize=100_000, on_nan="error", quiet=True):
+    """Metrics of ``model`` on the labelled file ``data``, read in chunks (a dict, see
+    :meth:`nbattn.app.metrics.Metrics.result`). A label the model has not seen is an
+    error naming its row."""
+    from sklearn.base import is_classifier
+
+    _check_columns(data, features, target=target)
+    classifier = bool(is_classifier(model))
+    metrics = Metrics(classifier, getattr(model, "classes_", None))
+    fmt = io.input_format(data)
+    kinds = model_kinds(model, features)
+    chunks, total, unit = io.iter_chunks(
+        data,
+        list(dict.fromkeys([*features, target])),
+        chunksize,
+        text_columns=[*([target] if classifier else []), *_text_columns(features, kinds)],
+    )
+    n_in = 0
+    with Progress(total, "evaluate", unit=unit, quiet=quiet) as bar:
+        for frame, first_row, position in chunks:
+            kw = {"first_row": first_row, "source": data, "fmt": fmt}
+            X, keep = io.feature_block(frame, features, kinds, **kw, on_nan=on_nan)
+            kw["on_nan"] = "drop" if on_nan == "drop" else "error"
+            if classifier:
+                keep &= io.check_labels(frame, target, **kw)
+            else:
+                y, keep_y = io.numeric_block(frame, [target], **kw)
+                keep &= keep_y
+            n_in += len(frame)
+            rows = np.flatnonzero(keep)
+            if classifier:
+                y = _labels(frame.iloc[rows], target, fmt, metrics.classes)
+            else:
+                y = y[rows, 0]
+            bar.update(position=position)
+            if len(y):
+
+                def where(i, first_row=first_row, rows=rows):
+                    return io.row_location(data, fmt, first_row + int(rows[i]))
+
+                score_chunk(model, X.iloc[rows].reset_index(drop=True), y, metrics, where)
+    if n_in == 0:
+        raise ValueError(f"{data}: no data rows (only a header)")
+    if metrics.n == 0:
+        raise ValueError(f"{data}: no rows left after dropping rows with missing values")
+    return metrics.result()
+
+
+def cross_validate(estimators, X, y, *, folds=5, seed=0, quiet=True):
+    """K-fold metrics of each estimator on the same folds (stratified for classifiers).
+
+    Returns one DataFrame per estimator: a row per fold (index ``fold``
+    from 1), a column per metric.
+    """
+    import pandas as pd
+    from sklearn.base import clone, is_classifier
+    from sklearn.model_selection import KFold, StratifiedKFold
+
+    if folds < 2 or folds > len(y):
+        raise ValueError(f"--folds must be between 2 and the number of rows ({len(y)})")
+    classifier = bool(is_classifier(estimators[0]))
+    splitter = (StratifiedKFold if classifier else KFold)(
+        n_splits=folds, shuffle=True, random_state=seed
+    )
+    splits = list(splitter.split(X, y))
+    tables = []
+    with Progress(len(splits) * len(estimators), "cv", unit="fits", quiet=quiet) as bar:
+        for estimator in estimators:
+            rows = []
+            for train, test in splits:
+                model = clone(estimator).fit(X.iloc[train], y[train])
+                metrics = Metrics(classifier, getattr(model, "classes_", None))
+                score_chunk(model, X.iloc[test], y[test], metrics)
+                rows.append(metrics.result())
+                bar.update(1)
+            tables.append(pd.DataFrame(rows, index=pd.RangeIndex(1, len(rows) + 1, name="fold")))
+    return tables

@@ -1,0 +1,520 @@
+"""The ``nbattn`` command: fit, predict, evaluate, cv, plot, demo, info.
+
+Parsing and thin commands only: files are read, predicted and scored by
+:mod:`nbattn.app.batch` (on :mod:`nbattn.app.io` and :mod:`nbattn.app.metrics`), figures
+drawn by :mod:`nbattn.plotting`, cluster runs done by :mod:`nbattn.dask`.
+``predict`` reads its model with :mod:`nbattn.persistence.predictor`, which predicts what
+the estimator predicts without importing scikit-learn, so that a fresh process
+starts quickly; the other commands load the estimator.
+
+Exit codes: 0 ok; 1 error, reported as one line ``nbattn: error: ...`` on
+stderr whatever went wrong; 2 usage error (argparse); 128 + the signal's
+number when interrupted (SIGINT 130, SIGHUP 129, SIGTERM 143), reported as
+``nbattn: interrupted``. Outputs are written to a temporary file beside
+them and renamed when complete, so a failed or interrupted run leaves an
+older output untouched and no partial file; inputs are only read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+
+from .._core.progress import Progress, running
+from . import batch, io
+from .metrics import fold_summary, grid_table, json_ready
+from .process import run_command
+
+#: ``--model`` name -> estimator class name in ``nbattn.estimators.estimators``
+MODELS = {
+    "nw": "NadarayaWatsonRegressor",
+    "lp": "LocalPolynomialRegressor",
+    "learned": "LearnedKernelRegressor",
+    "classifier": "NadarayaWatsonClassifier",
+}
+_BANDWIDTH_NAMES = ("scott", "silverman", "loo")
+_SEED_LIMIT = 2**32  # the seeds numpy's and scikit-learn's splitters accept
+
+
+# ----------------------------------------------------------------------------- argument types
+
+
+def _width(text: str):
+    t = text.strip().lower()
+    if t in _BANDWIDTH_NAMES:
+        return t
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected scott, silverman, loo or a number, got {io.shorten(text)}"
+        ) from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"widths must be positive and finite, got {text!r}")
+    return value
+
+
+def _bandwidth_arg(text: str):
+    """One bandwidth: a rule name, one width for every feature, or one width per feature."""
+    parts = text.split(",")
+    if len(parts) == 1:
+        return _width(text)
+    values = [_width(p) for p in parts]
+    if any(isinstance(v, str) for v in values):
+        raise argparse.ArgumentTypeError(f"per-feature widths must be numbers, got {text!r}")
+    return values
+
+
+def _grid_arg(text: str) -> list:
+    """Several bandwidths to compare, each a rule name or one width for every feature."""
+    return [_width(p) for p in text.split(",")]
+
+
+def _int_arg(low, high=None):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low or (high is not None and value >= high):
+            upper = "" if high is None else f" and below {high}"
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}{upper}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _var_type_arg(text: str) -> str:
+    t = text.strip().lower()
+    if not t or set(t) - set("cuo"):
+        raise argparse.ArgumentTypeError(f"expected letters c, u and o, got {text!r}")
+    return t
+
+
+def _column_list(text: str) -> list[str]:
+    cols = [c.strip() for c in text.split(",") if c.strip()]
+    if not cols:
+        raise argparse.ArgumentTypeError("expected column names separated by commas")
+    return cols
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def make_estimator(model="nw", *, verbose=False, **options):
+    """The estimator that ``nbattn fit`` builds: ``options`` are bandwidth, metric,
+    max_iter, kernel, degree, var_type and missing (None: the estimator's default),
+    refused where they do not apply."""
+    from ..estimators import estimators
+
+    cls = getattr(estimators, MODELS[model])
+    params = cls().get_params(deep=False)
+    if verbose:
+        options["verbose"] = 1
+    kwargs = {k: v for k, v in options.items() if v is not None}
+    for name in kwargs:
+        if name not in params:
+            option = "--" + name.replace("_", "-")
+            raise ValueError(f"{option} does not apply to --model {model} ({cls.__name__})")
+    return cls(**kwargs)
+
+
+def _is_classifier(model) -> bool:
+    from sklearn.base import is_classifier
+
+    return bool(is_classifier(model))
+
+
+def _need_target(target, path):
+    if not target:
+        raise ValueError(f"{path}: the model does not name its target; pass --target")
+    return target
+
+
+def _print_metrics(metrics: dict, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({k: json_ready(v) for k, v in metrics.items()}))
+        return
+    for key, value in metrics.items():
+        shown = f"{value:.6g}" if isinstance(value, float) else str(value)
+        print(f"{key:<10}{shown}")
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def _load_for(estimator, args, features, target):
+    """(estimator with the data's column kinds, X, y, rows dropped) for fit and cv."""
+    X, y, dropped, kinds = batch.load_xy(
+        args.data,
+        features,
+        target,
+        classifier=_is_classifier(estimator),
+        on_nan=args.on_nan,
+        var_type=args.var_type,
+    )
+    if set(kinds) != {"c"} or args.var_type is not None:
+        estimator.set_params(var_type=kinds)
+    return estimator, X, y, dropped
+
+
+def _cmd_fit(args) -> int:
+    features = batch.feature_columns(args.data, args.target, args.features)
+    estimator = make_estimator(args.model, verbose=args.verbose, **_model_options(args))
+    io.check_not_input([args.data], args.output)
+    estimator, X, y, dropped = _load_for(estimator, args, features, args.target)
+    with running(f"fit {type(estimator).__name__}", quiet=args.quiet or args.verbose):
+        estimator.fit(X, y)
+    io.save(estimator, args.output, metadata={"target": args.target, "features": features})
+    if not args.quiet:
+        extra = f" (dropped {dropped} rows with missing values)" if dropped else ""
+        print(
+            f"fitted {type(estimator).__name__} on {len(y)} rows x {len(features)} features"
+            f"{extra} -> {args.output}"
+        )
+        if hasattr(estimator, "bandwidth_"):
+            kinds = batch.model_kinds(estimator, features)
+            widths = ", ".join(
+                f"{f}={h:.6g}" + ("" if k == "c" else " (lambda)")
+                for f, h, k in zip(features, estimator.bandwidth_, kinds)
+            )
+            print(f"bandwidth: {widths}")
+    return 0
+
+
+def _model_options(args, bandwidth=None) -> dict:
+    return {
+        "bandwidth": args.bandwidth if bandwidth is None else bandwidth,
+        "metric": args.metric,
+        "max_iter": args.max_iter,
+        "kernel": args.kernel,
+        "degree": args.degree,
+        "missing": "marginalize" if args.on_nan == "marginalize" else None,
+    }
+
+
+def _read_predictor(path):
+    """(predictor, feature names) of a model file, without scikit-learn (see
+    :mod:`nbattn.persistence.predictor`): ``nbattn predict`` starts in a fraction of the time."""
+    from ..persistence.predictor import read_predictor
+
+    model, meta = read_predictor(path)
+    names = meta.get("feature_names")
+    if not names:
+        raise ValueError(f"{path}: the model has no feature names (fit it on a table)")
+    return model, list(names)
+
+
+def _cmd_predict(args) -> int:
+    model, features = _read_predictor(args.model)
+    io.check_not_input([args.model], args.output)
+    classifier = model.is_classifier
+    if args.std and classifier:
+        raise ValueError("--std is for regressors; use --proba with a classifier")
+    if args.proba and not classifier:
+        raise ValueError("--proba is for classifiers")
+    rows, dropped = batch.predict_file(
+        model,
+        features,
+        args.data,
+        args.output,
+        **_pick(args, "chunksize", "std", "proba", "id_column", "on_nan", "scheduler", "quiet"),
+    )
+    if not args.quiet:
+        extra = f" (dropped {dropped} rows with missing values)" if dropped else ""
+        print(f"predicted {rows} rows{extra} -> {args.output}")
+    return 0
+
+
+def _pick(args, *names) -> dict:
+    return {name: getattr(args, name) for name in names}
+
+
+def _cmd_evaluate(args) -> int:
+    model, features, target = batch.read_model(args.model, args.target)
+    target = _need_target(target, args.model)
+    result = batch.evaluate_file(
+        model, features, target, args.data, **_pick(args, "chunksize", "on_nan", "quiet")
+    )
+    _print_metrics(result, args.json)
+    return 0
+
+
+def _cmd_cv(args) -> int:
+    import pandas as pd
+
+    if args.grid and args.bandwidth is not None:
+        raise ValueError("--grid compares bandwidths; it replaces --bandwidth")
+    features = batch.feature_columns(args.data, args.target, args.features)
+    candidates = args.grid or [args.bandwidth]
+    estimators = [make_estimator(args.model, **_model_options(args, b)) for b in candidates]
+    classifier = _is_classifier(estimators[0])
+    X = y = None
+    for estimator in estimators:
+        _, X, y, _ = _load_for(estimator, args, features, args.target)
+    tables = batch.cross_validate(estimators, X, y, **_pick(args, "folds", "seed", "quiet"))
+    name = type(estimators[0]).__name__
+    if args.grid:
+        _print_grid(name, args, candidates, tables, "log_loss" if classifier else "mse")
+    elif args.json:
+        print(json.dumps({"model": name, **fold_summary(tables[0])}))
+    else:
+        table = tables[0]
+        shown = pd.concat([table, table.mean().to_frame("mean").T, table.std().to_frame("std").T])
+        print(f"{args.folds}-fold cross-validation of {name}:")
+        print(shown.to_string(float_format=lambda v: f"{v:.6g}"))
+    return 0
+
+
+def _print_grid(name, args, candidates, tables, criterion) -> None:
+    table, best = grid_table(candidates, tables, criterion)
+    if args.json:
+        grid = [{"bandwidth": c, **fold_summary(t)} for c, t in zip(candidates, tables)]
+        print(json.dumps({"model": name, "criterion": criterion, "grid": grid, "best": best}))
+        return
+    print(f"{args.folds}-fold cross-validation of {name}, one row per bandwidth (fold means):")
+    print(table.to_string(float_format=lambda v: f"{v:.6g}"))
+    print(f"best by mean {criterion}: bandwidth {best}")
+
+
+def _plot_fit(args):
+    from . import plotting
+
+    model, features, target = batch.read_model(args.model, args.target)
+    target = _need_target(target, args.model)
+    if _is_classifier(model):
+        raise ValueError("plot fit draws regression curves; this model is a classifier")
+    X, y, _, _ = batch.load_xy(
+        args.data,
+        features,
+        target,
+        classifier=False,
+        on_nan=args.on_nan,
+        var_type=batch.model_kinds(model, features),
+    )
+    return plotting.fit_figure(model, X, y, target, label=os.path.basename(args.data))
+
+
+def _plot_heatmap(args):
+    from . import plotting
+
+    model, features, _ = batch.read_model(args.model)
+    if not hasattr(model, "attention_weights"):
+        raise ValueError(f"{type(model).__name__} has no attention weights to plot")
+    kinds = batch.model_kinds(model, features)
+    X = batch.first_rows(args.data, features, args.rows, on_nan=args.on_nan, kinds=kinds)
+    return plotting.attention_figure(model, X, os.path.basename(args.data))
+
+
+def _plot_loo(args):
+    from . import plotting
+
+    features = batch.feature_columns(args.data, args.target, args.features)
+    X, y, _, _ = batch.load_xy(
+        args.data,
+        features,
+        args.target,
+        classifier=False,
+        on_nan=args.on_nan,
+        var_type="c" * len(features),
+    )
+    with Progress(args.points, "loo", unit="widths", quiet=args.quiet) as bar:
+        return plotting.loo_figure(X.to_numpy(), y, args.points, progress=bar.update)
+
+
+def _plot_widths(args):
+    from . import plotting
+
+    model, features, _ = batch.read_model(args.model)
+    return plotting.widths_figure(model, features)
+
+
+_PLOTS = {"fit": _plot_fit, "heatmap": _plot_heatmap, "loo": _plot_loo, "widths": _plot_widths}
+
+
+def _cmd_plot(args) -> int:
+    from . import plotting
+
+    plotting.figure_format(args.output)
+    inputs = [p for p in (getattr(args, "model", None), getattr(args, "data", None)) if p]
+    io.check_not_input(inputs, args.output)
+    plotting.save_figure(_PLOTS[args.kind](args), args.output)
+    if not args.quiet:
+        print(f"wrote {args.output}")
+    return 0
+
+
+def _cmd_demo(args) -> int:
+    from .seed import run_seed
+
+    table = run_seed(outdir=args.outdir)
+    print("The attention-pooling walk-through, section 1.3:")
+    print("y = 2 sin x + x^0.8 + N(0, 0.5), 50 training points;")
+    print("metrics on the test grid against the true function:\n")
+    print(table.to_string(float_format=lambda v: f"{v:.4f}"))
+    print(f"\nfigures written to {args.outdir}/")
+    return 0
+
+
+def _cmd_info(args) -> int:
+    from .sysinfo import info_lines
+
+    for line in info_lines():
+        print(line)
+    return 0
+
+
+# ----------------------------------------------------------------------------- parser
+
+
+def _add_common(p, on_nan=True) -> None:
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
+    if on_nan:
+        p.add_argument(
+            "--on-nan",
+            choices=("error", "drop", "marginalize"),
+            default="error",
+            help="rows with a missing value: stop with an error (default), drop them, or "
+            "marginalize (the model leaves that column out of that row's kernel; fit with "
+            "it to predict with it)",
+        )
+
+
+def _add_model_options(p) -> None:
+    p.add_argument("--target", required=True, help="the column to predict")
+    p.add_argument("--features", type=_column_list, help="A,B,...: default all but the target")
+    p.add_argument("--model", choices=tuple(MODELS), default="nw", help="default: nw")
+    p.add_argument(
+        "--bandwidth",
+        type=_bandwidth_arg,
+        help="ONE bandwidth: scott, silverman, loo, H (every feature) or H1,H2,... (one per "
+        "feature, in order); default: the model's",
+    )
+    p.add_argument("--metric", choices=("scalar", "diagonal", "full"), help="--model learned")
+    p.add_argument("--max-iter", type=_int_arg(1), help="--model learned: optimiser iterations")
+    p.add_argument(
+        "--kernel",
+        choices=("gaussian", "epanechnikov", "tricube", "average"),
+        help="kernel of the continuous columns (default gaussian; average: --model nw)",
+    )
+    p.add_argument(
+        "--degree", type=_int_arg(0, 3), help="--model lp: local polynomial degree (default 1)"
+    )
+    p.add_argument(
+        "--var-type",
+        type=_var_type_arg,
+        help="one letter per feature: c continuous, u unordered, o ordered categorical "
+        "(default: columns holding text are u, the rest c)",
+    )
+
+
+def _with_data(p, model=True, data=True) -> None:
+    if model:
+        p.add_argument("model", metavar="MODEL")
+    if data:
+        p.add_argument("data", metavar="DATA")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="nbattn",
+        description="Attention pooling and kernel regression with numba.",
+        epilog="exit codes: 0 ok, 1 error, 2 usage error, 128+N interrupted by signal N",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    fit = sub.add_parser("fit", help="fit a model on a CSV/Parquet file and save it")
+    _with_data(fit, model=False)
+    _add_model_options(fit)
+    fit.add_argument("-o", "--output", required=True, metavar="MODEL", help="model file (.npz)")
+    fit.add_argument("-v", "--verbose", action="store_true", help="one line per fit iteration")
+    _add_common(fit)
+    fit.set_defaults(func=_cmd_fit)
+
+    pred = sub.add_parser("predict", help="predict a CSV/Parquet file in chunks")
+    _with_data(pred)
+    pred.add_argument("-o", "--output", required=True, metavar="OUT", help=".csv or .parquet")
+    pred.add_argument("--chunksize", type=_int_arg(1), default=100_000, help="default 100000")
+    pred.add_argument("--std", action="store_true", help="add the attention-weighted std")
+    pred.add_argument("--proba", action="store_true", help="classifiers: class probabilities")
+    pred.add_argument("--id-column", metavar="COL", help="copy this column to the output")
+    pred.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="run the predictions on a dask.distributed cluster (e.g. tcp://host:8786)",
+    )
+    _add_common(pred)
+    pred.set_defaults(func=_cmd_predict)
+
+    ev = sub.add_parser("evaluate", help="metrics of a model on a labelled file")
+    _with_data(ev)
+    ev.add_argument("--target", help="default: the target the model was fitted on")
+    ev.add_argument("--chunksize", type=_int_arg(1), default=100_000)
+    ev.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_common(ev)
+    ev.set_defaults(func=_cmd_evaluate)
+
+    cv = sub.add_parser("cv", help="K-fold cross-validated metrics; --grid compares bandwidths")
+    _with_data(cv, model=False)
+    _add_model_options(cv)
+    cv.add_argument(
+        "--grid",
+        type=_grid_arg,
+        metavar="B1,B2,...",
+        help="bandwidths to COMPARE, each scott, silverman, loo or H (one width for every "
+        "feature); one row of fold means per bandwidth",
+    )
+    cv.add_argument("--folds", type=_int_arg(2), default=5, help="default 5")
+    cv.add_argument(
+        "--seed", type=_int_arg(0, _SEED_LIMIT), default=0, help="shuffling seed (default 0)"
+    )
+    cv.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_common(cv)
+    cv.set_defaults(func=_cmd_cv)
+
+    plot = sub.add_parser("plot", help="figures: fit, heatmap, loo, widths (PNG or SVG)")
+    kinds = plot.add_subparsers(dest="kind", required=True, metavar="KIND")
+    p = kinds.add_parser("fit", help="the fitted curve over the data; one panel per feature")
+    _with_data(p)
+    p.add_argument("--target", help="default: the model's target")
+    p = kinds.add_parser("heatmap", help="attention weights of the first rows of DATA")
+    _with_data(p)
+    p.add_argument("--rows", type=_int_arg(1), default=40, help="queries shown (default 40)")
+    p = kinds.add_parser("loo", help="leave-one-out MSE against the bandwidth")
+    _with_data(p, model=False)
+    p.add_argument("--target", required=True)
+    p.add_argument("--features", type=_column_list)
+    p.add_argument("--points", type=_int_arg(2), default=30, help="widths tried (default 30)")
+    p = kinds.add_parser("widths", help="the model's kernel widths per feature")
+    _with_data(p, data=False)
+    for p in kinds.choices.values():
+        p.add_argument("-o", "--output", required=True, metavar="FIG", help=".png or .svg")
+        _add_common(p)
+        p.set_defaults(func=_cmd_plot)
+
+    demo = sub.add_parser("demo", help="fit the walk-through's data, print metrics, draw figures")
+    demo.add_argument("--outdir", default="figures", help="folder for the figures")
+    demo.set_defaults(func=_cmd_demo)
+    info = sub.add_parser("info", help="versions, threading, CUDA libraries found")
+    info.set_defaults(func=_cmd_info)
+    return parser
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main(argv=None) -> int:
+    """Run the command; returns the exit code (``sys.exit(main())``)."""
+    return run_command(lambda: _dispatch(argv))
+
+
+def _dispatch(argv) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,370 @@
+"""Dask integration: prediction on dask collections, and attention pooling over
+keys sharded across partitions (optional extra ``[dask]``).
+
+Everything here builds dask graphs from the functional layer; it runs
+unchanged on the local scheduler or on a ``dask.distributed`` cluster
+(``Client(address)``). Workers import nbattn and load its compiled kernels
+from numba's on-disk cache, so a worker does not recompile after the first
+process on its machine has compiled them.
+
+Training on sharded rows. The leave-one-out loss and its gradient are sums
+over query rows, each row against all keys:
+
+    L = 1/(n p) sum_r sum_{i in R_r} ||f_-i(x_i) - y_i||^2,   grad L = sum_r (...)
+
+``sharded_training`` runs every such sum of ``nbattn.smoothing.learning`` (the
+bandwidth search of ``bandwidth="loo"``, the L-BFGS-B fits of
+``LearnedKernelRegressor``) as one task per row range on the cluster and adds
+the partial sums, so the result equals the in-memory one up to the order of
+additions. ``fit(estimator, X, y)`` does this for dask collections.
+
+Sharded keys. Nadaraya-Watson over keys split into shards K_1, ..., K_m is
+exact: each shard returns, per query, its normalised output ``o_r`` and log
+normaliser ``lse_r = log sum_{j in K_r} exp(s_ij)``, and two partial states
+merge as
+
+    L = logaddexp(lse_a, lse_b),   o = exp(lse_a - L) o_a + exp(lse_b - L) o_b
+
+(a shard with no admissible key has lse = -inf and weight 0). The merge is
+associative, so the shards are combined in a tree.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import numpy as np
+
+from .. import config
+from .._core.numeric import power_of_two_scale
+from ..smoothing import learning, regression
+
+__all__ = [
+    "ClusterChunkRunner",
+    "fit",
+    "merge_partial",
+    "nadaraya_watson_sharded",
+    "predict",
+    "sharded_training",
+]
+
+
+def _require_dask():
+    try:
+        import dask  # noqa: F401
+    except ImportError as exc:  # pragma: no cover - exercised only without the extra
+        raise ImportError("nbattn.dask needs dask: pip install 'nbattn[dask]'") from exc
+
+
+def predict(estimator, data):
+    """``estimator.predict`` over a dask DataFrame or dask Array, partition by partition.
+
+    Parameters
+    ----------
+    estimator : fitted nbattn (or any scikit-learn) regressor or classifier
+    data : dask.dataframe.DataFrame or dask.array.Array of shape (n, n_features)
+        Array chunks must span all features (one chunk along axis 1).
+
+    Returns
+    -------
+    For a DataFrame: a dask Series (one output) or DataFrame (several), with
+    the input's index and divisions kept. For an Array: a dask Array chunked
+    like the rows of ``data``.
+    """
+    _require_dask()
+    import dask.array as da
+    import dask.dataframe as dd
+    import pandas as pd
+
+    n_outputs = getattr(estimator, "n_outputs_", 1)
+    single = n_outputs == 1 and not getattr(estimator, "outputs_2d_", False)
+    if isinstance(data, dd.DataFrame):
+
+        def predict_partition(part):
+            pred = estimator.predict(part)
+            if single:
+                return pd.Series(pred, index=part.index, name="prediction")
+            cols = [f"prediction_{c}" for c in range(pred.shape[1])]
+            return pd.DataFrame(pred, index=part.index, columns=cols)
+
+        if single:
+            meta = pd.Series([], dtype="float64", name="prediction")
+        else:
+            meta = pd.DataFrame(
+                {f"prediction_{c}": pd.Series([], dtype="float64") for c in range(n_outputs)}
+            )
+        return data.map_partitions(predict_partition, meta=meta)
+    if isinstance(data, da.Array):
+        if data.ndim != 2:
+            raise ValueError(f"data must be 2-D, got a dask array of shape {data.shape}")
+        if data.numblocks[1] != 1:
+            data = data.rechunk({1: -1})
+        if single:
+            return data.map_blocks(estimator.predict, drop_axis=1, dtype=np.float64)
+        return data.map_blocks(
+            estimator.predict, chunks=(data.chunks[0], (n_outputs,)), dtype=np.float64
+        )
+    raise ValueError(
+        f"data must be a dask DataFrame or dask Array, got {type(data).__name__}; "
+        "call estimator.predict for in-memory data"
+    )
+
+
+def merge_partial(a, b):
+    """Merge two partial pooling states ``(out, lse)`` over disjoint key sets (exact).
+
+    ``out`` (n_queries, n_outputs) normalised within its shard, ``lse``
+    (n_queries,) its log normaliser; -inf marks a shard with no admissible key.
+    The one log-sum-exp merge of the package,
+    :func:`nbattn.attn.attention.merge_attention_states`.
+    """
+    from ..attn.attention import merge_attention_states
+
+    return merge_attention_states(a[0], a[1], b[0], b[1])
+
+
+def _partial(queries, keys, values, bandwidth, dtype):
+    values = values if values.ndim == 2 else values[:, None]
+    out, lse = regression.nadaraya_watson(
+        queries, keys, values, bandwidth, dtype=dtype, return_lse=True
+    )
+    return np.asarray(out, dtype=np.float64), lse
+
+
+def _merged_block(queries, key_blocks, value_blocks, bandwidth, dtype):
+    import dask
+
+    states = [
+        dask.delayed(_partial, pure=True)(queries, k, v, bandwidth, dtype)
+        for k, v in zip(key_blocks, value_blocks)
+    ]
+    while len(states) > 1:
+        states = [
+            dask.delayed(merge_partial, pure=True)(states[i], states[i + 1])
+            if i + 1 < len(states)
+            else states[i]
+            for i in range(0, len(states), 2)
+        ]
+    return states[0]
+
+
+def _sharded_bandwidth(bandwidth, keys):
+    """Resolve a rule name over all shards (n and per-feature std from dask)."""
+    import dask.array as da
+
+    if not isinstance(bandwidth, str):
+        return bandwidth
+    n, d = keys.shape
+    if n < 2:
+        return regression.rule_bandwidth(np.zeros(d), n, bandwidth)
+    # divide by a power of two near each column's largest magnitude (exact), so
+    # the squares of data near 1e160 or 1e-170 neither overflow nor underflow
+    scale = power_of_two_scale(da.nanmax(abs(keys), axis=0).compute())
+    sigma = da.nanstd(keys / scale, axis=0, ddof=1).compute() * scale
+    return regression.rule_bandwidth(sigma, n, bandwidth)
+
+
+def nadaraya_watson_sharded(queries, keys, values, bandwidth="scott", *, dtype=None):
+    """Nadaraya-Watson with keys and values sharded across dask chunks; exact.
+
+    Parameters
+    ----------
+    queries : array-like or dask Array (n_queries, d)
+    keys : dask Array (n_keys, d), chunked along rows (one chunk along features)
+    values : dask Array (n_keys,) or (n_keys, n_outputs), chunked like ``keys``
+    bandwidth, dtype : as for :func:`nbattn.nadaraya_watson`; a rule name is
+        computed over all keys.
+
+    Returns
+    -------
+    dask Array (n_queries,) or (n_queries, n_outputs), chunked like the
+    queries' rows; equal to the in-memory result up to rounding of the merge.
+    """
+    _require_dask()
+    import dask.array as da
+
+    keys = da.asarray(keys)
+    values = da.asarray(values)
+    if keys.ndim == 1:
+        keys = keys[:, None]
+    if keys.shape[0] != values.shape[0]:
+        raise ValueError(f"values has {values.shape[0]} rows but keys has {keys.shape[0]}")
+    squeeze = values.ndim == 1
+    keys = keys.rechunk({1: -1})
+    values = values.rechunk({0: keys.chunks[0]} if values.ndim == 1 else {0: keys.chunks[0], 1: -1})
+    queries = da.asarray(queries)
+    if queries.ndim == 1:
+        queries = queries[:, None]
+    queries = queries.rechunk({1: -1})
+    if queries.shape[1] != keys.shape[1]:
+        raise ValueError(f"queries has {queries.shape[1]} features but keys has {keys.shape[1]}")
+    h = _sharded_bandwidth(bandwidth, keys)
+    key_blocks = keys.to_delayed().ravel().tolist()
+    value_blocks = values.to_delayed().ravel().tolist()
+    n_outputs = 1 if squeeze else values.shape[1]
+    pieces = []
+    for rows, q_block in zip(queries.chunks[0], queries.to_delayed().ravel().tolist()):
+        state = _merged_block(q_block, key_blocks, value_blocks, h, dtype)
+        out = state[0]
+        pieces.append(da.from_delayed(out, shape=(rows, n_outputs), dtype=np.float64))
+    result = da.concatenate(pieces, axis=0)
+    return result[:, 0] if squeeze else result
+
+
+def _add_partials(parts):
+    """Elementwise sum of task results: floats, arrays, or tuples of them."""
+    total = parts[0]
+    for part in parts[1:]:
+        if isinstance(total, tuple):
+            total = tuple(a + b for a, b in zip(total, part))
+        else:
+            total = total + part
+    return total
+
+
+@contextmanager
+def sharded_training(client=None, n_partitions=None):
+    """Run the leave-one-out sums of ``nbattn.smoothing.learning`` over row ranges on a cluster.
+
+    Inside the ``with`` block every LOO loss (and gradient) evaluation is split
+    into ``n_partitions`` row ranges (default: twice the number of workers);
+    each range is a task that scores its rows against all keys, and the
+    partial sums come back to be added. Arrays go to the workers with
+    ``client.scatter`` once per evaluation, under fresh keys (``hash=False``):
+    content-hashed keys would let the release of one evaluation's copy drop
+    the identical array that the next evaluation has just scattered.
+
+    Without a ``distributed`` client (none given and none running) the sums
+    run in this process on numba's threads, as they do outside the block:
+    dask's local threaded scheduler would only run the same kernels
+    concurrently from several threads, which numba's parallel kernels must
+    not be (and cannot use more cores than they already do).
+
+    Parameters
+    ----------
+    client : distributed.Client, optional (default: the current client, if any)
+    n_partitions : int, optional
+    """
+    _require_dask()
+    if client is None:
+        client = _current_client()
+    if n_partitions is None and client is not None:
+        n_partitions = 2 * max(1, len(client.scheduler_info()["workers"]))
+    if n_partitions is None:
+        n_partitions = 1
+    if int(n_partitions) < 1:
+        raise ValueError(f"n_partitions must be >= 1, got {n_partitions!r}")
+
+    def bounds_of(n_rows):
+        bounds = np.linspace(0, n_rows, min(int(n_partitions), n_rows) + 1).astype(np.int64)
+        return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+
+    def cluster_runner(task, n_rows, args):
+        remote = [
+            client.scatter(a, broadcast=True, hash=False) if isinstance(a, np.ndarray) else a
+            for a in args
+        ]
+        futures = [client.submit(task, a, b, *remote, pure=False) for a, b in bounds_of(n_rows)]
+        return _add_partials(client.gather(futures))
+
+    if client is None:  # no cluster: the sums run here, on numba's threads
+        yield None
+        return
+    with learning.row_runner(cluster_runner):
+        yield client
+
+
+def fit(estimator, X, y, client=None, n_partitions=None):
+    """Fit an nbattn estimator on dask collections, its LOO sums run on the cluster.
+
+    The training rows are gathered once (every row is a key of every other,
+    so each task needs all of them); the n^2 work of the leave-one-out loss
+    and gradient is split over query-row ranges, one task each (default: the
+    number of partitions of ``X``). Estimators whose fit has no LOO sums
+    (fixed or rule-of-thumb bandwidths) just fit on the gathered data.
+
+    ``client``: a ``distributed.Client`` (default: the running one). Without
+    any, ``X`` and ``y`` are computed with dask's local scheduler and the fit
+    runs in this process, its LOO sums on numba's threads.
+
+    Returns the fitted estimator.
+    """
+    _require_dask()
+    import dask
+
+    if n_partitions is None:
+        n_partitions = getattr(X, "npartitions", None)
+        if n_partitions is None and hasattr(X, "numblocks"):
+            n_partitions = X.numblocks[0]
+    X_local, y_local = dask.compute(X, y)
+    with sharded_training(client, n_partitions):
+        return estimator.fit(X_local, y_local)
+
+
+def _current_client():
+    """The running ``distributed`` client, or None (no distributed, or no client)."""
+    try:
+        from distributed import default_client
+    except ImportError:
+        return None
+    try:
+        return default_client()
+    except ValueError:  # "No clients found"
+        return None
+
+
+# ----------------------------------------------------------------------------- batch prediction
+
+
+class ClusterChunkRunner:
+    """Run ``function(model, X, *args)`` on chunks on a ``dask.distributed`` cluster,
+    results handed back in order.
+
+    The model is sent to every worker once; at most ``2 x workers`` chunks are
+    in flight, and ``write(result, ids)`` receives the results in input
+    order, so memory stays bounded and the output equals a local run
+    (``nbattn predict --scheduler`` passes :func:`nbattn.app.batch.predict_columns`).
+
+    ``with ClusterChunkRunner(address, model, write, function, *args) as run:
+    run.submit(X, ids) ...; run.finish()``
+    """
+
+    def __init__(self, address, model, write, function, *args):
+        self.address, self.model, self.write = address, model, write
+        self.function, self.args = function, args
+        self.client = None
+        self.pending = []
+
+    def __enter__(self):
+        try:
+            from distributed import Client
+        except ImportError as exc:
+            raise ValueError("--scheduler needs dask: pip install 'nbattn[dask]'") from exc
+        try:
+            self.client = Client(self.address, timeout=config.DASK_CONNECT_TIMEOUT)
+        except OSError as exc:
+            raise ValueError(f"cannot reach the dask scheduler {self.address}: {exc}") from exc
+        self.remote_model = self.client.scatter(self.model, broadcast=True, hash=False)
+        self.window = 2 * max(1, len(self.client.scheduler_info()["workers"]))
+        return self
+
+    def __exit__(self, *exc):
+        if self.client is not None:
+            for future, _ in self.pending:
+                future.cancel()
+            self.client.close()
+        return False
+
+    def submit(self, X, ids) -> None:
+        future = self.client.submit(self.function, self.remote_model, X, *self.args, pure=False)
+        self.pending.append((future, ids))
+        while len(self.pending) > self.window:
+            self._drain_one()
+
+    def _drain_one(self) -> None:
+        future, ids = self.pending.pop(0)
+        self.write(future.result(), ids)
+
+    def finish(self) -> None:
+        while self.pending:
+            self._drain_one()

@@ -1,0 +1,463 @@
+"""Decoding with a key/value cache: :func:`flash_decode` and :class:`KVCache`.
+
+Autoregressive generation attends each new token to every token before it.
+The keys and values of the past are kept in a preallocated cache, laid out
+as torch's ``scaled_dot_product_attention`` lays out keys, heads before the
+sequence:
+
+    k_cache (B, H_kv, S_max, E),   v_cache (B, H_kv, S_max, Ev)
+
+with ``cache_seqlens[b]`` valid positions in batch row b (rows may differ).
+A decoding step appends the new keys and values at each row's length and
+attends the new queries over the first ``cache_seqlens[b] + L_new`` keys,
+causal aligned at the bottom right (the last query is the last key), as
+FlashAttention's ``flash_attn_with_kvcache`` does. The keys are split across
+threads (split-KV, ``nbattn.kernels.decode``) and the chunk results merged
+with the one log-sum-exp merge (``nbattn.kernels.softmax.merge_states``), so
+one query over a long cache uses every core.
+
+:func:`flash_decode` is the functional form (it writes into the caches you
+pass and leaves ``cache_seqlens`` to you); :class:`KVCache` owns the arrays
+and the lengths, grows when full, and is what
+:meth:`nbattn.MultiHeadAttention.forward` takes as ``cache=``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import config
+from .._core.threads import serial_below
+from .._core.validation import (
+    as_float_array,
+    check_bool,
+    check_dtype,
+    check_positive_int,
+    check_scale,
+    resolve_dtype,
+)
+from ..dispatch.device import device_for, kernels_for
+from ..dispatch.transfer import multiprocessors, to_host
+from .flash_args import check_keywords
+from .lengths import as_lengths
+
+__all__ = ["KVCache", "flash_decode"]
+
+
+# --------------------------------------------------------------------------- checks
+def _check_cache(cache, name, dtype):
+    """A cache must be a writable, C-contiguous 4-D NumPy array of the computation dtype."""
+    if not isinstance(cache, np.ndarray):
+        raise ValueError(
+            f"{name} must be a NumPy array (it is written in place), got {type(cache).__name__}"
+        )
+    if cache.ndim != 4:
+        raise ValueError(f"{name} must be 4-D (B, H_kv, S_max, E), got shape {cache.shape}")
+    if cache.dtype != np.dtype(dtype):
+        raise ValueError(
+            f"{name} has dtype {cache.dtype}, but q (with k_new, v_new) computes in "
+            f"{np.dtype(dtype).name}; give them one dtype"
+        )
+    if not cache.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous")
+    if not cache.flags.writeable:
+        raise ValueError(f"{name} must be writable (new keys and values are appended in place)")
+    return cache
+
+
+def _check_new(k_new, v_new, dtype, shape_k, shape_v):
+    """k_new (B, H_kv, n, E) and v_new (B, H_kv, n, Ev), both or neither; returns them and n."""
+    if (k_new is None) != (v_new is None):
+        raise ValueError("give both k_new and v_new, or neither")
+    if k_new is None:
+        return None, None, 0
+    k_new = as_float_array(k_new, "k_new", ndim=(4,), dtype=dtype, allow_bool=False)
+    v_new = as_float_array(v_new, "v_new", ndim=(4,), dtype=dtype, allow_bool=False)
+    n_new = k_new.shape[2]
+    for name, arr, want in (("k_new", k_new, shape_k), ("v_new", v_new, shape_v)):
+        expected = (want[0], want[1], n_new, want[3])
+        if arr.shape != expected:
+            raise ValueError(
+                f"{name} must have shape (B, H_kv, n_new, E) = {expected}, got {arr.shape}"
+            )
+    return k_new, v_new, n_new
+
+
+def _check_heads(n_heads, n_kv_heads, enable_gqa):
+    if enable_gqa:
+        if n_heads % n_kv_heads:
+            raise ValueError(
+                f"enable_gqa: the kv heads ({n_kv_heads}) must divide the query heads ({n_heads})"
+            )
+        return n_heads // n_kv_heads
+    if n_heads != n_kv_heads:
+        raise ValueError(
+            f"q has {n_heads} heads but the caches have {n_kv_heads}; pass enable_gqa=True for "
+            "grouped-query attention"
+        )
+    return 1
+
+
+def _window_sides(window):
+    """The kernel's (left, right) from a checked window; -1 = unbounded."""
+    if window is None:
+        return -1, -1
+    return tuple(-1 if side is None else side for side in window)
+
+
+# --------------------------------------------------------------------------- the split
+def _key_ranges(totals, n_q, causal, left, right):
+    """Per batch row, the keys [start, end) that some query admits (bottom-right positions)."""
+    first = totals - n_q  # position of query 0; the last query sits at totals - 1
+    last = totals - 1
+    starts = np.zeros_like(totals) if left < 0 else np.maximum(first - left, 0)
+    ends = totals.copy()
+    if causal:
+        ends = np.minimum(ends, last + 1)
+    if right >= 0:
+        ends = np.minimum(ends, last + right + 1)
+    ends = np.maximum(np.minimum(ends, totals), 0)
+    starts = np.minimum(starts, ends)
+    return starts, ends
+
+
+def _n_splits(n_items, longest, threads):
+    """Chunks per batch row: enough work items for every thread, chunks of a useful size."""
+    if longest <= 0:
+        return 1
+    want = -(-threads * config.DECODE_ITEMS_PER_THREAD // n_items)
+    useful = -(-longest // config.DECODE_MIN_SPLIT_KEYS)
+    return max(1, min(want, useful))
+
+
+def _workers(device, numba):
+    """What the chunks are dealt to: numba's threads, or on the GPU its multiprocessors."""
+    if device == "cpu":
+        return numba.get_num_threads()
+    return multiprocessors()
+
+
+def _merge_chunks(part_out, part_lse):
+    """Merge the chunk states (n_splits, rows, Ev) pairwise with the one LSE merge."""
+    merge_states = kernels_for("softmax", "cpu").merge_states
+    outs, lses = part_out, part_lse
+    while outs.shape[0] > 1:
+        half = outs.shape[0] // 2
+        rows, d_v = outs.shape[1], outs.shape[2]
+        out, lse = merge_states(
+            outs[:half].reshape(half * rows, d_v),
+            lses[:half].reshape(half * rows),
+            outs[half : 2 * half].reshape(half * rows, d_v),
+            lses[half : 2 * half].reshape(half * rows),
+        )
+        out = out.reshape(half, rows, d_v)
+        lse = lse.reshape(half, rows)
+        if outs.shape[0] % 2:
+            out = np.concatenate([out, outs[-1:]])
+            lse = np.concatenate([lse, lses[-1:]])
+        outs, lses = out, lse
+    return outs[0], lses[0]
+
+
+# --------------------------------------------------------------------------- functional
+def flash_decode(
+    q,
+    k_cache,
+    v_cache,
+    cache_seqlens,
+    k_new=None,
+    v_new=None,
+    causal=True,
+    scale=None,
+    return_lse=False,
+    window=None,
+    softcap=None,
+    enable_gqa=False,
+    device="cpu",
+):
+    """One decoding step: append new keys/values to the caches in place, then attend.
+
+    For batch row b with n_b = ``cache_seqlens[b]`` cached keys and n_new new
+    ones, the keys are the cache rows 0 .. T_b - 1, T_b = n_b + n_new, and
+    query i (of L) sits at position p = T_b - L + i (bottom-right alignment):
+
+        s_ij  = scale * q_i . k_j                 (softcap c: c tanh(s_ij / c))
+        out_i = sum_j softmax_j(s_ij) v_j,   lse_i = log sum_j exp(s_ij)
+
+    over the keys j <= p (``causal``) and p - left <= j <= p + right
+    (``window``). A query with no admissible key (an empty row, or a query
+    before the first key) gets zeros and lse = -inf.
+
+    Parameters
+    ----------
+    q : array_like (B, H, L, E)
+        The new queries (often L = 1). Not modified.
+    k_cache, v_cache : ndarray (B, H_kv, S_max, E), (B, H_kv, S_max, Ev)
+        Writable, C-contiguous NumPy arrays of the computation dtype (float32
+        when q, k_new and v_new are all float32, else float64). Rows
+        ``n_b .. n_b + n_new - 1`` of batch row b are overwritten with
+        ``k_new[b]`` / ``v_new[b]``; nothing else is written. The cache
+        contents are not scanned for NaN or inf (that would read the whole
+        cache again); a non-finite result is reported instead, naming the
+        batch row.
+    cache_seqlens : int array (B,)
+        Valid cache positions per batch row before this step. Not modified:
+        add n_new yourself after the call (:class:`KVCache` does).
+    k_new, v_new : array_like (B, H_kv, n_new, E), (B, H_kv, n_new, Ev), optional
+        Keys and values of the new tokens. A ValueError names the batch row
+        whose cache would overflow S_max, before anything is written.
+    causal : bool, default True
+        Bottom-right causal; False lets every query see all T_b keys.
+    scale : float, optional
+        Default 1 / sqrt(E).
+    return_lse : bool
+        Also return lse (B, H, L), float64.
+    window : (left, right), optional
+        Sliding window, each side an int >= 0 or None (unbounded); with
+        ``causal`` the right side is 0 in effect. Only the keys of the window
+        are read.
+    softcap : float, optional
+        c > 0: scores become c tanh(s / c) (Gemma-2 style).
+    enable_gqa : bool
+        Grouped-query attention: H_kv divides H and query head h reads kv
+        head h // (H / H_kv), as torch's ``enable_gqa``. Without it, H_kv = H.
+    device : "cpu", "cuda" or "auto"
+        Where the split-KV kernel runs (``kernels_for("decode", device)``;
+        "auto" picks a CUDA GPU when numba sees one). The caches are host
+        arrays, written in place, and the results come back to the host on
+        either device.
+
+    Returns
+    -------
+    out : ndarray (B, H, L, Ev), or ``(out, lse)``.
+    """
+    kw = check_keywords(causal, enable_gqa, window, "bottom_right", softcap, 0.0)
+    causal, enable_gqa = kw.causal, kw.enable_gqa
+    return_lse = check_bool(return_lse, "return_lse")
+    device = device_for(device, q, k_cache, v_cache, k_new, v_new)
+    kernels = kernels_for("decode", device)
+    dtype = resolve_dtype(None, q, k_new, v_new)
+    q = as_float_array(q, "q", ndim=(4,), dtype=dtype, allow_bool=False)
+    n_b, n_h, n_q, d = q.shape
+    k_cache = _check_cache(k_cache, "k_cache", dtype)
+    v_cache = _check_cache(v_cache, "v_cache", dtype)
+    if k_cache.shape[0] != n_b or k_cache.shape[3] != d:
+        raise ValueError(
+            f"k_cache must have shape (B, H_kv, S_max, E) with B={n_b}, E={d} (from q), "
+            f"got {k_cache.shape}"
+        )
+    if v_cache.shape[:3] != k_cache.shape[:3]:
+        raise ValueError(
+            f"v_cache must have shape (B, H_kv, S_max, Ev) = {k_cache.shape[:3] + ('Ev',)}, "
+            f"got {v_cache.shape}"
+        )
+    n_rep = _check_heads(n_h, k_cache.shape[1], enable_gqa)
+    s_max = k_cache.shape[2]
+    lengths = as_lengths(cache_seqlens, "cache_seqlens", n_b)
+    k_new, v_new, n_new = _check_new(k_new, v_new, dtype, k_cache.shape, v_cache.shape)
+    full = np.flatnonzero(lengths + n_new > s_max)
+    if full.size:
+        b = int(full[0])
+        raise ValueError(
+            f"cache overflow in batch row {b}: cache_seqlens[{b}] = {lengths[b]} plus "
+            f"{n_new} new tokens exceeds the cache length S_max = {s_max}"
+        )
+    scale = check_scale(scale, d)
+    left, right = _window_sides(kw.window)
+    softcap = 0.0 if kw.softcap is None else kw.softcap
+
+    if n_new:
+        for b in range(n_b):
+            k_cache[b, :, lengths[b] : lengths[b] + n_new] = k_new[b]
+            v_cache[b, :, lengths[b] : lengths[b] + n_new] = v_new[b]
+    totals = lengths + n_new
+    starts, ends = _key_ranges(totals, n_q, causal, left, right)
+    spans = ends - starts
+    longest = int(spans.max())
+    work = n_b * n_h * n_q * longest * (d + v_cache.shape[3])
+    with serial_below(work, config.FLASH_SERIAL_WORK):
+        import numba
+
+        n_splits = _n_splits(n_b * k_cache.shape[1], longest, _workers(device, numba))
+        chunks = np.maximum(-(-spans // n_splits), 1)
+        part_out, part_lse = kernels.decode_partials(
+            q,
+            k_cache,
+            v_cache,
+            totals,
+            starts,
+            chunks,
+            ends,
+            n_splits,
+            n_rep,
+            scale,
+            causal,
+            left,
+            right,
+            softcap,
+            config.DECODE_BLOCK_K,
+        )
+        part_out, part_lse = to_host(part_out, part_lse)
+        out, lse = _merge_chunks(part_out, part_lse)
+    out = out.reshape(n_b, n_h, n_q, -1)
+    lse = lse.reshape(n_b, n_h, n_q)
+    _check_finite_result(out, lse, totals)
+    out = out.astype(dtype, copy=False)
+    return (out, lse) if return_lse else out
+
+
+def _check_finite_result(out, lse, totals):
+    """NaN/inf in the output can only come from the unscanned cache: name the batch row."""
+    bad = ~np.isfinite(out).all(axis=(1, 2, 3)) | (np.isnan(lse) | (lse == np.inf)).any(axis=(1, 2))
+    rows = np.flatnonzero(bad)
+    if rows.size:
+        b = int(rows[0])
+        raise ValueError(
+            f"k_cache or v_cache holds NaN or inf (or scores that overflow) among the first "
+            f"{totals[b]} keys of batch row {b}"
+        )
+
+
+# --------------------------------------------------------------------------- the cache object
+class KVCache:
+    """Preallocated key/value caches and their lengths, for step-by-step decoding.
+
+    ``k`` (B, H_kv, capacity, E) and ``v`` (B, H_kv, capacity, Ev) hold the
+    keys and values of every batch row's past tokens, ``lengths`` (B,) how many
+    are valid per row. :meth:`attend` runs one decoding step
+    (:func:`flash_decode`) and advances the lengths; :meth:`append` only
+    stores. When a step would not fit, the cache doubles its capacity (copying
+    the valid part) or, with ``grow=False``, raises a ValueError naming the
+    full batch row.
+
+    Parameters
+    ----------
+    batch_size, num_kv_heads, head_dim : int
+    capacity : int, default 256
+        Positions preallocated per batch row.
+    value_dim : int, optional
+        Ev, default ``head_dim``.
+    dtype : "float64" (default) or "float32"
+    grow : bool, default True
+    """
+
+    def __init__(
+        self,
+        batch_size,
+        num_kv_heads,
+        head_dim,
+        capacity=256,
+        value_dim=None,
+        dtype="float64",
+        grow=True,
+    ):
+        self.batch_size = check_positive_int(batch_size, "batch_size")
+        self.num_kv_heads = check_positive_int(num_kv_heads, "num_kv_heads")
+        self.head_dim = check_positive_int(head_dim, "head_dim")
+        self.value_dim = check_positive_int(
+            head_dim if value_dim is None else value_dim, "value_dim"
+        )
+        capacity = check_positive_int(capacity, "capacity")
+        self.dtype = check_dtype(dtype)
+        self.grow = check_bool(grow, "grow")
+        shape = (self.batch_size, self.num_kv_heads, capacity)
+        self.k = np.zeros(shape + (self.head_dim,), dtype=self.dtype)
+        self.v = np.zeros(shape + (self.value_dim,), dtype=self.dtype)
+        self.lengths = np.zeros(self.batch_size, dtype=np.int64)
+
+    @property
+    def capacity(self):
+        """Positions per batch row currently allocated."""
+        return self.k.shape[2]
+
+    def reset(self, rows=None):
+        """Forget the past of every batch row, or of ``rows`` (indices or a boolean mask)."""
+        if rows is None:
+            self.lengths[:] = 0
+        else:
+            picked = np.zeros(self.batch_size, dtype=bool)
+            try:
+                picked[rows] = True
+            except (IndexError, ValueError, TypeError) as exc:
+                raise ValueError(
+                    f"rows must index the {self.batch_size} batch rows, got {rows!r}"
+                ) from exc
+            self.lengths[picked] = 0
+        return self
+
+    def _reserve(self, n_new):
+        """Make room for ``n_new`` more positions in every row (grow, or raise naming the row)."""
+        needed = int(self.lengths.max()) + n_new
+        if needed <= self.capacity:
+            return
+        if not self.grow:
+            b = int(np.argmax(self.lengths))
+            raise ValueError(
+                f"KVCache is full: batch row {b} holds {self.lengths[b]} of {self.capacity} "
+                f"positions and {n_new} more do not fit (grow=False)"
+            )
+        capacity = max(2 * self.capacity, needed)
+        used = int(self.lengths.max())
+        for name in ("k", "v"):
+            old = getattr(self, name)
+            new = np.zeros(old.shape[:2] + (capacity,) + old.shape[3:], dtype=self.dtype)
+            new[:, :, :used] = old[:, :, :used]
+            setattr(self, name, new)
+
+    def append(self, k_new, v_new):
+        """Store new keys (B, H_kv, n, E) and values (B, H_kv, n, Ev) at each row's end."""
+        k_new, v_new, n_new = _check_new(k_new, v_new, self.dtype, self.k.shape, self.v.shape)
+        if n_new == 0:
+            return self
+        self._reserve(n_new)
+        for b in range(self.batch_size):
+            start = self.lengths[b]
+            self.k[b, :, start : start + n_new] = k_new[b]
+            self.v[b, :, start : start + n_new] = v_new[b]
+        self.lengths += n_new
+        return self
+
+    def attend(
+        self,
+        q,
+        k_new=None,
+        v_new=None,
+        causal=True,
+        scale=None,
+        return_lse=False,
+        window=None,
+        softcap=None,
+    ):
+        """One decoding step: :func:`flash_decode` on this cache, then advance the lengths.
+
+        ``q`` (B, H, L, E) with H a multiple of ``num_kv_heads`` (grouped-query
+        attention when larger); ``k_new`` / ``v_new`` (B, H_kv, n_new, E/Ev) as
+        in :func:`flash_decode`, converted to the cache's dtype. Returns what
+        :func:`flash_decode` returns.
+        """
+        q = as_float_array(q, "q", ndim=(4,), dtype=self.dtype, allow_bool=False)
+        k_new, v_new, n_new = _check_new(k_new, v_new, self.dtype, self.k.shape, self.v.shape)
+        self._reserve(n_new)
+        result = flash_decode(
+            q,
+            self.k,
+            self.v,
+            self.lengths,
+            k_new,
+            v_new,
+            causal=causal,
+            scale=scale,
+            return_lse=return_lse,
+            window=window,
+            softcap=softcap,
+            enable_gqa=q.shape[1] != self.num_kv_heads,
+        )
+        self.lengths += n_new
+        return result
+
+    def __repr__(self):
+        return (
+            f"KVCache(batch_size={self.batch_size}, num_kv_heads={self.num_kv_heads}, "
+            f"head_dim={self.head_dim}, capacity={self.capacity}, "
+            f"lengths={self.lengths.tolist()})"
+        )

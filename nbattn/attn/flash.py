@@ -1,0 +1,725 @@
+"""Blocked (FlashAttention-style) scaled dot-product attention, forward and backward.
+
+    out = softmax(cap(scale * q k^T) + mask) v  (with dropout),
+    lse = logsumexp(cap(scale * q k^T) + mask)
+
+computed tile by tile with an online softmax by ``nbattn.kernels.flash``:
+memory is linear in the sequence lengths, never queries x keys. This layer
+validates (``nbattn.attn.flash_args`` checks the keywords), broadcasts the leading
+(batch, head) dimensions, picks the dtype, lays the arrays out for the
+kernels and holds BLAS to one thread while they run (they call BLAS on tiles
+from their own parallel loop).
+
+Shapes follow ``torch.nn.functional.scaled_dot_product_attention``: q
+(..., L, E), k (..., S, E), v (..., S, Ev) -> (..., L, Ev); the leading
+dimensions broadcast, and with ``enable_gqa=True`` k and v may have fewer
+heads (axis -3) than q. What the keywords mean:
+
+* ``mask``: boolean (True = may attend) or float (added to the scores),
+  broadcastable to (..., L, S); a key-padding mask is (..., 1, S). It is
+  applied on the tiles, never expanded: a (B, 1, 1, S) mask costs S floats
+  per batch entry, and tiles that a boolean mask excludes entirely are
+  skipped.
+* ``causal`` and ``causal_alignment``: "top_left" lets query i see keys
+  j <= i (torch's ``is_causal``: with L > S the rows i >= S see every key,
+  with L < S the keys j >= L are seen by no query); "bottom_right" lets it
+  see j <= i + S - L (FlashAttention-2: the last query sees every key, as
+  in decoding with a cache).
+* ``window=(left, right)``: query i sees keys j with
+  i - left <= j - offset <= i + right (offset = 0 top-left, S - L
+  bottom-right; None on a side = unbounded); composes with ``causal``.
+  Tiles outside the band are never visited: the work is O(L * window).
+* ``softcap=c``: scores become c tanh(s / c) (on the scaled score, before
+  the mask: FlashAttention-2's order), with the gradient 1 - tanh^2.
+* ``dropout_p``, ``random_state``: each weight is dropped with probability
+  p and the kept ones scaled by 1 / (1 - p), after the softmax normaliser
+  (lse does not see dropout, as in torch and FlashAttention-2). The mask is
+  a counter-based hash of the seed and the weight's position
+  (``nbattn.kernels.dropout``): deterministic for a given seed, independent
+  of tile sizes and thread count, the same on the GPU. The backward pass
+  regenerates it from the seed, so it needs the int ``random_state`` that
+  the forward used (``random_state=None`` in the forward draws a fresh seed
+  that cannot be given back: pass an int when you take gradients).
+
+The device is chosen once, by ``nbattn.dispatch.device.device_for`` and
+``kernels_for("flash", device)``: NumPy (or any array-like) inputs are
+validated and laid out here the same way for either device and handed to
+that device's kernels with the same arguments (every keyword works on both;
+the GPU twin's device results are copied back, so host in, host out). GPU
+arrays (``__cuda_array_interface__``: numba device arrays, CuPy, torch CUDA
+tensors) are checked on the device by ``nbattn.dispatch.transfer.as_device_array``
+and used where they are (C-contiguous, one float dtype, equal leading
+dimensions: no broadcasting on the device), and the results come back as the
+kind of GPU array ``q`` is; that in-place path runs plain (optionally causal)
+attention only and refuses the other keywords with a ValueError.
+
+Magnitudes: the kernels work in base 2 (scores times log2(e)). A mask with
+entries beyond 64 in magnitude is shifted per query row by its largest
+admissible entry -- the softmax does not change, lse gets the shift back --
+so biases up to the float64 range are exact; scores ``scale * q . k`` or
+ALiBi terms that the base-2 form cannot hold are refused with a ValueError
+naming the argument.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import config
+from .._core.layout import flat_batch, unbroadcast
+from .._core.numeric import LOG2E
+from .._core.threads import blas_one_thread, dynamic_below, serial_below
+from .._core.validation import as_float_array, check_bool, check_dot_range, check_scale
+from ..dispatch.device import device_for, kernels_for
+from ..dispatch.transfer import as_device_array, is_device_array, like_input, to_host
+from .flash_args import (
+    Keywords,
+    MaskArrays,
+    band,
+    check_keywords,
+    check_qkv,
+    dropout_words,
+    has_band,
+    kv_layout,
+    mask_arrays,
+    mask_as_bias,
+)
+
+__all__ = [
+    "flash_attention",
+    "flash_attention_backward",
+    "flash_attention_bias",
+    "flash_attention_bias_backward",
+]
+
+_NO_MASK_LIVE = np.ones((1, 1, 1), dtype=np.uint8)
+
+
+def _threads_for(work):
+    """One numba thread below ``config.FLASH_SERIAL_WORK`` multiply-adds (read per call)."""
+    return serial_below(work, config.FLASH_SERIAL_WORK)
+
+
+def _scheduling_for(work, n_items):
+    """Items handed out one at a time from ``config.FLASH_DYNAMIC_ITEM_WORK``
+    multiply-adds per item (read per call), else equal static shares."""
+    return dynamic_below(work / max(n_items, 1), config.FLASH_DYNAMIC_ITEM_WORK)
+
+
+# --------------------------------------------------------------------------- host inputs
+def _key_bias_mask(key_bias, n_k):
+    """A per-key bias (..., S) as a float64 mask (..., 1, S)."""
+    bias = as_float_array(key_bias, "key_bias", dtype="float64", allow_neg_inf=True)
+    if bias.ndim == 0 or bias.shape[-1] != n_k:
+        raise ValueError(f"key_bias must have shape (..., S) with S={n_k}, got {bias.shape}")
+    return bias[..., None, :]
+
+
+def _slopes(alibi_slopes, lead, n_q, n_k, dtype):
+    """The kernels' base-2 ALiBi slopes (BH,); slopes whose terms overflow are refused."""
+    slopes = as_float_array(alibi_slopes, "alibi_slopes", dtype="float64", allow_bool=False)
+    try:
+        slopes = np.broadcast_to(slopes, lead).reshape(math.prod(lead))
+    except ValueError as exc:
+        raise ValueError(
+            f"alibi_slopes of shape {slopes.shape} does not broadcast to the leading "
+            f"dimensions {lead}"
+        ) from exc
+    limit = float(np.finfo(dtype).max) / 16
+    largest = float(np.abs(slopes).max())
+    if largest * max(n_q, n_k) * LOG2E > limit:
+        raise ValueError(
+            f"alibi_slopes holds the slope {largest:.3g}: slope x distance over "
+            f"{max(n_q, n_k)} positions exceeds what the {np.dtype(dtype).name} kernels can hold "
+            f"(|slope| <= {limit / (max(n_q, n_k) * LOG2E):.3g} here); rescale the slopes"
+        )
+    return np.ascontiguousarray(slopes * LOG2E, dtype=dtype)
+
+
+def _flat(x, lead):
+    """A checked array (our own C-contiguous copy) as (prod(lead), n, d): a view when its
+    leading dimensions are ``lead``, else a broadcast copy."""
+    if x.shape[:-2] == tuple(lead) and x.flags.c_contiguous:
+        return x.reshape((-1,) + x.shape[-2:])
+    return flat_batch(x, lead)
+
+
+@dataclass
+class _Layout:
+    """Everything the CPU kernels read for one call, and how to give the results back."""
+
+    qf: np.ndarray  # (BH, L, E): q * scale * log2(e)
+    kf: np.ndarray  # (BKV, S, E)
+    vf: np.ndarray  # (BKV, S, Ev)
+    lead: tuple
+    kv_lead: tuple
+    kv_index: np.ndarray
+    masks: MaskArrays
+    slopes: np.ndarray
+    band: np.ndarray
+    softcap: float  # base 2, 0 = none
+    scale: float
+    dtype: type
+    shapes: tuple  # q, k, v shapes as given
+
+    @property
+    def work(self):
+        """Multiply-adds of the full (unbanded) computation, for the thread rule."""
+        n_bh, n_q, e = self.qf.shape
+        return n_bh * n_q * self.kf.shape[1] * (e + self.vf.shape[2])
+
+    def mask_live(self, block_q, block_k):
+        if self.masks.mask.shape[0] == 0:
+            return _NO_MASK_LIVE
+        return kernels_for("flash", "cpu").mask_tile_live(self.masks.mask, block_q, block_k)
+
+
+def _layout(q, k, v, kw: Keywords, scale, mask, key_bias=None, alibi_slopes=None, others=()):
+    """Checked and laid-out arrays of one CPU flash call (forward or backward)."""
+    q, k, v, dtype = check_qkv(q, k, v, kw.enable_gqa, others)
+    scale = check_scale(scale, q.shape[-1])
+    check_dot_range(q, k, scale * LOG2E, dtype)
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    bias = None if mask is None else mask_as_bias(mask, n_q, n_k, dtype=dtype)
+    if key_bias is not None:
+        kb = _key_bias_mask(key_bias, n_k)
+        bias = kb if bias is None else bias + kb
+    extra = () if bias is None else (bias.shape[:-2],)
+    lead, kv_lead, kv_index = kv_layout(q.shape, k.shape, v.shape, kw.enable_gqa, extra)
+    band_ = band(kw, n_q, n_k)
+    masks = mask_arrays(bias, lead, n_q, n_k, dtype, band_, has_band(band_, n_q, n_k))
+    slopes = np.zeros(0, dtype=dtype)
+    if alibi_slopes is not None:
+        slopes = _slopes(alibi_slopes, lead, n_q, n_k, dtype)
+    qf = _flat(q, lead)
+    qf *= dtype(scale * LOG2E)
+    return _Layout(
+        qf=qf,
+        kf=_flat(k, kv_lead),
+        vf=_flat(v, kv_lead),
+        lead=lead,
+        kv_lead=kv_lead,
+        kv_index=kv_index,
+        masks=masks,
+        slopes=slopes,
+        band=band_,
+        softcap=0.0 if kw.softcap is None else kw.softcap * LOG2E,
+        scale=scale,
+        dtype=dtype,
+        shapes=(q.shape, k.shape, v.shape),
+    )
+
+
+def _blocks(block_q, block_k, lay: _Layout):
+    """The tile sizes of one call: the configured ones, narrowed under a window.
+
+    A query tile of ``block_q`` rows visits the key tiles that meet its band,
+    left + right + block_q keys wide; key tiles much wider than the band
+    would be mostly outside it, so under a window narrower than ``block_k``
+    both sizes drop to the power of two at or above half the band's width
+    (at least 64, at most the configured sizes).
+    """
+    n_k = lay.kf.shape[1]
+    _, left, right = (int(x) for x in lay.band)
+    width = min(left, n_k) + min(right, n_k) + 1
+    if width >= block_k:
+        return block_q, block_k
+    narrow = max(64, 1 << max(0, (width // 2 - 1).bit_length()))
+    return min(block_q, narrow), min(block_k, narrow)
+
+
+def _tiles(lay: _Layout, backward):
+    """(block_q, block_k) of one call: ``config.FLASH_LONG_*`` from
+    ``config.FLASH_LONG_KEYS`` keys, else ``config.FLASH_(BWD_)BLOCK_*``; then
+    narrowed under a window (:func:`_blocks`). Read per call."""
+    long = lay.kf.shape[1] >= config.FLASH_LONG_KEYS
+    if backward and long:
+        sizes = config.FLASH_LONG_BWD_BLOCK_Q, config.FLASH_LONG_BWD_BLOCK_K
+    elif backward:
+        sizes = config.FLASH_BWD_BLOCK_Q, config.FLASH_BWD_BLOCK_K
+    elif long:
+        sizes = config.FLASH_LONG_FWD_BLOCK_Q, config.FLASH_LONG_FWD_BLOCK_K
+    else:
+        sizes = config.FLASH_BLOCK_Q, config.FLASH_BLOCK_K
+    return _blocks(*sizes, lay)
+
+
+def _to_host(a):
+    """A kernel result on the host: GPU twins give device arrays, the CPU kernels ndarrays."""
+    return to_host(a)
+
+
+def _mask_live(lay: _Layout, block_q, block_k, device):
+    """The CPU's table of live mask tiles; the GPU twin skips closed tiles by itself."""
+    return lay.mask_live(block_q, block_k) if device == "cpu" else _NO_MASK_LIVE
+
+
+def _run_forward(lay: _Layout, dropout, keep_scale, device="cpu"):
+    """The flash forward of ``kernels_for("flash", device)`` on a layout, on the host:
+    (out (BH, L, Ev), shifted lse (BH, L))."""
+    block_q, block_k = _tiles(lay, backward=False)
+    mask_live = _mask_live(lay, block_q, block_k, device)
+    n_items = lay.qf.shape[0] * -(-lay.qf.shape[1] // block_q)
+    # around the kernel alone: mask_tile_live's np.zeros is a parallel loop of its own
+    with _scheduling_for(lay.work, n_items):
+        out, lse = kernels_for("flash", device).flash_forward(
+            lay.qf,
+            lay.kf,
+            lay.vf,
+            lay.kv_index,
+            lay.masks.mask,
+            lay.masks.index,
+            mask_live,
+            lay.slopes,
+            lay.band,
+            lay.softcap,
+            dropout,
+            keep_scale,
+            block_q,
+            block_k,
+        )
+    return _to_host(out), _to_host(lse)
+
+
+def _forward(
+    q, k, v, kw, scale, return_lse, mask, random_state, key_bias=None, alibi=None, device="cpu"
+):
+    """:func:`flash_attention` of host inputs, on ``device`` (results on the host)."""
+    lay = _layout(q, k, v, kw, scale, mask, key_bias, alibi)
+    if device == "cuda":
+        _head_dims(kernels_for("flash", "cuda"), lay.qf.shape[2], lay.vf.shape[2])
+    n_q = lay.qf.shape[1]
+    dropout, keep_scale = dropout_words(kw.dropout_p, random_state, n_q, lay.kf.shape[1])
+    with blas_one_thread(), _threads_for(lay.work):
+        out, lse = _run_forward(lay, dropout, keep_scale, device)
+    out = out.reshape(lay.lead + (n_q, lay.vf.shape[2]))
+    if not return_lse:
+        return out
+    shift = lay.masks.lse_shift(n_q)
+    if shift is not None:
+        lse += shift
+    return out, lse.reshape(lay.lead + (n_q,))
+
+
+#: A mask shift (see ``nbattn.attn.flash_args.mask_arrays``) from which ``lse - shift``
+#: loses more than 10 bits of lse; the backward then recomputes the shifted lse
+#: (one more forward pass) instead of subtracting.
+_RECOMPUTE_SHIFT = 2.0**10
+
+
+def _n_groups(n_kv, n_key_tiles, dq_bytes):
+    """Key-tile groups per key/value slice so that every thread has work.
+
+    Each group beyond the first costs a dQ buffer of ``dq_bytes``; the extra
+    buffers are capped at ``config.FLASH_MAX_DQ_BUFFER_BYTES`` in all (read
+    per call).
+    """
+    import numba
+
+    threads = numba.get_num_threads()
+    if threads <= 1 or n_kv % threads == 0 or n_kv >= 4 * threads:
+        return 1
+    groups = min(n_key_tiles, -(-2 * threads // n_kv))
+    return max(1, min(groups, 1 + config.FLASH_MAX_DQ_BUFFER_BYTES // max(dq_bytes, 1)))
+
+
+def _check_forward_results(out, lse, grad_out, lead, n_q, d_v, dtype):
+    """The forward's out, lse and the incoming grad_out, checked against the shapes."""
+    out_shape = lead + (n_q, d_v)
+    out = as_float_array(out, "out", min_ndim=2, dtype=dtype, allow_bool=False)
+    grad_out = as_float_array(grad_out, "grad_out", min_ndim=2, dtype=dtype, allow_bool=False)
+    lse = as_float_array(lse, "lse", min_ndim=1, dtype="float64", allow_neg_inf=True)
+    if out.shape != out_shape:
+        raise ValueError(f"out must have shape {out_shape}, got {out.shape}")
+    if grad_out.shape != out_shape:
+        raise ValueError(f"grad_out must have shape {out_shape}, got {grad_out.shape}")
+    if lse.shape != lead + (n_q,):
+        raise ValueError(f"lse must have shape {lead + (n_q,)}, got {lse.shape}")
+    return out, lse, grad_out
+
+
+def _backward(
+    q,
+    k,
+    v,
+    out,
+    lse,
+    grad_out,
+    kw,
+    scale,
+    mask,
+    random_state,
+    key_bias=None,
+    alibi=None,
+    device="cpu",
+):
+    """:func:`flash_attention_backward` of host inputs, on ``device`` (results on the host)."""
+    lay = _layout(q, k, v, kw, scale, mask, key_bias, alibi, others=(out, grad_out))
+    if device == "cuda":
+        _head_dims(kernels_for("flash", "cuda"), lay.qf.shape[2], lay.vf.shape[2])
+    n_bh, n_q, _ = lay.qf.shape
+    n_kv, n_k, _ = lay.kf.shape
+    out, lse, grad_out = _check_forward_results(
+        out, lse, grad_out, lay.lead, n_q, lay.vf.shape[2], lay.dtype
+    )
+    dropout, keep_scale = dropout_words(kw.dropout_p, random_state, n_q, n_k, for_backward=True)
+    of = flat_batch(out, lay.lead, lay.dtype)
+    gf = flat_batch(grad_out, lay.lead, lay.dtype)
+    lf = np.ascontiguousarray(lse.reshape(-1, n_q), dtype=np.float64)
+    shift = lay.masks.lse_shift(n_q)
+    block_q, block_k = _tiles(lay, backward=True)
+    kernels = kernels_for("flash", device)
+    # the backward keeps equal static shares: numba turns its np.zeros into a parallel
+    # loop of its own, which one-at-a-time scheduling would cut into single elements
+    groups = _n_groups(n_kv, -(-n_k // block_k), lay.qf.nbytes)
+    with blas_one_thread(), _threads_for(lay.work):
+        if shift is not None:
+            if np.abs(shift).max() >= _RECOMPUTE_SHIFT:
+                # lse - shift has lost the low bits of lse: recompute the shifted lse
+                _, lf = _run_forward(lay, dropout, keep_scale, device)
+            else:
+                lf = lf - shift
+        grads = kernels.flash_backward(
+            lay.qf,
+            lay.kf,
+            lay.vf,
+            of,
+            lf,
+            gf,
+            lay.kv_index,
+            lay.masks.mask,
+            lay.masks.index,
+            _mask_live(lay, block_q, block_k, device),
+            lay.slopes,
+            lay.band,
+            lay.softcap,
+            dropout,
+            keep_scale,
+            lay.scale,
+            groups,
+            block_q,
+            block_k,
+        )
+    dq, dk, dv = map(_to_host, grads)
+    q_shape, k_shape, v_shape = lay.shapes
+    return (
+        unbroadcast(dq.reshape(lay.lead + dq.shape[1:]), q_shape),
+        unbroadcast(dk.reshape(lay.kv_lead + dk.shape[1:]), k_shape),
+        unbroadcast(dv.reshape(lay.kv_lead + dv.shape[1:]), v_shape),
+    )
+
+
+def flash_attention_bias(
+    q,
+    k,
+    v,
+    *,
+    key_bias=None,
+    alibi_slopes=None,
+    causal=False,
+    scale=None,
+    return_lse=False,
+):
+    """Blocked attention with an optional per-key bias and ALiBi slopes.
+
+        s_ij   = scale * q_i . k_j + key_bias_j + slope * (j - i)
+        out_i  = sum_j softmax_j(s_ij) v_j,     lse_i = log sum_j exp(s_ij)
+
+    with j restricted to j <= i when ``causal``. ``key_bias`` is the mask
+    ``key_bias[..., None, :]`` of :func:`flash_attention` (a key-padding
+    mask); ``alibi_slopes`` adds ``slope * (j - i)`` per (batch, head)
+    without a score matrix. The Gaussian kernel of Nadaraya-Watson rides the
+    same kernel: with bandwidth h, -||q - k||^2 / (2 h^2) = q.k / h^2 -
+    ||k||^2 / (2 h^2) + (a per-query constant that the softmax cancels), so
+    ``scale = 1 / h**2`` and ``key_bias = -||k||^2 / (2 h**2)`` give the same
+    weights (lse then lacks the -||q||^2 / (2 h^2) term).
+
+    Parameters
+    ----------
+    q, k, v : array_like, (..., L, E), (..., S, E), (..., S, Ev)
+    key_bias : array_like (..., S), optional
+        ``-inf`` excludes a key; any finite magnitude up to the float64 range
+        is exact (see the module notes).
+    alibi_slopes : array_like, optional
+        One slope per (batch, head), broadcasting to the leading dimensions
+        (for example shape (H,) with q of shape (B, H, L, E)). Adds
+        ``slope * (j - i)`` (torch/ALiBi write ``-m (i - j)``).
+    causal, scale, return_lse
+        As in :func:`flash_attention`.
+    """
+    kw = check_keywords(causal, False, None, "top_left", None, 0.0)
+    return_lse = check_bool(return_lse, "return_lse")
+    return _forward(q, k, v, kw, scale, return_lse, None, None, key_bias, alibi_slopes)
+
+
+def flash_attention_bias_backward(
+    q,
+    k,
+    v,
+    out,
+    lse,
+    grad_out,
+    *,
+    key_bias=None,
+    alibi_slopes=None,
+    causal=False,
+    scale=None,
+):
+    """Gradients of :func:`flash_attention_bias` with respect to q, k and v.
+
+    The bias and the slopes are constants here (no gradient is returned for
+    them). See :func:`flash_attention_backward` for the formulas.
+    """
+    kw = check_keywords(causal, False, None, "top_left", None, 0.0)
+    return _backward(q, k, v, out, lse, grad_out, kw, scale, None, None, key_bias, alibi_slopes)
+
+
+# --------------------------------------------------------------------------- GPU
+def _head_dims(kernels, d, d_v):
+    if d > kernels.MAX_HEAD_DIM or d_v > kernels.MAX_HEAD_DIM:
+        raise ValueError(
+            f"device='cuda' supports head dimensions up to {kernels.MAX_HEAD_DIM} "
+            f"(nbattn.cuda.flash.MAX_HEAD_DIM), got E={d}, Ev={d_v}; use device='cpu'"
+        )
+
+
+def _device_qkv(kernels, q, k, v):
+    """GPU q, k, v checked on the device: (flat (BH, n, d) views, their shapes, lead)."""
+    arrays = [as_device_array(a, n, min_ndim=2, contiguous=True) for a, n in zip((q, k, v), "qkv")]
+    q_shape, k_shape, v_shape = (tuple(a.shape) for a in arrays)
+    if not (arrays[0].dtype == arrays[1].dtype == arrays[2].dtype):
+        raise ValueError(
+            "q, k and v on the GPU must share one dtype, got "
+            + ", ".join(str(a.dtype) for a in arrays)
+        )
+    if q_shape[-1] != k_shape[-1]:
+        raise ValueError(f"q has E={q_shape[-1]} features but k has {k_shape[-1]}")
+    if k_shape[-2] != v_shape[-2]:
+        raise ValueError(f"k has S={k_shape[-2]} keys but v has {v_shape[-2]}")
+    lead = q_shape[:-2]
+    if k_shape[:-2] != lead or v_shape[:-2] != lead:
+        raise ValueError(
+            f"GPU arrays need equal leading dimensions (no broadcasting on the device), got "
+            f"q {q_shape}, k {k_shape}, v {v_shape}"
+        )
+    _head_dims(kernels, q_shape[-1], v_shape[-1])
+    n_bh = math.prod(lead)
+    flat = [a.reshape((n_bh,) + s[-2:]) for a, s in zip(arrays, (q_shape, k_shape, v_shape))]
+    return flat, (q_shape, k_shape, v_shape), lead
+
+
+def _forward_cuda(q, k, v, causal, scale, return_lse):
+    """:func:`flash_attention` of GPU arrays, in place (see the module docstring)."""
+    kernels = kernels_for("flash", "cuda")
+    template = q
+    (qf, kf, vf), (q_shape, _, _), lead = _device_qkv(kernels, q, k, v)
+    scale = check_scale(scale, q_shape[-1])
+    out, lse = kernels.flash_forward(qf, kf, vf, scale, causal)
+    out = like_input(out.reshape(lead + tuple(out.shape)[1:]), template)
+    lse = like_input(lse.reshape(lead + tuple(lse.shape)[1:]), template)
+    return (out, lse) if return_lse else out
+
+
+def _backward_cuda(q, k, v, out, lse, grad_out, causal, scale):
+    """:func:`flash_attention_backward` of GPU arrays, in place: ``(dq, dk, dv)``."""
+    kernels = kernels_for("flash", "cuda")
+    template = q
+    (qf, kf, vf), shapes, lead = _device_qkv(kernels, q, k, v)
+    q_shape, _, v_shape = shapes
+    scale = check_scale(scale, q_shape[-1])
+    n_q = q_shape[-2]
+    out_shape = lead + (n_q, v_shape[-1])
+    o = as_device_array(out, "out", min_ndim=2, contiguous=True)
+    g = as_device_array(grad_out, "grad_out", min_ndim=2, contiguous=True)
+    ls = as_device_array(lse, "lse", min_ndim=1, allow_neg_inf=True, contiguous=True)
+    for name, arr, shape in (
+        ("out", o, out_shape),
+        ("grad_out", g, out_shape),
+        ("lse", ls, lead + (n_q,)),
+    ):
+        if tuple(arr.shape) != shape:
+            raise ValueError(f"{name} must have shape {shape}, got {tuple(arr.shape)}")
+    if not (o.dtype == g.dtype == qf.dtype):
+        raise ValueError(f"out and grad_out on the GPU must have q's dtype {qf.dtype}")
+    if np.dtype(ls.dtype) != np.float64:
+        raise ValueError(f"lse on the GPU must be float64, got {ls.dtype}")
+    n_bh = qf.shape[0]
+    grads = kernels.flash_backward(
+        qf,
+        kf,
+        vf,
+        o.reshape((n_bh,) + out_shape[-2:]),
+        ls.reshape(n_bh, n_q),
+        g.reshape((n_bh,) + out_shape[-2:]),
+        scale,
+        causal,
+    )
+    return tuple(
+        like_input(grad.reshape(shape), template) for grad, shape in zip(grads, shapes, strict=True)
+    )
+
+
+# --------------------------------------------------------------------------- public entries
+def _cuda_refuses(kw: Keywords, mask):
+    """GPU arrays are used in place for plain (optionally causal) attention only; say so."""
+    used = [
+        name
+        for name, on in (
+            ("mask", mask is not None),
+            ("enable_gqa", kw.enable_gqa),
+            ("window", kw.window is not None),
+            ("causal_alignment", kw.causal_alignment != "top_left"),
+            ("softcap", kw.softcap is not None),
+            ("dropout_p", kw.dropout_p > 0.0),
+        )
+        if on
+    ]
+    if used:
+        raise ValueError(
+            f"GPU arrays do not support {', '.join(used)} yet; pass host (NumPy) arrays, "
+            "which device='cuda' takes with every keyword, or use device='cpu'"
+        )
+
+
+def flash_attention(
+    q,
+    k,
+    v,
+    causal=False,
+    scale=None,
+    return_lse=False,
+    mask=None,
+    enable_gqa=False,
+    window=None,
+    causal_alignment="top_left",
+    softcap=None,
+    dropout_p=0.0,
+    random_state=None,
+    device="cpu",
+):
+    """Scaled dot-product attention, blocked, with memory linear in the lengths.
+
+        s_ij   = cap(scale * q_i . k_j) + mask_ij      (j admissible: causal, window)
+        out_i  = sum_j drop_ij softmax_j(s_ij) v_j,   lse_i = log sum_j exp(s_ij)
+
+    with cap(x) = c tanh(x / c) under ``softcap=c`` and drop_ij in
+    {0, 1 / (1 - p)} under ``dropout_p=p``: the same as
+    ``torch.nn.functional.scaled_dot_product_attention`` (with ``enable_gqa``,
+    ``attn_mask``, ``is_causal``, ``scale``), plus windows, bottom-right
+    causal alignment and softcapping of FlashAttention-2. Query tiles x key
+    tiles, an online softmax (running maximum and sum, deferred
+    normalisation) and BLAS on every tile; the queries x keys matrix is
+    never formed. See the module docstring for each keyword's meaning.
+
+    Parameters
+    ----------
+    q : array_like (..., L, E)
+    k : array_like (..., S, E)
+    v : array_like (..., S, Ev)
+        Leading (batch, head) dimensions broadcast. float32 stays float32
+        when all three are float32; anything else is float64.
+    causal : bool
+        Query i attends to keys j <= i + offset (offset per ``causal_alignment``).
+    scale : float, optional
+        Default 1 / sqrt(E).
+    return_lse : bool
+        Also return ``lse`` (..., L) as float64 (the log-normaliser before
+        dropout), which :func:`flash_attention_backward` takes.
+    mask : bool or float array_like broadcastable to (..., L, S), optional
+        True = may attend; a float mask is added to the scores (-inf excludes).
+    enable_gqa : bool
+        k and v may have H_kv heads (axis -3) dividing q's H; query head h
+        reads key/value head h // (H // H_kv). Nothing is copied per head.
+    window : (left, right) or None
+        Query i sees keys with i - left <= j - offset <= i + right; None on a
+        side is unbounded.
+    causal_alignment : "top_left" or "bottom_right"
+        offset = 0 (torch's ``is_causal``) or S - L (FlashAttention-2).
+    softcap : float > 0, optional
+    dropout_p : float in [0, 1)
+    random_state : None, int or numpy.random.Generator
+        The dropout seed (``nbattn.kernels.dropout.dropout_seed``); pass an
+        int to take gradients (the backward needs the same int).
+    device : "cpu", "cuda" or "auto"
+        "auto" runs on a CUDA GPU when numba sees one. On the GPU E and Ev are
+        at most ``nbattn.cuda.flash.MAX_HEAD_DIM``. Host arrays take every
+        keyword on either device and the results come back as ndarrays; GPU
+        arrays are used in place (results of the same kind) for plain,
+        optionally causal, attention only.
+
+    Returns
+    -------
+    out : ndarray (..., L, Ev) in the computation dtype, or ``(out, lse)``.
+        A row with no admissible key gives zeros and lse = -inf.
+    """
+    kw = check_keywords(causal, enable_gqa, window, causal_alignment, softcap, dropout_p)
+    return_lse = check_bool(return_lse, "return_lse")
+    device = device_for(device, q, k, v)
+    if device == "cuda" and any(is_device_array(a) for a in (q, k, v)):
+        _cuda_refuses(kw, mask)
+        return _forward_cuda(q, k, v, kw.causal, scale, return_lse)
+    return _forward(q, k, v, kw, scale, return_lse, mask, random_state, device=device)
+
+
+def flash_attention_backward(
+    q,
+    k,
+    v,
+    out,
+    lse,
+    grad_out,
+    causal=False,
+    scale=None,
+    mask=None,
+    enable_gqa=False,
+    window=None,
+    causal_alignment="top_left",
+    softcap=None,
+    dropout_p=0.0,
+    random_state=None,
+    device="cpu",
+):
+    """Gradients of :func:`flash_attention`: ``(dq, dk, dv)``, blocked, O(N) memory.
+
+    With P = softmax(S'), S' = cap(S) + mask, S = scale q k^T, recomputed
+    tile by tile from the saved ``lse`` (P = exp(S' - lse)), Z the dropout
+    factors (0 or 1 / (1 - p)) and dO = ``grad_out``:
+
+        dV = (P o Z)^T dO,   dP = (dO V^T) o Z,   D_i = sum_c dO_ic O_ic,
+        dS = P o (dP - D) o cap'(S),   dQ = scale dS K,   dK = scale dS^T Q
+
+    with cap' = 1 - tanh^2(S / c) under a softcap. With ``enable_gqa`` dK and
+    dV are summed over the query heads that share a key/value head.
+
+    Parameters
+    ----------
+    q, k, v : array_like
+        The forward inputs.
+    out, lse : array_like
+        The forward's outputs, ``flash_attention(q, k, v, ..., return_lse=True)``.
+        ``lse`` may hold -inf (rows without keys; their gradients are zero).
+    grad_out : array_like, the shape of ``out``
+        The gradient of the loss with respect to ``out``.
+    causal, scale, mask, enable_gqa, window, causal_alignment, softcap, dropout_p
+        As in the forward call.
+    random_state : int
+        With ``dropout_p > 0``: the int the forward used (the dropout mask is
+        regenerated from it); anything else is a ValueError.
+    device : "cpu", "cuda" or "auto"
+        As in :func:`flash_attention` (GPU arrays in, the same kind out).
+
+    Returns
+    -------
+    dq, dk, dv : ndarrays of the shapes of q, k, v (gradients summed over
+        broadcast leading dimensions) in the computation dtype.
+    """
+    kw = check_keywords(causal, enable_gqa, window, causal_alignment, softcap, dropout_p)
+    arrays = (q, k, v, out, lse, grad_out)
+    device = device_for(device, *arrays)
+    if device == "cuda" and any(is_device_array(a) for a in arrays):
+        _cuda_refuses(kw, mask)
+        return _backward_cuda(q, k, v, out, lse, grad_out, kw.causal, scale)
+    return _backward(q, k, v, out, lse, grad_out, kw, scale, mask, random_state, device=device)

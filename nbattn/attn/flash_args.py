@@ -1,0 +1,302 @@
+"""The keywords of the flash entries, checked and turned into the kernels' arrays.
+
+``nbattn.flash.flash_attention`` and its backward (and the varlen / decode
+entries built on the same kernels) take
+
+    mask, enable_gqa, window, causal_alignment, softcap, dropout_p, random_state
+
+besides q, k, v, causal and scale. This module checks each one (a ValueError
+naming the keyword) and builds what ``nbattn.kernels.flash`` reads: the
+key/value slice of every query slice (grouped-query attention and broadcast
+leading dimensions without copies), the un-expanded base-2 mask with its
+slice index and per-row lse shift, the band (offset, left, right), the
+base-2 softcap and the dropout words. See ``nbattn.kernels.flash`` for the
+kernels' conventions.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .._core.numeric import LOG2E, dropout_seed, dropout_threshold
+from .._core.validation import as_float_array, check_bool, resolve_dtype
+
+#: The alignments of the causal band and the window (``causal_alignment=``).
+ALIGNMENTS = ("top_left", "bottom_right")
+
+#: Masks whose finite entries all lie within this magnitude are used as given;
+#: larger ones are shifted per query row by the row's largest admissible entry
+#: (the softmax does not change, lse gets the shift back), which keeps their
+#: admissible entries near 0 where the kernel's dtype resolves them.
+_SHIFT_ABOVE = 64.0
+
+
+def check_qkv(q, k, v, enable_gqa, others=(), keys=("S", "keys")):
+    """q, k, v as arrays of one computation dtype (``others``, e.g. out and grad_out,
+    take part in the dtype rule), with matching feature and key axes and, for
+    grouped-query attention, a head axis; returns ``(q, k, v, dtype)``."""
+    dtype = resolve_dtype(None, q, k, v, *others)
+    q = as_float_array(q, "q", min_ndim=2, dtype=dtype, allow_bool=False)
+    k = as_float_array(k, "k", min_ndim=2, dtype=dtype, allow_bool=False)
+    v = as_float_array(v, "v", min_ndim=2, dtype=dtype, allow_bool=False)
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q has E={q.shape[-1]} features but k has {k.shape[-1]}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"k has {keys[0]}={k.shape[-2]} {keys[1]} but v has {v.shape[-2]}")
+    if enable_gqa and (q.ndim < 3 or k.ndim < 3 or v.ndim < 3):
+        raise ValueError(
+            "enable_gqa needs a head axis (-3) on q, k and v, got shapes "
+            f"{q.shape}, {k.shape}, {v.shape}"
+        )
+    return q, k, v, dtype
+
+
+@dataclass
+class Keywords:
+    """The checked keywords of one flash call (see :func:`check_keywords`)."""
+
+    causal: bool
+    enable_gqa: bool
+    window: tuple[int | None, int | None] | None
+    causal_alignment: str
+    softcap: float | None
+    dropout_p: float
+
+
+def check_keywords(causal, enable_gqa, window, causal_alignment, softcap, dropout_p) -> Keywords:
+    """Each keyword checked, with a ValueError that names it."""
+    causal = check_bool(causal, "causal")
+    enable_gqa = check_bool(enable_gqa, "enable_gqa")
+    if not isinstance(causal_alignment, str) or causal_alignment not in ALIGNMENTS:
+        raise ValueError(f"causal_alignment must be one of {ALIGNMENTS}, got {causal_alignment!r}")
+    if window is not None:
+        try:
+            sides = tuple(window)
+        except TypeError:
+            sides = ()
+        if len(sides) != 2:
+            raise ValueError(f"window must be a pair (left, right) or None, got {window!r}")
+        checked = []
+        for side, name in zip(sides, ("left", "right")):
+            if side is None:
+                checked.append(None)
+                continue
+            if isinstance(side, (bool, np.bool_)) or not isinstance(side, (int, np.integer)):
+                raise ValueError(
+                    f"window {name} side must be a non-negative int or None, got {side!r}"
+                )
+            if side < 0:
+                raise ValueError(f"window {name} side must be >= 0, got {side}")
+            checked.append(int(side))
+        window = tuple(checked)
+    if softcap is not None:
+        if isinstance(softcap, (bool, np.bool_)) or not isinstance(
+            softcap, (int, float, np.integer, np.floating)
+        ):
+            raise ValueError(f"softcap must be a positive float or None, got {softcap!r}")
+        softcap = float(softcap)
+        if not (math.isfinite(softcap) and softcap > 0.0):
+            raise ValueError(f"softcap must be a positive finite float or None, got {softcap}")
+    if isinstance(dropout_p, (bool, np.bool_)) or not isinstance(
+        dropout_p, (int, float, np.integer, np.floating)
+    ):
+        raise ValueError(f"dropout_p must be a float in [0, 1), got {dropout_p!r}")
+    dropout_p = float(dropout_p)
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    return Keywords(causal, enable_gqa, window, causal_alignment, softcap, dropout_p)
+
+
+def band(keywords: Keywords, n_q: int, n_k: int) -> np.ndarray:
+    """The kernels' band (offset, left, right) as int64: key j is admissible for query i iff
+    i + offset - left <= j <= i + offset + right. Unbounded sides are n_q + n_k + 1."""
+    offset = n_k - n_q if keywords.causal_alignment == "bottom_right" else 0
+    unbounded = n_q + n_k + 1
+    left, right = unbounded, unbounded
+    if keywords.window is not None:
+        if keywords.window[0] is not None:
+            left = min(keywords.window[0], unbounded)
+        if keywords.window[1] is not None:
+            right = min(keywords.window[1], unbounded)
+    if keywords.causal:
+        right = min(right, 0)
+    return np.array([offset, left, right], dtype=np.int64)
+
+
+def has_band(band_: np.ndarray, n_q: int, n_k: int) -> bool:
+    """Whether the band excludes some (query, key) pair: some j < i + offset - left
+    (largest at i = L - 1, j = 0) or some j > i + offset + right (i = 0, j = S - 1)."""
+    offset, left, right = (int(x) for x in band_)
+    return n_q - 1 + offset - left > 0 or n_k - 1 > offset + right
+
+
+def admissible(band_: np.ndarray, n_q: int, n_k: int) -> np.ndarray:
+    """The (L, S) boolean matrix of the band (for the rare huge-mask shift)."""
+    offset, left, right = (int(x) for x in band_)
+    diff = np.arange(n_k)[None, :] - np.arange(n_q)[:, None] - offset
+    return (diff >= -left) & (diff <= right)
+
+
+# --------------------------------------------------------------------------- leading dims
+def kv_layout(q_shape, k_shape, v_shape, enable_gqa, extra_leads=()):
+    """(lead, kv_lead, kv_index): the query slices' leading dims, the key/value slices'
+    and the key/value slice (int64, one per query slice) each query slice reads.
+
+    With ``enable_gqa`` the head axis (-3) of k and v may hold H_kv heads
+    dividing q's H: query head h reads key/value head h // (H // H_kv)
+    (torch's ``enable_gqa``). Other leading dims broadcast (torch semantics)
+    without copying k or v.
+    """
+    q_lead, k_lead, v_lead = q_shape[:-2], k_shape[:-2], v_shape[:-2]
+    try:
+        kv_lead = tuple(np.broadcast_shapes(k_lead, v_lead))
+    except ValueError:
+        raise ValueError(
+            f"the leading (batch) dimensions of k {tuple(k_shape)} and v {tuple(v_shape)} "
+            "do not broadcast"
+        ) from None
+    group = 1
+    if enable_gqa and len(q_lead) >= 1 and len(kv_lead) >= 1 and q_lead[-1] != kv_lead[-1]:
+        h_q, h_kv = q_lead[-1], kv_lead[-1]
+        if h_kv == 0 or h_q % h_kv:
+            raise ValueError(
+                f"enable_gqa: the key/value heads H_kv={h_kv} (axis -3 of k and v) must divide "
+                f"the query heads H={h_q} (axis -3 of q)"
+            )
+        group = h_q // h_kv
+    kv_as_q = kv_lead[:-1] + (kv_lead[-1] * group,) if group > 1 else kv_lead
+    shapes = [q_lead, kv_as_q, *extra_leads]
+    try:
+        lead = tuple(np.broadcast_shapes(*shapes))
+    except ValueError:
+        names = ["q", "k and v (heads repeated for enable_gqa)" if group > 1 else "k and v"]
+        names += ["mask"] * len(extra_leads)
+        desc = ", ".join(f"{n} {tuple(s)}" for n, s in zip(names, shapes))
+        hint = "" if enable_gqa else " (set enable_gqa=True for fewer key/value heads)"
+        raise ValueError(f"the leading (batch) dimensions do not broadcast: {desc}{hint}") from None
+    index = np.arange(math.prod(kv_lead), dtype=np.int64).reshape(kv_lead)
+    if group > 1:
+        index = np.repeat(index, group, axis=-1)
+    kv_index = np.broadcast_to(index, lead).reshape(-1).copy()
+    return lead, kv_lead, kv_index
+
+
+# --------------------------------------------------------------------------- masks
+def mask_as_bias(mask, n_q: int, n_k: int, name: str = "mask", dtype=np.float64) -> np.ndarray:
+    """A boolean (True = may attend) or float (added) mask as a float (..., LM, SM) array.
+
+    LM in {1, L} and SM in {1, S}; -inf excludes. A boolean mask becomes
+    0 / -inf in ``dtype`` (exact); a float mask keeps its own float32 or
+    float64 (shifts of huge values are taken in float64). A ValueError names
+    ``name`` for other dtypes, NaN or +inf, and shapes that do not broadcast
+    to (..., L, S).
+    """
+    try:
+        arr = np.asarray(mask)
+    except Exception as exc:
+        raise ValueError(f"{name} could not be converted to an array: {exc}") from exc
+    if arr.size == 0:
+        raise ValueError(f"{name} is empty (shape {arr.shape})")
+    if arr.dtype.kind == "b":
+        bias = np.where(arr, dtype(0.0), dtype(-np.inf))
+    elif arr.dtype.kind == "f":
+        bias = as_float_array(arr, name, allow_neg_inf=True)
+    else:
+        raise ValueError(
+            f"{name} must be boolean (True = attend) or float (added to the scores), "
+            f"got dtype {arr.dtype}"
+        )
+    if bias.ndim < 2:
+        bias = bias.reshape((1,) * (2 - bias.ndim) + bias.shape)
+    if bias.shape[-2] not in (1, n_q) or bias.shape[-1] not in (1, n_k):
+        raise ValueError(
+            f"{name} has shape {arr.shape}, which does not broadcast to (..., L, S) = "
+            f"(..., {n_q}, {n_k})"
+        )
+    return bias
+
+
+@dataclass
+class MaskArrays:
+    """The kernels' mask: base-2 (BM, LM, SM) in the computation dtype (shape (0, 1, 1)
+    when there is none), its slice per query slice, and the per-row lse shift
+    (BM, LM) in natural units (None when nothing was shifted)."""
+
+    mask: np.ndarray
+    index: np.ndarray
+    shift: np.ndarray | None
+
+    def lse_shift(self, n_q: int) -> np.ndarray | None:
+        """The shift of every (query slice, row), (BH, L) float64, or None."""
+        if self.shift is None:
+            return None
+        return np.broadcast_to(self.shift[self.index], (self.index.size, n_q))
+
+
+def mask_arrays(bias, lead, n_q, n_k, dtype, band_, banded) -> MaskArrays:
+    """The kernels' mask arrays from a float64 (..., LM, SM) ``bias`` (or None).
+
+    Masks with entries beyond ``_SHIFT_ABOVE`` in magnitude are shifted per
+    query row by the largest entry that row may attend to (inside the band),
+    so that what remains is representable in ``dtype``; entries that then
+    fall below half the dtype's range have weight 0 next to that entry and
+    become -inf.
+    """
+    n_bh = math.prod(lead)
+    if bias is None:
+        return MaskArrays(np.zeros((0, 1, 1), dtype=dtype), np.zeros(n_bh, np.int64), None)
+    m_lead = bias.shape[:-2]
+    index = np.arange(math.prod(m_lead), dtype=np.int64).reshape(m_lead)
+    index = np.broadcast_to(index, lead).reshape(-1).copy()
+    flat = bias.reshape((-1,) + bias.shape[-2:])
+    largest = max(float(flat.max()), -float(np.min(flat, initial=0.0, where=flat > -np.inf)))
+    if largest <= _SHIFT_ABOVE:  # the common case: one pass, straight into the kernels' dtype
+        return MaskArrays(np.multiply(flat, LOG2E, dtype=dtype), index, None)
+    flat = flat.astype(np.float64)
+    considered = flat
+    if banded and flat.shape[-1] > 1:
+        considered = np.broadcast_to(flat, (flat.shape[0], n_q, n_k))
+        considered = np.where(admissible(band_, n_q, n_k), considered, -np.inf)
+    top = considered.max(axis=-1)
+    top = np.where(np.isfinite(top), top, 0.0)
+    with np.errstate(over="ignore", invalid="ignore"):
+        flat = considered - top[..., None]
+    shift = top
+    with np.errstate(over="ignore"):
+        base2 = flat * LOG2E
+    floor = -float(np.finfo(dtype).max) / 2
+    base2 = np.where(base2 < floor, -np.inf, base2)
+    if base2.max() > -floor:
+        raise ValueError(
+            f"mask holds values beyond what the {np.dtype(dtype).name} kernels can add to the "
+            "scores; rescale it"
+        )
+    return MaskArrays(np.ascontiguousarray(base2, dtype=dtype), index, shift)
+
+
+# --------------------------------------------------------------------------- dropout
+def dropout_words(dropout_p, random_state, n_q, n_k, for_backward=False):
+    """(dropout (6,) uint64, keep_scale) for the kernels: seed, threshold, n_rows, n_cols,
+    row0, col0 (see ``nbattn.kernels.flash``).
+
+    The backward must regenerate the forward's mask, so with ``dropout_p > 0``
+    it needs the same seed: an int ``random_state`` (a Generator or None
+    cannot give the forward's draw back), else a ValueError.
+    """
+    if dropout_p == 0.0:
+        return np.zeros(6, dtype=np.uint64), 1.0
+    if for_backward and (
+        random_state is None
+        or isinstance(random_state, (bool, np.bool_))
+        or not isinstance(random_state, (int, np.integer))
+    ):
+        raise ValueError(
+            "random_state must be the int seed that the forward call used when dropout_p > 0 "
+            f"(the backward regenerates the dropout mask from it), got {random_state!r}"
+        )
+    seed = dropout_seed(random_state)
+    words = np.array([seed, dropout_threshold(dropout_p), n_q, n_k, 0, 0], dtype=np.uint64)
+    return words, 1.0 / (1.0 - dropout_p)

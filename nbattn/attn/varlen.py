@@ -1,0 +1,328 @@
+"""Attention over packed variable-length batches (FlashAttention's ``varlen`` form).
+
+Instead of padding a batch of sequences to one length, concatenate them
+along the sequence axis and say where each starts:
+
+    q (..., T_q, E),  k (..., T_k, E),  v (..., T_k, Ev)
+    cu_seqlens_q = [0, n_1, n_1 + n_2, ..., T_q]   (int, n_seqs + 1 entries)
+    cu_seqlens_k = [0, m_1, m_1 + m_2, ..., T_k]
+
+Sequence s is q rows ``cu_seqlens_q[s] .. cu_seqlens_q[s+1] - 1`` against k/v
+rows ``cu_seqlens_k[s] .. cu_seqlens_k[s+1] - 1``; nothing attends across a
+boundary, and the result is what :func:`nbattn.flash_attention` gives on
+each sequence alone (same keywords), packed the same way. The leading
+dimensions are the heads (and anything else that broadcasts, as in
+:func:`nbattn.flash_attention`); ``enable_gqa`` lets k and v have fewer heads.
+Empty sequences (equal consecutive offsets) are allowed.
+
+The work runs in one parallel loop over (sequence, head, query tile) items
+that call the flash kernels on views of the packed arrays
+(``nbattn.kernels.varlen``): no padding, no per-sequence copies, and no
+Python loop over the sequences. The items are dealt to the threads by cost
+beforehand (largest first, back and forth), so a mix of long and short
+sequences keeps every thread busy.
+
+Masks: there is no ``mask`` keyword (FlashAttention's varlen has none
+either). A mask per sequence would be a ragged array; causal attention,
+windows and the alignment cover the usual packed-batch cases, and a
+sequence that needs an arbitrary mask can go through
+:func:`nbattn.flash_attention` on its own.
+
+Dropout: the weight of (query slice bh, packed row i, packed column j) is
+kept or dropped by the counter (bh * T_q + i) * T_k + j of
+``nbattn.kernels.dropout``, with the packed indices; so the packed call and
+one :func:`nbattn.flash_attention` call over the full (T_q, T_k) problem with
+the same seed drop the same weights inside the sequences' diagonal blocks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import config
+from .._core.layout import flat_batch, unbroadcast
+from .._core.numeric import LOG2E
+from .._core.threads import blas_one_thread, serial_below
+from .._core.validation import as_float_array, check_bool, check_dot_range, check_scale
+from ..dispatch.device import device_for, kernels_for
+from ..dispatch.transfer import to_host
+from .flash_args import band, check_keywords, check_qkv, dropout_words, kv_layout
+from .lengths import as_cu_seqlens, check_max_seqlen
+
+__all__ = ["flash_attention_varlen", "flash_attention_varlen_backward"]
+
+
+class _Packed:
+    """Checked, laid-out arrays and per-sequence data of one varlen call."""
+
+    def __init__(
+        self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, kw, scale, others
+    ):
+        q, k, v, dtype = check_qkv(q, k, v, kw.enable_gqa, others, keys=("T_k", "packed keys"))
+        t_q, t_k = q.shape[-2], k.shape[-2]
+        self.cu_q = as_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", t_q)
+        self.cu_k = as_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", t_k)
+        if self.cu_q.shape != self.cu_k.shape:
+            raise ValueError(
+                f"cu_seqlens_q describes {self.cu_q.size - 1} sequences but cu_seqlens_k "
+                f"{self.cu_k.size - 1}; they must describe the same sequences"
+            )
+        self.len_q = np.diff(self.cu_q)
+        self.len_k = np.diff(self.cu_k)
+        check_max_seqlen(max_seqlen_q, "max_seqlen_q", self.len_q)
+        check_max_seqlen(max_seqlen_k, "max_seqlen_k", self.len_k)
+        self.scale = check_scale(scale, q.shape[-1])
+        check_dot_range(q, k, self.scale * LOG2E, dtype)
+        self.lead, self.kv_lead, self.kv_index = kv_layout(q.shape, k.shape, v.shape, kw.enable_gqa)
+        self.dtype = dtype
+        self.shapes = (q.shape, k.shape, v.shape)
+        self.qf = flat_batch(q, self.lead, dtype)
+        self.qf *= dtype(self.scale * LOG2E)
+        self.kf = flat_batch(k, self.kv_lead, dtype)
+        self.vf = flat_batch(v, self.kv_lead, dtype)
+        # One band for all: its unbounded sides (T_q + T_k + 1) exceed every
+        # sequence's; only the bottom-right offset is per sequence.
+        base = band(kw, t_q, t_k)
+        offsets = self.len_k - self.len_q if kw.causal_alignment == "bottom_right" else 0
+        self.bands = np.empty((self.len_q.size, 3), dtype=np.int64)
+        self.bands[:, 0] = offsets
+        self.bands[:, 1:] = base[1:]
+        self.softcap = 0.0 if kw.softcap is None else kw.softcap * LOG2E
+
+    @property
+    def work(self):
+        """Multiply-adds over all sequences (without the band), for the thread rule."""
+        n_bh = self.qf.shape[0]
+        return n_bh * int(self.len_q @ self.len_k) * (self.qf.shape[2] + self.vf.shape[2])
+
+    def forward_items(self, block_q):
+        """(sequence, bh, i0, i1) per query tile of every sequence and slice; their costs."""
+        n_bh = self.qf.shape[0]
+        tiles = -(-self.len_q // block_q)
+        seq = np.repeat(np.arange(self.len_q.size), tiles)
+        first = np.arange(seq.size) - np.repeat(np.cumsum(tiles) - tiles, tiles)
+        i0 = first * block_q
+        i1 = np.minimum(i0 + block_q, self.len_q[seq])
+        items = np.empty((seq.size * n_bh, 4), dtype=np.int64)
+        items[:, 0] = np.repeat(seq, n_bh)
+        items[:, 1] = np.tile(np.arange(n_bh), seq.size)
+        items[:, 2] = np.repeat(i0, n_bh)
+        items[:, 3] = np.repeat(i1, n_bh)
+        cost = (items[:, 3] - items[:, 2]) * self.len_k[items[:, 0]]
+        return items, cost
+
+    def backward_items(self):
+        """(sequence, kv slice) of every non-empty sequence and their costs; the readers
+        of each kv slice (``readers[reader_start[kv] : reader_start[kv + 1]]``)."""
+        n_kv = self.kf.shape[0]
+        busy = np.flatnonzero((self.len_q > 0) | (self.len_k > 0))
+        items = np.empty((busy.size * n_kv, 2), dtype=np.int64)
+        items[:, 0] = np.repeat(busy, n_kv)
+        items[:, 1] = np.tile(np.arange(n_kv), busy.size)
+        counts = np.bincount(self.kv_index, minlength=n_kv)
+        cost = (self.len_q * self.len_k)[items[:, 0]] * counts[items[:, 1]]
+        readers = np.argsort(self.kv_index, kind="stable").astype(np.int64)
+        reader_start = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        return items, cost, readers, reader_start
+
+
+def _deal(cost, n_workers):
+    """Items largest first, dealt back and forth (0, 1, .., n-1, n-1, .., 0, 0, ..) to the
+    workers: (the item order grouped by worker, int64 start of each worker's items)."""
+    order = np.argsort(-cost, kind="stable")
+    position = np.arange(order.size)
+    column = position % n_workers
+    worker = np.where((position // n_workers) % 2 == 0, column, n_workers - 1 - column)
+    by_worker = np.argsort(worker, kind="stable")
+    counts = np.bincount(worker, minlength=n_workers)
+    return order[by_worker], np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+
+
+def _run(kernel, device, work, items, cost, head, tail):
+    """``kernel(*head, items, worker_start, *tail)`` with the items dealt to the threads,
+    BLAS on one thread and one numba thread for small work; the results on the host.
+
+    The GPU twin takes the same arguments (its grid deals the work, so it ignores
+    ``items`` and ``worker_start``) and gives device arrays, which are copied back.
+    """
+    if device != "cpu":
+        results = kernel(*head, items, None, *tail)
+        return tuple(to_host(a) for a in results)
+    import numba
+
+    with blas_one_thread(), serial_below(work, config.FLASH_SERIAL_WORK):
+        order, worker_start = _deal(cost, numba.get_num_threads())
+        return kernel(*head, np.ascontiguousarray(items[order]), worker_start, *tail)
+
+
+def flash_attention_varlen(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q=None,
+    max_seqlen_k=None,
+    causal=False,
+    scale=None,
+    return_lse=False,
+    enable_gqa=False,
+    window=None,
+    causal_alignment="top_left",
+    softcap=None,
+    dropout_p=0.0,
+    random_state=None,
+    device="cpu",
+):
+    """Blocked attention over sequences packed along the sequence axis.
+
+    For sequence s with queries Q_s (rows cu_seqlens_q[s] .. cu_seqlens_q[s+1] - 1)
+    and keys/values K_s, V_s (rows cu_seqlens_k[s] ..):
+
+        out[Q_s] = flash_attention(Q_s, K_s, V_s, <the same keywords>)
+
+    Parameters
+    ----------
+    q, k, v : array_like (..., T_q, E), (..., T_k, E), (..., T_k, Ev)
+        The packed sequences; the leading dimensions (heads) broadcast.
+        float32 stays float32 when all three are float32, else float64.
+    cu_seqlens_q, cu_seqlens_k : int arrays (n_seqs + 1,)
+        Offsets of the sequences: start at 0, non-decreasing, end at T_q
+        (T_k). Equal neighbours are empty sequences.
+    max_seqlen_q, max_seqlen_k : int, optional
+        The longest sequence (FlashAttention's arguments): checked to be at
+        least that, otherwise unused (the lengths come from the offsets).
+    causal, scale, return_lse, enable_gqa, window, causal_alignment, softcap
+        As in :func:`nbattn.flash_attention`, per sequence (a bottom-right
+        alignment aligns each sequence's last query with its last key).
+    dropout_p, random_state
+        As in :func:`nbattn.flash_attention`, with the packed indices in the
+        dropout counter (see the module notes).
+    device : "cpu", "cuda" or "auto"
+        Where the varlen kernels run (``kernels_for("varlen", device)``; "auto"
+        picks a CUDA GPU when numba sees one). Inputs and results are host
+        arrays on either device.
+
+    Returns
+    -------
+    out : ndarray (..., T_q, Ev), or ``(out, lse)`` with lse (..., T_q) float64.
+        Queries of a sequence without keys get zeros and lse = -inf.
+    """
+    return_lse = check_bool(return_lse, "return_lse")
+    kw = check_keywords(causal, enable_gqa, window, causal_alignment, softcap, dropout_p)
+    device = device_for(device, q, k, v)
+    kernels = kernels_for("varlen", device)
+    packed = _Packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, kw, scale, ())
+    t_q, t_k = packed.qf.shape[1], packed.kf.shape[1]
+    dropout, keep_scale = dropout_words(kw.dropout_p, random_state, t_q, t_k)
+    block_q, block_k = config.FLASH_BLOCK_Q, config.FLASH_BLOCK_K
+    items, cost = packed.forward_items(block_q)
+    out, lse = _run(
+        kernels.varlen_forward,
+        device,
+        packed.work,
+        items,
+        cost,
+        (packed.qf, packed.kf, packed.vf, packed.kv_index, packed.cu_q, packed.cu_k),
+        (packed.bands, packed.softcap, dropout, keep_scale, block_q, block_k),
+    )
+    out = out.reshape(packed.lead + (t_q, packed.vf.shape[2]))
+    return (out, lse.reshape(packed.lead + (t_q,))) if return_lse else out
+
+
+def _check_results(out, lse, grad_out, lead, n_q, d_v, dtype):
+    """The forward's out, lse and the incoming grad_out, checked against the shapes."""
+    out_shape = lead + (n_q, d_v)
+    out = as_float_array(out, "out", min_ndim=2, dtype=dtype, allow_bool=False)
+    grad_out = as_float_array(grad_out, "grad_out", min_ndim=2, dtype=dtype, allow_bool=False)
+    lse = as_float_array(lse, "lse", min_ndim=1, dtype="float64", allow_neg_inf=True)
+    for name, arr, shape in (
+        ("out", out, out_shape),
+        ("grad_out", grad_out, out_shape),
+        ("lse", lse, lead + (n_q,)),
+    ):
+        if arr.shape != shape:
+            raise ValueError(f"{name} must have shape {shape}, got {arr.shape}")
+    return out, lse, grad_out
+
+
+def flash_attention_varlen_backward(
+    q,
+    k,
+    v,
+    out,
+    lse,
+    grad_out,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q=None,
+    max_seqlen_k=None,
+    causal=False,
+    scale=None,
+    enable_gqa=False,
+    window=None,
+    causal_alignment="top_left",
+    softcap=None,
+    dropout_p=0.0,
+    random_state=None,
+    device="cpu",
+):
+    """Gradients of :func:`flash_attention_varlen`: ``(dq, dk, dv)``.
+
+    Per sequence the gradients of :func:`nbattn.flash_attention_backward`
+    (see there for the formulas), packed as the inputs are. ``out`` and
+    ``lse`` are the forward's (``return_lse=True``); with ``dropout_p > 0``
+    ``random_state`` must be the int seed the forward used (the mask is
+    regenerated from it). Gradients are summed over broadcast leading
+    dimensions, and over the query heads sharing a key/value head under
+    ``enable_gqa``.
+    """
+    kw = check_keywords(causal, enable_gqa, window, causal_alignment, softcap, dropout_p)
+    device = device_for(device, q, k, v, out, lse, grad_out)
+    kernels = kernels_for("varlen", device)
+    packed = _Packed(
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        kw,
+        scale,
+        (out, grad_out),
+    )
+    t_q, t_k = packed.qf.shape[1], packed.kf.shape[1]
+    out, lse, grad_out = _check_results(
+        out, lse, grad_out, packed.lead, t_q, packed.vf.shape[2], packed.dtype
+    )
+    dropout, keep_scale = dropout_words(kw.dropout_p, random_state, t_q, t_k, for_backward=True)
+    items, cost, readers, reader_start = packed.backward_items()
+    head = (
+        packed.qf,
+        packed.kf,
+        packed.vf,
+        flat_batch(out, packed.lead, packed.dtype),
+        np.ascontiguousarray(lse.reshape(-1, t_q), dtype=np.float64),
+        flat_batch(grad_out, packed.lead, packed.dtype),
+        readers,
+        reader_start,
+        packed.cu_q,
+        packed.cu_k,
+    )
+    tail = (
+        packed.bands,
+        packed.softcap,
+        dropout,
+        keep_scale,
+        packed.scale,
+        config.FLASH_BWD_BLOCK_Q,
+        config.FLASH_BWD_BLOCK_K,
+    )
+    dq, dk, dv = _run(kernels.varlen_backward, device, packed.work, items, cost, head, tail)
+    q_shape, k_shape, v_shape = packed.shapes
+    return (
+        unbroadcast(dq.reshape(packed.lead + dq.shape[1:]), q_shape),
+        unbroadcast(dk.reshape(packed.kv_lead + dk.shape[1:]), k_shape),
+        unbroadcast(dv.reshape(packed.kv_lead + dv.shape[1:]), v_shape),
+    )

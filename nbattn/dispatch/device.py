@@ -1,0 +1,135 @@
+"""Which device runs a computation: "cpu", "cuda" or "auto", and the one dispatch table."""
+
+from __future__ import annotations
+
+from .transfer import is_device_array
+
+_DEVICES = ("cpu", "cuda", "auto")
+
+
+_NO_GPU = (
+    "device='cuda' needs a CUDA GPU with its driver and numba-cuda "
+    "(pip install 'nbattn[cuda]'); numba found no usable GPU here. "
+    "Use device='cpu' or device='auto'."
+)
+
+
+def _numba_sees_gpu() -> bool:
+    """True when numba can see a usable CUDA GPU, or runs the CUDA simulator (never raises)."""
+    try:
+        from numba import cuda
+    except Exception:
+        return False
+    try:
+        return bool(cuda.is_available())
+    except Exception:
+        return False
+
+
+def cuda_problem() -> str | None:
+    """Why ``device="cuda"`` cannot run here, as a sentence that names the fix; None
+    when it can (never raises).
+
+    Either numba sees no GPU, or it sees one but numba-cuda cannot compile
+    kernels with the installed NumPy (``nbattn.cuda.compat``: numba-cuda 0.30.4
+    with NumPy 2.5); the latter is checked once per process, only where a GPU is.
+    """
+    if not _numba_sees_gpu():
+        return _NO_GPU
+    try:
+        from ..cuda.compat import numpy_problem
+
+        return numpy_problem()
+    except Exception:  # the check itself must never stand in the way
+        return None
+
+
+def cuda_available() -> bool:
+    """True when CUDA kernels can run here: numba sees a usable GPU (or runs the CUDA
+    simulator) and numba-cuda can compile with this NumPy (never raises)."""
+    return cuda_problem() is None
+
+
+def resolve_device(device: str) -> str:
+    """Map a requested device to the one that runs: "auto" picks CUDA when a GPU is there.
+
+    "cuda" where CUDA cannot run raises a ValueError that says what is missing
+    (:func:`cuda_problem`). "auto" falls back to the CPU: silently without a
+    GPU, with a ``RuntimeWarning`` that says why when a GPU is there but
+    numba-cuda cannot compile with this NumPy.
+    """
+    if device not in _DEVICES:
+        raise ValueError(f"device must be one of {_DEVICES}, got {device!r}")
+    if device == "cpu":
+        return "cpu"
+    problem = cuda_problem()
+    if problem is None:
+        return "cuda"
+    if device == "auto":
+        if problem != _NO_GPU:
+            import warnings
+
+            warnings.warn(f"{problem} Running on the CPU.", RuntimeWarning, stacklevel=2)
+        return "cpu"
+    raise ValueError(problem)
+
+
+#: The one dispatch table: (op, device) -> the module that implements ``op``
+#: there. CPU modules live in ``nbattn.kernels``, their CUDA twins (same
+#: function contracts) in ``nbattn.cuda``; both are imported on first use, so
+#: importing nbattn never needs numba-cuda or a GPU.
+KERNELS = {
+    ("pooling", "cpu"): "nbattn.kernels.pooling",
+    ("pooling", "cuda"): "nbattn.cuda.pooling",
+    ("pooling_gemm", "cpu"): "nbattn.kernels.pooling_gemm",
+    ("loo", "cpu"): "nbattn.kernels.loo",
+    ("loo", "cuda"): "nbattn.cuda.loo",
+    ("flash", "cpu"): "nbattn.kernels.flash",
+    ("flash", "cuda"): "nbattn.cuda.flash",
+    ("scores", "cpu"): "nbattn.kernels.scores",
+    ("softmax", "cpu"): "nbattn.kernels.softmax",
+    ("local", "cpu"): "nbattn.kernels.local",
+    ("loo_tiles", "cpu"): "nbattn.kernels.loo_tiles",
+    ("loo_1d", "cpu"): "nbattn.kernels.loo",
+    ("local", "cuda"): "nbattn.cuda.local",
+    ("decode", "cpu"): "nbattn.kernels.decode",
+    ("decode", "cuda"): "nbattn.cuda.decode",
+    ("varlen", "cpu"): "nbattn.kernels.varlen",
+    ("varlen", "cuda"): "nbattn.cuda.varlen",
+    ("layout", "cuda"): "nbattn.cuda.layout",
+}
+
+
+def kernels_for(op: str, device: str):
+    """The kernel module for ``op`` on ``device`` ("cpu", "cuda" or "auto").
+
+    ``device`` is resolved here (:func:`resolve_device`), so this is the one
+    place where nbattn chooses between CPU and GPU.
+    """
+    import importlib
+
+    resolved = resolve_device(device)
+    try:
+        name = KERNELS[(op, resolved)]
+    except KeyError:
+        ops = sorted({o for o, _ in KERNELS})
+        if op not in ops:
+            raise ValueError(f"unknown kernel op {op!r}; known: {ops}") from None
+        raise ValueError(f"{op!r} has no {resolved} kernels; use device='cpu'") from None
+    return importlib.import_module(name)
+
+
+def device_for(device: str, *arrays) -> str:
+    """The device ("cpu" or "cuda") that runs a call with these arrays.
+
+    GPU arrays (see :func:`is_device_array`) need ``device="cuda"`` or
+    ``"auto"`` and run on the GPU; host arrays follow :func:`resolve_device`
+    ("auto" picks the GPU when numba sees one; "cuda" without one raises).
+    """
+    if any(is_device_array(a) for a in arrays):
+        if device not in _DEVICES:
+            raise ValueError(f"device must be one of {_DEVICES}, got {device!r}")
+        if device == "cpu" or resolve_device("cuda") != "cuda":
+            raise ValueError(f"GPU arrays need device='cuda' or 'auto', got device={device!r}")
+        return "cuda"
+    return resolve_device(device)

@@ -1,0 +1,396 @@
+"""What a fitted nbattn estimator holds, checked without scikit-learn.
+
+A model file's checksum detects accidents, not edits, so the state read from
+one is validated before anything predicts with it. :mod:`nbattn.estimators.estimators`
+does that on the rebuilt estimator (``check_fitted_state``, through
+scikit-learn's parameter constraints); this module does the same checks on
+the plain content of a file (the class name, the parameters, the fitted
+attributes by name), which is what :mod:`nbattn.persistence.predictor` predicts from in a
+process that never imports scikit-learn.
+
+The tables below describe each estimator of ``nbattn.estimators.estimators.__all__``:
+its parameters with their allowed values, and its fitted attributes.
+``tests/test_predictor.py`` checks them against the estimators themselves
+(parameter names, constraints and attribute checks agree), so they cannot
+drift apart unnoticed.
+"""
+
+from __future__ import annotations
+
+import math
+from numbers import Integral, Real
+
+import numpy as np
+
+from .._core.columns import check_var_type
+from .._core.validation import check_bandwidth
+
+__all__ = [
+    "CLASSIFIERS",
+    "DEFAULTS",
+    "ESTIMATORS",
+    "check_attributes",
+    "check_fitted_state",
+    "check_params",
+    "check_table_attributes",
+    "require",
+    "require_array",
+    "require_bandwidth",
+    "require_bool",
+    "require_int",
+]
+
+_TABLE = {
+    "var_type": "str_or_none",
+    "missing": ("error", "marginalize"),
+    "handle_unknown": ("error", "ignore"),
+}
+_COMMON = {
+    "device": ("cpu", "cuda", "auto"),
+    "dtype": ("float64", "float32"),
+    "verbose": "verbose",
+}
+_BANDWIDTH = "bandwidth"
+_KERNELS = ("gaussian", "epanechnikov", "tricube")
+
+#: estimator class name -> {parameter: allowed values (a tuple of strings) or the name
+#: of a rule in ``_PARAMETER_RULES``}, in the order of the class's ``__init__``
+ESTIMATORS = {
+    "NadarayaWatsonRegressor": {
+        "bandwidth": _BANDWIDTH,
+        "kernel": (*_KERNELS, "average"),
+        **_TABLE,
+        **_COMMON,
+    },
+    "LearnedKernelRegressor": {
+        "metric": ("scalar", "diagonal", "full"),
+        "n_components": "positive_int_or_none",
+        "init": ("scott", "random"),
+        "max_iter": "positive_int",
+        "tol": "non_negative_real",
+        "random_state": "seed",
+        **_TABLE,
+        **_COMMON,
+    },
+    "LocalPolynomialRegressor": {
+        "degree": "degree",
+        "bandwidth": _BANDWIDTH,
+        "kernel": _KERNELS,
+        **_TABLE,
+        **_COMMON,
+    },
+    "NadarayaWatsonClassifier": {
+        "bandwidth": _BANDWIDTH,
+        "kernel": _KERNELS,
+        **_TABLE,
+        **_COMMON,
+    },
+}
+#: the estimators that predict class labels
+CLASSIFIERS = ("NadarayaWatsonClassifier",)
+
+_COMMON_DEFAULTS = {
+    "var_type": None,
+    "missing": "error",
+    "handle_unknown": "error",
+    "device": "cpu",
+    "dtype": "float64",
+    "verbose": 0,
+}
+#: estimator class name -> its ``__init__`` defaults: a parameter a model file lacks
+#: (one written before the parameter existed) takes its default, as in the estimator
+DEFAULTS = {
+    "NadarayaWatsonRegressor": {"bandwidth": "scott", "kernel": "gaussian", **_COMMON_DEFAULTS},
+    "LearnedKernelRegressor": {
+        "metric": "diagonal",
+        "n_components": None,
+        "init": "scott",
+        "max_iter": 200,
+        "tol": 1e-6,
+        "random_state": None,
+        **_COMMON_DEFAULTS,
+    },
+    "LocalPolynomialRegressor": {
+        "degree": 1,
+        "bandwidth": "loo",
+        "kernel": "gaussian",
+        **_COMMON_DEFAULTS,
+    },
+    "NadarayaWatsonClassifier": {"bandwidth": "scott", "kernel": "gaussian", **_COMMON_DEFAULTS},
+}
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, Integral) and not isinstance(value, (bool, np.bool_))
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, Real) and not isinstance(value, (bool, np.bool_))
+
+
+def _bandwidth_ok(value) -> bool:
+    """A rule name, a positive number, or an array-like of numbers (its values are
+    checked against ``bandwidth_`` by :func:`require_bandwidth`)."""
+    if isinstance(value, str):
+        return value in ("scott", "silverman", "loo")
+    if _is_real(value):
+        return value > 0
+    return isinstance(value, (list, tuple, np.ndarray))
+
+
+_PARAMETER_RULES = {
+    "bandwidth": (_bandwidth_ok, "'scott', 'silverman', 'loo', a positive number or an array"),
+    "str_or_none": (lambda v: v is None or isinstance(v, str), "a str or None"),
+    "verbose": (
+        lambda v: isinstance(v, (bool, np.bool_)) or (_is_int(v) and v >= 0),
+        "an int >= 0 or a bool",
+    ),
+    "positive_int": (lambda v: _is_int(v) and v >= 1, "an int >= 1"),
+    "positive_int_or_none": (lambda v: v is None or (_is_int(v) and v >= 1), "an int >= 1 or None"),
+    "non_negative_real": (
+        lambda v: _is_real(v) and not math.isnan(v) and v >= 0,
+        "a float >= 0",
+    ),
+    "seed": (
+        lambda v: v is None or (_is_int(v) and 0 <= v < 2**32),
+        "an int in [0, 2**32) or None",
+    ),
+    "degree": (lambda v: _is_int(v) and 0 <= v <= 2, "an int in [0, 2]"),
+}
+
+
+def check_params(estimator: str, params: dict) -> dict:
+    """Every parameter of ``estimator``: ``params`` over the defaults (:data:`DEFAULTS`).
+
+    Raises ValueError naming an unknown estimator, the first parameter that
+    ``estimator`` does not have, or the first whose value it does not allow.
+    """
+    allowed = ESTIMATORS.get(estimator) if isinstance(estimator, str) else None
+    if allowed is None:
+        raise ValueError(
+            f"estimator {estimator!r} is not available in this nbattn (known: {sorted(ESTIMATORS)})"
+        )
+    unknown = sorted(set(params) - set(allowed))
+    if unknown:
+        raise ValueError(f"parameters {unknown} are not parameters of nbattn.{estimator}")
+    params = {**DEFAULTS[estimator], **params}
+    for name, rule in allowed.items():
+        value = params[name]
+        if isinstance(rule, tuple):
+            ok, want = isinstance(value, str) and value in rule, f"one of {list(rule)}"
+        else:
+            check, want = _PARAMETER_RULES[rule]
+            ok = check(value)
+        if not ok:
+            raise ValueError(f"the {name!r} parameter of {estimator} must be {want}; got {value!r}")
+    return params
+
+
+# ----------------------------------------------------------------------------- attributes
+
+
+def require(state: dict, name: str, estimator: str = "the model"):
+    """The fitted attribute ``name`` of ``state`` (an estimator's ``vars``), or a ValueError."""
+    if name not in state:
+        raise ValueError(f"{estimator}: fitted attribute {name!r} is missing")
+    return state[name]
+
+
+def require_int(state, name, minimum, estimator="the model") -> int:
+    value = require(state, name, estimator)
+    if not _is_int(value) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def require_bool(state, name, estimator="the model") -> bool:
+    value = require(state, name, estimator)
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def require_array(state, name, kinds, shape, allow_nan=False, estimator="the model"):
+    """The attribute ``name``: an ndarray of a dtype kind in ``kinds`` and ``shape``
+    (None matches any length), finite when it is float (NaN allowed with ``allow_nan``)."""
+    value = require(state, name, estimator)
+    if not isinstance(value, np.ndarray):
+        raise ValueError(f"{name} must be an array, got {type(value).__name__}")
+    if value.dtype.kind not in kinds or (value.dtype.kind == "f" and value.dtype != np.float64):
+        want = "float64" if kinds == "f" else f"kinds {kinds!r}"
+        raise ValueError(f"{name} must have dtype {want}, got {value.dtype}")
+    if value.ndim != len(shape) or any(
+        s is not None and s != v for s, v in zip(shape, value.shape)
+    ):
+        want = tuple("any" if s is None else s for s in shape)
+        raise ValueError(f"{name} has shape {value.shape}, expected {want}")
+    if value.dtype.kind == "f":
+        bad = np.isinf(value) if allow_nan else ~np.isfinite(value)
+        if bad.any():
+            raise ValueError(f"{name} holds NaN or infinity")
+    return value
+
+
+def check_table_attributes(state, X, estimator="the model") -> set:
+    """var_type_, categories_ (codes of X_fit_ within them) and sample_weight_ of
+    ``state`` for the training rows X; returns their names."""
+    d = X.shape[1]
+    kinds = require(state, "var_type_", estimator)
+    if not isinstance(kinds, str):
+        raise ValueError(f"var_type_ must be a string, got {kinds!r}")
+    check_var_type(kinds, d)
+    cats = require(state, "categories_", estimator)
+    if not isinstance(cats, list) or len(cats) != d:
+        raise ValueError(f"categories_ must be a list of {d} entries")
+    for j, (kind, c) in enumerate(zip(kinds, cats)):
+        if kind == "c":
+            if c is not None:
+                raise ValueError(f"categories_[{j}] must be None for a continuous column")
+            continue
+        plain = (bool, int, float, str)
+        if not isinstance(c, list) or not c or not all(isinstance(v, plain) for v in c):
+            raise ValueError(f"categories_[{j}] must be a non-empty list of strings or numbers")
+        codes = X[:, j][~np.isnan(X[:, j])]
+        if not np.all((codes == np.round(codes)) & (codes >= 0) & (codes < len(c))):
+            raise ValueError(f"X_fit_ column {j} holds codes outside categories_[{j}]")
+    sw = require(state, "sample_weight_", estimator)
+    if sw is not None:
+        sw = require_array(state, "sample_weight_", "f", (X.shape[0],), estimator=estimator)
+        if not np.all(sw > 0):
+            raise ValueError("sample_weight_ must be positive")
+    return {"var_type_", "categories_", "sample_weight_"}
+
+
+def require_bandwidth(state, parameter, kinds: str, estimator="the model"):
+    """bandwidth_ (n_features,) float64: a positive normal width for a continuous column,
+    lambda in [0, 1] for a categorical one; equal to a numeric ``parameter`` (a single
+    number: on the continuous columns)."""
+    d = state["n_features_in_"]
+    h = require_array(state, "bandwidth_", "f", (d,), estimator=estimator)
+    continuous = np.array([k == "c" for k in kinds])
+    if continuous.any():
+        check_bandwidth(h[continuous], int(continuous.sum()), name="bandwidth_")
+    lam = h[~continuous]
+    if lam.size and not np.all((lam >= 0) & (lam <= 1)):
+        raise ValueError("bandwidth_ of a categorical column must lie in [0, 1]")
+    if parameter is not None and not isinstance(parameter, str):
+        if isinstance(parameter, Real) and not continuous.all():
+            expected, got = np.full(int(continuous.sum()), float(parameter)), h[continuous]
+        else:
+            expected, got = np.asarray(parameter, dtype=np.float64).reshape(-1), h
+            if continuous.all():
+                expected = check_bandwidth(parameter, d)
+        if not np.array_equal(np.broadcast_to(expected, got.shape), got):
+            raise ValueError("bandwidth_ does not match the numeric bandwidth parameter")
+    return h
+
+
+def _common_attributes(state, params, estimator) -> set:
+    d = require_int(state, "n_features_in_", 1, estimator)
+    allow_nan = params.get("missing", "error") != "error"
+    X = require_array(state, "X_fit_", "f", (None, d), allow_nan=allow_nan, estimator=estimator)
+    n = X.shape[0]
+    y = require_array(state, "y_fit_", "f", (n, None), estimator=estimator)
+    if n < 1 or y.shape[1] < 1:
+        raise ValueError(f"X_fit_ and y_fit_ must be non-empty, got shapes {X.shape}, {y.shape}")
+    allowed = {"n_features_in_", "X_fit_", "y_fit_"}
+    allowed |= check_table_attributes(state, X, estimator)
+    if "feature_names_in_" in state:
+        names = require_array(state, "feature_names_in_", "OU", (d,), estimator=estimator)
+        if not all(isinstance(v, str) for v in names):
+            raise ValueError("feature_names_in_ must hold strings")
+        allowed.add("feature_names_in_")
+    return allowed
+
+
+def _regressor_attributes(state, estimator) -> set:
+    m = require_int(state, "n_outputs_", 1, estimator)
+    if state["y_fit_"].shape[1] != m:
+        raise ValueError(f"y_fit_ has {state['y_fit_'].shape[1]} columns but n_outputs_ is {m}")
+    two_d = require_bool(state, "outputs_2d_", estimator)
+    if not two_d and m != 1:
+        raise ValueError(f"outputs_2d_ is False but n_outputs_ is {m}")
+    return {"n_outputs_", "outputs_2d_"}
+
+
+def _learned_attributes(state, params, estimator) -> set:
+    if state["X_fit_"].shape[0] < 2:
+        raise ValueError("X_fit_ of a LearnedKernelRegressor must have at least 2 rows")
+    d = state["n_features_in_"]
+    if params["metric"] == "full":
+        k = d if params["n_components"] is None else params["n_components"]
+        require_array(state, "components_", "f", (k, d), estimator=estimator)
+        fitted = "components_"
+    else:
+        require_bandwidth(state, None, state["var_type_"], estimator)
+        fitted = "bandwidth_"
+    loss = state.get("loss_")
+    if not _is_real(loss) or not loss >= 0:
+        raise ValueError(f"loss_ must be a non-negative number, got {loss!r}")
+    require_array(state, "loss_curve_", "f", (None,), estimator=estimator)
+    require_int(state, "n_iter_", 0, estimator)
+    return {fitted, "loss_", "loss_curve_", "n_iter_"}
+
+
+def _classifier_attributes(state, params, estimator) -> set:
+    classes = require_array(state, "classes_", "biufUO", (None,), estimator=estimator)
+    if classes.size < 2 or len(np.unique(classes)) != classes.size:
+        raise ValueError(f"classes_ must hold at least 2 distinct labels, got {classes!r}")
+    Y = state["y_fit_"]
+    if Y.shape[1] != classes.size:
+        raise ValueError(f"y_fit_ has {Y.shape[1]} columns but classes_ has {classes.size}")
+    if not (np.isin(Y, (0.0, 1.0)).all() and (Y.sum(axis=1) == 1.0).all()):
+        raise ValueError("y_fit_ of a classifier must be one-hot (one 1 per row, else 0)")
+    require_bandwidth(state, params["bandwidth"], state["var_type_"], estimator)
+    return {"classes_", "bandwidth_"}
+
+
+def check_fitted_state(estimator: str, params: dict, state: dict) -> dict:
+    """Validate the content of a fitted estimator: class name, parameters, attributes.
+
+    The checks of ``nbattn.estimators.estimators.check_fitted_state`` on plain data:
+    ``estimator`` one of :data:`ESTIMATORS`; ``params`` exactly its
+    parameters, each allowed (a ``kernel`` of ``"evil"`` is refused); every
+    required fitted attribute in ``state`` present, with the right type,
+    dtype and shape, finite, and consistent with the others (``X_fit_`` rows =
+    ``y_fit_`` rows, ``n_features_in_`` = ``X_fit_`` columns = the length of
+    ``bandwidth_`` and ``feature_names_in_``, ``classes_`` = the one-hot
+    columns of ``y_fit_``, ``components_`` (n_components, n_features), a
+    numeric ``bandwidth`` parameter = ``bandwidth_``); and nothing else held.
+
+    Returns every parameter (``params`` over :data:`DEFAULTS`).
+
+    Raises
+    ------
+    ValueError
+        naming the parameter or attribute at fault.
+    """
+    params = check_params(estimator, params)
+    check_attributes(estimator, params, state)
+    return params
+
+
+def check_attributes(estimator: str, params: dict, state: dict) -> None:
+    """The attribute half of :func:`check_fitted_state`: ``state`` against the
+    estimator ``estimator`` with (already checked) parameters ``params``.
+
+    ``nbattn.estimators.estimators.check_fitted_state`` calls it after scikit-learn has
+    checked the parameters (an in-memory estimator may hold a
+    ``numpy.random.Generator`` as ``random_state``, which no model file does).
+    """
+    allowed = _common_attributes(state, params, estimator)
+    if estimator in CLASSIFIERS:
+        allowed |= _classifier_attributes(state, params, estimator)
+    else:
+        allowed |= _regressor_attributes(state, estimator)
+        if estimator == "LearnedKernelRegressor":
+            allowed |= _learned_attributes(state, params, estimator)
+        else:
+            require_bandwidth(state, params["bandwidth"], state["var_type_"], estimator)
+            allowed.add("bandwidth_")
+    unknown = sorted(set(state) - allowed)
+    if unknown:
+        raise ValueError(
+            f"{estimator}: {unknown[0]!r} is not a fitted attribute of this estimator"
+            + (f" (nor are {unknown[1:]})" if len(unknown) > 1 else "")
+        )

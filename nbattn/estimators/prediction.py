@@ -1,0 +1,254 @@
+"""The prediction computation of every nbattn model, without scikit-learn.
+
+:class:`PoolingPrediction` holds the one copy of how a fitted model pools its
+training targets at checked queries: which engine runs (the streaming
+Gaussian kernel, average pooling, or the mixed-type local-polynomial engine),
+with which arguments, and how the spread about the prediction is formed. Two
+classes use it:
+
+* the scikit-learn estimators (:class:`nbattn.estimators.estimators._PoolingEstimator`),
+  whose parameters and fitted attributes are attributes of ``self``;
+* :class:`nbattn.persistence.predictor.Predictor`, which reads them from the dictionaries
+  of a model file, so that ``nbattn predict`` never imports scikit-learn.
+
+A class using it answers four questions: :meth:`_param` (a parameter by
+name), :meth:`_fitted` (a fitted attribute by name), :meth:`_is_local_polynomial`
+(the estimator kind that always runs the engine, with ``degree``), and, when
+asked for the effective number of neighbours, ``_attention_weights_checked``.
+Everything else (degree, full metric, average kernel) follows from the
+parameters. The functional-layer modules are imported when first called, so
+importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._core import columns
+from .._core.validation import resolve_dtype
+from ..dispatch.device import resolve_device
+
+__all__ = ["PoolingPrediction"]
+
+
+class PoolingPrediction:
+    """Predictions of attention pooling over a fitted training set.
+
+    The model pools ``y_fit_`` (n_train, m) over the keys ``X_fit_`` (n_train, d)
+    with the softmax of the Gaussian score ``-1/2 sum_d ((q_d - k_d) / h_d)^2``
+    (widths ``bandwidth_``; the full learned metric maps x to Lx with unit
+    widths), through the engine for categorical columns, marginalised missing
+    values, compact kernels and local polynomials, or as the (weighted) mean
+    for ``kernel="average"``. Results are float64 whatever ``dtype`` is.
+    """
+
+    # ---- what a using class provides
+
+    def _param(self, name: str, default=None):
+        """The model's parameter ``name`` (``default`` when the model has none)."""
+        raise NotImplementedError
+
+    def _fitted(self, name: str, default=None):
+        """The model's fitted attribute ``name`` (``default`` when absent)."""
+        raise NotImplementedError
+
+    def _is_local_polynomial(self) -> bool:
+        """Whether the model is a local polynomial (always the engine, at ``degree``)."""
+        return False
+
+    # ---- how the model reads its columns
+
+    def _kinds(self) -> str:
+        """The fitted column kinds ("c" for every column of a model from an older file)."""
+        kinds = self._fitted("var_type_")
+        return kinds if kinds is not None else "c" * self._fitted("n_features_in_")
+
+    def _n_categories(self) -> list:
+        categories = self._fitted("categories_") or [None] * self._fitted("n_features_in_")
+        return columns.n_categories(categories)
+
+    def _kernel(self) -> str:
+        """The engine's kernel ("average" pools with the Gaussian where a kernel is needed)."""
+        kernel = self._param("kernel", "gaussian")
+        return "gaussian" if kernel == "average" else kernel
+
+    def _average(self) -> bool:
+        """Whether the model is average pooling (``kernel="average"``)."""
+        return self._param("kernel") == "average"
+
+    def _missing(self) -> str:
+        return self._param("missing", "error")
+
+    def _encodes(self) -> bool:
+        """Whether query tables go through :func:`nbattn._core.columns.encode_columns`."""
+        return set(self._kinds()) != {"c"} or self._missing() == "marginalize"
+
+    def _uses_engine(self) -> bool:
+        """Whether the mixed-type engine (:mod:`nbattn.local.engine`) computes this model.
+
+        All-continuous data with the Gaussian kernel and no missing values
+        stays on the streaming Nadaraya-Watson kernels (CPU and GPU).
+        """
+        if self._is_local_polynomial():
+            return True
+        return self._encodes() or self._kernel() != "gaussian"
+
+    def _degree(self) -> int:
+        """Degree of the local polynomial (0: Nadaraya-Watson)."""
+        return int(self._param("degree")) if self._is_local_polynomial() else 0
+
+    def _weights(self):
+        return self._fitted("sample_weight_")
+
+    # ---- resolved at every call
+
+    def _device(self) -> str:
+        """The device that runs this call ("auto" resolved here, not at fit)."""
+        return resolve_device(self._param("device"))
+
+    def _dtype(self):
+        return resolve_dtype(self._param("dtype"))
+
+    def _shape_output(self, out):
+        """Columns of (n_queries, n_outputs) → 1-D when the model was fitted on a 1-D y."""
+        return out if self._fitted("outputs_2d_") else out[:, 0]
+
+    # ---- the computation, for checked float64 queries X (n, d)
+
+    def _score_coordinates(self, X):
+        """(queries, keys, widths) of the Gaussian score; metric "full" maps x to Lx,
+        where the score is the unit-width Gaussian."""
+        X_fit = self._fitted("X_fit_")
+        if self._param("metric") == "full":
+            L = self._fitted("components_")
+            return X @ L.T, X_fit @ L.T, 1.0
+        return X, X_fit, self._fitted("bandwidth_")
+
+    def _engine_options(self, X):
+        """The keywords of the engine's calls for the checked queries X."""
+        # NaN in the queries of a model that refuses missing values is an unseen category:
+        # the engine leaves that column out of the row's product (see nbattn._core.columns)
+        missing = self._missing()
+        if missing == "error" and X is not None and np.isnan(X).any():
+            missing = "marginalize"
+        return dict(
+            var_type=self._kinds(),
+            n_categories=self._n_categories(),
+            kernel=self._kernel(),
+            sample_weight=self._weights(),
+            missing=missing,
+            device=self._device(),
+        )
+
+    def _local_fit(self, X, values, return_gradient=False, degree=None):
+        """The engine's local fit of ``values`` (n_train, m) at the checked queries X:
+        (n, m) float64, and with ``return_gradient`` the slopes (n, m, d_continuous)."""
+        from ..local.engine import local_polynomial
+
+        out = local_polynomial(
+            X,
+            self._fitted("X_fit_"),
+            values,
+            self._fitted("bandwidth_"),
+            self._degree() if degree is None else degree,
+            return_gradient=return_gradient,
+            dtype=self._dtype(),
+            **self._engine_options(X),
+        )
+        if return_gradient:
+            grad = np.asarray(out[1], dtype=np.float64)  # (n, d_c, m)
+            return np.asarray(out[0], dtype=np.float64), np.transpose(grad, (0, 2, 1))
+        return np.asarray(out, dtype=np.float64)
+
+    def _pooled_values(self, X, values):
+        """``sum_j w_ij v_j`` for any values (n_train, m) at the checked queries X: the
+        (weighted) mean for average pooling, the engine's degree-0 fit, or the streaming
+        kernel (weights: pooled as ``[w v, w]`` and divided, which is the weighted
+        softmax exactly)."""
+        from ..smoothing import regression
+
+        sw = self._weights()
+        if self._average():
+            if sw is None:
+                return regression.average_pooling(X, values)
+            mean = (sw @ values) / sw.sum()
+            return np.broadcast_to(mean, (X.shape[0], values.shape[1])).copy()
+        if self._uses_engine():
+            return self._local_fit(X, values, degree=0)
+        q, k, h = self._score_coordinates(X)
+        if sw is not None:
+            values = np.column_stack([sw[:, None] * values, sw])
+        out = regression.nadaraya_watson(
+            q, k, values, h, dtype=self._dtype(), device=self._device()
+        )
+        out = np.asarray(out, dtype=np.float64)
+        return out if sw is None else out[:, :-1] / out[:, -1:]
+
+    def _pooled(self, X):
+        """Predictions (n_queries, m) as float64, on ``device``."""
+        y = self._fitted("y_fit_")
+        if not self._average() and self._uses_engine():
+            return self._local_fit(X, y)
+        return self._pooled_values(X, y)
+
+    def _pooled_spread(self, X, effective_n=True):
+        """(predictions, weighted std of the targets about them, effective n or None) for
+        the checked queries X, on ``device``.
+
+        Unweighted average pooling: the mean and the targets' population std.
+        The unweighted Gaussian fast path runs
+        :func:`nbattn.smoothing.learning.nadaraya_watson_spread` (a second pass about f).
+        Otherwise the spread about f comes from pooled moments of the targets
+        centred on their mean c, ``sum_j w_ij (y_j - f)^2 = E[(y-c)^2] -
+        2 (f-c) E[y-c] + (f-c)^2``, and the effective n ``1 / sum_j w_ij^2``
+        from ``_attention_weights_checked`` (only when ``effective_n``).
+        """
+        y = self._fitted("y_fit_")
+        if self._average() and self._weights() is None:
+            from ..smoothing.regression import average_pooling, feature_spread
+
+            mean = average_pooling(X, y)
+            std = np.broadcast_to(feature_spread(y, ddof=0), mean.shape).copy()
+            n_train = float(self._fitted("X_fit_").shape[0])
+            return mean, std, np.full(X.shape[0], n_train)
+        if not self._uses_engine() and self._weights() is None:
+            from ..smoothing.learning import nadaraya_watson_spread
+
+            q, k, h = self._score_coordinates(X)
+            mean, std, n_eff = nadaraya_watson_spread(
+                q, k, y, h, dtype=self._dtype(), device=self._device()
+            )
+            return (
+                np.asarray(mean, dtype=np.float64),
+                np.asarray(std, dtype=np.float64),
+                np.asarray(n_eff, dtype=np.float64),
+            )
+        f = self._pooled(X)
+        m = y.shape[1]
+        centre = y.mean(axis=0)
+        dy = y - centre
+        moments = self._pooled_values(X, np.column_stack([dy, dy * dy]))
+        first, second = moments[:, :m], moments[:, m:]
+        fc = f - centre
+        var = np.maximum(second - 2.0 * fc * first + fc * fc, 0.0)
+        n_eff = None
+        if effective_n:
+            weights = self._attention_weights_checked(X)
+            n_eff = 1.0 / np.sum(weights * weights, axis=1)
+        return f, np.sqrt(var), n_eff
+
+    # ---- what predict and predict_proba return for checked queries X
+
+    def _predictions(self, X, return_std=False):
+        """A regressor's predictions, shaped like its targets, and with ``return_std``
+        the spread of the targets about them (:meth:`_pooled_spread`)."""
+        if return_std:
+            out, std, _ = self._pooled_spread(X, effective_n=False)
+            return self._shape_output(out), self._shape_output(std)
+        return self._shape_output(self._pooled(X))
+
+    def _probabilities(self, X):
+        """A classifier's probabilities: the pooled one-hot labels clipped at 0 and
+        normalised, ``p_ic = max(f_ic, 0) / sum_c' max(f_ic', 0)``."""
+        proba = np.clip(self._pooled(X), 0.0, None)
+        return proba / proba.sum(axis=1, keepdims=True)

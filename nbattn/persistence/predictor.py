@@ -1,0 +1,175 @@
+"""Predictions from a model file without scikit-learn: what ``nbattn predict`` runs.
+
+``nbattn.load`` rebuilds the scikit-learn estimator, and importing
+scikit-learn (with the SciPy it loads) takes longer than the whole prediction
+of a small file. A :class:`Predictor` reads the same file
+(:func:`nbattn.persistence.modelfile.read_fitted_state`: sizes, checksum), validates its
+content (:func:`nbattn.estimators.fitted_state.check_fitted_state`: the checks the
+estimator makes, without scikit-learn) and predicts through the same
+functional-layer calls as the estimator's methods, in the same order and
+with the same arguments (the one computation of both,
+:class:`nbattn.estimators.prediction.PoolingPrediction`), so its predictions are bit for
+bit the estimator's:
+
+* all-continuous Gaussian data without missing values: attention pooling by
+  the streaming kernel, :func:`nbattn.smoothing.regression.nadaraya_watson`, with
+  sample weights pooled as ``[w v, w]`` and divided; the learned full metric
+  maps x to Lx and pools with unit widths;
+* categorical columns, ``missing="marginalize"``, a compact kernel, or a
+  local polynomial: the mixed-type engine, :func:`nbattn.local.engine.local_polynomial`;
+* ``kernel="average"``: :func:`nbattn.smoothing.regression.average_pooling`;
+* ``return_std``: :func:`nbattn.smoothing.learning.nadaraya_watson_spread`, or the
+  pooled moments about f for the engine and for weighted models
+  (``sum_j w_ij (y_j - f)^2 = E[(y-c)^2] - 2 (f-c) E[y-c] + (f-c)^2``);
+* classifiers: the pooled one-hot labels clipped at 0 and normalised; the
+  label is the first class of largest probability.
+
+``tests/test_predictor.py`` compares it with the estimator on every model
+kind the command line fits.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from .._core import columns
+from ..estimators.fitted_state import CLASSIFIERS, check_fitted_state
+from ..estimators.prediction import PoolingPrediction
+from .modelfile import invalid_model, read_fitted_state
+
+__all__ = ["Predictor", "read_predictor"]
+
+
+def read_predictor(path):
+    """``(Predictor, metadata)`` of a model file, validated; scikit-learn is not imported.
+
+    Raises :class:`nbattn.persistence.modelfile.ModelFileError` (a ValueError) for a
+    file :func:`nbattn.load` would refuse: foreign, truncated, corrupt,
+    edited, of another format version, or naming an unknown estimator.
+    """
+    path = Path(path)
+    meta, state = read_fitted_state(path)
+    try:
+        predictor = Predictor(meta.get("estimator"), meta.get("params", {}), state)
+    except (TypeError, AttributeError, ValueError) as exc:
+        raise invalid_model(path, exc) from exc
+    return predictor, meta
+
+
+class Predictor(PoolingPrediction):
+    """A fitted nbattn estimator's predictions, from its class name, parameters and
+    fitted attributes (what a model file holds).
+
+    Parameters
+    ----------
+    estimator : str
+        The class name, one of ``nbattn.estimators.estimators.__all__``.
+    params : dict
+        The estimator's parameters (``get_params()``).
+    state : dict
+        The fitted attributes by name (``bandwidth_``, ``X_fit_``, ...).
+
+    Raises ValueError when they do not describe a valid fitted model
+    (:func:`nbattn.estimators.fitted_state.check_fitted_state`).
+    """
+
+    def __init__(self, estimator: str, params: dict, state: dict):
+        if not isinstance(params, dict) or not isinstance(state, dict):
+            raise ValueError("params and state must be dictionaries")
+        self.params = check_fitted_state(estimator, params, state)
+        self.estimator = estimator
+        self.state = dict(state)
+
+    # ---- what the command line reads
+
+    @property
+    def is_classifier(self) -> bool:
+        return self.estimator in CLASSIFIERS
+
+    @property
+    def var_type_(self) -> str:
+        return self.state["var_type_"]
+
+    @property
+    def classes_(self):
+        if not self.is_classifier:
+            raise AttributeError(f"{self.estimator} has no classes_")
+        return self.state["classes_"]
+
+    @property
+    def feature_names_in_(self):
+        return self.state.get("feature_names_in_")
+
+    def __repr__(self) -> str:
+        return f"Predictor({self.estimator})"
+
+    # ---- predictions
+
+    def predict(self, X, return_std=False):
+        """What the estimator's ``predict(X)`` (and ``return_std``) returns for X."""
+        if self.is_classifier:
+            if return_std:
+                raise ValueError("return_std is for regressors")
+            proba = self.predict_proba(X)
+            return self.state["classes_"][np.argmax(proba, axis=1)]
+        X = self._check_queries(X)
+        return self._predictions(X, return_std)
+
+    def predict_proba(self, X):
+        """Class probabilities (n_queries, n_classes), columns in ``classes_`` order."""
+        if not self.is_classifier:
+            raise AttributeError(f"{self.estimator} has no predict_proba")
+        X = self._check_queries(X)
+        return self._probabilities(X)
+
+    # ---- what the shared computation reads (nbattn.estimators.prediction)
+
+    def _param(self, name, default=None):
+        return self.params.get(name, default)
+
+    def _fitted(self, name, default=None):
+        return self.state.get(name, default)
+
+    def _is_local_polynomial(self) -> bool:
+        return self.estimator == "LocalPolynomialRegressor"
+
+    # ---- query checks (the estimators' run through scikit-learn's validate_data)
+
+    def _check_queries(self, X):
+        """X as the float64 (n, d) array the estimator's checks make of it: numbers for
+        an all-continuous model, the category codes of :func:`nbattn._core.columns.encode_columns`
+        otherwise; NaN only where the model marginalises (or ignores unseen categories)."""
+        names = self.state.get("feature_names_in_")
+        d = self.state["n_features_in_"]
+        if columns.is_dataframe(X) and names is not None:
+            got = [str(c) for c in X.columns]
+            if got != [str(n) for n in names]:
+                raise ValueError(
+                    f"X has the columns {got}; the model was fitted on {list(map(str, names))}"
+                )
+        kinds = self.state["var_type_"]
+        unknown_allowed = self._param("handle_unknown", "error") == "ignore"
+        if set(kinds) == {"c"} and columns.all_numeric(X):
+            arr = np.asarray(X, dtype=np.float64)  # as scikit-learn's check_array converts
+            allow_nan = self._missing() == "marginalize"
+        else:
+            table = columns.as_table(X)
+            arr = columns.encode_columns(
+                table,
+                kinds,
+                self.state["categories_"],
+                missing=self._missing(),
+                handle_unknown=self._param("handle_unknown", "error"),
+            )
+            allow_nan = self._missing() == "marginalize" or unknown_allowed
+        if arr.ndim != 2 or arr.shape[1] != d:
+            raise ValueError(f"X has shape {arr.shape}; the model expects {d} columns")
+        if arr.shape[0] == 0:
+            raise ValueError("X has no rows")
+        bad = np.isinf(arr) if allow_nan else ~np.isfinite(arr)
+        if bad.any():
+            i, j = np.argwhere(bad)[0]
+            raise ValueError(f"X holds {arr[i, j]} at row {i}, column {j}")
+        return arr

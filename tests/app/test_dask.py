@@ -1,0 +1,211 @@
+"""nbattn.dask on a real LocalCluster with two worker processes."""
+
+import os
+import signal
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import nbattn
+
+da = pytest.importorskip("dask.array")
+dd = pytest.importorskip("dask.dataframe")
+distributed = pytest.importorskip("distributed")
+nbdask = pytest.importorskip("nbattn.dask")
+
+
+# First, before the module's cluster exists: no distributed client at all.
+def test_fit_and_predict_without_a_client_use_the_local_scheduler():
+    assert nbdask._current_client() is None
+    rng = np.random.default_rng(11)
+    frame = pd.DataFrame(rng.uniform(0, 5, size=(200, 2)), columns=["a", "b"])
+    target = pd.Series(np.sin(frame["a"]) + rng.normal(0, 0.1, 200), name="y")
+    make = lambda: nbattn.NadarayaWatsonRegressor(bandwidth="loo")  # noqa: E731
+    model = nbdask.fit(
+        make(), dd.from_pandas(frame, npartitions=3), dd.from_pandas(target, npartitions=3)
+    )
+    local = make().fit(frame, target)
+    np.testing.assert_array_equal(model.bandwidth_, local.bandwidth_)
+    got = nbdask.predict(model, dd.from_pandas(frame, npartitions=3)).compute()
+    np.testing.assert_array_equal(got.to_numpy(), local.predict(frame))
+
+
+@pytest.fixture(scope="module")
+def client():
+    cluster = distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+    )
+    with distributed.Client(cluster) as c:
+        yield c
+    cluster.close()
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(7)
+    keys = rng.uniform(0, 6, size=(3000, 2))
+    values = np.sin(keys[:, 0]) + 0.1 * keys[:, 1] + rng.normal(0, 0.2, 3000)
+    queries = rng.uniform(0, 6, size=(2000, 2))
+    return queries, keys, values
+
+
+def test_predict_dataframe_equals_in_memory_and_keeps_index(client, data):
+    queries, keys, values = data
+    cols = ["a", "b"]
+    model = nbattn.NadarayaWatsonRegressor().fit(pd.DataFrame(keys, columns=cols), values)
+    frame = pd.DataFrame(queries, columns=cols, index=np.arange(len(queries)) * 3 + 11)
+    ddf = dd.from_pandas(frame, npartitions=4)
+    got = nbdask.predict(model, ddf).compute()
+    expected = model.predict(frame)
+    pd.testing.assert_index_equal(got.index, frame.index)
+    np.testing.assert_allclose(got.to_numpy(), expected, rtol=1e-12, atol=0)
+
+
+def test_predict_multi_output_array(client, data):
+    queries, keys, values = data
+    model = nbattn.NadarayaWatsonRegressor().fit(keys, np.column_stack([values, -values]))
+    got = nbdask.predict(model, da.from_array(queries, chunks=(300, 2))).compute()
+    np.testing.assert_allclose(got, model.predict(queries), rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("key_chunk", [3000, 1000, 333])
+def test_sharded_keys_merge_is_exact(client, data, key_chunk):
+    queries, keys, values = data
+    got = nbdask.nadaraya_watson_sharded(
+        da.from_array(queries, chunks=(500, 2)),
+        da.from_array(keys, chunks=(key_chunk, 2)),
+        da.from_array(values, chunks=key_chunk),
+        bandwidth="scott",
+    ).compute()
+    expected = nbattn.nadaraya_watson(queries, keys, values, "scott")
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-14)
+
+
+def test_merge_of_empty_shard_is_identity():
+    out = np.array([[1.0], [2.0]])
+    lse = np.array([0.5, -np.inf])
+    empty = (np.zeros((2, 1)), np.array([-np.inf, -np.inf]))
+    merged_out, merged_lse = nbdask.merge_partial((out, lse), empty)
+    np.testing.assert_array_equal(merged_out, [[1.0], [0.0]])
+    np.testing.assert_array_equal(merged_lse, lse)
+
+
+def test_workers_load_kernels_from_cache(client, data):
+    queries, keys, values = data
+    model = nbattn.NadarayaWatsonRegressor().fit(keys, values)
+    model.predict(queries[:5])  # this process has compiled (and cached) the kernel
+
+    def predict_then_cache_stats():
+        from nbattn.kernels import pooling
+
+        model.predict(queries[:5])
+        stats = pooling.gaussian_pool.stats
+        return sum(stats.cache_misses.values()), sum(stats.cache_hits.values())
+
+    for misses, hits in client.run(predict_then_cache_stats).values():
+        assert misses == 0 and hits >= 1
+
+
+def test_predict_rejects_in_memory_data(data):
+    queries, keys, values = data
+    model = nbattn.NadarayaWatsonRegressor().fit(keys, values)
+    with pytest.raises(ValueError, match="dask DataFrame or dask Array"):
+        nbdask.predict(model, queries)
+
+
+def test_cli_predict_on_the_cluster_equals_local_run(client, tmp_path, data):
+    from nbattn.app.cli import main
+
+    queries, keys, values = data
+    train = pd.DataFrame({"a": keys[:, 0], "b": keys[:, 1], "y": values})
+    test = pd.DataFrame({"id": np.arange(len(queries)), "a": queries[:, 0], "b": queries[:, 1]})
+    train.to_csv(tmp_path / "train.csv", index=False)
+    test.to_csv(tmp_path / "test.csv", index=False)
+    model = str(tmp_path / "model.npz")
+    assert main(["fit", str(tmp_path / "train.csv"), "--target", "y", "-o", model, "-q"]) == 0
+    common = [model, str(tmp_path / "test.csv"), "--chunksize", "300", "--id-column", "id", "-q"]
+    assert main(["predict", *common, "-o", str(tmp_path / "local.csv")]) == 0
+    address = client.scheduler.address
+    assert main(["predict", *common, "--scheduler", address, "-o", str(tmp_path / "dask.csv")]) == 0
+    local = pd.read_csv(tmp_path / "local.csv")
+    remote = pd.read_csv(tmp_path / "dask.csv")
+    pd.testing.assert_frame_equal(local, remote)
+    assert len(remote) == len(queries)
+
+
+def test_cli_unreachable_scheduler_fails_cleanly(tmp_path, data, capsys, monkeypatch):
+    from nbattn import config
+    from nbattn.app.cli import main
+
+    monkeypatch.setattr(config, "DASK_CONNECT_TIMEOUT", 2)
+
+    queries, keys, values = data
+    pd.DataFrame({"a": keys[:50, 0], "y": values[:50]}).to_csv(tmp_path / "t.csv", index=False)
+    model = str(tmp_path / "m.npz")
+    assert main(["fit", str(tmp_path / "t.csv"), "--target", "y", "-o", model, "-q"]) == 0
+    out = tmp_path / "p.csv"
+    args = ["predict", model, str(tmp_path / "t.csv"), "-o", str(out), "-q"]
+    assert main([*args, "--scheduler", "tcp://127.0.0.1:9"]) == 1
+    assert "dask scheduler" in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("how", ["diagonal", "full", "scalar-1d"])
+def test_sharded_loo_sums_equal_in_memory(client, how):
+    from nbattn.smoothing import learning
+
+    rng = np.random.default_rng(3)
+    X = rng.uniform(0, 5, size=(300, 3))
+    y = np.column_stack([np.sin(X[:, 0]), X[:, 1]]) + rng.normal(0, 0.1, size=(300, 2))
+    if how == "diagonal":
+        run = lambda: learning.loo_loss_and_grad(X, y, [0.5, 1.0, 2.0])  # noqa: E731
+    elif how == "full":
+        L = rng.normal(size=(2, 3))
+        run = lambda: learning.loo_loss_and_grad(X, y, components=L)  # noqa: E731
+    else:
+        run = lambda: (learning.loo_loss(X[:, :1], y, 0.3), np.zeros(1))  # noqa: E731
+    expected = run()
+    with distributed.get_task_stream(client) as stream, nbdask.sharded_training(client, 3):
+        got = run()
+    assert len(stream.data) >= 3  # the row ranges ran as tasks on the cluster
+    assert got[0] == pytest.approx(expected[0], rel=1e-12)
+    np.testing.assert_allclose(got[1], expected[1], rtol=1e-10, atol=1e-14)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: nbattn.NadarayaWatsonRegressor(bandwidth="loo"),
+        lambda: nbattn.LearnedKernelRegressor(metric="diagonal", max_iter=30),
+    ],
+)
+def test_fit_on_dask_dataframe_equals_in_memory_fit(client, make):
+    rng = np.random.default_rng(5)
+    frame = pd.DataFrame(rng.uniform(0, 5, size=(400, 3)), columns=["a", "b", "c"])
+    target = pd.Series(np.sin(frame["a"]) + rng.normal(0, 0.1, 400), name="y")
+    model = nbdask.fit(
+        make(), dd.from_pandas(frame, npartitions=4), dd.from_pandas(target, npartitions=4)
+    )
+    local = make().fit(frame, target)
+    np.testing.assert_allclose(model.bandwidth_, local.bandwidth_, rtol=1e-8)
+    np.testing.assert_allclose(model.predict(frame), local.predict(frame), rtol=1e-8)
+    assert list(model.feature_names_in_) == ["a", "b", "c"]
+
+
+# Last: it kills a worker of the shared cluster.
+def test_worker_killed_mid_job_still_gives_identical_results(client, data):
+    queries, keys, values = data
+    big_queries = np.tile(queries, (10, 1))
+    model = nbattn.NadarayaWatsonRegressor().fit(keys, values)
+    expected = model.predict(big_queries)
+    future = client.compute(nbdask.predict(model, da.from_array(big_queries, chunks=(500, 2))))
+    pids = client.run(os.getpid)
+    time.sleep(0.5)
+    victim = sorted(pids.values())[0]
+    os.kill(victim, signal.SIGKILL)
+    got = future.result(timeout=300)
+    assert got.shape == expected.shape
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=0)
+    client.wait_for_workers(2, timeout=120)  # the nanny restarts the killed worker
