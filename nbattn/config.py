@@ -4,9 +4,9 @@ The sections below (engine, pooling, loo, search, learned, local, flash,
 decode, cuda, app) are listed in :data:`SECTIONS`; :data:`DEFAULTS` is the one
 table of their values at import and :func:`reset` puts them back. Each value
 can be overridden by an environment variable of the same name with the prefix
-``NBATTN_`` (for example ``NBATTN_KEY_BLOCK=512``), read once at import time. Tests patch the module attributes directly;
-kernels read them when they are compiled, so a patch must happen before the
-first call.
+``NBATTN_`` (for example ``NBATTN_KEY_BLOCK=512``), read once at import time.
+Tests patch the module attributes directly; kernels read them when they are
+compiled, so a patch must happen before the first call.
 """
 
 from __future__ import annotations

@@ -87,7 +87,9 @@ print(json.dumps({{"steps": steps, "lazy_submodule": lazy_submodule, "wrong": wr
 """
 
 #: The names of the functional layer: reaching them loads numpy and numba only.
-FUNCTIONAL = sorted({n for n, module in nbattn._PUBLIC.items() if not module.startswith("estimators")}) + [
+FUNCTIONAL = sorted(
+    {n for n, module in nbattn._PUBLIC.items() if not module.startswith("estimators")}
+) + [
     "positional",
     "scores",
 ]

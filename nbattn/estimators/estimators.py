@@ -730,7 +730,7 @@ class LearnedKernelRegressor(_PoolingRegressor):
         return tags
 
     def _seed(self):
-        """random_state for :func:`nbattn.smoothing.learning.fit_learned_kernel` (numpy's default_rng)."""
+        """random_state for ``fit_learned_kernel`` (numpy's default_rng)."""
         if isinstance(self.random_state, np.random.RandomState):
             return int(self.random_state.randint(np.iinfo(np.int32).max))
         return self.random_state  # None, an int or a Generator: default_rng takes them

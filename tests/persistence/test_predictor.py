@@ -1,4 +1,4 @@
-"""``nbattn predict`` without scikit-learn: nbattn.persistence.predictor and nbattn.estimators.fitted_state.
+"""``nbattn predict`` without scikit-learn: nbattn.persistence.predictor and fitted_state.
 
 The light path must predict bit for bit what the loaded estimator predicts,
 on every model kind the command line fits, refuse every model file that
