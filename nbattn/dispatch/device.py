@@ -1,4 +1,5 @@
-"""Which device runs a computation: "cpu", "cuda" or "auto", and the one dispatch table."""
+"""Which device runs a computation ("cpu", "cuda" or "auto"), the one dispatch table, and
+what numba-cuda finds on this machine."""
 
 from __future__ import annotations
 
@@ -133,3 +134,44 @@ def device_for(device: str, *arrays) -> str:
             raise ValueError(f"GPU arrays need device='cuda' or 'auto', got device={device!r}")
         return "cuda"
     return resolve_device(device)
+
+
+#: The dynamic libraries numba-cuda loads to compile and run kernels.
+CUDA_LIBRARIES = ("nvvm", "nvrtc", "cudart")
+
+
+def _reason(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:200] or type(exc).__name__
+
+
+def cuda_libraries() -> dict:
+    """``{"driver": ..., "nvvm": ..., "nvrtc": ..., "cudart": ..., "cudadevrt": ...}``: for
+    each, where numba-cuda found it ("found at PATH") or why not ("not found: REASON").
+
+    The same look-ups as ``numba -s`` / ``numba.cuda.cudadrv.libs.test()``,
+    without printing.
+    """
+    try:
+        from numba.cuda.cudadrv import libs
+    except Exception as exc:  # no numba-cuda, or a broken install
+        return {"numba-cuda": f"not available: {_reason(exc)}"}
+    found = {}
+    try:
+        loader, candidates = libs.locate_driver_and_loader()
+        _, path = libs.load_driver(loader, candidates)
+        found["driver"] = f"found at {path}"
+    except Exception as exc:
+        found["driver"] = f"not found: {_reason(exc)}"
+    for lib in CUDA_LIBRARIES:
+        try:
+            libs.open_cudalib(lib)
+            found[lib] = f"found at {libs.get_cudalib(lib)}"
+        except Exception as exc:
+            found[lib] = f"not found: {_reason(exc)}"
+    try:
+        path = libs.get_cudalib("cudadevrt", static=True)
+        libs.check_static_lib(path)
+        found["cudadevrt"] = f"found at {path}"
+    except Exception as exc:
+        found["cudadevrt"] = f"not found: {_reason(exc)}"
+    return found
