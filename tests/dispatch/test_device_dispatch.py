@@ -60,8 +60,13 @@ def test_kernels_for_names_every_op_and_device():
 
     ops = {op for op, _ in device.KERNELS}
     assert {"pooling", "loo", "flash", "local", "varlen", "decode"} <= ops
-    for op in sorted(ops):
+    for op in sorted(op for op, where in device.KERNELS if where == "cpu"):
         assert device.kernels_for(op, "cpu").__name__ == f"nbattn.kernels.{op}"
+    for op, where in device.KERNELS:  # the CUDA twins carry the same module names
+        if where == "cuda":
+            assert device.KERNELS[(op, where)] == f"nbattn.cuda.{op}"
+    with pytest.raises(ValueError, match="has no cpu kernels"):
+        device.kernels_for("layout", "cpu")  # device-side checks exist on the GPU only
     with pytest.raises(ValueError, match="unknown kernel op"):
         device.kernels_for("convolution", "cpu")
 
