@@ -257,7 +257,8 @@ def test_every_catalogued_kernel_has_a_disk_cache_with_distinct_keys():
     (which pickles the closure: sizes, dtypes, the device functions it calls), and
     two specialisations of one kernel never share a key."""
     from nbattn import config
-    from nbattn.cuda import ptx
+
+    ptx = _load_ptx_tools()
 
     expected = "CUDACache" if config.CACHE else "NullCache"  # NBATTN_CACHE=0 turns it off
     cases = (
@@ -329,7 +330,8 @@ def test_no_kernel_reads_a_tunable_as_a_global():
     import types
 
     from nbattn import config
-    from nbattn.cuda import ptx
+
+    ptx = _load_ptx_tools()
 
     seen, offenders = set(), []
 

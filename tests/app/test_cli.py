@@ -1052,7 +1052,7 @@ def test_fit_verbose_passes_verbose_to_the_estimator(work, capsys):
 def test_command_layer_calls_no_private_names():
     import ast
 
-    tree = ast.parse((ROOT / "nbattn" / "cli.py").read_text())
+    tree = ast.parse((ROOT / "nbattn" / "app" / "cli.py").read_text())
     private = [
         f"{ast.unparse(node.value)}.{node.attr}"
         for node in ast.walk(tree)
