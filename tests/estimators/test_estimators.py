@@ -13,7 +13,7 @@ from sklearn.base import clone
 
 import nbattn
 from nbattn.dispatch.device import cuda_available
-from nbattn.estimators.estimators import check_fitted_state, estimators
+from nbattn.estimators import check_fitted_state, estimators
 from nbattn.smoothing import learning, regression
 
 from .. import naive

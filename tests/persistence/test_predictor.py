@@ -22,7 +22,7 @@ from sklearn.base import is_classifier
 
 import nbattn
 from nbattn.app import batch, cli, io
-from nbattn.estimators.estimators import estimators, fitted_state
+from nbattn.estimators import estimators, fitted_state
 from nbattn.persistence import modelfile
 from nbattn.persistence.predictor import read_predictor
 
