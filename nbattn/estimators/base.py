@@ -56,7 +56,6 @@ from ..smoothing import regression
 from . import spec as specs
 from .fitted_state import check_attributes
 from .prediction import PoolingPrediction
-from .widths import fit_widths
 
 __all__ = ["check_fitted_state", "parameter_constraints"]
 
@@ -273,11 +272,6 @@ class _PoolingEstimator(PoolingPrediction, BaseEstimator):
         keep = sw > 0
         X, y, sw = X[keep], y[keep], sw[keep]
         return X, y, (None if np.all(sw == 1.0) else sw)
-
-    def _fit_bandwidth(self, bandwidth, X, Y, sample_weight=None, degree=0):
-        """Per-feature widths for the checked training data
-        (:func:`nbattn.estimators.widths.fit_widths`)."""
-        return fit_widths(self, bandwidth, X, Y, sample_weight, degree)
 
     # ---- what the shared computation reads (nbattn.estimators.prediction)
 

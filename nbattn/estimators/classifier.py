@@ -7,6 +7,7 @@ from sklearn.base import ClassifierMixin
 from sklearn.utils.multiclass import check_classification_targets
 
 from .base import _nadaraya_watson_init, _PoolingEstimator
+from .widths import fit_widths
 
 __all__ = ["NadarayaWatsonClassifier"]
 
@@ -39,7 +40,7 @@ class NadarayaWatsonClassifier(ClassifierMixin, _PoolingEstimator):
     var_type, missing, handle_unknown
         How the columns of X are read (see :class:`NadarayaWatsonRegressor`);
         with categorical columns "loo" learns each h and lambda by the LOO
-        Brier score (:func:`nbattn.local.engine.local_loo_widths`).
+        Brier score (:func:`nbattn.local.widths.local_loo_widths`).
     device : "cpu", "cuda" or "auto"
         Resolved each time a method runs (see :class:`NadarayaWatsonRegressor`).
     dtype : "float64" or "float32"
@@ -78,7 +79,7 @@ class NadarayaWatsonClassifier(ClassifierMixin, _PoolingEstimator):
             )
         Y = np.zeros((X.shape[0], classes.size))
         Y[np.arange(X.shape[0]), codes] = 1.0
-        bandwidth = self._fit_bandwidth(self.bandwidth, X, Y, sw)
+        bandwidth = fit_widths(self, self.bandwidth, X, Y, sw)
         self.classes_ = classes
         self.X_fit_ = X
         self.y_fit_ = Y

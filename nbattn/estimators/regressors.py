@@ -23,7 +23,7 @@ from sklearn.base import RegressorMixin
 from .._core.validation import as_float_array
 from ..smoothing import learning
 from .base import _nadaraya_watson_init, _PoolingEstimator
-from .widths import engine_loo_loss, engine_loo_widths
+from .widths import engine_loo_loss, engine_loo_widths, fit_widths
 
 __all__ = ["LearnedKernelRegressor", "LocalPolynomialRegressor", "NadarayaWatsonRegressor"]
 
@@ -240,7 +240,7 @@ class NadarayaWatsonRegressor(_PoolingRegressor):
         """
         self._validate_params()
         X, y2, outputs_2d, sw = self._validate_regression_data(X, y, sample_weight)
-        bandwidth = self._fit_bandwidth(self.bandwidth, X, y2, sw)
+        bandwidth = fit_widths(self, self.bandwidth, X, y2, sw)
         self._store_training_data(X, y2, outputs_2d, sw)
         self.bandwidth_ = bandwidth
         return self
@@ -293,7 +293,7 @@ class LearnedKernelRegressor(_PoolingRegressor):
     var_type, missing, handle_unknown
         How the columns of X are read (see :class:`NadarayaWatsonRegressor`).
         Categorical columns, missing values or sample weights need
-        ``metric="diagonal"``: the engine (:func:`nbattn.local.engine.local_loo_widths`)
+        ``metric="diagonal"``: the engine (:func:`nbattn.local.widths.local_loo_widths`)
         then learns each h and lambda together by the weighted LOO MSE.
     device : "cpu", "cuda" or "auto"
         Where the fit and the predictions run, resolved each time (see
@@ -435,7 +435,7 @@ class LocalPolynomialRegressor(_PoolingRegressor):
         Degree of the local polynomial in the continuous columns.
     bandwidth : "loo", "scott", "silverman", float or array-like (n_features,)
         "loo" learns every h and lambda by the leave-one-out MSE of this
-        degree's fit (:func:`nbattn.local.engine.local_loo_widths`); a rule gives the
+        degree's fit (:func:`nbattn.local.widths.local_loo_widths`); a rule gives the
         continuous columns its widths and the categorical ones the engine's
         default lambda (:func:`nbattn.local.engine.default_widths`); one number is h
         for every continuous column; an array gives h or lambda per column.
@@ -483,7 +483,7 @@ class LocalPolynomialRegressor(_PoolingRegressor):
                 "bandwidth='loo' needs at least 2 samples (leave-one-out), "
                 f"got n_samples={X.shape[0]}"
             )
-        bandwidth = self._fit_bandwidth(self.bandwidth, X, y2, sw, degree=self._degree())
+        bandwidth = fit_widths(self, self.bandwidth, X, y2, sw, degree=self._degree())
         self._store_training_data(X, y2, outputs_2d, sw)
         self.bandwidth_ = bandwidth
         return self
