@@ -22,11 +22,11 @@ from ._core.version import __version__
 #: public name -> the submodule that defines it.
 _PUBLIC = {
     "KVCache": "attn.decode",
-    "LearnedKernelRegressor": "estimators.estimators",
-    "LocalPolynomialRegressor": "estimators.estimators",
+    "LearnedKernelRegressor": "estimators.regressors",
+    "LocalPolynomialRegressor": "estimators.regressors",
     "MultiHeadAttention": "attn.layers",
-    "NadarayaWatsonClassifier": "estimators.estimators",
-    "NadarayaWatsonRegressor": "estimators.estimators",
+    "NadarayaWatsonClassifier": "estimators.classifier",
+    "NadarayaWatsonRegressor": "estimators.regressors",
     "SelfAttention": "attn.layers",
     "attention": "attn.attention",
     "average_pooling": "smoothing.regression",
@@ -158,10 +158,10 @@ if TYPE_CHECKING:
     from .attn.flash import flash_attention, flash_attention_backward
     from .attn.layers import MultiHeadAttention, SelfAttention
     from .attn.varlen import flash_attention_varlen, flash_attention_varlen_backward
-    from .estimators.estimators import (
+    from .estimators.classifier import NadarayaWatsonClassifier
+    from .estimators.regressors import (
         LearnedKernelRegressor,
         LocalPolynomialRegressor,
-        NadarayaWatsonClassifier,
         NadarayaWatsonRegressor,
     )
     from .local.engine import local_polynomial

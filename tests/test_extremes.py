@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from nbattn import config
-from nbattn.estimators.estimators import NadarayaWatsonClassifier
+from nbattn.estimators import NadarayaWatsonClassifier
 from nbattn.kernels import loo, pooling
 from nbattn.smoothing import learning, regression
 
@@ -416,7 +416,7 @@ def test_float32_data_far_from_the_origin_keeps_its_digits(rng, offset):
 @pytest.mark.parametrize("bandwidth", ["scott", "silverman", "loo"])
 def test_estimators_give_the_same_answers_in_any_units(rng, bandwidth):
     """Data at 1e-170 and at 1e160 (widths and all) predict what data at 1 predicts."""
-    from nbattn.estimators.estimators import NadarayaWatsonRegressor
+    from nbattn.estimators import NadarayaWatsonRegressor
 
     for _ in range(3):
         X = rng.uniform(0, 6, size=(40, 2))

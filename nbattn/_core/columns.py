@@ -44,6 +44,7 @@ import numbers
 import numpy as np
 
 __all__ = [
+    "CONTINUOUS_KERNELS",
     "KINDS",
     "UNKNOWN_CODE",
     "all_numeric",
@@ -60,6 +61,9 @@ __all__ = [
 
 #: the column kinds, statsmodels' letters
 KINDS = "cuo"
+#: the kernels a continuous column can take, in the order of the engine's kernel codes
+#: (:mod:`nbattn.local.engine`); categorical columns take Aitchison-Aitken's or the ordered one
+CONTINUOUS_KERNELS = ("gaussian", "epanechnikov", "tricube")
 #: the code of a category unseen at fit (``handle_unknown="ignore"``): the column drops
 #: out of that row's kernel product, as for a missing value (module docstring)
 UNKNOWN_CODE = float("nan")
@@ -156,19 +160,26 @@ def _sorted_categories(values) -> list:
 # ----------------------------------------------------------------------------- kinds
 
 
-def check_var_type(var_type, n_features: int) -> str:
-    """A ``var_type`` string of ``n_features`` letters from "cuo", or a ValueError."""
+def check_var_type(var_type, n_columns: int) -> str:
+    """``var_type`` as a string of ``n_columns`` letters from "cuo" (None: all continuous).
+
+    Raises ValueError for something else than a string, a letter outside "cuo"
+    (naming its position) or a length other than ``n_columns``.
+    """
+    if var_type is None:
+        return "c" * n_columns
     if not isinstance(var_type, str):
         raise ValueError(f"var_type must be a string of letters c, u, o; got {var_type!r}")
-    bad = sorted(set(var_type) - set(KINDS))
-    if bad:
+    for position, kind in enumerate(var_type):
+        if kind not in KINDS:
+            raise ValueError(
+                f"var_type letter {position} holds {kind!r} (var_type={var_type!r}): use "
+                "'c' (continuous), 'u' (unordered categorical) or 'o' (ordered categorical)"
+            )
+    if len(var_type) != n_columns:
         raise ValueError(
-            f"var_type={var_type!r} holds {bad[0]!r}: use 'c' (continuous), "
-            "'u' (unordered categorical) or 'o' (ordered categorical)"
-        )
-    if len(var_type) != n_features:
-        raise ValueError(
-            f"var_type={var_type!r} has {len(var_type)} letters but X has {n_features} columns"
+            f"var_type has {len(var_type)} letters but X has {n_columns} columns "
+            f"(var_type={var_type!r})"
         )
     return var_type
 

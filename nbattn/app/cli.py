@@ -23,19 +23,20 @@ import math
 import os
 import sys
 
+from .._core.columns import KINDS
 from .._core.progress import Progress, running
+from ..estimators.spec import BANDWIDTH_NAMES, SPECS
 from . import batch, io
 from .metrics import fold_summary, grid_table, json_ready
 from .process import run_command
 
-#: ``--model`` name -> estimator class name in ``nbattn.estimators.estimators``
+#: ``--model`` name -> estimator class name (:data:`nbattn.estimators.spec.SPECS`)
 MODELS = {
     "nw": "NadarayaWatsonRegressor",
     "lp": "LocalPolynomialRegressor",
     "learned": "LearnedKernelRegressor",
     "classifier": "NadarayaWatsonClassifier",
 }
-_BANDWIDTH_NAMES = ("scott", "silverman", "loo")
 _SEED_LIMIT = 2**32  # the seeds numpy's and scikit-learn's splitters accept
 
 
@@ -44,7 +45,7 @@ _SEED_LIMIT = 2**32  # the seeds numpy's and scikit-learn's splitters accept
 
 def _width(text: str):
     t = text.strip().lower()
-    if t in _BANDWIDTH_NAMES:
+    if t in BANDWIDTH_NAMES:
         return t
     try:
         value = float(text)
@@ -89,7 +90,7 @@ def _int_arg(low, high=None):
 
 def _var_type_arg(text: str) -> str:
     t = text.strip().lower()
-    if not t or set(t) - set("cuo"):
+    if not t or set(t) - set(KINDS):
         raise argparse.ArgumentTypeError(f"expected letters c, u and o, got {text!r}")
     return t
 
@@ -108,10 +109,10 @@ def make_estimator(model="nw", *, verbose=False, **options):
     """The estimator that ``nbattn fit`` builds: ``options`` are bandwidth, metric,
     max_iter, kernel, degree, var_type and missing (None: the estimator's default),
     refused where they do not apply."""
-    from ..estimators import estimators
+    from .. import estimators
 
     cls = getattr(estimators, MODELS[model])
-    params = cls().get_params(deep=False)
+    params = SPECS[MODELS[model]].defaults()
     if verbose:
         options["verbose"] = 1
     kwargs = {k: v for k, v in options.items() if v is not None}
@@ -383,7 +384,14 @@ def _add_common(p, on_nan=True) -> None:
         )
 
 
+def _options(model: str, parameter: str) -> tuple:
+    """The strings the parameter of ``--model`` allows (its spec's ``Options``)."""
+    (rule,) = SPECS[MODELS[model]].param(parameter).allowed
+    return rule.values
+
+
 def _add_model_options(p) -> None:
+    _degrees = SPECS[MODELS["lp"]].param("degree").allowed[0]
     p.add_argument("--target", required=True, help="the column to predict")
     p.add_argument("--features", type=_column_list, help="A,B,...: default all but the target")
     p.add_argument("--model", choices=tuple(MODELS), default="nw", help="default: nw")
@@ -393,15 +401,17 @@ def _add_model_options(p) -> None:
         help="ONE bandwidth: scott, silverman, loo, H (every feature) or H1,H2,... (one per "
         "feature, in order); default: the model's",
     )
-    p.add_argument("--metric", choices=("scalar", "diagonal", "full"), help="--model learned")
+    p.add_argument("--metric", choices=_options("learned", "metric"), help="--model learned")
     p.add_argument("--max-iter", type=_int_arg(1), help="--model learned: optimiser iterations")
     p.add_argument(
         "--kernel",
-        choices=("gaussian", "epanechnikov", "tricube", "average"),
+        choices=_options("nw", "kernel"),
         help="kernel of the continuous columns (default gaussian; average: --model nw)",
     )
     p.add_argument(
-        "--degree", type=_int_arg(0, 3), help="--model lp: local polynomial degree (default 1)"
+        "--degree",
+        type=_int_arg(_degrees.low, _degrees.high + 1),
+        help="--model lp: local polynomial degree (default 1)",
     )
     p.add_argument(
         "--var-type",

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..estimators.estimators import LearnedKernelRegressor, NadarayaWatsonRegressor
+from ..estimators import LearnedKernelRegressor, NadarayaWatsonRegressor
 from ..smoothing.learning import loo_loss
 from . import plotting
 from .datasets import seed_data

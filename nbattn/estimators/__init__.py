@@ -1,24 +1,31 @@
 """The scikit-learn estimators, built on the functional layers (they never write numba).
 
-The names are loaded on first use, so ``nbattn.estimators.spec`` and
-``nbattn.estimators.prediction`` (scikit-learn-free; ``nbattn predict`` uses
-them) import without scikit-learn.
+``spec`` (every estimator's parameters, written once), ``base`` (input checks,
+the shared base and fit path, ``check_fitted_state``), ``widths`` (the widths
+resolved at fit), ``regressors``, ``classifier``; ``fitted_state`` (the checks
+of a fitted model's content) and ``prediction`` (the one prediction
+computation) are scikit-learn-free: ``nbattn predict`` uses them. The names
+below are loaded on first use, so importing this package loads nothing.
 """
 
 from __future__ import annotations
 
 import importlib
 
-__all__ = [
-    "LearnedKernelRegressor",
-    "LocalPolynomialRegressor",
-    "NadarayaWatsonClassifier",
-    "NadarayaWatsonRegressor",
-    "check_fitted_state",
-]
+#: public name -> the module of this package that defines it
+_HOMES = {
+    "LearnedKernelRegressor": "regressors",
+    "LocalPolynomialRegressor": "regressors",
+    "NadarayaWatsonClassifier": "classifier",
+    "NadarayaWatsonRegressor": "regressors",
+    "check_fitted_state": "base",
+}
+
+__all__ = sorted(_HOMES)
 
 
 def __getattr__(name: str):
-    if name in __all__:
-        return getattr(importlib.import_module(f"{__name__}.estimators"), name)
+    home = _HOMES.get(name)
+    if home is not None:
+        return getattr(importlib.import_module(f"{__name__}.{home}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

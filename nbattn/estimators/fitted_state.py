@@ -1,29 +1,28 @@
 """What a fitted nbattn estimator holds, checked without scikit-learn.
 
 A model file's checksum detects accidents, not edits, so the state read from
-one is validated before anything predicts with it. :mod:`nbattn.estimators.estimators`
+one is validated before anything predicts with it. :mod:`nbattn.estimators.base`
 does that on the rebuilt estimator (``check_fitted_state``, through
 scikit-learn's parameter constraints); this module does the same checks on
 the plain content of a file (the class name, the parameters, the fitted
 attributes by name), which is what :mod:`nbattn.persistence.predictor` predicts from in a
 process that never imports scikit-learn.
 
-The tables below describe each estimator of ``nbattn.estimators.estimators.__all__``:
-its parameters with their allowed values, and its fitted attributes.
-``tests/test_predictor.py`` checks them against the estimators themselves
-(parameter names, constraints and attribute checks agree), so they cannot
-drift apart unnoticed.
+The parameter tables (:data:`ESTIMATORS`, :data:`DEFAULTS`, :data:`CLASSIFIERS`)
+are read from :data:`nbattn.estimators.spec.SPECS`, where the estimators'
+``_parameter_constraints`` come from too; the fitted-attribute checks below are
+the one copy of those, for both readers.
 """
 
 from __future__ import annotations
 
-import math
-from numbers import Integral, Real
+from numbers import Real
 
 import numpy as np
 
 from .._core.columns import check_var_type
 from .._core.validation import check_bandwidth
+from .spec import SPECS, is_int, is_real
 
 __all__ = [
     "CLASSIFIERS",
@@ -40,123 +39,14 @@ __all__ = [
     "require_int",
 ]
 
-_TABLE = {
-    "var_type": "str_or_none",
-    "missing": ("error", "marginalize"),
-    "handle_unknown": ("error", "ignore"),
-}
-_COMMON = {
-    "device": ("cpu", "cuda", "auto"),
-    "dtype": ("float64", "float32"),
-    "verbose": "verbose",
-}
-_BANDWIDTH = "bandwidth"
-_KERNELS = ("gaussian", "epanechnikov", "tricube")
-
-#: estimator class name -> {parameter: allowed values (a tuple of strings) or the name
-#: of a rule in ``_PARAMETER_RULES``}, in the order of the class's ``__init__``
-ESTIMATORS = {
-    "NadarayaWatsonRegressor": {
-        "bandwidth": _BANDWIDTH,
-        "kernel": (*_KERNELS, "average"),
-        **_TABLE,
-        **_COMMON,
-    },
-    "LearnedKernelRegressor": {
-        "metric": ("scalar", "diagonal", "full"),
-        "n_components": "positive_int_or_none",
-        "init": ("scott", "random"),
-        "max_iter": "positive_int",
-        "tol": "non_negative_real",
-        "random_state": "seed",
-        **_TABLE,
-        **_COMMON,
-    },
-    "LocalPolynomialRegressor": {
-        "degree": "degree",
-        "bandwidth": _BANDWIDTH,
-        "kernel": _KERNELS,
-        **_TABLE,
-        **_COMMON,
-    },
-    "NadarayaWatsonClassifier": {
-        "bandwidth": _BANDWIDTH,
-        "kernel": _KERNELS,
-        **_TABLE,
-        **_COMMON,
-    },
-}
+#: estimator class name -> {parameter: its :class:`nbattn.estimators.spec.Param`}, the
+#: parameters a model file saves, in the order of the class's ``__init__``
+ESTIMATORS = {name: {p.name: p for p in spec.params if p.saved} for name, spec in SPECS.items()}
 #: the estimators that predict class labels
-CLASSIFIERS = ("NadarayaWatsonClassifier",)
-
-_COMMON_DEFAULTS = {
-    "var_type": None,
-    "missing": "error",
-    "handle_unknown": "error",
-    "device": "cpu",
-    "dtype": "float64",
-    "verbose": 0,
-}
+CLASSIFIERS = tuple(name for name, spec in SPECS.items() if spec.classifier)
 #: estimator class name -> its ``__init__`` defaults: a parameter a model file lacks
 #: (one written before the parameter existed) takes its default, as in the estimator
-DEFAULTS = {
-    "NadarayaWatsonRegressor": {"bandwidth": "scott", "kernel": "gaussian", **_COMMON_DEFAULTS},
-    "LearnedKernelRegressor": {
-        "metric": "diagonal",
-        "n_components": None,
-        "init": "scott",
-        "max_iter": 200,
-        "tol": 1e-6,
-        "random_state": None,
-        **_COMMON_DEFAULTS,
-    },
-    "LocalPolynomialRegressor": {
-        "degree": 1,
-        "bandwidth": "loo",
-        "kernel": "gaussian",
-        **_COMMON_DEFAULTS,
-    },
-    "NadarayaWatsonClassifier": {"bandwidth": "scott", "kernel": "gaussian", **_COMMON_DEFAULTS},
-}
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, Integral) and not isinstance(value, (bool, np.bool_))
-
-
-def _is_real(value) -> bool:
-    return isinstance(value, Real) and not isinstance(value, (bool, np.bool_))
-
-
-def _bandwidth_ok(value) -> bool:
-    """A rule name, a positive number, or an array-like of numbers (its values are
-    checked against ``bandwidth_`` by :func:`require_bandwidth`)."""
-    if isinstance(value, str):
-        return value in ("scott", "silverman", "loo")
-    if _is_real(value):
-        return value > 0
-    return isinstance(value, (list, tuple, np.ndarray))
-
-
-_PARAMETER_RULES = {
-    "bandwidth": (_bandwidth_ok, "'scott', 'silverman', 'loo', a positive number or an array"),
-    "str_or_none": (lambda v: v is None or isinstance(v, str), "a str or None"),
-    "verbose": (
-        lambda v: isinstance(v, (bool, np.bool_)) or (_is_int(v) and v >= 0),
-        "an int >= 0 or a bool",
-    ),
-    "positive_int": (lambda v: _is_int(v) and v >= 1, "an int >= 1"),
-    "positive_int_or_none": (lambda v: v is None or (_is_int(v) and v >= 1), "an int >= 1 or None"),
-    "non_negative_real": (
-        lambda v: _is_real(v) and not math.isnan(v) and v >= 0,
-        "a float >= 0",
-    ),
-    "seed": (
-        lambda v: v is None or (_is_int(v) and 0 <= v < 2**32),
-        "an int in [0, 2**32) or None",
-    ),
-    "degree": (lambda v: _is_int(v) and 0 <= v <= 2, "an int in [0, 2]"),
-}
+DEFAULTS = {name: spec.defaults() for name, spec in SPECS.items()}
 
 
 def check_params(estimator: str, params: dict) -> dict:
@@ -174,15 +64,8 @@ def check_params(estimator: str, params: dict) -> dict:
     if unknown:
         raise ValueError(f"parameters {unknown} are not parameters of nbattn.{estimator}")
     params = {**DEFAULTS[estimator], **params}
-    for name, rule in allowed.items():
-        value = params[name]
-        if isinstance(rule, tuple):
-            ok, want = isinstance(value, str) and value in rule, f"one of {list(rule)}"
-        else:
-            check, want = _PARAMETER_RULES[rule]
-            ok = check(value)
-        if not ok:
-            raise ValueError(f"the {name!r} parameter of {estimator} must be {want}; got {value!r}")
+    for name, param in allowed.items():
+        param.check(params[name], estimator)
     return params
 
 
@@ -198,7 +81,7 @@ def require(state: dict, name: str, estimator: str = "the model"):
 
 def require_int(state, name, minimum, estimator="the model") -> int:
     value = require(state, name, estimator)
-    if not _is_int(value) or value < minimum:
+    if not is_int(value) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return int(value)
 
@@ -325,7 +208,7 @@ def _learned_attributes(state, params, estimator) -> set:
         require_bandwidth(state, None, state["var_type_"], estimator)
         fitted = "bandwidth_"
     loss = state.get("loss_")
-    if not _is_real(loss) or not loss >= 0:
+    if not is_real(loss) or not loss >= 0:
         raise ValueError(f"loss_ must be a non-negative number, got {loss!r}")
     require_array(state, "loss_curve_", "f", (None,), estimator=estimator)
     require_int(state, "n_iter_", 0, estimator)
@@ -348,7 +231,7 @@ def _classifier_attributes(state, params, estimator) -> set:
 def check_fitted_state(estimator: str, params: dict, state: dict) -> dict:
     """Validate the content of a fitted estimator: class name, parameters, attributes.
 
-    The checks of ``nbattn.estimators.estimators.check_fitted_state`` on plain data:
+    The checks of :func:`nbattn.estimators.check_fitted_state` on plain data:
     ``estimator`` one of :data:`ESTIMATORS`; ``params`` exactly its
     parameters, each allowed (a ``kernel`` of ``"evil"`` is refused); every
     required fitted attribute in ``state`` present, with the right type,
@@ -374,7 +257,7 @@ def check_attributes(estimator: str, params: dict, state: dict) -> None:
     """The attribute half of :func:`check_fitted_state`: ``state`` against the
     estimator ``estimator`` with (already checked) parameters ``params``.
 
-    ``nbattn.estimators.estimators.check_fitted_state`` calls it after scikit-learn has
+    :func:`nbattn.estimators.check_fitted_state` calls it after scikit-learn has
     checked the parameters (an in-memory estimator may hold a
     ``numpy.random.Generator`` as ``random_state``, which no model file does).
     """

@@ -6,7 +6,7 @@ Gaussian kernel, average pooling, or the mixed-type local-polynomial engine),
 with which arguments, and how the spread about the prediction is formed. Two
 classes use it:
 
-* the scikit-learn estimators (:class:`nbattn.estimators.estimators._PoolingEstimator`),
+* the scikit-learn estimators (:class:`nbattn.estimators.base._PoolingEstimator`),
   whose parameters and fitted attributes are attributes of ``self``;
 * :class:`nbattn.persistence.predictor.Predictor`, which reads them from the dictionaries
   of a model file, so that ``nbattn predict`` never imports scikit-learn.
@@ -103,7 +103,9 @@ class PoolingPrediction:
     # ---- resolved at every call
 
     def _device(self) -> str:
-        """The device that runs this call ("auto" resolved here, not at fit)."""
+        """The device that runs this call ("auto" resolved here, not at fit), for the
+        estimators and the Predictor alike (through this module's ``resolve_device``,
+        the name tests replace to pretend a GPU machine)."""
         return resolve_device(self._param("device"))
 
     def _dtype(self):

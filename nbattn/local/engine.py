@@ -55,6 +55,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import config
+from .._core.columns import CONTINUOUS_KERNELS as KERNELS
+from .._core.columns import check_var_type
 from .._core.threads import serial_below
 from .._core.validation import (
     as_float_array,
@@ -78,35 +80,13 @@ __all__ = [
     "local_prediction_interval",
 ]
 
-#: Continuous kernels of the local fits, by name.
-KERNELS = ("gaussian", "epanechnikov", "tricube")
 _KERNEL_CODES = {name: code for code, name in enumerate(KERNELS)}
 _MISSING = ("error", "marginalize")
-_VAR_KINDS = "cuo"
 #: Default relative ridge of the local solve (module docstring).
 DEFAULT_RIDGE = config.LOCAL_RIDGE
 
 
 # --------------------------------------------------------------------------- checks
-def check_var_type(var_type, n_columns: int) -> str:
-    """``var_type`` as a string of 'c'/'u'/'o', one per column (None: all 'c')."""
-    if var_type is None:
-        return "c" * n_columns
-    if not isinstance(var_type, str):
-        raise ValueError(f"var_type must be a string of 'c', 'u' and 'o', got {var_type!r}")
-    if len(var_type) != n_columns:
-        raise ValueError(
-            f"var_type has {len(var_type)} letters but the data has {n_columns} columns"
-        )
-    for position, kind in enumerate(var_type):
-        if kind not in _VAR_KINDS:
-            raise ValueError(
-                f"var_type letter {position} is {kind!r}; use 'c' (continuous), "
-                "'u' (unordered) or 'o' (ordered)"
-            )
-    return var_type
-
-
 def _check_choice(value, name, choices):
     if not isinstance(value, str) or value not in choices:
         raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")

@@ -38,8 +38,8 @@ Reading trusts nothing: sizes first (members stored and inside the file,
 metadata at most :data:`MAX_METADATA_BYTES`, every ``.npy`` header equal to
 the dtype and shape the metadata declares, with exactly their bytes), then
 the checksum (accidents), then the estimator's own validation of what was
-rebuilt (edits: ``nbattn.estimators.estimators.check_fitted_state``). Any failure, another
-format version or an estimator class outside ``nbattn.estimators.estimators.__all__``
+rebuilt (edits: :func:`nbattn.estimators.check_fitted_state`). Any failure, another
+format version or an estimator class outside :data:`nbattn.estimators.spec.SPECS`
 raises a :class:`ModelFileError` (a ValueError) that says which.
 
 Two readers share those checks: :func:`read_model_file` (and :func:`load`)
@@ -92,15 +92,12 @@ _JSON_SCALARS = (bool, int, float, str, type(None))
 
 
 def _estimator_classes() -> dict:
-    """The whitelist: classes named in ``nbattn.estimators.estimators.__all__``."""
-    from ..estimators import estimators
+    """The whitelist: the classes of :mod:`nbattn.estimators` that have a spec
+    (:data:`nbattn.estimators.spec.SPECS`), by name."""
+    from .. import estimators
+    from ..estimators.spec import SPECS
 
-    out = {}
-    for name in getattr(estimators, "__all__", ()):
-        cls = getattr(estimators, name, None)
-        if isinstance(cls, type) and hasattr(cls, "get_params"):
-            out[name] = cls
-    return out
+    return {name: getattr(estimators, name) for name in SPECS}
 
 
 def _jsonable(value, what: str):
@@ -123,12 +120,16 @@ def _jsonable(value, what: str):
 def _saved_params(model):
     """(JSON parameters, {name: type} of those saved as null).
 
+    The parameters its spec says model files save (:class:`nbattn.estimators.spec.Param`).
     A random generator (``np.random.Generator`` or ``RandomState``) holds state
     that JSON cannot carry; it only seeds a fit, never a prediction, so it is
     saved as null and its type recorded under ``params_not_saved``.
     """
+    saved = {p.name for p in model._spec.params if p.saved}
     params, not_saved = {}, {}
     for k, v in model.get_params(deep=False).items():
+        if k not in saved:
+            continue
         if isinstance(v, (np.random.Generator, np.random.RandomState)):
             params[k], not_saved[k] = None, type(v).__name__
         else:
@@ -206,7 +207,7 @@ def save(model, path, *, metadata=None) -> Path:
 
     Parameters
     ----------
-    model : a fitted estimator from ``nbattn.estimators.estimators``
+    model : a fitted estimator of :mod:`nbattn.estimators`
     path : str or Path
         Written as given (no extension is added; ``.npz`` is the convention).
     metadata : dict, optional
@@ -268,7 +269,7 @@ def read_model_file(path):
     array is read, so a forged size or shape costs nothing (members must be
     stored uncompressed, as ``save`` writes them: no zip bombs). Then the
     checksum, and the rebuilt estimator is validated by
-    ``nbattn.estimators.estimators.check_fitted_state`` (its parameters against the
+    :func:`nbattn.estimators.check_fitted_state` (its parameters against the
     estimator's constraints, its fitted attributes' names, shapes and dtypes):
     the checksum detects accidents, the validation detects edits.
 
@@ -346,7 +347,7 @@ def _read_checked(path):
 
 
 def _check_fitted_state(model) -> None:
-    from ..estimators.estimators import check_fitted_state
+    from ..estimators import check_fitted_state
 
     check_fitted_state(model)
 

@@ -24,7 +24,7 @@ bit the estimator's:
 * classifiers: the pooled one-hot labels clipped at 0 and normalised; the
   label is the first class of largest probability.
 
-``tests/test_predictor.py`` compares it with the estimator on every model
+``tests/persistence/test_predictor.py`` compares it with the estimator on every model
 kind the command line fits.
 """
 
@@ -65,7 +65,7 @@ class Predictor(PoolingPrediction):
     Parameters
     ----------
     estimator : str
-        The class name, one of ``nbattn.estimators.estimators.__all__``.
+        The class name, one of :data:`nbattn.estimators.spec.SPECS`.
     params : dict
         The estimator's parameters (``get_params()``).
     state : dict

@@ -13,7 +13,7 @@ from sklearn.base import clone
 
 import nbattn
 from nbattn.dispatch.device import cuda_available
-from nbattn.estimators.estimators import check_fitted_state, estimators
+from nbattn.estimators import check_fitted_state, prediction
 from nbattn.smoothing import learning, regression
 
 from .. import naive
@@ -272,12 +272,12 @@ class _DeviceSpy:
 @pytest.fixture
 def gpu_machine(monkeypatch):
     """Pretend numba sees a GPU: "auto" resolves to "cuda" in the estimators."""
-    real = estimators.resolve_device
+    real = prediction.resolve_device
 
     def resolve(device):
         return "cuda" if device in ("auto", "cuda") else real(device)
 
-    monkeypatch.setattr(estimators, "resolve_device", resolve)
+    monkeypatch.setattr(prediction, "resolve_device", resolve)
     spies = {}
     for module, fname in [
         (regression, "nadaraya_watson"),

@@ -92,7 +92,7 @@ def test_round_trip_multioutput_and_private_state(tmp_path, rng):
 
 
 def test_attribute_that_is_not_a_fitted_attribute_is_refused(tmp_path, rng):
-    # needs nbattn.estimators.estimators.check_fitted_state (it knows each estimator's attributes)
+    # needs nbattn.estimators.check_fitted_state (it knows each estimator's attributes)
     X, y = _data(rng)
     model = nbattn.NadarayaWatsonRegressor().fit(X, y)
     model.extra_ = np.arange(4, dtype=np.int32)
@@ -643,7 +643,7 @@ def test_oversized_metadata_is_refused_before_it_is_read(saved, monkeypatch):
 
 
 def test_edited_parameters_are_refused_even_with_a_recomputed_checksum(saved):
-    # needs nbattn.estimators.estimators.check_fitted_state (the estimator's own constraints)
+    # needs nbattn.estimators.check_fitted_state (the estimator's own constraints)
     meta, arrays = _split(saved)
     meta["params"]["kernel"] = "evil"
     _rewrite(saved, meta, arrays)  # the checksum is recomputed: anyone can
@@ -652,7 +652,7 @@ def test_edited_parameters_are_refused_even_with_a_recomputed_checksum(saved):
 
 
 def test_edited_fitted_shapes_are_refused_even_with_a_recomputed_checksum(saved):
-    # needs nbattn.estimators.estimators.check_fitted_state (fitted attributes' shapes agree)
+    # needs nbattn.estimators.check_fitted_state (fitted attributes' shapes agree)
     meta, arrays = _split(saved)
     arrays["attr__bandwidth_"] = np.ones(5)
     meta["attributes"]["bandwidth_"]["shape"] = [5]
@@ -792,3 +792,17 @@ def test_wide_csv_chunks_stay_within_the_cell_budget(tmp_path, rng, monkeypatch)
     assert [first for _, first, _ in got] == list(range(0, 95, 10))
     back = pd.concat([f for f, _, _ in got], ignore_index=True)
     np.testing.assert_array_equal(back["b"].to_numpy(), frame["b"].to_numpy())
+
+
+def test_model_files_save_the_parameters_the_spec_says(monkeypatch):
+    import dataclasses
+
+    from nbattn.estimators.spec import SPECS
+
+    model = nbattn.NadarayaWatsonRegressor(verbose=1)
+    assert modelfile._saved_params(model) == (model.get_params(), {})
+    spec = SPECS["NadarayaWatsonRegressor"]
+    unsaved = tuple(dataclasses.replace(p, saved=p.name != "verbose") for p in spec.params)
+    monkeypatch.setattr(type(model), "_spec", dataclasses.replace(spec, params=unsaved))
+    params, _ = modelfile._saved_params(model)
+    assert "verbose" not in params and set(params) == set(model.get_params()) - {"verbose"}

@@ -21,8 +21,9 @@ from hypothesis import strategies as st
 from sklearn.base import is_classifier
 
 import nbattn
+from nbattn import estimators
 from nbattn.app import batch, cli, io
-from nbattn.estimators.estimators import estimators, fitted_state
+from nbattn.estimators import fitted_state, spec
 from nbattn.persistence import modelfile
 from nbattn.persistence.predictor import read_predictor
 
@@ -376,10 +377,12 @@ def test_the_parameter_tables_are_the_estimators():
         assert set(fitted_state.ESTIMATORS[name]) == set(cls().get_params(deep=False)), name
         assert fitted_state.DEFAULTS[name] == cls().get_params(deep=False), name
         assert (name in fitted_state.CLASSIFIERS) == is_classifier(cls())
-        for param, rule in fitted_state.ESTIMATORS[name].items():
-            if isinstance(rule, tuple):
-                (options,) = [c for c in cls._parameter_constraints[param] if hasattr(c, "options")]
-                assert set(rule) == set(options.options), (name, param)
+        for param, rules in fitted_state.ESTIMATORS[name].items():
+            for rule in rules.allowed:
+                if isinstance(rule, spec.Options):
+                    constraints = cls._parameter_constraints[param]
+                    (options,) = [c for c in constraints if hasattr(c, "options")]
+                    assert set(rule.values) == set(options.options), (name, param)
 
 
 _VALUES = st.one_of(

@@ -1,0 +1,418 @@
+"""What every nbattn estimator shares: parameters, input checks, the fit path, diagnostics.
+
+Every estimator here is attention pooling over its training set,
+
+.. math::
+
+    \\hat y(x) = \\sum_j \\operatorname{softmax}_j\\big(s(x, x_j)\\big)\\, y_j ,
+
+with the queries the rows to predict, the keys the training rows ``X_fit_``
+and the values ``y_fit_`` (targets, or one-hot labels for the classifier).
+They share one base, :class:`_PoolingEstimator`, which does the things that
+must not differ between them:
+
+* parameters: each estimator's are written once, in
+  :mod:`nbattn.estimators.spec`; the base builds scikit-learn's
+  ``_parameter_constraints`` from it (:func:`parameter_constraints`), stores
+  them in ``__init__`` (:meth:`_PoolingEstimator._set_params_from`) and checks,
+  when a class is created, that its ``__init__`` signature is the spec's;
+* input checks: training data through scikit-learn's ``validate_data`` (and
+  copied: a fitted model never shares memory with the caller's arrays), plus
+  errors that name a DataFrame's date or complex columns and a target's
+  missing values; queries checked once per call (:meth:`_PoolingEstimator._check_queries`);
+* the device: ``device`` is resolved when a method runs, never stored at
+  fit, so a model fitted with ``device="auto"`` on a GPU machine predicts on
+  a CPU-only one after ``nbattn.save`` / ``nbattn.load``;
+* the computation: every method goes through the functional layer
+  (:class:`nbattn.estimators.prediction.PoolingPrediction`, with the model's
+  ``dtype`` and ``device``; widths at fit by :mod:`nbattn.estimators.widths`);
+  results are float64 whatever ``dtype`` is;
+* output shaping: 1-D targets give 1-D predictions.
+
+:func:`check_fitted_state` validates a model rebuilt from a file: its
+parameters, its fitted attributes' presence, shapes, dtypes and agreement,
+and that it holds nothing else.
+"""
+
+from __future__ import annotations
+
+import inspect
+import numbers
+from numbers import Integral, Real
+
+import numpy as np
+from sklearn.base import BaseEstimator
+from sklearn.utils._param_validation import Interval, StrOptions
+from sklearn.utils.validation import (
+    _check_sample_weight,
+    check_array,
+    check_is_fitted,
+    check_X_y,
+    validate_data,
+)
+
+from .._core import columns
+from ..smoothing import regression
+from . import spec as specs
+from .fitted_state import check_attributes
+from .prediction import PoolingPrediction
+
+__all__ = ["check_fitted_state", "parameter_constraints"]
+
+
+def parameter_constraints(spec: specs.EstimatorSpec) -> dict:
+    """scikit-learn's ``_parameter_constraints`` of an estimator, from its spec.
+
+    Each rule of :mod:`nbattn.estimators.spec` becomes scikit-learn's
+    constraint objects (``Options`` -> ``StrOptions``, ``IntRange`` and
+    ``RealRange`` -> ``Interval``, ...), and None is added where the spec
+    allows it.
+    """
+    out = {}
+    for param in spec.params:
+        constraints = [c for rule in param.allowed for c in _sklearn_constraints(rule)]
+        out[param.name] = constraints + ([None] if param.none else [])
+    return out
+
+
+def _sklearn_constraints(rule) -> list:
+    if isinstance(rule, specs.Options):
+        return [StrOptions(set(rule.values))]
+    if isinstance(rule, specs.IntRange):
+        closed = "left" if rule.high is None else "both"
+        return [Interval(Integral, rule.low, rule.high, closed=closed)]
+    if isinstance(rule, specs.RealRange):
+        return [Interval(Real, rule.low, None, closed="left" if rule.inclusive else "neither")]
+    if isinstance(rule, specs.ArrayLike):
+        return ["array-like"]
+    if isinstance(rule, specs.Text):
+        return [str]
+    if isinstance(rule, specs.Verbose):
+        return ["verbose"]
+    if isinstance(rule, specs.RandomState):
+        return ["random_state", np.random.Generator]
+    raise TypeError(f"no scikit-learn constraint for the rule {rule!r}")
+
+
+def _check_signature(cls, spec: specs.EstimatorSpec) -> None:
+    """Refuse a class whose ``__init__`` does not take the spec's parameters, in its
+    order, with its defaults (the signature is written out for help() and IDEs)."""
+    signature = inspect.signature(cls.__init__)
+    got = [(p.name, p.default) for p in list(signature.parameters.values())[1:]]
+    want = list(spec.defaults().items())
+    if got != want:
+        raise TypeError(f"{cls.__name__}.__init__ takes {got}; its spec says {want}")
+
+
+# ----------------------------------------------------------------------------- input checks
+
+
+def _refuse_dates_and_complex(X) -> None:
+    """Name the DataFrame column (or say X) that holds dates, durations or complex numbers.
+
+    scikit-learn's float conversion of such data fails with a NumPy dtype
+    promotion error that names neither the column nor what to do.
+    """
+    dtypes = getattr(X, "dtypes", None)
+    if dtypes is not None and hasattr(dtypes, "items"):  # a pandas DataFrame
+        described = [(f"X column {name!r}", dtype) for name, dtype in dtypes.items()]
+    elif isinstance(X, np.ndarray):
+        described = [("X", X.dtype)]
+    else:
+        return
+    for what, dtype in described:
+        kind = getattr(dtype, "kind", "O")
+        if kind in "mM":
+            held, hint = ("dates", "seconds since a reference time")
+            if kind == "m":
+                held, hint = ("durations", "their length in seconds")
+            raise ValueError(
+                f"{what} holds {held} (dtype {dtype}); convert it to numbers first, "
+                f"for instance {hint}"
+            )
+        if kind == "c":
+            raise ValueError(
+                f"{what} holds complex numbers (dtype {dtype}): Complex data not supported; "
+                "pass the real and imaginary parts as two columns"
+            )
+
+
+def _refuse_missing_targets(y) -> None:
+    """Refuse ``y`` holding None, pandas.NA or NaN in an object array, naming the row.
+
+    scikit-learn converts such an array to float only after its finiteness
+    check, so None would become a NaN training target (every prediction that
+    pools it NaN), or an error about label types for a classifier.
+    """
+    if y is None:  # scikit-learn's own message: "requires y to be passed"
+        return
+    arr = np.asarray(y) if not hasattr(y, "to_numpy") else y.to_numpy()
+    if arr.dtype.kind != "O" or arr.ndim == 0:
+        return
+    missing = np.frompyfunc(_is_missing, 1, 1)(arr.reshape(-1)).astype(bool)
+    if missing.any():
+        index = int(np.argmax(missing))
+        row = np.unravel_index(index, arr.shape)[0]
+        raise ValueError(
+            f"y holds a missing value ({arr.reshape(-1)[index]!r}) at row {int(row)}; "
+            "drop or fill the rows without a target before fitting"
+        )
+
+
+def _is_missing(value) -> bool:
+    """None, pandas.NA (without importing pandas) or a float NaN."""
+    return (
+        value is None
+        or type(value).__name__ == "NAType"
+        or (isinstance(value, numbers.Real) and value != value)
+    )
+
+
+# ----------------------------------------------------------------------------- the base
+
+
+class _PoolingEstimator(PoolingPrediction, BaseEstimator):
+    """What every nbattn estimator shares: parameters, checks, the pooling calls
+    (the computation is :class:`nbattn.estimators.prediction.PoolingPrediction`, shared with
+    :class:`nbattn.persistence.predictor.Predictor`).
+
+    A subclass named in :data:`nbattn.estimators.spec.SPECS` gets its ``_spec``
+    and its ``_parameter_constraints`` from there; its ``__init__`` lists the
+    spec's parameters (checked when the class is created) and stores them with
+    :meth:`_set_params_from`. It fits ``X_fit_`` (n, d) and ``y_fit_`` (n, m)
+    (float64 copies) and describes its score through :meth:`_score_coordinates`:
+    the queries, keys and per-feature widths under which the score is the
+    Gaussian ``-1/2 sum_d ((q_d - k_d) / h_d)^2``.
+    """
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        spec = specs.SPECS.get(cls.__name__)
+        if spec is not None:
+            _check_signature(cls, spec)
+            cls._spec = spec
+            cls._parameter_constraints = parameter_constraints(spec)
+
+    def _set_params_from(self, values: dict) -> None:
+        """The body of every ``__init__``: each parameter of the spec stored as given
+        (``values`` is the ``__init__``'s ``locals()``; scikit-learn checks at fit)."""
+        for param in self._spec.params:
+            setattr(self, param.name, values[param.name])
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.allow_nan = getattr(self, "missing", "error") == "marginalize"
+        return tags
+
+    # ---- fit-time helpers
+
+    def _validate_training_X(self, X, y, sample_weight=None, **kwargs):
+        """(X float64 (n, d), y, sample weights or None): the training data checked and copied.
+
+        Column kinds come from ``var_type`` or a DataFrame's dtypes
+        (:mod:`nbattn._core.columns`). All-continuous numeric data goes through
+        scikit-learn's ``validate_data`` as it is (NaN allowed with
+        ``missing="marginalize"``); a table with categorical or text columns
+        is encoded first (category codes, NaN where missing) and checked
+        after. Rows of zero weight are dropped; weights that are all 1 become
+        None (the unweighted fit).
+        Sets ``var_type_`` and ``categories_``.
+        """
+        _refuse_dates_and_complex(X)
+        _refuse_missing_targets(y)
+        var_type = getattr(self, "var_type", None)
+        missing = getattr(self, "missing", "error")
+        kinds = None
+        if var_type is not None or columns.is_dataframe(X):
+            kinds = columns.resolve_var_type(columns.as_table(X), var_type)
+        if (kinds is None or set(kinds) <= {"c"}) and columns.all_numeric(X):
+            X, y = validate_data(
+                self,
+                X,
+                y,
+                dtype=np.float64,
+                copy=True,
+                ensure_all_finite="allow-nan" if missing == "marginalize" else True,
+                **kwargs,
+            )
+            categories = [None] * X.shape[1]
+        else:
+            table = columns.as_table(X)
+            validate_data(self, table, y, skip_check_array=True)
+            if sample_weight is not None:
+                # a row of weight 0 is a row removed: its categories are not the model's
+                sample_weight = _check_sample_weight(
+                    sample_weight,
+                    np.empty((table.shape[0], 1)),
+                    dtype=np.float64,
+                    ensure_non_negative=True,
+                )
+                keep = sample_weight > 0
+                table = table.iloc[keep] if columns.is_dataframe(table) else table[keep]
+                if y is not None and len(y) == len(keep):
+                    y = y.iloc[keep] if hasattr(y, "iloc") else np.asarray(y)[keep]
+                sample_weight = sample_weight[keep]
+            categories = columns.fit_categories(table, kinds)
+            encoded = columns.encode_columns(table, kinds, categories, missing=missing)
+            X, y = check_X_y(
+                encoded,
+                y,
+                dtype=np.float64,
+                ensure_all_finite="allow-nan" if missing == "marginalize" else True,
+                estimator=self,
+                **kwargs,
+            )
+        self.var_type_ = "c" * X.shape[1] if kinds is None else kinds
+        self.categories_ = categories
+        if sample_weight is None:
+            return X, y, None
+        sw = _check_sample_weight(
+            sample_weight, X, dtype=np.float64, ensure_non_negative=True, copy=True
+        )
+        keep = sw > 0
+        X, y, sw = X[keep], y[keep], sw[keep]
+        return X, y, (None if np.all(sw == 1.0) else sw)
+
+    # ---- what the shared computation reads (nbattn.estimators.prediction)
+
+    def _param(self, name, default=None):
+        return getattr(self, name, default)
+
+    def _fitted(self, name, default=None):
+        return getattr(self, name, default)
+
+    # ---- query-time helpers
+
+    def _check_queries(self, X):
+        """The rows of X as the float64 (n, d) array the model pools at, checked once:
+        numbers for an all-continuous model (scikit-learn's ``validate_data``), else the
+        table's feature names and count, then its category codes
+        (:func:`nbattn._core.columns.encode_columns`) checked as numbers."""
+        check_is_fitted(self)
+        _refuse_dates_and_complex(X)
+        if set(self._kinds()) == {"c"} and columns.all_numeric(X):
+            allow_nan = self._missing() == "marginalize"
+            return validate_data(
+                self,
+                X,
+                reset=False,
+                dtype=np.float64,
+                ensure_all_finite="allow-nan" if allow_nan else True,
+            )
+        table = columns.as_table(X)
+        validate_data(self, table, reset=False, skip_check_array=True)  # names and count
+        encoded = columns.encode_columns(
+            table,
+            self._kinds(),
+            self.categories_,
+            missing=self._missing(),
+            handle_unknown=getattr(self, "handle_unknown", "error"),
+        )
+        unknown_allowed = getattr(self, "handle_unknown", "error") == "ignore"
+        return check_array(
+            encoded,
+            dtype=np.float64,
+            # NaN here is a marginalised missing value or an unseen category (nbattn._core.columns)
+            ensure_all_finite="allow-nan"
+            if self._missing() == "marginalize" or unknown_allowed
+            else True,
+            estimator=self,
+        )
+
+    def _attention_weights_checked(self, X):
+        """Attention weights (n_queries, n_train) for the checked queries X."""
+        if self._uses_engine():
+            # weight j is the pooled value of the j-th unit vector; keys in blocks of columns
+            n = self.X_fit_.shape[0]
+            w = np.empty((X.shape[0], n))
+            for start in range(0, n, 256):
+                block = np.zeros((n, min(256, n - start)))
+                block[np.arange(start, start + block.shape[1]), np.arange(block.shape[1])] = 1.0
+                w[:, start : start + block.shape[1]] = self._pooled_values(X, block)
+            return w
+        q, k, h = self._score_coordinates(X)
+        w = regression.gaussian_attention_weights(
+            q, k, h, dtype=self._dtype(), device=self._device()
+        )
+        w = np.asarray(w, dtype=np.float64)
+        sw = self._weights()
+        if sw is not None:
+            w = w * sw
+            w /= w.sum(axis=1, keepdims=True)
+        return w
+
+    # ---- public diagnostics, the same for every estimator
+
+    def attention_weights(self, X):
+        """Attention weights ``W[i, j] = softmax_j(s(x_i, x_j))`` (n_queries, n_train).
+
+        Row i is how query i pools ``y_fit_``: ``W @ y_fit_`` is the pooled
+        prediction. Memory is n_queries x n_train: meant for plots and
+        diagnostics. Computed by :func:`nbattn.smoothing.regression.gaussian_attention_weights`
+        on ``device``.
+        """
+        X = self._check_queries(X)
+        return self._attention_weights_checked(X)
+
+    def effective_n_neighbors(self, X):
+        """Effective number of training rows each query pools: ``1 / sum_j w_ij^2``.
+
+        1 when one training row holds all the weight, n_train for uniform
+        weights (average pooling). A diagnostic of the width: small values
+        mean a wiggly, high-variance fit.
+        """
+        X = self._check_queries(X)
+        return self._pooled_spread(X)[2]
+
+
+def _nadaraya_watson_init(
+    self,
+    bandwidth="scott",
+    kernel="gaussian",
+    var_type=None,
+    missing="error",
+    handle_unknown="error",
+    device="cpu",
+    dtype="float64",
+    verbose=0,
+):
+    """The ``__init__`` of NadarayaWatsonRegressor and NadarayaWatsonClassifier, whose
+    parameters are the same (the regressor's kernels include "average")."""
+    self._set_params_from(locals())
+
+
+# ----------------------------------------------------------------------------- fitted state
+
+
+def check_fitted_state(model) -> None:
+    """Validate a fitted nbattn estimator, such as one rebuilt from a model file.
+
+    A model file's checksum detects accidents, not edits, so
+    :func:`nbattn.load` calls this after rebuilding a model. It checks
+
+    * that ``model`` is one of the estimators of :mod:`nbattn.estimators`;
+    * the parameters, through the estimator's own ``_parameter_constraints``
+      (a ``kernel`` of ``"evil"`` is refused);
+    * every required fitted attribute (:func:`nbattn.estimators.fitted_state.check_attributes`,
+      the checks ``nbattn predict`` runs without scikit-learn): present, with the right type, dtype
+      and shape, finite, and consistent with the others (``X_fit_`` rows =
+      ``y_fit_`` rows, ``n_features_in_`` = ``X_fit_`` columns = the length of
+      ``bandwidth_`` and ``feature_names_in_``, ``classes_`` = the one-hot
+      columns of ``y_fit_``, ``components_`` (n_components, n_features), a
+      numeric ``bandwidth`` parameter = ``bandwidth_``);
+    * that the model holds no other attribute.
+
+    Raises
+    ------
+    ValueError
+        naming the parameter or attribute at fault (scikit-learn's
+        ``InvalidParameterError``, a ValueError, for parameters).
+    """
+    if not isinstance(model, _PoolingEstimator):
+        raise ValueError(
+            f"not an nbattn estimator: {type(model).__module__}.{type(model).__name__}"
+        )
+    model._validate_params()
+    params = model.get_params(deep=False)
+    state = {name: value for name, value in vars(model).items() if name not in params}
+    check_attributes(model._spec.name, params, state)
