@@ -50,7 +50,7 @@ from .. import config
 from .._core import columns
 from .._core.validation import as_float_array, check_bandwidth
 from ..dispatch.device import resolve_device
-from ..smoothing import learning, regression
+from ..smoothing import learned_metric, regression, width_search
 from ..smoothing.search import minimize_log_scale
 from .fitted_state import ESTIMATORS, check_attributes
 from .prediction import PoolingPrediction
@@ -251,7 +251,7 @@ class _PoolingEstimator(PoolingPrediction, BaseEstimator):
             if is_loo and sample_weight is not None:
                 return _weighted_loo_scale(self, X, Y, sample_weight)
             if is_loo:
-                return learning.loo_bandwidth(
+                return width_search.loo_bandwidth(
                     X,
                     Y,
                     dtype=self._dtype(),
@@ -399,7 +399,7 @@ class _PoolingRegressor(RegressorMixin, _PoolingEstimator):
         about f_i, not as E[y^2] - E[y]^2, which cancels), shaped like the
         prediction. It is the spread of the targets the query pools, not a
         confidence interval of f. Both run on ``device``
-        (:func:`nbattn.smoothing.learning.nadaraya_watson_spread` for the spread).
+        (:func:`nbattn.smoothing.regression.nadaraya_watson_spread` for the spread).
         """
         X = self._check_queries(X)
         return self._predictions(X, return_std)
@@ -506,7 +506,7 @@ class NadarayaWatsonRegressor(_PoolingRegressor):
         Kernel widths h_d. Rule names are per feature (see
         :func:`nbattn.smoothing.regression.bandwidth_rule`). "loo" scales Scott's widths
         by the one factor that minimises the leave-one-out MSE
-        (:func:`nbattn.smoothing.learning.loo_bandwidth`).
+        (:func:`nbattn.smoothing.width_search.loo_bandwidth`).
     kernel : "gaussian", "epanechnikov", "tricube" or "average"
         The kernel of the continuous columns. "average" is average pooling
         (the walk-through, section 1.3.1): every training target gets the same
@@ -535,7 +535,7 @@ class NadarayaWatsonRegressor(_PoolingRegressor):
         results are float64 either way.
     verbose : int or bool, default 0
         Progress of the ``bandwidth="loo"`` search (passed to
-        :func:`nbattn.smoothing.learning.loo_bandwidth`).
+        :func:`nbattn.smoothing.width_search.loo_bandwidth`).
 
     Attributes
     ----------
@@ -628,7 +628,7 @@ class LearnedKernelRegressor(_PoolingRegressor):
         f_{-i}(x_i) = \\sum_{j \\ne i} \\operatorname{softmax}_{j \\ne i}(s_{ij})\\, y_j
 
     with scipy's L-BFGS-B on the exact gradient, streamed in O(n d) memory
-    (:func:`nbattn.smoothing.learning.fit_learned_kernel`). Prediction is attention
+    (:func:`nbattn.smoothing.learned_metric.fit_learned_kernel`). Prediction is attention
     pooling with the learned score.
 
     Parameters
@@ -665,7 +665,7 @@ class LearnedKernelRegressor(_PoolingRegressor):
         Precision of the computation; results are float64 either way.
     verbose : int or bool, default 0
         Progress of the optimisation (passed to
-        :func:`nbattn.smoothing.learning.fit_learned_kernel`): iteration, loss, change.
+        :func:`nbattn.smoothing.learned_metric.fit_learned_kernel`): iteration, loss, change.
 
     Attributes
     ----------
@@ -772,7 +772,7 @@ class LearnedKernelRegressor(_PoolingRegressor):
             self.loss_curve_ = np.array([loss])
             self.n_iter_ = 0
             return self
-        result = learning.fit_learned_kernel(
+        result = learned_metric.fit_learned_kernel(
             X,
             y2,
             metric=self.metric,
@@ -1047,7 +1047,7 @@ def _engine_loo_widths(model, X, Y, sample_weight, degree):
 def _weighted_loo_scale(model, X, Y, sample_weight):
     """Weighted Scott widths times the one factor minimising the weighted LOO MSE.
 
-    The weighted form of :func:`nbattn.smoothing.learning.loo_bandwidth`: the same
+    The weighted form of :func:`nbattn.smoothing.width_search.loo_bandwidth`: the same
     search over log-scale factors (:func:`nbattn.search.minimize_log_scale`,
     the same grid and tolerance) of the criterion
     ``sum_i s_i (y_i - f_{-i}(x_i))^2 / sum_i s_i``, where f_{-i} leaves row i

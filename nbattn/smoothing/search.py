@@ -1,6 +1,6 @@
 """A bounded search for the minimum of a criterion over one log-scale parameter.
 
-The search behind ``nbattn.smoothing.learning.loo_bandwidth``, kept apart from the
+The search behind ``nbattn.smoothing.width_search.loo_bandwidth``, kept apart from the
 leave-one-out machinery so that it can be tested on curves built to break it
 (plateaus, flat stretches, minima at the ends of the range, several local
 minima, float32 noise) against brute force.
