@@ -45,7 +45,7 @@ import warnings
 import numpy as np
 
 import nbattn
-from nbattn.smoothing import loo, regression, width_search
+from nbattn.smoothing import loo, loo_1d, regression, width_search
 
 
 def _seed_like(n, d, rng):
@@ -123,7 +123,7 @@ def bench_statsmodels(cases, skip):
 def _path_counts(X, factors):
     """How the 1-D evaluations ran: the windowed direct kernel (narrow widths), the boxed
     Hermite series (medium and wide) or the one-centre Taylor series; the rule of
-    ``width_search.loo_bandwidth``'s ``loss_at``."""
+    ``loo_1d.SortedCriterion1D.loss``."""
     from nbattn import config
     from nbattn.kernels import loo
 
@@ -134,7 +134,7 @@ def _path_counts(X, factors):
     for factor in factors:
         span = max(np.ptp(X) / (factor * h0 * np.sqrt(2.0)), 1e-300)
         window = min(n, n * 2.0 * np.sqrt(gap) / span + 2.0)
-        if width_search.boxed_1d_pays(n, span, window):
+        if loo_1d.boxed_1d_pays(n, span, window):
             counts["boxed"] += 1
         elif span * span <= config.LOO_TAYLOR_MAX_SPAN_SQ:
             counts["Taylor"] += 1

@@ -2,10 +2,21 @@
 
 :func:`loo_bandwidth` minimises the LOO MSE (:mod:`nbattn.smoothing.loo`) of
 Nadaraya-Watson regression with widths ``c h0`` (h0 Scott's rule by default) over
-``t = log c``, by the bounded search of :func:`nbattn.search.minimize_log_scale`.
-In 1-D on the CPU the points are sorted once and each width takes the windowed
-kernel, the boxed Hermite series or the Taylor series of ``nbattn.kernels.loo``.
-The tunables live in :mod:`nbattn.config` and are read at call time.
+``t = log c``, by the bounded search of :func:`nbattn.search.minimize_log_scale`:
+
+1. **the grid**: every ``config.LOO_GRID_STRIDE``-th factor of ``config.LOO_GRID``
+   (from 1, with both ends), estimated on a subset of the rows when there are many;
+2. **the fill**: every factor between coarse points that come within
+   ``config.LOO_FILL_MARGIN`` of the best value;
+3. **the extension**: the grid grows at an end while the criterion still falls
+   there, up to ``config.LOO_EXTEND_DECADES`` decades; a minimum still at the end
+   then gives a :class:`BandwidthRangeWarning`;
+4. **the refinement**: bounded Brent on t around the best grid factors.
+
+This module sets the search up: the targets scaled to O(1), the grid, the subset
+of the rows for the grid stage, the criterion at a factor (in 1-D on the CPU, on
+sorted points: :mod:`nbattn.smoothing.loo_1d`), the progress lines and the
+warning. The tunables live in :mod:`nbattn.config` and are read at call time.
 """
 
 from __future__ import annotations
@@ -19,15 +30,16 @@ from .. import config
 from .._core.numeric import power_of_two_scale
 from .._core.progress import FitProgress
 from .._core.validation import resolve_dtype
-from ..dispatch.device import kernels_for, resolve_device
+from ..dispatch.device import resolve_device
 from .loo import prepare_xy
-from .loo_rows import loss_from_layout, sum_over_rows, threads_for
+from .loo_1d import SortedCriterion1D
+from .loo_rows import loss_from_layout
 from .regression import resolve_bandwidth, scaled_layout
 from .search import BandwidthRangeWarning, minimize_log_scale
 
 __all__ = [
     "LOO_GRID",  # noqa: F822 - provided by the module __getattr__ (config at call time)
-    "boxed_1d_pays",
+    "BandwidthRangeWarning",
     "loo_bandwidth",
 ]
 
@@ -37,48 +49,6 @@ def __getattr__(name):
     if name == "LOO_GRID":
         return np.asarray(config.LOO_GRID, dtype=np.float64)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def _cpu_loo():
-    """The CPU-only LOO kernels: the windowed, boxed and Taylor 1-D kernels of the width
-    search (no GPU twin)."""
-    return kernels_for("loo_1d", "cpu")
-
-
-def _sse_rows_sorted_1d(a, b, zs, v_sorted, y_sorted, gap, window):
-    """_sse_rows for sorted 1-D points with the windowed kernel (rows in sorted order)."""
-    rows = np.arange(a, b, dtype=np.int64)
-    with threads_for((b - a) * window):
-        total = _cpu_loo().loo_squared_error_sorted_1d(zs, v_sorted, y_sorted, rows, gap)
-    return float(total)
-
-
-#: One row of the boxed series costs about as much as this many pairs of the windowed
-#: kernel (0.24 ms for 2,000 rows at any width, the window of about 32 keys per row):
-#: the work that ``threads_for`` weighs against ``config.SERIAL_PAIRS``.
-_BOXED_PAIRS_PER_ROW = 32
-
-
-def boxed_1d_pays(n, span, window):
-    """Whether the boxed Hermite series beats the windowed kernel on n sorted 1-D points of
-    scaled span ``span`` whose direct window holds ``window`` keys per row."""
-    n_boxes = span / (2.0 * config.LOO_BOXED_HALF_WIDTH)
-    return window >= config.LOO_BOXED_MIN_WINDOW and n_boxes <= 4.0 * n
-
-
-def _sse_rows_boxed_1d(a, b, zs, v_sorted, y_sorted, gap):
-    """_sse_rows for sorted 1-D points by the boxed Hermite series (exact to
-    ``config.LOO_BOXED_TOL``; rows it cannot vouch for directly)."""
-    rows = np.arange(a, b, dtype=np.int64)
-    with threads_for(rows.size * _BOXED_PAIRS_PER_ROW):
-        total, _ = _cpu_loo().loo_squared_error_boxed_rows_1d(zs, v_sorted, y_sorted, rows, gap)
-    return total
-
-
-def _sse_rows_taylor_1d(a, b, zs, v_sorted, y_sorted, n_terms):
-    """_sse_rows for 1-D points of small span by the Taylor series (O(n) per width)."""
-    rows = np.arange(a, b, dtype=np.int64)
-    return float(_cpu_loo().loo_squared_error_taylor_1d(zs, v_sorted, y_sorted, rows, n_terms))
 
 
 def loo_bandwidth(
@@ -219,96 +189,21 @@ def loo_bandwidth(
     loss_unit = unit * unit  # the criterion of the original y = loss_unit * the computed one
     h0 = resolve_bandwidth(base, X)
     base_name = base if isinstance(base, str) else "base"
-    grid = (
-        np.asarray(config.LOO_GRID, dtype=np.float64)
-        if grid is None
-        else np.asarray(grid, dtype=np.float64).reshape(-1)
-    )
-    if grid.size < 1 or not np.all(np.isfinite(grid)) or np.any(grid <= 0):
-        raise ValueError("grid must hold positive finite factors")
-    log_grid = np.log(np.sort(grid))
-    rows = None
-    if grid_queries is not None and n > int(grid_queries):
-        # 1-D: fewer rows, for the windowed kernel's wide widths cost rows x n each
-        size = int(grid_queries) if d > 1 else min(int(grid_queries), config.LOO_GRID_QUERIES_1D)
-        rng = np.random.default_rng(random_state)
-        rows = np.sort(rng.choice(n, size=size, replace=False)).astype(np.int64)
+    log_grid = _log_grid(grid)
+    rows = _grid_stage_rows(n, d, grid_queries, random_state)
     if xatol is None:
         xatol = 1e-2 if rows is not None else 3e-4
-    device = resolve_device(device)
-    # sorted 1-D points: the windowed kernel skips negligible keys (CPU only)
-    sorted_1d = d == 1 and device == "cpu"
-    if sorted_1d:
-        order = np.argsort(X[:, 0], kind="stable")
-        rank = np.empty(n, dtype=np.int64)
-        rank[order] = np.arange(n)
-        x_sorted = X[order, 0]
-        y_sorted = np.ascontiguousarray(y2[order])
-        v_sorted = np.ascontiguousarray(y_sorted.T, dtype=dtype)
-        gap = _cpu_loo().prune_gap_for(dtype)
-
-    def loss_at(t, subset):
-        if sorted_1d:
-            zs = np.ascontiguousarray(x_sorted / (np.exp(t) * h0[0] * np.sqrt(2.0)), dtype=dtype)
-            span = max(float(zs[-1]) - float(zs[0]), 1e-300)
-            window = min(n, n * 2.0 * np.sqrt(gap) / span + 2.0)  # typical keys per row
-            # medium and wide widths: the boxed series costs O(n) whatever the width
-            # (measured faster than the one-centre Taylor series at every width too)
-            if boxed_1d_pays(n, span, window):
-                if subset is None:
-                    args = (zs, v_sorted, y_sorted, gap)
-                    return sum_over_rows(_sse_rows_boxed_1d, n, *args) / y2.size
-                sub = np.sort(rank[subset])
-                with threads_for(sub.size * _BOXED_PAIRS_PER_ROW):
-                    total, _ = _cpu_loo().loo_squared_error_boxed_rows_1d(
-                        zs, v_sorted, y_sorted, sub, gap
-                    )
-                return total / (sub.size * y2.shape[1])
-            n_terms = _cpu_loo().taylor_terms(span * span)
-            if n_terms:  # wide on few points: every key counts, and the series costs O(n)
-                if subset is None:
-                    args = (zs, v_sorted, y_sorted, n_terms)
-                    return sum_over_rows(_sse_rows_taylor_1d, n, *args) / y2.size
-                sub = np.sort(rank[subset])
-                total = _cpu_loo().loo_squared_error_taylor_1d(zs, v_sorted, y_sorted, sub, n_terms)
-                return float(total) / (sub.size * y2.shape[1])
-            if subset is None:
-                args = (zs, v_sorted, y_sorted, gap, window)
-                return sum_over_rows(_sse_rows_sorted_1d, n, *args) / y2.size
-            sub = rank[subset]
-            sub.sort()
-            with threads_for(sub.size * window):
-                total = _cpu_loo().loo_squared_error_sorted_1d(zs, v_sorted, y_sorted, sub, gap)
-            return float(total) / (sub.size * y2.shape[1])
-        z, z_t = scaled_layout(X, 1.0 / (np.exp(t) * h0), dtype)
-        return loss_from_layout(z, z_t, y2, dtype, subset, device)
-
+    criterion = _ScaleCriterion(X, y2, h0, dtype, resolve_device(device))
     with FitProgress(verbose, "loo_bandwidth", total=log_grid.size, unit="width") as log:
-        best = [math.inf, None]
-
-        def report(stage, t, value):
-            if value < best[0]:
-                best[0], best[1] = value, t
-            label = {"grid": "grid", "extend": "extended grid", "exact": "exact"}.get(
-                stage, "refine"
-            )
-            estimate = " (estimate)" if rows is not None and stage in ("grid", "extend") else ""
-            log.step(
-                f"{label}: {math.exp(t):.4g} x {base_name}: LOO criterion "
-                f"{value * loss_unit:.6g}{estimate}; best {best[0] * loss_unit:.6g} at "
-                f"{math.exp(best[1]):.4g} x",
-                n=1 if stage in ("grid", "extend") else 0,
-            )
-
         result = minimize_log_scale(
-            lambda t: loss_at(t, None),
+            criterion,
             log_grid,
             rtol=config.LOO_RTOL,
             xatol=xatol,
             extend=config.LOO_EXTEND_DECADES * math.log(10.0),
             anchor=0.0,
-            coarse=None if rows is None else (lambda t: loss_at(t, rows)),
-            report=report if log.enabled else None,
+            coarse=None if rows is None else (lambda t: criterion(t, rows)),
+            report=_SearchLog(log, base_name, loss_unit, rows is not None) if log.enabled else None,
             stride=config.LOO_GRID_STRIDE,
             fill_margin=config.LOO_FILL_MARGIN,
         )
@@ -319,18 +214,87 @@ def loo_bandwidth(
             f"{result.n_coarse} grid and {result.n_exact} exact evaluations"
         )
     if result.edge is not None:
-        direction = "narrower" if result.edge == "low" else "wider"
-        warnings.warn(
-            f"loo_bandwidth: on {what} the leave-one-out criterion still falls towards "
-            f"{direction} widths at the end of the search range ({factor:.3g} x the "
-            f"{base_name} widths, {config.LOO_EXTEND_DECADES:g} decades beyond the grid); "
-            "the width returned is that end, not a minimum",
-            BandwidthRangeWarning,
-            stacklevel=2,
-        )
+        _warn_at_the_edge(result.edge, what, factor, base_name)
     bandwidth = factor * h0
     if not return_curve:
         return bandwidth
     ts = np.array(list(result.exact))
     losses = np.array([result.exact[t] for t in ts]) * loss_unit
     return bandwidth, (np.exp(ts), losses)
+
+
+def _log_grid(grid):
+    """The sorted log-factors of ``grid`` (default ``config.LOO_GRID``), checked."""
+    grid = (
+        np.asarray(config.LOO_GRID, dtype=np.float64)
+        if grid is None
+        else np.asarray(grid, dtype=np.float64).reshape(-1)
+    )
+    if grid.size < 1 or not np.all(np.isfinite(grid)) or np.any(grid <= 0):
+        raise ValueError("grid must hold positive finite factors")
+    return np.log(np.sort(grid))
+
+
+def _grid_stage_rows(n, d, grid_queries, random_state):
+    """The sorted random rows the grid stage leaves out and predicts when n is larger than
+    ``grid_queries`` (in 1-D at most ``config.LOO_GRID_QUERIES_1D``), else None (all)."""
+    if grid_queries is None or n <= int(grid_queries):
+        return None
+    # 1-D: fewer rows, for the windowed kernel's wide widths cost rows x n each
+    size = int(grid_queries) if d > 1 else min(int(grid_queries), config.LOO_GRID_QUERIES_1D)
+    rng = np.random.default_rng(random_state)
+    return np.sort(rng.choice(n, size=size, replace=False)).astype(np.int64)
+
+
+class _ScaleCriterion:
+    """The LOO MSE at ``t = log c``, widths ``exp(t) h0``: of every row, or an estimate
+    from ``rows`` only (each left out and predicted against every key)."""
+
+    def __init__(self, X, y2, h0, dtype, device):
+        self.X, self.y2, self.h0, self.dtype, self.device = X, y2, h0, dtype, device
+        # sorted 1-D points: the windowed kernel skips negligible keys (CPU only)
+        sorted_1d = X.shape[1] == 1 and device == "cpu"
+        self.sorted_1d = SortedCriterion1D(X[:, 0], y2, dtype) if sorted_1d else None
+
+    def __call__(self, t, rows=None):
+        if self.sorted_1d is not None:
+            return self.sorted_1d.loss(np.exp(t) * self.h0[0], rows)
+        z, z_t = scaled_layout(self.X, 1.0 / (np.exp(t) * self.h0), self.dtype)
+        return loss_from_layout(z, z_t, self.y2, self.dtype, rows, self.device)
+
+
+class _SearchLog:
+    """The search's ``report``: a progress line per evaluation, with the best so far."""
+
+    _LABELS = {"grid": "grid", "extend": "extended grid", "exact": "exact"}
+
+    def __init__(self, log, base_name, loss_unit, estimated):
+        self.log, self.base_name, self.loss_unit = log, base_name, loss_unit
+        self.estimated = estimated  # the grid stage runs on a subset of the rows
+        self.best_value, self.best_t = math.inf, None
+
+    def __call__(self, stage, t, value):
+        if value < self.best_value:
+            self.best_value, self.best_t = value, t
+        on_grid = stage in ("grid", "extend")
+        estimate = " (estimate)" if self.estimated and on_grid else ""
+        self.log.step(
+            f"{self._LABELS.get(stage, 'refine')}: {math.exp(t):.4g} x {self.base_name}: "
+            f"LOO criterion {value * self.loss_unit:.6g}{estimate}; best "
+            f"{self.best_value * self.loss_unit:.6g} at {math.exp(self.best_t):.4g} x",
+            n=1 if on_grid else 0,
+        )
+
+
+def _warn_at_the_edge(edge, what, factor, base_name):
+    """The :class:`BandwidthRangeWarning` of a minimum at an end of the extended range,
+    attributed to the caller of :func:`loo_bandwidth`."""
+    direction = "narrower" if edge == "low" else "wider"
+    warnings.warn(
+        f"loo_bandwidth: on {what} the leave-one-out criterion still falls towards "
+        f"{direction} widths at the end of the search range ({factor:.3g} x the "
+        f"{base_name} widths, {config.LOO_EXTEND_DECADES:g} decades beyond the grid); "
+        "the width returned is that end, not a minimum",
+        BandwidthRangeWarning,
+        stacklevel=3,
+    )
