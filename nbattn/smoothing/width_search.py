@@ -39,7 +39,6 @@ from .search import BandwidthRangeWarning, minimize_log_scale
 
 __all__ = [
     "LOO_GRID",  # noqa: F822 - provided by the module __getattr__ (config at call time)
-    "BandwidthRangeWarning",
     "loo_bandwidth",
 ]
 
