@@ -13,7 +13,8 @@ from sklearn.base import clone
 
 import nbattn
 from nbattn.dispatch.device import cuda_available
-from nbattn.estimators.estimators import check_fitted_state, estimators
+from nbattn.estimators import estimators
+from nbattn.estimators.estimators import check_fitted_state
 from nbattn.smoothing import learned_metric, regression, width_search
 
 from .. import naive
