@@ -39,9 +39,9 @@ _PUBLIC = {
     "load": "persistence.modelfile",
     "local_polynomial": "local.engine",
     "log_softmax": "attn.attention",
-    "loo_bandwidth": "smoothing.learning",
-    "loo_loss": "smoothing.learning",
-    "loo_loss_and_grad": "smoothing.learning",
+    "loo_bandwidth": "smoothing.width_search",
+    "loo_loss": "smoothing.loo",
+    "loo_loss_and_grad": "smoothing.loo",
     "masked_softmax": "attn.attention",
     "multi_head_attention": "attn.attention",
     "nadaraya_watson": "smoothing.regression",
@@ -166,5 +166,6 @@ if TYPE_CHECKING:
     )
     from .local.engine import local_polynomial
     from .persistence.modelfile import load, save
-    from .smoothing.learning import loo_bandwidth, loo_loss, loo_loss_and_grad
+    from .smoothing.loo import loo_loss, loo_loss_and_grad
     from .smoothing.regression import average_pooling, nadaraya_watson
+    from .smoothing.width_search import loo_bandwidth

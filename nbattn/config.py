@@ -55,7 +55,7 @@ MAX_WEIGHT_MATRIX_ELEMENTS = _env_int("MAX_WEIGHT_MATRIX_ELEMENTS", 50_000_000)
 #: parallel launch and barrier cost more than they save on small calls (about
 #: 0.5 ms of work at 1e9 pairs/s; measured on the 2-core machine, n = 1000
 #: LOO gradients ran 2x faster in parallel). On an oversubscribed machine a
-#: parallel call costs far more; raise it there. Used by nbattn.smoothing.learning.
+#: parallel call costs far more; raise it there. Used by the LOO passes of nbattn.smoothing.
 SERIAL_PAIRS = _env_int("SERIAL_PAIRS", 1 << 19)
 
 #: Far rows of the streaming softmax (``kernels.pooling``, "Far rows"). The
@@ -134,7 +134,7 @@ PRUNE_GAP_FLOAT32 = _env_int("PRUNE_GAP_FLOAT32", 36)
 # --- search: the leave-one-out width search (nbattn.smoothing) --------------------------------
 
 #: Factors of the base (Scott) widths that the coarse stage of
-#: ``nbattn.smoothing.learning.loo_bandwidth`` evaluates: six per decade from 0.01 to
+#: ``nbattn.smoothing.width_search.loo_bandwidth`` evaluates: six per decade from 0.01 to
 #: 100, with 1 (the rule itself) among them. Read at call time. Leave-one-out
 #: curves of small or tied data have dips narrower than a quarter decade; on
 #: 300 random data sets (10-700 rows, 1-8 features, ties, duplicated rows)
@@ -162,7 +162,7 @@ LOO_RTOL = 1e-5
 #: 1024 rows did 1.7e9 pair evaluations in all, 4096 rows 2.3e9.
 LOO_GRID_QUERIES_1D = 1024
 
-#: ``nbattn.smoothing.learning.loo_bandwidth`` first evaluates every LOO_GRID_STRIDE-th
+#: ``nbattn.smoothing.width_search.loo_bandwidth`` first evaluates every LOO_GRID_STRIDE-th
 #: factor of LOO_GRID (counted from 1, the base rule, with both ends), then
 #: every factor of LOO_GRID in a coarse interval that touches a factor within
 #: LOO_FILL_MARGIN (relative) of the best value so far, until none is added; the
@@ -200,12 +200,12 @@ LOO_BOXED_REACH_GAP = 40.0
 
 # --- learned: learned metrics and their leave-one-out tiles (nbattn.kernels.loo_tiles) ---
 
-#: Bounds of the widths learned by ``nbattn.smoothing.learning.fit_learned_kernel``
+#: Bounds of the widths learned by ``smoothing.learned_metric.fit_learned_kernel``
 #: (scalar and diagonal metrics), as factors of the initial (Scott) widths: an
 #: irrelevant feature's width grows to the upper bound instead of overflowing.
 WIDTH_BOUNDS = (1e-3, 1e4)
 
-#: Learned metrics on many rows (``learning.fit_learned_kernel``): with n >= 2 m
+#: Learned metrics on many rows (``learned_metric.fit_learned_kernel``): with n >= 2 m
 #: rows, L-BFGS-B first minimises the LOO criterion of a random subsample of
 #: m = LEARN_SUBSAMPLE_ROWS query rows (against all n keys), then of
 #: LEARN_SUBSAMPLE_GROWTH times more while that is at most half the rows, and
@@ -268,7 +268,7 @@ LOO_PRUNE_MIN_ROWS = _env_int("LOO_PRUNE_MIN_ROWS", 2048, compiled=False)
 LOO_TILE_LEAF_KEYS = _env_int("LOO_TILE_LEAF_KEYS", 32, compiled=False)
 
 #: The boxed LOO tiles run only when an estimate of the share of keys they keep
-#: per row is at most this (``learning._boxed_share``); above it (a kernel wide
+#: per row is at most this (``tiled_loo.boxed_share``); above it (a kernel wide
 #: against the data) the plain one-pass tiles run, since gathering the kept
 #: leaves then costs more than it saves (on random 4000 x 20 data with unit
 #: widths the boxed tiles took 87 ms, the plain ones 70 ms; on the 40k-row price

@@ -45,7 +45,7 @@ import warnings
 import numpy as np
 
 import nbattn
-from nbattn.smoothing import learning
+from nbattn.smoothing import loo, loo_1d, regression, width_search
 
 
 def _seed_like(n, d, rng):
@@ -91,11 +91,11 @@ def bench_statsmodels(cases, skip):
             t0 = time.perf_counter()
             bw = KernelReg(y, X, var_type="c" * d, reg_type="lc", bw="cv_ls").bw
             t_sm = time.perf_counter() - t0
-            mse_sm = learning.loo_loss(X, y, np.asarray(bw))
+            mse_sm = loo.loo_loss(X, y, np.asarray(bw))
         t_nb, cpu_nb, (h, (factors, _)) = _best_of_both(
-            lambda X=X, y=y: learning.loo_bandwidth(X, y, return_curve=True), repeat=7
+            lambda X=X, y=y: width_search.loo_bandwidth(X, y, return_curve=True), repeat=7
         )
-        mse_nb = learning.loo_loss(X, y, h)
+        mse_nb = loo.loo_loss(X, y, h)
         print(
             f"{'':>6} loo_bandwidth: {factors.size} evaluations of the LOO criterion"
             f"{_path_counts(X, factors) if d == 1 else ''}; best of 7: {t_nb * 1e3:.1f} ms "
@@ -113,7 +113,7 @@ def bench_statsmodels(cases, skip):
                 return nbattn.LearnedKernelRegressor(metric="diagonal").fit(X, y)
 
             t_dg, model = _best_of(fit, repeat=1)
-            mse_dg = learning.loo_loss(X, y, model.bandwidth_)
+            mse_dg = loo.loo_loss(X, y, model.bandwidth_)
             print(
                 f"{n:>6} {d:>2} {t_sm:>14.2f} {t_dg:>10.4f} {t_sm / t_dg:>7.0f}x "
                 f"{mse_sm:>12.6f} {mse_dg:>15.6f} {'diagonal L-BFGS-B':>22}"
@@ -123,18 +123,18 @@ def bench_statsmodels(cases, skip):
 def _path_counts(X, factors):
     """How the 1-D evaluations ran: the windowed direct kernel (narrow widths), the boxed
     Hermite series (medium and wide) or the one-centre Taylor series; the rule of
-    ``learning.loo_bandwidth``'s ``loss_at``."""
+    ``loo_1d.SortedCriterion1D.loss``."""
     from nbattn import config
     from nbattn.kernels import loo
 
     n = X.shape[0]
-    h0 = learning.bandwidth_rule(X)[0]
+    h0 = regression.bandwidth_rule(X)[0]
     gap = loo.prune_gap_for("float64")
     counts = {"windowed": 0, "boxed": 0, "Taylor": 0}
     for factor in factors:
         span = max(np.ptp(X) / (factor * h0 * np.sqrt(2.0)), 1e-300)
         window = min(n, n * 2.0 * np.sqrt(gap) / span + 2.0)
-        if learning._boxed_1d_pays(n, span, window):
+        if loo_1d.boxed_1d_pays(n, span, window):
             counts["boxed"] += 1
         elif span * span <= config.LOO_TAYLOR_MAX_SPAN_SQ:
             counts["Taylor"] += 1
@@ -151,14 +151,14 @@ def _whole_grid_line(X, y, t_sm):
     config.LOO_GRID_STRIDE = 1
     try:
         t_all, cpu_all, (h, (factors, _)) = _best_of_both(
-            lambda: learning.loo_bandwidth(X, y, return_curve=True), repeat=7
+            lambda: width_search.loo_bandwidth(X, y, return_curve=True), repeat=7
         )
     finally:
         config.LOO_GRID_STRIDE = saved
     print(
         f"{'':>6} whole grid (LOO_GRID_STRIDE=1): {factors.size} evaluations, "
         f"{t_all * 1e3:.1f} ms wall, {cpu_all * 1e3:.1f} ms CPU, ratio {t_sm / t_all:.0f}x, "
-        f"LOO MSE {learning.loo_loss(X, y, h):.6f}"
+        f"LOO MSE {loo.loo_loss(X, y, h):.6f}"
     )
 
 
@@ -224,11 +224,11 @@ def bench_large(n=100_000):
     rng = np.random.default_rng(2)
     X, y = _seed_like(n, 1, rng)
     for dtype in ("float64", "float32"):
-        learning.loo_bandwidth(X[:200], y[:200], dtype=dtype)  # compile
+        width_search.loo_bandwidth(X[:200], y[:200], dtype=dtype)  # compile
         t0 = time.perf_counter()
-        h = learning.loo_bandwidth(X, y, dtype=dtype)
+        h = width_search.loo_bandwidth(X, y, dtype=dtype)
         elapsed = time.perf_counter() - t0
-        factor = h[0] / learning.bandwidth_rule(X)[0]
+        factor = h[0] / regression.bandwidth_rule(X)[0]
         print(f"{dtype}: {elapsed:6.1f} s   h = {h[0]:.5f} ({factor:.3f} x Scott)")
 
 
@@ -288,7 +288,7 @@ def bench_learned_large(reference=True):
             return nbattn.LearnedKernelRegressor(metric="diagonal", random_state=0).fit(X, y)
 
     wall, cpu, model = _timed(fit)
-    loss = learning.loo_loss(X, y, model.bandwidth_)
+    loss = loo.loo_loss(X, y, model.bandwidth_)
     print(
         f"ladder {config.LEARN_SUBSAMPLE_ROWS} x {config.LEARN_SUBSAMPLE_GROWTH}^k rows, "
         f"then all: {wall:7.1f} s wall, {cpu:7.1f} s CPU; {model.n_iter_} iterations; "
@@ -302,7 +302,7 @@ def bench_learned_large(reference=True):
         wall_ref, cpu_ref, ref = _timed(fit)
     finally:
         config.LEARN_SUBSAMPLE_ROWS = saved
-    loss_ref = learning.loo_loss(X, y, ref.bandwidth_)
+    loss_ref = loo.loo_loss(X, y, ref.bandwidth_)
     print(
         f"full criterion throughout (the optimum): {wall_ref:7.1f} s wall, {cpu_ref:7.1f} s "
         f"CPU; {ref.n_iter_} iterations; LOO MSE {loss_ref:.6g}"
@@ -330,14 +330,14 @@ def main():
     print(f"cpus: {os.cpu_count()}, load average: {os.getloadavg()}")
     rng = np.random.default_rng(3)
     Xw, yw = _seed_like(300, 3, rng)
-    learning.loo_bandwidth(Xw[:, :1], yw)  # compile the kernels before timing
+    width_search.loo_bandwidth(Xw[:, :1], yw)  # compile the kernels before timing
     Xl, yl = _seed_like(2000, 1, rng)
-    learning.loo_bandwidth(Xl, yl)  # and the boxed series' paths
+    width_search.loo_bandwidth(Xl, yl)  # and the boxed series' paths
     if args.one_d:
         bench_statsmodels([(500, 1), (2000, 1)], args.skip_statsmodels)
         print(f"\nload average at the end: {os.getloadavg()}")
         return
-    learning.loo_bandwidth(Xw, yw)
+    width_search.loo_bandwidth(Xw, yw)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         nbattn.LearnedKernelRegressor(metric="diagonal", max_iter=2).fit(Xw[:50], yw[:50])

@@ -491,7 +491,7 @@ def check_nadaraya_watson(report, tiny, rng):
 
 def check_loo(report, tiny, rng):
     """The LOO loss and its gradients (log-widths; a metric L), float64 and float32."""
-    from nbattn.smoothing import learning
+    from nbattn.smoothing import loo
 
     n = 13 if tiny else 300
     X = rng.normal(size=(n, 3))
@@ -501,16 +501,14 @@ def check_loo(report, tiny, rng):
 
     def run(dtype):
         t = TOL[np.dtype(dtype)]
-        loss_g, grad_g = report.on_gpu(
-            learning.loo_loss_and_grad, X, yv, h, dtype=dtype, device="cuda"
-        )
-        loss_c, grad_c = learning.loo_loss_and_grad(X, yv, h, dtype=dtype)
+        loss_g, grad_g = report.on_gpu(loo.loo_loss_and_grad, X, yv, h, dtype=dtype, device="cuda")
+        loss_c, grad_c = loo.loo_loss_and_grad(X, yv, h, dtype=dtype)
         report.compare(f"LOO loss {dtype}", loss_g, loss_c, t)
         report.compare(f"LOO grad log-widths {dtype}", grad_g, grad_c, t)
         _, grad_g = report.on_gpu(
-            learning.loo_loss_and_grad, X, yv, components=L, dtype=dtype, device="cuda"
+            loo.loo_loss_and_grad, X, yv, components=L, dtype=dtype, device="cuda"
         )
-        _, grad_c = learning.loo_loss_and_grad(X, yv, components=L, dtype=dtype)
+        _, grad_c = loo.loo_loss_and_grad(X, yv, components=L, dtype=dtype)
         report.compare(f"LOO grad metric L {dtype}", grad_g, grad_c, t)
 
     for dtype in ("float64", "float32"):
@@ -690,7 +688,7 @@ def bench_nadaraya_watson(report, tiny):
 def bench_loo(report, tiny):
     from numba import cuda
 
-    from nbattn.smoothing import learning
+    from nbattn.smoothing import loo
 
     print("\nLOO loss and gradient (log-widths), float32, d = 4", flush=True)
     rng = np.random.default_rng(3)
@@ -704,7 +702,7 @@ def bench_loo(report, tiny):
         h = np.full(4, 0.5)
 
         def on(device, X=X, y=y, h=h):
-            return learning.loo_loss_and_grad(X, y, h, dtype="float32", device=device)
+            return loo.loo_loss_and_grad(X, y, h, dtype="float32", device=device)
 
         gpu = _best_of(lambda: on("cuda"), cuda.synchronize)
         line = f"GPU {gpu:.4f} s ({2 * n * n / gpu:.3g} pairs/s over both passes)"

@@ -28,7 +28,8 @@ from hypothesis import strategies as st
 from nbattn import config
 from nbattn.estimators import NadarayaWatsonClassifier
 from nbattn.kernels import loo, pooling
-from nbattn.smoothing import learning, regression
+from nbattn.smoothing import regression
+from nbattn.smoothing.loo import loo_loss
 
 from . import naive
 
@@ -111,7 +112,7 @@ def test_classifier_far_query_gets_the_nearest_class_not_nan():
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_spread_of_a_far_query_is_that_of_its_nearest_key(dtype):
     far = 1e30 if dtype == "float32" else 1e160
-    mean, std, n_eff = learning.nadaraya_watson_spread([far], KEYS, VALUES, 0.5, dtype=dtype)
+    mean, std, n_eff = regression.nadaraya_watson_spread([far], KEYS, VALUES, 0.5, dtype=dtype)
     np.testing.assert_allclose(mean, [30.0])
     np.testing.assert_array_equal(std, [0.0])
     np.testing.assert_allclose(n_eff, [1.0])
@@ -179,7 +180,7 @@ def test_loo_gradient_with_a_far_point_matches_the_close_data(dtype):
 def test_loo_loss_of_data_with_a_far_outlier():
     x = np.array([0.0, 0.5, 1.0, 1.5, 1e30])
     y = np.array([1.0, 2.0, 3.0, 4.0, 50.0])
-    assert learning.loo_loss(x, y, 0.5) == pytest.approx(naive.loo_loss_exact(x, y, 0.5), rel=1e-12)
+    assert loo_loss(x, y, 0.5) == pytest.approx(naive.loo_loss_exact(x, y, 0.5), rel=1e-12)
 
 
 @pytest.mark.parametrize(
@@ -272,13 +273,13 @@ def test_return_std_scales_with_the_targets(dtype, scale):
     X = rng.uniform(0, 4, size=40)
     y = np.sin(X) + 0.3 * rng.normal(size=40)
     Q = np.linspace(0, 4, 7)
-    mean, std, n_eff = learning.nadaraya_watson_spread(Q, X, y * scale, 0.4, dtype=dtype)
+    mean, std, n_eff = regression.nadaraya_watson_spread(Q, X, y * scale, 0.4, dtype=dtype)
     m_ref, s_ref, n_ref = naive.weighted_spread_exact(Q, X, y * scale, 0.4)
     rtol = 2e-5 if dtype == "float32" else 1e-10
     np.testing.assert_allclose(mean, m_ref, rtol=rtol, atol=rtol * scale)
     np.testing.assert_allclose(std, s_ref, rtol=rtol)
     np.testing.assert_allclose(n_eff, n_ref, rtol=rtol)
-    _, std_unit, _ = learning.nadaraya_watson_spread(Q, X, y, 0.4)
+    _, std_unit, _ = regression.nadaraya_watson_spread(Q, X, y, 0.4)
     np.testing.assert_allclose(std / scale, std_unit, rtol=rtol)
 
 
@@ -334,8 +335,8 @@ def test_scaling_the_targets_scales_mean_and_std(data, exponent):
     X, y, Q, _ = _dataset(data)
     scale = 10.0**exponent
     h = regression.bandwidth_rule(X)
-    mean, std, n_eff = learning.nadaraya_watson_spread(Q, X, y, h)
-    mean_s, std_s, n_eff_s = learning.nadaraya_watson_spread(Q, X, y * scale, h)
+    mean, std, n_eff = regression.nadaraya_watson_spread(Q, X, y, h)
+    mean_s, std_s, n_eff_s = regression.nadaraya_watson_spread(Q, X, y * scale, h)
     big = np.abs(y).max()
     np.testing.assert_allclose(mean_s / scale, mean, rtol=1e-9, atol=1e-12 * big)
     np.testing.assert_allclose(std_s / scale, std, rtol=1e-9, atol=1e-12 * big)
@@ -364,7 +365,7 @@ def test_nothing_is_nan_and_every_output_is_a_convex_combination(data, exponents
     assert np.all(np.isfinite(out))
     slack = 1e-6 * np.abs(y).max()
     assert np.all(out >= y.min() - slack) and np.all(out <= y.max() + slack)
-    mean, std, n_eff = learning.nadaraya_watson_spread(Q, X, y, h, dtype=dtype)
+    mean, std, n_eff = regression.nadaraya_watson_spread(Q, X, y, h, dtype=dtype)
     assert np.all(np.isfinite(mean)) and np.all(np.isfinite(std))
     # float32 scores of size |s| carry an absolute error of about |s| * 6e-8, so the
     # weights (and 1 / sum w^2) of a query tens of widths away are good to ~1e-5

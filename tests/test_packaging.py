@@ -32,9 +32,6 @@ ROOT = Path(__file__).resolve().parent.parent
 #: Libraries that ``import nbattn`` must not load, and the functional layer neither.
 HEAVY = ("sklearn", "pandas", "matplotlib", "dask", "distributed", "pyarrow", "torch")
 
-#: Public names whose module still imports scikit-learn at the top (learning.py
-#: imports sklearn.exceptions.ConvergenceWarning); the change belongs to its owner.
-
 
 def _pyproject() -> dict:
     tomllib = pytest.importorskip("tomllib", reason="in the standard library from Python 3.11")

@@ -12,7 +12,7 @@ over query rows, each row against all keys:
 
     L = 1/(n p) sum_r sum_{i in R_r} ||f_-i(x_i) - y_i||^2,   grad L = sum_r (...)
 
-``sharded_training`` runs every such sum of ``nbattn.smoothing.learning`` (the
+``sharded_training`` runs every such sum of the smoothing layer (the
 bandwidth search of ``bandwidth="loo"``, the L-BFGS-B fits of
 ``LearnedKernelRegressor``) as one task per row range on the cluster and adds
 the partial sums, so the result equals the in-memory one up to the order of
@@ -37,7 +37,7 @@ import numpy as np
 
 from .. import config
 from .._core.numeric import power_of_two_scale
-from ..smoothing import learning, regression
+from ..smoothing import loo_rows, regression
 
 __all__ = [
     "ClusterChunkRunner",
@@ -224,7 +224,7 @@ def _add_partials(parts):
 
 @contextmanager
 def sharded_training(client=None, n_partitions=None):
-    """Run the leave-one-out sums of ``nbattn.smoothing.learning`` over row ranges on a cluster.
+    """Run the leave-one-out sums (``nbattn.smoothing.loo_rows``) over row ranges on a cluster.
 
     Inside the ``with`` block every LOO loss (and gradient) evaluation is split
     into ``n_partitions`` row ranges (default: twice the number of workers);
@@ -270,7 +270,7 @@ def sharded_training(client=None, n_partitions=None):
     if client is None:  # no cluster: the sums run here, on numba's threads
         yield None
         return
-    with learning.row_runner(cluster_runner):
+    with loo_rows.row_runner(cluster_runner):
         yield client
 
 

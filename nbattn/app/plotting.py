@@ -364,10 +364,10 @@ def loo_curve(X, y, base, scales, progress=None):
     """Leave-one-out MSE of Nadaraya-Watson at the widths ``base * s`` for s in ``scales``.
 
     ``L(h) = mean_i (f_{-i}(x_i) - y_i)^2``, ``f_{-i}`` the prediction at x_i
-    without the pair (i, i) (``nbattn.smoothing.learning.loo_loss``). ``progress`` is
+    without the pair (i, i) (``nbattn.smoothing.loo.loo_loss``). ``progress`` is
     called once per width.
     """
-    from ..smoothing.learning import loo_loss
+    from ..smoothing.loo import loo_loss
 
     losses = np.empty(len(scales))
     for i, s in enumerate(scales):
@@ -380,10 +380,10 @@ def loo_curve(X, y, base, scales, progress=None):
 def loo_figure(X, y, points=30, progress=None):
     """Leave-one-out MSE against the width, in units of Scott's rule, over ``points``
     scales from 10^-1.5 to 10, with Scott's rule, the grid minimum and the width
-    ``bandwidth="loo"`` chooses (:func:`nbattn.smoothing.learning.loo_bandwidth`) marked.
+    ``bandwidth="loo"`` chooses (:func:`nbattn.smoothing.width_search.loo_bandwidth`) marked.
     ``progress`` is called once per width."""
-    from ..smoothing.learning import loo_bandwidth
     from ..smoothing.regression import bandwidth_rule
+    from ..smoothing.width_search import loo_bandwidth
 
     X = np.asarray(X, dtype=np.float64)
     if len(y) < 2:

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from ..estimators import LearnedKernelRegressor, NadarayaWatsonRegressor
-from ..smoothing.learning import loo_loss
+from ..smoothing.loo import loo_loss
 from . import plotting
 from .datasets import seed_data
 

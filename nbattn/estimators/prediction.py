@@ -199,7 +199,7 @@ class PoolingPrediction:
 
         Unweighted average pooling: the mean and the targets' population std.
         The unweighted Gaussian fast path runs
-        :func:`nbattn.smoothing.learning.nadaraya_watson_spread` (a second pass about f).
+        :func:`nbattn.smoothing.regression.nadaraya_watson_spread` (a second pass about f).
         Otherwise the spread about f comes from pooled moments of the targets
         centred on their mean c, ``sum_j w_ij (y_j - f)^2 = E[(y-c)^2] -
         2 (f-c) E[y-c] + (f-c)^2``, and the effective n ``1 / sum_j w_ij^2``
@@ -214,7 +214,7 @@ class PoolingPrediction:
             n_train = float(self._fitted("X_fit_").shape[0])
             return mean, std, np.full(X.shape[0], n_train)
         if not self._uses_engine() and self._weights() is None:
-            from ..smoothing.learning import nadaraya_watson_spread
+            from ..smoothing.regression import nadaraya_watson_spread
 
             q, k, h = self._score_coordinates(X)
             mean, std, n_eff = nadaraya_watson_spread(

@@ -21,7 +21,7 @@ import numpy as np
 from sklearn.base import RegressorMixin
 
 from .._core.validation import as_float_array
-from ..smoothing import learning
+from ..smoothing import learned_metric
 from .base import _nadaraya_watson_init, _PoolingEstimator
 from .widths import engine_loo_loss, engine_loo_widths, fit_widths
 
@@ -60,7 +60,7 @@ class _PoolingRegressor(RegressorMixin, _PoolingEstimator):
         about f_i, not as E[y^2] - E[y]^2, which cancels), shaped like the
         prediction. It is the spread of the targets the query pools, not a
         confidence interval of f. Both run on ``device``
-        (:func:`nbattn.smoothing.learning.nadaraya_watson_spread` for the spread).
+        (:func:`nbattn.smoothing.regression.nadaraya_watson_spread` for the spread).
         """
         X = self._check_queries(X)
         return self._predictions(X, return_std)
@@ -169,7 +169,7 @@ class NadarayaWatsonRegressor(_PoolingRegressor):
         Kernel widths h_d. Rule names are per feature (see
         :func:`nbattn.smoothing.regression.bandwidth_rule`). "loo" scales Scott's widths
         by the one factor that minimises the leave-one-out MSE
-        (:func:`nbattn.smoothing.learning.loo_bandwidth`).
+        (:func:`nbattn.smoothing.width_search.loo_bandwidth`).
     kernel : "gaussian", "epanechnikov", "tricube" or "average"
         The kernel of the continuous columns. "average" is average pooling
         (the walk-through, section 1.3.1): every training target gets the same
@@ -198,7 +198,7 @@ class NadarayaWatsonRegressor(_PoolingRegressor):
         results are float64 either way.
     verbose : int or bool, default 0
         Progress of the ``bandwidth="loo"`` search (passed to
-        :func:`nbattn.smoothing.learning.loo_bandwidth`).
+        :func:`nbattn.smoothing.width_search.loo_bandwidth`).
 
     Attributes
     ----------
@@ -265,7 +265,7 @@ class LearnedKernelRegressor(_PoolingRegressor):
         f_{-i}(x_i) = \\sum_{j \\ne i} \\operatorname{softmax}_{j \\ne i}(s_{ij})\\, y_j
 
     with scipy's L-BFGS-B on the exact gradient, streamed in O(n d) memory
-    (:func:`nbattn.smoothing.learning.fit_learned_kernel`). Prediction is attention
+    (:func:`nbattn.smoothing.learned_metric.fit_learned_kernel`). Prediction is attention
     pooling with the learned score.
 
     Parameters
@@ -302,7 +302,7 @@ class LearnedKernelRegressor(_PoolingRegressor):
         Precision of the computation; results are float64 either way.
     verbose : int or bool, default 0
         Progress of the optimisation (passed to
-        :func:`nbattn.smoothing.learning.fit_learned_kernel`): iteration, loss, change.
+        :func:`nbattn.smoothing.learned_metric.fit_learned_kernel`): iteration, loss, change.
 
     Attributes
     ----------
@@ -383,7 +383,7 @@ class LearnedKernelRegressor(_PoolingRegressor):
             self.loss_curve_ = np.array([loss])
             self.n_iter_ = 0
             return self
-        result = learning.fit_learned_kernel(
+        result = learned_metric.fit_learned_kernel(
             X,
             y2,
             metric=self.metric,

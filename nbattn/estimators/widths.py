@@ -4,7 +4,7 @@ Two paths, as for prediction (:class:`nbattn.estimators.prediction.PoolingPredic
 
 * the Gaussian fast path (all-continuous data, the Gaussian kernel, no
   missing values): "loo" is the LOO-optimal scale of Scott's widths
-  (:func:`nbattn.smoothing.learning.loo_bandwidth`), a rule name the rule on
+  (:func:`nbattn.smoothing.width_search.loo_bandwidth`), a rule name the rule on
   the spread, a number or an array the widths as given;
 * the mixed-type engine's path (categorical columns, missing values, another
   kernel, a local polynomial): "loo" learns every h and lambda together
@@ -28,7 +28,7 @@ import numpy as np
 
 from .. import config
 from .._core.validation import check_bandwidth
-from ..smoothing import learning, regression
+from ..smoothing import regression, width_search
 from ..smoothing.search import minimize_log_scale
 
 __all__ = [
@@ -66,7 +66,7 @@ def fit_widths(model, bandwidth, X, Y, sample_weight=None, degree=0) -> np.ndarr
         if is_loo and sample_weight is not None:
             return weighted_loo_scale(model, X, Y, sample_weight)
         if is_loo:
-            return learning.loo_bandwidth(
+            return width_search.loo_bandwidth(
                 X,
                 Y,
                 dtype=model._dtype(),
@@ -123,7 +123,7 @@ def engine_loo_loss(model, X, Y, widths, sample_weight, degree) -> float:
 def weighted_loo_scale(model, X, Y, sample_weight) -> np.ndarray:
     """Weighted Scott widths times the one factor minimising the weighted LOO MSE.
 
-    The weighted form of :func:`nbattn.smoothing.learning.loo_bandwidth`: the same
+    The weighted form of :func:`nbattn.smoothing.width_search.loo_bandwidth`: the same
     search over log-scale factors (:func:`nbattn.smoothing.search.minimize_log_scale`,
     the same grid and tolerance) of the criterion
     ``sum_i s_i (y_i - f_{-i}(x_i))^2 / sum_i s_i``, where f_{-i} leaves row i

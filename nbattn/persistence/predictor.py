@@ -18,7 +18,7 @@ bit the estimator's:
 * categorical columns, ``missing="marginalize"``, a compact kernel, or a
   local polynomial: the mixed-type engine, :func:`nbattn.local.engine.local_polynomial`;
 * ``kernel="average"``: :func:`nbattn.smoothing.regression.average_pooling`;
-* ``return_std``: :func:`nbattn.smoothing.learning.nadaraya_watson_spread`, or the
+* ``return_std``: :func:`nbattn.smoothing.regression.nadaraya_watson_spread`, or the
   pooled moments about f for the engine and for weighted models
   (``sum_j w_ij (y_j - f)^2 = E[(y-c)^2] - 2 (f-c) E[y-c] + (f-c)^2``);
 * classifiers: the pooled one-hot labels clipped at 0 and normalised; the

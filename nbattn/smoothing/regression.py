@@ -6,7 +6,10 @@
 ``nbattn.kernels.pooling`` (or, for many features, on the BLAS tiles of
 ``nbattn.kernels.pooling_gemm``): exact, stable, and without the queries x keys
 matrix. This layer validates inputs, resolves bandwidth rules, lays the
-arrays out for the kernel and dispatches to the device.
+arrays out for the kernel and dispatches to the device. Beside the prediction: the
+attention-weighted spread about it (:func:`nadaraya_watson_spread`, a second
+streaming pass of ``nbattn.kernels.loo``) and the weight matrix for diagnostics
+(:func:`gaussian_attention_weights`).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import numpy as np
 
 from .. import config
 from .._core.numeric import power_of_two_scale
+from .._core.threads import serial_below
 from .._core.validation import (
     as_float_array,
     check_bandwidth,
@@ -34,7 +38,9 @@ __all__ = [
     "rule_bandwidth",
     "gaussian_attention_weights",
     "nadaraya_watson",
+    "nadaraya_watson_spread",
     "resolve_bandwidth",
+    "scaled_layout",
     "uses_gemm_tiles",
 ]
 
@@ -126,6 +132,14 @@ def resolve_bandwidth(bandwidth, keys: np.ndarray) -> np.ndarray:
     if isinstance(bandwidth, str):
         return bandwidth_rule(keys, bandwidth)
     return check_bandwidth(bandwidth, keys.shape[1])
+
+
+def scaled_layout(points, scale, dtype):
+    """points * scale / sqrt(2) as (rows, transposed) in ``dtype``: the kernels' layout,
+    without the centring of the pooling's layout (the leave-one-out criteria centre
+    their data once, beforehand)."""
+    z = np.ascontiguousarray(points * (scale / np.sqrt(2.0)), dtype=dtype)
+    return z, np.ascontiguousarray(z.T)
 
 
 #: Rows of the keys whose per-feature median centres the data (evenly spaced).
@@ -358,6 +372,49 @@ def _nadaraya_watson_on_device(queries, keys, values, bandwidth, exclude_self, d
         out = out.reshape(out.shape[0])
     out, lse = like_input(out, queries), like_input(lse, queries)
     return (out, lse) if return_lse else out
+
+
+def nadaraya_watson_spread(queries, keys, values, bandwidth="scott", *, dtype=None, device="cpu"):
+    """Pooled mean, attention-weighted standard deviation and effective number of neighbours.
+
+    .. math::
+
+        f_i = \\sum_j w_{ij} v_j, \\qquad
+        \\sigma_{ic} = \\sqrt{\\sum_j w_{ij} (v_{jc} - f_{ic})^2}, \\qquad
+        n^{\\mathrm{eff}}_i = 1 / \\sum_j w_{ij}^2
+
+    with ``w_ij = softmax_j(-1/2 sum_d ((q_id - k_jd)/h_d)^2)``. Two streaming
+    passes: the pool gives f and lse, the second pass sums the squared
+    deviations about f (no cancellation, unlike E[v^2] - E[v]^2) and the
+    squared weights. n_eff runs from 1 (one key holds all the weight) to
+    n_keys (uniform weights). The deviations are divided by a power of two
+    near max |v| before squaring, so values near 1e200 or 1e-200 keep their
+    spread; a query far from every key gets its nearest key's value, std 0
+    (or the spread of tied nearest keys) and n_eff 1. ``device`` ("cpu",
+    "cuda" or "auto") picks the kernels of both passes; the results are NumPy
+    arrays either way.
+
+    Returns
+    -------
+    mean, std : ndarray (n_queries,) or (n_queries, n_outputs) like ``values``
+    n_eff : ndarray (n_queries,)
+    """
+    dtype = resolve_dtype(dtype, queries, keys, values)
+    queries, keys, v2, values_1d = check_pooling_inputs(queries, keys, values)
+    h = resolve_bandwidth(bandwidth, keys)
+    q, _ = scaled_layout(queries, 1.0 / h, dtype)
+    _, k_t = scaled_layout(keys, 1.0 / h, dtype)
+    v_t = np.ascontiguousarray(v2.T, dtype=dtype)
+    with serial_below(q.shape[0] * k_t.shape[1], config.SERIAL_PAIRS):
+        mean, lse = kernels_for("pooling", device).gaussian_pool(q, k_t, v_t, False, 0)
+        std, sum_w2 = kernels_for("loo", device).gaussian_spread(q, k_t, v_t, mean, lse, False)
+    if not isinstance(mean, np.ndarray):  # the CUDA pool returns device arrays
+        mean = to_host(mean)
+    n_eff = 1.0 / sum_w2
+    mean = mean.astype(np.float64)
+    if values_1d:
+        return mean[:, 0], std[:, 0], n_eff
+    return mean, std, n_eff
 
 
 def gaussian_attention_weights(

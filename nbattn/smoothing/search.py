@@ -1,6 +1,6 @@
 """A bounded search for the minimum of a criterion over one log-scale parameter.
 
-The search behind ``nbattn.smoothing.learning.loo_bandwidth``, kept apart from the
+The search behind ``nbattn.smoothing.width_search.loo_bandwidth``, kept apart from the
 leave-one-out machinery so that it can be tested on curves built to break it
 (plateaus, flat stretches, minima at the ends of the range, several local
 minima, float32 noise) against brute force.
@@ -198,178 +198,254 @@ def minimize_log_scale(
     -------
     ScaleSearchResult
     """
-    from scipy.optimize import minimize_scalar
-
     if not rtol >= 0 or not xatol > 0 or not extend >= 0 or not fill_margin >= 0:
         raise ValueError("rtol, extend and fill_margin must be >= 0 and xatol > 0")
     if int(stride) != stride or stride < 1:
         raise ValueError(f"stride must be a positive integer, got {stride!r}")
-    ts = np.unique(np.append(np.asarray(grid, dtype=np.float64).reshape(-1), float(anchor)))
-    if not np.all(np.isfinite(ts)):
-        raise ValueError("grid must be finite")
-    exact: dict[float, float] = {}
-    counts = {"coarse": 0, "exact": 0}
+    search = _LogScaleSearch(
+        criterion,
+        grid,
+        rtol=rtol,
+        extend=extend,
+        anchor=anchor,
+        coarse=coarse,
+        report=report,
+        stride=int(stride),
+        fill_margin=fill_margin,
+    )
+    search.coarse_stage()
+    edge = search.extend_at_the_ends()
+    search.refine(xatol, basins, basin_margin)
+    return search.result(edge)
 
-    def exact_at(t, stage=None):
-        t = float(t)
-        if t not in exact:
-            exact[t] = _finite_or_inf(criterion(t))
-            counts["exact"] += 1
-            if stage is not None and report is not None:
-                report(stage, t, exact[t])
-        return exact[t]
 
-    def coarse_at(t, stage):
-        if coarse is None:
-            before = counts["exact"]
-            value = exact_at(t)
-            counts["coarse"] += counts["exact"] - before
+class _LogScaleSearch:
+    """One run of :func:`minimize_log_scale`: its evaluations and its stages, in order.
+
+    The grid is indexed by k: ``0 ... k_last`` are the sorted grid points (with the
+    anchor), k < 0 and k > k_last the extension by the end steps of the grid, at most
+    to ``[k_min, k_max]``. ``known`` maps each visited k to its coarse value, ``exact``
+    each exactly evaluated t to its value; ``[lo_k, hi_k]`` is the range the coarse
+    stage covers (the grid, grown by the extension).
+    """
+
+    def __init__(
+        self, criterion, grid, *, rtol, extend, anchor, coarse, report, stride, fill_margin
+    ):
+        ts = np.unique(np.append(np.asarray(grid, dtype=np.float64).reshape(-1), float(anchor)))
+        if not np.all(np.isfinite(ts)):
+            raise ValueError("grid must be finite")
+        self.criterion, self.coarse, self.report = criterion, coarse, report
+        self.rtol, self.anchor = rtol, anchor
+        self.stride, self.fill_margin = stride, fill_margin
+        self.exact: dict[float, float] = {}
+        self.n_coarse = self.n_exact = 0
+        self.fine = list(ts)
+        self.k_last = len(ts) - 1
+        if self.k_last > 0:
+            self.step_low, self.step_high = ts[1] - ts[0], ts[-1] - ts[-2]
+            slack = 1e-9 * max(self.step_low, self.step_high)
+            self.k_min = -int(math.floor((extend + slack) / self.step_low))
+            self.k_max = self.k_last + int(math.floor((extend + slack) / self.step_high))
         else:
-            value = _finite_or_inf(coarse(t))
-            counts["coarse"] += 1
-        if report is not None:
-            report(stage, float(t), value)
+            self.step_low = self.step_high = 0.0
+            self.k_min = self.k_max = 0
+        self.k_anchor = self.fine.index(float(anchor))
+        self.known: dict[int, float] = {}
+        self.lo_k, self.hi_k = 0, self.k_last
+
+    # ---- evaluations
+
+    def exact_at(self, t, stage=None) -> float:
+        """The exact criterion at t, evaluated once (reported with ``stage`` when given)."""
+        t = float(t)
+        if t not in self.exact:
+            self.exact[t] = _finite_or_inf(self.criterion(t))
+            self.n_exact += 1
+            if stage is not None and self.report is not None:
+                self.report(stage, t, self.exact[t])
+        return self.exact[t]
+
+    def coarse_at(self, t, stage) -> float:
+        """The coarse criterion at t: the estimate when there is one, else the exact one."""
+        if self.coarse is None:
+            before = self.n_exact
+            value = self.exact_at(t)
+            self.n_coarse += self.n_exact - before
+        else:
+            value = _finite_or_inf(self.coarse(t))
+            self.n_coarse += 1
+        if self.report is not None:
+            self.report(stage, float(t), value)
         return value
 
-    # the fine grid, extended by whole end steps up to ``extend``: indices k of
-    # ``t_of``; k < 0 and k > k_last are the extension
-    k_last = len(ts) - 1
-    if k_last > 0:
-        step_low, step_high = ts[1] - ts[0], ts[-1] - ts[-2]
-        slack = 1e-9 * max(step_low, step_high)
-        k_min = -int(math.floor((extend + slack) / step_low))
-        k_max = k_last + int(math.floor((extend + slack) / step_high))
-    else:
-        step_low = step_high = 0.0
-        k_min = k_max = 0
-    fine = list(ts)
-
-    def t_of(k):
+    def t_of(self, k) -> float:
         if k < 0:
-            return fine[0] + k * step_low
-        if k > k_last:
-            return fine[-1] + (k - k_last) * step_high
-        return fine[k]
+            return self.fine[0] + k * self.step_low
+        if k > self.k_last:
+            return self.fine[-1] + (k - self.k_last) * self.step_high
+        return self.fine[k]
 
-    stride = int(stride)
-    k_anchor = fine.index(float(anchor))
-    known: dict[int, float] = {}  # fine-grid index -> coarse value
+    def visit(self, k):
+        if k not in self.known:
+            stage = "grid" if 0 <= k <= self.k_last else "extend"
+            self.known[k] = self.coarse_at(self.t_of(k), stage)
 
-    def visit(k):
-        if k not in known:
-            known[k] = coarse_at(t_of(k), "grid" if 0 <= k <= k_last else "extend")
+    # ---- 1. the coarse stage and the fill
 
-    def fill():
-        # every fine point in a coarse interval that touches a point within
-        # ``fill_margin`` of the best value found so far, until none is added
+    def coarse_stage(self):
+        """Every ``stride``-th point of ``[lo_k, hi_k]`` counted from the anchor, and both
+        ends, then the fill."""
+        for k in range(self.lo_k, self.hi_k + 1):
+            if (k - self.k_anchor) % self.stride == 0 or k in (self.lo_k, self.hi_k):
+                self.visit(k)
+        self.fill()
+
+    def fill(self):
+        """Every grid point in a coarse interval that touches a point within
+        ``fill_margin`` of the best value so far, until none is added."""
         while True:
-            keys = sorted(known)
-            v_min = min(known.values())
-            ceiling = v_min + fill_margin * abs(v_min) if math.isfinite(v_min) else math.inf
+            keys = sorted(self.known)
+            v_min = min(self.known.values())
+            ceiling = v_min + self.fill_margin * abs(v_min) if math.isfinite(v_min) else math.inf
             todo = []
             for pos, k in enumerate(keys):
-                if known[k] <= ceiling:
+                if self.known[k] <= ceiling:
                     for a, b in ((pos - 1, pos), (pos, pos + 1)):
                         if 0 <= a and b < len(keys):
                             todo.extend(range(keys[a] + 1, keys[b]))
             if not todo:
                 return
             for k in sorted(set(todo)):
-                visit(k)
+                self.visit(k)
 
-    # coarse stage (every ``stride``-th point from the anchor, and the ends), the
-    # fill, then the extension: while the best point is an end and the criterion
-    # still falls there, the range grows by ``stride`` steps in that direction
-    lo_k, hi_k = 0, k_last
-    edge = None
-    while True:
-        for k in range(lo_k, hi_k + 1):
-            if (k - k_anchor) % stride == 0 or k in (lo_k, hi_k):
-                visit(k)
-        fill()
-        keys = sorted(known)
-        best = keys[_best_index([t_of(k) for k in keys], [known[k] for k in keys], rtol, anchor)]
-        if len(keys) < 2 or 0 < keys.index(best) < len(keys) - 1:
-            break
-        if best == keys[0]:
-            if lo_k == k_min:
-                edge = "low" if _lower(known[keys[0]], known[keys[1]], rtol) else None
+    # ---- 2. the extension
+
+    def extend_at_the_ends(self):
+        """While the best coarse point is an end of the range, grow the range by ``stride``
+        steps that way (up to ``[k_min, k_max]``) and run the coarse stage on it.
+
+        Returns the edge: "low" / "high" when the best point is still an end at the
+        limit with the criterion falling towards it, else None.
+        """
+        while True:
+            keys = sorted(self.known)
+            values = [self.known[k] for k in keys]
+            best = keys[_best_index([self.t_of(k) for k in keys], values, self.rtol, self.anchor)]
+            if len(keys) < 2 or 0 < keys.index(best) < len(keys) - 1:
+                return None
+            if best == keys[0]:
+                if self.lo_k == self.k_min:
+                    return "low" if _lower(values[0], values[1], self.rtol) else None
+                self.lo_k = max(self.lo_k - self.stride, self.k_min)
+            else:
+                if self.hi_k == self.k_max:
+                    return "high" if _lower(values[-1], values[-2], self.rtol) else None
+                self.hi_k = min(self.hi_k + self.stride, self.k_max)
+            self.coarse_stage()
+
+    def coarse_curve(self):
+        """The visited grid points and their coarse values, sorted: ``(ts, values)``."""
+        keys = sorted(self.known)
+        return np.array([self.t_of(k) for k in keys]), np.array([self.known[k] for k in keys])
+
+    # ---- 3. the refinement
+
+    def refine(self, xatol, basins, basin_margin):
+        """The anchor and the best grid point exactly, then Brent in the best basin and
+        the next deepest ones (after a walk on exact values when the grid was estimated)."""
+        grid_ts, grid_values = self.coarse_curve()
+        best = _best_index(grid_ts, grid_values, self.rtol, self.anchor)
+        self.exact_at(self.anchor, "exact")
+        self.exact_at(grid_ts[best], "exact")
+        for centre in _basins(grid_values, best, self.rtol, basins, basin_margin):
+            if self.coarse is not None:
+                centre = self._walk_to_exact_minimum(grid_ts, centre)
+                if self._is_exact_plateau(grid_ts, centre):
+                    continue  # nothing to gain beyond rtol
+            self._brent_around(grid_ts, centre, xatol)
+
+    def _exact_on_grid(self, grid_ts, k) -> float:
+        return self.exact_at(grid_ts[k], "exact")
+
+    def _walk_to_exact_minimum(self, grid_ts, centre) -> int:
+        """The estimate may be a step or two off: walk the grid on exact values to a
+        local minimum, which brackets the exact minimum."""
+        last = grid_ts.size - 1
+        for _ in range(last + 1):
+            here = self._exact_on_grid(grid_ts, centre)
+            side = {
+                k: self._exact_on_grid(grid_ts, k)
+                for k in (centre - 1, centre + 1)
+                if 0 <= k <= last
+            }
+            k_low = min(side, key=side.get)
+            if not _lower(side[k_low], here, self.rtol):
                 break
-            lo_k = max(lo_k - stride, k_min)
-        else:
-            if hi_k == k_max:
-                edge = "high" if _lower(known[keys[-1]], known[keys[-2]], rtol) else None
-                break
-            hi_k = min(hi_k + stride, k_max)
-    keys = sorted(known)
-    ts = [t_of(k) for k in keys]
-    values = [known[k] for k in keys]
-    grid_ts = np.array(ts)
-    grid_values = np.array(values)
-    best = _best_index(grid_ts, grid_values, rtol, anchor)
+            centre = k_low
+        return centre
 
-    # refinement with the exact criterion, in the best basin and the next deepest ones
-    exact_at(anchor, "exact")
-    exact_at(grid_ts[best], "exact")
-    last = grid_ts.size - 1
+    def _is_exact_plateau(self, grid_ts, centre) -> bool:
+        """No grid neighbour of ``centre`` is higher than it beyond rtol (exact values)."""
+        around = range(max(centre - 1, 0), min(centre + 2, grid_ts.size))
+        here = self._exact_on_grid
+        return not any(_lower(here(grid_ts, centre), here(grid_ts, k), self.rtol) for k in around)
 
-    def exact_on_grid(k):
-        return exact_at(grid_ts[k], "exact")
+    def _brent(self, lo, hi, xatol):
+        from scipy.optimize import minimize_scalar
 
-    for centre in _basins(grid_values, best, rtol, basins, basin_margin):
-        if coarse is not None:
-            # the estimate may be a step or two off: walk the grid on exact values
-            # to a local minimum, which brackets the exact minimum
-            for _ in range(last + 1):
-                here = exact_on_grid(centre)
-                side = {k: exact_on_grid(k) for k in (centre - 1, centre + 1) if 0 <= k <= last}
-                k_low = min(side, key=side.get)
-                if not _lower(side[k_low], here, rtol):
-                    break
-                centre = k_low
-            around = range(max(centre - 1, 0), min(centre + 2, last + 1))
-            if not any(_lower(exact_on_grid(centre), exact_on_grid(k), rtol) for k in around):
-                continue  # a plateau: nothing to gain beyond rtol
+        refine = lambda t: self.exact_at(t, "refine")  # noqa: E731
+        minimize_scalar(refine, bounds=(lo, hi), method="bounded", options={"xatol": xatol})
+
+    def _brent_around(self, grid_ts, centre, xatol):
+        """Bounded Brent between the grid neighbours of ``centre``.
+
+        Brent can settle on a flat stretch of the bracket and miss a dip on the other
+        side of the grid point. When it found nothing lower than the grid point (and the
+        neighbours are not level with it: a plateau), each side is probed at its
+        quarters and searched on its own when it holds a lower value.
+        """
+        last = grid_ts.size - 1
         lo, hi = grid_ts[max(centre - 1, 0)], grid_ts[min(centre + 1, last)]
-        refine = lambda t: exact_at(t, "refine")  # noqa: E731
-        options = {"xatol": xatol}
-        minimize_scalar(refine, bounds=(lo, hi), method="bounded", options=options)
+        self._brent(lo, hi, xatol)
         if not 0 < centre < last:
-            continue
-        # Brent can settle on a flat stretch of the bracket and miss a dip on the
-        # other side of the grid point. When it found nothing lower than the grid
-        # point (and the neighbours are not level with it: a plateau), probe each
-        # side at its quarters and search on its own a side that holds a lower value.
-        here = exact_on_grid(centre)
-        if _lower(min(v for t, v in exact.items() if lo <= t <= hi), here, rtol):
-            continue
-        if all(not _lower(here, exact_on_grid(k), rtol) for k in (centre - 1, centre + 1)):
-            continue
+            return
+        here = self._exact_on_grid(grid_ts, centre)
+        if _lower(min(v for t, v in self.exact.items() if lo <= t <= hi), here, self.rtol):
+            return
+        neighbours = (centre - 1, centre + 1)
+        if all(not _lower(here, self._exact_on_grid(grid_ts, k), self.rtol) for k in neighbours):
+            return
         for a, b in ((lo, grid_ts[centre]), (grid_ts[centre], hi)):
-            probes = [refine(a + f * (b - a)) for f in (0.25, 0.5, 0.75)]
-            if _lower(min(probes), here, rtol):
-                minimize_scalar(refine, bounds=(a, b), method="bounded", options=options)
+            probes = [self.exact_at(a + f * (b - a), "refine") for f in (0.25, 0.5, 0.75)]
+            if _lower(min(probes), here, self.rtol):
+                self._brent(a, b, xatol)
 
-    # the choice: a grid point within rtol of the exact minimum, else the exact minimum
-    ex_t = np.array(list(exact))
-    ex_v = np.array([exact[t] for t in ex_t])
-    v_min = float(np.min(ex_v))
-    near = ex_v <= v_min + rtol * abs(v_min) if math.isfinite(v_min) else np.isinf(ex_v)
-    on_grid = near & np.isin(ex_t, grid_ts)
-    if np.any(on_grid):
-        candidates = ex_t[on_grid]
-        t_best = float(candidates[np.argmin(np.abs(candidates - anchor))])
-    else:
-        t_best = float(ex_t[np.argmin(ex_v)])
-    if edge is not None and t_best != (grid_ts[0] if edge == "low" else grid_ts[-1]):
-        edge = None  # the refinement moved away from the end
-    return ScaleSearchResult(
-        t=t_best,
-        value=exact[t_best],
-        edge=edge,
-        grid=grid_ts,
-        grid_values=grid_values,
-        exact=dict(sorted(exact.items())),
-        n_coarse=counts["coarse"],
-        n_exact=counts["exact"],
-    )
+    # ---- 4. the choice
+
+    def result(self, edge) -> ScaleSearchResult:
+        """A grid point within rtol of the exact minimum (the one nearest the anchor),
+        else the exact minimum; ``edge`` kept only when the choice is that end."""
+        grid_ts, grid_values = self.coarse_curve()
+        ex_t = np.array(list(self.exact))
+        ex_v = np.array([self.exact[t] for t in ex_t])
+        v_min = float(np.min(ex_v))
+        near = ex_v <= v_min + self.rtol * abs(v_min) if math.isfinite(v_min) else np.isinf(ex_v)
+        on_grid = near & np.isin(ex_t, grid_ts)
+        if np.any(on_grid):
+            candidates = ex_t[on_grid]
+            t_best = float(candidates[np.argmin(np.abs(candidates - self.anchor))])
+        else:
+            t_best = float(ex_t[np.argmin(ex_v)])
+        if edge is not None and t_best != (grid_ts[0] if edge == "low" else grid_ts[-1]):
+            edge = None  # the refinement moved away from the end
+        return ScaleSearchResult(
+            t=t_best,
+            value=self.exact[t_best],
+            edge=edge,
+            grid=grid_ts,
+            grid_values=grid_values,
+            exact=dict(sorted(self.exact.items())),
+            n_coarse=self.n_coarse,
+            n_exact=self.n_exact,
+        )

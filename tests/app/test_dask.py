@@ -154,18 +154,18 @@ def test_cli_unreachable_scheduler_fails_cleanly(tmp_path, data, capsys, monkeyp
 
 @pytest.mark.parametrize("how", ["diagonal", "full", "scalar-1d"])
 def test_sharded_loo_sums_equal_in_memory(client, how):
-    from nbattn.smoothing import learning
+    from nbattn.smoothing import loo
 
     rng = np.random.default_rng(3)
     X = rng.uniform(0, 5, size=(300, 3))
     y = np.column_stack([np.sin(X[:, 0]), X[:, 1]]) + rng.normal(0, 0.1, size=(300, 2))
     if how == "diagonal":
-        run = lambda: learning.loo_loss_and_grad(X, y, [0.5, 1.0, 2.0])  # noqa: E731
+        run = lambda: loo.loo_loss_and_grad(X, y, [0.5, 1.0, 2.0])  # noqa: E731
     elif how == "full":
         L = rng.normal(size=(2, 3))
-        run = lambda: learning.loo_loss_and_grad(X, y, components=L)  # noqa: E731
+        run = lambda: loo.loo_loss_and_grad(X, y, components=L)  # noqa: E731
     else:
-        run = lambda: (learning.loo_loss(X[:, :1], y, 0.3), np.zeros(1))  # noqa: E731
+        run = lambda: (loo.loo_loss(X[:, :1], y, 0.3), np.zeros(1))  # noqa: E731
     expected = run()
     with distributed.get_task_stream(client) as stream, nbdask.sharded_training(client, 3):
         got = run()

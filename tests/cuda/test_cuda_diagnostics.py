@@ -16,6 +16,7 @@ from nbattn.cuda import loo as cuda_loo
 from nbattn.cuda import pooling as cuda_pooling
 from nbattn.kernels import loo as cpu_loo
 from nbattn.kernels import pooling as cpu_pooling
+from nbattn.smoothing import regression
 
 from .. import naive
 
@@ -213,8 +214,8 @@ def test_spread_public_function_on_cuda_equals_cpu(rng, n_outputs):
         x = rng.normal(size=(15, 2))
         queries = rng.normal(size=(7, 2))
         y = rng.normal(size=15 if n_outputs is None else (15, n_outputs))
-        gpu = nbattn.smoothing.learning.nadaraya_watson_spread(queries, x, y, 0.5, device="cuda")
-        cpu = nbattn.smoothing.learning.nadaraya_watson_spread(queries, x, y, 0.5)
+        gpu = regression.nadaraya_watson_spread(queries, x, y, 0.5, device="cuda")
+        cpu = regression.nadaraya_watson_spread(queries, x, y, 0.5)
         ref = naive.weighted_spread(queries, x, y, 0.5)
         for got, want, expected in zip(gpu, cpu, ref):
             assert isinstance(got, np.ndarray) and got.shape == want.shape

@@ -10,7 +10,7 @@ from nbattn import config
 from nbattn.cuda import loo as cuda_loo
 from nbattn.kernels import loo as cpu_loo
 from nbattn.kernels import pooling as cpu_pooling
-from nbattn.smoothing import learning
+from nbattn.smoothing import loo, width_search
 
 from .. import naive
 
@@ -112,14 +112,14 @@ def test_loss_and_grad_on_cuda_equal_cpu_and_naive(rng, metric):
     kwargs = {"bandwidth": np.array([0.7, 1.3])} if metric == "diagonal" else {}
     if metric == "full":
         kwargs["components"] = rng.normal(size=(2, 2))
-    loss, grad = learning.loo_loss_and_grad(X, y, device="cuda", **kwargs)
-    ref_loss, ref_grad = learning.loo_loss_and_grad(X, y, **kwargs)
+    loss, grad = loo.loo_loss_and_grad(X, y, device="cuda", **kwargs)
+    ref_loss, ref_grad = loo.loo_loss_and_grad(X, y, **kwargs)
     assert loss == pytest.approx(ref_loss, rel=1e-10)
     np.testing.assert_allclose(grad, ref_grad, rtol=1e-10, atol=1e-14)
     if metric == "diagonal":
         expected = naive.loo_grad(X, y, bandwidth=kwargs["bandwidth"])
         np.testing.assert_allclose(grad, expected, rtol=1e-9)
-        assert learning.loo_loss(X, y, kwargs["bandwidth"], device="cuda") == pytest.approx(
+        assert loo.loo_loss(X, y, kwargs["bandwidth"], device="cuda") == pytest.approx(
             naive.loo_loss(X, y, bandwidth=kwargs["bandwidth"]), rel=1e-10
         )
 
@@ -129,8 +129,8 @@ def test_loo_bandwidth_on_cuda_equals_cpu_in_1d(rng):
     x = rng.uniform(0, 4, size=12)
     y = np.sin(2 * x) + 0.2 * rng.normal(size=12)
     grid = [0.5, 2.0]
-    got = learning.loo_bandwidth(x, y, grid=grid, xatol=0.3, device="cuda")
-    ref = learning.loo_bandwidth(x, y, grid=grid, xatol=0.3)
+    got = width_search.loo_bandwidth(x, y, grid=grid, xatol=0.3, device="cuda")
+    ref = width_search.loo_bandwidth(x, y, grid=grid, xatol=0.3)
     np.testing.assert_allclose(got, ref, rtol=1e-8)
 
 

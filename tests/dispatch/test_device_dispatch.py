@@ -10,7 +10,7 @@ import pytest
 
 import nbattn
 from nbattn.dispatch.device import cuda_available
-from nbattn.smoothing import learning
+from nbattn.smoothing import learned_metric, loo, width_search
 
 needs_no_gpu = pytest.mark.skipif(cuda_available(), reason="a GPU (or the simulator) is present")
 
@@ -27,7 +27,7 @@ def test_auto_is_cpu_without_gpu(rng):
     for a, b in zip(got, ref, strict=True):
         np.testing.assert_array_equal(a, b)
     X, y = rng.normal(size=(9, 2)), rng.normal(size=9)
-    assert learning.loo_loss(X, y, 0.8, device="auto") == learning.loo_loss(X, y, 0.8)
+    assert loo.loo_loss(X, y, 0.8, device="auto") == loo.loo_loss(X, y, 0.8)
 
 
 @needs_no_gpu
@@ -36,10 +36,10 @@ def test_auto_is_cpu_without_gpu(rng):
     [
         lambda q: nbattn.flash_attention(q, q, q, device="cuda"),
         lambda q: nbattn.flash_attention_backward(q, q, q, q, q[..., 0], q, device="cuda"),
-        lambda q: learning.loo_loss(q, q[:, 0], 1.0, device="cuda"),
-        lambda q: learning.loo_loss_and_grad(q, q[:, 0], 1.0, device="cuda"),
-        lambda q: learning.loo_bandwidth(q, q[:, 0], device="cuda"),
-        lambda q: learning.fit_learned_kernel(q, q[:, 0], device="cuda"),
+        lambda q: loo.loo_loss(q, q[:, 0], 1.0, device="cuda"),
+        lambda q: loo.loo_loss_and_grad(q, q[:, 0], 1.0, device="cuda"),
+        lambda q: width_search.loo_bandwidth(q, q[:, 0], device="cuda"),
+        lambda q: learned_metric.fit_learned_kernel(q, q[:, 0], device="cuda"),
     ],
 )
 def test_cuda_without_gpu_says_what_is_missing(rng, call):
@@ -52,7 +52,7 @@ def test_unknown_device_is_rejected(rng):
     with pytest.raises(ValueError, match="device must be one of"):
         nbattn.flash_attention(q, q, q, device="tpu")
     with pytest.raises(ValueError, match="device must be one of"):
-        learning.loo_loss(q, q[:, 0], 1.0, device="gpu")
+        loo.loo_loss(q, q[:, 0], 1.0, device="gpu")
 
 
 def test_kernels_for_names_every_op_and_device():
@@ -173,7 +173,7 @@ def test_cuda_with_broken_numba_cuda_raises_the_cause(rng, gpu_with_broken_numba
         lambda: device.resolve_device("cuda"),
         lambda: device.kernels_for("flash", "cuda"),
         lambda: nbattn.flash_attention(q, q, q, device="cuda"),
-        lambda: learning.loo_loss(q[0], q[0, :, 0], 1.0, device="cuda"),
+        lambda: loo.loo_loss(q[0], q[0, :, 0], 1.0, device="cuda"),
     ):
         with pytest.raises(ValueError, match=r"row_stack.*numpy<2\.5"):
             call()

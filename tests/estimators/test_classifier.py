@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import nbattn
-from nbattn.smoothing import learning
+from nbattn.smoothing import regression, width_search
 
 from .. import naive
 
@@ -35,9 +35,9 @@ def test_loo_bandwidth_minimises_the_brier_score():
     X, y = _blobs(2)
     model = nbattn.NadarayaWatsonClassifier(bandwidth="loo").fit(X, y)
     onehot = (y[:, None] == model.classes_[None, :]).astype(float)
-    h0 = learning.bandwidth_rule(X)
+    h0 = regression.bandwidth_rule(X)
     chosen = naive.loo_loss(X, onehot, bandwidth=model.bandwidth_)
-    for factor in learning.LOO_GRID:
+    for factor in width_search.LOO_GRID:
         assert chosen <= naive.loo_loss(X, onehot, bandwidth=factor * h0) * (1 + 1e-12)
     assert model.score(X, y) > 0.8
 

@@ -14,7 +14,7 @@ from sklearn.base import clone
 import nbattn
 from nbattn.dispatch.device import cuda_available
 from nbattn.estimators import check_fitted_state, prediction
-from nbattn.smoothing import learning, regression
+from nbattn.smoothing import learned_metric, regression, width_search
 
 from .. import naive
 
@@ -281,8 +281,8 @@ def gpu_machine(monkeypatch):
     spies = {}
     for module, fname in [
         (regression, "nadaraya_watson"),
-        (learning, "loo_bandwidth"),
-        (learning, "fit_learned_kernel"),
+        (width_search, "loo_bandwidth"),
+        (learned_metric, "fit_learned_kernel"),
     ]:
         spies[fname] = _DeviceSpy(getattr(module, fname))
         monkeypatch.setattr(module, fname, spies[fname])

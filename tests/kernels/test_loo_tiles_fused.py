@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from nbattn import config
 from nbattn.kernels import loo_tiles
-from nbattn.smoothing import learning
+from nbattn.smoothing import loo, tiled_loo
 
 from .. import naive
 from .._config import config_values
@@ -73,7 +73,7 @@ def test_fused_direct_tiles_match_naive(n, d, k, outputs, isolated, boxed, gemm,
         for i in range(n // 4 + 1):
             X[i] += isolated * (i + 1) * direction
     with _direct(boxed, gemm=gemm):
-        loss, grad = learning.loo_loss_and_grad(X, y, components=L)
+        loss, grad = loo.loo_loss_and_grad(X, y, components=L)
     _check(X, y, L, loss, grad, isolated=bool(isolated))
 
 
@@ -87,7 +87,7 @@ def test_rows_across_chunks_and_tiles(seed):
     y = np.sin(X[:, 0]) + 0.1 * rng.normal(size=n)
     L = rng.normal(size=(2, 3))
     with _direct(tile_rows=7):
-        loss, grad = learning.loo_loss_and_grad(X, y, components=L)
+        loss, grad = loo.loo_loss_and_grad(X, y, components=L)
     _check(X, y, L, loss, grad)
 
 
@@ -110,7 +110,7 @@ def test_rows_at_the_reference_zero_limit(nearest):
         # GEMM scores unrefined on these wide blocks: each row's one neighbour takes all
         # its weight, so the scores' rounding cannot show
         with _direct(gemm=gemm), config_values(LOO_TILE_GEMM_MAX_RADIUS2=1 << 40):
-            loss, grad = learning.loo_loss_and_grad(X, y, components=L)
+            loss, grad = loo.loo_loss_and_grad(X, y, components=L)
         # each row's prediction is its partner's value
         partner = np.concatenate([y[pairs:], y[:pairs]])
         assert loss == pytest.approx(np.mean((partner - y) ** 2), rel=1e-12)
@@ -136,7 +136,7 @@ def test_offset_and_extreme_scales(scale, offset, n, seed):
     L = L0 / scale
     X_saved, y_saved, L_saved = X.copy(), y.copy(), L.copy()
     with _direct():
-        loss, grad = learning.loo_loss_and_grad(X, y, components=L)
+        loss, grad = loo.loo_loss_and_grad(X, y, components=L)
     np.testing.assert_array_equal(X, X_saved)
     np.testing.assert_array_equal(y, y_saved)
     np.testing.assert_array_equal(L, L_saved)
@@ -159,8 +159,8 @@ def test_float32_matches_float64(boxed):
         y = np.cos(X[:, 0]) + 0.1 * rng.normal(size=90)
         L = rng.normal(size=(3, 4))
         with _direct(boxed):
-            loss, grad = learning.loo_loss_and_grad(X, y, components=L)
-            loss32, grad32 = learning.loo_loss_and_grad(X, y, components=L, dtype="float32")
+            loss, grad = loo.loo_loss_and_grad(X, y, components=L)
+            loss32, grad32 = loo.loo_loss_and_grad(X, y, components=L, dtype="float32")
         assert loss32 == pytest.approx(loss, rel=1e-4)
         np.testing.assert_allclose(grad32, grad, rtol=1e-3, atol=1e-4 * np.abs(grad).max())
 
@@ -173,7 +173,7 @@ def test_diagonal_metric_on_fused_tiles(seed):
     y = X[:, 0] ** 2 + 0.1 * rng.normal(size=70)
     h = rng.uniform(0.3, 2.0, size=3)
     with _direct(boxed=seed == 2):
-        loss, grad = learning.loo_loss_and_grad(X, y, bandwidth=h)
+        loss, grad = loo.loo_loss_and_grad(X, y, bandwidth=h)
     expected = naive.loo_grad_differences(X, y, bandwidth=h)
     assert loss == pytest.approx(naive.loo_loss(X, y, bandwidth=h), rel=1e-11)
     np.testing.assert_allclose(grad, expected, rtol=1e-9, atol=1e-12 * np.abs(expected).max())
@@ -199,5 +199,5 @@ def test_reach_share_matches_brute_force(n, k, scale, seed):
     inside = dist <= reach[:, None]
     # a key at the edge of reach may fall either side by rounding
     edge = np.abs(dist - reach[:, None]) <= 1e-9 * (1.0 + reach[:, None])
-    share = learning._reach_share(z)
+    share = tiled_loo.reach_share(z)
     assert np.mean(inside & ~edge) - 1e-12 <= share <= np.mean(inside | edge) + 1e-12

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from nbattn import config
 from nbattn.kernels import loo_tiles
-from nbattn.smoothing import learning
+from nbattn.smoothing import loo, tiled_loo
 
 from .. import naive
 from .._config import config_values
@@ -46,7 +46,7 @@ def test_refined_gemm_scores_match_naive(n, d, k, outputs, spread, boxed, seed):
     y = rng.normal(size=(n, outputs)) if outputs > 1 else rng.normal(size=n)
     L = rng.normal(size=(k, d))
     with _refined(boxed):
-        loss, grad = learning.loo_loss_and_grad(X, y, components=L)
+        loss, grad = loo.loo_loss_and_grad(X, y, components=L)
     expected = naive.loo_grad(X, y, components=L)
     assert loss == pytest.approx(naive.loo_loss(X, y, components=L), rel=1e-11)
     # the gradient's scale: n = 2 (each row predicts the other) has a zero gradient
@@ -147,7 +147,7 @@ def test_float32_fit_on_refined_scores_matches_float64():
     y = np.sin(X[:, 0]) + 0.1 * rng.normal(size=80)
     L = rng.normal(size=(9, 5))
     with _refined():
-        loss32, grad32 = learning.loo_loss_and_grad(
+        loss32, grad32 = loo.loo_loss_and_grad(
             X.astype(np.float32), y.astype(np.float32), components=L, dtype="float32"
         )
     ref_loss = naive.loo_loss(X, y, components=L)
@@ -158,13 +158,13 @@ def test_float32_fit_on_refined_scores_matches_float64():
 
 def test_tile_rows_cap_to_the_cache_only_for_every_key():
     n = 4000
-    rows = learning._tile_rows(n)
+    rows = tiled_loo.tile_rows(n)
     assert rows == min(config.LOO_TILE_ROWS, config.LOO_TILE_BYTES // (8 * n))
-    capped = learning._tile_rows(n, every_key=True)
+    capped = tiled_loo.tile_rows(n, every_key=True)
     assert capped == max(8, min(rows, config.LOO_TILE_CACHE_BYTES // (8 * n)))
     assert 8 <= capped <= rows
-    assert learning._tile_rows(10**8, every_key=True) == learning._tile_rows(10**8)
-    assert learning._tile_rows(50, every_key=True) == learning._tile_rows(50)
+    assert tiled_loo.tile_rows(10**8, every_key=True) == tiled_loo.tile_rows(10**8)
+    assert tiled_loo.tile_rows(50, every_key=True) == tiled_loo.tile_rows(50)
 
 
 def _share_brute_force(keys, n_sample=64):
@@ -198,5 +198,5 @@ def test_boxed_share_matches_brute_force(n, k, scale, seed):
     rng = np.random.default_rng(seed)
     z = rng.normal(size=(n, k)) * scale * rng.uniform(0.1, 1.0, size=k)
     with config_values(LOO_TILE_LEAF_KEYS=8):
-        keys = learning._boxed_keys(z, z, rng.normal(size=(n, 1)))
-    assert learning._boxed_share(keys) == pytest.approx(_share_brute_force(keys), abs=1e-12)
+        keys = tiled_loo.boxed_keys(z, z, rng.normal(size=(n, 1)))
+    assert tiled_loo.boxed_share(keys) == pytest.approx(_share_brute_force(keys), abs=1e-12)

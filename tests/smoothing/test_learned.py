@@ -9,7 +9,7 @@ from sklearn.exceptions import ConvergenceWarning
 import nbattn
 from nbattn import config
 from nbattn.app.datasets import seed_data
-from nbattn.smoothing import learning
+from nbattn.smoothing import learned_metric, loo, width_search
 from nbattn.smoothing.regression import bandwidth_rule
 
 from .. import naive
@@ -102,7 +102,9 @@ def test_non_convergence_warns_and_never_returns_nan():
 
 def test_non_finite_loss_raises(monkeypatch):
     X, y, _, _ = _relevance_data(3, n=30)
-    monkeypatch.setattr(learning, "_prepared_loss_and_grad", lambda *a, **k: (np.nan, np.zeros(5)))
+    monkeypatch.setattr(
+        learned_metric, "prepared_loss_and_grad", lambda *a, **k: (np.nan, np.zeros(5))
+    )
     with pytest.raises(FloatingPointError, match="non-finite"):
         nbattn.LearnedKernelRegressor().fit(X, y)
 
@@ -143,7 +145,7 @@ def test_regressor_loo_bandwidth_and_spread():
     data = seed_data()
     X = data.x_train[:, None]
     model = nbattn.NadarayaWatsonRegressor(bandwidth="loo").fit(X, data.y_train)
-    np.testing.assert_allclose(model.bandwidth_, learning.loo_bandwidth(X, data.y_train))
+    np.testing.assert_allclose(model.bandwidth_, width_search.loo_bandwidth(X, data.y_train))
     Q = data.x_test[:, None]
     mean, std = model.predict(Q, return_std=True)
     m_ref, s_ref, n_ref = naive.weighted_spread(Q, X, data.y_train, model.bandwidth_)
@@ -189,7 +191,7 @@ def test_run_seed_has_the_learned_width_row_and_figures(tmp_path):
 
 def test_fit_verbose_lines_carry_the_loss_and_its_change(capfd):
     X, y, _, _ = _relevance_data(2, n=80)
-    result = learning.fit_learned_kernel(X, y, metric="diagonal", verbose=True)
+    result = learned_metric.fit_learned_kernel(X, y, metric="diagonal", verbose=True)
     lines = [
         line
         for line in capfd.readouterr().err.splitlines()
@@ -204,24 +206,24 @@ def test_fit_verbose_lines_carry_the_loss_and_its_change(capfd):
         assert float(change.rstrip(")")) == pytest.approx(
             curve[k] - curve[k - 1], rel=1e-2, abs=1e-9
         )
-    learning.fit_learned_kernel(X, y, metric="diagonal")
+    learned_metric.fit_learned_kernel(X, y, metric="diagonal")
     assert capfd.readouterr().err == ""  # quiet by default
     with pytest.raises(ValueError, match="verbose"):
-        learning.fit_learned_kernel(X, y, verbose="loud")
+        learned_metric.fit_learned_kernel(X, y, verbose="loud")
 
 
 def test_subsample_ladder(monkeypatch):
     monkeypatch.setattr(config, "LEARN_SUBSAMPLE_ROWS", 16)
     monkeypatch.setattr(config, "LEARN_SUBSAMPLE_GROWTH", 4)
     monkeypatch.setattr(config, "LEARN_ROWS_PER_PARAMETER", 2)
-    assert learning._subsample_ladder(31, 1) == [31]
-    assert learning._subsample_ladder(32, 1) == [16, 32]
-    assert learning._subsample_ladder(200, 1) == [16, 64, 200]
-    assert learning._subsample_ladder(10_000, 1) == [16, 64, 256, 1024, 4096, 10_000]
-    assert learning._subsample_ladder(200, 20) == [40, 200]  # 2 rows per parameter
-    assert learning._subsample_ladder(79, 20) == [79]
+    assert learned_metric._subsample_ladder(31, 1) == [31]
+    assert learned_metric._subsample_ladder(32, 1) == [16, 32]
+    assert learned_metric._subsample_ladder(200, 1) == [16, 64, 200]
+    assert learned_metric._subsample_ladder(10_000, 1) == [16, 64, 256, 1024, 4096, 10_000]
+    assert learned_metric._subsample_ladder(200, 20) == [40, 200]  # 2 rows per parameter
+    assert learned_metric._subsample_ladder(79, 20) == [79]
     monkeypatch.setattr(config, "LEARN_SUBSAMPLE_ROWS", 0)
-    assert learning._subsample_ladder(10_000, 1) == [10_000]
+    assert learned_metric._subsample_ladder(10_000, 1) == [10_000]
 
 
 def _ladder_and_full(monkeypatch, X, y, first, per_parameter, **kwargs):
@@ -229,14 +231,14 @@ def _ladder_and_full(monkeypatch, X, y, first, per_parameter, **kwargs):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         monkeypatch.setattr(config, "LEARN_SUBSAMPLE_ROWS", 0)
-        full = learning.fit_learned_kernel(X, y, max_iter=300, **kwargs)
+        full = learned_metric.fit_learned_kernel(X, y, max_iter=300, **kwargs)
         monkeypatch.setattr(config, "LEARN_SUBSAMPLE_ROWS", first)
-        ladder = learning.fit_learned_kernel(X, y, max_iter=300, **kwargs)
+        ladder = learned_metric.fit_learned_kernel(X, y, max_iter=300, **kwargs)
     assert full["stages"] == [len(X)] and len(ladder["stages"]) > 1
     if "components" in ladder:
-        loss = learning.loo_loss(X, y, components=ladder["components"])
+        loss = loo.loo_loss(X, y, components=ladder["components"])
     else:
-        loss = learning.loo_loss(X, y, ladder["bandwidth"])
+        loss = loo.loo_loss(X, y, ladder["bandwidth"])
     # the last stage is the full criterion: the reported loss is the full-data loss
     assert ladder["loss"] == pytest.approx(loss, rel=1e-10)
     assert len(ladder["loss_curve"]) == ladder["n_iter"] + 1
@@ -295,14 +297,14 @@ def test_ladder_restarts_when_the_subsample_misleads(monkeypatch, capfd):
     """A subsample criterion whose minimum is far from the full one (widths driven to
     e^9): the full stage finds the start better than the subsample's result, restarts
     from it and ends at the minimum the fit on the full criterion throughout finds."""
-    real = learning._prepared_loss_and_grad
+    real = learned_metric.prepared_loss_and_grad
 
     def misleading(X, y2, widths=None, components=None, *, dtype, device, n_rows=None):
         if n_rows is None:
             return real(X, y2, widths, components, dtype=dtype, device=device)
         return float(np.sum((np.log(widths) - 9.0) ** 2)), 2.0 * (np.log(widths) - 9.0)
 
-    monkeypatch.setattr(learning, "_prepared_loss_and_grad", misleading)
+    monkeypatch.setattr(learned_metric, "prepared_loss_and_grad", misleading)
     X, y, _, _ = _relevance_data(5, n=200)
     full, ladder = _ladder_and_full(monkeypatch, X, y, 30, 1, metric="diagonal", verbose=2)
     assert "restart" in capfd.readouterr().err
@@ -316,7 +318,7 @@ def test_ladder_progress_names_the_stages(monkeypatch, capfd):
     X, y, _, _ = _relevance_data(6, n=200)
     monkeypatch.setattr(config, "LEARN_ROWS_PER_PARAMETER", 1)
     monkeypatch.setattr(config, "LEARN_SUBSAMPLE_ROWS", 25)
-    result = learning.fit_learned_kernel(X, y, metric="diagonal", verbose=2)
+    result = learned_metric.fit_learned_kernel(X, y, metric="diagonal", verbose=2)
     err = capfd.readouterr().err
     assert result["stages"] == [25, 100, 200]
     assert "a random subsample of 25 query rows against all 200 keys" in err

@@ -7,7 +7,8 @@ from hypothesis import strategies as st
 
 from nbattn import config
 from nbattn.kernels import loo, loo_tiles
-from nbattn.smoothing import learning
+from nbattn.smoothing import learned_metric, tiled_loo
+from nbattn.smoothing.loo import prepare_xy, prepared_loss_and_grad
 
 from .. import naive
 
@@ -100,17 +101,17 @@ def test_boxed_loss_and_gradient_match_naive(monkeypatch, metric, n_rows, output
     _boxed(monkeypatch)
     for seed in range(3):
         X, y = _table(seed, outputs=outputs)
-        X2, y2 = learning._prepare_xy(X, y, np.float64)
+        X2, y2 = prepare_xy(X, y, np.float64)
         rng = np.random.default_rng(seed)
         if metric == "diagonal":
             h = np.array([0.05, 0.4, 1e-3]) * rng.uniform(0.7, 1.4, size=3)
-            loss, grad = learning._prepared_loss_and_grad(
+            loss, grad = prepared_loss_and_grad(
                 X2, y2, h, dtype=np.float64, device="cpu", n_rows=n_rows
             )
             ref = naive.loo_loss_and_grad_rows(X, y, n_rows or len(X), bandwidth=h)
         else:
             L = rng.normal(size=(2, 3)) * np.array([20.0, 2.5, 1e3])
-            loss, grad = learning._prepared_loss_and_grad(
+            loss, grad = prepared_loss_and_grad(
                 X2, y2, components=L, dtype=np.float64, device="cpu", n_rows=n_rows
             )
             ref = naive.loo_loss_and_grad_rows(X, y, n_rows or len(X), components=L)
@@ -156,21 +157,21 @@ def test_boxed_far_rows_and_float32(monkeypatch):
     _boxed(monkeypatch)
     X, y = _table(3)
     X[5] = [1.0, -3.0, 50.0]  # 5e4 widths away along the tiny feature
-    X2, y2 = learning._prepare_xy(X, y, np.float64)
+    X2, y2 = prepare_xy(X, y, np.float64)
     h = np.array([0.05, 0.4, 1e-3])
     z = X2 / (h * np.sqrt(2.0))
     d2 = ((z[5] - z) ** 2).sum(axis=1)
     d2[5] = np.inf
     assert d2.min() > config.FAR_SCORE_FLOAT64
     args = dict(device="cpu", n_rows=None)
-    loss, grad = learning._prepared_loss_and_grad(X2, y2, h, dtype=np.float64, **args)
+    loss, grad = prepared_loss_and_grad(X2, y2, h, dtype=np.float64, **args)
     with monkeypatch.context() as unpruned:  # the plain one-pass tiles, every key
         unpruned.setattr(config, "LOO_PRUNE_MIN_ROWS", 10**9)
-        ref_loss, ref_grad = learning._prepared_loss_and_grad(X2, y2, h, dtype=np.float64, **args)
+        ref_loss, ref_grad = prepared_loss_and_grad(X2, y2, h, dtype=np.float64, **args)
     assert loss == pytest.approx(ref_loss, rel=1e-12)
     np.testing.assert_allclose(grad, ref_grad, rtol=1e-9, atol=1e-12 * np.abs(ref_grad).max())
     assert loss == pytest.approx(naive.loo_loss_exact(X, y, h), rel=1e-10)
-    loss32, grad32 = learning._prepared_loss_and_grad(X2, y2, h, dtype=np.float32, **args)
+    loss32, grad32 = prepared_loss_and_grad(X2, y2, h, dtype=np.float32, **args)
     assert loss32 == pytest.approx(loss, rel=1e-4)
     np.testing.assert_allclose(grad32, grad, rtol=1e-3, atol=1e-4 * np.abs(grad).max())
 
@@ -180,7 +181,7 @@ def test_fit_on_boxed_tiles_reports_the_full_data_loss(monkeypatch):
     monkeypatch.setattr(config, "LEARN_SUBSAMPLE_ROWS", 40)
     monkeypatch.setattr(config, "LEARN_ROWS_PER_PARAMETER", 1)
     X, y = _table(1)
-    result = learning.fit_learned_kernel(X, y, metric="diagonal", random_state=0)
+    result = learned_metric.fit_learned_kernel(X, y, metric="diagonal", random_state=0)
     assert len(result["stages"]) > 1
     assert result["loss"] == pytest.approx(naive.loo_loss(X, y, result["bandwidth"]), rel=1e-9)
     assert result["loss"] < result["loss_curve"][0]
@@ -198,8 +199,8 @@ def test_boxed_share_estimate_follows_the_width():
     gap = float(config.PRUNE_GAP_FLOAT64)
     for scale in (0.5, 4.0, 40.0):
         zs = np.ascontiguousarray(z * scale)
-        keys = learning._boxed_keys(zs, zs, y)
-        share = learning._boxed_share(keys, n_sample=n)
+        keys = tiled_loo.boxed_keys(zs, zs, y)
+        share = tiled_loo.boxed_share(keys, n_sample=n)
         _, (starts, lo, hi, _), _, z_t, _, _ = keys
         sizes = np.diff(starts)
         brute = 0.0
@@ -220,13 +221,13 @@ def test_both_tile_paths_give_the_same_loss(monkeypatch):
     """Whichever tiles the share estimate picks, the loss and gradient are the same (to
     rounding): the choice is about speed only."""
     X, y = _table(5)
-    X2, y2 = learning._prepare_xy(X, y, np.float64)
+    X2, y2 = prepare_xy(X, y, np.float64)
     h = np.array([0.05, 0.4, 1e-3])
     monkeypatch.setattr(config, "LOO_PRUNE_MIN_ROWS", 16)
     results = []
     for share in (0.0, 1.0):  # 0: plain tiles always; 1: boxed tiles always
         monkeypatch.setattr(config, "LOO_BOXED_MAX_SHARE", share)
-        results.append(learning._prepared_loss_and_grad(X2, y2, h, dtype=np.float64, device="cpu"))
+        results.append(prepared_loss_and_grad(X2, y2, h, dtype=np.float64, device="cpu"))
     assert results[0][0] == pytest.approx(results[1][0], rel=1e-12)
     scale = np.abs(results[1][1]).max()
     np.testing.assert_allclose(results[0][1], results[1][1], rtol=1e-9, atol=1e-12 * scale)

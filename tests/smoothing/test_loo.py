@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nbattn import config
-from nbattn.smoothing import learning
+from nbattn.smoothing import regression, width_search
+from nbattn.smoothing.loo import loo_loss, loo_loss_and_grad, prepared_loss_and_grad
 
 from .. import naive
 
@@ -28,8 +29,8 @@ def test_loss_and_grad_match_naive_diagonal(rng, d, p):
     X, y = _data(rng, 70, d, p)
     h = rng.uniform(0.4, 2.0, size=d)
     expected = naive.loo_loss(X, y, bandwidth=h)
-    assert learning.loo_loss(X, y, h) == pytest.approx(expected, rel=1e-12)
-    loss, grad = learning.loo_loss_and_grad(X, y, h)
+    assert loo_loss(X, y, h) == pytest.approx(expected, rel=1e-12)
+    loss, grad = loo_loss_and_grad(X, y, h)
     assert loss == pytest.approx(expected, rel=1e-12)
     np.testing.assert_allclose(grad, naive.loo_grad(X, y, bandwidth=h), rtol=1e-10, atol=1e-14)
 
@@ -39,8 +40,8 @@ def test_loss_and_grad_match_naive_full(rng, d, k):
     X, y = _data(rng, 60, d, 2)
     L = rng.normal(size=(k, d))
     expected = naive.loo_loss(X, y, components=L)
-    assert learning.loo_loss(X, y, components=L) == pytest.approx(expected, rel=1e-12)
-    loss, grad = learning.loo_loss_and_grad(X, y, components=L)
+    assert loo_loss(X, y, components=L) == pytest.approx(expected, rel=1e-12)
+    loss, grad = loo_loss_and_grad(X, y, components=L)
     assert loss == pytest.approx(expected, rel=1e-12)
     np.testing.assert_allclose(grad, naive.loo_grad(X, y, components=L), rtol=1e-9, atol=1e-13)
 
@@ -59,26 +60,26 @@ def test_grad_matches_finite_differences(rng, d):
     """Relative error of the analytic gradient <= 1e-6 (float64), log-widths and full L."""
     X, y = _data(rng, 40, d)
     log_h = np.log(rng.uniform(0.5, 1.5, size=d))
-    _, grad = learning.loo_loss_and_grad(X, y, np.exp(log_h))
-    fd = _central_difference(lambda t: learning.loo_loss(X, y, np.exp(t)), log_h)
+    _, grad = loo_loss_and_grad(X, y, np.exp(log_h))
+    fd = _central_difference(lambda t: loo_loss(X, y, np.exp(t)), log_h)
     assert np.linalg.norm(grad - fd) <= 1e-6 * np.linalg.norm(fd)
 
     L = rng.normal(size=(max(1, d - 1), d))
-    _, grad_l = learning.loo_loss_and_grad(X, y, components=L)
-    fd_l = _central_difference(lambda m: learning.loo_loss(X, y, components=m), L)
+    _, grad_l = loo_loss_and_grad(X, y, components=L)
+    fd_l = _central_difference(lambda m: loo_loss(X, y, components=m), L)
     assert np.linalg.norm(grad_l - fd_l) <= 1e-6 * np.linalg.norm(fd_l)
 
 
 def test_float32_matches_float64(rng):
     X, y = _data(rng, 300, 3)
     h = np.array([0.5, 0.8, 1.2])
-    loss64, grad64 = learning.loo_loss_and_grad(X, y, h)
-    loss32, grad32 = learning.loo_loss_and_grad(X.astype(np.float32), y.astype(np.float32), h)
+    loss64, grad64 = loo_loss_and_grad(X, y, h)
+    loss32, grad32 = loo_loss_and_grad(X.astype(np.float32), y.astype(np.float32), h)
     assert abs(loss32 - loss64) <= 1e-5 * loss64
     assert np.max(np.abs(grad32 - grad64)) <= 1e-5 * np.max(np.abs(grad64))
     L = rng.normal(size=(2, 3))
-    _, g64 = learning.loo_loss_and_grad(X, y, components=L)
-    _, g32 = learning.loo_loss_and_grad(X, y, components=L, dtype="float32")
+    _, g64 = loo_loss_and_grad(X, y, components=L)
+    _, g32 = loo_loss_and_grad(X, y, components=L, dtype="float32")
     assert np.max(np.abs(g32 - g64)) <= 1e-5 * np.max(np.abs(g64))
 
 
@@ -95,7 +96,7 @@ def test_loss_and_grad_property(n, d, p, seed, log_h):
     X = rng.normal(size=(n, d))
     y = rng.normal(size=(n, p))
     h = np.exp(log_h) * rng.uniform(0.5, 2.0, size=d)
-    loss, grad = learning.loo_loss_and_grad(X, y, h)
+    loss, grad = loo_loss_and_grad(X, y, h)
     assert loss == pytest.approx(naive.loo_loss(X, y, bandwidth=h), rel=1e-10)
     expected = naive.loo_grad(X, y, bandwidth=h)
     np.testing.assert_allclose(grad, expected, rtol=1e-8, atol=1e-12 * (1 + np.abs(expected).max()))
@@ -106,7 +107,7 @@ def test_far_points_do_not_give_nan(rng):
     gaps = 100.0 + 10.0 * rng.permutation(19)  # distinct gaps: a unique nearest neighbour
     x = np.concatenate([[0.0], np.cumsum(gaps)])
     y = rng.normal(size=20)
-    loss, grad = learning.loo_loss_and_grad(x, y, 1e-3)
+    loss, grad = loo_loss_and_grad(x, y, 1e-3)
     assert np.isfinite(loss) and np.all(np.isfinite(grad))
     dist = np.abs(x[:, None] - x[None, :])
     np.fill_diagonal(dist, np.inf)
@@ -117,27 +118,27 @@ def test_far_points_do_not_give_nan(rng):
 def test_two_samples_and_too_few(rng):
     X = np.array([[0.0], [1.0]])
     y = np.array([1.0, 3.0])
-    assert learning.loo_loss(X, y, 1.0) == pytest.approx(4.0)  # each predicts the other
+    assert loo_loss(X, y, 1.0) == pytest.approx(4.0)  # each predicts the other
     with pytest.raises(ValueError, match="at least 2 samples"):
-        learning.loo_loss(X[:1], y[:1], 1.0)
+        loo_loss(X[:1], y[:1], 1.0)
     with pytest.raises(ValueError, match="at least 2 samples"):
-        learning.loo_bandwidth(X[:1], y[:1])
+        width_search.loo_bandwidth(X[:1], y[:1])
 
 
 def test_bad_inputs(rng):
     X, y = _data(rng, 10, 2)
     with pytest.raises(ValueError, match="X contains NaN"):
-        learning.loo_loss(np.where(X > 1, np.nan, X), y)
+        loo_loss(np.where(X > 1, np.nan, X), y)
     with pytest.raises(ValueError, match="y has 9 rows"):
-        learning.loo_loss(X, y[:9])
+        loo_loss(X, y[:9])
     with pytest.raises(ValueError, match="exactly one"):
-        learning.loo_loss_and_grad(X, y)
+        loo_loss_and_grad(X, y)
     with pytest.raises(ValueError, match="components has 3 columns"):
-        learning.loo_loss(X, y, components=np.eye(3))
+        loo_loss(X, y, components=np.eye(3))
     with pytest.raises(ValueError, match="bandwidth"):
-        learning.loo_loss(X, y, -1.0)
+        loo_loss(X, y, -1.0)
     X_before, y_before = X.copy(), y.copy()
-    learning.loo_loss_and_grad(X, y, 1.0)
+    loo_loss_and_grad(X, y, 1.0)
     assert np.array_equal(X, X_before) and np.array_equal(y, y_before)
 
 
@@ -145,21 +146,19 @@ def test_constant_feature_follows_the_rule(rng):
     """A constant feature gets the rule's unit spread and changes no score."""
     X, y = _data(rng, 50, 2)
     Xc = np.column_stack([X, np.full(50, 3.0)])
-    h = learning.loo_bandwidth(Xc, y)
+    h = width_search.loo_bandwidth(Xc, y)
     assert np.all(np.isfinite(h)) and np.all(h > 0)
-    assert learning.loo_loss(Xc, y, h) == pytest.approx(
-        naive.loo_loss(X, y, bandwidth=h[:2]), rel=1e-12
-    )
-    _, grad = learning.loo_loss_and_grad(Xc, y, h)
+    assert loo_loss(Xc, y, h) == pytest.approx(naive.loo_loss(X, y, bandwidth=h[:2]), rel=1e-12)
+    _, grad = loo_loss_and_grad(Xc, y, h)
     assert grad[2] == 0.0
 
 
 def test_loo_bandwidth_is_no_worse_than_its_grid(rng):
     X, y = _data(rng, 120, 2)
-    h, (factors, losses) = learning.loo_bandwidth(X, y, return_curve=True)
+    h, (factors, losses) = width_search.loo_bandwidth(X, y, return_curve=True)
     best = naive.loo_loss(X, y, bandwidth=h)
-    h0 = learning.bandwidth_rule(X)
-    grid_losses = [naive.loo_loss(X, y, bandwidth=c * h0) for c in learning.LOO_GRID]
+    h0 = regression.bandwidth_rule(X)
+    grid_losses = [naive.loo_loss(X, y, bandwidth=c * h0) for c in width_search.LOO_GRID]
     assert best <= min(grid_losses) * (1 + 1e-12)
     assert np.all(np.diff(factors) > 0) and losses.min() == pytest.approx(best, rel=1e-12)
     # the ratio to the base widths is one shared factor
@@ -174,7 +173,7 @@ def test_loo_bandwidth_no_worse_than_statsmodels_cv_ls(seed):
     x = np.sort(rng.uniform(0, 6, 150))
     y = 2 * np.sin(x) + x**0.8 + rng.normal(0, 0.5, 150)
     bw_sm = sm.KernelReg(y, x, var_type="c", reg_type="lc", bw="cv_ls").bw
-    h = learning.loo_bandwidth(x, y)
+    h = width_search.loo_bandwidth(x, y)
     ours = naive.loo_loss(x[:, None], y, bandwidth=h)
     theirs = naive.loo_loss(x[:, None], y, bandwidth=bw_sm)
     assert ours <= theirs * (1 + 1e-9)
@@ -184,16 +183,16 @@ def test_spread_matches_naive(rng):
     X, y = _data(rng, 80, 2, 2)
     Q = rng.normal(size=(30, 2)) * 2
     h = np.array([0.4, 0.7])
-    mean, std, n_eff = learning.nadaraya_watson_spread(Q, X, y, h)
+    mean, std, n_eff = regression.nadaraya_watson_spread(Q, X, y, h)
     m_ref, s_ref, n_ref = naive.weighted_spread(Q, X, y, h)
     np.testing.assert_allclose(mean, m_ref, rtol=1e-12, atol=1e-13)
     np.testing.assert_allclose(std, s_ref, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(n_eff, n_ref, rtol=1e-12)
     assert np.all((n_eff >= 1 - 1e-12) & (n_eff <= len(X) + 1e-9))
-    m1, s1, _ = learning.nadaraya_watson_spread(Q, X, y[:, 0], h)
+    m1, s1, _ = regression.nadaraya_watson_spread(Q, X, y[:, 0], h)
     assert m1.shape == (30,) and np.allclose(s1, std[:, 0], rtol=1e-14)
     # float32: within 1e-5 of the output scale
-    m32, s32, n32 = learning.nadaraya_watson_spread(Q, X, y, h, dtype="float32")
+    m32, s32, n32 = regression.nadaraya_watson_spread(Q, X, y, h, dtype="float32")
     scale = np.abs(y).max()
     assert np.max(np.abs(m32 - m_ref)) <= 1e-5 * scale
     assert np.max(np.abs(s32 - s_ref)) <= 1e-5 * scale
@@ -204,8 +203,8 @@ def test_spread_is_well_conditioned():
     """Targets with a huge offset: the two-pass variance keeps its digits."""
     x = np.linspace(0, 1, 50)
     y = 1e8 + np.sin(6 * x)
-    _, std, _ = learning.nadaraya_watson_spread(x, x, y, 0.1)
-    _, std_ref, _ = learning.nadaraya_watson_spread(x, x, y - 1e8, 0.1)
+    _, std, _ = regression.nadaraya_watson_spread(x, x, y, 0.1)
+    _, std_ref, _ = regression.nadaraya_watson_spread(x, x, y - 1e8, 0.1)
     np.testing.assert_allclose(std, std_ref, rtol=1e-6)
 
 
@@ -286,23 +285,23 @@ def test_loo_bandwidth_1d_series_gives_the_windowed_kernels_curve(monkeypatch, r
     monkeypatch.setattr(config, "LOO_BOXED_MIN_WINDOW", 10**9)  # the boxed series off
     x = rng.uniform(0, 6, 300) * scale
     y = np.sin(x / scale) + 0.3 * rng.normal(size=300)
-    h, (factors, losses) = learning.loo_bandwidth(x, y, return_curve=True)
-    h0 = learning.bandwidth_rule(x)[0]
+    h, (factors, losses) = width_search.loo_bandwidth(x, y, return_curve=True)
+    h0 = regression.bandwidth_rule(x)[0]
     assert np.any((np.ptp(x) / (factors * h0 * np.sqrt(2.0))) ** 2 <= 4.0)  # series used
     monkeypatch.setattr(config, "LOO_TAYLOR_MAX_SPAN_SQ", -1.0)
-    h_w, (factors_w, losses_w) = learning.loo_bandwidth(x, y, return_curve=True)
+    h_w, (factors_w, losses_w) = width_search.loo_bandwidth(x, y, return_curve=True)
     np.testing.assert_allclose(factors_w, factors, rtol=1e-12)
     np.testing.assert_allclose(losses_w, losses, rtol=1e-12)
     np.testing.assert_allclose(h_w, h, rtol=1e-12)
-    assert h[0] / scale == pytest.approx(learning.loo_bandwidth(x / scale, y)[0], rel=1e-9)
+    assert h[0] / scale == pytest.approx(width_search.loo_bandwidth(x / scale, y)[0], rel=1e-9)
 
 
 def test_loo_bandwidth_subsampled_grid_stage(rng):
     """n > grid_queries: the coarse stage estimates, the refinement stays exact."""
     for d in (1, 2):
         X, y = _data(rng, 300, d)
-        exact = learning.loo_bandwidth(X, y, grid_queries=None)
-        approx = learning.loo_bandwidth(X, y, grid_queries=100)
+        exact = width_search.loo_bandwidth(X, y, grid_queries=None)
+        approx = width_search.loo_bandwidth(X, y, grid_queries=100)
         loss_exact = naive.loo_loss(X, y, bandwidth=exact)
         loss_approx = naive.loo_loss(X, y, bandwidth=approx)
         assert loss_approx <= loss_exact * (1 + 1e-3)
@@ -331,11 +330,11 @@ def test_tiles_match_naive(monkeypatch, rng, gemm, rows, p, prune):
     _tile_settings(monkeypatch, rows, gemm, prune=prune)
     X, y = _data(rng, 45, 4, p if p > 1 else None)
     h = rng.uniform(0.4, 2.0, size=4)
-    loss, grad = learning.loo_loss_and_grad(X, y, h)
+    loss, grad = loo_loss_and_grad(X, y, h)
     assert loss == pytest.approx(naive.loo_loss(X, y, bandwidth=h), rel=1e-12)
     np.testing.assert_allclose(grad, naive.loo_grad(X, y, bandwidth=h), rtol=1e-10, atol=1e-14)
     L = rng.normal(size=(3, 4))
-    loss, grad = learning.loo_loss_and_grad(X, y, components=L)
+    loss, grad = loo_loss_and_grad(X, y, components=L)
     assert loss == pytest.approx(naive.loo_loss(X, y, components=L), rel=1e-12)
     np.testing.assert_allclose(grad, naive.loo_grad(X, y, components=L), rtol=1e-9, atol=1e-13)
 
@@ -349,7 +348,7 @@ def test_tiles_gemm_scores_fall_back_on_wide_blocks(monkeypatch, rng):
     expected = naive.loo_grad(X, y, bandwidth=h)
     for radius2 in (1, 64, 10**9):
         _tile_settings(monkeypatch, 16, True, radius2)
-        loss, grad = learning.loo_loss_and_grad(X, y, h)
+        loss, grad = loo_loss_and_grad(X, y, h)
         assert loss == pytest.approx(naive.loo_loss(X, y, bandwidth=h), rel=1e-10), radius2
         np.testing.assert_allclose(grad, expected, rtol=1e-8, atol=1e-12 * np.abs(expected).max())
 
@@ -361,7 +360,7 @@ def test_tiles_mixed_far_and_near_rows(rng):
     y = np.sin(x) + 0.1 * rng.normal(size=x.size)
     h = 0.5
     assert (2.0e4 - 3.0) ** 2 / (2 * h * h) > config.FAR_SCORE_FLOAT64
-    loss, grad = learning.loo_loss_and_grad(x, y, h)
+    loss, grad = loo_loss_and_grad(x, y, h)
     # the two outliers predict each other; the others by the ordinary softmax
     w = naive._loo_weights(x[:30, None] / h)
     f = np.concatenate([w @ y[:30], [y[31], y[30]]])
@@ -387,7 +386,7 @@ def test_tiles_property(n, d, p, rows, gemm, prune, seed):
     L = rng.normal(size=(max(1, d // 2), d)) / np.sqrt(d)
     with pytest.MonkeyPatch.context() as monkeypatch:
         _tile_settings(monkeypatch, rows, gemm, prune=prune)
-        loss, grad = learning.loo_loss_and_grad(X, y, components=L)
+        loss, grad = loo_loss_and_grad(X, y, components=L)
     assert loss == pytest.approx(naive.loo_loss(X, y, components=L), rel=1e-10)
     expected = naive.loo_grad(X, y, components=L)
     np.testing.assert_allclose(grad, expected, rtol=1e-8, atol=1e-11 * (1 + np.abs(expected).max()))
@@ -400,14 +399,12 @@ def test_row_subset_loss_and_grad(rng, n_rows):
     X, y = _data(rng, 40, 3)
     y2 = y[:, None]
     h = rng.uniform(0.5, 1.5, size=3)
-    loss, grad = learning._prepared_loss_and_grad(
-        X, y2, h, dtype=np.float64, device="cpu", n_rows=n_rows
-    )
+    loss, grad = prepared_loss_and_grad(X, y2, h, dtype=np.float64, device="cpu", n_rows=n_rows)
     ref_loss, ref_grad = naive.loo_loss_and_grad_rows(X, y, n_rows, bandwidth=h)
     assert loss == pytest.approx(ref_loss, rel=1e-12)
     np.testing.assert_allclose(grad, ref_grad, rtol=1e-10, atol=1e-14)
     L = rng.normal(size=(2, 3))
-    loss, grad = learning._prepared_loss_and_grad(
+    loss, grad = prepared_loss_and_grad(
         X, y2, components=L, dtype=np.float64, device="cpu", n_rows=n_rows
     )
     ref_loss, ref_grad = naive.loo_loss_and_grad_rows(X, y, n_rows, components=L)
@@ -569,10 +566,10 @@ def test_loo_bandwidth_1d_boxed_series_gives_the_windowed_kernels_curve(monkeypa
         return kernel(*args)
 
     monkeypatch.setattr(loo, "loo_squared_error_boxed_1d", counted)
-    h, (factors, losses) = learning.loo_bandwidth(x, y, return_curve=True)
+    h, (factors, losses) = width_search.loo_bandwidth(x, y, return_curve=True)
     assert calls
     monkeypatch.setattr(config, "LOO_BOXED_MIN_WINDOW", 10**9)
-    h_w, (factors_w, losses_w) = learning.loo_bandwidth(x, y, return_curve=True)
+    h_w, (factors_w, losses_w) = width_search.loo_bandwidth(x, y, return_curve=True)
     np.testing.assert_allclose(factors_w, factors, rtol=1e-12)
     np.testing.assert_allclose(losses_w, losses, rtol=1e-12)
     np.testing.assert_allclose(h_w, h, rtol=1e-12)

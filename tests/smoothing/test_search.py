@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 
 import nbattn
 from nbattn import config
-from nbattn.smoothing import learning
+from nbattn.smoothing import loo, loo_rows, search, width_search
 from nbattn.smoothing.regression import bandwidth_rule
 from nbattn.smoothing.search import minimize_log_scale
 
@@ -359,13 +359,13 @@ def _fine_curve(X, y, m=81, decades=2.0):
     """The criterion on a fine grid of factors of Scott's widths (20 per decade)."""
     h0 = bandwidth_rule(X)
     factors = np.logspace(-decades, decades, m)
-    return factors, np.array([learning.loo_loss(X, y, c * h0) for c in factors])
+    return factors, np.array([loo.loo_loss(X, y, c * h0) for c in factors])
 
 
 def _check_against_brute_force(X, y, h, rel=0.005):
     h0 = bandwidth_rule(X)
-    chosen = learning.loo_loss(X, y, h)
-    scott = learning.loo_loss(X, y, h0)
+    chosen = loo.loo_loss(X, y, h)
+    scott = loo.loo_loss(X, y, h0)
     _, fine = _fine_curve(X, y)
     assert chosen <= scott * (1 + 1e-9), (chosen, scott)
     assert chosen <= fine.min() * (1 + rel), (chosen, fine.min())
@@ -376,13 +376,13 @@ def _check_against_brute_force(X, y, h, rel=0.005):
 def test_airquality_like_regression_finds_the_minimum(seed):
     X, y = airquality_like(seed)
     with warnings.catch_warnings():
-        warnings.simplefilter("error", learning.BandwidthRangeWarning)
-        h = learning.loo_bandwidth(X, y)
+        warnings.simplefilter("error", search.BandwidthRangeWarning)
+        h = width_search.loo_bandwidth(X, y)
     factor = h[0] / bandwidth_rule(X)[0]
     assert 0.1 < factor < 10  # nowhere near the grid's 0.01 edge
     _check_against_brute_force(X, y, h)
-    h32 = learning.loo_bandwidth(X, y, dtype="float32")
-    assert learning.loo_loss(X, y, h32) <= learning.loo_loss(X, y, h) * (1 + 1e-4)
+    h32 = width_search.loo_bandwidth(X, y, dtype="float32")
+    assert loo.loo_loss(X, y, h32) <= loo.loo_loss(X, y, h) * (1 + 1e-4)
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -392,7 +392,7 @@ def test_prestige_like_classification_keeps_every_neighbour_class(seed):
     X, kind = prestige_like(seed)
     onehot = np.eye(3)[kind]
     train, test = np.arange(0, 98, 2), np.arange(1, 98, 2)
-    h = learning.loo_bandwidth(X[train], onehot[train])
+    h = width_search.loo_bandwidth(X[train], onehot[train])
     _check_against_brute_force(X[train], onehot[train], h)
     proba = nbattn.nadaraya_watson(X[test], X[train], onehot[train], h)
     scaled = lambda A: A / bandwidth_rule(X[train])  # noqa: E731
@@ -439,8 +439,8 @@ def _random_data(seed, n, d, kind):
 def test_property_loo_bandwidth_against_a_fine_grid(seed, n, d, kind):
     X, y = _random_data(seed, n, d, kind)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", learning.BandwidthRangeWarning)
-        h = learning.loo_bandwidth(X, y)
+        warnings.simplefilter("ignore", search.BandwidthRangeWarning)
+        h = width_search.loo_bandwidth(X, y)
     assert np.all(np.isfinite(h)) and np.all(h > 0)
     _check_against_brute_force(X, y, h)
 
@@ -459,11 +459,11 @@ def test_property_float32_search_returns_the_float64_answer(seed, n, d, kind, of
     X, y = _random_data(seed, n, d, kind)
     X, y = X + offset, y + offset  # far from 0: the search centres them
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", learning.BandwidthRangeWarning)
-        h64 = learning.loo_bandwidth(X, y)
-        h32 = learning.loo_bandwidth(X, y, dtype="float32")
-    loss64 = learning.loo_loss(X, y, h64)
-    assert learning.loo_loss(X, y, h32) <= loss64 * (1 + 1e-4)
+        warnings.simplefilter("ignore", search.BandwidthRangeWarning)
+        h64 = width_search.loo_bandwidth(X, y)
+        h32 = width_search.loo_bandwidth(X, y, dtype="float32")
+    loss64 = loo.loo_loss(X, y, h64)
+    assert loo.loo_loss(X, y, h32) <= loss64 * (1 + 1e-4)
 
 
 def test_edge_warning_names_the_data_and_the_direction(monkeypatch):
@@ -472,24 +472,24 @@ def test_edge_warning_names_the_data_and_the_direction(monkeypatch):
     y = np.sin(3 * x) + 0.05 * rng.normal(size=200)  # wants about 0.2 x Scott
     h0 = bandwidth_rule(x)
     monkeypatch.setattr(config, "LOO_EXTEND_DECADES", 0.0)
-    with pytest.warns(learning.BandwidthRangeWarning, match="ozone.csv.*narrower"):
-        h = learning.loo_bandwidth(x, y, grid=[1.0, 2.0, 4.0], name="ozone.csv")
+    with pytest.warns(search.BandwidthRangeWarning, match="ozone.csv.*narrower"):
+        h = width_search.loo_bandwidth(x, y, grid=[1.0, 2.0, 4.0], name="ozone.csv")
     assert h[0] == pytest.approx(h0[0])  # the end, said so
-    with pytest.warns(learning.BandwidthRangeWarning, match=r"X \(200 rows, 1 feature\)"):
-        learning.loo_bandwidth(x, -y, grid=[1.0, 2.0])
+    with pytest.warns(search.BandwidthRangeWarning, match=r"X \(200 rows, 1 feature\)"):
+        width_search.loo_bandwidth(x, -y, grid=[1.0, 2.0])
     monkeypatch.undo()
     with warnings.catch_warnings():
-        warnings.simplefilter("error", learning.BandwidthRangeWarning)
-        h_ext = learning.loo_bandwidth(x, y, grid=[1.0, 2.0, 4.0])  # extended to the minimum
+        warnings.simplefilter("error", search.BandwidthRangeWarning)
+        h_ext = width_search.loo_bandwidth(x, y, grid=[1.0, 2.0, 4.0])  # extended to the minimum
     assert h_ext[0] < 0.6 * h0[0]
-    default = learning.loo_loss(x, y, learning.loo_bandwidth(x, y))
-    assert learning.loo_loss(x, y, h_ext) <= default * (1 + 1e-6)  # both refined by Brent
+    default = loo.loo_loss(x, y, width_search.loo_bandwidth(x, y))
+    assert loo.loo_loss(x, y, h_ext) <= default * (1 + 1e-6)  # both refined by Brent
 
 
 def test_early_stop_is_deprecated():
     x = np.linspace(0, 1, 30)
     with pytest.warns(DeprecationWarning, match="early_stop"):
-        learning.loo_bandwidth(x, np.sin(6 * x), early_stop=True)
+        width_search.loo_bandwidth(x, np.sin(6 * x), early_stop=True)
 
 
 def test_scale_within_half_a_percent_of_a_dense_brute_force():
@@ -497,10 +497,10 @@ def test_scale_within_half_a_percent_of_a_dense_brute_force():
     rng = np.random.default_rng(7)
     x = rng.uniform(0, 6, 300)
     y = 2 * np.sin(x) + x**0.8 + rng.normal(0, 0.5, 300)
-    h = learning.loo_bandwidth(x, y)[0]
+    h = width_search.loo_bandwidth(x, y)[0]
     h0 = bandwidth_rule(x)[0]
     factors = h / h0 * np.linspace(0.95, 1.05, 201)
-    losses = [learning.loo_loss(x, y, c * h0) for c in factors]
+    losses = [loo.loo_loss(x, y, c * h0) for c in factors]
     assert h / (factors[int(np.argmin(losses))] * h0) == pytest.approx(1.0, abs=0.005)
 
 
@@ -510,8 +510,8 @@ def test_evaluation_count_stays_reasonable():
         X_p, kind = prestige_like(seed)
         for X, y in (airquality_like(seed), (X_p, np.eye(3)[kind])):
             with warnings.catch_warnings():
-                warnings.simplefilter("error", learning.BandwidthRangeWarning)
-                _, (factors, _) = learning.loo_bandwidth(X, y, return_curve=True)
+                warnings.simplefilter("error", search.BandwidthRangeWarning)
+                _, (factors, _) = width_search.loo_bandwidth(X, y, return_curve=True)
             assert factors.size <= len(config.LOO_GRID) + 3 * 17 + 2
 
 
@@ -524,7 +524,7 @@ def _criterion_values(lines):
 
 def test_verbose_lines_carry_the_criterion(capfd):
     X, y = airquality_like(1)
-    h = learning.loo_bandwidth(X, y, verbose=True)  # stderr is not a terminal: plain lines
+    h = width_search.loo_bandwidth(X, y, verbose=True)  # stderr is not a terminal: plain lines
     err = capfd.readouterr().err.splitlines()
     grid_lines = [line for line in err if line.startswith("loo_bandwidth: grid:")]
     # one line per grid factor evaluated: the coarse grid (every LOO_GRID_STRIDE-th factor
@@ -538,12 +538,12 @@ def test_verbose_lines_carry_the_criterion(capfd):
     h0 = bandwidth_rule(X)
     for line, value in zip(grid_lines, _criterion_values(grid_lines)):
         factor = float(line.split("grid: ")[1].split(" x ")[0])
-        assert value == pytest.approx(learning.loo_loss(X, y, factor * h0), rel=1e-4)
+        assert value == pytest.approx(loo.loo_loss(X, y, factor * h0), rel=1e-4)
     assert any(line.startswith("loo_bandwidth: refine:") for line in err)
     final = err[-1]
     assert final.startswith("loo_bandwidth: X (111 rows, 3 features):")
-    assert _criterion_values([final])[0] == pytest.approx(learning.loo_loss(X, y, h), rel=1e-6)
-    learning.loo_bandwidth(X, y)
+    assert _criterion_values([final])[0] == pytest.approx(loo.loo_loss(X, y, h), rel=1e-6)
+    width_search.loo_bandwidth(X, y)
     assert capfd.readouterr().err == ""  # quiet by default
 
 
@@ -557,7 +557,7 @@ def test_verbose_on_a_terminal_draws_a_tqdm_bar(monkeypatch):
     for level, bar in ((1, True), (2, False)):
         stream = Terminal()
         monkeypatch.setattr(sys, "stderr", stream)
-        learning.loo_bandwidth(x, y, verbose=level)
+        width_search.loo_bandwidth(x, y, verbose=level)
         text = stream.getvalue()
         assert ("\r" in text) == bar, text[-300:]  # tqdm redraws its line
         assert "LOO criterion" in text
@@ -569,7 +569,7 @@ def test_verbose_on_a_terminal_draws_a_tqdm_bar(monkeypatch):
 @pytest.mark.parametrize("bad", [-1, "yes", 1.5, None])
 def test_bad_verbose_is_refused_by_name(bad):
     with pytest.raises(ValueError, match="verbose"):
-        learning.loo_bandwidth(np.arange(5.0), np.arange(5.0), verbose=bad)
+        width_search.loo_bandwidth(np.arange(5.0), np.arange(5.0), verbose=bad)
 
 
 # --------------------------------------------------------------------------- row runner
@@ -588,30 +588,30 @@ def test_row_runner_splits_the_sums():
             return tuple(sum(p[k] for p in parts) for k in range(len(parts[0])))
         return sum(parts)
 
-    plain_loss = learning.loo_loss(X, y, [0.5, 0.7])
-    plain = learning.loo_loss_and_grad(X, y, [0.5, 0.7])
-    with learning.row_runner(three_parts):
-        assert learning.loo_loss(X, y, [0.5, 0.7]) == pytest.approx(plain_loss, rel=1e-12)
-        loss, grad = learning.loo_loss_and_grad(X, y, [0.5, 0.7])
-        with learning.row_runner(None):  # nested: back to one call here
-            learning.loo_loss(X, y, [0.5, 0.7])
+    plain_loss = loo.loo_loss(X, y, [0.5, 0.7])
+    plain = loo.loo_loss_and_grad(X, y, [0.5, 0.7])
+    with loo_rows.row_runner(three_parts):
+        assert loo.loo_loss(X, y, [0.5, 0.7]) == pytest.approx(plain_loss, rel=1e-12)
+        loss, grad = loo.loo_loss_and_grad(X, y, [0.5, 0.7])
+        with loo_rows.row_runner(None):  # nested: back to one call here
+            loo.loo_loss(X, y, [0.5, 0.7])
     assert calls == [3, 3]
     assert loss == pytest.approx(plain[0], rel=1e-12)
     np.testing.assert_allclose(grad, plain[1], rtol=1e-10)
-    assert learning._ROW_RUNNER.get() is None
+    assert loo_rows._ROW_RUNNER.get() is None
     with pytest.raises(ValueError, match="runner"):
-        with learning.row_runner(42):
+        with loo_rows.row_runner(42):
             pass
 
 
-def test_learning_imports_neither_scikit_learn_nor_scipy_optimize():
+def test_the_smoothing_layer_imports_neither_scikit_learn_nor_scipy_optimize():
     """Importing the functional layer costs no scikit-learn (about 0.9 s)."""
-    package = Path(learning.__file__).parents[1]
+    package = Path(loo.__file__).parents[1]
     code = (
         "import sys, types\n"
         f"pkg = types.ModuleType('nbattn'); pkg.__path__ = [{str(package)!r}]\n"
         "sys.modules['nbattn'] = pkg\n"
-        "import nbattn.smoothing.learning\n"
+        "import nbattn.smoothing.learned_metric, nbattn.smoothing.width_search\n"
         "print(sorted(m for m in ('sklearn', 'scipy.optimize') if m in sys.modules))\n"
     )
     out = subprocess.run(
@@ -627,15 +627,17 @@ def test_the_search_does_not_depend_on_the_units_of_y(dtype):
     rng = np.random.default_rng(11)
     X = rng.uniform(0, 6, size=(120, 2))
     y = 1e3 + np.sin(X[:, 0]) + 0.3 * rng.normal(size=120)
-    h = learning.loo_bandwidth(X, y, dtype=dtype)
+    h = width_search.loo_bandwidth(X, y, dtype=dtype)
     for scale in (1e-150, 1e150):
-        h_scaled, (_, losses) = learning.loo_bandwidth(X, y * scale, dtype=dtype, return_curve=True)
+        h_scaled, (_, losses) = width_search.loo_bandwidth(
+            X, y * scale, dtype=dtype, return_curve=True
+        )
         assert np.all(np.isfinite(losses)) and np.all(losses > 0)
         if dtype == "float64":
             np.testing.assert_allclose(h_scaled, h, rtol=1e-6)
         else:  # float32 rounding of y differs with the scale: as good on the criterion
-            loss = learning.loo_loss(X, y, h)
-            assert learning.loo_loss(X, y, h_scaled) == pytest.approx(loss, rel=1e-5)
+            loss = loo.loo_loss(X, y, h)
+            assert loo.loo_loss(X, y, h_scaled) == pytest.approx(loss, rel=1e-5)
 
 
 @pytest.mark.parametrize("d", [1, 3])
@@ -643,7 +645,7 @@ def test_the_search_does_not_depend_on_the_units_of_y(dtype):
 def test_subsampled_grid_stage_finds_the_minimum(seed, d):
     """n > grid_queries: the grid on an estimate, the refinement on exact values."""
     X, y = _random_data(seed, 600, d, "smooth" if seed % 2 else "ties")
-    h = learning.loo_bandwidth(X, y, grid_queries=150)
+    h = width_search.loo_bandwidth(X, y, grid_queries=150)
     _check_against_brute_force(X, y, h)
 
 
