@@ -90,7 +90,7 @@ KERNELS = {
     ("softmax", "cpu"): "nbattn.kernels.softmax",
     ("local", "cpu"): "nbattn.kernels.local",
     ("loo_tiles", "cpu"): "nbattn.kernels.loo_tiles",
-    ("loo_1d", "cpu"): "nbattn.kernels.loo",
+    ("loo_1d", "cpu"): "nbattn.kernels.loo_1d",
     ("local", "cuda"): "nbattn.cuda.local",
     ("decode", "cpu"): "nbattn.kernels.decode",
     ("decode", "cuda"): "nbattn.cuda.decode",

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nbattn import config
-from nbattn.kernels import loo, loo_tiles
+from nbattn.kernels import loo_1d, loo_tiles
 from nbattn.smoothing import learning
 
 from .. import naive
@@ -184,7 +184,7 @@ def test_fit_on_boxed_tiles_reports_the_full_data_loss(monkeypatch):
     assert len(result["stages"]) > 1
     assert result["loss"] == pytest.approx(naive.loo_loss(X, y, result["bandwidth"]), rel=1e-9)
     assert result["loss"] < result["loss_curve"][0]
-    assert loo.prune_gap_for(np.float64) == config.PRUNE_GAP_FLOAT64
+    assert loo_1d.prune_gap_for(np.float64) == config.PRUNE_GAP_FLOAT64
 
 
 def test_boxed_share_estimate_follows_the_width():
