@@ -64,6 +64,7 @@ read when this module is imported (compiled in as constants).
 from __future__ import annotations
 
 import math
+from collections import namedtuple
 
 import numpy as np
 from numba import njit, prange
@@ -95,13 +96,18 @@ def _block_weights(scores, nb, shift, j0, i, exclude_self):
         scores[i - j0] = 0.0
 
 
-#: How a second pass gets a row's weights (``_row_setup``).
+#: How a second pass gets a row's weights (``_Row.mode``).
 _DIRECT, _DIRECT_FLOAT64, _ANCHORED = 0, 1, 2
+
+#: One query row of a second pass, as :func:`_row_setup` prepares it: its score-space
+#: ``point``, its ``own`` key (left out; -1: none), its log normaliser ``lse`` and how
+#: its weights are taken (``mode``; ``anchor``, ``c`` and ``shift`` for _ANCHORED).
+_Row = namedtuple("_Row", ("point", "own", "lse", "mode", "anchor", "c", "shift"))
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
 def _row_setup(query_row, keys_t, own, lse_i, weights):
-    """``(skip, mode, anchor, c, shift)`` of one row of a second pass.
+    """``(skip, row)``: whether the row contributes nothing, and its :data:`_Row`.
 
     ``skip``: no admissible key. ``mode``: _DIRECT, exp(s_ij - lse_i) with the
     scores in the dtype of ``weights``; _DIRECT_FLOAT64, the same with float64
@@ -112,36 +118,33 @@ def _row_setup(query_row, keys_t, own, lse_i, weights):
     n_keys = keys_t.shape[1]
     limit = far_score(weights)
     if lse_i >= -limit:
-        return False, _DIRECT, -1, 1.0, 0.0
+        return False, _Row(query_row, own, lse_i, _DIRECT, -1, 1.0, 0.0)
     if lse_i == -np.inf and not has_admissible_key(n_keys, own):
-        return True, _DIRECT, -1, 1.0, 0.0
+        return True, _Row(query_row, own, lse_i, _DIRECT, -1, 1.0, 0.0)
     if lse_i >= -_FAR_SCORE_FLOAT64:
-        return False, _DIRECT_FLOAT64, -1, 1.0, 0.0
+        return False, _Row(query_row, own, lse_i, _DIRECT_FLOAT64, -1, 1.0, 0.0)
     anchor, c, s_a, shift, total = far_state(query_row, keys_t, own)
     if lse_i == -np.inf and s_a > -np.inf:
         # not an overflow: a row the caller gave lse = -inf contributes nothing
-        return True, _DIRECT, -1, 1.0, 0.0
-    return anchor < 0, _ANCHORED, anchor, c, shift + np.log(total)
+        return True, _Row(query_row, own, lse_i, _DIRECT, -1, 1.0, 0.0)
+    return anchor < 0, _Row(query_row, own, lse_i, _ANCHORED, anchor, c, shift + np.log(total))
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def _row_block_weights(
-    query_row, keys_t, j0, nb, own, lse_i, mode, anchor, c, shift, weights, scores64
-):
-    """weights[:nb] <- w_ij for the keys j0 .. j0 + nb (0 for the key ``own``).
-
-    ``scores64`` is a float64 KEY_BLOCK scratch buffer for _DIRECT_FLOAT64.
+def _row_block_weights(row, keys_t, j0, nb, weights, scores64):
+    """weights[:nb] <- w_ij of :data:`_Row` ``row`` for the keys j0 .. j0 + nb (0 for
+    its own key). ``scores64`` is a float64 KEY_BLOCK scratch buffer for _DIRECT_FLOAT64.
     """
-    if mode == _ANCHORED:
-        far_block_weights(query_row, keys_t, j0, nb, own, anchor, c, shift, weights)
-    elif mode == _DIRECT_FLOAT64:
-        _block_scores(query_row, keys_t, j0, nb, scores64)
-        _block_weights(scores64, nb, lse_i, j0, own, True)
+    if row.mode == _ANCHORED:
+        far_block_weights(row.point, keys_t, j0, nb, row.own, row.anchor, row.c, row.shift, weights)
+    elif row.mode == _DIRECT_FLOAT64:
+        _block_scores(row.point, keys_t, j0, nb, scores64)
+        _block_weights(scores64, nb, row.lse, j0, row.own, True)
         for j in range(nb):
             weights[j] = scores64[j]
     else:
-        _block_scores(query_row, keys_t, j0, nb, weights)
-        _block_weights(weights, nb, lse_i, j0, own, True)
+        _block_scores(row.point, keys_t, j0, nb, weights)
+        _block_weights(weights, nb, row.lse, j0, row.own, True)
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
@@ -178,25 +181,12 @@ def loo_grad_diag(queries, keys_t, values_t, resid, centers, lse, self_offset=0)
         for i in range(chunk * _QUERY_BLOCK, stop):
             query_row = queries[i]
             own = np.int64(i) + np.int64(self_offset)
-            skip, mode, anchor, c, shift = _row_setup(query_row, keys_t, own, lse[i], weights)
+            skip, row = _row_setup(query_row, keys_t, own, lse[i], weights)
             if skip:
                 continue
             for j0 in range(0, n_keys, _KEY_BLOCK):
                 nb = min(_KEY_BLOCK, n_keys - j0)
-                _row_block_weights(
-                    query_row,
-                    keys_t,
-                    j0,
-                    nb,
-                    own,
-                    lse[i],
-                    mode,
-                    anchor,
-                    c,
-                    shift,
-                    weights,
-                    scores64,
-                )
+                _row_block_weights(row, keys_t, j0, nb, weights, scores64)
                 _block_coef(weights, values_t, resid, centers, i, j0, nb, coef)
                 zero = like(0.0, weights)
                 for f in range(k):
@@ -253,27 +243,14 @@ def loo_grad_full(queries, keys_t, points, points_t, values_t, resid, centers, l
         for i in range(start, stop):
             query_row = queries[i]
             own = np.int64(i) + np.int64(self_offset)
-            skip, mode, anchor, c, shift = _row_setup(query_row, keys_t, own, lse[i], weights)
+            skip, row = _row_setup(query_row, keys_t, own, lse[i], weights)
             if skip:
                 continue
             a_i = 0.0
             b_i[:] = 0.0
             for j0 in range(0, n_keys, _KEY_BLOCK):
                 nb = min(_KEY_BLOCK, n_keys - j0)
-                _row_block_weights(
-                    query_row,
-                    keys_t,
-                    j0,
-                    nb,
-                    own,
-                    lse[i],
-                    mode,
-                    anchor,
-                    c,
-                    shift,
-                    weights,
-                    scores64,
-                )
+                _row_block_weights(row, keys_t, j0, nb, weights, scores64)
                 _block_coef(weights, values_t, resid, centers, i, j0, nb, coef)
                 block_total = 0.0
                 for j in range(nb):
@@ -346,27 +323,14 @@ def gaussian_spread(queries, keys_t, values_t, centers, lse, exclude_self):
             own = np.int64(-1)
             if exclude_self:
                 own = np.int64(i)
-            skip, mode, anchor, c, shift = _row_setup(query_row, keys_t, own, lse[i], weights)
+            skip, row = _row_setup(query_row, keys_t, own, lse[i], weights)
             if skip:
                 continue
             var[:] = 0.0
             w2 = 0.0
             for j0 in range(0, n_keys, _KEY_BLOCK):
                 nb = min(_KEY_BLOCK, n_keys - j0)
-                _row_block_weights(
-                    query_row,
-                    keys_t,
-                    j0,
-                    nb,
-                    own,
-                    lse[i],
-                    mode,
-                    anchor,
-                    c,
-                    shift,
-                    weights,
-                    scores64,
-                )
+                _row_block_weights(row, keys_t, j0, nb, weights, scores64)
                 block_w2 = like(0.0, weights)
                 for j in range(nb):
                     block_w2 += weights[j] * weights[j]
