@@ -78,7 +78,11 @@ def resolve_device(device: str) -> str:
 #: The one dispatch table: (op, device) -> the module that implements ``op``
 #: there. CPU modules live in ``nbattn.kernels``, their CUDA twins (same
 #: function contracts) in ``nbattn.cuda``; both are imported on first use, so
-#: importing nbattn never needs numba-cuda or a GPU.
+#: importing nbattn never needs numba-cuda or a GPU. An op's module is its entry:
+#: it may take part of its names from modules of one algorithm each (``loo_tiles``
+#: provides ``kd_order`` and ``leaf_boxes`` of ``kernels.kd_order``, and runs the
+#: fused passes of ``kernels.loo_fused``). ``loo`` holds the LOO loss, gradients
+#: and spread, ``loo_1d`` the CPU-only kernels of the 1-D width search.
 KERNELS = {
     ("pooling", "cpu"): "nbattn.kernels.pooling",
     ("pooling", "cuda"): "nbattn.cuda.pooling",
@@ -91,7 +95,7 @@ KERNELS = {
     ("softmax", "cpu"): "nbattn.kernels.softmax",
     ("local", "cpu"): "nbattn.kernels.local",
     ("loo_tiles", "cpu"): "nbattn.kernels.loo_tiles",
-    ("loo_1d", "cpu"): "nbattn.kernels.loo",
+    ("loo_1d", "cpu"): "nbattn.kernels.loo_1d",
     ("local", "cuda"): "nbattn.cuda.local",
     ("decode", "cpu"): "nbattn.kernels.decode",
     ("decode", "cuda"): "nbattn.cuda.decode",

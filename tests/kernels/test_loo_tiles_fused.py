@@ -1,5 +1,5 @@
 """The LOO tiles on direct scores: two fused passes, two rows at a time, exp with reference 0
-(kernels.loo_tiles, section "fused direct tiles"), against the plain-NumPy references."""
+(kernels.loo_fused), against the plain-NumPy references."""
 
 import numpy as np
 import pytest
@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nbattn import config
-from nbattn.kernels import loo_tiles
+from nbattn.kernels import loo_fused
 from nbattn.smoothing import loo, tiled_loo
 
 from .. import naive
@@ -82,7 +82,7 @@ def test_rows_across_chunks_and_tiles(seed):
     """More keys than one chunk (each row's own key in every chunk position), tiles of an
     odd number of rows: the same sums as the references."""
     rng = np.random.default_rng(seed)
-    n = loo_tiles._CHUNK + 151
+    n = loo_fused._CHUNK + 151
     X = rng.normal(size=(n, 3))
     y = np.sin(X[:, 0]) + 0.1 * rng.normal(size=n)
     L = rng.normal(size=(2, 3))

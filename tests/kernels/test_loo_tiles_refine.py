@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nbattn import config
-from nbattn.kernels import loo_tiles
+from nbattn.kernels import kd_order, loo_tiles
 from nbattn.smoothing import loo, tiled_loo
 
 from .. import naive
@@ -69,11 +69,11 @@ def test_refined_and_direct_scores_agree_in_both_kernels(seed):
     common = (z_t, points, np.ascontiguousarray(y.T), np.ascontiguousarray(y[rows]), rows, 8)
     direct = loo_tiles.loo_tiles(*common, False, 0.0)
     refined = loo_tiles.loo_tiles(*common, True, 0.0, float(1 << 20))
-    order, starts = loo_tiles.kd_order(z, 8)
+    order, starts = kd_order.kd_order(z, 8)
     rank = np.empty(n, dtype=np.int64)
     rank[order] = np.arange(n)
     zb_t = np.ascontiguousarray(z[order].T)
-    box_lo, box_hi = loo_tiles.leaf_boxes(zb_t, starts)
+    box_lo, box_hi = kd_order.leaf_boxes(zb_t, starts)
     rows_b = np.sort(rank[rows])
     boxed = loo_tiles.loo_tiles_boxed(
         zb_t,

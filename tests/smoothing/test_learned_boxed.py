@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nbattn import config
-from nbattn.kernels import loo, loo_tiles
+from nbattn.kernels import kd_order, loo_1d, loo_tiles
 from nbattn.smoothing import learned_metric, tiled_loo
 from nbattn.smoothing.loo import prepare_xy, prepared_loss_and_grad
 
@@ -52,13 +52,13 @@ def test_kd_order_leaves_partition_the_keys(n, k, leaf_keys, ties, seed):
     z = rng.normal(size=(n, k)) * rng.uniform(0.1, 10.0, size=k)
     if ties:
         z = np.round(z)  # many equal coordinates, whole equal rows
-    order, starts = loo_tiles.kd_order(z, leaf_keys)
+    order, starts = kd_order.kd_order(z, leaf_keys)
     assert np.array_equal(np.sort(order), np.arange(n))
     assert starts[0] == 0 and starts[-1] == n
     sizes = np.diff(starts)
     assert np.all(sizes >= 1) and np.all(sizes <= max(leaf_keys, 1))
     z_t = np.ascontiguousarray(z[order].T)
-    lo, hi = loo_tiles.leaf_boxes(z_t, starts)
+    lo, hi = kd_order.leaf_boxes(z_t, starts)
     for leaf in range(len(starts) - 1):
         keys = z[order[starts[leaf] : starts[leaf + 1]]]
         np.testing.assert_array_equal(lo[leaf], keys.min(axis=0))
@@ -71,10 +71,10 @@ def test_kept_leaves_hold_every_key_within_reach(seed):
     the tile's rows is within gap of that row's nearest key is in a kept leaf."""
     X, _ = _table(seed, n=200)
     z = X / np.array([0.05, 0.4, 1e-3])
-    order, starts = loo_tiles.kd_order(z, 8)
+    order, starts = kd_order.kd_order(z, 8)
     z_sorted = z[order]
     z_t = np.ascontiguousarray(z_sorted.T)
-    box_lo, box_hi = loo_tiles.leaf_boxes(z_t, starts)
+    box_lo, box_hi = kd_order.leaf_boxes(z_t, starts)
     leaf_of = np.repeat(np.arange(len(starts) - 1), np.diff(starts))
     d2 = ((z_sorted[:, None, :] - z_sorted[None, :, :]) ** 2).sum(axis=-1)
     np.fill_diagonal(d2, np.inf)
@@ -86,7 +86,7 @@ def test_kept_leaves_hold_every_key_within_reach(seed):
     skipped = 0
     for i0 in range(0, len(z), 16):
         nb = min(16, len(z) - i0)
-        loo_tiles._kept_leaves(z_t, rows, i0, nb, box_lo, box_hi, gap, reach, keep)
+        kd_order.kept_leaves(z_t, rows, i0, nb, box_lo, box_hi, gap, reach, keep)
         block = slice(i0, i0 + nb)
         needed = np.any(d2[block] <= nearest[block, None] + gap, axis=0)
         assert np.all(keep[leaf_of[needed]]), i0
@@ -126,10 +126,10 @@ def test_boxed_tiles_pruning_bound():
     n = 300
     z = np.column_stack([rng.uniform(0.0, 40.0, n), rng.integers(0, 3, n) * 4.0])
     y = np.sin(z[:, 0] / 3.0) + 0.1 * rng.normal(size=n)
-    order, starts = loo_tiles.kd_order(z, 8)
+    order, starts = kd_order.kd_order(z, 8)
     zs, ys = z[order], y[order]
     z_t = np.ascontiguousarray(zs.T)
-    box_lo, box_hi = loo_tiles.leaf_boxes(z_t, starts)
+    box_lo, box_hi = kd_order.leaf_boxes(z_t, starts)
     rows = np.arange(n, dtype=np.int64)
     sse_exact = naive.loo_loss(zs * np.sqrt(2.0), ys, bandwidth=1.0) * n
     r_exact = naive._loo_weights(zs * np.sqrt(2.0)) @ ys - ys
@@ -185,7 +185,7 @@ def test_fit_on_boxed_tiles_reports_the_full_data_loss(monkeypatch):
     assert len(result["stages"]) > 1
     assert result["loss"] == pytest.approx(naive.loo_loss(X, y, result["bandwidth"]), rel=1e-9)
     assert result["loss"] < result["loss_curve"][0]
-    assert loo.prune_gap_for(np.float64) == config.PRUNE_GAP_FLOAT64
+    assert loo_1d.prune_gap_for(np.float64) == config.PRUNE_GAP_FLOAT64
 
 
 def test_boxed_share_estimate_follows_the_width():

@@ -214,7 +214,7 @@ def test_spread_is_well_conditioned():
 def test_sorted_1d_kernel_matches_the_general_one(rng, dtype, rtol, h, p):
     """The windowed 1-D kernel of the bandwidth search, against the full kernel, with
     one output and with two."""
-    from nbattn.kernels import loo
+    from nbattn.kernels import loo_1d
 
     n = 400
     x = np.sort(rng.uniform(0, 6, n))
@@ -222,11 +222,11 @@ def test_sorted_1d_kernel_matches_the_general_one(rng, dtype, rtol, h, p):
     y = np.column_stack([np.sin(x), np.cos(x)])[:, :p] + 0.3 * rng.normal(size=(n, p))
     zs = np.ascontiguousarray(x / (h * np.sqrt(2.0)), dtype=dtype)
     v_t = np.ascontiguousarray(y.T, dtype=dtype)
-    gap = loo.prune_gap_for(dtype)
-    total = loo.loo_squared_error_sorted_1d(zs, v_t, y, np.arange(n), gap)
+    gap = loo_1d.prune_gap_for(dtype)
+    total = loo_1d.loo_squared_error_sorted_1d(zs, v_t, y, np.arange(n), gap)
     assert total / y.size == pytest.approx(naive.loo_loss(x[:, None], y, bandwidth=h), rel=rtol)
     rows = np.sort(rng.choice(n, 50, replace=False))
-    sub = loo.loo_squared_error_sorted_1d(zs, v_t, y, rows, gap)
+    sub = loo_1d.loo_squared_error_sorted_1d(zs, v_t, y, rows, gap)
     w = naive._loo_weights(x[:, None] / h)
     expected = np.sum((w[rows] @ y - y[rows]) ** 2)
     assert sub == pytest.approx(expected, rel=rtol)
@@ -239,7 +239,7 @@ def test_taylor_1d_kernel_matches_naive(rng, dtype, span_sq, n):
     """The series of the wide widths, against the full weight matrix, to 1e-12 relative
     (the float32 inputs are converted exactly; the series runs in float64), for every
     squared span up to its limit, with duplicates, unsorted points and a row subset."""
-    from nbattn.kernels import loo
+    from nbattn.kernels import loo_1d
 
     x = rng.uniform(0, 6, n)
     if n > 2:
@@ -250,25 +250,25 @@ def test_taylor_1d_kernel_matches_naive(rng, dtype, span_sq, n):
     x_used = zs.astype(np.float64) * np.sqrt(2.0)  # what the kernel sees, times sqrt 2
     v_t = np.ascontiguousarray(y.T, dtype=dtype)
     y_used = v_t.T.astype(np.float64)
-    terms = loo.taylor_terms(float(np.ptp(zs.astype(np.float64))) ** 2)
+    terms = loo_1d.taylor_terms(float(np.ptp(zs.astype(np.float64))) ** 2)
     assert terms > 0
     w = naive._loo_weights(x_used[:, None])
     for rows in (np.arange(n), np.sort(rng.choice(n, max(1, n // 3), replace=False))):
-        total = loo.loo_squared_error_taylor_1d(zs, v_t, y, rows, terms)
+        total = loo_1d.loo_squared_error_taylor_1d(zs, v_t, y, rows, terms)
         expected = np.sum((w[rows] @ y_used - y[rows]) ** 2)
         assert total == pytest.approx(expected, rel=1e-12)
 
 
 def test_taylor_1d_kernel_is_used_only_where_its_series_keeps_its_digits():
     from nbattn import config
-    from nbattn.kernels import loo
+    from nbattn.kernels import loo_1d
 
     limit = config.LOO_TAYLOR_MAX_SPAN_SQ
-    assert loo.taylor_terms(limit * (1 + 1e-9)) == 0 and loo.taylor_terms(np.inf) == 0
-    assert loo.taylor_terms(np.nan) == 0
+    assert loo_1d.taylor_terms(limit * (1 + 1e-9)) == 0 and loo_1d.taylor_terms(np.inf) == 0
+    assert loo_1d.taylor_terms(np.nan) == 0
     previous = 0
     for span_sq in (0.0, 1e-3, 0.1, 1.0, limit):  # more terms for wider spans
-        terms = loo.taylor_terms(span_sq)
+        terms = loo_1d.taylor_terms(span_sq)
         x = span_sq / 2
         bound = x**terms / math.factorial(terms) * math.exp(2 * x)
         assert terms >= previous and bound <= 2.0**-60
@@ -452,11 +452,11 @@ def test_boxed_1d_kernel_matches_naive(rng, kind, dtype, p):
     bound), on uniform, clustered (isolated rows: the fallback), tied and offset
     points; float32 inputs are converted exactly (the series runs in float64; the rows
     computed directly round in float32, hence 1e-6 there)."""
-    from nbattn.kernels import loo
+    from nbattn.kernels import loo_1d
 
     n = 240
     fallbacks = 0
-    gap = loo.prune_gap_for(dtype)
+    gap = loo_1d.prune_gap_for(dtype)
     rtol = 1e-12 if dtype == "float64" else 1e-6  # float32: the fallback rows' own rounding
     for _ in range(4):
         x, y = _boxed_case(rng, kind, n, p)
@@ -470,18 +470,18 @@ def test_boxed_1d_kernel_matches_naive(rng, kind, dtype, p):
             v_t = np.ascontiguousarray(y.T, dtype=dtype)
             y_used = v_t.T.astype(np.float64)
             rows = np.arange(n)
-            total, n_direct = loo.loo_squared_error_boxed_rows_1d(zs, v_t, y, rows, gap)
+            total, n_direct = loo_1d.loo_squared_error_boxed_rows_1d(zs, v_t, y, rows, gap)
             expected = _exact_sse_per_row(x_used, y_used, y, rows)
             assert total == pytest.approx(expected.sum(), rel=rtol)
             # rows one at a time: each expanded row's prediction within the bound
             tol = config.LOO_BOXED_TOL
             for i in rng.choice(n, 4, replace=False):
-                one, direct = loo.loo_squared_error_boxed_rows_1d(zs, v_t, y, np.array([i]), gap)
+                one, direct = loo_1d.loo_squared_error_boxed_rows_1d(zs, v_t, y, np.array([i]), gap)
                 f_err = abs(np.sqrt(one) - np.sqrt(expected[i]))
                 if not direct:
                     assert f_err <= 4 * tol * np.abs(y_used).max() * np.sqrt(p) + 1e-15
             sub = np.sort(rng.choice(n, 30, replace=False))
-            part, _ = loo.loo_squared_error_boxed_rows_1d(zs, v_t, y, sub, gap)
+            part, _ = loo_1d.loo_squared_error_boxed_rows_1d(zs, v_t, y, sub, gap)
             assert part == pytest.approx(expected[sub].sum(), rel=rtol)
             fallbacks += n_direct
     if kind == "clustered":
@@ -491,16 +491,16 @@ def test_boxed_1d_kernel_matches_naive(rng, kind, dtype, p):
 def test_boxed_1d_kernel_is_its_naive_series(rng):
     """The compiled series is the plain-NumPy one (numpy's Hermite polynomials) on the
     rows it expands: the recurrence and the box layout, not just the final sum."""
-    from nbattn.kernels import loo
+    from nbattn.kernels import loo_1d
 
     for _ in range(5):
         x, y = _boxed_case(rng, "uniform", 150, 2)
         zs = np.ascontiguousarray(x / (np.ptp(x) / 60))
         v_t = np.ascontiguousarray(y.T)
-        half_width, n_terms, reach, bound, omitted, tol = loo.boxed_1d_plan(150)
+        half_width, n_terms, reach, bound, omitted, tol = loo_1d.boxed_1d_plan(150)
         rows = np.arange(150)
         expanded = np.empty(150, dtype=np.bool_)
-        total = loo.loo_squared_error_boxed_1d(
+        total = loo_1d.loo_squared_error_boxed_1d(
             zs, v_t, y, rows, half_width, n_terms, reach, bound, omitted, tol, expanded
         )
         assert expanded.mean() > 0.9
@@ -513,10 +513,10 @@ def test_hermite_truncation_bound_holds(half_width):
     """The proven bound behind the series: for every offset |t| <= r and key distance s,
     the truncated series of exp(-(s - t)^2) is within tol * exp(-s^2 / 2) of it
     (Cramér's inequality), checked on a dense grid against numpy's Hermite polynomials."""
-    from nbattn.kernels import loo
+    from nbattn.kernels import loo_1d
 
     tol = 1e-13
-    n_terms = loo.hermite_terms(half_width, tol)
+    n_terms = loo_1d.hermite_terms(half_width, tol)
     s = np.linspace(-8.0, 8.0, 801)
     h = naive.hermite_functions(s, n_terms)
     for t in np.linspace(-half_width, half_width, 41):
@@ -524,26 +524,26 @@ def test_hermite_truncation_bound_holds(half_width):
         error = np.abs(coef @ h - np.exp(-((s - t) ** 2)))
         # the series' own rounding (the terms reach about 2 p eps) on top of the bound
         assert np.all(error <= tol * np.exp(-0.5 * s * s) + 1e-15)
-    assert loo.hermite_terms(half_width, tol * 1e-3) > n_terms  # tighter: more terms
+    assert loo_1d.hermite_terms(half_width, tol * 1e-3) > n_terms  # tighter: more terms
 
 
 def test_boxed_1d_far_and_isolated_rows_fall_back(rng):
     """Rows whose nearest neighbour is far (their sum without the own key is tiny, so the
     subtraction of the own key would cancel) are computed by the windowed kernel, and
     the result is still exact; so are points spaced 1e-300 apart and 1e6 apart."""
-    from nbattn.kernels import loo
+    from nbattn.kernels import loo_1d
 
     x = np.sort(np.concatenate([rng.uniform(0, 3, 100), [40.0, 80.0, 300.0]]))
     y = np.sin(x)[:, None]
     zs = np.ascontiguousarray(x)
     v_t = np.ascontiguousarray(y.T)
-    total, n_direct = loo.loo_squared_error_boxed_rows_1d(zs, v_t, y, np.arange(x.size), 50.0)
+    total, n_direct = loo_1d.loo_squared_error_boxed_rows_1d(zs, v_t, y, np.arange(x.size), 50.0)
     assert n_direct >= 3
-    direct = loo.loo_squared_error_sorted_1d(zs, v_t, y, np.arange(x.size), 50.0)
+    direct = loo_1d.loo_squared_error_sorted_1d(zs, v_t, y, np.arange(x.size), 50.0)
     assert total == pytest.approx(direct, rel=1e-12) and np.isfinite(total)
     two = np.ascontiguousarray([0.0, 1e6])
     y2 = np.array([[1.0], [-1.0]])
-    total, _ = loo.loo_squared_error_boxed_rows_1d(
+    total, _ = loo_1d.loo_squared_error_boxed_rows_1d(
         two, np.ascontiguousarray(y2.T), y2, np.arange(2), 50.0
     )
     assert total == pytest.approx(8.0)  # each predicted by the other
@@ -554,18 +554,18 @@ def test_loo_bandwidth_1d_boxed_series_gives_the_windowed_kernels_curve(monkeypa
     """The 1-D search with the medium widths on the boxed series and with every width on
     the windowed kernel (boxes off): the same criterion at every factor (1e-12), the same
     width, at x near 1e-170 and 1e160 too; and the boxed path was taken."""
-    from nbattn.kernels import loo
+    from nbattn.kernels import loo_1d
 
     x = rng.uniform(0, 6, 400) * scale
     y = np.sin(x / scale) + 0.3 * rng.normal(size=400)
     calls = []
-    kernel = loo.loo_squared_error_boxed_1d
+    kernel = loo_1d.loo_squared_error_boxed_1d
 
     def counted(*args):
         calls.append(1)
         return kernel(*args)
 
-    monkeypatch.setattr(loo, "loo_squared_error_boxed_1d", counted)
+    monkeypatch.setattr(loo_1d, "loo_squared_error_boxed_1d", counted)
     h, (factors, losses) = width_search.loo_bandwidth(x, y, return_curve=True)
     assert calls
     monkeypatch.setattr(config, "LOO_BOXED_MIN_WINDOW", 10**9)
@@ -586,7 +586,7 @@ def test_boxed_1d_property_against_the_windowed_kernel(n, log_keys, seed, kind):
     """Random sizes, widths from a window of one key to all of them (the switch point
     included) and point shapes: the boxed series with its fallback gives the windowed
     kernel's sum to 1e-12 relative (or 1e-300 absolute when the errors are all 0)."""
-    from nbattn.kernels import loo
+    from nbattn.kernels import loo_1d
 
     rng = np.random.default_rng(seed)
     x, y = _boxed_case(rng, kind, max(n, 10), 1)
@@ -595,6 +595,6 @@ def test_boxed_1d_property_against_the_windowed_kernel(n, log_keys, seed, kind):
     zs = np.ascontiguousarray((x - x[0]) / (h * np.sqrt(2.0)) + (1e6 if kind == "offset" else 0))
     v_t = np.ascontiguousarray(y.T)
     rows = np.arange(n)
-    boxed, _ = loo.loo_squared_error_boxed_rows_1d(zs, v_t, y, rows, 50.0)
-    direct = loo.loo_squared_error_sorted_1d(zs, v_t, y, rows, 50.0)
+    boxed, _ = loo_1d.loo_squared_error_boxed_rows_1d(zs, v_t, y, rows, 50.0)
+    direct = loo_1d.loo_squared_error_sorted_1d(zs, v_t, y, rows, 50.0)
     assert boxed == pytest.approx(direct, rel=1e-12, abs=1e-300)

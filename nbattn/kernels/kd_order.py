@@ -1,0 +1,191 @@
+"""The keys in k-d order and their leaves' bounding boxes: which keys a LOO tile needs.
+
+``nbattn.kernels.loo_tiles.loo_tiles_boxed`` prunes by boxes in every score
+coordinate. A window along one direction is not enough when several score
+coordinates are wide (a table whose widths make a category an almost exact
+match, sizes that vary together): a key can be close along that direction and
+far in another. Here the keys are ordered by a k-d split (``kd_order``: halve the
+widest coordinate of each node at its median, down to leaves of ``leaf_keys``
+keys), so that each leaf, a contiguous range of the order, is small in every
+coordinate (``leaf_boxes``), and a tile keeps only the leaves whose bounding box
+comes within reach of one of its rows (``kept_leaves``):
+
+    dist^2(z_i, box) = sum_f max(lo_f - z_if, 0, z_if - hi_f)^2 <= |z_i - z_j|^2
+
+for every key j in the box, so a leaf with dist^2(z_i, box) > U_i + gap holds
+no key of row i's weight above exp(-gap) of its largest, U_i being row i's
+squared distance to the nearest of a few keys beside it in the order (so
+-max_j s_ij <= U_i). The bound is per row; a tile takes the union of its rows'
+leaves.
+
+Points are float64, ``z`` (n, k) row-major for the order, ``z_t`` (k, n) in
+k-d order for the boxes and the bound.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .. import config
+
+_NEIGHBOURS = 4  # keys on each side, in the k-d order, that bound a row's best score
+
+
+@njit(cache=config.CACHE)
+def _select_median(order, z, a, b, mid, dim):
+    """Reorder order[a:b] so that order[mid] holds the median key along ``dim``, with no
+    key before it larger and none after it smaller (Hoare's selection)."""
+    lo, hi = a, b - 1
+    while lo < hi:
+        pivot = z[order[(lo + hi) // 2], dim]
+        i, j = lo, hi
+        while i <= j:
+            while z[order[i], dim] < pivot:
+                i += 1
+            while z[order[j], dim] > pivot:
+                j -= 1
+            if i <= j:
+                order[i], order[j] = order[j], order[i]
+                i += 1
+                j -= 1
+        if mid <= j:
+            hi = j
+        elif mid >= i:
+            lo = i
+        else:
+            return
+
+
+@njit(cache=config.CACHE)
+def kd_order(z, leaf_keys):
+    """``(order, leaf_start)``: keys in k-d order and the leaves' first positions (plus n).
+
+    Each node [a, b) of more than ``leaf_keys`` keys is split at its median along its
+    widest coordinate; leaves are ranges of ``order``, in depth-first order.
+    """
+    n, k = z.shape
+    order = np.arange(n)
+    stack_a = np.empty(64, dtype=np.int64)
+    stack_b = np.empty(64, dtype=np.int64)
+    starts = np.empty(n + 1, dtype=np.int64)
+    n_leaves = 0
+    top = 0
+    stack_a[0], stack_b[0] = 0, n
+    top = 1
+    while top > 0:
+        top -= 1
+        a, b = stack_a[top], stack_b[top]
+        if b - a <= leaf_keys:
+            starts[n_leaves] = a
+            n_leaves += 1
+            continue
+        best_dim, best_extent = 0, -1.0
+        for f in range(k):
+            low, high = np.inf, -np.inf
+            for t in range(a, b):
+                value = z[order[t], f]
+                low = min(low, value)
+                high = max(high, value)
+            if high - low > best_extent:
+                best_dim, best_extent = f, high - low
+        mid = (a + b) // 2
+        _select_median(order, z, a, b, mid, best_dim)
+        # the right half first on the stack, so that the left leaf comes out first
+        stack_a[top], stack_b[top] = mid, b
+        stack_a[top + 1], stack_b[top + 1] = a, mid
+        top += 2
+    starts[n_leaves] = n
+    return order, starts[: n_leaves + 1].copy()
+
+
+@njit(cache=config.CACHE)
+def leaf_boxes(z_t, leaf_start):
+    """(lo, hi), each (n_leaves, k): the bounding box of each leaf's keys (z_t in k-d order)."""
+    k = z_t.shape[0]
+    n_leaves = leaf_start.shape[0] - 1
+    lo = np.empty((n_leaves, k))
+    hi = np.empty((n_leaves, k))
+    for leaf in range(n_leaves):
+        for f in range(k):
+            low, high = np.inf, -np.inf
+            for j in range(leaf_start[leaf], leaf_start[leaf + 1]):
+                low = min(low, z_t[f, j])
+                high = max(high, z_t[f, j])
+            lo[leaf, f] = low
+            hi[leaf, f] = high
+    return lo, hi
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _row_bound(z_t, own):
+    """U: the squared distance from key ``own`` to the nearest of its neighbours in the
+    order (an upper bound of -max_j s_own,j); inf when there is none or it overflows."""
+    k, n = z_t.shape
+    nearest = np.inf
+    for j in range(max(own - _NEIGHBOURS, 0), min(own + _NEIGHBOURS + 1, n)):
+        if j == own:
+            continue
+        dist = 0.0
+        for f in range(k):
+            diff = z_t[f, j] - z_t[f, own]
+            dist += diff * diff
+        nearest = min(nearest, dist)
+    return nearest
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def kept_leaves(z_t, rows, i0, nb, box_lo, box_hi, prune_gap, reach, keep):
+    """keep[leaf] <- whether some row of the block comes within reach of the leaf's box
+    (the bound of the module docstring); every leaf when a row's bound is not finite.
+    ``reach`` (block_rows,) is scratch: each row's U_i + gap."""
+    k = z_t.shape[0]
+    n_leaves = box_lo.shape[0]
+    block_lo = np.full(k, np.inf)
+    block_hi = np.full(k, -np.inf)
+    reach_max = 0.0
+    for r in range(nb):
+        own = rows[i0 + r]
+        bound = _row_bound(z_t, own)
+        if not bound < np.inf:
+            keep[:] = True
+            return
+        # a relative margin over the rounding of the bound and of the box distances
+        reach[r] = (bound + prune_gap) * (1.0 + 1e-9)
+        reach_max = max(reach_max, reach[r])
+        for f in range(k):
+            block_lo[f] = min(block_lo[f], z_t[f, own])
+            block_hi[f] = max(block_hi[f], z_t[f, own])
+    for leaf in range(n_leaves):
+        keep[leaf] = False
+        # the distance between the block's box and the leaf's first: a cheap filter
+        total = 0.0
+        for f in range(k):
+            gap = max(box_lo[leaf, f] - block_hi[f], block_lo[f] - box_hi[leaf, f], 0.0)
+            total += gap * gap
+        if total > reach_max:
+            continue
+        for r in range(nb):
+            own = rows[i0 + r]
+            total = 0.0
+            for f in range(k):
+                value = z_t[f, own]
+                gap = max(box_lo[leaf, f] - value, value - box_hi[leaf, f], 0.0)
+                total += gap * gap
+            if total <= reach[r]:
+                keep[leaf] = True
+                break
+
+
+@njit(cache=config.CACHE)
+def kept_keys(leaf_start, keep, key_index):
+    """key_index[:width] <- the positions of the keys of the kept leaves (``keep``),
+    ascending; returns width."""
+    width = 0
+    for leaf in range(keep.shape[0]):
+        if not keep[leaf]:
+            continue
+        for j in range(leaf_start[leaf], leaf_start[leaf + 1]):
+            key_index[width] = j
+            width += 1
+    return width
