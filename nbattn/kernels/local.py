@@ -599,12 +599,12 @@ def local_fit(
                     m = block_max
                 if fused:
                     y = values_t[0, j0 : j0 + nb]
-                    if store_design:
+                    if store_design:  # rows past the last term repeat it (never read)
                         rows = (
                             design[1, 0:nb],
                             design[min(2, p - 1), 0:nb],
-                            design[0, 0:nb],
-                            design[0, 0:nb],
+                            design[min(3, p - 1), 0:nb],
+                            design[min(4, p - 1), 0:nb],
                         )
                         offsets = (0.0, 0.0, 0.0, 0.0)
                     else:  # rows past the last column repeat it (never read)
