@@ -272,15 +272,22 @@ class LocalProblem:
     widths: np.ndarray
     values_1d: bool
 
-    def kernel_args(self):
-        return (
-            self.q_cont,
-            self.keys_cont_t,
-            self.q_cat,
-            self.keys_cat_t,
-            self.cat_params,
-            self.log_weights,
+    def kernel_groups(self, module, **model_changes):
+        """The kernel ``module``'s argument groups for this problem, ``(LocalData,
+        LocalModel)``; ``model_changes`` replace fields of the model (``degree``,
+        ``exclude_self``)."""
+        data = module.LocalData(
+            self.q_cont, self.keys_cont_t, self.q_cat, self.keys_cat_t, self.log_weights
         )
+        model = module.LocalModel(
+            cat_params=self.cat_params,
+            kernel=int(self.kernel),
+            degree=int(self.degree),
+            ridge=float(self.ridge),
+            exclude_self=bool(self.exclude_self),
+            missing=bool(self.missing),
+        )
+        return data, model._replace(**model_changes)
 
 
 def _log(x):
@@ -424,16 +431,7 @@ def fit_problem(problem: LocalProblem, device="cpu", want_mfx=False):
     """Run the first pass of the local fit (``kernels.local.local_fit``) on a prepared problem."""
     module = kernels_for("local", device)
     with threads_for(problem):
-        return module.local_fit(
-            *problem.kernel_args(),
-            problem.values_t,
-            problem.kernel,
-            problem.degree,
-            problem.exclude_self,
-            problem.missing,
-            problem.ridge,
-            want_mfx,
-        )
+        return module.local_fit(*problem.kernel_groups(module), problem.values_t, bool(want_mfx))
 
 
 def _cast(x, dtype):
@@ -586,22 +584,14 @@ def local_interval_sums(
 
 
 def _interval_sums(problem: LocalProblem, device, residuals_t=None):
-    _, g, shift, log_norm, nearest, _ = fit_problem(problem, device)
+    fit = fit_problem(problem, device)
     module = kernels_for("local", device)
     with threads_for(problem):
         out = module.local_interval_sums(
-            *problem.kernel_args(),
+            *problem.kernel_groups(module),
+            fit,
             problem.values_t if residuals_t is None else residuals_t,
-            problem.kernel,
-            problem.degree,
-            problem.exclude_self,
-            problem.missing,
-            g,
-            shift,
-            log_norm,
-            nearest,
         )
-
     return out[:, 0] if problem.values_1d else out
 
 
@@ -659,38 +649,20 @@ def local_prediction_interval(
     problem = prepare(
         queries, X, y, widths, degree, **{**common, "n_categories": train.n_categories}
     )
-    beta, g, shift, log_norm, nearest, _ = fit_problem(problem, device)
+    state = fit_problem(problem, device)
     module = kernels_for("local", device)
     with threads_for(problem):
         variance = module.local_interval_sums(
-            *problem.kernel_args(),
-            residuals_t,
-            problem.kernel,
-            problem.degree,
-            False,
-            problem.missing,
-            g,
-            shift,
-            log_norm,
-            nearest,
+            *problem.kernel_groups(module, exclude_self=False), state, residuals_t
         )
-
     if kind == "observation":
         squared = np.ascontiguousarray(residuals_t**2)
+        groups = problem.kernel_groups(module, degree=0, exclude_self=False)
         with threads_for(problem):
-            local_var = module.local_fit(
-                *problem.kernel_args(),
-                squared,
-                problem.kernel,
-                0,
-                False,
-                problem.missing,
-                problem.ridge,
-                False,
-            )[0][:, 0, :]
+            local_var = module.local_fit(*groups, squared, False).beta[:, 0, :]
         variance = variance + local_var
     z = float(norm.ppf(1.0 - alpha / 2.0))
-    fit = beta[:, 0, :]
+    fit = state.beta[:, 0, :]
     half = z * np.sqrt(np.maximum(variance, 0.0))
     lower, upper = fit - half, fit + half
     if problem.values_1d:

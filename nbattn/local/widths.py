@@ -181,8 +181,8 @@ class _Criterion:
     def loss_and_grad(self, theta):
         self.n_grad += 1
         problem = self.problem_at(theta)
-        beta, g, shift, log_norm, _, _ = fit_problem(problem, self.device)
-        residual = beta[:, 0, :] - self.targets
+        fit = fit_problem(problem, self.device)
+        residual = fit.beta[:, 0, :] - self.targets
         value = float((residual**2).sum(axis=1) @ self.loo_weights)
         self.cache[np.asarray(theta, dtype=np.float64).tobytes()] = (
             value if math.isfinite(value) else math.inf
@@ -191,21 +191,12 @@ class _Criterion:
         module = kernels_for("local", self.device)
         with threads_for(problem):
             per_query = module.local_loo_gradient(
-                *problem.kernel_args(),
+                *problem.kernel_groups(module, exclude_self=True),
+                fit,
                 problem.values_t,
                 _categorical_derivatives(theta, problem.var_type, problem.n_categories),
-                problem.kernel,
-                problem.degree,
-                True,
-                problem.missing,
-                problem.ridge,
-                beta,
-                g,
-                shift,
-                log_norm,
                 out_weights,
             )
-
         grad = np.empty(len(problem.var_type))
         grad[self.order] = per_query.sum(axis=0)
         if not math.isfinite(value) or not np.isfinite(grad).all():

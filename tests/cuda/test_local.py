@@ -2,8 +2,8 @@
 
 Tiny shapes and 8 threads per block (tests/cuda/conftest.py), so several key
 tiles and query blocks run; ``config.CUDA_MAX_OUTPUTS`` patched to 2 where a
-test has more outputs, so the launches over output ranges run too. The
-kernels are called with keywords, so both twins get the same arguments.
+test has more outputs, so the launches over output ranges run too. Both twins
+get the same arguments, each in its own module's groups (``local_args``).
 """
 
 import os
@@ -49,20 +49,38 @@ def make_problem(rng, n_q, n_k, dc, dk, n_out, *, missing=False, spread=1.0, wei
     cat_params = np.array(rows, dtype=float).reshape(dk, 3)
     log_w = np.log(rng.uniform(0.2, 2.0, size=n_k)) if weights else np.zeros(n_k)
     values_t = rng.normal(size=(n_out, n_k))
+    return problem_arrays(q_cont, keys_cont_t, q_cat, keys_cat_t, cat_params, log_w, values_t)
+
+
+def problem_arrays(q_cont, keys_cont_t, q_cat, keys_cat_t, cat_params, log_weights, values_t):
+    """The kernel inputs by name."""
     return dict(
         q_cont=q_cont,
         keys_cont_t=keys_cont_t,
         q_cat=q_cat,
         keys_cat_t=keys_cat_t,
         cat_params=cat_params,
-        log_weights=log_w,
+        log_weights=log_weights,
         values_t=values_t,
     )
 
 
-def both_fits(problem, **flags):
-    kwargs = {**problem, **flags}
-    return cuda_local.local_fit(**kwargs), cpu_local.local_fit(**kwargs)
+def groups(module, problem, *, kernel, degree, ridge, exclude_self, missing):
+    """``module``'s (LocalData, LocalModel) for a problem from :func:`make_problem`."""
+    names = ("q_cont", "keys_cont_t", "q_cat", "keys_cat_t", "log_weights")
+    data = module.LocalData(*(problem[name] for name in names))
+    model = module.LocalModel(
+        problem["cat_params"], kernel, degree, float(ridge), exclude_self, missing
+    )
+    return data, model
+
+
+def both_fits(problem, *, want_mfx, **model):
+    """(CUDA fit, CPU fit) of the same problem."""
+    return tuple(
+        module.local_fit(*groups(module, problem, **model), problem["values_t"], want_mfx)
+        for module in (cuda_local, cpu_local)
+    )
 
 
 def assert_fits_equal(got, want, fit_rtol=1e-9):
@@ -148,15 +166,7 @@ def test_fallbacks_and_degenerate_designs(rng):
     log_w = np.zeros(n_k)
     log_w[3] = -np.inf
     values_t = rng.normal(size=(2, n_k))
-    problem = dict(
-        q_cont=q_cont,
-        keys_cont_t=keys_cont_t,
-        q_cat=q_cat,
-        keys_cat_t=keys_cat_t,
-        cat_params=cat_params,
-        log_weights=log_w,
-        values_t=values_t,
-    )
+    problem = problem_arrays(q_cont, keys_cont_t, q_cat, keys_cat_t, cat_params, log_w, values_t)
     for code in (cpu_local.GAUSSIAN, cpu_local.TRICUBE):
         for degree in (0, 1, 2):
             flags = dict(kernel=code, degree=degree, exclude_self=False, missing=True)
@@ -185,31 +195,22 @@ def test_second_passes_equal_cpu(rng, monkeypatch, kernel, degree):
     problem = make_problem(rng, n, n, 2, 2, 3, missing=True, spread=1.0 if kernel == 0 else 0.4)
     problem["q_cont"] = np.ascontiguousarray(problem["keys_cont_t"].T)
     problem["q_cat"] = np.ascontiguousarray(problem["keys_cat_t"].T)
-    flags = dict(kernel=kernel, degree=degree, exclude_self=True, missing=True)
-    beta, g, shift, log_norm, nearest, _ = cpu_local.local_fit(
-        **problem, **flags, ridge=1e-5, want_mfx=False
-    )
-    state = dict(g=g, shift=shift, log_norm=log_norm)
+    flags = dict(kernel=kernel, degree=degree, exclude_self=True, missing=True, ridge=1e-5)
+    fit = cpu_local.local_fit(*groups(cpu_local, problem, **flags), problem["values_t"], False)
     cat_dparams = rng.normal(size=(2, 3))
     out_weights = rng.normal(size=(n, 3))
-    grad = dict(
-        problem,
-        **flags,
-        **state,
-        ridge=1e-5,
-        beta=beta,
-        cat_dparams=cat_dparams,
-        out_weights=out_weights,
+    want, got = (
+        module.local_loo_gradient(
+            *groups(module, problem, **flags), fit, problem["values_t"], cat_dparams, out_weights
+        )
+        for module in (cpu_local, cuda_local)
     )
-    want = cpu_local.local_loo_gradient(**grad)
-    got = cuda_local.local_loo_gradient(**grad)
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-11 * (1 + np.abs(want).max()))
     residuals_t = rng.normal(size=(3, n))
-    sums = dict(problem, **flags, **state, nearest=nearest)
-    sums["residuals_t"] = residuals_t
-    del sums["values_t"]
-    want = cpu_local.local_interval_sums(**sums)
-    got = cuda_local.local_interval_sums(**sums)
+    want, got = (
+        module.local_interval_sums(*groups(module, problem, **flags), fit, residuals_t)
+        for module in (cpu_local, cuda_local)
+    )
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-14)
     assert (got >= 0).all()
 

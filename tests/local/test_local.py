@@ -330,6 +330,26 @@ def test_missing_values_marginalize_their_column():
     assert fit[0] == pytest.approx(y.mean(), rel=1e-12)
 
 
+@pytest.mark.parametrize("d", [3, 4])
+def test_missing_values_local_linear_in_three_and_four_columns(d):
+    """Local-linear with one output and 3-4 continuous columns (the one-pass moment sums
+    over 4-5 terms) reads every column's differences where entries are missing."""
+    rng = np.random.default_rng(18)
+    var_type, counts = "c" * d, [0] * d
+    X = rng.normal(size=(60, d))
+    y = X @ np.arange(1.0, d + 1.0) + 0.1 * np.sin(3 * X[:, 0])
+    Q = rng.normal(scale=0.5, size=(7, d))
+    Xm = X.copy()
+    Xm[rng.random(X.shape) < 0.1] = np.nan
+    bw = np.full(d, 1.2)
+    fit, grad = local_polynomial(
+        Q, Xm, y, bw, 1, var_type=var_type, missing="marginalize", return_gradient=True
+    )
+    ref, coef, _ = naive.local_polynomial_exact(Q, Xm, y, bw, var_type, counts, 1)
+    np.testing.assert_allclose(fit, ref, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(grad, coef[:, 1:], rtol=1e-7, atol=1e-7)
+
+
 # --------------------------------------------------------------------------- exactness
 def test_exclude_self_is_the_leave_one_out_fit():
     rng = np.random.default_rng(9)

@@ -1,0 +1,231 @@
+"""The pair terms of the local-polynomial GPU kernels and each thread's set-up.
+
+The twin of ``nbattn.kernels.local_pairs``: the score of a (query, key) pair and
+its design vector (``pair_function``), the nearest-key fallback
+(``nearest_key``), s'(d) (``dlog_kernel_function``); and what every kernel of
+``nbattn.cuda.local`` and ``nbattn.cuda.local_passes`` does before its key loop:
+the tile of keys in shared memory (``load_tile``, ``tile_floats``), the
+thread's query row (``query_function``), zeroed accumulators (``clear``) and,
+in the second passes, the first pass's state (``pass_state_function``).
+The formulas are in ``nbattn.kernels.local``'s docstring.
+"""
+
+from __future__ import annotations
+
+import math
+
+from numba import cuda
+
+from .. import config
+from .common import compiled, jit
+from .local_args import EPANECHNIKOV, GAUSSIAN, n_terms
+
+
+def design_rows(dc, degree):
+    """Entries of the per-pair design vector: the p terms, and at least 1 + dc (the
+    scaled differences, which the degree-0 marginal effects and the gradient read)."""
+    return max(n_terms(dc, degree), 1 + dc)
+
+
+def tile_floats(dc, dk, n_out):
+    """Floats per key in a tile: its continuous and categorical columns, its log
+    weight and its n_out values."""
+    return dc + dk + 1 + n_out
+
+
+def output_ranges(n_out):
+    """The (first, stop) outputs of each launch: at most ``config.CUDA_MAX_OUTPUTS`` each
+    (the moments, and so g, do not depend on the outputs)."""
+    per_launch = max(1, int(config.CUDA_MAX_OUTPUTS))
+    return [(c0, min(n_out, c0 + per_launch)) for c0 in range(0, n_out, per_launch)]
+
+
+# --------------------------------------------------------------------------- device functions
+
+
+def dlog_kernel_function(kernel):
+    """The device function ``dlog_kernel(d)`` for the continuous kernel ``kernel``."""
+
+    @jit(device=True, inline=True)
+    def dlog_kernel(d):
+        """s'(d), the derivative of log K(d) (0 outside a compact support)."""
+        if kernel == GAUSSIAN:
+            return -d
+        if kernel == EPANECHNIKOV:
+            d2 = d * d
+            if d2 >= 1.0:
+                return 0.0
+            return -2.0 * d / (1.0 - d2)
+        a = abs(d)
+        a3 = a * a * a
+        if a3 >= 1.0:
+            return 0.0
+        return -9.0 * d * a / (1.0 - a3)
+
+    return dlog_kernel
+
+
+def _make_pair(dc, dk, kernel, degree, missing):
+    p = n_terms(dc, degree)
+    weight_row = dc + dk
+    minus_inf = -math.inf
+
+    @jit(device=True, inline=True)
+    def pair_score(tile, block_k, jj, q_cont_row, q_cat_row, cat, x):
+        """The score s_j of the key in column ``jj`` of the tile, and its design vector.
+
+        Tile rows: 0..dc-1 the scaled continuous columns, dc..dc+dk-1 the
+        categorical codes, dc+dk the log weight. ``cat`` (dk, 3) holds (a, b, t)
+        per categorical column (``cat_params``). Fills x[0] = 1, x[1 + c] = d_jc (0 where
+        missing) and, for degree 2, the products d_jc d_jc' (c <= c').
+        """
+        s = tile[weight_row * block_k + jj]
+        if kernel == GAUSSIAN:
+            for c in range(dc):
+                d = tile[c * block_k + jj] - q_cont_row[c]
+                if missing and d != d:  # missing on either side: the term is left out
+                    d = 0.0
+                x[1 + c] = d
+                s -= 0.5 * d * d
+        elif dc > 0:
+            # compact kernels: the product in the linear domain, one log per pair
+            prod = 1.0
+            for c in range(dc):
+                d = tile[c * block_k + jj] - q_cont_row[c]
+                if missing and d != d:
+                    d = 0.0
+                x[1 + c] = d
+                if kernel == EPANECHNIKOV:
+                    f = 1.0 - d * d
+                else:
+                    a = abs(d)
+                    f = 1.0 - a * a * a
+                    f = f * f * f
+                prod *= f if f > 0.0 else 0.0
+            s += math.log(prod) if prod > 0.0 else minus_inf
+        for k in range(dk):
+            qk = q_cat_row[k]
+            if missing and qk != qk:
+                continue
+            xk = tile[(dc + k) * block_k + jj]
+            if xk == qk:
+                s += cat[k, 0]
+            elif xk == xk:  # not missing
+                if cat[k, 2] == 0.0:
+                    s += cat[k, 1]
+                else:
+                    # |x - q| >= 1 where codes differ, so t = -inf (l = 0) never meets 0
+                    gap = abs(xk - qk)
+                    s += cat[k, 1] + cat[k, 2] * (gap if gap > 1.0 else 1.0)
+        x[0] = 1.0
+        if degree >= 2 and p > 1:
+            t = 1 + dc
+            for c in range(dc):
+                for c2 in range(c, dc):
+                    x[t] = x[1 + c] * x[1 + c2]
+                    t += 1
+        return s
+
+    return pair_score
+
+
+def pair_function(dc, dk, kernel, degree, missing):
+    """The device function ``pair_score`` for these compile-time sizes and flags."""
+    key = ("local_pair", int(dc), int(dk), int(kernel), int(degree), bool(missing))
+    return compiled(
+        key, lambda: _make_pair(int(dc), int(dk), int(kernel), int(degree), bool(missing))
+    )
+
+
+@jit(device=True, inline=True)
+def load_tile(tile, block_k, j0, nb, keys_cont_t, keys_cat_t, log_weights, values_t):
+    """Keys j0:j0 + nb into the tile: continuous rows, categorical rows, the log
+    weight, then the values (or residuals) rows; consecutive threads on
+    consecutive keys (coalesced). The caller synchronises."""
+    dc = keys_cont_t.shape[0]
+    dk = keys_cat_t.shape[0]
+    for jj in range(cuda.threadIdx.x, nb, cuda.blockDim.x):
+        for f in range(dc):
+            tile[f * block_k + jj] = keys_cont_t[f, j0 + jj]
+        for f in range(dk):
+            tile[(dc + f) * block_k + jj] = keys_cat_t[f, j0 + jj]
+        tile[(dc + dk) * block_k + jj] = log_weights[j0 + jj]
+        for f in range(values_t.shape[0]):
+            tile[(dc + dk + 1 + f) * block_k + jj] = values_t[f, j0 + jj]
+
+
+@jit(device=True)
+def nearest_key(i, q_cont, keys_cont_t, q_cat, keys_cat_t, log_weights, exclude_self):
+    """The admissible key nearest query i: fewest unequal categories, then the
+    smallest sum of squared scaled differences (missing entries ignored), the
+    first on ties; -1 when no key is admissible. A rare path: global reads."""
+    n_k = log_weights.shape[0]
+    best = -1
+    best_mis = math.inf
+    best_dist = math.inf
+    for j in range(n_k):
+        if log_weights[j] == -math.inf or (exclude_self and j == i):
+            continue
+        mis = 0.0
+        for k in range(keys_cat_t.shape[0]):
+            xk = keys_cat_t[k, j]
+            qk = q_cat[i, k]
+            if xk == xk and qk == qk and xk != qk:
+                mis += 1.0
+        dist = 0.0
+        for c in range(keys_cont_t.shape[0]):
+            d = keys_cont_t[c, j] - q_cont[i, c]
+            if d == d:
+                dist += d * d
+        if mis < best_mis or (mis == best_mis and dist < best_dist):
+            best = j
+            best_mis = mis
+            best_dist = dist
+    return best
+
+
+def query_function(dc, dk):
+    """The device function ``load_query`` that loads a thread's query row (compile-time
+    sizes: the row stays in registers; the categorical terms, the same for every
+    thread, are read from global memory, where all threads of a warp share one load)."""
+
+    @jit(device=True, inline=True)
+    def load_query(i, active, q_cont, q_cat, q_cont_row, q_cat_row):
+        for c in range(dc):
+            q_cont_row[c] = q_cont[i, c] if active else 0.0
+        for k in range(dk):
+            q_cat_row[k] = q_cat[i, k] if active else 0.0
+
+    return load_query
+
+
+@jit(device=True, inline=True)
+def clear(values):
+    """Zero a thread's local accumulator array (1-D)."""
+    for t in range(values.shape[0]):
+        values[t] = 0.0
+
+
+def _make_pass_state(p):
+    minus_inf = -math.inf
+
+    @jit(device=True, inline=True)
+    def load_pass_state(i, in_range, g, shift, log_norm, g_row):
+        """The first pass's state of query i for a second pass: g_i into ``g_row`` and
+        (active, offset) with active = the fit did not fall back (log_norm > -inf) and
+        offset = shift_i + log_norm_i, so that p_j = exp(s_j - offset)."""
+        active = False
+        offset = 0.0
+        if in_range:
+            active = log_norm[i] != minus_inf
+            offset = shift[i] + log_norm[i]
+        for t in range(p):
+            g_row[t] = g[i, t] if in_range else 0.0
+        return active, offset
+
+    return load_pass_state
+
+
+def pass_state_function(p):
+    """The device function ``load_pass_state`` for p terms."""
+    return compiled(("local_pass_state", int(p)), lambda: _make_pass_state(int(p)))

@@ -1,0 +1,253 @@
+"""The weighted moment sums of the local-polynomial fit and its small solve (CPU).
+
+Per block of keys, with the block's scores s_j and the running maximum m of
+the online softmax (``nbattn.kernels.local``), the first pass adds
+
+    M_ab += sum_j w_j x_ja x_jb,    V_ao += sum_j w_j x_ja y_jo,    w_j = exp(s_j - m)
+
+(a <= b; x_j0 = 1) to the query's moments. Three ways, by case:
+
+* :func:`constant_moments`: the local constant with one output, one pass
+  for l = sum_j w_j and sum_j w_j y_j;
+* ``fused_moments``: one output and p = 2 to 5 terms (local-linear in 1-4
+  columns, local-quadratic in one), every moment of the block in one pass
+  with register accumulators. Its source is generated per p from one
+  template (:func:`fused_moments_source`, shown for p = 3 in its docstring):
+  numba keeps scalars in registers but not arrays, so each moment needs a
+  variable of its own;
+* :func:`design_moments`: any p and outputs, w_j stored over the scores,
+  then one vectorised dot product per moment.
+
+:func:`score_derivative_sums` adds the sums of the local-constant marginal
+effects, and :func:`solve` solves the normalised system for g and beta.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .. import config
+from .fastmath import fast_exp
+from .local_pairs import dlog_kernel
+
+_PIVOT_TOL = config.LOCAL_PIVOT_TOL
+
+#: The term counts that ``fused_moments`` handles in one pass (more would spill registers).
+FUSED_TERMS = (2, 3, 4, 5)
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def constant_moments(scores, y, nb, m, moments, rhs):
+    """The local constant with one output: l and sum_j w_j y_j in one pass."""
+    total = 0.0
+    acc = 0.0
+    for j in range(nb):
+        w = fast_exp(scores[j] - m)
+        total += w
+        acc += w * y[j]
+    moments[0, 0] += total
+    rhs[0, 0] += acc
+
+
+def fused_moments_source(term_counts=FUSED_TERMS):
+    """The source of ``fused_moments(scores, rows, offsets, y, nb, m, p, moments, rhs)``.
+
+    One branch per p in ``term_counts`` (the last one the ``else``). Term t >= 1
+    of key j is ``rows[t - 1][j] - offsets[t - 1]``: the key rows and the query's
+    coordinates (the differences computed here, never stored), or the design
+    rows and zeros. The branch for p = 3 reads::
+
+        s00 = s01 = s02 = s11 = s12 = s22 = v0 = v1 = v2 = 0.0
+        x1 = rows[0]
+        o1 = offsets[0]
+        x2 = rows[1]
+        o2 = offsets[1]
+        for j in range(nb):
+            w = fast_exp(scores[j] - m)
+            d1 = x1[j] - o1
+            d2 = x2[j] - o2
+            wd1 = w * d1
+            wd2 = w * d2
+            s00 += w
+            s01 += wd1
+            s02 += wd2
+            s11 += wd1 * d1
+            s12 += wd1 * d2
+            s22 += wd2 * d2
+            wy = w * y[j]
+            v0 += wy
+            v1 += wy * d1
+            v2 += wy * d2
+        moments[0, 0] += s00
+        ...
+        rhs[2, 0] += v2
+    """
+    lines = ["def fused_moments(scores, rows, offsets, y, nb, m, p, moments, rhs):"]
+    for case, p in enumerate(term_counts):
+        if case == 0:
+            lines.append(f"    if p == {p}:")
+        elif case < len(term_counts) - 1:
+            lines.append(f"    elif p == {p}:")
+        else:
+            lines.append("    else:")
+        terms = range(1, p)
+        pairs = [(a, b) for a in range(p) for b in range(a, p)]
+        sums = [f"s{a}{b}" for a, b in pairs] + [f"v{a}" for a in range(p)]
+        body = [" = ".join(sums) + " = 0.0"]
+        for t in terms:
+            body += [f"x{t} = rows[{t - 1}]", f"o{t} = offsets[{t - 1}]"]
+        body.append("for j in range(nb):")
+        loop = ["w = fast_exp(scores[j] - m)"]
+        loop += [f"d{t} = x{t}[j] - o{t}" for t in terms]
+        loop += [f"wd{t} = w * d{t}" for t in terms]
+        loop += [f"s0{b} += " + ("w" if b == 0 else f"wd{b}") for b in range(p)]
+        loop += [f"s{a}{b} += wd{a} * d{b}" for a, b in pairs if a > 0]
+        # the products (w d) y for one difference, (w y) d for more: the forms of the
+        # hand-written sums this replaced, so that the results stay bit for bit the same
+        if p == 2:
+            loop += ["v0 += w * y[j]", "v1 += wd1 * y[j]"]
+        else:
+            loop += ["wy = w * y[j]", "v0 += wy"] + [f"v{t} += wy * d{t}" for t in terms]
+        body += ["    " + line for line in loop]
+        body += [f"moments[{a}, {b}] += s{a}{b}" for a, b in pairs]
+        body += [f"rhs[{a}, 0] += v{a}" for a in range(p)]
+        lines += ["        " + line for line in body]
+    return "\n".join(lines) + "\n"
+
+
+def _compile_fused_moments():
+    namespace = {"fast_exp": fast_exp}
+    # compiled under this file's name: numba's disk cache keys a function by its source file
+    exec(compile(fused_moments_source(), __file__, "exec"), namespace)  # noqa: S102
+    function = namespace["fused_moments"]
+    function.__doc__ = (
+        "All moments of a block in one pass with register accumulators, for one output "
+        "and p in FUSED_TERMS (the source: ``fused_moments_source``)."
+    )
+    return njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")(function)
+
+
+fused_moments = _compile_fused_moments()
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def design_moments(scores, design, values_t, j0, nb, m, p, wx, moments, rhs):
+    """Any p and outputs: w_j over ``scores``, then one dot product per moment
+    (``wx`` is scratch, ``design`` the block's design rows)."""
+    n_out = values_t.shape[0]
+    total = 0.0
+    for j in range(nb):
+        w = fast_exp(scores[j] - m)
+        scores[j] = w
+        total += w
+    moments[0, 0] += total
+    for o in range(n_out):
+        yo = values_t[o, j0 : j0 + nb]
+        acc = 0.0
+        for j in range(nb):
+            acc += scores[j] * yo[j]
+        rhs[0, o] += acc
+    for a in range(1, p):
+        # wx[j] = w_j x_ja, then one dot product per moment
+        xa = design[a]
+        for j in range(nb):
+            wx[j] = scores[j] * xa[j]
+        acc = 0.0
+        for j in range(nb):
+            acc += wx[j]
+        moments[0, a] += acc
+        for b in range(a, p):
+            xb = design[b]
+            acc = 0.0
+            for j in range(nb):
+                acc += wx[j] * xb[j]
+            moments[a, b] += acc
+        for o in range(n_out):
+            yo = values_t[o, j0 : j0 + nb]
+            acc = 0.0
+            for j in range(nb):
+                acc += wx[j] * yo[j]
+            rhs[a, o] += acc
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def score_derivative_sums(scores, design, values_t, j0, nb, kernel, dsum, dysum):
+    """The local-constant marginal effects' sums, after :func:`design_moments` left
+    w_j in ``scores``: dsum_c += sum_j w_j ds_jc and dysum_co += sum_j w_j ds_jc y_jo
+    with ds_jc = -s'(d_jc), the score's derivative with respect to q_c (the design
+    rows of the differences are overwritten)."""
+    n_out = values_t.shape[0]
+    for c in range(dsum.shape[0]):
+        row = design[1 + c]
+        acc = 0.0
+        for j in range(nb):
+            ds = -dlog_kernel(row[j], kernel)
+            row[j] = ds * scores[j]
+            acc += row[j]
+        dsum[c] += acc
+        for o in range(n_out):
+            yo = values_t[o, j0 : j0 + nb]
+            acc = 0.0
+            for j in range(nb):
+                acc += row[j] * yo[j]
+            dysum[c, o] += acc
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def solve(moments, rhs, ridge, g, beta, a, keep, z):
+    """Solve (M + ridge diag(0, M_11, ...)) [g, beta] = [e_1, rhs] by Cholesky; non-positive
+    pivots drop their term (coefficient 0). ``a`` (p, p), ``keep`` (p,) and ``z`` (p,) are
+    scratch (the caller's, so that a query allocates nothing). The factor's diagonal is
+    stored as its reciprocal: one division per term instead of one per entry (the solve is
+    a chain of dependent operations, so its latency, not its flops, is what a query pays)."""
+    p = moments.shape[0]
+    n_out = rhs.shape[1]
+    for t in range(p):  # explicit loops: numba's slice assignment costs more at p <= 10
+        for u in range(p):
+            a[t, u] = moments[t, u]
+        keep[t] = True
+    for t in range(1, p):
+        a[t, t] += ridge * a[t, t]
+    for t in range(p):
+        for u in range(t):
+            if not keep[u]:
+                continue
+            a[t, t] -= a[t, u] * a[t, u]
+        diag_scale = moments[t, t] * (1.0 + ridge)
+        if not (a[t, t] > _PIVOT_TOL * diag_scale) or not (diag_scale > 0.0):
+            keep[t] = False
+            for v in range(t, p):
+                a[v, t] = 0.0
+            continue
+        a[t, t] = 1.0 / np.sqrt(a[t, t])
+        for v in range(t + 1, p):
+            acc = a[v, t]
+            for u in range(t):
+                acc -= a[v, u] * a[t, u]
+            a[v, t] = acc * a[t, t]
+    # forward and back substitution for e_1 and each output
+    for col in range(n_out + 1):
+        for t in range(p):
+            z[t] = 0.0
+        for t in range(p):
+            if not keep[t]:
+                continue
+            acc = (1.0 if t == 0 else 0.0) if col == 0 else rhs[t, col - 1]
+            for u in range(t):
+                acc -= a[t, u] * z[u]
+            z[t] = acc * a[t, t]
+        for t in range(p - 1, -1, -1):
+            if not keep[t]:
+                z[t] = 0.0
+                continue
+            acc = z[t]
+            for u in range(t + 1, p):
+                acc -= a[u, t] * z[u]
+            z[t] = acc * a[t, t]
+        if col == 0:
+            for t in range(p):
+                g[t] = z[t]
+        else:
+            for t in range(p):
+                beta[t, col - 1] = z[t]

@@ -1,0 +1,195 @@
+"""The pair terms of the local-polynomial kernels (CPU): scores and design rows of a key block.
+
+For query i and key j the score is the log of the product kernel (the formulas
+are in ``nbattn.kernels.local``'s docstring),
+
+    s_j = log w_j + sum_c log K(d_jc) + sum_k (a_k if equal else b_k + t_k |q_k - k_jk|),
+
+with d_jc = k_jc - q_ic (the columns are already divided by their widths), and
+the local design x_j = (1, d_j, [d_jc d_jc' for c <= c']). :func:`block_scores`
+computes both for one block of keys (vectorised loops over the keys, one
+column at a time); :func:`nearest_key` is the fallback of a query that no key
+reaches; :func:`dlog_kernel` is s'(d), which the marginal effects and the
+width gradient read.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .. import config
+from .fastmath import fmax
+from .local_args import EPANECHNIKOV, GAUSSIAN
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def dlog_kernel(d, kernel):
+    """s'(d), the derivative of log K(d) (0 outside a compact support)."""
+    if kernel == GAUSSIAN:
+        return -d
+    if kernel == EPANECHNIKOV:
+        d2 = d * d
+        if d2 >= 1.0:
+            return 0.0
+        return -2.0 * d / (1.0 - d2)
+    a = abs(d)
+    a3 = a * a * a
+    if a3 >= 1.0:
+        return 0.0
+    return -9.0 * d * a / (1.0 - a3)
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def block_scores(i, j0, nb, data, model, weighted, store_design, scores, design):
+    """Scores of keys j0 .. j0+nb-1 for query i into ``scores``, the scaled differences
+    into ``design[1 : 1 + dc]`` (0 where missing) and the quadratic terms after them
+    (``design[0]`` is scratch: the constant term is implicit).
+
+    ``data`` and ``model``: the ``LocalData`` and ``LocalModel`` groups.
+    ``weighted``: whether ``log_weights`` holds anything but zeros. With
+    ``store_design`` False (only without missing values) the design rows are
+    left unwritten: the caller reads the differences from the keys itself.
+    Returns the block's maximum score (-inf when no key is admissible).
+    """
+    q_cont, keys_cont_t = data.q_cont, data.keys_cont_t
+    q_cat, keys_cat_t, log_weights = data.q_cat, data.keys_cat_t, data.log_weights
+    cat_params, kernel, degree = model.cat_params, model.kernel, model.degree
+    exclude_self, missing = model.exclude_self, model.missing
+    dc = keys_cont_t.shape[0]
+    dk = keys_cat_t.shape[0]
+    if weighted:
+        for j in range(nb):
+            scores[j] = log_weights[j0 + j]
+    else:
+        for j in range(nb):
+            scores[j] = 0.0
+    if kernel == GAUSSIAN:
+        for c in range(dc):
+            qc = q_cont[i, c]
+            kc = keys_cont_t[c, j0 : j0 + nb]
+            row = design[1 + c]
+            if missing:
+                if qc != qc:
+                    for j in range(nb):
+                        row[j] = 0.0
+                    continue
+                for j in range(nb):
+                    d = kc[j] - qc
+                    if d != d:
+                        d = 0.0
+                    row[j] = d
+                    scores[j] -= 0.5 * d * d
+            elif store_design:
+                for j in range(nb):
+                    d = kc[j] - qc
+                    row[j] = d
+                    scores[j] -= 0.5 * d * d
+            else:
+                for j in range(nb):
+                    d = kc[j] - qc
+                    scores[j] -= 0.5 * d * d
+    elif dc > 0:
+        # Compact kernels: the product in the linear domain, one log per pair.
+        prod = design[0]
+        for j in range(nb):
+            prod[j] = 1.0
+        for c in range(dc):
+            qc = q_cont[i, c]
+            kc = keys_cont_t[c, j0 : j0 + nb]
+            row = design[1 + c]
+            if missing and qc != qc:
+                for j in range(nb):
+                    row[j] = 0.0
+                continue
+            for j in range(nb):
+                d = kc[j] - qc
+                if missing and d != d:
+                    d = 0.0
+                if store_design:
+                    row[j] = d
+                if kernel == EPANECHNIKOV:
+                    f = 1.0 - d * d
+                else:
+                    a = abs(d)
+                    f = 1.0 - a * a * a
+                    f = f * f * f
+                prod[j] *= f if f > 0.0 else 0.0
+        for j in range(nb):
+            scores[j] += np.log(prod[j]) if prod[j] > 0.0 else -np.inf
+    for k in range(dk):
+        qk = q_cat[i, k]
+        if missing and qk != qk:
+            continue
+        a_eq = cat_params[k, 0]
+        b_ne = cat_params[k, 1]
+        t_step = cat_params[k, 2]
+        kk = keys_cat_t[k, j0 : j0 + nb]
+        if missing:
+            for j in range(nb):
+                x = kk[j]
+                if x == qk:
+                    scores[j] += a_eq
+                elif x == x:  # not missing
+                    scores[j] += b_ne + t_step * fmax(abs(x - qk), 1.0)
+        elif t_step == 0.0:
+            for j in range(nb):
+                scores[j] += a_eq if kk[j] == qk else b_ne
+        else:
+            # |x - q| >= 1 where the codes differ, so t = -inf (l = 0) never meets 0 there
+            for j in range(nb):
+                x = kk[j]
+                scores[j] += a_eq if x == qk else b_ne + t_step * fmax(abs(x - qk), 1.0)
+    if exclude_self and j0 <= i < j0 + nb:
+        scores[i - j0] = -np.inf
+    p = design.shape[0]
+    if degree >= 2 and p > 1:
+        t = 1 + dc
+        for c in range(dc):
+            for c2 in range(c, dc):
+                for j in range(nb):
+                    design[t, j] = design[1 + c, j] * design[1 + c2, j]
+                t += 1
+    best = -np.inf
+    for j in range(nb):
+        best = fmax(best, scores[j])  # maxnum vectorises; scores are never NaN
+    return best
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def any_weight(log_weights):
+    """Whether any key has a log weight other than 0 (the unweighted case skips them)."""
+    for j in range(log_weights.shape[0]):
+        if log_weights[j] != 0.0:
+            return True
+    return False
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def nearest_key(i, data, exclude_self):
+    """The admissible key nearest query i: fewest unequal categories, then smallest
+    sum of squared scaled differences (missing entries ignored), the first on ties;
+    -1 when no key is admissible."""
+    q_cont, keys_cont_t = data.q_cont, data.keys_cont_t
+    q_cat, keys_cat_t, log_weights = data.q_cat, data.keys_cat_t, data.log_weights
+    n_k = log_weights.shape[0]
+    best = -1
+    best_mis = np.inf
+    best_dist = np.inf
+    for j in range(n_k):
+        if log_weights[j] == -np.inf or (exclude_self and j == i):
+            continue
+        mis = 0.0
+        for k in range(keys_cat_t.shape[0]):
+            x = keys_cat_t[k, j]
+            qk = q_cat[i, k]
+            if x == x and qk == qk and x != qk:
+                mis += 1.0
+        dist = 0.0
+        for c in range(keys_cont_t.shape[0]):
+            d = keys_cont_t[c, j] - q_cont[i, c]
+            if d == d:
+                dist += d * d
+        if mis < best_mis or (mis == best_mis and dist < best_dist):
+            best, best_mis, best_dist = j, mis, dist
+    return best

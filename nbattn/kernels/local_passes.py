@@ -1,0 +1,198 @@
+"""The second passes of the local-polynomial fit (CPU): the width gradient and the interval sums.
+
+Both walk the keys again with the first pass's state (``LocalFit``: the
+running maximum ``shift``, ``log_norm`` = log l and g = (M/l + R)^-1 e_1) and
+recompute each pair's normalised weight and design,
+
+    p_j = exp(s_j - shift - log_norm),    l_j = p_j (g . x_j)
+
+(l_j the equivalent-kernel weight: fit = sum_j l_j y_j), so nothing of size
+queries x keys is held. ``local_loo_gradient`` feeds the width search
+(``nbattn.local.widths``), ``local_interval_sums`` the sandwich variance of
+``nbattn.local.engine.local_prediction_interval``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from .. import config
+from .fastmath import fast_exp
+from .local_pairs import any_weight, block_scores, dlog_kernel
+
+_KEY_BLOCK = config.KEY_BLOCK
+_QUERY_BLOCK = config.QUERY_BLOCK
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, parallel=True)
+def local_loo_gradient(data, model, fit, values_t, cat_dparams, out_weights):
+    """The second pass: per query sum_o e_o d fit_o / d theta for every width parameter.
+
+    theta = (log h_1 .. log h_dc, t_1 .. t_dk): log widths of the continuous
+    columns, then one parameter per categorical column whose score terms have
+    the derivatives ``cat_dparams[k] = (da, db, dt)`` (``nbattn.kernels.local``'s
+    docstring has a, b, t). With p_j the normalised weights, x_j the design, c_j = g . x_j,
+    r_jo = y_jo - beta_o . x_j and ds_j the score's derivative,
+
+        d fit_o = sum_j dp_j [c_j r_jo - ridge sum_{t>=1} g_t beta_to x_jt^2],
+        dp_j    = p_j (ds_j - sum_k p_k ds_k)
+
+    (the derivative of (M/l + R)^-1 V/l, R the relative ridge). Queries that fell
+    back to their nearest key (log_norm = -inf) have zero derivative.
+    Returns (n_q, dc + dk).
+    """
+    q_cont, keys_cont_t = data.q_cont, data.keys_cont_t
+    q_cat, keys_cat_t, log_weights = data.q_cat, data.keys_cat_t, data.log_weights
+    kernel, ridge, missing = model.kernel, model.ridge, model.missing
+    beta, g, shift, log_norm = fit.beta, fit.g, fit.shift, fit.log_norm
+    n_q = q_cont.shape[0]
+    dc = keys_cont_t.shape[0]
+    dk = keys_cat_t.shape[0]
+    n_k = log_weights.shape[0]
+    weighted = any_weight(log_weights)
+    n_out = values_t.shape[0]
+    p = beta.shape[1]
+    n_par = dc + dk
+    out = np.zeros((n_q, n_par))
+    n_chunks = (n_q + _QUERY_BLOCK - 1) // _QUERY_BLOCK
+    for chunk in prange(n_chunks):
+        scores = np.empty(_KEY_BLOCK)
+        design = np.empty((max(p, 1 + dc), _KEY_BLOCK))
+        coef = np.empty(_KEY_BLOCK)
+        cvec = np.empty(_KEY_BLOCK)
+        fitted = np.empty(_KEY_BLOCK)
+        pen = np.empty(_KEY_BLOCK)
+        a_sum = np.empty(n_par)
+        s_sum = np.empty(n_par)
+        stop = min(n_q, (chunk + 1) * _QUERY_BLOCK)
+        for i in range(chunk * _QUERY_BLOCK, stop):
+            if log_norm[i] == -np.inf:
+                continue
+            a_sum[:] = 0.0
+            s_sum[:] = 0.0
+            a_total = 0.0
+            offset = shift[i] + log_norm[i]
+            for j0 in range(0, n_k, _KEY_BLOCK):
+                nb = min(_KEY_BLOCK, n_k - j0)
+                block_max = block_scores(i, j0, nb, data, model, weighted, True, scores, design)
+                if block_max == -np.inf:
+                    continue
+                for j in range(nb):
+                    scores[j] = fast_exp(scores[j] - offset)
+                # coef_j = p_j sum_o e_o [c_j r_jo - ridge sum_t g_t beta_to x_jt^2]
+                for j in range(nb):
+                    cvec[j] = g[i, 0]
+                    coef[j] = 0.0
+                for t in range(1, p):
+                    gt = g[i, t]
+                    xt = design[t]
+                    for j in range(nb):
+                        cvec[j] += gt * xt[j]
+                for o in range(n_out):
+                    e = out_weights[i, o]
+                    if e == 0.0:
+                        continue
+                    y = values_t[o, j0 : j0 + nb]
+                    b0 = beta[i, 0, o]
+                    for j in range(nb):
+                        fitted[j] = b0
+                        pen[j] = 0.0
+                    for t in range(1, p):
+                        bt = beta[i, t, o]
+                        gbt = g[i, t] * bt
+                        xt = design[t]
+                        for j in range(nb):
+                            fitted[j] += bt * xt[j]
+                            pen[j] += gbt * xt[j] * xt[j]
+                    for j in range(nb):
+                        coef[j] += e * (cvec[j] * (y[j] - fitted[j]) - ridge * pen[j])
+                for j in range(nb):
+                    coef[j] *= scores[j]
+                    a_total += coef[j]
+                for c in range(dc):
+                    qc = q_cont[i, c]
+                    if missing and qc != qc:
+                        continue
+                    row = design[1 + c]
+                    acc_a = 0.0
+                    acc_s = 0.0
+                    for j in range(nb):
+                        d = row[j]
+                        ds = -d * dlog_kernel(d, kernel)
+                        acc_a += coef[j] * ds
+                        acc_s += scores[j] * ds
+                    a_sum[c] += acc_a
+                    s_sum[c] += acc_s
+                for k in range(dk):
+                    qk = q_cat[i, k]
+                    if missing and qk != qk:
+                        continue
+                    da = cat_dparams[k, 0]
+                    db = cat_dparams[k, 1]
+                    dt = cat_dparams[k, 2]
+                    acc_a = 0.0
+                    acc_s = 0.0
+                    for j in range(nb):
+                        x = keys_cat_t[k, j0 + j]
+                        if x == qk:
+                            ds = da
+                        elif x == x:
+                            ds = db + dt * abs(x - qk)
+                        else:
+                            ds = 0.0
+                        acc_a += coef[j] * ds
+                        acc_s += scores[j] * ds
+                    a_sum[dc + k] += acc_a
+                    s_sum[dc + k] += acc_s
+            for t in range(n_par):
+                out[i, t] = a_sum[t] - a_total * s_sum[t]
+    return out
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, parallel=True)
+def local_interval_sums(data, model, fit, residuals_t):
+    """Per query and output sum_j l_j^2 r_jo^2, with l_j = p_j (g . x_j) the
+    equivalent-kernel weights of the first pass ``fit`` (the nearest key's weight is 1
+    for a query that fell back). ``residuals_t`` (n_out, n_k). Returns (n_q, n_out).
+    """
+    q_cont, keys_cont_t, log_weights = data.q_cont, data.keys_cont_t, data.log_weights
+    g, shift, log_norm, nearest = fit.g, fit.shift, fit.log_norm, fit.nearest
+    n_q = q_cont.shape[0]
+    dc = keys_cont_t.shape[0]
+    n_k = log_weights.shape[0]
+    weighted = any_weight(log_weights)
+    n_out = residuals_t.shape[0]
+    p = g.shape[1]
+    out = np.zeros((n_q, n_out))
+    n_chunks = (n_q + _QUERY_BLOCK - 1) // _QUERY_BLOCK
+    for chunk in prange(n_chunks):
+        scores = np.empty(_KEY_BLOCK)
+        design = np.empty((max(p, 1 + dc), _KEY_BLOCK))
+        stop = min(n_q, (chunk + 1) * _QUERY_BLOCK)
+        for i in range(chunk * _QUERY_BLOCK, stop):
+            if log_norm[i] == -np.inf:
+                near = nearest[i]
+                if near >= 0:
+                    for o in range(n_out):
+                        out[i, o] = residuals_t[o, near] ** 2
+                continue
+            offset = shift[i] + log_norm[i]
+            for j0 in range(0, n_k, _KEY_BLOCK):
+                nb = min(_KEY_BLOCK, n_k - j0)
+                block_max = block_scores(i, j0, nb, data, model, weighted, True, scores, design)
+                if block_max == -np.inf:
+                    continue
+                for j in range(nb):
+                    cj = g[i, 0]
+                    for t in range(1, p):
+                        cj += g[i, t] * design[t, j]
+                    lj = fast_exp(scores[j] - offset) * cj
+                    scores[j] = lj * lj
+                for o in range(n_out):
+                    r = residuals_t[o, j0 : j0 + nb]
+                    acc = 0.0
+                    for j in range(nb):
+                        acc += scores[j] * r[j] * r[j]
+                    out[i, o] += acc
+    return out
