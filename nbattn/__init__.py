@@ -35,18 +35,18 @@ _PUBLIC = {
     "flash_attention_varlen": "attn.varlen",
     "flash_attention_varlen_backward": "attn.varlen",
     "flash_decode": "attn.decode",
-    "hierarchical_attention": "attn.attention",
+    "hierarchical_attention": "attn.hierarchical",
     "load": "persistence.modelfile",
     "local_polynomial": "local.engine",
-    "log_softmax": "attn.attention",
+    "log_softmax": "attn.softmax",
     "loo_bandwidth": "smoothing.width_search",
     "loo_loss": "smoothing.loo",
     "loo_loss_and_grad": "smoothing.loo",
-    "masked_softmax": "attn.attention",
-    "multi_head_attention": "attn.attention",
+    "masked_softmax": "attn.softmax",
+    "multi_head_attention": "attn.multihead",
     "nadaraya_watson": "smoothing.regression",
     "save": "persistence.modelfile",
-    "softmax": "attn.attention",
+    "softmax": "attn.softmax",
 }
 
 #: The public names above, the public submodules and the version. The same
@@ -146,17 +146,13 @@ if not any(isinstance(finder, _AliasFinder) for finder in sys.meta_path):
 
 if TYPE_CHECKING:
     from .attn import positional, scores
-    from .attn.attention import (
-        attention,
-        hierarchical_attention,
-        log_softmax,
-        masked_softmax,
-        multi_head_attention,
-        softmax,
-    )
+    from .attn.attention import attention
     from .attn.decode import KVCache, flash_decode
     from .attn.flash import flash_attention, flash_attention_backward
+    from .attn.hierarchical import hierarchical_attention
     from .attn.layers import MultiHeadAttention, SelfAttention
+    from .attn.multihead import multi_head_attention
+    from .attn.softmax import log_softmax, masked_softmax, softmax
     from .attn.varlen import flash_attention_varlen, flash_attention_varlen_backward
     from .estimators.classifier import NadarayaWatsonClassifier
     from .estimators.regressors import (

@@ -116,9 +116,9 @@ def merge_partial(a, b):
     ``out`` (n_queries, n_outputs) normalised within its shard, ``lse``
     (n_queries,) its log normaliser; -inf marks a shard with no admissible key.
     The one log-sum-exp merge of the package,
-    :func:`nbattn.attn.attention.merge_attention_states`.
+    :func:`nbattn.attn.softmax.merge_attention_states`.
     """
-    from ..attn.attention import merge_attention_states
+    from ..attn.softmax import merge_attention_states
 
     return merge_attention_states(a[0], a[1], b[0], b[1])
 

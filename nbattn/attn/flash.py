@@ -85,8 +85,8 @@ from .flash_args import (
     has_band,
     kv_layout,
     mask_arrays,
-    mask_as_bias,
 )
+from .masks import mask_as_bias
 
 __all__ = [
     "flash_attention",
@@ -183,7 +183,7 @@ def _layout(q, k, v, kw: Keywords, scale, mask, key_bias=None, alibi_slopes=None
     scale = check_scale(scale, q.shape[-1])
     check_dot_range(q, k, scale * LOG2E, dtype)
     n_q, n_k = q.shape[-2], k.shape[-2]
-    bias = None if mask is None else mask_as_bias(mask, n_q, n_k, dtype=dtype)
+    bias = mask_as_bias(mask, (n_q, n_k), dtype=dtype)
     if key_bias is not None:
         kb = _key_bias_mask(key_bias, n_k)
         bias = kb if bias is None else bias + kb

@@ -185,40 +185,6 @@ def kv_layout(q_shape, k_shape, v_shape, enable_gqa, extra_leads=()):
 
 
 # --------------------------------------------------------------------------- masks
-def mask_as_bias(mask, n_q: int, n_k: int, name: str = "mask", dtype=np.float64) -> np.ndarray:
-    """A boolean (True = may attend) or float (added) mask as a float (..., LM, SM) array.
-
-    LM in {1, L} and SM in {1, S}; -inf excludes. A boolean mask becomes
-    0 / -inf in ``dtype`` (exact); a float mask keeps its own float32 or
-    float64 (shifts of huge values are taken in float64). A ValueError names
-    ``name`` for other dtypes, NaN or +inf, and shapes that do not broadcast
-    to (..., L, S).
-    """
-    try:
-        arr = np.asarray(mask)
-    except Exception as exc:
-        raise ValueError(f"{name} could not be converted to an array: {exc}") from exc
-    if arr.size == 0:
-        raise ValueError(f"{name} is empty (shape {arr.shape})")
-    if arr.dtype.kind == "b":
-        bias = np.where(arr, dtype(0.0), dtype(-np.inf))
-    elif arr.dtype.kind == "f":
-        bias = as_float_array(arr, name, allow_neg_inf=True)
-    else:
-        raise ValueError(
-            f"{name} must be boolean (True = attend) or float (added to the scores), "
-            f"got dtype {arr.dtype}"
-        )
-    if bias.ndim < 2:
-        bias = bias.reshape((1,) * (2 - bias.ndim) + bias.shape)
-    if bias.shape[-2] not in (1, n_q) or bias.shape[-1] not in (1, n_k):
-        raise ValueError(
-            f"{name} has shape {arr.shape}, which does not broadcast to (..., L, S) = "
-            f"(..., {n_q}, {n_k})"
-        )
-    return bias
-
-
 @dataclass
 class MaskArrays:
     """The kernels' mask: base-2 (BM, LM, SM) in the computation dtype (shape (0, 1, 1)

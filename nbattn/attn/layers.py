@@ -1,4 +1,4 @@
-"""Attention layers: parameter objects over :func:`nbattn.attn.attention.multi_head_attention`.
+"""Attention layers: parameter objects over :func:`nbattn.attn.multihead.multi_head_attention`.
 
 ``MultiHeadAttention`` keeps torch's parameter layout and initialisation
 (``torch.nn.MultiheadAttention``), so weights copy across in either direction
@@ -21,8 +21,8 @@ from __future__ import annotations
 import numpy as np
 
 from .._core.validation import as_float_array, check_bool, check_dtype, check_positive_int
-from .attention import multi_head_attention
 from .decode import KVCache
+from .multihead import multi_head_attention
 
 __all__ = ["MultiHeadAttention", "SelfAttention"]
 

@@ -429,7 +429,8 @@ def _naive_lse(s):
 def test_streaming_kernel_lse_and_key_split_merge(rng):
     # the single entry point of the streaming path returns (out, lse); two key halves
     # merged with merge_attention_states equal attention over all keys
-    from nbattn.attn.attention import _soft_attention, merge_attention_states
+    from nbattn.attn.attention import _soft_attention
+    from nbattn.attn.softmax import merge_attention_states
 
     q, k, v = _qkv(rng, (3,), 6, 11, 4, 2)
     mask = rng.random((6, 11)) > 0.3
@@ -450,7 +451,8 @@ def test_streaming_kernel_lse_and_key_split_merge(rng):
 
 
 def test_submodule_imports():
-    from nbattn.attn.attention import hierarchical_attention, multi_head_attention
+    from nbattn.attn.hierarchical import hierarchical_attention
+    from nbattn.attn.multihead import multi_head_attention
 
     assert hierarchical_attention is nbattn.hierarchical_attention
     assert multi_head_attention is nbattn.multi_head_attention

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import nbattn
-from nbattn.attn.attention import merge_attention_states
+from nbattn.attn.softmax import merge_attention_states
 
 from .. import naive
 
