@@ -27,7 +27,7 @@ unnormalised sums
     full:  M_ab = sum_i sum_{j != i} g_ij (x_ia - x_ja)(x_ib - x_jb)   (d, d)
 
 from which the caller builds the gradient with respect to log-widths or to a
-linear map (see ``nbattn.smoothing.learning``). A two-pass scheme was chosen over one
+linear map (see ``nbattn.smoothing.loo``). A two-pass scheme was chosen over one
 online pass: the online form would carry n_outputs x k running sums per query
 (n_outputs x d x d for the full metric) and rescale all of them whenever the
 running maximum grows; the second pass needs only k (or d x d) accumulators

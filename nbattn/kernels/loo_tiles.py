@@ -54,7 +54,7 @@ rows, the keys the block sees, the sums it adds to), the score choice
 (:data:`ScoreChoice`) and the thread's scratch (:data:`GemmWork`,
 ``loo_fused.PairWork``).
 
-Inside ``prange``, ``np.dot`` calls BLAS: the caller (``nbattn.smoothing.learning``) holds
+Inside ``prange``, ``np.dot`` calls BLAS: the caller (``nbattn.smoothing.tiled_loo``) holds
 BLAS to one thread while the kernel runs.
 """
 
