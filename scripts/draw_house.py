@@ -66,24 +66,34 @@ def main(out: Path) -> None:
             if target in floor_of and floor_of[target] != level:
                 edges[(level, floor_of[target])] += 1
 
-    fig, ax = plt.subplots(figsize=(13, 0.95 * len(floors) + 1.2))
-    width, height, gap = 10.0, 0.8, 0.15
-    for level, floor in enumerate(rooms):
-        y = (len(floors) - 1 - level) * (height + gap)
+    width, gap, line = 10.0, 0.15, 0.13
+    texts = []  # per floor: [(label, wrapped lines)] and the floor's height
+    for floor in rooms:
+        share = (width - 0.2) / len(floor)
+        rooms_text = []
+        for package, members in floor:
+            label = package.removeprefix("nbattn.")
+            label += "" if len(members) <= 1 else f"  ({len(members)} modules)"
+            body = ", ".join(f"{name} {lines}" for name, lines in members)
+            rooms_text.append((label, textwrap.wrap(body, width=max(40, int(share * 17)))))
+        tallest = max(len(wrapped) for _, wrapped in rooms_text)
+        down = sum(1 for s, _ in edges if s == len(texts))
+        texts.append((rooms_text, 0.5 + line * max(tallest, down - 2)))
+    total = sum(h for _, h in texts) + gap * len(texts)
+    fig, ax = plt.subplots(figsize=(13, 1.1 * total + 1.0))
+    y = total
+    for level, (rooms_text, height) in enumerate(texts):
+        y -= height + gap
         ax.add_patch(
             FancyBboxPatch(
                 (0, y), width, height, boxstyle="round,pad=0.02", fc="#f3f1ea", ec="#7a7466"
             )
         )
         x = 0.1
-        share = (width - 0.2) / len(floor)
-        for package, members in floor:
-            short = package.removeprefix("nbattn.")
-            label = short + ("" if len(members) <= 1 else f"  ({len(members)} modules)")
-            ax.text(x, y + height - 0.12, label, fontsize=10, weight="bold", va="top")
-            body = ", ".join(f"{name} {lines}" for name, lines in members)
-            wrapped = textwrap.wrap(body, width=max(40, int(share * 17)))
-            ax.text(x, y + height - 0.36, "\n".join(wrapped), fontsize=7, va="top", color="#444")
+        share = (width - 0.2) / len(rooms_text)
+        for label, wrapped in rooms_text:
+            ax.text(x, y + height - 0.1, label, fontsize=10, weight="bold", va="top")
+            ax.text(x, y + height - 0.3, "\n".join(wrapped), fontsize=7, va="top", color="#444")
             x += share
         down = [
             f"→ {names_of(floors[t])}: {n}" for (s, t), n in sorted(edges.items()) if s == level
@@ -97,7 +107,7 @@ def main(out: Path) -> None:
             color="#555",
         )
     ax.set_xlim(-0.1, width + 3.2)
-    ax.set_ylim(-0.2, len(floors) * (height + gap))
+    ax.set_ylim(-0.1, total + 0.05)
     ax.axis("off")
     ax.set_title(
         "nbattn's floors (pyproject.toml [tool.importlinter]): each imports only the floors"
