@@ -10,7 +10,7 @@ import pytest
 import nbattn
 from nbattn._core import validation as v
 from nbattn.attn import flash, positional, scores
-from nbattn.attn.attention import merge_attention_states
+from nbattn.attn.softmax import merge_attention_states
 
 X = np.arange(6.0).reshape(3, 2)
 Y = np.array([1.0, 2.0, 3.0])
