@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from nbattn import config
 from nbattn.estimators import NadarayaWatsonClassifier
-from nbattn.kernels import loo, pooling
+from nbattn.kernels import loo, loo_1d, pooling
 from nbattn.smoothing import regression
 from nbattn.smoothing.loo import loo_loss
 
@@ -194,8 +194,8 @@ def test_sorted_1d_loo_kernel_with_far_rows(dtype, far):
     y = np.array([5.0, 1.0, 2.0, 3.0, 4.0, 6.0, 7.0])
     zs = np.ascontiguousarray(x / (0.5 * np.sqrt(2.0)), dtype=dtype)
     v_t = np.ascontiguousarray(y[None, :], dtype=dtype)
-    total = loo.loo_squared_error_sorted_1d(
-        zs, v_t, y[:, None], np.arange(x.size), loo.prune_gap_for(dtype)
+    total = loo_1d.loo_squared_error_sorted_1d(
+        zs, v_t, y[:, None], np.arange(x.size), loo_1d.prune_gap_for(dtype)
     )
     # the reference on the kernel's own (scaled, rounded) inputs: x[5] sits within
     # rounding of the midpoint of its neighbours, so the scaling decides that row
