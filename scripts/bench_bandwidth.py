@@ -125,11 +125,11 @@ def _path_counts(X, factors):
     Hermite series (medium and wide) or the one-centre Taylor series; the rule of
     ``loo_1d.SortedCriterion1D.loss``."""
     from nbattn import config
-    from nbattn.kernels import loo
+    from nbattn.kernels import loo_1d as loo_1d_kernels
 
     n = X.shape[0]
     h0 = regression.bandwidth_rule(X)[0]
-    gap = loo.prune_gap_for("float64")
+    gap = loo_1d_kernels.prune_gap_for("float64")
     counts = {"windowed": 0, "boxed": 0, "Taylor": 0}
     for factor in factors:
         span = max(np.ptp(X) / (factor * h0 * np.sqrt(2.0)), 1e-300)

@@ -40,6 +40,7 @@ import numpy as np
 from numba import njit, prange
 
 import nbattn
+import nbattn.smoothing.regression
 from nbattn.kernels.fastmath import fast_exp
 
 
