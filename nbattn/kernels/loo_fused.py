@@ -178,12 +178,13 @@ def _bounded_sums(row, width, total, weighted):
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def shifted_exp_sums(row, best, vals):
-    """row[j] <- w_j = exp(row[j] - best); returns ``(sum_j w_j, sum_j w_j vals[j])``: the
-    exp pass of a row with the weighted sum of its first output, in one loop."""
+def shifted_exp_sums(row, best, vals, width):
+    """row[j] <- w_j = exp(row[j] - best) for j < ``width``; returns ``(sum_j w_j, sum_j
+    w_j vals[j])``: the exp pass of a row with the weighted sum of its first output, in
+    one loop."""
     total = 0.0
     weighted = 0.0
-    for j in range(row.shape[0]):
+    for j in range(width):
         w = fast_exp(row[j] - best)
         row[j] = w
         total += w
@@ -215,7 +216,7 @@ def _shifted_row(z_t, own, keys, at, row):
     best = row_max(row[:width])
     if not best >= -_FAR_SCORE_FLOAT64:
         return best, 0.0, 0.0
-    total, weighted = shifted_exp_sums(row[:width], best, keys_v[0, :width])
+    total, weighted = shifted_exp_sums(row, best, keys_v[0], width)
     return best, total, weighted
 
 

@@ -256,7 +256,7 @@ def _gemm_exp_row(row, query_c, key_sq, keys_v, width):
 def _shifted_exps(row, best, keys_v, width, f_row):
     """row[j] <- exp(row[j] - best), f_row[c] <- sum_j w_j y_jc; returns l = sum_j w_j."""
     if keys_v.shape[0] == 1:  # one fused pass: weights, their sum and the weighted sum
-        total, weighted = shifted_exp_sums(row[:width], best, keys_v[0, :width])
+        total, weighted = shifted_exp_sums(row, best, keys_v[0], width)
         f_row[0] = weighted
         return total
     total = exp_shift_sum(row[:width], best)
