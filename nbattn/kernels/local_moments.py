@@ -118,8 +118,9 @@ def fused_moments_source(term_counts=FUSED_TERMS):
 
 def _compile_fused_moments():
     namespace = {"fast_exp": fast_exp}
-    # compiled under this file's name: numba's disk cache keys a function by its source file
-    exec(compile(fused_moments_source(), __file__, "exec"), namespace)  # noqa: S102
+    # compiled under this file's name: cache=True needs a function's source file on disk
+    # (numba's error messages then point at this file's lines, not the generated ones)
+    exec(compile(fused_moments_source(), __file__, "exec"), namespace)
     function = namespace["fused_moments"]
     function.__doc__ = (
         "All moments of a block in one pass with register accumulators, for one output "

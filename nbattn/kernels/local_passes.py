@@ -55,6 +55,9 @@ def local_loo_gradient(data, model, fit, values_t, cat_dparams, out_weights):
     p = beta.shape[1]
     n_par = dc + dk
     out = np.zeros((n_q, n_par))
+    # the design rows are stored (np.bool_, not the literal True: numba would compile
+    # block_scores once more for a literal argument)
+    store_design = np.bool_(True)
     n_chunks = (n_q + _QUERY_BLOCK - 1) // _QUERY_BLOCK
     for chunk in prange(n_chunks):
         scores = np.empty(_KEY_BLOCK)
@@ -75,7 +78,9 @@ def local_loo_gradient(data, model, fit, values_t, cat_dparams, out_weights):
             offset = shift[i] + log_norm[i]
             for j0 in range(0, n_k, _KEY_BLOCK):
                 nb = min(_KEY_BLOCK, n_k - j0)
-                block_max = block_scores(i, j0, nb, data, model, weighted, True, scores, design)
+                block_max = block_scores(
+                    i, j0, nb, data, model, weighted, store_design, scores, design
+                )
                 if block_max == -np.inf:
                     continue
                 for j in range(nb):
@@ -165,6 +170,9 @@ def local_interval_sums(data, model, fit, residuals_t):
     n_out = residuals_t.shape[0]
     p = g.shape[1]
     out = np.zeros((n_q, n_out))
+    # the design rows are stored (np.bool_, not the literal True: numba would compile
+    # block_scores once more for a literal argument)
+    store_design = np.bool_(True)
     n_chunks = (n_q + _QUERY_BLOCK - 1) // _QUERY_BLOCK
     for chunk in prange(n_chunks):
         scores = np.empty(_KEY_BLOCK)
@@ -180,7 +188,9 @@ def local_interval_sums(data, model, fit, residuals_t):
             offset = shift[i] + log_norm[i]
             for j0 in range(0, n_k, _KEY_BLOCK):
                 nb = min(_KEY_BLOCK, n_k - j0)
-                block_max = block_scores(i, j0, nb, data, model, weighted, True, scores, design)
+                block_max = block_scores(
+                    i, j0, nb, data, model, weighted, store_design, scores, design
+                )
                 if block_max == -np.inf:
                     continue
                 for j in range(nb):
