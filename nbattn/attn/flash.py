@@ -80,6 +80,7 @@ from .flash_args import (
     Keywords,
     MaskArrays,
     band,
+    check_forward_results,
     check_keywords,
     check_qkv,
     dropout_words,
@@ -284,21 +285,6 @@ def _n_groups(n_kv, n_key_tiles, dq_bytes):
     return max(1, min(groups, 1 + config.FLASH_MAX_DQ_BUFFER_BYTES // max(dq_bytes, 1)))
 
 
-def _check_forward_results(out, lse, grad_out, lead, n_q, d_v, dtype):
-    """The forward's out, lse and the incoming grad_out, checked against the shapes."""
-    out_shape = lead + (n_q, d_v)
-    out = as_float_array(out, "out", min_ndim=2, dtype=dtype, allow_bool=False)
-    grad_out = as_float_array(grad_out, "grad_out", min_ndim=2, dtype=dtype, allow_bool=False)
-    lse = as_float_array(lse, "lse", min_ndim=1, dtype="float64", allow_neg_inf=True)
-    if out.shape != out_shape:
-        raise ValueError(f"out must have shape {out_shape}, got {out.shape}")
-    if grad_out.shape != out_shape:
-        raise ValueError(f"grad_out must have shape {out_shape}, got {grad_out.shape}")
-    if lse.shape != lead + (n_q,):
-        raise ValueError(f"lse must have shape {lead + (n_q,)}, got {lse.shape}")
-    return out, lse, grad_out
-
-
 def _backward(
     q,
     k,
@@ -320,7 +306,7 @@ def _backward(
         _head_dims(kernels_for("flash", "cuda"), lay.qf.shape[2], lay.vf.shape[2])
     n_bh, n_q, _ = lay.qf.shape
     n_kv, n_k, _ = lay.kf.shape
-    out, lse, grad_out = _check_forward_results(
+    out, lse, grad_out = check_forward_results(
         out, lse, grad_out, lay.lead, n_q, lay.vf.shape[2], lay.dtype
     )
     dropout = dropout_words(kw.dropout_p, random_state, n_q, n_k, for_backward=True)

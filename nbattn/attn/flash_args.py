@@ -58,6 +58,23 @@ def check_qkv(q, k, v, enable_gqa, others=(), keys=("S", "keys")):
     return q, k, v, dtype
 
 
+def check_forward_results(out, lse, grad_out, lead, n_q, d_v, dtype):
+    """The forward's ``out`` (lead + (L, Ev)) and ``lse`` (lead + (L,), float64, -inf
+    allowed) and the incoming ``grad_out`` (out's shape), checked and converted."""
+    out_shape = lead + (n_q, d_v)
+    out = as_float_array(out, "out", min_ndim=2, dtype=dtype, allow_bool=False)
+    grad_out = as_float_array(grad_out, "grad_out", min_ndim=2, dtype=dtype, allow_bool=False)
+    lse = as_float_array(lse, "lse", min_ndim=1, dtype="float64", allow_neg_inf=True)
+    for name, arr, shape in (
+        ("out", out, out_shape),
+        ("grad_out", grad_out, out_shape),
+        ("lse", lse, lead + (n_q,)),
+    ):
+        if arr.shape != shape:
+            raise ValueError(f"{name} must have shape {shape}, got {arr.shape}")
+    return out, lse, grad_out
+
+
 @dataclass
 class Keywords:
     """The checked keywords of one flash call (see :func:`check_keywords`)."""

@@ -44,11 +44,12 @@ from .._core.attn_groups import Packing, Work
 from .._core.layout import flat_batch, unbroadcast
 from .._core.numeric import LOG2E
 from .._core.threads import blas_one_thread, serial_below
-from .._core.validation import as_float_array, check_bool, check_dot_range, check_scale
+from .._core.validation import check_bool, check_dot_range, check_scale
 from ..dispatch.device import device_for, kernels_for
 from ..dispatch.transfer import to_host
 from .flash_args import (
     band,
+    check_forward_results,
     check_keywords,
     check_qkv,
     dropout_words,
@@ -232,22 +233,6 @@ def flash_attention_varlen(
     return (out, lse.reshape(packed.lead + (t_q,))) if return_lse else out
 
 
-def _check_results(out, lse, grad_out, lead, n_q, d_v, dtype):
-    """The forward's out, lse and the incoming grad_out, checked against the shapes."""
-    out_shape = lead + (n_q, d_v)
-    out = as_float_array(out, "out", min_ndim=2, dtype=dtype, allow_bool=False)
-    grad_out = as_float_array(grad_out, "grad_out", min_ndim=2, dtype=dtype, allow_bool=False)
-    lse = as_float_array(lse, "lse", min_ndim=1, dtype="float64", allow_neg_inf=True)
-    for name, arr, shape in (
-        ("out", out, out_shape),
-        ("grad_out", grad_out, out_shape),
-        ("lse", lse, lead + (n_q,)),
-    ):
-        if arr.shape != shape:
-            raise ValueError(f"{name} must have shape {shape}, got {arr.shape}")
-    return out, lse, grad_out
-
-
 def flash_attention_varlen_backward(
     q,
     k,
@@ -295,7 +280,7 @@ def flash_attention_varlen_backward(
         (out, grad_out),
     )
     t_q, t_k = packed.qf.shape[1], packed.kf.shape[1]
-    out, lse, grad_out = _check_results(
+    out, lse, grad_out = check_forward_results(
         out, lse, grad_out, packed.lead, t_q, packed.vf.shape[2], packed.dtype
     )
     dropout = dropout_words(kw.dropout_p, random_state, t_q, t_k, for_backward=True)
