@@ -22,6 +22,7 @@ from nbattn.cuda import dropout as cuda_dropout
 from nbattn.cuda import flash as cuda_flash
 
 from .. import naive
+from .test_cuda_flash import assert_close_to_scale
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("NUMBA_ENABLE_CUDASIM") != "1", reason="runs under the CUDA simulator"
@@ -33,15 +34,7 @@ FAR = 10**6  # a band side this wide is unbounded
 
 
 def _close(got, ref, dtype):
-    """Equal non-finite entries; finite ones within TOL of the reference's largest entry."""
-    got = np.asarray(got, dtype=np.float64)
-    ref = np.asarray(ref, dtype=np.float64)
-    assert got.shape == ref.shape
-    finite = np.isfinite(ref)
-    np.testing.assert_array_equal(np.isfinite(got), finite)
-    np.testing.assert_array_equal(got[~finite], ref[~finite])
-    scale = max(np.abs(ref[finite]).max(initial=0.0), 1e-30)
-    assert np.abs(got[finite] - ref[finite]).max(initial=0.0) <= TOL[dtype] * scale
+    assert_close_to_scale(got, ref, TOL[dtype])
 
 
 # --------------------------------------------------------------------------- dropout bits
