@@ -567,7 +567,7 @@ def flash_attention(
     softcap : float > 0, optional
     dropout_p : float in [0, 1)
     random_state : None, int or numpy.random.Generator
-        The dropout seed (``nbattn.kernels.dropout.dropout_seed``); pass an
+        The dropout seed (``nbattn._core.numeric.dropout_seed``); pass an
         int to take gradients (the backward needs the same int).
     device : "cpu", "cuda" or "auto"
         "auto" runs on a CUDA GPU when numba sees one. On the GPU E and Ev are
