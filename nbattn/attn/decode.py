@@ -27,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import config
+from .._core.attn_groups import DecodeWindow, KeySplit
 from .._core.threads import serial_below
 from .._core.validation import (
     as_float_array,
@@ -38,7 +39,7 @@ from .._core.validation import (
 )
 from ..dispatch.device import device_for, kernels_for
 from ..dispatch.transfer import multiprocessors, to_host
-from .flash_args import check_keywords
+from .flash_args import check_keywords, decode_window
 from .lengths import as_lengths
 
 __all__ = ["KVCache", "flash_decode"]
@@ -84,30 +85,23 @@ def _check_new(k_new, v_new, dtype, shape_k, shape_v):
 
 
 def _check_heads(n_heads, n_kv_heads, enable_gqa):
+    """The kv heads divide the query heads under ``enable_gqa``, else they are as many."""
     if enable_gqa:
         if n_heads % n_kv_heads:
             raise ValueError(
                 f"enable_gqa: the kv heads ({n_kv_heads}) must divide the query heads ({n_heads})"
             )
-        return n_heads // n_kv_heads
-    if n_heads != n_kv_heads:
+    elif n_heads != n_kv_heads:
         raise ValueError(
             f"q has {n_heads} heads but the caches have {n_kv_heads}; pass enable_gqa=True for "
             "grouped-query attention"
         )
-    return 1
-
-
-def _window_sides(window):
-    """The kernel's (left, right) from a checked window; -1 = unbounded."""
-    if window is None:
-        return -1, -1
-    return tuple(-1 if side is None else side for side in window)
 
 
 # --------------------------------------------------------------------------- the split
-def _key_ranges(totals, n_q, causal, left, right):
+def _key_ranges(totals, n_q, admits: DecodeWindow):
     """Per batch row, the keys [start, end) that some query admits (bottom-right positions)."""
+    causal, left, right = admits
     first = totals - n_q  # position of query 0; the last query sits at totals - 1
     last = totals - 1
     starts = np.zeros_like(totals) if left < 0 else np.maximum(first - left, 0)
@@ -232,7 +226,7 @@ def flash_decode(
     out : ndarray (B, H, L, Ev), or ``(out, lse)``.
     """
     kw = check_keywords(causal, enable_gqa, window, "bottom_right", softcap, 0.0)
-    causal, enable_gqa = kw.causal, kw.enable_gqa
+    enable_gqa = kw.enable_gqa
     return_lse = check_bool(return_lse, "return_lse")
     device = device_for(device, q, k_cache, v_cache, k_new, v_new)
     kernels = kernels_for("decode", device)
@@ -251,7 +245,7 @@ def flash_decode(
             f"v_cache must have shape (B, H_kv, S_max, Ev) = {k_cache.shape[:3] + ('Ev',)}, "
             f"got {v_cache.shape}"
         )
-    n_rep = _check_heads(n_h, k_cache.shape[1], enable_gqa)
+    _check_heads(n_h, k_cache.shape[1], enable_gqa)
     s_max = k_cache.shape[2]
     lengths = as_lengths(cache_seqlens, "cache_seqlens", n_b)
     k_new, v_new, n_new = _check_new(k_new, v_new, dtype, k_cache.shape, v_cache.shape)
@@ -263,7 +257,7 @@ def flash_decode(
             f"{n_new} new tokens exceeds the cache length S_max = {s_max}"
         )
     scale = check_scale(scale, d)
-    left, right = _window_sides(kw.window)
+    admits = decode_window(kw)
     softcap = 0.0 if kw.softcap is None else kw.softcap
 
     if n_new:
@@ -271,7 +265,7 @@ def flash_decode(
             k_cache[b, :, lengths[b] : lengths[b] + n_new] = k_new[b]
             v_cache[b, :, lengths[b] : lengths[b] + n_new] = v_new[b]
     totals = lengths + n_new
-    starts, ends = _key_ranges(totals, n_q, causal, left, right)
+    starts, ends = _key_ranges(totals, n_q, admits)
     spans = ends - starts
     longest = int(spans.max())
     work = n_b * n_h * n_q * longest * (d + v_cache.shape[3])
@@ -280,22 +274,9 @@ def flash_decode(
 
         n_splits = _n_splits(n_b * k_cache.shape[1], longest, _workers(device, numba))
         chunks = np.maximum(-(-spans // n_splits), 1)
+        keys = KeySplit(totals, starts, chunks, ends, n_splits)
         part_out, part_lse = kernels.decode_partials(
-            q,
-            k_cache,
-            v_cache,
-            totals,
-            starts,
-            chunks,
-            ends,
-            n_splits,
-            n_rep,
-            scale,
-            causal,
-            left,
-            right,
-            softcap,
-            config.DECODE_BLOCK_K,
+            q, k_cache, v_cache, keys, admits, scale, softcap, config.DECODE_BLOCK_K
         )
         part_out, part_lse = to_host(part_out, part_lse)
         out, lse = _merge_chunks(part_out, part_lse)

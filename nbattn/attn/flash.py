@@ -69,6 +69,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import config
+from .._core.attn_groups import Band, Dropout, ScoreTransform, Tiles
 from .._core.layout import flat_batch, unbroadcast
 from .._core.numeric import LOG2E
 from .._core.threads import blas_one_thread, dynamic_below, serial_below
@@ -79,12 +80,15 @@ from .flash_args import (
     Keywords,
     MaskArrays,
     band,
+    check_forward_results,
     check_keywords,
     check_qkv,
     dropout_words,
+    flash_tiles,
     has_band,
     kv_layout,
     mask_arrays,
+    score_transform,
 )
 from .masks import mask_as_bias
 
@@ -159,9 +163,8 @@ class _Layout:
     kv_index: np.ndarray
     masks: MaskArrays
     slopes: np.ndarray
-    band: np.ndarray
-    softcap: float  # base 2, 0 = none
-    scale: float
+    band: Band
+    score: ScoreTransform  # the user's scale, the base-2 softcap
     dtype: type
     shapes: tuple  # q, k, v shapes as given
 
@@ -171,10 +174,19 @@ class _Layout:
         n_bh, n_q, e = self.qf.shape
         return n_bh * n_q * self.kf.shape[1] * (e + self.vf.shape[2])
 
-    def mask_live(self, block_q, block_k):
-        if self.masks.mask.shape[0] == 0:
-            return _NO_MASK_LIVE
-        return kernels_for("flash", "cpu").mask_tile_live(self.masks.mask, block_q, block_k)
+    def tiles(self, backward, n_groups=1) -> Tiles:
+        """The tile sizes of this call's forward or backward (``flash_args.flash_tiles``)."""
+        return flash_tiles(self.kf.shape[1], self.band, backward, n_groups)
+
+    def bias(self, tiles: Tiles, device):
+        """The kernels' Bias group, with the CPU's table of live mask tiles for ``tiles``
+        (the GPU twin skips closed tiles by itself)."""
+        live = _NO_MASK_LIVE
+        if device == "cpu" and self.masks.mask.shape[0] > 0:
+            live = kernels_for("flash", "cpu").mask_tile_live(
+                self.masks.mask, tiles.block_q, tiles.block_k
+            )
+        return self.masks.bias(live, self.slopes)
 
 
 def _layout(q, k, v, kw: Keywords, scale, mask, key_bias=None, alibi_slopes=None, others=()):
@@ -206,45 +218,10 @@ def _layout(q, k, v, kw: Keywords, scale, mask, key_bias=None, alibi_slopes=None
         masks=masks,
         slopes=slopes,
         band=band_,
-        softcap=0.0 if kw.softcap is None else kw.softcap * LOG2E,
-        scale=scale,
+        score=score_transform(scale, kw),
         dtype=dtype,
         shapes=(q.shape, k.shape, v.shape),
     )
-
-
-def _blocks(block_q, block_k, lay: _Layout):
-    """The tile sizes of one call: the configured ones, narrowed under a window.
-
-    A query tile of ``block_q`` rows visits the key tiles that meet its band,
-    left + right + block_q keys wide; key tiles much wider than the band
-    would be mostly outside it, so under a window narrower than ``block_k``
-    both sizes drop to the power of two at or above half the band's width
-    (at least 64, at most the configured sizes).
-    """
-    n_k = lay.kf.shape[1]
-    _, left, right = (int(x) for x in lay.band)
-    width = min(left, n_k) + min(right, n_k) + 1
-    if width >= block_k:
-        return block_q, block_k
-    narrow = max(64, 1 << max(0, (width // 2 - 1).bit_length()))
-    return min(block_q, narrow), min(block_k, narrow)
-
-
-def _tiles(lay: _Layout, backward):
-    """(block_q, block_k) of one call: ``config.FLASH_LONG_*`` from
-    ``config.FLASH_LONG_KEYS`` keys, else ``config.FLASH_(BWD_)BLOCK_*``; then
-    narrowed under a window (:func:`_blocks`). Read per call."""
-    long = lay.kf.shape[1] >= config.FLASH_LONG_KEYS
-    if backward and long:
-        sizes = config.FLASH_LONG_BWD_BLOCK_Q, config.FLASH_LONG_BWD_BLOCK_K
-    elif backward:
-        sizes = config.FLASH_BWD_BLOCK_Q, config.FLASH_BWD_BLOCK_K
-    elif long:
-        sizes = config.FLASH_LONG_FWD_BLOCK_Q, config.FLASH_LONG_FWD_BLOCK_K
-    else:
-        sizes = config.FLASH_BLOCK_Q, config.FLASH_BLOCK_K
-    return _blocks(*sizes, lay)
 
 
 def _to_host(a):
@@ -252,34 +229,16 @@ def _to_host(a):
     return to_host(a)
 
 
-def _mask_live(lay: _Layout, block_q, block_k, device):
-    """The CPU's table of live mask tiles; the GPU twin skips closed tiles by itself."""
-    return lay.mask_live(block_q, block_k) if device == "cpu" else _NO_MASK_LIVE
-
-
-def _run_forward(lay: _Layout, dropout, keep_scale, device="cpu"):
+def _run_forward(lay: _Layout, dropout: Dropout, device="cpu"):
     """The flash forward of ``kernels_for("flash", device)`` on a layout, on the host:
     (out (BH, L, Ev), shifted lse (BH, L))."""
-    block_q, block_k = _tiles(lay, backward=False)
-    mask_live = _mask_live(lay, block_q, block_k, device)
-    n_items = lay.qf.shape[0] * -(-lay.qf.shape[1] // block_q)
+    tiles = lay.tiles(backward=False)
+    bias = lay.bias(tiles, device)
+    n_items = lay.qf.shape[0] * -(-lay.qf.shape[1] // tiles.block_q)
     # around the kernel alone: mask_tile_live's np.zeros is a parallel loop of its own
     with _scheduling_for(lay.work, n_items):
         out, lse = kernels_for("flash", device).flash_forward(
-            lay.qf,
-            lay.kf,
-            lay.vf,
-            lay.kv_index,
-            lay.masks.mask,
-            lay.masks.index,
-            mask_live,
-            lay.slopes,
-            lay.band,
-            lay.softcap,
-            dropout,
-            keep_scale,
-            block_q,
-            block_k,
+            lay.qf, lay.kf, lay.vf, lay.kv_index, bias, lay.band, lay.score, dropout, tiles
         )
     return _to_host(out), _to_host(lse)
 
@@ -292,9 +251,9 @@ def _forward(
     if device == "cuda":
         _head_dims(kernels_for("flash", "cuda"), lay.qf.shape[2], lay.vf.shape[2])
     n_q = lay.qf.shape[1]
-    dropout, keep_scale = dropout_words(kw.dropout_p, random_state, n_q, lay.kf.shape[1])
+    dropout = dropout_words(kw.dropout_p, random_state, n_q, lay.kf.shape[1])
     with blas_one_thread(), _threads_for(lay.work):
-        out, lse = _run_forward(lay, dropout, keep_scale, device)
+        out, lse = _run_forward(lay, dropout, device)
     out = out.reshape(lay.lead + (n_q, lay.vf.shape[2]))
     if not return_lse:
         return out
@@ -326,21 +285,6 @@ def _n_groups(n_kv, n_key_tiles, dq_bytes):
     return max(1, min(groups, 1 + config.FLASH_MAX_DQ_BUFFER_BYTES // max(dq_bytes, 1)))
 
 
-def _check_forward_results(out, lse, grad_out, lead, n_q, d_v, dtype):
-    """The forward's out, lse and the incoming grad_out, checked against the shapes."""
-    out_shape = lead + (n_q, d_v)
-    out = as_float_array(out, "out", min_ndim=2, dtype=dtype, allow_bool=False)
-    grad_out = as_float_array(grad_out, "grad_out", min_ndim=2, dtype=dtype, allow_bool=False)
-    lse = as_float_array(lse, "lse", min_ndim=1, dtype="float64", allow_neg_inf=True)
-    if out.shape != out_shape:
-        raise ValueError(f"out must have shape {out_shape}, got {out.shape}")
-    if grad_out.shape != out_shape:
-        raise ValueError(f"grad_out must have shape {out_shape}, got {grad_out.shape}")
-    if lse.shape != lead + (n_q,):
-        raise ValueError(f"lse must have shape {lead + (n_q,)}, got {lse.shape}")
-    return out, lse, grad_out
-
-
 def _backward(
     q,
     k,
@@ -362,46 +306,28 @@ def _backward(
         _head_dims(kernels_for("flash", "cuda"), lay.qf.shape[2], lay.vf.shape[2])
     n_bh, n_q, _ = lay.qf.shape
     n_kv, n_k, _ = lay.kf.shape
-    out, lse, grad_out = _check_forward_results(
+    out, lse, grad_out = check_forward_results(
         out, lse, grad_out, lay.lead, n_q, lay.vf.shape[2], lay.dtype
     )
-    dropout, keep_scale = dropout_words(kw.dropout_p, random_state, n_q, n_k, for_backward=True)
+    dropout = dropout_words(kw.dropout_p, random_state, n_q, n_k, for_backward=True)
     of = flat_batch(out, lay.lead, lay.dtype)
     gf = flat_batch(grad_out, lay.lead, lay.dtype)
     lf = np.ascontiguousarray(lse.reshape(-1, n_q), dtype=np.float64)
     shift = lay.masks.lse_shift(n_q)
-    block_q, block_k = _tiles(lay, backward=True)
-    kernels = kernels_for("flash", device)
+    block_k = lay.tiles(backward=True).block_k
     # the backward keeps equal static shares: numba turns its np.zeros into a parallel
     # loop of its own, which one-at-a-time scheduling would cut into single elements
-    groups = _n_groups(n_kv, -(-n_k // block_k), lay.qf.nbytes)
+    tiles = lay.tiles(backward=True, n_groups=_n_groups(n_kv, -(-n_k // block_k), lay.qf.nbytes))
     with blas_one_thread(), _threads_for(lay.work):
         if shift is not None:
             if np.abs(shift).max() >= _RECOMPUTE_SHIFT:
                 # lse - shift has lost the low bits of lse: recompute the shifted lse
-                _, lf = _run_forward(lay, dropout, keep_scale, device)
+                _, lf = _run_forward(lay, dropout, device)
             else:
                 lf = lf - shift
-        grads = kernels.flash_backward(
-            lay.qf,
-            lay.kf,
-            lay.vf,
-            of,
-            lf,
-            gf,
-            lay.kv_index,
-            lay.masks.mask,
-            lay.masks.index,
-            _mask_live(lay, block_q, block_k, device),
-            lay.slopes,
-            lay.band,
-            lay.softcap,
-            dropout,
-            keep_scale,
-            lay.scale,
-            groups,
-            block_q,
-            block_k,
+        args = (lay.kv_index, lay.bias(tiles, device), lay.band, lay.score, dropout, tiles)
+        grads = kernels_for("flash", device).flash_backward(
+            lay.qf, lay.kf, lay.vf, of, lf, gf, *args
         )
     dq, dk, dv = map(_to_host, grads)
     q_shape, k_shape, v_shape = lay.shapes
@@ -641,7 +567,7 @@ def flash_attention(
     softcap : float > 0, optional
     dropout_p : float in [0, 1)
     random_state : None, int or numpy.random.Generator
-        The dropout seed (``nbattn.kernels.dropout.dropout_seed``); pass an
+        The dropout seed (``nbattn._core.numeric.dropout_seed``); pass an
         int to take gradients (the backward needs the same int).
     device : "cpu", "cuda" or "auto"
         "auto" runs on a CUDA GPU when numba sees one. On the GPU E and Ev are

@@ -1,4 +1,4 @@
-"""The keywords of the flash entries, checked and turned into the kernels' arrays.
+"""The keywords of the flash entries, checked and turned into the kernels' argument groups.
 
 ``nbattn.flash.flash_attention`` and its backward (and the varlen / decode
 entries built on the same kernels) take
@@ -6,12 +6,14 @@ entries built on the same kernels) take
     mask, enable_gqa, window, causal_alignment, softcap, dropout_p, random_state
 
 besides q, k, v, causal and scale. This module checks each one (a ValueError
-naming the keyword) and builds what ``nbattn.kernels.flash`` reads: the
-key/value slice of every query slice (grouped-query attention and broadcast
-leading dimensions without copies), the un-expanded base-2 mask with its
-slice index and per-row lse shift, the band (offset, left, right), the
-base-2 softcap and the dropout words. See ``nbattn.kernels.flash`` for the
-kernels' conventions.
+naming the keyword) and builds what ``nbattn.kernels.flash`` and its CUDA
+twin read, the one place where the groups of ``nbattn._core.attn_groups`` are
+made: the key/value slice of every query slice (grouped-query attention and
+broadcast leading dimensions without copies), the un-expanded base-2 mask
+with its slice index and per-row lse shift (``Bias``), the band
+(``Band``: offset, left, right), the scale and base-2 softcap (``ScoreTransform``),
+the dropout words (``Dropout``) and the tile sizes (``Tiles``). See
+``nbattn.kernels.flash`` for the kernels' conventions.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import config
+from .._core.attn_groups import NO_DROPOUT, Band, Bias, DecodeWindow, Dropout, ScoreTransform, Tiles
 from .._core.numeric import LOG2E, dropout_seed, dropout_threshold
 from .._core.validation import as_float_array, check_bool, resolve_dtype
 
@@ -52,6 +56,23 @@ def check_qkv(q, k, v, enable_gqa, others=(), keys=("S", "keys")):
             f"{q.shape}, {k.shape}, {v.shape}"
         )
     return q, k, v, dtype
+
+
+def check_forward_results(out, lse, grad_out, lead, n_q, d_v, dtype):
+    """The forward's ``out`` (lead + (L, Ev)) and ``lse`` (lead + (L,), float64, -inf
+    allowed) and the incoming ``grad_out`` (out's shape), checked and converted."""
+    out_shape = lead + (n_q, d_v)
+    out = as_float_array(out, "out", min_ndim=2, dtype=dtype, allow_bool=False)
+    grad_out = as_float_array(grad_out, "grad_out", min_ndim=2, dtype=dtype, allow_bool=False)
+    lse = as_float_array(lse, "lse", min_ndim=1, dtype="float64", allow_neg_inf=True)
+    for name, arr, shape in (
+        ("out", out, out_shape),
+        ("grad_out", grad_out, out_shape),
+        ("lse", lse, lead + (n_q,)),
+    ):
+        if arr.shape != shape:
+            raise ValueError(f"{name} must have shape {shape}, got {arr.shape}")
+    return out, lse, grad_out
 
 
 @dataclass
@@ -110,8 +131,8 @@ def check_keywords(causal, enable_gqa, window, causal_alignment, softcap, dropou
     return Keywords(causal, enable_gqa, window, causal_alignment, softcap, dropout_p)
 
 
-def band(keywords: Keywords, n_q: int, n_k: int) -> np.ndarray:
-    """The kernels' band (offset, left, right) as int64: key j is admissible for query i iff
+def band(keywords: Keywords, n_q: int, n_k: int) -> Band:
+    """The kernels' band (offset, left, right): key j is admissible for query i iff
     i + offset - left <= j <= i + offset + right. Unbounded sides are n_q + n_k + 1."""
     offset = n_k - n_q if keywords.causal_alignment == "bottom_right" else 0
     unbounded = n_q + n_k + 1
@@ -123,19 +144,28 @@ def band(keywords: Keywords, n_q: int, n_k: int) -> np.ndarray:
             right = min(keywords.window[1], unbounded)
     if keywords.causal:
         right = min(right, 0)
-    return np.array([offset, left, right], dtype=np.int64)
+    return Band(offset, left, right)
 
 
-def has_band(band_: np.ndarray, n_q: int, n_k: int) -> bool:
+def decode_window(keywords: Keywords) -> DecodeWindow:
+    """The split-KV decoding kernels' window: causal, and the sides of ``window`` in
+    natural positions, -1 for an unbounded side."""
+    left, right = (-1, -1)
+    if keywords.window is not None:
+        left, right = (-1 if side is None else side for side in keywords.window)
+    return DecodeWindow(keywords.causal, left, right)
+
+
+def has_band(band_: Band, n_q: int, n_k: int) -> bool:
     """Whether the band excludes some (query, key) pair: some j < i + offset - left
     (largest at i = L - 1, j = 0) or some j > i + offset + right (i = 0, j = S - 1)."""
-    offset, left, right = (int(x) for x in band_)
+    offset, left, right = band_
     return n_q - 1 + offset - left > 0 or n_k - 1 > offset + right
 
 
-def admissible(band_: np.ndarray, n_q: int, n_k: int) -> np.ndarray:
+def admissible(band_: Band, n_q: int, n_k: int) -> np.ndarray:
     """The (L, S) boolean matrix of the band (for the rare huge-mask shift)."""
-    offset, left, right = (int(x) for x in band_)
+    offset, left, right = band_
     diff = np.arange(n_k)[None, :] - np.arange(n_q)[:, None] - offset
     return (diff >= -left) & (diff <= right)
 
@@ -195,6 +225,11 @@ class MaskArrays:
     index: np.ndarray
     shift: np.ndarray | None
 
+    def bias(self, live: np.ndarray, slopes: np.ndarray) -> Bias:
+        """The kernels' additive terms: this mask with its tile table ``live`` (the CPU's,
+        from the kernel's tile sizes) and the base-2 ALiBi ``slopes`` (shape (0,) = none)."""
+        return Bias(self.mask, self.index, live, slopes)
+
     def lse_shift(self, n_q: int) -> np.ndarray | None:
         """The shift of every (query slice, row), (BH, L) float64, or None."""
         if self.shift is None:
@@ -244,16 +279,16 @@ def mask_arrays(bias, lead, n_q, n_k, dtype, band_, banded) -> MaskArrays:
 
 
 # --------------------------------------------------------------------------- dropout
-def dropout_words(dropout_p, random_state, n_q, n_k, for_backward=False):
-    """(dropout (6,) uint64, keep_scale) for the kernels: seed, threshold, n_rows, n_cols,
-    row0, col0 (see ``nbattn.kernels.flash``).
+def dropout_words(dropout_p, random_state, n_q, n_k, for_backward=False) -> Dropout:
+    """The kernels' dropout group: seed, threshold, n_rows = n_q, n_cols = n_k, row0 = col0
+    = 0 and keep_scale = 1 / (1 - p) (see ``nbattn.kernels.flash``).
 
     The backward must regenerate the forward's mask, so with ``dropout_p > 0``
     it needs the same seed: an int ``random_state`` (a Generator or None
     cannot give the forward's draw back), else a ValueError.
     """
     if dropout_p == 0.0:
-        return np.zeros(6, dtype=np.uint64), 1.0
+        return NO_DROPOUT
     if for_backward and (
         random_state is None
         or isinstance(random_state, (bool, np.bool_))
@@ -264,5 +299,51 @@ def dropout_words(dropout_p, random_state, n_q, n_k, for_backward=False):
             f"(the backward regenerates the dropout mask from it), got {random_state!r}"
         )
     seed = dropout_seed(random_state)
-    words = np.array([seed, dropout_threshold(dropout_p), n_q, n_k, 0, 0], dtype=np.uint64)
-    return words, 1.0 / (1.0 - dropout_p)
+    return Dropout(seed, dropout_threshold(dropout_p), n_q, n_k, 0, 0, 1.0 / (1.0 - dropout_p))
+
+
+# --------------------------------------------------------------------------- score, tiles
+def score_transform(scale: float, keywords: Keywords) -> ScoreTransform:
+    """The kernels' score group: the user's ``scale`` and the base-2 softcap (0 = none)."""
+    return ScoreTransform(scale, 0.0 if keywords.softcap is None else keywords.softcap * LOG2E)
+
+
+def _narrowed(block_q, block_k, band_: Band, n_k):
+    """The tile sizes under a window narrower than ``block_k``.
+
+    A query tile of ``block_q`` rows visits the key tiles that meet its band,
+    left + right + block_q keys wide; key tiles much wider than the band
+    would be mostly outside it, so under a window narrower than ``block_k``
+    both sizes drop to the power of two at or above half the band's width
+    (at least 64, at most the configured sizes).
+    """
+    _, left, right = band_
+    width = min(left, n_k) + min(right, n_k) + 1
+    if width >= block_k:
+        return block_q, block_k
+    narrow = max(64, 1 << max(0, (width // 2 - 1).bit_length()))
+    return min(block_q, narrow), min(block_k, narrow)
+
+
+def flash_tiles(n_k: int, band_: Band, backward: bool, n_groups: int = 1) -> Tiles:
+    """The tiles of one flash call over ``n_k`` keys: ``config.FLASH_LONG_*`` from
+    ``config.FLASH_LONG_KEYS`` keys, else ``config.FLASH_(BWD_)BLOCK_*``, narrowed
+    under a window (:func:`_narrowed`); read per call. ``n_groups`` key-tile
+    groups per key/value slice (the backward's)."""
+    long = n_k >= config.FLASH_LONG_KEYS
+    if backward and long:
+        sizes = config.FLASH_LONG_BWD_BLOCK_Q, config.FLASH_LONG_BWD_BLOCK_K
+    elif backward:
+        sizes = config.FLASH_BWD_BLOCK_Q, config.FLASH_BWD_BLOCK_K
+    elif long:
+        sizes = config.FLASH_LONG_FWD_BLOCK_Q, config.FLASH_LONG_FWD_BLOCK_K
+    else:
+        sizes = config.FLASH_BLOCK_Q, config.FLASH_BLOCK_K
+    return Tiles(*_narrowed(*sizes, band_, n_k), n_groups)
+
+
+def varlen_tiles(backward: bool) -> Tiles:
+    """The tiles of a varlen call: ``config.FLASH_(BWD_)BLOCK_Q/K``, read per call."""
+    if backward:
+        return Tiles(config.FLASH_BWD_BLOCK_Q, config.FLASH_BWD_BLOCK_K)
+    return Tiles(config.FLASH_BLOCK_Q, config.FLASH_BLOCK_K)

@@ -40,13 +40,23 @@ from __future__ import annotations
 import numpy as np
 
 from .. import config
+from .._core.attn_groups import Packing, Work
 from .._core.layout import flat_batch, unbroadcast
 from .._core.numeric import LOG2E
 from .._core.threads import blas_one_thread, serial_below
-from .._core.validation import as_float_array, check_bool, check_dot_range, check_scale
+from .._core.validation import check_bool, check_dot_range, check_scale
 from ..dispatch.device import device_for, kernels_for
 from ..dispatch.transfer import to_host
-from .flash_args import band, check_keywords, check_qkv, dropout_words, kv_layout
+from .flash_args import (
+    band,
+    check_forward_results,
+    check_keywords,
+    check_qkv,
+    dropout_words,
+    kv_layout,
+    score_transform,
+    varlen_tiles,
+)
 from .lengths import as_cu_seqlens, check_max_seqlen
 
 __all__ = ["flash_attention_varlen", "flash_attention_varlen_backward"]
@@ -71,23 +81,23 @@ class _Packed:
         self.len_k = np.diff(self.cu_k)
         check_max_seqlen(max_seqlen_q, "max_seqlen_q", self.len_q)
         check_max_seqlen(max_seqlen_k, "max_seqlen_k", self.len_k)
-        self.scale = check_scale(scale, q.shape[-1])
-        check_dot_range(q, k, self.scale * LOG2E, dtype)
+        scale = check_scale(scale, q.shape[-1])
+        check_dot_range(q, k, scale * LOG2E, dtype)
         self.lead, self.kv_lead, self.kv_index = kv_layout(q.shape, k.shape, v.shape, kw.enable_gqa)
         self.dtype = dtype
         self.shapes = (q.shape, k.shape, v.shape)
         self.qf = flat_batch(q, self.lead, dtype)
-        self.qf *= dtype(self.scale * LOG2E)
+        self.qf *= dtype(scale * LOG2E)
         self.kf = flat_batch(k, self.kv_lead, dtype)
         self.vf = flat_batch(v, self.kv_lead, dtype)
         # One band for all: its unbounded sides (T_q + T_k + 1) exceed every
         # sequence's; only the bottom-right offset is per sequence.
         base = band(kw, t_q, t_k)
-        offsets = self.len_k - self.len_q if kw.causal_alignment == "bottom_right" else 0
-        self.bands = np.empty((self.len_q.size, 3), dtype=np.int64)
-        self.bands[:, 0] = offsets
-        self.bands[:, 1:] = base[1:]
-        self.softcap = 0.0 if kw.softcap is None else kw.softcap * LOG2E
+        bands = np.empty((self.len_q.size, 3), dtype=np.int64)
+        bands[:, 0] = self.len_k - self.len_q if kw.causal_alignment == "bottom_right" else 0
+        bands[:, 1:] = base.left, base.right
+        self.packing = Packing(self.cu_q, self.cu_k, bands)
+        self.score = score_transform(scale, kw)
 
     @property
     def work(self):
@@ -112,8 +122,8 @@ class _Packed:
         return items, cost
 
     def backward_items(self):
-        """(sequence, kv slice) of every non-empty sequence and their costs; the readers
-        of each kv slice (``readers[reader_start[kv] : reader_start[kv + 1]]``)."""
+        """(sequence, kv slice) of every non-empty sequence and their costs (an item
+        runs every query slice that reads its kv slice)."""
         n_kv = self.kf.shape[0]
         busy = np.flatnonzero((self.len_q > 0) | (self.len_k > 0))
         items = np.empty((busy.size * n_kv, 2), dtype=np.int64)
@@ -121,9 +131,7 @@ class _Packed:
         items[:, 1] = np.tile(np.arange(n_kv), busy.size)
         counts = np.bincount(self.kv_index, minlength=n_kv)
         cost = (self.len_q * self.len_k)[items[:, 0]] * counts[items[:, 1]]
-        readers = np.argsort(self.kv_index, kind="stable").astype(np.int64)
-        reader_start = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        return items, cost, readers, reader_start
+        return items, cost
 
 
 def _deal(cost, n_workers):
@@ -138,21 +146,23 @@ def _deal(cost, n_workers):
     return order[by_worker], np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
 
 
-def _run(kernel, device, work, items, cost, head, tail):
-    """``kernel(*head, items, worker_start, *tail)`` with the items dealt to the threads,
-    BLAS on one thread and one numba thread for small work; the results on the host.
+def _run(kernel, device, packed, items, cost, arrays, dropout, tiles):
+    """``kernel(*arrays, packing, work, score, dropout, tiles)`` with the items dealt to the
+    threads, BLAS on one thread and one numba thread for small work; the results on
+    the host.
 
     The GPU twin takes the same arguments (its grid deals the work, so it ignores
-    ``items`` and ``worker_start``) and gives device arrays, which are copied back.
+    ``work``) and gives device arrays, which are copied back.
     """
     if device != "cpu":
-        results = kernel(*head, items, None, *tail)
+        results = kernel(*arrays, packed.packing, Work(items, None), packed.score, dropout, tiles)
         return tuple(to_host(a) for a in results)
     import numba
 
-    with blas_one_thread(), serial_below(work, config.FLASH_SERIAL_WORK):
+    with blas_one_thread(), serial_below(packed.work, config.FLASH_SERIAL_WORK):
         order, worker_start = _deal(cost, numba.get_num_threads())
-        return kernel(*head, np.ascontiguousarray(items[order]), worker_start, *tail)
+        work = Work(np.ascontiguousarray(items[order]), worker_start)
+        return kernel(*arrays, packed.packing, work, packed.score, dropout, tiles)
 
 
 def flash_attention_varlen(
@@ -214,36 +224,13 @@ def flash_attention_varlen(
     kernels = kernels_for("varlen", device)
     packed = _Packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, kw, scale, ())
     t_q, t_k = packed.qf.shape[1], packed.kf.shape[1]
-    dropout, keep_scale = dropout_words(kw.dropout_p, random_state, t_q, t_k)
-    block_q, block_k = config.FLASH_BLOCK_Q, config.FLASH_BLOCK_K
-    items, cost = packed.forward_items(block_q)
-    out, lse = _run(
-        kernels.varlen_forward,
-        device,
-        packed.work,
-        items,
-        cost,
-        (packed.qf, packed.kf, packed.vf, packed.kv_index, packed.cu_q, packed.cu_k),
-        (packed.bands, packed.softcap, dropout, keep_scale, block_q, block_k),
-    )
+    dropout = dropout_words(kw.dropout_p, random_state, t_q, t_k)
+    tiles = varlen_tiles(backward=False)
+    items, cost = packed.forward_items(tiles.block_q)
+    arrays = (packed.qf, packed.kf, packed.vf, packed.kv_index)
+    out, lse = _run(kernels.varlen_forward, device, packed, items, cost, arrays, dropout, tiles)
     out = out.reshape(packed.lead + (t_q, packed.vf.shape[2]))
     return (out, lse.reshape(packed.lead + (t_q,))) if return_lse else out
-
-
-def _check_results(out, lse, grad_out, lead, n_q, d_v, dtype):
-    """The forward's out, lse and the incoming grad_out, checked against the shapes."""
-    out_shape = lead + (n_q, d_v)
-    out = as_float_array(out, "out", min_ndim=2, dtype=dtype, allow_bool=False)
-    grad_out = as_float_array(grad_out, "grad_out", min_ndim=2, dtype=dtype, allow_bool=False)
-    lse = as_float_array(lse, "lse", min_ndim=1, dtype="float64", allow_neg_inf=True)
-    for name, arr, shape in (
-        ("out", out, out_shape),
-        ("grad_out", grad_out, out_shape),
-        ("lse", lse, lead + (n_q,)),
-    ):
-        if arr.shape != shape:
-            raise ValueError(f"{name} must have shape {shape}, got {arr.shape}")
-    return out, lse, grad_out
 
 
 def flash_attention_varlen_backward(
@@ -293,33 +280,22 @@ def flash_attention_varlen_backward(
         (out, grad_out),
     )
     t_q, t_k = packed.qf.shape[1], packed.kf.shape[1]
-    out, lse, grad_out = _check_results(
+    out, lse, grad_out = check_forward_results(
         out, lse, grad_out, packed.lead, t_q, packed.vf.shape[2], packed.dtype
     )
-    dropout, keep_scale = dropout_words(kw.dropout_p, random_state, t_q, t_k, for_backward=True)
-    items, cost, readers, reader_start = packed.backward_items()
-    head = (
+    dropout = dropout_words(kw.dropout_p, random_state, t_q, t_k, for_backward=True)
+    items, cost = packed.backward_items()
+    arrays = (
         packed.qf,
         packed.kf,
         packed.vf,
         flat_batch(out, packed.lead, packed.dtype),
         np.ascontiguousarray(lse.reshape(-1, t_q), dtype=np.float64),
         flat_batch(grad_out, packed.lead, packed.dtype),
-        readers,
-        reader_start,
-        packed.cu_q,
-        packed.cu_k,
+        packed.kv_index,
     )
-    tail = (
-        packed.bands,
-        packed.softcap,
-        dropout,
-        keep_scale,
-        packed.scale,
-        config.FLASH_BWD_BLOCK_Q,
-        config.FLASH_BWD_BLOCK_K,
-    )
-    dq, dk, dv = _run(kernels.varlen_backward, device, packed.work, items, cost, head, tail)
+    tiles = varlen_tiles(backward=True)
+    dq, dk, dv = _run(kernels.varlen_backward, device, packed, items, cost, arrays, dropout, tiles)
     q_shape, k_shape, v_shape = packed.shapes
     return (
         unbroadcast(dq.reshape(packed.lead + dq.shape[1:]), q_shape),

@@ -1,9 +1,9 @@
 """Split-KV decoding on the GPU: the twin of ``nbattn.kernels.decode``.
 
 Same contract as :func:`nbattn.kernels.decode.decode_partials`: the keys of
-batch row b (those some query admits, [starts[b], ends[b])) are cut into
-``n_splits`` chunks of ``chunks[b]`` keys, and each (chunk, batch row, kv
-head) reduces its chunk to the online-softmax state of every query row it
+batch row b (those some query admits, [starts[b], ends[b]), the ``KeySplit``
+group) are cut into ``n_splits`` chunks of ``chunks[b]`` keys, and each (chunk,
+batch row, kv head) reduces its chunk to the online-softmax state of every query row it
 serves (the ``n_rep`` query heads of the kv head, L queries each):
 
     s_ij   = scale * q_i . k_j                 (softcap c: s_ij <- c tanh(s_ij / c))
@@ -227,37 +227,23 @@ def _shared_per_thread(d, d_v, itemsize):
     return (d_v + 2) * 8 + d * itemsize
 
 
-def decode_partials(
-    q,
-    k_cache,
-    v_cache,
-    totals,
-    starts,
-    chunks,
-    ends,
-    n_splits,
-    n_rep,
-    scale,
-    causal,
-    left,
-    right,
-    softcap,
-    block_k,
-):
+def decode_partials(q, k_cache, v_cache, keys, window, scale, softcap, block_k):
     """Chunk states of split-KV decoding, ``(out, lse)`` as float64 device arrays.
 
     The arguments are :func:`nbattn.kernels.decode.decode_partials`'s (host or
-    device arrays; ``block_k``, the CPU's score block, is not used here).
+    device arrays; ``block_k``, the CPU's score block, is not used here). The
+    launched kernel takes the groups flat.
     """
     q, k_cache, v_cache = to_device(q), to_device(k_cache), to_device(v_cache)
     totals, starts, chunks, ends = (
         to_device(np.asarray(a, dtype=np.int64)) if isinstance(a, np.ndarray) else to_device(a)
-        for a in (totals, starts, chunks, ends)
+        for a in keys[:4]
     )
     n_b, n_h, n_q, d = q.shape
     n_hkv = k_cache.shape[1]
+    n_rep = n_h // n_hkv
     d_v = v_cache.shape[3]
-    n_splits = int(n_splits)
+    n_splits = int(keys.n_splits)
     rows = n_b * n_h * n_q
     part_out = cuda.device_array((n_splits, rows, d_v), dtype=np.float64)
     part_lse = cuda.device_array((n_splits, rows), dtype=np.float64)
@@ -265,14 +251,14 @@ def decode_partials(
         return part_out, part_lse
     kernel = decode_kernel(np.dtype(q.dtype), d, d_v)
     itemsize = np.dtype(q.dtype).itemsize
-    tpb, n_sub = _threads(int(n_rep) * n_q, d, d_v, itemsize)
+    tpb, n_sub = _threads(n_rep * n_q, d, d_v, itemsize)
     shared = tpb * _shared_per_thread(d, d_v, itemsize)
     n_items = n_b * n_hkv
+    causal, left, right = bool(window.causal), int(window.left), int(window.right)
     for item0 in range(0, n_items, MAX_GRID_Y):
         items = min(MAX_GRID_Y, n_items - item0)
         kernel[(n_splits, items), tpb, 0, shared](
-            q, k_cache, v_cache, totals, starts, chunks, ends, int(n_rep), float(scale),
-            bool(causal), int(left), int(right), float(softcap), n_sub, item0, part_out,
-            part_lse,
+            q, k_cache, v_cache, totals, starts, chunks, ends, n_rep, float(scale), causal, left,
+            right, float(softcap), n_sub, item0, part_out, part_lse,
         )  # fmt: skip
     return part_out, part_lse

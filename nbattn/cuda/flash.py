@@ -88,6 +88,7 @@ import numpy as np
 from numba import cuda, types
 
 from .. import config
+from .._core.attn_groups import NO_DROPOUT, Band, Dropout, Packing, ScoreTransform
 from .common import (
     SHARED_ALIGNMENT_KWARG,
     compiled,
@@ -599,22 +600,25 @@ def host_array(array, dtype=None):
 
 
 class _Call:
-    """One call's optional terms and packing as the kernels take them: compile-time
-    flags, device arrays (placeholders where unused) and scalars."""
+    """One call's optional terms and packing as the launched kernels take them:
+    compile-time flags, device arrays (placeholders where unused) and scalars.
 
-    def __init__(self, q, k, kv_index, cu_q, cu_k, bands, mask, mask_index, slopes, softcap,
-                 dropout, keep_scale, packed=False):  # fmt: skip
-        n_bh = q.shape[0]
+    ``packing`` holds cu_q, cu_k and one band (offset, left, right) per packed
+    sequence; ``bias`` (None for none) the mask, its slice index and the ALiBi
+    slopes (its ``mask_live`` is the CPU's and not used)."""
+
+    def __init__(self, q, kv_index, packing: Packing, bias, score: ScoreTransform, dropout: Dropout,
+                 packed=False):  # fmt: skip
         self.packed = packed
-        if kv_index is None:  # the short form: one K/V slice per query slice
-            kv_index = np.arange(n_bh, dtype=np.int64)
         self.kv_index = host_array(kv_index, np.int64)
-        cu_q, cu_k = host_array(cu_q, np.int64), host_array(cu_k, np.int64)
+        cu_q, cu_k = host_array(packing.cu_q, np.int64), host_array(packing.cu_k, np.int64)
         self.n_seqs = cu_q.size - 1
         self.longest_q = int(np.diff(cu_q).max(initial=0))
         self.longest_k = int(np.diff(cu_k).max(initial=0))
         self.cu_q, self.cu_k = to_device(cu_q), to_device(cu_k)
-        self.offsets = to_device(band_offsets(host_array(bands), np.diff(cu_q), np.diff(cu_k)))
+        bands = host_array(packing.bands)
+        self.offsets = to_device(band_offsets(bands, np.diff(cu_q), np.diff(cu_k)))
+        mask, mask_index, _, slopes = (None,) * 4 if bias is None else bias
         if mask is None or mask.shape[0] == 0:
             self.mask_kind = NO_MASK
             mask = np.zeros((1, 1, 1), dtype=q.dtype)
@@ -627,17 +631,16 @@ class _Call:
         if not self.alibi:
             slopes = np.zeros(1, dtype=q.dtype)
         self.slopes = to_device(slopes)
-        self.softcap = float(softcap)
-        words = host_array(dropout, np.uint64).reshape(6)
-        self.dropout = bool(words[1] > 0)
-        self.scalars = (
-            np.uint64(words[0]),  # seed
-            np.uint64(words[1]),  # threshold
-            int(words[2]),  # counter rows, columns, first row, first column
-            int(words[3]),
-            int(words[4]),
-            int(words[5]),
-            float(keep_scale),
+        self.softcap = float(score.softcap)
+        self.dropout = bool(dropout.threshold > 0)
+        self.scalars = (  # the launched kernels take the dropout group flat
+            np.uint64(dropout.seed),
+            np.uint64(dropout.threshold),
+            int(dropout.n_rows),  # counter rows, columns, first row, first column
+            int(dropout.n_cols),
+            int(dropout.row0),
+            int(dropout.col0),
+            float(dropout.keep_scale),
         )
 
     def kernels(self, dtype, d, d_v):
@@ -655,6 +658,9 @@ class _Call:
         return to_device(order), to_device(start)
 
 
+# The launched @cuda.jit kernels keep flat arguments: the groups of the CPU contract are
+# unpacked into _Call here, so the kernels' PTX and register counts (scripts/ptx.py)
+# do not depend on how the host wrappers take their arguments.
 def forward_packed(call: _Call, q, k, v, q_factor=1.0):
     """The forward launch of one call over its packed sequences: ``(out, lse)``."""
     q, k, v = to_device(q), to_device(k), to_device(v)
@@ -714,45 +720,44 @@ def backward_packed(call: _Call, q, k, v, out, lse, dout, scale, q_factor=1.0):
     return dq, dk, dv
 
 
-def _one_sequence(q, k):
-    """cu_q, cu_k of an unpacked call: one sequence of all rows and keys."""
-    return np.array([0, q.shape[1]], np.int64), np.array([0, k.shape[1]], np.int64)
+def _one_sequence(q, k, band: Band):
+    """The packing of an unpacked call: one sequence of all rows and keys, with ``band``."""
+    cu_q = np.array([0, q.shape[1]], np.int64)
+    cu_k = np.array([0, k.shape[1]], np.int64)
+    return Packing(cu_q, cu_k, np.array([band], dtype=np.int64))
 
 
 def _short_form(q, k, scale, causal):
     """The call of the short form ``(q, k, v, scale, causal)``: the user's q, top-left
     causal or nothing, no mask, ALiBi, softcap or dropout; and the q factor."""
     far = q.shape[1] + k.shape[1] + 1
-    band = np.array([0, far, 0 if causal else far], dtype=np.int64)
-    words = np.zeros(6, dtype=np.uint64)
-    call = _Call(q, k, None, *_one_sequence(q, k), band, None, None, None, 0.0, words, 1.0)
+    band = Band(0, far, 0 if causal else far)
+    kv_index = np.arange(q.shape[0], dtype=np.int64)  # one K/V slice per query slice
+    call = _Call(
+        q, kv_index, _one_sequence(q, k, band), None, ScoreTransform(scale, 0.0), NO_DROPOUT
+    )
     return call, float(scale) * LOG2E
 
 
-def _full_form(q, k, args):
-    """The call of the CPU contract's arguments (kv_index, mask, mask_index, mask_live,
-    slopes, band, softcap, dropout, keep_scale, ...)."""
-    kv_index, mask, mask_index, _, slopes, band, softcap, dropout, keep_scale = args[:9]
-    return _Call(
-        q, k, kv_index, *_one_sequence(q, k), band, mask, mask_index, slopes, softcap, dropout,
-        keep_scale,
-    )  # fmt: skip
+def _full_form(q, k, kv_index, bias, band, score, dropout, tiles):
+    """The call of the CPU contract's arguments (``tiles`` is the CPU's and not used)."""
+    return _Call(q, kv_index, _one_sequence(q, k, band), bias, score, dropout)
 
 
 def flash_forward(q, k, v, *args):
     """``(out, lse)`` as device arrays: out (BH, L, Dv) in the input dtype, lse (BH, L)
     float64 in natural units -- the twin of ``nbattn.kernels.flash.flash_forward``.
 
-    The full form takes the CPU kernel's arguments (see its module docstring)::
+    The full form takes the CPU kernel's arguments (see its module docstring and
+    ``nbattn._core.attn_groups``)::
 
-        flash_forward(q, k, v, kv_index, mask, mask_index, mask_live, slopes, band,
-                      softcap, dropout, keep_scale, block_q, block_k)
+        flash_forward(q, k, v, kv_index, bias, band, score, dropout, tiles)
 
-    q is the user's q times scale * log2(e), mask, slopes and softcap are
-    base 2; ``mask_live``, ``block_q`` and ``block_k`` are the CPU's tiles and
-    are not used here (the GPU's tiles follow ``config``, and a block skips a
-    key tile that the mask closes for all its rows by itself). A boolean mask
-    (True = may attend) is accepted besides the float one. The short form
+    q is the user's q times scale * log2(e), the mask, slopes and softcap are
+    base 2; ``bias.mask_live`` and ``tiles`` are the CPU's and are not used
+    here (the GPU's tiles follow ``config``, and a block skips a key tile that
+    the mask closes for all its rows by itself). A boolean mask (True = may
+    attend) is accepted besides the float one. The short form
     ``flash_forward(q, k, v, scale, causal)`` takes the user's q and plain
     (top-left causal) attention. Arrays may be host or device arrays.
     """
@@ -760,7 +765,7 @@ def flash_forward(q, k, v, *args):
     if len(args) == 2:
         call, q_factor = _short_form(q, k, *args)
         return forward_packed(call, q, k, v, q_factor)
-    return forward_packed(_full_form(q, k, args), q, k, v)
+    return forward_packed(_full_form(q, k, *args), q, k, v)
 
 
 def flash_backward(q, k, v, out, lse, dout, *args):
@@ -769,25 +774,23 @@ def flash_backward(q, k, v, out, lse, dout, *args):
 
     The full form takes the CPU kernel's arguments::
 
-        flash_backward(q, k, v, out, lse, dout, kv_index, mask, mask_index, mask_live,
-                       slopes, band, softcap, dropout, keep_scale, scale, n_groups,
-                       block_q, block_k)
+        flash_backward(q, k, v, out, lse, dout, kv_index, bias, band, score, dropout, tiles)
 
     (base-2 q as in the forward; dq is the gradient for the user's q, dk and
     dv have k's and v's slices, summed over the query slices that read them;
-    ``mask_live``, ``n_groups`` and the block sizes are the CPU's and unused).
-    The short form ``flash_backward(q, k, v, out, lse, dout, scale, causal)``
-    takes the user's q. ``lse`` is float64 and may hold -inf (rows without
-    keys: zero gradients).
+    ``bias.mask_live`` and ``tiles`` are the CPU's and unused). The short form
+    ``flash_backward(q, k, v, out, lse, dout, scale, causal)`` takes the
+    user's q. ``lse`` is float64 and may hold -inf (rows without keys: zero
+    gradients).
     """
     q, k = to_device(q), to_device(k)
     if len(args) == 2:
         call, q_factor = _short_form(q, k, *args)
         return backward_packed(call, q, k, v, out, lse, dout, float(args[0]), q_factor)
-    return backward_packed(_full_form(q, k, args), q, k, v, out, lse, dout, float(args[9]))
+    score = args[3]
+    return backward_packed(_full_form(q, k, *args), q, k, v, out, lse, dout, score.scale)
 
 
-def varlen_call(q, k, kv_index, cu_q, cu_k, bands, softcap, dropout, keep_scale):
+def varlen_call(q, kv_index, packing: Packing, score: ScoreTransform, dropout: Dropout):
     """The call of packed sequences (no mask, no ALiBi: ``nbattn.kernels.varlen``'s terms)."""
-    no = (None, None, None)  # mask, mask_index, slopes
-    return _Call(q, k, kv_index, cu_q, cu_k, bands, *no, softcap, dropout, keep_scale, True)
+    return _Call(q, kv_index, packing, None, score, dropout, packed=True)

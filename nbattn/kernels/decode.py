@@ -18,9 +18,11 @@ sets combine to the state of their union).
 Layout (the caller validates): q (B, H, L, E); caches k (B, H_kv, S_max, E)
 and v (B, H_kv, S_max, Ev), C-contiguous, one dtype; H = n_rep * H_kv and
 query head h reads kv head h // n_rep (grouped-query attention; n_rep = 1 is
-plain multi-head). ``totals[b]`` keys are valid in row b. Query i of row b
-sits at position p = totals[b] - L + i (bottom-right alignment: the last
-query is the last key) and admits key j iff
+plain multi-head). The keys and their split (``KeySplit``) and the window
+(``DecodeWindow``) are groups of ``nbattn._core.attn_groups``. ``totals[b]``
+keys are valid in row b. Query i of row b sits at position
+p = totals[b] - L + i (bottom-right alignment: the last query is the last
+key) and admits key j iff
 
     lo(p) <= j <= hi(p),   lo = max(0, p - left),
     hi = min(totals[b] - 1, p if causal else totals[b] - 1, p + right)
@@ -62,43 +64,23 @@ def _admissible_range(p, total, causal, left, right):
 
 
 @njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
-def decode_partials(
-    q,
-    k_cache,
-    v_cache,
-    totals,
-    starts,
-    chunks,
-    ends,
-    n_splits,
-    n_rep,
-    scale,
-    causal,
-    left,
-    right,
-    softcap,
-    block_k,
-):
+def decode_partials(q, k_cache, v_cache, keys, window, scale, softcap, block_k):
     """Chunk states of split-KV decoding: ``(out, lse)``, one per chunk and query row.
 
     Parameters
     ----------
     q : (B, H, L, E) float32/float64, C-contiguous; the user's queries (not scaled).
     k_cache, v_cache : (B, H_kv, S_max, E), (B, H_kv, S_max, Ev), q's dtype.
-    totals : int64 (B,)
-        Valid keys per batch row (the cache length after the append).
-    starts, chunks, ends : int64 (B,)
-        Keys [starts[b], ends[b]) are split into chunks of ``chunks[b]`` keys.
-    n_splits : int
-        Chunks per batch row (work items: B * H_kv * n_splits).
-    n_rep : int
-        Query heads per kv head (H // H_kv).
+        H_kv divides H: query head h reads kv head h // (H / H_kv).
+    keys : KeySplit
+        ``totals[b]`` valid keys per batch row (the cache length after the
+        append); keys [starts[b], ends[b]) are split into ``n_splits`` chunks of
+        ``chunks[b]`` keys (work items: B * H_kv * n_splits).
+    window : DecodeWindow
+        Bottom-right causal, and the window sides (negative = unbounded); see
+        the module docstring.
     scale : float
         Multiplies q . k.
-    causal : bool
-        Bottom-right causal (see the module docstring).
-    left, right : int
-        Window sides; negative = unbounded.
     softcap : float
         c > 0 applies c tanh(s / c) to the scaled score; 0 leaves it.
     block_k : int
@@ -109,9 +91,12 @@ def decode_partials(
     out : float64 (n_splits, B*H*L, Ev), rows ordered (b, h, i); normalised per chunk.
     lse : float64 (n_splits, B*H*L); -inf where the chunk holds no admissible key.
     """
+    totals, starts, chunks, ends, n_splits = keys
+    causal, left, right = window
     n_b, n_h, n_q, d = q.shape
     n_hkv = k_cache.shape[1]
     d_v = v_cache.shape[3]
+    n_rep = n_h // n_hkv
     n_rows = n_rep * n_q
     part_out = np.zeros((n_splits, n_b * n_h * n_q, d_v))
     part_lse = np.full((n_splits, n_b * n_h * n_q), -np.inf)

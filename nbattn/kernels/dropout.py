@@ -17,9 +17,10 @@ seed gives the same mask on every machine, on any number of threads, in the
 forward and in the backward pass (which regenerates it), and on the GPU
 (``nbattn.cuda.dropout.keep`` is the bit-for-bit twin).
 
-``dropout_seed(random_state)`` is the one way a seed is made: an int is
-taken modulo 2**64, ``None`` draws fresh entropy from NumPy, a
-``numpy.random.Generator`` gives one draw.
+``nbattn._core.numeric.dropout_seed(random_state)`` is the one way a seed
+is made (an int is taken modulo 2**64, ``None`` draws fresh entropy from
+NumPy, a ``numpy.random.Generator`` gives one draw), and
+``dropout_threshold(p)`` the threshold.
 """
 
 from __future__ import annotations

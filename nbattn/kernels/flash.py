@@ -65,27 +65,34 @@ attention), so dK and dV are summed over the group without atomics; dQ is
 accumulated per group in a buffer of its own and the groups are summed at
 the end.
 
-Argument conventions shared by both kernels (the varlen and decode entries
-call them per sequence with slices of shape (BH, n, E), and the CUDA twins
-mirror them):
+Arguments shared by both kernels (the varlen entries call them per
+sequence with slices of shape (1, n, E), and the CUDA twins take the same),
+the optional terms in the typed groups of ``nbattn._core.attn_groups``:
 
     q          (BH, L, E)   user q * scale * log2(e), C-contiguous
     k, v       (BKV, S, E), (BKV, S, Ev)
     kv_index   (BH,) int64  key/value slice of each query slice
-    mask       (BM, LM, SM) base-2 additive mask; shape (0, 1, 1) = none
-    mask_index (BH,) int64  mask slice of each query slice
-    mask_live  (BM, QT, KT) uint8 from :func:`mask_tile_live` with the
-                            kernel's own block sizes (ignored without mask)
-    slopes     (BH,)        base-2 ALiBi slopes; shape (0,) = none
-    band       (3,) int64   offset, left, right (a side >= L + S is unbounded)
-    softcap    float        c * log2(e); 0 = none
-    dropout    (6,) uint64  seed, threshold (0 = none), n_rows, n_cols,
-                            row0, col0: the counter of weight (bh, i, j) is
+    bias       Bias         mask (BM, LM, SM) base-2 additive, shape (0, 1, 1)
+                            = none; mask_index (BH,) its slice per query
+                            slice; mask_live (BM, QT, KT) uint8 from
+                            :func:`mask_tile_live` with the kernel's own tile
+                            sizes (ignored without mask); slopes (BH,) base-2
+                            ALiBi slopes, shape (0,) = none
+    band       Band         offset, left, right (a side >= L + S is unbounded)
+    score      ScoreTransform
+                            scale (the backward's dQ factor), softcap
+                            c * log2(e) (0 = none)
+    dropout    Dropout      seed, threshold (0 = none), n_rows, n_cols, row0,
+                            col0: the counter of weight (bh, i, j) is
                             (bh * n_rows + row0 + i) * n_cols + col0 + j
                             (n_rows = L, n_cols = S, row0 = col0 = 0 for a
-                            plain call; packed totals and offsets for varlen)
-    keep_scale float        1 / (1 - p)
-    block_q, block_k        tile sizes
+                            plain call; packed totals and offsets for varlen);
+                            keep_scale 1 / (1 - p)
+    tiles      Tiles        block_q, block_k; n_groups key-tile groups per
+                            key/value slice (backward)
+
+The kernels unpack the groups before their parallel loops, so the loops see
+plain arrays and scalars.
 
 All floating arrays share one dtype (float32 or float64); tiles are
 accumulated in it, ``m``, ``l`` and ``lse`` are float64. BLAS must be held
@@ -347,7 +354,7 @@ def _tile_terms(
                 row[j] += base + slope * like(j, st)
     if need_band:
         neg = like(-np.inf, st)
-        offset, left, right = band[0], band[1], band[2]
+        offset, left, right = band
         for r in range(mb):
             row = st[r]
             centre = i0 + r + offset - j0
@@ -362,7 +369,7 @@ def _tile_terms(
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
 def _needs_band(i0, mb, j0, nb, band):
     """Whether some entry of the tile (rows i0..i0+mb-1, keys j0..j0+nb-1) is outside the band."""
-    offset, left, right = band[0], band[1], band[2]
+    offset, left, right = band
     return j0 < i0 + mb - 1 + offset - left or j0 + nb - 1 > i0 + offset + right
 
 
@@ -390,8 +397,8 @@ def _drop_row(row, scale, seed, threshold, counter0):
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
 def _row_counter(dropout, bh, i, j0):
     """The dropout counter of entry (bh, i, j0): (bh n_rows + row0 + i) n_cols + col0 + j0."""
-    row = np.uint64(bh) * dropout[2] + dropout[4] + np.uint64(i)
-    return row * dropout[3] + dropout[5] + np.uint64(j0)
+    row = np.uint64(bh) * dropout.n_rows + dropout.row0 + np.uint64(i)
+    return row * dropout.n_cols + dropout.col0 + np.uint64(j0)
 
 
 @njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
@@ -425,35 +432,24 @@ def mask_tile_live(mask, block_q, block_k):
 
 
 @njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
-def flash_forward(
-    q,
-    k,
-    v,
-    kv_index,
-    mask,
-    mask_index,
-    mask_live,
-    slopes,
-    band,
-    softcap,
-    dropout,
-    keep_scale,
-    block_q,
-    block_k,
-):
+def flash_forward(q, k, v, kv_index, bias, band, score, dropout, tiles):
     """Blocked attention forward; returns ``(out, lse)``.
 
     out (BH, L, Ev) in the input dtype, lse (BH, L) float64 in natural units.
     See the module docstring for the formula and the (base-2) arguments.
     """
+    mask, mask_index, mask_live, slopes = bias
+    softcap = score.softcap
+    keep_scale = dropout.keep_scale
+    block_q, block_k = tiles.block_q, tiles.block_k
     n_bh, n_q, _ = q.shape
     n_k = k.shape[1]
     d_v = v.shape[2]
     out = np.empty((n_bh, n_q, d_v), dtype=q.dtype)
     lse = np.empty((n_bh, n_q), dtype=np.float64)
     n_qt = (n_q + block_q - 1) // block_q
-    offset, left, right = band[0], band[1], band[2]
-    seed, threshold = dropout[0], dropout[1]
+    offset, left, right = band
+    seed, threshold = dropout.seed, dropout.threshold
     use_dropout = threshold > 0
     key_mask = mask.shape[0] > 0 and mask.shape[2] > 1  # fused into the exponential pass
     mask_rows = mask.shape[1] > 1
@@ -579,43 +575,27 @@ def _transpose_into(tile, flat):
 
 
 @njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
-def flash_backward(
-    q,
-    k,
-    v,
-    out,
-    lse,
-    dout,
-    kv_index,
-    mask,
-    mask_index,
-    mask_live,
-    slopes,
-    band,
-    softcap,
-    dropout,
-    keep_scale,
-    scale,
-    n_groups,
-    block_q,
-    block_k,
-):
+def flash_backward(q, k, v, out, lse, dout, kv_index, bias, band, score, dropout, tiles):
     """Blocked attention backward; returns ``(dq, dk, dv)`` in the input dtype.
 
     dq has q's shape (BH, L, E); dk and dv have k's and v's (BKV, S, .),
     summed over the query slices that share them. ``q`` is q_user * scale *
-    log2(e) as in the forward, so dK = ln 2 dS^T q and dQ = scale dS K.
-    ``lse`` (BH, L) in natural units (float64). ``n_groups`` key-tile groups
-    per key/value slice run in parallel, each with its own dQ buffer;
-    ``mask_live`` must come from the backward's block sizes. See the module
-    docstring for the other arguments.
+    log2(e) as in the forward, so dK = ln 2 dS^T q and dQ = scale dS K
+    (``score.scale``). ``lse`` (BH, L) in natural units (float64).
+    ``tiles.n_groups`` key-tile groups per key/value slice run in parallel,
+    each with its own dQ buffer; ``bias.mask_live`` must come from the
+    backward's tile sizes. See the module docstring for the other arguments.
     """
+    mask, mask_index, mask_live, slopes = bias
+    scale, softcap = score
+    keep_scale = dropout.keep_scale
+    block_q, block_k, n_groups = tiles
     n_bh, n_q, d = q.shape
     n_kv, n_k, _ = k.shape
     d_v = v.shape[2]
     dtype = q.dtype
-    offset, left, right = band[0], band[1], band[2]
-    seed, threshold = dropout[0], dropout[1]
+    offset, left, right = band
+    seed, threshold = dropout.seed, dropout.threshold
     use_dropout = threshold > 0
     use_cap = softcap > 0.0
     key_mask = mask.shape[0] > 0 and mask.shape[2] > 1  # fused into the exponential pass

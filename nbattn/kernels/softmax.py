@@ -2,7 +2,7 @@
 
 Every kernel works on the last axis of a C-contiguous 2-D (rows, n) or 3-D
 (batch, rows, n) float32/float64 array; the functional layer
-(``nbattn.attention``) moves the axis, broadcasts and validates.
+(``nbattn.attn.softmax``) moves the axis, broadcasts and validates.
 
     softmax(x)_j     = exp(x_j - m) / sum_k exp(x_k - m),      m = max_k x_k
     log_softmax(x)_j = x_j - m - log sum_k exp(x_k - m)
@@ -174,8 +174,8 @@ def attention_weights(scores, bias, has_bias, causal, row_offset):
 def merge_states(out_a, lse_a, out_b, lse_b):
     """Merge two online-softmax states over disjoint key sets; returns (out, lse).
 
-    The one log-sum-exp merge of nbattn (attention's ``merge_attention_states``
-    and the Dask shard merge call it). Contract, NumPy arrays in and out:
+    The one log-sum-exp merge of nbattn (``nbattn.attn.softmax.merge_attention_states``,
+    split-KV decoding and the Dask shard merge call it). Contract, NumPy arrays in and out:
 
     * ``out_a``, ``out_b``: (n, d), one dtype (float32 or float64), any layout;
     * ``lse_a``, ``lse_b``: (n,) float64, finite or -inf (never NaN or +inf);

@@ -26,14 +26,16 @@ that numba's on-disk cache keeps them apart from the parallel ones. (numba's
 cache does not notice when ``kernels/flash.py`` changes under a cached caller
 here: delete ``nbattn/kernels/__pycache__`` after editing it.)
 
-Argument conventions are the flash kernels' (see ``nbattn.kernels.flash``):
-q times scale * log2(e), a base-2 softcap, the dropout words (seed,
-threshold, n_rows, n_cols, row0, col0). Per sequence the band is
-(offset_s, left, right) with ``bands[s]``; for a slice of rows starting at
-local row i0 the kernels get offset_s + i0. The dropout counter of weight
-(bh, i, j) uses the PACKED indices, (bh * T_q + i) * T_k + j with i, j
-counted from the start of the packed arrays: each call gets row0 =
-bh * T_q + cu_q[s] + i0 and col0 = cu_k[s] on a slice of one query slice.
+Argument conventions are the flash kernels' (see ``nbattn.kernels.flash``
+and the groups of ``nbattn._core.attn_groups``): q times scale * log2(e),
+the base-2 softcap of ``score``, the ``dropout`` counter words. The packing
+(cu_q, cu_k and the band of every sequence) and the CPU's work split are
+groups of their own. Per sequence the band is (offset_s, left, right) =
+``packing.bands[s]``; for a slice of rows starting at local row i0 the
+kernels get offset_s + i0. The dropout counter of weight (bh, i, j) uses the
+PACKED indices, (bh * T_q + i) * T_k + j with i, j counted from the start of
+the packed arrays: each call gets row0 = bh * T_q + cu_q[s] + i0 and col0 =
+cu_k[s] on a slice of one query slice. There is no mask and no ALiBi.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import numpy as np
 from numba import njit, prange
 
 from .. import config
+from .._core.attn_groups import Band, Bias, Dropout
 from .flash import flash_backward, flash_forward
 
 
@@ -61,57 +64,40 @@ flash_backward_serial = _serial_twin(flash_backward, "flash_backward_serial")
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def _band_from(bands, s, i0):
-    band = np.empty(3, dtype=np.int64)
-    band[0] = bands[s, 0] + i0
-    band[1] = bands[s, 1]
-    band[2] = bands[s, 2]
-    return band
-
-
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def _words_from(dropout, row0, col0):
-    words = dropout.copy()
-    words[4] = np.uint64(row0)
-    words[5] = np.uint64(col0)
-    return words
+def _counters_from(dropout, row0, col0):
+    """``dropout`` with the counter offsets of a slice starting at packed (row0, col0)."""
+    row0, col0 = np.uint64(row0), np.uint64(col0)
+    return Dropout(
+        dropout.seed,
+        dropout.threshold,
+        dropout.n_rows,
+        dropout.n_cols,
+        row0,
+        col0,
+        dropout.keep_scale,
+    )
 
 
 @njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
-def varlen_forward(
-    q,
-    k,
-    v,
-    kv_index,
-    cu_q,
-    cu_k,
-    items,
-    worker_start,
-    bands,
-    softcap,
-    dropout,
-    keep_scale,
-    block_q,
-    block_k,
-):
+def varlen_forward(q, k, v, kv_index, packing, work, score, dropout, tiles):
     """Packed forward; returns ``(out (BH, T_q, Ev), lse (BH, T_q) float64)``.
 
     Parameters
     ----------
     q, k, v : (BH, T_q, E) base-2 scaled queries, (BKV, T_k, E), (BKV, T_k, Ev)
     kv_index : int64 (BH,), the key/value slice of each query slice
-    cu_q, cu_k : int64 (n_seqs + 1,), the packed offsets
-    items : int64 (n_items, 4), rows (sequence, bh, i0, i1), grouped by worker
-    worker_start : int64 (n_workers + 1,), the first item of each worker
-    bands : int64 (n_seqs, 3), (offset, left, right) of each sequence
-    softcap : float, base 2 (0 = none)
-    dropout : uint64 (6,), seed, threshold, T_q, T_k, 0, 0
-    keep_scale : float, 1 / (1 - p)
-    block_q, block_k : the flash tile sizes
+    packing : Packing, the offsets cu_q, cu_k and the band of each sequence
+    work : Work, the items (sequence, bh, i0, i1) grouped by worker, and
+        worker_start (n_workers + 1,), the first item of each worker
+    score : ScoreTransform, the base-2 softcap (the scale is unused: q is scaled)
+    dropout : Dropout, with n_rows = T_q, n_cols = T_k, row0 = col0 = 0
+    tiles : Tiles, the flash tile sizes
 
     Rows of empty sequences do not exist; a query of a sequence without keys
     gets zeros and lse = -inf.
     """
+    cu_q, cu_k, bands = packing
+    items, worker_start = work
     n_bh, t_q, d = q.shape
     d_v = v.shape[2]
     out = np.zeros((n_bh, t_q, d_v), dtype=q.dtype)
@@ -121,6 +107,7 @@ def varlen_forward(
     no_slopes = np.zeros(0, dtype=q.dtype)
     for w in prange(worker_start.shape[0] - 1):
         zero = np.zeros(1, dtype=np.int64)
+        no_bias = Bias(no_mask, zero, live, no_slopes)
         for t in range(worker_start[w], worker_start[w + 1]):
             s, bh, i0, i1 = items[t, 0], items[t, 1], items[t, 2], items[t, 3]
             a_q, a_k, b_k = cu_q[s], cu_k[s], cu_k[s + 1]
@@ -130,16 +117,11 @@ def varlen_forward(
                 k[kv, a_k:b_k].reshape((1, b_k - a_k, d)),
                 v[kv, a_k:b_k].reshape((1, b_k - a_k, d_v)),
                 zero,
-                no_mask,
-                zero,
-                live,
-                no_slopes,
-                _band_from(bands, s, i0),
-                softcap,
-                _words_from(dropout, bh * t_q + a_q + i0, a_k),
-                keep_scale,
-                block_q,
-                block_k,
+                no_bias,
+                Band(bands[s, 0] + i0, bands[s, 1], bands[s, 2]),
+                score,
+                _counters_from(dropout, bh * t_q + a_q + i0, a_k),
+                tiles,
             )
             out[bh, a_q + i0 : a_q + i1] = o[0]
             lse[bh, a_q + i0 : a_q + i1] = l_[0]
@@ -147,36 +129,18 @@ def varlen_forward(
 
 
 @njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
-def varlen_backward(
-    q,
-    k,
-    v,
-    out,
-    lse,
-    dout,
-    readers,
-    reader_start,
-    cu_q,
-    cu_k,
-    items,
-    worker_start,
-    bands,
-    softcap,
-    dropout,
-    keep_scale,
-    scale,
-    block_q,
-    block_k,
-):
+def varlen_backward(q, k, v, out, lse, dout, kv_index, packing, work, score, dropout, tiles):
     """Packed backward; returns ``(dq, dk, dv)`` of the shapes of q, k, v.
 
     ``out``, ``dout`` (BH, T_q, Ev) and ``lse`` (BH, T_q) as the forward gave
-    them; ``readers[reader_start[kv] : reader_start[kv + 1]]`` are the query
-    slices that read key/value slice kv; ``items`` (n_items, 2) int64 rows
-    (sequence, kv), grouped by worker as in :func:`varlen_forward`; ``scale``
-    the user's scale (the kernels' dQ factor). Other arguments as
-    :func:`varlen_forward`.
+    them; ``work.items`` (n_items, 2) int64 rows (sequence, kv), grouped by
+    worker as in :func:`varlen_forward`: the item runs every query slice that
+    reads key/value slice kv (in order), so it owns its rows of dK and dV.
+    ``score.scale`` is the user's scale (the kernels' dQ factor). Other
+    arguments as :func:`varlen_forward`.
     """
+    cu_q, cu_k, bands = packing
+    items, worker_start = work
     n_bh, t_q, d = q.shape
     n_kv, t_k, d_v = v.shape
     dq = np.zeros((n_bh, t_q, d), dtype=q.dtype)
@@ -191,11 +155,13 @@ def varlen_backward(
             a_q, b_q, a_k, b_k = cu_q[s], cu_q[s + 1], cu_k[s], cu_k[s + 1]
             n_q, n_k = b_q - a_q, b_k - a_k
             zero = np.zeros(1, dtype=np.int64)
-            band = _band_from(bands, s, 0)
+            no_bias = Bias(no_mask, zero, live, no_slopes)
+            band = Band(bands[s, 0], bands[s, 1], bands[s, 2])
             ks = k[kv, a_k:b_k].reshape((1, n_k, d))
             vs = v[kv, a_k:b_k].reshape((1, n_k, d_v))
-            for r in range(reader_start[kv], reader_start[kv + 1]):
-                bh = readers[r]
+            for bh in range(n_bh):
+                if kv_index[bh] != kv:
+                    continue
                 g_q, g_k, g_v = flash_backward_serial(
                     q[bh, a_q:b_q].reshape((1, n_q, d)),
                     ks,
@@ -204,18 +170,11 @@ def varlen_backward(
                     lse[bh, a_q:b_q].reshape((1, n_q)),
                     dout[bh, a_q:b_q].reshape((1, n_q, d_v)),
                     zero,
-                    no_mask,
-                    zero,
-                    live,
-                    no_slopes,
+                    no_bias,
                     band,
-                    softcap,
-                    _words_from(dropout, bh * t_q + a_q, a_k),
-                    keep_scale,
-                    scale,
-                    1,
-                    block_q,
-                    block_k,
+                    score,
+                    _counters_from(dropout, bh * t_q + a_q, a_k),
+                    tiles,
                 )
                 dq[bh, a_q:b_q] = g_q[0]
                 dk[kv, a_k:b_k] += g_k[0]

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from nbattn import config
+from nbattn._core.attn_groups import DecodeWindow, KeySplit
 from nbattn.cuda import decode as cuda_decode
 from nbattn.kernels import decode as cpu_decode
 from nbattn.kernels.softmax import merge_states
@@ -66,8 +67,8 @@ def test_partials_equal_cpu_and_merge_to_dense(rng, dtype, case):
     q, k, v, totals = _case(rng, dtype, lengths, n_q, n_h, n_hkv, 3, 2)
     starts, ends = _key_ranges(totals, n_q, causal, left, right)
     chunks = np.maximum(-(-(ends - starts) // n_splits), 1)
-    args = (q, k, v, totals, starts, chunks, ends, n_splits, n_h // n_hkv, 0.7, causal)
-    args += (left, right, softcap, 4)
+    keys = KeySplit(totals, starts, chunks, ends, n_splits)
+    args = (q, k, v, keys, DecodeWindow(causal, left, right), 0.7, softcap, 4)
     out, lse = (a.copy_to_host() for a in cuda_decode.decode_partials(*args))
     ref_out, ref_lse = cpu_decode.decode_partials(*args)
     tol = 1e-12 if dtype == np.float64 else 2e-6

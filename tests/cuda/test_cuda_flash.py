@@ -19,8 +19,8 @@ pytestmark = pytest.mark.skipif(
 TOL = {np.float64: 1e-10, np.float32: 2e-5}
 
 
-def _close(got, ref, dtype):
-    """Max abs error within TOL of the reference's scale (relative to its largest entry)."""
+def assert_close_to_scale(got, ref, tol):
+    """Equal non-finite entries; finite ones within ``tol`` times the reference's largest entry."""
     got = np.asarray(got, dtype=np.float64)
     ref = np.asarray(ref, dtype=np.float64)
     assert got.shape == ref.shape
@@ -28,7 +28,11 @@ def _close(got, ref, dtype):
     np.testing.assert_array_equal(np.isfinite(got), finite)
     np.testing.assert_array_equal(got[~finite], ref[~finite])
     scale = max(np.abs(ref[finite]).max(initial=0.0), 1e-30)
-    assert np.abs(got[finite] - ref[finite]).max(initial=0.0) <= TOL[dtype] * scale
+    assert np.abs(got[finite] - ref[finite]).max(initial=0.0) <= tol * scale
+
+
+def _close(got, ref, dtype):
+    assert_close_to_scale(got, ref, TOL[dtype])
 
 
 def _qkv(rng, shape_q, n_keys, d_v, dtype):

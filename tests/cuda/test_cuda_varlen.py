@@ -6,6 +6,7 @@ import os
 import numpy as np
 import pytest
 
+from nbattn._core.attn_groups import NO_DROPOUT, Dropout, Packing, ScoreTransform, Tiles, Work
 from nbattn.cuda import varlen as cuda_varlen
 
 from .. import naive
@@ -62,29 +63,24 @@ def test_packed_sequences(rng, causal, left, right, softcap, dropout_p):
     grad = rng.normal(size=(4, 11, 2))
     scale, seed = 0.8, 12345
     bands = _bands(causal, left, right)
-    words = np.zeros(6, dtype=np.uint64)
+    dropout = NO_DROPOUT
     drop = np.ones((4, 11, 16))
     if dropout_p > 0:
-        words[:4] = [seed, round(dropout_p * 2**24), 11, 16]
+        keep_scale = 1.0 / (1.0 - dropout_p)
+        dropout = Dropout(seed, round(dropout_p * 2**24), 11, 16, 0, 0, keep_scale)
         drop = naive.dropout_factors(seed, 4, 11, 16, dropout_p)
     cap = 0.0 if softcap is None else softcap * LOG2E
-    keep_scale = 1.0 / (1.0 - dropout_p)
     q2 = q * scale * LOG2E
-    out, lse = cuda_varlen.varlen_forward(
-        q2, k, v, GQA, CU_Q, CU_K, None, None, bands, cap, words, keep_scale, 16, 16
-    )
+    # the CPU's work split and tiles are not used on the GPU
+    groups = (Packing(CU_Q, CU_K, bands), Work(None, None), ScoreTransform(scale, cap), dropout)
+    out, lse = cuda_varlen.varlen_forward(q2, k, v, GQA, *groups, Tiles(16, 16))
     out, lse = out.copy_to_host(), lse.copy_to_host()
     (ref_out, ref_lse), ref_grads = _reference(q, k, v, scale, bands, softcap, drop, grad)
     np.testing.assert_allclose(out, ref_out, rtol=0, atol=1e-12)
     np.testing.assert_array_equal(np.isfinite(lse), np.isfinite(ref_lse))
     np.testing.assert_allclose(lse[np.isfinite(lse)], ref_lse[np.isfinite(ref_lse)], atol=1e-12)
     np.testing.assert_array_equal(out[:, 3:10], 0.0)  # the sequence without keys
-    readers = np.array([0, 1, 2, 3], dtype=np.int64)
-    reader_start = np.array([0, 2, 4], dtype=np.int64)
-    grads = cuda_varlen.varlen_backward(
-        q2, k, v, out, lse, grad, readers, reader_start, CU_Q, CU_K, None, None, bands, cap, words,
-        keep_scale, scale, 16, 16,
-    )  # fmt: skip
+    grads = cuda_varlen.varlen_backward(q2, k, v, out, lse, grad, GQA, *groups, Tiles(16, 16))
     for g, r in zip(grads, ref_grads, strict=True):
         np.testing.assert_allclose(g.copy_to_host(), r, rtol=0, atol=1e-12)
 
@@ -97,35 +93,28 @@ def test_equals_the_cpu_kernels(rng):
     k = rng.normal(size=(2, 16, 3))
     v = rng.normal(size=(2, 16, 2))
     grad = rng.normal(size=(4, 11, 2))
-    bands = _bands(True, 4, FAR)
-    words = np.array([7, round(0.2 * 2**24), 11, 16, 0, 0], dtype=np.uint64)
+    packing = Packing(CU_Q, CU_K, _bands(True, 4, FAR))
+    dropout = Dropout(7, round(0.2 * 2**24), 11, 16, 0, 0, 1.25)
     n_q = np.diff(CU_Q)
     items = np.array([(s, bh, 0, n_q[s]) for s in range(4) for bh in range(4) if n_q[s]])
     one_worker = np.array([0, len(items)], dtype=np.int64)
-    args = (GQA, CU_Q, CU_K, items, one_worker, bands, 0.0, words, 1.25, 16, 16)
+    work = Work(items, one_worker)
+    args = (GQA, packing, work, ScoreTransform(0.9, 0.0), dropout, Tiles(16, 16))
     out, lse = (a.copy_to_host() for a in cuda_varlen.varlen_forward(q, k, v, *args))
     ref_out, ref_lse = cpu_varlen.varlen_forward(q, k, v, *args)
     np.testing.assert_allclose(out, ref_out, rtol=0, atol=1e-12)
     finite = np.isfinite(ref_lse)
     np.testing.assert_array_equal(np.isfinite(lse), finite)
     np.testing.assert_allclose(lse[finite], ref_lse[finite], atol=1e-12)
-    readers, start = np.arange(4), np.array([0, 2, 4])
     back_items = np.array([(s, kv) for s in range(4) for kv in range(2)])
     back_worker = np.array([0, len(back_items)], dtype=np.int64)
     back = (
-        readers,
-        start,
-        CU_Q,
-        CU_K,
-        back_items,
-        back_worker,
-        bands,
-        0.0,
-        words,
-        1.25,
-        0.9,
-        16,
-        16,
+        GQA,
+        packing,
+        Work(back_items, back_worker),
+        ScoreTransform(0.9, 0.0),
+        dropout,
+        Tiles(16, 16),
     )
     got = cuda_varlen.varlen_backward(q, k, v, out, lse, grad, *back)
     ref = cpu_varlen.varlen_backward(q, k, v, ref_out, ref_lse, grad, *back)

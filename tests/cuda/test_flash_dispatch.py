@@ -12,6 +12,8 @@ import pytest
 
 import nbattn
 
+from .test_cuda_flash import assert_close_to_scale
+
 pytestmark = pytest.mark.skipif(
     os.environ.get("NUMBA_ENABLE_CUDASIM") != "1", reason="runs under the CUDA simulator"
 )
@@ -20,13 +22,7 @@ TOL = {np.float64: 1e-10, np.float32: 3e-5}
 
 
 def _close(got, ref, dtype):
-    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
-    assert got.shape == ref.shape
-    finite = np.isfinite(ref)
-    np.testing.assert_array_equal(np.isfinite(got), finite)
-    np.testing.assert_array_equal(got[~finite], ref[~finite])
-    scale = max(np.abs(ref[finite]).max(initial=0.0), 1e-30)
-    assert np.abs(got[finite] - ref[finite]).max(initial=0.0) <= TOL[dtype] * scale
+    assert_close_to_scale(got, ref, TOL[dtype])
 
 
 def _both(q, k, v, dtype, **keywords):

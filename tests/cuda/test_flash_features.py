@@ -16,11 +16,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from numba import cuda
 
-from nbattn._core import numeric
+from nbattn._core.attn_groups import NO_DROPOUT, Band, Bias, Dropout, ScoreTransform, Tiles
+from nbattn._core.numeric import dropout_seed, dropout_threshold
 from nbattn.cuda import dropout as cuda_dropout
 from nbattn.cuda import flash as cuda_flash
 
 from .. import naive
+from .test_cuda_flash import assert_close_to_scale
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("NUMBA_ENABLE_CUDASIM") != "1", reason="runs under the CUDA simulator"
@@ -32,15 +34,7 @@ FAR = 10**6  # a band side this wide is unbounded
 
 
 def _close(got, ref, dtype):
-    """Equal non-finite entries; finite ones within TOL of the reference's largest entry."""
-    got = np.asarray(got, dtype=np.float64)
-    ref = np.asarray(ref, dtype=np.float64)
-    assert got.shape == ref.shape
-    finite = np.isfinite(ref)
-    np.testing.assert_array_equal(np.isfinite(got), finite)
-    np.testing.assert_array_equal(got[~finite], ref[~finite])
-    scale = max(np.abs(ref[finite]).max(initial=0.0), 1e-30)
-    assert np.abs(got[finite] - ref[finite]).max(initial=0.0) <= TOL[dtype] * scale
+    assert_close_to_scale(got, ref, TOL[dtype])
 
 
 # --------------------------------------------------------------------------- dropout bits
@@ -90,9 +84,9 @@ def test_keep_equals_the_cpu_kernel(rng):
             out[n] = cpu.keep(seed, counts[n], threshold)
         return out
 
-    for seed in (np.uint64(0), np.uint64(2**64 - 3), numeric.dropout_seed(7)):
+    for seed in (np.uint64(0), np.uint64(2**64 - 3), dropout_seed(7)):
         for p in (0.0, 0.25, 0.5, 0.97):
-            threshold = numeric.dropout_threshold(p)
+            threshold = dropout_threshold(p)
             counts = _counts(rng, 256)
             np.testing.assert_array_equal(
                 _device_keep(seed, counts, threshold), cpu_keep(seed, counts, threshold)
@@ -149,25 +143,24 @@ def _run(q, k, v, kv_index, scale, *, mask=None, mask_index=None, bias=None, ban
         kernel_mask = mask if mask.dtype == np.bool_ else (mask * LOG2E).astype(dtype)
     index = np.zeros(n_bh, np.int64) if mask_index is None else mask_index
     kernel_slopes = np.zeros(0, dtype) if slopes is None else (slopes * LOG2E).astype(dtype)
-    words = np.zeros(6, dtype=np.uint64)
+    dropout = NO_DROPOUT
     drop = None
     if dropout_p > 0:
-        words[:4] = [seed, round(dropout_p * 2**24), n_q, n_k]
+        keep_scale = 1.0 / (1.0 - dropout_p)
+        dropout = Dropout(seed, round(dropout_p * 2**24), n_q, n_k, 0, 0, keep_scale)
         drop = naive.dropout_factors(seed, n_bh, n_q, n_k, dropout_p)
     cap = 0.0 if softcap is None else softcap * LOG2E
-    args = (
-        kv_index, kernel_mask, index, None, kernel_slopes, np.array(band), cap, words,
-        1.0 / (1.0 - dropout_p),
-    )  # fmt: skip
+    bias_group = Bias(kernel_mask, index, None, kernel_slopes)
+    args = (kv_index, bias_group, Band(*band), ScoreTransform(scale, cap), dropout, Tiles(16, 16))
     q2 = (q * (scale * LOG2E)).astype(dtype)
-    out, lse = cuda_flash.flash_forward(q2, k, v, *args, 16, 16)
+    out, lse = cuda_flash.flash_forward(q2, k, v, *args)
     out, lse = out.copy_to_host(), lse.copy_to_host()
     terms = dict(bias=bias, band=band, softcap=softcap, slopes=slopes, drop=drop)
     ref_out, ref_lse = naive.flash_slices(q, k, v, kv_index, scale, **terms)
     _close(out, ref_out, dtype)
     _close(lse, ref_lse, dtype)
     grad = np.random.default_rng(5).normal(size=out.shape).astype(dtype)
-    grads = cuda_flash.flash_backward(q2, k, v, out, lse, grad, *args, scale, 1, 16, 16)
+    grads = cuda_flash.flash_backward(q2, k, v, out, lse, grad, *args)
     ref = naive.flash_slices_backward(q, k, v, grad, kv_index, scale, **terms)
     for g, r in zip(grads, ref, strict=True):
         assert g.dtype == dtype
@@ -204,13 +197,20 @@ def test_key_padding_broadcast_float_mask_and_tile_skip(rng):
     k_nan, v_nan = k.copy(), v.copy()
     k_nan[:, :8] = np.nan
     v_nan[:, :8] = np.nan
-    words = np.zeros(6, dtype=np.uint64)
-    args = (GQA, pad * LOG2E, index, None, np.zeros(0), np.array([0, FAR, FAR]), 0.0, words, 1.0)
-    out, lse = cuda_flash.flash_forward(q * 0.5 * LOG2E, k_nan, v_nan, *args, 16, 16)
+    kernel_bias = Bias(pad * LOG2E, index, None, np.zeros(0))
+    args = (
+        GQA,
+        kernel_bias,
+        Band(0, FAR, FAR),
+        ScoreTransform(0.5, 0.0),
+        NO_DROPOUT,
+        Tiles(16, 16),
+    )
+    out, lse = cuda_flash.flash_forward(q * 0.5 * LOG2E, k_nan, v_nan, *args)
     ref_out, ref_lse = naive.flash_slices(q, k, v, GQA, 0.5, bias=bias)
     _close(out.copy_to_host(), ref_out, np.float64)
     grads = cuda_flash.flash_backward(
-        q * 0.5 * LOG2E, k_nan, v_nan, out, lse, np.ones_like(ref_out), *args, 0.5, 1, 16, 16
+        q * 0.5 * LOG2E, k_nan, v_nan, out, lse, np.ones_like(ref_out), *args
     )
     dq, dk, dv = (g.copy_to_host() for g in grads)
     assert np.isfinite(dq).all()
@@ -262,11 +262,11 @@ def test_dropout_counters_follow_the_packed_offsets(rng):
     q, k, v = _case(rng, np.float64, n_bh=2, n_kv=2, n_q=10, n_k=12)
     seed, p = 99, 0.4
     full = naive.dropout_factors(seed, 2, 10, 12, p)
-    words = np.array([seed, round(p * 2**24), 10, 12, 3, 5], dtype=np.uint64)
-    args = (np.arange(2), np.zeros((0, 1, 1)), np.zeros(2, np.int64), None, np.zeros(0))
-    args += (np.array([0, FAR, FAR]), 0.0, words, 1 / (1 - p))
+    dropout = Dropout(seed, round(p * 2**24), 10, 12, 3, 5, 1 / (1 - p))
+    bias = Bias(np.zeros((0, 1, 1)), np.zeros(2, np.int64), None, np.zeros(0))
+    args = (np.arange(2), bias, Band(0, FAR, FAR), ScoreTransform(1.0, 0.0), dropout, Tiles(16, 16))
     part_q, part_k, part_v = q[:, 3:8], k[:, 5:11], v[:, 5:11]
-    out, lse = cuda_flash.flash_forward(part_q * LOG2E, part_k, part_v, *args, 16, 16)
+    out, lse = cuda_flash.flash_forward(part_q * LOG2E, part_k, part_v, *args)
     ref, _ = naive.flash_slices(part_q, part_k, part_v, np.arange(2), 1.0, drop=full[:, 3:8, 5:11])
     _close(out.copy_to_host(), ref, np.float64)
 
