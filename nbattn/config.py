@@ -126,7 +126,7 @@ LOO_FULL_GROUPS = _env_int("LOO_FULL_GROUPS", 16)
 #: than exp(-gap) of the nearest one, so n skipped keys change the result by
 #: < n exp(-gap) relative (2e-22 n in float64 at 50, 2e-16 n in float32 at 36),
 #: far below each dtype's rounding. Read at call time by
-#: ``kernels.loo.prune_gap_for``.
+#: ``kernels.loo_1d.prune_gap_for``.
 PRUNE_GAP_FLOAT64 = _env_int("PRUNE_GAP_FLOAT64", 50)
 PRUNE_GAP_FLOAT32 = _env_int("PRUNE_GAP_FLOAT32", 36)
 
@@ -175,13 +175,13 @@ LOO_FILL_MARGIN = 0.1
 
 #: Largest squared span (max - min of the scaled 1-D points, s_ij = -(z_i - z_j)^2)
 #: at which ``loo_bandwidth`` evaluates the LOO criterion by the Taylor series of
-#: ``kernels.loo.loo_squared_error_taylor_1d`` (O(n) instead of O(n^2) per width):
+#: ``kernels.loo_1d.loo_squared_error_taylor_1d`` (O(n) instead of O(n^2) per width):
 #: the series' terms cancel by at most e^span^2 (55 at 4), so the criterion keeps
 #: about 13 digits in float64. Read at call time.
 LOO_TAYLOR_MAX_SPAN_SQ = 4.0
 
 #: ``loo_bandwidth`` evaluates a 1-D width by the boxed Hermite series
-#: (``kernels.loo.loo_squared_error_boxed_1d``, a one-dimensional fast Gauss
+#: (``kernels.loo_1d.loo_squared_error_boxed_1d``, a one-dimensional fast Gauss
 #: transform) instead of the windowed direct kernel once the direct window holds
 #: at least this many keys per row on average; the series' cost does not grow
 #: with the width, the window's does.
@@ -241,7 +241,7 @@ LOO_TILE_GEMM_MAX_RADIUS2 = _env_int("LOO_TILE_GEMM_MAX_RADIUS2", 64, compiled=F
 #: with every key in every tile and fewer than LOO_TILE_GEMM_MIN_DIMS score dimensions)
 #: are also capped so that rows x n_keys float64 fit in about this many bytes, with at
 #: least 8 rows. Those tiles now hold two rows of weights at a time (the fused direct
-#: passes of ``kernels.loo_tiles``), so this only sets how many rows a block hands to a
+#: passes of ``kernels.loo_fused``), so this only sets how many rows a block hands to a
 #: thread; 16 and 64 rows measured the same. Read at call time.
 LOO_TILE_CACHE_BYTES = _env_int("LOO_TILE_CACHE_BYTES", 512 << 10, compiled=False)
 

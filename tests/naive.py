@@ -988,7 +988,7 @@ def hermite_functions(s, n_terms):
 
 
 def loo_sse_boxed_1d(zs, values_t, targets, rows, half_width, n_terms, reach):
-    """The boxed Hermite series of kernels.loo.loo_squared_error_boxed_1d for every row of
+    """The boxed Hermite series of kernels.loo_1d.loo_squared_error_boxed_1d for every row of
     ``rows`` (no fallback): box of width 2 r from zs[0], weights
     sum_k (z_i - c)^k / k! h_k(z_j - c) over keys within ``reach`` of the centre c,
     the own key (1, v_i) subtracted. Returns the per-row squared errors."""

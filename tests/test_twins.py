@@ -3,7 +3,7 @@
 For every op that ``nbattn.dispatch.device.KERNELS`` maps on both devices, each
 public function of the CUDA module has the parameter names, in the same order,
 of the CPU module's function of the same name, and each argument group (a
-``NamedTuple`` class, as ``local_args`` has) the same fields: the functional
+``NamedTuple`` class, as the local kernels take) the same fields: the functional
 layers call whichever module ``kernels_for`` returns with one call. The modules
 are read from their source with ``ast`` (importing ``nbattn.cuda`` needs
 numba-cuda). A module's public names are its ``__all__`` where it has one
@@ -45,13 +45,17 @@ def _tree(module):
 
 def _definitions(module):
     """Name -> the function or class definition that ``module`` binds, following its
-    relative imports (``from .local_args import LocalData``)."""
+    relative imports (``from .local_args import LocalData``, ``from .._core.local_groups
+    import LocalData``)."""
     found = {}
     for node in _tree(module).body:
         if isinstance(node, ast.FunctionDef | ast.ClassDef):
             found[node.name] = node
-        elif isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
-            sibling = _definitions(f"{module.rsplit('.', 1)[0]}.{node.module}")
+        elif isinstance(node, ast.ImportFrom) and node.level >= 1 and node.module:
+            source = f"{module.rsplit('.', node.level)[0]}.{node.module}"
+            if not (_PACKAGE_ROOT / (source.replace(".", "/") + ".py")).is_file():
+                continue  # ``from .._core import local_groups``: a package's submodule
+            sibling = _definitions(source)
             for alias in node.names:
                 if alias.name in sibling:
                     found[alias.asname or alias.name] = sibling[alias.name]

@@ -1,65 +1,26 @@
-"""The argument groups of the local-polynomial GPU kernels, their codes and their design size.
+"""The local-polynomial GPU kernels' argument groups, codes and design size
+(``nbattn._core.local_groups``, the one definition the CPU kernels share), and the
+moves of their arrays to the device.
 
-The twin of ``nbattn.kernels.local_args``, whose docstring describes the
-groups: the same classes, fields and codes (the layer rules keep ``cuda/``
-from importing ``kernels/``; ``tests/test_twins.py`` checks that they agree).
-The host wrappers read the groups' fields, so they take either module's
-groups, with NumPy or device arrays; :func:`device_inputs` moves the arrays
-that every launch reads to the GPU once.
+The host wrappers read the groups' fields, with NumPy or device arrays;
+:func:`device_inputs` moves the arrays that every launch reads to the GPU once.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import numpy as np
 
+from .._core.local_groups import (  # noqa: F401  (the kernels' names for them)
+    EPANECHNIKOV,
+    GAUSSIAN,
+    KERNEL_CODES,
+    TRICUBE,
+    LocalData,
+    LocalFit,
+    LocalModel,
+    n_terms,
+)
 from .common import to_device
-
-GAUSSIAN, EPANECHNIKOV, TRICUBE = 0, 1, 2
-#: Continuous kernels by name -> the code the kernels take.
-KERNEL_CODES = {"gaussian": GAUSSIAN, "epanechnikov": EPANECHNIKOV, "tricube": TRICUBE}
-
-
-class LocalData(NamedTuple):
-    """The problem's data layout (float64; see ``nbattn.kernels.local_args``)."""
-
-    q_cont: np.ndarray
-    keys_cont_t: np.ndarray
-    q_cat: np.ndarray
-    keys_cat_t: np.ndarray
-    log_weights: np.ndarray
-
-
-class LocalModel(NamedTuple):
-    """How the pairs are weighed and the local design fitted (``nbattn.kernels.local_args``)."""
-
-    cat_params: np.ndarray
-    kernel: int
-    degree: int
-    ridge: float
-    exclude_self: bool
-    missing: bool
-
-
-class LocalFit(NamedTuple):
-    """The first pass's outputs, NumPy arrays (``nbattn.kernels.local_args``)."""
-
-    beta: np.ndarray
-    g: np.ndarray
-    shift: np.ndarray
-    log_norm: np.ndarray
-    nearest: np.ndarray
-    mfx: np.ndarray
-
-
-def n_terms(dc, degree):
-    """Terms of the local design: 1, 1 + dc, or 1 + dc + dc (dc + 1) / 2."""
-    if degree == 0 or dc == 0:
-        return 1
-    if degree == 1:
-        return 1 + dc
-    return 1 + dc + dc * (dc + 1) // 2
 
 
 def device_inputs(data, model):

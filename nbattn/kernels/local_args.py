@@ -1,92 +1,22 @@
-"""The argument groups of the local-polynomial kernels, their codes and their design size.
-
-Every kernel of ``nbattn.kernels.local`` (and its CUDA twin, whose
-``nbattn.cuda.local_args`` has the same groups, fields and codes) takes its
-inputs in three typed groups instead of a long row of positional arguments:
-
-* :class:`LocalData`, the problem's data layout: the queries and the keys
-  (continuous columns scaled by their widths, categorical codes as floats)
-  and the keys' log sample weights;
-* :class:`LocalModel`, how pairs are weighed and fitted: the continuous
-  kernel's code, the categorical columns' score terms (from their widths),
-  the degree and the relative ridge of the local fit, and the pair flags
-  ``exclude_self`` and ``missing``;
-* :class:`LocalFit`, the first pass's outputs, which the second passes read.
-
-They are ``NamedTuple`` classes, which numba types as tuples (one compiled
-specialisation per combination of field types, so the scalars keep one type
-each: ``kernel`` and ``degree`` ints, the flags bools, ``ridge`` a float).
-"""
+"""The local-polynomial kernels' argument groups and codes (``nbattn._core.local_groups``,
+one definition for the CPU kernels and their CUDA twins), and their design size as a
+kernel function."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
-import numpy as np
 from numba import njit
 
 from .. import config
+from .._core import local_groups
+from .._core.local_groups import (  # noqa: F401  (the kernels' names for them)
+    EPANECHNIKOV,
+    GAUSSIAN,
+    KERNEL_CODES,
+    TRICUBE,
+    LocalData,
+    LocalFit,
+    LocalModel,
+)
 
-GAUSSIAN, EPANECHNIKOV, TRICUBE = 0, 1, 2
-#: Continuous kernels by name -> the code the kernels take.
-KERNEL_CODES = {"gaussian": GAUSSIAN, "epanechnikov": EPANECHNIKOV, "tricube": TRICUBE}
-
-
-class LocalData(NamedTuple):
-    """The problem's data layout (C-contiguous float64 arrays)."""
-
-    #: (n_q, dc) the queries' continuous columns, divided by their widths
-    q_cont: np.ndarray
-    #: (dc, n_k) the keys' continuous columns, scaled the same way, feature-major
-    keys_cont_t: np.ndarray
-    #: (n_q, dk) the queries' categorical codes
-    q_cat: np.ndarray
-    #: (dk, n_k) the keys' categorical codes, feature-major
-    keys_cat_t: np.ndarray
-    #: (n_k,) log sample weight of each key (-inf leaves it out, 0 everywhere: unweighted)
-    log_weights: np.ndarray
-
-
-class LocalModel(NamedTuple):
-    """How the pairs are weighed and the local design fitted."""
-
-    #: (dk, 3) per categorical column (a, b, t): the term is a for equal codes, else b + t |q - k|
-    cat_params: np.ndarray
-    #: the continuous kernel: GAUSSIAN, EPANECHNIKOV or TRICUBE
-    kernel: int
-    #: 0, 1 or 2: the local design's degree
-    degree: int
-    #: the relative ridge R of the local solve
-    ridge: float
-    #: skip the pair (i, i): the leave-one-out fit when the queries are the keys
-    exclude_self: bool
-    #: NaN entries may occur: their column's term is left out of the pair
-    missing: bool
-
-
-class LocalFit(NamedTuple):
-    """The first pass's outputs (``local_fit``), the second passes' state."""
-
-    #: (n_q, p, n_out) coefficients in scaled units (beta[:, 0] is the fit)
-    beta: np.ndarray
-    #: (n_q, p) (M/l + R)^-1 e_1, the equivalent-kernel vector
-    g: np.ndarray
-    #: (n_q,) the running maximum m of the scores
-    shift: np.ndarray
-    #: (n_q,) log l = log sum_j exp(s_j - m); -inf where the fit fell back to a nearest key
-    log_norm: np.ndarray
-    #: (n_q,) int64 the fallback key, else -1
-    nearest: np.ndarray
-    #: (n_q, dc, n_out) the local-constant marginal effects d fit / d q (zeros unless asked)
-    mfx: np.ndarray
-
-
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def n_terms(dc, degree):
-    """Number of terms of the local design: 1, 1 + dc, or 1 + dc + dc (dc + 1) / 2
-    (the constant, the dc differences, the products d_c d_c' for c <= c')."""
-    if degree == 0 or dc == 0:
-        return 1
-    if degree == 1:
-        return 1 + dc
-    return 1 + dc + dc * (dc + 1) // 2
+#: ``local_groups.n_terms`` compiled, inlined into the kernels (also callable from Python).
+n_terms = njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")(local_groups.n_terms)

@@ -57,6 +57,7 @@ import numpy as np
 from .. import config
 from .._core.columns import CONTINUOUS_KERNELS as KERNELS
 from .._core.columns import check_var_type
+from .._core.local_groups import KERNEL_CODES, LocalData, LocalModel
 from .._core.threads import serial_below
 from .._core.validation import (
     as_float_array,
@@ -80,7 +81,6 @@ __all__ = [
     "local_prediction_interval",
 ]
 
-_KERNEL_CODES = {name: code for code, name in enumerate(KERNELS)}
 _MISSING = ("error", "marginalize")
 #: Default relative ridge of the local solve (module docstring).
 DEFAULT_RIDGE = config.LOCAL_RIDGE
@@ -272,14 +272,14 @@ class LocalProblem:
     widths: np.ndarray
     values_1d: bool
 
-    def kernel_groups(self, module, **model_changes):
-        """The kernel ``module``'s argument groups for this problem, ``(LocalData,
-        LocalModel)``; ``model_changes`` replace fields of the model (``degree``,
-        ``exclude_self``)."""
-        data = module.LocalData(
+    def kernel_groups(self, **model_changes):
+        """The local kernels' argument groups for this problem, ``(LocalData,
+        LocalModel)`` (``nbattn._core.local_groups``, the same on CPU and GPU);
+        ``model_changes`` replace fields of the model (``degree``, ``exclude_self``)."""
+        data = LocalData(
             self.q_cont, self.keys_cont_t, self.q_cat, self.keys_cat_t, self.log_weights
         )
-        model = module.LocalModel(
+        model = LocalModel(
             cat_params=self.cat_params,
             kernel=int(self.kernel),
             degree=int(self.degree),
@@ -354,7 +354,7 @@ def prepare(
     values_1d = values_arr.ndim == 1
     values_2d = values_arr[:, None] if values_1d else values_arr
     degree = _check_degree(degree)
-    code = _KERNEL_CODES[_check_choice(kernel, "kernel", KERNELS)]
+    code = KERNEL_CODES[_check_choice(kernel, "kernel", KERNELS)]
     exclude_self = check_bool(exclude_self, "exclude_self")
     if exclude_self and queries.shape[0] != keys.shape[0]:
         raise ValueError(
@@ -431,7 +431,7 @@ def fit_problem(problem: LocalProblem, device="cpu", want_mfx=False):
     """Run the first pass of the local fit (``kernels.local.local_fit``) on a prepared problem."""
     module = kernels_for("local", device)
     with threads_for(problem):
-        return module.local_fit(*problem.kernel_groups(module), problem.values_t, bool(want_mfx))
+        return module.local_fit(*problem.kernel_groups(), problem.values_t, bool(want_mfx))
 
 
 def _cast(x, dtype):
@@ -588,7 +588,7 @@ def _interval_sums(problem: LocalProblem, device, residuals_t=None):
     module = kernels_for("local", device)
     with threads_for(problem):
         out = module.local_interval_sums(
-            *problem.kernel_groups(module),
+            *problem.kernel_groups(),
             fit,
             problem.values_t if residuals_t is None else residuals_t,
         )
@@ -653,11 +653,11 @@ def local_prediction_interval(
     module = kernels_for("local", device)
     with threads_for(problem):
         variance = module.local_interval_sums(
-            *problem.kernel_groups(module, exclude_self=False), state, residuals_t
+            *problem.kernel_groups(exclude_self=False), state, residuals_t
         )
     if kind == "observation":
         squared = np.ascontiguousarray(residuals_t**2)
-        groups = problem.kernel_groups(module, degree=0, exclude_self=False)
+        groups = problem.kernel_groups(degree=0, exclude_self=False)
         with threads_for(problem):
             local_var = module.local_fit(*groups, squared, False).beta[:, 0, :]
         variance = variance + local_var

@@ -191,7 +191,7 @@ class _Criterion:
         module = kernels_for("local", self.device)
         with threads_for(problem):
             per_query = module.local_loo_gradient(
-                *problem.kernel_groups(module, exclude_self=True),
+                *problem.kernel_groups(exclude_self=True),
                 fit,
                 problem.values_t,
                 _categorical_derivatives(theta, problem.var_type, problem.n_categories),

@@ -41,7 +41,7 @@ __all__ = [
 
 
 def _prune_gap():
-    """The pruning gap of the float64 tiles (``kernels.loo.prune_gap_for``)."""
+    """The pruning gap of the float64 tiles (``kernels.loo_1d.prune_gap_for``)."""
     return kernels_for("loo_1d", "cpu").prune_gap_for(np.float64)
 
 

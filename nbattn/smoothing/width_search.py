@@ -118,14 +118,14 @@ def loo_bandwidth(
     that skips keys whose weight is below exp(-50) of the nearest one (exact to
     float64 rounding), at a cost of n x (window) that grows with the width;
     from a window of ``config.LOO_BOXED_MIN_WINDOW`` keys per row on, by a
-    boxed Hermite series (:func:`nbattn.kernels.loo.loo_squared_error_boxed_1d`,
+    boxed Hermite series (:func:`nbattn.kernels.loo_1d.loo_squared_error_boxed_1d`,
     a one-dimensional fast Gauss transform: O(n) whatever the width, each
     prediction within ``2 config.LOO_BOXED_TOL max|y|`` of the exact one by a
     proven bound checked row by row, the rows it cannot vouch for computed by
     the windowed kernel). On fewer points than that window, widths at which
     the scaled points span at most 2 (squared span
     ``config.LOO_TAYLOR_MAX_SPAN_SQ``) take one Taylor series about the middle
-    of the range (:func:`nbattn.kernels.loo.loo_squared_error_taylor_1d`).
+    of the range (:func:`nbattn.kernels.loo_1d.loo_squared_error_taylor_1d`).
     At n = 2,000 the evaluations run on one thread: each takes about 0.2 ms,
     less than a parallel launch can cost on a busy machine.
 
