@@ -29,7 +29,8 @@ import warnings
 
 import numpy as np
 
-from nbattn.local.engine import fit_problem, local_loo_loss, local_polynomial, prepare
+from nbattn.local.engine import fit_problem, local_loo_loss, local_polynomial
+from nbattn.local.problem import prepare
 from nbattn.local.widths import local_loo_widths
 from nbattn.smoothing.regression import nadaraya_watson
 

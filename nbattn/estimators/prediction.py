@@ -126,41 +126,47 @@ class PoolingPrediction:
             return X @ L.T, X_fit @ L.T, 1.0
         return X, X_fit, self._fitted("bandwidth_")
 
-    def _engine_options(self, X):
-        """The keywords of the engine's calls for the checked queries X."""
+    def _local_spec(self, X=None):
+        """The engine's options for this model (:class:`nbattn.local.problem.LocalSpec`), at
+        the checked queries X (None at fit)."""
+        from ..local.problem import LocalSpec
+
         # NaN in the queries of a model that refuses missing values is an unseen category:
         # the engine leaves that column out of the row's product (see nbattn._core.columns)
-        missing = self._missing()
-        if missing == "error" and X is not None and np.isnan(X).any():
-            missing = "marginalize"
-        return dict(
+        missing = self._missing() == "marginalize" or (X is not None and np.isnan(X).any())
+        return LocalSpec(
             var_type=self._kinds(),
-            n_categories=self._n_categories(),
+            n_categories=tuple(self._n_categories()),
             kernel=self._kernel(),
-            sample_weight=self._weights(),
-            missing=missing,
+            missing=bool(missing),
             device=self._device(),
         )
 
+    def _local_problem(self, spec, X, values, degree):
+        """The engine's problem of pooling ``values`` (n_train, m) over ``X_fit_`` at the
+        checked queries X (``bandwidth_`` checked here: it may come from an edited file)."""
+        from ..local.problem import check_widths, layout
+
+        widths = check_widths(
+            self._fitted("bandwidth_"), spec.var_type, spec.counts, name="bandwidth_"
+        )
+        keys = self._fitted("X_fit_")
+        return layout(spec, X, keys, values, widths, degree, sample_weight=self._weights())
+
     def _local_fit(self, X, values, return_gradient=False, degree=None):
         """The engine's local fit of ``values`` (n_train, m) at the checked queries X:
-        (n, m) float64, and with ``return_gradient`` the slopes (n, m, d_continuous)."""
-        from ..local.engine import local_polynomial
+        (n, m) float64, and with ``return_gradient`` the slopes (n, m, d_continuous);
+        rounded to the model's dtype first, as :func:`nbattn.local_polynomial` returns it."""
+        from ..local.engine import fit_values
 
-        out = local_polynomial(
-            X,
-            self._fitted("X_fit_"),
-            values,
-            self._fitted("bandwidth_"),
-            self._degree() if degree is None else degree,
-            return_gradient=return_gradient,
-            dtype=self._dtype(),
-            **self._engine_options(X),
-        )
+        degree = self._degree() if degree is None else degree
+        problem = self._local_problem(self._local_spec(X), X, values, degree)
+        out = fit_values(problem, return_gradient)
+        dtype = self._dtype()
         if return_gradient:
-            grad = np.asarray(out[1], dtype=np.float64)  # (n, d_c, m)
-            return np.asarray(out[0], dtype=np.float64), np.transpose(grad, (0, 2, 1))
-        return np.asarray(out, dtype=np.float64)
+            grad = np.asarray(out[1], dtype=dtype).astype(np.float64)  # (n, d_c, m)
+            return np.asarray(out[0], dtype=dtype).astype(np.float64), np.transpose(grad, (0, 2, 1))
+        return np.asarray(out, dtype=dtype).astype(np.float64)
 
     def _pooled_values(self, X, values):
         """``sum_j w_ij v_j`` for any values (n_train, m) at the checked queries X: the

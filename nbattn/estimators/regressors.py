@@ -17,6 +17,8 @@ widths are chosen at fit:
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 from sklearn.base import RegressorMixin
 
@@ -114,18 +116,28 @@ class _PoolingRegressor(RegressorMixin, _PoolingEstimator):
         X = self._check_queries(X)
         if self._average():
             raise ValueError("predict_interval needs a kernel; kernel='average' has none")
+        spec = self._local_spec(X)
         if self._uses_engine():
             q, k, widths = X, self.X_fit_, self.bandwidth_
         else:
             q, k, h = self._score_coordinates(X)
             widths = np.broadcast_to(np.asarray(h, dtype=np.float64), (k.shape[1],)).copy()
-        from ..local.engine import local_prediction_interval
+            spec = dataclasses.replace(
+                spec, var_type="c" * k.shape[1], n_categories=(0,) * k.shape[1]
+            )
+        from ..local.engine import prediction_interval
+        from ..local.problem import check_widths
 
-        options = self._engine_options(X)
-        if not self._uses_engine():
-            options.update(var_type="c" * k.shape[1], n_categories=None)
-        lower, upper = local_prediction_interval(
-            k, self.y_fit_, q, widths, self._degree(), alpha=alpha, kind=kind, **options
+        _, lower, upper = prediction_interval(
+            spec,
+            k,
+            self.y_fit_,
+            q,
+            check_widths(widths, spec.var_type, spec.counts, name="bandwidth_"),
+            self._degree(),
+            sample_weight=self._weights(),
+            alpha=alpha,
+            kind=kind,
         )
         out = np.stack([np.asarray(lower), np.asarray(upper)], axis=-1).astype(np.float64)
         return out if self.outputs_2d_ else out[:, 0, :]

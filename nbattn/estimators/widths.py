@@ -4,13 +4,13 @@ Two paths, as for prediction (:class:`nbattn.estimators.prediction.PoolingPredic
 
 * the Gaussian fast path (all-continuous data, the Gaussian kernel, no
   missing values): "loo" is the LOO-optimal scale of Scott's widths
-  (:func:`nbattn.smoothing.width_search.loo_bandwidth`), a rule name the rule on
+  (:func:`nbattn.smoothing.width_search.loo_scale`), a rule name the rule on
   the spread, a number or an array the widths as given;
 * the mixed-type engine's path (categorical columns, missing values, another
   kernel, a local polynomial): "loo" learns every h and lambda together
   (:func:`nbattn.local.widths.local_loo_widths`), a rule gives the continuous
   columns its widths and the categorical ones the engine's default lambda
-  (:func:`nbattn.local.engine.default_widths`).
+  (:func:`nbattn.local.problem.rule_widths`).
 
 With sample weights the rules use the weighted spread and n = sum of the
 weights, so that integer weights equal repeated rows, and "loo" weighs each
@@ -42,13 +42,6 @@ __all__ = [
 ]
 
 
-def _engine():
-    """The mixed-type local-polynomial engine, imported when a model first needs it."""
-    from ..local import engine
-
-    return engine
-
-
 def fit_widths(model, bandwidth, X, Y, sample_weight=None, degree=0) -> np.ndarray:
     """Per-feature widths (h for continuous columns, lambda for categorical ones).
 
@@ -66,7 +59,7 @@ def fit_widths(model, bandwidth, X, Y, sample_weight=None, degree=0) -> np.ndarr
         if is_loo and sample_weight is not None:
             return weighted_loo_scale(model, X, Y, sample_weight)
         if is_loo:
-            return width_search.loo_bandwidth(
+            return width_search.loo_scale(
                 X,
                 Y,
                 dtype=model._dtype(),
@@ -76,48 +69,44 @@ def fit_widths(model, bandwidth, X, Y, sample_weight=None, degree=0) -> np.ndarr
         if isinstance(bandwidth, str) and sample_weight is not None:
             return weighted_rule_bandwidth(X, sample_weight, bandwidth)
         return regression.resolve_bandwidth(bandwidth, X)
-    local = _engine()
-    kinds, counts = model.var_type_, model._n_categories()
+    from ..local.problem import check_widths, rule_widths
+
+    spec = model._local_spec()
     if is_loo:
         return engine_loo_widths(model, X, Y, sample_weight, degree)
     if isinstance(bandwidth, str):
         if sample_weight is not None:
-            return weighted_default_widths(X, kinds, counts, sample_weight, bandwidth)
-        return np.asarray(local.default_widths(X, kinds, counts, bandwidth), dtype=np.float64)
-    if isinstance(bandwidth, Real) and set(kinds) - {"c"}:
+            return weighted_default_widths(X, spec, sample_weight, bandwidth)
+        return rule_widths(spec, X, bandwidth)
+    if isinstance(bandwidth, Real) and set(spec.var_type) - {"c"}:
         # one number is a width for the continuous columns; categories keep their default
-        widths = np.asarray(local.default_widths(X, kinds, counts, "scott"), dtype=np.float64)
-        widths[[k == "c" for k in kinds]] = check_bandwidth(bandwidth, 1)[0]
+        widths = rule_widths(spec, X, "scott")
+        widths[spec.continuous] = check_bandwidth(bandwidth, 1)[0]
         return widths
-    return np.asarray(local.check_widths(bandwidth, kinds, counts), dtype=np.float64)
-
-
-def _loo_options(model, sample_weight) -> dict:
-    """The keywords of the engine's LOO calls for ``model``'s training data."""
-    return dict(
-        var_type=model._kinds(),
-        n_categories=model._n_categories(),
-        kernel=model._kernel(),
-        sample_weight=sample_weight,
-        missing=model._missing(),
-        device=model._device(),
-    )
+    return check_widths(bandwidth, spec.var_type, spec.counts)
 
 
 def engine_loo_widths(model, X, Y, sample_weight, degree) -> np.ndarray:
     """Every h and lambda learned by the engine's (weighted) LOO MSE of this degree's fit
-    (:func:`nbattn.local.widths.local_loo_widths`)."""
-    from ..local.widths import local_loo_widths
+    (:func:`nbattn.local.widths.loo_widths` on the checked training data)."""
+    from ..local.widths import loo_widths
 
-    options = _loo_options(model, sample_weight)
-    return np.asarray(local_loo_widths(X, Y, degree, **options), dtype=np.float64)
+    return loo_widths(model._local_spec(), X, Y, degree, sample_weight=sample_weight)
 
 
 def engine_loo_loss(model, X, Y, widths, sample_weight, degree) -> float:
-    """The engine's (weighted) LOO MSE at ``widths``
-    (:func:`nbattn.local.engine.local_loo_loss`)."""
-    options = _loo_options(model, sample_weight)
-    return float(_engine().local_loo_loss(X, Y, widths, degree, **options))
+    """The engine's (weighted) LOO MSE at ``widths`` (:func:`nbattn.local.engine.loo_loss`
+    on the checked training data)."""
+    return _loo_loss(model._local_spec(), X, Y, widths, sample_weight, degree)
+
+
+def _loo_loss(spec, X, Y, widths, sample_weight, degree) -> float:
+    from ..local.engine import loo_loss
+    from ..local.problem import check_widths, layout
+
+    widths = check_widths(widths, spec.var_type, spec.counts)
+    problem = layout(spec, X, X, Y, widths, degree, sample_weight=sample_weight, exclude_self=True)
+    return loo_loss(problem)
 
 
 def weighted_loo_scale(model, X, Y, sample_weight) -> np.ndarray:
@@ -128,15 +117,16 @@ def weighted_loo_scale(model, X, Y, sample_weight) -> np.ndarray:
     the same grid and tolerance) of the criterion
     ``sum_i s_i (y_i - f_{-i}(x_i))^2 / sum_i s_i``, where f_{-i} leaves row i
     out and weighs every other key by its s_j
-    (:func:`nbattn.local.engine.local_loo_loss` at degree 0).
+    (:func:`nbattn.local.engine.loo_loss` at degree 0).
     """
-    local = _engine()
+    from ..local.problem import LocalSpec
+
     base = weighted_rule_bandwidth(X, sample_weight, "scott")
+    d = X.shape[1]
+    spec = LocalSpec("c" * d, (0,) * d, device=model._device())
 
     def criterion(t):
-        return local.local_loo_loss(
-            X, Y, base * math.exp(t), 0, sample_weight=sample_weight, device=model._device()
-        )
+        return _loo_loss(spec, X, Y, base * math.exp(t), sample_weight, 0)
 
     result = minimize_log_scale(
         criterion,
@@ -148,19 +138,21 @@ def weighted_loo_scale(model, X, Y, sample_weight) -> np.ndarray:
     return base * math.exp(result.t)
 
 
-def weighted_default_widths(X, var_type, n_categories, sample_weight, rule) -> np.ndarray:
-    """:func:`nbattn.local.engine.default_widths` with the weighted spread and n = sum of weights.
+def weighted_default_widths(X, spec, sample_weight, rule) -> np.ndarray:
+    """:func:`nbattn.local.problem.rule_widths` with the weighted spread and n = sum of
+    weights, for the columns of ``spec`` (a :class:`nbattn.local.problem.LocalSpec`).
 
     The engine's rule: ``h_c = factor(n, d) sigma_c`` over all d columns and
     ``lambda = lambda_max min(1, factor(n, d))``; with integer weights this is
     the rule of the repeated rows. Missing entries are left out of the spreads.
     """
-    local = _engine()
+    from ..local.problem import lambda_max
+
     d = X.shape[1]
     factor = regression.BANDWIDTH_RULES[rule](float(np.sum(sample_weight)), d)
     out = np.empty(d)
-    top = local.lambda_max(var_type, n_categories)
-    for j, kind in enumerate(var_type):
+    top = lambda_max(spec.var_type, spec.n_categories)
+    for j, kind in enumerate(spec.var_type):
         if kind != "c":
             out[j] = top[j] * min(1.0, factor)
             continue

@@ -28,25 +28,27 @@ the answer is never worse than the rule or the best common scale.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 
 from .. import config
 from .._core.threads import blas_one_thread
+from .._core.validation import as_float_array
 from ..dispatch.device import kernels_for
-from .engine import (
+from .engine import fit_problem, loo_term_weights, threads_for
+from .problem import (
     LocalProblem,
-    as_data_columns,
+    LocalSpec,
     categorical_terms,
-    check_n_categories,
-    check_var_type,
-    default_widths,
-    fit_problem,
+    check_columns,
+    check_degree,
+    check_sample_weight,
+    check_widths,
     lambda_max,
-    loo_term_weights,
-    prepare,
-    threads_for,
+    layout,
+    rule_widths,
 )
 
 __all__ = ["local_loo_loss_and_grad", "local_loo_widths", "theta_to_widths", "widths_to_theta"]
@@ -118,14 +120,12 @@ def _column_order(var_type):
 class _Criterion:
     """CV(theta) and its gradient on one prepared training problem."""
 
-    def __init__(self, problem: LocalProblem, targets, loo_weights, device):
+    def __init__(self, problem: LocalProblem):
         self.base = problem
-        self.targets = targets  # (n, n_out)
-        self.loo_weights = loo_weights
-        self.device = device
-        self.order = _column_order(problem.var_type)
-        cont = np.array([k == "c" for k in problem.var_type], dtype=bool)
-        self.cont = cont
+        self.targets = problem.values_t.T.copy()  # (n, n_out)
+        self.loo_weights = loo_term_weights(problem.sample_weight, self.targets.shape[0])
+        self.order = _column_order(problem.spec.var_type)
+        self.cont = problem.spec.continuous
         # the layout holds data / h; keep the data's scaled copy for h = 1
         h = problem.h
         self.q_unit = problem.q_cont * h
@@ -136,27 +136,16 @@ class _Criterion:
         self.n_grad = 0  # evaluations with the gradient pass
 
     def problem_at(self, theta):
-        widths = theta_to_widths(theta, self.base.var_type, self.base.n_categories)
+        spec = self.base.spec
+        widths = theta_to_widths(theta, spec.var_type, spec.n_categories)
         h = widths[self.cont]
-        p = self.base
-        return LocalProblem(
+        return dataclasses.replace(
+            self.base,
             q_cont=np.ascontiguousarray(self.q_unit / h),
             keys_cont_t=np.ascontiguousarray(self.k_unit / h[:, None]),
-            q_cat=p.q_cat,
-            keys_cat_t=p.keys_cat_t,
-            cat_params=categorical_terms(p.var_type, p.n_categories, widths),
-            log_weights=p.log_weights,
-            values_t=p.values_t,
-            kernel=p.kernel,
-            degree=p.degree,
-            exclude_self=True,
-            missing=p.missing,
-            ridge=p.ridge,
+            cat_params=categorical_terms(spec.var_type, spec.n_categories, widths),
             h=h,
-            var_type=p.var_type,
-            n_categories=p.n_categories,
             widths=widths,
-            values_1d=p.values_1d,
         )
 
     def _record(self, value, theta):
@@ -170,7 +159,7 @@ class _Criterion:
             return self.cache[key]
         self.n_loss += 1
         problem = self.problem_at(theta)
-        beta = fit_problem(problem, self.device)[0]
+        beta = fit_problem(problem)[0]
         errors = ((beta[:, 0, :] - self.targets) ** 2).sum(axis=1)
         value = float(errors @ self.loo_weights)
         value = value if math.isfinite(value) else math.inf
@@ -181,23 +170,23 @@ class _Criterion:
     def loss_and_grad(self, theta):
         self.n_grad += 1
         problem = self.problem_at(theta)
-        fit = fit_problem(problem, self.device)
+        fit = fit_problem(problem)
         residual = fit.beta[:, 0, :] - self.targets
         value = float((residual**2).sum(axis=1) @ self.loo_weights)
         self.cache[np.asarray(theta, dtype=np.float64).tobytes()] = (
             value if math.isfinite(value) else math.inf
         )
         out_weights = np.ascontiguousarray(2.0 * residual * self.loo_weights[:, None])
-        module = kernels_for("local", self.device)
+        module = kernels_for("local", problem.spec.device)
         with threads_for(problem):
             per_query = module.local_loo_gradient(
                 *problem.kernel_groups(exclude_self=True),
                 fit,
                 problem.values_t,
-                _categorical_derivatives(theta, problem.var_type, problem.n_categories),
+                _categorical_derivatives(theta, problem.spec.var_type, problem.spec.n_categories),
                 out_weights,
             )
-        grad = np.empty(len(problem.var_type))
+        grad = np.empty(len(problem.spec.var_type))
         grad[self.order] = per_query.sum(axis=0)
         if not math.isfinite(value) or not np.isfinite(grad).all():
             return math.inf, np.zeros_like(grad)
@@ -205,28 +194,18 @@ class _Criterion:
         return value, grad
 
 
-def _setup(X, y, degree, var_type, n_categories, kernel, sample_weight, missing, ridge, widths):
-    X = as_data_columns(X, "X", missing == "marginalize")
-    var_type = check_var_type(var_type, X.shape[1])
-    counts = check_n_categories(n_categories, var_type, X)
-    if widths is None:
-        widths = default_widths(X, var_type, counts)
-    problem = prepare(
-        X,
-        X,
-        y,
-        widths,
-        degree,
-        var_type=var_type,
-        n_categories=counts,
-        kernel=kernel,
-        sample_weight=sample_weight,
-        missing=missing,
-        exclude_self=True,
-        ridge=ridge,
-    )
-    targets = problem.values_t.T.copy()
-    return problem, targets, loo_term_weights(sample_weight, X.shape[0])
+def _check_training(X, y, degree, sample_weight, **options):
+    """The public functions' checks: ``(spec, X, y, degree, sample_weight)``."""
+    spec, (X,) = check_columns({"X": X}, **options)
+    y = as_float_array(y, "y", ndim=(1, 2), dtype="float64")
+    if y.shape[0] != X.shape[0]:
+        raise ValueError(f"y has {y.shape[0]} rows but X has {X.shape[0]}")
+    return spec, X, y, check_degree(degree), check_sample_weight(sample_weight, X.shape[0])
+
+
+def _training_problem(spec, X, y, degree, sample_weight, widths) -> LocalProblem:
+    """The leave-one-out problem of checked training data at ``widths``."""
+    return layout(spec, X, X, y, widths, degree, sample_weight=sample_weight, exclude_self=True)
 
 
 def local_loo_loss_and_grad(
@@ -248,17 +227,24 @@ def local_loo_loss_and_grad(
     ``theta`` (d,): log h for 'c' columns, t for 'u'/'o' columns
     (l = lambda_max sigmoid(t); see :func:`theta_to_widths`).
     """
-    X = as_data_columns(X, "X", missing == "marginalize")
-    var_type = check_var_type(var_type, X.shape[1])
-    counts = check_n_categories(n_categories, var_type, X)
+    spec, X, y, degree, sample_weight = _check_training(
+        X,
+        y,
+        degree,
+        sample_weight,
+        var_type=var_type,
+        n_categories=n_categories,
+        kernel=kernel,
+        missing=missing,
+        ridge=ridge,
+        device=device,
+    )
     theta = np.asarray(theta, dtype=np.float64).reshape(-1)
     if theta.shape != (X.shape[1],):
         raise ValueError(f"theta must have one entry per column ({X.shape[1]}), got {theta.shape}")
-    widths = theta_to_widths(theta, var_type, counts)
-    problem, targets, loo_weights = _setup(
-        X, y, degree, var_type, counts, kernel, sample_weight, missing, ridge, widths
-    )
-    return _Criterion(problem, targets, loo_weights, device).loss_and_grad(theta)
+    widths = theta_to_widths(theta, spec.var_type, spec.n_categories)
+    problem = _training_problem(spec, X, y, degree, sample_weight, widths)
+    return _Criterion(problem).loss_and_grad(theta)
 
 
 def local_loo_widths(
@@ -300,20 +286,33 @@ def local_loo_widths(
     categorical parameters t to [-30, 30] (l within 1e-13 of either end) in the
     descent; the joint stage and the sweeps also try l = 0 exactly.
     """
-    from scipy.optimize import minimize
-
-    X = as_data_columns(X, "X", missing == "marginalize")
-    var_type = check_var_type(var_type, X.shape[1])
-    counts = check_n_categories(n_categories, var_type, X)
-    start = default_widths(X, var_type, counts) if init is None else None
-    problem, targets, loo_weights = _setup(
-        X, y, degree, var_type, counts, kernel, sample_weight, missing, ridge, start
+    spec, X, y, degree, sample_weight = _check_training(
+        X,
+        y,
+        degree,
+        sample_weight,
+        var_type=var_type,
+        n_categories=n_categories,
+        kernel=kernel,
+        missing=missing,
+        ridge=ridge,
+        device=device,
     )
     if init is not None:
-        start = problem.widths
-    criterion = _Criterion(problem, targets, loo_weights, device)
+        init = check_widths(init, spec.var_type, spec.counts, name="init")
+    return loo_widths(spec, X, y, degree, sample_weight=sample_weight, init=init, maxiter=maxiter)
+
+
+def loo_widths(spec: LocalSpec, X, y, degree, *, sample_weight=None, init=None, maxiter=200):
+    """:func:`local_loo_widths` on checked inputs (:func:`nbattn.local.problem.check_columns`;
+    ``init`` checked widths or None)."""
+    from scipy.optimize import minimize
+
+    var_type, counts = spec.var_type, spec.n_categories
+    start = rule_widths(spec, X) if init is None else init
+    criterion = _Criterion(_training_problem(spec, X, y, degree, sample_weight, start))
     theta0 = widths_to_theta(start, var_type, counts)
-    cont = np.array([k == "c" for k in var_type], dtype=bool)
+    cont = spec.continuous
     low, high = config.WIDTH_BOUNDS
     bounds = [
         (t + math.log(low), t + math.log(high)) if c else (-_T_BOUND, _T_BOUND)

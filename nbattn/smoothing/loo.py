@@ -55,17 +55,27 @@ __all__ = [
 
 
 def prepare_xy(X, y, dtype):
-    """X (n, d) and y (n, p) as float64, each column centred on the middle of its range.
+    """X (n, d) and y (n, p) checked (:func:`check_xy`) and centred (:func:`centred_xy`)."""
+    return centred_xy(*check_xy(X, y))
+
+
+def check_xy(X, y):
+    """X (n, d) and y (n, p) as float64 columns with the same rows."""
+    X = as_columns(X, "X", np.float64)
+    y2 = as_columns(y, "y", np.float64)
+    if y2.shape[0] != X.shape[0]:
+        raise ValueError(f"y has {y2.shape[0]} rows but X has {X.shape[0]}")
+    return X, y2
+
+
+def centred_xy(X, y2):
+    """Checked X (n, d) and y (n, p), n >= 2, each column centred on its median.
 
     Scores depend on differences of X and the LOO errors on differences of y
     (the weights sum to 1), so the centring changes nothing but float32
     rounding: a column far from 0 (temperatures in kelvin, incomes) keeps its
     digits.
     """
-    X = as_columns(X, "X", np.float64)
-    y2 = as_columns(y, "y", np.float64)
-    if y2.shape[0] != X.shape[0]:
-        raise ValueError(f"y has {y2.shape[0]} rows but X has {X.shape[0]}")
     if X.shape[0] < 2:
         raise ValueError(f"leave-one-out needs at least 2 samples, got n_samples={X.shape[0]}")
     return X - np.median(X, axis=0), y2 - np.median(y2, axis=0)

@@ -128,9 +128,10 @@ def rule_bandwidth(sigma, n: int, rule: str = "scott") -> np.ndarray:
 
 
 def resolve_bandwidth(bandwidth, keys: np.ndarray) -> np.ndarray:
-    """A rule name, a float or a per-feature array → per-feature array (d,)."""
+    """A rule name, a float or a per-feature array → per-feature array (d,), for checked
+    float64 keys (n, d) (a rule's widths are :func:`bandwidth_rule`'s)."""
     if isinstance(bandwidth, str):
-        return bandwidth_rule(keys, bandwidth)
+        return rule_bandwidth(feature_spread(keys), keys.shape[0], bandwidth)
     return check_bandwidth(bandwidth, keys.shape[1])
 
 

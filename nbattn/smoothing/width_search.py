@@ -31,7 +31,7 @@ from .._core.numeric import power_of_two_scale
 from .._core.progress import FitProgress
 from .._core.validation import resolve_dtype
 from ..dispatch.device import resolve_device
-from .loo import prepare_xy
+from .loo import centred_xy, check_xy
 from .loo_1d import SortedCriterion1D
 from .loo_rows import loss_from_layout
 from .regression import resolve_bandwidth, scaled_layout
@@ -40,6 +40,7 @@ from .search import BandwidthRangeWarning, minimize_log_scale
 __all__ = [
     "LOO_GRID",  # noqa: F822 - provided by the module __getattr__ (config at call time)
     "loo_bandwidth",
+    "loo_scale",
 ]
 
 
@@ -179,7 +180,41 @@ def loo_bandwidth(
             stacklevel=2,
         )
     dtype = resolve_dtype(dtype, X, y)
-    X, y2 = prepare_xy(X, y, dtype)
+    X, y2 = check_xy(X, y)
+    return loo_scale(
+        X,
+        y2,
+        base=base,
+        grid=grid,
+        xatol=xatol,
+        grid_queries=grid_queries,
+        random_state=random_state,
+        dtype=dtype,
+        return_curve=return_curve,
+        device=device,
+        verbose=verbose,
+        name=name,
+    )
+
+
+def loo_scale(
+    X,
+    y2,
+    *,
+    base="scott",
+    grid=None,
+    xatol=None,
+    grid_queries=4096,
+    random_state=0,
+    dtype=np.float64,
+    return_curve=False,
+    device="cpu",
+    verbose=False,
+    name=None,
+):
+    """:func:`loo_bandwidth` on checked float64 X (n, d) and y (n, p) (an estimator's
+    training data, or :func:`nbattn.smoothing.loo.check_xy`'s); ``dtype`` resolved."""
+    X, y2 = centred_xy(X, y2)
     n, d = X.shape
     what = name if name is not None else f"X ({n} rows, {d} feature{'s' if d > 1 else ''})"
     # a power of two near max |y| (exact to divide by) keeps the criterion O(1)

@@ -1,0 +1,528 @@
+"""The inputs of a local fit, checked once: :class:`LocalSpec` (the options) and
+:class:`LocalProblem` (the data laid out for the kernels).
+
+The public functions of :mod:`nbattn.local.engine` and :mod:`nbattn.local.widths`
+take the options as keywords, check them and the data here (:func:`prepare`), and
+hand the engine a :class:`LocalProblem`. The estimators check X themselves
+(scikit-learn's ``validate_data``, their own category codes) and build the spec
+and the problem from it directly (:func:`LocalSpec` and :func:`layout`), so X is
+checked once per fit. Conventions (column kinds, kernels, widths, missing values)
+are the engine's module docstring.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import config
+from .._core.columns import CONTINUOUS_KERNELS as KERNELS
+from .._core.columns import check_var_type
+from .._core.local_groups import KERNEL_CODES, LocalData, LocalModel
+from .._core.validation import as_float_array, check_bandwidth, check_bool, check_positive_float
+
+__all__ = [
+    "DEFAULT_RIDGE",
+    "KERNELS",
+    "LocalProblem",
+    "LocalSpec",
+    "check_columns",
+    "check_data",
+    "check_degree",
+    "check_n_categories",
+    "check_sample_weight",
+    "check_spec",
+    "check_widths",
+    "default_widths",
+    "lambda_max",
+    "layout",
+    "log_key_weights",
+    "prepare",
+    "rule_widths",
+]
+
+_MISSING = ("error", "marginalize")
+#: Default relative ridge of the local solve (the engine's module docstring).
+DEFAULT_RIDGE = config.LOCAL_RIDGE
+
+
+# --------------------------------------------------------------------------- the options
+@dataclass(frozen=True)
+class LocalSpec:
+    """The options of a local fit, checked (:func:`check_spec`) or built by a fitted model.
+
+    ``var_type`` one letter per column ('c', 'u', 'o'); ``n_categories`` the
+    categories per column (0 for 'c'); ``kernel`` a name of ``KERNELS``;
+    ``missing`` whether NaN entries are marginalised; ``ridge`` the relative
+    ridge of the local solve; ``device`` "cpu", "cuda" or "auto".
+    """
+
+    var_type: str
+    n_categories: tuple
+    kernel: str = "gaussian"
+    missing: bool = False
+    ridge: float = DEFAULT_RIDGE
+    device: str = "cpu"
+
+    @property
+    def continuous(self) -> np.ndarray:
+        """(d,) bool: which columns are continuous."""
+        return np.array([kind == "c" for kind in self.var_type], dtype=bool)
+
+    @property
+    def counts(self) -> np.ndarray:
+        """(d,) int64 categories per column (0 for 'c')."""
+        return np.asarray(self.n_categories, dtype=np.int64).reshape(len(self.var_type))
+
+
+def check_spec(
+    n_columns,
+    *,
+    var_type=None,
+    n_categories=None,
+    kernel="gaussian",
+    missing="error",
+    ridge=None,
+    device="cpu",
+    data=(),
+) -> LocalSpec:
+    """The options checked into a :class:`LocalSpec`; ``data`` (checked (n, d) arrays)
+    give ``n_categories=None`` its counts (one more than the largest code)."""
+    marginalize = _check_choice(missing, "missing", _MISSING) == "marginalize"
+    var_type = check_var_type(var_type, n_columns)
+    counts = check_n_categories(n_categories, var_type, *data)
+    return LocalSpec(
+        var_type=var_type,
+        n_categories=tuple(int(c) for c in counts),
+        kernel=_check_choice(kernel, "kernel", KERNELS),
+        missing=marginalize,
+        ridge=DEFAULT_RIDGE if ridge is None else _check_ridge(ridge),
+        device=device,
+    )
+
+
+def check_columns(named: dict, **options):
+    """Data and options of a local fit checked together: ``(spec, arrays)``.
+
+    ``named`` maps each dataset's name to its array-like (the first is the keys
+    or X): each becomes float64 (n, d) columns (1-D is one column; NaN only with
+    ``missing="marginalize"``), all with the first's d; ``options`` are the
+    keywords of :func:`check_spec` (``n_categories=None`` counts the codes of
+    every dataset), and every categorical column's codes must then be integers
+    in 0 .. c - 1.
+    """
+    allow_nan = _check_choice(options.get("missing", "error"), "missing", _MISSING) == "marginalize"
+    arrays = [as_data_columns(x, name, allow_nan) for name, x in named.items()]
+    first, d = next(iter(named)), arrays[0].shape[1]
+    for name, arr in zip(named, arrays):
+        if arr.shape[1] != d:
+            raise ValueError(f"{name} has {arr.shape[1]} features but {first} has {d}")
+    spec = check_spec(d, data=arrays, **options)
+    for name, arr in zip(named, arrays):
+        _check_all_codes(spec, arr, name)
+    return spec, arrays
+
+
+def check_data(spec: LocalSpec, x, name) -> np.ndarray:
+    """More data for a checked spec (queries of a fitted problem), checked as
+    :func:`check_columns` checks its datasets."""
+    arr = as_data_columns(x, name, spec.missing)
+    if arr.shape[1] != len(spec.var_type):
+        raise ValueError(
+            f"{name} has {arr.shape[1]} features but the fit has {len(spec.var_type)} "
+            f"(var_type={spec.var_type!r})"
+        )
+    _check_all_codes(spec, arr, name)
+    return arr
+
+
+def _check_all_codes(spec, arr, name):
+    for position, kind in enumerate(spec.var_type):
+        if kind != "c":
+            _check_codes(arr[:, position], name, position, spec.n_categories[position])
+
+
+def _check_choice(value, name, choices):
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
+    return value
+
+
+def check_degree(degree) -> int:
+    if isinstance(degree, (bool, np.bool_)) or not isinstance(degree, (int, np.integer)):
+        raise ValueError(f"degree must be 0, 1 or 2, got {degree!r}")
+    if degree not in (0, 1, 2):
+        raise ValueError(f"degree must be 0, 1 or 2, got {degree!r}")
+    return int(degree)
+
+
+def as_data_columns(x, name, allow_nan):
+    """A float64 (n, d) copy of ``x`` (1-D is one column); NaN passes only with ``allow_nan``."""
+    arr = np.asarray(x) if not isinstance(x, np.ndarray) else x
+    if allow_nan and getattr(arr, "dtype", None) is not None and arr.dtype.kind == "f":
+        nan = np.isnan(arr)
+        if nan.any():
+            filled = as_float_array(np.where(nan, 0.0, arr), name, ndim=(1, 2), dtype="float64")
+            filled[nan] = np.nan
+            return filled[:, None] if filled.ndim == 1 else filled
+    out = as_float_array(x, name, ndim=(1, 2), dtype="float64")
+    return out[:, None] if out.ndim == 1 else out
+
+
+def _check_codes(column, name, position, n_categories):
+    """Categorical codes: integers in 0 .. n_categories - 1 (NaN = missing passes)."""
+    present = column[~np.isnan(column)]
+    bad = (present != np.round(present)) | (present < 0) | (present >= n_categories)
+    if bad.any():
+        value = present[np.argmax(bad)]
+        raise ValueError(
+            f"{name} column {position} is categorical with {n_categories} categories; "
+            f"its codes must be integers 0 .. {n_categories - 1}, found {value!r}"
+        )
+
+
+def check_n_categories(n_categories, var_type, *datasets) -> np.ndarray:
+    """Categories per column (int array, 0 for 'c' columns).
+
+    None: one more than the largest code in ``datasets`` (each an (n, d) array).
+    """
+    d = len(var_type)
+    if n_categories is None:
+        counts = np.zeros(d, dtype=np.int64)
+        for position, kind in enumerate(var_type):
+            if kind == "c":
+                continue
+            top = -1.0
+            for data in datasets:
+                col = data[:, position]
+                col = col[~np.isnan(col)]
+                if col.size:
+                    top = max(top, float(col.max()))
+            counts[position] = max(1, int(top) + 1) if top >= 0 else 1
+        return counts
+    if np.isscalar(n_categories):
+        n_categories = [n_categories] * d
+    counts = np.asarray(n_categories)
+    if counts.shape != (d,):
+        raise ValueError(f"n_categories must have one entry per column ({d}), got {n_categories!r}")
+    out = np.zeros(d, dtype=np.int64)
+    for position, kind in enumerate(var_type):
+        if kind == "c":
+            continue
+        value = counts[position]
+        if isinstance(value, (bool, np.bool_)) or value != np.round(value) or value < 1:
+            raise ValueError(f"n_categories[{position}] must be a positive integer, got {value!r}")
+        out[position] = int(value)
+    return out
+
+
+def lambda_max(var_type: str, n_categories) -> np.ndarray:
+    """Largest admissible l per column: (c-1)/c for 'u', 1 for 'o' (0 for 'c')."""
+    out = np.zeros(len(var_type))
+    for position, kind in enumerate(var_type):
+        if kind == "u":
+            c = n_categories[position]
+            out[position] = (c - 1) / c
+        elif kind == "o":
+            out[position] = 1.0
+    return out
+
+
+def check_widths(bandwidth, var_type, n_categories, name="bandwidth") -> np.ndarray:
+    """Per-column widths (d,) float64: h > 0 (normal) for 'c', l in [0, lambda_max] for 'u'/'o'."""
+    d = len(var_type)
+    if isinstance(bandwidth, str):
+        raise ValueError(f"{name}={bandwidth!r} is not a number; resolve rule names first")
+    if isinstance(bandwidth, (bool, np.bool_)):
+        raise ValueError(f"{name} must be a number or an array of {d}, got {bandwidth!r}")
+    arr = as_float_array(bandwidth, name, dtype="float64", allow_bool=False).reshape(-1)
+    if arr.size == 1:
+        arr = np.full(d, arr[0])
+    if arr.size != d:
+        raise ValueError(f"{name} has {arr.size} entries but the data has {d} columns")
+    cont = np.array([k == "c" for k in var_type])
+    if cont.any():
+        arr[cont] = check_bandwidth(arr[cont], int(cont.sum()), name)
+    top = lambda_max(var_type, n_categories)
+    for position, kind in enumerate(var_type):
+        if kind == "c":
+            continue
+        lam = arr[position]
+        if not (0.0 <= lam <= top[position] * (1 + 1e-12)):
+            raise ValueError(
+                f"{name}[{position}] is the smoothing l of a categorical column with "
+                f"{n_categories[position]} categories; it must lie in [0, {top[position]:.6g}], "
+                f"got {lam!r}"
+            )
+        arr[position] = min(lam, top[position])
+    return arr
+
+
+def _nan_spread(X):
+    """Sample standard deviation per column over the present (non-NaN) rows, at any magnitude."""
+    from ..smoothing.regression import feature_spread
+
+    out = np.zeros(X.shape[1])
+    for c in range(X.shape[1]):
+        col = X[:, c]
+        col = col[~np.isnan(col)]
+        if col.size:
+            out[c] = feature_spread(col[:, None])[0]
+    return out
+
+
+def default_widths(X, var_type=None, n_categories=None, rule="scott") -> np.ndarray:
+    """Rule-of-thumb widths per column of X (checked here): :func:`rule_widths`."""
+    spec, (X,) = check_columns(
+        {"X": X}, var_type=var_type, n_categories=n_categories, missing="marginalize"
+    )
+    return rule_widths(spec, X, rule)
+
+
+def rule_widths(spec: LocalSpec, X, rule="scott") -> np.ndarray:
+    """Rule-of-thumb widths per column of the checked X: a bandwidth rule's h for 'c',
+    a default l otherwise.
+
+    Continuous columns get ``regression.rule_bandwidth`` of their spread
+    (``factor(n, d) sigma_c``, Scott or Silverman, d the number of columns; a
+    constant column gets factor times 1). Categorical columns get
+    ``l = lambda_max * factor(n, d)``: like h, a fixed share of the column's
+    range that shrinks with n (lambda_max = (c-1)/c for 'u', 1 for 'o'). Missing
+    entries (NaN) are left out of the spreads.
+    """
+    from ..smoothing.regression import BANDWIDTH_RULES, rule_bandwidth
+
+    if not isinstance(rule, str) or rule not in BANDWIDTH_RULES:
+        raise ValueError(f"bandwidth rule must be one of {sorted(BANDWIDTH_RULES)}, got {rule!r}")
+    n, d = X.shape
+    out = np.empty(d)
+    cont = spec.continuous
+    if cont.any():
+        h = rule_bandwidth(_nan_spread(X[:, cont]), n, rule)
+        # rule_bandwidth's factor uses the number of continuous columns; use all d
+        factor = BANDWIDTH_RULES[rule](n, d) / BANDWIDTH_RULES[rule](n, int(cont.sum()))
+        out[cont] = h * factor
+    factor = min(1.0, BANDWIDTH_RULES[rule](n, d))
+    top = lambda_max(spec.var_type, spec.n_categories)
+    for position, kind in enumerate(spec.var_type):
+        if kind != "c":
+            out[position] = top[position] * factor
+    return out
+
+
+# --------------------------------------------------------------------------- layout
+@dataclass
+class LocalProblem:
+    """Checked inputs laid out for ``nbattn.kernels.local`` (see its docstring): the
+    continuous columns centred and divided by their widths (queries row-major, keys
+    column-major), the category codes, the categorical score terms, the keys' log
+    weights and the values column-major."""
+
+    spec: LocalSpec
+    q_cont: np.ndarray
+    keys_cont_t: np.ndarray
+    q_cat: np.ndarray
+    keys_cat_t: np.ndarray
+    cat_params: np.ndarray
+    log_weights: np.ndarray
+    sample_weight: np.ndarray | None  # the checked key weights (None: all 1)
+    values_t: np.ndarray
+    degree: int
+    exclude_self: bool
+    h: np.ndarray  # widths of the continuous columns
+    widths: np.ndarray
+    values_1d: bool
+
+    def kernel_groups(self, **model_changes):
+        """The local kernels' argument groups for this problem, ``(LocalData,
+        LocalModel)`` (``nbattn._core.local_groups``, the same on CPU and GPU);
+        ``model_changes`` replace fields of the model (``degree``, ``exclude_self``)."""
+        data = LocalData(
+            self.q_cont, self.keys_cont_t, self.q_cat, self.keys_cat_t, self.log_weights
+        )
+        model = LocalModel(
+            cat_params=self.cat_params,
+            kernel=KERNEL_CODES[self.spec.kernel],
+            degree=int(self.degree),
+            ridge=float(self.spec.ridge),
+            exclude_self=bool(self.exclude_self),
+            missing=bool(self.spec.missing),
+        )
+        return data, model._replace(**model_changes)
+
+
+def _log(x):
+    with np.errstate(divide="ignore"):
+        return float(np.log(x)) if x > 0 else -math.inf
+
+
+def categorical_terms(var_type, n_categories, widths):
+    """(dk, 3) score terms (a, b, t) of the categorical columns (``nbattn.kernels.local``)."""
+    rows = []
+    for position, kind in enumerate(var_type):
+        if kind == "c":
+            continue
+        lam = float(widths[position])
+        if kind == "u":
+            c = int(n_categories[position])
+            b = _log(lam / (c - 1)) if c > 1 else -math.inf
+            rows.append((_log(1.0 - lam), b, 0.0))
+        else:
+            rows.append((_log(1.0 - lam), _log((1.0 - lam) / 2.0), _log(lam)))
+    return np.array(rows, dtype=np.float64).reshape(len(rows), 3)
+
+
+def log_key_weights(sample_weight, n_keys) -> np.ndarray:
+    """log w_j of checked non-negative key weights (0 for every key without weights)."""
+    if sample_weight is None:
+        return np.zeros(n_keys)
+    with np.errstate(divide="ignore"):
+        return np.log(np.asarray(sample_weight, dtype=np.float64))
+
+
+def layout(
+    spec: LocalSpec,
+    queries,
+    keys,
+    values,
+    widths,
+    degree,
+    *,
+    sample_weight=None,
+    exclude_self=False,
+) -> LocalProblem:
+    """Checked inputs laid out for the kernels (nothing is checked again here).
+
+    ``queries`` (n_q, d) and ``keys`` (n, d) float64 columns of ``spec``
+    (:func:`check_data`), ``values`` (n,) or (n, m) float64, ``widths`` (d,)
+    checked widths (:func:`check_widths`), ``sample_weight`` (n,) non-negative
+    with a positive entry, or None. The continuous columns are centred on the
+    keys' median and divided by their widths; that must stay finite.
+    """
+    values = np.asarray(values, dtype=np.float64)
+    values_1d = values.ndim == 1
+    values_2d = values[:, None] if values_1d else values
+    cont = spec.continuous
+    h = widths[cont]
+    kc, qc = keys[:, cont], queries[:, cont]
+    if not cont.any():
+        centre = np.zeros(0)
+    elif spec.missing and np.isnan(kc).any():
+        with warnings.catch_warnings():  # an all-NaN column has no centre: use 0
+            warnings.simplefilter("ignore", RuntimeWarning)
+            centre = np.nanmedian(kc, axis=0)
+        centre = np.where(np.isnan(centre), 0.0, centre)
+    else:
+        centre = np.median(kc, axis=0)
+    with np.errstate(over="ignore"):
+        q_cont = np.ascontiguousarray((qc - centre) / h)
+        keys_cont_t = np.ascontiguousarray(((kc - centre) / h).T)
+    for name, arr in (("queries", q_cont), ("keys", keys_cont_t)):
+        if np.isinf(arr).any():
+            raise ValueError(
+                f"{name} / bandwidth overflows float64 (data near 1e308 with small widths); "
+                "rescale the data"
+            )
+    return LocalProblem(
+        spec=spec,
+        q_cont=q_cont,
+        keys_cont_t=keys_cont_t,
+        q_cat=np.ascontiguousarray(queries[:, ~cont]),
+        keys_cat_t=np.ascontiguousarray(keys[:, ~cont].T),
+        cat_params=categorical_terms(spec.var_type, spec.n_categories, widths),
+        log_weights=log_key_weights(sample_weight, keys.shape[0]),
+        sample_weight=sample_weight,
+        values_t=np.ascontiguousarray(values_2d.T),
+        degree=int(degree),
+        exclude_self=bool(exclude_self),
+        h=h,
+        widths=widths,
+        values_1d=values_1d,
+    )
+
+
+def prepare(
+    queries,
+    keys,
+    values,
+    bandwidth,
+    degree,
+    *,
+    var_type=None,
+    n_categories=None,
+    kernel="gaussian",
+    sample_weight=None,
+    missing="error",
+    exclude_self=False,
+    ridge=None,
+    device="cpu",
+) -> LocalProblem:
+    """Check every input of a public local fit once and lay them out (:func:`layout`).
+
+    ``bandwidth`` a rule name (:func:`default_widths` of the keys) or widths;
+    the other keywords as in :func:`nbattn.local.engine.local_polynomial`.
+    """
+    spec, (keys, queries) = check_columns(
+        {"keys": keys, "queries": queries},
+        var_type=var_type,
+        n_categories=n_categories,
+        kernel=kernel,
+        missing=missing,
+        ridge=ridge,
+        device=device,
+    )
+    values = as_float_array(values, "values", ndim=(1, 2), dtype="float64")
+    if values.shape[0] != keys.shape[0]:
+        raise ValueError(f"values has {values.shape[0]} rows but keys has {keys.shape[0]}")
+    degree = check_degree(degree)
+    exclude_self = check_bool(exclude_self, "exclude_self")
+    if exclude_self and queries.shape[0] != keys.shape[0]:
+        raise ValueError(
+            "exclude_self=True pairs query i with key i, so queries and keys must have the "
+            f"same number of rows; got {queries.shape[0]} and {keys.shape[0]}"
+        )
+    widths = resolve_widths(spec, keys, bandwidth)
+    sample_weight = check_sample_weight(sample_weight, keys.shape[0])
+    return layout(
+        spec,
+        queries,
+        keys,
+        values,
+        widths,
+        degree,
+        sample_weight=sample_weight,
+        exclude_self=exclude_self,
+    )
+
+
+def resolve_widths(spec: LocalSpec, keys, bandwidth) -> np.ndarray:
+    """A rule name's widths on the checked keys (:func:`rule_widths`), or checked widths."""
+    if isinstance(bandwidth, str):
+        return rule_widths(spec, keys, bandwidth)
+    return check_widths(bandwidth, spec.var_type, spec.counts)
+
+
+def check_sample_weight(sample_weight, n_keys):
+    """Key weights as a float64 (n_keys,) array: non-negative, one at least positive
+    (None stays None: every key weighs 1)."""
+    if sample_weight is None:
+        return None
+    w = as_float_array(sample_weight, "sample_weight", ndim=(1,), dtype="float64")
+    if w.shape[0] != n_keys:
+        raise ValueError(f"sample_weight has {w.shape[0]} entries but keys has {n_keys} rows")
+    if (w < 0).any():
+        raise ValueError(
+            f"sample_weight must be >= 0; entry {int(np.argmax(w < 0))} is {w[w < 0][0]!r}"
+        )
+    if not (w > 0).any():
+        raise ValueError("sample_weight is zero everywhere: no key has weight")
+    return w
+
+
+def _check_ridge(ridge):
+    if isinstance(ridge, (int, float, np.floating, np.integer)) and ridge == 0:
+        return 0.0
+    return check_positive_float(ridge, "ridge")
