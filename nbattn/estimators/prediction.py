@@ -186,9 +186,8 @@ class PoolingPrediction:
         q, k, h = self._score_coordinates(X)
         if sw is not None:
             values = np.column_stack([sw[:, None] * values, sw])
-        out = regression.nadaraya_watson(
-            q, k, values, h, dtype=self._dtype(), device=self._device()
-        )
+        h = regression.resolve_bandwidth(h, k)  # checked: it may come from an edited file
+        out, _ = regression.gaussian_pool(q, k, values, h, self._dtype(), self._device())
         out = np.asarray(out, dtype=np.float64)
         return out if sw is None else out[:, :-1] / out[:, -1:]
 
@@ -220,12 +219,11 @@ class PoolingPrediction:
             n_train = float(self._fitted("X_fit_").shape[0])
             return mean, std, np.full(X.shape[0], n_train)
         if not self._uses_engine() and self._weights() is None:
-            from ..smoothing.regression import nadaraya_watson_spread
+            from ..smoothing.regression import gaussian_pool_spread, resolve_bandwidth
 
             q, k, h = self._score_coordinates(X)
-            mean, std, n_eff = nadaraya_watson_spread(
-                q, k, y, h, dtype=self._dtype(), device=self._device()
-            )
+            h = resolve_bandwidth(h, k)
+            mean, std, n_eff = gaussian_pool_spread(q, k, y, h, self._dtype(), self._device())
             return (
                 np.asarray(mean, dtype=np.float64),
                 np.asarray(std, dtype=np.float64),

@@ -40,6 +40,8 @@ __all__ = [
     "nadaraya_watson",
     "nadaraya_watson_spread",
     "resolve_bandwidth",
+    "gaussian_pool",
+    "gaussian_pool_spread",
     "scaled_layout",
     "uses_gemm_tiles",
 ]
@@ -266,10 +268,20 @@ def nadaraya_watson(
     queries, keys, values_2d, values_1d = check_pooling_inputs(queries, keys, values)
     _check_exclude_self(exclude_self, queries, keys)
     h = resolve_bandwidth(bandwidth, keys)
+    out, lse = gaussian_pool(queries, keys, values_2d, h, dtype, device, exclude_self)
+    if values_1d:
+        out = out[:, 0]
+    return (out, lse) if return_lse else out
+
+
+def gaussian_pool(queries, keys, values, h, dtype, device, exclude_self=False):
+    """``(out (n_queries, p), lse)`` of :func:`nadaraya_watson` on checked host arrays:
+    float64 queries (n_queries, d) and keys (n_keys, d), values (n_keys, p), widths h
+    (d,), a resolved dtype and device ("cpu" or "cuda")."""
     gemm = device == "cpu" and uses_gemm_tiles(keys.shape[1], dtype)
     # the GEMM tiles read the row-major keys (and transpose them only for far rows)
     q, k_t, v_t, k = _layout(
-        queries, keys, values_2d, h, dtype, keys_row_major=gemm, keys_feature_major=not gemm
+        queries, keys, values, h, dtype, keys_row_major=gemm, keys_feature_major=not gemm
     )
     if gemm:
         out, lse = _gaussian_pool_gemm(q, k, k_t, v_t, exclude_self)
@@ -278,9 +290,7 @@ def nadaraya_watson(
     if device == "cuda":
         out, lse = to_host(out, lse)
         _far_rows_on_the_cpu(out, lse, q, k_t, v_t, exclude_self)
-    if values_1d:
-        out = out[:, 0]
-    return (out, lse) if return_lse else out
+    return out, lse
 
 
 def uses_gemm_tiles(n_features: int, dtype) -> bool:
@@ -403,6 +413,15 @@ def nadaraya_watson_spread(queries, keys, values, bandwidth="scott", *, dtype=No
     dtype = resolve_dtype(dtype, queries, keys, values)
     queries, keys, v2, values_1d = check_pooling_inputs(queries, keys, values)
     h = resolve_bandwidth(bandwidth, keys)
+    mean, std, n_eff = gaussian_pool_spread(queries, keys, v2, h, dtype, device)
+    if values_1d:
+        return mean[:, 0], std[:, 0], n_eff
+    return mean, std, n_eff
+
+
+def gaussian_pool_spread(queries, keys, v2, h, dtype, device):
+    """``(mean, std, n_eff)`` of :func:`nadaraya_watson_spread` on checked host arrays
+    (values v2 (n_keys, p)), means and spreads (n_queries, p)."""
     q, _ = scaled_layout(queries, 1.0 / h, dtype)
     _, k_t = scaled_layout(keys, 1.0 / h, dtype)
     v_t = np.ascontiguousarray(v2.T, dtype=dtype)
@@ -412,10 +431,7 @@ def nadaraya_watson_spread(queries, keys, values, bandwidth="scott", *, dtype=No
     if not isinstance(mean, np.ndarray):  # the CUDA pool returns device arrays
         mean = to_host(mean)
     n_eff = 1.0 / sum_w2
-    mean = mean.astype(np.float64)
-    if values_1d:
-        return mean[:, 0], std[:, 0], n_eff
-    return mean, std, n_eff
+    return mean.astype(np.float64), std, n_eff
 
 
 def gaussian_attention_weights(

@@ -79,18 +79,17 @@ def _target(frame, rng):
 
 
 @pytest.mark.parametrize(
-    "make, engine",
+    "make",
     [
-        (lambda: nbattn.LocalPolynomialRegressor(bandwidth="loo", degree=1), True),
-        (lambda: nbattn.LocalPolynomialRegressor(bandwidth="scott", degree=2), True),
-        (lambda: nbattn.NadarayaWatsonRegressor(bandwidth="loo"), False),
-        (lambda: nbattn.NadarayaWatsonRegressor(bandwidth="silverman", kernel="tricube"), True),
+        lambda: nbattn.LocalPolynomialRegressor(bandwidth="loo", degree=1),
+        lambda: nbattn.LocalPolynomialRegressor(bandwidth="scott", degree=2),
+        lambda: nbattn.NadarayaWatsonRegressor(bandwidth="loo"),
+        lambda: nbattn.NadarayaWatsonRegressor(bandwidth="silverman", kernel="tricube"),
     ],
 )
 @pytest.mark.parametrize("table", [False, True])
-def test_fit_checks_x_once(make, engine, table, x_checks):
-    """X is checked once in fit, and the queries once in predict on the engine's path
-    (the Gaussian pooling's predict still checks them again in nadaraya_watson)."""
+def test_fit_and_predict_check_x_once(make, table, x_checks):
+    """X is checked once in fit, and the queries once in predict."""
     rng = np.random.default_rng(3)
     frame = _mixed_table(rng, 60)
     y = _target(frame, rng)
@@ -100,10 +99,9 @@ def test_fit_checks_x_once(make, engine, table, x_checks):
     seen = x_checks(X.shape)
     model = make().fit(X, y)
     assert len(seen) == 1, seen
-    if engine or table:
-        seen_predict = x_checks(queries.shape)
-        model.predict(queries)
-        assert len(seen_predict) == 1, seen_predict
+    seen_predict = x_checks(queries.shape)
+    model.predict(queries)
+    assert len(seen_predict) == 1, seen_predict
 
 
 def test_the_count_sees_the_public_checks(x_checks):
