@@ -72,6 +72,7 @@ from .problem import (
     layout,
     prepare,
     resolve_widths,
+    spec_options,
 )
 
 __all__ = [
@@ -193,14 +194,9 @@ def local_polynomial(
         values,
         bandwidth,
         degree,
-        var_type=var_type,
-        n_categories=n_categories,
-        kernel=kernel,
         sample_weight=sample_weight,
-        missing=missing,
         exclude_self=exclude_self,
-        ridge=ridge,
-        device=device,
+        **spec_options(locals()),
     )
     out = fit_values(problem, return_gradient)
     if not return_gradient:
@@ -248,14 +244,9 @@ def local_interval_sums(
         residuals,
         bandwidth,
         degree,
-        var_type=var_type,
-        n_categories=n_categories,
-        kernel=kernel,
         sample_weight=sample_weight,
-        missing=missing,
         exclude_self=exclude_self,
-        ridge=ridge,
-        device=device,
+        **spec_options(locals()),
     )
     return interval_sums(problem)
 
@@ -303,15 +294,7 @@ def local_prediction_interval(
     -------
     lower, upper : ndarrays like the fit; ``(fit, lower, upper)`` with ``return_fit``.
     """
-    spec, (X,) = check_columns(
-        {"X": X},
-        var_type=var_type,
-        n_categories=n_categories,
-        kernel=kernel,
-        missing=missing,
-        ridge=ridge,
-        device=device,
-    )
+    spec, (X,) = check_columns({"X": X}, **spec_options(locals()))
     y = as_float_array(y, "y", ndim=(1, 2), dtype="float64")
     if y.shape[0] != X.shape[0]:
         raise ValueError(f"y has {y.shape[0]} rows but X has {X.shape[0]}")
@@ -396,14 +379,9 @@ def local_loo_loss(
         y,
         bandwidth,
         degree,
-        var_type=var_type,
-        n_categories=n_categories,
-        kernel=kernel,
         sample_weight=sample_weight,
-        missing=missing,
         exclude_self=True,
-        ridge=ridge,
-        device=device,
+        **spec_options(locals()),
     )
     return loo_loss(problem)
 

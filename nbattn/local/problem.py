@@ -26,6 +26,7 @@ from .._core.validation import as_float_array, check_bandwidth, check_bool, chec
 
 __all__ = [
     "DEFAULT_RIDGE",
+    "SPEC_OPTIONS",
     "KERNELS",
     "LocalProblem",
     "LocalSpec",
@@ -42,6 +43,7 @@ __all__ = [
     "log_key_weights",
     "prepare",
     "rule_widths",
+    "spec_options",
 ]
 
 _MISSING = ("error", "marginalize")
@@ -50,6 +52,15 @@ DEFAULT_RIDGE = config.LOCAL_RIDGE
 
 
 # --------------------------------------------------------------------------- the options
+#: The keywords of the public local functions that make their :class:`LocalSpec`.
+SPEC_OPTIONS = ("var_type", "n_categories", "kernel", "missing", "ridge", "device")
+
+
+def spec_options(arguments: dict) -> dict:
+    """The :data:`SPEC_OPTIONS` among a public function's arguments (its ``locals()``)."""
+    return {name: arguments[name] for name in SPEC_OPTIONS}
+
+
 @dataclass(frozen=True)
 class LocalSpec:
     """The options of a local fit, checked (:func:`check_spec`) or built by a fitted model.
@@ -445,35 +456,15 @@ def layout(
 
 
 def prepare(
-    queries,
-    keys,
-    values,
-    bandwidth,
-    degree,
-    *,
-    var_type=None,
-    n_categories=None,
-    kernel="gaussian",
-    sample_weight=None,
-    missing="error",
-    exclude_self=False,
-    ridge=None,
-    device="cpu",
+    queries, keys, values, bandwidth, degree, *, sample_weight=None, exclude_self=False, **options
 ) -> LocalProblem:
     """Check every input of a public local fit once and lay them out (:func:`layout`).
 
-    ``bandwidth`` a rule name (:func:`default_widths` of the keys) or widths;
-    the other keywords as in :func:`nbattn.local.engine.local_polynomial`.
+    ``bandwidth`` a rule name (:func:`rule_widths` of the keys) or widths;
+    ``options`` the :data:`SPEC_OPTIONS`; all as in
+    :func:`nbattn.local.engine.local_polynomial`.
     """
-    spec, (keys, queries) = check_columns(
-        {"keys": keys, "queries": queries},
-        var_type=var_type,
-        n_categories=n_categories,
-        kernel=kernel,
-        missing=missing,
-        ridge=ridge,
-        device=device,
-    )
+    spec, (keys, queries) = check_columns({"keys": keys, "queries": queries}, **options)
     values = as_float_array(values, "values", ndim=(1, 2), dtype="float64")
     if values.shape[0] != keys.shape[0]:
         raise ValueError(f"values has {values.shape[0]} rows but keys has {keys.shape[0]}")

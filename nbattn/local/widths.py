@@ -49,6 +49,7 @@ from .problem import (
     lambda_max,
     layout,
     rule_widths,
+    spec_options,
 )
 
 __all__ = ["local_loo_loss_and_grad", "local_loo_widths", "theta_to_widths", "widths_to_theta"]
@@ -228,16 +229,7 @@ def local_loo_loss_and_grad(
     (l = lambda_max sigmoid(t); see :func:`theta_to_widths`).
     """
     spec, X, y, degree, sample_weight = _check_training(
-        X,
-        y,
-        degree,
-        sample_weight,
-        var_type=var_type,
-        n_categories=n_categories,
-        kernel=kernel,
-        missing=missing,
-        ridge=ridge,
-        device=device,
+        X, y, degree, sample_weight, **spec_options(locals())
     )
     theta = np.asarray(theta, dtype=np.float64).reshape(-1)
     if theta.shape != (X.shape[1],):
@@ -287,16 +279,7 @@ def local_loo_widths(
     descent; the joint stage and the sweeps also try l = 0 exactly.
     """
     spec, X, y, degree, sample_weight = _check_training(
-        X,
-        y,
-        degree,
-        sample_weight,
-        var_type=var_type,
-        n_categories=n_categories,
-        kernel=kernel,
-        missing=missing,
-        ridge=ridge,
-        device=device,
+        X, y, degree, sample_weight, **spec_options(locals())
     )
     if init is not None:
         init = check_widths(init, spec.var_type, spec.counts, name="init")
