@@ -42,6 +42,7 @@ import time
 
 import numba
 import numpy as np
+from _timing import interleaved_times
 
 import nbattn
 
@@ -56,15 +57,7 @@ D = 64
 
 def _median_times(fns, repeat):
     """Median wall time of each function over ``repeat`` interleaved rounds (after one warm-up)."""
-    for fn in fns:
-        fn()
-    times = [[] for _ in fns]
-    for _ in range(repeat):
-        for i, fn in enumerate(fns):
-            start = time.perf_counter()
-            fn()
-            times[i].append(time.perf_counter() - start)
-    return [float(np.median(t)) for t in times]
+    return [float(np.median(t)) for t in interleaved_times(fns, repeat)]
 
 
 def _arrays(rng, h, n, h_kv=None):
@@ -125,15 +118,7 @@ def _report(name, ours, theirs, target):
 
 def _cpu_times(fns, repeat):
     """Least CPU time of each function over ``repeat`` interleaved rounds (after one warm-up)."""
-    for fn in fns:
-        fn()
-    times = [[] for _ in fns]
-    for _ in range(repeat):
-        for i, fn in enumerate(fns):
-            start = time.process_time()
-            fn()
-            times[i].append(time.process_time() - start)
-    return [min(t) for t in times]
+    return [min(t) for t in interleaved_times(fns, repeat, clock=time.process_time)]
 
 
 def _stage_kernels():

@@ -28,6 +28,7 @@ import time
 import warnings
 
 import numpy as np
+from _timing import best_time
 
 from nbattn.local.engine import fit_problem, local_loo_loss, local_polynomial
 from nbattn.local.problem import prepare
@@ -52,15 +53,6 @@ def mixed_data(n, rng):
     X[:4, 4] = np.arange(4)
     y = np.sin(X[:, 0]) + 0.5 * X[:, 1] + 0.3 * X[:, 2] ** 2 + 0.4 * X[:, 3] - 0.2 * X[:, 4]
     return X, y + 0.3 * rng.normal(size=n)
-
-
-def best_time(fn, *args, repeat=3):
-    best = np.inf
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn(*args)
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def bench_widths(n, rng):

@@ -37,6 +37,7 @@ import warnings
 
 import numba
 import numpy as np
+from _timing import best_time
 from numba import njit, prange
 
 import nbattn
@@ -268,15 +269,6 @@ def _profile_rows(queries, keys, values, repeat):
         peer = best_time(lambda: torch_nw_blocks(torch, tq, tk, tv, h), repeat=repeat)
         rows.append(("torch cdist -> softmax -> matmul", peer))
     return rows
-
-
-def best_time(fn, *args, repeat=3):
-    best = np.inf
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn(*args)
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 @njit(parallel=True, fastmath=nbattn.config.FASTMATH)

@@ -6,12 +6,18 @@ import numpy as np
 import pytest
 from hypothesis import settings
 
-# Under CI (``CI`` set, as .ci/run runs) hypothesis draws the same examples every
-# run, so a red run is reproducible and never depends on the draw of the day;
-# locally it explores new examples each run (and keeps failures in .hypothesis/).
-settings.register_profile("ci", derandomize=True, print_blob=True)
-if os.environ.get("CI", "").lower() not in ("", "0", "false"):
-    settings.load_profile("ci")
+# The suite's hypothesis settings, which each test's @settings extends: no deadline, as an
+# example's first call may compile kernels (seconds, against hypothesis' 200 ms). Under CI
+# (``CI`` set, as .ci/run runs) hypothesis also draws the same examples every run, so a red
+# run is reproducible and never depends on the draw of the day; locally it explores new
+# examples each run (and keeps failures in .hypothesis/).
+settings.register_profile("nbattn", deadline=None)
+settings.register_profile(
+    "ci", parent=settings.get_profile("nbattn"), derandomize=True, print_blob=True
+)
+settings.load_profile(
+    "ci" if os.environ.get("CI", "").lower() not in ("", "0", "false") else "nbattn"
+)
 
 #: Markers for tests that read what only some platforms have; such a test is
 #: skipped elsewhere, with the reason shown by ``pytest -ra``.
@@ -30,6 +36,18 @@ PLATFORM_MARKERS = {
 @pytest.fixture
 def rng():
     return np.random.default_rng(12345)
+
+
+@pytest.fixture
+def small_flash_tiles(monkeypatch):
+    """Flash tiles (forward and backward) of 8 queries x 16 keys, so that small inputs
+    cross many tile boundaries, and every call on all numba threads (small calls
+    otherwise run on one)."""
+    from nbattn import config
+
+    sizes = dict(FLASH_BLOCK_Q=8, FLASH_BLOCK_K=16, FLASH_BWD_BLOCK_Q=8, FLASH_BWD_BLOCK_K=16)
+    for name, value in {"FLASH_SERIAL_WORK": 0, **sizes}.items():
+        monkeypatch.setattr(config, name, value)
 
 
 def pytest_configure(config):

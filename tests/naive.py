@@ -9,14 +9,43 @@ from __future__ import annotations
 import numpy as np
 
 
-def softmax_rows(scores):
-    """Row-wise softmax with the max subtracted; a row of all -inf gives zeros."""
-    scores = np.asarray(scores, dtype=np.float64)
+def softmax_rows(scores, dtype=np.float64):
+    """Row-wise softmax with the max subtracted, in ``dtype``; a row of all -inf gives zeros."""
+    scores = np.asarray(scores, dtype=dtype)
     row_max = scores.max(axis=-1, keepdims=True)
     safe_max = np.where(np.isfinite(row_max), row_max, 0.0)
     e = np.exp(scores - safe_max)
     total = e.sum(axis=-1, keepdims=True)
     return np.divide(e, total, out=np.zeros_like(e), where=total > 0)
+
+
+def logsumexp_rows(scores, dtype=np.float64):
+    """log sum_j exp(s_ij) along the last axis, with the max subtracted, in ``dtype``; a row
+    of all -inf gives -inf."""
+    scores = np.asarray(scores, dtype=dtype)
+    m = scores.max(axis=-1, keepdims=True)
+    safe = np.where(np.isfinite(m), m, 0.0)
+    with np.errstate(divide="ignore"):
+        return (safe + np.log(np.exp(scores - safe).sum(axis=-1, keepdims=True)))[..., 0]
+
+
+def softmax_grads(s, q, k, v, grad_out, scale, drop=None, tanh=None):
+    """(dq, dk, dv) of out = (P o Z) V, P = softmax(s) along the last axis, s the scores
+    scale q k^T (after a softcap c tanh(x / c) when ``tanh`` holds its tanh values, plus
+    terms that do not depend on q and k), Z the dropout factors ``drop`` (ones if None):
+
+    dV = (P o Z)^T dO, dP = (dO V^T) o Z, dS = P o (dP - rowsum(P o dP)) o (1 - tanh^2),
+    dQ = scale dS K, dK = scale dS^T Q (leading dimensions as given, no broadcasting).
+    """
+    g = np.asarray(grad_out, dtype=np.float64)
+    p = softmax_rows(s)
+    z = 1.0 if drop is None else drop
+    dv = np.swapaxes(p * z, -1, -2) @ g
+    dp = (g @ np.swapaxes(v, -1, -2)) * z
+    ds = p * (dp - (p * dp).sum(axis=-1, keepdims=True))
+    if tanh is not None:
+        ds = ds * (1.0 - tanh**2)
+    return scale * (ds @ k), scale * (np.swapaxes(ds, -1, -2) @ q), dv
 
 
 def gaussian_scores(queries, keys, bandwidth):
@@ -46,10 +75,7 @@ def nadaraya_watson_lse(queries, keys, bandwidth, exclude_self=False):
     scores = gaussian_scores(queries, keys, bandwidth)
     if exclude_self:
         np.fill_diagonal(scores, -np.inf)
-    m = scores.max(axis=1)
-    safe = np.where(np.isfinite(m), m, 0.0)
-    with np.errstate(divide="ignore"):
-        return safe + np.log(np.exp(scores - safe[:, None]).sum(axis=1))
+    return logsumexp_rows(scores)
 
 
 def textbook_nadaraya_watson(queries, keys, values, bandwidth):
@@ -129,24 +155,25 @@ def weighted_spread(queries, keys, values, bandwidth):
 # ---------------------------------------------------------------------------
 
 
-def sdpa_scores(q, k, causal=False, scale=None, key_bias=None, alibi_slopes=None):
-    """s_ij = scale q_i.k_j + b_j + slope (j - i), -inf above the diagonal if causal.
+def sdpa_scores(q, k, causal=False, scale=None, key_bias=None, alibi_slopes=None, dtype=np.float64):
+    """s_ij = scale q_i.k_j + b_j + slope (j - i), -inf above the diagonal if causal,
+    computed in ``dtype``.
 
     q (..., L, E), k (..., S, E); key_bias broadcasts to (..., S), alibi_slopes to
     the leading dimensions. Causal is aligned at the top left (j <= i), as torch.
     """
-    q = np.asarray(q, dtype=np.float64)
-    k = np.asarray(k, dtype=np.float64)
+    q = np.asarray(q, dtype=dtype)
+    k = np.asarray(k, dtype=dtype)
     if scale is None:
         scale = 1.0 / np.sqrt(q.shape[-1])
-    s = scale * (q @ np.swapaxes(k, -1, -2))
+    s = dtype(scale) * (q @ np.swapaxes(k, -1, -2))
     n_q, n_k = s.shape[-2:]
     i = np.arange(n_q)[:, None]
     j = np.arange(n_k)[None, :]
     if key_bias is not None:
-        s = s + np.asarray(key_bias, dtype=np.float64)[..., None, :]
+        s = s + np.asarray(key_bias, dtype=dtype)[..., None, :]
     if alibi_slopes is not None:
-        slopes = np.asarray(alibi_slopes, dtype=np.float64)[..., None, None]
+        slopes = np.asarray(alibi_slopes, dtype=dtype)[..., None, None]
         s = s + slopes * (j - i)
     if causal:
         s = np.where(j <= i, s, -np.inf)
@@ -156,33 +183,21 @@ def sdpa_scores(q, k, causal=False, scale=None, key_bias=None, alibi_slopes=None
 def sdpa(q, k, v, causal=False, scale=None, key_bias=None, alibi_slopes=None):
     """(out, lse): softmax(s) v and log sum_j exp(s_ij); rows without keys -> 0, -inf."""
     s = sdpa_scores(q, k, causal, scale, key_bias, alibi_slopes)
-    p = softmax_rows(s)
-    m = s.max(axis=-1, keepdims=True)
-    safe = np.where(np.isfinite(m), m, 0.0)
-    with np.errstate(divide="ignore"):
-        lse = (safe + np.log(np.exp(s - safe).sum(axis=-1, keepdims=True)))[..., 0]
-    return p @ np.asarray(v, dtype=np.float64), lse
+    return softmax_rows(s) @ np.asarray(v, dtype=np.float64), logsumexp_rows(s)
 
 
 def sdpa_backward(q, k, v, grad_out, causal=False, scale=None, key_bias=None, alibi_slopes=None):
-    """(dq, dk, dv) of sdpa by the explicit formulas, with the full matrix P.
-
-    dV = P^T dO, dP = dO V^T, dS_ij = P_ij (dP_ij - sum_l P_il dP_il),
+    """(dq, dk, dv) of sdpa by the explicit formulas (:func:`softmax_grads`), with the
+    full matrix P: dV = P^T dO, dP = dO V^T, dS_ij = P_ij (dP_ij - sum_l P_il dP_il),
     dQ = scale dS K, dK = scale dS^T Q (leading dimensions as given, no broadcasting).
     """
     q = np.asarray(q, dtype=np.float64)
     k = np.asarray(k, dtype=np.float64)
     v = np.asarray(v, dtype=np.float64)
-    g = np.asarray(grad_out, dtype=np.float64)
     if scale is None:
         scale = 1.0 / np.sqrt(q.shape[-1])
-    p = softmax_rows(sdpa_scores(q, k, causal, scale, key_bias, alibi_slopes))
-    dv = np.swapaxes(p, -1, -2) @ g
-    dp = g @ np.swapaxes(v, -1, -2)
-    ds = p * (dp - (p * dp).sum(axis=-1, keepdims=True))
-    dq = scale * (ds @ k)
-    dk = scale * (np.swapaxes(ds, -1, -2) @ q)
-    return dq, dk, dv
+    s = sdpa_scores(q, k, causal, scale, key_bias, alibi_slopes)
+    return softmax_grads(s, q, k, v, grad_out, scale)
 
 
 # ---------------------------------------------------------------------------
@@ -423,37 +438,14 @@ def relative_position_bias(table, L, S):
 
 def softmax_extended(scores):
     """Row-wise softmax in long double (the sums of huge scores and masks cannot overflow)."""
-    s = np.asarray(scores, dtype=np.longdouble)
-    m = s.max(axis=-1, keepdims=True)
-    safe = np.where(np.isfinite(m), m, 0)
-    e = np.exp(s - safe)
-    total = e.sum(axis=-1, keepdims=True)
-    return np.divide(e, total, out=np.zeros_like(e), where=total > 0)
+    return softmax_rows(scores, dtype=np.longdouble)
 
 
 def sdpa_extended(q, k, v, causal=False, scale=None, key_bias=None, alibi_slopes=None):
     """(out, lse) of scaled dot-product attention computed in long double."""
-    q = np.asarray(q, dtype=np.longdouble)
-    k = np.asarray(k, dtype=np.longdouble)
-    if scale is None:
-        scale = 1.0 / np.sqrt(q.shape[-1])
-    s = np.longdouble(scale) * (q @ np.swapaxes(k, -1, -2))
-    n_q, n_k = s.shape[-2:]
-    i = np.arange(n_q)[:, None]
-    j = np.arange(n_k)[None, :]
-    if key_bias is not None:
-        s = s + np.asarray(key_bias, dtype=np.longdouble)[..., None, :]
-    if alibi_slopes is not None:
-        s = s + np.asarray(alibi_slopes, dtype=np.longdouble)[..., None, None] * (j - i)
-    if causal:
-        s = np.where(j <= i, s, -np.inf)
-    p = softmax_extended(s)
-    m = s.max(axis=-1, keepdims=True)
-    safe = np.where(np.isfinite(m), m, 0)
-    with np.errstate(divide="ignore"):
-        lse = (safe + np.log(np.exp(s - safe).sum(axis=-1, keepdims=True)))[..., 0]
-    out = p @ np.asarray(v, dtype=np.longdouble)
-    return out.astype(np.float64), lse.astype(np.float64)
+    s = sdpa_scores(q, k, causal, scale, key_bias, alibi_slopes, dtype=np.longdouble)
+    out = softmax_extended(s) @ np.asarray(v, dtype=np.longdouble)
+    return out.astype(np.float64), logsumexp_rows(s, dtype=np.longdouble).astype(np.float64)
 
 
 # ------------------------------------------------ exact at extreme magnitudes
@@ -751,15 +743,7 @@ def attention_bottom_right(
     lse = np.full((H, L), -np.inf)
     if S == 0:
         return out, lse
-    m = s.max(axis=-1, keepdims=True)
-    safe = np.where(np.isfinite(m), m, 0.0)
-    e = np.exp(s - safe)
-    total = e.sum(axis=-1, keepdims=True)
-    w = np.divide(e, total, out=np.zeros_like(e), where=total > 0)
-    out = w @ v
-    with np.errstate(divide="ignore"):
-        lse = (safe + np.log(total))[..., 0]
-    return out, lse
+    return softmax_rows(s) @ v, logsumexp_rows(s)
 
 
 # ---------------------------------------------------------------------------
@@ -854,13 +838,9 @@ def flash_features(
         q, k, v, mask, causal, scale, window, alignment, softcap, enable_gqa
     )
     p = softmax_rows(s)
-    m = s.max(axis=-1, keepdims=True)
-    safe = np.where(np.isfinite(m), m, 0.0)
-    with np.errstate(divide="ignore"):
-        lse = (safe + np.log(np.exp(s - safe).sum(axis=-1, keepdims=True)))[..., 0]
     if dropout is not None:
         p = p * dropout
-    return p @ v, lse
+    return p @ v, logsumexp_rows(s)
 
 
 def flash_features_backward(
@@ -887,16 +867,7 @@ def flash_features_backward(
     q, k, v, s, th, scale = _flash_parts(
         q, k, v, mask, causal, scale, window, alignment, softcap, enable_gqa
     )
-    g = np.asarray(grad_out, dtype=np.float64)
-    p = softmax_rows(s)
-    z = np.ones_like(p) if dropout is None else dropout
-    dv = np.swapaxes(p * z, -1, -2) @ g
-    dp = (g @ np.swapaxes(v, -1, -2)) * z
-    ds = p * (dp - (p * dp).sum(axis=-1, keepdims=True))
-    if th is not None:
-        ds = ds * (1.0 - th**2)
-    dq = scale * (ds @ k)
-    dk = scale * (np.swapaxes(ds, -1, -2) @ q)
+    dq, dk, dv = softmax_grads(s, q, k, v, grad_out, scale, drop=dropout, tanh=th)
     if enable_gqa and k0.shape[-3] != q0.shape[-3]:
         group = q0.shape[-3] // k0.shape[-3]
         shape = dk.shape[:-3] + (k0.shape[-3], group) + dk.shape[-2:]
@@ -939,13 +910,9 @@ def flash_slices(q, k, v, kv_index, scale, bias=None, band=(0, 10**9, 10**9), so
     """
     s, _ = _slice_scores(q, k, kv_index, scale, bias, band, softcap, slopes)
     p = softmax_rows(s)
-    m = s.max(axis=-1, keepdims=True)
-    safe = np.where(np.isfinite(m), m, 0.0)
-    with np.errstate(divide="ignore"):
-        lse = (safe + np.log(np.exp(s - safe).sum(axis=-1, keepdims=True)))[..., 0]
     if drop is not None:
         p = p * drop
-    return p @ np.asarray(v, dtype=np.float64)[np.asarray(kv_index)], lse
+    return p @ np.asarray(v, dtype=np.float64)[np.asarray(kv_index)], logsumexp_rows(s)
 
 
 def flash_slices_backward(q, k, v, grad_out, kv_index, scale, bias=None, band=(0, 10**9, 10**9),
@@ -957,17 +924,9 @@ def flash_slices_backward(q, k, v, grad_out, kv_index, scale, bias=None, band=(0
     q = np.asarray(q, dtype=np.float64)
     vv = np.asarray(v, dtype=np.float64)[kv_index]
     kk = np.asarray(k, dtype=np.float64)[kv_index]
-    g = np.asarray(grad_out, dtype=np.float64)
     s, th = _slice_scores(q, k, kv_index, scale, bias, band, softcap, slopes)
-    p = softmax_rows(s)
-    z = np.ones_like(p) if drop is None else drop
-    dv_slices = np.swapaxes(p * z, -1, -2) @ g
-    dp = (g @ np.swapaxes(vv, -1, -2)) * z
-    ds = p * (dp - (p * dp).sum(axis=-1, keepdims=True))
-    if softcap is not None:
-        ds = ds * (1.0 - th**2)
-    dq = scale * (ds @ kk)
-    dk_slices = scale * (np.swapaxes(ds, -1, -2) @ q)
+    tanh = th if softcap is not None else None
+    dq, dk_slices, dv_slices = softmax_grads(s, q, kk, vv, grad_out, scale, drop=drop, tanh=tanh)
     dk = np.zeros(np.shape(k))
     dv = np.zeros(np.shape(v))
     np.add.at(dk, kv_index, dk_slices)

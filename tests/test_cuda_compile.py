@@ -17,29 +17,18 @@ import sys
 
 import pytest
 
+from ._scripts import load_script
+
 pytestmark = pytest.mark.skipif(
     os.environ.get("NUMBA_ENABLE_CUDASIM") == "1", reason="needs the real CUDA compiler"
 )
-
-
-def _load_ptx_tools():
-    """scripts/ptx.py, the kernel catalogue (a development tool, not shipped)."""
-    import importlib.util
-    import pathlib
-
-    path = pathlib.Path(__file__).resolve().parent.parent / "scripts" / "ptx.py"
-    spec = importlib.util.spec_from_file_location("nbattn_ptx_tools", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
 def ptx():
     from numba import cuda
 
-    ptx_tools = _load_ptx_tools()
+    ptx_tools = load_script("ptx")
 
     def trivial(x):
         x[0] = 1.0
@@ -78,6 +67,21 @@ def _usage_or_skip(ptx, text):
     return usage
 
 
+def _assert_no_local_memory(ptx, case, text):
+    """ptxas's figures for the case's PTX, which uses no local memory (no spill stores or
+    loads, no stack); skipped where no ptxas takes the PTX."""
+    usage = _usage_or_skip(ptx, text)
+    assert usage.spill_stores == usage.spill_loads == usage.stack == 0, (case.name, usage)
+    return usage
+
+
+def _assert_spills_at_most(ptx, case, text, spilled_before):
+    """The case's PTX spills at most 10 % more bytes than ``spilled_before``, what it
+    spilled when written; skipped where no ptxas takes the PTX."""
+    usage = _usage_or_skip(ptx, text)
+    assert usage.spill_stores <= spilled_before * 1.1, (case.name, usage)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_every_kernel_compiles_and_assembles(ptx, dtype):
     """Odd sizes: head dimensions that are not multiples of 4 (the dot products'
@@ -111,11 +115,9 @@ def test_flash_float32_fast_exp_vector_loads_and_no_spills(ptx):
     # the rows-without-keys test (lse != -inf) is compiled in, not folded away
     assert "0dFFF0000000000000" in texts[dq.name]
     for case in (forward, dv):
-        usage = _usage_or_skip(ptx, texts[case.name])
-        assert usage.spill_stores == usage.spill_loads == usage.stack == 0, (case.name, usage)
+        _assert_no_local_memory(ptx, case, texts[case.name])
     for case, spilled_before in ((dq, 144), (dk, 152)):
-        usage = _usage_or_skip(ptx, texts[case.name])
-        assert usage.spill_stores <= spilled_before * 1.1, (case.name, usage)
+        _assert_spills_at_most(ptx, case, texts[case.name], spilled_before)
 
 
 def test_flash_feature_kernels(ptx):
@@ -137,19 +139,16 @@ def test_flash_feature_kernels(ptx):
         assert ptx.shared_load_widths(text)["v4"] == 32, name
         assert ("bar.red.or" in text) == (name != packed_forward.name), name
     for case in (forward, dv, *others):
-        usage = _usage_or_skip(ptx, texts[case.name])
-        assert usage.spill_stores == usage.spill_loads == usage.stack == 0, (case.name, usage)
-    for case, before in ((dq, 180), (dk, 228)):
-        usage = _usage_or_skip(ptx, texts[case.name])
-        assert usage.spill_stores <= before * 1.1, (case.name, usage)
+        _assert_no_local_memory(ptx, case, texts[case.name])
+    for case, spilled_before in ((dq, 180), (dk, 228)):
+        _assert_spills_at_most(ptx, case, texts[case.name], spilled_before)
 
 
 def test_decode_kernel_at_head_size_128(ptx):
     """Split-KV decoding at D = Ev = 128 float32 (the decode benchmark's heads): the
     query row and the accumulator stay in registers (no local memory)."""
     (case,) = ptx.decode_cases("float32", 128, 128)
-    usage = _usage_or_skip(ptx, _compile(ptx, case))
-    assert usage.spill_stores == usage.spill_loads == usage.stack == 0, (case.name, usage)
+    _assert_no_local_memory(ptx, case, _compile(ptx, case))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -160,8 +159,7 @@ def test_pooling_and_loo_kernels_fit_in_registers(ptx, dtype):
     blocks of 128 threads fit on a multiprocessor (65,536 registers)."""
     cases = ptx.pooling_cases(dtype, 8, 8) + ptx.weights_cases(dtype, 8) + ptx.grad_cases(dtype, 8)
     for case in cases:
-        usage = _usage_or_skip(ptx, _compile(ptx, case))
-        assert usage.spill_stores == usage.spill_loads == usage.stack == 0, (case.name, usage)
+        usage = _assert_no_local_memory(ptx, case, _compile(ptx, case))
         assert usage.registers <= 128, (case.name, usage)
 
 
@@ -200,8 +198,7 @@ def test_local_linear_kernels_keep_their_state_in_registers(ptx):
     for case in ptx.local_cases(3, 2, 1, 1):
         text = _compile(ptx, case)
         assert "0dFFF0000000000000" in text, case.name
-        usage = _usage_or_skip(ptx, text)
-        assert usage.spill_stores == usage.spill_loads == usage.stack == 0, (case.name, usage)
+        _assert_no_local_memory(ptx, case, text)
 
 
 def test_far_row_kernels_compile_and_assemble(ptx):
@@ -258,7 +255,7 @@ def test_every_catalogued_kernel_has_a_disk_cache_with_distinct_keys():
     two specialisations of one kernel never share a key."""
     from nbattn import config
 
-    ptx = _load_ptx_tools()
+    ptx = load_script("ptx")
 
     expected = "CUDACache" if config.CACHE else "NullCache"  # NBATTN_CACHE=0 turns it off
     cases = (
@@ -326,12 +323,11 @@ def test_no_kernel_reads_a_tunable_as_a_global():
     cache in a process that sets another value. Every kernel and device function
     reachable from the catalogue (through globals and closures) reads only true
     constants: none of the module-level names computed from ``config``."""
-    import sys
     import types
 
     from nbattn import config
 
-    ptx = _load_ptx_tools()
+    ptx = load_script("ptx")
 
     seen, offenders = set(), []
 

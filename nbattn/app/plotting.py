@@ -26,37 +26,42 @@ def pyplot():
     return plt
 
 
+def _axes(ax, figsize):
+    """``ax``, or the axes of a new figure ``figsize`` inches large when it is None."""
+    if ax is None:
+        _, ax = pyplot().subplots(figsize=figsize)
+    return ax
+
+
+def _label(ax, xlabel, ylabel, title=None):
+    """Name the axes, and title them when ``title`` is given."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title)
+
+
 # The seed's colours: green average pooling, black attention pooling, then others.
 _CURVE_COLORS = ["tab:green", "black", "tab:orange", "tab:purple", "tab:brown", "tab:cyan"]
 
 
 def plot_fit(x_train, y_train, x_test, y_true, curves=None, ax=None, title=None):
     """Training points, the true function, and fitted curves {label: y_pred on x_test}."""
-    plt = pyplot()
-    if ax is None:
-        _, ax = plt.subplots(figsize=(6, 4))
+    ax = _axes(ax, figsize=(6, 4))
     ax.scatter(x_train, y_train, color="tab:red", s=14, label="train_data")
     ax.plot(x_test, y_true, color="tab:blue", label="true function")
     for (label, y_pred), color in zip((curves or {}).items(), _CURVE_COLORS * 4):
         ax.plot(x_test, y_pred, label=label, color=color)
-    ax.set_xlabel("x")
-    ax.set_ylabel("y")
-    if title:
-        ax.set_title(title)
+    _label(ax, "x", "y", title)
     ax.legend(loc="best")
     return ax
 
 
 def plot_heatmap(weights, xlabel="keys", ylabel="queries", ax=None, title=None):
     """One attention map (n_queries, n_keys) as an image with a colour bar."""
-    plt = pyplot()
-    if ax is None:
-        _, ax = plt.subplots(figsize=(5, 4))
+    ax = _axes(ax, figsize=(5, 4))
     image = ax.imshow(np.asarray(weights), cmap="Reds", aspect="auto")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    if title:
-        ax.set_title(title)
+    _label(ax, xlabel, ylabel, title)
     ax.figure.colorbar(image, ax=ax)
     return ax
 
@@ -74,17 +79,12 @@ def save(ax, path) -> Path:
 
 def plot_loss_curve(bandwidths, losses, marks=None, ax=None, title=None):
     """A loss against the kernel width on a log axis; ``marks`` = {label: width} as lines."""
-    plt = pyplot()
-    if ax is None:
-        _, ax = plt.subplots(figsize=(6, 4))
+    ax = _axes(ax, figsize=(6, 4))
     ax.plot(bandwidths, losses, color="tab:blue", label="leave-one-out MSE")
     for (label, width), color in zip((marks or {}).items(), ["tab:red", "tab:green", "tab:gray"]):
         ax.axvline(width, color=color, linestyle="--", label=f"{label} ({width:.3g})")
     ax.set_xscale("log")
-    ax.set_xlabel("bandwidth h")
-    ax.set_ylabel("LOO MSE")
-    if title:
-        ax.set_title(title)
+    _label(ax, "bandwidth h", "LOO MSE", title)
     ax.legend(loc="best")
     return ax
 

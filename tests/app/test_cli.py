@@ -45,6 +45,11 @@ def call(capsys, *args):
     return code, out, err
 
 
+def fit_train(capsys, folder, *options):
+    """``nbattn fit`` on the work folder's train.csv, target y, with ``options``."""
+    return call(capsys, "fit", folder / "train.csv", "--target", "y", *options)
+
+
 def _frame(rng, n=120):
     x1 = rng.uniform(0, 6, n)
     x2 = rng.normal(size=n)
@@ -87,34 +92,13 @@ def test_fit_matches_the_estimator(work):
 
 def test_fit_options(work, capsys):
     folder, frame = work
-    code, out, _ = call(
-        capsys,
-        "fit",
-        folder / "train.csv",
-        "--target",
-        "y",
-        "--features",
-        "x1,x2",
-        "--bandwidth",
-        "0.3,0.8",
-        "-o",
-        folder / "m2.npz",
+    code, out, _ = fit_train(
+        capsys, folder, "--features", "x1,x2", "--bandwidth", "0.3,0.8", "-o", folder / "m2.npz"
     )
     assert code == 0 and "x1=0.3, x2=0.8" in out
     np.testing.assert_array_equal(nbattn.load(folder / "m2.npz").bandwidth_, [0.3, 0.8])
-    code, _, _ = call(
-        capsys,
-        "fit",
-        folder / "train.csv",
-        "--target",
-        "y",
-        "--features",
-        "x1",
-        "--kernel",
-        "average",
-        "-q",
-        "-o",
-        folder / "m3.npz",
+    code, _, _ = fit_train(
+        capsys, folder, "--features", "x1", "--kernel", "average", "-q", "-o", folder / "m3.npz"
     )
     model = nbattn.load(folder / "m3.npz")
     assert code == 0 and model.kernel == "average"
@@ -161,8 +145,7 @@ def test_predict_csv_with_id_and_std(work, capsys):
 def test_predict_std_on_average_kernel(work, capsys):
     folder, frame = work
     model, out = folder / "avg.npz", folder / "avg.csv"
-    fit = ["fit", folder / "train.csv", "--target", "y", "--kernel", "average", "-q", "-o", model]
-    assert call(capsys, *fit)[0] == 0
+    assert fit_train(capsys, folder, "--kernel", "average", "-q", "-o", model)[0] == 0
     code, _, err = call(capsys, "predict", model, folder / "train.csv", "--std", "-q", "-o", out)
     assert code == 0, err
     pred = pd.read_csv(out)
@@ -358,8 +341,7 @@ def test_streaming_metrics_match_sklearn_for_classifiers(rng):
 def test_options_that_do_not_apply_are_refused(work, capsys, model, option, value):
     folder, _ = work
     out = folder / "x.npz"
-    args = ["fit", folder / "train.csv", "--target", "y", "--model", model, option, value]
-    code, _, err = call(capsys, *args, "-o", out)
+    code, _, err = fit_train(capsys, folder, "--model", model, option, value, "-o", out)
     _one_line_error(code, err)
     assert f"{option} does not apply to --model {model}" in err
     assert not out.exists()
@@ -368,22 +350,8 @@ def test_options_that_do_not_apply_are_refused(work, capsys, model, option, valu
 @pytest.mark.parametrize("metric", ["scalar", "diagonal", "full"])
 def test_learned_end_to_end(work, capsys, metric):
     folder, frame = work
-    code, _, err = call(
-        capsys,
-        "fit",
-        folder / "train.csv",
-        "--target",
-        "y",
-        "--features",
-        "x1,x2",
-        "--model",
-        "learned",
-        "--metric",
-        metric,
-        "-q",
-        "-o",
-        folder / "l.npz",
-    )
+    options = ["--model", "learned", "--metric", metric, "-q", "-o", folder / "l.npz"]
+    code, _, err = fit_train(capsys, folder, "--features", "x1,x2", *options)
     assert code == 0, err
     ref = nbattn.LearnedKernelRegressor(metric=metric).fit(frame[["x1", "x2"]], frame["y"])
     code, _, err = call(
@@ -399,19 +367,8 @@ def test_learned_end_to_end(work, capsys, metric):
 
 def test_loo_bandwidth_end_to_end(work, capsys):
     folder, frame = work
-    code, _, err = call(
-        capsys,
-        "fit",
-        folder / "train.csv",
-        "--target",
-        "y",
-        "--features",
-        "x1,x2",
-        "--bandwidth",
-        "loo",
-        "-q",
-        "-o",
-        folder / "m.npz",
+    code, _, err = fit_train(
+        capsys, folder, "--features", "x1,x2", "--bandwidth", "loo", "-q", "-o", folder / "m.npz"
     )
     assert code == 0, err
     ref = nbattn.NadarayaWatsonRegressor(bandwidth="loo").fit(frame[["x1", "x2"]], frame["y"])
@@ -1042,8 +999,8 @@ def test_fit_verbose_passes_verbose_to_the_estimator(work, capsys):
     # needs the estimators' verbose= parameter
     folder, _ = work
     assert cli.make_estimator("learned", verbose=True, max_iter=3).verbose == 1
-    args = ["fit", folder / "train.csv", "--target", "y", "--model", "learned", "--max-iter", "3"]
-    code, out, err = call(capsys, *args, "--verbose", "-q", "-o", folder / "v.npz")
+    options = ["--model", "learned", "--max-iter", "3", "--verbose", "-q", "-o", folder / "v.npz"]
+    code, out, err = fit_train(capsys, folder, *options)
     assert code == 0, err
     assert nbattn.load(folder / "v.npz").verbose == 1
     assert err.count("\n") >= 1 and "\r" not in err and out == ""  # plain lines, not a bar

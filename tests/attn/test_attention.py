@@ -9,6 +9,8 @@ import nbattn
 from nbattn import config
 
 from .. import naive
+from .._scripts import load_script
+from ..strategies import attention_shapes, float_dtypes, seeds
 from .test_softmax import assert_close
 
 
@@ -364,22 +366,19 @@ def test_hierarchical_attention_values_and_validation(rng):
 
 
 # --------------------------------------------------------------------------- properties
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=30)
 @given(
-    batch=st.lists(st.integers(1, 3), max_size=2),
-    L=st.integers(1, 7),
-    S=st.integers(1, 7),
-    E=st.integers(1, 5),
+    shape=attention_shapes(batch=(2, 3), queries=7, keys=7, features=5),
     Ev=st.integers(1, 4),
     causal=st.booleans(),
     with_mask=st.booleans(),
-    f32=st.booleans(),
-    seed=st.integers(0, 2**32 - 1),
+    dtype=float_dtypes,
+    seed=seeds,
 )
-def test_attention_property(batch, L, S, E, Ev, causal, with_mask, f32, seed):
+def test_attention_property(shape, Ev, causal, with_mask, dtype, seed):
+    batch, L, S, E = shape
     rng = np.random.default_rng(seed)
-    dtype = np.float32 if f32 else np.float64
-    q, k, v = _qkv(rng, tuple(batch), L, S, E, Ev, dtype)
+    q, k, v = _qkv(rng, batch, L, S, E, Ev, dtype)
     mask = rng.random((L, S)) > 0.3 if with_mask else None
     fast, out, w = _both_paths(q, k, v, mask=mask, causal=causal)
     ref, ref_w = naive.attention(q, k, v, mask=mask, causal=causal)
@@ -407,14 +406,7 @@ def test_show_heatmaps(rng, tmp_path):
 
 
 def test_attention_tour_writes_its_figures(tmp_path):
-    import importlib.util
-    from pathlib import Path
-
-    script = Path(__file__).resolve().parents[2] / "scripts" / "attention_tour.py"
-    spec = importlib.util.spec_from_file_location("attention_tour", script)
-    tour = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tour)
-    tour.main(tmp_path)
+    load_script("attention_tour").main(tmp_path)
     assert len(list(tmp_path.glob("*.png"))) == 7
 
 
@@ -488,19 +480,18 @@ def test_hierarchical_attention_with_additive_and_gaussian_scores(rng):
 
 
 # --------------------------------------------------------------------------- extreme magnitudes
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(
     exponent=st.sampled_from([0, 100, 300, 308]),
     L=st.integers(1, 6),
     S=st.integers(1, 6),
     causal=st.booleans(),
-    f32=st.booleans(),
-    seed=st.integers(0, 2**32 - 1),
+    dtype=float_dtypes,
+    seed=seeds,
 )
-def test_huge_float_masks_match_long_double(exponent, L, S, causal, f32, seed):
+def test_huge_float_masks_match_long_double(exponent, L, S, causal, dtype, seed):
     """A float mask up to 1e308 (float64 scores, or float32 scores with a float64 mask)."""
     rng = np.random.default_rng(seed)
-    dtype = np.float32 if f32 else np.float64
     q, k, v = _qkv(rng, (2,), L, S, 3, 2, dtype)
     mask = rng.uniform(-1, 1, size=(L, S)) * 10.0**exponent
     mask[rng.random((L, S)) < 0.2] = -np.inf

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 import nbattn
 
 from .. import naive
+from ..strategies import batch_shapes, seeds
 from .test_softmax import assert_close
 
 
@@ -208,24 +209,24 @@ def test_validation(rng):
         layer.load_state_dict({**layer.state_dict(), "in_proj_weight": np.zeros((3, 4))})
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=20)
 @given(
-    batch=st.lists(st.integers(1, 2), max_size=1),
+    batch=batch_shapes(dims=1, size=2),
     heads=st.integers(1, 3),
     head_dim=st.integers(1, 3),
     L=st.integers(1, 5),
     S=st.integers(1, 5),
     with_mask=st.booleans(),
-    seed=st.integers(0, 2**32 - 1),
+    seed=seeds,
 )
 def test_mha_property(batch, heads, head_dim, L, S, with_mask, seed):
     rng = np.random.default_rng(seed)
     E = heads * head_dim
     layer = nbattn.MultiHeadAttention(E, heads, kdim=E + 1, vdim=2, random_state=seed)
     layer.in_proj_bias[:] = rng.normal(size=3 * E)
-    x = rng.normal(size=tuple(batch) + (L, E))
-    key = rng.normal(size=tuple(batch) + (S, E + 1))
-    value = rng.normal(size=tuple(batch) + (S, 2))
+    x = rng.normal(size=batch + (L, E))
+    key = rng.normal(size=batch + (S, E + 1))
+    value = rng.normal(size=batch + (S, 2))
     mask = rng.random((L, S)) > 0.3 if with_mask else None
     out, w = layer(x, key, value, mask=mask, average_attn_weights=False)
     ref, ref_w = naive.multi_head_attention(x, key, value, heads, *_weights(layer), mask=mask)

@@ -9,6 +9,7 @@ import nbattn
 from nbattn.attn import scores
 
 from .. import naive
+from ..strategies import attention_shapes, float_dtypes, seeds
 from .test_softmax import assert_close
 
 
@@ -190,21 +191,18 @@ def test_validation(rng):
         scores.scaled_dot(q, k, scale=np.nan)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25)
 @given(
-    batch=st.lists(st.integers(1, 3), max_size=2),
-    L=st.integers(1, 6),
-    S=st.integers(1, 6),
-    E=st.integers(1, 5),
+    shape=attention_shapes(batch=(2, 3), queries=6, keys=6, features=5),
     hidden=st.integers(1, 4),
-    seed=st.integers(0, 2**32 - 1),
-    f32=st.booleans(),
+    seed=seeds,
+    dtype=float_dtypes,
 )
-def test_scores_property(batch, L, S, E, hidden, seed, f32):
+def test_scores_property(shape, hidden, seed, dtype):
+    batch, L, S, E = shape
     rng = np.random.default_rng(seed)
-    dtype = np.float32 if f32 else np.float64
-    q = rng.normal(size=tuple(batch) + (L, E)).astype(dtype)
-    k = rng.normal(size=tuple(batch) + (S, E)).astype(dtype)
+    q = rng.normal(size=batch + (L, E)).astype(dtype)
+    k = rng.normal(size=batch + (S, E)).astype(dtype)
     assert_close(scores.scaled_dot(q, k), naive.scaled_dot_scores(q, k), dtype)
     assert_close(scores.gaussian(q, k), naive.gaussian_attention_scores(q, k), dtype)
     p = _params(rng, E, E, hidden, dtype)

@@ -14,6 +14,8 @@ from nbattn.cuda import common, loo, pooling
 from nbattn.kernels import loo as cpu_loo
 from nbattn.kernels import pooling as cpu_pooling
 
+from ..strategies import float_dtypes, pooling_shapes, seeds
+
 pytestmark = pytest.mark.skipif(
     os.environ.get("NUMBA_ENABLE_CUDASIM") != "1", reason="runs under the CUDA simulator"
 )
@@ -90,21 +92,17 @@ def test_tile_rows_and_shared_bytes(monkeypatch):
     assert common.shared_bytes(8, 4) == 32
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=12)
 @given(
-    n_queries=st.integers(1, 11),
-    n_keys=st.integers(1, 19),
-    d=st.integers(1, 3),
-    n_outputs=st.integers(1, 4),
+    shape=pooling_shapes(queries=11, keys=19, features=3, outputs=4),
     per_launch=st.integers(1, 3),
-    dtype=st.sampled_from([np.float64, np.float32]),
-    seed=st.integers(0, 2**32 - 1),
+    dtype=float_dtypes,
+    seed=seeds,
 )
-def test_pooling_and_loss_equal_cpu_over_random_shapes(
-    n_queries, n_keys, d, n_outputs, per_launch, dtype, seed
-):
+def test_pooling_and_loss_equal_cpu_over_random_shapes(shape, per_launch, dtype, seed):
     """Both users of the shared online-softmax walk equal their CPU twins, for any
     number of queries, keys, features, outputs and outputs per launch."""
+    n_queries, n_keys, d, n_outputs = shape
     rng = np.random.default_rng(seed)
     old = config.CUDA_MAX_OUTPUTS
     config.CUDA_MAX_OUTPUTS = per_launch  # read at each call

@@ -17,6 +17,7 @@ from nbattn.estimators import check_fitted_state, prediction
 from nbattn.smoothing import learned_metric, regression, width_search
 
 from .. import naive
+from ..strategies import seeds
 
 
 @pytest.fixture
@@ -449,13 +450,13 @@ def test_complex_numpy_X_is_refused_by_name():
         nbattn.NadarayaWatsonRegressor().fit(np.ones((4, 2)) + 1j, np.arange(4.0))
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, suppress_health_check=[HealthCheck.too_slow])
 @given(
     n=st.integers(1, 25),
     d=st.integers(1, 4),
     p=st.sampled_from([None, 1, 3]),
     n_q=st.integers(1, 6),
-    seed=st.integers(0, 2**32 - 1),
+    seed=seeds,
     width=st.floats(0.05, 20.0),
 )
 def test_regressor_matches_naive_over_shapes(n, d, p, n_q, seed, width):

@@ -13,6 +13,8 @@ import nbattn
 from nbattn._core import columns
 from tests.naive import local_polynomial_exact
 
+from ..strategies import seeds
+
 KINDS = {"c": "continuous", "u": "unordered", "o": "ordered"}
 
 
@@ -136,11 +138,11 @@ def test_inputs_are_not_modified(rng):
 # ----------------------------------------------------------------------------- mixed fits
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=15)
 @given(
     kinds=st.text(alphabet="cuo", min_size=1, max_size=4),
     n=st.integers(5, 40),
-    seed=st.integers(0, 2**31 - 1),
+    seed=seeds,
     kernel=st.sampled_from(["gaussian", "epanechnikov", "tricube"]),
 )
 def test_mixed_regressor_matches_naive(kinds, n, seed, kernel):
@@ -156,8 +158,8 @@ def test_mixed_regressor_matches_naive(kinds, n, seed, kernel):
     np.testing.assert_allclose(model.predict(frame), want, rtol=1e-9, atol=1e-12)
 
 
-@settings(max_examples=10, deadline=None)
-@given(kinds=st.text(alphabet="cuo", min_size=1, max_size=3), seed=st.integers(0, 2**31 - 1))
+@settings(max_examples=10)
+@given(kinds=st.text(alphabet="cuo", min_size=1, max_size=3), seed=seeds)
 def test_local_linear_matches_naive(kinds, seed):
     rng = np.random.default_rng(seed)
     frame, y = _frame(rng, n=40, kinds="c" + kinds)

@@ -24,12 +24,12 @@ from hypothesis import strategies as st
 from numba import njit
 
 import nbattn
-from nbattn import config
 from nbattn.attn.flash import flash_attention_bias
 from nbattn.kernels import blas, flash
 
 from .. import naive
 from ..attn.test_softmax import assert_close
+from ..strategies import float_dtypes, seeds
 
 
 @njit(cache=True)
@@ -37,7 +37,7 @@ def _gemm(a, b, c, trans_a, trans_b, beta):
     blas.gemm(a, b, c, trans_a, trans_b, beta)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25)
 @given(
     m=st.integers(1, 40),
     n=st.integers(1, 40),
@@ -45,14 +45,13 @@ def _gemm(a, b, c, trans_a, trans_b, beta):
     trans_a=st.booleans(),
     trans_b=st.booleans(),
     beta=st.sampled_from([0.0, 1.0, 0.5]),
-    f32=st.booleans(),
+    dtype=float_dtypes,
     pad=st.integers(0, 3),
-    seed=st.integers(0, 2**32 - 1),
+    seed=seeds,
 )
-def test_gemm_matches_numpy(m, n, k, trans_a, trans_b, beta, f32, pad, seed):
+def test_gemm_matches_numpy(m, n, k, trans_a, trans_b, beta, dtype, pad, seed):
     """c <- op(a) op(b) + beta c, with c a block of a wider array (row stride > n)."""
     rng = np.random.default_rng(seed)
-    dtype = np.float32 if f32 else np.float64
     a = rng.standard_normal((k, m) if trans_a else (m, k)).astype(dtype)
     b = rng.standard_normal((n, k) if trans_b else (k, n)).astype(dtype)
     wide = rng.standard_normal((m + pad, n + 2 * pad)).astype(dtype)
@@ -60,7 +59,7 @@ def test_gemm_matches_numpy(m, n, k, trans_a, trans_b, beta, f32, pad, seed):
     c = wide[pad:, pad : pad + n]
     want = (a.T if trans_a else a).astype(np.float64) @ (b.T if trans_b else b) + beta * c
     _gemm(a, b, c, trans_a, trans_b, beta)
-    tol = 1e-5 if f32 else 1e-12
+    tol = 1e-5 if dtype == np.float32 else 1e-12
     np.testing.assert_allclose(c, want, rtol=tol, atol=tol * np.abs(want).max())
     outside = np.ones(wide.shape, dtype=bool)
     outside[pad:, pad : pad + n] = False
@@ -110,15 +109,6 @@ def test_library_is_reported():
     assert flash.REBASE_SUM < flash.REBASE_EXACT_SUM <= 2.0**120  # below float32 saturation
 
 
-@pytest.fixture
-def key_tiles_of_16(monkeypatch):
-    monkeypatch.setattr(config, "FLASH_SERIAL_WORK", 0)
-    monkeypatch.setattr(config, "FLASH_BLOCK_Q", 8)
-    monkeypatch.setattr(config, "FLASH_BLOCK_K", 16)
-    monkeypatch.setattr(config, "FLASH_BWD_BLOCK_Q", 8)
-    monkeypatch.setattr(config, "FLASH_BWD_BLOCK_K", 16)
-
-
 def _jumping_scores(rng, n_q, tiles, jump_bits, down_first):
     """q (n_q, 1), k (16 tiles, 1): row i's scores rise by about q_i * jump_bits bits per
     key tile (16 keys), with a spread of +-2 inside each tile; centred on 0."""
@@ -130,21 +120,20 @@ def _jumping_scores(rng, n_q, tiles, jump_bits, down_first):
     return q, k
 
 
-@pytest.mark.usefixtures("key_tiles_of_16")
-@settings(max_examples=25, deadline=None)
+@pytest.mark.usefixtures("small_flash_tiles")
+@settings(max_examples=25)
 @given(
     jump_bits=st.sampled_from([5.0, 30.0, 90.0, 160.0, 400.0]),
     tiles=st.integers(2, 3),
     n_q=st.integers(1, 20),
     down_first=st.booleans(),
     masked=st.booleans(),
-    f32=st.booleans(),
-    seed=st.integers(0, 2**32 - 1),
+    dtype=float_dtypes,
+    seed=seeds,
 )
-def test_forward_rebases_on_jumping_maxima(jump_bits, tiles, n_q, down_first, masked, f32, seed):
+def test_forward_rebases_on_jumping_maxima(jump_bits, tiles, n_q, down_first, masked, dtype, seed):
     """Each rebase path (kept, exact power of two, scored again) against long double."""
-    dtype = np.float32 if f32 else np.float64
-    if f32 and jump_bits * (tiles - 1) > 200:
+    if dtype == np.float32 and jump_bits * (tiles - 1) > 200:
         tiles = 2  # float32 scores of +-70 keep 1e-5 of the output (their rounding)
     rng = np.random.default_rng(seed)
     q, k = _jumping_scores(rng, n_q, tiles, jump_bits, down_first)
@@ -160,7 +149,7 @@ def test_forward_rebases_on_jumping_maxima(jump_bits, tiles, n_q, down_first, ma
     assert_close(lse, ref_lse, dtype)
 
 
-@pytest.mark.usefixtures("key_tiles_of_16")
+@pytest.mark.usefixtures("small_flash_tiles")
 def test_forward_rebases_with_dropout_and_causal(rng):
     """Rebased rows under the causal band and under dropout (the spec's counter mask);
     the backward from the rebased lse matches the reference."""

@@ -12,6 +12,7 @@ from nbattn.smoothing import loo, tiled_loo
 
 from .. import naive
 from .._config import config_values
+from ..strategies import sample_shapes, seeds
 
 
 def _direct(boxed=False, tile_rows=8, gemm=False):
@@ -42,24 +43,23 @@ def _check(X, y, L, loss, grad, isolated=False):
     np.testing.assert_allclose(grad, expected, rtol=rel_grad, atol=rel_grad * scale)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25)
 @given(
-    n=st.integers(2, 120),
-    d=st.integers(1, 6),
+    shape=sample_shapes(rows=(2, 120), features=6, outputs=3),
     k=st.integers(1, 7),
-    outputs=st.integers(1, 3),
     isolated=st.sampled_from([0.0, 9.0, 9.8, 38.0, 1e4]),
     boxed=st.booleans(),
     gemm=st.booleans(),
-    seed=st.integers(0, 2**31),
+    seed=seeds,
 )
-def test_fused_direct_tiles_match_naive(n, d, k, outputs, isolated, boxed, gemm, seed):
+def test_fused_direct_tiles_match_naive(shape, k, isolated, boxed, gemm, seed):
     """Any shape, one to three outputs, odd and even row counts, with a quarter of the rows
     isolated in a chain at score distance about 40 or 48 (both sides of the weights' sum
     2^-64, below which a row is divided by its sum before the gradient), 722 (where every
     exp(s) of reference 0 underflows: scored again, its best subtracted) or 5e7 (far
     rows, left to the anchored kernels): the loss and gradient of the float64 contract,
     on direct scores and on GEMM scores (whose exp pass takes reference 0 too)."""
+    n, d, outputs = shape
     rng = np.random.default_rng(seed)
     X = rng.normal(size=(n, d))
     y = rng.normal(size=(n, outputs)) if outputs > 1 else rng.normal(size=n)
@@ -117,12 +117,12 @@ def test_rows_at_the_reference_zero_limit(nearest):
         _check(X, y, L, loss, grad, isolated=True)
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=20)
 @given(
     scale=st.sampled_from([1e-150, 1.0, 1e150]),
     offset=st.sampled_from([0.0, 1e4]),
     n=st.integers(3, 60),
-    seed=st.integers(0, 2**31),
+    seed=seeds,
 )
 def test_offset_and_extreme_scales(scale, offset, n, seed):
     """Data offset by 1e4 and scaled by 1e+-150, components scaled back: the loss is the
@@ -179,12 +179,12 @@ def test_diagonal_metric_on_fused_tiles(seed):
     np.testing.assert_allclose(grad, expected, rtol=1e-9, atol=1e-12 * np.abs(expected).max())
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=20)
 @given(
     n=st.integers(2, 300),
     k=st.integers(1, 6),
     scale=st.sampled_from([0.05, 1.0, 20.0]),
-    seed=st.integers(0, 2**31),
+    seed=seeds,
 )
 def test_reach_share_matches_brute_force(n, k, scale, seed):
     """The pre-check of the boxed tiles (share of keys within U_i + gap of sampled rows,

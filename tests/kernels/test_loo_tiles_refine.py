@@ -11,6 +11,7 @@ from nbattn.smoothing import loo, tiled_loo
 
 from .. import naive
 from .._config import config_values
+from ..strategies import sample_shapes, seeds
 
 
 def _refined(boxed=False):
@@ -26,20 +27,19 @@ def _refined(boxed=False):
     )
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25)
 @given(
-    n=st.integers(2, 90),
-    d=st.integers(1, 6),
+    shape=sample_shapes(rows=(2, 90), features=6, outputs=2),
     k=st.integers(1, 6),
-    outputs=st.integers(1, 2),
     spread=st.sampled_from([0.3, 3.0, 30.0]),
     boxed=st.booleans(),
-    seed=st.integers(0, 2**31),
+    seed=seeds,
 )
-def test_refined_gemm_scores_match_naive(n, d, k, outputs, spread, boxed, seed):
+def test_refined_gemm_scores_match_naive(shape, k, spread, boxed, seed):
     """Wide blocks (radius far beyond LOO_TILE_GEMM_MAX_RADIUS2) on refined GEMM scores
     (plain keys; the boxed keys, which take the direct scores there, meet the same contract):
     the loss and gradient of the float64 contract against the plain-NumPy reference."""
+    n, d, outputs = shape
     rng = np.random.default_rng(seed)
     X = rng.normal(size=(n, d)) * rng.uniform(0.2, 1.0, size=d)
     X[: n // 3] += spread  # a cluster far from the rest: blocks wide against the kernel
@@ -187,12 +187,12 @@ def _share_brute_force(keys, n_sample=64):
     return total / positions.size
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=20)
 @given(
     n=st.integers(1, 400),
     k=st.integers(1, 5),
     scale=st.sampled_from([0.01, 1.0, 30.0]),
-    seed=st.integers(0, 2**31),
+    seed=seeds,
 )
 def test_boxed_share_matches_brute_force(n, k, scale, seed):
     rng = np.random.default_rng(seed)

@@ -18,6 +18,7 @@ from nbattn.kernels import pooling_gemm
 from nbattn.smoothing import regression
 
 from .. import naive
+from ..strategies import pooling_shapes, seeds
 
 WIDE = config.GEMM_WIDE_FEATURES
 
@@ -92,19 +93,16 @@ def test_wide_tiles_skip_the_own_key_at_an_offset(dtype):
     np.testing.assert_allclose(lse, ref_lse, rtol=_tol(dtype, WIDE), atol=_tol(dtype, WIDE))
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=12)
 @given(
-    n_queries=st.integers(1, 600),
-    n_keys=st.integers(1, 700),
-    d=st.integers(WIDE, WIDE + 40),
-    n_outputs=st.integers(1, 3),
+    shape=pooling_shapes(queries=600, keys=700, features=(WIDE, WIDE + 40), outputs=3),
     f32=st.booleans(),
     log_scale=st.floats(0.0, 0.5),
-    seed=st.integers(0, 2**32 - 1),
+    seed=seeds,
 )
-def test_random_wide_shapes(n_queries, n_keys, d, n_outputs, f32, log_scale, seed):
+def test_random_wide_shapes(shape, f32, log_scale, seed):
     rng = np.random.default_rng(seed)
-    q, k, v, h = _wide_data(rng, n_queries, n_keys, d, n_outputs)
+    q, k, v, h = _wide_data(rng, *shape)
     h = h * 10.0**-log_scale  # from |s| ~ 10 to ~ 100: a few keys dominate each row
     dtype = "float32" if f32 else "float64"
     with pytest.MonkeyPatch.context() as monkeypatch:
@@ -113,7 +111,7 @@ def test_random_wide_shapes(n_queries, n_keys, d, n_outputs, f32, log_scale, see
     ref = naive.nadaraya_watson(q, k, v, h)
     assert np.all(np.isfinite(got))
     # the scores carry (d + 3) u |s| of rounding on either path; |s| grows as h**-2
-    tol = _tol(dtype, d) * 100.0**log_scale
+    tol = _tol(dtype, shape.d) * 100.0**log_scale
     assert _rel_err(got, ref) <= tol
 
 

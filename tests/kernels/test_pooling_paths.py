@@ -18,6 +18,7 @@ from nbattn import config
 from nbattn.kernels import pooling
 
 from .. import naive
+from ..strategies import pooling_shapes, seeds
 
 TOL = {"float64": 1e-12, "float32": 1e-5}
 
@@ -212,21 +213,17 @@ def test_gemm_agrees_with_the_direct_path_across_the_crossover(dtype, monkeypatc
         assert _rel_err(auto, ref) <= tol
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25)
 @given(
-    n_queries=st.integers(1, 90),
-    n_keys=st.integers(1, 700),
-    d=st.integers(1, 40),
-    n_outputs=st.integers(1, 3),
+    shape=pooling_shapes(queries=90, keys=700, features=40, outputs=3),
     exclude_self=st.booleans(),
     f32=st.booleans(),
     gemm=st.booleans(),
     log_h=st.floats(-1.5, 1.0),
-    seed=st.integers(0, 2**32 - 1),
+    seed=seeds,
 )
-def test_random_shapes_on_both_paths(
-    n_queries, n_keys, d, n_outputs, exclude_self, f32, gemm, log_h, seed
-):
+def test_random_shapes_on_both_paths(shape, exclude_self, f32, gemm, log_h, seed):
+    n_queries, n_keys, d, n_outputs = shape
     rng = np.random.default_rng(seed)
     if exclude_self:
         n_queries = n_keys

@@ -21,6 +21,8 @@ from nbattn.local.engine import (
 from nbattn.local.widths import local_loo_widths
 from nbattn.smoothing.regression import nadaraya_watson
 from tests import naive
+from tests._scripts import load_script
+from tests.strategies import seeds
 
 KernelReg = pytest.importorskip("statsmodels.nonparametric.kernel_regression").KernelReg
 
@@ -33,6 +35,13 @@ def _mixed(rng, n, var_type, n_categories):
         else:
             cols.append(rng.integers(0, c, n).astype(float))
     return np.column_stack(cols)
+
+
+def _data(rng, var_type, n_categories, n, n_queries):
+    """Training rows X (n of them) of the given column kinds, their targets y, and queries Q."""
+    X = _mixed(rng, n, var_type, n_categories)
+    y = _target(X, var_type, rng)
+    return X, y, _mixed(rng, n_queries, var_type, n_categories)
 
 
 def _target(X, var_type, rng):
@@ -141,9 +150,8 @@ def test_mixed_local_polynomial_matches_reference(degree, kernel, ridge):
 def test_marginal_effects_match_finite_differences(kernel, degree):
     rng = np.random.default_rng(3)
     var_type, counts = "ccu", [0, 0, 3]
-    X = _mixed(rng, 50, var_type, counts)
-    y = _target(X, var_type, rng)
-    Q = _mixed(rng, 10, var_type, counts) * np.array([0.5, 0.5, 1.0])
+    X, y, Q = _data(rng, var_type, counts, 50, 10)
+    Q = Q * np.array([0.5, 0.5, 1.0])
     bw = np.array([0.9, 1.1, 0.2]) * (1.0 if kernel == "gaussian" else 2.5)
     fit, grad = local_polynomial(
         Q, X, y, bw, degree, var_type=var_type, kernel=kernel, return_gradient=True
@@ -205,14 +213,14 @@ def _problems(draw):
     var_type = "".join(draw(st.sampled_from("cuo")) for _ in range(d))
     counts = [0 if k == "c" else draw(st.sampled_from([1, 2, 5])) for k in var_type]
     n = draw(st.integers(2, 30))
-    seed = draw(st.integers(0, 2**31))
+    seed = draw(seeds)
     degree = draw(st.integers(0, 2))
     kernel = draw(st.sampled_from(["gaussian", "epanechnikov", "tricube"]))
     degenerate = draw(st.sampled_from(["none", "constant_column", "one_row_per_category"]))
     return var_type, counts, n, seed, degree, kernel, degenerate
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25)
 @given(_problems())
 def test_local_polynomial_property(problem):
     var_type, counts, n, seed, degree, kernel, degenerate = problem
@@ -280,9 +288,7 @@ def test_constant_column_drops_out_of_the_design(degree):
 def test_integer_sample_weights_equal_repeated_rows():
     rng = np.random.default_rng(7)
     var_type, counts = "cou", [0, 4, 3]
-    X = _mixed(rng, 30, var_type, counts)
-    y = _target(X, var_type, rng)
-    Q = _mixed(rng, 8, var_type, counts)
+    X, y, Q = _data(rng, var_type, counts, 30, 8)
     w = rng.integers(0, 4, 30)
     w[0] = 1
     bw = np.array([0.8, 0.4, 0.3])
@@ -305,9 +311,7 @@ def test_integer_sample_weights_equal_repeated_rows():
 def test_missing_values_marginalize_their_column():
     rng = np.random.default_rng(8)
     var_type, counts = "ccu", [0, 0, 3]
-    X = _mixed(rng, 40, var_type, counts)
-    y = _target(X, var_type, rng)
-    Q = _mixed(rng, 6, var_type, counts)
+    X, y, Q = _data(rng, var_type, counts, 40, 6)
     Xm, Qm = X.copy(), Q.copy()
     Xm[rng.random(X.shape) < 0.15] = np.nan
     Qm[0, 1] = np.nan
@@ -430,9 +434,7 @@ def test_far_queries_get_the_nearest_side(degree):
 @pytest.mark.parametrize("scale", [1e-170, 1.0, 1e160])
 def test_units_do_not_matter(scale):
     rng = np.random.default_rng(14)
-    X = _mixed(rng, 40, "cuc", [0, 3, 0])
-    y = _target(X, "cuc", rng)
-    Q = _mixed(rng, 7, "cuc", [0, 3, 0])
+    X, y, Q = _data(rng, "cuc", [0, 3, 0], 40, 7)
     bw = np.array([0.7, 0.3, 0.9])
     units = np.array([scale, 1.0, 1.0 / scale if scale != 1.0 else 1.0])
     base = local_polynomial(Q, X, y, bw, 1, var_type="cuc")
@@ -685,24 +687,11 @@ def test_loo_widths_no_worse_than_multistart_descents():
 
     from nbattn.local.widths import local_loo_loss_and_grad, theta_to_widths, widths_to_theta
 
-    var_type, counts = "cccuo", [0, 0, 0, 3, 4]
+    bench = load_script("bench_mixed")
+    var_type, counts = bench.VAR_TYPE, bench.COUNTS
     kw = dict(var_type=var_type, n_categories=counts)
     for seed in range(4):
-        rng = np.random.default_rng(seed)
-        n = 200
-        X = np.column_stack(
-            [
-                rng.normal(size=n),
-                rng.uniform(-2, 2, size=n),
-                rng.normal(size=n),
-                rng.integers(0, 3, n),
-                rng.integers(0, 4, n),
-            ]
-        ).astype(float)
-        X[:3, 3] = np.arange(3)
-        X[:4, 4] = np.arange(4)
-        y = np.sin(X[:, 0]) + 0.5 * X[:, 1] + 0.3 * X[:, 2] ** 2 + 0.4 * X[:, 3] - 0.2 * X[:, 4]
-        y = y + 0.3 * rng.normal(size=n)
+        X, y = bench.mixed_data(200, np.random.default_rng(seed))
         ours = local_loo_loss(X, y, local_loo_widths(X, y, 0, **kw), 0, **kw)
         rule = default_widths(X, var_type, counts)
         for factor in (0.5, 1.0, 2.0):

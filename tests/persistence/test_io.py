@@ -21,6 +21,8 @@ from nbattn._core.progress import Progress, running
 from nbattn.app import io
 from nbattn.persistence import modelfile
 
+from ..strategies import seeds
+
 
 def _data(rng, n=40, d=2):
     X = pd.DataFrame(rng.normal(size=(n, d)), columns=[f"f{j}" for j in range(d)])
@@ -482,14 +484,14 @@ def test_running_ticker():
 # ----------------------------------------------------------------------------- properties
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=20)
 @given(
     n=st.integers(2, 30),
     d=st.integers(1, 4),
     outputs=st.sampled_from([0, 1, 3]),
     bandwidth=st.sampled_from(["scott", "silverman", 0.3, "per-feature"]),
     names=st.booleans(),
-    seed=st.integers(0, 2**32 - 1),
+    seed=seeds,
 )
 def test_round_trip_property(n, d, outputs, bandwidth, names, seed):
     rng = np.random.default_rng(seed)
@@ -509,7 +511,7 @@ def test_round_trip_property(n, d, outputs, bandwidth, names, seed):
         np.testing.assert_array_equal(getattr(loaded, key), value)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25)
 @given(
     n=st.integers(1, 60),
     chunksize=st.integers(1, 25),
@@ -688,7 +690,7 @@ def test_duplicated_column_names_are_an_error(tmp_path):
         io.read_columns(tmp_path / "d.parquet")
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25)
 @given(n=st.integers(1, 40), chunksize=st.integers(1, 15), bad=st.integers(0, 39))
 def test_row_with_more_fields_is_reported_at_its_line(n, chunksize, bad):
     bad %= n

@@ -398,7 +398,7 @@ _VALUES = st.one_of(
 )
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25)
 @given(
     name=st.sampled_from(sorted(fitted_state.ESTIMATORS)),
     param_index=st.integers(0, 20),

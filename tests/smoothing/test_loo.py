@@ -12,6 +12,7 @@ from nbattn.smoothing import regression, width_search
 from nbattn.smoothing.loo import loo_loss, loo_loss_and_grad, prepared_loss_and_grad
 
 from .. import naive
+from ..strategies import sample_shapes, seeds
 
 
 def _data(rng, n, d, p=None):
@@ -83,15 +84,12 @@ def test_float32_matches_float64(rng):
     assert np.max(np.abs(g32 - g64)) <= 1e-5 * np.max(np.abs(g64))
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25)
 @given(
-    n=st.integers(2, 40),
-    d=st.integers(1, 4),
-    p=st.integers(1, 3),
-    seed=st.integers(0, 2**32 - 1),
-    log_h=st.floats(-2.0, 2.0),
+    shape=sample_shapes(rows=(2, 40), features=4, outputs=3), seed=seeds, log_h=st.floats(-2.0, 2.0)
 )
-def test_loss_and_grad_property(n, d, p, seed, log_h):
+def test_loss_and_grad_property(shape, seed, log_h):
+    n, d, p = shape
     rng = np.random.default_rng(seed)
     X = rng.normal(size=(n, d))
     y = rng.normal(size=(n, p))
@@ -369,17 +367,16 @@ def test_tiles_mixed_far_and_near_rows(rng):
     np.testing.assert_allclose(grad, near_grad, rtol=1e-9)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25)
 @given(
-    n=st.integers(2, 40),
-    d=st.integers(1, 10),
-    p=st.integers(1, 3),
+    shape=sample_shapes(rows=(2, 40), features=10, outputs=3),
     rows=st.integers(1, 12),
     gemm=st.booleans(),
     prune=st.booleans(),
-    seed=st.integers(0, 2**32 - 1),
+    seed=seeds,
 )
-def test_tiles_property(n, d, p, rows, gemm, prune, seed):
+def test_tiles_property(shape, rows, gemm, prune, seed):
+    n, d, p = shape
     rng = np.random.default_rng(seed)
     X = rng.normal(size=(n, d))
     y = rng.normal(size=(n, p))
@@ -575,11 +572,11 @@ def test_loo_bandwidth_1d_boxed_series_gives_the_windowed_kernels_curve(monkeypa
     np.testing.assert_allclose(h_w, h, rtol=1e-12)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25)
 @given(
     n=st.integers(2, 300),
     log_keys=st.floats(0.0, 6.0),
-    seed=st.integers(0, 2**31 - 1),
+    seed=seeds,
     kind=st.sampled_from(["uniform", "clustered", "ties", "offset"]),
 )
 def test_boxed_1d_property_against_the_windowed_kernel(n, log_keys, seed, kind):

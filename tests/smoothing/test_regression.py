@@ -14,6 +14,7 @@ from nbattn.smoothing.regression import (
 )
 
 from .. import naive
+from ..strategies import pooling_shapes, seeds
 
 
 def _rel_err(got, ref):
@@ -122,16 +123,14 @@ def test_weight_matrix_matches_naive_and_prediction(rng):
     assert np.all(np.diag(w_loo) == 0.0)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25)
 @given(
-    n_queries=st.integers(1, 40),
-    n_keys=st.integers(1, 600),
-    d=st.integers(1, 16),
-    n_outputs=st.integers(1, 3),
-    seed=st.integers(0, 2**32 - 1),
+    shape=pooling_shapes(queries=40, keys=600, features=16, outputs=3),
+    seed=seeds,
     f32=st.booleans(),
 )
-def test_random_shapes_property(n_queries, n_keys, d, n_outputs, seed, f32):
+def test_random_shapes_property(shape, seed, f32):
+    n_queries, n_keys, d, n_outputs = shape
     rng = np.random.default_rng(seed)
     q, k = rng.normal(size=(n_queries, d)), rng.normal(size=(n_keys, d))
     v = rng.normal(size=(n_keys, n_outputs))

@@ -35,6 +35,7 @@ from nbattn.smoothing.regression import bandwidth_rule
 from nbattn.smoothing.search import minimize_log_scale
 
 from .. import naive
+from ..strategies import seeds
 
 LN10 = math.log(10.0)
 GRID = np.log(np.asarray(config.LOO_GRID))  # -2 ... 2 decades, six steps per decade
@@ -203,7 +204,7 @@ def test_a_biased_coarse_estimate_is_corrected_on_exact_values(offset, stride):
         assert res.n_coarse == GRID.size
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(
     centres=st.lists(st.floats(-6.5, 6.5), min_size=1, max_size=4),
     depths=st.lists(st.floats(0.0, 1.0), min_size=4, max_size=4),
@@ -425,13 +426,9 @@ def _random_data(seed, n, d, kind):
     return X, y
 
 
-@settings(
-    max_examples=25,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+@settings(max_examples=25, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    seed=st.integers(0, 2**31 - 1),
+    seed=seeds,
     n=st.sampled_from([10, 17, 40, 90, 250, 700, 2000]),
     d=st.integers(1, 8),
     kind=st.sampled_from(["smooth", "ties", "duplicates", "one informative"]),
@@ -445,9 +442,9 @@ def test_property_loo_bandwidth_against_a_fine_grid(seed, n, d, kind):
     _check_against_brute_force(X, y, h)
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=10, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    seed=st.integers(0, 2**31 - 1),
+    seed=seeds,
     n=st.sampled_from([12, 60, 300]),
     d=st.integers(1, 4),
     kind=st.sampled_from(["smooth", "ties", "duplicates", "one informative"]),
