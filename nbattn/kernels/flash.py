@@ -106,14 +106,22 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange, types
+from numba import njit, prange
 from numba.extending import overload
 
 from .. import config
 from .._core.numeric import LOG2E
 from .blas import gemm
 from .dropout import keep
-from .fastmath import _bits_to_float32, _bits_to_float64, _float32_to_bits, _float64_to_bits, like
+from .fastmath import (
+    _bits_to_float32,
+    _bits_to_float64,
+    _float32_to_bits,
+    _float64_to_bits,
+    by_float_width,
+    horner,
+    like,
+)
 from .softmax import row_max
 
 LN2 = 0.6931471805599453
@@ -169,13 +177,7 @@ def _exp2_32(x):
     xc = min(max(x, np.float32(-127.0)), np.float32(127.0))
     shifted = xc + _MAGIC32
     r = xc - (shifted - _MAGIC32)
-    p = _C32[0]
-    p = p * r + _C32[1]
-    p = p * r + _C32[2]
-    p = p * r + _C32[3]
-    p = p * r + _C32[4]
-    p = p * r + _C32[5]
-    p = p * r + _C32[6]
+    p = horner(_C32, r)
     # the low bits of `shifted` hold n: (n + 127) << 23 is 2**n, 0 at n = -127
     n_bits = _float32_to_bits(shifted) - 0x4B400000 + 127
     return p * _bits_to_float32(np.int32(n_bits << 23))
@@ -185,20 +187,7 @@ def _exp2_64(x):
     xc = min(max(x, -1023.0), 1023.0)
     shifted = xc + _MAGIC64
     r = xc - (shifted - _MAGIC64)
-    p = _C64[0]
-    p = p * r + _C64[1]
-    p = p * r + _C64[2]
-    p = p * r + _C64[3]
-    p = p * r + _C64[4]
-    p = p * r + _C64[5]
-    p = p * r + _C64[6]
-    p = p * r + _C64[7]
-    p = p * r + _C64[8]
-    p = p * r + _C64[9]
-    p = p * r + _C64[10]
-    p = p * r + _C64[11]
-    p = p * r + _C64[12]
-    p = p * r + _C64[13]
+    p = horner(_C64, r)
     n_bits = _float64_to_bits(shifted) - 0x4338000000000000 + 1023
     return p * _bits_to_float64(n_bits << 52)
 
@@ -207,11 +196,7 @@ def _exp2_64(x):
 # is not folded to x.
 @overload(exp2, jit_options={"fastmath": config.FASTMATH - {"reassoc"}})
 def _exp2_overload(x):
-    if isinstance(x, types.Float) and x.bitwidth == 32:
-        return _exp2_32
-    if isinstance(x, types.Float):
-        return _exp2_64
-    return None
+    return by_float_width(x, _exp2_32, _exp2_64)
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
@@ -257,14 +242,12 @@ def _scale_row(row, acc_row, factor):
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def _score_row(q_tile, k_tile, st, r, bh, i0, j0, mask, mask_index, slopes, band, softcap):
+def _score_row(q_tile, k_tile, st, r, bh, i0, j0, bias, band, score):
     """Row r of the score tile ``st`` again: q_r K^T with its softcap, mask, ALiBi and band
     (a mask with one entry per key excepted, as in the tile pass)."""
     one = st[r : r + 1]
     gemm(q_tile[r : r + 1], k_tile, one, False, True, 0.0)
-    _tile_terms(
-        one, one, bh, i0 + r, j0, mask, mask_index, slopes, band, softcap, True, False, False
-    )
+    _tile_terms(one, one, bh, i0 + r, j0, bias, band, score, True, False, False)
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
@@ -316,15 +299,15 @@ def _tanh_in_place(row, inv_cap, cap, saved, save):
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def _tile_terms(
-    st, th, bh, i0, j0, mask, mask_index, slopes, band, softcap, need_band, save_th, add_keys
-):
+def _tile_terms(st, th, bh, i0, j0, bias, band, score, need_band, save_th, add_keys):
     """Softcap, mask, ALiBi and band of one score tile ``st`` (rows i0.., keys j0..), in place.
 
     ``th`` receives tanh of the capped scores when ``save_th`` (the backward's
     cap' = 1 - th**2). A mask with one entry per key (SM = S) is added only
     when ``add_keys``; otherwise the caller fuses it into its exponential pass.
     """
+    mask, mask_index, _, slopes = bias
+    softcap = score.softcap
     mb, nb = st.shape
     if softcap > 0.0:
         cap = like(softcap, st)
@@ -371,6 +354,23 @@ def _needs_band(i0, mb, j0, nb, band):
     """Whether some entry of the tile (rows i0..i0+mb-1, keys j0..j0+nb-1) is outside the band."""
     offset, left, right = band
     return j0 < i0 + mb - 1 + offset - left or j0 + nb - 1 > i0 + offset + right
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def _tile_span(t, block, n):
+    """``(first, size)`` of tile t of ``block`` positions out of n (the last may be short)."""
+    first = t * block
+    return first, min(block, n - first)
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def _tiles_holding(first, last, n, block):
+    """``(t_first, t_last)``: the tiles of ``block`` positions that hold positions
+    max(first, 0) .. min(last, n - 1); t_last = t_first - 1 when there are none."""
+    first = max(first, 0)
+    last = min(last, n - 1)
+    t_first = first // block
+    return t_first, (last // block if last >= first else t_first - 1)
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
@@ -439,7 +439,6 @@ def flash_forward(q, k, v, kv_index, bias, band, score, dropout, tiles):
     See the module docstring for the formula and the (base-2) arguments.
     """
     mask, mask_index, mask_live, slopes = bias
-    softcap = score.softcap
     keep_scale = dropout.keep_scale
     block_q, block_k = tiles.block_q, tiles.block_k
     n_bh, n_q, _ = q.shape
@@ -449,6 +448,7 @@ def flash_forward(q, k, v, kv_index, bias, band, score, dropout, tiles):
     lse = np.empty((n_bh, n_q), dtype=np.float64)
     n_qt = (n_q + block_q - 1) // block_q
     offset, left, right = band
+    lo_off, hi_off = offset - left, offset + right  # row i sees keys i + lo_off ..= i + hi_off
     seed, threshold = dropout.seed, dropout.threshold
     use_dropout = threshold > 0
     key_mask = mask.shape[0] > 0 and mask.shape[2] > 1  # fused into the exponential pass
@@ -458,43 +458,37 @@ def flash_forward(q, k, v, kv_index, bias, band, score, dropout, tiles):
     for item in prange(n_bh * n_qt):
         bh = item % n_bh
         qt = _tile_order(item // n_bh, n_qt)
-        i0 = qt * block_q
-        mb = min(block_q, n_q - i0)
+        i0, mb = _tile_span(qt, block_q, n_q)
         kv = kv_index[bh]
         s_flat = np.empty(mb * block_k, dtype=q.dtype)
         acc = np.zeros((mb, d_v), dtype=q.dtype)
         m = np.full(mb, -np.inf)
         l = np.zeros(mb)
         q_tile = q[bh, i0 : i0 + mb]
-        j_first = max(i0 + offset - left, 0)
-        j_last = min(i0 + mb - 1 + offset + right, n_k - 1)
-        kt_first = j_first // block_k
-        kt_last = j_last // block_k if j_last >= j_first else kt_first - 1
+        # the key tiles that rows i0 .. i0 + mb - 1 see through the band
+        kt_first, kt_last = _tiles_holding(i0 + lo_off, i0 + mb - 1 + hi_off, n_k, block_k)
         for kt in range(kt_first, kt_last + 1):
             if not _tile_is_live(mask, mask_index, mask_live, bh, qt, kt):
                 continue
-            j0 = kt * block_k
-            nb = min(block_k, n_k - j0)
+            j0, nb = _tile_span(kt, block_k, n_k)
             k_tile = k[kv, j0 : j0 + nb]
             # the weights P overwrite the scores S in place: one tile of scratch, which
             # stays in the core's L2 cache with the K and V tiles
             st = s_flat[: mb * nb].reshape((mb, nb))
             gemm(q_tile, k_tile, st, False, True, 0.0)
             need_band = _needs_band(i0, mb, j0, nb, band)
-            _tile_terms(
-                st, st, bh, i0, j0, mask, mask_index, slopes, band, softcap, need_band, False, False
-            )
+            _tile_terms(st, st, bh, i0, j0, bias, band, score, need_band, False, False)
             for r in range(mb):
                 row = st[r]
                 if key_mask:
-                    bias = mask[mask_index[bh], i0 + r if mask_rows else 0, j0 : j0 + nb]
+                    m_row = mask[mask_index[bh], i0 + r if mask_rows else 0, j0 : j0 + nb]
                 else:
-                    bias = row  # unused
+                    m_row = row  # unused
                 shift = m[r]
                 if shift != -np.inf:
                     # one pass: the exponentials against the kept reference maximum
                     if key_mask:
-                        total = _exp2_shift_sum_masked(row, bias, like(shift, row))
+                        total = _exp2_shift_sum_masked(row, m_row, like(shift, row))
                     else:
                         total = exp2_shift_sum(row, like(shift, row))
                     if total <= REBASE_SUM:
@@ -511,20 +505,7 @@ def flash_forward(q, k, v, kv_index, bias, band, score, dropout, tiles):
                     else:
                         # weights may have saturated at 2**127 (2**1023): score the row
                         # again and rebase it on its maximum below
-                        _score_row(
-                            q_tile,
-                            k_tile,
-                            st,
-                            r,
-                            bh,
-                            i0,
-                            j0,
-                            mask,
-                            mask_index,
-                            slopes,
-                            band,
-                            softcap,
-                        )
+                        _score_row(q_tile, k_tile, st, r, bh, i0, j0, bias, band, score)
                         rebased = False
                     if rebased:
                         if use_dropout:
@@ -533,7 +514,7 @@ def flash_forward(q, k, v, kv_index, bias, band, score, dropout, tiles):
                         continue
                 # the row's first admissible tile, or a saturated jump: rebase on the maximum
                 if key_mask:
-                    _add_row(row, bias)
+                    _add_row(row, m_row)
                 top = np.float64(row_max(row))
                 if top == -np.inf:  # nothing admissible yet (shift is -inf too)
                     row[:] = 0.0
@@ -595,6 +576,7 @@ def flash_backward(q, k, v, out, lse, dout, kv_index, bias, band, score, dropout
     d_v = v.shape[2]
     dtype = q.dtype
     offset, left, right = band
+    lo_off, hi_off = offset - left, offset + right  # row i sees keys i + lo_off ..= i + hi_off
     seed, threshold = dropout.seed, dropout.threshold
     use_dropout = threshold > 0
     use_cap = softcap > 0.0
@@ -629,8 +611,7 @@ def flash_backward(q, k, v, out, lse, dout, kv_index, bias, band, score, dropout
         drop_scale = like(keep_scale, q)
         sink = np.zeros(1, dtype=dtype)
         for kt in range(group, n_kt, n_groups):
-            j0 = kt * block_k
-            nb = min(block_k, n_k - j0)
+            j0, nb = _tile_span(kt, block_k, n_k)
             dk_acc[:nb] = 0.0
             dv_acc[:nb] = 0.0
             k_tile = k[kv, j0 : j0 + nb]
@@ -639,18 +620,15 @@ def flash_backward(q, k, v, out, lse, dout, kv_index, bias, band, score, dropout
             # products Q K^T and dO V^T then run as A B (3 % faster than A B^T here)
             k_tile_t = _transpose_into(k_tile, kt_flat)
             v_tile_t = _transpose_into(v_tile, vt_flat)
-            i_first = max(j0 - offset - right, 0)
-            i_last = min(j0 + nb - 1 - offset + left, n_q - 1)
-            qt_first = i_first // block_q
-            qt_last = i_last // block_q if i_last >= i_first else qt_first - 1
+            # the query tiles whose rows see keys j0 .. j0 + nb - 1 through the band
+            qt_first, qt_last = _tiles_holding(j0 - hi_off, j0 + nb - 1 - lo_off, n_q, block_q)
             for bh in range(n_bh):
                 if kv_index[bh] != kv:
                     continue
                 for qt in range(qt_first, qt_last + 1):
                     if not _tile_is_live(mask, mask_index, mask_live, bh, qt, kt):
                         continue
-                    i0 = qt * block_q
-                    mb = min(block_q, n_q - i0)
+                    i0, mb = _tile_span(qt, block_q, n_q)
                     q_tile = q[bh, i0 : i0 + mb]
                     do_tile = dout[bh, i0 : i0 + mb]
                     st = s_flat[: mb * nb].reshape((mb, nb))
@@ -658,21 +636,7 @@ def flash_backward(q, k, v, out, lse, dout, kv_index, bias, band, score, dropout
                     tht = th_flat[: mb * nb].reshape((mb, nb)) if use_cap else st
                     gemm(q_tile, k_tile_t, st, False, False, 0.0)
                     need_band = _needs_band(i0, mb, j0, nb, band)
-                    _tile_terms(
-                        st,
-                        tht,
-                        bh,
-                        i0,
-                        j0,
-                        mask,
-                        mask_index,
-                        slopes,
-                        band,
-                        softcap,
-                        need_band,
-                        True,
-                        False,
-                    )
+                    _tile_terms(st, tht, bh, i0, j0, bias, band, score, need_band, True, False)
                     p_sum = like(0.0, q)
                     for r in range(mb):
                         row = st[r]
@@ -680,8 +644,8 @@ def flash_backward(q, k, v, out, lse, dout, kv_index, bias, band, score, dropout
                         if shift == neg_inf:
                             row[:] = 0.0
                         elif key_mask:
-                            bias = mask[mask_index[bh], i0 + r if mask_rows else 0, j0 : j0 + nb]
-                            p_sum += _exp2_shift_sum_masked(row, bias, shift)
+                            m_row = mask[mask_index[bh], i0 + r if mask_rows else 0, j0 : j0 + nb]
+                            p_sum += _exp2_shift_sum_masked(row, m_row, shift)
                         else:
                             # LLVM vectorises this loop only if its sum is used: kept in sink
                             p_sum += exp2_shift_sum(row, shift)
