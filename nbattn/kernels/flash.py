@@ -242,12 +242,14 @@ def _scale_row(row, acc_row, factor):
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def _score_row(q_tile, k_tile, st, r, bh, i0, j0, bias, band, score):
+def _score_row(q_tile, k_tile, st, r, bh, i0, j0, mask, mask_index, slopes, band, softcap):
     """Row r of the score tile ``st`` again: q_r K^T with its softcap, mask, ALiBi and band
     (a mask with one entry per key excepted, as in the tile pass)."""
     one = st[r : r + 1]
     gemm(q_tile[r : r + 1], k_tile, one, False, True, 0.0)
-    _tile_terms(one, one, bh, i0 + r, j0, bias, band, score, True, False, False)
+    _tile_terms(
+        one, one, bh, i0 + r, j0, mask, mask_index, slopes, band, softcap, True, False, False
+    )
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
@@ -299,15 +301,15 @@ def _tanh_in_place(row, inv_cap, cap, saved, save):
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def _tile_terms(st, th, bh, i0, j0, bias, band, score, need_band, save_th, add_keys):
+def _tile_terms(
+    st, th, bh, i0, j0, mask, mask_index, slopes, band, softcap, need_band, save_th, add_keys
+):
     """Softcap, mask, ALiBi and band of one score tile ``st`` (rows i0.., keys j0..), in place.
 
     ``th`` receives tanh of the capped scores when ``save_th`` (the backward's
     cap' = 1 - th**2). A mask with one entry per key (SM = S) is added only
     when ``add_keys``; otherwise the caller fuses it into its exponential pass.
     """
-    mask, mask_index, _, slopes = bias
-    softcap = score.softcap
     mb, nb = st.shape
     if softcap > 0.0:
         cap = like(softcap, st)
@@ -354,23 +356,6 @@ def _needs_band(i0, mb, j0, nb, band):
     """Whether some entry of the tile (rows i0..i0+mb-1, keys j0..j0+nb-1) is outside the band."""
     offset, left, right = band
     return j0 < i0 + mb - 1 + offset - left or j0 + nb - 1 > i0 + offset + right
-
-
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def _tile_span(t, block, n):
-    """``(first, size)`` of tile t of ``block`` positions out of n (the last may be short)."""
-    first = t * block
-    return first, min(block, n - first)
-
-
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def _tiles_holding(first, last, n, block):
-    """``(t_first, t_last)``: the tiles of ``block`` positions that hold positions
-    max(first, 0) .. min(last, n - 1); t_last = t_first - 1 when there are none."""
-    first = max(first, 0)
-    last = min(last, n - 1)
-    t_first = first // block
-    return t_first, (last // block if last >= first else t_first - 1)
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
@@ -439,6 +424,7 @@ def flash_forward(q, k, v, kv_index, bias, band, score, dropout, tiles):
     See the module docstring for the formula and the (base-2) arguments.
     """
     mask, mask_index, mask_live, slopes = bias
+    softcap = score.softcap
     keep_scale = dropout.keep_scale
     block_q, block_k = tiles.block_q, tiles.block_k
     n_bh, n_q, _ = q.shape
@@ -448,7 +434,6 @@ def flash_forward(q, k, v, kv_index, bias, band, score, dropout, tiles):
     lse = np.empty((n_bh, n_q), dtype=np.float64)
     n_qt = (n_q + block_q - 1) // block_q
     offset, left, right = band
-    lo_off, hi_off = offset - left, offset + right  # row i sees keys i + lo_off ..= i + hi_off
     seed, threshold = dropout.seed, dropout.threshold
     use_dropout = threshold > 0
     key_mask = mask.shape[0] > 0 and mask.shape[2] > 1  # fused into the exponential pass
@@ -458,37 +443,43 @@ def flash_forward(q, k, v, kv_index, bias, band, score, dropout, tiles):
     for item in prange(n_bh * n_qt):
         bh = item % n_bh
         qt = _tile_order(item // n_bh, n_qt)
-        i0, mb = _tile_span(qt, block_q, n_q)
+        i0 = qt * block_q
+        mb = min(block_q, n_q - i0)
         kv = kv_index[bh]
         s_flat = np.empty(mb * block_k, dtype=q.dtype)
         acc = np.zeros((mb, d_v), dtype=q.dtype)
         m = np.full(mb, -np.inf)
         l = np.zeros(mb)
         q_tile = q[bh, i0 : i0 + mb]
-        # the key tiles that rows i0 .. i0 + mb - 1 see through the band
-        kt_first, kt_last = _tiles_holding(i0 + lo_off, i0 + mb - 1 + hi_off, n_k, block_k)
+        j_first = max(i0 + offset - left, 0)
+        j_last = min(i0 + mb - 1 + offset + right, n_k - 1)
+        kt_first = j_first // block_k
+        kt_last = j_last // block_k if j_last >= j_first else kt_first - 1
         for kt in range(kt_first, kt_last + 1):
             if not _tile_is_live(mask, mask_index, mask_live, bh, qt, kt):
                 continue
-            j0, nb = _tile_span(kt, block_k, n_k)
+            j0 = kt * block_k
+            nb = min(block_k, n_k - j0)
             k_tile = k[kv, j0 : j0 + nb]
             # the weights P overwrite the scores S in place: one tile of scratch, which
             # stays in the core's L2 cache with the K and V tiles
             st = s_flat[: mb * nb].reshape((mb, nb))
             gemm(q_tile, k_tile, st, False, True, 0.0)
             need_band = _needs_band(i0, mb, j0, nb, band)
-            _tile_terms(st, st, bh, i0, j0, bias, band, score, need_band, False, False)
+            _tile_terms(
+                st, st, bh, i0, j0, mask, mask_index, slopes, band, softcap, need_band, False, False
+            )
             for r in range(mb):
                 row = st[r]
                 if key_mask:
-                    m_row = mask[mask_index[bh], i0 + r if mask_rows else 0, j0 : j0 + nb]
+                    bias = mask[mask_index[bh], i0 + r if mask_rows else 0, j0 : j0 + nb]
                 else:
-                    m_row = row  # unused
+                    bias = row  # unused
                 shift = m[r]
                 if shift != -np.inf:
                     # one pass: the exponentials against the kept reference maximum
                     if key_mask:
-                        total = _exp2_shift_sum_masked(row, m_row, like(shift, row))
+                        total = _exp2_shift_sum_masked(row, bias, like(shift, row))
                     else:
                         total = exp2_shift_sum(row, like(shift, row))
                     if total <= REBASE_SUM:
@@ -505,7 +496,20 @@ def flash_forward(q, k, v, kv_index, bias, band, score, dropout, tiles):
                     else:
                         # weights may have saturated at 2**127 (2**1023): score the row
                         # again and rebase it on its maximum below
-                        _score_row(q_tile, k_tile, st, r, bh, i0, j0, bias, band, score)
+                        _score_row(
+                            q_tile,
+                            k_tile,
+                            st,
+                            r,
+                            bh,
+                            i0,
+                            j0,
+                            mask,
+                            mask_index,
+                            slopes,
+                            band,
+                            softcap,
+                        )
                         rebased = False
                     if rebased:
                         if use_dropout:
@@ -514,7 +518,7 @@ def flash_forward(q, k, v, kv_index, bias, band, score, dropout, tiles):
                         continue
                 # the row's first admissible tile, or a saturated jump: rebase on the maximum
                 if key_mask:
-                    _add_row(row, m_row)
+                    _add_row(row, bias)
                 top = np.float64(row_max(row))
                 if top == -np.inf:  # nothing admissible yet (shift is -inf too)
                     row[:] = 0.0
@@ -576,7 +580,6 @@ def flash_backward(q, k, v, out, lse, dout, kv_index, bias, band, score, dropout
     d_v = v.shape[2]
     dtype = q.dtype
     offset, left, right = band
-    lo_off, hi_off = offset - left, offset + right  # row i sees keys i + lo_off ..= i + hi_off
     seed, threshold = dropout.seed, dropout.threshold
     use_dropout = threshold > 0
     use_cap = softcap > 0.0
@@ -611,7 +614,8 @@ def flash_backward(q, k, v, out, lse, dout, kv_index, bias, band, score, dropout
         drop_scale = like(keep_scale, q)
         sink = np.zeros(1, dtype=dtype)
         for kt in range(group, n_kt, n_groups):
-            j0, nb = _tile_span(kt, block_k, n_k)
+            j0 = kt * block_k
+            nb = min(block_k, n_k - j0)
             dk_acc[:nb] = 0.0
             dv_acc[:nb] = 0.0
             k_tile = k[kv, j0 : j0 + nb]
@@ -620,15 +624,18 @@ def flash_backward(q, k, v, out, lse, dout, kv_index, bias, band, score, dropout
             # products Q K^T and dO V^T then run as A B (3 % faster than A B^T here)
             k_tile_t = _transpose_into(k_tile, kt_flat)
             v_tile_t = _transpose_into(v_tile, vt_flat)
-            # the query tiles whose rows see keys j0 .. j0 + nb - 1 through the band
-            qt_first, qt_last = _tiles_holding(j0 - hi_off, j0 + nb - 1 - lo_off, n_q, block_q)
+            i_first = max(j0 - offset - right, 0)
+            i_last = min(j0 + nb - 1 - offset + left, n_q - 1)
+            qt_first = i_first // block_q
+            qt_last = i_last // block_q if i_last >= i_first else qt_first - 1
             for bh in range(n_bh):
                 if kv_index[bh] != kv:
                     continue
                 for qt in range(qt_first, qt_last + 1):
                     if not _tile_is_live(mask, mask_index, mask_live, bh, qt, kt):
                         continue
-                    i0, mb = _tile_span(qt, block_q, n_q)
+                    i0 = qt * block_q
+                    mb = min(block_q, n_q - i0)
                     q_tile = q[bh, i0 : i0 + mb]
                     do_tile = dout[bh, i0 : i0 + mb]
                     st = s_flat[: mb * nb].reshape((mb, nb))
@@ -636,7 +643,21 @@ def flash_backward(q, k, v, out, lse, dout, kv_index, bias, band, score, dropout
                     tht = th_flat[: mb * nb].reshape((mb, nb)) if use_cap else st
                     gemm(q_tile, k_tile_t, st, False, False, 0.0)
                     need_band = _needs_band(i0, mb, j0, nb, band)
-                    _tile_terms(st, tht, bh, i0, j0, bias, band, score, need_band, True, False)
+                    _tile_terms(
+                        st,
+                        tht,
+                        bh,
+                        i0,
+                        j0,
+                        mask,
+                        mask_index,
+                        slopes,
+                        band,
+                        softcap,
+                        need_band,
+                        True,
+                        False,
+                    )
                     p_sum = like(0.0, q)
                     for r in range(mb):
                         row = st[r]
@@ -644,8 +665,8 @@ def flash_backward(q, k, v, out, lse, dout, kv_index, bias, band, score, dropout
                         if shift == neg_inf:
                             row[:] = 0.0
                         elif key_mask:
-                            m_row = mask[mask_index[bh], i0 + r if mask_rows else 0, j0 : j0 + nb]
-                            p_sum += _exp2_shift_sum_masked(row, m_row, shift)
+                            bias = mask[mask_index[bh], i0 + r if mask_rows else 0, j0 : j0 + nb]
+                            p_sum += _exp2_shift_sum_masked(row, bias, shift)
                         else:
                             # LLVM vectorises this loop only if its sum is used: kept in sink
                             p_sum += exp2_shift_sum(row, shift)
