@@ -24,6 +24,15 @@ def power_of_two_scale(magnitude):
 DROPOUT_BITS = 24
 
 
+#: The dropout hash, SplitMix64's finaliser of ``seed + (counter + 1) * GOLDEN``, on the
+#: CPU (``kernels.dropout.keep``) and the GPU (``cuda.dropout.keep``): its constants,
+#: and the shift that leaves the top ``DROPOUT_BITS`` bits.
+SPLITMIX_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+SPLITMIX_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+SPLITMIX_MIX2 = np.uint64(0x94D049BB133111EB)
+DROPOUT_SHIFT = np.uint64(64 - DROPOUT_BITS)
+
+
 def dropout_threshold(dropout_p):
     """``uint64(round(dropout_p * 2**24))``: keep a weight iff its 24 random bits are >= this."""
     return np.uint64(round(float(dropout_p) * 2.0**DROPOUT_BITS))

@@ -2,17 +2,11 @@
 
 Counter-based: nothing is stored, and whether the weight of query row i and
 key column j of the flattened (batch, query head) index bh survives depends
-only on the seed and
-
-    counter = (bh * n_q + i) * n_k + j                       (uint64, wrapping)
-    z = seed + (counter + 1) * 0x9E3779B97F4A7C15            (uint64, wrapping)
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EB
-    z = z ^ (z >> 31)                                        (SplitMix64's finaliser)
-    keep  <=>  (z >> 40) >= threshold,   threshold = round(dropout_p * 2**24)
-
-so the forward and backward kernels, on any tiling and any number of
-threads, and the CPU kernels all drop the same weights.
+only on the seed and ``counter = (bh * n_q + i) * n_k + j``, hashed by
+SplitMix64's finaliser as ``nbattn.kernels.dropout`` writes out (the constants
+are ``nbattn._core.numeric``'s, for both), so the forward and backward
+kernels, on any tiling and any number of threads, and the CPU kernels all
+drop the same weights.
 
 The wrapping products and sums are written on 32-bit halves
 (:func:`mul64`, :func:`add64`), which never overflow a uint64: the CUDA
@@ -27,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._core.numeric import DROPOUT_SHIFT, SPLITMIX_GOLDEN, SPLITMIX_MIX1, SPLITMIX_MIX2
 from .common import jit
 
 __all__ = ["add64", "counter", "keep", "mul64"]
@@ -35,10 +30,7 @@ _U = np.uint64
 _LOW = np.uint64(0xFFFFFFFF)
 _32 = np.uint64(32)
 _ONE = np.uint64(1)
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
-_MIX2 = np.uint64(0x94D049BB133111EB)
-_S30, _S27, _S31, _S40 = np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(40)
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 
 
 @jit(device=True, inline=True)
@@ -75,8 +67,8 @@ def keep(seed, count, threshold):
     ``threshold = round(dropout_p * 2**24)``: a weight is dropped with
     probability threshold / 2**24.
     """
-    z = add64(seed, mul64(add64(count, _ONE), _GOLDEN))
-    z = mul64(z ^ (z >> _S30), _MIX1)
-    z = mul64(z ^ (z >> _S27), _MIX2)
+    z = add64(seed, mul64(add64(count, _ONE), SPLITMIX_GOLDEN))
+    z = mul64(z ^ (z >> _S30), SPLITMIX_MIX1)
+    z = mul64(z ^ (z >> _S27), SPLITMIX_MIX2)
     z = z ^ (z >> _S31)
-    return (z >> _S40) >= threshold
+    return (z >> DROPOUT_SHIFT) >= threshold

@@ -23,70 +23,72 @@ from .._core.numeric import power_of_two_scale
 from .common import jit, launch
 
 
-@jit
-def _count_nonfinite_kernel(x, counter):
-    start = cuda.grid(1)
-    stride = cuda.gridsize(1)
-    n_rows, n_cols = x.shape
-    for flat in range(start, n_rows * n_cols, stride):
-        value = x[flat // n_cols, flat % n_cols]
-        if not math.isfinite(value):
-            cuda.atomic.add(counter, 0, 1)
+def _make_count_kernel(counts):
+    """A grid-stride kernel ``(x, counter)`` that adds 1 to ``counter[0]`` for every
+    entry of the 2-D ``x`` for which the device function ``counts(value)`` holds."""
+
+    @jit
+    def count_kernel(x, counter):
+        n_rows, n_cols = x.shape
+        for flat in range(cuda.grid(1), n_rows * n_cols, cuda.gridsize(1)):
+            if counts(x[flat // n_cols, flat % n_cols]):
+                cuda.atomic.add(counter, 0, 1)
+
+    return count_kernel
 
 
-@jit
-def _count_nan_or_posinf_kernel(x, counter):
-    start = cuda.grid(1)
-    stride = cuda.gridsize(1)
-    n_rows, n_cols = x.shape
-    for flat in range(start, n_rows * n_cols, stride):
-        value = x[flat // n_cols, flat % n_cols]
-        if math.isnan(value) or value == math.inf:
-            cuda.atomic.add(counter, 0, 1)
+@jit(device=True, inline=True)
+def _nonfinite(value):
+    return not math.isfinite(value)
+
+
+@jit(device=True, inline=True)
+def _nan_or_posinf(value):
+    return math.isnan(value) or value == math.inf
+
+
+_count_nonfinite_kernel = _make_count_kernel(_nonfinite)
+_count_nan_or_posinf_kernel = _make_count_kernel(_nan_or_posinf)
 
 
 @jit
 def _column_spread_kernel(x, shift, spread):
-    start = cuda.grid(1)
-    stride = cuda.gridsize(1)
     n_rows, n_cols = x.shape
-    for flat in range(start, n_rows * n_cols, stride):
+    for flat in range(cuda.grid(1), n_rows * n_cols, cuda.gridsize(1)):
         f = flat % n_cols
         cuda.atomic.max(spread, f, abs(x[flat // n_cols, f] - shift[f]))
 
 
 @jit
 def _column_sums_kernel(x, shift, inv_scale, sums, sums_sq):
-    start = cuda.grid(1)
-    stride = cuda.gridsize(1)
     n_rows, n_cols = x.shape
-    for flat in range(start, n_rows * n_cols, stride):
+    for flat in range(cuda.grid(1), n_rows * n_cols, cuda.gridsize(1)):
         f = flat % n_cols
         centred = (x[flat // n_cols, f] - shift[f]) * inv_scale[f]
         cuda.atomic.add(sums, f, centred)
         cuda.atomic.add(sums_sq, f, centred * centred)
 
 
-@jit
-def _scaled_transpose_kernel(src, scale, dst):
-    start = cuda.grid(1)
-    stride = cuda.gridsize(1)
-    n_rows, n_cols = src.shape
-    for flat in range(start, n_rows * n_cols, stride):
-        j = flat // n_cols
-        f = flat % n_cols
-        dst[f, j] = src[j, f] * scale[f]
+def _make_scaled_layout_kernel(transpose):
+    """A grid-stride kernel ``(src, scale, dst)``: dst = src * scale per feature (column)
+    of the 2-D ``src``, transposed (``transpose``, a compile-time constant) or not."""
+
+    @jit
+    def scaled_layout_kernel(src, scale, dst):
+        n_rows, n_cols = src.shape
+        for flat in range(cuda.grid(1), n_rows * n_cols, cuda.gridsize(1)):
+            i = flat // n_cols
+            f = flat % n_cols
+            if transpose:
+                dst[f, i] = src[i, f] * scale[f]
+            else:
+                dst[i, f] = src[i, f] * scale[f]
+
+    return scaled_layout_kernel
 
 
-@jit
-def _scaled_copy_kernel(src, scale, dst):
-    start = cuda.grid(1)
-    stride = cuda.gridsize(1)
-    n_rows, n_cols = src.shape
-    for flat in range(start, n_rows * n_cols, stride):
-        i = flat // n_cols
-        f = flat % n_cols
-        dst[i, f] = src[i, f] * scale[f]
+_scaled_transpose_kernel = _make_scaled_layout_kernel(True)
+_scaled_copy_kernel = _make_scaled_layout_kernel(False)
 
 
 #: Grid-stride kernels: at most this many blocks, each thread loops over the rest.

@@ -65,7 +65,7 @@ from .. import config
 from .._core.numeric import power_of_two_scale
 from . import far
 from .common import compiled, exp_for, imin, jit, launch, load_columns, tile_rows, to_device
-from .pooling import pool_row_function, tile_score_function
+from .pooling import output_launches, pool_row_function, tile_score_function
 
 __all__ = [
     "gaussian_spread",
@@ -400,10 +400,7 @@ def loo_squared_error(queries, keys_t, values_t, targets, self_index):
     k = device_keys_t.shape[0]
     n_outputs = device_values_t.shape[0]
     total = cuda.to_device(np.zeros(1))
-    per_launch = config.CUDA_MAX_OUTPUTS
-    for c0 in range(0, n_outputs, per_launch):
-        c1 = min(n_outputs, c0 + per_launch)
-        bk = tile_rows(k + c1 - c0, dtype.itemsize)
+    for c0, c1, bk, shared in output_launches(k, n_outputs, dtype.itemsize):
         args = (
             device_queries,
             device_keys_t,
@@ -414,7 +411,7 @@ def loo_squared_error(queries, keys_t, values_t, targets, self_index):
             total,
         )
         kernel = loss_kernel(dtype, k, c1 - c0)
-        launch(kernel, device_queries.shape[0], args, shared=(k + c1 - c0) * bk * dtype.itemsize)
+        launch(kernel, device_queries.shape[0], args, shared=shared)
     return float(total.copy_to_host()[0])
 
 
@@ -626,13 +623,9 @@ def gaussian_spread(queries, keys_t, values_t, centers, lse, exclude_self):
     n_outputs = device_values_t.shape[0]
     var = cuda.device_array((n_queries, n_outputs), dtype=np.float64)
     sum_w2 = cuda.device_array(n_queries, dtype=np.float64)
-    per_launch = config.CUDA_MAX_OUTPUTS
     rows = far.far_rows(lse, dtype)
     device_rows = cuda.to_device(rows.astype(np.int64)) if rows.size else None
-    for c0 in range(0, n_outputs, per_launch):
-        c1 = min(n_outputs, c0 + per_launch)
-        per_key = k + c1 - c0
-        bk = tile_rows(per_key, dtype.itemsize)
+    for c0, c1, bk, shared in output_launches(k, n_outputs, dtype.itemsize):
         args = (
             device_queries,
             device_keys_t,
@@ -645,7 +638,7 @@ def gaussian_spread(queries, keys_t, values_t, centers, lse, exclude_self):
             sum_w2,
         )
         kernel = spread_kernel(dtype, k, c1 - c0)
-        launch(kernel, n_queries, args, shared=per_key * bk * dtype.itemsize)
+        launch(kernel, n_queries, args, shared=shared)
         if rows.size:  # rare: rows whose weights need the far path
             far_args = (*args[:6], device_rows, var[:, c0:c1], sum_w2)
             launch(far_spread_kernel(dtype), rows.size, far_args)

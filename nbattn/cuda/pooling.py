@@ -43,6 +43,7 @@ __all__ = [
     "gaussian_pool",
     "gaussian_pool_kernel",
     "gaussian_weights",
+    "output_launches",
     "pool_row_function",
     "tile_score_function",
     "to_device",
@@ -195,11 +196,7 @@ def gaussian_pool(queries, keys_t, values_t, exclude_self, self_offset=0):
     dtype = np.dtype(device_queries.dtype)
     device_out = cuda.device_array((n_queries, n_outputs), dtype=dtype)
     device_lse = cuda.device_array(n_queries, dtype=np.float64)
-    per_launch = config.CUDA_MAX_OUTPUTS
-    for c0 in range(0, n_outputs, per_launch):
-        c1 = min(n_outputs, c0 + per_launch)
-        per_key = d + c1 - c0
-        block_k = tile_rows(per_key, dtype.itemsize)
+    for c0, c1, block_k, shared in output_launches(d, n_outputs, dtype.itemsize):
         args = (
             device_queries,
             device_keys_t,
@@ -211,8 +208,22 @@ def gaussian_pool(queries, keys_t, values_t, exclude_self, self_offset=0):
             device_lse,
         )
         kernel = gaussian_pool_kernel(dtype, d, c1 - c0)
-        launch(kernel, n_queries, args, shared=per_key * block_k * dtype.itemsize)
+        launch(kernel, n_queries, args, shared=shared)
     return device_out, device_lse
+
+
+def output_launches(n_features, n_outputs, itemsize):
+    """The launches of a kernel whose tiles hold keys of ``n_features`` columns and some
+    of their ``n_outputs`` value columns (the pool here, the loss and the spread in
+    ``loo``): per launch ``(c0, c1, block_k, shared)``, the outputs c0 .. c1 - 1 (at
+    most ``config.CUDA_MAX_OUTPUTS``: their accumulators are registers), ``block_k``
+    keys per tile (``tile_rows``) and the tile's bytes."""
+    per_launch = config.CUDA_MAX_OUTPUTS
+    for c0 in range(0, n_outputs, per_launch):
+        c1 = min(n_outputs, c0 + per_launch)
+        per_key = n_features + c1 - c0
+        block_k = tile_rows(per_key, itemsize)
+        yield c0, c1, block_k, per_key * block_k * itemsize
 
 
 def _make_weights_kernels(float_type, d):

@@ -29,22 +29,17 @@ import numpy as np
 from numba import njit
 
 from .. import config
+from .._core.numeric import DROPOUT_SHIFT, SPLITMIX_GOLDEN, SPLITMIX_MIX1, SPLITMIX_MIX2
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
-_MIX2 = np.uint64(0x94D049BB133111EB)
 _ONE = np.uint64(1)
-_S30 = np.uint64(30)
-_S27 = np.uint64(27)
-_S31 = np.uint64(31)
-_S40 = np.uint64(40)
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 
 
 @njit(inline="always", cache=config.CACHE)
 def keep(seed, counter, threshold):
     """True when the weight at ``counter`` survives dropout (all three uint64)."""
-    z = seed + (counter + _ONE) * _GOLDEN
-    z = (z ^ (z >> _S30)) * _MIX1
-    z = (z ^ (z >> _S27)) * _MIX2
+    z = seed + (counter + _ONE) * SPLITMIX_GOLDEN
+    z = (z ^ (z >> _S30)) * SPLITMIX_MIX1
+    z = (z ^ (z >> _S27)) * SPLITMIX_MIX2
     z = z ^ (z >> _S31)
-    return (z >> _S40) >= threshold
+    return (z >> DROPOUT_SHIFT) >= threshold

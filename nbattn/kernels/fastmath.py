@@ -31,9 +31,11 @@ score passed to ``exp2`` would need the multiplication by log2(e) that
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from llvmlite import ir
-from numba import types
+from numba import njit, types
 from numba.extending import intrinsic, overload
 
 from .. import config
@@ -52,53 +54,55 @@ _MAGIC32 = np.float32(12582912.0)  # 1.5 * 2**23
 _LO32 = np.float32(-87.33)
 _HI32 = np.float32(88.37)
 
+#: exp(r) on |r| <= ln(2)/2: its Taylor polynomial, 1/k! highest degree first
+#: (degree 12 for float64, 7 for float32).
+_EXP64_TAYLOR = tuple(1.0 / math.factorial(k) for k in range(12, -1, -1))
+_EXP32_TAYLOR = tuple(np.float32(1.0 / math.factorial(k)) for k in range(7, -1, -1))
 
-@intrinsic
-def _bits_to_float64(typingctx, bits):
-    """Reinterpret an int64 as a float64 (an LLVM bitcast, free and vectorisable)."""
-    if bits != types.int64:
+
+def _bitcast(source, target):
+    """An intrinsic that reinterprets the bits of a ``source`` scalar as a ``target``
+    (an LLVM bitcast of two types of one width: free and vectorisable)."""
+
+    def reinterpret(typingctx, value):
+        if value != source:
+            return None
+
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], context.get_value_type(target))
+
+        return target(source), codegen
+
+    reinterpret.__name__ = f"_{source}_as_{target}"
+    return intrinsic(reinterpret)
+
+
+_bits_to_float64 = _bitcast(types.int64, types.float64)
+_float64_to_bits = _bitcast(types.float64, types.int64)
+_bits_to_float32 = _bitcast(types.int32, types.float32)
+_float32_to_bits = _bitcast(types.float32, types.int32)
+
+
+@njit(inline="always")
+def horner(coefficients, r):
+    """``c_0 r**n + c_1 r**(n-1) + ... + c_n`` for the tuple ``coefficients`` (highest
+    degree first), by Horner's rule ``p <- p r + c_k``, in that order.
+
+    Inlined into its caller, it takes the caller's fast-math flags; with a
+    constant tuple LLVM unrolls the loop, so the kernel loop around it vectorises.
+    """
+    p = coefficients[0]
+    for k in range(1, len(coefficients)):
+        p = p * r + coefficients[k]
+    return p
+
+
+def by_float_width(x, for_float32, for_float64):
+    """What an ``@overload`` of a function of one float scalar returns for the numba type
+    ``x``: ``for_float32``, ``for_float64`` (float64), or None (not a float: no match)."""
+    if not isinstance(x, types.Float):
         return None
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], context.get_value_type(types.float64))
-
-    return types.float64(types.int64), codegen
-
-
-@intrinsic
-def _float64_to_bits(typingctx, value):
-    """Reinterpret a float64 as an int64."""
-    if value != types.float64:
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], context.get_value_type(types.int64))
-
-    return types.int64(types.float64), codegen
-
-
-@intrinsic
-def _float32_to_bits(typingctx, value):
-    """Reinterpret a float32 as an int32."""
-    if value != types.float32:
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], context.get_value_type(types.int32))
-
-    return types.int32(types.float32), codegen
-
-
-@intrinsic
-def _bits_to_float32(typingctx, bits):
-    """Reinterpret an int32 as a float32."""
-    if bits != types.int32:
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], context.get_value_type(types.float32))
-
-    return types.float32(types.int32), codegen
+    return for_float32 if x.bitwidth == 32 else for_float64
 
 
 def fast_exp(x):
@@ -118,30 +122,14 @@ _EXP_FASTMATH = config.FASTMATH - {"reassoc"}
 
 @overload(fast_exp, jit_options={"fastmath": _EXP_FASTMATH})
 def _fast_exp_overload(x):
-    if isinstance(x, types.Float) and x.bitwidth == 32:
-        return _exp32
-    if isinstance(x, types.Float):
-        return _exp64
-    return None
+    return by_float_width(x, _exp32, _exp64)
 
 
 def _exp64(x):
     xc = min(max(x, _LO64), _HI64)
     n = np.floor(xc * _LOG2E + 0.5)
     r = (xc - n * _LN2_HI) - n * _LN2_LO
-    p = 1.0 / 479001600.0
-    p = p * r + 1.0 / 39916800.0
-    p = p * r + 1.0 / 3628800.0
-    p = p * r + 1.0 / 362880.0
-    p = p * r + 1.0 / 40320.0
-    p = p * r + 1.0 / 5040.0
-    p = p * r + 1.0 / 720.0
-    p = p * r + 1.0 / 120.0
-    p = p * r + 1.0 / 24.0
-    p = p * r + 1.0 / 6.0
-    p = p * r + 0.5
-    p = p * r + 1.0
-    p = p * r + 1.0
+    p = horner(_EXP64_TAYLOR, r)
     # n is an integer-valued double; n + 1.5*2**52 holds n in its low mantissa bits.
     # Adding (1023 - bits(1.5*2**52)) then shifting by 52 gives the bits of 2**n.
     n_bits = _float64_to_bits(n + _MAGIC64) - 0x4338000000000000 + 1023
@@ -158,14 +146,7 @@ def _exp32(x):
     xc = min(max(x, _LO32), _HI32)
     n = np.floor(xc * _LOG2E32 + np.float32(0.5))
     r = (xc - n * _LN2_HI32) - n * _LN2_LO32
-    p = np.float32(1.0 / 5040.0)
-    p = p * r + np.float32(1.0 / 720.0)
-    p = p * r + np.float32(1.0 / 120.0)
-    p = p * r + np.float32(1.0 / 24.0)
-    p = p * r + np.float32(1.0 / 6.0)
-    p = p * r + np.float32(0.5)
-    p = p * r + np.float32(1.0)
-    p = p * r + np.float32(1.0)
+    p = horner(_EXP32_TAYLOR, r)
     n_bits = _float32_to_bits(n + _MAGIC32) - 0x4B400000 + 127
     scale = _bits_to_float32(np.int32(n_bits << 23))
     result = p * scale

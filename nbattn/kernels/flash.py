@@ -106,14 +106,22 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange, types
+from numba import njit, prange
 from numba.extending import overload
 
 from .. import config
 from .._core.numeric import LOG2E
 from .blas import gemm
 from .dropout import keep
-from .fastmath import _bits_to_float32, _bits_to_float64, _float32_to_bits, _float64_to_bits, like
+from .fastmath import (
+    _bits_to_float32,
+    _bits_to_float64,
+    _float32_to_bits,
+    _float64_to_bits,
+    by_float_width,
+    horner,
+    like,
+)
 from .softmax import row_max
 
 LN2 = 0.6931471805599453
@@ -169,13 +177,7 @@ def _exp2_32(x):
     xc = min(max(x, np.float32(-127.0)), np.float32(127.0))
     shifted = xc + _MAGIC32
     r = xc - (shifted - _MAGIC32)
-    p = _C32[0]
-    p = p * r + _C32[1]
-    p = p * r + _C32[2]
-    p = p * r + _C32[3]
-    p = p * r + _C32[4]
-    p = p * r + _C32[5]
-    p = p * r + _C32[6]
+    p = horner(_C32, r)
     # the low bits of `shifted` hold n: (n + 127) << 23 is 2**n, 0 at n = -127
     n_bits = _float32_to_bits(shifted) - 0x4B400000 + 127
     return p * _bits_to_float32(np.int32(n_bits << 23))
@@ -185,20 +187,7 @@ def _exp2_64(x):
     xc = min(max(x, -1023.0), 1023.0)
     shifted = xc + _MAGIC64
     r = xc - (shifted - _MAGIC64)
-    p = _C64[0]
-    p = p * r + _C64[1]
-    p = p * r + _C64[2]
-    p = p * r + _C64[3]
-    p = p * r + _C64[4]
-    p = p * r + _C64[5]
-    p = p * r + _C64[6]
-    p = p * r + _C64[7]
-    p = p * r + _C64[8]
-    p = p * r + _C64[9]
-    p = p * r + _C64[10]
-    p = p * r + _C64[11]
-    p = p * r + _C64[12]
-    p = p * r + _C64[13]
+    p = horner(_C64, r)
     n_bits = _float64_to_bits(shifted) - 0x4338000000000000 + 1023
     return p * _bits_to_float64(n_bits << 52)
 
@@ -207,11 +196,7 @@ def _exp2_64(x):
 # is not folded to x.
 @overload(exp2, jit_options={"fastmath": config.FASTMATH - {"reassoc"}})
 def _exp2_overload(x):
-    if isinstance(x, types.Float) and x.bitwidth == 32:
-        return _exp2_32
-    if isinstance(x, types.Float):
-        return _exp2_64
-    return None
+    return by_float_width(x, _exp2_32, _exp2_64)
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
