@@ -187,7 +187,9 @@ class PoolingPrediction:
         if sw is not None:
             values = np.column_stack([sw[:, None] * values, sw])
         h = regression.resolve_bandwidth(h, k)  # checked: it may come from an edited file
-        out, _ = regression.gaussian_pool(q, k, values, h, self._dtype(), self._device())
+        out, _ = regression.gaussian_pool(
+            q, k, values, h, dtype=self._dtype(), device=self._device()
+        )
         out = np.asarray(out, dtype=np.float64)
         return out if sw is None else out[:, :-1] / out[:, -1:]
 
@@ -223,7 +225,9 @@ class PoolingPrediction:
 
             q, k, h = self._score_coordinates(X)
             h = resolve_bandwidth(h, k)
-            mean, std, n_eff = gaussian_pool_spread(q, k, y, h, self._dtype(), self._device())
+            mean, std, n_eff = gaussian_pool_spread(
+                q, k, y, h, dtype=self._dtype(), device=self._device()
+            )
             return (
                 np.asarray(mean, dtype=np.float64),
                 np.asarray(std, dtype=np.float64),

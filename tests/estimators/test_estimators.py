@@ -281,8 +281,8 @@ def gpu_machine(monkeypatch):
     monkeypatch.setattr(prediction, "resolve_device", resolve)
     spies = {}
     for module, fname in [
-        (regression, "nadaraya_watson"),
-        (width_search, "loo_bandwidth"),
+        (regression, "gaussian_pool"),  # the estimators' pooling of checked arrays
+        (width_search, "loo_scale"),  # and their width search
         (learned_metric, "fit_learned_kernel"),
     ]:
         spies[fname] = _DeviceSpy(getattr(module, fname))
@@ -297,10 +297,10 @@ def test_device_is_resolved_when_a_method_runs(name, kwargs, gpu_machine, monkey
     for spy in gpu_machine.values():
         spy.devices.clear()
     model = getattr(nbattn, name)(**kwargs, device="auto").fit(X, y)
-    fit_devices = gpu_machine["loo_bandwidth"].devices + gpu_machine["fit_learned_kernel"].devices
+    fit_devices = gpu_machine["loo_scale"].devices + gpu_machine["fit_learned_kernel"].devices
     assert set(fit_devices) <= {"cuda"}
     assert len(fit_devices) == (kwargs.get("bandwidth") == "loo" or name.startswith("Learned"))
-    pooling = gpu_machine["nadaraya_watson"].devices
+    pooling = gpu_machine["gaussian_pool"].devices
     pooling.clear()
     model.predict_proba(X) if hasattr(model, "predict_proba") else model.predict(X)
     if kwargs.get("kernel") != "average":
@@ -359,7 +359,7 @@ def test_verbose_reaches_the_search(name, kwargs, gpu_machine):
     searches = (kwargs.get("bandwidth") == "loo") or name.startswith("Learned")
     X, y = _xy(name)
     getattr(nbattn, name)(**kwargs, verbose=2).fit(X, y)
-    spy = gpu_machine["fit_learned_kernel" if name.startswith("Learned") else "loo_bandwidth"]
+    spy = gpu_machine["fit_learned_kernel" if name.startswith("Learned") else "loo_scale"]
     assert [call["verbose"] for call in spy.calls] == [2] * int(searches)
 
 
