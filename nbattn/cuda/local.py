@@ -3,7 +3,7 @@ of ``nbattn.kernels.local``.
 
 Same contracts, layouts and results as the CPU kernels (their module docstring
 has the formulas): float64 throughout, the same argument groups
-(``local_args``: ``LocalData`` with ``q_cont`` (n_q, dc) and ``keys_cont_t``
+(``_core.local_groups``: ``LocalData`` with ``q_cont`` (n_q, dc) and ``keys_cont_t``
 (dc, n_k) scaled by the widths, ``q_cat`` (n_q, dk) and ``keys_cat_t`` (dk, n_k)
 float-coded categories, ``log_weights`` (n_k,); ``LocalModel`` with
 ``cat_params`` (dk, 3) the terms (a, b, t), ``kernel`` 0 gaussian,
@@ -56,8 +56,7 @@ import math
 import numpy as np
 from numba import cuda, from_dtype
 
-from .common import compiled, imin, jit, launch, tile_rows, to_device
-from .local_args import (
+from .._core.local_groups import (
     EPANECHNIKOV,
     GAUSSIAN,
     KERNEL_CODES,
@@ -65,9 +64,10 @@ from .local_args import (
     LocalData,
     LocalFit,
     LocalModel,
-    device_inputs,
     n_terms,
 )
+from .common import compiled, imin, jit, launch, tile_rows, to_device
+from .local_args import device_inputs
 from .local_moments import moments_function, solve_function
 from .local_pairs import (
     clear,

@@ -17,8 +17,8 @@ import math
 from numba import cuda
 
 from .. import config
+from .._core.local_groups import EPANECHNIKOV, GAUSSIAN, n_terms
 from .common import compiled, jit
-from .local_args import EPANECHNIKOV, GAUSSIAN, n_terms
 
 
 def design_rows(dc, degree):

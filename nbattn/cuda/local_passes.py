@@ -7,7 +7,7 @@ itself up as the first pass does (``local_pairs``: the query row, the tile of
 keys, and the first pass's state g, shift + log_norm), recomputes each pair's
 score and design and adds p_j = exp(s_j - shift - log_norm) times its terms.
 ``local_interval_sums`` and ``local_loo_gradient`` take the argument groups
-(``local_args``) and the first pass's ``LocalFit``; the launched kernels take
+(``_core.local_groups``) and the first pass's ``LocalFit``; the launched kernels take
 the arrays one by one, as the first pass's do (``nbattn.cuda.local``).
 """
 
@@ -18,8 +18,9 @@ import math
 import numpy as np
 from numba import cuda, from_dtype
 
+from .._core.local_groups import n_terms
 from .common import compiled, imin, jit, launch, tile_rows, to_device
-from .local_args import device_inputs, host_array, n_terms
+from .local_args import device_inputs, host_array
 from .local_pairs import (
     clear,
     design_rows,

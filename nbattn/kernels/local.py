@@ -55,8 +55,8 @@ The second-pass kernels (``local_loo_gradient``, ``local_interval_sums``)
 recompute the weights p_j = exp(s_j - shift - log_norm) from the first pass's
 state and the equivalent-kernel weights l_j = p_j (g . x_j), g = (M/l + R)^-1 e_1.
 
-The kernels take their inputs in typed groups (``local_args``: ``LocalData``,
-``LocalModel``, ``LocalFit``). This module holds the first pass, ``local_fit``,
+The kernels take their inputs in typed groups (``nbattn._core.local_groups``:
+``LocalData``, ``LocalModel``, ``LocalFit``). This module holds the first pass, ``local_fit``,
 and is the op module that ``dispatch.device.kernels_for("local", "cpu")``
 returns: it also exposes the groups, the codes and the second passes.
 By algorithm: ``local_pairs`` (the scores and design rows of a key block, the
@@ -71,7 +71,7 @@ import numpy as np
 from numba import njit, prange
 
 from .. import config
-from .local_args import (
+from .._core.local_groups import (
     EPANECHNIKOV,
     GAUSSIAN,
     KERNEL_CODES,
@@ -79,8 +79,8 @@ from .local_args import (
     LocalData,
     LocalFit,
     LocalModel,
-    n_terms,
 )
+from .local_args import n_terms
 from .local_moments import (
     FUSED_TERMS,
     constant_moments,

@@ -19,8 +19,8 @@ import numpy as np
 from numba import njit
 
 from .. import config
+from .._core.local_groups import EPANECHNIKOV, GAUSSIAN
 from .fastmath import fmax
-from .local_args import EPANECHNIKOV, GAUSSIAN
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
