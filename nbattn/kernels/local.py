@@ -89,7 +89,7 @@ from .local_moments import (
     score_derivative_sums,
     solve,
 )
-from .local_pairs import any_weight, block_scores, nearest_key
+from .local_pairs import block_scores, block_scratch, nearest_key, problem_sizes
 from .local_passes import local_interval_sums, local_loo_gradient
 
 __all__ = [
@@ -130,13 +130,10 @@ def local_fit(data, model, values_t, want_mfx):
     mfx : (n_q, dc, n_out)   with ``want_mfx`` and degree 0: d fit / d q (scaled units),
                              sum_j p_j (y_j - fit) ds_j/dq; zeros otherwise
     """
-    q_cont, keys_cont_t, log_weights = data.q_cont, data.keys_cont_t, data.log_weights
+    q_cont, keys_cont_t = data.q_cont, data.keys_cont_t
     kernel, degree, ridge = model.kernel, model.degree, model.ridge
     exclude_self, missing = model.exclude_self, model.missing
-    n_q = q_cont.shape[0]
-    dc = keys_cont_t.shape[0]
-    n_k = log_weights.shape[0]
-    weighted = any_weight(log_weights)
+    n_q, dc, _, n_k, weighted = problem_sizes(data)
     n_out = values_t.shape[0]
     p = n_terms(dc, degree)
     beta = np.zeros((n_q, p, n_out))
@@ -152,9 +149,8 @@ def local_fit(data, model, values_t, want_mfx):
     store_design = missing or do_mfx or (p > 1 and degree >= 2) or (p > 1 and not fused)
     n_chunks = (n_q + _QUERY_BLOCK - 1) // _QUERY_BLOCK
     for chunk in prange(n_chunks):
-        scores = np.empty(_KEY_BLOCK)
+        scores, design = block_scratch(p, dc)
         wx = np.empty(_KEY_BLOCK)
-        design = np.empty((max(p, 1 + dc), _KEY_BLOCK))
         moments = np.empty((p, p))
         rhs = np.empty((p, n_out))
         scratch = np.empty((p, p))
