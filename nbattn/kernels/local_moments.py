@@ -132,7 +132,7 @@ def _compile_fused_moments():
 fused_moments = _compile_fused_moments()
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def block_dot(u, v, nb):
     """sum_j u_j v_j over the block's nb keys (one vectorised reduction)."""
     acc = 0.0
@@ -141,7 +141,7 @@ def block_dot(u, v, nb):
     return acc
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def add_value_sums(u, values_t, j0, nb, sums):
     """sums_o += sum_j u_j y_jo for every output o (``values_t`` rows, keys j0 .. j0+nb-1)."""
     for o in range(values_t.shape[0]):

@@ -178,7 +178,7 @@ def any_weight(log_weights):
     return False
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def problem_sizes(data):
     """(n_q, dc, dk, n_k, weighted) of the ``LocalData`` group: the queries, the
     continuous and categorical columns, the keys, and whether any key has a log
@@ -190,7 +190,7 @@ def problem_sizes(data):
     return n_q, dc, dk, n_k, any_weight(data.log_weights)
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def block_scratch(p, dc):
     """The scratch of :func:`block_scores` for a chunk of queries: the block's scores
     and its design rows (p terms, and at least the 1 + dc rows of the differences)."""

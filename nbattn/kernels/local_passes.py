@@ -31,7 +31,7 @@ _KEY_BLOCK = config.KEY_BLOCK
 _QUERY_BLOCK = config.QUERY_BLOCK
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def block_weights(i, j0, data, model, fit, weighted, scores, design):
     """The normalised weights p_j = exp(s_j - shift_i - log_norm_i) of keys j0 .. j0+nb-1
     for query i into ``scores`` and their design rows into ``design`` (``block_scores``);
