@@ -3,7 +3,7 @@ of ``nbattn.kernels.local``.
 
 Same contracts, layouts and results as the CPU kernels (their module docstring
 has the formulas): float64 throughout, the same argument groups
-(``local_args``: ``LocalData`` with ``q_cont`` (n_q, dc) and ``keys_cont_t``
+(``_core.local_groups``: ``LocalData`` with ``q_cont`` (n_q, dc) and ``keys_cont_t``
 (dc, n_k) scaled by the widths, ``q_cat`` (n_q, dk) and ``keys_cat_t`` (dk, n_k)
 float-coded categories, ``log_weights`` (n_k,); ``LocalModel`` with
 ``cat_params`` (dk, 3) the terms (a, b, t), ``kernel`` 0 gaussian,
@@ -36,7 +36,9 @@ arrays of compile-time size; the block walks the keys in tiles (``block_k``
 keys, ``common.tile_rows``) of continuous columns, categorical columns, the log
 weight and the values, loaded together into shared memory. By algorithm, as on
 the CPU: ``local_pairs`` (the pair's score and design vector, ``pair_function``;
-each thread's set-up), ``local_moments`` (the moment sums and the solve,
+each thread's walk over the keys, ``key_walk_function``, which the three kernels
+share: each gives it its per-pair work), ``local_moments`` (the moment sums, the
+fit's per-pair work, and the solve,
 ``solve_function``, written step for step like the CPU's ``solve`` so that both
 drop the same terms), ``local_passes`` (the second passes). Kernels are compiled
 per (dc, dk, kernel, degree, missing, outputs per launch[, marginal effects]); at
@@ -54,10 +56,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import cuda, from_dtype
+from numba import cuda
 
-from .common import compiled, imin, jit, launch, tile_rows, to_device
-from .local_args import (
+from .._core.local_groups import (
     EPANECHNIKOV,
     GAUSSIAN,
     KERNEL_CODES,
@@ -65,18 +66,16 @@ from .local_args import (
     LocalData,
     LocalFit,
     LocalModel,
-    device_inputs,
     n_terms,
 )
+from .common import compiled, jit, launch, tile_rows, to_device
+from .local_args import device_inputs
 from .local_moments import moments_function, solve_function
 from .local_pairs import (
-    clear,
-    design_rows,
-    load_tile,
+    key_walk_function,
     nearest_key,
     output_ranges,
     pair_function,
-    query_function,
     tile_floats,
 )
 from .local_passes import gradient_kernel, interval_kernel, local_interval_sums, local_loo_gradient
@@ -100,19 +99,13 @@ __all__ = [
     "solve_function",
 ]
 
-#: The tiles' element type (float64: the CPU kernels' one dtype).
-_TILE_TYPE = from_dtype(np.dtype(np.float64))
-
 
 def _make_fit_kernel(dc, dk, kernel, degree, missing, n_out, do_mfx):
     p = n_terms(dc, degree)
-    n_design = design_rows(dc, degree)
-    dc1, dk1 = max(dc, 1), max(dk, 1)  # local arrays need a positive size
-    value_row = dc + dk + 1
-    pair_score = pair_function(dc, dk, kernel, degree, missing)
-    add_pair = moments_function(p, n_out, dc, kernel, do_mfx)
+    dc1 = max(dc, 1)  # local arrays need a positive size
+    add_pair = moments_function(p, n_out, dc, dk, kernel, do_mfx)
+    walk_keys = key_walk_function(dc, dk, kernel, degree, missing, add_pair)
     solve = solve_function(p, n_out)
-    load_query = query_function(dc, dk)
     minus_inf = -math.inf
 
     @jit
@@ -135,13 +128,8 @@ def _make_fit_kernel(dc, dk, kernel, degree, missing, n_out, do_mfx):
         mfx,
     ):
         """The first pass for query i = this thread (see the module docstring)."""
-        tile = cuda.shared.array(0, dtype=_TILE_TYPE)  # (dc + dk + 1 + n_out) x block_k
         i = cuda.grid(1)
         active = i < q_cont.shape[0]
-        q_cont_row = cuda.local.array(dc1, dtype=np.float64)
-        q_cat_row = cuda.local.array(dk1, dtype=np.float64)
-        load_query(i, active, q_cont, q_cat, q_cont_row, q_cat_row)
-        x = cuda.local.array(n_design, dtype=np.float64)
         moments = cuda.local.array((p, p), dtype=np.float64)
         rhs = cuda.local.array((p, n_out), dtype=np.float64)
         dsum = cuda.local.array(dc1, dtype=np.float64)
@@ -155,23 +143,9 @@ def _make_fit_kernel(dc, dk, kernel, degree, missing, n_out, do_mfx):
             dsum[c] = 0.0
             for o in range(n_out):
                 dysum[c, o] = 0.0
-        clear(x)
-        m = minus_inf
-        own = i if exclude_self else -1
-        n_k = log_weights.shape[0]
-        for j0 in range(0, n_k, block_k):
-            nb = imin(block_k, n_k - j0)
-            load_tile(tile, block_k, j0, nb, keys_cont_t, keys_cat_t, log_weights, values_t)
-            cuda.syncthreads()
-            if active:
-                for jj in range(nb):
-                    if j0 + jj == own:
-                        continue
-                    s = pair_score(tile, block_k, jj, q_cont_row, q_cat_row, cat_params, x)
-                    if s == minus_inf:
-                        continue
-                    m = add_pair(s, m, x, tile, block_k, jj, value_row, moments, rhs, dsum, dysum)
-            cuda.syncthreads()
+        inputs = (q_cont, keys_cont_t, q_cat, keys_cat_t, cat_params, log_weights)
+        sums = (moments, rhs, dsum, dysum)
+        m = walk_keys(i, active, exclude_self, inputs, values_t, block_k, sums, minus_inf)
         if not active:
             return
         total = moments[0, 0]
@@ -179,7 +153,7 @@ def _make_fit_kernel(dc, dk, kernel, degree, missing, n_out, do_mfx):
             for o in range(n_out):
                 mfx[i, c, o] = 0.0
         if not (total > 0.0):
-            near = nearest_key(i, q_cont, keys_cont_t, q_cat, keys_cat_t, log_weights, own >= 0)
+            near = nearest_key(i, q_cont, keys_cont_t, q_cat, keys_cat_t, log_weights, exclude_self)
             nearest[i] = near
             shift[i] = minus_inf
             log_norm[i] = minus_inf

@@ -1,6 +1,7 @@
-"""The local-polynomial GPU kernels' argument groups, codes and design size
-(``nbattn._core.local_groups``, the one definition the CPU kernels share), and the
-moves of their arrays to the device.
+"""The moves of the local-polynomial GPU kernels' arrays to the device.
+
+The argument groups, codes and design size they take are defined once in
+``nbattn._core.local_groups``, for the CUDA kernels and their CPU twins.
 
 The host wrappers read the groups' fields, with NumPy or device arrays;
 :func:`device_inputs` moves the arrays that every launch reads to the GPU once.
@@ -10,16 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._core.local_groups import (  # noqa: F401  (the kernels' names for them)
-    EPANECHNIKOV,
-    GAUSSIAN,
-    KERNEL_CODES,
-    TRICUBE,
-    LocalData,
-    LocalFit,
-    LocalModel,
-    n_terms,
-)
 from .common import to_device
 
 

@@ -25,14 +25,17 @@ from .common import compiled, jit
 from .local_pairs import dlog_kernel_function
 
 
-def _make_moments(p, n_out, dc, kernel, do_mfx):
+def _make_moments(p, n_out, dc, dk, kernel, do_mfx):
     dlog_kernel = dlog_kernel_function(kernel)
+    value_row = dc + dk + 1  # the values' first row in the tile (``load_tile``)
     minus_inf = -math.inf
 
     @jit(device=True, inline=True)
-    def add_pair(s, m, x, tile, block_k, jj, value_row, moments, rhs, dsum, dysum):
+    def add_pair(s, m, x, tile, block_k, jj, q_cont_row, q_cat_row, sums):
         """Adds the pair of score ``s`` > -inf and design ``x`` (values in the tile's
-        rows ``value_row`` on, column ``jj``) to the sums; returns the new maximum."""
+        column ``jj``) to the sums (moments, rhs, dsum, dysum); returns the new maximum
+        (the visitor of ``local_pairs.key_walk_function``; the query row is not read)."""
+        moments, rhs, dsum, dysum = sums
         if s > m:
             if m > minus_inf:
                 factor = math.exp(m - s)
@@ -65,9 +68,9 @@ def _make_moments(p, n_out, dc, kernel, do_mfx):
     return add_pair
 
 
-def moments_function(p, n_out, dc, kernel, do_mfx):
+def moments_function(p, n_out, dc, dk, kernel, do_mfx):
     """The device function ``add_pair`` for these compile-time sizes and flags."""
-    args = (int(p), int(n_out), int(dc), int(kernel), bool(do_mfx))
+    args = (int(p), int(n_out), int(dc), int(dk), int(kernel), bool(do_mfx))
     return compiled(("local_moments", *args), lambda: _make_moments(*args))
 
 

@@ -1,12 +1,13 @@
-"""The pair terms of the local-polynomial GPU kernels and each thread's set-up.
+"""The pair terms of the local-polynomial GPU kernels and each thread's walk over the keys.
 
 The twin of ``nbattn.kernels.local_pairs``: the score of a (query, key) pair and
 its design vector (``pair_function``), the nearest-key fallback
 (``nearest_key``), s'(d) (``dlog_kernel_function``); and what every kernel of
-``nbattn.cuda.local`` and ``nbattn.cuda.local_passes`` does before its key loop:
-the tile of keys in shared memory (``load_tile``, ``tile_floats``), the
-thread's query row (``query_function``), zeroed accumulators (``clear``) and,
-in the second passes, the first pass's state (``pass_state_function``).
+``nbattn.cuda.local`` and ``nbattn.cuda.local_passes`` does around its own
+per-pair work: the walk over the keys (``key_walk_function``: the thread's
+query row, the tiles of keys in shared memory, ``load_tile``, ``tile_floats``,
+the pair's score and design vector), zeroed accumulators (``clear``) and, in
+the second passes, the first pass's state (``pass_state_function``).
 The formulas are in ``nbattn.kernels.local``'s docstring.
 """
 
@@ -14,11 +15,15 @@ from __future__ import annotations
 
 import math
 
-from numba import cuda
+import numpy as np
+from numba import cuda, from_dtype
 
 from .. import config
-from .common import compiled, jit
-from .local_args import EPANECHNIKOV, GAUSSIAN, n_terms
+from .._core.local_groups import EPANECHNIKOV, GAUSSIAN, n_terms
+from .common import compiled, imin, jit
+
+#: The tiles' element type (float64: the CPU kernels' one dtype).
+_TILE_TYPE = from_dtype(np.dtype(np.float64))
 
 
 def design_rows(dc, degree):
@@ -65,6 +70,21 @@ def dlog_kernel_function(kernel):
     return dlog_kernel
 
 
+@jit(device=True, inline=True)
+def category_term(xk, qk, a, b, t):
+    """The term of a categorical column for a key's code xk and the query's code qk:
+    a for equal codes, b + t max(|xk - qk|, 1) for unequal ones, 0 where xk is missing.
+    The score's term with (a, b, t) = ``cat_params[k]``, its derivative with
+    ``cat_dparams[k]`` (the term is linear in them). (|x - q| >= 1 where integer codes
+    differ, so t = -inf, l = 0, never meets 0.)"""
+    if xk == qk:
+        return a
+    if xk == xk:
+        gap = abs(xk - qk)
+        return b + t * (gap if gap > 1.0 else 1.0)
+    return 0.0
+
+
 def _make_pair(dc, dk, kernel, degree, missing):
     p = n_terms(dc, degree)
     weight_row = dc + dk
@@ -108,15 +128,7 @@ def _make_pair(dc, dk, kernel, degree, missing):
             if missing and qk != qk:
                 continue
             xk = tile[(dc + k) * block_k + jj]
-            if xk == qk:
-                s += cat[k, 0]
-            elif xk == xk:  # not missing
-                if cat[k, 2] == 0.0:
-                    s += cat[k, 1]
-                else:
-                    # |x - q| >= 1 where codes differ, so t = -inf (l = 0) never meets 0
-                    gap = abs(xk - qk)
-                    s += cat[k, 1] + cat[k, 2] * (gap if gap > 1.0 else 1.0)
+            s += category_term(xk, qk, cat[k, 0], cat[k, 1], cat[k, 2])
         x[0] = 1.0
         if degree >= 2 and p > 1:
             t = 1 + dc
@@ -184,21 +196,6 @@ def nearest_key(i, q_cont, keys_cont_t, q_cat, keys_cat_t, log_weights, exclude_
     return best
 
 
-def query_function(dc, dk):
-    """The device function ``load_query`` that loads a thread's query row (compile-time
-    sizes: the row stays in registers; the categorical terms, the same for every
-    thread, are read from global memory, where all threads of a warp share one load)."""
-
-    @jit(device=True, inline=True)
-    def load_query(i, active, q_cont, q_cat, q_cont_row, q_cat_row):
-        for c in range(dc):
-            q_cont_row[c] = q_cont[i, c] if active else 0.0
-        for k in range(dk):
-            q_cat_row[k] = q_cat[i, k] if active else 0.0
-
-    return load_query
-
-
 @jit(device=True, inline=True)
 def clear(values):
     """Zero a thread's local accumulator array (1-D)."""
@@ -229,3 +226,65 @@ def _make_pass_state(p):
 def pass_state_function(p):
     """The device function ``load_pass_state`` for p terms."""
     return compiled(("local_pass_state", int(p)), lambda: _make_pass_state(int(p)))
+
+
+def key_walk_function(dc, dk, kernel, degree, missing, visit):
+    """The device function ``walk_keys`` of a kernel whose per-pair work is ``visit``.
+
+    ``walk_keys(i, active, exclude_self, inputs, rows_t, block_k, state, carry)``
+    is the loop every local kernel runs for its thread's query i: ``inputs`` =
+    (q_cont, keys_cont_t, q_cat, keys_cat_t, cat_params, log_weights), the
+    launch's arrays; the keys go through a shared-memory tile of ``block_k`` keys
+    (``load_tile``, with the rows of ``rows_t``, the values or residuals, after
+    the keys'), all threads of the block loading each tile, and for every
+    admissible pair (the key is not query i itself under ``exclude_self``, its
+    score is above -inf) of an ``active`` thread it calls
+
+        carry = visit(s, carry, x, tile, block_k, jj, q_cont_row, q_cat_row, state)
+
+    with s the pair's score and x its design vector (``pair_function``), ``jj``
+    the key's column in the tile (the rows_t rows start at row dc + dk + 1), the
+    query's row and ``state``, the kernel's own accumulators and constants (a
+    tuple); returns the last ``carry`` (the fit's running maximum, the
+    gradient's sum of coefficients). The query row and x are the walk's own
+    (compile-time sizes: they stay in registers); the tile is the launch's dynamic
+    shared memory, ``tile_floats(dc, dk, rows) * block_k`` floats.
+    """
+    n_design = design_rows(dc, degree)
+    dc1, dk1 = max(dc, 1), max(dk, 1)  # local arrays need a positive size
+    pair_score = pair_function(dc, dk, kernel, degree, missing)
+    minus_inf = -math.inf
+
+    @jit(device=True, inline=True)
+    def walk_keys(i, active, exclude_self, inputs, rows_t, block_k, state, carry):
+        q_cont, keys_cont_t, q_cat, keys_cat_t, cat_params, log_weights = inputs
+        tile = cuda.shared.array(0, dtype=_TILE_TYPE)  # (dc + dk + 1 + rows) x block_k
+        # the query row in registers (compile-time sizes); the categorical terms, the
+        # same for every thread, are read from global memory, one load per warp
+        in_range = i < q_cont.shape[0]
+        q_cont_row = cuda.local.array(dc1, dtype=np.float64)
+        q_cat_row = cuda.local.array(dk1, dtype=np.float64)
+        for c in range(dc):
+            q_cont_row[c] = q_cont[i, c] if in_range else 0.0
+        for k in range(dk):
+            q_cat_row[k] = q_cat[i, k] if in_range else 0.0
+        x = cuda.local.array(n_design, dtype=np.float64)
+        clear(x)
+        own = i if exclude_self else -1
+        n_k = log_weights.shape[0]
+        for j0 in range(0, n_k, block_k):
+            nb = imin(block_k, n_k - j0)
+            load_tile(tile, block_k, j0, nb, keys_cont_t, keys_cat_t, log_weights, rows_t)
+            cuda.syncthreads()
+            if active:
+                for jj in range(nb):
+                    if j0 + jj == own:
+                        continue
+                    s = pair_score(tile, block_k, jj, q_cont_row, q_cat_row, cat_params, x)
+                    if s == minus_inf:  # weight 0: contributes nothing
+                        continue
+                    carry = visit(s, carry, x, tile, block_k, jj, q_cont_row, q_cat_row, state)
+            cuda.syncthreads()
+        return carry
+
+    return walk_keys

@@ -7,7 +7,7 @@ itself up as the first pass does (``local_pairs``: the query row, the tile of
 keys, and the first pass's state g, shift + log_norm), recomputes each pair's
 score and design and adds p_j = exp(s_j - shift - log_norm) times its terms.
 ``local_interval_sums`` and ``local_loo_gradient`` take the argument groups
-(``local_args``) and the first pass's ``LocalFit``; the launched kernels take
+(``_core.local_groups``) and the first pass's ``LocalFit``; the launched kernels take
 the arrays one by one, as the first pass's do (``nbattn.cuda.local``).
 """
 
@@ -16,35 +16,43 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import cuda, from_dtype
+from numba import cuda
 
-from .common import compiled, imin, jit, launch, tile_rows, to_device
-from .local_args import device_inputs, host_array, n_terms
+from .._core.local_groups import n_terms
+from .common import compiled, jit, launch, tile_rows, to_device
+from .local_args import device_inputs, host_array
 from .local_pairs import (
+    category_term,
     clear,
-    design_rows,
     dlog_kernel_function,
-    load_tile,
+    key_walk_function,
     output_ranges,
-    pair_function,
     pass_state_function,
-    query_function,
     tile_floats,
 )
-
-#: The tiles' element type (float64: the CPU kernels' one dtype).
-_TILE_TYPE = from_dtype(np.dtype(np.float64))
 
 
 def _make_interval_kernel(dc, dk, kernel, degree, missing, n_out):
     p = n_terms(dc, degree)
-    n_design = design_rows(dc, degree)
-    dc1, dk1 = max(dc, 1), max(dk, 1)
-    value_row = dc + dk + 1
-    pair_score = pair_function(dc, dk, kernel, degree, missing)
-    load_query = query_function(dc, dk)
+    value_row = dc + dk + 1  # the residuals' first row in the tile (``load_tile``)
     load_pass_state = pass_state_function(p)
-    minus_inf = -math.inf
+
+    @jit(device=True, inline=True)
+    def add_squared_weight(s, carry, x, tile, block_k, jj, q_cont_row, q_cat_row, state):
+        """acc_o += l_j^2 r_jo^2 with l_j = exp(s_j - offset) (g . x_j); ``state`` is
+        (g_row, offset, acc) (the visitor of ``local_pairs.key_walk_function``)."""
+        g_row, offset, acc = state
+        cj = 0.0
+        for t in range(p):
+            cj += g_row[t] * x[t]
+        lj = math.exp(s - offset) * cj
+        l2 = lj * lj
+        for o in range(n_out):
+            r = tile[(value_row + o) * block_k + jj]
+            acc[o] += l2 * r * r
+        return carry
+
+    walk_keys = key_walk_function(dc, dk, kernel, degree, missing, add_squared_weight)
 
     @jit
     def local_interval_sums_kernel(
@@ -65,40 +73,14 @@ def _make_interval_kernel(dc, dk, kernel, degree, missing, n_out):
     ):
         """out[i, o] = sum_j l_j^2 r_jo^2, l_j = exp(s_j - shift_i - log_norm_i) (g_i . x_j);
         a query that fell back gets its nearest key's r^2 (weight 1)."""
-        tile = cuda.shared.array(0, dtype=_TILE_TYPE)  # (dc + dk + 1 + n_out) x block_k
         i = cuda.grid(1)
         in_range = i < q_cont.shape[0]
-        q_cont_row = cuda.local.array(dc1, dtype=np.float64)
-        q_cat_row = cuda.local.array(dk1, dtype=np.float64)
-        load_query(i, in_range, q_cont, q_cat, q_cont_row, q_cat_row)
-        x = cuda.local.array(n_design, dtype=np.float64)
         g_row = cuda.local.array(p, dtype=np.float64)
         acc = cuda.local.array(n_out, dtype=np.float64)
-        clear(x)
         clear(acc)
         active, offset = load_pass_state(i, in_range, g, shift, log_norm, g_row)
-        own = i if exclude_self else -1
-        n_k = log_weights.shape[0]
-        for j0 in range(0, n_k, block_k):
-            nb = imin(block_k, n_k - j0)
-            load_tile(tile, block_k, j0, nb, keys_cont_t, keys_cat_t, log_weights, residuals_t)
-            cuda.syncthreads()
-            if active:
-                for jj in range(nb):
-                    if j0 + jj == own:
-                        continue
-                    s = pair_score(tile, block_k, jj, q_cont_row, q_cat_row, cat_params, x)
-                    if s == minus_inf:
-                        continue
-                    cj = 0.0
-                    for t in range(p):
-                        cj += g_row[t] * x[t]
-                    lj = math.exp(s - offset) * cj
-                    l2 = lj * lj
-                    for o in range(n_out):
-                        r = tile[(value_row + o) * block_k + jj]
-                        acc[o] += l2 * r * r
-            cuda.syncthreads()
+        inputs = (q_cont, keys_cont_t, q_cat, keys_cat_t, cat_params, log_weights)
+        walk_keys(i, active, exclude_self, inputs, residuals_t, block_k, (g_row, offset, acc), 0.0)
         if not in_range:
             return
         if active:
@@ -158,16 +140,54 @@ def local_interval_sums(data, model, fit, residuals_t):
 
 def _make_gradient_kernel(dc, dk, kernel, degree, missing, n_out):
     p = n_terms(dc, degree)
-    n_design = design_rows(dc, degree)
-    dc1, dk1 = max(dc, 1), max(dk, 1)
-    n_par = dc + dk
-    n_par1 = max(n_par, 1)
-    value_row = dc + dk + 1
-    pair_score = pair_function(dc, dk, kernel, degree, missing)
+    n_par1 = max(dc + dk, 1)  # local arrays need a positive size
+    value_row = dc + dk + 1  # the values' first row in the tile (``load_tile``)
     dlog_kernel = dlog_kernel_function(kernel)
-    load_query = query_function(dc, dk)
     load_pass_state = pass_state_function(p)
-    minus_inf = -math.inf
+
+    @jit(device=True, inline=True)
+    def add_gradient_terms(s, a_total, x, tile, block_k, jj, q_cont_row, q_cat_row, state):
+        """Adds the pair's coef_j ds_jt to a_sum and p_j ds_jt to s_sum; returns
+        a_total + coef_j. ``state`` is (g_row, beta_row, e_row, offset, ridge,
+        cat_dparams, a_sum, s_sum) (the visitor of ``local_pairs.key_walk_function``)."""
+        g_row, beta_row, e_row, offset, ridge, cat_dparams, a_sum, s_sum = state
+        w = math.exp(s - offset)
+        cj = 0.0
+        for t in range(p):
+            cj += g_row[t] * x[t]
+        total = 0.0
+        for o in range(n_out):
+            e = e_row[o]
+            if e == 0.0:
+                continue
+            fit = 0.0
+            pen = 0.0
+            for t in range(p):
+                xt = x[t]
+                fit += beta_row[t, o] * xt
+                if t >= 1:
+                    pen += g_row[t] * beta_row[t, o] * xt * xt
+            y = tile[(value_row + o) * block_k + jj]
+            total += e * (cj * (y - fit) - ridge * pen)
+        coef = w * total
+        for c in range(dc):
+            if missing and q_cont_row[c] != q_cont_row[c]:
+                continue
+            d = x[1 + c]
+            ds = -d * dlog_kernel(d)
+            a_sum[c] += coef * ds
+            s_sum[c] += w * ds
+        for k in range(dk):
+            qk = q_cat_row[k]
+            if missing and qk != qk:
+                continue
+            xk = tile[(dc + k) * block_k + jj]
+            ds = category_term(xk, qk, cat_dparams[k, 0], cat_dparams[k, 1], cat_dparams[k, 2])
+            a_sum[dc + k] += coef * ds
+            s_sum[dc + k] += w * ds
+        return a_total + coef
+
+    walk_keys = key_walk_function(dc, dk, kernel, degree, missing, add_gradient_terms)
 
     @jit
     def local_loo_gradient_kernel(
@@ -192,19 +212,13 @@ def _make_gradient_kernel(dc, dk, kernel, degree, missing, n_out):
         """Adds this launch's outputs' part of d (sum_o e_o fit_o) / d theta to out[i]:
         a_t - (sum_j coef_j) s_t with coef_j = p_j sum_o e_o [c_j r_jo - ridge
         sum_{t>=1} g_t beta_to x_jt^2], a_t = sum_j coef_j ds_jt, s_t = sum_j p_j ds_jt."""
-        tile = cuda.shared.array(0, dtype=_TILE_TYPE)  # (dc + dk + 1 + n_out) x block_k
         i = cuda.grid(1)
         in_range = i < q_cont.shape[0]
-        q_cont_row = cuda.local.array(dc1, dtype=np.float64)
-        q_cat_row = cuda.local.array(dk1, dtype=np.float64)
-        load_query(i, in_range, q_cont, q_cat, q_cont_row, q_cat_row)
-        x = cuda.local.array(n_design, dtype=np.float64)
         g_row = cuda.local.array(p, dtype=np.float64)
         beta_row = cuda.local.array((p, n_out), dtype=np.float64)
         e_row = cuda.local.array(n_out, dtype=np.float64)
         a_sum = cuda.local.array(n_par1, dtype=np.float64)
         s_sum = cuda.local.array(n_par1, dtype=np.float64)
-        clear(x)
         clear(a_sum)
         clear(s_sum)
         active, offset = load_pass_state(i, in_range, g, shift, log_norm, g_row)
@@ -213,63 +227,11 @@ def _make_gradient_kernel(dc, dk, kernel, degree, missing, n_out):
                 beta_row[t, o] = beta[i, t, o] if in_range else 0.0
         for o in range(n_out):
             e_row[o] = out_weights[i, o] if in_range else 0.0
-        a_total = 0.0
-        own = i if exclude_self else -1
-        n_k = log_weights.shape[0]
-        for j0 in range(0, n_k, block_k):
-            nb = imin(block_k, n_k - j0)
-            load_tile(tile, block_k, j0, nb, keys_cont_t, keys_cat_t, log_weights, values_t)
-            cuda.syncthreads()
-            if active:
-                for jj in range(nb):
-                    if j0 + jj == own:
-                        continue
-                    s = pair_score(tile, block_k, jj, q_cont_row, q_cat_row, cat_params, x)
-                    if s == minus_inf:  # weight 0: contributes nothing
-                        continue
-                    w = math.exp(s - offset)
-                    cj = 0.0
-                    for t in range(p):
-                        cj += g_row[t] * x[t]
-                    total = 0.0
-                    for o in range(n_out):
-                        e = e_row[o]
-                        if e == 0.0:
-                            continue
-                        fit = 0.0
-                        pen = 0.0
-                        for t in range(p):
-                            xt = x[t]
-                            fit += beta_row[t, o] * xt
-                            if t >= 1:
-                                pen += g_row[t] * beta_row[t, o] * xt * xt
-                        y = tile[(value_row + o) * block_k + jj]
-                        total += e * (cj * (y - fit) - ridge * pen)
-                    coef = w * total
-                    a_total += coef
-                    for c in range(dc):
-                        if missing and q_cont_row[c] != q_cont_row[c]:
-                            continue
-                        d = x[1 + c]
-                        ds = -d * dlog_kernel(d)
-                        a_sum[c] += coef * ds
-                        s_sum[c] += w * ds
-                    for k in range(dk):
-                        qk = q_cat_row[k]
-                        if missing and qk != qk:
-                            continue
-                        xk = tile[(dc + k) * block_k + jj]
-                        if xk == qk:
-                            ds = cat_dparams[k, 0]
-                        elif xk == xk:
-                            ds = cat_dparams[k, 1] + cat_dparams[k, 2] * abs(xk - qk)
-                        else:
-                            ds = 0.0
-                        a_sum[dc + k] += coef * ds
-                        s_sum[dc + k] += w * ds
-            cuda.syncthreads()
+        inputs = (q_cont, keys_cont_t, q_cat, keys_cat_t, cat_params, log_weights)
+        state = (g_row, beta_row, e_row, offset, ridge, cat_dparams, a_sum, s_sum)
+        a_total = walk_keys(i, active, exclude_self, inputs, values_t, block_k, state, 0.0)
         if active:
-            for t in range(n_par):
+            for t in range(dc + dk):
                 out[i, t] += a_sum[t] - a_total * s_sum[t]
 
     return local_loo_gradient_kernel

@@ -55,8 +55,8 @@ The second-pass kernels (``local_loo_gradient``, ``local_interval_sums``)
 recompute the weights p_j = exp(s_j - shift - log_norm) from the first pass's
 state and the equivalent-kernel weights l_j = p_j (g . x_j), g = (M/l + R)^-1 e_1.
 
-The kernels take their inputs in typed groups (``local_args``: ``LocalData``,
-``LocalModel``, ``LocalFit``). This module holds the first pass, ``local_fit``,
+The kernels take their inputs in typed groups (``nbattn._core.local_groups``:
+``LocalData``, ``LocalModel``, ``LocalFit``). This module holds the first pass, ``local_fit``,
 and is the op module that ``dispatch.device.kernels_for("local", "cpu")``
 returns: it also exposes the groups, the codes and the second passes.
 By algorithm: ``local_pairs`` (the scores and design rows of a key block, the
@@ -71,7 +71,7 @@ import numpy as np
 from numba import njit, prange
 
 from .. import config
-from .local_args import (
+from .._core.local_groups import (
     EPANECHNIKOV,
     GAUSSIAN,
     KERNEL_CODES,
@@ -79,8 +79,8 @@ from .local_args import (
     LocalData,
     LocalFit,
     LocalModel,
-    n_terms,
 )
+from .local_args import n_terms
 from .local_moments import (
     FUSED_TERMS,
     constant_moments,
@@ -89,7 +89,7 @@ from .local_moments import (
     score_derivative_sums,
     solve,
 )
-from .local_pairs import any_weight, block_scores, nearest_key
+from .local_pairs import block_scores, block_scratch, nearest_key, problem_sizes
 from .local_passes import local_interval_sums, local_loo_gradient
 
 __all__ = [
@@ -130,13 +130,10 @@ def local_fit(data, model, values_t, want_mfx):
     mfx : (n_q, dc, n_out)   with ``want_mfx`` and degree 0: d fit / d q (scaled units),
                              sum_j p_j (y_j - fit) ds_j/dq; zeros otherwise
     """
-    q_cont, keys_cont_t, log_weights = data.q_cont, data.keys_cont_t, data.log_weights
+    q_cont, keys_cont_t = data.q_cont, data.keys_cont_t
     kernel, degree, ridge = model.kernel, model.degree, model.ridge
     exclude_self, missing = model.exclude_self, model.missing
-    n_q = q_cont.shape[0]
-    dc = keys_cont_t.shape[0]
-    n_k = log_weights.shape[0]
-    weighted = any_weight(log_weights)
+    n_q, dc, _, n_k, weighted = problem_sizes(data)
     n_out = values_t.shape[0]
     p = n_terms(dc, degree)
     beta = np.zeros((n_q, p, n_out))
@@ -152,9 +149,8 @@ def local_fit(data, model, values_t, want_mfx):
     store_design = missing or do_mfx or (p > 1 and degree >= 2) or (p > 1 and not fused)
     n_chunks = (n_q + _QUERY_BLOCK - 1) // _QUERY_BLOCK
     for chunk in prange(n_chunks):
-        scores = np.empty(_KEY_BLOCK)
+        scores, design = block_scratch(p, dc)
         wx = np.empty(_KEY_BLOCK)
-        design = np.empty((max(p, 1 + dc), _KEY_BLOCK))
         moments = np.empty((p, p))
         rhs = np.empty((p, n_out))
         scratch = np.empty((p, p))

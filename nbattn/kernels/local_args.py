@@ -1,6 +1,9 @@
-"""The local-polynomial kernels' argument groups and codes (``nbattn._core.local_groups``,
-one definition for the CPU kernels and their CUDA twins), and their design size as a
-kernel function."""
+"""The local-polynomial kernels' design size as a kernel function.
+
+The argument groups and codes the kernels take (``LocalData``, ``LocalModel``,
+``LocalFit``, ``GAUSSIAN`` ...) are defined once in ``nbattn._core.local_groups``,
+for the CPU kernels and their CUDA twins; the kernels import them from there.
+"""
 
 from __future__ import annotations
 
@@ -8,15 +11,6 @@ from numba import njit
 
 from .. import config
 from .._core import local_groups
-from .._core.local_groups import (  # noqa: F401  (the kernels' names for them)
-    EPANECHNIKOV,
-    GAUSSIAN,
-    KERNEL_CODES,
-    TRICUBE,
-    LocalData,
-    LocalFit,
-    LocalModel,
-)
 
 #: ``local_groups.n_terms`` compiled, inlined into the kernels (also callable from Python).
 n_terms = njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")(local_groups.n_terms)

@@ -132,23 +132,33 @@ def _compile_fused_moments():
 fused_moments = _compile_fused_moments()
 
 
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def block_dot(u, v, nb):
+    """sum_j u_j v_j over the block's nb keys (one vectorised reduction)."""
+    acc = 0.0
+    for j in range(nb):
+        acc += u[j] * v[j]
+    return acc
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def add_value_sums(u, values_t, j0, nb, sums):
+    """sums_o += sum_j u_j y_jo for every output o (``values_t`` rows, keys j0 .. j0+nb-1)."""
+    for o in range(values_t.shape[0]):
+        sums[o] += block_dot(u, values_t[o, j0 : j0 + nb], nb)
+
+
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
 def design_moments(scores, design, values_t, j0, nb, m, p, wx, moments, rhs):
     """Any p and outputs: w_j over ``scores``, then one dot product per moment
     (``wx`` is scratch, ``design`` the block's design rows)."""
-    n_out = values_t.shape[0]
     total = 0.0
     for j in range(nb):
         w = fast_exp(scores[j] - m)
         scores[j] = w
         total += w
     moments[0, 0] += total
-    for o in range(n_out):
-        yo = values_t[o, j0 : j0 + nb]
-        acc = 0.0
-        for j in range(nb):
-            acc += scores[j] * yo[j]
-        rhs[0, o] += acc
+    add_value_sums(scores, values_t, j0, nb, rhs[0])
     for a in range(1, p):
         # wx[j] = w_j x_ja, then one dot product per moment
         xa = design[a]
@@ -159,17 +169,8 @@ def design_moments(scores, design, values_t, j0, nb, m, p, wx, moments, rhs):
             acc += wx[j]
         moments[0, a] += acc
         for b in range(a, p):
-            xb = design[b]
-            acc = 0.0
-            for j in range(nb):
-                acc += wx[j] * xb[j]
-            moments[a, b] += acc
-        for o in range(n_out):
-            yo = values_t[o, j0 : j0 + nb]
-            acc = 0.0
-            for j in range(nb):
-                acc += wx[j] * yo[j]
-            rhs[a, o] += acc
+            moments[a, b] += block_dot(wx, design[b], nb)
+        add_value_sums(wx, values_t, j0, nb, rhs[a])
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
@@ -178,7 +179,6 @@ def score_derivative_sums(scores, design, values_t, j0, nb, kernel, dsum, dysum)
     w_j in ``scores``: dsum_c += sum_j w_j ds_jc and dysum_co += sum_j w_j ds_jc y_jo
     with ds_jc = -s'(d_jc), the score's derivative with respect to q_c (the design
     rows of the differences are overwritten)."""
-    n_out = values_t.shape[0]
     for c in range(dsum.shape[0]):
         row = design[1 + c]
         acc = 0.0
@@ -187,12 +187,7 @@ def score_derivative_sums(scores, design, values_t, j0, nb, kernel, dsum, dysum)
             row[j] = ds * scores[j]
             acc += row[j]
         dsum[c] += acc
-        for o in range(n_out):
-            yo = values_t[o, j0 : j0 + nb]
-            acc = 0.0
-            for j in range(nb):
-                acc += row[j] * yo[j]
-            dysum[c, o] += acc
+        add_value_sums(row, values_t, j0, nb, dysum[c])
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)

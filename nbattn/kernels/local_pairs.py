@@ -19,8 +19,10 @@ import numpy as np
 from numba import njit
 
 from .. import config
+from .._core.local_groups import EPANECHNIKOV, GAUSSIAN
 from .fastmath import fmax
-from .local_args import EPANECHNIKOV, GAUSSIAN
+
+_KEY_BLOCK = config.KEY_BLOCK
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
@@ -38,6 +40,22 @@ def dlog_kernel(d, kernel):
     if a3 >= 1.0:
         return 0.0
     return -9.0 * d * a / (1.0 - a3)
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def category_term(x, qk, a, b, t):
+    """The term of a categorical column for a key's code x and the query's code qk:
+    a for equal codes, b + t max(|x - qk|, 1) for unequal ones, 0 where x is missing.
+
+    With (a, b, t) = ``cat_params[k]`` it is the column's score term; the term is
+    linear in (a, b, t), so with ``cat_dparams[k]``, their derivatives with respect
+    to a width parameter, it is the score's derivative. (|x - q| >= 1 where integer
+    codes differ, so t = -inf, l = 0, never meets 0.)"""
+    if x == qk:
+        return a
+    if x == x:
+        return b + t * fmax(abs(x - qk), 1.0)
+    return 0.0
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
@@ -127,16 +145,11 @@ def block_scores(i, j0, nb, data, model, weighted, store_design, scores, design)
         kk = keys_cat_t[k, j0 : j0 + nb]
         if missing:
             for j in range(nb):
-                x = kk[j]
-                if x == qk:
-                    scores[j] += a_eq
-                elif x == x:  # not missing
-                    scores[j] += b_ne + t_step * fmax(abs(x - qk), 1.0)
+                scores[j] += category_term(kk[j], qk, a_eq, b_ne, t_step)
         elif t_step == 0.0:
             for j in range(nb):
                 scores[j] += a_eq if kk[j] == qk else b_ne
-        else:
-            # |x - q| >= 1 where the codes differ, so t = -inf (l = 0) never meets 0 there
+        else:  # no missing code: the branch of category_term without the NaN test
             for j in range(nb):
                 x = kk[j]
                 scores[j] += a_eq if x == qk else b_ne + t_step * fmax(abs(x - qk), 1.0)
@@ -163,6 +176,25 @@ def any_weight(log_weights):
         if log_weights[j] != 0.0:
             return True
     return False
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def problem_sizes(data):
+    """(n_q, dc, dk, n_k, weighted) of the ``LocalData`` group: the queries, the
+    continuous and categorical columns, the keys, and whether any key has a log
+    weight other than 0 (``any_weight``, the argument of :func:`block_scores`)."""
+    n_q = data.q_cont.shape[0]
+    dc = data.keys_cont_t.shape[0]
+    dk = data.keys_cat_t.shape[0]
+    n_k = data.log_weights.shape[0]
+    return n_q, dc, dk, n_k, any_weight(data.log_weights)
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def block_scratch(p, dc):
+    """The scratch of :func:`block_scores` for a chunk of queries: the block's scores
+    and its design rows (p terms, and at least the 1 + dc rows of the differences)."""
+    return np.empty(_KEY_BLOCK), np.empty((max(p, 1 + dc), _KEY_BLOCK))
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)

@@ -19,10 +19,34 @@ from numba import njit, prange
 
 from .. import config
 from .fastmath import fast_exp
-from .local_pairs import any_weight, block_scores, dlog_kernel
+from .local_pairs import (
+    block_scores,
+    block_scratch,
+    category_term,
+    dlog_kernel,
+    problem_sizes,
+)
 
 _KEY_BLOCK = config.KEY_BLOCK
 _QUERY_BLOCK = config.QUERY_BLOCK
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def block_weights(i, j0, data, model, fit, weighted, scores, design):
+    """The normalised weights p_j = exp(s_j - shift_i - log_norm_i) of keys j0 .. j0+nb-1
+    for query i into ``scores`` and their design rows into ``design`` (``block_scores``);
+    returns nb, or 0 when no key of the block is admissible (nothing to add)."""
+    nb = min(_KEY_BLOCK, data.log_weights.shape[0] - j0)
+    # the design rows are stored (np.bool_, not the literal True: numba would compile
+    # block_scores once more for a literal argument)
+    store_design = np.bool_(True)
+    block_max = block_scores(i, j0, nb, data, model, weighted, store_design, scores, design)
+    if block_max == -np.inf:
+        return 0
+    offset = fit.shift[i] + fit.log_norm[i]
+    for j in range(nb):
+        scores[j] = fast_exp(scores[j] - offset)
+    return nb
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, parallel=True)
@@ -42,26 +66,17 @@ def local_loo_gradient(data, model, fit, values_t, cat_dparams, out_weights):
     back to their nearest key (log_norm = -inf) have zero derivative.
     Returns (n_q, dc + dk).
     """
-    q_cont, keys_cont_t = data.q_cont, data.keys_cont_t
-    q_cat, keys_cat_t, log_weights = data.q_cat, data.keys_cat_t, data.log_weights
+    q_cont, q_cat, keys_cat_t = data.q_cont, data.q_cat, data.keys_cat_t
     kernel, ridge, missing = model.kernel, model.ridge, model.missing
-    beta, g, shift, log_norm = fit.beta, fit.g, fit.shift, fit.log_norm
-    n_q = q_cont.shape[0]
-    dc = keys_cont_t.shape[0]
-    dk = keys_cat_t.shape[0]
-    n_k = log_weights.shape[0]
-    weighted = any_weight(log_weights)
+    beta, g, log_norm = fit.beta, fit.g, fit.log_norm
+    n_q, dc, dk, n_k, weighted = problem_sizes(data)
     n_out = values_t.shape[0]
     p = beta.shape[1]
     n_par = dc + dk
     out = np.zeros((n_q, n_par))
-    # the design rows are stored (np.bool_, not the literal True: numba would compile
-    # block_scores once more for a literal argument)
-    store_design = np.bool_(True)
     n_chunks = (n_q + _QUERY_BLOCK - 1) // _QUERY_BLOCK
     for chunk in prange(n_chunks):
-        scores = np.empty(_KEY_BLOCK)
-        design = np.empty((max(p, 1 + dc), _KEY_BLOCK))
+        scores, design = block_scratch(p, dc)
         coef = np.empty(_KEY_BLOCK)
         cvec = np.empty(_KEY_BLOCK)
         fitted = np.empty(_KEY_BLOCK)
@@ -75,16 +90,8 @@ def local_loo_gradient(data, model, fit, values_t, cat_dparams, out_weights):
             a_sum[:] = 0.0
             s_sum[:] = 0.0
             a_total = 0.0
-            offset = shift[i] + log_norm[i]
             for j0 in range(0, n_k, _KEY_BLOCK):
-                nb = min(_KEY_BLOCK, n_k - j0)
-                block_max = block_scores(
-                    i, j0, nb, data, model, weighted, store_design, scores, design
-                )
-                if block_max == -np.inf:
-                    continue
-                for j in range(nb):
-                    scores[j] = fast_exp(scores[j] - offset)
+                nb = block_weights(i, j0, data, model, fit, weighted, scores, design)
                 # coef_j = p_j sum_o e_o [c_j r_jo - ridge sum_t g_t beta_to x_jt^2]
                 for j in range(nb):
                     cvec[j] = g[i, 0]
@@ -133,19 +140,12 @@ def local_loo_gradient(data, model, fit, values_t, cat_dparams, out_weights):
                     qk = q_cat[i, k]
                     if missing and qk != qk:
                         continue
-                    da = cat_dparams[k, 0]
-                    db = cat_dparams[k, 1]
-                    dt = cat_dparams[k, 2]
+                    dparams = cat_dparams[k]  # the score's term, derived (category_term)
                     acc_a = 0.0
                     acc_s = 0.0
                     for j in range(nb):
                         x = keys_cat_t[k, j0 + j]
-                        if x == qk:
-                            ds = da
-                        elif x == x:
-                            ds = db + dt * abs(x - qk)
-                        else:
-                            ds = 0.0
+                        ds = category_term(x, qk, dparams[0], dparams[1], dparams[2])
                         acc_a += coef[j] * ds
                         acc_s += scores[j] * ds
                     a_sum[dc + k] += acc_a
@@ -161,22 +161,14 @@ def local_interval_sums(data, model, fit, residuals_t):
     equivalent-kernel weights of the first pass ``fit`` (the nearest key's weight is 1
     for a query that fell back). ``residuals_t`` (n_out, n_k). Returns (n_q, n_out).
     """
-    q_cont, keys_cont_t, log_weights = data.q_cont, data.keys_cont_t, data.log_weights
-    g, shift, log_norm, nearest = fit.g, fit.shift, fit.log_norm, fit.nearest
-    n_q = q_cont.shape[0]
-    dc = keys_cont_t.shape[0]
-    n_k = log_weights.shape[0]
-    weighted = any_weight(log_weights)
+    g, log_norm, nearest = fit.g, fit.log_norm, fit.nearest
+    n_q, dc, _, n_k, weighted = problem_sizes(data)
     n_out = residuals_t.shape[0]
     p = g.shape[1]
     out = np.zeros((n_q, n_out))
-    # the design rows are stored (np.bool_, not the literal True: numba would compile
-    # block_scores once more for a literal argument)
-    store_design = np.bool_(True)
     n_chunks = (n_q + _QUERY_BLOCK - 1) // _QUERY_BLOCK
     for chunk in prange(n_chunks):
-        scores = np.empty(_KEY_BLOCK)
-        design = np.empty((max(p, 1 + dc), _KEY_BLOCK))
+        scores, design = block_scratch(p, dc)
         stop = min(n_q, (chunk + 1) * _QUERY_BLOCK)
         for i in range(chunk * _QUERY_BLOCK, stop):
             if log_norm[i] == -np.inf:
@@ -185,19 +177,13 @@ def local_interval_sums(data, model, fit, residuals_t):
                     for o in range(n_out):
                         out[i, o] = residuals_t[o, near] ** 2
                 continue
-            offset = shift[i] + log_norm[i]
             for j0 in range(0, n_k, _KEY_BLOCK):
-                nb = min(_KEY_BLOCK, n_k - j0)
-                block_max = block_scores(
-                    i, j0, nb, data, model, weighted, store_design, scores, design
-                )
-                if block_max == -np.inf:
-                    continue
+                nb = block_weights(i, j0, data, model, fit, weighted, scores, design)
                 for j in range(nb):
                     cj = g[i, 0]
                     for t in range(1, p):
                         cj += g[i, t] * design[t, j]
-                    lj = fast_exp(scores[j] - offset) * cj
+                    lj = scores[j] * cj
                     scores[j] = lj * lj
                 for o in range(n_out):
                     r = residuals_t[o, j0 : j0 + nb]

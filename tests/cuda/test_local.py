@@ -3,7 +3,7 @@
 Tiny shapes and 8 threads per block (tests/cuda/conftest.py), so several key
 tiles and query blocks run; ``config.CUDA_MAX_OUTPUTS`` patched to 2 where a
 test has more outputs, so the launches over output ranges run too. Both twins
-get the same arguments, each in its own module's groups (``local_args``).
+get the same arguments, in the groups of ``nbattn._core.local_groups``.
 """
 
 import os
