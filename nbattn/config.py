@@ -5,8 +5,10 @@ decode, cuda, app) are listed in :data:`SECTIONS`; :data:`DEFAULTS` is the one
 table of their values at import and :func:`reset` puts them back. Each value
 can be overridden by an environment variable of the same name with the prefix
 ``NBATTN_`` (for example ``NBATTN_KEY_BLOCK=512``), read once at import time.
-Tests patch the module attributes directly; kernels read them when they are
-compiled, so a patch must happen before the first call.
+Tests patch the module attributes directly; the kernel modules read them when
+they are imported (some copy them then, the others compile them in at the first
+call), so a patch must happen before that import. A patched compiled tunable
+turns numba's on-disk cache off, as an override does (:data:`CACHE`).
 """
 
 from __future__ import annotations
@@ -17,8 +19,13 @@ import os
 _COMPILED_TUNABLES = set()
 
 
-def _env_int(name: str, default: int, *, compiled: bool = True) -> int:
-    """``NBATTN_<name>`` as a positive int, or ``default``; ``compiled``: it may be
+#: The largest integer an NBATTN_* variable may set: the kernels size scratch and index
+#: with 32-bit-safe arithmetic (a block of 2**40 keys wrapped around and pooled wrongly).
+_ENV_INT_MAX = 2**31 - 1
+
+
+def _env_int(name: str, default: int, *, compiled: bool = True, maximum=_ENV_INT_MAX) -> int:
+    """``NBATTN_<name>`` as an int in [1, maximum], or ``default``; ``compiled``: it may be
     baked into compiled kernels (an override then turns the on-disk cache off)."""
     if compiled:
         _COMPILED_TUNABLES.add(name)
@@ -29,8 +36,8 @@ def _env_int(name: str, default: int, *, compiled: bool = True) -> int:
         value = int(raw)
     except ValueError as exc:
         raise ValueError(f"environment variable NBATTN_{name}={raw!r} is not an integer") from exc
-    if value <= 0:
-        raise ValueError(f"environment variable NBATTN_{name}={raw!r} must be positive")
+    if not 0 < value <= maximum:
+        raise ValueError(f"environment variable NBATTN_{name}={raw!r} must lie in 1 .. {maximum}")
     return value
 
 
@@ -49,14 +56,14 @@ KEY_BLOCK = _env_int("KEY_BLOCK", 1024)
 QUERY_BLOCK = _env_int("QUERY_BLOCK", 16)
 
 #: Below this many query x key pairs the full weight matrix may be returned.
-MAX_WEIGHT_MATRIX_ELEMENTS = _env_int("MAX_WEIGHT_MATRIX_ELEMENTS", 50_000_000)
+MAX_WEIGHT_MATRIX_ELEMENTS = _env_int("MAX_WEIGHT_MATRIX_ELEMENTS", 50_000_000, maximum=2**62)
 
 #: Below this many query x key pairs a kernel call runs on one thread: the
 #: parallel launch and barrier cost more than they save on small calls (about
 #: 0.5 ms of work at 1e9 pairs/s; measured on the 2-core machine, n = 1000
 #: LOO gradients ran 2x faster in parallel). On an oversubscribed machine a
 #: parallel call costs far more; raise it there. Used by the LOO passes of nbattn.smoothing.
-SERIAL_PAIRS = _env_int("SERIAL_PAIRS", 1 << 19)
+SERIAL_PAIRS = _env_int("SERIAL_PAIRS", 1 << 19, maximum=2**62)
 
 #: Far rows of the streaming softmax (``kernels.pooling``, "Far rows"). The
 #: direct score -||z_q - z_j||^2 carries a rounding error of about (d + 3) u |m|
@@ -526,5 +533,43 @@ def reset(*names: str) -> None:
 #: kernels, unless it sets NBATTN_CACHE=1 explicitly. Other NBATTN_* variables
 #: (the test script's NBATTN_TEST_TORCH, NBATTN_DASK_CONNECT_TIMEOUT) leave the
 #: cache on. Kernel modules read this when they are imported.
+#: A tunable patched in this module (``config.KEY_BLOCK = ...``) before the kernel modules
+#: are imported turns the cache off for them in the same way: ``CACHE`` is computed each
+#: time it is read (:func:`__getattr__`), so a kernel compiled with a patched constant is
+#: never written to, nor read from, the cache that other processes share.
 _OVERRIDDEN = sorted(name for name in _COMPILED_TUNABLES if "NBATTN_" + name in os.environ)
-CACHE = os.environ.get("NBATTN_CACHE", "0" if _OVERRIDDEN else "1") not in ("0", "false", "False")
+_CACHE_ASKED = os.environ.get("NBATTN_CACHE", "0" if _OVERRIDDEN else "1") not in (
+    "0",
+    "false",
+    "False",
+)
+
+
+#: The tunables compiled into kernels that no NBATTN_* variable sets (the others are
+#: registered by ``_env_int``); ``tests/test_config.py`` checks that every tunable the
+#: kernel sources read is one or the other.
+_COMPILED_CONSTANTS = {
+    "FASTMATH",
+    "GEMM_ON_NUMPY_BLAS",
+    "LOCAL_PIVOT_TOL",
+    "LOO_BOXED_HALF_WIDTH",
+    "LOO_BOXED_REACH_GAP",
+    "LOO_BOXED_TOL",
+    "LOO_TAYLOR_MAX_SPAN_SQ",
+}
+
+
+def compiled_tunables() -> set:
+    """The tunables that kernels compile in as constants."""
+    return _COMPILED_TUNABLES | _COMPILED_CONSTANTS
+
+
+def patched_tunables() -> list:
+    """The compiled tunables whose value is not their :data:`DEFAULTS`."""
+    return [name for name in sorted(compiled_tunables()) if globals()[name] != DEFAULTS[name]]
+
+
+def __getattr__(name):
+    if name == "CACHE":
+        return _CACHE_ASKED and not patched_tunables()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

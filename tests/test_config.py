@@ -48,3 +48,44 @@ def test_reset_restores_the_defaults(monkeypatch):
 def test_reset_names_an_unknown_tunable():
     with pytest.raises(ValueError, match="unknown tunable 'KEY_BLOK'"):
         config.reset("KEY_BLOK")
+
+
+def test_a_patched_compiled_tunable_turns_the_cache_off(monkeypatch):
+    """A kernel compiled with a patched constant must not reach the shared on-disk cache."""
+    asked = config._CACHE_ASKED
+    assert config.CACHE == asked and config.patched_tunables() == []
+    for name, value in [("KEY_BLOCK", config.KEY_BLOCK * 2), ("LOCAL_PIVOT_TOL", 0.5)]:
+        monkeypatch.setattr(config, name, value)
+        assert config.CACHE is False and name in config.patched_tunables()
+        monkeypatch.undo()
+        assert config.CACHE == asked
+    monkeypatch.setattr(config, "LOO_RTOL", 0.5)  # read at call time: the cache stays
+    assert config.CACHE == asked
+
+
+@pytest.mark.parametrize("raw", ["0", "-1", "abc", "1e3", str(2**31), str(2**40)])
+def test_an_environment_integer_out_of_range_is_refused(raw):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "NBATTN_KEY_BLOCK": raw}
+    result = subprocess.run(
+        [sys.executable, "-c", "import nbattn.config"], env=env, capture_output=True, text=True
+    )
+    assert result.returncode != 0
+    assert "NBATTN_KEY_BLOCK" in result.stderr
+
+
+def test_every_tunable_the_kernels_read_is_known_as_compiled():
+    """A tunable a kernel compiles in must turn the cache off when patched: the kernel
+    sources name no config value that :func:`config.compiled_tunables` lacks."""
+    import re
+
+    package = Path(config.__file__).parent
+    read = set()
+    for folder in ("kernels", "cuda"):
+        for path in (package / folder).glob("*.py"):
+            read |= set(re.findall(r"config\.([A-Z][A-Z0-9_]+)\b", path.read_text()))
+    tunables = read & set(config.DEFAULTS)
+    assert tunables and tunables <= config.compiled_tunables()

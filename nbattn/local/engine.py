@@ -160,7 +160,8 @@ def local_polynomial(
     var_type : str, optional
         'c'/'u'/'o' per column; None: all continuous.
     n_categories : int or array (d,), optional
-        Categories per categorical column; None: one more than the largest code.
+        Categories per categorical column; None: one more than the largest code
+        of the keys (a query's code must be one of them).
     kernel : "gaussian", "epanechnikov" or "tricube"
         The continuous kernel.
     sample_weight : array (n_keys,), optional

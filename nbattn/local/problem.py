@@ -122,8 +122,9 @@ def check_columns(named: dict, **options):
     or X): each becomes float64 (n, d) columns (1-D is one column; NaN only with
     ``missing="marginalize"``), all with the first's d; ``options`` are the
     keywords of :func:`check_spec` (``n_categories=None`` counts the codes of
-    every dataset), and every categorical column's codes must then be integers
-    in 0 .. c - 1.
+    the first: the categories are the keys', so a fit at one query never depends
+    on the codes of another), and every categorical column's codes must then be
+    integers in 0 .. c - 1.
     """
     allow_nan = _check_choice(options.get("missing", "error"), "missing", _MISSING) == "marginalize"
     arrays = [as_data_columns(x, name, allow_nan) for name, x in named.items()]
@@ -131,7 +132,7 @@ def check_columns(named: dict, **options):
     for name, arr in zip(named, arrays):
         if arr.shape[1] != d:
             raise ValueError(f"{name} has {arr.shape[1]} features but {first} has {d}")
-    spec = check_spec(d, data=arrays, **options)
+    spec = check_spec(d, data=arrays[:1], **options)
     for name, arr in zip(named, arrays):
         _check_all_codes(spec, arr, name)
     return spec, arrays

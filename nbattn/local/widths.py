@@ -34,6 +34,7 @@ import math
 import numpy as np
 
 from .. import config
+from .._core.numeric import power_of_two_scale
 from .._core.threads import blas_one_thread
 from .._core.validation import as_float_array
 from ..dispatch.device import kernels_for
@@ -293,7 +294,9 @@ def loo_widths(spec: LocalSpec, X, y, degree, *, sample_weight=None, init=None, 
 
     var_type, counts = spec.var_type, spec.n_categories
     start = rule_widths(spec, X) if init is None else init
-    criterion = _Criterion(_training_problem(spec, X, y, degree, sample_weight, start))
+    criterion = _Criterion(
+        _training_problem(spec, X, _within_squares(y), degree, sample_weight, start)
+    )
     theta0 = widths_to_theta(start, var_type, counts)
     cont = spec.continuous
     low, high = config.WIDTH_BOUNDS
@@ -322,6 +325,11 @@ def loo_widths(spec: LocalSpec, X, y, degree, *, sample_weight=None, init=None, 
     # two starts: the rule itself and the best common scale. They can lie in different
     # basins, and the common scale's (better at the start) is not always the deeper one:
     # on the benchmark's mixed data (n = 500, cccuo) the rule's basin is 5% lower
+    if criterion.best[1] is None:
+        raise ValueError(
+            "the leave-one-out error of the local fit is not finite at any width tried "
+            f"(X {X.shape[0]} rows, y up to {float(np.max(np.abs(y))):.3g} in magnitude)"
+        )
     scaled = criterion.best[1].copy()
     descend(theta0)
     if not np.array_equal(scaled, theta0):
@@ -344,6 +352,17 @@ def loo_widths(spec: LocalSpec, X, y, degree, *, sample_weight=None, init=None, 
             break  # nothing gained beyond the tolerance: another descent would not move
         descend()  # the sweep left a local minimum: descend from there
     return theta_to_widths(criterion.best[1], var_type, counts)
+
+
+def _within_squares(y):
+    """y divided by a power of two near max |y| when that lies beyond 2**+-400, where the
+    squared residuals of the criterion overflow or underflow (the division is exact and
+    moves every criterion value by the same factor; y of ordinary size is left as it is,
+    since L-BFGS-B's stopping test is not scale-free)."""
+    top = float(np.max(np.abs(y))) if y.size else 0.0
+    if top == 0.0 or 2.0**-400 <= top <= 2.0**400:
+        return y
+    return y / float(power_of_two_scale(top))
 
 
 #: Most column sweeps after L-BFGS-B (each one that improves is followed by another descent).

@@ -165,3 +165,32 @@ def test_data_checked_against_the_spec_name_the_argument_and_column():
         check_columns({"keys": X, "queries": np.ones((2, 1))}, var_type="cu")
     with pytest.raises(ValueError, match="X"):
         check_columns({"X": [[np.nan, 0.0]]}, var_type="cu")
+
+
+def test_a_query_code_outside_the_keys_categories_is_refused():
+    """The categories are the keys': a query's unseen code is an error (not a larger c,
+    which would change the fit at every other query)."""
+    keys = np.array([[0.0, 0.0], [0.5, 1.0], [1.0, 2.0], [0.2, 0.0]])
+    values = np.arange(4.0)
+    for code in (-1.0, 3.0, 7.0, 2.5):
+        with pytest.raises(ValueError, match="queries column 1 .* 3 categories"):
+            local_polynomial([[0.0, code]], keys, values, [0.5, 0.3], var_type="cu")
+    alone = local_polynomial([[0.0, 2.0]], keys, values, [0.5, 0.3], var_type="cu")
+    together = local_polynomial([[0.0, 2.0], [0.3, 0.0]], keys, values, [0.5, 0.3], var_type="cu")
+    assert together[0] == alone[0]
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("scale", [1e300, 1e-300])
+def test_loo_widths_of_huge_and_tiny_targets(seed, scale):
+    """The LOO search divides y near 1e+-300 by a power of two (its squares would overflow
+    or underflow): the widths are those of y itself to the search's tolerance."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(50, 2))
+    y = np.sin(2 * X[:, 0]) + 0.1 * rng.normal(size=50)
+    plain = nbattn.LocalPolynomialRegressor(bandwidth="loo").fit(X, y)
+    scaled = nbattn.LocalPolynomialRegressor(bandwidth="loo").fit(X, y * scale)
+    np.testing.assert_allclose(scaled.bandwidth_, plain.bandwidth_, rtol=1e-3)
+    prediction = scaled.predict(X[:9])
+    assert np.isfinite(prediction).all()
+    np.testing.assert_allclose(prediction / scale, plain.predict(X[:9]), rtol=1e-2, atol=1e-3)
