@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import stat
-import tempfile
 from pathlib import Path
 
 __all__ = ["atomic_output", "check_not_input"]
+
+_NAME_ATTEMPTS = 100
 
 
 def _umask() -> int:
@@ -49,10 +51,17 @@ def atomic_output(path):
     except FileNotFoundError:
         mode = 0o666 & ~_umask()
     tmp = None
-    try:  # from mkstemp on, so that an interruption at any point removes the file
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=folder)
-        os.close(fd)
-        yield Path(tmp)
+    try:  # the name is known before the file exists: an interruption at any point removes it
+        for _ in range(_NAME_ATTEMPTS):
+            tmp = folder / f".{path.name}.{secrets.token_hex(4)}.part"
+            try:
+                os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+                break
+            except FileExistsError:
+                continue
+        else:
+            raise FileExistsError(f"no free temporary name beside {str(path)!r}")
+        yield tmp
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:

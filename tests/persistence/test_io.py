@@ -765,6 +765,27 @@ def test_atomic_output_cleans_up_on_interruption(tmp_path):
     assert target.read_text() == "old" and os.listdir(tmp_path) == ["out.txt"]
 
 
+def test_atomic_output_cleans_up_an_interruption_right_after_the_file_is_created(tmp_path, monkeypatch):
+    # a signal handled just after the temporary file appears, before the name is
+    # handed back (a process descheduled after the open, as on a loaded machine)
+    real_open = os.open
+
+    def open_then_interrupt(name, *args, **kwargs):
+        fd = real_open(name, *args, **kwargs)
+        if str(name).endswith(".part"):
+            os.close(fd)
+            raise KeyboardInterrupt
+        return fd
+
+    target = tmp_path / "out.txt"
+    target.write_text("old")
+    monkeypatch.setattr(os, "open", open_then_interrupt)
+    with pytest.raises(KeyboardInterrupt), io.atomic_output(target):
+        pass
+    monkeypatch.undo()
+    assert target.read_text() == "old" and os.listdir(tmp_path) == ["out.txt"]
+
+
 @pytest.mark.parametrize("module", [io, modelfile])
 def test_io_imports_no_package_level_names(module):
     import ast
