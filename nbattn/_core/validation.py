@@ -73,6 +73,17 @@ def check_bool(value, name: str) -> bool:
     raise ValueError(f"{name} must be True or False, got {value!r}")
 
 
+def check_choice(value, name: str, choices):
+    """``value`` if it is one of the strings ``choices``; a ValueError naming ``name`` otherwise.
+
+    Anything but a string is refused before the membership test, so an
+    unhashable or array value gets the same message, not a TypeError.
+    """
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
+    return value
+
+
 def check_positive_int(value, name: str) -> int:
     """``value`` as a Python int >= 1 (bools refused), naming ``name`` otherwise."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) or value < 1:

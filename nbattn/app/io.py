@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from .._core.atomic import atomic_output, check_not_input
+from .._core.validation import check_choice
 from ..persistence.modelfile import (
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -298,8 +299,7 @@ def numeric_block(frame, columns, *, first_row=0, source="data", fmt="csv", on_n
     """
     import pandas as pd
 
-    if on_nan not in ("error", "drop"):
-        raise ValueError(f"on_nan must be 'error' or 'drop', got {on_nan!r}")
+    check_choice(on_nan, "on_nan", ("error", "drop"))
     out = np.empty((len(frame), len(columns)), dtype=np.float64)
     for j, col in enumerate(columns):
         series = frame[col]
@@ -368,8 +368,7 @@ def feature_block(frame, columns, kinds, *, first_row=0, source="data", fmt="csv
     """
     import pandas as pd
 
-    if on_nan not in ("error", "drop", "marginalize"):
-        raise ValueError(f"on_nan must be 'error', 'drop' or 'marginalize', got {on_nan!r}")
+    check_choice(on_nan, "on_nan", ("error", "drop", "marginalize"))
     where = {"first_row": first_row, "source": source, "fmt": fmt}
     numeric = [c for c, k in zip(columns, kinds) if k == "c"]
     values, keep = numeric_block(

@@ -30,6 +30,7 @@ from .._core.validation import (
     as_float_array,
     broadcast_leading,
     check_bool,
+    check_choice,
     check_dot_range,
     resolve_dtype,
 )
@@ -217,8 +218,7 @@ def attention(
     ``config.MAX_WEIGHT_MATRIX_ELEMENTS`` scores (``return_weights=True``
     beyond that is refused with a ValueError).
     """
-    if not isinstance(mode, str) or mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    check_choice(mode, "mode", MODES)
     if isinstance(score, _scores.Score):
         record = score
     elif callable(score):

@@ -26,7 +26,7 @@ import numpy as np
 from .. import config
 from .._core.attn_groups import NO_DROPOUT, Band, Bias, DecodeWindow, Dropout, ScoreTransform, Tiles
 from .._core.numeric import LOG2E, dropout_seed, dropout_threshold
-from .._core.validation import as_float_array, check_bool, resolve_dtype
+from .._core.validation import as_float_array, check_bool, check_choice, resolve_dtype
 
 #: The alignments of the causal band and the window (``causal_alignment=``).
 ALIGNMENTS = ("top_left", "bottom_right")
@@ -91,8 +91,7 @@ def check_keywords(causal, enable_gqa, window, causal_alignment, softcap, dropou
     """Each keyword checked, with a ValueError that names it."""
     causal = check_bool(causal, "causal")
     enable_gqa = check_bool(enable_gqa, "enable_gqa")
-    if not isinstance(causal_alignment, str) or causal_alignment not in ALIGNMENTS:
-        raise ValueError(f"causal_alignment must be one of {ALIGNMENTS}, got {causal_alignment!r}")
+    check_choice(causal_alignment, "causal_alignment", ALIGNMENTS)
     if window is not None:
         try:
             sides = tuple(window)

@@ -3,6 +3,7 @@ what numba-cuda finds on this machine."""
 
 from __future__ import annotations
 
+from .._core.validation import check_choice
 from .transfer import is_device_array
 
 _DEVICES = ("cpu", "cuda", "auto")
@@ -59,8 +60,7 @@ def resolve_device(device: str) -> str:
     GPU, with a ``RuntimeWarning`` that says why when a GPU is there but
     numba-cuda cannot compile with this NumPy.
     """
-    if device not in _DEVICES:
-        raise ValueError(f"device must be one of {_DEVICES}, got {device!r}")
+    check_choice(device, "device", _DEVICES)
     if device == "cpu":
         return "cpu"
     problem = cuda_problem()
@@ -132,8 +132,7 @@ def device_for(device: str, *arrays) -> str:
     ("auto" picks the GPU when numba sees one; "cuda" without one raises).
     """
     if any(is_device_array(a) for a in arrays):
-        if device not in _DEVICES:
-            raise ValueError(f"device must be one of {_DEVICES}, got {device!r}")
+        check_choice(device, "device", _DEVICES)
         if device == "cpu" or resolve_device("cuda") != "cuda":
             raise ValueError(f"GPU arrays need device='cuda' or 'auto', got device={device!r}")
         return "cuda"

@@ -53,14 +53,19 @@ import numpy as np
 from .. import config
 from .._core.columns import check_var_type
 from .._core.threads import serial_below
-from .._core.validation import as_float_array, check_bool, check_positive_float, resolve_dtype
+from .._core.validation import (
+    as_float_array,
+    check_bool,
+    check_choice,
+    check_positive_float,
+    resolve_dtype,
+)
 from ..dispatch.device import kernels_for
 from .problem import (
     DEFAULT_RIDGE,
     KERNELS,
     LocalProblem,
     LocalSpec,
-    _check_choice,
     check_columns,
     check_data,
     check_degree,
@@ -319,7 +324,7 @@ def prediction_interval(
     alpha = check_positive_float(alpha, "alpha")
     if not alpha < 1:
         raise ValueError(f"alpha must lie in (0, 1), got {alpha!r}")
-    kind = _check_choice(kind, "kind", ("mean", "observation"))
+    kind = check_choice(kind, "kind", ("mean", "observation"))
 
     train = layout(spec, X, X, y, widths, degree, sample_weight=sample_weight, exclude_self=True)
     beta_loo = fit_problem(train)[0]

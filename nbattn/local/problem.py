@@ -22,7 +22,13 @@ from .. import config
 from .._core.columns import CONTINUOUS_KERNELS as KERNELS
 from .._core.columns import check_var_type
 from .._core.local_groups import KERNEL_CODES, LocalData, LocalModel
-from .._core.validation import as_float_array, check_bandwidth, check_bool, check_positive_float
+from .._core.validation import (
+    as_float_array,
+    check_bandwidth,
+    check_bool,
+    check_choice,
+    check_positive_float,
+)
 
 __all__ = [
     "DEFAULT_RIDGE",
@@ -102,13 +108,13 @@ def check_spec(
 ) -> LocalSpec:
     """The options checked into a :class:`LocalSpec`; ``data`` (checked (n, d) arrays)
     give ``n_categories=None`` its counts (one more than the largest code)."""
-    marginalize = _check_choice(missing, "missing", _MISSING) == "marginalize"
+    marginalize = check_choice(missing, "missing", _MISSING) == "marginalize"
     var_type = check_var_type(var_type, n_columns)
     counts = check_n_categories(n_categories, var_type, *data)
     return LocalSpec(
         var_type=var_type,
         n_categories=tuple(int(c) for c in counts),
-        kernel=_check_choice(kernel, "kernel", KERNELS),
+        kernel=check_choice(kernel, "kernel", KERNELS),
         missing=marginalize,
         ridge=DEFAULT_RIDGE if ridge is None else _check_ridge(ridge),
         device=device,
@@ -126,7 +132,7 @@ def check_columns(named: dict, **options):
     on the codes of another), and every categorical column's codes must then be
     integers in 0 .. c - 1.
     """
-    allow_nan = _check_choice(options.get("missing", "error"), "missing", _MISSING) == "marginalize"
+    allow_nan = check_choice(options.get("missing", "error"), "missing", _MISSING) == "marginalize"
     arrays = [as_data_columns(x, name, allow_nan) for name, x in named.items()]
     first, d = next(iter(named)), arrays[0].shape[1]
     for name, arr in zip(named, arrays):
@@ -155,12 +161,6 @@ def _check_all_codes(spec, arr, name):
     for position, kind in enumerate(spec.var_type):
         if kind != "c":
             _check_codes(arr[:, position], name, position, spec.n_categories[position])
-
-
-def _check_choice(value, name, choices):
-    if not isinstance(value, str) or value not in choices:
-        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
-    return value
 
 
 def check_degree(degree) -> int:
@@ -307,8 +307,7 @@ def rule_widths(spec: LocalSpec, X, rule="scott") -> np.ndarray:
     """
     from ..smoothing.regression import BANDWIDTH_RULES, rule_bandwidth
 
-    if not isinstance(rule, str) or rule not in BANDWIDTH_RULES:
-        raise ValueError(f"bandwidth rule must be one of {sorted(BANDWIDTH_RULES)}, got {rule!r}")
+    check_choice(rule, "bandwidth rule", sorted(BANDWIDTH_RULES))
     n, d = X.shape
     out = np.empty(d)
     cont = spec.continuous

@@ -27,7 +27,7 @@ import numpy as np
 
 from .. import config
 from .._core.progress import FitProgress, check_verbose
-from .._core.validation import resolve_dtype
+from .._core.validation import check_choice, resolve_dtype
 from ..dispatch.device import resolve_device
 from .loo import check_components, prepare_xy, prepared_loss_and_grad, projected_layout
 from .loo_rows import loss_from_layout
@@ -120,8 +120,7 @@ def fit_learned_kernel(
     FloatingPointError
         if the loss or gradient ever becomes non-finite (never returned silently).
     """
-    if metric not in ("scalar", "diagonal", "full"):
-        raise ValueError(f"metric must be 'scalar', 'diagonal' or 'full', got {metric!r}")
+    check_choice(metric, "metric", ("scalar", "diagonal", "full"))
     check_verbose(verbose)
     dtype = resolve_dtype(dtype, X, y)
     device = resolve_device(device)

@@ -23,6 +23,7 @@ from .._core.validation import (
     as_float_array,
     check_bandwidth,
     check_bool,
+    check_choice,
     check_pooling_inputs,
     check_same_features,
     resolve_dtype,
@@ -115,8 +116,7 @@ def rule_bandwidth(sigma, n: int, rule: str = "scott") -> np.ndarray:
     ValueError
         ``rule`` unknown, or a width below the smallest normal float64.
     """
-    if rule not in BANDWIDTH_RULES:
-        raise ValueError(f"bandwidth rule must be one of {sorted(BANDWIDTH_RULES)}, got {rule!r}")
+    check_choice(rule, "bandwidth rule", sorted(BANDWIDTH_RULES))
     sigma = np.asarray(sigma, dtype=np.float64).reshape(-1)
     sigma = np.where(sigma > 0, sigma, 1.0)
     h = BANDWIDTH_RULES[rule](n, sigma.size) * sigma

@@ -11,6 +11,7 @@ import nbattn
 from nbattn._core import validation as v
 from nbattn.attn import flash, positional, scores
 from nbattn.attn.softmax import merge_attention_states
+from nbattn.smoothing import learned_metric
 
 X = np.arange(6.0).reshape(3, 2)
 Y = np.array([1.0, 2.0, 3.0])
@@ -71,6 +72,30 @@ def test_other_non_bool_flags_are_refused(call, name):
 )
 def test_bad_scalars_are_refused(call, name):
     _refused(call, name)
+
+
+@pytest.mark.parametrize("bad", ["nope", ["cpu"], np.array(["cpu"]), None, 1])
+@pytest.mark.parametrize(
+    "call, name",
+    [
+        (lambda bad: nbattn.flash_attention(Q, Q, Q, device=bad), "device"),
+        (lambda bad: nbattn.attention(Q, Q, Q, mode=bad), "mode"),
+        (lambda bad: nbattn.flash_attention(Q, Q, Q, causal_alignment=bad), "causal_alignment"),
+        (lambda bad: nbattn.local_polynomial(X, X, Y, kernel=bad), "kernel"),
+        (lambda bad: nbattn.local_polynomial(X, X, Y, missing=bad), "missing"),
+        (lambda bad: learned_metric.fit_learned_kernel(X, Y, metric=bad), "metric"),
+    ],
+)
+def test_a_choice_that_is_not_one_of_the_names_is_refused(call, name, bad):
+    # lists and arrays too: a membership test on them would raise a TypeError or
+    # an ambiguous-truth error that does not name the argument
+    _refused(lambda: call(bad), f"{name} must be one of")
+
+
+def test_an_unknown_bandwidth_rule_is_refused():
+    # a bandwidth that is not a string is a width (checked as one, below)
+    _refused(lambda: nbattn.nadaraya_watson(X, X, Y, "widest"), "bandwidth rule must be one of")
+    _refused(lambda: nbattn.local_polynomial(X, X, Y, "widest"), "bandwidth rule must be one of")
 
 
 # --------------------------------------------------------------------------- bandwidths
