@@ -1,7 +1,9 @@
 """``load_script(NAME)``: ``scripts/NAME.py``, a development script (not shipped), as a
-module, for the tests that run a script or share its recipe."""
+module, for the tests that run a script or share its recipe; ``run_checked(ARGS)``: a
+command in a process of its own, which must succeed."""
 
 import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 
@@ -20,3 +22,18 @@ def load_script(name):
     finally:
         sys.path.remove(str(SCRIPTS))
     return module
+
+
+def run_checked(args, *, cwd=None, env=None, timeout=None):
+    """Run ``args`` (str() of each) with text output captured; assert that it exits with 0,
+    its stderr the message, and return the ``subprocess.CompletedProcess``."""
+    result = subprocess.run(
+        [str(a) for a in args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert result.returncode == 0, result.stderr
+    return result

@@ -794,7 +794,21 @@ def band_mask(n_q, n_k, causal=False, window=None, alignment="top_left"):
     return ok
 
 
-def _flash_parts(q, k, v, mask, causal, scale, window, alignment, softcap, enable_gqa):
+def _flash_parts(
+    q,
+    k,
+    v,
+    mask=None,
+    causal=False,
+    scale=None,
+    window=None,
+    alignment="top_left",
+    softcap=None,
+    enable_gqa=False,
+):
+    """The options of :func:`flash_features` and :func:`flash_features_backward`, applied:
+    (q, k, v) in float64 with grouped heads repeated, the masked, capped scores s, the
+    tanh of the scaled scores (None without a cap) and the scale."""
     q = np.asarray(q, dtype=np.float64)
     k = np.asarray(k, dtype=np.float64)
     v = np.asarray(v, dtype=np.float64)
@@ -815,60 +829,34 @@ def _flash_parts(q, k, v, mask, causal, scale, window, alignment, softcap, enabl
     return q, k, v, s, th, scale
 
 
-def flash_features(
-    q,
-    k,
-    v,
-    mask=None,
-    causal=False,
-    scale=None,
-    window=None,
-    alignment="top_left",
-    softcap=None,
-    enable_gqa=False,
-    dropout=None,
-):
+def flash_features(q, k, v, dropout=None, **options):
     """(out, lse) of softmax(cap(scale q k^T) + mask) (o dropout) v, full matrices.
 
+    ``options``: mask, causal, scale, window, alignment, softcap and enable_gqa, as
+    flash attention takes them (defaults in :func:`_flash_parts`).
     cap(x) = softcap tanh(x / softcap); ``dropout`` (..., L, S) factors (0 or
     1/(1-p)) multiply the weights after the softmax; lse is before dropout.
     Rows without an admissible key: zeros and -inf.
     """
-    q, k, v, s, _, _ = _flash_parts(
-        q, k, v, mask, causal, scale, window, alignment, softcap, enable_gqa
-    )
+    q, k, v, s, _, _ = _flash_parts(q, k, v, **options)
     p = softmax_rows(s)
     if dropout is not None:
         p = p * dropout
     return p @ v, logsumexp_rows(s)
 
 
-def flash_features_backward(
-    q,
-    k,
-    v,
-    grad_out,
-    mask=None,
-    causal=False,
-    scale=None,
-    window=None,
-    alignment="top_left",
-    softcap=None,
-    enable_gqa=False,
-    dropout=None,
-):
-    """(dq, dk, dv) of :func:`flash_features` by the explicit formulas.
+def flash_features_backward(q, k, v, grad_out, dropout=None, **options):
+    """(dq, dk, dv) of :func:`flash_features` (the same ``dropout`` and ``options``) by the
+    explicit formulas.
 
     dV = (P o Z)^T dO, dP = (dO V^T) o Z, dS = P o (dP - rowsum(P o dP)) o (1 - tanh^2),
     dQ = scale dS K, dK = scale dS^T Q; with grouped heads dK, dV are summed over
     each group.
     """
     q0, k0 = np.asarray(q), np.asarray(k)
-    q, k, v, s, th, scale = _flash_parts(
-        q, k, v, mask, causal, scale, window, alignment, softcap, enable_gqa
-    )
+    q, k, v, s, th, scale = _flash_parts(q, k, v, **options)
     dq, dk, dv = softmax_grads(s, q, k, v, grad_out, scale, drop=dropout, tanh=th)
-    if enable_gqa and k0.shape[-3] != q0.shape[-3]:
+    if options.get("enable_gqa", False) and k0.shape[-3] != q0.shape[-3]:
         group = q0.shape[-3] // k0.shape[-3]
         shape = dk.shape[:-3] + (k0.shape[-3], group) + dk.shape[-2:]
         dk = dk.reshape(shape).sum(axis=-3)

@@ -74,3 +74,25 @@ def attention_shapes(batch, queries, keys, features):
     return st.builds(
         AttentionShape, batch_shapes(*batch), sizes(queries), sizes(keys), sizes(features)
     )
+
+
+def magnitude_cases(exponents, length):
+    """The draws of an attention test at extreme magnitudes, as keywords for ``given``: an
+    ``exponent`` (one of ``exponents``), L queries and S keys (sizes up to ``length``),
+    ``causal``, ``dtype`` and ``seed``."""
+    return dict(
+        exponent=st.sampled_from(exponents),
+        L=sizes(length),
+        S=sizes(length),
+        causal=st.booleans(),
+        dtype=float_dtypes,
+        seed=seeds,
+    )
+
+
+def huge_values(rng, shape, exponent):
+    """A float64 mask or bias of ``shape`` at magnitude 10**exponent: uniform in
+    (-10**exponent, 10**exponent), each entry -inf with probability 0.2."""
+    values = rng.uniform(-1, 1, size=shape) * 10.0**exponent
+    values[rng.random(shape) < 0.2] = -np.inf
+    return values

@@ -27,6 +27,8 @@ import pytest
 
 import nbattn
 
+from ._scripts import run_checked
+
 ROOT = Path(__file__).resolve().parent.parent
 
 #: Libraries that ``import nbattn`` must not load, and the functional layer neither.
@@ -40,16 +42,9 @@ def _pyproject() -> dict:
 
 
 def _run_python(code: str, python=sys.executable, cwd=ROOT, env=None, timeout=600):
-    result = subprocess.run(
-        [str(python), "-c", textwrap.dedent(code)],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    assert result.returncode == 0, result.stderr
-    return result.stdout
+    return run_checked(
+        [python, "-c", textwrap.dedent(code)], cwd=cwd, env=env, timeout=timeout
+    ).stdout
 
 
 # ----------------------------------------------------------------------------- lazy import
@@ -314,15 +309,7 @@ def test_installed_wheel_runs_the_demo_and_loads_data(wheel, tmp_path):
     env = _clean_env()
     env.pop("NUMBA_CACHE_DIR", None)  # the installed copy caches beside its own sources
     _seed_kernel_cache(site / "nbattn" / "kernels" / "__pycache__")
-    result = subprocess.run(
-        [str(command), "demo", "--outdir", "figures"],
-        cwd=work,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr
+    result = run_checked([command, "demo", "--outdir", "figures"], cwd=work, env=env, timeout=600)
     for model in ("average_pooling", "nadaraya_watson", "learned_width"):
         assert model in result.stdout
     figures = {p.name for p in (work / "figures").glob("*.png") if p.stat().st_size > 1000}

@@ -22,6 +22,7 @@ from nbattn.app import batch, cli, plotting
 from nbattn.app.metrics import Metrics
 
 from .. import naive
+from .._scripts import run_checked
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,6 +49,12 @@ def call(capsys, *args):
 def fit_train(capsys, folder, *options):
     """``nbattn fit`` on the work folder's train.csv, target y, with ``options``."""
     return call(capsys, "fit", folder / "train.csv", "--target", "y", *options)
+
+
+def use_model(capsys, folder, command, data, *options):
+    """``nbattn COMMAND`` (predict, evaluate) with the work folder's model.npz on the
+    folder's file ``data``, with ``options``."""
+    return call(capsys, command, folder / "model.npz", folder / data, *options)
 
 
 def _frame(rng, n=120):
@@ -118,11 +125,11 @@ def test_default_features_are_all_but_the_target(tmp_path, rng, capsys):
 
 def test_predict_csv_with_id_and_std(work, capsys):
     folder, frame = work
-    code, out, err = call(
+    code, out, err = use_model(
         capsys,
+        folder,
         "predict",
-        folder / "model.npz",
-        folder / "train.csv",
+        "train.csv",
         "-o",
         folder / "pred.csv",
         "--id-column",
@@ -157,11 +164,11 @@ def test_predict_chunking_does_not_change_results(work, capsys):
     folder, _ = work
     for size in (1, 13, 1000):
         assert (
-            call(
+            use_model(
                 capsys,
+                folder,
                 "predict",
-                folder / "model.npz",
-                folder / "train.csv",
+                "train.csv",
                 "-q",
                 "-o",
                 folder / f"p{size}.csv",
@@ -184,11 +191,11 @@ def test_parquet_round_trip(work, capsys):
         ("train.parquet", "b.parquet"),
         ("train.parquet", "c.csv"),
     ]:
-        code, _, err = call(
+        code, _, err = use_model(
             capsys,
+            folder,
             "predict",
-            folder / "model.npz",
-            folder / src,
+            src,
             "-o",
             folder / dst,
             "--id-column",
@@ -214,14 +221,14 @@ def test_nan_rows_dropped_on_request(work, capsys):
     bad.loc[[3, 50], "x2"] = np.nan
     bad.to_csv(folder / "nan.csv", index=False)
     out = folder / "p.csv"
-    code, _, err = call(capsys, "predict", folder / "model.npz", folder / "nan.csv", "-o", out)
+    code, _, err = use_model(capsys, folder, "predict", "nan.csv", "-o", out)
     assert code == 1 and "data row 4 (line 5 of the file): column 'x2' is missing" in err
     assert not out.exists()
-    code, stdout, _ = call(
+    code, stdout, _ = use_model(
         capsys,
+        folder,
         "predict",
-        folder / "model.npz",
-        folder / "nan.csv",
+        "nan.csv",
         "-o",
         out,
         "--id-column",
@@ -257,11 +264,11 @@ def test_nan_rows_dropped_on_request(work, capsys):
 
 def test_evaluate_matches_sklearn_metrics(work, capsys):
     folder, frame = work
-    code, out, _ = call(
+    code, out, _ = use_model(
         capsys,
+        folder,
         "evaluate",
-        folder / "model.npz",
-        folder / "train.csv",
+        "train.csv",
         "--json",
         "--chunksize",
         "17",
@@ -274,7 +281,7 @@ def test_evaluate_matches_sklearn_metrics(work, capsys):
     np.testing.assert_allclose(got["mse"], mean_squared_error(y, pred), rtol=1e-12)
     np.testing.assert_allclose(got["mae"], mean_absolute_error(y, pred), rtol=1e-12)
     np.testing.assert_allclose(got["r2"], r2_score(y, pred), rtol=1e-12)
-    code, out, _ = call(capsys, "evaluate", folder / "model.npz", folder / "train.csv")
+    code, out, _ = use_model(capsys, folder, "evaluate", "train.csv")
     assert code == 0 and out.splitlines()[1].startswith("mse") and "r2" in out
 
 
@@ -582,11 +589,11 @@ def test_failure_late_in_the_stream_leaves_no_output(work, capsys, rng):
     out = folder / "pred.csv"
     out.write_text("previous result\n")
     listing = _listing(folder)
-    code, _, err = call(
+    code, _, err = use_model(
         capsys,
+        folder,
         "predict",
-        folder / "model.npz",
-        folder / "late.csv",
+        "late.csv",
         "-o",
         out,
         "--chunksize",
@@ -601,9 +608,7 @@ def test_failure_late_in_the_stream_leaves_no_output(work, capsys, rng):
 def test_output_that_is_an_input_is_refused(work, capsys):
     folder, _ = work
     before = (folder / "train.csv").read_bytes()
-    code, _, err = call(
-        capsys, "predict", folder / "model.npz", folder / "train.csv", "-o", folder / "train.csv"
-    )
+    code, _, err = use_model(capsys, folder, "predict", "train.csv", "-o", folder / "train.csv")
     _one_line_error(code, err)
     assert "is an input file" in err and (folder / "train.csv").read_bytes() == before
 
@@ -665,9 +670,7 @@ def _peak_rss_mb(*args):
     """Peak RSS (MB) of ``python -m nbattn.app.cli ARGS`` run as the only child of a wrapper."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     cmd = [sys.executable, "-c", _PEAK_RSS, sys.executable, "-m", "nbattn.app.cli", *map(str, args)]
-    result = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    assert result.returncode == 0, result.stderr
-    return int(result.stdout.split()[-1]) / 1024
+    return int(run_checked(cmd, env=env).stdout.split()[-1]) / 1024
 
 
 @pytest.mark.ru_maxrss
@@ -820,9 +823,7 @@ def test_a_huge_cell_gives_a_short_error_line(work, capsys):
     bad = frame.astype({"x2": object})
     bad.loc[3, "x2"] = "z" * 2_000_000
     bad.to_csv(folder / "huge.csv", index=False)
-    code, _, err = call(
-        capsys, "predict", folder / "model.npz", folder / "huge.csv", "-o", folder / "p.csv"
-    )
+    code, _, err = use_model(capsys, folder, "predict", "huge.csv", "-o", folder / "p.csv")
     _one_line_error(code, err)
     assert len(err) < 400 and "data row 4 (line 5 of the file): column 'x2' holds 'zzz" in err
     assert "(2000002 characters)" in err
@@ -838,7 +839,7 @@ def test_every_error_type_is_one_line(work, capsys, monkeypatch, exc):
         raise exc
 
     monkeypatch.setattr(batch, "predict_file", fail)
-    code, out, err = call(capsys, "predict", folder / "model.npz", folder / "train.csv", "-o", "p")
+    code, out, err = use_model(capsys, folder, "predict", "train.csv", "-o", "p")
     _one_line_error(code, err)
     assert err.startswith(f"nbattn: error: {type(exc).__name__}") and out == ""
 
@@ -877,9 +878,7 @@ def test_output_keeps_its_mode_and_symlinks_are_written_through(work, capsys):
     link = folder / "link.csv"
     link.symlink_to(out)
     for target in (out, link):
-        code, _, err = call(
-            capsys, "predict", folder / "model.npz", folder / "train.csv", "-q", "-o", target
-        )
+        code, _, err = use_model(capsys, folder, "predict", "train.csv", "-q", "-o", target)
         assert code == 0, err
         assert stat.S_IMODE(out.stat().st_mode) == 0o640
         assert link.is_symlink() and os.readlink(link) == str(out)
@@ -1038,7 +1037,7 @@ def test_warnings_are_one_line(work, capsys, monkeypatch):
         return 3, 0
 
     monkeypatch.setattr(batch, "predict_file", warn)
-    code, _, err = call(capsys, "predict", folder / "model.npz", folder / "train.csv", "-o", "p")
+    code, _, err = use_model(capsys, folder, "predict", "train.csv", "-o", "p")
     assert code == 0
     assert err == "nbattn: warning: UserWarning: the search stopped at its edge\n"
 

@@ -10,7 +10,7 @@ from nbattn import config
 
 from .. import naive
 from .._scripts import load_script
-from ..strategies import attention_shapes, float_dtypes, seeds
+from ..strategies import attention_shapes, float_dtypes, huge_values, magnitude_cases, seeds
 from .test_softmax import assert_close
 
 
@@ -481,20 +481,12 @@ def test_hierarchical_attention_with_additive_and_gaussian_scores(rng):
 
 # --------------------------------------------------------------------------- extreme magnitudes
 @settings(max_examples=40)
-@given(
-    exponent=st.sampled_from([0, 100, 300, 308]),
-    L=st.integers(1, 6),
-    S=st.integers(1, 6),
-    causal=st.booleans(),
-    dtype=float_dtypes,
-    seed=seeds,
-)
+@given(**magnitude_cases([0, 100, 300, 308], 6))
 def test_huge_float_masks_match_long_double(exponent, L, S, causal, dtype, seed):
     """A float mask up to 1e308 (float64 scores, or float32 scores with a float64 mask)."""
     rng = np.random.default_rng(seed)
     q, k, v = _qkv(rng, (2,), L, S, 3, 2, dtype)
-    mask = rng.uniform(-1, 1, size=(L, S)) * 10.0**exponent
-    mask[rng.random((L, S)) < 0.2] = -np.inf
+    mask = huge_values(rng, (L, S), exponent)
     s = naive.scaled_dot_scores(q, k).astype(np.longdouble) + mask.astype(np.longdouble)
     if causal:
         s = np.where(np.tril(np.ones((L, S), bool)), s, -np.inf)

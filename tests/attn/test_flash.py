@@ -5,7 +5,6 @@ and autograd."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import textwrap
 
@@ -20,7 +19,8 @@ from nbattn._core.threads import blas_one_thread
 from nbattn.attn.flash import flash_attention_bias, flash_attention_bias_backward
 
 from .. import naive
-from ..strategies import float_dtypes, seeds
+from .._scripts import run_checked
+from ..strategies import huge_values, magnitude_cases, seeds
 from .test_softmax import assert_close
 
 TOL = {np.float64: 1e-12, np.float32: 2e-5}
@@ -382,30 +382,19 @@ def test_memory_linear_in_length():
         [os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))]
         + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
     )
-    result = subprocess.run(
-        [sys.executable, "-c", _MEMORY_SCRIPT], capture_output=True, text=True, env=env
-    )
-    assert result.returncode == 0, result.stderr
+    result = run_checked([sys.executable, "-c", _MEMORY_SCRIPT], env=env)
     growth_kib = int(result.stdout.split()[-1])
     assert growth_kib < 1024 * 1024, f"peak RSS grew by {growth_kib / 1024:.0f} MiB"
 
 
 # --------------------------------------------------------------------------- extreme magnitudes
 @settings(max_examples=50)
-@given(
-    exponent=st.sampled_from([0, 100, 300, 307, 308]),
-    L=st.integers(1, 9),
-    S=st.integers(1, 9),
-    causal=st.booleans(),
-    dtype=float_dtypes,
-    seed=seeds,
-)
+@given(**magnitude_cases([0, 100, 300, 307, 308], 9))
 def test_huge_key_bias_matches_long_double(exponent, L, S, causal, dtype, seed):
     """A per-key bias up to 1e308 (zeros before: the base-2 factor overflowed)."""
     rng = np.random.default_rng(seed)
     q, k, v = (rng.normal(size=(2, n, 3)).astype(dtype) for n in (L, S, S))
-    bias = rng.uniform(-1, 1, size=(2, S)) * 10.0**exponent
-    bias[rng.random((2, S)) < 0.2] = -np.inf
+    bias = huge_values(rng, (2, S), exponent)
     try:
         out, lse = flash_attention_bias(q, k, v, key_bias=bias, causal=causal, return_lse=True)
     except ValueError as exc:

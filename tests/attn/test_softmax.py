@@ -9,7 +9,7 @@ import nbattn
 from nbattn.attn.softmax import merge_attention_states
 
 from .. import naive
-from ..strategies import seeds
+from ..strategies import huge_values, seeds
 
 
 def assert_close(actual, expected, dtype=np.float64):
@@ -196,8 +196,7 @@ def test_huge_additive_masks_match_long_double(exponent, n, f32, seed):
     rng = np.random.default_rng(seed)
     dtype = np.float32 if f32 else np.float64
     x = (rng.uniform(-1, 1, size=(4, n)) * 10.0 ** min(exponent, 37 if f32 else 308)).astype(dtype)
-    mask = rng.uniform(-1, 1, size=(4, n)) * 10.0**exponent
-    mask[rng.random((4, n)) < 0.2] = -np.inf
+    mask = huge_values(rng, (4, n), exponent)
     mask[0] = -np.inf  # a fully masked row
     total = x.astype(np.longdouble) + mask.astype(np.longdouble)
     ref = naive.softmax_extended(total).astype(np.float64)

@@ -17,6 +17,7 @@ from nbattn.estimators import check_fitted_state, prediction
 from nbattn.smoothing import learned_metric, regression, width_search
 
 from .. import naive
+from .._scripts import run_checked
 from ..strategies import seeds
 
 
@@ -636,22 +637,15 @@ def test_fitted_on_a_gpu_machine_predicts_on_a_cpu_one(tmp_path):
     """Fit with device="auto" where numba sees a GPU (the CUDA simulator, in a process of
     its own), save; load here, where there is none: the models predict, on the CPU."""
     import os
-    import subprocess
     import sys
     from pathlib import Path
 
     pytest.importorskip("numba.cuda")
     root = Path(nbattn.__file__).resolve().parents[1]
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1"}
-    done = subprocess.run(
-        [sys.executable, "-c", _FIT_ON_SIMULATED_GPU, str(tmp_path)],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    run_checked(
+        [sys.executable, "-c", _FIT_ON_SIMULATED_GPU, tmp_path], cwd=root, env=env, timeout=600
     )
-    assert done.returncode == 0, done.stderr
     Q = np.load(tmp_path / "queries.npy")
     for name in ("nw", "loo", "learned", "clf"):
         model = nbattn.load(tmp_path / f"{name}.npz")

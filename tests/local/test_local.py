@@ -514,8 +514,13 @@ def test_default_widths():
 
 
 # --------------------------------------------------------------------------- widths
+def _searched(X, y, degree, **kw):
+    """The widths the LOO search picks, and the LOO error at them."""
+    widths = local_loo_widths(X, y, degree, **kw)
+    return widths, local_loo_loss(X, y, widths, degree, **kw)
+
+
 def _cv_ls_comparison(seed, n, reg):
-    from nbattn.local.widths import local_loo_widths
 
     rng = np.random.default_rng(seed)
     var_type, counts = ("cuo", [0, 3, 4]) if reg == "lc" else ("cc", [0, 0])
@@ -537,8 +542,7 @@ def _cv_ls_comparison(seed, n, reg):
     )
     sm_bw = np.where(top > 0, np.clip(kr.bw, 0, top), np.abs(kr.bw))
     sm = local_loo_loss(X, y, sm_bw, degree, var_type=var_type, n_categories=counts)
-    ours_bw = local_loo_widths(X, y, degree, var_type=var_type, n_categories=counts)
-    ours = local_loo_loss(X, y, ours_bw, degree, var_type=var_type, n_categories=counts)
+    _, ours = _searched(X, y, degree, var_type=var_type, n_categories=counts)
     return ours, sm
 
 
@@ -618,10 +622,16 @@ def test_loo_widths_no_worse_than_a_brute_force_grid(case, degree):
             x = np.round(x)
             y = np.cos(x) + 0.5 * cat + noise
         X = np.column_stack([x, cat])
-        widths = local_loo_widths(X, y, degree, var_type=var_type, n_categories=counts)
-        ours = local_loo_loss(X, y, widths, degree, var_type=var_type, n_categories=counts)
+        widths, ours = _searched(X, y, degree, var_type=var_type, n_categories=counts)
         grid = _grid_minimum(X, y, degree, var_type, counts, h_grid, lam_grid)
         assert ours <= grid * (1 + 1e-6), (case, seed, ours, grid, widths)
+
+
+def _tied_columns(rng, n, *levels):
+    """x on the integers 0 to 4 (n rows, many tied), then a categorical column (codes as
+    floats) of each number of ``levels``, drawn from ``rng`` in that order."""
+    x = np.round(rng.uniform(0, 4, n))
+    return x, *(rng.integers(0, m, n).astype(float) for m in levels)
 
 
 @pytest.mark.parametrize("degree", [0, 1])
@@ -638,13 +648,10 @@ def test_loo_widths_joint_stage_with_two_categorical_columns(degree):
     for seed in range(3):
         rng = np.random.default_rng(2000 + seed)
         n = 60
-        x = np.round(rng.uniform(0, 4, n))
-        relevant = rng.integers(0, 3, n).astype(float)
-        irrelevant = rng.integers(0, 4, n).astype(float)
+        x, relevant, irrelevant = _tied_columns(rng, n, 3, 4)
         y = np.cos(x) + 0.5 * relevant + 0.2 * rng.normal(size=n)
         X = np.column_stack([x, relevant, irrelevant])
-        widths = local_loo_widths(X, y, degree, **kw)
-        ours = local_loo_loss(X, y, widths, degree, **kw)
+        widths, ours = _searched(X, y, degree, **kw)
         grid = min(
             local_loo_loss(X, y, [h, a, b], degree, **kw)
             for h in h_grid
@@ -668,12 +675,10 @@ def test_loo_widths_reach_exact_matching():
     for seed in range(4):
         rng = np.random.default_rng(3000 + seed)
         n = 90
-        x = np.round(rng.uniform(0, 4, n))
-        cat = rng.integers(0, 3, n).astype(float)
+        x, cat = _tied_columns(rng, n, 3)
         y = np.cos(2.0 * x) + cat + 0.05 * rng.normal(size=n)
         X = np.column_stack([x, cat])
-        widths = local_loo_widths(X, y, 0, **kw)
-        ours = local_loo_loss(X, y, widths, 0, **kw)
+        widths, ours = _searched(X, y, 0, **kw)
         cells = min(local_loo_loss(X, y, [h, 0.0], 0, **kw) for h in np.geomspace(0.01, 0.3, 8))
         assert ours <= cells * (1 + 1e-6), (seed, ours, cells, widths)
 
@@ -692,7 +697,7 @@ def test_loo_widths_no_worse_than_multistart_descents():
     kw = dict(var_type=var_type, n_categories=counts)
     for seed in range(4):
         X, y = bench.mixed_data(200, np.random.default_rng(seed))
-        ours = local_loo_loss(X, y, local_loo_widths(X, y, 0, **kw), 0, **kw)
+        _, ours = _searched(X, y, 0, **kw)
         rule = default_widths(X, var_type, counts)
         for factor in (0.5, 1.0, 2.0):
             start = rule * np.array([factor, factor, factor, 1.0, 1.0])
