@@ -150,24 +150,33 @@ def weights_cases(dtype, d):
     ]
 
 
+def _grad_pair(label, tag, dtype, kernels, diag_launch, full_launch):
+    """The diagonal and full LOO gradient kernels of one pass (``kernels``: the pair):
+    both take the inputs, ``lse`` and ``self_offset`` first (the full one also the points
+    and the pair lists) and ``out`` last, with their own launch arguments in between."""
+    a2, f64_1, i64_1 = f"{dtype}[:,::1]", "float64[::1]", "int64[::1]"
+    diag, full = kernels
+    return [
+        Case(
+            f"{label} diag {tag}",
+            diag,
+            _sig(a2, a2, a2, a2, a2, f64_1, "int64", *diag_launch, f64_1),
+        ),
+        Case(
+            f"{label} full {tag}",
+            full,
+            _sig(a2, a2, a2, a2, a2, a2, a2, f64_1, "int64", i64_1, i64_1, *full_launch, f64_1),
+        ),
+    ]
+
+
 def grad_cases(dtype, n_acc):
     from nbattn.cuda import loo
 
-    a2, f64_1, i64_1 = f"{dtype}[:,::1]", "float64[::1]", "int64[::1]"
-    diag, full = loo.grad_kernels(dtype, n_acc)
     tag = f"{dtype} entries={n_acc}"
-    return [
-        Case(
-            f"LOO grad diag {tag}",
-            diag,
-            _sig(a2, a2, a2, a2, a2, f64_1, "int64", "int64", "int64", f64_1),
-        ),
-        Case(
-            f"LOO grad full {tag}",
-            full,
-            _sig(a2, a2, a2, a2, a2, a2, a2, f64_1, "int64", i64_1, i64_1, "int64", f64_1),
-        ),
-    ]
+    kernels = loo.grad_kernels(dtype, n_acc)
+    # diag: f0, bk; full: bk
+    return _grad_pair("LOO grad", tag, dtype, kernels, ("int64", "int64"), ("int64",))
 
 
 def far_cases(dtype, n_acc):
@@ -176,19 +185,10 @@ def far_cases(dtype, n_acc):
     from nbattn.cuda import loo
 
     a2, f64_1, f64_2, i64_1 = f"{dtype}[:,::1]", "float64[::1]", "float64[:,::1]", "int64[::1]"
-    diag, full = loo.far_grad_kernels(dtype, n_acc)
     tag = f"{dtype} entries={n_acc}"
-    return [
-        Case(
-            f"LOO far grad diag {tag}",
-            diag,
-            _sig(a2, a2, a2, a2, a2, f64_1, "int64", i64_1, "int64", f64_1),
-        ),
-        Case(
-            f"LOO far grad full {tag}",
-            full,
-            _sig(a2, a2, a2, a2, a2, a2, a2, f64_1, "int64", i64_1, i64_1, i64_1, f64_1),
-        ),
+    kernels = loo.far_grad_kernels(dtype, n_acc)
+    # diag: rows, f0; full: rows
+    return _grad_pair("LOO far grad", tag, dtype, kernels, (i64_1, "int64"), (i64_1,)) + [
         Case(
             f"NW far spread {dtype}",
             loo.far_spread_kernel(dtype),
