@@ -765,7 +765,9 @@ def test_atomic_output_cleans_up_on_interruption(tmp_path):
     assert target.read_text() == "old" and os.listdir(tmp_path) == ["out.txt"]
 
 
-def test_atomic_output_cleans_up_an_interruption_right_after_the_file_is_created(tmp_path, monkeypatch):
+def test_atomic_output_cleans_up_an_interruption_right_after_the_file_is_created(
+    tmp_path, monkeypatch
+):
     # a signal handled just after the temporary file appears, before the name is
     # handed back (a process descheduled after the open, as on a loaded machine)
     real_open = os.open
