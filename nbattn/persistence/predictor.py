@@ -93,6 +93,10 @@ class Predictor(PoolingPrediction):
         return self.state["var_type_"]
 
     @property
+    def categories_(self) -> list:
+        return self.state["categories_"]
+
+    @property
     def classes_(self):
         if not self.is_classifier:
             raise AttributeError(f"{self.estimator} has no classes_")
