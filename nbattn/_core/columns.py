@@ -59,6 +59,7 @@ __all__ = [
     "fit_categories",
     "infer_var_type",
     "n_categories",
+    "refuse_no_columns",
     "resolve_var_type",
 ]
 
@@ -79,8 +80,21 @@ def is_dataframe(X) -> bool:
     return hasattr(X, "dtypes") and hasattr(X, "columns") and hasattr(X, "iloc")
 
 
+def refuse_no_columns(X) -> None:
+    """A ValueError for a DataFrame without columns, which NumPy's and scikit-learn's
+    conversions report as "at least one array or dtype is required" (an array of
+    shape (n, 0) gets scikit-learn's own "0 feature(s)" message)."""
+    if is_dataframe(X) and len(X.columns) == 0:
+        shape = X.shape
+        raise ValueError(
+            f"X is a DataFrame without columns (shape {tuple(shape)}): pass the feature columns "
+            "(a DataFrame with at least one column)"
+        )
+
+
 def as_table(X):
     """X itself when it is a DataFrame, else a 2-D NumPy array (object dtype allowed)."""
+    refuse_no_columns(X)
     if is_dataframe(X):
         return X
     if hasattr(X, "tocsr") or hasattr(X, "tocoo"):  # scipy.sparse, without importing it
@@ -339,6 +353,8 @@ def encode_columns(
     table = as_table(X)
     names = column_names(table)
     n, d = table.shape
+    if d != len(var_type):
+        raise ValueError(f"X has shape {table.shape}; the model expects {len(var_type)} columns")
     out = np.empty((n, d), dtype=np.float64)
     for j, kind in enumerate(var_type):
         values = _column(table, j)

@@ -98,3 +98,31 @@ def test_interval_and_timestamp_categories_are_refused_naming_the_column(make):
     fixed = X.assign(when=X["when"].cat.rename_categories(str))
     model = nbattn.NadarayaWatsonRegressor().fit(fixed, np.arange(n, dtype=float))
     assert model.categories_[1] == [str(c) for c in X["when"].cat.categories]
+
+
+@pytest.mark.parametrize("rows", [0, 1, 7])
+def test_a_table_without_columns_is_named(tmp_path, rows):
+    from nbattn.persistence.predictor import read_predictor
+
+    # a DataFrame gets its own message; an array scikit-learn's "0 feature(s)"
+    empty = {
+        "DataFrame without columns": pd.DataFrame(index=range(rows)),
+        r"0 (feature|sample)|, 0\)": np.empty((rows, 0)),
+    }
+    y = np.arange(max(rows, 2), dtype=float)
+    for message, X in empty.items():
+        for make in (nbattn.NadarayaWatsonRegressor, nbattn.LocalPolynomialRegressor):
+            with pytest.raises(ValueError, match=message):
+                make().fit(X, y[: len(X)])
+    rng = np.random.default_rng(rows)
+    for train in (
+        pd.DataFrame({"a": rng.uniform(0, 1, 9)}),
+        pd.DataFrame({"a": rng.choice(["p", "q"], 9)}),
+    ):
+        model = nbattn.NadarayaWatsonRegressor().fit(train, rng.normal(0, 1, 9))
+        nbattn.save(model, tmp_path / "m.npz")
+        predictor = read_predictor(tmp_path / "m.npz")[0]
+        for message, X in empty.items():
+            for reader in (model, predictor):
+                with pytest.raises(ValueError, match=message):
+                    reader.predict(X)
