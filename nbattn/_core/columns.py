@@ -50,12 +50,16 @@ __all__ = [
     "all_numeric",
     "as_table",
     "is_dataframe",
+    "category_key",
+    "category_sort_key",
+    "check_categories",
     "check_var_type",
     "column_names",
     "encode_columns",
     "fit_categories",
     "infer_var_type",
     "n_categories",
+    "refuse_no_columns",
     "resolve_var_type",
 ]
 
@@ -76,8 +80,21 @@ def is_dataframe(X) -> bool:
     return hasattr(X, "dtypes") and hasattr(X, "columns") and hasattr(X, "iloc")
 
 
+def refuse_no_columns(X) -> None:
+    """A ValueError for a DataFrame without columns, which NumPy's and scikit-learn's
+    conversions report as "at least one array or dtype is required" (an array of
+    shape (n, 0) gets scikit-learn's own "0 feature(s)" message)."""
+    if is_dataframe(X) and len(X.columns) == 0:
+        shape = X.shape
+        raise ValueError(
+            f"X is a DataFrame without columns (shape {tuple(shape)}): pass the feature columns "
+            "(a DataFrame with at least one column)"
+        )
+
+
 def as_table(X):
     """X itself when it is a DataFrame, else a 2-D NumPy array (object dtype allowed)."""
+    refuse_no_columns(X)
     if is_dataframe(X):
         return X
     if hasattr(X, "tocsr") or hasattr(X, "tocoo"):  # scipy.sparse, without importing it
@@ -149,12 +166,59 @@ def _plain(value):
     )
 
 
-def _sorted_categories(values) -> list:
-    values = list(values)
+def category_key(value):
+    """The identity of a category, one rule for fit and predict: text by itself, numbers by
+    value (``1``, ``1.0`` and ``np.int64(1)`` are one category), bools apart from numbers
+    (``True`` is not ``1``, ``False`` is not ``0``). None for a value that is not a
+    string, number or bool (it matches no category)."""
     try:
-        return sorted(values)
-    except TypeError:  # mixed types: group by type name, then by value's text
-        return sorted(values, key=lambda v: (type(v).__name__, str(v)))
+        p = _plain(value)
+    except ValueError:
+        return None
+    if isinstance(p, bool):
+        return ("bool", p)
+    return ("text", p) if isinstance(p, str) else ("number", p)
+
+
+def category_sort_key(value):
+    """Numbers (and bools) in numeric order, a bool before the number it equals; text
+    after them in code-point order. A total order, so the categories' order does not
+    depend on the order of the rows."""
+    p = _plain(value)
+    if isinstance(p, str):
+        return (1, p, 0)
+    return (0, p, 0 if isinstance(p, bool) else 1)
+
+
+def check_categories(cats, name: str) -> None:
+    """Refuse categories that two rows could not tell apart, or that mix text and numbers.
+
+    Raises ValueError naming ``name`` (the column) for a category that is not
+    a string, number or bool, a NaN, two categories with one
+    :func:`category_key`, or text beside numbers (their order means nothing).
+    """
+    seen = {}
+    for k, c in enumerate(cats):
+        if not isinstance(c, (bool, int, float, str)):
+            raise ValueError(
+                f"{name}: category {c!r} of type {type(c).__name__} is not a string, number or bool"
+            )
+        if isinstance(c, float) and c != c:
+            raise ValueError(f"{name}: category {k} is NaN (a missing value is no category)")
+        key = category_key(c)
+        if key in seen:
+            raise ValueError(
+                f"{name}: categories {seen[key]} ({cats[seen[key]]!r}) and {k} ({c!r}) are "
+                "the same category"
+            )
+        seen[key] = k
+    text = [c for c in cats if isinstance(c, str)]
+    if text and len(text) != len(cats):
+        number = next(c for c in cats if not isinstance(c, str))
+        raise ValueError(
+            f"{name} holds both text ({text[0]!r}) and numbers ({number!r}); convert the "
+            "column to one type"
+        )
 
 
 # ----------------------------------------------------------------------------- kinds
@@ -238,17 +302,28 @@ def fit_categories(X, var_type: str) -> list:
             out.append(None)
             continue
         dtype = table.dtypes.iloc[j] if is_dataframe(table) else None
+        where = f"X column {names[j]}"
         if dtype is not None and getattr(dtype, "name", "") == "category":
-            cats = [_plain(v) for v in dtype.categories]
+            try:
+                cats = [_plain(v) for v in dtype.categories]
+            except ValueError as exc:
+                raise ValueError(
+                    f"{where}: {exc}; nbattn keeps categories as text, numbers or bools "
+                    f"(X[{names[j]}].cat.rename_categories(str) keeps the dtype's order)"
+                ) from exc
         else:
             values = _column(table, j)
-            kept = values[~_missing_mask(values)]
-            try:
-                cats = _sorted_categories({_plain(v) for v in kept})
-            except ValueError as exc:
-                raise ValueError(f"X column {names[j]}: {exc}") from exc
+            distinct = {}
+            for v in values[~_missing_mask(values)]:
+                try:
+                    p = _plain(v)
+                except ValueError as exc:
+                    raise ValueError(f"{where}: {exc}") from exc
+                distinct.setdefault(category_key(p), p)
+            cats = sorted(distinct.values(), key=category_sort_key)
+        check_categories(cats, where)
         if not cats:
-            raise ValueError(f"X column {names[j]} is categorical but holds no value")
+            raise ValueError(f"{where} is categorical but holds no value")
         out.append(cats)
     return out
 
@@ -278,6 +353,8 @@ def encode_columns(
     table = as_table(X)
     names = column_names(table)
     n, d = table.shape
+    if d != len(var_type):
+        raise ValueError(f"X has shape {table.shape}; the model expects {len(var_type)} columns")
     out = np.empty((n, d), dtype=np.float64)
     for j, kind in enumerate(var_type):
         values = _column(table, j)
@@ -314,19 +391,13 @@ def _numbers(values, gone, name) -> np.ndarray:
 
 
 def _codes(values, gone, cats, name, handle_unknown) -> np.ndarray:
-    lookup = {(type(c) is bool, c): k for k, c in enumerate(cats)}
+    lookup = {category_key(c): k for k, c in enumerate(cats)}
     col = np.full(values.shape, np.nan)
     for i, v in enumerate(values):
         if gone[i]:
             continue
-        try:
-            p = _plain(v)
-        except ValueError:
-            p = v
-        try:
-            code = lookup.get((type(p) is bool, p))
-        except TypeError:  # unhashable
-            code = None
+        key = category_key(v)
+        code = None if key is None else lookup.get(key)
         if code is None:
             if handle_unknown != "ignore":
                 raise ValueError(

@@ -24,6 +24,7 @@ __all__ = [
     "feature_columns",
     "first_rows",
     "load_xy",
+    "model_categories",
     "model_kinds",
     "predict_columns",
     "predict_file",
@@ -72,13 +73,25 @@ def _labels(frame, target, fmt, classes=None):
     return io.labels_from_text(values, classes) if fmt == "csv" else values
 
 
-def load_xy(path, features, target, *, classifier, on_nan="error", quiet=True, var_type=None):
+def load_xy(
+    path,
+    features,
+    target,
+    *,
+    classifier,
+    on_nan="error",
+    quiet=True,
+    var_type=None,
+    categories=None,
+):
     """The whole file: features, target, the number of rows dropped and the column kinds.
 
     Feature columns holding text are categorical ("u"); ``var_type`` (one
     letter of "cuo" per feature) overrides. Categorical columns are read as
-    text (so "7" is the category "7" whatever the chunking) and returned as
-    text, continuous ones as float64 (:func:`nbattn.app.io.feature_block`). A
+    text and typed as one whole column (:func:`nbattn.app.io.category_values`: "7" is
+    the number 7 when the column holds only numbers, whatever the chunking; with a
+    fitted model's ``categories``, the category each text spells), continuous ones as
+    float64 (:func:`nbattn.app.io.feature_block`). A
     classifier's labels are typed by :func:`nbattn.app.io.labels_from_text`
     (integers when every label is one, else text), whatever the chunking.
     ``on_nan``: "error", "drop" or "marginalize" (missing features kept; a
@@ -98,7 +111,9 @@ def load_xy(path, features, target, *, classifier, on_nan="error", quiet=True, v
     if categorical and io.input_format(path) == "csv":
         frame = io.read_table(path, columns, quiet=True, text_columns=[*labels, *categorical])
     where = {"source": path, "fmt": fmt}
-    X, keep = io.feature_block(frame, features, kinds, **where, on_nan=on_nan)
+    X, keep = io.feature_block(
+        frame, features, kinds, categories=categories, **where, on_nan=on_nan
+    )
     target_nan = "drop" if on_nan == "drop" else "error"
     if classifier:
         keep &= io.check_labels(frame, target, **where, on_nan=target_nan)
@@ -119,14 +134,21 @@ def model_kinds(model, features) -> str:
     return kinds if isinstance(kinds, str) else "c" * len(features)
 
 
+def model_categories(model, features) -> list:
+    """The categories a fitted model encodes each feature with (None: continuous)."""
+    cats = getattr(model, "categories_", None)
+    return cats if isinstance(cats, list) else [None] * len(features)
+
+
 def _text_columns(features, kinds) -> list:
     return [f for f, k in zip(features, kinds) if k != "c"]
 
 
-def first_rows(path, features, n, *, on_nan="error", kinds=None):
+def first_rows(path, features, n, *, on_nan="error", kinds=None, categories=None):
     """The ``features`` of the first ``n`` rows of a file (a DataFrame as
     :func:`nbattn.app.io.feature_block` makes it: ``kinds`` per feature, all "c" by
-    default); with ``on_nan="drop"`` rows with a missing value are left out."""
+    default, categorical text typed after a fitted model's ``categories``); with
+    ``on_nan="drop"`` rows with a missing value are left out."""
     kinds = "c" * len(features) if kinds is None else kinds
     _check_columns(path, features)
     chunks, _, _ = io.iter_chunks(path, features, n, text_columns=_text_columns(features, kinds))
@@ -134,7 +156,9 @@ def first_rows(path, features, n, *, on_nan="error", kinds=None):
     if frame is None or len(frame) == 0:
         raise ValueError(f"{path}: no data rows (only a header)")
     fmt = io.input_format(path)
-    X, keep = io.feature_block(frame, features, kinds, source=path, fmt=fmt, on_nan=on_nan)
+    X, keep = io.feature_block(
+        frame, features, kinds, categories=categories, source=path, fmt=fmt, on_nan=on_nan
+    )
     return X[keep].reset_index(drop=True)
 
 
@@ -181,6 +205,7 @@ def predict_file(
     in_fmt = io.input_format(data)
     wanted = list(dict.fromkeys([*features, *([id_column] if id_column else [])]))
     kinds = model_kinds(model, features)
+    cats = model_categories(model, features)
     chunks, total, unit = io.iter_chunks(
         data, wanted, chunksize, text_columns=_text_columns(features, kinds)
     )
@@ -204,7 +229,9 @@ def predict_file(
             )
         for frame, first_row, position in chunks:
             where = {"first_row": first_row, "source": data, "fmt": in_fmt}
-            X, keep = io.feature_block(frame, features, kinds, **where, on_nan=on_nan)
+            X, keep = io.feature_block(
+                frame, features, kinds, categories=cats, **where, on_nan=on_nan
+            )
             n_in += len(frame)
             if not keep.all():
                 dropped += int((~keep).sum())
@@ -238,6 +265,7 @@ def evaluate_file(model, features, target, data, *, chunksize=100_000, on_nan="e
     metrics = Metrics(classifier, getattr(model, "classes_", None))
     fmt = io.input_format(data)
     kinds = model_kinds(model, features)
+    cats = model_categories(model, features)
     chunks, total, unit = io.iter_chunks(
         data,
         list(dict.fromkeys([*features, target])),
@@ -248,7 +276,7 @@ def evaluate_file(model, features, target, data, *, chunksize=100_000, on_nan="e
     with Progress(total, "evaluate", unit=unit, quiet=quiet) as bar:
         for frame, first_row, position in chunks:
             kw = {"first_row": first_row, "source": data, "fmt": fmt}
-            X, keep = io.feature_block(frame, features, kinds, **kw, on_nan=on_nan)
+            X, keep = io.feature_block(frame, features, kinds, categories=cats, **kw, on_nan=on_nan)
             kw["on_nan"] = "drop" if on_nan == "drop" else "error"
             if classifier:
                 keep &= io.check_labels(frame, target, **kw)

@@ -295,6 +295,7 @@ def _plot_fit(args):
         classifier=False,
         on_nan=args.on_nan,
         var_type=batch.model_kinds(model, features),
+        categories=batch.model_categories(model, features),
     )
     return plotting.fit_figure(model, X, y, target, label=os.path.basename(args.data))
 
@@ -305,8 +306,14 @@ def _plot_heatmap(args):
     model, features, _ = batch.read_model(args.model)
     if not hasattr(model, "attention_weights"):
         raise ValueError(f"{type(model).__name__} has no attention weights to plot")
-    kinds = batch.model_kinds(model, features)
-    X = batch.first_rows(args.data, features, args.rows, on_nan=args.on_nan, kinds=kinds)
+    X = batch.first_rows(
+        args.data,
+        features,
+        args.rows,
+        on_nan=args.on_nan,
+        kinds=batch.model_kinds(model, features),
+        categories=batch.model_categories(model, features),
+    )
     return plotting.attention_figure(model, X, os.path.basename(args.data))
 
 

@@ -47,6 +47,7 @@ __all__ = [
     "check_labels",
     "check_not_input",
     "clip",
+    "category_values",
     "input_format",
     "iter_chunks",
     "feature_block",
@@ -328,9 +329,11 @@ def numeric_block(frame, columns, *, first_row=0, source="data", fmt="csv", on_n
 
 
 def text_kinds(frame, columns, var_type=None) -> str:
-    """The kind of each of ``columns`` in a table read from a file: "u" (unordered
-    categorical) for a text column, "c" otherwise; ``var_type`` (one letter of "cuo"
-    per column) overrides.
+    """The kind of each of ``columns`` in a table read from a file, by the rules the
+    estimators apply to a DataFrame's dtypes (:func:`nbattn._core.columns.infer_var_type`):
+    a ``category`` column is "o" when its dtype is ordered, else "u"; a bool column
+    (or one holding only True and False) and a text column are "u"; a numeric one is
+    "c". ``var_type`` (one letter of "cuo" per column) overrides.
 
     A text column is one where most present values are not numbers. A column
     of numbers with a stray word stays continuous, so that the word is an
@@ -346,22 +349,114 @@ def text_kinds(frame, columns, var_type=None) -> str:
     kinds = []
     for col in columns:
         series = frame[col]
-        if series.dtype.kind in "biuf":
+        if isinstance(series.dtype, pd.CategoricalDtype):
+            kinds.append("o" if series.dtype.ordered else "u")
+            continue
+        if series.dtype.kind == "b":
+            kinds.append("u")
+            continue
+        if series.dtype.kind in "iuf":
             kinds.append("c")
             continue
-        numbers = pd.to_numeric(series, errors="coerce")
-        present = series.notna().to_numpy()
-        text = numbers.isna().to_numpy() & present
-        kinds.append("u" if text.sum() * 2 > present.sum() else "c")
+        present = series[series.notna()]
+        flags = present.map(
+            lambda v: isinstance(v, (bool, np.bool_)) or (isinstance(v, str) and v in _BOOLS)
+        )
+        if len(present) and flags.all():
+            kinds.append("u")
+            continue
+        numbers = pd.to_numeric(present.where(~flags, None), errors="coerce")
+        text = int(numbers.isna().sum())
+        kinds.append("u" if text * 2 > len(present) else "c")
     return "".join(kinds)
 
 
-def feature_block(frame, columns, kinds, *, first_row=0, source="data", fmt="csv", on_nan="error"):
+#: how pandas' CSV reader writes bools, and how a categorical column's text reads as one
+_BOOLS = {"True": True, "False": False, "TRUE": True, "FALSE": False, "true": True, "false": False}
+
+
+def category_values(series, categories=None):
+    """A categorical column of a table read from a file, as the values the estimator
+    encodes: typed as ``pandas.read_csv`` types a whole column, whatever the chunking.
+
+    A ``category`` column is returned as it is (its dtype's categories in their
+    order). Values that are not text (Parquet columns carry their type) are kept.
+    Text (a CSV column read as text) is typed by one rule: without
+    ``categories`` (fitting, the whole column at once) numbers when every text
+    is one (integers stay integers, so 1..12 keep their numeric order), else
+    bools when every text is True or False, else the text; with the fitted
+    model's ``categories`` of the column (predicting a chunk) each text becomes
+    the category it spells: the text itself, else a number, else a bool (text
+    that spells none stays text, and is reported as an unseen category).
+    Missing values become None.
+    """
+    import pandas as pd
+
+    if isinstance(series.dtype, pd.CategoricalDtype):
+        return series
+    missing = series.isna().to_numpy()
+    values = np.empty(len(series), dtype=object)
+    values[:] = list(series.astype(object))
+    values[missing] = None
+    texts = pd.unique(np.array([v for v in values if isinstance(v, str)], dtype=object))
+    if not len(texts):
+        return _object_series(values, series)
+    numbers = pd.to_numeric(pd.Series(texts, dtype=object), errors="coerce")
+    integer = [bool(_INTEGER.fullmatch(t.strip())) for t in texts]
+    as_number = {
+        t: (int(t) if i else float(n)) for t, n, i in zip(texts, numbers, integer) if i or n == n
+    }
+    if categories is None:
+        if len(as_number) == len(texts):
+            typed = as_number
+        elif all(t in _BOOLS for t in texts):
+            typed = {t: _BOOLS[t] for t in texts}
+        else:
+            return _object_series(values, series)
+    else:
+        text_cats = {c for c in categories if isinstance(c, str)}
+        has_number = any(not isinstance(c, (str, bool)) for c in categories)
+        has_bool = any(isinstance(c, bool) for c in categories)
+        typed = {}
+        for t in texts:
+            if t in text_cats:
+                continue
+            if has_number and t in as_number:
+                typed[t] = as_number[t]
+            elif has_bool and t in _BOOLS:
+                typed[t] = _BOOLS[t]
+        if not typed:
+            return _object_series(values, series)
+    for i, v in enumerate(values):
+        if isinstance(v, str):
+            values[i] = typed.get(v, v)
+    return _object_series(values, series)
+
+
+def _object_series(values, like):
+    import pandas as pd
+
+    return pd.Series(values, index=like.index, name=like.name, dtype=object)
+
+
+def feature_block(
+    frame,
+    columns,
+    kinds,
+    *,
+    categories=None,
+    first_row=0,
+    source="data",
+    fmt="csv",
+    on_nan="error",
+):
     """The ``columns`` of ``frame`` as a DataFrame for an estimator, and the rows to keep.
 
     Continuous columns (kind "c") are float64, as :func:`numeric_block` reads
-    them; categorical ones ("u", "o") hold their text (None where missing),
-    which the estimator encodes with the categories it learnt. ``on_nan``:
+    them; categorical ones ("u", "o") hold their values typed by
+    :func:`category_values` (None where missing; ``categories``: the fitted
+    model's list, one entry per column, or None when fitting on the whole
+    table), which the estimator encodes with the categories it learnt. ``on_nan``:
     "error" (a missing value raises, naming row and column), "drop" (its row
     is marked False), or "marginalize" (kept: NaN / None for the estimator's
     ``missing="marginalize"``; infinity is still an error).
@@ -384,7 +479,7 @@ def feature_block(frame, columns, kinds, *, first_row=0, source="data", fmt="csv
             )
         keep = np.ones(len(frame), dtype=bool)
     out = {}
-    for col, kind in zip(columns, kinds):
+    for j, (col, kind) in enumerate(zip(columns, kinds)):
         if kind == "c":
             out[col] = values[:, numeric.index(col)]
             continue
@@ -398,8 +493,7 @@ def feature_block(frame, columns, kinds, *, first_row=0, source="data", fmt="csv
             )
         if on_nan == "drop":
             keep &= ~missing
-        text = series.astype(object).where(~missing, None)
-        out[col] = text.map(lambda v: v if v is None or isinstance(v, str) else str(v))
+        out[col] = category_values(series, None if categories is None else categories[j])
     return pd.DataFrame(out, index=frame.index), keep
 
 

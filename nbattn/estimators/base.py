@@ -218,6 +218,7 @@ class _PoolingEstimator(PoolingPrediction, BaseEstimator):
         None (the unweighted fit).
         Sets ``var_type_`` and ``categories_``.
         """
+        columns.refuse_no_columns(X)
         _refuse_dates_and_complex(X)
         _refuse_missing_targets(y)
         var_type = getattr(self, "var_type", None)
@@ -289,6 +290,7 @@ class _PoolingEstimator(PoolingPrediction, BaseEstimator):
         table's feature names and count, then its category codes
         (:func:`nbattn._core.columns.encode_columns`) checked as numbers."""
         check_is_fitted(self)
+        columns.refuse_no_columns(X)
         _refuse_dates_and_complex(X)
         if set(self._kinds()) == {"c"} and columns.all_numeric(X):
             allow_nan = self._missing() == "marginalize"

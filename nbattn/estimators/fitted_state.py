@@ -20,8 +20,9 @@ from numbers import Real
 
 import numpy as np
 
-from .._core.columns import check_var_type
+from .._core.columns import check_categories, check_var_type, n_categories
 from .._core.validation import check_bandwidth
+from ..local.problem import lambda_max
 from .spec import SPECS, is_int, is_real
 
 __all__ = [
@@ -133,6 +134,7 @@ def check_table_attributes(state, X, estimator="the model") -> set:
         plain = (bool, int, float, str)
         if not isinstance(c, list) or not c or not all(isinstance(v, plain) for v in c):
             raise ValueError(f"categories_[{j}] must be a non-empty list of strings or numbers")
+        check_categories(c, f"categories_[{j}]")  # what fit makes: distinct, one kind, no NaN
         codes = X[:, j][~np.isnan(X[:, j])]
         if not np.all((codes == np.round(codes)) & (codes >= 0) & (codes < len(c))):
             raise ValueError(f"X_fit_ column {j} holds codes outside categories_[{j}]")
@@ -146,16 +148,24 @@ def check_table_attributes(state, X, estimator="the model") -> set:
 
 def require_bandwidth(state, parameter, kinds: str, estimator="the model"):
     """bandwidth_ (n_features,) float64: a positive normal width for a continuous column,
-    lambda in [0, 1] for a categorical one; equal to a numeric ``parameter`` (a single
-    number: on the continuous columns)."""
+    lambda in its kernel's domain for a categorical one (``0 <= lambda <= (c-1)/c`` for
+    Aitchison-Aitken's unordered kernel over c categories, ``0 <= lambda <= 1`` for
+    the ordered one: :func:`nbattn.local.problem.lambda_max`, the engine's bound);
+    equal to a numeric ``parameter`` (a single number: on the continuous columns)."""
     d = state["n_features_in_"]
     h = require_array(state, "bandwidth_", "f", (d,), estimator=estimator)
     continuous = np.array([k == "c" for k in kinds])
     if continuous.any():
         check_bandwidth(h[continuous], int(continuous.sum()), name="bandwidth_")
-    lam = h[~continuous]
-    if lam.size and not np.all((lam >= 0) & (lam <= 1)):
-        raise ValueError("bandwidth_ of a categorical column must lie in [0, 1]")
+    bound = lambda_max(kinds, n_categories(state["categories_"]))
+    for j in np.flatnonzero(~continuous):
+        if not 0.0 <= h[j] <= bound[j]:
+            raise ValueError(
+                f"bandwidth_[{j}] = {float(h[j])!r} is the lambda of a categorical column "
+                f"({'ordered' if kinds[j] == 'o' else 'unordered'}, "
+                f"{len(state['categories_'][j])} categories) and must lie in "
+                f"[0, {float(bound[j])!r}]"
+            )
     if parameter is not None and not isinstance(parameter, str):
         if isinstance(parameter, Real) and not continuous.all():
             expected, got = np.full(int(continuous.sum()), float(parameter)), h[continuous]

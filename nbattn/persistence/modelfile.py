@@ -37,8 +37,12 @@ by each array's name, dtype, shape and bytes in name order.
 Reading trusts nothing: sizes first (members stored and inside the file,
 metadata at most :data:`MAX_METADATA_BYTES`, every ``.npy`` header equal to
 the dtype and shape the metadata declares, with exactly their bytes), then
-the checksum (accidents), then the estimator's own validation of what was
-rebuilt (edits: :func:`nbattn.estimators.check_fitted_state`). Any failure, another
+the checksum (accidents), then the parameters against the estimators' specs
+(``degree=True`` is no degree) and the estimator's own validation of what was
+rebuilt (edits: :func:`nbattn.estimators.check_fitted_state`: among others each
+column's categories distinct under the encoding's rule, of one kind, no NaN, and
+each lambda inside its kernel's domain). The file must end where its archive
+ends, and ``format_version`` be an integer this reader knows. Any failure, another
 format version or an estimator class outside :data:`nbattn.estimators.spec.SPECS`
 raises a :class:`ModelFileError` (a ValueError) that says which.
 
@@ -322,6 +326,7 @@ def _read_checked(path):
         disk_size = os.fstat(fh.fileno()).st_size
     if magic != b"PK\x03\x04":
         raise _bad(path, "not an nbattn model file (not an .npz archive)")
+    _check_archive_end(path, disk_size)
     try:
         with zipfile.ZipFile(path) as zf:
             infos = _archive_members(path, zf, disk_size)
@@ -344,6 +349,23 @@ def _read_checked(path):
     if meta.get("sha256") != _digest(meta, members):
         raise _bad(path, "checksum mismatch: the model file was modified or is corrupt")
     return meta, members
+
+
+def _check_archive_end(path, disk_size) -> None:
+    """The file ends where its archive does: with the end-of-central-directory record
+    (22 bytes, ``save`` writes no archive comment). Bytes after it (a file appended to,
+    or two files joined) are refused; a reader searching backwards would skip them."""
+    if disk_size < 22:
+        raise _bad(path, "truncated, corrupt or foreign model file (too short)")
+    with open(path, "rb") as fh:
+        fh.seek(disk_size - 22)
+        tail = fh.read(22)
+    if tail[:4] != b"PK\x05\x06" or tail[20:22] != b"\x00\x00":
+        raise _bad(
+            path,
+            "bytes after the end of the archive (or an archive comment): the file was "
+            "appended to or is not a model file as nbattn.save writes it",
+        )
 
 
 def _check_fitted_state(model) -> None:
@@ -387,7 +409,7 @@ def _read_metadata(path, zf, info) -> dict:
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
         raise _bad(path, "not an nbattn model file (unknown format)")
     version = meta.get("format_version")
-    if version not in READABLE_VERSIONS or isinstance(version, bool):
+    if type(version) is not int or version not in READABLE_VERSIONS:
         raise _bad(
             path,
             f"model file format version {version!r} (written by nbattn "
@@ -485,6 +507,12 @@ def _rebuild(path, meta, members):
     unknown = sorted(set(params) - known)
     if unknown:
         raise _bad(path, f"parameters {unknown} are not parameters of nbattn.{name}")
+    from ..estimators.fitted_state import check_params
+
+    try:  # the spec's rules: stricter than scikit-learn's (degree=True is no degree)
+        check_params(name, params)
+    except ValueError as exc:
+        raise invalid_model(path, exc) from exc
     model = cls(**params)
     attributes = _decoded_attributes(path, meta, members)
     clash = sorted(set(attributes) & known)

@@ -93,6 +93,10 @@ class Predictor(PoolingPrediction):
         return self.state["var_type_"]
 
     @property
+    def categories_(self) -> list:
+        return self.state["categories_"]
+
+    @property
     def classes_(self):
         if not self.is_classifier:
             raise AttributeError(f"{self.estimator} has no classes_")
@@ -141,6 +145,7 @@ class Predictor(PoolingPrediction):
         """X as the float64 (n, d) array the estimator's checks make of it: numbers for
         an all-continuous model, the category codes of :func:`nbattn._core.columns.encode_columns`
         otherwise; NaN only where the model marginalises (or ignores unseen categories)."""
+        columns.refuse_no_columns(X)
         names = self.state.get("feature_names_in_")
         d = self.state["n_features_in_"]
         if columns.is_dataframe(X) and names is not None:

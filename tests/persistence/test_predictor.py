@@ -130,7 +130,8 @@ def _queries(model_path, data, on_nan):
     """The chunk ``nbattn predict`` hands to the model (nbattn.app.batch reads it)."""
     model, features, _ = batch.read_model(model_path)
     kinds = batch.model_kinds(model, features)
-    return batch.first_rows(data, features, 1000, on_nan=on_nan, kinds=kinds)
+    cats = batch.model_categories(model, features)
+    return batch.first_rows(data, features, 1000, on_nan=on_nan, kinds=kinds, categories=cats)
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
