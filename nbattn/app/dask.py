@@ -69,7 +69,8 @@ def predict(estimator, data):
     -------
     For a DataFrame: a dask Series (one output) or DataFrame (several), with
     the input's index and divisions kept. For an Array: a dask Array chunked
-    like the rows of ``data``.
+    like the rows of ``data``. Either declares the dtype the partitions hold:
+    a classifier's labels (the dtype of ``classes_``), float64 otherwise.
     """
     _require_dask()
     import dask.array as da
@@ -78,6 +79,8 @@ def predict(estimator, data):
 
     n_outputs = getattr(estimator, "n_outputs_", 1)
     single = n_outputs == 1 and not getattr(estimator, "outputs_2d_", False)
+    # an empty array of what predict returns: the labels' dtype, or float64
+    empty = np.asarray(getattr(estimator, "classes_", np.empty(0)))[:0]
     if isinstance(data, dd.DataFrame):
 
         def predict_partition(part):
@@ -88,11 +91,9 @@ def predict(estimator, data):
             return pd.DataFrame(pred, index=part.index, columns=cols)
 
         if single:
-            meta = pd.Series([], dtype="float64", name="prediction")
+            meta = pd.Series(empty, name="prediction")
         else:
-            meta = pd.DataFrame(
-                {f"prediction_{c}": pd.Series([], dtype="float64") for c in range(n_outputs)}
-            )
+            meta = pd.DataFrame({f"prediction_{c}": pd.Series(empty) for c in range(n_outputs)})
         return data.map_partitions(predict_partition, meta=meta)
     if isinstance(data, da.Array):
         if data.ndim != 2:
@@ -100,9 +101,9 @@ def predict(estimator, data):
         if data.numblocks[1] != 1:
             data = data.rechunk({1: -1})
         if single:
-            return data.map_blocks(estimator.predict, drop_axis=1, dtype=np.float64)
+            return data.map_blocks(estimator.predict, drop_axis=1, dtype=empty.dtype)
         return data.map_blocks(
-            estimator.predict, chunks=(data.chunks[0], (n_outputs,)), dtype=np.float64
+            estimator.predict, chunks=(data.chunks[0], (n_outputs,)), dtype=empty.dtype
         )
     raise ValueError(
         f"data must be a dask DataFrame or dask Array, got {type(data).__name__}; "

@@ -70,6 +70,30 @@ def test_predict_multi_output_array(client, data):
     np.testing.assert_allclose(got, model.predict(queries), rtol=1e-12, atol=0)
 
 
+@pytest.mark.parametrize(
+    "labels",
+    [
+        np.array(["setosa", "virginica", "versicolor"]),
+        np.array([3, 7, 11]),
+        np.array([1.0, 2.0, 5.0]),
+    ],
+)
+def test_predict_of_a_classifier_declares_the_labels_dtype(client, data, labels):
+    queries, keys, values = data
+    y = labels[np.digitize(values, [-0.5, 0.5])]
+    model = nbattn.NadarayaWatsonClassifier().fit(keys, y)
+    expected = model.predict(queries)
+    frame = pd.DataFrame(queries, columns=["a", "b"])
+    lazy = nbdask.predict(model, dd.from_pandas(frame, npartitions=3))
+    got = lazy.compute()
+    assert lazy.dtype == got.dtype == pd.Series(expected).dtype
+    np.testing.assert_array_equal(got.to_numpy(), expected)
+    lazy = nbdask.predict(model, da.from_array(queries, chunks=(700, 2)))
+    got = lazy.compute()
+    assert lazy.dtype == got.dtype == expected.dtype
+    np.testing.assert_array_equal(got, expected)
+
+
 @pytest.mark.parametrize("key_chunk", [3000, 1000, 333])
 def test_sharded_keys_merge_is_exact(client, data, key_chunk):
     queries, keys, values = data
