@@ -247,8 +247,9 @@ class NadarayaWatsonRegressor(_PoolingRegressor):
 
         ``sample_weight`` (n_samples,), non-negative: a key's weight multiplies
         its kernel weight, ``f(x) = sum_j s_j K_j(x) y_j / sum_j s_j K_j(x)``;
-        the rules use the weighted spread and n = sum of weights (so integer
-        weights equal repeated rows) and "loo" weights each left-out term.
+        the rules use the weighted spread and Kish's effective number of rows
+        n = (sum s)^2 / sum s^2 (so multiplying every weight by one constant changes
+        no width) and "loo" weights each left-out term.
         """
         self._validate_params()
         X, y2, outputs_2d, sw = self._validate_regression_data(X, y, sample_weight)

@@ -12,11 +12,11 @@ Two paths, as for prediction (:class:`nbattn.estimators.prediction.PoolingPredic
   columns its widths and the categorical ones the engine's default lambda
   (:func:`nbattn.local.problem.rule_widths`).
 
-With sample weights the rules use the weighted spread and n = sum of the
-weights, so that integer weights equal repeated rows, and "loo" weighs each
-left-out term. The model passed in answers the questions of
-:class:`~nbattn.estimators.prediction.PoolingPrediction` (its column kinds,
-kernel, device, ...) for the training data being fitted.
+With sample weights the rules use the weighted spread and n = Kish's effective
+number of rows (:func:`effective_size`), so that multiplying every weight by one
+constant changes no width, and "loo" weighs each left-out term. The model passed
+in answers the questions of :class:`~nbattn.estimators.prediction.PoolingPrediction`
+(its column kinds, kernel, device, ...) for the training data being fitted.
 """
 
 from __future__ import annotations
@@ -27,12 +27,13 @@ from numbers import Real
 import numpy as np
 
 from .. import config
-from .._core.validation import check_bandwidth
+from .._core.validation import check_bandwidth, check_choice
 from ..smoothing import regression, width_search
 from ..smoothing.search import minimize_log_scale
 
 __all__ = [
     "engine_loo_loss",
+    "effective_size",
     "engine_loo_widths",
     "fit_widths",
     "weighted_default_widths",
@@ -139,49 +140,83 @@ def weighted_loo_scale(model, X, Y, sample_weight) -> np.ndarray:
 
 
 def weighted_default_widths(X, spec, sample_weight, rule) -> np.ndarray:
-    """:func:`nbattn.local.problem.rule_widths` with the weighted spread and n = sum of
-    weights, for the columns of ``spec`` (a :class:`nbattn.local.problem.LocalSpec`).
+    """:func:`nbattn.local.problem.rule_widths` with the weighted spread and n the effective
+    number of rows, for the columns of ``spec`` (a :class:`nbattn.local.problem.LocalSpec`).
 
-    The engine's rule: ``h_c = factor(n, d) sigma_c`` over all d columns and
-    ``lambda = lambda_max min(1, factor(n, d))``; with integer weights this is
-    the rule of the repeated rows. Missing entries are left out of the spreads.
+    The engine's rule: ``h_c = factor(n_eff, d) sigma_c`` over all d columns
+    (:func:`weighted_spread`, :func:`effective_size`) and the categorical columns'
+    :func:`nbattn.local.problem.rule_lambdas` at n_eff. Unchanged when every weight is
+    multiplied by one constant; equal weights give the unweighted rule. Missing entries
+    are left out of the spreads.
     """
-    from ..local.problem import lambda_max
+    from ..local.problem import rule_lambdas
 
-    d = X.shape[1]
-    factor = regression.BANDWIDTH_RULES[rule](float(np.sum(sample_weight)), d)
-    out = np.empty(d)
-    top = lambda_max(spec.var_type, spec.n_categories)
+    w = np.asarray(sample_weight, dtype=np.float64)
+    check_choice(rule, "bandwidth rule", sorted(regression.BANDWIDTH_RULES))
+    n_eff = effective_size(w)
+    out = rule_lambdas(spec.var_type, spec.n_categories, n_eff, rule)
+    factor = regression.BANDWIDTH_RULES[rule](n_eff, X.shape[1])
     for j, kind in enumerate(spec.var_type):
-        if kind != "c":
-            out[j] = top[j] * min(1.0, factor)
-            continue
-        present = ~np.isnan(X[:, j])
-        sigma = weighted_spread(X[present, j : j + 1], sample_weight[present])[0]
-        out[j] = factor * (sigma if sigma > 0 else 1.0)
+        if kind == "c":
+            present = ~np.isnan(X[:, j])
+            sigma = weighted_spread(X[present, j : j + 1], w[present])[0]
+            out[j] = factor * (sigma if sigma > 0 else 1.0)
     return out
 
 
+def effective_size(w) -> float:
+    """Kish's effective number of rows ``n_eff = (sum s)^2 / sum s^2`` of weights ``s``
+    (n for equal weights, 1 for one positive weight, 0 for none), computed on the weights
+    divided by their largest, so the same for ``c s`` at any c > 0 (exactly when c is a
+    power of two) and free of overflow."""
+    w = np.asarray(w, dtype=np.float64)
+    top = float(w.max()) if w.size else 0.0
+    if top <= 0.0:
+        return 0.0
+    u = w / top
+    total = float(u.sum())
+    return total * total / float(u @ u)
+
+
 def weighted_spread(X, w) -> np.ndarray:
-    """Weighted standard deviation per column, ``sum s (x - m)^2 / (sum s - 1)`` (zeros
-    when sum s <= 1), on columns divided by a power of two near their largest magnitude."""
-    total = float(w.sum())
-    if X.shape[0] == 0 or total <= 1.0:
+    """Weighted standard deviation per column, scale-free in the weights.
+
+    ``sigma^2 = sum s (x - m)^2 / sum s * n_eff / (n_eff - 1)`` with the weighted mean m
+    and Kish's n_eff (:func:`effective_size`): the sample spread (n - 1) for equal
+    weights, the same for ``c s`` at any c > 0. Zeros when fewer than two rows have
+    weight. The weights are divided by their largest and the columns by a power of two
+    near their largest magnitude first; the denominator
+    ``sum s - sum s^2 / sum s = sum_i s_i (sum_{j != i} s_j) / sum s`` is summed term by
+    term, so it keeps its digits when all the weight but a sliver sits on one row.
+    """
+    X = np.asarray(X, dtype=np.float64)
+    w = np.asarray(w, dtype=np.float64)
+    if X.shape[0] == 0 or np.count_nonzero(w) < 2:
+        return np.zeros(X.shape[1])
+    big = int(np.argmax(w))
+    u = w / w[big]
+    total = float(u.sum())
+    rest = float(np.delete(u, big).sum())  # sum s_j over j != big, without cancellation
+    others = total - u  # sum over j != i, accurate where u_i <= 1 <= the rest of total
+    others[big] = rest
+    denominator = float(u @ others) / total
+    if not denominator > 0.0:
         return np.zeros(X.shape[1])
     peak = np.abs(X).max(axis=0)
     scale = np.ldexp(1.0, np.frexp(np.where(peak > 0, peak, 1.0))[1])
     Z = X / scale
-    mean = (w @ Z) / total
-    return np.sqrt((w @ ((Z - mean) ** 2)) / (total - 1.0)) * scale
+    mean = (u @ Z) / total
+    return np.sqrt((u @ ((Z - mean) ** 2)) / denominator) * scale
 
 
 def weighted_rule_bandwidth(X, sample_weight, rule) -> np.ndarray:
-    """A rule's widths from the weighted spread, with n = sum of weights.
+    """A rule's widths from the weighted spread, with n Kish's effective number of rows.
 
-    ``sigma_d^2 = sum_j s_j (x_jd - m_d)^2 / (sum_j s_j - 1)`` with the weighted
-    mean m_d: for integer weights exactly the spread of the repeated rows (the
-    columns are divided by a power of two near their largest magnitude first,
-    as in :func:`nbattn.smoothing.regression.feature_spread`).
+    ``h_d = factor(n_eff, d) sigma_d`` (:func:`weighted_spread`, :func:`effective_size`):
+    the same for weights ``c s`` at any c > 0, and the unweighted rule for equal weights.
+    Weights are not repetitions here: weights 2, 2, 2 give n_eff = 3, where each row
+    given twice is 6 rows (a rule needs a count, and only a scale-free one makes
+    weights given as shares, summing to 1, mean what they say).
     """
     w = np.asarray(sample_weight, dtype=np.float64)
-    return regression.rule_bandwidth(weighted_spread(X, w), float(w.sum()), rule)
+    return regression.rule_bandwidth(weighted_spread(X, w), effective_size(w), rule)
