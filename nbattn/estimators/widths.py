@@ -1,16 +1,22 @@
 """The widths an estimator resolves at fit: ``bandwidth`` -> ``bandwidth_``.
 
-Two paths, as for prediction (:class:`nbattn.estimators.prediction.PoolingPrediction`):
+"loo" learns every width on its own, an h per continuous column and an l per
+categorical one, by the engine's leave-one-out MSE
+(:func:`nbattn.local.widths.loo_widths`; it starts with the one-factor search, so
+it is never worse than "loo_scale"). "loo_scale" multiplies Scott's widths by the
+one factor minimising that criterion (the categorical columns' l at the rule's).
+Otherwise two paths, as for prediction
+(:class:`nbattn.estimators.prediction.PoolingPrediction`):
 
 * the Gaussian fast path (all-continuous data, the Gaussian kernel, no
-  missing values): "loo" is the LOO-optimal scale of Scott's widths
-  (:func:`nbattn.smoothing.width_search.loo_scale`), a rule name the rule on
-  the spread, a number or an array the widths as given;
+  missing values): "loo_scale" is :func:`nbattn.smoothing.width_search.loo_scale`
+  (with sample weights :func:`engine_loo_scale`), a rule name the rule on the
+  spread, a number or an array the widths as given; the classifier's "loo" is
+  "loo_scale" here (``loo_per_column=False``);
 * the mixed-type engine's path (categorical columns, missing values, another
-  kernel, a local polynomial): "loo" learns every h and lambda together
-  (:func:`nbattn.local.widths.local_loo_widths`), a rule gives the continuous
-  columns its widths and the categorical ones the engine's default lambda
-  (:func:`nbattn.local.problem.rule_widths`).
+  kernel, a local polynomial): "loo_scale" is :func:`engine_loo_scale`, a rule
+  gives the continuous columns its widths and the categorical ones the rule's
+  lambda (:func:`nbattn.local.problem.rule_widths`).
 
 With sample weights the rules use the weighted spread and n = Kish's effective
 number of rows (:func:`effective_size`), so that multiplying every weight by one
@@ -43,38 +49,41 @@ __all__ = [
 ]
 
 
-def fit_widths(model, bandwidth, X, Y, sample_weight=None, degree=0) -> np.ndarray:
+def fit_widths(
+    model, bandwidth, X, Y, sample_weight=None, degree=0, loo_per_column=True
+) -> np.ndarray:
     """Per-feature widths (h for continuous columns, lambda for categorical ones).
 
     Parameters
     ----------
     model : a nbattn estimator being fitted (its ``var_type_`` and ``categories_`` set)
-    bandwidth : its ``bandwidth`` parameter: "loo", a rule name, a number or an array
+    bandwidth : its ``bandwidth`` parameter: "loo", "loo_scale", a rule name, a number or
+        an array
     X : ndarray (n, d) float64, the checked training rows
     Y : ndarray (n, m) float64, the values pooled (targets or one-hot labels)
     sample_weight : ndarray (n,) of positive weights, or None
-    degree : int, the local polynomial's degree ("loo" on the engine's path)
+    degree : int, the local polynomial's degree (the engine's LOO fit)
+    loo_per_column : bool
+        "loo" learns every width on its own (the engine's
+        :func:`nbattn.local.widths.loo_widths`, on every path); False: on the Gaussian
+        fast path "loo" is "loo_scale" (the classifier's criterion).
     """
-    is_loo = isinstance(bandwidth, str) and bandwidth == "loo"
+    if isinstance(bandwidth, str) and bandwidth in ("loo", "loo_scale"):
+        fast = not model._uses_engine()
+        if bandwidth == "loo" and (loo_per_column or not fast):
+            return engine_loo_widths(model, X, Y, sample_weight, degree)
+        if not fast or sample_weight is not None:
+            return engine_loo_scale(model, X, Y, sample_weight, degree)
+        return width_search.loo_scale(
+            X, Y, dtype=model._dtype(), device=model._device(), verbose=model.verbose
+        )
     if not model._uses_engine():
-        if is_loo and sample_weight is not None:
-            return weighted_loo_scale(model, X, Y, sample_weight)
-        if is_loo:
-            return width_search.loo_scale(
-                X,
-                Y,
-                dtype=model._dtype(),
-                device=model._device(),
-                verbose=model.verbose,
-            )
         if isinstance(bandwidth, str) and sample_weight is not None:
             return weighted_rule_bandwidth(X, sample_weight, bandwidth)
         return regression.resolve_bandwidth(bandwidth, X)
     from ..local.problem import check_widths, rule_widths
 
     spec = model._local_spec()
-    if is_loo:
-        return engine_loo_widths(model, X, Y, sample_weight, degree)
     if isinstance(bandwidth, str):
         if sample_weight is not None:
             return weighted_default_widths(X, spec, sample_weight, bandwidth)
@@ -110,24 +119,34 @@ def _loo_loss(spec, X, Y, widths, sample_weight, degree) -> float:
     return loo_loss(problem)
 
 
-def weighted_loo_scale(model, X, Y, sample_weight) -> np.ndarray:
-    """Weighted Scott widths times the one factor minimising the weighted LOO MSE.
+def engine_loo_scale(model, X, Y, sample_weight, degree) -> np.ndarray:
+    """Scott's widths with every h times the one factor minimising the engine's (weighted)
+    LOO MSE of this degree's fit, the categorical columns' l at the rule's.
 
-    The weighted form of :func:`nbattn.smoothing.width_search.loo_bandwidth`: the same
-    search over log-scale factors (:func:`nbattn.smoothing.search.minimize_log_scale`,
-    the same grid and tolerance) of the criterion
-    ``sum_i s_i (y_i - f_{-i}(x_i))^2 / sum_i s_i``, where f_{-i} leaves row i
-    out and weighs every other key by its s_j
-    (:func:`nbattn.local.engine.loo_loss` at degree 0).
+    The engine's form of :func:`nbattn.smoothing.width_search.loo_bandwidth` (weights, other
+    kernels, categorical columns, local polynomials): the same search over log-scale
+    factors (:func:`nbattn.smoothing.search.minimize_log_scale`, the same grid and
+    tolerance) of ``sum_i s_i (y_i - f_{-i}(x_i))^2 / sum_i s_i``, where f_{-i} leaves row
+    i out and weighs every other key by its s_j (:func:`nbattn.local.engine.loo_loss`).
     """
-    from ..local.problem import LocalSpec
+    from ..local.problem import rule_widths
 
-    base = weighted_rule_bandwidth(X, sample_weight, "scott")
-    d = X.shape[1]
-    spec = LocalSpec("c" * d, (0,) * d, device=model._device())
+    spec = model._local_spec()
+    if sample_weight is None:
+        base = rule_widths(spec, X, "scott")
+    else:
+        base = weighted_default_widths(X, spec, sample_weight, "scott")
+    cont = spec.continuous
+    if not cont.any():
+        return base
+
+    def scaled(t):
+        widths = base.copy()
+        widths[cont] = base[cont] * math.exp(t)
+        return widths
 
     def criterion(t):
-        return _loo_loss(spec, X, Y, base * math.exp(t), sample_weight, 0)
+        return _loo_loss(spec, X, Y, scaled(t), sample_weight, degree)
 
     result = minimize_log_scale(
         criterion,
@@ -136,7 +155,13 @@ def weighted_loo_scale(model, X, Y, sample_weight) -> np.ndarray:
         extend=config.LOO_EXTEND_DECADES * math.log(10.0),
         anchor=0.0,
     )
-    return base * math.exp(result.t)
+    return scaled(result.t)
+
+
+def weighted_loo_scale(model, X, Y, sample_weight) -> np.ndarray:
+    """Weighted Scott widths times the one factor minimising the weighted LOO MSE
+    (:func:`engine_loo_scale` at degree 0, on all-continuous data)."""
+    return engine_loo_scale(model, X, Y, sample_weight, 0)
 
 
 def weighted_default_widths(X, spec, sample_weight, rule) -> np.ndarray:
