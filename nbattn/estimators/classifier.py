@@ -26,9 +26,9 @@ class NadarayaWatsonClassifier(ClassifierMixin, _PoolingEstimator):
 
     Parameters
     ----------
-    bandwidth : "scott", "silverman", "loo", float or array-like (n_features,)
-        "loo" scales Scott's widths by the factor minimising the leave-one-out
-        **Brier score**, ``1/(n K) sum_i sum_c (P_{-i}(c | x_i) - [y_i = c])^2``
+    bandwidth : "scott", "silverman", "loo", "loo_scale", float or array-like (n_features,)
+        "loo" (and "loo_scale") scales Scott's widths by the factor minimising the
+        leave-one-out **Brier score**, ``1/(n K) sum_i sum_c (P_{-i}(c | x_i) - [y_i = c])^2``
         (the LOO MSE of the one-hot regression, same search as the regressor).
         The Brier score rather than the log-loss: it is a proper scoring rule
         that stays finite when a left-out point's class gets probability 0
@@ -39,8 +39,9 @@ class NadarayaWatsonClassifier(ClassifierMixin, _PoolingEstimator):
         The kernel of the continuous columns (see :class:`NadarayaWatsonRegressor`).
     var_type, missing, handle_unknown
         How the columns of X are read (see :class:`NadarayaWatsonRegressor`);
-        with categorical columns "loo" learns each h and lambda by the LOO
-        Brier score (:func:`nbattn.local.widths.local_loo_widths`).
+        with categorical columns (or another kernel) "loo" learns each h and lambda by
+        the LOO Brier score (:func:`nbattn.local.widths.local_loo_widths`), and
+        "loo_scale" scales Scott's h by one factor, the lambdas at the rule's.
     device : "cpu", "cuda" or "auto"
         Resolved each time a method runs (see :class:`NadarayaWatsonRegressor`).
     dtype : "float64" or "float32"
@@ -79,7 +80,7 @@ class NadarayaWatsonClassifier(ClassifierMixin, _PoolingEstimator):
             )
         Y = np.zeros((X.shape[0], classes.size))
         Y[np.arange(X.shape[0]), codes] = 1.0
-        bandwidth = fit_widths(self, self.bandwidth, X, Y, sw)
+        bandwidth = fit_widths(self, self.bandwidth, X, Y, sw, loo_per_column=False)
         self.classes_ = classes
         self.X_fit_ = X
         self.y_fit_ = Y

@@ -177,11 +177,13 @@ class NadarayaWatsonRegressor(_PoolingRegressor):
 
     Parameters
     ----------
-    bandwidth : "scott", "silverman", "loo", float or array-like of shape (n_features,)
+    bandwidth : "scott", "silverman", "loo", "loo_scale", float or array-like (n_features,)
         Kernel widths h_d. Rule names are per feature (see
-        :func:`nbattn.smoothing.regression.bandwidth_rule`). "loo" scales Scott's widths
-        by the one factor that minimises the leave-one-out MSE
-        (:func:`nbattn.smoothing.width_search.loo_bandwidth`).
+        :func:`nbattn.smoothing.regression.bandwidth_rule`). "loo" learns one width per
+        column (h, or lambda for a categorical one) by the leave-one-out MSE
+        (:func:`nbattn.local.widths.local_loo_widths`, as R np's
+        ``npregbw(bwmethod="cv.ls")``); "loo_scale" scales Scott's widths by the one
+        factor that minimises it (:func:`nbattn.smoothing.width_search.loo_bandwidth`).
     kernel : "gaussian", "epanechnikov", "tricube" or "average"
         The kernel of the continuous columns. "average" is average pooling
         (the walk-through, section 1.3.1): every training target gets the same
@@ -247,8 +249,9 @@ class NadarayaWatsonRegressor(_PoolingRegressor):
 
         ``sample_weight`` (n_samples,), non-negative: a key's weight multiplies
         its kernel weight, ``f(x) = sum_j s_j K_j(x) y_j / sum_j s_j K_j(x)``;
-        the rules use the weighted spread and n = sum of weights (so integer
-        weights equal repeated rows) and "loo" weights each left-out term.
+        the rules use the weighted spread and Kish's effective number of rows
+        n = (sum s)^2 / sum s^2 (so multiplying every weight by one constant changes
+        no width) and "loo" weights each left-out term.
         """
         self._validate_params()
         X, y2, outputs_2d, sw = self._validate_regression_data(X, y, sample_weight)
@@ -445,9 +448,10 @@ class LocalPolynomialRegressor(_PoolingRegressor):
     ----------
     degree : 0, 1 or 2
         Degree of the local polynomial in the continuous columns.
-    bandwidth : "loo", "scott", "silverman", float or array-like (n_features,)
+    bandwidth : "loo", "loo_scale", "scott", "silverman", float or array-like (n_features,)
         "loo" learns every h and lambda by the leave-one-out MSE of this
-        degree's fit (:func:`nbattn.local.widths.local_loo_widths`); a rule gives the
+        degree's fit (:func:`nbattn.local.widths.local_loo_widths`); "loo_scale"
+        multiplies Scott's h by the one factor minimising it; a rule gives the
         continuous columns its widths and the categorical ones the engine's
         default lambda (:func:`nbattn.local.engine.default_widths`); one number is h
         for every continuous column; an array gives h or lambda per column.

@@ -65,9 +65,10 @@ __all__ = [
     "is_real",
 ]
 
-#: the width rules by name (:data:`nbattn.smoothing.regression.BANDWIDTH_RULES`) and
-#: "loo", the leave-one-out search; ``tests/estimators`` checks the rules agree
-BANDWIDTH_NAMES = ("scott", "silverman", "loo")
+#: the width rules by name (:data:`nbattn.smoothing.regression.BANDWIDTH_RULES`) and the
+#: leave-one-out searches: "loo" (every width on its own) and "loo_scale" (one factor of
+#: Scott's widths); ``tests/estimators`` checks the rules agree
+BANDWIDTH_NAMES = ("scott", "silverman", "loo", "loo_scale")
 
 
 def is_int(value) -> bool:

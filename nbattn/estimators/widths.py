@@ -1,22 +1,28 @@
 """The widths an estimator resolves at fit: ``bandwidth`` -> ``bandwidth_``.
 
-Two paths, as for prediction (:class:`nbattn.estimators.prediction.PoolingPrediction`):
+"loo" learns every width on its own, an h per continuous column and an l per
+categorical one, by the engine's leave-one-out MSE
+(:func:`nbattn.local.widths.loo_widths`; it starts with the one-factor search, so
+it is never worse than "loo_scale"). "loo_scale" multiplies Scott's widths by the
+one factor minimising that criterion (the categorical columns' l at the rule's).
+Otherwise two paths, as for prediction
+(:class:`nbattn.estimators.prediction.PoolingPrediction`):
 
 * the Gaussian fast path (all-continuous data, the Gaussian kernel, no
-  missing values): "loo" is the LOO-optimal scale of Scott's widths
-  (:func:`nbattn.smoothing.width_search.loo_scale`), a rule name the rule on
-  the spread, a number or an array the widths as given;
+  missing values): "loo_scale" is :func:`nbattn.smoothing.width_search.loo_scale`
+  (with sample weights :func:`engine_loo_scale`), a rule name the rule on the
+  spread, a number or an array the widths as given; the classifier's "loo" is
+  "loo_scale" here (``loo_per_column=False``);
 * the mixed-type engine's path (categorical columns, missing values, another
-  kernel, a local polynomial): "loo" learns every h and lambda together
-  (:func:`nbattn.local.widths.local_loo_widths`), a rule gives the continuous
-  columns its widths and the categorical ones the engine's default lambda
-  (:func:`nbattn.local.problem.rule_widths`).
+  kernel, a local polynomial): "loo_scale" is :func:`engine_loo_scale`, a rule
+  gives the continuous columns its widths and the categorical ones the rule's
+  lambda (:func:`nbattn.local.problem.rule_widths`).
 
-With sample weights the rules use the weighted spread and n = sum of the
-weights, so that integer weights equal repeated rows, and "loo" weighs each
-left-out term. The model passed in answers the questions of
-:class:`~nbattn.estimators.prediction.PoolingPrediction` (its column kinds,
-kernel, device, ...) for the training data being fitted.
+With sample weights the rules use the weighted spread and n = Kish's effective
+number of rows (:func:`effective_size`), so that multiplying every weight by one
+constant changes no width, and "loo" weighs each left-out term. The model passed
+in answers the questions of :class:`~nbattn.estimators.prediction.PoolingPrediction`
+(its column kinds, kernel, device, ...) for the training data being fitted.
 """
 
 from __future__ import annotations
@@ -27,12 +33,13 @@ from numbers import Real
 import numpy as np
 
 from .. import config
-from .._core.validation import check_bandwidth
+from .._core.validation import check_bandwidth, check_choice
 from ..smoothing import regression, width_search
 from ..smoothing.search import minimize_log_scale
 
 __all__ = [
     "engine_loo_loss",
+    "effective_size",
     "engine_loo_widths",
     "fit_widths",
     "weighted_default_widths",
@@ -42,38 +49,41 @@ __all__ = [
 ]
 
 
-def fit_widths(model, bandwidth, X, Y, sample_weight=None, degree=0) -> np.ndarray:
+def fit_widths(
+    model, bandwidth, X, Y, sample_weight=None, degree=0, loo_per_column=True
+) -> np.ndarray:
     """Per-feature widths (h for continuous columns, lambda for categorical ones).
 
     Parameters
     ----------
     model : a nbattn estimator being fitted (its ``var_type_`` and ``categories_`` set)
-    bandwidth : its ``bandwidth`` parameter: "loo", a rule name, a number or an array
+    bandwidth : its ``bandwidth`` parameter: "loo", "loo_scale", a rule name, a number or
+        an array
     X : ndarray (n, d) float64, the checked training rows
     Y : ndarray (n, m) float64, the values pooled (targets or one-hot labels)
     sample_weight : ndarray (n,) of positive weights, or None
-    degree : int, the local polynomial's degree ("loo" on the engine's path)
+    degree : int, the local polynomial's degree (the engine's LOO fit)
+    loo_per_column : bool
+        "loo" learns every width on its own (the engine's
+        :func:`nbattn.local.widths.loo_widths`, on every path); False: on the Gaussian
+        fast path "loo" is "loo_scale" (the classifier's criterion).
     """
-    is_loo = isinstance(bandwidth, str) and bandwidth == "loo"
+    if isinstance(bandwidth, str) and bandwidth in ("loo", "loo_scale"):
+        fast = not model._uses_engine()
+        if bandwidth == "loo" and (loo_per_column or not fast):
+            return engine_loo_widths(model, X, Y, sample_weight, degree)
+        if not fast or sample_weight is not None:
+            return engine_loo_scale(model, X, Y, sample_weight, degree)
+        return width_search.loo_scale(
+            X, Y, dtype=model._dtype(), device=model._device(), verbose=model.verbose
+        )
     if not model._uses_engine():
-        if is_loo and sample_weight is not None:
-            return weighted_loo_scale(model, X, Y, sample_weight)
-        if is_loo:
-            return width_search.loo_scale(
-                X,
-                Y,
-                dtype=model._dtype(),
-                device=model._device(),
-                verbose=model.verbose,
-            )
         if isinstance(bandwidth, str) and sample_weight is not None:
             return weighted_rule_bandwidth(X, sample_weight, bandwidth)
         return regression.resolve_bandwidth(bandwidth, X)
     from ..local.problem import check_widths, rule_widths
 
     spec = model._local_spec()
-    if is_loo:
-        return engine_loo_widths(model, X, Y, sample_weight, degree)
     if isinstance(bandwidth, str):
         if sample_weight is not None:
             return weighted_default_widths(X, spec, sample_weight, bandwidth)
@@ -109,24 +119,34 @@ def _loo_loss(spec, X, Y, widths, sample_weight, degree) -> float:
     return loo_loss(problem)
 
 
-def weighted_loo_scale(model, X, Y, sample_weight) -> np.ndarray:
-    """Weighted Scott widths times the one factor minimising the weighted LOO MSE.
+def engine_loo_scale(model, X, Y, sample_weight, degree) -> np.ndarray:
+    """Scott's widths with every h times the one factor minimising the engine's (weighted)
+    LOO MSE of this degree's fit, the categorical columns' l at the rule's.
 
-    The weighted form of :func:`nbattn.smoothing.width_search.loo_bandwidth`: the same
-    search over log-scale factors (:func:`nbattn.smoothing.search.minimize_log_scale`,
-    the same grid and tolerance) of the criterion
-    ``sum_i s_i (y_i - f_{-i}(x_i))^2 / sum_i s_i``, where f_{-i} leaves row i
-    out and weighs every other key by its s_j
-    (:func:`nbattn.local.engine.loo_loss` at degree 0).
+    The engine's form of :func:`nbattn.smoothing.width_search.loo_bandwidth` (weights, other
+    kernels, categorical columns, local polynomials): the same search over log-scale
+    factors (:func:`nbattn.smoothing.search.minimize_log_scale`, the same grid and
+    tolerance) of ``sum_i s_i (y_i - f_{-i}(x_i))^2 / sum_i s_i``, where f_{-i} leaves row
+    i out and weighs every other key by its s_j (:func:`nbattn.local.engine.loo_loss`).
     """
-    from ..local.problem import LocalSpec
+    from ..local.problem import rule_widths
 
-    base = weighted_rule_bandwidth(X, sample_weight, "scott")
-    d = X.shape[1]
-    spec = LocalSpec("c" * d, (0,) * d, device=model._device())
+    spec = model._local_spec()
+    if sample_weight is None:
+        base = rule_widths(spec, X, "scott")
+    else:
+        base = weighted_default_widths(X, spec, sample_weight, "scott")
+    cont = spec.continuous
+    if not cont.any():
+        return base
+
+    def scaled(t):
+        widths = base.copy()
+        widths[cont] = base[cont] * math.exp(t)
+        return widths
 
     def criterion(t):
-        return _loo_loss(spec, X, Y, base * math.exp(t), sample_weight, 0)
+        return _loo_loss(spec, X, Y, scaled(t), sample_weight, degree)
 
     result = minimize_log_scale(
         criterion,
@@ -135,53 +155,93 @@ def weighted_loo_scale(model, X, Y, sample_weight) -> np.ndarray:
         extend=config.LOO_EXTEND_DECADES * math.log(10.0),
         anchor=0.0,
     )
-    return base * math.exp(result.t)
+    return scaled(result.t)
+
+
+def weighted_loo_scale(model, X, Y, sample_weight) -> np.ndarray:
+    """Weighted Scott widths times the one factor minimising the weighted LOO MSE
+    (:func:`engine_loo_scale` at degree 0, on all-continuous data)."""
+    return engine_loo_scale(model, X, Y, sample_weight, 0)
 
 
 def weighted_default_widths(X, spec, sample_weight, rule) -> np.ndarray:
-    """:func:`nbattn.local.problem.rule_widths` with the weighted spread and n = sum of
-    weights, for the columns of ``spec`` (a :class:`nbattn.local.problem.LocalSpec`).
+    """:func:`nbattn.local.problem.rule_widths` with the weighted spread and n the effective
+    number of rows, for the columns of ``spec`` (a :class:`nbattn.local.problem.LocalSpec`).
 
-    The engine's rule: ``h_c = factor(n, d) sigma_c`` over all d columns and
-    ``lambda = lambda_max min(1, factor(n, d))``; with integer weights this is
-    the rule of the repeated rows. Missing entries are left out of the spreads.
+    The engine's rule: ``h_c = factor(n_eff, d) sigma_c`` over all d columns
+    (:func:`weighted_spread`, :func:`effective_size`) and the categorical columns'
+    :func:`nbattn.local.problem.rule_lambdas` at n_eff. Unchanged when every weight is
+    multiplied by one constant; equal weights give the unweighted rule. Missing entries
+    are left out of the spreads.
     """
-    from ..local.problem import lambda_max
+    from ..local.problem import rule_lambdas
 
-    d = X.shape[1]
-    factor = regression.BANDWIDTH_RULES[rule](float(np.sum(sample_weight)), d)
-    out = np.empty(d)
-    top = lambda_max(spec.var_type, spec.n_categories)
+    w = np.asarray(sample_weight, dtype=np.float64)
+    check_choice(rule, "bandwidth rule", sorted(regression.BANDWIDTH_RULES))
+    n_eff = effective_size(w)
+    out = rule_lambdas(spec.var_type, spec.n_categories, n_eff, rule)
+    factor = regression.BANDWIDTH_RULES[rule](n_eff, X.shape[1])
     for j, kind in enumerate(spec.var_type):
-        if kind != "c":
-            out[j] = top[j] * min(1.0, factor)
-            continue
-        present = ~np.isnan(X[:, j])
-        sigma = weighted_spread(X[present, j : j + 1], sample_weight[present])[0]
-        out[j] = factor * (sigma if sigma > 0 else 1.0)
+        if kind == "c":
+            present = ~np.isnan(X[:, j])
+            sigma = weighted_spread(X[present, j : j + 1], w[present])[0]
+            out[j] = factor * (sigma if sigma > 0 else 1.0)
     return out
 
 
+def effective_size(w) -> float:
+    """Kish's effective number of rows ``n_eff = (sum s)^2 / sum s^2`` of weights ``s``
+    (n for equal weights, 1 for one positive weight, 0 for none), computed on the weights
+    divided by their largest, so the same for ``c s`` at any c > 0 (exactly when c is a
+    power of two) and free of overflow."""
+    w = np.asarray(w, dtype=np.float64)
+    top = float(w.max()) if w.size else 0.0
+    if top <= 0.0:
+        return 0.0
+    u = w / top
+    total = float(u.sum())
+    return total * total / float(u @ u)
+
+
 def weighted_spread(X, w) -> np.ndarray:
-    """Weighted standard deviation per column, ``sum s (x - m)^2 / (sum s - 1)`` (zeros
-    when sum s <= 1), on columns divided by a power of two near their largest magnitude."""
-    total = float(w.sum())
-    if X.shape[0] == 0 or total <= 1.0:
+    """Weighted standard deviation per column, scale-free in the weights.
+
+    ``sigma^2 = sum s (x - m)^2 / sum s * n_eff / (n_eff - 1)`` with the weighted mean m
+    and Kish's n_eff (:func:`effective_size`): the sample spread (n - 1) for equal
+    weights, the same for ``c s`` at any c > 0. Zeros when fewer than two rows have
+    weight. The weights are divided by their largest and the columns by a power of two
+    near their largest magnitude first; the denominator
+    ``sum s - sum s^2 / sum s = sum_i s_i (sum_{j != i} s_j) / sum s`` is summed term by
+    term, so it keeps its digits when all the weight but a sliver sits on one row.
+    """
+    X = np.asarray(X, dtype=np.float64)
+    w = np.asarray(w, dtype=np.float64)
+    if X.shape[0] == 0 or np.count_nonzero(w) < 2:
+        return np.zeros(X.shape[1])
+    big = int(np.argmax(w))
+    u = w / w[big]
+    total = float(u.sum())
+    rest = float(np.delete(u, big).sum())  # sum s_j over j != big, without cancellation
+    others = total - u  # sum over j != i, accurate where u_i <= 1 <= the rest of total
+    others[big] = rest
+    denominator = float(u @ others) / total
+    if not denominator > 0.0:
         return np.zeros(X.shape[1])
     peak = np.abs(X).max(axis=0)
     scale = np.ldexp(1.0, np.frexp(np.where(peak > 0, peak, 1.0))[1])
     Z = X / scale
-    mean = (w @ Z) / total
-    return np.sqrt((w @ ((Z - mean) ** 2)) / (total - 1.0)) * scale
+    mean = (u @ Z) / total
+    return np.sqrt((u @ ((Z - mean) ** 2)) / denominator) * scale
 
 
 def weighted_rule_bandwidth(X, sample_weight, rule) -> np.ndarray:
-    """A rule's widths from the weighted spread, with n = sum of weights.
+    """A rule's widths from the weighted spread, with n Kish's effective number of rows.
 
-    ``sigma_d^2 = sum_j s_j (x_jd - m_d)^2 / (sum_j s_j - 1)`` with the weighted
-    mean m_d: for integer weights exactly the spread of the repeated rows (the
-    columns are divided by a power of two near their largest magnitude first,
-    as in :func:`nbattn.smoothing.regression.feature_spread`).
+    ``h_d = factor(n_eff, d) sigma_d`` (:func:`weighted_spread`, :func:`effective_size`):
+    the same for weights ``c s`` at any c > 0, and the unweighted rule for equal weights.
+    Weights are not repetitions here: weights 2, 2, 2 give n_eff = 3, where each row
+    given twice is 6 rows (a rule needs a count, and only a scale-free one makes
+    weights given as shares, summing to 1, mean what they say).
     """
     w = np.asarray(sample_weight, dtype=np.float64)
-    return regression.rule_bandwidth(weighted_spread(X, w), float(w.sum()), rule)
+    return regression.rule_bandwidth(weighted_spread(X, w), effective_size(w), rule)

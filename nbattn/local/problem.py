@@ -48,6 +48,7 @@ __all__ = [
     "layout",
     "log_key_weights",
     "prepare",
+    "rule_lambdas",
     "rule_widths",
     "spec_options",
 ]
@@ -244,7 +245,10 @@ def lambda_max(var_type: str, n_categories) -> np.ndarray:
 
 
 def check_widths(bandwidth, var_type, n_categories, name="bandwidth") -> np.ndarray:
-    """Per-column widths (d,) float64: h > 0 (normal) for 'c', l in [0, lambda_max] for 'u'/'o'."""
+    """Per-column widths (d,) float64: h > 0 (normal) for 'c'; for a categorical column l in
+    [0, (c-1)/c] for 'u' (the end is the uniform kernel: the column ignored) and l in [0, 1)
+    for 'o' (at l = 1 the Wang-van Ryzin kernel is 0 for every pair: no weight is left, and
+    the fit would fall back to its nearest neighbours)."""
     d = len(var_type)
     if isinstance(bandwidth, str):
         raise ValueError(f"{name}={bandwidth!r} is not a number; resolve rule names first")
@@ -263,6 +267,12 @@ def check_widths(bandwidth, var_type, n_categories, name="bandwidth") -> np.ndar
         if kind == "c":
             continue
         lam = arr[position]
+        if kind == "o" and lam >= 1.0:
+            raise ValueError(
+                f"{name}[{position}] is the smoothing l of the ordered column {position}; it "
+                f"must lie in [0, 1), got {float(lam)!r}: at l = 1 the ordered kernel "
+                "(1 - l at the own level) is 0 for every pair"
+            )
         if not (0.0 <= lam <= top[position] * (1 + 1e-12)):
             raise ValueError(
                 f"{name}[{position}] is the smoothing l of a categorical column with "
@@ -301,27 +311,39 @@ def rule_widths(spec: LocalSpec, X, rule="scott") -> np.ndarray:
     Continuous columns get ``regression.rule_bandwidth`` of their spread
     (``factor(n, d) sigma_c``, Scott or Silverman, d the number of columns; a
     constant column gets factor times 1). Categorical columns get
-    ``l = lambda_max * factor(n, d)``: like h, a fixed share of the column's
-    range that shrinks with n (lambda_max = (c-1)/c for 'u', 1 for 'o'). Missing
-    entries (NaN) are left out of the spreads.
+    :func:`rule_lambdas`. Missing entries (NaN) are left out of the spreads.
     """
     from ..smoothing.regression import BANDWIDTH_RULES, rule_bandwidth
 
     check_choice(rule, "bandwidth rule", sorted(BANDWIDTH_RULES))
     n, d = X.shape
-    out = np.empty(d)
+    out = rule_lambdas(spec.var_type, spec.n_categories, n, rule)
     cont = spec.continuous
     if cont.any():
         h = rule_bandwidth(_nan_spread(X[:, cont]), n, rule)
         # rule_bandwidth's factor uses the number of continuous columns; use all d
         factor = BANDWIDTH_RULES[rule](n, d) / BANDWIDTH_RULES[rule](n, int(cont.sum()))
         out[cont] = h * factor
-    factor = min(1.0, BANDWIDTH_RULES[rule](n, d))
-    top = lambda_max(spec.var_type, spec.n_categories)
-    for position, kind in enumerate(spec.var_type):
-        if kind != "c":
-            out[position] = top[position] * factor
     return out
+
+
+def rule_lambdas(var_type: str, n_categories, n, rule="scott") -> np.ndarray:
+    """A rule's smoothing l per categorical column (0 for a continuous one), for n rows
+    (or an effective number of rows, any real n > 0) and d = len(var_type) columns.
+
+    ``l = lambda_max factor(max(n, 2), d)``: like h, a fixed share of the column's
+    range that shrinks with n (lambda_max = (c-1)/c for 'u', 1 for 'o'). Below two rows
+    there is no spread to measure, and the factor of two rows (below 1 for either
+    rule and any d) keeps l strictly inside its range: the ordered kernel is 0 at
+    l = 1, and l = lambda_max would turn the column off whatever the data.
+    """
+    from ..smoothing.regression import BANDWIDTH_RULES
+
+    check_choice(rule, "bandwidth rule", sorted(BANDWIDTH_RULES))
+    top = lambda_max(var_type, n_categories)
+    factor = BANDWIDTH_RULES[rule](max(float(n), 2.0), len(var_type))
+    # the largest float below each end, should the factor ever round to 1 (d near 1e16)
+    return np.minimum(top * factor, np.nextafter(top, 0.0))
 
 
 # --------------------------------------------------------------------------- layout

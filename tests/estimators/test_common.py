@@ -14,6 +14,10 @@ _LOO_WEIGHTS = (
     "a leave-one-out criterion leaves out one row, where repeating a row leaves its copies "
     "in: weights and repetitions choose different widths"
 )
+_RULE_WEIGHTS = (
+    "a width rule counts Kish's effective rows (sum w)^2 / sum w^2, so that multiplying every "
+    "weight by one constant changes no width: weights 2 and a row given twice count differently"
+)
 _ONE_SCALE_METRICS = (
     "metrics 'scalar' and 'full' learn on unweighted data; sample_weight needs 'diagonal'"
 )
@@ -25,6 +29,11 @@ def _expected_failures(estimator) -> dict:
         estimator, LearnedKernelRegressor
     )
     out = {}
+    rule = getattr(estimator, "bandwidth", None) in ("scott", "silverman")
+    if rule and getattr(estimator, "kernel", "gaussian") == "gaussian":
+        # (the compact kernels' configurations here pass: on the check's data their fits
+        # happen not to move between the two widths)
+        out["check_sample_weight_equivalence_on_dense_data"] = _RULE_WEIGHTS
     if estimator.dtype == "float32":
         out["check_sample_weight_equivalence_on_dense_data"] = (
             "float32 computation: weights and repetitions agree to float32 rounding (~3e-7), "

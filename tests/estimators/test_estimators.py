@@ -155,7 +155,7 @@ def test_cuda_without_gpu_is_an_error_when_the_computation_runs(frame):
 CONFIGS = [
     ("NadarayaWatsonRegressor", {}),
     ("NadarayaWatsonRegressor", {"kernel": "average"}),
-    ("NadarayaWatsonRegressor", {"bandwidth": "loo"}),
+    ("NadarayaWatsonRegressor", {"bandwidth": "loo_scale"}),
     ("NadarayaWatsonRegressor", {"bandwidth": [0.5, 2.0]}),
     ("LearnedKernelRegressor", {"metric": "scalar", "max_iter": 5}),
     ("LearnedKernelRegressor", {"metric": "diagonal", "max_iter": 5}),
@@ -300,7 +300,8 @@ def test_device_is_resolved_when_a_method_runs(name, kwargs, gpu_machine, monkey
     model = getattr(nbattn, name)(**kwargs, device="auto").fit(X, y)
     fit_devices = gpu_machine["loo_scale"].devices + gpu_machine["fit_learned_kernel"].devices
     assert set(fit_devices) <= {"cuda"}
-    assert len(fit_devices) == (kwargs.get("bandwidth") == "loo" or name.startswith("Learned"))
+    searches = kwargs.get("bandwidth") in ("loo", "loo_scale") or name.startswith("Learned")
+    assert len(fit_devices) == searches
     pooling = gpu_machine["gaussian_pool"].devices
     pooling.clear()
     model.predict_proba(X) if hasattr(model, "predict_proba") else model.predict(X)
@@ -357,7 +358,7 @@ def test_random_state_refused(bad):
 
 @pytest.mark.parametrize(("name", "kwargs"), CONFIGS, ids=CONFIG_IDS)
 def test_verbose_reaches_the_search(name, kwargs, gpu_machine):
-    searches = (kwargs.get("bandwidth") == "loo") or name.startswith("Learned")
+    searches = kwargs.get("bandwidth") in ("loo", "loo_scale") or name.startswith("Learned")
     X, y = _xy(name)
     getattr(nbattn, name)(**kwargs, verbose=2).fit(X, y)
     spy = gpu_machine["fit_learned_kernel" if name.startswith("Learned") else "loo_scale"]
@@ -367,7 +368,7 @@ def test_verbose_reaches_the_search(name, kwargs, gpu_machine):
 @pytest.mark.parametrize(
     ("name", "kwargs"),
     [
-        ("NadarayaWatsonRegressor", {"bandwidth": "loo"}),
+        ("NadarayaWatsonRegressor", {"bandwidth": "loo_scale"}),
         ("LearnedKernelRegressor", {"max_iter": 3}),
         ("NadarayaWatsonClassifier", {"bandwidth": "loo"}),
     ],

@@ -14,7 +14,7 @@ from nbattn.smoothing import regression
 
 
 def test_bandwidth_names_are_the_rules_and_loo():
-    assert set(spec.BANDWIDTH_NAMES) == set(regression.BANDWIDTH_RULES) | {"loo"}
+    assert set(spec.BANDWIDTH_NAMES) == set(regression.BANDWIDTH_RULES) | {"loo", "loo_scale"}
 
 
 def test_the_engine_reads_the_kernel_names_and_column_kinds_of_columns():
@@ -64,7 +64,7 @@ def test_a_class_whose_signature_is_not_its_spec_is_refused():
         (
             "NadarayaWatsonRegressor",
             "bandwidth",
-            "'scott', 'silverman', 'loo', a positive number or an array",
+            "'scott', 'silverman', 'loo', 'loo_scale', a positive number or an array",
         ),
         (
             "NadarayaWatsonRegressor",

@@ -208,7 +208,10 @@ def test_all_numeric_frame_keeps_the_fast_path(rng):
     ],
 )
 def test_integer_weights_equal_repeated_rows(make):
-    """Over many draws: weights 0..3 give the model of the rows repeated that often."""
+    """Over many draws: at given widths, weights 0..3 give the model of the rows repeated that
+    often. (The rules' widths differ: they count Kish's effective rows, (sum w)^2 / sum w^2,
+    so that they do not change when every weight is multiplied by one constant, and rows
+    given twice are more rows than a weight of 2; tests/estimators/test_width_rules.py.)"""
     rng = np.random.default_rng(7)
     for _ in range(10):
         n = int(rng.integers(6, 30))
@@ -217,8 +220,8 @@ def test_integer_weights_equal_repeated_rows(make):
         w = rng.integers(0, 4, n)
         w[0] = 1
         weighted = make().fit(X, y, sample_weight=w)
-        repeated = make().fit(np.repeat(X, w, axis=0), np.repeat(y, w))
-        np.testing.assert_allclose(weighted.bandwidth_, repeated.bandwidth_, rtol=1e-12)
+        repeated = make().set_params(bandwidth=weighted.bandwidth_)
+        repeated.fit(np.repeat(X, w, axis=0), np.repeat(y, w))
         # the local solve's relative ridge (1e-12) sees the weighted and repeated moment
         # matrices through different roundings: agreement to about 1e-12 x its condition
         kept = X[w > 0]  # a category seen only in rows of weight 0 is unseen
@@ -231,7 +234,8 @@ def test_weighted_classifier_equals_repeated_rows(rng):
     w = rng.integers(0, 3, 30)
     w[:2] = 1
     weighted = nbattn.NadarayaWatsonClassifier().fit(X, labels, sample_weight=w)
-    repeated = nbattn.NadarayaWatsonClassifier().fit(np.repeat(X, w, axis=0), np.repeat(labels, w))
+    repeated = nbattn.NadarayaWatsonClassifier(bandwidth=weighted.bandwidth_)
+    repeated.fit(np.repeat(X, w, axis=0), np.repeat(labels, w))
     np.testing.assert_allclose(weighted.predict_proba(X), repeated.predict_proba(X), rtol=1e-9)
 
 

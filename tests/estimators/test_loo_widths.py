@@ -1,0 +1,104 @@
+"""bandwidth="loo" (a width per column, on every path) and "loo_scale" (one factor of
+Scott's widths) in the estimators."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import nbattn
+from nbattn import config
+from nbattn.local.problem import LocalSpec, rule_widths
+
+from ..strategies import seeds
+
+
+def _r_np_reference():
+    """statsmodels' copy of R np's test case (test_kernel_regression.py, 60 rows): y on two
+    normal columns with different slopes, and R's npregbw(bwmethod="cv.ls") widths."""
+    rs = np.random.RandomState(123456)
+    n = 60
+    rs.binomial(2, 0.7, size=(n, 1))
+    rs.binomial(3, 0.7, size=(n, 1))
+    c1 = rs.normal(size=(n, 1))
+    c2 = rs.normal(10, 1, size=(n, 1))
+    rs.normal(10, 2, size=(n, 1))
+    noise = rs.normal(size=(n, 1))
+    y = (0.3 + 1.2 * c1 + 3.7 * c2 + noise).ravel()
+    return np.column_stack([c1, c2]), y, np.array([0.6163835, 0.1649656])
+
+
+def test_loo_reaches_r_np_cv_ls_optimum():
+    X, y, r_widths = _r_np_reference()
+    r_loss = nbattn.loo_loss(X, y, r_widths)
+    model = nbattn.NadarayaWatsonRegressor(bandwidth="loo").fit(X, y)
+    assert nbattn.loo_loss(X, y, model.bandwidth_) <= r_loss * (1 + 1e-3)
+    np.testing.assert_allclose(model.bandwidth_, r_widths, rtol=1e-3)
+    # one factor of Scott's widths cannot give the two columns their own widths
+    scaled = nbattn.NadarayaWatsonRegressor(bandwidth="loo_scale").fit(X, y)
+    assert nbattn.loo_loss(X, y, scaled.bandwidth_) > r_loss * 1.05
+    again = nbattn.NadarayaWatsonRegressor(bandwidth="loo").fit(X, y)
+    np.testing.assert_array_equal(again.bandwidth_, model.bandwidth_)
+
+
+@settings(max_examples=20)
+@given(
+    seed=seeds,
+    n=st.integers(8, 60),
+    d=st.integers(1, 3),
+    case=st.sampled_from(["plain", "irrelevant", "scales", "weights"]),
+)
+def test_loo_is_never_worse_than_loo_scale(seed, n, d, case):
+    """Over random tables, including one irrelevant column and columns of very different
+    scales: the per-column search's LOO MSE is at most the one-factor search's (to the
+    searches' tolerance), and a second fit gives the same widths bit for bit."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d))
+    y = np.sin(2 * X[:, 0]) + 0.1 * rng.normal(size=n)
+    w = None
+    if case == "irrelevant":
+        X = np.column_stack([X, rng.normal(size=n)])
+    elif case == "scales":
+        X = X * 10.0 ** rng.uniform(-4, 4, d)
+    elif case == "weights":
+        w = rng.uniform(0.1, 3, n)
+    fits = {
+        bw: nbattn.NadarayaWatsonRegressor(bandwidth=bw).fit(X, y, sample_weight=w)
+        for bw in ("loo", "loo_scale")
+    }
+    losses = {
+        bw: nbattn.estimators.widths.engine_loo_loss(m, X, y[:, None], m.bandwidth_, w, 0)
+        for bw, m in fits.items()
+    }
+    assert losses["loo"] <= losses["loo_scale"] * (1 + 10 * config.LOO_RTOL)
+    again = nbattn.NadarayaWatsonRegressor(bandwidth="loo").fit(X, y, sample_weight=w)
+    np.testing.assert_array_equal(again.bandwidth_, fits["loo"].bandwidth_)
+
+
+@pytest.mark.parametrize("kinds", ["cc", "cu", "co"])
+def test_loo_scale_is_one_factor_of_the_rule_on_every_path(rng, kinds):
+    """ "loo_scale" multiplies every h of Scott's rule by one factor (the categorical l at the
+    rule's), on the fast path and on the engine's, for each estimator."""
+    for _ in range(3):
+        n = 40
+        X = np.column_stack([rng.normal(size=n), rng.integers(0, 3, n)]).astype(float)
+        y = X[:, 0] + 0.5 * X[:, 1] + 0.1 * rng.normal(size=n)
+        for model in (
+            nbattn.NadarayaWatsonRegressor(bandwidth="loo_scale", var_type=kinds),
+            nbattn.LocalPolynomialRegressor(bandwidth="loo_scale", var_type=kinds),
+        ):
+            model.fit(X, y)
+            counts = [0 if c is None else len(c) for c in model.categories_]
+            rule = rule_widths(LocalSpec(kinds, tuple(counts)), model.X_fit_)
+            cont = np.array([k == "c" for k in kinds])
+            ratio = model.bandwidth_[cont] / rule[cont]
+            np.testing.assert_allclose(ratio, ratio[0], rtol=1e-12)
+            np.testing.assert_array_equal(model.bandwidth_[~cont], rule[~cont])
+
+
+def test_classifier_loo_stays_the_one_factor_search(rng):
+    X = rng.normal(size=(50, 2)) * [1.0, 30.0]
+    labels = np.where(X[:, 0] > 0, "a", "b")
+    loo = nbattn.NadarayaWatsonClassifier(bandwidth="loo").fit(X, labels)
+    scaled = nbattn.NadarayaWatsonClassifier(bandwidth="loo_scale").fit(X, labels)
+    np.testing.assert_array_equal(loo.bandwidth_, scaled.bandwidth_)
