@@ -13,7 +13,7 @@ over query rows, each row against all keys:
     L = 1/(n p) sum_r sum_{i in R_r} ||f_-i(x_i) - y_i||^2,   grad L = sum_r (...)
 
 ``sharded_training`` runs every such sum of the smoothing layer (the
-bandwidth search of ``bandwidth="loo"``, the L-BFGS-B fits of
+bandwidth search of ``bandwidth="loo_scale"``, the L-BFGS-B fits of
 ``LearnedKernelRegressor``) as one task per row range on the cluster and adds
 the partial sums, so the result equals the in-memory one up to the order of
 additions. ``fit(estimator, X, y)`` does this for dask collections.

@@ -380,7 +380,7 @@ def loo_curve(X, y, base, scales, progress=None):
 def loo_figure(X, y, points=30, progress=None):
     """Leave-one-out MSE against the width, in units of Scott's rule, over ``points``
     scales from 10^-1.5 to 10, with Scott's rule, the grid minimum and the width
-    ``bandwidth="loo"`` chooses (:func:`nbattn.smoothing.width_search.loo_bandwidth`) marked.
+    ``bandwidth="loo_scale"`` chooses (:func:`nbattn.smoothing.width_search.loo_bandwidth`) marked.
     ``progress`` is called once per width."""
     from ..smoothing.regression import bandwidth_rule
     from ..smoothing.width_search import loo_bandwidth
