@@ -363,7 +363,8 @@ def encode_columns(
             row = int(np.argmax(gone))
             raise ValueError(
                 f"X column {names[j]} has a missing value ({values[row]!r}) at row {row}; "
-                "fill it, drop the row, or pass missing='marginalize'"
+                "fill it, drop the row, or fit with missing='marginalize' (command line: "
+                "--on-nan drop, or fit and predict with --on-nan marginalize)"
             )
         if kind == "c":
             out[:, j] = _numbers(values, gone, names[j])
@@ -402,8 +403,8 @@ def _codes(values, gone, cats, name, handle_unknown) -> np.ndarray:
             if handle_unknown != "ignore":
                 raise ValueError(
                     f"X column {name} holds the category {v!r} (row {i}) that was not seen "
-                    f"at fit (known: {_preview(cats)}); pass handle_unknown='ignore' to give "
-                    "it the mismatch weight"
+                    f"at fit (known: {_preview(cats)}); pass handle_unknown='ignore' (command "
+                    "line: --handle-unknown ignore) to give it the mismatch weight"
                 )
             code = UNKNOWN_CODE
         col[i] = code

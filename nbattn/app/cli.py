@@ -51,7 +51,7 @@ def _width(text: str):
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"expected scott, silverman, loo or a number, got {io.shorten(text)}"
+            f"expected {', '.join(BANDWIDTH_NAMES)} or a number, got {io.shorten(text)}"
         ) from None
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"widths must be positive and finite, got {text!r}")
@@ -194,7 +194,18 @@ def _model_options(args, bandwidth=None) -> dict:
         "kernel": args.kernel,
         "degree": args.degree,
         "missing": "marginalize" if args.on_nan == "marginalize" else None,
+        "handle_unknown": args.handle_unknown,
     }
+
+
+def _unknown_categories_as(model, handle_unknown):
+    """The model, its ``handle_unknown`` replaced by the command's option where given."""
+    if handle_unknown is not None:
+        if hasattr(model, "set_params"):  # an estimator
+            model.set_params(handle_unknown=handle_unknown)
+        else:  # a Predictor
+            model.params = {**model.params, "handle_unknown": handle_unknown}
+    return model
 
 
 def _read_predictor(path):
@@ -211,6 +222,7 @@ def _read_predictor(path):
 
 def _cmd_predict(args) -> int:
     model, features = _read_predictor(args.model)
+    model = _unknown_categories_as(model, args.handle_unknown)
     io.check_not_input([args.model], args.output)
     classifier = model.is_classifier
     if args.std and classifier:
@@ -236,6 +248,7 @@ def _pick(args, *names) -> dict:
 
 def _cmd_evaluate(args) -> int:
     model, features, target = batch.read_model(args.model, args.target)
+    model = _unknown_categories_as(model, args.handle_unknown)
     target = _need_target(target, args.model)
     result = batch.evaluate_file(
         model, features, target, args.data, **_pick(args, "chunksize", "on_nan", "quiet")
@@ -405,8 +418,8 @@ def _add_model_options(p) -> None:
     p.add_argument(
         "--bandwidth",
         type=_bandwidth_arg,
-        help="ONE bandwidth: scott, silverman, loo, H (every feature) or H1,H2,... (one per "
-        "feature, in order); default: the model's",
+        help=f"ONE bandwidth: {', '.join(BANDWIDTH_NAMES)}, H (every feature) or H1,H2,... "
+        "(one per feature, in order); default: the model's",
     )
     p.add_argument("--metric", choices=_options("learned", "metric"), help="--model learned")
     p.add_argument("--max-iter", type=_int_arg(1), help="--model learned: optimiser iterations")
@@ -420,11 +433,20 @@ def _add_model_options(p) -> None:
         type=_int_arg(_degrees.low, _degrees.high + 1),
         help="--model lp: local polynomial degree (default 1)",
     )
+    _add_handle_unknown(p, "the model's answer to a category not seen at fit (default error)")
     p.add_argument(
         "--var-type",
         type=_var_type_arg,
         help="one letter per feature: c continuous, u unordered, o ordered categorical "
         "(default: columns holding text are u, the rest c)",
+    )
+
+
+def _add_handle_unknown(p, help_text) -> None:
+    p.add_argument(
+        "--handle-unknown",
+        choices=_options("nw", "handle_unknown"),
+        help=help_text + "; ignore: the column drops out of that row's kernel",
     )
 
 
@@ -463,6 +485,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ADDRESS",
         help="run the predictions on a dask.distributed cluster (e.g. tcp://host:8786)",
     )
+    _add_handle_unknown(pred, "a category not seen at fit: default the model's (set at fit)")
     _add_common(pred)
     pred.set_defaults(func=_cmd_predict)
 
@@ -471,6 +494,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--target", help="default: the target the model was fitted on")
     ev.add_argument("--chunksize", type=_int_arg(1), default=100_000)
     ev.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_handle_unknown(ev, "a category not seen at fit: default the model's (set at fit)")
     _add_common(ev)
     ev.set_defaults(func=_cmd_evaluate)
 
@@ -481,8 +505,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--grid",
         type=_grid_arg,
         metavar="B1,B2,...",
-        help="bandwidths to COMPARE, each scott, silverman, loo or H (one width for every "
-        "feature); one row of fold means per bandwidth",
+        help=f"bandwidths to COMPARE, each {', '.join(BANDWIDTH_NAMES)} or H (one width for "
+        "every feature); one row of fold means per bandwidth",
     )
     cv.add_argument("--folds", type=_int_arg(2), default=5, help="default 5")
     cv.add_argument(

@@ -516,10 +516,13 @@ def labels_from_text(values, classes=None):
     """Class labels read as text (a CSV column read with ``text_columns``), typed by one
     rule that does not depend on how the file was chunked.
 
-    Without ``classes`` (fitting): integers when every label is written as
-    one, else the text. With the fitted model's ``classes``: integers or
-    floats where the classes are (labels that do not parse stay text, and are
-    reported as unknown classes), else the text. Values that are not text
+    Without ``classes`` (fitting): as ``pandas.read_csv`` types a column,
+    integers when every label is written as one, else floats when every label
+    is a number (so a continuous target is refused as scikit-learn's classifiers
+    refuse it, not taken as one class per distinct text), else the text. With
+    the fitted model's ``classes``: integers or floats where the classes are
+    (labels that do not parse stay text, and are reported as unknown classes),
+    else the text. Values that are not text
     (Parquet columns carry their type) are returned as they are.
     """
     values = np.asarray(values, dtype=object)
@@ -529,6 +532,9 @@ def labels_from_text(values, classes=None):
     if kind is None:
         if len(values) and all(_INTEGER.fullmatch(v.strip()) for v in values):
             return np.array([int(v) for v in values])
+        numbers = [_float_or_text(v) for v in values]
+        if len(values) and not any(isinstance(x, str) for x in numbers):
+            return np.array(numbers, dtype=np.float64)
         return values
     if kind in "iu":
         return np.array([int(v) if _INTEGER.fullmatch(v.strip()) else v for v in values], object)

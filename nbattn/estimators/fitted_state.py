@@ -22,7 +22,7 @@ import numpy as np
 
 from .._core.columns import check_categories, check_var_type, n_categories
 from .._core.validation import check_bandwidth
-from ..local.problem import lambda_max
+from ..local.problem import check_widths
 from .spec import SPECS, is_int, is_real
 
 __all__ = [
@@ -147,25 +147,15 @@ def check_table_attributes(state, X, estimator="the model") -> set:
 
 
 def require_bandwidth(state, parameter, kinds: str, estimator="the model"):
-    """bandwidth_ (n_features,) float64: a positive normal width for a continuous column,
-    lambda in its kernel's domain for a categorical one (``0 <= lambda <= (c-1)/c`` for
-    Aitchison-Aitken's unordered kernel over c categories, ``0 <= lambda <= 1`` for
-    the ordered one: :func:`nbattn.local.problem.lambda_max`, the engine's bound);
-    equal to a numeric ``parameter`` (a single number: on the continuous columns)."""
+    """bandwidth_ (n_features,) float64: the widths the engine takes
+    (:func:`nbattn.local.problem.check_widths`: a positive normal width for a continuous
+    column, ``0 <= lambda <= (c-1)/c`` for Aitchison-Aitken's unordered kernel over c
+    categories, ``0 <= lambda < 1`` for the ordered one); equal to a numeric
+    ``parameter`` (a single number: on the continuous columns)."""
     d = state["n_features_in_"]
     h = require_array(state, "bandwidth_", "f", (d,), estimator=estimator)
     continuous = np.array([k == "c" for k in kinds])
-    if continuous.any():
-        check_bandwidth(h[continuous], int(continuous.sum()), name="bandwidth_")
-    bound = lambda_max(kinds, n_categories(state["categories_"]))
-    for j in np.flatnonzero(~continuous):
-        if not 0.0 <= h[j] <= bound[j]:
-            raise ValueError(
-                f"bandwidth_[{j}] = {float(h[j])!r} is the lambda of a categorical column "
-                f"({'ordered' if kinds[j] == 'o' else 'unordered'}, "
-                f"{len(state['categories_'][j])} categories) and must lie in "
-                f"[0, {float(bound[j])!r}]"
-            )
+    check_widths(h, kinds, n_categories(state["categories_"]), name="bandwidth_")
     if parameter is not None and not isinstance(parameter, str):
         if isinstance(parameter, Real) and not continuous.all():
             expected, got = np.full(int(continuous.sum()), float(parameter)), h[continuous]

@@ -932,6 +932,72 @@ def test_label_types_do_not_depend_on_chunk_boundaries(tmp_path, capsys):
     assert code == 0 and json.loads(out)["n"] == 30, err
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_a_continuous_target_is_refused_by_the_classifier_as_in_the_library(tmp_path, capsys, seed):
+    rng = np.random.default_rng(seed)
+    values = np.round(rng.normal(0, 10.0 ** rng.integers(-3, 4), 60), int(rng.integers(1, 4)))
+    train = _labelled(tmp_path, values, "train.csv")
+    with pytest.raises(ValueError, match="continuous") as library:
+        nbattn.NadarayaWatsonClassifier().fit(
+            pd.read_csv(train)[["x"]], pd.read_csv(train)["label"]
+        )
+    fit = [
+        "fit",
+        train,
+        "--target",
+        "label",
+        "--model",
+        "classifier",
+        "-q",
+        "-o",
+        tmp_path / "c.npz",
+    ]
+    code, out, err = call(capsys, *fit)
+    assert code == 1 and "Unknown label type: continuous" in err and str(library.value)[:40] in err
+    assert not (tmp_path / "c.npz").exists()
+
+
+def test_whole_numbers_written_as_floats_are_classes(tmp_path, capsys):
+    train = _labelled(tmp_path, ["1.0", "2.0", "5.0"] * 10, "train.csv")
+    model = tmp_path / "c.npz"
+    fit = ["fit", train, "--target", "label", "--model", "classifier", "-q", "-o", model]
+    assert call(capsys, *fit)[0] == 0
+    assert nbattn.load(model).classes_.tolist() == [1.0, 2.0, 5.0]
+    code, out, err = call(capsys, "evaluate", model, train, "--chunksize", "7", "--json")
+    assert code == 0 and json.loads(out)["n"] == 30, err
+
+
+@pytest.mark.parametrize("at", ["fit", "predict"])
+def test_unseen_categories_take_the_mismatch_weight_when_asked(tmp_path, capsys, at):
+    rng = np.random.default_rng(5)
+    n = 80
+    train = pd.DataFrame(
+        {"x": rng.normal(size=n), "g": rng.choice(["a", "b", "c"], n), "y": rng.normal(size=n)}
+    )
+    test = pd.DataFrame(
+        {"x": rng.normal(size=9), "g": ["a", "z", "b", "zz", "c", "z", "a", "q", "b"]}
+    )
+    train.to_csv(tmp_path / "train.csv", index=False)
+    test.assign(y=0.0).to_csv(tmp_path / "test.csv", index=False)
+    model, out = tmp_path / "m.npz", tmp_path / "p.csv"
+    fit = ["fit", tmp_path / "train.csv", "--target", "y", "-q", "-o", model]
+    ignore = ["--handle-unknown", "ignore"]
+    assert call(capsys, *fit, *(ignore if at == "fit" else []))[0] == 0
+    predict = ["predict", model, tmp_path / "test.csv", "-q", "-o", out]
+    if at == "predict":  # the model says error: one unseen level stops the file, naming the option
+        code, _, err = call(capsys, *predict)
+        assert code == 1 and "'z'" in err and "--handle-unknown ignore" in err and not out.exists()
+    code, _, err = call(capsys, *predict, *(ignore if at == "predict" else []))
+    assert code == 0, err
+    library = nbattn.NadarayaWatsonRegressor(handle_unknown="ignore")
+    library.set_params(var_type="cu").fit(train[["x", "g"]], train["y"])
+    expected = library.predict(test)
+    np.testing.assert_allclose(pd.read_csv(out)["prediction"], expected, rtol=1e-12, atol=0)
+    evaluate = ["evaluate", model, tmp_path / "test.csv", "--json"]
+    code, out_text, err = call(capsys, *evaluate, *(ignore if at == "predict" else []))
+    assert code == 0 and json.loads(out_text)["n"] == 9, err
+
+
 # ----------------------------------------------------------------------------- signals
 
 _SLOW_PREDICT_ROWS = 300_000

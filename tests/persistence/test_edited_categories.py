@@ -101,13 +101,15 @@ def test_a_lambda_beyond_its_kernels_bound_is_refused(tmp_path_factory, c, kind,
     meta, arrays = _members(path)
     c = len(meta["attributes"]["categories_"]["value"][1])  # the levels the rows hold
     bound = (c - 1) / c if kind == "u" else 1.0
-    # the bound itself is allowed and predicts
+    # the unordered bound (the uniform kernel) is allowed and predicts; the ordered one,
+    # where the Wang-van Ryzin kernel is 0 for every pair, is not
     inside = arrays["attr__bandwidth_"].copy()
-    inside[1] = bound
+    inside[1] = bound if kind == "u" else np.nextafter(1.0, 0.0)
     _rewrite(path, meta, {**arrays, "attr__bandwidth_": inside})
     nbattn.load(path).predict(X)
     read_predictor(path)[0].predict(X)
-    for bad in (bound + excess, bound * (1 + excess) + 1e-12, -excess):
+    beyond = (bound + excess, bound * (1 + excess) + 1e-12, -excess)
+    for bad in beyond if kind == "u" else (1.0, *beyond):
         h = arrays["attr__bandwidth_"].copy()
         h[1] = bad
         _rewrite(path, meta, {**arrays, "attr__bandwidth_": h})

@@ -723,6 +723,9 @@ def test_labels_from_text():
     assert io.labels_from_text(text).tolist() == [2, 10, -1]
     mixed = np.array(["2", "x"], dtype=object)
     assert io.labels_from_text(mixed).tolist() == ["2", "x"]
+    # numbers that are not all integers are floats (a continuous target stays continuous)
+    floats = io.labels_from_text(np.array(["0.25", "2", "-1e3"], dtype=object))
+    assert floats.dtype == np.float64 and floats.tolist() == [0.25, 2.0, -1000.0]
     # typed by the model's classes, not by what one chunk holds
     assert io.labels_from_text(text, classes=np.array(["10", "2", "x"])).tolist() == text.tolist()
     assert io.labels_from_text(mixed, classes=np.array([1, 2])).tolist() == [2, "x"]
