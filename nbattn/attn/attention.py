@@ -36,6 +36,7 @@ from .._core.validation import (
 )
 from ..dispatch.device import kernels_for
 from . import scores as _scores
+from .flash_args import scale_values, unscale_output, value_scales
 from .masks import mask_as_bias, shift_rows
 
 __all__ = ["MODES", "attention"]
@@ -279,6 +280,10 @@ def attention(
 
     # the weight-matrix path, in slices of query rows that hold at most `limit` scores
     u = np.random.default_rng(random_state).random((B, L)) if mode == "sample" else None
+    # normalised weights: w @ v is within (1 + S eps) max|v|; values at the very top of the
+    # range are divided by a power of two per batch entry (exact) and out multiplied back
+    scales = value_scales(vf, S, weight_bound=2.0) if mode == "soft" else None
+    scale_values(vf, scales)
     has_bias = bias_f is not None
     out = np.empty((B, L, Ev), dtype=dt)
     weights = np.empty((B, L, S), dtype=dt) if return_weights else None
@@ -311,7 +316,7 @@ def attention(
             out[:, l0:l1], w = _select(w, vf, mode, uc, masked)
         if return_weights:
             weights[:, l0:l1] = w
-    out = out.reshape(batch + (L, Ev))
+    out = unscale_output(out, scales).reshape(batch + (L, Ev))
     if return_weights:
         return out, weights.reshape(batch + (L, S))
     return out

@@ -39,7 +39,7 @@ from .._core.validation import (
 )
 from ..dispatch.device import device_for, kernels_for
 from ..dispatch.transfer import multiprocessors, to_host
-from .flash_args import check_keywords, decode_window
+from .flash_args import check_keywords, decode_window, scales_for
 from .lengths import as_lengths
 
 __all__ = ["KVCache", "flash_decode"]
@@ -190,10 +190,13 @@ def flash_decode(
         Writable, C-contiguous NumPy arrays of the computation dtype (float32
         when q, k_new and v_new are all float32, else float64). Rows
         ``n_b .. n_b + n_new - 1`` of batch row b are overwritten with
-        ``k_new[b]`` / ``v_new[b]``; nothing else is written. The cache
-        contents are not scanned for NaN or inf (that would read the whole
-        cache again); a non-finite result is reported instead, naming the
-        batch row.
+        ``k_new[b]`` / ``v_new[b]``; nothing else is written. The live
+        rows (positions below ``cache_seqlens[b]``) must be finite: NaN or
+        inf there is a ValueError naming the batch row, kv head and
+        position, raised before anything is written (one parallel read of
+        the live rows; rows beyond ``cache_seqlens`` are never read). Values
+        near the top of the range are exact (the step then reads a copy of
+        ``v_cache`` divided by a power of two per head).
     cache_seqlens : int array (B,)
         Valid cache positions per batch row before this step. Not modified:
         add n_new yourself after the call (:class:`KVCache` does).
@@ -259,8 +262,9 @@ def flash_decode(
     scale = check_scale(scale, d)
     admits = decode_window(kw)
     softcap = 0.0 if kw.softcap is None else kw.softcap
-
+    top = _check_live(k_cache, v_cache, lengths)
     if n_new:
+        np.maximum(top, np.abs(v_new).max(axis=(2, 3), initial=0.0), out=top)
         for b in range(n_b):
             k_cache[b, :, lengths[b] : lengths[b] + n_new] = k_new[b]
             v_cache[b, :, lengths[b] : lengths[b] + n_new] = v_new[b]
@@ -268,6 +272,13 @@ def flash_decode(
     starts, ends = _key_ranges(totals, n_q, admits)
     spans = ends - starts
     longest = int(spans.max())
+    # values near the top of the range: the kernel's sum_j p_j v_j (weights <= 1) before
+    # normalising would overflow; such a step reads a copy of v divided by a power of two
+    # per (batch row, kv head) and multiplies the output back (exact)
+    scales = scales_for(top, dtype, longest, 2.0)
+    v_read = v_cache
+    if scales is not None:
+        v_read = v_cache / scales.astype(dtype)[:, :, None, None]
     work = n_b * n_h * n_q * longest * (d + v_cache.shape[3])
     with serial_below(work, config.FLASH_SERIAL_WORK):
         import numba
@@ -276,26 +287,54 @@ def flash_decode(
         chunks = np.maximum(-(-spans // n_splits), 1)
         keys = KeySplit(totals, starts, chunks, ends, n_splits)
         part_out, part_lse = kernels.decode_partials(
-            q, k_cache, v_cache, keys, admits, scale, softcap, config.DECODE_BLOCK_K
+            q, k_cache, v_read, keys, admits, scale, softcap, config.DECODE_BLOCK_K
         )
         part_out, part_lse = to_host(part_out, part_lse)
         out, lse = _merge_chunks(part_out, part_lse)
     out = out.reshape(n_b, n_h, n_q, -1)
     lse = lse.reshape(n_b, n_h, n_q)
+    if scales is not None:
+        heads = np.arange(n_h) // (n_h // k_cache.shape[1])
+        out *= scales[:, heads, None, None]
     _check_finite_result(out, lse, totals)
     out = out.astype(dtype, copy=False)
     return (out, lse) if return_lse else out
 
 
+def _check_live(k_cache, v_cache, lengths):
+    """Refuse NaN or inf in the live cache rows (j < ``lengths[b]``), naming the batch
+    row, kv head and position; return max |v| per (batch row, kv head), float64.
+
+    One parallel read of the live rows (``nbattn.kernels.decode.live_scan``), no copy.
+    """
+    bad, top = kernels_for("decode", "cpu").live_scan(k_cache, v_cache, lengths)
+    hits = np.argwhere(bad >= 0)
+    if hits.size:
+        b, h = (int(x) for x in hits[0])
+        j = int(bad[b, h])
+        which = [
+            name
+            for name, cache in (("k_cache", k_cache), ("v_cache", v_cache))
+            if not np.isfinite(cache[b, h, j]).all()
+        ]
+        verb = "hold" if len(which) > 1 else "holds"
+        raise ValueError(
+            f"{' and '.join(which)} {verb} NaN or inf in batch row {b}, head {h}, position {j} "
+            f"(within cache_seqlens[{b}] = {lengths[b]}); every cached key and value must be "
+            "finite"
+        )
+    return top
+
+
 def _check_finite_result(out, lse, totals):
-    """NaN/inf in the output can only come from the unscanned cache: name the batch row."""
+    """The caches are finite (checked): NaN/inf here means scores that overflow."""
     bad = ~np.isfinite(out).all(axis=(1, 2, 3)) | (np.isnan(lse) | (lse == np.inf)).any(axis=(1, 2))
     rows = np.flatnonzero(bad)
     if rows.size:
         b = int(rows[0])
         raise ValueError(
-            f"k_cache or v_cache holds NaN or inf (or scores that overflow) among the first "
-            f"{totals[b]} keys of batch row {b}"
+            f"the scores q . k of batch row {b} (over its first {totals[b]} keys) overflow; "
+            "rescale q or the cached keys"
         )
 
 

@@ -58,7 +58,11 @@ entries beyond 64 in magnitude is shifted per query row by its largest
 admissible entry -- the softmax does not change, lse gets the shift back --
 so biases up to the float64 range are exact; scores ``scale * q . k`` or
 ALiBi terms that the base-2 form cannot hold are refused with a ValueError
-naming the argument.
+naming the argument. Values near the top of the range (where the kernels'
+sum of weights times values, taken before normalising, would overflow) are
+divided by a power of two per key/value slice and the output multiplied
+back (``flash_args.value_scales``): exact, so any finite values give the
+finite convex combination. The in-place GPU-array path does not scale.
 """
 
 from __future__ import annotations
@@ -88,7 +92,10 @@ from .flash_args import (
     has_band,
     kv_layout,
     mask_arrays,
+    scale_values,
     score_transform,
+    unscale_output,
+    value_scales,
 )
 from .masks import mask_as_bias
 
@@ -252,8 +259,13 @@ def _forward(
         _head_dims(kernels_for("flash", "cuda"), lay.qf.shape[2], lay.vf.shape[2])
     n_q = lay.qf.shape[1]
     dropout = dropout_words(kw.dropout_p, random_state, n_q, lay.kf.shape[1])
+    # values near the top of the range: the kernels' sum_j p_j v_j before normalising
+    # would overflow, so v is divided by a power of two per slice and out multiplied back
+    scales = value_scales(lay.vf, lay.kf.shape[1])
+    scale_values(lay.vf, scales)
     with blas_one_thread(), _threads_for(lay.work):
         out, lse = _run_forward(lay, dropout, device)
+    unscale_output(out, scales, lay.kv_index)
     out = out.reshape(lay.lead + (n_q, lay.vf.shape[2]))
     if not return_lse:
         return out

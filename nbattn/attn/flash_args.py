@@ -25,7 +25,7 @@ import numpy as np
 
 from .. import config
 from .._core.attn_groups import NO_DROPOUT, Band, Bias, DecodeWindow, Dropout, ScoreTransform, Tiles
-from .._core.numeric import LOG2E, dropout_seed, dropout_threshold
+from .._core.numeric import LOG2E, dropout_seed, dropout_threshold, power_of_two_scale
 from .._core.validation import as_float_array, check_bool, check_choice, resolve_dtype
 
 #: The alignments of the causal band and the window (``causal_alignment=``).
@@ -56,6 +56,59 @@ def check_qkv(q, k, v, enable_gqa, others=(), keys=("S", "keys")):
             f"{q.shape}, {k.shape}, {v.shape}"
         )
     return q, k, v, dtype
+
+
+#: The unnormalised weights the flash kernels sum against a row's reference maximum
+#: stay below 2**20 (``nbattn.kernels.flash.REBASE_SUM``), so their sum_j p_j v_j is
+#: within n_keys * 2**20 * max|v|; two more bits cover the rounding.
+FLASH_WEIGHT_BOUND = 2.0**22
+
+
+def value_scales(vf, n_keys, weight_bound=FLASH_WEIGHT_BOUND):
+    """None, or per slice of ``vf`` (n, S, Ev) the power of two 2**e to divide it by.
+
+    An attention output is a convex combination of value rows, but a kernel that
+    sums ``p_j v_j`` before normalising holds up to ``n_keys * weight_bound *
+    max|v|``, which overflows for values near the top of the dtype's range. A
+    slice whose largest |v| exceeds ``limit = finfo.max / (n_keys * weight_bound)``
+    gets the smallest power of two 2**e with ``max|v| / 2**e < limit``; the
+    others get 1. Dividing by 2**e and multiplying the output back is exact
+    (the mantissas do not change), so the result equals the unscaled one
+    wherever that one did not overflow; slices that need no scaling are left
+    alone (subnormal values are never scaled, hence never flushed). Reads
+    ``vf`` twice (its max and min), copies nothing.
+    """
+    if vf.size == 0:
+        return None
+    axes = tuple(range(1, vf.ndim))
+    top = np.maximum(vf.max(axis=axes), -vf.min(axis=axes))
+    return scales_for(top, vf.dtype, n_keys, weight_bound)
+
+
+def scales_for(top, dtype, n_keys, weight_bound):
+    """:func:`value_scales` from the largest |v| per slice, ``top`` (any shape)."""
+    top = np.asarray(top, dtype=np.float64)
+    limit = float(np.finfo(dtype).max) / (max(int(n_keys), 1) * weight_bound)
+    over = top > limit
+    if not over.any():
+        return None
+    return np.where(over, 2.0 * power_of_two_scale(np.where(over, top / limit, 1.0)), 1.0)
+
+
+def scale_values(vf, scales):
+    """``vf`` (our own copy) divided in place by ``scales`` (one power of two per slice)."""
+    if scales is not None:
+        vf /= scales.astype(vf.dtype).reshape((-1,) + (1,) * (vf.ndim - 1))
+    return vf
+
+
+def unscale_output(out, scales, index=None):
+    """``out`` (n, ..., Ev) multiplied in place by ``scales[index]`` (the slice of v that
+    each output slice read; ``index`` None = the slices match)."""
+    if scales is not None:
+        factors = scales if index is None else scales[index]
+        out *= factors.astype(out.dtype).reshape((-1,) + (1,) * (out.ndim - 1))
+    return out
 
 
 def check_forward_results(out, lse, grad_out, lead, n_q, d_v, dtype):

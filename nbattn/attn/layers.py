@@ -33,6 +33,24 @@ def _xavier_uniform(rng, shape):
     return rng.uniform(-bound, bound, size=shape)
 
 
+def _host_value(value, key):
+    """A state entry as something NumPy reads: torch tensors are detached and moved to
+    the CPU, and floating tensors narrower than float32 (bfloat16, float16, float8, which
+    NumPy has not got or ``.numpy()`` refuses) widened to float32 first, which is exact."""
+    if not hasattr(value, "detach"):
+        return value
+    tensor = value.detach().cpu()
+    try:
+        if tensor.is_floating_point() and tensor.element_size() < 4:
+            tensor = tensor.float()
+        return tensor.numpy()
+    except (TypeError, RuntimeError) as exc:
+        raise ValueError(
+            f"state[{key!r}] is a tensor of dtype {tensor.dtype}, which cannot be read as "
+            f"a real float array: {exc}"
+        ) from exc
+
+
 class MultiHeadAttention:
     """Multi-head attention with torch's parameters (batch first).
 
@@ -150,6 +168,10 @@ class MultiHeadAttention:
         All or nothing: every parameter this layer has must be present, real,
         finite and of its shape, and no other key may be there; only when all
         of them pass is any parameter replaced. A ValueError names the key.
+        Half-precision checkpoints (torch bfloat16 / float16 tensors, NumPy
+        float16 arrays) convert exactly to the layer's dtype (every half
+        value is a float32 value); a dtype NumPy cannot hold is a ValueError
+        naming the key and the dtype.
         """
         if not hasattr(state, "keys"):
             raise ValueError(f"state must be a dict of arrays, got {type(state).__name__}")
@@ -167,9 +189,7 @@ class MultiHeadAttention:
         for tname, attr in expected.items():
             if tname not in state:
                 raise ValueError(f"state is missing {tname!r}")
-            value = state[tname]
-            if hasattr(value, "detach"):
-                value = value.detach().cpu().numpy()
+            value = _host_value(state[tname], tname)
             arr = as_float_array(value, f"state[{tname!r}]", dtype=self.dtype, allow_bool=False)
             current = getattr(self, attr)
             if arr.shape != current.shape:

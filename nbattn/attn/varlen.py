@@ -54,7 +54,10 @@ from .flash_args import (
     check_qkv,
     dropout_words,
     kv_layout,
+    scale_values,
     score_transform,
+    unscale_output,
+    value_scales,
     varlen_tiles,
 )
 from .lengths import as_cu_seqlens, check_max_seqlen
@@ -227,8 +230,11 @@ def flash_attention_varlen(
     dropout = dropout_words(kw.dropout_p, random_state, t_q, t_k)
     tiles = varlen_tiles(backward=False)
     items, cost = packed.forward_items(tiles.block_q)
-    arrays = (packed.qf, packed.kf, packed.vf, packed.kv_index)
+    # values near the top of the range: scaled per slice as in flash_attention
+    scales = value_scales(packed.vf, int(packed.len_k.max(initial=0)))
+    arrays = (packed.qf, packed.kf, scale_values(packed.vf, scales), packed.kv_index)
     out, lse = _run(kernels.varlen_forward, device, packed, items, cost, arrays, dropout, tiles)
+    unscale_output(out, scales, packed.kv_index)
     out = out.reshape(packed.lead + (t_q, packed.vf.shape[2]))
     return (out, lse.reshape(packed.lead + (t_q,))) if return_lse else out
 

@@ -174,3 +174,42 @@ def decode_partials(q, k_cache, v_cache, keys, window, scale, softcap, block_k):
                     part_out[split, out_row, c] = (acc64[r, c] + acc[r, c]) * inv
                 part_lse[split, out_row] = m[r] + np.log(l_sum[r])
     return part_out, part_lse
+
+
+@njit(parallel=True, cache=config.CACHE)
+def live_scan(k_cache, v_cache, lengths):
+    """Check the live rows of the caches and measure the values, in one read.
+
+    For every (batch row b, kv head h), over the positions j < ``lengths[b]``:
+
+        bad[b, h] = the first j where k_cache[b, h, j] or v_cache[b, h, j] holds
+                    NaN or inf, or -1;
+        top[b, h] = max_j,c |v_cache[b, h, j, c]|   (float64)
+
+    A row is tested by summing ``x * 0`` over its entries (NaN iff one is
+    non-finite), which vectorises; compiled without fastmath so that the sum is
+    not folded away. Nothing is copied or written.
+    """
+    n_b, n_h = k_cache.shape[0], k_cache.shape[1]
+    d, d_v = k_cache.shape[3], v_cache.shape[3]
+    bad = np.full((n_b, n_h), -1, dtype=np.int64)
+    top = np.zeros((n_b, n_h))
+    for item in prange(n_b * n_h):
+        b = item // n_h
+        h = item - b * n_h
+        largest = 0.0
+        for j in range(lengths[b]):
+            k_row = k_cache[b, h, j]
+            v_row = v_cache[b, h, j]
+            probe = 0.0
+            for c in range(d):
+                probe += k_row[c] * 0.0
+            for c in range(d_v):
+                x = v_row[c]
+                probe += x * 0.0
+                largest = max(largest, abs(np.float64(x)))
+            if probe != 0.0:
+                bad[b, h] = j
+                break
+        top[b, h] = largest
+    return bad, top

@@ -121,17 +121,21 @@ def test_split_count_does_not_change_the_result(rng, monkeypatch, items_per_thre
 
 
 def test_windowed_decode_reads_only_the_window(rng):
-    """NaN outside the window is never read: the window bounds the keys visited."""
+    """Keys outside the window do not count, however large their scores; NaN there is
+    still refused (every live cache row must be finite)."""
     k_cache, v_cache, lengths = _caches(rng, 1, 2, 64, 4, 4, [63])
-    clean_k, clean_v = k_cache.copy(), v_cache.copy()
-    k_cache[0, :, :50] = np.nan
-    v_cache[0, :, :50] = np.nan
     q = rng.normal(size=(1, 2, 1, 4))
+    k_cache[0, :, :50] = 30.0 * q[0]  # would take all the weight if admitted
+    v_cache[0, :, :50] = 1e6
+    saved_k, saved_v = k_cache.copy(), v_cache.copy()
     k_new, v_new = rng.normal(size=(1, 2, 1, 4)), rng.normal(size=(1, 2, 1, 4))
     out = nbattn.flash_decode(q, k_cache, v_cache, lengths, k_new, v_new, window=(13, 0))
-    clean_k[0, :, 63:], clean_v[0, :, 63:] = k_new[0], v_new[0]
-    ref, _ = _reference(q, clean_k, clean_v, [64], causal=True, window=(13, 0))
+    saved_k[0, :, 63:], saved_v[0, :, 63:] = k_new[0], v_new[0]
+    ref, _ = _reference(q, saved_k, saved_v, [64], causal=True, window=(13, 0))
     np.testing.assert_allclose(out, ref, atol=1e-12)
+    k_cache[0, 1, 7] = np.nan
+    with pytest.raises(ValueError, match="batch row 0, head 1, position 7"):
+        nbattn.flash_decode(q, k_cache, v_cache, lengths + 1, window=(13, 0))
 
 
 def test_matches_torch_sdpa_with_gqa(rng):
@@ -232,11 +236,62 @@ def test_bad_input_names_the_argument(rng, change, match):
         nbattn.flash_decode(**kwargs)
 
 
-def test_non_finite_cache_contents_are_reported_with_the_row(rng):
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_non_finite_cache_contents_are_refused_naming_row_head_and_position(rng, dtype):
+    """Any NaN or inf among the live rows (of either cache, any row, head, position and
+    feature) is refused before anything is written; one beyond the live rows is not read."""
+    bad_values = [np.nan, np.inf, -np.inf]
+    for trial in range(40):
+        B, H_kv, group = int(rng.integers(1, 4)), int(rng.integers(1, 4)), int(rng.integers(1, 3))
+        S_max = int(rng.integers(2, 40))
+        lengths = rng.integers(1, S_max, size=B)
+        k_cache, v_cache, lengths = _caches(rng, B, H_kv, S_max, 3, 2, lengths, dtype)
+        q = rng.normal(size=(B, H_kv * group, 1, 3)).astype(dtype)
+        k_new = rng.normal(size=(B, H_kv, 1, 3)).astype(dtype)
+        name = ("k_cache", "v_cache")[trial % 2]
+        cache = k_cache if name == "k_cache" else v_cache
+        b, h = int(rng.integers(B)), int(rng.integers(H_kv))
+        j, c = int(rng.integers(lengths[b])), int(rng.integers(cache.shape[3]))
+        cache[b, h, j, c] = bad_values[trial % 3]
+        saved = (k_cache.copy(), v_cache.copy())
+        match = rf"{name} holds NaN or inf in batch row {b}, head {h}, position {j}\b"
+        with pytest.raises(ValueError, match=match):
+            nbattn.flash_decode(
+                q, k_cache, v_cache, lengths, k_new, k_new[..., :2], enable_gqa=group > 1
+            )
+        assert np.array_equal(k_cache, saved[0], equal_nan=True)
+        assert np.array_equal(v_cache, saved[1], equal_nan=True)
+        # the same entry just past the live rows is never read
+        cache[b, h, j, c] = 0.0
+        if lengths[b] < S_max - 1:
+            cache[b, h, lengths[b] + 1, c] = bad_values[trial % 3]
+            out = nbattn.flash_decode(q, k_cache, v_cache, lengths, enable_gqa=group > 1)
+            assert np.isfinite(out).all()
+
+
+@pytest.mark.parametrize("which", ["k_new", "v_new"])
+def test_non_finite_new_tokens_are_refused_and_nothing_is_written(rng, which):
     q, k_cache, v_cache, lengths = _args(rng)
-    v_cache[1, 0, 2, 1] = np.inf
-    with pytest.raises(ValueError, match="batch row 1"):
-        nbattn.flash_decode(q, k_cache, v_cache, np.array([3, 5]))
+    lengths = np.array([3, 5])
+    new = {"k_new": rng.normal(size=(2, 2, 2, 4)), "v_new": rng.normal(size=(2, 2, 2, 4))}
+    new[which][1, 1, 0, 2] = np.nan
+    saved = (k_cache.copy(), v_cache.copy())
+    with pytest.raises(ValueError, match=rf"{which} contains NaN or inf.*\(1, 1, 0, 2\)"):
+        nbattn.flash_decode(q, k_cache, v_cache, lengths, **new)
+    assert np.array_equal(k_cache, saved[0]) and np.array_equal(v_cache, saved[1])
+
+
+def test_kv_cache_refuses_a_non_finite_entry_and_keeps_its_lengths(rng):
+    cache = nbattn.KVCache(2, 2, 4, capacity=8)
+    cache.append(rng.normal(size=(2, 2, 3, 4)), rng.normal(size=(2, 2, 3, 4)))
+    cache.v[1, 0, 2, 3] = np.inf  # e.g. a buffer written by hand
+    with pytest.raises(ValueError, match="v_cache holds NaN or inf in batch row 1, head 0"):
+        cache.attend(
+            rng.normal(size=(2, 2, 1, 4)),
+            rng.normal(size=(2, 2, 1, 4)),
+            rng.normal(size=(2, 2, 1, 4)),
+        )
+    assert cache.lengths.tolist() == [3, 3]
 
 
 def test_cuda_without_gpu_is_a_clear_error(rng):

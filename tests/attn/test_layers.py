@@ -124,6 +124,49 @@ def test_float32_layer_matches_torch(rng):
     np.testing.assert_allclose(out, ref.numpy(), rtol=1e-5, atol=1e-5 * np.abs(ref.numpy()).max())
 
 
+@pytest.mark.parametrize("layer_dtype", ["float64", "float32"])
+@pytest.mark.parametrize("half", ["bfloat16", "float16"])
+def test_half_precision_torch_checkpoints_load_exactly(rng, layer_dtype, half):
+    torch = pytest.importorskip("torch")
+    for seed in range(5):
+        torch.manual_seed(seed)
+        t = torch.nn.MultiheadAttention(8, 2, batch_first=True, kdim=5, vdim=3)
+        t = t.to(getattr(torch, half))
+        state = t.state_dict()
+        layer = nbattn.MultiHeadAttention(8, 2, kdim=5, vdim=3, dtype=layer_dtype)
+        layer.load_state_dict(state)
+        for key, value in layer.state_dict().items():
+            assert value.dtype == np.dtype(layer_dtype)
+            want = state[key].float().numpy().astype(layer_dtype)
+            assert np.array_equal(value, want), key
+        x = rng.normal(size=(2, 3, 8)).astype(layer_dtype)
+        layer(x, rng.normal(size=(2, 4, 5)), rng.normal(size=(2, 4, 3)))  # it runs
+
+
+@pytest.mark.parametrize("layer_dtype", ["float64", "float32"])
+def test_numpy_float16_state_loads_exactly(rng, layer_dtype):
+    layer = nbattn.MultiHeadAttention(8, 2, random_state=3, dtype=layer_dtype)
+    state = {
+        k: (rng.normal(size=v.shape) * 4).astype(np.float16) for k, v in layer.state_dict().items()
+    }
+    layer.load_state_dict(state)
+    for key, value in layer.state_dict().items():
+        assert value.dtype == np.dtype(layer_dtype)
+        assert np.array_equal(value, state[key].astype(layer_dtype)), key
+
+
+def test_unreadable_tensor_dtype_names_the_key():
+    torch = pytest.importorskip("torch")
+    layer = nbattn.MultiHeadAttention(4, 2)
+    state = {k: torch.tensor(v) for k, v in layer.state_dict().items()}
+    state["out_proj.bias"] = torch.zeros(4, dtype=torch.complex64)
+    with pytest.raises(ValueError, match=r"state\['out_proj.bias'\]"):
+        layer.load_state_dict(state)
+    state["out_proj.bias"] = torch.zeros(4, dtype=torch.bool)
+    with pytest.raises(ValueError, match=r"state\['out_proj.bias'\]"):
+        layer.load_state_dict(state)
+
+
 def test_initialisation_like_torch():
     layer = nbattn.MultiHeadAttention(8, 2, random_state=0)
     xavier = np.sqrt(6.0 / (8 + 24))
