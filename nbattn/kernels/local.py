@@ -149,15 +149,16 @@ def local_fit(data, model, values_t, want_mfx):
     store_design = missing or do_mfx or (p > 1 and degree >= 2) or (p > 1 and not fused)
     n_chunks = (n_q + _QUERY_BLOCK - 1) // _QUERY_BLOCK
     for chunk in prange(n_chunks):
+        # scratch zeroed once per chunk (block_scratch): never junk from an earlier call
         scores, design = block_scratch(p, dc)
-        wx = np.empty(_KEY_BLOCK)
-        moments = np.empty((p, p))
-        rhs = np.empty((p, n_out))
-        scratch = np.empty((p, p))
-        keep = np.empty(p, dtype=np.bool_)
-        z = np.empty(p)
-        dsum = np.empty(dc)
-        dysum = np.empty((dc, n_out))
+        wx = np.zeros(_KEY_BLOCK)
+        moments = np.zeros((p, p))
+        rhs = np.zeros((p, n_out))
+        scratch = np.zeros((p, p))
+        keep = np.zeros(p, dtype=np.bool_)
+        z = np.zeros(p)
+        dsum = np.zeros(dc)
+        dysum = np.zeros((dc, n_out))
         stop = min(n_q, (chunk + 1) * _QUERY_BLOCK)
         for i in range(chunk * _QUERY_BLOCK, stop):
             for a in range(p):  # explicit loops: slice assignment costs more per query

@@ -77,12 +77,12 @@ def local_loo_gradient(data, model, fit, values_t, cat_dparams, out_weights):
     n_chunks = (n_q + _QUERY_BLOCK - 1) // _QUERY_BLOCK
     for chunk in prange(n_chunks):
         scores, design = block_scratch(p, dc)
-        coef = np.empty(_KEY_BLOCK)
-        cvec = np.empty(_KEY_BLOCK)
-        fitted = np.empty(_KEY_BLOCK)
-        pen = np.empty(_KEY_BLOCK)
-        a_sum = np.empty(n_par)
-        s_sum = np.empty(n_par)
+        coef = np.zeros(_KEY_BLOCK)
+        cvec = np.zeros(_KEY_BLOCK)
+        fitted = np.zeros(_KEY_BLOCK)
+        pen = np.zeros(_KEY_BLOCK)
+        a_sum = np.zeros(n_par)
+        s_sum = np.zeros(n_par)
         stop = min(n_q, (chunk + 1) * _QUERY_BLOCK)
         for i in range(chunk * _QUERY_BLOCK, stop):
             if log_norm[i] == -np.inf:
