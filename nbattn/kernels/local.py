@@ -51,7 +51,8 @@ Layouts (C-contiguous, float64): ``q_cont`` (n_q, dc), ``keys_cont_t``
 (dc, n_k), ``q_cat`` (n_q, dk), ``keys_cat_t`` (dk, n_k), ``cat_params``
 (dk, 3), ``log_weights`` (n_k,), ``values_t`` (n_out, n_k).
 
-The second-pass kernels (``local_loo_gradient``, ``local_interval_sums``)
+The second-pass kernels (``local_loo_gradient``, ``local_interval_sums``,
+``local_equivalent_weights``; the last one CPU only: it fills a queries x keys matrix)
 recompute the weights p_j = exp(s_j - shift - log_norm) from the first pass's
 state and the equivalent-kernel weights l_j = p_j (g . x_j), g = (M/l + R)^-1 e_1.
 
@@ -90,7 +91,7 @@ from .local_moments import (
     solve,
 )
 from .local_pairs import block_scores, block_scratch, nearest_key, problem_sizes
-from .local_passes import local_interval_sums, local_loo_gradient
+from .local_passes import local_equivalent_weights, local_interval_sums, local_loo_gradient
 
 __all__ = [
     "EPANECHNIKOV",
@@ -100,6 +101,7 @@ __all__ = [
     "LocalData",
     "LocalFit",
     "LocalModel",
+    "local_equivalent_weights",
     "local_fit",
     "local_interval_sums",
     "local_loo_gradient",
