@@ -324,14 +324,11 @@ class _PoolingEstimator(PoolingPrediction, BaseEstimator):
     def _attention_weights_checked(self, X):
         """Attention weights (n_queries, n_train) for the checked queries X."""
         if self._uses_engine():
-            # weight j is the pooled value of the j-th unit vector; keys in blocks of columns
-            n = self.X_fit_.shape[0]
-            w = np.empty((X.shape[0], n))
-            for start in range(0, n, 256):
-                block = np.zeros((n, min(256, n - start)))
-                block[np.arange(start, start + block.shape[1]), np.arange(block.shape[1])] = 1.0
-                w[:, start : start + block.shape[1]] = self._pooled_values(X, block)
-            return w
+            # the equivalent-kernel weights of this model's degree: W @ y_fit_ is predict(X)
+            from ..local.engine import equivalent_weights
+
+            problem = self._local_problem(self._local_spec(X), X, self.y_fit_, self._degree())
+            return equivalent_weights(problem)
         q, k, h = self._score_coordinates(X)
         w = regression.gaussian_attention_weights(
             q, k, h, dtype=self._dtype(), device=self._device()
@@ -348,10 +345,14 @@ class _PoolingEstimator(PoolingPrediction, BaseEstimator):
     def attention_weights(self, X):
         """Attention weights ``W[i, j] = softmax_j(s(x_i, x_j))`` (n_queries, n_train).
 
-        Row i is how query i pools ``y_fit_``: ``W @ y_fit_`` is the pooled
-        prediction. Memory is n_queries x n_train: meant for plots and
-        diagnostics. Computed by :func:`nbattn.smoothing.regression.gaussian_attention_weights`
-        on ``device``.
+        Row i is how query i pools ``y_fit_``: ``W @ y_fit_`` is the
+        prediction. For a local polynomial of degree >= 1 row i is the
+        equivalent kernel ``l_j(x_i)`` (the rows of the hat matrix,
+        :func:`nbattn.local.engine.equivalent_weights`): the softmax weights
+        reweighted by the local design, summing to 1 and possibly negative.
+        Memory is n_queries x n_train: meant for plots and diagnostics.
+        Computed by :func:`nbattn.smoothing.regression.gaussian_attention_weights`
+        on ``device`` (models on the mixed-type engine: on the CPU).
         """
         X = self._check_queries(X)
         return self._attention_weights_checked(X)

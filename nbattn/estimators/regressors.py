@@ -80,9 +80,10 @@ class _PoolingRegressor(RegressorMixin, _PoolingEstimator):
             \\frac{\\partial f}{\\partial x_d} =
             \\frac{1}{h_d^2} \\sum_j w_j(x)\\,(y_j - f(x))\\,(x_{jd} - x_d),
 
-        the weighted covariance of y and the key's coordinate divided by
-        h_d^2 (categorical columns do not depend on x_d, so the formula holds
-        in the mixed product kernel too). A local polynomial of degree >= 1
+        the weighted covariance of y and the key's coordinate in units of h_d,
+        divided by h_d once (exact at any scale of the data; categorical columns
+        do not depend on x_d, so the formula holds in the mixed product kernel
+        too). A local polynomial of degree >= 1
         and the compact kernels return the engine's local slope
         (:func:`nbattn.local.engine.local_polynomial` with ``return_gradient``).
         """
@@ -108,7 +109,8 @@ class _PoolingRegressor(RegressorMixin, _PoolingEstimator):
         * ``kind="observation"``: for a new observation at x, adding the
           kernel-weighted mean of r^2 around x (the local noise variance).
 
-        The ends are ``f(x) -/+ z_{1 - alpha/2} sqrt(var)``
+        The ends are ``f(x) -/+ z sqrt(var)``, z the upper alpha/2 quantile of
+        the standard normal (finite for any alpha in (0, 1))
         (:func:`nbattn.local.engine.local_prediction_interval`). The interval is
         centred on f, so it covers the true mean only where the smoothing
         bias is small against the noise (a wide enough width).
@@ -148,14 +150,16 @@ class _PoolingRegressor(RegressorMixin, _PoolingEstimator):
         q, k, h = self._score_coordinates(X)
         m, e = self.y_fit_.shape[1], k.shape[1]
         h = np.broadcast_to(np.asarray(h, dtype=np.float64), (e,))
+        # the keys' coordinates in units of h, so that h enters once (cov / h), never as
+        # h * h: that overflows beyond h ~ 1e154 and underflows below 1e-154
         centre = k.mean(axis=0)
-        dk = k - centre
+        dk = (k - centre) / h
         y = self.y_fit_
         values = np.column_stack([y, dk, (y[:, :, None] * dk[:, None, :]).reshape(len(y), -1)])
         pooled = self._pooled_values(X, values)
         ey, ek = pooled[:, :m], pooled[:, m : m + e]
         eyk = pooled[:, m + e :].reshape(-1, m, e)
-        grad = (eyk - ey[:, :, None] * ek[:, None, :]) / (h * h)
+        grad = (eyk - ey[:, :, None] * ek[:, None, :]) / h
         components = getattr(self, "components_", None)
         if getattr(self, "metric", None) == "full" and components is not None:
             grad = grad @ components

@@ -51,7 +51,8 @@ Layouts (C-contiguous, float64): ``q_cont`` (n_q, dc), ``keys_cont_t``
 (dc, n_k), ``q_cat`` (n_q, dk), ``keys_cat_t`` (dk, n_k), ``cat_params``
 (dk, 3), ``log_weights`` (n_k,), ``values_t`` (n_out, n_k).
 
-The second-pass kernels (``local_loo_gradient``, ``local_interval_sums``)
+The second-pass kernels (``local_loo_gradient``, ``local_interval_sums``,
+``local_equivalent_weights``; the last one CPU only: it fills a queries x keys matrix)
 recompute the weights p_j = exp(s_j - shift - log_norm) from the first pass's
 state and the equivalent-kernel weights l_j = p_j (g . x_j), g = (M/l + R)^-1 e_1.
 
@@ -90,7 +91,7 @@ from .local_moments import (
     solve,
 )
 from .local_pairs import block_scores, block_scratch, nearest_key, problem_sizes
-from .local_passes import local_interval_sums, local_loo_gradient
+from .local_passes import local_equivalent_weights, local_interval_sums, local_loo_gradient
 
 __all__ = [
     "EPANECHNIKOV",
@@ -100,6 +101,7 @@ __all__ = [
     "LocalData",
     "LocalFit",
     "LocalModel",
+    "local_equivalent_weights",
     "local_fit",
     "local_interval_sums",
     "local_loo_gradient",
@@ -149,15 +151,16 @@ def local_fit(data, model, values_t, want_mfx):
     store_design = missing or do_mfx or (p > 1 and degree >= 2) or (p > 1 and not fused)
     n_chunks = (n_q + _QUERY_BLOCK - 1) // _QUERY_BLOCK
     for chunk in prange(n_chunks):
+        # scratch zeroed once per chunk (block_scratch): never junk from an earlier call
         scores, design = block_scratch(p, dc)
-        wx = np.empty(_KEY_BLOCK)
-        moments = np.empty((p, p))
-        rhs = np.empty((p, n_out))
-        scratch = np.empty((p, p))
-        keep = np.empty(p, dtype=np.bool_)
-        z = np.empty(p)
-        dsum = np.empty(dc)
-        dysum = np.empty((dc, n_out))
+        wx = np.zeros(_KEY_BLOCK)
+        moments = np.zeros((p, p))
+        rhs = np.zeros((p, n_out))
+        scratch = np.zeros((p, p))
+        keep = np.zeros(p, dtype=np.bool_)
+        z = np.zeros(p)
+        dsum = np.zeros(dc)
+        dysum = np.zeros((dc, n_out))
         stop = min(n_q, (chunk + 1) * _QUERY_BLOCK)
         for i in range(chunk * _QUERY_BLOCK, stop):
             for a in range(p):  # explicit loops: slice assignment costs more per query

@@ -193,8 +193,11 @@ def problem_sizes(data):
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def block_scratch(p, dc):
     """The scratch of :func:`block_scores` for a chunk of queries: the block's scores
-    and its design rows (p terms, and at least the 1 + dc rows of the differences)."""
-    return np.empty(_KEY_BLOCK), np.empty((max(p, 1 + dc), _KEY_BLOCK))
+    and its design rows (p terms, and at least the 1 + dc rows of the differences).
+    Zeroed, not empty: a row read before it is written (a kernel's bug) then gives the
+    same answer in every run instead of whatever the allocator handed back (once per
+    chunk of queries, so the cost does not show)."""
+    return np.zeros(_KEY_BLOCK), np.zeros((max(p, 1 + dc), _KEY_BLOCK))
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)

@@ -7,9 +7,11 @@ recompute each pair's normalised weight and design,
     p_j = exp(s_j - shift - log_norm),    l_j = p_j (g . x_j)
 
 (l_j the equivalent-kernel weight: fit = sum_j l_j y_j), so nothing of size
-queries x keys is held. ``local_loo_gradient`` feeds the width search
+queries x keys is held (except by ``local_equivalent_weights``, whose result is
+that matrix). ``local_loo_gradient`` feeds the width search
 (``nbattn.local.widths``), ``local_interval_sums`` the sandwich variance of
-``nbattn.local.engine.local_prediction_interval``.
+``nbattn.local.engine.local_prediction_interval``, ``local_equivalent_weights``
+the estimators' ``attention_weights``.
 """
 
 from __future__ import annotations
@@ -77,12 +79,12 @@ def local_loo_gradient(data, model, fit, values_t, cat_dparams, out_weights):
     n_chunks = (n_q + _QUERY_BLOCK - 1) // _QUERY_BLOCK
     for chunk in prange(n_chunks):
         scores, design = block_scratch(p, dc)
-        coef = np.empty(_KEY_BLOCK)
-        cvec = np.empty(_KEY_BLOCK)
-        fitted = np.empty(_KEY_BLOCK)
-        pen = np.empty(_KEY_BLOCK)
-        a_sum = np.empty(n_par)
-        s_sum = np.empty(n_par)
+        coef = np.zeros(_KEY_BLOCK)
+        cvec = np.zeros(_KEY_BLOCK)
+        fitted = np.zeros(_KEY_BLOCK)
+        pen = np.zeros(_KEY_BLOCK)
+        a_sum = np.zeros(n_par)
+        s_sum = np.zeros(n_par)
         stop = min(n_q, (chunk + 1) * _QUERY_BLOCK)
         for i in range(chunk * _QUERY_BLOCK, stop):
             if log_norm[i] == -np.inf:
@@ -191,4 +193,34 @@ def local_interval_sums(data, model, fit, residuals_t):
                     for j in range(nb):
                         acc += scores[j] * r[j] * r[j]
                     out[i, o] += acc
+    return out
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, parallel=True)
+def local_equivalent_weights(data, model, fit):
+    """The equivalent-kernel weights l_j(q) = p_j (g . x_j) of the first pass ``fit``
+    (the rows of the hat matrix: fit(q) = sum_j l_j(q) y_j; negative where the local
+    polynomial extrapolates), (n_q, n_k). A query that fell back to its nearest key
+    has weight 1 there and 0 elsewhere; a query with no admissible key a row of zeros.
+    """
+    g, log_norm, nearest = fit.g, fit.log_norm, fit.nearest
+    n_q, dc, _, n_k, weighted = problem_sizes(data)
+    p = g.shape[1]
+    out = np.zeros((n_q, n_k))
+    n_chunks = (n_q + _QUERY_BLOCK - 1) // _QUERY_BLOCK
+    for chunk in prange(n_chunks):
+        scores, design = block_scratch(p, dc)
+        stop = min(n_q, (chunk + 1) * _QUERY_BLOCK)
+        for i in range(chunk * _QUERY_BLOCK, stop):
+            if log_norm[i] == -np.inf:
+                if nearest[i] >= 0:
+                    out[i, nearest[i]] = 1.0
+                continue
+            for j0 in range(0, n_k, _KEY_BLOCK):
+                nb = block_weights(i, j0, data, model, fit, weighted, scores, design)
+                for j in range(nb):
+                    cj = g[i, 0]
+                    for t in range(1, p):
+                        cj += g[i, t] * design[t, j]
+                    out[i, j0 + j] = scores[j] * cj
     return out

@@ -48,6 +48,8 @@ in c (the column drops out of its design).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .. import config
@@ -267,6 +269,21 @@ def interval_sums(problem: LocalProblem):
     return out[:, 0] if problem.values_1d else out
 
 
+def equivalent_weights(problem: LocalProblem) -> np.ndarray:
+    """The local fit's equivalent-kernel weights (n_queries, n_keys), the rows of its hat
+    matrix: ``l_j(q) = p_j(q) e_1^T (M/l + R)^-1 x_j(q)``, so that ``fit(q) = sum_j
+    l_j(q) y_j`` for any values y (the softmax weights p_j at degree 0; at degree >= 1
+    they sum to 1, reproduce polynomials of the degree exactly, and may be negative).
+    Computed on the CPU whatever the spec's device: the result is a host matrix."""
+    import dataclasses
+
+    cpu = dataclasses.replace(problem, spec=dataclasses.replace(problem.spec, device="cpu"))
+    module = kernels_for("local", "cpu")
+    with threads_for(cpu):
+        fit = module.local_fit(*cpu.kernel_groups(), cpu.values_t, False)
+        return module.local_equivalent_weights(*cpu.kernel_groups(), fit)
+
+
 def local_prediction_interval(
     X,
     y,
@@ -294,7 +311,8 @@ def local_prediction_interval(
 
     where l_j are the equivalent-kernel weights (:func:`local_interval_sums`) and
     the second term is the kernel-weighted mean of r^2 at q, the local residual
-    variance. The interval is ``fit(q) -/+ z_{1 - alpha/2} sqrt(var)``.
+    variance. The interval is ``fit(q) -/+ z sqrt(var)`` with z the upper alpha/2 quantile
+    of the standard normal (finite for every alpha in (0, 1), however small).
 
     Returns
     -------
@@ -319,8 +337,6 @@ def prediction_interval(
 ):
     """``(fit, lower, upper)`` of :func:`local_prediction_interval` on checked data
     (:func:`nbattn.local.problem.layout`)."""
-    from scipy.stats import norm
-
     alpha = check_positive_float(alpha, "alpha")
     if not alpha < 1:
         raise ValueError(f"alpha must lie in (0, 1), got {alpha!r}")
@@ -340,13 +356,26 @@ def prediction_interval(
         with threads_for(problem):
             local_var = module.local_fit(*groups, squared, False).beta[:, 0, :]
         variance = variance + local_var
-    z = float(norm.ppf(1.0 - alpha / 2.0))
+    z = normal_quantile_upper(alpha / 2.0, alpha)
     fit = state.beta[:, 0, :]
     half = z * np.sqrt(np.maximum(variance, 0.0))
     lower, upper = fit - half, fit + half
     if problem.values_1d:
         fit, lower, upper = fit[:, 0], lower[:, 0], upper[:, 0]
     return fit, lower, upper
+
+
+def normal_quantile_upper(tail, alpha) -> float:
+    """z with P(Z > z) = ``tail`` for a standard normal Z: the upper-tail quantile read
+    directly (``norm.isf``), not ``norm.ppf(1 - tail)``, where 1 - tail rounds to 1 below
+    tail ~ 1e-17 and z becomes inf. ``tail`` = alpha / 2 underflows to 0 only for the
+    smallest subnormal alpha: there z comes from log(alpha) - log 2."""
+    from scipy import special
+    from scipy.stats import norm
+
+    if tail > 0.0:
+        return float(norm.isf(tail))
+    return float(-special.ndtri_exp(math.log(alpha) - math.log(2.0)))
 
 
 def loo_term_weights(sample_weight, n):

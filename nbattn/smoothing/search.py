@@ -103,7 +103,10 @@ def _finite_or_inf(value) -> float:
 
 
 def _lower(a: float, b: float, rtol: float) -> bool:
-    """a < b by more than the relative tolerance."""
+    """a < b by more than the relative tolerance (a finite a is lower than b = inf; two
+    infinite values tie, where the tolerance would give inf - inf)."""
+    if math.isinf(a) or math.isinf(b):
+        return a < b
     return a < b - rtol * max(abs(a), abs(b))
 
 
