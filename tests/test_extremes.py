@@ -432,3 +432,58 @@ def test_estimators_give_the_same_answers_in_any_units(rng, bandwidth):
             mean, std = model.predict(Q * scale, return_std=True)
             np.testing.assert_allclose(mean, mean_ref, rtol=1e-9, atol=1e-12)
             np.testing.assert_allclose(std, std_ref, rtol=1e-9, atol=1e-12)
+
+
+# --------------------------------------------------------------------------- any target, any weight
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=seeds,
+    exponent=st.sampled_from([-1000, -600, -540, 0, 510, 600, 1000]),
+    degree=st.integers(0, 2),
+)
+def test_one_factor_widths_and_intervals_scale_with_the_targets(seed, exponent, degree):
+    """y times 2**e (exact): the same "loo_scale" widths and the interval times 2**e, where
+    the squared residuals of y beyond 2**+-500 would overflow or vanish."""
+    from nbattn.estimators import LocalPolynomialRegressor
+
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(40, 2))
+    y = X[:, 0] ** 2 + 0.1 * rng.normal(size=40)
+    c = 2.0**exponent
+    ref = LocalPolynomialRegressor(degree=degree, bandwidth="loo_scale").fit(X, y)
+    got = LocalPolynomialRegressor(degree=degree, bandwidth="loo_scale").fit(X, y * c)
+    np.testing.assert_array_equal(got.bandwidth_, ref.bandwidth_)
+    for kind in ("mean", "observation"):
+        expected = ref.predict_interval(X[:5], kind=kind)
+        np.testing.assert_allclose(got.predict_interval(X[:5], kind=kind) / c, expected, rtol=1e-12)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=seeds,
+    weight=st.sampled_from([5e-324, 1e-300, 1e-46, 1e-9, 1.0, 1e39, 1e300, 1.7e308]),
+    model=st.sampled_from(["scott", "scott float32", "average", "loo", "loo mixed"]),
+)
+def test_predictions_do_not_depend_on_a_constant_weight(seed, weight, model):
+    """Every row weighted by the same constant, from the smallest subnormal to near the
+    largest float64: the unweighted fit, widths and predictions (a weighted mean is
+    scale-free)."""
+    from nbattn.estimators import NadarayaWatsonRegressor
+
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(40, 2))
+    y = X[:, 0] + 0.1 * rng.normal(size=40)
+    options = {
+        "scott": {},
+        "scott float32": {"dtype": "float32"},
+        "average": {"kernel": "average"},
+        "loo": {"bandwidth": "loo"},
+        "loo mixed": {"bandwidth": "loo", "var_type": "cu"},
+    }[model]
+    if model == "loo mixed":
+        X[:, 1] = rng.integers(0, 3, size=40)
+    ref = NadarayaWatsonRegressor(**options).fit(X, y)
+    got = NadarayaWatsonRegressor(**options).fit(X, y, sample_weight=np.full(40, weight))
+    np.testing.assert_allclose(got.bandwidth_, ref.bandwidth_, rtol=1e-9)
+    rtol = 1e-5 if model == "scott float32" else 1e-9
+    np.testing.assert_allclose(got.predict(X[:5]), ref.predict(X[:5]), rtol=rtol, atol=rtol)

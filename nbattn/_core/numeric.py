@@ -20,6 +20,17 @@ def power_of_two_scale(magnitude):
     return np.where(magnitude > 0, np.ldexp(1.0, np.frexp(magnitude)[1] - 1), 1.0)
 
 
+def within_squares(y):
+    """y divided by a power of two near max |y| when that lies beyond 2**+-400, where the
+    squared residuals of a leave-one-out criterion overflow or underflow (the division is
+    exact and moves every criterion value by the same factor; y of ordinary size is left
+    as it is, since an optimiser's stopping test is not scale-free)."""
+    top = float(np.max(np.abs(y))) if y.size else 0.0
+    if top == 0.0 or 2.0**-400 <= top <= 2.0**400:
+        return y
+    return y / float(power_of_two_scale(top))
+
+
 #: Resolution of the dropout probability: ``threshold = round(p * 2**24)``.
 DROPOUT_BITS = 24
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._core import columns
+from .._core.numeric import power_of_two_scale
 from .._core.validation import resolve_dtype
 from ..dispatch.device import resolve_device
 
@@ -176,6 +177,10 @@ class PoolingPrediction:
         from ..smoothing import regression
 
         sw = self._weights()
+        if sw is not None:
+            # the largest weight brought to [1, 2) (exact): w v and sum w neither overflow
+            # nor vanish for weights near 1e308 or 5e-324 (the weighted means are scale-free)
+            sw = sw / power_of_two_scale(sw.max())
         if self._average():
             if sw is None:
                 return regression.average_pooling(X, values)

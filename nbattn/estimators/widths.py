@@ -33,6 +33,7 @@ from numbers import Real
 import numpy as np
 
 from .. import config
+from .._core.numeric import within_squares
 from .._core.validation import check_bandwidth, check_choice
 from ..smoothing import regression, width_search
 from ..smoothing.search import minimize_log_scale
@@ -144,6 +145,8 @@ def engine_loo_scale(model, X, Y, sample_weight, degree) -> np.ndarray:
         widths = base.copy()
         widths[cont] = base[cont] * math.exp(t)
         return widths
+
+    Y = within_squares(Y)  # the squared errors of y beyond 2**+-400 would overflow or vanish
 
     def criterion(t):
         return _loo_loss(spec, X, Y, scaled(t), sample_weight, degree)

@@ -54,6 +54,7 @@ import numpy as np
 
 from .. import config
 from .._core.columns import check_var_type
+from .._core.numeric import power_of_two_scale
 from .._core.threads import serial_below
 from .._core.validation import (
     as_float_array,
@@ -344,7 +345,11 @@ def prediction_interval(
 
     train = layout(spec, X, X, y, widths, degree, sample_weight=sample_weight, exclude_self=True)
     beta_loo = fit_problem(train)[0]
-    residuals_t = np.ascontiguousarray(train.values_t - beta_loo[:, 0, :].T)
+    residuals_t = train.values_t - beta_loo[:, 0, :].T
+    # residuals divided by a power of two near their largest magnitude (exact), so that
+    # their squares neither overflow nor underflow; the half-width is multiplied back
+    unit = float(power_of_two_scale(np.max(np.abs(residuals_t)) if residuals_t.size else 0.0))
+    residuals_t = np.ascontiguousarray(residuals_t / unit)
     problem = layout(spec, queries, X, y, widths, degree, sample_weight=sample_weight)
     state = fit_problem(problem)
     module = kernels_for("local", spec.device)
@@ -358,7 +363,7 @@ def prediction_interval(
         variance = variance + local_var
     z = normal_quantile_upper(alpha / 2.0, alpha)
     fit = state.beta[:, 0, :]
-    half = z * np.sqrt(np.maximum(variance, 0.0))
+    half = z * (np.sqrt(np.maximum(variance, 0.0)) * unit)
     lower, upper = fit - half, fit + half
     if problem.values_1d:
         fit, lower, upper = fit[:, 0], lower[:, 0], upper[:, 0]
@@ -383,7 +388,9 @@ def loo_term_weights(sample_weight, n):
     ``sample_weight`` checked (:func:`nbattn.local.problem.check_sample_weight`) or None."""
     if sample_weight is None:
         return np.full(n, 1.0 / n)
-    return sample_weight / sample_weight.sum()
+    # the largest weight brought to [1, 2) first (exact): a sum of weights near 1e308 is finite
+    w = sample_weight / power_of_two_scale(sample_weight.max())
+    return w / w.sum()
 
 
 def local_loo_loss(

@@ -34,7 +34,7 @@ import math
 import numpy as np
 
 from .. import config
-from .._core.numeric import power_of_two_scale
+from .._core.numeric import within_squares
 from .._core.threads import blas_one_thread
 from .._core.validation import as_float_array
 from ..dispatch.device import kernels_for
@@ -295,7 +295,7 @@ def loo_widths(spec: LocalSpec, X, y, degree, *, sample_weight=None, init=None, 
     var_type, counts = spec.var_type, spec.n_categories
     start = rule_widths(spec, X) if init is None else init
     criterion = _Criterion(
-        _training_problem(spec, X, _within_squares(y), degree, sample_weight, start)
+        _training_problem(spec, X, within_squares(y), degree, sample_weight, start)
     )
     theta0 = widths_to_theta(start, var_type, counts)
     cont = spec.continuous
@@ -338,9 +338,9 @@ def loo_widths(spec: LocalSpec, X, y, degree, *, sample_weight=None, init=None, 
         # the joint (h, lambda) stage: exact matching in categorical columns, every h by a
         # common factor from the descent's point (a corner no one-parameter move reaches)
         descended = criterion.best[1]
-        shares = theta_to_widths(descended, var_type, counts) / np.maximum(
-            lambda_max(var_type, counts), 1e-300
-        )
+        # l / lambda_max of the categorical columns (a continuous column's h is no share)
+        shares = np.where(cont, 0.0, theta_to_widths(descended, var_type, counts))
+        shares[~cont] /= lambda_max(var_type, counts)[~cont]
         for columns in _exact_match_subsets(cont, shares):
             corner = descended.copy()
             corner[columns] = -math.inf
@@ -352,17 +352,6 @@ def loo_widths(spec: LocalSpec, X, y, degree, *, sample_weight=None, init=None, 
             break  # nothing gained beyond the tolerance: another descent would not move
         descend()  # the sweep left a local minimum: descend from there
     return theta_to_widths(criterion.best[1], var_type, counts)
-
-
-def _within_squares(y):
-    """y divided by a power of two near max |y| when that lies beyond 2**+-400, where the
-    squared residuals of the criterion overflow or underflow (the division is exact and
-    moves every criterion value by the same factor; y of ordinary size is left as it is,
-    since L-BFGS-B's stopping test is not scale-free)."""
-    top = float(np.max(np.abs(y))) if y.size else 0.0
-    if top == 0.0 or 2.0**-400 <= top <= 2.0**400:
-        return y
-    return y / float(power_of_two_scale(top))
 
 
 #: Most column sweeps after L-BFGS-B (each one that improves is followed by another descent).

@@ -352,9 +352,12 @@ def _read_checked(path):
 
 
 def _check_archive_end(path, disk_size) -> None:
-    """The file ends where its archive does: with the end-of-central-directory record
-    (22 bytes, ``save`` writes no archive comment). Bytes after it (a file appended to,
-    or two files joined) are refused; a reader searching backwards would skip them."""
+    """The file is one archive from its first byte to its last: it ends with the
+    end-of-central-directory record (22 bytes, ``save`` writes no archive comment), and the
+    central directory that record points to (its offset from the archive's start, plus its
+    size) ends just before it. Bytes after the archive (a file appended to) or before it
+    (two files joined, a prefix) are refused: a reader searching backwards would skip
+    them, or take the last of two joined archives."""
     if disk_size < 22:
         raise _bad(path, "truncated, corrupt or foreign model file (too short)")
     with open(path, "rb") as fh:
@@ -365,6 +368,14 @@ def _check_archive_end(path, disk_size) -> None:
             path,
             "bytes after the end of the archive (or an archive comment): the file was "
             "appended to or is not a model file as nbattn.save writes it",
+        )
+    size_cd = int.from_bytes(tail[12:16], "little")
+    offset_cd = int.from_bytes(tail[16:20], "little")
+    if 0xFFFFFFFF not in (size_cd, offset_cd) and offset_cd + size_cd != disk_size - 22:
+        raise _bad(
+            path,
+            "bytes before the archive (two model files joined, or a prefix): the file is "
+            "not a model file as nbattn.save writes it",
         )
 
 

@@ -141,3 +141,16 @@ def test_bytes_after_the_archive_are_refused(tmp_path, tail):
     with open(path, "ab") as fh:
         fh.write(tail)
     _both_refuse(path, "after the end of the archive")
+
+
+@pytest.mark.parametrize("prefix", ["another model file", b"PK\x03\x04 anything", b"\0"])
+def test_bytes_before_the_archive_are_refused(tmp_path, prefix):
+    path, _ = _saved(tmp_path)
+    if prefix == "another model file":
+        (tmp_path / "other").mkdir()
+        other, _ = _saved(tmp_path / "other", model=nbattn.NadarayaWatsonRegressor(bandwidth=0.7))
+        prefix = other.read_bytes()
+    data = path.read_bytes()
+    path.write_bytes(prefix + data)
+    # a prefix that is no archive's start fails the first check already
+    _both_refuse(path, r"bytes before the archive|not an \.npz archive")
