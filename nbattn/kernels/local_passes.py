@@ -157,6 +157,19 @@ def local_loo_gradient(data, model, fit, values_t, cat_dparams, out_weights):
     return out
 
 
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def block_equivalent_weights(g_i, design, nb, weights):
+    """``weights[j] <- l_j = p_j (g_i . x_j)`` for the block's ``nb`` keys, from their
+    normalised weights p_j (``block_weights``) and design rows x_j: the equivalent-kernel
+    weights of the local fit at one query (fit(q) = sum_j l_j y_j)."""
+    p = g_i.shape[0]
+    for j in range(nb):
+        cj = g_i[0]
+        for t in range(1, p):
+            cj += g_i[t] * design[t, j]
+        weights[j] *= cj
+
+
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, parallel=True)
 def local_interval_sums(data, model, fit, residuals_t):
     """Per query and output sum_j l_j^2 r_jo^2, with l_j = p_j (g . x_j) the
@@ -181,12 +194,9 @@ def local_interval_sums(data, model, fit, residuals_t):
                 continue
             for j0 in range(0, n_k, _KEY_BLOCK):
                 nb = block_weights(i, j0, data, model, fit, weighted, scores, design)
+                block_equivalent_weights(g[i], design, nb, scores)
                 for j in range(nb):
-                    cj = g[i, 0]
-                    for t in range(1, p):
-                        cj += g[i, t] * design[t, j]
-                    lj = scores[j] * cj
-                    scores[j] = lj * lj
+                    scores[j] *= scores[j]
                 for o in range(n_out):
                     r = residuals_t[o, j0 : j0 + nb]
                     acc = 0.0
@@ -218,9 +228,6 @@ def local_equivalent_weights(data, model, fit):
                 continue
             for j0 in range(0, n_k, _KEY_BLOCK):
                 nb = block_weights(i, j0, data, model, fit, weighted, scores, design)
-                for j in range(nb):
-                    cj = g[i, 0]
-                    for t in range(1, p):
-                        cj += g[i, t] * design[t, j]
-                    out[i, j0 + j] = scores[j] * cj
+                block_equivalent_weights(g[i], design, nb, scores)
+                out[i, j0 : j0 + nb] = scores[:nb]
     return out

@@ -1,8 +1,6 @@
 """Edited model files: what the fit could not have written is refused by both readers
 (nbattn.load and the command line's predictor), naming the field."""
 
-import json
-
 import numpy as np
 import pandas as pd
 import pytest
@@ -13,18 +11,7 @@ import nbattn
 from nbattn.persistence import modelfile
 from nbattn.persistence.predictor import read_predictor
 
-
-def _members(path):
-    with np.load(path, allow_pickle=False) as npz:
-        members = {k: npz[k] for k in npz.files}
-    return json.loads(str(members.pop("__nbattn__"))), members
-
-
-def _rewrite(path, meta, arrays):
-    meta = dict(meta)
-    meta["sha256"] = modelfile._digest(meta, arrays)  # an edit, not an accident
-    with open(path, "wb") as fh:
-        np.savez(fh, __nbattn__=np.array(json.dumps(meta)), **arrays)
+from .edited_files import rewrite, split
 
 
 def _both_refuse(path, pattern):
@@ -64,10 +51,10 @@ def _saved(tmp_path, n_levels=4, model=None, kind="u"):
 )
 def test_edited_categories_are_refused(tmp_path, edit):
     path, _ = _saved(tmp_path)
-    meta, arrays = _members(path)
+    meta, arrays = split(path)
     cats = meta["attributes"]["categories_"]["value"]
     cats[1] = edit(cats[1])
-    _rewrite(path, meta, arrays)
+    rewrite(path, meta, arrays)
     _both_refuse(path, r"categories_\[1\]")
 
 
@@ -83,9 +70,9 @@ def test_edited_categories_are_refused(tmp_path, edit):
 )
 def test_a_number_twice_is_refused_a_bool_beside_it_is_not(tmp_path, cats, valid):
     path, X = _saved(tmp_path)
-    meta, arrays = _members(path)
+    meta, arrays = split(path)
     meta["attributes"]["categories_"]["value"][2] = cats
-    _rewrite(path, meta, arrays)
+    rewrite(path, meta, arrays)
     if valid:
         nbattn.load(path)
         read_predictor(path)
@@ -98,39 +85,39 @@ def test_a_number_twice_is_refused_a_bool_beside_it_is_not(tmp_path, cats, valid
 def test_a_lambda_beyond_its_kernels_bound_is_refused(tmp_path_factory, c, kind, excess):
     tmp_path = tmp_path_factory.mktemp("lam")
     path, X = _saved(tmp_path, n_levels=c, kind=kind)
-    meta, arrays = _members(path)
+    meta, arrays = split(path)
     c = len(meta["attributes"]["categories_"]["value"][1])  # the levels the rows hold
     bound = (c - 1) / c if kind == "u" else 1.0
     # the unordered bound (the uniform kernel) is allowed and predicts; the ordered one,
     # where the Wang-van Ryzin kernel is 0 for every pair, is not
     inside = arrays["attr__bandwidth_"].copy()
     inside[1] = bound if kind == "u" else np.nextafter(1.0, 0.0)
-    _rewrite(path, meta, {**arrays, "attr__bandwidth_": inside})
+    rewrite(path, meta, {**arrays, "attr__bandwidth_": inside})
     nbattn.load(path).predict(X)
     read_predictor(path)[0].predict(X)
     beyond = (bound + excess, bound * (1 + excess) + 1e-12, -excess)
     for bad in beyond if kind == "u" else (1.0, *beyond):
         h = arrays["attr__bandwidth_"].copy()
         h[1] = bad
-        _rewrite(path, meta, {**arrays, "attr__bandwidth_": h})
+        rewrite(path, meta, {**arrays, "attr__bandwidth_": h})
         _both_refuse(path, r"bandwidth_\[1\]")
 
 
 @pytest.mark.parametrize("degree", [True, False, 1.0, "1", 1.5])
 def test_a_degree_that_is_no_int_is_refused(tmp_path, degree):
     path, _ = _saved(tmp_path, model=nbattn.LocalPolynomialRegressor(var_type="cuo"))
-    meta, arrays = _members(path)
+    meta, arrays = split(path)
     meta["params"]["degree"] = degree
-    _rewrite(path, meta, arrays)
+    rewrite(path, meta, arrays)
     _both_refuse(path, "'degree'")
 
 
 @pytest.mark.parametrize("version", [2.0, 3.0, True, "3", [3], None, 4])
 def test_a_format_version_this_reader_does_not_know_is_refused(tmp_path, version):
     path, _ = _saved(tmp_path)
-    meta, arrays = _members(path)
+    meta, arrays = split(path)
     meta["format_version"] = version
-    _rewrite(path, meta, arrays)
+    rewrite(path, meta, arrays)
     _both_refuse(path, "format version")
 
 

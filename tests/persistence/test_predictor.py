@@ -27,6 +27,8 @@ from nbattn.estimators import fitted_state, spec
 from nbattn.persistence import modelfile
 from nbattn.persistence.predictor import read_predictor
 
+from .edited_files import rewrite, split
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -225,19 +227,6 @@ def test_queries_are_checked_like_the_estimators(tables):
 # ----------------------------------------------------------------------------- edited files
 
 
-def _split(path):
-    with np.load(path, allow_pickle=False) as npz:
-        members = {k: npz[k] for k in npz.files}
-    return json.loads(str(members.pop("__nbattn__"))), members
-
-
-def _rewrite(path, meta, arrays):
-    meta = dict(meta)
-    meta["sha256"] = modelfile._digest(meta, arrays)  # anyone can recompute the checksum
-    with open(path, "wb") as fh:
-        np.savez(fh, __nbattn__=np.array(json.dumps(meta)), **arrays)
-
-
 def _set_param(name, value):
     def edit(meta, arrays):
         meta["params"][name] = value
@@ -336,10 +325,10 @@ PARAMETER_EDITS = {
 def test_edited_files_are_refused_as_load_refuses_them(tables, tmp_path, edit):
     kind, change = EDITS[edit]
     source, _, _ = _fitted(tables, kind)
-    meta, arrays = _split(source)
+    meta, arrays = split(source)
     change(meta, arrays)
     path = tmp_path / "edited.npz"
-    _rewrite(path, meta, arrays)
+    rewrite(path, meta, arrays)
     with pytest.raises(modelfile.ModelFileError) as by_load:
         nbattn.load(path)
     with pytest.raises(modelfile.ModelFileError) as by_predictor:
@@ -355,14 +344,14 @@ def test_edited_files_are_refused_as_load_refuses_them(tables, tmp_path, edit):
 
 def test_version_2_files_predict_too(tables, tmp_path):
     source, data, on_nan = _fitted(tables, "nw")
-    meta, arrays = _split(source)
+    meta, arrays = split(source)
     meta["format_version"] = 2
     for name in ("var_type_", "categories_", "sample_weight_"):
         meta["attributes"].pop(name)
     for name in ("missing", "handle_unknown", "var_type", "kernel"):  # newer than version 2
         meta["params"].pop(name)
     path = tmp_path / "v2.npz"
-    _rewrite(path, meta, arrays)
+    rewrite(path, meta, arrays)
     X = _queries(source, data, on_nan)
     assert np.array_equal(read_predictor(path)[0].predict(X), nbattn.load(path).predict(X))
 
