@@ -498,11 +498,6 @@ class LocalPolynomialRegressor(_PoolingRegressor):
         """Store the training rows, targets and weights; resolve the widths."""
         self._validate_params()
         X, y2, outputs_2d, sw = self._validate_regression_data(X, y, sample_weight)
-        if isinstance(self.bandwidth, str) and self.bandwidth == "loo" and X.shape[0] < 2:
-            raise ValueError(
-                "bandwidth='loo' needs at least 2 samples (leave-one-out), "
-                f"got n_samples={X.shape[0]}"
-            )
         bandwidth = fit_widths(self, self.bandwidth, X, y2, sw, degree=self._degree())
         self._store_training_data(X, y2, outputs_2d, sw)
         self.bandwidth_ = bandwidth

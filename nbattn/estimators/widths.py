@@ -70,6 +70,11 @@ def fit_widths(
         fast path "loo" is "loo_scale" (the classifier's criterion).
     """
     if isinstance(bandwidth, str) and bandwidth in ("loo", "loo_scale"):
+        if X.shape[0] < 2:
+            raise ValueError(
+                f"bandwidth={bandwidth!r} needs at least 2 samples (leave-one-out), got "
+                f"n_samples={X.shape[0]} (rows of weight 0 are left out)"
+            )
         fast = not model._uses_engine()
         if bandwidth == "loo" and (loo_per_column or not fast):
             return engine_loo_widths(model, X, Y, sample_weight, degree)

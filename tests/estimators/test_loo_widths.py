@@ -102,3 +102,27 @@ def test_classifier_loo_stays_the_one_factor_search(rng):
     loo = nbattn.NadarayaWatsonClassifier(bandwidth="loo").fit(X, labels)
     scaled = nbattn.NadarayaWatsonClassifier(bandwidth="loo_scale").fit(X, labels)
     np.testing.assert_array_equal(loo.bandwidth_, scaled.bandwidth_)
+
+
+@pytest.mark.parametrize("bandwidth", ["loo", "loo_scale"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda bw: nbattn.NadarayaWatsonRegressor(bandwidth=bw),
+        lambda bw: nbattn.NadarayaWatsonRegressor(bandwidth=bw, var_type="cu"),
+        lambda bw: nbattn.LocalPolynomialRegressor(bandwidth=bw),
+        lambda bw: nbattn.LocalPolynomialRegressor(bandwidth=bw, degree=0, kernel="tricube"),
+    ],
+)
+def test_a_leave_one_out_width_needs_two_rows_on_every_path(make, bandwidth):
+    """One row (or one row of positive weight) leaves nothing to leave one out: every
+    estimator and search refuses it by the same words, none returns widths of 1."""
+    X = np.array([[0.5, 1.0]])
+    with pytest.raises(ValueError, match=f"bandwidth='{bandwidth}' needs at least 2 samples"):
+        make(bandwidth).fit(X, np.array([3.0]))
+    rng = np.random.default_rng(0)
+    X = np.column_stack([rng.normal(size=40), rng.integers(0, 2, 40)])
+    weights = np.zeros(40)
+    weights[7] = 1.0
+    with pytest.raises(ValueError, match=r"n_samples=1 \(rows of weight 0 are left out\)"):
+        make(bandwidth).fit(X, rng.normal(size=40), sample_weight=weights)
