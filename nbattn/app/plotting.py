@@ -58,9 +58,19 @@ def plot_fit(x_train, y_train, x_test, y_true, curves=None, ax=None, title=None)
 
 
 def plot_heatmap(weights, xlabel="keys", ylabel="queries", ax=None, title=None):
-    """One attention map (n_queries, n_keys) as an image with a colour bar."""
+    """One attention map (n_queries, n_keys) as an image with a colour bar.
+
+    Softmax weights (all >= 0) go from white to red. Weights with negative entries (a
+    local polynomial's equivalent kernel, which extrapolates) take a diverging map
+    centred on 0, so that a negative weight does not look like a zero one."""
     ax = _axes(ax, figsize=(5, 4))
-    image = ax.imshow(np.asarray(weights), cmap="Reds", aspect="auto")
+    weights = np.asarray(weights)
+    low = float(weights.min()) if weights.size else 0.0
+    if low < 0.0:
+        limit = max(-low, float(weights.max()))
+        image = ax.imshow(weights, cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto")
+    else:
+        image = ax.imshow(weights, cmap="Reds", aspect="auto")
     _label(ax, xlabel, ylabel, title)
     ax.figure.colorbar(image, ax=ax)
     return ax

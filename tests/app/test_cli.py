@@ -1120,3 +1120,19 @@ def test_info_never_fails_on_cuda_lookups(capsys, monkeypatch):
     assert code == 0 and err == ""
     for lib in ("driver", "nvvm", "nvrtc", "cudart", "cudadevrt"):
         assert f"  {lib}: not found: lookup exploded" in out
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_heatmap_with_negative_weights_is_centred_on_zero(seed):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    rng = np.random.default_rng(seed)
+    softmax = rng.dirichlet(np.ones(9), size=5)
+    signed = softmax - rng.uniform(0, 0.2) * rng.random((5, 9))
+    image = plotting.plot_heatmap(softmax).images[0]
+    assert image.get_cmap().name == "Reds"
+    image = plotting.plot_heatmap(signed).images[0]
+    low, high = image.get_clim()
+    assert low == -high and high >= max(-signed.min(), signed.max())
+    assert image.get_cmap().name == "RdBu_r"
