@@ -984,3 +984,43 @@ def loo_grad_differences(X, y, bandwidth=None, components=None, dtype=np.float64
         return np.einsum("ij,ijd->d", dl_ds, (delta / bandwidth) ** 2)
     outer = np.einsum("ij,ija,ijb->ab", dl_ds, delta, delta)
     return -np.asarray(components, dtype=dtype) @ outer
+
+
+# --------------------------------------------------------------------------- classifiers
+def smoothed_class_probabilities(
+    queries,
+    keys,
+    onehot,
+    widths,
+    var_type,
+    n_categories,
+    alpha,
+    sample_weight=None,
+    kernel="gaussian",
+    exclude_self=False,
+):
+    """(S_c + alpha pi_c) / (S + alpha) with S_c = sum_j s_j K(q, k_j) [y_j = c], s the
+    sample weights over their mean and pi the weighted class frequencies (alpha = 0:
+    the plain Nadaraya-Watson probabilities S_c / S)."""
+    onehot = np.asarray(onehot, dtype=np.float64)
+    n = onehot.shape[0]
+    s = np.ones(n) if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
+    s = s / s.mean()
+    K = product_kernel_matrix(queries, keys, widths, var_type, n_categories, kernel) * s
+    if exclude_self:
+        np.fill_diagonal(K, 0.0)
+    prior = s @ onehot / s.sum()
+    mass = K @ onehot
+    return (mass + alpha * prior) / (mass.sum(axis=1, keepdims=True) + alpha)
+
+
+def smoothed_class_loo_log_loss(
+    X, onehot, widths, var_type, n_categories, alpha, sample_weight=None, kernel="gaussian"
+):
+    """The weighted leave-one-out log-loss of :func:`smoothed_class_probabilities`."""
+    p = smoothed_class_probabilities(
+        X, X, onehot, widths, var_type, n_categories, alpha, sample_weight, kernel, True
+    )
+    own = p[np.arange(p.shape[0]), np.argmax(onehot, axis=1)]
+    s = np.ones(p.shape[0]) if sample_weight is None else np.asarray(sample_weight, float)
+    return float(-(s @ np.log(own)) / s.sum())

@@ -7,7 +7,7 @@ from sklearn.base import ClassifierMixin
 from sklearn.utils.multiclass import check_classification_targets
 
 from .base import _nadaraya_watson_init, _PoolingEstimator
-from .widths import fit_widths
+from .widths import fit_class_widths
 
 __all__ = ["NadarayaWatsonClassifier"]
 
@@ -22,26 +22,29 @@ class NadarayaWatsonClassifier(ClassifierMixin, _PoolingEstimator):
                           [y_j = c]
 
     The probabilities are the attention-weighted class frequencies around x;
-    they are non-negative and sum to 1 by construction.
+    they are non-negative and sum to 1 by construction. With a leave-one-out
+    width they are smoothed towards the training class frequencies pi by a
+    prior of ``prior_count_`` = alpha rows,
+    ``(S_c(x) + alpha pi_c) / (S(x) + alpha)`` with S_c(x) the kernel mass of
+    class c around x (``sum_j w_j K(x, x_j) [y_j = c]``, weights divided by their
+    mean): where x has many training rows near it the prior is nothing, far
+    from all of them the answer is pi, not the nearest row's class with certainty.
 
     Parameters
     ----------
     bandwidth : "scott", "silverman", "loo", "loo_scale", float or array-like (n_features,)
-        "loo" (and "loo_scale") scales Scott's widths by the factor minimising the
-        leave-one-out **Brier score**, ``1/(n K) sum_i sum_c (P_{-i}(c | x_i) - [y_i = c])^2``
-        (the LOO MSE of the one-hot regression, same search as the regressor).
-        The Brier score rather than the log-loss: it is a proper scoring rule
-        that stays finite when a left-out point's class gets probability 0
-        (which happens as soon as its nearest neighbours all disagree and the
-        width is small), so the search never meets an infinite plateau, and it
-        runs on the same exact LOO kernel as the regressor.
+        "loo" learns every width (h per continuous column, lambda per categorical
+        one), "loo_scale" one factor of Scott's h (the lambdas at the rule's), by
+        the leave-one-out **log-loss** of the smoothed probabilities, alpha
+        learned with them (:mod:`nbattn.local.class_widths`). The log-loss is a
+        proper score that punishes certainty, so widths below the data's
+        resolution lose; the search is never worse on it than Scott's widths, and
+        no probability is exactly 0. A rule or given widths keep alpha = 0 (the
+        plain Nadaraya-Watson probabilities).
     kernel : "gaussian", "epanechnikov" or "tricube"
         The kernel of the continuous columns (see :class:`NadarayaWatsonRegressor`).
     var_type, missing, handle_unknown
-        How the columns of X are read (see :class:`NadarayaWatsonRegressor`);
-        with categorical columns (or another kernel) "loo" learns each h and lambda by
-        the LOO Brier score (:func:`nbattn.local.widths.local_loo_widths`), and
-        "loo_scale" scales Scott's h by one factor, the lambdas at the rule's.
+        How the columns of X are read (see :class:`NadarayaWatsonRegressor`).
     device : "cpu", "cuda" or "auto"
         Resolved each time a method runs (see :class:`NadarayaWatsonRegressor`).
     dtype : "float64" or "float32"
@@ -53,11 +56,14 @@ class NadarayaWatsonClassifier(ClassifierMixin, _PoolingEstimator):
     ----------
     classes_ : ndarray (n_classes,)
     bandwidth_ : ndarray (n_features,), h per continuous column, lambda per categorical one
+    prior_count_ : float >= 0, the prior alpha of the class frequencies, in rows of kernel
+        mass (0 unless ``bandwidth`` is "loo" or "loo_scale")
     var_type_, categories_, sample_weight_
         As for :class:`NadarayaWatsonRegressor`.
     X_fit_ : ndarray (n_samples, n_features), a float64 copy of the training rows
     y_fit_ : ndarray (n_samples, n_classes), the one-hot training labels (the
-        values pooled; named like the regressors' targets)
+        values pooled, ``attention_weights(X) @ y_fit_`` the probabilities before the
+        prior; named like the regressors' targets)
     n_features_in_, feature_names_in_
     """
 
@@ -80,12 +86,13 @@ class NadarayaWatsonClassifier(ClassifierMixin, _PoolingEstimator):
             )
         Y = np.zeros((X.shape[0], classes.size))
         Y[np.arange(X.shape[0]), codes] = 1.0
-        bandwidth = fit_widths(self, self.bandwidth, X, Y, sw, loo_per_column=False)
+        bandwidth, prior_count = fit_class_widths(self, self.bandwidth, X, Y, sw)
         self.classes_ = classes
         self.X_fit_ = X
         self.y_fit_ = Y
         self.sample_weight_ = sw
         self.bandwidth_ = bandwidth
+        self.prior_count_ = prior_count
         return self
 
     def predict_proba(self, X):

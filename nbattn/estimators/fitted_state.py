@@ -16,6 +16,7 @@ the one copy of those, for both readers.
 
 from __future__ import annotations
 
+import math
 from numbers import Real
 
 import numpy as np
@@ -225,7 +226,15 @@ def _classifier_attributes(state, params, estimator) -> set:
     if not (np.isin(Y, (0.0, 1.0)).all() and (Y.sum(axis=1) == 1.0).all()):
         raise ValueError("y_fit_ of a classifier must be one-hot (one 1 per row, else 0)")
     require_bandwidth(state, params["bandwidth"], state["var_type_"], estimator)
-    return {"classes_", "bandwidth_"}
+    alpha = require(state, "prior_count_", estimator)
+    if not is_real(alpha) or not 0.0 <= alpha < math.inf:
+        raise ValueError(f"prior_count_ must be a finite number >= 0, got {alpha!r}")
+    if alpha > 0.0 and params["bandwidth"] not in ("loo", "loo_scale"):
+        raise ValueError(
+            f"prior_count_ is {alpha!r} but bandwidth={params['bandwidth']!r} learns none "
+            "(only 'loo' and 'loo_scale' do)"
+        )
+    return {"classes_", "bandwidth_", "prior_count_"}
 
 
 def check_fitted_state(estimator: str, params: dict, state: dict) -> dict:

@@ -99,7 +99,11 @@ class PoolingPrediction:
         return int(self._param("degree")) if self._is_local_polynomial() else 0
 
     def _weights(self):
-        return self._fitted("sample_weight_")
+        """The sample weights with the largest brought to [1, 2) (exact), or None: every
+        use is scale-free, so weights times a power of two predict the same to the bit,
+        and sums of weights near 1e308 or 5e-324 neither overflow nor vanish."""
+        sw = self._fitted("sample_weight_")
+        return None if sw is None else sw / power_of_two_scale(sw.max())
 
     # ---- resolved at every call
 
@@ -177,10 +181,6 @@ class PoolingPrediction:
         from ..smoothing import regression
 
         sw = self._weights()
-        if sw is not None:
-            # the largest weight brought to [1, 2) (exact): w v and sum w neither overflow
-            # nor vanish for weights near 1e308 or 5e-324 (the weighted means are scale-free)
-            sw = sw / power_of_two_scale(sw.max())
         if self._average():
             if sw is None:
                 return regression.average_pooling(X, values)
@@ -188,15 +188,45 @@ class PoolingPrediction:
             return np.broadcast_to(mean, (X.shape[0], values.shape[1])).copy()
         if self._uses_engine():
             return self._local_fit(X, values, degree=0)
+        return self._gaussian_pooled(X, values)[0]
+
+    def _gaussian_pooled(self, X, values):
+        """``(sum_j w_ij v_j, log sum_j s_j K(x_i, x_j))`` on the Gaussian fast path, s_j
+        the weights of :meth:`_weights` (pooled as ``[s v, s]`` and divided)."""
+        from ..smoothing import regression
+
+        sw = self._weights()
         q, k, h = self._score_coordinates(X)
         if sw is not None:
             values = np.column_stack([sw[:, None] * values, sw])
         h = regression.resolve_bandwidth(h, k)  # checked: it may come from an edited file
-        out, _ = regression.gaussian_pool(
+        out, lse = regression.gaussian_pool(
             q, k, values, h, dtype=self._dtype(), device=self._device()
         )
-        out = np.asarray(out, dtype=np.float64)
-        return out if sw is None else out[:, :-1] / out[:, -1:]
+        out, lse = np.asarray(out, dtype=np.float64), np.asarray(lse, dtype=np.float64)
+        if sw is None:
+            return out, lse
+        with np.errstate(divide="ignore"):
+            return out[:, :-1] / out[:, -1:], lse + np.log(out[:, -1])
+
+    def _pooled_with_mass(self, X):
+        """``(pooled y_fit_, log S)`` at the checked queries X, S(x) = sum_j s_j K(x, x_j)
+        the kernel mass in rows (weights divided by their mean; -inf where no key
+        weighs), on the engine or the Gaussian fast path."""
+        from ..local.class_widths import log_mean_weight
+
+        y = self._fitted("y_fit_")
+        if self._uses_engine():
+            from ..local.engine import fit_problem
+
+            problem = self._local_problem(self._local_spec(X), X, y, self._degree())
+            beta, _, shift, log_norm, _, _ = fit_problem(problem)
+            pooled = np.asarray(beta[:, 0, :], dtype=self._dtype()).astype(np.float64)
+            with np.errstate(invalid="ignore"):
+                log_mass = np.where(log_norm > -np.inf, shift + log_norm, -np.inf)
+        else:
+            pooled, log_mass = self._gaussian_pooled(X, y)
+        return pooled, log_mass - log_mean_weight(self._weights())  # scale-free
 
     def _pooled(self, X):
         """Predictions (n_queries, m) as float64, on ``device``."""
@@ -264,6 +294,20 @@ class PoolingPrediction:
 
     def _probabilities(self, X):
         """A classifier's probabilities: the pooled one-hot labels clipped at 0 and
-        normalised, ``p_ic = max(f_ic, 0) / sum_c' max(f_ic', 0)``."""
-        proba = np.clip(self._pooled(X), 0.0, None)
-        return proba / proba.sum(axis=1, keepdims=True)
+        normalised, ``p_ic = max(f_ic, 0) / sum_c' max(f_ic', 0)``; with a prior of
+        alpha = ``prior_count_`` > 0 rows (learned by a leave-one-out width) smoothed
+        towards the class frequencies pi, ``(1 - m_i) p_ic + m_i pi_c`` with
+        ``m_i = alpha / (S(x_i) + alpha)`` (:mod:`nbattn.local.class_widths`)."""
+        alpha = float(self._fitted("prior_count_", 0.0))
+        if alpha > 0.0:
+            pooled, log_mass = self._pooled_with_mass(X)
+        else:
+            pooled = self._pooled(X)
+        proba = np.clip(pooled, 0.0, None)
+        proba /= proba.sum(axis=1, keepdims=True)
+        if alpha > 0.0:
+            from ..local.class_widths import class_frequencies, smoothed_probabilities
+
+            prior = class_frequencies(self._fitted("y_fit_"), self._weights())
+            proba = smoothed_probabilities(proba, log_mass, np.log(alpha), prior)
+        return proba

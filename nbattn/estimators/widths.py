@@ -11,8 +11,7 @@ Otherwise two paths, as for prediction
 * the Gaussian fast path (all-continuous data, the Gaussian kernel, no
   missing values): "loo_scale" is :func:`nbattn.smoothing.width_search.loo_scale`
   (with sample weights :func:`engine_loo_scale`), a rule name the rule on the
-  spread, a number or an array the widths as given; the classifier's "loo" is
-  "loo_scale" here (``loo_per_column=False``);
+  spread, a number or an array the widths as given;
 * the mixed-type engine's path (categorical columns, missing values, another
   kernel, a local polynomial): "loo_scale" is :func:`engine_loo_scale`, a rule
   gives the continuous columns its widths and the categorical ones the rule's
@@ -20,9 +19,15 @@ Otherwise two paths, as for prediction
 
 With sample weights the rules use the weighted spread and n = Kish's effective
 number of rows (:func:`effective_size`), so that multiplying every weight by one
-constant changes no width, and "loo" weighs each left-out term. The model passed
-in answers the questions of :class:`~nbattn.estimators.prediction.PoolingPrediction`
-(its column kinds, kernel, device, ...) for the training data being fitted.
+constant changes no width, and "loo" weighs each left-out term.
+
+A classifier's "loo" and "loo_scale" minimise the leave-one-out log-loss of its
+probabilities smoothed towards the class frequencies instead
+(:func:`fit_class_widths`), on the engine on every path.
+
+The model passed in answers the questions of
+:class:`~nbattn.estimators.prediction.PoolingPrediction` (its column kinds, kernel,
+device, ...) for the training data being fitted.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from numbers import Real
 import numpy as np
 
 from .. import config
-from .._core.numeric import within_squares
+from .._core.numeric import power_of_two_scale, within_squares
 from .._core.validation import check_bandwidth, check_choice
 from ..smoothing import regression, width_search
 from ..smoothing.search import minimize_log_scale
@@ -42,6 +47,7 @@ __all__ = [
     "engine_loo_loss",
     "effective_size",
     "engine_loo_widths",
+    "fit_class_widths",
     "fit_widths",
     "weighted_default_widths",
     "weighted_loo_scale",
@@ -50,9 +56,7 @@ __all__ = [
 ]
 
 
-def fit_widths(
-    model, bandwidth, X, Y, sample_weight=None, degree=0, loo_per_column=True
-) -> np.ndarray:
+def fit_widths(model, bandwidth, X, Y, sample_weight=None, degree=0) -> np.ndarray:
     """Per-feature widths (h for continuous columns, lambda for categorical ones).
 
     Parameters
@@ -64,19 +68,10 @@ def fit_widths(
     Y : ndarray (n, m) float64, the values pooled (targets or one-hot labels)
     sample_weight : ndarray (n,) of positive weights, or None
     degree : int, the local polynomial's degree (the engine's LOO fit)
-    loo_per_column : bool
-        "loo" learns every width on its own (the engine's
-        :func:`nbattn.local.widths.loo_widths`, on every path); False: on the Gaussian
-        fast path "loo" is "loo_scale" (the classifier's criterion).
     """
-    if isinstance(bandwidth, str) and bandwidth in ("loo", "loo_scale"):
-        if X.shape[0] < 2:
-            raise ValueError(
-                f"bandwidth={bandwidth!r} needs at least 2 samples (leave-one-out), got "
-                f"n_samples={X.shape[0]} (rows of weight 0 are left out)"
-            )
+    if _is_loo(bandwidth, X):
         fast = not model._uses_engine()
-        if bandwidth == "loo" and (loo_per_column or not fast):
+        if bandwidth == "loo":
             return engine_loo_widths(model, X, Y, sample_weight, degree)
         if not fast or sample_weight is not None:
             return engine_loo_scale(model, X, Y, sample_weight, degree)
@@ -102,12 +97,56 @@ def fit_widths(
     return check_widths(bandwidth, spec.var_type, spec.counts)
 
 
+def _is_loo(bandwidth, X) -> bool:
+    """Whether ``bandwidth`` names a leave-one-out search; refused on fewer than 2 rows."""
+    if not (isinstance(bandwidth, str) and bandwidth in ("loo", "loo_scale")):
+        return False
+    if X.shape[0] < 2:
+        raise ValueError(
+            f"bandwidth={bandwidth!r} needs at least 2 samples (leave-one-out), got "
+            f"n_samples={X.shape[0]} (rows of weight 0 are left out)"
+        )
+    return True
+
+
+def fit_class_widths(model, bandwidth, X, Y, sample_weight=None) -> tuple[np.ndarray, float]:
+    """A classifier's ``(bandwidth_, prior_count_)`` for one-hot labels Y (n, n_classes).
+
+    "loo" learns every width, "loo_scale" one factor of Scott's h, by the smoothed
+    leave-one-out log-loss (:func:`nbattn.local.class_widths.class_loo_widths`), with
+    the prior alpha of the class frequencies in rows; otherwise the widths of
+    :func:`fit_widths` and alpha = 0 (the plain Nadaraya-Watson probabilities).
+    """
+    if not _is_loo(bandwidth, X):
+        return fit_widths(model, bandwidth, X, Y, sample_weight), 0.0
+    from ..local.class_widths import class_loo_widths
+
+    spec = model._local_spec()
+    init = None
+    if sample_weight is not None:
+        # the largest weight brought to [1, 2) (exact): weights times a power of two fit the
+        # same to the bit (the engine takes log w, which a scale changes in the last bits)
+        sample_weight = sample_weight / power_of_two_scale(sample_weight.max())
+        init = weighted_default_widths(X, spec, sample_weight, "scott")
+    return class_loo_widths(
+        spec,
+        X,
+        Y,
+        sample_weight=sample_weight,
+        init=init,
+        per_column=bandwidth == "loo",
+        verbose=model.verbose,
+    )
+
+
 def engine_loo_widths(model, X, Y, sample_weight, degree) -> np.ndarray:
     """Every h and lambda learned by the engine's (weighted) LOO MSE of this degree's fit
     (:func:`nbattn.local.widths.loo_widths` on the checked training data)."""
     from ..local.widths import loo_widths
 
-    return loo_widths(model._local_spec(), X, Y, degree, sample_weight=sample_weight)
+    return loo_widths(
+        model._local_spec(), X, Y, degree, sample_weight=sample_weight, verbose=model.verbose
+    )
 
 
 def engine_loo_loss(model, X, Y, widths, sample_weight, degree) -> float:

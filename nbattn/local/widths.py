@@ -30,11 +30,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 
 import numpy as np
 
 from .. import config
 from .._core.numeric import within_squares
+from .._core.progress import FitProgress
 from .._core.threads import blas_one_thread
 from .._core.validation import as_float_array
 from ..dispatch.device import kernels_for
@@ -136,6 +138,8 @@ class _Criterion:
         self.cache = {}  # theta's bytes -> CV(theta): sweeps and stages revisit points
         self.n_loss = 0  # evaluations of the first pass alone (counted for benchmarks)
         self.n_grad = 0  # evaluations with the gradient pass
+        self.log = None  # a FitProgress: a line per evaluation (verbose)
+        self.started = time.perf_counter()
 
     def problem_at(self, theta):
         spec = self.base.spec
@@ -153,6 +157,14 @@ class _Criterion:
     def _record(self, value, theta):
         if value < self.best[0]:
             self.best = (value, np.array(theta, dtype=np.float64))
+        if self.log is not None and self.log.enabled:
+            spec = self.base.spec
+            widths = theta_to_widths(self.best[1], spec.var_type, spec.n_categories)
+            self.log.step(
+                f"evaluation {self.n_loss + self.n_grad}: LOO criterion {value:.6g}; best "
+                f"{self.best[0]:.6g} at widths {np.array2string(widths, precision=4)}; "
+                f"{time.perf_counter() - self.started:.1f} s"
+            )
 
     def loss(self, theta):
         theta = np.asarray(theta, dtype=np.float64)
@@ -161,24 +173,30 @@ class _Criterion:
             return self.cache[key]
         self.n_loss += 1
         problem = self.problem_at(theta)
-        beta = fit_problem(problem)[0]
-        errors = ((beta[:, 0, :] - self.targets) ** 2).sum(axis=1)
-        value = float(errors @ self.loo_weights)
+        value = self.score(fit_problem(problem)[0][:, 0, :])
         value = value if math.isfinite(value) else math.inf
         self.cache[key] = value
         self._record(value, theta)
         return value
 
+    def score(self, fits):
+        """The criterion of the leave-one-out fits (n, n_out): the weighted squared error."""
+        return float(((fits - self.targets) ** 2).sum(axis=1) @ self.loo_weights)
+
+    def score_slopes(self, fits):
+        """d criterion / d fit_{-i} (n, n_out) at the leave-one-out fits."""
+        return 2.0 * (fits - self.targets) * self.loo_weights[:, None]
+
     def loss_and_grad(self, theta):
         self.n_grad += 1
         problem = self.problem_at(theta)
         fit = fit_problem(problem)
-        residual = fit.beta[:, 0, :] - self.targets
-        value = float((residual**2).sum(axis=1) @ self.loo_weights)
+        fits = fit.beta[:, 0, :]
+        value = self.score(fits)
         self.cache[np.asarray(theta, dtype=np.float64).tobytes()] = (
             value if math.isfinite(value) else math.inf
         )
-        out_weights = np.ascontiguousarray(2.0 * residual * self.loo_weights[:, None])
+        out_weights = np.ascontiguousarray(self.score_slopes(fits))
         module = kernels_for("local", problem.spec.device)
         with threads_for(problem):
             per_query = module.local_loo_gradient(
@@ -287,16 +305,32 @@ def local_loo_widths(
     return loo_widths(spec, X, y, degree, sample_weight=sample_weight, init=init, maxiter=maxiter)
 
 
-def loo_widths(spec: LocalSpec, X, y, degree, *, sample_weight=None, init=None, maxiter=200):
+def loo_widths(
+    spec: LocalSpec, X, y, degree, *, sample_weight=None, init=None, maxiter=200, verbose=0
+):
     """:func:`local_loo_widths` on checked inputs (:func:`nbattn.local.problem.check_columns`;
-    ``init`` checked widths or None)."""
-    from scipy.optimize import minimize
-
-    var_type, counts = spec.var_type, spec.n_categories
+    ``init`` checked widths or None); ``verbose`` a line per evaluation
+    (:class:`nbattn._core.progress.FitProgress`)."""
     start = rule_widths(spec, X) if init is None else init
     criterion = _Criterion(
         _training_problem(spec, X, within_squares(y), degree, sample_weight, start)
     )
+    with FitProgress(verbose, "loo_widths", unit="evaluation") as criterion.log:
+        theta = search_widths(criterion, start, maxiter=maxiter)
+    return theta_to_widths(theta, spec.var_type, spec.n_categories)
+
+
+def search_widths(criterion, start, *, maxiter=200, per_column=True) -> np.ndarray:
+    """The search of :func:`loo_widths` on any criterion of theta (an object with ``loss``,
+    ``loss_and_grad`` and ``best``, like ``_Criterion``) from the widths ``start``; returns
+    the best theta evaluated. ``per_column=False`` stops after the common factor of
+    every h (the categorical parameters stay at the start's). A criterion whose
+    ``has_gradient`` is False is searched without the descents (the common factor,
+    exact matching and the column sweeps alone)."""
+    from scipy.optimize import minimize
+
+    spec = criterion.base.spec
+    var_type, counts = spec.var_type, spec.n_categories
     theta0 = widths_to_theta(start, var_type, counts)
     cont = spec.continuous
     low, high = config.WIDTH_BOUNDS
@@ -309,8 +343,17 @@ def loo_widths(spec: LocalSpec, X, y, degree, *, sample_weight=None, init=None, 
     if cont.any():
         # the safeguard: one common factor of every h, categorical parameters at the start
         _common_scale_search(criterion, theta0, cont, lower, upper)
+    if criterion.best[1] is None:
+        raise ValueError(
+            "the leave-one-out criterion is not finite at any width tried "
+            f"({criterion.targets.shape[0]} rows)"
+        )
+    if not per_column:
+        return criterion.best[1]
 
     def descend(start=None):
+        if not getattr(criterion, "has_gradient", True):
+            return
         start = criterion.best[1] if start is None else start
         with blas_one_thread():  # L-BFGS-B's BLAS calls on 5 numbers: threads only contend
             minimize(
@@ -325,11 +368,6 @@ def loo_widths(spec: LocalSpec, X, y, degree, *, sample_weight=None, init=None, 
     # two starts: the rule itself and the best common scale. They can lie in different
     # basins, and the common scale's (better at the start) is not always the deeper one:
     # on the benchmark's mixed data (n = 500, cccuo) the rule's basin is 5% lower
-    if criterion.best[1] is None:
-        raise ValueError(
-            "the leave-one-out error of the local fit is not finite at any width tried "
-            f"(X {X.shape[0]} rows, y up to {float(np.max(np.abs(y))):.3g} in magnitude)"
-        )
     scaled = criterion.best[1].copy()
     descend(theta0)
     if not np.array_equal(scaled, theta0):
@@ -351,7 +389,7 @@ def loo_widths(spec: LocalSpec, X, y, degree, *, sample_weight=None, init=None, 
         if not _lower_by_rtol(criterion.best[0], before):
             break  # nothing gained beyond the tolerance: another descent would not move
         descend()  # the sweep left a local minimum: descend from there
-    return theta_to_widths(criterion.best[1], var_type, counts)
+    return criterion.best[1]
 
 
 #: Most column sweeps after L-BFGS-B (each one that improves is followed by another descent).

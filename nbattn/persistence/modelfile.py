@@ -2,12 +2,12 @@
 
 One ``.npz`` archive of uncompressed (stored) ``.npy`` members that never
 holds pickled objects, so loading cannot execute code. Format
-``"nbattn-model"``, version :data:`FORMAT_VERSION` (3; files of version 2
-still load):
+``"nbattn-model"``, version :data:`FORMAT_VERSION` (4; files of versions 2
+and 3 still load):
 
 * member ``__nbattn__``: a 0-d unicode array with the JSON metadata::
 
-      {"format": "nbattn-model", "format_version": 3,
+      {"format": "nbattn-model", "format_version": 4,
        "nbattn_version": "0.1.0", "estimator": "NadarayaWatsonRegressor",
        "params": {...get_params()...},
        "params_not_saved": {"random_state": "Generator"},   # saved as null (not JSON)
@@ -30,7 +30,10 @@ the JSON: a table's column kinds ``var_type_`` ("cuo" letters) and its
 numbers, code k being entry k) are plain JSON, so the encoding needs no
 pickle. Version 3 added those two and ``sample_weight_``; a version-2 file
 (all columns continuous, unweighted) is read with ``var_type_`` all "c",
-``categories_`` all null and ``sample_weight_`` null. ``sha256`` is the
+``categories_`` all null and ``sample_weight_`` null. Version 4 added a
+classifier's ``prior_count_`` (the prior of the class frequencies in its probabilities);
+a classifier of version 2 or 3 is read with 0, the plain probabilities it
+predicted then. ``sha256`` is the
 SHA-256 of the canonical JSON of the metadata without that key, followed
 by each array's name, dtype, shape and bytes in name order.
 
@@ -84,9 +87,9 @@ __all__ = [
 ]
 
 FORMAT_NAME = "nbattn-model"
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 #: older versions this nbattn still reads (see _upgrade)
-READABLE_VERSIONS = (2, 3)
+READABLE_VERSIONS = (2, 3, 4)
 #: the metadata member is refused beyond this size, before it is read
 MAX_METADATA_BYTES = 16 * 2**20
 _ARRAY_KINDS = "biufcU"
@@ -540,8 +543,11 @@ def _upgrade(attributes: dict, version) -> None:
     fitted attributes by name, an estimator's ``vars``).
 
     Version 2 predates tables: every column was continuous and fits were
-    unweighted, which is what these values say.
+    unweighted, which is what these values say. Versions 2 and 3 predate a
+    classifier's prior: its probabilities were the plain ones (weight 0).
     """
+    if version in (2, 3) and "classes_" in attributes:
+        attributes.setdefault("prior_count_", 0.0)
     if version == 2:
         d = attributes.get("n_features_in_")
         if isinstance(d, int) and not isinstance(d, bool) and d >= 1:

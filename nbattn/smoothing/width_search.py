@@ -130,8 +130,6 @@ def loo_bandwidth(
     At n = 2,000 the evaluations run on one thread: each takes about 0.2 ms,
     less than a parallel launch can cost on a busy machine.
 
-    The classifier's Brier criterion is this one on one-hot targets.
-
     Parameters
     ----------
     X : array-like (n, d) or (n,), n >= 2

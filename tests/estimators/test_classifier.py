@@ -2,9 +2,13 @@
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import nbattn
-from nbattn.smoothing import regression, width_search
+from nbattn.local.class_widths import ALPHA_HIGH_PER_ROW, ALPHA_LOW
+from nbattn.smoothing import regression
+from nbattn.smoothing.width_search import LOO_GRID
 
 from .. import naive
 
@@ -31,15 +35,95 @@ def test_probabilities_match_naive_pooling():
     np.testing.assert_allclose(model.attention_weights(Q) @ onehot, expected, rtol=1e-12)
 
 
-def test_loo_bandwidth_minimises_the_brier_score():
-    X, y = _blobs(2)
-    model = nbattn.NadarayaWatsonClassifier(bandwidth="loo").fit(X, y)
+def _brute_force_log_loss(X, onehot, widths, var_type, counts, sample_weight=None):
+    """min over a fine grid of alpha of the naive smoothed LOO log-loss at ``widths``
+    (alpha up to its bound for n rows, the most any weights allow)."""
+    n_eff = X.shape[0]
+    alphas = np.exp(np.arange(np.log(ALPHA_LOW), np.log(ALPHA_HIGH_PER_ROW * n_eff), 0.1))
+    return min(
+        naive.smoothed_class_loo_log_loss(X, onehot, widths, var_type, counts, a, sample_weight)
+        for a in alphas
+    )
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("bandwidth", ["loo", "loo_scale"])
+def test_loo_widths_minimise_the_smoothed_log_loss_against_brute_force(seed, bandwidth):
+    """The chosen (widths, alpha) score no worse than a brute-force grid of common factors
+    of Scott's widths, each with its best alpha on a fine grid: Scott's own widths (factor
+    1) among them."""
+    X, y = _blobs(seed, n=70)
+    model = nbattn.NadarayaWatsonClassifier(bandwidth=bandwidth).fit(X, y)
     onehot = (y[:, None] == model.classes_[None, :]).astype(float)
+    counts = [0, 0]
+    chosen = naive.smoothed_class_loo_log_loss(
+        X, onehot, model.bandwidth_, "cc", counts, model.prior_count_
+    )
     h0 = regression.bandwidth_rule(X)
-    chosen = naive.loo_loss(X, onehot, bandwidth=model.bandwidth_)
-    for factor in width_search.LOO_GRID:
-        assert chosen <= naive.loo_loss(X, onehot, bandwidth=factor * h0) * (1 + 1e-12)
-    assert model.score(X, y) > 0.8
+    brute = [_brute_force_log_loss(X, onehot, f * h0, "cc", counts) for f in LOO_GRID]
+    assert chosen <= min(brute) * (1 + 1e-4), (chosen, min(brute))
+    assert ALPHA_LOW <= model.prior_count_ <= ALPHA_HIGH_PER_ROW * X.shape[0]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_mixed_loo_widths_are_never_worse_than_the_rule_on_the_smoothed_log_loss(seed):
+    rng = np.random.default_rng(seed)
+    X, y = _blobs(seed, n=60)
+    group = ((y == "a") & (rng.random(60) < 0.7)).astype(float)  # an informative category
+    X = np.column_stack([X, group.astype(float)])
+    model = nbattn.NadarayaWatsonClassifier(bandwidth="loo", var_type="ccu").fit(X, y)
+    onehot = (y[:, None] == model.classes_[None, :]).astype(float)
+    counts = [0, 0, 2]
+    chosen = naive.smoothed_class_loo_log_loss(
+        X, onehot, model.bandwidth_, "ccu", counts, model.prior_count_
+    )
+    rule = nbattn.NadarayaWatsonClassifier(var_type="ccu").fit(X, y).bandwidth_
+    assert chosen <= _brute_force_log_loss(X, onehot, rule, "ccu", counts) * (1 + 1e-4)
+
+
+def test_loo_probabilities_match_the_naive_smoothed_formula():
+    """predict_proba = (S_c + alpha pi_c) / (S + alpha) on the Gaussian fast path, the
+    engine (a categorical column, a compact kernel) and with sample weights."""
+    X, y = _blobs(7, n=80)
+    rng = np.random.default_rng(8)
+    Q = rng.normal(size=(30, 2)) * 2
+    Q[0] = [40.0, -40.0]  # far from every row: the class frequencies
+    sw = rng.uniform(0.2, 3.0, size=80)
+    group = rng.integers(0, 3, size=80).astype(float)
+    cases = [
+        (X, Q, {}, None, "cc", [0, 0], "gaussian"),
+        (X, Q, {}, sw, "cc", [0, 0], "gaussian"),
+        (X, Q, {"kernel": "epanechnikov"}, None, "cc", [0, 0], "epanechnikov"),
+        (
+            np.column_stack([X, group]),
+            np.column_stack([Q, rng.integers(0, 3, size=30)]),
+            {"var_type": "ccu"},
+            sw,
+            "ccu",
+            [0, 0, 3],
+            "gaussian",
+        ),
+    ]
+    for train, queries, options, weights, kinds, counts, kernel in cases:
+        model = nbattn.NadarayaWatsonClassifier(bandwidth="loo_scale", **options)
+        model.fit(train, y, sample_weight=weights)
+        assert model.prior_count_ > 0
+        onehot = (y[:, None] == model.classes_[None, :]).astype(float)
+        expected = naive.smoothed_class_probabilities(
+            queries,
+            train,
+            onehot,
+            model.bandwidth_,
+            kinds,
+            counts,
+            model.prior_count_,
+            weights,
+            kernel,
+        )
+        np.testing.assert_allclose(model.predict_proba(queries), expected, rtol=1e-9, atol=1e-15)
+    frequencies = np.array([np.mean(y == c) for c in model.classes_])
+    far = nbattn.NadarayaWatsonClassifier(bandwidth="loo").fit(X, y).predict_proba(Q[:1])
+    np.testing.assert_allclose(far[0], frequencies, rtol=1e-9)
 
 
 def test_far_query_gets_its_nearest_class():
@@ -129,3 +213,50 @@ def test_every_label_kind_saves_and_predicts_the_same_labels(labels, tmp_path):
     assert pred.tolist() == pred_loaded.tolist()
     assert set(pred.tolist()) <= set(labels.tolist())
     np.testing.assert_array_equal(loaded.predict_proba(X), model.predict_proba(X))
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    n=st.integers(2, 40),
+    d=st.integers(1, 3),
+    n_classes=st.integers(2, 4),
+    spacing=st.sampled_from([0.0, 0.1, 1.0]),
+    far=st.floats(1e2, 1e6),
+)
+def test_loo_probabilities_are_never_exactly_zero(seed, n, d, n_classes, spacing, far):
+    """With a leave-one-out width every class keeps a positive probability at every
+    query, near or far from the rows, on tied (spacing 0), gridded and spread data;
+    the probabilities sum to 1."""
+    rng = np.random.default_rng(seed)
+    labels = np.arange(n) % n_classes
+    X = rng.normal(size=(n, d))
+    if spacing:
+        X = np.round(X / spacing) * spacing
+    else:
+        X[:] = X[0]
+    model = nbattn.NadarayaWatsonClassifier(bandwidth="loo_scale").fit(X, labels)
+    Q = np.vstack([X + 0.01, rng.normal(size=(5, d)) * far])
+    proba = model.predict_proba(Q)
+    assert (proba > 0).all()
+    np.testing.assert_allclose(proba.sum(axis=1), 1.0, rtol=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_loo_widths_do_not_depend_on_the_scale_of_the_weights(seed):
+    """Weights times a power of two give the same fit to the bit; times any constant,
+    the same to rounding (the widths' criterion, the prior in rows and the class
+    frequencies are all scale-free in the weights)."""
+    X, y = _blobs(seed, n=50)
+    w = np.random.default_rng(seed).uniform(0.1, 2.0, size=50)
+    Q = np.random.default_rng(seed + 1).normal(size=(10, 2)) * 2
+    fits = [
+        nbattn.NadarayaWatsonClassifier(bandwidth="loo").fit(X, y, sample_weight=w * c)
+        for c in (1.0, 2.0**-40, 2.0**50, 1e-9 / w.sum())
+    ]
+    for other in fits[1:3]:
+        assert np.array_equal(other.bandwidth_, fits[0].bandwidth_)
+        assert other.prior_count_ == fits[0].prior_count_
+        assert np.array_equal(other.predict_proba(Q), fits[0].predict_proba(Q))
+    np.testing.assert_allclose(fits[3].bandwidth_, fits[0].bandwidth_, rtol=1e-6)
+    np.testing.assert_allclose(fits[3].predict_proba(Q), fits[0].predict_proba(Q), atol=1e-6)

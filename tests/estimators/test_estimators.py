@@ -3,6 +3,7 @@
 attribute names, random_state, verbose) and check_fitted_state."""
 
 import copy
+import dataclasses
 
 import numpy as np
 import pandas as pd
@@ -14,6 +15,7 @@ from sklearn.base import clone
 import nbattn
 from nbattn.dispatch.device import cuda_available
 from nbattn.estimators import check_fitted_state, prediction
+from nbattn.local import class_widths
 from nbattn.smoothing import learned_metric, regression, width_search
 
 from .. import naive
@@ -271,6 +273,15 @@ class _DeviceSpy:
         return self.real(*args, **kwargs)
 
 
+class _SpecDeviceSpy(_DeviceSpy):
+    """The same for a function of a LocalSpec (its first argument, holding the device)."""
+
+    def __call__(self, spec, *args, **kwargs):
+        self.calls.append(dict(kwargs))
+        self.devices.append(spec.device)
+        return self.real(dataclasses.replace(spec, device="cpu"), *args, **kwargs)
+
+
 @pytest.fixture
 def gpu_machine(monkeypatch):
     """Pretend numba sees a GPU: "auto" resolves to "cuda" in the estimators."""
@@ -285,8 +296,10 @@ def gpu_machine(monkeypatch):
         (regression, "gaussian_pool"),  # the estimators' pooling of checked arrays
         (width_search, "loo_scale"),  # and their width search
         (learned_metric, "fit_learned_kernel"),
+        (class_widths, "class_loo_widths"),  # the classifier's search on the engine
     ]:
-        spies[fname] = _DeviceSpy(getattr(module, fname))
+        spy = _SpecDeviceSpy if module is class_widths else _DeviceSpy
+        spies[fname] = spy(getattr(module, fname))
         monkeypatch.setattr(module, fname, spies[fname])
     return spies
 
@@ -298,7 +311,11 @@ def test_device_is_resolved_when_a_method_runs(name, kwargs, gpu_machine, monkey
     for spy in gpu_machine.values():
         spy.devices.clear()
     model = getattr(nbattn, name)(**kwargs, device="auto").fit(X, y)
-    fit_devices = gpu_machine["loo_scale"].devices + gpu_machine["fit_learned_kernel"].devices
+    fit_devices = [
+        device
+        for search in ("loo_scale", "fit_learned_kernel", "class_loo_widths")
+        for device in gpu_machine[search].devices
+    ]
     assert set(fit_devices) <= {"cuda"}
     searches = kwargs.get("bandwidth") in ("loo", "loo_scale") or name.startswith("Learned")
     assert len(fit_devices) == searches
@@ -361,7 +378,8 @@ def test_verbose_reaches_the_search(name, kwargs, gpu_machine):
     searches = kwargs.get("bandwidth") in ("loo", "loo_scale") or name.startswith("Learned")
     X, y = _xy(name)
     getattr(nbattn, name)(**kwargs, verbose=2).fit(X, y)
-    spy = gpu_machine["fit_learned_kernel" if name.startswith("Learned") else "loo_scale"]
+    search = {"Learned": "fit_learned_kernel", "Classif": "class_loo_widths"}
+    spy = gpu_machine[next((v for k, v in search.items() if k in name), "loo_scale")]
     assert [call["verbose"] for call in spy.calls] == [2] * int(searches)
 
 

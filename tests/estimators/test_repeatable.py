@@ -1,5 +1,6 @@
-"""Every LocalPolynomialRegressor configuration fits bit for bit the same, in one process
-and across processes: learned widths (bandwidth="loo") and predictions.
+"""Every LocalPolynomialRegressor configuration, and the classifier's leave-one-out
+widths, fit bit for bit the same, in one process and across processes: learned widths
+(bandwidth="loo") and predictions.
 
 The kernels hold per-thread scratch rows (scores, design rows, moments); a row read
 before it is written gives whatever the allocator returned last, so a fit depends on
@@ -62,6 +63,28 @@ def fit_digest(degree, missing, var_type, seed=0):
     return [np.asarray(part, dtype=np.float64).tobytes().hex() for part in parts]
 
 
+CLASS_CONFIGS = list(itertools.product(("loo", "loo_scale"), _MISSING, ("cc", "ccuo")))
+
+
+def class_fit_digest(bandwidth, missing, var_type, seed=0):
+    """A classifier's (widths, prior, probabilities at shifted rows) as hex strings."""
+    X, y = table(var_type, seed)
+    labels = np.digitize(y, np.quantile(y, [0.3, 0.7]))
+    model = nbattn.NadarayaWatsonClassifier(
+        bandwidth=bandwidth, missing=missing, var_type=var_type
+    ).fit(X, labels)
+    parts = (model.bandwidth_, model.prior_count_, model.predict_proba(shifted(X, var_type)))
+    return [np.asarray(part, dtype=np.float64).tobytes().hex() for part in parts]
+
+
+@pytest.mark.parametrize(("bandwidth", "missing", "var_type"), CLASS_CONFIGS)
+def test_two_classifier_fits_in_one_process_agree_bit_for_bit(bandwidth, missing, var_type):
+    first = class_fit_digest(bandwidth, missing, var_type)
+    junk = [np.full((rows, config.KEY_BLOCK), np.nan) for rows in range(1, 16) for _ in range(4)]
+    del junk
+    assert class_fit_digest(bandwidth, missing, var_type) == first
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("degree", "missing", "var_type"), CONFIGS)
 def test_two_fits_in_one_process_agree_bit_for_bit(degree, missing, var_type):
@@ -96,8 +119,8 @@ def test_marginalize_without_missing_values_is_error_bit_for_bit(seed):
 
 _CHILD = """
 import json, sys
-from tests.estimators.test_repeatable import CONFIGS, fit_digest
-print(json.dumps([fit_digest(*config) for config in CONFIGS]))
+from tests.estimators.test_repeatable import CLASS_CONFIGS, CONFIGS, class_fit_digest, fit_digest
+print(json.dumps([fit_digest(*c) for c in CONFIGS] + [class_fit_digest(*c) for c in CLASS_CONFIGS]))
 """
 
 
@@ -123,5 +146,5 @@ def test_fits_in_two_processes_agree_bit_for_bit():
         )
         assert done.returncode == 0, done.stderr[-2000:]
         runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    for case, a, b in zip(CONFIGS, runs[1], runs[2]):
+    for case, a, b in zip(CONFIGS + CLASS_CONFIGS, runs[1], runs[2]):
         assert a == b, case

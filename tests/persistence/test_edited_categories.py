@@ -112,7 +112,7 @@ def test_a_degree_that_is_no_int_is_refused(tmp_path, degree):
     _both_refuse(path, "'degree'")
 
 
-@pytest.mark.parametrize("version", [2.0, 3.0, True, "3", [3], None, 4])
+@pytest.mark.parametrize("version", [2.0, 3.0, True, "3", [3], None, 5])
 def test_a_format_version_this_reader_does_not_know_is_refused(tmp_path, version):
     path, _ = _saved(tmp_path)
     meta, arrays = split(path)

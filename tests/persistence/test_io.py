@@ -152,13 +152,13 @@ def saved(tmp_path, rng):
     return nbattn.save(nbattn.NadarayaWatsonRegressor().fit(X, y), tmp_path / "m.npz")
 
 
-@pytest.mark.parametrize("version, advice", [(4, ""), (1, "; fit and save the model again")])
+@pytest.mark.parametrize("version, advice", [(5, ""), (1, "; fit and save the model again")])
 def test_other_format_version_is_refused(saved, version, advice):
     meta, arrays = _split(saved)
     meta["format_version"] = version
     _rewrite(saved, meta, arrays)
     with pytest.raises(
-        ValueError, match=rf"format version {version}.*reads versions 2, 3{advice}$"
+        ValueError, match=rf"format version {version}.*reads versions 2, 3, 4{advice}$"
     ):
         nbattn.load(saved)
 

@@ -388,7 +388,7 @@ def test_airquality_like_regression_finds_the_minimum(seed):
 
 @pytest.mark.parametrize("seed", range(8))
 def test_prestige_like_classification_keeps_every_neighbour_class(seed):
-    """One-hot targets (the classifier's Brier criterion): the width does not collapse,
+    """One-hot targets (the Brier score of the one-hot regression): the width does not collapse,
     so no class present among a query's nearest neighbours gets probability 0."""
     X, kind = prestige_like(seed)
     onehot = np.eye(3)[kind]
