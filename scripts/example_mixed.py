@@ -51,12 +51,13 @@ def one_hot(train, test):
     return encoder.transform(train), encoder.transform(test)
 
 
-def main():
+def fit_all():
+    """The fitted models and the split: (rows, lp, X, y_train, y_test), with rows the
+    [(model, test MSE)] that README's Carseats table quotes, in its order."""
     from sklearn.model_selection import GridSearchCV, train_test_split
     from sklearn.neighbors import KNeighborsRegressor
 
     import nbattn
-    from nbattn.app.plotting import relative_widths
 
     X, y = load()
     X_train, X_test, y_train, y_test = train_test_split(X, y, test_size=0.25, random_state=0)
@@ -83,6 +84,18 @@ def main():
         ),
         ("nbattn NadarayaWatsonRegressor, one-hot", mse(nw.predict(H_test))),
     ]
+    return rows, lp, X, y_train, y_test
+
+
+def results():
+    """[(model, test MSE)] of README's Carseats table, in its order."""
+    return fit_all()[0]
+
+
+def main():
+    from nbattn.app.plotting import relative_widths
+
+    rows, lp, X, y_train, y_test = fit_all()
     print(f"ISLR::Carseats: {len(y_train)} training and {len(y_test)} test stores")
     print(f"column kinds read from the DataFrame: {lp.var_type_}")
     print(f"\ntest MSE of Sales (variance of the test targets: {float(np.var(y_test)):.3f})")

@@ -4,15 +4,15 @@ Every function takes queries ``q`` (..., L, Eq) and keys ``k`` (..., S, Ek)
 with any leading batch dimensions (broadcast like NumPy/torch) and returns
 the score matrix (..., L, S), ``scores[..., i, j] = s(q_i, k_j)``:
 
-==============  ==========================================  ==========================
+==============  ===========================================  ==========================
 name            s(q, k)                                      parameters
-==============  ==========================================  ==========================
+==============  ===========================================  ==========================
 ``additive``    v^T tanh(W k + U q)                          W (H, Ek), U (H, Eq), v (H,)
 ``dot``         k^T q                                        Eq = Ek
 ``scaled_dot``  k^T q / sqrt(D)  (``scale`` overrides 1/√D)  Eq = Ek = D
 ``bilinear``    k^T W q,  or low-rank (U k)^T (V q)          W (Ek, Eq) or U (R, Ek), V (R, Eq)
 ``gaussian``    -1/2 sum_d ((q_d - k_d) / h_d)^2              bandwidth h > 0 (scalar or (D,))
-==============  ==========================================  ==========================
+==============  ===========================================  ==========================
 
 (The text writes the key as x: s(x, q).) ``SCORES`` maps each name to one
 :class:`Score` record: its parameters and their checks, its CPU kernel, its

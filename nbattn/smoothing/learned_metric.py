@@ -61,6 +61,7 @@ def fit_learned_kernel(
         * "scalar": widths ``c * h_scott``, c learned (the seed's single w);
         * "diagonal": one width per feature, learned on the log scale;
         * "full": a linear map L (n_components, d), score ``-1/2 ||L(x - x')||^2``.
+
         Scalar and diagonal log-widths are bounded to ``config.WIDTH_BOUNDS``
         times the Scott widths (1e-3 ... 1e4), so an irrelevant feature's width
         grows until the bound instead of overflowing.

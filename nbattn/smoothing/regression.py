@@ -399,7 +399,7 @@ def nadaraya_watson_spread(queries, keys, values, bandwidth="scott", *, dtype=No
     deviations about f (no cancellation, unlike E[v^2] - E[v]^2) and the
     squared weights. n_eff runs from 1 (one key holds all the weight) to
     n_keys (uniform weights). The deviations are divided by a power of two
-    near max |v| before squaring, so values near 1e200 or 1e-200 keep their
+    near ``max |v|`` before squaring, so values near 1e200 or 1e-200 keep their
     spread; a query far from every key gets its nearest key's value, std 0
     (or the spread of tied nearest keys) and n_eff 1. ``device`` ("cpu",
     "cuda" or "auto") picks the kernels of both passes; the results are NumPy
