@@ -1000,16 +1000,19 @@ def smoothed_class_probabilities(
     exclude_self=False,
 ):
     """(S_c + alpha pi_c) / (S + alpha) with S_c = sum_j s_j K(q, k_j) [y_j = c], s the
-    sample weights over their mean and pi the weighted class frequencies (alpha = 0:
-    the plain Nadaraya-Watson probabilities S_c / S)."""
+    sample weights over their mean and pi Laplace's class frequencies
+    (sum_j s_j [y_j = c] + 1) / (n + K) over the keys (with ``exclude_self``, query i's
+    over the keys but key i). alpha = 0: the plain Nadaraya-Watson probabilities S_c / S."""
     onehot = np.asarray(onehot, dtype=np.float64)
-    n = onehot.shape[0]
+    n, n_classes = onehot.shape
     s = np.ones(n) if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
     s = s / s.mean()
     K = product_kernel_matrix(queries, keys, widths, var_type, n_categories, kernel) * s
+    counts = np.broadcast_to(s @ onehot, (K.shape[0], n_classes)).copy()
     if exclude_self:
         np.fill_diagonal(K, 0.0)
-    prior = s @ onehot / s.sum()
+        counts -= s[:, None] * onehot
+    prior = (counts + 1.0) / (counts.sum(axis=1, keepdims=True) + n_classes)
     mass = K @ onehot
     return (mass + alpha * prior) / (mass.sum(axis=1, keepdims=True) + alpha)
 

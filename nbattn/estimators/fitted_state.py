@@ -16,13 +16,13 @@ the one copy of those, for both readers.
 
 from __future__ import annotations
 
-import math
 from numbers import Real
 
 import numpy as np
 
 from .._core.columns import check_categories, check_var_type, n_categories
 from .._core.validation import check_bandwidth
+from ..local.class_widths import ALPHA_HIGH_PER_ROW, ALPHA_LOW
 from ..local.problem import check_widths
 from .spec import SPECS, is_int, is_real
 
@@ -227,8 +227,16 @@ def _classifier_attributes(state, params, estimator) -> set:
         raise ValueError("y_fit_ of a classifier must be one-hot (one 1 per row, else 0)")
     require_bandwidth(state, params["bandwidth"], state["var_type_"], estimator)
     alpha = require(state, "prior_count_", estimator)
-    if not is_real(alpha) or not 0.0 <= alpha < math.inf:
-        raise ValueError(f"prior_count_ must be a finite number >= 0, got {alpha!r}")
+    high = ALPHA_HIGH_PER_ROW * state["X_fit_"].shape[0]  # the most n_eff <= n rows allow
+    try:
+        ok = is_real(alpha) and (float(alpha) == 0.0 or ALPHA_LOW <= float(alpha) <= high)
+    except OverflowError:  # an integer beyond float64 (an edited file)
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"prior_count_ must be 0 or a number in [{ALPHA_LOW:g}, {high:g}] (the prior a "
+            f"fit of {state['X_fit_'].shape[0]} rows learns), got {alpha!r}"
+        )
     if alpha > 0.0 and params["bandwidth"] not in ("loo", "loo_scale"):
         raise ValueError(
             f"prior_count_ is {alpha!r} but bandwidth={params['bandwidth']!r} learns none "

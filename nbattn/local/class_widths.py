@@ -7,8 +7,8 @@ far from every key, or a left-out row at a width far below the data's resolution
 given its nearest key's class with probability 1. A width search by the squared error
 (the Brier score) is content with that: on a table measured to 0.1 it can choose
 widths of 0.005, each left-out row then decided by its one nearest neighbour with
-certainty. Here the probabilities are smoothed towards the (weighted) class
-frequencies pi by a prior of ``alpha`` rows' worth of kernel mass (a Dirichlet prior),
+certainty. Here the probabilities are smoothed towards the class frequencies pi by a
+prior of ``alpha`` rows' worth of kernel mass (a Dirichlet prior),
 
     P_alpha(c | x) = (S_c(x) + alpha pi_c) / (S(x) + alpha),
     S_c(x) = sum_j s_j K(x, x_j) [y_j = c],   S(x) = sum_c S_c(x),
@@ -18,26 +18,46 @@ for a categorical column's own level) and s_j the sample weights divided by thei
 mean (1 without weights), so S counts rows: where a query has many keys near it the
 prior is nothing, where it has none the answer is pi. Equivalently
 ``P_alpha = (1 - m) P + m pi`` with the prior's share ``m = alpha / (S + alpha)``.
+The frequencies are Laplace's, ``pi_c = (N_c + 1) / (n + K)`` with N_c the rows (weights
+over their mean) of class c among n, K classes: never 0, even for a class whose weight
+is 1e-300 of another's.
 
 The widths minimise the leave-one-out **log-loss** of these probabilities, alpha
 learned with them (the profile over alpha at each width):
 
     CV(theta) = min over alpha of  - sum_i u_i log P_alpha,-i(y_i | x_i),
 
-u_i = s_i / sum s the terms' weights and P_-i the fit that leaves row i out (its
-mass S_-i too). The log-loss is a proper scoring rule that punishes certainty: at
-widths below the resolution S_-i(x_i) vanishes, every left-out row gets pi, and the
-criterion is the entropy of the classes, not near 0. alpha stays within
-``[ALPHA_LOW, ALPHA_HIGH_PER_ROW * n_eff]`` (n_eff Kish's effective number of rows), so
-no probability is ever exactly 0 and the criterion is finite at every width. pi
-includes row i itself (a prior; leaving it out would make a class of one row
-impossible), a difference of order alpha / n.
+u_i = s_i / sum s the terms' weights and P_-i the fit that leaves row i out: its mass
+S_-i and its frequencies ``pi_-i`` too (``(N_c - [y_i = c] r_i + 1) / (n - r_i + K)``,
+r_i row i's weight over the mean). The log-loss is a proper scoring rule that punishes
+certainty: at widths below the resolution S_-i(x_i) vanishes and every left-out row
+gets the others' frequencies pi_-i, exactly what the widest widths give, so a width
+below the resolution never scores better than ignoring x (had pi counted row i's own
+label, it would, by about K / n, and a search on labels unrelated to x would end there).
+alpha stays within ``[ALPHA_LOW, ALPHA_HIGH_PER_ROW * n_eff]`` (n_eff Kish's effective
+number of rows), so no probability is ever exactly 0 and the criterion is finite at
+every width. alpha at ALPHA_LOW means the data want no more prior than that floor
+(the usual case on tables whose rows have neighbours).
 
 The search is the engine's (:func:`nbattn.local.widths.search_widths`) without its
 gradient descents (the mass S has no gradient pass): the rule, one common factor of
-every h, exact matching in the categorical columns, then sweeps of each width alone,
-keeping the best point ever evaluated, so the answer is never worse on this criterion
-than the rule's widths (with their own best alpha).
+every h (``"loo_scale"`` stops there), then exact matching in the categorical columns
+and sweeps of each width alone (``"loo"``), keeping the best point ever evaluated, so
+the answer is never worse on this criterion than the rule's widths (with their own best
+alpha). Two guards against a search that chooses by chance among hundreds of
+candidates, each found on labels unrelated to x:
+
+* **the fence**: widths at which the median left-out row has less than one other row's
+  worth of kernel mass (or less than at the rule's widths, where that is less) are not
+  searched: there the criterion rests on the few rows that happen to have a neighbour,
+  and the search picks the widths at which those few agree;
+* **per-column widths must earn their place**: they replace the common factor's only
+  when their criterion is lower by ``PER_COLUMN_Z`` standard errors of the rows'
+  differences.
+
+On small tables with many columns per-column widths still overfit more often than one
+factor does (as R np's do); compare both by cross-validation (``nbattn cv --grid
+loo,loo_scale``).
 """
 
 from __future__ import annotations
@@ -49,11 +69,18 @@ import numpy as np
 from .._core.progress import FitProgress
 from .engine import fit_problem, loo_term_weights
 from .problem import LocalSpec, rule_widths
-from .widths import _Criterion, _training_problem, search_widths, theta_to_widths
+from .widths import (
+    _Criterion,
+    _training_problem,
+    search_widths,
+    theta_to_widths,
+    widths_to_theta,
+)
 
 __all__ = [
     "ALPHA_HIGH_PER_ROW",
     "ALPHA_LOW",
+    "class_counts",
     "class_frequencies",
     "class_loo_widths",
     "log_mean_weight",
@@ -66,17 +93,28 @@ __all__ = [
 ALPHA_LOW = 1e-3
 #: The largest alpha per effective row: there the prior holds every probability at pi.
 ALPHA_HIGH_PER_ROW = 1e3
+#: Per-column widths replace the common factor's only when their criterion is lower by
+#: this many standard errors of the rows' differences.
+PER_COLUMN_Z = 2.0
 #: Steps of the grid in log alpha before the golden-section refinement.
 _LOG_ALPHA_STEP = 0.5
 _GOLDEN_STEPS = 30
 
 
-def class_frequencies(Y, sample_weight=None) -> np.ndarray:
-    """The (weighted) class frequencies pi (n_classes,) of one-hot rows Y (n, n_classes):
-    ``pi_c = sum_i w_i [y_i = c] / sum_i w_i``, each row's weight as in the criterion
-    (:func:`nbattn.local.engine.loo_term_weights`)."""
+def class_counts(Y, sample_weight=None) -> tuple[np.ndarray, np.ndarray]:
+    """``(r, N)``: each row's weight over the mean weight r (n,) (ones without weights) and
+    the rows of each class ``N_c = sum_i r_i [y_i = c]`` (n_classes,), of one-hot rows Y."""
     Y = np.asarray(Y, dtype=np.float64)
-    return loo_term_weights(sample_weight, Y.shape[0]) @ Y
+    n = Y.shape[0]
+    rows = loo_term_weights(sample_weight, n) * n
+    return rows, rows @ Y
+
+
+def class_frequencies(Y, sample_weight=None) -> np.ndarray:
+    """Laplace's class frequencies ``pi_c = (N_c + 1) / (n + K)`` (n_classes,) of one-hot
+    rows Y (n, K) (:func:`class_counts`): positive, summing to 1."""
+    _, counts = class_counts(Y, sample_weight)
+    return (counts + 1.0) / (counts.sum() + counts.size)
 
 
 def log_mean_weight(sample_weight) -> float:
@@ -146,6 +184,10 @@ def best_log_alpha(own, prior, log_mass, weights, low, high) -> tuple[float, flo
     return best_t, best_v
 
 
+def _median_mass(log_mass) -> float:
+    return float(np.exp(np.median(log_mass)))
+
+
 class LogLossCriterion(_Criterion):
     """The smoothed leave-one-out log-loss of one-hot targets (module docstring) on the
     engine's leave-one-out problem, profiled over alpha; no gradient."""
@@ -156,21 +198,52 @@ class LogLossCriterion(_Criterion):
         super().__init__(problem)
         codes = np.argmax(self.targets, axis=1)
         self.rows, self.codes = np.arange(codes.size), codes
-        self.prior = (self.loo_weights @ self.targets)[codes]  # pi_{y_i}: class_frequencies
+        # each row's frequency of its own class among the others: pi_-i,y_i
+        rows, counts = class_counts(self.targets, problem.sample_weight)
+        own = counts[codes] - rows
+        self.prior = (np.maximum(own, 0.0) + 1.0) / (counts.sum() - rows + counts.size)
         self.log_unit = log_mean_weight(problem.sample_weight)
         n_eff = 1.0 / float(self.loo_weights @ self.loo_weights)
         self.alpha_range = (math.log(ALPHA_LOW), math.log(ALPHA_HIGH_PER_ROW * n_eff))
+        self.best_log_alpha = self.alpha_range[0]
+        self.fence = None
 
-    def profile(self, theta) -> tuple[float, float]:
-        """``(CV(theta), log alpha)`` at the widths theta."""
+    def _fits(self, theta):
+        """(a_i, log S_-i(x_i)): each left-out row's probability of its class, its mass."""
         beta, _, shift, log_norm, _, _ = fit_problem(self.problem_at(theta))
         own = np.clip(beta[self.rows, 0, self.codes], 0.0, 1.0)
         with np.errstate(invalid="ignore"):  # -inf + -inf: no key, no mass
             log_mass = np.where(log_norm > -np.inf, shift + log_norm - self.log_unit, -np.inf)
+        return own, log_mass
+
+    def profile(self, theta) -> tuple[float, float]:
+        """``(CV(theta), log alpha)`` at the widths theta; +inf below the fence."""
+        own, log_mass = self._fits(theta)
+        if self.fence is not None and _median_mass(log_mass) < self.fence:
+            return math.inf, self.alpha_range[0]
         log_alpha, value = best_log_alpha(
             own, self.prior, log_mass, self.loo_weights, *self.alpha_range
         )
         return value, log_alpha
+
+    def row_losses(self, theta) -> np.ndarray:
+        """Each left-out row's log-loss at theta and its best alpha (n,)."""
+        log_alpha = self.profile(theta)[1]
+        own, log_mass = self._fits(theta)
+        return -np.log(own + prior_share(log_alpha, log_mass) * (self.prior - own))
+
+    def set_fence(self, theta):
+        """The fence: widths whose median left-out mass is below one row, or below the mass
+        at ``theta`` (the rule's widths) where that is less, are not searched."""
+        self.fence = min(1.0, _median_mass(self._fits(theta)[1]))
+
+    def better_by_a_standard_error(self, theta, other, z=1.0) -> bool:
+        """Whether CV(theta) is below CV(other) by more than z standard errors of the
+        weighted mean of the rows' differences."""
+        d = self.row_losses(theta) - self.row_losses(other)
+        u = self.loo_weights
+        mean = float(u @ d)
+        return mean < -z * math.sqrt(float((u * u) @ ((d - mean) ** 2)))
 
     def loss(self, theta):
         theta = np.asarray(theta, dtype=np.float64)
@@ -178,11 +251,16 @@ class LogLossCriterion(_Criterion):
         if key in self.cache:
             return self.cache[key]
         self.n_loss += 1
-        value = self.profile(theta)[0]
+        value, log_alpha = self.profile(theta)
         value = value if math.isfinite(value) else math.inf
         self.cache[key] = value
+        if value < self.best[0]:
+            self.best_log_alpha = log_alpha
         self._record(value, theta)
         return value
+
+    def best_detail(self) -> str:
+        return f" and prior alpha {math.exp(self.best_log_alpha):.4g} rows"
 
     def loss_and_grad(self, theta):
         raise NotImplementedError("the smoothed log-loss has no gradient pass")
@@ -203,7 +281,13 @@ def class_loo_widths(
     """
     start = rule_widths(spec, X) if init is None else init
     criterion = LogLossCriterion(_training_problem(spec, X, Y, 0, sample_weight, start))
+    criterion.set_fence(widths_to_theta(start, spec.var_type, spec.n_categories))
     with FitProgress(verbose, "class_loo_widths", unit="evaluation") as criterion.log:
-        theta = search_widths(criterion, start, per_column=per_column)
+        theta = search_widths(criterion, start, per_column=False)
+        if per_column:
+            scaled = theta
+            theta = search_widths(criterion, start, per_column=True)
+            if not criterion.better_by_a_standard_error(theta, scaled, PER_COLUMN_Z):
+                theta = scaled
     widths = theta_to_widths(theta, spec.var_type, spec.n_categories)
     return widths, math.exp(criterion.profile(theta)[1])

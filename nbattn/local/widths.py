@@ -162,9 +162,13 @@ class _Criterion:
             widths = theta_to_widths(self.best[1], spec.var_type, spec.n_categories)
             self.log.step(
                 f"evaluation {self.n_loss + self.n_grad}: LOO criterion {value:.6g}; best "
-                f"{self.best[0]:.6g} at widths {np.array2string(widths, precision=4)}; "
-                f"{time.perf_counter() - self.started:.1f} s"
+                f"{self.best[0]:.6g} at widths {np.array2string(widths, precision=4)}"
+                f"{self.best_detail()}; {time.perf_counter() - self.started:.1f} s"
             )
+
+    def best_detail(self) -> str:
+        """What else the progress line says of the best point (nothing here)."""
+        return ""
 
     def loss(self, theta):
         theta = np.asarray(theta, dtype=np.float64)

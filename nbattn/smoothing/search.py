@@ -398,7 +398,10 @@ class _LogScaleSearch:
         from scipy.optimize import minimize_scalar
 
         refine = lambda t: self.exact_at(t, "refine")  # noqa: E731
-        minimize_scalar(refine, bounds=(lo, hi), method="bounded", options={"xatol": xatol})
+        # an infinite value inside the bracket (a criterion's fence, an overflow) makes
+        # Brent's parabola inf - inf: it then steps by golden section, and says nothing
+        with np.errstate(invalid="ignore", over="ignore"):
+            minimize_scalar(refine, bounds=(lo, hi), method="bounded", options={"xatol": xatol})
 
     def _brent_around(self, grid_ts, centre, xatol):
         """Bounded Brent between the grid neighbours of ``centre``.

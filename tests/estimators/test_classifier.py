@@ -1,5 +1,7 @@
 """NadarayaWatsonClassifier: attention pooling over one-hot labels."""
 
+import warnings
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -121,7 +123,7 @@ def test_loo_probabilities_match_the_naive_smoothed_formula():
             kernel,
         )
         np.testing.assert_allclose(model.predict_proba(queries), expected, rtol=1e-9, atol=1e-15)
-    frequencies = np.array([np.mean(y == c) for c in model.classes_])
+    frequencies = np.array([(np.sum(y == c) + 1) / (y.size + 3) for c in model.classes_])
     far = nbattn.NadarayaWatsonClassifier(bandwidth="loo").fit(X, y).predict_proba(Q[:1])
     np.testing.assert_allclose(far[0], frequencies, rtol=1e-9)
 
@@ -260,3 +262,35 @@ def test_loo_widths_do_not_depend_on_the_scale_of_the_weights(seed):
         assert np.array_equal(other.predict_proba(Q), fits[0].predict_proba(Q))
     np.testing.assert_allclose(fits[3].bandwidth_, fits[0].bandwidth_, rtol=1e-6)
     np.testing.assert_allclose(fits[3].predict_proba(Q), fits[0].predict_proba(Q), atol=1e-6)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_loo_widths_on_labels_independent_of_x_are_no_worse_than_the_class_frequencies(seed):
+    """Labels drawn independently of X: the best probabilities are the class frequencies,
+    and held-out rows must score no worse than they do (beyond sampling noise). A prior
+    that counted each left-out row's own label would let every width below the data's
+    resolution beat ignoring x, and the search would end there, near-certain at and near
+    every training row."""
+    rng = np.random.default_rng(seed)
+    X, y = rng.normal(size=(200, 2)), rng.integers(0, 2, 200)
+    Q, yq = rng.normal(size=(2000, 2)), rng.integers(0, 2, 2000)
+    pi = np.bincount(y, minlength=2) / y.size
+    constant = -np.mean(np.log(pi[yq]))
+    for bandwidth in ("loo", "loo_scale"):
+        model = nbattn.NadarayaWatsonClassifier(bandwidth=bandwidth).fit(X, y)
+        held_out = -np.mean(np.log(model.predict_proba(Q)[np.arange(yq.size), yq]))
+        assert held_out <= constant + 0.02, (bandwidth, model.bandwidth_, model.prior_count_)
+
+
+def test_a_class_with_a_sliver_of_the_weight_keeps_a_finite_criterion():
+    """One row weighing 1e300 against 39 of weight 1: Laplace's frequencies keep the light
+    class's prior positive (no log of 0, no warning) and every probability positive."""
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(40, 2))
+    y = np.array([0] + [1] * 39)
+    w = np.array([1e300] + [1.0] * 39)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model = nbattn.NadarayaWatsonClassifier(bandwidth="loo").fit(X, y, sample_weight=w)
+        proba = model.predict_proba(np.vstack([X, X * 100]))
+    assert (proba > 0).all() and np.isfinite(model.bandwidth_).all()
