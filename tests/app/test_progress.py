@@ -160,3 +160,83 @@ def test_plot_loo_bar_counts_every_width(train, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(sys, "stderr", stream)
     cli.main(["plot", "loo", str(train), "--target", "y", "--points", "7", "-q", "-o", str(out)])
     assert stream.getvalue() == ""
+
+
+# ----------------------------------------------------------------------------- Dask
+
+dd = pytest.importorskip("dask.dataframe")
+da = pytest.importorskip("dask.array")
+distributed = pytest.importorskip("distributed")
+nbdask = nbattn.dask
+
+
+def _partition_lines(err, desc):
+    lines = [line for line in err.splitlines() if line.startswith(f"{desc}: ")]
+    assert all(ELAPSED.search(line) for line in lines), lines
+    return [ELAPSED.sub("", line)[len(desc) + 2 :] for line in lines]
+
+
+def test_dask_predict_progress_on_the_local_scheduler(capfd):
+    frame = _frame(8)
+    X = frame[["x1", "x2"]]
+    model = nbattn.NadarayaWatsonRegressor().fit(X, frame["y"])
+    lazy = nbdask.predict(model, dd.from_pandas(X, npartitions=4))
+    assert capfd.readouterr().err == ""  # lazy, and quiet by default
+    got = nbdask.predict(model, dd.from_pandas(X, npartitions=4), progress=True)
+    lines = _partition_lines(capfd.readouterr().err, "dask.predict")
+    assert lines == [f"{k}/4 partitions done" for k in range(1, 5)]
+    pd.testing.assert_series_equal(got, lazy.compute())
+    plain = nbattn.NadarayaWatsonRegressor().fit(X.to_numpy(), frame["y"])
+    arr = nbdask.predict(plain, da.from_array(X.to_numpy(), chunks=(25, 2)), progress=2)
+    assert _partition_lines(capfd.readouterr().err, "dask.predict")[-1] == "4/4 partitions done"
+    np.testing.assert_array_equal(arr, plain.predict(X.to_numpy()))
+    with pytest.raises(ValueError, match="verbose"):
+        nbdask.predict(model, dd.from_pandas(X, npartitions=4), progress="yes")
+
+
+def test_dask_progress_on_a_local_cluster(capfd):
+    rng = np.random.default_rng(9)
+    keys = rng.uniform(0, 6, size=(400, 2))
+    values = np.sin(keys[:, 0]) + rng.normal(0, 0.2, 400)
+    frame = pd.DataFrame(keys, columns=["a", "b"])
+    cluster = distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None
+    )
+    with cluster, distributed.Client(cluster):
+        capfd.readouterr()
+        model = nbattn.NadarayaWatsonRegressor().fit(frame, values)
+        got = nbdask.predict(model, dd.from_pandas(frame, npartitions=5), progress=1)
+        lines = _partition_lines(capfd.readouterr().err, "dask.predict")
+        assert lines == [f"{k}/5 partitions done" for k in range(1, 6)]
+        np.testing.assert_array_equal(got.to_numpy(), model.predict(frame))
+
+        out = nbdask.nadaraya_watson_sharded(
+            keys[:50],
+            da.from_array(keys, chunks=(100, 2)),
+            da.from_array(values, chunks=100),
+            bandwidth=0.5,
+            progress=True,
+        )
+        lines = _partition_lines(capfd.readouterr().err, "dask.nadaraya_watson_sharded")
+        assert lines == ["1/1 partitions done"]
+        np.testing.assert_allclose(
+            out, model.set_params(bandwidth=0.5).fit(keys, values).predict(keys[:50]), rtol=1e-10
+        )
+
+        X = dd.from_pandas(frame, npartitions=3)
+        y = dd.from_pandas(pd.Series(values, name="y"), npartitions=3)
+        fitted = nbdask.fit(nbattn.NadarayaWatsonRegressor(bandwidth="loo_scale"), X, y, verbose=1)
+        err = capfd.readouterr().err
+        assert _partition_lines(err, "dask.fit")[-1] == "6/6 partitions done"  # X's and y's
+        evaluations = _partition_lines(err, "dask.sharded_training")
+        assert len(evaluations) >= 3 and evaluations[0] == "LOO evaluation 1: 3/3 row ranges done"
+        n_eval = len(evaluations) - 1
+        assert evaluations[-1] == f"{n_eval} evaluations, {3 * n_eval} tasks on the cluster"
+        assert [e.split(":")[0] for e in evaluations[:-1]] == [
+            f"LOO evaluation {k}" for k in range(1, len(evaluations))
+        ]
+        again = nbdask.fit(nbattn.NadarayaWatsonRegressor(bandwidth="loo_scale"), X, y)
+        assert capfd.readouterr().err == ""  # the estimator's verbose=0: quiet
+        np.testing.assert_array_equal(again.bandwidth_, fitted.bandwidth_)  # repeatable
+        local = nbattn.NadarayaWatsonRegressor(bandwidth="loo_scale").fit(frame, values)
+        np.testing.assert_allclose(fitted.bandwidth_, local.bandwidth_, rtol=1e-6)
