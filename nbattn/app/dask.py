@@ -175,19 +175,18 @@ class _PartitionCounter:
 
     def __init__(self, log, total):
         self.log, self.total, self.n = log, total, 0
+        self.shown = 0  # partitions already on the bar
         self.every = 1 if log.mode == "bar" else max(1, total // 50)
 
     def done(self):
         self.n += 1
         if self.n % self.every == 0 or self.n == self.total:
-            self.log.step(f"{self.n}/{self.total} partitions done", n=self.n - self.log_n)
-            self.log_n = self.n
+            self.log.step(f"{self.n}/{self.total} partitions done", n=self.n - self.shown)
+            self.shown = self.n
 
     def finish(self):
         while self.n < self.total:
             self.done()
-
-    log_n = 0  # partitions already shown
 
 
 def _local_partitions(keys, counter):

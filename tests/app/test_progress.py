@@ -240,3 +240,19 @@ def test_dask_progress_on_a_local_cluster(capfd):
         np.testing.assert_array_equal(again.bandwidth_, fitted.bandwidth_)  # repeatable
         local = nbattn.NadarayaWatsonRegressor(bandwidth="loo_scale").fit(frame, values)
         np.testing.assert_allclose(fitted.bandwidth_, local.bandwidth_, rtol=1e-6)
+
+
+def test_compute_with_progress_keeps_a_log_short(capfd):
+    big = da.arange(240, chunks=2) * 2  # 120 partitions
+    (got,) = nbdask.compute_with_progress(big, verbose=2, desc="work")
+    np.testing.assert_array_equal(got, np.arange(240) * 2)
+    lines = _partition_lines(capfd.readouterr().err, "work")
+    counts = [int(line.split("/")[0]) for line in lines]
+    assert (
+        40 <= len(lines) <= 60
+        and counts == sorted(counts)
+        and lines[-1] == "120/120 partitions done"
+    )
+    (same,) = nbdask.compute_with_progress(big, verbose=0)
+    assert capfd.readouterr().err == ""
+    np.testing.assert_array_equal(same, got)
