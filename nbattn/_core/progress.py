@@ -15,19 +15,39 @@
     that logs of batch jobs show the progress too;
   - ``verbose=2`` (or more): plain lines always.
 
+  Every plain line is ``<desc>: <message> [<elapsed>]``, the time since the
+  progress started (:func:`format_elapsed`); a bar shows it in tqdm's own
+  format and redraws it twice a second, so a long step does not look stuck.
   stderr is looked up when the progress starts, so redirecting it (pytest's
   capture, ``contextlib.redirect_stderr``) works.
 
-tqdm is imported when a bar is drawn, so importing this module, and a quiet\nrun, cost nothing.
+Every progress line or bar of nbattn goes through this module: the command's
+``cv`` (:func:`nbattn.app.batch.cross_validate`) and the Dask functions
+(:mod:`nbattn.app.dask`) report through :class:`FitProgress` too.
+
+tqdm is imported when a bar is drawn, so importing this module, and a quiet
+run, cost nothing.
 """
 
 from __future__ import annotations
 
 import sys
 import threading
+import time
 from numbers import Integral
 
-__all__ = ["FitProgress", "Progress", "check_verbose", "running"]
+__all__ = ["FitProgress", "Progress", "check_verbose", "format_elapsed", "running"]
+
+
+def format_elapsed(seconds) -> str:
+    """``0.4 s``, ``12.3 s``, ``3 min 52 s``, ``1 h 05 min``: a duration for a progress line."""
+    seconds = max(float(seconds), 0.0)
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    whole = int(seconds)
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60:02d} s"
+    return f"{whole // 3600} h {whole % 3600 // 60:02d} min"
 
 
 class Progress:
@@ -172,23 +192,31 @@ class FitProgress:
     """
 
     def __init__(self, verbose, desc, total=None, unit="it"):
-        level = check_verbose(verbose)
+        self.level = check_verbose(verbose)
         self.desc = desc
         self.stream = sys.stderr
+        self.started = time.perf_counter()
         self._bar = None
-        if level == 0:
+        self._stop = self._ticker = None
+        if self.level == 0:
             self.mode = None
-        elif level == 1 and _is_terminal(self.stream):
+        elif self.level == 1 and _is_terminal(self.stream):
             from tqdm import tqdm
 
             self.mode = "bar"
             self._bar = tqdm(total=total, desc=desc, unit=unit, file=self.stream, leave=True)
+            self._start_ticking()
         else:
             self.mode = "lines"
 
     @property
     def enabled(self) -> bool:
         return self.mode is not None
+
+    @property
+    def elapsed(self) -> float:
+        """Seconds since the progress started."""
+        return time.perf_counter() - self.started
 
     def step(self, message, n=1):
         """One step done: the bar advances by ``n`` and shows ``message``; or a line."""
@@ -200,17 +228,42 @@ class FitProgress:
         elif self.mode == "lines":
             self._line(message)
 
+    def status(self, message):
+        """What runs now (a step under way): shown on the bar at once; no line (the
+        step's own line follows when it is done)."""
+        if self.mode == "bar":
+            self._bar.set_postfix_str(message, refresh=True)
+
     def note(self, message):
         """A line of its own (above the bar on a terminal)."""
         if self.mode == "bar":
-            self._bar.write(f"{self.desc}: {message}", file=self.stream)
+            self._bar.write(self._text(message), file=self.stream)
         elif self.mode == "lines":
             self._line(message)
 
+    def _text(self, message):
+        return f"{self.desc}: {message} [{format_elapsed(self.elapsed)}]"
+
     def _line(self, message):
-        print(f"{self.desc}: {message}", file=self.stream, flush=True)
+        print(self._text(message), file=self.stream, flush=True)
+
+    def _start_ticking(self):
+        """Redraw the bar (its elapsed time) twice a second from a daemon thread."""
+        self._stop = threading.Event()
+        bar, stop = self._bar, self._stop
+
+        def tick():
+            while not stop.wait(0.5):
+                bar.refresh()
+
+        self._ticker = threading.Thread(target=tick, daemon=True)
+        self._ticker.start()
 
     def close(self):
+        if self._stop is not None:
+            self._stop.set()
+            self._ticker.join()
+            self._stop = self._ticker = None
         if self._bar is not None:
             self._bar.close()
             self._bar = None

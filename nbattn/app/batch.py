@@ -14,7 +14,7 @@ import contextlib
 import numpy as np
 
 from .._core.atomic import atomic_output, check_not_input
-from .._core.progress import Progress
+from .._core.progress import FitProgress, Progress
 from . import io
 from .metrics import Metrics, score_chunk
 
@@ -303,8 +303,14 @@ def evaluate_file(model, features, target, data, *, chunksize=100_000, on_nan="e
     return metrics.result()
 
 
-def cross_validate(estimators, X, y, *, folds=5, seed=0, quiet=True):
+def cross_validate(estimators, X, y, *, folds=5, seed=0, verbose=0, labels=None):
     """K-fold metrics of each estimator on the same folds (stratified for classifiers).
+
+    ``verbose`` (0, 1 or 2, as for the fits: :class:`nbattn._core.progress.FitProgress`)
+    reports the folds x estimators fits: a bar on a terminal with the candidate and
+    fold under way, else a line per fit with its criterion (MSE, or a classifier's log
+    loss), the candidate's mean so far and the elapsed time. ``labels`` names each
+    estimator in those lines (default: "candidate k/m" when there are several).
 
     Returns one DataFrame per estimator: a row per fold (index ``fold``
     from 1), a column per metric.
@@ -320,15 +326,37 @@ def cross_validate(estimators, X, y, *, folds=5, seed=0, quiet=True):
         n_splits=folds, shuffle=True, random_state=seed
     )
     splits = list(splitter.split(X, y))
+    labels = _candidate_labels(estimators, labels)
+    criterion = "log_loss" if classifier else "mse"
     tables = []
-    with Progress(len(splits) * len(estimators), "cv", unit="fits", quiet=quiet) as bar:
-        for estimator in estimators:
+    with FitProgress(verbose, "cv", total=len(splits) * len(estimators), unit="fit") as log:
+        if log.enabled:
+            log.note(
+                f"{len(splits)} folds x {len(estimators)} "
+                f"candidate{'s' if len(estimators) > 1 else ''} on {len(y)} rows"
+            )
+        for estimator, label in zip(estimators, labels):
             rows = []
-            for train, test in splits:
+            for k, (train, test) in enumerate(splits, start=1):
+                where = f"{label}fold {k}/{len(splits)}"
+                log.status(f"{where}: fitting on {len(train)} rows")
                 model = clone(estimator).fit(X.iloc[train], y[train])
                 metrics = Metrics(classifier, getattr(model, "classes_", None))
                 score_chunk(model, X.iloc[test], y[test], metrics)
                 rows.append(metrics.result())
-                bar.update(1)
+                so_far = float(np.mean([r[criterion] for r in rows]))
+                log.step(
+                    f"{where}: {criterion} {rows[-1][criterion]:.6g}; mean so far {so_far:.6g}"
+                )
             tables.append(pd.DataFrame(rows, index=pd.RangeIndex(1, len(rows) + 1, name="fold")))
     return tables
+
+
+def _candidate_labels(estimators, labels) -> list:
+    """The prefix of each estimator's progress lines ("" for a single unnamed one)."""
+    if labels is None:
+        m = len(estimators)
+        return [f"candidate {k}/{m}, " if m > 1 else "" for k in range(1, m + 1)]
+    if len(labels) != len(estimators):
+        raise ValueError(f"labels must name each of the {len(estimators)} estimators")
+    return [f"{label}, " for label in labels]

@@ -269,7 +269,16 @@ def _cmd_cv(args) -> int:
     X = y = None
     for estimator in estimators:
         _, X, y, _ = _load_for(estimator, args, features, args.target)
-    tables = batch.cross_validate(estimators, X, y, **_pick(args, "folds", "seed", "quiet"))
+    labels = [f"bandwidth {c}" for c in candidates] if args.grid else None
+    tables = batch.cross_validate(
+        estimators,
+        X,
+        y,
+        folds=args.folds,
+        seed=args.seed,
+        verbose=0 if args.quiet else 1,
+        labels=labels,
+    )
     name = type(estimators[0]).__name__
     if args.grid:
         _print_grid(name, args, candidates, tables, "log_loss" if classifier else "mse")

@@ -37,10 +37,12 @@ import numpy as np
 
 from .. import config
 from .._core.numeric import power_of_two_scale
+from .._core.progress import FitProgress, check_verbose
 from ..smoothing import loo_rows, regression
 
 __all__ = [
     "ClusterChunkRunner",
+    "compute_with_progress",
     "fit",
     "merge_partial",
     "nadaraya_watson_sharded",
@@ -56,7 +58,7 @@ def _require_dask():
         raise ImportError("nbattn.dask needs dask: pip install 'nbattn[dask]'") from exc
 
 
-def predict(estimator, data):
+def predict(estimator, data, *, progress=False):
     """``estimator.predict`` over a dask DataFrame or dask Array, partition by partition.
 
     Parameters
@@ -64,6 +66,12 @@ def predict(estimator, data):
     estimator : fitted nbattn (or any scikit-learn) regressor or classifier
     data : dask.dataframe.DataFrame or dask.array.Array of shape (n, n_features)
         Array chunks must span all features (one chunk along axis 1).
+    progress : bool or int, default False
+        Compute the predictions now and report the partitions done on stderr
+        (levels as ``verbose=`` of the fits: True or 1 a bar on a terminal, lines
+        otherwise; 2 lines always), on the running ``distributed`` client if
+        there is one, else on dask's local scheduler. The result is then in
+        memory: a pandas Series or DataFrame, or a NumPy array.
 
     Returns
     -------
@@ -71,8 +79,18 @@ def predict(estimator, data):
     the input's index and divisions kept. For an Array: a dask Array chunked
     like the rows of ``data``. Either declares the dtype the partitions hold:
     a classifier's labels (the dtype of ``classes_``), float64 otherwise.
+    With ``progress``: that collection computed.
     """
     _require_dask()
+    level = check_verbose(progress)
+    result = _lazy_predict(estimator, data)
+    if level == 0:
+        return result
+    return compute_with_progress(result, verbose=level, desc="dask.predict")[0]
+
+
+def _lazy_predict(estimator, data):
+    """:func:`predict`'s dask collection."""
     import dask.array as da
     import dask.dataframe as dd
     import pandas as pd
@@ -109,6 +127,78 @@ def predict(estimator, data):
         f"data must be a dask DataFrame or dask Array, got {type(data).__name__}; "
         "call estimator.predict for in-memory data"
     )
+
+
+def compute_with_progress(*collections, verbose=1, desc="dask"):
+    """``dask.compute(*collections)``, reporting the partitions done on stderr.
+
+    The partitions are the output chunks of the collections. On the running
+    ``distributed`` client they are persisted and counted as their futures
+    complete (``distributed.as_completed``); without one, dask's local
+    scheduler counts them through a scheduler callback
+    (``dask.callbacks.Callback``). The lines or the bar are those of
+    :class:`nbattn._core.progress.FitProgress` (``verbose`` as there; 0 computes
+    silently): ``<desc>: 3/8 partitions done [1.2 s]``. Off a terminal at most
+    about 50 lines are written, the last at the end.
+
+    Returns the computed results, a tuple as ``dask.compute`` returns.
+    """
+    _require_dask()
+    import dask
+    from dask.core import flatten
+
+    level = check_verbose(verbose)
+    if level == 0:
+        return dask.compute(*collections)
+    keys = {
+        key for c in collections if dask.is_dask_collection(c) for key in flatten(c.__dask_keys__())
+    }
+    with FitProgress(level, desc, total=len(keys), unit="partition") as log:
+        counter = _PartitionCounter(log, len(keys))
+        client = _current_client()
+        if client is not None:
+            from distributed import as_completed, futures_of
+
+            persisted = client.persist(list(collections))
+            for _ in as_completed(futures_of(persisted)):
+                counter.done()
+            results = dask.compute(*persisted)
+        else:
+            with _local_partitions(keys, counter):
+                results = dask.compute(*collections)
+        counter.finish()  # (a graph optimised into other keys counts at the end)
+    return results
+
+
+class _PartitionCounter:
+    """Partitions done -> progress: each on a bar, about 50 lines at most otherwise."""
+
+    def __init__(self, log, total):
+        self.log, self.total, self.n = log, total, 0
+        self.shown = 0  # partitions already on the bar
+        self.every = 1 if log.mode == "bar" else max(1, total // 50)
+
+    def done(self):
+        self.n += 1
+        if self.n % self.every == 0 or self.n == self.total:
+            self.log.step(f"{self.n}/{self.total} partitions done", n=self.n - self.shown)
+            self.shown = self.n
+
+    def finish(self):
+        while self.n < self.total:
+            self.done()
+
+
+def _local_partitions(keys, counter):
+    """A ``dask.callbacks.Callback`` that counts the tasks of ``keys`` as they finish."""
+    from dask.callbacks import Callback
+
+    class LocalPartitions(Callback):
+        def _posttask(self, key, result, dsk, state, worker_id):
+            if key in keys:
+                counter.done()
+
+    return LocalPartitions()
 
 
 def merge_partial(a, b):
@@ -165,7 +255,9 @@ def _sharded_bandwidth(bandwidth, keys):
     return regression.rule_bandwidth(sigma, n, bandwidth)
 
 
-def nadaraya_watson_sharded(queries, keys, values, bandwidth="scott", *, dtype=None):
+def nadaraya_watson_sharded(
+    queries, keys, values, bandwidth="scott", *, dtype=None, progress=False
+):
     """Nadaraya-Watson with keys and values sharded across dask chunks; exact.
 
     Parameters
@@ -175,11 +267,15 @@ def nadaraya_watson_sharded(queries, keys, values, bandwidth="scott", *, dtype=N
     values : dask Array (n_keys,) or (n_keys, n_outputs), chunked like ``keys``
     bandwidth, dtype : as for :func:`nbattn.nadaraya_watson`; a rule name is
         computed over all keys.
+    progress : bool or int, default False
+        Compute the result now and report the query blocks done on stderr, as
+        :func:`predict` does; the result is then a NumPy array.
 
     Returns
     -------
     dask Array (n_queries,) or (n_queries, n_outputs), chunked like the
     queries' rows; equal to the in-memory result up to rounding of the merge.
+    With ``progress``: that array computed.
     """
     _require_dask()
     import dask.array as da
@@ -209,7 +305,11 @@ def nadaraya_watson_sharded(queries, keys, values, bandwidth="scott", *, dtype=N
         out = state[0]
         pieces.append(da.from_delayed(out, shape=(rows, n_outputs), dtype=np.float64))
     result = da.concatenate(pieces, axis=0)
-    return result[:, 0] if squeeze else result
+    result = result[:, 0] if squeeze else result
+    level = check_verbose(progress)
+    if level == 0:
+        return result
+    return compute_with_progress(result, verbose=level, desc="dask.nadaraya_watson_sharded")[0]
 
 
 def _add_partials(parts):
@@ -224,7 +324,7 @@ def _add_partials(parts):
 
 
 @contextmanager
-def sharded_training(client=None, n_partitions=None):
+def sharded_training(client=None, n_partitions=None, verbose=0):
     """Run the leave-one-out sums (``nbattn.smoothing.loo_rows``) over row ranges on a cluster.
 
     Inside the ``with`` block every LOO loss (and gradient) evaluation is split
@@ -245,8 +345,13 @@ def sharded_training(client=None, n_partitions=None):
     ----------
     client : distributed.Client, optional (default: the current client, if any)
     n_partitions : int, optional
+    verbose : bool or int, default 0
+        Report each evaluation on the cluster on stderr (levels as ``verbose=``
+        of the fits): its row ranges done while it runs (on a terminal's bar),
+        a line per evaluation otherwise, each with the elapsed time.
     """
     _require_dask()
+    level = check_verbose(verbose)
     if client is None:
         client = _current_client()
     if n_partitions is None and client is not None:
@@ -260,22 +365,41 @@ def sharded_training(client=None, n_partitions=None):
         bounds = np.linspace(0, n_rows, min(int(n_partitions), n_rows) + 1).astype(np.int64)
         return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
 
+    evaluations = []  # row ranges of each evaluation run so far
+
     def cluster_runner(task, n_rows, args):
         remote = [
             client.scatter(a, broadcast=True, hash=False) if isinstance(a, np.ndarray) else a
             for a in args
         ]
         futures = [client.submit(task, a, b, *remote, pure=False) for a, b in bounds_of(n_rows)]
+        if log.enabled:
+            _report_evaluation(log, futures, len(evaluations) + 1)
+        evaluations.append(len(futures))
         return _add_partials(client.gather(futures))
 
     if client is None:  # no cluster: the sums run here, on numba's threads
         yield None
         return
-    with loo_rows.row_runner(cluster_runner):
+    with (
+        FitProgress(level, "dask.sharded_training", unit="evaluation") as log,
+        loo_rows.row_runner(cluster_runner),
+    ):
         yield client
+        if log.enabled:
+            log.note(f"{len(evaluations)} evaluations, {sum(evaluations)} tasks on the cluster")
 
 
-def fit(estimator, X, y, client=None, n_partitions=None):
+def _report_evaluation(log, futures, k):
+    """The row ranges of evaluation ``k`` as they complete, then its line."""
+    from distributed import as_completed
+
+    for done, _ in enumerate(as_completed(futures), start=1):
+        log.status(f"LOO evaluation {k}: {done}/{len(futures)} row ranges done")
+    log.step(f"LOO evaluation {k}: {len(futures)}/{len(futures)} row ranges done")
+
+
+def fit(estimator, X, y, client=None, n_partitions=None, *, verbose=None):
     """Fit an nbattn estimator on dask collections, its LOO sums run on the cluster.
 
     The training rows are gathered once (every row is a key of every other,
@@ -288,17 +412,24 @@ def fit(estimator, X, y, client=None, n_partitions=None):
     any, ``X`` and ``y`` are computed with dask's local scheduler and the fit
     runs in this process, its LOO sums on numba's threads.
 
+    ``verbose`` (default: the estimator's own ``verbose``, else 0; levels as
+    there) reports the partitions of ``X`` and ``y`` gathered
+    (:func:`compute_with_progress`) and each LOO evaluation on the cluster
+    (:func:`sharded_training`); the estimator's ``verbose`` reports its search
+    or iterations, as it does without Dask.
+
     Returns the fitted estimator.
     """
     _require_dask()
-    import dask
-
+    if verbose is None:
+        verbose = getattr(estimator, "verbose", 0)
+    level = check_verbose(verbose)
     if n_partitions is None:
         n_partitions = getattr(X, "npartitions", None)
         if n_partitions is None and hasattr(X, "numblocks"):
             n_partitions = X.numblocks[0]
-    X_local, y_local = dask.compute(X, y)
-    with sharded_training(client, n_partitions):
+    X_local, y_local = compute_with_progress(X, y, verbose=level, desc="dask.fit")
+    with sharded_training(client, n_partitions, verbose=level):
         return estimator.fit(X_local, y_local)
 
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 
 import numpy as np
 
@@ -139,7 +138,6 @@ class _Criterion:
         self.n_loss = 0  # evaluations of the first pass alone (counted for benchmarks)
         self.n_grad = 0  # evaluations with the gradient pass
         self.log = None  # a FitProgress: a line per evaluation (verbose)
-        self.started = time.perf_counter()
 
     def problem_at(self, theta):
         spec = self.base.spec
@@ -163,7 +161,7 @@ class _Criterion:
             self.log.step(
                 f"evaluation {self.n_loss + self.n_grad}: LOO criterion {value:.6g}; best "
                 f"{self.best[0]:.6g} at widths {np.array2string(widths, precision=4)}"
-                f"{self.best_detail()}; {time.perf_counter() - self.started:.1f} s"
+                f"{self.best_detail()}"
             )
 
     def best_detail(self) -> str:

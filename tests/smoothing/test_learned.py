@@ -1,5 +1,7 @@
 """LearnedKernelRegressor, NadarayaWatsonRegressor(bandwidth="loo") and the spread methods."""
 
+import io
+import sys
 import warnings
 
 import numpy as np
@@ -199,13 +201,16 @@ def test_fit_verbose_lines_carry_the_loss_and_its_change(capfd):
     ]
     curve = result["loss_curve"]
     assert len(lines) == result["n_iter"] == len(curve) - 1
+    elapsed = []
     for k, line in enumerate(lines, start=1):
         head, change = line.split("(change ")
         assert head.startswith(f"fit_learned_kernel: iteration {k}: LOO MSE ")
         assert float(head.split("LOO MSE ")[1]) == pytest.approx(curve[k], rel=1e-5)
-        assert float(change.rstrip(")")) == pytest.approx(
-            curve[k] - curve[k - 1], rel=1e-2, abs=1e-9
-        )
+        change, seconds = change.split(") [")
+        assert float(change) == pytest.approx(curve[k] - curve[k - 1], rel=1e-2, abs=1e-9)
+        assert seconds.endswith(" s]")  # the elapsed time, on every line
+        elapsed.append(float(seconds.split()[0]))
+    assert elapsed == sorted(elapsed)
     learned_metric.fit_learned_kernel(X, y, metric="diagonal")
     assert capfd.readouterr().err == ""  # quiet by default
     with pytest.raises(ValueError, match="verbose"):
@@ -291,6 +296,34 @@ def test_ladder_never_worse_than_its_start(monkeypatch):
             monkeypatch, X, y, 12, 1, metric="full", n_components=2, random_state=seed
         )
         assert ladder["loss"] <= full["loss_curve"][0] * (1 + 1e-12), seed
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+def test_learned_regressor_verbose_shows_iteration_loss_and_elapsed(capfd, monkeypatch):
+    X, y, _, _ = _relevance_data(4, n=80)
+    model = nbattn.LearnedKernelRegressor(metric="diagonal", max_iter=6, verbose=1).fit(X, y)
+    err = capfd.readouterr().err.splitlines()  # stderr is not a terminal: plain lines
+    lines = [line for line in err if line.startswith("fit_learned_kernel: iteration ")]
+    assert len(lines) == model.n_iter_ >= 1
+    for k, line in enumerate(lines, start=1):
+        loss = float(line.split("LOO MSE ")[1].split()[0])
+        assert loss == pytest.approx(model.loss_curve_[k], rel=1e-5)
+        assert line.endswith(" s]")
+    assert all(line.endswith(" s]") for line in err)  # notes carry the elapsed time too
+    again = nbattn.LearnedKernelRegressor(metric="diagonal", max_iter=6).fit(X, y)
+    assert capfd.readouterr().err == ""
+    np.testing.assert_array_equal(again.bandwidth_, model.bandwidth_)  # verbose changes nothing
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    stream = Terminal()
+    monkeypatch.setattr(sys, "stderr", stream)
+    nbattn.LearnedKernelRegressor(metric="diagonal", max_iter=6, verbose=1).fit(X, y)
+    text = stream.getvalue()
+    assert "\r" in text and f"{model.n_iter_}/6" in text  # a tqdm bar: iterations of max_iter
+    assert "LOO MSE" in text and "fit_learned_kernel: iteration" not in text
 
 
 def test_ladder_restarts_when_the_subsample_misleads(monkeypatch, capfd):
