@@ -480,6 +480,8 @@ def attention_figure(model, X, data_name="data"):
     :data:`MAX_CELLS` keys (queries), neighbouring keys are summed (queries
     averaged) in runs of equal length (:func:`binned`): a cell is then the weight a
     query gives a run of keys, and one key's weight does not vanish in a pixel."""
+    from matplotlib.ticker import MaxNLocator
+
     features = list(X.columns)
     keys = getattr(model, "X_fit_", None)
     by_feature = len(features) == 1 and _kinds_of(model, 1) == "c"
@@ -519,6 +521,8 @@ def attention_figure(model, X, data_name="data"):
     )
     ax.set_xlim(-0.5, n_keys - 0.5)
     ax.set_ylim(n_queries - 0.5, -0.5)
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_locator(MaxNLocator(integer=True))
     return ax.figure
 
 
