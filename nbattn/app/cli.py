@@ -308,13 +308,11 @@ def _plot_fit(args):
 
     model, features, target = batch.read_model(args.model, args.target)
     target = _need_target(target, args.model)
-    if _is_classifier(model):
-        raise ValueError("plot fit draws regression curves; this model is a classifier")
     X, y, _, _ = batch.load_xy(
         args.data,
         features,
         target,
-        classifier=False,
+        classifier=_is_classifier(model),
         on_nan=args.on_nan,
         var_type=batch.model_kinds(model, features),
         categories=batch.model_categories(model, features),
@@ -343,16 +341,16 @@ def _plot_loo(args):
     from . import plotting
 
     features = batch.feature_columns(args.data, args.target, args.features)
-    X, y, _, _ = batch.load_xy(
+    X, y, _, kinds = batch.load_xy(
         args.data,
         features,
         args.target,
         classifier=False,
         on_nan=args.on_nan,
-        var_type="c" * len(features),
+        var_type=args.var_type,
     )
     with Progress(args.points, "loo", unit="widths", quiet=args.quiet) as bar:
-        return plotting.loo_figure(X.to_numpy(), y, args.points, progress=bar.update)
+        return plotting.loo_figure(X, y, args.points, progress=bar.update, var_type=kinds)
 
 
 def _plot_widths(args):
@@ -527,7 +525,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     plot = sub.add_parser("plot", help="figures: fit, heatmap, loo, widths (PNG or SVG)")
     kinds = plot.add_subparsers(dest="kind", required=True, metavar="KIND")
-    p = kinds.add_parser("fit", help="the fitted curve over the data; one panel per feature")
+    p = kinds.add_parser(
+        "fit",
+        help="the fitted curve (a classifier: each class's probability) over the data; one "
+        "panel per feature",
+    )
     _with_data(p)
     p.add_argument("--target", help="default: the model's target")
     p = kinds.add_parser("heatmap", help="attention weights of the first rows of DATA")
@@ -538,6 +540,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", required=True)
     p.add_argument("--features", type=_column_list)
     p.add_argument("--points", type=_int_arg(2), default=30, help="widths tried (default 30)")
+    p.add_argument(
+        "--var-type",
+        type=_var_type_arg,
+        help="one letter per feature: c continuous, u unordered, o ordered categorical "
+        "(default: columns holding text are u, the rest c); the continuous columns' widths "
+        "are scaled together, the categorical ones' held at Scott's rule",
+    )
     p = kinds.add_parser("widths", help="the model's kernel widths per feature")
     _with_data(p, data=False)
     for p in kinds.choices.values():

@@ -2,7 +2,9 @@
 and the figures of ``nbattn plot`` (fit, heatmap, loo, widths).
 
 matplotlib is imported when a figure is drawn, with the non-interactive Agg
-backend unless a file backend is already selected.
+backend unless a file backend is already selected. Figures are laid out by
+matplotlib's constrained layout; a legend goes to the first corner of its axes
+that covers no data point or line, and beside the axes when no corner is free.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import os
 from pathlib import Path
 
 import numpy as np
+
+from .legends import lay_out, place_legend
 
 FIGURE_FORMATS = ("png", "svg")
 
@@ -29,7 +33,7 @@ def pyplot():
 def _axes(ax, figsize):
     """``ax``, or the axes of a new figure ``figsize`` inches large when it is None."""
     if ax is None:
-        _, ax = pyplot().subplots(figsize=figsize)
+        _, ax = pyplot().subplots(figsize=figsize, layout="constrained")
     return ax
 
 
@@ -47,32 +51,44 @@ _CURVE_COLORS = ["tab:green", "black", "tab:orange", "tab:purple", "tab:brown", 
 
 def plot_fit(x_train, y_train, x_test, y_true, curves=None, ax=None, title=None):
     """Training points, the true function, and fitted curves {label: y_pred on x_test}."""
-    ax = _axes(ax, figsize=(6, 4))
-    ax.scatter(x_train, y_train, color="tab:red", s=14, label="train_data")
+    ax = _axes(ax, figsize=(6.4, 4))
+    ax.scatter(x_train, y_train, color="tab:red", s=14, label="training data")
     ax.plot(x_test, y_true, color="tab:blue", label="true function")
     for (label, y_pred), color in zip((curves or {}).items(), _CURVE_COLORS * 4):
         ax.plot(x_test, y_pred, label=label, color=color)
     _label(ax, "x", "y", title)
-    ax.legend(loc="best")
+    place_legend(ax, fontsize="small")
     return ax
 
 
-def plot_heatmap(weights, xlabel="keys", ylabel="queries", ax=None, title=None):
+def plot_heatmap(
+    weights, xlabel="keys", ylabel="queries", ax=None, title=None, scale_label=None, gamma=1.0
+):
     """One attention map (n_queries, n_keys) as an image with a colour bar.
 
-    Softmax weights (all >= 0) go from white to red. Weights with negative entries (a
-    local polynomial's equivalent kernel, which extrapolates) take a diverging map
-    centred on 0, so that a negative weight does not look like a zero one."""
-    ax = _axes(ax, figsize=(5, 4))
+    Softmax weights (all >= 0) go from white to red, on a power scale ``gamma`` (0.5:
+    the square root, which brings out the small weights of a wide kernel). Weights with
+    negative entries (a local polynomial's equivalent kernel, which extrapolates) take a
+    diverging map centred on 0, so that a negative weight does not look like a zero
+    one. ``scale_label`` names the colour bar."""
+    from matplotlib.colors import PowerNorm
+
+    ax = _axes(ax, figsize=(5.5, 4))
     weights = np.asarray(weights)
     low = float(weights.min()) if weights.size else 0.0
     if low < 0.0:
         limit = max(-low, float(weights.max()))
         image = ax.imshow(weights, cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto")
+    elif gamma != 1.0:
+        top = float(weights.max()) if weights.size and weights.max() > 0 else 1.0
+        norm = PowerNorm(gamma, vmin=0.0, vmax=top)
+        image = ax.imshow(weights, cmap="Reds", norm=norm, aspect="auto")
     else:
         image = ax.imshow(weights, cmap="Reds", aspect="auto")
     _label(ax, xlabel, ylabel, title)
-    ax.figure.colorbar(image, ax=ax)
+    bar = ax.figure.colorbar(image, ax=ax)
+    if scale_label:
+        bar.set_label(scale_label)
     return ax
 
 
@@ -81,21 +97,44 @@ def save(ax, path) -> Path:
     plt = pyplot()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    ax.figure.tight_layout()
+    lay_out(ax.figure)
     ax.figure.savefig(path, dpi=100)
     plt.close(ax.figure)
     return path
 
 
-def plot_loss_curve(bandwidths, losses, marks=None, ax=None, title=None):
-    """A loss against the kernel width on a log axis; ``marks`` = {label: width} as lines."""
-    ax = _axes(ax, figsize=(6, 4))
-    ax.plot(bandwidths, losses, color="tab:blue", label="leave-one-out MSE")
-    for (label, width), color in zip((marks or {}).items(), ["tab:red", "tab:green", "tab:gray"]):
-        ax.axvline(width, color=color, linestyle="--", label=f"{label} ({width:.3g})")
+def plot_loss_curve(
+    bandwidths, losses, marks=None, ax=None, title=None, xlabel="bandwidth h", legend=True
+):
+    """A loss against the kernel width on a log axis. ``marks`` = {legend label: width},
+    each a line from the bottom up to a marker on the curve (up to the top beyond the
+    curve's widths), so that the space above the curve stays free for the legend."""
+    ax = _axes(ax, figsize=(6.4, 4))
+    x, y = np.asarray(bandwidths, dtype=np.float64), np.asarray(losses, dtype=np.float64)
+    ax.plot(x, y, color="tab:blue", label="leave-one-out MSE")
     ax.set_xscale("log")
-    _label(ax, "bandwidth h", "LOO MSE", title)
-    ax.legend(loc="best")
+    bottom, top = ax.get_ylim()
+    styles = [("tab:green", ":", "v"), ("tab:gray", "--", "s"), ("tab:purple", "-.", "D")]
+    for (label, width), (color, ls, marker) in zip((marks or {}).items(), styles * 4):
+        inside = x.min() <= width <= x.max()
+        at = np.interp(np.log(width), np.log(x), y) if inside else top
+        ax.plot(
+            [width, width],
+            [bottom, at],
+            color=color,
+            ls=ls,
+            lw=1.8,
+            label=label,
+            marker=marker,
+            markevery=[1],
+            ms=7,
+            mfc="none",
+            mew=1.5,
+        )
+    ax.set_ylim(bottom, top)
+    _label(ax, xlabel, "leave-one-out MSE", title)
+    if legend:
+        place_legend(ax, fontsize="small")
     return ax
 
 
@@ -187,7 +226,7 @@ def save_figure(fig, path) -> None:
     fmt = figure_format(path)
     try:
         with atomic_output(path) as tmp:
-            fig.tight_layout()
+            lay_out(fig)
             fig.savefig(tmp, format=fmt, dpi=100)
     finally:
         pyplot().close(fig)
@@ -195,6 +234,9 @@ def save_figure(fig, path) -> None:
 
 #: scatter at most this many points of a data file (a random subset beyond)
 MAX_POINTS = 5000
+
+#: a heatmap shows at most this many cells a side; beyond, neighbouring rows are binned
+MAX_CELLS = 120
 
 
 def _kinds_of(model, d) -> str:
@@ -223,8 +265,76 @@ def _band(model, queries):
     return band[:, 0], band[:, 1]
 
 
+def _regression_panel(ax, model, queries, grid, x, y, continuous, label, curve_label):
+    """Panel of a regressor: the data (x, y), the prediction at ``queries`` along ``grid``
+    with its 95% band (a category's prediction and band as a point and an error bar)."""
+    curve = np.asarray(model.predict(queries))
+    band = _band(model, queries)
+    if continuous:
+        ax.scatter(x, y, s=8, color="tab:red", alpha=0.6, label=label)
+        ax.plot(grid, curve, color="tab:blue", label=curve_label)
+        if band is not None:
+            ax.fill_between(grid, *band, color="tab:blue", alpha=0.2, label="95% band of the mean")
+        return
+    jitter = np.random.default_rng(1).uniform(-0.2, 0.2, x.size)
+    ax.scatter(x + jitter, y, s=8, color="tab:red", alpha=0.4, label=label)
+    spread = None if band is None else np.vstack([curve - band[0], band[1] - curve])
+    ax.errorbar(
+        np.arange(len(grid)),
+        curve,
+        yerr=spread,
+        fmt="o",
+        color="tab:blue",
+        capsize=4,
+        label=curve_label if band is None else f"{curve_label}, 95% band",
+    )
+
+
+def _shares(x, y, classes, continuous):
+    """(positions, shares (n_positions, n_classes)) of each class among the data: per
+    category, or per bin of about equal counts of a continuous x."""
+    x = np.asarray(x, dtype=np.float64)
+    keep = np.isfinite(x)
+    x, y = x[keep], np.asarray(y)[keep]
+    if continuous:
+        n_bins = int(np.clip(x.size // 20, 1, 12))
+        order = np.argsort(x, kind="stable")
+        groups = [g for g in np.array_split(order, n_bins) if g.size]
+        positions = np.array([np.median(x[g]) for g in groups])
+    else:
+        groups = [np.flatnonzero(x == p) for p in np.unique(x)]
+        positions = np.unique(x)
+    shares = np.array([[np.mean(y[g] == c) for c in classes] for g in groups if g.size])
+    return positions, shares
+
+
+_CLASS_COLORS = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown"]
+
+
+def _class_panel(ax, model, queries, grid, x, y, continuous, label):
+    """Panel of a classifier: the probability of each class at ``queries`` along ``grid``
+    (lines; a category's as points), and each class's share of the data (open markers:
+    per bin of x, or per category)."""
+    classes = list(model.classes_)
+    proba = np.asarray(model.predict_proba(queries))
+    colours = [_CLASS_COLORS[k % len(_CLASS_COLORS)] for k in range(len(classes))]
+    positions, shares = _shares(x, y, classes, continuous)
+    offsets = np.zeros(len(classes)) if continuous else np.linspace(-0.2, 0.2, len(classes))
+    for k, (cls, colour) in enumerate(zip(classes, colours)):
+        if continuous:
+            ax.plot(grid, proba[:, k], color=colour, label=f"P({cls})")
+        else:
+            ax.plot(
+                np.arange(len(grid)) + offsets[k], proba[:, k], "o", color=colour, label=f"P({cls})"
+            )
+        ax.plot(positions + offsets[k], shares[:, k], "D", mfc="none", color=colour, ms=5)
+    ax.plot([], [], "D", mfc="none", color="gray", ms=5, label=f"share of each class in {label}")
+    ax.set_ylim(-0.06, 1.06)
+
+
 def fit_figure(model, X, y, target, label="data"):
-    """The fitted curve over the data with its 95% band, one panel per feature.
+    """The fitted curve over the data with its 95% band, one panel per feature; for a
+    classifier, the probability of each class.
 
     With one feature the panel is the model's prediction along the feature.
     With several, panel f is a partial-dependence slice: the prediction along
@@ -234,75 +344,87 @@ def fit_figure(model, X, y, target, label="data"):
     data's ``(x_f, y)``. A categorical feature's panel shows the prediction
     at each category (with its band as an error bar) over the data points of
     each category. The band is the pointwise 95% interval of the mean
-    (``model.predict_interval``), when the model has one.
+    (``model.predict_interval``), when the model has one. A classifier's panels
+    show ``P(class | x)`` for each class along the slice, and each class's share of
+    the data per bin of the feature (per category).
 
     Parameters
     ----------
-    model : fitted regressor with ``feature_names_in_``
+    model : fitted regressor or classifier with ``feature_names_in_``
     X : DataFrame (n, d), the model's features in its order
-    y : array (n,)
+    y : array (n,), targets or class labels
     target : str, the label of the y axis
-    label : str, the legend entry of the data points
+    label : str, the name of the data in the legend
     """
     import pandas as pd
 
     plt = pyplot()
+    classifier = hasattr(model, "predict_proba") and hasattr(model, "classes_")
     features = list(X.columns)
     d = len(features)
     kinds = _kinds_of(model, d)
     cols = min(d, 3)
     rows = -(-d // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows), squeeze=False)
+    fig, axes = plt.subplots(
+        rows,
+        cols,
+        figsize=(5 * cols, 3.6 * rows + 0.8 * (d > 1)),
+        squeeze=False,
+        layout="constrained",
+    )
     y = np.asarray(y)
     shown = np.arange(len(y))
     if len(y) > MAX_POINTS:
         shown = np.random.default_rng(0).choice(len(y), MAX_POINTS, replace=False)
     reference = _reference_row(X, kinds)
+    curve_label = type(model).__name__ if d == 1 else "others at reference"
     for f, name in enumerate(features):
         ax = axes.flat[f]
         column = X[name].iloc[shown]
-        if kinds[f] == "c":
+        continuous = kinds[f] == "c"
+        if continuous:
             values = X[name].to_numpy(dtype=np.float64)
             grid = np.linspace(np.nanmin(values), np.nanmax(values), 400)
+            x = column.to_numpy(dtype=np.float64)
         else:
             cats = getattr(model, "categories_", [None] * d)[f]
             grid = list(cats) if cats else sorted(X[name].dropna().unique().tolist())
+            position = {v: k for k, v in enumerate(grid)}
+            x = np.array([position.get(v, np.nan) for v in column], dtype=np.float64)
         queries = pd.DataFrame({c: [reference[c]] * len(grid) for c in features})
         queries[name] = grid
         for c, kind in zip(features, kinds):
             if kind == "c":
                 queries[c] = queries[c].astype(np.float64)
-        curve = np.asarray(model.predict(queries))
-        band = _band(model, queries)
-        curve_label = type(model).__name__ if d == 1 else "others at reference"
-        if kinds[f] == "c":
-            ax.scatter(column, y[shown], s=8, color="tab:red", alpha=0.6, label=label)
-            ax.plot(grid, curve, color="tab:blue", label=curve_label)
-            if band is not None:
-                ax.fill_between(grid, *band, color="tab:blue", alpha=0.2, label="95% band")
+        if classifier:
+            _class_panel(ax, model, queries, grid, x, y[shown], continuous, label)
         else:
-            position = {v: k for k, v in enumerate(grid)}
-            x = np.array([position.get(v, np.nan) for v in column], dtype=np.float64)
-            jitter = np.random.default_rng(1).uniform(-0.2, 0.2, x.size)
-            ax.scatter(x + jitter, y[shown], s=8, color="tab:red", alpha=0.4, label=label)
-            spread = None if band is None else np.vstack([curve - band[0], band[1] - curve])
-            ax.errorbar(
-                np.arange(len(grid)),
-                curve,
-                yerr=spread,
-                fmt="o",
-                color="tab:blue",
-                capsize=4,
-                label=curve_label,
-            )
+            _regression_panel(ax, model, queries, grid, x, y[shown], continuous, label, curve_label)
+        if not continuous:
             ax.set_xticks(range(len(grid)), [str(v) for v in grid], rotation=30, ha="right")
         ax.set_xlabel(name)
-        ax.set_ylabel(target)
-        ax.legend(loc="best", fontsize="small")
+        ax.set_ylabel(f"probability of each {target}" if classifier else target)
     for ax in list(axes.flat)[d:]:
         ax.set_visible(False)
-    if d > 1:
-        fig.suptitle(f"{type(model).__name__}: partial dependence on each feature")
+    what = "class probabilities" if classifier else "partial dependence"
+    if d == 1:
+        axes.flat[0].set_title(f"{type(model).__name__}: fit to {label}")
+        place_legend(axes.flat[0], fontsize="small")
+        return fig
+    handles, labels = {}, []
+    for ax in list(axes.flat)[:d]:
+        for handle, text in zip(*ax.get_legend_handles_labels()):
+            if text not in handles:
+                handles[text] = handle
+                labels.append(text)
+    fig.suptitle(f"{type(model).__name__}: {what} on each feature (others at reference)")
+    fig.legend(
+        [handles[t] for t in labels],
+        labels,
+        loc="outside lower center",
+        ncols=min(len(labels), 4),
+        fontsize="small",
+    )
     return fig
 
 
@@ -339,12 +461,27 @@ def _prediction_order(model, X):
     return np.argsort(score, kind="stable")
 
 
+def binned(weights, rows, cols):
+    """``weights`` (n_queries, n_keys) on a coarser grid: runs of ``cols`` neighbouring
+    keys summed and runs of ``rows`` neighbouring queries averaged (the last runs may be
+    shorter), so that each row of the result still sums to what a query's row sums to."""
+    w = np.asarray(weights, dtype=np.float64)
+    w = np.add.reduceat(w, np.arange(0, w.shape[1], cols), axis=1)
+    counts = np.diff(np.append(np.arange(0, w.shape[0], rows), w.shape[0]))
+    return np.add.reduceat(w, np.arange(0, w.shape[0], rows), axis=0) / counts[:, None]
+
+
 def attention_figure(model, X, data_name="data"):
     """Attention weights of the rows of ``X`` (queries) over the training rows (keys).
 
     With one continuous feature both are sorted by it; otherwise (several
     features, or a categorical one) both are sorted by the model's
-    prediction, so that rows which pool alike sit together."""
+    prediction, so that rows which pool alike sit together. Beyond
+    :data:`MAX_CELLS` keys (queries), neighbouring keys are summed (queries
+    averaged) in runs of equal length (:func:`binned`): a cell is then the weight a
+    query gives a run of keys, and one key's weight does not vanish in a pixel."""
+    from matplotlib.ticker import MaxNLocator
+
     features = list(X.columns)
     keys = getattr(model, "X_fit_", None)
     by_feature = len(features) == 1 and _kinds_of(model, 1) == "c"
@@ -359,53 +496,121 @@ def attention_figure(model, X, data_name="data"):
     weights = np.asarray(model.attention_weights(X))
     if key_order is not None and key_order.size == weights.shape[1]:
         weights = weights[:, key_order]
-    _, ax = pyplot().subplots(figsize=(6, 4.5))
+    n_queries, n_keys = weights.shape
+    rows, cols = -(-n_queries // MAX_CELLS), -(-n_keys // MAX_CELLS)
+    xlabel = f"training rows (keys), {how}"
+    ylabel = f"rows of {data_name} (queries), {how}"
+    scale = "weight"
+    if cols > 1:
+        xlabel = f"training rows (keys), {how}, in runs of {cols}"
+        scale = f"weight on a run of {cols} keys"
+    if rows > 1:
+        ylabel = f"rows of {data_name}, {how}, in runs of {rows}"
+        scale += f", mean over {rows} queries"
+    weights = binned(weights, rows, cols)
+    _, ax = pyplot().subplots(figsize=(6.5, 4.5), layout="constrained")
+    signed = weights.size and weights.min() < 0
+    if not signed:
+        scale += " (square-root colour scale)"
     plot_heatmap(
-        weights,
-        xlabel=f"training rows (keys), {how}",
-        ylabel=f"rows of {data_name} (queries), {how}",
-        ax=ax,
-        title="attention weights",
+        weights, xlabel, ylabel, ax=ax, title="attention weights", scale_label=scale, gamma=0.5
     )
+    # a cell spans its run of rows on the axes (the last run, if shorter, is cut at the end)
+    ax.images[0].set_extent(
+        (-0.5, weights.shape[1] * cols - 0.5, weights.shape[0] * rows - 0.5, -0.5)
+    )
+    ax.set_xlim(-0.5, n_keys - 0.5)
+    ax.set_ylim(n_queries - 0.5, -0.5)
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_locator(MaxNLocator(integer=True))
     return ax.figure
 
 
-def loo_curve(X, y, base, scales, progress=None):
-    """Leave-one-out MSE of Nadaraya-Watson at the widths ``base * s`` for s in ``scales``.
+def loo_curve(X, y, base, scales, progress=None, var_type=None, n_categories=None):
+    """Leave-one-out MSE of Nadaraya-Watson at the widths ``base * s`` for s in ``scales``
+    (with ``var_type``, only the continuous columns' widths are scaled).
 
     ``L(h) = mean_i (f_{-i}(x_i) - y_i)^2``, ``f_{-i}`` the prediction at x_i
-    without the pair (i, i) (``nbattn.smoothing.loo.loo_loss``). ``progress`` is
-    called once per width.
+    without the pair (i, i): on continuous columns
+    :func:`nbattn.smoothing.loo.loo_loss`; with categorical ones (``var_type`` with
+    "u" or "o", X holding category codes, ``n_categories`` per column) the mixed-type
+    engine's :func:`nbattn.local.engine.local_loo_loss` of degree 0 (the criterion of
+    ``bandwidth="loo_scale"``). ``progress`` is called once per width.
     """
+    from ..local.engine import local_loo_loss
     from ..smoothing.loo import loo_loss
 
+    mixed = var_type is not None and set(var_type) != {"c"}
+    cont = np.array([k == "c" for k in var_type]) if mixed else None
+    missing = "marginalize" if mixed and np.isnan(X).any() else "error"
     losses = np.empty(len(scales))
     for i, s in enumerate(scales):
-        losses[i] = loo_loss(X, y, base * s)
+        if mixed:
+            widths = np.where(cont, base * s, base)
+            losses[i] = local_loo_loss(
+                X, y, widths, 0, var_type=var_type, n_categories=n_categories, missing=missing
+            )
+        else:
+            losses[i] = loo_loss(X, y, base * s)
         if progress is not None:
             progress()
     return losses
 
 
-def loo_figure(X, y, points=30, progress=None):
+def _mixed_loo_setup(X, y, var_type):
+    """(codes, Scott's widths, the 'loo_scale' factor, category counts) of a table with
+    categorical columns, through NadarayaWatsonRegressor's own encoding and search."""
+    from ..estimators import NadarayaWatsonRegressor
+
+    if "c" not in var_type:
+        raise ValueError(
+            "plot loo draws the criterion against a common factor of the continuous "
+            "columns' widths; the features hold no continuous column"
+        )
+    missing = "marginalize" if X.isna().to_numpy().any() else "error"
+    options = {"var_type": var_type, "missing": missing}
+    scott = NadarayaWatsonRegressor(bandwidth="scott", **options).fit(X, y)
+    chosen = NadarayaWatsonRegressor(bandwidth="loo_scale", **options).fit(X, y)
+    cont = np.array([k == "c" for k in var_type])
+    base = np.asarray(scott.bandwidth_, dtype=np.float64)
+    factor = float(chosen.bandwidth_[cont][0] / base[cont][0])
+    counts = [len(c) if c is not None else 0 for c in chosen.categories_]
+    return np.asarray(chosen.X_fit_, dtype=np.float64), base, factor, counts
+
+
+def loo_figure(X, y, points=30, progress=None, var_type=None):
     """Leave-one-out MSE against the width, in units of Scott's rule, over ``points``
     scales from 10^-1.5 to 10, with Scott's rule, the grid minimum and the width
-    ``bandwidth="loo_scale"`` chooses (:func:`nbattn.smoothing.width_search.loo_bandwidth`) marked.
-    ``progress`` is called once per width."""
-    from ..smoothing.regression import bandwidth_rule
-    from ..smoothing.width_search import loo_bandwidth
+    ``bandwidth="loo_scale"`` chooses marked.
 
-    X = np.asarray(X, dtype=np.float64)
+    On continuous columns the criterion is :func:`nbattn.smoothing.loo.loo_loss` and the
+    factor :func:`nbattn.smoothing.width_search.loo_bandwidth`'s. With categorical columns
+    (``X`` a DataFrame, ``var_type`` one letter of "cuo" per column) the continuous
+    columns' widths are scaled together and the categorical ones' lambda held at the
+    rule's: the criterion and the factor of ``NadarayaWatsonRegressor(bandwidth=
+    "loo_scale")`` on the mixed-type engine (:func:`loo_curve`). ``progress`` is called
+    once per width."""
     if len(y) < 2:
         raise ValueError("the leave-one-out loss needs at least 2 rows")
-    scott = bandwidth_rule(X, "scott")
     scales = np.logspace(-1.5, 1.0, points)
-    losses = loo_curve(X, y, scott, scales, progress)
-    factor = float(np.asarray(loo_bandwidth(X, y))[0] / scott[0])
-    _, ax = pyplot().subplots(figsize=(6, 4))
-    ax.plot(scales, losses, color="tab:blue")
-    ax.axvline(1.0, color="gray", ls="--", label="Scott's rule")
-    ax.axvline(factor, color="tab:green", ls=":", label=f"bandwidth='loo': {factor:.3g} x Scott")
+    if var_type is not None and set(var_type) != {"c"}:
+        codes, base, factor, counts = _mixed_loo_setup(X, y, var_type)
+        losses = loo_curve(codes, y, base, scales, progress, var_type, counts)
+        held = " (categorical λ held at the rule's)"
+    else:
+        from ..smoothing.regression import bandwidth_rule
+        from ..smoothing.width_search import loo_bandwidth
+
+        X = np.asarray(X, dtype=np.float64)
+        scott = bandwidth_rule(X, "scott")
+        losses = loo_curve(X, y, scott, scales, progress)
+        factor = float(np.asarray(loo_bandwidth(X, y))[0] / scott[0])
+        held = ""
+    title = "leave-one-out MSE, continuous widths scaled together"
+    marks = {f"bandwidth='loo_scale': {factor:.3g} x Scott": factor, "Scott's rule": 1.0}
+    ax = plot_loss_curve(
+        scales, losses, marks, title=title, xlabel="bandwidth / Scott's rule" + held, legend=False
+    )
     best = int(np.argmin(losses))
     ax.scatter(
         [scales[best]],
@@ -414,10 +619,7 @@ def loo_figure(X, y, points=30, progress=None):
         zorder=3,
         label=f"grid minimum: {scales[best]:.3g} x Scott",
     )
-    ax.set_xscale("log")
-    ax.set_xlabel("bandwidth / Scott's rule")
-    ax.set_ylabel("leave-one-out MSE")
-    ax.legend(loc="best")
+    place_legend(ax, fontsize="small")
     return ax.figure
 
 
@@ -425,13 +627,10 @@ def relative_widths(model):
     """Each width relative to its feature: ``h_d / sd_d`` for a continuous column (its
     training spread; 1 when constant), ``lambda / lambda_max`` for a categorical one
     (lambda_max = (c - 1)/c unordered, 1 ordered: 1 means the column is ignored)."""
-    widths = np.asarray(model.bandwidth_, dtype=np.float64).reshape(-1)
+    widths = _model_widths(model)
     keys = np.asarray(model.X_fit_)
     d = keys.shape[1]
-    if widths.size == 1 and d > 1:
-        widths = np.full(d, widths[0])
     kinds = _kinds_of(model, d)
-    cats = getattr(model, "categories_", None) or [None] * d
     out = np.empty(d)
     for j, kind in enumerate(kinds):
         if kind == "c":
@@ -439,30 +638,97 @@ def relative_widths(model):
             sd = float(np.std(column, ddof=1)) if column.size > 1 else 0.0
             out[j] = widths[j] / (sd if sd > 0 else 1.0)
         else:
-            c = len(cats[j]) if cats[j] else 2
-            top = (c - 1) / c if kind == "u" else 1.0
+            top = _lambda_max(model, j, kind)
             out[j] = widths[j] / top if top > 0 else 1.0
     return out
 
 
+def _model_widths(model):
+    widths = np.asarray(model.bandwidth_, dtype=np.float64).reshape(-1)
+    d = np.asarray(model.X_fit_).shape[1]
+    return np.full(d, widths[0]) if widths.size == 1 and d > 1 else widths
+
+
+def _lambda_max(model, j, kind) -> float:
+    cats = (getattr(model, "categories_", None) or [None] * (j + 1))[j]
+    c = len(cats) if cats else 2
+    return (c - 1) / c if kind == "u" else 1.0
+
+
+def _plain_log_x(ax):
+    """A log x axis labelled by plain numbers at 1, 2 and 5 times powers of 10."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    ax.set_xscale("log")
+    axis = ax.xaxis
+    axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _continuous_widths(ax, names, widths, ratios):
+    """h / sd per continuous column on a log axis: a stem from 1 (one sd) to the ratio."""
+    at = np.arange(len(names))
+    ax.hlines(at, 1.0, ratios, color="tab:blue", lw=2)
+    ax.plot(ratios, at, "o", color="tab:blue")
+    ax.axvline(1.0, color="gray", ls="--", lw=0.8)
+    _plain_log_x(ax)
+    low, high = min(ratios.min(), 1.0), max(ratios.max(), 1.0)
+    ax.set_xlim(low / 2.5, high * 2.5)
+    ax.set_yticks(at, [f"{n}  (h = {h:.3g})" for n, h in zip(names, widths)])
+    ax.set_ylim(len(names) - 0.4, -0.6)
+    ax.set_xlabel("h / standard deviation of the feature (log scale)")
+
+
+def _categorical_widths(ax, names, lambdas, tops):
+    """lambda / lambda_max per categorical column on [0, 1]: 0 pools only rows of the same
+    category, 1 ignores the column."""
+    at = np.arange(len(names))
+    ax.barh(at, lambdas / tops, height=0.5, color="tab:orange")
+    ax.set_xlim(0.0, 1.12)
+    ax.set_yticks(at, [f"{n}  (λ = {v:.3g} of {t:.3g})" for n, v, t in zip(names, lambdas, tops)])
+    ax.set_ylim(len(names) - 0.4, -0.6)
+    ax.set_xlabel("λ / λ_max   (0: same category only, 1: column ignored)")
+
+
 def widths_figure(model, features):
-    """The kernel widths per feature relative to the feature's spread
-    (:func:`relative_widths`, symmetric-log scale: 0 is drawn, huge ratios fit), or
-    the learned metric ``components_`` as an image."""
+    """The kernel widths per feature relative to the feature (:func:`relative_widths`):
+    the continuous columns' h / sd on a log axis, the categorical columns' lambda /
+    lambda_max on [0, 1] in a second panel; or the learned metric ``components_`` as an
+    image."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(max(4, 0.6 * len(features) + 2), 4))
+    name = type(model).__name__
     if getattr(model, "bandwidth_", None) is not None:
+        widths = _model_widths(model)
         ratios = relative_widths(model)
         kinds = _kinds_of(model, ratios.size)
-        colours = ["tab:blue" if k == "c" else "tab:orange" for k in kinds]
-        ax.bar(range(ratios.size), ratios, color=colours)
-        ax.set_xticks(range(ratios.size), features, rotation=45, ha="right")
-        ax.set_yscale("symlog", linthresh=0.1)
-        ax.axhline(1.0, color="gray", ls="--", lw=0.8)
-        ax.set_ylabel("h / feature sd  (categorical: lambda / lambda_max)")
-        ax.set_title(f"{type(model).__name__} widths relative to each feature")
+        cont = [j for j, k in enumerate(kinds) if k == "c"]
+        cat = [j for j, k in enumerate(kinds) if k != "c"]
+        panels = [p for p in (cont, cat) if p]
+        height = 0.35 * max(len(p) for p in panels) + 2.0
+        fig, axes = plt.subplots(
+            1,
+            len(panels),
+            figsize=(5.5 * len(panels) + 1.0, height),
+            squeeze=False,
+            layout="constrained",
+        )
+        for ax, panel in zip(axes.flat, panels):
+            names = [str(features[j]) for j in panel]
+            if panel is cont:
+                _continuous_widths(ax, names, widths[panel], ratios[panel])
+                ax.set_title("continuous columns" if cat else f"{name}: widths")
+            else:
+                tops = np.array([_lambda_max(model, j, kinds[j]) for j in panel])
+                _categorical_widths(ax, names, widths[panel], tops)
+                ax.set_title("categorical columns" if cont else f"{name}: widths")
+        if cont and cat:
+            fig.suptitle(f"{name}: widths relative to each feature")
     elif getattr(model, "components_", None) is not None:
         L = np.asarray(model.components_, dtype=np.float64)
+        fig, ax = plt.subplots(
+            figsize=(max(4.5, 0.5 * len(features) + 2.5), 4), layout="constrained"
+        )
         limit = float(np.abs(L).max()) or 1.0
         image = ax.imshow(L, cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto")
         fig.colorbar(image, ax=ax)
@@ -472,6 +738,5 @@ def widths_figure(model, features):
         ax.set_ylabel("rows of L")
         ax.set_title("learned metric L")
     else:
-        plt.close(fig)
-        raise ValueError(f"{type(model).__name__} has no widths (bandwidth_ or components_)")
+        raise ValueError(f"{name} has no widths (bandwidth_ or components_)")
     return fig

@@ -68,7 +68,11 @@ def write_seed_figures(outdir: Path, data, curves, fitted) -> list[Path]:
     written = [
         plotting.save(plotting.plot_fit(*args, title="training data"), outdir / "data.png"),
         plotting.save(
-            plotting.plot_fit(*args, {"average pooling": curves["average_pooling"]}),
+            plotting.plot_fit(
+                *args,
+                {"average pooling": curves["average_pooling"]},
+                title="average pooling: every query gets the mean of y",
+            ),
             outdir / "average_pooling.png",
         ),
         plotting.save(
@@ -79,6 +83,7 @@ def write_seed_figures(outdir: Path, data, curves, fitted) -> list[Path]:
                     "Nadaraya-Watson (h = 1)": curves["nadaraya_watson"],
                     "Nadaraya-Watson (Scott)": curves["nadaraya_watson_scott"],
                 },
+                title="Nadaraya-Watson attention pooling",
             ),
             outdir / "nadaraya_watson.png",
         ),
@@ -122,10 +127,11 @@ def write_learned_width_figures(outdir: Path, data, curves, fitted) -> list[Path
     x_train = data.x_train[:, None]
     widths = np.logspace(-2, 1, 61)
     losses = [loo_loss(x_train, data.y_train, h) for h in widths]
+    h_scott = float(fitted["nadaraya_watson_scott"].bandwidth_[0])
     marks = {
-        "learned": h_learned,
-        "Scott": float(fitted["nadaraya_watson_scott"].bandwidth_[0]),
-        "walk-through (h = 1)": 1.0,
+        f"learned: h = {h_learned:.3g}": h_learned,
+        f"Scott's rule: h = {h_scott:.3g}": h_scott,
+        "the walk-through's h = 1": 1.0,
     }
     ax = plotting.plot_loss_curve(widths, losses, marks, title="leave-one-out MSE vs width")
     written.append(plotting.save(ax, outdir / "loo_curve.png"))
