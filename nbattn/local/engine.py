@@ -372,14 +372,14 @@ def prediction_interval(
 
 def normal_quantile_upper(tail, alpha) -> float:
     """z with P(Z > z) = ``tail`` for a standard normal Z: the upper-tail quantile read
-    directly (``norm.isf``), not ``norm.ppf(1 - tail)``, where 1 - tail rounds to 1 below
+    directly (``-ndtri(tail)``, what ``scipy.stats.norm.isf`` computes, without importing
+    scipy.stats), not ``norm.ppf(1 - tail)``, where 1 - tail rounds to 1 below
     tail ~ 1e-17 and z becomes inf. ``tail`` = alpha / 2 underflows to 0 only for the
     smallest subnormal alpha: there z comes from log(alpha) - log 2."""
     from scipy import special
-    from scipy.stats import norm
 
     if tail > 0.0:
-        return float(norm.isf(tail))
+        return float(-special.ndtri(tail))
     return float(-special.ndtri_exp(math.log(alpha) - math.log(2.0)))
 
 

@@ -11,6 +11,7 @@ import re
 import numpy as np
 import pandas as pd
 import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.collections import LineCollection, PathCollection
 from matplotlib.patches import Rectangle
 
@@ -79,7 +80,14 @@ def figures(tmp_path_factory):
     _fit(folder, "big.csv", "y", "big.npz")
     kept = []
     close = plt.close
-    plt.close = lambda fig=None: kept.append(fig)  # keep each figure as it was saved
+    def keep(fig=None):
+        # each figure as it was saved, closed to pyplot (so that the module's figures do
+        # not count against pyplot's open figures in other tests) on an Agg canvas of its own
+        kept.append(fig)
+        close(fig)
+        FigureCanvasAgg(fig)
+
+    plt.close = keep
     try:
         out = {}
         for name, args in PLOTS.items():
@@ -92,9 +100,6 @@ def figures(tmp_path_factory):
     finally:
         plt.close = close
     yield out
-    for fig in out.values():
-        if fig is not None:
-            plt.close(fig)
 
 
 # ----------------------------------------------------------------------------- measures
