@@ -563,7 +563,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("evaluate", help="metrics of a model on a labelled file")
     _with_data(ev)
     ev.add_argument("--target", help="default: the target the model was fitted on")
-    ev.add_argument("--chunksize", type=_int_arg(1), default=100_000)
+    ev.add_argument("--chunksize", type=_int_arg(1), default=100_000, help="default 100000")
     ev.add_argument("--json", action="store_true", help="machine-readable output")
     _add_handle_unknown(ev, "a category not seen at fit: default the model's (set at fit)")
     _add_common(ev)
