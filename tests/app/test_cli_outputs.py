@@ -142,6 +142,19 @@ def test_a_model_saved_without_a_target_names_its_columns_prediction(files, tmp_
     ]
 
 
+def test_a_model_of_two_targets_is_refused(files, tmp_path, capsys):
+    frame = pd.read_csv(files / "train.csv")
+    model = nbattn.NadarayaWatsonRegressor().fit(
+        frame[["x1", "x2"]], np.column_stack([frame["y"], -frame["y"]])
+    )
+    nbattn.save(model, tmp_path / "m.npz")
+    out = tmp_path / "p.csv"
+    args = ["predict", tmp_path / "m.npz", files / "query.csv", "-o", out]
+    for option in (["--interval", "0.1"], ["--marginal-effects"]):
+        code, _, err = call(capsys, *args, *option)
+        assert code == 1 and "need a model of one target" in err and not out.exists(), err
+
+
 def test_average_pooling_has_flat_slopes(files, capsys):
     path, out = _model(files, "average"), files / "average.csv"
     args = ["predict", path, files / "query.csv", "-o", out, "-q", "--marginal-effects"]
