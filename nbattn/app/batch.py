@@ -10,6 +10,7 @@ not by the file.
 from __future__ import annotations
 
 import contextlib
+import warnings
 
 import numpy as np
 
@@ -19,6 +20,8 @@ from . import io
 from .metrics import Metrics, score_chunk
 
 __all__ = [
+    "ROW_ID_MIN_ROWS",
+    "RowIdWarning",
     "cross_validate",
     "evaluate_file",
     "feature_columns",
@@ -29,12 +32,22 @@ __all__ = [
     "predict_columns",
     "predict_file",
     "read_model",
+    "row_id_columns",
+    "warn_row_ids",
 ]
 
+#: the fewest rows on which a column with a different value on every row is called a row id
+ROW_ID_MIN_ROWS = 10
 
-def feature_columns(path, target, features=None) -> list:
+
+class RowIdWarning(UserWarning):
+    """A feature column looks like a row id (see :func:`row_id_columns`)."""
+
+
+def feature_columns(path, target, features=None, drop=None) -> list:
     """The feature columns of a labelled file: ``features`` (checked), or every column
-    but the target; a missing column is an error that lists the file's columns."""
+    but the target, less the columns in ``drop``; a missing column is an error that
+    lists the file's columns."""
     columns = io.read_columns(path)
     io.check_columns(path, columns, [target], "target column")
     if features:
@@ -44,6 +57,16 @@ def feature_columns(path, target, features=None) -> list:
         features = [c for c in columns if c != target]
     if target in features:
         raise ValueError(f"the target column {target!r} is also a feature")
+    if drop:
+        io.check_columns(path, columns, drop, "--drop column")
+        if target in drop:
+            raise ValueError(f"--drop names the target column {target!r}")
+        outside = [c for c in drop if c not in features]
+        if outside:
+            raise ValueError(
+                f"--drop {io.shorten(outside[0])} is not one of the features given by --features"
+            )
+        features = [c for c in features if c not in drop]
     if not features:
         raise ValueError(f"{path}: no feature columns besides the target {target!r}")
     return features
@@ -128,6 +151,49 @@ def load_xy(
     return X.reset_index(drop=True), y, int((~keep).sum()), kinds
 
 
+def row_id_columns(X, kinds) -> list:
+    """``(column, description)`` for each column of the table X (as :func:`load_xy` makes
+    it, ``kinds`` one letter per column) that looks like a row id rather than a feature:
+    on at least :data:`ROW_ID_MIN_ROWS` rows, none missing, a different value on every
+    row, and either categorical (each category then matches no other row), or whole
+    numbers that are sorted or are n consecutive integers in any order."""
+    n = len(X)
+    found = []
+    if n < ROW_ID_MIN_ROWS:
+        return found
+    for column, kind in zip(X.columns, kinds):
+        series = X[column]
+        if series.isna().any() or series.nunique() != n:
+            continue
+        if kind != "c":
+            what = f"a different value on each of the {n} rows: as a category it matches no other"
+            found.append((column, what))
+            continue
+        values = series.to_numpy(dtype=np.float64)
+        if not np.all(np.isfinite(values)) or not np.array_equal(values, np.round(values)):
+            continue
+        steps = np.diff(values)
+        low, high = values.min(), values.max()
+        if np.all(steps > 0) or np.all(steps < 0):
+            found.append((column, f"a different whole number on each of the {n} rows, in order"))
+        elif high - low == n - 1:
+            found.append((column, f"the {n} whole numbers {low:.0f} to {high:.0f}, one per row"))
+    return found
+
+
+def warn_row_ids(X, kinds) -> None:
+    """One :class:`RowIdWarning` per feature column of X that looks like a row id
+    (:func:`row_id_columns`), naming it and the option that leaves it out."""
+    for column, description in row_id_columns(X, kinds):
+        name = io.shorten(column)
+        warnings.warn(
+            f"feature {name} looks like a row id ({description}); if it is not a feature, "
+            f"leave it out with --drop {column}",
+            RowIdWarning,
+            stacklevel=2,
+        )
+
+
 def model_kinds(model, features) -> str:
     """The column kinds a fitted model reads its features with (all "c" for old models)."""
     kinds = getattr(model, "var_type_", None)
@@ -162,14 +228,32 @@ def first_rows(path, features, n, *, on_nan="error", kinds=None, categories=None
     return X[keep].reset_index(drop=True)
 
 
-def predict_columns(model, X, std=False, proba=False) -> dict:
-    """The output columns for one chunk:
-    ``prediction``, [``std``], [``proba_<class>`` for each class]."""
+def predict_columns(
+    model,
+    X,
+    std=False,
+    proba=False,
+    interval=None,
+    kind="mean",
+    effects=None,
+    name="prediction",
+) -> dict:
+    """The output columns for one chunk: ``prediction``, [``std``], with ``interval`` (an
+    alpha) [``<name>_lower``, ``<name>_upper``] (``model.predict_interval(X, interval,
+    kind)``), with ``effects`` (the continuous features' names) [``d_<name>_d_<feature>``
+    for each] (``model.marginal_effects``), [``proba_<class>`` for each class]."""
     out = {}
     if std:
         out["prediction"], out["std"] = model.predict(X, return_std=True)
     else:
         out["prediction"] = model.predict(X)
+    if interval is not None:
+        band = model.predict_interval(X, alpha=interval, kind=kind)
+        out[f"{name}_lower"], out[f"{name}_upper"] = band[:, 0], band[:, 1]
+    if effects:
+        slopes = model.marginal_effects(X)
+        for k, feature in enumerate(effects):
+            out[f"d_{name}_d_{feature}"] = slopes[:, k]
     if proba:
         probabilities = model.predict_proba(X)
         for k, label in enumerate(model.classes_):
@@ -186,6 +270,10 @@ def predict_file(
     chunksize=100_000,
     std=False,
     proba=False,
+    interval=None,
+    kind="mean",
+    effects=None,
+    name="prediction",
     id_column=None,
     on_nan="error",
     scheduler=None,
@@ -193,7 +281,7 @@ def predict_file(
 ):
     """Predict every row of ``data`` into ``output`` (CSV or Parquet) chunk by chunk.
 
-    The columns are ``[id_column], prediction, [std], [proba_<class>...]``; with
+    The columns are ``[id_column]`` and those of :func:`predict_columns`; with
     ``scheduler`` (a ``dask.distributed`` address) the chunks are predicted on
     that cluster and written in input order. Returns (rows written, rows dropped).
     """
@@ -218,6 +306,10 @@ def predict_file(
     ):
 
         def write(columns, ids):
+            if ids is not None and id_column in columns:
+                raise ValueError(
+                    f"--id-column {io.shorten(id_column)} has the name of an output column"
+                )
             writer.write(pd.DataFrame({**({} if ids is None else {id_column: ids}), **columns}))
 
         runner = None
@@ -225,7 +317,13 @@ def predict_file(
             from .dask import ClusterChunkRunner
 
             runner = stack.enter_context(
-                ClusterChunkRunner(scheduler, model, write, predict_columns, std, proba)
+                ClusterChunkRunner(
+                    scheduler,
+                    model,
+                    write,
+                    predict_columns,
+                    *(std, proba, interval, kind, effects, name),
+                )
             )
         for frame, first_row, position in chunks:
             where = {"first_row": first_row, "source": data, "fmt": in_fmt}
@@ -244,7 +342,7 @@ def predict_file(
             if runner is not None:
                 runner.submit(X, ids)
             else:
-                write(predict_columns(model, X, std, proba), ids)
+                write(predict_columns(model, X, std, proba, interval, kind, effects, name), ids)
         if runner is not None:
             runner.finish()
         if n_in == 0:

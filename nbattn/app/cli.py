@@ -88,6 +88,19 @@ def _int_arg(low, high=None):
     return parse
 
 
+def _alpha_arg(text: str) -> float:
+    """The alpha of a (1 - alpha) interval: a number strictly between 0 and 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0.0 < value < 1.0:
+        raise argparse.ArgumentTypeError(
+            f"expected a number between 0 and 1 (0.05: a 95% interval), got {io.shorten(text)}"
+        )
+    return value
+
+
 def _var_type_arg(text: str) -> str:
     t = text.strip().lower()
     if not t or set(t) - set(KINDS):
@@ -163,10 +176,11 @@ def _load_for(estimator, args, features, target):
 
 
 def _cmd_fit(args) -> int:
-    features = batch.feature_columns(args.data, args.target, args.features)
+    features = batch.feature_columns(args.data, args.target, args.features, args.drop)
     estimator = make_estimator(args.model, verbose=args.verbose, **_model_options(args))
     io.check_not_input([args.data], args.output)
     estimator, X, y, dropped = _load_for(estimator, args, features, args.target)
+    batch.warn_row_ids(X, estimator.get_params()["var_type"] or "c" * len(features))
     with running(f"fit {type(estimator).__name__}", quiet=args.quiet or args.verbose):
         estimator.fit(X, y)
     io.save(estimator, args.output, metadata={"target": args.target, "features": features})
@@ -209,19 +223,47 @@ def _unknown_categories_as(model, handle_unknown):
 
 
 def _read_predictor(path):
-    """(predictor, feature names) of a model file, without scikit-learn (see
-    :mod:`nbattn.persistence.predictor`): ``nbattn predict`` starts in a fraction of the time."""
+    """(predictor, feature names, target column or None) of a model file, without
+    scikit-learn (see :mod:`nbattn.persistence.predictor`): ``nbattn predict`` starts in a
+    fraction of the time."""
     from ..persistence.predictor import read_predictor
 
     model, meta = read_predictor(path)
     names = meta.get("feature_names")
     if not names:
         raise ValueError(f"{path}: the model has no feature names (fit it on a table)")
-    return model, list(names)
+    target = (meta.get("user") or {}).get("target")
+    return model, list(names), target if isinstance(target, str) and target else None
+
+
+def _regressor_outputs(args, model, features) -> dict:
+    """The interval and marginal-effect options of ``predict_file``, checked against the
+    model: refused for classifiers, for a one-constant model (``--interval``) and for a
+    model without continuous features (``--marginal-effects``)."""
+    if args.kind is not None and args.interval is None:
+        raise ValueError("--kind chooses the kind of interval; it needs --interval ALPHA")
+    for option, wanted in (
+        ("--interval", args.interval is not None),
+        ("--marginal-effects", args.marginal_effects),
+    ):
+        if wanted and model.is_classifier:
+            raise ValueError(f"{option} is for regressors; this model is a classifier")
+    if model.state["y_fit_"].shape[1] != 1 and (args.interval is not None or args.marginal_effects):
+        raise ValueError("--interval and --marginal-effects need a model of one target")
+    if args.interval is not None and model.params.get("kernel") == "average":
+        raise ValueError(
+            "--interval needs a kernel; this model is average pooling (--kernel average)"
+        )
+    effects = None
+    if args.marginal_effects:
+        effects = [f for f, k in zip(features, model.var_type_) if k == "c"]
+        if not effects:
+            raise ValueError("--marginal-effects needs a continuous feature; this model has none")
+    return {"interval": args.interval, "kind": args.kind or "mean", "effects": effects}
 
 
 def _cmd_predict(args) -> int:
-    model, features = _read_predictor(args.model)
+    model, features, target = _read_predictor(args.model)
     model = _unknown_categories_as(model, args.handle_unknown)
     io.check_not_input([args.model], args.output)
     classifier = model.is_classifier
@@ -229,11 +271,14 @@ def _cmd_predict(args) -> int:
         raise ValueError("--std is for regressors; use --proba with a classifier")
     if args.proba and not classifier:
         raise ValueError("--proba is for classifiers")
+    outputs = _regressor_outputs(args, model, features)
     rows, dropped = batch.predict_file(
         model,
         features,
         args.data,
         args.output,
+        **outputs,
+        name=target or "prediction",
         **_pick(args, "chunksize", "std", "proba", "id_column", "on_nan", "scheduler", "quiet"),
     )
     if not args.quiet:
@@ -262,13 +307,14 @@ def _cmd_cv(args) -> int:
 
     if args.grid and args.bandwidth is not None:
         raise ValueError("--grid compares bandwidths; it replaces --bandwidth")
-    features = batch.feature_columns(args.data, args.target, args.features)
+    features = batch.feature_columns(args.data, args.target, args.features, args.drop)
     candidates = args.grid or [args.bandwidth]
     estimators = [make_estimator(args.model, **_model_options(args, b)) for b in candidates]
     classifier = _is_classifier(estimators[0])
     X = y = None
     for estimator in estimators:
         _, X, y, _ = _load_for(estimator, args, features, args.target)
+    batch.warn_row_ids(X, estimators[0].get_params()["var_type"] or "c" * len(features))
     labels = [f"bandwidth {c}" for c in candidates] if args.grid else None
     tables = batch.cross_validate(
         estimators,
@@ -421,6 +467,12 @@ def _add_model_options(p) -> None:
     _degrees = SPECS[MODELS["lp"]].param("degree").allowed[0]
     p.add_argument("--target", required=True, help="the column to predict")
     p.add_argument("--features", type=_column_list, help="A,B,...: default all but the target")
+    p.add_argument(
+        "--drop",
+        type=_column_list,
+        metavar="A,B,...",
+        help="columns to leave out of the features (e.g. a row id)",
+    )
     p.add_argument("--model", choices=tuple(MODELS), default="nw", help="default: nw")
     p.add_argument(
         "--bandwidth",
@@ -486,6 +538,25 @@ def build_parser() -> argparse.ArgumentParser:
     pred.add_argument("--chunksize", type=_int_arg(1), default=100_000, help="default 100000")
     pred.add_argument("--std", action="store_true", help="add the attention-weighted std")
     pred.add_argument("--proba", action="store_true", help="classifiers: class probabilities")
+    pred.add_argument(
+        "--interval",
+        type=_alpha_arg,
+        metavar="ALPHA",
+        help="regressors: add the pointwise (1 - ALPHA) interval as <target>_lower and "
+        "<target>_upper (0.05: 95%%)",
+    )
+    pred.add_argument(
+        "--kind",
+        choices=("mean", "observation"),
+        help="with --interval: the interval of the regression function (mean, the default) "
+        "or of a new observation (adds the local noise)",
+    )
+    pred.add_argument(
+        "--marginal-effects",
+        action="store_true",
+        help="regressors: add the slope of the fit along each continuous feature as "
+        "d_<target>_d_<feature>",
+    )
     pred.add_argument("--id-column", metavar="COL", help="copy this column to the output")
     pred.add_argument(
         "--scheduler",
@@ -499,7 +570,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("evaluate", help="metrics of a model on a labelled file")
     _with_data(ev)
     ev.add_argument("--target", help="default: the target the model was fitted on")
-    ev.add_argument("--chunksize", type=_int_arg(1), default=100_000)
+    ev.add_argument("--chunksize", type=_int_arg(1), default=100_000, help="default 100000")
     ev.add_argument("--json", action="store_true", help="machine-readable output")
     _add_handle_unknown(ev, "a category not seen at fit: default the model's (set at fit)")
     _add_common(ev)

@@ -11,6 +11,11 @@ classes use it:
 * :class:`nbattn.persistence.predictor.Predictor`, which reads them from the dictionaries
   of a model file, so that ``nbattn predict`` never imports scikit-learn.
 
+The regressors' marginal effects and prediction intervals are computed here
+too (:meth:`PoolingPrediction._marginal_effects`,
+:meth:`PoolingPrediction._interval`), so that ``nbattn predict
+--marginal-effects / --interval`` writes what the estimator's methods return.
+
 A class using it answers four questions: :meth:`_param` (a parameter by
 name), :meth:`_fitted` (a fitted attribute by name), :meth:`_is_local_polynomial`
 (the estimator kind that always runs the engine, with ``degree``), and, when
@@ -21,6 +26,8 @@ importing this module stays cheap.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 
@@ -311,3 +318,83 @@ class PoolingPrediction:
             prior = class_frequencies(self._fitted("y_fit_"), self._weights())
             proba = smoothed_probabilities(proba, log_mass, np.log(alpha), prior)
         return proba
+
+    # ---- a regressor's slopes and intervals, for checked queries X
+
+    def _continuous(self) -> np.ndarray:
+        """Which columns are continuous (kind "c"), as a boolean mask."""
+        return np.array([k == "c" for k in self._kinds()])
+
+    def _marginal_effects(self, X):
+        """``d f / d x_d`` at the checked queries X for every continuous column, (n, d_c),
+        or (n, m, d_c) for a 2-D target.
+
+        Average pooling does not depend on x: its slopes are 0. The Gaussian kernel at
+        degree 0 without marginalised values takes the exact slopes of the pooling
+        (:meth:`_gaussian_slopes`); every other model the engine's local slope.
+        """
+        continuous = self._continuous()
+        if not continuous.any():
+            raise ValueError("marginal_effects needs a continuous column; this model has none")
+        m = self._fitted("y_fit_").shape[1]
+        if self._average():
+            grad = np.zeros((X.shape[0], m, int(continuous.sum())))
+        elif self._degree() == 0 and self._kernel() == "gaussian" and self._missing() == "error":
+            grad = self._gaussian_slopes(X)[:, :, continuous]
+        else:
+            _, grad = self._local_fit(X, self._fitted("y_fit_"), return_gradient=True)
+        return grad if self._fitted("outputs_2d_") else grad[:, 0, :]
+
+    def _gaussian_slopes(self, X):
+        """(n, m, d) exact slopes of the Gaussian pooling in the score's coordinates,
+        mapped back to X's columns (``components_`` for the full metric)."""
+        q, k, h = self._score_coordinates(X)
+        y = self._fitted("y_fit_")
+        m, e = y.shape[1], k.shape[1]
+        h = np.broadcast_to(np.asarray(h, dtype=np.float64), (e,))
+        # the keys' coordinates in units of h, so that h enters once (cov / h), never as
+        # h * h: that overflows beyond h ~ 1e154 and underflows below 1e-154
+        centre = k.mean(axis=0)
+        dk = (k - centre) / h
+        values = np.column_stack([y, dk, (y[:, :, None] * dk[:, None, :]).reshape(len(y), -1)])
+        pooled = self._pooled_values(X, values)
+        ey, ek = pooled[:, :m], pooled[:, m : m + e]
+        eyk = pooled[:, m + e :].reshape(-1, m, e)
+        grad = (eyk - ey[:, :, None] * ek[:, None, :]) / h
+        if self._param("metric") == "full":
+            grad = grad @ self._fitted("components_")
+        return grad
+
+    def _interval(self, X, alpha=0.05, kind="mean"):
+        """The pointwise (1 - alpha) normal interval at the checked queries X: (n, 2), or
+        (n, m, 2) for a 2-D target, column 0 the lower end
+        (:func:`nbattn.local.engine.prediction_interval`: leave-one-out residuals and the
+        equivalent-kernel weights; the Gaussian fast path's models in their score
+        coordinates, the full metric's as Lx with unit widths)."""
+        from ..local.engine import prediction_interval
+        from ..local.problem import check_widths
+
+        if self._average():
+            raise ValueError("predict_interval needs a kernel; kernel='average' has none")
+        spec = self._local_spec(X)
+        if self._uses_engine():
+            q, k, widths = X, self._fitted("X_fit_"), self._fitted("bandwidth_")
+        else:
+            q, k, h = self._score_coordinates(X)
+            widths = np.broadcast_to(np.asarray(h, dtype=np.float64), (k.shape[1],)).copy()
+            spec = dataclasses.replace(
+                spec, var_type="c" * k.shape[1], n_categories=(0,) * k.shape[1]
+            )
+        _, lower, upper = prediction_interval(
+            spec,
+            k,
+            self._fitted("y_fit_"),
+            q,
+            check_widths(widths, spec.var_type, spec.counts, name="bandwidth_"),
+            self._degree(),
+            sample_weight=self._weights(),
+            alpha=alpha,
+            kind=kind,
+        )
+        out = np.stack([np.asarray(lower), np.asarray(upper)], axis=-1).astype(np.float64)
+        return out if self._fitted("outputs_2d_") else out[:, 0, :]

@@ -17,8 +17,6 @@ widths are chosen at fit:
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 from sklearn.base import RegressorMixin
 
@@ -83,19 +81,12 @@ class _PoolingRegressor(RegressorMixin, _PoolingEstimator):
         the weighted covariance of y and the key's coordinate in units of h_d,
         divided by h_d once (exact at any scale of the data; categorical columns
         do not depend on x_d, so the formula holds in the mixed product kernel
-        too). A local polynomial of degree >= 1
-        and the compact kernels return the engine's local slope
-        (:func:`nbattn.local.engine.local_polynomial` with ``return_gradient``).
+        too). A local polynomial of degree >= 1, the compact kernels and
+        ``missing="marginalize"`` return the engine's local slope
+        (:func:`nbattn.local.engine.local_polynomial` with ``return_gradient``);
+        ``kernel="average"`` predicts one constant, whose slopes are 0.
         """
-        X = self._check_queries(X)
-        continuous = np.array([k == "c" for k in self._kinds()])
-        if not continuous.any():
-            raise ValueError("marginal_effects needs a continuous column; this model has none")
-        if self._degree() == 0 and self._kernel() == "gaussian" and self._missing() == "error":
-            grad = self._gaussian_slopes(X)[:, :, continuous]
-        else:
-            _, grad = self._local_fit(X, self.y_fit_, return_gradient=True)
-        return grad if self.outputs_2d_ else grad[:, 0, :]
+        return self._marginal_effects(self._check_queries(X))
 
     def predict_interval(self, X, alpha=0.05, kind="mean"):
         """A pointwise (1 - alpha) normal interval at the rows of X: (n, 2), or
@@ -115,55 +106,7 @@ class _PoolingRegressor(RegressorMixin, _PoolingEstimator):
         centred on f, so it covers the true mean only where the smoothing
         bias is small against the noise (a wide enough width).
         """
-        X = self._check_queries(X)
-        if self._average():
-            raise ValueError("predict_interval needs a kernel; kernel='average' has none")
-        spec = self._local_spec(X)
-        if self._uses_engine():
-            q, k, widths = X, self.X_fit_, self.bandwidth_
-        else:
-            q, k, h = self._score_coordinates(X)
-            widths = np.broadcast_to(np.asarray(h, dtype=np.float64), (k.shape[1],)).copy()
-            spec = dataclasses.replace(
-                spec, var_type="c" * k.shape[1], n_categories=(0,) * k.shape[1]
-            )
-        from ..local.engine import prediction_interval
-        from ..local.problem import check_widths
-
-        _, lower, upper = prediction_interval(
-            spec,
-            k,
-            self.y_fit_,
-            q,
-            check_widths(widths, spec.var_type, spec.counts, name="bandwidth_"),
-            self._degree(),
-            sample_weight=self._weights(),
-            alpha=alpha,
-            kind=kind,
-        )
-        out = np.stack([np.asarray(lower), np.asarray(upper)], axis=-1).astype(np.float64)
-        return out if self.outputs_2d_ else out[:, 0, :]
-
-    def _gaussian_slopes(self, X):
-        """(n, m, d) exact slopes of the Gaussian pooling in the score's coordinates,
-        mapped back to X's columns (``components_`` for the full metric)."""
-        q, k, h = self._score_coordinates(X)
-        m, e = self.y_fit_.shape[1], k.shape[1]
-        h = np.broadcast_to(np.asarray(h, dtype=np.float64), (e,))
-        # the keys' coordinates in units of h, so that h enters once (cov / h), never as
-        # h * h: that overflows beyond h ~ 1e154 and underflows below 1e-154
-        centre = k.mean(axis=0)
-        dk = (k - centre) / h
-        y = self.y_fit_
-        values = np.column_stack([y, dk, (y[:, :, None] * dk[:, None, :]).reshape(len(y), -1)])
-        pooled = self._pooled_values(X, values)
-        ey, ek = pooled[:, :m], pooled[:, m : m + e]
-        eyk = pooled[:, m + e :].reshape(-1, m, e)
-        grad = (eyk - ey[:, :, None] * ek[:, None, :]) / h
-        components = getattr(self, "components_", None)
-        if getattr(self, "metric", None) == "full" and components is not None:
-            grad = grad @ components
-        return grad
+        return self._interval(self._check_queries(X), alpha, kind)
 
 
 class NadarayaWatsonRegressor(_PoolingRegressor):

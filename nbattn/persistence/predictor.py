@@ -22,7 +22,9 @@ bit the estimator's:
   pooled moments about f for the engine and for weighted models
   (``sum_j w_ij (y_j - f)^2 = E[(y-c)^2] - 2 (f-c) E[y-c] + (f-c)^2``);
 * classifiers: the pooled one-hot labels clipped at 0 and normalised; the
-  label is the first class of largest probability.
+  label is the first class of largest probability;
+* a regressor's ``marginal_effects`` and ``predict_interval``: the estimator's
+  methods, computed by the same shared code.
 
 ``tests/persistence/test_predictor.py`` compares it with the estimator on every model
 kind the command line fits.
@@ -127,6 +129,22 @@ class Predictor(PoolingPrediction):
             raise AttributeError(f"{self.estimator} has no predict_proba")
         X = self._check_queries(X)
         return self._probabilities(X)
+
+    def marginal_effects(self, X):
+        """What a regressor's ``marginal_effects(X)`` returns: the slope of the fit along
+        each continuous column, (n, d_continuous)."""
+        self._refuse_classifier("marginal_effects")
+        return self._marginal_effects(self._check_queries(X))
+
+    def predict_interval(self, X, alpha=0.05, kind="mean"):
+        """What a regressor's ``predict_interval(X, alpha, kind)`` returns: (n, 2), the
+        lower and upper ends of the pointwise (1 - alpha) interval."""
+        self._refuse_classifier("predict_interval")
+        return self._interval(self._check_queries(X), alpha, kind)
+
+    def _refuse_classifier(self, method) -> None:
+        if self.is_classifier:
+            raise AttributeError(f"{self.estimator} has no {method}")
 
     # ---- what the shared computation reads (nbattn.estimators.prediction)
 

@@ -853,16 +853,30 @@ def test_normal_runs_warn_nothing(work, capsys):
         labelled, index=False
     )
     for args in (
-        ["fit", data, "--target", "y", "--bandwidth", "loo", "-o", folder / "m.npz"],
+        [
+            "fit",
+            data,
+            "--target",
+            "y",
+            "--drop",
+            "id",
+            "--bandwidth",
+            "loo",
+            "-o",
+            folder / "m.npz",
+        ],
         ["predict", model, data, "--std", "-o", folder / "p.csv"],
+        ["predict", model, data, "--interval", "0.1", "--marginal-effects", "-o", folder / "i.csv"],
         ["evaluate", model, data],
-        ["cv", data, "--target", "y", "--folds", "3", "--grid", "0.1,1"],
+        ["cv", data, "--target", "y", "--drop", "id", "--folds", "3", "--grid", "0.1,1"],
         ["plot", "fit", model, data, "-o", folder / "f.png"],
         ["plot", "loo", data, "--target", "y", "--points", "5", "-o", folder / "l.png"],
         ["plot", "heatmap", model, data, "-o", folder / "h.png"],
-        ["fit", data, "--target", "y", "--model", "learned", "--max-iter", "20", "-o", learned],
+        ["fit", data, "--target", "y", "--drop", "id", "--model", "learned", "--max-iter", "20"]
+        + ["-o", learned],
         ["plot", "widths", learned, "-o", folder / "w.png"],
-        ["fit", labelled, "--target", "label", "--model", "classifier", "-o", classifier],
+        ["fit", labelled, "--target", "label", "--drop", "id", "--model", "classifier"]
+        + ["-o", classifier],
         ["predict", classifier, labelled, "--proba", "-o", folder / "c.csv"],
         ["evaluate", classifier, labelled],
     ):

@@ -154,6 +154,48 @@ def test_predictions_are_the_estimators_bit_for_bit(tables, kind):
     got_f, got_s = predictor.predict(X, return_std=True)
     want_f, want_s = estimator.predict(X, return_std=True)
     assert np.array_equal(got_f, want_f) and np.array_equal(got_s, want_s)
+    _same_slopes_and_intervals(predictor, estimator, X)
+
+
+def _same_slopes_and_intervals(predictor, estimator, X):
+    """The Predictor's marginal effects and intervals are the estimator's, bit for bit,
+    and so are its refusals (average pooling has no interval)."""
+    if "c" in estimator.var_type_:
+        got, want = predictor.marginal_effects(X), estimator.marginal_effects(X)
+        assert got.dtype == want.dtype == np.float64 and np.array_equal(got, want)
+        assert got.shape[-1] == estimator.var_type_.count("c")
+    if getattr(estimator, "kernel", None) == "average":
+        for model in (predictor, estimator):
+            with pytest.raises(ValueError, match="kernel='average' has none"):
+                model.predict_interval(X)
+        return
+    for alpha, kind in ((0.05, "mean"), (0.2, "observation")):
+        got = predictor.predict_interval(X, alpha=alpha, kind=kind)
+        want = estimator.predict_interval(X, alpha=alpha, kind=kind)
+        assert got.dtype == want.dtype == np.float64 and np.array_equal(got, want), kind
+        assert np.all(got[..., 0] <= got[..., 1])
+
+
+def test_average_pooling_has_zero_slopes(tables):
+    """Average pooling predicts one constant wherever x is: its marginal effects are 0
+    (they were the covariance of y and x over the training set)."""
+    path, data, on_nan = _fitted(tables, "nw-average")
+    X = _queries(path, data, on_nan)
+    estimator = nbattn.load(path)
+    slopes = estimator.marginal_effects(X)
+    assert slopes.shape == (len(X), 2) and np.array_equal(slopes, np.zeros_like(slopes))
+    moved = X.assign(x1=X["x1"] + 0.5)
+    assert np.array_equal(estimator.predict(moved), estimator.predict(X))
+
+
+def test_a_classifier_has_no_slopes_or_intervals(tables):
+    path, data, on_nan = _fitted(tables, "classifier")
+    predictor, _ = read_predictor(path)
+    X = _queries(path, data, on_nan)
+    for method in ("marginal_effects", "predict_interval"):
+        assert not hasattr(nbattn.load(path), method)
+        with pytest.raises(AttributeError, match=method):
+            getattr(predictor, method)(X)
 
 
 def _weighted(rng, cls, X, y, **params):
@@ -204,6 +246,7 @@ def test_python_only_options_too(tmp_path, make):
     assert np.array_equal(predictor.predict(Q), estimator.predict(Q))
     for got, want in zip(predictor.predict(Q, return_std=True), estimator.predict(Q, True)):
         assert np.array_equal(got, want)
+    _same_slopes_and_intervals(predictor, estimator, Q)
 
 
 def test_queries_are_checked_like_the_estimators(tables):
@@ -421,9 +464,17 @@ def test_parameter_checks_never_accept_what_scikit_learn_refuses(name, param_ind
 
 def test_the_command_never_imports_scikit_learn(tables, tmp_path):
     """``nbattn predict`` in a fresh process: the predictions are written and neither
-    scikit-learn nor matplotlib nor SciPy's statistics and optimisers were loaded."""
-    heavy = ("sklearn", "matplotlib", "dask", "scipy.stats", "scipy.optimize")
-    for kind, extra in (("mixed-nw", ["--std"]), ("classifier", ["--proba"])):
+    scikit-learn nor matplotlib nor SciPy's statistics and optimisers were loaded (an
+    interval's normal quantile comes from SciPy's statistics, which load its optimisers)."""
+    cases = (
+        ("mixed-nw", ["--std"]),
+        ("classifier", ["--proba"]),
+        ("mixed-lp", ["--interval", "0.1", "--marginal-effects"]),
+    )
+    for kind, extra in cases:
+        heavy = ("sklearn", "matplotlib", "dask")
+        if "--interval" not in extra:
+            heavy += ("scipy.stats", "scipy.optimize")
         path, data, on_nan = _fitted(tables, kind)
         out = tmp_path / f"{kind}.csv"
         args = ["predict", str(path), str(data), "-o", str(out), "-q", "--on-nan", on_nan, *extra]
@@ -445,7 +496,15 @@ def test_the_command_never_imports_scikit_learn(tables, tmp_path):
         written = pd.read_csv(out)
         X = _queries(path, data, on_nan)
         estimator = nbattn.load(path)
-        want = batch.predict_columns(estimator, X, std="--std" in extra, proba="--proba" in extra)
+        want = batch.predict_columns(
+            estimator,
+            X,
+            std="--std" in extra,
+            proba="--proba" in extra,
+            interval=0.1 if "--interval" in extra else None,
+            effects=["x1"] if "--marginal-effects" in extra else None,
+            name="y",
+        )
         assert list(written.columns) == list(want)
         for column, values in want.items():
             if column == "prediction" and is_classifier(estimator):
