@@ -80,6 +80,7 @@ def masks_case(n, repeat):
         "bool": np.tril(np.ones((1, 1, n, n), dtype=bool), k=n // 8),
         "float": (0.1 * rng.standard_normal((1, 1, n, n))).astype(np.float32),
     }
+    tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v)) if torch is not None else (None,) * 3
     print(f"\nattention with a dense (1, 1, N, N) mask, q k v (1, 8, {n}, 64) float32")
     print(f"{'':<46} {'nbattn':>12}  {'peer':<22} {'':>12}  ratio (peer / nbattn)")
     for kind, mask in masks.items():
@@ -88,7 +89,7 @@ def masks_case(n, repeat):
             lambda m=mask: nbattn.flash_attention(q, k, v, mask=m),
         ]
         if torch is not None:
-            tq, tk, tv, tm = (torch.from_numpy(x) for x in (q, k, v, mask))
+            tm = torch.from_numpy(mask)
 
             def sdpa(tm=tm):
                 with torch.no_grad():
@@ -113,9 +114,7 @@ def multihead_case(n, repeat, e=512, h=8):
     print(f"\nmulti_head_attention, E {e}, H {h}, L = S = {n}, batch 1, float32, no weights")
 
     def ours():
-        nbattn.multi_head_attention(
-            x, x, x, h, w_in, b_in, w_out, b_out, need_weights=False
-        )
+        nbattn.multi_head_attention(x, x, x, h, w_in, b_in, w_out, b_out, need_weights=False)
 
     fns = [ours]
     if torch is not None:
@@ -125,8 +124,21 @@ def multihead_case(n, repeat, e=512, h=8):
         def theirs():
             with torch.no_grad():
                 F.multi_head_attention_forward(
-                    tx, tx, tx, e, h, tw_in, tb_in, None, None, False, 0.0, tw_out, tb_out,
-                    training=False, need_weights=False,
+                    tx,
+                    tx,
+                    tx,
+                    e,
+                    h,
+                    tw_in,
+                    tb_in,
+                    None,
+                    None,
+                    False,
+                    0.0,
+                    tw_out,
+                    tb_out,
+                    training=False,
+                    need_weights=False,
                 )
 
         fns.append(theirs)
@@ -197,8 +209,13 @@ def load_case(repeats):
             loads.append(_fresh_process_time(load_body))
             floors.append(_fresh_process_time(floor_body))
     print(f"\nnbattn.load of a model file in a fresh process (median of {repeats})")
-    _line("import nbattn; nbattn.load(path)", statistics.median(loads),
-          statistics.median(floors), "import numpy, numba", kind="diff")
+    _line(
+        "import nbattn; nbattn.load(path)",
+        statistics.median(loads),
+        statistics.median(floors),
+        "import numpy, numba",
+        kind="diff",
+    )
     print(json.dumps({"load_s": sorted(loads), "floor_s": sorted(floors)}))
 
 
@@ -214,9 +231,11 @@ def main(argv=None):
     if torch is not None:
         torch.set_num_threads(args.threads)
     div = 4 if args.quick else 1
-    print(f"threads: numba {numba.get_num_threads()}, torch "
-          f"{torch.get_num_threads() if torch else '-'}; load average at start: "
-          "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
+    print(
+        f"threads: numba {numba.get_num_threads()}, torch "
+        f"{torch.get_num_threads() if torch else '-'}; load average at start: "
+        "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
+    )
     cases = {
         "masks": lambda: masks_case(2048 // div, args.repeat),
         "multihead": lambda: multihead_case(1024 // div, args.repeat),
