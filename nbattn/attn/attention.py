@@ -37,7 +37,7 @@ from .._core.validation import (
 from ..dispatch.device import kernels_for
 from . import scores as _scores
 from .flash_args import scale_values, unscale_output, value_scales
-from .masks import mask_as_bias, shift_rows
+from .masks import mask_as_bias, mask_input, shift_rows
 
 __all__ = ["MODES", "attention"]
 
@@ -91,24 +91,26 @@ _NO_BIAS = {np.float32: np.zeros((1, 1, 1), np.float32), np.float64: np.zeros((1
 
 
 # --------------------------------------------------------------------------- attention
-def _soft_attention(q, k, v, scale, mask_bias, causal, batch=None):
-    """The soft scaled-dot-product path: flat q (B, L, E), k (B, S, E), v (B, S, Ev).
+def _soft_attention(q, k, v, scale, mask, causal, batch=None):
+    """The soft scaled-dot-product path: flat q (B, L, E), k (B, S, E), v (B, S, Ev),
+    this call's own checked arrays (the kernels may modify them).
 
-    ``mask_bias`` is None or an additive (..., Lb, Sb) array whose leading
-    dimensions broadcast to ``batch`` (B = prod(batch); default (B,)); it is handed to the
-    blocked FlashAttention kernel (``nbattn.flash``, BLAS on tiles) as it is,
-    never expanded per head, and applied on the tiles. Returns
-    ``(out (B, L, Ev), lse (B, L))``.
+    ``mask`` is None or the user's boolean or float mask (..., Lb, Sb) as
+    ``masks.mask_input`` gives it, whose leading dimensions broadcast to
+    ``batch`` (B = prod(batch); default (B,)); it is handed to the blocked
+    FlashAttention kernel (``nbattn.flash``, BLAS on tiles), which reads it
+    once into its own base-2 form, never expanded per head, and applies it on
+    the tiles. Returns ``(out (B, L, Ev), lse (B, L))``.
     """
-    from .flash import flash_attention
+    from .flash import flash_attention_owned
 
     batch = q.shape[:1] if batch is None else batch
 
     def lead(x):
         return x.reshape(tuple(batch) + x.shape[1:])
 
-    out, lse = flash_attention(
-        lead(q), lead(k), lead(v), causal=causal, scale=scale, return_lse=True, mask=mask_bias
+    out, lse = flash_attention_owned(
+        lead(q), lead(k), lead(v), causal=causal, scale=scale, mask=mask
     )
     return out.reshape(q.shape[:1] + out.shape[-2:]), lse.reshape(q.shape[:1] + lse.shape[-1:])
 
@@ -242,15 +244,14 @@ def attention(
             f"k and v must have the same number of keys; k has {S} (shape {k.shape}) and "
             f"v has {v.shape[-2]} (shape {v.shape})"
         )
-    # float64: the flash path and _fit_bias shift huge biases exactly
-    raw_bias = mask_as_bias(mask, (L, S), float_dtype=np.float64)
-    bias = _fit_bias(raw_bias, dt, causal, L)
+    # the mask's kind and shape only: the flash path reads its entries once, in its own
+    # conversion; the weight-matrix path makes its float64 bias below
+    mask_arr = mask_input(mask, (L, S))
     shapes = {"q": q.shape[:-2], "k": k.shape[:-2], "v": v.shape[:-2]}
-    if bias is not None:
-        shapes["mask"] = bias.shape[:-2]
+    if mask_arr is not None:
+        shapes["mask"] = mask_arr.shape[:-2]
     batch = broadcast_leading(shapes)
     qf, kf, vf = flat_batch(q, batch), flat_batch(k, batch), flat_batch(v, batch)
-    bias_f = _flat_bias(bias, batch)
 
     B, Ev = qf.shape[0], v.shape[-1]
     limit = config.MAX_WEIGHT_MATRIX_ELEMENTS
@@ -274,9 +275,13 @@ def attention(
         if mode == "soft" and not return_weights and record.flash is not None:
             qd, kd, sc = record.flash(qf, kf, p)
             check_dot_range(qd, kd, sc, dt)
-            out, _ = _soft_attention(qd, kd, vf, sc, raw_bias, causal, batch)
+            out, _ = _soft_attention(qd, kd, vf, sc, mask_arr, causal, batch)
             return out.reshape(batch + (L, Ev))
         s_all = None
+
+    # float64: _fit_bias shifts huge biases exactly
+    bias = _fit_bias(mask_as_bias(mask_arr, float_dtype=np.float64), dt, causal, L)
+    bias_f = _flat_bias(bias, batch)
 
     # the weight-matrix path, in slices of query rows that hold at most `limit` scores
     u = np.random.default_rng(random_state).random((B, L)) if mode == "sample" else None

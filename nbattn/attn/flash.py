@@ -87,6 +87,7 @@ from .flash_args import (
     check_forward_results,
     check_keywords,
     check_qkv,
+    check_shapes,
     dropout_words,
     flash_tiles,
     has_band,
@@ -97,7 +98,7 @@ from .flash_args import (
     unscale_output,
     value_scales,
 )
-from .masks import mask_as_bias
+from .masks import mask_as_bias, mask_input
 
 __all__ = [
     "flash_attention",
@@ -190,26 +191,40 @@ class _Layout:
         (the GPU twin skips closed tiles by itself)."""
         live = _NO_MASK_LIVE
         if device == "cpu" and self.masks.mask.shape[0] > 0:
-            live = kernels_for("flash", "cpu").mask_tile_live(
-                self.masks.mask, tiles.block_q, tiles.block_k
-            )
+            live = self.masks.live_for(tiles)
+            if live is None:
+                live = kernels_for("flash", "cpu").mask_tile_live(
+                    self.masks.mask, tiles.block_q, tiles.block_k
+                )
         return self.masks.bias(live, self.slopes)
 
 
-def _layout(q, k, v, kw: Keywords, scale, mask, key_bias=None, alibi_slopes=None, others=()):
-    """Checked and laid-out arrays of one CPU flash call (forward or backward)."""
-    q, k, v, dtype = check_qkv(q, k, v, kw.enable_gqa, others)
+def _layout(
+    q, k, v, kw: Keywords, scale, mask, key_bias=None, alibi_slopes=None, others=(), owned=False
+):
+    """Checked and laid-out arrays of one CPU flash call (forward or backward).
+
+    ``owned``: q, k and v are already checked arrays of one float dtype that this
+    call may modify (the caller's own copies): they are used as they are.
+    """
+    if owned:
+        dtype = q.dtype.type
+        check_shapes(q, k, v, kw.enable_gqa)
+    else:
+        q, k, v, dtype = check_qkv(q, k, v, kw.enable_gqa, others)
     scale = check_scale(scale, q.shape[-1])
     check_dot_range(q, k, scale * LOG2E, dtype)
     n_q, n_k = q.shape[-2], k.shape[-2]
-    bias = mask_as_bias(mask, (n_q, n_k), dtype=dtype)
+    bias = mask_input(mask, (n_q, n_k))  # its entries are read once, by mask_arrays
     if key_bias is not None:
         kb = _key_bias_mask(key_bias, n_k)
-        bias = kb if bias is None else bias + kb
+        bias = kb if bias is None else mask_as_bias(bias, dtype=dtype) + kb
     extra = () if bias is None else (bias.shape[:-2],)
     lead, kv_lead, kv_index = kv_layout(q.shape, k.shape, v.shape, kw.enable_gqa, extra)
     band_ = band(kw, n_q, n_k)
-    masks = mask_arrays(bias, lead, n_q, n_k, dtype, band_, has_band(band_, n_q, n_k))
+    # the forward's table of open tiles is made with the mask (the backward makes its own)
+    tiles = flash_tiles(n_k, band_, backward=False)
+    masks = mask_arrays(bias, lead, n_q, n_k, dtype, band_, has_band(band_, n_q, n_k), tiles)
     slopes = np.zeros(0, dtype=dtype)
     if alibi_slopes is not None:
         slopes = _slopes(alibi_slopes, lead, n_q, n_k, dtype)
@@ -251,10 +266,21 @@ def _run_forward(lay: _Layout, dropout: Dropout, device="cpu"):
 
 
 def _forward(
-    q, k, v, kw, scale, return_lse, mask, random_state, key_bias=None, alibi=None, device="cpu"
+    q,
+    k,
+    v,
+    kw,
+    scale,
+    return_lse,
+    mask,
+    random_state,
+    key_bias=None,
+    alibi=None,
+    device="cpu",
+    owned=False,
 ):
     """:func:`flash_attention` of host inputs, on ``device`` (results on the host)."""
-    lay = _layout(q, k, v, kw, scale, mask, key_bias, alibi)
+    lay = _layout(q, k, v, kw, scale, mask, key_bias, alibi, owned=owned)
     if device == "cuda":
         _head_dims(kernels_for("flash", "cuda"), lay.qf.shape[2], lay.vf.shape[2])
     n_q = lay.qf.shape[1]
@@ -391,6 +417,18 @@ def flash_attention_bias(
     kw = check_keywords(causal, False, None, "top_left", None, 0.0)
     return_lse = check_bool(return_lse, "return_lse")
     return _forward(q, k, v, kw, scale, return_lse, None, None, key_bias, alibi_slopes)
+
+
+def flash_attention_owned(q, k, v, *, causal=False, scale=None, mask=None, enable_gqa=False):
+    """:func:`flash_attention` (forward, ``(out, lse)``) of arrays the caller has checked
+    and owns: q, k, v of one float dtype (float32 or float64), finite, which the call
+    may modify in place (q is scaled, v divided by powers of two near the top of the
+    range). ``nbattn.attention`` and ``nbattn.multi_head_attention`` run their heads
+    through it, without a second copy and check of their arrays; ``mask`` is checked
+    here as by :func:`flash_attention`.
+    """
+    kw = check_keywords(causal, enable_gqa, None, "top_left", None, 0.0)
+    return _forward(q, k, v, kw, scale, True, mask, None, owned=True)
 
 
 def flash_attention_bias_backward(

@@ -27,6 +27,7 @@ from .. import config
 from .._core.attn_groups import NO_DROPOUT, Band, Bias, DecodeWindow, Dropout, ScoreTransform, Tiles
 from .._core.numeric import LOG2E, dropout_seed, dropout_threshold, power_of_two_scale
 from .._core.validation import as_float_array, check_bool, check_choice, resolve_dtype
+from ..dispatch.device import kernels_for
 
 #: The alignments of the causal band and the window (``causal_alignment=``).
 ALIGNMENTS = ("top_left", "bottom_right")
@@ -46,6 +47,13 @@ def check_qkv(q, k, v, enable_gqa, others=(), keys=("S", "keys")):
     q = as_float_array(q, "q", min_ndim=2, dtype=dtype, allow_bool=False)
     k = as_float_array(k, "k", min_ndim=2, dtype=dtype, allow_bool=False)
     v = as_float_array(v, "v", min_ndim=2, dtype=dtype, allow_bool=False)
+    check_shapes(q, k, v, enable_gqa, keys)
+    return q, k, v, dtype
+
+
+def check_shapes(q, k, v, enable_gqa, keys=("S", "keys")):
+    """The feature and key axes of checked q, k, v match (and, for grouped-query
+    attention, they have a head axis): a ValueError naming the arrays otherwise."""
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q has E={q.shape[-1]} features but k has {k.shape[-1]}")
     if k.shape[-2] != v.shape[-2]:
@@ -55,7 +63,6 @@ def check_qkv(q, k, v, enable_gqa, others=(), keys=("S", "keys")):
             "enable_gqa needs a head axis (-3) on q, k and v, got shapes "
             f"{q.shape}, {k.shape}, {v.shape}"
         )
-    return q, k, v, dtype
 
 
 #: The unnormalised weights the flash kernels sum against a row's reference maximum
@@ -270,17 +277,26 @@ def kv_layout(q_shape, k_shape, v_shape, enable_gqa, extra_leads=()):
 @dataclass
 class MaskArrays:
     """The kernels' mask: base-2 (BM, LM, SM) in the computation dtype (shape (0, 1, 1)
-    when there is none), its slice per query slice, and the per-row lse shift
-    (BM, LM) in natural units (None when nothing was shifted)."""
+    when there is none), its slice per query slice, the per-row lse shift (BM, LM) in
+    natural units (None when nothing was shifted), and the table of its open tiles for
+    the tile sizes ``live_tiles`` where it was made with the mask (else None)."""
 
     mask: np.ndarray
     index: np.ndarray
     shift: np.ndarray | None
+    live: np.ndarray | None = None
+    live_tiles: tuple[int, int] | None = None
 
     def bias(self, live: np.ndarray, slopes: np.ndarray) -> Bias:
         """The kernels' additive terms: this mask with its tile table ``live`` (the CPU's,
         from the kernel's tile sizes) and the base-2 ALiBi ``slopes`` (shape (0,) = none)."""
         return Bias(self.mask, self.index, live, slopes)
+
+    def live_for(self, tiles: Tiles) -> np.ndarray | None:
+        """The table of open tiles for ``tiles`` when it was made with the mask, else None."""
+        if self.live is not None and self.live_tiles == (tiles.block_q, tiles.block_k):
+            return self.live
+        return None
 
     def lse_shift(self, n_q: int) -> np.ndarray | None:
         """The shift of every (query slice, row), (BH, L) float64, or None."""
@@ -289,14 +305,19 @@ class MaskArrays:
         return np.broadcast_to(self.shift[self.index], (self.index.size, n_q))
 
 
-def mask_arrays(bias, lead, n_q, n_k, dtype, band_, banded) -> MaskArrays:
-    """The kernels' mask arrays from a float64 (..., LM, SM) ``bias`` (or None).
+def mask_arrays(bias, lead, n_q, n_k, dtype, band_, banded, tiles=None, name="mask") -> MaskArrays:
+    """The kernels' mask arrays from ``bias`` (..., LM, SM), or None.
 
-    Masks with entries beyond ``_SHIFT_ABOVE`` in magnitude are shifted per
-    query row by the largest entry that row may attend to (inside the band),
-    so that what remains is representable in ``dtype``; entries that then
-    fall below half the dtype's range have weight 0 next to that entry and
-    become -inf.
+    ``bias`` is a boolean mask (True = may attend) or a float one (added to the
+    scores; -inf excludes), as :func:`nbattn.attn.masks.mask_input` gives it:
+    its entries are read here, once, by ``nbattn.kernels.masks``, which
+    writes the base-2 form in ``dtype`` and the table of open tiles for
+    ``tiles`` (when given), and refuses NaN and +inf (a ValueError naming
+    ``name``). Masks with entries beyond ``_SHIFT_ABOVE`` in magnitude are
+    then shifted per query row by the largest entry that row may attend to
+    (inside the band), so that what remains is representable in ``dtype``;
+    entries that then fall below half the dtype's range have weight 0 next
+    to that entry and become -inf.
     """
     n_bh = math.prod(lead)
     if bias is None:
@@ -304,10 +325,28 @@ def mask_arrays(bias, lead, n_q, n_k, dtype, band_, banded) -> MaskArrays:
     m_lead = bias.shape[:-2]
     index = np.arange(math.prod(m_lead), dtype=np.int64).reshape(m_lead)
     index = np.broadcast_to(index, lead).reshape(-1).copy()
-    flat = bias.reshape((-1,) + bias.shape[-2:])
-    largest = max(float(flat.max()), -float(np.min(flat, initial=0.0, where=flat > -np.inf)))
+    flat = np.ascontiguousarray(bias.reshape((-1,) + bias.shape[-2:]))
+    if not flat.flags.writeable:  # numba compiles read-only arrays apart
+        flat = flat.copy()
+    block_q, block_k = (1, 1) if tiles is None else (tiles.block_q, tiles.block_k)
+    n_m, n_l, n_s = flat.shape
+    live = np.zeros(
+        (n_m, -(-n_l // block_q) if n_l > 1 else 1, -(-n_s // block_k) if n_s > 1 else 1),
+        dtype=np.uint8,
+    )
+    base2 = np.empty(flat.shape, dtype=dtype)
+    kernels = kernels_for("masks", "cpu")
+    if flat.dtype == np.bool_:
+        kernels.bool_mask_base2(flat, base2, live, block_q, block_k)
+        largest = 0.0
+    else:
+        n_bad, largest = kernels.float_mask_base2(flat, base2, live, block_q, block_k)
+        if n_bad:
+            as_float_array(bias, name, allow_neg_inf=True)  # raises, naming the first entry
     if largest <= _SHIFT_ABOVE:  # the common case: one pass, straight into the kernels' dtype
-        return MaskArrays(np.multiply(flat, LOG2E, dtype=dtype), index, None)
+        if tiles is None:
+            return MaskArrays(base2, index, None)
+        return MaskArrays(base2, index, None, live, (block_q, block_k))
     flat = flat.astype(np.float64)
     considered = flat
     if banded and flat.shape[-1] > 1:
@@ -324,7 +363,7 @@ def mask_arrays(bias, lead, n_q, n_k, dtype, band_, banded) -> MaskArrays:
     base2 = np.where(base2 < floor, -np.inf, base2)
     if base2.max() > -floor:
         raise ValueError(
-            f"mask holds values beyond what the {np.dtype(dtype).name} kernels can add to the "
+            f"{name} holds values beyond what the {np.dtype(dtype).name} kernels can add to the "
             "scores; rescale it"
         )
     return MaskArrays(np.ascontiguousarray(base2, dtype=dtype), index, shift)

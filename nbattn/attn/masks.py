@@ -14,7 +14,51 @@ import numpy as np
 
 from .._core.validation import as_float_array
 
-__all__ = ["mask_as_bias", "shift_rows"]
+__all__ = ["mask_as_bias", "mask_input", "shift_rows"]
+
+
+def mask_input(mask, shape=None, name="mask") -> np.ndarray | None:
+    """A boolean or float mask as an array (..., LM, SM), checked for its kind and shape only.
+
+    What :func:`mask_as_bias` checks before it converts anything: boolean
+    masks stay boolean and float32 / float64 masks keep their values (other
+    floats become float64); the entries are not read (the flash path turns
+    them into its base-2 form in one pass that also refuses NaN and +inf:
+    ``nbattn.attn.flash_args.mask_arrays``). The result is C-contiguous and
+    writeable, a view of ``mask`` where it already is. 0-D and 1-D masks gain
+    leading axes of 1; ``mask=None`` gives None.
+    """
+    if mask is None:
+        return None
+    try:
+        arr = np.asarray(mask)
+    except Exception as exc:
+        raise ValueError(f"{name} could not be converted to an array: {exc}") from exc
+    if arr.size == 0:
+        raise ValueError(f"{name} is empty (shape {arr.shape})")
+    if arr.dtype.kind == "f" and arr.dtype not in (np.float32, np.float64):
+        arr = arr.astype(np.float64)
+    elif arr.dtype.kind not in "bf":
+        raise ValueError(
+            f"{name} must be boolean (True = attend) or float (added to the scores), "
+            f"got dtype {arr.dtype}"
+        )
+    if arr.ndim < 2:
+        arr = arr.reshape((1,) * (2 - arr.ndim) + arr.shape)
+    _check_mask_shape(arr, shape, name, np.shape(mask))
+    if not (arr.flags.c_contiguous and arr.flags.writeable and arr.dtype.isnative):
+        arr = np.array(arr, dtype=arr.dtype.newbyteorder("="), order="C")
+    return arr
+
+
+def _check_mask_shape(arr, shape, name, given_shape):
+    if shape is not None:
+        n_q, n_k = shape
+        if arr.shape[-2] not in (1, n_q) or arr.shape[-1] not in (1, n_k):
+            raise ValueError(
+                f"{name} has shape {given_shape}, which does not broadcast to (..., L, S) = "
+                f"(..., {n_q}, {n_k})"
+            )
 
 
 def mask_as_bias(
@@ -59,13 +103,7 @@ def mask_as_bias(
         )
     if bias.ndim < 2:
         bias = bias.reshape((1,) * (2 - bias.ndim) + bias.shape)
-    if shape is not None:
-        n_q, n_k = shape
-        if bias.shape[-2] not in (1, n_q) or bias.shape[-1] not in (1, n_k):
-            raise ValueError(
-                f"{name} has shape {arr.shape}, which does not broadcast to (..., L, S) = "
-                f"(..., {n_q}, {n_k})"
-            )
+    _check_mask_shape(bias, shape, name, arr.shape)
     return bias
 
 

@@ -16,14 +16,16 @@ import numpy as np
 from .._core.validation import as_float_array, check_bool, check_positive_int, resolve_dtype
 from . import scores as _scores
 from .attention import attention
-from .masks import mask_as_bias
+from .masks import mask_as_bias, mask_input
 
 __all__ = ["multi_head_attention"]
 
 
 def _linear(x, weight, bias):
     y = x @ weight.T
-    return y + bias if bias is not None else y
+    if bias is not None:
+        y += bias
+    return y
 
 
 def multi_head_attention(
@@ -115,9 +117,14 @@ def multi_head_attention(
     need_weights = check_bool(need_weights, "need_weights")
     average_attn_weights = check_bool(average_attn_weights, "average_attn_weights")
     dt = resolve_dtype(dtype, query, key, value)
+    # self-attention (one array for all three) is checked once and projected by one product
+    same_input = key is query and value is query
     query = as_float_array(query, "query", min_ndim=2, dtype=dt, allow_bool=False)
-    key = as_float_array(key, "key", min_ndim=2, dtype=dt, allow_bool=False)
-    value = as_float_array(value, "value", min_ndim=2, dtype=dt, allow_bool=False)
+    if same_input:
+        key = value = query
+    else:
+        key = as_float_array(key, "key", min_ndim=2, dtype=dt, allow_bool=False)
+        value = as_float_array(value, "value", min_ndim=2, dtype=dt, allow_bool=False)
     E = query.shape[-1]
     if E % num_heads:
         raise ValueError(f"embed dim {E} of query is not divisible by num_heads={num_heads}")
@@ -164,16 +171,23 @@ def multi_head_attention(
     def heads(x, n_heads):  # (..., n, n_heads d) -> (..., n_heads, n, d)
         return np.swapaxes(x.reshape(x.shape[:-1] + (n_heads, d)), -2, -3)
 
-    qh = heads(_linear(query, wq, bq), H)
-    kh = heads(_linear(key, wk, bk), H_kv)
-    vh = heads(_linear(value, wv, bv), H_kv)
+    if same_input and in_proj_weight is not None:
+        # [W_q; W_k; W_v] in one product; the heads are views of its column blocks
+        qkv = _linear(query, w, None if in_proj_bias is None else b)
+        qh = heads(qkv[..., :E], H)
+        kh = heads(qkv[..., E : E + E_kv], H_kv)
+        vh = heads(qkv[..., E + E_kv :], H_kv)
+    else:
+        qh = heads(_linear(query, wq, bq), H)
+        kh = heads(_linear(key, wk, bk), H_kv)
+        vh = heads(_linear(value, wv, bv), H_kv)
     if rotary_base is not None:
         from .positional import rope
 
         qh = rope(qh, base=rotary_base)
         kh = rope(kh, base=rotary_base)
 
-    bias = mask_as_bias(mask, (L, S), float_dtype=np.float64)
+    bias = mask_input(mask, (L, S))  # read once, by the flash path or attention()
     if key_mask is not None:
         km = np.asarray(key_mask)
         if km.dtype.kind != "b":
@@ -181,7 +195,7 @@ def multi_head_attention(
         if km.ndim < 1 or km.shape[-1] != S:
             raise ValueError(f"key_mask must have shape (..., {S}), got {km.shape}")
         kb = mask_as_bias(km[..., None, None, :], name="key_mask")
-        bias = kb if bias is None else bias + kb
+        bias = kb if bias is None else mask_as_bias(bias, float_dtype=np.float64) + kb
     if need_weights:
         if H_kv != H:
             kh = np.repeat(kh, H // H_kv, axis=-3)
@@ -190,9 +204,10 @@ def multi_head_attention(
             qh, kh, vh, "scaled_dot", mask=bias, causal=causal, return_weights=True, dtype=dt
         )
     else:
-        from .flash import flash_attention
+        from .flash import flash_attention_owned
 
-        out_h = flash_attention(qh, kh, vh, causal=causal, mask=bias, enable_gqa=H_kv != H)
+        # the projections are this call's own arrays: no second copy and check of them
+        out_h, _ = flash_attention_owned(qh, kh, vh, causal=causal, mask=bias, enable_gqa=H_kv != H)
         weights = None
     concat = np.swapaxes(out_h, -2, -3)
     concat = concat.reshape(concat.shape[:-2] + (E,))

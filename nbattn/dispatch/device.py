@@ -91,6 +91,7 @@ KERNELS = {
     ("loo", "cuda"): "nbattn.cuda.loo",
     ("flash", "cpu"): "nbattn.kernels.flash",
     ("flash", "cuda"): "nbattn.cuda.flash",
+    ("masks", "cpu"): "nbattn.kernels.masks",
     ("scores", "cpu"): "nbattn.kernels.scores",
     ("softmax", "cpu"): "nbattn.kernels.softmax",
     ("local", "cpu"): "nbattn.kernels.local",

@@ -522,13 +522,13 @@ def test_attention_masks_run_on_the_flash_tiles(rng, dtype, monkeypatch):
     import nbattn.attn.flash
 
     calls = []
-    flash_attention = nbattn.flash.flash_attention
+    flash_attention = nbattn.flash.flash_attention_owned
 
     def counted(*args, **kwargs):
         calls.append(1)
         return flash_attention(*args, **kwargs)
 
-    monkeypatch.setattr(nbattn.flash, "flash_attention", counted)
+    monkeypatch.setattr(nbattn.flash, "flash_attention_owned", counted)
     q, k, v, g = _inputs(rng, (2, 3, 17, 8), (2, 3, 17, 8), 5, dtype)
     mask = rng.random((2, 1, 17, 17)) > 0.3
     out = nbattn.attention(q, k, v, mask=mask, causal=True)
