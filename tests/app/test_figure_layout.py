@@ -80,6 +80,7 @@ def figures(tmp_path_factory):
     _fit(folder, "big.csv", "y", "big.npz")
     kept = []
     close = plt.close
+
     def keep(fig=None):
         # each figure as it was saved, closed to pyplot (so that the module's figures do
         # not count against pyplot's open figures in other tests) on an Agg canvas of its own
