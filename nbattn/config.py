@@ -41,6 +41,19 @@ def _env_int(name: str, default: int, *, compiled: bool = True, maximum=_ENV_INT
     return value
 
 
+def _env_flag(name: str) -> bool:
+    """``NBATTN_<name>`` as a flag: 1/true/yes/on or 0/false/no/off (unset: False)."""
+    raw = os.environ.get("NBATTN_" + name)
+    if raw is None or raw.strip() == "":
+        return False
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"environment variable NBATTN_{name}={raw!r} must be 1 or 0")
+
+
 # --- engine: the streaming engine (every CPU kernel) ------------------------------------------
 
 #: LLVM fast-math flags for every CPU kernel. Deliberately without ``nnan`` and
@@ -408,6 +421,10 @@ CUDA_MAX_HEAD_DIM = _env_int("CUDA_MAX_HEAD_DIM", 128)
 #: answer before it gives up with an error. Read when connecting.
 DASK_CONNECT_TIMEOUT = _env_int("DASK_CONNECT_TIMEOUT", 30, compiled=False)
 
+#: ``NBATTN_QUIET=1``: no "compiling kernels for first use" line on stderr when a
+#: kernel compiles (``nbattn._core.compiling``). Read each time the line would print.
+QUIET = _env_flag("QUIET")
+
 
 # --- the one defaults table, and a reset -------------------------------------------------
 
@@ -498,7 +515,7 @@ SECTIONS = {
         "CUDA_MAX_GRAD_ENTRIES",
         "CUDA_MAX_HEAD_DIM",
     ),
-    "app": ("DASK_CONNECT_TIMEOUT",),
+    "app": ("DASK_CONNECT_TIMEOUT", "QUIET"),
 }
 
 #: Every tunable's value at import (after its NBATTN_* override): what :func:`reset` restores.
