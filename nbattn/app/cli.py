@@ -1,4 +1,4 @@
-"""The ``nbattn`` command: fit, predict, evaluate, cv, plot, demo, info.
+"""The ``nbattn`` command: fit, predict, evaluate, cv, plot, demo, info, warmup.
 
 Parsing and thin commands only: files are read, predicted and scored by
 :mod:`nbattn.app.batch` (on :mod:`nbattn.app.io` and :mod:`nbattn.app.metrics`), figures
@@ -433,6 +433,13 @@ def _cmd_demo(args) -> int:
     return 0
 
 
+def _cmd_warmup(args) -> int:
+    from .warmup import run_warmup
+
+    failed = run_warmup(processes=args.processes, quiet=args.quiet)
+    return 1 if failed else 0
+
+
 def _cmd_info(args) -> int:
     from .sysinfo import info_lines
 
@@ -630,6 +637,22 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_cmd_demo)
     info = sub.add_parser("info", help="versions, threading, CUDA libraries found")
     info.set_defaults(func=_cmd_info)
+    warmup = sub.add_parser(
+        "warmup",
+        help="compile the common kernels now (the first calls then load them from the cache)",
+        description="Compile the kernels of the estimators, nadaraya_watson, local_polynomial "
+        "and flash_attention (float32 and float64) into numba's on-disk cache, in parallel "
+        "processes, so that their first calls in later processes load them instead of "
+        "compiling. A second run finds them cached and takes seconds.",
+    )
+    warmup.add_argument(
+        "-j",
+        "--processes",
+        type=_int_arg(1),
+        help="processes compiling at once (default: one per core)",
+    )
+    warmup.add_argument("-q", "--quiet", action="store_true", help="no progress or summary")
+    warmup.set_defaults(func=_cmd_warmup)
     return parser
 
 

@@ -1,0 +1,64 @@
+"""``nbattn warmup``: the common kernels compiled ahead of use, in parallel processes."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+
+import pytest
+
+from nbattn.app import warmup
+from nbattn.app.cli import build_parser
+
+
+def test_the_command_is_parsed_with_its_options():
+    args = build_parser().parse_args(["warmup", "-j", "2", "-q"])
+    assert (args.command, args.processes, args.quiet) == ("warmup", 2, True)
+    assert build_parser().parse_args(["warmup"]).processes is None
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["warmup", "-j", "0"])
+
+
+def test_python_m_nbattn_warmup_has_help():
+    result = subprocess.run(
+        [sys.executable, "-m", "nbattn", "warmup", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "numba's on-disk cache" in result.stdout
+
+
+def test_the_jobs_cover_the_common_entry_points():
+    names = [name for name, *_ in warmup.JOBS]
+    assert len(set(names)) == len(names)
+    for needed in (
+        "flash float32",
+        "flash float64",
+        "nadaraya_watson float32",
+        "nadaraya_watson float64",
+        "local polynomial",
+        "Nadaraya-Watson estimators",
+        "learned widths",
+        "classifier",
+    ):
+        assert needed in names
+
+
+def test_a_job_runs_in_a_process_of_its_own_and_is_reported():
+    out = io.StringIO()
+    failed = warmup.run_warmup(processes=1, stream=out, names=["nadaraya_watson float64"])
+    assert failed == 0
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("nbattn warmup: nadaraya_watson float64: ")
+    assert lines[-1].startswith("nbattn warmup: 1 of 1 jobs in ")
+    quiet = io.StringIO()
+    assert warmup.run_warmup(processes=1, stream=quiet, quiet=True, names=[]) == 0
+    assert quiet.getvalue() == ""
+
+
+def test_an_unknown_job_is_refused_by_name():
+    with pytest.raises(ValueError, match="names: unknown warm-up jobs \\['flash float16'\\]"):
+        warmup.run_warmup(names=["flash float16"])
