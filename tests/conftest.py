@@ -6,6 +6,12 @@ import numpy as np
 import pytest
 from hypothesis import settings
 
+# No "compiling kernels for first use" line (nbattn._core.compiling) in the tests' outputs,
+# which many tests read: whether a test compiles depends on the cache, not on the test.
+# Set before nbattn is imported (config reads it then); subprocesses inherit it.
+# tests/core/test_compiling.py runs its processes without it.
+os.environ.setdefault("NBATTN_QUIET", "1")
+
 # The suite's hypothesis settings, which each test's @settings extends: no deadline, as an
 # example's first call may compile kernels (seconds, against hypothesis' 200 ms). Under CI
 # (``CI`` set, as .ci/run runs) hypothesis also draws the same examples every run, so a red
