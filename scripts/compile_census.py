@@ -14,6 +14,13 @@ compiled in more than one worker, the costliest kernels and tests, and the
 specialisations that differ only in a read-only flag, an omitted default or a
 literal int (each costs a full compile). CPU seconds, unlike wall seconds,
 stay meaningful on a shared, loaded machine.
+
+With ``--jobs`` it measures what users meet instead: each job of ``nbattn warmup``
+(``nbattn.app.warmup.JOBS``: the estimators, nadaraya_watson, local_polynomial,
+flash_attention) in a fresh process with an empty cache of its own, one after the
+other, and prints each job's wall and CPU seconds and its costliest compiles::
+
+    python scripts/compile_census.py --jobs ["flash float32" ...]
 """
 
 from __future__ import annotations
@@ -142,5 +149,54 @@ def summarise(folder: str, top: int = 25) -> None:
         print(f"{t['cpu']:6.1f} {t['child_cpu']:6.1f}  {t['test']}")
 
 
+_JOB_SCRIPT = """
+import json, sys, time
+sys.path.insert(0, {scripts!r})
+import compile_census
+compile_census._install_listener()
+from nbattn.app import warmup
+index = [job[0] for job in warmup.JOBS].index({name!r})
+_, _, job, args = warmup.JOBS[index]
+wall0, cpu0 = time.perf_counter(), time.process_time()
+job(*args)
+print(json.dumps({{"wall": time.perf_counter() - wall0, "cpu": time.process_time() - cpu0,
+                  "compiles": compile_census._state["records"]}}))
+"""
+
+
+def census_jobs(names=None, top: int = 4) -> None:
+    """Each warm-up job in a fresh process with an empty numba cache: its seconds and
+    its costliest outermost compiles."""
+    import subprocess
+    import tempfile
+
+    from nbattn.app.warmup import JOBS
+
+    names = names or [job[0] for job in JOBS]
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"load average {load:.1f} on {os.cpu_count()} cores; CPU and wall seconds")
+    for name in names:
+        with tempfile.TemporaryDirectory() as cache:
+            env = {**os.environ, "NUMBA_CACHE_DIR": cache, "NBATTN_QUIET": "1"}
+            script = _JOB_SCRIPT.format(scripts=str(Path(__file__).parent), name=name)
+            result = subprocess.run(
+                [sys.executable, "-c", script], capture_output=True, text=True, env=env
+            )
+        if result.returncode != 0:
+            print(f"{name}: failed\n{result.stderr}")
+            continue
+        data = json.loads(result.stdout.splitlines()[-1])
+        outer = [r for r in data["compiles"] if r["top"]]
+        print(
+            f"{name}: {data['cpu']:.1f} s CPU, {data['wall']:.1f} s wall, "
+            f"{sum(r['cpu'] for r in outer):.1f} s compiling {len(outer)} kernels"
+        )
+        for r in sorted(outer, key=lambda r: -r["cpu"])[:top]:
+            print(f"  {r['cpu']:6.1f}  {r['fn']}")
+
+
 if __name__ == "__main__":
-    summarise(sys.argv[1])
+    if sys.argv[1:2] == ["--jobs"]:
+        census_jobs(sys.argv[2:])
+    else:
+        summarise(sys.argv[1])
