@@ -59,8 +59,9 @@ def _nw_estimator():
 def _learned():
     import nbattn
 
-    x, y = _data(d=1)  # the walk-through's learned width (the demo)
+    x, y = _data(d=1)  # the walk-through's learned width and its loss curve (the demo)
     nbattn.LearnedKernelRegressor(metric="scalar").fit(x, y).predict(x[:5])
+    nbattn.loo_loss(x, y, 0.5)
     x, y = _data()
     nbattn.LearnedKernelRegressor(metric="diagonal").fit(x, y).predict(x[:5])
 
