@@ -666,6 +666,10 @@ def main(argv=None) -> int:
 
 def _dispatch(argv) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "quiet", False):  # -q: no progress, and no first-compile notice
+        from .._core import compiling
+
+        compiling.silence()
     return args.func(args)
 
 
