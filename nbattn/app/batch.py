@@ -10,6 +10,7 @@ not by the file.
 from __future__ import annotations
 
 import contextlib
+import shlex
 import warnings
 
 import numpy as np
@@ -188,7 +189,7 @@ def warn_row_ids(X, kinds) -> None:
         name = io.shorten(column)
         warnings.warn(
             f"feature {name} looks like a row id ({description}); if it is not a feature, "
-            f"leave it out with --drop {column}",
+            f"leave it out with --drop {shlex.quote(str(column))}",
             RowIdWarning,
             stacklevel=2,
         )
@@ -238,7 +239,8 @@ def predict_columns(
     effects=None,
     name="prediction",
 ) -> dict:
-    """The output columns for one chunk: ``prediction``, [``std``], with ``interval`` (an
+    """The output columns for one chunk: ``prediction``, [``std``] (``prediction_k``,
+    [``std_k``] for each target k of a model of several), with ``interval`` (an
     alpha) [``<name>_lower``, ``<name>_upper``] (``model.predict_interval(X, interval,
     kind)``), with ``effects`` (the continuous features' names) [``d_<name>_d_<feature>``
     for each] (``model.marginal_effects``), [``proba_<class>`` for each class]."""
@@ -247,6 +249,12 @@ def predict_columns(
         out["prediction"], out["std"] = model.predict(X, return_std=True)
     else:
         out["prediction"] = model.predict(X)
+    for column in ("prediction", "std"):  # a model of several targets: a column for each
+        values = out.pop(column, None)
+        if values is not None and np.ndim(values) == 2:
+            out.update({f"{column}_{k}": values[:, k] for k in range(values.shape[1])})
+        elif values is not None:
+            out[column] = values
     if interval is not None:
         band = model.predict_interval(X, alpha=interval, kind=kind)
         out[f"{name}_lower"], out[f"{name}_upper"] = band[:, 0], band[:, 1]

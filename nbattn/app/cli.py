@@ -477,8 +477,9 @@ def _add_model_options(p) -> None:
     p.add_argument(
         "--drop",
         type=_column_list,
+        action="extend",
         metavar="A,B,...",
-        help="columns to leave out of the features (e.g. a row id)",
+        help="columns to leave out of the features (e.g. a row id); may be given again",
     )
     p.add_argument("--model", choices=tuple(MODELS), default="nw", help="default: nw")
     p.add_argument(
