@@ -6,7 +6,10 @@
   so no ``except Exception`` on the way up swallows it and every ``with``
   block cleans up: temporary outputs are removed, older outputs untouched);
   the command prints ``nbattn: interrupted`` and returns 128 + the signal's
-  number (130, 143, 129);
+  number (130, 143, 129). A signal that arrives while numba's dispatcher or
+  llvmlite has called back into Python from C is not raised there (the
+  exception would escape through C code that does not expect it, or be lost in
+  a ctypes callback): it is delivered again :data:`REDELIVER_AFTER_S` later;
 * any other exception, whatever its type, prints one line
   ``nbattn: error: ...`` (at most :data:`MESSAGE_LIMIT` characters) and
   returns 1;
@@ -18,6 +21,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import threading
@@ -50,6 +54,12 @@ def signals_raise():
         return
 
     def handler(signum, frame):
+        if inside_numba(frame):
+            # numba's dispatcher called back into Python: an exception raised here leaves
+            # through C code that does not expect one ("returned a result with an
+            # exception set", or a crash). Deliver the signal again once it has returned.
+            threading.Timer(REDELIVER_AFTER_S, os.kill, (os.getpid(), signum)).start()
+            return
         for s in _SIGNALS:
             signal.signal(s, signal.SIG_IGN)
         raise Interrupted(signum)
@@ -60,6 +70,19 @@ def signals_raise():
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+
+
+#: How long a signal that arrived inside numba's dispatcher waits to be delivered again.
+REDELIVER_AFTER_S = 0.05
+
+
+def inside_numba(frame) -> bool:
+    """Whether the Python frame a signal interrupted is numba's or llvmlite's own code
+    (numba's dispatcher, or llvmlite's ctypes callbacks, called back from C), where an
+    exception raised is lost or corrupts the caller."""
+    if frame is None:
+        return False
+    return str(frame.f_globals.get("__name__", "")).split(".")[0] in ("numba", "llvmlite")
 
 
 def error_line(exc: BaseException) -> str:

@@ -1,10 +1,12 @@
 """Edges of ``nbattn predict`` and ``fit --drop`` a hostile review found: a model of two
-targets, ``--drop`` given twice, and the row-id warning's suggestion pasted into a shell."""
+targets, ``--drop`` given twice, the row-id warning's suggestion pasted into a shell, and an
+interrupt that arrives inside numba's dispatcher."""
 
 import shlex
 
 import numpy as np
 import pandas as pd
+import pytest
 
 import nbattn
 from nbattn.app import cli
@@ -87,3 +89,35 @@ def test_row_id_warning_suggests_a_command_line_that_works(tmp_path, capsys):
     line = next(x for x in err.splitlines() if "RowIdWarning" in x)
     suggestion = line.split("leave it out with ")[1]
     assert shlex.split(suggestion) == ["--drop", "Unnamed: 0"], line
+
+
+def test_a_signal_inside_numbas_dispatcher_is_delivered_again_not_raised(monkeypatch):
+    """Raised inside numba's dispatcher (a Python callback of its C code), the interrupt
+    escapes through C that does not expect it ("returned a result with an exception
+    set", or a crash): the handler schedules the signal again instead; in nbattn's own
+    code it raises as before."""
+    import signal
+    import sys
+
+    from nbattn.app import process
+    from nbattn.app.process import Interrupted, signals_raise
+
+    sent = []
+
+    class Timer:  # records what would be sent, at once and on this thread
+        def __init__(self, delay, function, args):
+            self.delay, self.function, self.args = delay, function, args
+
+        def start(self):
+            sent.append((self.delay, self.args))
+
+    monkeypatch.setattr(process.threading, "Timer", Timer)
+    frame = sys._getframe()
+    with signals_raise():
+        handler = signal.getsignal(signal.SIGINT)
+        for module in ("numba.core.dispatcher", "llvmlite.binding.executionengine"):
+            callback = type("Frame", (), {"f_globals": {"__name__": module}})()
+            handler(signal.SIGINT, callback)  # no raise: scheduled again
+        assert sent == [(process.REDELIVER_AFTER_S, (process.os.getpid(), signal.SIGINT))] * 2
+        with pytest.raises(Interrupted):
+            handler(signal.SIGINT, frame)
