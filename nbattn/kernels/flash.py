@@ -423,128 +423,139 @@ def flash_forward(q, k, v, kv_index, bias, band, score, dropout, tiles):
     out (BH, L, Ev) in the input dtype, lse (BH, L) float64 in natural units.
     See the module docstring for the formula and the (base-2) arguments.
     """
-    mask, mask_index, mask_live, slopes = bias
-    softcap = score.softcap
-    keep_scale = dropout.keep_scale
-    block_q, block_k = tiles.block_q, tiles.block_k
     n_bh, n_q, _ = q.shape
-    n_k = k.shape[1]
-    d_v = v.shape[2]
-    out = np.empty((n_bh, n_q, d_v), dtype=q.dtype)
+    out = np.empty((n_bh, n_q, v.shape[2]), dtype=q.dtype)
     lse = np.empty((n_bh, n_q), dtype=np.float64)
-    n_qt = (n_q + block_q - 1) // block_q
-    offset, left, right = band
-    seed, threshold = dropout.seed, dropout.threshold
-    use_dropout = threshold > 0
-    key_mask = mask.shape[0] > 0 and mask.shape[2] > 1  # fused into the exponential pass
-    mask_rows = mask.shape[1] > 1
+    n_qt = (n_q + tiles.block_q - 1) // tiles.block_q
     # query tile outer, slice inner: consecutive items read one mask block (shared by
     # the heads of a batch entry) while it is still in cache
     for item in prange(n_bh * n_qt):
         bh = item % n_bh
         qt = _tile_order(item // n_bh, n_qt)
-        i0 = qt * block_q
-        mb = min(block_q, n_q - i0)
-        kv = kv_index[bh]
-        s_flat = np.empty(mb * block_k, dtype=q.dtype)
-        acc = np.zeros((mb, d_v), dtype=q.dtype)
-        m = np.full(mb, -np.inf)
-        l = np.zeros(mb)
-        q_tile = q[bh, i0 : i0 + mb]
-        j_first = max(i0 + offset - left, 0)
-        j_last = min(i0 + mb - 1 + offset + right, n_k - 1)
-        kt_first = j_first // block_k
-        kt_last = j_last // block_k if j_last >= j_first else kt_first - 1
-        for kt in range(kt_first, kt_last + 1):
-            if not _tile_is_live(mask, mask_index, mask_live, bh, qt, kt):
-                continue
-            j0 = kt * block_k
-            nb = min(block_k, n_k - j0)
-            k_tile = k[kv, j0 : j0 + nb]
-            # the weights P overwrite the scores S in place: one tile of scratch, which
-            # stays in the core's L2 cache with the K and V tiles
-            st = s_flat[: mb * nb].reshape((mb, nb))
-            gemm(q_tile, k_tile, st, False, True, 0.0)
-            need_band = _needs_band(i0, mb, j0, nb, band)
-            _tile_terms(
-                st, st, bh, i0, j0, mask, mask_index, slopes, band, softcap, need_band, False, False
-            )
-            for r in range(mb):
-                row = st[r]
-                if key_mask:
-                    bias = mask[mask_index[bh], i0 + r if mask_rows else 0, j0 : j0 + nb]
-                else:
-                    bias = row  # unused
-                shift = m[r]
-                if shift != -np.inf:
-                    # one pass: the exponentials against the kept reference maximum
-                    if key_mask:
-                        total = _exp2_shift_sum_masked(row, bias, like(shift, row))
-                    else:
-                        total = exp2_shift_sum(row, like(shift, row))
-                    if total <= REBASE_SUM:
-                        l[r] += total
-                        rebased = True
-                    elif total <= REBASE_EXACT_SUM:
-                        # the reference maximum is e bits too low: scale the new weights,
-                        # the sum and the accumulator by 2**-e (exact, no weight saturated)
-                        e = math.frexp(total)[1]
-                        _scale_row(row, acc[r], math.ldexp(1.0, -e))
-                        l[r] = math.ldexp(l[r] + total, -e)
-                        m[r] = shift + e
-                        rebased = True
-                    else:
-                        # weights may have saturated at 2**127 (2**1023): score the row
-                        # again and rebase it on its maximum below
-                        _score_row(
-                            q_tile,
-                            k_tile,
-                            st,
-                            r,
-                            bh,
-                            i0,
-                            j0,
-                            mask,
-                            mask_index,
-                            slopes,
-                            band,
-                            softcap,
-                        )
-                        rebased = False
-                    if rebased:
-                        if use_dropout:
-                            counter0 = _row_counter(dropout, bh, i0 + r, j0)
-                            _drop_row(row, like(1.0, row), seed, threshold, counter0)
-                        continue
-                # the row's first admissible tile, or a saturated jump: rebase on the maximum
-                if key_mask:
-                    _add_row(row, bias)
-                top = np.float64(row_max(row))
-                if top == -np.inf:  # nothing admissible yet (shift is -inf too)
-                    row[:] = 0.0
-                    continue
-                rescale = np.exp2(shift - top)
-                l[r] = l[r] * rescale + exp2_shift_sum(row, like(top, row))
-                if rescale != 1.0:
-                    factor = like(rescale, acc)
-                    acc_row = acc[r]
-                    for c in range(d_v):
-                        acc_row[c] *= factor
-                m[r] = top
-                if use_dropout:
-                    counter0 = _row_counter(dropout, bh, i0 + r, j0)
-                    _drop_row(row, like(1.0, row), seed, threshold, counter0)
-            gemm(st, v[kv, j0 : j0 + nb], acc, False, False, 1.0)
-        for r in range(mb):
-            if l[r] > 0.0:
-                inv = like(keep_scale / l[r], acc)
-                for c in range(d_v):
-                    out[bh, i0 + r, c] = acc[r, c] * inv
-                lse[bh, i0 + r] = m[r] * LN2 + np.log(l[r])
-            else:
-                out[bh, i0 + r, :] = 0.0
-                lse[bh, i0 + r] = -np.inf
+        _forward_item(q, k, v, kv_index, bias, band, score, dropout, tiles, bh, qt, out, lse)
     return out, lse
+
+
+# The body of the parallel loop is a function of its own, called once per work item
+# (a query tile of one slice): numba's parallel passes copy and rewrite every statement
+# of a loop body, which on the inlined tile code took about three quarters of the
+# kernel's compile time; a call costs them nothing, and nothing at run time.
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _forward_item(q, k, v, kv_index, bias, band, score, dropout, tiles, bh, qt, out, lse):
+    """Query tile ``qt`` of slice ``bh``: its rows of ``out`` and ``lse``."""
+    mask, mask_index, mask_live, slopes = bias
+    softcap = score.softcap
+    keep_scale = dropout.keep_scale
+    block_q, block_k = tiles.block_q, tiles.block_k
+    n_q = q.shape[1]
+    n_k = k.shape[1]
+    d_v = v.shape[2]
+    offset, left, right = band
+    seed, threshold = dropout.seed, dropout.threshold
+    use_dropout = threshold > 0
+    key_mask = mask.shape[0] > 0 and mask.shape[2] > 1  # fused into the exponential pass
+    mask_rows = mask.shape[1] > 1
+    i0 = qt * block_q
+    mb = min(block_q, n_q - i0)
+    kv = kv_index[bh]
+    s_flat = np.empty(mb * block_k, dtype=q.dtype)
+    acc = np.zeros((mb, d_v), dtype=q.dtype)
+    m = np.full(mb, -np.inf)
+    l = np.zeros(mb)
+    q_tile = q[bh, i0 : i0 + mb]
+    j_first = max(i0 + offset - left, 0)
+    j_last = min(i0 + mb - 1 + offset + right, n_k - 1)
+    kt_first = j_first // block_k
+    kt_last = j_last // block_k if j_last >= j_first else kt_first - 1
+    for kt in range(kt_first, kt_last + 1):
+        if not _tile_is_live(mask, mask_index, mask_live, bh, qt, kt):
+            continue
+        j0 = kt * block_k
+        nb = min(block_k, n_k - j0)
+        k_tile = k[kv, j0 : j0 + nb]
+        # the weights P overwrite the scores S in place: one tile of scratch, which
+        # stays in the core's L2 cache with the K and V tiles
+        st = s_flat[: mb * nb].reshape((mb, nb))
+        gemm(q_tile, k_tile, st, False, True, 0.0)
+        need_band = _needs_band(i0, mb, j0, nb, band)
+        _tile_terms(
+            st, st, bh, i0, j0, mask, mask_index, slopes, band, softcap, need_band, False, False
+        )
+        for r in range(mb):
+            row = st[r]
+            if key_mask:
+                key_bias = mask[mask_index[bh], i0 + r if mask_rows else 0, j0 : j0 + nb]
+            else:
+                key_bias = row  # unused
+            shift = m[r]
+            if shift != -np.inf:
+                # one pass: the exponentials against the kept reference maximum
+                if key_mask:
+                    total = _exp2_shift_sum_masked(row, key_bias, like(shift, row))
+                else:
+                    total = exp2_shift_sum(row, like(shift, row))
+                if total <= REBASE_SUM:
+                    l[r] += total
+                    rebased = True
+                elif total <= REBASE_EXACT_SUM:
+                    # the reference maximum is e bits too low: scale the new weights,
+                    # the sum and the accumulator by 2**-e (exact, no weight saturated)
+                    e = math.frexp(total)[1]
+                    _scale_row(row, acc[r], math.ldexp(1.0, -e))
+                    l[r] = math.ldexp(l[r] + total, -e)
+                    m[r] = shift + e
+                    rebased = True
+                else:
+                    # weights may have saturated at 2**127 (2**1023): score the row
+                    # again and rebase it on its maximum below
+                    _score_row(
+                        q_tile,
+                        k_tile,
+                        st,
+                        r,
+                        bh,
+                        i0,
+                        j0,
+                        mask,
+                        mask_index,
+                        slopes,
+                        band,
+                        softcap,
+                    )
+                    rebased = False
+                if rebased:
+                    if use_dropout:
+                        counter0 = _row_counter(dropout, bh, i0 + r, j0)
+                        _drop_row(row, like(1.0, row), seed, threshold, counter0)
+                    continue
+            # the row's first admissible tile, or a saturated jump: rebase on the maximum
+            if key_mask:
+                _add_row(row, key_bias)
+            top = np.float64(row_max(row))
+            if top == -np.inf:  # nothing admissible yet (shift is -inf too)
+                row[:] = 0.0
+                continue
+            rescale = np.exp2(shift - top)
+            l[r] = l[r] * rescale + exp2_shift_sum(row, like(top, row))
+            if rescale != 1.0:
+                factor = like(rescale, acc)
+                acc_row = acc[r]
+                for c in range(d_v):
+                    acc_row[c] *= factor
+            m[r] = top
+            if use_dropout:
+                counter0 = _row_counter(dropout, bh, i0 + r, j0)
+                _drop_row(row, like(1.0, row), seed, threshold, counter0)
+        gemm(st, v[kv, j0 : j0 + nb], acc, False, False, 1.0)
+    for r in range(mb):
+        if l[r] > 0.0:
+            inv = like(keep_scale / l[r], acc)
+            for c in range(d_v):
+                out[bh, i0 + r, c] = acc[r, c] * inv
+            lse[bh, i0 + r] = m[r] * LN2 + np.log(l[r])
+        else:
+            out[bh, i0 + r, :] = 0.0
+            lse[bh, i0 + r] = -np.inf
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
@@ -571,20 +582,11 @@ def flash_backward(q, k, v, out, lse, dout, kv_index, bias, band, score, dropout
     each with its own dQ buffer; ``bias.mask_live`` must come from the
     backward's tile sizes. See the module docstring for the other arguments.
     """
-    mask, mask_index, mask_live, slopes = bias
-    scale, softcap = score
-    keep_scale = dropout.keep_scale
-    block_q, block_k, n_groups = tiles
+    n_groups = tiles.n_groups
     n_bh, n_q, d = q.shape
     n_kv, n_k, _ = k.shape
     d_v = v.shape[2]
     dtype = q.dtype
-    offset, left, right = band
-    seed, threshold = dropout.seed, dropout.threshold
-    use_dropout = threshold > 0
-    use_cap = softcap > 0.0
-    key_mask = mask.shape[0] > 0 and mask.shape[2] > 1  # fused into the exponential pass
-    mask_rows = mask.shape[1] > 1
     delta = np.empty((n_bh, n_q), dtype=dtype)
     lse_t = np.empty((n_bh, n_q), dtype=dtype)
     for row in prange(n_bh * n_q):
@@ -598,110 +600,27 @@ def flash_backward(q, k, v, out, lse, dout, kv_index, bias, band, score, dropout
     dq_part = np.zeros((n_groups, n_bh, n_q, d), dtype=dtype)
     dk = np.empty((n_kv, n_k, d), dtype=dtype)
     dv = np.empty((n_kv, n_k, d_v), dtype=dtype)
-    n_kt = (n_k + block_k - 1) // block_k
     for item in prange(n_kv * n_groups):
-        kv = item // n_groups
-        group = item % n_groups
-        s_flat = np.empty(block_q * block_k, dtype=dtype)
-        dp_flat = np.empty(block_q * block_k, dtype=dtype)
-        th_flat = np.empty(block_q * block_k if use_cap else 1, dtype=dtype)
-        dk_acc = np.empty((block_k, d), dtype=dtype)
-        dv_acc = np.empty((block_k, d_v), dtype=dtype)
-        kt_flat = np.empty(d * block_k, dtype=dtype)
-        vt_flat = np.empty(d_v * block_k, dtype=dtype)
-        neg_inf = like(-np.inf, q)
-        one = like(1.0, q)
-        drop_scale = like(keep_scale, q)
-        sink = np.zeros(1, dtype=dtype)
-        for kt in range(group, n_kt, n_groups):
-            j0 = kt * block_k
-            nb = min(block_k, n_k - j0)
-            dk_acc[:nb] = 0.0
-            dv_acc[:nb] = 0.0
-            k_tile = k[kv, j0 : j0 + nb]
-            v_tile = v[kv, j0 : j0 + nb]
-            # K^T and V^T of the tile, once for every query tile that reads it: the score
-            # products Q K^T and dO V^T then run as A B (3 % faster than A B^T here)
-            k_tile_t = _transpose_into(k_tile, kt_flat)
-            v_tile_t = _transpose_into(v_tile, vt_flat)
-            i_first = max(j0 - offset - right, 0)
-            i_last = min(j0 + nb - 1 - offset + left, n_q - 1)
-            qt_first = i_first // block_q
-            qt_last = i_last // block_q if i_last >= i_first else qt_first - 1
-            for bh in range(n_bh):
-                if kv_index[bh] != kv:
-                    continue
-                for qt in range(qt_first, qt_last + 1):
-                    if not _tile_is_live(mask, mask_index, mask_live, bh, qt, kt):
-                        continue
-                    i0 = qt * block_q
-                    mb = min(block_q, n_q - i0)
-                    q_tile = q[bh, i0 : i0 + mb]
-                    do_tile = dout[bh, i0 : i0 + mb]
-                    st = s_flat[: mb * nb].reshape((mb, nb))
-                    dpt = dp_flat[: mb * nb].reshape((mb, nb))
-                    tht = th_flat[: mb * nb].reshape((mb, nb)) if use_cap else st
-                    gemm(q_tile, k_tile_t, st, False, False, 0.0)
-                    need_band = _needs_band(i0, mb, j0, nb, band)
-                    _tile_terms(
-                        st,
-                        tht,
-                        bh,
-                        i0,
-                        j0,
-                        mask,
-                        mask_index,
-                        slopes,
-                        band,
-                        softcap,
-                        need_band,
-                        True,
-                        False,
-                    )
-                    p_sum = like(0.0, q)
-                    for r in range(mb):
-                        row = st[r]
-                        shift = lse_t[bh, i0 + r]
-                        if shift == neg_inf:
-                            row[:] = 0.0
-                        elif key_mask:
-                            bias = mask[mask_index[bh], i0 + r if mask_rows else 0, j0 : j0 + nb]
-                            p_sum += _exp2_shift_sum_masked(row, bias, shift)
-                        else:
-                            # LLVM vectorises this loop only if its sum is used: kept in sink
-                            p_sum += exp2_shift_sum(row, shift)
-                    sink[0] += p_sum
-                    gemm(do_tile, v_tile_t, dpt, False, False, 0.0)
-                    for r in range(mb):
-                        row = st[r]
-                        dp_row = dpt[r]
-                        di = delta[bh, i0 + r]
-                        if use_dropout:
-                            counter0 = _row_counter(dropout, bh, i0 + r, j0)
-                            for j in range(nb):
-                                if keep(seed, counter0 + np.uint64(j), threshold):
-                                    dp_row[j] = row[j] * (dp_row[j] * drop_scale - di)
-                                    row[j] = row[j] * drop_scale
-                                else:
-                                    dp_row[j] = -row[j] * di
-                                    row[j] = 0.0
-                        else:
-                            for j in range(nb):
-                                dp_row[j] = row[j] * (dp_row[j] - di)
-                        if use_cap:
-                            th_row = tht[r]
-                            for j in range(nb):
-                                dp_row[j] *= one - th_row[j] * th_row[j]
-                    # the three products accumulate in place (beta = 1)
-                    gemm(st, do_tile, dv_acc[:nb], True, False, 1.0)
-                    gemm(dpt, k_tile, dq_part[group, bh, i0 : i0 + mb], False, False, 1.0)
-                    gemm(dpt, q_tile, dk_acc[:nb], True, False, 1.0)
-            ln2 = like(LN2, q)
-            for j in range(nb):
-                for c in range(d):
-                    dk[kv, j0 + j, c] = dk_acc[j, c] * ln2
-            dv[kv, j0 : j0 + nb] = dv_acc[:nb]
-    factor = like(scale, q)
+        _backward_item(
+            q,
+            k,
+            v,
+            dout,
+            kv_index,
+            bias,
+            band,
+            score,
+            dropout,
+            tiles,
+            item // n_groups,
+            item % n_groups,
+            delta,
+            lse_t,
+            dq_part,
+            dk,
+            dv,
+        )
+    factor = like(score.scale, q)
     if n_groups == 1:
         dq = dq_part[0]
         for row in prange(n_bh * n_q):
@@ -720,3 +639,143 @@ def flash_backward(q, k, v, out, lse, dout, kv_index, bias, band, score, dropout
                 total += dq_part[g, bh, i, c]
             dq[bh, i, c] = total * factor
     return dq, dk, dv
+
+
+# As in the forward, the parallel loop's body is a function of its own (a call per work
+# item: one key-tile group of one key/value slice).
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _backward_item(
+    q,
+    k,
+    v,
+    dout,
+    kv_index,
+    bias,
+    band,
+    score,
+    dropout,
+    tiles,
+    kv,
+    group,
+    delta,
+    lse_t,
+    dq_part,
+    dk,
+    dv,
+):
+    """Key-tile group ``group`` of key/value slice ``kv``: its rows of dk and dv, its dq
+    buffer ``dq_part[group]``."""
+    mask, mask_index, mask_live, slopes = bias
+    softcap = score.softcap
+    keep_scale = dropout.keep_scale
+    block_q, block_k, n_groups = tiles
+    n_bh, n_q, d = q.shape
+    n_k = k.shape[1]
+    d_v = v.shape[2]
+    dtype = q.dtype
+    offset, left, right = band
+    seed, threshold = dropout.seed, dropout.threshold
+    use_dropout = threshold > 0
+    use_cap = softcap > 0.0
+    key_mask = mask.shape[0] > 0 and mask.shape[2] > 1  # fused into the exponential pass
+    mask_rows = mask.shape[1] > 1
+    n_kt = (n_k + block_k - 1) // block_k
+    s_flat = np.empty(block_q * block_k, dtype=dtype)
+    dp_flat = np.empty(block_q * block_k, dtype=dtype)
+    th_flat = np.empty(block_q * block_k if use_cap else 1, dtype=dtype)
+    dk_acc = np.empty((block_k, d), dtype=dtype)
+    dv_acc = np.empty((block_k, d_v), dtype=dtype)
+    kt_flat = np.empty(d * block_k, dtype=dtype)
+    vt_flat = np.empty(d_v * block_k, dtype=dtype)
+    neg_inf = like(-np.inf, q)
+    one = like(1.0, q)
+    drop_scale = like(keep_scale, q)
+    sink = np.zeros(1, dtype=dtype)
+    for kt in range(group, n_kt, n_groups):
+        j0 = kt * block_k
+        nb = min(block_k, n_k - j0)
+        dk_acc[:nb] = 0.0
+        dv_acc[:nb] = 0.0
+        k_tile = k[kv, j0 : j0 + nb]
+        v_tile = v[kv, j0 : j0 + nb]
+        # K^T and V^T of the tile, once for every query tile that reads it: the score
+        # products Q K^T and dO V^T then run as A B (3 % faster than A B^T here)
+        k_tile_t = _transpose_into(k_tile, kt_flat)
+        v_tile_t = _transpose_into(v_tile, vt_flat)
+        i_first = max(j0 - offset - right, 0)
+        i_last = min(j0 + nb - 1 - offset + left, n_q - 1)
+        qt_first = i_first // block_q
+        qt_last = i_last // block_q if i_last >= i_first else qt_first - 1
+        for bh in range(n_bh):
+            if kv_index[bh] != kv:
+                continue
+            for qt in range(qt_first, qt_last + 1):
+                if not _tile_is_live(mask, mask_index, mask_live, bh, qt, kt):
+                    continue
+                i0 = qt * block_q
+                mb = min(block_q, n_q - i0)
+                q_tile = q[bh, i0 : i0 + mb]
+                do_tile = dout[bh, i0 : i0 + mb]
+                st = s_flat[: mb * nb].reshape((mb, nb))
+                dpt = dp_flat[: mb * nb].reshape((mb, nb))
+                tht = th_flat[: mb * nb].reshape((mb, nb)) if use_cap else st
+                gemm(q_tile, k_tile_t, st, False, False, 0.0)
+                need_band = _needs_band(i0, mb, j0, nb, band)
+                _tile_terms(
+                    st,
+                    tht,
+                    bh,
+                    i0,
+                    j0,
+                    mask,
+                    mask_index,
+                    slopes,
+                    band,
+                    softcap,
+                    need_band,
+                    True,
+                    False,
+                )
+                p_sum = like(0.0, q)
+                for r in range(mb):
+                    row = st[r]
+                    shift = lse_t[bh, i0 + r]
+                    if shift == neg_inf:
+                        row[:] = 0.0
+                    elif key_mask:
+                        key_bias = mask[mask_index[bh], i0 + r if mask_rows else 0, j0 : j0 + nb]
+                        p_sum += _exp2_shift_sum_masked(row, key_bias, shift)
+                    else:
+                        # LLVM vectorises this loop only if its sum is used: kept in sink
+                        p_sum += exp2_shift_sum(row, shift)
+                sink[0] += p_sum
+                gemm(do_tile, v_tile_t, dpt, False, False, 0.0)
+                for r in range(mb):
+                    row = st[r]
+                    dp_row = dpt[r]
+                    di = delta[bh, i0 + r]
+                    if use_dropout:
+                        counter0 = _row_counter(dropout, bh, i0 + r, j0)
+                        for j in range(nb):
+                            if keep(seed, counter0 + np.uint64(j), threshold):
+                                dp_row[j] = row[j] * (dp_row[j] * drop_scale - di)
+                                row[j] = row[j] * drop_scale
+                            else:
+                                dp_row[j] = -row[j] * di
+                                row[j] = 0.0
+                    else:
+                        for j in range(nb):
+                            dp_row[j] = row[j] * (dp_row[j] - di)
+                    if use_cap:
+                        th_row = tht[r]
+                        for j in range(nb):
+                            dp_row[j] *= one - th_row[j] * th_row[j]
+                # the three products accumulate in place (beta = 1)
+                gemm(st, do_tile, dv_acc[:nb], True, False, 1.0)
+                gemm(dpt, k_tile, dq_part[group, bh, i0 : i0 + mb], False, False, 1.0)
+                gemm(dpt, q_tile, dk_acc[:nb], True, False, 1.0)
+        ln2 = like(LN2, q)
+        for j in range(nb):
+            for c in range(d):
+                dk[kv, j0 + j, c] = dk_acc[j, c] * ln2
+        dv[kv, j0 : j0 + nb] = dv_acc[:nb]

@@ -90,7 +90,13 @@ from .local_moments import (
     score_derivative_sums,
     solve,
 )
-from .local_pairs import block_scores, block_scratch, nearest_key, problem_sizes
+from .local_pairs import (
+    block_scores,
+    block_scratch,
+    nearest_key,
+    problem_shape,
+    problem_sizes,
+)
 from .local_passes import local_equivalent_weights, local_interval_sums, local_loo_gradient
 
 __all__ = [
@@ -132,10 +138,8 @@ def local_fit(data, model, values_t, want_mfx):
     mfx : (n_q, dc, n_out)   with ``want_mfx`` and degree 0: d fit / d q (scaled units),
                              sum_j p_j (y_j - fit) ds_j/dq; zeros otherwise
     """
-    q_cont, keys_cont_t = data.q_cont, data.keys_cont_t
-    kernel, degree, ridge = model.kernel, model.degree, model.ridge
-    exclude_self, missing = model.exclude_self, model.missing
-    n_q, dc, _, n_k, weighted = problem_sizes(data)
+    degree, missing = model.degree, model.missing
+    n_q, dc, _, _, weighted = problem_sizes(data)
     n_out = values_t.shape[0]
     p = n_terms(dc, degree)
     beta = np.zeros((n_q, p, n_out))
@@ -151,95 +155,139 @@ def local_fit(data, model, values_t, want_mfx):
     store_design = missing or do_mfx or (p > 1 and degree >= 2) or (p > 1 and not fused)
     n_chunks = (n_q + _QUERY_BLOCK - 1) // _QUERY_BLOCK
     for chunk in prange(n_chunks):
-        # scratch zeroed once per chunk (block_scratch): never junk from an earlier call
-        scores, design = block_scratch(p, dc)
-        wx = np.zeros(_KEY_BLOCK)
-        moments = np.zeros((p, p))
-        rhs = np.zeros((p, n_out))
-        scratch = np.zeros((p, p))
-        keep = np.zeros(p, dtype=np.bool_)
-        z = np.zeros(p)
-        dsum = np.zeros(dc)
-        dysum = np.zeros((dc, n_out))
-        stop = min(n_q, (chunk + 1) * _QUERY_BLOCK)
-        for i in range(chunk * _QUERY_BLOCK, stop):
-            for a in range(p):  # explicit loops: slice assignment costs more per query
-                for b in range(p):
-                    moments[a, b] = 0.0
-                for o in range(n_out):
-                    rhs[a, o] = 0.0
-            for c in range(dc):
-                dsum[c] = 0.0
-                for o in range(n_out):
-                    dysum[c, o] = 0.0
-            m = -np.inf
-            for j0 in range(0, n_k, _KEY_BLOCK):
-                nb = min(_KEY_BLOCK, n_k - j0)
-                block_max = block_scores(
-                    i, j0, nb, data, model, weighted, store_design, scores, design
-                )
-                if block_max == -np.inf:
-                    continue
-                if block_max > m:
-                    if m > -np.inf:
-                        factor = np.exp(m - block_max)
-                        moments *= factor
-                        rhs *= factor
-                        dsum *= factor
-                        dysum *= factor
-                    m = block_max
-                if fused:
-                    y = values_t[0, j0 : j0 + nb]
-                    if store_design:  # rows past the last term repeat it (never read)
-                        rows = (
-                            design[1, 0:nb],
-                            design[min(2, p - 1), 0:nb],
-                            design[min(3, p - 1), 0:nb],
-                            design[min(4, p - 1), 0:nb],
-                        )
-                        offsets = (0.0, 0.0, 0.0, 0.0)
-                    else:  # rows past the last column repeat it (never read)
-                        c1, c2, c3 = min(1, dc - 1), min(2, dc - 1), min(3, dc - 1)
-                        rows = (
-                            keys_cont_t[0, j0 : j0 + nb],
-                            keys_cont_t[c1, j0 : j0 + nb],
-                            keys_cont_t[c2, j0 : j0 + nb],
-                            keys_cont_t[c3, j0 : j0 + nb],
-                        )
-                        offsets = (q_cont[i, 0], q_cont[i, c1], q_cont[i, c2], q_cont[i, c3])
-                    fused_moments(scores, rows, offsets, y, nb, m, p, moments, rhs)
-                elif p == 1 and n_out == 1 and not do_mfx:
-                    constant_moments(scores, values_t[0, j0 : j0 + nb], nb, m, moments, rhs)
-                else:
-                    design_moments(scores, design, values_t, j0, nb, m, p, wx, moments, rhs)
-                    if do_mfx:
-                        score_derivative_sums(scores, design, values_t, j0, nb, kernel, dsum, dysum)
-            total = moments[0, 0]
-            if not (total > 0.0):
-                near = nearest_key(i, data, exclude_self)
-                nearest[i] = near
-                if near >= 0:
-                    g[i, 0] = 1.0
-                    for o in range(n_out):
-                        beta[i, 0, o] = values_t[o, near]
+        _fit_chunk(
+            data,
+            model,
+            values_t,
+            chunk,
+            weighted,
+            p,
+            do_mfx,
+            fused,
+            store_design,
+            beta,
+            g,
+            shift,
+            log_norm,
+            nearest,
+            mfx,
+        )
+    return LocalFit(beta, g, shift, log_norm, nearest, mfx)
+
+
+# The body of the parallel loop is a function of its own, called once per chunk of
+# queries: numba's parallel passes copy and rewrite every statement of a loop body
+# (most of the kernel's compile time on the inlined moment code); a call costs them
+# nothing, and nothing measurable at run time.
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _fit_chunk(
+    data,
+    model,
+    values_t,
+    chunk,
+    weighted,
+    p,
+    do_mfx,
+    fused,
+    store_design,
+    beta,
+    g,
+    shift,
+    log_norm,
+    nearest,
+    mfx,
+):
+    """The queries of chunk ``chunk``: their rows of beta, g, shift, log_norm, nearest, mfx."""
+    q_cont, keys_cont_t = data.q_cont, data.keys_cont_t
+    kernel, ridge, exclude_self = model.kernel, model.ridge, model.exclude_self
+    n_q, dc, _, n_k = problem_shape(data)
+    n_out = values_t.shape[0]
+    # scratch zeroed once per chunk (block_scratch): never junk from an earlier call
+    scores, design = block_scratch(p, dc)
+    wx = np.zeros(_KEY_BLOCK)
+    moments = np.zeros((p, p))
+    rhs = np.zeros((p, n_out))
+    scratch = np.zeros((p, p))
+    keep = np.zeros(p, dtype=np.bool_)
+    z = np.zeros(p)
+    dsum = np.zeros(dc)
+    dysum = np.zeros((dc, n_out))
+    stop = min(n_q, (chunk + 1) * _QUERY_BLOCK)
+    for i in range(chunk * _QUERY_BLOCK, stop):
+        for a in range(p):  # explicit loops: slice assignment costs more per query
+            for b in range(p):
+                moments[a, b] = 0.0
+            for o in range(n_out):
+                rhs[a, o] = 0.0
+        for c in range(dc):
+            dsum[c] = 0.0
+            for o in range(n_out):
+                dysum[c, o] = 0.0
+        m = -np.inf
+        for j0 in range(0, n_k, _KEY_BLOCK):
+            nb = min(_KEY_BLOCK, n_k - j0)
+            block_max = block_scores(i, j0, nb, data, model, weighted, store_design, scores, design)
+            if block_max == -np.inf:
                 continue
-            inv = 1.0 / total
-            for a in range(p):
-                for b in range(a, p):
-                    moments[b, a] = moments[a, b] * inv
-                    moments[a, b] = moments[b, a]
-                for o in range(n_out):
-                    rhs[a, o] *= inv
-            if p == 1:  # the local constant: M/l = 1, nothing to factorise
+            if block_max > m:
+                if m > -np.inf:
+                    factor = np.exp(m - block_max)
+                    moments *= factor
+                    rhs *= factor
+                    dsum *= factor
+                    dysum *= factor
+                m = block_max
+            if fused:
+                y = values_t[0, j0 : j0 + nb]
+                if store_design:  # rows past the last term repeat it (never read)
+                    rows = (
+                        design[1, 0:nb],
+                        design[min(2, p - 1), 0:nb],
+                        design[min(3, p - 1), 0:nb],
+                        design[min(4, p - 1), 0:nb],
+                    )
+                    offsets = (0.0, 0.0, 0.0, 0.0)
+                else:  # rows past the last column repeat it (never read)
+                    c1, c2, c3 = min(1, dc - 1), min(2, dc - 1), min(3, dc - 1)
+                    rows = (
+                        keys_cont_t[0, j0 : j0 + nb],
+                        keys_cont_t[c1, j0 : j0 + nb],
+                        keys_cont_t[c2, j0 : j0 + nb],
+                        keys_cont_t[c3, j0 : j0 + nb],
+                    )
+                    offsets = (q_cont[i, 0], q_cont[i, c1], q_cont[i, c2], q_cont[i, c3])
+                fused_moments(scores, rows, offsets, y, nb, m, p, moments, rhs)
+            elif p == 1 and n_out == 1 and not do_mfx:
+                constant_moments(scores, values_t[0, j0 : j0 + nb], nb, m, moments, rhs)
+            else:
+                design_moments(scores, design, values_t, j0, nb, m, p, wx, moments, rhs)
+                if do_mfx:
+                    score_derivative_sums(scores, design, values_t, j0, nb, kernel, dsum, dysum)
+        total = moments[0, 0]
+        if not (total > 0.0):
+            near = nearest_key(i, data, exclude_self)
+            nearest[i] = near
+            if near >= 0:
                 g[i, 0] = 1.0
                 for o in range(n_out):
-                    beta[i, 0, o] = rhs[0, o]
-            else:
-                solve(moments, rhs, ridge, g[i], beta[i], scratch, keep, z)
-            shift[i] = m
-            log_norm[i] = np.log(total)
-            if do_mfx:
-                for c in range(dc):
-                    for o in range(n_out):
-                        mfx[i, c, o] = (dysum[c, o] - beta[i, 0, o] * dsum[c]) * inv
-    return LocalFit(beta, g, shift, log_norm, nearest, mfx)
+                    beta[i, 0, o] = values_t[o, near]
+            continue
+        inv = 1.0 / total
+        for a in range(p):
+            for b in range(a, p):
+                moments[b, a] = moments[a, b] * inv
+                moments[a, b] = moments[b, a]
+            for o in range(n_out):
+                rhs[a, o] *= inv
+        if p == 1:  # the local constant: M/l = 1, nothing to factorise
+            g[i, 0] = 1.0
+            for o in range(n_out):
+                beta[i, 0, o] = rhs[0, o]
+        else:
+            solve(moments, rhs, ridge, g[i], beta[i], scratch, keep, z)
+        shift[i] = m
+        log_norm[i] = np.log(total)
+        if do_mfx:
+            for c in range(dc):
+                for o in range(n_out):
+                    mfx[i, c, o] = (dysum[c, o] - beta[i, 0, o] * dsum[c]) * inv

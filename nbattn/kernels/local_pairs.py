@@ -183,11 +183,19 @@ def problem_sizes(data):
     """(n_q, dc, dk, n_k, weighted) of the ``LocalData`` group: the queries, the
     continuous and categorical columns, the keys, and whether any key has a log
     weight other than 0 (``any_weight``, the argument of :func:`block_scores`)."""
+    n_q, dc, dk, n_k = problem_shape(data)
+    return n_q, dc, dk, n_k, any_weight(data.log_weights)
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def problem_shape(data):
+    """(n_q, dc, dk, n_k) of the ``LocalData`` group (:func:`problem_sizes` without the
+    pass over the key weights)."""
     n_q = data.q_cont.shape[0]
     dc = data.keys_cont_t.shape[0]
     dk = data.keys_cat_t.shape[0]
     n_k = data.log_weights.shape[0]
-    return n_q, dc, dk, n_k, any_weight(data.log_weights)
+    return n_q, dc, dk, n_k
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)

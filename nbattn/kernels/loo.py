@@ -168,41 +168,53 @@ def loo_grad_diag(queries, keys_t, values_t, resid, centers, lse, self_offset=0)
     Query i is key ``i + self_offset`` (a block of rows for partitioned sums).
     """
     n_queries, k = queries.shape
-    n_keys = keys_t.shape[1]
-    dtype = queries.dtype
     n_chunks = (n_queries + _QUERY_BLOCK - 1) // _QUERY_BLOCK
     partial = np.zeros((n_chunks, k), dtype=np.float64)
     for chunk in prange(n_chunks):
-        weights = np.empty(_KEY_BLOCK, dtype=dtype)
-        scores64 = np.empty(_KEY_BLOCK, dtype=np.float64)
-        coef = np.empty(_KEY_BLOCK, dtype=dtype)
-        acc = partial[chunk]
-        stop = min(n_queries, (chunk + 1) * _QUERY_BLOCK)
-        for i in range(chunk * _QUERY_BLOCK, stop):
-            query_row = queries[i]
-            own = np.int64(i) + np.int64(self_offset)
-            skip, row = _row_setup(query_row, keys_t, own, lse[i], weights)
-            if skip:
-                continue
-            for j0 in range(0, n_keys, _KEY_BLOCK):
-                nb = min(_KEY_BLOCK, n_keys - j0)
-                _row_block_weights(row, keys_t, j0, nb, weights, scores64)
-                _block_coef(weights, values_t, resid, centers, i, j0, nb, coef)
-                zero = like(0.0, weights)
-                for f in range(k):
-                    qf = query_row[f]
-                    total = like(0.0, weights)
-                    for j in range(nb):
-                        diff = keys_t[f, j0 + j] - qf
-                        term = coef[j] * diff * diff
-                        # a zero weight times an overflowing square is 0, not NaN
-                        total += term if coef[j] != 0.0 else zero
-                    acc[f] += total
+        _grad_diag_chunk(
+            queries, keys_t, values_t, resid, centers, lse, self_offset, chunk, partial
+        )
     out = np.zeros(k, dtype=np.float64)
     for chunk in range(n_chunks):
         for f in range(k):
             out[f] += partial[chunk, f]
     return out
+
+
+# The body of the parallel loop is a function of its own, called once per chunk of queries:
+# numba's parallel passes copy and rewrite every statement of a loop body (most of the
+# kernel's compile time); a call costs them nothing, and nothing measurable at run time.
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _grad_diag_chunk(queries, keys_t, values_t, resid, centers, lse, self_offset, chunk, partial):
+    """The queries of chunk ``chunk`` into ``partial[chunk]``."""
+    n_queries, k = queries.shape
+    n_keys = keys_t.shape[1]
+    dtype = queries.dtype
+    weights = np.empty(_KEY_BLOCK, dtype=dtype)
+    scores64 = np.empty(_KEY_BLOCK, dtype=np.float64)
+    coef = np.empty(_KEY_BLOCK, dtype=dtype)
+    acc = partial[chunk]
+    stop = min(n_queries, (chunk + 1) * _QUERY_BLOCK)
+    for i in range(chunk * _QUERY_BLOCK, stop):
+        query_row = queries[i]
+        own = np.int64(i) + np.int64(self_offset)
+        skip, row = _row_setup(query_row, keys_t, own, lse[i], weights)
+        if skip:
+            continue
+        for j0 in range(0, n_keys, _KEY_BLOCK):
+            nb = min(_KEY_BLOCK, n_keys - j0)
+            _row_block_weights(row, keys_t, j0, nb, weights, scores64)
+            _block_coef(weights, values_t, resid, centers, i, j0, nb, coef)
+            zero = like(0.0, weights)
+            for f in range(k):
+                qf = query_row[f]
+                total = like(0.0, weights)
+                for j in range(nb):
+                    diff = keys_t[f, j0 + j] - qf
+                    term = coef[j] * diff * diff
+                    # a zero weight times an overflowing square is 0, not NaN
+                    total += term if coef[j] != 0.0 else zero
+                acc[f] += total
 
 
 @njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
@@ -225,50 +237,27 @@ def loo_grad_full(queries, keys_t, points, points_t, values_t, resid, centers, l
     n_queries = queries.shape[0]
     n_keys = keys_t.shape[1]
     d = points.shape[1]
-    dtype = queries.dtype
     # Query rows are split into a few groups, each with its own key sums c
     # (groups x n_keys floats), run in parallel.
     n_groups = min(_FULL_GROUPS, n_queries)
     partial = np.zeros((n_groups, d, d), dtype=np.float64)
     key_sums = np.zeros((n_groups, n_keys), dtype=np.float64)
     for group in prange(n_groups):
-        weights = np.empty(_KEY_BLOCK, dtype=dtype)
-        scores64 = np.empty(_KEY_BLOCK, dtype=np.float64)
-        coef = np.empty(_KEY_BLOCK, dtype=dtype)
-        b_i = np.empty(d, dtype=np.float64)
-        acc = partial[group]
-        c_sum = key_sums[group]
-        start = group * n_queries // n_groups
-        stop = (group + 1) * n_queries // n_groups
-        for i in range(start, stop):
-            query_row = queries[i]
-            own = np.int64(i) + np.int64(self_offset)
-            skip, row = _row_setup(query_row, keys_t, own, lse[i], weights)
-            if skip:
-                continue
-            a_i = 0.0
-            b_i[:] = 0.0
-            for j0 in range(0, n_keys, _KEY_BLOCK):
-                nb = min(_KEY_BLOCK, n_keys - j0)
-                _row_block_weights(row, keys_t, j0, nb, weights, scores64)
-                _block_coef(weights, values_t, resid, centers, i, j0, nb, coef)
-                block_total = 0.0
-                for j in range(nb):
-                    g = np.float64(coef[j])
-                    block_total += g
-                    c_sum[j0 + j] += g
-                a_i += block_total
-                for a in range(d):
-                    keys_a = points_t[a, j0 : j0 + nb]
-                    total = 0.0
-                    for j in range(nb):
-                        total += np.float64(coef[j]) * np.float64(keys_a[j])
-                    b_i[a] += total
-            for a in range(d):
-                xa = np.float64(points[i, a])
-                for b in range(d):
-                    xb = np.float64(points[i, b])
-                    acc[a, b] += a_i * xa * xb - xa * b_i[b] - b_i[a] * xb
+        _grad_full_group(
+            queries,
+            keys_t,
+            points,
+            points_t,
+            values_t,
+            resid,
+            centers,
+            lse,
+            self_offset,
+            group,
+            n_groups,
+            partial,
+            key_sums,
+        )
     out = np.zeros((d, d), dtype=np.float64)
     for group in range(n_groups):
         out += partial[group]
@@ -281,6 +270,69 @@ def loo_grad_full(queries, keys_t, points, points_t, values_t, resid, centers, l
             for b in range(d):
                 out[a, b] += c_j * xa * np.float64(points_t[b, j])
     return out
+
+
+# The body of the parallel loop is a function of its own, called once per group of query rows:
+# numba's parallel passes copy and rewrite every statement of a loop body (most of the
+# kernel's compile time); a call costs them nothing, and nothing measurable at run time.
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _grad_full_group(
+    queries,
+    keys_t,
+    points,
+    points_t,
+    values_t,
+    resid,
+    centers,
+    lse,
+    self_offset,
+    group,
+    n_groups,
+    partial,
+    key_sums,
+):
+    """The query rows of group ``group``: ``partial[group]`` and ``key_sums[group]``."""
+    n_queries = queries.shape[0]
+    n_keys = keys_t.shape[1]
+    d = points.shape[1]
+    dtype = queries.dtype
+    weights = np.empty(_KEY_BLOCK, dtype=dtype)
+    scores64 = np.empty(_KEY_BLOCK, dtype=np.float64)
+    coef = np.empty(_KEY_BLOCK, dtype=dtype)
+    b_i = np.empty(d, dtype=np.float64)
+    acc = partial[group]
+    c_sum = key_sums[group]
+    start = group * n_queries // n_groups
+    stop = (group + 1) * n_queries // n_groups
+    for i in range(start, stop):
+        query_row = queries[i]
+        own = np.int64(i) + np.int64(self_offset)
+        skip, row = _row_setup(query_row, keys_t, own, lse[i], weights)
+        if skip:
+            continue
+        a_i = 0.0
+        b_i[:] = 0.0
+        for j0 in range(0, n_keys, _KEY_BLOCK):
+            nb = min(_KEY_BLOCK, n_keys - j0)
+            _row_block_weights(row, keys_t, j0, nb, weights, scores64)
+            _block_coef(weights, values_t, resid, centers, i, j0, nb, coef)
+            block_total = 0.0
+            for j in range(nb):
+                g = np.float64(coef[j])
+                block_total += g
+                c_sum[j0 + j] += g
+            a_i += block_total
+            for a in range(d):
+                keys_a = points_t[a, j0 : j0 + nb]
+                total = 0.0
+                for j in range(nb):
+                    total += np.float64(coef[j]) * np.float64(keys_a[j])
+                b_i[a] += total
+        for a in range(d):
+            xa = np.float64(points[i, a])
+            for b in range(d):
+                xb = np.float64(points[i, b])
+                acc[a, b] += a_i * xa * xb - xa * b_i[b] - b_i[a] * xb
 
 
 @njit(fastmath=False, cache=config.CACHE)
@@ -303,7 +355,6 @@ def gaussian_spread(queries, keys_t, values_t, centers, lse, exclude_self):
     n_queries = queries.shape[0]
     n_keys = keys_t.shape[1]
     n_outputs = values_t.shape[0]
-    dtype = queries.dtype
     inv_scale = np.empty(n_outputs, dtype=np.float64)
     for c in range(n_outputs):
         big = 0.0
@@ -314,39 +365,56 @@ def gaussian_spread(queries, keys_t, values_t, centers, lse, exclude_self):
     sum_w2 = np.zeros(n_queries, dtype=np.float64)
     n_chunks = (n_queries + _QUERY_BLOCK - 1) // _QUERY_BLOCK
     for chunk in prange(n_chunks):
-        weights = np.empty(_KEY_BLOCK, dtype=dtype)
-        scores64 = np.empty(_KEY_BLOCK, dtype=np.float64)
-        var = np.empty(n_outputs, dtype=np.float64)
-        stop = min(n_queries, (chunk + 1) * _QUERY_BLOCK)
-        for i in range(chunk * _QUERY_BLOCK, stop):
-            query_row = queries[i]
-            own = np.int64(-1)
-            if exclude_self:
-                own = np.int64(i)
-            skip, row = _row_setup(query_row, keys_t, own, lse[i], weights)
-            if skip:
-                continue
-            var[:] = 0.0
-            w2 = 0.0
-            for j0 in range(0, n_keys, _KEY_BLOCK):
-                nb = min(_KEY_BLOCK, n_keys - j0)
-                _row_block_weights(row, keys_t, j0, nb, weights, scores64)
-                block_w2 = like(0.0, weights)
-                for j in range(nb):
-                    block_w2 += weights[j] * weights[j]
-                w2 += block_w2
-                for out in range(n_outputs):
-                    inv = inv_scale[out]
-                    center = np.float64(centers[i, out]) * inv
-                    total = 0.0
-                    for j in range(nb):
-                        diff = np.float64(values_t[out, j0 + j]) * inv - center
-                        total += np.float64(weights[j]) * diff * diff
-                    var[out] += total
-            for out in range(n_outputs):
-                std[i, out] = np.sqrt(var[out]) / inv_scale[out]
-            sum_w2[i] = w2
+        _spread_chunk(
+            queries, keys_t, values_t, centers, lse, exclude_self, inv_scale, chunk, std, sum_w2
+        )
     return std, sum_w2
+
+
+# The body of the parallel loop is a function of its own, called once per chunk of queries:
+# numba's parallel passes copy and rewrite every statement of a loop body (most of the
+# kernel's compile time); a call costs them nothing, and nothing measurable at run time.
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _spread_chunk(
+    queries, keys_t, values_t, centers, lse, exclude_self, inv_scale, chunk, std, sum_w2
+):
+    """The queries of chunk ``chunk``: their rows of ``std`` and ``sum_w2``."""
+    n_queries = queries.shape[0]
+    n_keys = keys_t.shape[1]
+    n_outputs = values_t.shape[0]
+    dtype = queries.dtype
+    weights = np.empty(_KEY_BLOCK, dtype=dtype)
+    scores64 = np.empty(_KEY_BLOCK, dtype=np.float64)
+    var = np.empty(n_outputs, dtype=np.float64)
+    stop = min(n_queries, (chunk + 1) * _QUERY_BLOCK)
+    for i in range(chunk * _QUERY_BLOCK, stop):
+        query_row = queries[i]
+        own = np.int64(-1)
+        if exclude_self:
+            own = np.int64(i)
+        skip, row = _row_setup(query_row, keys_t, own, lse[i], weights)
+        if skip:
+            continue
+        var[:] = 0.0
+        w2 = 0.0
+        for j0 in range(0, n_keys, _KEY_BLOCK):
+            nb = min(_KEY_BLOCK, n_keys - j0)
+            _row_block_weights(row, keys_t, j0, nb, weights, scores64)
+            block_w2 = like(0.0, weights)
+            for j in range(nb):
+                block_w2 += weights[j] * weights[j]
+            w2 += block_w2
+            for out in range(n_outputs):
+                inv = inv_scale[out]
+                center = np.float64(centers[i, out]) * inv
+                total = 0.0
+                for j in range(nb):
+                    diff = np.float64(values_t[out, j0 + j]) * inv - center
+                    total += np.float64(weights[j]) * diff * diff
+                var[out] += total
+        for out in range(n_outputs):
+            std[i, out] = np.sqrt(var[out]) / inv_scale[out]
+        sum_w2[i] = w2
 
 
 @njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
@@ -362,20 +430,30 @@ def loo_squared_error(queries, keys_t, values_t, targets, self_index):
     no admissible key (n = 1) predicts 0.
     """
     n_queries = queries.shape[0]
-    n_outputs = values_t.shape[0]
-    dtype = queries.dtype
     n_chunks = (n_queries + _QUERY_BLOCK - 1) // _QUERY_BLOCK
     partial = np.zeros(n_chunks, dtype=np.float64)
     for chunk in prange(n_chunks):
-        scores = np.empty(_KEY_BLOCK, dtype=dtype)
-        acc = np.empty(n_outputs, dtype=np.float64)
-        stop = min(n_queries, (chunk + 1) * _QUERY_BLOCK)
-        sq = 0.0
-        for i in range(chunk * _QUERY_BLOCK, stop):
-            _, running_sum = pool_row(queries[i], keys_t, values_t, self_index[i], scores, acc)
-            inv = 1.0 / running_sum if running_sum > 0.0 else 0.0
-            for c in range(n_outputs):
-                err = acc[c] * inv - targets[i, c]
-                sq += err * err
-        partial[chunk] = sq
+        _squared_error_chunk(queries, keys_t, values_t, targets, self_index, chunk, partial)
     return partial.sum()
+
+
+# The body of the parallel loop is a function of its own, called once per chunk of queries:
+# numba's parallel passes copy and rewrite every statement of a loop body (most of the
+# kernel's compile time); a call costs them nothing, and nothing measurable at run time.
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _squared_error_chunk(queries, keys_t, values_t, targets, self_index, chunk, partial):
+    """The squared errors of the queries of chunk ``chunk`` into ``partial[chunk]``."""
+    n_queries = queries.shape[0]
+    n_outputs = values_t.shape[0]
+    dtype = queries.dtype
+    scores = np.empty(_KEY_BLOCK, dtype=dtype)
+    acc = np.empty(n_outputs, dtype=np.float64)
+    stop = min(n_queries, (chunk + 1) * _QUERY_BLOCK)
+    sq = 0.0
+    for i in range(chunk * _QUERY_BLOCK, stop):
+        _, running_sum = pool_row(queries[i], keys_t, values_t, self_index[i], scores, acc)
+        inv = 1.0 / running_sum if running_sum > 0.0 else 0.0
+        for c in range(n_outputs):
+            err = acc[c] * inv - targets[i, c]
+            sq += err * err
+    partial[chunk] = sq

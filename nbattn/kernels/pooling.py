@@ -596,23 +596,48 @@ def gaussian_pool(queries, keys_t, values_t, exclude_self, self_offset=0):
     n_chunks = (n_queries + _QUERY_BLOCK - 1) // _QUERY_BLOCK
     log_min_sum = np.log(one_pass_min_sum(keys_t.shape[1], queries))
     for chunk in prange(n_chunks):
-        scores = np.empty(_KEY_BLOCK, dtype=dtype)
-        acc = np.empty(n_outputs, dtype=np.float64)
-        stop = min(n_queries, (chunk + 1) * _QUERY_BLOCK)
-        try_one_pass = True
-        for i in range(chunk * _QUERY_BLOCK, stop):
-            own = i + self_offset if exclude_self else -1
-            if try_one_pass:
-                running_max, running_sum = pool_row_one_pass(
-                    queries[i], keys_t, values_s, own, scores, acc
-                )
-            else:
-                running_max, running_sum = pool_row(queries[i], keys_t, values_s, own, scores, acc)
-            # Neighbouring queries tend to be alike: after a row whose unshifted sum
-            # would have failed the bound, the next row starts with the shifted path.
-            try_one_pass = running_sum > 0.0 and running_max + np.log(running_sum) >= log_min_sum
-            store_row(out, lse, i, running_max, running_sum, acc, exponents)
+        _pool_chunk(
+            queries,
+            keys_t,
+            values_s,
+            exclude_self,
+            self_offset,
+            exponents,
+            log_min_sum,
+            chunk,
+            out,
+            lse,
+        )
     return out, lse
+
+
+# The body of the parallel loop is a function of its own, called once per chunk of queries:
+# numba's parallel passes copy and rewrite every statement of a loop body (most of the
+# kernel's compile time); a call costs them nothing, and nothing measurable at run time.
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _pool_chunk(
+    queries, keys_t, values_s, exclude_self, self_offset, exponents, log_min_sum, chunk, out, lse
+):
+    """The queries of chunk ``chunk``: their rows of ``out`` and ``lse``."""
+    n_queries = queries.shape[0]
+    n_outputs = values_s.shape[0]
+    dtype = queries.dtype
+    scores = np.empty(_KEY_BLOCK, dtype=dtype)
+    acc = np.empty(n_outputs, dtype=np.float64)
+    stop = min(n_queries, (chunk + 1) * _QUERY_BLOCK)
+    try_one_pass = True
+    for i in range(chunk * _QUERY_BLOCK, stop):
+        own = i + self_offset if exclude_self else -1
+        if try_one_pass:
+            running_max, running_sum = pool_row_one_pass(
+                queries[i], keys_t, values_s, own, scores, acc
+            )
+        else:
+            running_max, running_sum = pool_row(queries[i], keys_t, values_s, own, scores, acc)
+        # Neighbouring queries tend to be alike: after a row whose unshifted sum
+        # would have failed the bound, the next row starts with the shifted path.
+        try_one_pass = running_sum > 0.0 and running_max + np.log(running_sum) >= log_min_sum
+        store_row(out, lse, i, running_max, running_sum, acc, exponents)
 
 
 @njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
@@ -628,28 +653,36 @@ def gaussian_weights(queries, keys_t, exclude_self):
     n_keys = keys_t.shape[1]
     weights = np.zeros((n_queries, n_keys), dtype=queries.dtype)
     for i in prange(n_queries):
-        row = weights[i]
-        _block_scores(queries[i], keys_t, 0, n_keys, row)
-        if exclude_self and i < n_keys:
-            row[i] = -np.inf
-        best = row_max(row)
-        if best < -far_score(row) or best == -np.inf:
-            row[:] = 0.0
-            own = np.int64(-1)  # (a prange index is unsigned: keep own signed)
-            if exclude_self:
-                own = np.int64(i)
-            anchor, c, _, shift, total = far_state(queries[i], keys_t, own)
-            if anchor >= 0:
-                far_block_weights(queries[i], keys_t, 0, n_keys, own, anchor, c, shift, row)
-                inv_total = like(1.0 / total, row)
-                for j in range(n_keys):
-                    row[j] *= inv_total
-            continue
-        total = exp_shift_sum(row, best)
-        inv_total = 1.0 / total
-        for j in range(n_keys):
-            row[j] *= inv_total
+        _weights_row(queries, keys_t, exclude_self, i, weights)
     return weights
+
+
+# The body of the parallel loop is a function of its own, called once per query:
+# numba's parallel passes copy and rewrite every statement of a loop body (most of the
+# kernel's compile time); a call costs them nothing, and nothing measurable at run time.
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _weights_row(queries, keys_t, exclude_self, i, weights):
+    """Row ``i`` of ``weights``."""
+    n_keys = keys_t.shape[1]
+    row = weights[i]
+    _block_scores(queries[i], keys_t, 0, n_keys, row)
+    if exclude_self and i < n_keys:
+        row[i] = -np.inf
+    best = row_max(row)
+    if best < -far_score(row) or best == -np.inf:
+        row[:] = 0.0
+        own = np.int64(i) if exclude_self else np.int64(-1)
+        anchor, c, _, shift, total = far_state(queries[i], keys_t, own)
+        if anchor >= 0:
+            far_block_weights(queries[i], keys_t, 0, n_keys, own, anchor, c, shift, row)
+            inv_total = like(1.0 / total, row)
+            for j in range(n_keys):
+                row[j] *= inv_total
+        return
+    total = exp_shift_sum(row, best)
+    inv_total = 1.0 / total
+    for j in range(n_keys):
+        row[j] *= inv_total
 
 
 # --------------------------------------------------------------------------- layout
