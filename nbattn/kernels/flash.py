@@ -430,8 +430,8 @@ def flash_forward(q, k, v, kv_index, bias, band, score, dropout, tiles):
     # query tile outer, slice inner: consecutive items read one mask block (shared by
     # the heads of a batch entry) while it is still in cache
     for item in prange(n_bh * n_qt):
-        bh = item % n_bh
-        qt = _tile_order(item // n_bh, n_qt)
+        bh = np.int64(item % n_bh)
+        qt = np.int64(_tile_order(item // n_bh, n_qt))
         _forward_item(q, k, v, kv_index, bias, band, score, dropout, tiles, bh, qt, out, lse)
     return out, lse
 
@@ -612,8 +612,8 @@ def flash_backward(q, k, v, out, lse, dout, kv_index, bias, band, score, dropout
             score,
             dropout,
             tiles,
-            item // n_groups,
-            item % n_groups,
+            np.int64(item // n_groups),
+            np.int64(item % n_groups),
             delta,
             lse_t,
             dq_part,

@@ -159,7 +159,7 @@ def local_fit(data, model, values_t, want_mfx):
             data,
             model,
             values_t,
-            chunk,
+            np.int64(chunk),
             weighted,
             p,
             do_mfx,

@@ -73,7 +73,7 @@ def local_loo_gradient(data, model, fit, values_t, cat_dparams, out_weights):
     out = np.zeros((n_q, dc + dk))
     n_chunks = (n_q + _QUERY_BLOCK - 1) // _QUERY_BLOCK
     for chunk in prange(n_chunks):
-        _gradient_chunk(data, model, fit, values_t, cat_dparams, out_weights, chunk, weighted, out)
+        _gradient_chunk(data, model, fit, values_t, cat_dparams, out_weights, np.int64(chunk), weighted, out)
     return out
 
 
@@ -191,7 +191,7 @@ def local_interval_sums(data, model, fit, residuals_t):
     out = np.zeros((n_q, residuals_t.shape[0]))
     n_chunks = (n_q + _QUERY_BLOCK - 1) // _QUERY_BLOCK
     for chunk in prange(n_chunks):
-        _interval_chunk(data, model, fit, residuals_t, chunk, weighted, out)
+        _interval_chunk(data, model, fit, residuals_t, np.int64(chunk), weighted, out)
     return out
 
 
@@ -238,7 +238,7 @@ def local_equivalent_weights(data, model, fit):
     out = np.zeros((n_q, n_k))
     n_chunks = (n_q + _QUERY_BLOCK - 1) // _QUERY_BLOCK
     for chunk in prange(n_chunks):
-        _equivalent_chunk(data, model, fit, chunk, weighted, out)
+        _equivalent_chunk(data, model, fit, np.int64(chunk), weighted, out)
     return out
 
 

@@ -172,7 +172,7 @@ def loo_grad_diag(queries, keys_t, values_t, resid, centers, lse, self_offset=0)
     partial = np.zeros((n_chunks, k), dtype=np.float64)
     for chunk in prange(n_chunks):
         _grad_diag_chunk(
-            queries, keys_t, values_t, resid, centers, lse, self_offset, chunk, partial
+            queries, keys_t, values_t, resid, centers, lse, self_offset, np.int64(chunk), partial
         )
     out = np.zeros(k, dtype=np.float64)
     for chunk in range(n_chunks):
@@ -253,7 +253,7 @@ def loo_grad_full(queries, keys_t, points, points_t, values_t, resid, centers, l
             centers,
             lse,
             self_offset,
-            group,
+            np.int64(group),
             n_groups,
             partial,
             key_sums,
@@ -366,7 +366,7 @@ def gaussian_spread(queries, keys_t, values_t, centers, lse, exclude_self):
     n_chunks = (n_queries + _QUERY_BLOCK - 1) // _QUERY_BLOCK
     for chunk in prange(n_chunks):
         _spread_chunk(
-            queries, keys_t, values_t, centers, lse, exclude_self, inv_scale, chunk, std, sum_w2
+            queries, keys_t, values_t, centers, lse, exclude_self, inv_scale, np.int64(chunk), std, sum_w2
         )
     return std, sum_w2
 
@@ -433,7 +433,7 @@ def loo_squared_error(queries, keys_t, values_t, targets, self_index):
     n_chunks = (n_queries + _QUERY_BLOCK - 1) // _QUERY_BLOCK
     partial = np.zeros(n_chunks, dtype=np.float64)
     for chunk in prange(n_chunks):
-        _squared_error_chunk(queries, keys_t, values_t, targets, self_index, chunk, partial)
+        _squared_error_chunk(queries, keys_t, values_t, targets, self_index, np.int64(chunk), partial)
     return partial.sum()
 
 

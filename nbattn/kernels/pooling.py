@@ -604,7 +604,7 @@ def gaussian_pool(queries, keys_t, values_t, exclude_self, self_offset=0):
             self_offset,
             exponents,
             log_min_sum,
-            chunk,
+            np.int64(chunk),
             out,
             lse,
         )
