@@ -49,7 +49,7 @@ from .fastmath import like
 from .softmax import exp_shift_sum, row_max
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def _admissible_range(p, total, causal, left, right):
     """[lo, hi] (inclusive) of the keys query position ``p`` admits; hi < lo when none."""
     lo = 0

@@ -35,7 +35,7 @@ _ONE = np.uint64(1)
 _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 
 
-@njit(inline="always", cache=config.CACHE)
+@njit(cache=config.CACHE)
 def keep(seed, counter, threshold):
     """True when the weight at ``counter`` survives dropout (all three uint64)."""
     z = seed + (counter + _ONE) * SPLITMIX_GOLDEN

@@ -199,7 +199,7 @@ def _exp2_overload(x):
     return by_float_width(x, _exp2_32, _exp2_64)
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def exp2_shift_sum(row, shift):
     """In place ``row[j] <- 2**(row[j] - shift)``; returns the sum of the new values.
 
@@ -230,7 +230,7 @@ REBASE_SUM = 2.0**20
 REBASE_EXACT_SUM = 2.0**100
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def _scale_row(row, acc_row, factor):
     """``row *= factor``, ``acc_row *= factor`` (a power of two: exact)."""
     f_row = like(factor, row)
@@ -241,7 +241,7 @@ def _scale_row(row, acc_row, factor):
         acc_row[c] *= f_acc
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def _score_row(q_tile, k_tile, st, r, bh, i0, j0, mask, mask_index, slopes, band, softcap):
     """Row r of the score tile ``st`` again: q_r K^T with its softcap, mask, ALiBi and band
     (a mask with one entry per key excepted, as in the tile pass)."""
@@ -252,14 +252,14 @@ def _score_row(q_tile, k_tile, st, r, bh, i0, j0, mask, mask_index, slopes, band
     )
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def _add_row(row, bias):
     """``row[j] += bias[j]``."""
     for j in range(row.shape[0]):
         row[j] += bias[j]
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def _exp2_shift_sum_masked(row, bias, shift):
     """In place ``row[j] <- 2**(row[j] + bias[j] - shift)``; returns the sum."""
     total = like(0.0, row)
@@ -270,7 +270,7 @@ def _exp2_shift_sum_masked(row, bias, shift):
     return total
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def _tile_order(t, n):
     """Interleave heavy and light causal tiles: 0, n-1, 1, n-2, ..."""
     half = t // 2
@@ -279,7 +279,7 @@ def _tile_order(t, n):
     return n - 1 - half
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def _tanh_in_place(row, inv_cap, cap, saved, save):
     """``row[j] <- cap * tanh(row[j] * inv_cap)``; ``saved[j] <- tanh(...)`` when ``save``.
 
@@ -300,7 +300,7 @@ def _tanh_in_place(row, inv_cap, cap, saved, save):
             saved[j] = th
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def _tile_terms(
     st, th, bh, i0, j0, mask, mask_index, slopes, band, softcap, need_band, save_th, add_keys
 ):
@@ -351,14 +351,14 @@ def _tile_terms(
                 row[j] = neg
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def _needs_band(i0, mb, j0, nb, band):
     """Whether some entry of the tile (rows i0..i0+mb-1, keys j0..j0+nb-1) is outside the band."""
     offset, left, right = band
     return j0 < i0 + mb - 1 + offset - left or j0 + nb - 1 > i0 + offset + right
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def _tile_is_live(mask, mask_index, mask_live, bh, qt, kt):
     """False when the mask excludes every entry of tile (qt, kt) of query slice bh."""
     if mask.shape[0] == 0:
@@ -368,7 +368,7 @@ def _tile_is_live(mask, mask_index, mask_live, bh, qt, kt):
     return mask_live[mask_index[bh], mq, mk] != 0
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def _drop_row(row, scale, seed, threshold, counter0):
     """``row[j] <- row[j] * (keep ? scale : 0)`` with the counter of entry j = counter0 + j."""
     zero = like(0.0, row)
@@ -379,7 +379,7 @@ def _drop_row(row, scale, seed, threshold, counter0):
             row[j] = zero
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def _row_counter(dropout, bh, i, j0):
     """The dropout counter of entry (bh, i, j0): (bh n_rows + row0 + i) n_cols + col0 + j0."""
     row = np.uint64(bh) * dropout.n_rows + dropout.row0 + np.uint64(i)
@@ -558,7 +558,7 @@ def _forward_item(q, k, v, kv_index, bias, band, score, dropout, tiles, bh, qt, 
             lse[bh, i0 + r] = -np.inf
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def _transpose_into(tile, flat):
     """``tile.T`` (c, r) written into the front of ``flat`` and returned as a C-contiguous view."""
     rows, cols = tile.shape

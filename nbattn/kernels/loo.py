@@ -86,7 +86,7 @@ _QUERY_BLOCK = config.QUERY_BLOCK
 _FULL_GROUPS = config.LOO_FULL_GROUPS
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def _block_weights(scores, nb, shift, j0, i, exclude_self):
     """scores[j] <- exp(scores[j] - shift); the pair (i, i) gets 0 when excluded."""
     shift = like(shift, scores)
@@ -105,7 +105,7 @@ _DIRECT, _DIRECT_FLOAT64, _ANCHORED = 0, 1, 2
 _Row = namedtuple("_Row", ("point", "own", "lse", "mode", "anchor", "c", "shift"))
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def _row_setup(query_row, keys_t, own, lse_i, weights):
     """``(skip, row)``: whether the row contributes nothing, and its :data:`_Row`.
 
@@ -130,7 +130,7 @@ def _row_setup(query_row, keys_t, own, lse_i, weights):
     return anchor < 0, _Row(query_row, own, lse_i, _ANCHORED, anchor, c, shift + np.log(total))
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def _row_block_weights(row, keys_t, j0, nb, weights, scores64):
     """weights[:nb] <- w_ij of :data:`_Row` ``row`` for the keys j0 .. j0 + nb (0 for
     its own key). ``scores64`` is a float64 KEY_BLOCK scratch buffer for _DIRECT_FLOAT64.
@@ -147,7 +147,7 @@ def _row_block_weights(row, keys_t, j0, nb, weights, scores64):
         _block_weights(weights, nb, row.lse, j0, row.own, True)
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def _block_coef(weights, values_t, resid, centers, i, j0, nb, coef):
     """coef[j] = weights[j] * sum_c resid[i, c] * (values_t[c, j0 + j] - centers[i, c])."""
     for j in range(nb):

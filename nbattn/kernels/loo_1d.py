@@ -59,7 +59,7 @@ def prune_gap_for(dtype) -> float:
     raise ValueError(f"dtype must be float32 or float64, got {name}")
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def _window_sums(zs, values_t, zi, shift, start, stop, acc, weights):
     """Adds sum_j exp(shift - (zs_j - zi)^2) (returned) and its v-weighted sums (into acc).
 

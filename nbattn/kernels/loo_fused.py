@@ -177,7 +177,7 @@ def _bounded_sums(row, width, total, weighted):
     return 1.0, weighted * inv
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def shifted_exp_sums(row, best, vals, width):
     """row[j] <- w_j = exp(row[j] - best) for j < ``width``; returns ``(sum_j w_j, sum_j
     w_j vals[j])``: the exp pass of a row with the weighted sum of its first output, in
@@ -220,7 +220,7 @@ def _shifted_row(z_t, own, keys, at, row):
     return best, total, weighted
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def reference_zero_sums(z_t, own, keys, at, row, total, weighted):
     """``(best, l, sum_j w_j y_j0)`` of a row after an exp pass with reference 0 gave
     ``row`` (its weights), ``total`` and ``weighted``: best 0 and the sums bounded by
@@ -332,7 +332,7 @@ def _no_gradient(coef, f_rows, x):
 # -------------------------------------------------- shared with the GEMM tiles, and the body
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def weighted_outputs(row, keys_v, width, first, f_row):
     """f_row[c] <- sum_j row[j] y_jc over the first ``width`` keys; with one output
     ``first``, that sum already taken by the exp pass."""
@@ -348,7 +348,7 @@ def weighted_outputs(row, keys_v, width, first, f_row):
         f_row[c] = weighted
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def add_row_part(acc, a_r, x_r, b_r):
     """acc += a_r x_r x_r^T - x_r b_r^T - b_r x_r^T: one row's part of M (d, d)."""
     d = x_r.shape[0]

@@ -123,7 +123,7 @@ def _far_score_overload(array):
     return lambda array: _FAR_SCORE_FLOAT64
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def has_admissible_key(n_keys, own):
     """Whether a row over ``n_keys`` keys with key ``own`` skipped (-1: none) has any key."""
     return n_keys - (1 if 0 <= own < n_keys else 0) > 0
@@ -184,7 +184,7 @@ def _far_scale(query_row, keys_t):
     return c
 
 
-@njit(fastmath=False, cache=config.CACHE, inline="always")
+@njit(fastmath=False, cache=config.CACHE)
 def _two_sum(a, b):
     """(s, e) with s = fl(a + b) and s + e = a + b exactly (Knuth's TwoSum)."""
     s = a + b
@@ -192,7 +192,7 @@ def _two_sum(a, b):
     return s, (a - (s - bb)) + (b - bb)
 
 
-@njit(fastmath=False, cache=config.CACHE, inline="always")
+@njit(fastmath=False, cache=config.CACHE)
 def _unscaled(r, inv_c):
     """r / c**2, at most the largest float: a rounding-level positive r of a row
     whose scores are beyond the float range must not become +inf (inf - inf).
@@ -339,7 +339,7 @@ def far_pool(query_row, keys_t, values_t, own, weights, acc):
 # --------------------------------------------------------------------------- the row
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def _online_row(query_row, keys_t, values_t, own, scores, acc):
     """The direct online softmax of ``pool_row``, scores in the dtype of ``scores``."""
     n_keys = keys_t.shape[1]
@@ -382,7 +382,7 @@ def _online_row_float64(query_row, keys_t, values_t, own, acc):
     return _online_row(query_row, keys_t, values_t, own, np.empty(_KEY_BLOCK, np.float64), acc)
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def pool_row(query_row, keys_t, values_t, own, scores, acc):
     """The online softmax of one query over all keys; key ``own`` is skipped (-1: none).
 

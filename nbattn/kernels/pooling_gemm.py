@@ -108,7 +108,7 @@ def tile_shape(n_features):
     return _BLOCK_Q, _BLOCK_K
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def _score(dot, key_norm, q_norm, log2e, zero):
     """t = -max(||k||^2 + ||q||^2 - 2 q.k, 0) b, the score in base 2 (b = log2 e;
     ``log2e`` and ``zero`` in the tile's dtype). The clamp keeps a near pair's
@@ -117,7 +117,7 @@ def _score(dot, key_norm, q_norm, log2e, zero):
     return -fmax(key_norm + q_norm - (dot + dot), zero) * log2e
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def _tile_row_max(row, key_norms, q_norm):
     """max_j s_j over one row of dot products ``row`` (read only; -inf when empty).
 
@@ -133,7 +133,7 @@ def _tile_row_max(row, key_norms, q_norm):
     return best
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def _exp2_sum_dot(row, key_norms, q_norm, shift, values_row):
     """(sum_j 2**(t_j - shift), sum_j 2**(t_j - shift) values_row[j]) in the row's dtype."""
     zero = like(0.0, row)
@@ -147,7 +147,7 @@ def _exp2_sum_dot(row, key_norms, q_norm, shift, values_row):
     return total, weighted
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def _exp2_sum_store(row, key_norms, q_norm, shift):
     """row[j] <- 2**(t_j - shift) (the weights for the P V GEMM); returns their sum."""
     zero = like(0.0, row)

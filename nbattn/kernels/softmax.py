@@ -35,7 +35,7 @@ from .. import config
 from .fastmath import fast_exp, fmax, like
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def row_max(row):
     """max_j row[j] of a 1-D float array (a view such as ``tile[r, :nb]``); -inf when empty.
 
@@ -49,7 +49,7 @@ def row_max(row):
     return best
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def exp_shift_sum(row, shift):
     """In place ``row[j] <- exp(row[j] - shift)``; returns the sum of the new values.
 
@@ -67,7 +67,7 @@ def exp_shift_sum(row, shift):
     return total
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def _softmax_inplace(row):
     """row <- softmax(row) (all -inf -> zeros); returns log-sum-exp (float64)."""
     m = row_max(row)

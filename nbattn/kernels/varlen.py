@@ -63,7 +63,7 @@ flash_forward_serial = _serial_twin(flash_forward, "flash_forward_serial")
 flash_backward_serial = _serial_twin(flash_backward, "flash_backward_serial")
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def _counters_from(dropout, row0, col0):
     """``dropout`` with the counter offsets of a slice starting at packed (row0, col0)."""
     row0, col0 = np.uint64(row0), np.uint64(col0)
