@@ -10,6 +10,8 @@ not by the file.
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import shlex
 import warnings
 
@@ -276,25 +278,24 @@ def predict_file(
     output,
     *,
     chunksize=100_000,
-    std=False,
-    proba=False,
-    interval=None,
-    kind="mean",
-    effects=None,
-    name="prediction",
     id_column=None,
     on_nan="error",
     scheduler=None,
     quiet=True,
+    **outputs,
 ):
     """Predict every row of ``data`` into ``output`` (CSV or Parquet) chunk by chunk.
 
-    The columns are ``[id_column]`` and those of :func:`predict_columns`; with
-    ``scheduler`` (a ``dask.distributed`` address) the chunks are predicted on
-    that cluster and written in input order. Returns (rows written, rows dropped).
+    The columns are ``[id_column]`` and those of :func:`predict_columns`, which
+    ``outputs`` (its keywords: ``std``, ``proba``, ``interval``, ``kind``, ``effects``,
+    ``name``) choose; with ``scheduler`` (a ``dask.distributed`` address) the chunks are
+    predicted on that cluster and written in input order. Returns (rows written, rows
+    dropped).
     """
     import pandas as pd
 
+    inspect.signature(predict_columns).bind(model, None, **outputs)  # unknown: TypeError
+    columns_of = functools.partial(predict_columns, **outputs)
     _check_columns(data, features, id=id_column)
     check_not_input([data], output)
     out_fmt = io.output_format(output)
@@ -324,15 +325,7 @@ def predict_file(
         if scheduler:
             from .dask import ClusterChunkRunner
 
-            runner = stack.enter_context(
-                ClusterChunkRunner(
-                    scheduler,
-                    model,
-                    write,
-                    predict_columns,
-                    *(std, proba, interval, kind, effects, name),
-                )
-            )
+            runner = stack.enter_context(ClusterChunkRunner(scheduler, model, write, columns_of))
         for frame, first_row, position in chunks:
             where = {"first_row": first_row, "source": data, "fmt": in_fmt}
             X, keep = io.feature_block(
@@ -350,7 +343,7 @@ def predict_file(
             if runner is not None:
                 runner.submit(X, ids)
             else:
-                write(predict_columns(model, X, std, proba, interval, kind, effects, name), ids)
+                write(columns_of(model, X), ids)
         if runner is not None:
             runner.finish()
         if n_in == 0:
