@@ -9,13 +9,6 @@ import pandas as pd
 import pytest
 
 import nbattn
-from nbattn.app import cli
-
-
-def call(capsys, *args):
-    code = cli.main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def _table(n=40, seed=0):
@@ -27,15 +20,15 @@ def _table(n=40, seed=0):
     )
 
 
-def test_predict_of_a_two_target_model_writes_one_column_per_target(tmp_path, capsys):
+def test_predict_of_a_two_target_model_writes_one_column_per_target(tmp_path, nbattn_cli):
     """A model of two targets saved from Python predicts on the command line
     (today: ``Per-column arrays must each be 1-dimensional`` and exit 1)."""
     frame = _table()
     frame.to_csv(tmp_path / "d.csv", index=False)
     model = nbattn.NadarayaWatsonRegressor().fit(frame[["x1", "x2"]], frame[["y", "y2"]])
     nbattn.save(model, tmp_path / "m.npz")
-    code, _, err = call(
-        capsys, "predict", tmp_path / "m.npz", tmp_path / "d.csv", "-q", "-o", tmp_path / "p.csv"
+    code, _, err = nbattn_cli(
+        "predict", tmp_path / "m.npz", tmp_path / "d.csv", "-q", "-o", tmp_path / "p.csv"
     )
     assert code == 0, err
     out = pd.read_csv(tmp_path / "p.csv")
@@ -44,47 +37,24 @@ def test_predict_of_a_two_target_model_writes_one_column_per_target(tmp_path, ca
     np.testing.assert_array_equal(out.to_numpy(), expected)
 
 
-def test_drop_given_twice_drops_both(tmp_path, capsys):
+def test_drop_given_twice_drops_both(tmp_path, fit_csv):
     """``--drop a --drop b`` leaves both out (today the second replaces the first,
     silently: 'a' is fitted as a feature)."""
     frame = _table()
     frame.insert(0, "row", np.arange(len(frame)))
     frame.to_csv(tmp_path / "d.csv", index=False)
-    code, _, err = call(
-        capsys,
-        "fit",
-        tmp_path / "d.csv",
-        "--target",
-        "y",
-        "-q",
-        "--drop",
-        "row",
-        "--drop",
-        "y2",
-        "-o",
-        tmp_path / "m.npz",
-    )
+    options = ("--drop", "row", "--drop", "y2", "-o", tmp_path / "m.npz")
+    code, _, err = fit_csv(tmp_path / "d.csv", *options)
     assert code == 0, err
     assert list(nbattn.load(tmp_path / "m.npz").feature_names_in_) == ["x1", "x2"]
 
 
-def test_row_id_warning_suggests_a_command_line_that_works(tmp_path, capsys):
+def test_row_id_warning_suggests_a_command_line_that_works(tmp_path, fit_csv):
     """The warning's ``--drop NAME`` is quoted for the shell when the name needs it
     (pandas' ``Unnamed: 0`` from ``to_csv`` with the index)."""
     frame = _table()
     frame.to_csv(tmp_path / "d.csv")  # the index is written as the column 'Unnamed: 0'
-    code, _, err = call(
-        capsys,
-        "fit",
-        tmp_path / "d.csv",
-        "--target",
-        "y",
-        "-q",
-        "--drop",
-        "y2",
-        "-o",
-        tmp_path / "m.npz",
-    )
+    code, _, err = fit_csv(tmp_path / "d.csv", "--drop", "y2", "-o", tmp_path / "m.npz")
     assert code == 0, err
     line = next(x for x in err.splitlines() if "RowIdWarning" in x)
     suggestion = line.split("leave it out with ")[1]
