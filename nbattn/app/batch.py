@@ -32,6 +32,7 @@ __all__ = [
     "load_xy",
     "model_categories",
     "model_kinds",
+    "model_refuses",
     "predict_columns",
     "predict_file",
     "read_model",
@@ -109,6 +110,7 @@ def load_xy(
     quiet=True,
     var_type=None,
     categories=None,
+    refuses=None,
 ):
     """The whole file: features, target, the number of rows dropped and the column kinds.
 
@@ -138,7 +140,7 @@ def load_xy(
         frame = io.read_table(path, columns, quiet=True, text_columns=[*labels, *categorical])
     where = {"source": path, "fmt": fmt}
     X, keep = io.feature_block(
-        frame, features, kinds, categories=categories, **where, on_nan=on_nan
+        frame, features, kinds, categories=categories, **where, on_nan=on_nan, **(refuses or {})
     )
     target_nan = "drop" if on_nan == "drop" else "error"
     if classifier:
@@ -209,14 +211,29 @@ def model_categories(model, features) -> list:
     return cats if isinstance(cats, list) else [None] * len(features)
 
 
+def model_refuses(model) -> dict:
+    """What a fitted model (an estimator or a Predictor) refuses in its queries, as the
+    keywords of :func:`nbattn.app.io.feature_block` that refuse it first, naming the data
+    row: ``model_missing`` (its ``missing``) and ``handle_unknown``."""
+    params = getattr(model, "params", None)
+
+    def param(name):
+        if isinstance(params, dict):  # a Predictor
+            return params.get(name, "error")
+        return getattr(model, name, "error")
+
+    return {"model_missing": param("missing"), "handle_unknown": param("handle_unknown")}
+
+
 def _text_columns(features, kinds) -> list:
     return [f for f, k in zip(features, kinds) if k != "c"]
 
 
-def first_rows(path, features, n, *, on_nan="error", kinds=None, categories=None):
+def first_rows(path, features, n, *, on_nan="error", kinds=None, categories=None, refuses=None):
     """The ``features`` of the first ``n`` rows of a file (a DataFrame as
     :func:`nbattn.app.io.feature_block` makes it: ``kinds`` per feature, all "c" by
-    default, categorical text typed after a fitted model's ``categories``); with
+    default, categorical text typed after a fitted model's ``categories``, what it
+    ``refuses`` (:func:`model_refuses`) refused naming the row); with
     ``on_nan="drop"`` rows with a missing value are left out."""
     kinds = "c" * len(features) if kinds is None else kinds
     _check_columns(path, features)
@@ -226,7 +243,14 @@ def first_rows(path, features, n, *, on_nan="error", kinds=None, categories=None
         raise ValueError(f"{path}: no data rows (only a header)")
     fmt = io.input_format(path)
     X, keep = io.feature_block(
-        frame, features, kinds, categories=categories, source=path, fmt=fmt, on_nan=on_nan
+        frame,
+        features,
+        kinds,
+        categories=categories,
+        source=path,
+        fmt=fmt,
+        on_nan=on_nan,
+        **(refuses or {}),
     )
     return X[keep].reset_index(drop=True)
 
@@ -303,6 +327,7 @@ def predict_file(
     wanted = list(dict.fromkeys([*features, *([id_column] if id_column else [])]))
     kinds = model_kinds(model, features)
     cats = model_categories(model, features)
+    refuses = model_refuses(model)
     chunks, total, unit = io.iter_chunks(
         data, wanted, chunksize, text_columns=_text_columns(features, kinds)
     )
@@ -329,7 +354,7 @@ def predict_file(
         for frame, first_row, position in chunks:
             where = {"first_row": first_row, "source": data, "fmt": in_fmt}
             X, keep = io.feature_block(
-                frame, features, kinds, categories=cats, **where, on_nan=on_nan
+                frame, features, kinds, categories=cats, **where, on_nan=on_nan, **refuses
             )
             n_in += len(frame)
             if not keep.all():
@@ -365,6 +390,7 @@ def evaluate_file(model, features, target, data, *, chunksize=100_000, on_nan="e
     fmt = io.input_format(data)
     kinds = model_kinds(model, features)
     cats = model_categories(model, features)
+    refuses = model_refuses(model)
     chunks, total, unit = io.iter_chunks(
         data,
         list(dict.fromkeys([*features, target])),
@@ -375,7 +401,9 @@ def evaluate_file(model, features, target, data, *, chunksize=100_000, on_nan="e
     with Progress(total, "evaluate", unit=unit, quiet=quiet) as bar:
         for frame, first_row, position in chunks:
             kw = {"first_row": first_row, "source": data, "fmt": fmt}
-            X, keep = io.feature_block(frame, features, kinds, categories=cats, **kw, on_nan=on_nan)
+            X, keep = io.feature_block(
+                frame, features, kinds, categories=cats, **kw, on_nan=on_nan, **refuses
+            )
             kw["on_nan"] = "drop" if on_nan == "drop" else "error"
             if classifier:
                 keep &= io.check_labels(frame, target, **kw)

@@ -379,6 +379,7 @@ def _plot_heatmap(args):
         on_nan=args.on_nan,
         kinds=batch.model_kinds(model, features),
         categories=batch.model_categories(model, features),
+        refuses=batch.model_refuses(model),
     )
     return plotting.attention_figure(model, X, os.path.basename(args.data))
 

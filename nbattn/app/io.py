@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from .._core.atomic import atomic_output, check_not_input
-from .._core.validation import check_choice
+from .._core.validation import check_choice, shown
 from ..persistence.modelfile import (
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -119,9 +119,10 @@ def clip(text: str, limit: int) -> str:
 
 
 def shorten(value, limit: int = 60) -> str:
-    """``repr(value)`` clipped to about ``limit`` characters: a cell or a name quoted in an
-    error message, which must stay one readable line whatever the file holds."""
-    return clip(repr(value), limit)
+    """``repr(value)`` (a NumPy scalar's as the Python value's: :func:`shown`) clipped to
+    about ``limit`` characters: a cell or a name quoted in an error message, which must
+    stay one readable line whatever the file holds."""
+    return clip(shown(value), limit)
 
 
 def _exact_floats() -> dict:
@@ -449,6 +450,8 @@ def feature_block(
     source="data",
     fmt="csv",
     on_nan="error",
+    model_missing="marginalize",
+    handle_unknown="ignore",
 ):
     """The ``columns`` of ``frame`` as a DataFrame for an estimator, and the rows to keep.
 
@@ -460,6 +463,11 @@ def feature_block(
     "error" (a missing value raises, naming row and column), "drop" (its row
     is marked False), or "marginalize" (kept: NaN / None for the estimator's
     ``missing="marginalize"``; infinity is still an error).
+
+    What a fitted model would refuse is refused here, naming the data row and the
+    column (the model can name only the row of the chunk): a missing value that
+    ``on_nan="marginalize"`` keeps when the model's ``model_missing`` is "error", and
+    a category not in ``categories`` when its ``handle_unknown`` is "error".
     """
     import pandas as pd
 
@@ -494,7 +502,47 @@ def feature_block(
         if on_nan == "drop":
             keep &= ~missing
         out[col] = category_values(series, None if categories is None else categories[j])
-    return pd.DataFrame(out, index=frame.index), keep
+    X = pd.DataFrame(out, index=frame.index)
+    refused = []  # (row, what): the first row the model would refuse
+    if on_nan == "marginalize" and model_missing != "marginalize":
+        gone = X.isna().to_numpy()
+        if gone.any():
+            i = int(np.argmax(gone.any(axis=1)))
+            refused.append(
+                (
+                    i,
+                    f"column {shorten(columns[int(np.argmax(gone[i]))])} is missing, and the "
+                    "model was fitted without --on-nan marginalize; use --on-nan drop, or fit "
+                    "the model with --on-nan marginalize",
+                )
+            )
+    if categories is not None and handle_unknown == "error":
+        for j, (col, kind) in enumerate(zip(columns, kinds)):
+            if kind != "c":
+                refused += _unseen(X[col], keep, col, categories[j])
+    if refused:
+        i, what = min(refused, key=lambda r: r[0])
+        raise ValueError(f"{row_location(source, fmt, first_row + i)}: {what}")
+    return X, keep
+
+
+def _unseen(values, keep, column, categories) -> list:
+    """``[(row, what)]`` for the first value of a categorical column (rows kept) that is
+    none of the fitted ``categories`` (an empty list when there is none)."""
+    from .._core.columns import category_key
+
+    known = {category_key(c) for c in categories}
+    for i, (value, kept) in enumerate(zip(values, keep)):
+        if kept and value is not None and value == value and category_key(value) not in known:
+            listed = ", ".join(shorten(c, 30) for c in categories[:8])
+            more = f", ... ({len(categories)} in all)" if len(categories) > 8 else ""
+            what = (
+                f"column {shorten(column)} holds the category {shorten(value)}, which the "
+                f"model did not see at fit (known: {listed}{more}); --handle-unknown ignore "
+                "(fit, predict, evaluate) gives it the mismatch weight"
+            )
+            return [(i, what)]
+    return []
 
 
 def check_labels(frame, column, *, first_row=0, source="data", fmt="csv", on_nan="error"):

@@ -91,3 +91,59 @@ def test_a_signal_inside_numbas_dispatcher_is_delivered_again_not_raised(monkeyp
         assert sent == [(process.REDELIVER_AFTER_S, (process.os.getpid(), signal.SIGINT))] * 2
         with pytest.raises(Interrupted):
             handler(signal.SIGINT, frame)
+
+
+def _mixed_files(tmp_path):
+    """train.csv (x1, colour, y; 'red'/'blue') and a query file whose data row 5 (line 6)
+    holds an unseen colour and whose data row 4 (line 5) misses x1."""
+    frame = _table()
+    frame["colour"] = np.where(np.arange(len(frame)) % 2, "red", "blue")
+    frame[["x1", "colour", "y"]].to_csv(tmp_path / "train.csv", index=False)
+    query = frame[["x1", "colour"]].iloc[:6].copy()
+    query.loc[4, "colour"] = "green"
+    query.loc[3, "x1"] = np.nan
+    query.to_csv(tmp_path / "query.csv", index=False)
+    query.drop(index=3).to_csv(tmp_path / "unseen.csv", index=False)
+    return tmp_path / "train.csv", tmp_path / "query.csv", tmp_path / "unseen.csv"
+
+
+@pytest.mark.parametrize("command", ["predict", "heatmap"])
+def test_a_missing_value_the_model_cannot_marginalise_names_the_file_row(
+    tmp_path, fit_csv, nbattn_cli, command
+):
+    """``--on-nan marginalize`` on a model fitted without it: the data row of the file
+    (1-based, the header not counted) and the value's column, in the command's words
+    (the model itself could name only the row of the chunk, counted from 0, and the
+    value as ``np.float64(nan)``)."""
+    train, query, _ = _mixed_files(tmp_path)
+    assert fit_csv(train, "--features", "x1,colour", "-o", tmp_path / "m.npz")[0] == 0
+    if command == "predict":
+        head, tail = ["predict"], ["--chunksize", "2", "-o", tmp_path / "p.csv"]
+    else:
+        head, tail = ["plot", "heatmap"], ["-o", tmp_path / "h.png"]
+    code, _, err = nbattn_cli(*head, tmp_path / "m.npz", query, "--on-nan", "marginalize", *tail)
+    assert code == 1
+    assert "query.csv: data row 4 (line 5 of the file): column 'x1' is missing" in err, err
+    assert "--on-nan marginalize" in err and "np." not in err
+
+
+@pytest.mark.parametrize("command", ["predict", "evaluate"])
+def test_an_unseen_category_names_the_file_row_not_the_chunks(
+    tmp_path, fit_csv, nbattn_cli, command
+):
+    """An unseen category in the third chunk of two rows: its data row in the file
+    (the model would say 'row 0', the row of the chunk counted from 0)."""
+    train, _, unseen = _mixed_files(tmp_path)
+    if command == "evaluate":
+        frame = pd.read_csv(unseen)
+        frame["y"] = 1.0
+        frame.to_csv(unseen, index=False)
+    assert fit_csv(train, "--features", "x1,colour", "-o", tmp_path / "m.npz")[0] == 0
+    out = ["-o", tmp_path / "p.csv"] if command == "predict" else []
+    args = [command, tmp_path / "m.npz", unseen, "--chunksize", "2", *out]
+    code, _, err = nbattn_cli(*args)
+    assert code == 1
+    assert "unseen.csv: data row 4 (line 5 of the file): column 'colour' holds the category " in err
+    assert "'green'" in err and "--handle-unknown ignore" in err and "(row 0)" not in err, err
+    code, _, err = nbattn_cli(*args, "--handle-unknown", "ignore")
+    assert code == 0, err

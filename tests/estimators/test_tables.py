@@ -101,7 +101,7 @@ def test_categories_are_plain_lists_in_dtype_order():
 
 def test_text_in_a_continuous_column_names_the_column():
     frame = pd.DataFrame({"x": [1.0, 2.0, 3.0], "town": ["a", "b", "c"]})
-    with pytest.raises(ValueError, match="column 'town' holds text.*'a' at row 0"):
+    with pytest.raises(ValueError, match="column 'town' holds text.*'a' in row 0, counting from 0"):
         nbattn.NadarayaWatsonRegressor(var_type="cc").fit(frame, [1.0, 2.0, 3.0])
 
 
@@ -268,7 +268,8 @@ def test_weighted_spread_matches_weighted_moments(rng):
 def test_missing_value_error_names_column_and_row(rng):
     frame, y = _frame(rng, kinds="cu")
     frame.iloc[4, 1] = None
-    with pytest.raises(ValueError, match="column 'u1' has a missing value .* at row 4"):
+    missing = r"column 'u1' has a missing value .* in row 4 \(counting from 0\)"
+    with pytest.raises(ValueError, match=missing):
         nbattn.NadarayaWatsonRegressor().fit(frame, y)
 
 
