@@ -53,7 +53,7 @@ def feature_columns(path, target, features=None, drop=None) -> list:
     but the target, less the columns in ``drop``; a missing column is an error that
     lists the file's columns."""
     columns = io.read_columns(path)
-    io.check_columns(path, columns, [target], "target column")
+    io.check_columns(path, columns, [target], "target column", spell=str)
     if features:
         io.check_columns(path, columns, features, "feature column")
         features = list(features)
@@ -81,7 +81,7 @@ def _check_columns(path, features, **others) -> None:
     columns = io.read_columns(path)
     for what, column in others.items():
         if column is not None:
-            io.check_columns(path, columns, [column], f"{what.replace('_', ' ')} column")
+            io.check_columns(path, columns, [column], f"{what.replace('_', ' ')} column", spell=str)
     io.check_columns(path, columns, features, "feature column")
 
 
@@ -193,7 +193,7 @@ def warn_row_ids(X, kinds) -> None:
         name = io.shorten(column)
         warnings.warn(
             f"feature {name} looks like a row id ({description}); if it is not a feature, "
-            f"leave it out with --drop {shlex.quote(str(column))}",
+            f"leave it out with --drop {shlex.quote(io.column_option(column))}",
             RowIdWarning,
             stacklevel=2,
         )

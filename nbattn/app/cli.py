@@ -109,7 +109,13 @@ def _var_type_arg(text: str) -> str:
 
 
 def _column_list(text: str) -> list[str]:
-    cols = [c.strip() for c in text.split(",") if c.strip()]
+    """Column names separated by commas, spaces around each name ignored; a name in double
+    quotes is taken as it is (commas, spaces at its ends; "" for a quote inside), so
+    ``--drop '"b, c", x1'`` names the columns "b, c" and "x1" (:func:`io.column_option`)."""
+    try:
+        cols = io.split_columns(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     if not cols:
         raise argparse.ArgumentTypeError("expected column names separated by commas")
     return cols
@@ -193,7 +199,7 @@ def _cmd_fit(args) -> int:
         if hasattr(estimator, "bandwidth_"):
             kinds = batch.model_kinds(estimator, features)
             widths = ", ".join(
-                f"{f}={h:.6g}" + ("" if k == "c" else " (lambda)")
+                f"{io.column_option(f)}={h:.6g}" + ("" if k == "c" else " (lambda)")
                 for f, h, k in zip(features, estimator.bandwidth_, kinds)
             )
             print(f"bandwidth: {widths}")
@@ -474,7 +480,11 @@ def _options(model: str, parameter: str) -> tuple:
 def _add_model_options(p) -> None:
     _degrees = SPECS[MODELS["lp"]].param("degree").allowed[0]
     p.add_argument("--target", required=True, help="the column to predict")
-    p.add_argument("--features", type=_column_list, help="A,B,...: default all but the target")
+    p.add_argument(
+        "--features",
+        type=_column_list,
+        help='A,B,...: default all but the target (a name with a comma: "b, c")',
+    )
     p.add_argument(
         "--drop",
         type=_column_list,

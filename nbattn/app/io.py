@@ -21,6 +21,7 @@ symbolic link).
 from __future__ import annotations
 
 import re
+import shlex
 import warnings
 from pathlib import Path
 
@@ -48,6 +49,7 @@ __all__ = [
     "check_not_input",
     "clip",
     "category_values",
+    "column_option",
     "input_format",
     "iter_chunks",
     "feature_block",
@@ -61,6 +63,7 @@ __all__ = [
     "row_location",
     "save",
     "shorten",
+    "split_columns",
     "text_kinds",
 ]
 
@@ -172,14 +175,76 @@ def _check_unique(path, names) -> None:
         seen.add(name)
 
 
-def check_columns(path, columns, wanted, what="column") -> None:
-    """ValueError naming the first of ``wanted`` that is not in ``columns``."""
+def split_columns(text: str) -> list[str]:
+    """The column names of an option's value (``--features``, ``--drop``): separated by
+    commas, the spaces around each name ignored; a name in double quotes is kept as it is
+    (a comma, spaces at its ends; ``""`` stands for a quote in it). Empty names between
+    commas are skipped; an unclosed quote, or text after a closing one, is a ValueError."""
+    names, i, n = [], 0, len(text)
+    while i <= n:
+        j = i
+        while j < n and text[j].isspace():
+            j += 1
+        if j < n and text[j] == '"':
+            k, name = j + 1, []
+            while True:
+                if k >= n:
+                    raise ValueError(f"the quote at character {j + 1} of {text!r} is not closed")
+                if text.startswith('""', k):
+                    name.append('"')
+                    k += 2
+                elif text[k] == '"':
+                    break
+                else:
+                    name.append(text[k])
+                    k += 1
+            k += 1
+            while k < n and text[k].isspace():
+                k += 1
+            if k < n and text[k] != ",":
+                raise ValueError(f"{text!r}: a comma must follow the quoted name {''.join(name)!r}")
+            names.append("".join(name))
+        else:
+            k = text.find(",", j)
+            k = n if k < 0 else k
+            if text[j:k].strip():
+                names.append(text[j:k].strip())
+        i = k + 1
+    return names
+
+
+def column_option(name) -> str:
+    """A column's name as :func:`split_columns` reads it back: in double quotes when it
+    holds a comma or a quote or begins or ends with a space (or is empty), else as it is."""
+    name = str(name)
+    if name == "" or "," in name or '"' in name or name != name.strip():
+        return '"' + name.replace('"', '""') + '"'
+    return name
+
+
+def check_columns(path, columns, wanted, what="column", spell=column_option) -> None:
+    """ValueError naming the first of ``wanted`` that is not in ``columns``, with the
+    columns whose names are nearest (the same but for case and spaces at the ends, else
+    one holding it between commas, else alike) as the option would spell them: ``spell``
+    (a list option's :func:`column_option`; ``str`` for an option of one name), quoted
+    for the shell."""
     missing = [c for c in wanted if c not in columns]
     if missing:
-        shown = ", ".join(shorten(c) for c in columns[:20])
+        import difflib
+
+        listed = ", ".join(shorten(c) for c in columns[:20])
         more = " ..." if len(columns) > 20 else ""
+        bad = str(missing[0])
+        near = [c for c in columns if str(c).strip().casefold() == bad.strip().casefold()]
+        pieces = {c: [p.strip() for p in str(c).split(",")] for c in columns if "," in str(c)}
+        near = near or [c for c, parts in pieces.items() if bad.strip() in parts]
+        near = near or difflib.get_close_matches(bad, [str(c) for c in columns], n=3)
+        hint = ""
+        if near:
+            spelled = " or ".join(shlex.quote(spell(c)) for c in near)
+            hint = f" (did you mean {spelled}?)"
         raise ValueError(
-            f"{path}: {what} {shorten(missing[0])} not found; the columns are {shown}{more}"
+            f"{path}: {what} {shorten(missing[0])} not found{hint}; the columns are {listed}{more}"
         )
 
 

@@ -7,8 +7,11 @@ import shlex
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import nbattn
+from nbattn.app import io
 
 
 def _table(n=40, seed=0):
@@ -147,3 +150,86 @@ def test_an_unseen_category_names_the_file_row_not_the_chunks(
     assert "'green'" in err and "--handle-unknown ignore" in err and "(row 0)" not in err, err
     code, _, err = nbattn_cli(*args, "--handle-unknown", "ignore")
     assert code == 0, err
+
+
+def _awkward_names(tmp_path):
+    """A CSV whose header has a name with a comma ('id, row', a row id), one with spaces at
+    its ends (' x1 '), another with a comma ('b, c'), a plain one and the target."""
+    rng = np.random.default_rng(0)
+    n = 40
+    frame = pd.DataFrame(
+        {
+            "id, row": np.arange(n),
+            " x1 ": rng.normal(size=n),
+            "b, c": rng.normal(size=n),
+            "x2": rng.normal(size=n),
+            "y": rng.normal(size=n),
+        }
+    )
+    frame.to_csv(tmp_path / "names.csv", index=False)
+    return tmp_path / "names.csv"
+
+
+@pytest.mark.parametrize(
+    ("options", "features"),
+    [
+        (["--drop", '"id, row"', "--drop", '" x1 "'], ["b, c", "x2"]),
+        (["--drop", '"id, row", " x1 "'], ["b, c", "x2"]),
+        (["--features", '" x1 ", "b, c"'], [" x1 ", "b, c"]),
+        (["--features", 'x2 , "b, c"', "--drop", "x2"], ["b, c"]),
+    ],
+)
+def test_names_with_commas_or_spaces_are_given_in_double_quotes(
+    tmp_path, fit_csv, options, features
+):
+    """--features and --drop take names separated by commas, spaces around each ignored;
+    a name in double quotes is taken as it is, commas and spaces at its ends included."""
+    data = _awkward_names(tmp_path)
+    code, _, err = fit_csv(data, *options, "-o", tmp_path / "m.npz")
+    assert code == 0, err
+    assert list(nbattn.load(tmp_path / "m.npz").feature_names_in_) == features
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        (["--drop", "id, row"], "--drop column 'id' not found (did you mean '\"id, row\"'?)"),
+        (["--features", " x1 "], "feature column 'x1' not found (did you mean '\" x1 \"'?)"),
+        (["--drop", "X2"], "--drop column 'X2' not found (did you mean x2?)"),
+    ],
+)
+def test_a_name_not_found_lists_the_near_ones_as_the_option_spells_them(
+    tmp_path, fit_csv, options, words
+):
+    code, _, err = fit_csv(_awkward_names(tmp_path), *options, "-o", tmp_path / "m.npz")
+    assert code == 1 and words in err, err
+
+
+def test_an_unclosed_quote_is_a_usage_error(tmp_path, fit_csv, capsys):
+    with pytest.raises(SystemExit) as info:
+        fit_csv(_awkward_names(tmp_path), "--drop", '"id, row', "-o", tmp_path / "m.npz")
+    assert info.value.code == 2
+    assert "argument --drop: the quote at character 1 of '\"id, row' is not closed" in (
+        capsys.readouterr().err
+    )
+
+
+def test_the_row_id_warning_spells_a_name_with_a_comma_as_the_option_reads_it(tmp_path, fit_csv):
+    """The warning's --drop, pasted into a shell, leaves out 'id, row' (and only it)."""
+    data = _awkward_names(tmp_path)
+    code, out, err = fit_csv(data, "-o", tmp_path / "m.npz")
+    line = next(x for x in err.splitlines() if "RowIdWarning" in x)
+    suggestion = shlex.split(line.split("leave it out with ")[1])
+    assert suggestion == ["--drop", '"id, row"'], line
+    code, _, err = fit_csv(data, *suggestion, "-o", tmp_path / "m.npz")
+    assert code == 0, err
+    assert list(nbattn.load(tmp_path / "m.npz").feature_names_in_) == [" x1 ", "b, c", "x2"]
+
+
+@settings(max_examples=60)
+@given(names=st.lists(st.text(st.sampled_from(' ,"ab'), min_size=1, max_size=6), min_size=1))
+def test_an_options_names_read_back_as_written(names):
+    """Any names, each spelled by column_option and joined by commas, read back as they
+    are (an empty or all-space name is quoted, so it too comes back)."""
+    text = ",".join(io.column_option(name) for name in names)
+    assert io.split_columns(text) == names
