@@ -338,9 +338,11 @@ def _cmd_cv(args) -> int:
         print(json.dumps({"model": name, **fold_summary(tables[0])}))
     else:
         table = tables[0]
-        shown = pd.concat([table, table.mean().to_frame("mean").T, table.std().to_frame("std").T])
+        metrics = table.drop(columns="n")  # the folds' sizes have no mean worth showing
+        summary = [metrics.mean().to_frame("mean").T, metrics.std().to_frame("std").T]
+        shown = pd.concat([table, *summary])
         print(f"{args.folds}-fold cross-validation of {name}:")
-        print(shown.to_string(float_format=lambda v: f"{v:.6g}"))
+        print(shown.to_string(float_format=lambda v: f"{v:.6g}", na_rep=""))
     return 0
 
 

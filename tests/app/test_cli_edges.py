@@ -2,6 +2,7 @@
 targets, ``--drop`` given twice, the row-id warning's suggestion pasted into a shell, and an
 interrupt that arrives inside numba's dispatcher."""
 
+import json
 import shlex
 
 import numpy as np
@@ -233,3 +234,27 @@ def test_an_options_names_read_back_as_written(names):
     are (an empty or all-space name is quoted, so it too comes back)."""
     text = ",".join(io.column_option(name) for name in names)
     assert io.split_columns(text) == names
+
+
+def test_cv_json_lists_the_fold_sizes_and_averages_only_the_metrics(tmp_path, nbattn_cli):
+    """43 rows in 5 folds: sizes [9, 9, 9, 8, 8] as a list (not 8.6 +- 0.55); the mean and
+    the standard deviation are the metrics' alone, here and in each grid entry; the text
+    output shows no mean of the sizes either."""
+    frame = _table(n=43)
+    frame.to_csv(tmp_path / "d.csv", index=False)
+    cv = ["cv", tmp_path / "d.csv", "--target", "y", "--features", "x1,x2", "-q"]
+    code, out, err = nbattn_cli(*cv, "--json")
+    assert code == 0, err
+    got = json.loads(out)
+    assert got["fold_sizes"] == [9, 9, 9, 8, 8]
+    assert [fold["n"] for fold in got["folds"]] == got["fold_sizes"]
+    assert "n" not in got["mean"] and "n" not in got["std"]
+    assert got["mean"]["mse"] == pytest.approx(np.mean([f["mse"] for f in got["folds"]]))
+    code, out, err = nbattn_cli(*cv, "--json", "--grid", "0.5,1")
+    assert code == 0, err
+    for entry in json.loads(out)["grid"]:
+        assert entry["fold_sizes"] == [9, 9, 9, 8, 8] and "n" not in entry["mean"]
+    code, out, err = nbattn_cli(*cv)
+    assert code == 0, err
+    mean_row = next(line for line in out.splitlines() if line.startswith("mean"))
+    assert "8.6" not in mean_row and len(mean_row.split()) == 4, out  # mean, mse, mae, r2
