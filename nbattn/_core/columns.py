@@ -43,7 +43,7 @@ import numbers
 
 import numpy as np
 
-from .validation import shown
+from .validation import plural, shown
 
 __all__ = [
     "CONTINUOUS_KERNELS",
@@ -245,7 +245,8 @@ def check_var_type(var_type, n_columns: int) -> str:
             )
     if len(var_type) != n_columns:
         raise ValueError(
-            f"var_type has {len(var_type)} letters but X has {n_columns} columns "
+            f"var_type has {plural(len(var_type), 'letter')} but X has "
+            f"{plural(n_columns, 'column')} "
             f"(var_type={var_type!r})"
         )
     return var_type
@@ -357,7 +358,9 @@ def encode_columns(
     names = column_names(table)
     n, d = table.shape
     if d != len(var_type):
-        raise ValueError(f"X has shape {table.shape}; the model expects {len(var_type)} columns")
+        raise ValueError(
+            f"X has shape {table.shape}; the model expects {plural(len(var_type), 'column')}"
+        )
     out = np.empty((n, d), dtype=np.float64)
     for j, kind in enumerate(var_type):
         values = _column(table, j)

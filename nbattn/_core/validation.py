@@ -47,6 +47,12 @@ def shown(value) -> str:
     return repr(value)
 
 
+def plural(n, word: str, many: str | None = None) -> str:
+    """``n`` and the noun that counts it: ``"1 row"``, ``"2 rows"`` (``many``: a plural
+    that is not ``word + "s"``, as ``plural(n, "process", "processes")``)."""
+    return f"{n} {word if n == 1 else (many or word + 's')}"
+
+
 # --------------------------------------------------------------------------- dtypes and flags
 def check_dtype(dtype) -> type:
     """Map "float64"/"float32" (or the NumPy types) to a NumPy scalar type; None is float64."""
@@ -284,7 +290,7 @@ def check_same_features(a, b, name_a: str, name_b: str) -> None:
     """The last dimensions of ``a`` and ``b`` agree (host or GPU arrays)."""
     n_a, n_b = a.shape[len(a.shape) - 1], b.shape[len(b.shape) - 1]  # simulator shapes lack [-1]
     if n_a != n_b:
-        raise ValueError(f"{name_a} has {n_a} features but {name_b} has {n_b}")
+        raise ValueError(f"{name_a} has {plural(n_a, 'feature')} but {name_b} has {n_b}")
 
 
 # --------------------------------------------------------------------------- GPU arrays
@@ -308,7 +314,9 @@ def check_pooling_inputs(queries, keys, values=None):
         return queries, keys, None, False
     values_arr = as_float_array(values, "values", ndim=(1, 2), dtype=np.float64)
     if values_arr.shape[0] != keys.shape[0]:
-        raise ValueError(f"values has {values_arr.shape[0]} rows but keys has {keys.shape[0]}")
+        raise ValueError(
+            f"values has {plural(values_arr.shape[0], 'row')} but keys has {keys.shape[0]}"
+        )
     values_1d = values_arr.ndim == 1
     return queries, keys, (values_arr[:, None] if values_1d else values_arr), values_1d
 
@@ -340,7 +348,10 @@ def check_bandwidth(
         if h.size == 1:
             h = np.full(n_features, h[0])
         elif h.size != n_features:
-            raise ValueError(f"{name} has {h.size} entries but the data has {n_features} features")
+            raise ValueError(
+                f"{name} has {plural(h.size, 'entry', 'entries')} but the data has "
+                f"{plural(n_features, 'feature')}"
+            )
     if not np.isfinite(h).all() or (h <= 0).any():
         raise ValueError(f"{name} must be positive and finite, got {shown(bandwidth)}")
     smallest, largest = float(h.min()), float(h.max())

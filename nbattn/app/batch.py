@@ -19,6 +19,7 @@ import numpy as np
 
 from .._core.atomic import atomic_output, check_not_input
 from .._core.progress import FitProgress, Progress
+from .._core.validation import plural
 from . import io
 from .metrics import Metrics, score_chunk
 
@@ -459,14 +460,14 @@ def cross_validate(estimators, X, y, *, folds=5, seed=0, verbose=0, labels=None)
     with FitProgress(verbose, "cv", total=len(splits) * len(estimators), unit="fit") as log:
         if log.enabled:
             log.note(
-                f"{len(splits)} folds x {len(estimators)} "
-                f"candidate{'s' if len(estimators) > 1 else ''} on {len(y)} rows"
+                f"{plural(len(splits), 'fold')} x {plural(len(estimators), 'candidate')} "
+                f"on {plural(len(y), 'row')}"
             )
         for estimator, label in zip(estimators, labels):
             rows = []
             for k, (train, test) in enumerate(splits, start=1):
                 where = f"{label}fold {k}/{len(splits)}"
-                log.status(f"{where}: fitting on {len(train)} rows")
+                log.status(f"{where}: fitting on {plural(len(train), 'row')}")
                 model = clone(estimator).fit(X.iloc[train], y[train])
                 metrics = Metrics(classifier, getattr(model, "classes_", None))
                 score_chunk(model, X.iloc[test], y[test], metrics)

@@ -25,6 +25,7 @@ import sys
 
 from .._core.columns import KINDS
 from .._core.progress import Progress, running
+from .._core.validation import plural
 from ..estimators.spec import BANDWIDTH_NAMES, SPECS
 from . import batch, io
 from .metrics import fold_summary, grid_table, json_ready
@@ -191,9 +192,10 @@ def _cmd_fit(args) -> int:
         estimator.fit(X, y)
     io.save(estimator, args.output, metadata={"target": args.target, "features": features})
     if not args.quiet:
-        extra = f" (dropped {dropped} rows with missing values)" if dropped else ""
+        extra = f" (dropped {plural(dropped, 'row')} with missing values)" if dropped else ""
         print(
-            f"fitted {type(estimator).__name__} on {len(y)} rows x {len(features)} features"
+            f"fitted {type(estimator).__name__} on {plural(len(y), 'row')} x "
+            f"{plural(len(features), 'feature')}"
             f"{extra} -> {args.output}"
         )
         if hasattr(estimator, "bandwidth_"):
@@ -288,8 +290,8 @@ def _cmd_predict(args) -> int:
         **_pick(args, "chunksize", "std", "proba", "id_column", "on_nan", "scheduler", "quiet"),
     )
     if not args.quiet:
-        extra = f" (dropped {dropped} rows with missing values)" if dropped else ""
-        print(f"predicted {rows} rows{extra} -> {args.output}")
+        extra = f" (dropped {plural(dropped, 'row')} with missing values)" if dropped else ""
+        print(f"predicted {plural(rows, 'row')}{extra} -> {args.output}")
     return 0
 
 

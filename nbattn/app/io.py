@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from .._core.atomic import atomic_output, check_not_input
-from .._core.validation import check_choice, shown
+from .._core.validation import check_choice, plural, shown
 from ..persistence.modelfile import (
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -110,7 +110,9 @@ def _csv_error(path, exc) -> ValueError:
     fields = _FIELDS.search(str(exc))
     if fields:
         want, line, saw = fields.groups()
-        return ValueError(f"{path}: line {line} has {saw} fields; the header has {want}")
+        return ValueError(
+            f"{path}: line {line} has {plural(int(saw), 'field')}; the header has {want}"
+        )
     return ValueError(f"{path}: cannot read as CSV: {clip(' '.join(str(exc).split()), 300)}")
 
 

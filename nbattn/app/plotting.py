@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .._core.validation import plural
 from .legends import lay_out, place_legend
 
 FIGURE_FORMATS = ("png", "svg")
@@ -177,7 +178,10 @@ def show_heatmaps(
         raise ValueError("weights contains NaN or inf")
     rows, cols = w.shape[:2]
     if titles is not None and len(titles) not in (cols, rows * cols):
-        raise ValueError(f"titles must have {cols} or {rows * cols} entries, got {len(titles)}")
+        raise ValueError(
+            f"titles must have {cols} or {plural(rows * cols, 'entry', 'entries')}, got "
+            f"{len(titles)}"
+        )
     plt = pyplot()
     fig, axes = plt.subplots(
         rows,

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .._core.validation import plural
+
 __all__ = ["JOBS", "lock_compiles", "run_warmup"]
 
 _held = threading.local()
@@ -254,14 +256,14 @@ def run_warmup(processes=None, quiet=False, stream=None, names=None) -> int:
     if not quiet:
         done = len(order) - len(failed)
         what = (
-            f"{compiled} kernel{'s' if compiled != 1 else ''} compiled"
+            f"{plural(compiled, 'kernel')} compiled"
             if compiled
             else "all kernels were cached already"
         )
         print(
             f"nbattn warmup: {done} of {len(order)} jobs in "
-            f"{time.perf_counter() - t0:.0f} s over {processes} "
-            f"process{'es' if processes != 1 else ''} ({what})",
+            f"{time.perf_counter() - t0:.0f} s over {plural(processes, 'process', 'processes')} "
+            f"({what})",
             file=stream,
         )
     return len(failed)

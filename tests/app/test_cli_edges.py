@@ -258,3 +258,37 @@ def test_cv_json_lists_the_fold_sizes_and_averages_only_the_metrics(tmp_path, nb
     assert code == 0, err
     mean_row = next(line for line in out.splitlines() if line.startswith("mean"))
     assert "8.6" not in mean_row and len(mean_row.split()) == 4, out  # mean, mse, mae, r2
+
+
+def test_counts_of_one_are_singular(tmp_path, nbattn_cli):
+    """'1 feature', '1 row', not '1 features', '1 rows', in what fit and predict print."""
+    frame = _table(n=12)
+    frame.loc[3, "x1"] = np.nan
+    frame.to_csv(tmp_path / "d.csv", index=False)
+    fit = ["fit", tmp_path / "d.csv", "--target", "y", "--features", "x1", "--on-nan", "drop"]
+    code, out, err = nbattn_cli(*fit, "-o", tmp_path / "m.npz")
+    assert code == 0, err
+    assert "on 11 rows x 1 feature (dropped 1 row with missing values)" in out, out
+    frame.iloc[:2].to_csv(tmp_path / "one.csv", index=False)
+    frame.iloc[[3]].to_csv(tmp_path / "one.csv", mode="a", header=False, index=False)
+    code, out, err = nbattn_cli(
+        "predict",
+        tmp_path / "m.npz",
+        tmp_path / "one.csv",
+        "--on-nan",
+        "drop",
+        "-o",
+        tmp_path / "p.csv",
+    )
+    assert code == 0, err
+    assert out.startswith("predicted 2 rows (dropped 1 row with missing values)"), out
+
+
+@pytest.mark.parametrize(("n", "text"), [(0, "0 rows"), (1, "1 row"), (2, "2 rows")])
+def test_plural_counts(n, text):
+    from nbattn._core.validation import plural
+
+    assert plural(n, "row") == text
+    assert plural(n, "process", "processes") == text.replace("rows", "processes").replace(
+        "row", "process"
+    )
