@@ -261,6 +261,25 @@ def _reference_row(X, kinds):
     return row
 
 
+def _held_at(reference, kinds, features, name, width=56) -> str:
+    """A panel's title: the value at which each other feature is held (its median, or its
+    most frequent category), on lines of about ``width`` characters (a value is never
+    split from its name)."""
+    held = [
+        f"{c} = {reference[c]:.4g}" if kind == "c" else f"{c} = {reference[c]}"
+        for c, kind in zip(features, kinds)
+        if c != name
+    ]
+    lines = ["others held at"]
+    for k, item in enumerate(held):
+        item += "," if k < len(held) - 1 else ""
+        if len(lines[-1]) + 1 + len(item) > width and lines[-1] != "others held at":
+            lines.append(item)
+        else:
+            lines[-1] += " " + item
+    return "\n".join(lines)
+
+
 def _band(model, queries):
     """(lower, upper) of the 95% interval of the mean, or None when the model has none."""
     if not hasattr(model, "predict_interval") or getattr(model, "kernel", None) == "average":
@@ -408,6 +427,8 @@ def fit_figure(model, X, y, target, label="data"):
             ax.set_xticks(range(len(grid)), [str(v) for v in grid], rotation=30, ha="right")
         ax.set_xlabel(name)
         ax.set_ylabel(f"probability of each {target}" if classifier else target)
+        if d > 1:
+            ax.set_title(_held_at(reference, kinds, features, name), fontsize="small")
     for ax in list(axes.flat)[d:]:
         ax.set_visible(False)
     what = "class probabilities" if classifier else "partial dependence"
@@ -421,7 +442,10 @@ def fit_figure(model, X, y, target, label="data"):
             if text not in handles:
                 handles[text] = handle
                 labels.append(text)
-    fig.suptitle(f"{type(model).__name__}: {what} on each feature (others at reference)")
+    fig.suptitle(
+        f"{type(model).__name__}: {what} on each feature\n(the others held at their "
+        "median or their most frequent category)"
+    )
     fig.legend(
         [handles[t] for t in labels],
         labels,
