@@ -528,20 +528,26 @@ def attention_figure(model, X, data_name="data"):
     rows, cols = -(-n_queries // MAX_CELLS), -(-n_keys // MAX_CELLS)
     xlabel = f"training rows (keys), {how}"
     ylabel = f"rows of {data_name} (queries), {how}"
-    scale = "weight"
+    scale = ["weight"]  # the colour bar's label, a line a part: it runs along the bar
     if cols > 1:
         xlabel = f"training rows (keys), {how}, in runs of {cols}"
-        scale = f"weight on a run of {cols} keys"
+        scale = [f"weight on a run of {cols} keys"]
     if rows > 1:
         ylabel = f"rows of {data_name}, {how}, in runs of {rows}"
-        scale += f", mean over {rows} queries"
+        scale.append(f"mean over {rows} queries")
     weights = binned(weights, rows, cols)
     _, ax = pyplot().subplots(figsize=(6.5, 4.5), layout="constrained")
     signed = weights.size and weights.min() < 0
     if not signed:
-        scale += " (square-root colour scale)"
+        scale.append("(square-root colour scale)")
     plot_heatmap(
-        weights, xlabel, ylabel, ax=ax, title="attention weights", scale_label=scale, gamma=0.5
+        weights,
+        xlabel,
+        ylabel,
+        ax=ax,
+        title="attention weights",
+        scale_label="\n".join(scale),
+        gamma=0.5,
     )
     # a cell spans its run of rows on the axes (the last run, if shorter, is cut at the end)
     ax.images[0].set_extent(
