@@ -407,7 +407,14 @@ def _plot_loo(args):
         var_type=args.var_type,
     )
     with Progress(args.points, "loo", unit="widths", quiet=args.quiet) as bar:
-        return plotting.loo_figure(X, y, args.points, progress=bar.update, var_type=kinds)
+        return plotting.loo_figure(
+            X,
+            y,
+            args.points,
+            progress=bar.update,
+            var_type=kinds,
+            verbose=0 if args.quiet else 1,  # the search for the marked width
+        )
 
 
 def _plot_widths(args):

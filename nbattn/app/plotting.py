@@ -591,9 +591,10 @@ def loo_curve(X, y, base, scales, progress=None, var_type=None, n_categories=Non
     return losses
 
 
-def _mixed_loo_setup(X, y, var_type):
+def _mixed_loo_setup(X, y, var_type, verbose=0):
     """(codes, Scott's widths, the 'loo_scale' factor, category counts) of a table with
-    categorical columns, through NadarayaWatsonRegressor's own encoding and search."""
+    categorical columns, through NadarayaWatsonRegressor's own encoding and search (its
+    progress: ``verbose``)."""
     from ..estimators import NadarayaWatsonRegressor
 
     if "c" not in var_type:
@@ -604,7 +605,7 @@ def _mixed_loo_setup(X, y, var_type):
     missing = "marginalize" if X.isna().to_numpy().any() else "error"
     options = {"var_type": var_type, "missing": missing}
     scott = NadarayaWatsonRegressor(bandwidth="scott", **options).fit(X, y)
-    chosen = NadarayaWatsonRegressor(bandwidth="loo_scale", **options).fit(X, y)
+    chosen = NadarayaWatsonRegressor(bandwidth="loo_scale", verbose=verbose, **options).fit(X, y)
     cont = np.array([k == "c" for k in var_type])
     base = np.asarray(scott.bandwidth_, dtype=np.float64)
     factor = float(chosen.bandwidth_[cont][0] / base[cont][0])
@@ -612,7 +613,7 @@ def _mixed_loo_setup(X, y, var_type):
     return np.asarray(chosen.X_fit_, dtype=np.float64), base, factor, counts
 
 
-def loo_figure(X, y, points=30, progress=None, var_type=None):
+def loo_figure(X, y, points=30, progress=None, var_type=None, verbose=0):
     """Leave-one-out MSE against the width, in units of Scott's rule, over ``points``
     scales from 10^-1.5 to 10, with Scott's rule, the grid minimum and the width
     ``bandwidth="loo_scale"`` chooses marked.
@@ -623,12 +624,13 @@ def loo_figure(X, y, points=30, progress=None, var_type=None):
     columns' widths are scaled together and the categorical ones' lambda held at the
     rule's: the criterion and the factor of ``NadarayaWatsonRegressor(bandwidth=
     "loo_scale")`` on the mixed-type engine (:func:`loo_curve`). ``progress`` is called
-    once per width."""
+    once per width of the curve; ``verbose`` is the progress of the search for the
+    marked width (:class:`nbattn._core.progress.FitProgress`)."""
     if len(y) < 2:
         raise ValueError("the leave-one-out loss needs at least 2 rows")
     scales = np.logspace(-1.5, 1.0, points)
     if var_type is not None and set(var_type) != {"c"}:
-        codes, base, factor, counts = _mixed_loo_setup(X, y, var_type)
+        codes, base, factor, counts = _mixed_loo_setup(X, y, var_type, verbose)
         losses = loo_curve(codes, y, base, scales, progress, var_type, counts)
         held = " (categorical λ held at the rule's)"
     else:
@@ -638,7 +640,7 @@ def loo_figure(X, y, points=30, progress=None, var_type=None):
         X = np.asarray(X, dtype=np.float64)
         scott = bandwidth_rule(X, "scott")
         losses = loo_curve(X, y, scott, scales, progress)
-        factor = float(np.asarray(loo_bandwidth(X, y))[0] / scott[0])
+        factor = float(np.asarray(loo_bandwidth(X, y, verbose=verbose))[0] / scott[0])
         held = ""
     title = "leave-one-out MSE, continuous widths scaled together"
     marks = {f"bandwidth='loo_scale': {factor:.3g} x Scott": factor, "Scott's rule": 1.0}

@@ -256,3 +256,26 @@ def test_compute_with_progress_keeps_a_log_short(capfd):
     (same,) = nbdask.compute_with_progress(big, verbose=0)
     assert capfd.readouterr().err == ""
     np.testing.assert_array_equal(same, got)
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_plot_loo_shows_the_progress_of_its_width_search(tmp_path, monkeypatch, mixed):
+    """After the curve, the search for the marked width (``loo_bandwidth``, or the
+    regressor's 'loo_scale' search with categorical columns) reports its progress too;
+    -q silences it."""
+    frame = _frame()
+    if mixed:
+        frame["colour"] = np.where(frame.x2 > 0, "red", "blue")
+    path = tmp_path / "train.csv"
+    frame.to_csv(path, index=False)
+    args = ["plot", "loo", str(path), "--target", "y", "--points", "5", "-o"]
+    stream = io.StringIO()  # not a terminal: a line per step
+    monkeypatch.setattr(sys, "stderr", stream)
+    assert cli.main([*args, str(tmp_path / "loo.png")]) == 0
+    lines = [line for line in stream.getvalue().splitlines() if "loo" in line.split(":")[0]]
+    searched = [line for line in lines if not line.startswith("loo:")]
+    assert searched and all(ELAPSED.search(line) for line in searched), stream.getvalue()
+    stream = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stream)
+    assert cli.main([*args, str(tmp_path / "q.png"), "-q"]) == 0
+    assert stream.getvalue() == ""
