@@ -413,7 +413,7 @@ def _plot_loo(args):
             args.points,
             progress=bar.update,
             var_type=kinds,
-            verbose=0 if args.quiet else 1,  # the search for the marked width
+            verbose=int(bar.enabled),  # the search for the marked width: a bar like the curve's
         )
 
 
