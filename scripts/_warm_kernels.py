@@ -8,9 +8,11 @@ once, the jobs spread over as many processes as the test run has workers
 (longest first), and the workers then load them from the cache. A job whose
 kernels are already cached costs only its tiny call.
 
-Each job calls the public functions with tiny arrays of the types the library
-and the tests pass, so it compiles exactly the specialisations they use. A job
-that fails is reported and skipped: the test run shows the real error.
+The jobs are ``nbattn warmup``'s (``nbattn.app.warmup.JOBS``) and a few more that
+the tests reach (packed sequences, the GEMM pooling tiles, the LOO tiles). Each
+calls the public functions with tiny arrays of the types the library and the
+tests pass, so it compiles exactly the specialisations they use. A job that fails
+is reported and skipped: the test run shows the real error.
 
 Usage: python scripts/_warm_kernels.py [N_PROCESSES | auto]
 """
@@ -18,24 +20,20 @@ Usage: python scripts/_warm_kernels.py [N_PROCESSES | auto]
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
 import numpy as np
 
-
-def _nw(dtype, n_features):
-    import nbattn
-
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(30, n_features)).astype(dtype)
-    y = rng.normal(size=(30, 2)).astype(dtype)
-    nbattn.nadaraya_watson(x, x, y, 1.0, True, dtype=dtype)
+from nbattn.app import warmup
 
 
 def _nw_gemm(dtype):
-    """``_nw`` with as many features as take the GEMM tiles."""
+    """Pooling with as many features as take the GEMM tiles."""
+    import nbattn
     from nbattn import config
 
     wide = (
@@ -43,16 +41,10 @@ def _nw_gemm(dtype):
         if dtype == np.float32
         else config.GEMM_MIN_FEATURES_FLOAT64
     )
-    _nw(dtype, wide)
-
-
-def _flash(dtype):
-    import nbattn
-
     rng = np.random.default_rng(0)
-    q, k, v = (rng.normal(size=(1, 2, 5, 4)).astype(dtype) for _ in range(3))
-    out, lse = nbattn.flash_attention(q, k, v, return_lse=True)
-    nbattn.flash_attention_backward(q, k, v, out, lse, np.ones_like(out))
+    x = rng.normal(size=(30, wide)).astype(dtype)
+    y = rng.normal(size=(30, 2)).astype(dtype)
+    nbattn.nadaraya_watson(x, x, y, 1.0, True, dtype=dtype)
 
 
 def _varlen(dtype):
@@ -81,25 +73,14 @@ def _loo_tiles(boxed):
         config.LOO_PRUNE_MIN_ROWS, config.LOO_BOXED_MAX_SHARE = saved
 
 
-def _local():
-    import nbattn
-
-    rng = np.random.default_rng(0)
-    x, y = rng.normal(size=(30, 2)), rng.normal(size=30)
-    nbattn.local_polynomial(x, x, y, 1.0)
-
-
-#: (name, rough CPU seconds of its compiles on a cold cache, job, arguments)
-JOBS = [
+#: (name, rough seconds of its compiles on a cold cache, job, arguments): the jobs of
+#: ``nbattn warmup`` (the kernels a user's first calls reach), then those that only the
+#: tests reach in quantity (packed sequences, the GEMM tiles, the LOO tiles).
+JOBS = warmup.JOBS + [
     ("varlen float64", 41, _varlen, (np.float64,)),
     ("varlen float32", 40, _varlen, (np.float32,)),
-    ("pooling float32", 35, _nw, (np.float32, 3)),
-    ("pooling float64", 31, _nw, (np.float64, 3)),
     ("gemm pooling float32", 30, _nw_gemm, (np.float32,)),
     ("gemm pooling float64", 30, _nw_gemm, (np.float64,)),
-    ("flash float64", 30, _flash, (np.float64,)),
-    ("flash float32", 28, _flash, (np.float32,)),
-    ("local polynomial", 20, _local, ()),
     ("boxed loo tiles", 21, _loo_tiles, (True,)),
     ("loo tiles", 15, _loo_tiles, (False,)),
 ]
@@ -118,15 +99,22 @@ def main(n_processes: int) -> int:
     t0 = time.perf_counter()
     jobs = sorted(JOBS, key=lambda job: -job[1])  # longest first
     failed = 0
-    with ProcessPoolExecutor(max_workers=n_processes) as pool:
-        futures = [pool.submit(_run, name, job, args) for name, _, job, args in jobs]
-        for future in as_completed(futures):
-            name, seconds, error = future.result()
-            if error:
-                failed += 1
-                print(f"warm-up {name}: FAILED ({error})", file=sys.stderr)
-            else:
-                print(f"warm-up {name}: {seconds:.1f} s", file=sys.stderr)
+    # a kernel that two jobs need is compiled once: the second waits, then loads it
+    folder = tempfile.mkdtemp(prefix="nbattn-warm-kernels-locks-")
+    try:
+        with ProcessPoolExecutor(
+            max_workers=n_processes, initializer=warmup.lock_compiles, initargs=(folder,)
+        ) as pool:
+            futures = [pool.submit(_run, name, job, args) for name, _, job, args in jobs]
+            for future in as_completed(futures):
+                name, seconds, error = future.result()
+                if error:
+                    failed += 1
+                    print(f"warm-up {name}: FAILED ({error})", file=sys.stderr)
+                else:
+                    print(f"warm-up {name}: {seconds:.1f} s", file=sys.stderr)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
     print(
         f"warm-up: {len(jobs) - failed} of {len(jobs)} jobs in {time.perf_counter() - t0:.0f} s",
         file=sys.stderr,

@@ -87,27 +87,13 @@ def _check_accuracy(produced, text):
 # ----------------------------------------------------------------------------- intervals
 
 
-def _coverage(draws=300, n=80, alpha=0.1):
+def _coverage():
     """The coverage of the 90 % bands of a local-linear fit of a line (no smoothing bias)
-    at 7 queries, over ``draws`` simulated data sets (tests/estimators/test_tables.py's
-    recipe, seed 11)."""
-    import nbattn
+    at 7 queries, over 300 simulated data sets (``nbattn.datasets.interval_coverage``, which
+    tests/estimators/test_tables.py checks)."""
+    from nbattn.app.datasets import interval_coverage
 
-    out = {}
-    for kind in ("mean", "observation"):
-        rng = np.random.default_rng(11)
-        queries = np.linspace(-1.5, 1.5, 7)[:, None]
-        truth = 1.0 + 2.0 * queries[:, 0]
-        hits = []
-        for _ in range(draws):
-            X = rng.normal(size=(n, 1))
-            y = 1.0 + 2.0 * X[:, 0] + rng.normal(0, 0.5, n)
-            model = nbattn.LocalPolynomialRegressor(degree=1, bandwidth=0.6).fit(X, y)
-            band = model.predict_interval(queries, alpha=alpha, kind=kind)
-            target = truth if kind == "mean" else truth + rng.normal(0, 0.5, truth.size)
-            hits.append((band[:, 0] <= target) & (target <= band[:, 1]))
-        out[kind] = round(float(np.mean(hits)), 3)
-    return out
+    return {kind: round(interval_coverage(kind), 3) for kind in ("mean", "observation")}
 
 
 def _check_coverage(produced, text):

@@ -1,5 +1,7 @@
+import hashlib
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -57,10 +59,17 @@ def small_flash_tiles(monkeypatch):
 
 
 def pytest_configure(config):
-    # After the initial conftests: tests/cuda's sets NUMBA_ENABLE_CUDASIM before numba loads.
-    from . import _compile_locks
+    # One compile of a kernel at a time across the test processes (xdist's workers share
+    # numba's on-disk cache): the warm-up's file lock per kernel, one folder per checkout
+    # in the system's temporary folder. After the initial conftests: tests/cuda's sets
+    # NUMBA_ENABLE_CUDASIM before numba loads.
+    from nbattn.app.warmup import lock_compiles
 
-    _compile_locks.install(Path(__file__).resolve().parent.parent)
+    checkout = Path(__file__).resolve().parent.parent
+    digest = hashlib.sha1(str(checkout).encode()).hexdigest()[:12]
+    folder = Path(tempfile.gettempdir()) / f"nbattn-compile-locks-{digest}"
+    folder.mkdir(parents=True, exist_ok=True)
+    lock_compiles(folder)
     # The CUDA simulator suite needs NUMBA_ENABLE_CUDASIM before numba is
     # imported, so scripts/test runs tests/cuda in a process of its own.
     config.addinivalue_line("norecursedirs", "cuda")

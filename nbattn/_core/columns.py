@@ -43,6 +43,8 @@ import numbers
 
 import numpy as np
 
+from .validation import plural, shown
+
 __all__ = [
     "CONTINUOUS_KERNELS",
     "KINDS",
@@ -162,7 +164,7 @@ def _plain(value):
     if isinstance(value, (bool, int, float, str)):
         return value
     raise ValueError(
-        f"category {value!r} of type {type(value).__name__} is not a string, number or bool"
+        f"category {shown(value)} of type {type(value).__name__} is not a string, number or bool"
     )
 
 
@@ -201,22 +203,23 @@ def check_categories(cats, name: str) -> None:
     for k, c in enumerate(cats):
         if not isinstance(c, (bool, int, float, str)):
             raise ValueError(
-                f"{name}: category {c!r} of type {type(c).__name__} is not a string, number or bool"
+                f"{name}: category {shown(c)} of type {type(c).__name__} is not a string, "
+                "number or bool"
             )
         if isinstance(c, float) and c != c:
             raise ValueError(f"{name}: category {k} is NaN (a missing value is no category)")
         key = category_key(c)
         if key in seen:
             raise ValueError(
-                f"{name}: categories {seen[key]} ({cats[seen[key]]!r}) and {k} ({c!r}) are "
-                "the same category"
+                f"{name}: categories {seen[key]} ({shown(cats[seen[key]])}) and {k} "
+                f"({shown(c)}) are the same category"
             )
         seen[key] = k
     text = [c for c in cats if isinstance(c, str)]
     if text and len(text) != len(cats):
         number = next(c for c in cats if not isinstance(c, str))
         raise ValueError(
-            f"{name} holds both text ({text[0]!r}) and numbers ({number!r}); convert the "
+            f"{name} holds both text ({shown(text[0])}) and numbers ({shown(number)}); convert the "
             "column to one type"
         )
 
@@ -242,7 +245,8 @@ def check_var_type(var_type, n_columns: int) -> str:
             )
     if len(var_type) != n_columns:
         raise ValueError(
-            f"var_type has {len(var_type)} letters but X has {n_columns} columns "
+            f"var_type has {plural(len(var_type), 'letter')} but X has "
+            f"{plural(n_columns, 'column')} "
             f"(var_type={var_type!r})"
         )
     return var_type
@@ -354,7 +358,9 @@ def encode_columns(
     names = column_names(table)
     n, d = table.shape
     if d != len(var_type):
-        raise ValueError(f"X has shape {table.shape}; the model expects {len(var_type)} columns")
+        raise ValueError(
+            f"X has shape {table.shape}; the model expects {plural(len(var_type), 'column')}"
+        )
     out = np.empty((n, d), dtype=np.float64)
     for j, kind in enumerate(var_type):
         values = _column(table, j)
@@ -362,9 +368,9 @@ def encode_columns(
         if gone.any() and missing != "marginalize":
             row = int(np.argmax(gone))
             raise ValueError(
-                f"X column {names[j]} has a missing value ({values[row]!r}) at row {row}; "
-                "fill it, drop the row, or fit with missing='marginalize' (command line: "
-                "--on-nan drop, or fit and predict with --on-nan marginalize)"
+                f"X column {names[j]} has a missing value ({shown(values[row])}) in row {row} "
+                "(counting from 0); fill it, drop the row, or fit with missing='marginalize' "
+                "(command line: --on-nan drop, or fit and predict with --on-nan marginalize)"
             )
         if kind == "c":
             out[:, j] = _numbers(values, gone, names[j])
@@ -384,8 +390,9 @@ def _numbers(values, gone, name) -> np.ndarray:
             continue
         if isinstance(v, (str, bytes)) or not isinstance(v, numbers.Real):
             raise ValueError(
-                f"X column {name} holds text or objects ({v!r} at row {i}) but is continuous; "
-                "declare it categorical in var_type ('u' or 'o') or convert it to numbers"
+                f"X column {name} holds text or objects ({shown(v)} in row {i}, counting from "
+                "0) but is continuous; declare it categorical in var_type ('u' or 'o') or "
+                "convert it to numbers"
             )
         col[i] = float(v)
     return col
@@ -402,9 +409,10 @@ def _codes(values, gone, cats, name, handle_unknown) -> np.ndarray:
         if code is None:
             if handle_unknown != "ignore":
                 raise ValueError(
-                    f"X column {name} holds the category {v!r} (row {i}) that was not seen "
-                    f"at fit (known: {_preview(cats)}); pass handle_unknown='ignore' (command "
-                    "line: --handle-unknown ignore) to give it the mismatch weight"
+                    f"X column {name} holds the category {shown(v)} (row {i}, counting from 0) "
+                    f"that was not seen at fit (known: {_preview(cats)}); pass "
+                    "handle_unknown='ignore' (command line: --handle-unknown ignore) to give it "
+                    "the mismatch weight"
                 )
             code = UNKNOWN_CODE
         col[i] = code
@@ -412,5 +420,5 @@ def _codes(values, gone, cats, name, handle_unknown) -> np.ndarray:
 
 
 def _preview(cats, k: int = 8) -> str:
-    shown = ", ".join(repr(c) for c in cats[:k])
-    return shown + (f", ... ({len(cats)} in all)" if len(cats) > k else "")
+    listed = ", ".join(shown(c) for c in cats[:k])
+    return listed + (f", ... ({len(cats)} in all)" if len(cats) > k else "")

@@ -35,6 +35,24 @@ _MIN_WIDTH = math.sqrt(_FLOAT64_TINY)
 _MAX_WIDTH = math.sqrt(float(np.finfo(np.float64).max))
 
 
+# --------------------------------------------------------------------------- wording
+def shown(value) -> str:
+    """``value`` as an error message shows it: its repr, with a NumPy scalar as the Python
+    value it holds (``2.5``, not ``np.float64(2.5)``) and an array as its entries (a few
+    of them, for a large one)."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, np.ndarray):
+        return np.array2string(value, separator=", ", threshold=8, edgeitems=3)
+    return repr(value)
+
+
+def plural(n, word: str, many: str | None = None) -> str:
+    """``n`` and the noun that counts it: ``"1 row"``, ``"2 rows"`` (``many``: a plural
+    that is not ``word + "s"``, as ``plural(n, "process", "processes")``)."""
+    return f"{n} {word if n == 1 else (many or word + 's')}"
+
+
 # --------------------------------------------------------------------------- dtypes and flags
 def check_dtype(dtype) -> type:
     """Map "float64"/"float32" (or the NumPy types) to a NumPy scalar type; None is float64."""
@@ -70,7 +88,7 @@ def check_bool(value, name: str) -> bool:
     """
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
-    raise ValueError(f"{name} must be True or False, got {value!r}")
+    raise ValueError(f"{name} must be True or False, got {shown(value)}")
 
 
 def check_choice(value, name: str, choices):
@@ -80,14 +98,14 @@ def check_choice(value, name: str, choices):
     unhashable or array value gets the same message, not a TypeError.
     """
     if not isinstance(value, str) or value not in choices:
-        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
+        raise ValueError(f"{name} must be one of {list(choices)}, got {shown(value)}")
     return value
 
 
 def check_positive_int(value, name: str) -> int:
     """``value`` as a Python int >= 1 (bools refused), naming ``name`` otherwise."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        raise ValueError(f"{name} must be a positive integer, got {shown(value)}")
     return int(value)
 
 
@@ -98,7 +116,7 @@ def check_positive_float(value, name: str) -> float:
         or not isinstance(value, numbers.Real)
         or not (math.isfinite(value) and value > 0)
     ):
-        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+        raise ValueError(f"{name} must be a positive finite number, got {shown(value)}")
     return float(value)
 
 
@@ -111,7 +129,7 @@ def check_scale(scale, n_features: int, name: str = "scale") -> float:
         or not isinstance(scale, numbers.Real)
         or not math.isfinite(scale)
     ):
-        raise ValueError(f"{name} must be a finite real number or None, got {scale!r}")
+        raise ValueError(f"{name} must be a finite real number or None, got {shown(scale)}")
     return float(scale)
 
 
@@ -272,7 +290,7 @@ def check_same_features(a, b, name_a: str, name_b: str) -> None:
     """The last dimensions of ``a`` and ``b`` agree (host or GPU arrays)."""
     n_a, n_b = a.shape[len(a.shape) - 1], b.shape[len(b.shape) - 1]  # simulator shapes lack [-1]
     if n_a != n_b:
-        raise ValueError(f"{name_a} has {n_a} features but {name_b} has {n_b}")
+        raise ValueError(f"{name_a} has {plural(n_a, 'feature')} but {name_b} has {n_b}")
 
 
 # --------------------------------------------------------------------------- GPU arrays
@@ -296,7 +314,9 @@ def check_pooling_inputs(queries, keys, values=None):
         return queries, keys, None, False
     values_arr = as_float_array(values, "values", ndim=(1, 2), dtype=np.float64)
     if values_arr.shape[0] != keys.shape[0]:
-        raise ValueError(f"values has {values_arr.shape[0]} rows but keys has {keys.shape[0]}")
+        raise ValueError(
+            f"values has {plural(values_arr.shape[0], 'row')} but keys has {keys.shape[0]}"
+        )
     values_1d = values_arr.ndim == 1
     return queries, keys, (values_arr[:, None] if values_1d else values_arr), values_1d
 
@@ -318,9 +338,9 @@ def check_bandwidth(
     1 / h**2.
     """
     if isinstance(bandwidth, str):
-        raise ValueError(f"{name}={bandwidth!r} is not a number; resolve rule names first")
+        raise ValueError(f"{name}={shown(bandwidth)} is not a number; resolve rule names first")
     if isinstance(bandwidth, (bool, np.bool_)):
-        raise ValueError(f"{name} must be a positive float or array, got {bandwidth!r}")
+        raise ValueError(f"{name} must be a positive float or array, got {shown(bandwidth)}")
     if isinstance(bandwidth, numbers.Real):
         h = np.full(n_features, float(bandwidth))
     else:
@@ -328,9 +348,12 @@ def check_bandwidth(
         if h.size == 1:
             h = np.full(n_features, h[0])
         elif h.size != n_features:
-            raise ValueError(f"{name} has {h.size} entries but the data has {n_features} features")
+            raise ValueError(
+                f"{name} has {plural(h.size, 'entry', 'entries')} but the data has "
+                f"{plural(n_features, 'feature')}"
+            )
     if not np.isfinite(h).all() or (h <= 0).any():
-        raise ValueError(f"{name} must be positive and finite, got {bandwidth!r}")
+        raise ValueError(f"{name} must be positive and finite, got {shown(bandwidth)}")
     smallest, largest = float(h.min()), float(h.max())
     if smallest < _FLOAT64_TINY:
         raise ValueError(

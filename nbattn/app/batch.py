@@ -10,6 +10,8 @@ not by the file.
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import shlex
 import warnings
 
@@ -17,6 +19,7 @@ import numpy as np
 
 from .._core.atomic import atomic_output, check_not_input
 from .._core.progress import FitProgress, Progress
+from .._core.validation import plural
 from . import io
 from .metrics import Metrics, score_chunk
 
@@ -30,6 +33,7 @@ __all__ = [
     "load_xy",
     "model_categories",
     "model_kinds",
+    "model_refuses",
     "predict_columns",
     "predict_file",
     "read_model",
@@ -50,7 +54,7 @@ def feature_columns(path, target, features=None, drop=None) -> list:
     but the target, less the columns in ``drop``; a missing column is an error that
     lists the file's columns."""
     columns = io.read_columns(path)
-    io.check_columns(path, columns, [target], "target column")
+    io.check_columns(path, columns, [target], "target column", spell=str)
     if features:
         io.check_columns(path, columns, features, "feature column")
         features = list(features)
@@ -78,7 +82,7 @@ def _check_columns(path, features, **others) -> None:
     columns = io.read_columns(path)
     for what, column in others.items():
         if column is not None:
-            io.check_columns(path, columns, [column], f"{what.replace('_', ' ')} column")
+            io.check_columns(path, columns, [column], f"{what.replace('_', ' ')} column", spell=str)
     io.check_columns(path, columns, features, "feature column")
 
 
@@ -107,6 +111,7 @@ def load_xy(
     quiet=True,
     var_type=None,
     categories=None,
+    refuses=None,
 ):
     """The whole file: features, target, the number of rows dropped and the column kinds.
 
@@ -136,7 +141,7 @@ def load_xy(
         frame = io.read_table(path, columns, quiet=True, text_columns=[*labels, *categorical])
     where = {"source": path, "fmt": fmt}
     X, keep = io.feature_block(
-        frame, features, kinds, categories=categories, **where, on_nan=on_nan
+        frame, features, kinds, categories=categories, **where, on_nan=on_nan, **(refuses or {})
     )
     target_nan = "drop" if on_nan == "drop" else "error"
     if classifier:
@@ -189,7 +194,7 @@ def warn_row_ids(X, kinds) -> None:
         name = io.shorten(column)
         warnings.warn(
             f"feature {name} looks like a row id ({description}); if it is not a feature, "
-            f"leave it out with --drop {shlex.quote(str(column))}",
+            f"leave it out with --drop {shlex.quote(io.column_option(column))}",
             RowIdWarning,
             stacklevel=2,
         )
@@ -207,14 +212,29 @@ def model_categories(model, features) -> list:
     return cats if isinstance(cats, list) else [None] * len(features)
 
 
+def model_refuses(model) -> dict:
+    """What a fitted model (an estimator or a Predictor) refuses in its queries, as the
+    keywords of :func:`nbattn.app.io.feature_block` that refuse it first, naming the data
+    row: ``model_missing`` (its ``missing``) and ``handle_unknown``."""
+    params = getattr(model, "params", None)
+
+    def param(name):
+        if isinstance(params, dict):  # a Predictor
+            return params.get(name, "error")
+        return getattr(model, name, "error")
+
+    return {"model_missing": param("missing"), "handle_unknown": param("handle_unknown")}
+
+
 def _text_columns(features, kinds) -> list:
     return [f for f, k in zip(features, kinds) if k != "c"]
 
 
-def first_rows(path, features, n, *, on_nan="error", kinds=None, categories=None):
+def first_rows(path, features, n, *, on_nan="error", kinds=None, categories=None, refuses=None):
     """The ``features`` of the first ``n`` rows of a file (a DataFrame as
     :func:`nbattn.app.io.feature_block` makes it: ``kinds`` per feature, all "c" by
-    default, categorical text typed after a fitted model's ``categories``); with
+    default, categorical text typed after a fitted model's ``categories``, what it
+    ``refuses`` (:func:`model_refuses`) refused naming the row); with
     ``on_nan="drop"`` rows with a missing value are left out."""
     kinds = "c" * len(features) if kinds is None else kinds
     _check_columns(path, features)
@@ -224,7 +244,14 @@ def first_rows(path, features, n, *, on_nan="error", kinds=None, categories=None
         raise ValueError(f"{path}: no data rows (only a header)")
     fmt = io.input_format(path)
     X, keep = io.feature_block(
-        frame, features, kinds, categories=categories, source=path, fmt=fmt, on_nan=on_nan
+        frame,
+        features,
+        kinds,
+        categories=categories,
+        source=path,
+        fmt=fmt,
+        on_nan=on_nan,
+        **(refuses or {}),
     )
     return X[keep].reset_index(drop=True)
 
@@ -276,25 +303,24 @@ def predict_file(
     output,
     *,
     chunksize=100_000,
-    std=False,
-    proba=False,
-    interval=None,
-    kind="mean",
-    effects=None,
-    name="prediction",
     id_column=None,
     on_nan="error",
     scheduler=None,
     quiet=True,
+    **outputs,
 ):
     """Predict every row of ``data`` into ``output`` (CSV or Parquet) chunk by chunk.
 
-    The columns are ``[id_column]`` and those of :func:`predict_columns`; with
-    ``scheduler`` (a ``dask.distributed`` address) the chunks are predicted on
-    that cluster and written in input order. Returns (rows written, rows dropped).
+    The columns are ``[id_column]`` and those of :func:`predict_columns`, which
+    ``outputs`` (its keywords: ``std``, ``proba``, ``interval``, ``kind``, ``effects``,
+    ``name``) choose; with ``scheduler`` (a ``dask.distributed`` address) the chunks are
+    predicted on that cluster and written in input order. Returns (rows written, rows
+    dropped).
     """
     import pandas as pd
 
+    inspect.signature(predict_columns).bind(model, None, **outputs)  # unknown: TypeError
+    columns_of = functools.partial(predict_columns, **outputs)
     _check_columns(data, features, id=id_column)
     check_not_input([data], output)
     out_fmt = io.output_format(output)
@@ -302,6 +328,7 @@ def predict_file(
     wanted = list(dict.fromkeys([*features, *([id_column] if id_column else [])]))
     kinds = model_kinds(model, features)
     cats = model_categories(model, features)
+    refuses = model_refuses(model)
     chunks, total, unit = io.iter_chunks(
         data, wanted, chunksize, text_columns=_text_columns(features, kinds)
     )
@@ -324,19 +351,11 @@ def predict_file(
         if scheduler:
             from .dask import ClusterChunkRunner
 
-            runner = stack.enter_context(
-                ClusterChunkRunner(
-                    scheduler,
-                    model,
-                    write,
-                    predict_columns,
-                    *(std, proba, interval, kind, effects, name),
-                )
-            )
+            runner = stack.enter_context(ClusterChunkRunner(scheduler, model, write, columns_of))
         for frame, first_row, position in chunks:
             where = {"first_row": first_row, "source": data, "fmt": in_fmt}
             X, keep = io.feature_block(
-                frame, features, kinds, categories=cats, **where, on_nan=on_nan
+                frame, features, kinds, categories=cats, **where, on_nan=on_nan, **refuses
             )
             n_in += len(frame)
             if not keep.all():
@@ -350,7 +369,7 @@ def predict_file(
             if runner is not None:
                 runner.submit(X, ids)
             else:
-                write(predict_columns(model, X, std, proba, interval, kind, effects, name), ids)
+                write(columns_of(model, X), ids)
         if runner is not None:
             runner.finish()
         if n_in == 0:
@@ -372,6 +391,7 @@ def evaluate_file(model, features, target, data, *, chunksize=100_000, on_nan="e
     fmt = io.input_format(data)
     kinds = model_kinds(model, features)
     cats = model_categories(model, features)
+    refuses = model_refuses(model)
     chunks, total, unit = io.iter_chunks(
         data,
         list(dict.fromkeys([*features, target])),
@@ -382,7 +402,9 @@ def evaluate_file(model, features, target, data, *, chunksize=100_000, on_nan="e
     with Progress(total, "evaluate", unit=unit, quiet=quiet) as bar:
         for frame, first_row, position in chunks:
             kw = {"first_row": first_row, "source": data, "fmt": fmt}
-            X, keep = io.feature_block(frame, features, kinds, categories=cats, **kw, on_nan=on_nan)
+            X, keep = io.feature_block(
+                frame, features, kinds, categories=cats, **kw, on_nan=on_nan, **refuses
+            )
             kw["on_nan"] = "drop" if on_nan == "drop" else "error"
             if classifier:
                 keep &= io.check_labels(frame, target, **kw)
@@ -438,14 +460,14 @@ def cross_validate(estimators, X, y, *, folds=5, seed=0, verbose=0, labels=None)
     with FitProgress(verbose, "cv", total=len(splits) * len(estimators), unit="fit") as log:
         if log.enabled:
             log.note(
-                f"{len(splits)} folds x {len(estimators)} "
-                f"candidate{'s' if len(estimators) > 1 else ''} on {len(y)} rows"
+                f"{plural(len(splits), 'fold')} x {plural(len(estimators), 'candidate')} "
+                f"on {plural(len(y), 'row')}"
             )
         for estimator, label in zip(estimators, labels):
             rows = []
             for k, (train, test) in enumerate(splits, start=1):
                 where = f"{label}fold {k}/{len(splits)}"
-                log.status(f"{where}: fitting on {len(train)} rows")
+                log.status(f"{where}: fitting on {plural(len(train), 'row')}")
                 model = clone(estimator).fit(X.iloc[train], y[train])
                 metrics = Metrics(classifier, getattr(model, "classes_", None))
                 score_chunk(model, X.iloc[test], y[test], metrics)

@@ -25,6 +25,7 @@ import sys
 
 from .._core.columns import KINDS
 from .._core.progress import Progress, running
+from .._core.validation import plural
 from ..estimators.spec import BANDWIDTH_NAMES, SPECS
 from . import batch, io
 from .metrics import fold_summary, grid_table, json_ready
@@ -109,7 +110,13 @@ def _var_type_arg(text: str) -> str:
 
 
 def _column_list(text: str) -> list[str]:
-    cols = [c.strip() for c in text.split(",") if c.strip()]
+    """Column names separated by commas, spaces around each name ignored; a name in double
+    quotes is taken as it is (commas, spaces at its ends; "" for a quote inside), so
+    ``--drop '"b, c", x1'`` names the columns "b, c" and "x1" (:func:`io.column_option`)."""
+    try:
+        cols = io.split_columns(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     if not cols:
         raise argparse.ArgumentTypeError("expected column names separated by commas")
     return cols
@@ -185,15 +192,16 @@ def _cmd_fit(args) -> int:
         estimator.fit(X, y)
     io.save(estimator, args.output, metadata={"target": args.target, "features": features})
     if not args.quiet:
-        extra = f" (dropped {dropped} rows with missing values)" if dropped else ""
+        extra = f" (dropped {plural(dropped, 'row')} with missing values)" if dropped else ""
         print(
-            f"fitted {type(estimator).__name__} on {len(y)} rows x {len(features)} features"
+            f"fitted {type(estimator).__name__} on {plural(len(y), 'row')} x "
+            f"{plural(len(features), 'feature')}"
             f"{extra} -> {args.output}"
         )
         if hasattr(estimator, "bandwidth_"):
             kinds = batch.model_kinds(estimator, features)
             widths = ", ".join(
-                f"{f}={h:.6g}" + ("" if k == "c" else " (lambda)")
+                f"{io.column_option(f)}={h:.6g}" + ("" if k == "c" else " (lambda)")
                 for f, h, k in zip(features, estimator.bandwidth_, kinds)
             )
             print(f"bandwidth: {widths}")
@@ -282,8 +290,8 @@ def _cmd_predict(args) -> int:
         **_pick(args, "chunksize", "std", "proba", "id_column", "on_nan", "scheduler", "quiet"),
     )
     if not args.quiet:
-        extra = f" (dropped {dropped} rows with missing values)" if dropped else ""
-        print(f"predicted {rows} rows{extra} -> {args.output}")
+        extra = f" (dropped {plural(dropped, 'row')} with missing values)" if dropped else ""
+        print(f"predicted {plural(rows, 'row')}{extra} -> {args.output}")
     return 0
 
 
@@ -332,9 +340,11 @@ def _cmd_cv(args) -> int:
         print(json.dumps({"model": name, **fold_summary(tables[0])}))
     else:
         table = tables[0]
-        shown = pd.concat([table, table.mean().to_frame("mean").T, table.std().to_frame("std").T])
+        metrics = table.drop(columns="n")  # the folds' sizes have no mean worth showing
+        summary = [metrics.mean().to_frame("mean").T, metrics.std().to_frame("std").T]
+        shown = pd.concat([table, *summary])
         print(f"{args.folds}-fold cross-validation of {name}:")
-        print(shown.to_string(float_format=lambda v: f"{v:.6g}"))
+        print(shown.to_string(float_format=lambda v: f"{v:.6g}", na_rep=""))
     return 0
 
 
@@ -379,6 +389,7 @@ def _plot_heatmap(args):
         on_nan=args.on_nan,
         kinds=batch.model_kinds(model, features),
         categories=batch.model_categories(model, features),
+        refuses=batch.model_refuses(model),
     )
     return plotting.attention_figure(model, X, os.path.basename(args.data))
 
@@ -396,7 +407,14 @@ def _plot_loo(args):
         var_type=args.var_type,
     )
     with Progress(args.points, "loo", unit="widths", quiet=args.quiet) as bar:
-        return plotting.loo_figure(X, y, args.points, progress=bar.update, var_type=kinds)
+        return plotting.loo_figure(
+            X,
+            y,
+            args.points,
+            progress=bar.update,
+            var_type=kinds,
+            verbose=int(bar.enabled),  # the search for the marked width: a bar like the curve's
+        )
 
 
 def _plot_widths(args):
@@ -473,7 +491,11 @@ def _options(model: str, parameter: str) -> tuple:
 def _add_model_options(p) -> None:
     _degrees = SPECS[MODELS["lp"]].param("degree").allowed[0]
     p.add_argument("--target", required=True, help="the column to predict")
-    p.add_argument("--features", type=_column_list, help="A,B,...: default all but the target")
+    p.add_argument(
+        "--features",
+        type=_column_list,
+        help='A,B,...: default all but the target (a name with a comma: "b, c")',
+    )
     p.add_argument(
         "--drop",
         type=_column_list,

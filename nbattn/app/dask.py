@@ -38,6 +38,7 @@ import numpy as np
 from .. import config
 from .._core.numeric import power_of_two_scale
 from .._core.progress import FitProgress, check_verbose
+from .._core.validation import plural
 from ..smoothing import loo_rows, regression
 
 __all__ = [
@@ -285,7 +286,9 @@ def nadaraya_watson_sharded(
     if keys.ndim == 1:
         keys = keys[:, None]
     if keys.shape[0] != values.shape[0]:
-        raise ValueError(f"values has {values.shape[0]} rows but keys has {keys.shape[0]}")
+        raise ValueError(
+            f"values has {plural(values.shape[0], 'row')} but keys has {keys.shape[0]}"
+        )
     squeeze = values.ndim == 1
     keys = keys.rechunk({1: -1})
     values = values.rechunk({0: keys.chunks[0]} if values.ndim == 1 else {0: keys.chunks[0], 1: -1})
@@ -294,7 +297,9 @@ def nadaraya_watson_sharded(
         queries = queries[:, None]
     queries = queries.rechunk({1: -1})
     if queries.shape[1] != keys.shape[1]:
-        raise ValueError(f"queries has {queries.shape[1]} features but keys has {keys.shape[1]}")
+        raise ValueError(
+            f"queries has {plural(queries.shape[1], 'feature')} but keys has {keys.shape[1]}"
+        )
     h = _sharded_bandwidth(bandwidth, keys)
     key_blocks = keys.to_delayed().ravel().tolist()
     value_blocks = values.to_delayed().ravel().tolist()
@@ -387,7 +392,10 @@ def sharded_training(client=None, n_partitions=None, verbose=0):
     ):
         yield client
         if log.enabled:
-            log.note(f"{len(evaluations)} evaluations, {sum(evaluations)} tasks on the cluster")
+            log.note(
+                f"{plural(len(evaluations), 'evaluation')}, "
+                f"{plural(sum(evaluations), 'task')} on the cluster"
+            )
 
 
 def _report_evaluation(log, futures, k):

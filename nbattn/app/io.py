@@ -21,13 +21,14 @@ symbolic link).
 from __future__ import annotations
 
 import re
+import shlex
 import warnings
 from pathlib import Path
 
 import numpy as np
 
 from .._core.atomic import atomic_output, check_not_input
-from .._core.validation import check_choice
+from .._core.validation import check_choice, plural, shown
 from ..persistence.modelfile import (
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -48,6 +49,7 @@ __all__ = [
     "check_not_input",
     "clip",
     "category_values",
+    "column_option",
     "input_format",
     "iter_chunks",
     "feature_block",
@@ -61,6 +63,7 @@ __all__ = [
     "row_location",
     "save",
     "shorten",
+    "split_columns",
     "text_kinds",
 ]
 
@@ -107,7 +110,9 @@ def _csv_error(path, exc) -> ValueError:
     fields = _FIELDS.search(str(exc))
     if fields:
         want, line, saw = fields.groups()
-        return ValueError(f"{path}: line {line} has {saw} fields; the header has {want}")
+        return ValueError(
+            f"{path}: line {line} has {plural(int(saw), 'field')}; the header has {want}"
+        )
     return ValueError(f"{path}: cannot read as CSV: {clip(' '.join(str(exc).split()), 300)}")
 
 
@@ -119,9 +124,10 @@ def clip(text: str, limit: int) -> str:
 
 
 def shorten(value, limit: int = 60) -> str:
-    """``repr(value)`` clipped to about ``limit`` characters: a cell or a name quoted in an
-    error message, which must stay one readable line whatever the file holds."""
-    return clip(repr(value), limit)
+    """``repr(value)`` (a NumPy scalar's as the Python value's: :func:`shown`) clipped to
+    about ``limit`` characters: a cell or a name quoted in an error message, which must
+    stay one readable line whatever the file holds."""
+    return clip(shown(value), limit)
 
 
 def _exact_floats() -> dict:
@@ -171,14 +177,76 @@ def _check_unique(path, names) -> None:
         seen.add(name)
 
 
-def check_columns(path, columns, wanted, what="column") -> None:
-    """ValueError naming the first of ``wanted`` that is not in ``columns``."""
+def split_columns(text: str) -> list[str]:
+    """The column names of an option's value (``--features``, ``--drop``): separated by
+    commas, the spaces around each name ignored; a name in double quotes is kept as it is
+    (a comma, spaces at its ends; ``""`` stands for a quote in it). Empty names between
+    commas are skipped; an unclosed quote, or text after a closing one, is a ValueError."""
+    names, i, n = [], 0, len(text)
+    while i <= n:
+        j = i
+        while j < n and text[j].isspace():
+            j += 1
+        if j < n and text[j] == '"':
+            k, name = j + 1, []
+            while True:
+                if k >= n:
+                    raise ValueError(f"the quote at character {j + 1} of {text!r} is not closed")
+                if text.startswith('""', k):
+                    name.append('"')
+                    k += 2
+                elif text[k] == '"':
+                    break
+                else:
+                    name.append(text[k])
+                    k += 1
+            k += 1
+            while k < n and text[k].isspace():
+                k += 1
+            if k < n and text[k] != ",":
+                raise ValueError(f"{text!r}: a comma must follow the quoted name {''.join(name)!r}")
+            names.append("".join(name))
+        else:
+            k = text.find(",", j)
+            k = n if k < 0 else k
+            if text[j:k].strip():
+                names.append(text[j:k].strip())
+        i = k + 1
+    return names
+
+
+def column_option(name) -> str:
+    """A column's name as :func:`split_columns` reads it back: in double quotes when it
+    holds a comma or a quote or begins or ends with a space (or is empty), else as it is."""
+    name = str(name)
+    if name == "" or "," in name or '"' in name or name != name.strip():
+        return '"' + name.replace('"', '""') + '"'
+    return name
+
+
+def check_columns(path, columns, wanted, what="column", spell=column_option) -> None:
+    """ValueError naming the first of ``wanted`` that is not in ``columns``, with the
+    columns whose names are nearest (the same but for case and spaces at the ends, else
+    one holding it between commas, else alike) as the option would spell them: ``spell``
+    (a list option's :func:`column_option`; ``str`` for an option of one name), quoted
+    for the shell."""
     missing = [c for c in wanted if c not in columns]
     if missing:
-        shown = ", ".join(shorten(c) for c in columns[:20])
+        import difflib
+
+        listed = ", ".join(shorten(c) for c in columns[:20])
         more = " ..." if len(columns) > 20 else ""
+        bad = str(missing[0])
+        near = [c for c in columns if str(c).strip().casefold() == bad.strip().casefold()]
+        pieces = {c: [p.strip() for p in str(c).split(",")] for c in columns if "," in str(c)}
+        near = near or [c for c, parts in pieces.items() if bad.strip() in parts]
+        near = near or difflib.get_close_matches(bad, [str(c) for c in columns], n=3)
+        hint = ""
+        if near:
+            spelled = " or ".join(shlex.quote(spell(c)) for c in near)
+            hint = f" (did you mean {spelled}?)"
         raise ValueError(
-            f"{path}: {what} {shorten(missing[0])} not found; the columns are {shown}{more}"
+            f"{path}: {what} {shorten(missing[0])} not found{hint}; the columns are {listed}{more}"
         )
 
 
@@ -449,6 +517,8 @@ def feature_block(
     source="data",
     fmt="csv",
     on_nan="error",
+    model_missing="marginalize",
+    handle_unknown="ignore",
 ):
     """The ``columns`` of ``frame`` as a DataFrame for an estimator, and the rows to keep.
 
@@ -460,6 +530,11 @@ def feature_block(
     "error" (a missing value raises, naming row and column), "drop" (its row
     is marked False), or "marginalize" (kept: NaN / None for the estimator's
     ``missing="marginalize"``; infinity is still an error).
+
+    What a fitted model would refuse is refused here, naming the data row and the
+    column (the model can name only the row of the chunk): a missing value that
+    ``on_nan="marginalize"`` keeps when the model's ``model_missing`` is "error", and
+    a category not in ``categories`` when its ``handle_unknown`` is "error".
     """
     import pandas as pd
 
@@ -494,7 +569,47 @@ def feature_block(
         if on_nan == "drop":
             keep &= ~missing
         out[col] = category_values(series, None if categories is None else categories[j])
-    return pd.DataFrame(out, index=frame.index), keep
+    X = pd.DataFrame(out, index=frame.index)
+    refused = []  # (row, what): the first row the model would refuse
+    if on_nan == "marginalize" and model_missing != "marginalize":
+        gone = X.isna().to_numpy()
+        if gone.any():
+            i = int(np.argmax(gone.any(axis=1)))
+            refused.append(
+                (
+                    i,
+                    f"column {shorten(columns[int(np.argmax(gone[i]))])} is missing, and the "
+                    "model was fitted without --on-nan marginalize; use --on-nan drop, or fit "
+                    "the model with --on-nan marginalize",
+                )
+            )
+    if categories is not None and handle_unknown == "error":
+        for j, (col, kind) in enumerate(zip(columns, kinds)):
+            if kind != "c":
+                refused += _unseen(X[col], keep, col, categories[j])
+    if refused:
+        i, what = min(refused, key=lambda r: r[0])
+        raise ValueError(f"{row_location(source, fmt, first_row + i)}: {what}")
+    return X, keep
+
+
+def _unseen(values, keep, column, categories) -> list:
+    """``[(row, what)]`` for the first value of a categorical column (rows kept) that is
+    none of the fitted ``categories`` (an empty list when there is none)."""
+    from .._core.columns import category_key
+
+    known = {category_key(c) for c in categories}
+    for i, (value, kept) in enumerate(zip(values, keep)):
+        if kept and value is not None and value == value and category_key(value) not in known:
+            listed = ", ".join(shorten(c, 30) for c in categories[:8])
+            more = f", ... ({len(categories)} in all)" if len(categories) > 8 else ""
+            what = (
+                f"column {shorten(column)} holds the category {shorten(value)}, which the "
+                f"model did not see at fit (known: {listed}{more}); --handle-unknown ignore "
+                "(fit, predict, evaluate) gives it the mismatch weight"
+            )
+            return [(i, what)]
+    return []
 
 
 def check_labels(frame, column, *, first_row=0, source="data", fmt="csv", on_nan="error"):

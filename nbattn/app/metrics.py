@@ -115,14 +115,22 @@ def json_ready(value):
 
 
 def fold_summary(table) -> dict:
-    """``{"folds": [...], "mean": {...}, "std": {...}}`` of a table of per-fold metrics
-    (standard deviation with ddof=1), JSON-ready."""
+    """``{"fold_sizes": [...], "folds": [...], "mean": {...}, "std": {...}}`` of a table of
+    per-fold metrics with their rows ``n``: the rows of each fold, each fold's metrics, and
+    the metrics' mean and standard deviation (ddof=1) over the folds (not of ``n``: the
+    folds' sizes are a list, not a quantity with an error), JSON-ready."""
 
     def clean(row):
         return {k: json_ready(v) for k, v in row.items()}
 
     folds = [clean(r) for r in table.to_dict("records")]
-    return {"folds": folds, "mean": clean(table.mean()), "std": clean(table.std(ddof=1))}
+    metrics = table.drop(columns="n")
+    return {
+        "fold_sizes": [int(n) for n in table["n"]],
+        "folds": folds,
+        "mean": clean(metrics.mean()),
+        "std": clean(metrics.std(ddof=1)),
+    }
 
 
 def grid_table(candidates, tables, criterion):

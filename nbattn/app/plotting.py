@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .._core.validation import plural
 from .legends import lay_out, place_legend
 
 FIGURE_FORMATS = ("png", "svg")
@@ -177,7 +178,10 @@ def show_heatmaps(
         raise ValueError("weights contains NaN or inf")
     rows, cols = w.shape[:2]
     if titles is not None and len(titles) not in (cols, rows * cols):
-        raise ValueError(f"titles must have {cols} or {rows * cols} entries, got {len(titles)}")
+        raise ValueError(
+            f"titles must have {cols} or {plural(rows * cols, 'entry', 'entries')}, got "
+            f"{len(titles)}"
+        )
     plt = pyplot()
     fig, axes = plt.subplots(
         rows,
@@ -255,6 +259,25 @@ def _reference_row(X, kinds):
         else:
             row[name] = column.mode(dropna=True).iloc[0]
     return row
+
+
+def _held_at(reference, kinds, features, name, width=56) -> str:
+    """A panel's title: the value at which each other feature is held (its median, or its
+    most frequent category), on lines of about ``width`` characters (a value is never
+    split from its name)."""
+    held = [
+        f"{c} = {reference[c]:.4g}" if kind == "c" else f"{c} = {reference[c]}"
+        for c, kind in zip(features, kinds)
+        if c != name
+    ]
+    lines = ["others held at"]
+    for k, item in enumerate(held):
+        item += "," if k < len(held) - 1 else ""
+        if len(lines[-1]) + 1 + len(item) > width and lines[-1] != "others held at":
+            lines.append(item)
+        else:
+            lines[-1] += " " + item
+    return "\n".join(lines)
 
 
 def _band(model, queries):
@@ -404,6 +427,8 @@ def fit_figure(model, X, y, target, label="data"):
             ax.set_xticks(range(len(grid)), [str(v) for v in grid], rotation=30, ha="right")
         ax.set_xlabel(name)
         ax.set_ylabel(f"probability of each {target}" if classifier else target)
+        if d > 1:
+            ax.set_title(_held_at(reference, kinds, features, name), fontsize="small")
     for ax in list(axes.flat)[d:]:
         ax.set_visible(False)
     what = "class probabilities" if classifier else "partial dependence"
@@ -417,7 +442,10 @@ def fit_figure(model, X, y, target, label="data"):
             if text not in handles:
                 handles[text] = handle
                 labels.append(text)
-    fig.suptitle(f"{type(model).__name__}: {what} on each feature (others at reference)")
+    fig.suptitle(
+        f"{type(model).__name__}: {what} on each feature\n(the others held at their "
+        "median or their most frequent category)"
+    )
     fig.legend(
         [handles[t] for t in labels],
         labels,
@@ -500,20 +528,26 @@ def attention_figure(model, X, data_name="data"):
     rows, cols = -(-n_queries // MAX_CELLS), -(-n_keys // MAX_CELLS)
     xlabel = f"training rows (keys), {how}"
     ylabel = f"rows of {data_name} (queries), {how}"
-    scale = "weight"
+    scale = ["weight"]  # the colour bar's label, a line a part: it runs along the bar
     if cols > 1:
         xlabel = f"training rows (keys), {how}, in runs of {cols}"
-        scale = f"weight on a run of {cols} keys"
+        scale = [f"weight on a run of {cols} keys"]
     if rows > 1:
         ylabel = f"rows of {data_name}, {how}, in runs of {rows}"
-        scale += f", mean over {rows} queries"
+        scale.append(f"mean over {rows} queries")
     weights = binned(weights, rows, cols)
     _, ax = pyplot().subplots(figsize=(6.5, 4.5), layout="constrained")
     signed = weights.size and weights.min() < 0
     if not signed:
-        scale += " (square-root colour scale)"
+        scale.append("(square-root colour scale)")
     plot_heatmap(
-        weights, xlabel, ylabel, ax=ax, title="attention weights", scale_label=scale, gamma=0.5
+        weights,
+        xlabel,
+        ylabel,
+        ax=ax,
+        title="attention weights",
+        scale_label="\n".join(scale),
+        gamma=0.5,
     )
     # a cell spans its run of rows on the axes (the last run, if shorter, is cut at the end)
     ax.images[0].set_extent(
@@ -557,9 +591,10 @@ def loo_curve(X, y, base, scales, progress=None, var_type=None, n_categories=Non
     return losses
 
 
-def _mixed_loo_setup(X, y, var_type):
+def _mixed_loo_setup(X, y, var_type, verbose=0):
     """(codes, Scott's widths, the 'loo_scale' factor, category counts) of a table with
-    categorical columns, through NadarayaWatsonRegressor's own encoding and search."""
+    categorical columns, through NadarayaWatsonRegressor's own encoding and search (its
+    progress: ``verbose``)."""
     from ..estimators import NadarayaWatsonRegressor
 
     if "c" not in var_type:
@@ -570,7 +605,7 @@ def _mixed_loo_setup(X, y, var_type):
     missing = "marginalize" if X.isna().to_numpy().any() else "error"
     options = {"var_type": var_type, "missing": missing}
     scott = NadarayaWatsonRegressor(bandwidth="scott", **options).fit(X, y)
-    chosen = NadarayaWatsonRegressor(bandwidth="loo_scale", **options).fit(X, y)
+    chosen = NadarayaWatsonRegressor(bandwidth="loo_scale", verbose=verbose, **options).fit(X, y)
     cont = np.array([k == "c" for k in var_type])
     base = np.asarray(scott.bandwidth_, dtype=np.float64)
     factor = float(chosen.bandwidth_[cont][0] / base[cont][0])
@@ -578,7 +613,7 @@ def _mixed_loo_setup(X, y, var_type):
     return np.asarray(chosen.X_fit_, dtype=np.float64), base, factor, counts
 
 
-def loo_figure(X, y, points=30, progress=None, var_type=None):
+def loo_figure(X, y, points=30, progress=None, var_type=None, verbose=0):
     """Leave-one-out MSE against the width, in units of Scott's rule, over ``points``
     scales from 10^-1.5 to 10, with Scott's rule, the grid minimum and the width
     ``bandwidth="loo_scale"`` chooses marked.
@@ -589,12 +624,13 @@ def loo_figure(X, y, points=30, progress=None, var_type=None):
     columns' widths are scaled together and the categorical ones' lambda held at the
     rule's: the criterion and the factor of ``NadarayaWatsonRegressor(bandwidth=
     "loo_scale")`` on the mixed-type engine (:func:`loo_curve`). ``progress`` is called
-    once per width."""
+    once per width of the curve; ``verbose`` is the progress of the search for the
+    marked width (:class:`nbattn._core.progress.FitProgress`)."""
     if len(y) < 2:
         raise ValueError("the leave-one-out loss needs at least 2 rows")
     scales = np.logspace(-1.5, 1.0, points)
     if var_type is not None and set(var_type) != {"c"}:
-        codes, base, factor, counts = _mixed_loo_setup(X, y, var_type)
+        codes, base, factor, counts = _mixed_loo_setup(X, y, var_type, verbose)
         losses = loo_curve(codes, y, base, scales, progress, var_type, counts)
         held = " (categorical λ held at the rule's)"
     else:
@@ -604,7 +640,7 @@ def loo_figure(X, y, points=30, progress=None, var_type=None):
         X = np.asarray(X, dtype=np.float64)
         scott = bandwidth_rule(X, "scott")
         losses = loo_curve(X, y, scott, scales, progress)
-        factor = float(np.asarray(loo_bandwidth(X, y))[0] / scott[0])
+        factor = float(np.asarray(loo_bandwidth(X, y, verbose=verbose))[0] / scott[0])
         held = ""
     title = "leave-one-out MSE, continuous widths scaled together"
     marks = {f"bandwidth='loo_scale': {factor:.3g} x Scott": factor, "Scott's rule": 1.0}

@@ -28,7 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["JOBS", "run_warmup"]
+from .._core.validation import plural
+
+__all__ = ["JOBS", "lock_compiles", "run_warmup"]
 
 _held = threading.local()
 
@@ -116,10 +118,21 @@ JOBS = [
 # ------------------------------------------------------------------------ one compile at a time
 
 
-def _lock_compiles(folder: str) -> None:
-    """Make this process take a file lock per kernel around each outermost compile, so that
-    a kernel another warm-up process is compiling is waited for and loaded from the cache
-    (nothing where there is no ``fcntl``)."""
+def lock_compiles(folder) -> None:
+    """Make this process take an exclusive file lock per kernel, in ``folder``, around each
+    outermost compile of a numba kernel with an on-disk cache (once per process; nothing
+    where there is no ``fcntl``, as on Windows).
+
+    Processes that share numba's on-disk cache (the warm-up's workers, the test suite's
+    xdist workers) compile a kernel that is not cached yet in whichever needs it first;
+    without a lock a second process that needs it before the first has written it
+    compiles it again (20-40 s of CPU for the larger kernels). With it the second waits,
+    then finds the kernel in the cache (numba looks there first) and loads it. Only
+    outermost compiles take a lock (a process holds at most one, so no two processes
+    wait on each other); a callee compiled inside one is not locked. Dispatchers without
+    an on-disk cache are left alone. The system releases a ``flock`` when its process
+    ends, however it ends.
+    """
     try:
         import fcntl
     except ImportError:
@@ -127,8 +140,9 @@ def _lock_compiles(folder: str) -> None:
     from numba.core import dispatcher
     from numba.core.caching import NullCache
 
-    if getattr(dispatcher.Dispatcher.compile, "_nbattn_warmup", False):
+    if getattr(dispatcher.Dispatcher.compile, "_nbattn_locked", False):
         return
+    folder = Path(folder)
     original = dispatcher.Dispatcher.compile
 
     def compile(self, sig):
@@ -137,7 +151,7 @@ def _lock_compiles(folder: str) -> None:
             return original(self, sig)
         func = self.py_func
         name = hashlib.sha1(f"{func.__module__}.{func.__qualname__}".encode()).hexdigest()
-        with open(Path(folder) / name, "a") as handle:
+        with open(folder / name, "a") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             _held.depth = 1
             try:
@@ -146,7 +160,7 @@ def _lock_compiles(folder: str) -> None:
                 _held.depth = 0
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
-    compile._nbattn_warmup = True
+    compile._nbattn_locked = True
     dispatcher.Dispatcher.compile = compile
 
 
@@ -154,7 +168,7 @@ def _start_worker(folder: str) -> None:
     from .._core import compiling
 
     compiling.silence()  # the command shows its own progress
-    _lock_compiles(folder)
+    lock_compiles(folder)
 
 
 def _count_compiles():
@@ -242,14 +256,14 @@ def run_warmup(processes=None, quiet=False, stream=None, names=None) -> int:
     if not quiet:
         done = len(order) - len(failed)
         what = (
-            f"{compiled} kernel{'s' if compiled != 1 else ''} compiled"
+            f"{plural(compiled, 'kernel')} compiled"
             if compiled
             else "all kernels were cached already"
         )
         print(
             f"nbattn warmup: {done} of {len(order)} jobs in "
-            f"{time.perf_counter() - t0:.0f} s over {processes} "
-            f"process{'es' if processes != 1 else ''} ({what})",
+            f"{time.perf_counter() - t0:.0f} s over {plural(processes, 'process', 'processes')} "
+            f"({what})",
             file=stream,
         )
     return len(failed)

@@ -45,20 +45,16 @@ def mask_input(mask, shape=None, name="mask") -> np.ndarray | None:
         )
     if arr.ndim < 2:
         arr = arr.reshape((1,) * (2 - arr.ndim) + arr.shape)
-    _check_mask_shape(arr, shape, name, np.shape(mask))
-    if not (arr.flags.c_contiguous and arr.flags.writeable and arr.dtype.isnative):
-        arr = np.array(arr, dtype=arr.dtype.newbyteorder("="), order="C")
-    return arr
-
-
-def _check_mask_shape(arr, shape, name, given_shape):
     if shape is not None:
         n_q, n_k = shape
         if arr.shape[-2] not in (1, n_q) or arr.shape[-1] not in (1, n_k):
             raise ValueError(
-                f"{name} has shape {given_shape}, which does not broadcast to (..., L, S) = "
+                f"{name} has shape {np.shape(mask)}, which does not broadcast to (..., L, S) = "
                 f"(..., {n_q}, {n_k})"
             )
+    if not (arr.flags.c_contiguous and arr.flags.writeable and arr.dtype.isnative):
+        arr = np.array(arr, dtype=arr.dtype.newbyteorder("="), order="C")
+    return arr
 
 
 def mask_as_bias(
@@ -84,27 +80,12 @@ def mask_as_bias(
         The dtype of a float mask's bias; None keeps float32 and float64 (and
         turns other floats into float64).
     """
-    if mask is None:
+    arr = mask_input(mask, shape, name)  # its kind and shape
+    if arr is None:
         return None
-    try:
-        arr = np.asarray(mask)
-    except Exception as exc:
-        raise ValueError(f"{name} could not be converted to an array: {exc}") from exc
-    if arr.size == 0:
-        raise ValueError(f"{name} is empty (shape {arr.shape})")
     if arr.dtype.kind == "b":
-        bias = np.where(arr, dtype(0.0), dtype(-np.inf))
-    elif arr.dtype.kind == "f":
-        bias = as_float_array(arr, name, dtype=float_dtype, allow_neg_inf=True)
-    else:
-        raise ValueError(
-            f"{name} must be boolean (True = attend) or float (added to the scores), "
-            f"got dtype {arr.dtype}"
-        )
-    if bias.ndim < 2:
-        bias = bias.reshape((1,) * (2 - bias.ndim) + bias.shape)
-    _check_mask_shape(bias, shape, name, arr.shape)
-    return bias
+        return np.where(arr, dtype(0.0), dtype(-np.inf))
+    return as_float_array(arr, name, dtype=float_dtype, allow_neg_inf=True)
 
 
 def shift_rows(z, admissible=None):

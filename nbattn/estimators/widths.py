@@ -39,6 +39,7 @@ import numpy as np
 
 from .. import config
 from .._core.numeric import power_of_two_scale, within_squares
+from .._core.progress import FitProgress
 from .._core.validation import check_bandwidth, check_choice
 from ..smoothing import regression, width_search
 from ..smoothing.search import minimize_log_scale
@@ -195,13 +196,19 @@ def engine_loo_scale(model, X, Y, sample_weight, degree) -> np.ndarray:
     def criterion(t):
         return _loo_loss(spec, X, Y, scaled(t), sample_weight, degree)
 
-    result = minimize_log_scale(
-        criterion,
-        np.log(np.sort(np.asarray(config.LOO_GRID, dtype=np.float64))),
-        rtol=config.LOO_RTOL,
-        extend=config.LOO_EXTEND_DECADES * math.log(10.0),
-        anchor=0.0,
-    )
+    def report(stage, t, value):  # the model's verbose: a step per evaluation
+        log.step(f"{stage}: the continuous widths at {math.exp(t):.4g} x Scott's")
+
+    with FitProgress(model.verbose, "loo_scale", total=len(config.LOO_GRID), unit="width") as log:
+        result = minimize_log_scale(
+            criterion,
+            np.log(np.sort(np.asarray(config.LOO_GRID, dtype=np.float64))),
+            rtol=config.LOO_RTOL,
+            extend=config.LOO_EXTEND_DECADES * math.log(10.0),
+            anchor=0.0,
+            report=report if log.enabled else None,
+        )
+        log.note(f"the continuous widths at {math.exp(result.t):.4g} x Scott's")
     return scaled(result.t)
 
 

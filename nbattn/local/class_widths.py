@@ -245,18 +245,11 @@ class LogLossCriterion(_Criterion):
         mean = float(u @ d)
         return mean < -z * math.sqrt(float((u * u) @ ((d - mean) ** 2)))
 
-    def loss(self, theta):
-        theta = np.asarray(theta, dtype=np.float64)
-        key = theta.tobytes()
-        if key in self.cache:
-            return self.cache[key]
-        self.n_loss += 1
+    def _value(self, theta) -> float:
+        """CV(theta) profiled over alpha; a new best point's alpha is kept with it."""
         value, log_alpha = self.profile(theta)
-        value = value if math.isfinite(value) else math.inf
-        self.cache[key] = value
-        if value < self.best[0]:
+        if math.isfinite(value) and value < self.best[0]:
             self.best_log_alpha = log_alpha
-        self._record(value, theta)
         return value
 
     def best_detail(self) -> str:

@@ -169,17 +169,22 @@ class _Criterion:
         return ""
 
     def loss(self, theta):
+        """CV(theta) (+inf where it is not finite), each point evaluated once."""
         theta = np.asarray(theta, dtype=np.float64)
         key = theta.tobytes()
         if key in self.cache:
             return self.cache[key]
         self.n_loss += 1
-        problem = self.problem_at(theta)
-        value = self.score(fit_problem(problem)[0][:, 0, :])
+        value = self._value(theta)
         value = value if math.isfinite(value) else math.inf
         self.cache[key] = value
         self._record(value, theta)
         return value
+
+    def _value(self, theta) -> float:
+        """The criterion at theta, computed (the hook a criterion of another loss overrides:
+        :meth:`loss` caches, counts and records it)."""
+        return self.score(fit_problem(self.problem_at(theta))[0][:, 0, :])
 
     def score(self, fits):
         """The criterion of the leave-one-out fits (n, n_out): the weighted squared error."""

@@ -29,7 +29,7 @@ import numpy as np
 from .. import config
 from .._core.numeric import power_of_two_scale
 from .._core.progress import FitProgress
-from .._core.validation import resolve_dtype
+from .._core.validation import plural, resolve_dtype
 from ..dispatch.device import resolve_device
 from .loo import centred_xy, check_xy
 from .loo_1d import SortedCriterion1D
@@ -214,7 +214,7 @@ def loo_scale(
     training data, or :func:`nbattn.smoothing.loo.check_xy`'s); ``dtype`` resolved."""
     X, y2 = centred_xy(X, y2)
     n, d = X.shape
-    what = name if name is not None else f"X ({n} rows, {d} feature{'s' if d > 1 else ''})"
+    what = name if name is not None else f"X ({plural(n, 'row')}, {plural(d, 'feature')})"
     # a power of two near max |y| (exact to divide by) keeps the criterion O(1)
     unit = float(power_of_two_scale(np.max(np.abs(y2))))
     y2 = y2 / unit

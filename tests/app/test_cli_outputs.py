@@ -80,6 +80,26 @@ def _queries(path, data):
 # ----------------------------------------------------------------------------- predict
 
 
+def test_predict_file_writes_predict_columns_and_refuses_a_keyword_it_lacks(files, tmp_path):
+    """predict_file's output keywords are predict_columns' own: the file holds what
+    predict_columns gives for the same keywords, and a keyword that predict_columns
+    lacks is refused by name before anything is written."""
+    model, features, _ = batch.read_model(_model(files, "mixed-lp"))
+    out = tmp_path / "p.csv"
+    options = {"std": True, "interval": 0.2, "kind": "observation", "effects": ["x1"]}
+    batch.predict_file(model, features, files / "query.csv", out, name="y", **options)
+    want = batch.predict_columns(
+        model, _queries(_model(files, "mixed-lp"), files / "query.csv"), name="y", **options
+    )
+    written = _read(out)
+    assert list(written.columns) == list(want)
+    for column, values in want.items():
+        np.testing.assert_allclose(written[column], values, rtol=1e-15)
+    with pytest.raises(TypeError, match="intervals"):
+        batch.predict_file(model, features, files / "query.csv", tmp_path / "q.csv", intervals=0.1)
+    assert not (tmp_path / "q.csv").exists()
+
+
 @pytest.mark.parametrize("name", ["nw", "mixed-lp", "learned-full"])
 @pytest.mark.parametrize("kind", [None, "observation"])
 def test_intervals_and_slopes_are_the_estimators(files, capsys, name, kind):
@@ -227,11 +247,11 @@ def test_an_interrupted_run_leaves_the_older_output(files, tmp_path, capsys, mon
     calls = []
     real = batch.predict_columns
 
-    def interrupted_third(*args):
+    def interrupted_third(*args, **kwargs):
         calls.append(1)
         if len(calls) == 3:
             raise Interrupted(signal.SIGINT)
-        return real(*args)
+        return real(*args, **kwargs)
 
     monkeypatch.setattr(batch, "predict_columns", interrupted_third)
     out = tmp_path / "p.csv"

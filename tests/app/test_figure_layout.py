@@ -59,6 +59,7 @@ PLOTS = {
     "fit mixed regressor": ["fit", "mixed.npz", "mixed.csv"],
     "heatmap small": ["heatmap", "small.npz", "small.csv", "--rows", "20"],
     "heatmap 1,300 keys": ["heatmap", "big.npz", "big.csv"],
+    "heatmap 1,300 keys x 700 queries": ["heatmap", "big.npz", "big.csv", "--rows", "700"],
     "loo numeric": ["loo", "many.csv", "--target", "y", "--features", "x1,x2", "--points", "8"],
     "loo mixed": ["loo", "mixed.csv", "--target", "y", "--points", "8"],
     "widths numeric": ["widths", "many.npz"],

@@ -109,3 +109,31 @@ def test_binned_weights_keep_each_row_sum(n_q, n_k, rows, cols, seed):
     )
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-15)
     np.testing.assert_allclose(got.sum(axis=1), 1.0, rtol=1e-12)
+
+
+def test_each_partial_dependence_panel_states_where_the_others_are_held(rng):
+    """Panel f's title gives every other feature's reference value (a continuous column's
+    median, a categorical one's most frequent category) and not its own."""
+    n = 60
+    X = pd.DataFrame(
+        {
+            "x1": rng.uniform(0, 6, n),
+            "x2": rng.normal(size=n),
+            "colour": rng.choice(["red", "red", "blue"], n),
+        }
+    )
+    y = np.sin(X.x1) + X.x2 + (X.colour == "red")
+    model = nbattn.NadarayaWatsonRegressor(bandwidth=1.0).fit(X, y)
+    fig = plotting.fit_figure(model, X, y, "y")
+    titles = [ax.get_title() for ax in fig.axes if ax.get_visible()][:3]
+    held = {
+        "x1": f"x1 = {np.median(X.x1):.4g}",
+        "x2": f"x2 = {np.median(X.x2):.4g}",
+        "colour": f"colour = {X.colour.mode()[0]}",
+    }
+    for title, name in zip(titles, X.columns):
+        flat = " ".join(title.split())
+        assert flat.startswith("others held at"), title
+        for other, text in held.items():
+            assert (text in flat) == (other != name), (name, title)
+    assert "median" in fig.get_suptitle() and "most frequent" in fig.get_suptitle()

@@ -256,3 +256,25 @@ def test_compute_with_progress_keeps_a_log_short(capfd):
     (same,) = nbdask.compute_with_progress(big, verbose=0)
     assert capfd.readouterr().err == ""
     np.testing.assert_array_equal(same, got)
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_plot_loo_shows_the_progress_of_its_width_search(tmp_path, monkeypatch, mixed):
+    """After the curve, the search for the marked width (``loo_bandwidth``, or the
+    regressor's 'loo_scale' search with categorical columns) draws its bar on a terminal
+    too; -q silences it (and off a terminal, as the curve's bar, nothing is written)."""
+    frame = _frame()
+    if mixed:
+        frame["colour"] = np.where(frame.x2 > 0, "red", "blue")
+    path = tmp_path / "train.csv"
+    frame.to_csv(path, index=False)
+    args = ["plot", "loo", str(path), "--target", "y", "--points", "5", "-o"]
+    stream = Terminal()
+    monkeypatch.setattr(sys, "stderr", stream)
+    assert cli.main([*args, str(tmp_path / "loo.png")]) == 0
+    search = "loo_scale: " if mixed else "loo_bandwidth: "
+    assert "5/5" in stream.getvalue() and search in stream.getvalue(), stream.getvalue()
+    for quiet, out in ((["-q"], Terminal()), ([], io.StringIO())):
+        monkeypatch.setattr(sys, "stderr", out)
+        assert cli.main([*args, str(tmp_path / "q.png"), *quiet]) == 0
+        assert out.getvalue() == ""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import subprocess
 import sys
@@ -62,3 +63,43 @@ def test_a_job_runs_in_a_process_of_its_own_and_is_reported():
 def test_an_unknown_job_is_refused_by_name():
     with pytest.raises(ValueError, match="names: unknown warm-up jobs \\['flash float16'\\]"):
         warmup.run_warmup(names=["flash float16"])
+
+
+def test_the_test_processes_compile_under_the_warmups_lock():
+    """tests/conftest.py installs ``warmup.lock_compiles``: one lock, not a copy of it."""
+    from numba.core import dispatcher
+
+    assert getattr(dispatcher.Dispatcher.compile, "_nbattn_locked", False)
+
+
+def test_an_outermost_cached_compile_takes_a_lock_named_after_its_kernel(tmp_path):
+    """A kernel with an on-disk cache locks a file named after it; one without does not;
+    installing twice wraps once."""
+    (tmp_path / "kernel_mod.py").write_text(
+        "import numba\n"
+        "@numba.njit(cache=True)\n"
+        "def cached(x):\n    return x + 1\n"
+        "@numba.njit\n"
+        "def plain(x):\n    return x + 2\n"
+    )
+    script = (
+        "import sys; sys.path.insert(0, sys.argv[1])\n"
+        "from pathlib import Path\n"
+        "from numba.core import dispatcher\n"
+        "from nbattn.app.warmup import lock_compiles\n"
+        "folder = Path(sys.argv[1]) / 'locks'; folder.mkdir()\n"
+        "lock_compiles(folder); wrapped = dispatcher.Dispatcher.compile\n"
+        "lock_compiles(folder); assert dispatcher.Dispatcher.compile is wrapped\n"
+        "import kernel_mod\n"
+        "assert kernel_mod.cached(1) == 2 and kernel_mod.plain(1) == 3\n"
+        "print(sorted(p.name for p in folder.iterdir()))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    expected = hashlib.sha1(b"kernel_mod.cached").hexdigest()
+    assert result.stdout.strip() == repr([expected])

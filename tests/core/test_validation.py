@@ -318,3 +318,33 @@ def test_load_state_dict_is_all_or_nothing(bad):
         layer.load_state_dict({**new, **bad})
     for name, value in layer.state_dict().items():
         np.testing.assert_array_equal(value, before[name])
+
+
+@pytest.mark.parametrize(
+    ("call", "bad", "plain"),
+    [
+        (lambda x: v.check_positive_int(x, "n"), np.int64(0), "got 0"),
+        (lambda x: v.check_positive_float(x, "h"), np.float64(-2.5), "got -2.5"),
+        (lambda x: v.check_scale(x, 4), np.float64(np.inf), "got inf"),
+        (lambda x: v.check_bandwidth(x, 2), np.array([1.0, -1.0]), "got [ 1., -1.]"),
+    ],
+)
+def test_numpy_values_are_shown_plainly(call, bad, plain):
+    """A NumPy scalar in an error message reads as the number it holds, not its repr."""
+    with pytest.raises(ValueError) as info:
+        call(bad)
+    message = str(info.value)
+    assert plain in message and "np." not in message and "array(" not in message, message
+
+
+def test_the_columns_messages_show_values_plainly_and_count_rows_from_0():
+    from nbattn._core import columns
+
+    X = np.array([[1.0, 0.0], [2.0, 1.0], [np.nan, 1.0]])
+    with pytest.raises(ValueError) as info:
+        columns.encode_columns(X, "cu", [None, [0.0, 1.0]])
+    assert "missing value (nan) in row 2 (counting from 0)" in str(info.value)
+    with pytest.raises(ValueError) as info:
+        columns.encode_columns(X[:2] + [0, 1], "cu", [None, [0.0, 1.0]])
+    message = str(info.value)
+    assert "the category 2.0 (row 1, counting from 0)" in message and "np." not in message

@@ -11,6 +11,7 @@ from sklearn.pipeline import Pipeline
 
 import nbattn
 from nbattn._core import columns
+from nbattn.app.datasets import interval_coverage
 from tests.naive import local_polynomial_exact
 
 from ..strategies import seeds
@@ -100,7 +101,7 @@ def test_categories_are_plain_lists_in_dtype_order():
 
 def test_text_in_a_continuous_column_names_the_column():
     frame = pd.DataFrame({"x": [1.0, 2.0, 3.0], "town": ["a", "b", "c"]})
-    with pytest.raises(ValueError, match="column 'town' holds text.*'a' at row 0"):
+    with pytest.raises(ValueError, match="column 'town' holds text.*'a' in row 0, counting from 0"):
         nbattn.NadarayaWatsonRegressor(var_type="cc").fit(frame, [1.0, 2.0, 3.0])
 
 
@@ -267,7 +268,8 @@ def test_weighted_spread_matches_weighted_moments(rng):
 def test_missing_value_error_names_column_and_row(rng):
     frame, y = _frame(rng, kinds="cu")
     frame.iloc[4, 1] = None
-    with pytest.raises(ValueError, match="column 'u1' has a missing value .* at row 4"):
+    missing = r"column 'u1' has a missing value .* in row 4 \(counting from 0\)"
+    with pytest.raises(ValueError, match=missing):
         nbattn.NadarayaWatsonRegressor().fit(frame, y)
 
 
@@ -341,19 +343,8 @@ def test_interval_coverage_by_simulation(kind):
     (no smoothing bias) covers the true mean (kind="mean") or a new observation
     (kind="observation") about 90% of the time. Tolerance: 4 binomial standard
     errors of 300 independent data sets (queries within a set are correlated)."""
-    rng = np.random.default_rng(11)
-    draws, n, alpha = 300, 80, 0.1
-    queries = np.linspace(-1.5, 1.5, 7)[:, None]
-    truth = 1.0 + 2.0 * queries[:, 0]
-    hits = []
-    for _ in range(draws):
-        X = rng.normal(size=(n, 1))
-        y = 1.0 + 2.0 * X[:, 0] + rng.normal(0, 0.5, n)
-        model = nbattn.LocalPolynomialRegressor(degree=1, bandwidth=0.6).fit(X, y)
-        band = model.predict_interval(queries, alpha=alpha, kind=kind)
-        target = truth if kind == "mean" else truth + rng.normal(0, 0.5, truth.size)
-        hits.append((band[:, 0] <= target) & (target <= band[:, 1]))
-    coverage = float(np.mean(hits))
+    draws, alpha = 300, 0.1
+    coverage = interval_coverage(kind, draws=draws, alpha=alpha)
     tolerance = 4 * np.sqrt(alpha * (1 - alpha) / draws)
     assert abs(coverage - (1 - alpha)) < tolerance, coverage
 

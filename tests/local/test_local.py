@@ -483,7 +483,7 @@ def test_bad_inputs_name_the_argument():
     y = np.arange(5.0)
     with pytest.raises(ValueError, match="var_type letter 1"):
         local_polynomial(X, X, y, [1, 0.2], var_type="cx")
-    with pytest.raises(ValueError, match="var_type has 1 letters"):
+    with pytest.raises(ValueError, match="var_type has 1 letter but"):
         local_polynomial(X, X, y, [1, 0.2], var_type="c")
     with pytest.raises(ValueError, match=r"bandwidth\[1\]"):
         local_polynomial(X, X, y, [1, 0.9], var_type="cu", n_categories=[0, 3])
