@@ -1,6 +1,6 @@
 """Every tunable of nbattn in one place, by domain.
 
-The sections below (engine, pooling, loo, search, learned, local, flash,
+The sections below (engine, pooling, tree, loo, search, learned, local, flash,
 decode, cuda, app) are listed in :data:`SECTIONS`; :data:`DEFAULTS` is the one
 table of their values at import and :func:`reset` puts them back. Each value
 can be overridden by an environment variable of the same name with the prefix
@@ -133,6 +133,29 @@ GEMM_WIDE_BLOCK_K = _env_int("GEMM_WIDE_BLOCK_K", 512)
 #: the floor for a row with a near key); other rows take the direct path.
 GEMM_NORM_RATIO = _env_int("GEMM_NORM_RATIO", 8)
 GEMM_NORM_FLOOR = _env_int("GEMM_NORM_FLOOR", 64)
+
+
+# --- tree: Nadaraya-Watson within a relative tolerance (nbattn.kernels.tree_pool) -------------
+
+#: Keys per leaf of the k-d tree that ``nbattn.nadaraya_watson(..., rtol > 0)`` walks. Read
+#: at call time.
+TREE_LEAF_KEYS = _env_int("TREE_LEAF_KEYS", 64, compiled=False)
+
+#: The cost model of ``rtol > 0`` (``nbattn.smoothing.pruned``): below TREE_MIN_KEYS keys, or
+#: from TREE_MAX_FEATURES features on (a k-d tree prunes little there), the exact streaming
+#: path runs. Otherwise the tree is built and TREE_SAMPLE_QUERIES evenly spaced queries
+#: walk it; the tree path runs when their estimated cost, in key visits of the streaming
+#: kernel (TREE_KEY_COST per key summed in a leaf, TREE_NODE_COST per node looked at, plus
+#: TREE_BUILD_COST n log2 n for the tree), is at most TREE_MAX_COST_SHARE percent of the
+#: streaming kernel's n_queries x n_keys. The costs, in hundredths of one streamed key,
+#: were measured on the 2-core machine (scripts/bench_scale.py --crossover). Read at call time.
+TREE_MIN_KEYS = _env_int("TREE_MIN_KEYS", 2048, compiled=False)
+TREE_MAX_FEATURES = _env_int("TREE_MAX_FEATURES", 16, compiled=False)
+TREE_SAMPLE_QUERIES = _env_int("TREE_SAMPLE_QUERIES", 64, compiled=False)
+TREE_KEY_COST = _env_int("TREE_KEY_COST", 400, compiled=False)
+TREE_NODE_COST = _env_int("TREE_NODE_COST", 500, compiled=False)
+TREE_BUILD_COST = _env_int("TREE_BUILD_COST", 100, compiled=False)
+TREE_MAX_COST_SHARE = _env_int("TREE_MAX_COST_SHARE", 80, compiled=False)
 
 
 # --- loo: leave-one-out kernels (nbattn.kernels.loo) ------------------------------------------
@@ -449,6 +472,16 @@ SECTIONS = {
         "GEMM_WIDE_BLOCK_K",
         "GEMM_NORM_RATIO",
         "GEMM_NORM_FLOOR",
+    ),
+    "tree": (
+        "TREE_LEAF_KEYS",
+        "TREE_MIN_KEYS",
+        "TREE_MAX_FEATURES",
+        "TREE_SAMPLE_QUERIES",
+        "TREE_KEY_COST",
+        "TREE_NODE_COST",
+        "TREE_BUILD_COST",
+        "TREE_MAX_COST_SHARE",
     ),
     "loo": (
         "LOO_FULL_GROUPS",
