@@ -137,9 +137,20 @@ GEMM_NORM_FLOOR = _env_int("GEMM_NORM_FLOOR", 64)
 
 # --- tree: Nadaraya-Watson within a relative tolerance (nbattn.kernels.tree_pool) -------------
 
-#: Keys per leaf of the k-d tree that ``nbattn.nadaraya_watson(..., rtol > 0)`` walks. Read
-#: at call time.
-TREE_LEAF_KEYS = _env_int("TREE_LEAF_KEYS", 64, compiled=False)
+#: Keys per leaf of the k-d tree that ``nbattn.nadaraya_watson(..., rtol > 0)`` walks. Each
+#: node looked at costs a box distance and a bound per row, so larger leaves than the LOO
+#: tiles' pay: 1e6 clustered 3-D keys at Scott's widths, one thread, tiles of 16, CPU
+#: seconds per 2000 queries (a loaded machine, +-30 %): 3.6 at 32 keys, 1.8 at 64, 1.1-1.5
+#: at 128, 0.9 at 256, 1.2 at 512 (exact streaming 8-10); at a quarter of the widths 0.56,
+#: 0.40, 0.32 at 64, 128, 256 (exact 24 per 4000). Read at call time.
+TREE_LEAF_KEYS = _env_int("TREE_LEAF_KEYS", 256, compiled=False)
+
+#: Queries (neighbours in k-d order) that walk the tree together: a node is dropped for
+#: the tile only when the rule drops it for each of its rows, and each leaf is read
+#: once for all the rows that keep it. Measured as TREE_LEAF_KEYS: at Scott's widths tiles
+#: of 16 took half the time of one row at a time with leaves of 64 keys and 0.7 of it with
+#: 128; at a quarter of the widths they were even. Read at call time.
+TREE_TILE_ROWS = _env_int("TREE_TILE_ROWS", 16, compiled=False)
 
 #: The cost model of ``rtol > 0`` (``nbattn.smoothing.pruned``): below TREE_MIN_KEYS keys, or
 #: from TREE_MAX_FEATURES features on (a k-d tree prunes little there), the exact streaming
@@ -147,13 +158,14 @@ TREE_LEAF_KEYS = _env_int("TREE_LEAF_KEYS", 64, compiled=False)
 #: walk it; the tree path runs when their estimated cost, in key visits of the streaming
 #: kernel (TREE_KEY_COST per key summed in a leaf, TREE_NODE_COST per node looked at, plus
 #: TREE_BUILD_COST n log2 n for the tree), is at most TREE_MAX_COST_SHARE percent of the
-#: streaming kernel's n_queries x n_keys. The costs, in hundredths of one streamed key,
-#: were measured on the 2-core machine (scripts/bench_scale.py --crossover). Read at call time.
+#: streaming kernel's n_queries x n_keys. The costs are in hundredths of one streamed key,
+#: fitted to the TREE_LEAF_KEYS measurements at 256 keys (a summed key about 1.0-1.2
+#: streamed keys, a node 12-14). Read at call time.
 TREE_MIN_KEYS = _env_int("TREE_MIN_KEYS", 2048, compiled=False)
 TREE_MAX_FEATURES = _env_int("TREE_MAX_FEATURES", 16, compiled=False)
 TREE_SAMPLE_QUERIES = _env_int("TREE_SAMPLE_QUERIES", 64, compiled=False)
-TREE_KEY_COST = _env_int("TREE_KEY_COST", 400, compiled=False)
-TREE_NODE_COST = _env_int("TREE_NODE_COST", 500, compiled=False)
+TREE_KEY_COST = _env_int("TREE_KEY_COST", 120, compiled=False)
+TREE_NODE_COST = _env_int("TREE_NODE_COST", 1300, compiled=False)
 TREE_BUILD_COST = _env_int("TREE_BUILD_COST", 100, compiled=False)
 TREE_MAX_COST_SHARE = _env_int("TREE_MAX_COST_SHARE", 80, compiled=False)
 
@@ -475,6 +487,7 @@ SECTIONS = {
     ),
     "tree": (
         "TREE_LEAF_KEYS",
+        "TREE_TILE_ROWS",
         "TREE_MIN_KEYS",
         "TREE_MAX_FEATURES",
         "TREE_SAMPLE_QUERIES",

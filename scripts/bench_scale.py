@@ -83,7 +83,7 @@ def main(argv=None):
 
     import nbattn
     from nbattn.dispatch.device import kernels_for
-    from nbattn.smoothing.pruned import tree_layout
+    from nbattn.smoothing.pruned import _query_order, tree_layout
     from nbattn.smoothing.regression import _layout, bandwidth_rule
 
     rng = np.random.default_rng(0)
@@ -124,7 +124,7 @@ def main(argv=None):
         q, k_t, v_t, _ = _layout(queries[:512], keys, values[:, None], h, args.dtype)
         k_t, v_t, nodes, own = tree_layout(k_t, v_t, False, q.shape[0])
         work = kernels_for("tree_pool", "cpu").tree_pool(
-            q, k_t, v_t, *nodes, own, rtol, np.arange(q.shape[0])
+            q, k_t, v_t, *nodes, own, rtol, _query_order(q), config.TREE_TILE_ROWS
         )[3]
         print(
             f"  {label:8s} exact {t_exact:8.2f} s   rtol {t_rtol:8.2f} s   speedup "

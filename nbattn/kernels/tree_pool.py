@@ -7,11 +7,18 @@ s_ij = -||q_i - k_j||^2) the exact sums are
     S_i = sum_j exp(s_ij),    A_ic = sum_j exp(s_ij) v_jc,    out_ic = A_ic / S_i.
 
 Here the keys are in the k-d order of ``nbattn.kernels.kd_order`` and every node of the
-split (``kd_nodes``) carries the bounding box of its keys. Each query walks the tree
-depth first, nearer child first (Gray and Moore's traversal), and sums the leaves it
-reaches with a max-shifted online softmax in float64 running sums, as the streaming
-kernel does. A node of c keys whose box lies at squared distance d2 from the query holds
-a weight of at most
+split (``kd_nodes``) carries the bounding box of its keys. A tile of queries (neighbours
+in k-d order) walks the tree together, depth first, nearer child first (Gray and Moore's
+traversal; "nearer" by the sum of the rows' box distances), and each row sums the leaves
+it keeps with a max-shifted online softmax in float64 running sums, as the streaming
+kernel does. Every row keeps its own L, U and running maximum: an internal node is
+dropped for the tile only when the rule below drops it for every row of the tile (each
+row's U then grows by its own B), and a leaf is dropped or summed row by row. So the rule
+is applied per row exactly as for a row walking alone; a tile only changes the order of
+the nodes and may descend into a node a row could have dropped (the row can then drop its
+children: they hold no more weight than their parent's bound). The tile shares the
+nodes' bookkeeping and reads each leaf once for all its rows. A node of c keys whose
+box lies at squared distance d2 from the query holds a weight of at most
 
     B = c exp(-d2)                      (every key in the box is at least that far)
 
@@ -24,7 +31,7 @@ bounds B of the nodes dropped so far (U then grows by B). Both are kept relative
 row's running maximum m, exactly as the streaming kernel keeps its sums, so neither
 underflows for a query far from the keys.
 
-Proof that the dropped mass E is at most rtol * S. The rule keeps the invariant
+Proof that the dropped mass E is at most rtol * S (per row). The rule keeps the invariant
 U <= rtol * L at every step: it holds at the start (0 <= 0), a drop adds B only when
 U + B <= rtol * L, and summing a leaf only increases L. At the end L is a sum over a
 subset of the keys, so L <= S, and each dropped node's true weight is at most its B, so
@@ -71,6 +78,7 @@ from numba.extending import overload
 from .. import config
 from .fastmath import fast_exp, like
 from .kd_order import kd_nodes, kd_order
+from .softmax import row_max
 
 __all__ = ["kd_nodes", "kd_order", "tree_pool"]
 
@@ -96,11 +104,11 @@ def _far_score_overload(array):
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def _box_d2(q64, lo, hi, node):
-    """Squared distance from the query to node's bounding box (0 inside it)."""
+def _box_d2(q64, r, lo, hi, node):
+    """Squared distance from query r of the tile to node's bounding box (0 inside it)."""
     total = 0.0
-    for f in range(q64.shape[0]):
-        gap = max(lo[node, f] - q64[f], q64[f] - hi[node, f], 0.0)
+    for f in range(q64.shape[1]):
+        gap = max(lo[node, f] - q64[r, f], q64[r, f] - hi[node, f], 0.0)
         total += gap * gap
     return total
 
@@ -129,28 +137,42 @@ def packed_leaves(keys_t, values_t, start, stop, right):
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def _leaf_distances(query_row, pack, base, nb, buf):
-    """buf[t] = ||query - key t of the leaf at ``base``||^2 for t < nb (dtype of the keys)."""
-    q0 = query_row[0]
+def _leaf_scores(qt, r, pack, base, nb, buf):
+    """buf[t] = -||query r of the tile - key t of the leaf at ``base``||^2 for t < nb
+    (dtype of the keys)."""
+    q0 = qt[r, 0]
     for t in range(nb):
         diff = pack[base + t] - q0
-        buf[t] = diff * diff
-    for f in range(1, query_row.shape[0]):
-        qf = query_row[f]
+        buf[t] = -(diff * diff)
+    for f in range(1, qt.shape[1]):
+        qf = qt[r, f]
         row = base + f * nb
         for t in range(nb):
             diff = pack[row + t] - qf
-            buf[t] += diff * diff
+            buf[t] -= diff * diff
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def _leaf_sum_dot(buf, nb, shift, pack, row):
+    """(sum_t exp(buf[t] - shift), sum_t exp(buf[t] - shift) pack[row + t]), one pass."""
+    total = like(0.0, buf)
+    weighted = like(0.0, buf)
+    s = like(shift, buf)
+    for t in range(nb):
+        w = fast_exp(buf[t] - s)
+        total += w
+        weighted += w * pack[row + t]
+    return total, weighted
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
 def _leaf_weights(buf, nb, shift):
-    """buf[j] <- exp(-buf[j] - shift) for j < nb; returns their sum (dtype of buf)."""
+    """buf[t] <- exp(buf[t] - shift) for t < nb; returns their sum (dtype of buf)."""
     total = like(0.0, buf)
     s = like(shift, buf)
-    for j in range(nb):
-        w = fast_exp(-buf[j] - s)
-        buf[j] = w
+    for t in range(nb):
+        w = fast_exp(buf[t] - s)
+        buf[t] = w
         total += w
     return total
 
@@ -163,10 +185,51 @@ def _leaf_dot(buf, nb, pack, row):
     return total
 
 
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def _sum_leaf(qt, r, pack, base, nb, n_outputs, skip, buf, acc, m, total, used):
+    """Adds the leaf at ``base`` to row r of the tile (its state m, total, used, acc[r])."""
+    _leaf_scores(qt, r, pack, base, nb, buf)
+    if 0 <= skip < nb:
+        buf[skip] = -np.inf
+    best = np.float64(row_max(buf[:nb]))
+    if best == -np.inf:  # every score overflowed (or the one key was excluded)
+        return
+    if best > m[r]:
+        scale = math.exp(m[r] - best)
+        total[r] *= scale
+        used[r] *= scale
+        for c in range(n_outputs):
+            acc[r, c] *= scale
+        m[r] = best
+    k = qt.shape[1]
+    if n_outputs == 1:
+        leaf_total, weighted = _leaf_sum_dot(buf, nb, m[r], pack, base + k * nb)
+        total[r] += leaf_total
+        acc[r, 0] += weighted
+        return
+    total[r] += _leaf_weights(buf, nb, m[r])
+    for c in range(n_outputs):
+        acc[r, c] += _leaf_dot(buf, nb, pack, base + (k + c) * nb)
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def _drops(node, d2, start, stop, rtol, m, total, used, r):
+    """Row r's bound B of ``node`` (relative to exp(m[r])) when the rule drops it, else -1."""
+    if not total[r] > 0.0:
+        return -1.0
+    bound = (stop[node] - start[node]) * fast_exp(-d2 * _D2_SHRINK - m[r])
+    if used[r] + bound <= rtol * total[r]:
+        return bound
+    return -1.0
+
+
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
-def _tree_row(
-    query_row,
+def _tree_tile(
+    qt,
     q64,
+    active,
+    n_active,
+    skip,
     pack,
     n_outputs,
     start,
@@ -174,81 +237,81 @@ def _tree_row(
     right,
     lo,
     hi,
-    own,
     rtol,
-    far,
     buf,
     acc,
+    m,
+    total,
+    used,
+    summed,
+    seen,
     stack_node,
     stack_d2,
 ):
-    """One query: ``(m, l, keys_summed, nodes_seen)`` with acc[c] = sum of w_j v_jc
-    (relative to exp(m)); m = nan flags a far row (module docstring)."""
-    acc[:] = 0.0
-    m = -np.inf
-    total = 0.0  # L relative to exp(m)
-    used = 0.0  # U relative to exp(m)
-    summed = 0
-    seen = 1
-    d2_root = _box_d2(q64, lo, hi, 0)
-    if d2_root > far:
-        return np.nan, 0.0, summed, seen
+    """Walks the tree once for the tile's active rows (``active[:n_active]``, indices
+    into the tile's buffers), summing the leaves each row keeps into acc[r], m[r],
+    total[r], used[r] (module docstring); counts keys summed and nodes seen per row."""
+    k = qt.shape[1]
+    width = k + n_outputs
+    for a in range(n_active):
+        r = active[a]
+        stack_d2[0, r] = _box_d2(q64, r, lo, hi, 0)
+        seen[r] += 1
     stack_node[0] = 0
-    stack_d2[0] = d2_root
     top = 1
     while top > 0:
         top -= 1
         node = stack_node[top]
-        d2 = stack_d2[top]
-        if total > 0.0:
-            bound = (stop[node] - start[node]) * fast_exp(-d2 * _D2_SHRINK - m)
-            if used + bound <= rtol * total:
-                used += bound
+        rgt = right[node]
+        if rgt >= 0:
+            # dropped for the whole tile only when the rule drops it for every row
+            every = True
+            for a in range(n_active):
+                r = active[a]
+                if _drops(node, stack_d2[top, r], start, stop, rtol, m, total, used, r) < 0.0:
+                    every = False
+                    break
+            if every:
+                for a in range(n_active):
+                    r = active[a]
+                    used[r] += _drops(node, stack_d2[top, r], start, stop, rtol, m, total, used, r)
                 continue
-        r = right[node]
-        if r >= 0:
             left = node + 1
-            d2_left = _box_d2(q64, lo, hi, left)
-            d2_right = _box_d2(q64, lo, hi, r)
-            seen += 2
-            if d2_left <= d2_right:  # the nearer child on top of the stack
-                stack_node[top], stack_d2[top] = r, d2_right
-                stack_node[top + 1], stack_d2[top + 1] = left, d2_left
+            near_left = 0.0
+            near_right = 0.0
+            for a in range(n_active):
+                r = active[a]
+                d2_left = _box_d2(q64, r, lo, hi, left)
+                d2_right = _box_d2(q64, r, lo, hi, rgt)
+                stack_d2[top, r] = d2_left
+                stack_d2[top + 1, r] = d2_right
+                near_left += d2_left
+                near_right += d2_right
+                seen[r] += 2
+            # the nearer child (summed over the tile's rows) on top of the stack
+            if near_left <= near_right:
+                stack_node[top], stack_node[top + 1] = rgt, left
+                for a in range(n_active):
+                    r = active[a]
+                    stack_d2[top, r], stack_d2[top + 1, r] = (
+                        stack_d2[top + 1, r],
+                        stack_d2[top, r],
+                    )
             else:
-                stack_node[top], stack_d2[top] = left, d2_left
-                stack_node[top + 1], stack_d2[top + 1] = r, d2_right
+                stack_node[top], stack_node[top + 1] = left, rgt
             top += 2
             continue
-        a = start[node]
-        nb = stop[node] - a
-        summed += nb
-        base = a * (query_row.shape[0] + n_outputs)
-        _leaf_distances(query_row, pack, base, nb, buf)
-        if a <= own < a + nb:
-            buf[own - a] = np.inf
-        nearest = np.inf
-        for j in range(nb):
-            nearest = min(nearest, np.float64(buf[j]))
-        if not nearest < np.inf:  # every score overflowed (or the one key was excluded)
-            continue
-        if -nearest > m:
-            scale = math.exp(m + nearest)
-            total *= scale
-            used *= scale
-            for c in range(acc.shape[0]):
-                acc[c] *= scale
-            m = -nearest
-        total += _leaf_weights(buf, nb, m)
-        for c in range(acc.shape[0]):
-            acc[c] += _leaf_dot(buf, nb, pack, base + (query_row.shape[0] + c) * nb)
-    if total > 0.0:
-        if m < -far:
-            return np.nan, 0.0, summed, seen
-        return m, total, summed, seen
-    n_keys = pack.shape[0] // (query_row.shape[0] + n_outputs)
-    if n_keys - (1 if 0 <= own < n_keys else 0) > 0:  # every admissible score overflowed
-        return np.nan, 0.0, summed, seen
-    return -np.inf, 0.0, summed, seen
+        a0 = start[node]
+        nb = stop[node] - a0
+        base = a0 * width
+        for a in range(n_active):
+            r = active[a]
+            bound = _drops(node, stack_d2[top, r], start, stop, rtol, m, total, used, r)
+            if bound >= 0.0:
+                used[r] += bound
+                continue
+            summed[r] += nb
+            _sum_leaf(qt, r, pack, base, nb, n_outputs, skip[r] - a0, buf, acc, m, total, used)
 
 
 @njit(fastmath=False, cache=config.CACHE)
@@ -271,7 +334,7 @@ def _value_exponents(values_t):
 
 
 @njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
-def tree_pool(queries, keys_t, values_t, start, stop, right, lo, hi, own, rtol, rows):
+def tree_pool(queries, keys_t, values_t, start, stop, right, lo, hi, own, rtol, rows, tile):
     """``(out, lse, far, work)`` for the queries ``rows`` (indices into ``queries``).
 
     out (n_rows, n_outputs) in the input dtype, lse (n_rows,) float64, far (n_rows,)
@@ -279,9 +342,12 @@ def tree_pool(queries, keys_t, values_t, start, stop, right, lo, hi, own, rtol, 
     nan), work (n_rows, 2) int64: keys summed and nodes seen per row. ``own``
     (n_queries,) holds the k-d position of the key each query skips (-1: none), or is
     empty (no key is skipped). ``rtol`` in [0, 1): the module docstring's tolerance.
+    ``tile`` (>= 1): consecutive entries of ``rows`` that walk the tree together (the
+    rows of a tile should be near each other, as in k-d order, for the walk to pay).
     """
     n_rows = rows.shape[0]
     n_outputs = values_t.shape[0]
+    n_keys = keys_t.shape[1]
     k = queries.shape[1]
     dtype = queries.dtype
     far = _far_score(queries)
@@ -295,21 +361,45 @@ def tree_pool(queries, keys_t, values_t, start, stop, right, lo, hi, own, rtol, 
     lse = np.full(n_rows, np.nan)
     far_rows = np.zeros(n_rows, dtype=np.bool_)
     work = np.zeros((n_rows, 2), dtype=np.int64)
-    n_chunks = (n_rows + _QUERY_BLOCK - 1) // _QUERY_BLOCK
-    for chunk in prange(n_chunks):
+    tile = max(tile, 1)
+    n_tiles = (n_rows + tile - 1) // tile
+    for t in prange(n_tiles):
         buf = np.empty(max(leaf_max, 1), dtype=dtype)
-        acc = np.empty(n_outputs, dtype=np.float64)
-        q64 = np.empty(k, dtype=np.float64)
+        acc = np.zeros((tile, n_outputs), dtype=np.float64)
+        qt = np.empty((tile, k), dtype=dtype)
+        q64 = np.empty((tile, k), dtype=np.float64)
+        m = np.full(tile, -np.inf)
+        total = np.zeros(tile)
+        used = np.zeros(tile)
+        summed = np.zeros(tile, dtype=np.int64)
+        seen = np.zeros(tile, dtype=np.int64)
+        skip = np.full(tile, -1, dtype=np.int64)
+        active = np.empty(tile, dtype=np.int64)
         stack_node = np.empty(_STACK, dtype=np.int64)
-        stack_d2 = np.empty(_STACK, dtype=np.float64)
-        for r in range(chunk * _QUERY_BLOCK, min(n_rows, (chunk + 1) * _QUERY_BLOCK)):
-            i = rows[r]
+        stack_d2 = np.empty((_STACK, tile), dtype=np.float64)
+        r0 = t * tile
+        nt = min(n_rows, r0 + tile) - r0
+        n_active = 0
+        for r in range(nt):
+            i = rows[r0 + r]
             for f in range(k):
-                q64[f] = queries[i, f]
-            skip = own[i] if own.shape[0] > 0 else -1
-            m, total, summed, seen = _tree_row(
-                queries[i],
+                qt[r, f] = queries[i, f]
+                q64[r, f] = queries[i, f]
+            if own.shape[0] > 0:
+                skip[r] = own[i]
+            if _box_d2(q64, r, lo, hi, 0) > far:  # beyond the far threshold of every key
+                far_rows[r0 + r] = True
+                seen[r] = 1
+            else:
+                active[n_active] = r
+                n_active += 1
+        if n_active > 0:
+            _tree_tile(
+                qt,
                 q64,
+                active,
+                n_active,
+                skip,
                 pack,
                 n_outputs,
                 start,
@@ -317,22 +407,31 @@ def tree_pool(queries, keys_t, values_t, start, stop, right, lo, hi, own, rtol, 
                 right,
                 lo,
                 hi,
-                skip,
                 rtol,
-                far,
                 buf,
                 acc,
+                m,
+                total,
+                used,
+                summed,
+                seen,
                 stack_node,
                 stack_d2,
             )
-            work[r, 0] = summed
-            work[r, 1] = seen
-            if np.isnan(m):
-                far_rows[r] = True
-            elif total > 0.0:
+        for r in range(nt):
+            work[r0 + r, 0] = summed[r]
+            work[r0 + r, 1] = seen[r]
+            if far_rows[r0 + r]:
+                continue
+            if total[r] > 0.0:
+                if m[r] < -far:
+                    far_rows[r0 + r] = True
+                    continue
                 for c in range(n_outputs):
-                    out[r, c] = math.ldexp(acc[c] / total, exponents[c] - 1)
-                lse[r] = m + np.log(total)
+                    out[r0 + r, c] = math.ldexp(acc[r, c] / total[r], exponents[c] - 1)
+                lse[r0 + r] = m[r] + np.log(total[r])
+            elif n_keys - (1 if 0 <= skip[r] < n_keys else 0) > 0:
+                far_rows[r0 + r] = True  # every admissible score overflowed
             else:  # no admissible key: one key, excluded
-                lse[r] = -np.inf
+                lse[r0 + r] = -np.inf
     return out, lse, far_rows, work

@@ -62,14 +62,26 @@ def _query_order(q):
     return order
 
 
-def _tree_pays(q, k_t, v_t, nodes, own, rtol):
+def _sample_tiles(order, tile, n_sample):
+    """About ``n_sample`` rows of ``order`` (the queries in k-d order) as whole tiles of
+    ``tile`` consecutive rows, the tiles evenly spaced over the order."""
+    n_queries = order.shape[0]
+    n_tiles = max(1, min(n_queries // tile, -(-n_sample // tile)))
+    if n_tiles * tile >= n_queries:
+        return order
+    firsts = np.linspace(0, n_queries - tile, n_tiles).round().astype(np.int64)
+    return order[(firsts[:, None] + np.arange(tile)).ravel()]
+
+
+def _tree_pays(q, k_t, v_t, nodes, own, rtol, order):
     """The cost model: whether walking the tree (built) beats streaming every key, from a
-    sample of evenly spaced queries (``config.TREE_*``; deterministic, no clocks)."""
+    sample of tiles of the queries in k-d order ``order`` (``config.TREE_*``;
+    deterministic, no clocks)."""
     n_queries, n_keys = q.shape[0], k_t.shape[1]
-    n_sample = min(n_queries, int(config.TREE_SAMPLE_QUERIES))
-    rows = np.unique(np.linspace(0, n_queries - 1, n_sample).round().astype(np.int64))
+    tile = int(config.TREE_TILE_ROWS)
+    rows = _sample_tiles(order, tile, int(config.TREE_SAMPLE_QUERIES))
     _, _, far, work = kernels_for("tree_pool", "cpu").tree_pool(
-        q, k_t, v_t, *nodes, own, rtol, rows
+        q, k_t, v_t, *nodes, own, rtol, rows, tile
     )
     near = ~far
     if not near.any():
@@ -100,11 +112,11 @@ def pool_within_rtol(q, k_t, v_t, exclude_self, rtol, decide=True):
     if decide and not worth_a_tree(n_queries, n_keys, q.shape[1]):
         return None
     k_t, v_t, nodes, own = tree_layout(k_t, v_t, exclude_self, n_queries)
-    if decide and not _tree_pays(q, k_t, v_t, nodes, own, rtol):
-        return None
     rows = _query_order(q)
+    if decide and not _tree_pays(q, k_t, v_t, nodes, own, rtol, rows):
+        return None
     out_rows, lse_rows, far, _ = kernels_for("tree_pool", "cpu").tree_pool(
-        q, k_t, v_t, *nodes, own, rtol, rows
+        q, k_t, v_t, *nodes, own, rtol, rows, int(config.TREE_TILE_ROWS)
     )
     out = np.empty_like(out_rows)
     lse = np.empty_like(lse_rows)

@@ -124,7 +124,7 @@ def test_the_tree_prunes_and_stays_within_the_bound():
     q, k_t, v_t, _ = regression._layout(queries, keys, values, h, np.float64)
     k_t, v_t, nodes, own = tree_layout(k_t, v_t, False, q.shape[0])
     out, lse, far, work = kernels_for("tree_pool", "cpu").tree_pool(
-        q, k_t, v_t, *nodes, own, 1e-6, np.arange(q.shape[0])
+        q, k_t, v_t, *nodes, own, 1e-6, np.arange(q.shape[0]), 16
     )
     assert not far.any()
     assert work[:, 0].mean() < 0.5 * keys.shape[0]  # keys summed per query
@@ -197,3 +197,105 @@ def test_rtol_on_the_gpu_is_not_implemented(monkeypatch):
     monkeypatch.setattr(regression, "device_for", lambda device, *arrays: "cuda")
     with pytest.raises(NotImplementedError, match="rtol"):
         nbattn.nadaraya_watson([[0.0]], [[0.0], [1.0]], [1.0, 2.0], 1.0, rtol=1e-3, device="cuda")
+
+
+# --------------------------------------------------------------------------- tiles
+# The kernel walks the tree once per tile of rows: a node is dropped for the tile only
+# when each row may drop it, and each row keeps or drops each leaf by itself. The rows of
+# a tile are normally neighbours in k-d order; here they are anything.
+
+
+def _tree_call(queries, keys, values, h, dtype, rtol, rows, tile, exclude_self=False):
+    q, k_t, v_t, _ = regression._layout(queries, keys, values, h, dtype)
+    k_t, v_t, nodes, own = tree_layout(k_t, v_t, exclude_self, q.shape[0])
+    return kernels_for("tree_pool", "cpu").tree_pool(q, k_t, v_t, *nodes, own, rtol, rows, tile)
+
+
+@settings(max_examples=40)
+@given(
+    kind=st.sampled_from(["uniform", "clustered", "duplicates", "far"]),
+    seed=seeds,
+    n_queries=st.integers(1, 50),
+    n_keys=st.integers(2, 300),
+    d=st.integers(1, 3),
+    tile=st.integers(1, 20),
+    shuffle=st.booleans(),
+    exclude_self=st.booleans(),
+    rtol=st.sampled_from([1e-6, 1e-2, 0.3]),
+    dtype=float_dtypes,
+)
+def test_every_tile_shape_keeps_each_row_within_its_bound(
+    kind, seed, n_queries, n_keys, d, tile, shuffle, exclude_self, rtol, dtype
+):
+    """Any tile size (one row, a part-filled last tile, more rows than the tile), rows in
+    any order (far apart in one tile, far and near rows mixed): each row within its bound,
+    only the far rows flagged, and a second call bit-equal."""
+    queries, keys, values, h = _problem(kind, seed, n_queries, n_keys, d, 2, dtype)
+    if exclude_self:
+        queries = keys[:n_queries] if n_queries <= n_keys else keys
+    rows = np.arange(queries.shape[0])
+    if shuffle:
+        rows = np.random.default_rng(seed).permutation(rows)
+    with _tree_always():
+        out, lse, far, work = _tree_call(
+            queries, keys, values, h, dtype, rtol, rows, tile, exclude_self
+        )
+        again = _tree_call(queries, keys, values, h, dtype, rtol, rows, tile, exclude_self)
+    for first, second in zip((out, lse, far, work), again):
+        assert np.array_equal(first, second, equal_nan=True)
+    # back in the queries' order (query i skips key i with exclude_self)
+    out[rows], lse[rows], far[rows] = out.copy(), lse.copy(), far.copy()
+    exact_lse = naive.nadaraya_watson_lse(queries, keys, h, exclude_self)
+    exact_best = exact_lse - np.log(keys.shape[0])  # at most the best score
+    limit = config.FAR_SCORE_FLOAT32 if dtype == np.float32 else config.FAR_SCORE_FLOAT64
+    assert np.all(exact_best[far] < -limit * 0.99)  # a flagged row is far from every key
+    near = ~far
+    if exclude_self:  # queries are keys: none is far, and the check needs every row
+        assert near.all()
+    _check_bound(
+        out[near].astype(np.float64),
+        lse[near],
+        queries[near],
+        keys,
+        values,
+        h,
+        rtol,
+        dtype,
+        exclude_self,
+    )
+
+
+def test_a_tile_of_rows_far_apart_sums_each_rows_own_leaves(tree_always):
+    """Two rows in one tile, each in its own cluster 100 widths from the other: the walk
+    goes down both sides, but each row sums only the leaves near it, and gets what it
+    gets alone."""
+    rng = np.random.default_rng(4)
+    keys = np.concatenate([rng.uniform(0, 10, (500, 2)), rng.uniform(100, 110, (500, 2))])
+    values = np.concatenate([np.zeros(500), np.ones(500)]) + rng.normal(0, 0.1, 1000)
+    queries = np.array([[5.0, 5.0], [105.0, 105.0], [5.5, 4.5]])
+    h = np.ones(2)
+    rows = np.arange(3)
+    out, lse, far, work = _tree_call(queries, keys, values[:, None], h, np.float64, 1e-6, rows, 3)
+    assert not far.any()
+    assert np.all(work[:, 0] < 500)  # no row sums the other cluster (nor all of its own)
+    for r in range(3):
+        alone = _tree_call(
+            queries[r : r + 1], keys, values[:, None], h, np.float64, 1e-6, rows[:1], 1
+        )
+        np.testing.assert_allclose(out[r], alone[0][0], rtol=1e-5)
+    _check_bound(out, lse, queries, keys, values[:, None], h, 1e-6, np.float64)
+    assert out[0, 0] < 0.5 < out[1, 0]
+
+
+def test_tiles_share_the_walk():
+    """Neighbouring rows in k-d order walking together see fewer nodes per tile than one
+    at a time would in total (each node of the shared walk is counted once per row)."""
+    queries, keys, values, h = _problem("clustered", 11, 256, 4000, 2, 1, np.float64)
+    with _tree_always():
+        rows = np.arange(queries.shape[0])
+        one = _tree_call(queries, keys, values, h / 4, np.float64, 1e-6, rows, 1)
+        tiled = _tree_call(queries, keys, values, h / 4, np.float64, 1e-6, rows, 16)
+    assert not one[2].any() and not tiled[2].any()
+    np.testing.assert_allclose(one[0], tiled[0], rtol=1e-5)
+    # the tile is one walk: rows see the union of their walks, so not fewer nodes each
+    assert tiled[3][:, 1].sum() >= one[3][:, 1].sum()
