@@ -1,6 +1,6 @@
 """Every tunable of nbattn in one place, by domain.
 
-The sections below (engine, pooling, loo, search, learned, local, flash,
+The sections below (engine, pooling, tree, loo, search, learned, local, flash,
 decode, cuda, app) are listed in :data:`SECTIONS`; :data:`DEFAULTS` is the one
 table of their values at import and :func:`reset` puts them back. Each value
 can be overridden by an environment variable of the same name with the prefix
@@ -133,6 +133,41 @@ GEMM_WIDE_BLOCK_K = _env_int("GEMM_WIDE_BLOCK_K", 512)
 #: the floor for a row with a near key); other rows take the direct path.
 GEMM_NORM_RATIO = _env_int("GEMM_NORM_RATIO", 8)
 GEMM_NORM_FLOOR = _env_int("GEMM_NORM_FLOOR", 64)
+
+
+# --- tree: Nadaraya-Watson within a relative tolerance (nbattn.kernels.tree_pool) -------------
+
+#: Keys per leaf of the k-d tree that ``nbattn.nadaraya_watson(..., rtol > 0)`` walks. Each
+#: node looked at costs a box distance and a bound per row, so larger leaves than the LOO
+#: tiles' pay: 1e6 clustered 3-D keys at Scott's widths, one thread, tiles of 16, CPU
+#: seconds per 2000 queries (a loaded machine, +-30 %): 3.6 at 32 keys, 1.8 at 64, 1.1-1.5
+#: at 128, 0.9 at 256, 1.2 at 512 (exact streaming 8-10); at a quarter of the widths 0.56,
+#: 0.40, 0.32 at 64, 128, 256 (exact 24 per 4000). Read at call time.
+TREE_LEAF_KEYS = _env_int("TREE_LEAF_KEYS", 256, compiled=False)
+
+#: Queries (neighbours in k-d order) that walk the tree together: a node is dropped for
+#: the tile only when the rule drops it for each of its rows, and each leaf is read
+#: once for all the rows that keep it. Measured as TREE_LEAF_KEYS: at Scott's widths tiles
+#: of 16 took half the time of one row at a time with leaves of 64 keys and 0.7 of it with
+#: 128; at a quarter of the widths they were even. Read at call time.
+TREE_TILE_ROWS = _env_int("TREE_TILE_ROWS", 16, compiled=False)
+
+#: The cost model of ``rtol > 0`` (``nbattn.smoothing.pruned``): below TREE_MIN_KEYS keys, or
+#: from TREE_MAX_FEATURES features on (a k-d tree prunes little there), the exact streaming
+#: path runs. Otherwise the tree is built and TREE_SAMPLE_QUERIES evenly spaced queries
+#: walk it; the tree path runs when their estimated cost, in key visits of the streaming
+#: kernel (TREE_KEY_COST per key summed in a leaf, TREE_NODE_COST per node looked at, plus
+#: TREE_BUILD_COST n log2 n for the tree), is at most TREE_MAX_COST_SHARE percent of the
+#: streaming kernel's n_queries x n_keys. The costs are in hundredths of one streamed key,
+#: fitted to the TREE_LEAF_KEYS measurements at 256 keys (a summed key about 1.0-1.2
+#: streamed keys, a node 12-14). Read at call time.
+TREE_MIN_KEYS = _env_int("TREE_MIN_KEYS", 2048, compiled=False)
+TREE_MAX_FEATURES = _env_int("TREE_MAX_FEATURES", 16, compiled=False)
+TREE_SAMPLE_QUERIES = _env_int("TREE_SAMPLE_QUERIES", 64, compiled=False)
+TREE_KEY_COST = _env_int("TREE_KEY_COST", 120, compiled=False)
+TREE_NODE_COST = _env_int("TREE_NODE_COST", 1300, compiled=False)
+TREE_BUILD_COST = _env_int("TREE_BUILD_COST", 100, compiled=False)
+TREE_MAX_COST_SHARE = _env_int("TREE_MAX_COST_SHARE", 80, compiled=False)
 
 
 # --- loo: leave-one-out kernels (nbattn.kernels.loo) ------------------------------------------
@@ -449,6 +484,17 @@ SECTIONS = {
         "GEMM_WIDE_BLOCK_K",
         "GEMM_NORM_RATIO",
         "GEMM_NORM_FLOOR",
+    ),
+    "tree": (
+        "TREE_LEAF_KEYS",
+        "TREE_TILE_ROWS",
+        "TREE_MIN_KEYS",
+        "TREE_MAX_FEATURES",
+        "TREE_SAMPLE_QUERIES",
+        "TREE_KEY_COST",
+        "TREE_NODE_COST",
+        "TREE_BUILD_COST",
+        "TREE_MAX_COST_SHARE",
     ),
     "loo": (
         "LOO_FULL_GROUPS",

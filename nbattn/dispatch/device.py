@@ -87,6 +87,7 @@ KERNELS = {
     ("pooling", "cpu"): "nbattn.kernels.pooling",
     ("pooling", "cuda"): "nbattn.cuda.pooling",
     ("pooling_gemm", "cpu"): "nbattn.kernels.pooling_gemm",
+    ("tree_pool", "cpu"): "nbattn.kernels.tree_pool",
     ("loo", "cpu"): "nbattn.kernels.loo",
     ("loo", "cuda"): "nbattn.cuda.loo",
     ("flash", "cpu"): "nbattn.kernels.flash",

@@ -189,3 +189,68 @@ def kept_keys(leaf_start, keep, key_index):
             key_index[width] = j
             width += 1
     return width
+
+
+@njit(cache=config.CACHE)
+def kd_nodes(z_t, leaf_keys):
+    """The whole tree of ``kd_order``'s split as arrays: ``(start, stop, right, lo, hi)``.
+
+    ``z_t`` (k, n) holds the keys in k-d order (the order ``kd_order(z, leaf_keys)``
+    returned, with the same ``leaf_keys``). The split of a node [a, b) of more than
+    ``leaf_keys`` keys is at (a + b) // 2 whatever the data, so the ranges follow from n
+    alone and the order supplies the rest. Nodes are numbered in depth-first preorder:
+    node 0 is the root, an internal node's left child is the node after it and
+    ``right[node]`` its right child; a leaf has ``right = -1``. ``start``/``stop`` are
+    each node's range of the order, ``lo``/``hi`` (n_nodes, k) its keys' bounding box
+    (float64).
+    """
+    k, n = z_t.shape
+    stack_a = np.empty(128, dtype=np.int64)
+    stack_b = np.empty(128, dtype=np.int64)
+    stack_parent = np.empty(128, dtype=np.int64)
+    n_nodes = 0
+    stack_a[0], stack_b[0] = 0, n
+    top = 1
+    while top > 0:  # count first
+        top -= 1
+        a, b = stack_a[top], stack_b[top]
+        n_nodes += 1
+        if b - a > leaf_keys:
+            mid = (a + b) // 2
+            stack_a[top], stack_b[top] = mid, b
+            stack_a[top + 1], stack_b[top + 1] = a, mid
+            top += 2
+    start = np.empty(n_nodes, dtype=np.int64)
+    stop = np.empty(n_nodes, dtype=np.int64)
+    right = np.full(n_nodes, -1, dtype=np.int64)
+    lo = np.empty((n_nodes, k))
+    hi = np.empty((n_nodes, k))
+    node = 0
+    stack_a[0], stack_b[0], stack_parent[0] = 0, n, -1
+    top = 1
+    while top > 0:
+        top -= 1
+        a, b, parent = stack_a[top], stack_b[top], stack_parent[top]
+        if parent >= 0:  # pushed as a right child (left children carry -1)
+            right[parent] = node
+        start[node], stop[node] = a, b
+        if b - a > leaf_keys:
+            mid = (a + b) // 2
+            stack_a[top], stack_b[top], stack_parent[top] = mid, b, node
+            stack_a[top + 1], stack_b[top + 1], stack_parent[top + 1] = a, mid, -1
+            top += 2
+        node += 1
+    for node in range(n_nodes - 1, -1, -1):  # children after parents: boxes bottom-up
+        if right[node] < 0:
+            for f in range(k):
+                low, high = np.inf, -np.inf
+                for j in range(start[node], stop[node]):
+                    low = min(low, z_t[f, j])
+                    high = max(high, z_t[f, j])
+                lo[node, f] = low
+                hi[node, f] = high
+        else:
+            for f in range(k):
+                lo[node, f] = min(lo[node + 1, f], lo[right[node], f])
+                hi[node, f] = max(hi[node + 1, f], hi[right[node], f])
+    return start, stop, right, lo, hi

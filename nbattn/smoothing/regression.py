@@ -30,6 +30,7 @@ from .._core.validation import (
 )
 from ..dispatch.device import device_for, kernels_for
 from ..dispatch.transfer import as_device_array, is_device_array, like_input, to_device, to_host
+from .pruned import check_rtol, pool_within_rtol, worth_a_tree
 
 __all__ = [
     "BANDWIDTH_RULES",
@@ -210,6 +211,7 @@ def nadaraya_watson(
     dtype=None,
     return_lse=False,
     device="cpu",
+    rtol=0.0,
 ):
     """Nadaraya-Watson regression with a Gaussian kernel (attention pooling).
 
@@ -235,11 +237,33 @@ def nadaraya_watson(
         normaliser, which merges partial results over key shards exactly.
     device : "cpu", "cuda" or "auto"
         "auto" runs on a CUDA GPU when numba sees one, else on the CPU.
+    rtol : float in [0, 1), default 0
+        A relative tolerance on the kernel sums. 0 computes every pair (the exact
+        streaming path). With ``rtol > 0`` each query's normaliser
+        S = sum_j exp(s_ij) may leave out keys of total weight E <= rtol * S, so
+        that the computed normaliser lies in [(1 - rtol) S, S], each weighted sum
+        within rtol * S * max_j |v_j| of its exact value, lse within
+        -log(1 - rtol) of it, and each prediction obeys
+
+            |out_i - f_i| <= rtol / (1 - rtol) * max_j |v_j - f_i|
+
+        (per output column; f_i the exact prediction), on top of the rounding
+        that the exact path carries too. The keys left out are certified small by
+        a k-d tree over the scaled keys (``nbattn.kernels.tree_pool`` states the
+        rule and proves the bound); a cost model runs the exact path instead
+        where the tree would not pay (few keys, many features, little to prune),
+        so ``rtol > 0`` may return the exact result. CPU only: ``rtol > 0`` with
+        the GPU raises NotImplementedError.
 
     Returns
     -------
     out : ndarray (n_queries,) if ``values`` is 1-D, else (n_queries, n_outputs)
     lse : ndarray (n_queries,), only with ``return_lse=True``
+
+    Raises
+    ------
+    NotImplementedError
+        ``rtol > 0`` on the GPU (``device="cuda"``, or "auto" where a GPU is).
 
     GPU arrays (numba device arrays, CuPy, torch CUDA tensors) are used where
     they are, without a round trip through the host, and the results come
@@ -260,7 +284,13 @@ def nadaraya_watson(
     dtype = resolve_dtype(dtype, queries, keys, values)
     exclude_self = check_bool(exclude_self, "exclude_self")
     return_lse = check_bool(return_lse, "return_lse")
+    rtol = check_rtol(rtol)
     device = device_for(device, queries, keys, values)
+    if device == "cuda" and rtol > 0.0:
+        raise NotImplementedError(
+            f"rtol={rtol!r} (the pruned k-d tree path) runs on the CPU only: pass "
+            "device='cpu' and host arrays, or rtol=0 for the exact GPU path"
+        )
     if device == "cuda" and any(is_device_array(a) for a in (queries, keys, values)):
         return _nadaraya_watson_on_device(
             queries, keys, values, bandwidth, exclude_self, dtype, return_lse
@@ -268,17 +298,27 @@ def nadaraya_watson(
     queries, keys, values_2d, values_1d = check_pooling_inputs(queries, keys, values)
     _check_exclude_self(exclude_self, queries, keys)
     h = resolve_bandwidth(bandwidth, keys)
-    out, lse = gaussian_pool(queries, keys, values_2d, h, dtype, device, exclude_self)
+    out, lse = gaussian_pool(queries, keys, values_2d, h, dtype, device, exclude_self, rtol)
     if values_1d:
         out = out[:, 0]
     return (out, lse) if return_lse else out
 
 
-def gaussian_pool(queries, keys, values, h, dtype, device, exclude_self=False):
+def gaussian_pool(queries, keys, values, h, dtype, device, exclude_self=False, rtol=0.0):
     """``(out (n_queries, p), lse)`` of :func:`nadaraya_watson` on checked host arrays:
     float64 queries (n_queries, d) and keys (n_keys, d), values (n_keys, p), widths h
-    (d,), a resolved dtype and device ("cpu" or "cuda")."""
+    (d,), a resolved dtype and device ("cpu" or "cuda"), a checked ``rtol`` (> 0: the
+    k-d tree path of :mod:`nbattn.smoothing.pruned` on the CPU where its cost model
+    expects it to pay)."""
     gemm = device == "cpu" and uses_gemm_tiles(keys.shape[1], dtype)
+    n_keys, n_features = keys.shape
+    if rtol > 0.0 and device == "cpu" and not gemm:
+        if worth_a_tree(queries.shape[0], n_keys, n_features):
+            q, k_t, v_t, _ = _layout(queries, keys, values, h, dtype)
+            result = pool_within_rtol(q, k_t, v_t, exclude_self, rtol)
+            if result is None:  # the cost model chose the exact path
+                result = kernels_for("pooling", "cpu").gaussian_pool(q, k_t, v_t, exclude_self, 0)
+            return result
     # the GEMM tiles read the row-major keys (and transpose them only for far rows)
     q, k_t, v_t, k = _layout(
         queries, keys, values, h, dtype, keys_row_major=gemm, keys_feature_major=not gemm

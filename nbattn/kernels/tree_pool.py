@@ -1,0 +1,437 @@
+"""Nadaraya-Watson on a k-d tree of the keys, with certified pruning to a relative tolerance.
+
+For queries q_i, keys k_j and values v_j (laid out as for ``nbattn.kernels.pooling``:
+inputs pre-scaled by 1/(h sqrt 2), so the weight of key j is exp(s_ij) with
+s_ij = -||q_i - k_j||^2) the exact sums are
+
+    S_i = sum_j exp(s_ij),    A_ic = sum_j exp(s_ij) v_jc,    out_ic = A_ic / S_i.
+
+Here the keys are in the k-d order of ``nbattn.kernels.kd_order`` and every node of the
+split (``kd_nodes``) carries the bounding box of its keys. A tile of queries (neighbours
+in k-d order) walks the tree together, depth first, nearer child first (Gray and Moore's
+traversal; "nearer" by the sum of the rows' box distances), and each row sums the leaves
+it keeps with a max-shifted online softmax in float64 running sums, as the streaming
+kernel does. Every row keeps its own L, U and running maximum: an internal node is
+dropped for the tile only when the rule below drops it for every row of the tile (each
+row's U then grows by its own B), and a leaf is dropped or summed row by row. So the rule
+is applied per row exactly as for a row walking alone; a tile only changes the order of
+the nodes and may descend into a node a row could have dropped (the row can then drop its
+children: they hold no more weight than their parent's bound). The tile shares the
+nodes' bookkeeping and reads each leaf once for all its rows. A node of c keys whose
+box lies at squared distance d2 from the query holds a weight of at most
+
+    B = c exp(-d2)                      (every key in the box is at least that far)
+
+and it is dropped, unvisited, when
+
+    U + B <= rtol * L                   (the rule)
+
+where L is the sum of the weights of the leaves summed so far and U the sum of the
+bounds B of the nodes dropped so far (U then grows by B). Both are kept relative to the
+row's running maximum m, exactly as the streaming kernel keeps its sums, so neither
+underflows for a query far from the keys.
+
+Proof that the dropped mass E is at most rtol * S (per row). The rule keeps the invariant
+U <= rtol * L at every step: it holds at the start (0 <= 0), a drop adds B only when
+U + B <= rtol * L, and summing a leaf only increases L. At the end L is a sum over a
+subset of the keys, so L <= S, and each dropped node's true weight is at most its B, so
+
+    E <= U <= rtol * L <= rtol * S.
+
+Gray and Moore's rule, which drops a node when B <= rtol * L * c / n (its share of the
+tolerance by its count), is the case where every drop spends only its own share; the
+rule above lets a node spend what earlier drops left unspent. The rule is checked in
+floating point: it holds to the rounding of L, U and d2 (d2 is shrunk by 2**-40,
+relative, to cover the rounding of the box distance).
+
+Consequences, for the computed Shat = S - E and Ahat_c = A_c - sum_{dropped j} w_j v_jc:
+
+* the normaliser: (1 - rtol) S <= Shat <= S, so lse moves by at most -log(1 - rtol);
+* each weighted sum: |Ahat_c - A_c| <= E max_j |v_jc| <= rtol * S * max_j |v_jc|;
+* the prediction: fhat - f = -sum_{dropped j} w_j (v_j - f) / (S - E), so
+
+      |fhat_c - f_c| <= rtol / (1 - rtol) * max_j |v_jc - f_c|.
+
+All of these are on top of the rounding error that the exact streaming sums carry
+themselves (the scores are computed in the input dtype, as there).
+
+Far rows. A row whose best score lies below ``-far_score`` of its dtype (the threshold
+of ``nbattn.kernels.pooling``'s far rows), or whose every score overflowed, is flagged
+instead of finished (``far``), and the caller recomputes it with the exact kernel, whose
+far-row paths give the nearest key's value where the textbook formula gives 0/0. A row
+whose root box already lies beyond that distance is flagged before any leaf is summed.
+
+Layout: ``queries`` (n_queries, d), ``keys_t`` (d, n_keys) and ``values_t``
+(n_outputs, n_keys) in k-d order, of one dtype (float32 or float64), C-contiguous; the
+tree arrays as ``kd_nodes`` returns them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+from numba.core import types
+from numba.extending import overload
+
+from .. import config
+from .fastmath import fast_exp, like
+from .kd_order import kd_nodes, kd_order
+from .softmax import row_max
+
+__all__ = ["kd_nodes", "kd_order", "tree_pool"]
+
+_QUERY_BLOCK = config.QUERY_BLOCK
+_FAR_SCORE_FLOAT32 = float(config.FAR_SCORE_FLOAT32)
+_FAR_SCORE_FLOAT64 = float(config.FAR_SCORE_FLOAT64)
+# A box distance is rounded by at most ~(d + 2) 2**-53 relative; shrinking it by 2**-40
+# keeps each bound B an upper bound for any d below 2**13.
+_D2_SHRINK = 1.0 - 2.0**-40
+_STACK = 128  # the tree's depth is below 64 for any n below 2**63
+
+
+def _far_score(array):
+    """The best score below which a row of ``array``'s dtype is far (``kernels.pooling``)."""
+    return _FAR_SCORE_FLOAT32 if array.dtype == np.float32 else _FAR_SCORE_FLOAT64
+
+
+@overload(_far_score, inline="always")
+def _far_score_overload(array):
+    if array.dtype == types.float32:
+        return lambda array: _FAR_SCORE_FLOAT32
+    return lambda array: _FAR_SCORE_FLOAT64
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def _box_d2(q64, r, lo, hi, node):
+    """Squared distance from query r of the tile to node's bounding box (0 inside it)."""
+    total = 0.0
+    for f in range(q64.shape[1]):
+        gap = max(lo[node, f] - q64[r, f], q64[r, f] - hi[node, f], 0.0)
+        total += gap * gap
+    return total
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def packed_leaves(keys_t, values_t, start, stop, right):
+    """Each leaf's keys and values in one contiguous block (a walk reads a leaf as one
+    stream instead of d + p strided ones): the leaf [a, b) of nb keys starts at
+    a * (d + p) and holds feature f of its t-th key at f * nb + t, then value c at
+    (d + c) * nb + t."""
+    k, n = keys_t.shape
+    width = k + values_t.shape[0]
+    pack = np.empty(n * width, dtype=keys_t.dtype)
+    for node in range(start.shape[0]):
+        if right[node] >= 0:
+            continue
+        a, nb = start[node], stop[node] - start[node]
+        base = a * width
+        for f in range(k):
+            for t in range(nb):
+                pack[base + f * nb + t] = keys_t[f, a + t]
+        for c in range(values_t.shape[0]):
+            for t in range(nb):
+                pack[base + (k + c) * nb + t] = values_t[c, a + t]
+    return pack
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def _leaf_scores(qt, r, pack, base, nb, buf):
+    """buf[t] = -||query r of the tile - key t of the leaf at ``base``||^2 for t < nb
+    (dtype of the keys)."""
+    q0 = qt[r, 0]
+    for t in range(nb):
+        diff = pack[base + t] - q0
+        buf[t] = -(diff * diff)
+    for f in range(1, qt.shape[1]):
+        qf = qt[r, f]
+        row = base + f * nb
+        for t in range(nb):
+            diff = pack[row + t] - qf
+            buf[t] -= diff * diff
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def _leaf_sum_dot(buf, nb, shift, pack, row):
+    """(sum_t exp(buf[t] - shift), sum_t exp(buf[t] - shift) pack[row + t]), one pass."""
+    total = like(0.0, buf)
+    weighted = like(0.0, buf)
+    s = like(shift, buf)
+    for t in range(nb):
+        w = fast_exp(buf[t] - s)
+        total += w
+        weighted += w * pack[row + t]
+    return total, weighted
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def _leaf_weights(buf, nb, shift):
+    """buf[t] <- exp(buf[t] - shift) for t < nb; returns their sum (dtype of buf)."""
+    total = like(0.0, buf)
+    s = like(shift, buf)
+    for t in range(nb):
+        w = fast_exp(buf[t] - s)
+        buf[t] = w
+        total += w
+    return total
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def _leaf_dot(buf, nb, pack, row):
+    total = like(0.0, buf)
+    for t in range(nb):
+        total += buf[t] * pack[row + t]
+    return total
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def _sum_leaf(qt, r, pack, base, nb, n_outputs, skip, buf, acc, m, total, used):
+    """Adds the leaf at ``base`` to row r of the tile (its state m, total, used, acc[r])."""
+    _leaf_scores(qt, r, pack, base, nb, buf)
+    if 0 <= skip < nb:
+        buf[skip] = -np.inf
+    best = np.float64(row_max(buf[:nb]))
+    if best == -np.inf:  # every score overflowed (or the one key was excluded)
+        return
+    if best > m[r]:
+        scale = math.exp(m[r] - best)
+        total[r] *= scale
+        used[r] *= scale
+        for c in range(n_outputs):
+            acc[r, c] *= scale
+        m[r] = best
+    k = qt.shape[1]
+    if n_outputs == 1:
+        leaf_total, weighted = _leaf_sum_dot(buf, nb, m[r], pack, base + k * nb)
+        total[r] += leaf_total
+        acc[r, 0] += weighted
+        return
+    total[r] += _leaf_weights(buf, nb, m[r])
+    for c in range(n_outputs):
+        acc[r, c] += _leaf_dot(buf, nb, pack, base + (k + c) * nb)
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def _drops(node, d2, start, stop, rtol, m, total, used, r):
+    """Row r's bound B of ``node`` (relative to exp(m[r])) when the rule drops it, else -1."""
+    if not total[r] > 0.0:
+        return -1.0
+    bound = (stop[node] - start[node]) * fast_exp(-d2 * _D2_SHRINK - m[r])
+    if used[r] + bound <= rtol * total[r]:
+        return bound
+    return -1.0
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _tree_tile(
+    qt,
+    q64,
+    active,
+    n_active,
+    skip,
+    pack,
+    n_outputs,
+    start,
+    stop,
+    right,
+    lo,
+    hi,
+    rtol,
+    buf,
+    acc,
+    m,
+    total,
+    used,
+    summed,
+    seen,
+    stack_node,
+    stack_d2,
+):
+    """Walks the tree once for the tile's active rows (``active[:n_active]``, indices
+    into the tile's buffers), summing the leaves each row keeps into acc[r], m[r],
+    total[r], used[r] (module docstring); counts keys summed and nodes seen per row."""
+    k = qt.shape[1]
+    width = k + n_outputs
+    for a in range(n_active):
+        r = active[a]
+        stack_d2[0, r] = _box_d2(q64, r, lo, hi, 0)
+        seen[r] += 1
+    stack_node[0] = 0
+    top = 1
+    while top > 0:
+        top -= 1
+        node = stack_node[top]
+        rgt = right[node]
+        if rgt >= 0:
+            # dropped for the whole tile only when the rule drops it for every row
+            every = True
+            for a in range(n_active):
+                r = active[a]
+                if _drops(node, stack_d2[top, r], start, stop, rtol, m, total, used, r) < 0.0:
+                    every = False
+                    break
+            if every:
+                for a in range(n_active):
+                    r = active[a]
+                    used[r] += _drops(node, stack_d2[top, r], start, stop, rtol, m, total, used, r)
+                continue
+            left = node + 1
+            near_left = 0.0
+            near_right = 0.0
+            for a in range(n_active):
+                r = active[a]
+                d2_left = _box_d2(q64, r, lo, hi, left)
+                d2_right = _box_d2(q64, r, lo, hi, rgt)
+                stack_d2[top, r] = d2_left
+                stack_d2[top + 1, r] = d2_right
+                near_left += d2_left
+                near_right += d2_right
+                seen[r] += 2
+            # the nearer child (summed over the tile's rows) on top of the stack
+            if near_left <= near_right:
+                stack_node[top], stack_node[top + 1] = rgt, left
+                for a in range(n_active):
+                    r = active[a]
+                    stack_d2[top, r], stack_d2[top + 1, r] = (
+                        stack_d2[top + 1, r],
+                        stack_d2[top, r],
+                    )
+            else:
+                stack_node[top], stack_node[top + 1] = left, rgt
+            top += 2
+            continue
+        a0 = start[node]
+        nb = stop[node] - a0
+        base = a0 * width
+        for a in range(n_active):
+            r = active[a]
+            bound = _drops(node, stack_d2[top, r], start, stop, rtol, m, total, used, r)
+            if bound >= 0.0:
+                used[r] += bound
+                continue
+            summed[r] += nb
+            _sum_leaf(qt, r, pack, base, nb, n_outputs, skip[r] - a0, buf, acc, m, total, used)
+
+
+@njit(fastmath=False, cache=config.CACHE)
+def _value_exponents(values_t):
+    """Per output c the exponent e_c with max_j |v_cj| < 2**e_c <= 2 max_j |v_cj| (0 for
+    zeros), and the values divided by 2**(e_c - 1) (exact): sums of n weights times
+    values in [-2, 2] cannot overflow where values near the largest float would."""
+    n_outputs, n = values_t.shape
+    exponents = np.zeros(n_outputs, dtype=np.int64)
+    scaled = np.empty_like(values_t)
+    for c in range(n_outputs):
+        big = 0.0
+        for j in range(n):
+            big = max(big, abs(np.float64(values_t[c, j])))
+        if big > 0.0:
+            exponents[c] = math.frexp(big)[1]
+        for j in range(n):
+            scaled[c, j] = math.ldexp(np.float64(values_t[c, j]), 1 - exponents[c])
+    return exponents, scaled
+
+
+@njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
+def tree_pool(queries, keys_t, values_t, start, stop, right, lo, hi, own, rtol, rows, tile):
+    """``(out, lse, far, work)`` for the queries ``rows`` (indices into ``queries``).
+
+    out (n_rows, n_outputs) in the input dtype, lse (n_rows,) float64, far (n_rows,)
+    bool: rows to recompute with the exact kernel (their out and lse are left 0 and
+    nan), work (n_rows, 2) int64: keys summed and nodes seen per row. ``own``
+    (n_queries,) holds the k-d position of the key each query skips (-1: none), or is
+    empty (no key is skipped). ``rtol`` in [0, 1): the module docstring's tolerance.
+    ``tile`` (>= 1): consecutive entries of ``rows`` that walk the tree together (the
+    rows of a tile should be near each other, as in k-d order, for the walk to pay).
+    """
+    n_rows = rows.shape[0]
+    n_outputs = values_t.shape[0]
+    n_keys = keys_t.shape[1]
+    k = queries.shape[1]
+    dtype = queries.dtype
+    far = _far_score(queries)
+    exponents, values_s = _value_exponents(values_t)
+    pack = packed_leaves(keys_t, values_s, start, stop, right)
+    leaf_max = 0
+    for node in range(start.shape[0]):
+        if right[node] < 0:
+            leaf_max = max(leaf_max, stop[node] - start[node])
+    out = np.zeros((n_rows, n_outputs), dtype=dtype)
+    lse = np.full(n_rows, np.nan)
+    far_rows = np.zeros(n_rows, dtype=np.bool_)
+    work = np.zeros((n_rows, 2), dtype=np.int64)
+    tile = max(tile, 1)
+    n_tiles = (n_rows + tile - 1) // tile
+    for t in prange(n_tiles):
+        buf = np.empty(max(leaf_max, 1), dtype=dtype)
+        acc = np.zeros((tile, n_outputs), dtype=np.float64)
+        qt = np.empty((tile, k), dtype=dtype)
+        q64 = np.empty((tile, k), dtype=np.float64)
+        m = np.full(tile, -np.inf)
+        total = np.zeros(tile)
+        used = np.zeros(tile)
+        summed = np.zeros(tile, dtype=np.int64)
+        seen = np.zeros(tile, dtype=np.int64)
+        skip = np.full(tile, -1, dtype=np.int64)
+        active = np.empty(tile, dtype=np.int64)
+        stack_node = np.empty(_STACK, dtype=np.int64)
+        stack_d2 = np.empty((_STACK, tile), dtype=np.float64)
+        r0 = t * tile
+        nt = min(n_rows, r0 + tile) - r0
+        n_active = 0
+        for r in range(nt):
+            i = rows[r0 + r]
+            for f in range(k):
+                qt[r, f] = queries[i, f]
+                q64[r, f] = queries[i, f]
+            if own.shape[0] > 0:
+                skip[r] = own[i]
+            if _box_d2(q64, r, lo, hi, 0) > far:  # beyond the far threshold of every key
+                far_rows[r0 + r] = True
+                seen[r] = 1
+            else:
+                active[n_active] = r
+                n_active += 1
+        if n_active > 0:
+            _tree_tile(
+                qt,
+                q64,
+                active,
+                n_active,
+                skip,
+                pack,
+                n_outputs,
+                start,
+                stop,
+                right,
+                lo,
+                hi,
+                rtol,
+                buf,
+                acc,
+                m,
+                total,
+                used,
+                summed,
+                seen,
+                stack_node,
+                stack_d2,
+            )
+        for r in range(nt):
+            work[r0 + r, 0] = summed[r]
+            work[r0 + r, 1] = seen[r]
+            if far_rows[r0 + r]:
+                continue
+            if total[r] > 0.0:
+                if m[r] < -far:
+                    far_rows[r0 + r] = True
+                    continue
+                for c in range(n_outputs):
+                    out[r0 + r, c] = math.ldexp(acc[r, c] / total[r], exponents[c] - 1)
+                lse[r0 + r] = m[r] + np.log(total[r])
+            elif n_keys - (1 if 0 <= skip[r] < n_keys else 0) > 0:
+                far_rows[r0 + r] = True  # every admissible score overflowed
+            else:  # no admissible key: one key, excluded
+                lse[r0 + r] = -np.inf
+    return out, lse, far_rows, work

@@ -1,0 +1,130 @@
+"""Nadaraya-Watson within a relative tolerance: the k-d tree path of ``rtol > 0``.
+
+:func:`nbattn.nadaraya_watson` with ``rtol > 0`` comes here on the CPU. The keys are put
+in k-d order once (O(n log n), arrays), each query walks the tree and drops the nodes
+whose weight is certified small (``nbattn.kernels.tree_pool``, whose docstring holds the
+rule and its proof), and the rows too far from every key for the tree's sums are
+recomputed by the exact streaming kernel. A cost model picks the exact streaming path
+instead where the tree would not pay (few keys, many features, or a sample of the
+queries that finds little to drop): ``rtol`` is a licence to be faster, never slower.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import config
+from ..dispatch.device import kernels_for
+
+__all__ = ["check_rtol", "pool_within_rtol", "tree_layout"]
+
+
+def check_rtol(rtol) -> float:
+    """``rtol`` as a float in [0, 1); anything else raises a ValueError naming it."""
+    if isinstance(rtol, (bool, np.bool_)) or not isinstance(
+        rtol, (int, float, np.integer, np.floating)
+    ):
+        raise ValueError(f"rtol must be a number in [0, 1), got {rtol!r}")
+    value = float(rtol)
+    if not (math.isfinite(value) and 0.0 <= value < 1.0):
+        raise ValueError(f"rtol must be a finite number in [0, 1), got {rtol!r}")
+    return value
+
+
+def tree_layout(k_t, v_t, exclude_self, n_queries):
+    """The laid-out keys (d, n) and values (p, n) in k-d order with the tree's nodes:
+    ``(k_t, v_t, nodes, own)``, ``nodes`` = (start, stop, right, lo, hi) of
+    ``kernels.kd_order.kd_nodes`` and ``own`` the k-d position of key i for query i
+    (``exclude_self``) or an empty array."""
+    tree = kernels_for("tree_pool", "cpu")
+    leaf_keys = int(config.TREE_LEAF_KEYS)
+    order, _ = tree.kd_order(np.ascontiguousarray(k_t.T, dtype=np.float64), leaf_keys)
+    k_t = np.ascontiguousarray(k_t[:, order])
+    v_t = np.ascontiguousarray(v_t[:, order])
+    nodes = tree.kd_nodes(k_t, leaf_keys)
+    own = np.empty(0, dtype=np.int64)
+    if exclude_self:
+        own = np.empty(k_t.shape[1], dtype=np.int64)
+        own[order] = np.arange(k_t.shape[1])
+        own = own[:n_queries]
+    return k_t, v_t, nodes, own
+
+
+def _query_order(q):
+    """The queries in k-d order: neighbouring rows then walk the same leaves (cache)."""
+    if q.shape[0] <= int(config.TREE_LEAF_KEYS):
+        return np.arange(q.shape[0])
+    order, _ = kernels_for("tree_pool", "cpu").kd_order(
+        np.ascontiguousarray(q, dtype=np.float64), int(config.TREE_LEAF_KEYS)
+    )
+    return order
+
+
+def _sample_tiles(order, tile, n_sample):
+    """About ``n_sample`` rows of ``order`` (the queries in k-d order) as whole tiles of
+    ``tile`` consecutive rows, the tiles evenly spaced over the order."""
+    n_queries = order.shape[0]
+    n_tiles = max(1, min(n_queries // tile, -(-n_sample // tile)))
+    if n_tiles * tile >= n_queries:
+        return order
+    firsts = np.linspace(0, n_queries - tile, n_tiles).round().astype(np.int64)
+    return order[(firsts[:, None] + np.arange(tile)).ravel()]
+
+
+def _tree_pays(q, k_t, v_t, nodes, own, rtol, order):
+    """The cost model: whether walking the tree (built) beats streaming every key, from a
+    sample of tiles of the queries in k-d order ``order`` (``config.TREE_*``;
+    deterministic, no clocks)."""
+    n_queries, n_keys = q.shape[0], k_t.shape[1]
+    tile = int(config.TREE_TILE_ROWS)
+    rows = _sample_tiles(order, tile, int(config.TREE_SAMPLE_QUERIES))
+    _, _, far, work = kernels_for("tree_pool", "cpu").tree_pool(
+        q, k_t, v_t, *nodes, own, rtol, rows, tile
+    )
+    near = ~far
+    if not near.any():
+        return False
+    per_query = (
+        work[near, 0].mean() * config.TREE_KEY_COST + work[near, 1].mean() * config.TREE_NODE_COST
+    ) / 100.0
+    share = near.mean()  # far rows cost a full streaming pass on either path
+    build = config.TREE_BUILD_COST / 100.0 * n_keys * math.log2(n_keys)
+    tree_cost = build + n_queries * (share * per_query + (1.0 - share) * n_keys)
+    return tree_cost <= config.TREE_MAX_COST_SHARE / 100.0 * n_queries * n_keys
+
+
+def worth_a_tree(n_queries, n_keys, n_features) -> bool:
+    """The cost model's first cut, before any tree is built (``config.TREE_*``)."""
+    if n_keys < config.TREE_MIN_KEYS or n_features >= config.TREE_MAX_FEATURES:
+        return False
+    build = config.TREE_BUILD_COST / 100.0 * n_keys * math.log2(n_keys)
+    return build <= config.TREE_MAX_COST_SHARE / 100.0 * n_queries * n_keys
+
+
+def pool_within_rtol(q, k_t, v_t, exclude_self, rtol, decide=True):
+    """``(out (n_queries, p), lse)`` within ``rtol`` (``kernels.tree_pool``) of the laid-out
+    queries (n_queries, d), keys (d, n_keys) and values (p, n_keys) of
+    :func:`nbattn.smoothing.regression.gaussian_pool`; None when the cost model (``decide``)
+    prefers the exact streaming path."""
+    n_queries, n_keys = q.shape[0], k_t.shape[1]
+    if decide and not worth_a_tree(n_queries, n_keys, q.shape[1]):
+        return None
+    k_t, v_t, nodes, own = tree_layout(k_t, v_t, exclude_self, n_queries)
+    rows = _query_order(q)
+    if decide and not _tree_pays(q, k_t, v_t, nodes, own, rtol, rows):
+        return None
+    out_rows, lse_rows, far, _ = kernels_for("tree_pool", "cpu").tree_pool(
+        q, k_t, v_t, *nodes, own, rtol, rows, int(config.TREE_TILE_ROWS)
+    )
+    out = np.empty_like(out_rows)
+    lse = np.empty_like(lse_rows)
+    out[rows] = out_rows
+    lse[rows] = lse_rows
+    exact = kernels_for("pooling", "cpu").gaussian_pool
+    for i in rows[far]:  # far from every key: the streaming kernel's far-row paths
+        skip = own.shape[0] > 0
+        row_out, row_lse = exact(q[i : i + 1], k_t, v_t, skip, int(own[i]) if skip else 0)
+        out[i], lse[i] = row_out[0], row_lse[0]
+    return out, lse

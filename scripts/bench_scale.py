@@ -1,0 +1,158 @@
+"""Exact streaming against ``rtol`` (the k-d tree path) on clustered 3-D data.
+
+    NUMBA_NUM_THREADS=2 python scripts/bench_scale.py            # 1e6 keys x 1e5 queries
+    NUMBA_NUM_THREADS=2 python scripts/bench_scale.py --small    # 1e5 keys x 2e3 queries
+    python scripts/bench_scale.py --compile                      # first-call compile time
+
+For Scott's widths and a quarter of them it prints the time of the exact path
+(``rtol=0``) and of ``rtol`` (the public call, cost model included), the speedup, the
+share of keys the tree summed per query (a sample of rows), the largest observed error
+of a prediction as a fraction of its bound rtol / (1 - rtol) max_j |v_j - f| and of lse
+as a fraction of -log(1 - rtol), scikit-learn's ``KernelDensity(rtol=...)`` on the same
+normaliser sums (a subset of queries, timed and scaled to all of them), and the peak
+resident memory. The data: keys and queries drawn from 100 Gaussian clusters (sd 0.03)
+whose centres are uniform in the unit cube.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+
+def _clustered(rng, n, centres):
+    return centres[rng.integers(0, centres.shape[0], n)] + 0.03 * rng.normal(size=(n, 3))
+
+
+def _peak_mib():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _compile_time():
+    """CPU seconds of a first exact call and of first rtol calls (the tree path forced, so
+    the exact kernel is not compiled there), each in a fresh process with an empty cache."""
+    code = (
+        "import numpy as np, nbattn\n"
+        "from nbattn import config\n"
+        "config.TREE_MIN_KEYS = 1; config.TREE_MAX_COST_SHARE = 10**9\n"
+        "x = np.random.default_rng(0).normal(size=(300, 3))\n"
+        "nbattn.nadaraya_watson(x, x, x[:, 0], rtol=1e-6)\n"
+        "nbattn.nadaraya_watson(x.astype('float32'), x.astype('float32'),"
+        " x[:, 0].astype('float32'), rtol=1e-6)\n"
+    )
+    base = (
+        "import numpy as np, nbattn\nx = np.zeros((3, 3))\nnbattn.nadaraya_watson(x, x, x[:, 0])\n"
+    )
+    times = []
+    for source in (base, code):
+        with tempfile.TemporaryDirectory() as cache:
+            env = {**os.environ, "NUMBA_CACHE_DIR": cache, "NBATTN_QUIET": "1"}
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            subprocess.run([sys.executable, "-c", source], env=env, check=True)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            times.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+    print(
+        f"first call, empty numba cache, CPU seconds: exact path (float64) {times[0]:.1f}; "
+        f"rtol path alone (float64 and float32, with the layout kernel) {times[1]:.1f}"
+    )
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keys", type=int, default=1_000_000)
+    parser.add_argument("--queries", type=int, default=100_000)
+    parser.add_argument("--rtol", type=float, default=1e-6)
+    parser.add_argument("--small", action="store_true", help="1e5 keys x 2e3 queries")
+    parser.add_argument("--sklearn-queries", type=int, default=2000)
+    parser.add_argument("--dtype", default="float64", choices=["float64", "float32"])
+    parser.add_argument("--compile", action="store_true", help="only the first-call compile time")
+    args = parser.parse_args(argv)
+    if args.compile:
+        _compile_time()
+        return
+    if args.small:
+        args.keys, args.queries = 100_000, 2_000
+
+    import nbattn
+    from nbattn.dispatch.device import kernels_for
+    from nbattn.smoothing.pruned import _query_order, tree_layout
+    from nbattn.smoothing.regression import _layout, bandwidth_rule
+
+    rng = np.random.default_rng(0)
+    centres = rng.uniform(size=(100, 3))
+    keys = _clustered(rng, args.keys, centres)
+    queries = _clustered(rng, args.queries, centres)
+    values = np.sin(6.0 * keys[:, 0]) + keys[:, 1] ** 2 + 0.1 * rng.normal(size=args.keys)
+    rtol = args.rtol
+    threads = os.environ.get("NUMBA_NUM_THREADS", "all")
+    print(
+        f"{args.keys} keys x {args.queries} queries, 3-D clustered, rtol={rtol:g}, "
+        f"{args.dtype}, NUMBA_NUM_THREADS={threads}"
+    )
+    # compile both paths on a tiny call first (the tree path forced)
+    from nbattn import config
+
+    saved = config.TREE_MIN_KEYS, config.TREE_MAX_COST_SHARE
+    config.TREE_MIN_KEYS, config.TREE_MAX_COST_SHARE = 1, 10**9
+    nbattn.nadaraya_watson(queries[:10], keys[:500], values[:500], dtype=args.dtype, rtol=rtol)
+    config.TREE_MIN_KEYS, config.TREE_MAX_COST_SHARE = saved
+    nbattn.nadaraya_watson(queries[:10], keys[:500], values[:500], dtype=args.dtype)
+    scott = bandwidth_rule(keys)
+    for label, factor in (("Scott", 1.0), ("Scott/4", 0.25)):
+        h = scott * factor
+        t0 = time.perf_counter()
+        f, lse = nbattn.nadaraya_watson(queries, keys, values, h, dtype=args.dtype, return_lse=True)
+        t_exact = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        f_r, lse_r = nbattn.nadaraya_watson(
+            queries, keys, values, h, dtype=args.dtype, return_lse=True, rtol=rtol
+        )
+        t_rtol = time.perf_counter() - t0
+        spread = np.maximum(values.max() - f, f - values.min())
+        err = np.abs(f_r - f).max() if f.size else 0.0
+        bound_share = np.max(np.abs(f_r - f) / (rtol / (1 - rtol) * spread))
+        lse_share = np.max(lse - lse_r) / -math.log1p(-rtol)
+        # the share of keys the tree sums, on a sample of rows
+        q, k_t, v_t, _ = _layout(queries[:512], keys, values[:, None], h, args.dtype)
+        k_t, v_t, nodes, own = tree_layout(k_t, v_t, False, q.shape[0])
+        work = kernels_for("tree_pool", "cpu").tree_pool(
+            q, k_t, v_t, *nodes, own, rtol, _query_order(q), config.TREE_TILE_ROWS
+        )[3]
+        print(
+            f"  {label:8s} exact {t_exact:8.2f} s   rtol {t_rtol:8.2f} s   speedup "
+            f"{t_exact / t_rtol:6.1f}x   keys summed {work[:, 0].mean() / args.keys:.2%}, "
+            f"nodes {work[:, 1].mean():.0f}/query"
+        )
+        print(
+            f"           max |f_rtol - f| {err:.2e} = {bound_share:.3f} of its bound;"
+            f" lse {lse_share:.3f} of -log(1 - rtol); peak RSS {_peak_mib():.0f} MiB"
+        )
+        try:
+            from sklearn.neighbors import KernelDensity
+        except ImportError:
+            continue
+        m = min(args.sklearn_queries, args.queries)
+        kde = KernelDensity(bandwidth=1.0, kernel="gaussian", rtol=rtol, atol=0.0)
+        t0 = time.perf_counter()
+        kde.fit(keys / h)
+        log_density = kde.score_samples(queries[:m] / h)
+        t_sk = (time.perf_counter() - t0) * args.queries / m
+        lse_sk = log_density + math.log(args.keys) + 1.5 * math.log(2 * math.pi)
+        sk_err = np.max(np.abs(np.expm1(lse_sk - lse[:m])))
+        print(
+            f"           scikit-learn KernelDensity(rtol): {t_sk:8.2f} s (scaled from {m} "
+            f"queries, one thread), max relative error of S {sk_err:.1e} (ours "
+            f"{np.max(np.abs(np.expm1(lse_r[:m] - lse[:m]))):.1e})"
+        )
+
+
+if __name__ == "__main__":
+    main()
