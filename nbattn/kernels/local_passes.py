@@ -73,7 +73,9 @@ def local_loo_gradient(data, model, fit, values_t, cat_dparams, out_weights):
     out = np.zeros((n_q, dc + dk))
     n_chunks = (n_q + _QUERY_BLOCK - 1) // _QUERY_BLOCK
     for chunk in prange(n_chunks):
-        _gradient_chunk(data, model, fit, values_t, cat_dparams, out_weights, np.int64(chunk), weighted, out)
+        _gradient_chunk(
+            data, model, fit, values_t, cat_dparams, out_weights, np.int64(chunk), weighted, out
+        )
     return out
 
 

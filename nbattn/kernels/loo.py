@@ -366,7 +366,16 @@ def gaussian_spread(queries, keys_t, values_t, centers, lse, exclude_self):
     n_chunks = (n_queries + _QUERY_BLOCK - 1) // _QUERY_BLOCK
     for chunk in prange(n_chunks):
         _spread_chunk(
-            queries, keys_t, values_t, centers, lse, exclude_self, inv_scale, np.int64(chunk), std, sum_w2
+            queries,
+            keys_t,
+            values_t,
+            centers,
+            lse,
+            exclude_self,
+            inv_scale,
+            np.int64(chunk),
+            std,
+            sum_w2,
         )
     return std, sum_w2
 
@@ -433,7 +442,9 @@ def loo_squared_error(queries, keys_t, values_t, targets, self_index):
     n_chunks = (n_queries + _QUERY_BLOCK - 1) // _QUERY_BLOCK
     partial = np.zeros(n_chunks, dtype=np.float64)
     for chunk in prange(n_chunks):
-        _squared_error_chunk(queries, keys_t, values_t, targets, self_index, np.int64(chunk), partial)
+        _squared_error_chunk(
+            queries, keys_t, values_t, targets, self_index, np.int64(chunk), partial
+        )
     return partial.sum()
 
 
