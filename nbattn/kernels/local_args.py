@@ -12,5 +12,5 @@ from numba import njit
 from .. import config
 from .._core import local_groups
 
-#: ``local_groups.n_terms`` compiled for the kernels (also callable from Python).
-n_terms = njit(fastmath=config.FASTMATH, cache=config.CACHE)(local_groups.n_terms)
+#: ``local_groups.n_terms`` compiled, inlined into the kernels (also callable from Python).
+n_terms = njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")(local_groups.n_terms)

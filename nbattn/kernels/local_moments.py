@@ -37,7 +37,7 @@ _PIVOT_TOL = config.LOCAL_PIVOT_TOL
 FUSED_TERMS = (2, 3, 4, 5)
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
 def constant_moments(scores, y, nb, m, moments, rhs):
     """The local constant with one output: l and sum_j w_j y_j in one pass."""
     total = 0.0
@@ -126,7 +126,7 @@ def _compile_fused_moments():
         "All moments of a block in one pass with register accumulators, for one output "
         "and p in FUSED_TERMS (the source: ``fused_moments_source``)."
     )
-    return njit(fastmath=config.FASTMATH, cache=config.CACHE)(function)
+    return njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")(function)
 
 
 fused_moments = _compile_fused_moments()
@@ -148,7 +148,7 @@ def add_value_sums(u, values_t, j0, nb, sums):
         sums[o] += block_dot(u, values_t[o, j0 : j0 + nb], nb)
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
 def design_moments(scores, design, values_t, j0, nb, m, p, wx, moments, rhs):
     """Any p and outputs: w_j over ``scores``, then one dot product per moment
     (``wx`` is scratch, ``design`` the block's design rows)."""
@@ -173,7 +173,7 @@ def design_moments(scores, design, values_t, j0, nb, m, p, wx, moments, rhs):
         add_value_sums(wx, values_t, j0, nb, rhs[a])
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
 def score_derivative_sums(scores, design, values_t, j0, nb, kernel, dsum, dysum):
     """The local-constant marginal effects' sums, after :func:`design_moments` left
     w_j in ``scores``: dsum_c += sum_j w_j ds_jc and dysum_co += sum_j w_j ds_jc y_jo

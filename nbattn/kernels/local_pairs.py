@@ -25,7 +25,7 @@ from .fastmath import fmax
 _KEY_BLOCK = config.KEY_BLOCK
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
 def dlog_kernel(d, kernel):
     """s'(d), the derivative of log K(d) (0 outside a compact support)."""
     if kernel == GAUSSIAN:
@@ -42,7 +42,7 @@ def dlog_kernel(d, kernel):
     return -9.0 * d * a / (1.0 - a3)
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
 def category_term(x, qk, a, b, t):
     """The term of a categorical column for a key's code x and the query's code qk:
     a for equal codes, b + t max(|x - qk|, 1) for unequal ones, 0 where x is missing.
