@@ -242,12 +242,16 @@ def nadaraya_watson(
         streaming path). With ``rtol > 0`` each query's normaliser
         S = sum_j exp(s_ij) may leave out keys of total weight E <= rtol * S, so
         that the computed normaliser lies in [(1 - rtol) S, S], each weighted sum
-        within rtol * S * max_j |v_j| of its exact value, lse within
+        within ``rtol * S * max_j |v_j|`` of its exact value, lse within
         -log(1 - rtol) of it, and each prediction obeys
 
-            |out_i - f_i| <= rtol / (1 - rtol) * max_j |v_j - f_i|
+        .. math::
 
-        (per output column; f_i the exact prediction), on top of the rounding
+            |\\hat f_i - f_i| \\le \\frac{\\mathrm{rtol}}{1 - \\mathrm{rtol}}
+            \\max_j |v_j - f_i|
+
+        (per output column; :math:`f_i` the exact prediction, :math:`\\hat f_i`
+        the returned one), on top of the rounding
         that the exact path carries too. The keys left out are certified small by
         a k-d tree over the scaled keys (``nbattn.kernels.tree_pool`` states the
         rule and proves the bound); a cost model runs the exact path instead
