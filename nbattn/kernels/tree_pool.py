@@ -72,35 +72,20 @@ import math
 
 import numpy as np
 from numba import njit, prange
-from numba.core import types
-from numba.extending import overload
 
 from .. import config
 from .fastmath import fast_exp, like
 from .kd_order import kd_nodes, kd_order
+from .pooling import far_score
 from .softmax import row_max
 
 __all__ = ["kd_nodes", "kd_order", "tree_pool"]
 
 _QUERY_BLOCK = config.QUERY_BLOCK
-_FAR_SCORE_FLOAT32 = float(config.FAR_SCORE_FLOAT32)
-_FAR_SCORE_FLOAT64 = float(config.FAR_SCORE_FLOAT64)
 # A box distance is rounded by at most ~(d + 2) 2**-53 relative; shrinking it by 2**-40
 # keeps each bound B an upper bound for any d below 2**13.
 _D2_SHRINK = 1.0 - 2.0**-40
 _STACK = 128  # the tree's depth is below 64 for any n below 2**63
-
-
-def _far_score(array):
-    """The best score below which a row of ``array``'s dtype is far (``kernels.pooling``)."""
-    return _FAR_SCORE_FLOAT32 if array.dtype == np.float32 else _FAR_SCORE_FLOAT64
-
-
-@overload(_far_score, inline="always")
-def _far_score_overload(array):
-    if array.dtype == types.float32:
-        return lambda array: _FAR_SCORE_FLOAT32
-    return lambda array: _FAR_SCORE_FLOAT64
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
@@ -350,7 +335,7 @@ def tree_pool(queries, keys_t, values_t, start, stop, right, lo, hi, own, rtol, 
     n_keys = keys_t.shape[1]
     k = queries.shape[1]
     dtype = queries.dtype
-    far = _far_score(queries)
+    far = far_score(queries)
     exponents, values_s = _value_exponents(values_t)
     pack = packed_leaves(keys_t, values_s, start, stop, right)
     leaf_max = 0

@@ -7,8 +7,6 @@ The properties force the tree path at small sizes (small leaves, the cost model 
 take it) and compare against the plain-NumPy reference.
 """
 
-import contextlib
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -22,20 +20,14 @@ from nbattn.smoothing.pruned import tree_layout
 from tests import naive
 from tests.strategies import float_dtypes, seeds
 
+from .._config import config_values
+
 KINDS = ["uniform", "clustered", "duplicates", "far", "huge", "tiny"]
 
 
-@contextlib.contextmanager
 def _tree_always():
     """The tree path at any size: leaves of 4 keys, the cost model told to take it."""
-    saved = {name: getattr(config, name) for name in _FORCE}
-    for name, value in _FORCE.items():
-        setattr(config, name, value)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(config, name, value)
+    return config_values(**_FORCE)
 
 
 _FORCE = {"TREE_LEAF_KEYS": 4, "TREE_MIN_KEYS": 1, "TREE_MAX_COST_SHARE": 10**9}
