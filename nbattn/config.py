@@ -346,6 +346,15 @@ LOCAL_RIDGE = 1e-12
 #: Read when the kernels are compiled.
 LOCAL_PIVOT_TOL = 1e-8
 
+#: Keys per leaf of the k-d order that the local passes prune with ``rtol > 0``
+#: (``nbattn.kernels.local_leaves``): each query bounds every leaf (a few flops per column),
+#: so smaller leaves prune closer at more bound work per query. Read at call time.
+LOCAL_LEAF_KEYS = _env_int("LOCAL_LEAF_KEYS", 64, compiled=False)
+
+#: Below this many keys the local passes ignore ``rtol`` and run exactly (the leaves'
+#: bounds cost more than they save on small problems). Read at call time.
+LOCAL_TREE_MIN_KEYS = _env_int("LOCAL_TREE_MIN_KEYS", 2048, compiled=False)
+
 
 # --- flash: flash attention tiles and scheduling (nbattn.attn, nbattn.kernels.flash) ----------
 
@@ -533,6 +542,8 @@ SECTIONS = {
     "local": (
         "LOCAL_RIDGE",
         "LOCAL_PIVOT_TOL",
+        "LOCAL_LEAF_KEYS",
+        "LOCAL_TREE_MIN_KEYS",
     ),
     "flash": (
         "FLASH_BLOCK_Q",

@@ -12,7 +12,9 @@ floor both ``kernels/`` and ``cuda/`` stand on):
   kernel's code, the categorical columns' score terms (from their widths),
   the degree and the relative ridge of the local fit, and the pair flags
   ``exclude_self`` and ``missing``;
-* :class:`LocalFit`, the first pass's outputs, which the second passes read.
+* :class:`LocalFit`, the first pass's outputs, which the second passes read;
+* :class:`LocalLeaves`, the keys' k-d leaves and ``rtol``: which keys a pass may
+  skip (CPU only; ``nbattn.kernels.local_leaves``).
 
 They are ``NamedTuple`` classes, which numba types as tuples (one compiled
 specialisation per combination of field types, so the scalars keep one type
@@ -79,6 +81,32 @@ class LocalFit(NamedTuple):
     nearest: np.ndarray
     #: (n_q, dc, n_out) the local-constant marginal effects d fit / d q (zeros unless asked)
     mfx: np.ndarray
+
+
+class LocalLeaves(NamedTuple):
+    """The keys' leaves in k-d order and the tolerance of the pruned passes
+    (``nbattn.kernels.local_leaves``); rtol = 0 with one leaf: every key, exactly."""
+
+    #: (n_chunks + 1,) int64 the first query of each chunk the passes bound together, then n_q
+    query_start: np.ndarray
+    #: (n_leaves + 1,) int64 the first key of each leaf, then n_k
+    leaf_start: np.ndarray
+    #: (n_leaves, dc) the lower corner of each leaf's box of scaled continuous columns
+    box_lo: np.ndarray
+    #: (n_leaves, dc) its upper corner
+    box_hi: np.ndarray
+    #: (n_leaves, dk) the smallest code of each categorical column in the leaf
+    cat_lo: np.ndarray
+    #: (n_leaves, dk) the largest
+    cat_hi: np.ndarray
+    #: (n_leaves,) the largest log key weight in the leaf
+    log_weight_max: np.ndarray
+    #: (n_leaves,) the smallest
+    log_weight_min: np.ndarray
+    #: (n_leaves,) log of the leaf's key count, widened by the bounds' rounding margin
+    log_size: np.ndarray
+    #: the relative error allowed on every kernel sum (0: exact)
+    rtol: float
 
 
 def n_terms(dc, degree):

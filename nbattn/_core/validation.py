@@ -369,3 +369,15 @@ def check_bandwidth(
             "by a power of ten)"
         )
     return h
+
+
+def check_rtol(rtol) -> float:
+    """``rtol`` as a float in [0, 1); anything else raises a ValueError naming it."""
+    if isinstance(rtol, (bool, np.bool_)) or not isinstance(
+        rtol, (int, float, np.integer, np.floating)
+    ):
+        raise ValueError(f"rtol must be a number in [0, 1), got {rtol!r}")
+    value = float(rtol)
+    if not (math.isfinite(value) and 0.0 <= value < 1.0):
+        raise ValueError(f"rtol must be a finite number in [0, 1), got {rtol!r}")
+    return value

@@ -89,6 +89,19 @@ def _int_arg(low, high=None):
     return parse
 
 
+def _rtol_arg(text: str) -> float:
+    """A relative tolerance: a number in [0, 1)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(
+            f"expected a number in [0, 1) (0: exact), got {io.shorten(text)}"
+        )
+    return value
+
+
 def _alpha_arg(text: str) -> float:
     """The alpha of a (1 - alpha) interval: a number strictly between 0 and 1."""
     try:
@@ -127,7 +140,7 @@ def _column_list(text: str) -> list[str]:
 
 def make_estimator(model="nw", *, verbose=False, **options):
     """The estimator that ``nbattn fit`` builds: ``options`` are bandwidth, metric,
-    max_iter, kernel, degree, var_type and missing (None: the estimator's default),
+    max_iter, kernel, degree, rtol, var_type and missing (None: the estimator's default),
     refused where they do not apply."""
     from .. import estimators
 
@@ -215,6 +228,7 @@ def _model_options(args, bandwidth=None) -> dict:
         "max_iter": args.max_iter,
         "kernel": args.kernel,
         "degree": args.degree,
+        "rtol": args.rtol,
         "missing": "marginalize" if args.on_nan == "marginalize" else None,
         "handle_unknown": args.handle_unknown,
     }
@@ -521,6 +535,13 @@ def _add_model_options(p) -> None:
         "--degree",
         type=_int_arg(_degrees.low, _degrees.high + 1),
         help="--model lp: local polynomial degree (default 1)",
+    )
+    p.add_argument(
+        "--rtol",
+        type=_rtol_arg,
+        help="--model lp: relative error allowed on every kernel sum, in the width search "
+        "and predictions (default 0: exact; 1e-6 skips the keys certifiably too far "
+        "to count)",
     )
     _add_handle_unknown(p, "the model's answer to a category not seen at fit (default error)")
     p.add_argument(

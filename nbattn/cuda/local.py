@@ -15,7 +15,7 @@ pair is
 
 and the local design x_j = (1, d_j, [d_jc d_jc' for c <= c']) (degree 0, 1, 2).
 
-* ``local_fit(data, model, values_t, want_mfx)``: the first pass, a ``LocalFit``
+* ``local_fit(data, model, values_t, want_mfx, leaves)``: the first pass, a ``LocalFit``
   (beta, g, shift, log_norm, nearest, mfx): per query the online-softmax
   moments M = sum_j w_j x_j x_j^T and V = sum_j w_j x_j y_j^T (w_j = exp(s_j - m),
   m the running maximum, the sums rescaled when m grows), then the
@@ -23,7 +23,7 @@ and the local design x_j = (1, d_j, [d_jc d_jc' for c <= c']) (degree 0, 1, 2).
   CPU's pivot rule (a term whose pivot is at most ``config.LOCAL_PIVOT_TOL`` of
   its diagonal is dropped); a query without a key of positive weight gets its
   nearest admissible key's value (``nearest``), log_norm = -inf.
-* ``local_loo_gradient(data, model, fit, values_t, cat_dparams, out_weights)``
+* ``local_loo_gradient(data, model, fit, values_t, cat_dparams, out_weights, leaves)``
   (``local_passes``): the second pass, per query the derivative of
   sum_o e_o fit_o with respect to every width parameter (dc + dk,).
 * ``local_interval_sums(data, model, fit, residuals_t)`` (``local_passes``): the
@@ -69,7 +69,7 @@ from .._core.local_groups import (
     n_terms,
 )
 from .common import compiled, jit, launch, tile_rows, to_device
-from .local_args import device_inputs
+from .local_args import device_inputs, refuse_pruning
 from .local_moments import moments_function, solve_function
 from .local_pairs import (
     key_walk_function,
@@ -191,12 +191,13 @@ def fit_kernel(dc, dk, kernel, degree, missing, n_out, do_mfx):
     return compiled(("local_fit", *args), lambda: _make_fit_kernel(*args))
 
 
-def local_fit(data, model, values_t, want_mfx):
+def local_fit(data, model, values_t, want_mfx, leaves=None):
     """The first pass on the GPU: the twin of :func:`nbattn.kernels.local.local_fit`.
 
     ``data`` (``LocalData``) and ``model`` (``LocalModel``) with NumPy or device
-    arrays, ``values_t`` (n_out, n_k). Returns a ``LocalFit`` of NumPy arrays, as
-    the CPU kernel:
+    arrays, ``values_t`` (n_out, n_k); ``leaves`` (``LocalLeaves``) only with rtol = 0:
+    the GPU visits every key (the pruned passes are CPU only). Returns a ``LocalFit``
+    of NumPy arrays, as the CPU kernel:
 
     beta : (n_q, p, n_out)   coefficients in scaled units (beta[:, 0] is the fit)
     g : (n_q, p)             (M/l + R)^-1 e_1, the equivalent-kernel vector
@@ -206,6 +207,7 @@ def local_fit(data, model, values_t, want_mfx):
     mfx : (n_q, dc, n_out)   with ``want_mfx`` and degree 0 (p = 1, dc > 0):
                              d fit / d q = sum_j p_j (y_j - fit) ds_j/dq; zeros otherwise
     """
+    refuse_pruning(leaves)
     inputs = device_inputs(data, model)
     device_values_t = to_device(values_t)
     kernel, degree, missing = model.kernel, model.degree, model.missing

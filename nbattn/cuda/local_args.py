@@ -28,3 +28,11 @@ def device_inputs(data, model):
 def host_array(a, dtype=np.float64):
     """A NumPy or device array as a C-contiguous NumPy array of ``dtype``."""
     return np.ascontiguousarray(a if isinstance(a, np.ndarray) else a.copy_to_host(), dtype=dtype)
+
+
+def refuse_pruning(leaves):
+    """The GPU passes visit every key: ``leaves`` (``LocalLeaves``) must say rtol = 0."""
+    if leaves is not None and leaves.rtol > 0:
+        raise NotImplementedError(
+            "rtol > 0 (pruned local passes) runs on the CPU only; use device='cpu' or rtol=0"
+        )

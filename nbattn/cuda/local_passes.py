@@ -20,7 +20,7 @@ from numba import cuda
 
 from .._core.local_groups import n_terms
 from .common import compiled, jit, launch, tile_rows, to_device
-from .local_args import device_inputs, host_array
+from .local_args import device_inputs, host_array, refuse_pruning
 from .local_pairs import (
     category_term,
     clear,
@@ -243,13 +243,15 @@ def gradient_kernel(dc, dk, kernel, degree, missing, n_out):
     return compiled(("local_gradient", *args), lambda: _make_gradient_kernel(*args))
 
 
-def local_loo_gradient(data, model, fit, values_t, cat_dparams, out_weights):
+def local_loo_gradient(data, model, fit, values_t, cat_dparams, out_weights, leaves=None):
     """Per query d (sum_o e_o fit_o) / d theta on the GPU: the twin of
     :func:`nbattn.kernels.local.local_loo_gradient` (theta = log widths of the
     continuous columns, then one parameter per categorical column; ``fit`` from
     :func:`nbattn.cuda.local.local_fit`, its ``beta``, ``g``, ``shift`` and
     ``log_norm``; ``out_weights`` the e_o (n_q, n_out)). Queries that fell back
-    (log_norm = -inf) get 0. Returns (n_q, dc + dk) NumPy."""
+    (log_norm = -inf) get 0; ``leaves`` only with rtol = 0, as in ``local_fit``.
+    Returns (n_q, dc + dk) NumPy."""
+    refuse_pruning(leaves)
     inputs = device_inputs(data, model)
     device_dparams = to_device(host_array(cat_dparams))
     device_values_t = to_device(values_t)

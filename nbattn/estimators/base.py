@@ -82,7 +82,10 @@ def _sklearn_constraints(rule) -> list:
         closed = "left" if rule.high is None else "both"
         return [Interval(Integral, rule.low, rule.high, closed=closed)]
     if isinstance(rule, specs.RealRange):
-        return [Interval(Real, rule.low, None, closed="left" if rule.inclusive else "neither")]
+        if rule.below is None:
+            return [Interval(Real, rule.low, None, closed="left" if rule.inclusive else "neither")]
+        closed = "left" if rule.inclusive else "neither"
+        return [Interval(Real, rule.low, rule.below, closed=closed)]
     if isinstance(rule, specs.ArrayLike):
         return ["array-like"]
     if isinstance(rule, specs.Text):

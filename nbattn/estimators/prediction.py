@@ -146,12 +146,22 @@ class PoolingPrediction:
         # NaN in the queries of a model that refuses missing values is an unseen category:
         # the engine leaves that column out of the row's product (see nbattn._core.columns)
         missing = self._missing() == "marginalize" or (X is not None and np.isnan(X).any())
+        rtol = float(self._param("rtol", 0.0))  # 0 in a model file from before rtol
+        device = self._device()
+        if rtol > 0.0 and device == "cuda" and self._param("device") == "auto":
+            device = "cpu"  # auto chooses: the pruned passes are the CPU's
+        if rtol > 0.0 and device == "cuda":
+            raise NotImplementedError(
+                f"rtol={rtol!r} (the pruned local passes) runs on the CPU only: set "
+                "device='cpu' (or 'auto', which then stays on the CPU), or rtol=0"
+            )
         return LocalSpec(
             var_type=self._kinds(),
             n_categories=tuple(self._n_categories()),
             kernel=self._kernel(),
             missing=bool(missing),
-            device=self._device(),
+            device=device,
+            rtol=rtol,
         )
 
     def _local_problem(self, spec, X, values, degree):

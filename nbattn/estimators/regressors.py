@@ -404,6 +404,13 @@ class LocalPolynomialRegressor(_PoolingRegressor):
         for every continuous column; an array gives h or lambda per column.
     kernel : "gaussian", "epanechnikov" or "tricube"
         The kernel of the continuous columns.
+    rtol : float in [0, 1), default 0
+        The relative error allowed on every kernel sum, in the width search and in
+        predictions (:func:`nbattn.local.engine.local_polynomial` states the bound):
+        0 sums every key exactly; ``rtol > 0`` lets each group of queries skip the
+        leaves of keys (in k-d order) that it certifiably cannot weigh, on the CPU
+        (device "auto" then stays on the CPU). The search's answer is checked
+        exactly against the rule widths, so it is never worse than the rule.
     var_type, missing, handle_unknown
         How the columns of X are read (see :class:`NadarayaWatsonRegressor`).
     device : "cpu", "cuda" or "auto"
@@ -425,6 +432,7 @@ class LocalPolynomialRegressor(_PoolingRegressor):
         degree=1,
         bandwidth="loo",
         kernel="gaussian",
+        rtol=0.0,
         var_type=None,
         missing="error",
         handle_unknown="error",

@@ -11,8 +11,9 @@ rule                   allows                              scikit-learn constrai
 ``Options(a, b)``      one of these strings                ``StrOptions({a, b})``
 ``IntRange(lo, hi)``   an int in [lo, hi] (hi None: no     ``Interval(Integral, lo, hi)``
                        upper end); not a bool
-``RealRange(lo, ..)``  a number >= lo (``inclusive``) or   ``Interval(Real, lo, None)``
-                       > lo, not NaN; not a bool
+``RealRange(lo, ..)``  a number >= lo (``inclusive``) or   ``Interval(Real, lo, below)``
+                       > lo, and < below where given; not
+                       NaN, not a bool
 ``ArrayLike()``        a list, tuple or ndarray            ``"array-like"``
 ``Text()``             any string                          ``str``
 ``Verbose()``          an int >= 0 or a bool               ``"verbose"``
@@ -118,17 +119,25 @@ class IntRange:
 
 @dataclass(frozen=True)
 class RealRange:
-    """A number (not a bool, not NaN) ``>= low`` when ``inclusive``, else ``> low``."""
+    """A number (not a bool, not NaN) ``>= low`` when ``inclusive``, else ``> low``, and
+    ``< below`` where given."""
 
     low: float
     inclusive: bool = True
+    #: an upper end, excluded (None: none)
+    below: float | None = None
 
     def accepts(self, value) -> bool:
         if not is_real(value) or math.isnan(value):
             return False
+        if self.below is not None and not value < self.below:
+            return False
         return value >= self.low if self.inclusive else value > self.low
 
     def phrases(self, alone: bool) -> list[str]:
+        if self.below is not None:
+            opening = "[" if self.inclusive else "("
+            return [f"a float in {opening}{self.low}, {self.below})"]
         if self.inclusive:
             return [f"a float >= {self.low}"]
         return ["a positive number" if self.low == 0 else f"a float > {self.low}"]
@@ -291,6 +300,7 @@ SPECS = {
                 Param("degree", 1, (IntRange(0, 2),)),
                 _bandwidth("loo"),
                 _kernel(),
+                Param("rtol", 0.0, (RealRange(0.0, below=1.0),)),
                 *_TABLE,
                 *_RUN,
             ),

@@ -79,9 +79,12 @@ from .._core.local_groups import (
     TRICUBE,
     LocalData,
     LocalFit,
+    LocalLeaves,
     LocalModel,
 )
+from .kd_order import kd_order
 from .local_args import n_terms
+from .local_leaves import kept_runs, leaf_ranges
 from .local_moments import (
     FUSED_TERMS,
     constant_moments,
@@ -106,10 +109,13 @@ __all__ = [
     "TRICUBE",
     "LocalData",
     "LocalFit",
+    "LocalLeaves",
     "LocalModel",
     "local_equivalent_weights",
     "local_fit",
     "local_interval_sums",
+    "kd_order",
+    "leaf_ranges",
     "local_loo_gradient",
     "n_terms",
 ]
@@ -120,12 +126,13 @@ _FEWEST_FUSED, _MOST_FUSED = FUSED_TERMS[0], FUSED_TERMS[-1]
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, parallel=True)
-def local_fit(data, model, values_t, want_mfx):
+def local_fit(data, model, values_t, want_mfx, leaves):
     """The first pass: per query the local fit, its coefficients and the softmax state.
 
     ``data`` (``LocalData``) and ``model`` (``LocalModel``): the problem;
     ``values_t`` (n_out, n_k) the values; ``want_mfx``: the local-constant
-    marginal effects too.
+    marginal effects too; ``leaves`` (``LocalLeaves``): the keys each query visits
+    (``nbattn.kernels.local_leaves``; rtol = 0: all of them).
 
     Returns
     -------
@@ -153,7 +160,7 @@ def local_fit(data, model, values_t, want_mfx):
     # without missing values the local-linear moments and the local constant read the
     # differences from the keys: the design rows are never written (one pass less)
     store_design = missing or do_mfx or (p > 1 and degree >= 2) or (p > 1 and not fused)
-    n_chunks = (n_q + _QUERY_BLOCK - 1) // _QUERY_BLOCK
+    n_chunks = leaves.query_start.shape[0] - 1
     for chunk in prange(n_chunks):
         _fit_chunk(
             data,
@@ -171,6 +178,7 @@ def local_fit(data, model, values_t, want_mfx):
             log_norm,
             nearest,
             mfx,
+            leaves,
         )
     return LocalFit(beta, g, shift, log_norm, nearest, mfx)
 
@@ -196,6 +204,7 @@ def _fit_chunk(
     log_norm,
     nearest,
     mfx,
+    leaves,
 ):
     """The queries of chunk ``chunk``: their rows of beta, g, shift, log_norm, nearest, mfx."""
     q_cont, keys_cont_t = data.q_cont, data.keys_cont_t
@@ -212,8 +221,13 @@ def _fit_chunk(
     z = np.zeros(p)
     dsum = np.zeros(dc)
     dysum = np.zeros((dc, n_out))
-    stop = min(n_q, (chunk + 1) * _QUERY_BLOCK)
-    for i in range(chunk * _QUERY_BLOCK, stop):
+    n_leaves = leaves.leaf_start.shape[0] - 1
+    upper, lower = np.zeros(n_leaves), np.zeros(n_leaves)
+    runs = np.zeros((max(n_leaves, 1), 2), dtype=np.int64)
+    # the chunk's queries (neighbours in k-d order when pruned) visit the same keys
+    first, stop = leaves.query_start[chunk], leaves.query_start[chunk + 1]
+    n_runs = kept_runs(first, stop, data, model, leaves, upper, lower, runs)
+    for i in range(first, stop):
         for a in range(p):  # explicit loops: slice assignment costs more per query
             for b in range(p):
                 moments[a, b] = 0.0
@@ -224,45 +238,48 @@ def _fit_chunk(
             for o in range(n_out):
                 dysum[c, o] = 0.0
         m = -np.inf
-        for j0 in range(0, n_k, _KEY_BLOCK):
-            nb = min(_KEY_BLOCK, n_k - j0)
-            block_max = block_scores(i, j0, nb, data, model, weighted, store_design, scores, design)
-            if block_max == -np.inf:
-                continue
-            if block_max > m:
-                if m > -np.inf:
-                    factor = np.exp(m - block_max)
-                    moments *= factor
-                    rhs *= factor
-                    dsum *= factor
-                    dysum *= factor
-                m = block_max
-            if fused:
-                y = values_t[0, j0 : j0 + nb]
-                if store_design:  # rows past the last term repeat it (never read)
-                    rows = (
-                        design[1, 0:nb],
-                        design[min(2, p - 1), 0:nb],
-                        design[min(3, p - 1), 0:nb],
-                        design[min(4, p - 1), 0:nb],
-                    )
-                    offsets = (0.0, 0.0, 0.0, 0.0)
-                else:  # rows past the last column repeat it (never read)
-                    c1, c2, c3 = min(1, dc - 1), min(2, dc - 1), min(3, dc - 1)
-                    rows = (
-                        keys_cont_t[0, j0 : j0 + nb],
-                        keys_cont_t[c1, j0 : j0 + nb],
-                        keys_cont_t[c2, j0 : j0 + nb],
-                        keys_cont_t[c3, j0 : j0 + nb],
-                    )
-                    offsets = (q_cont[i, 0], q_cont[i, c1], q_cont[i, c2], q_cont[i, c3])
-                fused_moments(scores, rows, offsets, y, nb, m, p, moments, rhs)
-            elif p == 1 and n_out == 1 and not do_mfx:
-                constant_moments(scores, values_t[0, j0 : j0 + nb], nb, m, moments, rhs)
-            else:
-                design_moments(scores, design, values_t, j0, nb, m, p, wx, moments, rhs)
-                if do_mfx:
-                    score_derivative_sums(scores, design, values_t, j0, nb, kernel, dsum, dysum)
+        for r in range(n_runs):
+            for j0 in range(runs[r, 0], runs[r, 1], _KEY_BLOCK):
+                nb = min(_KEY_BLOCK, runs[r, 1] - j0)
+                block_max = block_scores(
+                    i, j0, nb, data, model, weighted, store_design, scores, design
+                )
+                if block_max == -np.inf:
+                    continue
+                if block_max > m:
+                    if m > -np.inf:
+                        factor = np.exp(m - block_max)
+                        moments *= factor
+                        rhs *= factor
+                        dsum *= factor
+                        dysum *= factor
+                    m = block_max
+                if fused:
+                    y = values_t[0, j0 : j0 + nb]
+                    if store_design:  # rows past the last term repeat it (never read)
+                        rows = (
+                            design[1, 0:nb],
+                            design[min(2, p - 1), 0:nb],
+                            design[min(3, p - 1), 0:nb],
+                            design[min(4, p - 1), 0:nb],
+                        )
+                        offsets = (0.0, 0.0, 0.0, 0.0)
+                    else:  # rows past the last column repeat it (never read)
+                        c1, c2, c3 = min(1, dc - 1), min(2, dc - 1), min(3, dc - 1)
+                        rows = (
+                            keys_cont_t[0, j0 : j0 + nb],
+                            keys_cont_t[c1, j0 : j0 + nb],
+                            keys_cont_t[c2, j0 : j0 + nb],
+                            keys_cont_t[c3, j0 : j0 + nb],
+                        )
+                        offsets = (q_cont[i, 0], q_cont[i, c1], q_cont[i, c2], q_cont[i, c3])
+                    fused_moments(scores, rows, offsets, y, nb, m, p, moments, rhs)
+                elif p == 1 and n_out == 1 and not do_mfx:
+                    constant_moments(scores, values_t[0, j0 : j0 + nb], nb, m, moments, rhs)
+                else:
+                    design_moments(scores, design, values_t, j0, nb, m, p, wx, moments, rhs)
+                    if do_mfx:
+                        score_derivative_sums(scores, design, values_t, j0, nb, kernel, dsum, dysum)
         total = moments[0, 0]
         if not (total > 0.0):
             near = nearest_key(i, data, exclude_self)

@@ -21,6 +21,7 @@ from numba import njit, prange
 
 from .. import config
 from .fastmath import fast_exp
+from .local_leaves import kept_runs
 from .local_pairs import (
     block_scores,
     block_scratch,
@@ -35,11 +36,10 @@ _QUERY_BLOCK = config.QUERY_BLOCK
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
-def block_weights(i, j0, data, model, fit, weighted, scores, design):
+def block_weights(i, j0, nb, data, model, fit, weighted, scores, design):
     """The normalised weights p_j = exp(s_j - shift_i - log_norm_i) of keys j0 .. j0+nb-1
     for query i into ``scores`` and their design rows into ``design`` (``block_scores``);
     returns nb, or 0 when no key of the block is admissible (nothing to add)."""
-    nb = min(_KEY_BLOCK, data.log_weights.shape[0] - j0)
     # the design rows are stored (np.bool_, not the literal True: numba would compile
     # block_scores once more for a literal argument)
     store_design = np.bool_(True)
@@ -53,7 +53,7 @@ def block_weights(i, j0, data, model, fit, weighted, scores, design):
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, parallel=True)
-def local_loo_gradient(data, model, fit, values_t, cat_dparams, out_weights):
+def local_loo_gradient(data, model, fit, values_t, cat_dparams, out_weights, leaves):
     """The second pass: per query sum_o e_o d fit_o / d theta for every width parameter.
 
     theta = (log h_1 .. log h_dc, t_1 .. t_dk): log widths of the continuous
@@ -66,15 +66,26 @@ def local_loo_gradient(data, model, fit, values_t, cat_dparams, out_weights):
         dp_j    = p_j (ds_j - sum_k p_k ds_k)
 
     (the derivative of (M/l + R)^-1 V/l, R the relative ridge). Queries that fell
-    back to their nearest key (log_norm = -inf) have zero derivative.
+    back to their nearest key (log_norm = -inf) have zero derivative. ``leaves``
+    (``LocalLeaves``): the keys each query visits, the first pass's
+    (``nbattn.kernels.local_leaves``): the derivative of the pruned sums.
     Returns (n_q, dc + dk).
     """
     n_q, dc, dk, _, weighted = problem_sizes(data)
     out = np.zeros((n_q, dc + dk))
-    n_chunks = (n_q + _QUERY_BLOCK - 1) // _QUERY_BLOCK
+    n_chunks = leaves.query_start.shape[0] - 1
     for chunk in prange(n_chunks):
         _gradient_chunk(
-            data, model, fit, values_t, cat_dparams, out_weights, np.int64(chunk), weighted, out
+            data,
+            model,
+            fit,
+            values_t,
+            cat_dparams,
+            out_weights,
+            np.int64(chunk),
+            weighted,
+            out,
+            leaves,
         )
     return out
 
@@ -83,7 +94,9 @@ def local_loo_gradient(data, model, fit, values_t, cat_dparams, out_weights):
 # numba's parallel passes copy and rewrite every statement of a loop body (most of the
 # kernel's compile time); a call costs them nothing, and nothing measurable at run time.
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
-def _gradient_chunk(data, model, fit, values_t, cat_dparams, out_weights, chunk, weighted, out):
+def _gradient_chunk(
+    data, model, fit, values_t, cat_dparams, out_weights, chunk, weighted, out, leaves
+):
     """The queries of chunk ``chunk``: their rows of ``out``."""
     q_cont, q_cat, keys_cat_t = data.q_cont, data.q_cat, data.keys_cat_t
     kernel, ridge, missing = model.kernel, model.ridge, model.missing
@@ -99,73 +112,80 @@ def _gradient_chunk(data, model, fit, values_t, cat_dparams, out_weights, chunk,
     pen = np.zeros(_KEY_BLOCK)
     a_sum = np.zeros(n_par)
     s_sum = np.zeros(n_par)
-    stop = min(n_q, (chunk + 1) * _QUERY_BLOCK)
-    for i in range(chunk * _QUERY_BLOCK, stop):
+    n_leaves = leaves.leaf_start.shape[0] - 1
+    upper, lower = np.zeros(n_leaves), np.zeros(n_leaves)
+    runs = np.zeros((max(n_leaves, 1), 2), dtype=np.int64)
+    # the chunk's queries (neighbours in k-d order when pruned) visit the same keys
+    first, stop = leaves.query_start[chunk], leaves.query_start[chunk + 1]
+    n_runs = kept_runs(first, stop, data, model, leaves, upper, lower, runs)
+    for i in range(first, stop):
         if log_norm[i] == -np.inf:
             continue
         a_sum[:] = 0.0
         s_sum[:] = 0.0
         a_total = 0.0
-        for j0 in range(0, n_k, _KEY_BLOCK):
-            nb = block_weights(i, j0, data, model, fit, weighted, scores, design)
-            # coef_j = p_j sum_o e_o [c_j r_jo - ridge sum_t g_t beta_to x_jt^2]
-            for j in range(nb):
-                cvec[j] = g[i, 0]
-                coef[j] = 0.0
-            for t in range(1, p):
-                gt = g[i, t]
-                xt = design[t]
+        for r in range(n_runs):
+            for j0 in range(runs[r, 0], runs[r, 1], _KEY_BLOCK):
+                nb = min(_KEY_BLOCK, runs[r, 1] - j0)
+                nb = block_weights(i, j0, nb, data, model, fit, weighted, scores, design)
+                # coef_j = p_j sum_o e_o [c_j r_jo - ridge sum_t g_t beta_to x_jt^2]
                 for j in range(nb):
-                    cvec[j] += gt * xt[j]
-            for o in range(n_out):
-                e = out_weights[i, o]
-                if e == 0.0:
-                    continue
-                y = values_t[o, j0 : j0 + nb]
-                b0 = beta[i, 0, o]
-                for j in range(nb):
-                    fitted[j] = b0
-                    pen[j] = 0.0
+                    cvec[j] = g[i, 0]
+                    coef[j] = 0.0
                 for t in range(1, p):
-                    bt = beta[i, t, o]
-                    gbt = g[i, t] * bt
+                    gt = g[i, t]
                     xt = design[t]
                     for j in range(nb):
-                        fitted[j] += bt * xt[j]
-                        pen[j] += gbt * xt[j] * xt[j]
+                        cvec[j] += gt * xt[j]
+                for o in range(n_out):
+                    e = out_weights[i, o]
+                    if e == 0.0:
+                        continue
+                    y = values_t[o, j0 : j0 + nb]
+                    b0 = beta[i, 0, o]
+                    for j in range(nb):
+                        fitted[j] = b0
+                        pen[j] = 0.0
+                    for t in range(1, p):
+                        bt = beta[i, t, o]
+                        gbt = g[i, t] * bt
+                        xt = design[t]
+                        for j in range(nb):
+                            fitted[j] += bt * xt[j]
+                            pen[j] += gbt * xt[j] * xt[j]
+                    for j in range(nb):
+                        coef[j] += e * (cvec[j] * (y[j] - fitted[j]) - ridge * pen[j])
                 for j in range(nb):
-                    coef[j] += e * (cvec[j] * (y[j] - fitted[j]) - ridge * pen[j])
-            for j in range(nb):
-                coef[j] *= scores[j]
-                a_total += coef[j]
-            for c in range(dc):
-                qc = q_cont[i, c]
-                if missing and qc != qc:
-                    continue
-                row = design[1 + c]
-                acc_a = 0.0
-                acc_s = 0.0
-                for j in range(nb):
-                    d = row[j]
-                    ds = -d * dlog_kernel(d, kernel)
-                    acc_a += coef[j] * ds
-                    acc_s += scores[j] * ds
-                a_sum[c] += acc_a
-                s_sum[c] += acc_s
-            for k in range(dk):
-                qk = q_cat[i, k]
-                if missing and qk != qk:
-                    continue
-                dparams = cat_dparams[k]  # the score's term, derived (category_term)
-                acc_a = 0.0
-                acc_s = 0.0
-                for j in range(nb):
-                    x = keys_cat_t[k, j0 + j]
-                    ds = category_term(x, qk, dparams[0], dparams[1], dparams[2])
-                    acc_a += coef[j] * ds
-                    acc_s += scores[j] * ds
-                a_sum[dc + k] += acc_a
-                s_sum[dc + k] += acc_s
+                    coef[j] *= scores[j]
+                    a_total += coef[j]
+                for c in range(dc):
+                    qc = q_cont[i, c]
+                    if missing and qc != qc:
+                        continue
+                    row = design[1 + c]
+                    acc_a = 0.0
+                    acc_s = 0.0
+                    for j in range(nb):
+                        d = row[j]
+                        ds = -d * dlog_kernel(d, kernel)
+                        acc_a += coef[j] * ds
+                        acc_s += scores[j] * ds
+                    a_sum[c] += acc_a
+                    s_sum[c] += acc_s
+                for k in range(dk):
+                    qk = q_cat[i, k]
+                    if missing and qk != qk:
+                        continue
+                    dparams = cat_dparams[k]  # the score's term, derived (category_term)
+                    acc_a = 0.0
+                    acc_s = 0.0
+                    for j in range(nb):
+                        x = keys_cat_t[k, j0 + j]
+                        ds = category_term(x, qk, dparams[0], dparams[1], dparams[2])
+                        acc_a += coef[j] * ds
+                        acc_s += scores[j] * ds
+                    a_sum[dc + k] += acc_a
+                    s_sum[dc + k] += acc_s
         for t in range(n_par):
             out[i, t] = a_sum[t] - a_total * s_sum[t]
 
@@ -217,7 +237,8 @@ def _interval_chunk(data, model, fit, residuals_t, chunk, weighted, out):
                     out[i, o] = residuals_t[o, near] ** 2
             continue
         for j0 in range(0, n_k, _KEY_BLOCK):
-            nb = block_weights(i, j0, data, model, fit, weighted, scores, design)
+            nb = min(_KEY_BLOCK, n_k - j0)
+            nb = block_weights(i, j0, nb, data, model, fit, weighted, scores, design)
             block_equivalent_weights(g[i], design, nb, scores)
             for j in range(nb):
                 scores[j] *= scores[j]
@@ -261,6 +282,7 @@ def _equivalent_chunk(data, model, fit, chunk, weighted, out):
                 out[i, nearest[i]] = 1.0
             continue
         for j0 in range(0, n_k, _KEY_BLOCK):
-            nb = block_weights(i, j0, data, model, fit, weighted, scores, design)
+            nb = min(_KEY_BLOCK, n_k - j0)
+            nb = block_weights(i, j0, nb, data, model, fit, weighted, scores, design)
             block_equivalent_weights(g[i], design, nb, scores)
             out[i, j0 : j0 + nb] = scores[:nb]

@@ -64,6 +64,7 @@ from .._core.validation import (
     resolve_dtype,
 )
 from ..dispatch.device import kernels_for
+from .leaves import TreeLayout, exact_leaves, tree_layout
 from .problem import (
     DEFAULT_RIDGE,
     KERNELS,
@@ -106,10 +107,21 @@ def threads_for(problem: LocalProblem):
 
 def fit_problem(problem: LocalProblem, want_mfx=False):
     """Run the first pass of the local fit (``kernels.local.local_fit``) on a prepared
-    problem, on its spec's device."""
+    problem, on its spec's device; with ``spec.rtol > 0`` the pruned pass
+    (``nbattn.local.leaves``). The ``LocalFit`` is in the problem's order."""
+    tree = tree_layout(problem)
+    return tree.original_fit(fit_layout(tree, want_mfx))
+
+
+def fit_layout(tree: TreeLayout, want_mfx=False):
+    """The first pass on a :func:`nbattn.local.leaves.tree_layout`, in its order (the
+    state its second passes read)."""
+    problem = tree.problem
     module = kernels_for("local", problem.spec.device)
     with threads_for(problem):
-        return module.local_fit(*problem.kernel_groups(), problem.values_t, bool(want_mfx))
+        return module.local_fit(
+            *problem.kernel_groups(), problem.values_t, bool(want_mfx), tree.leaves
+        )
 
 
 def fit_values(problem: LocalProblem, return_gradient=False):
@@ -143,6 +155,7 @@ def local_polynomial(
     return_gradient=False,
     device="cpu",
     dtype=None,
+    rtol=0.0,
 ):
     """Local-polynomial regression (degree 0: Nadaraya-Watson, 1: local-linear, 2: quadratic).
 
@@ -188,6 +201,16 @@ def local_polynomial(
     device : "cpu", "cuda" or "auto"
     dtype : "float64" or "float32", optional
         The output dtype (the computation is float64 throughout).
+    rtol : float in [0, 1), default 0
+        The relative error allowed on every kernel sum: 0 sums every key (exact).
+        With ``rtol > 0`` (CPU only) each query skips the leaves of keys, in k-d
+        order, whose certified weight bound is below its share of ``rtol`` times a
+        lower bound on its normaliser (``nbattn.local.leaves``): the normaliser and
+        every moment sum move by at most ``rtol`` times the normaliser (the values'
+        sums by that times max |y|), and the fit by at most
+        ``2 rtol / (1 - rtol) ||g||_1 max_j |y_j - x_j . beta|``. Below
+        ``config.LOCAL_TREE_MIN_KEYS`` keys, or with missing values, the exact
+        path runs.
 
     Returns
     -------
@@ -281,7 +304,7 @@ def equivalent_weights(problem: LocalProblem) -> np.ndarray:
     cpu = dataclasses.replace(problem, spec=dataclasses.replace(problem.spec, device="cpu"))
     module = kernels_for("local", "cpu")
     with threads_for(cpu):
-        fit = module.local_fit(*cpu.kernel_groups(), cpu.values_t, False)
+        fit = module.local_fit(*cpu.kernel_groups(), cpu.values_t, False, exact_leaves(cpu))
         return module.local_equivalent_weights(*cpu.kernel_groups(), fit)
 
 
@@ -359,7 +382,8 @@ def prediction_interval(
         squared = np.ascontiguousarray(residuals_t**2)
         groups = problem.kernel_groups(degree=0)
         with threads_for(problem):
-            local_var = module.local_fit(*groups, squared, False).beta[:, 0, :]
+            local_var = module.local_fit(*groups, squared, False, exact_leaves(problem))
+            local_var = local_var.beta[:, 0, :]
         variance = variance + local_var
     z = normal_quantile_upper(alpha / 2.0, alpha)
     fit = state.beta[:, 0, :]
@@ -406,6 +430,7 @@ def local_loo_loss(
     missing="error",
     ridge=None,
     device="cpu",
+    rtol=0.0,
 ):
     """The leave-one-out mean squared error of the local fit at the training points.
 
@@ -413,7 +438,8 @@ def local_loo_loss(
 
     (statsmodels ``KernelReg.cv_loo`` when unweighted and with one output), where
     fit_{-i} leaves row i out of the keys; ``sample_weight`` weighs both the
-    keys of every fit and the terms of the sum.
+    keys of every fit and the terms of the sum. ``rtol``: as in
+    :func:`local_polynomial`, for every leave-one-out fit.
     """
     problem = prepare(
         X,

@@ -28,6 +28,7 @@ from .._core.validation import (
     check_bool,
     check_choice,
     check_positive_float,
+    check_rtol,
 )
 
 __all__ = [
@@ -60,12 +61,13 @@ DEFAULT_RIDGE = config.LOCAL_RIDGE
 
 # --------------------------------------------------------------------------- the options
 #: The keywords of the public local functions that make their :class:`LocalSpec`.
-SPEC_OPTIONS = ("var_type", "n_categories", "kernel", "missing", "ridge", "device")
+SPEC_OPTIONS = ("var_type", "n_categories", "kernel", "missing", "ridge", "device", "rtol")
 
 
 def spec_options(arguments: dict) -> dict:
-    """The :data:`SPEC_OPTIONS` among a public function's arguments (its ``locals()``)."""
-    return {name: arguments[name] for name in SPEC_OPTIONS}
+    """The :data:`SPEC_OPTIONS` among a public function's arguments (its ``locals()``;
+    a function without ``rtol`` is exact)."""
+    return {name: arguments[name] for name in SPEC_OPTIONS if name in arguments}
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,8 @@ class LocalSpec:
     ``var_type`` one letter per column ('c', 'u', 'o'); ``n_categories`` the
     categories per column (0 for 'c'); ``kernel`` a name of ``KERNELS``;
     ``missing`` whether NaN entries are marginalised; ``ridge`` the relative
-    ridge of the local solve; ``device`` "cpu", "cuda" or "auto".
+    ridge of the local solve; ``device`` "cpu", "cuda" or "auto"; ``rtol`` the
+    relative error allowed on every kernel sum (0: exact; ``nbattn.local.leaves``).
     """
 
     var_type: str
@@ -84,6 +87,7 @@ class LocalSpec:
     missing: bool = False
     ridge: float = DEFAULT_RIDGE
     device: str = "cpu"
+    rtol: float = 0.0
 
     @property
     def continuous(self) -> np.ndarray:
@@ -105,11 +109,21 @@ def check_spec(
     missing="error",
     ridge=None,
     device="cpu",
+    rtol=0.0,
     data=(),
 ) -> LocalSpec:
     """The options checked into a :class:`LocalSpec`; ``data`` (checked (n, d) arrays)
-    give ``n_categories=None`` its counts (one more than the largest code)."""
+    give ``n_categories=None`` its counts (one more than the largest code). ``rtol > 0``
+    runs on the CPU: "auto" becomes "cpu", "cuda" is refused."""
     marginalize = check_choice(missing, "missing", _MISSING) == "marginalize"
+    rtol = check_rtol(rtol)
+    if rtol > 0.0 and device == "cuda":
+        raise NotImplementedError(
+            f"rtol={rtol!r} (the pruned local passes) runs on the CPU only: pass "
+            "device='cpu', or rtol=0 for the exact GPU path"
+        )
+    if rtol > 0.0 and device == "auto":
+        device = "cpu"
     var_type = check_var_type(var_type, n_columns)
     counts = check_n_categories(n_categories, var_type, *data)
     return LocalSpec(
@@ -119,6 +133,7 @@ def check_spec(
         missing=marginalize,
         ridge=DEFAULT_RIDGE if ridge is None else _check_ridge(ridge),
         device=device,
+        rtol=rtol,
     )
 
 

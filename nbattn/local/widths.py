@@ -39,7 +39,8 @@ from .._core.progress import FitProgress
 from .._core.threads import blas_one_thread
 from .._core.validation import as_float_array
 from ..dispatch.device import kernels_for
-from .engine import fit_problem, loo_term_weights, threads_for
+from .engine import fit_layout, fit_problem, loo_term_weights, threads_for
+from .leaves import tree_layout
 from .problem import (
     LocalProblem,
     LocalSpec,
@@ -197,21 +198,23 @@ class _Criterion:
     def loss_and_grad(self, theta):
         self.n_grad += 1
         problem = self.problem_at(theta)
-        fit = fit_problem(problem)
-        fits = fit.beta[:, 0, :]
+        tree = tree_layout(problem)  # the keys each pass visits (all of them at rtol = 0)
+        fit = fit_layout(tree)
+        fits = tree.from_layout(fit.beta[:, 0, :])
         value = self.score(fits)
         self.cache[np.asarray(theta, dtype=np.float64).tobytes()] = (
             value if math.isfinite(value) else math.inf
         )
-        out_weights = np.ascontiguousarray(self.score_slopes(fits))
+        out_weights = np.ascontiguousarray(tree.to_layout(self.score_slopes(fits)))
         module = kernels_for("local", problem.spec.device)
         with threads_for(problem):
             per_query = module.local_loo_gradient(
-                *problem.kernel_groups(exclude_self=True),
+                *tree.problem.kernel_groups(exclude_self=True),
                 fit,
-                problem.values_t,
+                tree.problem.values_t,
                 _categorical_derivatives(theta, problem.spec.var_type, problem.spec.n_categories),
                 out_weights,
+                tree.leaves,
             )
         grad = np.empty(len(problem.spec.var_type))
         grad[self.order] = per_query.sum(axis=0)
@@ -248,11 +251,14 @@ def local_loo_loss_and_grad(
     missing="error",
     ridge=None,
     device="cpu",
+    rtol=0.0,
 ):
     """CV(theta) and its exact gradient with respect to theta (module docstring).
 
     ``theta`` (d,): log h for 'c' columns, t for 'u'/'o' columns
-    (l = lambda_max sigmoid(t); see :func:`theta_to_widths`).
+    (l = lambda_max sigmoid(t); see :func:`theta_to_widths`). ``rtol`` > 0: the
+    criterion of the pruned fits (:func:`nbattn.local.engine.local_polynomial`) and
+    its exact gradient.
     """
     spec, X, y, degree, sample_weight = _check_training(
         X, y, degree, sample_weight, **spec_options(locals())
@@ -279,6 +285,7 @@ def local_loo_widths(
     init=None,
     device="cpu",
     maxiter=200,
+    rtol=0.0,
 ):
     """Widths (h per 'c' column, l per 'u'/'o' column) that minimise the LOO error.
 
@@ -293,6 +300,11 @@ def local_loo_widths(
         Starting widths; None: the Scott rule (:func:`nbattn.local.engine.default_widths`).
     maxiter : int
         Iterations of L-BFGS-B.
+    rtol : float in [0, 1), default 0
+        The search's criterion and gradient from the pruned fits of
+        :func:`nbattn.local.engine.local_polynomial` (every kernel sum within
+        ``rtol``); the best point and the rule widths are then evaluated exactly and
+        the better returned, so the answer is never worse than the rule.
 
     Returns
     -------
@@ -324,7 +336,20 @@ def loo_widths(
     )
     with FitProgress(verbose, "loo_widths", unit="evaluation") as criterion.log:
         theta = search_widths(criterion, start, maxiter=maxiter)
+    if spec.rtol > 0.0:
+        rule = widths_to_theta(start, spec.var_type, spec.n_categories)
+        theta = _better_exactly(criterion, theta, rule)
     return theta_to_widths(theta, spec.var_type, spec.n_categories)
+
+
+def _better_exactly(criterion, found, start):
+    """Of the search's point and the start (the rule), the one of lower criterion computed
+    exactly (rtol = 0): a search on the pruned criterion is never worse than the rule; the
+    start wins ties."""
+    exact = _Criterion(
+        dataclasses.replace(criterion.base, spec=dataclasses.replace(criterion.base.spec, rtol=0.0))
+    )
+    return found if exact.loss(found) < exact.loss(start) else start
 
 
 def search_widths(criterion, start, *, maxiter=200, per_column=True) -> np.ndarray:

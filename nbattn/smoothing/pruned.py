@@ -18,19 +18,7 @@ import numpy as np
 from .. import config
 from ..dispatch.device import kernels_for
 
-__all__ = ["check_rtol", "pool_within_rtol", "tree_layout"]
-
-
-def check_rtol(rtol) -> float:
-    """``rtol`` as a float in [0, 1); anything else raises a ValueError naming it."""
-    if isinstance(rtol, (bool, np.bool_)) or not isinstance(
-        rtol, (int, float, np.integer, np.floating)
-    ):
-        raise ValueError(f"rtol must be a number in [0, 1), got {rtol!r}")
-    value = float(rtol)
-    if not (math.isfinite(value) and 0.0 <= value < 1.0):
-        raise ValueError(f"rtol must be a finite number in [0, 1), got {rtol!r}")
-    return value
+__all__ = ["pool_within_rtol", "tree_layout"]
 
 
 def tree_layout(k_t, v_t, exclude_self, n_queries):

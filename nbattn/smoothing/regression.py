@@ -25,12 +25,13 @@ from .._core.validation import (
     check_bool,
     check_choice,
     check_pooling_inputs,
+    check_rtol,
     check_same_features,
     resolve_dtype,
 )
 from ..dispatch.device import device_for, kernels_for
 from ..dispatch.transfer import as_device_array, is_device_array, like_input, to_device, to_host
-from .pruned import check_rtol, pool_within_rtol, worth_a_tree
+from .pruned import pool_within_rtol, worth_a_tree
 
 __all__ = [
     "BANDWIDTH_RULES",

@@ -1,0 +1,185 @@
+"""A local problem's keys in k-d order, cut into leaves: what ``rtol > 0`` lets the passes skip.
+
+With ``spec.rtol > 0`` the local passes (``nbattn.kernels.local_leaves``) drop,
+per query, every leaf of keys whose certified bound on weight is below its
+share of ``rtol`` times a lower bound on the query's normaliser: each moment
+sum of the local fit (the normaliser l, M, V / max|y|) then moves by at most
+``rtol`` times l, and the fit by at most
+
+    |fit - fit_exact| <= 2 rtol / (1 - rtol) ||g||_1 max_j |y_j - x_j . beta|
+
+over the keys j of the query (g = (M/l + R)^-1 e_1, the equivalent-kernel
+vector; ||g||_1 = 1 for the local constant).
+
+:func:`tree_layout` orders the keys once per problem (that is, once per width
+vector: the order follows the widths): a k-d split of the continuous columns
+scaled by their widths and of the category codes, each code step stretched to
+the distance whose Gaussian weight equals the column's mismatch factor, so that
+a category near exact matching is split first and its leaves hold one code (a
+leaf of other codes is then bounded by the mismatch term). The leaves' boxes,
+code ranges and weight ranges go to the kernels in a ``LocalLeaves``. With
+exclude_self (the leave-one-out fit) the queries, being the keys, take the same
+order, so that query i still meets its own key at position i, and the keys' leaves
+as their chunks; otherwise they take a k-d order of their own, cut into leaves.
+The kernels bound each chunk (at most ``config.QUERY_BLOCK`` queries of one leaf)
+against each key leaf together.
+
+The exact path (rtol = 0, fewer than ``config.LOCAL_TREE_MIN_KEYS`` keys,
+missing values, no column) keeps the problem as it is with one leaf: the
+kernels' sums are then the exact ones, to the bit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from .. import config
+from .._core.local_groups import LocalLeaves
+from ..dispatch.device import kernels_for
+from .problem import LocalProblem
+
+__all__ = ["TreeLayout", "exact_leaves", "tree_layout"]
+
+#: Largest stretch of one code step in the k-d split (a category at exact matching
+#: has an infinite mismatch cost; this many widths already splits it first).
+_MOST_CODE_STRETCH = 64.0
+
+
+def exact_leaves(problem: LocalProblem) -> LocalLeaves:
+    """One leaf holding every key, rtol 0: the exact passes."""
+    n_k, n_q = problem.log_weights.shape[0], problem.q_cont.shape[0]
+    dc, dk = problem.keys_cont_t.shape[0], problem.keys_cat_t.shape[0]
+    return LocalLeaves(
+        query_start=_chunks(np.array([0, n_q], dtype=np.int64)),
+        leaf_start=np.array([0, n_k], dtype=np.int64),
+        box_lo=np.zeros((1, dc)),
+        box_hi=np.zeros((1, dc)),
+        cat_lo=np.zeros((1, dk)),
+        cat_hi=np.zeros((1, dk)),
+        log_weight_max=np.zeros(1),
+        log_weight_min=np.zeros(1),
+        log_size=np.zeros(1),
+        rtol=0.0,
+    )
+
+
+@dataclasses.dataclass
+class TreeLayout:
+    """A problem in the order its passes read, its leaves, and the way back.
+
+    ``key_order[t]`` is the original key at position t (None: the original order);
+    ``query_order`` likewise for the queries.
+    """
+
+    problem: LocalProblem
+    leaves: LocalLeaves
+    key_order: np.ndarray | None = None
+    query_order: np.ndarray | None = None
+
+    def to_layout(self, rows):
+        """Per-query rows (n_q, ...) of the original order, in the layout's."""
+        return rows if self.query_order is None else rows[self.query_order]
+
+    def from_layout(self, rows):
+        """Per-query rows (n_q, ...) of the layout's order, in the original."""
+        if self.query_order is None:
+            return rows
+        out = np.empty_like(rows)
+        out[self.query_order] = rows
+        return out
+
+    def original_fit(self, fit):
+        """A ``LocalFit`` of the layout's queries and keys in the original order."""
+        if self.key_order is None and self.query_order is None:
+            return fit
+        nearest = fit.nearest
+        if self.key_order is not None:
+            nearest = np.where(nearest >= 0, self.key_order[np.maximum(nearest, 0)], nearest)
+        return type(fit)(*(self.from_layout(part) for part in (*fit[:4], nearest, fit[5])))
+
+
+def uses_tree(problem: LocalProblem) -> bool:
+    """Whether the problem's passes prune (module docstring: otherwise exact)."""
+    n_k = problem.log_weights.shape[0]
+    columns = problem.keys_cont_t.shape[0] + problem.keys_cat_t.shape[0]
+    return (
+        problem.spec.rtol > 0.0
+        and n_k >= config.LOCAL_TREE_MIN_KEYS
+        and not problem.spec.missing
+        and columns > 0
+    )
+
+
+def tree_layout(problem: LocalProblem) -> TreeLayout:
+    """The problem in k-d order with its leaves (:func:`uses_tree`), else as it is."""
+    if not uses_tree(problem):
+        return TreeLayout(problem, exact_leaves(problem))
+    ops = kernels_for("local", "cpu")
+    stretch = _code_stretch(problem)
+    points = np.hstack([problem.keys_cont_t.T, problem.keys_cat_t.T * stretch])
+    points = np.ascontiguousarray(points)
+    order, leaf_start = ops.kd_order(points, int(config.LOCAL_LEAF_KEYS))
+    keys_cont_t = np.ascontiguousarray(problem.keys_cont_t[:, order])
+    keys_cat_t = np.ascontiguousarray(problem.keys_cat_t[:, order])
+    log_weights = np.ascontiguousarray(problem.log_weights[order])
+    ordered = dataclasses.replace(
+        problem,
+        keys_cont_t=keys_cont_t,
+        keys_cat_t=keys_cat_t,
+        log_weights=log_weights,
+        values_t=np.ascontiguousarray(problem.values_t[:, order]),
+        sample_weight=None if problem.sample_weight is None else problem.sample_weight[order],
+    )
+    if problem.exclude_self:  # query i is key i: the same order, the same leaves
+        query_order, query_start = order, leaf_start
+    else:  # neighbours next to each other: the chunks of queries the kernels bound together
+        query_points = np.hstack([problem.q_cont, problem.q_cat * stretch])
+        query_order, query_start = ops.kd_order(
+            np.ascontiguousarray(query_points), _query_leaf(problem)
+        )
+    ordered.q_cont = np.ascontiguousarray(problem.q_cont[query_order])
+    ordered.q_cat = np.ascontiguousarray(problem.q_cat[query_order])
+    leaves = LocalLeaves(
+        _chunks(query_start),
+        leaf_start,
+        *ops.leaf_ranges(keys_cont_t, keys_cat_t, log_weights, leaf_start),
+        problem.spec.rtol,
+    )
+    return TreeLayout(ordered, leaves, order, query_order)
+
+
+def _query_leaf(problem: LocalProblem) -> int:
+    """Queries per chunk of a prediction: about as many as fall in a key leaf's region,
+    ``LOCAL_LEAF_KEYS n_q / n_k``, from 1 (sparse queries are bounded one by one: a chunk
+    spread over many widths keeps every leaf it spans) to ``config.QUERY_BLOCK``."""
+    n_q, n_k = problem.q_cont.shape[0], problem.log_weights.shape[0]
+    share = int(config.LOCAL_LEAF_KEYS) * n_q // max(n_k, 1)
+    return int(min(max(share, 1), int(config.QUERY_BLOCK)))
+
+
+def _chunks(starts) -> np.ndarray:
+    """The ranges [starts[t], starts[t + 1]) cut into chunks of at most ``config.QUERY_BLOCK``
+    queries (each within its range: a k-d leaf's chunks stay inside its box)."""
+    step = int(config.QUERY_BLOCK)
+    cuts = [np.arange(a, b, step) for a, b in zip(starts[:-1], starts[1:])]
+    return np.concatenate([*cuts, starts[-1:]]).astype(np.int64)
+
+
+def _code_stretch(problem: LocalProblem) -> np.ndarray:
+    """(dk,) the k-d split's length of one code step per categorical column: the distance
+    whose Gaussian weight exp(-r^2 / 2) is the mismatch factor exp(b + t - a) (module
+    docstring), at most ``_MOST_CODE_STRETCH``."""
+    out = np.empty(problem.cat_params.shape[0])
+    for k, (a, b, t) in enumerate(problem.cat_params):
+        with np.errstate(invalid="ignore"):
+            cost = a - (b + t)  # >= 0: a mismatch never weighs more than a match
+        if not cost > 0.0:  # 0, or NaN where l is at an end and both terms are -inf
+            out[k] = 0.0
+        elif cost >= 0.5 * _MOST_CODE_STRETCH**2:
+            out[k] = _MOST_CODE_STRETCH
+        else:
+            out[k] = math.sqrt(2.0 * cost)
+    return out
