@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._core.validation import as_columns, as_float_array, resolve_dtype
+from .._core.validation import as_columns, as_float_array, centred_columns, resolve_dtype
 from ..dispatch.device import resolve_device
 from .loo_rows import loss_from_layout, loss_grad_rows, sum_over_rows, threads_for
 from .regression import resolve_bandwidth, scaled_layout
@@ -78,7 +78,7 @@ def centred_xy(X, y2):
     """
     if X.shape[0] < 2:
         raise ValueError(f"leave-one-out needs at least 2 samples, got n_samples={X.shape[0]}")
-    return X - np.median(X, axis=0), y2 - np.median(y2, axis=0)
+    return centred_columns(X), centred_columns(y2)
 
 
 def projected_layout(points, components, dtype):
@@ -130,7 +130,7 @@ def loo_loss(X, y, bandwidth="scott", *, components=None, dtype=None, device="cp
         )
     else:
         h = resolve_bandwidth(bandwidth, X)
-        z, z_t = scaled_layout(X, 1.0 / h, dtype)
+        z, z_t = scaled_layout(X, 1.0 / h, dtype, widths=h, width_name="bandwidth")
     return loss_from_layout(z, z_t, y2, dtype, device=device)
 
 
@@ -187,7 +187,7 @@ def prepared_loss_and_grad(X, y2, widths=None, components=None, *, dtype, device
     against all keys: a random subsample when the rows were shuffled)."""
     v_t = np.ascontiguousarray(y2.T, dtype=dtype)
     if components is None:
-        z, z_t = scaled_layout(X, 1.0 / widths, dtype)
+        z, z_t = scaled_layout(X, 1.0 / widths, dtype, widths=widths, width_name="bandwidth")
     else:
         # scores on the mean-centred points (the layout of the loss-only kernels); the
         # gradient's coordinates keep prepare_xy's median centring: M depends on

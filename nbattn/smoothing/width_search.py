@@ -291,7 +291,8 @@ class _ScaleCriterion:
     def __call__(self, t, rows=None):
         if self.sorted_1d is not None:
             return self.sorted_1d.loss(np.exp(t) * self.h0[0], rows)
-        z, z_t = scaled_layout(self.X, 1.0 / (np.exp(t) * self.h0), self.dtype)
+        widths = np.exp(t) * self.h0
+        z, z_t = scaled_layout(self.X, 1.0 / widths, self.dtype, widths=widths)
         return loss_from_layout(z, z_t, self.y2, self.dtype, rows, self.device)
 
 
