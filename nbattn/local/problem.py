@@ -293,7 +293,7 @@ def _nan_spread(X):
         col = X[:, c]
         col = col[~np.isnan(col)]
         if col.size:
-            out[c] = feature_spread(col[:, None])[0]
+            out[c] = feature_spread(col[:, None], name="keys", columns=[c])[0]
     return out
 
 

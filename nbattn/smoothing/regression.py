@@ -62,20 +62,34 @@ def _silverman(n: int, d: int) -> float:
 BANDWIDTH_RULES = {"scott": _scott, "silverman": _silverman}
 
 
-def feature_spread(X: np.ndarray, ddof: int = 1) -> np.ndarray:
+def feature_spread(X: np.ndarray, ddof: int = 1, name: str = "X", columns=None) -> np.ndarray:
     """Standard deviation (``ddof=1``: the sample's) per column of a 2-D float64 array,
     at any magnitude.
 
     Each column is divided by a power of two near its largest magnitude
     (exact) before the mean and the squares, and the result multiplied back,
     so neither the squares of data near 1e160 overflow nor those of data near
-    1e-170 underflow. Zeros for fewer than ``ddof + 1`` rows.
+    1e-170 underflow. Zeros for fewer than ``ddof + 1`` rows. A column whose spread
+    itself lies beyond the float64 range (values from -1.7e308 to 1.7e308) raises a
+    ValueError naming ``name`` and the column (its number in ``columns``, when given).
     """
     n, d = X.shape
     if n <= ddof:
         return np.zeros(d)
     scale = power_of_two_scale(np.abs(X).max(axis=0))
-    return (X / scale).std(axis=0, ddof=ddof) * scale
+    unit = (X / scale).std(axis=0, ddof=ddof)
+    with np.errstate(over="ignore"):
+        spread = unit * scale
+    wide = np.flatnonzero(np.isinf(spread))
+    if wide.size:
+        c = int(wide[0])
+        shown_column = c if columns is None else columns[c]
+        raise ValueError(
+            f"{name} column {shown_column} spreads beyond the float64 range (standard deviation "
+            f"{unit[c]:.3g} x 2**{int(np.log2(scale[c]))}); rescale the column (divide it by "
+            "a power of ten)"
+        )
+    return spread
 
 
 def bandwidth_rule(X, rule: str = "scott") -> np.ndarray:
@@ -131,11 +145,11 @@ def rule_bandwidth(sigma, n: int, rule: str = "scott") -> np.ndarray:
     return h
 
 
-def resolve_bandwidth(bandwidth, keys: np.ndarray) -> np.ndarray:
+def resolve_bandwidth(bandwidth, keys: np.ndarray, name: str = "keys") -> np.ndarray:
     """A rule name, a float or a per-feature array → per-feature array (d,), for checked
     float64 keys (n, d) (a rule's widths are :func:`bandwidth_rule`'s)."""
     if isinstance(bandwidth, str):
-        return rule_bandwidth(feature_spread(keys), keys.shape[0], bandwidth)
+        return rule_bandwidth(feature_spread(keys, name=name), keys.shape[0], bandwidth)
     return check_bandwidth(bandwidth, keys.shape[1])
 
 
@@ -213,7 +227,7 @@ def _centred_scaled(x, centre, h, scale, dtype, name, out=None, out_t=None):
     centre = np.ascontiguousarray(centre, dtype=np.float64)
     scale = np.ascontiguousarray(scale, dtype=np.float64)
     largest = kernel(np.ascontiguousarray(x), centre, scale, out, out_t)
-    if not largest <= np.finfo(dtype).max:  # overflow somewhere: the safe, checked path
+    if not largest <= float(np.finfo(dtype).max):  # overflow: the safe, checked path
         z = scaled_columns(x, name, h, scale=scale, centre=centre, dtype=dtype)
         if out.shape[0] == x.shape[0]:
             out[...] = z

@@ -219,7 +219,7 @@ def loo_scale(
     unit = float(power_of_two_scale(np.max(np.abs(y2))))
     y2 = y2 / unit
     loss_unit = unit * unit  # the criterion of the original y = loss_unit * the computed one
-    h0 = resolve_bandwidth(base, X)
+    h0 = resolve_bandwidth(base, X, "X")
     base_name = base if isinstance(base, str) else "base"
     log_grid = _log_grid(grid)
     rows = _grid_stage_rows(n, d, grid_queries, random_state)
