@@ -10,6 +10,8 @@ offending argument, in one wording:
 * ``"{name} holds complex values ..."``               never silently truncated
 * ``"{name} has values beyond the float32 range ..."``  a float32 computation
   cannot hold them (an error, not inf with a warning)
+* ``"{name} row i, column j: x / bandwidth h overflows ..."``  finite data that
+  overflows only once divided by its width (:func:`scaled_columns`)
 
 The dtype rule (:func:`resolve_dtype`): an explicit ``dtype`` wins; otherwise
 float32 when every input is float32, float64 otherwise.
@@ -381,3 +383,102 @@ def check_rtol(rtol) -> float:
     if not (math.isfinite(value) and 0.0 <= value < 1.0):
         raise ValueError(f"rtol must be a finite number in [0, 1), got {rtol!r}")
     return value
+
+
+# ------------------------------------------------------------------------ data in units of widths
+def _where(index, ndim: int) -> str:
+    """``"row i, column j"`` of a 2-D position; ``"row (b, i), column j"`` beyond."""
+    row = index[0] if ndim == 2 else tuple(index[:-1])
+    return f"row {row}, column {index[-1]}"
+
+
+def centred_columns(x) -> np.ndarray:
+    """Finite (n, d) float64 ``x`` with each column centred on its median.
+
+    Where ``x - median`` overflows (a column spanning more than the float64
+    range from its median, as [-1.7e308, -1.7e308, 1.7e308]), that column is
+    centred on its midrange ``max / 2 + min / 2`` instead, from which no entry
+    is further than the largest float64.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    centre = np.median(x, axis=0)
+    with np.errstate(over="ignore", invalid="ignore"):
+        centred = x - centre
+    wide = ~np.isfinite(centred).all(axis=0)
+    if wide.any():
+        mid = x[:, wide].max(axis=0) / 2 + x[:, wide].min(axis=0) / 2
+        centred[:, wide] = x[:, wide] - mid
+    return centred
+
+
+def scaled_columns(
+    x,
+    name: str,
+    widths,
+    *,
+    scale=None,
+    centre=None,
+    dtype=np.float64,
+    width_name: str = "bandwidth",
+    allow_nan: bool = False,
+) -> np.ndarray:
+    """Data in units of its widths: ``(x - centre) / widths`` per column (the last axis),
+    computed in float64 and rounded once to ``dtype``; or ``(x - centre) * scale`` when
+    ``scale`` (a per-column multiplier, as ``1 / (widths sqrt 2)``) is given.
+
+    The one place where nbattn divides user data by widths. Finite data can
+    overflow only here, once scaled (data near 1e308 over a width of 0.01,
+    or ``x - centre`` beyond the float64 range). Where the right value is
+    reachable it is returned: an entry whose ``x - centre`` overflows is
+    computed as ``x * scale - centre * scale`` (no cancellation: x and the
+    centre then have opposite signs). An entry whose scaled value lies beyond
+    float64 (or beyond float32 when ``dtype`` is float32) raises a ValueError
+    that names ``name``, the entry's row and column, its value and its width,
+    and no RuntimeWarning escapes. ``allow_nan`` lets NaN entries of ``x``
+    through as NaN (missing data); inf is never expected in ``x``.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    d = x.shape[-1]
+    widths = np.broadcast_to(np.asarray(widths, dtype=np.float64), (d,))
+    factor = None if scale is None else np.broadcast_to(np.asarray(scale, np.float64), (d,))
+    c = None if centre is None else np.broadcast_to(np.asarray(centre, np.float64), (d,))
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+        shifted = x if c is None else x - c
+        z = shifted / widths if factor is None else shifted * factor
+        if c is not None:
+            bad = np.isinf(z)
+            if bad.any():  # x - centre overflowed: scale first, then subtract
+                cols = np.nonzero(bad)[-1]
+                f = 1.0 / widths[cols] if factor is None else factor[cols]
+                z[bad] = x[bad] * f - c[cols] * f
+        overflow = np.isinf(z) | (np.isnan(z) & ~np.isnan(x))
+        if not allow_nan:
+            overflow |= np.isnan(x)  # not expected: the caller checked x
+        target = np.dtype(dtype)
+        limit = float(np.finfo(target).max)
+        beyond = None
+        if target != np.float64:
+            beyond = np.abs(z) > limit
+    if overflow.any():
+        index = np.unravel_index(int(np.argmax(overflow.reshape(-1))), x.shape)
+        col = int(index[-1])
+        value = f"{float(x[index]):.3g}"
+        if c is not None and c[col] != 0.0:
+            value = f"({value} - centre {c[col]:.3g})"
+        raise ValueError(
+            f"{name} {_where(index, x.ndim)}: {value} / {width_name} {widths[col]:.3g} "
+            "overflows float64; rescale the column (divide it by a power of ten) or widen "
+            f"the {width_name}"
+        )
+    if beyond is not None and beyond.any():
+        index = np.unravel_index(int(np.argmax(beyond.reshape(-1))), x.shape)
+        col = int(index[-1])
+        value = f"{float(x[index]):.3g}"
+        if c is not None and c[col] != 0.0:
+            value = f"({value} - centre {c[col]:.3g})"
+        raise ValueError(
+            f"{name} {_where(index, x.ndim)}: {value} / {width_name} {widths[col]:.3g} "
+            f"lies beyond the {target.name} range ({limit:.3g}) once scaled; compute in "
+            "float64 (dtype='float64') or rescale the column"
+        )
+    return z if target == np.float64 else z.astype(target)

@@ -269,7 +269,7 @@ class PoolingPrediction:
             from ..smoothing.regression import average_pooling, feature_spread
 
             mean = average_pooling(X, y)
-            std = np.broadcast_to(feature_spread(y, ddof=0), mean.shape).copy()
+            std = np.broadcast_to(feature_spread(y, ddof=0, name="y"), mean.shape).copy()
             n_train = float(self._fitted("X_fit_").shape[0])
             return mean, std, np.full(X.shape[0], n_train)
         if not self._uses_engine() and self._weights() is None:

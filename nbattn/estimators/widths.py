@@ -82,7 +82,7 @@ def fit_widths(model, bandwidth, X, Y, sample_weight=None, degree=0) -> np.ndarr
     if not model._uses_engine():
         if isinstance(bandwidth, str) and sample_weight is not None:
             return weighted_rule_bandwidth(X, sample_weight, bandwidth)
-        return regression.resolve_bandwidth(bandwidth, X)
+        return regression.resolve_bandwidth(bandwidth, X, "X")
     from ..local.problem import check_widths, rule_widths
 
     spec = model._local_spec()

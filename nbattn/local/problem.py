@@ -29,6 +29,7 @@ from .._core.validation import (
     check_choice,
     check_positive_float,
     check_rtol,
+    scaled_columns,
 )
 
 __all__ = [
@@ -307,7 +308,7 @@ def _nan_spread(X):
         col = X[:, c]
         col = col[~np.isnan(col)]
         if col.size:
-            out[c] = feature_spread(col[:, None])[0]
+            out[c] = feature_spread(col[:, None], name="keys", columns=[c])[0]
     return out
 
 
@@ -465,15 +466,10 @@ def layout(
         centre = np.where(np.isnan(centre), 0.0, centre)
     else:
         centre = np.median(kc, axis=0)
-    with np.errstate(over="ignore"):
-        q_cont = np.ascontiguousarray((qc - centre) / h)
-        keys_cont_t = np.ascontiguousarray(((kc - centre) / h).T)
-    for name, arr in (("queries", q_cont), ("keys", keys_cont_t)):
-        if np.isinf(arr).any():
-            raise ValueError(
-                f"{name} / bandwidth overflows float64 (data near 1e308 with small widths); "
-                "rescale the data"
-            )
+    missing = bool(spec.missing)
+    q_cont = scaled_columns(qc, "queries", h, centre=centre, allow_nan=missing)
+    keys_cont_t = scaled_columns(kc, "keys", h, centre=centre, allow_nan=missing).T
+    q_cont, keys_cont_t = np.ascontiguousarray(q_cont), np.ascontiguousarray(keys_cont_t)
     return LocalProblem(
         spec=spec,
         q_cont=q_cont,

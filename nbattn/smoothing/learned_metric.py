@@ -27,7 +27,7 @@ import numpy as np
 
 from .. import config
 from .._core.progress import FitProgress, check_verbose
-from .._core.validation import check_choice, resolve_dtype
+from .._core.validation import check_choice, resolve_dtype, scaled_columns
 from ..dispatch.device import resolve_device
 from .loo import check_components, prepare_xy, prepared_loss_and_grad, projected_layout
 from .loo_rows import loss_from_layout
@@ -246,7 +246,10 @@ class _MetricFit:
         if self.metric == "full":
             components = p.reshape(self.k, self.d)
             return projected_layout(self.Xs - self.Xs.mean(axis=0), components, self.dtype)
-        return scaled_layout(self.Xs, 1.0 / self.widths(p), self.dtype)
+        widths = self.widths(p)
+        return scaled_layout(
+            self.Xs, 1.0 / widths, self.dtype, name="X (standardised)", widths=widths
+        )
 
     def loss_and_grad(self, p, n_rows):
         """The criterion of rows [0, n_rows) (None: all) and its gradient in p."""
@@ -407,7 +410,8 @@ def _standardise(X):
     """(X - median) / spread per column, with the spread computed at any magnitude."""
     sigma = feature_spread(X)
     sigma = np.where(sigma > 0, sigma, 1.0)
-    return (X - np.median(X, axis=0)) / sigma, sigma
+    centre = np.median(X, axis=0)
+    return scaled_columns(X, "X", sigma, centre=centre, width_name="spread"), sigma
 
 
 def _subsample_ladder(n, n_params):

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._core.validation import as_columns, as_float_array, resolve_dtype
+from .._core.validation import as_columns, as_float_array, centred_columns, resolve_dtype
 from ..dispatch.device import resolve_device
 from .loo_rows import loss_from_layout, loss_grad_rows, sum_over_rows, threads_for
 from .regression import resolve_bandwidth, scaled_layout
@@ -52,6 +52,10 @@ __all__ = [
     "prepared_loss_and_grad",
     "projected_layout",
 ]
+
+
+#: How the errors of the scaled layout name X: the criteria scale X centred on its median.
+_CENTRED_X = "X (centred on its median)"
 
 
 def prepare_xy(X, y, dtype):
@@ -78,7 +82,7 @@ def centred_xy(X, y2):
     """
     if X.shape[0] < 2:
         raise ValueError(f"leave-one-out needs at least 2 samples, got n_samples={X.shape[0]}")
-    return X - np.median(X, axis=0), y2 - np.median(y2, axis=0)
+    return centred_columns(X), centred_columns(y2)
 
 
 def projected_layout(points, components, dtype):
@@ -129,8 +133,8 @@ def loo_loss(X, y, bandwidth="scott", *, components=None, dtype=None, device="cp
             X - X.mean(axis=0), check_components(components, X.shape[1]), dtype
         )
     else:
-        h = resolve_bandwidth(bandwidth, X)
-        z, z_t = scaled_layout(X, 1.0 / h, dtype)
+        h = resolve_bandwidth(bandwidth, X, "X")
+        z, z_t = scaled_layout(X, 1.0 / h, dtype, name=_CENTRED_X, widths=h, width_name="bandwidth")
     return loss_from_layout(z, z_t, y2, dtype, device=device)
 
 
@@ -175,7 +179,7 @@ def loo_loss_and_grad(X, y, bandwidth=None, *, components=None, dtype=None, devi
     device = resolve_device(device)
     X, y2 = prepare_xy(X, y, dtype)
     if components is None:
-        h = resolve_bandwidth(bandwidth, X)
+        h = resolve_bandwidth(bandwidth, X, "X")
         return prepared_loss_and_grad(X, y2, h, dtype=dtype, device=device)
     L = check_components(components, X.shape[1])
     return prepared_loss_and_grad(X, y2, components=L, dtype=dtype, device=device)
@@ -187,7 +191,9 @@ def prepared_loss_and_grad(X, y2, widths=None, components=None, *, dtype, device
     against all keys: a random subsample when the rows were shuffled)."""
     v_t = np.ascontiguousarray(y2.T, dtype=dtype)
     if components is None:
-        z, z_t = scaled_layout(X, 1.0 / widths, dtype)
+        z, z_t = scaled_layout(
+            X, 1.0 / widths, dtype, name=_CENTRED_X, widths=widths, width_name="bandwidth"
+        )
     else:
         # scores on the mean-centred points (the layout of the loss-only kernels); the
         # gradient's coordinates keep prepare_xy's median centring: M depends on

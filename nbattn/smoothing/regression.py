@@ -28,6 +28,7 @@ from .._core.validation import (
     check_rtol,
     check_same_features,
     resolve_dtype,
+    scaled_columns,
 )
 from ..dispatch.device import device_for, kernels_for
 from ..dispatch.transfer import as_device_array, is_device_array, like_input, to_device, to_host
@@ -62,20 +63,34 @@ def _silverman(n: int, d: int) -> float:
 BANDWIDTH_RULES = {"scott": _scott, "silverman": _silverman}
 
 
-def feature_spread(X: np.ndarray, ddof: int = 1) -> np.ndarray:
+def feature_spread(X: np.ndarray, ddof: int = 1, name: str = "X", columns=None) -> np.ndarray:
     """Standard deviation (``ddof=1``: the sample's) per column of a 2-D float64 array,
     at any magnitude.
 
     Each column is divided by a power of two near its largest magnitude
     (exact) before the mean and the squares, and the result multiplied back,
     so neither the squares of data near 1e160 overflow nor those of data near
-    1e-170 underflow. Zeros for fewer than ``ddof + 1`` rows.
+    1e-170 underflow. Zeros for fewer than ``ddof + 1`` rows. A column whose spread
+    itself lies beyond the float64 range (values from -1.7e308 to 1.7e308) raises a
+    ValueError naming ``name`` and the column (its number in ``columns``, when given).
     """
     n, d = X.shape
     if n <= ddof:
         return np.zeros(d)
     scale = power_of_two_scale(np.abs(X).max(axis=0))
-    return (X / scale).std(axis=0, ddof=ddof) * scale
+    unit = (X / scale).std(axis=0, ddof=ddof)
+    with np.errstate(over="ignore"):
+        spread = unit * scale
+    wide = np.flatnonzero(np.isinf(spread))
+    if wide.size:
+        c = int(wide[0])
+        shown_column = c if columns is None else columns[c]
+        raise ValueError(
+            f"{name} column {shown_column} spreads beyond the float64 range (standard deviation "
+            f"{unit[c]:.3g} x 2**{int(np.log2(scale[c]))}); rescale the column (divide it by "
+            "a power of ten)"
+        )
+    return spread
 
 
 def bandwidth_rule(X, rule: str = "scott") -> np.ndarray:
@@ -131,21 +146,43 @@ def rule_bandwidth(sigma, n: int, rule: str = "scott") -> np.ndarray:
     return h
 
 
-def resolve_bandwidth(bandwidth, keys: np.ndarray) -> np.ndarray:
+def resolve_bandwidth(bandwidth, keys: np.ndarray, name: str = "keys") -> np.ndarray:
     """A rule name, a float or a per-feature array → per-feature array (d,), for checked
     float64 keys (n, d) (a rule's widths are :func:`bandwidth_rule`'s)."""
     if isinstance(bandwidth, str):
-        return rule_bandwidth(feature_spread(keys), keys.shape[0], bandwidth)
+        return rule_bandwidth(feature_spread(keys, name=name), keys.shape[0], bandwidth)
     return check_bandwidth(bandwidth, keys.shape[1])
 
 
-def scaled_layout(points, scale, dtype):
+def scaled_layout(points, scale, dtype, *, name="X", widths=None, width_name="width"):
     """points * scale / sqrt(2) as (rows, transposed) in ``dtype``: the kernels' layout,
     without the centring of the pooling's layout (the leave-one-out criteria centre
-    their data once, beforehand)."""
-    z = np.ascontiguousarray(points * (scale / np.sqrt(2.0)), dtype=dtype)
+    their data once, beforehand).
+
+    ``scale`` is 1 / widths (``widths`` themselves, when given, word the error):
+    a point that overflows once scaled gets
+    :func:`~nbattn._core.validation.scaled_columns`'s error naming ``name``.
+    """
+    scale = np.asarray(scale, dtype=np.float64)
+    if widths is None:
+        with np.errstate(divide="ignore", over="ignore"):
+            widths = 1.0 / scale
+    z = scaled_columns(
+        points, name, widths, scale=scale / np.sqrt(2.0), dtype=dtype, width_name=width_name
+    )
+    z = np.ascontiguousarray(z)
     return z, np.ascontiguousarray(z.T)
 
+
+def _score_scale(h):
+    """1 / (h sqrt 2) per width, also for widths near the float64 limit (where h sqrt 2
+    would overflow and the scale come out 0: every point at one spot)."""
+    h = np.asarray(h, dtype=np.float64)
+    with np.errstate(over="ignore"):
+        return np.where(h < _HALF_MAX, 1.0 / (h * np.sqrt(2.0)), (1.0 / h) / np.sqrt(2.0))
+
+
+_HALF_MAX = float(np.finfo(np.float64).max) / 2
 
 #: Rows of the keys whose per-feature median centres the data (evenly spaced).
 _CENTRE_SAMPLE = 512
@@ -162,26 +199,28 @@ def _layout(queries, keys, values, h, dtype, keys_row_major=False, keys_feature_
     over at most ``_CENTRE_SAMPLE`` evenly spaced keys: any centre among the
     keys serves, and a full median of a wide array costs more than the pool.
     """
-    scale = 1.0 / (h * np.sqrt(2.0))
+    scale = _score_scale(h)
     step = max(1, keys.shape[0] // _CENTRE_SAMPLE)
     centre = np.median(keys[::step], axis=0)
     dtype = np.dtype(dtype)
     n_keys, d = keys.shape
-    q = _centred_scaled(queries, centre, scale, dtype, "queries / bandwidth")
+    q = _centred_scaled(queries, centre, h, scale, dtype, "queries")
     k_t = np.empty((d, n_keys) if keys_feature_major else (0, 0), dtype=dtype)
     k = np.empty((n_keys, d), dtype=dtype) if keys_row_major else np.empty((0, d), dtype=dtype)
-    _centred_scaled(keys, centre, scale, dtype, "keys / bandwidth", k, k_t)
+    _centred_scaled(keys, centre, h, scale, dtype, "keys", k, k_t)
     v_t = None
     if values is not None:
         v_t = np.ascontiguousarray(as_float_array(values, "values", dtype=dtype).T)
     return q, k_t, v_t, (k if keys_row_major else None)
 
 
-def _centred_scaled(x, centre, scale, dtype, name, out=None, out_t=None):
+def _centred_scaled(x, centre, h, scale, dtype, name, out=None, out_t=None):
     """(x - centre) * scale in ``dtype`` through the one-pass layout kernel; with
     ``out``/``out_t`` given, written there (row-major / feature-major), else a new
-    row-major array is returned. Values the dtype cannot hold get
-    ``as_float_array``'s error naming ``name``."""
+    row-major array is returned. Where a value overflows float64 or ``dtype``, the
+    array is laid out again by ``scaled_columns``, which computes what it can in a
+    safer order and words the error for the rest (naming ``name``, the row, the
+    column and the width ``h``)."""
     if out is None:
         out = np.empty(x.shape, dtype=dtype)
         out_t = np.empty((0, 0), dtype=dtype)
@@ -189,8 +228,12 @@ def _centred_scaled(x, centre, scale, dtype, name, out=None, out_t=None):
     centre = np.ascontiguousarray(centre, dtype=np.float64)
     scale = np.ascontiguousarray(scale, dtype=np.float64)
     largest = kernel(np.ascontiguousarray(x), centre, scale, out, out_t)
-    if not largest <= np.finfo(dtype).max:  # overflow: the checked path words the error
-        as_float_array((x - centre) * scale, name, dtype=dtype)
+    if not largest <= float(np.finfo(dtype).max):  # overflow: the safe, checked path
+        z = scaled_columns(x, name, h, scale=scale, centre=centre, dtype=dtype)
+        if out.shape[0] == x.shape[0]:
+            out[...] = z
+        if out_t.shape == (x.shape[1], x.shape[0]):
+            out_t[...] = z.T
     return out
 
 
@@ -407,7 +450,7 @@ def _nadaraya_watson_on_device(queries, keys, values, bandwidth, exclude_self, d
         h = rule_bandwidth(sigma, k.shape[0], bandwidth)
     else:
         h = check_bandwidth(bandwidth, k.shape[1])
-    scale = 1.0 / (h * np.sqrt(2.0))
+    scale = _score_scale(h)
     device_q = layout.scaled_copy(q, scale, dtype)
     device_k_t = layout.scaled_transpose(k, scale, dtype)
     device_v_t = layout.scaled_transpose(v, np.ones(v.shape[1]), dtype)
@@ -467,9 +510,7 @@ def nadaraya_watson_spread(queries, keys, values, bandwidth="scott", *, dtype=No
 def gaussian_pool_spread(queries, keys, v2, h, dtype, device):
     """``(mean, std, n_eff)`` of :func:`nadaraya_watson_spread` on checked host arrays
     (values v2 (n_keys, p)), means and spreads (n_queries, p)."""
-    q, _ = scaled_layout(queries, 1.0 / h, dtype)
-    _, k_t = scaled_layout(keys, 1.0 / h, dtype)
-    v_t = np.ascontiguousarray(v2.T, dtype=dtype)
+    q, k_t, v_t, _ = _layout(queries, keys, v2, h, dtype)
     with serial_below(q.shape[0] * k_t.shape[1], config.SERIAL_PAIRS):
         mean, lse = kernels_for("pooling", device).gaussian_pool(q, k_t, v_t, False, 0)
         std, sum_w2 = kernels_for("loo", device).gaussian_spread(q, k_t, v_t, mean, lse, False)

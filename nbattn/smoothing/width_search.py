@@ -219,7 +219,7 @@ def loo_scale(
     unit = float(power_of_two_scale(np.max(np.abs(y2))))
     y2 = y2 / unit
     loss_unit = unit * unit  # the criterion of the original y = loss_unit * the computed one
-    h0 = resolve_bandwidth(base, X)
+    h0 = resolve_bandwidth(base, X, "X")
     base_name = base if isinstance(base, str) else "base"
     log_grid = _log_grid(grid)
     rows = _grid_stage_rows(n, d, grid_queries, random_state)
@@ -291,7 +291,8 @@ class _ScaleCriterion:
     def __call__(self, t, rows=None):
         if self.sorted_1d is not None:
             return self.sorted_1d.loss(np.exp(t) * self.h0[0], rows)
-        z, z_t = scaled_layout(self.X, 1.0 / (np.exp(t) * self.h0), self.dtype)
+        widths = np.exp(t) * self.h0
+        z, z_t = scaled_layout(self.X, 1.0 / widths, self.dtype, widths=widths)
         return loss_from_layout(z, z_t, self.y2, self.dtype, rows, self.device)
 
 
