@@ -37,7 +37,7 @@ from .. import config
 from .._core.numeric import within_squares
 from .._core.progress import FitProgress
 from .._core.threads import blas_one_thread
-from .._core.validation import as_float_array
+from .._core.validation import as_float_array, scaled_columns
 from ..dispatch.device import kernels_for
 from .engine import fit_layout, fit_problem, loo_term_weights, threads_for
 from .leaves import tree_layout
@@ -144,10 +144,15 @@ class _Criterion:
         spec = self.base.spec
         widths = theta_to_widths(theta, spec.var_type, spec.n_categories)
         h = widths[self.cont]
+        # the search's widths reach config.WIDTH_BOUNDS of the start: data near the float
+        # limits may overflow there, which the one scaling helper refuses by row and column
+        name = "X (centred on its median)"
         return dataclasses.replace(
             self.base,
-            q_cont=np.ascontiguousarray(self.q_unit / h),
-            keys_cont_t=np.ascontiguousarray(self.k_unit / h[:, None]),
+            q_cont=scaled_columns(self.q_unit, name, h, allow_nan=True),
+            keys_cont_t=np.ascontiguousarray(
+                scaled_columns(self.k_unit.T, name, h, allow_nan=True).T
+            ),
             cat_params=categorical_terms(spec.var_type, spec.n_categories, widths),
             h=h,
             widths=widths,
