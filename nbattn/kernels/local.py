@@ -84,7 +84,7 @@ from .._core.local_groups import (
 )
 from .kd_order import kd_order
 from .local_args import n_terms
-from .local_leaves import kept_runs, leaf_ranges
+from .local_leaves import kept_runs, leaf_ranges, visited_share
 from .local_moments import (
     FUSED_TERMS,
     constant_moments,
@@ -118,6 +118,7 @@ __all__ = [
     "leaf_ranges",
     "local_loo_gradient",
     "n_terms",
+    "visited_share",
 ]
 
 _KEY_BLOCK = config.KEY_BLOCK

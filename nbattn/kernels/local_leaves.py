@@ -19,10 +19,12 @@ farthest box distance in column c),
 
 (n'_L = n_L, less one where the chunk's queries leave their own keys out), so that
 the sum of Lo_L over all leaves is a lower bound of each query's normaliser
-l = sum_j w_j. A
-leaf is dropped when
+l = sum_j w_j; so is, per query, the sum over the few leaves of largest U_L of its
+own Lo_L (a chunk spread wider than the widths has weak chunk-wide lower bounds).
+With floor the larger of the two, the smallest over the chunk's queries, the leaves
+are dropped in increasing order of U_L while
 
-    U_L <= rtol sum_L' Lo_L' / n_leaves,
+    sum_{dropped} U_L <= rtol floor,
 
 so the dropped keys' weight, times any design product, sums to at most rtol l:
 every moment sum of the pass (M, V / max|y|, the normaliser) moves by at most
@@ -215,15 +217,21 @@ def kept_runs(i0, i1, data, model, leaves, upper, lower, runs):
     if reference == -np.inf:  # no key reaches the queries: the fallback needs nothing
         return 0
     floor = _floor(i0, i1, data, model, leaves, upper, lower, reference)
-    # U_L <= rtol sum Lo / n_leaves, in logs relative to the largest upper bound; without
-    # a lower bound (every Lo_L = 0) only the leaves of weight exactly 0 go
-    cut = -np.inf
-    if floor > 0.0:
-        cut = reference + math.log(leaves.rtol) + math.log(floor) - math.log(n_leaves)
+    # the leaves of smallest U_L, as many as their sum allows: sum U_L <= rtol floor (in
+    # units of exp(reference)); without a lower bound (floor 0) only leaves of weight 0 go
+    budget = leaves.rtol * floor
+    dropped = np.zeros(n_leaves, dtype=np.bool_)
+    spent = 0.0
+    for leaf in np.argsort(upper):
+        weight = math.exp(upper[leaf] - reference)
+        if spent + weight > budget and upper[leaf] > -np.inf:
+            break
+        dropped[leaf] = True
+        spent += weight
     n_runs = 0
     open_run = False
     for leaf in range(n_leaves):
-        if upper[leaf] > cut:
+        if not dropped[leaf]:
             if open_run:
                 runs[n_runs - 1, 1] = leaves.leaf_start[leaf + 1]
             else:
@@ -263,3 +271,24 @@ def leaf_ranges(keys_cont_t, keys_cat_t, log_weights, leaf_start):
         w_min[leaf] = log_weights[a:b].min()
         log_size[leaf] = math.log((b - a) * _MARGIN)
     return box_lo, box_hi, cat_lo, cat_hi, w_max, w_min, log_size
+
+
+@njit(cache=config.CACHE)
+def visited_share(data, model, leaves, chunks):
+    """The share of the keys that the chunks numbered ``chunks`` visit (``kept_runs``), over
+    those chunks' queries: the cost model's sample (``nbattn.local.leaves``)."""
+    n_leaves = leaves.leaf_start.shape[0] - 1
+    n_k = data.log_weights.shape[0]
+    upper, lower = np.zeros(n_leaves), np.zeros(n_leaves)
+    runs = np.zeros((max(n_leaves, 1), 2), dtype=np.int64)
+    visited = 0.0
+    queries = 0.0
+    for chunk in chunks:
+        first, stop = leaves.query_start[chunk], leaves.query_start[chunk + 1]
+        n_runs = kept_runs(first, stop, data, model, leaves, upper, lower, runs)
+        kept = 0
+        for r in range(n_runs):
+            kept += runs[r, 1] - runs[r, 0]
+        visited += kept * (stop - first)
+        queries += stop - first
+    return visited / (queries * n_k) if queries > 0 and n_k > 0 else 0.0

@@ -25,8 +25,10 @@ The kernels bound each chunk (at most ``config.QUERY_BLOCK`` queries of one leaf
 against each key leaf together.
 
 The exact path (rtol = 0, fewer than ``config.LOCAL_TREE_MIN_KEYS`` keys,
-missing values, no column) keeps the problem as it is with one leaf: the
-kernels' sums are then the exact ones, to the bit.
+missing values, no column, or a sample of the chunks that would visit more than
+``config.LOCAL_TREE_MAX_SHARE`` percent of the keys: the bounds would cost more
+than they save) keeps the problem as it is with one leaf: the kernels' sums are
+then the exact ones, to the bit.
 """
 
 from __future__ import annotations
@@ -148,7 +150,23 @@ def tree_layout(problem: LocalProblem) -> TreeLayout:
         *ops.leaf_ranges(keys_cont_t, keys_cat_t, log_weights, leaf_start),
         problem.spec.rtol,
     )
+    if not _pays(ops, ordered, leaves):
+        return TreeLayout(problem, exact_leaves(problem))
     return TreeLayout(ordered, leaves, order, query_order)
+
+
+def _pays(ops, ordered: LocalProblem, leaves: LocalLeaves) -> bool:
+    """The cost model: whether evenly spaced chunks of queries (``config.LOCAL_TREE_*``)
+    visit at most ``LOCAL_TREE_MAX_SHARE`` percent of the keys. No clock is read: the
+    choice, like the answer, is the same in every run."""
+    n_chunks = leaves.query_start.shape[0] - 1
+    sample = min(n_chunks, int(config.LOCAL_TREE_SAMPLE_CHUNKS))
+    if sample == 0:
+        return False
+    chunks = np.unique(np.linspace(0, n_chunks - 1, sample).astype(np.int64))
+    data, model = ordered.kernel_groups()
+    share = ops.visited_share(data, model, leaves, chunks)
+    return share * 100.0 <= config.LOCAL_TREE_MAX_SHARE
 
 
 def _query_leaf(problem: LocalProblem) -> int:

@@ -26,7 +26,7 @@ from tests.strategies import seeds
 from .._config import config_values
 
 KINDS = ["uniform", "clustered", "duplicates", "far", "huge", "tiny"]
-_FORCE = {"LOCAL_LEAF_KEYS": 4, "LOCAL_TREE_MIN_KEYS": 1}
+_FORCE = {"LOCAL_LEAF_KEYS": 4, "LOCAL_TREE_MIN_KEYS": 1, "LOCAL_TREE_MAX_SHARE": 100}
 
 
 @pytest.fixture
@@ -203,6 +203,26 @@ def test_pruning_skips_keys_and_agrees(leaves_always):
         n_runs = kept_runs(i0, i1, data, model, tree.leaves, upper, lower, runs)
         visited.append(sum(runs[r, 1] - runs[r, 0] for r in range(n_runs)))
     assert np.mean(visited) < 0.2 * 4000
+
+
+def test_cost_model_keeps_the_exact_path_where_nothing_prunes():
+    """Wide widths: every chunk would visit every leaf, so the exact passes run (in the
+    caller's order, to the bit); narrow ones on clustered data take the leaves."""
+    queries, keys, y, var_type, widths = _table("clustered", 4, 3000, 300, 2, [(3, "u")])
+    with config_values(LOCAL_LEAF_KEYS=16, LOCAL_TREE_MIN_KEYS=1):
+        wide = widths.copy()
+        wide[:2] = 50.0
+        wide[2] = 2.0 / 3.0  # every category weighs the same
+        problem = prepare(queries, keys, y, wide, 1, var_type=var_type, rtol=1e-6)
+        assert tree_layout(problem).key_order is None
+        exact = local_polynomial(queries, keys, y, wide, 1, var_type=var_type)
+        np.testing.assert_array_equal(
+            local_polynomial(queries, keys, y, wide, 1, var_type=var_type, rtol=1e-6), exact
+        )
+        narrow = widths.copy()
+        narrow[:2] = 0.02
+        problem = prepare(queries, keys, y, narrow, 1, var_type=var_type, rtol=1e-6)
+        assert tree_layout(problem).key_order is not None
 
 
 @pytest.mark.parametrize("degree", [0, 1])
