@@ -1,10 +1,10 @@
 """A local problem's keys in k-d order, cut into leaves: what ``rtol > 0`` lets the passes skip.
 
 With ``spec.rtol > 0`` the local passes (``nbattn.kernels.local_leaves``) drop,
-per query, every leaf of keys whose certified bound on weight is below its
-share of ``rtol`` times a lower bound on the query's normaliser: each moment
-sum of the local fit (the normaliser l, M, V / max|y|) then moves by at most
-``rtol`` times l, and the fit by at most
+per chunk of neighbouring queries, the leaves of keys of smallest certified
+weight bound while their sum stays within ``rtol`` times a lower bound on each
+query's normaliser: each moment sum of the local fit (the normaliser l, M,
+V / max|y|) then moves by at most ``rtol`` times l, and the fit by at most
 
     |fit - fit_exact| <= 2 rtol / (1 - rtol) ||g||_1 max_j |y_j - x_j . beta|
 
