@@ -3,9 +3,10 @@
 With ``LocalLeaves.rtol > 0`` the keys arrive in k-d order (``nbattn.local.leaves``
 builds it), cut into leaves of contiguous keys, each with the bounding box of its
 scaled continuous columns, the range of each categorical code and of the keys' log
-weights. The passes take the queries in chunks of neighbours (``LocalLeaves.query_start``,
-at most ``config.QUERY_BLOCK`` queries each, in k-d order too); the chunk's box and code ranges against each leaf's bound every
-pair's score from both sides (``nbattn.kernels.local``'s docstring has the score):
+weights. The passes take the queries in chunks of neighbours
+(``LocalLeaves.query_start``, at most ``config.QUERY_BLOCK`` queries each, in k-d
+order too); the chunk's box and code ranges against each leaf's bound every pair's
+score from both sides (``nbattn.kernels.local``'s docstring has the score):
 
     smin_L <= s_ij <= smax_L            for every query i of the chunk and key j in L,
 
