@@ -140,6 +140,18 @@ def _kept_count(leaf, i0, i1, model, leaves):
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _log_upper(top, log_size, degree, spread):
+    """log U_L = top + log n_L + degree log(1 + spread) (module docstring), never NaN: -inf
+    where no pair of the leaf weighs anything (top = -inf), whatever the spread; a spread
+    that overflows (a box wider than 1e154 widths) counts only at degree >= 1 (0 * inf)."""
+    if top == -np.inf:
+        return -np.inf
+    if degree == 0:
+        return top + log_size
+    return top + log_size + degree * math.log1p(spread)
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def tile_bounds(i0, i1, data, model, leaves, upper, lower):
     """log U_L and log Lo_L of every leaf (module docstring) for the queries i0 .. i1-1
     together: the box of their continuous columns and the ranges of their codes against
@@ -156,7 +168,7 @@ def tile_bounds(i0, i1, data, model, leaves, upper, lower):
             tile_hi[f] = max(tile_hi[f], point_hi[f])
     for leaf in range(leaves.leaf_start.shape[0] - 1):
         top, bottom, spread = _box_bounds(tile_lo, tile_hi, leaf, model, leaves)
-        upper[leaf] = top + leaves.log_size[leaf] + degree * math.log1p(spread)
+        upper[leaf] = _log_upper(top, leaves.log_size[leaf], degree, spread)
         kept = _kept_count(leaf, i0, i1, model, leaves)
         lower[leaf] = bottom + math.log(kept) if kept > 0 else -np.inf
 
