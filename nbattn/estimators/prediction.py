@@ -33,7 +33,7 @@ import numpy as np
 
 from .._core import columns
 from .._core.numeric import power_of_two_scale
-from .._core.validation import resolve_dtype
+from .._core.validation import check_rtol, resolve_dtype
 from ..dispatch.device import resolve_device
 
 __all__ = ["PoolingPrediction"]
@@ -146,7 +146,7 @@ class PoolingPrediction:
         # NaN in the queries of a model that refuses missing values is an unseen category:
         # the engine leaves that column out of the row's product (see nbattn._core.columns)
         missing = self._missing() == "marginalize" or (X is not None and np.isnan(X).any())
-        rtol = float(self._param("rtol", 0.0))  # 0 in a model file from before rtol
+        rtol = check_rtol(self._param("rtol", 0.0))  # 0 in a model file from before rtol
         device = self._device()
         if rtol > 0.0 and device == "cuda" and self._param("device") == "auto":
             device = "cpu"  # auto chooses: the pruned passes are the CPU's

@@ -118,6 +118,7 @@ __all__ = [
     "leaf_ranges",
     "local_loo_gradient",
     "n_terms",
+    "nearest_key",
     "visited_share",
 ]
 

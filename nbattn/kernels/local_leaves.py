@@ -143,6 +143,18 @@ def _kept_count(leaf, i0, i1, model, leaves):
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _log_upper(top, log_size, degree, spread):
+    """log U_L = top + log n_L + degree log(1 + spread) (module docstring), never NaN: -inf
+    where no pair of the leaf weighs anything (top = -inf), whatever the spread; a spread
+    that overflows (a box wider than 1e154 widths) counts only at degree >= 1 (0 * inf)."""
+    if top == -np.inf:
+        return -np.inf
+    if degree == 0:
+        return top + log_size
+    return top + log_size + degree * math.log1p(spread)
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def tile_bounds(i0, i1, data, model, leaves, upper, lower):
     """log U_L and log Lo_L of every leaf (module docstring) for the queries i0 .. i1-1
     together: the box of their continuous columns and the ranges of their codes against
@@ -159,7 +171,7 @@ def tile_bounds(i0, i1, data, model, leaves, upper, lower):
             tile_hi[f] = max(tile_hi[f], point_hi[f])
     for leaf in range(leaves.leaf_start.shape[0] - 1):
         top, bottom, spread = _box_bounds(tile_lo, tile_hi, leaf, model, leaves)
-        upper[leaf] = top + leaves.log_size[leaf] + degree * math.log1p(spread)
+        upper[leaf] = _log_upper(top, leaves.log_size[leaf], degree, spread)
         kept = _kept_count(leaf, i0, i1, model, leaves)
         lower[leaf] = bottom + math.log(kept) if kept > 0 else -np.inf
 
@@ -212,20 +224,33 @@ def kept_runs(i0, i1, data, model, leaves, upper, lower, runs):
         runs[0, 0], runs[0, 1] = 0, n_k
         return 1
     tile_bounds(i0, i1, data, model, leaves, upper, lower)
+    # the largest finite upper bound: a leaf whose bound overflowed (+inf: a design
+    # product beyond float64) is always kept, and must not drown the others' scale
     reference = -np.inf
+    unbounded = False
     for leaf in range(n_leaves):
-        reference = max(reference, upper[leaf])
-    if reference == -np.inf:  # no key reaches the queries: the fallback needs nothing
+        if upper[leaf] < np.inf:
+            reference = max(reference, upper[leaf])
+        else:
+            unbounded = True
+    if reference == -np.inf and not unbounded:  # no key reaches the queries
         return 0
-    floor = _floor(i0, i1, data, model, leaves, upper, lower, reference)
+    floor = 0.0
+    if reference > -np.inf:
+        floor = _floor(i0, i1, data, model, leaves, upper, lower, reference)
     # the leaves of smallest U_L, as many as their sum allows: sum U_L <= rtol floor (in
     # units of exp(reference)); without a lower bound (floor 0) only leaves of weight 0 go
     budget = leaves.rtol * floor
     dropped = np.zeros(n_leaves, dtype=np.bool_)
     spent = 0.0
     for leaf in np.argsort(upper):
+        if upper[leaf] == -np.inf:
+            dropped[leaf] = True
+            continue
+        if not upper[leaf] < np.inf:
+            break
         weight = math.exp(upper[leaf] - reference)
-        if spent + weight > budget and upper[leaf] > -np.inf:
+        if spent + weight > budget:
             break
         dropped[leaf] = True
         spent += weight

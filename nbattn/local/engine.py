@@ -115,13 +115,14 @@ def fit_problem(problem: LocalProblem, want_mfx=False):
 
 def fit_layout(tree: TreeLayout, want_mfx=False):
     """The first pass on a :func:`nbattn.local.leaves.tree_layout`, in its order (the
-    state its second passes read)."""
+    state its second passes read), fallback ties settled as at rtol = 0."""
     problem = tree.problem
     module = kernels_for("local", problem.spec.device)
     with threads_for(problem):
-        return module.local_fit(
+        fit = module.local_fit(
             *problem.kernel_groups(), problem.values_t, bool(want_mfx), tree.leaves
         )
+    return tree.settled(fit)
 
 
 def fit_values(problem: LocalProblem, return_gradient=False):
@@ -208,7 +209,8 @@ def local_polynomial(
         lower bound on its normaliser (``nbattn.local.leaves``): the normaliser and
         every moment sum move by at most ``rtol`` times the normaliser (the values'
         sums by that times max |y|), and the fit by at most
-        ``2 rtol / (1 - rtol) ||g||_1 max_j |y_j - x_j . beta|``. Below
+        ``2 rtol / (1 - rtol) ||g||_1 max_j |y_j - x_j . beta|``, on top of the
+        rounding of a sum taken in another order (the keys in k-d order). Below
         ``config.LOCAL_TREE_MIN_KEYS`` keys, or with missing values, the exact
         path runs.
 

@@ -80,6 +80,8 @@ class TreeLayout:
     leaves: LocalLeaves
     key_order: np.ndarray | None = None
     query_order: np.ndarray | None = None
+    #: the problem in its original order (None: ``problem`` is)
+    source: LocalProblem | None = None
 
     def to_layout(self, rows):
         """Per-query rows (n_q, ...) of the original order, in the layout's."""
@@ -93,8 +95,34 @@ class TreeLayout:
         out[self.query_order] = rows
         return out
 
+    def settled(self, fit):
+        """The layout's ``LocalFit`` with each fallback query's nearest key the exact path's.
+
+        A query with no key of positive weight takes its nearest key's value, the first
+        of the tied nearest ones (``nbattn.kernels.local``): the first in k-d order in the
+        layout's pass, where the exact path takes the first in the original order. Those
+        queries are searched again in the original order (the same search, the same
+        arithmetic), so that ties (keys on a grid, duplicates with different values) fall
+        as they do at rtol = 0."""
+        if self.source is None:
+            return fit
+        rows = np.flatnonzero((fit.log_norm == -np.inf) & (fit.nearest >= 0))
+        if rows.size == 0:
+            return fit
+        nearest_key = kernels_for("local", "cpu").nearest_key
+        data = self.source.kernel_groups()[0]
+        exclude_self = bool(self.source.exclude_self)
+        position = np.empty_like(self.key_order)
+        position[self.key_order] = np.arange(self.key_order.shape[0])
+        nearest, beta = fit.nearest.copy(), fit.beta.copy()
+        for t, i in zip(rows, self.query_order[rows]):
+            nearest[t] = position[nearest_key(np.int64(i), data, exclude_self)]
+            beta[t, 0, :] = self.problem.values_t[:, nearest[t]]
+        return fit._replace(beta=beta, nearest=nearest)
+
     def original_fit(self, fit):
-        """A ``LocalFit`` of the layout's queries and keys in the original order."""
+        """A (settled: :meth:`settled`) ``LocalFit`` of the layout's queries and keys in the
+        original order."""
         if self.key_order is None and self.query_order is None:
             return fit
         nearest = fit.nearest
@@ -152,7 +180,7 @@ def tree_layout(problem: LocalProblem) -> TreeLayout:
     )
     if not _pays(ops, ordered, leaves):
         return TreeLayout(problem, exact_leaves(problem))
-    return TreeLayout(ordered, leaves, order, query_order)
+    return TreeLayout(ordered, leaves, order, query_order, problem)
 
 
 def _pays(ops, ordered: LocalProblem, leaves: LocalLeaves) -> bool:

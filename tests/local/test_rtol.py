@@ -285,3 +285,25 @@ def test_rtol_on_the_gpu_is_refused():
     X = np.random.default_rng(0).normal(size=(20, 2))
     with pytest.raises(NotImplementedError, match="CPU only"):
         local_polynomial(X, X, X[:, 0], rtol=1e-6, device="cuda")
+
+
+def test_gradient_path_settles_fallback_ties_as_the_exact_path(leaves_always):
+    """Keys on a grid, a compact kernel narrower than the spacing: every leave-one-out fit
+    falls back to a nearest key, with ties; the criterion from the gradient path is the
+    exact one, as the value path's is."""
+    X = np.repeat(np.arange(30.0), 1)[:, None]
+    y = np.sin(np.arange(30.0)) * 3.0
+    theta = np.array([np.log(0.5)])
+    exact = local_loo_loss_and_grad(X, y, theta, 1, kernel="epanechnikov")[0]
+    pruned = local_loo_loss_and_grad(X, y, theta, 1, kernel="epanechnikov", rtol=1e-6)[0]
+    value = local_loo_loss(X, y, [0.5], 1, kernel="epanechnikov", rtol=1e-6)
+    assert pruned == exact == value
+
+
+def test_predict_checks_rtol_set_after_fit():
+    X = np.random.default_rng(0).normal(size=(30, 2))
+    model = LocalPolynomialRegressor(bandwidth="scott").fit(X, X[:, 0])
+    for bad in (2.0, -1.0, "abc"):
+        model.set_params(rtol=bad)
+        with pytest.raises(ValueError, match="rtol"):
+            model.predict(X)
