@@ -185,7 +185,7 @@ def _load_for(estimator, args, features, target):
 def _cmd_fit(args) -> int:
     features = batch.feature_columns(args.data, args.target, args.features, args.drop)
     estimator = make_estimator(args.model, verbose=args.verbose, **_model_options(args))
-    io.check_not_input([args.data], args.output)
+    io.check_output(args.output, [args.data])
     estimator, X, y, dropped = _load_for(estimator, args, features, args.target)
     batch.warn_row_ids(X, estimator.get_params()["var_type"] or "c" * len(features))
     with running(f"fit {type(estimator).__name__}", quiet=args.quiet or args.verbose):
@@ -273,7 +273,7 @@ def _regressor_outputs(args, model, features) -> dict:
 def _cmd_predict(args) -> int:
     model, features, target = _read_predictor(args.model)
     model = _unknown_categories_as(model, args.handle_unknown)
-    io.check_not_input([args.model], args.output)
+    io.check_output(args.output, [args.model, args.data])
     classifier = model.is_classifier
     if args.std and classifier:
         raise ValueError("--std is for regressors; use --proba with a classifier")
@@ -431,8 +431,7 @@ def _cmd_plot(args) -> int:
     from . import plotting
 
     plotting.figure_format(args.output)
-    inputs = [p for p in (getattr(args, "model", None), getattr(args, "data", None)) if p]
-    io.check_not_input(inputs, args.output)
+    io.check_output(args.output, [getattr(args, "model", None), getattr(args, "data", None)])
     plotting.save_figure(_PLOTS[args.kind](args), args.output)
     if not args.quiet:
         print(f"wrote {args.output}")

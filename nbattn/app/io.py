@@ -47,6 +47,7 @@ __all__ = [
     "check_columns",
     "check_labels",
     "check_not_input",
+    "check_output",
     "clip",
     "category_values",
     "column_option",
@@ -89,6 +90,20 @@ def output_format(path) -> str:
     if lower.endswith(_PARQUET):
         return "parquet"
     raise ValueError(f"output {str(path)!r} must end in .csv, .parquet or .pq")
+
+
+def check_output(output, inputs=()) -> None:
+    """Refuse, before any work, an output that cannot be written: its folder does not
+    exist, it is a folder, or it is (the same file as) one of ``inputs``. (The output
+    is written by :func:`atomic_output`, which checks the same when it is too late: after
+    a fit or a figure's computation.)"""
+    path = Path(output)
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise ValueError(f"output folder {str(folder)!r} does not exist")
+    if path.is_dir():
+        raise ValueError(f"output {str(path)!r} is a folder")
+    check_not_input([p for p in inputs if p], output)
 
 
 def _pyarrow_parquet():
@@ -226,21 +241,38 @@ def column_option(name) -> str:
 
 def check_columns(path, columns, wanted, what="column", spell=column_option) -> None:
     """ValueError naming the first of ``wanted`` that is not in ``columns``, with the
-    columns whose names are nearest (the same but for case and spaces at the ends, else
-    one holding it between commas, else alike) as the option would spell them: ``spell``
-    (a list option's :func:`column_option`; ``str`` for an option of one name), quoted
-    for the shell."""
+    columns whose names are nearest (the same but for case, spaces at the ends or Unicode
+    normalization, else one holding it between commas, else alike; never one of
+    ``wanted``, which is in use already) as the option would spell them: ``spell`` (a
+    list option's :func:`column_option`; ``str`` for an option of one name), quoted for
+    the shell. A name that differs from a column only in its Unicode normalization (an
+    accent typed as a letter and a combining mark) is said to, as the two look alike."""
     missing = [c for c in wanted if c not in columns]
     if missing:
         import difflib
+        import unicodedata
+
+        def nfc(name):
+            return unicodedata.normalize("NFC", str(name))
+
+        def key(name):
+            return nfc(name).strip().casefold()
 
         listed = ", ".join(shorten(c) for c in columns[:20])
         more = " ..." if len(columns) > 20 else ""
         bad = str(missing[0])
-        near = [c for c in columns if str(c).strip().casefold() == bad.strip().casefold()]
-        pieces = {c: [p.strip() for p in str(c).split(",")] for c in columns if "," in str(c)}
+        free = [c for c in columns if c not in wanted]
+        same = [c for c in free if nfc(c) == nfc(bad)]
+        if same:
+            raise ValueError(
+                f"{path}: {what} {ascii(bad)} not found: the column {ascii(str(same[0]))} "
+                "looks the same but is written with other Unicode characters (an accent as a "
+                "letter of its own or as a combining mark); copy the name from the file"
+            )
+        near = [c for c in free if key(c) == key(bad)]
+        pieces = {c: [p.strip() for p in str(c).split(",")] for c in free if "," in str(c)}
         near = near or [c for c, parts in pieces.items() if bad.strip() in parts]
-        near = near or difflib.get_close_matches(bad, [str(c) for c in columns], n=3)
+        near = near or difflib.get_close_matches(bad, [str(c) for c in free], n=3)
         hint = ""
         if near:
             spelled = " or ".join(shlex.quote(spell(c)) for c in near)
@@ -262,7 +294,8 @@ def iter_chunks(path, columns=None, chunksize=100_000, *, text_columns=()):
     a chunk starts (pandas infers each chunk's types on its own).
 
     Every CSV row is checked against the header: a row with more fields than
-    the header is an error naming its line (it is not silently cut).
+    the header is an error naming its line (it is not silently cut), and so is a
+    row with fewer (pandas would fill it with NaN: :class:`_FieldCounts`).
     """
     import pandas as pd
 
@@ -314,13 +347,70 @@ def iter_chunks(path, columns=None, chunksize=100_000, *, text_columns=()):
             raise _csv_error(path, exc) from exc
 
     def csv_chunks():
-        with open(path, "rb") as fh, parse(lambda: pd.read_csv(fh, **options)) as reader:
+        with (
+            open(path, "rb") as fh,
+            parse(lambda: pd.read_csv(fh, **options)) as reader,
+            _FieldCounts(path, width) as fields,
+        ):
             row = 0
             while (frame := parse(lambda: next(reader, None))) is not None:
+                fields.check(row, len(frame), frame.iloc[:, -1].isna().to_numpy().any())
                 yield (frame if columns is None else frame[columns]), row, fh.tell()
                 row += len(frame)
 
     return csv_chunks(), total, "bytes"
+
+
+class _FieldCounts:
+    """The field count of each CSV row, checked against the header's ``width`` where
+    pandas cannot: it fills the missing fields of a row cut short with NaN, so that the
+    row would pass for one with missing values (and ``--on-nan drop`` drop it silently).
+
+    :meth:`check` reads a chunk's rows with Python's :mod:`csv` module (blank lines
+    skipped, as pandas skips them) when asked to (``needed``: the chunk's last column has
+    a missing value, as every short row's has) or once it has begun (to stay on the row
+    pandas is on), and raises a ValueError naming the line of the first short row; files
+    whose last column has no missing value are never read twice."""
+
+    def __init__(self, path, width):
+        self.path, self.width = path, width
+        self._fh = self._reader = None
+        self._line = 0
+
+    def check(self, first_row, n, needed) -> None:
+        """Check data rows ``first_row`` to ``first_row + n - 1`` (0-based)."""
+        import csv
+
+        if self.width < 2 or (self._reader is None and not needed):
+            return
+        if self._reader is None:
+            self._fh = open(self.path, newline="", encoding="utf-8-sig")  # noqa: SIM115
+            self._reader = csv.reader(self._fh)
+            self._records(1 + first_row)  # the header and the rows pandas has read
+        self._records(n, check=True)
+
+    def _records(self, n, check=False) -> None:
+        for _ in range(n):
+            while True:
+                record = next(self._reader, None)
+                start, self._line = self._line + 1, self._reader.line_num
+                if record is None:
+                    return
+                if record and (len(record) > 1 or record[0].strip()):
+                    break  # not a blank line
+            if check and len(record) < self.width:
+                raise ValueError(
+                    f"{self.path}: line {start} has {plural(len(record), 'field')}; "
+                    f"the header has {self.width}"
+                )
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self._fh is not None:
+            self._fh.close()
+        return False
 
 
 def read_table(path, columns=None, *, quiet=True, text_columns=()):
