@@ -122,6 +122,8 @@ def _csv_error(path, exc) -> ValueError:
 
     if isinstance(exc, pd.errors.EmptyDataError):
         return ValueError(f"{path}: the file is empty")
+    if isinstance(exc, UnicodeDecodeError):
+        return ValueError(f"{path}: {_not_utf8(path)}; save the file as UTF-8")
     fields = _FIELDS.search(str(exc))
     if fields:
         want, line, saw = fields.groups()
@@ -129,6 +131,18 @@ def _csv_error(path, exc) -> ValueError:
             f"{path}: line {line} has {plural(int(saw), 'field')}; the header has {want}"
         )
     return ValueError(f"{path}: cannot read as CSV: {clip(' '.join(str(exc).split()), 300)}")
+
+
+def _not_utf8(path) -> str:
+    """Where a file that is not UTF-8 first is not: its line and the byte."""
+    with open(path, "rb") as fh:
+        for number, line in enumerate(fh, start=1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                byte = line[exc.start : exc.start + 1].hex()
+                return f"line {number} is not UTF-8 text (its byte {exc.start + 1} is 0x{byte})"
+    return "not UTF-8 text"
 
 
 def clip(text: str, limit: int) -> str:
@@ -384,7 +398,9 @@ class _FieldCounts:
         if self.width < 2 or (self._reader is None and not needed):
             return
         if self._reader is None:
-            self._fh = open(self.path, newline="", encoding="utf-8-sig")  # noqa: SIM115
+            self._fh = open(  # noqa: SIM115
+                self.path, newline="", encoding="utf-8-sig", errors="replace"
+            )
             self._reader = csv.reader(self._fh)
             self._records(1 + first_row)  # the header and the rows pandas has read
         self._records(n, check=True)

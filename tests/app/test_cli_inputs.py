@@ -221,3 +221,20 @@ def test_fit_on_names_with_commas_round_trips_through_the_printed_names(tmp_path
     names = list(nbattn.load(tmp_path / "m.npz").feature_names_in_)
     spelled = ",".join(io.column_option(c) for c in names)
     assert io.split_columns(spelled) == names == ["a, b", ' say "hi" ']
+
+
+# ----------------------------------------------------------------------------- encodings
+
+
+@pytest.mark.parametrize("rows_before", [0, 5000])
+def test_a_file_that_is_not_utf8_names_the_line(tmp_path, fit_csv, rows_before):
+    """A Latin-1 file stopped with 'cannot read as CSV: 'utf-8' codec can't decode byte
+    0xe9 in position 4: invalid continuation byte' (a position in pandas' read buffer)."""
+    body = b"".join(f"{i},{i % 3},{2 * i}\n".encode() for i in range(rows_before))
+    text = b"a,b,y\n" + body + "5,caf\u00e9,1\n".encode("latin-1") + b"6,1,2\n"
+    (tmp_path / "t.csv").write_bytes(text)
+    code, _, err = fit_csv(tmp_path / "t.csv", "-o", tmp_path / "m.npz")
+    line = rows_before + 2
+    expected = f"line {line} is not UTF-8 text (its byte 6 is 0xe9); save the file as UTF-8"
+    assert code == 1 and expected in err, err
+    assert not (tmp_path / "m.npz").exists()
