@@ -167,6 +167,29 @@ def _print_metrics(metrics: dict, as_json: bool) -> None:
 # ----------------------------------------------------------------------------- commands
 
 
+def _features(args) -> list:
+    """The feature columns of ``args.data`` (``--target``, ``--features``, ``--drop``), and
+    the options that give one value per feature (``--var-type``, ``--bandwidth H1,H2,...``)
+    checked against them, naming the features: before the file is read."""
+    features = batch.feature_columns(
+        args.data, args.target, args.features, getattr(args, "drop", None)
+    )
+    bandwidth = getattr(args, "bandwidth", None)
+    per_feature = {
+        "--var-type": (getattr(args, "var_type", None), "letter"),
+        "--bandwidth": (bandwidth if isinstance(bandwidth, list) else None, "width"),
+    }
+    for option, (values, unit) in per_feature.items():
+        if values is not None and len(values) != len(features):
+            names = io.clip(", ".join(io.column_option(f) for f in features), 300)
+            are = "is" if len(features) == 1 else "are"
+            raise ValueError(
+                f"{option} gives {plural(len(values), unit)}, one per feature, but there "
+                f"{are} {plural(len(features), 'feature')}: {names}"
+            )
+    return features
+
+
 def _load_for(estimator, args, features, target):
     """(estimator with the data's column kinds, X, y, rows dropped) for fit and cv."""
     X, y, dropped, kinds = batch.load_xy(
@@ -183,7 +206,7 @@ def _load_for(estimator, args, features, target):
 
 
 def _cmd_fit(args) -> int:
-    features = batch.feature_columns(args.data, args.target, args.features, args.drop)
+    features = _features(args)
     estimator = make_estimator(args.model, verbose=args.verbose, **_model_options(args))
     io.check_output(args.output, [args.data])
     estimator, X, y, dropped = _load_for(estimator, args, features, args.target)
@@ -315,7 +338,7 @@ def _cmd_cv(args) -> int:
 
     if args.grid and args.bandwidth is not None:
         raise ValueError("--grid compares bandwidths; it replaces --bandwidth")
-    features = batch.feature_columns(args.data, args.target, args.features, args.drop)
+    features = _features(args)
     candidates = args.grid or [args.bandwidth]
     estimators = [make_estimator(args.model, **_model_options(args, b)) for b in candidates]
     classifier = _is_classifier(estimators[0])
@@ -397,7 +420,7 @@ def _plot_heatmap(args):
 def _plot_loo(args):
     from . import plotting
 
-    features = batch.feature_columns(args.data, args.target, args.features)
+    features = _features(args)
     X, y, _, kinds = batch.load_xy(
         args.data,
         features,

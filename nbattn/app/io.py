@@ -56,6 +56,7 @@ __all__ = [
     "feature_block",
     "labels_from_text",
     "load",
+    "not_finite",
     "numeric_block",
     "output_format",
     "read_columns",
@@ -451,6 +452,16 @@ def read_table(path, columns=None, *, quiet=True, text_columns=()):
     return frame
 
 
+def not_finite(value) -> str:
+    """What a cell that reads as NaN or infinity is, in a message: missing (an empty
+    cell, NA, nan, ...) or infinite (inf, or a number beyond the float64 range such as
+    1e400, which reads as inf)."""
+    if np.isnan(value):
+        return "is missing (an empty cell, NA or nan)"
+    sign = "-" if value < 0 else ""
+    return f"is infinite ({sign}inf, or a number beyond ±1.8e308 such as {sign}1e400)"
+
+
 def row_location(source, fmt, row0: int) -> str:
     """Where 0-based data row ``row0`` is: data rows count from 1 after the header."""
     if fmt == "csv":
@@ -496,8 +507,8 @@ def numeric_block(frame, columns, *, first_row=0, source="data", fmt="csv", on_n
         i = int(np.argmin(keep))
         col = columns[int(np.argmin(finite[i]))]
         raise ValueError(
-            f"{row_location(source, fmt, first_row + i)}: column {shorten(col)} is missing or "
-            f"not finite ({out[i, columns.index(col)]}); use --on-nan drop to skip such rows"
+            f"{row_location(source, fmt, first_row + i)}: column {shorten(col)} "
+            f"{not_finite(out[i, columns.index(col)])}; use --on-nan drop to skip such rows"
         )
     return out, keep
 
@@ -656,7 +667,8 @@ def feature_block(
             i = int(np.argmax(infinite.any(axis=1)))
             col = numeric[int(np.argmax(infinite[i]))]
             raise ValueError(
-                f"{row_location(source, fmt, first_row + i)}: column {shorten(col)} is infinite"
+                f"{row_location(source, fmt, first_row + i)}: column {shorten(col)} "
+                f"{not_finite(values[i, numeric.index(col)])}"
             )
         keep = np.ones(len(frame), dtype=bool)
     out = {}

@@ -238,3 +238,53 @@ def test_a_file_that_is_not_utf8_names_the_line(tmp_path, fit_csv, rows_before):
     expected = f"line {line} is not UTF-8 text (its byte 6 is 0xe9); save the file as UTF-8"
     assert code == 1 and expected in err, err
     assert not (tmp_path / "m.npz").exists()
+
+
+# ----------------------------------------------------------------------------- per-feature options
+
+
+_VAR_TYPE = (["--var-type", "u"], "--var-type gives 1 letter, one per feature, but there are 2")
+_WIDTHS = (["--bandwidth", "1,2,3"], "--bandwidth gives 3 widths, one per feature, but there are 2")
+
+
+@pytest.mark.parametrize(
+    "command, option, message",
+    [
+        (["fit"], *_VAR_TYPE),
+        (["fit"], *_WIDTHS),
+        (["cv"], *_VAR_TYPE),
+        (["cv"], *_WIDTHS),
+        (["plot", "loo"], *_VAR_TYPE),  # plot loo has no --bandwidth
+    ],
+)
+def test_an_option_of_one_value_per_feature_is_checked_against_the_features(
+    tmp_path, nbattn_cli, command, option, message
+):
+    """It was 'var_type has 1 letter but X has 2 columns' (the Python parameter and an X
+    the command never shows), or 'bandwidth has 3 entries', after the file was read."""
+    _table().to_csv(tmp_path / "t.csv", index=False)
+    out = tmp_path / ("f.png" if command[0] == "plot" else "m.npz")
+    extra = ["-o", out] if command[0] != "cv" else []
+    code, _, err = nbattn_cli(*command, tmp_path / "t.csv", "--target", "y", *option, *extra)
+    assert code == 1 and f"{message} features: x1, x2" in err, err
+    assert not out.exists()
+
+
+# ----------------------------------------------------------------------------- cells
+
+
+@pytest.mark.parametrize(
+    "cell, what",
+    [
+        ("", "is missing (an empty cell, NA or nan)"),
+        ("NA", "is missing (an empty cell, NA or nan)"),
+        ("1e400", "is infinite (inf, or a number beyond ±1.8e308 such as 1e400)"),
+        ("-inf", "is infinite (-inf, or a number beyond ±1.8e308 such as -1e400)"),
+    ],
+)
+def test_a_cell_that_is_not_finite_says_which_it_is(tmp_path, fit_csv, cell, what):
+    """1e400 was reported as 'missing or not finite (inf)', a value the file does not hold."""
+    text = "x1,x2,y\n" + "".join(f"{i},{i % 3},{i}\n" for i in range(6))
+    (tmp_path / "t.csv").write_text(text + f"7,{cell},1\n")
+    code, _, err = fit_csv(tmp_path / "t.csv", "-o", tmp_path / "m.npz")
+    assert code == 1 and f"data row 7 (line 8 of the file): column 'x2' {what}" in err, err
