@@ -1,9 +1,10 @@
 """Tables read and written in chunks, and outputs that appear only when complete.
 
-Model files live in :mod:`nbattn.persistence.modelfile` and outputs that appear only when
-complete in :mod:`nbattn._core.atomic`; ``save``, ``load``, ``read_model_file``,
-the format constants, ``atomic_output`` and ``check_not_input`` are
-re-exported here, where ``nbattn.save`` / ``nbattn.load`` have always found them.
+Model files live in :mod:`nbattn.persistence.modelfile`, outputs that appear only when
+complete in :mod:`nbattn._core.atomic` and column names in :mod:`nbattn.app.names`;
+``save``, ``load``, ``read_model_file``, the format constants, ``atomic_output``,
+``check_not_input`` and the names' helpers are re-exported here, where ``nbattn.save`` /
+``nbattn.load`` have always found them.
 
 Tables
 ------
@@ -21,14 +22,13 @@ symbolic link).
 from __future__ import annotations
 
 import re
-import shlex
 import warnings
 from pathlib import Path
 
 import numpy as np
 
 from .._core.atomic import atomic_output, check_not_input
-from .._core.validation import check_choice, plural, shown
+from .._core.validation import check_choice, plural
 from ..persistence.modelfile import (
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -37,6 +37,7 @@ from ..persistence.modelfile import (
     read_model_file,
     save,
 )
+from .names import check_columns, clip, column_option, shorten, split_columns
 
 __all__ = [
     "FORMAT_NAME",
@@ -146,20 +147,6 @@ def _not_utf8(path) -> str:
     return "not UTF-8 text"
 
 
-def clip(text: str, limit: int) -> str:
-    """``text`` cut to about ``limit`` characters, saying how long it was."""
-    if len(text) <= limit:
-        return text
-    return f"{text[: max(limit - 30, 10)]}...{text[-8:]} ({len(text)} characters)"
-
-
-def shorten(value, limit: int = 60) -> str:
-    """``repr(value)`` (a NumPy scalar's as the Python value's: :func:`shown`) clipped to
-    about ``limit`` characters: a cell or a name quoted in an error message, which must
-    stay one readable line whatever the file holds."""
-    return clip(shown(value), limit)
-
-
 def _exact_floats() -> dict:
     """read_csv options that parse floats exactly (pandas 3 does by default; 2.x needs
     ``float_precision="round_trip"``, which pandas 3 deprecates)."""
@@ -205,96 +192,6 @@ def _check_unique(path, names) -> None:
         if name in seen:
             raise ValueError(f"{path}: the column name {shorten(name)} appears more than once")
         seen.add(name)
-
-
-def split_columns(text: str) -> list[str]:
-    """The column names of an option's value (``--features``, ``--drop``): separated by
-    commas, the spaces around each name ignored; a name in double quotes is kept as it is
-    (a comma, spaces at its ends; ``""`` stands for a quote in it). Empty names between
-    commas are skipped; an unclosed quote, or text after a closing one, is a ValueError."""
-    names, i, n = [], 0, len(text)
-    while i <= n:
-        j = i
-        while j < n and text[j].isspace():
-            j += 1
-        if j < n and text[j] == '"':
-            k, name = j + 1, []
-            while True:
-                if k >= n:
-                    raise ValueError(f"the quote at character {j + 1} of {text!r} is not closed")
-                if text.startswith('""', k):
-                    name.append('"')
-                    k += 2
-                elif text[k] == '"':
-                    break
-                else:
-                    name.append(text[k])
-                    k += 1
-            k += 1
-            while k < n and text[k].isspace():
-                k += 1
-            if k < n and text[k] != ",":
-                raise ValueError(f"{text!r}: a comma must follow the quoted name {''.join(name)!r}")
-            names.append("".join(name))
-        else:
-            k = text.find(",", j)
-            k = n if k < 0 else k
-            if text[j:k].strip():
-                names.append(text[j:k].strip())
-        i = k + 1
-    return names
-
-
-def column_option(name) -> str:
-    """A column's name as :func:`split_columns` reads it back: in double quotes when it
-    holds a comma or a quote or begins or ends with a space (or is empty), else as it is."""
-    name = str(name)
-    if name == "" or "," in name or '"' in name or name != name.strip():
-        return '"' + name.replace('"', '""') + '"'
-    return name
-
-
-def check_columns(path, columns, wanted, what="column", spell=column_option) -> None:
-    """ValueError naming the first of ``wanted`` that is not in ``columns``, with the
-    columns whose names are nearest (the same but for case, spaces at the ends or Unicode
-    normalization, else one holding it between commas, else alike; never one of
-    ``wanted``, which is in use already) as the option would spell them: ``spell`` (a
-    list option's :func:`column_option`; ``str`` for an option of one name), quoted for
-    the shell. A name that differs from a column only in its Unicode normalization (an
-    accent typed as a letter and a combining mark) is said to, as the two look alike."""
-    missing = [c for c in wanted if c not in columns]
-    if missing:
-        import difflib
-        import unicodedata
-
-        def nfc(name):
-            return unicodedata.normalize("NFC", str(name))
-
-        def key(name):
-            return nfc(name).strip().casefold()
-
-        listed = ", ".join(shorten(c) for c in columns[:20])
-        more = " ..." if len(columns) > 20 else ""
-        bad = str(missing[0])
-        free = [c for c in columns if c not in wanted]
-        same = [c for c in free if nfc(c) == nfc(bad)]
-        if same:
-            raise ValueError(
-                f"{path}: {what} {ascii(bad)} not found: the column {ascii(str(same[0]))} "
-                "looks the same but is written with other Unicode characters (an accent as a "
-                "letter of its own or as a combining mark); copy the name from the file"
-            )
-        near = [c for c in free if key(c) == key(bad)]
-        pieces = {c: [p.strip() for p in str(c).split(",")] for c in free if "," in str(c)}
-        near = near or [c for c, parts in pieces.items() if bad.strip() in parts]
-        near = near or difflib.get_close_matches(bad, [str(c) for c in free], n=3)
-        hint = ""
-        if near:
-            spelled = " or ".join(shlex.quote(spell(c)) for c in near)
-            hint = f" (did you mean {spelled}?)"
-        raise ValueError(
-            f"{path}: {what} {shorten(missing[0])} not found{hint}; the columns are {listed}{more}"
-        )
 
 
 def iter_chunks(path, columns=None, chunksize=100_000, *, text_columns=()):

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from .._core.validation import plural
-from .io import column_option
 from .legends import lay_out, place_legend
+from .names import column_option
 
 FIGURE_FORMATS = ("png", "svg")
 
