@@ -52,28 +52,42 @@ class RowIdWarning(UserWarning):
 def feature_columns(path, target, features=None, drop=None) -> list:
     """The feature columns of a labelled file: ``features`` (checked), or every column
     but the target, less the columns in ``drop``; a missing column is an error that
-    lists the file's columns."""
+    lists the file's columns, and so is a feature named twice, the target among the
+    features, and a ``drop`` that leaves no feature."""
     columns = io.read_columns(path)
     io.check_columns(path, columns, [target], "target column", spell=str)
     if features:
         io.check_columns(path, columns, features, "feature column")
+        twice = [c for k, c in enumerate(features) if c in features[:k]]
+        if twice:
+            raise ValueError(f"--features names the column {io.shorten(twice[0])} twice")
+        if target in features:
+            raise ValueError(
+                f"--features names the target column {io.shorten(target)}; a column cannot be both"
+            )
         features = list(features)
     else:
         features = [c for c in columns if c != target]
-    if target in features:
-        raise ValueError(f"the target column {target!r} is also a feature")
     if drop:
         io.check_columns(path, columns, drop, "--drop column")
         if target in drop:
-            raise ValueError(f"--drop names the target column {target!r}")
+            raise ValueError(
+                f"--drop names the target column {io.shorten(target)}, which is never a feature"
+            )
         outside = [c for c in drop if c not in features]
         if outside:
             raise ValueError(
                 f"--drop {io.shorten(outside[0])} is not one of the features given by --features"
             )
-        features = [c for c in features if c not in drop]
+        kept = [c for c in features if c not in drop]
+        if not kept:
+            raise ValueError(
+                f"{path}: --drop leaves no feature columns (it names all "
+                f"{plural(len(features), 'feature')})"
+            )
+        features = kept
     if not features:
-        raise ValueError(f"{path}: no feature columns besides the target {target!r}")
+        raise ValueError(f"{path}: no feature columns besides the target {io.shorten(target)}")
     return features
 
 

@@ -180,6 +180,29 @@ def _print_metrics(metrics: dict, as_json: bool) -> None:
 # ----------------------------------------------------------------------------- commands
 
 
+def _features(args) -> list:
+    """The feature columns of ``args.data`` (``--target``, ``--features``, ``--drop``), and
+    the options that give one value per feature (``--var-type``, ``--bandwidth H1,H2,...``)
+    checked against them, naming the features: before the file is read."""
+    features = batch.feature_columns(
+        args.data, args.target, args.features, getattr(args, "drop", None)
+    )
+    bandwidth = getattr(args, "bandwidth", None)
+    per_feature = {
+        "--var-type": (getattr(args, "var_type", None), "letter"),
+        "--bandwidth": (bandwidth if isinstance(bandwidth, list) else None, "width"),
+    }
+    for option, (values, unit) in per_feature.items():
+        if values is not None and len(values) != len(features):
+            names = io.clip(", ".join(io.column_option(f) for f in features), 300)
+            are = "is" if len(features) == 1 else "are"
+            raise ValueError(
+                f"{option} gives {plural(len(values), unit)}, one per feature, but there "
+                f"{are} {plural(len(features), 'feature')}: {names}"
+            )
+    return features
+
+
 def _load_for(estimator, args, features, target):
     """(estimator with the data's column kinds, X, y, rows dropped) for fit and cv."""
     X, y, dropped, kinds = batch.load_xy(
@@ -196,9 +219,9 @@ def _load_for(estimator, args, features, target):
 
 
 def _cmd_fit(args) -> int:
-    features = batch.feature_columns(args.data, args.target, args.features, args.drop)
+    features = _features(args)
     estimator = make_estimator(args.model, verbose=args.verbose, **_model_options(args))
-    io.check_not_input([args.data], args.output)
+    io.check_output(args.output, [args.data])
     estimator, X, y, dropped = _load_for(estimator, args, features, args.target)
     batch.warn_row_ids(X, estimator.get_params()["var_type"] or "c" * len(features))
     with running(f"fit {type(estimator).__name__}", quiet=args.quiet or args.verbose):
@@ -287,7 +310,7 @@ def _regressor_outputs(args, model, features) -> dict:
 def _cmd_predict(args) -> int:
     model, features, target = _read_predictor(args.model)
     model = _unknown_categories_as(model, args.handle_unknown)
-    io.check_not_input([args.model], args.output)
+    io.check_output(args.output, [args.model, args.data])
     classifier = model.is_classifier
     if args.std and classifier:
         raise ValueError("--std is for regressors; use --proba with a classifier")
@@ -329,7 +352,7 @@ def _cmd_cv(args) -> int:
 
     if args.grid and args.bandwidth is not None:
         raise ValueError("--grid compares bandwidths; it replaces --bandwidth")
-    features = batch.feature_columns(args.data, args.target, args.features, args.drop)
+    features = _features(args)
     candidates = args.grid or [args.bandwidth]
     estimators = [make_estimator(args.model, **_model_options(args, b)) for b in candidates]
     classifier = _is_classifier(estimators[0])
@@ -411,7 +434,7 @@ def _plot_heatmap(args):
 def _plot_loo(args):
     from . import plotting
 
-    features = batch.feature_columns(args.data, args.target, args.features)
+    features = _features(args)
     X, y, _, kinds = batch.load_xy(
         args.data,
         features,
@@ -445,8 +468,7 @@ def _cmd_plot(args) -> int:
     from . import plotting
 
     plotting.figure_format(args.output)
-    inputs = [p for p in (getattr(args, "model", None), getattr(args, "data", None)) if p]
-    io.check_not_input(inputs, args.output)
+    io.check_output(args.output, [getattr(args, "model", None), getattr(args, "data", None)])
     plotting.save_figure(_PLOTS[args.kind](args), args.output)
     if not args.quiet:
         print(f"wrote {args.output}")

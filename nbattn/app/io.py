@@ -1,9 +1,10 @@
 """Tables read and written in chunks, and outputs that appear only when complete.
 
-Model files live in :mod:`nbattn.persistence.modelfile` and outputs that appear only when
-complete in :mod:`nbattn._core.atomic`; ``save``, ``load``, ``read_model_file``,
-the format constants, ``atomic_output`` and ``check_not_input`` are
-re-exported here, where ``nbattn.save`` / ``nbattn.load`` have always found them.
+Model files live in :mod:`nbattn.persistence.modelfile`, outputs that appear only when
+complete in :mod:`nbattn._core.atomic` and column names in :mod:`nbattn.app.names`;
+``save``, ``load``, ``read_model_file``, the format constants, ``atomic_output``,
+``check_not_input`` and the names' helpers are re-exported here, where ``nbattn.save`` /
+``nbattn.load`` have always found them.
 
 Tables
 ------
@@ -21,14 +22,13 @@ symbolic link).
 from __future__ import annotations
 
 import re
-import shlex
 import warnings
 from pathlib import Path
 
 import numpy as np
 
 from .._core.atomic import atomic_output, check_not_input
-from .._core.validation import check_choice, plural, shown
+from .._core.validation import check_choice, plural
 from ..persistence.modelfile import (
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -37,6 +37,7 @@ from ..persistence.modelfile import (
     read_model_file,
     save,
 )
+from .names import check_columns, clip, column_option, shorten, split_columns
 
 __all__ = [
     "FORMAT_NAME",
@@ -47,6 +48,7 @@ __all__ = [
     "check_columns",
     "check_labels",
     "check_not_input",
+    "check_output",
     "clip",
     "category_values",
     "column_option",
@@ -55,6 +57,7 @@ __all__ = [
     "feature_block",
     "labels_from_text",
     "load",
+    "not_finite",
     "numeric_block",
     "output_format",
     "read_columns",
@@ -91,6 +94,20 @@ def output_format(path) -> str:
     raise ValueError(f"output {str(path)!r} must end in .csv, .parquet or .pq")
 
 
+def check_output(output, inputs=()) -> None:
+    """Refuse, before any work, an output that cannot be written: its folder does not
+    exist, it is a folder, or it is (the same file as) one of ``inputs``. (The output
+    is written by :func:`atomic_output`, which checks the same when it is too late: after
+    a fit or a figure's computation.)"""
+    path = Path(output)
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise ValueError(f"output folder {str(folder)!r} does not exist")
+    if path.is_dir():
+        raise ValueError(f"output {str(path)!r} is a folder")
+    check_not_input([p for p in inputs if p], output)
+
+
 def _pyarrow_parquet():
     try:
         import pyarrow.parquet as pq
@@ -107,6 +124,8 @@ def _csv_error(path, exc) -> ValueError:
 
     if isinstance(exc, pd.errors.EmptyDataError):
         return ValueError(f"{path}: the file is empty")
+    if isinstance(exc, UnicodeDecodeError):
+        return ValueError(f"{path}: {_not_utf8(path)}; save the file as UTF-8")
     fields = _FIELDS.search(str(exc))
     if fields:
         want, line, saw = fields.groups()
@@ -116,18 +135,16 @@ def _csv_error(path, exc) -> ValueError:
     return ValueError(f"{path}: cannot read as CSV: {clip(' '.join(str(exc).split()), 300)}")
 
 
-def clip(text: str, limit: int) -> str:
-    """``text`` cut to about ``limit`` characters, saying how long it was."""
-    if len(text) <= limit:
-        return text
-    return f"{text[: max(limit - 30, 10)]}...{text[-8:]} ({len(text)} characters)"
-
-
-def shorten(value, limit: int = 60) -> str:
-    """``repr(value)`` (a NumPy scalar's as the Python value's: :func:`shown`) clipped to
-    about ``limit`` characters: a cell or a name quoted in an error message, which must
-    stay one readable line whatever the file holds."""
-    return clip(shown(value), limit)
+def _not_utf8(path) -> str:
+    """Where a file that is not UTF-8 first is not: its line and the byte."""
+    with open(path, "rb") as fh:
+        for number, line in enumerate(fh, start=1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                byte = line[exc.start : exc.start + 1].hex()
+                return f"line {number} is not UTF-8 text (its byte {exc.start + 1} is 0x{byte})"
+    return "not UTF-8 text"
 
 
 def _exact_floats() -> dict:
@@ -177,79 +194,6 @@ def _check_unique(path, names) -> None:
         seen.add(name)
 
 
-def split_columns(text: str) -> list[str]:
-    """The column names of an option's value (``--features``, ``--drop``): separated by
-    commas, the spaces around each name ignored; a name in double quotes is kept as it is
-    (a comma, spaces at its ends; ``""`` stands for a quote in it). Empty names between
-    commas are skipped; an unclosed quote, or text after a closing one, is a ValueError."""
-    names, i, n = [], 0, len(text)
-    while i <= n:
-        j = i
-        while j < n and text[j].isspace():
-            j += 1
-        if j < n and text[j] == '"':
-            k, name = j + 1, []
-            while True:
-                if k >= n:
-                    raise ValueError(f"the quote at character {j + 1} of {text!r} is not closed")
-                if text.startswith('""', k):
-                    name.append('"')
-                    k += 2
-                elif text[k] == '"':
-                    break
-                else:
-                    name.append(text[k])
-                    k += 1
-            k += 1
-            while k < n and text[k].isspace():
-                k += 1
-            if k < n and text[k] != ",":
-                raise ValueError(f"{text!r}: a comma must follow the quoted name {''.join(name)!r}")
-            names.append("".join(name))
-        else:
-            k = text.find(",", j)
-            k = n if k < 0 else k
-            if text[j:k].strip():
-                names.append(text[j:k].strip())
-        i = k + 1
-    return names
-
-
-def column_option(name) -> str:
-    """A column's name as :func:`split_columns` reads it back: in double quotes when it
-    holds a comma or a quote or begins or ends with a space (or is empty), else as it is."""
-    name = str(name)
-    if name == "" or "," in name or '"' in name or name != name.strip():
-        return '"' + name.replace('"', '""') + '"'
-    return name
-
-
-def check_columns(path, columns, wanted, what="column", spell=column_option) -> None:
-    """ValueError naming the first of ``wanted`` that is not in ``columns``, with the
-    columns whose names are nearest (the same but for case and spaces at the ends, else
-    one holding it between commas, else alike) as the option would spell them: ``spell``
-    (a list option's :func:`column_option`; ``str`` for an option of one name), quoted
-    for the shell."""
-    missing = [c for c in wanted if c not in columns]
-    if missing:
-        import difflib
-
-        listed = ", ".join(shorten(c) for c in columns[:20])
-        more = " ..." if len(columns) > 20 else ""
-        bad = str(missing[0])
-        near = [c for c in columns if str(c).strip().casefold() == bad.strip().casefold()]
-        pieces = {c: [p.strip() for p in str(c).split(",")] for c in columns if "," in str(c)}
-        near = near or [c for c, parts in pieces.items() if bad.strip() in parts]
-        near = near or difflib.get_close_matches(bad, [str(c) for c in columns], n=3)
-        hint = ""
-        if near:
-            spelled = " or ".join(shlex.quote(spell(c)) for c in near)
-            hint = f" (did you mean {spelled}?)"
-        raise ValueError(
-            f"{path}: {what} {shorten(missing[0])} not found{hint}; the columns are {listed}{more}"
-        )
-
-
 def iter_chunks(path, columns=None, chunksize=100_000, *, text_columns=()):
     """Read a CSV or Parquet file in chunks.
 
@@ -262,7 +206,8 @@ def iter_chunks(path, columns=None, chunksize=100_000, *, text_columns=()):
     a chunk starts (pandas infers each chunk's types on its own).
 
     Every CSV row is checked against the header: a row with more fields than
-    the header is an error naming its line (it is not silently cut).
+    the header is an error naming its line (it is not silently cut), and so is a
+    row with fewer (pandas would fill it with NaN: :class:`_FieldCounts`).
     """
     import pandas as pd
 
@@ -314,13 +259,72 @@ def iter_chunks(path, columns=None, chunksize=100_000, *, text_columns=()):
             raise _csv_error(path, exc) from exc
 
     def csv_chunks():
-        with open(path, "rb") as fh, parse(lambda: pd.read_csv(fh, **options)) as reader:
+        with (
+            open(path, "rb") as fh,
+            parse(lambda: pd.read_csv(fh, **options)) as reader,
+            _FieldCounts(path, width) as fields,
+        ):
             row = 0
             while (frame := parse(lambda: next(reader, None))) is not None:
+                fields.check(row, len(frame), frame.iloc[:, -1].isna().to_numpy().any())
                 yield (frame if columns is None else frame[columns]), row, fh.tell()
                 row += len(frame)
 
     return csv_chunks(), total, "bytes"
+
+
+class _FieldCounts:
+    """The field count of each CSV row, checked against the header's ``width`` where
+    pandas cannot: it fills the missing fields of a row cut short with NaN, so that the
+    row would pass for one with missing values (and ``--on-nan drop`` drop it silently).
+
+    :meth:`check` reads a chunk's rows with Python's :mod:`csv` module (blank lines
+    skipped, as pandas skips them) when asked to (``needed``: the chunk's last column has
+    a missing value, as every short row's has) or once it has begun (to stay on the row
+    pandas is on), and raises a ValueError naming the line of the first short row; files
+    whose last column has no missing value are never read twice."""
+
+    def __init__(self, path, width):
+        self.path, self.width = path, width
+        self._fh = self._reader = None
+        self._line = 0
+
+    def check(self, first_row, n, needed) -> None:
+        """Check data rows ``first_row`` to ``first_row + n - 1`` (0-based)."""
+        import csv
+
+        if self.width < 2 or (self._reader is None and not needed):
+            return
+        if self._reader is None:
+            self._fh = open(  # noqa: SIM115
+                self.path, newline="", encoding="utf-8-sig", errors="replace"
+            )
+            self._reader = csv.reader(self._fh)
+            self._records(1 + first_row)  # the header and the rows pandas has read
+        self._records(n, check=True)
+
+    def _records(self, n, check=False) -> None:
+        for _ in range(n):
+            while True:
+                record = next(self._reader, None)
+                start, self._line = self._line + 1, self._reader.line_num
+                if record is None:
+                    return
+                if record and (len(record) > 1 or record[0].strip()):
+                    break  # not a blank line
+            if check and len(record) < self.width:
+                raise ValueError(
+                    f"{self.path}: line {start} has {plural(len(record), 'field')}; "
+                    f"the header has {self.width}"
+                )
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self._fh is not None:
+            self._fh.close()
+        return False
 
 
 def read_table(path, columns=None, *, quiet=True, text_columns=()):
@@ -343,6 +347,16 @@ def read_table(path, columns=None, *, quiet=True, text_columns=()):
     if frame is None or len(frame) == 0:
         raise ValueError(f"{path}: no data rows (only a header)")
     return frame
+
+
+def not_finite(value) -> str:
+    """What a cell that reads as NaN or infinity is, in a message: missing (an empty
+    cell, NA, nan, ...) or infinite (inf, or a number beyond the float64 range such as
+    1e400, which reads as inf)."""
+    if np.isnan(value):
+        return "is missing (an empty cell, NA or nan)"
+    sign = "-" if value < 0 else ""
+    return f"is infinite ({sign}inf, or a number beyond ±1.8e308 such as {sign}1e400)"
 
 
 def row_location(source, fmt, row0: int) -> str:
@@ -390,8 +404,8 @@ def numeric_block(frame, columns, *, first_row=0, source="data", fmt="csv", on_n
         i = int(np.argmin(keep))
         col = columns[int(np.argmin(finite[i]))]
         raise ValueError(
-            f"{row_location(source, fmt, first_row + i)}: column {shorten(col)} is missing or "
-            f"not finite ({out[i, columns.index(col)]}); use --on-nan drop to skip such rows"
+            f"{row_location(source, fmt, first_row + i)}: column {shorten(col)} "
+            f"{not_finite(out[i, columns.index(col)])}; use --on-nan drop to skip such rows"
         )
     return out, keep
 
@@ -550,7 +564,8 @@ def feature_block(
             i = int(np.argmax(infinite.any(axis=1)))
             col = numeric[int(np.argmax(infinite[i]))]
             raise ValueError(
-                f"{row_location(source, fmt, first_row + i)}: column {shorten(col)} is infinite"
+                f"{row_location(source, fmt, first_row + i)}: column {shorten(col)} "
+                f"{not_finite(values[i, numeric.index(col)])}"
             )
         keep = np.ones(len(frame), dtype=bool)
     out = {}

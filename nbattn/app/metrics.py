@@ -44,16 +44,19 @@ class Metrics:
     def add_regression(self, y, pred) -> None:
         """Add a chunk of targets ``y`` and predictions ``pred`` (1-D)."""
         y = np.asarray(y, dtype=np.float64)
-        err = np.asarray(pred, dtype=np.float64) - y
-        self.sse += float(err @ err)
-        self.sae += float(np.abs(err).sum())
-        n_b = len(y)
-        mean_b = float(y.mean())
-        m2_b = float(((y - mean_b) ** 2).sum())
-        delta = mean_b - self.mean
-        total = self.n + n_b
-        self.mean += delta * n_b / total
-        self.m2 += m2_b + delta**2 * self.n * n_b / total
+        # Targets near the float64 limit (1e300) overflow the sums of squares: the
+        # metric is then inf (and R² NaN), as NumPy gives it, not a Python OverflowError.
+        with np.errstate(over="ignore", invalid="ignore"):
+            err = np.asarray(pred, dtype=np.float64) - y
+            self.sse += float(err @ err)
+            self.sae += float(np.abs(err).sum())
+            n_b = len(y)
+            mean_b = np.float64(y.mean())
+            m2_b = np.float64(((y - mean_b) ** 2).sum())
+            delta = mean_b - np.float64(self.mean)
+            total = self.n + n_b
+            self.mean = float(self.mean + delta * n_b / total)
+            self.m2 = float(self.m2 + m2_b + delta * delta * self.n * n_b / total)
         self.n = total
 
     def add_classification(self, y, proba, *, where=None) -> None:

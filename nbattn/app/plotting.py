@@ -16,6 +16,7 @@ import numpy as np
 
 from .._core.validation import plural
 from .legends import lay_out, place_legend
+from .names import column_option
 
 FIGURE_FORMATS = ("png", "svg")
 
@@ -264,9 +265,13 @@ def _reference_row(X, kinds):
 def _held_at(reference, kinds, features, name, width=56) -> str:
     """A panel's title: the value at which each other feature is held (its median, or its
     most frequent category), on lines of about ``width`` characters (a value is never
-    split from its name)."""
+    split from its name). Names and categories are written as ``--features`` reads
+    them (:func:`nbattn.app.io.column_option`): in double quotes when they hold a comma
+    or a quote or have spaces at their ends, so that the list reads one way."""
     held = [
-        f"{c} = {reference[c]:.4g}" if kind == "c" else f"{c} = {reference[c]}"
+        f"{column_option(c)} = {reference[c]:.4g}"
+        if kind == "c"
+        else f"{column_option(c)} = {column_option(reference[c])}"
         for c, kind in zip(features, kinds)
         if c != name
     ]
