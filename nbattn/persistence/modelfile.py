@@ -367,6 +367,14 @@ def _check_archive_end(path, disk_size) -> None:
         fh.seek(disk_size - 22)
         tail = fh.read(22)
     if tail[:4] != b"PK\x05\x06" or tail[20:22] != b"\x00\x00":
+        with open(path, "rb") as fh:
+            whole = fh.read()
+        if whole[:4] == b"PK\x03\x04" and b"PK\x05\x06" not in whole:
+            raise _bad(
+                path,
+                "the file is cut short (no end of archive: an interrupted copy, download "
+                "or save); copy or save it again",
+            )
         raise _bad(
             path,
             "bytes after the end of the archive (or an archive comment): the file was "

@@ -221,6 +221,17 @@ def test_truncated_file_is_refused(saved):
             nbattn.load(saved)
 
 
+def test_file_cut_before_its_end_of_archive_says_so(saved):
+    """A copy or download stopped before the archive's end record: "cut short", not
+    "appended to" (the record is nowhere in the file)."""
+    data = saved.read_bytes()
+    end = data.rfind(b"PK\x05\x06")
+    for cut in (len(data) // 2, end - 1, 100):
+        saved.write_bytes(data[:cut])
+        with pytest.raises(ValueError, match="cut short"):
+            nbattn.load(saved)
+
+
 def test_flipped_byte_is_refused(saved):
     data = bytearray(saved.read_bytes())
     with zipfile.ZipFile(saved) as zf:
