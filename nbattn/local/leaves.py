@@ -50,8 +50,9 @@ __all__ = ["TreeLayout", "exact_leaves", "tree_layout"]
 _MOST_CODE_STRETCH = 64.0
 
 
-def exact_leaves(problem: LocalProblem) -> LocalLeaves:
-    """One leaf holding every key, rtol 0: the exact passes."""
+def exact_leaves(problem) -> LocalLeaves:
+    """One leaf holding every key, rtol 0: the exact passes. ``problem``: a
+    ``LocalProblem`` or a ``LocalData`` (the same array names)."""
     n_k, n_q = problem.log_weights.shape[0], problem.q_cont.shape[0]
     dc, dk = problem.keys_cont_t.shape[0], problem.keys_cat_t.shape[0]
     return LocalLeaves(

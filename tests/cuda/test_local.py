@@ -18,6 +18,7 @@ from nbattn import config
 from nbattn.cuda import local as cuda_local
 from nbattn.kernels import local as cpu_local
 from nbattn.local.engine import local_interval_sums, local_prediction_interval
+from nbattn.local.leaves import exact_leaves
 
 from .. import naive
 from ..strategies import seeds
@@ -78,10 +79,12 @@ def groups(module, problem, *, kernel, degree, ridge, exclude_self, missing):
 
 def both_fits(problem, *, want_mfx, **model):
     """(CUDA fit, CPU fit) of the same problem."""
-    return tuple(
-        module.local_fit(*groups(module, problem, **model), problem["values_t"], want_mfx)
-        for module in (cuda_local, cpu_local)
-    )
+    fits = []
+    for module in (cuda_local, cpu_local):
+        data, local_model = groups(module, problem, **model)
+        leaves = exact_leaves(data)  # every key: the GPU's passes and the exact CPU ones
+        fits.append(module.local_fit(data, local_model, problem["values_t"], want_mfx, leaves))
+    return tuple(fits)
 
 
 def assert_fits_equal(got, want, fit_rtol=1e-9):
@@ -197,12 +200,18 @@ def test_second_passes_equal_cpu(rng, monkeypatch, kernel, degree):
     problem["q_cont"] = np.ascontiguousarray(problem["keys_cont_t"].T)
     problem["q_cat"] = np.ascontiguousarray(problem["keys_cat_t"].T)
     flags = dict(kernel=kernel, degree=degree, exclude_self=True, missing=True, ridge=1e-5)
-    fit = cpu_local.local_fit(*groups(cpu_local, problem, **flags), problem["values_t"], False)
+    data, model = groups(cpu_local, problem, **flags)
+    fit = cpu_local.local_fit(data, model, problem["values_t"], False, exact_leaves(data))
     cat_dparams = rng.normal(size=(2, 3))
     out_weights = rng.normal(size=(n, 3))
     want, got = (
         module.local_loo_gradient(
-            *groups(module, problem, **flags), fit, problem["values_t"], cat_dparams, out_weights
+            *groups(module, problem, **flags),
+            fit,
+            problem["values_t"],
+            cat_dparams,
+            out_weights,
+            exact_leaves(data),
         )
         for module in (cpu_local, cuda_local)
     )
@@ -345,3 +354,21 @@ def test_loo_loss_and_gradient_on_cuda_equal_cpu_and_naive(rng, degree):
     want = local_loo_loss_and_grad(X, y, theta, degree, missing="marginalize", **common)
     np.testing.assert_allclose(got[0], want[0], rtol=1e-10)
     np.testing.assert_allclose(got[1], want[1], rtol=1e-8, atol=1e-12)
+
+
+def test_pruned_leaves_are_refused_on_the_gpu():
+    """The GPU passes visit every key: leaves with rtol > 0 are refused, never ignored."""
+    rng = np.random.default_rng(0)
+    problem = make_problem(rng, 5, 8, 1, 0, 1)
+    data, model = groups(
+        cuda_local,
+        problem,
+        kernel=0,
+        degree=1,
+        ridge=1e-12,
+        exclude_self=False,
+        missing=False,
+    )
+    pruned = exact_leaves(data)._replace(rtol=1e-6)
+    with pytest.raises(NotImplementedError, match="CPU only"):
+        cuda_local.local_fit(data, model, problem["values_t"], False, pruned)
