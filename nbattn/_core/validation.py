@@ -388,7 +388,8 @@ def check_rtol(rtol) -> float:
 # ------------------------------------------------------------------------ data in units of widths
 def _where(index, ndim: int) -> str:
     """``"row i, column j"`` of a 2-D position; ``"row (b, i), column j"`` beyond."""
-    row = index[0] if ndim == 2 else tuple(index[:-1])
+    index = tuple(int(i) for i in index)
+    row = index[0] if ndim == 2 else index[:-1]
     return f"row {row}, column {index[-1]}"
 
 

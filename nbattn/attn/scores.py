@@ -40,6 +40,7 @@ from .._core.validation import (
     check_bandwidth,
     check_scale,
     resolve_dtype,
+    scaled_columns,
 )
 from ..dispatch.device import kernels_for
 
@@ -196,10 +197,18 @@ def _dot_kernel(form):
 
 
 def _gaussian_cpu(qf, kf, params):
+    # the score is a difference: q and k are centred on the keys' midrange first (data
+    # near 1e308 then stays finite; max / 2 + min / 2 never overflows), and data that
+    # overflows once divided by h is refused by row and column (scaled_columns) instead
+    # of giving inf or NaN scores
     h = params["bandwidth"].astype(qf.dtype)
-    return kernels_for("scores", "cpu").gaussian_scores(
-        np.ascontiguousarray(qf / h), feature_major(kf / h)
-    )
+    flat_keys = kf.reshape(-1, kf.shape[-1]).astype(np.float64)
+    centre = None
+    if flat_keys.shape[0]:
+        centre = flat_keys.max(axis=0) / 2 + flat_keys.min(axis=0) / 2
+    q = scaled_columns(qf, "q", h, centre=centre, dtype=qf.dtype)
+    k = scaled_columns(kf, "k", h, centre=centre, dtype=kf.dtype)
+    return kernels_for("scores", "cpu").gaussian_scores(np.ascontiguousarray(q), feature_major(k))
 
 
 def _additive_cpu(qf, kf, params):

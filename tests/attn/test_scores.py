@@ -211,3 +211,19 @@ def test_scores_property(shape, hidden, seed, dtype):
         naive.additive_scores(q, k, p["W"], p["U"], p["v"]),
         dtype,
     )
+
+
+def test_gaussian_scores_far_from_zero_and_overflowing():
+    """The Gaussian score is a difference: data near 1e300 gives the right scores (the
+    columns centred first), and data that overflows once divided by the width is refused
+    by row and column, with no RuntimeWarning."""
+    import warnings
+
+    q = np.array([[1e300, 0.0]])
+    k = np.array([[1e300, 1.0], [-1e300, 0.0]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        s = scores.gaussian(q, k, 1e150)
+        np.testing.assert_allclose(s, [[-5e-301, -2e300]], rtol=1e-12)
+        with pytest.raises(ValueError, match=r"q row \(0, 0\), column 0: .*overflows"):
+            scores.gaussian(np.array([[1e300]]), np.array([[0.0]]), 1e-10)
