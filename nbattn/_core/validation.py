@@ -460,26 +460,24 @@ def scaled_columns(
         beyond = None
         if target != np.float64:
             beyond = np.abs(z) > limit
-    if overflow.any():
-        index = np.unravel_index(int(np.argmax(overflow.reshape(-1))), x.shape)
+
+    def first_of(bad) -> str:
+        """``"name row i, column j: (x - centre) / width h"`` of the first entry of ``bad``."""
+        index = np.unravel_index(int(np.argmax(bad.reshape(-1))), x.shape)
         col = int(index[-1])
         value = f"{float(x[index]):.3g}"
         if c is not None and c[col] != 0.0:
             value = f"({value} - centre {c[col]:.3g})"
+        return f"{name} {_where(index, x.ndim)}: {value} / {width_name} {widths[col]:.3g}"
+
+    if overflow.any():
         raise ValueError(
-            f"{name} {_where(index, x.ndim)}: {value} / {width_name} {widths[col]:.3g} "
-            "overflows float64; rescale the column (divide it by a power of ten) or widen "
-            f"the {width_name}"
+            f"{first_of(overflow)} overflows float64; rescale the column (divide it by a "
+            f"power of ten) or widen the {width_name}"
         )
     if beyond is not None and beyond.any():
-        index = np.unravel_index(int(np.argmax(beyond.reshape(-1))), x.shape)
-        col = int(index[-1])
-        value = f"{float(x[index]):.3g}"
-        if c is not None and c[col] != 0.0:
-            value = f"({value} - centre {c[col]:.3g})"
         raise ValueError(
-            f"{name} {_where(index, x.ndim)}: {value} / {width_name} {widths[col]:.3g} "
-            f"lies beyond the {target.name} range ({limit:.3g}) once scaled; compute in "
-            "float64 (dtype='float64') or rescale the column"
+            f"{first_of(beyond)} lies beyond the {target.name} range ({limit:.3g}) once "
+            "scaled; compute in float64 (dtype='float64') or rescale the column"
         )
     return z if target == np.float64 else z.astype(target)

@@ -84,7 +84,7 @@ from .._core.local_groups import (
 )
 from .kd_order import kd_order
 from .local_args import n_terms
-from .local_leaves import kept_runs, leaf_ranges, visited_share
+from .local_leaves import chunk_runs, leaf_ranges, visited_share
 from .local_moments import (
     FUSED_TERMS,
     constant_moments,
@@ -223,12 +223,8 @@ def _fit_chunk(
     z = np.zeros(p)
     dsum = np.zeros(dc)
     dysum = np.zeros((dc, n_out))
-    n_leaves = leaves.leaf_start.shape[0] - 1
-    upper, lower = np.zeros(n_leaves), np.zeros(n_leaves)
-    runs = np.zeros((max(n_leaves, 1), 2), dtype=np.int64)
     # the chunk's queries (neighbours in k-d order when pruned) visit the same keys
-    first, stop = leaves.query_start[chunk], leaves.query_start[chunk + 1]
-    n_runs = kept_runs(first, stop, data, model, leaves, upper, lower, runs)
+    first, stop, runs, n_runs = chunk_runs(chunk, data, model, leaves)
     for i in range(first, stop):
         for a in range(p):  # explicit loops: slice assignment costs more per query
             for b in range(p):

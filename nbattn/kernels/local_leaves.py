@@ -270,6 +270,18 @@ def kept_runs(i0, i1, data, model, leaves, upper, lower, runs):
     return n_runs
 
 
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def chunk_runs(chunk, data, model, leaves):
+    """``(first, stop, runs, n_runs)``: the queries first .. stop-1 of chunk ``chunk``
+    (``leaves.query_start``) and the key ranges ``runs[:n_runs]`` they visit
+    (:func:`kept_runs`), the passes' one call per chunk."""
+    n_leaves = leaves.leaf_start.shape[0] - 1
+    upper, lower = np.zeros(n_leaves), np.zeros(n_leaves)
+    runs = np.zeros((max(n_leaves, 1), 2), dtype=np.int64)
+    first, stop = leaves.query_start[chunk], leaves.query_start[chunk + 1]
+    return first, stop, runs, kept_runs(first, stop, data, model, leaves, upper, lower, runs)
+
+
 @njit(cache=config.CACHE)
 def leaf_ranges(keys_cont_t, keys_cat_t, log_weights, leaf_start):
     """The leaves' ranges of keys in k-d order: ``(box_lo, box_hi)`` (n_leaves, dc) of the
@@ -303,15 +315,11 @@ def leaf_ranges(keys_cont_t, keys_cat_t, log_weights, leaf_start):
 def visited_share(data, model, leaves, chunks):
     """The share of the keys that the chunks numbered ``chunks`` visit (``kept_runs``), over
     those chunks' queries: the cost model's sample (``nbattn.local.leaves``)."""
-    n_leaves = leaves.leaf_start.shape[0] - 1
     n_k = data.log_weights.shape[0]
-    upper, lower = np.zeros(n_leaves), np.zeros(n_leaves)
-    runs = np.zeros((max(n_leaves, 1), 2), dtype=np.int64)
     visited = 0.0
     queries = 0.0
     for chunk in chunks:
-        first, stop = leaves.query_start[chunk], leaves.query_start[chunk + 1]
-        n_runs = kept_runs(first, stop, data, model, leaves, upper, lower, runs)
+        first, stop, runs, n_runs = chunk_runs(chunk, data, model, leaves)
         kept = 0
         for r in range(n_runs):
             kept += runs[r, 1] - runs[r, 0]

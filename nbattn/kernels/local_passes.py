@@ -21,7 +21,7 @@ from numba import njit, prange
 
 from .. import config
 from .fastmath import fast_exp
-from .local_leaves import kept_runs
+from .local_leaves import chunk_runs
 from .local_pairs import (
     block_scores,
     block_scratch,
@@ -112,12 +112,8 @@ def _gradient_chunk(
     pen = np.zeros(_KEY_BLOCK)
     a_sum = np.zeros(n_par)
     s_sum = np.zeros(n_par)
-    n_leaves = leaves.leaf_start.shape[0] - 1
-    upper, lower = np.zeros(n_leaves), np.zeros(n_leaves)
-    runs = np.zeros((max(n_leaves, 1), 2), dtype=np.int64)
     # the chunk's queries (neighbours in k-d order when pruned) visit the same keys
-    first, stop = leaves.query_start[chunk], leaves.query_start[chunk + 1]
-    n_runs = kept_runs(first, stop, data, model, leaves, upper, lower, runs)
+    first, stop, runs, n_runs = chunk_runs(chunk, data, model, leaves)
     for i in range(first, stop):
         if log_norm[i] == -np.inf:
             continue

@@ -204,13 +204,17 @@ def local_polynomial(
         The output dtype (the computation is float64 throughout).
     rtol : float in [0, 1), default 0
         The relative error allowed on every kernel sum: 0 sums every key (exact).
-        With ``rtol > 0`` (CPU only) each query skips the leaves of keys, in k-d
-        order, whose certified weight bound is below its share of ``rtol`` times a
-        lower bound on its normaliser (``nbattn.local.leaves``): the normaliser and
+        With ``rtol > 0`` (CPU only) each chunk of neighbouring queries skips the
+        leaves of keys, in k-d order, of smallest certified weight bound while their
+        sum stays within ``rtol`` times a lower bound on each query's normaliser
+        (``nbattn.local.leaves``): the normaliser and
         every moment sum move by at most ``rtol`` times the normaliser (the values'
-        sums by that times max |y|), and the fit by at most
+        sums by that times ``max |y|``), and the fit by at most
         ``2 rtol / (1 - rtol) ||g||_1 max_j |y_j - x_j . beta|``, on top of the
-        rounding of a sum taken in another order (the keys in k-d order). Below
+        rounding of a sum taken in another order (the keys in k-d order), wherever
+        both solves keep the same terms (a design at the edge of its rank, as three
+        distinct keys under a local-linear fit in three columns, may drop another
+        term under any perturbation, and the truncated solve jumps). Below
         ``config.LOCAL_TREE_MIN_KEYS`` keys, or with missing values, the exact
         path runs.
 

@@ -9,7 +9,10 @@ V / max|y|) then moves by at most ``rtol`` times l, and the fit by at most
     |fit - fit_exact| <= 2 rtol / (1 - rtol) ||g||_1 max_j |y_j - x_j . beta|
 
 over the keys j of the query (g = (M/l + R)^-1 e_1, the equivalent-kernel
-vector; ||g||_1 = 1 for the local constant).
+vector; ||g||_1 = 1 for the local constant), wherever the pruned and the exact
+solves keep the same terms: a design at the edge of its rank (fewer distinct
+keys than terms nearby) may drop another term under any perturbation of its
+moments, this one included, and the truncated solve then jumps.
 
 :func:`tree_layout` orders the keys once per problem (that is, once per width
 vector: the order follows the widths): a k-d split of the continuous columns

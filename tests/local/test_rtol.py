@@ -3,7 +3,9 @@
 The contract (``nbattn.kernels.local_leaves``, ``nbattn.local.leaves``): each query's
 normaliser l loses at most rtol * l, so log l lies in [log l_exact + log(1 - rtol),
 log l_exact], and the fit moves by at most 2 rtol / (1 - rtol) ||g||_1 max_j |y_j - x_j . beta|
-(g the pruned equivalent-kernel vector, beta the exact coefficients). The properties
+(g the pruned equivalent-kernel vector, beta the exact coefficients) wherever both
+solves keep the same terms (a design at the edge of its rank may drop another term
+under any perturbation: the truncated solve jumps there). The properties
 force the leaves at small sizes (leaves of 4 keys, any number of keys) and compare the
 pruned pass with the exact one (rtol = 0: every key, the kernels' own exact path, itself
 checked against statsmodels and the naive references in ``test_local.py``).
@@ -90,6 +92,10 @@ def _check_within_bound(problem, rtol):
         slack = 1e-12 * (1.0 + abs(lse_exact))
         assert lse <= lse_exact + slack
         assert lse >= lse_exact + np.log1p(-rtol) - slack
+        if not np.array_equal(exact.g[i] == 0, pruned.g[i] == 0):
+            # the truncated solve kept other terms (a design at its rank's edge: the
+            # contract's bound is for the same terms; any perturbation can flip a pivot)
+            continue
         x = _design(problem, i, problem.degree)
         residual = np.abs(y - x @ exact.beta[i, :, 0]).max()
         allowed = 2.0 * rtol / (1.0 - rtol) * np.abs(pruned.g[i]).sum() * residual
