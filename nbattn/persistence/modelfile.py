@@ -372,8 +372,8 @@ def _check_archive_end(path, disk_size) -> None:
         if whole[:4] == b"PK\x03\x04" and b"PK\x05\x06" not in whole:
             raise _bad(
                 path,
-                "the file is cut short (no end of archive: an interrupted copy, download "
-                "or save); copy or save it again",
+                "truncated model file: it is cut short (no end of archive: an interrupted "
+                "copy, download or save); copy or save it again",
             )
         raise _bad(
             path,
