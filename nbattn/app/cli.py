@@ -90,16 +90,15 @@ def _int_arg(low, high=None):
 
 
 def _rtol_arg(text: str) -> float:
-    """A relative tolerance: a number in [0, 1)."""
+    """A relative tolerance in [0, 1) (``check_rtol``, the library's one rule)."""
+    from .._core.validation import check_rtol
+
     try:
-        value = float(text)
+        return check_rtol(float(text))
     except ValueError:
-        value = math.nan
-    if not 0.0 <= value < 1.0:
         raise argparse.ArgumentTypeError(
             f"expected a number in [0, 1) (0: exact), got {io.shorten(text)}"
-        )
-    return value
+        ) from None
 
 
 def _alpha_arg(text: str) -> float:

@@ -177,15 +177,26 @@ def tile_bounds(i0, i1, data, model, leaves, upper, lower):
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
-def _floor(i0, i1, data, model, leaves, upper, lower, reference):
-    """A lower bound, relative to exp(reference), of every normaliser of the queries i0 ..
-    i1-1: the larger of the tile's sum of Lo_L and, per query, its own Lo_L over the
-    ``_FLOOR_LEAVES`` leaves of largest U_L (a tile wider than the widths has weak tile
-    bounds; a query against the leaves nearest it does not), the smallest over the queries."""
+def _log_add(a, b):
+    """log(exp(a) + exp(b)) without overflow or underflow (-inf: an empty sum)."""
+    top, low = max(a, b), min(a, b)
+    if low == -np.inf:
+        return top
+    return top + math.log1p(math.exp(low - top))
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _log_floor(i0, i1, data, model, leaves, upper, lower):
+    """The log of a lower bound of every normaliser of the queries i0 .. i1-1: the larger
+    of the tile's sum of Lo_L and, per query, its own Lo_L over the ``_FLOOR_LEAVES``
+    leaves of largest U_L (a tile wider than the widths has weak tile bounds; a query
+    against the leaves nearest it does not), the smallest over the queries. In logs
+    throughout: the queries of one chunk may have normalisers e^-4000 apart (a query
+    whose nearest keys are far), and no share of either may round to 0."""
     n_leaves = upper.shape[0]
-    tile_floor = 0.0
+    tile_floor = -np.inf
     for leaf in range(n_leaves):
-        tile_floor += math.exp(lower[leaf] - reference)
+        tile_floor = _log_add(tile_floor, lower[leaf])
     best = np.full(_FLOOR_LEAVES, -1, dtype=np.int64)
     for leaf in range(n_leaves):  # the leaves of largest upper bound, by insertion
         slot = _FLOOR_LEAVES
@@ -200,7 +211,7 @@ def _floor(i0, i1, data, model, leaves, upper, lower, reference):
     floor = np.inf
     for i in range(i0, i1):
         _query_point(i, data, point_lo, point_hi)
-        own = 0.0
+        own = -np.inf
         for s in range(_FLOOR_LEAVES):
             leaf = best[s]
             if leaf < 0:
@@ -208,7 +219,7 @@ def _floor(i0, i1, data, model, leaves, upper, lower, reference):
             kept = _kept_count(leaf, i, i + 1, model, leaves)
             if kept > 0:
                 bottom = _box_bounds(point_lo, point_hi, leaf, model, leaves)[1]
-                own += kept * math.exp(bottom - reference)
+                own = _log_add(own, bottom + math.log(kept))
         floor = min(floor, max(own, tile_floor))
     return floor
 
@@ -224,36 +235,33 @@ def kept_runs(i0, i1, data, model, leaves, upper, lower, runs):
         runs[0, 0], runs[0, 1] = 0, n_k
         return 1
     tile_bounds(i0, i1, data, model, leaves, upper, lower)
-    # the largest finite upper bound: a leaf whose bound overflowed (+inf: a design
-    # product beyond float64) is always kept, and must not drown the others' scale
-    reference = -np.inf
+    # a leaf whose bound overflowed (+inf: a design product beyond float64) is always kept
+    finite = False
     unbounded = False
     for leaf in range(n_leaves):
-        if upper[leaf] < np.inf:
-            reference = max(reference, upper[leaf])
-        else:
+        if upper[leaf] == np.inf:
             unbounded = True
-    if reference == -np.inf and not unbounded:  # no key reaches the queries
+        elif upper[leaf] > -np.inf:
+            finite = True
+    if not finite and not unbounded:  # no key reaches the queries
         return 0
-    floor = 0.0
-    if reference > -np.inf:
-        floor = _floor(i0, i1, data, model, leaves, upper, lower, reference)
-    # the leaves of smallest U_L, as many as their sum allows: sum U_L <= rtol floor (in
-    # units of exp(reference)); without a lower bound (floor 0) only leaves of weight 0 go
-    budget = leaves.rtol * floor
+    log_floor = _log_floor(i0, i1, data, model, leaves, upper, lower) if finite else -np.inf
+    # the leaves of smallest U_L, as many as their sum allows: sum U_L <= rtol floor, in
+    # logs (no share rounds to 0); without a lower bound only leaves of weight 0 go
+    budget = math.log(leaves.rtol) + log_floor
     dropped = np.zeros(n_leaves, dtype=np.bool_)
-    spent = 0.0
+    spent = -np.inf
     for leaf in np.argsort(upper):
         if upper[leaf] == -np.inf:
             dropped[leaf] = True
             continue
-        if not upper[leaf] < np.inf:
+        if upper[leaf] == np.inf:
             break
-        weight = math.exp(upper[leaf] - reference)
-        if spent + weight > budget:
+        total = _log_add(spent, upper[leaf])
+        if not total <= budget:
             break
         dropped[leaf] = True
-        spent += weight
+        spent = total
     n_runs = 0
     open_run = False
     for leaf in range(n_leaves):

@@ -603,28 +603,57 @@ def test_loo_widths_no_worse_than_a_brute_force_grid(case, degree):
     """On curves built to break it, the search is never worse than a dense grid of
     (h, lambda), over several draws."""
     var_type, counts = "cu", [0, 3]
-    lam_max = 2.0 / 3.0
-    h_grid = np.geomspace(0.01, 100.0, 41)
-    lam_grid = np.linspace(0.0, lam_max, 13)
     for seed in range(3):
-        rng = np.random.default_rng(1000 + seed)
-        n = 60
-        x = rng.uniform(0, 4, n)
-        cat = rng.integers(0, 3, n).astype(float)
-        noise = 0.2 * rng.normal(size=n)
-        if case == "wiggly":
-            y = 0.5 * x + np.sin(6 * x) + noise
-        elif case == "irrelevant category":
-            y = np.sin(x) + noise
-        elif case == "pure noise":
-            y = rng.normal(size=n)
-        else:
-            x = np.round(x)
-            y = np.cos(x) + 0.5 * cat + noise
-        X = np.column_stack([x, cat])
+        X, y = _curve_to_break(case, seed)
         widths, ours = _searched(X, y, degree, var_type=var_type, n_categories=counts)
-        grid = _grid_minimum(X, y, degree, var_type, counts, h_grid, lam_grid)
+        grid = _grid_minimum(X, y, degree, var_type, counts, *_BRUTE_FORCE_GRID)
         assert ours <= grid * (1 + 1e-6), (case, seed, ours, grid, widths)
+
+
+#: The (h, lambda) grid of the brute-force comparisons (lambda up to its top, 2/3).
+_BRUTE_FORCE_GRID = (np.geomspace(0.01, 100.0, 41), np.linspace(0.0, 2.0 / 3.0, 13))
+
+
+def _curve_to_break(case, seed):
+    """(X, y), 60 rows of a continuous and a 3-level column, of one of the brute-force
+    comparisons' cases."""
+    rng = np.random.default_rng(1000 + seed)
+    n = 60
+    x = rng.uniform(0, 4, n)
+    cat = rng.integers(0, 3, n).astype(float)
+    noise = 0.2 * rng.normal(size=n)
+    if case == "wiggly":
+        y = 0.5 * x + np.sin(6 * x) + noise
+    elif case == "irrelevant category":
+        y = np.sin(x) + noise
+    elif case == "pure noise":
+        y = rng.normal(size=n)
+    else:
+        x = np.round(x)
+        y = np.cos(x) + 0.5 * cat + noise
+    return np.column_stack([x, cat]), y
+
+
+@pytest.mark.parametrize("degree", [0, 1])
+@pytest.mark.parametrize("case", ["wiggly", "irrelevant category", "pure noise", "ties"])
+def test_loo_widths_with_rtol_no_worse_than_a_brute_force_grid(case, degree):
+    """The search on the pruned criterion (rtol = 1e-6, the leaves forced at 60 rows), its
+    answer judged by the exact criterion: never worse than the dense grid beyond the
+    pruning's share, and the same widths from two identical calls."""
+    from tests._config import config_values
+
+    var_type, counts = "cu", [0, 3]
+    kw = dict(var_type=var_type, n_categories=counts)
+    forced = {"LOCAL_LEAF_KEYS": 4, "LOCAL_TREE_MIN_KEYS": 1, "LOCAL_TREE_MAX_SHARE": 100}
+    for seed in range(3):
+        X, y = _curve_to_break(case, seed)
+        with config_values(**forced):
+            widths = local_loo_widths(X, y, degree, rtol=1e-6, **kw)
+            again = local_loo_widths(X, y, degree, rtol=1e-6, **kw)
+        np.testing.assert_array_equal(widths, again)
+        ours = local_loo_loss(X, y, widths, degree, **kw)
+        grid = _grid_minimum(X, y, degree, var_type, counts, *_BRUTE_FORCE_GRID)
+        assert ours <= grid * (1 + 1e-4), (case, seed, ours, grid, widths)
 
 
 def _tied_columns(rng, n, *levels):
