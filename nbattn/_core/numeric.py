@@ -31,6 +31,21 @@ def within_squares(y):
     return y / float(power_of_two_scale(top))
 
 
+def row_ladder(n, first, growth) -> list:
+    """Rows of each stage of a search that starts on subsamples: ``[m, g m, g^2 m, ...,
+    n]`` with m = ``first`` and g = ``growth`` (at least 2), every subsample at most half
+    of the n rows; ``[n]`` when n < 2 m or ``first`` <= 0."""
+    first, growth = int(first), max(int(growth), 2)
+    if first <= 0:
+        return [n]
+    stages = []
+    rows = first
+    while 2 * rows <= n:
+        stages.append(rows)
+        rows *= growth
+    return stages + [n]
+
+
 #: Resolution of the dropout probability: ``threshold = round(p * 2**24)``.
 DROPOUT_BITS = 24
 

@@ -24,6 +24,14 @@ follows (tied x). Then sweeps of each parameter alone over a
 grid (plateaus, flat ends), each sweep that gains more than ``config.LOO_RTOL``
 followed by another descent. The best point ever evaluated is returned, so
 the answer is never worse than the rule or the best common scale.
+
+On many rows (n >= 2 ``config.LOCAL_LOO_STAGE_ROWS``) that search runs on a random
+subsample first, and short searches carry its widths to more rows (Racine 1993,
+"An efficient cross-validation algorithm for window width selection for nonparametric
+kernel regression": the widths that minimise the criterion of m rows, rescaled by the
+rates of the optimal widths, h ~ n^(-1/(4+q)), l ~ n^(-2/(4+q))): :func:`staged_search`.
+The answer is then never worse than the rule on all rows; on the benchmark's tables
+(``scripts/bench_scale.py --local``) it is the full search's to its tolerance.
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ import math
 import numpy as np
 
 from .. import config
-from .._core.numeric import within_squares
+from .._core.numeric import row_ladder, within_squares
 from .._core.progress import FitProgress
 from .._core.threads import blas_one_thread
 from .._core.validation import as_float_array, scaled_columns
@@ -138,6 +146,7 @@ class _Criterion:
         self.cache = {}  # theta's bytes -> CV(theta): sweeps and stages revisit points
         self.n_loss = 0  # evaluations of the first pass alone (counted for benchmarks)
         self.n_grad = 0  # evaluations with the gradient pass
+        self.descent_ends = []  # (value, theta) where each L-BFGS-B run stopped
         self.log = None  # a FitProgress: a line per evaluation (verbose)
 
     def problem_at(self, theta):
@@ -319,7 +328,10 @@ def local_loo_widths(
     -----
     The h are bounded to ``config.WIDTH_BOUNDS`` times their start, the
     categorical parameters t to [-30, 30] (l within 1e-13 of either end) in the
-    descent; the joint stage and the sweeps also try l = 0 exactly.
+    descent; the joint stage and the sweeps also try l = 0 exactly. With n >= 2
+    ``config.LOCAL_LOO_STAGE_ROWS`` rows (2000 by default) the search starts on a
+    random subsample (a fixed seed: the same rows every call) and finishes on all
+    rows (module docstring); set it to 0 to search every row from the start.
     """
     spec, X, y, degree, sample_weight = _check_training(
         X, y, degree, sample_weight, **spec_options(locals())
@@ -334,17 +346,167 @@ def loo_widths(
 ):
     """:func:`local_loo_widths` on checked inputs (:func:`nbattn.local.problem.check_columns`;
     ``init`` checked widths or None); ``verbose`` a line per evaluation
-    (:class:`nbattn._core.progress.FitProgress`)."""
+    (:class:`nbattn._core.progress.FitProgress`). On many rows the search runs in stages
+    (:func:`staged_search`)."""
     start = rule_widths(spec, X) if init is None else init
-    criterion = _Criterion(
-        _training_problem(spec, X, within_squares(y), degree, sample_weight, start)
-    )
+    y = within_squares(y)
+    criterion = _Criterion(_training_problem(spec, X, y, degree, sample_weight, start))
+    stages = row_ladder(X.shape[0], config.LOCAL_LOO_STAGE_ROWS, config.LOCAL_LOO_STAGE_GROWTH)
     with FitProgress(verbose, "loo_widths", unit="evaluation") as criterion.log:
-        theta = search_widths(criterion, start, maxiter=maxiter)
+        if len(stages) == 1:
+            theta = search_widths(criterion, start, maxiter=maxiter)
+        else:
+
+            def stage_criterion(rows, widths):
+                return _Criterion(
+                    _training_problem(
+                        spec,
+                        X[rows],
+                        y[rows],
+                        degree,
+                        None if sample_weight is None else sample_weight[rows],
+                        widths,
+                    )
+                )
+
+            theta = staged_search(criterion, stage_criterion, start, stages, maxiter=maxiter)
     if spec.rtol > 0.0:
         rule = widths_to_theta(start, spec.var_type, spec.n_categories)
         theta = _better_exactly(criterion, theta, rule)
     return theta_to_widths(theta, spec.var_type, spec.n_categories)
+
+
+def rescaled_widths(widths, spec: LocalSpec, rows_from, rows_to) -> np.ndarray:
+    """Widths for ``rows_to`` rows from widths good for ``rows_from`` (Racine 1993): the
+    rates of the optimal widths, h ~ n^(-1/(4+q)) per continuous column and
+    l ~ n^(-2/(4+q)) per categorical one (q continuous columns; Li & Racine 2004),
+    l kept below its top."""
+    cont = spec.continuous
+    ratio = float(rows_from) / float(rows_to)
+    exponent = 1.0 / (4.0 + float(cont.sum()))
+    out = np.array(widths, dtype=np.float64)
+    out[cont] *= ratio**exponent
+    top = lambda_max(spec.var_type, spec.n_categories)
+    out[~cont] = np.minimum(out[~cont] * ratio ** (2.0 * exponent), top[~cont])
+    return out
+
+
+def staged_search(criterion, stage_criterion, start, stages, *, maxiter=200) -> np.ndarray:
+    """The search of :func:`search_widths` on a subsample first (Racine 1993's
+    subsampling, which the rates of the optimal widths carry to more rows), then short
+    searches on ever more rows; returns the best theta that ``criterion`` (all rows)
+    evaluated.
+
+    ``stages``: the rows of each stage, the last one all of them
+    (:func:`nbattn._core.numeric.row_ladder`); ``stage_criterion(rows, widths)`` the
+    criterion of the training rows ``rows`` (indices) with its layout at ``widths``.
+    The subsamples are nested, drawn with a fixed seed (the same rows on every call).
+    The first stage runs the whole search from ``start`` rescaled to its rows
+    (:func:`rescaled_widths`). Each later stage evaluates the best point of every
+    earlier stage, rescaled, and runs :func:`_short_search` from the better; the last
+    stage also evaluates ``start`` itself, so the answer is never worse than it on all
+    rows.
+    """
+    spec = criterion.base.spec
+    n = stages[-1]
+    order = np.random.default_rng(0).permutation(n)
+    found = []  # (theta, rows): each stage's best, and where the first stage's descents ended
+    for stage, rows in enumerate(stages):
+        last = rows == n
+        starts = [_rescaled_theta(theta, spec, before, rows) for theta, before in found]
+        theta0 = _rescaled_theta(
+            widths_to_theta(start, spec.var_type, spec.n_categories), spec, n, rows
+        )
+        if last:
+            here = criterion
+        else:
+            first = theta_to_widths((starts or [theta0])[0], spec.var_type, spec.n_categories)
+            here = stage_criterion(np.sort(order[:rows]), first)
+            here.log = criterion.log
+        if here.log is not None and here.log.enabled:
+            what = "all" if last else "a random subsample of"
+            here.log.note(f"stage {stage + 1} of {len(stages)}: {what} {rows} rows")
+        if stage == 0:
+            best = search_widths(
+                here, theta_to_widths(theta0, spec.var_type, spec.n_categories), maxiter=maxiter
+            )
+            # the other basins it descended into: on more rows another may be the deepest
+            found += [(theta, rows) for theta in _distinct_ends(here.descent_ends, best)]
+        else:
+            if last:
+                here.loss(theta0)  # the start itself: never worse than it
+            best = _short_search(here, starts, theta0, maxiter)
+        found.insert(0, (best, rows))  # the latest best first: it wins ties
+    return criterion.best[1]
+
+
+#: Descents of the staged search's first stage that ended within this distance (largest
+#: difference of theta, log h or t) of a better one count as the same basin.
+_SAME_BASIN = 0.05
+
+
+def _distinct_ends(ends, best) -> list:
+    """Where descents ended (``(value, theta)`` pairs), best value first, leaving out
+    those within ``_SAME_BASIN`` of ``best`` or of a better end."""
+    kept = [np.asarray(best, dtype=np.float64)]
+    for _, theta in sorted(ends, key=lambda end: end[0]):
+        if all(np.max(np.abs(_finite_theta(theta) - _finite_theta(k))) > _SAME_BASIN for k in kept):
+            kept.append(theta)
+    return kept[1:]
+
+
+def _finite_theta(theta):
+    """theta with t = -inf (exact matching) at the lower bound of t, for distances."""
+    return np.maximum(theta, -_T_BOUND)
+
+
+def _rescaled_theta(theta, spec: LocalSpec, rows_from, rows_to) -> np.ndarray:
+    """theta of :func:`rescaled_widths`; exact matching (t = -inf, l = 0) stays exact."""
+    var_type, counts = spec.var_type, spec.n_categories
+    widths = rescaled_widths(theta_to_widths(theta, var_type, counts), spec, rows_from, rows_to)
+    out = widths_to_theta(widths, var_type, counts)
+    out[np.isneginf(theta)] = -math.inf
+    return out
+
+
+def _short_search(criterion, starts, theta0, maxiter):
+    """A later stage of :func:`staged_search`: from the best of ``starts`` (the earlier
+    stages' best points, rescaled), every h by a common factor of ``config.LOO_GRID``'s
+    step while that gains,
+    then L-BFGS-B; then each column alone at its ends (l = 0 and l at its top for a
+    categorical column, h at its upper bound for a continuous one), and another descent
+    when one of them gains: an end the subsample chose wrongly, or missed, is a flat
+    stretch the descent cannot cross. Bounds around ``theta0``. Returns the best theta."""
+    cont = criterion.base.spec.continuous
+    bounds, lower, upper = _search_bounds(theta0, cont)
+    value = math.inf
+    for candidate in starts:
+        candidate = np.where(cont, np.clip(candidate, lower, upper), candidate)  # t = -inf stays
+        candidate_value = criterion.loss(candidate)
+        if candidate_value < value or not math.isfinite(value):
+            theta, value = candidate, candidate_value
+    if cont.any():
+        step = math.log(config.LOO_GRID[1] / config.LOO_GRID[0])
+        for sign in (-1.0, 1.0):
+            moved, gained = theta, False
+            while True:
+                moved = np.where(cont, np.clip(moved + sign * step, lower, upper), moved)
+                moved_value = criterion.loss(moved)
+                if not _lower_by_rtol(moved_value, value):
+                    break
+                theta, value, gained = moved, moved_value, True
+            if gained:
+                break  # the factor gained one way: the other way starts uphill
+    _descend(criterion, criterion.best[1], bounds, maxiter, rtol=config.LOO_RTOL)
+    descended, before = criterion.best[1].copy(), criterion.best[0]
+    for column in range(cont.size):
+        for end in (upper[column],) if cont[column] else (-math.inf, _T_BOUND):
+            moved = descended.copy()
+            moved[column] = end
+            criterion.loss(moved)
+    if _lower_by_rtol(criterion.best[0], before):
+        _descend(criterion, criterion.best[1], bounds, maxiter, rtol=config.LOO_RTOL)
+    return criterion.best[1]
 
 
 def _better_exactly(criterion, found, start):
@@ -364,18 +526,11 @@ def search_widths(criterion, start, *, maxiter=200, per_column=True) -> np.ndarr
     every h (the categorical parameters stay at the start's). A criterion whose
     ``has_gradient`` is False is searched without the descents (the common factor,
     exact matching and the column sweeps alone)."""
-    from scipy.optimize import minimize
-
     spec = criterion.base.spec
     var_type, counts = spec.var_type, spec.n_categories
     theta0 = widths_to_theta(start, var_type, counts)
     cont = spec.continuous
-    low, high = config.WIDTH_BOUNDS
-    bounds = [
-        (t + math.log(low), t + math.log(high)) if c else (-_T_BOUND, _T_BOUND)
-        for t, c in zip(theta0, cont)
-    ]
-    lower, upper = np.array([b[0] for b in bounds]), np.array([b[1] for b in bounds])
+    bounds, lower, upper = _search_bounds(theta0, cont)
     criterion.loss(theta0)
     if cont.any():
         # the safeguard: one common factor of every h, categorical parameters at the start
@@ -389,18 +544,7 @@ def search_widths(criterion, start, *, maxiter=200, per_column=True) -> np.ndarr
         return criterion.best[1]
 
     def descend(start=None):
-        if not getattr(criterion, "has_gradient", True):
-            return
-        start = criterion.best[1] if start is None else start
-        with blas_one_thread():  # L-BFGS-B's BLAS calls on 5 numbers: threads only contend
-            minimize(
-                criterion.loss_and_grad,
-                np.clip(start, lower, upper),
-                jac=True,
-                method="L-BFGS-B",
-                bounds=bounds,
-                options={"maxiter": int(maxiter)},
-            )
+        _descend(criterion, criterion.best[1] if start is None else start, bounds, maxiter)
 
     # two starts: the rule itself and the best common scale. They can lie in different
     # basins, and the common scale's (better at the start) is not always the deeper one:
@@ -431,6 +575,51 @@ def search_widths(criterion, start, *, maxiter=200, per_column=True) -> np.ndarr
             break  # nothing gained beyond the tolerance: another descent would not move
         descend()  # the sweep left a local minimum: descend from there
     return criterion.best[1]
+
+
+def _search_bounds(theta0, cont):
+    """L-BFGS-B's bounds around the start ``theta0``: log h within ``config.WIDTH_BOUNDS``
+    of the start's, t within +-30; ``(bounds, lower, upper)``."""
+    low, high = config.WIDTH_BOUNDS
+    bounds = [
+        (t + math.log(low), t + math.log(high)) if c else (-_T_BOUND, _T_BOUND)
+        for t, c in zip(theta0, cont)
+    ]
+    return bounds, np.array([b[0] for b in bounds]), np.array([b[1] for b in bounds])
+
+
+def _descend(criterion, start, bounds, maxiter, rtol=None):
+    """L-BFGS-B on the criterion from ``start`` (clipped into ``bounds``); nothing for a
+    criterion without a gradient. The criterion records the best point it evaluates.
+
+    ``rtol``: stop once an iteration gains less than that share of the criterion (the
+    objective divided by its value at the start, so that L-BFGS-B's ``ftol`` is
+    relative); None keeps scipy's default (a gain below 2.2e-9, absolute for a criterion
+    below 1), which on a criterion of many rows spends many iterations on the last digits.
+    """
+    from scipy.optimize import minimize
+
+    if not getattr(criterion, "has_gradient", True):
+        return
+    lower, upper = np.array([b[0] for b in bounds]), np.array([b[1] for b in bounds])
+    start = np.clip(start, lower, upper)
+    objective, options, scale = criterion.loss_and_grad, {"maxiter": int(maxiter)}, {}
+    if rtol is not None:
+
+        def objective(theta):
+            value, grad = criterion.loss_and_grad(theta)
+            by = scale.setdefault("first", value if 0.0 < value < math.inf else 1.0)
+            return value / by, grad / by
+
+        options["ftol"] = float(rtol)
+    with blas_one_thread():  # L-BFGS-B's BLAS calls on 5 numbers: threads only contend
+        result = minimize(
+            objective, start, jac=True, method="L-BFGS-B", bounds=bounds, options=options
+        )
+    ends = getattr(criterion, "descent_ends", None)
+    if ends is not None and math.isfinite(result.fun):
+        value = float(result.fun) * scale.get("first", 1.0)
+        ends.append((value, np.array(result.x, dtype=np.float64)))
 
 
 #: Most column sweeps after L-BFGS-B (each one that improves is followed by another descent).

@@ -26,6 +26,7 @@ import warnings
 import numpy as np
 
 from .. import config
+from .._core.numeric import row_ladder
 from .._core.progress import FitProgress, check_verbose
 from .._core.validation import check_choice, resolve_dtype, scaled_columns
 from ..dispatch.device import resolve_device
@@ -415,17 +416,11 @@ def _standardise(X):
 
 
 def _subsample_ladder(n, n_params):
-    """Query rows of each fitting stage: ``[m, g m, g^2 m, ..., n]`` with m the larger of
-    ``config.LEARN_SUBSAMPLE_ROWS`` and ``config.LEARN_ROWS_PER_PARAMETER * n_params``
-    and g = ``config.LEARN_SUBSAMPLE_GROWTH``, every subsample at most half of the
-    rows; ``[n]`` when n < 2 m (or LEARN_SUBSAMPLE_ROWS = 0)."""
+    """Query rows of each fitting stage: :func:`nbattn._core.numeric.row_ladder` from m,
+    the larger of ``config.LEARN_SUBSAMPLE_ROWS`` and ``config.LEARN_ROWS_PER_PARAMETER *
+    n_params``, growing by ``config.LEARN_SUBSAMPLE_GROWTH``; ``[n]`` when
+    LEARN_SUBSAMPLE_ROWS = 0."""
     if int(config.LEARN_SUBSAMPLE_ROWS) <= 0:
         return [n]
     first = max(int(config.LEARN_SUBSAMPLE_ROWS), int(config.LEARN_ROWS_PER_PARAMETER) * n_params)
-    growth = max(int(config.LEARN_SUBSAMPLE_GROWTH), 2)
-    stages = []
-    rows = first
-    while 0 < rows and 2 * rows <= n:
-        stages.append(rows)
-        rows *= growth
-    return stages + [n]
+    return row_ladder(n, first, config.LEARN_SUBSAMPLE_GROWTH)
