@@ -397,7 +397,9 @@ class LocalPolynomialRegressor(_PoolingRegressor):
         Degree of the local polynomial in the continuous columns.
     bandwidth : "loo", "loo_scale", "scott", "silverman", float or array-like (n_features,)
         "loo" learns every h and lambda by the leave-one-out MSE of this
-        degree's fit (:func:`nbattn.local.widths.local_loo_widths`); "loo_scale"
+        degree's fit (:func:`nbattn.local.widths.local_loo_widths`; from 4,000 rows
+        the search starts on a 2,000-row subsample, ``config.LOCAL_LOO_STAGE_ROWS``,
+        and finishes on all rows, never worse than the rule); "loo_scale"
         multiplies Scott's h by the one factor minimising it; a rule gives the
         continuous columns its widths and the categorical ones the engine's
         default lambda (:func:`nbattn.local.engine.default_widths`); one number is h

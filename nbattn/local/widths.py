@@ -146,7 +146,9 @@ class _Criterion:
         self.cache = {}  # theta's bytes -> CV(theta): sweeps and stages revisit points
         self.n_loss = 0  # evaluations of the first pass alone (counted for benchmarks)
         self.n_grad = 0  # evaluations with the gradient pass
-        self.descent_ends = []  # (value, theta) where each L-BFGS-B run stopped
+        # (value, theta): where each L-BFGS-B run stopped and each common factor's best,
+        # the basins the search visited (the staged search carries them to more rows)
+        self.basins = []
         self.log = None  # a FitProgress: a line per evaluation (verbose)
 
     def problem_at(self, theta):
@@ -402,10 +404,12 @@ def staged_search(criterion, stage_criterion, start, stages, *, maxiter=200) -> 
     criterion of the training rows ``rows`` (indices) with its layout at ``widths``.
     The subsamples are nested, drawn with a fixed seed (the same rows on every call).
     The first stage runs the whole search from ``start`` rescaled to its rows
-    (:func:`rescaled_widths`). Each later stage evaluates the best point of every
-    earlier stage, rescaled, and runs :func:`_short_search` from the better; the last
-    stage also evaluates ``start`` itself, so the answer is never worse than it on all
-    rows.
+    (:func:`rescaled_widths`). Each later stage evaluates, rescaled, the best point of
+    every earlier stage and the other basins the first one visited (where a descent
+    stopped, each common factor's best: a corner of exact matching that a subsample
+    finds too thin may be the deepest on all rows), and runs :func:`_short_search` from
+    the best of them; the last stage also evaluates ``start`` itself, so the answer is
+    never worse than it on all rows.
     """
     spec = criterion.base.spec
     n = stages[-1]
@@ -431,7 +435,7 @@ def staged_search(criterion, stage_criterion, start, stages, *, maxiter=200) -> 
                 here, theta_to_widths(theta0, spec.var_type, spec.n_categories), maxiter=maxiter
             )
             # the other basins it descended into: on more rows another may be the deepest
-            found += [(theta, rows) for theta in _distinct_ends(here.descent_ends, best)]
+            found += [(theta, rows) for theta in _distinct_basins(here.basins, best)]
         else:
             if last:
                 here.loss(theta0)  # the start itself: never worse than it
@@ -440,16 +444,17 @@ def staged_search(criterion, stage_criterion, start, stages, *, maxiter=200) -> 
     return criterion.best[1]
 
 
-#: Descents of the staged search's first stage that ended within this distance (largest
-#: difference of theta, log h or t) of a better one count as the same basin.
+#: Basins of the staged search's first stage (where a descent ended, a common factor's
+#: best) within this distance (largest difference of theta, log h or t) of a better one
+#: count as the same.
 _SAME_BASIN = 0.05
 
 
-def _distinct_ends(ends, best) -> list:
-    """Where descents ended (``(value, theta)`` pairs), best value first, leaving out
-    those within ``_SAME_BASIN`` of ``best`` or of a better end."""
+def _distinct_basins(basins, best) -> list:
+    """The points of ``basins`` (``(value, theta)`` pairs), best value first, leaving out
+    those within ``_SAME_BASIN`` of ``best`` or of a better one."""
     kept = [np.asarray(best, dtype=np.float64)]
-    for _, theta in sorted(ends, key=lambda end: end[0]):
+    for _, theta in sorted(basins, key=lambda basin: basin[0]):
         if all(np.max(np.abs(_finite_theta(theta) - _finite_theta(k))) > _SAME_BASIN for k in kept):
             kept.append(theta)
     return kept[1:]
@@ -471,12 +476,13 @@ def _rescaled_theta(theta, spec: LocalSpec, rows_from, rows_to) -> np.ndarray:
 
 def _short_search(criterion, starts, theta0, maxiter):
     """A later stage of :func:`staged_search`: from the best of ``starts`` (the earlier
-    stages' best points, rescaled), every h by a common factor of ``config.LOO_GRID``'s
-    step while that gains,
-    then L-BFGS-B; then each column alone at its ends (l = 0 and l at its top for a
-    categorical column, h at its upper bound for a continuous one), and another descent
-    when one of them gains: an end the subsample chose wrongly, or missed, is a flat
-    stretch the descent cannot cross. Bounds around ``theta0``. Returns the best theta."""
+    stages' points, rescaled), every h by a common factor while that gains
+    (:func:`_walk_common_factor`), then L-BFGS-B; then each column alone at its ends
+    (l = 0 with the common factor walked again, the corner of exact matching that the
+    joint stage of :func:`search_widths` seeks; l at its top; h at its bound), and
+    another descent from the best when one gains: an end the subsample chose wrongly,
+    or missed, is a flat stretch or a valley the descent cannot follow. Bounds around
+    ``theta0``. Returns the best theta."""
     cont = criterion.base.spec.continuous
     bounds, lower, upper = _search_bounds(theta0, cont)
     value = math.inf
@@ -485,28 +491,39 @@ def _short_search(criterion, starts, theta0, maxiter):
         candidate_value = criterion.loss(candidate)
         if candidate_value < value or not math.isfinite(value):
             theta, value = candidate, candidate_value
-    if cont.any():
-        step = math.log(config.LOO_GRID[1] / config.LOO_GRID[0])
-        for sign in (-1.0, 1.0):
-            moved, gained = theta, False
-            while True:
-                moved = np.where(cont, np.clip(moved + sign * step, lower, upper), moved)
-                moved_value = criterion.loss(moved)
-                if not _lower_by_rtol(moved_value, value):
-                    break
-                theta, value, gained = moved, moved_value, True
-            if gained:
-                break  # the factor gained one way: the other way starts uphill
+    _walk_common_factor(criterion, theta, value, cont, lower, upper)
     _descend(criterion, criterion.best[1], bounds, maxiter, rtol=config.LOO_RTOL)
     descended, before = criterion.best[1].copy(), criterion.best[0]
     for column in range(cont.size):
         for end in (upper[column],) if cont[column] else (-math.inf, _T_BOUND):
             moved = descended.copy()
             moved[column] = end
-            criterion.loss(moved)
+            moved_value = criterion.loss(moved)
+            if end == -math.inf:
+                _walk_common_factor(criterion, moved, moved_value, cont, lower, upper)
     if _lower_by_rtol(criterion.best[0], before):
         _descend(criterion, criterion.best[1], bounds, maxiter, rtol=config.LOO_RTOL)
     return criterion.best[1]
+
+
+def _walk_common_factor(criterion, theta, value, cont, lower, upper):
+    """Every h of ``theta`` (criterion ``value``) by one factor of ``config.LOO_GRID``'s
+    step at a time, down first, while a step gains more than ``config.LOO_RTOL``; up
+    only when down gained nothing. The cheap common factor of the staged search's later
+    stages (a few evaluations, where :func:`_common_scale_search` takes about 30)."""
+    if not cont.any():
+        return
+    step = math.log(config.LOO_GRID[1] / config.LOO_GRID[0])
+    for sign in (-1.0, 1.0):
+        moved, gained = theta, False
+        while True:
+            moved = np.where(cont, np.clip(moved + sign * step, lower, upper), moved)
+            moved_value = criterion.loss(moved)
+            if not _lower_by_rtol(moved_value, value):
+                break
+            theta, value, gained = moved, moved_value, True
+        if gained:
+            break  # the factor gained one way: the other way starts uphill
 
 
 def _better_exactly(criterion, found, start):
@@ -616,7 +633,7 @@ def _descend(criterion, start, bounds, maxiter, rtol=None):
         result = minimize(
             objective, start, jac=True, method="L-BFGS-B", bounds=bounds, options=options
         )
-    ends = getattr(criterion, "descent_ends", None)
+    ends = getattr(criterion, "basins", None)
     if ends is not None and math.isfinite(result.fun):
         value = float(result.fun) * scale.get("first", 1.0)
         ends.append((value, np.array(result.x, dtype=np.float64)))
@@ -643,10 +660,15 @@ def _common_scale_search(criterion, theta, cont, lower, upper):
     (``lower``, ``upper``: arrays over theta)."""
     from ..smoothing.search import minimize_log_scale
 
+    best = [math.inf, None]
+
     def along(log_factor):
         moved = theta.copy()
         moved[cont] = np.clip(theta[cont] + log_factor, lower[cont], upper[cont])
-        return criterion.loss(moved)
+        value = criterion.loss(moved)
+        if value < best[0]:
+            best[:] = value, moved
+        return value
 
     grid = np.log(np.asarray(config.LOO_GRID))
     room_low = float(np.max(lower[cont] - theta[cont]))  # <= 0 inside the bounds
@@ -654,6 +676,9 @@ def _common_scale_search(criterion, theta, cont, lower, upper):
     inside = grid[(grid >= room_low) & (grid <= room_high)]
     if inside.size >= 3:
         minimize_log_scale(along, inside, rtol=config.LOO_RTOL)
+    basins = getattr(criterion, "basins", None)
+    if basins is not None and best[1] is not None:
+        basins.append(tuple(best))
 
 
 def _exact_match_subsets(cont, shares):
