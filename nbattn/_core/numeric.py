@@ -31,6 +31,10 @@ def within_squares(y):
     return y / float(power_of_two_scale(top))
 
 
+#: The fewest rows a search may start on (``subsample`` of ``nbattn.local.widths``).
+MIN_SUBSAMPLE_ROWS = 10
+
+
 def row_ladder(n, first, growth) -> list:
     """Rows of each stage of a search that starts on subsamples: ``[m, g m, g^2 m, ...,
     n]`` with m = ``first`` and g = ``growth`` (at least 2), every subsample at most half

@@ -139,7 +139,8 @@ def _column_list(text: str) -> list[str]:
 
 def make_estimator(model="nw", *, verbose=False, **options):
     """The estimator that ``nbattn fit`` builds: ``options`` are bandwidth, metric,
-    max_iter, kernel, degree, rtol, var_type and missing (None: the estimator's default),
+    max_iter, kernel, degree, rtol, loo_subsample, var_type and missing (None: the
+    estimator's default),
     refused where they do not apply."""
     from .. import estimators
 
@@ -251,6 +252,7 @@ def _model_options(args, bandwidth=None) -> dict:
         "kernel": args.kernel,
         "degree": args.degree,
         "rtol": args.rtol,
+        "loo_subsample": args.loo_subsample,
         "missing": "marginalize" if args.on_nan == "marginalize" else None,
         "handle_unknown": args.handle_unknown,
     }
@@ -525,6 +527,7 @@ def _options(model: str, parameter: str) -> tuple:
 
 def _add_model_options(p) -> None:
     _degrees = SPECS[MODELS["lp"]].param("degree").allowed[0]
+    _subsample = SPECS[MODELS["lp"]].param("loo_subsample").allowed[0]
     p.add_argument("--target", required=True, help="the column to predict")
     p.add_argument(
         "--features",
@@ -563,6 +566,14 @@ def _add_model_options(p) -> None:
         help="--model lp: relative error allowed on every kernel sum, in the width search "
         "and predictions (default 0: exact; 1e-6 skips the keys certifiably too far "
         "to count)",
+    )
+    p.add_argument(
+        "--loo-subsample",
+        type=_int_arg(_subsample.low),
+        metavar="ROWS",
+        help="--model lp: with --bandwidth loo on at least twice ROWS rows, search a random "
+        "subsample of ROWS rows first and finish on all rows: several times faster, never "
+        "worse than the rule, but it may stop in another basin (default: every row)",
     )
     _add_handle_unknown(p, "the model's answer to a category not seen at fit (default error)")
     p.add_argument(

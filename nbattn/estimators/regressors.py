@@ -397,9 +397,7 @@ class LocalPolynomialRegressor(_PoolingRegressor):
         Degree of the local polynomial in the continuous columns.
     bandwidth : "loo", "loo_scale", "scott", "silverman", float or array-like (n_features,)
         "loo" learns every h and lambda by the leave-one-out MSE of this
-        degree's fit (:func:`nbattn.local.widths.local_loo_widths`; from 4,000 rows
-        the search starts on a 2,000-row subsample, ``config.LOCAL_LOO_STAGE_ROWS``,
-        and finishes on all rows, never worse than the rule); "loo_scale"
+        degree's fit (:func:`nbattn.local.widths.local_loo_widths`); "loo_scale"
         multiplies Scott's h by the one factor minimising it; a rule gives the
         continuous columns its widths and the categorical ones the engine's
         default lambda (:func:`nbattn.local.engine.default_widths`); one number is h
@@ -413,6 +411,15 @@ class LocalPolynomialRegressor(_PoolingRegressor):
         leaves of keys (in k-d order) that it certifiably cannot weigh, on the CPU
         (device "auto" then stays on the CPU). The search's answer is checked
         exactly against the rule widths, so it is never worse than the rule.
+    loo_subsample : int >= 10 or None, default None
+        With ``bandwidth="loo"`` on at least twice this many rows, the search runs on a
+        random subsample of this many rows first (a fixed seed: the same rows every
+        fit), then carries its widths to all rows by the rates of the optimal widths
+        and finishes there with a short search (Racine 1993; statsmodels'
+        ``EstimatorSettings(efficient=True)`` is the same idea): several times faster on
+        10,000 rows, never worse than the rule widths, but it may stop in another basin
+        than the search on every row (on the tables tried, within a few percent of its
+        criterion). None searches every row from the start.
     var_type, missing, handle_unknown
         How the columns of X are read (see :class:`NadarayaWatsonRegressor`).
     device : "cpu", "cuda" or "auto"
@@ -435,6 +442,7 @@ class LocalPolynomialRegressor(_PoolingRegressor):
         bandwidth="loo",
         kernel="gaussian",
         rtol=0.0,
+        loo_subsample=None,
         var_type=None,
         missing="error",
         handle_unknown="error",

@@ -49,6 +49,7 @@ from numbers import Integral, Real
 import numpy as np
 
 from .._core.columns import CONTINUOUS_KERNELS
+from .._core.numeric import MIN_SUBSAMPLE_ROWS
 
 __all__ = [
     "BANDWIDTH_NAMES",
@@ -301,6 +302,7 @@ SPECS = {
                 _bandwidth("loo"),
                 _kernel(),
                 Param("rtol", 0.0, (RealRange(0.0, below=1.0),)),
+                Param("loo_subsample", None, (IntRange(MIN_SUBSAMPLE_ROWS),), none=True),
                 *_TABLE,
                 *_RUN,
             ),

@@ -146,7 +146,13 @@ def engine_loo_widths(model, X, Y, sample_weight, degree) -> np.ndarray:
     from ..local.widths import loo_widths
 
     return loo_widths(
-        model._local_spec(), X, Y, degree, sample_weight=sample_weight, verbose=model.verbose
+        model._local_spec(),
+        X,
+        Y,
+        degree,
+        sample_weight=sample_weight,
+        verbose=model.verbose,
+        subsample=getattr(model, "loo_subsample", None),
     )
 
 

@@ -1,5 +1,6 @@
-"""The staged LOO width search of the local fits on many rows: the whole search on a
-subsample, then short searches on more rows from its widths rescaled."""
+"""The LOO width search of the local fits that starts on a subsample (``subsample=``,
+the estimator's ``loo_subsample``): the whole search on the subsample, then short
+searches on more rows from its widths rescaled."""
 
 import numpy as np
 import pytest
@@ -56,17 +57,16 @@ def _curve(case, seed, n):
 @pytest.mark.parametrize("degree", [0, 1])
 @pytest.mark.parametrize("case", ["wiggly", "irrelevant category", "pure noise", "ties"])
 def test_staged_search_no_worse_than_the_rule_and_near_a_brute_force_grid(case, degree):
-    """A quarter of the rows in the first stage (harsher than the default's fifth of
-    10,000): over several draws the staged answer is never worse than the rule on all
+    """A quarter of the rows in the first stage (harsher than a fifth of 10,000, the
+    benchmark's): over several draws the staged answer is never worse than the rule on all
     rows, within 1 % of a dense brute-force grid (the flat 'pure noise' criterion has
     minima far apart that differ by less), and the same from two identical calls."""
     var_type, counts = "cu", [0, 3]
     kw = dict(var_type=var_type, n_categories=counts)
     for seed in range(3):
         X, y = _curve(case, seed, 240)
-        with config_values(LOCAL_LOO_STAGE_ROWS=60):
-            widths = local_loo_widths(X, y, degree, **kw)
-            again = local_loo_widths(X, y, degree, **kw)
+        widths = local_loo_widths(X, y, degree, subsample=60, **kw)
+        again = local_loo_widths(X, y, degree, subsample=60, **kw)
         np.testing.assert_array_equal(widths, again)
         ours = local_loo_loss(X, y, widths, degree, **kw)
         rule = local_loo_loss(X, y, default_widths(X, var_type, counts), degree, **kw)
@@ -83,8 +83,8 @@ def test_staged_search_with_rtol_and_weights_never_worse_than_the_rule():
     for seed in range(4):
         X, y = _curve(["wiggly", "ties"][seed % 2], seed, 200)
         weights = np.random.default_rng(seed).uniform(0.1, 3.0, 200)
-        with config_values(LOCAL_LOO_STAGE_ROWS=50, **forced):
-            widths = local_loo_widths(X, y, 1, rtol=1e-6, sample_weight=weights, **kw)
+        with config_values(**forced):
+            widths = local_loo_widths(X, y, 1, rtol=1e-6, sample_weight=weights, subsample=50, **kw)
         ours = local_loo_loss(X, y, widths, 1, sample_weight=weights, **kw)
         rule = local_loo_loss(X, y, default_widths(X, "cu", [0, 3]), 1, sample_weight=weights, **kw)
         assert ours <= rule * (1 + 1e-12), (seed, ours, rule, widths)
@@ -94,9 +94,42 @@ def test_staged_search_says_its_stages(capsys):
     from nbattn import LocalPolynomialRegressor
 
     X, y = _curve("wiggly", 0, 200)
-    with config_values(LOCAL_LOO_STAGE_ROWS=50, LOCAL_LOO_STAGE_GROWTH=2):
-        LocalPolynomialRegressor(var_type="cu", verbose=2).fit(X, y)
+    with config_values(LOCAL_LOO_STAGE_GROWTH=2):
+        LocalPolynomialRegressor(var_type="cu", verbose=2, loo_subsample=50).fit(X, y)
     err = capsys.readouterr().err
     assert "stage 1 of 3: a random subsample of 50 rows" in err
     assert "stage 2 of 3: a random subsample of 100 rows" in err
     assert "stage 3 of 3: all 200 rows" in err
+
+
+@pytest.mark.parametrize("bad", [9, 0, -5, 2.5, "2000", True])
+def test_subsample_refused_with_its_name(bad):
+    X, y = _curve("wiggly", 0, 40)
+    with pytest.raises(ValueError, match="subsample"):
+        local_loo_widths(X, y, 1, var_type="cu", n_categories=[0, 3], subsample=bad)
+
+
+def test_subsample_below_half_the_rows_is_the_full_search():
+    """Fewer than twice the subsample's rows: the search on every row, bit for bit."""
+    X, y = _curve("ties", 1, 100)
+    kw = dict(var_type="cu", n_categories=[0, 3])
+    np.testing.assert_array_equal(
+        local_loo_widths(X, y, 1, subsample=51, **kw), local_loo_widths(X, y, 1, **kw)
+    )
+
+
+def test_estimator_saves_loo_subsample(tmp_path):
+    """The estimator's parameter reaches the search (another answer than the full search
+    on these rows) and survives a model file."""
+    import nbattn
+    from nbattn import LocalPolynomialRegressor
+
+    X, y = _curve("wiggly", 2, 240)
+    staged = LocalPolynomialRegressor(var_type="cu", loo_subsample=60).fit(X, y)
+    full = LocalPolynomialRegressor(var_type="cu").fit(X, y)
+    assert not np.array_equal(staged.bandwidth_, full.bandwidth_)
+    path = tmp_path / "model.nbattn"
+    nbattn.save(staged, path)
+    loaded = nbattn.load(path)
+    assert loaded.get_params()["loo_subsample"] == 60
+    np.testing.assert_array_equal(loaded.predict(X[:5]), staged.predict(X[:5]))
