@@ -48,7 +48,7 @@ from .. import config
 from .._core.numeric import MIN_SUBSAMPLE_ROWS, row_ladder, within_squares
 from .._core.progress import FitProgress
 from .._core.threads import blas_one_thread
-from .._core.validation import as_float_array, scaled_columns, shown
+from .._core.validation import as_float_array, check_positive_int, scaled_columns, shown
 from ..dispatch.device import kernels_for
 from .engine import fit_layout, fit_problem, loo_term_weights, threads_for
 from .leaves import tree_layout
@@ -318,7 +318,7 @@ def local_loo_widths(
         the keys of every fit and the terms of the criterion.
     init : array (d,), optional
         Starting widths; None: the Scott rule (:func:`nbattn.local.engine.default_widths`).
-    maxiter : int
+    maxiter : int >= 1
         Iterations of L-BFGS-B.
     rtol : float in [0, 1), default 0
         The search's criterion and gradient from the pruned fits of
@@ -347,6 +347,7 @@ def local_loo_widths(
     )
     if init is not None:
         init = check_widths(init, spec.var_type, spec.counts, name="init")
+    maxiter = check_positive_int(maxiter, "maxiter")
     return loo_widths(
         spec,
         X,
@@ -391,13 +392,17 @@ def loo_widths(
     start = rule_widths(spec, X) if init is None else init
     y = within_squares(y)
     criterion = _Criterion(_training_problem(spec, X, y, degree, sample_weight, start))
-    stages = row_ladder(X.shape[0], subsample or 0, config.LOCAL_LOO_STAGE_GROWTH)
+    # a row of weight 0 is neither a key nor a term of the criterion: the subsamples are
+    # drawn from the other rows, and only they count towards the stages
+    pool = np.arange(X.shape[0]) if sample_weight is None else np.flatnonzero(sample_weight > 0)
+    stages = row_ladder(pool.size, subsample or 0, config.LOCAL_LOO_STAGE_GROWTH)
     with FitProgress(verbose, "loo_widths", unit="evaluation") as criterion.log:
         if len(stages) == 1:
             theta = search_widths(criterion, start, maxiter=maxiter)
         else:
 
             def stage_criterion(rows, widths):
+                rows = pool[rows]
                 return _Criterion(
                     _training_problem(
                         spec,
@@ -446,8 +451,10 @@ def staged_search(criterion, stage_criterion, start, stages, *, maxiter=200) -> 
     every earlier stage and the other basins the first one visited (where a descent
     stopped, each common factor's best: a corner of exact matching that a subsample
     finds too thin may be the deepest on all rows), and runs :func:`_short_search` from
-    the best of them; the last stage also evaluates ``start`` itself, so the answer is
-    never worse than it on all rows.
+    the best of them (with probes of the basins fewer rows could not show); the last
+    stage also evaluates ``start`` itself, so the answer is never worse than it on all
+    rows. ``n`` = ``stages[-1]`` counts the rows that ``stage_criterion`` draws from (the
+    rows of positive weight, in :func:`loo_widths`).
     """
     spec = criterion.base.spec
     n = stages[-1]
@@ -512,16 +519,24 @@ def _rescaled_theta(theta, spec: LocalSpec, rows_from, rows_to) -> np.ndarray:
     return out
 
 
+#: Decades (powers of ten) by which a later stage of the staged search moves each h
+#: alone from the point its descent reached, and each l from the start's.
+_PROBE_DECADES = (-2, -1, 1, 2)
+
+
 def _short_search(criterion, starts, theta0, maxiter):
     """A later stage of :func:`staged_search`: from the best of ``starts`` (the earlier
     stages' points, rescaled), every h by a common factor while that gains
-    (:func:`_walk_common_factor`), then L-BFGS-B; then each column alone at its ends
-    (l = 0 with the common factor walked again, the corner of exact matching that the
-    joint stage of :func:`search_widths` seeks; l at its top; h at its bound), and
-    another descent from the best when one gains: an end the subsample chose wrongly,
-    or missed, is a flat stretch or a valley the descent cannot follow. Bounds around
-    ``theta0``. Returns the best theta."""
-    cont = criterion.base.spec.continuous
+    (:func:`_walk_common_factor`), then L-BFGS-B. Then probes from the point it reached
+    (:func:`_probes`; each l = 0 with the common factor walked again, the corner of
+    exact matching that the joint stage of :func:`search_widths` seeks), and another
+    descent from the best when one of them gains: fewer rows can miss a basin that all
+    rows show (finer structure, a column that matters only on more rows, an end the
+    subsample chose wrongly), and the flat stretch or narrow valley between is one the
+    descent cannot cross. Bounds around ``theta0`` (the start rescaled to this stage's
+    rows). Returns the best theta."""
+    spec = criterion.base.spec
+    cont = spec.continuous
     bounds, lower, upper = _search_bounds(theta0, cont)
     value = math.inf
     for candidate in starts:
@@ -532,16 +547,61 @@ def _short_search(criterion, starts, theta0, maxiter):
     _walk_common_factor(criterion, theta, value, cont, lower, upper)
     _descend(criterion, criterion.best[1], bounds, maxiter, rtol=config.LOO_RTOL)
     descended, before = criterion.best[1].copy(), criterion.best[0]
-    for column in range(cont.size):
-        for end in (upper[column],) if cont[column] else (-math.inf, _T_BOUND):
-            moved = descended.copy()
-            moved[column] = end
-            moved_value = criterion.loss(moved)
-            if end == -math.inf:
-                _walk_common_factor(criterion, moved, moved_value, cont, lower, upper)
+    idle = ~cont & (lambda_max(spec.var_type, spec.n_categories) == 0)  # one category: no l
+    for probe in _probes(descended, theta0, cont, lower, upper, idle):
+        criterion.loss(probe)
+    for column in np.flatnonzero(~cont & ~idle):
+        exact = descended.copy()
+        exact[column] = -math.inf
+        _walk_common_factor(criterion, exact, criterion.loss(exact), cont, lower, upper)
     if _lower_by_rtol(criterion.best[0], before):
         _descend(criterion, criterion.best[1], bounds, maxiter, rtol=config.LOO_RTOL)
     return criterion.best[1]
+
+
+def _probes(theta, theta0, cont, lower, upper, idle) -> list:
+    """The points a later stage of the staged search evaluates beyond its descent's
+    ``theta`` (h within ``lower`` and ``upper``):
+
+    - each h alone at the ``_PROBE_DECADES`` of ``theta``'s, at the start's (``theta0``)
+      and at its upper bound (a column the subsample found irrelevant);
+    - each l alone at 0 and at its top, at the start's and at the ``_PROBE_DECADES`` of
+      the start's below its top (the descent in t stalls where the sigmoid is flat);
+    - every h together at the start's times every ``config.LOO_GRID_STRIDE``-th factor
+      of ``config.LOO_GRID`` (a coarse form of the whole search's first step), the l at
+      ``theta``'s: finer structure (a product of columns) that no one column shows alone.
+
+    ``idle``: the categorical columns with one category (no l to move).
+    """
+    decades = [k * math.log(10.0) for k in _PROBE_DECADES]
+    out = []
+    for column in np.flatnonzero(~idle):
+        if cont[column]:
+            ends = [upper[column], theta0[column]]
+            ends += [min(max(theta[column] + d, lower[column]), upper[column]) for d in decades]
+        else:
+            share = _sigmoid(float(theta0[column]))
+            ends = [-math.inf, _T_BOUND, theta0[column]]
+            ends += [_share_theta(share * 10.0**k) for k in _PROBE_DECADES]
+        for end in ends:
+            moved = theta.copy()
+            moved[column] = end
+            out.append(moved)
+    if cont.any():
+        grid = np.log(np.asarray(config.LOO_GRID))
+        stride = max(int(config.LOO_GRID_STRIDE), 1)
+        centre = int(np.argmin(np.abs(grid)))
+        factors = [g for k, g in enumerate(grid) if (k - centre) % stride == 0]
+        out += [np.where(cont, np.clip(theta0 + g, lower, upper), theta) for g in factors]
+    return out
+
+
+def _share_theta(share) -> float:
+    """t of the categorical smoothing l = ``share`` lambda_max (share clipped to (0, 1];
+    t within +-30)."""
+    share = min(max(share, 1e-300), 1.0)
+    t = math.log(share) - math.log1p(-share) if share < 1.0 else _T_BOUND
+    return min(max(t, -_T_BOUND), _T_BOUND)
 
 
 def _walk_common_factor(criterion, theta, value, cont, lower, upper):
