@@ -184,7 +184,12 @@ def main(argv=None):
     parser.add_argument("--local-rows", type=int, default=10_000)
     parser.add_argument("--local-tables", default="cps,diamonds")
     parser.add_argument("--skip-exact", action="store_true", help="--local: only rtol > 0")
-    parser.add_argument("--skip-full", action="store_true", help="--local: only the staged search")
+    parser.add_argument(
+        "--skip-full", action="store_true", help="--local: only the search from a subsample"
+    )
+    parser.add_argument(
+        "--loo-subsample", type=int, default=2000, help="--local: its rows (loo_subsample)"
+    )
     args = parser.parse_args(argv)
     if args.compile:
         _compile_time()
