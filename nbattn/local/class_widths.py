@@ -39,7 +39,7 @@ number of rows), so no probability is ever exactly 0 and the criterion is finite
 every width. alpha at ALPHA_LOW means the data want no more prior than that floor
 (the usual case on tables whose rows have neighbours).
 
-The search is the engine's (:func:`nbattn.local.widths.search_widths`) without its
+The search is the engine's (:func:`nbattn.local.search.search_widths`) without its
 gradient descents (the mass S has no gradient pass): the rule, one common factor of
 every h (``"loo_scale"`` stops there), then exact matching in the categorical columns
 and sweeps of each width alone (``"loo"``), keeping the best point ever evaluated, so

@@ -1,0 +1,488 @@
+"""The search over the widths' parameters theta of the local fits, on any criterion of
+theta (``nbattn.local.widths`` holds the leave-one-out one).
+
+theta = (log h_c for each 'c' column, t_k for each 'u'/'o' column), with the bounded
+smoothing l_k = lambda_max_k sigmoid(t_k) (lambda_max = (c-1)/c for 'u', 1 for 'o').
+
+:func:`search_widths`: the start (the rule), a one-dimensional search over a common
+factor of every h (``nbattn.smoothing.search``, the safeguard that finds the right scale
+when the rule is far off), then scipy's L-BFGS-B over all of theta from each of the two
+(they can start in different basins). Then a joint (h, l) stage: every h by a common
+factor with the categorical smoothing at exactly 0 (exact matching; all categorical
+columns, and each alone that the descent left below half its range), the corner of a
+valley in (log h, t) that no move of one parameter follows (tied x). Then sweeps of each
+parameter alone over a grid (plateaus, flat ends), each sweep that gains more than
+``config.LOO_RTOL`` followed by another descent. The best point ever evaluated is
+returned, so the answer is never worse than the start or the best common scale.
+
+:func:`staged_search`: that search on a random subsample of m rows first, and short
+searches that carry its widths to more rows (Racine 1993, "An efficient cross-validation
+algorithm for window width selection for nonparametric kernel regression": the widths
+that minimise the criterion of m rows, rescaled by the rates of the optimal widths,
+h ~ n^(-1/(4+q)), l ~ n^(-2/(4+q))). The answer is never worse than the start on all
+rows, but the sweeps and the joint stage run on the subsample only: on the benchmark's
+tables (``scripts/bench_scale.py --local``) it lands within a few percent of the full
+search's criterion, sometimes below it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import config
+from .._core.threads import blas_one_thread
+from .problem import LocalSpec, lambda_max
+
+__all__ = [
+    "rescaled_widths",
+    "search_widths",
+    "staged_search",
+    "theta_to_widths",
+    "widths_to_theta",
+]
+
+
+#: Bound on the categorical parameter t (l = lambda_max sigmoid(t)): sigmoid(30) is 1 - 1e-13,
+#: so l reaches its ends to 13 digits while log(1 - l) stays finite.
+_T_BOUND = 30.0
+
+
+def sigmoid(t):
+    return 1.0 / (1.0 + math.exp(-t)) if t >= 0 else math.exp(t) / (1.0 + math.exp(t))
+
+
+def theta_to_widths(theta, var_type, n_categories) -> np.ndarray:
+    """Per-column widths from theta: h = exp(theta) for 'c', l = lambda_max sigmoid(theta)."""
+    top = lambda_max(var_type, n_categories)
+    out = np.empty(len(var_type))
+    for position, kind in enumerate(var_type):
+        if kind == "c":
+            out[position] = math.exp(theta[position])
+        else:
+            out[position] = top[position] * sigmoid(float(theta[position]))
+    return out
+
+
+def widths_to_theta(widths, var_type, n_categories) -> np.ndarray:
+    """The inverse of :func:`theta_to_widths` (t clipped to +-30)."""
+    top = lambda_max(var_type, n_categories)
+    out = np.empty(len(var_type))
+    for position, kind in enumerate(var_type):
+        if kind == "c":
+            out[position] = math.log(widths[position])
+        elif top[position] == 0:
+            out[position] = 0.0
+        else:
+            s = min(max(widths[position] / top[position], 1e-300), 1.0)
+            t = math.log(s) - math.log1p(-s) if s < 1 else _T_BOUND
+            out[position] = min(max(t, -_T_BOUND), _T_BOUND)
+    return out
+
+
+def search_widths(criterion, start, *, maxiter=200, per_column=True) -> np.ndarray:
+    """The search of :func:`loo_widths` on any criterion of theta (an object with ``loss``,
+    ``loss_and_grad`` and ``best``, like ``_Criterion``) from the widths ``start``; returns
+    the best theta evaluated. ``per_column=False`` stops after the common factor of
+    every h (the categorical parameters stay at the start's). A criterion whose
+    ``has_gradient`` is False is searched without the descents (the common factor,
+    exact matching and the column sweeps alone)."""
+    spec = criterion.base.spec
+    var_type, counts = spec.var_type, spec.n_categories
+    theta0 = widths_to_theta(start, var_type, counts)
+    cont = spec.continuous
+    bounds, lower, upper = _search_bounds(theta0, cont)
+    criterion.loss(theta0)
+    if cont.any():
+        # the safeguard: one common factor of every h, categorical parameters at the start
+        _common_scale_search(criterion, theta0, cont, lower, upper)
+    if criterion.best[1] is None:
+        raise ValueError(
+            "the leave-one-out criterion is not finite at any width tried "
+            f"({criterion.targets.shape[0]} rows)"
+        )
+    if not per_column:
+        return criterion.best[1]
+
+    def descend(start=None):
+        _descend(criterion, criterion.best[1] if start is None else start, bounds, maxiter)
+
+    # two starts: the rule itself and the best common scale. They can lie in different
+    # basins, and the common scale's (better at the start) is not always the deeper one:
+    # on the benchmark's mixed data (n = 500, cccuo) the rule's basin is 5% lower
+    scaled = criterion.best[1].copy()
+    descend(theta0)
+    if not np.array_equal(scaled, theta0):
+        descend(scaled)
+    if cont.any():
+        # the joint (h, lambda) stage: exact matching in categorical columns, every h by a
+        # common factor from the descent's point (a corner no one-parameter move reaches)
+        descended = criterion.best[1]
+        # l / lambda_max of the categorical columns (a continuous column's h is no share)
+        shares = np.where(cont, 0.0, theta_to_widths(descended, var_type, counts))
+        shares[~cont] /= lambda_max(var_type, counts)[~cont]
+        for columns in _exact_match_subsets(cont, shares):
+            corner = descended.copy()
+            corner[columns] = -math.inf
+            _common_scale_search(criterion, corner, cont, lower, upper)
+    # without a gradient the sweeps do all the work: every third grid factor, then the
+    # fill around the best (nbattn.smoothing.search), a fifth fewer evaluations for the
+    # same widths on the tables tried
+    stride = 1 if getattr(criterion, "has_gradient", True) else _SWEEP_STRIDE_WITHOUT_GRADIENT
+    for _ in range(_SWEEPS):
+        before = criterion.best[0]
+        _sweep_columns(criterion, cont, lower, upper, stride)
+        if not _lower_by_rtol(criterion.best[0], before):
+            break  # nothing gained beyond the tolerance: another descent would not move
+        descend()  # the sweep left a local minimum: descend from there
+    return criterion.best[1]
+
+
+def _search_bounds(theta0, cont):
+    """L-BFGS-B's bounds around the start ``theta0``: log h within ``config.WIDTH_BOUNDS``
+    of the start's, t within +-30; ``(bounds, lower, upper)``."""
+    low, high = config.WIDTH_BOUNDS
+    bounds = [
+        (t + math.log(low), t + math.log(high)) if c else (-_T_BOUND, _T_BOUND)
+        for t, c in zip(theta0, cont)
+    ]
+    return bounds, np.array([b[0] for b in bounds]), np.array([b[1] for b in bounds])
+
+
+def _descend(criterion, start, bounds, maxiter, rtol=None):
+    """L-BFGS-B on the criterion from ``start`` (clipped into ``bounds``); nothing for a
+    criterion without a gradient. The criterion records the best point it evaluates.
+
+    ``rtol``: stop once an iteration gains less than that share of the criterion (the
+    objective divided by its value at the start, so that L-BFGS-B's ``ftol`` is
+    relative); None keeps scipy's default (a gain below 2.2e-9, absolute for a criterion
+    below 1), which on a criterion of many rows spends many iterations on the last digits.
+    """
+    from scipy.optimize import minimize
+
+    if not getattr(criterion, "has_gradient", True):
+        return
+    lower, upper = np.array([b[0] for b in bounds]), np.array([b[1] for b in bounds])
+    start = np.clip(start, lower, upper)
+    objective, options, scale = criterion.loss_and_grad, {"maxiter": int(maxiter)}, {}
+    if rtol is not None:
+
+        def objective(theta):
+            value, grad = criterion.loss_and_grad(theta)
+            by = scale.setdefault("first", value if 0.0 < value < math.inf else 1.0)
+            return value / by, grad / by
+
+        options["ftol"] = float(rtol)
+    with blas_one_thread():  # L-BFGS-B's BLAS calls on 5 numbers: threads only contend
+        result = minimize(
+            objective, start, jac=True, method="L-BFGS-B", bounds=bounds, options=options
+        )
+    ends = getattr(criterion, "basins", None)
+    if ends is not None and math.isfinite(result.fun):
+        value = float(result.fun) * scale.get("first", 1.0)
+        ends.append((value, np.array(result.x, dtype=np.float64)))
+
+
+#: Most column sweeps after L-BFGS-B (each one that improves is followed by another descent).
+_SWEEPS = 3
+#: The coarse stride of a sweep's grid for a criterion without a gradient.
+_SWEEP_STRIDE_WITHOUT_GRADIENT = config.LOO_GRID_STRIDE
+
+#: Shares of lambda_max that the column sweep tries for a categorical column (both ends
+#: included: an irrelevant category sits at lambda_max, an exact-match one at 0).
+_LAMBDA_SHARES = np.linspace(0.0, 1.0, 13)
+
+
+def _lower_by_rtol(value, reference):
+    """``value`` below ``reference`` by more than ``config.LOO_RTOL`` (relative)."""
+    return value < reference - config.LOO_RTOL * abs(reference)
+
+
+def _common_scale_search(criterion, theta, cont, lower, upper):
+    """Search one common factor of every h (``nbattn.search`` over ``config.LOO_GRID``)
+    from ``theta``, the other parameters held; each log h stays within its bounds
+    (``lower``, ``upper``: arrays over theta)."""
+    from ..smoothing.search import minimize_log_scale
+
+    best = [math.inf, None]
+
+    def along(log_factor):
+        moved = theta.copy()
+        moved[cont] = np.clip(theta[cont] + log_factor, lower[cont], upper[cont])
+        value = criterion.loss(moved)
+        if value < best[0]:
+            best[:] = value, moved
+        return value
+
+    grid = np.log(np.asarray(config.LOO_GRID))
+    room_low = float(np.max(lower[cont] - theta[cont]))  # <= 0 inside the bounds
+    room_high = float(np.min(upper[cont] - theta[cont]))
+    inside = grid[(grid >= room_low) & (grid <= room_high)]
+    if inside.size >= 3:
+        minimize_log_scale(along, inside, rtol=config.LOO_RTOL)
+    basins = getattr(criterion, "basins", None)
+    if basins is not None and best[1] is not None:
+        basins.append(tuple(best))
+
+
+def _exact_match_subsets(cont, shares):
+    """Sets of categorical columns whose smoothing the joint stage sets to exactly 0: all of
+    them, and when there are several, each alone whose smoothing after the descent is below
+    half its range (``shares``: l / lambda_max per column; a column smoothed beyond that
+    is weak, and exact matching in it alone would only split the data).
+
+    Why a joint stage: with l_k = 0 only keys of the query's category count, and a small h
+    can then fit each cell of tied x on its own; with l_k > 0 the other categories' keys
+    weigh l_k / (c - 1) against exp(-1/(2 h^2)) for the nearest distinct x, so the basin is
+    the valley t_k < -1/(2 h^2) + const in (log h, t_k), narrower the smaller h. L-BFGS-B
+    and the one-parameter sweep cannot follow it, and t within +-30 cannot even reach it
+    for h below about 0.13 times the spacing of x; l_k = 0 exactly is its floor.
+    """
+    cat = np.flatnonzero(~cont)
+    if cat.size == 0:
+        return []
+    subsets = [cat]
+    if cat.size > 1:
+        subsets += [cat[k : k + 1] for k in range(cat.size) if shares[cat[k]] < 0.5]
+    return subsets
+
+
+def _sweep_columns(criterion, cont, lower, upper, stride=1):
+    """One pass over the columns from the best point so far, each parameter alone: h by the
+    log-scale search over ``config.LOO_GRID`` factors, lambda over ``_LAMBDA_SHARES`` of its
+    range. L-BFGS-B stops in a local minimum of a criterion with plateaus (tied values) and
+    flat ends (lambda near its bounds, where the sigmoid's slope vanishes); the sweep sees
+    past both at a cost of about 30 evaluations per continuous and 13 per categorical column.
+    ``stride``: the log-scale search's coarse stride.
+    """
+    from ..smoothing.search import minimize_log_scale
+
+    log_factors = np.log(np.asarray(config.LOO_GRID))
+    for column in range(cont.size):
+        base = criterion.best[1].copy()
+        if cont[column]:
+
+            def along(log_factor, base=base, column=column):
+                theta = base.copy()
+                theta[column] = min(max(base[column] + log_factor, lower[column]), upper[column])
+                return criterion.loss(theta)
+
+            inside = (base[column] + log_factors >= lower[column]) & (
+                base[column] + log_factors <= upper[column]
+            )
+            if inside.sum() >= 3:
+                minimize_log_scale(along, log_factors[inside], stride=stride)
+        else:
+            for share in _LAMBDA_SHARES:
+                theta = base.copy()
+                if share <= 0.0:
+                    theta[column] = -math.inf  # l = 0 exactly: exact matching
+                elif share >= 1.0:
+                    theta[column] = _T_BOUND
+                else:
+                    theta[column] = math.log(share) - math.log1p(-share)
+                criterion.loss(theta)
+
+
+def rescaled_widths(widths, spec: LocalSpec, rows_from, rows_to) -> np.ndarray:
+    """Widths for ``rows_to`` rows from widths good for ``rows_from`` (Racine 1993): the
+    rates of the optimal widths, h ~ n^(-1/(4+q)) per continuous column and
+    l ~ n^(-2/(4+q)) per categorical one (q continuous columns; Li & Racine 2004),
+    l kept below its top."""
+    cont = spec.continuous
+    ratio = float(rows_from) / float(rows_to)
+    exponent = 1.0 / (4.0 + float(cont.sum()))
+    out = np.array(widths, dtype=np.float64)
+    out[cont] *= ratio**exponent
+    top = lambda_max(spec.var_type, spec.n_categories)
+    out[~cont] = np.minimum(out[~cont] * ratio ** (2.0 * exponent), top[~cont])
+    return out
+
+
+def staged_search(criterion, stage_criterion, start, stages, *, maxiter=200) -> np.ndarray:
+    """The search of :func:`search_widths` on a subsample first (Racine 1993's
+    subsampling, which the rates of the optimal widths carry to more rows), then short
+    searches on ever more rows; returns the best theta that ``criterion`` (all rows)
+    evaluated.
+
+    ``stages``: the rows of each stage, the last one all of them
+    (:func:`nbattn._core.numeric.row_ladder`); ``stage_criterion(rows, widths)`` the
+    criterion of the training rows ``rows`` (indices) with its layout at ``widths``.
+    The subsamples are nested, drawn with a fixed seed (the same rows on every call).
+    The first stage runs the whole search from ``start`` rescaled to its rows
+    (:func:`rescaled_widths`). Each later stage evaluates, rescaled, the best point of
+    every earlier stage and the other basins the first one visited (where a descent
+    stopped, each common factor's best: a corner of exact matching that a subsample
+    finds too thin may be the deepest on all rows), and runs :func:`_short_search` from
+    the best of them (with probes of the basins fewer rows could not show); the last
+    stage also evaluates ``start`` itself, so the answer is never worse than it on all
+    rows. ``n`` = ``stages[-1]`` counts the rows that ``stage_criterion`` draws from (the
+    rows of positive weight, in :func:`loo_widths`).
+    """
+    spec = criterion.base.spec
+    n = stages[-1]
+    order = np.random.default_rng(0).permutation(n)
+    found = []  # (theta, rows): each stage's best, and where the first stage's descents ended
+    for stage, rows in enumerate(stages):
+        last = rows == n
+        starts = [_rescaled_theta(theta, spec, before, rows) for theta, before in found]
+        theta0 = _rescaled_theta(
+            widths_to_theta(start, spec.var_type, spec.n_categories), spec, n, rows
+        )
+        if last:
+            here = criterion
+        else:
+            first = theta_to_widths((starts or [theta0])[0], spec.var_type, spec.n_categories)
+            here = stage_criterion(np.sort(order[:rows]), first)
+            here.log = criterion.log
+        if here.log is not None and here.log.enabled:
+            what = "all" if last else "a random subsample of"
+            here.log.note(f"stage {stage + 1} of {len(stages)}: {what} {rows} rows")
+        if stage == 0:
+            best = search_widths(
+                here, theta_to_widths(theta0, spec.var_type, spec.n_categories), maxiter=maxiter
+            )
+            # the other basins it descended into: on more rows another may be the deepest
+            found += [(theta, rows) for theta in _distinct_basins(here.basins, best)]
+        else:
+            if last:
+                here.loss(theta0)  # the start itself: never worse than it
+            best = _short_search(here, starts, theta0, maxiter)
+        found.insert(0, (best, rows))  # the latest best first: it wins ties
+    return criterion.best[1]
+
+
+#: Basins of the staged search's first stage (where a descent ended, a common factor's
+#: best) within this distance (largest difference of theta, log h or t) of a better one
+#: count as the same.
+_SAME_BASIN = 0.05
+
+
+def _distinct_basins(basins, best) -> list:
+    """The points of ``basins`` (``(value, theta)`` pairs), best value first, leaving out
+    those within ``_SAME_BASIN`` of ``best`` or of a better one."""
+    kept = [np.asarray(best, dtype=np.float64)]
+    for _, theta in sorted(basins, key=lambda basin: basin[0]):
+        if all(np.max(np.abs(_finite_theta(theta) - _finite_theta(k))) > _SAME_BASIN for k in kept):
+            kept.append(theta)
+    return kept[1:]
+
+
+def _finite_theta(theta):
+    """theta with t = -inf (exact matching) at the lower bound of t, for distances."""
+    return np.maximum(theta, -_T_BOUND)
+
+
+def _rescaled_theta(theta, spec: LocalSpec, rows_from, rows_to) -> np.ndarray:
+    """theta of :func:`rescaled_widths`; exact matching (t = -inf, l = 0) stays exact."""
+    var_type, counts = spec.var_type, spec.n_categories
+    widths = rescaled_widths(theta_to_widths(theta, var_type, counts), spec, rows_from, rows_to)
+    out = widths_to_theta(widths, var_type, counts)
+    out[np.isneginf(theta)] = -math.inf
+    return out
+
+
+#: Decades (powers of ten) by which a later stage of the staged search moves each h
+#: alone from the point its descent reached, and each l from the start's.
+_PROBE_DECADES = (-2, -1, 1, 2)
+
+
+def _short_search(criterion, starts, theta0, maxiter):
+    """A later stage of :func:`staged_search`: from the best of ``starts`` (the earlier
+    stages' points, rescaled), every h by a common factor while that gains
+    (:func:`_walk_common_factor`), then L-BFGS-B. Then probes from the point it reached
+    (:func:`_probes`; each l = 0 with the common factor walked again, the corner of
+    exact matching that the joint stage of :func:`search_widths` seeks), and another
+    descent from the best when one of them gains: fewer rows can miss a basin that all
+    rows show (finer structure, a column that matters only on more rows, an end the
+    subsample chose wrongly), and the flat stretch or narrow valley between is one the
+    descent cannot cross. Bounds around ``theta0`` (the start rescaled to this stage's
+    rows). Returns the best theta."""
+    spec = criterion.base.spec
+    cont = spec.continuous
+    bounds, lower, upper = _search_bounds(theta0, cont)
+    value = math.inf
+    for candidate in starts:
+        candidate = np.where(cont, np.clip(candidate, lower, upper), candidate)  # t = -inf stays
+        candidate_value = criterion.loss(candidate)
+        if candidate_value < value or not math.isfinite(value):
+            theta, value = candidate, candidate_value
+    _walk_common_factor(criterion, theta, value, cont, lower, upper)
+    _descend(criterion, criterion.best[1], bounds, maxiter, rtol=config.LOO_RTOL)
+    descended, before = criterion.best[1].copy(), criterion.best[0]
+    idle = ~cont & (lambda_max(spec.var_type, spec.n_categories) == 0)  # one category: no l
+    for probe in _probes(descended, theta0, cont, lower, upper, idle):
+        criterion.loss(probe)
+    for column in np.flatnonzero(~cont & ~idle):
+        exact = descended.copy()
+        exact[column] = -math.inf
+        _walk_common_factor(criterion, exact, criterion.loss(exact), cont, lower, upper)
+    if _lower_by_rtol(criterion.best[0], before):
+        _descend(criterion, criterion.best[1], bounds, maxiter, rtol=config.LOO_RTOL)
+    return criterion.best[1]
+
+
+def _probes(theta, theta0, cont, lower, upper, idle) -> list:
+    """The points a later stage of the staged search evaluates beyond its descent's
+    ``theta`` (h within ``lower`` and ``upper``):
+
+    - each h alone at the ``_PROBE_DECADES`` of ``theta``'s, at the start's (``theta0``)
+      and at its upper bound (a column the subsample found irrelevant);
+    - each l alone at 0 and at its top, at the start's and at the ``_PROBE_DECADES`` of
+      the start's below its top (the descent in t stalls where the sigmoid is flat);
+    - every h together at the start's times every ``config.LOO_GRID_STRIDE``-th factor
+      of ``config.LOO_GRID`` (a coarse form of the whole search's first step), the l at
+      ``theta``'s: finer structure (a product of columns) that no one column shows alone.
+
+    ``idle``: the categorical columns with one category (no l to move).
+    """
+    decades = [k * math.log(10.0) for k in _PROBE_DECADES]
+    out = []
+    for column in np.flatnonzero(~idle):
+        if cont[column]:
+            ends = [upper[column], theta0[column]]
+            ends += [min(max(theta[column] + d, lower[column]), upper[column]) for d in decades]
+        else:
+            share = sigmoid(float(theta0[column]))
+            ends = [-math.inf, _T_BOUND, theta0[column]]
+            ends += [_share_theta(share * 10.0**k) for k in _PROBE_DECADES]
+        for end in ends:
+            moved = theta.copy()
+            moved[column] = end
+            out.append(moved)
+    if cont.any():
+        grid = np.log(np.asarray(config.LOO_GRID))
+        stride = max(int(config.LOO_GRID_STRIDE), 1)
+        centre = int(np.argmin(np.abs(grid)))
+        factors = [g for k, g in enumerate(grid) if (k - centre) % stride == 0]
+        out += [np.where(cont, np.clip(theta0 + g, lower, upper), theta) for g in factors]
+    return out
+
+
+def _share_theta(share) -> float:
+    """t of the categorical smoothing l = ``share`` lambda_max (share clipped to (0, 1];
+    t within +-30)."""
+    share = min(max(share, 1e-300), 1.0)
+    t = math.log(share) - math.log1p(-share) if share < 1.0 else _T_BOUND
+    return min(max(t, -_T_BOUND), _T_BOUND)
+
+
+def _walk_common_factor(criterion, theta, value, cont, lower, upper):
+    """Every h of ``theta`` (criterion ``value``) by one factor of ``config.LOO_GRID``'s
+    step at a time, down first, while a step gains more than ``config.LOO_RTOL``; up
+    only when down gained nothing. The cheap common factor of the staged search's later
+    stages (a few evaluations, where :func:`_common_scale_search` takes about 30)."""
+    if not cont.any():
+        return
+    step = math.log(config.LOO_GRID[1] / config.LOO_GRID[0])
+    for sign in (-1.0, 1.0):
+        moved, gained = theta, False
+        while True:
+            moved = np.where(cont, np.clip(moved + sign * step, lower, upper), moved)
+            moved_value = criterion.loss(moved)
+            if not _lower_by_rtol(moved_value, value):
+                break
+            theta, value, gained = moved, moved_value, True
+        if gained:
+            break  # the factor gained one way: the other way starts uphill
