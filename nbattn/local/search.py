@@ -318,12 +318,12 @@ def staged_search(criterion, stage_criterion, start, stages, *, maxiter=200) -> 
     the best of them (with probes of the basins fewer rows could not show); the last
     stage also evaluates ``start`` itself, so the answer is never worse than it on all
     rows. ``n`` = ``stages[-1]`` counts the rows that ``stage_criterion`` draws from (the
-    rows of positive weight, in :func:`loo_widths`).
+    rows of positive weight, in :func:`nbattn.local.widths.loo_widths`).
     """
     spec = criterion.base.spec
     n = stages[-1]
     order = np.random.default_rng(0).permutation(n)
-    found = []  # (theta, rows): each stage's best, and where the first stage's descents ended
+    found = []  # (theta, rows): each stage's best, and the other basins the first one visited
     for stage, rows in enumerate(stages):
         last = rows == n
         starts = [_rescaled_theta(theta, spec, before, rows) for theta, before in found]

@@ -614,11 +614,11 @@ def test_loo_widths_no_worse_than_a_brute_force_grid(case, degree):
 _BRUTE_FORCE_GRID = (np.geomspace(0.01, 100.0, 41), np.linspace(0.0, 2.0 / 3.0, 13))
 
 
-def _curve_to_break(case, seed):
-    """(X, y), 60 rows of a continuous and a 3-level column, of one of the brute-force
-    comparisons' cases."""
-    rng = np.random.default_rng(1000 + seed)
-    n = 60
+def _curve_to_break(case, seed, n=60, seed_base=1000):
+    """(X, y), n rows of a continuous and a 3-level column, of one of the brute-force
+    comparisons' cases (several minima, an irrelevant category, a flat criterion, tied
+    x), drawn from the generator of ``seed_base + seed``."""
+    rng = np.random.default_rng(seed_base + seed)
     x = rng.uniform(0, 4, n)
     cat = rng.integers(0, 3, n).astype(float)
     noise = 0.2 * rng.normal(size=n)

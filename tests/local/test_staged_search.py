@@ -11,7 +11,7 @@ from nbattn.local.problem import check_columns
 from nbattn.local.search import rescaled_widths
 from nbattn.local.widths import local_loo_widths
 from tests._config import config_values
-from tests.local.test_local import _BRUTE_FORCE_GRID, _grid_minimum
+from tests.local.test_local import _BRUTE_FORCE_GRID, _curve_to_break, _grid_minimum
 
 
 def test_row_ladder():
@@ -37,22 +37,8 @@ def test_rescaled_widths_follow_the_rates_and_keep_l_in_range():
 
 
 def _curve(case, seed, n):
-    """(X, y) of n rows, a continuous and a 3-level column: the brute-force comparisons'
-    curves (several minima, an irrelevant category, a flat criterion, tied x)."""
-    rng = np.random.default_rng(3000 + seed)
-    x = rng.uniform(0, 4, n)
-    cat = rng.integers(0, 3, n).astype(float)
-    noise = 0.2 * rng.normal(size=n)
-    if case == "wiggly":
-        y = 0.5 * x + np.sin(6 * x) + noise
-    elif case == "irrelevant category":
-        y = np.sin(x) + noise
-    elif case == "pure noise":
-        y = rng.normal(size=n)
-    else:
-        x = np.round(x)
-        y = np.cos(x) + 0.5 * cat + noise
-    return np.column_stack([x, cat]), y
+    """The brute-force comparisons' curves, other draws."""
+    return _curve_to_break(case, seed, n, seed_base=3000)
 
 
 @pytest.mark.parametrize("degree", [0, 1])
