@@ -53,6 +53,14 @@ def sigmoid(t):
     return 1.0 / (1.0 + math.exp(-t)) if t >= 0 else math.exp(t) / (1.0 + math.exp(t))
 
 
+def share_theta(share) -> float:
+    """t of the categorical smoothing l = ``share`` lambda_max, the inverse of
+    :func:`sigmoid` (share clipped to (0, 1], t to +-30)."""
+    share = min(max(share, 1e-300), 1.0)
+    t = math.log(share) - math.log1p(-share) if share < 1.0 else _T_BOUND
+    return min(max(t, -_T_BOUND), _T_BOUND)
+
+
 def theta_to_widths(theta, var_type, n_categories) -> np.ndarray:
     """Per-column widths from theta: h = exp(theta) for 'c', l = lambda_max sigmoid(theta)."""
     top = lambda_max(var_type, n_categories)
@@ -75,9 +83,7 @@ def widths_to_theta(widths, var_type, n_categories) -> np.ndarray:
         elif top[position] == 0:
             out[position] = 0.0
         else:
-            s = min(max(widths[position] / top[position], 1e-300), 1.0)
-            t = math.log(s) - math.log1p(-s) if s < 1 else _T_BOUND
-            out[position] = min(max(t, -_T_BOUND), _T_BOUND)
+            out[position] = share_theta(widths[position] / top[position])
     return out
 
 
@@ -446,7 +452,7 @@ def _probes(theta, theta0, cont, lower, upper, idle) -> list:
         else:
             share = sigmoid(float(theta0[column]))
             ends = [-math.inf, _T_BOUND, theta0[column]]
-            ends += [_share_theta(share * 10.0**k) for k in _PROBE_DECADES]
+            ends += [share_theta(share * 10.0**k) for k in _PROBE_DECADES]
         for end in ends:
             moved = theta.copy()
             moved[column] = end
@@ -458,14 +464,6 @@ def _probes(theta, theta0, cont, lower, upper, idle) -> list:
         factors = [g for k, g in enumerate(grid) if (k - centre) % stride == 0]
         out += [np.where(cont, np.clip(theta0 + g, lower, upper), theta) for g in factors]
     return out
-
-
-def _share_theta(share) -> float:
-    """t of the categorical smoothing l = ``share`` lambda_max (share clipped to (0, 1];
-    t within +-30)."""
-    share = min(max(share, 1e-300), 1.0)
-    t = math.log(share) - math.log1p(-share) if share < 1.0 else _T_BOUND
-    return min(max(t, -_T_BOUND), _T_BOUND)
 
 
 def _walk_common_factor(criterion, theta, value, cont, lower, upper):
