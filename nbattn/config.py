@@ -8,7 +8,8 @@ can be overridden by an environment variable of the same name with the prefix
 Tests patch the module attributes directly; the kernel modules read them when
 they are imported (some copy them then, the others compile them in at the first
 call), so a patch must happen before that import. A patched compiled tunable
-turns numba's on-disk cache off, as an override does (:data:`CACHE`).
+turns numba's on-disk cache off, as an override does (:data:`CACHE`; a CUDA launch
+tunable only the CUDA kernels', ``CUDA_CACHE``).
 """
 
 from __future__ import annotations
@@ -629,12 +630,24 @@ def reset(*names: str) -> None:
 #: are imported turns the cache off for them in the same way: ``CACHE`` is computed each
 #: time it is read (:func:`__getattr__`), so a kernel compiled with a patched constant is
 #: never written to, nor read from, the cache that other processes share.
+#: Two switches: ``CACHE`` for the CPU kernels (``nbattn.kernels``) and ``CUDA_CACHE`` for
+#: the CUDA ones. No CPU kernel reads the CUDA launch tunables (:data:`CUDA_ONLY_TUNABLES`,
+#: checked by ``tests/test_config.py``), so patching one of those (as the CUDA simulator's
+#: tests patch the threads per block) leaves the CPU kernels' cache on.
 _OVERRIDDEN = sorted(name for name in _COMPILED_TUNABLES if "NBATTN_" + name in os.environ)
-_CACHE_ASKED = os.environ.get("NBATTN_CACHE", "0" if _OVERRIDDEN else "1") not in (
-    "0",
-    "false",
-    "False",
-)
+_CACHE_ENV = os.environ.get("NBATTN_CACHE")
+
+#: The compiled tunables that only the CUDA kernels read.
+CUDA_ONLY_TUNABLES = frozenset(SECTIONS["cuda"])
+
+
+def _cache_on(ignored=frozenset()) -> bool:
+    """The on-disk cache switch for kernels that read no tunable in ``ignored``."""
+    if _CACHE_ENV is None:
+        asked = not [name for name in _OVERRIDDEN if name not in ignored]
+    else:
+        asked = _CACHE_ENV not in ("0", "false", "False")
+    return asked and not [name for name in patched_tunables() if name not in ignored]
 
 
 #: The tunables compiled into kernels that no NBATTN_* variable sets (the others are
@@ -663,5 +676,7 @@ def patched_tunables() -> list:
 
 def __getattr__(name):
     if name == "CACHE":
-        return _CACHE_ASKED and not patched_tunables()
+        return _cache_on(CUDA_ONLY_TUNABLES)
+    if name == "CUDA_CACHE":
+        return _cache_on()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -25,7 +25,8 @@ def _assigned_tunables() -> list[str]:
 def test_every_tunable_is_in_exactly_one_section():
     in_sections = [name for names in config.SECTIONS.values() for name in names]
     assert len(in_sections) == len(set(in_sections))
-    derived = {"SECTIONS", "DEFAULTS", "CACHE"}  # the tables themselves, and the cache switch
+    # the tables themselves, the cache switches and the names only CUDA kernels read
+    derived = {"SECTIONS", "DEFAULTS", "CACHE", "CUDA_CACHE", "CUDA_ONLY_TUNABLES"}
     assert set(_assigned_tunables()) - derived == set(in_sections)
     assert set(config.DEFAULTS) == set(in_sections)
 
@@ -52,15 +53,33 @@ def test_reset_names_an_unknown_tunable():
 
 def test_a_patched_compiled_tunable_turns_the_cache_off(monkeypatch):
     """A kernel compiled with a patched constant must not reach the shared on-disk cache."""
-    asked = config._CACHE_ASKED
-    assert config.CACHE == asked and config.patched_tunables() == []
+    asked = config._cache_on()
+    assert config.CACHE == config.CUDA_CACHE == asked and config.patched_tunables() == []
     for name, value in [("KEY_BLOCK", config.KEY_BLOCK * 2), ("LOCAL_PIVOT_TOL", 0.5)]:
         monkeypatch.setattr(config, name, value)
-        assert config.CACHE is False and name in config.patched_tunables()
+        assert config.CACHE is config.CUDA_CACHE is False and name in config.patched_tunables()
         monkeypatch.undo()
-        assert config.CACHE == asked
+        assert config.CACHE == config.CUDA_CACHE == asked
     monkeypatch.setattr(config, "LOO_RTOL", 0.5)  # read at call time: the cache stays
-    assert config.CACHE == asked
+    assert config.CACHE == config.CUDA_CACHE == asked
+
+
+def test_a_patched_cuda_launch_tunable_turns_only_the_cuda_cache_off(monkeypatch):
+    """The CUDA simulator's tests patch the threads per block: the CPU kernels, which
+    never read it, keep loading from and writing to the shared cache."""
+    asked = config._cache_on()
+    monkeypatch.setattr(config, "CUDA_THREADS_PER_BLOCK", 8)
+    assert config.CUDA_CACHE is False and config.CACHE == asked
+
+
+def test_no_cpu_kernel_reads_a_cuda_launch_tunable():
+    """What lets ``config.CACHE`` ignore them (the CUDA kernels' sources may read them)."""
+    import re
+
+    read = set()
+    for path in (Path(config.__file__).parent / "kernels").glob("*.py"):
+        read |= set(re.findall(r"\b([A-Z][A-Z0-9_]+)\b", path.read_text()))
+    assert config.CUDA_ONLY_TUNABLES and not read & config.CUDA_ONLY_TUNABLES
 
 
 @pytest.mark.parametrize("raw", ["0", "-1", "abc", "1e3", str(2**31), str(2**40)])

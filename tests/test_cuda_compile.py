@@ -214,7 +214,7 @@ def test_far_row_kernels_compile_and_assemble(ptx):
 
 def test_every_cuda_decorator_is_the_caching_one():
     """No module in nbattn/cuda decorates with numba's ``cuda.jit`` directly: all go
-    through ``common.jit``, which adds ``cache=config.CACHE`` (checked on the source,
+    through ``common.jit``, which adds ``cache=config.CUDA_CACHE`` (checked on the source,
     so a kernel that no catalogue entry builds is covered too)."""
     import ast
     import pathlib
@@ -257,7 +257,7 @@ def test_every_catalogued_kernel_has_a_disk_cache_with_distinct_keys():
 
     ptx = load_script("ptx")
 
-    expected = "CUDACache" if config.CACHE else "NullCache"  # NBATTN_CACHE=0 turns it off
+    expected = "CUDACache" if config.CUDA_CACHE else "NullCache"  # NBATTN_CACHE=0 turns it off
     cases = (
         ptx.kernel_cases()
         + ptx.flash_cases("float32", 6, 5)
@@ -267,7 +267,7 @@ def test_every_catalogued_kernel_has_a_disk_cache_with_distinct_keys():
     seen = {}
     for case in cases:
         assert type(case.kernel._cache).__name__ == expected, case.name
-        if not config.CACHE:
+        if not config.CUDA_CACHE:
             continue
         key = _cache_key(case.kernel, case.signature)
         previous = seen.setdefault(key, case)
@@ -283,7 +283,7 @@ def test_far_limits_are_in_the_cache_key(monkeypatch):
     from nbattn import config
     from nbattn.cuda import far, loo
 
-    if not config.CACHE:
+    if not config.CUDA_CACHE:
         pytest.skip("the on-disk cache is off here (NBATTN_CACHE=0 or an overridden tunable)")
 
     def keys():

@@ -1,7 +1,7 @@
 """What every CUDA kernel module shares: the decorator, device views, the kernel cache, launches.
 
 * :func:`jit`: the one decorator of every CUDA kernel and device function
-  (numba's ``cuda.jit`` with ``cache=config.CACHE``, on by default);
+  (numba's ``cuda.jit`` with ``cache=config.CUDA_CACHE``, on by default);
 * :func:`to_device`: the one way host or GPU arrays become numba device arrays;
 * :func:`compiled`: the one cache of kernels built per compile-time sizes;
 * :func:`launch`, :func:`threads_for`, :func:`tile_rows`, :func:`shared_bytes`:
@@ -32,11 +32,12 @@ from .. import config
 
 
 def jit(func_or_sig=None, **options):
-    """numba's ``cuda.jit`` with ``cache=config.CACHE``: the decorator of every kernel
+    """numba's ``cuda.jit`` with ``cache=config.CUDA_CACHE``: the decorator of every kernel
     and device function in ``nbattn.cuda``, used as ``@jit`` or ``@jit(device=True, ...)``.
 
-    ``config.CACHE`` is the CPU kernels' switch too: on, unless ``NBATTN_CACHE=0``
-    or a compiled tunable is overridden from the environment (see ``config``).
+    ``config.CUDA_CACHE`` is on unless ``NBATTN_CACHE=0`` or a compiled tunable, the
+    CUDA launch ones included, is overridden or patched (see ``config``; the CPU
+    kernels' ``config.CACHE`` ignores the CUDA launch tunables, which they never read).
 
     Kernels go to numba's on-disk cache (``NUMBA_CACHE_DIR``, else the
     ``__pycache__`` beside the module or the user's cache folder), so a new
@@ -55,7 +56,7 @@ def jit(func_or_sig=None, **options):
     module holding a device function that a kernel calls (after changing
     ``common.py``, ``far.py`` or ``dropout.py`` in a checkout, clear the cache).
     """
-    options.setdefault("cache", config.CACHE)
+    options.setdefault("cache", config.CUDA_CACHE)
     if func_or_sig is None:
         return cuda.jit(**options)
     return cuda.jit(func_or_sig, **options)

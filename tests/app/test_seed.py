@@ -112,11 +112,14 @@ def test_only_compiled_tunables_turn_the_kernel_cache_off():
     import subprocess
     import sys
 
-    probe = [sys.executable, "-c", "import nbattn.config as c; print(c.CACHE)"]
+    probe = [sys.executable, "-c", "import nbattn.config as c; print(c.CACHE, c.CUDA_CACHE)"]
     for env, want in (
-        ({"NBATTN_TEST_TORCH": "1", "NBATTN_DASK_CONNECT_TIMEOUT": "5"}, "True"),
-        ({"NBATTN_KEY_BLOCK": "512"}, "False"),
-        ({"NBATTN_KEY_BLOCK": "512", "NBATTN_CACHE": "1"}, "True"),
+        ({"NBATTN_TEST_TORCH": "1", "NBATTN_DASK_CONNECT_TIMEOUT": "5"}, "True True"),
+        ({"NBATTN_KEY_BLOCK": "512"}, "False False"),
+        ({"NBATTN_KEY_BLOCK": "512", "NBATTN_CACHE": "1"}, "True True"),
+        # a CUDA launch size: only the CUDA kernels compile afresh
+        ({"NBATTN_CUDA_THREADS_PER_BLOCK": "64"}, "True False"),
+        ({"NBATTN_CUDA_THREADS_PER_BLOCK": "64", "NBATTN_CACHE": "0"}, "False False"),
     ):
         clean = {k: v for k, v in os.environ.items() if not k.startswith("NBATTN_")}
         out = subprocess.run(
