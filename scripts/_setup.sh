@@ -1,6 +1,11 @@
 # Sourced by scripts/demo and scripts/test: create .venv if absent and install
 # nbattn into it (editable) with the extras named in $NBATTN_EXTRAS.
 set -euo pipefail
+# Python's default: imported modules keep their compiled bytecode (__pycache__, in .venv
+# and beside nbattn's sources, both ignored by git). Some images set
+# PYTHONDONTWRITEBYTECODE=1, and then every process compiles numba, scipy and pandas from
+# source again: about 2 s of each command's start, and the test suite starts hundreds.
+unset PYTHONDONTWRITEBYTECODE
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 PYTHON="${PYTHON:-python3}"
