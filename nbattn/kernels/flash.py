@@ -778,4 +778,8 @@ def _backward_item(
         for j in range(nb):
             for c in range(d):
                 dk[kv, j0 + j, c] = dk_acc[j, c] * ln2
-        dv[kv, j0 : j0 + nb] = dv_acc[:nb]
+        # element by element, as everywhere in the kernels: an array-to-slice assignment
+        # compiles numba's shape-mismatch message (string formatting, ~6 s per kernel)
+        for j in range(nb):
+            for c in range(dv.shape[2]):
+                dv[kv, j0 + j, c] = dv_acc[j, c]

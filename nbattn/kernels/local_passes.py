@@ -281,4 +281,5 @@ def _equivalent_chunk(data, model, fit, chunk, weighted, out):
             nb = min(_KEY_BLOCK, n_k - j0)
             nb = block_weights(i, j0, nb, data, model, fit, weighted, scores, design)
             block_equivalent_weights(g[i], design, nb, scores)
-            out[i, j0 : j0 + nb] = scores[:nb]
+            for j in range(nb):  # not a slice assignment: see kernels/flash.py
+                out[i, j0 + j] = scores[j]

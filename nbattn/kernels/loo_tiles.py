@@ -434,7 +434,8 @@ def loo_tiles(
         for blk in range(first, last):
             i0 = blk * block_rows
             nb = min(block_rows, n_rows - i0)
-            own_at[:nb] = rows[i0 : i0 + nb]
+            for r in range(nb):  # not a slice assignment: see kernels/flash.py
+                own_at[r] = rows[i0 + r]
             sse += _tile_rows_pass(queries, i0, nb, keys, choice, work, pair, sums)
         partial_sse[group] = sse
     return partial_sse.sum(), partial_m.sum(axis=0), partial_c.sum(axis=0), far
@@ -504,8 +505,9 @@ def loo_tiles_boxed(
                 dst = keys_v[c]
                 for t in range(width):
                     dst[t] = src[key_index[t]]
-            for t in range(width):
-                keys_x[t] = points[key_index[t]]
+            for t in range(width):  # not a row assignment: see kernels/flash.py
+                for a in range(d):
+                    keys_x[t, a] = points[key_index[t], a]
             for a in range(d):
                 dst = keys_x_t[a]
                 for t in range(width):

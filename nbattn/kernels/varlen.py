@@ -123,8 +123,12 @@ def varlen_forward(q, k, v, kv_index, packing, work, score, dropout, tiles):
                 _counters_from(dropout, bh * t_q + a_q + i0, a_k),
                 tiles,
             )
-            out[bh, a_q + i0 : a_q + i1] = o[0]
-            lse[bh, a_q + i0 : a_q + i1] = l_[0]
+            # element by element: an array-to-slice assignment compiles numba's
+            # shape-mismatch message (string formatting, ~6 s of each kernel's compile)
+            for i in range(i1 - i0):
+                lse[bh, a_q + i0 + i] = l_[0, i]
+                for c in range(d_v):
+                    out[bh, a_q + i0 + i, c] = o[0, i, c]
     return out, lse
 
 
@@ -176,7 +180,13 @@ def varlen_backward(q, k, v, out, lse, dout, kv_index, packing, work, score, dro
                     _counters_from(dropout, bh * t_q + a_q, a_k),
                     tiles,
                 )
-                dq[bh, a_q:b_q] = g_q[0]
-                dk[kv, a_k:b_k] += g_k[0]
-                dv[kv, a_k:b_k] += g_v[0]
+                # element by element (see varlen_forward)
+                for i in range(b_q - a_q):
+                    for c in range(d):
+                        dq[bh, a_q + i, c] = g_q[0, i, c]
+                for j in range(b_k - a_k):
+                    for c in range(d):
+                        dk[kv, a_k + j, c] += g_k[0, j, c]
+                    for c in range(d_v):
+                        dv[kv, a_k + j, c] += g_v[0, j, c]
     return dq, dk, dv
