@@ -27,7 +27,8 @@ _ENV_INT_MAX = 2**31 - 1
 
 def _env_int(name: str, default: int, *, compiled: bool = True, maximum=_ENV_INT_MAX) -> int:
     """``NBATTN_<name>`` as an int in [1, maximum], or ``default``; ``compiled``: it may be
-    baked into compiled kernels (an override then turns the on-disk cache off)."""
+    baked into compiled kernels (an override then turns the on-disk cache off: the CPU
+    and CUDA kernels' for most, only the CUDA kernels' for a CUDA launch tunable)."""
     if compiled:
         _COMPILED_TUNABLES.add(name)
     raw = os.environ.get("NBATTN_" + name)
@@ -42,17 +43,23 @@ def _env_int(name: str, default: int, *, compiled: bool = True, maximum=_ENV_INT
     return value
 
 
-def _env_flag(name: str) -> bool:
-    """``NBATTN_<name>`` as a flag: 1/true/yes/on or 0/false/no/off (unset: False)."""
+def _env_switch(name: str):
+    """``NBATTN_<name>`` as a switch: True for 1/true/yes/on, False for 0/false/no/off
+    (any case, spaces around ignored), None when unset or empty; anything else is refused."""
     raw = os.environ.get("NBATTN_" + name)
     if raw is None or raw.strip() == "":
-        return False
+        return None
     value = raw.strip().lower()
     if value in ("1", "true", "yes", "on"):
         return True
     if value in ("0", "false", "no", "off"):
         return False
     raise ValueError(f"environment variable NBATTN_{name}={raw!r} must be 1 or 0")
+
+
+def _env_flag(name: str) -> bool:
+    """``NBATTN_<name>`` as a flag: 1/true/yes/on or 0/false/no/off (unset: False)."""
+    return bool(_env_switch(name))
 
 
 # --- engine: the streaming engine (every CPU kernel) ------------------------------------------
@@ -635,7 +642,7 @@ def reset(*names: str) -> None:
 #: checked by ``tests/test_config.py``), so patching one of those (as the CUDA simulator's
 #: tests patch the threads per block) leaves the CPU kernels' cache on.
 _OVERRIDDEN = sorted(name for name in _COMPILED_TUNABLES if "NBATTN_" + name in os.environ)
-_CACHE_ENV = os.environ.get("NBATTN_CACHE")
+_CACHE_ENV = _env_switch("CACHE")
 
 #: The compiled tunables that only the CUDA kernels read.
 CUDA_ONLY_TUNABLES = frozenset(SECTIONS["cuda"])
@@ -646,7 +653,7 @@ def _cache_on(ignored=frozenset()) -> bool:
     if _CACHE_ENV is None:
         asked = not [name for name in _OVERRIDDEN if name not in ignored]
     else:
-        asked = _CACHE_ENV not in ("0", "false", "False")
+        asked = _CACHE_ENV
     return asked and not [name for name in patched_tunables() if name not in ignored]
 
 

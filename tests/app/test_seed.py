@@ -120,9 +120,19 @@ def test_only_compiled_tunables_turn_the_kernel_cache_off():
         # a CUDA launch size: only the CUDA kernels compile afresh
         ({"NBATTN_CUDA_THREADS_PER_BLOCK": "64"}, "True False"),
         ({"NBATTN_CUDA_THREADS_PER_BLOCK": "64", "NBATTN_CACHE": "0"}, "False False"),
+        # NBATTN_CACHE read as every NBATTN_* switch: empty is unset, any case, spaces
+        ({"NBATTN_KEY_BLOCK": "512", "NBATTN_CACHE": ""}, "False False"),
+        ({"NBATTN_KEY_BLOCK": "512", "NBATTN_CACHE": " Yes "}, "True True"),
+        ({"NBATTN_CACHE": "OFF"}, "False False"),
+        ({"NBATTN_CACHE": " 0"}, "False False"),
     ):
         clean = {k: v for k, v in os.environ.items() if not k.startswith("NBATTN_")}
         out = subprocess.run(
             probe, env={**clean, **env}, capture_output=True, text=True, check=True
         )
         assert out.stdout.strip() == want, env
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("NBATTN_")}
+    out = subprocess.run(
+        probe, env={**clean, "NBATTN_CACHE": "maybe"}, capture_output=True, text=True
+    )
+    assert out.returncode != 0 and "NBATTN_CACHE='maybe' must be 1 or 0" in out.stderr
