@@ -375,6 +375,7 @@ def _nadaraya_watson_init(
     self,
     bandwidth="scott",
     kernel="gaussian",
+    rtol=0.0,
     var_type=None,
     missing="error",
     handle_unknown="error",

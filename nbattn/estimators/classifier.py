@@ -43,6 +43,13 @@ class NadarayaWatsonClassifier(ClassifierMixin, _PoolingEstimator):
         plain Nadaraya-Watson probabilities).
     kernel : "gaussian", "epanechnikov" or "tricube"
         The kernel of the continuous columns (see :class:`NadarayaWatsonRegressor`).
+    rtol : float in [0, 1), default 0
+        The relative error allowed on every kernel sum (see
+        :class:`NadarayaWatsonRegressor`): each class probability moves by at most
+        ``2 rtol / (1 - rtol)`` (the pooled one-hot rows by ``rtol / (1 - rtol)``, the
+        share of the prior by a quarter of that). The ``"loo"`` and ``"loo_scale"``
+        searches compare their answer with the rule's widths by the exact log-loss at
+        the end and keep the better.
     var_type, missing, handle_unknown
         How the columns of X are read (see :class:`NadarayaWatsonRegressor`).
     device : "cpu", "cuda" or "auto"

@@ -117,8 +117,21 @@ class PoolingPrediction:
     def _device(self) -> str:
         """The device that runs this call ("auto" resolved here, not at fit), for the
         estimators and the Predictor alike (through this module's ``resolve_device``,
-        the name tests replace to pretend a GPU machine)."""
-        return resolve_device(self._param("device"))
+        the name tests replace to pretend a GPU machine). With ``rtol > 0`` "auto" stays
+        on the CPU (the pruned paths are the CPU's) and "cuda" is refused."""
+        device = resolve_device(self._param("device"))
+        if device == "cuda" and self._rtol() > 0.0:
+            if self._param("device") == "auto":
+                return "cpu"
+            raise NotImplementedError(
+                f"rtol={self._rtol()!r} (the pruned k-d tree paths) runs on the CPU only: set "
+                "device='cpu' (or 'auto', which then stays on the CPU), or rtol=0"
+            )
+        return device
+
+    def _rtol(self) -> float:
+        """The checked ``rtol`` (0 for a model, or a model file, without one)."""
+        return check_rtol(self._param("rtol", 0.0))
 
     def _dtype(self):
         return resolve_dtype(self._param("dtype"))
@@ -146,22 +159,13 @@ class PoolingPrediction:
         # NaN in the queries of a model that refuses missing values is an unseen category:
         # the engine leaves that column out of the row's product (see nbattn._core.columns)
         missing = self._missing() == "marginalize" or (X is not None and np.isnan(X).any())
-        rtol = check_rtol(self._param("rtol", 0.0))  # 0 in a model file from before rtol
-        device = self._device()
-        if rtol > 0.0 and device == "cuda" and self._param("device") == "auto":
-            device = "cpu"  # auto chooses: the pruned passes are the CPU's
-        if rtol > 0.0 and device == "cuda":
-            raise NotImplementedError(
-                f"rtol={rtol!r} (the pruned local passes) runs on the CPU only: set "
-                "device='cpu' (or 'auto', which then stays on the CPU), or rtol=0"
-            )
         return LocalSpec(
             var_type=self._kinds(),
             n_categories=tuple(self._n_categories()),
             kernel=self._kernel(),
             missing=bool(missing),
-            device=device,
-            rtol=rtol,
+            device=self._device(),
+            rtol=self._rtol(),
         )
 
     def _local_problem(self, spec, X, values, degree):
@@ -218,7 +222,7 @@ class PoolingPrediction:
             values = np.column_stack([sw[:, None] * values, sw])
         h = regression.resolve_bandwidth(h, k)  # checked: it may come from an edited file
         out, lse = regression.gaussian_pool(
-            q, k, values, h, dtype=self._dtype(), device=self._device()
+            q, k, values, h, dtype=self._dtype(), device=self._device(), rtol=self._rtol()
         )
         out, lse = np.asarray(out, dtype=np.float64), np.asarray(lse, dtype=np.float64)
         if sw is None:

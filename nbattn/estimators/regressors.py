@@ -137,6 +137,19 @@ class NadarayaWatsonRegressor(_PoolingRegressor):
         weight, whatever the query. The Gaussian kernel on all-continuous data
         without missing values runs the streaming kernels (CPU or GPU); every
         other case the mixed-type engine :mod:`nbattn.local.engine`.
+    rtol : float in [0, 1), default 0
+        The relative error allowed on every kernel sum, in the width search and in
+        predictions, on the CPU: 0 sums every key exactly; ``rtol > 0`` lets a query skip
+        the keys (leaves of a k-d tree) it certifiably cannot weigh, so that each
+        normaliser S keeps at least (1 - rtol) S and each prediction moves by at most
+        ``rtol / (1 - rtol)`` times the spread of the targets about it
+        (:func:`nbattn.smoothing.regression.nadaraya_watson` on the streaming path,
+        :func:`nbattn.local.engine.local_polynomial` on the engine). A cost model keeps
+        the exact path where the tree would not pay. The ``"loo"`` and ``"loo_scale"``
+        searches on the engine evaluate their answer and the rule's widths exactly at the
+        end and keep the better, so they are never worse than the rule; ``"loo_scale"``
+        on the streaming path, ``return_std`` and ``attention_weights`` stay exact.
+        Device "auto" stays on the CPU; "cuda" with ``rtol > 0`` is refused.
     var_type : str of "c", "u", "o", or None
         The kind of each column: continuous, unordered or ordered categorical
         (statsmodels' letters). None: from a DataFrame's dtypes (``category``

@@ -262,6 +262,10 @@ def _kernel(*more: str) -> Param:
     return Param("kernel", "gaussian", (Options(*CONTINUOUS_KERNELS, *more),))
 
 
+#: the relative error allowed on every kernel sum (0: exact; the pruned CPU paths)
+_RTOL = Param("rtol", 0.0, (RealRange(0.0, below=1.0),))
+
+
 #: how the columns of X are read (:mod:`nbattn._core.columns`)
 _TABLE = (
     Param("var_type", None, (Text(),), none=True),
@@ -280,7 +284,8 @@ SPECS = {
     spec.name: spec
     for spec in (
         EstimatorSpec(
-            "NadarayaWatsonRegressor", (_bandwidth("scott"), _kernel("average"), *_TABLE, *_RUN)
+            "NadarayaWatsonRegressor",
+            (_bandwidth("scott"), _kernel("average"), _RTOL, *_TABLE, *_RUN),
         ),
         EstimatorSpec(
             "LearnedKernelRegressor",
@@ -301,7 +306,7 @@ SPECS = {
                 Param("degree", 1, (IntRange(0, 2),)),
                 _bandwidth("loo"),
                 _kernel(),
-                Param("rtol", 0.0, (RealRange(0.0, below=1.0),)),
+                _RTOL,
                 Param("loo_subsample", None, (IntRange(MIN_SUBSAMPLE_ROWS),), none=True),
                 *_TABLE,
                 *_RUN,
@@ -309,7 +314,7 @@ SPECS = {
         ),
         EstimatorSpec(
             "NadarayaWatsonClassifier",
-            (_bandwidth("scott"), _kernel(), *_TABLE, *_RUN),
+            (_bandwidth("scott"), _kernel(), _RTOL, *_TABLE, *_RUN),
             classifier=True,
         ),
     )

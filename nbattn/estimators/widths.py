@@ -32,6 +32,7 @@ device, ...) for the training data being fitted.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from numbers import Real
 
@@ -215,6 +216,13 @@ def engine_loo_scale(model, X, Y, sample_weight, degree) -> np.ndarray:
             report=report if log.enabled else None,
         )
         log.note(f"the continuous widths at {math.exp(result.t):.4g} x Scott's")
+    if spec.rtol > 0.0:  # searched on the pruned criterion: never worse than the rule, exactly
+        exact = dataclasses.replace(spec, rtol=0.0)
+        found, rule = (
+            _loo_loss(exact, X, Y, w, sample_weight, degree) for w in (scaled(result.t), base)
+        )
+        if not found < rule:
+            return base
     return scaled(result.t)
 
 

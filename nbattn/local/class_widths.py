@@ -62,6 +62,7 @@ loo,loo_scale``).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -282,5 +283,20 @@ def class_loo_widths(
             theta = search_widths(criterion, start, per_column=True)
             if not criterion.better_by_a_standard_error(theta, scaled, PER_COLUMN_Z):
                 theta = scaled
+    if spec.rtol > 0.0:
+        theta, criterion = _better_exactly(criterion, theta, start, spec)
     widths = theta_to_widths(theta, spec.var_type, spec.n_categories)
     return widths, math.exp(criterion.profile(theta)[1])
+
+
+def _better_exactly(criterion, found, start, spec):
+    """``(theta, exact criterion)``: of the search's point and the start, the one of lower
+    smoothed log-loss computed exactly (rtol = 0), so that a search on the pruned
+    criterion is never worse than the start; the start wins ties."""
+    exact = LogLossCriterion(
+        dataclasses.replace(criterion.base, spec=dataclasses.replace(spec, rtol=0.0))
+    )
+    rule = widths_to_theta(start, spec.var_type, spec.n_categories)
+    if exact.profile(found)[0] < exact.profile(rule)[0]:
+        return found, exact
+    return rule, exact
