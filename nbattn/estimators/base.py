@@ -202,6 +202,13 @@ class _PoolingEstimator(PoolingPrediction, BaseEstimator):
         for param in self._spec.params:
             setattr(self, param.name, values[param.name])
 
+    def _validate_params(self):
+        """scikit-learn's checks of the spec's constraints, then ``rtol`` by the library's
+        one rule (:func:`nbattn._core.validation.check_rtol`): a bool passes the number
+        range (False is 0) but is refused there, so it is refused at fit as at predict."""
+        super()._validate_params()
+        self._rtol()
+
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
         tags.input_tags.allow_nan = getattr(self, "missing", "error") == "marginalize"

@@ -221,8 +221,11 @@ class PoolingPrediction:
         if sw is not None:
             values = np.column_stack([sw[:, None] * values, sw])
         h = regression.resolve_bandwidth(h, k)  # checked: it may come from an edited file
+        # the tree certifies the kernel mass, not the weighted mass the values carry here:
+        # with sample weights this path stays exact (the engine's bounds include them)
+        rtol = self._rtol() if sw is None else 0.0
         out, lse = regression.gaussian_pool(
-            q, k, values, h, dtype=self._dtype(), device=self._device(), rtol=self._rtol()
+            q, k, values, h, dtype=self._dtype(), device=self._device(), rtol=rtol
         )
         out, lse = np.asarray(out, dtype=np.float64), np.asarray(lse, dtype=np.float64)
         if sw is None:
@@ -262,11 +265,13 @@ class PoolingPrediction:
 
         Unweighted average pooling: the mean and the targets' population std.
         The unweighted Gaussian fast path runs
-        :func:`nbattn.smoothing.regression.nadaraya_watson_spread` (a second pass about f).
-        Otherwise the spread about f comes from pooled moments of the targets
-        centred on their mean c, ``sum_j w_ij (y_j - f)^2 = E[(y-c)^2] -
-        2 (f-c) E[y-c] + (f-c)^2``, and the effective n ``1 / sum_j w_ij^2``
-        from ``_attention_weights_checked`` (only when ``effective_n``).
+        :func:`nbattn.smoothing.regression.nadaraya_watson_spread` (a second pass about f,
+        exact), unless ``rtol > 0`` and only (f, std) are asked for: then, as otherwise,
+        f is :meth:`_pooled` (predict's, pruned alike). Otherwise the spread about f comes
+        from pooled moments of the targets centred on their mean c,
+        ``sum_j w_ij (y_j - f)^2 = E[(y-c)^2] - 2 (f-c) E[y-c] + (f-c)^2``, and the
+        effective n ``1 / sum_j w_ij^2`` from ``_attention_weights_checked`` (only when
+        ``effective_n``).
         """
         y = self._fitted("y_fit_")
         if self._average() and self._weights() is None:
@@ -276,7 +281,11 @@ class PoolingPrediction:
             std = np.broadcast_to(feature_spread(y, ddof=0, name="y"), mean.shape).copy()
             n_train = float(self._fitted("X_fit_").shape[0])
             return mean, std, np.full(X.shape[0], n_train)
-        if not self._uses_engine() and self._weights() is None:
+        if (
+            not self._uses_engine()
+            and self._weights() is None
+            and (effective_n or not self._rtol())
+        ):
             from ..smoothing.regression import gaussian_pool_spread, resolve_bandwidth
 
             q, k, h = self._score_coordinates(X)

@@ -147,9 +147,12 @@ class NadarayaWatsonRegressor(_PoolingRegressor):
         :func:`nbattn.local.engine.local_polynomial` on the engine). A cost model keeps
         the exact path where the tree would not pay. The ``"loo"`` and ``"loo_scale"``
         searches on the engine evaluate their answer and the rule's widths exactly at the
-        end and keep the better, so they are never worse than the rule; ``"loo_scale"``
-        on the streaming path, ``return_std`` and ``attention_weights`` stay exact.
-        Device "auto" stays on the CPU; "cuda" with ``rtol > 0`` is refused.
+        end and keep the better, so they are never worse than the rule. Exact whatever
+        rtol: ``"loo_scale"`` on the streaming path, predictions on the streaming path
+        with sample weights (its tree bounds the kernel mass, not the weighted one),
+        ``attention_weights`` and ``effective_n_neighbors``; ``return_std`` pools with
+        predict's sums, so its mean is predict's. Device "auto" stays on the CPU; "cuda"
+        with ``rtol > 0`` is refused.
     var_type : str of "c", "u", "o", or None
         The kind of each column: continuous, unordered or ordered categorical
         (statsmodels' letters). None: from a DataFrame's dtypes (``category``

@@ -91,7 +91,8 @@ def _spread(y, f):
 )
 def test_regressor_predictions_within_the_bound(kind, seed, mixed, rtol, dtype, weighted):
     X, y, Q = _table(kind, seed, mixed=mixed)
-    sw = np.random.default_rng(seed).uniform(0.1, 2.0, size=len(y)) if weighted else None
+    # weights over many decades: the streaming tree bounds the kernel mass, not the weighted
+    sw = np.exp(8.0 * np.random.default_rng(seed).normal(size=len(y))) if weighted else None
     params = {"bandwidth": 0.4, "dtype": dtype}
     exact = nbattn.NadarayaWatsonRegressor(**params).fit(X, y, sample_weight=sw).predict(Q)
     with pruned_always():
@@ -280,3 +281,43 @@ def test_rule_widths_are_what_the_guard_compares_with():
     model = nbattn.NadarayaWatsonRegressor(bandwidth="scott").fit(X, y)
     spec = model._local_spec()
     np.testing.assert_array_equal(rule_widths(spec, model.X_fit_, "scott"), model.bandwidth_)
+
+
+@pytest.mark.parametrize("name", ["NadarayaWatsonRegressor", "NadarayaWatsonClassifier"])
+def test_heavy_weights_on_far_keys_stay_within_the_bound(pruned, name):
+    """Eight keys far from the query hold nearly all the weight: a tree that bounds only
+    the kernel mass drops them and moves the prediction by a quarter (found in review)."""
+    X = np.linspace(0.0, 1.0, 50)[:, None]
+    X[-8:] = 4.0
+    y = np.where(np.arange(50) >= 42, 1.0, 0.0)
+    target = y if name == "NadarayaWatsonRegressor" else y.astype(int)
+    sw = np.where(np.arange(50) >= 42, 1e12, 1.0)
+    Q = np.array([[0.6], [0.2]])
+    method = "predict" if name == "NadarayaWatsonRegressor" else "predict_proba"
+    exact = getattr(getattr(nbattn, name)(bandwidth=0.5).fit(X, target, sw), method)(Q)
+    model = getattr(nbattn, name)(bandwidth=0.5, rtol=1e-6).fit(X, target, sample_weight=sw)
+    np.testing.assert_allclose(getattr(model, method)(Q), exact, rtol=0, atol=4e-6)
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_return_std_mean_is_predict(pruned, mixed):
+    X, y, Q = _table("clustered", 8, mixed=mixed)
+    model = nbattn.NadarayaWatsonRegressor(bandwidth=0.4, rtol=0.3).fit(X, y)
+    mean, std = model.predict(Q, return_std=True)
+    np.testing.assert_array_equal(mean, model.predict(Q))
+    exact_mean, exact_std = (
+        nbattn.NadarayaWatsonRegressor(bandwidth=0.4).fit(X, y).predict(Q, return_std=True)
+    )
+    assert not np.array_equal(mean, exact_mean)  # pruned alike
+    assert np.all(np.isfinite(std)) and np.all(std >= 0)
+
+
+@pytest.mark.parametrize(
+    "name", ["NadarayaWatsonRegressor", "NadarayaWatsonClassifier", "LocalPolynomialRegressor"]
+)
+def test_rtol_false_is_refused_at_fit(name):
+    """False passes the number range (it is 0) but is no tolerance: refused at fit, as
+    at predict, naming rtol."""
+    X, y, _ = _table("uniform", 0, n=20)
+    with pytest.raises(ValueError, match="rtol"):
+        getattr(nbattn, name)(rtol=False, bandwidth="scott").fit(X, y > y.mean())
