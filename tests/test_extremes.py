@@ -501,3 +501,35 @@ def test_predictions_do_not_depend_on_a_constant_weight(seed, weight, model):
     np.testing.assert_allclose(got.bandwidth_, ref.bandwidth_, rtol=1e-9)
     rtol = 1e-5 if model == "scott float32" else 1e-9
     np.testing.assert_allclose(got.predict(X[:5]), ref.predict(X[:5]), rtol=rtol, atol=rtol)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("exponent", [1023, 1000, -1000, -1060])
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"model": "nw", "kernel": "tricube"},
+        {"model": "nw", "missing": "marginalize"},
+        {"model": "lp", "degree": 1},
+        {"model": "lp", "degree": 2, "kernel": "epanechnikov"},
+    ],
+)
+def test_engine_fits_targets_near_the_ends_of_float64(seed, exponent, params):
+    """Targets near 1.7e308 (their moment sums overflowed: inf where the fit is finite) or
+    subnormal: the engine's fit is its fit of the targets brought to unit size, scaled
+    back (a power of two: exact), never inf or NaN."""
+    from nbattn import LocalPolynomialRegressor, NadarayaWatsonRegressor
+
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(0, 3, size=(30, 2))
+    unit_y = rng.uniform(-1.0, 1.0, size=30) * 0.999
+    Q = rng.uniform(0, 3, size=(7, 2))
+    params = dict(params)
+    cls = NadarayaWatsonRegressor if params.pop("model") == "nw" else LocalPolynomialRegressor
+    y = np.ldexp(unit_y, exponent)  # (subnormal ones lose digits here, once)
+    got = cls(bandwidth=1.5, **params).fit(X, y).predict(Q)
+    unit = cls(bandwidth=1.5, **params).fit(X, np.ldexp(y, -exponent)).predict(Q)  # exact
+    with np.errstate(over="ignore"):  # a fit beyond float64 is inf in both
+        want = np.ldexp(unit, exponent)  # rounds once, as the scaled-back fit does
+    assert not np.isnan(got).any()
+    np.testing.assert_array_equal(got[np.isfinite(want)], want[np.isfinite(want)])

@@ -48,13 +48,14 @@ in c (the column drops out of its design).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 
 from .. import config
 from .._core.columns import check_var_type
-from .._core.numeric import power_of_two_scale
+from .._core.numeric import extreme_unit, power_of_two_scale
 from .._core.threads import serial_below
 from .._core.validation import (
     as_float_array,
@@ -108,9 +109,23 @@ def threads_for(problem: LocalProblem):
 def fit_problem(problem: LocalProblem, want_mfx=False):
     """Run the first pass of the local fit (``kernels.local.local_fit``) on a prepared
     problem, on its spec's device; with ``spec.rtol > 0`` the pruned pass
-    (``nbattn.local.leaves``). The ``LocalFit`` is in the problem's order."""
+    (``nbattn.local.leaves``). The ``LocalFit`` is in the problem's order.
+
+    Values beyond 2**+-400 are pooled divided by a power of two near their largest
+    magnitude (:func:`nbattn._core.numeric.extreme_unit`; exact) and the fit and the
+    marginal effects, linear in them, multiplied back: the moment sums of targets near
+    1.7e308 would overflow (inf where the fit is finite)."""
+    unit = extreme_unit(problem.values_t)
+    if unit != 1.0:
+        problem = dataclasses.replace(
+            problem, values_t=np.ascontiguousarray(problem.values_t / unit)
+        )
     tree = tree_layout(problem)
-    return tree.original_fit(fit_layout(tree, want_mfx))
+    fit = tree.original_fit(fit_layout(tree, want_mfx))
+    if unit != 1.0:
+        with np.errstate(over="ignore"):  # a coefficient beyond float64 is inf
+            fit = fit._replace(beta=fit.beta * unit, mfx=fit.mfx * unit)
+    return fit
 
 
 def fit_layout(tree: TreeLayout, want_mfx=False):
