@@ -533,3 +533,44 @@ def test_engine_fits_targets_near_the_ends_of_float64(seed, exponent, params):
         want = np.ldexp(unit, exponent)  # rounds once, as the scaled-back fit does
     assert not np.isnan(got).any()
     np.testing.assert_array_equal(got[np.isfinite(want)], want[np.isfinite(want)])
+
+
+@pytest.mark.parametrize("degree", [0, 1, 2])
+def test_engine_keeps_each_output_at_its_own_scale(degree):
+    """A target column near 1e308 beside one near 1e-300 and one of unit size: each
+    output's fit is the unit-size fit times its power of two (scaling is per output: one
+    shared divisor wiped the small column out, found in review)."""
+    from nbattn import local_polynomial
+
+    rng = np.random.default_rng(degree)
+    X, Q = rng.normal(size=(60, 2)), rng.normal(size=(7, 2))
+    b = np.sin(X[:, 0]) + 0.3 * X[:, 1]
+    exponents = np.array([1020, -1000, 0])
+    Y = np.column_stack([np.ldexp(b, e) for e in exponents])
+    fit, grad = local_polynomial(Q, X, Y, [1.0, 1.0], degree, return_gradient=True)
+    unit_Y = np.column_stack([b, b, b])
+    unit_fit, unit_grad = local_polynomial(Q, X, unit_Y, [1.0, 1.0], degree, return_gradient=True)
+    np.testing.assert_array_equal(fit, np.ldexp(unit_fit, exponents))
+    np.testing.assert_array_equal(grad, np.ldexp(unit_grad, exponents))
+    assert np.all(np.abs(fit[:, 1]) > 0)
+
+
+@pytest.mark.parametrize("rest", [1e-6, 1e-12, 1e-200])
+def test_one_huge_target_costs_the_others_no_digit(rest):
+    """One target near 1e308 outside the compact kernel's reach of the queries: the fit
+    there is exactly the fit with that target replaced by 0 (its weight is 0)."""
+    from nbattn import local_polynomial
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(0, 10, (200, 1))
+    X[0] = 0.0
+    y = rest * (np.sin(X[:, 0]) + 2.0)
+    Q = np.linspace(3.0, 9.0, 9)[:, None]
+    huge = y.copy()
+    huge[0] = 1e308
+    zero = y.copy()
+    zero[0] = 0.0
+    for degree in (0, 1):
+        got = local_polynomial(Q, X, huge, [0.8], degree, kernel="tricube")
+        want = local_polynomial(Q, X, zero, [0.8], degree, kernel="tricube")
+        np.testing.assert_array_equal(got, want)

@@ -30,6 +30,21 @@ def extreme_unit(y) -> float:
     return float(power_of_two_scale(top))
 
 
+def sum_safe_units(values_t) -> np.ndarray:
+    """Per row of ``values_t`` (one output's values), the power of two to divide it by so
+    that sums of its products with weights up to about 2**60 neither overflow nor lose
+    digits to subnormals: 1 for rows whose max |v| lies in [2**-400, 2**960]; above, the
+    division brings the max to [2**959, 2**960) (values 2**1900 below it stay normal);
+    below, it brings the max to [1/2, 1) (exact). Each row keeps its own scale, so a
+    column near 1e308 costs another column no digit."""
+    top = np.max(np.abs(values_t), axis=1) if values_t.shape[1] else np.zeros(values_t.shape[0])
+    units = np.ones(values_t.shape[0])
+    huge, tiny = top > 2.0**960, (top > 0) & (top < 2.0**-400)
+    units[huge] = power_of_two_scale(top[huge]) / 2.0**959
+    units[tiny] = power_of_two_scale(top[tiny]) * 2.0
+    return units
+
+
 def within_squares(y):
     """y divided by :func:`extreme_unit`: the squared residuals of a leave-one-out
     criterion then neither overflow nor underflow (the division is exact and moves every

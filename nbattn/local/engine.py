@@ -55,7 +55,7 @@ import numpy as np
 
 from .. import config
 from .._core.columns import check_var_type
-from .._core.numeric import extreme_unit, power_of_two_scale
+from .._core.numeric import power_of_two_scale, sum_safe_units
 from .._core.threads import serial_below
 from .._core.validation import (
     as_float_array,
@@ -111,20 +111,22 @@ def fit_problem(problem: LocalProblem, want_mfx=False):
     problem, on its spec's device; with ``spec.rtol > 0`` the pruned pass
     (``nbattn.local.leaves``). The ``LocalFit`` is in the problem's order.
 
-    Values beyond 2**+-400 are pooled divided by a power of two near their largest
-    magnitude (:func:`nbattn._core.numeric.extreme_unit`; exact) and the fit and the
-    marginal effects, linear in them, multiplied back: the moment sums of targets near
-    1.7e308 would overflow (inf where the fit is finite)."""
-    unit = extreme_unit(problem.values_t)
-    if unit != 1.0:
+    Each output's values are pooled divided by a power of two where their largest
+    magnitude lies beyond 2**960 or below 2**-400
+    (:func:`nbattn._core.numeric.sum_safe_units`; exact), and the fit and the marginal
+    effects, linear in them, multiplied back: the moment sums of targets near 1.7e308
+    would overflow (inf where the fit is finite)."""
+    units = sum_safe_units(problem.values_t)
+    scaled = bool(np.any(units != 1.0))
+    if scaled:
         problem = dataclasses.replace(
-            problem, values_t=np.ascontiguousarray(problem.values_t / unit)
+            problem, values_t=np.ascontiguousarray(problem.values_t / units[:, None])
         )
     tree = tree_layout(problem)
     fit = tree.original_fit(fit_layout(tree, want_mfx))
-    if unit != 1.0:
+    if scaled:
         with np.errstate(over="ignore"):  # a coefficient beyond float64 is inf
-            fit = fit._replace(beta=fit.beta * unit, mfx=fit.mfx * unit)
+            fit = fit._replace(beta=fit.beta * units, mfx=fit.mfx * units)
     return fit
 
 
