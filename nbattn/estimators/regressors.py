@@ -151,7 +151,8 @@ class NadarayaWatsonRegressor(_PoolingRegressor):
         rtol: ``"loo_scale"`` on the streaming path, predictions on the streaming path
         with sample weights (its tree bounds the kernel mass, not the weighted one),
         ``attention_weights`` and ``effective_n_neighbors``; ``return_std`` pools with
-        predict's sums, so its mean is predict's. Device "auto" stays on the CPU; "cuda"
+        predict's sums, so its mean is predict's, and ``predict_interval`` is centred on
+        predict's value. Device "auto" stays on the CPU; "cuda"
         with ``rtol > 0`` is refused.
     var_type : str of "c", "u", "o", or None
         The kind of each column: continuous, unordered or ordered categorical
