@@ -20,16 +20,6 @@ def power_of_two_scale(magnitude):
     return np.where(magnitude > 0, np.ldexp(1.0, np.frexp(magnitude)[1] - 1), 1.0)
 
 
-def extreme_unit(y) -> float:
-    """A power of two near max |y| when that lies beyond 2**+-400, else 1: dividing y by
-    it (exact) brings values whose sums or squares would overflow or underflow to unit
-    size, and leaves y of ordinary size as it is."""
-    top = float(np.max(np.abs(y))) if y.size else 0.0
-    if top == 0.0 or 2.0**-400 <= top <= 2.0**400:
-        return 1.0
-    return float(power_of_two_scale(top))
-
-
 def sum_safe_units(values_t) -> np.ndarray:
     """Per row of ``values_t`` (one output's values), the power of two to divide it by so
     that sums of its products with weights up to about 2**60 neither overflow nor lose
@@ -46,12 +36,14 @@ def sum_safe_units(values_t) -> np.ndarray:
 
 
 def within_squares(y):
-    """y divided by :func:`extreme_unit`: the squared residuals of a leave-one-out
-    criterion then neither overflow nor underflow (the division is exact and moves every
-    criterion value by the same factor; y of ordinary size is left as it is, since an
-    optimiser's stopping test is not scale-free)."""
-    unit = extreme_unit(y)
-    return y if unit == 1.0 else y / unit
+    """y divided by a power of two near max |y| when that lies beyond 2**+-400, where the
+    squared residuals of a leave-one-out criterion overflow or underflow (the division is
+    exact and moves every criterion value by the same factor; y of ordinary size is left
+    as it is, since an optimiser's stopping test is not scale-free)."""
+    top = float(np.max(np.abs(y))) if y.size else 0.0
+    if top == 0.0 or 2.0**-400 <= top <= 2.0**400:
+        return y
+    return y / float(power_of_two_scale(top))
 
 
 #: The fewest rows a search may start on (``subsample`` of ``nbattn.local.widths``).

@@ -393,9 +393,9 @@ class PoolingPrediction:
         (n, m, 2) for a 2-D target, column 0 the lower end
         (:func:`nbattn.local.engine.prediction_interval`: leave-one-out residuals and the
         equivalent-kernel weights; the Gaussian fast path's models in their score
-        coordinates, the full metric's as Lx with unit widths). With ``rtol > 0`` the
-        interval is moved to centre on predict's value (the fast path's predictions come
-        from another pruned walk than the engine's fit here)."""
+        coordinates, the full metric's as Lx with unit widths). With ``rtol > 0`` on the
+        fast path the interval is moved to centre on predict's value (those predictions
+        come from another pruned walk than the engine's fit here)."""
         from ..local.engine import prediction_interval
         from ..local.problem import check_widths
 
@@ -422,7 +422,7 @@ class PoolingPrediction:
             kind=kind,
         )
         out = np.stack([np.asarray(lower), np.asarray(upper)], axis=-1).astype(np.float64)
-        if self._rtol() > 0.0:
+        if self._rtol() > 0.0 and not self._uses_engine():
             shift = self._pooled(X) - np.asarray(fit, dtype=np.float64).reshape(out.shape[:-1])
             out += shift[..., None]
         return out if self._fitted("outputs_2d_") else out[:, 0, :]
