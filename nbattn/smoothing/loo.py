@@ -27,6 +27,14 @@ The gradient is exact and streamed (``nbattn.kernels.loo``): with
     \\frac{\\partial L}{\\partial L} = -\\frac{2}{n p}\\, L \\sum_{i, j \\ne i}
         g_{ij} (x_i - x_j)(x_i - x_j)^T .
 
+With a tolerance ``rtol`` > 0 (CPU) both come from the boxed tiles
+(:mod:`nbattn.smoothing.tiled_loo`) pruned at the gap log((n - 1) / rtol): each row
+skips only keys weighing less than rtol / (n - 1) of its largest weight, so every
+kernel sum of a leave-one-out fit (normaliser, weighted values) is within ``rtol``
+of its exact value and each fit within rtol / (1 - rtol) max_j |y_j - f_{-i}(x_i)|
+of the exact one; each skipped pair's gradient term is its weight (below that
+share) times its squared scaled distance, which the weight outruns.
+
 Memory is O(n (d + p)) throughout: no n x n matrix is formed. The sums run over
 row ranges (:mod:`nbattn.smoothing.loo_rows`); on the CPU the loss and gradient
 take one pass over row tiles (:mod:`nbattn.smoothing.tiled_loo`), on the GPU the
@@ -38,7 +46,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._core.validation import as_columns, as_float_array, centred_columns, resolve_dtype
+from .._core.validation import (
+    as_columns,
+    as_float_array,
+    centred_columns,
+    check_rtol,
+    resolve_dtype,
+)
 from ..dispatch.device import resolve_device
 from .loo_rows import loss_from_layout, loss_grad_rows, sum_over_rows, threads_for
 from .regression import resolve_bandwidth, scaled_layout
@@ -46,6 +60,7 @@ from .tiled_loo import tiled_loss_and_grad_sums
 
 __all__ = [
     "check_components",
+    "cpu_for_rtol",
     "loo_loss",
     "loo_loss_and_grad",
     "prepare_xy",
@@ -100,7 +115,7 @@ def check_components(components, d):
     return L
 
 
-def loo_loss(X, y, bandwidth="scott", *, components=None, dtype=None, device="cpu"):
+def loo_loss(X, y, bandwidth="scott", *, components=None, dtype=None, device="cpu", rtol=0.0):
     """Leave-one-out mean squared error of Nadaraya-Watson regression.
 
     .. math::
@@ -120,13 +135,31 @@ def loo_loss(X, y, bandwidth="scott", *, components=None, dtype=None, device="cp
     components : array-like (k, d), optional
     dtype : "float64" or "float32"; the sum is accumulated in float64 either way
     device : "cpu", "cuda" or "auto" (the CUDA twin ``nbattn.cuda.loo``)
+    rtol : float in [0, 1), default 0 (exact)
+        Each leave-one-out fit within rtol / (1 - rtol) max_j |y_j - f_{-i}(x_i)| of
+        the exact one (per output; the module docstring states the rule): the pruned
+        tiles of :func:`loo_loss_and_grad`. CPU only.
 
     Raises
     ------
     ValueError
-        fewer than 2 samples, NaN/inf, mismatched shapes.
+        fewer than 2 samples, NaN/inf, mismatched shapes, rtol outside [0, 1).
+    NotImplementedError
+        ``rtol > 0`` on the GPU.
     """
     dtype = resolve_dtype(dtype, X, y)
+    rtol = check_rtol(rtol)
+    if rtol > 0.0:
+        cpu_for_rtol(resolve_device(device), rtol)
+        loss, _ = loo_loss_and_grad(
+            X,
+            y,
+            None if components is not None else bandwidth,
+            components=components,
+            dtype=dtype,
+            rtol=rtol,
+        )
+        return loss
     X, y2 = prepare_xy(X, y, dtype)
     if components is not None:
         z, z_t = projected_layout(
@@ -138,7 +171,7 @@ def loo_loss(X, y, bandwidth="scott", *, components=None, dtype=None, device="cp
     return loss_from_layout(z, z_t, y2, dtype, device=device)
 
 
-def loo_loss_and_grad(X, y, bandwidth=None, *, components=None, dtype=None, device="cpu"):
+def loo_loss_and_grad(X, y, bandwidth=None, *, components=None, dtype=None, device="cpu", rtol=0.0):
     """The LOO MSE and its exact gradient (two streaming passes).
 
     Parameters
@@ -155,6 +188,10 @@ def loo_loss_and_grad(X, y, bandwidth=None, *, components=None, dtype=None, devi
     device : "cpu", "cuda" or "auto"
         Both passes run on the GPU with "cuda"; only the n x (d + p) inputs
         and the pass-1 outputs cross to and from the host.
+    rtol : float in [0, 1), default 0 (exact)
+        The tiles skip keys weighing less than rtol / (n - 1) of their row's
+        largest weight (module docstring): each fit within
+        rtol / (1 - rtol) max_j |y_j - f_{-i}(x_i)| of the exact one. CPU only.
 
     Returns
     -------
@@ -176,19 +213,33 @@ def loo_loss_and_grad(X, y, bandwidth=None, *, components=None, dtype=None, devi
     if (bandwidth is None) == (components is None):
         raise ValueError("give exactly one of bandwidth and components")
     dtype = resolve_dtype(dtype, X, y)
-    device = resolve_device(device)
+    rtol = check_rtol(rtol)
+    device = cpu_for_rtol(resolve_device(device), rtol)
     X, y2 = prepare_xy(X, y, dtype)
     if components is None:
         h = resolve_bandwidth(bandwidth, X, "X")
-        return prepared_loss_and_grad(X, y2, h, dtype=dtype, device=device)
+        return prepared_loss_and_grad(X, y2, h, dtype=dtype, device=device, rtol=rtol)
     L = check_components(components, X.shape[1])
-    return prepared_loss_and_grad(X, y2, components=L, dtype=dtype, device=device)
+    return prepared_loss_and_grad(X, y2, components=L, dtype=dtype, device=device, rtol=rtol)
 
 
-def prepared_loss_and_grad(X, y2, widths=None, components=None, *, dtype, device, n_rows=None):
+def cpu_for_rtol(device, rtol):
+    """``device``, refused when ``rtol`` > 0 asks the pruned tiles of a GPU (CPU only)."""
+    if rtol > 0.0 and device != "cpu":
+        raise NotImplementedError(
+            f"rtol={rtol!r} (the pruned leave-one-out tiles) runs on the CPU only: pass "
+            "device='cpu', or rtol=0 for the exact GPU passes"
+        )
+    return device
+
+
+def prepared_loss_and_grad(
+    X, y2, widths=None, components=None, *, dtype, device, n_rows=None, rtol=0.0
+):
     """:func:`loo_loss_and_grad` on inputs already checked and centred by :func:`prepare_xy`;
     with ``n_rows``, the estimate on rows [0, n_rows) (each left out and predicted
-    against all keys: a random subsample when the rows were shuffled)."""
+    against all keys: a random subsample when the rows were shuffled); ``rtol`` checked
+    (> 0 on the CPU only)."""
     v_t = np.ascontiguousarray(y2.T, dtype=dtype)
     if components is None:
         z, z_t = scaled_layout(
@@ -203,18 +254,20 @@ def prepared_loss_and_grad(X, y2, widths=None, components=None, *, dtype, device
     n_queries = X.shape[0] if n_rows is None else n_rows
     with threads_for(n_queries * X.shape[0]):
         return _loss_and_grad_passes(
-            X, y2, z, z_t, v_t, dtype, components is None, components, device, n_rows
+            X, y2, z, z_t, v_t, dtype, components is None, components, device, n_rows, rtol
         )
 
 
-def _loss_and_grad_passes(X, y2, z, z_t, v_t, dtype, diagonal, L, device="cpu", n_rows=None):
+def _loss_and_grad_passes(
+    X, y2, z, z_t, v_t, dtype, diagonal, L, device="cpu", n_rows=None, rtol=0.0
+):
     """LOO MSE and gradient of rows [0, n_rows) (all rows by default): on the CPU one
-    pass over row tiles, on the GPU the two streaming passes."""
+    pass over row tiles (pruned within ``rtol``), on the GPU the two streaming passes."""
     n = z.shape[0] if n_rows is None else int(n_rows)
     size = n * y2.shape[1]
     scale = 2.0 / size
     if device == "cpu":
-        sse, sums = tiled_loss_and_grad_sums(X, y2, z, z_t, v_t, dtype, diagonal, n)
+        sse, sums = tiled_loss_and_grad_sums(X, y2, z, z_t, v_t, dtype, diagonal, n, rtol)
     elif diagonal:
         sse, sums = sum_over_rows(loss_grad_rows, n, z, z_t, v_t, y2, None, None, dtype, device)
     else:

@@ -9,17 +9,20 @@ keys the tiles visit and runs them over row ranges:
   ``config.LOO_PRUNE_MIN_ROWS`` keys or where pruning would not pay;
 * **k-d order with the leaves' bounding boxes** (:func:`boxed_keys`): each tile
   takes only the leaves whose box comes within reach of one of its rows, the
-  skipped keys weighing less than exp(-``config.PRUNE_GAP_FLOAT64``) of their
-  row's largest weight. Chosen (:func:`pruned_keys`) when two estimates of the
-  share of keys the boxes keep (:func:`reach_share`, then :func:`boxed_share`)
-  stay at most ``config.LOO_BOXED_MAX_SHARE``: a wide kernel keeps most keys,
-  and gathering them costs more than it saves.
+  skipped keys weighing less than exp(-gap) of their row's largest weight
+  (:func:`prune_gap`: ``config.PRUNE_GAP_FLOAT64``, exact to rounding, or
+  log((n - 1) / rtol) with a tolerance ``rtol``). Chosen (:func:`pruned_keys`)
+  when two estimates of the share of keys the boxes keep (:func:`reach_share`,
+  then :func:`boxed_share`) stay at most ``config.LOO_BOXED_MAX_SHARE``: a wide
+  kernel keeps most keys, and gathering them costs more than it saves.
 
 Rows whose scores are far from every key (``far``) are left by the tiles and
 added through the anchored two-pass kernels, one by one.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -32,6 +35,7 @@ __all__ = [
     "boxed_keys",
     "boxed_share",
     "plain_keys",
+    "prune_gap",
     "pruned_keys",
     "reach_share",
     "tile_loss_grad_rows",
@@ -40,22 +44,33 @@ __all__ = [
 ]
 
 
-def _prune_gap():
-    """The pruning gap of the float64 tiles (``kernels.loo_1d.prune_gap_for``)."""
-    return kernels_for("loo_1d", "cpu").prune_gap_for(np.float64)
+def prune_gap(n_keys, rtol=0.0) -> float:
+    """The score gap beyond which the boxed tiles skip a key: it weighs less than
+    exp(-gap) of its row's largest weight, so the at most n - 1 keys a row skips weigh
+    less than (n - 1) exp(-gap) of its normaliser.
+
+    ``rtol`` = 0: ``config.PRUNE_GAP_FLOAT64`` (``kernels.loo_1d.prune_gap_for``; 50,
+    far below float64's rounding). ``rtol`` > 0: log((n - 1) / rtol), never above that
+    default, so the skipped keys weigh less than ``rtol`` of each row's normaliser.
+    """
+    exact = kernels_for("loo_1d", "cpu").prune_gap_for(np.float64)
+    if rtol <= 0.0 or n_keys < 2:
+        return exact
+    return min(exact, math.log(n_keys - 1) - math.log(rtol))
 
 
-def tiled_loss_and_grad_sums(X, y2, z, z_t, v_t, dtype, diagonal, n_rows):
+def tiled_loss_and_grad_sums(X, y2, z, z_t, v_t, dtype, diagonal, n_rows, rtol=0.0):
     """``(sum of squared errors, gradient sums)`` of rows [0, n_rows) on the tiles.
 
     The sums as :func:`nbattn.smoothing.loo_rows.loss_grad_rows` gives them: (k,)
     for the diagonal metric (its coordinates are the score-space points), (d, d)
     over the centred ``X`` for the full one. From ``config.LOO_PRUNE_MIN_ROWS`` keys
-    the k-d order prunes the tiles, unless they would keep most keys.
+    the k-d order prunes the tiles, unless they would keep most keys; ``rtol``
+    widens the pruning (:func:`prune_gap`).
     """
     z64 = np.ascontiguousarray(z, dtype=np.float64)
     points64 = z64 if diagonal else np.ascontiguousarray(X, dtype=np.float64)
-    keys = pruned_keys(z64, points64, y2)
+    keys = pruned_keys(z64, points64, y2, prune_gap(z64.shape[0], rtol))
     if keys is None:
         keys = plain_keys(z64, points64, y2)
     return sum_over_rows(tile_loss_grad_rows, n_rows, keys, z, z_t, v_t, y2, dtype, diagonal)
@@ -83,9 +98,10 @@ def plain_keys(z64, points64, y2):
     return "loo_tiles", (), np.arange(n), np.ascontiguousarray(z64.T), points64, y2
 
 
-def boxed_keys(z64, points64, y2):
+def boxed_keys(z64, points64, y2, gap=None):
     """The keys for ``loo_tiles_boxed``: in k-d order (leaves of
-    ``config.LOO_TILE_LEAF_KEYS`` keys) with the leaves' bounding boxes. See
+    ``config.LOO_TILE_LEAF_KEYS`` keys) with the leaves' bounding boxes, pruned at
+    ``gap`` (None: :func:`prune_gap` of the exact tiles). See
     :func:`tile_loss_grad_rows` for the tuple."""
     tiles = kernels_for("loo_tiles", "cpu")
     n = z64.shape[0]
@@ -95,29 +111,32 @@ def boxed_keys(z64, points64, y2):
     z_t = np.ascontiguousarray(z64[order].T)
     box_lo, box_hi = tiles.leaf_boxes(z_t, leaf_start)
     points = np.ascontiguousarray(points64[order])
-    pruning = (leaf_start, box_lo, box_hi, _prune_gap())
+    gap = prune_gap(n) if gap is None else float(gap)
+    pruning = (leaf_start, box_lo, box_hi, gap)
     return "loo_tiles_boxed", pruning, rank, z_t, points, y2[order]
 
 
-def pruned_keys(z64, points64, y2):
+def pruned_keys(z64, points64, y2, gap=None):
     """:func:`boxed_keys` where pruning pays: from ``config.LOO_PRUNE_MIN_ROWS`` keys,
     when the boxes would keep at most ``config.LOO_BOXED_MAX_SHARE`` of them (a wide
-    kernel keeps most, and gathering them costs more than it saves); else None."""
+    kernel keeps most, and gathering them costs more than it saves); else None.
+    ``gap``: as in :func:`boxed_keys`."""
     if z64.shape[0] < config.LOO_PRUNE_MIN_ROWS:
         return None
-    if reach_share(z64) > config.LOO_BOXED_MAX_SHARE:  # a wide kernel: no k-d order
+    gap = prune_gap(z64.shape[0]) if gap is None else float(gap)
+    if reach_share(z64, gap=gap) > config.LOO_BOXED_MAX_SHARE:  # a wide kernel: no k-d order
         return None
-    keys = boxed_keys(z64, points64, y2)
+    keys = boxed_keys(z64, points64, y2, gap)
     return keys if boxed_share(keys) <= config.LOO_BOXED_MAX_SHARE else None
 
 
-def reach_share(z64, n_sample=32):
+def reach_share(z64, n_sample=32, gap=None):
     """The share of keys within ``U_i + gap`` of a row i (squared distances, U_i the
     row's squared distance to its nearest other key), over ``n_sample`` rows spread
     through the rows: what the boxed tiles would keep at least (their bound takes U_i
     from a few keys beside the row in k-d order, at least the nearest, and keeps whole
     leaves), without building that order. Distances by one small GEMM: it only chooses
-    between two exact paths."""
+    between two paths of the same accuracy."""
     n = z64.shape[0]
     rows = np.unique(np.linspace(0, n - 1, min(n_sample, n)).astype(np.int64))
     sq = np.einsum("ij,ij->i", z64, z64)
@@ -127,7 +146,7 @@ def reach_share(z64, n_sample=32):
     dist += sq
     dist += sq[rows, None]
     dist[np.arange(rows.size), rows] = np.inf
-    reach = dist.min(axis=1) + _prune_gap()
+    reach = dist.min(axis=1) + (prune_gap(n) if gap is None else gap)
     return float(np.count_nonzero(dist <= reach[:, None])) / dist.size
 
 
@@ -136,7 +155,7 @@ def boxed_share(keys, n_sample=64):
     ``n_sample`` rows spread through the k-d order, the keys of the leaves whose box
     lies within ``U + gap`` of the row (U: the squared distance to its nearest
     neighbour among the 4 on each side in that order, as the kernel bounds it).
-    Only chooses between two exact paths."""
+    Only chooses between two paths of the same accuracy."""
     _, (leaf_start, box_lo, box_hi, gap), _, z_t, _, _ = keys
     n = z_t.shape[1]
     positions = np.unique(np.linspace(0, n - 1, min(n_sample, n)).astype(np.int64))
