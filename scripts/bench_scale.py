@@ -24,12 +24,16 @@ package, the ``bench`` extra), exact and with ``--rtol``, by the search on every
 (the default) and by the search that starts on a subsample
 (``loo_subsample=--loo-subsample``; lp only): the fit's seconds, the search's
 evaluations on each stage's rows (criterion alone / with its gradient) and their
-seconds each, the widths and the exact LOO criterion at each answer.
+seconds each, the widths and the exact LOO criterion at each answer. On continuous
+columns Nadaraya-Watson's criterion comes from the leave-one-out tiles
+(``nbattn.local.widths.criterion_for``); ``--local-engine`` runs each fit again with the
+engine's general passes, for comparison.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import os
 import resource
@@ -126,7 +130,6 @@ def _local_fits(args):
     from nbattn.local.engine import local_loo_loss
 
     counts = {}  # (rows of the stage, "loss" | "grad") -> [evaluations, seconds]
-    value, gradient = local_widths._Criterion._value, local_widths._Criterion.loss_and_grad
 
     def counted(method, kind):
         def run(self, theta):
@@ -139,8 +142,10 @@ def _local_fits(args):
 
         return run
 
-    local_widths._Criterion._value = counted(value, "loss")
-    local_widths._Criterion.loss_and_grad = counted(gradient, "grad")
+    for criterion in (local_widths._Criterion, local_widths._PooledCriterion):
+        criterion._value = counted(criterion.__dict__["_value"], "loss")
+        criterion.loss_and_grad = counted(criterion.__dict__["loss_and_grad"], "grad")
+    pooled_criterion = local_widths.criterion_for
     threads = os.environ.get("NUMBA_NUM_THREADS", "all")
     if args.local_model == "nw":
         degree, title = 0, "NadarayaWatsonRegressor"
@@ -159,34 +164,40 @@ def _local_fits(args):
     searches = [("every row", None)] if not args.skip_full else []
     if args.local_model == "lp":
         searches += [(f"subsample {args.loo_subsample}", args.loo_subsample)]
+    criteria = [("", pooled_criterion)]
+    if args.local_engine:  # the engine's general passes on the same search, for comparison
+        criteria.append((", engine criterion", local_widths._Criterion))
     for name in args.local_tables.split(","):
         X, y, var_type, label = _table(name, args.local_rows, rng)
         print(f"{label}: {X.shape[0]} rows, var_type {var_type}")
         make(None, var_type=var_type, rtol=args.rtol).fit(X[:300], y[:300])  # compile first
         make(None, var_type=var_type).fit(X[:300], y[:300])
-        for search, subsample in searches:
-            for rtol in tolerances:
-                counts.clear()
-                model = make(subsample, var_type=var_type, rtol=rtol)
-                t0 = time.perf_counter()
-                model.fit(X, y)
-                seconds = time.perf_counter() - t0
-                exact = local_loo_loss(X, y, model.bandwidth_, degree, var_type=var_type)
-                print(
-                    f"  search on {search}, rtol={rtol:g}: fit {seconds:6.1f} s, exact LOO "
-                    f"criterion {exact:.7g}"
+        for (search, subsample), rtol, (which, criterion) in itertools.product(
+            searches, tolerances, criteria
+        ):
+            counts.clear()
+            local_widths.criterion_for = criterion
+            model = make(subsample, var_type=var_type, rtol=rtol)
+            t0 = time.perf_counter()
+            model.fit(X, y)
+            seconds = time.perf_counter() - t0
+            local_widths.criterion_for = pooled_criterion
+            exact = local_loo_loss(X, y, model.bandwidth_, degree, var_type=var_type)
+            print(
+                f"  search on {search}, rtol={rtol:g}{which}: fit {seconds:6.1f} s, "
+                f"exact LOO criterion {exact:.7g}"
+            )
+            for rows in sorted({r for r, _ in counts}):
+                loss, grad = (
+                    counts.get((rows, "loss"), [0, 0.0]),
+                    counts.get((rows, "grad"), [0, 0.0]),
                 )
-                for rows in sorted({r for r, _ in counts}):
-                    loss, grad = (
-                        counts.get((rows, "loss"), [0, 0.0]),
-                        counts.get((rows, "grad"), [0, 0.0]),
-                    )
-                    print(
-                        f"    on {rows:6d} rows: {loss[0]:3d} criterion evaluations "
-                        f"({loss[1] / max(loss[0], 1):.3f} s each), {grad[0]:3d} with the "
-                        f"gradient ({grad[1] / max(grad[0], 1):.3f} s each)"
-                    )
-                print(f"    widths {np.array2string(model.bandwidth_, precision=4)}")
+                print(
+                    f"    on {rows:6d} rows: {loss[0]:3d} criterion evaluations "
+                    f"({loss[1] / max(loss[0], 1):.3f} s each), {grad[0]:3d} with the "
+                    f"gradient ({grad[1] / max(grad[0], 1):.3f} s each)"
+                )
+            print(f"    widths {np.array2string(model.bandwidth_, precision=4)}")
 
 
 def main(argv=None):
@@ -210,6 +221,11 @@ def main(argv=None):
     )
     parser.add_argument(
         "--loo-subsample", type=int, default=2000, help="--local: its rows (loo_subsample)"
+    )
+    parser.add_argument(
+        "--local-engine",
+        action="store_true",
+        help="--local: each fit again with the engine's criterion (for comparison)",
     )
     args = parser.parse_args(argv)
     if args.compile:
