@@ -266,9 +266,19 @@ class LearnedKernelRegressor(_PoolingRegressor):
     tol : float
         L-BFGS-B tolerance on the loss divided by the variance of y.
     random_state : int, numpy.random.Generator, numpy.random.RandomState or None
-        Randomness of init="random". A Generator or RandomState is used (and
+        Randomness of init="random" and of the row subsamples the fit starts on
+        (from 4,096 rows by default; None: a fixed seed, so every fit repeats to the bit).
+        A Generator or RandomState is used (and
         advanced) as given; model files store such a parameter as None, since
         a fitted model's predictions do not depend on it.
+    rtol : float in [0, 1), default 0
+        A relative tolerance on the kernel sums, on the CPU (0: exact). The fit's
+        criterion and gradient come from the pruned leave-one-out tiles (each
+        left-out fit within ``rtol / (1 - rtol)`` times the spread of the targets
+        about it; :func:`nbattn.smoothing.loo.loo_loss_and_grad`), and the answer is
+        checked exactly against the start, so it is never worse than Scott's widths;
+        ``loss_`` is exact. Predictions take the pruned paths of
+        :class:`NadarayaWatsonRegressor`. ``device="cuda"`` with ``rtol > 0`` is refused.
     var_type, missing, handle_unknown
         How the columns of X are read (see :class:`NadarayaWatsonRegressor`).
         Categorical columns, missing values or sample weights need
@@ -309,6 +319,7 @@ class LearnedKernelRegressor(_PoolingRegressor):
         max_iter=200,
         tol=1e-6,
         random_state=None,
+        rtol=0.0,
         var_type=None,
         missing="error",
         handle_unknown="error",
@@ -374,6 +385,7 @@ class LearnedKernelRegressor(_PoolingRegressor):
             dtype=self._dtype(),
             device=self._device(),
             verbose=self.verbose,
+            rtol=self._rtol(),
         )
         self._store_training_data(X, y2, outputs_2d)
         if self.metric == "full":

@@ -296,6 +296,7 @@ SPECS = {
                 Param("max_iter", 200, (IntRange(1),)),
                 Param("tol", 1e-6, (RealRange(0),)),
                 Param("random_state", None, (RandomState(),)),
+                _RTOL,
                 *_TABLE,
                 *_RUN,
             ),

@@ -21,6 +21,7 @@ the result in the features' units.
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -28,12 +29,18 @@ import numpy as np
 from .. import config
 from .._core.numeric import row_ladder
 from .._core.progress import FitProgress, check_verbose
-from .._core.validation import check_choice, resolve_dtype, scaled_columns
+from .._core.validation import check_choice, check_rtol, resolve_dtype, scaled_columns
 from ..dispatch.device import resolve_device
-from .loo import check_components, prepare_xy, prepared_loss_and_grad, projected_layout
+from .loo import (
+    check_components,
+    cpu_for_rtol,
+    prepare_xy,
+    prepared_loss_and_grad,
+    projected_layout,
+)
 from .loo_rows import loss_from_layout
 from .regression import bandwidth_rule, feature_spread, scaled_layout
-from .tiled_loo import pruned_keys
+from .tiled_loo import prune_gap, pruned_keys
 
 __all__ = ["fit_learned_kernel"]
 
@@ -51,6 +58,7 @@ def fit_learned_kernel(
     dtype=None,
     device="cpu",
     verbose=False,
+    rtol=0.0,
 ):
     """Minimise the LOO MSE over the kernel's metric with L-BFGS-B and the exact gradient.
 
@@ -73,13 +81,21 @@ def fit_learned_kernel(
         gives the initial widths (d,) or factor (scalar), or L (full).
     max_iter, tol : L-BFGS-B's ``maxiter`` and ``tol`` (on the loss divided
         by the variance of y, so that ``tol`` does not depend on y's units).
-    random_state : seed for init="random" and for the subsamples of the ladder
+    random_state : seed for init="random" and for the subsamples of the ladder; None
+        draws the subsamples with a fixed seed (0), so that two fits of the same data
+        give the same bits (only init="random" is then random)
     dtype : "float64" or "float32"
     device : "cpu", "cuda" or "auto": where the LOO loss and gradient run
     verbose : bool or int
         Progress on stderr (:mod:`nbattn._core.progress`): the iteration, the
         LOO MSE and its change; a tqdm bar on a terminal, plain lines
         otherwise or with ``verbose=2``.
+    rtol : float in [0, 1), default 0 (exact)
+        Every evaluation on the pruned tiles of
+        :func:`nbattn.smoothing.loo.loo_loss_and_grad` (each leave-one-out fit
+        within rtol / (1 - rtol) max_j |y_j - f_-i| of the exact one; CPU only).
+        The answer is then checked exactly: its exact LOO MSE is compared with the
+        start's, and the start is returned if it is no worse (see Notes).
 
     Returns
     -------
@@ -112,6 +128,14 @@ def fit_learned_kernel(
     weigh less than exp(-``config.PRUNE_GAP_FLOAT64``) of their row's largest
     weight, so the loss and gradient are those of all keys to rounding.
 
+    With ``rtol > 0`` the final point's loss is computed exactly (``loss`` is
+    exact). The start's is not, where a bound settles it: each left-out fit moves by
+    at most rtol / (1 - rtol) R (R the range of its output of y), so the root of the
+    loss, the fits' RMS error, by at most rtol / (1 - rtol) times the RMS of the
+    ranges; a final exact root below the start's pruned root less that margin is
+    below the start's exact one. Otherwise the start's exact loss is computed too,
+    and the better point returned (the start on ties).
+
     Warns
     -----
     sklearn.exceptions.ConvergenceWarning
@@ -125,11 +149,14 @@ def fit_learned_kernel(
     check_choice(metric, "metric", ("scalar", "diagonal", "full"))
     check_verbose(verbose)
     dtype = resolve_dtype(dtype, X, y)
-    device = resolve_device(device)
+    rtol = check_rtol(rtol)
+    device = cpu_for_rtol(resolve_device(device), rtol)
     X, y2 = prepare_xy(X, y, dtype)
-    fit = _MetricFit(X, y2, metric, n_components, init, random_state, dtype, device)
+    fit = _MetricFit(X, y2, metric, n_components, init, random_state, dtype, device, rtol)
     with FitProgress(verbose, "fit_learned_kernel", total=int(max_iter), unit="iter") as log:
         res = fit.run(max_iter, tol, log)
+        if rtol > 0.0:
+            res = fit.settle_exactly(res)
     if not res.success:
         from sklearn.exceptions import ConvergenceWarning
 
@@ -161,8 +188,8 @@ class _MetricFit:
     n_iter : the iterations of every stage so far
     """
 
-    def __init__(self, X, y2, metric, n_components, init, random_state, dtype, device):
-        self.metric, self.dtype, self.device = metric, dtype, device
+    def __init__(self, X, y2, metric, n_components, init, random_state, dtype, device, rtol=0.0):
+        self.metric, self.dtype, self.device, self.rtol = metric, dtype, device, rtol
         self.n, self.d = X.shape
         self.Xs, self.sigma = _standardise(X)
         self.h_std = bandwidth_rule(self.Xs, "scott")  # Scott widths of the standardised data
@@ -176,7 +203,11 @@ class _MetricFit:
             self.x0, self.bounds = self._initial_widths(init)
         self.stages = _subsample_ladder(self.n, self.x0.size)
         if len(self.stages) > 1:
-            order = rng.permutation(self.n)
+            # the subsamples are how the fit is computed, not a randomness the user asked
+            # for: without a seed they come from a fixed one, and every fit repeats
+            order = (rng if random_state is not None else np.random.default_rng(0)).permutation(
+                self.n
+            )
             self.Xs = np.ascontiguousarray(self.Xs[order])
             self.y2 = np.ascontiguousarray(self.y2[order])
         self.stage_rows = None
@@ -184,6 +215,7 @@ class _MetricFit:
         self.curve = []
         self.n_iter = 0
         self._last = {}  # the last evaluation, so that a stage's start check costs nothing
+        self.start_all_rows = None  # the criterion of all rows at x0, once evaluated
 
     # ---- the initial point
 
@@ -252,9 +284,11 @@ class _MetricFit:
             self.Xs, 1.0 / widths, self.dtype, name="X (standardised)", widths=widths
         )
 
-    def loss_and_grad(self, p, n_rows):
-        """The criterion of rows [0, n_rows) (None: all) and its gradient in p."""
-        common = {"dtype": self.dtype, "device": self.device, "n_rows": n_rows}
+    def loss_and_grad(self, p, n_rows, rtol=None):
+        """The criterion of rows [0, n_rows) (None: all) and its gradient in p, within
+        ``rtol`` (None: the fit's)."""
+        rtol = self.rtol if rtol is None else rtol
+        common = {"dtype": self.dtype, "device": self.device, "n_rows": n_rows, "rtol": rtol}
         if self.metric == "full":
             components = p.reshape(self.k, self.d)
             return prepared_loss_and_grad(self.Xs, self.y2, components=components, **common)
@@ -295,7 +329,8 @@ class _MetricFit:
         z, z_t = self.layout(self.x0)
         if self.device == "cpu":
             z64 = np.ascontiguousarray(z, dtype=np.float64)
-            if pruned_keys(z64, z64, self.y2) is not None:
+            gap = prune_gap(z64.shape[0], self.rtol)
+            if pruned_keys(z64, z64, self.y2, gap) is not None:
                 return self.raw(self.x0)[0]
         return loss_from_layout(
             z,
@@ -335,7 +370,16 @@ class _MetricFit:
         if self.log.enabled and ladder:
             what = "all rows" if rows == self.n else f"a random subsample of {rows} query rows"
             self.log.note(f"stage: the LOO criterion of {what} against all {self.n} keys")
-        if rows != self.stages[0] and self.start_loss() < self.raw(x)[0]:
+        if rows == self.stages[0]:
+            restart = False
+            if rows == self.n:  # one stage: x is x0, L-BFGS-B's first evaluation
+                self.start_all_rows = self.raw(x)[0]
+        else:
+            start = self.start_loss()
+            if rows == self.n:
+                self.start_all_rows = start
+            restart = start < self.raw(x)[0]
+        if restart:
             if self.log.enabled:
                 self.log.note("the previous stage's result is worse than the start here: restart")
             x = self.x0
@@ -389,6 +433,27 @@ class _MetricFit:
         )
 
     # ---- the result
+
+    def settle_exactly(self, res):
+        """With ``rtol`` > 0: the final point's exact loss, and the start instead where its
+        exact loss is no higher (fit_learned_kernel's Notes: a bound on the pruning
+        settles most fits without the start's exact loss). Returns ``res`` with the
+        point kept and its exact loss (``fun`` divided by ``scale``)."""
+        found = self.loss_and_grad(res.x, None, rtol=0.0)[0]
+        # every fit moves by at most rtol / (1 - rtol) times the range of its output, so
+        # the root of the loss (the fits' RMS error) by at most that share of the ranges'
+        # RMS: below the start's pruned root by more, the answer is below its exact one
+        share = self.rtol / (1.0 - self.rtol)
+        margin = share * float(np.sqrt(np.mean(np.ptp(self.y2, axis=0) ** 2)))
+        x = res.x
+        if not math.sqrt(found) < math.sqrt(self.start_all_rows) - margin:
+            start = self.loss_and_grad(self.x0, None, rtol=0.0)[0]
+            if start <= found:
+                x, found = self.x0, start
+                if self.log.enabled:
+                    self.log.note("the start's exact LOO MSE is no higher: the start is kept")
+        res.x, res.fun = x, found / self.scale
+        return res
 
     def result(self, res):
         """:func:`fit_learned_kernel`'s dictionary, the metric in the features' units."""

@@ -205,20 +205,26 @@ def test_classifier_guard_returns_the_rule_when_the_search_is_worse(monkeypatch)
     np.testing.assert_allclose(model.bandwidth_, spec_rule, rtol=1e-12)
 
 
-@pytest.mark.parametrize("name", ["NadarayaWatsonRegressor", "NadarayaWatsonClassifier"])
+@pytest.mark.parametrize(
+    "name", ["NadarayaWatsonRegressor", "NadarayaWatsonClassifier", "LearnedKernelRegressor"]
+)
 def test_model_file_keeps_rtol_and_the_predictor_uses_it(tmp_path, pruned, name):
     X, y, Q = _table("clustered", 3)
-    target = y if name == "NadarayaWatsonRegressor" else np.digitize(y, [np.median(y)])
+    target = y if "Regressor" in name else np.digitize(y, [np.median(y)])
     model = getattr(nbattn, name)(rtol=0.01).fit(X, target)
+    if name == "LearnedKernelRegressor":  # its learned widths are too narrow to prune here
+        model.bandwidth_ = np.full(2, 0.4)
     path = nbattn.save(model, tmp_path / "m.npz")
     loaded = nbattn.load(path)
     assert loaded.get_params()["rtol"] == 0.01
-    method = "predict" if name == "NadarayaWatsonRegressor" else "predict_proba"
+    method = "predict" if "Regressor" in name else "predict_proba"
     want = getattr(model, method)(Q)
     np.testing.assert_array_equal(getattr(loaded, method)(Q), want)
     np.testing.assert_array_equal(getattr(read_predictor(path)[0], method)(Q), want)
-    exact = getattr(getattr(nbattn, name)().fit(X, target), method)(Q)
-    assert not np.array_equal(want, exact)  # the tolerance did reach the predictions
+    exact = getattr(nbattn, name)().fit(X, target)
+    if name == "LearnedKernelRegressor":  # the same widths, to see the predictions alone
+        exact.bandwidth_ = model.bandwidth_.copy()
+    assert not np.array_equal(want, getattr(exact, method)(Q))  # rtol reached the predictions
 
 
 def test_a_file_from_before_rtol_loads_as_exact(tmp_path):
@@ -235,7 +241,9 @@ def test_a_file_from_before_rtol_loads_as_exact(tmp_path):
 
 
 @pytest.mark.parametrize("bad", [-1e-3, 1.0, float("nan"), float("inf"), "1e-6", True])
-@pytest.mark.parametrize("name", ["NadarayaWatsonRegressor", "NadarayaWatsonClassifier"])
+@pytest.mark.parametrize(
+    "name", ["NadarayaWatsonRegressor", "NadarayaWatsonClassifier", "LearnedKernelRegressor"]
+)
 def test_bad_rtol_is_refused_by_name(name, bad):
     X, y, _ = _table("uniform", 0, n=20)
     with pytest.raises(ValueError, match="rtol"):
@@ -270,7 +278,8 @@ def test_command_line_rtol_for_nadaraya_watson(tmp_path, capsys):
         ["fit", str(tmp_path / "train.csv"), "--target", "y", "--model", "learned"]
         + ["--rtol", "1e-6", "-q", "-o", str(tmp_path / "l.npz")]
     )
-    assert code != 0 and "--rtol does not apply to --model learned" in capsys.readouterr().err
+    assert code == 0, capsys.readouterr().err
+    assert nbattn.load(tmp_path / "l.npz").rtol == 1e-6
 
 
 def test_rule_widths_are_what_the_guard_compares_with():
@@ -321,6 +330,12 @@ def test_rtol_false_is_refused_at_fit(name):
     X, y, _ = _table("uniform", 0, n=20)
     with pytest.raises(ValueError, match="rtol"):
         getattr(nbattn, name)(rtol=False, bandwidth="scott").fit(X, y > y.mean())
+
+
+def test_rtol_false_is_refused_at_fit_of_the_learned_kernel():
+    X, y, _ = _table("uniform", 0, n=20)
+    with pytest.raises(ValueError, match="rtol"):
+        nbattn.LearnedKernelRegressor(rtol=False).fit(X, y)
 
 
 @pytest.mark.parametrize("weighted", [False, True])

@@ -15,6 +15,7 @@ from nbattn.smoothing import learned_metric, loo, width_search
 from nbattn.smoothing.regression import bandwidth_rule
 
 from .. import naive
+from .._config import config_values
 
 
 def _relevance_data(seed, n=300):
@@ -358,3 +359,18 @@ def test_ladder_progress_names_the_stages(monkeypatch, capfd):
     assert "(estimate on 100 rows)" in err and "stage: the LOO criterion of all rows" in err
     iterations = [line for line in err.splitlines() if "iteration " in line]
     assert len(iterations) == result["n_iter"] == len(result["loss_curve"]) - 1
+
+
+@pytest.mark.parametrize("metric", ["scalar", "diagonal", "full"])
+def test_a_fit_on_subsamples_repeats_to_the_bit_without_a_seed(metric):
+    """The ladder draws its subsamples from a fixed seed when random_state is None: two
+    fits of the same data agree to the bit (they drew fresh rows each time before)."""
+    rng = np.random.default_rng(8)
+    X = rng.uniform(-2, 2, (400, 2))
+    y = np.sin(2 * X[:, 0]) + 0.3 * rng.normal(size=400)
+    with config_values(LEARN_SUBSAMPLE_ROWS=50, LEARN_ROWS_PER_PARAMETER=1):
+        fits = [learned_metric.fit_learned_kernel(X, y, metric) for _ in "ab"]
+    assert len(fits[0]["stages"]) > 1  # the ladder ran
+    key = "components" if metric == "full" else "bandwidth"
+    assert fits[0][key].tobytes() == fits[1][key].tobytes()
+    assert fits[0]["loss_curve"].tobytes() == fits[1]["loss_curve"].tobytes()
