@@ -574,3 +574,26 @@ def test_one_huge_target_costs_the_others_no_digit(rest):
         got = local_polynomial(Q, X, huge, [0.8], degree, kernel="tricube")
         want = local_polynomial(Q, X, zero, [0.8], degree, kernel="tricube")
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("exponent", [1023, 1000, -1000])
+@pytest.mark.parametrize("params", [{"kernel": "tricube"}, {"missing": "marginalize"}])
+def test_engine_spread_of_targets_near_the_ends_of_float64(seed, exponent, params):
+    """predict(return_std=True) on the engine pools the squared targets: near 1.7e308 they
+    overflowed (a NaN or inf std where the true one is about 0.35 2**1023). The spread is
+    the unit-size targets' spread times their power of two, to rounding."""
+    from nbattn import NadarayaWatsonRegressor
+
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(0, 3, size=(30, 2))
+    unit_y = rng.uniform(-1.0, 1.0, size=30) * 0.999
+    Q = rng.uniform(0, 3, size=(7, 2))
+    y = np.ldexp(unit_y, exponent)
+    mean, std = NadarayaWatsonRegressor(bandwidth=1.5, **params).fit(X, y).predict(Q, True)
+    unit_mean, unit_std = (
+        NadarayaWatsonRegressor(bandwidth=1.5, **params).fit(X, unit_y).predict(Q, True)
+    )
+    assert np.all(np.isfinite(std)) and np.all(std > 0)
+    np.testing.assert_allclose(np.ldexp(std, -exponent), unit_std, rtol=1e-12)
+    np.testing.assert_allclose(np.ldexp(mean, -exponent), unit_mean, rtol=1e-12, atol=1e-15)

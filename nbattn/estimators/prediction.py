@@ -268,7 +268,8 @@ class PoolingPrediction:
         :func:`nbattn.smoothing.regression.nadaraya_watson_spread` (a second pass about f,
         exact), unless ``rtol > 0`` and only (f, std) are asked for: then, as otherwise,
         f is :meth:`_pooled` (predict's, pruned alike). Otherwise the spread about f comes
-        from pooled moments of the targets centred on their mean c,
+        from pooled moments of the targets centred on their midrange c (in units of a
+        power of two near their largest |y - c|, so that squares near 1.7e308 stay finite),
         ``sum_j w_ij (y_j - f)^2 = E[(y-c)^2] - 2 (f-c) E[y-c] + (f-c)^2``, and the
         effective n ``1 / sum_j w_ij^2`` from ``_attention_weights_checked`` (only when
         ``effective_n``).
@@ -300,17 +301,22 @@ class PoolingPrediction:
             )
         f = self._pooled(X)
         m = y.shape[1]
-        centre = y.mean(axis=0)
-        dy = y - centre
+        # centred on the midrange (no sum to overflow) and divided by a power of two near
+        # each output's largest |y - c| (exact), so that the squares of targets near
+        # 1.7e308 stay finite; the std is multiplied back
+        centre = y.max(axis=0) / 2.0 + y.min(axis=0) / 2.0
+        unit = power_of_two_scale(np.max(np.abs(y - centre), axis=0))
+        dy = (y - centre) / unit
         moments = self._pooled_values(X, np.column_stack([dy, dy * dy]))
         first, second = moments[:, :m], moments[:, m:]
-        fc = f - centre
+        fc = (f - centre) / unit
         var = np.maximum(second - 2.0 * fc * first + fc * fc, 0.0)
         n_eff = None
         if effective_n:
             weights = self._attention_weights_checked(X)
             n_eff = 1.0 / np.sum(weights * weights, axis=1)
-        return f, np.sqrt(var), n_eff
+        with np.errstate(over="ignore"):  # a spread beyond float64 is inf
+            return f, np.sqrt(var) * unit, n_eff
 
     # ---- what predict and predict_proba return for checked queries X
 
