@@ -176,14 +176,28 @@ def test_cli_unreachable_scheduler_fails_cleanly(tmp_path, data, capsys, monkeyp
     assert not out.exists()
 
 
-@pytest.mark.parametrize("how", ["diagonal", "full", "scalar-1d"])
+@pytest.mark.parametrize("how", ["diagonal", "full", "scalar-1d", "diagonal-rtol"])
 def test_sharded_loo_sums_equal_in_memory(client, how):
+    """Each evaluation's row ranges as tasks on the cluster: the same sums. With rtol the
+    keys are pruned here, before the tasks (forced at this size: leaves of 4 keys), and
+    the workers walk the leaves they are sent."""
     from nbattn.smoothing import loo
+
+    from .._config import config_values
 
     rng = np.random.default_rng(3)
     X = rng.uniform(0, 5, size=(300, 3))
     y = np.column_stack([np.sin(X[:, 0]), X[:, 1]]) + rng.normal(0, 0.1, size=(300, 2))
-    if how == "diagonal":
+    if how == "diagonal-rtol":
+        pruned = {"LOO_PRUNE_MIN_ROWS": 2, "LOO_TILE_LEAF_KEYS": 4, "LOO_BOXED_MAX_SHARE": 1.0}
+
+        def run():
+            with config_values(**pruned):
+                return loo.loo_loss_and_grad(X, y, [0.3, 0.3, 0.3], rtol=1e-3)
+
+        exact = loo.loo_loss_and_grad(X, y, [0.3, 0.3, 0.3])
+        assert run()[0] != exact[0]  # the tolerance pruned something
+    elif how == "diagonal":
         run = lambda: loo.loo_loss_and_grad(X, y, [0.5, 1.0, 2.0])  # noqa: E731
     elif how == "full":
         L = rng.normal(size=(2, 3))
@@ -193,7 +207,17 @@ def test_sharded_loo_sums_equal_in_memory(client, how):
     expected = run()
     with distributed.get_task_stream(client) as stream, nbdask.sharded_training(client, 3):
         got = run()
+        again = run()
     assert len(stream.data) >= 3  # the row ranges ran as tasks on the cluster
+    if how == "diagonal-rtol":
+        # a tile keeps the leaves its own rows reach: other row ranges, other tiles, so the
+        # sharded sums agree with the in-memory ones within the bound (each fit within
+        # rtol / (1 - rtol) of the range of y, so the loss within 4 rtol / (1 - rtol)
+        # range^2), and with themselves to the bit
+        assert again[0] == got[0] and np.array_equal(again[1], got[1])
+        allowed = 4.0 * 1e-3 / (1 - 1e-3) * float(np.mean(np.ptp(y, axis=0) ** 2))
+        assert abs(got[0] - exact[0]) <= allowed and abs(expected[0] - exact[0]) <= allowed
+        return
     assert got[0] == pytest.approx(expected[0], rel=1e-12)
     np.testing.assert_allclose(got[1], expected[1], rtol=1e-10, atol=1e-14)
 
