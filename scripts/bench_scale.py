@@ -5,6 +5,7 @@
     python scripts/bench_scale.py --compile                      # first-call compile time
     NUMBA_NUM_THREADS=2 python scripts/bench_scale.py --local    # the mid-size LOO fits
     NUMBA_NUM_THREADS=2 python scripts/bench_scale.py --local --local-model nw
+    NUMBA_NUM_THREADS=2 python scripts/bench_scale.py --loo      # LOO loss+grad, exact vs rtol
 
 For Scott's widths and a quarter of them it prints the time of the exact path
 (``rtol=0``) and of ``rtol`` (the public call, cost model included), the speedup, the
@@ -14,6 +15,10 @@ as a fraction of -log(1 - rtol), scikit-learn's ``KernelDensity(rtol=...)`` on t
 normaliser sums (a subset of queries, timed and scaled to all of them), and the peak
 resident memory. The data: keys and queries drawn from 100 Gaussian clusters (sd 0.03)
 whose centres are uniform in the unit cube.
+
+``--loo`` times ``loo_loss_and_grad`` exact and with ``--rtol`` on clustered data of
+``--loo-rows`` rows, in one and three dimensions, at 4, 1, 1/4 and 1/20 of Scott's
+widths, and prints the ratio (above 1: the tolerance is faster).
 
 ``--local`` times the mid-size case instead: ``LocalPolynomialRegressor(degree=1)``
 (``--local-model nw``: ``NadarayaWatsonRegressor``) with leave-one-out widths on
@@ -200,6 +205,37 @@ def _local_fits(args):
             print(f"    widths {np.array2string(model.bandwidth_, precision=4)}")
 
 
+def _loo_sweep(args):
+    """The leave-one-out loss and gradient (``loo_loss_and_grad``), exact against ``--rtol``,
+    over rows, dimensions and widths (module docstring): the best of three calls each."""
+    from nbattn.smoothing.loo import loo_loss_and_grad
+
+    threads = os.environ.get("NUMBA_NUM_THREADS", "all")
+    print(f"loo_loss_and_grad, exact vs rtol={args.rtol:g}, NUMBA_NUM_THREADS={threads}")
+    print(f"{'rows':>7} {'d':>2} {'x Scott':>8} {'exact s':>9} {'rtol s':>9} {'ratio':>6}")
+    rng = np.random.default_rng(0)
+    for n in (int(r) for r in args.loo_rows.split(",")):
+        for d in (1, 3):
+            centres = rng.uniform(size=(100, d))
+            X = centres[rng.integers(0, 100, n)] + 0.03 * rng.normal(size=(n, d))
+            y = np.sin(6.0 * X[:, 0]) + 0.1 * rng.normal(size=n)
+            scott = X.std(axis=0) * n ** (-1.0 / (d + 4))
+            for factor in (4.0, 1.0, 0.25, 0.05):
+                seconds = []
+                for rtol in (0.0, args.rtol):
+                    loo_loss_and_grad(X, y, scott * factor, rtol=rtol)
+                    best = math.inf
+                    for _ in range(3):
+                        t0 = time.perf_counter()
+                        loo_loss_and_grad(X, y, scott * factor, rtol=rtol)
+                        best = min(best, time.perf_counter() - t0)
+                    seconds.append(best)
+                print(
+                    f"{n:7d} {d:2d} {factor:8.2f} {seconds[0]:9.4f} {seconds[1]:9.4f} "
+                    f"{seconds[0] / seconds[1]:6.2f}"
+                )
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keys", type=int, default=1_000_000)
@@ -227,7 +263,14 @@ def main(argv=None):
         action="store_true",
         help="--local: each fit again with the engine's criterion (for comparison)",
     )
+    parser.add_argument(
+        "--loo", action="store_true", help="the LOO loss and gradient, exact vs rtol"
+    )
+    parser.add_argument("--loo-rows", default="2000,5000,10000,20000", help="--loo: row counts")
     args = parser.parse_args(argv)
+    if args.loo:
+        _loo_sweep(args)
+        return
     if args.compile:
         _compile_time()
         return
