@@ -159,8 +159,9 @@ def engine_loo_widths(model, X, Y, sample_weight, degree) -> np.ndarray:
 
 def engine_loo_loss(model, X, Y, widths, sample_weight, degree) -> float:
     """The engine's (weighted) LOO MSE at ``widths`` (:func:`nbattn.local.engine.loo_loss`
-    on the checked training data)."""
-    return _loo_loss(model._local_spec(), X, Y, widths, sample_weight, degree)
+    on the checked training data), exact whatever the model's ``rtol``."""
+    spec = dataclasses.replace(model._local_spec(), rtol=0.0)
+    return _loo_loss(spec, X, Y, widths, sample_weight, degree)
 
 
 def _loo_loss(spec, X, Y, widths, sample_weight, degree) -> float:

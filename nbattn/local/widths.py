@@ -208,7 +208,7 @@ class _PooledCriterion(_Criterion):
         h = np.exp(np.asarray(theta, dtype=np.float64))
         loss, grad = prepared_loss_and_grad(
             self.q_unit,
-            self.targets,
+            self.centred_targets,
             h,
             dtype=np.float64,
             device="cpu",
@@ -218,6 +218,12 @@ class _PooledCriterion(_Criterion):
         # mean over rows of each row's sum over outputs (loo_term_weights: 1 / n)
         outputs = self.targets.shape[1]
         return float(loss) * outputs, np.asarray(grad, dtype=np.float64) * outputs
+
+    def __init__(self, problem: LocalProblem):
+        super().__init__(problem)
+        # the tiles' contract (prepare_xy): y centred on its median, which no left-out fit's
+        # residual depends on, and without which offset targets lose the gradient's digits
+        self.centred_targets = self.targets - np.median(self.targets, axis=0)
 
     def _value(self, theta) -> float:
         return self._tiles(theta)[0]

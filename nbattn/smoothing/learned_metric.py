@@ -30,7 +30,6 @@ from .. import config
 from .._core.numeric import row_ladder
 from .._core.progress import FitProgress, check_verbose
 from .._core.validation import check_choice, check_rtol, resolve_dtype, scaled_columns
-from ..dispatch.device import resolve_device
 from .loo import (
     check_components,
     cpu_for_rtol,
@@ -150,7 +149,7 @@ def fit_learned_kernel(
     check_verbose(verbose)
     dtype = resolve_dtype(dtype, X, y)
     rtol = check_rtol(rtol)
-    device = cpu_for_rtol(resolve_device(device), rtol)
+    device = cpu_for_rtol(device, rtol)
     X, y2 = prepare_xy(X, y, dtype)
     fit = _MetricFit(X, y2, metric, n_components, init, random_state, dtype, device, rtol)
     with FitProgress(verbose, "fit_learned_kernel", total=int(max_iter), unit="iter") as log:

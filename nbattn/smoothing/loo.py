@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._core.numeric import power_of_two_scale
 from .._core.validation import (
     as_columns,
     as_float_array,
@@ -150,7 +151,7 @@ def loo_loss(X, y, bandwidth="scott", *, components=None, dtype=None, device="cp
     dtype = resolve_dtype(dtype, X, y)
     rtol = check_rtol(rtol)
     if rtol > 0.0:
-        cpu_for_rtol(resolve_device(device), rtol)
+        cpu_for_rtol(device, rtol)
         loss, _ = loo_loss_and_grad(
             X,
             y,
@@ -214,7 +215,7 @@ def loo_loss_and_grad(X, y, bandwidth=None, *, components=None, dtype=None, devi
         raise ValueError("give exactly one of bandwidth and components")
     dtype = resolve_dtype(dtype, X, y)
     rtol = check_rtol(rtol)
-    device = cpu_for_rtol(resolve_device(device), rtol)
+    device = cpu_for_rtol(device, rtol)
     X, y2 = prepare_xy(X, y, dtype)
     if components is None:
         h = resolve_bandwidth(bandwidth, X, "X")
@@ -224,7 +225,12 @@ def loo_loss_and_grad(X, y, bandwidth=None, *, components=None, dtype=None, devi
 
 
 def cpu_for_rtol(device, rtol):
-    """``device``, refused when ``rtol`` > 0 asks the pruned tiles of a GPU (CPU only)."""
+    """The resolved ``device`` ("cpu", "cuda" or "auto" as given): with ``rtol`` > 0 the
+    pruned tiles run on the CPU only, so "auto" stays there and "cuda" is refused (as the
+    estimators' ``device``)."""
+    if rtol > 0.0 and device == "auto":
+        return "cpu"
+    device = resolve_device(device)
     if rtol > 0.0 and device != "cpu":
         raise NotImplementedError(
             f"rtol={rtol!r} (the pruned leave-one-out tiles) runs on the CPU only: pass "
@@ -240,6 +246,17 @@ def prepared_loss_and_grad(
     with ``n_rows``, the estimate on rows [0, n_rows) (each left out and predicted
     against all keys: a random subsample when the rows were shuffled); ``rtol`` checked
     (> 0 on the CPU only)."""
+    # targets far from unit size divided by a power of two near max |y| (exact; the loss
+    # and gradient are quadratic in y, so they are multiplied back by its square): the
+    # tiles' weighted sums of y near 1e-80 underflowed and lost every digit
+    top = float(np.max(np.abs(y2))) if y2.size else 0.0
+    unit = 1.0 if top == 0.0 or 2.0**-60 <= top <= 2.0**60 else float(power_of_two_scale(top))
+    if unit != 1.0:
+        loss, grad = prepared_loss_and_grad(
+            X, y2 / unit, widths, components, dtype=dtype, device=device, n_rows=n_rows, rtol=rtol
+        )
+        with np.errstate(over="ignore", under="ignore"):
+            return loss * unit * unit, grad * (unit * unit)
     v_t = np.ascontiguousarray(y2.T, dtype=dtype)
     if components is None:
         z, z_t = scaled_layout(

@@ -105,3 +105,22 @@ def test_nw_search_no_worse_than_the_rule_and_repeatable(rtol):
         found = local_loo_loss(X, y, widths, 0, var_type="c" * X.shape[1])
         start = local_loo_loss(X, y, rule, 0, var_type="c" * X.shape[1])
         assert found <= start * (1 + 1e-12), name
+
+
+@pytest.mark.parametrize("offset, scale", [(0.0, 1e-100), (1e10, 1e-3), (0.0, 1e-80)])
+def test_small_and_offset_targets_agree_with_the_engine(offset, scale):
+    """y near 1e-100 underflowed in the tiles and y = 1e10 + noise lost the gradient's
+    digits (found in review): the pooled criterion centres y and brings it to unit size,
+    so it equals the engine's criterion of the centred targets (a shift changes no
+    residual; the engine itself loses digits to an offset of 1e10)."""
+    rng = np.random.default_rng(3)
+    X = rng.uniform(-2, 2, (300, 2))
+    y = offset + scale * (np.sin(X[:, 0]) + 0.3 * rng.normal(size=300))
+    pooled, start = _criteria(X, y)[1:]
+    engine = _criteria(X, y - np.median(y))[0]
+    for factor in (1e-3, 1e-2, 1.0):
+        theta = np.log(start * factor)
+        value, grad = engine.loss_and_grad(theta)
+        value_p, grad_p = pooled.loss_and_grad(theta)
+        assert value_p == pytest.approx(value, rel=1e-9)
+        np.testing.assert_allclose(grad_p, grad, rtol=1e-6, atol=1e-9 * value)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -32,6 +33,12 @@ def test_no_finite_criterion_is_a_clear_error(seed):
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(local_widths, "fit_problem", nan_fit)
+        # Nadaraya-Watson on continuous columns takes its criterion from the LOO tiles
+        patch.setattr(
+            local_widths._PooledCriterion,
+            "_tiles",
+            lambda self, theta: (math.nan, np.full(len(theta), math.nan)),
+        )
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             with pytest.raises(ValueError, match="not finite at any width"):

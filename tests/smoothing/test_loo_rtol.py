@@ -172,3 +172,30 @@ def test_components_take_rtol_too():
     assert loss == alone
     assert loss == pytest.approx(exact, rel=1e-6)
     np.testing.assert_allclose(grad, naive.loo_grad(X, y, components=L), rtol=1e-4, atol=1e-8)
+
+
+@pytest.mark.parametrize("exponent", [-80, -100, -300, 200])
+def test_targets_far_from_unit_size_keep_their_digits(exponent):
+    """The tiles' weighted sums of y near 1e-80 underflowed (a loss 1% off and a gradient
+    30,000 times too large, found in review): y is brought to unit size by a power of two
+    first, so the loss and gradient are the unit-size ones times its square, exactly."""
+    rng = np.random.default_rng(1)
+    X = rng.uniform(-2, 2, (400, 1))
+    y = np.sin(3 * X[:, 0]) + 0.3 * rng.normal(size=400)
+    h = np.array([5e-4])
+    unit_loss, unit_grad = loo_loss_and_grad(X, y, h)
+    for rtol in (0.0, 1e-12):
+        loss, grad = loo_loss_and_grad(X, np.ldexp(y, exponent), h, rtol=rtol)
+        np.testing.assert_allclose(np.ldexp(loss, -2 * exponent), unit_loss, rtol=1e-12)
+        np.testing.assert_allclose(np.ldexp(grad, -2 * exponent), unit_grad, rtol=1e-9)
+
+
+def test_auto_stays_on_the_cpu_with_rtol(monkeypatch):
+    """As the estimators' device: "auto" on a GPU machine runs rtol > 0 on the CPU."""
+    from nbattn.smoothing import loo
+
+    monkeypatch.setattr(loo, "resolve_device", lambda device: "cpu" if device == "cpu" else "cuda")
+    X = np.arange(20.0).reshape(-1, 1)
+    assert loo_loss(X, np.sin(X[:, 0]), rtol=1e-6, device="auto") == pytest.approx(
+        loo_loss(X, np.sin(X[:, 0]), device="cpu"), rel=1e-9
+    )
