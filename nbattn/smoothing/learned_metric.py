@@ -92,7 +92,7 @@ def fit_learned_kernel(
     rtol : float in [0, 1), default 0 (exact)
         Every evaluation on the pruned tiles of
         :func:`nbattn.smoothing.loo.loo_loss_and_grad` (each leave-one-out fit
-        within rtol / (1 - rtol) max_j |y_j - f_-i| of the exact one; CPU only).
+        within ``rtol / (1 - rtol) max_j |y_j - f_-i|`` of the exact one; CPU only).
         The answer is then checked exactly: its exact LOO MSE is compared with the
         start's, and the start is returned if it is no worse (see Notes).
 

@@ -31,7 +31,7 @@ With a tolerance ``rtol`` > 0 (CPU) both come from the boxed tiles
 (:mod:`nbattn.smoothing.tiled_loo`) pruned at the gap log((n - 1) / rtol): each row
 skips only keys weighing less than rtol / (n - 1) of its largest weight, so every
 kernel sum of a leave-one-out fit (normaliser, weighted values) is within ``rtol``
-of its exact value and each fit within rtol / (1 - rtol) max_j |y_j - f_{-i}(x_i)|
+of its exact value and each fit within ``rtol / (1 - rtol) max_j |y_j - f_-i(x_i)|``
 of the exact one; each skipped pair's gradient term is its weight (below that
 share) times its squared scaled distance, which the weight outruns.
 
@@ -137,7 +137,7 @@ def loo_loss(X, y, bandwidth="scott", *, components=None, dtype=None, device="cp
     dtype : "float64" or "float32"; the sum is accumulated in float64 either way
     device : "cpu", "cuda" or "auto" (the CUDA twin ``nbattn.cuda.loo``)
     rtol : float in [0, 1), default 0 (exact)
-        Each leave-one-out fit within rtol / (1 - rtol) max_j |y_j - f_{-i}(x_i)| of
+        Each leave-one-out fit within ``rtol / (1 - rtol) max_j |y_j - f_-i(x_i)|`` of
         the exact one (per output; the module docstring states the rule): the pruned
         tiles of :func:`loo_loss_and_grad`. CPU only.
 
@@ -192,7 +192,7 @@ def loo_loss_and_grad(X, y, bandwidth=None, *, components=None, dtype=None, devi
     rtol : float in [0, 1), default 0 (exact)
         The tiles skip keys weighing less than rtol / (n - 1) of their row's
         largest weight (module docstring): each fit within
-        rtol / (1 - rtol) max_j |y_j - f_{-i}(x_i)| of the exact one. CPU only.
+        ``rtol / (1 - rtol) max_j |y_j - f_-i(x_i)|`` of the exact one. CPU only.
 
     Returns
     -------
