@@ -22,6 +22,7 @@ from ._core.version import __version__
 #: public name -> the submodule that defines it.
 _PUBLIC = {
     "KVCache": "attn.decode",
+    "KernelDensity": "estimators.density",
     "LearnedKernelRegressor": "estimators.regressors",
     "LocalPolynomialRegressor": "estimators.regressors",
     "MultiHeadAttention": "attn.layers",
@@ -36,6 +37,8 @@ _PUBLIC = {
     "flash_attention_varlen_backward": "attn.varlen",
     "flash_decode": "attn.decode",
     "hierarchical_attention": "attn.hierarchical",
+    "kernel_cdf": "distribution.density",
+    "kernel_density": "distribution.density",
     "load": "persistence.modelfile",
     "local_polynomial": "local.engine",
     "log_softmax": "attn.softmax",
@@ -54,6 +57,7 @@ _PUBLIC = {
 #: IDEs; tests/test_packaging.py checks that the three lists agree.
 __all__ = [
     "KVCache",
+    "KernelDensity",
     "LearnedKernelRegressor",
     "LocalPolynomialRegressor",
     "MultiHeadAttention",
@@ -69,6 +73,8 @@ __all__ = [
     "flash_attention_varlen_backward",
     "flash_decode",
     "hierarchical_attention",
+    "kernel_cdf",
+    "kernel_density",
     "load",
     "local_polynomial",
     "log_softmax",
@@ -154,7 +160,9 @@ if TYPE_CHECKING:
     from .attn.multihead import multi_head_attention
     from .attn.softmax import log_softmax, masked_softmax, softmax
     from .attn.varlen import flash_attention_varlen, flash_attention_varlen_backward
+    from .distribution.density import kernel_cdf, kernel_density
     from .estimators.classifier import NadarayaWatsonClassifier
+    from .estimators.density import KernelDensity
     from .estimators.regressors import (
         LearnedKernelRegressor,
         LocalPolynomialRegressor,

@@ -99,6 +99,7 @@ KERNELS = {
     ("loo_tiles", "cpu"): "nbattn.kernels.loo_tiles",
     ("loo_1d", "cpu"): "nbattn.kernels.loo_1d",
     ("local", "cuda"): "nbattn.cuda.local",
+    ("density", "cpu"): "nbattn.kernels.density",
     ("decode", "cpu"): "nbattn.kernels.decode",
     ("decode", "cuda"): "nbattn.cuda.decode",
     ("varlen", "cpu"): "nbattn.kernels.varlen",

@@ -2,8 +2,8 @@
 
 ``spec`` (every estimator's parameters, written once), ``base`` (input checks,
 the shared base and fit path, ``check_fitted_state``), ``widths`` (the widths
-resolved at fit), ``regressors``, ``classifier``; ``fitted_state`` (the checks
-of a fitted model's content) and ``prediction`` (the one prediction
+resolved at fit), ``regressors``, ``classifier``, ``density`` (KernelDensity);
+``fitted_state`` (the checks of a fitted model's content) and ``prediction`` (the one prediction
 computation) are scikit-learn-free: ``nbattn predict`` uses them. The names
 below are loaded on first use, so importing this package loads nothing.
 """
@@ -14,6 +14,7 @@ import importlib
 
 #: public name -> the module of this package that defines it
 _HOMES = {
+    "KernelDensity": "density",
     "LearnedKernelRegressor": "regressors",
     "LocalPolynomialRegressor": "regressors",
     "NadarayaWatsonClassifier": "classifier",

@@ -55,9 +55,9 @@ from .._core import columns
 from ..smoothing import regression
 from . import spec as specs
 from .fitted_state import check_attributes
-from .prediction import PoolingPrediction
+from .prediction import ModelSettings, PoolingPrediction
 
-__all__ = ["check_fitted_state", "parameter_constraints"]
+__all__ = ["SpecEstimator", "check_fitted_state", "parameter_constraints"]
 
 
 def parameter_constraints(spec: specs.EstimatorSpec) -> dict:
@@ -174,23 +174,21 @@ def _is_missing(value) -> bool:
 # ----------------------------------------------------------------------------- the base
 
 
-class _PoolingEstimator(PoolingPrediction, BaseEstimator):
-    """What every nbattn estimator shares: parameters, checks, the pooling calls
-    (the computation is :class:`nbattn.estimators.prediction.PoolingPrediction`, shared with
-    :class:`nbattn.persistence.predictor.Predictor`).
+class SpecEstimator(ModelSettings, BaseEstimator):
+    """What every nbattn estimator shares, whatever it computes: parameters from its
+    spec, the checks of training tables and queries (column kinds from ``var_type``
+    or a DataFrame's dtypes, category codes), and how it reads its own settings.
 
-    A subclass named in :data:`nbattn.estimators.spec.SPECS` gets its ``_spec``
-    and its ``_parameter_constraints`` from there; its ``__init__`` lists the
-    spec's parameters (checked when the class is created) and stores them with
-    :meth:`_set_params_from`. It fits ``X_fit_`` (n, d) and ``y_fit_`` (n, m)
-    (float64 copies) and describes its score through :meth:`_score_coordinates`:
-    the queries, keys and per-feature widths under which the score is the
-    Gaussian ``-1/2 sum_d ((q_d - k_d) / h_d)^2``.
+    A subclass named in :data:`nbattn.estimators.spec.SPECS` or
+    :data:`nbattn.estimators.spec.DENSITY_SPECS` gets its ``_spec`` and its
+    ``_parameter_constraints`` from there; its ``__init__`` lists the spec's
+    parameters (checked when the class is created) and stores them with
+    :meth:`_set_params_from`.
     """
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        spec = specs.SPECS.get(cls.__name__)
+        spec = specs.SPECS.get(cls.__name__) or specs.DENSITY_SPECS.get(cls.__name__)
         if spec is not None:
             _check_signature(cls, spec)
             cls._spec = spec
@@ -225,7 +223,7 @@ class _PoolingEstimator(PoolingPrediction, BaseEstimator):
         ``missing="marginalize"``); a table with categorical or text columns
         is encoded first (category codes, NaN where missing) and checked
         after. Rows of zero weight are dropped; weights that are all 1 become
-        None (the unweighted fit).
+        None (the unweighted fit). ``y`` None: X alone (a density), returned as None.
         Sets ``var_type_`` and ``categories_``.
         """
         columns.refuse_no_columns(X)
@@ -236,16 +234,14 @@ class _PoolingEstimator(PoolingPrediction, BaseEstimator):
         kinds = None
         if var_type is not None or columns.is_dataframe(X):
             kinds = columns.resolve_var_type(columns.as_table(X), var_type)
+        finite = "allow-nan" if missing == "marginalize" else True
         if (kinds is None or set(kinds) <= {"c"}) and columns.all_numeric(X):
-            X, y = validate_data(
-                self,
-                X,
-                y,
-                dtype=np.float64,
-                copy=True,
-                ensure_all_finite="allow-nan" if missing == "marginalize" else True,
-                **kwargs,
-            )
+            if y is None:  # a density: X alone
+                X = validate_data(self, X, dtype=np.float64, copy=True, ensure_all_finite=finite)
+            else:
+                X, y = validate_data(
+                    self, X, y, dtype=np.float64, copy=True, ensure_all_finite=finite, **kwargs
+                )
             categories = [None] * X.shape[1]
         else:
             table = columns.as_table(X)
@@ -265,14 +261,12 @@ class _PoolingEstimator(PoolingPrediction, BaseEstimator):
                 sample_weight = sample_weight[keep]
             categories = columns.fit_categories(table, kinds)
             encoded = columns.encode_columns(table, kinds, categories, missing=missing)
-            X, y = check_X_y(
-                encoded,
-                y,
-                dtype=np.float64,
-                ensure_all_finite="allow-nan" if missing == "marginalize" else True,
-                estimator=self,
-                **kwargs,
-            )
+            if y is None:
+                X = check_array(encoded, dtype=np.float64, ensure_all_finite=finite, estimator=self)
+            else:
+                X, y = check_X_y(
+                    encoded, y, dtype=np.float64, ensure_all_finite=finite, estimator=self, **kwargs
+                )
         self.var_type_ = "c" * X.shape[1] if kinds is None else kinds
         self.categories_ = categories
         if sample_weight is None:
@@ -281,7 +275,7 @@ class _PoolingEstimator(PoolingPrediction, BaseEstimator):
             sample_weight, X, dtype=np.float64, ensure_non_negative=True, copy=True
         )
         keep = sw > 0
-        X, y, sw = X[keep], y[keep], sw[keep]
+        X, y, sw = X[keep], (None if y is None else y[keep]), sw[keep]
         return X, y, (None if np.all(sw == 1.0) else sw)
 
     # ---- what the shared computation reads (nbattn.estimators.prediction)
@@ -330,6 +324,17 @@ class _PoolingEstimator(PoolingPrediction, BaseEstimator):
             else True,
             estimator=self,
         )
+
+
+class _PoolingEstimator(PoolingPrediction, SpecEstimator):
+    """The base of the estimators that pool targets (the computation is
+    :class:`nbattn.estimators.prediction.PoolingPrediction`, shared with
+    :class:`nbattn.persistence.predictor.Predictor`).
+
+    It fits ``X_fit_`` (n, d) and ``y_fit_`` (n, m) (float64 copies) and describes its
+    score through :meth:`_score_coordinates`: the queries, keys and per-feature widths
+    under which the score is the Gaussian ``-1/2 sum_d ((q_d - k_d) / h_d)^2``.
+    """
 
     def _attention_weights_checked(self, X):
         """Attention weights (n_queries, n_train) for the checked queries X."""

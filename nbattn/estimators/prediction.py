@@ -36,19 +36,13 @@ from .._core.numeric import power_of_two_scale
 from .._core.validation import check_rtol, resolve_dtype
 from ..dispatch.device import resolve_device
 
-__all__ = ["PoolingPrediction"]
+__all__ = ["ModelSettings", "PoolingPrediction"]
 
 
-class PoolingPrediction:
-    """Predictions of attention pooling over a fitted training set.
-
-    The model pools ``y_fit_`` (n_train, m) over the keys ``X_fit_`` (n_train, d)
-    with the softmax of the Gaussian score ``-1/2 sum_d ((q_d - k_d) / h_d)^2``
-    (widths ``bandwidth_``; the full learned metric maps x to Lx with unit
-    widths), through the engine for categorical columns, marginalised missing
-    values, compact kernels and local polynomials, or as the (weighted) mean
-    for ``kernel="average"``. Results are float64 whatever ``dtype`` is.
-    """
+class ModelSettings:
+    """What every fitted model reads the same way, estimator or model file: its column
+    kinds and categories, how it treats missing values, the device of a call and its
+    tolerance. A using class provides ``_param`` and ``_fitted``."""
 
     # ---- what a using class provides
 
@@ -59,10 +53,6 @@ class PoolingPrediction:
     def _fitted(self, name: str, default=None):
         """The model's fitted attribute ``name`` (``default`` when absent)."""
         raise NotImplementedError
-
-    def _is_local_polynomial(self) -> bool:
-        """Whether the model is a local polynomial (always the engine, at ``degree``)."""
-        return False
 
     # ---- how the model reads its columns
 
@@ -75,42 +65,12 @@ class PoolingPrediction:
         categories = self._fitted("categories_") or [None] * self._fitted("n_features_in_")
         return columns.n_categories(categories)
 
-    def _kernel(self) -> str:
-        """The engine's kernel ("average" pools with the Gaussian where a kernel is needed)."""
-        kernel = self._param("kernel", "gaussian")
-        return "gaussian" if kernel == "average" else kernel
-
-    def _average(self) -> bool:
-        """Whether the model is average pooling (``kernel="average"``)."""
-        return self._param("kernel") == "average"
-
     def _missing(self) -> str:
         return self._param("missing", "error")
 
     def _encodes(self) -> bool:
         """Whether query tables go through :func:`nbattn._core.columns.encode_columns`."""
         return set(self._kinds()) != {"c"} or self._missing() == "marginalize"
-
-    def _uses_engine(self) -> bool:
-        """Whether the mixed-type engine (:mod:`nbattn.local.engine`) computes this model.
-
-        All-continuous data with the Gaussian kernel and no missing values
-        stays on the streaming Nadaraya-Watson kernels (CPU and GPU).
-        """
-        if self._is_local_polynomial():
-            return True
-        return self._encodes() or self._kernel() != "gaussian"
-
-    def _degree(self) -> int:
-        """Degree of the local polynomial (0: Nadaraya-Watson)."""
-        return int(self._param("degree")) if self._is_local_polynomial() else 0
-
-    def _weights(self):
-        """The sample weights with the largest brought to [1, 2) (exact), or None: every
-        use is scale-free, so weights times a power of two predict the same to the bit,
-        and sums of weights near 1e308 or 5e-324 neither overflow nor vanish."""
-        sw = self._fitted("sample_weight_")
-        return None if sw is None else sw / power_of_two_scale(sw.max())
 
     # ---- resolved at every call
 
@@ -129,9 +89,57 @@ class PoolingPrediction:
             )
         return device
 
+    def _weights(self):
+        """The sample weights with the largest brought to [1, 2) (exact), or None: every
+        use is scale-free, so weights times a power of two predict the same to the bit,
+        and sums of weights near 1e308 or 5e-324 neither overflow nor vanish."""
+        sw = self._fitted("sample_weight_")
+        return None if sw is None else sw / power_of_two_scale(sw.max())
+
     def _rtol(self) -> float:
         """The checked ``rtol`` (0 for a model, or a model file, without one)."""
         return check_rtol(self._param("rtol", 0.0))
+
+
+class PoolingPrediction(ModelSettings):
+    """Predictions of attention pooling over a fitted training set.
+
+    The model pools ``y_fit_`` (n_train, m) over the keys ``X_fit_`` (n_train, d)
+    with the softmax of the Gaussian score ``-1/2 sum_d ((q_d - k_d) / h_d)^2``
+    (widths ``bandwidth_``; the full learned metric maps x to Lx with unit
+    widths), through the engine for categorical columns, marginalised missing
+    values, compact kernels and local polynomials, or as the (weighted) mean
+    for ``kernel="average"``. Results are float64 whatever ``dtype`` is.
+    """
+
+    def _is_local_polynomial(self) -> bool:
+        """Whether the model is a local polynomial (always the engine, at ``degree``)."""
+        return False
+
+    # ---- how the model pools
+
+    def _kernel(self) -> str:
+        """The engine's kernel ("average" pools with the Gaussian where a kernel is needed)."""
+        kernel = self._param("kernel", "gaussian")
+        return "gaussian" if kernel == "average" else kernel
+
+    def _average(self) -> bool:
+        """Whether the model is average pooling (``kernel="average"``)."""
+        return self._param("kernel") == "average"
+
+    def _uses_engine(self) -> bool:
+        """Whether the mixed-type engine (:mod:`nbattn.local.engine`) computes this model.
+
+        All-continuous data with the Gaussian kernel and no missing values
+        stays on the streaming Nadaraya-Watson kernels (CPU and GPU).
+        """
+        if self._is_local_polynomial():
+            return True
+        return self._encodes() or self._kernel() != "gaussian"
+
+    def _degree(self) -> int:
+        """Degree of the local polynomial (0: Nadaraya-Watson)."""
+        return int(self._param("degree")) if self._is_local_polynomial() else 0
 
     def _dtype(self):
         return resolve_dtype(self._param("dtype"))

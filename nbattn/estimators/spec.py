@@ -53,6 +53,8 @@ from .._core.numeric import MIN_SUBSAMPLE_ROWS
 
 __all__ = [
     "BANDWIDTH_NAMES",
+    "DENSITY_BANDWIDTH_NAMES",
+    "DENSITY_SPECS",
     "SPECS",
     "ArrayLike",
     "EstimatorSpec",
@@ -71,6 +73,9 @@ __all__ = [
 #: leave-one-out searches: "loo" (every width on its own) and "loo_scale" (one factor of
 #: Scott's widths); ``tests/estimators`` checks the rules agree
 BANDWIDTH_NAMES = ("scott", "silverman", "loo", "loo_scale")
+#: the densities' width rules and criteria (:data:`nbattn.distribution.density.DENSITY_RULES`
+#: and ``"cv_ml"``, the leave-one-out likelihood), statsmodels' names
+DENSITY_BANDWIDTH_NAMES = ("normal_reference", "silverman", "cv_ml")
 
 
 def is_int(value) -> bool:
@@ -267,17 +272,16 @@ _RTOL = Param("rtol", 0.0, (RealRange(0.0, below=1.0),))
 
 
 #: how the columns of X are read (:mod:`nbattn._core.columns`)
+_VAR_TYPE = Param("var_type", None, (Text(),), none=True)
 _TABLE = (
-    Param("var_type", None, (Text(),), none=True),
+    _VAR_TYPE,
     Param("missing", "error", (Options("error", "marginalize"),)),
     Param("handle_unknown", "error", (Options("error", "ignore"),)),
 )
 #: where and how precisely each call runs, and how much it says
-_RUN = (
-    Param("device", "cpu", (Options("cpu", "cuda", "auto"),)),
-    Param("dtype", "float64", (Options("float64", "float32"),)),
-    Param("verbose", 0, (Verbose(),)),
-)
+_DEVICE = Param("device", "cpu", (Options("cpu", "cuda", "auto"),))
+_VERBOSE = Param("verbose", 0, (Verbose(),))
+_RUN = (_DEVICE, Param("dtype", "float64", (Options("float64", "float32"),)), _VERBOSE)
 
 #: estimator class name -> its spec
 SPECS = {
@@ -317,6 +321,29 @@ SPECS = {
             "NadarayaWatsonClassifier",
             (_bandwidth("scott"), _kernel(), _RTOL, *_TABLE, *_RUN),
             classifier=True,
+        ),
+    )
+}
+
+#: the density estimators (no model files yet: they are not among :data:`SPECS`, whose
+#: estimators the model files hold), estimator class name -> its spec
+DENSITY_SPECS = {
+    spec.name: spec
+    for spec in (
+        EstimatorSpec(
+            "KernelDensity",
+            (
+                Param(
+                    "bandwidth",
+                    "normal_reference",
+                    (Options(*DENSITY_BANDWIDTH_NAMES), RealRange(0, inclusive=False), ArrayLike()),
+                ),
+                _kernel(),
+                _RTOL,
+                _VAR_TYPE,
+                _DEVICE,
+                _VERBOSE,
+            ),
         ),
     )
 }

@@ -71,7 +71,7 @@ from .._core.progress import FitProgress
 from .engine import fit_problem, loo_term_weights
 from .problem import LocalSpec, rule_widths
 from .widths import (
-    _Criterion,
+    LooCriterion,
     _training_problem,
     search_widths,
     theta_to_widths,
@@ -189,7 +189,7 @@ def _median_mass(log_mass) -> float:
     return float(np.exp(np.median(log_mass)))
 
 
-class LogLossCriterion(_Criterion):
+class LogLossCriterion(LooCriterion):
     """The smoothed leave-one-out log-loss of one-hot targets (module docstring) on the
     engine's leave-one-out problem, profiled over alpha; no gradient."""
 

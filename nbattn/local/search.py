@@ -89,7 +89,7 @@ def widths_to_theta(widths, var_type, n_categories) -> np.ndarray:
 
 def search_widths(criterion, start, *, maxiter=200, per_column=True) -> np.ndarray:
     """The search of :func:`loo_widths` on any criterion of theta (an object with ``loss``,
-    ``loss_and_grad`` and ``best``, like ``_Criterion``) from the widths ``start``; returns
+    ``loss_and_grad`` and ``best``, like ``LooCriterion``) from the widths ``start``; returns
     the best theta evaluated. ``per_column=False`` stops after the common factor of
     every h (the categorical parameters stay at the start's). A criterion whose
     ``has_gradient`` is False is searched without the descents (the common factor,

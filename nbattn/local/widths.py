@@ -53,7 +53,13 @@ from .problem import (
 )
 from .search import search_widths, sigmoid, staged_search, theta_to_widths, widths_to_theta
 
-__all__ = ["local_loo_loss_and_grad", "local_loo_widths", "theta_to_widths", "widths_to_theta"]
+__all__ = [
+    "LooCriterion",
+    "local_loo_loss_and_grad",
+    "local_loo_widths",
+    "theta_to_widths",
+    "widths_to_theta",
+]
 
 
 def _categorical_derivatives(theta, var_type, n_categories):
@@ -83,7 +89,7 @@ def _column_order(var_type):
     return np.array(cont + cat, dtype=np.int64)
 
 
-class _Criterion:
+class LooCriterion:
     """CV(theta) and its gradient on one prepared training problem."""
 
     def __init__(self, problem: LocalProblem):
@@ -194,8 +200,8 @@ class _Criterion:
         return value, grad
 
 
-class _PooledCriterion(_Criterion):
-    """The criterion of :class:`_Criterion` for Nadaraya-Watson on continuous columns
+class _PooledCriterion(LooCriterion):
+    """The criterion of :class:`LooCriterion` for Nadaraya-Watson on continuous columns
     (:func:`criterion_for` says when), from the one-pass leave-one-out tiles of
     :mod:`nbattn.smoothing.tiled_loo`: the loss and its gradient with respect to log h
     in one pass, pruned at exp(-50) of each row's largest weight (exact to rounding) or,
@@ -239,10 +245,10 @@ class _PooledCriterion(_Criterion):
         return value, grad
 
 
-def criterion_for(problem: LocalProblem) -> _Criterion:
+def criterion_for(problem: LocalProblem) -> LooCriterion:
     """The leave-one-out MSE criterion of a training problem: :class:`_PooledCriterion`
     where the tiles compute it (every column continuous, the Gaussian kernel, degree 0,
-    no sample weights, no missing value, the CPU), else the engine's :class:`_Criterion`."""
+    no sample weights, no missing value, the CPU), else the engine's :class:`LooCriterion`."""
     spec = problem.spec
     pooled = (
         spec.continuous.all()
@@ -253,7 +259,7 @@ def criterion_for(problem: LocalProblem) -> _Criterion:
         and problem.q_cont.shape[0] >= 2
         and not np.isnan(problem.q_cont).any()
     )
-    return _PooledCriterion(problem) if pooled else _Criterion(problem)
+    return _PooledCriterion(problem) if pooled else LooCriterion(problem)
 
 
 def _check_training(X, y, degree, sample_weight, **options):
@@ -300,7 +306,7 @@ def local_loo_loss_and_grad(
         raise ValueError(f"theta must have one entry per column ({X.shape[1]}), got {theta.shape}")
     widths = theta_to_widths(theta, spec.var_type, spec.n_categories)
     problem = _training_problem(spec, X, y, degree, sample_weight, widths)
-    return _Criterion(problem).loss_and_grad(theta)
+    return LooCriterion(problem).loss_and_grad(theta)
 
 
 def local_loo_widths(
