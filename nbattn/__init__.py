@@ -21,8 +21,10 @@ from ._core.version import __version__
 
 #: public name -> the submodule that defines it.
 _PUBLIC = {
+    "ConditionalKernelDensity": "estimators.conditional",
     "KVCache": "attn.decode",
     "KernelDensity": "estimators.density",
+    "KernelQuantileRegressor": "estimators.conditional",
     "LearnedKernelRegressor": "estimators.regressors",
     "LocalPolynomialRegressor": "estimators.regressors",
     "MultiHeadAttention": "attn.layers",
@@ -56,8 +58,10 @@ _PUBLIC = {
 #: names are imported under TYPE_CHECKING at the end, for type checkers and
 #: IDEs; tests/test_packaging.py checks that the three lists agree.
 __all__ = [
+    "ConditionalKernelDensity",
     "KVCache",
     "KernelDensity",
+    "KernelQuantileRegressor",
     "LearnedKernelRegressor",
     "LocalPolynomialRegressor",
     "MultiHeadAttention",
@@ -162,6 +166,7 @@ if TYPE_CHECKING:
     from .attn.varlen import flash_attention_varlen, flash_attention_varlen_backward
     from .distribution.density import kernel_cdf, kernel_density
     from .estimators.classifier import NadarayaWatsonClassifier
+    from .estimators.conditional import ConditionalKernelDensity, KernelQuantileRegressor
     from .estimators.density import KernelDensity
     from .estimators.regressors import (
         LearnedKernelRegressor,

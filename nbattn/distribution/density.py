@@ -26,8 +26,8 @@ q_k (C_k), statsmodels' convention (unordered columns included):
 
 Widths: an array in column order (h for 'c', l for 'u' and 'o'), or a rule:
 ``"normal_reference"`` (statsmodels' 1.06 sigma n^(-1/(4+d)), sigma the standard deviation
-with ddof 0, d all the columns) and ``"silverman"`` (nbattn's rule,
-``nbattn.local.problem.rule_widths``) for the continuous columns; categorical columns get
+with ddof 0, d all the columns) and ``"silverman"`` (sigma (n (d + 2) / 4)^(-1/(d+4)), the
+regressors' rule) for the continuous columns; categorical columns get
 ``nbattn.local.problem.rule_lambdas`` under either rule (statsmodels applies the continuous
 rule to the category codes, which can put l outside its kernel's range).
 ``"cv_ml"`` (the leave-one-out likelihood) is :mod:`nbattn.distribution.density_widths`.
@@ -51,9 +51,13 @@ from ..local.problem import (
     check_widths,
     layout,
     rule_lambdas,
-    rule_widths,
 )
-from ..smoothing.regression import feature_spread
+from ..smoothing.regression import (
+    BANDWIDTH_RULES,
+    effective_size,
+    feature_spread,
+    weighted_spread,
+)
 
 __all__ = [
     "DENSITY_RULES",
@@ -64,8 +68,10 @@ __all__ = [
     "kernel_density",
     "log_cdf_of",
     "log_density_of",
+    "log_kernel_sums_of",
     "log_weight_sums",
     "sample_rows",
+    "score_means_of",
 ]
 
 #: The width rules of the densities by name (statsmodels' names).
@@ -82,19 +88,31 @@ KERNEL_LOG_CONSTANTS = {
 _NORMAL_REFERENCE = 1.06
 
 
-def density_rule_widths(spec: LocalSpec, X, rule: str) -> np.ndarray:
-    """Per-column widths of a rule on checked data X (n, d) (module docstring)."""
-    if rule == "silverman":
-        return rule_widths(spec, X, "silverman")
-    if rule != "normal_reference":
+def density_rule_widths(spec: LocalSpec, X, rule: str, sample_weight=None) -> np.ndarray:
+    """Per-column widths of a rule on checked data X (n, d) (module docstring). With
+    sample weights: the weighted spread and Kish's effective number of rows
+    (``nbattn.smoothing.regression.weighted_spread``, ``effective_size``), so that the
+    widths do not depend on the weights' total."""
+    if rule not in DENSITY_RULES:
         raise ValueError(f"bandwidth rule must be one of {list(DENSITY_RULES)}, got {rule!r}")
     n, d = X.shape
-    out = rule_lambdas(spec.var_type, spec.n_categories, n, "scott")
     cont = spec.continuous
-    if cont.any():
+    if sample_weight is None:
+        n_eff = float(n)
         sigma = feature_spread(X[:, cont], ddof=0, name="X", columns=np.flatnonzero(cont))
+    else:
+        n_eff = effective_size(sample_weight)
+        sample = weighted_spread(X[:, cont], sample_weight)  # ddof 1 in Kish's rows
+        sigma = sample * math.sqrt(max(n_eff - 1.0, 0.0) / n_eff)
+    rule_name = "scott" if rule == "normal_reference" else rule
+    out = rule_lambdas(spec.var_type, spec.n_categories, n_eff, rule_name)
+    if cont.any():
         sigma = np.where(sigma > 0, sigma, 1.0)  # a constant column: unit spread
-        out[cont] = _NORMAL_REFERENCE * sigma * max(float(n), 2.0) ** (-1.0 / (4.0 + d))
+        rows = max(n_eff, 2.0)
+        if rule == "normal_reference":
+            out[cont] = _NORMAL_REFERENCE * sigma * rows ** (-1.0 / (4.0 + d))
+        else:
+            out[cont] = BANDWIDTH_RULES["silverman"](rows, d) * sigma
     return out
 
 
@@ -152,31 +170,62 @@ def log_density_of(problem: LocalProblem) -> np.ndarray:
     return np.where(reached, value, -np.inf)
 
 
-def log_cdf_of(problem: LocalProblem) -> np.ndarray:
-    """log F at the problem's queries (n_q,): :func:`nbattn.kernels.density.joint_log_cdf`
-    less log W. The CDF kernel is the CPU's: device "auto" runs it there, "cuda" is
-    refused."""
+def log_kernel_sums_of(problem: LocalProblem, cont_integrated, cat_integrated) -> np.ndarray:
+    """log sum_j w_j prod (each column's kernel, or its integral where flagged) at the
+    problem's queries (n_q,): :func:`nbattn.kernels.density.log_kernel_sums` (kernels
+    without their constants). The kernel is the CPU's: device "auto" runs it there,
+    "cuda" is refused."""
     spec = problem.spec
     if spec.device == "cuda":
         raise NotImplementedError(
-            "the joint CDF runs on the CPU only for now: pass device='cpu' or 'auto'"
+            "the distribution functions run on the CPU only for now: pass device='cpu' or 'auto'"
         )
     kinds, lambdas, counts = _categorical_columns(spec, problem.widths)
     module = kernels_for("density", "cpu")
     n_q, n_k = problem.q_cont.shape[0], problem.log_weights.shape[0]
     with serial_below(n_q * n_k, 20_000):
-        log_sum = module.joint_log_cdf(
+        return module.log_kernel_sums(
             problem.q_cont,
             problem.keys_cont_t,
             problem.q_cat,
             problem.keys_cat_t,
+            np.asarray(cont_integrated, dtype=np.bool_),
+            np.asarray(cat_integrated, dtype=np.bool_),
             kinds,
             lambdas,
             counts,
             problem.log_weights,
             KERNEL_CODES[spec.kernel],
         )
-    log_total = log_weight_sums(problem.sample_weight, n_k)[0]
+
+
+def score_means_of(problem: LocalProblem, cat_dparams):
+    """``(log_sums, means)`` at the problem's queries: log sum_j exp(s_j) (n_q,) and the
+    softmax mean of the score's derivatives with respect to the widths' parameters
+    (n_q, d), continuous columns first (:func:`nbattn.kernels.density.log_sums_and_score_means`;
+    ``cat_dparams`` (dk, 3) the derivatives of the categorical terms). Exact, on the CPU."""
+    module = kernels_for("density", "cpu")
+    n_q, n_k = problem.q_cont.shape[0], problem.log_weights.shape[0]
+    with serial_below(n_q * n_k, 20_000):
+        return module.log_sums_and_score_means(
+            problem.q_cont,
+            problem.keys_cont_t,
+            problem.q_cat,
+            problem.keys_cat_t,
+            problem.cat_params,
+            np.ascontiguousarray(cat_dparams, dtype=np.float64).reshape(-1, 3),
+            problem.log_weights,
+            KERNEL_CODES[problem.spec.kernel],
+            bool(problem.exclude_self),
+        )
+
+
+def log_cdf_of(problem: LocalProblem) -> np.ndarray:
+    """log F, the joint CDF, at the problem's queries (n_q,): every column integrated
+    (:func:`log_kernel_sums_of`), less log W."""
+    dc, dk = problem.keys_cont_t.shape[0], problem.keys_cat_t.shape[0]
+    log_sum = log_kernel_sums_of(problem, np.ones(dc, bool), np.ones(dk, bool))
+    log_total = log_weight_sums(problem.sample_weight, problem.log_weights.shape[0])[0]
     return np.minimum(log_sum - log_total, 0.0)  # F <= 1 (rounding may put it a hair above)
 
 
@@ -189,11 +238,11 @@ def _categorical_columns(spec: LocalSpec, widths):
     return kinds, lambdas, counts
 
 
-def resolve_density_widths(spec: LocalSpec, keys, bandwidth) -> np.ndarray:
+def resolve_density_widths(spec: LocalSpec, keys, bandwidth, sample_weight=None) -> np.ndarray:
     """A rule's widths on the checked keys (:func:`density_rule_widths`), or checked
     widths (one per column, or one number for every column)."""
     if isinstance(bandwidth, str):
-        return density_rule_widths(spec, keys, bandwidth)
+        return density_rule_widths(spec, keys, bandwidth, sample_weight)
     return check_widths(bandwidth, spec.var_type, spec.counts)
 
 
@@ -201,8 +250,8 @@ def _prepare(queries, keys, bandwidth, sample_weight, **options):
     spec, (keys, queries) = check_columns({"keys": keys, "queries": queries}, **options)
     if keys.shape[0] == 0:
         raise ValueError("keys has no rows: a density needs at least one")
-    widths = resolve_density_widths(spec, keys, bandwidth)
     sample_weight = check_sample_weight(sample_weight, keys.shape[0])
+    widths = resolve_density_widths(spec, keys, bandwidth, sample_weight)
     return density_layout(spec, queries, keys, widths, sample_weight)
 
 

@@ -1,4 +1,5 @@
-"""A density's widths by leave-one-out likelihood (statsmodels' and np's ``cv_ml``).
+"""A density's widths by leave-one-out likelihood (statsmodels' and np's ``cv_ml``), for
+the joint density of x and the conditional density of y given x.
 
 The criterion of widths theta (log h per continuous column, the categorical smoothing
 through its sigmoid, :mod:`nbattn.local.search`) is the weighted mean negative
@@ -7,7 +8,10 @@ log-likelihood of each training row under the density of the others,
     CV(theta) = -sum_i u_i log f_-i(x_i),    u_i = w_i / W,
 
 f_-i the density of the other rows (:func:`nbattn.distribution.density.log_density_of`
-on the engine's leave-one-out problem: the pair (i, i) left out, W_-i its total weight).
+on the engine's leave-one-out problem: the pair (i, i) left out, W_-i its total weight),
+or for a conditional density -sum_i u_i log f_-i(y_i | x_i), the ratio of the joint and
+the marginal leave-one-out densities (statsmodels' ``KDEMultivariateConditional``
+``loo_likelihood`` is n times it exactly: the totals cancel in the ratio).
 Without weights n CV is statsmodels' ``loo_likelihood`` at the same widths plus
 n log(n - 1) (statsmodels sums the other rows' kernels without dividing by their number;
 :func:`loo_log_likelihood` returns n CV); with weights CV does not depend on their total.
@@ -33,24 +37,41 @@ import numpy as np
 from .._core.progress import FitProgress
 from ..local.problem import LocalProblem, LocalSpec, check_columns, check_sample_weight
 from ..local.search import search_widths, theta_to_widths, widths_to_theta
-from ..local.widths import LooCriterion
-from .density import density_layout, density_rule_widths, log_density_of, resolve_density_widths
+from ..local.widths import LooCriterion, categorical_derivatives
+from .conditional import conditional_log_density, marginal_problem
+from .density import (
+    KERNEL_LOG_CONSTANTS,
+    density_layout,
+    density_rule_widths,
+    log_density_of,
+    log_weight_sums,
+    resolve_density_widths,
+    score_means_of,
+)
 
 __all__ = ["LikelihoodCriterion", "cv_ml_widths", "loo_log_likelihood"]
 
 
 class LikelihoodCriterion(LooCriterion):
-    """CV(theta) of the module docstring on a density's leave-one-out problem; no gradient."""
+    """CV(theta) of the module docstring on a density's leave-one-out problem, and its
+    gradient.
+    With ``n_response`` > 0 the problem is the joint one of (y, x), y's columns first, and
+    the density the conditional f_-i(y_i | x_i) (:mod:`nbattn.distribution.conditional`)."""
 
-    has_gradient = False
-
-    def __init__(self, problem: LocalProblem):
+    def __init__(self, problem: LocalProblem, n_response: int = 0):
         super().__init__(problem)
         self.positive = self.loo_weights > 0.0
+        self.n_response = n_response
+        response = problem.spec.var_type[:n_response]
+        self._response_cont = sum(kind == "c" for kind in response)
+        self._response_cat = n_response - self._response_cont
 
     def row_log_densities(self, theta) -> np.ndarray:
-        """log f_-i(x_i) per row (n,) at theta."""
-        return log_density_of(self.problem_at(theta))
+        """log f_-i(x_i) (or log f_-i(y_i | x_i)) per row (n,) at theta."""
+        problem = self.problem_at(theta)
+        if self.n_response:
+            return conditional_log_density(problem, self.n_response)
+        return log_density_of(problem)
 
     def _value(self, theta) -> float:
         logs = self.row_log_densities(theta)[self.positive]
@@ -59,27 +80,74 @@ class LikelihoodCriterion(LooCriterion):
         return -float(self.loo_weights[self.positive] @ logs)
 
     def loss_and_grad(self, theta):
-        raise NotImplementedError("the leave-one-out likelihood has no gradient pass yet")
+        """CV(theta) and its exact gradient: d log f_-i / dtheta is the softmax mean of the
+        score's derivatives less 1 per continuous column (the 1 / h of its kernel); for a
+        conditional density the joint's less the marginal's."""
+        self.n_grad += 1
+        theta = np.asarray(theta, dtype=np.float64)
+        problem = self.problem_at(theta)
+        spec = problem.spec
+        dparams = categorical_derivatives(theta, spec.var_type, spec.n_categories)
+        log_sums, means = score_means_of(problem, dparams)
+        n = log_sums.shape[0]
+        log_total = log_weight_sums(problem.sample_weight, n, exclude_self=True)
+        dc = problem.keys_cont_t.shape[0]
+        constant = float(np.sum(np.log(problem.h))) + dc * KERNEL_LOG_CONSTANTS[spec.kernel]
+        logs = log_sums - log_total - constant
+        slopes = means.copy()
+        slopes[:, :dc] -= 1.0
+        if self.n_response:
+            marginal = marginal_problem(problem, self.n_response)
+            m_log_sums, m_means = score_means_of(marginal, dparams[self._response_cat :])
+            logs = log_sums - m_log_sums - (constant - self._marginal_constant(marginal))
+            slopes = means.copy()
+            slopes[:, : self._response_cont] -= 1.0
+            cont_x = slice(self._response_cont, dc)
+            slopes[:, cont_x] -= m_means[:, : dc - self._response_cont]
+            slopes[:, dc + self._response_cat :] -= m_means[:, dc - self._response_cont :]
+        u, keep = self.loo_weights, self.positive
+        if not np.all(logs[keep] > -np.inf):
+            return math.inf, np.zeros(theta.size)
+        value = -float(u[keep] @ logs[keep])
+        grad = np.empty(theta.size)
+        grad[self.order] = -(u[keep] @ slopes[keep])
+        if not math.isfinite(value) or not np.isfinite(grad).all():
+            return math.inf, np.zeros(theta.size)
+        self.cache[theta.tobytes()] = value
+        self._record(value, theta)
+        return value, grad
+
+    def _marginal_constant(self, marginal) -> float:
+        return (
+            float(np.sum(np.log(marginal.h)))
+            + marginal.h.size * KERNEL_LOG_CONSTANTS[marginal.spec.kernel]
+        )
 
 
 def _loo_problem(spec: LocalSpec, X, widths, sample_weight) -> LocalProblem:
     return density_layout(spec, X, X, widths, sample_weight, exclude_self=True)
 
 
-def cv_ml_widths(spec: LocalSpec, X, sample_weight=None, *, start=None, verbose=0) -> np.ndarray:
+def cv_ml_widths(
+    spec: LocalSpec, X, sample_weight=None, *, start=None, n_response=0, verbose=0
+) -> np.ndarray:
     """The widths (d,) of least CV on checked data X (n, d) (module docstring), searched
-    from ``start`` (the normal reference rule's by default)."""
+    from ``start`` (the normal reference rule's by default). ``n_response`` > 0: X holds
+    (y, x), y's columns first, and CV is the conditional likelihood of y given x."""
     if X.shape[0] < 2:
         raise ValueError(
-            f"bandwidth='cv_ml' leaves each row out: it needs at least 2 rows, got {X.shape[0]}"
+            "bandwidth='cv_ml' leaves each row out: it needs at least 2 rows "
+            f"(n_samples = {X.shape[0]})"
         )
-    start = density_rule_widths(spec, X, "normal_reference") if start is None else start
-    criterion = LikelihoodCriterion(_loo_problem(spec, X, start, sample_weight))
+    if start is None:
+        start = density_rule_widths(spec, X, "normal_reference", sample_weight)
+    criterion = LikelihoodCriterion(_loo_problem(spec, X, start, sample_weight), n_response)
     with FitProgress(verbose, "cv_ml_widths", unit="evaluation") as criterion.log:
         theta = search_widths(criterion, start, per_column=True)
     if spec.rtol > 0.0:
         exact = LikelihoodCriterion(
-            dataclasses.replace(criterion.base, spec=dataclasses.replace(spec, rtol=0.0))
+            dataclasses.replace(criterion.base, spec=dataclasses.replace(spec, rtol=0.0)),
+            n_response,
         )
         rule = widths_to_theta(start, spec.var_type, spec.n_categories)
         theta = theta if exact.loss(theta) < exact.loss(rule) else rule
@@ -109,8 +177,8 @@ def loo_log_likelihood(
         rtol=rtol,
         device=device,
     )
-    widths = resolve_density_widths(spec, X, bandwidth)
     sample_weight = check_sample_weight(sample_weight, X.shape[0])
+    widths = resolve_density_widths(spec, X, bandwidth, sample_weight)
     criterion = LikelihoodCriterion(_loo_problem(spec, X, widths, sample_weight))
     theta = widths_to_theta(widths, spec.var_type, spec.n_categories)
     return X.shape[0] * criterion.loss(theta)

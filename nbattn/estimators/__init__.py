@@ -14,7 +14,9 @@ import importlib
 
 #: public name -> the module of this package that defines it
 _HOMES = {
+    "ConditionalKernelDensity": "conditional",
     "KernelDensity": "density",
+    "KernelQuantileRegressor": "conditional",
     "LearnedKernelRegressor": "regressors",
     "LocalPolynomialRegressor": "regressors",
     "NadarayaWatsonClassifier": "classifier",

@@ -48,6 +48,7 @@ from sklearn.utils.validation import (
     check_array,
     check_is_fitted,
     check_X_y,
+    column_or_1d,
     validate_data,
 )
 
@@ -277,6 +278,34 @@ class SpecEstimator(ModelSettings, BaseEstimator):
         keep = sw > 0
         X, y, sw = X[keep], (None if y is None else y[keep]), sw[keep]
         return X, y, (None if np.all(sw == 1.0) else sw)
+
+    def _read_response(self, y, kind=None, categories=None):
+        """``(codes, kind, categories)`` of a one-column response y (a conditional model's):
+        numbers for a continuous y, codes for a categorical one. Its kind comes from its
+        dtype (numbers: 'c'; a pandas category: 'u', or 'o' when ordered; text, bools: 'u')
+        and its categories from the data, unless given (a fitted model's)."""
+        import pandas as pd
+
+        _refuse_dates_and_complex(y if not isinstance(y, pd.Series) else y.to_frame())
+        _refuse_missing_targets(y)
+        if isinstance(y, pd.DataFrame):
+            if y.shape[1] != 1:
+                raise ValueError(f"y must be one column; got {y.shape[1]}")
+            y = y.iloc[:, 0]
+        if isinstance(y, pd.Series):
+            table = pd.DataFrame({"y": y.reset_index(drop=True)})
+        else:
+            arr = np.asarray(y)
+            if arr.ndim == 2 and arr.shape[1] == 1:
+                arr = column_or_1d(arr, warn=True)  # scikit-learn's DataConversionWarning
+            if arr.ndim != 1:
+                raise ValueError(f"y must be one column (1-D); got shape {arr.shape}")
+            table = pd.DataFrame({"y": arr})
+        if kind is None:
+            kind = columns.resolve_var_type(table, None)
+            categories = columns.fit_categories(table, kind)[0]
+        codes = columns.encode_columns(table, kind, [categories])[:, 0]
+        return codes, kind, categories
 
     # ---- what the shared computation reads (nbattn.estimators.prediction)
 

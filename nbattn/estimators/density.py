@@ -95,7 +95,7 @@ class KernelDensity(SpecEstimator):
         if isinstance(self.bandwidth, str) and self.bandwidth == "cv_ml":
             widths = cv_ml_widths(spec, X, sample_weight, verbose=self.verbose)
         else:
-            widths = resolve_density_widths(spec, X, self.bandwidth)
+            widths = resolve_density_widths(spec, X, self.bandwidth, sample_weight)
         self.X_fit_ = X
         self.sample_weight_ = sample_weight
         self.bandwidth_ = widths

@@ -325,24 +325,37 @@ SPECS = {
     )
 }
 
+
 #: the density estimators (no model files yet: they are not among :data:`SPECS`, whose
 #: estimators the model files hold), estimator class name -> its spec
+def _density_bandwidth(default: str) -> Param:
+    return Param(
+        "bandwidth",
+        default,
+        (Options(*DENSITY_BANDWIDTH_NAMES), RealRange(0, inclusive=False), ArrayLike()),
+    )
+
+
+#: y's width of a conditional model (None: by the rule or criterion of X's)
+_Y_BANDWIDTH = Param("y_bandwidth", None, (RealRange(0),), none=True)
+#: what every density estimator takes after its widths
+_DENSITY_REST = (_kernel(), _RTOL, _VAR_TYPE, _DEVICE, _VERBOSE)
+
 DENSITY_SPECS = {
     spec.name: spec
     for spec in (
+        EstimatorSpec("KernelDensity", (_density_bandwidth("normal_reference"), *_DENSITY_REST)),
         EstimatorSpec(
-            "KernelDensity",
+            "ConditionalKernelDensity",
+            (_density_bandwidth("normal_reference"), _Y_BANDWIDTH, *_DENSITY_REST),
+        ),
+        EstimatorSpec(
+            "KernelQuantileRegressor",
             (
-                Param(
-                    "bandwidth",
-                    "normal_reference",
-                    (Options(*DENSITY_BANDWIDTH_NAMES), RealRange(0, inclusive=False), ArrayLike()),
-                ),
-                _kernel(),
-                _RTOL,
-                _VAR_TYPE,
-                _DEVICE,
-                _VERBOSE,
+                Param("quantile", 0.5, (RealRange(0.0, inclusive=False, below=1.0),)),
+                _density_bandwidth("cv_ml"),
+                _Y_BANDWIDTH,
+                *_DENSITY_REST,
             ),
         ),
     )

@@ -43,6 +43,7 @@ from .._core.numeric import power_of_two_scale, within_squares
 from .._core.progress import FitProgress
 from .._core.validation import check_bandwidth, check_choice
 from ..smoothing import regression, width_search
+from ..smoothing.regression import effective_size, weighted_spread
 from ..smoothing.search import minimize_log_scale
 
 __all__ = [
@@ -256,51 +257,6 @@ def weighted_default_widths(X, spec, sample_weight, rule) -> np.ndarray:
             sigma = weighted_spread(X[present, j : j + 1], w[present])[0]
             out[j] = factor * (sigma if sigma > 0 else 1.0)
     return out
-
-
-def effective_size(w) -> float:
-    """Kish's effective number of rows ``n_eff = (sum s)^2 / sum s^2`` of weights ``s``
-    (n for equal weights, 1 for one positive weight, 0 for none), computed on the weights
-    divided by their largest, so the same for ``c s`` at any c > 0 (exactly when c is a
-    power of two) and free of overflow."""
-    w = np.asarray(w, dtype=np.float64)
-    top = float(w.max()) if w.size else 0.0
-    if top <= 0.0:
-        return 0.0
-    u = w / top
-    total = float(u.sum())
-    return total * total / float(u @ u)
-
-
-def weighted_spread(X, w) -> np.ndarray:
-    """Weighted standard deviation per column, scale-free in the weights.
-
-    ``sigma^2 = sum s (x - m)^2 / sum s * n_eff / (n_eff - 1)`` with the weighted mean m
-    and Kish's n_eff (:func:`effective_size`): the sample spread (n - 1) for equal
-    weights, the same for ``c s`` at any c > 0. Zeros when fewer than two rows have
-    weight. The weights are divided by their largest and the columns by a power of two
-    near their largest magnitude first; the denominator
-    ``sum s - sum s^2 / sum s = sum_i s_i (sum_{j != i} s_j) / sum s`` is summed term by
-    term, so it keeps its digits when all the weight but a sliver sits on one row.
-    """
-    X = np.asarray(X, dtype=np.float64)
-    w = np.asarray(w, dtype=np.float64)
-    if X.shape[0] == 0 or np.count_nonzero(w) < 2:
-        return np.zeros(X.shape[1])
-    big = int(np.argmax(w))
-    u = w / w[big]
-    total = float(u.sum())
-    rest = float(np.delete(u, big).sum())  # sum s_j over j != big, without cancellation
-    others = total - u  # sum over j != i, accurate where u_i <= 1 <= the rest of total
-    others[big] = rest
-    denominator = float(u @ others) / total
-    if not denominator > 0.0:
-        return np.zeros(X.shape[1])
-    peak = np.abs(X).max(axis=0)
-    scale = np.ldexp(1.0, np.frexp(np.where(peak > 0, peak, 1.0))[1])
-    Z = X / scale
-    mean = (u @ Z) / total
-    return np.sqrt((u @ ((Z - mean) ** 2)) / denominator) * scale
 
 
 def weighted_rule_bandwidth(X, sample_weight, rule) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""The joint distribution function of a mixed-type product kernel (CPU).
+"""Distribution functions of a mixed-type product kernel (CPU): joint and conditional.
 
 For a query q and keys k_j with weights w_j the kernel estimate of the joint CDF is
 
@@ -36,8 +36,16 @@ from numba import njit, prange
 
 from .. import config
 from .._core.local_groups import EPANECHNIKOV, GAUSSIAN
+from .local_pairs import category_term, dlog_kernel
 
-__all__ = ["joint_log_cdf", "log_integrated_kernel", "log_category_cdf"]
+__all__ = [
+    "log_sums_and_score_means",
+    "log_category_cdf",
+    "log_category_kernel",
+    "log_integrated_kernel",
+    "log_kernel",
+    "log_kernel_sums",
+]
 
 #: Column kinds of ``cat_kind``.
 UNORDERED, ORDERED = 0, 1
@@ -97,18 +105,57 @@ def log_category_cdf(q, x, kind, lam, count):
     return math.log(value) if value > 0.0 else -math.inf
 
 
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def log_kernel(d, kernel):
+    """log K(d) of a continuous kernel without its constant (-inf outside a compact
+    support), the engine's convention (``nbattn.kernels.local``)."""
+    if kernel == GAUSSIAN:
+        return -0.5 * d * d
+    if kernel == EPANECHNIKOV:
+        inside = 1.0 - d * d
+        return math.log(inside) if inside > 0.0 else -math.inf
+    inside = 1.0 - abs(d) ** 3
+    return 3.0 * math.log(inside) if inside > 0.0 else -math.inf
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def log_category_kernel(q, x, kind, lam, count):
+    """log L(q, x) of a categorical kernel: Aitchison-Aitken (1 - l if equal, else
+    l / (c - 1)) or Wang-van Ryzin (1 - l if equal, else (1 - l) / 2 l^|q - x|)."""
+    if q == x:
+        value = 1.0 - lam
+    elif kind == UNORDERED:
+        value = lam / (count - 1.0) if count > 1.0 else 0.0
+    else:
+        value = 0.5 * (1.0 - lam) * lam ** abs(q - x)
+    return math.log(value) if value > 0.0 else -math.inf
+
+
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, parallel=True)
-def joint_log_cdf(
-    q_cont, keys_cont_t, q_cat, keys_cat_t, cat_kind, cat_lambda, cat_count, log_weights, kernel
+def log_kernel_sums(
+    q_cont,
+    keys_cont_t,
+    q_cat,
+    keys_cat_t,
+    cont_integrated,
+    cat_integrated,
+    cat_kind,
+    cat_lambda,
+    cat_count,
+    log_weights,
+    kernel,
 ):
-    """log sum_j w_j prod_c G(q_c - k_jc) prod_k C_k(q_k, k_jk) per query (n_q,).
+    """log sum_j w_j prod_c A_c prod_k B_k per query (n_q,), each factor the column's
+    integrated kernel (G, C_k of the module docstring) where its flag in
+    ``cont_integrated`` (dc,) / ``cat_integrated`` (dk,) is set, else its kernel
+    (K without constant, L_k): the joint CDF with every flag set, the numerator of a
+    conditional CDF with the flags of the response's columns alone.
 
     ``q_cont`` (n_q, dc) and ``keys_cont_t`` (dc, n_k): continuous columns divided by
     their widths (same centre); ``q_cat`` (n_q, dk) and ``keys_cat_t`` (dk, n_k):
     category codes; ``cat_kind`` (dk,) int64 ``UNORDERED``/``ORDERED``, ``cat_lambda``
     (dk,) the smoothing, ``cat_count`` (dk,) the number of categories; ``log_weights``
     (n_k,) log w_j (-inf leaves a key out); ``kernel`` the continuous kernel's code.
-    The caller subtracts log sum_j w_j.
     """
     n_q = q_cont.shape[0]
     n_k = log_weights.shape[0]
@@ -123,13 +170,22 @@ def joint_log_cdf(
             for c in range(dc):
                 if term == -math.inf:
                     break
-                term += log_integrated_kernel(q_cont[i, c] - keys_cont_t[c, j], kernel)
+                d = q_cont[i, c] - keys_cont_t[c, j]
+                if cont_integrated[c]:
+                    term += log_integrated_kernel(d, kernel)
+                else:
+                    term += log_kernel(d, kernel)
             for k in range(dk):
                 if term == -math.inf:
                     break
-                term += log_category_cdf(
-                    q_cat[i, k], keys_cat_t[k, j], cat_kind[k], cat_lambda[k], cat_count[k]
-                )
+                if cat_integrated[k]:
+                    term += log_category_cdf(
+                        q_cat[i, k], keys_cat_t[k, j], cat_kind[k], cat_lambda[k], cat_count[k]
+                    )
+                else:
+                    term += log_category_kernel(
+                        q_cat[i, k], keys_cat_t[k, j], cat_kind[k], cat_lambda[k], cat_count[k]
+                    )
             if term == -math.inf:
                 continue
             if term > top:
@@ -139,3 +195,84 @@ def joint_log_cdf(
                 total += math.exp(term - top)
         out[i] = top + math.log(total) if total > 0.0 else -math.inf
     return out
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, parallel=True)
+def log_sums_and_score_means(
+    q_cont,
+    keys_cont_t,
+    q_cat,
+    keys_cat_t,
+    cat_params,
+    cat_dparams,
+    log_weights,
+    kernel,
+    exclude_self,
+):
+    """The normaliser and the mean score derivatives of a density's pooling, in one pass.
+
+    With the engine's score s_j = log w_j + sum_c log K(d_jc) + sum_k (a_k if equal else
+    b_k + t_k |q_k - k_jk|) (``nbattn.kernels.local``; d_jc = k_jc - q_c, the columns
+    divided by their widths) and p_j = softmax_j(s_j), returns per query
+
+    * ``log_sums`` (n_q,): log sum_j exp(s_j) (-inf where no key has weight), and
+    * ``means`` (n_q, dc + dk): sum_j p_j ds_j/dtheta, continuous columns first:
+      ds_j / dlog h_c = -d_jc s'(d_jc) (d_jc^2 for the Gaussian), then per categorical
+      column the derivative of its term, linear in (a, b, t): ``cat_dparams[k]`` holds
+      (da, db, dt) with respect to the column's parameter.
+
+    The mean is d log sum_j exp(s_j) / dtheta: the gradient of a log density in the widths
+    (``nbattn.distribution.density_widths``). ``exclude_self`` leaves the pair (i, i) out.
+    One online pass: the sums are rescaled whenever the running maximum grows.
+    """
+    n_q = q_cont.shape[0]
+    n_k = log_weights.shape[0]
+    dc = keys_cont_t.shape[0]
+    dk = keys_cat_t.shape[0]
+    log_sums = np.empty(n_q)
+    means = np.zeros((n_q, dc + dk))
+    for i in prange(n_q):
+        top = -math.inf
+        total = 0.0
+        for j in range(n_k):
+            if exclude_self and j == i:
+                continue
+            s = log_weights[j]
+            for c in range(dc):
+                s += log_kernel(keys_cont_t[c, j] - q_cont[i, c], kernel)
+            for k in range(dk):
+                s += category_term(
+                    keys_cat_t[k, j],
+                    q_cat[i, k],
+                    cat_params[k, 0],
+                    cat_params[k, 1],
+                    cat_params[k, 2],
+                )
+            if s == -math.inf:
+                continue
+            if s > top:
+                scale = math.exp(top - s)
+                total *= scale
+                for g in range(dc + dk):
+                    means[i, g] *= scale
+                top = s
+            p = math.exp(s - top)
+            total += p
+            for c in range(dc):
+                d = keys_cont_t[c, j] - q_cont[i, c]
+                means[i, c] -= p * d * dlog_kernel(d, kernel)
+            for k in range(dk):
+                means[i, dc + k] += p * category_term(
+                    keys_cat_t[k, j],
+                    q_cat[i, k],
+                    cat_dparams[k, 0],
+                    cat_dparams[k, 1],
+                    cat_dparams[k, 2],
+                )
+        if total > 0.0:
+            log_sums[i] = top + math.log(total)
+            for g in range(dc + dk):
+                means[i, g] /= total
+        else:
+            log_sums[i] = -math.inf
+    return log_sums, means

@@ -384,6 +384,8 @@ class LocalProblem:
     h: np.ndarray  # widths of the continuous columns
     widths: np.ndarray
     values_1d: bool
+    #: the centre subtracted from each continuous column before the division by h
+    centre: np.ndarray | None = None
 
     def kernel_groups(self, **model_changes):
         """The local kernels' argument groups for this problem, ``(LocalData,
@@ -485,6 +487,7 @@ def layout(
         h=h,
         widths=widths,
         values_1d=values_1d,
+        centre=centre,
     )
 
 

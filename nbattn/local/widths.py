@@ -55,6 +55,7 @@ from .search import search_widths, sigmoid, staged_search, theta_to_widths, widt
 
 __all__ = [
     "LooCriterion",
+    "categorical_derivatives",
     "local_loo_loss_and_grad",
     "local_loo_widths",
     "theta_to_widths",
@@ -62,7 +63,7 @@ __all__ = [
 ]
 
 
-def _categorical_derivatives(theta, var_type, n_categories):
+def categorical_derivatives(theta, var_type, n_categories):
     """(dk, 3) derivatives of the categorical score terms (a, b, t) with respect to t_k."""
     top = lambda_max(var_type, n_categories)
     rows = []
@@ -188,7 +189,7 @@ class LooCriterion:
                 *tree.problem.kernel_groups(exclude_self=True),
                 fit,
                 tree.problem.values_t,
-                _categorical_derivatives(theta, problem.spec.var_type, problem.spec.n_categories),
+                categorical_derivatives(theta, problem.spec.var_type, problem.spec.n_categories),
                 out_weights,
                 tree.leaves,
             )
