@@ -16,12 +16,12 @@ kernels alone). A query x that no key reaches (compact kernels, exact matching o
 unseen cell) takes its nearest key's y alone (p = 1 there), as the regressors do.
 
 Quantiles (Li and Racine's ``npqreg``): q_tau(x) solves F(q | x) = tau for a continuous y.
-F is a convex combination of G((y - y_j) / h), so the root lies in
-[min_j y_j + h G^-1(tau), max_j y_j + h G^-1(tau)] for every row; a safeguarded
-regula falsi (Illinois, with a bisection every third step) narrows each row's bracket
-until it is within ``QUANTILE_XTOL`` h of the root, all rows and levels in one kernel
-pass per step. The levels are solved in increasing order and the quantiles of a row
-made non-decreasing in the level (a running maximum), so they never cross.
+Per row the weights p_j(x) are computed once (keys below 1e-20 of the largest weight left
+out), and F is a convex combination of G((y - y_j) / h), so the root lies in
+[min_j y_j + h G^-1(tau), max_j y_j + h G^-1(tau)]; a safeguarded regula falsi (Illinois,
+a bisection every fourth step) narrows it until it is within ``QUANTILE_XTOL`` h of the
+root. The levels are solved in increasing order, each bracket starting at the previous
+root, so a row's quantiles never decrease in the level: they never cross.
 """
 
 from __future__ import annotations
@@ -30,6 +30,9 @@ import dataclasses
 
 import numpy as np
 
+from .._core.local_groups import KERNEL_CODES
+from .._core.threads import serial_below
+from ..dispatch.device import kernels_for
 from ..local.engine import fit_problem
 from ..local.problem import LocalProblem
 from .density import log_density_of, log_kernel_sums_of
@@ -44,9 +47,6 @@ __all__ = [
 
 #: The quantiles' tolerance: each within this many widths h_y of the root of F(q | x) = tau.
 QUANTILE_XTOL = 1e-10
-#: Most steps of the root-finder (each at least a third of them a bisection: far more than
-#: the 3 * log2(range / (h QUANTILE_XTOL)) steps any bracket needs).
-_QUANTILE_STEPS = 400
 
 
 def marginal_problem(joint: LocalProblem, n_response: int = 1) -> LocalProblem:
@@ -212,88 +212,41 @@ def _integrated(z, kernel):
 def conditional_quantiles(joint: LocalProblem, levels) -> np.ndarray:
     """q_tau(x) (n_q, n_levels) for a continuous y (the joint problem's first column, its
     queries' y ignored) at the levels ``levels`` in (0, 1): (n_levels,) for every row or
-    (n_q, n_levels) per row; by the safeguarded regula falsi of the module docstring,
-    non-decreasing along increasing levels."""
+    (n_q, n_levels) per row; by the module docstring's root-finder
+    (:func:`nbattn.kernels.density.conditional_quantile_roots`, on the CPU), non-decreasing
+    along increasing levels."""
+    if joint.spec.device == "cuda":
+        raise NotImplementedError(
+            "the conditional quantiles run on the CPU only for now: pass device='cpu' or 'auto'"
+        )
     n_q = joint.q_cont.shape[0]
     levels = np.asarray(levels, dtype=np.float64)
     if levels.ndim < 2:
         levels = np.broadcast_to(levels.reshape(1, -1), (n_q, levels.size))
     order = np.argsort(levels, axis=1, kind="stable")
-    h = float(joint.h[0])
-    keys_y = joint.keys_cont_t[0]
-    live = joint.log_weights > -np.inf
-    low_key, high_key = float(keys_y[live].min()), float(keys_y[live].max())
+    ascending = np.ascontiguousarray(np.take_along_axis(levels, order, axis=1))
+    z = np.ascontiguousarray(_inverse_integrated_kernel(ascending, joint.spec.kernel))
     marginal = marginal_problem(joint, 1)
-    zero_c = np.zeros(marginal.keys_cont_t.shape[0], bool)
-    zero_k = np.zeros(marginal.keys_cat_t.shape[0], bool)
-    denominator = log_kernel_sums_of(marginal, zero_c, zero_k)
-    lost, nearest = _unreached(marginal)
-    cont, cat = _flags(joint, 1)
-    # the rows repeated once per level: (n_q * n_levels) root-finding problems
-    n_levels = levels.shape[1]
-    rows = np.repeat(np.arange(n_q), n_levels)
-    tau = levels.reshape(-1).copy()
-    z = _inverse_integrated_kernel(tau, joint.spec.kernel)
-    lo, hi = low_key + z, high_key + z  # scaled units: F(lo) <= tau <= F(hi)
-
-    def cdf_at(which, u):
-        q_cont = joint.q_cont[rows[which]].copy()
-        q_cont[:, 0] = u
-        problem = dataclasses.replace(
-            joint,
-            q_cont=np.ascontiguousarray(q_cont),
-            q_cat=np.ascontiguousarray(joint.q_cat[rows[which]]),
+    keys_y = np.ascontiguousarray(joint.keys_cont_t[0])
+    module = kernels_for("density", "cpu")
+    with serial_below(n_q * keys_y.size, 20_000):
+        roots = module.conditional_quantile_roots(
+            marginal.q_cont,
+            marginal.keys_cont_t,
+            marginal.q_cat,
+            marginal.keys_cat_t,
+            marginal.cat_params,
+            marginal.log_weights,
+            keys_y,
+            ascending,
+            z,
+            KERNEL_CODES[joint.spec.kernel],
+            QUANTILE_XTOL,
         )
-        log_f = log_kernel_sums_of(problem, cont, cat) - denominator[rows[which]]
-        value = np.exp(np.minimum(log_f, 0.0))
-        gone = lost[rows[which]] & (nearest[rows[which]] >= 0)
-        if gone.any():  # the nearest key's y alone: G(u - y_nearest)
-            near = keys_y[nearest[rows[which]][gone]]
-            value[gone] = _integrated_any(u[gone] - near, joint.spec.kernel)
-        return value
-
-    f_lo, f_hi = cdf_at(np.arange(rows.size), lo) - tau, cdf_at(np.arange(rows.size), hi) - tau
-    side = np.zeros(rows.size, dtype=np.int8)
-    active = np.flatnonzero(hi - lo > QUANTILE_XTOL)
-    for step in range(_QUANTILE_STEPS):
-        if active.size == 0:
-            break
-        a, b, fa, fb = lo[active], hi[active], f_lo[active], f_hi[active]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            guess = b - fb * (b - a) / (fb - fa)
-        middle = 0.5 * (a + b)
-        bisect = (step % 3 == 2) | ~((guess > a) & (guess < b))
-        u = np.where(bisect, middle, guess)
-        fu = cdf_at(active, u) - tau[active]
-        left = fu < 0.0
-        # Illinois: halve the value kept at the end that did not move twice running
-        fb = np.where(left & (side[active] == -1), 0.5 * fb, fb)
-        fa = np.where(~left & (side[active] == 1), 0.5 * fa, fa)
-        lo[active] = np.where(left, u, a)
-        f_lo[active] = np.where(left, fu, fa)
-        hi[active] = np.where(left, b, u)
-        f_hi[active] = np.where(left, fb, fu)
-        side[active] = np.where(left, -1, 1)
-        done = (hi[active] - lo[active] <= QUANTILE_XTOL) | (fu == 0.0)
-        exact = fu == 0.0
-        lo[active[exact]] = u[exact]
-        hi[active[exact]] = u[exact]
-        active = active[~done]
-    scaled = (0.5 * (lo + hi)).reshape(n_q, n_levels)
-    ascending = np.maximum.accumulate(np.take_along_axis(scaled, order, axis=1), axis=1)
-    out = np.empty_like(scaled)
-    np.put_along_axis(out, order, ascending, axis=1)
-    return out * h + _centre(joint)
-
-
-def _integrated_any(z, kernel):
-    if kernel == "gaussian":
-        from scipy.special import ndtr
-
-        return ndtr(z)
-    return _integrated(z, kernel)
-
-
-def _centre(joint: LocalProblem) -> float:
-    """The centre the layout subtracted from y's column."""
-    return float(joint.centre[0])
+    lost = np.flatnonzero(np.isnan(roots[:, 0]))
+    if lost.size:  # no key of x within reach: the nearest key's y alone
+        nearest = fit_problem(marginal).nearest[lost]
+        roots[lost] = keys_y[nearest][:, None] + z[lost]
+    out = np.empty_like(roots)
+    np.put_along_axis(out, order, roots, axis=1)
+    return out * float(joint.h[0]) + float(joint.centre[0])

@@ -215,20 +215,22 @@ class SpecEstimator(ModelSettings, BaseEstimator):
 
     # ---- fit-time helpers
 
-    def _validate_training_X(self, X, y, sample_weight=None, **kwargs):
+    def _validate_training_X(self, X, y, sample_weight=None, unsupervised=False, **kwargs):
         """(X float64 (n, d), y, sample weights or None): the training data checked and copied.
 
-        Column kinds come from ``var_type`` or a DataFrame's dtypes
-        (:mod:`nbattn._core.columns`). All-continuous numeric data goes through
-        scikit-learn's ``validate_data`` as it is (NaN allowed with
-        ``missing="marginalize"``); a table with categorical or text columns
-        is encoded first (category codes, NaN where missing) and checked
-        after. Rows of zero weight are dropped; weights that are all 1 become
-        None (the unweighted fit). ``y`` None: X alone (a density), returned as None.
-        Sets ``var_type_`` and ``categories_``.
+                Column kinds come from ``var_type`` or a DataFrame's dtypes
+                (:mod:`nbattn._core.columns`). All-continuous numeric data goes through
+                scikit-learn's ``validate_data`` as it is (NaN allowed with
+                ``missing="marginalize"``); a table with categorical or text columns
+                is encoded first (category codes, NaN where missing) and checked
+                after. Rows of zero weight are dropped; weights that are all 1 become
+                None (the unweighted fit). ``unsupervised``: X alone (a density; y is ignored and
+        returned as None).
+                Sets ``var_type_`` and ``categories_``.
         """
         columns.refuse_no_columns(X)
         _refuse_dates_and_complex(X)
+        y = None if unsupervised else y
         _refuse_missing_targets(y)
         var_type = getattr(self, "var_type", None)
         missing = getattr(self, "missing", "error")
@@ -237,7 +239,7 @@ class SpecEstimator(ModelSettings, BaseEstimator):
             kinds = columns.resolve_var_type(columns.as_table(X), var_type)
         finite = "allow-nan" if missing == "marginalize" else True
         if (kinds is None or set(kinds) <= {"c"}) and columns.all_numeric(X):
-            if y is None:  # a density: X alone
+            if unsupervised:  # a density: X alone
                 X = validate_data(self, X, dtype=np.float64, copy=True, ensure_all_finite=finite)
             else:
                 X, y = validate_data(
@@ -262,7 +264,7 @@ class SpecEstimator(ModelSettings, BaseEstimator):
                 sample_weight = sample_weight[keep]
             categories = columns.fit_categories(table, kinds)
             encoded = columns.encode_columns(table, kinds, categories, missing=missing)
-            if y is None:
+            if unsupervised:
                 X = check_array(encoded, dtype=np.float64, ensure_all_finite=finite, estimator=self)
             else:
                 X, y = check_X_y(

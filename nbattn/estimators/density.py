@@ -90,7 +90,7 @@ class KernelDensity(SpecEstimator):
     def fit(self, X, y=None, sample_weight=None):
         """Fit the density of the rows of X (y is ignored); rows of weight 0 are dropped."""
         self._validate_params()
-        X, _, sample_weight = self._validate_training_X(X, None, sample_weight)
+        X, _, sample_weight = self._validate_training_X(X, None, sample_weight, unsupervised=True)
         spec = self._local_spec()
         if isinstance(self.bandwidth, str) and self.bandwidth == "cv_ml":
             widths = cv_ml_widths(spec, X, sample_weight, verbose=self.verbose)

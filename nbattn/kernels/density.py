@@ -39,6 +39,9 @@ from .._core.local_groups import EPANECHNIKOV, GAUSSIAN
 from .local_pairs import category_term, dlog_kernel
 
 __all__ = [
+    "QUANTILE_WEIGHT_FLOOR",
+    "conditional_quantile_roots",
+    "integrated_kernel",
     "log_sums_and_score_means",
     "log_category_cdf",
     "log_category_kernel",
@@ -276,3 +279,150 @@ def log_sums_and_score_means(
         else:
             log_sums[i] = -math.inf
     return log_sums, means
+
+
+#: Keys whose weight is below this share of a query's largest are left out of its
+#: quantiles' mixture: n of them move F by at most n times it (1e-20 n, far below the
+#: root-finder's tolerance for any table that fits in memory).
+QUANTILE_WEIGHT_FLOOR = 1e-20
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def integrated_kernel(z, kernel):
+    """G(z), the integrated continuous kernel (module docstring), in linear space."""
+    if kernel == GAUSSIAN:
+        return 0.5 * math.erfc(-z / math.sqrt(2.0))
+    if z <= -1.0:
+        return 0.0
+    if z >= 1.0:
+        return 1.0
+    if kernel == EPANECHNIKOV:
+        return (1.0 + z) * (1.0 + z) * (2.0 - z) * 0.25
+    a = abs(z)
+    a3 = a * a * a
+    half_mass = (70.0 / 81.0) * a * (1.0 - a3 * (0.75 - a3 * (3.0 / 7.0 - 0.1 * a3)))
+    return 0.5 + half_mass if z >= 0.0 else 0.5 - half_mass
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _mixture_cdf(u, ys, ps, count, kernel):
+    total = 0.0
+    for m in range(count):
+        total += ps[m] * integrated_kernel(u - ys[m], kernel)
+    return total
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, parallel=True)
+def conditional_quantile_roots(
+    q_cont,
+    keys_cont_t,
+    q_cat,
+    keys_cat_t,
+    cat_params,
+    log_weights,
+    keys_y,
+    levels,
+    z,
+    kernel,
+    xtol,
+):
+    """The roots u of F(u | x_i) = tau (n_q, n_levels), F the mixture sum_j p_j G(u - y_j).
+
+    Per query: the pooling weights p_j of x's columns (the engine's score of
+    ``nbattn.kernels.local``: ``q_cont``/``keys_cont_t``, ``q_cat``/``keys_cat_t`` and
+    ``cat_params`` are x's columns alone) computed once, the keys below
+    ``QUANTILE_WEIGHT_FLOOR`` of the largest weight left out, then for each level, in
+    the order given (the caller sorts them), a root of the mixture's CDF in y's units
+    ``keys_y`` (y's column divided by its width, same centre as the result): bracketed
+    by [min y_j + z, max y_j + z] (``z`` (n_q, n_levels) = G^-1(tau); the previous
+    level's root raises the lower end), narrowed by regula falsi with the Illinois rule
+    and a bisection every fourth step until the bracket is within ``xtol`` (or 4 ulp
+    of its ends). NaN for a query that no key reaches (the caller falls back).
+    """
+    n_q = q_cont.shape[0]
+    n_k = log_weights.shape[0]
+    dc = keys_cont_t.shape[0]
+    dk = keys_cat_t.shape[0]
+    n_levels = levels.shape[1]
+    out = np.empty((n_q, n_levels))
+    for i in prange(n_q):
+        scores = np.empty(n_k)
+        top = -math.inf
+        for j in range(n_k):
+            s = log_weights[j]
+            for c in range(dc):
+                s += log_kernel(keys_cont_t[c, j] - q_cont[i, c], kernel)
+            for k in range(dk):
+                s += category_term(
+                    keys_cat_t[k, j],
+                    q_cat[i, k],
+                    cat_params[k, 0],
+                    cat_params[k, 1],
+                    cat_params[k, 2],
+                )
+            scores[j] = s
+            if s > top:
+                top = s
+        if top == -math.inf:
+            for level in range(n_levels):
+                out[i, level] = math.nan
+            continue
+        ys = np.empty(n_k)
+        ps = np.empty(n_k)
+        count = 0
+        total = 0.0
+        floor = math.log(QUANTILE_WEIGHT_FLOOR)
+        low_y = math.inf
+        high_y = -math.inf
+        for j in range(n_k):
+            if scores[j] - top >= floor:
+                p = math.exp(scores[j] - top)
+                ys[count] = keys_y[j]
+                ps[count] = p
+                total += p
+                count += 1
+                low_y = min(low_y, keys_y[j])
+                high_y = max(high_y, keys_y[j])
+        for m in range(count):
+            ps[m] /= total
+        previous = -math.inf
+        for level in range(n_levels):
+            tau = levels[i, level]
+            lo = max(low_y + z[i, level], previous)
+            hi = max(high_y + z[i, level], lo)
+            f_lo = _mixture_cdf(lo, ys, ps, count, kernel) - tau
+            f_hi = _mixture_cdf(hi, ys, ps, count, kernel) - tau
+            side = 0
+            for step in range(400):
+                width = hi - lo
+                if width <= xtol or width <= 4e-16 * max(abs(lo), abs(hi)):
+                    break
+                if f_lo >= 0.0:
+                    hi = lo
+                    break
+                if f_hi <= 0.0:
+                    lo = hi
+                    break
+                u = hi - f_hi * (hi - lo) / (f_hi - f_lo)
+                if step % 4 == 3 or not (lo < u < hi):
+                    u = 0.5 * (lo + hi)
+                f_u = _mixture_cdf(u, ys, ps, count, kernel) - tau
+                if f_u < 0.0:
+                    lo = u
+                    f_lo = f_u
+                    if side == -1:
+                        f_hi *= 0.5
+                    side = -1
+                elif f_u > 0.0:
+                    hi = u
+                    f_hi = f_u
+                    if side == 1:
+                        f_lo *= 0.5
+                    side = 1
+                else:
+                    lo = u
+                    hi = u
+            root = 0.5 * (lo + hi)
+            out[i, level] = root
+            previous = root
+    return out

@@ -25,7 +25,7 @@ def _criteria(X, y, var_type=None, degree=0, sample_weight=None, **options):
     start = rule_widths(spec, Xc)
     y2 = y.reshape(len(X), -1)
     problem = W._training_problem(spec, Xc, y2, degree, sample_weight, start)
-    return W._Criterion(problem), W.criterion_for(problem), start
+    return W.LooCriterion(problem), W.criterion_for(problem), start
 
 
 @settings(max_examples=40, deadline=None)
@@ -73,10 +73,10 @@ def test_only_where_the_tiles_compute_the_same_criterion():
     for case in engine_cases:
         data = Xu if case.get("var_type") == "cu" else X
         chosen = _criteria(data, y, **case)[1]
-        assert type(chosen) is W._Criterion, case
+        assert type(chosen) is W.LooCriterion, case
     Xn = X.copy()
     Xn[3, 1] = np.nan
-    assert type(_criteria(Xn, y, missing="marginalize")[1]) is W._Criterion
+    assert type(_criteria(Xn, y, missing="marginalize")[1]) is W.LooCriterion
 
 
 def _designs():

@@ -156,7 +156,7 @@ def test_an_interrupted_staged_fit_leaves_nothing_behind(monkeypatch, rows):
     and the next fit is a clean fit's, bit for bit."""
     X, y = _mixed(200, 3)
     clean = LocalPolynomialRegressor(var_type="cu", loo_subsample=50).fit(X, y).bandwidth_
-    value = local_widths._Criterion._value
+    value = local_widths.LooCriterion._value
     calls = []
 
     def interrupted(self, theta):
@@ -166,12 +166,12 @@ def test_an_interrupted_staged_fit_leaves_nothing_behind(monkeypatch, rows):
                 raise KeyboardInterrupt
         return value(self, theta)
 
-    monkeypatch.setattr(local_widths._Criterion, "_value", interrupted)
+    monkeypatch.setattr(local_widths.LooCriterion, "_value", interrupted)
     model = LocalPolynomialRegressor(var_type="cu", loo_subsample=50)
     with pytest.raises(KeyboardInterrupt):
         model.fit(X, y)
     assert len(calls) == 3
     assert not hasattr(model, "bandwidth_") and not hasattr(model, "X_fit_")
-    monkeypatch.setattr(local_widths._Criterion, "_value", value)
+    monkeypatch.setattr(local_widths.LooCriterion, "_value", value)
     again = LocalPolynomialRegressor(var_type="cu", loo_subsample=50).fit(X, y).bandwidth_
     np.testing.assert_array_equal(again, clean)
