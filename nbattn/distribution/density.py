@@ -13,9 +13,15 @@ makes K integrate to 1: sqrt(2 pi) for the Gaussian, 4/3 for the Epanechnikov ke
 half-width of a compact kernel's support). The categorical kernels are Aitchison-Aitken
 (unordered: 1 - l if equal, l / (c - 1) otherwise) and Wang-van Ryzin (ordered: 1 - l if
 equal, (1 - l) / 2 l^|x - y| otherwise), statsmodels' and np's, so the same widths give
-statsmodels' density. The engine keeps the softmax's running maximum and the log of its
-normaliser, so log f is exact where f itself underflows (a query far from every key)
-and at any magnitude of the data; ``rtol > 0`` prunes keys whose weight is certified
+statsmodels' density where the categories are coded alike. nbattn's codes are the ranks
+0 .. c - 1 of a column's categories and c counts the categories (a pandas category
+dtype's levels, used or not; else the distinct values), where statsmodels measures an
+ordered column's distances on its values and counts the levels present: ordered values
+with gaps (1, 2, 5) or unused levels give other densities there.
+
+The engine keeps the softmax's running maximum and the log of its normaliser, so log f
+is exact where f itself underflows (a query far from every key) and at any magnitude of
+the data; ``rtol > 0`` prunes keys whose weight is certified
 small, each normaliser then within ``rtol`` of itself (``docs/ARCHITECTURE.md``,
 "Tolerances"), so f within ``rtol`` relative.
 
@@ -41,6 +47,7 @@ import numpy as np
 
 from .._core.local_groups import KERNEL_CODES
 from .._core.threads import serial_below
+from .._core.validation import check_choice
 from ..dispatch.device import kernels_for
 from ..local.engine import fit_problem
 from ..local.problem import (
@@ -110,9 +117,17 @@ def density_rule_widths(spec: LocalSpec, X, rule: str, sample_weight=None) -> np
         sigma = np.where(sigma > 0, sigma, 1.0)  # a constant column: unit spread
         rows = max(n_eff, 2.0)
         if rule == "normal_reference":
-            out[cont] = _NORMAL_REFERENCE * sigma * rows ** (-1.0 / (4.0 + d))
+            h = _NORMAL_REFERENCE * sigma * rows ** (-1.0 / (4.0 + d))
         else:
-            out[cont] = BANDWIDTH_RULES["silverman"](rows, d) * sigma
+            h = BANDWIDTH_RULES["silverman"](rows, d) * sigma
+        tiny = np.flatnonzero(h < np.finfo(np.float64).tiny)
+        if tiny.size:
+            column = int(np.flatnonzero(cont)[tiny[0]])
+            raise ValueError(
+                f"X column {column} has a spread of {sigma[tiny[0]]:.3g}: its {rule} width "
+                f"{h[tiny[0]]:.3g} is below the smallest normal float64; rescale that column"
+            )
+        out[cont] = h
     return out
 
 
@@ -247,6 +262,7 @@ def resolve_density_widths(spec: LocalSpec, keys, bandwidth, sample_weight=None)
 
 
 def _prepare(queries, keys, bandwidth, sample_weight, **options):
+    check_choice(options.get("device", "cpu"), "device", ("cpu", "cuda", "auto"))
     spec, (keys, queries) = check_columns({"keys": keys, "queries": queries}, **options)
     if keys.shape[0] == 0:
         raise ValueError("keys has no rows: a density needs at least one")
@@ -324,19 +340,22 @@ def kernel_cdf(
 
 def sample_rows(spec: LocalSpec, keys, widths, sample_weight, n_samples, rng) -> np.ndarray:
     """``n_samples`` draws (n_samples, d) from the density of checked ``keys`` at ``widths``:
-    a key drawn with probability w_j / W, then each column from its kernel around the
-    key's value: k_jc + h_c u (u from K / kappa) for a continuous column; for an unordered
-    one the key's code with probability 1 - l, else one of the other c - 1 uniformly; for
-    an ordered one code v with probability L(v, x_j) normalised over the c codes (the
-    Wang-van Ryzin kernel sums to less than 1 on a finite set of codes). ``rng`` a NumPy
+    a key drawn with probability proportional to w_j times its ordered kernels' mass on the
+    codes, then each column from its kernel around the key's value: k_jc + h_c u (u from
+    K / kappa) for a continuous column; for an unordered one the key's code with
+    probability 1 - l, else one of the other c - 1 uniformly; for an ordered one code v
+    with probability L(v, x_j) over that mass (the Wang-van Ryzin kernel sums to less than
+    1 on a finite set of codes, by an amount that depends on x_j: the draws follow the
+    density normalised over the codes, pdf(x) / sum over the codes of pdf). ``rng`` a NumPy
     Generator; the draws depend on it alone (the same seed, the same rows)."""
     n = keys.shape[0]
-    p = None
-    if sample_weight is not None:
-        p = np.asarray(sample_weight, dtype=np.float64)
-        p = p / p.max()
-        p = p / p.sum()
-    rows = rng.choice(n, size=n_samples, p=p)
+    p = np.ones(n) if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
+    p = p / p.max()
+    for position, kind in enumerate(spec.var_type):
+        if kind == "o":  # the key's kernel mass on the codes: the pdf's share of the key
+            mass = _ordered_kernels(int(spec.n_categories[position]), float(widths[position]))
+            p = p * mass.sum(axis=1)[keys[:, position].astype(np.int64)]
+    rows = rng.choice(n, size=n_samples, p=p / p.sum())
     out = keys[rows].copy()
     for position, kind in enumerate(spec.var_type):
         if kind == "c":
@@ -350,14 +369,19 @@ def sample_rows(spec: LocalSpec, keys, widths, sample_weight, n_samples, rng) ->
             shift = rng.integers(1, max(count, 2), size=n_samples)
             out[:, position] = np.where(move & (count > 1), (codes + shift) % count, codes)
             continue
-        levels = np.arange(count)
-        distance = np.abs(levels[None, :] - codes[:, None])
-        with np.errstate(divide="ignore", invalid="ignore"):
-            kernel = np.where(distance == 0, 1.0 - lam, 0.5 * (1.0 - lam) * lam**distance)
-        kernel /= kernel.sum(axis=1, keepdims=True)
+        table = _ordered_kernels(count, lam)
+        cumulative = np.cumsum(table / table.sum(axis=1, keepdims=True), axis=1)[codes]
         u = rng.random(n_samples)[:, None]
-        out[:, position] = np.minimum((np.cumsum(kernel, axis=1) < u).sum(axis=1), count - 1)
+        out[:, position] = np.minimum((cumulative < u).sum(axis=1), count - 1)
     return out
+
+
+def _ordered_kernels(count: int, lam: float) -> np.ndarray:
+    """The Wang-van Ryzin kernel L(v, x) (count, count), row x, column v."""
+    codes = np.arange(count)
+    distance = np.abs(codes[None, :] - codes[:, None])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(distance == 0, 1.0 - lam, 0.5 * (1.0 - lam) * lam**distance)
 
 
 def _kernel_draws(kernel: str, size: int, rng) -> np.ndarray:

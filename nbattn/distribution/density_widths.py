@@ -31,13 +31,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 
 import numpy as np
 
+from .. import config
 from .._core.progress import FitProgress
 from ..local.problem import LocalProblem, LocalSpec, check_columns, check_sample_weight
 from ..local.search import search_widths, theta_to_widths, widths_to_theta
 from ..local.widths import LooCriterion, categorical_derivatives
+from ..smoothing.search import BandwidthRangeWarning
 from .conditional import conditional_log_density, marginal_problem
 from .density import (
     KERNEL_LOG_CONSTANTS,
@@ -151,7 +154,26 @@ def cv_ml_widths(
         )
         rule = widths_to_theta(start, spec.var_type, spec.n_categories)
         theta = theta if exact.loss(theta) < exact.loss(rule) else rule
-    return theta_to_widths(theta, spec.var_type, spec.n_categories)
+    widths = theta_to_widths(theta, spec.var_type, spec.n_categories)
+    _warn_at_the_floor(spec, start, widths)
+    return widths
+
+
+def _warn_at_the_floor(spec: LocalSpec, start, widths) -> None:
+    """Warn where a continuous h ended at the search's lower bound: the likelihood still
+    rose as h shrank (ties: values repeated within the column, whose density grows
+    without bound as h goes to 0)."""
+    floor = config.WIDTH_BOUNDS[0]
+    for column in np.flatnonzero(spec.continuous):
+        if widths[column] <= start[column] * floor * (1.0 + 1e-9):
+            warnings.warn(
+                f"bandwidth='cv_ml': X column {column}'s width reached the search's lower "
+                f"bound ({widths[column]:.3g}, {floor:g} of the rule's): its likelihood still "
+                "rises as h shrinks, as it does for repeated values. If the column is discrete, "
+                "declare it ordered ('o' in var_type); else use a rule or given widths",
+                BandwidthRangeWarning,
+                stacklevel=3,
+            )
 
 
 def loo_log_likelihood(

@@ -58,7 +58,13 @@ from . import spec as specs
 from .fitted_state import check_attributes
 from .prediction import ModelSettings, PoolingPrediction
 
-__all__ = ["SpecEstimator", "check_fitted_state", "parameter_constraints"]
+__all__ = [
+    "SpecEstimator",
+    "check_fitted_state",
+    "decoded_rows",
+    "generator",
+    "parameter_constraints",
+]
 
 
 def parameter_constraints(spec: specs.EstimatorSpec) -> dict:
@@ -429,6 +435,59 @@ def _nadaraya_watson_init(
     """The ``__init__`` of NadarayaWatsonRegressor and NadarayaWatsonClassifier, whose
     parameters are the same (the regressor's kernels include "average")."""
     self._set_params_from(locals())
+
+
+def generator(random_state) -> np.random.Generator:
+    """A NumPy Generator from a ``random_state``: a Generator itself, else a seed drawn from
+    scikit-learn's ``check_random_state`` (None, an int or a RandomState)."""
+    if isinstance(random_state, np.random.Generator):
+        return random_state
+    from sklearn.utils import check_random_state
+
+    seed = check_random_state(random_state).randint(0, 2**32, dtype=np.uint64)
+    return np.random.default_rng(int(seed))
+
+
+def decoded_rows(model, rows):
+    """Rows in a model's column layout (category codes in categorical columns) as the
+    user's data: a DataFrame with the fitted names and categories when the model was
+    fitted on one, else an array of the categories' values (float64 when all are
+    numbers, objects otherwise)."""
+    names = getattr(model, "feature_names_in_", None)
+    kinds = model.var_type_
+    decoded = []
+    for position, kind in enumerate(kinds):
+        column = rows[:, position]
+        if kind == "c":
+            decoded.append(column)
+            continue
+        values = np.empty(len(model.categories_[position]), dtype=object)
+        values[:] = list(model.categories_[position])
+        decoded.append(values[column.astype(np.int64)])
+    if names is not None:
+        import pandas as pd
+
+        frame = {}
+        for position, name in enumerate(names):
+            if kinds[position] == "c":
+                frame[name] = decoded[position]
+            else:
+                frame[name] = pd.Categorical(
+                    decoded[position],
+                    categories=list(model.categories_[position]),
+                    ordered=kinds[position] == "o",
+                )
+        return pd.DataFrame(frame)
+    numeric = all(
+        isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+        for position, kind in enumerate(kinds)
+        if kind != "c"
+        for value in model.categories_[position]
+    )
+    out = np.empty(rows.shape, dtype=np.float64 if numeric else object)
+    for position, column in enumerate(decoded):
+        out[:, position] = column
+    return out
 
 
 # ----------------------------------------------------------------------------- fitted state

@@ -15,7 +15,6 @@ import numbers
 
 import numpy as np
 from sklearn.base import RegressorMixin
-from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
 from ..distribution.conditional import (
@@ -26,7 +25,7 @@ from ..distribution.conditional import (
 from ..distribution.density import density_layout, resolve_density_widths
 from ..distribution.density_widths import cv_ml_widths
 from ..local.problem import LocalSpec, check_widths
-from .base import SpecEstimator
+from .base import SpecEstimator, generator
 
 __all__ = ["ConditionalKernelDensity", "KernelQuantileRegressor"]
 
@@ -34,18 +33,19 @@ __all__ = ["ConditionalKernelDensity", "KernelQuantileRegressor"]
 class _ConditionalModel(SpecEstimator):
     """The fit and the layout shared by the conditional estimators."""
 
-    def _local_spec(self, joint_kinds: str, counts) -> LocalSpec:
+    def _local_spec(self, joint_kinds: str, counts, device=None) -> LocalSpec:
         return LocalSpec(
             var_type=joint_kinds,
             n_categories=tuple(int(c) for c in counts),
             kernel=self.kernel,
-            device=self._device(),
+            device=self._device() if device is None else device,
             rtol=self._rtol(),
         )
 
-    def _joint_spec(self) -> LocalSpec:
+    def _joint_spec(self, device=None) -> LocalSpec:
         y_counts = [0 if self.y_categories_ is None else len(self.y_categories_)]
-        return self._local_spec(self.y_type_ + self._kinds(), y_counts + self._n_categories())
+        kinds = self.y_type_ + self._kinds()
+        return self._local_spec(kinds, y_counts + self._n_categories(), device)
 
     def _fit_conditional(self, X, y, sample_weight):
         self._validate_params()
@@ -89,7 +89,7 @@ class _ConditionalModel(SpecEstimator):
         self.bandwidth_ = widths[1:].copy()
         return self
 
-    def _joint_problem(self, X, y=None):
+    def _joint_problem(self, X, y=None, device=None):
         """The joint layout at the checked rows of X with y (codes for a categorical y;
         zeros where y is None)."""
         check_is_fitted(self)
@@ -100,7 +100,7 @@ class _ConditionalModel(SpecEstimator):
             y_codes = self._read_response(y, self.y_type_, self.y_categories_)[0]
             if y_codes.shape[0] != queries.shape[0]:
                 raise ValueError(f"X has {queries.shape[0]} rows but y has {y_codes.shape[0]}")
-        spec = self._joint_spec()
+        spec = self._joint_spec(device)
         widths = check_widths(
             np.concatenate(([self.y_bandwidth_], self.bandwidth_)),
             spec.var_type,
@@ -116,7 +116,9 @@ class _ConditionalModel(SpecEstimator):
         check_is_fitted(self)
         if self.y_type_ != "c":
             raise ValueError("quantiles need a continuous y; this model's y is categorical")
-        return conditional_quantiles(self._joint_problem(X), levels)
+        return conditional_quantiles(
+            self._joint_problem(X, device=self._cpu_only("the conditional quantiles")), levels
+        )
 
 
 def _check_levels(q, name="q") -> tuple[np.ndarray, bool]:
@@ -189,7 +191,8 @@ class ConditionalKernelDensity(_ConditionalModel):
     def cdf(self, X, y):
         """F(y_i | x_i) per row (n,) (for a categorical y: the codes up to y_i's). Exact,
         on the CPU."""
-        return np.exp(conditional_log_cdf(self._joint_problem(X, y)))
+        problem = self._joint_problem(X, y, self._cpu_only("the conditional CDF"))
+        return np.exp(conditional_log_cdf(problem))
 
     def score(self, X, y):
         """The total conditional log-likelihood of the rows."""
@@ -208,11 +211,8 @@ class ConditionalKernelDensity(_ConditionalModel):
         level (continuous y; exact to the quantiles' tolerance), or the category whose
         cumulative probability first reaches it. The same ``random_state``, the same draws."""
         check_is_fitted(self)
-        problem = self._joint_problem(X)
-        rng = np.random.default_rng(
-            int(check_random_state(random_state).randint(0, 2**32, dtype=np.uint64))
-        )
-        u = rng.random(problem.q_cont.shape[0])
+        problem = self._joint_problem(X, device=self._cpu_only("sample"))
+        u = generator(random_state).random(problem.q_cont.shape[0])
         if self.y_type_ == "c":
             return conditional_quantiles(problem, u[:, None])[:, 0]
         count = len(self.y_categories_)

@@ -9,7 +9,6 @@ the pooling, on the mixed-type engine) and :mod:`nbattn.distribution.density_wid
 from __future__ import annotations
 
 import numpy as np
-from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
 from ..distribution.density import (
@@ -21,7 +20,7 @@ from ..distribution.density import (
 )
 from ..distribution.density_widths import cv_ml_widths
 from ..local.problem import LocalSpec, check_widths
-from .base import SpecEstimator
+from .base import SpecEstimator, decoded_rows, generator
 
 __all__ = ["KernelDensity"]
 
@@ -101,19 +100,19 @@ class KernelDensity(SpecEstimator):
         self.bandwidth_ = widths
         return self
 
-    def _local_spec(self) -> LocalSpec:
+    def _local_spec(self, device=None) -> LocalSpec:
         return LocalSpec(
             var_type=self._kinds(),
             n_categories=tuple(int(c) for c in self._n_categories()),
             kernel=self.kernel,
-            device=self._device(),
+            device=self._device() if device is None else device,
             rtol=self._rtol(),
         )
 
-    def _problem(self, X):
+    def _problem(self, X, device=None):
         check_is_fitted(self)
         queries = self._check_queries(X)
-        spec = self._local_spec()
+        spec = self._local_spec(device)
         widths = check_widths(self.bandwidth_, spec.var_type, spec.counts, "bandwidth_")
         return density_layout(spec, queries, self.X_fit_, widths, self.sample_weight_)
 
@@ -129,45 +128,30 @@ class KernelDensity(SpecEstimator):
         """The joint distribution function F(x) per row of X (n,): each continuous kernel
         integrated, each categorical one summed over the codes up to x's (statsmodels'
         convention, unordered columns included). Exact, on the CPU."""
-        return np.exp(log_cdf_of(self._problem(X)))
+        return np.exp(log_cdf_of(self._problem(X, self._cpu_only("cdf"))))
 
     def score(self, X, y=None):
         """The total log-likelihood of the rows of X (scikit-learn's convention)."""
         return float(np.sum(self.score_samples(X)))
 
     def sample(self, n_samples=1, random_state=None):
-        """``n_samples`` rows drawn from the density (n_samples, n_features), float64 with
-        category codes in categorical columns, or a DataFrame with the fitted columns and
-        categories when the model was fitted on one. The same ``random_state`` gives the
-        same rows."""
+        """``n_samples`` rows drawn from the density (n_samples, n_features): a DataFrame
+        with the fitted columns and categories when the model was fitted on one, else an
+        array holding the fitted categories' values (float64 when they are all numbers),
+        so that ``score_samples`` reads the draws back. ``random_state``: None, a seed, a
+        RandomState or a Generator; the same seed gives the same rows."""
         check_is_fitted(self)
         if isinstance(n_samples, (bool, np.bool_)) or not isinstance(n_samples, (int, np.integer)):
             raise ValueError(f"n_samples must be an int >= 1, got {n_samples!r}")
         if n_samples < 1:
             raise ValueError(f"n_samples must be an int >= 1, got {n_samples!r}")
-        spec = self._local_spec()
-        seed = check_random_state(random_state).randint(0, 2**32, dtype=np.uint64)
+        spec = self._local_spec("cpu")
         rows = sample_rows(
             spec,
             self.X_fit_,
             self.bandwidth_,
             self.sample_weight_,
             int(n_samples),
-            np.random.default_rng(int(seed)),
+            generator(random_state),
         )
-        names = getattr(self, "feature_names_in_", None)
-        if names is None:
-            return rows
-        import pandas as pd
-
-        frame = {}
-        for position, name in enumerate(names):
-            categories = self.categories_[position]
-            if categories is None:
-                frame[name] = rows[:, position]
-            else:
-                codes = rows[:, position].astype(np.int64)
-                frame[name] = pd.Categorical.from_codes(
-                    codes, categories=list(categories), ordered=self.var_type_[position] == "o"
-                )
-        return pd.DataFrame(frame)
+        return decoded_rows(self, rows)

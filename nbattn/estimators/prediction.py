@@ -96,6 +96,15 @@ class ModelSettings:
         sw = self._fitted("sample_weight_")
         return None if sw is None else sw / power_of_two_scale(sw.max())
 
+    def _cpu_only(self, what: str) -> str:
+        """The device of a computation that has no GPU kernel yet: the CPU, unless the
+        model asks for "cuda" (refused; "auto" runs it on the CPU)."""
+        if self._param("device") == "cuda":
+            raise NotImplementedError(
+                f"{what} runs on the CPU only for now: set device='cpu' or 'auto'"
+            )
+        return "cpu"
+
     def _rtol(self) -> float:
         """The checked ``rtol`` (0 for a model, or a model file, without one)."""
         return check_rtol(self._param("rtol", 0.0))

@@ -49,6 +49,11 @@ __all__ = [
 _T_BOUND = 30.0
 
 
+#: The largest log h a search tries: h below the largest float64 by a factor of e, so that
+#: exp(theta) never overflows (data whose spread is near 1e308 has its start near it).
+_LOG_H_MAX = math.log(np.finfo(np.float64).max) - 1.0
+
+
 def sigmoid(t):
     return 1.0 / (1.0 + math.exp(-t)) if t >= 0 else math.exp(t) / (1.0 + math.exp(t))
 
@@ -126,8 +131,10 @@ def search_widths(criterion, start, *, maxiter=200, per_column=True) -> np.ndarr
         # common factor from the descent's point (a corner no one-parameter move reaches)
         descended = criterion.best[1]
         # l / lambda_max of the categorical columns (a continuous column's h is no share)
-        shares = np.where(cont, 0.0, theta_to_widths(descended, var_type, counts))
-        shares[~cont] /= lambda_max(var_type, counts)[~cont]
+        top = lambda_max(var_type, counts)
+        widths = theta_to_widths(descended, var_type, counts)
+        # l / lambda_max (a one-level column, lambda_max = 0, counts as fully smoothed)
+        shares = np.where(cont, 0.0, np.divide(widths, top, out=np.ones_like(top), where=top > 0))
         for columns in _exact_match_subsets(cont, shares):
             corner = descended.copy()
             corner[columns] = -math.inf
@@ -147,10 +154,10 @@ def search_widths(criterion, start, *, maxiter=200, per_column=True) -> np.ndarr
 
 def _search_bounds(theta0, cont):
     """L-BFGS-B's bounds around the start ``theta0``: log h within ``config.WIDTH_BOUNDS``
-    of the start's, t within +-30; ``(bounds, lower, upper)``."""
+    of the start's (and below ``_LOG_H_MAX``), t within +-30; ``(bounds, lower, upper)``."""
     low, high = config.WIDTH_BOUNDS
     bounds = [
-        (t + math.log(low), t + math.log(high)) if c else (-_T_BOUND, _T_BOUND)
+        (t + math.log(low), min(t + math.log(high), _LOG_H_MAX)) if c else (-_T_BOUND, _T_BOUND)
         for t, c in zip(theta0, cont)
     ]
     return bounds, np.array([b[0] for b in bounds]), np.array([b[1] for b in bounds])
