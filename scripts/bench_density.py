@@ -14,7 +14,9 @@ Prints, for the same data in the same run:
    its coverage of fresh points and its width where the noise is small and large;
 4. streaming: the density of many queries against many keys, its peak memory
    (tracemalloc) against the queries x keys matrix it never holds, and its pairs per second
-   against ``nadaraya_watson`` on the same columns.
+   against ``nadaraya_watson`` on the same columns;
+5. the held-out pinball loss of ``KernelQuantileRegressor`` against statsmodels' linear
+   ``QuantReg`` on two packaged tables (engel; diabetes with sex as a category).
 """
 
 from __future__ import annotations
@@ -145,6 +147,40 @@ def coverage(rng):
     )
 
 
+def pinball(y, q, tau):
+    r = y - q
+    return float(np.mean(np.maximum(tau * r, (tau - 1.0) * r)))
+
+
+def quantile_tables(rng):
+    """Held-out pinball loss on two packaged tables: nbattn's conditional quantiles
+    against statsmodels' linear quantile regression (QuantReg) on the same split."""
+    import pandas as pd
+    import statsmodels.api as sm
+
+    print("5. held-out pinball loss (lower is better), half the rows to fit, half to test")
+    engel = nbattn.datasets.load_csv("engel")
+    diabetes = nbattn.datasets.load_csv("diabetes")
+    diabetes["sex"] = diabetes["sex"].astype("category")
+    tables = [
+        ("engel: foodexp on income", engel[["income"]], engel["foodexp"]),
+        ("diabetes: target on bmi, bp, sex", diabetes[["bmi", "bp", "sex"]], diabetes["target"]),
+    ]
+    for name, X, y in tables:
+        order = rng.permutation(len(y))
+        fit, test = order[: len(y) // 2], order[len(y) // 2 :]
+        design = pd.get_dummies(X, drop_first=True, dtype=float)
+        design.insert(0, "const", 1.0)
+        cells = []
+        for tau in (0.1, 0.5, 0.9):
+            model = nbattn.KernelQuantileRegressor(quantile=tau).fit(X.iloc[fit], y.iloc[fit])
+            ours = pinball(y.iloc[test].to_numpy(), model.predict(X.iloc[test]), tau)
+            linear = sm.QuantReg(y.iloc[fit], design.iloc[fit]).fit(q=tau)
+            peer = pinball(y.iloc[test].to_numpy(), linear.predict(design.iloc[test]), tau)
+            cells.append(f"tau {tau}: {ours:.4g} against {peer:.4g}")
+        print(f"   {name}: " + "; ".join(cells))
+
+
 def streaming(rng, n_keys, n_queries):
     print(f"4. streaming: {n_queries} queries against {n_keys} keys, 3 continuous columns")
     X = rng.normal(size=(n_keys, 3))
@@ -181,6 +217,7 @@ def main():
     fixed_widths(rng, args.rows)
     cv_ml(rng, args.rows, args.skip_peer)
     coverage(rng)
+    quantile_tables(rng)
     streaming(rng, args.stream_keys, args.stream_queries)
 
 

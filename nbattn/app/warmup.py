@@ -85,6 +85,16 @@ def _classifier():
     nbattn.NadarayaWatsonClassifier().fit(x, labels).predict_proba(x[:5])
 
 
+def _densities():
+    import nbattn
+
+    x, y = _data(d=2)
+    model = nbattn.KernelDensity(bandwidth="cv_ml").fit(x)
+    model.score_samples(x[:5]), model.cdf(x[:5])
+    quantiles = nbattn.KernelQuantileRegressor(bandwidth="cv_ml").fit(x, y)
+    quantiles.predict_interval(x[:5])
+
+
 def _nadaraya_watson(dtype):
     import nbattn
 
@@ -110,6 +120,7 @@ JOBS = [
     ("learned widths", 12, _learned, ()),
     ("local polynomial", 10, _local_polynomial, ()),
     ("classifier", 6, _classifier, ()),
+    ("densities", 6, _densities, ()),
     ("nadaraya_watson float32", 6, _nadaraya_watson, (np.float32,)),
     ("nadaraya_watson float64", 3, _nadaraya_watson, (np.float64,)),
 ]

@@ -133,7 +133,7 @@ def density_rule_widths(spec: LocalSpec, X, rule: str, sample_weight=None) -> np
 
 def log_weight_sums(sample_weight, n, exclude_self=False) -> np.ndarray:
     """log W, the keys' total weight (n if unweighted), as a (1,) array; with
-    ``exclude_self`` log W_-i = log sum_{j != i} w_j per row (n,), summed from both ends
+    ``exclude_self`` log W₋ᵢ = log sum_{j != i} w_j per row (n,), summed from both ends
     (no cancellation when w_i is most of W) after the largest weight is brought near 1
     (exact: no overflow near 1e308, no underflow near 5e-324). -inf where no weight is
     left."""

@@ -5,11 +5,11 @@ The criterion of widths theta (log h per continuous column, the categorical smoo
 through its sigmoid, :mod:`nbattn.local.search`) is the weighted mean negative
 log-likelihood of each training row under the density of the others,
 
-    CV(theta) = -sum_i u_i log f_-i(x_i),    u_i = w_i / W,
+    CV(theta) = -sum_i u_i log f₋ᵢ(x_i),    u_i = w_i / W,
 
-f_-i the density of the other rows (:func:`nbattn.distribution.density.log_density_of`
-on the engine's leave-one-out problem: the pair (i, i) left out, W_-i its total weight),
-or for a conditional density -sum_i u_i log f_-i(y_i | x_i), the ratio of the joint and
+f₋ᵢ the density of the other rows (:func:`nbattn.distribution.density.log_density_of`
+on the engine's leave-one-out problem: the pair (i, i) left out, W₋ᵢ its total weight),
+or for a conditional density -sum_i u_i log f₋ᵢ(y_i | x_i), the ratio of the joint and
 the marginal leave-one-out densities (statsmodels' ``KDEMultivariateConditional``
 ``loo_likelihood`` is n times it exactly: the totals cancel in the ratio).
 Without weights n CV is statsmodels' ``loo_likelihood`` at the same widths plus
@@ -59,7 +59,7 @@ class LikelihoodCriterion(LooCriterion):
     """CV(theta) of the module docstring on a density's leave-one-out problem, and its
     gradient.
     With ``n_response`` > 0 the problem is the joint one of (y, x), y's columns first, and
-    the density the conditional f_-i(y_i | x_i) (:mod:`nbattn.distribution.conditional`)."""
+    the density the conditional f₋ᵢ(y_i | x_i) (:mod:`nbattn.distribution.conditional`)."""
 
     def __init__(self, problem: LocalProblem, n_response: int = 0):
         super().__init__(problem)
@@ -70,7 +70,7 @@ class LikelihoodCriterion(LooCriterion):
         self._response_cat = n_response - self._response_cont
 
     def row_log_densities(self, theta) -> np.ndarray:
-        """log f_-i(x_i) (or log f_-i(y_i | x_i)) per row (n,) at theta."""
+        """log f₋ᵢ(x_i) (or log f₋ᵢ(y_i | x_i)) per row (n,) at theta."""
         problem = self.problem_at(theta)
         if self.n_response:
             return conditional_log_density(problem, self.n_response)
@@ -83,7 +83,7 @@ class LikelihoodCriterion(LooCriterion):
         return -float(self.loo_weights[self.positive] @ logs)
 
     def loss_and_grad(self, theta):
-        """CV(theta) and its exact gradient: d log f_-i / dtheta is the softmax mean of the
+        """CV(theta) and its exact gradient: d log f₋ᵢ / dtheta is the softmax mean of the
         score's derivatives less 1 per continuous column (the 1 / h of its kernel); for a
         conditional density the joint's less the marginal's."""
         self.n_grad += 1
@@ -187,7 +187,7 @@ def loo_log_likelihood(
     rtol=0.0,
     device="cpu",
 ) -> float:
-    """-sum_i (w_i / mean w) log f_-i(x_i), n CV (module docstring: statsmodels'
+    """-sum_i (w_i / mean w) log f₋ᵢ(x_i), n CV (module docstring: statsmodels'
     ``loo_likelihood`` plus n log(n - 1) without weights). The arguments are
     :func:`nbattn.distribution.density.kernel_density`'s (``bandwidth`` a rule or
     widths). +inf where a row has no other row within reach."""

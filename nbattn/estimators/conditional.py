@@ -159,9 +159,16 @@ class ConditionalKernelDensity(_ConditionalModel):
 
     Attributes
     ----------
-    bandwidth_ : ndarray (n_features,), y_bandwidth_ : float
-    y_type_ : str, y_categories_ : list or None
+    bandwidth_ : ndarray (n_features,)
+        X's widths in column order.
+    y_bandwidth_ : float
+        y's width.
+    y_type_ : str
+        y's kind: 'c', 'u' or 'o'.
+    y_categories_ : list or None
+        y's categories (None for a continuous y).
     X_fit_, y_fit_, sample_weight_, var_type_, categories_
+        The training data as read at fit (category codes in categorical columns).
     """
 
     def __init__(
