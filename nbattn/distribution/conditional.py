@@ -85,11 +85,15 @@ def _flags(joint: LocalProblem, n_response: int):
     return cont, cat
 
 
-def _unreached(marginal: LocalProblem):
-    """(rows no key of x reaches, their nearest key): the fallback of the module docstring."""
-    fit = fit_problem(marginal)
-    lost = ~(fit.log_norm > -np.inf)
-    return lost, fit.nearest
+def _nearest_keys(marginal: LocalProblem, rows) -> np.ndarray:
+    """The nearest key of x (the engine's fallback) of each of ``rows``, queries that no
+    key of x reaches (-1 where no key is admissible at all)."""
+    subset = dataclasses.replace(
+        marginal,
+        q_cont=np.ascontiguousarray(marginal.q_cont[rows]),
+        q_cat=np.ascontiguousarray(marginal.q_cat[rows]),
+    )
+    return fit_problem(subset).nearest
 
 
 def _single_key(problem: LocalProblem, rows, keys) -> LocalProblem:
@@ -108,17 +112,18 @@ def _single_key(problem: LocalProblem, rows, keys) -> LocalProblem:
     )
 
 
-def _fallback(joint, marginal, n_response, compute):
-    """``compute(problem)`` for the rows no key of x reaches, on y's column(s) against
-    their nearest key alone; (rows, values)."""
-    lost, nearest = _unreached(marginal)
-    rows = np.flatnonzero(lost & (nearest >= 0))
+def _fallback(joint, marginal, n_response, compute, lost):
+    """``compute(problem)`` for the rows ``lost`` (bool, n_q) that no key of x reaches,
+    on y's column(s) against their nearest key alone; (rows, values)."""
+    rows = np.flatnonzero(lost)
     if rows.size == 0:
         return rows, np.zeros(0)
+    nearest = _nearest_keys(marginal, rows)
+    rows, nearest = rows[nearest >= 0], nearest[nearest >= 0]
     response = marginal_complement(joint, n_response)
     out = np.empty(rows.size)
-    for k, row in enumerate(rows):  # rare rows: one small problem each
-        single = _single_key(response, [row], [int(nearest[row])])
+    for k, (row, key) in enumerate(zip(rows, nearest)):  # rare rows: one small problem each
+        single = _single_key(response, [row], [int(key)])
         out[k] = compute(single)[0]
     return rows, out
 
@@ -149,10 +154,12 @@ def conditional_log_density(joint: LocalProblem, n_response: int = 1) -> np.ndar
     """log f(y | x) at the joint problem's queries (n_q,) (leave-one-out when it excludes
     self): log f(x, y) - log f(x); a row no key of x reaches takes its nearest key's y."""
     marginal = marginal_problem(joint, n_response)
+    marginal_fit = fit_problem(marginal)
     with np.errstate(invalid="ignore"):
-        out = log_density_of(joint) - log_density_of(marginal)
+        out = log_density_of(joint) - log_density_of(marginal, marginal_fit)
     if not joint.exclude_self:
-        rows, values = _fallback(joint, marginal, n_response, log_density_of)
+        lost = ~(marginal_fit.log_norm > -np.inf)
+        rows, values = _fallback(joint, marginal, n_response, log_density_of, lost)
         out[rows] = values
     return np.where(np.isnan(out), -np.inf, out)
 
@@ -178,7 +185,8 @@ def conditional_log_cdf(joint: LocalProblem, n_response: int = 1) -> np.ndarray:
         )
         return log_kernel_sums_of(problem, *flags)
 
-    rows, values = _fallback(joint, marginal, n_response, single_cdf)
+    lost = ~(denominator > -np.inf)
+    rows, values = _fallback(joint, marginal, n_response, single_cdf, lost)
     out[rows] = np.minimum(values, 0.0)
     return np.where(np.isnan(out), -np.inf, out)
 
@@ -245,7 +253,7 @@ def conditional_quantiles(joint: LocalProblem, levels) -> np.ndarray:
         )
     lost = np.flatnonzero(np.isnan(roots[:, 0]))
     if lost.size:  # no key of x within reach: the nearest key's y alone
-        nearest = fit_problem(marginal).nearest[lost]
+        nearest = _nearest_keys(marginal, lost)
         roots[lost] = keys_y[nearest][:, None] + z[lost]
     out = np.empty_like(roots)
     np.put_along_axis(out, order, roots, axis=1)

@@ -168,11 +168,12 @@ def density_layout(
     )
 
 
-def log_density_of(problem: LocalProblem) -> np.ndarray:
+def log_density_of(problem: LocalProblem, fit=None) -> np.ndarray:
     """log f at the problem's queries (n_q,) (leave-one-out when it excludes self):
     lse_j s_j - log W - sum_c log(kappa h_c) (module docstring); -inf where no key has
-    weight (compact kernels out of reach, exact matching of an unseen cell)."""
-    fit = fit_problem(problem)
+    weight (compact kernels out of reach, exact matching of an unseen cell). ``fit``: the
+    engine's first pass on the problem, when the caller has it."""
+    fit = fit_problem(problem) if fit is None else fit
     n = problem.log_weights.shape[0]
     log_total = log_weight_sums(problem.sample_weight, n, problem.exclude_self)
     constant = (
