@@ -1027,3 +1027,152 @@ def smoothed_class_loo_log_loss(
     own = p[np.arange(p.shape[0]), np.argmax(onehot, axis=1)]
     s = np.ones(p.shape[0]) if sample_weight is None else np.asarray(sample_weight, float)
     return float(-(s @ np.log(own)) / s.sum())
+
+
+# --------------------------------------------------------------------------- densities
+def _kde_kernel_matrix(queries, keys, widths, var_type, n_categories, kernel, column):
+    """K[i, j] = prod_c column(kind, q_ic, k_jc, width_c, count_c, kernel): the product
+    kernel of a density over queries (n_q, d) and keys (n, d) (1-D: one column), one
+    factor per column (no NaN handling: densities take complete data)."""
+    q = np.asarray(queries, dtype=np.float64)
+    k = np.asarray(keys, dtype=np.float64)
+    q, k = (q[:, None] if q.ndim == 1 else q), (k[:, None] if k.ndim == 1 else k)
+    K = np.ones((q.shape[0], k.shape[0]))
+    for c, kind in enumerate(var_type):
+        a, b = q[:, c][:, None], k[:, c][None, :]
+        K = K * column(kind, a, b, float(widths[c]), int(n_categories[c]), kernel)
+    return K
+
+
+def _continuous_pdf(u, kernel):
+    """The continuous kernel normalised to integrate to 1 over u."""
+    if kernel == "gaussian":
+        return np.exp(-0.5 * u**2) / np.sqrt(2.0 * np.pi)
+    inside = np.abs(u) <= 1.0
+    if kernel == "epanechnikov":
+        return np.where(inside, 0.75 * (1.0 - u**2), 0.0)
+    return np.where(inside, 70.0 / 81.0 * (1.0 - np.abs(u) ** 3) ** 3, 0.0)
+
+
+def _category_pdf(kind, a, b, lam, count):
+    """Aitchison-Aitken ('u': 1 - l if equal, l / (c - 1) otherwise) or Wang-van Ryzin
+    ('o': 1 - l if equal, (1 - l) / 2 l^|x - y| otherwise)."""
+    if kind == "u":
+        other = lam / (count - 1) if count > 1 else 0.0
+        return np.where(a == b, 1.0 - lam, other)
+    distance = np.abs(a - b)
+    return np.where(distance == 0, 1.0 - lam, 0.5 * (1.0 - lam) * lam ** np.maximum(distance, 1))
+
+
+def _density_column(kind, a, b, width, count, kernel):
+    if kind == "c":
+        return _continuous_pdf((a - b) / width, kernel) / width
+    return _category_pdf(kind, a, b, width, count)
+
+
+# Gauss-Legendre nodes: exact for the polynomial pieces of the compact kernels (degree <= 9)
+_LEGENDRE = np.polynomial.legendre.leggauss(12)
+
+
+def _integrated_kernel(z, kernel):
+    """G(z) = integral of the normalised kernel from -inf to z: Phi by erfc for the
+    Gaussian; for the compact kernels 1/2 + sign(z) times the kernel integrated over
+    [0, min(|z|, 1)] by Gauss-Legendre quadrature (exact for their polynomials)."""
+    from math import erfc, sqrt
+
+    z = np.asarray(z, dtype=np.float64)
+    if kernel == "gaussian":
+        return np.vectorize(lambda t: 0.5 * erfc(-t / sqrt(2.0)))(z)
+    a = np.minimum(np.abs(z), 1.0)
+    nodes, weights = _LEGENDRE
+    u = 0.5 * a[..., None] * (nodes + 1.0)  # the nodes mapped onto [0, a]
+    half = 0.5 * a * np.sum(weights * _continuous_pdf(u, kernel), axis=-1)
+    return 0.5 + np.sign(z) * half
+
+
+def _cdf_column(kind, a, b, width, count, kernel):
+    if kind == "c":
+        return _integrated_kernel((a - b) / width, kernel)
+    # the categorical kernel summed over the codes v = 0 .. min(floor(q), c - 1)
+    top = np.minimum(np.floor(a), count - 1)
+    total = np.zeros(np.broadcast_shapes(a.shape, b.shape))
+    for v in range(count):
+        total = total + np.where(v <= top, _category_pdf(kind, float(v), b, width, count), 0.0)
+    return total
+
+
+def kde_pdf(queries, keys, widths, var_type, n_categories, kernel="gaussian", sample_weight=None):
+    """f(q) = sum_j w_j prod_c K((q_c - k_jc) / h_c) / h_c prod_k L_k(q_k, k_jk) / sum_j w_j
+    with normalised continuous kernels: gaussian exp(-u^2/2) / sqrt(2 pi), epanechnikov
+    3/4 (1 - u^2) and tricube 70/81 (1 - |u|^3)^3 on |u| <= 1; Aitchison-Aitken for 'u'
+    and Wang-van Ryzin for 'o' columns (:func:`_category_pdf`)."""
+    K = _kde_kernel_matrix(queries, keys, widths, var_type, n_categories, kernel, _density_column)
+    w = np.ones(K.shape[1]) if sample_weight is None else np.asarray(sample_weight, float)
+    return K @ w / w.sum()
+
+
+def kde_cdf(queries, keys, widths, var_type, n_categories, kernel="gaussian", sample_weight=None):
+    """F(q) = sum_j w_j prod_c G((q_c - k_jc) / h_c) prod_k C_k(q_k, k_jk) / sum_j w_j, G the
+    integrated continuous kernel and C_k the categorical kernel summed over the codes
+    0 .. min(floor(q_k), c_k - 1) (statsmodels' convention, unordered columns too)."""
+    K = _kde_kernel_matrix(queries, keys, widths, var_type, n_categories, kernel, _cdf_column)
+    w = np.ones(K.shape[1]) if sample_weight is None else np.asarray(sample_weight, float)
+    return K @ w / w.sum()
+
+
+def _log_density_column(kind, a, b, width, count, kernel):
+    """log of :func:`_density_column`, the Gaussian's in closed form (no underflow)."""
+    if kind == "c" and kernel == "gaussian":
+        return -0.5 * ((a - b) / width) ** 2 - np.log(np.sqrt(2.0 * np.pi) * width)
+    with np.errstate(divide="ignore"):
+        return np.log(_density_column(kind, a, b, width, count, kernel))
+
+
+def kde_loo_log_likelihood(
+    X, widths, var_type, n_categories, kernel="gaussian", sample_weight=None
+):
+    """-sum_i (w_i / mean w) log f_-i(x_i), f_-i the density (:func:`kde_pdf`) of the rows
+    other than i: sum_{j != i} w_j K_ij / sum_{j != i} w_j, summed in log space (the
+    log kernel the sum of the columns' logs, then a log-sum-exp over j). Rows of weight
+    0 count for nothing; +inf where a row of positive weight gets no kernel weight from
+    the others."""
+    X = np.asarray(X, dtype=np.float64)
+    X = X[:, None] if X.ndim == 1 else X
+    n = X.shape[0]
+    w = np.ones(n) if sample_weight is None else np.asarray(sample_weight, float)
+    log_K = np.zeros((n, n))
+    for c, kind in enumerate(var_type):
+        a, b = X[:, c][:, None], X[:, c][None, :]
+        log_K = log_K + _log_density_column(
+            kind, a, b, float(widths[c]), int(n_categories[c]), kernel
+        )
+    with np.errstate(divide="ignore"):
+        log_K = log_K + np.log(w)[None, :]
+    np.fill_diagonal(log_K, -np.inf)
+    log_mass = logsumexp_rows(log_K)
+    others = w.sum() - w
+    counted = w > 0
+    if np.any(~(log_mass[counted] > -np.inf)) or np.any(~(others[counted] > 0)):
+        return np.inf
+    log_f = log_mass[counted] - np.log(others[counted])
+    return float(-(w[counted] / w.mean()) @ log_f)
+
+
+def kde_log_pdf(
+    queries, keys, widths, var_type, n_categories, kernel="gaussian", sample_weight=None
+):
+    """log f(q) of :func:`kde_pdf` summed in log space (each column's log kernel, the
+    Gaussian's in closed form, then a log-sum-exp over the keys): finite where f
+    underflows, -inf where no key has kernel weight."""
+    q = np.asarray(queries, dtype=np.float64)
+    k = np.asarray(keys, dtype=np.float64)
+    q, k = (q[:, None] if q.ndim == 1 else q), (k[:, None] if k.ndim == 1 else k)
+    w = np.ones(k.shape[0]) if sample_weight is None else np.asarray(sample_weight, float)
+    with np.errstate(divide="ignore"):
+        log_K = np.broadcast_to(np.log(w)[None, :], (q.shape[0], k.shape[0])).copy()
+    for c, kind in enumerate(var_type):
+        a, b = q[:, c][:, None], k[:, c][None, :]
+        log_K = log_K + _log_density_column(
+            kind, a, b, float(widths[c]), int(n_categories[c]), kernel
+        )
+    return logsumexp_rows(log_K) - np.log(w.sum())
