@@ -49,29 +49,43 @@ __all__ = [
 QUANTILE_XTOL = 1e-10
 
 
-def marginal_problem(joint: LocalProblem, n_response: int = 1) -> LocalProblem:
-    """x's problem from the joint problem of (y, x), y's ``n_response`` columns first:
-    the same layout without them."""
+def _columns_problem(joint: LocalProblem, n_response: int, keep_response: bool):
+    """The joint problem of (y, x), y's ``n_response`` columns first, cut to y's columns
+    (``keep_response``) or to x's: the same layout, the other columns left out."""
     spec = joint.spec
-    response = spec.var_type[:n_response]
-    n_cont = sum(kind == "c" for kind in response)
+    n_cont = sum(kind == "c" for kind in spec.var_type[:n_response])
     n_cat = n_response - n_cont
+
+    def cut(first):  # a slice of y's part or of x's part of a run of columns
+        return slice(None, first) if keep_response else slice(first, None)
+
+    cont, cat, columns = cut(n_cont), cut(n_cat), cut(n_response)
     return dataclasses.replace(
         joint,
         spec=dataclasses.replace(
             spec,
-            var_type=spec.var_type[n_response:],
-            n_categories=tuple(spec.n_categories[n_response:]),
+            var_type=spec.var_type[columns],
+            n_categories=tuple(spec.n_categories[columns]),
         ),
-        q_cont=np.ascontiguousarray(joint.q_cont[:, n_cont:]),
-        keys_cont_t=np.ascontiguousarray(joint.keys_cont_t[n_cont:]),
-        q_cat=np.ascontiguousarray(joint.q_cat[:, n_cat:]),
-        keys_cat_t=np.ascontiguousarray(joint.keys_cat_t[n_cat:]),
-        cat_params=np.ascontiguousarray(joint.cat_params[n_cat:]),
-        h=joint.h[n_cont:],
-        widths=joint.widths[n_response:],
-        centre=None if joint.centre is None else joint.centre[n_cont:],
+        q_cont=np.ascontiguousarray(joint.q_cont[:, cont]),
+        keys_cont_t=np.ascontiguousarray(joint.keys_cont_t[cont]),
+        q_cat=np.ascontiguousarray(joint.q_cat[:, cat]),
+        keys_cat_t=np.ascontiguousarray(joint.keys_cat_t[cat]),
+        cat_params=np.ascontiguousarray(joint.cat_params[cat]),
+        h=joint.h[cont],
+        widths=joint.widths[columns],
+        centre=None if joint.centre is None else joint.centre[cont],
     )
+
+
+def marginal_problem(joint: LocalProblem, n_response: int = 1) -> LocalProblem:
+    """x's problem from the joint problem of (y, x), y's ``n_response`` columns first."""
+    return _columns_problem(joint, n_response, keep_response=False)
+
+
+def marginal_complement(joint: LocalProblem, n_response: int = 1) -> LocalProblem:
+    """y's problem from the joint problem of (y, x): y's columns alone."""
+    return _columns_problem(joint, n_response, keep_response=True)
 
 
 def _flags(joint: LocalProblem, n_response: int):
@@ -126,28 +140,6 @@ def _fallback(joint, marginal, n_response, compute, lost):
         single = _single_key(response, [row], [int(key)])
         out[k] = compute(single)[0]
     return rows, out
-
-
-def marginal_complement(joint: LocalProblem, n_response: int = 1) -> LocalProblem:
-    """y's problem from the joint problem of (y, x): y's columns alone."""
-    spec = joint.spec
-    response = spec.var_type[:n_response]
-    n_cont = sum(kind == "c" for kind in response)
-    n_cat = n_response - n_cont
-    return dataclasses.replace(
-        joint,
-        spec=dataclasses.replace(
-            spec, var_type=response, n_categories=tuple(spec.n_categories[:n_response])
-        ),
-        q_cont=np.ascontiguousarray(joint.q_cont[:, :n_cont]),
-        keys_cont_t=np.ascontiguousarray(joint.keys_cont_t[:n_cont]),
-        q_cat=np.ascontiguousarray(joint.q_cat[:, :n_cat]),
-        keys_cat_t=np.ascontiguousarray(joint.keys_cat_t[:n_cat]),
-        cat_params=np.ascontiguousarray(joint.cat_params[:n_cat]),
-        h=joint.h[:n_cont],
-        widths=joint.widths[:n_response],
-        centre=None if joint.centre is None else joint.centre[:n_cont],
-    )
 
 
 def conditional_log_density(joint: LocalProblem, n_response: int = 1) -> np.ndarray:

@@ -207,6 +207,7 @@ def log_kernel_sums_of(problem: LocalProblem, cont_integrated, cat_integrated) -
             problem.keys_cat_t,
             np.asarray(cont_integrated, dtype=np.bool_),
             np.asarray(cat_integrated, dtype=np.bool_),
+            problem.cat_params,
             kinds,
             lambdas,
             counts,

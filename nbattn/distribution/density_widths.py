@@ -19,9 +19,10 @@ It is +inf where a row has no other row within reach (exact matching of a catego
 seen once, a compact kernel narrower than the gaps).
 
 The search is the regression's (:func:`nbattn.local.search.search_widths`: the rule's
-widths, a common factor of every h, exact matching in the categorical columns, sweeps
-of each width over a grid), without the gradient descents (no gradient pass yet), and
-returns the best point it evaluated: never worse than the rule. The categorical
+widths, a common factor of every h, L-BFGS-B with the criterion's exact gradient
+(:meth:`LikelihoodCriterion.loss_and_grad`), exact matching in the categorical columns,
+sweeps of each width over a grid), and returns the best point it evaluated: never worse
+than the rule. The categorical
 smoothing stays inside its kernel's range (l in [0, lambda_max]; statsmodels'
 optimiser can leave it). With ``rtol > 0`` the search runs on the pruned criterion and
 its answer is compared with the rule's widths exactly.
@@ -102,7 +103,8 @@ class LikelihoodCriterion(LooCriterion):
         if self.n_response:
             marginal = marginal_problem(problem, self.n_response)
             m_log_sums, m_means = score_means_of(marginal, dparams[self._response_cat :])
-            logs = log_sums - m_log_sums - (constant - self._marginal_constant(marginal))
+            with np.errstate(invalid="ignore"):  # -inf - -inf: no key reaches the row
+                logs = log_sums - m_log_sums - (constant - self._marginal_constant(marginal))
             slopes = means.copy()
             slopes[:, : self._response_cont] -= 1.0
             cont_x = slice(self._response_cont, dc)

@@ -26,6 +26,7 @@ from ..distribution.density import density_layout, resolve_density_widths
 from ..distribution.density_widths import cv_ml_widths
 from ..local.problem import LocalSpec, check_widths
 from .base import SpecEstimator, generator
+from .density import density_spec
 
 __all__ = ["ConditionalKernelDensity", "KernelQuantileRegressor"]
 
@@ -33,19 +34,10 @@ __all__ = ["ConditionalKernelDensity", "KernelQuantileRegressor"]
 class _ConditionalModel(SpecEstimator):
     """The fit and the layout shared by the conditional estimators."""
 
-    def _local_spec(self, joint_kinds: str, counts, device=None) -> LocalSpec:
-        return LocalSpec(
-            var_type=joint_kinds,
-            n_categories=tuple(int(c) for c in counts),
-            kernel=self.kernel,
-            device=self._device() if device is None else device,
-            rtol=self._rtol(),
-        )
-
     def _joint_spec(self, device=None) -> LocalSpec:
         y_counts = [0 if self.y_categories_ is None else len(self.y_categories_)]
         kinds = self.y_type_ + self._kinds()
-        return self._local_spec(kinds, y_counts + self._n_categories(), device)
+        return density_spec(self, kinds, y_counts + self._n_categories(), device)
 
     def _fit_conditional(self, X, y, sample_weight):
         self._validate_params()

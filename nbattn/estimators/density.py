@@ -22,7 +22,19 @@ from ..distribution.density_widths import cv_ml_widths
 from ..local.problem import LocalSpec, check_widths
 from .base import SpecEstimator, decoded_rows, generator
 
-__all__ = ["KernelDensity"]
+__all__ = ["KernelDensity", "density_spec"]
+
+
+def density_spec(model, kinds: str, counts, device=None) -> LocalSpec:
+    """The engine's spec of a density model's columns ``kinds`` with ``counts`` categories:
+    its kernel and rtol, on the call's device (``device`` overrides: a CPU-only method)."""
+    return LocalSpec(
+        var_type=kinds,
+        n_categories=tuple(int(c) for c in counts),
+        kernel=model.kernel,
+        device=model._device() if device is None else device,
+        rtol=model._rtol(),
+    )
 
 
 class KernelDensity(SpecEstimator):
@@ -101,13 +113,7 @@ class KernelDensity(SpecEstimator):
         return self
 
     def _local_spec(self, device=None) -> LocalSpec:
-        return LocalSpec(
-            var_type=self._kinds(),
-            n_categories=tuple(int(c) for c in self._n_categories()),
-            kernel=self.kernel,
-            device=self._device() if device is None else device,
-            rtol=self._rtol(),
-        )
+        return density_spec(self, self._kinds(), self._n_categories(), device)
 
     def _problem(self, X, device=None):
         check_is_fitted(self)

@@ -44,7 +44,7 @@ __all__ = [
     "integrated_kernel",
     "log_sums_and_score_means",
     "log_category_cdf",
-    "log_category_kernel",
+    "pair_score",
     "log_integrated_kernel",
     "log_kernel",
     "log_kernel_sums",
@@ -121,17 +121,19 @@ def log_kernel(d, kernel):
     return 3.0 * math.log(inside) if inside > 0.0 else -math.inf
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE)
-def log_category_kernel(q, x, kind, lam, count):
-    """log L(q, x) of a categorical kernel: Aitchison-Aitken (1 - l if equal, else
-    l / (c - 1)) or Wang-van Ryzin (1 - l if equal, else (1 - l) / 2 l^|q - x|)."""
-    if q == x:
-        value = 1.0 - lam
-    elif kind == UNORDERED:
-        value = lam / (count - 1.0) if count > 1.0 else 0.0
-    else:
-        value = 0.5 * (1.0 - lam) * lam ** abs(q - x)
-    return math.log(value) if value > 0.0 else -math.inf
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def pair_score(i, j, q_cont, keys_cont_t, q_cat, keys_cat_t, cat_params, log_weights, kernel):
+    """The engine's score of query i and key j (``nbattn.kernels.local``): log w_j, the
+    continuous kernels' logs without their constants and the categorical terms
+    (``category_term`` of ``cat_params``)."""
+    s = log_weights[j]
+    for c in range(keys_cont_t.shape[0]):
+        s += log_kernel(keys_cont_t[c, j] - q_cont[i, c], kernel)
+    for k in range(keys_cat_t.shape[0]):
+        s += category_term(
+            keys_cat_t[k, j], q_cat[i, k], cat_params[k, 0], cat_params[k, 1], cat_params[k, 2]
+        )
+    return s
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, parallel=True)
@@ -142,6 +144,7 @@ def log_kernel_sums(
     keys_cat_t,
     cont_integrated,
     cat_integrated,
+    cat_params,
     cat_kind,
     cat_lambda,
     cat_count,
@@ -151,8 +154,9 @@ def log_kernel_sums(
     """log sum_j w_j prod_c A_c prod_k B_k per query (n_q,), each factor the column's
     integrated kernel (G, C_k of the module docstring) where its flag in
     ``cont_integrated`` (dc,) / ``cat_integrated`` (dk,) is set, else its kernel
-    (K without constant, L_k): the joint CDF with every flag set, the numerator of a
-    conditional CDF with the flags of the response's columns alone.
+    (K without constant; L_k as the engine's term of ``cat_params``): the joint CDF with
+    every flag set, the numerator of a conditional CDF with the flags of the response's
+    columns alone.
 
     ``q_cont`` (n_q, dc) and ``keys_cont_t`` (dc, n_k): continuous columns divided by
     their widths (same centre); ``q_cat`` (n_q, dk) and ``keys_cat_t`` (dk, n_k):
@@ -186,8 +190,12 @@ def log_kernel_sums(
                         q_cat[i, k], keys_cat_t[k, j], cat_kind[k], cat_lambda[k], cat_count[k]
                     )
                 else:
-                    term += log_category_kernel(
-                        q_cat[i, k], keys_cat_t[k, j], cat_kind[k], cat_lambda[k], cat_count[k]
+                    term += category_term(
+                        keys_cat_t[k, j],
+                        q_cat[i, k],
+                        cat_params[k, 0],
+                        cat_params[k, 1],
+                        cat_params[k, 2],
                     )
             if term == -math.inf:
                 continue
@@ -240,17 +248,9 @@ def log_sums_and_score_means(
         for j in range(n_k):
             if exclude_self and j == i:
                 continue
-            s = log_weights[j]
-            for c in range(dc):
-                s += log_kernel(keys_cont_t[c, j] - q_cont[i, c], kernel)
-            for k in range(dk):
-                s += category_term(
-                    keys_cat_t[k, j],
-                    q_cat[i, k],
-                    cat_params[k, 0],
-                    cat_params[k, 1],
-                    cat_params[k, 2],
-                )
+            s = pair_score(
+                i, j, q_cont, keys_cont_t, q_cat, keys_cat_t, cat_params, log_weights, kernel
+            )
             if s == -math.inf:
                 continue
             if s > top:
@@ -341,25 +341,15 @@ def conditional_quantile_roots(
     """
     n_q = q_cont.shape[0]
     n_k = log_weights.shape[0]
-    dc = keys_cont_t.shape[0]
-    dk = keys_cat_t.shape[0]
     n_levels = levels.shape[1]
     out = np.empty((n_q, n_levels))
     for i in prange(n_q):
         scores = np.empty(n_k)
         top = -math.inf
         for j in range(n_k):
-            s = log_weights[j]
-            for c in range(dc):
-                s += log_kernel(keys_cont_t[c, j] - q_cont[i, c], kernel)
-            for k in range(dk):
-                s += category_term(
-                    keys_cat_t[k, j],
-                    q_cat[i, k],
-                    cat_params[k, 0],
-                    cat_params[k, 1],
-                    cat_params[k, 2],
-                )
+            s = pair_score(
+                i, j, q_cont, keys_cont_t, q_cat, keys_cat_t, cat_params, log_weights, kernel
+            )
             scores[j] = s
             if s > top:
                 top = s

@@ -377,7 +377,8 @@ def test_scaled_data_shift_the_log_density_by_the_log_of_the_scale(
     cont = np.array([kind == "c" for kind in var_type])
     factor = np.where(cont, scale, 1.0)
     shift = -cont.sum() * math.log(scale)
-    spread = np.ptp(case.keys[:, cont], axis=0) > 0
+    weighed = case.keys if case.sample_weight is None else case.keys[case.sample_weight > 0]
+    spread = np.ptp(weighed[:, cont], axis=0) > 0  # among the rows the rule counts
     for widths in (case.widths, "normal_reference") if spread.all() else (case.widths,):
         scaled_widths = widths if isinstance(widths, str) else widths * factor
         base = kernel_density(case.queries, case.keys, widths, log=True, **options(case, kernel))
