@@ -27,6 +27,7 @@ root, so a row's quantiles never decrease in the level: they never cross.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 
 import numpy as np
 
@@ -34,15 +35,18 @@ from .._core.local_groups import KERNEL_CODES
 from .._core.threads import serial_below
 from ..dispatch.device import kernels_for
 from ..local.engine import fit_problem
-from ..local.problem import LocalProblem
-from .density import log_density_of, log_kernel_sums_of
+from ..local.problem import LocalProblem, check_widths
+from .density import density_layout, density_rule_widths, log_density_of, log_kernel_sums_of
 
 __all__ = [
     "QUANTILE_XTOL",
+    "check_levels",
     "conditional_log_cdf",
     "conditional_log_density",
     "conditional_quantiles",
+    "interval_levels",
     "marginal_problem",
+    "quantile_interval",
 ]
 
 #: The quantiles' tolerance: each within this many widths h_y of the root of F(q | x) = tau.
@@ -250,3 +254,51 @@ def conditional_quantiles(joint: LocalProblem, levels) -> np.ndarray:
     out = np.empty_like(roots)
     np.put_along_axis(out, order, roots, axis=1)
     return out * float(joint.h[0]) + float(joint.centre[0])
+
+
+def check_levels(q, name="q") -> tuple[np.ndarray, bool]:
+    """Levels in (0, 1) as a 1-D float64 array, and whether one number was given. Text,
+    booleans and levels that round to 0 or 1 are refused, naming ``name``."""
+    scalar = isinstance(q, numbers.Real) and not isinstance(q, (bool, np.bool_))
+    try:
+        arr = np.asarray(q)
+    except (TypeError, ValueError):
+        arr = None
+    numeric = arr is not None and arr.dtype.kind in "iuf"
+    arr = arr.astype(np.float64).reshape(-1) if numeric else None
+    if arr is None or arr.size == 0 or not np.all((arr > 0.0) & (arr < 1.0)):
+        raise ValueError(
+            f"{name} must be a level or a list of levels in (0, 1) (numbers, not text); got {q!r}"
+        )
+    return arr, scalar
+
+
+def interval_levels(alpha) -> np.ndarray:
+    """(alpha/2, 1 - alpha/2) of a central (1 - alpha) interval, alpha a number in (0, 1)
+    (refused where 1 - alpha/2 rounds to 1, whose quantile is infinite)."""
+    if (
+        isinstance(alpha, (bool, np.bool_))
+        or not isinstance(alpha, numbers.Real)
+        or not 0.0 < alpha < 1.0
+    ):
+        raise ValueError(f"alpha must be a float in (0, 1); got {alpha!r}")
+    return check_levels([alpha / 2.0, 1.0 - alpha / 2.0], "alpha/2 and 1 - alpha/2")[0]
+
+
+def quantile_interval(spec, queries, keys, y, widths, alpha, sample_weight=None) -> np.ndarray:
+    """The central (1 - alpha) interval of a continuous y given x, (n_q, 2): the
+    conditional quantiles at alpha/2 and 1 - alpha/2, over the checked training rows
+    ``keys`` (the columns of ``spec``) and targets ``y``, with x's ``widths`` as given and
+    y's by the normal-reference rule of the joint table (y's column first, as
+    :class:`nbattn.KernelQuantileRegressor` with ``bandwidth=widths`` fits it)."""
+    levels = interval_levels(alpha)
+    joint_spec = dataclasses.replace(
+        spec, var_type="c" + spec.var_type, n_categories=(0, *spec.n_categories)
+    )
+    joint = np.column_stack([y, keys])
+    joint_widths = density_rule_widths(joint_spec, joint, "normal_reference", sample_weight)
+    joint_widths[1:] = widths
+    joint_widths = check_widths(joint_widths, joint_spec.var_type, joint_spec.counts, "widths")
+    queries = np.column_stack([np.zeros(queries.shape[0]), queries])
+    problem = density_layout(joint_spec, queries, joint, joint_widths, sample_weight)
+    return conditional_quantiles(problem, levels)

@@ -11,16 +11,16 @@ fitted state.
 
 from __future__ import annotations
 
-import numbers
-
 import numpy as np
 from sklearn.base import RegressorMixin
 from sklearn.utils.validation import check_is_fitted
 
 from ..distribution.conditional import (
+    check_levels,
     conditional_log_cdf,
     conditional_log_density,
     conditional_quantiles,
+    interval_levels,
 )
 from ..distribution.density import density_layout, resolve_density_widths
 from ..distribution.density_widths import cv_ml_widths
@@ -113,17 +113,6 @@ class _ConditionalModel(SpecEstimator):
         )
 
 
-def _check_levels(q, name="q") -> tuple[np.ndarray, bool]:
-    """Levels in (0, 1) as a 1-D array, and whether one number was given."""
-    scalar = isinstance(q, numbers.Real) and not isinstance(q, (bool, np.bool_))
-    arr = (
-        np.asarray(q, dtype=np.float64).reshape(-1) if not isinstance(q, (bool, np.bool_)) else None
-    )
-    if arr is None or arr.size == 0 or not np.all((arr > 0.0) & (arr < 1.0)):
-        raise ValueError(f"{name} must be a level or a list of levels in (0, 1); got {q!r}")
-    return arr, scalar
-
-
 class ConditionalKernelDensity(_ConditionalModel):
     """The conditional density and distribution of y given mixed X.
 
@@ -201,7 +190,7 @@ class ConditionalKernelDensity(_ConditionalModel):
         """The conditional quantiles of a continuous y: (n,) for one level, (n, len(q))
         for a list; each within 1e-10 y-widths of the root of F(q | x) = tau,
         non-decreasing in the level."""
-        levels, scalar = _check_levels(q)
+        levels, scalar = check_levels(q)
         out = self._quantiles(X, levels)
         return out[:, 0] if scalar else out
 
@@ -259,17 +248,12 @@ class KernelQuantileRegressor(RegressorMixin, _ConditionalModel):
 
     def predict_quantile(self, X, q):
         """The conditional quantiles: (n,) for one level, (n, len(q)) for a list."""
-        levels, scalar = _check_levels(q)
+        levels, scalar = check_levels(q)
         out = self._quantiles(X, levels)
         return out[:, 0] if scalar else out
 
-    def predict_interval(self, X, alpha=0.1):
-        """(lower, upper), each (n,): the conditional quantiles at alpha/2 and 1 - alpha/2."""
-        if (
-            isinstance(alpha, (bool, np.bool_))
-            or not isinstance(alpha, numbers.Real)
-            or not 0.0 < alpha < 1.0
-        ):
-            raise ValueError(f"alpha must be a float in (0, 1); got {alpha!r}")
-        out = self._quantiles(X, [alpha / 2.0, 1.0 - alpha / 2.0])
-        return out[:, 0], out[:, 1]
+    def predict_interval(self, X, alpha=0.05):
+        """The central (1 - alpha) interval of y given x per row, (n, 2): column 0 the
+        conditional quantile at alpha/2, column 1 at 1 - alpha/2 (the regressors'
+        ``predict_interval`` layout)."""
+        return self._quantiles(X, interval_levels(alpha))

@@ -33,7 +33,7 @@ import numpy as np
 
 from .._core import columns
 from .._core.numeric import power_of_two_scale
-from .._core.validation import check_rtol, resolve_dtype
+from .._core.validation import check_choice, check_rtol, resolve_dtype
 from ..dispatch.device import resolve_device
 
 __all__ = ["ModelSettings", "PoolingPrediction"]
@@ -422,6 +422,7 @@ class PoolingPrediction(ModelSettings):
         from ..local.engine import prediction_interval
         from ..local.problem import check_widths
 
+        kind = check_choice(kind, "kind", ("mean", "observation", "quantile"))
         if self._average():
             raise ValueError("predict_interval needs a kernel; kernel='average' has none")
         spec = self._local_spec(X)
@@ -433,6 +434,8 @@ class PoolingPrediction(ModelSettings):
             spec = dataclasses.replace(
                 spec, var_type="c" * k.shape[1], n_categories=(0,) * k.shape[1]
             )
+        if kind == "quantile":
+            return self._quantile_interval(spec, q, k, widths, alpha)
         fit, lower, upper = prediction_interval(
             spec,
             k,
@@ -449,3 +452,17 @@ class PoolingPrediction(ModelSettings):
             shift = self._pooled(X) - np.asarray(fit, dtype=np.float64).reshape(out.shape[:-1])
             out += shift[..., None]
         return out if self._fitted("outputs_2d_") else out[:, 0, :]
+
+    def _quantile_interval(self, spec, queries, keys, widths, alpha):
+        """``kind="quantile"``: the conditional quantiles at alpha/2 and 1 - alpha/2 of a
+        1-D target with this model's widths for x
+        (:func:`nbattn.distribution.conditional.quantile_interval`), on complete rows."""
+        from ..distribution.conditional import quantile_interval
+
+        if self._fitted("y_fit_").shape[1] != 1:
+            raise ValueError("kind='quantile' needs a model of one target; this one has several")
+        if np.isnan(queries).any():
+            raise ValueError("kind='quantile' needs complete rows: X has missing values")
+        spec = dataclasses.replace(spec, missing=False)
+        y, weights = self._fitted("y_fit_")[:, 0], self._fitted("sample_weight_")
+        return quantile_interval(spec, queries, keys, y, widths, alpha, weights)

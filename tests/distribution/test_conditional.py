@@ -380,11 +380,11 @@ def test_regressor_is_the_conditional_quantile(seed, kernel, tau, alpha, weighte
     np.testing.assert_array_equal(regressor.bandwidth_, model.bandwidth_)
     assert regressor.y_bandwidth_ == model.y_bandwidth_
     np.testing.assert_array_equal(regressor.predict(Q), model.predict_quantile(Q, tau))
-    lower, upper = regressor.predict_interval(Q, alpha)
+    interval = regressor.predict_interval(Q, alpha)
     both = model.predict_quantile(Q, [alpha / 2.0, 1.0 - alpha / 2.0])
-    np.testing.assert_array_equal(lower, both[:, 0])
-    np.testing.assert_array_equal(upper, both[:, 1])
-    assert np.all(lower <= upper)
+    assert interval.shape == (Q.shape[0], 2)
+    np.testing.assert_array_equal(interval, both)
+    assert np.all(interval[:, 0] <= interval[:, 1])
     np.testing.assert_array_equal(
         regressor.predict_quantile(Q, [tau, alpha]), model.predict_quantile(Q, [tau, alpha])
     )
@@ -751,14 +751,15 @@ def test_errors():
         ConditionalKernelDensity(bandwidth="cv_ml", y_bandwidth=0.5, var_type="cu").fit(X, y)
     with pytest.raises(ValueError, match="y_bandwidth"):
         KernelQuantileRegressor(y_bandwidth=0.5, var_type="cu").fit(X, y)
-    for bad in (0.0, 1.0, -0.1, 1.5, [0.5, 1.0], [0.0, 0.5], float("nan"), []):
+    for bad in (0.0, 1.0, -0.1, 1.5, [0.5, 1.0], [0.0, 0.5], float("nan"), [], "0.5", ["0.5"]):
         with pytest.raises(ValueError, match=r"\bq\b"):
             model.predict_quantile(X, bad)
     regressor = KernelQuantileRegressor(bandwidth="normal_reference", var_type="cu").fit(X, y)
     for bad in (0.0, 1.0, 1.2, -0.5, [0.3, 2.0]):
         with pytest.raises(ValueError, match=r"\bq\b"):
             regressor.predict_quantile(X, bad)
-    for bad in (0.0, 1.0, 1.5, -0.1, float("nan"), True):
+    # 1e-17: 1 - alpha/2 rounds to 1, whose quantile is +inf
+    for bad in (0.0, 1.0, 1.5, -0.1, float("nan"), True, "0.1", 1e-17):
         with pytest.raises(ValueError, match="alpha"):
             regressor.predict_interval(X, bad)
     for bad in (0.0, 1.0, 1.5):
