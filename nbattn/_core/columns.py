@@ -290,33 +290,35 @@ def n_categories(categories) -> list[int]:
 # ----------------------------------------------------------------------------- codes
 
 
-def fit_categories(X, var_type: str) -> list:
+def fit_categories(X, var_type: str, table: str = "X") -> list:
     """The categories of each categorical column (None for continuous ones).
 
     A pandas ``category`` column keeps its dtype's categories in their order
     (including levels absent from the data); any other categorical column gets
     its sorted distinct non-missing values. Raises ValueError naming a
-    categorical column that holds no value at all (every value missing).
+    categorical column that holds no value at all (every value missing); ``table``
+    as :func:`encode_columns`.
     """
-    table = as_table(X)
-    names = column_names(table)
+    frame = as_table(X)
+    names = column_names(frame)
     out = []
     for j, kind in enumerate(var_type):
         if kind == "c":
             out.append(None)
             continue
-        dtype = table.dtypes.iloc[j] if is_dataframe(table) else None
-        where = f"X column {names[j]}"
+        dtype = frame.dtypes.iloc[j] if is_dataframe(frame) else None
+        where = _where(table, names[j])
         if dtype is not None and getattr(dtype, "name", "") == "category":
             try:
                 cats = [_plain(v) for v in dtype.categories]
             except ValueError as exc:
                 raise ValueError(
                     f"{where}: {exc}; nbattn keeps categories as text, numbers or bools "
-                    f"(X[{names[j]}].cat.rename_categories(str) keeps the dtype's order)"
+                    f"({f'X[{names[j]}]' if table == 'X' else table}.cat.rename_categories(str) "
+                    "keeps the dtype's order)"
                 ) from exc
         else:
-            values = _column(table, j)
+            values = _column(frame, j)
             distinct = {}
             for v in values[~_missing_mask(values)]:
                 try:
@@ -333,7 +335,13 @@ def fit_categories(X, var_type: str) -> list:
 
 
 def encode_columns(
-    X, var_type: str, categories: list, *, missing: str = "error", handle_unknown: str = "error"
+    X,
+    var_type: str,
+    categories: list,
+    *,
+    missing: str = "error",
+    handle_unknown: str = "error",
+    table: str = "X",
 ) -> np.ndarray:
     """X as the engine's float64 array (n, d): numbers, category codes, NaN where missing.
 
@@ -349,34 +357,42 @@ def encode_columns(
     handle_unknown : "error" or "ignore"
         What a category absent from ``categories`` does: a ValueError naming
         the column and the value, or the code :data:`UNKNOWN_CODE`.
+    table : str
+        What errors call the table: "X" names its columns; another name (a conditional
+        model's response "y") is the one column it stands for.
 
     Returns
     -------
     ndarray (n, d) float64, a new array (X is never modified).
     """
-    table = as_table(X)
-    names = column_names(table)
-    n, d = table.shape
+    frame = as_table(X)
+    names = [_where(table, name) for name in column_names(frame)]
+    n, d = frame.shape
     if d != len(var_type):
         raise ValueError(
-            f"X has shape {table.shape}; the model expects {plural(len(var_type), 'column')}"
+            f"{table} has shape {frame.shape}; the model expects {plural(len(var_type), 'column')}"
         )
     out = np.empty((n, d), dtype=np.float64)
     for j, kind in enumerate(var_type):
-        values = _column(table, j)
+        values = _column(frame, j)
         gone = _missing_mask(values)
         if gone.any() and missing != "marginalize":
             row = int(np.argmax(gone))
             raise ValueError(
-                f"X column {names[j]} has a missing value ({shown(values[row])}) in row {row} "
+                f"{names[j]} has a missing value ({shown(values[row])}) in row {row} "
                 "(counting from 0); fill it, drop the row, or fit with missing='marginalize' "
                 "(command line: --on-nan drop, or fit and predict with --on-nan marginalize)"
             )
         if kind == "c":
             out[:, j] = _numbers(values, gone, names[j])
         else:
-            out[:, j] = _codes(values, gone, categories[j], names[j], handle_unknown)
+            out[:, j] = _codes(values, gone, categories[j], names[j], handle_unknown, table == "X")
     return out
+
+
+def _where(table: str, name: str) -> str:
+    """How an error names a column: "X column 'age'", or the response's own name."""
+    return f"X column {name}" if table == "X" else table
 
 
 def _numbers(values, gone, name) -> np.ndarray:
@@ -390,15 +406,15 @@ def _numbers(values, gone, name) -> np.ndarray:
             continue
         if isinstance(v, (str, bytes)) or not isinstance(v, numbers.Real):
             raise ValueError(
-                f"X column {name} holds text or objects ({shown(v)} in row {i}, counting from "
-                "0) but is continuous; declare it categorical in var_type ('u' or 'o') or "
-                "convert it to numbers"
+                f"{name} holds text or objects ({shown(v)} in row {i}, counting from "
+                "0) but is continuous; declare it categorical (var_type 'u' or 'o', or a "
+                "pandas category) or convert it to numbers"
             )
         col[i] = float(v)
     return col
 
 
-def _codes(values, gone, cats, name, handle_unknown) -> np.ndarray:
+def _codes(values, gone, cats, name, handle_unknown, features=True) -> np.ndarray:
     lookup = {category_key(c): k for k, c in enumerate(cats)}
     col = np.full(values.shape, np.nan)
     for i, v in enumerate(values):
@@ -408,11 +424,15 @@ def _codes(values, gone, cats, name, handle_unknown) -> np.ndarray:
         code = None if key is None else lookup.get(key)
         if code is None:
             if handle_unknown != "ignore":
+                hint = (
+                    "; pass handle_unknown='ignore' (command line: --handle-unknown ignore) to "
+                    "give it the mismatch weight"
+                    if features
+                    else ""
+                )
                 raise ValueError(
-                    f"X column {name} holds the category {shown(v)} (row {i}, counting from 0) "
-                    f"that was not seen at fit (known: {_preview(cats)}); pass "
-                    "handle_unknown='ignore' (command line: --handle-unknown ignore) to give it "
-                    "the mismatch weight"
+                    f"{name} holds the category {shown(v)} (row {i}, counting from 0) "
+                    f"that was not seen at fit (known: {_preview(cats)}){hint}"
                 )
             code = UNKNOWN_CODE
         col[i] = code

@@ -300,6 +300,8 @@ class SpecEstimator(ModelSettings, BaseEstimator):
             if y.shape[1] != 1:
                 raise ValueError(f"y must be one column; got {y.shape[1]}")
             y = y.iloc[:, 0]
+        if isinstance(y, pd.Categorical):  # keeps its dtype (ordered or not), as a Series does
+            y = pd.Series(y)
         if isinstance(y, pd.Series):
             table = pd.DataFrame({"y": y.reset_index(drop=True)})
         else:
@@ -311,8 +313,8 @@ class SpecEstimator(ModelSettings, BaseEstimator):
             table = pd.DataFrame({"y": arr})
         if kind is None:
             kind = columns.resolve_var_type(table, None)
-            categories = columns.fit_categories(table, kind)[0]
-        codes = columns.encode_columns(table, kind, [categories])[:, 0]
+            categories = columns.fit_categories(table, kind, table="y")[0]
+        codes = columns.encode_columns(table, kind, [categories], table="y")[:, 0]
         return codes, kind, categories
 
     # ---- what the shared computation reads (nbattn.estimators.prediction)

@@ -113,6 +113,13 @@ class _ConditionalModel(SpecEstimator):
         )
 
 
+def _required(y, method: str):
+    """y, which ``method`` evaluates at (a ValueError when it is None)."""
+    if y is None:
+        raise ValueError(f"{method} needs y: the values of y to evaluate at, one per row of X")
+    return y
+
+
 class ConditionalKernelDensity(_ConditionalModel):
     """The conditional density and distribution of y given mixed X.
 
@@ -170,7 +177,7 @@ class ConditionalKernelDensity(_ConditionalModel):
 
     def score_samples(self, X, y):
         """log f(y_i | x_i) per row (n,)."""
-        return conditional_log_density(self._joint_problem(X, y))
+        return conditional_log_density(self._joint_problem(X, _required(y, "score_samples")))
 
     def pdf(self, X, y):
         """f(y_i | x_i) per row (n,)."""
@@ -179,7 +186,7 @@ class ConditionalKernelDensity(_ConditionalModel):
     def cdf(self, X, y):
         """F(y_i | x_i) per row (n,) (for a categorical y: the codes up to y_i's). Exact,
         on the CPU."""
-        problem = self._joint_problem(X, y, self._cpu_only("the conditional CDF"))
+        problem = self._joint_problem(X, _required(y, "cdf"), self._cpu_only("the conditional CDF"))
         return np.exp(conditional_log_cdf(problem))
 
     def score(self, X, y):

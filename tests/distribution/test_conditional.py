@@ -801,3 +801,28 @@ _WEIGHTS = (
 )
 def test_sklearn_compatible(estimator, check):
     check(estimator)
+
+
+def test_response_errors_name_y():
+    """A conditional model's response is named y in its errors (not an X column), without
+    the features' handle_unknown hint; y=None is refused where y is evaluated; a bare
+    ordered pandas Categorical stays ordered."""
+    rng = np.random.default_rng(11)
+    X = rng.normal(size=(40, 1))
+    y = np.array(["low", "mid", "high"])[rng.integers(0, 3, 40)]
+    model = ConditionalKernelDensity(bandwidth=[0.5], y_bandwidth=0.2).fit(X, y)
+    with pytest.raises(ValueError, match=r"^y holds the category 'top'") as info:
+        model.pdf(X[:2], ["low", "top"])
+    assert "handle_unknown" not in str(info.value) and "X column" not in str(info.value)
+    for method in (model.pdf, model.score_samples, model.cdf):
+        with pytest.raises(ValueError, match="needs y"):
+            method(X[:2], None)
+    levels = ["small", "medium", "large"]
+    ordered = pd.Categorical.from_codes(rng.integers(0, 3, 40), levels, ordered=True)
+    as_array = ConditionalKernelDensity(bandwidth=[0.5], y_bandwidth=0.2).fit(X, ordered)
+    as_series = ConditionalKernelDensity(bandwidth=[0.5], y_bandwidth=0.2).fit(
+        X, pd.Series(ordered)
+    )
+    assert as_array.y_type_ == as_series.y_type_ == "o"
+    assert as_array.y_categories_ == levels
+    np.testing.assert_array_equal(as_array.pdf(X, ordered), as_series.pdf(X, ordered))
