@@ -36,6 +36,7 @@ from numba import njit, prange
 
 from .. import config
 from .._core.local_groups import EPANECHNIKOV, GAUSSIAN
+from .fastmath import fast_exp, fmax
 from .local_pairs import category_term, dlog_kernel
 
 __all__ = [
@@ -49,6 +50,9 @@ __all__ = [
     "log_kernel",
     "log_kernel_sums",
 ]
+
+#: Keys per block of the gradient pass: their scores in a buffer small enough for L1.
+SCORE_BLOCK = 256
 
 #: Column kinds of ``cat_kind``.
 UNORDERED, ORDERED = 0, 1
@@ -234,7 +238,9 @@ def log_sums_and_score_means(
 
     The mean is d log sum_j exp(s_j) / dtheta: the gradient of a log density in the widths
     (``nbattn.distribution.density_widths``). ``exclude_self`` leaves the pair (i, i) out.
-    One online pass: the sums are rescaled whenever the running maximum grows.
+    One online pass over blocks of ``SCORE_BLOCK`` keys: a block's scores first (loops the
+    compiler vectorises), then its weights and their sums, rescaled whenever the running
+    maximum grows.
     """
     n_q = q_cont.shape[0]
     n_k = log_weights.shape[0]
@@ -243,39 +249,68 @@ def log_sums_and_score_means(
     log_sums = np.empty(n_q)
     means = np.zeros((n_q, dc + dk))
     for i in prange(n_q):
+        scores = np.empty(SCORE_BLOCK)
+        acc = np.zeros(dc + dk)
         top = -math.inf
         total = 0.0
-        for j in range(n_k):
-            if exclude_self and j == i:
+        for j0 in range(0, n_k, SCORE_BLOCK):
+            nb = min(SCORE_BLOCK, n_k - j0)
+            for jj in range(nb):
+                scores[jj] = log_weights[j0 + jj]
+            for c in range(dc):
+                qc = q_cont[i, c]
+                if kernel == GAUSSIAN:  # the common case, in a loop the compiler vectorises
+                    for jj in range(nb):
+                        d = keys_cont_t[c, j0 + jj] - qc
+                        scores[jj] -= 0.5 * d * d
+                else:
+                    for jj in range(nb):
+                        scores[jj] += log_kernel(keys_cont_t[c, j0 + jj] - qc, kernel)
+            for k in range(dk):
+                qk, a, b, t = q_cat[i, k], cat_params[k, 0], cat_params[k, 1], cat_params[k, 2]
+                for jj in range(nb):
+                    scores[jj] += category_term(keys_cat_t[k, j0 + jj], qk, a, b, t)
+            if exclude_self and j0 <= i < j0 + nb:
+                scores[i - j0] = -math.inf
+            block_top = -math.inf
+            for jj in range(nb):
+                block_top = fmax(block_top, scores[jj])
+            if block_top == -math.inf:
                 continue
-            s = pair_score(
-                i, j, q_cont, keys_cont_t, q_cat, keys_cat_t, cat_params, log_weights, kernel
-            )
-            if s == -math.inf:
-                continue
-            if s > top:
-                scale = math.exp(top - s)
+            if block_top > top:
+                scale = math.exp(top - block_top)
                 total *= scale
                 for g in range(dc + dk):
-                    means[i, g] *= scale
-                top = s
-            p = math.exp(s - top)
-            total += p
+                    acc[g] *= scale
+                top = block_top
+            block_total = 0.0
+            for jj in range(nb):
+                p = fast_exp(scores[jj] - top)
+                scores[jj] = p
+                block_total += p
+            total += block_total
             for c in range(dc):
-                d = keys_cont_t[c, j] - q_cont[i, c]
-                means[i, c] -= p * d * dlog_kernel(d, kernel)
+                qc = q_cont[i, c]
+                part = 0.0
+                if kernel == GAUSSIAN:  # -d s'(d) = d^2
+                    for jj in range(nb):
+                        d = keys_cont_t[c, j0 + jj] - qc
+                        part += scores[jj] * d * d
+                else:
+                    for jj in range(nb):
+                        d = keys_cont_t[c, j0 + jj] - qc
+                        part -= scores[jj] * d * dlog_kernel(d, kernel)
+                acc[c] += part
             for k in range(dk):
-                means[i, dc + k] += p * category_term(
-                    keys_cat_t[k, j],
-                    q_cat[i, k],
-                    cat_dparams[k, 0],
-                    cat_dparams[k, 1],
-                    cat_dparams[k, 2],
-                )
+                qk, a, b, t = q_cat[i, k], cat_dparams[k, 0], cat_dparams[k, 1], cat_dparams[k, 2]
+                part = 0.0
+                for jj in range(nb):
+                    part += scores[jj] * category_term(keys_cat_t[k, j0 + jj], qk, a, b, t)
+                acc[dc + k] += part
         if total > 0.0:
             log_sums[i] = top + math.log(total)
             for g in range(dc + dk):
-                means[i, g] /= total
+                means[i, g] = acc[g] / total
         else:
             log_sums[i] = -math.inf
     return log_sums, means
