@@ -447,22 +447,30 @@ def _conditional_map(ax, model, rows, at, x, y):
 
 def _class_curves(ax, model, rows, at, x, y, continuous):
     """P(y = c | x) of each class along ``at``, one ``pdf`` call per class (a categorical
-    y's density is its probability), and each class's share of the data (open markers:
-    per bin of x, or per category: :func:`nbattn.app.plotting.class_shares`)."""
+    y's density is its probability; an ordered y's masses, which do not sum to 1 under
+    the Wang-van Ryzin kernel, rescaled to), and each class's share of the data (open
+    markers: per bin of x, or per category: :func:`nbattn.app.plotting.class_shares`)."""
     import pandas as pd
 
     queries = _queries(model, rows)
     classes = list(model.y_categories_)
+    proba = np.column_stack(
+        [np.asarray(model.pdf(queries, pd.Series([c] * len(rows), dtype=object))) for c in classes]
+    )
+    total = proba.sum(axis=1, keepdims=True)
+    rescaled = bool(np.any(np.abs(total - 1.0) > 1e-9))
+    proba = proba / total if rescaled else proba
     positions, shares = class_shares(x, y, classes, continuous)
     offsets = np.zeros(len(classes)) if continuous else np.linspace(-0.2, 0.2, len(classes))
     for k, cls in enumerate(classes):
-        given = pd.Series([cls] * len(rows), dtype=object)
-        proba = np.asarray(model.pdf(queries, given))
         style = {"color": CLASS_COLORS[k % len(CLASS_COLORS)], "gid": f"P({cls})"}
         if continuous:
-            ax.plot(at, proba, label=f"P({cls})", **style)
+            ax.plot(at, proba[:, k], label=f"P({cls})", **style)
         else:
-            ax.plot(np.asarray(at) + offsets[k], proba, "o", ls="none", label=f"P({cls})", **style)
+            where = np.asarray(at) + offsets[k]
+            ax.plot(where, proba[:, k], "o", ls="none", label=f"P({cls})", **style)
         ax.plot(positions + offsets[k], shares[:, k], "D", mfc="none", ms=5, color=style["color"])
     ax.plot([], [], "D", mfc="none", color="gray", ms=5, label="share of each class in the data")
     ax.set_ylim(-0.06, 1.06)
+    if rescaled:
+        ax.set_title("the ordered kernel's masses rescaled to sum to 1", fontsize="medium")

@@ -293,6 +293,25 @@ def test_bad_requests_are_refused_by_name(data, models, model, features, respons
         density_figure(models[model], X, y if response else None, features)
 
 
+def test_an_ordered_responses_masses_are_drawn_rescaled_to_sum_to_one(data):
+    # the Wang-van Ryzin kernel's masses over the categories sum to less than 1
+    X, _, label = data
+    order = ["down", "up"]
+    ordered = pd.Series(pd.Categorical(label, order, ordered=True), name="label")
+    model = nbattn.ConditionalKernelDensity(bandwidth=WIDTHS, y_bandwidth=0.3).fit(X, ordered)
+    fig = density_figure(model, X, ordered, ["x1"])
+    lines = _lines(fig)
+    grid = lines["P(up)"].get_xdata()
+    rows = _slice(X, "x1", grid)
+    masses = np.column_stack([model.pdf(rows, [c] * grid.size) for c in order])
+    assert np.all(masses.sum(axis=1) < 1.0 - 1e-3)
+    for k, c in enumerate(order):
+        want = masses[:, k] / masses.sum(axis=1)
+        np.testing.assert_allclose(lines[f"P({c})"].get_ydata(), want, rtol=1e-12)
+    assert "rescaled" in fig.axes[0].get_title()
+    plt.close(fig)
+
+
 def test_a_quantile_regressor_of_a_categorical_response_is_refused(data):
     X, _, label = data
     model = nbattn.KernelQuantileRegressor(bandwidth=WIDTHS, y_bandwidth=0.2).fit(X, label)
