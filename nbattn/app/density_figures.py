@@ -52,14 +52,19 @@ def density_figure(model, X, y=None, features=None):
       feature (bands between the symmetric pairs, the median a line; per category for a
       categorical feature) with the other features at their median or most frequent
       category, over the data; ``ConditionalKernelDensity`` adds a panel with the
-      heatmap of f(y | x) over (feature, y). A categorical y has no quantiles: its panel
-      is the probability of each class along the feature.
+      heatmap of f(y | x) over (feature, y). A categorical y has no quantiles: a
+      ``ConditionalKernelDensity``'s panel is the probability of each class along the
+      feature (a ``KernelQuantileRegressor`` of one is refused).
+
+    An ordered column's masses (the Wang-van Ryzin kernel) do not sum to 1 over its
+    categories: its bars and class probabilities are drawn rescaled to, and say so.
 
     Parameters
     ----------
     model : fitted KernelDensity, ConditionalKernelDensity or KernelQuantileRegressor
     X : DataFrame or array (n, d), the model's features (a DataFrame: by name)
-    y : array-like (n,), the response; required for the conditional models
+    y : array-like (n,), the response; required for the conditional models (ignored
+        for a kernel density)
     features : list of str, optional
         The columns drawn: one or two for a kernel density (default: all its columns,
         when at most two), one for a conditional model (default: its only feature).
