@@ -1,5 +1,6 @@
 """Every matplotlib figure: the attention-pooling walk-through's fit curves and heatmaps,
-and the figures of ``nbattn plot`` (fit, heatmap, loo, widths).
+and the figures of ``nbattn plot`` (fit, heatmap, loo, widths); the densities' figures
+are :mod:`nbattn.app.density_figures`, drawn with the helpers here.
 
 matplotlib is imported when a figure is drawn, with the non-interactive Agg
 backend unless a file backend is already selected. Figures are laid out by
@@ -244,12 +245,13 @@ MAX_POINTS = 5000
 MAX_CELLS = 120
 
 
-def _kinds_of(model, d) -> str:
+def kinds_of(model, d) -> str:
+    """The model's column kinds (``var_type_``), all continuous when it has none."""
     kinds = getattr(model, "var_type_", None)
     return kinds if isinstance(kinds, str) and len(kinds) == d else "c" * d
 
 
-def _reference_row(X, kinds):
+def reference_row(X, kinds):
     """The row the partial-dependence slices hold fixed: each continuous column's
     median, each categorical column's most frequent value."""
     row = {}
@@ -262,7 +264,7 @@ def _reference_row(X, kinds):
     return row
 
 
-def _held_at(reference, kinds, features, name, width=56) -> str:
+def held_at(reference, kinds, features, name, width=56) -> str:
     """A panel's title: the value at which each other feature is held (its median, or its
     most frequent category), on lines of about ``width`` characters (a value is never
     split from its name). Names and categories are written as ``--features`` reads
@@ -283,6 +285,9 @@ def _held_at(reference, kinds, features, name, width=56) -> str:
         else:
             lines[-1] += " " + item
     return "\n".join(lines)
+
+
+_held_at = held_at  # its former name, which older callers import
 
 
 def _band(model, queries):
@@ -318,7 +323,7 @@ def _regression_panel(ax, model, queries, grid, x, y, continuous, label, curve_l
     )
 
 
-def _shares(x, y, classes, continuous):
+def class_shares(x, y, classes, continuous):
     """(positions, shares (n_positions, n_classes)) of each class among the data: per
     category, or per bin of about equal counts of a continuous x."""
     x = np.asarray(x, dtype=np.float64)
@@ -336,7 +341,7 @@ def _shares(x, y, classes, continuous):
     return positions, shares
 
 
-_CLASS_COLORS = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown"]
+CLASS_COLORS = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown"]
 
 
 def _class_panel(ax, model, queries, grid, x, y, continuous, label):
@@ -345,8 +350,8 @@ def _class_panel(ax, model, queries, grid, x, y, continuous, label):
     per bin of x, or per category)."""
     classes = list(model.classes_)
     proba = np.asarray(model.predict_proba(queries))
-    colours = [_CLASS_COLORS[k % len(_CLASS_COLORS)] for k in range(len(classes))]
-    positions, shares = _shares(x, y, classes, continuous)
+    colours = [CLASS_COLORS[k % len(CLASS_COLORS)] for k in range(len(classes))]
+    positions, shares = class_shares(x, y, classes, continuous)
     offsets = np.zeros(len(classes)) if continuous else np.linspace(-0.2, 0.2, len(classes))
     for k, (cls, colour) in enumerate(zip(classes, colours)):
         if continuous:
@@ -390,7 +395,7 @@ def fit_figure(model, X, y, target, label="data"):
     classifier = hasattr(model, "predict_proba") and hasattr(model, "classes_")
     features = list(X.columns)
     d = len(features)
-    kinds = _kinds_of(model, d)
+    kinds = kinds_of(model, d)
     cols = min(d, 3)
     rows = -(-d // cols)
     fig, axes = plt.subplots(
@@ -404,7 +409,7 @@ def fit_figure(model, X, y, target, label="data"):
     shown = np.arange(len(y))
     if len(y) > MAX_POINTS:
         shown = np.random.default_rng(0).choice(len(y), MAX_POINTS, replace=False)
-    reference = _reference_row(X, kinds)
+    reference = reference_row(X, kinds)
     curve_label = type(model).__name__ if d == 1 else "others at reference"
     for f, name in enumerate(features):
         ax = axes.flat[f]
@@ -433,7 +438,7 @@ def fit_figure(model, X, y, target, label="data"):
         ax.set_xlabel(name)
         ax.set_ylabel(f"probability of each {target}" if classifier else target)
         if d > 1:
-            ax.set_title(_held_at(reference, kinds, features, name), fontsize="small")
+            ax.set_title(held_at(reference, kinds, features, name), fontsize="small")
     for ax in list(axes.flat)[d:]:
         ax.set_visible(False)
     what = "class probabilities" if classifier else "partial dependence"
@@ -470,7 +475,7 @@ def _training_table(model):
     d = keys.shape[1]
     given = getattr(model, "feature_names_in_", None)
     names = [str(n) for n in given] if given is not None else [f"x{j}" for j in range(d)]
-    kinds = _kinds_of(model, d)
+    kinds = kinds_of(model, d)
     cats = getattr(model, "categories_", None) or [None] * d
     out = {}
     for j, (name, kind) in enumerate(zip(names, kinds)):
@@ -517,7 +522,7 @@ def attention_figure(model, X, data_name="data"):
 
     features = list(X.columns)
     keys = getattr(model, "X_fit_", None)
-    by_feature = len(features) == 1 and _kinds_of(model, 1) == "c"
+    by_feature = len(features) == 1 and kinds_of(model, 1) == "c"
     if by_feature:
         X = X.iloc[np.argsort(X.iloc[:, 0].to_numpy(), kind="stable")]
         key_order = None if keys is None else np.argsort(keys[:, 0], kind="stable")
@@ -671,7 +676,7 @@ def relative_widths(model):
     widths = _model_widths(model)
     keys = np.asarray(model.X_fit_)
     d = keys.shape[1]
-    kinds = _kinds_of(model, d)
+    kinds = kinds_of(model, d)
     out = np.empty(d)
     for j, kind in enumerate(kinds):
         if kind == "c":
@@ -742,7 +747,7 @@ def widths_figure(model, features):
     if getattr(model, "bandwidth_", None) is not None:
         widths = _model_widths(model)
         ratios = relative_widths(model)
-        kinds = _kinds_of(model, ratios.size)
+        kinds = kinds_of(model, ratios.size)
         cont = [j for j, k in enumerate(kinds) if k == "c"]
         cat = [j for j, k in enumerate(kinds) if k != "c"]
         panels = [p for p in (cont, cat) if p]
