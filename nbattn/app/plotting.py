@@ -287,9 +287,6 @@ def held_at(reference, kinds, features, name, width=56) -> str:
     return "\n".join(lines)
 
 
-_held_at = held_at  # its former name, which older callers import
-
-
 def _band(model, queries):
     """(lower, upper) of the 95% interval of the mean, or None when the model has none."""
     if not hasattr(model, "predict_interval") or getattr(model, "kernel", None) == "average":

@@ -205,10 +205,10 @@ def test_cv_of_targets_near_the_float64_limit_reports_null_mse(tmp_path, nbattn_
 def test_held_values_quote_names_with_commas_and_spaces():
     """'others held at a, b = 1.45,  sp  = 1' read as three features; the names are
     written as --features reads them."""
-    from nbattn.app.plotting import _held_at
+    from nbattn.app.plotting import held_at
 
     reference = pd.Series({"a, b": 1.45, " sp ": 1.0, "colour": "red, dark", "y": 0.0})
-    title = _held_at(reference, "cuc", ["a, b", "colour", " sp "], "y", width=200)
+    title = held_at(reference, "cuc", ["a, b", "colour", " sp "], "y", width=200)
     assert title == 'others held at "a, b" = 1.45, colour = "red, dark", " sp " = 1'
 
 
