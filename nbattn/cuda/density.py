@@ -27,8 +27,9 @@
   its row's largest weight: a wider bracket, a few more steps, the same root), and
   those keys below the floor stay in F (they move it by at most 1e-20 n).
 
-float64 only, as the CPU kernels. The host wrappers take NumPy or device arrays and
-return NumPy arrays; the launched kernel (``sums_kernel``, compiled per (dc, dk,
+float64 only, as the CPU kernels. The host wrappers take the CPU kernels' NumPy
+arguments (``log_kernel_sums`` also takes its queries, keys and log weights as device
+arrays) and return NumPy arrays; the launched kernel (``sums_kernel``, compiled per (dc, dk,
 kernel)) takes flat arrays, as the PTX catalogue (``scripts/ptx.py``) compiles it.
 """
 
