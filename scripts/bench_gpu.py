@@ -8,6 +8,9 @@ time beside its result, and a time budget keeps time for the timings.
 Sections, in their default order (``--sections`` takes any of these names):
 
 checks, CUDA against the CPU on small inputs
+  density   the distributions (``nbattn.cuda.density``): the joint CDF of mixed columns
+            (Gaussian and Epanechnikov), the density, the conditional CDF and quantiles
+            with device="cuda" against "cpu"
   features  flash attention with masks (boolean key padding, float), grouped-query
             heads, windows, bottom-right causal, softcap, dropout: forward and
             backward (float32 each term, float64 all terms in one call)
@@ -35,6 +38,11 @@ timings (best of 3 after a warm-up call, bracketed by ``cuda.synchronize()``)
               FLOP convention of FlashAttention and torch: forward 4 N^2 D per head
               (half when causal), backward 2.5x the forward (nbattn's backward does
               8/5 of that work; the figure still uses the convention).
+  time-density  the density (the engine's pass) and the joint CDF of 1e5 queries
+              against 1e6 keys (2 continuous columns, float64) on the GPU, the
+              conditional quantiles (3 levels) of 1e4 queries against 1e5 keys; the
+              CPU on a slice of the queries (1e3, and 100 for the quantiles) and the
+              ratio of the two per query (CPU / GPU)
 
 The checks use few compile-time specialisations: one dtype where the code
 path is the same in both, both dtypes where the kernels differ (float32
@@ -83,8 +91,19 @@ import traceback
 
 import numpy as np
 
-CHECK_SECTIONS = ("features", "varlen", "decode", "local", "torch", "nw", "loo", "flash", "twins")
-TIMING_SECTIONS = ("time-nw", "time-loo", "time-flash")
+CHECK_SECTIONS = (
+    "density",
+    "features",
+    "varlen",
+    "decode",
+    "local",
+    "torch",
+    "nw",
+    "loo",
+    "flash",
+    "twins",
+)
+TIMING_SECTIONS = ("time-density", "time-nw", "time-loo", "time-flash")
 SECTIONS = CHECK_SECTIONS + TIMING_SECTIONS
 
 
@@ -394,6 +413,46 @@ def check_decode(report, tiny, rng):
         report.guard(f"decode {_name(dtype)}", run, dtype, section="decode")
 
 
+def check_density(report, tiny, rng):
+    """The distributions with device="cuda" against "cpu": the joint CDF and density of
+    continuous, ordered and unordered columns with sample weights, the conditional CDF
+    and quantiles (the GPU sums kernel, the host-driven root-finder)."""
+    import nbattn
+
+    n, m = (30, 8) if tiny else (3000, 200)
+    X = np.column_stack([rng.normal(size=n), rng.integers(0, 4, n), rng.integers(0, 3, n)]).astype(
+        float
+    )
+    w = rng.uniform(0.5, 2.0, n)
+    kw = dict(var_type="cou", n_categories=[0, 4, 3], sample_weight=w)
+
+    def joint(kernel):
+        options = dict(kw, kernel=kernel)
+        for name, fn in (("cdf", nbattn.kernel_cdf), ("density", nbattn.kernel_density)):
+            got = report.on_gpu(fn, X[:m], X, [0.6, 0.3, 0.2], device="cuda", **options)
+            ref = fn(X[:m], X, [0.6, 0.3, 0.2], **options)
+            report.compare(f"joint {name} cou {kernel}", got, ref, 1e-11)
+
+    def conditional():
+        y = X[:, 0] + 0.5 * rng.normal(size=n)
+        models = {
+            device: nbattn.ConditionalKernelDensity(var_type="cou", device=device).fit(X, y)
+            for device in ("cpu", "cuda")
+        }
+        gpu, cpu = models["cuda"], models["cpu"]
+        got = report.on_gpu(gpu.cdf, X[:m], y[:m])
+        report.compare("conditional cdf", got, cpu.cdf(X[:m], y[:m]), 1e-11)
+        levels = [0.1, 0.5, 0.9]
+        got = report.on_gpu(gpu.predict_quantile, X[:m], levels)
+        ref = cpu.predict_quantile(X[:m], levels)
+        error = np.abs(got - ref).max() / cpu.y_bandwidth_
+        report.expect("conditional quantiles", error <= 1e-8, f"{error:.1e} widths (tol 1e-08)")
+
+    for kernel in ("gaussian", "epanechnikov"):
+        report.guard(f"joint cdf cou {kernel}", joint, kernel, section="density")
+    report.guard("conditional cdf and quantiles", conditional, section="density")
+
+
 def check_local(report, tiny, rng):
     """Mixed-type local-polynomial fits (continuous, unordered, ordered columns)."""
     import nbattn
@@ -618,6 +677,7 @@ def check_kernel_twins(report, tiny, rng):
 
 
 CHECKS = {
+    "density": (check_density, "densities, CDFs and quantiles, device='cuda' against 'cpu'"),
     "features": (check_features, "flash features: masks, GQA, windows, softcap, dropout"),
     "varlen": (check_varlen, "packed variable-length attention"),
     "decode": (check_decode, "KV-cache decoding"),
@@ -654,6 +714,55 @@ def _best_of(fn, sync, repeat=3):
         sync()
         best = min(best, time.perf_counter() - start)
     return best
+
+
+def bench_density(report, tiny):
+    """pdf and cdf of 1e5 queries against 1e6 keys, the conditional quantiles of 1e4
+    against 1e5; the CPU on a slice of the queries, the ratio per query."""
+    import nbattn
+
+    print("\nDensities, float64, 2 continuous columns (GPU best of 3; CPU one call)", flush=True)
+    rng = np.random.default_rng(4)
+    start = report.elapsed()
+    n_q, n_k, cpu_q = (16, 64, 4) if tiny else (10**5, 10**6, 10**3)
+    keys = rng.normal(size=(n_k, 2))
+    queries = rng.normal(size=(n_q, 2))
+    for name, fn in (("pdf", nbattn.kernel_density), ("cdf", nbattn.kernel_cdf)):
+        if report.out_of_time(start, 120.0):
+            report.skip("time-density", f"{name} timing")
+            continue
+        gpu = _best_of(lambda fn=fn: fn(queries, keys, 0.3, device="cuda"), lambda: None)
+        cpu = _best_of(lambda fn=fn: fn(queries[:cpu_q], keys, 0.3), lambda: None, repeat=1)
+        ratio = (cpu / cpu_q) / (gpu / n_q)
+        report.timing(
+            "density",
+            f"{name} {n_q} x {n_k}",
+            f"GPU {gpu:.3g} s ({n_q * n_k / gpu:.3g} pairs/s), CPU {cpu:.3g} s for {cpu_q}"
+            f" queries, CPU/GPU per query {ratio:.3g}x",
+        )
+    n_q, n_k, cpu_q = (8, 32, 4) if tiny else (10**4, 10**5, 100)
+    if report.out_of_time(start, 120.0):
+        report.skip("time-density", "quantile timing")
+        return
+    X = rng.normal(size=(n_k, 2))
+    y = X[:, 0] + 0.5 * rng.normal(size=n_k)
+    levels = [0.1, 0.5, 0.9]
+    models = {
+        device: nbattn.ConditionalKernelDensity(
+            bandwidth=[0.3, 0.3], y_bandwidth=0.3, device=device
+        ).fit(X, y)
+        for device in ("cpu", "cuda")
+    }
+    gpu = _best_of(lambda: models["cuda"].predict_quantile(X[:n_q], levels), lambda: None)
+    cpu = _best_of(
+        lambda: models["cpu"].predict_quantile(X[:cpu_q], levels), lambda: None, repeat=1
+    )
+    ratio = (cpu / cpu_q) / (gpu / n_q)
+    report.timing(
+        "density",
+        f"quantiles x3 {n_q} x {n_k}",
+        f"GPU {gpu:.3g} s, CPU {cpu:.3g} s for {cpu_q} queries, CPU/GPU per query {ratio:.3g}x",
+    )
 
 
 def bench_nadaraya_watson(report, tiny):
@@ -874,6 +983,7 @@ def main(argv=None):
     print(f"sections: {' '.join(args.sections)}; {limits}", flush=True)
     tiny = args.simulate_tiny
     timings = {
+        "time-density": (bench_density, (report, tiny)),
         "time-nw": (bench_nadaraya_watson, (report, tiny)),
         "time-loo": (bench_loo, (report, tiny)),
         "time-flash": (bench_flash, (report, args.sizes, tiny, not args.no_torch)),

@@ -252,13 +252,26 @@ def local_cases(dc, dk, degree, n_out, kernel=0, missing=False):
     ]
 
 
+def density_cases(dc, dk, kernel=0):
+    """The distributions' sums kernel (``density.sums_kernel``: joint and conditional CDFs,
+    the conditional quantiles' evaluations) at dc continuous and dk categorical columns;
+    float64 (its one dtype)."""
+    from nbattn.cuda import density
+
+    f2, f1, b1 = "float64[:,::1]", "float64[::1]", "boolean[::1]"
+    names = ("gaussian", "epanechnikov", "tricube")
+    sig = _sig(f2, f2, f2, f2, b1, b1, f2, "int64[::1]", f1, f1, f1, f2, "int64", f1)
+    tag = f"dc={dc} dk={dk} {names[kernel]}"
+    return [Case(f"density sums {tag}", density.sums_kernel(dc, dk, kernel), sig)]
+
+
 def kernel_cases():
     """The catalogue at the sizes that matter: flash D = 64 and 128 (float32 and
     float64) and, at D = 64, with every optional term and with a boolean mask;
     split-KV decoding at D = 128;
     Nadaraya-Watson, the LOO loss, the spread and the weight matrix at d = 1
     and 8 with 1 and 8 outputs, LOO gradients with 8 and 64 entries
-    per launch, the layout kernels."""
+    per launch, the layout kernels, the densities' sums."""
     cases = []
     for dtype in ("float32", "float64"):
         for d in (64, 128):
@@ -276,6 +289,9 @@ def kernel_cases():
         cases += local_cases(*args)
     for dtype in ("float32", "float64"):
         cases += far_cases(dtype, 8)
+    # the densities: a Gaussian CDF of 2 continuous and 2 categorical columns, a compact one
+    for args in ((2, 2, 0), (1, 0, 2)):
+        cases += density_cases(*args)
     return cases + layout_cases()
 
 

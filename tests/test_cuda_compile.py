@@ -201,6 +201,16 @@ def test_local_linear_kernels_keep_their_state_in_registers(ptx):
         _assert_no_local_memory(ptx, case, text)
 
 
+def test_density_sums_compile_and_assemble(ptx):
+    """The densities' sums kernel for each continuous kernel, with and without categorical
+    columns: its -inf tests (keys out of reach, the running maximum's start) compiled in."""
+    for dc, dk, kernel in ((2, 2, 0), (1, 0, 1), (3, 1, 2), (0, 2, 0)):
+        (case,) = ptx.density_cases(dc, dk, kernel)
+        text = _compile(ptx, case)
+        assert "0dFFF0000000000000" in text, case.name
+        _usage(ptx, text)
+
+
 def test_far_row_kernels_compile_and_assemble(ptx):
     """The LOO far-row kernels (diagonal gradient, spread; the full gradient is the
     same code), float32 (casts of float64 weights), odd entry count."""

@@ -100,6 +100,7 @@ KERNELS = {
     ("loo_1d", "cpu"): "nbattn.kernels.loo_1d",
     ("local", "cuda"): "nbattn.cuda.local",
     ("density", "cpu"): "nbattn.kernels.density",
+    ("density", "cuda"): "nbattn.cuda.density",
     ("decode", "cpu"): "nbattn.kernels.decode",
     ("decode", "cuda"): "nbattn.cuda.decode",
     ("varlen", "cpu"): "nbattn.kernels.varlen",

@@ -162,7 +162,7 @@ def conditional_log_density(joint: LocalProblem, n_response: int = 1) -> np.ndar
 
 def conditional_log_cdf(joint: LocalProblem, n_response: int = 1) -> np.ndarray:
     """log F(y | x) at the joint problem's queries (n_q,): the pooling of y's integrated
-    kernel over x's weights (module docstring). Exact, on the CPU."""
+    kernel over x's weights (module docstring). Exact, on the spec's device."""
     marginal = marginal_problem(joint, n_response)
     cont, cat = _flags(joint, n_response)
     numerator = log_kernel_sums_of(joint, cont, cat)
@@ -218,11 +218,7 @@ def conditional_quantiles(joint: LocalProblem, levels) -> np.ndarray:
     queries' y ignored) at the levels ``levels`` in (0, 1): (n_levels,) for every row or
     (n_q, n_levels) per row; by the module docstring's root-finder
     (:func:`nbattn.kernels.density.conditional_quantile_roots`, on the CPU), non-decreasing
-    along increasing levels."""
-    if joint.spec.device == "cuda":
-        raise NotImplementedError(
-            "the conditional quantiles run on the CPU only for now: pass device='cpu' or 'auto'"
-        )
+    along increasing levels; its GPU twin on the spec's device."""
     n_q = joint.q_cont.shape[0]
     levels = np.asarray(levels, dtype=np.float64)
     if levels.ndim < 2:
@@ -232,7 +228,7 @@ def conditional_quantiles(joint: LocalProblem, levels) -> np.ndarray:
     z = np.ascontiguousarray(_inverse_integrated_kernel(ascending, joint.spec.kernel))
     marginal = marginal_problem(joint, 1)
     keys_y = np.ascontiguousarray(joint.keys_cont_t[0])
-    module = kernels_for("density", "cpu")
+    module = kernels_for("density", joint.spec.device)
     with serial_below(n_q * keys_y.size, 20_000):
         roots = module.conditional_quantile_roots(
             marginal.q_cont,

@@ -28,7 +28,8 @@ small, each normaliser then within ``rtol`` of itself (``docs/ARCHITECTURE.md``,
 The joint CDF F(q) = 1/W sum_j w_j prod_c G((q_c - k_jc) / h_c) prod_k C_k(q_k, k_jk)
 integrates each continuous kernel (G) and sums each categorical one over the codes up to
 q_k (C_k), statsmodels' convention (unordered columns included):
-:mod:`nbattn.kernels.density` computes it in log space, on the CPU, exactly (no rtol).
+:mod:`nbattn.kernels.density` (or its GPU twin, ``device``) computes it in log space,
+exactly (no rtol).
 
 Widths: an array in column order (h for 'c', l for 'u' and 'o'), or a rule:
 ``"normal_reference"`` (statsmodels' 1.06 sigma n^(-1/(4+d)), sigma the standard deviation
@@ -189,15 +190,10 @@ def log_density_of(problem: LocalProblem, fit=None) -> np.ndarray:
 def log_kernel_sums_of(problem: LocalProblem, cont_integrated, cat_integrated) -> np.ndarray:
     """log sum_j w_j prod (each column's kernel, or its integral where flagged) at the
     problem's queries (n_q,): :func:`nbattn.kernels.density.log_kernel_sums` (kernels
-    without their constants). The kernel is the CPU's: device "auto" runs it there,
-    "cuda" is refused."""
+    without their constants), or its GPU twin on the spec's device."""
     spec = problem.spec
-    if spec.device == "cuda":
-        raise NotImplementedError(
-            "the distribution functions run on the CPU only for now: pass device='cpu' or 'auto'"
-        )
     kinds, lambdas, counts = _categorical_columns(spec, problem.widths)
-    module = kernels_for("density", "cpu")
+    module = kernels_for("density", spec.device)
     n_q, n_k = problem.q_cont.shape[0], problem.log_weights.shape[0]
     with serial_below(n_q * n_k, 20_000):
         return module.log_kernel_sums(
@@ -220,7 +216,8 @@ def score_means_of(problem: LocalProblem, cat_dparams):
     """``(log_sums, means)`` at the problem's queries: log sum_j exp(s_j) (n_q,) and the
     softmax mean of the score's derivatives with respect to the widths' parameters
     (n_q, d), continuous columns first (:func:`nbattn.kernels.density.log_sums_and_score_means`;
-    ``cat_dparams`` (dk, 3) the derivatives of the categorical terms). Exact, on the CPU."""
+    ``cat_dparams`` (dk, 3) the derivatives of the categorical terms). Exact, on the CPU
+    whatever the spec's device (the ``"cv_ml"`` search's gradient: no GPU twin)."""
     module = kernels_for("density", "cpu")
     n_q, n_k = problem.q_cont.shape[0], problem.log_weights.shape[0]
     with serial_below(n_q * n_k, 20_000):
@@ -324,7 +321,7 @@ def kernel_cdf(
     device="cpu",
 ):
     """The kernel estimate of the joint CDF of ``keys`` at ``queries`` (module docstring;
-    the arguments are :func:`kernel_density`'s). Exact, on the CPU. Returns float64
+    the arguments are :func:`kernel_density`'s). Exact, on ``device``. Returns float64
     (n_q,), log F with ``log``."""
     problem = _prepare(
         queries,

@@ -108,9 +108,7 @@ class _ConditionalModel(SpecEstimator):
         check_is_fitted(self)
         if self.y_type_ != "c":
             raise ValueError("quantiles need a continuous y; this model's y is categorical")
-        return conditional_quantiles(
-            self._joint_problem(X, device=self._cpu_only("the conditional quantiles")), levels
-        )
+        return conditional_quantiles(self._joint_problem(X), levels)
 
 
 def _required(y, method: str):
@@ -185,8 +183,8 @@ class ConditionalKernelDensity(_ConditionalModel):
 
     def cdf(self, X, y):
         """F(y_i | x_i) per row (n,) (for a categorical y: the codes up to y_i's). Exact,
-        on the CPU."""
-        problem = self._joint_problem(X, _required(y, "cdf"), self._cpu_only("the conditional CDF"))
+        on ``device``."""
+        problem = self._joint_problem(X, _required(y, "cdf"))
         return np.exp(conditional_log_cdf(problem))
 
     def score(self, X, y):
@@ -206,7 +204,7 @@ class ConditionalKernelDensity(_ConditionalModel):
         level (continuous y; exact to the quantiles' tolerance), or the category whose
         cumulative probability first reaches it. The same ``random_state``, the same draws."""
         check_is_fitted(self)
-        problem = self._joint_problem(X, device=self._cpu_only("sample"))
+        problem = self._joint_problem(X)
         u = generator(random_state).random(problem.q_cont.shape[0])
         if self.y_type_ == "c":
             return conditional_quantiles(problem, u[:, None])[:, 0]

@@ -66,7 +66,8 @@ class KernelDensity(SpecEstimator):
         One letter per column: 'c' continuous, 'u' unordered, 'o' ordered. By default from
         a DataFrame's dtypes (category, bool, text: 'u'; ordered category: 'o'), else 'c'.
     device : {"cpu", "cuda", "auto"}
-        Where the densities run (``cdf`` and ``sample`` run on the CPU).
+        Where the densities, CDFs and quantiles run ("auto": the GPU when there is one);
+        ``sample``'s draws and the ``"cv_ml"`` search's gradient run on the CPU.
     verbose : int or bool
         A line per evaluation of the ``"cv_ml"`` search.
 
@@ -133,8 +134,8 @@ class KernelDensity(SpecEstimator):
     def cdf(self, X):
         """The joint distribution function F(x) per row of X (n,): each continuous kernel
         integrated, each categorical one summed over the codes up to x's (statsmodels'
-        convention, unordered columns included). Exact, on the CPU."""
-        return np.exp(log_cdf_of(self._problem(X, self._cpu_only("cdf"))))
+        convention, unordered columns included). Exact, on ``device``."""
+        return np.exp(log_cdf_of(self._problem(X)))
 
     def score(self, X, y=None):
         """The total log-likelihood of the rows of X (scikit-learn's convention)."""

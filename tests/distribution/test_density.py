@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import nbattn
+from nbattn.dispatch.device import cuda_available
 from nbattn.distribution.density import kernel_cdf, kernel_density
 from tests import naive
 from tests.strategies import seeds, sizes
@@ -486,10 +487,12 @@ def _has_gpu():
 
 
 @pytest.mark.skipif(_has_gpu(), reason="a GPU is present: device='cuda' is valid here")
-def test_the_cdf_refuses_the_gpu():
+@pytest.mark.skipif(cuda_available(), reason="a machine without a GPU refuses device='cuda'")
+def test_the_cdf_on_cuda_needs_a_gpu():
     X = np.random.default_rng(0).normal(size=(20, 2))
-    with pytest.raises(NotImplementedError, match="CPU"):
-        kernel_cdf(X[:3], X, device="cuda")
+    for function in (kernel_density, kernel_cdf):
+        with pytest.raises(ValueError, match="device='cuda' needs a CUDA GPU"):
+            function(X[:3], X, device="cuda")
 
 
 def test_device_auto_runs_on_a_cpu_machine():
