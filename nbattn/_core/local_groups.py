@@ -33,6 +33,14 @@ from .columns import CONTINUOUS_KERNELS
 KERNEL_CODES = {name: code for code, name in enumerate(CONTINUOUS_KERNELS)}
 GAUSSIAN, EPANECHNIKOV, TRICUBE = (KERNEL_CODES[n] for n in ("gaussian", "epanechnikov", "tricube"))
 
+#: The distribution kernels' categorical column kinds (``cat_kind``, CPU and GPU).
+UNORDERED, ORDERED = 0, 1
+
+#: The conditional quantiles' root-finder (CPU and GPU): at most this many steps per
+#: level, and a bracket within this relative width of its ends (4 ulp) counts as closed.
+QUANTILE_MAX_STEPS = 400
+QUANTILE_ULPS = 4e-16
+
 
 class LocalData(NamedTuple):
     """The problem's data layout (C-contiguous float64 arrays)."""

@@ -40,7 +40,13 @@ import math
 import numpy as np
 from numba import cuda
 
-from .._core.local_groups import EPANECHNIKOV, GAUSSIAN
+from .._core.local_groups import (
+    EPANECHNIKOV,
+    GAUSSIAN,
+    QUANTILE_MAX_STEPS,
+    QUANTILE_ULPS,
+    UNORDERED,
+)
 from .common import compiled, imin, jit, launch, tile_rows, to_device
 from .local_pairs import _TILE_TYPE, category_term, load_tile, tile_floats
 
@@ -49,15 +55,6 @@ __all__ = [
     "log_kernel_sums",
     "sums_kernel",
 ]
-
-#: ``cat_kind`` codes: the same as ``nbattn.kernels.density``'s (the functional layer
-#: writes them; the GPU package cannot import the CPU one).
-UNORDERED, ORDERED = 0, 1
-
-#: The root-finder's limits, the CPU's: at most this many steps per level, and a bracket
-#: within 4 ulp of its ends counts as closed.
-_MAX_STEPS = 400
-_ULPS = 4e-16
 
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 
@@ -352,9 +349,10 @@ def conditional_quantile_roots(
         f_lo, f_hi = ends[: rows.size], ends[rows.size :]
         side = np.zeros(rows.size, dtype=np.int64)
         going = np.ones(rows.size, dtype=bool)
-        for step in range(_MAX_STEPS):
+        for step in range(QUANTILE_MAX_STEPS):
             width = hi - lo
-            going &= ~((width <= xtol) | (width <= _ULPS * np.maximum(np.abs(lo), np.abs(hi))))
+            closed = width <= QUANTILE_ULPS * np.maximum(np.abs(lo), np.abs(hi))
+            going &= ~((width <= xtol) | closed)
             low_above = going & (f_lo >= 0.0)
             hi[low_above] = lo[low_above]
             going &= ~low_above

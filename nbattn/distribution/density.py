@@ -46,7 +46,7 @@ import math
 
 import numpy as np
 
-from .._core.local_groups import KERNEL_CODES
+from .._core.local_groups import KERNEL_CODES, ORDERED, UNORDERED
 from .._core.threads import serial_below
 from .._core.validation import check_choice
 from ..dispatch.device import kernels_for
@@ -246,7 +246,9 @@ def log_cdf_of(problem: LocalProblem) -> np.ndarray:
 def _categorical_columns(spec: LocalSpec, widths):
     """(kinds, lambdas, counts) of the categorical columns, the CDF kernel's arguments."""
     cat = [p for p, kind in enumerate(spec.var_type) if kind != "c"]
-    kinds = np.array([0 if spec.var_type[p] == "u" else 1 for p in cat], dtype=np.int64)
+    kinds = np.array(
+        [UNORDERED if spec.var_type[p] == "u" else ORDERED for p in cat], dtype=np.int64
+    )
     lambdas = np.array([float(widths[p]) for p in cat], dtype=np.float64)
     counts = np.array([float(spec.n_categories[p]) for p in cat], dtype=np.float64)
     return kinds, lambdas, counts

@@ -35,7 +35,13 @@ import numpy as np
 from numba import njit, prange
 
 from .. import config
-from .._core.local_groups import EPANECHNIKOV, GAUSSIAN
+from .._core.local_groups import (
+    EPANECHNIKOV,
+    GAUSSIAN,
+    QUANTILE_MAX_STEPS,
+    QUANTILE_ULPS,
+    UNORDERED,
+)
 from .fastmath import fast_exp, fmax
 from .local_pairs import category_term, dlog_kernel
 
@@ -53,9 +59,6 @@ __all__ = [
 
 #: Keys per block of the gradient pass: their scores in a buffer small enough for L1.
 SCORE_BLOCK = 256
-
-#: Column kinds of ``cat_kind``.
-UNORDERED, ORDERED = 0, 1
 
 _LOG_HALF = math.log(0.5)
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
@@ -418,9 +421,9 @@ def conditional_quantile_roots(
             f_lo = _mixture_cdf(lo, ys, ps, count, kernel) - tau
             f_hi = _mixture_cdf(hi, ys, ps, count, kernel) - tau
             side = 0
-            for step in range(400):
+            for step in range(QUANTILE_MAX_STEPS):
                 width = hi - lo
-                if width <= xtol or width <= 4e-16 * max(abs(lo), abs(hi)):
+                if width <= xtol or width <= QUANTILE_ULPS * max(abs(lo), abs(hi)):
                     break
                 if f_lo >= 0.0:
                     hi = lo
