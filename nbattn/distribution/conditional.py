@@ -146,9 +146,65 @@ def _fallback(joint, marginal, n_response, compute, lost):
     return rows, out
 
 
+#: A row whose log normaliser of x is below this is pooled about its nearest key
+#: (:func:`_about_nearest`): summed in one float with x's score there (about
+#: -(distance / h)^2 / 2 for the Gaussian kernel), y's term keeps only 1e-16 of that
+#: magnitude as its absolute precision, and would be rounded away far enough.
+FAR_SCORE = -1e4
+
+
+def _about_nearest(joint: LocalProblem, n_response: int, row: int, key: int) -> LocalProblem:
+    """Row ``row`` of the joint problem (Gaussian kernel), its x moved to the key r = x_key
+    and each key's log weight less (k_j - r) . (r - x). Since
+
+        -|k_j - x|^2 / 2 = -|k_j - r|^2 / 2 - (k_j - r) . (r - x) - |r - x|^2 / 2,
+
+    whose last term is the same for every key (it cancels in f(y | x) and F(y | x)), the
+    scores are x's up to that constant, and small for the keys near r that weigh."""
+    n_cont_y = sum(kind == "c" for kind in joint.spec.var_type[:n_response])
+    keys_x = joint.keys_cont_t[n_cont_y:]
+    r = keys_x[:, key]
+    query = joint.q_cont[row].copy()
+    log_weights = joint.log_weights - (keys_x - r[:, None]).T @ (r - query[n_cont_y:])
+    query[n_cont_y:] = r
+    return dataclasses.replace(
+        joint,
+        q_cont=query[None, :],
+        q_cat=np.ascontiguousarray(joint.q_cat[row : row + 1]),
+        log_weights=np.ascontiguousarray(log_weights),
+    )
+
+
+def _pooled_far(joint, marginal, n_response, compute, log_normaliser, out) -> None:
+    """``compute(problem)`` for the rows of a Gaussian joint problem whose x's log
+    normaliser ``log_normaliser`` is finite but below :data:`FAR_SCORE`, each about its
+    nearest key (:func:`_about_nearest`), into ``out``."""
+    if joint.spec.kernel != "gaussian" or joint.exclude_self:
+        return
+    rows = np.flatnonzero((log_normaliser < FAR_SCORE) & (log_normaliser > -np.inf))
+    for row in rows:  # rare rows: one problem each
+        key = _best_key(marginal, int(row))
+        out[row] = compute(_about_nearest(joint, n_response, int(row), key))[0]
+
+
+def _best_key(marginal: LocalProblem, row: int) -> int:
+    """The key of largest score for query ``row`` of x's problem (Gaussian kernel): log w_j
+    - |k_j - x|^2 / 2 + the categorical terms (any key near the best serves
+    :func:`_about_nearest`: the rounding of these large scores does not matter here)."""
+    d = marginal.keys_cont_t - marginal.q_cont[row][:, None]
+    scores = marginal.log_weights - 0.5 * np.einsum("cj,cj->j", d, d)
+    for k in range(marginal.keys_cat_t.shape[0]):
+        a, b, t = marginal.cat_params[k]
+        gap = np.abs(marginal.keys_cat_t[k] - marginal.q_cat[row, k])
+        with np.errstate(invalid="ignore"):  # t = -inf (l = 0) meets no gap of 0 here
+            scores = scores + np.where(gap == 0.0, a, b + t * np.maximum(gap, 1.0))
+    return int(np.argmax(scores))
+
+
 def conditional_log_density(joint: LocalProblem, n_response: int = 1) -> np.ndarray:
     """log f(y | x) at the joint problem's queries (n_q,) (leave-one-out when it excludes
-    self): log f(x, y) - log f(x); a row no key of x reaches takes its nearest key's y."""
+    self): log f(x, y) - log f(x); a row no key of x reaches takes its nearest key's y, a
+    row far from every key is pooled about its nearest key (:func:`_about_nearest`)."""
     marginal = marginal_problem(joint, n_response)
     marginal_fit = fit_problem(marginal)
     with np.errstate(invalid="ignore"):
@@ -157,6 +213,12 @@ def conditional_log_density(joint: LocalProblem, n_response: int = 1) -> np.ndar
         lost = ~(marginal_fit.log_norm > -np.inf)
         rows, values = _fallback(joint, marginal, n_response, log_density_of, lost)
         out[rows] = values
+        log_normaliser = np.where(lost, -np.inf, marginal_fit.shift + marginal_fit.log_norm)
+
+        def near(problem):
+            return conditional_log_density(problem, n_response)
+
+        _pooled_far(joint, marginal, n_response, near, log_normaliser, out)
     return np.where(np.isnan(out), -np.inf, out)
 
 
@@ -184,6 +246,11 @@ def conditional_log_cdf(joint: LocalProblem, n_response: int = 1) -> np.ndarray:
     lost = ~(denominator > -np.inf)
     rows, values = _fallback(joint, marginal, n_response, single_cdf, lost)
     out[rows] = np.minimum(values, 0.0)
+
+    def near(problem):
+        return conditional_log_cdf(problem, n_response)
+
+    _pooled_far(joint, marginal, n_response, near, denominator, out)
     return np.where(np.isnan(out), -np.inf, out)
 
 

@@ -455,14 +455,6 @@ def test_gaussian_quantiles_far_from_every_key(seed, exponent):
             assert root == pytest.approx(expected, rel=1e-12, abs=1e-9 * h_y)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: with the Gaussian kernel, log f(x, y) - log f(x) cancels catastrophically "
-    "at a query x far from every key: the joint score -d_x^2/2 - d_y^2/2 is summed in one "
-    "float, so y's term is rounded away (relative error ~ 1e-16 (distance / h)^2: 4e-7 at "
-    "1e5 widths, 1e-3 at 1e7; O(1) from 1e8 on: at 1e9 widths pdf = cdf = 1 whatever y), "
-    "while predict_quantile, which normalises x's weights first, stays exact",
-)
 def test_gaussian_pdf_and_cdf_far_from_every_key():
     """Gaussian kernel, a query 10^3 .. 10^9 widths from every key: pdf and cdf are the
     pooling of y's kernel over x's weights computed without cancellation."""
@@ -481,6 +473,45 @@ def test_gaussian_pdf_and_cdf_far_from_every_key():
                 worst_pdf = max(worst_pdf, np.max(np.abs(model.pdf(rows, yq) / pdf - 1.0)))
                 worst_cdf = max(worst_cdf, np.max(np.abs(model.cdf(rows, yq) - cdf)))
     assert worst_pdf <= 1e-9 and worst_cdf <= 1e-9, (worst_pdf, worst_cdf)
+
+
+def test_far_rows_with_weights_and_categories():
+    """Two continuous x columns and an unordered one, sample weights, queries 1e4 .. 1e8
+    widths away along a random direction: pdf and cdf are x's weights (computed by exact
+    differences, log p_j - log p_m = log w_j - log w_m - (d_j - d_m) . (d_j + d_m) / 2
+    + the category terms) pooling y's kernel, over several draws."""
+    from scipy.special import ndtr
+
+    for seed in range(4):
+        rng = np.random.default_rng(seed)
+        n = 25
+        X = np.column_stack([rng.normal(size=n), rng.normal(size=n), rng.integers(0, 3, n)])
+        y = X[:, 0] - X[:, 1] + 0.5 * rng.normal(size=n)
+        w = rng.uniform(0.2, 3.0, n)
+        h, lam, h_y = np.array([0.4, 0.6]), 0.3, 0.5
+        model = ConditionalKernelDensity(bandwidth=[*h, lam], y_bandwidth=h_y, var_type="ccu").fit(
+            X, y, sample_weight=w
+        )
+        direction = rng.normal(size=2)
+        for exponent in (4, 6, 8):
+            q = X[0, :2] + 10.0**exponent * h * direction / np.linalg.norm(direction)
+            category = float(rng.integers(0, 3))
+            d = (X[:, :2] - q) / h
+            m = int(np.argmin(np.sum(d * d, axis=1) - 2 * np.log(w)))
+            log_p = np.log(w) - 0.5 * np.sum((d - d[m]) * (d + d[m]), axis=1)
+            log_p += np.where(X[:, 2] == category, np.log(1 - lam), np.log(lam / 2))
+            p = np.exp(log_p - log_p.max())
+            p /= p.sum()
+            yq = y[:4] + 0.3
+            rows = np.tile([*q, category], (4, 1))
+            pdf = (
+                p
+                @ (np.exp(-0.5 * ((yq[None, :] - y[:, None]) / h_y) ** 2))
+                / (h_y * np.sqrt(2 * np.pi))
+            )
+            cdf = p @ ndtr((yq[None, :] - y[:, None]) / h_y)
+            np.testing.assert_allclose(model.pdf(rows, yq), pdf, rtol=1e-9)
+            np.testing.assert_allclose(model.cdf(rows, yq), cdf, rtol=1e-9, atol=1e-12)
 
 
 # --------------------------------------------------------------------------- 4. cv_ml
