@@ -8,7 +8,12 @@ for the quantiles), and every option that does not apply is refused by name.
 
 from __future__ import annotations
 
+import json
+import os
 import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -19,6 +24,8 @@ import nbattn
 from nbattn.app import batch
 from nbattn.app.process import Interrupted
 from nbattn.estimators import ConditionalKernelDensity, KernelDensity, KernelQuantileRegressor
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _table(rng, n):
@@ -176,8 +183,6 @@ def test_evaluate_scores_the_estimators_values(nbattn_cli, files):
     def metrics(model, *options):
         code, out, err = nbattn_cli("evaluate", model, data, "--json", *options)
         assert code == 0, err
-        import json
-
         return json.loads(out)
 
     kde = _fit(nbattn_cli, files, "kde")
@@ -287,3 +292,33 @@ def test_an_interrupted_density_prediction_leaves_the_older_output(
     assert (code, stdout, err) == (130, "", "nbattn: interrupted\n")
     assert len(calls) == 3 and out.read_text() == "older output\n"
     assert [p.name for p in tmp_path.iterdir()] == ["p.csv"]
+
+
+def test_predict_of_a_density_model_loads_no_scikit_learn(nbattn_cli, files, tmp_path):
+    """``nbattn predict`` of each density model in a fresh process loads neither
+    scikit-learn nor SciPy's statistics and optimisers, nor matplotlib or Dask."""
+    cases = [
+        ("kde", []),
+        ("cdens", ["--quantiles", "0.1,0.9"]),
+        ("cdens-level", []),
+        ("quantile", ["--interval", "0.1"]),
+    ]
+    for name, extra in cases:
+        model = _fit(nbattn_cli, files, name)
+        out = tmp_path / f"{name}.csv"
+        args = ["predict", str(model), str(files / "query.csv"), "-o", str(out), "-q", *extra]
+        code = (
+            "import json, sys\n"
+            "from nbattn.app.cli import main\n"
+            f"rc = main({args!r})\n"
+            "heavy = ('sklearn', 'matplotlib', 'dask', 'scipy.stats', 'scipy.optimize')\n"
+            "loaded = [m for m in sys.modules if m in heavy or m.split('.')[0] in heavy]\n"
+            "print(json.dumps([rc, sorted(loaded)]))\n"
+        )
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        result = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT
+        )
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout.strip().splitlines()[-1]) == [0, []], name
+        assert len(pd.read_csv(out)) == len(pd.read_csv(files / "query.csv"))

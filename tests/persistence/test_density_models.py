@@ -8,8 +8,10 @@ files are.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -27,6 +29,8 @@ from nbattn.persistence.modelfile import FORMAT_VERSION, ModelFileError
 from nbattn.persistence.predictor import read_predictor
 
 from .edited_files import rewrite, split
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _table(rng, n=50):
@@ -265,4 +269,5 @@ assert np.all(np.isfinite(cdens.score_samples(X, np.array([0.0, 1.0]))))
 bad = sorted(m for m in sys.modules if m.split(".")[0] == "sklearn" or m == "scipy.stats")
 assert not bad, bad
 """
-    subprocess.run([sys.executable, "-c", code], check=True)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=ROOT)
