@@ -21,12 +21,15 @@ from .._core.atomic import atomic_output, check_not_input
 from .._core.progress import FitProgress, Progress
 from .._core.validation import plural
 from . import io
+from .arguments import quantile_column
 from .metrics import Metrics, score_chunk
 
 __all__ = [
     "ROW_ID_MIN_ROWS",
     "RowIdWarning",
     "cross_validate",
+    "density_columns",
+    "evaluate_density_file",
     "evaluate_file",
     "feature_columns",
     "first_rows",
@@ -37,6 +40,7 @@ __all__ = [
     "predict_columns",
     "predict_file",
     "read_model",
+    "response_block",
     "row_id_columns",
     "warn_row_ids",
 ]
@@ -51,11 +55,13 @@ class RowIdWarning(UserWarning):
 
 def feature_columns(path, target, features=None, drop=None) -> list:
     """The feature columns of a labelled file: ``features`` (checked), or every column
-    but the target, less the columns in ``drop``; a missing column is an error that
-    lists the file's columns, and so is a feature named twice, the target among the
-    features, and a ``drop`` that leaves no feature."""
+    but the target (None: a density's, every column is a feature), less the columns in
+    ``drop``; a missing column is an error that lists the file's columns, and so is a
+    feature named twice, the target among the features, and a ``drop`` that leaves no
+    feature."""
     columns = io.read_columns(path)
-    io.check_columns(path, columns, [target], "target column", spell=str)
+    if target is not None:
+        io.check_columns(path, columns, [target], "target column", spell=str)
     if features:
         io.check_columns(path, columns, features, "feature column")
         twice = [c for k, c in enumerate(features) if c in features[:k]]
@@ -87,6 +93,8 @@ def feature_columns(path, target, features=None, drop=None) -> list:
             )
         features = kept
     if not features:
+        if target is None:
+            raise ValueError(f"{path}: no feature columns")
         raise ValueError(f"{path}: no feature columns besides the target {io.shorten(target)}")
     return features
 
@@ -121,6 +129,7 @@ def load_xy(
     target,
     *,
     classifier,
+    response=False,
     on_nan="error",
     quiet=True,
     var_type=None,
@@ -138,19 +147,24 @@ def load_xy(
     classifier's labels are typed by :func:`nbattn.app.io.labels_from_text`
     (integers when every label is one, else text), whatever the chunking.
     ``on_nan``: "error", "drop" or "marginalize" (missing features kept; a
-    missing target is still an error or dropped).
+    missing target is still an error or dropped). ``target`` None: no target (a
+    density's data; y is None). ``response``: the target is a conditional model's
+    response, categorical when it holds text (typed as a categorical feature is, by
+    :func:`nbattn.app.io.category_values`), else continuous.
 
     Returns
     -------
-    X : DataFrame, y : ndarray, dropped : int, kinds : str
+    X : DataFrame, y : ndarray or None, dropped : int, kinds : str
     """
     _check_columns(path, features, target=target)
     fmt = io.input_format(path)
-    columns = list(dict.fromkeys([*features, target]))
-    labels = [target] if classifier else []
+    targets = [] if target is None else [target]
+    columns = list(dict.fromkeys([*features, *targets]))
+    labels = targets if classifier else []
     frame = io.read_table(path, columns, quiet=quiet, text_columns=labels)
     kinds = io.text_kinds(frame, features, var_type)
-    categorical = [f for f, k in zip(features, kinds) if k != "c"]
+    y_kind = io.text_kinds(frame, targets) if response else "c" * len(targets)
+    categorical = [f for f, k in zip([*features, *targets], kinds + y_kind) if k != "c"]
     if categorical and io.input_format(path) == "csv":
         frame = io.read_table(path, columns, quiet=True, text_columns=[*labels, *categorical])
     where = {"source": path, "fmt": fmt}
@@ -158,16 +172,21 @@ def load_xy(
         frame, features, kinds, categories=categories, **where, on_nan=on_nan, **(refuses or {})
     )
     target_nan = "drop" if on_nan == "drop" else "error"
-    if classifier:
+    if target is None:
+        y = None
+    elif classifier:
         keep &= io.check_labels(frame, target, **where, on_nan=target_nan)
     else:
-        y, keep_y = io.numeric_block(frame, [target], **where, on_nan=target_nan)
+        y, keep_y = io.feature_block(frame, [target], y_kind, **where, on_nan=target_nan)
         keep &= keep_y
     if not keep.all():
         frame, X = frame[keep], X[keep]
         if len(X) == 0:
             raise ValueError(f"{path}: no rows left after dropping rows with missing values")
-    y = _labels(frame, target, fmt) if classifier else y[keep, 0]
+    if classifier:
+        y = _labels(frame, target, fmt)
+    elif y is not None:
+        y = y[target].to_numpy()[keep]
     return X.reset_index(drop=True), y, int((~keep).sum()), kinds
 
 
@@ -279,12 +298,19 @@ def predict_columns(
     kind="mean",
     effects=None,
     name="prediction",
+    quantiles=None,
+    y=None,
 ) -> dict:
     """The output columns for one chunk: ``prediction``, [``std``] (``prediction_k``,
     [``std_k``] for each target k of a model of several), with ``interval`` (an
     alpha) [``<name>_lower``, ``<name>_upper``] (``model.predict_interval(X, interval,
     kind)``), with ``effects`` (the continuous features' names) [``d_<name>_d_<feature>``
-    for each] (``model.marginal_effects``), [``proba_<class>`` for each class]."""
+    for each] (``model.marginal_effects``), [``proba_<class>`` for each class].
+
+    A density model's (:func:`density_columns`): ``log_density``; the conditional
+    quantiles at ``quantiles`` and the conditional log density of the observed ``y``."""
+    if getattr(model, "is_density", False):
+        return density_columns(model, X, quantiles, interval, name, y)
     out = {}
     if std:
         out["prediction"], out["std"] = model.predict(X, return_std=True)
@@ -310,6 +336,61 @@ def predict_columns(
     return out
 
 
+def density_columns(model, X, quantiles=None, interval=None, name="prediction", y=None) -> dict:
+    """The output columns of a density model (a :class:`nbattn.persistence.predictor.Predictor`
+    of one) for one chunk:
+
+    * KernelDensity: ``log_density``, log f(x) (the log: f underflows in many dimensions;
+      exp of it is the density);
+    * a conditional model with ``quantiles`` (levels): ``q<level>`` for each
+      (:func:`nbattn.app.arguments.quantile_column`), the conditional quantiles; a
+      KernelQuantileRegressor without: ``prediction``, the quantile at its fitted level;
+    * ConditionalKernelDensity with the observed response ``y``: ``log_density``,
+      log f(y | x);
+    * a KernelQuantileRegressor with ``interval`` (an alpha): ``<name>_lower``,
+      ``<name>_upper``, its quantiles at alpha/2 and 1 - alpha/2.
+    """
+    if model.estimator == "KernelDensity":
+        return {"log_density": model.score_samples(X)}
+    out = {}
+    if quantiles is not None:
+        values = model.predict_quantile(X, list(quantiles))
+        out.update({quantile_column(q): values[:, k] for k, q in enumerate(quantiles)})
+    elif model.estimator == "KernelQuantileRegressor":
+        out["prediction"] = model.predict(X)
+    if y is not None:
+        out["log_density"] = model.score_samples(X, y)
+    if interval is not None:
+        band = model.predict_interval(X, interval)
+        out[f"{name}_lower"], out[f"{name}_upper"] = band[:, 0], band[:, 1]
+    return out
+
+
+def response_block(model, frame, response, where, on_nan):
+    """The observed response of a conditional model in ``frame`` (its column ``response``)
+    as :func:`load_xy` reads it at fit, typed after the model's categories, and the rows
+    that have one (``on_nan`` "drop": the others are False; else a missing one is an error
+    naming its row, as is a category the model has not seen)."""
+    kind, categories = _fitted(model, "y_type_"), _fitted(model, "y_categories_")
+    block, keep = io.feature_block(
+        frame,
+        [response],
+        kind,
+        categories=None if kind == "c" else [categories],
+        **where,
+        on_nan="drop" if on_nan == "drop" else "error",
+        model_missing="error",
+        handle_unknown="error",
+    )
+    return block[response].to_numpy(), keep
+
+
+def _fitted(model, name):
+    """A fitted attribute of an estimator or a Predictor (its ``state``)."""
+    state = getattr(model, "state", None)
+    return state[name] if isinstance(state, dict) else getattr(model, name)
+
+
 def predict_file(
     model,
     features,
@@ -321,31 +402,35 @@ def predict_file(
     on_nan="error",
     scheduler=None,
     quiet=True,
+    response=None,
     **outputs,
 ):
     """Predict every row of ``data`` into ``output`` (CSV or Parquet) chunk by chunk.
 
     The columns are ``[id_column]`` and those of :func:`predict_columns`, which
     ``outputs`` (its keywords: ``std``, ``proba``, ``interval``, ``kind``, ``effects``,
-    ``name``) choose; with ``scheduler`` (a ``dask.distributed`` address) the chunks are
-    predicted on that cluster and written in input order. Returns (rows written, rows
-    dropped).
+    ``name``, ``quantiles``) choose; with ``scheduler`` (a ``dask.distributed`` address)
+    the chunks are predicted on that cluster and written in input order. ``response``: the
+    column of a conditional model's observed y (:func:`response_block`), passed on as
+    ``y``. Returns (rows written, rows dropped).
     """
     import pandas as pd
 
     inspect.signature(predict_columns).bind(model, None, **outputs)  # unknown: TypeError
     columns_of = functools.partial(predict_columns, **outputs)
-    _check_columns(data, features, id=id_column)
+    _check_columns(data, features, id=id_column, response=response)
     check_not_input([data], output)
     out_fmt = io.output_format(output)
     in_fmt = io.input_format(data)
-    wanted = list(dict.fromkeys([*features, *([id_column] if id_column else [])]))
+    extra = [c for c in (id_column, response) if c]
+    wanted = list(dict.fromkeys([*features, *extra]))
     kinds = model_kinds(model, features)
     cats = model_categories(model, features)
     refuses = model_refuses(model)
-    chunks, total, unit = io.iter_chunks(
-        data, wanted, chunksize, text_columns=_text_columns(features, kinds)
-    )
+    text = _text_columns(features, kinds)
+    if response and _fitted(model, "y_type_") != "c":
+        text.append(response)
+    chunks, total, unit = io.iter_chunks(data, wanted, chunksize, text_columns=text)
     n_in = dropped = 0
     with (
         atomic_output(output) as tmp,
@@ -371,19 +456,25 @@ def predict_file(
             X, keep = io.feature_block(
                 frame, features, kinds, categories=cats, **where, on_nan=on_nan, **refuses
             )
+            y = None
+            if response:
+                y, keep_y = response_block(model, frame, response, where, on_nan)
+                keep &= keep_y
             n_in += len(frame)
             if not keep.all():
                 dropped += int((~keep).sum())
                 frame, X = frame[keep], X[keep]
+                y = None if y is None else y[keep]
             bar.update(position=position)
             if len(X) == 0:
                 continue
             ids = frame[id_column].to_numpy() if id_column else None
             X = X.reset_index(drop=True)
+            given = {} if y is None else {"y": y}
             if runner is not None:
-                runner.submit(X, ids)
+                runner.submit(X, ids, **given)
             else:
-                write(columns_of(model, X), ids)
+                write(columns_of(model, X, **given), ids)
         if runner is not None:
             runner.finish()
         if n_in == 0:
@@ -443,6 +534,75 @@ def evaluate_file(model, features, target, data, *, chunksize=100_000, on_nan="e
     if metrics.n == 0:
         raise ValueError(f"{data}: no rows left after dropping rows with missing values")
     return metrics.result()
+
+
+def evaluate_density_file(
+    model, features, target, data, *, alpha=None, chunksize=100_000, on_nan="error", quiet=True
+):
+    """Metrics of a density model on the file ``data``, read in chunks:
+
+    * KernelDensity (``target`` None): ``log_lik``, the mean log density of the rows;
+    * ConditionalKernelDensity: ``log_lik``, the mean log f(y | x) of the observed ``target``;
+    * KernelQuantileRegressor: ``pinball``, the mean pinball loss at its level tau,
+      mean(max(tau (y - q), (tau - 1) (y - q))), and with ``alpha`` the ``coverage`` of its
+      (1 - alpha) interval (the share of rows with y inside it) and the interval's mean
+      ``width``.
+
+    Each with ``n``, the rows scored. Returns a dict.
+    """
+    _check_columns(data, features, target=target)
+    fmt = io.input_format(data)
+    kinds = model_kinds(model, features)
+    cats = model_categories(model, features)
+    refuses = model_refuses(model)
+    quantile = type(model).__name__ == "KernelQuantileRegressor"
+    text = _text_columns(features, kinds)
+    if target is not None and model.y_type_ != "c":
+        text.append(target)
+    wanted = list(dict.fromkeys([*features, *([target] if target else [])]))
+    chunks, total, unit = io.iter_chunks(data, wanted, chunksize, text_columns=text)
+    n_in = 0
+    sums = {"n": 0, "log_lik": 0.0, "pinball": 0.0, "covered": 0, "width": 0.0}
+    with Progress(total, "evaluate", unit=unit, quiet=quiet) as bar:
+        for frame, first_row, position in chunks:
+            where = {"first_row": first_row, "source": data, "fmt": fmt}
+            X, keep = io.feature_block(
+                frame, features, kinds, categories=cats, **where, on_nan=on_nan, **refuses
+            )
+            y = None
+            if target is not None:
+                y, keep_y = response_block(model, frame, target, where, on_nan)
+                keep &= keep_y
+                y = y[keep]
+            n_in += len(frame)
+            bar.update(position=position)
+            X = X[keep].reset_index(drop=True)
+            if len(X) == 0:
+                continue
+            sums["n"] += len(X)
+            if not quantile:
+                scores = model.score_samples(X) if y is None else model.score_samples(X, y)
+                sums["log_lik"] += float(np.sum(scores))
+                continue
+            y = y.astype(np.float64)
+            residual = y - model.predict(X)
+            tau = model.quantile
+            sums["pinball"] += float(np.sum(np.maximum(tau * residual, (tau - 1.0) * residual)))
+            if alpha is not None:
+                lower, upper = model.predict_interval(X, alpha).T
+                sums["covered"] += int(np.sum((lower <= y) & (y <= upper)))
+                sums["width"] += float(np.sum(upper - lower))
+    if n_in == 0:
+        raise ValueError(f"{data}: no data rows (only a header)")
+    n = sums["n"]
+    if n == 0:
+        raise ValueError(f"{data}: no rows left after dropping rows with missing values")
+    if not quantile:
+        return {"n": n, "log_lik": sums["log_lik"] / n}
+    result = {"n": n, "pinball": sums["pinball"] / n}
+    if alpha is not None:
+        result.update(coverage=sums["covered"] / n, width=sums["width"] / n)
+    return result
 
 
 def cross_validate(estimators, X, y, *, folds=5, seed=0, verbose=0, labels=None):

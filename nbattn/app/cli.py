@@ -19,15 +19,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 
-from .._core.columns import KINDS
 from .._core.progress import Progress, running
 from .._core.validation import plural
-from ..estimators.spec import BANDWIDTH_NAMES, SPECS
+from ..estimators.spec import BANDWIDTH_NAMES, DENSITY_BANDWIDTH_NAMES, DENSITY_SPECS, SPECS
 from . import batch, io
+from .arguments import (
+    alpha_arg,
+    bandwidth_arg,
+    column_list,
+    grid_arg,
+    int_arg,
+    level_arg,
+    levels_arg,
+    rtol_arg,
+    var_type_arg,
+    y_width_arg,
+)
 from .metrics import fold_summary, grid_table, json_ready
 from .process import run_command
 
@@ -37,101 +47,15 @@ MODELS = {
     "lp": "LocalPolynomialRegressor",
     "learned": "LearnedKernelRegressor",
     "classifier": "NadarayaWatsonClassifier",
+    "kde": "KernelDensity",
+    "cdens": "ConditionalKernelDensity",
+    "quantile": "KernelQuantileRegressor",
 }
+#: the models ``nbattn cv`` cross-validates (those that pool a target)
+POOLING_MODELS = tuple(m for m, name in MODELS.items() if name not in DENSITY_SPECS)
+#: option names of the estimator parameters that another option sets
+_OPTION_OF = {"missing": "--on-nan marginalize"}
 _SEED_LIMIT = 2**32  # the seeds numpy's and scikit-learn's splitters accept
-
-
-# ----------------------------------------------------------------------------- argument types
-
-
-def _width(text: str):
-    t = text.strip().lower()
-    if t in BANDWIDTH_NAMES:
-        return t
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected {', '.join(BANDWIDTH_NAMES)} or a number, got {io.shorten(text)}"
-        ) from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"widths must be positive and finite, got {text!r}")
-    return value
-
-
-def _bandwidth_arg(text: str):
-    """One bandwidth: a rule name, one width for every feature, or one width per feature."""
-    parts = text.split(",")
-    if len(parts) == 1:
-        return _width(text)
-    values = [_width(p) for p in parts]
-    if any(isinstance(v, str) for v in values):
-        raise argparse.ArgumentTypeError(f"per-feature widths must be numbers, got {text!r}")
-    return values
-
-
-def _grid_arg(text: str) -> list:
-    """Several bandwidths to compare, each a rule name or one width for every feature."""
-    return [_width(p) for p in text.split(",")]
-
-
-def _int_arg(low, high=None):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < low or (high is not None and value >= high):
-            upper = "" if high is None else f" and below {high}"
-            raise argparse.ArgumentTypeError(f"expected an integer >= {low}{upper}, got {text!r}")
-        return value
-
-    return parse
-
-
-def _rtol_arg(text: str) -> float:
-    """A relative tolerance in [0, 1) (``check_rtol``, the library's one rule)."""
-    from .._core.validation import check_rtol
-
-    try:
-        return check_rtol(float(text))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a number in [0, 1) (0: exact), got {io.shorten(text)}"
-        ) from None
-
-
-def _alpha_arg(text: str) -> float:
-    """The alpha of a (1 - alpha) interval: a number strictly between 0 and 1."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0.0 < value < 1.0:
-        raise argparse.ArgumentTypeError(
-            f"expected a number between 0 and 1 (0.05: a 95% interval), got {io.shorten(text)}"
-        )
-    return value
-
-
-def _var_type_arg(text: str) -> str:
-    t = text.strip().lower()
-    if not t or set(t) - set(KINDS):
-        raise argparse.ArgumentTypeError(f"expected letters c, u and o, got {text!r}")
-    return t
-
-
-def _column_list(text: str) -> list[str]:
-    """Column names separated by commas, spaces around each name ignored; a name in double
-    quotes is taken as it is (commas, spaces at its ends; "" for a quote inside), so
-    ``--drop '"b, c", x1'`` names the columns "b, c" and "x1" (:func:`io.column_option`)."""
-    try:
-        cols = io.split_columns(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if not cols:
-        raise argparse.ArgumentTypeError("expected column names separated by commas")
-    return cols
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -139,20 +63,27 @@ def _column_list(text: str) -> list[str]:
 
 def make_estimator(model="nw", *, verbose=False, **options):
     """The estimator that ``nbattn fit`` builds: ``options`` are bandwidth, metric,
-    max_iter, kernel, degree, rtol, loo_subsample, var_type and missing (None: the
-    estimator's default),
-    refused where they do not apply."""
+    max_iter, kernel, degree, rtol, loo_subsample, var_type, missing, quantile and
+    y_bandwidth (None: the estimator's default), refused where they do not apply (an
+    option the model does not take, or a name its parameter does not allow)."""
     from .. import estimators
 
+    spec = SPECS[MODELS[model]]
     cls = getattr(estimators, MODELS[model])
-    params = SPECS[MODELS[model]].defaults()
+    params = spec.defaults()
     if verbose:
         options["verbose"] = 1
     kwargs = {k: v for k, v in options.items() if v is not None}
-    for name in kwargs:
+    for name, value in kwargs.items():
+        option = _OPTION_OF.get(name, "--" + name.replace("_", "-"))
         if name not in params:
-            option = "--" + name.replace("_", "-")
             raise ValueError(f"{option} does not apply to --model {model} ({cls.__name__})")
+        param = spec.param(name)
+        if isinstance(value, str) and name != "var_type" and not param.accepts(value):
+            raise ValueError(
+                f"{option} {value} does not apply to --model {model} ({cls.__name__}): "
+                f"it takes {param.describe()}"
+            )
     return cls(**kwargs)
 
 
@@ -210,6 +141,7 @@ def _load_for(estimator, args, features, target):
         features,
         target,
         classifier=_is_classifier(estimator),
+        response=MODELS[args.model] in DENSITY_SPECS,
         on_nan=args.on_nan,
         var_type=args.var_type,
     )
@@ -230,7 +162,7 @@ def _cmd_fit(args) -> int:
     if not args.quiet:
         extra = f" (dropped {plural(dropped, 'row')} with missing values)" if dropped else ""
         print(
-            f"fitted {type(estimator).__name__} on {plural(len(y), 'row')} x "
+            f"fitted {type(estimator).__name__} on {plural(len(X), 'row')} x "
             f"{plural(len(features), 'feature')}"
             f"{extra} -> {args.output}"
         )
@@ -241,6 +173,9 @@ def _cmd_fit(args) -> int:
                 for f, h, k in zip(features, estimator.bandwidth_, kinds)
             )
             print(f"bandwidth: {widths}")
+        if hasattr(estimator, "y_bandwidth_"):
+            lam = "" if estimator.y_type_ == "c" else " (lambda)"
+            print(f"y bandwidth: {io.column_option(args.target)}={estimator.y_bandwidth_:.6g}{lam}")
     return 0
 
 
@@ -255,11 +190,17 @@ def _model_options(args, bandwidth=None) -> dict:
         "loo_subsample": args.loo_subsample,
         "missing": "marginalize" if args.on_nan == "marginalize" else None,
         "handle_unknown": args.handle_unknown,
+        "quantile": getattr(args, "quantile", None),  # fit's options (cv has none)
+        "y_bandwidth": getattr(args, "y_bandwidth", None),
     }
 
 
 def _unknown_categories_as(model, handle_unknown):
-    """The model, its ``handle_unknown`` replaced by the command's option where given."""
+    """The model, its ``handle_unknown`` replaced by the command's option where given
+    (refused for a model without that parameter: the densities)."""
+    name = getattr(model, "estimator", type(model).__name__)
+    if handle_unknown is not None and name in DENSITY_SPECS:
+        raise ValueError(f"--handle-unknown does not apply to a {name} model")
     if handle_unknown is not None:
         if hasattr(model, "set_params"):  # an estimator
             model.set_params(handle_unknown=handle_unknown)
@@ -308,16 +249,58 @@ def _regressor_outputs(args, model, features) -> dict:
     return {"interval": args.interval, "kind": args.kind or "mean", "effects": effects}
 
 
+def _density_outputs(args, model, target) -> dict:
+    """The output options of ``predict_file`` for a density model, checked against it:
+    ``--quantiles`` for the conditional models, ``--interval`` for a quantile regressor,
+    and the observed response (``response``) where DATA holds the target column of a
+    conditional density; the pooling regressors' and classifiers' options refused."""
+    name = model.estimator
+    for option, given in (
+        ("--std", args.std),
+        ("--proba", args.proba),
+        ("--marginal-effects", args.marginal_effects),
+        ("--kind", args.kind is not None),
+    ):
+        if given:
+            raise ValueError(f"{option} does not apply to a {name} model")
+    if args.interval is not None and name != "KernelQuantileRegressor":
+        raise ValueError(f"--interval is for a quantile model (--model quantile), not {name}")
+    if args.quantiles is not None and not model.is_conditional:
+        raise ValueError(
+            f"--quantiles is for a conditional model (--model cdens or quantile), not {name}"
+        )
+    if args.quantiles is not None and model.state["y_type_"] != "c":
+        raise ValueError(f"--quantiles needs a continuous y; this {name}'s y is categorical")
+    response = None
+    if name == "ConditionalKernelDensity" and target in io.read_columns(args.data):
+        response = target
+    if name == "ConditionalKernelDensity" and response is None and args.quantiles is None:
+        column = io.shorten(target) if target else "its target"
+        raise ValueError(
+            f"a {name} model writes the log density of the observed {column} (a column DATA "
+            "lacks) or the quantiles of --quantiles; give either"
+        )
+    return {"quantiles": args.quantiles, "interval": args.interval, "response": response}
+
+
 def _cmd_predict(args) -> int:
     model, features, target = _read_predictor(args.model)
     model = _unknown_categories_as(model, args.handle_unknown)
     io.check_output(args.output, [args.model, args.data])
     classifier = model.is_classifier
-    if args.std and classifier:
-        raise ValueError("--std is for regressors; use --proba with a classifier")
-    if args.proba and not classifier:
-        raise ValueError("--proba is for classifiers")
-    outputs = _regressor_outputs(args, model, features)
+    if model.is_density:
+        outputs = _density_outputs(args, model, target)
+    else:
+        if args.quantiles is not None:
+            raise ValueError(
+                "--quantiles is for a conditional model (--model cdens or quantile), not "
+                f"{model.estimator}"
+            )
+        if args.std and classifier:
+            raise ValueError("--std is for regressors; use --proba with a classifier")
+        if args.proba and not classifier:
+            raise ValueError("--proba is for classifiers")
+        outputs = _regressor_outputs(args, model, features)
     rows, dropped = batch.predict_file(
         model,
         features,
@@ -340,10 +323,20 @@ def _pick(args, *names) -> dict:
 def _cmd_evaluate(args) -> int:
     model, features, target = batch.read_model(args.model, args.target)
     model = _unknown_categories_as(model, args.handle_unknown)
-    target = _need_target(target, args.model)
-    result = batch.evaluate_file(
-        model, features, target, args.data, **_pick(args, "chunksize", "on_nan", "quiet")
-    )
+    name = type(model).__name__
+    if args.alpha is not None and name != "KernelQuantileRegressor":
+        raise ValueError(f"--alpha is for a quantile model (--model quantile), not {name}")
+    if name == "KernelDensity" and args.target is not None:
+        raise ValueError("--target does not apply to a KernelDensity model (no target)")
+    if name in DENSITY_SPECS:
+        target = None if name == "KernelDensity" else _need_target(target, args.model)
+        options = _pick(args, "alpha", "chunksize", "on_nan", "quiet")
+        result = batch.evaluate_density_file(model, features, target, args.data, **options)
+    else:
+        target = _need_target(target, args.model)
+        result = batch.evaluate_file(
+            model, features, target, args.data, **_pick(args, "chunksize", "on_nan", "quiet")
+        )
     _print_metrics(result, args.json)
     return 0
 
@@ -525,31 +518,57 @@ def _options(model: str, parameter: str) -> tuple:
     return rule.values
 
 
-def _add_model_options(p) -> None:
+def _add_model_options(p, models=tuple(MODELS)) -> None:
     _degrees = SPECS[MODELS["lp"]].param("degree").allowed[0]
     _subsample = SPECS[MODELS["lp"]].param("loo_subsample").allowed[0]
-    p.add_argument("--target", required=True, help="the column to predict")
+    target_help = "the column to predict"
+    if "kde" in models:
+        target_help += " (--model cdens: the response y; every --model but kde needs one)"
+    p.add_argument("--target", help=target_help)
     p.add_argument(
         "--features",
-        type=_column_list,
+        type=column_list,
         help='A,B,...: default all but the target (a name with a comma: "b, c")',
     )
     p.add_argument(
         "--drop",
-        type=_column_list,
+        type=column_list,
         action="extend",
         metavar="A,B,...",
         help="columns to leave out of the features (e.g. a row id); may be given again",
     )
-    p.add_argument("--model", choices=tuple(MODELS), default="nw", help="default: nw")
+    model_help = "default: nw"
+    if "kde" in models:
+        model_help += (
+            "; kde: the density of the features (no --target), cdens: the conditional "
+            "density of the target, quantile: its conditional quantile"
+        )
+    p.add_argument("--model", choices=models, default="nw", help=model_help)
+    names = ", ".join(BANDWIDTH_NAMES)
+    if "kde" in models:
+        names += f" (kde, cdens, quantile: {', '.join(DENSITY_BANDWIDTH_NAMES)})"
     p.add_argument(
         "--bandwidth",
-        type=_bandwidth_arg,
-        help=f"ONE bandwidth: {', '.join(BANDWIDTH_NAMES)}, H (every feature) or H1,H2,... "
+        type=bandwidth_arg,
+        help=f"ONE bandwidth: {names}, H (every feature) or H1,H2,... "
         "(one per feature, in order); default: the model's",
     )
+    if "quantile" in models:
+        p.add_argument(
+            "--quantile",
+            type=level_arg,
+            metavar="TAU",
+            help="--model quantile: the level it predicts, in (0, 1) (default 0.5: the median)",
+        )
+        p.add_argument(
+            "--y-bandwidth",
+            type=y_width_arg,
+            metavar="H",
+            help="--model cdens or quantile: the width of the target y (its lambda when y is "
+            "categorical); default: by the rule of --bandwidth",
+        )
     p.add_argument("--metric", choices=_options("learned", "metric"), help="--model learned")
-    p.add_argument("--max-iter", type=_int_arg(1), help="--model learned: optimiser iterations")
+    p.add_argument("--max-iter", type=int_arg(1), help="--model learned: optimiser iterations")
     p.add_argument(
         "--kernel",
         choices=_options("nw", "kernel"),
@@ -557,19 +576,19 @@ def _add_model_options(p) -> None:
     )
     p.add_argument(
         "--degree",
-        type=_int_arg(_degrees.low, _degrees.high + 1),
+        type=int_arg(_degrees.low, _degrees.high + 1),
         help="--model lp: local polynomial degree (default 1)",
     )
     p.add_argument(
         "--rtol",
-        type=_rtol_arg,
+        type=rtol_arg,
         help="--model nw, lp, learned or classifier: relative error allowed on every kernel "
         "sum, in the width search and predictions (default 0: exact; 1e-6 skips the keys "
         "certifiably too far to count)",
     )
     p.add_argument(
         "--loo-subsample",
-        type=_int_arg(_subsample.low),
+        type=int_arg(_subsample.low),
         metavar="ROWS",
         help="--model lp: with --bandwidth loo on at least twice ROWS rows, search a random "
         "subsample of ROWS rows first and finish on all rows: several times faster, never "
@@ -578,7 +597,7 @@ def _add_model_options(p) -> None:
     _add_handle_unknown(p, "the model's answer to a category not seen at fit (default error)")
     p.add_argument(
         "--var-type",
-        type=_var_type_arg,
+        type=var_type_arg,
         help="one letter per feature: c continuous, u unordered, o ordered categorical "
         "(default: columns holding text are u, the rest c)",
     )
@@ -618,27 +637,37 @@ def build_parser() -> argparse.ArgumentParser:
     pred = sub.add_parser("predict", help="predict a CSV/Parquet file in chunks")
     _with_data(pred)
     pred.add_argument("-o", "--output", required=True, metavar="OUT", help=".csv or .parquet")
-    pred.add_argument("--chunksize", type=_int_arg(1), default=100_000, help="default 100000")
+    pred.add_argument("--chunksize", type=int_arg(1), default=100_000, help="default 100000")
     pred.add_argument("--std", action="store_true", help="add the attention-weighted std")
     pred.add_argument("--proba", action="store_true", help="classifiers: class probabilities")
     pred.add_argument(
         "--interval",
-        type=_alpha_arg,
+        type=alpha_arg,
         metavar="ALPHA",
         help="regressors: add the pointwise (1 - ALPHA) interval as <target>_lower and "
         "<target>_upper (0.05: 95%%)",
     )
     pred.add_argument(
         "--kind",
-        choices=("mean", "observation"),
-        help="with --interval: the interval of the regression function (mean, the default) "
-        "or of a new observation (adds the local noise)",
+        choices=("mean", "observation", "quantile"),
+        help="with --interval: the interval of the regression function (mean, the default), "
+        "of a new observation (adds the local noise), or the conditional quantiles at "
+        "ALPHA/2 and 1 - ALPHA/2 with the model's widths (quantile)",
     )
     pred.add_argument(
         "--marginal-effects",
         action="store_true",
         help="regressors: add the slope of the fit along each continuous feature as "
         "d_<target>_d_<feature>",
+    )
+    pred.add_argument(
+        "--quantiles",
+        type=levels_arg,
+        metavar="Q1,Q2,...",
+        help="--model cdens or quantile: the conditional quantiles at these levels, one column "
+        "q<level> each (q0.1, q0.9); default for quantile: its fitted level, as prediction. "
+        "kde models write log_density (log f(x)); cdens models the log density of the "
+        "observed target, log_density, when DATA holds the target",
     )
     pred.add_argument("--id-column", metavar="COL", help="copy this column to the output")
     pred.add_argument(
@@ -653,7 +682,14 @@ def build_parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("evaluate", help="metrics of a model on a labelled file")
     _with_data(ev)
     ev.add_argument("--target", help="default: the target the model was fitted on")
-    ev.add_argument("--chunksize", type=_int_arg(1), default=100_000, help="default 100000")
+    ev.add_argument("--chunksize", type=int_arg(1), default=100_000, help="default 100000")
+    ev.add_argument(
+        "--alpha",
+        type=alpha_arg,
+        metavar="ALPHA",
+        help="--model quantile: add the coverage and mean width of its (1 - ALPHA) interval "
+        "(quantile models: pinball loss at the fitted level; kde, cdens: mean log-likelihood)",
+    )
     ev.add_argument("--json", action="store_true", help="machine-readable output")
     _add_handle_unknown(ev, "a category not seen at fit: default the model's (set at fit)")
     _add_common(ev)
@@ -661,17 +697,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     cv = sub.add_parser("cv", help="K-fold cross-validated metrics; --grid compares bandwidths")
     _with_data(cv, model=False)
-    _add_model_options(cv)
+    _add_model_options(cv, POOLING_MODELS)
     cv.add_argument(
         "--grid",
-        type=_grid_arg,
+        type=grid_arg,
         metavar="B1,B2,...",
         help=f"bandwidths to COMPARE, each {', '.join(BANDWIDTH_NAMES)} or H (one width for "
         "every feature); one row of fold means per bandwidth",
     )
-    cv.add_argument("--folds", type=_int_arg(2), default=5, help="default 5")
+    cv.add_argument("--folds", type=int_arg(2), default=5, help="default 5")
     cv.add_argument(
-        "--seed", type=_int_arg(0, _SEED_LIMIT), default=0, help="shuffling seed (default 0)"
+        "--seed", type=int_arg(0, _SEED_LIMIT), default=0, help="shuffling seed (default 0)"
     )
     cv.add_argument("--json", action="store_true", help="machine-readable output")
     _add_common(cv)
@@ -688,15 +724,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", help="default: the model's target")
     p = kinds.add_parser("heatmap", help="attention weights of the first rows of DATA")
     _with_data(p)
-    p.add_argument("--rows", type=_int_arg(1), default=40, help="queries shown (default 40)")
+    p.add_argument("--rows", type=int_arg(1), default=40, help="queries shown (default 40)")
     p = kinds.add_parser("loo", help="leave-one-out MSE against the bandwidth")
     _with_data(p, model=False)
     p.add_argument("--target", required=True)
-    p.add_argument("--features", type=_column_list)
-    p.add_argument("--points", type=_int_arg(2), default=30, help="widths tried (default 30)")
+    p.add_argument("--features", type=column_list)
+    p.add_argument("--points", type=int_arg(2), default=30, help="widths tried (default 30)")
     p.add_argument(
         "--var-type",
-        type=_var_type_arg,
+        type=var_type_arg,
         help="one letter per feature: c continuous, u unordered, o ordered categorical "
         "(default: columns holding text are u, the rest c); the continuous columns' widths "
         "are scaled together, the categorical ones' held at Scott's rule",
@@ -724,7 +760,7 @@ def build_parser() -> argparse.ArgumentParser:
     warmup.add_argument(
         "-j",
         "--processes",
-        type=_int_arg(1),
+        type=int_arg(1),
         help="processes compiling at once (default: one per core)",
     )
     warmup.add_argument("-q", "--quiet", action="store_true", help="no progress or summary")
@@ -741,7 +777,13 @@ def main(argv=None) -> int:
 
 
 def _dispatch(argv) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command in ("fit", "cv"):
+        if args.model != "kde" and args.target is None:
+            parser.error(f"the following arguments are required for --model {args.model}: --target")
+        if args.model == "kde" and args.target is not None:
+            parser.error("--target does not apply to --model kde (the density of the features)")
     if getattr(args, "quiet", False):  # -q: no progress, and no first-compile notice
         from .._core import compiling
 

@@ -32,6 +32,7 @@ associative, so the shards are combined in a tree.
 from __future__ import annotations
 
 from contextlib import contextmanager
+from functools import partial
 
 import numpy as np
 
@@ -59,14 +60,21 @@ def _require_dask():
         raise ImportError("nbattn.dask needs dask: pip install 'nbattn[dask]'") from exc
 
 
-def predict(estimator, data, *, progress=False):
-    """``estimator.predict`` over a dask DataFrame or dask Array, partition by partition.
+def predict(estimator, data, *, method="predict", quantiles=None, progress=False):
+    """``estimator.predict`` (or another prediction ``method``) over a dask DataFrame or
+    dask Array, partition by partition.
 
     Parameters
     ----------
-    estimator : fitted nbattn (or any scikit-learn) regressor or classifier
+    estimator : fitted nbattn (or any scikit-learn) regressor, classifier or density
     data : dask.dataframe.DataFrame or dask.array.Array of shape (n, n_features)
         Array chunks must span all features (one chunk along axis 1).
+    method : {"predict", "predict_quantile", "score_samples"}
+        What each partition computes: ``predict``; ``predict_quantile(part, quantiles)`` (a
+        conditional model's quantiles at the levels ``quantiles``, one output ``q<level>``
+        each); ``score_samples`` (a KernelDensity's log density, output ``log_density``).
+    quantiles : list of float in (0, 1)
+        The levels of ``method="predict_quantile"``.
     progress : bool or int, default False
         Compute the predictions now and report the partitions done on stderr
         (levels as ``verbose=`` of the fits: True or 1 a bar on a terminal, lines
@@ -84,35 +92,67 @@ def predict(estimator, data, *, progress=False):
     """
     _require_dask()
     level = check_verbose(progress)
-    result = _lazy_predict(estimator, data)
+    result = _lazy_predict(estimator, data, method, quantiles)
     if level == 0:
         return result
-    return compute_with_progress(result, verbose=level, desc="dask.predict")[0]
+    return compute_with_progress(result, verbose=level, desc=f"dask.{method}")[0]
 
 
-def _lazy_predict(estimator, data):
+def _quantiles_of(estimator, levels, part):
+    return estimator.predict_quantile(part, levels)
+
+
+def _prediction_call(estimator, method, quantiles):
+    """(function of a partition, its output names, whether it returns one column)."""
+    if method != "predict_quantile" and quantiles is not None:
+        raise ValueError("quantiles are the levels of method='predict_quantile'")
+    if method == "predict":
+        n_outputs = getattr(estimator, "n_outputs_", 1)
+        single = n_outputs == 1 and not getattr(estimator, "outputs_2d_", False)
+        names = ["prediction"] if single else [f"prediction_{c}" for c in range(n_outputs)]
+        return estimator.predict, names, single
+    if method == "predict_quantile":
+        from ..distribution.conditional import check_levels
+        from .arguments import quantile_column
+
+        if not hasattr(estimator, "predict_quantile"):
+            raise ValueError(f"{type(estimator).__name__} has no predict_quantile")
+        levels = list(check_levels(quantiles, "quantiles")[0])
+        return partial(_quantiles_of, estimator, levels), list(map(quantile_column, levels)), False
+    if method == "score_samples":
+        if type(estimator).__name__ != "KernelDensity" or not hasattr(estimator, "score_samples"):
+            raise ValueError(
+                "method='score_samples' is a KernelDensity's log density of the rows (a "
+                f"conditional density needs y too); got {type(estimator).__name__}"
+            )
+        return estimator.score_samples, ["log_density"], True
+    raise ValueError(
+        f"method must be 'predict', 'predict_quantile' or 'score_samples'; got {method!r}"
+    )
+
+
+def _lazy_predict(estimator, data, method="predict", quantiles=None):
     """:func:`predict`'s dask collection."""
     import dask.array as da
     import dask.dataframe as dd
     import pandas as pd
 
-    n_outputs = getattr(estimator, "n_outputs_", 1)
-    single = n_outputs == 1 and not getattr(estimator, "outputs_2d_", False)
-    # an empty array of what predict returns: the labels' dtype, or float64
-    empty = np.asarray(getattr(estimator, "classes_", np.empty(0)))[:0]
+    call, names, single = _prediction_call(estimator, method, quantiles)
+    # an empty array of what the call returns: a classifier's labels' dtype, or float64
+    labels = getattr(estimator, "classes_", None) if method == "predict" else None
+    empty = np.asarray(labels if labels is not None else np.empty(0))[:0]
     if isinstance(data, dd.DataFrame):
 
         def predict_partition(part):
-            pred = estimator.predict(part)
+            pred = call(part)
             if single:
-                return pd.Series(pred, index=part.index, name="prediction")
-            cols = [f"prediction_{c}" for c in range(pred.shape[1])]
-            return pd.DataFrame(pred, index=part.index, columns=cols)
+                return pd.Series(pred, index=part.index, name=names[0])
+            return pd.DataFrame(pred, index=part.index, columns=names)
 
         if single:
-            meta = pd.Series(empty, name="prediction")
+            meta = pd.Series(empty, name=names[0])
         else:
-            meta = pd.DataFrame({f"prediction_{c}": pd.Series(empty) for c in range(n_outputs)})
+            meta = pd.DataFrame({name: pd.Series(empty) for name in names})
         return data.map_partitions(predict_partition, meta=meta)
     if isinstance(data, da.Array):
         if data.ndim != 2:
@@ -120,13 +160,11 @@ def _lazy_predict(estimator, data):
         if data.numblocks[1] != 1:
             data = data.rechunk({1: -1})
         if single:
-            return data.map_blocks(estimator.predict, drop_axis=1, dtype=empty.dtype)
-        return data.map_blocks(
-            estimator.predict, chunks=(data.chunks[0], (n_outputs,)), dtype=empty.dtype
-        )
+            return data.map_blocks(call, drop_axis=1, dtype=empty.dtype)
+        return data.map_blocks(call, chunks=(data.chunks[0], (len(names),)), dtype=empty.dtype)
     raise ValueError(
         f"data must be a dask DataFrame or dask Array, got {type(data).__name__}; "
-        "call estimator.predict for in-memory data"
+        f"call estimator.{method} for in-memory data"
     )
 
 
@@ -495,8 +533,12 @@ class ClusterChunkRunner:
             self.client.close()
         return False
 
-    def submit(self, X, ids) -> None:
-        future = self.client.submit(self.function, self.remote_model, X, *self.args, pure=False)
+    def submit(self, X, ids, **kwargs) -> None:
+        """Run ``function(model, X, *args, **kwargs)`` on the cluster; ``ids`` go to ``write``
+        with its result."""
+        future = self.client.submit(
+            self.function, self.remote_model, X, *self.args, **kwargs, pure=False
+        )
         self.pending.append((future, ids))
         while len(self.pending) > self.window:
             self._drain_one()

@@ -48,7 +48,6 @@ from sklearn.utils.validation import (
     check_array,
     check_is_fitted,
     check_X_y,
-    column_or_1d,
     validate_data,
 )
 
@@ -56,7 +55,12 @@ from .._core import columns
 from ..smoothing import regression
 from . import spec as specs
 from .fitted_state import check_attributes
-from .prediction import ModelSettings, PoolingPrediction
+from .prediction import (
+    ModelSettings,
+    PoolingPrediction,
+    refuse_dates_and_complex,
+    refuse_missing_targets,
+)
 
 __all__ = [
     "SpecEstimator",
@@ -117,67 +121,6 @@ def _check_signature(cls, spec: specs.EstimatorSpec) -> None:
 # ----------------------------------------------------------------------------- input checks
 
 
-def _refuse_dates_and_complex(X) -> None:
-    """Name the DataFrame column (or say X) that holds dates, durations or complex numbers.
-
-    scikit-learn's float conversion of such data fails with a NumPy dtype
-    promotion error that names neither the column nor what to do.
-    """
-    dtypes = getattr(X, "dtypes", None)
-    if dtypes is not None and hasattr(dtypes, "items"):  # a pandas DataFrame
-        described = [(f"X column {name!r}", dtype) for name, dtype in dtypes.items()]
-    elif isinstance(X, np.ndarray):
-        described = [("X", X.dtype)]
-    else:
-        return
-    for what, dtype in described:
-        kind = getattr(dtype, "kind", "O")
-        if kind in "mM":
-            held, hint = ("dates", "seconds since a reference time")
-            if kind == "m":
-                held, hint = ("durations", "their length in seconds")
-            raise ValueError(
-                f"{what} holds {held} (dtype {dtype}); convert it to numbers first, "
-                f"for instance {hint}"
-            )
-        if kind == "c":
-            raise ValueError(
-                f"{what} holds complex numbers (dtype {dtype}): Complex data not supported; "
-                "pass the real and imaginary parts as two columns"
-            )
-
-
-def _refuse_missing_targets(y) -> None:
-    """Refuse ``y`` holding None, pandas.NA or NaN in an object array, naming the row.
-
-    scikit-learn converts such an array to float only after its finiteness
-    check, so None would become a NaN training target (every prediction that
-    pools it NaN), or an error about label types for a classifier.
-    """
-    if y is None:  # scikit-learn's own message: "requires y to be passed"
-        return
-    arr = np.asarray(y) if not hasattr(y, "to_numpy") else y.to_numpy()
-    if arr.dtype.kind != "O" or arr.ndim == 0:
-        return
-    missing = np.frompyfunc(_is_missing, 1, 1)(arr.reshape(-1)).astype(bool)
-    if missing.any():
-        index = int(np.argmax(missing))
-        row = np.unravel_index(index, arr.shape)[0]
-        raise ValueError(
-            f"y holds a missing value ({arr.reshape(-1)[index]!r}) at row {int(row)}; "
-            "drop or fill the rows without a target before fitting"
-        )
-
-
-def _is_missing(value) -> bool:
-    """None, pandas.NA (without importing pandas) or a float NaN."""
-    return (
-        value is None
-        or type(value).__name__ == "NAType"
-        or (isinstance(value, numbers.Real) and value != value)
-    )
-
-
 # ----------------------------------------------------------------------------- the base
 
 
@@ -186,8 +129,7 @@ class SpecEstimator(ModelSettings, BaseEstimator):
     spec, the checks of training tables and queries (column kinds from ``var_type``
     or a DataFrame's dtypes, category codes), and how it reads its own settings.
 
-    A subclass named in :data:`nbattn.estimators.spec.SPECS` or
-    :data:`nbattn.estimators.spec.DENSITY_SPECS` gets its ``_spec`` and its
+    A subclass named in :data:`nbattn.estimators.spec.SPECS` gets its ``_spec`` and its
     ``_parameter_constraints`` from there; its ``__init__`` lists the spec's
     parameters (checked when the class is created) and stores them with
     :meth:`_set_params_from`.
@@ -195,7 +137,7 @@ class SpecEstimator(ModelSettings, BaseEstimator):
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        spec = specs.SPECS.get(cls.__name__) or specs.DENSITY_SPECS.get(cls.__name__)
+        spec = specs.SPECS.get(cls.__name__)
         if spec is not None:
             _check_signature(cls, spec)
             cls._spec = spec
@@ -235,9 +177,9 @@ class SpecEstimator(ModelSettings, BaseEstimator):
                 Sets ``var_type_`` and ``categories_``.
         """
         columns.refuse_no_columns(X)
-        _refuse_dates_and_complex(X)
+        refuse_dates_and_complex(X)
         y = None if unsupervised else y
-        _refuse_missing_targets(y)
+        refuse_missing_targets(y)
         var_type = getattr(self, "var_type", None)
         missing = getattr(self, "missing", "error")
         kinds = None
@@ -287,36 +229,6 @@ class SpecEstimator(ModelSettings, BaseEstimator):
         X, y, sw = X[keep], (None if y is None else y[keep]), sw[keep]
         return X, y, (None if np.all(sw == 1.0) else sw)
 
-    def _read_response(self, y, kind=None, categories=None):
-        """``(codes, kind, categories)`` of a one-column response y (a conditional model's):
-        numbers for a continuous y, codes for a categorical one. Its kind comes from its
-        dtype (numbers: 'c'; a pandas category: 'u', or 'o' when ordered; text, bools: 'u')
-        and its categories from the data, unless given (a fitted model's)."""
-        import pandas as pd
-
-        _refuse_dates_and_complex(y if not isinstance(y, pd.Series) else y.to_frame())
-        _refuse_missing_targets(y)
-        if isinstance(y, pd.DataFrame):
-            if y.shape[1] != 1:
-                raise ValueError(f"y must be one column; got {y.shape[1]}")
-            y = y.iloc[:, 0]
-        if isinstance(y, pd.Categorical):  # keeps its dtype (ordered or not), as a Series does
-            y = pd.Series(y)
-        if isinstance(y, pd.Series):
-            table = pd.DataFrame({"y": y.reset_index(drop=True)})
-        else:
-            arr = np.asarray(y)
-            if arr.ndim == 2 and arr.shape[1] == 1:
-                arr = column_or_1d(arr, warn=True)  # scikit-learn's DataConversionWarning
-            if arr.ndim != 1:
-                raise ValueError(f"y must be one column (1-D); got shape {arr.shape}")
-            table = pd.DataFrame({"y": arr})
-        if kind is None:
-            kind = columns.resolve_var_type(table, None)
-            categories = columns.fit_categories(table, kind, table="y")[0]
-        codes = columns.encode_columns(table, kind, [categories], table="y")[:, 0]
-        return codes, kind, categories
-
     # ---- what the shared computation reads (nbattn.estimators.prediction)
 
     def _param(self, name, default=None):
@@ -334,7 +246,7 @@ class SpecEstimator(ModelSettings, BaseEstimator):
         (:func:`nbattn._core.columns.encode_columns`) checked as numbers."""
         check_is_fitted(self)
         columns.refuse_no_columns(X)
-        _refuse_dates_and_complex(X)
+        refuse_dates_and_complex(X)
         if set(self._kinds()) == {"c"} and columns.all_numeric(X):
             allow_nan = self._missing() == "marginalize"
             return validate_data(
@@ -519,7 +431,7 @@ def check_fitted_state(model) -> None:
         naming the parameter or attribute at fault (scikit-learn's
         ``InvalidParameterError``, a ValueError, for parameters).
     """
-    if not isinstance(model, _PoolingEstimator):
+    if not isinstance(model, SpecEstimator) or specs.SPECS.get(type(model).__name__) is None:
         raise ValueError(
             f"not an nbattn estimator: {type(model).__module__}.{type(model).__name__}"
         )

@@ -13,31 +13,29 @@ from __future__ import annotations
 
 import numpy as np
 from sklearn.base import RegressorMixin
-from sklearn.utils.validation import check_is_fitted
+from sklearn.utils.validation import check_is_fitted, column_or_1d
 
 from ..distribution.conditional import (
     check_levels,
     conditional_log_cdf,
-    conditional_log_density,
     conditional_quantiles,
     interval_levels,
 )
-from ..distribution.density import density_layout, resolve_density_widths
+from ..distribution.density import resolve_density_widths
 from ..distribution.density_widths import cv_ml_widths
-from ..local.problem import LocalSpec, check_widths
+from ..local.problem import check_widths
 from .base import SpecEstimator, generator
-from .density import density_spec
+from .prediction import DensityPrediction
 
 __all__ = ["ConditionalKernelDensity", "KernelQuantileRegressor"]
 
 
-class _ConditionalModel(SpecEstimator):
-    """The fit and the layout shared by the conditional estimators."""
+class _ConditionalModel(DensityPrediction, SpecEstimator):
+    """The fit shared by the conditional estimators (their computation:
+    :class:`nbattn.estimators.prediction.DensityPrediction`)."""
 
-    def _joint_spec(self, device=None) -> LocalSpec:
-        y_counts = [0 if self.y_categories_ is None else len(self.y_categories_)]
-        kinds = self.y_type_ + self._kinds()
-        return density_spec(self, kinds, y_counts + self._n_categories(), device)
+    def _one_column(self, arr):
+        return column_or_1d(arr, warn=True)  # scikit-learn's DataConversionWarning
 
     def _fit_conditional(self, X, y, sample_weight):
         self._validate_params()
@@ -81,34 +79,14 @@ class _ConditionalModel(SpecEstimator):
         self.bandwidth_ = widths[1:].copy()
         return self
 
-    def _joint_problem(self, X, y=None, device=None):
-        """The joint layout at the checked rows of X with y (codes for a categorical y;
-        zeros where y is None)."""
+    def _checked_joint(self, X, y=None):
+        """The joint layout at the rows of X (checked) with y."""
         check_is_fitted(self)
-        queries = self._check_queries(X)
-        if y is None:
-            y_codes = np.zeros(queries.shape[0])
-        else:
-            y_codes = self._read_response(y, self.y_type_, self.y_categories_)[0]
-            if y_codes.shape[0] != queries.shape[0]:
-                raise ValueError(f"X has {queries.shape[0]} rows but y has {y_codes.shape[0]}")
-        spec = self._joint_spec(device)
-        widths = check_widths(
-            np.concatenate(([self.y_bandwidth_], self.bandwidth_)),
-            spec.var_type,
-            spec.counts,
-            "bandwidth_",
-        )
-        keys = np.column_stack([self.y_fit_, self.X_fit_])
-        return density_layout(
-            spec, np.column_stack([y_codes, queries]), keys, widths, self.sample_weight_
-        )
+        return self._joint_problem(self._check_queries(X), y)
 
-    def _quantiles(self, X, levels):
+    def _checked_quantiles(self, X, levels):
         check_is_fitted(self)
-        if self.y_type_ != "c":
-            raise ValueError("quantiles need a continuous y; this model's y is categorical")
-        return conditional_quantiles(self._joint_problem(X), levels)
+        return self._quantiles(self._check_queries(X), levels)
 
 
 def _required(y, method: str):
@@ -175,7 +153,8 @@ class ConditionalKernelDensity(_ConditionalModel):
 
     def score_samples(self, X, y):
         """log f(y_i | x_i) per row (n,)."""
-        return conditional_log_density(self._joint_problem(X, _required(y, "score_samples")))
+        check_is_fitted(self)
+        return self._conditional_log_density(self._check_queries(X), _required(y, "score_samples"))
 
     def pdf(self, X, y):
         """f(y_i | x_i) per row (n,)."""
@@ -184,8 +163,8 @@ class ConditionalKernelDensity(_ConditionalModel):
     def cdf(self, X, y):
         """F(y_i | x_i) per row (n,) (for a categorical y: the codes up to y_i's). Exact,
         on ``device``."""
-        problem = self._joint_problem(X, _required(y, "cdf"))
-        return np.exp(conditional_log_cdf(problem))
+        check_is_fitted(self)
+        return np.exp(self._conditional_log_cdf(self._check_queries(X), _required(y, "cdf")))
 
     def score(self, X, y):
         """The total conditional log-likelihood of the rows."""
@@ -196,7 +175,7 @@ class ConditionalKernelDensity(_ConditionalModel):
         for a list; each within 1e-10 y-widths of the root of F(q | x) = tau,
         non-decreasing in the level."""
         levels, scalar = check_levels(q)
-        out = self._quantiles(X, levels)
+        out = self._checked_quantiles(X, levels)
         return out[:, 0] if scalar else out
 
     def sample(self, X, random_state=None):
@@ -204,7 +183,7 @@ class ConditionalKernelDensity(_ConditionalModel):
         level (continuous y; exact to the quantiles' tolerance), or the category whose
         cumulative probability first reaches it. The same ``random_state``, the same draws."""
         check_is_fitted(self)
-        problem = self._joint_problem(X)
+        problem = self._checked_joint(X)
         u = generator(random_state).random(problem.q_cont.shape[0])
         if self.y_type_ == "c":
             return conditional_quantiles(problem, u[:, None])[:, 0]
@@ -249,16 +228,16 @@ class KernelQuantileRegressor(RegressorMixin, _ConditionalModel):
 
     def predict(self, X):
         """q_quantile(x) per row (n,)."""
-        return self._quantiles(X, [self.quantile])[:, 0]
+        return self._checked_quantiles(X, [self.quantile])[:, 0]
 
     def predict_quantile(self, X, q):
         """The conditional quantiles: (n,) for one level, (n, len(q)) for a list."""
         levels, scalar = check_levels(q)
-        out = self._quantiles(X, levels)
+        out = self._checked_quantiles(X, levels)
         return out[:, 0] if scalar else out
 
     def predict_interval(self, X, alpha=0.05):
         """The central (1 - alpha) interval of y given x per row, (n, 2): column 0 the
         conditional quantile at alpha/2, column 1 at 1 - alpha/2 (the regressors'
         ``predict_interval`` layout)."""
-        return self._quantiles(X, interval_levels(alpha))
+        return self._checked_quantiles(X, interval_levels(alpha))

@@ -11,33 +11,16 @@ from __future__ import annotations
 import numpy as np
 from sklearn.utils.validation import check_is_fitted
 
-from ..distribution.density import (
-    density_layout,
-    log_cdf_of,
-    log_density_of,
-    resolve_density_widths,
-    sample_rows,
-)
+from ..distribution.density import resolve_density_widths, sample_rows
 from ..distribution.density_widths import cv_ml_widths
-from ..local.problem import LocalSpec, check_widths
+from ..local.problem import LocalSpec
 from .base import SpecEstimator, decoded_rows, generator
+from .prediction import DensityPrediction
 
-__all__ = ["KernelDensity", "density_spec"]
-
-
-def density_spec(model, kinds: str, counts, device=None) -> LocalSpec:
-    """The engine's spec of a density model's columns ``kinds`` with ``counts`` categories:
-    its kernel and rtol, on the call's device (``device`` overrides: a CPU-only method)."""
-    return LocalSpec(
-        var_type=kinds,
-        n_categories=tuple(int(c) for c in counts),
-        kernel=model.kernel,
-        device=model._device() if device is None else device,
-        rtol=model._rtol(),
-    )
+__all__ = ["KernelDensity"]
 
 
-class KernelDensity(SpecEstimator):
+class KernelDensity(DensityPrediction, SpecEstimator):
     """Kernel density of mixed data: continuous, unordered and ordered categorical columns.
 
     .. math::
@@ -114,18 +97,11 @@ class KernelDensity(SpecEstimator):
         return self
 
     def _local_spec(self, device=None) -> LocalSpec:
-        return density_spec(self, self._kinds(), self._n_categories(), device)
-
-    def _problem(self, X, device=None):
-        check_is_fitted(self)
-        queries = self._check_queries(X)
-        spec = self._local_spec(device)
-        widths = check_widths(self.bandwidth_, spec.var_type, spec.counts, "bandwidth_")
-        return density_layout(spec, queries, self.X_fit_, widths, self.sample_weight_)
+        return self._density_spec(self._kinds(), self._n_categories(), device)
 
     def score_samples(self, X):
         """log f(x) per row of X (n,): exact where f underflows (scikit-learn's name)."""
-        return log_density_of(self._problem(X))
+        return self._log_density(self._check_queries(X))
 
     def pdf(self, X):
         """f(x) per row of X (n,) (statsmodels' name)."""
@@ -135,7 +111,7 @@ class KernelDensity(SpecEstimator):
         """The joint distribution function F(x) per row of X (n,): each continuous kernel
         integrated, each categorical one summed over the codes up to x's (statsmodels'
         convention, unordered columns included). Exact, on ``device``."""
-        return np.exp(log_cdf_of(self._problem(X)))
+        return np.exp(self._log_cdf(self._check_queries(X)))
 
     def score(self, X, y=None):
         """The total log-likelihood of the rows of X (scikit-learn's convention)."""

@@ -24,11 +24,13 @@ from .._core.columns import check_categories, check_var_type, n_categories
 from .._core.validation import check_bandwidth
 from ..local.class_widths import ALPHA_HIGH_PER_ROW, ALPHA_LOW
 from ..local.problem import check_widths
-from .spec import SPECS, is_int, is_real
+from .spec import DENSITY_SPECS, SPECS, is_int, is_real
 
 __all__ = [
     "CLASSIFIERS",
+    "CONDITIONALS",
     "DEFAULTS",
+    "DENSITIES",
     "ESTIMATORS",
     "check_attributes",
     "check_fitted_state",
@@ -49,6 +51,11 @@ CLASSIFIERS = tuple(name for name, spec in SPECS.items() if spec.classifier)
 #: estimator class name -> its ``__init__`` defaults: a parameter a model file lacks
 #: (one written before the parameter existed) takes its default, as in the estimator
 DEFAULTS = {name: spec.defaults() for name, spec in SPECS.items()}
+#: the density estimators (:data:`nbattn.estimators.spec.DENSITY_SPECS`): no ``y_fit_`` of
+#: targets to pool; the conditional ones hold a response y (``y_fit_`` (n,), ``y_type_``,
+#: ``y_categories_``, ``y_bandwidth_``)
+DENSITIES = tuple(DENSITY_SPECS)
+CONDITIONALS = ("ConditionalKernelDensity", "KernelQuantileRegressor")
 
 
 def check_params(estimator: str, params: dict) -> dict:
@@ -169,15 +176,14 @@ def require_bandwidth(state, parameter, kinds: str, estimator="the model"):
     return h
 
 
-def _common_attributes(state, params, estimator) -> set:
+def _table_attributes(state, params, estimator) -> set:
+    """n_features_in_, X_fit_ (non-empty), the table's attributes, feature_names_in_."""
     d = require_int(state, "n_features_in_", 1, estimator)
     allow_nan = params.get("missing", "error") != "error"
     X = require_array(state, "X_fit_", "f", (None, d), allow_nan=allow_nan, estimator=estimator)
-    n = X.shape[0]
-    y = require_array(state, "y_fit_", "f", (n, None), estimator=estimator)
-    if n < 1 or y.shape[1] < 1:
-        raise ValueError(f"X_fit_ and y_fit_ must be non-empty, got shapes {X.shape}, {y.shape}")
-    allowed = {"n_features_in_", "X_fit_", "y_fit_"}
+    if X.shape[0] < 1:
+        raise ValueError(f"X_fit_ must be non-empty, got shape {X.shape}")
+    allowed = {"n_features_in_", "X_fit_"}
     allowed |= check_table_attributes(state, X, estimator)
     if "feature_names_in_" in state:
         names = require_array(state, "feature_names_in_", "OU", (d,), estimator=estimator)
@@ -185,6 +191,70 @@ def _common_attributes(state, params, estimator) -> set:
             raise ValueError("feature_names_in_ must hold strings")
         allowed.add("feature_names_in_")
     return allowed
+
+
+def _common_attributes(state, params, estimator) -> set:
+    allowed = _table_attributes(state, params, estimator)
+    X = state["X_fit_"]
+    y = require_array(state, "y_fit_", "f", (X.shape[0], None), estimator=estimator)
+    if y.shape[1] < 1:
+        raise ValueError(f"X_fit_ and y_fit_ must be non-empty, got shapes {X.shape}, {y.shape}")
+    return allowed | {"y_fit_"}
+
+
+def _density_widths(state, parameter, kinds, counts, name, estimator) -> np.ndarray:
+    """The fitted widths ``name`` of a density's columns ``kinds``: inside each kernel's
+    range (:func:`nbattn.local.problem.check_widths`), and equal to a numeric ``parameter``
+    (one number: every column's)."""
+    h = require_array(state, name, "f", (len(kinds),), estimator=estimator)
+    check_widths(h, kinds, counts, name=name)
+    if parameter is not None and not isinstance(parameter, str):
+        expected = np.asarray(parameter, dtype=np.float64).reshape(-1)
+        if expected.size not in (1, h.size) or not np.array_equal(
+            np.broadcast_to(expected, h.shape), h
+        ):
+            raise ValueError(f"{name} does not match the numeric bandwidth parameter")
+    return h
+
+
+def _density_attributes(state, params, estimator) -> set:
+    """A density's fitted state: its table and widths; a conditional one's response y too."""
+    allowed = _table_attributes(state, params, estimator) | {"bandwidth_"}
+    if estimator not in CONDITIONALS:
+        counts = n_categories(state["categories_"])
+        _density_widths(
+            state, params["bandwidth"], state["var_type_"], counts, "bandwidth_", estimator
+        )
+        return allowed
+    n = state["X_fit_"].shape[0]
+    kind = require(state, "y_type_", estimator)
+    if kind not in ("c", "u", "o"):
+        raise ValueError(f"y_type_ must be 'c', 'u' or 'o' (y's kind), got {kind!r}")
+    y = require_array(state, "y_fit_", "f", (n,), estimator=estimator)
+    cats = require(state, "y_categories_", estimator)
+    if kind == "c":
+        if cats is not None:
+            raise ValueError("y_categories_ must be None for a continuous y")
+    else:
+        plain = (bool, int, float, str)
+        if not isinstance(cats, list) or not cats or not all(isinstance(v, plain) for v in cats):
+            raise ValueError("y_categories_ must be a non-empty list of strings or numbers")
+        check_categories(cats, "y_categories_")
+        if not np.all((y == np.round(y)) & (y >= 0) & (y < len(cats))):
+            raise ValueError("y_fit_ holds codes outside y_categories_")
+    y_width = require(state, "y_bandwidth_", estimator)
+    if not is_real(y_width):
+        raise ValueError(f"y_bandwidth_ must be a number, got {y_width!r}")
+    counts = n_categories([cats, *state["categories_"]])
+    h = require_array(state, "bandwidth_", "f", (state["n_features_in_"],), estimator=estimator)
+    joint = np.concatenate(([float(y_width)], h))
+    check_widths(joint, kind + state["var_type_"], counts, name="(y_bandwidth_, *bandwidth_)")
+    _density_widths(
+        state, params["bandwidth"], state["var_type_"], counts[1:], "bandwidth_", estimator
+    )
+    if params["y_bandwidth"] is not None and float(y_width) != float(params["y_bandwidth"]):
+        raise ValueError("y_bandwidth_ does not match the y_bandwidth parameter")
+    return allowed | {"y_fit_", "y_type_", "y_categories_", "y_bandwidth_"}
 
 
 def _regressor_attributes(state, estimator) -> set:
@@ -278,10 +348,13 @@ def check_attributes(estimator: str, params: dict, state: dict) -> None:
     checked the parameters (an in-memory estimator may hold a
     ``numpy.random.Generator`` as ``random_state``, which no model file does).
     """
-    allowed = _common_attributes(state, params, estimator)
-    if estimator in CLASSIFIERS:
+    if estimator in DENSITIES:
+        allowed = _density_attributes(state, params, estimator)
+    elif estimator in CLASSIFIERS:
+        allowed = _common_attributes(state, params, estimator)
         allowed |= _classifier_attributes(state, params, estimator)
     else:
+        allowed = _common_attributes(state, params, estimator)
         allowed |= _regressor_attributes(state, estimator)
         if estimator == "LearnedKernelRegressor":
             allowed |= _learned_attributes(state, params, estimator)

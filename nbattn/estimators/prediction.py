@@ -28,6 +28,7 @@ importing this module stays cheap.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 
 import numpy as np
 
@@ -36,7 +37,13 @@ from .._core.numeric import power_of_two_scale
 from .._core.validation import check_choice, check_rtol, resolve_dtype
 from ..dispatch.device import resolve_device
 
-__all__ = ["ModelSettings", "PoolingPrediction"]
+__all__ = [
+    "DensityPrediction",
+    "ModelSettings",
+    "PoolingPrediction",
+    "refuse_dates_and_complex",
+    "refuse_missing_targets",
+]
 
 
 class ModelSettings:
@@ -95,15 +102,6 @@ class ModelSettings:
         and sums of weights near 1e308 or 5e-324 neither overflow nor vanish."""
         sw = self._fitted("sample_weight_")
         return None if sw is None else sw / power_of_two_scale(sw.max())
-
-    def _cpu_only(self, what: str) -> str:
-        """The device of a computation that has no GPU kernel yet: the CPU, unless the
-        model asks for "cuda" (refused; "auto" runs it on the CPU)."""
-        if self._param("device") == "cuda":
-            raise NotImplementedError(
-                f"{what} runs on the CPU only for now: set device='cpu' or 'auto'"
-            )
-        return "cpu"
 
     def _rtol(self) -> float:
         """The checked ``rtol`` (0 for a model, or a model file, without one)."""
@@ -466,3 +464,206 @@ class PoolingPrediction(ModelSettings):
         spec = dataclasses.replace(spec, missing=False)
         y, weights = self._fitted("y_fit_")[:, 0], self._fitted("sample_weight_")
         return quantile_interval(spec, queries, keys, y, widths, alpha, weights)
+
+
+# ----------------------------------------------------------------------------- densities
+
+
+def refuse_dates_and_complex(X) -> None:
+    """Name the DataFrame column (or say X) that holds dates, durations or complex numbers.
+
+    scikit-learn's float conversion of such data fails with a NumPy dtype
+    promotion error that names neither the column nor what to do.
+    """
+    dtypes = getattr(X, "dtypes", None)
+    if dtypes is not None and hasattr(dtypes, "items"):  # a pandas DataFrame
+        described = [(f"X column {name!r}", dtype) for name, dtype in dtypes.items()]
+    elif isinstance(X, np.ndarray):
+        described = [("X", X.dtype)]
+    else:
+        return
+    for what, dtype in described:
+        kind = getattr(dtype, "kind", "O")
+        if kind in "mM":
+            held, hint = ("dates", "seconds since a reference time")
+            if kind == "m":
+                held, hint = ("durations", "their length in seconds")
+            raise ValueError(
+                f"{what} holds {held} (dtype {dtype}); convert it to numbers first, "
+                f"for instance {hint}"
+            )
+        if kind == "c":
+            raise ValueError(
+                f"{what} holds complex numbers (dtype {dtype}): Complex data not supported; "
+                "pass the real and imaginary parts as two columns"
+            )
+
+
+def refuse_missing_targets(y) -> None:
+    """Refuse ``y`` holding None, pandas.NA or NaN in an object array, naming the row.
+
+    scikit-learn converts such an array to float only after its finiteness
+    check, so None would become a NaN training target (every prediction that
+    pools it NaN), or an error about label types for a classifier.
+    """
+    if y is None:  # scikit-learn's own message: "requires y to be passed"
+        return
+    arr = np.asarray(y) if not hasattr(y, "to_numpy") else y.to_numpy()
+    if arr.dtype.kind != "O" or arr.ndim == 0:
+        return
+    missing = np.frompyfunc(_is_missing, 1, 1)(arr.reshape(-1)).astype(bool)
+    if missing.any():
+        index = int(np.argmax(missing))
+        row = np.unravel_index(index, arr.shape)[0]
+        raise ValueError(
+            f"y holds a missing value ({arr.reshape(-1)[index]!r}) at row {int(row)}; "
+            "drop or fill the rows without a target before fitting"
+        )
+
+
+def _is_missing(value) -> bool:
+    """None, pandas.NA (without importing pandas) or a float NaN."""
+    return (
+        value is None
+        or type(value).__name__ == "NAType"
+        or (isinstance(value, numbers.Real) and value != value)
+    )
+
+
+class DensityPrediction(ModelSettings):
+    """The densities' computation at checked queries, shared by the density estimators
+    (:class:`nbattn.KernelDensity`, :class:`nbattn.ConditionalKernelDensity`,
+    :class:`nbattn.KernelQuantileRegressor`) and the Predictor of their model files.
+
+    A density model holds its keys ``X_fit_`` (n, d), their ``sample_weight_`` and its
+    widths ``bandwidth_``; a conditional one also ``y_fit_`` (n,), y's kind ``y_type_``,
+    its categories ``y_categories_`` and width ``y_bandwidth_``, and lays its joint data
+    out y first, then X (statsmodels' order). The computation is
+    :mod:`nbattn.distribution`: log f(x) (:func:`~nbattn.distribution.density.log_density_of`),
+    log F(x), log f(y | x), log F(y | x) and the conditional quantiles, the root of
+    F(q | x) = tau (:mod:`nbattn.distribution.conditional`).
+    """
+
+    def _density_spec(self, kinds: str, counts, device=None):
+        """The engine's spec of columns ``kinds`` with ``counts`` categories: the model's
+        kernel and rtol, on the call's device (``device`` overrides: a CPU-only method)."""
+        from ..local.problem import LocalSpec
+
+        return LocalSpec(
+            var_type=kinds,
+            n_categories=tuple(int(c) for c in counts),
+            kernel=self._param("kernel"),
+            device=self._device() if device is None else device,
+            rtol=self._rtol(),
+        )
+
+    # ---- a density of X
+
+    def _marginal_problem(self, X):
+        """The layout of the density of the fitted rows at the checked queries X."""
+        from ..distribution.density import density_layout
+        from ..local.problem import check_widths
+
+        spec = self._density_spec(self._kinds(), self._n_categories())
+        widths = check_widths(self._fitted("bandwidth_"), spec.var_type, spec.counts, "bandwidth_")
+        keys, weights = self._fitted("X_fit_"), self._fitted("sample_weight_")
+        return density_layout(spec, X, keys, widths, weights)
+
+    def _log_density(self, X):
+        """log f(x) per checked row of X (n,)."""
+        from ..distribution.density import log_density_of
+
+        return log_density_of(self._marginal_problem(X))
+
+    def _log_cdf(self, X):
+        """log F(x) per checked row of X (n,): exact, on the CPU."""
+        from ..distribution.density import log_cdf_of
+
+        return log_cdf_of(self._marginal_problem(X))
+
+    # ---- y given X
+
+    def _one_column(self, arr):
+        """A (n, 1) response as (n,) (the estimators warn as scikit-learn does)."""
+        return arr[:, 0]
+
+    def _read_response(self, y, kind=None, categories=None):
+        """``(codes, kind, categories)`` of a one-column response y (a conditional model's):
+        numbers for a continuous y, codes for a categorical one. Its kind comes from its
+        dtype (numbers: 'c'; a pandas category: 'u', or 'o' when ordered; text, bools: 'u')
+        and its categories from the data, unless given (a fitted model's)."""
+        import pandas as pd
+
+        refuse_dates_and_complex(y if not isinstance(y, pd.Series) else y.to_frame())
+        refuse_missing_targets(y)
+        if isinstance(y, pd.DataFrame):
+            if y.shape[1] != 1:
+                raise ValueError(f"y must be one column; got {y.shape[1]}")
+            y = y.iloc[:, 0]
+        if isinstance(y, pd.Categorical):  # keeps its dtype (ordered or not), as a Series does
+            y = pd.Series(y)
+        if isinstance(y, pd.Series):
+            table = pd.DataFrame({"y": y.reset_index(drop=True)})
+        else:
+            arr = np.asarray(y)
+            if arr.ndim == 2 and arr.shape[1] == 1:
+                arr = self._one_column(arr)
+            if arr.ndim != 1:
+                raise ValueError(f"y must be one column (1-D); got shape {arr.shape}")
+            table = pd.DataFrame({"y": arr})
+        if kind is None:
+            kind = columns.resolve_var_type(table, None)
+            categories = columns.fit_categories(table, kind, table="y")[0]
+        codes = columns.encode_columns(table, kind, [categories], table="y")[:, 0]
+        return codes, kind, categories
+
+    def _joint_spec(self):
+        categories = self._fitted("y_categories_")
+        y_counts = [0 if categories is None else len(categories)]
+        kinds = self._fitted("y_type_") + self._kinds()
+        return self._density_spec(kinds, y_counts + self._n_categories())
+
+    def _joint_problem(self, X, y=None):
+        """The joint layout at the checked rows of X with y (codes for a categorical y;
+        zeros where y is None)."""
+        from ..distribution.density import density_layout
+        from ..local.problem import check_widths
+
+        if y is None:
+            y_codes = np.zeros(X.shape[0])
+        else:
+            y_type, y_categories = self._fitted("y_type_"), self._fitted("y_categories_")
+            y_codes = self._read_response(y, y_type, y_categories)[0]
+            if y_codes.shape[0] != X.shape[0]:
+                raise ValueError(f"X has {X.shape[0]} rows but y has {y_codes.shape[0]}")
+        spec = self._joint_spec()
+        widths = check_widths(
+            np.concatenate(([self._fitted("y_bandwidth_")], self._fitted("bandwidth_"))),
+            spec.var_type,
+            spec.counts,
+            "bandwidth_",
+        )
+        keys = np.column_stack([self._fitted("y_fit_"), self._fitted("X_fit_")])
+        return density_layout(
+            spec, np.column_stack([y_codes, X]), keys, widths, self._fitted("sample_weight_")
+        )
+
+    def _conditional_log_density(self, X, y):
+        """log f(y_i | x_i) per checked row of X (n,)."""
+        from ..distribution.conditional import conditional_log_density
+
+        return conditional_log_density(self._joint_problem(X, y))
+
+    def _conditional_log_cdf(self, X, y):
+        """log F(y_i | x_i) per checked row of X (n,): exact, on the CPU."""
+        from ..distribution.conditional import conditional_log_cdf
+
+        return conditional_log_cdf(self._joint_problem(X, y))
+
+    def _quantiles(self, X, levels):
+        """The conditional quantiles (n, len(levels)) at the checked rows of X."""
+        from ..distribution.conditional import conditional_quantiles
+
+        if self._fitted("y_type_") != "c":
+            raise ValueError("quantiles need a continuous y; this model's y is categorical")
+        return conditional_quantiles(self._joint_problem(X), levels)

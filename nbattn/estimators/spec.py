@@ -55,6 +55,7 @@ __all__ = [
     "BANDWIDTH_NAMES",
     "DENSITY_BANDWIDTH_NAMES",
     "DENSITY_SPECS",
+    "POOLING_SPECS",
     "SPECS",
     "ArrayLike",
     "EstimatorSpec",
@@ -283,8 +284,8 @@ _DEVICE = Param("device", "cpu", (Options("cpu", "cuda", "auto"),))
 _VERBOSE = Param("verbose", 0, (Verbose(),))
 _RUN = (_DEVICE, Param("dtype", "float64", (Options("float64", "float32"),)), _VERBOSE)
 
-#: estimator class name -> its spec
-SPECS = {
+#: the estimators that pool targets (regressors, the classifier), class name -> its spec
+POOLING_SPECS = {
     spec.name: spec
     for spec in (
         EstimatorSpec(
@@ -326,8 +327,6 @@ SPECS = {
 }
 
 
-#: the density estimators (no model files yet: they are not among :data:`SPECS`, whose
-#: estimators the model files hold), estimator class name -> its spec
 def _density_bandwidth(default: str) -> Param:
     return Param(
         "bandwidth",
@@ -341,6 +340,7 @@ _Y_BANDWIDTH = Param("y_bandwidth", None, (RealRange(0),), none=True)
 #: what every density estimator takes after its widths
 _DENSITY_REST = (_kernel(), _RTOL, _VAR_TYPE, _DEVICE, _VERBOSE)
 
+#: the density estimators (densities, conditional densities, quantiles), class name -> its spec
 DENSITY_SPECS = {
     spec.name: spec
     for spec in (
@@ -360,3 +360,7 @@ DENSITY_SPECS = {
         ),
     )
 }
+
+#: every estimator, class name -> its spec: the one registry that the model files, the
+#: Predictor and the command line read
+SPECS = {**POOLING_SPECS, **DENSITY_SPECS}

@@ -33,7 +33,12 @@ pickle. Version 3 added those two and ``sample_weight_``; a version-2 file
 ``categories_`` all null and ``sample_weight_`` null. Version 4 added a
 classifier's ``prior_count_`` (the prior of the class frequencies in its probabilities);
 a classifier of version 2 or 3 is read with 0, the plain probabilities it
-predicted then. ``sha256`` is the
+predicted then. The density estimators (``KernelDensity``, ``ConditionalKernelDensity``,
+``KernelQuantileRegressor``) are held by the same version-4 format, unchanged: their
+fitted state is of the kinds above (a conditional model's ``y_fit_`` an (n,) array of y
+or of its category codes, ``y_type_`` a letter, ``y_categories_`` null or a JSON list,
+``y_bandwidth_`` a JSON number); a reader that predates them refuses such a file as one
+of an estimator it does not know. ``sha256`` is the
 SHA-256 of the canonical JSON of the metadata without that key, followed
 by each array's name, dtype, shape and bytes in name order.
 

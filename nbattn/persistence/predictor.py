@@ -24,7 +24,12 @@ bit the estimator's:
 * classifiers: the pooled one-hot labels clipped at 0 and normalised; the
   label is the first class of largest probability;
 * a regressor's ``marginal_effects`` and ``predict_interval``: the estimator's
-  methods, computed by the same shared code.
+  methods, computed by the same shared code;
+* the density estimators (``KernelDensity``, ``ConditionalKernelDensity``,
+  ``KernelQuantileRegressor``): log densities (``score_samples``), distribution
+  functions (``cdf``) and conditional quantiles (``predict``, ``predict_quantile``,
+  ``predict_interval``), by their one computation,
+  :class:`nbattn.estimators.prediction.DensityPrediction`.
 
 ``tests/persistence/test_predictor.py`` compares it with the estimator on every model
 kind the command line fits.
@@ -37,8 +42,8 @@ from pathlib import Path
 import numpy as np
 
 from .._core import columns
-from ..estimators.fitted_state import CLASSIFIERS, check_fitted_state
-from ..estimators.prediction import PoolingPrediction
+from ..estimators.fitted_state import CLASSIFIERS, CONDITIONALS, DENSITIES, check_fitted_state
+from ..estimators.prediction import DensityPrediction, PoolingPrediction
 from .modelfile import invalid_model, read_fitted_state
 
 __all__ = ["Predictor", "read_predictor"]
@@ -60,7 +65,7 @@ def read_predictor(path):
     return predictor, meta
 
 
-class Predictor(PoolingPrediction):
+class Predictor(PoolingPrediction, DensityPrediction):
     """A fitted nbattn estimator's predictions, from its class name, parameters and
     fitted attributes (what a model file holds).
 
@@ -91,6 +96,16 @@ class Predictor(PoolingPrediction):
         return self.estimator in CLASSIFIERS
 
     @property
+    def is_density(self) -> bool:
+        """A density estimator's model (no targets pooled: densities and quantiles)."""
+        return self.estimator in DENSITIES
+
+    @property
+    def is_conditional(self) -> bool:
+        """A model of y given X (a conditional density or quantile regressor)."""
+        return self.estimator in CONDITIONALS
+
+    @property
     def var_type_(self) -> str:
         return self.state["var_type_"]
 
@@ -115,6 +130,12 @@ class Predictor(PoolingPrediction):
 
     def predict(self, X, return_std=False):
         """What the estimator's ``predict(X)`` (and ``return_std``) returns for X."""
+        if self.is_density:
+            if self.estimator != "KernelQuantileRegressor":
+                raise AttributeError(f"{self.estimator} has no predict")
+            if return_std:
+                raise ValueError("return_std is for the pooling regressors")
+            return self._quantiles(self._check_queries(X), [self.params["quantile"]])[:, 0]
         if self.is_classifier:
             if return_std:
                 raise ValueError("return_std is for regressors")
@@ -138,12 +159,56 @@ class Predictor(PoolingPrediction):
 
     def predict_interval(self, X, alpha=0.05, kind="mean"):
         """What a regressor's ``predict_interval(X, alpha, kind)`` returns: (n, 2), the
-        lower and upper ends of the pointwise (1 - alpha) interval."""
+        lower and upper ends of the pointwise (1 - alpha) interval; for a
+        KernelQuantileRegressor, what its ``predict_interval(X, alpha)`` returns: its
+        conditional quantiles at alpha/2 and 1 - alpha/2, (n, 2) (``kind`` unused)."""
+        if self.estimator == "KernelQuantileRegressor":
+            from ..distribution.conditional import interval_levels
+
+            return self._quantiles(self._check_queries(X), interval_levels(alpha))
         self._refuse_classifier("predict_interval")
         return self._interval(self._check_queries(X), alpha, kind)
 
+    def predict_quantile(self, X, q):
+        """What a conditional model's ``predict_quantile(X, q)`` returns: (n,) for one
+        level, (n, len(q)) for a list."""
+        if not self.is_conditional:
+            raise AttributeError(f"{self.estimator} has no predict_quantile")
+        from ..distribution.conditional import check_levels
+
+        levels, scalar = check_levels(q)
+        out = self._quantiles(self._check_queries(X), levels)
+        return out[:, 0] if scalar else out
+
+    def score_samples(self, X, y=None):
+        """What a density's ``score_samples`` returns: log f(x) per row (KernelDensity), or
+        log f(y_i | x_i) (ConditionalKernelDensity, ``y`` required)."""
+        if self.estimator == "KernelDensity":
+            return self._log_density(self._check_queries(X))
+        if self.estimator != "ConditionalKernelDensity":
+            raise AttributeError(f"{self.estimator} has no score_samples")
+        if y is None:
+            raise ValueError("the conditional log density log f(y | x) needs y")
+        return self._conditional_log_density(self._check_queries(X), y)
+
+    def cdf(self, X, y=None):
+        """What a density's ``cdf`` returns: F(x) (KernelDensity), or F(y_i | x_i)
+        (ConditionalKernelDensity, ``y`` required)."""
+        if self.estimator == "KernelDensity":
+            return np.exp(self._log_cdf(self._check_queries(X)))
+        if self.estimator != "ConditionalKernelDensity":
+            raise AttributeError(f"{self.estimator} has no cdf")
+        if y is None:
+            raise ValueError("the conditional distribution function F(y | x) needs y")
+        return np.exp(self._conditional_log_cdf(self._check_queries(X), y))
+
     def _refuse_classifier(self, method) -> None:
         if self.is_classifier:
+            raise AttributeError(f"{self.estimator} has no {method}")
+        self._refuse_density(method)
+
+    def _refuse_density(self, method) -> None:
+        if self.is_density:
             raise AttributeError(f"{self.estimator} has no {method}")
 
     # ---- what the shared computation reads (nbattn.estimators.prediction)

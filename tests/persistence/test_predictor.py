@@ -403,8 +403,7 @@ def test_version_2_files_predict_too(tables, tmp_path):
 
 
 def test_the_parameter_tables_are_the_estimators():
-    # the density estimators have no model files yet (spec.DENSITY_SPECS)
-    classes = {n: getattr(estimators, n) for n in estimators.__all__ if n not in spec.DENSITY_SPECS}
+    classes = {n: getattr(estimators, n) for n in estimators.__all__}
     classes = {n: c for n, c in classes.items() if isinstance(c, type)}
     assert set(fitted_state.ESTIMATORS) == set(classes)
     for name, cls in classes.items():
