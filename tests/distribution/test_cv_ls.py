@@ -220,22 +220,25 @@ HARD_CASES = [
 @pytest.mark.parametrize("name", HARD_CASES)
 def test_cv_ls_reaches_the_minimum_of_a_dense_grid(name, kernel):
     """The search's criterion is within 1e-6 relative of the least value on a dense grid
-    (or below it): 400 log-spaced h over the search's range (1e-3 to 1e4 times the rule's),
-    times 13 shares of lambda_max from 0 to 1 for a categorical column."""
+    (or below it): log-spaced h over the search's range (1e-3 to 1e4 times the rule's; 400
+    of them alone, 100 with a categorical column), times 13 shares of lambda_max from 0
+    to 1 (an ordered column's l below 1 by 1e-13, the search's end) for a categorical
+    column."""
     X, var_type, n_response = hard_case(name, 0)
     found = _fit(var_type, X, kernel=kernel, conditional=bool(n_response))
+    spec, (X,) = check_columns({"X": X}, var_type=var_type, kernel=kernel)
     rule = nbattn.KernelDensity(var_type=var_type).fit(X).bandwidth_
-    common = {"var_type": var_type, "kernel": kernel, "n_response": n_response}
+    criterion = LeastSquaresCriterion(density_layout(spec, X, X, rule, None), n_response)
+    h_grid = rule[0] * np.exp(np.linspace(math.log(1e-3), math.log(1e4), 400 // len(var_type) ** 2))
+    top = lambda_max(var_type, spec.n_categories)
+    shares = np.minimum(np.linspace(0.0, 1.0, 13), 1.0 - 1e-13) if len(var_type) > 1 else []
     best = math.inf
-    h_grid = rule[0] * np.exp(np.linspace(math.log(1e-3), math.log(1e4), 400 // len(var_type)))
-    shares = np.linspace(0.0, 1.0, 13) if len(var_type) > 1 else [None]
-    top = lambda_max(var_type, [0, 3])
     for h in h_grid:
-        for share in shares:
-            # an ordered column's l stays below 1 (the search's end: sigmoid(30))
-            widths = [h] if share is None else [h, min(share, 1.0 - 1e-13) * top[1]]
-            best = min(best, least_squares_cv(X, widths, **common))
-    value = least_squares_cv(X, found, **common)
+        for widths in [[h, share * top[1]] for share in shares] if len(shares) else [[h]]:
+            theta = widths_to_theta(widths, var_type, spec.n_categories)
+            theta[1:][np.asarray(widths[1:]) == 0.0] = -math.inf  # l = 0 exactly
+            best = min(best, criterion.imse(theta))
+    value = least_squares_cv(X, found, var_type=var_type, kernel=kernel, n_response=n_response)
     assert value <= best + 1e-6 * abs(best)
 
 
