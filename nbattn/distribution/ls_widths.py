@@ -16,7 +16,9 @@ kernel; for a categorical one the kernel convolved over the column's codes,
 sum_v L(a, v) L(b, v), v = 0 .. c - 1 (the closed forms are
 :func:`nbattn.kernels.density.category_convolution`'s). Without weights it is
 statsmodels' ``KDEMultivariate.imse``: (1/n^2) sum_ij Kbar_ij - 2/(n (n - 1)) sum_{i != j}
-K_ij. With weights it does not depend on their total.
+K_ij. With weights it does not depend on their total. Departure from statsmodels: the
+categorical sums run over the declared codes 0 .. c - 1, statsmodels' over the levels
+present in the data (the same where every level occurs).
 
 For the conditional density of y given x (statsmodels' ``KDEMultivariateConditional.imse``),
 
@@ -34,10 +36,10 @@ sigmoid): each sum's softmax mean of its score's derivatives, as ``cv_ml``'s.
 
 The search is ``cv_ml``'s (:func:`nbattn.local.search.search_widths`: the rule, a common
 factor of every h, L-BFGS-B with the exact gradient, exact matching, sweeps), on CV
-divided by a positive constant (the start's leave-one-out term, times prod h of the
-start over prod h: a dimensionless criterion near -1 at the start, so that the
-optimiser's absolute tolerances act as relative ones); the answer is the best point
-evaluated, never worse than the rule, each l inside [0, lambda_max]. The criterion is
+divided by a positive constant, its leave-one-out term sum_i u_i f₋ᵢ(x_i) at the start
+(a number without units, near -1 at the start, so that the optimiser's absolute
+tolerances act as relative ones); the answer is the best point evaluated, never worse
+than the rule, each l inside [0, lambda_max]. The criterion is
 exact (``rtol`` does not apply) and runs on the CPU. The Gaussian and Epanechnikov
 kernels only: the tricube's convolution is a piecewise polynomial of degree 19 not
 implemented here.
@@ -73,6 +75,7 @@ LS_KERNELS = {"gaussian": -0.5 * math.log(4.0 * math.pi), "epanechnikov": math.l
 
 
 def check_ls_kernel(kernel: str) -> None:
+    """Refuse a continuous kernel whose convolution with itself is not in ``LS_KERNELS``."""
     if kernel not in LS_KERNELS:
         raise ValueError(
             f"bandwidth='cv_ls' needs the convolution of the kernel with itself, known here "
@@ -103,7 +106,8 @@ def convolution_arguments(spec: LocalSpec, widths, theta):
 
 class LeastSquaresCriterion(LooCriterion):
     """CV(theta) of the module docstring on a density's training problem (its keys are
-    its queries), divided by a positive constant (:attr:`unit`), and its exact gradient.
+    its queries) divided by its leave-one-out term at the problem's widths (``unit``;
+    where that term is 0, CV times prod h at those widths), and its exact gradient.
     With ``n_response`` > 0 the problem is the joint one of (y, x), y's columns first,
     and CV the conditional density's."""
 
