@@ -51,6 +51,7 @@ import math
 
 import numpy as np
 
+from .. import config
 from .._core.local_groups import KERNEL_CODES
 from .._core.progress import FitProgress
 from .._core.threads import serial_below
@@ -165,14 +166,14 @@ class LeastSquaresCriterion(LooCriterion):
             KERNEL_CODES[spec.kernel],
         )
         if not self.n_response:
-            with serial_below(n * n, 20_000):
+            with serial_below(n * n, config.SERIAL_PAIRS):
                 out = module.ls_pair_sums(*args)
             a = np.exp(out[:, 0] - self._log_total)
             with np.errstate(invalid="ignore"):
                 b = np.where(out[:, 1] > -np.inf, np.exp(out[:, 1] - self._log_others), 0.0)
             means = out[:, 2:]
             return u @ a, u @ b, (u * a) @ means[:, :d], (u * b) @ means[:, d:], log_h
-        with serial_below(n * n * n, 20_000):
+        with serial_below(n * n * n, config.SERIAL_PAIRS):  # n^2 pairs per row
             out = module.ls_conditional_terms(*args, (self._cont_y, self._cat_y))
         keep = u > 0.0
         if not np.isfinite(out[keep, :2]).all():
