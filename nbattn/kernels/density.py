@@ -482,7 +482,9 @@ def category_convolution(x, y, params, sums):
     return value, slope * (-2.0 * lam / (1.0 - lam) + distance + dq / (4.0 + q))
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+# _kernel_terms, _convolved_terms and _online_add are inlined: called per pair with
+# array arguments, they took half of a pass (1-D, n = 300: 8.6 ms called, 4.6 ms inlined)
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
 def _kernel_terms(rows_cont, rows_cat, i, j, c0, c1, k0, k1, cat_params, cat_dparams, kernel, out):
     """The engine's log kernel of rows i and j (no weight, no constants) over the
     continuous columns c0 .. c1 - 1 and the categorical ones k0 .. k1 - 1; its derivatives
@@ -500,7 +502,7 @@ def _kernel_terms(rows_cont, rows_cat, i, j, c0, c1, k0, k1, cat_params, cat_dpa
     return s
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
 def _convolved_terms(rows_cont, rows_cat, i, j, c1, k1, conv_params, conv_sums, kernel, out):
     """log of the convolved product kernel of rows i and j without constants over the
     continuous columns 0 .. c1 - 1 and the categorical ones 0 .. k1 - 1; its derivatives
@@ -521,7 +523,7 @@ def _convolved_terms(rows_cont, rows_cat, i, j, c1, k1, conv_params, conv_sums, 
     return s
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
 def _online_add(s, top, total, means, first, slopes, d):
     """One term exp(s) with score slopes into a running (top, total) and its means
     ``means[first : first + d]`` (unnormalised, rescaled when the maximum grows)."""
