@@ -75,7 +75,7 @@ __all__ = ["LS_KERNELS", "LeastSquaresCriterion", "cv_ls_widths", "least_squares
 LS_KERNELS = {"gaussian": -0.5 * math.log(4.0 * math.pi), "epanechnikov": math.log(3.0 / 160.0)}
 
 
-def check_ls_kernel(kernel: str) -> None:
+def _check_ls_kernel(kernel: str) -> None:
     """Refuse a continuous kernel whose convolution with itself is not in ``LS_KERNELS``."""
     if kernel not in LS_KERNELS:
         raise ValueError(
@@ -85,7 +85,7 @@ def check_ls_kernel(kernel: str) -> None:
         )
 
 
-def convolution_arguments(spec: LocalSpec, widths, theta):
+def _convolution_arguments(spec: LocalSpec, widths, theta):
     """``(conv_params (dk, 4), conv_sums (dk, 2, m))`` of the categorical columns, the
     arguments of :func:`nbattn.kernels.density.category_convolution`: (kind, l, c,
     1 - sigmoid(t)) and the geometric sums S(m) = sum_{k=1}^{m} l^(2k), l dS/dl,
@@ -116,7 +116,7 @@ class LeastSquaresCriterion(LooCriterion):
 
     def __init__(self, problem: LocalProblem, n_response: int = 0):
         super().__init__(problem)
-        check_ls_kernel(problem.spec.kernel)
+        _check_ls_kernel(problem.spec.kernel)
         spec = problem.spec
         self.n_response = n_response
         response = spec.var_type[:n_response]
@@ -149,7 +149,7 @@ class LeastSquaresCriterion(LooCriterion):
         dparams = np.ascontiguousarray(
             categorical_derivatives(theta, spec.var_type, spec.n_categories), dtype=np.float64
         ).reshape(-1, 3)
-        conv_params, conv_sums = convolution_arguments(spec, problem.widths, theta)
+        conv_params, conv_sums = _convolution_arguments(spec, problem.widths, theta)
         module = kernels_for("density", "cpu")
         n = problem.log_weights.shape[0]
         d = len(spec.var_type)
@@ -232,7 +232,7 @@ def cv_ls_widths(
     from ``start`` (the normal reference rule's by default). ``n_response`` > 0: X holds
     (y, x), y's columns first, and CV is the conditional density's."""
     _check_rows(X.shape[0])
-    check_ls_kernel(spec.kernel)
+    _check_ls_kernel(spec.kernel)
     if start is None:
         start = density_rule_widths(spec, X, "normal_reference", sample_weight)
     problem = density_layout(spec, X, X, start, sample_weight)
@@ -262,7 +262,7 @@ def least_squares_cv(
         {"X": X}, var_type=var_type, n_categories=n_categories, kernel=kernel
     )
     _check_rows(X.shape[0])
-    check_ls_kernel(spec.kernel)
+    _check_ls_kernel(spec.kernel)
     sample_weight = check_sample_weight(sample_weight, X.shape[0])
     widths = resolve_density_widths(spec, X, bandwidth, sample_weight)
     criterion = LeastSquaresCriterion(density_layout(spec, X, X, widths, sample_weight), n_response)

@@ -242,6 +242,23 @@ def test_cv_ls_reaches_the_minimum_of_a_dense_grid(name, kernel):
     assert value <= best + 1e-6 * abs(best)
 
 
+@pytest.mark.parametrize(
+    ("name", "share"),
+    [
+        ("deterministic u", 0.0),
+        ("deterministic o", 0.0),
+        ("irrelevant u", 1.0),
+        ("y given relevant u", 0.0),
+    ],
+)
+def test_cv_ls_puts_the_smoothing_at_its_bound(name, share):
+    """The cases built for it end at l = 0 (exact matching) or l = lambda_max."""
+    X, var_type, n_response = hard_case(name, 0)
+    found = _fit(var_type, X, conditional=bool(n_response))
+    top = lambda_max(var_type, [0, 3 if var_type[1] == "u" else 4])[1]
+    assert found[1] == pytest.approx(share * top, rel=1e-9, abs=1e-12)
+
+
 def test_cv_ls_ties_reach_the_floor_and_warn():
     """Repeated values: CV falls without bound as h shrinks; the search stops at its
     lower bound and says so."""
