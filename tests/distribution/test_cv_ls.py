@@ -353,3 +353,11 @@ def test_quantile_regressor_takes_cv_ls():
     assert model.y_bandwidth_ == widths[0]
     np.testing.assert_array_equal(model.bandwidth_, widths[1:])
     assert np.isfinite(model.predict(X[:5, 1:])).all()
+
+
+def test_cv_ls_is_exact_whatever_rtol():
+    """The criterion has no pruned pass: rtol > 0 gives the exact search's widths."""
+    X = table(0, "cu", 40)
+    exact = _fit("cu", X)
+    model = nbattn.KernelDensity(bandwidth="cv_ls", var_type="cu", rtol=0.01)
+    assert model.fit(X).bandwidth_.tobytes() == exact.tobytes()
