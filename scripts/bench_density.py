@@ -10,6 +10,8 @@ Prints, for the same data in the same run:
    quantiles are from F(q | x) = tau in statsmodels' own CDF;
 2. ``bandwidth="cv_ml"``: the time of nbattn's fit and of statsmodels' (the ratio), and
    statsmodels' own objective (``loo_likelihood``) at both answers (lower is better);
+   ``bandwidth="cv_ls"`` likewise, with statsmodels' ``imse`` (the conditional density on
+   at most 100 rows: both criteria cost n^3 there);
 3. the 10 %-90 % band of ``KernelQuantileRegressor`` on simulated heteroscedastic data:
    its coverage of fresh points and its width where the noise is small and large;
 4. streaming: the density of many queries against many keys, its peak memory
@@ -118,6 +120,48 @@ def cv_ml(rng, n, skip_peer):
         print(line, flush=True)
 
 
+def cv_ls(rng, n, skip_peer):
+    from statsmodels.nonparametric.kernel_density import (
+        KDEMultivariate,
+        KDEMultivariateConditional,
+    )
+
+    print(f"2b. bandwidth='cv_ls', {n} rows (statsmodels' imse: lower is better)")
+    for kinds in ("c", "cuo"):
+        X = _mixed(rng, n, kinds)
+        start = time.perf_counter()
+        ours = nbattn.KernelDensity(bandwidth="cv_ls", var_type=kinds).fit(X)
+        t_ours = time.perf_counter() - start
+        line = f"   KernelDensity {kinds:>5}: nbattn {t_ours:6.3f} s"
+        if not skip_peer:
+            start = time.perf_counter()
+            peer = KDEMultivariate(X, var_type=kinds, bw="cv_ls")
+            t_peer = time.perf_counter() - start
+            line += (
+                f", statsmodels {t_peer:6.2f} s ({t_peer / t_ours:5.1f}x); objective "
+                f"{peer.imse(ours.bandwidth_):.6g} against {peer.imse(peer.bw):.6g}"
+            )
+        print(line, flush=True)
+    m = min(n, 100)
+    for kinds in ("c", "cu"):
+        X = _mixed(rng, m, kinds)
+        y = X[:, 0] + (0.3 + 0.3 * (X[:, -1] > 1)) * rng.normal(size=m)
+        start = time.perf_counter()
+        ours = nbattn.ConditionalKernelDensity(bandwidth="cv_ls", var_type=kinds).fit(X, y)
+        t_ours = time.perf_counter() - start
+        line = f"   ConditionalKernelDensity {kinds:>4} ({m} rows): nbattn {t_ours:6.3f} s"
+        if not skip_peer:
+            start = time.perf_counter()
+            peer = KDEMultivariateConditional(y, X, "c", kinds, bw="cv_ls")
+            t_peer = time.perf_counter() - start
+            answer = np.r_[ours.y_bandwidth_, ours.bandwidth_]
+            line += (
+                f", statsmodels {t_peer:6.2f} s ({t_peer / t_ours:5.1f}x); objective "
+                f"{peer.imse(answer):.6g} against {peer.imse(peer.bw):.6g}"
+            )
+        print(line, flush=True)
+
+
 def coverage(rng):
     print("3. 10%-90% bands of KernelQuantileRegressor, heteroscedastic data, s(x) = 0.1 + 0.4|x|")
     n, n_test = 1000, 4000
@@ -209,12 +253,13 @@ def main():
     parser.add_argument("--rows", type=int, default=300)
     parser.add_argument("--stream-keys", type=int, default=200_000)
     parser.add_argument("--stream-queries", type=int, default=20_000)
-    parser.add_argument("--skip-peer", action="store_true", help="no statsmodels cv_ml runs")
+    parser.add_argument("--skip-peer", action="store_true", help="no statsmodels cv_ml/cv_ls runs")
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     rng = np.random.default_rng(0)
     fixed_widths(rng, args.rows)
     cv_ml(rng, args.rows, args.skip_peer)
+    cv_ls(rng, args.rows, args.skip_peer)
     coverage(rng)
     quantile_tables(rng)
     streaming(rng, args.stream_keys, args.stream_queries)

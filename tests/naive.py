@@ -1176,3 +1176,102 @@ def kde_log_pdf(
             kind, a, b, float(widths[c]), int(n_categories[c]), kernel
         )
     return logsumexp_rows(log_K) - np.log(w.sum())
+
+
+def _quadrature_axis(values, width, kernel, n_nodes=10):
+    """Nodes and weights of a composite Gauss-Legendre rule on the line for a density of
+    keys ``values`` with width h: panels of width h over [min - 12 h, max + 12 h] for the
+    Gaussian; for a compact kernel panels between the sorted points x_j +- h, on which the
+    density is one polynomial (the rule is exact for its square there)."""
+    nodes, weights = np.polynomial.legendre.leggauss(n_nodes)
+    values = np.asarray(values, dtype=np.float64)
+    if kernel == "gaussian":
+        ends = np.arange(values.min() - 12.0 * width, values.max() + 12.0 * width + width, width)
+    else:
+        ends = np.unique(np.concatenate((values - width, values + width)))
+    low, high = ends[:-1, None], ends[1:, None]
+    x = (0.5 * (high - low) * (nodes + 1.0) + low).ravel()
+    w = (0.5 * (high - low) * weights).ravel()
+    return x, w
+
+
+def _integration_points(keys, widths, var_type, n_categories, kernel):
+    """Every point of the tensor rule over the columns (quadrature for continuous ones,
+    every code 0 .. c - 1 with weight 1 for categorical ones): (points (m, d), weights (m,))."""
+    axes, axis_weights = [], []
+    for c, kind in enumerate(var_type):
+        if kind == "c":
+            x, w = _quadrature_axis(keys[:, c], float(widths[c]), kernel)
+        else:
+            x, w = np.arange(float(n_categories[c])), np.ones(int(n_categories[c]))
+        axes.append(x)
+        axis_weights.append(w)
+    grids = np.meshgrid(*axes, indexing="ij")
+    weights = np.ones_like(grids[0])
+    for grid in np.meshgrid(*axis_weights, indexing="ij"):
+        weights = weights * grid
+    return np.column_stack([g.ravel() for g in grids]), weights.ravel()
+
+
+def kde_ls_cv(X, widths, var_type, n_categories, kernel="gaussian", sample_weight=None):
+    """Least-squares cross-validation of a density, by brute force: int f^2 by quadrature
+    (:func:`_integration_points`: f of :func:`kde_pdf` at every point of a tensor rule,
+    squared and summed; a sum over the codes of categorical columns), less
+    2 sum_i u_i f_-i(x_i), f_-i = sum_{j != i} w_j K_ij / sum_{j != i} w_j by a double loop
+    (u_i = w_i / sum w)."""
+    X = np.asarray(X, dtype=np.float64)
+    X = X[:, None] if X.ndim == 1 else X
+    n = X.shape[0]
+    w = np.ones(n) if sample_weight is None else np.asarray(sample_weight, float)
+    points, point_weights = _integration_points(X, widths, var_type, n_categories, kernel)
+    integral = 0.0
+    for start in range(0, points.shape[0], 20_000):  # the (points x keys) matrix in blocks
+        block = points[start : start + 20_000]
+        f = kde_pdf(block, X, widths, var_type, n_categories, kernel, w)
+        integral += float(point_weights[start : start + 20_000] @ (f * f))
+    loo = 0.0
+    for i in range(n):
+        total, mass = 0.0, 0.0
+        for j in range(n):
+            if j == i:
+                continue
+            K = _kde_kernel_matrix(
+                X[i : i + 1], X[j : j + 1], widths, var_type, n_categories, kernel, _density_column
+            )[0, 0]
+            total += w[j] * K
+            mass += w[j]
+        loo += w[i] / w.sum() * total / mass
+    return integral - 2.0 * loo
+
+
+def kde_conditional_ls_cv(
+    X, widths, var_type, n_categories, n_response=1, kernel="gaussian", sample_weight=None
+):
+    """Least-squares cross-validation of the conditional density of y (X's first
+    ``n_response`` columns) given x (the others), by brute force: per row l the weights
+    p_j = w_j K_x(x_l, x_j) / sum_{j != l} w_j K_x(x_l, x_j) over j != l, the left-out
+    conditional density g(y) = sum_j p_j K_y(y, y_j) squared and integrated over y by
+    quadrature (:func:`_integration_points`), less 2 g(y_l); the terms weighted by
+    u_l = w_l / sum w."""
+    X = np.asarray(X, dtype=np.float64)
+    n = X.shape[0]
+    w = np.ones(n) if sample_weight is None else np.asarray(sample_weight, float)
+    r = n_response
+    y_args = (widths[:r], var_type[:r], n_categories[:r])
+    x_args = (widths[r:], var_type[r:], n_categories[r:])
+    points, point_weights = _integration_points(X[:, :r], *y_args, kernel)
+    out = 0.0
+    for row in range(n):
+        others = np.array([j for j in range(n) if j != row])
+        Kx = _kde_kernel_matrix(
+            X[row : row + 1, r:], X[others, r:], *x_args, kernel, _density_column
+        )
+        p = w[others] * Kx[0]
+        p = p / p.sum()
+        Ky = _kde_kernel_matrix(points, X[others, :r], *y_args, kernel, _density_column)
+        g = Ky @ p
+        at_y = _kde_kernel_matrix(
+            X[row : row + 1, :r], X[others, :r], *y_args, kernel, _density_column
+        )
+        out += w[row] / w.sum() * (float(point_weights @ (g * g)) - 2.0 * float(at_y[0] @ p))
+    return out

@@ -53,7 +53,7 @@ from .density import (
     score_means_of,
 )
 
-__all__ = ["LikelihoodCriterion", "cv_ml_widths", "loo_log_likelihood"]
+__all__ = ["LikelihoodCriterion", "cv_ml_widths", "loo_log_likelihood", "warn_at_the_floor"]
 
 
 class LikelihoodCriterion(LooCriterion):
@@ -157,21 +157,21 @@ def cv_ml_widths(
         rule = widths_to_theta(start, spec.var_type, spec.n_categories)
         theta = theta if exact.loss(theta) < exact.loss(rule) else rule
     widths = theta_to_widths(theta, spec.var_type, spec.n_categories)
-    _warn_at_the_floor(spec, start, widths)
+    warn_at_the_floor(spec, start, widths)
     return widths
 
 
-def _warn_at_the_floor(spec: LocalSpec, start, widths) -> None:
-    """Warn where a continuous h ended at the search's lower bound: the likelihood still
-    rose as h shrank (ties: values repeated within the column, whose density grows
-    without bound as h goes to 0)."""
+def warn_at_the_floor(spec: LocalSpec, start, widths, name: str = "cv_ml") -> None:
+    """Warn where a continuous h ended at the search's lower bound: the criterion
+    ``bandwidth=name`` still improved as h shrank (ties: values repeated within the
+    column, whose density grows without bound as h goes to 0)."""
     floor = config.WIDTH_BOUNDS[0]
     for column in np.flatnonzero(spec.continuous):
         if widths[column] <= start[column] * floor * (1.0 + 1e-9):
             warnings.warn(
-                f"bandwidth='cv_ml': X column {column}'s width reached the search's lower "
-                f"bound ({widths[column]:.3g}, {floor:g} of the rule's): its likelihood still "
-                "rises as h shrinks, as it does for repeated values. If the column is discrete, "
+                f"bandwidth={name!r}: X column {column}'s width reached the search's lower "
+                f"bound ({widths[column]:.3g}, {floor:g} of the rule's): its criterion still "
+                "improves as h shrinks, as it does for repeated values. If the column is discrete, "
                 "declare it ordered ('o' in var_type); else use a rule or given widths",
                 BandwidthRangeWarning,
                 stacklevel=3,

@@ -4,7 +4,8 @@
 
 The computation is :mod:`nbattn.distribution.conditional` (the ratio of the joint and
 marginal normalisers, the pooled integrated kernel, quantiles by a safeguarded root-finder)
-and :mod:`nbattn.distribution.density_widths` (``"cv_ml"``); this module reads the tables,
+and :mod:`nbattn.distribution.density_widths` (``"cv_ml"``) and
+:mod:`nbattn.distribution.ls_widths` (``"cv_ls"``); this module reads the tables,
 lays out the joint data (y's column first, then X's, statsmodels' order) and keeps the
 fitted state.
 """
@@ -23,6 +24,7 @@ from ..distribution.conditional import (
 )
 from ..distribution.density import resolve_density_widths
 from ..distribution.density_widths import cv_ml_widths
+from ..distribution.ls_widths import cv_ls_widths
 from ..local.problem import check_widths
 from .base import SpecEstimator, generator
 from .prediction import DensityPrediction
@@ -52,13 +54,15 @@ class _ConditionalModel(DensityPrediction, SpecEstimator):
         joint = np.column_stack([y_checked, X])
         spec = self._joint_spec()
         y_width = self.y_bandwidth
-        if isinstance(self.bandwidth, str) and self.bandwidth == "cv_ml":
+        searches = {"cv_ml": cv_ml_widths, "cv_ls": cv_ls_widths}
+        if isinstance(self.bandwidth, str) and self.bandwidth in searches:
             if y_width is not None:
                 raise ValueError(
-                    "y_bandwidth must be None with bandwidth='cv_ml': the criterion chooses "
-                    "the widths of y and X together"
+                    f"y_bandwidth must be None with bandwidth={self.bandwidth!r}: the criterion "
+                    "chooses the widths of y and X together"
                 )
-            widths = cv_ml_widths(spec, joint, sample_weight, n_response=1, verbose=self.verbose)
+            search = searches[self.bandwidth]
+            widths = search(spec, joint, sample_weight, n_response=1, verbose=self.verbose)
         else:
             rule = self.bandwidth if isinstance(self.bandwidth, str) else "normal_reference"
             widths = resolve_density_widths(spec, joint, rule, sample_weight)
@@ -110,9 +114,11 @@ class ConditionalKernelDensity(_ConditionalModel):
 
     Parameters
     ----------
-    bandwidth : {"normal_reference", "silverman", "cv_ml"}, float or array-like
+    bandwidth : {"normal_reference", "silverman", "cv_ml", "cv_ls"}, float or array-like
         X's widths: a rule, ``"cv_ml"`` (the widths of X and y of greatest leave-one-out
-        conditional likelihood, never worse than the rule's), or numbers in X's column
+        conditional likelihood, never worse than the rule's), ``"cv_ls"`` (of least
+        least-squares cross-validation of the conditional density, never worse than the
+        rule's; Gaussian and Epanechnikov kernels, O(n^3) per evaluation), or numbers in X's column
         order (h for continuous columns, l for categorical ones).
     y_bandwidth : float, optional
         y's width (its h, or its l when y is categorical); None: by the same rule or

@@ -3,7 +3,8 @@ columns (statsmodels' ``KDEMultivariate``, R np's ``npudens``), as a scikit-lear
 
 The computation is :mod:`nbattn.distribution.density` (the density as the normaliser of
 the pooling, on the mixed-type engine) and :mod:`nbattn.distribution.density_widths`
-(``bandwidth="cv_ml"``); this module reads the table and keeps the fitted state.
+(``bandwidth="cv_ml"``) and :mod:`nbattn.distribution.ls_widths` (``"cv_ls"``); this module
+reads the table and keeps the fitted state.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from ..distribution.density import resolve_density_widths, sample_rows
 from ..distribution.density_widths import cv_ml_widths
+from ..distribution.ls_widths import cv_ls_widths
 from ..local.problem import LocalSpec
 from .base import SpecEstimator, decoded_rows, generator
 from .prediction import DensityPrediction
@@ -34,10 +36,12 @@ class KernelDensity(DensityPrediction, SpecEstimator):
 
     Parameters
     ----------
-    bandwidth : {"normal_reference", "silverman", "cv_ml"}, float or array-like
+    bandwidth : {"normal_reference", "silverman", "cv_ml", "cv_ls"}, float or array-like
         A rule (statsmodels' normal reference 1.06 sigma n^(-1/(4+d)) for continuous columns,
         a share of the range for categorical ones), ``"cv_ml"`` (the widths of greatest
-        leave-one-out likelihood, never worse than the rule's), one number for every column
+        leave-one-out likelihood, never worse than the rule's), ``"cv_ls"`` (the widths of
+        least integrated squared error by least-squares cross-validation, never worse than
+        the rule's; Gaussian and Epanechnikov kernels), one number for every column
         or an array in column order (h for continuous columns, l in [0, (c-1)/c] for
         unordered and [0, 1) for ordered ones).
     kernel : {"gaussian", "epanechnikov", "tricube"}
@@ -52,7 +56,7 @@ class KernelDensity(DensityPrediction, SpecEstimator):
         Where the densities, CDFs and quantiles run ("auto": the GPU when there is one);
         ``sample``'s draws and the ``"cv_ml"`` search's gradient run on the CPU.
     verbose : int or bool
-        A line per evaluation of the ``"cv_ml"`` search.
+        A line per evaluation of the ``"cv_ml"`` or ``"cv_ls"`` search.
 
     Attributes
     ----------
@@ -89,6 +93,8 @@ class KernelDensity(DensityPrediction, SpecEstimator):
         spec = self._local_spec()
         if isinstance(self.bandwidth, str) and self.bandwidth == "cv_ml":
             widths = cv_ml_widths(spec, X, sample_weight, verbose=self.verbose)
+        elif isinstance(self.bandwidth, str) and self.bandwidth == "cv_ls":
+            widths = cv_ls_widths(spec, X, sample_weight, verbose=self.verbose)
         else:
             widths = resolve_density_widths(spec, X, self.bandwidth, sample_weight)
         self.X_fit_ = X

@@ -74,9 +74,10 @@ __all__ = [
 #: leave-one-out searches: "loo" (every width on its own) and "loo_scale" (one factor of
 #: Scott's widths); ``tests/estimators`` checks the rules agree
 BANDWIDTH_NAMES = ("scott", "silverman", "loo", "loo_scale")
-#: the densities' width rules and criteria (:data:`nbattn.distribution.density.DENSITY_RULES`
-#: and ``"cv_ml"``, the leave-one-out likelihood), statsmodels' names
-DENSITY_BANDWIDTH_NAMES = ("normal_reference", "silverman", "cv_ml")
+#: the densities' width rules and criteria (:data:`nbattn.distribution.density.DENSITY_RULES`,
+#: ``"cv_ml"``, the leave-one-out likelihood, and ``"cv_ls"``, least-squares
+#: cross-validation), statsmodels' names
+DENSITY_BANDWIDTH_NAMES = ("normal_reference", "silverman", "cv_ml", "cv_ls")
 
 
 def is_int(value) -> bool:
