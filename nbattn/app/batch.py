@@ -108,6 +108,41 @@ def _check_columns(path, features, **others) -> None:
     io.check_columns(path, columns, features, "feature column")
 
 
+def command_features(args) -> list:
+    """The feature columns of ``args.data`` (``--target``, ``--features``, ``--drop``), and
+    the options that give one value per feature (``--var-type``, ``--bandwidth H1,H2,...``)
+    checked against them, naming the features: before the file is read."""
+    features = feature_columns(args.data, args.target, args.features, getattr(args, "drop", None))
+    bandwidth = getattr(args, "bandwidth", None)
+    per_feature = {
+        "--var-type": (getattr(args, "var_type", None), "letter"),
+        "--bandwidth": (bandwidth if isinstance(bandwidth, list) else None, "width"),
+    }
+    for option, (values, unit) in per_feature.items():
+        if values is not None and len(values) != len(features):
+            names = io.clip(", ".join(io.column_option(f) for f in features), 300)
+            are = "is" if len(features) == 1 else "are"
+            raise ValueError(
+                f"{option} gives {plural(len(values), unit)}, one per feature, but there "
+                f"{are} {plural(len(features), 'feature')}: {names}"
+            )
+    return features
+
+
+def is_classifier(model) -> bool:
+    """Whether an estimator is a scikit-learn classifier (scikit-learn imported here)."""
+    from sklearn.base import is_classifier as sklearn_is_classifier
+
+    return bool(sklearn_is_classifier(model))
+
+
+def need_target(target, path):
+    """``target``, or an error naming the model file that does not name its target."""
+    if not target:
+        raise ValueError(f"{path}: the model does not name its target; pass --target")
+    return target
+
+
 def read_model(path, target=None):
     """(model, feature names, target column) of a model file; the target is ``target``
     when given, else the one saved by ``nbattn fit`` (None if neither)."""
@@ -488,10 +523,8 @@ def evaluate_file(model, features, target, data, *, chunksize=100_000, on_nan="e
     """Metrics of ``model`` on the labelled file ``data``, read in chunks (a dict, see
     :meth:`nbattn.app.metrics.Metrics.result`). A label the model has not seen is an
     error naming its row."""
-    from sklearn.base import is_classifier
-
     _check_columns(data, features, target=target)
-    classifier = bool(is_classifier(model))
+    classifier = is_classifier(model)
     metrics = Metrics(classifier, getattr(model, "classes_", None))
     fmt = io.input_format(data)
     kinds = model_kinds(model, features)
@@ -618,12 +651,12 @@ def cross_validate(estimators, X, y, *, folds=5, seed=0, verbose=0, labels=None)
     from 1), a column per metric.
     """
     import pandas as pd
-    from sklearn.base import clone, is_classifier
+    from sklearn.base import clone
     from sklearn.model_selection import KFold, StratifiedKFold
 
     if folds < 2 or folds > len(y):
         raise ValueError(f"--folds must be between 2 and the number of rows ({len(y)})")
-    classifier = bool(is_classifier(estimators[0]))
+    classifier = is_classifier(estimators[0])
     splitter = (StratifiedKFold if classifier else KFold)(
         n_splits=folds, shuffle=True, random_state=seed
     )

@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
-from .._core.progress import Progress, running
+from .._core.progress import running
 from .._core.validation import plural
 from ..estimators.spec import BANDWIDTH_NAMES, DENSITY_BANDWIDTH_NAMES, DENSITY_SPECS, SPECS
-from . import batch, io
+from . import batch, io, plot_commands
 from .arguments import (
     alpha_arg,
     bandwidth_arg,
@@ -87,18 +86,6 @@ def make_estimator(model="nw", *, verbose=False, **options):
     return cls(**kwargs)
 
 
-def _is_classifier(model) -> bool:
-    from sklearn.base import is_classifier
-
-    return bool(is_classifier(model))
-
-
-def _need_target(target, path):
-    if not target:
-        raise ValueError(f"{path}: the model does not name its target; pass --target")
-    return target
-
-
 def _print_metrics(metrics: dict, as_json: bool) -> None:
     if as_json:
         print(json.dumps({k: json_ready(v) for k, v in metrics.items()}))
@@ -111,36 +98,13 @@ def _print_metrics(metrics: dict, as_json: bool) -> None:
 # ----------------------------------------------------------------------------- commands
 
 
-def _features(args) -> list:
-    """The feature columns of ``args.data`` (``--target``, ``--features``, ``--drop``), and
-    the options that give one value per feature (``--var-type``, ``--bandwidth H1,H2,...``)
-    checked against them, naming the features: before the file is read."""
-    features = batch.feature_columns(
-        args.data, args.target, args.features, getattr(args, "drop", None)
-    )
-    bandwidth = getattr(args, "bandwidth", None)
-    per_feature = {
-        "--var-type": (getattr(args, "var_type", None), "letter"),
-        "--bandwidth": (bandwidth if isinstance(bandwidth, list) else None, "width"),
-    }
-    for option, (values, unit) in per_feature.items():
-        if values is not None and len(values) != len(features):
-            names = io.clip(", ".join(io.column_option(f) for f in features), 300)
-            are = "is" if len(features) == 1 else "are"
-            raise ValueError(
-                f"{option} gives {plural(len(values), unit)}, one per feature, but there "
-                f"{are} {plural(len(features), 'feature')}: {names}"
-            )
-    return features
-
-
 def _load_for(estimator, args, features, target):
     """(estimator with the data's column kinds, X, y, rows dropped) for fit and cv."""
     X, y, dropped, kinds = batch.load_xy(
         args.data,
         features,
         target,
-        classifier=_is_classifier(estimator),
+        classifier=batch.is_classifier(estimator),
         response=MODELS[args.model] in DENSITY_SPECS,
         on_nan=args.on_nan,
         var_type=args.var_type,
@@ -151,7 +115,7 @@ def _load_for(estimator, args, features, target):
 
 
 def _cmd_fit(args) -> int:
-    features = _features(args)
+    features = batch.command_features(args)
     estimator = make_estimator(args.model, verbose=args.verbose, **_model_options(args))
     io.check_output(args.output, [args.data])
     estimator, X, y, dropped = _load_for(estimator, args, features, args.target)
@@ -329,11 +293,11 @@ def _cmd_evaluate(args) -> int:
     if name == "KernelDensity" and args.target is not None:
         raise ValueError("--target does not apply to a KernelDensity model (no target)")
     if name in DENSITY_SPECS:
-        target = None if name == "KernelDensity" else _need_target(target, args.model)
+        target = None if name == "KernelDensity" else batch.need_target(target, args.model)
         options = _pick(args, "alpha", "chunksize", "on_nan", "quiet")
         result = batch.evaluate_density_file(model, features, target, args.data, **options)
     else:
-        target = _need_target(target, args.model)
+        target = batch.need_target(target, args.model)
         result = batch.evaluate_file(
             model, features, target, args.data, **_pick(args, "chunksize", "on_nan", "quiet")
         )
@@ -346,10 +310,10 @@ def _cmd_cv(args) -> int:
 
     if args.grid and args.bandwidth is not None:
         raise ValueError("--grid compares bandwidths; it replaces --bandwidth")
-    features = _features(args)
+    features = batch.command_features(args)
     candidates = args.grid or [args.bandwidth]
     estimators = [make_estimator(args.model, **_model_options(args, b)) for b in candidates]
-    classifier = _is_classifier(estimators[0])
+    classifier = batch.is_classifier(estimators[0])
     X = y = None
     for estimator in estimators:
         _, X, y, _ = _load_for(estimator, args, features, args.target)
@@ -390,80 +354,12 @@ def _print_grid(name, args, candidates, tables, criterion) -> None:
     print(f"best by mean {criterion}: bandwidth {best}")
 
 
-def _plot_fit(args):
-    from . import plotting
-
-    model, features, target = batch.read_model(args.model, args.target)
-    target = _need_target(target, args.model)
-    X, y, _, _ = batch.load_xy(
-        args.data,
-        features,
-        target,
-        classifier=_is_classifier(model),
-        on_nan=args.on_nan,
-        var_type=batch.model_kinds(model, features),
-        categories=batch.model_categories(model, features),
-    )
-    return plotting.fit_figure(model, X, y, target, label=os.path.basename(args.data))
-
-
-def _plot_heatmap(args):
-    from . import plotting
-
-    model, features, _ = batch.read_model(args.model)
-    if not hasattr(model, "attention_weights"):
-        raise ValueError(f"{type(model).__name__} has no attention weights to plot")
-    X = batch.first_rows(
-        args.data,
-        features,
-        args.rows,
-        on_nan=args.on_nan,
-        kinds=batch.model_kinds(model, features),
-        categories=batch.model_categories(model, features),
-        refuses=batch.model_refuses(model),
-    )
-    return plotting.attention_figure(model, X, os.path.basename(args.data))
-
-
-def _plot_loo(args):
-    from . import plotting
-
-    features = _features(args)
-    X, y, _, kinds = batch.load_xy(
-        args.data,
-        features,
-        args.target,
-        classifier=False,
-        on_nan=args.on_nan,
-        var_type=args.var_type,
-    )
-    with Progress(args.points, "loo", unit="widths", quiet=args.quiet) as bar:
-        return plotting.loo_figure(
-            X,
-            y,
-            args.points,
-            progress=bar.update,
-            var_type=kinds,
-            verbose=int(bar.enabled),  # the search for the marked width: a bar like the curve's
-        )
-
-
-def _plot_widths(args):
-    from . import plotting
-
-    model, features, _ = batch.read_model(args.model)
-    return plotting.widths_figure(model, features)
-
-
-_PLOTS = {"fit": _plot_fit, "heatmap": _plot_heatmap, "loo": _plot_loo, "widths": _plot_widths}
-
-
 def _cmd_plot(args) -> int:
     from . import plotting
 
     plotting.figure_format(args.output)
     io.check_output(args.output, [getattr(args, "model", None), getattr(args, "data", None)])
-    plotting.save_figure(_PLOTS[args.kind](args), args.output)
+    plotting.save_figure(plot_commands.figure(args), args.output)
     if not args.quiet:
         print(f"wrote {args.output}")
     return 0
@@ -713,7 +609,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(cv)
     cv.set_defaults(func=_cmd_cv)
 
-    plot = sub.add_parser("plot", help="figures: fit, heatmap, loo, widths (PNG or SVG)")
+    plot = sub.add_parser("plot", help="figures: fit, density, heatmap, loo, widths (PNG or SVG)")
     kinds = plot.add_subparsers(dest="kind", required=True, metavar="KIND")
     p = kinds.add_parser(
         "fit",
@@ -722,6 +618,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _with_data(p)
     p.add_argument("--target", help="default: the model's target")
+    p = kinds.add_parser(
+        "density",
+        help="a density model (--model kde, cdens, quantile): a density's curve or joint "
+        "contours; a conditional model's quantile fan (and f(y | x)) along one feature",
+    )
+    _with_data(p)
+    p.add_argument(
+        "--features",
+        type=column_list,
+        help="A,B: the columns drawn (kde: one or two; cdens, quantile: one)",
+    )
+    p.add_argument("--target", help="cdens, quantile: y's column (default: the model's)")
     p = kinds.add_parser("heatmap", help="attention weights of the first rows of DATA")
     _with_data(p)
     p.add_argument("--rows", type=int_arg(1), default=40, help="queries shown (default 40)")

@@ -322,3 +322,47 @@ def test_predict_of_a_density_model_loads_no_scikit_learn(nbattn_cli, files, tmp
         assert result.returncode == 0, result.stderr
         assert json.loads(result.stdout.strip().splitlines()[-1]) == [0, []], name
         assert len(pd.read_csv(out)) == len(pd.read_csv(files / "query.csv"))
+
+
+@pytest.mark.parametrize(
+    ("name", "features"), [("kde", "x"), ("kde", "x,colour"), ("cdens", "x"), ("quantile", "x")]
+)
+def test_plot_density_draws_the_models_figure(nbattn_cli, files, tmp_path, name, features):
+    """``plot density MODEL DATA`` writes the figure density_figure draws from the loaded
+    model on the file's rows: the same PNG, byte for byte."""
+    from nbattn.app.density_figures import density_figure
+    from nbattn.app.plotting import save_figure
+
+    model_path = _fit(nbattn_cli, files, name)
+    out = tmp_path / f"{name}.png"
+    code, _, err = nbattn_cli(
+        "plot", "density", model_path, files / "query.csv", "--features", features, "-o", out
+    )
+    if name == "kde" and features == "x,colour":  # a continuous and a categorical column
+        assert code != 0 and "features" in err
+        assert not out.exists()
+        return
+    assert code == 0, err
+    assert out.stat().st_size > 0
+    model = nbattn.load(model_path)
+    frame = pd.read_csv(files / "query.csv")
+    X, y = _xy(frame, FITS[name][2])
+    reference = tmp_path / "reference.png"
+    save_figure(density_figure(model, X, y, features=features.split(",")), reference)
+    assert out.read_bytes() == reference.read_bytes()
+
+
+def test_plot_density_refuses_other_models_and_unknown_features(nbattn_cli, files, tmp_path):
+    nw = tmp_path / "nw.npz"
+    code, _, err = nbattn_cli(
+        "fit", files / "train.csv", "--target", "y", "--features", "x", "-q", "-o", nw
+    )
+    assert code == 0, err
+    out = tmp_path / "fig.png"
+    code, _, err = nbattn_cli("plot", "density", nw, files / "query.csv", "-o", out)
+    assert code != 0 and "density model" in err and not out.exists()
+    model_path = _fit(nbattn_cli, files, "cdens")
+    code, _, err = nbattn_cli(
+        "plot", "density", model_path, files / "query.csv", "--features", "z", "-o", out
+    )
+    assert code != 0 and "'z'" in err and not out.exists()
