@@ -70,17 +70,21 @@ def y_width_arg(text: str) -> float:
     return value
 
 
-def level_arg(text: str) -> float:
-    """A quantile level: a number strictly between 0 and 1."""
+def _strictly_between_0_and_1(text: str, expected: str) -> float:
+    """``text`` as a number strictly between 0 and 1, else argparse's error saying
+    ``expected``."""
     try:
         value = float(text)
     except ValueError:
         value = math.nan
     if not 0.0 < value < 1.0:
-        raise argparse.ArgumentTypeError(
-            f"expected a level between 0 and 1 (0.5: the median), got {io.shorten(text)}"
-        )
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {io.shorten(text)}")
     return value
+
+
+def level_arg(text: str) -> float:
+    """A quantile level: a number strictly between 0 and 1."""
+    return _strictly_between_0_and_1(text, "a level between 0 and 1 (0.5: the median)")
 
 
 def levels_arg(text: str) -> list:
@@ -126,15 +130,7 @@ def rtol_arg(text: str) -> float:
 
 def alpha_arg(text: str) -> float:
     """The alpha of a (1 - alpha) interval: a number strictly between 0 and 1."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0.0 < value < 1.0:
-        raise argparse.ArgumentTypeError(
-            f"expected a number between 0 and 1 (0.05: a 95% interval), got {io.shorten(text)}"
-        )
-    return value
+    return _strictly_between_0_and_1(text, "a number between 0 and 1 (0.05: a 95% interval)")
 
 
 def var_type_arg(text: str) -> str:
