@@ -178,7 +178,7 @@ def coverage(rng):
         model = nbattn.KernelQuantileRegressor(bandwidth="cv_ml").fit(X, y)
         t_fit = time.perf_counter() - start
         start = time.perf_counter()
-        low, high = model.predict_interval(X_test, alpha=0.2)
+        low, high = model.predict_interval(X_test, alpha=0.2).T
         t_predict = time.perf_counter() - start
         inside = float(np.mean((y_test >= low) & (y_test <= high)))
         width = high - low
