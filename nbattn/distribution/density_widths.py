@@ -7,8 +7,10 @@ log-likelihood of each training row under the density of the others,
 
     CV(theta) = -sum_i u_i log f₋ᵢ(x_i),    u_i = w_i / W,
 
-f₋ᵢ the density of the other rows (:func:`nbattn.distribution.density.log_density_of`
-on the engine's leave-one-out problem: the pair (i, i) left out, W₋ᵢ its total weight),
+f₋ᵢ the density of the other rows (the pooling's normaliser on the leave-one-out
+problem, the pair (i, i) left out, W₋ᵢ its total weight: one pass of
+:func:`nbattn.distribution.density.score_means_of` gives it with its gradient, or the
+engine's pruned :func:`~nbattn.distribution.density.log_density_of` with ``rtol > 0``),
 or for a conditional density -sum_i u_i log f₋ᵢ(y_i | x_i), the ratio of the joint and
 the marginal leave-one-out densities (statsmodels' ``KDEMultivariateConditional``
 ``loo_likelihood`` is n times it exactly: the totals cancel in the ratio).
@@ -71,7 +73,11 @@ class LikelihoodCriterion(LooCriterion):
         self._response_cat = n_response - self._response_cont
 
     def row_log_densities(self, theta) -> np.ndarray:
-        """log f₋ᵢ(x_i) (or log f₋ᵢ(y_i | x_i)) per row (n,) at theta."""
+        """log f₋ᵢ(x_i) (or log f₋ᵢ(y_i | x_i)) per row (n,) at theta: by the gradient's
+        pass when the criterion is exact (one computation of the value, with or without
+        the gradient), by the engine's pruned one with ``rtol > 0``."""
+        if self.base.spec.rtol == 0.0:
+            return self._logs_and_slopes(np.asarray(theta, dtype=np.float64), False)[0]
         problem = self.problem_at(theta)
         if self.n_response:
             return conditional_log_density(problem, self.n_response)
@@ -89,27 +95,7 @@ class LikelihoodCriterion(LooCriterion):
         conditional density the joint's less the marginal's."""
         self.n_grad += 1
         theta = np.asarray(theta, dtype=np.float64)
-        problem = self.problem_at(theta)
-        spec = problem.spec
-        dparams = categorical_derivatives(theta, spec.var_type, spec.n_categories)
-        log_sums, means = score_means_of(problem, dparams)
-        n = log_sums.shape[0]
-        log_total = log_weight_sums(problem.sample_weight, n, exclude_self=True)
-        dc = problem.keys_cont_t.shape[0]
-        constant = float(np.sum(np.log(problem.h))) + dc * KERNEL_LOG_CONSTANTS[spec.kernel]
-        logs = log_sums - log_total - constant
-        slopes = means.copy()
-        slopes[:, :dc] -= 1.0
-        if self.n_response:
-            marginal = marginal_problem(problem, self.n_response)
-            m_log_sums, m_means = score_means_of(marginal, dparams[self._response_cat :])
-            with np.errstate(invalid="ignore"):  # -inf - -inf: no key reaches the row
-                logs = log_sums - m_log_sums - (constant - self._marginal_constant(marginal))
-            slopes = means.copy()
-            slopes[:, : self._response_cont] -= 1.0
-            cont_x = slice(self._response_cont, dc)
-            slopes[:, cont_x] -= m_means[:, : dc - self._response_cont]
-            slopes[:, dc + self._response_cat :] -= m_means[:, dc - self._response_cont :]
+        logs, slopes = self._logs_and_slopes(theta, True)
         u, keep = self.loo_weights, self.positive
         if not np.all(logs[keep] > -np.inf):
             return math.inf, np.zeros(theta.size)
@@ -121,6 +107,42 @@ class LikelihoodCriterion(LooCriterion):
         self.cache[theta.tobytes()] = value
         self._record(value, theta)
         return value, grad
+
+    def _logs_and_slopes(self, theta, gradient: bool):
+        """log f₋ᵢ per row (n,) and, with ``gradient``, d log f₋ᵢ / dtheta (n, d) (else
+        None), by one pass of :func:`nbattn.distribution.density.score_means_of` (two for a
+        conditional density: the joint's and x's): the log of the pooling's normaliser
+        less log W₋ᵢ and the kernels' constants, and the softmax mean of the score's
+        derivatives less 1 per continuous column (the joint's less x's)."""
+        problem = self.problem_at(theta)
+        spec = problem.spec
+        dparams = categorical_derivatives(theta, spec.var_type, spec.n_categories)
+        if not gradient:
+            dparams = np.zeros_like(dparams)
+        log_sums, means = score_means_of(problem, dparams)
+        n = log_sums.shape[0]
+        log_total = log_weight_sums(problem.sample_weight, n, exclude_self=True)
+        dc = problem.keys_cont_t.shape[0]
+        constant = float(np.sum(np.log(problem.h))) + dc * KERNEL_LOG_CONSTANTS[spec.kernel]
+        if not self.n_response:
+            logs = log_sums - log_total - constant
+            if not gradient:
+                return logs, None
+            slopes = means.copy()
+            slopes[:, :dc] -= 1.0
+            return logs, slopes
+        marginal = marginal_problem(problem, self.n_response)
+        m_log_sums, m_means = score_means_of(marginal, dparams[self._response_cat :])
+        with np.errstate(invalid="ignore"):  # -inf - -inf: no key reaches the row
+            logs = log_sums - m_log_sums - (constant - self._marginal_constant(marginal))
+        if not gradient:
+            return logs, None
+        slopes = means.copy()
+        slopes[:, : self._response_cont] -= 1.0
+        cont_x = slice(self._response_cont, dc)
+        slopes[:, cont_x] -= m_means[:, : dc - self._response_cont]
+        slopes[:, dc + self._response_cat :] -= m_means[:, dc - self._response_cont :]
+        return logs, slopes
 
     def _marginal_constant(self, marginal) -> float:
         return (
