@@ -546,7 +546,8 @@ class DensityPrediction(ModelSettings):
 
     def _density_spec(self, kinds: str, counts, device=None):
         """The engine's spec of columns ``kinds`` with ``counts`` categories: the model's
-        kernel and rtol, on the call's device (``device`` overrides: a CPU-only method)."""
+        kernel and rtol, on the model's device (``device`` overrides it: ``sample``'s draws
+        run on the CPU)."""
         from ..local.problem import LocalSpec
 
         return LocalSpec(
@@ -576,7 +577,7 @@ class DensityPrediction(ModelSettings):
         return log_density_of(self._marginal_problem(X))
 
     def _log_cdf(self, X):
-        """log F(x) per checked row of X (n,): exact, on the CPU."""
+        """log F(x) per checked row of X (n,): exact, on the model's device."""
         from ..distribution.density import log_cdf_of
 
         return log_cdf_of(self._marginal_problem(X))
@@ -655,7 +656,7 @@ class DensityPrediction(ModelSettings):
         return conditional_log_density(self._joint_problem(X, y))
 
     def _conditional_log_cdf(self, X, y):
-        """log F(y_i | x_i) per checked row of X (n,): exact, on the CPU."""
+        """log F(y_i | x_i) per checked row of X (n,): exact, on the model's device."""
         from ..distribution.conditional import conditional_log_cdf
 
         return conditional_log_cdf(self._joint_problem(X, y))
