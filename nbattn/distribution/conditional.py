@@ -103,15 +103,36 @@ def _flags(joint: LocalProblem, n_response: int):
     return cont, cat
 
 
+def _distance_gaps(marginal: LocalProblem, row: int, ref: int) -> np.ndarray:
+    """|k_j - x|^2 / 2 - |k_ref - x|^2 / 2 for every key j (n_k,) at query ``row`` of x's
+    problem (scaled continuous columns), as (k_j - k_ref) . ((k_j + k_ref) / 2 - x): the
+    difference of two squares without their cancellation, so keys stay told apart at
+    queries 1e15 widths away and beyond (the squares alone round to one value there)."""
+    keys = marginal.keys_cont_t
+    centre = 0.5 * keys + 0.5 * keys[:, ref : ref + 1] - marginal.q_cont[row][:, None]
+    return np.einsum("cj,cj->j", keys - keys[:, ref : ref + 1], centre)
+
+
+def _closest_key(marginal: LocalProblem, row: int) -> int:
+    """The engine's fallback key of query ``row`` of x's problem: of the keys of positive
+    weight, fewest unequal categories, then the smallest distance (through
+    :func:`_distance_gaps`), the first on ties; -1 when no key has weight."""
+    admissible = marginal.log_weights > -np.inf
+    if not admissible.any():
+        return -1
+    unequal = np.sum(marginal.keys_cat_t != marginal.q_cat[row][:, None], axis=0)
+    candidates = admissible & (unequal == unequal[admissible].min())
+    ref = int(np.argmax(candidates))
+    for _ in range(2):  # the second pass measures from a key near the closest
+        gaps = np.where(candidates, _distance_gaps(marginal, row, ref), np.inf)
+        ref = int(np.argmin(gaps))
+    return ref
+
+
 def _nearest_keys(marginal: LocalProblem, rows) -> np.ndarray:
-    """The nearest key of x (the engine's fallback) of each of ``rows``, queries that no
-    key of x reaches (-1 where no key is admissible at all)."""
-    subset = dataclasses.replace(
-        marginal,
-        q_cont=np.ascontiguousarray(marginal.q_cont[rows]),
-        q_cat=np.ascontiguousarray(marginal.q_cat[rows]),
-    )
-    return fit_problem(subset).nearest
+    """The nearest key of x (the engine's fallback, :func:`_closest_key`) of each of
+    ``rows``, queries that no key of x reaches (-1 where no key is admissible at all)."""
+    return np.array([_closest_key(marginal, int(row)) for row in rows], dtype=np.int64)
 
 
 def _single_key(problem: LocalProblem, rows, keys) -> LocalProblem:
@@ -176,29 +197,32 @@ def _about_nearest(joint: LocalProblem, n_response: int, row: int, key: int) -> 
 
 
 def _pooled_far(joint, marginal, n_response, compute, log_normaliser, out) -> None:
-    """``compute(problem)`` for the rows of a Gaussian joint problem whose x's log
-    normaliser ``log_normaliser`` is finite but below :data:`FAR_SCORE`, each about its
-    nearest key (:func:`_about_nearest`), into ``out``."""
+    """``compute(problem, row)`` for the rows of a Gaussian joint problem whose x's log
+    normaliser ``log_normaliser`` is finite but below :data:`FAR_SCORE`, each on its
+    one-row problem about its best key (:func:`_about_nearest`), into ``out[row]``."""
     if joint.spec.kernel != "gaussian" or joint.exclude_self:
         return
     rows = np.flatnonzero((log_normaliser < FAR_SCORE) & (log_normaliser > -np.inf))
     for row in rows:  # rare rows: one problem each
-        key = _best_key(marginal, int(row))
-        out[row] = compute(_about_nearest(joint, n_response, int(row), key))[0]
+        row = int(row)
+        out[row] = compute(_about_nearest(joint, n_response, row, _best_key(marginal, row)), row)
 
 
 def _best_key(marginal: LocalProblem, row: int) -> int:
-    """The key of largest score for query ``row`` of x's problem (Gaussian kernel): log w_j
-    - |k_j - x|^2 / 2 + the categorical terms (any key near the best serves
-    :func:`_about_nearest`: the rounding of these large scores does not matter here)."""
-    d = marginal.keys_cont_t - marginal.q_cont[row][:, None]
-    scores = marginal.log_weights - 0.5 * np.einsum("cj,cj->j", d, d)
+    """The key of largest score for query ``row`` of x's problem (Gaussian kernel), log w_j
+    - |k_j - x|^2 / 2 + the categorical terms, the squares compared through
+    :func:`_distance_gaps` (twice: from the heaviest key, then from the best found)."""
+    log_w = marginal.log_weights
+    category = np.zeros(log_w.shape[0])
     for k in range(marginal.keys_cat_t.shape[0]):
         a, b, t = marginal.cat_params[k]
         gap = np.abs(marginal.keys_cat_t[k] - marginal.q_cat[row, k])
         with np.errstate(invalid="ignore"):  # t = -inf (l = 0) meets no gap of 0 here
-            scores = scores + np.where(gap == 0.0, a, b + t * np.maximum(gap, 1.0))
-    return int(np.argmax(scores))
+            category += np.where(gap == 0.0, a, b + t * np.maximum(gap, 1.0))
+    ref = int(np.argmax(log_w))
+    for _ in range(2):
+        ref = int(np.argmax(log_w + category - _distance_gaps(marginal, row, ref)))
+    return ref
 
 
 def conditional_log_density(joint: LocalProblem, n_response: int = 1) -> np.ndarray:
@@ -215,8 +239,8 @@ def conditional_log_density(joint: LocalProblem, n_response: int = 1) -> np.ndar
         out[rows] = values
         log_normaliser = np.where(lost, -np.inf, marginal_fit.shift + marginal_fit.log_norm)
 
-        def near(problem):
-            return conditional_log_density(problem, n_response)
+        def near(problem, row):
+            return conditional_log_density(problem, n_response)[0]
 
         _pooled_far(joint, marginal, n_response, near, log_normaliser, out)
     return np.where(np.isnan(out), -np.inf, out)
@@ -247,8 +271,8 @@ def conditional_log_cdf(joint: LocalProblem, n_response: int = 1) -> np.ndarray:
     rows, values = _fallback(joint, marginal, n_response, single_cdf, lost)
     out[rows] = np.minimum(values, 0.0)
 
-    def near(problem):
-        return conditional_log_cdf(problem, n_response)
+    def near(problem, row):
+        return conditional_log_cdf(problem, n_response)[0]
 
     _pooled_far(joint, marginal, n_response, near, denominator, out)
     return np.where(np.isnan(out), -np.inf, out)
@@ -316,7 +340,19 @@ def conditional_quantiles(joint: LocalProblem, levels) -> np.ndarray:
         roots[lost] = keys_y[nearest][:, None] + z[lost]
     out = np.empty_like(roots)
     np.put_along_axis(out, order, roots, axis=1)
-    return out * float(joint.h[0]) + float(joint.centre[0])
+    out = out * float(joint.h[0]) + float(joint.centre[0])
+    if joint.spec.kernel == "gaussian":  # rows far from every key, about their best key
+        log_normaliser = log_kernel_sums_of(
+            marginal,
+            np.zeros(marginal.keys_cont_t.shape[0], bool),
+            np.zeros(marginal.keys_cat_t.shape[0], bool),
+        )
+
+        def near(problem, row):
+            return conditional_quantiles(problem, levels[row : row + 1])[0]
+
+        _pooled_far(joint, marginal, 1, near, log_normaliser, out)
+    return out
 
 
 def check_levels(q, name="q") -> tuple[np.ndarray, bool]:

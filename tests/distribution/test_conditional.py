@@ -514,6 +514,36 @@ def test_far_rows_with_weights_and_categories():
             np.testing.assert_allclose(model.cdf(rows, yq), cdf, rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.parametrize("kernel", ["gaussian", "epanechnikov"])
+def test_queries_beyond_1e15_widths_take_the_nearest_keys_y(kernel):
+    """At 1e15 .. 1e300 widths along x's first column, the squared distances round to one
+    value: the key that weighs (the largest first coordinate, the only one left) is found
+    through differences of squares, so pdf, cdf and the quantiles are its y's kernel, for
+    the Gaussian kernel (pooled about it) and a compact one (its fallback) alike."""
+    from scipy.special import ndtr
+
+    for seed in range(3):
+        rng = np.random.default_rng(seed)
+        X = rng.normal(size=(40, 2))
+        y = X[:, 0] + rng.normal(size=40)
+        model = ConditionalKernelDensity(bandwidth=[1.0, 1.0], y_bandwidth=1.0, kernel=kernel)
+        model.fit(X, y)
+        top = int(np.argmax(X[:, 0]))
+        for distance in (1e15, 1e16, 1e17, 1e100, 1e300):
+            rows = np.tile([distance, X[top, 1] + 0.1], (3, 1))
+            yq = y[top] + np.array([-0.5, 0.0, 0.3])
+            if kernel == "gaussian":
+                pdf = np.exp(-0.5 * (yq - y[top]) ** 2) / np.sqrt(2 * np.pi)
+                cdf = ndtr(yq - y[top])
+            else:
+                pdf = 0.75 * (1 - (yq - y[top]) ** 2)
+                z = yq - y[top]
+                cdf = (1 + z) ** 2 * (2 - z) / 4
+            np.testing.assert_allclose(model.pdf(rows, yq), pdf, rtol=1e-12)
+            np.testing.assert_allclose(model.cdf(rows, yq), cdf, rtol=1e-12)
+            np.testing.assert_allclose(model.predict_quantile(rows[:1], 0.5), y[top], rtol=1e-9)
+
+
 # --------------------------------------------------------------------------- 4. cv_ml
 def _criterion(
     X, y, x_type, counts, widths, kernel="gaussian", sample_weight=None, y_spec=("c", 0)
