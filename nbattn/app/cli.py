@@ -547,8 +547,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--kind",
         choices=("mean", "observation", "quantile"),
         help="with --interval: the interval of the regression function (mean, the default), "
-        "of a new observation (adds the local noise), or the conditional quantiles at "
-        "ALPHA/2 and 1 - ALPHA/2 with the model's widths (quantile)",
+        "of a new observation (adds the local noise), or a new observation's quantiles at "
+        "ALPHA/2 and 1 - ALPHA/2 (quantile: the prediction plus the residuals' quantiles)",
     )
     pred.add_argument(
         "--marginal-effects",

@@ -433,7 +433,7 @@ class PoolingPrediction(ModelSettings):
                 spec, var_type="c" * k.shape[1], n_categories=(0,) * k.shape[1]
             )
         if kind == "quantile":
-            return self._quantile_interval(spec, q, k, widths, alpha)
+            return self._quantile_interval(X, spec, q, k, widths, alpha)
         fit, lower, upper = prediction_interval(
             spec,
             k,
@@ -451,19 +451,26 @@ class PoolingPrediction(ModelSettings):
             out += shift[..., None]
         return out if self._fitted("outputs_2d_") else out[:, 0, :]
 
-    def _quantile_interval(self, spec, queries, keys, widths, alpha):
-        """``kind="quantile"``: the conditional quantiles at alpha/2 and 1 - alpha/2 of a
-        1-D target with this model's widths for x
-        (:func:`nbattn.distribution.conditional.quantile_interval`), on complete rows."""
+    def _quantile_interval(self, X, spec, queries, keys, widths, alpha):
+        """``kind="quantile"``: predict's value plus the quantiles at alpha/2 and
+        1 - alpha/2 of the training rows' leave-one-out residuals pooled at x with this
+        model's widths (their conditional distribution given x,
+        :func:`nbattn.distribution.conditional.quantile_interval`), for a 1-D target on
+        complete rows. (n, 2)."""
         from ..distribution.conditional import quantile_interval
+        from ..local.engine import loo_residuals
 
-        if self._fitted("y_fit_").shape[1] != 1:
+        y = self._fitted("y_fit_")
+        if y.shape[1] != 1:
             raise ValueError("kind='quantile' needs a model of one target; this one has several")
         if np.isnan(queries).any():
             raise ValueError("kind='quantile' needs complete rows: X has missing values")
         spec = dataclasses.replace(spec, missing=False)
-        y, weights = self._fitted("y_fit_")[:, 0], self._fitted("sample_weight_")
-        return quantile_interval(spec, queries, keys, y, widths, alpha, weights)
+        weights = self._fitted("sample_weight_")
+        degree = self._degree()
+        residuals = loo_residuals(spec, keys, y, widths, degree, sample_weight=weights)[:, 0]
+        band = quantile_interval(spec, queries, keys, residuals, widths, alpha, weights)
+        return band + np.asarray(self._predictions(X), dtype=np.float64).reshape(-1, 1)
 
 
 # ----------------------------------------------------------------------------- densities

@@ -106,13 +106,14 @@ class _PoolingRegressor(RegressorMixin, _PoolingEstimator):
         centred on f, so it covers the true mean only where the smoothing
         bias is small against the noise (a wide enough width).
 
-        * ``kind="quantile"``: the central interval of y given x, the conditional
-          quantiles at alpha/2 and 1 - alpha/2 of the kernel conditional distribution
-          with this model's widths for X and the normal-reference width for y: what
-          :class:`nbattn.KernelQuantileRegressor` with ``bandwidth=bandwidth_`` predicts
-          (:func:`nbattn.distribution.conditional.quantile_interval`). Not centred on f
-          and free to be skewed; local-constant in x whatever the degree; for a 1-D
-          target, on complete rows.
+        * ``kind="quantile"``: the central interval of a new observation at x, f(x)
+          plus the quantiles at alpha/2 and 1 - alpha/2 of the leave-one-out residuals
+          r_j = y_j - f_{-j}(x_j) pooled at x: their kernel conditional distribution with
+          this model's widths for X and the normal-reference width for r (what
+          :class:`nbattn.KernelQuantileRegressor` with ``bandwidth=bandwidth_`` fitted on
+          the residuals predicts; :func:`nbattn.distribution.conditional.quantile_interval`).
+          Free to be skewed and to widen where the noise does; the residuals' smoothing
+          widens it a little. For a 1-D target, on complete rows.
         """
         return self._interval(self._check_queries(X), alpha, kind)
 

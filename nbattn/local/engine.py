@@ -389,9 +389,7 @@ def prediction_interval(
         raise ValueError(f"alpha must lie in (0, 1), got {alpha!r}")
     kind = check_choice(kind, "kind", ("mean", "observation"))
 
-    train = layout(spec, X, X, y, widths, degree, sample_weight=sample_weight, exclude_self=True)
-    beta_loo = fit_problem(train)[0]
-    residuals_t = train.values_t - beta_loo[:, 0, :].T
+    residuals_t = loo_residuals(spec, X, y, widths, degree, sample_weight=sample_weight).T
     # residuals divided by a power of two near their largest magnitude (exact), so that
     # their squares neither overflow nor underflow; the half-width is multiplied back
     unit = float(power_of_two_scale(np.max(np.abs(residuals_t)) if residuals_t.size else 0.0))
@@ -415,6 +413,14 @@ def prediction_interval(
     if problem.values_1d:
         fit, lower, upper = fit[:, 0], lower[:, 0], upper[:, 0]
     return fit, lower, upper
+
+
+def loo_residuals(spec: LocalSpec, X, y, widths, degree, *, sample_weight=None) -> np.ndarray:
+    """The leave-one-out residuals y_j - fit_{-j}(x_j) of the training rows on checked
+    data, (n, n_outputs): each row's fit from the other rows."""
+    train = layout(spec, X, X, y, widths, degree, sample_weight=sample_weight, exclude_self=True)
+    beta_loo = fit_problem(train)[0]
+    return (train.values_t - beta_loo[:, 0, :].T).T
 
 
 def normal_quantile_upper(tail, alpha) -> float:
