@@ -118,7 +118,11 @@ def _prediction_call(estimator, method, quantiles):
         if not hasattr(estimator, "predict_quantile"):
             raise ValueError(f"{type(estimator).__name__} has no predict_quantile")
         levels = list(check_levels(quantiles, "quantiles")[0])
-        return partial(_quantiles_of, estimator, levels), list(map(quantile_column, levels)), False
+        names = list(map(quantile_column, levels))
+        twice = [name for k, name in enumerate(names) if name in names[:k]]
+        if twice:  # two columns of one name: the command line refuses them too
+            raise ValueError(f"quantiles: the level {twice[0][1:]} is given twice")
+        return partial(_quantiles_of, estimator, levels), names, False
     if method == "score_samples":
         if type(estimator).__name__ != "KernelDensity" or not hasattr(estimator, "score_samples"):
             raise ValueError(
@@ -137,10 +141,18 @@ def _lazy_predict(estimator, data, method="predict", quantiles=None):
     import dask.dataframe as dd
     import pandas as pd
 
-    call, names, single = _prediction_call(estimator, method, quantiles)
+    method_call, names, single = _prediction_call(estimator, method, quantiles)
     # an empty array of what the call returns: a classifier's labels' dtype, or float64
     labels = getattr(estimator, "classes_", None) if method == "predict" else None
     empty = np.asarray(labels if labels is not None else np.empty(0))[:0]
+
+    def call(part):
+        """The method on a partition; an empty partition (a filter can leave one) gives
+        empty output, where the estimators refuse queries of no rows."""
+        if len(part) == 0:
+            return empty if single else np.empty((0, len(names)), dtype=empty.dtype)
+        return method_call(part)
+
     if isinstance(data, dd.DataFrame):
 
         def predict_partition(part):

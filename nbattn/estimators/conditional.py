@@ -39,13 +39,19 @@ class _ConditionalModel(DensityPrediction, SpecEstimator):
     def _one_column(self, arr):
         return column_or_1d(arr, warn=True)  # scikit-learn's DataConversionWarning
 
-    def _fit_conditional(self, X, y, sample_weight):
+    def _fit_conditional(self, X, y, sample_weight, continuous_y=False):
         self._validate_params()
         if y is None:
             raise ValueError(
                 f"{type(self).__name__} requires y to be passed, but the target y is None"
             )
         y_codes, y_type, y_categories = self._read_response(y)
+        if continuous_y and y_type != "c":
+            raise ValueError(
+                f"{type(self).__name__} needs a continuous y (numbers) for its quantiles; this "
+                f"y is categorical ({'ordered' if y_type == 'o' else 'unordered'}): "
+                "ConditionalKernelDensity gives its class probabilities"
+            )
         X, y_checked, sample_weight = self._validate_training_X(
             X, y_codes, sample_weight, y_numeric=True
         )
@@ -229,8 +235,9 @@ class KernelQuantileRegressor(RegressorMixin, _ConditionalModel):
         self._set_params_from(locals())
 
     def fit(self, X, y, sample_weight=None):
-        """Fit the conditional distribution of a continuous y given the rows of X."""
-        return self._fit_conditional(X, y, sample_weight)
+        """Fit the conditional distribution of a continuous y given the rows of X (a
+        categorical y is refused)."""
+        return self._fit_conditional(X, y, sample_weight, continuous_y=True)
 
     def predict(self, X):
         """q_quantile(x) per row (n,)."""

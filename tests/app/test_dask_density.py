@@ -97,12 +97,40 @@ def test_log_density_on_the_cluster_equals_in_memory(client, data, models):
         ("quantile", {"method": "predict_quantile", "quantiles": [1.5]}, "quantiles must be"),
         ("quantile", {"quantiles": [0.5]}, "levels of method='predict_quantile'"),
         ("quantile", {"method": "pdf"}, "method must be"),
+        ("cdens", {"method": "predict_quantile", "quantiles": [0.5, 0.5]}, "given twice"),
     ],
 )
 def test_methods_that_do_not_apply_are_refused(data, models, name, options, message):
     _, _, queries = data
     with pytest.raises(ValueError, match=message):
         nbdask.predict(models[name], dd.from_pandas(queries, npartitions=2), **options)
+
+
+@pytest.mark.parametrize(
+    "name, options",
+    [
+        ("quantile", {}),
+        ("cdens", {"method": "predict_quantile", "quantiles": [0.2, 0.8]}),
+        ("kde", {"method": "score_samples"}),
+    ],
+)
+def test_empty_partitions_give_empty_output(client, data, models, name, options):
+    """A filter that empties some partitions: their rows are none, the others' as in memory."""
+    _, _, queries = data
+    frame = dd.from_pandas(queries, npartitions=4)
+    # a filter inside each partition: the later partitions keep no row (as a value filter
+    # on a sorted column leaves them), their count unchanged
+    kept = frame.map_partitions(lambda part: part[part.index < 60])
+    assert kept.map_partitions(len).compute().tolist()[-1] == 0
+    got = nbdask.predict(models[name], kept, **options).compute()
+    subset = queries[queries.index < 60]
+    method = options.get("method", "predict")
+    if method == "predict_quantile":
+        want = models[name].predict_quantile(subset, options["quantiles"])
+    else:
+        want = getattr(models[name], method)(subset)
+    np.testing.assert_array_equal(np.asarray(got), want)
+    pd.testing.assert_index_equal(got.index, subset.index)
 
 
 def test_cli_predict_of_a_conditional_density_on_the_cluster_equals_local_run(

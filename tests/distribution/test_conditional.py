@@ -864,6 +864,18 @@ def test_sklearn_compatible(estimator, check):
     check(estimator)
 
 
+def test_a_quantile_regressor_refuses_a_categorical_y_at_fit():
+    rng = np.random.default_rng(4)
+    X = rng.normal(size=(30, 1))
+    levels = ["low", "mid", "high"]
+    for y in (
+        np.array(levels)[rng.integers(0, 3, 30)],
+        pd.Categorical.from_codes(rng.integers(0, 3, 30), levels, ordered=True),
+    ):
+        with pytest.raises(ValueError, match="continuous y"):
+            KernelQuantileRegressor(bandwidth="normal_reference").fit(X, y)
+
+
 def test_response_errors_name_y():
     """A conditional model's response is named y in its errors (not an X column), without
     the features' handle_unknown hint; y=None is refused where y is evaluated; a bare
