@@ -49,8 +49,9 @@ class _ConditionalModel(DensityPrediction, SpecEstimator):
         if continuous_y and y_type != "c":
             raise ValueError(
                 f"{type(self).__name__} needs a continuous y (numbers) for its quantiles; this "
-                f"y is categorical ({'ordered' if y_type == 'o' else 'unordered'}): "
-                "ConditionalKernelDensity gives its class probabilities"
+                f"y is categorical ({'ordered' if y_type == 'o' else 'unordered'}: Unknown "
+                "label type for a regressor); ConditionalKernelDensity gives its class "
+                "probabilities"
             )
         X, y_checked, sample_weight = self._validate_training_X(
             X, y_codes, sample_weight, y_numeric=True
