@@ -342,6 +342,7 @@ def encode_columns(
     missing: str = "error",
     handle_unknown: str = "error",
     table: str = "X",
+    offers=("missing", "handle_unknown"),
 ) -> np.ndarray:
     """X as the engine's float64 array (n, d): numbers, category codes, NaN where missing.
 
@@ -360,6 +361,9 @@ def encode_columns(
     table : str
         What errors call the table: "X" names its columns; another name (a conditional
         model's response "y") is the one column it stands for.
+    offers : tuple of str
+        The options of the model that the errors may advise ("missing",
+        "handle_unknown"); a model without them is not told to set them.
 
     Returns
     -------
@@ -378,15 +382,21 @@ def encode_columns(
         gone = _missing_mask(values)
         if gone.any() and missing != "marginalize":
             row = int(np.argmax(gone))
+            advice = (
+                "fill it, drop the row, or fit with missing='marginalize' (command line: "
+                "--on-nan drop, or fit and predict with --on-nan marginalize)"
+                if "missing" in offers and table == "X"
+                else "fill it or drop the row (command line: --on-nan drop)"
+            )
             raise ValueError(
                 f"{names[j]} has a missing value ({shown(values[row])}) in row {row} "
-                "(counting from 0); fill it, drop the row, or fit with missing='marginalize' "
-                "(command line: --on-nan drop, or fit and predict with --on-nan marginalize)"
+                f"(counting from 0); {advice}"
             )
         if kind == "c":
             out[:, j] = _numbers(values, gone, names[j])
         else:
-            out[:, j] = _codes(values, gone, categories[j], names[j], handle_unknown, table == "X")
+            advise = table == "X" and "handle_unknown" in offers
+            out[:, j] = _codes(values, gone, categories[j], names[j], handle_unknown, advise)
     return out
 
 

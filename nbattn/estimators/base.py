@@ -211,7 +211,9 @@ class SpecEstimator(ModelSettings, BaseEstimator):
                     y = y.iloc[keep] if hasattr(y, "iloc") else np.asarray(y)[keep]
                 sample_weight = sample_weight[keep]
             categories = columns.fit_categories(table, kinds)
-            encoded = columns.encode_columns(table, kinds, categories, missing=missing)
+            encoded = columns.encode_columns(
+                table, kinds, categories, missing=missing, offers=self._offers()
+            )
             if unsupervised:
                 X = check_array(encoded, dtype=np.float64, ensure_all_finite=finite, estimator=self)
             else:
@@ -264,6 +266,7 @@ class SpecEstimator(ModelSettings, BaseEstimator):
             self.categories_,
             missing=self._missing(),
             handle_unknown=getattr(self, "handle_unknown", "error"),
+            offers=self._offers(),
         )
         unknown_allowed = getattr(self, "handle_unknown", "error") == "ignore"
         return check_array(

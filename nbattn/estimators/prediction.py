@@ -72,6 +72,10 @@ class ModelSettings:
         categories = self._fitted("categories_") or [None] * self._fitted("n_features_in_")
         return columns.n_categories(categories)
 
+    def _offers(self) -> tuple:
+        """The table options this model has, which its input errors may advise."""
+        return tuple(name for name in ("missing", "handle_unknown") if self._param(name))
+
     def _missing(self) -> str:
         return self._param("missing", "error")
 

@@ -250,6 +250,7 @@ class Predictor(PoolingPrediction, DensityPrediction):
                 self.state["categories_"],
                 missing=self._missing(),
                 handle_unknown=self._param("handle_unknown", "error"),
+                offers=self._offers(),
             )
             allow_nan = self._missing() == "marginalize" or unknown_allowed
         if arr.ndim != 2 or arr.shape[1] != d:

@@ -280,19 +280,25 @@ def test_score_time_errors_are_clear():
         fitted_frame.score_samples(unseen)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the unseen-category error advises handle_unknown='ignore', which KernelDensity "
-    "does not accept (TypeError: unexpected keyword argument)",
-)
-def test_the_unseen_category_advice_can_be_followed():
-    """Every keyword the error suggests is a parameter of KernelDensity."""
+def test_the_advice_of_input_errors_can_be_followed():
+    """Every keyword an unseen category's or a missing value's error suggests is a
+    parameter of the density models (they have neither handle_unknown nor missing)."""
     frame = pd.DataFrame({"x": X2[:, 0], "g": pd.Categorical(np.where(X2[:, 1] > 0, "a", "b"))})
     model = nbattn.KernelDensity().fit(frame)
-    with pytest.raises(ValueError) as error:
-        model.score_samples(pd.DataFrame({"x": [0.0], "g": pd.Categorical(["c"])}))
-    if "handle_unknown" in str(error.value):
-        assert "handle_unknown" in model.get_params()
+    y = X2[:, 0] + 1.0
+    conditional = nbattn.ConditionalKernelDensity(bandwidth=[0.5, 0.3], y_bandwidth=0.4)
+    conditional.fit(frame, y)
+    bad = [
+        pd.DataFrame({"x": [0.0], "g": pd.Categorical(["c"])}),
+        pd.DataFrame({"x": [0.0], "g": pd.Categorical([None], categories=["a", "b"])}),
+    ]
+    for queries in bad:
+        for method in (model.score_samples, lambda q: conditional.pdf(q, [1.0])):
+            with pytest.raises(ValueError) as error:
+                method(queries)
+            for option in ("handle_unknown", "missing"):
+                if f"{option}=" in str(error.value):
+                    assert option in model.get_params()
 
 
 # --------------------------------------------------------------------------- scikit-learn
