@@ -179,22 +179,31 @@ def cv_ml_widths(
         rule = widths_to_theta(start, spec.var_type, spec.n_categories)
         theta = theta if exact.loss(theta) < exact.loss(rule) else rule
     widths = theta_to_widths(theta, spec.var_type, spec.n_categories)
-    warn_at_the_floor(spec, start, widths)
+    warn_at_the_floor(spec, start, widths, n_response=n_response)
     return widths
 
 
-def warn_at_the_floor(spec: LocalSpec, start, widths, name: str = "cv_ml") -> None:
+def warn_at_the_floor(
+    spec: LocalSpec, start, widths, name: str = "cv_ml", n_response: int = 0
+) -> None:
     """Warn where a continuous h ended at the search's lower bound: the criterion
     ``bandwidth=name`` still improved as h shrank (ties: values repeated within the
-    column, whose density grows without bound as h goes to 0)."""
+    column, whose density grows without bound as h goes to 0). The first ``n_response``
+    columns are a conditional model's y."""
     floor = config.WIDTH_BOUNDS[0]
     for column in np.flatnonzero(spec.continuous):
         if widths[column] <= start[column] * floor * (1.0 + 1e-9):
+            which = "y" if column < n_response else f"X column {column - n_response}"
+            declare = (
+                "pass y as an ordered pandas category"
+                if column < n_response
+                else "declare it ordered ('o' in var_type)"
+            )
             warnings.warn(
-                f"bandwidth={name!r}: X column {column}'s width reached the search's lower "
+                f"bandwidth={name!r}: {which}'s width reached the search's lower "
                 f"bound ({widths[column]:.3g}, {floor:g} of the rule's): its criterion still "
-                "improves as h shrinks, as it does for repeated values. If the column is discrete, "
-                "declare it ordered ('o' in var_type); else use a rule or given widths",
+                "improves as h shrinks, as it does for repeated values. If the column is "
+                f"discrete, {declare}; else use a rule or given widths",
                 BandwidthRangeWarning,
                 stacklevel=3,
             )

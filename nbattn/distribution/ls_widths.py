@@ -240,7 +240,7 @@ def cv_ls_widths(
     with FitProgress(verbose, "cv_ls_widths", unit="evaluation") as criterion.log:
         theta = search_widths(criterion, start, per_column=True)
     widths = theta_to_widths(theta, spec.var_type, spec.n_categories)
-    warn_at_the_floor(spec, start, widths, "cv_ls")
+    warn_at_the_floor(spec, start, widths, "cv_ls", n_response)
     return widths
 
 

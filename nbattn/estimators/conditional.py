@@ -82,7 +82,14 @@ class _ConditionalModel(DensityPrediction, SpecEstimator):
                 widths[1:] = x_widths
             if y_width is not None:
                 widths[0] = y_width
-            widths = check_widths(widths, spec.var_type, spec.counts, "bandwidth")
+            y_part = (spec.var_type[:1], spec.counts[:1])
+            x_part = (spec.var_type[1:], spec.counts[1:])
+            widths = np.concatenate(
+                [
+                    check_widths(widths[:1], *y_part, "y_bandwidth"),
+                    check_widths(widths[1:], *x_part, "bandwidth"),
+                ]
+            )
         self.X_fit_ = X
         self.y_fit_ = y_checked
         self.sample_weight_ = sample_weight

@@ -876,6 +876,20 @@ def test_a_quantile_regressor_refuses_a_categorical_y_at_fit():
             KernelQuantileRegressor(bandwidth="normal_reference").fit(X, y)
 
 
+def test_y_width_errors_and_warnings_name_y():
+    rng = np.random.default_rng(6)
+    X = rng.normal(size=(40, 1))
+    text = np.array(["a", "b"])[rng.integers(0, 2, 40)]
+    with pytest.raises(ValueError, match=r"^y_bandwidth\[0\] is the smoothing l"):
+        ConditionalKernelDensity(y_bandwidth=0.9).fit(X, text)
+    with pytest.raises(ValueError, match="^y_bandwidth must be positive"):
+        ConditionalKernelDensity(y_bandwidth=0.0).fit(X, rng.normal(size=40))
+    tied = np.round(rng.normal(size=40))
+    with pytest.warns(BandwidthRangeWarning, match="y's width reached") as caught:
+        ConditionalKernelDensity(bandwidth="cv_ls").fit(X, tied)
+    assert not any("X column 0's width" in str(w.message) for w in caught)
+
+
 def test_response_errors_name_y():
     """A conditional model's response is named y in its errors (not an X column), without
     the features' handle_unknown hint; y=None is refused where y is evaluated; a bare
