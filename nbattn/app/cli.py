@@ -478,9 +478,8 @@ def _add_model_options(p, models=tuple(MODELS)) -> None:
     p.add_argument(
         "--rtol",
         type=rtol_arg,
-        help="--model nw, lp, learned or classifier: relative error allowed on every kernel "
-        "sum, in the width search and predictions (default 0: exact; 1e-6 skips the keys "
-        "certifiably too far to count)",
+        help="relative error allowed on every kernel sum, in the width search and "
+        "predictions (default 0: exact; 1e-6 skips the keys certifiably too far to count)",
     )
     p.add_argument(
         "--loo-subsample",

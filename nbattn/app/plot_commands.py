@@ -30,28 +30,34 @@ def _fit(args):
 
 
 def _density(args):
+    import pandas as pd
+
     from .density_figures import density_figure
 
-    model, features, target = batch.read_model(args.model, args.target)
+    model, features, stored = batch.read_model(args.model)
     name = type(model).__name__
     if name not in ("KernelDensity", "ConditionalKernelDensity", "KernelQuantileRegressor"):
         raise ValueError(
             f"plot density draws a density model (--model kde, cdens or quantile), not {name}"
         )
     conditional = name != "KernelDensity"
-    if conditional:
-        target = batch.need_target(target, args.model)
+    if not conditional and args.target is not None:
+        raise ValueError("--target does not apply to a KernelDensity model (it has no y)")
+    if conditional and args.target is not None and stored and args.target != stored:
+        raise ValueError(f"--target {args.target!r}: the model was fitted on the target {stored!r}")
+    target = batch.need_target(args.target or stored, args.model) if conditional else None
     X, y, _, _ = batch.load_xy(
         args.data,
         features,
-        target if conditional else None,
+        target,
         classifier=False,
         response=conditional,
         on_nan=args.on_nan,
         var_type=batch.model_kinds(model, features),
         categories=batch.model_categories(model, features),
     )
-    return density_figure(model, X, y if conditional else None, features=args.features)
+    y = pd.Series(y, name=target) if conditional else None  # the target's name on the axis
+    return density_figure(model, X, y, features=args.features)
 
 
 def _heatmap(args):

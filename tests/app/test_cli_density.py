@@ -366,3 +366,18 @@ def test_plot_density_refuses_other_models_and_unknown_features(nbattn_cli, file
         "plot", "density", model_path, files / "query.csv", "--features", "z", "-o", out
     )
     assert code != 0 and "'z'" in err and not out.exists()
+    for model, target, message in (
+        ("cdens", "x", "fitted on the target 'y'"),
+        ("kde", "y", "no y"),
+    ):
+        code, _, err = nbattn_cli(
+            "plot",
+            "density",
+            _fit(nbattn_cli, files, model),
+            files / "query.csv",
+            "--target",
+            target,
+            "-o",
+            out,
+        )
+        assert code != 0 and message in err and not out.exists()
