@@ -124,7 +124,10 @@ class ConditionalKernelDensity(_ConditionalModel):
         \\hat F(y \\mid x) = \\sum_j p_j(x)\\, G\\Big(\\frac{y - y_j}{h_y}\\Big)
 
     with p_j(x) the pooling weights of X's product kernel (statsmodels'
-    ``KDEMultivariateConditional``: the same widths give its pdf and cdf).
+    ``KDEMultivariateConditional``: the same widths give its pdf and cdf). An ordered y's
+    Wang-van Ryzin kernel loses its tails past the first and last category (see
+    :class:`nbattn.KernelDensity`): its probabilities sum to less than 1 and F at the last
+    category is below 1, as in statsmodels.
 
     Parameters
     ----------
