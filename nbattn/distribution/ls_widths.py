@@ -11,8 +11,8 @@ u_i = w_i / W (1 / n without weights),
 
 Kbar the convolution of a column's kernel with itself (so the integral is exact): for a
 continuous column (K * K)((x - x') / h) / h, the Gaussian of width sqrt(2) h for the
-Gaussian kernel and 3/160 (2 - |u|)^3 (u^2 + 6 |u| + 4) on |u| < 2 for the Epanechnikov
-kernel; for a categorical one the kernel convolved over the column's codes,
+Gaussian kernel and 3/160 (2 - abs(u))^3 (u^2 + 6 abs(u) + 4) on abs(u) < 2 for the
+Epanechnikov kernel; for a categorical one the kernel convolved over the column's codes,
 sum_v L(a, v) L(b, v), v = 0 .. c - 1 (the closed forms are
 :func:`nbattn.kernels.density.category_convolution`'s). Without weights it is
 statsmodels' ``KDEMultivariate.imse``: (1/n^2) sum_ij Kbar_ij - 2/(n (n - 1)) sum_{i != j}
