@@ -635,19 +635,24 @@ class DensityPrediction(ModelSettings):
         kinds = self._fitted("y_type_") + self._kinds()
         return self._density_spec(kinds, y_counts + self._n_categories())
 
-    def _joint_problem(self, X, y=None):
-        """The joint layout at the checked rows of X with y (codes for a categorical y;
-        zeros where y is None)."""
+    def _response_codes(self, X, y):
+        """y at the checked rows of X as the joint layout's first column (codes for a
+        categorical y; zeros where y is None)."""
+        if y is None:
+            return np.zeros(X.shape[0])
+        y_type, y_categories = self._fitted("y_type_"), self._fitted("y_categories_")
+        y_codes = self._read_response(y, y_type, y_categories)[0]
+        if y_codes.shape[0] != X.shape[0]:
+            raise ValueError(f"X has {X.shape[0]} rows but y has {y_codes.shape[0]}")
+        return y_codes
+
+    def _joint_problem(self, X, y=None, y_codes=None):
+        """The joint layout at the checked rows of X with y (or its codes ``y_codes``)."""
         from ..distribution.density import density_layout
         from ..local.problem import check_widths
 
-        if y is None:
-            y_codes = np.zeros(X.shape[0])
-        else:
-            y_type, y_categories = self._fitted("y_type_"), self._fitted("y_categories_")
-            y_codes = self._read_response(y, y_type, y_categories)[0]
-            if y_codes.shape[0] != X.shape[0]:
-                raise ValueError(f"X has {X.shape[0]} rows but y has {y_codes.shape[0]}")
+        if y_codes is None:
+            y_codes = self._response_codes(X, y)
         spec = self._joint_spec()
         widths = check_widths(
             np.concatenate(([self._fitted("y_bandwidth_")], self._fitted("bandwidth_"))),
@@ -664,13 +669,26 @@ class DensityPrediction(ModelSettings):
         """log f(y_i | x_i) per checked row of X (n,)."""
         from ..distribution.conditional import conditional_log_density
 
-        return conditional_log_density(self._joint_problem(X, y))
+        return self._at_finite_y(X, y, conditional_log_density, -np.inf, -np.inf)
 
     def _conditional_log_cdf(self, X, y):
         """log F(y_i | x_i) per checked row of X (n,): exact, on the model's device."""
         from ..distribution.conditional import conditional_log_cdf
 
-        return conditional_log_cdf(self._joint_problem(X, y))
+        return self._at_finite_y(X, y, conditional_log_cdf, -np.inf, 0.0)
+
+    def _at_finite_y(self, X, y, function, below, above):
+        """``function`` of the joint problem at the rows whose y is finite; a continuous y
+        of -inf or +inf gives ``below`` or ``above`` (the log density's and CDF's limits)."""
+        y_codes = self._response_codes(X, y)
+        infinite = np.isinf(y_codes)
+        out = np.empty(X.shape[0])
+        finite = ~infinite
+        if finite.any():
+            problem = self._joint_problem(X[finite], y_codes=y_codes[finite])
+            out[finite] = function(problem)
+        out[infinite] = np.where(y_codes[infinite] > 0, above, below)
+        return out
 
     def _quantiles(self, X, levels):
         """The conditional quantiles (n, len(levels)) at the checked rows of X."""

@@ -890,6 +890,22 @@ def test_y_width_errors_and_warnings_name_y():
     assert not any("X column 0's width" in str(w.message) for w in caught)
 
 
+def test_infinite_y_gives_the_limits():
+    """F(+inf | x) = 1, F(-inf | x) = 0 and f(+-inf | x) = 0, beside finite rows computed as
+    alone, for the Gaussian and a compact kernel."""
+    rng = np.random.default_rng(8)
+    X = rng.normal(size=(40, 1))
+    y = X[:, 0] + rng.normal(size=40)
+    for kernel in ("gaussian", "epanechnikov"):
+        model = ConditionalKernelDensity(bandwidth=[0.6], y_bandwidth=0.5, kernel=kernel)
+        model.fit(X, y)
+        values = np.array([np.inf, -np.inf, 0.3, -0.2])
+        np.testing.assert_array_equal(model.cdf(X[:4], values)[:2], [1.0, 0.0])
+        np.testing.assert_array_equal(model.pdf(X[:4], values)[:2], [0.0, 0.0])
+        np.testing.assert_array_equal(model.cdf(X[:4], values)[2:], model.cdf(X[2:4], values[2:]))
+        np.testing.assert_array_equal(model.pdf(X[:4], values)[2:], model.pdf(X[2:4], values[2:]))
+
+
 def test_response_errors_name_y():
     """A conditional model's response is named y in its errors (not an X column), without
     the features' handle_unknown hint; y=None is refused where y is evaluated; a bare
