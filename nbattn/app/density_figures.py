@@ -54,7 +54,7 @@ def density_figure(model, X, y=None, features=None):
       category, over the data; ``ConditionalKernelDensity`` adds a panel with the
       heatmap of f(y | x) over (feature, y). A categorical y has no quantiles: a
       ``ConditionalKernelDensity``'s panel is the probability of each class along the
-      feature (a ``KernelQuantileRegressor`` of one is refused).
+      feature (a ``KernelQuantileRegressor`` refuses one at fit).
 
     An ordered column's masses (the Wang-van Ryzin kernel) do not sum to 1 over its
     categories: its bars and class probabilities are drawn rescaled to, and say so.
@@ -91,11 +91,6 @@ def density_figure(model, X, y=None, features=None):
     if y is None:
         raise ValueError(f"y is required: {type(model).__name__} is the distribution of y given X")
     y = _response(y, len(frame))
-    if model.y_type_ != "c" and not hasattr(model, "pdf"):
-        raise ValueError(
-            f"{type(model).__name__} was fitted on a categorical y, which has no quantiles: "
-            "draw a ConditionalKernelDensity (its figure shows each class's probability)"
-        )
     return _conditional_figure(model, frame, y, chosen[0])
 
 
