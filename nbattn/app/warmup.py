@@ -91,8 +91,11 @@ def _densities():
     x, y = _data(d=2)
     model = nbattn.KernelDensity(bandwidth="cv_ml").fit(x)
     model.score_samples(x[:5]), model.cdf(x[:5])
+    nbattn.KernelDensity(bandwidth="cv_ls").fit(x)
     quantiles = nbattn.KernelQuantileRegressor(bandwidth="cv_ml").fit(x, y)
     quantiles.predict_interval(x[:5])
+    conditional = nbattn.ConditionalKernelDensity(bandwidth="cv_ls").fit(x, y)
+    conditional.pdf(x[:5], y[:5]), conditional.cdf(x[:5], y[:5])
 
 
 def _nadaraya_watson(dtype):
@@ -120,7 +123,7 @@ JOBS = [
     ("learned widths", 12, _learned, ()),
     ("local polynomial", 10, _local_polynomial, ()),
     ("classifier", 6, _classifier, ()),
-    ("densities", 6, _densities, ()),
+    ("densities", 12, _densities, ()),
     ("nadaraya_watson float32", 6, _nadaraya_watson, (np.float32,)),
     ("nadaraya_watson float64", 3, _nadaraya_watson, (np.float64,)),
 ]

@@ -1,5 +1,5 @@
-"""nbattn.dask.predict with the density estimators on a real LocalCluster with two worker
-processes: a quantile regressor's predict, the conditional quantiles at given levels and
+"""nbattn.dask.predict with the density estimators on a real LocalCluster with two
+workers: a quantile regressor's predict, the conditional quantiles at given levels and
 a density's log density, each equal to the in-memory result."""
 
 import numpy as np
@@ -19,8 +19,10 @@ pytestmark = pytest.mark.filterwarnings("ignore:X does not have valid feature na
 
 @pytest.fixture(scope="module")
 def client():
+    # workers as threads of this process: a real scheduler and two workers, without the
+    # start-up of two Python processes that import nbattn and load its kernels again
     cluster = distributed.LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+        n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None
     )
     with distributed.Client(cluster) as c:
         yield c
