@@ -209,10 +209,11 @@ def _density_figure(model, frame, shown, chosen):
     idx = [names.index(c) for c in chosen]
     kinds = [model.var_type_[j] for j in idx]
     if len(idx) == 2 and kinds != ["c", "c"]:
+        categorical = [column_option(c) for c, k in zip(chosen, kinds) if k != "c"]
+        verb = "is" if len(categorical) == 1 else "are"
         raise ValueError(
             f"features: the joint figure needs two continuous columns; "
-            f"{', '.join(column_option(c) for c, k in zip(chosen, kinds) if k != 'c')} "
-            "is categorical (draw it alone)"
+            f"{', '.join(categorical)} {verb} categorical (draw each alone)"
         )
     widths = np.asarray(model.bandwidth_, dtype=np.float64)[idx]
     grids = [_widened(frame[c], h) for c, h, k in zip(chosen, widths, kinds) if k == "c"]
