@@ -406,7 +406,7 @@ def response_block(model, frame, response, where, on_nan):
     as :func:`load_xy` reads it at fit, typed after the model's categories, and the rows
     that have one (``on_nan`` "drop": the others are False; else a missing one is an error
     naming its row, as is a category the model has not seen)."""
-    kind, categories = _fitted(model, "y_type_"), _fitted(model, "y_categories_")
+    kind, categories = model._fitted("y_type_"), model._fitted("y_categories_")
     block, keep = io.feature_block(
         frame,
         [response],
@@ -418,12 +418,6 @@ def response_block(model, frame, response, where, on_nan):
         handle_unknown="error",
     )
     return block[response].to_numpy(), keep
-
-
-def _fitted(model, name):
-    """A fitted attribute of an estimator or a Predictor (its ``state``)."""
-    state = getattr(model, "state", None)
-    return state[name] if isinstance(state, dict) else getattr(model, name)
 
 
 def predict_file(
@@ -463,7 +457,7 @@ def predict_file(
     cats = model_categories(model, features)
     refuses = model_refuses(model)
     text = _text_columns(features, kinds)
-    if response and _fitted(model, "y_type_") != "c":
+    if response and model._fitted("y_type_") != "c":
         text.append(response)
     chunks, total, unit = io.iter_chunks(data, wanted, chunksize, text_columns=text)
     n_in = dropped = 0
