@@ -125,7 +125,9 @@ class LikelihoodCriterion(LooCriterion):
         dc = problem.keys_cont_t.shape[0]
         constant = float(np.sum(np.log(problem.h))) + dc * KERNEL_LOG_CONSTANTS[spec.kernel]
         if not self.n_response:
-            logs = log_sums - log_total - constant
+            with np.errstate(invalid="ignore"):  # -inf - -inf: no other row carries weight
+                logs = log_sums - log_total - constant
+            logs[np.isnan(logs)] = -math.inf
             if not gradient:
                 return logs, None
             slopes = means.copy()

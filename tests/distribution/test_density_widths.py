@@ -106,6 +106,18 @@ def test_loo_log_likelihood_matches_the_naive_twin(case, kernel):
         assert got == pytest.approx(want, rel=1e-10, abs=1e-10)
 
 
+@pytest.mark.parametrize("weights", [[0.0, 1.2], [1.2, 0.0, 0.0], [0.0, 0.0, 3.0]])
+def test_loo_log_likelihood_is_inf_where_no_other_row_carries_weight(weights):
+    """A weighted row whose other rows all weigh 0 has no leave-one-out density: the
+    criterion is +inf (as the naive twin), without a NaN or a numpy warning on the way."""
+    X = np.linspace(-1.0, 1.0, len(weights))[:, None]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = loo_log_likelihood(X, [0.5], var_type="c", sample_weight=weights)
+    want = naive.kde_loo_log_likelihood(X, np.array([0.5]), "c", np.zeros(1), "gaussian", weights)
+    assert got == want == math.inf
+
+
 @settings(max_examples=25)
 @given(case=mixed_cases(max_rows=30), kernel=kernels, factor=st.sampled_from([1e-200, 1e200]))
 def test_loo_log_likelihood_ignores_the_total_weight(case, kernel, factor):
