@@ -212,12 +212,13 @@ def log_kernel_sums_of(problem: LocalProblem, cont_integrated, cat_integrated) -
         )
 
 
-def score_means_of(problem: LocalProblem, cat_dparams):
+def score_means_of(problem: LocalProblem, cat_dparams, gradient: bool = True):
     """``(log_sums, means)`` at the problem's queries: log sum_j exp(s_j) (n_q,) and the
     softmax mean of the score's derivatives with respect to the widths' parameters
     (n_q, d), continuous columns first (:func:`nbattn.kernels.density.log_sums_and_score_means`;
-    ``cat_dparams`` (dk, 3) the derivatives of the categorical terms). Exact, on the CPU
-    whatever the spec's device (the ``"cv_ml"`` search's gradient: no GPU twin)."""
+    ``cat_dparams`` (dk, 3) the derivatives of the categorical terms; ``gradient=False``:
+    the sums alone, ``means`` 0). Exact, on the CPU whatever the spec's device (the
+    ``"cv_ml"`` search's gradient: no GPU twin)."""
     module = kernels_for("density", "cpu")
     n_q, n_k = problem.q_cont.shape[0], problem.log_weights.shape[0]
     with serial_below(n_q * n_k, 20_000):
@@ -231,6 +232,7 @@ def score_means_of(problem: LocalProblem, cat_dparams):
             problem.log_weights,
             KERNEL_CODES[problem.spec.kernel],
             bool(problem.exclude_self),
+            bool(gradient),
         )
 
 

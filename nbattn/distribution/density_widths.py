@@ -23,8 +23,10 @@ seen once, a compact kernel narrower than the gaps).
 The search is the regression's (:func:`nbattn.local.search.search_widths`: the rule's
 widths, a common factor of every h, L-BFGS-B with the criterion's exact gradient
 (:meth:`LikelihoodCriterion.loss_and_grad`), exact matching in the categorical columns,
-sweeps of each width over a grid), and returns the best point it evaluated: never worse
-than the rule. The categorical
+sweeps of each width over a grid), under the smooth criterion's policy
+(:data:`nbattn.local.search.SMOOTH_POLICY`: a coarse common factor, one descent, sweeps
+only where one grid step of one parameter gains) for the Gaussian kernel, and returns the
+best point it evaluated: never worse than the rule. The categorical
 smoothing stays inside its kernel's range (l in [0, lambda_max]; statsmodels'
 optimiser can leave it). With ``rtol > 0`` the search runs on the pruned criterion and
 its answer is compared with the rule's widths exactly.
@@ -41,7 +43,7 @@ import numpy as np
 from .. import config
 from .._core.progress import FitProgress
 from ..local.problem import LocalProblem, LocalSpec, check_columns, check_sample_weight
-from ..local.search import search_widths, theta_to_widths, widths_to_theta
+from ..local.search import SMOOTH_POLICY, search_widths, theta_to_widths, widths_to_theta
 from ..local.widths import LooCriterion, categorical_derivatives
 from ..smoothing.search import BandwidthRangeWarning
 from .conditional import conditional_log_density, marginal_problem
@@ -116,10 +118,11 @@ class LikelihoodCriterion(LooCriterion):
         derivatives less 1 per continuous column (the joint's less x's)."""
         problem = self.problem_at(theta)
         spec = problem.spec
-        dparams = categorical_derivatives(theta, spec.var_type, spec.n_categories)
-        if not gradient:
-            dparams = np.zeros_like(dparams)
-        log_sums, means = score_means_of(problem, dparams)
+        if gradient:
+            dparams = categorical_derivatives(theta, spec.var_type, spec.n_categories)
+        else:
+            dparams = np.zeros((problem.keys_cat_t.shape[0], 3))
+        log_sums, means = score_means_of(problem, dparams, gradient)
         n = log_sums.shape[0]
         log_total = log_weight_sums(problem.sample_weight, n, exclude_self=True)
         dc = problem.keys_cont_t.shape[0]
@@ -132,7 +135,7 @@ class LikelihoodCriterion(LooCriterion):
             slopes[:, :dc] -= 1.0
             return logs, slopes
         marginal = marginal_problem(problem, self.n_response)
-        m_log_sums, m_means = score_means_of(marginal, dparams[self._response_cat :])
+        m_log_sums, m_means = score_means_of(marginal, dparams[self._response_cat :], gradient)
         with np.errstate(invalid="ignore"):  # -inf - -inf: no key reaches the row
             logs = log_sums - m_log_sums - (constant - self._marginal_constant(marginal))
         if not gradient:
@@ -155,6 +158,14 @@ def _loo_problem(spec: LocalSpec, X, widths, sample_weight) -> LocalProblem:
     return density_layout(spec, X, X, widths, sample_weight, exclude_self=True)
 
 
+def _policy(spec: LocalSpec):
+    """The search's policy: :data:`~nbattn.local.search.SMOOTH_POLICY` for the Gaussian
+    kernel, whose criterion is smooth in theta; the default search for a compact kernel,
+    whose criterion is kinked where a pair enters the kernel's support (a descent stops
+    at a kink that only the common factor's refinement and the sweeps see past)."""
+    return SMOOTH_POLICY if spec.kernel == "gaussian" else None
+
+
 def cv_ml_widths(
     spec: LocalSpec, X, sample_weight=None, *, start=None, n_response=0, verbose=0
 ) -> np.ndarray:
@@ -170,7 +181,7 @@ def cv_ml_widths(
         start = density_rule_widths(spec, X, "normal_reference", sample_weight)
     criterion = LikelihoodCriterion(_loo_problem(spec, X, start, sample_weight), n_response)
     with FitProgress(verbose, "cv_ml_widths", unit="evaluation") as criterion.log:
-        theta = search_widths(criterion, start, per_column=True)
+        theta = search_widths(criterion, start, per_column=True, policy=_policy(spec))
     if spec.rtol > 0.0:
         exact = LikelihoodCriterion(
             dataclasses.replace(criterion.base, spec=dataclasses.replace(spec, rtol=0.0)),
