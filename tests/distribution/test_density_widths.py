@@ -106,6 +106,16 @@ def test_loo_log_likelihood_matches_the_naive_twin(case, kernel):
         assert got == pytest.approx(want, rel=1e-10, abs=1e-10)
 
 
+def test_loo_log_likelihood_with_no_other_row_weighted_is_inf_without_a_warning():
+    """A row whose other rows all weigh 0 has no leave-one-out density: +inf, and no
+    RuntimeWarning from -inf - -inf on the way."""
+    X = np.array([[0.0], [1.0], [2.0]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        value = loo_log_likelihood(X, [0.5], sample_weight=[1.0, 0.0, 0.0])
+    assert value == math.inf
+
+
 @settings(max_examples=25)
 @given(case=mixed_cases(max_rows=30), kernel=kernels, factor=st.sampled_from([1e-200, 1e200]))
 def test_loo_log_likelihood_ignores_the_total_weight(case, kernel, factor):
