@@ -79,6 +79,7 @@ __all__ = [
     "log_kernel_sums_of",
     "log_weight_sums",
     "sample_rows",
+    "score_means",
     "score_means_of",
 ]
 
@@ -212,25 +213,56 @@ def log_kernel_sums_of(problem: LocalProblem, cont_integrated, cat_integrated) -
         )
 
 
-def score_means_of(problem: LocalProblem, cat_dparams):
+def score_means_of(problem: LocalProblem, cat_dparams, gradient: bool = True):
     """``(log_sums, means)`` at the problem's queries: log sum_j exp(s_j) (n_q,) and the
     softmax mean of the score's derivatives with respect to the widths' parameters
     (n_q, d), continuous columns first (:func:`nbattn.kernels.density.log_sums_and_score_means`;
-    ``cat_dparams`` (dk, 3) the derivatives of the categorical terms). Exact, on the CPU
-    whatever the spec's device (the ``"cv_ml"`` search's gradient: no GPU twin)."""
+    ``cat_dparams`` (dk, 3) the derivatives of the categorical terms; ``gradient=False``:
+    the sums alone, ``means`` 0). Exact, on the CPU whatever the spec's device (the
+    ``"cv_ml"`` search's gradient: no GPU twin)."""
+    return score_means(
+        problem.q_cont,
+        problem.keys_cont_t,
+        problem.q_cat,
+        problem.keys_cat_t,
+        problem.cat_params,
+        cat_dparams,
+        problem.log_weights,
+        problem.spec.kernel,
+        problem.exclude_self,
+        gradient,
+    )
+
+
+def score_means(
+    q_cont,
+    keys_cont_t,
+    q_cat,
+    keys_cat_t,
+    cat_params,
+    cat_dparams,
+    log_weights,
+    kernel: str,
+    exclude_self: bool,
+    gradient: bool = True,
+):
+    """:func:`score_means_of` on a layout's arrays (C-contiguous float64 / int64, as a
+    :class:`~nbattn.local.problem.LocalProblem` holds them), ``kernel`` by name: the
+    ``"cv_ml"`` criterion's evaluations without a problem object each."""
     module = kernels_for("density", "cpu")
-    n_q, n_k = problem.q_cont.shape[0], problem.log_weights.shape[0]
+    n_q, n_k = q_cont.shape[0], log_weights.shape[0]
     with serial_below(n_q * n_k, 20_000):
         return module.log_sums_and_score_means(
-            problem.q_cont,
-            problem.keys_cont_t,
-            problem.q_cat,
-            problem.keys_cat_t,
-            problem.cat_params,
+            q_cont,
+            keys_cont_t,
+            q_cat,
+            keys_cat_t,
+            cat_params,
             np.ascontiguousarray(cat_dparams, dtype=np.float64).reshape(-1, 3),
-            problem.log_weights,
-            KERNEL_CODES[problem.spec.kernel],
-            bool(problem.exclude_self),
+            log_weights,
+            KERNEL_CODES[kernel],
+            bool(exclude_self),
+            bool(gradient),
         )
 
 

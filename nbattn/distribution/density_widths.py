@@ -9,7 +9,7 @@ log-likelihood of each training row under the density of the others,
 
 f₋ᵢ the density of the other rows (the pooling's normaliser on the leave-one-out
 problem, the pair (i, i) left out, W₋ᵢ its total weight: one pass of
-:func:`nbattn.distribution.density.score_means_of` gives it with its gradient, or the
+:func:`nbattn.distribution.density.score_means` gives it with its gradient, or the
 engine's pruned :func:`~nbattn.distribution.density.log_density_of` with ``rtol > 0``),
 or for a conditional density -sum_i u_i log f₋ᵢ(y_i | x_i), the ratio of the joint and
 the marginal leave-one-out densities (statsmodels' ``KDEMultivariateConditional``
@@ -23,8 +23,10 @@ seen once, a compact kernel narrower than the gaps).
 The search is the regression's (:func:`nbattn.local.search.search_widths`: the rule's
 widths, a common factor of every h, L-BFGS-B with the criterion's exact gradient
 (:meth:`LikelihoodCriterion.loss_and_grad`), exact matching in the categorical columns,
-sweeps of each width over a grid), and returns the best point it evaluated: never worse
-than the rule. The categorical
+sweeps of each width over a grid), under the smooth criterion's policy
+(:data:`nbattn.local.search.SMOOTH_POLICY`: a coarse common factor, one descent, sweeps
+only where one grid step of one parameter gains) for the Gaussian kernel, and returns the
+best point it evaluated: never worse than the rule. The categorical
 smoothing stays inside its kernel's range (l in [0, lambda_max]; statsmodels'
 optimiser can leave it). With ``rtol > 0`` the search runs on the pruned criterion and
 its answer is compared with the rule's widths exactly.
@@ -40,11 +42,17 @@ import numpy as np
 
 from .. import config
 from .._core.progress import FitProgress
-from ..local.problem import LocalProblem, LocalSpec, check_columns, check_sample_weight
-from ..local.search import search_widths, theta_to_widths, widths_to_theta
+from ..local.problem import (
+    LocalProblem,
+    LocalSpec,
+    categorical_terms,
+    check_columns,
+    check_sample_weight,
+)
+from ..local.search import SMOOTH_POLICY, search_widths, theta_to_widths, widths_to_theta
 from ..local.widths import LooCriterion, categorical_derivatives
 from ..smoothing.search import BandwidthRangeWarning
-from .conditional import conditional_log_density, marginal_problem
+from .conditional import conditional_log_density
 from .density import (
     KERNEL_LOG_CONSTANTS,
     density_layout,
@@ -52,7 +60,7 @@ from .density import (
     log_density_of,
     log_weight_sums,
     resolve_density_widths,
-    score_means_of,
+    score_means,
 )
 
 __all__ = ["LikelihoodCriterion", "cv_ml_widths", "loo_log_likelihood", "warn_at_the_floor"]
@@ -71,6 +79,10 @@ class LikelihoodCriterion(LooCriterion):
         response = problem.spec.var_type[:n_response]
         self._response_cont = sum(kind == "c" for kind in response)
         self._response_cat = n_response - self._response_cont
+        n = problem.q_cont.shape[0]
+        self._log_total = log_weight_sums(problem.sample_weight, n, exclude_self=True)
+        self._marginal_q_cat = np.ascontiguousarray(problem.q_cat[:, self._response_cat :])
+        self._marginal_keys_cat_t = np.ascontiguousarray(problem.keys_cat_t[self._response_cat :])
 
     def row_log_densities(self, theta) -> np.ndarray:
         """log f₋ᵢ(x_i) (or log f₋ᵢ(y_i | x_i)) per row (n,) at theta: by the gradient's
@@ -110,51 +122,81 @@ class LikelihoodCriterion(LooCriterion):
 
     def _logs_and_slopes(self, theta, gradient: bool):
         """log f₋ᵢ per row (n,) and, with ``gradient``, d log f₋ᵢ / dtheta (n, d) (else
-        None), by one pass of :func:`nbattn.distribution.density.score_means_of` (two for a
+        None), by one pass of :func:`nbattn.distribution.density.score_means` (two for a
         conditional density: the joint's and x's): the log of the pooling's normaliser
         less log W₋ᵢ and the kernels' constants, and the softmax mean of the score's
-        derivatives less 1 per continuous column (the joint's less x's)."""
-        problem = self.problem_at(theta)
-        spec = problem.spec
-        dparams = categorical_derivatives(theta, spec.var_type, spec.n_categories)
-        if not gradient:
-            dparams = np.zeros_like(dparams)
-        log_sums, means = score_means_of(problem, dparams)
-        n = log_sums.shape[0]
-        log_total = log_weight_sums(problem.sample_weight, n, exclude_self=True)
-        dc = problem.keys_cont_t.shape[0]
-        constant = float(np.sum(np.log(problem.h))) + dc * KERNEL_LOG_CONSTANTS[spec.kernel]
+        derivatives less 1 per continuous column (the joint's less x's). The layout's
+        arrays at theta are the base problem's (:meth:`_scaled`), the categorical codes
+        and weights shared."""
+        spec, base = self.base.spec, self.base
+        widths = theta_to_widths(theta, spec.var_type, spec.n_categories)
+        h = widths[self.cont]
+        q_cont, keys_cont_t = self._scaled(theta, h)
+        cat_params = categorical_terms(spec.var_type, spec.n_categories, widths)
+        if gradient:
+            dparams = categorical_derivatives(theta, spec.var_type, spec.n_categories)
+        else:
+            dparams = np.zeros((cat_params.shape[0], 3))
+        common = (base.log_weights, spec.kernel, base.exclude_self, gradient)
+        log_sums, means = score_means(
+            q_cont, keys_cont_t, base.q_cat, base.keys_cat_t, cat_params, dparams, *common
+        )
+        dc = keys_cont_t.shape[0]
+        log_constant = KERNEL_LOG_CONSTANTS[spec.kernel]
+        constant = float(np.sum(np.log(h))) + dc * log_constant
         if not self.n_response:
-            with np.errstate(invalid="ignore"):  # -inf - -inf: no other row carries weight
-                logs = log_sums - log_total - constant
+            with np.errstate(invalid="ignore"):  # -inf - -inf: no other row has weight
+                logs = log_sums - self._log_total - constant
             logs[np.isnan(logs)] = -math.inf
             if not gradient:
                 return logs, None
             slopes = means.copy()
             slopes[:, :dc] -= 1.0
             return logs, slopes
-        marginal = marginal_problem(problem, self.n_response)
-        m_log_sums, m_means = score_means_of(marginal, dparams[self._response_cat :])
+        rc, rk = self._response_cont, self._response_cat
+        m_log_sums, m_means = score_means(
+            np.ascontiguousarray(q_cont[:, rc:]),
+            np.ascontiguousarray(keys_cont_t[rc:]),
+            self._marginal_q_cat,
+            self._marginal_keys_cat_t,
+            np.ascontiguousarray(cat_params[rk:]),
+            dparams[rk:],
+            *common,
+        )
+        m_constant = float(np.sum(np.log(h[rc:]))) + (dc - rc) * log_constant
         with np.errstate(invalid="ignore"):  # -inf - -inf: no key reaches the row
-            logs = log_sums - m_log_sums - (constant - self._marginal_constant(marginal))
+            logs = log_sums - m_log_sums - (constant - m_constant)
         if not gradient:
             return logs, None
         slopes = means.copy()
-        slopes[:, : self._response_cont] -= 1.0
-        cont_x = slice(self._response_cont, dc)
-        slopes[:, cont_x] -= m_means[:, : dc - self._response_cont]
-        slopes[:, dc + self._response_cat :] -= m_means[:, dc - self._response_cont :]
+        slopes[:, :rc] -= 1.0
+        slopes[:, rc:dc] -= m_means[:, : dc - rc]
+        slopes[:, dc + rk :] -= m_means[:, dc - rc :]
         return logs, slopes
 
-    def _marginal_constant(self, marginal) -> float:
-        return (
-            float(np.sum(np.log(marginal.h)))
-            + marginal.h.size * KERNEL_LOG_CONSTANTS[marginal.spec.kernel]
-        )
+    def _scaled(self, theta, h):
+        """The continuous columns divided by h: queries (n, dc) and keys (dc, n), those of
+        :meth:`problem_at` (the same divisions), which words the error where a column
+        overflows (it is asked only then)."""
+        with np.errstate(all="ignore"):
+            q_cont = self.q_unit / h
+            keys_cont_t = self.k_unit / h[:, None]
+        if np.isfinite(q_cont).all() and np.isfinite(keys_cont_t).all():
+            return q_cont, keys_cont_t
+        problem = self.problem_at(theta)
+        return problem.q_cont, problem.keys_cont_t
 
 
 def _loo_problem(spec: LocalSpec, X, widths, sample_weight) -> LocalProblem:
     return density_layout(spec, X, X, widths, sample_weight, exclude_self=True)
+
+
+def _policy(spec: LocalSpec):
+    """The search's policy: :data:`~nbattn.local.search.SMOOTH_POLICY` for the Gaussian
+    kernel, whose criterion is smooth in theta; the default search for a compact kernel,
+    whose criterion is kinked where a pair enters the kernel's support (a descent stops
+    at a kink that only the common factor's refinement and the sweeps see past)."""
+    return SMOOTH_POLICY if spec.kernel == "gaussian" else None
 
 
 def cv_ml_widths(
@@ -172,7 +214,7 @@ def cv_ml_widths(
         start = density_rule_widths(spec, X, "normal_reference", sample_weight)
     criterion = LikelihoodCriterion(_loo_problem(spec, X, start, sample_weight), n_response)
     with FitProgress(verbose, "cv_ml_widths", unit="evaluation") as criterion.log:
-        theta = search_widths(criterion, start, per_column=True)
+        theta = search_widths(criterion, start, per_column=True, policy=_policy(spec))
     if spec.rtol > 0.0:
         exact = LikelihoodCriterion(
             dataclasses.replace(criterion.base, spec=dataclasses.replace(spec, rtol=0.0)),

@@ -230,6 +230,7 @@ def log_sums_and_score_means(
     log_weights,
     kernel,
     exclude_self,
+    gradient=True,
 ):
     """The normaliser and the mean score derivatives of a density's pooling, in one pass.
 
@@ -244,7 +245,8 @@ def log_sums_and_score_means(
       (da, db, dt) with respect to the column's parameter.
 
     The mean is d log sum_j exp(s_j) / dtheta: the gradient of a log density in the widths
-    (``nbattn.distribution.density_widths``). ``exclude_self`` leaves the pair (i, i) out.
+    (``nbattn.distribution.density_widths``). ``exclude_self`` leaves the pair (i, i) out;
+    ``gradient=False`` computes ``log_sums`` alone (``means`` stays 0).
     One online pass over blocks of ``SCORE_BLOCK`` keys: a block's scores first (loops the
     compiler vectorises), then its weights and their sums, rescaled whenever the running
     maximum grows.
@@ -296,6 +298,8 @@ def log_sums_and_score_means(
                 scores[jj] = p
                 block_total += p
             total += block_total
+            if not gradient:
+                continue
             for c in range(dc):
                 qc = q_cont[i, c]
                 part = 0.0

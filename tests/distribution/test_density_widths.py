@@ -387,6 +387,75 @@ def test_cv_ml_reaches_the_minimum_of_a_dense_grid_far_clusters():
     assert found <= best + 1e-6 * abs(best)
 
 
+def mixed_design(name, seed, n=60):
+    """(X, var_type): a continuous column and a categorical one built to break the
+    search's policy for a smooth criterion (``nbattn.local.search.SMOOTH_POLICY``)."""
+    rng = np.random.default_rng(seed)
+    codes = rng.integers(0, 3, n)
+    codes[:3] = np.arange(3)
+    if name == "l at 0":  # each category its own cluster: other categories' keys only cost
+        x = 6.0 * codes + rng.normal(size=n)
+    elif name == "l at its top":  # the category independent of x, uniform
+        x = rng.normal(size=n)
+    elif name == "two minima in h":  # a wide cluster and a tight one
+        x = np.where(np.arange(n) < n // 2, rng.normal(size=n), 6.0 + 0.02 * rng.normal(size=n))
+    elif name == "tied x":  # x on a lattice, its cells told apart by the category
+        x = np.round(rng.normal(size=n)) + 0.25 * codes
+    else:
+        raise AssertionError(name)
+    return np.column_stack([x, codes]).astype(float)
+
+
+def mixed_grid_minimum(X, kind, h_grid, l_grid):
+    """The least n CV (the naive twin's criterion) over the grid of (h, l) of a Gaussian
+    continuous column and a categorical one of 3 levels: f_-i = ((1 - l) A_i + l / 2 B_i)
+    / (n - 1) ('u'), A_i / B_i the sums of the other rows' kernels in i's category /
+    the others ('o': (1 - l) A_i + (1 - l) / 2 sum_k l^k B_ik, B_ik at distance k)."""
+    x, codes = X[:, 0], X[:, 1].astype(int)
+    n = x.size
+    gap = np.abs(codes[:, None] - codes[None, :])
+    best = math.inf
+    for h in h_grid:
+        K = np.exp(-0.5 * ((x[:, None] - x[None, :]) / h) ** 2) / (h * math.sqrt(2 * math.pi))
+        np.fill_diagonal(K, 0.0)
+        sums = np.stack([(K * (gap == k)).sum(axis=1) for k in range(3)])  # (3, n)
+        lam = l_grid[:, None]
+        if kind == "u":
+            f = (1.0 - lam) * sums[0] + lam / 2.0 * (sums[1] + sums[2])
+        else:
+            f = (1.0 - lam) * (sums[0] + 0.5 * (lam * sums[1] + lam**2 * sums[2]))
+        with np.errstate(divide="ignore"):
+            values = -np.log(f / (n - 1)).sum(axis=1)
+        best = min(best, float(values.min()))
+    return best
+
+
+MIXED_DESIGNS = ["l at 0", "l at its top", "two minima in h", "tied x"]
+
+
+@pytest.mark.parametrize("kind", ["u", "o"])
+@pytest.mark.parametrize("name", MIXED_DESIGNS)
+def test_cv_ml_reaches_the_minimum_of_a_dense_grid_2d(name, kind):
+    """A continuous column and a categorical one: the cv_ml criterion is within 1e-6
+    relative of the least value on a dense grid of (h, l) (h log-spaced from the rule's
+    e^-6 to e^3, l over [0, lambda_max] with both ends), or below it; and inside the
+    ranges (l in [0, lambda_max])."""
+    X = mixed_design(name, 0)
+    var_type = "c" + kind
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tied x: h at the search's floor
+        widths = nbattn.KernelDensity(bandwidth="cv_ml", var_type=var_type).fit(X).bandwidth_
+    rule = nbattn.KernelDensity(var_type=var_type).fit(X).bandwidth_[0]
+    top = 2.0 / 3.0 if kind == "u" else 1.0
+    assert widths[0] > 0 and 0.0 <= widths[1] <= top
+    h_grid = rule * np.exp(np.linspace(-6.0, 3.0, 300))
+    l_grid = np.r_[0.0, top * np.geomspace(1e-6, 1.0, 400)]
+    best = mixed_grid_minimum(X, kind, h_grid, l_grid)
+    found = naive.kde_loo_log_likelihood(X, widths, var_type, (0, 3), "gaussian")
+    assert mixed_grid_minimum(X, kind, widths[:1], widths[1:]) == pytest.approx(found, rel=1e-10)
+    assert found <= best + 1e-6 * abs(best)
+
+
 # --------------------------------------------------------------------------- repeatability
 REPEAT_CONFIGS = [
     ("c", "gaussian", False),
