@@ -212,7 +212,7 @@ class SpecEstimator(ModelSettings, BaseEstimator):
                 sample_weight = sample_weight[keep]
             categories = columns.fit_categories(table, kinds)
             encoded = columns.encode_columns(
-                table, kinds, categories, missing=missing, offers=self._offers()
+                table, kinds, categories, missing=missing, offers=self._training_offers()
             )
             if unsupervised:
                 X = check_array(encoded, dtype=np.float64, ensure_all_finite=finite, estimator=self)

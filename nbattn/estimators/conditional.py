@@ -18,8 +18,6 @@ from sklearn.utils.validation import check_is_fitted, column_or_1d
 
 from ..distribution.conditional import (
     check_levels,
-    conditional_log_cdf,
-    conditional_quantiles,
     interval_levels,
 )
 from ..distribution.density import resolve_density_widths
@@ -56,6 +54,7 @@ class _ConditionalModel(DensityPrediction, SpecEstimator):
         X, y_checked, sample_weight = self._validate_training_X(
             X, y_codes, sample_weight, y_numeric=True
         )
+        self._refuse_incomplete_rows(X)
         self.y_type_ = y_type
         self.y_categories_ = y_categories
         joint = np.column_stack([y_checked, X])
@@ -96,11 +95,6 @@ class _ConditionalModel(DensityPrediction, SpecEstimator):
         self.y_bandwidth_ = float(widths[0])
         self.bandwidth_ = widths[1:].copy()
         return self
-
-    def _checked_joint(self, X, y=None):
-        """The joint layout at the rows of X (checked) with y."""
-        check_is_fitted(self)
-        return self._joint_problem(self._check_queries(X), y)
 
     def _checked_quantiles(self, X, levels):
         check_is_fitted(self)
@@ -143,6 +137,11 @@ class ConditionalKernelDensity(_ConditionalModel):
     kernel, rtol, var_type, device, verbose
         As :class:`nbattn.KernelDensity` (``var_type`` is X's; y's kind comes from its
         dtype: numbers are continuous, a pandas category unordered or ordered).
+    missing : {"error", "marginalize"}
+        A missing value in a query row of X: an error naming the row and column, or
+        ``"marginalize"``: the distribution of y given the row's observed columns (the
+        others integrated out of the joint and marginal densities alike). The training
+        rows and y must be complete either way.
 
     Attributes
     ----------
@@ -165,6 +164,7 @@ class ConditionalKernelDensity(_ConditionalModel):
         kernel="gaussian",
         rtol=0.0,
         var_type=None,
+        missing="error",
         device="cpu",
         verbose=0,
     ):
@@ -206,15 +206,14 @@ class ConditionalKernelDensity(_ConditionalModel):
         level (continuous y; exact to the quantiles' tolerance), or the category whose
         cumulative probability first reaches it. The same ``random_state``, the same draws."""
         check_is_fitted(self)
-        problem = self._checked_joint(X)
-        u = generator(random_state).random(problem.q_cont.shape[0])
+        X = self._check_queries(X)
+        u = generator(random_state).random(X.shape[0])
         if self.y_type_ == "c":
-            return conditional_quantiles(problem, u[:, None])[:, 0]
+            return self._quantiles(X, u[:, None])[:, 0]
         count = len(self.y_categories_)
         cumulative = np.empty((u.size, count))
         for code in range(count):
-            problem.q_cat[:, 0] = code
-            cumulative[:, code] = np.exp(conditional_log_cdf(problem))
+            cumulative[:, code] = np.exp(self._conditional_log_cdf(X, None, np.full(u.size, code)))
         codes = np.minimum((cumulative < (u * cumulative[:, -1])[:, None]).sum(axis=1), count - 1)
         return np.asarray(self.y_categories_, dtype=object)[codes]
 
@@ -228,7 +227,7 @@ class KernelQuantileRegressor(RegressorMixin, _ConditionalModel):
     ----------
     quantile : float in (0, 1)
         The level ``predict`` returns (0.5: the conditional median).
-    bandwidth, y_bandwidth, kernel, rtol, var_type, device, verbose
+    bandwidth, y_bandwidth, kernel, rtol, var_type, missing, device, verbose
         As :class:`ConditionalKernelDensity` (``bandwidth`` defaults to ``"cv_ml"``).
     """
 
@@ -240,6 +239,7 @@ class KernelQuantileRegressor(RegressorMixin, _ConditionalModel):
         kernel="gaussian",
         rtol=0.0,
         var_type=None,
+        missing="error",
         device="cpu",
         verbose=0,
     ):

@@ -58,6 +58,12 @@ class KernelDensity(DensityPrediction, SpecEstimator):
     var_type : str, optional
         One letter per column: 'c' continuous, 'u' unordered, 'o' ordered. By default from
         a DataFrame's dtypes (category, bool, text: 'u'; ordered category: 'o'), else 'c'.
+    missing : {"error", "marginalize"}
+        A missing value (NaN, None, pandas.NA) in a query row: an error naming the row
+        and column, or ``"marginalize"``: the row's density and CDF are those of its
+        observed columns, the others integrated out (exact: the product kernel integrates
+        to 1 over each column left out). The training rows must be complete either way
+        (a density has no kernel for an unknown value): drop incomplete rows first.
     device : {"cpu", "cuda", "auto"}
         Where the densities, CDFs and quantiles run ("auto": the GPU when there is one);
         ``sample``'s draws and the ``"cv_ml"`` search's gradient run on the CPU.
@@ -81,6 +87,7 @@ class KernelDensity(DensityPrediction, SpecEstimator):
         kernel="gaussian",
         rtol=0.0,
         var_type=None,
+        missing="error",
         device="cpu",
         verbose=0,
     ):
@@ -96,6 +103,7 @@ class KernelDensity(DensityPrediction, SpecEstimator):
         """Fit the density of the rows of X (y is ignored); rows of weight 0 are dropped."""
         self._validate_params()
         X, _, sample_weight = self._validate_training_X(X, None, sample_weight, unsupervised=True)
+        self._refuse_incomplete_rows(X)
         spec = self._local_spec()
         if isinstance(self.bandwidth, str) and self.bandwidth == "cv_ml":
             widths = cv_ml_widths(spec, X, sample_weight, verbose=self.verbose)

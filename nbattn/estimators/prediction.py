@@ -76,6 +76,10 @@ class ModelSettings:
         """The table options this model has, which its input errors may advise."""
         return tuple(name for name in ("missing", "handle_unknown") if self._param(name))
 
+    def _training_offers(self) -> tuple:
+        """The options a training table's input errors may advise (:meth:`_offers`)."""
+        return self._offers()
+
     def _missing(self) -> str:
         return self._param("missing", "error")
 
@@ -569,29 +573,82 @@ class DensityPrediction(ModelSettings):
             rtol=self._rtol(),
         )
 
+    # ---- missing values
+
+    def _training_offers(self) -> tuple:
+        # a density's training rows must be complete: "missing" is no advice there
+        return tuple(name for name in self._offers() if name != "missing")
+
+    def _refuse_incomplete_rows(self, X) -> None:
+        """A density's training rows must be complete (no kernel measures an unknown
+        value): an error naming the first row and column with a missing value."""
+        missing = np.isnan(X)
+        if missing.any():
+            row, column = (int(i) for i in np.argwhere(missing)[0])
+            names = self._fitted("feature_names_in_")
+            name = repr(str(names[column])) if names is not None else str(column)
+            raise ValueError(
+                f"X has a missing value at row {row}, column {name}: a density's training "
+                "rows must be complete (missing='marginalize' integrates missing values out "
+                "of the query rows only); drop the incomplete rows first"
+            )
+
+    def _by_observed_columns(self, X, compute, empty):
+        """``compute(rows, keep, index)`` for each pattern of observed columns of the
+        checked rows X, ``keep`` the observed columns' indices (None: every row complete)
+        and ``index`` the rows' positions in X, put back in row order: the marginal over
+        the columns a row lacks (with ``missing="marginalize"``). ``empty(n)`` answers
+        rows with no observed column (None where a column is always observed: a
+        conditional model's y, first)."""
+        missing = np.isnan(X)
+        if not missing.any():
+            return compute(X, None, slice(None))
+        patterns, inverse = np.unique(missing, axis=0, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        out = None
+        for index, pattern in enumerate(patterns):
+            rows = np.flatnonzero(inverse == index)
+            keep = np.flatnonzero(~pattern)
+            part = compute(X[np.ix_(rows, keep)], keep, rows) if keep.size else empty(rows.size)
+            if out is None:
+                out = np.empty((X.shape[0], *np.shape(part)[1:]))
+            out[rows] = part
+        return out
+
     # ---- a density of X
 
-    def _marginal_problem(self, X):
-        """The layout of the density of the fitted rows at the checked queries X."""
+    def _marginal_problem(self, X, keep=None):
+        """The layout of the density of the fitted rows at the checked queries X (of the
+        columns ``keep`` alone when given: their marginal density)."""
         from ..distribution.density import density_layout
         from ..local.problem import check_widths
 
-        spec = self._density_spec(self._kinds(), self._n_categories())
-        widths = check_widths(self._fitted("bandwidth_"), spec.var_type, spec.counts, "bandwidth_")
-        keys, weights = self._fitted("X_fit_"), self._fitted("sample_weight_")
-        return density_layout(spec, X, keys, widths, weights)
+        kinds, counts = self._kinds(), self._n_categories()
+        widths, keys = self._fitted("bandwidth_"), self._fitted("X_fit_")
+        if keep is not None:
+            kinds = "".join(kinds[i] for i in keep)
+            counts = [counts[i] for i in keep]
+            widths, keys = np.asarray(widths)[keep], keys[:, keep]
+        spec = self._density_spec(kinds, counts)
+        widths = check_widths(widths, spec.var_type, spec.counts, "bandwidth_")
+        return density_layout(spec, X, keys, widths, self._fitted("sample_weight_"))
 
     def _log_density(self, X):
-        """log f(x) per checked row of X (n,)."""
+        """log f(x) per checked row of X (n,) (of its observed columns: log 1 = 0 for a
+        row with none)."""
         from ..distribution.density import log_density_of
 
-        return log_density_of(self._marginal_problem(X))
+        return self._by_observed_columns(
+            X, lambda rows, keep, _: log_density_of(self._marginal_problem(rows, keep)), np.zeros
+        )
 
     def _log_cdf(self, X):
         """log F(x) per checked row of X (n,): exact, on the model's device."""
         from ..distribution.density import log_cdf_of
 
-        return log_cdf_of(self._marginal_problem(X))
+        return self._by_observed_columns(
+            X, lambda rows, keep, _: log_cdf_of(self._marginal_problem(rows, keep)), np.zeros
+        )
 
     # ---- y given X
 
@@ -629,11 +686,15 @@ class DensityPrediction(ModelSettings):
         codes = columns.encode_columns(table, kind, [categories], table="y")[:, 0]
         return codes, kind, categories
 
-    def _joint_spec(self):
+    def _joint_spec(self, keep=None):
+        """The joint layout's spec: y's column, then X's (those in ``keep`` when given)."""
         categories = self._fitted("y_categories_")
         y_counts = [0 if categories is None else len(categories)]
-        kinds = self._fitted("y_type_") + self._kinds()
-        return self._density_spec(kinds, y_counts + self._n_categories())
+        kinds, counts = self._kinds(), self._n_categories()
+        if keep is not None:
+            kinds = "".join(kinds[i] for i in keep)
+            counts = [counts[i] for i in keep]
+        return self._density_spec(self._fitted("y_type_") + kinds, y_counts + counts)
 
     def _response_codes(self, X, y):
         """y at the checked rows of X as the joint layout's first column (codes for a
@@ -646,21 +707,25 @@ class DensityPrediction(ModelSettings):
             raise ValueError(f"X has {X.shape[0]} rows but y has {y_codes.shape[0]}")
         return y_codes
 
-    def _joint_problem(self, X, y=None, y_codes=None):
-        """The joint layout at the checked rows of X with y (or its codes ``y_codes``)."""
+    def _joint_problem(self, X, y=None, y_codes=None, keep=None):
+        """The joint layout at the checked rows of X with y (or its codes ``y_codes``), of
+        y and X's columns ``keep`` alone when given (X then holds those columns)."""
         from ..distribution.density import density_layout
         from ..local.problem import check_widths
 
         if y_codes is None:
             y_codes = self._response_codes(X, y)
-        spec = self._joint_spec()
+        spec = self._joint_spec(keep)
+        x_widths, x_keys = np.asarray(self._fitted("bandwidth_")), self._fitted("X_fit_")
+        if keep is not None:
+            x_widths, x_keys = x_widths[keep], x_keys[:, keep]
         widths = check_widths(
-            np.concatenate(([self._fitted("y_bandwidth_")], self._fitted("bandwidth_"))),
+            np.concatenate(([self._fitted("y_bandwidth_")], x_widths)),
             spec.var_type,
             spec.counts,
             "bandwidth_",
         )
-        keys = np.column_stack([self._fitted("y_fit_"), self._fitted("X_fit_")])
+        keys = np.column_stack([self._fitted("y_fit_"), x_keys])
         return density_layout(
             spec, np.column_stack([y_codes, X]), keys, widths, self._fitted("sample_weight_")
         )
@@ -671,29 +736,49 @@ class DensityPrediction(ModelSettings):
 
         return self._at_finite_y(X, y, conditional_log_density, -np.inf, -np.inf)
 
-    def _conditional_log_cdf(self, X, y):
-        """log F(y_i | x_i) per checked row of X (n,): exact, on the model's device."""
+    def _conditional_log_cdf(self, X, y, y_codes=None):
+        """log F(y_i | x_i) per checked row of X (n,) (y given, or its codes ``y_codes``):
+        exact, on the model's device."""
         from ..distribution.conditional import conditional_log_cdf
 
-        return self._at_finite_y(X, y, conditional_log_cdf, -np.inf, 0.0)
+        return self._at_finite_y(X, y, conditional_log_cdf, -np.inf, 0.0, y_codes)
 
-    def _at_finite_y(self, X, y, function, below, above):
+    def _at_finite_y(self, X, y, function, below, above, y_codes=None):
         """``function`` of the joint problem at the rows whose y is finite; a continuous y
         of -inf or +inf gives ``below`` or ``above`` (the log density's and CDF's limits)."""
-        y_codes = self._response_codes(X, y)
+        if y_codes is None:
+            y_codes = self._response_codes(X, y)
         infinite = np.isinf(y_codes)
         out = np.empty(X.shape[0])
         finite = ~infinite
         if finite.any():
-            problem = self._joint_problem(X[finite], y_codes=y_codes[finite])
-            out[finite] = function(problem)
+            out[finite] = self._by_observed_columns(
+                np.column_stack([y_codes[finite], X[finite]]),
+                lambda rows, keep, _: function(self._joint_rows(rows, keep)),
+                None,
+            )
         out[infinite] = np.where(y_codes[infinite] > 0, above, below)
         return out
 
     def _quantiles(self, X, levels):
-        """The conditional quantiles (n, len(levels)) at the checked rows of X."""
+        """The conditional quantiles (n, len(levels)) at the checked rows of X; ``levels``
+        (k,) for every row or (n, k) per row."""
         from ..distribution.conditional import conditional_quantiles
 
         if self._fitted("y_type_") != "c":
             raise ValueError("quantiles need a continuous y; this model's y is categorical")
-        return conditional_quantiles(self._joint_problem(X), levels)
+        levels = np.asarray(levels, dtype=np.float64)
+        return self._by_observed_columns(
+            np.column_stack([np.zeros(X.shape[0]), X]),
+            lambda rows, keep, index: conditional_quantiles(
+                self._joint_rows(rows, keep), levels if levels.ndim < 2 else levels[index]
+            ),
+            None,
+        )
+
+    def _joint_rows(self, rows, keep):
+        """The joint layout of ``rows`` = (y code, X's observed columns) (one pattern of
+        :meth:`_by_observed_columns` with y's column fixed first): ``keep`` indexes the
+        joint columns, 0 being y's."""
+        x_keep = None if keep is None else keep[1:] - 1
+        return self._joint_problem(rows[:, 1:], y_codes=rows[:, 0], keep=x_keep)

@@ -275,9 +275,10 @@ _RTOL = Param("rtol", 0.0, (RealRange(0.0, below=1.0),))
 
 #: how the columns of X are read (:mod:`nbattn._core.columns`)
 _VAR_TYPE = Param("var_type", None, (Text(),), none=True)
+_MISSING = Param("missing", "error", (Options("error", "marginalize"),))
 _TABLE = (
     _VAR_TYPE,
-    Param("missing", "error", (Options("error", "marginalize"),)),
+    _MISSING,
     Param("handle_unknown", "error", (Options("error", "ignore"),)),
 )
 #: where and how precisely each call runs, and how much it says
@@ -339,7 +340,7 @@ def _density_bandwidth(default: str) -> Param:
 #: y's width of a conditional model (None: by the rule or criterion of X's)
 _Y_BANDWIDTH = Param("y_bandwidth", None, (RealRange(0),), none=True)
 #: what every density estimator takes after its widths
-_DENSITY_REST = (_kernel(), _RTOL, _VAR_TYPE, _DEVICE, _VERBOSE)
+_DENSITY_REST = (_kernel(), _RTOL, _VAR_TYPE, _MISSING, _DEVICE, _VERBOSE)
 
 #: the density estimators (densities, conditional densities, quantiles), class name -> its spec
 DENSITY_SPECS = {

@@ -214,7 +214,6 @@ def test_evaluate_scores_the_estimators_values(nbattn_cli, files):
         (["fit", "{train}", "--target", "y", "--y-bandwidth", "0.3"], "--y-bandwidth does not"),
         (["fit", "{train}", "--model", "kde", "--kernel", "average"], "--kernel average"),
         (["fit", "{train}", "--model", "cdens", "--target", "y", "--degree", "1"], "--degree"),
-        (["fit", "{train}", "--model", "kde", "--on-nan", "marginalize"], "--on-nan marginalize"),
         (["predict", "{nw}", "{query}", "--quantiles", "0.5"], "--quantiles is for"),
         (["predict", "{kde}", "{query}", "--quantiles", "0.5"], "--quantiles is for"),
         (["predict", "{kde}", "{query}", "--std"], "--std does not apply"),
