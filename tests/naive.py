@@ -1275,3 +1275,52 @@ def kde_conditional_ls_cv(
         )
         out += w[row] / w.sum() * (float(point_weights @ (g * g)) - 2.0 * float(at_y[0] @ p))
     return out
+
+
+def conditional_cdf_cv(
+    X, widths, var_type, n_categories, kernel="gaussian", sample_weight=None, n_points=32
+):
+    """Cross-validation of the conditional CDF of y (X's first column) given x (the
+    others), by brute force: per row l the weights p_j = w_j K_x(x_l, x_j) / sum_{j != l}
+    w_j K_x(x_l, x_j) over j != l, and the mean over points t of (1{y_l <= t} -
+    sum_j p_j G((t - y_j) / h_y))^2, weighted by u_l = w_l / sum w. The points: a
+    continuous y's ``n_points`` weighted quantiles among its values (the value where the
+    cumulative weight first reaches (g + 1/2) / n_points of the total, duplicates merged);
+    a categorical y's codes, an ordered y's cumulative kernel summed over the codes up to
+    t, an unordered y's probabilities 1{y_l = t} against sum_j p_j L(t, y_j)."""
+    X = np.asarray(X, dtype=np.float64)
+    n = X.shape[0]
+    w = np.ones(n) if sample_weight is None else np.asarray(sample_weight, float)
+    y, kind, width, count = X[:, 0], var_type[0], float(widths[0]), int(n_categories[0])
+    if kind == "c":
+        order = np.argsort(y, kind="stable")
+        cumulative = np.cumsum(w[order])
+        picks = []
+        for g in range(n_points):
+            level = (g + 0.5) / n_points * cumulative[-1]
+            picks.append(y[order][min(int(np.argmax(cumulative >= level)), n - 1)])
+        points = np.unique(picks)
+    else:
+        points = np.arange(count, dtype=np.float64)
+    out = 0.0
+    for row in range(n):
+        others = np.array([j for j in range(n) if j != row])
+        Kx = _kde_kernel_matrix(
+            X[row : row + 1, 1:],
+            X[others, 1:],
+            widths[1:],
+            var_type[1:],
+            n_categories[1:],
+            kernel,
+            _density_column,
+        )
+        p = w[others] * Kx[0]
+        p = p / p.sum()
+        a, b = points[:, None], y[others][None, :]
+        if kind == "u":
+            values, target = _category_pdf("u", a, b, width, count), y[row] == points
+        else:
+            values, target = _cdf_column(kind, a, b, width, count, kernel), y[row] <= points
+        F = values @ p
+        out += w[row] / w.sum() * float(np.mean((target - F) ** 2))
+    return out

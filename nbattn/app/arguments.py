@@ -62,11 +62,14 @@ def bandwidth_arg(text: str):
     return values
 
 
-def y_width_arg(text: str) -> float:
-    """The width of a conditional model's y: one positive number."""
+def y_width_arg(text: str) -> float | str:
+    """The width of a conditional model's y: one positive number, or ``cv_cdf`` (by
+    cross-validation of the conditional CDF)."""
+    if text == "cv_cdf":
+        return text
     value = width(text)
     if isinstance(value, str):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a positive number or cv_cdf, got {text!r}")
     return value
 
 

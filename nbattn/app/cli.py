@@ -461,7 +461,8 @@ def _add_model_options(p, models=tuple(MODELS)) -> None:
             type=y_width_arg,
             metavar="H",
             help="--model cdens or quantile: the width of the target y (its lambda when y is "
-            "categorical); default: by the rule of --bandwidth",
+            "categorical), or cv_cdf (by cross-validation of the conditional CDF, the "
+            "quantile model's default); default: the model's",
         )
     p.add_argument("--metric", choices=_options("learned", "metric"), help="--model learned")
     p.add_argument("--max-iter", type=int_arg(1), help="--model learned: optimiser iterations")

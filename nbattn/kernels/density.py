@@ -22,9 +22,11 @@ With l the column's smoothing and x the key's code, Aitchison-Aitken (unordered)
     x >  Q:  l^(x - Q) (1 - l^(Q + 1)) / 2.
 
 The sum runs in log space (an online log-sum-exp per query, as every pooling here),
-each factor's logarithm taken directly (log Phi by its asymptotic series far in the
-lower tail), so a CDF far below every key is its true tiny value, not 0 from an
-underflowed product. Returns log F (-inf where F is 0).
+each factor's logarithm taken directly, or for the Gaussian as -x^2 / 2 in the score and
+a factor that cannot underflow (``nbattn.kernels.normal``: Phi without erfc or a
+logarithm per pair, in loops the compiler vectorises), so a CDF far below every key is
+its true tiny value, not 0 from an underflowed product. Returns log F (-inf where F is
+0). The quantiles' mixtures run in linear space with the same vectorisable Phi.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from .._core.local_groups import (
 )
 from .fastmath import fast_exp, fmax
 from .local_pairs import category_term, dlog_kernel
+from .normal import normal_cdf, normal_cdf_parts
 
 __all__ = [
     "QUANTILE_WEIGHT_FLOOR",
@@ -174,49 +177,113 @@ def log_kernel_sums(
     category codes; ``cat_kind`` (dk,) int64 ``UNORDERED``/``ORDERED``, ``cat_lambda``
     (dk,) the smoothing, ``cat_count`` (dk,) the number of categories; ``log_weights``
     (n_k,) log w_j (-inf leaves a key out); ``kernel`` the continuous kernel's code.
+
+    One online log-sum-exp per query over blocks of ``SCORE_BLOCK`` keys: a block's
+    scores and linear factors first, then their weights. An integrated Gaussian column
+    adds the exponent of ``nbattn.kernels.normal.normal_cdf_parts`` to the score (-x^2 / 2
+    below the key) and multiplies its factor (R(x), or Phi in [1/2, 1]) into the key's
+    value, so the common case (Gaussian kernels, continuous columns) runs in loops the
+    compiler vectorises, with no logarithm or erfc per pair, and stays exact in the far
+    lower tail (the factor never underflows); the compact kernels and the categorical
+    columns add their logarithms to the score, one pair at a time.
     """
     n_q = q_cont.shape[0]
+    out = np.empty(n_q)
+    for i in prange(n_q):
+        out[i] = _log_kernel_sums_row(
+            np.int64(i),
+            q_cont,
+            keys_cont_t,
+            q_cat,
+            keys_cat_t,
+            cont_integrated,
+            cat_integrated,
+            cat_params,
+            cat_kind,
+            cat_lambda,
+            cat_count,
+            log_weights,
+            kernel,
+        )
+    return out
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _log_kernel_sums_row(
+    i,
+    q_cont,
+    keys_cont_t,
+    q_cat,
+    keys_cat_t,
+    cont_integrated,
+    cat_integrated,
+    cat_params,
+    cat_kind,
+    cat_lambda,
+    cat_count,
+    log_weights,
+    kernel,
+):
+    """Row ``i`` of :func:`log_kernel_sums`."""
     n_k = log_weights.shape[0]
     dc = keys_cont_t.shape[0]
     dk = keys_cat_t.shape[0]
-    out = np.empty(n_q)
-    for i in prange(n_q):
-        top = -math.inf
-        total = 0.0
-        for j in range(n_k):
-            term = log_weights[j]
-            for c in range(dc):
-                if term == -math.inf:
-                    break
-                d = q_cont[i, c] - keys_cont_t[c, j]
-                if cont_integrated[c]:
-                    term += log_integrated_kernel(d, kernel)
-                else:
-                    term += log_kernel(d, kernel)
-            for k in range(dk):
-                if term == -math.inf:
-                    break
+    scores = np.empty(SCORE_BLOCK)
+    values = np.empty(SCORE_BLOCK)
+    top = -math.inf
+    total = 0.0
+    for j0 in range(0, n_k, SCORE_BLOCK):
+        nb = min(SCORE_BLOCK, n_k - j0)
+        for jj in range(nb):
+            scores[jj] = log_weights[j0 + jj]
+            values[jj] = 1.0
+        for c in range(dc):
+            qc = q_cont[i, c]
+            if kernel == GAUSSIAN and cont_integrated[c]:  # the common cases, vectorised
+                for jj in range(nb):
+                    e, v = normal_cdf_parts(qc - keys_cont_t[c, j0 + jj])
+                    scores[jj] += e
+                    values[jj] *= v
+            elif kernel == GAUSSIAN:
+                for jj in range(nb):
+                    d = qc - keys_cont_t[c, j0 + jj]
+                    scores[jj] -= 0.5 * d * d
+            elif cont_integrated[c]:
+                for jj in range(nb):
+                    scores[jj] += log_integrated_kernel(qc - keys_cont_t[c, j0 + jj], kernel)
+            else:
+                for jj in range(nb):
+                    scores[jj] += log_kernel(qc - keys_cont_t[c, j0 + jj], kernel)
+        for k in range(dk):
+            qk = q_cat[i, k]
+            for jj in range(nb):
+                if scores[jj] == -math.inf:
+                    continue
                 if cat_integrated[k]:
-                    term += log_category_cdf(
-                        q_cat[i, k], keys_cat_t[k, j], cat_kind[k], cat_lambda[k], cat_count[k]
+                    scores[jj] += log_category_cdf(
+                        qk, keys_cat_t[k, j0 + jj], cat_kind[k], cat_lambda[k], cat_count[k]
                     )
                 else:
-                    term += category_term(
-                        keys_cat_t[k, j],
-                        q_cat[i, k],
+                    scores[jj] += category_term(
+                        keys_cat_t[k, j0 + jj],
+                        qk,
                         cat_params[k, 0],
                         cat_params[k, 1],
                         cat_params[k, 2],
                     )
-            if term == -math.inf:
-                continue
-            if term > top:
-                total = total * math.exp(top - term) + 1.0
-                top = term
-            else:
-                total += math.exp(term - top)
-        out[i] = top + math.log(total) if total > 0.0 else -math.inf
-    return out
+        block_top = -math.inf
+        for jj in range(nb):
+            block_top = fmax(block_top, scores[jj])
+        if block_top == -math.inf:
+            continue
+        if block_top > top:
+            total *= math.exp(top - block_top)
+            top = block_top
+        block_total = 0.0
+        for jj in range(nb):
+            block_total += fast_exp(scores[jj] - top) * values[jj]
+        total += block_total
+    return top + math.log(total) if total > 0.0 else -math.inf
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, parallel=True)
@@ -335,9 +402,10 @@ QUANTILE_WEIGHT_FLOOR = 1e-20
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def integrated_kernel(z, kernel):
-    """G(z), the integrated continuous kernel (module docstring), in linear space."""
+    """G(z), the integrated continuous kernel (module docstring), in linear space (the
+    Gaussian's by ``nbattn.kernels.normal.normal_cdf``)."""
     if kernel == GAUSSIAN:
-        return 0.5 * math.erfc(-z / math.sqrt(2.0))
+        return normal_cdf(z)
     if z <= -1.0:
         return 0.0
     if z >= 1.0:
@@ -352,10 +420,38 @@ def integrated_kernel(z, kernel):
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def _mixture_cdf(u, ys, ps, count, kernel):
+    """sum_m ps[m] G(u - ys[m]) over the first ``count`` entries (a loop the compiler
+    vectorises for the Gaussian kernel)."""
     total = 0.0
+    if kernel == GAUSSIAN:
+        for m in range(count):
+            total += ps[m] * normal_cdf(u - ys[m])
+        return total
     for m in range(count):
         total += ps[m] * integrated_kernel(u - ys[m], kernel)
     return total
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _row_scores(i, q_cont, keys_cont_t, q_cat, keys_cat_t, cat_params, log_weights, kernel, out):
+    """The engine's score of query ``i`` against every key (``pair_score``) into ``out``
+    (n_k,), a column at a time (the Gaussian columns in loops the compiler vectorises)."""
+    n_k = log_weights.shape[0]
+    for j in range(n_k):
+        out[j] = log_weights[j]
+    for c in range(keys_cont_t.shape[0]):
+        qc = q_cont[i, c]
+        if kernel == GAUSSIAN:
+            for j in range(n_k):
+                d = keys_cont_t[c, j] - qc
+                out[j] -= 0.5 * d * d
+        else:
+            for j in range(n_k):
+                out[j] += log_kernel(keys_cont_t[c, j] - qc, kernel)
+    for k in range(keys_cat_t.shape[0]):
+        qk, a, b, t = q_cat[i, k], cat_params[k, 0], cat_params[k, 1], cat_params[k, 2]
+        for j in range(n_k):
+            out[j] += category_term(keys_cat_t[k, j], qk, a, b, t)
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, parallel=True)
@@ -391,14 +487,20 @@ def conditional_quantile_roots(
     out = np.empty((n_q, n_levels))
     for i in prange(n_q):
         scores = np.empty(n_k)
+        _row_scores(
+            np.int64(i),
+            q_cont,
+            keys_cont_t,
+            q_cat,
+            keys_cat_t,
+            cat_params,
+            log_weights,
+            kernel,
+            scores,
+        )
         top = -math.inf
         for j in range(n_k):
-            s = pair_score(
-                i, j, q_cont, keys_cont_t, q_cat, keys_cat_t, cat_params, log_weights, kernel
-            )
-            scores[j] = s
-            if s > top:
-                top = s
+            top = fmax(top, scores[j])
         if top == -math.inf:
             for level in range(n_levels):
                 out[i, level] = math.nan
@@ -412,7 +514,7 @@ def conditional_quantile_roots(
         high_y = -math.inf
         for j in range(n_k):
             if scores[j] - top >= floor:
-                p = math.exp(scores[j] - top)
+                p = fast_exp(scores[j] - top)
                 ys[count] = keys_y[j]
                 ps[count] = p
                 total += p

@@ -69,6 +69,11 @@ FITS = {
         lambda: ConditionalKernelDensity(y_bandwidth=0.2),
         "level",
     ),
+    "cdens-cv-cdf": (
+        ["--model", "cdens", "--target", "y", "--features", "x,colour", "--y-bandwidth", "cv_cdf"],
+        lambda: ConditionalKernelDensity(y_bandwidth="cv_cdf"),
+        "y",
+    ),
     "quantile": (
         ["--model", "quantile", "--target", "y", "--features", "x,colour", "--quantile", "0.8"]
         + ["--bandwidth", "normal_reference", "--kernel", "epanechnikov"],

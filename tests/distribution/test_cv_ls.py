@@ -348,7 +348,8 @@ def test_cv_ls_refuses_a_given_y_bandwidth_and_one_row():
 
 def test_quantile_regressor_takes_cv_ls():
     X = table(1, "cc", 25)
-    model = nbattn.KernelQuantileRegressor(bandwidth="cv_ls").fit(X[:, 1:], X[:, 0])
+    model = nbattn.KernelQuantileRegressor(bandwidth="cv_ls", y_bandwidth=None)
+    model.fit(X[:, 1:], X[:, 0])
     widths = _fit("cc", X, conditional=True)
     assert model.y_bandwidth_ == widths[0]
     np.testing.assert_array_equal(model.bandwidth_, widths[1:])
