@@ -171,7 +171,7 @@ class SpecEstimator(ModelSettings, BaseEstimator):
                 scikit-learn's ``validate_data`` as it is (NaN allowed with
                 ``missing="marginalize"``); a table with categorical or text columns
                 is encoded first (category codes, NaN where missing) and checked
-                after. Rows of zero weight are dropped; weights that are all 1 become
+                after. Rows of zero weight are dropped; weights that are all equal become
                 None (the unweighted fit). ``unsupervised``: X alone (a density; y is ignored and
         returned as None).
                 Sets ``var_type_`` and ``categories_``.
@@ -229,7 +229,9 @@ class SpecEstimator(ModelSettings, BaseEstimator):
         )
         keep = sw > 0
         X, y, sw = X[keep], (None if y is None else y[keep]), sw[keep]
-        return X, y, (None if np.all(sw == 1.0) else sw)
+        # every use of the weights is scale-free: equal weights are the unweighted fit,
+        # bit for bit, whatever their value (5e-324 to 1e308)
+        return X, y, (None if sw.size == 0 or np.all(sw == sw[0]) else sw)
 
     # ---- what the shared computation reads (nbattn.estimators.prediction)
 
