@@ -66,9 +66,10 @@ _REFINE = 7
 #: Relative differences of CV below this are rounding: the earlier width is kept.
 _TIE = 1e-12
 
-#: The continuous search's log2 range, relative to the start: first grid, then its limits.
-_FIRST_GRID = (-16, 4)
-_LIMITS = (-48, 16)
+#: The continuous search's range in octaves (log2), relative to the start: first grid, then
+#: its limits (the grid itself is half an octave apart).
+_FIRST_GRID = (-8, 2)
+_LIMITS = (-24, 8)
 
 
 @dataclasses.dataclass
@@ -212,11 +213,13 @@ def _continuous_search(search: _Search) -> None:
     while True:  # an end that holds the best: four octaves further at a time
         best = search.ratios[search.best()]
         if best == min(search.ratios) and low > 2 * _LIMITS[0]:
-            search.evaluate(octaves(low - 8, low - 1)[::-1])
-            low -= 8
+            further = max(low - 8, 2 * _LIMITS[0])
+            search.evaluate(octaves(further, low - 1)[::-1])
+            low = further
         elif best == max(search.ratios) and high < 2 * _LIMITS[1]:
-            search.evaluate(octaves(high + 1, high + 8))
-            high += 8
+            further = min(high + 8, 2 * _LIMITS[1])
+            search.evaluate(octaves(high + 1, further))
+            high = further
         else:
             break
     for _ in range(2):

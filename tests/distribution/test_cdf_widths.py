@@ -143,3 +143,18 @@ def test_conditional_density_takes_cv_cdf_after_cv_ml():
     assert both.y_bandwidth_ == cv_cdf_width(spec, checked, [ml.y_bandwidth_, *ml.bandwidth_])
     with pytest.raises(ValueError, match="y_bandwidth"):
         nbattn.ConditionalKernelDensity(y_bandwidth="cv_ls").fit(X, y)
+
+
+@pytest.mark.parametrize(
+    "y",
+    [np.r_[np.zeros(79), 1.0], np.array([0.3, 1.7]), np.round(np.linspace(-2, 2, 80))],
+    ids=["one-outlier", "two-rows", "rounded"],
+)
+def test_the_width_stays_within_the_documented_range(y):
+    """Degenerate y (one value apart, two rows, heavy ties): y's width stays within
+    2^-24 .. 2^8 of its start (the module docstring's limits)."""
+    x = np.linspace(0.0, 1.0, y.size)[:, None]
+    options = dict(bandwidth="normal_reference")
+    start = nbattn.ConditionalKernelDensity(**options).fit(x, y).y_bandwidth_
+    width = nbattn.ConditionalKernelDensity(y_bandwidth="cv_cdf", **options).fit(x, y).y_bandwidth_
+    assert 2.0**-24 <= width / start <= 2.0**8
