@@ -41,6 +41,7 @@ import warnings
 import numpy as np
 
 from .. import config
+from .._core.numeric import power_of_two_scale
 from .._core.progress import FitProgress
 from ..local.problem import (
     LocalProblem,
@@ -210,11 +211,20 @@ def cv_ml_widths(
             "bandwidth='cv_ml' leaves each row out: it needs at least 2 rows "
             f"(n_samples = {X.shape[0]})"
         )
+    if sample_weight is not None:  # exact: weights times a power of two search to the bit
+        sample_weight = sample_weight / power_of_two_scale(float(np.max(sample_weight)))
     if start is None:
         start = density_rule_widths(spec, X, "normal_reference", sample_weight)
     criterion = LikelihoodCriterion(_loo_problem(spec, X, start, sample_weight), n_response)
+    policy = _policy(spec)
     with FitProgress(verbose, "cv_ml_widths", unit="evaluation") as criterion.log:
-        theta = search_widths(criterion, start, per_column=True, policy=_policy(spec))
+        theta = search_widths(criterion, start, per_column=True, policy=policy)
+        if policy is not None and _at_the_floor(spec, start, theta):
+            # a plateau at the floor (the criterion flat as h shrinks past the pairs'
+            # gaps) stops the smooth policy's descent there; the full search's sweeps
+            # see past it: the better of the two, the smooth one's on a tie
+            full = search_widths(criterion, start, per_column=True)
+            theta = full if criterion.loss(full) < criterion.loss(theta) else theta
     if spec.rtol > 0.0:
         exact = LikelihoodCriterion(
             dataclasses.replace(criterion.base, spec=dataclasses.replace(spec, rtol=0.0)),
@@ -225,6 +235,13 @@ def cv_ml_widths(
     widths = theta_to_widths(theta, spec.var_type, spec.n_categories)
     warn_at_the_floor(spec, start, widths, n_response=n_response)
     return widths
+
+
+def _at_the_floor(spec: LocalSpec, start, theta) -> bool:
+    """Whether a continuous width of theta is at the search's lower bound."""
+    widths = theta_to_widths(theta, spec.var_type, spec.n_categories)
+    floor = start * config.WIDTH_BOUNDS[0] * (1.0 + 1e-9)
+    return bool(np.any(spec.continuous & (widths <= floor)))
 
 
 def warn_at_the_floor(
