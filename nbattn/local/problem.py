@@ -534,7 +534,8 @@ def resolve_widths(spec: LocalSpec, keys, bandwidth) -> np.ndarray:
 
 def check_sample_weight(sample_weight, n_keys):
     """Key weights as a float64 (n_keys,) array: non-negative, one at least positive
-    (None stays None: every key weighs 1)."""
+    (None stays None: every key weighs 1; equal weights become None too, since every use
+    of them is scale-free: the unweighted computation, bit for bit, at any value)."""
     if sample_weight is None:
         return None
     w = as_float_array(sample_weight, "sample_weight", ndim=(1,), dtype="float64")
@@ -546,7 +547,7 @@ def check_sample_weight(sample_weight, n_keys):
         )
     if not (w > 0).any():
         raise ValueError("sample_weight is zero everywhere: no key has weight")
-    return w
+    return None if np.all(w == w[0]) else w
 
 
 def _check_ridge(ridge):
