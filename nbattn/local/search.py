@@ -168,59 +168,7 @@ def search_widths(
     ``has_gradient`` is False is searched without the descents (the common factor,
     exact matching and the column sweeps alone). ``policy``: :class:`SearchPolicy`
     (None: the default one, the module docstring's search)."""
-    if policy is not None and policy != SearchPolicy():
-        return _policy_search(criterion, start, maxiter, per_column, policy)
-    spec = criterion.base.spec
-    var_type, counts = spec.var_type, spec.n_categories
-    theta0 = widths_to_theta(start, var_type, counts)
-    cont = spec.continuous
-    bounds, lower, upper = _search_bounds(theta0, cont)
-    criterion.loss(theta0)
-    if cont.any():
-        # the safeguard: one common factor of every h, categorical parameters at the start
-        _common_scale_search(criterion, theta0, cont, lower, upper)
-    if criterion.best[1] is None:
-        raise ValueError(
-            "the leave-one-out criterion is not finite at any width tried "
-            f"({criterion.targets.shape[0]} rows)"
-        )
-    if not per_column:
-        return criterion.best[1]
-
-    def descend(start=None):
-        _descend(criterion, criterion.best[1] if start is None else start, bounds, maxiter)
-
-    # two starts: the rule itself and the best common scale. They can lie in different
-    # basins, and the common scale's (better at the start) is not always the deeper one:
-    # on the benchmark's mixed data (n = 500, cccuo) the rule's basin is 5% lower
-    scaled = criterion.best[1].copy()
-    descend(theta0)
-    if not np.array_equal(scaled, theta0):
-        descend(scaled)
-    if cont.any():
-        # the joint (h, lambda) stage: exact matching in categorical columns, every h by a
-        # common factor from the descent's point (a corner no one-parameter move reaches)
-        descended = criterion.best[1]
-        # l / lambda_max of the categorical columns (a continuous column's h is no share)
-        top = lambda_max(var_type, counts)
-        widths = theta_to_widths(descended, var_type, counts)
-        # l / lambda_max (a one-level column, lambda_max = 0, counts as fully smoothed)
-        shares = np.where(cont, 0.0, np.divide(widths, top, out=np.ones_like(top), where=top > 0))
-        for columns in _exact_match_subsets(cont, shares):
-            corner = descended.copy()
-            corner[columns] = -math.inf
-            _common_scale_search(criterion, corner, cont, lower, upper)
-    # without a gradient the sweeps do all the work: every third grid factor, then the
-    # fill around the best (nbattn.smoothing.search), a fifth fewer evaluations for the
-    # same widths on the tables tried
-    stride = 1 if getattr(criterion, "has_gradient", True) else _SWEEP_STRIDE_WITHOUT_GRADIENT
-    for _ in range(_SWEEPS):
-        before = criterion.best[0]
-        _sweep_columns(criterion, cont, lower, upper, stride)
-        if not _lower_by_rtol(criterion.best[0], before):
-            break  # nothing gained beyond the tolerance: another descent would not move
-        descend()  # the sweep left a local minimum: descend from there
-    return criterion.best[1]
+    return _policy_search(criterion, start, maxiter, per_column, policy or SearchPolicy())
 
 
 def _search_bounds(theta0, cont):
@@ -235,8 +183,8 @@ def _search_bounds(theta0, cont):
 
 
 def _policy_search(criterion, start, maxiter, per_column, policy):
-    """:func:`search_widths` under a policy other than the default (:class:`SearchPolicy`):
-    the same stages, each as the policy says, and the verification before each sweep."""
+    """:func:`search_widths` under ``policy`` (:class:`SearchPolicy`): each stage as the
+    policy says, and with ``policy.verify`` the check before each sweep."""
     spec = criterion.base.spec
     var_type, counts = spec.var_type, spec.n_categories
     theta0 = widths_to_theta(start, var_type, counts)
@@ -249,6 +197,7 @@ def _policy_search(criterion, start, maxiter, per_column, policy):
     }
     criterion.loss(theta0)
     if cont.any():
+        # the safeguard: one common factor of every h, categorical parameters at the start
         _common_scale_search(criterion, theta0, cont, lower, upper, **options)
     if criterion.best[1] is None:
         raise ValueError(
@@ -262,13 +211,19 @@ def _policy_search(criterion, start, maxiter, per_column, policy):
         start = criterion.best[1] if start is None else start
         _descend(criterion, start, bounds, maxiter, rtol=policy.descent_rtol)
 
+    # two starts: the rule itself and the best common scale. They can lie in different
+    # basins, and the common scale's (better at the start) is not always the deeper one:
+    # on the benchmark's mixed data (n = 500, cccuo) the rule's basin is 5% lower
     scaled = criterion.best[1].copy()
     if policy.rule_descent:
         descend(theta0)
     if not policy.rule_descent or not np.array_equal(scaled, theta0):
         descend(scaled)
     if cont.any():
+        # the joint (h, lambda) stage: exact matching in categorical columns, every h by a
+        # common factor from the descent's point (a corner no one-parameter move reaches)
         descended = criterion.best[1]
+        # l / lambda_max (a one-level column, lambda_max = 0, counts as fully smoothed)
         top = lambda_max(var_type, counts)
         widths = theta_to_widths(descended, var_type, counts)
         shares = np.where(cont, 0.0, np.divide(widths, top, out=np.ones_like(top), where=top > 0))
@@ -282,6 +237,9 @@ def _policy_search(criterion, start, maxiter, per_column, policy):
             _walk_common_factor(criterion, corner, criterion.loss(corner), cont, lower, upper)
             if _lower_by_rtol(criterion.best[0], before):
                 descend()  # the corner's valley: its h and the other columns' parameters
+    # without a gradient the sweeps do all the work: every third grid factor, then the
+    # fill around the best (nbattn.smoothing.search), a fifth fewer evaluations for the
+    # same widths on the tables tried
     has_gradient = getattr(criterion, "has_gradient", True)
     stride = policy.common_stride if has_gradient else _SWEEP_STRIDE_WITHOUT_GRADIENT
     sweep = {"fill_margin": policy.common_fill, "basins": policy.common_basins}
@@ -292,8 +250,8 @@ def _policy_search(criterion, start, maxiter, per_column, policy):
             break  # no step of one parameter gains: the sweeps would find nothing
         _sweep_columns(criterion, cont, lower, upper, stride, columns=columns, **sweep)
         if not _lower_by_rtol(criterion.best[0], before):
-            break
-        descend()
+            break  # nothing gained beyond the tolerance: another descent would not move
+        descend()  # the sweep left a local minimum: descend from there
     return criterion.best[1]
 
 
