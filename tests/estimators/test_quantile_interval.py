@@ -71,7 +71,7 @@ def test_it_is_the_quantile_regressor_of_the_residuals(name, seed, alpha, weight
     got = regressor.predict_interval(Q, alpha, kind="quantile")
     residuals = _loo_residuals(regressor, regressor.X_fit_, getattr(regressor, "degree", 0))
     reference = nbattn.KernelQuantileRegressor(
-        bandwidth=regressor.bandwidth_, y_bandwidth=None, kernel=regressor.kernel
+        bandwidth=regressor.bandwidth_, kernel=regressor.kernel
     ).fit(X, residuals, sample_weight=w)
     expected = reference.predict_interval(Q, alpha) + regressor.predict(Q)[:, None]
     assert got.shape == (len(Q), 2)
@@ -88,8 +88,7 @@ def test_the_full_metric_pools_in_its_coordinates():
     model = nbattn.LearnedKernelRegressor(metric="full", max_iter=5).fit(X, y)
     mapped = X @ model.components_.T
     residuals = _loo_residuals(model, mapped, 0)
-    reference = nbattn.KernelQuantileRegressor(bandwidth=[1.0, 1.0], y_bandwidth=None)
-    reference.fit(mapped, residuals)
+    reference = nbattn.KernelQuantileRegressor(bandwidth=[1.0, 1.0]).fit(mapped, residuals)
     np.testing.assert_allclose(
         model.predict_interval(X[:9], 0.2, kind="quantile"),
         reference.predict_interval(mapped[:9], 0.2) + model.predict(X[:9])[:, None],
