@@ -33,6 +33,7 @@ _PUBLIC = {
     "SelfAttention": "attn.layers",
     "attention": "attn.attention",
     "average_pooling": "smoothing.regression",
+    "create_block_mask": "attn.flex",
     "flash_attention": "attn.flash",
     "flash_attention_backward": "attn.flash",
     "flash_attention_varlen": "attn.varlen",
@@ -71,6 +72,7 @@ __all__ = [
     "__version__",
     "attention",
     "average_pooling",
+    "create_block_mask",
     "flash_attention",
     "flash_attention_backward",
     "flash_attention_varlen",
@@ -159,6 +161,7 @@ if TYPE_CHECKING:
     from .attn.attention import attention
     from .attn.decode import KVCache, flash_decode
     from .attn.flash import flash_attention, flash_attention_backward
+    from .attn.flex import create_block_mask
     from .attn.hierarchical import hierarchical_attention
     from .attn.layers import MultiHeadAttention, SelfAttention
     from .attn.multihead import multi_head_attention

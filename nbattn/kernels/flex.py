@@ -1,0 +1,497 @@
+"""Programmable flash attention: the tile loops of ``nbattn.kernels.flash`` with a
+user's score and mask functions compiled into them.
+
+For query slice ``bh`` (batch entry b = bh // H, head h = bh % H) and its
+key/value slice ``kv = kv_index[bh]``, the forward kernel computes
+
+    s_ij   = score_mod(q_i . k_j, b, h, i, j, *score_args)   (q arrives times scale)
+    s_ij   = -inf where not mask_mod(b, h, i, j, *mask_args) or j is outside the band
+    out_i  = sum_j softmax_j(s_ij) v_j,     lse_i = log sum_j exp(s_ij)
+
+the scoring function of the attention chapter's "attention scoring functions"
+section as user code, in FlexAttention's convention: ``score`` is the scaled
+product, before the softmax; the mask comes after ``score_mod``. The online
+softmax (running maximum, sum and accumulator, rebasing by powers of two) is
+that of :func:`nbattn.kernels.flash.flash_forward`, in base 2: the modified
+score is multiplied by log2(e) in the tile, once per element.
+
+``blocks`` (BB, BH, QT, KT) uint8 classifies every (query tile, key tile) of
+the kernel's tile sizes for batch entry b and head h (BB in {1, B}, BH in
+{1, H}; QT or KT of 1 broadcast): 0 = ``mask_mod`` is False on the whole tile
+(never visited), 1 = partial (``mask_mod`` evaluated per element), 2 = True
+on the whole tile (no per-element mask). :func:`block_states` makes the
+table; a call without a block mask passes one entry, 1 (with a mask_mod)
+or 2 (without).
+
+The backward kernel is :func:`nbattn.kernels.flash.flash_backward`'s, with
+the score's derivative g = d score_mod / d score in place of the softcap's:
+
+    dS = P o (dP - D) o g,   dQ = scale dS K,   dK = dS^T (scale Q)
+
+g comes from ``value_and_grad``: either the complex step,
+score_mod(s + i h) = score_mod(s) + i h g(s) + O(h^2) with h = 2**-64 (exact
+to rounding for a function analytic in ``score``: tanh softcaps, ALiBi,
+bias tables), evaluated in complex128; or the user's ``score_grad``.
+
+This file is a template. ``nbattn.kernels.flex_build`` copies its source into
+a module of its own for each (score_mod, mask_mod, score_grad) and binds
+``score_mod``, ``mask_mod``, ``score_grad`` and ``value_and_grad`` there
+before anything compiles, so each copy's kernels have the user's functions
+compiled in (numba resolves a global when it compiles) and numba's on-disk
+cache works for them as for any module. The definitions below are the
+defaults: no modification and no mask.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange, types
+from numba.core.errors import TypingError
+from numba.extending import overload
+
+from nbattn import config
+from nbattn._core.numeric import LOG2E
+from nbattn.kernels.blas import gemm
+from nbattn.kernels.fastmath import like
+from nbattn.kernels.flash import (
+    REBASE_EXACT_SUM,
+    REBASE_SUM,
+    _scale_row,
+    _tile_order,
+    _transpose_into,
+    exp2_shift_sum,
+)
+from nbattn.kernels.softmax import row_max
+
+#: The complex step h: score_mod(s + i h) = score_mod(s) + i h g(s) + O(h^2).
+STEP = 2.0**-64
+INV_STEP = 2.0**64
+
+
+@njit(fastmath=config.FASTMATH)
+def score_mod(score, b, h, q_idx, kv_idx, *args):
+    """The identity (no score modification)."""
+    return score
+
+
+@njit(fastmath=config.FASTMATH)
+def mask_mod(b, h, q_idx, kv_idx, *args):
+    """Every key admissible."""
+    return True
+
+
+@njit(fastmath=config.FASTMATH)
+def score_grad(score, b, h, q_idx, kv_idx, *args):
+    """d score_mod / d score of the identity."""
+    return 1.0
+
+
+def real_score(x):
+    """``x`` unchanged; refuses (at compile time) a score that is not a real number."""
+    return x
+
+
+@overload(real_score, inline="always")
+def _real_score_overload(x):
+    if isinstance(x, (types.Float, types.Integer)):
+        return lambda x: x
+    raise TypingError(f"score_mod must return a real number (a float), got {x}")
+
+
+def complex_score(z):
+    """``z`` unchanged; refuses a ``score_mod`` whose complex-step value is not complex."""
+    return z
+
+
+@overload(complex_score, inline="always")
+def _complex_score_overload(z):
+    if isinstance(z, types.Complex):
+        return lambda z: z
+    raise TypingError(
+        f"score_mod is not differentiable by complex step: given a complex score it returns "
+        f"{z}, not a complex number"
+    )
+
+
+def keep_entry(x):
+    """``x`` unchanged; refuses a mask value that is not a bool."""
+    return x
+
+
+@overload(keep_entry, inline="always")
+def _keep_entry_overload(x):
+    if isinstance(x, types.Boolean):
+        return lambda x: x
+    raise TypingError(f"mask_mod must return a bool, got {x}")
+
+
+@njit(fastmath=config.FASTMATH)
+def _complex_step(score, b, h, q_idx, kv_idx, args):
+    """(score_mod(score), d score_mod / d score) by the complex step."""
+    z = complex_score(score_mod(complex(np.float64(score), STEP), b, h, q_idx, kv_idx, *args))
+    return z.real, z.imag * INV_STEP
+
+
+@njit(fastmath=config.FASTMATH)
+def _user_grad(score, b, h, q_idx, kv_idx, args):
+    """(score_mod(score), score_grad(score)), the derivative supplied by the user."""
+    value = real_score(score_mod(score, b, h, q_idx, kv_idx, *args))
+    return value, real_score(score_grad(score, b, h, q_idx, kv_idx, *args))
+
+
+value_and_grad = _complex_step
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _block_state(blocks, b, h, qt, kt):
+    """The tile's class in ``blocks``: 0 closed, 1 partial, 2 open."""
+    return blocks[
+        b if blocks.shape[0] > 1 else 0,
+        h if blocks.shape[1] > 1 else 0,
+        qt if blocks.shape[2] > 1 else 0,
+        kt if blocks.shape[3] > 1 else 0,
+    ]
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _band_limits(i, j0, nb, band):
+    """The tile columns [lo, hi) of row i inside the band."""
+    offset, left, right = band
+    centre = i + offset - j0
+    return min(max(centre - left, 0), nb), min(max(centre + right + 1, 0), nb)
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _mod_tile(st, b, h, i0, j0, band, masked, score_args, mask_args):
+    """The score tile ``st`` (rows i0.., keys j0.., natural units) modified, masked and
+    turned to base 2, in place."""
+    mb, nb = st.shape
+    log2e = like(LOG2E, st)
+    neg = like(-np.inf, st)
+    for r in range(mb):
+        i = i0 + r
+        row = st[r]
+        lo, hi = _band_limits(i, j0, nb, band)
+        for j in range(nb):
+            if (
+                j < lo
+                or j >= hi
+                or (masked and not keep_entry(mask_mod(b, h, i, j0 + j, *mask_args)))
+            ):
+                row[j] = neg
+            else:
+                row[j] = real_score(score_mod(row[j], b, h, i, j0 + j, *score_args)) * log2e
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _mod_tile_grad(st, gt, b, h, i0, j0, band, masked, score_args, mask_args):
+    """:func:`_mod_tile` that also writes d score_mod / d score into ``gt`` (0 where masked)."""
+    mb, nb = st.shape
+    log2e = like(LOG2E, st)
+    neg = like(-np.inf, st)
+    zero = like(0.0, st)
+    for r in range(mb):
+        i = i0 + r
+        row = st[r]
+        g_row = gt[r]
+        lo, hi = _band_limits(i, j0, nb, band)
+        for j in range(nb):
+            if (
+                j < lo
+                or j >= hi
+                or (masked and not keep_entry(mask_mod(b, h, i, j0 + j, *mask_args)))
+            ):
+                row[j] = neg
+                g_row[j] = zero
+            else:
+                value, grad = value_and_grad(row[j], b, h, i, j0 + j, score_args)
+                row[j] = value * log2e
+                g_row[j] = grad
+
+
+@njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
+def block_states(n_b, n_h, n_q, n_k, block_q, block_k, mask_args):
+    """uint8 (n_b, n_h, QT, KT): 0 where ``mask_mod`` is False on a whole tile, 2 where it
+    is True on a whole tile, 1 elsewhere (QT = ceil(n_q / block_q), KT likewise)."""
+    n_qt = (n_q + block_q - 1) // block_q
+    n_kt = (n_k + block_k - 1) // block_k
+    out = np.zeros((n_b, n_h, n_qt, n_kt), dtype=np.uint8)
+    for item in prange(n_b * n_h * n_qt):
+        qt = item % n_qt
+        h = (item // n_qt) % n_h
+        b = item // (n_qt * n_h)
+        i_end = min(n_q, (qt + 1) * block_q)
+        for kt in range(n_kt):
+            j_end = min(n_k, (kt + 1) * block_k)
+            n_true = 0
+            for i in range(qt * block_q, i_end):
+                for j in range(kt * block_k, j_end):
+                    if keep_entry(mask_mod(b, h, i, j, *mask_args)):
+                        n_true += 1
+            if n_true == (i_end - qt * block_q) * (j_end - kt * block_k):
+                out[b, h, qt, kt] = 2
+            elif n_true > 0:
+                out[b, h, qt, kt] = 1
+    return out
+
+
+@njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
+def flex_forward(q, k, v, kv_index, n_heads, blocks, band, tiles, score_args, mask_args):
+    """Blocked attention forward with the module's score and mask functions; returns
+    ``(out, lse)``: out (BH, L, Ev) in the input dtype, lse (BH, L) float64 (natural units).
+
+    ``q`` (BH, L, E) is the user's q times ``scale``; ``n_heads`` = H gives
+    b = bh // H, h = bh % H; ``band`` and ``tiles`` as in ``nbattn.kernels.flash``.
+    """
+    n_bh, n_q, _ = q.shape
+    out = np.empty((n_bh, n_q, v.shape[2]), dtype=q.dtype)
+    lse = np.empty((n_bh, n_q), dtype=np.float64)
+    n_qt = (n_q + tiles.block_q - 1) // tiles.block_q
+    for item in prange(n_bh * n_qt):
+        bh = np.int64(item % n_bh)
+        qt = np.int64(_tile_order(item // n_bh, n_qt))
+        _forward_item(
+            q, k, v, kv_index, n_heads, blocks, band, tiles, score_args, mask_args, bh, qt, out, lse
+        )
+    return out, lse
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _forward_item(
+    q, k, v, kv_index, n_heads, blocks, band, tiles, score_args, mask_args, bh, qt, out, lse
+):
+    """Query tile ``qt`` of slice ``bh``: its rows of ``out`` and ``lse``."""
+    block_q, block_k = tiles.block_q, tiles.block_k
+    n_q = q.shape[1]
+    n_k = k.shape[1]
+    d_v = v.shape[2]
+    offset, left, right = band
+    b = bh // n_heads
+    h = bh % n_heads
+    i0 = qt * block_q
+    mb = min(block_q, n_q - i0)
+    kv = kv_index[bh]
+    s_flat = np.empty(mb * block_k, dtype=q.dtype)
+    acc = np.zeros((mb, d_v), dtype=q.dtype)
+    m = np.full(mb, -np.inf)
+    l = np.zeros(mb)
+    q_tile = q[bh, i0 : i0 + mb]
+    j_first = max(i0 + offset - left, 0)
+    j_last = min(i0 + mb - 1 + offset + right, n_k - 1)
+    kt_first = j_first // block_k
+    kt_last = j_last // block_k if j_last >= j_first else kt_first - 1
+    for kt in range(kt_first, kt_last + 1):
+        state = _block_state(blocks, b, h, qt, kt)
+        if state == 0:
+            continue
+        masked = state == 1
+        j0 = kt * block_k
+        nb = min(block_k, n_k - j0)
+        k_tile = k[kv, j0 : j0 + nb]
+        st = s_flat[: mb * nb].reshape((mb, nb))
+        gemm(q_tile, k_tile, st, False, True, 0.0)
+        _mod_tile(st, b, h, i0, j0, band, masked, score_args, mask_args)
+        for r in range(mb):
+            row = st[r]
+            shift = m[r]
+            if shift != -np.inf:
+                total = exp2_shift_sum(row, like(shift, row))
+                if total <= REBASE_SUM:
+                    l[r] += total
+                    continue
+                if total <= REBASE_EXACT_SUM:
+                    e = math.frexp(total)[1]
+                    _scale_row(row, acc[r], math.ldexp(1.0, -e))
+                    l[r] = math.ldexp(l[r] + total, -e)
+                    m[r] = shift + e
+                    continue
+                # weights may have saturated: score the row again, rebase on its maximum
+                one = st[r : r + 1]
+                gemm(q_tile[r : r + 1], k_tile, one, False, True, 0.0)
+                _mod_tile(one, b, h, i0 + r, j0, band, masked, score_args, mask_args)
+            top = np.float64(row_max(row))
+            if top == -np.inf:  # nothing admissible yet
+                row[:] = 0.0
+                continue
+            rescale = np.exp2(shift - top)
+            l[r] = l[r] * rescale + exp2_shift_sum(row, like(top, row))
+            if rescale != 1.0:
+                factor = like(rescale, acc)
+                acc_row = acc[r]
+                for c in range(d_v):
+                    acc_row[c] *= factor
+            m[r] = top
+        gemm(st, v[kv, j0 : j0 + nb], acc, False, False, 1.0)
+    ln2 = math.log(2.0)
+    for r in range(mb):
+        if l[r] > 0.0:
+            inv = like(1.0 / l[r], acc)
+            for c in range(d_v):
+                out[bh, i0 + r, c] = acc[r, c] * inv
+            lse[bh, i0 + r] = m[r] * ln2 + np.log(l[r])
+        else:
+            for c in range(d_v):
+                out[bh, i0 + r, c] = 0.0
+            lse[bh, i0 + r] = -np.inf
+
+
+@njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
+def flex_backward(
+    q, k, v, out, lse, dout, kv_index, n_heads, blocks, band, scale, tiles, score_args, mask_args
+):
+    """Blocked attention backward with the module's score and mask functions; returns
+    ``(dq, dk, dv)`` in the input dtype (dq (BH, L, E), dk and dv (BKV, S, .) summed
+    over the query slices that share them). ``q`` is the user's q times ``scale``,
+    ``lse`` (BH, L) float64 natural units from :func:`flex_forward`; ``blocks`` for
+    the backward's tile sizes. Work items are (key/value slice, key-tile group) as
+    in ``nbattn.kernels.flash.flash_backward``."""
+    n_groups = tiles.n_groups
+    n_bh, n_q, d = q.shape
+    n_kv, n_k, _ = k.shape
+    d_v = v.shape[2]
+    dtype = q.dtype
+    delta = np.empty((n_bh, n_q), dtype=dtype)
+    lse_t = np.empty((n_bh, n_q), dtype=dtype)
+    for row in prange(n_bh * n_q):
+        bh = row // n_q
+        i = row % n_q
+        total = 0.0
+        for c in range(d_v):
+            total += np.float64(dout[bh, i, c]) * np.float64(out[bh, i, c])
+        delta[bh, i] = total
+        lse_t[bh, i] = lse[bh, i] * LOG2E
+    dq_part = np.zeros((n_groups, n_bh, n_q, d), dtype=dtype)
+    dk = np.empty((n_kv, n_k, d), dtype=dtype)
+    dv = np.empty((n_kv, n_k, d_v), dtype=dtype)
+    for item in prange(n_kv * n_groups):
+        _backward_item(
+            q,
+            k,
+            v,
+            dout,
+            kv_index,
+            n_heads,
+            blocks,
+            band,
+            tiles,
+            score_args,
+            mask_args,
+            np.int64(item // n_groups),
+            np.int64(item % n_groups),
+            delta,
+            lse_t,
+            dq_part,
+            dk,
+            dv,
+        )
+    factor = like(scale, q)
+    dq = np.empty((n_bh, n_q, d), dtype=dtype)
+    for row in prange(n_bh * n_q):
+        bh = row // n_q
+        i = row % n_q
+        for c in range(d):
+            total = dq_part[0, bh, i, c]
+            for g in range(1, n_groups):
+                total += dq_part[g, bh, i, c]
+            dq[bh, i, c] = total * factor
+    return dq, dk, dv
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _backward_item(
+    q,
+    k,
+    v,
+    dout,
+    kv_index,
+    n_heads,
+    blocks,
+    band,
+    tiles,
+    score_args,
+    mask_args,
+    kv,
+    group,
+    delta,
+    lse_t,
+    dq_part,
+    dk,
+    dv,
+):
+    """Key-tile group ``group`` of key/value slice ``kv``: its rows of dk and dv, its dq
+    buffer ``dq_part[group]``."""
+    block_q, block_k, n_groups = tiles
+    n_bh, n_q, d = q.shape
+    n_k = k.shape[1]
+    d_v = v.shape[2]
+    dtype = q.dtype
+    offset, left, right = band
+    n_kt = (n_k + block_k - 1) // block_k
+    s_flat = np.empty(block_q * block_k, dtype=dtype)
+    dp_flat = np.empty(block_q * block_k, dtype=dtype)
+    g_flat = np.empty(block_q * block_k, dtype=dtype)
+    dk_acc = np.empty((block_k, d), dtype=dtype)
+    dv_acc = np.empty((block_k, d_v), dtype=dtype)
+    kt_flat = np.empty(d * block_k, dtype=dtype)
+    vt_flat = np.empty(d_v * block_k, dtype=dtype)
+    neg_inf = like(-np.inf, q)
+    sink = np.zeros(1, dtype=dtype)
+    for kt in range(group, n_kt, n_groups):
+        j0 = kt * block_k
+        nb = min(block_k, n_k - j0)
+        dk_acc[:nb] = 0.0
+        dv_acc[:nb] = 0.0
+        k_tile = k[kv, j0 : j0 + nb]
+        v_tile = v[kv, j0 : j0 + nb]
+        k_tile_t = _transpose_into(k_tile, kt_flat)
+        v_tile_t = _transpose_into(v_tile, vt_flat)
+        i_first = max(j0 - offset - right, 0)
+        i_last = min(j0 + nb - 1 - offset + left, n_q - 1)
+        qt_first = i_first // block_q
+        qt_last = i_last // block_q if i_last >= i_first else qt_first - 1
+        for bh in range(n_bh):
+            if kv_index[bh] != kv:
+                continue
+            b = bh // n_heads
+            h = bh % n_heads
+            for qt in range(qt_first, qt_last + 1):
+                state = _block_state(blocks, b, h, qt, kt)
+                if state == 0:
+                    continue
+                i0 = qt * block_q
+                mb = min(block_q, n_q - i0)
+                q_tile = q[bh, i0 : i0 + mb]
+                do_tile = dout[bh, i0 : i0 + mb]
+                st = s_flat[: mb * nb].reshape((mb, nb))
+                dpt = dp_flat[: mb * nb].reshape((mb, nb))
+                gt = g_flat[: mb * nb].reshape((mb, nb))
+                gemm(q_tile, k_tile_t, st, False, False, 0.0)
+                _mod_tile_grad(st, gt, b, h, i0, j0, band, state == 1, score_args, mask_args)
+                p_sum = like(0.0, q)
+                for r in range(mb):
+                    row = st[r]
+                    shift = lse_t[bh, i0 + r]
+                    if shift == neg_inf:
+                        row[:] = 0.0
+                    else:
+                        p_sum += exp2_shift_sum(row, shift)
+                sink[0] += p_sum
+                gemm(do_tile, v_tile_t, dpt, False, False, 0.0)
+                for r in range(mb):
+                    row = st[r]
+                    dp_row = dpt[r]
+                    g_row = gt[r]
+                    di = delta[bh, i0 + r]
+                    for j in range(nb):
+                        dp_row[j] = row[j] * (dp_row[j] - di) * g_row[j]
+                gemm(st, do_tile, dv_acc[:nb], True, False, 1.0)
+                gemm(dpt, k_tile, dq_part[group, bh, i0 : i0 + mb], False, False, 1.0)
+                gemm(dpt, q_tile, dk_acc[:nb], True, False, 1.0)
+        for j in range(nb):
+            for c in range(d):
+                dk[kv, j0 + j, c] = dk_acc[j, c]
+        for j in range(nb):
+            for c in range(d_v):
+                dv[kv, j0 + j, c] = dv_acc[j, c]

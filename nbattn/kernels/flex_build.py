@@ -1,0 +1,265 @@
+"""Specialised flex kernels: the template ``nbattn.kernels.flex`` with a user's
+``score_mod``, ``mask_mod`` and ``score_grad`` compiled in, cached across processes.
+
+A kernel that takes a jitted function as an argument is specialised on it,
+but numba's on-disk cache cannot hold such a kernel (the function is part of
+its type, and a function type does not survive the process). So each
+combination of user functions gets a module of its own: the template's
+source is written, once, to ``<cache dir>/nbattn_flex_<key>.py``, imported
+under that name, and the user's functions are bound to its globals
+``score_mod``, ``mask_mod``, ``score_grad`` (and ``value_and_grad`` to the
+complex step or to the user's derivative) before anything compiles. numba's
+``cache=True`` then works for that module as for any other: a second
+process that asks for the same functions imports the same file and loads
+its compiled kernels from disk, without compiling the user's functions at
+all.
+
+The key is a SHA-256 of the template's source and of each function's
+fingerprint (:func:`fingerprint`): its bytecode, constants, names, defaults
+and the values it reads from its globals and closure (numbers, strings,
+modules by name, other functions recursively). numba freezes a global or
+closed-over array into compiled code, where a later change of the array
+would go unseen: such functions are refused (pass the array in
+``mod_args``). The cache directory is ``$NBATTN_FLEX_DIR``, else
+``$XDG_CACHE_HOME/nbattn/flex`` (``~/.cache/nbattn/flex``), else a fresh
+temporary directory when neither can be written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import inspect
+import os
+import sys
+import tempfile
+import types
+from pathlib import Path
+
+import numpy as np
+from numba import njit, typeof
+from numba import types as nb_types
+from numba.core.errors import TypingError
+from numba.core.registry import CPUDispatcher
+
+from .. import config
+
+__all__ = ["block_states", "call", "check_signature", "fingerprint", "specialise"]
+
+_TEMPLATE = Path(__file__).with_name("flex.py")
+_MODULES: dict = {}
+_DIR: list = []
+
+
+def _cache_dir() -> Path:
+    """The directory of the generated modules (made on first use)."""
+    if _DIR:
+        return _DIR[0]
+    base = os.environ.get("NBATTN_FLEX_DIR")
+    if not base:
+        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        base = os.path.join(xdg, "nbattn", "flex")
+    path = Path(base)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=path, delete=True)
+        probe.close()
+    except OSError:
+        path = Path(tempfile.mkdtemp(prefix="nbattn_flex_"))
+    _DIR.append(path)
+    return path
+
+
+def _py_func(fn):
+    return fn.py_func if isinstance(fn, CPUDispatcher) else fn
+
+
+def _value_print(value, name, where, depth, seen):
+    """A stable description of a value a user function reads, for the key."""
+    if isinstance(value, np.ndarray):
+        raise ValueError(
+            f"{name} reads the array {where!r} from its "
+            f"{'closure' if where.startswith('closure') else 'globals'}: numba would freeze "
+            "it into the compiled kernel (later changes unseen); pass it in mod_args and take "
+            "it as a trailing argument"
+        )
+    if isinstance(value, types.ModuleType):
+        return ("module", value.__name__)
+    if isinstance(value, (bool, int, float, complex, str, bytes, type(None), np.number, np.bool_)):
+        return (type(value).__name__, repr(value))
+    if isinstance(value, (tuple, list)):
+        return tuple(_value_print(v, name, where, depth, seen) for v in value)
+    if isinstance(value, CPUDispatcher) or isinstance(value, types.FunctionType):
+        return _function_print(value, name, depth + 1, seen)
+    return (type(value).__module__, type(value).__qualname__, getattr(value, "__name__", ""))
+
+
+def _code_print(code):
+    consts = tuple(
+        _code_print(c) if isinstance(c, types.CodeType) else repr(c) for c in code.co_consts
+    )
+    return (code.co_code, consts, code.co_names, code.co_varnames, code.co_argcount, code.co_flags)
+
+
+def _function_print(fn, name, depth, seen):
+    if depth > 8:
+        return ("deep",)
+    options = ()
+    if isinstance(fn, CPUDispatcher):
+        options = tuple(sorted((k, repr(v)) for k, v in fn.targetoptions.items()))
+    fn = _py_func(fn)
+    if id(fn) in seen:
+        return ("recursive", fn.__qualname__)
+    seen = seen | {id(fn)}
+    code = fn.__code__
+    reads = []
+    for g in _global_names(code):
+        if g in fn.__globals__:
+            reads.append((g, _value_print(fn.__globals__[g], name, g, depth, seen)))
+    for var, cell in zip(code.co_freevars, fn.__closure__ or ()):
+        reads.append((var, _value_print(cell.cell_contents, name, f"closure {var}", depth, seen)))
+    defaults = tuple(_value_print(d, name, "default", depth, seen) for d in fn.__defaults__ or ())
+    return (_code_print(code), tuple(reads), defaults, options)
+
+
+def _global_names(code):
+    names = set(code.co_names)
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            names |= _global_names(c)
+    return sorted(names)
+
+
+def fingerprint(fn, name) -> str:
+    """SHA-256 of what determines ``fn``'s compiled code (None for no function)."""
+    if fn is None:
+        return "none"
+    return hashlib.sha256(repr(_function_print(fn, name, 0, frozenset())).encode()).hexdigest()
+
+
+def check_signature(fn, name, n_fixed, n_args, fixed_names):
+    """A ValueError naming ``name`` unless ``fn`` is callable with ``n_fixed`` + ``n_args``
+    positional arguments (``fixed_names`` first, then one per ``mod_args`` entry)."""
+    if not callable(fn):
+        raise ValueError(f"{name} must be a function, got {type(fn).__name__}")
+    try:
+        sig = inspect.signature(_py_func(fn))
+    except (TypeError, ValueError):
+        return
+    params = list(sig.parameters.values())
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    needed = n_fixed + n_args
+    required = [p for p in positional if p.default is p.empty]
+    if len(required) <= needed <= len(positional):
+        return
+    raise ValueError(
+        f"{name} must take ({fixed_names}) and one more argument per mod_args entry "
+        f"({n_args} given): {needed} in all; it takes {len(positional)}: {sig}"
+    )
+
+
+def _jitted(fn):
+    if fn is None or isinstance(fn, CPUDispatcher):
+        return fn
+    return njit(fastmath=config.FASTMATH)(fn)
+
+
+def _load(key: str):
+    """The generated module ``nbattn_flex_<key>``: written once, imported once per process."""
+    name = f"nbattn_flex_{key}"
+    if name in sys.modules:
+        return sys.modules[name]
+    path = _cache_dir() / f"{name}.py"
+    if not path.exists():
+        # written once and never rewritten (numba's cache keys on the file's mtime)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(_TEMPLATE.read_text())
+        os.replace(tmp, path)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def specialise(score_mod=None, mask_mod=None, score_grad=None):
+    """The kernels of ``nbattn.kernels.flex`` with these functions bound (None = the
+    template's default: no modification, no mask, the complex step)."""
+    prints = (
+        hashlib.sha256(_TEMPLATE.read_bytes()).hexdigest(),
+        fingerprint(score_mod, "score_mod"),
+        fingerprint(mask_mod, "mask_mod"),
+        fingerprint(score_grad, "score_grad"),
+    )
+    key = hashlib.sha256(repr(prints).encode()).hexdigest()[:24]
+    if key in _MODULES:
+        return _MODULES[key]
+    module = _load(key)
+    if score_mod is not None:
+        module.score_mod = _jitted(score_mod)
+    if mask_mod is not None:
+        module.mask_mod = _jitted(mask_mod)
+    if score_grad is not None:
+        module.score_grad = _jitted(score_grad)
+        module.value_and_grad = module._user_grad
+    _MODULES[key] = module
+    return module
+
+
+def block_states(mask_mod, n_b, n_h, n_q, n_k, block_q, block_k, mask_args):
+    """``block_states`` of the module specialised on ``mask_mod`` (see ``flex``)."""
+    return specialise(mask_mod=mask_mod).block_states(
+        n_b, n_h, n_q, n_k, block_q, block_k, mask_args
+    )
+
+
+def _first_line(exc):
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def _diagnose(exc, mods, dtype, backward):
+    """The clear message for a kernel that did not compile: which user function, why."""
+    text = str(exc)
+    for phrase in ("score_mod must return", "mask_mod must return", "not differentiable"):
+        if phrase in text:
+            line = next(line for line in text.splitlines() if phrase in line).strip()
+            if phrase == "not differentiable":
+                line += (
+                    "; pass score_mod_grad(score, b, h, q_idx, kv_idx, *mod_args), its derivative"
+                )
+            return line
+    index = (nb_types.int64,) * 4
+    score_t = nb_types.complex128 if backward and mods.score_grad is None else typeof(dtype(0))
+    checks = (
+        ("score_mod", mods.score_mod, (score_t,) + index, mods.score_args),
+        ("score_mod_grad", mods.score_grad, (typeof(dtype(0)),) + index, mods.score_args),
+        ("mask_mod", mods.mask_mod, index, mods.mask_args),
+    )
+    for name, fn, fixed, args in checks:
+        if fn is None:
+            continue
+        sig = fixed + tuple(typeof(a) for a in args)
+        try:
+            _jitted(fn).compile(sig)
+        except Exception as inner:  # noqa: BLE001 - any compile failure is reported
+            how = (
+                " (the complex step of the backward)"
+                if score_t == nb_types.complex128 and (name == "score_mod")
+                else ""
+            )
+            hint = "; or pass score_mod_grad" if how else ""
+            return (
+                f"{name} could not be compiled for arguments {sig}{how}: {_first_line(inner)}{hint}"
+            )
+    return f"the flex kernels could not be compiled for these functions: {_first_line(exc)}"
+
+
+def call(kernel, mods, dtype, *args, backward=False):
+    """``kernel(*args)``, with a ValueError naming the user function that does not compile."""
+    try:
+        return kernel(*args)
+    except TypingError as exc:
+        raise ValueError(_diagnose(exc, mods, dtype, backward)) from None
