@@ -631,7 +631,9 @@ def flash_attention(
         the batch and head axes of q (B, H, L, E). A plain Python function on
         scalars, compiled into the kernels with numba (``njit`` is applied when
         it is not jitted); compiled once per function and cached on disk
-        (``nbattn.kernels.flex_build``). CPU only; not with ``mask``,
+        (``nbattn.kernels.flex_build``). As in FlexAttention it is evaluated on
+        every entry of a visited tile inside the band, masked or not: it must
+        be safe there (numba does not check array bounds). CPU only; not with ``mask``,
         ``softcap`` or ``dropout_p`` (express them in the functions).
     mask_mod : function ``mask_mod(b, h, q_idx, kv_idx, *mod_args) -> bool``, optional
         True where query i may attend to key j, applied after ``score_mod``

@@ -10,7 +10,9 @@ convention of PyTorch's FlexAttention:
 for q of shape (B, H, L, E) (b and h index the batch and query head; q of
 shape (H, L, E) or (L, E) has b = 0, and h = 0 without a head axis).
 ``score_mod`` sees the scaled product before the softmax, and the mask
-applies after it. Both are plain Python functions on scalars, compiled with
+applies after it (``score_mod`` runs on masked entries of a visited tile
+too, as in FlexAttention, so indexing in it must be valid for every (i, j):
+numba does not check bounds). Both are plain Python functions on scalars, compiled with
 numba (``njit`` is applied when they are not jitted already) into the tile
 loop of the flash kernels (``nbattn.kernels.flex``; the compiled modules are
 cached on disk per function, see ``nbattn.kernels.flex_build``). Arrays they

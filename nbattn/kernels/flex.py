@@ -8,7 +8,8 @@ key/value slice ``kv = kv_index[bh]``, the forward kernel computes
     s_ij   = -inf where not mask_mod(b, h, i, j, *mask_args) or j is outside the band
     out_i  = sum_j softmax_j(s_ij) v_j,     lse_i = log sum_j exp(s_ij)
 
-the scoring function of the attention chapter's "attention scoring functions"
+(``score_mod`` runs on every entry inside the band of a visited tile,
+masked or not), the scoring function of the attention chapter's "attention scoring functions"
 section as user code, in FlexAttention's convention: ``score`` is the scaled
 product, before the softmax; the mask comes after ``score_mod``. The online
 softmax (running maximum, sum and accumulator, rebasing by powers of two) is
@@ -166,7 +167,13 @@ def _band_limits(i, j0, nb, band):
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def _mod_tile(st, b, h, i0, j0, band, masked, score_args, mask_args):
     """The score tile ``st`` (rows i0.., keys j0.., natural units) modified, masked and
-    turned to base 2, in place."""
+    turned to base 2, in place.
+
+    ``score_mod`` runs on every entry inside the band, masked or not (as in
+    FlexAttention, where the mask applies to the modified scores), in a loop of
+    its own: the scores of a tile are then the same whether or not its mask is
+    evaluated (a block mask's open tiles give bit-identical results).
+    """
     mb, nb = st.shape
     log2e = like(LOG2E, st)
     neg = like(-np.inf, st)
@@ -174,15 +181,16 @@ def _mod_tile(st, b, h, i0, j0, band, masked, score_args, mask_args):
         i = i0 + r
         row = st[r]
         lo, hi = _band_limits(i, j0, nb, band)
-        for j in range(nb):
-            if (
-                j < lo
-                or j >= hi
-                or (masked and not keep_entry(mask_mod(b, h, i, j0 + j, *mask_args)))
-            ):
-                row[j] = neg
-            else:
-                row[j] = real_score(score_mod(row[j], b, h, i, j0 + j, *score_args)) * log2e
+        for j in range(lo):
+            row[j] = neg
+        for j in range(lo, hi):
+            row[j] = real_score(score_mod(row[j], b, h, i, j0 + j, *score_args)) * log2e
+        for j in range(hi, nb):
+            row[j] = neg
+        if masked:
+            for j in range(lo, hi):
+                if not keep_entry(mask_mod(b, h, i, j0 + j, *mask_args)):
+                    row[j] = neg
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
@@ -197,18 +205,21 @@ def _mod_tile_grad(st, gt, b, h, i0, j0, band, masked, score_args, mask_args):
         row = st[r]
         g_row = gt[r]
         lo, hi = _band_limits(i, j0, nb, band)
-        for j in range(nb):
-            if (
-                j < lo
-                or j >= hi
-                or (masked and not keep_entry(mask_mod(b, h, i, j0 + j, *mask_args)))
-            ):
-                row[j] = neg
-                g_row[j] = zero
-            else:
-                value, grad = value_and_grad(row[j], b, h, i, j0 + j, score_args)
-                row[j] = value * log2e
-                g_row[j] = grad
+        for j in range(lo):
+            row[j] = neg
+            g_row[j] = zero
+        for j in range(lo, hi):
+            value, grad = value_and_grad(row[j], b, h, i, j0 + j, score_args)
+            row[j] = value * log2e
+            g_row[j] = grad
+        for j in range(hi, nb):
+            row[j] = neg
+            g_row[j] = zero
+        if masked:
+            for j in range(lo, hi):
+                if not keep_entry(mask_mod(b, h, i, j0 + j, *mask_args)):
+                    row[j] = neg
+                    g_row[j] = zero
 
 
 @njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)

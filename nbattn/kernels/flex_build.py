@@ -47,6 +47,9 @@ from .. import config
 __all__ = ["block_states", "call", "check_signature", "fingerprint", "specialise"]
 
 _TEMPLATE = Path(__file__).with_name("flex.py")
+#: The template's source and its hash, read once (a module is keyed by both).
+_SOURCE = _TEMPLATE.read_text()
+_SOURCE_HASH = hashlib.sha256(_SOURCE.encode()).hexdigest()
 _MODULES: dict = {}
 _DIR: list = []
 
@@ -175,7 +178,7 @@ def _load(key: str):
     if not path.exists():
         # written once and never rewritten (numba's cache keys on the file's mtime)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(_TEMPLATE.read_text())
+        tmp.write_text(_SOURCE)
         os.replace(tmp, path)
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
@@ -188,7 +191,7 @@ def specialise(score_mod=None, mask_mod=None, score_grad=None):
     """The kernels of ``nbattn.kernels.flex`` with these functions bound (None = the
     template's default: no modification, no mask, the complex step)."""
     prints = (
-        hashlib.sha256(_TEMPLATE.read_bytes()).hexdigest(),
+        _SOURCE_HASH,
         fingerprint(score_mod, "score_mod"),
         fingerprint(mask_mod, "mask_mod"),
         fingerprint(score_grad, "score_grad"),

@@ -1,0 +1,363 @@
+"""Programmable attention: score_mod, mask_mod and block masks in the flash kernels.
+
+Against the dense formulation of ``tests/naive.py``, PyTorch's FlexAttention
+(eager) and torch autograd when torch is installed, and finite differences.
+Every case runs the same two module-level functions (:func:`score_fn`,
+:func:`mask_fn`) with different ``mod_args``, so the suite compiles one
+specialisation per dtype (each new function is a new compile of the kernels).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import nbattn
+from tests import naive
+
+try:
+    import torch
+    from torch.nn.attention.flex_attention import create_block_mask as torch_block_mask
+    from torch.nn.attention.flex_attention import flex_attention as torch_flex
+except ImportError:  # pragma: no cover - torch is optional
+    torch = None
+
+needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed")
+
+B, H, L, S, E = 2, 2, 37, 45, 8
+WIDE = 10**6  # an unbounded window side
+
+
+def score_fn(score, b, h, q_idx, kv_idx, cap, slopes, table, doc, prefix, left, right):
+    """A tanh softcap (cap > 0), ALiBi slopes[h] (j - i) and a relative-position bias
+    table[h, j - i + centre]: one function for every case of the suite."""
+    s = score
+    if cap > 0:
+        s = cap * np.tanh(s / cap)
+    return s + slopes[h] * (kv_idx - q_idx) + table[h, kv_idx - q_idx + table.shape[1] // 2]
+
+
+def mask_fn(b, h, q_idx, kv_idx, cap, slopes, table, doc, prefix, left, right):
+    """Same document, and inside the window [i - left, i + right] or in the prefix."""
+    same = doc[b, q_idx] == doc[b, kv_idx]
+    inside = (kv_idx >= q_idx - left) & (kv_idx <= q_idx + right)
+    return same & (inside | (kv_idx < prefix[b]))
+
+
+def score_grad_fn(score, b, h, q_idx, kv_idx, cap, slopes, table, doc, prefix, left, right):
+    """d score_fn / d score."""
+    if cap > 0:
+        t = np.tanh(score / cap)
+        return 1.0 - t * t
+    return 1.0 + 0.0 * score
+
+
+def _args(cap=0.0, alibi=False, table=False, docs=None, prefix=0, left=WIDE, right=WIDE, n=L):
+    rng = np.random.default_rng(7)
+    n_pos = max(n, S)
+    slopes = 2.0 ** -(np.arange(H) + 1.0) if alibi else np.zeros(H)
+    bias = rng.standard_normal((H, 2 * n_pos + 1)) if table else np.zeros((H, 2 * n_pos + 1))
+    doc = np.zeros((B, n_pos), dtype=np.int64)
+    if docs is not None:
+        for b in range(B):
+            doc[b] = np.searchsorted(
+                np.sort(rng.choice(n_pos, docs - 1, replace=False)), np.arange(n_pos), "right"
+            )
+    return (float(cap), slopes, bias, doc, np.full(B, prefix, dtype=np.int64), left, right)
+
+
+CASES = {
+    "softcap": _args(cap=1.5),
+    "alibi": _args(alibi=True),
+    "bias_table": _args(table=True),
+    "causal": _args(right=0),
+    "sliding_window": _args(left=6, right=0),
+    "documents": _args(docs=4),
+    "prefix_lm": _args(prefix=11, right=0),
+    "combination": _args(cap=1.5, table=True, docs=3, right=0),
+}
+
+
+def _qkv(dtype, n=L, seed=0):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((B, H, n, E)) * 2.0
+    k = rng.standard_normal((B, H, S, E))
+    v = rng.standard_normal((B, H, S, E))
+    return q.astype(dtype), k.astype(dtype), v.astype(dtype)
+
+
+def _flex(q, k, v, args, **kw):
+    return nbattn.flash_attention(
+        q, k, v, score_mod=score_fn, mask_mod=mask_fn, mod_args=args, return_lse=True, **kw
+    )
+
+
+def _torch_mods(args):
+    cap, slopes, table, doc, prefix, left, right = args
+    slopes, table, doc, prefix = (torch.from_numpy(a) for a in (slopes, table, doc, prefix))
+    centre = table.shape[1] // 2
+
+    def sm(score, b, h, q_idx, kv_idx):
+        s = cap * torch.tanh(score / cap) if cap > 0 else score
+        return s + slopes[h] * (kv_idx - q_idx) + table[h, kv_idx - q_idx + centre]
+
+    def mm(b, h, q_idx, kv_idx):
+        same = doc[b, q_idx] == doc[b, kv_idx]
+        inside = (kv_idx >= q_idx - left) & (kv_idx <= q_idx + right)
+        return same & (inside | (kv_idx < prefix[b]))
+
+    return sm, mm
+
+
+@pytest.mark.usefixtures("small_flash_tiles")
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_forward_matches_the_dense_formulation(case):
+    q, k, v = _qkv(np.float64)
+    out, lse = _flex(q, k, v, CASES[case])
+    ref, ref_lse = naive.flex_attention(q, k, v, score_fn, mask_fn, mod_args=CASES[case])
+    np.testing.assert_allclose(out, ref, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(lse, ref_lse, rtol=1e-12)
+
+
+@needs_torch
+@pytest.mark.usefixtures("small_flash_tiles")
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("dtype, tol", [(np.float64, 1e-12), (np.float32, 2e-5)])
+def test_forward_matches_torch_flex_attention(case, dtype, tol):
+    q, k, v = _qkv(dtype)
+    out, lse = _flex(q, k, v, CASES[case])
+    sm, mm = _torch_mods(CASES[case])
+    tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
+    block_mask = torch_block_mask(mm, B, H, L, S, device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # return_lse's deprecation in newer torch
+        ref, ref_lse = torch_flex(tq, tk, tv, score_mod=sm, block_mask=block_mask, return_lse=True)
+    np.testing.assert_allclose(out, ref.numpy(), rtol=0, atol=tol)
+    np.testing.assert_allclose(lse, ref_lse.numpy(), rtol=0, atol=tol * 10)
+
+
+def _torch_dense_grads(q, k, v, g, args):
+    """dq, dk, dv by torch autograd through the dense formulation."""
+    sm, mm = _torch_mods(args)
+    tq, tk, tv = (torch.tensor(a, requires_grad=True) for a in (q, k, v))
+    b = torch.arange(B)[:, None, None, None]
+    h = torch.arange(H)[None, :, None, None]
+    i = torch.arange(q.shape[2])[None, None, :, None]
+    j = torch.arange(S)[None, None, None, :]
+    s = sm(tq @ tk.transpose(-1, -2) / np.sqrt(E), b, h, i, j)
+    s = s.masked_fill(~mm(b, h, i, j).expand(s.shape), -torch.inf)
+    out = torch.nan_to_num(torch.softmax(s, -1)) @ tv
+    out.backward(torch.from_numpy(g))
+    return tq.grad.numpy(), tk.grad.numpy(), tv.grad.numpy()
+
+
+@needs_torch
+@pytest.mark.usefixtures("small_flash_tiles")
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_backward_matches_torch_autograd(case):
+    q, k, v = _qkv(np.float64)
+    args = CASES[case]
+    out, lse = _flex(q, k, v, args)
+    g = np.random.default_rng(3).standard_normal(out.shape)
+    grads = nbattn.flash_attention_backward(
+        q, k, v, out, lse, g, score_mod=score_fn, mask_mod=mask_fn, mod_args=args
+    )
+    for grad, ref in zip(grads, _torch_dense_grads(q, k, v, g, args)):
+        np.testing.assert_allclose(grad, ref, rtol=0, atol=1e-10)
+
+
+@pytest.mark.usefixtures("small_flash_tiles")
+def test_backward_matches_finite_differences():
+    """<grad, d> against (f(x + e d) - f(x - e d)) / 2e for f = <out, g>, on q, k and v."""
+    args = CASES["combination"]
+    q, k, v = _qkv(np.float64)
+    out, lse = _flex(q, k, v, args)
+    rng = np.random.default_rng(5)
+    g = rng.standard_normal(out.shape)
+    grads = nbattn.flash_attention_backward(
+        q, k, v, out, lse, g, score_mod=score_fn, mask_mod=mask_fn, mod_args=args
+    )
+    eps = 1e-5
+    for n, grad in enumerate(grads):
+        d = rng.standard_normal(grad.shape)
+        plus, minus = [list((q, k, v)) for _ in range(2)]
+        plus[n] = plus[n] + eps * d
+        minus[n] = minus[n] - eps * d
+        f_plus = np.sum(_flex(*plus, args)[0] * g)
+        f_minus = np.sum(_flex(*minus, args)[0] * g)
+        np.testing.assert_allclose(np.sum(grad * d), (f_plus - f_minus) / (2 * eps), rtol=1e-7)
+
+
+@pytest.mark.usefixtures("small_flash_tiles")
+def test_score_mod_grad_replaces_the_complex_step():
+    args = CASES["combination"]
+    q, k, v = _qkv(np.float64)
+    out, lse = _flex(q, k, v, args)
+    g = np.random.default_rng(3).standard_normal(out.shape)
+    kw = dict(score_mod=score_fn, mask_mod=mask_fn, mod_args=args)
+    by_step = nbattn.flash_attention_backward(q, k, v, out, lse, g, **kw)
+    given_ = nbattn.flash_attention_backward(
+        q, k, v, out, lse, g, score_mod_grad=score_grad_fn, **kw
+    )
+    for a, b in zip(by_step, given_):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-12)
+
+
+@pytest.mark.usefixtures("small_flash_tiles")
+@pytest.mark.parametrize("case", ["documents", "combination", "sliding_window"])
+def test_block_mask_is_bit_identical_to_the_per_element_mask(case):
+    args = CASES[case]
+    q, k, v = _qkv(np.float64)
+    out, lse = _flex(q, k, v, args)
+    block_mask = nbattn.create_block_mask(mask_fn, B, H, L, S, mod_args=args)
+    assert block_mask.sparsity(8, 16) > 0.1
+    out_b, lse_b = nbattn.flash_attention(
+        q, k, v, score_mod=score_fn, block_mask=block_mask, mod_args=args, return_lse=True
+    )
+    np.testing.assert_array_equal(out_b, out)
+    np.testing.assert_array_equal(lse_b, lse)
+    g = np.random.default_rng(3).standard_normal(out.shape)
+    kw = dict(score_mod=score_fn, mod_args=args)
+    dense = nbattn.flash_attention_backward(q, k, v, out, lse, g, mask_mod=mask_fn, **kw)
+    blocked = nbattn.flash_attention_backward(q, k, v, out, lse, g, block_mask=block_mask, **kw)
+    for a, b in zip(dense, blocked):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.usefixtures("small_flash_tiles")
+def test_rows_without_a_key_give_zeros_and_minus_inf():
+    """Queries i >= S, in documents of their own, see no key (the flash convention)."""
+    n = S + 9
+    args = _args(docs=3, n=n)
+    args[3][:, S:] = 99
+    q, _, _ = _qkv(np.float64, n=n)
+    _, k, v = _qkv(np.float64)
+    out, lse = _flex(q, k, v, args)
+    ref, ref_lse = naive.flex_attention(q, k, v, score_fn, mask_fn, mod_args=args)
+    assert np.all(out[:, :, S:] == 0.0) and np.all(lse[:, :, S:] == -np.inf)
+    np.testing.assert_allclose(out, ref, rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(np.isinf(lse), np.isinf(ref_lse))
+    g = np.ones_like(out)
+    dq, _, _ = nbattn.flash_attention_backward(
+        q, k, v, out, lse, g, score_mod=score_fn, mask_mod=mask_fn, mod_args=args
+    )
+    assert np.all(dq[:, :, S:] == 0.0)
+
+
+@pytest.mark.usefixtures("small_flash_tiles")
+def test_two_calls_are_bit_identical():
+    args = CASES["combination"]
+    q, k, v = _qkv(np.float64)
+    out, lse = _flex(q, k, v, args)
+    again, lse_again = _flex(q, k, v, args)
+    np.testing.assert_array_equal(out, again)
+    np.testing.assert_array_equal(lse, lse_again)
+    g = np.ones_like(out)
+    kw = dict(score_mod=score_fn, mask_mod=mask_fn, mod_args=args)
+    first = nbattn.flash_attention_backward(q, k, v, out, lse, g, **kw)
+    second = nbattn.flash_attention_backward(q, k, v, out, lse, g, **kw)
+    for a, b in zip(first, second):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.usefixtures("small_flash_tiles")
+@settings(max_examples=8)
+@given(
+    n_q=st.integers(1, 40),
+    n_k=st.integers(1, 40),
+    gqa=st.booleans(),
+    left=st.integers(0, 50),
+    right=st.integers(0, 50),
+    cap=st.sampled_from([0.0, 2.0]),
+    seed=st.integers(0, 2**16),
+)
+def test_random_shapes_match_the_dense_formulation(n_q, n_k, gqa, left, right, cap, seed):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((B, H, n_q, E))
+    n_kv_heads = 1 if gqa else H
+    k = rng.standard_normal((B, n_kv_heads, n_k, E))
+    v = rng.standard_normal((B, n_kv_heads, n_k, 3))
+    n_pos = max(n_q, n_k)
+    args = (
+        cap,
+        rng.standard_normal(H) * 0.1,
+        rng.standard_normal((H, 2 * n_pos + 1)),
+        rng.integers(0, 2, (B, n_pos)),
+        rng.integers(0, 5, B),
+        left,
+        right,
+    )
+    out, lse = nbattn.flash_attention(
+        q,
+        k,
+        v,
+        score_mod=score_fn,
+        mask_mod=mask_fn,
+        mod_args=args,
+        return_lse=True,
+        enable_gqa=gqa,
+    )
+    kr, vr = (np.repeat(a, H // n_kv_heads, axis=1) for a in (k, v))
+    ref, ref_lse = naive.flex_attention(q, kr, vr, score_fn, mask_fn, mod_args=args)
+    np.testing.assert_allclose(out, ref, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(lse, ref_lse, rtol=1e-12)
+
+
+# ------------------------------------------------------------------ errors
+
+
+def _bad_arity(score, b, h):
+    return score
+
+
+def _returns_bool(score, b, h, q_idx, kv_idx, *rest):
+    return score > 0
+
+
+def _not_analytic(score, b, h, q_idx, kv_idx, *rest):
+    return abs(score)
+
+
+_TABLE = np.zeros(3)
+
+
+def _reads_a_global_array(score, b, h, q_idx, kv_idx):
+    return score + _TABLE[0]
+
+
+def test_errors_name_the_argument():
+    q, k, v = _qkv(np.float64)
+    args = CASES["causal"]
+    with pytest.raises(ValueError, match="score_mod must take"):
+        nbattn.flash_attention(q, k, v, score_mod=_bad_arity)
+    with pytest.raises(ValueError, match=r"score_mod must take .* \(8 given\)"):
+        nbattn.flash_attention(q, k, v, score_mod=score_fn, mod_args=args[:6] + (1, 2))
+    with pytest.raises(ValueError, match="mask_mod must take"):
+        nbattn.flash_attention(q, k, v, mask_mod=mask_fn, mod_args=args[:2])
+    with pytest.raises(ValueError, match="mod_args must be a tuple"):
+        nbattn.flash_attention(q, k, v, score_mod=score_fn, mod_args=list(args))
+    with pytest.raises(ValueError, match=r"mod_args\[0\] must be a NumPy array or a number"):
+        nbattn.flash_attention(q, k, v, score_mod=score_fn, mod_args=("x",) + args[1:])
+    with pytest.raises(ValueError, match="score_mod reads the array '_TABLE'"):
+        nbattn.flash_attention(q, k, v, score_mod=_reads_a_global_array)
+    with pytest.raises(ValueError, match="softcap cannot be combined"):
+        nbattn.flash_attention(q, k, v, score_mod=score_fn, mod_args=args, softcap=2.0)
+    with pytest.raises(ValueError, match="block_mask must come from"):
+        nbattn.flash_attention(q, k, v, block_mask=np.ones((L, S), bool))
+
+
+def test_a_score_mod_of_the_wrong_type_is_refused():
+    q, k, v = _qkv(np.float64)
+    with pytest.raises(ValueError, match="score_mod must return a real number"):
+        nbattn.flash_attention(q, k, v, score_mod=_returns_bool)
+
+
+def test_a_score_mod_without_complex_step_needs_its_derivative():
+    q, k, v = _qkv(np.float64)
+    out, lse = nbattn.flash_attention(q, k, v, return_lse=True)
+    with pytest.raises(ValueError, match="not differentiable by complex step.*score_mod_grad"):
+        nbattn.flash_attention_backward(q, k, v, out, lse, out, score_mod=_not_analytic)
