@@ -40,7 +40,7 @@ from .. import config
 from .._core.attn_groups import Tiles
 from .._core.layout import flat_batch, unbroadcast
 from .._core.numeric import LOG2E
-from .._core.threads import blas_one_thread, dynamic_below, serial_below
+from .._core.threads import blas_one_thread, serial_below
 from .._core.validation import check_dot_range, check_scale
 from ..dispatch.device import kernels_for
 from .flash_args import (
@@ -297,12 +297,10 @@ def _kernels(mods: Mods, backward: bool):
 def _run_forward(lay: _FlexLayout, mods: Mods):
     build, kernels = _kernels(mods, backward=False)
     tiles = flash_tiles(lay.kf.shape[1], lay.band, backward=False)
-    n_items = lay.qf.shape[0] * -(-lay.qf.shape[1] // tiles.block_q)
     args = (lay.qf, lay.kf, lay.vf, lay.kv_index, lay.n_heads, _blocks(mods, tiles), lay.band)
-    with dynamic_below(lay.work / max(n_items, 1), config.FLASH_DYNAMIC_ITEM_WORK):
-        return build.call(
-            kernels.flex_forward, mods, lay.dtype, *args, tiles, mods.score_args, mods.mask_args
-        )
+    return build.call(
+        kernels, "flex_forward", mods, lay.dtype, *args, tiles, mods.score_args, mods.mask_args
+    )
 
 
 def flex_forward(q, k, v, kw: Keywords, scale, return_lse, mods: Mods):
@@ -341,7 +339,8 @@ def flex_backward(q, k, v, out, lse, grad_out, kw: Keywords, scale, mods: Mods):
     args = (lay.qf, lay.kf, lay.vf, of, lf, gf, lay.kv_index, lay.n_heads)
     with blas_one_thread(), serial_below(lay.work, config.FLASH_SERIAL_WORK):
         dq, dk, dv = build.call(
-            kernels.flex_backward,
+            kernels,
+            "flex_backward",
             mods,
             lay.dtype,
             *args,

@@ -41,6 +41,16 @@ before anything compiles, so each copy's kernels have the user's functions
 compiled in (numba resolves a global when it compiles) and numba's on-disk
 cache works for them as for any module. The definitions below are the
 defaults: no modification and no mask.
+
+What is compiled per copy is kept small: the kernels are serial and
+``nogil`` (``flex_forward``, ``flex_backward`` and ``block_states`` are Python
+functions that run their ``_*_items`` kernel on the threads of
+:func:`nbattn.kernels.flex_shared.run_items`: a ``prange`` would add a parallel
+region to compile, whose module re-optimises the whole loop body), and the
+backward's row terms and dQ sum are the compiled-once kernels of
+``nbattn.kernels.flex_shared``. ``check_forward`` / ``check_backward`` compile the
+user's functions alone first, so that one of the wrong type is refused
+before the kernels compile.
 """
 
 from __future__ import annotations
@@ -48,7 +58,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange, types
+from numba import njit, types
 from numba.core.errors import TypingError
 from numba.extending import overload
 
@@ -64,6 +74,7 @@ from nbattn.kernels.flash import (
     _transpose_into,
     exp2_shift_sum,
 )
+from nbattn.kernels.flex_shared import backward_rows, next_item, run_items, sum_groups
 from nbattn.kernels.softmax import row_max
 
 #: The complex step h: score_mod(s + i h) = score_mod(s) + i h g(s) + O(h^2).
@@ -146,6 +157,26 @@ value_and_grad = _complex_step
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def check_forward(score, score_args, mask_args):
+    """``score_mod`` and ``mask_mod`` as the forward kernel calls them: compiled (never run)
+    before the kernel, so that a function of the wrong type is refused in a fraction
+    of a second rather than after the whole kernel is typed."""
+    index = np.int64(0)
+    value = real_score(score_mod(score, index, index, index, index, *score_args))
+    return value, keep_entry(mask_mod(index, index, index, index, *mask_args))
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def check_backward(score, score_args, mask_args):
+    """``value_and_grad`` and ``mask_mod`` as the backward kernel calls them (compiled,
+    never run): the complex step refuses a ``score_mod`` that is not differentiable by
+    it here."""
+    index = np.int64(0)
+    value, grad = value_and_grad(score, index, index, index, index, score_args)
+    return value, grad, keep_entry(mask_mod(index, index, index, index, *mask_args))
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def _block_state(blocks, b, h, qt, kt):
     """The tile's class in ``blocks``: 0 closed, 1 partial, 2 open."""
     return blocks[
@@ -222,14 +253,24 @@ def _mod_tile_grad(st, gt, b, h, i0, j0, band, masked, score_args, mask_args):
                     g_row[j] = zero
 
 
-@njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
 def block_states(n_b, n_h, n_q, n_k, block_q, block_k, mask_args):
     """uint8 (n_b, n_h, QT, KT): 0 where ``mask_mod`` is False on a whole tile, 2 where it
     is True on a whole tile, 1 elsewhere (QT = ceil(n_q / block_q), KT likewise)."""
     n_qt = (n_q + block_q - 1) // block_q
     n_kt = (n_k + block_k - 1) // block_k
     out = np.zeros((n_b, n_h, n_qt, n_kt), dtype=np.uint8)
-    for item in prange(n_b * n_h * n_qt):
+    run_items(_block_rows, n_q, n_k, block_q, block_k, mask_args, out)
+    return out
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
+def _block_rows(counter, n_q, n_k, block_q, block_k, mask_args, out):
+    """The rows ``out[b, h, qt]`` of :func:`block_states`, one per item of ``counter``."""
+    n_b, n_h, n_qt, n_kt = out.shape
+    while True:
+        item = next_item(counter)
+        if item >= n_b * n_h * n_qt:
+            return
         qt = item % n_qt
         h = (item // n_qt) % n_h
         b = item // (n_qt * n_h)
@@ -245,28 +286,55 @@ def block_states(n_b, n_h, n_q, n_k, block_q, block_k, mask_args):
                 out[b, h, qt, kt] = 2
             elif n_true > 0:
                 out[b, h, qt, kt] = 1
-    return out
 
 
-@njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
 def flex_forward(q, k, v, kv_index, n_heads, blocks, band, tiles, score_args, mask_args):
     """Blocked attention forward with the module's score and mask functions; returns
     ``(out, lse)``: out (BH, L, Ev) in the input dtype, lse (BH, L) float64 (natural units).
 
     ``q`` (BH, L, E) is the user's q times ``scale``; ``n_heads`` = H gives
     b = bh // H, h = bh % H; ``band`` and ``tiles`` as in ``nbattn.kernels.flash``.
+    The work items (query slice, query tile) run on the threads of
+    :func:`nbattn.kernels.flex_shared.run_items`.
     """
     n_bh, n_q, _ = q.shape
     out = np.empty((n_bh, n_q, v.shape[2]), dtype=q.dtype)
     lse = np.empty((n_bh, n_q), dtype=np.float64)
+    run_items(
+        _forward_items,
+        q,
+        k,
+        v,
+        kv_index,
+        n_heads,
+        blocks,
+        band,
+        tiles,
+        score_args,
+        mask_args,
+        out,
+        lse,
+    )
+    return out, lse
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
+def _forward_items(
+    counter, q, k, v, kv_index, n_heads, blocks, band, tiles, score_args, mask_args, out, lse
+):
+    """The items of :func:`flex_forward`, one per increment of ``counter``; slices
+    interleaved, and heavy and light causal tiles (``_tile_order``)."""
+    n_bh, n_q, _ = q.shape
     n_qt = (n_q + tiles.block_q - 1) // tiles.block_q
-    for item in prange(n_bh * n_qt):
+    while True:
+        item = next_item(counter)
+        if item >= n_bh * n_qt:
+            return
         bh = np.int64(item % n_bh)
         qt = np.int64(_tile_order(item // n_bh, n_qt))
         _forward_item(
             q, k, v, kv_index, n_heads, blocks, band, tiles, score_args, mask_args, bh, qt, out, lse
         )
-    return out, lse
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
@@ -348,7 +416,6 @@ def _forward_item(
             lse[bh, i0 + r] = -np.inf
 
 
-@njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
 def flex_backward(
     q, k, v, out, lse, dout, kv_index, n_heads, blocks, band, scale, tiles, score_args, mask_args
 ):
@@ -357,26 +424,64 @@ def flex_backward(
     over the query slices that share them). ``q`` is the user's q times ``scale``,
     ``lse`` (BH, L) float64 natural units from :func:`flex_forward`; ``blocks`` for
     the backward's tile sizes. Work items are (key/value slice, key-tile group) as
-    in ``nbattn.kernels.flash.flash_backward``."""
-    n_groups = tiles.n_groups
+    in ``nbattn.kernels.flash.flash_backward``, on the threads of
+    :func:`nbattn.kernels.flex_shared.run_items`; the row terms before and the sum of the
+    groups' dQ after are the compiled-once kernels of ``nbattn.kernels.flex_shared``."""
     n_bh, n_q, d = q.shape
     n_kv, n_k, _ = k.shape
-    d_v = v.shape[2]
-    dtype = q.dtype
-    delta = np.empty((n_bh, n_q), dtype=dtype)
-    lse_t = np.empty((n_bh, n_q), dtype=dtype)
-    for row in prange(n_bh * n_q):
-        bh = row // n_q
-        i = row % n_q
-        total = 0.0
-        for c in range(d_v):
-            total += np.float64(dout[bh, i, c]) * np.float64(out[bh, i, c])
-        delta[bh, i] = total
-        lse_t[bh, i] = lse[bh, i] * LOG2E
-    dq_part = np.zeros((n_groups, n_bh, n_q, d), dtype=dtype)
-    dk = np.empty((n_kv, n_k, d), dtype=dtype)
-    dv = np.empty((n_kv, n_k, d_v), dtype=dtype)
-    for item in prange(n_kv * n_groups):
+    delta, lse_t = backward_rows(out, dout, lse)
+    dq_part = np.zeros((tiles.n_groups, n_bh, n_q, d), dtype=q.dtype)
+    dk = np.empty((n_kv, n_k, d), dtype=q.dtype)
+    dv = np.empty((n_kv, n_k, v.shape[2]), dtype=q.dtype)
+    run_items(
+        _backward_items,
+        q,
+        k,
+        v,
+        dout,
+        kv_index,
+        n_heads,
+        blocks,
+        band,
+        tiles,
+        score_args,
+        mask_args,
+        delta,
+        lse_t,
+        dq_part,
+        dk,
+        dv,
+    )
+    return sum_groups(dq_part, scale), dk, dv
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
+def _backward_items(
+    counter,
+    q,
+    k,
+    v,
+    dout,
+    kv_index,
+    n_heads,
+    blocks,
+    band,
+    tiles,
+    score_args,
+    mask_args,
+    delta,
+    lse_t,
+    dq_part,
+    dk,
+    dv,
+):
+    """The items of :func:`flex_backward`, one per increment of ``counter``."""
+    n_groups = tiles.n_groups
+    n_kv = k.shape[0]
+    while True:
+        item = next_item(counter)
+        if item >= n_kv * n_groups:
+            return
         _backward_item(
             q,
             k,
@@ -397,17 +502,6 @@ def flex_backward(
             dk,
             dv,
         )
-    factor = like(scale, q)
-    dq = np.empty((n_bh, n_q, d), dtype=dtype)
-    for row in prange(n_bh * n_q):
-        bh = row // n_q
-        i = row % n_q
-        for c in range(d):
-            total = dq_part[0, bh, i, c]
-            for g in range(1, n_groups):
-                total += dq_part[g, bh, i, c]
-            dq[bh, i, c] = total * factor
-    return dq, dk, dv
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)

@@ -213,8 +213,12 @@ def specialise(score_mod=None, mask_mod=None, score_grad=None):
 
 def block_states(mask_mod, n_b, n_h, n_q, n_k, block_q, block_k, mask_args):
     """``block_states`` of the module specialised on ``mask_mod`` (see ``flex``)."""
-    return specialise(mask_mod=mask_mod).block_states(
-        n_b, n_h, n_q, n_k, block_q, block_k, mask_args
+    mods = types.SimpleNamespace(
+        score_mod=None, mask_mod=mask_mod, score_grad=None, score_args=(), mask_args=mask_args
+    )
+    module = specialise(mask_mod=mask_mod)
+    return call(
+        module, "block_states", mods, np.float64, n_b, n_h, n_q, n_k, block_q, block_k, mask_args
     )
 
 
@@ -260,9 +264,19 @@ def _diagnose(exc, mods, dtype, backward):
     return f"the flex kernels could not be compiled for these functions: {_first_line(exc)}"
 
 
-def call(kernel, mods, dtype, *args, backward=False):
-    """``kernel(*args)``, with a ValueError naming the user function that does not compile."""
+def _check(module, mods, dtype, backward):
+    """Compile (or load) the small ``check_forward`` / ``check_backward`` of ``module`` for
+    this call's types: a user function that cannot work in the kernel is refused here,
+    before the kernel's own, much longer, compile."""
+    sig = (typeof(dtype(0)), typeof(mods.score_args), typeof(mods.mask_args))
+    (module.check_backward if backward else module.check_forward).compile(sig)
+
+
+def call(module, name, mods, dtype, *args, backward=False):
+    """``module.<name>(*args)``, with a ValueError naming the user function that does not
+    compile (checked first by the module's ``check_forward`` or ``check_backward``)."""
     try:
-        return kernel(*args)
+        _check(module, mods, dtype, backward)
+        return getattr(module, name)(*args)
     except TypingError as exc:
         raise ValueError(_diagnose(exc, mods, dtype, backward)) from None

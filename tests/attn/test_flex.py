@@ -357,7 +357,22 @@ def test_a_score_mod_of_the_wrong_type_is_refused():
 
 
 def test_a_score_mod_without_complex_step_needs_its_derivative():
+    """Refused before the backward kernel compiles (by its small check_backward)."""
     q, k, v = _qkv(np.float64)
-    out, lse = nbattn.flash_attention(q, k, v, return_lse=True)
+    out, lse = _flex(q, k, v, CASES["causal"])
     with pytest.raises(ValueError, match="not differentiable by complex step.*score_mod_grad"):
         nbattn.flash_attention_backward(q, k, v, out, lse, out, score_mod=_not_analytic)
+
+
+def test_generated_modules_go_to_the_configured_folder(tmp_path, monkeypatch):
+    """$NBATTN_FLEX_DIR, else $XDG_CACHE_HOME/nbattn/flex."""
+    from nbattn.kernels import flex_build
+
+    monkeypatch.setattr(flex_build, "_DIR", [])
+    monkeypatch.setenv("NBATTN_FLEX_DIR", str(tmp_path / "flex"))
+    assert flex_build._cache_dir() == tmp_path / "flex"
+    monkeypatch.setattr(flex_build, "_DIR", [])
+    monkeypatch.delenv("NBATTN_FLEX_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert flex_build._cache_dir() == tmp_path / "xdg" / "nbattn" / "flex"
+    assert (tmp_path / "xdg" / "nbattn" / "flex").is_dir()
