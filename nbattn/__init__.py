@@ -39,6 +39,7 @@ _PUBLIC = {
     "flash_attention_varlen": "attn.varlen",
     "flash_attention_varlen_backward": "attn.varlen",
     "flash_decode": "attn.decode",
+    "flex_tanh": "attn.flex",
     "hierarchical_attention": "attn.hierarchical",
     "kernel_cdf": "distribution.density",
     "kernel_density": "distribution.density",
@@ -78,6 +79,7 @@ __all__ = [
     "flash_attention_varlen",
     "flash_attention_varlen_backward",
     "flash_decode",
+    "flex_tanh",
     "hierarchical_attention",
     "kernel_cdf",
     "kernel_density",
@@ -161,7 +163,7 @@ if TYPE_CHECKING:
     from .attn.attention import attention
     from .attn.decode import KVCache, flash_decode
     from .attn.flash import flash_attention, flash_attention_backward
-    from .attn.flex import create_block_mask
+    from .attn.flex import create_block_mask, flex_tanh
     from .attn.hierarchical import hierarchical_attention
     from .attn.layers import MultiHeadAttention, SelfAttention
     from .attn.multihead import multi_head_attention

@@ -4,9 +4,12 @@
 
 At B1 H8 N D64 float32, on the threads numba is given (torch gets as many):
 
-* forward, causal + tanh softcap: nbattn (score_mod + block mask) vs torch's
+* forward, causal + tanh softcap: nbattn (score_mod with ``nbattn.flex_tanh`` +
+  block mask; also with ``np.tanh`` and the ``softcap=`` keyword) vs torch's
   compiled ``flex_attention`` (``torch.compile``; skipped if that fails) and
   ``scaled_dot_product_attention`` (causal, no softcap);
+* forward, score_mods without a transcendental function (ALiBi, a relative
+  position bias table), no mask, vs torch's compiled ``flex_attention``;
 * document mask (8 documents): nbattn with a block mask vs nbattn's own dense
   boolean mask (``flash_attention(mask=...)``);
 * forward + backward with an ALiBi score_mod (complex-step derivative) vs SDPA
@@ -33,7 +36,15 @@ import nbattn
 
 
 def softcap(score, b, h, q_idx, kv_idx):
+    return 30.0 * nbattn.flex_tanh(score / 30.0)
+
+
+def softcap_libm(score, b, h, q_idx, kv_idx):
     return 30.0 * np.tanh(score / 30.0)
+
+
+def relative_bias(score, b, h, q_idx, kv_idx, table):
+    return score + table[h, kv_idx - q_idx + table.shape[1] // 2]
 
 
 def causal(b, h, q_idx, kv_idx):
@@ -110,10 +121,13 @@ def main():
     # ---------------------------------------------------------------- causal + softcap
     bm = nbattn.create_block_mask(causal, None, None, n, n)
     nb_fwd = best(lambda: nbattn.flash_attention(q, k, v, score_mod=softcap, block_mask=bm))
+    nb_libm = best(lambda: nbattn.flash_attention(q, k, v, score_mod=softcap_libm, block_mask=bm))
+    nb_kw = best(lambda: nbattn.flash_attention(q, k, v, causal=True, softcap=30.0))
     sdpa = best(lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=True))
     print(
-        f"forward causal+softcap: nbattn {nb_fwd * 1e3:.1f} ms; torch SDPA causal (no "
-        f"softcap) {sdpa * 1e3:.1f} ms ({sdpa / nb_fwd:.2f}x)"
+        f"forward causal+softcap: nbattn {nb_fwd * 1e3:.1f} ms (flex_tanh; np.tanh "
+        f"{nb_libm * 1e3:.1f} ms; softcap= keyword {nb_kw * 1e3:.1f} ms); torch SDPA causal "
+        f"(no softcap) {sdpa * 1e3:.1f} ms ({sdpa / nb_fwd:.2f}x)"
     )
     try:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -134,6 +148,32 @@ def main():
             f"  torch compiled flex_attention {flex * 1e3:.1f} ms (first call {first:.0f} s): "
             f"nbattn {flex / nb_fwd:.2f}x (target >= 2)"
         )
+        # score_mods without a transcendental function: ALiBi, a relative-position table
+        slopes = 2.0 ** -np.arange(1, h + 1)
+        table = rng.standard_normal((h, 2 * n + 1)).astype(np.float32)
+        t_slopes, t_table = torch.from_numpy(slopes.astype(np.float32)), torch.from_numpy(table)
+
+        def t_alibi(score, b, hh, qi, ki):
+            return score + t_slopes[hh] * (ki - qi)
+
+        def t_bias(score, b, hh, qi, ki):
+            return score + t_table[hh, ki - qi + n]
+
+        for name, fn, args, t_fn in (
+            ("ALiBi", alibi, (slopes,), t_alibi),
+            ("relative bias table", relative_bias, (table,), t_bias),
+        ):
+            mine = best(
+                lambda fn=fn, args=args: nbattn.flash_attention(
+                    q, k, v, score_mod=fn, mod_args=args
+                )
+            )
+            compiled(tq, tk, tv, score_mod=t_fn)
+            theirs = best(lambda t_fn=t_fn: compiled(tq, tk, tv, score_mod=t_fn))
+            print(
+                f"forward {name} (no mask): nbattn {mine * 1e3:.1f} ms, torch compiled "
+                f"flex_attention {theirs * 1e3:.1f} ms: nbattn {theirs / mine:.2f}x"
+            )
     except Exception as exc:  # noqa: BLE001 - the peer is optional
         print(f"  torch compiled flex_attention failed: {type(exc).__name__}: {exc}"[:300])
 

@@ -634,7 +634,9 @@ def flash_attention(
         (``nbattn.kernels.flex_build``). As in FlexAttention it is evaluated on
         every entry of a visited tile inside the band, masked or not: it must
         be safe there (numba does not check array bounds). CPU only; not with ``mask``,
-        ``softcap`` or ``dropout_p`` (express them in the functions).
+        ``softcap`` or ``dropout_p`` (express them in the functions; for a
+        softcap, ``c * nbattn.flex_tanh(score / c)`` vectorises where
+        ``np.tanh`` does not).
     mask_mod : function ``mask_mod(b, h, q_idx, kv_idx, *mod_args) -> bool``, optional
         True where query i may attend to key j, applied after ``score_mod``
         and evaluated per element on every tile.

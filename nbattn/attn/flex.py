@@ -21,6 +21,11 @@ read (a bias table, per-head slopes, document ids) are passed in
 global or closed-over array into the compiled code, so functions that read
 one are refused.
 
+Inside ``score_mod``, ``nbattn.flex_tanh`` (a tanh softcap) compiles to an
+inlined form that vectorises with the score loop, where ``np.tanh`` is a
+call to the C library per element (about 3x slower for a causal softcapped
+forward); its complex form keeps the complex-step derivative exact.
+
 A :class:`BlockMask` (:func:`create_block_mask`) evaluates ``mask_mod`` once
 per tile of the flash kernels and classifies each tile: fully masked tiles
 are never visited and fully open ones skip the per-element mask, so document
@@ -56,7 +61,18 @@ from .flash_args import (
     value_scales,
 )
 
+# and flex_tanh (module __getattr__ below)
 __all__ = ["BlockMask", "create_block_mask", "flex_backward", "flex_forward", "uses_flex"]
+
+
+def __getattr__(name):
+    # flex_tanh is the kernels' function itself (numba compiles its inlined form into a
+    # score_mod that calls it), looked up on first use: importing this module (as
+    # nbattn.flash_attention does) loads no kernel module.
+    if name == "flex_tanh":
+        return kernels_for("flex", "cpu").tanh
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 _SCORE_PARAMS = "score, b, h, q_idx, kv_idx"
 _MASK_PARAMS = "b, h, q_idx, kv_idx"

@@ -214,14 +214,16 @@ def _mod_tile(st, b, h, i0, j0, band, masked, score_args, mask_args):
         lo, hi = _band_limits(i, j0, nb, band)
         for j in range(lo):
             row[j] = neg
-        for j in range(lo, hi):
-            row[j] = real_score(score_mod(row[j], b, h, i, j0 + j, *score_args)) * log2e
+        band_row = row[lo:hi]  # indices from 0: no negative-index check, the loop vectorises
+        k0 = j0 + lo
+        for j in range(band_row.shape[0]):
+            band_row[j] = real_score(score_mod(band_row[j], b, h, i, k0 + j, *score_args)) * log2e
         for j in range(hi, nb):
             row[j] = neg
         if masked:
-            for j in range(lo, hi):
-                if not keep_entry(mask_mod(b, h, i, j0 + j, *mask_args)):
-                    row[j] = neg
+            for j in range(band_row.shape[0]):
+                if not keep_entry(mask_mod(b, h, i, k0 + j, *mask_args)):
+                    band_row[j] = neg
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
@@ -239,18 +241,21 @@ def _mod_tile_grad(st, gt, b, h, i0, j0, band, masked, score_args, mask_args):
         for j in range(lo):
             row[j] = neg
             g_row[j] = zero
-        for j in range(lo, hi):
-            value, grad = value_and_grad(row[j], b, h, i, j0 + j, score_args)
-            row[j] = value * log2e
-            g_row[j] = grad
+        band_row = row[lo:hi]
+        band_g = g_row[lo:hi]
+        k0 = j0 + lo
+        for j in range(band_row.shape[0]):
+            value, grad = value_and_grad(band_row[j], b, h, i, k0 + j, score_args)
+            band_row[j] = value * log2e
+            band_g[j] = grad
         for j in range(hi, nb):
             row[j] = neg
             g_row[j] = zero
         if masked:
-            for j in range(lo, hi):
-                if not keep_entry(mask_mod(b, h, i, j0 + j, *mask_args)):
-                    row[j] = neg
-                    g_row[j] = zero
+            for j in range(band_row.shape[0]):
+                if not keep_entry(mask_mod(b, h, i, k0 + j, *mask_args)):
+                    band_row[j] = neg
+                    band_g[j] = zero
 
 
 def block_states(n_b, n_h, n_q, n_k, block_q, block_k, mask_args):

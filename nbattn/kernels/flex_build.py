@@ -43,8 +43,9 @@ from numba.core.errors import TypingError
 from numba.core.registry import CPUDispatcher
 
 from .. import config
+from .flex_shared import tanh
 
-__all__ = ["block_states", "call", "check_signature", "fingerprint", "specialise"]
+__all__ = ["block_states", "call", "check_signature", "fingerprint", "specialise", "tanh"]
 
 _TEMPLATE = Path(__file__).with_name("flex.py")
 #: The template's source and its hash, read once (a module is keyed by both).

@@ -1,5 +1,6 @@
 """The compiled-once parts of the flex kernels (``nbattn.kernels.flex``, compiled anew per
-user function): their work items on Python threads, the backward's row terms and dQ sum.
+user function): their work items on Python threads, the backward's row terms and dQ sum,
+and :func:`tanh`, the vectorisable tanh for the user's ``score_mod``.
 
 A ``prange`` loop costs its kernel a parallel region to compile (numba's
 parfor passes and a gufunc of its own, whose LLVM module holds the whole loop
@@ -28,6 +29,7 @@ and after its items, parallel kernels compiled once for every user function.
 
 from __future__ import annotations
 
+import cmath
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -35,13 +37,14 @@ import numba
 import numpy as np
 from numba import njit, prange, types
 from numba.core import cgutils
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 from .. import config
 from .._core.numeric import LOG2E
 from .fastmath import like
+from .flash import exp2
 
-__all__ = ["backward_rows", "next_item", "run_items", "sum_groups"]
+__all__ = ["backward_rows", "next_item", "run_items", "sum_groups", "tanh"]
 
 #: A counter past every item: the call that only compiles (or loads) the kernel.
 _DONE = np.int64(2**62)
@@ -136,3 +139,54 @@ def sum_groups(part, scale):
                 total += part[g, bh, i, c]
             dq[bh, i, c] = total * factor
     return dq
+
+
+def tanh(x):
+    """``tanh(x)`` for a ``score_mod``: inside the compiled kernel an inlined form that
+    vectorises with the score loop (numba's ``np.tanh`` of a float is a call to the
+    C library, one element at a time).
+
+    For a real ``x`` (float32 or float64) it is the ``softcap=`` path's
+    tanh (``nbattn.kernels.flash``): sign(x) (1 - e) / (1 + e) with
+    e = 2**(-2 |x| log2(e)), within a few units in the last place of 1 of the
+    true value (an absolute error: relative accuracy is lost for |x| far below 1,
+    where tanh(x) ~ x). For a complex ``x`` it is ``cmath.tanh``, exact, so the
+    complex-step derivative of the backward (``nbattn.kernels.flex``) works
+    through it. Called from Python it is ``np.tanh`` (arrays too, as the
+    reference implementations call a ``score_mod``).
+    """
+    return np.tanh(x)
+
+
+_TWO_LOG2E = 2.0 * LOG2E
+
+
+def _tanh64(x):
+    e = exp2(-abs(x) * _TWO_LOG2E)
+    th = (1.0 - e) / (1.0 + e)
+    return -th if x < 0 else th
+
+
+_TWO_LOG2E32 = np.float32(_TWO_LOG2E)
+_ONE32 = np.float32(1.0)
+
+
+def _tanh32(x):
+    e = exp2(-abs(x) * _TWO_LOG2E32)
+    th = (_ONE32 - e) / (_ONE32 + e)
+    return -th if x < 0 else th
+
+
+def _tanh_complex(x):
+    return cmath.tanh(x)
+
+
+# error_model="numpy": (1 - e) / (1 + e) without the division-by-zero check, whose
+# branch (never taken: 1 + e >= 1) would keep the score loop from vectorising.
+@overload(tanh, jit_options={"fastmath": config.FASTMATH, "error_model": "numpy"})
+def _tanh_overload(x):
+    if isinstance(x, types.Complex):
+        return _tanh_complex
+    if isinstance(x, types.Float):
+        return _tanh32 if x.bitwidth == 32 else _tanh64
+    return None
