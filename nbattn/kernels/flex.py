@@ -42,7 +42,9 @@ compiled in (numba resolves a global when it compiles) and numba's on-disk
 cache works for them as for any module. The definitions below are the
 defaults: no modification and no mask.
 
-What is compiled per copy is kept small: the kernels are serial and
+What is compiled per copy is kept small (each level of calls that is a
+function of its own re-optimises, in LLVM, everything it calls: the item
+bodies are inlined into their ``_*_items`` loop): the kernels are serial and
 ``nogil`` (``flex_forward``, ``flex_backward`` and ``block_states`` are Python
 functions that run their ``_*_items`` kernel on the threads of
 :func:`nbattn.kernels.flex_shared.run_items`: a ``prange`` would add a parallel
@@ -342,7 +344,7 @@ def _forward_items(
         )
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+@njit(fastmath=config.FASTMATH, inline="always")
 def _forward_item(
     q, k, v, kv_index, n_heads, blocks, band, tiles, score_args, mask_args, bh, qt, out, lse
 ):
@@ -509,7 +511,7 @@ def _backward_items(
         )
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+@njit(fastmath=config.FASTMATH, inline="always")
 def _backward_item(
     q,
     k,
