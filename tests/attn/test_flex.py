@@ -229,6 +229,32 @@ def test_block_mask_is_bit_identical_to_the_per_element_mask(case):
         np.testing.assert_array_equal(a, b)
 
 
+def test_block_mask_tiles_are_square(monkeypatch):
+    """Under a block mask the forward's query tiles are no taller than its key tiles: with
+    long-sequence tiles of 32 x 16, documents of 16 keys fill whole 16 x 16 tiles (none
+    partial), and the result is the dense formulation's."""
+    from nbattn import config
+
+    sizes = dict(FLASH_LONG_KEYS=32, FLASH_LONG_FWD_BLOCK_Q=32, FLASH_LONG_FWD_BLOCK_K=16)
+    for name, value in {"FLASH_SERIAL_WORK": 0, **sizes}.items():
+        monkeypatch.setattr(config, name, value)
+    n = 64
+    args = _args(n=n)
+    args[3][:] = np.arange(args[3].shape[1]) // 16
+    rng = np.random.default_rng(2)
+    q, k, v = (rng.standard_normal((B, H, n, E)) for _ in range(3))
+    block_mask = nbattn.create_block_mask(mask_fn, B, H, n, n, mod_args=args)
+    table = block_mask.table(16, 16)
+    assert list(block_mask._tables) == [(16, 16)]
+    assert set(np.unique(table)) == {0, 2}
+    out, lse = nbattn.flash_attention(
+        q, k, v, score_mod=score_fn, block_mask=block_mask, mod_args=args, return_lse=True
+    )
+    ref, ref_lse = naive.flex_attention(q, k, v, score_fn, mask_fn, mod_args=args)
+    np.testing.assert_allclose(out, ref, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(lse, ref_lse, rtol=1e-12)
+
+
 @pytest.mark.usefixtures("small_flash_tiles")
 def test_rows_without_a_key_give_zeros_and_minus_inf():
     """Queries i >= S, in documents of their own, see no key (the flash convention)."""
