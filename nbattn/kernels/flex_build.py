@@ -17,16 +17,20 @@ all.
 The key is a SHA-256 of the template's source and of each function's
 fingerprint (:func:`fingerprint`): its bytecode, constants, names, defaults
 and the values it reads from its globals and closure (numbers, strings,
-modules by name, other functions recursively). numba freezes a global or
-closed-over array into compiled code, where a later change of the array
-would go unseen: such functions are refused (pass the array in
-``mod_args``). The cache directory is ``$NBATTN_FLEX_DIR``, else
+modules by name, other functions recursively), including those read through a
+module (``helpers.SCALE``: by value, as numba freezes it). numba freezes a
+global, closed-over or module-attribute array into compiled code, where a
+later change of the array would go unseen: such functions are refused (pass
+the array in ``mod_args``). A function that is jitted already is compiled
+anew from its ``py_func`` (its dispatcher may hold code compiled with older
+values of its globals). The cache directory is ``$NBATTN_FLEX_DIR``, else
 ``$XDG_CACHE_HOME/nbattn/flex`` (``~/.cache/nbattn/flex``), else a fresh
 temporary directory when neither can be written.
 """
 
 from __future__ import annotations
 
+import dis
 import hashlib
 import importlib.util
 import inspect
@@ -81,9 +85,11 @@ def _py_func(fn):
 def _value_print(value, name, where, depth, seen):
     """A stable description of a value a user function reads, for the key."""
     if isinstance(value, np.ndarray):
+        kind = "closure" if where.startswith("closure") else "globals"
+        if "." in where:
+            kind = "module " + where.rsplit(".", 1)[0]
         raise ValueError(
-            f"{name} reads the array {where!r} from its "
-            f"{'closure' if where.startswith('closure') else 'globals'}: numba would freeze "
+            f"{name} reads the array {where!r} from its {kind}: numba would freeze "
             "it into the compiled kernel (later changes unseen); pass it in mod_args and take "
             "it as a trailing argument"
         )
@@ -120,10 +126,41 @@ def _function_print(fn, name, depth, seen):
     for g in _global_names(code):
         if g in fn.__globals__:
             reads.append((g, _value_print(fn.__globals__[g], name, g, depth, seen)))
-    for var, cell in zip(code.co_freevars, fn.__closure__ or ()):
+    cells = dict(zip(code.co_freevars, fn.__closure__ or ()))
+    for var, cell in cells.items():
         reads.append((var, _value_print(cell.cell_contents, name, f"closure {var}", depth, seen)))
+    for where, value in _module_reads(code, fn.__globals__, cells):
+        reads.append((where, _value_print(value, name, where, depth, seen)))
     defaults = tuple(_value_print(d, name, "default", depth, seen) for d in fn.__defaults__ or ())
     return (_code_print(code), tuple(reads), defaults, options)
+
+
+def _module_reads(code, globals_, cells):
+    """``(dotted name, value)`` of every attribute read through a module (``helpers.SCALE``,
+    ``np.linalg.norm``) in ``code`` and its nested code: numba freezes those values into
+    the compiled code as it does plain globals, so the key must hold them too."""
+    reads = []
+    value = None
+    dotted = ""
+    for ins in dis.get_instructions(code):
+        if ins.opname == "LOAD_GLOBAL":
+            value, dotted = globals_.get(ins.argval), ins.argval
+        elif ins.opname == "LOAD_DEREF" and ins.argval in cells:
+            try:
+                value, dotted = cells[ins.argval].cell_contents, ins.argval
+            except ValueError:  # an empty cell
+                value = None
+        elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and isinstance(value, types.ModuleType):
+            dotted = f"{dotted}.{ins.argval}"
+            value = getattr(value, ins.argval, None)
+            if not isinstance(value, types.ModuleType):
+                reads.append((dotted, value))
+        else:
+            value = None
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            reads.extend(_module_reads(c, globals_, cells))
+    return reads
 
 
 def _global_names(code):
@@ -165,9 +202,12 @@ def check_signature(fn, name, n_fixed, n_args, fixed_names):
 
 
 def _jitted(fn):
-    if fn is None or isinstance(fn, CPUDispatcher):
-        return fn
-    return njit(fastmath=config.FASTMATH)(fn)
+    """A fresh dispatcher of ``fn`` (of its ``py_func`` when jitted already): a user's
+    dispatcher may hold an overload compiled with the values its globals had then, which
+    numba would link into the new kernel however the key has changed."""
+    if fn is None:
+        return None
+    return njit(fastmath=config.FASTMATH)(_py_func(fn))
 
 
 def _load(key: str):

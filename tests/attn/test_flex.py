@@ -9,6 +9,7 @@ specialisation per dtype (each new function is a new compile of the kernels).
 
 from __future__ import annotations
 
+import types
 import warnings
 
 import numpy as np
@@ -434,3 +435,44 @@ def test_generated_modules_go_to_the_configured_folder(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert flex_build._cache_dir() == tmp_path / "xdg" / "nbattn" / "flex"
     assert (tmp_path / "xdg" / "nbattn" / "flex").is_dir()
+
+
+_HELPERS = types.ModuleType("_flex_test_helpers")
+_HELPERS.SCALE = 1.0
+_HELPERS.TABLE = np.zeros(3)
+_HELPERS.inner = types.ModuleType("_flex_test_helpers.inner")
+_HELPERS.inner.SHIFT = 0.5
+
+
+def _reads_module_values(score, b, h, q_idx, kv_idx):
+    return score * _HELPERS.SCALE + _HELPERS.inner.SHIFT
+
+
+def _reads_a_module_array(score, b, h, q_idx, kv_idx):
+    return score + _HELPERS.TABLE[kv_idx]
+
+
+def test_the_key_holds_values_read_through_modules(monkeypatch):
+    """numba freezes ``helpers.SCALE`` as it does a plain global: a change is a new key
+    (no kernel compiles here: only the fingerprints)."""
+    from nbattn.kernels import flex_build
+
+    first = flex_build.fingerprint(_reads_module_values, "score_mod")
+    monkeypatch.setattr(_HELPERS, "SCALE", 2.0)
+    second = flex_build.fingerprint(_reads_module_values, "score_mod")
+    monkeypatch.setattr(_HELPERS.inner, "SHIFT", 1.5)
+    third = flex_build.fingerprint(_reads_module_values, "score_mod")
+    assert len({first, second, third}) == 3
+    with pytest.raises(ValueError, match=r"reads the array '_HELPERS.TABLE'.*mod_args"):
+        flex_build.fingerprint(_reads_a_module_array, "score_mod")
+
+
+def test_a_jitted_score_mod_is_compiled_anew():
+    """The user's dispatcher may hold code frozen with older globals: never reused."""
+    from numba import njit
+
+    from nbattn.kernels import flex_build
+
+    jitted = njit(_reads_module_values)
+    fresh = flex_build._jitted(jitted)
+    assert fresh is not jitted and fresh.py_func is jitted.py_func
