@@ -725,7 +725,14 @@ def flash_attention_backward(
         compiled for a complex128 score and g = Im score_mod(s + i h) / h
         (h = 2**-64), exact to rounding where the function is analytic in
         ``score`` (use ``np.tanh``, not ``math.tanh``, which numba has only for
-        real numbers). No gradient is returned for the arrays in ``mod_args``.
+        real numbers). The complex step is wrong where a non-analytic operation
+        (``abs``, ``max``, a comparison, ``.real``) sits inside an expression that
+        stays complex (``score - 0.5 * abs(score)``): the imaginary part it drops
+        goes unseen. Before the kernel compiles, the complex step is compared
+        with a finite difference of ``score_mod`` at scores -3.1, -0.7, 0.4, 2.9
+        (b = h = q_idx = kv_idx = 0, this call's ``mod_args``), and a mismatch is
+        refused (pass ``score_mod_grad``); a non-analytic point elsewhere can still
+        go unseen. No gradient is returned for the arrays in ``mod_args``.
     score_mod_grad : function ``score_mod_grad(score, b, h, q_idx, kv_idx, *mod_args)``, optional
         d score_mod / d score, for functions that are not analytic (``abs``,
         ``max``, comparisons on the score) or to spare the complex arithmetic.

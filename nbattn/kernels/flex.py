@@ -129,6 +129,18 @@ def _complex_score_overload(z):
     )
 
 
+def real_grad(x):
+    """``x`` unchanged; refuses (at compile time) a derivative that is not a real number."""
+    return x
+
+
+@overload(real_grad, inline="always")
+def _real_grad_overload(x):
+    if isinstance(x, (types.Float, types.Integer)):
+        return lambda x: x
+    raise TypingError(f"score_mod_grad must return a real number (a float), got {x}")
+
+
 def keep_entry(x):
     """``x`` unchanged; refuses a mask value that is not a bool."""
     return x
@@ -152,7 +164,7 @@ def _complex_step(score, b, h, q_idx, kv_idx, args):
 def _user_grad(score, b, h, q_idx, kv_idx, args):
     """(score_mod(score), score_grad(score)), the derivative supplied by the user."""
     value = real_score(score_mod(score, b, h, q_idx, kv_idx, *args))
-    return value, real_score(score_grad(score, b, h, q_idx, kv_idx, *args))
+    return value, real_grad(score_grad(score, b, h, q_idx, kv_idx, *args))
 
 
 value_and_grad = _complex_step
@@ -169,13 +181,30 @@ def check_forward(score, score_args, mask_args):
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
-def check_backward(score, score_args, mask_args):
-    """``value_and_grad`` and ``mask_mod`` as the backward kernel calls them (compiled,
-    never run): the complex step refuses a ``score_mod`` that is not differentiable by
-    it here."""
+def check_backward(score, score_args, mask_args, probes):
+    """``value_and_grad`` and ``mask_mod`` as the backward kernel calls them: the complex
+    step refuses, as it compiles, a ``score_mod`` whose complex-step value is not complex.
+
+    Run (unlike ``check_forward``) at the scores ``probes`` (b = h = q_idx = kv_idx
+    = 0): rows (derivative from ``value_and_grad``, central finite difference of
+    ``score_mod`` with step 1e-5 max(1, |s|), |score_mod| at the two points), from which
+    ``nbattn.kernels.flex_build`` refuses a complex step that is not the derivative
+    (``abs``, ``max`` or a comparison inside an expression that stays complex).
+    """
     index = np.int64(0)
-    value, grad = value_and_grad(score, index, index, index, index, score_args)
-    return value, grad, keep_entry(mask_mod(index, index, index, index, *mask_args))
+    value_and_grad(score, index, index, index, index, score_args)
+    keep_entry(mask_mod(index, index, index, index, *mask_args))
+    result = np.empty((probes.shape[0], 3))
+    for n in range(probes.shape[0]):
+        s = probes[n]
+        step = 1e-5 * max(1.0, abs(s))
+        grad = value_and_grad(s, index, index, index, index, score_args)[1]
+        up = np.float64(real_score(score_mod(s + step, index, index, index, index, *score_args)))
+        down = np.float64(real_score(score_mod(s - step, index, index, index, index, *score_args)))
+        result[n, 0] = grad
+        result[n, 1] = (up - down) / (2.0 * step)
+        result[n, 2] = abs(up) + abs(down)
+    return result
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)

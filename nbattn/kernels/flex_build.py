@@ -35,6 +35,7 @@ import hashlib
 import importlib.util
 import inspect
 import os
+import re
 import sys
 import tempfile
 import types
@@ -56,6 +57,9 @@ _TEMPLATE = Path(__file__).with_name("flex.py")
 _SOURCE = _TEMPLATE.read_text()
 _SOURCE_HASH = hashlib.sha256(_SOURCE.encode()).hexdigest()
 _MODULES: dict = {}
+#: The scores at which the backward's check compares the complex step with a finite
+#: difference of ``score_mod``.
+_PROBES = np.array([-3.1, -0.7, 0.4, 2.9])
 _DIR: list = []
 
 
@@ -263,17 +267,32 @@ def block_states(mask_mod, n_b, n_h, n_q, n_k, block_q, block_k, mask_args):
     )
 
 
+_BOILERPLATE = ("Failed in ", "During: ", "File ", "- Resolution failure")
+
+
 def _first_line(exc):
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    """The reason in numba's error (``Untyped global name 'helper': ...``), without its
+    pipeline and traceback lines."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))  # numba's highlighting
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    useful = [line for line in lines if not line.startswith(_BOILERPLATE)]
+    if useful:
+        first = useful[0]
+        # "No implementation of function ... found for signature:" and the signature
+        return f"{first} {useful[1]}" if first.endswith(":") and len(useful) > 1 else first
     return lines[0] if lines else type(exc).__name__
 
 
 def _diagnose(exc, mods, dtype, backward):
     """The clear message for a kernel that did not compile: which user function, why."""
     text = str(exc)
-    for phrase in ("score_mod must return", "mask_mod must return", "not differentiable"):
+    phrases = ("score_mod_grad must return", "score_mod must return", "mask_mod must return")
+    for phrase in phrases + ("not differentiable",):
         if phrase in text:
-            line = next(line for line in text.splitlines() if phrase in line).strip()
+            line = next(line for line in text.splitlines() if phrase in line)
+            line = re.sub(r"\x1b\[[0-9;]*m", "", line).strip()
+            line = line[line.index(phrase) if phrase != "not differentiable" else 0 :]
+            line = line.removeprefix("TypingError: ")
             if phrase == "not differentiable":
                 line += (
                     "; pass score_mod_grad(score, b, h, q_idx, kv_idx, *mod_args), its derivative"
@@ -310,7 +329,25 @@ def _check(module, mods, dtype, backward):
     this call's types: a user function that cannot work in the kernel is refused here,
     before the kernel's own, much longer, compile."""
     sig = (typeof(dtype(0)), typeof(mods.score_args), typeof(mods.mask_args))
-    (module.check_backward if backward else module.check_forward).compile(sig)
+    if not backward:
+        module.check_forward.compile(sig)
+        return
+    rows = module.check_backward(dtype(0), mods.score_args, mods.mask_args, _PROBES)
+    if mods.score_grad is not None or mods.score_mod is None:
+        return
+    for s, (grad, diff, size) in zip(_PROBES, rows):
+        if not (np.isfinite(grad) and np.isfinite(diff) and np.isfinite(size)):
+            continue
+        step = 1e-5 * max(1.0, abs(s))
+        tol = 1e-4 * (abs(grad) + abs(diff)) + 1e-6 + 64 * np.finfo(np.float64).eps * size / step
+        if abs(grad - diff) > tol:
+            raise ValueError(
+                f"score_mod is not differentiable by complex step: at score = {s} (b = h = "
+                f"q_idx = kv_idx = 0) its complex step gives {grad:.6g}, a finite difference "
+                f"{diff:.6g} (abs, max, min, comparisons or a real part inside an expression "
+                "that stays complex drop the imaginary part); pass "
+                "score_mod_grad(score, b, h, q_idx, kv_idx, *mod_args), its derivative"
+            )
 
 
 def call(module, name, mods, dtype, *args, backward=False):
@@ -319,5 +356,5 @@ def call(module, name, mods, dtype, *args, backward=False):
     try:
         _check(module, mods, dtype, backward)
         return getattr(module, name)(*args)
-    except TypingError as exc:
+    except (TypingError, NotImplementedError) as exc:
         raise ValueError(_diagnose(exc, mods, dtype, backward)) from None

@@ -381,6 +381,10 @@ def _not_analytic(score, b, h, q_idx, kv_idx, *rest):
     return abs(score)
 
 
+def _leaky(score, b, h, q_idx, kv_idx):
+    return score - 0.5 * abs(score)
+
+
 _TABLE = np.zeros(3)
 
 
@@ -421,6 +425,12 @@ def test_a_score_mod_without_complex_step_needs_its_derivative():
     out, lse = _flex(q, k, v, CASES["causal"])
     with pytest.raises(ValueError, match="not differentiable by complex step.*score_mod_grad"):
         nbattn.flash_attention_backward(q, k, v, out, lse, out, score_mod=_not_analytic)
+    # abs inside an expression that stays complex: the complex step is 1, not 1.5, at
+    # s < 0 (found by the check's finite difference, before the kernel compiles)
+    with pytest.raises(
+        ValueError, match=r"complex step gives 1, a finite difference 1\.5.*score_mod_grad"
+    ):
+        nbattn.flash_attention_backward(q, k, v, out, lse, out, score_mod=_leaky)
 
 
 def test_generated_modules_go_to_the_configured_folder(tmp_path, monkeypatch):
