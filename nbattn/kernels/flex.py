@@ -226,10 +226,57 @@ def _band_limits(i, j0, nb, band):
     return min(max(centre - left, 0), nb), min(max(centre + right + 1, 0), nb)
 
 
+#: The largest score whose base-2 form (times log2(e)) is finite, per tile dtype.
+LIMIT64 = float(np.finfo(np.float64).max) / LOG2E
+LIMIT32 = float(np.finfo(np.float32).max) / LOG2E
+
+
+def score_limit(array):
+    """The largest score of ``array``'s dtype that stays finite times log2(e)."""
+    return LIMIT32 if array.dtype == np.float32 else LIMIT64
+
+
+@overload(score_limit, inline="always")
+def _score_limit_overload(array):
+    if array.dtype == types.float32:
+        return lambda array: np.float32(LIMIT32)
+    return lambda array: np.float64(LIMIT64)
+
+
+@njit(fastmath=config.FASTMATH, inline="always")
+def _to_base2(band_row, limit, log2e, neg, poison, r, status):
+    """The modified, masked scores of one row turned to base 2, in place.
+
+    A NaN or +inf score (an admissible one: masked entries are -inf already)
+    makes the row NaN (``poison[r]``, as torch propagates it); a finite score
+    beyond ``limit``, whose base-2 form would overflow, is recorded in
+    ``status[0]`` (the forward then raises). Both are rare: one read-only pass
+    checks the row, and only a row that fails it is converted entry by entry.
+    """
+    odd = False
+    for j in range(band_row.shape[0]):
+        x = band_row[j]
+        odd |= (x != x) | ((abs(x) > limit) & (x != neg))
+    if not odd:
+        for j in range(band_row.shape[0]):
+            band_row[j] *= log2e
+        return
+    for j in range(band_row.shape[0]):
+        x = band_row[j]
+        if x != x or x > limit and x == -neg:
+            poison[r] = True
+            band_row[j] = neg
+        elif x != neg and abs(x) > limit:
+            status[0] = max(status[0], abs(np.float64(x)))
+            band_row[j] = neg
+        else:
+            band_row[j] = x * log2e
+
+
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
-def _mod_tile(st, b, h, i0, j0, band, masked, score_args, mask_args):
+def _mod_tile(st, b, h, i0, j0, band, masked, score_args, mask_args, poison, status):
     """The score tile ``st`` (rows i0.., keys j0.., natural units) modified, masked and
-    turned to base 2, in place.
+    turned to base 2, in place (``poison`` and ``status`` as in :func:`_to_base2`).
 
     ``score_mod`` runs on every entry inside the band, masked or not (as in
     FlexAttention, where the mask applies to the modified scores), in a loop of
@@ -239,6 +286,7 @@ def _mod_tile(st, b, h, i0, j0, band, masked, score_args, mask_args):
     mb, nb = st.shape
     log2e = like(LOG2E, st)
     neg = like(-np.inf, st)
+    limit = score_limit(st)
     for r in range(mb):
         i = i0 + r
         row = st[r]
@@ -248,13 +296,14 @@ def _mod_tile(st, b, h, i0, j0, band, masked, score_args, mask_args):
         band_row = row[lo:hi]  # indices from 0: no negative-index check, the loop vectorises
         k0 = j0 + lo
         for j in range(band_row.shape[0]):
-            band_row[j] = real_score(score_mod(band_row[j], b, h, i, k0 + j, *score_args)) * log2e
+            band_row[j] = real_score(score_mod(band_row[j], b, h, i, k0 + j, *score_args))
         for j in range(hi, nb):
             row[j] = neg
         if masked:
             for j in range(band_row.shape[0]):
                 if not keep_entry(mask_mod(b, h, i, k0 + j, *mask_args)):
                     band_row[j] = neg
+        _to_base2(band_row, limit, log2e, neg, poison, r, status)
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
@@ -328,6 +377,10 @@ def flex_forward(q, k, v, kv_index, n_heads, blocks, band, tiles, score_args, ma
     """Blocked attention forward with the module's score and mask functions; returns
     ``(out, lse)``: out (BH, L, Ev) in the input dtype, lse (BH, L) float64 (natural units).
 
+    A row where ``score_mod`` gives NaN or +inf on an admissible entry is NaN (out and
+    lse, as in torch); -inf is a masked entry; a finite score whose base-2 form
+    overflows (beyond ``LIMIT64`` or ``LIMIT32``) is a ValueError.
+
     ``q`` (BH, L, E) is the user's q times ``scale``; ``n_heads`` = H gives
     b = bh // H, h = bh % H; ``band`` and ``tiles`` as in ``nbattn.kernels.flash``.
     The work items (query slice, query tile) run on the threads of
@@ -336,6 +389,7 @@ def flex_forward(q, k, v, kv_index, n_heads, blocks, band, tiles, score_args, ma
     n_bh, n_q, _ = q.shape
     out = np.empty((n_bh, n_q, v.shape[2]), dtype=q.dtype)
     lse = np.empty((n_bh, n_q), dtype=np.float64)
+    status = np.zeros(1)
     run_items(
         _forward_items,
         q,
@@ -350,13 +404,34 @@ def flex_forward(q, k, v, kv_index, n_heads, blocks, band, tiles, score_args, ma
         mask_args,
         out,
         lse,
+        status,
     )
+    if status[0] > 0.0:
+        limit = LIMIT32 if q.dtype == np.float32 else LIMIT64
+        raise ValueError(
+            f"score_mod returned a score of magnitude {status[0]:.4g}, beyond {limit:.4g} "
+            f"(the largest {q.dtype} / log2(e)): the kernel's base-2 scores would overflow; "
+            "keep scores below that (-inf masks an entry)"
+        )
     return out, lse
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
 def _forward_items(
-    counter, q, k, v, kv_index, n_heads, blocks, band, tiles, score_args, mask_args, out, lse
+    counter,
+    q,
+    k,
+    v,
+    kv_index,
+    n_heads,
+    blocks,
+    band,
+    tiles,
+    score_args,
+    mask_args,
+    out,
+    lse,
+    status,
 ):
     """The items of :func:`flex_forward`, one per increment of ``counter``; slices
     interleaved, and heavy and light causal tiles (``_tile_order``)."""
@@ -369,13 +444,27 @@ def _forward_items(
         bh = np.int64(item % n_bh)
         qt = np.int64(_tile_order(item // n_bh, n_qt))
         _forward_item(
-            q, k, v, kv_index, n_heads, blocks, band, tiles, score_args, mask_args, bh, qt, out, lse
+            q,
+            k,
+            v,
+            kv_index,
+            n_heads,
+            blocks,
+            band,
+            tiles,
+            score_args,
+            mask_args,
+            bh,
+            qt,
+            out,
+            lse,
+            status,
         )
 
 
 @njit(fastmath=config.FASTMATH, inline="always")
 def _forward_item(
-    q, k, v, kv_index, n_heads, blocks, band, tiles, score_args, mask_args, bh, qt, out, lse
+    q, k, v, kv_index, n_heads, blocks, band, tiles, score_args, mask_args, bh, qt, out, lse, status
 ):
     """Query tile ``qt`` of slice ``bh``: its rows of ``out`` and ``lse``."""
     block_q, block_k = tiles.block_q, tiles.block_k
@@ -392,6 +481,7 @@ def _forward_item(
     acc = np.zeros((mb, d_v), dtype=q.dtype)
     m = np.full(mb, -np.inf)
     l = np.zeros(mb)
+    poison = np.zeros(mb, dtype=np.bool_)
     q_tile = q[bh, i0 : i0 + mb]
     j_first = max(i0 + offset - left, 0)
     j_last = min(i0 + mb - 1 + offset + right, n_k - 1)
@@ -407,7 +497,7 @@ def _forward_item(
         k_tile = k[kv, j0 : j0 + nb]
         st = s_flat[: mb * nb].reshape((mb, nb))
         gemm(q_tile, k_tile, st, False, True, 0.0)
-        _mod_tile(st, b, h, i0, j0, band, masked, score_args, mask_args)
+        _mod_tile(st, b, h, i0, j0, band, masked, score_args, mask_args, poison, status)
         for r in range(mb):
             row = st[r]
             shift = m[r]
@@ -425,7 +515,19 @@ def _forward_item(
                 # weights may have saturated: score the row again, rebase on its maximum
                 one = st[r : r + 1]
                 gemm(q_tile[r : r + 1], k_tile, one, False, True, 0.0)
-                _mod_tile(one, b, h, i0 + r, j0, band, masked, score_args, mask_args)
+                _mod_tile(
+                    one,
+                    b,
+                    h,
+                    i0 + r,
+                    j0,
+                    band,
+                    masked,
+                    score_args,
+                    mask_args,
+                    poison[r : r + 1],
+                    status,
+                )
             top = np.float64(row_max(row))
             if top == -np.inf:  # nothing admissible yet
                 row[:] = 0.0
@@ -441,7 +543,11 @@ def _forward_item(
         gemm(st, v[kv, j0 : j0 + nb], acc, False, False, 1.0)
     ln2 = math.log(2.0)
     for r in range(mb):
-        if l[r] > 0.0:
+        if poison[r]:  # NaN or +inf from score_mod: NaN, as torch gives
+            for c in range(d_v):
+                out[bh, i0 + r, c] = np.nan
+            lse[bh, i0 + r] = np.nan
+        elif l[r] > 0.0:
             inv = like(1.0 / l[r], acc)
             for c in range(d_v):
                 out[bh, i0 + r, c] = acc[r, c] * inv

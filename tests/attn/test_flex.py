@@ -277,6 +277,41 @@ def test_rows_without_a_key_give_zeros_and_minus_inf():
 
 
 @pytest.mark.usefixtures("small_flash_tiles")
+def test_nan_and_inf_scores_propagate_and_overflow_is_refused():
+    """NaN or +inf from score_mod on an admissible entry makes the row NaN (torch's
+    answer), on a masked entry nothing; -inf masks; a finite score whose base-2 form
+    overflows is a ValueError (not a silently empty row). Through the bias table of
+    the suite's own functions (no new compile)."""
+    q, k, v = _qkv(np.float64)
+    cap, slopes, table, doc, prefix, left, right = CASES["causal"]
+    centre = table.shape[1] // 2
+    clean, clean_lse = _flex(q, k, v, CASES["causal"])
+    for odd in (np.nan, np.inf, -np.inf):
+        masked = table.copy()
+        masked[:, centre + 1 :] = odd  # keys after the query: masked by the causal mask
+        out, lse = _flex(q, k, v, (cap, slopes, masked, doc, prefix, left, right))
+        np.testing.assert_array_equal(out, clean)
+        np.testing.assert_array_equal(lse, clean_lse)
+    for odd in (np.nan, np.inf):
+        admitted = table.copy()
+        admitted[:, centre - 1] = odd  # key i - 1: admissible for every row but the first
+        out, lse = _flex(q, k, v, (cap, slopes, admitted, doc, prefix, left, right))
+        assert np.all(np.isnan(out[:, :, 1:])) and np.all(np.isnan(lse[:, :, 1:]))
+        np.testing.assert_array_equal(out[:, :, 0], clean[:, :, 0])
+    admitted = table.copy()
+    admitted[:, centre - 1] = -np.inf  # as if masked
+    out, lse = _flex(q, k, v, (cap, slopes, admitted, doc, prefix, left, right))
+    ref, ref_lse = naive.flex_attention(
+        q, k, v, score_fn, mask_fn, mod_args=(cap, slopes, admitted, doc, prefix, left, right)
+    )
+    np.testing.assert_allclose(out, ref, rtol=0, atol=1e-12)
+    huge = table.copy()
+    huge[:, centre - 1] = 1.5e308
+    with pytest.raises(ValueError, match=r"score_mod returned a score of magnitude 1\.5e\+308"):
+        _flex(q, k, v, (cap, slopes, huge, doc, prefix, left, right))
+
+
+@pytest.mark.usefixtures("small_flash_tiles")
 def test_two_calls_are_bit_identical():
     args = CASES["combination"]
     q, k, v = _qkv(np.float64)
