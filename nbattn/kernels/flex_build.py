@@ -38,6 +38,7 @@ import os
 import re
 import sys
 import tempfile
+import threading
 import types
 from pathlib import Path
 
@@ -55,7 +56,8 @@ __all__ = ["block_states", "call", "check_signature", "fingerprint", "specialise
 _TEMPLATE = Path(__file__).with_name("flex.py")
 #: The template's source and its hash, read once (a module is keyed by both).
 _SOURCE = _TEMPLATE.read_text()
-_SOURCE_HASH = hashlib.sha256(_SOURCE.encode()).hexdigest()
+_SOURCE_BYTES = _SOURCE.encode()
+_SOURCE_HASH = hashlib.sha256(_SOURCE_BYTES).hexdigest()
 _MODULES: dict = {}
 #: The scores at which the backward's check compares the complex step with a finite
 #: difference of ``score_mod``.
@@ -214,21 +216,40 @@ def _jitted(fn):
     return njit(fastmath=config.FASTMATH)(_py_func(fn))
 
 
+def _write(path: Path):
+    """The template's source written to ``path`` atomically (a temporary file replaced)."""
+    path.parent.mkdir(parents=True, exist_ok=True)  # the folder may have been removed
+    tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_bytes(_SOURCE_BYTES)
+    os.replace(tmp, path)
+
+
 def _load(key: str):
-    """The generated module ``nbattn_flex_<key>``: written once, imported once per process."""
+    """The generated module ``nbattn_flex_<key>``: written once, imported once per process.
+
+    A file that is not the template's source (truncated, edited, from another
+    version) is written anew before it is imported; a module whose import fails
+    is dropped from ``sys.modules``, so the next call starts over.
+    """
     name = f"nbattn_flex_{key}"
     if name in sys.modules:
         return sys.modules[name]
     path = _cache_dir() / f"{name}.py"
-    if not path.exists():
-        # written once and never rewritten (numba's cache keys on the file's mtime)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(_SOURCE)
-        os.replace(tmp, path)
+    try:
+        intact = path.read_bytes() == _SOURCE_BYTES
+    except OSError:
+        intact = False
+    if not intact:
+        # rewritten only when damaged (numba's cache keys on the file's mtime)
+        _write(path)
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
     return module
 
 

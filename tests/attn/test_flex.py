@@ -521,3 +521,37 @@ def test_a_jitted_score_mod_is_compiled_anew():
     jitted = njit(_reads_module_values)
     fresh = flex_build._jitted(jitted)
     assert fresh is not jitted and fresh.py_func is jitted.py_func
+
+
+def test_a_damaged_generated_module_is_written_anew(tmp_path, monkeypatch):
+    """A truncated file is rewritten before it is imported, a failed import leaves no
+    half module in sys.modules, a removed folder is made again (no kernel compiles)."""
+    import shutil
+    import sys
+
+    from nbattn.kernels import flex_build
+
+    folder = tmp_path / "flex"
+    monkeypatch.setattr(flex_build, "_DIR", [folder])
+    key = "test_damaged_0"
+    name = f"nbattn_flex_{key}"
+    path = folder / f"{name}.py"
+    folder.mkdir()
+    path.write_bytes(flex_build._SOURCE_BYTES[:100])
+    monkeypatch.setattr(flex_build, "_SOURCE_BYTES", b"raise RuntimeError('broken')\n")
+    with pytest.raises(RuntimeError, match="broken"):
+        flex_build._load(key)
+    assert name not in sys.modules
+    monkeypatch.undo()
+    monkeypatch.setattr(flex_build, "_DIR", [folder])
+    try:
+        module = flex_build._load(key)
+        assert path.read_bytes() == flex_build._SOURCE_BYTES and callable(module.flex_forward)
+    finally:
+        sys.modules.pop(name, None)
+    shutil.rmtree(folder)  # the folder removed mid-session
+    try:
+        flex_build._load("test_damaged_1")
+        assert (folder / "nbattn_flex_test_damaged_1.py").is_file()
+    finally:
+        sys.modules.pop("nbattn_flex_test_damaged_1", None)
