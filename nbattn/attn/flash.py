@@ -631,12 +631,22 @@ def flash_attention(
         the batch and head axes of q (B, H, L, E). A plain Python function on
         scalars, compiled into the kernels with numba (``njit`` is applied when
         it is not jitted); compiled once per function and cached on disk
-        (``nbattn.kernels.flex_build``). As in FlexAttention it is evaluated on
-        every entry of a visited tile inside the band, masked or not: it must
-        be safe there (numba does not check array bounds). CPU only; not with ``mask``,
+        (``nbattn.kernels.flex_build``): each new function, and each new value
+        of a number it reads from its globals or closure, compiles anew (about
+        4 s), so pass values that change in ``mod_args``. Not a
+        ``functools.partial`` or bound method: put parameters in ``mod_args``.
+        As in FlexAttention it is evaluated on every entry of a visited tile
+        inside the band, masked or not: it must be safe there (numba does not
+        check array bounds). CPU only; not with ``mask``,
         ``softcap`` or ``dropout_p`` (express them in the functions; for a
         softcap, ``c * nbattn.flex_tanh(score / c)`` vectorises where
-        ``np.tanh`` does not).
+        ``np.tanh`` does not; ``math.tanh`` has no complex form, so the
+        backward's complex step refuses it). NaN or +inf on an admissible
+        entry makes the row's output and lse NaN (as in torch), -inf masks the
+        entry, and a finite score beyond max / log2(e) of the dtype (about
+        1.2e308 in float64) is a ValueError. Indexing out of range in it is
+        undefined behaviour (wrong values or a crash), and Ctrl-C takes effect
+        only when the call returns.
     mask_mod : function ``mask_mod(b, h, q_idx, kv_idx, *mod_args) -> bool``, optional
         True where query i may attend to key j, applied after ``score_mod``
         and evaluated per element on every tile.
@@ -646,8 +656,14 @@ def flash_attention(
         mask (instead of ``mask_mod``).
     mod_args : tuple of arrays and numbers
         The trailing arguments of ``score_mod`` and ``mask_mod`` (bias tables,
-        slopes, document ids). Functions that read arrays from their globals
-        or closure are refused: numba would freeze the array into the kernel.
+        slopes, document ids): both receive all of them, so each must accept
+        every entry (``*rest`` for those it does not use); a ``block_mask``
+        holds its own (``create_block_mask(..., mod_args=)``). Functions that
+        read arrays from their globals, closure or a module (``helpers.TABLE``)
+        are refused: numba would freeze the array into the kernel. Numbers
+        that change between calls belong here (in globals they compile anew).
+        Arrays keep their shape (0-d included); an error without
+        ``score_mod`` or ``mask_mod``.
 
     Returns
     -------
@@ -656,7 +672,7 @@ def flash_attention(
     """
     kw = check_keywords(causal, enable_gqa, window, causal_alignment, softcap, dropout_p)
     return_lse = check_bool(return_lse, "return_lse")
-    if uses_flex(score_mod, mask_mod, block_mask):
+    if uses_flex(score_mod, mask_mod, block_mask) or _given(mod_args):
         mods = check_mods(score_mod, mask_mod, block_mask, mod_args, None, kw, mask)
         _flex_on_cpu(device, q, k, v)
         return flex_forward(q, k, v, kw, scale, return_lse, mods)
@@ -665,6 +681,11 @@ def flash_attention(
         _cuda_refuses(kw, mask)
         return _forward_cuda(q, k, v, kw.causal, scale, return_lse)
     return _forward(q, k, v, kw, scale, return_lse, mask, random_state, device=device)
+
+
+def _given(mod_args):
+    """Whether ``mod_args`` holds anything (refused by ``check_mods`` without functions)."""
+    return not (mod_args is None or (isinstance(mod_args, tuple) and not mod_args))
 
 
 def flash_attention_backward(
@@ -744,7 +765,7 @@ def flash_attention_backward(
     """
     kw = check_keywords(causal, enable_gqa, window, causal_alignment, softcap, dropout_p)
     arrays = (q, k, v, out, lse, grad_out)
-    if uses_flex(score_mod, mask_mod, block_mask, score_mod_grad):
+    if uses_flex(score_mod, mask_mod, block_mask, score_mod_grad) or _given(mod_args):
         mods = check_mods(score_mod, mask_mod, block_mask, mod_args, score_mod_grad, kw, mask)
         _flex_on_cpu(device, *arrays)
         return flex_backward(q, k, v, out, lse, grad_out, kw, scale, mods)

@@ -91,7 +91,8 @@ def _mod_args(mod_args, name="mod_args"):
         if isinstance(arg, np.ndarray):
             if arg.dtype.kind not in "biuf":
                 raise ValueError(f"{name}[{n}] must be a bool, int or float array, got {arg.dtype}")
-            arr = np.ascontiguousarray(arg)
+            # (np.ascontiguousarray would make a 0-d array 1-d)
+            arr = arg if arg.flags.c_contiguous else np.ascontiguousarray(arg)
             checked.append(arr if arr.flags.writeable else arr.copy())
         elif isinstance(arg, (bool, int, float, np.bool_, np.integer, np.floating)):
             checked.append(arg)
@@ -214,6 +215,11 @@ def check_mods(score_mod, mask_mod, block_mask, mod_args, score_mod_grad, kw: Ke
     if score_mod_grad is not None and score_mod is None:
         raise ValueError("score_mod_grad is given without score_mod")
     args = _mod_args(mod_args)
+    if args and score_mod is None and mask_mod is None:
+        raise ValueError(
+            "mod_args are the trailing arguments of score_mod and mask_mod, and neither is "
+            "given (a block_mask holds its own: create_block_mask(..., mod_args=))"
+        )
     if score_mod is not None:
         build.check_signature(score_mod, "score_mod", 5, len(args), _SCORE_PARAMS)
     if score_mod_grad is not None:

@@ -189,6 +189,11 @@ def check_signature(fn, name, n_fixed, n_args, fixed_names):
     positional arguments (``fixed_names`` first, then one per ``mod_args`` entry)."""
     if not callable(fn):
         raise ValueError(f"{name} must be a function, got {type(fn).__name__}")
+    if not isinstance(_py_func(fn), types.FunctionType):
+        raise TypeError(
+            f"{name} must be a plain function (def or lambda, optionally numba.njit), got "
+            f"{type(fn).__name__}: pass a plain function; put parameters in mod_args"
+        )
     try:
         sig = inspect.signature(_py_func(fn))
     except (TypeError, ValueError):

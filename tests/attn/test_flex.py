@@ -9,6 +9,7 @@ specialisation per dtype (each new function is a new compile of the kernels).
 
 from __future__ import annotations
 
+import functools
 import types
 import warnings
 
@@ -444,6 +445,10 @@ def test_errors_name_the_argument():
         nbattn.flash_attention(q, k, v, score_mod=_reads_a_global_array)
     with pytest.raises(ValueError, match="softcap cannot be combined"):
         nbattn.flash_attention(q, k, v, score_mod=score_fn, mod_args=args, softcap=2.0)
+    with pytest.raises(ValueError, match="mod_args are the trailing arguments"):
+        nbattn.flash_attention(q, k, v, mod_args=args)
+    with pytest.raises(TypeError, match="score_mod must be a plain function.*mod_args"):
+        nbattn.flash_attention(q, k, v, score_mod=functools.partial(_bad_arity, h=0))
     with pytest.raises(ValueError, match="block_mask must come from"):
         nbattn.flash_attention(q, k, v, block_mask=np.ones((L, S), bool))
 
