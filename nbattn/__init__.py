@@ -33,11 +33,13 @@ _PUBLIC = {
     "SelfAttention": "attn.layers",
     "attention": "attn.attention",
     "average_pooling": "smoothing.regression",
+    "create_block_mask": "attn.flex",
     "flash_attention": "attn.flash",
     "flash_attention_backward": "attn.flash",
     "flash_attention_varlen": "attn.varlen",
     "flash_attention_varlen_backward": "attn.varlen",
     "flash_decode": "attn.decode",
+    "flex_tanh": "attn.flex",
     "hierarchical_attention": "attn.hierarchical",
     "kernel_cdf": "distribution.density",
     "kernel_density": "distribution.density",
@@ -71,11 +73,13 @@ __all__ = [
     "__version__",
     "attention",
     "average_pooling",
+    "create_block_mask",
     "flash_attention",
     "flash_attention_backward",
     "flash_attention_varlen",
     "flash_attention_varlen_backward",
     "flash_decode",
+    "flex_tanh",
     "hierarchical_attention",
     "kernel_cdf",
     "kernel_density",
@@ -159,6 +163,7 @@ if TYPE_CHECKING:
     from .attn.attention import attention
     from .attn.decode import KVCache, flash_decode
     from .attn.flash import flash_attention, flash_attention_backward
+    from .attn.flex import create_block_mask, flex_tanh
     from .attn.hierarchical import hierarchical_attention
     from .attn.layers import MultiHeadAttention, SelfAttention
     from .attn.multihead import multi_head_attention

@@ -70,6 +70,12 @@ def pytest_configure(config):
     folder = Path(tempfile.gettempdir()) / f"nbattn-compile-locks-{digest}"
     folder.mkdir(parents=True, exist_ok=True)
     lock_compiles(folder)
+    # The flex kernels generated per user function (nbattn.kernels.flex_build) go to a
+    # folder per checkout in the system's temporary folder, shared by xdist's workers and
+    # by later runs as numba's cache is, never to the user's cache folder.
+    os.environ.setdefault(
+        "NBATTN_FLEX_DIR", str(Path(tempfile.gettempdir()) / f"nbattn-flex-{digest}")
+    )
     # The CUDA simulator suite needs NUMBA_ENABLE_CUDASIM before numba is
     # imported, so scripts/test runs tests/cuda in a process of its own.
     config.addinivalue_line("norecursedirs", "cuda")

@@ -1324,3 +1324,39 @@ def conditional_cdf_cv(
         F = values @ p
         out += w[row] / w.sum() * float(np.mean((target - F) ** 2))
     return out
+
+
+# ---------------------------------------------------------------------------
+# Programmable attention (score_mod / mask_mod), dense, float64.
+# ---------------------------------------------------------------------------
+
+
+def flex_attention(q, k, v, score_mod=None, mask_mod=None, scale=None, mod_args=()):
+    """(out, lse) of FlexAttention's formula with the whole (B, H, L, S) score array:
+
+    s = score_mod(scale q k^T, b, h, i, j, *mod_args), -inf where not
+    mask_mod(b, h, i, j, *mod_args); out = softmax(s) v, lse = logsumexp(s).
+
+    q (B, H, L, E), k and v (B, H, S, .). The functions are called once, on
+    broadcast index arrays (their Python form: ``.py_func`` of a jitted
+    function), so they must be written with NumPy operations (``&``, ``|``,
+    ``np.tanh``). A row with no admissible key gives zeros and lse = -inf.
+    """
+    q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
+    n_b, n_h, n_q, _ = q.shape
+    n_k = k.shape[-2]
+    if scale is None:
+        scale = 1.0 / np.sqrt(q.shape[-1])
+    s = (q @ np.swapaxes(k, -1, -2)) * scale
+    b = np.arange(n_b)[:, None, None, None]
+    h = np.arange(n_h)[None, :, None, None]
+    i = np.arange(n_q)[None, None, :, None]
+    j = np.arange(n_k)[None, None, None, :]
+    if score_mod is not None:
+        s = np.broadcast_to(
+            getattr(score_mod, "py_func", score_mod)(s, b, h, i, j, *mod_args), s.shape
+        )
+    if mask_mod is not None:
+        keep = getattr(mask_mod, "py_func", mask_mod)(b, h, i, j, *mod_args)
+        s = np.where(np.broadcast_to(keep, s.shape), s, -np.inf)
+    return softmax_rows(s) @ v, logsumexp_rows(s)

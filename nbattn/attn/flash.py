@@ -98,6 +98,8 @@ from .flash_args import (
     unscale_output,
     value_scales,
 )
+from .flash_args import backward_groups as _n_groups
+from .flex import check_mods, flex_backward, flex_forward, uses_flex
 from .masks import mask_as_bias, mask_input
 
 __all__ = [
@@ -305,22 +307,6 @@ def _forward(
 #: loses more than 10 bits of lse; the backward then recomputes the shifted lse
 #: (one more forward pass) instead of subtracting.
 _RECOMPUTE_SHIFT = 2.0**10
-
-
-def _n_groups(n_kv, n_key_tiles, dq_bytes):
-    """Key-tile groups per key/value slice so that every thread has work.
-
-    Each group beyond the first costs a dQ buffer of ``dq_bytes``; the extra
-    buffers are capped at ``config.FLASH_MAX_DQ_BUFFER_BYTES`` in all (read
-    per call).
-    """
-    import numba
-
-    threads = numba.get_num_threads()
-    if threads <= 1 or n_kv % threads == 0 or n_kv >= 4 * threads:
-        return 1
-    groups = min(n_key_tiles, -(-2 * threads // n_kv))
-    return max(1, min(groups, 1 + config.FLASH_MAX_DQ_BUFFER_BYTES // max(dq_bytes, 1)))
 
 
 def _backward(
@@ -560,6 +546,14 @@ def _cuda_refuses(kw: Keywords, mask):
         )
 
 
+def _flex_on_cpu(device, *arrays):
+    """score_mod, mask_mod and block_mask run on the CPU kernels only; say so."""
+    if device_for(device, *arrays) != "cpu":
+        raise ValueError(
+            "score_mod, mask_mod and block_mask run on the CPU only (device='cpu', host arrays)"
+        )
+
+
 def flash_attention(
     q,
     k,
@@ -575,6 +569,11 @@ def flash_attention(
     dropout_p=0.0,
     random_state=None,
     device="cpu",
+    *,
+    score_mod=None,
+    mask_mod=None,
+    block_mask=None,
+    mod_args=(),
 ):
     """Scaled dot-product attention, blocked, with memory linear in the lengths.
 
@@ -625,6 +624,46 @@ def flash_attention(
         keyword on either device and the results come back as ndarrays; GPU
         arrays are used in place (results of the same kind) for plain,
         optionally causal, attention only.
+    score_mod : function ``score_mod(score, b, h, q_idx, kv_idx, *mod_args) -> float``, optional
+        Programmable attention (PyTorch FlexAttention's signature): replaces
+        each score s_ij = scale q_i . k_j (scaled, before the softmax) by
+        ``score_mod(s_ij, b, h, i, j, *mod_args)``, with b and h the indices of
+        the batch and head axes of q (B, H, L, E). A plain Python function on
+        scalars, compiled into the kernels with numba (``njit`` is applied when
+        it is not jitted); compiled once per function and cached on disk
+        (``nbattn.kernels.flex_build``): each new function, and each new value
+        of a number it reads from its globals or closure, compiles anew (about
+        4 s), so pass values that change in ``mod_args``. Not a
+        ``functools.partial`` or bound method: put parameters in ``mod_args``.
+        As in FlexAttention it is evaluated on every entry of a visited tile
+        inside the band, masked or not: it must be safe there (numba does not
+        check array bounds). CPU only; not with ``mask``,
+        ``softcap`` or ``dropout_p`` (express them in the functions; for a
+        softcap, ``c * nbattn.flex_tanh(score / c)`` vectorises where
+        ``np.tanh`` does not; ``math.tanh`` has no complex form, so the
+        backward's complex step refuses it). NaN or +inf on an admissible
+        entry makes the row's output and lse NaN (as in torch), -inf masks the
+        entry, and a finite score beyond max / log2(e) of the dtype (about
+        1.2e308 in float64) is a ValueError. Indexing out of range in it is
+        undefined behaviour (wrong values or a crash), and Ctrl-C takes effect
+        only when the call returns.
+    mask_mod : function ``mask_mod(b, h, q_idx, kv_idx, *mod_args) -> bool``, optional
+        True where query i may attend to key j, applied after ``score_mod``
+        and evaluated per element on every tile.
+    block_mask : BlockMask, optional
+        From :func:`nbattn.create_block_mask`: ``mask_mod`` classified per tile,
+        so that masked tiles are skipped and open ones need no per-element
+        mask (instead of ``mask_mod``).
+    mod_args : tuple of arrays and numbers
+        The trailing arguments of ``score_mod`` and ``mask_mod`` (bias tables,
+        slopes, document ids): both receive all of them, so each must accept
+        every entry (``*rest`` for those it does not use); a ``block_mask``
+        holds its own (``create_block_mask(..., mod_args=)``). Functions that
+        read arrays from their globals, closure or a module (``helpers.TABLE``)
+        are refused: numba would freeze the array into the kernel. Numbers
+        that change between calls belong here (in globals they compile anew).
+        Arrays keep their shape (0-d included); an error without
+        ``score_mod`` or ``mask_mod``.
 
     Returns
     -------
@@ -633,11 +672,20 @@ def flash_attention(
     """
     kw = check_keywords(causal, enable_gqa, window, causal_alignment, softcap, dropout_p)
     return_lse = check_bool(return_lse, "return_lse")
+    if uses_flex(score_mod, mask_mod, block_mask) or _given(mod_args):
+        mods = check_mods(score_mod, mask_mod, block_mask, mod_args, None, kw, mask)
+        _flex_on_cpu(device, q, k, v)
+        return flex_forward(q, k, v, kw, scale, return_lse, mods)
     device = device_for(device, q, k, v)
     if device == "cuda" and any(is_device_array(a) for a in (q, k, v)):
         _cuda_refuses(kw, mask)
         return _forward_cuda(q, k, v, kw.causal, scale, return_lse)
     return _forward(q, k, v, kw, scale, return_lse, mask, random_state, device=device)
+
+
+def _given(mod_args):
+    """Whether ``mod_args`` holds anything (refused by ``check_mods`` without functions)."""
+    return not (mod_args is None or (isinstance(mod_args, tuple) and not mod_args))
 
 
 def flash_attention_backward(
@@ -657,6 +705,12 @@ def flash_attention_backward(
     dropout_p=0.0,
     random_state=None,
     device="cpu",
+    *,
+    score_mod=None,
+    mask_mod=None,
+    block_mask=None,
+    mod_args=(),
+    score_mod_grad=None,
 ):
     """Gradients of :func:`flash_attention`: ``(dq, dk, dv)``, blocked, O(N) memory.
 
@@ -686,6 +740,23 @@ def flash_attention_backward(
         regenerated from it); anything else is a ValueError.
     device : "cpu", "cuda" or "auto"
         As in :func:`flash_attention` (GPU arrays in, the same kind out).
+    score_mod, mask_mod, block_mask, mod_args
+        As in the forward call. Through ``score_mod`` dS = P o (dP - D) o g with
+        g = d score_mod / d score, taken by the complex step: ``score_mod`` is
+        compiled for a complex128 score and g = Im score_mod(s + i h) / h
+        (h = 2**-64), exact to rounding where the function is analytic in
+        ``score`` (use ``np.tanh``, not ``math.tanh``, which numba has only for
+        real numbers). The complex step is wrong where a non-analytic operation
+        (``abs``, ``max``, a comparison, ``.real``) sits inside an expression that
+        stays complex (``score - 0.5 * abs(score)``): the imaginary part it drops
+        goes unseen. Before the kernel compiles, the complex step is compared
+        with a finite difference of ``score_mod`` at scores -3.1, -0.7, 0.4, 2.9
+        (b = h = q_idx = kv_idx = 0, this call's ``mod_args``), and a mismatch is
+        refused (pass ``score_mod_grad``); a non-analytic point elsewhere can still
+        go unseen. No gradient is returned for the arrays in ``mod_args``.
+    score_mod_grad : function ``score_mod_grad(score, b, h, q_idx, kv_idx, *mod_args)``, optional
+        d score_mod / d score, for functions that are not analytic (``abs``,
+        ``max``, comparisons on the score) or to spare the complex arithmetic.
 
     Returns
     -------
@@ -694,6 +765,10 @@ def flash_attention_backward(
     """
     kw = check_keywords(causal, enable_gqa, window, causal_alignment, softcap, dropout_p)
     arrays = (q, k, v, out, lse, grad_out)
+    if uses_flex(score_mod, mask_mod, block_mask, score_mod_grad) or _given(mod_args):
+        mods = check_mods(score_mod, mask_mod, block_mask, mod_args, score_mod_grad, kw, mask)
+        _flex_on_cpu(device, *arrays)
+        return flex_backward(q, k, v, out, lse, grad_out, kw, scale, mods)
     device = device_for(device, *arrays)
     if device == "cuda" and any(is_device_array(a) for a in arrays):
         _cuda_refuses(kw, mask)

@@ -438,3 +438,19 @@ def varlen_tiles(backward: bool) -> Tiles:
     if backward:
         return Tiles(config.FLASH_BWD_BLOCK_Q, config.FLASH_BWD_BLOCK_K)
     return Tiles(config.FLASH_BLOCK_Q, config.FLASH_BLOCK_K)
+
+
+def backward_groups(n_kv, n_key_tiles, dq_bytes):
+    """Key-tile groups per key/value slice so that every thread has work.
+
+    Each group beyond the first costs a dQ buffer of ``dq_bytes``; the extra
+    buffers are capped at ``config.FLASH_MAX_DQ_BUFFER_BYTES`` in all (read
+    per call).
+    """
+    import numba
+
+    threads = numba.get_num_threads()
+    if threads <= 1 or n_kv % threads == 0 or n_kv >= 4 * threads:
+        return 1
+    groups = min(n_key_tiles, -(-2 * threads // n_kv))
+    return max(1, min(groups, 1 + config.FLASH_MAX_DQ_BUFFER_BYTES // max(dq_bytes, 1)))

@@ -92,6 +92,7 @@ KERNELS = {
     ("loo", "cuda"): "nbattn.cuda.loo",
     ("flash", "cpu"): "nbattn.kernels.flash",
     ("flash", "cuda"): "nbattn.cuda.flash",
+    ("flex", "cpu"): "nbattn.kernels.flex_build",
     ("masks", "cpu"): "nbattn.kernels.masks",
     ("scores", "cpu"): "nbattn.kernels.scores",
     ("softmax", "cpu"): "nbattn.kernels.softmax",

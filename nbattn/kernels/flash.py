@@ -279,7 +279,9 @@ def _tile_order(t, n):
     return n - 1 - half
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+# error_model="numpy": without it the division (1 - e) / (1 + e) checks for a zero divisor
+# (never: 1 + e >= 1), a branch that keeps the loop from vectorising (measured 1.8x).
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, error_model="numpy")
 def _tanh_in_place(row, inv_cap, cap, saved, save):
     """``row[j] <- cap * tanh(row[j] * inv_cap)``; ``saved[j] <- tanh(...)`` when ``save``.
 

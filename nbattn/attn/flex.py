@@ -1,0 +1,398 @@
+"""Programmable attention: user score and mask functions compiled into the flash kernels.
+
+The attention chapter's scoring function a(q, k) as user code, in the
+convention of PyTorch's FlexAttention:
+
+    s_ij   = score_mod(scale * q_i . k_j, b, h, i, j, *mod_args)
+    s_ij   = -inf  where not mask_mod(b, h, i, j, *mod_args)
+    out_i  = sum_j softmax_j(s_ij) v_j,     lse_i = log sum_j exp(s_ij)
+
+for q of shape (B, H, L, E) (b and h index the batch and query head; q of
+shape (H, L, E) or (L, E) has b = 0, and h = 0 without a head axis).
+``score_mod`` sees the scaled product before the softmax, and the mask
+applies after it (``score_mod`` runs on masked entries of a visited tile
+too, as in FlexAttention, so indexing in it must be valid for every (i, j):
+numba does not check bounds). Both are plain Python functions on scalars, compiled with
+numba (``njit`` is applied when they are not jitted already) into the tile
+loop of the flash kernels (``nbattn.kernels.flex``; the compiled modules are
+cached on disk per function, see ``nbattn.kernels.flex_build``). Arrays they
+read (a bias table, per-head slopes, document ids) are passed in
+``mod_args`` and arrive as their trailing arguments: numba would freeze a
+global or closed-over array into the compiled code, so functions that read
+one are refused.
+
+Inside ``score_mod``, ``nbattn.flex_tanh`` (a tanh softcap) compiles to an
+inlined form that vectorises with the score loop, where ``np.tanh`` is a
+call to the C library per element (about 3x slower for a causal softcapped
+forward); its complex form keeps the complex-step derivative exact.
+
+A :class:`BlockMask` (:func:`create_block_mask`) evaluates ``mask_mod`` once
+per tile of the flash kernels and classifies each tile: fully masked tiles
+are never visited and fully open ones skip the per-element mask, so document
+masking, prefix-LM and sliding windows cost only the tiles they keep. The
+backward differentiates through ``score_mod`` by the complex step (a
+complex128 evaluation of the function; exact to rounding where it is
+analytic in ``score``) or with the user's ``score_mod_grad``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import config
+from .._core.attn_groups import Tiles
+from .._core.layout import flat_batch, unbroadcast
+from .._core.numeric import LOG2E
+from .._core.threads import blas_one_thread, serial_below
+from .._core.validation import check_dot_range, check_scale
+from ..dispatch.device import kernels_for
+from .flash_args import (
+    Keywords,
+    backward_groups,
+    band,
+    check_forward_results,
+    check_qkv,
+    flash_tiles,
+    kv_layout,
+    scale_values,
+    unscale_output,
+    value_scales,
+)
+
+# and flex_tanh (module __getattr__ below)
+__all__ = ["BlockMask", "create_block_mask", "flex_backward", "flex_forward", "uses_flex"]
+
+
+def __getattr__(name):
+    # flex_tanh is the kernels' function itself (numba compiles its inlined form into a
+    # score_mod that calls it), looked up on first use: importing this module (as
+    # nbattn.flash_attention does) loads no kernel module.
+    if name == "flex_tanh":
+        return kernels_for("flex", "cpu").tanh
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+_SCORE_PARAMS = "score, b, h, q_idx, kv_idx"
+_MASK_PARAMS = "b, h, q_idx, kv_idx"
+
+
+def _mod_args(mod_args, name="mod_args"):
+    """``mod_args`` as a tuple of C-contiguous writeable arrays and numbers."""
+    if mod_args is None:
+        return ()
+    if not isinstance(mod_args, tuple):
+        raise ValueError(
+            f"{name} must be a tuple of arrays and numbers, got {type(mod_args).__name__}"
+        )
+    checked = []
+    for n, arg in enumerate(mod_args):
+        if isinstance(arg, np.ndarray):
+            if arg.dtype.kind not in "biuf":
+                raise ValueError(f"{name}[{n}] must be a bool, int or float array, got {arg.dtype}")
+            # (np.ascontiguousarray would make a 0-d array 1-d)
+            arr = arg if arg.flags.c_contiguous else np.ascontiguousarray(arg)
+            checked.append(arr if arr.flags.writeable else arr.copy())
+        elif isinstance(arg, (bool, int, float, np.bool_, np.integer, np.floating)):
+            checked.append(arg)
+        else:
+            raise ValueError(
+                f"{name}[{n}] must be a NumPy array or a number, got {type(arg).__name__}"
+            )
+    return tuple(checked)
+
+
+@dataclass
+class BlockMask:
+    """``mask_mod`` evaluated per tile of the flash kernels: a reusable ``block_mask=``.
+
+    Holds ``mask_mod``, its ``mod_args`` and the shape (B, H, L, S) it was made
+    for (B or H of 1 broadcast), and per tile size a uint8 table (B, H, QT, KT)
+    of 0 (``mask_mod`` False on the whole tile: never visited), 1 (partial:
+    the mask is evaluated per element) and 2 (True on the whole tile: no
+    per-element mask). The table for the forward's tiles is made by
+    :func:`create_block_mask`; the backward's, on its first use.
+    """
+
+    mask_mod: object
+    mod_args: tuple
+    shape: tuple
+    _tables: dict = field(default_factory=dict, repr=False)
+
+    def table(self, block_q: int, block_k: int) -> np.ndarray:
+        """The tile classes for tiles of ``block_q`` queries x ``block_k`` keys."""
+        key = (block_q, block_k)
+        if key not in self._tables:
+            n_b, n_h, n_q, n_k = self.shape
+            self._tables[key] = kernels_for("flex", "cpu").block_states(
+                self.mask_mod, n_b, n_h, n_q, n_k, block_q, block_k, self.mod_args
+            )
+        return self._tables[key]
+
+    def sparsity(self, block_q: int, block_k: int) -> float:
+        """The fraction of tiles never visited at these tile sizes."""
+        return float(np.mean(self.table(block_q, block_k) == 0))
+
+
+def _dim(value, name):
+    if value is None:
+        return 1
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive int or None, got {value!r}")
+    return int(value)
+
+
+def create_block_mask(mask_mod, B, H, L, S, mod_args=()):
+    """``mask_mod`` evaluated per tile of the flash kernels, for ``block_mask=``.
+
+    Parameters
+    ----------
+    mask_mod : function ``mask_mod(b, h, q_idx, kv_idx, *mod_args) -> bool``
+        True where query ``q_idx`` of batch entry ``b`` and head ``h`` may attend
+        to key ``kv_idx``. Compiled with numba (``njit`` is applied if needed).
+    B, H : int or None
+        Batch entries and heads the mask differs over; None (or 1) when it is
+        the same for all (``b`` or ``h`` is then 0 in the calls).
+    L, S : int
+        Query and key lengths.
+    mod_args : tuple of arrays and numbers
+        ``mask_mod``'s trailing arguments (document ids, prefix lengths).
+
+    Returns
+    -------
+    BlockMask
+        Reusable across calls (forward and backward) of the same shape.
+        ``mask_mod`` is evaluated once per (b, h, query, key) here, so a mask
+        that changes with the data needs a new block mask.
+    """
+    dims = (_dim(B, "B"), _dim(H, "H"), _dim(L, "L"), _dim(S, "S"))
+    args = _mod_args(mod_args)
+    kernels_for("flex", "cpu").check_signature(mask_mod, "mask_mod", 4, len(args), _MASK_PARAMS)
+    mask = BlockMask(mask_mod, args, dims)
+    unbanded = (0, dims[2] + dims[3] + 1, dims[2] + dims[3] + 1)
+    tiles = _forward_tiles(dims[3], unbanded, block_masked=True)
+    mask.table(tiles.block_q, tiles.block_k)
+    return mask
+
+
+@dataclass
+class Mods:
+    """The checked user functions of one call."""
+
+    score_mod: object
+    mask_mod: object
+    block_mask: BlockMask | None
+    score_args: tuple
+    mask_args: tuple
+    score_grad: object = None
+
+
+def uses_flex(score_mod, mask_mod, block_mask, score_mod_grad=None) -> bool:
+    """Whether a flash call takes the programmable path."""
+    return not (score_mod is None and mask_mod is None and block_mask is None) or (
+        score_mod_grad is not None
+    )
+
+
+def check_mods(score_mod, mask_mod, block_mask, mod_args, score_mod_grad, kw: Keywords, mask):
+    """The user functions checked against ``mod_args`` and the other keywords."""
+    build = kernels_for("flex", "cpu")
+    used = [
+        name
+        for name, on in (
+            ("mask", mask is not None),
+            ("softcap", kw.softcap is not None),
+            ("dropout_p", kw.dropout_p > 0.0),
+        )
+        if on
+    ]
+    if used:
+        raise ValueError(
+            f"{', '.join(used)} cannot be combined with score_mod, mask_mod or block_mask; "
+            "express it in score_mod or mask_mod (causal, window and enable_gqa combine)"
+        )
+    if score_mod_grad is not None and score_mod is None:
+        raise ValueError("score_mod_grad is given without score_mod")
+    args = _mod_args(mod_args)
+    if args and score_mod is None and mask_mod is None:
+        raise ValueError(
+            "mod_args are the trailing arguments of score_mod and mask_mod, and neither is "
+            "given (a block_mask holds its own: create_block_mask(..., mod_args=))"
+        )
+    if score_mod is not None:
+        build.check_signature(score_mod, "score_mod", 5, len(args), _SCORE_PARAMS)
+    if score_mod_grad is not None:
+        build.check_signature(score_mod_grad, "score_mod_grad", 5, len(args), _SCORE_PARAMS)
+    mask_args = args
+    if block_mask is not None:
+        if not isinstance(block_mask, BlockMask):
+            raise ValueError(
+                "block_mask must come from nbattn.create_block_mask, got "
+                f"{type(block_mask).__name__}"
+            )
+        if mask_mod is not None:
+            raise ValueError("pass mask_mod or block_mask (which holds its mask_mod), not both")
+        mask_mod, mask_args = block_mask.mask_mod, block_mask.mod_args
+    elif mask_mod is not None:
+        build.check_signature(mask_mod, "mask_mod", 4, len(args), _MASK_PARAMS)
+    return Mods(score_mod, mask_mod, block_mask, args, mask_args, score_mod_grad)
+
+
+@dataclass
+class _FlexLayout:
+    qf: np.ndarray  # (BH, L, E): q * scale
+    kf: np.ndarray
+    vf: np.ndarray
+    lead: tuple
+    kv_lead: tuple
+    kv_index: np.ndarray
+    n_heads: int
+    band: tuple
+    scale: float
+    dtype: type
+    shapes: tuple
+
+    @property
+    def work(self):
+        n_bh, n_q, e = self.qf.shape
+        return n_bh * n_q * self.kf.shape[1] * (e + self.vf.shape[2])
+
+
+def _flat(x, lead):
+    if x.shape[:-2] == tuple(lead) and x.flags.c_contiguous:
+        return x.reshape((-1,) + x.shape[-2:])
+    return flat_batch(x, lead)
+
+
+def _layout(q, k, v, kw: Keywords, scale, mods: Mods, others=()) -> _FlexLayout:
+    q, k, v, dtype = check_qkv(q, k, v, kw.enable_gqa, others)
+    scale = check_scale(scale, q.shape[-1])
+    check_dot_range(q, k, scale * LOG2E, dtype)
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    lead, kv_lead, kv_index = kv_layout(q.shape, k.shape, v.shape, kw.enable_gqa)
+    if len(lead) > 2:
+        raise ValueError(
+            "score_mod, mask_mod and block_mask take q of shape (B, H, L, E) (b and h index "
+            f"the two leading dimensions), got leading dimensions {lead}"
+        )
+    n_b = lead[0] if len(lead) == 2 else 1
+    n_h = lead[-1] if lead else 1
+    bm = mods.block_mask
+    if bm is not None:
+        mb, mh, ml, ms = bm.shape
+        if (ml, ms) != (n_q, n_k) or mb not in (1, n_b) or mh not in (1, n_h):
+            raise ValueError(
+                f"block_mask was made for (B, H, L, S) = {bm.shape}; this call has "
+                f"({n_b}, {n_h}, {n_q}, {n_k})"
+            )
+    qf = _flat(q, lead)
+    qf *= dtype(scale)
+    return _FlexLayout(
+        qf,
+        _flat(k, kv_lead),
+        _flat(v, kv_lead),
+        lead,
+        kv_lead,
+        kv_index,
+        n_h,
+        band(kw, n_q, n_k),
+        scale,
+        dtype,
+        (q.shape, k.shape, v.shape),
+    )
+
+
+def _blocks(mods: Mods, tiles: Tiles) -> np.ndarray:
+    if mods.block_mask is not None:
+        return mods.block_mask.table(tiles.block_q, tiles.block_k)
+    return np.full((1, 1, 1, 1), 1 if mods.mask_mod is not None else 2, dtype=np.uint8)
+
+
+def _kernels(mods: Mods, backward: bool):
+    build = kernels_for("flex", "cpu")
+    return build, build.specialise(
+        mods.score_mod, mods.mask_mod, mods.score_grad if backward else None
+    )
+
+
+def _forward_tiles(n_k, band_, block_masked):
+    """The forward's tiles: the flash kernels', with query tiles no taller than key
+    tiles under a block mask.
+
+    The long-sequence forward tiles are 512 queries x 256 keys: a query tile
+    then spans two blocks of 256 of a block-diagonal (document) mask, and each
+    of its live tiles is half masked, computed and evaluated per element. Square
+    tiles visit only the live blocks (8 documents of 256 in 2048: half the
+    tiles and no per-element mask, 2.1x faster measured).
+    """
+    tiles = flash_tiles(n_k, band_, backward=False)
+    if block_masked and tiles.block_q > tiles.block_k:
+        return Tiles(tiles.block_k, tiles.block_k, tiles.n_groups)
+    return tiles
+
+
+def _run_forward(lay: _FlexLayout, mods: Mods):
+    build, kernels = _kernels(mods, backward=False)
+    tiles = _forward_tiles(lay.kf.shape[1], lay.band, mods.block_mask is not None)
+    args = (lay.qf, lay.kf, lay.vf, lay.kv_index, lay.n_heads, _blocks(mods, tiles), lay.band)
+    return build.call(
+        kernels, "flex_forward", mods, lay.dtype, *args, tiles, mods.score_args, mods.mask_args
+    )
+
+
+def flex_forward(q, k, v, kw: Keywords, scale, return_lse, mods: Mods):
+    """:func:`nbattn.flash_attention` with score_mod / mask_mod / block_mask (see the
+    module docstring)."""
+    lay = _layout(q, k, v, kw, scale, mods)
+    n_q = lay.qf.shape[1]
+    scales = value_scales(lay.vf, lay.kf.shape[1])
+    scale_values(lay.vf, scales)
+    with blas_one_thread(), serial_below(lay.work, config.FLASH_SERIAL_WORK):
+        out, lse = _run_forward(lay, mods)
+    unscale_output(out, scales, lay.kv_index)
+    out = out.reshape(lay.lead + (n_q, lay.vf.shape[2]))
+    if not return_lse:
+        return out
+    return out, lse.reshape(lay.lead + (n_q,))
+
+
+def flex_backward(q, k, v, out, lse, grad_out, kw: Keywords, scale, mods: Mods):
+    """:func:`nbattn.flash_attention_backward` with score_mod / mask_mod / block_mask:
+    ``(dq, dk, dv)``, the derivative of ``score_mod`` by the complex step or from
+    ``score_mod_grad``."""
+    lay = _layout(q, k, v, kw, scale, mods, others=(out, grad_out))
+    n_bh, n_q, _ = lay.qf.shape
+    n_kv, n_k, _ = lay.kf.shape
+    out, lse, grad_out = check_forward_results(
+        out, lse, grad_out, lay.lead, n_q, lay.vf.shape[2], lay.dtype
+    )
+    of = flat_batch(out, lay.lead, lay.dtype)
+    gf = flat_batch(grad_out, lay.lead, lay.dtype)
+    lf = np.ascontiguousarray(lse.reshape(-1, n_q), dtype=np.float64)
+    block_k = flash_tiles(n_k, lay.band, backward=True).block_k
+    n_groups = backward_groups(n_kv, -(-n_k // block_k), lay.qf.nbytes)
+    tiles = flash_tiles(n_k, lay.band, backward=True, n_groups=n_groups)
+    build, kernels = _kernels(mods, backward=True)
+    args = (lay.qf, lay.kf, lay.vf, of, lf, gf, lay.kv_index, lay.n_heads)
+    with blas_one_thread(), serial_below(lay.work, config.FLASH_SERIAL_WORK):
+        dq, dk, dv = build.call(
+            kernels,
+            "flex_backward",
+            mods,
+            lay.dtype,
+            *args,
+            _blocks(mods, tiles),
+            lay.band,
+            lay.scale,
+            tiles,
+            mods.score_args,
+            mods.mask_args,
+            backward=True,
+        )
+    q_shape, k_shape, v_shape = lay.shapes
+    return (
+        unbroadcast(dq.reshape(lay.lead + dq.shape[1:]), q_shape),
+        unbroadcast(dk.reshape(lay.kv_lead + dk.shape[1:]), k_shape),
+        unbroadcast(dv.reshape(lay.kv_lead + dv.shape[1:]), v_shape),
+    )

@@ -1,0 +1,386 @@
+"""Specialised flex kernels: the template ``nbattn.kernels.flex`` with a user's
+``score_mod``, ``mask_mod`` and ``score_grad`` compiled in, cached across processes.
+
+A kernel that takes a jitted function as an argument is specialised on it,
+but numba's on-disk cache cannot hold such a kernel (the function is part of
+its type, and a function type does not survive the process). So each
+combination of user functions gets a module of its own: the template's
+source is written, once, to ``<cache dir>/nbattn_flex_<key>.py``, imported
+under that name, and the user's functions are bound to its globals
+``score_mod``, ``mask_mod``, ``score_grad`` (and ``value_and_grad`` to the
+complex step or to the user's derivative) before anything compiles. numba's
+``cache=True`` then works for that module as for any other: a second
+process that asks for the same functions imports the same file and loads
+its compiled kernels from disk, without compiling the user's functions at
+all.
+
+The key is a SHA-256 of the template's source and of each function's
+fingerprint (:func:`fingerprint`): its bytecode, constants, names, defaults
+and the values it reads from its globals and closure (numbers, strings,
+modules by name, other functions recursively), including those read through a
+module (``helpers.SCALE``: by value, as numba freezes it). numba freezes a
+global, closed-over or module-attribute array into compiled code, where a
+later change of the array would go unseen: such functions are refused (pass
+the array in ``mod_args``). A function that is jitted already is compiled
+anew from its ``py_func`` (its dispatcher may hold code compiled with older
+values of its globals). The cache directory is ``$NBATTN_FLEX_DIR``, else
+``$XDG_CACHE_HOME/nbattn/flex`` (``~/.cache/nbattn/flex``), else a fresh
+temporary directory when neither can be written.
+"""
+
+from __future__ import annotations
+
+import dis
+import hashlib
+import importlib.util
+import inspect
+import os
+import re
+import sys
+import tempfile
+import threading
+import types
+from pathlib import Path
+
+import numpy as np
+from numba import njit, typeof
+from numba import types as nb_types
+from numba.core.errors import TypingError
+from numba.core.registry import CPUDispatcher
+
+from .. import config
+from .flex_shared import tanh
+
+__all__ = ["block_states", "call", "check_signature", "fingerprint", "specialise", "tanh"]
+
+_TEMPLATE = Path(__file__).with_name("flex.py")
+#: The template's source and its hash, read once (a module is keyed by both).
+_SOURCE = _TEMPLATE.read_text()
+_SOURCE_BYTES = _SOURCE.encode()
+_SOURCE_HASH = hashlib.sha256(_SOURCE_BYTES).hexdigest()
+_MODULES: dict = {}
+#: The scores at which the backward's check compares the complex step with a finite
+#: difference of ``score_mod``.
+_PROBES = np.array([-3.1, -0.7, 0.4, 2.9])
+_DIR: list = []
+
+
+def _cache_dir() -> Path:
+    """The directory of the generated modules (made on first use)."""
+    if _DIR:
+        return _DIR[0]
+    base = os.environ.get("NBATTN_FLEX_DIR")
+    if not base:
+        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        base = os.path.join(xdg, "nbattn", "flex")
+    path = Path(base)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=path, delete=True)
+        probe.close()
+    except OSError:
+        path = Path(tempfile.mkdtemp(prefix="nbattn_flex_"))
+    _DIR.append(path)
+    return path
+
+
+def _py_func(fn):
+    return fn.py_func if isinstance(fn, CPUDispatcher) else fn
+
+
+def _value_print(value, name, where, depth, seen):
+    """A stable description of a value a user function reads, for the key."""
+    if isinstance(value, np.ndarray):
+        kind = "closure" if where.startswith("closure") else "globals"
+        if "." in where:
+            kind = "module " + where.rsplit(".", 1)[0]
+        raise ValueError(
+            f"{name} reads the array {where!r} from its {kind}: numba would freeze "
+            "it into the compiled kernel (later changes unseen); pass it in mod_args and take "
+            "it as a trailing argument"
+        )
+    if isinstance(value, types.ModuleType):
+        return ("module", value.__name__)
+    if isinstance(value, (bool, int, float, complex, str, bytes, type(None), np.number, np.bool_)):
+        return (type(value).__name__, repr(value))
+    if isinstance(value, (tuple, list)):
+        return tuple(_value_print(v, name, where, depth, seen) for v in value)
+    if isinstance(value, CPUDispatcher) or isinstance(value, types.FunctionType):
+        return _function_print(value, name, depth + 1, seen)
+    return (type(value).__module__, type(value).__qualname__, getattr(value, "__name__", ""))
+
+
+def _code_print(code):
+    consts = tuple(
+        _code_print(c) if isinstance(c, types.CodeType) else repr(c) for c in code.co_consts
+    )
+    return (code.co_code, consts, code.co_names, code.co_varnames, code.co_argcount, code.co_flags)
+
+
+def _function_print(fn, name, depth, seen):
+    if depth > 8:
+        return ("deep",)
+    options = ()
+    if isinstance(fn, CPUDispatcher):
+        options = tuple(sorted((k, repr(v)) for k, v in fn.targetoptions.items()))
+    fn = _py_func(fn)
+    if id(fn) in seen:
+        return ("recursive", fn.__qualname__)
+    seen = seen | {id(fn)}
+    code = fn.__code__
+    reads = []
+    for g in _global_names(code):
+        if g in fn.__globals__:
+            reads.append((g, _value_print(fn.__globals__[g], name, g, depth, seen)))
+    cells = dict(zip(code.co_freevars, fn.__closure__ or ()))
+    for var, cell in cells.items():
+        reads.append((var, _value_print(cell.cell_contents, name, f"closure {var}", depth, seen)))
+    for where, value in _module_reads(code, fn.__globals__, cells):
+        reads.append((where, _value_print(value, name, where, depth, seen)))
+    defaults = tuple(_value_print(d, name, "default", depth, seen) for d in fn.__defaults__ or ())
+    return (_code_print(code), tuple(reads), defaults, options)
+
+
+def _module_reads(code, globals_, cells):
+    """``(dotted name, value)`` of every attribute read through a module (``helpers.SCALE``,
+    ``np.linalg.norm``) in ``code`` and its nested code: numba freezes those values into
+    the compiled code as it does plain globals, so the key must hold them too."""
+    reads = []
+    value = None
+    dotted = ""
+    for ins in dis.get_instructions(code):
+        if ins.opname == "LOAD_GLOBAL":
+            value, dotted = globals_.get(ins.argval), ins.argval
+        elif ins.opname == "LOAD_DEREF" and ins.argval in cells:
+            try:
+                value, dotted = cells[ins.argval].cell_contents, ins.argval
+            except ValueError:  # an empty cell
+                value = None
+        elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and isinstance(value, types.ModuleType):
+            dotted = f"{dotted}.{ins.argval}"
+            value = getattr(value, ins.argval, None)
+            if not isinstance(value, types.ModuleType):
+                reads.append((dotted, value))
+        else:
+            value = None
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            reads.extend(_module_reads(c, globals_, cells))
+    return reads
+
+
+def _global_names(code):
+    names = set(code.co_names)
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            names |= _global_names(c)
+    return sorted(names)
+
+
+def fingerprint(fn, name) -> str:
+    """SHA-256 of what determines ``fn``'s compiled code (None for no function)."""
+    if fn is None:
+        return "none"
+    return hashlib.sha256(repr(_function_print(fn, name, 0, frozenset())).encode()).hexdigest()
+
+
+def check_signature(fn, name, n_fixed, n_args, fixed_names):
+    """A ValueError naming ``name`` unless ``fn`` is callable with ``n_fixed`` + ``n_args``
+    positional arguments (``fixed_names`` first, then one per ``mod_args`` entry)."""
+    if not callable(fn):
+        raise ValueError(f"{name} must be a function, got {type(fn).__name__}")
+    if not isinstance(_py_func(fn), types.FunctionType):
+        raise TypeError(
+            f"{name} must be a plain function (def or lambda, optionally numba.njit), got "
+            f"{type(fn).__name__}: pass a plain function; put parameters in mod_args"
+        )
+    try:
+        sig = inspect.signature(_py_func(fn))
+    except (TypeError, ValueError):
+        return
+    params = list(sig.parameters.values())
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    needed = n_fixed + n_args
+    required = [p for p in positional if p.default is p.empty]
+    if len(required) <= needed <= len(positional):
+        return
+    raise ValueError(
+        f"{name} must take ({fixed_names}) and one more argument per mod_args entry "
+        f"({n_args} given): {needed} in all; it takes {len(positional)}: {sig}"
+    )
+
+
+def _jitted(fn):
+    """A fresh dispatcher of ``fn`` (of its ``py_func`` when jitted already): a user's
+    dispatcher may hold an overload compiled with the values its globals had then, which
+    numba would link into the new kernel however the key has changed."""
+    if fn is None:
+        return None
+    return njit(fastmath=config.FASTMATH)(_py_func(fn))
+
+
+def _write(path: Path):
+    """The template's source written to ``path`` atomically (a temporary file replaced)."""
+    path.parent.mkdir(parents=True, exist_ok=True)  # the folder may have been removed
+    tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_bytes(_SOURCE_BYTES)
+    os.replace(tmp, path)
+
+
+def _load(key: str):
+    """The generated module ``nbattn_flex_<key>``: written once, imported once per process.
+
+    A file that is not the template's source (truncated, edited, from another
+    version) is written anew before it is imported; a module whose import fails
+    is dropped from ``sys.modules``, so the next call starts over.
+    """
+    name = f"nbattn_flex_{key}"
+    if name in sys.modules:
+        return sys.modules[name]
+    path = _cache_dir() / f"{name}.py"
+    try:
+        intact = path.read_bytes() == _SOURCE_BYTES
+    except OSError:
+        intact = False
+    if not intact:
+        # rewritten only when damaged (numba's cache keys on the file's mtime)
+        _write(path)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
+
+
+def specialise(score_mod=None, mask_mod=None, score_grad=None):
+    """The kernels of ``nbattn.kernels.flex`` with these functions bound (None = the
+    template's default: no modification, no mask, the complex step)."""
+    prints = (
+        _SOURCE_HASH,
+        fingerprint(score_mod, "score_mod"),
+        fingerprint(mask_mod, "mask_mod"),
+        fingerprint(score_grad, "score_grad"),
+    )
+    key = hashlib.sha256(repr(prints).encode()).hexdigest()[:24]
+    if key in _MODULES:
+        return _MODULES[key]
+    module = _load(key)
+    if score_mod is not None:
+        module.score_mod = _jitted(score_mod)
+    if mask_mod is not None:
+        module.mask_mod = _jitted(mask_mod)
+    if score_grad is not None:
+        module.score_grad = _jitted(score_grad)
+        module.value_and_grad = module._user_grad
+    _MODULES[key] = module
+    return module
+
+
+def block_states(mask_mod, n_b, n_h, n_q, n_k, block_q, block_k, mask_args):
+    """``block_states`` of the module specialised on ``mask_mod`` (see ``flex``)."""
+    mods = types.SimpleNamespace(
+        score_mod=None, mask_mod=mask_mod, score_grad=None, score_args=(), mask_args=mask_args
+    )
+    module = specialise(mask_mod=mask_mod)
+    return call(
+        module, "block_states", mods, np.float64, n_b, n_h, n_q, n_k, block_q, block_k, mask_args
+    )
+
+
+_BOILERPLATE = ("Failed in ", "During: ", "File ", "- Resolution failure")
+
+
+def _first_line(exc):
+    """The reason in numba's error (``Untyped global name 'helper': ...``), without its
+    pipeline and traceback lines."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))  # numba's highlighting
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    useful = [line for line in lines if not line.startswith(_BOILERPLATE)]
+    if useful:
+        first = useful[0]
+        # "No implementation of function ... found for signature:" and the signature
+        return f"{first} {useful[1]}" if first.endswith(":") and len(useful) > 1 else first
+    return lines[0] if lines else type(exc).__name__
+
+
+def _diagnose(exc, mods, dtype, backward):
+    """The clear message for a kernel that did not compile: which user function, why."""
+    text = str(exc)
+    phrases = ("score_mod_grad must return", "score_mod must return", "mask_mod must return")
+    for phrase in phrases + ("not differentiable",):
+        if phrase in text:
+            line = next(line for line in text.splitlines() if phrase in line)
+            line = re.sub(r"\x1b\[[0-9;]*m", "", line).strip()
+            line = line[line.index(phrase) if phrase != "not differentiable" else 0 :]
+            line = line.removeprefix("TypingError: ")
+            if phrase == "not differentiable":
+                line += (
+                    "; pass score_mod_grad(score, b, h, q_idx, kv_idx, *mod_args), its derivative"
+                )
+            return line
+    index = (nb_types.int64,) * 4
+    score_t = nb_types.complex128 if backward and mods.score_grad is None else typeof(dtype(0))
+    checks = (
+        ("score_mod", mods.score_mod, (score_t,) + index, mods.score_args),
+        ("score_mod_grad", mods.score_grad, (typeof(dtype(0)),) + index, mods.score_args),
+        ("mask_mod", mods.mask_mod, index, mods.mask_args),
+    )
+    for name, fn, fixed, args in checks:
+        if fn is None:
+            continue
+        sig = fixed + tuple(typeof(a) for a in args)
+        try:
+            _jitted(fn).compile(sig)
+        except Exception as inner:  # noqa: BLE001 - any compile failure is reported
+            how = (
+                " (the complex step of the backward)"
+                if score_t == nb_types.complex128 and (name == "score_mod")
+                else ""
+            )
+            hint = "; or pass score_mod_grad" if how else ""
+            return (
+                f"{name} could not be compiled for arguments {sig}{how}: {_first_line(inner)}{hint}"
+            )
+    return f"the flex kernels could not be compiled for these functions: {_first_line(exc)}"
+
+
+def _check(module, mods, dtype, backward):
+    """Compile (or load) the small ``check_forward`` / ``check_backward`` of ``module`` for
+    this call's types: a user function that cannot work in the kernel is refused here,
+    before the kernel's own, much longer, compile."""
+    sig = (typeof(dtype(0)), typeof(mods.score_args), typeof(mods.mask_args))
+    if not backward:
+        module.check_forward.compile(sig)
+        return
+    rows = module.check_backward(dtype(0), mods.score_args, mods.mask_args, _PROBES)
+    if mods.score_grad is not None or mods.score_mod is None:
+        return
+    for s, (grad, diff, size) in zip(_PROBES, rows):
+        if not (np.isfinite(grad) and np.isfinite(diff) and np.isfinite(size)):
+            continue
+        step = 1e-5 * max(1.0, abs(s))
+        tol = 1e-4 * (abs(grad) + abs(diff)) + 1e-6 + 64 * np.finfo(np.float64).eps * size / step
+        if abs(grad - diff) > tol:
+            raise ValueError(
+                f"score_mod is not differentiable by complex step: at score = {s} (b = h = "
+                f"q_idx = kv_idx = 0) its complex step gives {grad:.6g}, a finite difference "
+                f"{diff:.6g} (abs, max, min, comparisons or a real part inside an expression "
+                "that stays complex drop the imaginary part); pass "
+                "score_mod_grad(score, b, h, q_idx, kv_idx, *mod_args), its derivative"
+            )
+
+
+def call(module, name, mods, dtype, *args, backward=False):
+    """``module.<name>(*args)``, with a ValueError naming the user function that does not
+    compile (checked first by the module's ``check_forward`` or ``check_backward``)."""
+    try:
+        _check(module, mods, dtype, backward)
+        return getattr(module, name)(*args)
+    except (TypingError, NotImplementedError) as exc:
+        raise ValueError(_diagnose(exc, mods, dtype, backward)) from None
