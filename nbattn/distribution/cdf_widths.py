@@ -48,11 +48,16 @@ import numpy as np
 from scipy.special import ndtr
 
 from ..local.engine import fit_values
-from ..local.problem import LocalProblem, LocalSpec, lambda_max
-from .conditional import _integrated, marginal_problem
-from .density import _ordered_kernels, density_layout
+from ..local.problem import LocalProblem, LocalSpec, check_widths, lambda_max
+from .conditional import (
+    _integrated,
+    conditional_quantiles,
+    interval_levels,
+    marginal_problem,
+)
+from .density import _ordered_kernels, density_layout, density_rule_widths
 
-__all__ = ["CDF_GRID_POINTS", "cdf_criterion", "cv_cdf_width"]
+__all__ = ["CDF_GRID_POINTS", "cdf_criterion", "cv_cdf_width", "quantile_interval"]
 
 #: T, the points of y's range where the leave-one-out CDF is compared with the indicator.
 CDF_GRID_POINTS = 32
@@ -255,3 +260,25 @@ def cv_cdf_width(spec: LocalSpec, joint, widths, sample_weight=None, *, verbose=
             f"(start {search.values[0]:.6g}), {len(search.ratios)} widths evaluated"
         )
     return best
+
+
+def quantile_interval(spec, queries, keys, y, widths, alpha, sample_weight=None) -> np.ndarray:
+    """The central (1 - alpha) interval of a continuous y given x, (n_q, 2): the
+    conditional quantiles at alpha/2 and 1 - alpha/2, over the checked training rows
+    ``keys`` (the columns of ``spec``) and targets ``y``, with x's ``widths`` as given and
+    y's by the CDF's cross-validation from the normal-reference rule of the joint table
+    (y's column first, as :class:`nbattn.KernelQuantileRegressor` with ``bandwidth=widths``
+    fits it: :func:`cv_cdf_width`)."""
+
+    levels = interval_levels(alpha)
+    joint_spec = dataclasses.replace(
+        spec, var_type="c" + spec.var_type, n_categories=(0, *spec.n_categories)
+    )
+    joint = np.column_stack([y, keys])
+    joint_widths = density_rule_widths(joint_spec, joint, "normal_reference", sample_weight)
+    joint_widths[1:] = widths
+    joint_widths = check_widths(joint_widths, joint_spec.var_type, joint_spec.counts, "widths")
+    joint_widths[0] = cv_cdf_width(joint_spec, joint, joint_widths, sample_weight)
+    queries = np.column_stack([np.zeros(queries.shape[0]), queries])
+    problem = density_layout(joint_spec, queries, joint, joint_widths, sample_weight)
+    return conditional_quantiles(problem, levels)

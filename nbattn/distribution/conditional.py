@@ -35,8 +35,8 @@ from .._core.local_groups import KERNEL_CODES
 from .._core.threads import serial_below
 from ..dispatch.device import kernels_for
 from ..local.engine import fit_problem
-from ..local.problem import LocalProblem, check_widths
-from .density import density_layout, density_rule_widths, log_density_of, log_kernel_sums_of
+from ..local.problem import LocalProblem
+from .density import log_density_of, log_kernel_sums_of
 
 __all__ = [
     "QUANTILE_XTOL",
@@ -46,7 +46,6 @@ __all__ = [
     "conditional_quantiles",
     "interval_levels",
     "marginal_problem",
-    "quantile_interval",
 ]
 
 #: The quantiles' tolerance: each within this many widths h_y of the root of F(q | x) = tau.
@@ -382,26 +381,3 @@ def interval_levels(alpha) -> np.ndarray:
     ):
         raise ValueError(f"alpha must be a float in (0, 1); got {alpha!r}")
     return check_levels([alpha / 2.0, 1.0 - alpha / 2.0], "alpha/2 and 1 - alpha/2")[0]
-
-
-def quantile_interval(spec, queries, keys, y, widths, alpha, sample_weight=None) -> np.ndarray:
-    """The central (1 - alpha) interval of a continuous y given x, (n_q, 2): the
-    conditional quantiles at alpha/2 and 1 - alpha/2, over the checked training rows
-    ``keys`` (the columns of ``spec``) and targets ``y``, with x's ``widths`` as given and
-    y's by the CDF's cross-validation from the normal-reference rule of the joint table
-    (y's column first, as :class:`nbattn.KernelQuantileRegressor` with ``bandwidth=widths``
-    fits it: :func:`nbattn.distribution.cdf_widths.cv_cdf_width`)."""
-    from .cdf_widths import cv_cdf_width  # it builds on this module
-
-    levels = interval_levels(alpha)
-    joint_spec = dataclasses.replace(
-        spec, var_type="c" + spec.var_type, n_categories=(0, *spec.n_categories)
-    )
-    joint = np.column_stack([y, keys])
-    joint_widths = density_rule_widths(joint_spec, joint, "normal_reference", sample_weight)
-    joint_widths[1:] = widths
-    joint_widths = check_widths(joint_widths, joint_spec.var_type, joint_spec.counts, "widths")
-    joint_widths[0] = cv_cdf_width(joint_spec, joint, joint_widths, sample_weight)
-    queries = np.column_stack([np.zeros(queries.shape[0]), queries])
-    problem = density_layout(joint_spec, queries, joint, joint_widths, sample_weight)
-    return conditional_quantiles(problem, levels)

@@ -463,9 +463,9 @@ class PoolingPrediction(ModelSettings):
         """``kind="quantile"``: predict's value plus the quantiles at alpha/2 and
         1 - alpha/2 of the training rows' leave-one-out residuals pooled at x with this
         model's widths (their conditional distribution given x,
-        :func:`nbattn.distribution.conditional.quantile_interval`), for a 1-D target on
+        :func:`nbattn.distribution.cdf_widths.quantile_interval`), for a 1-D target on
         complete rows. (n, 2)."""
-        from ..distribution.conditional import quantile_interval
+        from ..distribution.cdf_widths import quantile_interval
         from ..local.engine import loo_residuals
 
         y = self._fitted("y_fit_")

@@ -111,7 +111,7 @@ class _PoolingRegressor(RegressorMixin, _PoolingEstimator):
           r_j = y_j - f_{-j}(x_j) pooled at x: their kernel conditional distribution with
           this model's widths for X and the normal-reference width for r (what
           :class:`nbattn.KernelQuantileRegressor` with ``bandwidth=bandwidth_`` fitted on
-          the residuals predicts; :func:`nbattn.distribution.conditional.quantile_interval`).
+          the residuals predicts; :func:`nbattn.distribution.cdf_widths.quantile_interval`).
           Free to be skewed and to widen where the noise does; the residuals' smoothing
           widens it a little. For a 1-D target, on complete rows.
         """

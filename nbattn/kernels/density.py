@@ -45,7 +45,7 @@ from .._core.local_groups import (
     UNORDERED,
 )
 from .fastmath import fast_exp, fmax
-from .local_pairs import category_term, dlog_kernel
+from .local_pairs import category_term, dlog_kernel, log_kernel
 from .normal import normal_cdf, normal_cdf_parts
 
 __all__ = [
@@ -120,19 +120,6 @@ def log_category_cdf(q, x, kind, lam, count):
     else:
         value = 0.5 * lam ** (x - top) * (1.0 - lam ** (top + 1.0))
     return math.log(value) if value > 0.0 else -math.inf
-
-
-@njit(fastmath=config.FASTMATH, cache=config.CACHE)
-def log_kernel(d, kernel):
-    """log K(d) of a continuous kernel without its constant (-inf outside a compact
-    support), the engine's convention (``nbattn.kernels.local``)."""
-    if kernel == GAUSSIAN:
-        return -0.5 * d * d
-    if kernel == EPANECHNIKOV:
-        inside = 1.0 - d * d
-        return math.log(inside) if inside > 0.0 else -math.inf
-    inside = 1.0 - abs(d) ** 3
-    return 3.0 * math.log(inside) if inside > 0.0 else -math.inf
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")

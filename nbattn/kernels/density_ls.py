@@ -1,9 +1,9 @@
 """The least-squares cross-validation sums of a mixed-type product kernel (CPU), for
 :mod:`nbattn.distribution.ls_widths`: per row the log-sums of the convolved kernel
 K*K over the other rows and of the kernel itself, with their derivatives in the widths,
-without the n x n matrix. The kernel terms are :mod:`nbattn.kernels.density`'s;
-``dispatch.device.kernels_for("density", "cpu")`` returns that module, which re-exports
-these kernels.
+without the n x n matrix (the kernel terms of :mod:`nbattn.kernels.local_pairs`).
+``dispatch.device.kernels_for("density", "cpu")`` returns :mod:`nbattn.kernels.density`,
+which re-exports these kernels.
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ from numba import njit, prange
 
 from .. import config
 from .._core.local_groups import GAUSSIAN, UNORDERED
-from .density import log_kernel
-from .local_pairs import category_term, dlog_kernel
+from .local_pairs import category_term, dlog_kernel, log_kernel
 
 __all__ = ["category_convolution", "log_convolved_kernel", "ls_conditional_terms", "ls_pair_sums"]
 

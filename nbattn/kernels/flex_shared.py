@@ -148,8 +148,8 @@ def tanh(x):
 
     For a real ``x`` (float32 or float64) it is the ``softcap=`` path's
     tanh (``nbattn.kernels.flash``): sign(x) (1 - e) / (1 + e) with
-    e = 2**(-2 |x| log2(e)), within a few units in the last place of 1 of the
-    true value (an absolute error: relative accuracy is lost for |x| far below 1,
+    e = 2**(-2 ``|x|`` log2(e)), within a few units in the last place of 1 of the
+    true value (an absolute error: relative accuracy is lost for ``|x|`` far below 1,
     where tanh(x) ~ x). For a complex ``x`` it is ``cmath.tanh``, exact, so the
     complex-step derivative of the backward (``nbattn.kernels.flex``) works
     through it. Called from Python it is ``np.tanh`` (arrays too, as the

@@ -15,6 +15,8 @@ width gradient read.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import njit
 
@@ -56,6 +58,20 @@ def category_term(x, qk, a, b, t):
     if x == x:
         return b + t * fmax(abs(x - qk), 1.0)
     return 0.0
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def log_kernel(d, kernel):
+    """log K(d) of a continuous kernel without its constant (-inf outside a compact
+    support), the engine's convention (``nbattn.kernels.local``); the densities' kernel
+    sums read it."""
+    if kernel == GAUSSIAN:
+        return -0.5 * d * d
+    if kernel == EPANECHNIKOV:
+        inside = 1.0 - d * d
+        return math.log(inside) if inside > 0.0 else -math.inf
+    inside = 1.0 - abs(d) ** 3
+    return 3.0 * math.log(inside) if inside > 0.0 else -math.inf
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
