@@ -444,6 +444,8 @@ def test_plots(work, capsys, ext):
         "loo": ["loo", folder / "train.csv", "--target", "y", "--features", "x1", "--points", "5"],
         "widths": ["widths", folder / "model.npz"],
     }
+    if ext == "svg":  # the drawing does not depend on the format: one figure shows the save
+        cases = {"widths": cases["widths"]}
     for kind, args in cases.items():
         out = folder / f"{kind}.{ext}"
         code, _, err = call(capsys, "plot", *args, "-o", out, "-q")
