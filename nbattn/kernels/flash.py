@@ -573,6 +573,28 @@ def _transpose_into(tile, flat):
 
 
 @njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
+def backward_rows(out, dout, lse):
+    """``(delta, lse_t)`` of a backward pass, both (BH, L) in ``out``'s dtype:
+    delta_i = dO_i . O_i (summed in float64) and lse_t = lse * log2(e) (``lse``
+    float64, natural units).
+    The first pass of :func:`flash_backward` and of the programmable kernels'
+    backward (``nbattn.kernels.flex``).
+    """
+    n_bh, n_q, d_v = out.shape
+    delta = np.empty((n_bh, n_q), dtype=out.dtype)
+    lse_t = np.empty((n_bh, n_q), dtype=out.dtype)
+    for row in prange(n_bh * n_q):
+        bh = row // n_q
+        i = row % n_q
+        total = 0.0
+        for c in range(d_v):
+            total += np.float64(dout[bh, i, c]) * np.float64(out[bh, i, c])
+        delta[bh, i] = total
+        lse_t[bh, i] = lse[bh, i] * LOG2E
+    return delta, lse_t
+
+
+@njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
 def flash_backward(q, k, v, out, lse, dout, kv_index, bias, band, score, dropout, tiles):
     """Blocked attention backward; returns ``(dq, dk, dv)`` in the input dtype.
 
@@ -589,16 +611,7 @@ def flash_backward(q, k, v, out, lse, dout, kv_index, bias, band, score, dropout
     n_kv, n_k, _ = k.shape
     d_v = v.shape[2]
     dtype = q.dtype
-    delta = np.empty((n_bh, n_q), dtype=dtype)
-    lse_t = np.empty((n_bh, n_q), dtype=dtype)
-    for row in prange(n_bh * n_q):
-        bh = row // n_q
-        i = row % n_q
-        total = 0.0
-        for c in range(d_v):
-            total += np.float64(dout[bh, i, c]) * np.float64(out[bh, i, c])
-        delta[bh, i] = total
-        lse_t[bh, i] = lse[bh, i] * LOG2E
+    delta, lse_t = backward_rows(out, dout, lse)
     dq_part = np.zeros((n_groups, n_bh, n_q, d), dtype=dtype)
     dk = np.empty((n_kv, n_k, d), dtype=dtype)
     dv = np.empty((n_kv, n_k, d_v), dtype=dtype)

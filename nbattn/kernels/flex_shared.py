@@ -23,8 +23,9 @@ to a ``prange``. Items are handed out one at a time as each thread finishes
 one (as under ``numba.parallel_chunksize(1)``), so a thread that the OS holds
 back delays only its current item.
 
-:func:`backward_rows` and :func:`sum_groups` are the backward's passes before
-and after its items, parallel kernels compiled once for every user function.
+:func:`backward_rows` (``flash_backward``'s own first pass, from
+:mod:`nbattn.kernels.flash`) and :func:`sum_groups` are the backward's passes before and
+after its items, parallel kernels compiled once for every user function.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from numba.extending import intrinsic, overload
 from .. import config
 from .._core.numeric import LOG2E
 from .fastmath import like
-from .flash import exp2
+from .flash import backward_rows, exp2  # backward_rows: flash's, shared
 
 __all__ = ["backward_rows", "next_item", "run_items", "sum_groups", "tanh"]
 
@@ -98,28 +99,6 @@ def run_items(kernel, *args):
     kernel(counter, *args)
     for future in futures:
         future.result()
-
-
-@njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
-def backward_rows(out, dout, lse):
-    """``(delta, lse_t)`` of a backward pass, both (BH, L) in ``out``'s dtype:
-    delta_i = dO_i . O_i (summed in float64) and lse_t = lse * log2(e) (``lse``
-    float64, natural units).
-
-    (``nbattn.kernels.flash.flash_backward`` computes the same in a loop of its own.)
-    """
-    n_bh, n_q, d_v = out.shape
-    delta = np.empty((n_bh, n_q), dtype=out.dtype)
-    lse_t = np.empty((n_bh, n_q), dtype=out.dtype)
-    for row in prange(n_bh * n_q):
-        bh = row // n_q
-        i = row % n_q
-        total = 0.0
-        for c in range(d_v):
-            total += np.float64(dout[bh, i, c]) * np.float64(out[bh, i, c])
-        delta[bh, i] = total
-        lse_t[bh, i] = lse[bh, i] * LOG2E
-    return delta, lse_t
 
 
 @njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
