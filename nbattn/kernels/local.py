@@ -69,7 +69,7 @@ modules of the same names.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from .. import config
 from .._core.local_groups import (
@@ -82,6 +82,7 @@ from .._core.local_groups import (
     LocalLeaves,
     LocalModel,
 )
+from .items import next_item, run_items
 from .kd_order import kd_order
 from .local_args import n_terms
 from .local_leaves import chunk_runs, leaf_ranges, visited_share
@@ -127,14 +128,15 @@ _QUERY_BLOCK = config.QUERY_BLOCK
 _FEWEST_FUSED, _MOST_FUSED = FUSED_TERMS[0], FUSED_TERMS[-1]
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, parallel=True)
 def local_fit(data, model, values_t, want_mfx, leaves):
     """The first pass: per query the local fit, its coefficients and the softmax state.
 
     ``data`` (``LocalData``) and ``model`` (``LocalModel``): the problem;
     ``values_t`` (n_out, n_k) the values; ``want_mfx``: the local-constant
     marginal effects too; ``leaves`` (``LocalLeaves``): the keys each query visits
-    (``nbattn.kernels.local_leaves``; rtol = 0: all of them).
+    (``nbattn.kernels.local_leaves``; rtol = 0: all of them). The chunks of
+    queries (``leaves.query_start``) are the work items of
+    :func:`nbattn.kernels.items.run_items`.
 
     Returns
     -------
@@ -147,73 +149,43 @@ def local_fit(data, model, values_t, want_mfx, leaves):
     mfx : (n_q, dc, n_out)   with ``want_mfx`` and degree 0: d fit / d q (scaled units),
                              sum_j p_j (y_j - fit) ds_j/dq; zeros otherwise
     """
+    fit = _fit_outputs(data, model, values_t)
+    run_items(_fit_items, data, model, values_t, bool(want_mfx), leaves, fit)
+    return fit
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _fit_outputs(data, model, values_t):
+    """The ``LocalFit`` that :func:`_fit_items` fills, in its initial state."""
+    n_q, dc, _, _ = problem_shape(data)
+    n_out = values_t.shape[0]
+    p = n_terms(dc, model.degree)
+    return LocalFit(
+        np.zeros((n_q, p, n_out)),
+        np.zeros((n_q, p)),
+        np.full(n_q, -np.inf),
+        np.full(n_q, -np.inf),
+        np.full(n_q, -1, dtype=np.int64),
+        np.zeros((n_q, dc, n_out)),
+    )
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
+def _fit_items(counter, data, model, values_t, want_mfx, leaves, fit):
+    """The chunks of queries that ``counter`` hands this thread: their rows of ``fit``."""
+    beta, g, shift, log_norm, nearest, mfx = fit
+    q_cont, keys_cont_t = data.q_cont, data.keys_cont_t
+    kernel, ridge, exclude_self = model.kernel, model.ridge, model.exclude_self
     degree, missing = model.degree, model.missing
     n_q, dc, _, _, weighted = problem_sizes(data)
     n_out = values_t.shape[0]
     p = n_terms(dc, degree)
-    beta = np.zeros((n_q, p, n_out))
-    g = np.zeros((n_q, p))
-    shift = np.full(n_q, -np.inf)
-    log_norm = np.full(n_q, -np.inf)
-    nearest = np.full(n_q, -1, dtype=np.int64)
-    mfx = np.zeros((n_q, dc, n_out))
     do_mfx = want_mfx and p == 1 and dc > 0
     fused = n_out == 1 and _FEWEST_FUSED <= p <= _MOST_FUSED
     # without missing values the local-linear moments and the local constant read the
     # differences from the keys: the design rows are never written (one pass less)
     store_design = missing or do_mfx or (p > 1 and degree >= 2) or (p > 1 and not fused)
-    n_chunks = leaves.query_start.shape[0] - 1
-    for chunk in prange(n_chunks):
-        _fit_chunk(
-            data,
-            model,
-            values_t,
-            np.int64(chunk),
-            weighted,
-            p,
-            do_mfx,
-            fused,
-            store_design,
-            beta,
-            g,
-            shift,
-            log_norm,
-            nearest,
-            mfx,
-            leaves,
-        )
-    return LocalFit(beta, g, shift, log_norm, nearest, mfx)
-
-
-# The body of the parallel loop is a function of its own, called once per chunk of
-# queries: numba's parallel passes copy and rewrite every statement of a loop body
-# (most of the kernel's compile time on the inlined moment code); a call costs them
-# nothing, and nothing measurable at run time.
-@njit(fastmath=config.FASTMATH, cache=config.CACHE)
-def _fit_chunk(
-    data,
-    model,
-    values_t,
-    chunk,
-    weighted,
-    p,
-    do_mfx,
-    fused,
-    store_design,
-    beta,
-    g,
-    shift,
-    log_norm,
-    nearest,
-    mfx,
-    leaves,
-):
-    """The queries of chunk ``chunk``: their rows of beta, g, shift, log_norm, nearest, mfx."""
-    q_cont, keys_cont_t = data.q_cont, data.keys_cont_t
-    kernel, ridge, exclude_self = model.kernel, model.ridge, model.exclude_self
-    n_q, dc, _, n_k = problem_shape(data)
-    n_out = values_t.shape[0]
-    # scratch zeroed once per chunk (block_scratch): never junk from an earlier call
+    # scratch zeroed once per thread (block_scratch): never junk from an earlier call
     scores, design = block_scratch(p, dc)
     wx = np.zeros(_KEY_BLOCK)
     moments = np.zeros((p, p))
@@ -223,86 +195,93 @@ def _fit_chunk(
     z = np.zeros(p)
     dsum = np.zeros(dc)
     dysum = np.zeros((dc, n_out))
-    # the chunk's queries (neighbours in k-d order when pruned) visit the same keys
-    first, stop, runs, n_runs = chunk_runs(chunk, data, model, leaves)
-    for i in range(first, stop):
-        for a in range(p):  # explicit loops: slice assignment costs more per query
-            for b in range(p):
-                moments[a, b] = 0.0
-            for o in range(n_out):
-                rhs[a, o] = 0.0
-        for c in range(dc):
-            dsum[c] = 0.0
-            for o in range(n_out):
-                dysum[c, o] = 0.0
-        m = -np.inf
-        for r in range(n_runs):
-            for j0 in range(runs[r, 0], runs[r, 1], _KEY_BLOCK):
-                nb = min(_KEY_BLOCK, runs[r, 1] - j0)
-                block_max = block_scores(
-                    i, j0, nb, data, model, weighted, store_design, scores, design
-                )
-                if block_max == -np.inf:
-                    continue
-                if block_max > m:
-                    if m > -np.inf:
-                        factor = np.exp(m - block_max)
-                        moments *= factor
-                        rhs *= factor
-                        dsum *= factor
-                        dysum *= factor
-                    m = block_max
-                if fused:
-                    y = values_t[0, j0 : j0 + nb]
-                    if store_design:  # rows past the last term repeat it (never read)
-                        rows = (
-                            design[1, 0:nb],
-                            design[min(2, p - 1), 0:nb],
-                            design[min(3, p - 1), 0:nb],
-                            design[min(4, p - 1), 0:nb],
-                        )
-                        offsets = (0.0, 0.0, 0.0, 0.0)
-                    else:  # rows past the last column repeat it (never read)
-                        c1, c2, c3 = min(1, dc - 1), min(2, dc - 1), min(3, dc - 1)
-                        rows = (
-                            keys_cont_t[0, j0 : j0 + nb],
-                            keys_cont_t[c1, j0 : j0 + nb],
-                            keys_cont_t[c2, j0 : j0 + nb],
-                            keys_cont_t[c3, j0 : j0 + nb],
-                        )
-                        offsets = (q_cont[i, 0], q_cont[i, c1], q_cont[i, c2], q_cont[i, c3])
-                    fused_moments(scores, rows, offsets, y, nb, m, p, moments, rhs)
-                elif p == 1 and n_out == 1 and not do_mfx:
-                    constant_moments(scores, values_t[0, j0 : j0 + nb], nb, m, moments, rhs)
-                else:
-                    design_moments(scores, design, values_t, j0, nb, m, p, wx, moments, rhs)
-                    if do_mfx:
-                        score_derivative_sums(scores, design, values_t, j0, nb, kernel, dsum, dysum)
-        total = moments[0, 0]
-        if not (total > 0.0):
-            near = nearest_key(i, data, exclude_self)
-            nearest[i] = near
-            if near >= 0:
+    n_chunks = leaves.query_start.shape[0] - 1
+    while True:
+        chunk = next_item(counter)
+        if chunk >= n_chunks:
+            return
+        # the chunk's queries (neighbours in k-d order when pruned) visit the same keys
+        first, stop, runs, n_runs = chunk_runs(chunk, data, model, leaves)
+        for i in range(first, stop):
+            for a in range(p):  # explicit loops: slice assignment costs more per query
+                for b in range(p):
+                    moments[a, b] = 0.0
+                for o in range(n_out):
+                    rhs[a, o] = 0.0
+            for c in range(dc):
+                dsum[c] = 0.0
+                for o in range(n_out):
+                    dysum[c, o] = 0.0
+            m = -np.inf
+            for r in range(n_runs):
+                for j0 in range(runs[r, 0], runs[r, 1], _KEY_BLOCK):
+                    nb = min(_KEY_BLOCK, runs[r, 1] - j0)
+                    block_max = block_scores(
+                        i, j0, nb, data, model, weighted, store_design, scores, design
+                    )
+                    if block_max == -np.inf:
+                        continue
+                    if block_max > m:
+                        if m > -np.inf:
+                            factor = np.exp(m - block_max)
+                            moments *= factor
+                            rhs *= factor
+                            dsum *= factor
+                            dysum *= factor
+                        m = block_max
+                    if fused:
+                        y = values_t[0, j0 : j0 + nb]
+                        if store_design:  # rows past the last term repeat it (never read)
+                            rows = (
+                                design[1, 0:nb],
+                                design[min(2, p - 1), 0:nb],
+                                design[min(3, p - 1), 0:nb],
+                                design[min(4, p - 1), 0:nb],
+                            )
+                            offsets = (0.0, 0.0, 0.0, 0.0)
+                        else:  # rows past the last column repeat it (never read)
+                            c1, c2, c3 = min(1, dc - 1), min(2, dc - 1), min(3, dc - 1)
+                            rows = (
+                                keys_cont_t[0, j0 : j0 + nb],
+                                keys_cont_t[c1, j0 : j0 + nb],
+                                keys_cont_t[c2, j0 : j0 + nb],
+                                keys_cont_t[c3, j0 : j0 + nb],
+                            )
+                            offsets = (q_cont[i, 0], q_cont[i, c1], q_cont[i, c2], q_cont[i, c3])
+                        fused_moments(scores, rows, offsets, y, nb, m, p, moments, rhs)
+                    elif p == 1 and n_out == 1 and not do_mfx:
+                        constant_moments(scores, values_t[0, j0 : j0 + nb], nb, m, moments, rhs)
+                    else:
+                        design_moments(scores, design, values_t, j0, nb, m, p, wx, moments, rhs)
+                        if do_mfx:
+                            score_derivative_sums(
+                                scores, design, values_t, j0, nb, kernel, dsum, dysum
+                            )
+            total = moments[0, 0]
+            if not (total > 0.0):
+                near = nearest_key(i, data, exclude_self)
+                nearest[i] = near
+                if near >= 0:
+                    g[i, 0] = 1.0
+                    for o in range(n_out):
+                        beta[i, 0, o] = values_t[o, near]
+                continue
+            inv = 1.0 / total
+            for a in range(p):
+                for b in range(a, p):
+                    moments[b, a] = moments[a, b] * inv
+                    moments[a, b] = moments[b, a]
+                for o in range(n_out):
+                    rhs[a, o] *= inv
+            if p == 1:  # the local constant: M/l = 1, nothing to factorise
                 g[i, 0] = 1.0
                 for o in range(n_out):
-                    beta[i, 0, o] = values_t[o, near]
-            continue
-        inv = 1.0 / total
-        for a in range(p):
-            for b in range(a, p):
-                moments[b, a] = moments[a, b] * inv
-                moments[a, b] = moments[b, a]
-            for o in range(n_out):
-                rhs[a, o] *= inv
-        if p == 1:  # the local constant: M/l = 1, nothing to factorise
-            g[i, 0] = 1.0
-            for o in range(n_out):
-                beta[i, 0, o] = rhs[0, o]
-        else:
-            solve(moments, rhs, ridge, g[i], beta[i], scratch, keep, z)
-        shift[i] = m
-        log_norm[i] = np.log(total)
-        if do_mfx:
-            for c in range(dc):
-                for o in range(n_out):
-                    mfx[i, c, o] = (dysum[c, o] - beta[i, 0, o] * dsum[c]) * inv
+                    beta[i, 0, o] = rhs[0, o]
+            else:
+                solve(moments, rhs, ridge, g[i], beta[i], scratch, keep, z)
+            shift[i] = m
+            log_norm[i] = np.log(total)
+            if do_mfx:
+                for c in range(dc):
+                    for o in range(n_out):
+                        mfx[i, c, o] = (dysum[c, o] - beta[i, 0, o] * dsum[c]) * inv

@@ -224,6 +224,46 @@ def _log_floor(i0, i1, data, model, leaves, upper, lower):
     return floor
 
 
+@njit(cache=config.CACHE)
+def _precedes(values, a, b):
+    """Whether index a comes before index b in :func:`ascending_order`: the smaller
+    value, NaN last, the smaller index on ties."""
+    va, vb = values[a], values[b]
+    if va == vb or (va != va and vb != vb):
+        return a < b
+    return va < vb or vb != vb
+
+
+@njit(cache=config.CACHE)
+def ascending_order(values):
+    """The indices of ``values`` in increasing order of value (NaN last, ties by index: one
+    total order, so every run visits the leaves alike), by heapsort. ``np.argsort`` would
+    compile numba's generic quicksort into every kernel that prunes (about 3 s of each)."""
+    n = values.shape[0]
+    order = np.arange(n)
+    for start in range(n // 2 - 1, -1, -1):
+        _sift_down(values, order, start, n)
+    for end in range(n - 1, 0, -1):
+        order[0], order[end] = order[end], order[0]
+        _sift_down(values, order, 0, end)
+    return order
+
+
+@njit(cache=config.CACHE)
+def _sift_down(values, order, root, end):
+    """Restore the max-heap (by :func:`_precedes`) of ``order[:end]`` below ``root``."""
+    while True:
+        child = 2 * root + 1
+        if child >= end:
+            return
+        if child + 1 < end and _precedes(values, order[child], order[child + 1]):
+            child += 1
+        if not _precedes(values, order[root], order[child]):
+            return
+        order[root], order[child] = order[child], order[root]
+        root = child
+
+
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def kept_runs(i0, i1, data, model, leaves, upper, lower, runs):
     """The key ranges [runs[r, 0], runs[r, 1]) that the passes visit for the queries
@@ -251,7 +291,7 @@ def kept_runs(i0, i1, data, model, leaves, upper, lower, runs):
     budget = math.log(leaves.rtol) + log_floor
     dropped = np.zeros(n_leaves, dtype=np.bool_)
     spent = -np.inf
-    for leaf in np.argsort(upper):
+    for leaf in ascending_order(upper):
         if upper[leaf] == -np.inf:
             dropped[leaf] = True
             continue

@@ -17,10 +17,11 @@ the estimators' ``attention_weights``.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from .. import config
 from .fastmath import fast_exp
+from .items import next_item, run_items
 from .local_leaves import chunk_runs
 from .local_pairs import (
     block_scores,
@@ -52,7 +53,6 @@ def block_weights(i, j0, nb, data, model, fit, weighted, scores, design):
     return nb
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, parallel=True)
 def local_loo_gradient(data, model, fit, values_t, cat_dparams, out_weights, leaves):
     """The second pass: per query sum_o e_o d fit_o / d theta for every width parameter.
 
@@ -71,33 +71,16 @@ def local_loo_gradient(data, model, fit, values_t, cat_dparams, out_weights, lea
     (``nbattn.kernels.local_leaves``): the derivative of the pruned sums.
     Returns (n_q, dc + dk).
     """
-    n_q, dc, dk, _, weighted = problem_sizes(data)
+    n_q, dc, dk, _ = problem_shape(data)
     out = np.zeros((n_q, dc + dk))
-    n_chunks = leaves.query_start.shape[0] - 1
-    for chunk in prange(n_chunks):
-        _gradient_chunk(
-            data,
-            model,
-            fit,
-            values_t,
-            cat_dparams,
-            out_weights,
-            np.int64(chunk),
-            weighted,
-            out,
-            leaves,
-        )
+    run_items(_gradient_items, data, model, fit, values_t, cat_dparams, out_weights, out, leaves)
     return out
 
 
-# The body of the parallel loop is a function of its own, called once per chunk of queries:
-# numba's parallel passes copy and rewrite every statement of a loop body (most of the
-# kernel's compile time); a call costs them nothing, and nothing measurable at run time.
-@njit(fastmath=config.FASTMATH, cache=config.CACHE)
-def _gradient_chunk(
-    data, model, fit, values_t, cat_dparams, out_weights, chunk, weighted, out, leaves
-):
-    """The queries of chunk ``chunk``: their rows of ``out``."""
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
+def _gradient_items(counter, data, model, fit, values_t, cat_dparams, out_weights, out, leaves):
+    """The chunks of queries that ``counter`` hands this thread: their rows of ``out``."""
+    weighted = problem_sizes(data)[4]
     q_cont, q_cat, keys_cat_t = data.q_cont, data.q_cat, data.keys_cat_t
     kernel, ridge, missing = model.kernel, model.ridge, model.missing
     beta, g, log_norm = fit.beta, fit.g, fit.log_norm
@@ -112,78 +95,83 @@ def _gradient_chunk(
     pen = np.zeros(_KEY_BLOCK)
     a_sum = np.zeros(n_par)
     s_sum = np.zeros(n_par)
-    # the chunk's queries (neighbours in k-d order when pruned) visit the same keys
-    first, stop, runs, n_runs = chunk_runs(chunk, data, model, leaves)
-    for i in range(first, stop):
-        if log_norm[i] == -np.inf:
-            continue
-        a_sum[:] = 0.0
-        s_sum[:] = 0.0
-        a_total = 0.0
-        for r in range(n_runs):
-            for j0 in range(runs[r, 0], runs[r, 1], _KEY_BLOCK):
-                nb = min(_KEY_BLOCK, runs[r, 1] - j0)
-                nb = block_weights(i, j0, nb, data, model, fit, weighted, scores, design)
-                # coef_j = p_j sum_o e_o [c_j r_jo - ridge sum_t g_t beta_to x_jt^2]
-                for j in range(nb):
-                    cvec[j] = g[i, 0]
-                    coef[j] = 0.0
-                for t in range(1, p):
-                    gt = g[i, t]
-                    xt = design[t]
+    n_chunks = leaves.query_start.shape[0] - 1
+    while True:
+        chunk = next_item(counter)
+        if chunk >= n_chunks:
+            return
+        # the chunk's queries (neighbours in k-d order when pruned) visit the same keys
+        first, stop, runs, n_runs = chunk_runs(chunk, data, model, leaves)
+        for i in range(first, stop):
+            if log_norm[i] == -np.inf:
+                continue
+            a_sum[:] = 0.0
+            s_sum[:] = 0.0
+            a_total = 0.0
+            for r in range(n_runs):
+                for j0 in range(runs[r, 0], runs[r, 1], _KEY_BLOCK):
+                    nb = min(_KEY_BLOCK, runs[r, 1] - j0)
+                    nb = block_weights(i, j0, nb, data, model, fit, weighted, scores, design)
+                    # coef_j = p_j sum_o e_o [c_j r_jo - ridge sum_t g_t beta_to x_jt^2]
                     for j in range(nb):
-                        cvec[j] += gt * xt[j]
-                for o in range(n_out):
-                    e = out_weights[i, o]
-                    if e == 0.0:
-                        continue
-                    y = values_t[o, j0 : j0 + nb]
-                    b0 = beta[i, 0, o]
-                    for j in range(nb):
-                        fitted[j] = b0
-                        pen[j] = 0.0
+                        cvec[j] = g[i, 0]
+                        coef[j] = 0.0
                     for t in range(1, p):
-                        bt = beta[i, t, o]
-                        gbt = g[i, t] * bt
+                        gt = g[i, t]
                         xt = design[t]
                         for j in range(nb):
-                            fitted[j] += bt * xt[j]
-                            pen[j] += gbt * xt[j] * xt[j]
+                            cvec[j] += gt * xt[j]
+                    for o in range(n_out):
+                        e = out_weights[i, o]
+                        if e == 0.0:
+                            continue
+                        y = values_t[o, j0 : j0 + nb]
+                        b0 = beta[i, 0, o]
+                        for j in range(nb):
+                            fitted[j] = b0
+                            pen[j] = 0.0
+                        for t in range(1, p):
+                            bt = beta[i, t, o]
+                            gbt = g[i, t] * bt
+                            xt = design[t]
+                            for j in range(nb):
+                                fitted[j] += bt * xt[j]
+                                pen[j] += gbt * xt[j] * xt[j]
+                        for j in range(nb):
+                            coef[j] += e * (cvec[j] * (y[j] - fitted[j]) - ridge * pen[j])
                     for j in range(nb):
-                        coef[j] += e * (cvec[j] * (y[j] - fitted[j]) - ridge * pen[j])
-                for j in range(nb):
-                    coef[j] *= scores[j]
-                    a_total += coef[j]
-                for c in range(dc):
-                    qc = q_cont[i, c]
-                    if missing and qc != qc:
-                        continue
-                    row = design[1 + c]
-                    acc_a = 0.0
-                    acc_s = 0.0
-                    for j in range(nb):
-                        d = row[j]
-                        ds = -d * dlog_kernel(d, kernel)
-                        acc_a += coef[j] * ds
-                        acc_s += scores[j] * ds
-                    a_sum[c] += acc_a
-                    s_sum[c] += acc_s
-                for k in range(dk):
-                    qk = q_cat[i, k]
-                    if missing and qk != qk:
-                        continue
-                    dparams = cat_dparams[k]  # the score's term, derived (category_term)
-                    acc_a = 0.0
-                    acc_s = 0.0
-                    for j in range(nb):
-                        x = keys_cat_t[k, j0 + j]
-                        ds = category_term(x, qk, dparams[0], dparams[1], dparams[2])
-                        acc_a += coef[j] * ds
-                        acc_s += scores[j] * ds
-                    a_sum[dc + k] += acc_a
-                    s_sum[dc + k] += acc_s
-        for t in range(n_par):
-            out[i, t] = a_sum[t] - a_total * s_sum[t]
+                        coef[j] *= scores[j]
+                        a_total += coef[j]
+                    for c in range(dc):
+                        qc = q_cont[i, c]
+                        if missing and qc != qc:
+                            continue
+                        row = design[1 + c]
+                        acc_a = 0.0
+                        acc_s = 0.0
+                        for j in range(nb):
+                            d = row[j]
+                            ds = -d * dlog_kernel(d, kernel)
+                            acc_a += coef[j] * ds
+                            acc_s += scores[j] * ds
+                        a_sum[c] += acc_a
+                        s_sum[c] += acc_s
+                    for k in range(dk):
+                        qk = q_cat[i, k]
+                        if missing and qk != qk:
+                            continue
+                        dparams = cat_dparams[k]  # the score's term, derived (category_term)
+                        acc_a = 0.0
+                        acc_s = 0.0
+                        for j in range(nb):
+                            x = keys_cat_t[k, j0 + j]
+                            ds = category_term(x, qk, dparams[0], dparams[1], dparams[2])
+                            acc_a += coef[j] * ds
+                            acc_s += scores[j] * ds
+                        a_sum[dc + k] += acc_a
+                        s_sum[dc + k] += acc_s
+            for t in range(n_par):
+                out[i, t] = a_sum[t] - a_total * s_sum[t]
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
@@ -199,87 +187,86 @@ def block_equivalent_weights(g_i, design, nb, weights):
         weights[j] *= cj
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, parallel=True)
 def local_interval_sums(data, model, fit, residuals_t):
     """Per query and output sum_j l_j^2 r_jo^2, with l_j = p_j (g . x_j) the
     equivalent-kernel weights of the first pass ``fit`` (the nearest key's weight is 1
     for a query that fell back). ``residuals_t`` (n_out, n_k). Returns (n_q, n_out).
     """
-    n_q, _, _, _, weighted = problem_sizes(data)
-    out = np.zeros((n_q, residuals_t.shape[0]))
-    n_chunks = (n_q + _QUERY_BLOCK - 1) // _QUERY_BLOCK
-    for chunk in prange(n_chunks):
-        _interval_chunk(data, model, fit, residuals_t, np.int64(chunk), weighted, out)
+    out = np.zeros((problem_shape(data)[0], residuals_t.shape[0]))
+    run_items(_interval_items, data, model, fit, residuals_t, out)
     return out
 
 
-# The body of the parallel loop is a function of its own, called once per chunk of queries:
-# numba's parallel passes copy and rewrite every statement of a loop body (most of the
-# kernel's compile time); a call costs them nothing, and nothing measurable at run time.
-@njit(fastmath=config.FASTMATH, cache=config.CACHE)
-def _interval_chunk(data, model, fit, residuals_t, chunk, weighted, out):
-    """The queries of chunk ``chunk``: their rows of ``out``."""
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
+def _interval_items(counter, data, model, fit, residuals_t, out):
+    """The chunks of queries that ``counter`` hands this thread: their rows of ``out``."""
+    weighted = problem_sizes(data)[4]
     g, log_norm, nearest = fit.g, fit.log_norm, fit.nearest
     n_q, dc, _, n_k = problem_shape(data)
     n_out = residuals_t.shape[0]
     p = g.shape[1]
     scores, design = block_scratch(p, dc)
-    stop = min(n_q, (chunk + 1) * _QUERY_BLOCK)
-    for i in range(chunk * _QUERY_BLOCK, stop):
-        if log_norm[i] == -np.inf:
-            near = nearest[i]
-            if near >= 0:
-                for o in range(n_out):
-                    out[i, o] = residuals_t[o, near] ** 2
-            continue
-        for j0 in range(0, n_k, _KEY_BLOCK):
-            nb = min(_KEY_BLOCK, n_k - j0)
-            nb = block_weights(i, j0, nb, data, model, fit, weighted, scores, design)
-            block_equivalent_weights(g[i], design, nb, scores)
-            for j in range(nb):
-                scores[j] *= scores[j]
-            for o in range(n_out):
-                r = residuals_t[o, j0 : j0 + nb]
-                acc = 0.0
+    n_chunks = (n_q + _QUERY_BLOCK - 1) // _QUERY_BLOCK
+    while True:
+        chunk = next_item(counter)
+        if chunk >= n_chunks:
+            return
+        stop = min(n_q, (chunk + 1) * _QUERY_BLOCK)
+        for i in range(chunk * _QUERY_BLOCK, stop):
+            if log_norm[i] == -np.inf:
+                near = nearest[i]
+                if near >= 0:
+                    for o in range(n_out):
+                        out[i, o] = residuals_t[o, near] ** 2
+                continue
+            for j0 in range(0, n_k, _KEY_BLOCK):
+                nb = min(_KEY_BLOCK, n_k - j0)
+                nb = block_weights(i, j0, nb, data, model, fit, weighted, scores, design)
+                block_equivalent_weights(g[i], design, nb, scores)
                 for j in range(nb):
-                    acc += scores[j] * r[j] * r[j]
-                out[i, o] += acc
+                    scores[j] *= scores[j]
+                for o in range(n_out):
+                    r = residuals_t[o, j0 : j0 + nb]
+                    acc = 0.0
+                    for j in range(nb):
+                        acc += scores[j] * r[j] * r[j]
+                    out[i, o] += acc
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, parallel=True)
 def local_equivalent_weights(data, model, fit):
     """The equivalent-kernel weights l_j(q) = p_j (g . x_j) of the first pass ``fit``
     (the rows of the hat matrix: fit(q) = sum_j l_j(q) y_j; negative where the local
     polynomial extrapolates), (n_q, n_k). A query that fell back to its nearest key
     has weight 1 there and 0 elsewhere; a query with no admissible key a row of zeros.
     """
-    n_q, _, _, n_k, weighted = problem_sizes(data)
+    n_q, _, _, n_k = problem_shape(data)
     out = np.zeros((n_q, n_k))
-    n_chunks = (n_q + _QUERY_BLOCK - 1) // _QUERY_BLOCK
-    for chunk in prange(n_chunks):
-        _equivalent_chunk(data, model, fit, np.int64(chunk), weighted, out)
+    run_items(_equivalent_items, data, model, fit, out)
     return out
 
 
-# The body of the parallel loop is a function of its own, called once per chunk of queries:
-# numba's parallel passes copy and rewrite every statement of a loop body (most of the
-# kernel's compile time); a call costs them nothing, and nothing measurable at run time.
-@njit(fastmath=config.FASTMATH, cache=config.CACHE)
-def _equivalent_chunk(data, model, fit, chunk, weighted, out):
-    """The queries of chunk ``chunk``: their rows of ``out``."""
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
+def _equivalent_items(counter, data, model, fit, out):
+    """The chunks of queries that ``counter`` hands this thread: their rows of ``out``."""
+    weighted = problem_sizes(data)[4]
     g, log_norm, nearest = fit.g, fit.log_norm, fit.nearest
     n_q, dc, _, n_k = problem_shape(data)
     p = g.shape[1]
     scores, design = block_scratch(p, dc)
-    stop = min(n_q, (chunk + 1) * _QUERY_BLOCK)
-    for i in range(chunk * _QUERY_BLOCK, stop):
-        if log_norm[i] == -np.inf:
-            if nearest[i] >= 0:
-                out[i, nearest[i]] = 1.0
-            continue
-        for j0 in range(0, n_k, _KEY_BLOCK):
-            nb = min(_KEY_BLOCK, n_k - j0)
-            nb = block_weights(i, j0, nb, data, model, fit, weighted, scores, design)
-            block_equivalent_weights(g[i], design, nb, scores)
-            for j in range(nb):  # not a slice assignment: see kernels/flash.py
-                out[i, j0 + j] = scores[j]
+    n_chunks = (n_q + _QUERY_BLOCK - 1) // _QUERY_BLOCK
+    while True:
+        chunk = next_item(counter)
+        if chunk >= n_chunks:
+            return
+        stop = min(n_q, (chunk + 1) * _QUERY_BLOCK)
+        for i in range(chunk * _QUERY_BLOCK, stop):
+            if log_norm[i] == -np.inf:
+                if nearest[i] >= 0:
+                    out[i, nearest[i]] = 1.0
+                continue
+            for j0 in range(0, n_k, _KEY_BLOCK):
+                nb = min(_KEY_BLOCK, n_k - j0)
+                nb = block_weights(i, j0, nb, data, model, fit, weighted, scores, design)
+                block_equivalent_weights(g[i], design, nb, scores)
+                for j in range(nb):  # not a slice assignment: see kernels/flash.py
+                    out[i, j0 + j] = scores[j]
