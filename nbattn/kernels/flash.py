@@ -122,6 +122,7 @@ from .fastmath import (
     horner,
     like,
 )
+from .items import next_item, run_items
 from .softmax import row_max
 
 LN2 = 0.6931471805599453
@@ -241,14 +242,22 @@ def _scale_row(row, acc_row, factor):
         acc_row[c] *= f_acc
 
 
+#: need_band for one row: a bool, not the literal True (numba compiles a function once
+#: more for a literal argument)
+_ALWAYS = np.bool_(True)
+
+
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def _score_row(q_tile, k_tile, st, r, bh, i0, j0, mask, mask_index, slopes, band, softcap):
     """Row r of the score tile ``st`` again: q_r K^T with its softcap, mask, ALiBi and band
     (a mask with one entry per key excepted, as in the tile pass)."""
-    one = st[r : r + 1]
+    # row r as a C-contiguous (1, nb) tile, the type of ``st``: ``st[r : r + 1]`` would
+    # compile gemm and _tile_terms once more for another layout
+    nb = st.shape[1]
+    one = st.reshape(st.size)[r * nb : (r + 1) * nb].reshape((1, nb))
     gemm(q_tile[r : r + 1], k_tile, one, False, True, 0.0)
     _tile_terms(
-        one, one, bh, i0 + r, j0, mask, mask_index, slopes, band, softcap, True, False, False
+        one, one, bh, i0 + r, j0, mask, mask_index, slopes, band, softcap, _ALWAYS, False, False
     )
 
 
@@ -418,146 +427,146 @@ def mask_tile_live(mask, block_q, block_k):
     return live
 
 
-@njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
 def flash_forward(q, k, v, kv_index, bias, band, score, dropout, tiles):
     """Blocked attention forward; returns ``(out, lse)``.
 
     out (BH, L, Ev) in the input dtype, lse (BH, L) float64 in natural units.
-    See the module docstring for the formula and the (base-2) arguments.
+    See the module docstring for the formula and the (base-2) arguments. The
+    work items (a query tile of one slice) run on :func:`nbattn.kernels.items.run_items`.
     """
     n_bh, n_q, _ = q.shape
     out = np.empty((n_bh, n_q, v.shape[2]), dtype=q.dtype)
     lse = np.empty((n_bh, n_q), dtype=np.float64)
-    n_qt = (n_q + tiles.block_q - 1) // tiles.block_q
-    # query tile outer, slice inner: consecutive items read one mask block (shared by
-    # the heads of a batch entry) while it is still in cache
-    for item in prange(n_bh * n_qt):
-        bh = np.int64(item % n_bh)
-        qt = np.int64(_tile_order(item // n_bh, n_qt))
-        _forward_item(q, k, v, kv_index, bias, band, score, dropout, tiles, bh, qt, out, lse)
+    run_items(forward_items, q, k, v, kv_index, bias, band, score, dropout, tiles, out, lse)
     return out, lse
 
 
-# The body of the parallel loop is a function of its own, called once per work item
-# (a query tile of one slice): numba's parallel passes copy and rewrite every statement
-# of a loop body, which on the inlined tile code took about three quarters of the
-# kernel's compile time; a call costs them nothing, and nothing at run time.
-@njit(fastmath=config.FASTMATH, cache=config.CACHE)
-def _forward_item(q, k, v, kv_index, bias, band, score, dropout, tiles, bh, qt, out, lse):
-    """Query tile ``qt`` of slice ``bh``: its rows of ``out`` and ``lse``."""
-    mask, mask_index, mask_live, slopes = bias
-    softcap = score.softcap
-    keep_scale = dropout.keep_scale
-    block_q, block_k = tiles.block_q, tiles.block_k
-    n_q = q.shape[1]
-    n_k = k.shape[1]
-    d_v = v.shape[2]
-    offset, left, right = band
-    seed, threshold = dropout.seed, dropout.threshold
-    use_dropout = threshold > 0
-    key_mask = mask.shape[0] > 0 and mask.shape[2] > 1  # fused into the exponential pass
-    mask_rows = mask.shape[1] > 1
-    i0 = qt * block_q
-    mb = min(block_q, n_q - i0)
-    kv = kv_index[bh]
-    s_flat = np.empty(mb * block_k, dtype=q.dtype)
-    acc = np.zeros((mb, d_v), dtype=q.dtype)
-    m = np.full(mb, -np.inf)
-    l = np.zeros(mb)
-    q_tile = q[bh, i0 : i0 + mb]
-    j_first = max(i0 + offset - left, 0)
-    j_last = min(i0 + mb - 1 + offset + right, n_k - 1)
-    kt_first = j_first // block_k
-    kt_last = j_last // block_k if j_last >= j_first else kt_first - 1
-    for kt in range(kt_first, kt_last + 1):
-        if not _tile_is_live(mask, mask_index, mask_live, bh, qt, kt):
-            continue
-        j0 = kt * block_k
-        nb = min(block_k, n_k - j0)
-        k_tile = k[kv, j0 : j0 + nb]
-        # the weights P overwrite the scores S in place: one tile of scratch, which
-        # stays in the core's L2 cache with the K and V tiles
-        st = s_flat[: mb * nb].reshape((mb, nb))
-        gemm(q_tile, k_tile, st, False, True, 0.0)
-        need_band = _needs_band(i0, mb, j0, nb, band)
-        _tile_terms(
-            st, st, bh, i0, j0, mask, mask_index, slopes, band, softcap, need_band, False, False
-        )
-        for r in range(mb):
-            row = st[r]
-            if key_mask:
-                key_bias = mask[mask_index[bh], i0 + r if mask_rows else 0, j0 : j0 + nb]
-            else:
-                key_bias = row  # unused
-            shift = m[r]
-            if shift != -np.inf:
-                # one pass: the exponentials against the kept reference maximum
-                if key_mask:
-                    total = _exp2_shift_sum_masked(row, key_bias, like(shift, row))
-                else:
-                    total = exp2_shift_sum(row, like(shift, row))
-                if total <= REBASE_SUM:
-                    l[r] += total
-                    rebased = True
-                elif total <= REBASE_EXACT_SUM:
-                    # the reference maximum is e bits too low: scale the new weights,
-                    # the sum and the accumulator by 2**-e (exact, no weight saturated)
-                    e = math.frexp(total)[1]
-                    _scale_row(row, acc[r], math.ldexp(1.0, -e))
-                    l[r] = math.ldexp(l[r] + total, -e)
-                    m[r] = shift + e
-                    rebased = True
-                else:
-                    # weights may have saturated at 2**127 (2**1023): score the row
-                    # again and rebase it on its maximum below
-                    _score_row(
-                        q_tile,
-                        k_tile,
-                        st,
-                        r,
-                        bh,
-                        i0,
-                        j0,
-                        mask,
-                        mask_index,
-                        slopes,
-                        band,
-                        softcap,
-                    )
-                    rebased = False
-                if rebased:
-                    if use_dropout:
-                        counter0 = _row_counter(dropout, bh, i0 + r, j0)
-                        _drop_row(row, like(1.0, row), seed, threshold, counter0)
-                    continue
-            # the row's first admissible tile, or a saturated jump: rebase on the maximum
-            if key_mask:
-                _add_row(row, key_bias)
-            top = np.float64(row_max(row))
-            if top == -np.inf:  # nothing admissible yet (shift is -inf too)
-                row[:] = 0.0
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
+def forward_items(counter, q, k, v, kv_index, bias, band, score, dropout, tiles, out, lse):
+    """The work items that ``counter`` hands this thread (query tile outer, slice inner:
+    consecutive items read one mask block, shared by the heads of a batch entry, while
+    it is still in cache): their rows of ``out`` and ``lse``."""
+    n_bh, n_q, _ = q.shape
+    n_qt = (n_q + tiles.block_q - 1) // tiles.block_q
+    while True:
+        item = next_item(counter)
+        if item >= n_bh * n_qt:
+            return
+        bh = np.int64(item % n_bh)
+        qt = np.int64(_tile_order(item // n_bh, n_qt))
+        mask, mask_index, mask_live, slopes = bias
+        softcap = score.softcap
+        keep_scale = dropout.keep_scale
+        block_q, block_k = tiles.block_q, tiles.block_k
+        n_q = q.shape[1]
+        n_k = k.shape[1]
+        d_v = v.shape[2]
+        offset, left, right = band
+        seed, threshold = dropout.seed, dropout.threshold
+        use_dropout = threshold > 0
+        key_mask = mask.shape[0] > 0 and mask.shape[2] > 1  # fused into the exponential pass
+        mask_rows = mask.shape[1] > 1
+        i0 = qt * block_q
+        mb = min(block_q, n_q - i0)
+        kv = kv_index[bh]
+        s_flat = np.empty(mb * block_k, dtype=q.dtype)
+        acc = np.zeros((mb, d_v), dtype=q.dtype)
+        m = np.full(mb, -np.inf)
+        l = np.zeros(mb)
+        q_tile = q[bh, i0 : i0 + mb]
+        j_first = max(i0 + offset - left, 0)
+        j_last = min(i0 + mb - 1 + offset + right, n_k - 1)
+        kt_first = j_first // block_k
+        kt_last = j_last // block_k if j_last >= j_first else kt_first - 1
+        for kt in range(kt_first, kt_last + 1):
+            if not _tile_is_live(mask, mask_index, mask_live, bh, qt, kt):
                 continue
-            rescale = np.exp2(shift - top)
-            l[r] = l[r] * rescale + exp2_shift_sum(row, like(top, row))
-            if rescale != 1.0:
-                factor = like(rescale, acc)
-                acc_row = acc[r]
+            j0 = kt * block_k
+            nb = min(block_k, n_k - j0)
+            k_tile = k[kv, j0 : j0 + nb]
+            # the weights P overwrite the scores S in place: one tile of scratch, which
+            # stays in the core's L2 cache with the K and V tiles
+            st = s_flat[: mb * nb].reshape((mb, nb))
+            gemm(q_tile, k_tile, st, False, True, 0.0)
+            need_band = _needs_band(i0, mb, j0, nb, band)
+            _tile_terms(
+                st, st, bh, i0, j0, mask, mask_index, slopes, band, softcap, need_band, False, False
+            )
+            for r in range(mb):
+                row = st[r]
+                if key_mask:
+                    key_bias = mask[mask_index[bh], i0 + r if mask_rows else 0, j0 : j0 + nb]
+                else:
+                    key_bias = row  # unused
+                shift = m[r]
+                if shift != -np.inf:
+                    # one pass: the exponentials against the kept reference maximum
+                    if key_mask:
+                        total = _exp2_shift_sum_masked(row, key_bias, like(shift, row))
+                    else:
+                        total = exp2_shift_sum(row, like(shift, row))
+                    if total <= REBASE_SUM:
+                        l[r] += total
+                        rebased = True
+                    elif total <= REBASE_EXACT_SUM:
+                        # the reference maximum is e bits too low: scale the new weights,
+                        # the sum and the accumulator by 2**-e (exact, no weight saturated)
+                        e = math.frexp(total)[1]
+                        _scale_row(row, acc[r], math.ldexp(1.0, -e))
+                        l[r] = math.ldexp(l[r] + total, -e)
+                        m[r] = shift + e
+                        rebased = True
+                    else:
+                        # weights may have saturated at 2**127 (2**1023): score the row
+                        # again and rebase it on its maximum below
+                        _score_row(
+                            q_tile,
+                            k_tile,
+                            st,
+                            r,
+                            bh,
+                            i0,
+                            j0,
+                            mask,
+                            mask_index,
+                            slopes,
+                            band,
+                            softcap,
+                        )
+                        rebased = False
+                    if rebased:
+                        if use_dropout:
+                            counter0 = _row_counter(dropout, bh, i0 + r, j0)
+                            _drop_row(row, like(1.0, row), seed, threshold, counter0)
+                        continue
+                # the row's first admissible tile, or a saturated jump: rebase on the maximum
+                if key_mask:
+                    _add_row(row, key_bias)
+                top = np.float64(row_max(row))
+                if top == -np.inf:  # nothing admissible yet (shift is -inf too)
+                    row[:] = 0.0
+                    continue
+                rescale = np.exp2(shift - top)
+                l[r] = l[r] * rescale + exp2_shift_sum(row, like(top, row))
+                if rescale != 1.0:
+                    factor = like(rescale, acc)
+                    acc_row = acc[r]
+                    for c in range(d_v):
+                        acc_row[c] *= factor
+                m[r] = top
+                if use_dropout:
+                    counter0 = _row_counter(dropout, bh, i0 + r, j0)
+                    _drop_row(row, like(1.0, row), seed, threshold, counter0)
+            gemm(st, v[kv, j0 : j0 + nb], acc, False, False, 1.0)
+        for r in range(mb):
+            if l[r] > 0.0:
+                inv = like(keep_scale / l[r], acc)
                 for c in range(d_v):
-                    acc_row[c] *= factor
-            m[r] = top
-            if use_dropout:
-                counter0 = _row_counter(dropout, bh, i0 + r, j0)
-                _drop_row(row, like(1.0, row), seed, threshold, counter0)
-        gemm(st, v[kv, j0 : j0 + nb], acc, False, False, 1.0)
-    for r in range(mb):
-        if l[r] > 0.0:
-            inv = like(keep_scale / l[r], acc)
-            for c in range(d_v):
-                out[bh, i0 + r, c] = acc[r, c] * inv
-            lse[bh, i0 + r] = m[r] * LN2 + np.log(l[r])
-        else:
-            out[bh, i0 + r, :] = 0.0
-            lse[bh, i0 + r] = -np.inf
+                    out[bh, i0 + r, c] = acc[r, c] * inv
+                lse[bh, i0 + r] = m[r] * LN2 + np.log(l[r])
+            else:
+                out[bh, i0 + r, :] = 0.0
+                lse[bh, i0 + r] = -np.inf
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
@@ -595,6 +604,24 @@ def backward_rows(out, dout, lse):
 
 
 @njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
+def sum_groups(part, scale):
+    """``scale * part.sum(axis=0)`` for ``part`` (G, BH, L, E), the per-group dQ buffers
+    of a backward pass, in ``part``'s dtype and group order: the last pass of
+    :func:`flash_backward` and of the programmable kernels' backward."""
+    n_groups, n_bh, n_q, d = part.shape
+    factor = like(scale, part)
+    dq = np.empty((n_bh, n_q, d), dtype=part.dtype)
+    for row in prange(n_bh * n_q):
+        bh = row // n_q
+        i = row % n_q
+        for c in range(d):
+            total = part[0, bh, i, c]
+            for g in range(1, n_groups):
+                total += part[g, bh, i, c]
+            dq[bh, i, c] = total * factor
+    return dq
+
+
 def flash_backward(q, k, v, out, lse, dout, kv_index, bias, band, score, dropout, tiles):
     """Blocked attention backward; returns ``(dq, dk, dv)`` in the input dtype.
 
@@ -602,64 +629,41 @@ def flash_backward(q, k, v, out, lse, dout, kv_index, bias, band, score, dropout
     summed over the query slices that share them. ``q`` is q_user * scale *
     log2(e) as in the forward, so dK = ln 2 dS^T q and dQ = scale dS K
     (``score.scale``). ``lse`` (BH, L) in natural units (float64).
-    ``tiles.n_groups`` key-tile groups per key/value slice run in parallel,
-    each with its own dQ buffer; ``bias.mask_live`` must come from the
-    backward's tile sizes. See the module docstring for the other arguments.
+    ``tiles.n_groups`` key-tile groups per key/value slice are the work items
+    (:func:`nbattn.kernels.items.run_items`), each with its own dQ buffer
+    (summed in group order by :func:`sum_groups`); ``bias.mask_live`` must come
+    from the backward's tile sizes. See the module docstring for the other arguments.
     """
-    n_groups = tiles.n_groups
     n_bh, n_q, d = q.shape
     n_kv, n_k, _ = k.shape
-    d_v = v.shape[2]
-    dtype = q.dtype
     delta, lse_t = backward_rows(out, dout, lse)
-    dq_part = np.zeros((n_groups, n_bh, n_q, d), dtype=dtype)
-    dk = np.empty((n_kv, n_k, d), dtype=dtype)
-    dv = np.empty((n_kv, n_k, d_v), dtype=dtype)
-    for item in prange(n_kv * n_groups):
-        _backward_item(
-            q,
-            k,
-            v,
-            dout,
-            kv_index,
-            bias,
-            band,
-            score,
-            dropout,
-            tiles,
-            np.int64(item // n_groups),
-            np.int64(item % n_groups),
-            delta,
-            lse_t,
-            dq_part,
-            dk,
-            dv,
-        )
-    factor = like(score.scale, q)
-    if n_groups == 1:
-        dq = dq_part[0]
-        for row in prange(n_bh * n_q):
-            bh = row // n_q
-            i = row % n_q
-            for c in range(d):
-                dq[bh, i, c] *= factor
-        return dq, dk, dv
-    dq = np.empty((n_bh, n_q, d), dtype=dtype)
-    for row in prange(n_bh * n_q):
-        bh = row // n_q
-        i = row % n_q
-        for c in range(d):
-            total = dq_part[0, bh, i, c]
-            for g in range(1, n_groups):
-                total += dq_part[g, bh, i, c]
-            dq[bh, i, c] = total * factor
-    return dq, dk, dv
+    dq_part = np.zeros((tiles.n_groups, n_bh, n_q, d), dtype=q.dtype)
+    dk = np.empty((n_kv, n_k, d), dtype=q.dtype)
+    dv = np.empty((n_kv, n_k, v.shape[2]), dtype=q.dtype)
+    run_items(
+        backward_items,
+        q,
+        k,
+        v,
+        dout,
+        kv_index,
+        bias,
+        band,
+        score,
+        dropout,
+        tiles,
+        delta,
+        lse_t,
+        dq_part,
+        dk,
+        dv,
+    )
+    return sum_groups(dq_part, score.scale), dk, dv
 
 
-# As in the forward, the parallel loop's body is a function of its own (a call per work
-# item: one key-tile group of one key/value slice).
-@njit(fastmath=config.FASTMATH, cache=config.CACHE)
-def _backward_item(
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
+def backward_items(
+    counter,
     q,
     k,
     v,
@@ -670,16 +674,15 @@ def _backward_item(
     score,
     dropout,
     tiles,
-    kv,
-    group,
     delta,
     lse_t,
     dq_part,
     dk,
     dv,
 ):
-    """Key-tile group ``group`` of key/value slice ``kv``: its rows of dk and dv, its dq
-    buffer ``dq_part[group]``."""
+    """The work items that ``counter`` hands this thread (key-tile group ``group`` of
+    key/value slice ``kv``): their rows of dk and dv, and the group's dq buffer
+    ``dq_part[group]``."""
     mask, mask_index, mask_live, slopes = bias
     softcap = score.softcap
     keep_scale = dropout.keep_scale
@@ -706,95 +709,104 @@ def _backward_item(
     one = like(1.0, q)
     drop_scale = like(keep_scale, q)
     sink = np.zeros(1, dtype=dtype)
-    for kt in range(group, n_kt, n_groups):
-        j0 = kt * block_k
-        nb = min(block_k, n_k - j0)
-        dk_acc[:nb] = 0.0
-        dv_acc[:nb] = 0.0
-        k_tile = k[kv, j0 : j0 + nb]
-        v_tile = v[kv, j0 : j0 + nb]
-        # K^T and V^T of the tile, once for every query tile that reads it: the score
-        # products Q K^T and dO V^T then run as A B (3 % faster than A B^T here)
-        k_tile_t = _transpose_into(k_tile, kt_flat)
-        v_tile_t = _transpose_into(v_tile, vt_flat)
-        i_first = max(j0 - offset - right, 0)
-        i_last = min(j0 + nb - 1 - offset + left, n_q - 1)
-        qt_first = i_first // block_q
-        qt_last = i_last // block_q if i_last >= i_first else qt_first - 1
-        for bh in range(n_bh):
-            if kv_index[bh] != kv:
-                continue
-            for qt in range(qt_first, qt_last + 1):
-                if not _tile_is_live(mask, mask_index, mask_live, bh, qt, kt):
+    n_items = dk.shape[0] * n_groups
+    while True:
+        item = next_item(counter)
+        if item >= n_items:
+            return
+        kv = np.int64(item // n_groups)
+        group = np.int64(item % n_groups)
+        for kt in range(group, n_kt, n_groups):
+            j0 = kt * block_k
+            nb = min(block_k, n_k - j0)
+            dk_acc[:nb] = 0.0
+            dv_acc[:nb] = 0.0
+            k_tile = k[kv, j0 : j0 + nb]
+            v_tile = v[kv, j0 : j0 + nb]
+            # K^T and V^T of the tile, once for every query tile that reads it: the score
+            # products Q K^T and dO V^T then run as A B (3 % faster than A B^T here)
+            k_tile_t = _transpose_into(k_tile, kt_flat)
+            v_tile_t = _transpose_into(v_tile, vt_flat)
+            i_first = max(j0 - offset - right, 0)
+            i_last = min(j0 + nb - 1 - offset + left, n_q - 1)
+            qt_first = i_first // block_q
+            qt_last = i_last // block_q if i_last >= i_first else qt_first - 1
+            for bh in range(n_bh):
+                if kv_index[bh] != kv:
                     continue
-                i0 = qt * block_q
-                mb = min(block_q, n_q - i0)
-                q_tile = q[bh, i0 : i0 + mb]
-                do_tile = dout[bh, i0 : i0 + mb]
-                st = s_flat[: mb * nb].reshape((mb, nb))
-                dpt = dp_flat[: mb * nb].reshape((mb, nb))
-                tht = th_flat[: mb * nb].reshape((mb, nb)) if use_cap else st
-                gemm(q_tile, k_tile_t, st, False, False, 0.0)
-                need_band = _needs_band(i0, mb, j0, nb, band)
-                _tile_terms(
-                    st,
-                    tht,
-                    bh,
-                    i0,
-                    j0,
-                    mask,
-                    mask_index,
-                    slopes,
-                    band,
-                    softcap,
-                    need_band,
-                    True,
-                    False,
-                )
-                p_sum = like(0.0, q)
-                for r in range(mb):
-                    row = st[r]
-                    shift = lse_t[bh, i0 + r]
-                    if shift == neg_inf:
-                        row[:] = 0.0
-                    elif key_mask:
-                        key_bias = mask[mask_index[bh], i0 + r if mask_rows else 0, j0 : j0 + nb]
-                        p_sum += _exp2_shift_sum_masked(row, key_bias, shift)
-                    else:
-                        # LLVM vectorises this loop only if its sum is used: kept in sink
-                        p_sum += exp2_shift_sum(row, shift)
-                sink[0] += p_sum
-                gemm(do_tile, v_tile_t, dpt, False, False, 0.0)
-                for r in range(mb):
-                    row = st[r]
-                    dp_row = dpt[r]
-                    di = delta[bh, i0 + r]
-                    if use_dropout:
-                        counter0 = _row_counter(dropout, bh, i0 + r, j0)
-                        for j in range(nb):
-                            if keep(seed, counter0 + np.uint64(j), threshold):
-                                dp_row[j] = row[j] * (dp_row[j] * drop_scale - di)
-                                row[j] = row[j] * drop_scale
-                            else:
-                                dp_row[j] = -row[j] * di
-                                row[j] = 0.0
-                    else:
-                        for j in range(nb):
-                            dp_row[j] = row[j] * (dp_row[j] - di)
-                    if use_cap:
-                        th_row = tht[r]
-                        for j in range(nb):
-                            dp_row[j] *= one - th_row[j] * th_row[j]
-                # the three products accumulate in place (beta = 1)
-                gemm(st, do_tile, dv_acc[:nb], True, False, 1.0)
-                gemm(dpt, k_tile, dq_part[group, bh, i0 : i0 + mb], False, False, 1.0)
-                gemm(dpt, q_tile, dk_acc[:nb], True, False, 1.0)
-        ln2 = like(LN2, q)
-        for j in range(nb):
-            for c in range(d):
-                dk[kv, j0 + j, c] = dk_acc[j, c] * ln2
-        # element by element, as everywhere in the kernels: an array-to-slice assignment
-        # compiles numba's shape-mismatch message (string formatting, ~6 s per kernel)
-        for j in range(nb):
-            for c in range(dv.shape[2]):
-                dv[kv, j0 + j, c] = dv_acc[j, c]
+                for qt in range(qt_first, qt_last + 1):
+                    if not _tile_is_live(mask, mask_index, mask_live, bh, qt, kt):
+                        continue
+                    i0 = qt * block_q
+                    mb = min(block_q, n_q - i0)
+                    q_tile = q[bh, i0 : i0 + mb]
+                    do_tile = dout[bh, i0 : i0 + mb]
+                    st = s_flat[: mb * nb].reshape((mb, nb))
+                    dpt = dp_flat[: mb * nb].reshape((mb, nb))
+                    tht = th_flat[: mb * nb].reshape((mb, nb)) if use_cap else st
+                    gemm(q_tile, k_tile_t, st, False, False, 0.0)
+                    need_band = _needs_band(i0, mb, j0, nb, band)
+                    _tile_terms(
+                        st,
+                        tht,
+                        bh,
+                        i0,
+                        j0,
+                        mask,
+                        mask_index,
+                        slopes,
+                        band,
+                        softcap,
+                        need_band,
+                        True,
+                        False,
+                    )
+                    p_sum = like(0.0, q)
+                    for r in range(mb):
+                        row = st[r]
+                        shift = lse_t[bh, i0 + r]
+                        if shift == neg_inf:
+                            row[:] = 0.0
+                        elif key_mask:
+                            key_bias = mask[
+                                mask_index[bh], i0 + r if mask_rows else 0, j0 : j0 + nb
+                            ]
+                            p_sum += _exp2_shift_sum_masked(row, key_bias, shift)
+                        else:
+                            # LLVM vectorises this loop only if its sum is used: kept in sink
+                            p_sum += exp2_shift_sum(row, shift)
+                    sink[0] += p_sum
+                    gemm(do_tile, v_tile_t, dpt, False, False, 0.0)
+                    for r in range(mb):
+                        row = st[r]
+                        dp_row = dpt[r]
+                        di = delta[bh, i0 + r]
+                        if use_dropout:
+                            counter0 = _row_counter(dropout, bh, i0 + r, j0)
+                            for j in range(nb):
+                                if keep(seed, counter0 + np.uint64(j), threshold):
+                                    dp_row[j] = row[j] * (dp_row[j] * drop_scale - di)
+                                    row[j] = row[j] * drop_scale
+                                else:
+                                    dp_row[j] = -row[j] * di
+                                    row[j] = 0.0
+                        else:
+                            for j in range(nb):
+                                dp_row[j] = row[j] * (dp_row[j] - di)
+                        if use_cap:
+                            th_row = tht[r]
+                            for j in range(nb):
+                                dp_row[j] *= one - th_row[j] * th_row[j]
+                    # the three products accumulate in place (beta = 1)
+                    gemm(st, do_tile, dv_acc[:nb], True, False, 1.0)
+                    gemm(dpt, k_tile, dq_part[group, bh, i0 : i0 + mb], False, False, 1.0)
+                    gemm(dpt, q_tile, dk_acc[:nb], True, False, 1.0)
+            ln2 = like(LN2, q)
+            for j in range(nb):
+                for c in range(d):
+                    dk[kv, j0 + j, c] = dk_acc[j, c] * ln2
+            # element by element, as everywhere in the kernels: an array-to-slice assignment
+            # compiles numba's shape-mismatch message (string formatting, ~6 s per kernel)
+            for j in range(nb):
+                for c in range(dv.shape[2]):
+                    dv[kv, j0 + j, c] = dv_acc[j, c]

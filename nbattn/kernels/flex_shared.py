@@ -6,9 +6,9 @@ The flex kernels are serial, compiled ``nogil``, and run their work items on
 Python threads (:mod:`nbattn.kernels.items`): a ``prange`` would add a parallel
 region to the compile of every new ``score_mod``.
 
-:func:`backward_rows` (``flash_backward``'s own first pass, from
-:mod:`nbattn.kernels.flash`) and :func:`sum_groups` are the backward's passes before and
-after its items, parallel kernels compiled once for every user function.
+:func:`backward_rows` and :func:`sum_groups` (``flash_backward``'s own first and last
+passes, from :mod:`nbattn.kernels.flash`) are the backward's passes before and after its
+items, parallel kernels compiled once for every user function.
 """
 
 from __future__ import annotations
@@ -16,35 +16,15 @@ from __future__ import annotations
 import cmath
 
 import numpy as np
-from numba import njit, prange, types
+from numba import types
 from numba.extending import overload
 
 from .. import config
 from .._core.numeric import LOG2E
-from .fastmath import like
-from .flash import backward_rows, exp2  # backward_rows: flash's, shared
+from .flash import backward_rows, exp2, sum_groups  # flash's passes, shared
 from .items import next_item, run_items
 
 __all__ = ["backward_rows", "next_item", "run_items", "sum_groups", "tanh"]
-
-
-@njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
-def sum_groups(part, scale):
-    """``scale * part.sum(axis=0)`` for ``part`` (G, BH, L, E), the per-group dQ buffers
-    of a backward pass, in ``part``'s dtype and group order (compiled once, as
-    :func:`backward_rows`)."""
-    n_groups, n_bh, n_q, d = part.shape
-    factor = like(scale, part)
-    dq = np.empty((n_bh, n_q, d), dtype=part.dtype)
-    for row in prange(n_bh * n_q):
-        bh = row // n_q
-        i = row % n_q
-        for c in range(d):
-            total = part[0, bh, i, c]
-            for g in range(1, n_groups):
-                total += part[g, bh, i, c]
-            dq[bh, i, c] = total * factor
-    return dq
 
 
 def tanh(x):

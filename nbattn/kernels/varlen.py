@@ -18,13 +18,11 @@ worker w's items), and the parallel loop runs over the workers: the threads
 get about equal work whatever the mix of lengths, without a scheduler call
 per item (numba's ``parallel_chunksize(1)`` cost 5-10x the work here).
 
-The flash kernels are ``parallel=True``; nested inside this loop they would
-launch a parallel region per item. ``flash_forward_serial`` and
-``flash_backward_serial`` are the same Python functions compiled without
-``parallel`` (their ``prange`` runs as ``range``), under their own names so
-that numba's on-disk cache keeps them apart from the parallel ones. (numba's
-cache does not notice when ``kernels/flash.py`` changes under a cached caller
-here: delete ``nbattn/kernels/__pycache__`` after editing it.)
+Inside this loop each call runs all of a flash kernel's work items
+(``nbattn.kernels.flash.forward_items``, ``backward_items``) on the
+worker's thread, from a counter of its own. (numba's cache does not notice
+when ``kernels/flash.py`` changes under a cached caller here: delete
+``nbattn/kernels/__pycache__`` after editing it.)
 
 Argument conventions are the flash kernels' (see ``nbattn.kernels.flash``
 and the groups of ``nbattn._core.attn_groups``): q times scale * log2(e),
@@ -40,27 +38,56 @@ cu_k[s] on a slice of one query slice. There is no mask and no ALiBi.
 
 from __future__ import annotations
 
-import types
-
 import numpy as np
 from numba import njit, prange
 
 from .. import config
 from .._core.attn_groups import Band, Bias, Dropout
-from .flash import flash_backward, flash_forward
+from .flash import backward_items, backward_rows, forward_items, sum_groups
 
 
-def _serial_twin(kernel, name):
-    """``kernel``'s Python function compiled without ``parallel``, cached under ``name``."""
-    py = kernel.py_func
-    twin = types.FunctionType(py.__code__, py.__globals__, name, py.__defaults__, py.__closure__)
-    twin.__qualname__ = name
-    twin.__doc__ = f"``{py.__name__}`` on one thread (to be called from a parallel loop)."
-    return njit(fastmath=config.FASTMATH, cache=config.CACHE)(twin)
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _forward_on_one_thread(q, k, v, kv_index, bias, band, score, dropout, tiles):
+    """``flash_forward`` on the calling thread: all of its work items, from a counter of
+    this call's own (inside the parallel loop over workers)."""
+    n_bh, n_q, _ = q.shape
+    out = np.empty((n_bh, n_q, v.shape[2]), dtype=q.dtype)
+    lse = np.empty((n_bh, n_q))
+    counter = np.zeros(1, dtype=np.int64)
+    forward_items(counter, q, k, v, kv_index, bias, band, score, dropout, tiles, out, lse)
+    return out, lse
 
 
-flash_forward_serial = _serial_twin(flash_forward, "flash_forward_serial")
-flash_backward_serial = _serial_twin(flash_backward, "flash_backward_serial")
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _backward_on_one_thread(q, k, v, out, lse, dout, kv_index, bias, band, score, dropout, tiles):
+    """``flash_backward`` on the calling thread (its row pass and group sum are parallel
+    kernels: inside the loop over workers numba runs them on that worker's thread)."""
+    n_bh, n_q, d = q.shape
+    n_kv, n_k, _ = k.shape
+    delta, lse_t = backward_rows(out, dout, lse)
+    dq_part = np.zeros((tiles.n_groups, n_bh, n_q, d), dtype=q.dtype)
+    dk = np.empty((n_kv, n_k, d), dtype=q.dtype)
+    dv = np.empty((n_kv, n_k, v.shape[2]), dtype=q.dtype)
+    counter = np.zeros(1, dtype=np.int64)
+    backward_items(
+        counter,
+        q,
+        k,
+        v,
+        dout,
+        kv_index,
+        bias,
+        band,
+        score,
+        dropout,
+        tiles,
+        delta,
+        lse_t,
+        dq_part,
+        dk,
+        dv,
+    )
+    return sum_groups(dq_part, score.scale), dk, dv
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
@@ -112,7 +139,7 @@ def varlen_forward(q, k, v, kv_index, packing, work, score, dropout, tiles):
             s, bh, i0, i1 = items[t, 0], items[t, 1], items[t, 2], items[t, 3]
             a_q, a_k, b_k = cu_q[s], cu_k[s], cu_k[s + 1]
             kv = kv_index[bh]
-            o, l_ = flash_forward_serial(
+            o, l_ = _forward_on_one_thread(
                 q[bh, a_q + i0 : a_q + i1].reshape((1, i1 - i0, d)),
                 k[kv, a_k:b_k].reshape((1, b_k - a_k, d)),
                 v[kv, a_k:b_k].reshape((1, b_k - a_k, d_v)),
@@ -166,7 +193,7 @@ def varlen_backward(q, k, v, out, lse, dout, kv_index, packing, work, score, dro
             for bh in range(n_bh):
                 if kv_index[bh] != kv:
                     continue
-                g_q, g_k, g_v = flash_backward_serial(
+                g_q, g_k, g_v = _backward_on_one_thread(
                     q[bh, a_q:b_q].reshape((1, n_q, d)),
                     ks,
                     vs,
