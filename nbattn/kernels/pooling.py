@@ -95,6 +95,7 @@ from numba.extending import overload
 
 from .. import config
 from .fastmath import fast_exp, like
+from .items import next_item, run_items
 from .softmax import exp_shift_sum, row_max
 
 # Compile-time constants (read from config when this module is imported).
@@ -574,7 +575,6 @@ def store_row(out, lse, i, running_max, running_sum, acc, exponents):
         lse[i] = -np.inf
 
 
-@njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
 def gaussian_pool(queries, keys_t, values_t, exclude_self, self_offset=0):
     """Streaming Gaussian attention pooling; returns ``(out, lse)``.
 
@@ -585,59 +585,68 @@ def gaussian_pool(queries, keys_t, values_t, exclude_self, self_offset=0):
     Each row is one fused pass where its weights allow it (``pool_row_one_pass``),
     else the max-shifted online softmax and the far-row paths of ``pool_row``;
     a row after one that failed the one-pass bound goes to ``pool_row`` directly.
+    The chunks of queries are the work items of :func:`nbattn.kernels.items.run_items`.
     """
-    n_queries = queries.shape[0]
-    n_outputs = values_t.shape[0]
-    dtype = queries.dtype
-    exponents = value_scales(values_t)
-    values_s = scaled_values(values_t, exponents)
-    out = np.zeros((n_queries, n_outputs), dtype=dtype)
-    lse = np.empty(n_queries, dtype=np.float64)
-    n_chunks = (n_queries + _QUERY_BLOCK - 1) // _QUERY_BLOCK
-    log_min_sum = np.log(one_pass_min_sum(keys_t.shape[1], queries))
-    for chunk in prange(n_chunks):
-        _pool_chunk(
-            queries,
-            keys_t,
-            values_s,
-            exclude_self,
-            self_offset,
-            exponents,
-            log_min_sum,
-            np.int64(chunk),
-            out,
-            lse,
-        )
+    exponents, values_s, log_min_sum, out, lse = _pool_setup(queries, keys_t, values_t)
+    run_items(
+        _pool_items,
+        queries,
+        keys_t,
+        values_s,
+        bool(exclude_self),
+        np.int64(self_offset),
+        exponents,
+        log_min_sum,
+        out,
+        lse,
+    )
     return out, lse
 
 
-# The body of the parallel loop is a function of its own, called once per chunk of queries:
-# numba's parallel passes copy and rewrite every statement of a loop body (most of the
-# kernel's compile time); a call costs them nothing, and nothing measurable at run time.
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
-def _pool_chunk(
-    queries, keys_t, values_s, exclude_self, self_offset, exponents, log_min_sum, chunk, out, lse
+def _pool_setup(queries, keys_t, values_t):
+    """``(exponents, values_s, log_min_sum, out, lse)``: the values' power-of-two scales
+    and the scaled values, the one-pass bound, and the outputs that :func:`_pool_items`
+    fills."""
+    exponents = value_scales(values_t)
+    values_s = scaled_values(values_t, exponents)
+    n_queries = queries.shape[0]
+    out = np.zeros((n_queries, values_t.shape[0]), dtype=queries.dtype)
+    lse = np.empty(n_queries, dtype=np.float64)
+    log_min_sum = np.log(one_pass_min_sum(keys_t.shape[1], queries))
+    return exponents, values_s, log_min_sum, out, lse
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
+def _pool_items(
+    counter, queries, keys_t, values_s, exclude_self, self_offset, exponents, log_min_sum, out, lse
 ):
-    """The queries of chunk ``chunk``: their rows of ``out`` and ``lse``."""
+    """The chunks of queries that ``counter`` hands this thread: their rows of ``out`` and
+    ``lse``."""
     n_queries = queries.shape[0]
     n_outputs = values_s.shape[0]
     dtype = queries.dtype
     scores = np.empty(_KEY_BLOCK, dtype=dtype)
     acc = np.empty(n_outputs, dtype=np.float64)
-    stop = min(n_queries, (chunk + 1) * _QUERY_BLOCK)
-    try_one_pass = True
-    for i in range(chunk * _QUERY_BLOCK, stop):
-        own = i + self_offset if exclude_self else -1
-        if try_one_pass:
-            running_max, running_sum = pool_row_one_pass(
-                queries[i], keys_t, values_s, own, scores, acc
-            )
-        else:
-            running_max, running_sum = pool_row(queries[i], keys_t, values_s, own, scores, acc)
-        # Neighbouring queries tend to be alike: after a row whose unshifted sum
-        # would have failed the bound, the next row starts with the shifted path.
-        try_one_pass = running_sum > 0.0 and running_max + np.log(running_sum) >= log_min_sum
-        store_row(out, lse, i, running_max, running_sum, acc, exponents)
+    n_chunks = (n_queries + _QUERY_BLOCK - 1) // _QUERY_BLOCK
+    while True:
+        chunk = next_item(counter)
+        if chunk >= n_chunks:
+            return
+        stop = min(n_queries, (chunk + 1) * _QUERY_BLOCK)
+        try_one_pass = True
+        for i in range(chunk * _QUERY_BLOCK, stop):
+            own = i + self_offset if exclude_self else -1
+            if try_one_pass:
+                running_max, running_sum = pool_row_one_pass(
+                    queries[i], keys_t, values_s, own, scores, acc
+                )
+            else:
+                running_max, running_sum = pool_row(queries[i], keys_t, values_s, own, scores, acc)
+            # Neighbouring queries tend to be alike: after a row whose unshifted sum
+            # would have failed the bound, the next row starts with the shifted path.
+            try_one_pass = running_sum > 0.0 and running_max + np.log(running_sum) >= log_min_sum
+            store_row(out, lse, i, running_max, running_sum, acc, exponents)
 
 
 @njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
