@@ -284,7 +284,7 @@ def flash_decode(
     With ``score_mod`` / ``mask_mod`` (programmable attention, as in
     :func:`nbattn.flash_attention`) the indices they see are positions in the
     sequence: q_idx = p, the position the query has in a full causal forward,
-    and kv_idx = j, the cache position:
+    and kv_idx = j, the cache position::
 
         s_ij = score_mod(scale * q_i . k_j, b, h, p, j, *mod_args)
         s_ij = -inf  where not mask_mod(b, h, p, j, *mod_args)

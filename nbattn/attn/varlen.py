@@ -294,7 +294,7 @@ def flash_attention_varlen(
 
     With ``score_mod`` / ``mask_mod`` (programmable attention, as in
     :func:`nbattn.flash_attention` and PyTorch's FlexAttention on a jagged batch),
-    for query i and key j of sequence s, both counted from the sequence's start:
+    for query i and key j of sequence s, both counted from the sequence's start::
 
         s_ij = score_mod(scale q_i . k_j, s, h, i, j, *mod_args)
         s_ij = -inf  where not mask_mod(s, h, i, j, *mod_args)
