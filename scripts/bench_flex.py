@@ -14,6 +14,10 @@ At B1 H8 N D64 float32, on the threads numba is given (torch gets as many):
   boolean mask (``flash_attention(mask=...)``);
 * forward + backward with an ALiBi score_mod (complex-step derivative) vs SDPA
   forward + backward with the equivalent dense float mask;
+* packed sequences (4 of N/4, causal + the flex_tanh softcap score_mod):
+  ``flash_attention_varlen`` vs ``flash_attention`` on the padded batch, same
+  functions; and one decoding step (1 query over N cached keys) with the
+  softcap as a score_mod vs the ``softcap=`` keyword of ``flash_decode``;
 * compile time of a new score_mod specialisation (forward; forward + backward),
   each in a fresh process with an empty flex cache directory.
 
@@ -67,6 +71,36 @@ def best(fn, repeat=5):
         fn()
         times.append(time.perf_counter() - t)
     return min(times)
+
+
+def packed_and_decode(q, k, v):
+    """The varlen and decoding paths with the softcap score_mod, against their peers in
+    nbattn (q, k, v of shape (1, H, N, D))."""
+    _, h, n, d = q.shape
+    n_seq = 4
+    length = n // n_seq
+    cu = np.arange(n_seq + 1) * length
+    packed = [a[0, :, : n_seq * length] for a in (q, k, v)]
+    padded = [np.ascontiguousarray(a.reshape(h, n_seq, length, d).swapaxes(0, 1)) for a in packed]
+    varlen = best(
+        lambda: nbattn.flash_attention_varlen(*packed, cu, cu, causal=True, score_mod=softcap)
+    )
+    pad = best(lambda: nbattn.flash_attention(*padded, causal=True, score_mod=softcap))
+    print(
+        f"packed sequences ({n_seq} of {length}), causal + softcap score_mod: "
+        f"flash_attention_varlen {varlen * 1e3:.1f} ms, padded flash_attention "
+        f"{pad * 1e3:.1f} ms: varlen {pad / varlen:.2f}x"
+    )
+    k_cache, v_cache = np.ascontiguousarray(k), np.ascontiguousarray(v)
+    lengths = np.array([n])
+    step = (q[:, :, -1:], k_cache, v_cache, lengths)
+    mod = best(lambda: nbattn.flash_decode(*step, score_mod=softcap))
+    keyword = best(lambda: nbattn.flash_decode(*step, softcap=30.0))
+    print(
+        f"decoding step (1 query, {n} cached keys, H{h}), softcap: score_mod "
+        f"{mod * 1e3:.2f} ms, softcap= keyword {keyword * 1e3:.2f} ms: score_mod "
+        f"{keyword / mod:.2f}x"
+    )
 
 
 _COMPILE = textwrap.dedent(
@@ -218,6 +252,9 @@ def main():
         f"forward+backward ALiBi score_mod: nbattn {nb_fb * 1e3:.0f} ms, SDPA with the dense "
         f"float mask {t_fb * 1e3:.0f} ms: {t_fb / nb_fb:.2f}x (target >= 1)"
     )
+
+    # ---------------------------------------------------------------- varlen and decoding
+    packed_and_decode(q, k, v)
 
     # ---------------------------------------------------------------- compile time
     if not ns.skip_compile:

@@ -23,6 +23,8 @@ from collections import namedtuple
 import numpy as np
 
 __all__ = [
+    "FLEX_BACKWARD_ITEM",
+    "FLEX_FORWARD_ITEM",
     "NO_DROPOUT",
     "Band",
     "Bias",
@@ -147,3 +149,32 @@ class DecodeWindow(namedtuple("DecodeWindow", ["causal", "left", "right"])):
 
     def __new__(cls, causal, left, right):
         return super().__new__(cls, bool(causal), int(left), int(right))
+
+
+def _int64_fields(*names):
+    return np.dtype([(name, np.int64) for name in names])
+
+
+#: A work item of the programmable (flex) forward kernel, one record per item: ``rows``
+#: queries of query slice ``bh`` (rows ``row0 ..`` of q, out and lse; ``q_idx`` from
+#: ``i0``) against the keys ``k_lo <= kv_idx < k_hi`` of key/value slice ``kv`` (kv_idx
+#: at row ``k_row0 + kv_idx`` of k and v; key tiles start at ``k_lo``), written to slice
+#: ``out`` of out and lse. ``b`` and ``h`` are the user functions' b and h, ``qt`` the
+#: query tile in a block mask's table, (``offset``, ``left``, ``right``) the band in
+#: q_idx / kv_idx units (see ``Band``). One table serves a padded batch (``row0`` =
+#: ``i0``), packed sequences (rows and keys from each sequence's offsets, indices from
+#: its start) and decoding (``i0`` the query's position, ``k_lo``..``k_hi`` a chunk of
+#: the cache, ``out`` the chunk's slice).
+FLEX_FORWARD_ITEM = _int64_fields(
+    "bh", "kv", "out", "b", "h", "qt", "i0", "row0", "rows",
+    "k_row0", "k_lo", "k_hi", "offset", "left", "right",
+)  # fmt: skip
+
+#: A work item of the programmable (flex) backward kernel: key-tile group ``group`` of
+#: key/value slice ``kv`` in one sequence of ``n_q`` queries (rows ``q_row0 ..`` of q)
+#: and ``n_k`` keys (rows ``k_row0 ..`` of k), indices from the sequence's start; the
+#: user functions' b is ``b0 + bh // n_heads`` (``b0`` = 0 for a padded batch, the
+#: sequence for packed ones); the band as in :data:`FLEX_FORWARD_ITEM`.
+FLEX_BACKWARD_ITEM = _int64_fields(
+    "kv", "group", "b0", "q_row0", "n_q", "k_row0", "n_k", "offset", "left", "right"
+)

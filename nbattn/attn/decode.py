@@ -16,6 +16,14 @@ threads (split-KV, ``nbattn.kernels.decode``) and the chunk results merged
 with the one log-sum-exp merge (``nbattn.kernels.softmax.merge_states``), so
 one query over a long cache uses every core.
 
+With ``score_mod`` / ``mask_mod`` (programmable attention, as in
+:func:`nbattn.flash_attention`) a query's ``q_idx`` is its position in its
+sequence and ``kv_idx`` the cache position, so a step gives the last rows of
+:func:`nbattn.flash_attention` with the same functions over the whole
+sequence. The flex kernels then run over (query head, query tile, chunk of
+keys) items of the same item table as a padded batch, and the chunks are
+merged as above.
+
 :func:`flash_decode` is the functional form (it writes into the caches you
 pass and leaves ``cache_seqlens`` to you); :class:`KVCache` owns the arrays
 and the lengths, grows when full, and is what
@@ -24,11 +32,13 @@ and the lengths, grows when full, and is what
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from .. import config
-from .._core.attn_groups import DecodeWindow, KeySplit
-from .._core.threads import serial_below
+from .._core.attn_groups import FLEX_FORWARD_ITEM, DecodeWindow, KeySplit
+from .._core.threads import blas_one_thread, serial_below
 from .._core.validation import (
     as_float_array,
     check_bool,
@@ -39,7 +49,15 @@ from .._core.validation import (
 )
 from ..dispatch.device import device_for, kernels_for
 from ..dispatch.transfer import multiprocessors, to_host
-from .flash_args import check_keywords, decode_window, scales_for
+from .flash_args import (
+    FLASH_WEIGHT_BOUND,
+    band,
+    check_keywords,
+    decode_window,
+    flash_tiles,
+    scales_for,
+)
+from .flex import check_mods, check_on_cpu, item_table, run_forward, uses_flex
 from .lengths import as_lengths
 
 __all__ = ["KVCache", "flash_decode"]
@@ -153,6 +171,82 @@ def _merge_chunks(part_out, part_lse):
     return outs[0], lses[0]
 
 
+# --------------------------------------------------------------------------- programmable
+def _flex_step(q, k_cache, v_read, key_range, kw, scale, mods, dtype):
+    """``(out, lse)`` of a step with score_mod / mask_mod, rows (b, h, i) as the split-KV
+    kernel's: the flex kernels over (query slice, query tile, chunk of keys) items, with
+    q_idx = totals[b] - L + i (the query's position) and kv_idx the cache position, so
+    that the band is the top-left one of positions; the chunk states merged as above.
+    A chunk state that is NaN (score_mod's NaN or +inf) makes its row NaN."""
+    import numba
+
+    totals, starts, ends = key_range
+    n_b, n_h, n_q, d = q.shape
+    n_hkv, s_max, d_v = k_cache.shape[1], k_cache.shape[2], v_read.shape[3]
+    n_bh = n_b * n_h
+    qf = (q * dtype(scale)).reshape(n_bh, n_q, d)
+    kf = k_cache.reshape(n_b * n_hkv, s_max, d)
+    vf = v_read.reshape(n_b * n_hkv, s_max, d_v)
+    offset, left, right = positions = band(replace(kw, causal_alignment="top_left"), s_max, s_max)
+    spans = ends - starts
+    longest = int(spans.max())
+    tiles = flash_tiles(longest, positions, backward=False)
+    n_qt = -(-n_q // tiles.block_q)
+    work = n_bh * n_q * longest * (d + d_v)
+    with blas_one_thread(), serial_below(work, config.FLASH_SERIAL_WORK):
+        n_splits = _n_splits(n_bh * n_qt, longest, numba.get_num_threads())
+        chunks = np.maximum(-(-spans // n_splits), 1)
+        grid = np.meshgrid(np.arange(n_bh), np.arange(n_qt), np.arange(n_splits), indexing="ij")
+        bh, qt, split = (axis.ravel() for axis in grid)
+        b = bh // n_h
+        k_lo = starts[b] + split * chunks[b]
+        k_hi = np.minimum(ends[b], k_lo + chunks[b])
+        busy = k_hi > k_lo
+        bh, qt, split, b, k_lo, k_hi = (a[busy] for a in (bh, qt, split, b, k_lo, k_hi))
+        row0 = qt * tiles.block_q
+        table = item_table(
+            FLEX_FORWARD_ITEM,
+            bh=bh,
+            kv=b * n_hkv + (bh % n_h) // (n_h // n_hkv),
+            out=split * n_bh + bh,
+            b=b,
+            h=bh % n_h,
+            qt=qt,
+            i0=totals[b] - n_q + row0,
+            row0=row0,
+            rows=np.minimum(tiles.block_q, n_q - row0),
+            k_row0=0,
+            k_lo=k_lo,
+            k_hi=k_hi,
+            offset=offset,
+            left=left,
+            right=right,
+        )
+        part_out, part_lse = run_forward(qf, kf, vf, table, n_splits * n_bh, tiles, mods, dtype)
+    part_out = part_out.reshape(n_splits, n_bh * n_q, d_v).astype(np.float64)
+    part_lse = part_lse.reshape(n_splits, n_bh * n_q)
+    poisoned = np.isnan(part_lse).any(axis=0)
+    out, lse = _merge_chunks(part_out, np.where(np.isnan(part_lse), -np.inf, part_lse))
+    out[poisoned] = np.nan
+    lse[poisoned] = np.nan
+    return out, lse
+
+
+def _check_query_positions(mods, kw, totals, n_q):
+    """A query before its sequence's first position (possible when L exceeds
+    cache_seqlens + n_new) has no q_idx: refused unless causal, which gives it no key."""
+    if mods is None or kw.causal:
+        return
+    short = np.flatnonzero((totals > 0) & (totals < n_q))
+    if short.size:
+        b = int(short[0])
+        raise ValueError(
+            f"score_mod and mask_mod with causal=False need at least L = {n_q} keys in every "
+            f"batch row that has keys: batch row {b} has {totals[b]} (cache_seqlens + n_new), "
+            "so its first queries would come before the sequence's first position"
+        )
+
+
 # --------------------------------------------------------------------------- functional
 def flash_decode(
     q,
@@ -168,6 +262,11 @@ def flash_decode(
     softcap=None,
     enable_gqa=False,
     device="cpu",
+    *,
+    score_mod=None,
+    mask_mod=None,
+    block_mask=None,
+    mod_args=(),
 ):
     """One decoding step: append new keys/values to the caches in place, then attend.
 
@@ -181,6 +280,19 @@ def flash_decode(
     over the keys j <= p (``causal``) and p - left <= j <= p + right
     (``window``). A query with no admissible key (an empty row, or a query
     before the first key) gets zeros and lse = -inf.
+
+    With ``score_mod`` / ``mask_mod`` (programmable attention, as in
+    :func:`nbattn.flash_attention`) the indices they see are positions in the
+    sequence: q_idx = p, the position the query has in a full causal forward,
+    and kv_idx = j, the cache position::
+
+        s_ij = score_mod(scale * q_i . k_j, b, h, p, j, *mod_args)
+        s_ij = -inf  where not mask_mod(b, h, p, j, *mod_args)
+
+    (b the batch row, h the query head), so the step equals the last L rows of
+    ``flash_attention(q_full, k[:T_b], v[:T_b], causal=causal,
+    causal_alignment="bottom_right", score_mod=..., mask_mod=...)`` over the
+    whole sequence.
 
     Parameters
     ----------
@@ -223,6 +335,24 @@ def flash_decode(
         "auto" picks a CUDA GPU when numba sees one). The caches are host
         arrays, written in place, and the results come back to the host on
         either device.
+    score_mod : function ``score_mod(score, b, h, q_idx, kv_idx, *mod_args) -> float``, optional
+        As in :func:`nbattn.flash_attention`, with q_idx the query's position
+        and kv_idx the cache position (above). It runs on the keys inside the
+        causal band and window only, so an array indexed by position needs
+        ``S_max`` entries. With ``causal=False`` every batch row that has keys
+        needs at least L of them (a query placed before the sequence's start
+        has no position). CPU only; not with ``softcap`` (express it in
+        ``score_mod``).
+    mask_mod : function ``mask_mod(b, h, q_idx, kv_idx, *mod_args) -> bool``, optional
+        True where the query at position q_idx may attend to cache position
+        kv_idx, applied after ``score_mod``.
+    block_mask : None
+        Refused: a block mask classifies tiles of a (B, H, L, S) rectangle from
+        position 0, while a step's queries sit at each row's own end of the
+        cache. Pass ``mask_mod``; ``causal`` and ``window`` already limit the
+        keys read.
+    mod_args : tuple of arrays and numbers
+        The trailing arguments of ``score_mod`` and ``mask_mod``.
 
     Returns
     -------
@@ -231,8 +361,13 @@ def flash_decode(
     kw = check_keywords(causal, enable_gqa, window, "bottom_right", softcap, 0.0)
     enable_gqa = kw.enable_gqa
     return_lse = check_bool(return_lse, "return_lse")
-    device = device_for(device, q, k_cache, v_cache, k_new, v_new)
-    kernels = kernels_for("decode", device)
+    mods = None
+    if uses_flex(score_mod, mask_mod, block_mask, mod_args=mod_args):
+        mods = check_mods(score_mod, mask_mod, block_mask, mod_args, None, kw, None, "flash_decode")
+        check_on_cpu(device, q, k_cache, v_cache, k_new, v_new)
+        device = "cpu"
+    else:
+        device = device_for(device, q, k_cache, v_cache, k_new, v_new)
     dtype = resolve_dtype(None, q, k_new, v_new)
     q = as_float_array(q, "q", ndim=(4,), dtype=dtype, allow_bool=False)
     n_b, n_h, n_q, d = q.shape
@@ -259,6 +394,7 @@ def flash_decode(
             f"cache overflow in batch row {b}: cache_seqlens[{b}] = {lengths[b]} plus "
             f"{n_new} new tokens exceeds the cache length S_max = {s_max}"
         )
+    _check_query_positions(mods, kw, lengths + n_new, n_q)
     scale = check_scale(scale, d)
     admits = decode_window(kw)
     softcap = 0.0 if kw.softcap is None else kw.softcap
@@ -272,33 +408,52 @@ def flash_decode(
     starts, ends = _key_ranges(totals, n_q, admits)
     spans = ends - starts
     longest = int(spans.max())
-    # values near the top of the range: the kernel's sum_j p_j v_j (weights <= 1) before
-    # normalising would overflow; such a step reads a copy of v divided by a power of two
-    # per (batch row, kv head) and multiplies the output back (exact)
-    scales = scales_for(top, dtype, longest, 2.0)
+    # values near the top of the range: the kernel's sum_j p_j v_j (weights <= 1; the flex
+    # kernels' up to FLASH_WEIGHT_BOUND) before normalising would overflow; such a step
+    # reads a copy of v divided by a power of two per (batch row, kv head) and multiplies
+    # the output back (exact)
+    scales = scales_for(top, dtype, longest, 2.0 if mods is None else FLASH_WEIGHT_BOUND)
     v_read = v_cache
     if scales is not None:
         v_read = v_cache / scales.astype(dtype)[:, :, None, None]
-    work = n_b * n_h * n_q * longest * (d + v_cache.shape[3])
-    with serial_below(work, config.FLASH_SERIAL_WORK):
-        import numba
-
-        n_splits = _n_splits(n_b * k_cache.shape[1], longest, _workers(device, numba))
-        chunks = np.maximum(-(-spans // n_splits), 1)
-        keys = KeySplit(totals, starts, chunks, ends, n_splits)
-        part_out, part_lse = kernels.decode_partials(
-            q, k_cache, v_read, keys, admits, scale, softcap, config.DECODE_BLOCK_K
-        )
-        part_out, part_lse = to_host(part_out, part_lse)
-        out, lse = _merge_chunks(part_out, part_lse)
+    key_range = (totals, starts, ends)
+    if mods is not None:
+        out, lse = _flex_step(q, k_cache, v_read, key_range, kw, scale, mods, dtype)
+    else:
+        window = (admits, scale, softcap)
+        out, lse = _split_kv_step(q, k_cache, v_read, key_range, window, device)
     out = out.reshape(n_b, n_h, n_q, -1)
     lse = lse.reshape(n_b, n_h, n_q)
     if scales is not None:
         heads = np.arange(n_h) // (n_h // k_cache.shape[1])
         out *= scales[:, heads, None, None]
-    _check_finite_result(out, lse, totals)
+    if mods is None:
+        _check_finite_result(out, lse, totals)
+    else:
+        _refuse_overflowing_scores(q, k_cache, totals, scale, lse)
     out = out.astype(dtype, copy=False)
     return (out, lse) if return_lse else out
+
+
+def _split_kv_step(q, k_cache, v_read, key_range, window, device):
+    """``(out, lse)`` of a plain step, rows (b, h, i): the split-KV kernel, chunks merged."""
+    import numba
+
+    totals, starts, ends = key_range
+    admits, scale, softcap = window
+    n_b, n_h, n_q, d = q.shape
+    spans = ends - starts
+    longest = int(spans.max())
+    work = n_b * n_h * n_q * longest * (d + v_read.shape[3])
+    with serial_below(work, config.FLASH_SERIAL_WORK):
+        n_splits = _n_splits(n_b * k_cache.shape[1], longest, _workers(device, numba))
+        chunks = np.maximum(-(-spans // n_splits), 1)
+        keys = KeySplit(totals, starts, chunks, ends, n_splits)
+        part_out, part_lse = kernels_for("decode", device).decode_partials(
+            q, k_cache, v_read, keys, admits, scale, softcap, config.DECODE_BLOCK_K
+        )
+        part_out, part_lse = to_host(part_out, part_lse)
+        return _merge_chunks(part_out, part_lse)
 
 
 def _check_live(k_cache, v_cache, lengths):
@@ -336,6 +491,24 @@ def _check_finite_result(out, lse, totals):
             f"the scores q . k of batch row {b} (over its first {totals[b]} keys) overflow; "
             "rescale q or the cached keys"
         )
+
+
+def _refuse_overflowing_scores(q, k_cache, totals, scale, lse):
+    """NaN rows of a programmable step come from score_mod (NaN or +inf on an admissible
+    key: kept, as :func:`nbattn.flash_attention` keeps them) or from scores scale q . k
+    beyond the dtype: those are refused as in a plain step (checked on NaN rows only)."""
+    n_h = q.shape[1]
+    n_rep = n_h // k_cache.shape[1]
+    limit = float(np.finfo(q.dtype).max)
+    for b in np.flatnonzero(np.isnan(lse).any(axis=(1, 2))):
+        keys = np.repeat(k_cache[b, :, : totals[b]].astype(np.float64), n_rep, axis=0)
+        with np.errstate(over="ignore", invalid="ignore"):
+            scores = scale * (q[b].astype(np.float64) @ np.swapaxes(keys, -1, -2))
+        if not np.all(np.abs(scores) <= limit):
+            raise ValueError(
+                f"the scores q . k of batch row {b} (over its first {totals[b]} keys) overflow; "
+                "rescale q or the cached keys"
+            )
 
 
 # --------------------------------------------------------------------------- the cache object
@@ -447,13 +620,18 @@ class KVCache:
         return_lse=False,
         window=None,
         softcap=None,
+        *,
+        score_mod=None,
+        mask_mod=None,
+        mod_args=(),
     ):
         """One decoding step: :func:`flash_decode` on this cache, then advance the lengths.
 
         ``q`` (B, H, L, E) with H a multiple of ``num_kv_heads`` (grouped-query
         attention when larger); ``k_new`` / ``v_new`` (B, H_kv, n_new, E/Ev) as
-        in :func:`flash_decode`, converted to the cache's dtype. Returns what
-        :func:`flash_decode` returns.
+        in :func:`flash_decode`, converted to the cache's dtype; ``score_mod``,
+        ``mask_mod`` and ``mod_args`` as there (q_idx the query's position in its
+        sequence). Returns what :func:`flash_decode` returns.
         """
         q = as_float_array(q, "q", ndim=(4,), dtype=self.dtype, allow_bool=False)
         k_new, v_new, n_new = _check_new(k_new, v_new, self.dtype, self.k.shape, self.v.shape)
@@ -471,6 +649,9 @@ class KVCache:
             window=window,
             softcap=softcap,
             enable_gqa=q.shape[1] != self.num_kv_heads,
+            score_mod=score_mod,
+            mask_mod=mask_mod,
+            mod_args=mod_args,
         )
         self.lengths += n_new
         return result

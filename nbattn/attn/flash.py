@@ -99,7 +99,7 @@ from .flash_args import (
     value_scales,
 )
 from .flash_args import backward_groups as _n_groups
-from .flex import check_mods, flex_backward, flex_forward, uses_flex
+from .flex import check_mods, check_on_cpu, flex_backward, flex_forward, uses_flex
 from .masks import mask_as_bias, mask_input
 
 __all__ = [
@@ -546,14 +546,6 @@ def _cuda_refuses(kw: Keywords, mask):
         )
 
 
-def _flex_on_cpu(device, *arrays):
-    """score_mod, mask_mod and block_mask run on the CPU kernels only; say so."""
-    if device_for(device, *arrays) != "cpu":
-        raise ValueError(
-            "score_mod, mask_mod and block_mask run on the CPU only (device='cpu', host arrays)"
-        )
-
-
 def flash_attention(
     q,
     k,
@@ -672,20 +664,15 @@ def flash_attention(
     """
     kw = check_keywords(causal, enable_gqa, window, causal_alignment, softcap, dropout_p)
     return_lse = check_bool(return_lse, "return_lse")
-    if uses_flex(score_mod, mask_mod, block_mask) or _given(mod_args):
+    if uses_flex(score_mod, mask_mod, block_mask, mod_args=mod_args):
         mods = check_mods(score_mod, mask_mod, block_mask, mod_args, None, kw, mask)
-        _flex_on_cpu(device, q, k, v)
+        check_on_cpu(device, q, k, v)
         return flex_forward(q, k, v, kw, scale, return_lse, mods)
     device = device_for(device, q, k, v)
     if device == "cuda" and any(is_device_array(a) for a in (q, k, v)):
         _cuda_refuses(kw, mask)
         return _forward_cuda(q, k, v, kw.causal, scale, return_lse)
     return _forward(q, k, v, kw, scale, return_lse, mask, random_state, device=device)
-
-
-def _given(mod_args):
-    """Whether ``mod_args`` holds anything (refused by ``check_mods`` without functions)."""
-    return not (mod_args is None or (isinstance(mod_args, tuple) and not mod_args))
 
 
 def flash_attention_backward(
@@ -765,9 +752,9 @@ def flash_attention_backward(
     """
     kw = check_keywords(causal, enable_gqa, window, causal_alignment, softcap, dropout_p)
     arrays = (q, k, v, out, lse, grad_out)
-    if uses_flex(score_mod, mask_mod, block_mask, score_mod_grad) or _given(mod_args):
+    if uses_flex(score_mod, mask_mod, block_mask, score_mod_grad, mod_args):
         mods = check_mods(score_mod, mask_mod, block_mask, mod_args, score_mod_grad, kw, mask)
-        _flex_on_cpu(device, *arrays)
+        check_on_cpu(device, *arrays)
         return flex_backward(q, k, v, out, lse, grad_out, kw, scale, mods)
     device = device_for(device, *arrays)
     if device == "cuda" and any(is_device_array(a) for a in arrays):

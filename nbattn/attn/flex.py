@@ -42,12 +42,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import config
-from .._core.attn_groups import Tiles
+from .._core.attn_groups import FLEX_BACKWARD_ITEM, FLEX_FORWARD_ITEM, Tiles
 from .._core.layout import flat_batch, unbroadcast
 from .._core.numeric import LOG2E
 from .._core.threads import blas_one_thread, serial_below
 from .._core.validation import check_dot_range, check_scale
-from ..dispatch.device import kernels_for
+from ..dispatch.device import device_for, kernels_for
 from .flash_args import (
     Keywords,
     backward_groups,
@@ -62,7 +62,18 @@ from .flash_args import (
 )
 
 # and flex_tanh (module __getattr__ below)
-__all__ = ["BlockMask", "create_block_mask", "flex_backward", "flex_forward", "uses_flex"]
+__all__ = [
+    "BlockMask",
+    "check_mods",
+    "check_on_cpu",
+    "create_block_mask",
+    "flex_backward",
+    "flex_forward",
+    "item_table",
+    "run_backward",
+    "run_forward",
+    "uses_flex",
+]
 
 
 def __getattr__(name):
@@ -188,15 +199,53 @@ class Mods:
     score_grad: object = None
 
 
-def uses_flex(score_mod, mask_mod, block_mask, score_mod_grad=None) -> bool:
-    """Whether a flash call takes the programmable path."""
-    return not (score_mod is None and mask_mod is None and block_mask is None) or (
-        score_mod_grad is not None
+def uses_flex(score_mod, mask_mod, block_mask, score_mod_grad=None, mod_args=()) -> bool:
+    """Whether a flash call takes the programmable path (``mod_args`` without functions
+    takes it too, to be refused by :func:`check_mods`)."""
+    given_args = not (mod_args is None or (isinstance(mod_args, tuple) and not mod_args))
+    return given_args or any(
+        f is not None for f in (score_mod, mask_mod, block_mask, score_mod_grad)
     )
 
 
-def check_mods(score_mod, mask_mod, block_mask, mod_args, score_mod_grad, kw: Keywords, mask):
-    """The user functions checked against ``mod_args`` and the other keywords."""
+def check_on_cpu(device, *arrays):
+    """score_mod, mask_mod and block_mask run on the CPU kernels only; say so (for
+    device="cuda" whether or not a GPU is there: the GPU is not the problem)."""
+    if device == "cuda" or device_for(device, *arrays) != "cpu":
+        raise ValueError(
+            "score_mod, mask_mod and block_mask run on the CPU only (device='cpu', host arrays)"
+        )
+
+
+#: Why an entry refuses ``block_mask`` (the others take it).
+_NO_BLOCK_MASK = {
+    "flash_attention_varlen": (
+        "flash_attention_varlen takes no block_mask: a block mask classifies the tiles of "
+        "one (B, H, L, S) rectangle, and packed sequences each have their own lengths and "
+        "tiles; pass mask_mod (evaluated per element on the tiles visited), with causal= "
+        "or window= to skip the tiles outside the band of every sequence"
+    ),
+    "flash_decode": (
+        "flash_decode takes no block_mask: its queries sit at the end of each batch row's "
+        "cache, not on the tiles a block mask classifies; pass mask_mod, with causal= or "
+        "window= to read only the keys of the window"
+    ),
+}
+
+
+def check_mods(
+    score_mod,
+    mask_mod,
+    block_mask,
+    mod_args,
+    score_mod_grad,
+    kw: Keywords,
+    mask,
+    entry="flash_attention",
+):
+    """The user functions checked against ``mod_args`` and the other keywords of the
+    public function ``entry`` (``flash_attention``, ``flash_attention_varlen`` or
+    ``flash_decode``; the latter two refuse a block mask)."""
     build = kernels_for("flex", "cpu")
     used = [
         name
@@ -212,6 +261,8 @@ def check_mods(score_mod, mask_mod, block_mask, mod_args, score_mod_grad, kw: Ke
             f"{', '.join(used)} cannot be combined with score_mod, mask_mod or block_mask; "
             "express it in score_mod or mask_mod (causal, window and enable_gqa combine)"
         )
+    if block_mask is not None and entry in _NO_BLOCK_MASK:
+        raise ValueError(_NO_BLOCK_MASK[entry])
     if score_mod_grad is not None and score_mod is None:
         raise ValueError("score_mod_grad is given without score_mod")
     args = _mod_args(mod_args)
@@ -237,6 +288,68 @@ def check_mods(score_mod, mask_mod, block_mask, mod_args, score_mod_grad, kw: Ke
     elif mask_mod is not None:
         build.check_signature(mask_mod, "mask_mod", 4, len(args), _MASK_PARAMS)
     return Mods(score_mod, mask_mod, block_mask, args, mask_args, score_mod_grad)
+
+
+def item_table(dtype, **fields) -> np.ndarray:
+    """The work items of the flex kernels: a record array of ``dtype``
+    (``FLEX_FORWARD_ITEM`` or ``FLEX_BACKWARD_ITEM``), every field given (arrays of one
+    length, or numbers for all items)."""
+    missing = set(dtype.names) - set(fields)
+    if missing or set(fields) - set(dtype.names):
+        raise TypeError(f"item fields {sorted(fields)} are not {sorted(dtype.names)}")
+    n = np.broadcast_shapes(*(np.shape(value) for value in fields.values()))
+    items = np.empty(n, dtype=dtype)
+    for name, value in fields.items():
+        items[name] = value
+    return items
+
+
+def _blocks(mods: Mods, tiles: Tiles) -> np.ndarray:
+    if mods.block_mask is not None:
+        return mods.block_mask.table(tiles.block_q, tiles.block_k)
+    return np.full((1, 1, 1, 1), 1 if mods.mask_mod is not None else 2, dtype=np.uint8)
+
+
+def _kernels(mods: Mods, backward: bool):
+    build = kernels_for("flex", "cpu")
+    return build, build.specialise(
+        mods.score_mod, mods.mask_mod, mods.score_grad if backward else None
+    )
+
+
+def run_forward(qf, kf, vf, items, n_out, tiles: Tiles, mods: Mods, dtype):
+    """``(out (n_out, L, Ev), lse (n_out, L))`` of the flex forward kernel over the work
+    ``items`` (``FLEX_FORWARD_ITEM``): qf (BH, L, E) times the scale, kf, vf (BKV, S, .)."""
+    build, kernels = _kernels(mods, backward=False)
+    args = (qf, kf, vf, _blocks(mods, tiles), items, tiles, mods.score_args, mods.mask_args)
+    return build.call(kernels, "flex_forward", mods, dtype, *args, n_out)
+
+
+def run_backward(qf, kf, vf, of, lf, gf, kv_index, n_heads, items, scale, tiles, mods, dtype):
+    """``(dq, dk, dv)`` of the flex backward kernel over the work ``items``
+    (``FLEX_BACKWARD_ITEM``): qf times the scale, lf the forward's lse (BH, L) float64."""
+    build, kernels = _kernels(mods, backward=True)
+    return build.call(
+        kernels,
+        "flex_backward",
+        mods,
+        dtype,
+        qf,
+        kf,
+        vf,
+        of,
+        lf,
+        gf,
+        kv_index,
+        n_heads,
+        _blocks(mods, tiles),
+        items,
+        scale,
+        tiles,
+        mods.score_args,
+        mods.mask_args,
+        backward=True,
+    )
 
 
 @dataclass
@@ -303,19 +416,6 @@ def _layout(q, k, v, kw: Keywords, scale, mods: Mods, others=()) -> _FlexLayout:
     )
 
 
-def _blocks(mods: Mods, tiles: Tiles) -> np.ndarray:
-    if mods.block_mask is not None:
-        return mods.block_mask.table(tiles.block_q, tiles.block_k)
-    return np.full((1, 1, 1, 1), 1 if mods.mask_mod is not None else 2, dtype=np.uint8)
-
-
-def _kernels(mods: Mods, backward: bool):
-    build = kernels_for("flex", "cpu")
-    return build, build.specialise(
-        mods.score_mod, mods.mask_mod, mods.score_grad if backward else None
-    )
-
-
 def _forward_tiles(n_k, band_, block_masked):
     """The forward's tiles: the flash kernels', with query tiles no taller than key
     tiles under a block mask.
@@ -332,12 +432,34 @@ def _forward_tiles(n_k, band_, block_masked):
     return tiles
 
 
-def _run_forward(lay: _FlexLayout, mods: Mods):
-    build, kernels = _kernels(mods, backward=False)
-    tiles = _forward_tiles(lay.kf.shape[1], lay.band, mods.block_mask is not None)
-    args = (lay.qf, lay.kf, lay.vf, lay.kv_index, lay.n_heads, _blocks(mods, tiles), lay.band)
-    return build.call(
-        kernels, "flex_forward", mods, lay.dtype, *args, tiles, mods.score_args, mods.mask_args
+def _padded_forward_items(lay: _FlexLayout, tiles: Tiles) -> np.ndarray:
+    """Every (query slice, query tile) against all keys; slices interleaved, and heavy and
+    light causal tiles in turn (0, n-1, 1, n-2, ...), so that the threads finish together."""
+    n_bh, n_q, _ = lay.qf.shape
+    n_qt = -(-n_q // tiles.block_q)
+    order = np.arange(n_bh * n_qt)
+    bh = order % n_bh
+    turn = order // n_bh
+    qt = np.where(turn % 2 == 0, turn // 2, n_qt - 1 - turn // 2)
+    i0 = qt * tiles.block_q
+    offset, left, right = lay.band
+    return item_table(
+        FLEX_FORWARD_ITEM,
+        bh=bh,
+        kv=lay.kv_index[bh],
+        out=bh,
+        b=bh // lay.n_heads,
+        h=bh % lay.n_heads,
+        qt=qt,
+        i0=i0,
+        row0=i0,
+        rows=np.minimum(tiles.block_q, n_q - i0),
+        k_row0=0,
+        k_lo=0,
+        k_hi=lay.kf.shape[1],
+        offset=offset,
+        left=left,
+        right=right,
     )
 
 
@@ -345,11 +467,13 @@ def flex_forward(q, k, v, kw: Keywords, scale, return_lse, mods: Mods):
     """:func:`nbattn.flash_attention` with score_mod / mask_mod / block_mask (see the
     module docstring)."""
     lay = _layout(q, k, v, kw, scale, mods)
-    n_q = lay.qf.shape[1]
+    n_bh, n_q, _ = lay.qf.shape
     scales = value_scales(lay.vf, lay.kf.shape[1])
     scale_values(lay.vf, scales)
+    tiles = _forward_tiles(lay.kf.shape[1], lay.band, mods.block_mask is not None)
+    items = _padded_forward_items(lay, tiles)
     with blas_one_thread(), serial_below(lay.work, config.FLASH_SERIAL_WORK):
-        out, lse = _run_forward(lay, mods)
+        out, lse = run_forward(lay.qf, lay.kf, lay.vf, items, n_bh, tiles, mods, lay.dtype)
     unscale_output(out, scales, lay.kv_index)
     out = out.reshape(lay.lead + (n_q, lay.vf.shape[2]))
     if not return_lse:
@@ -373,23 +497,23 @@ def flex_backward(q, k, v, out, lse, grad_out, kw: Keywords, scale, mods: Mods):
     block_k = flash_tiles(n_k, lay.band, backward=True).block_k
     n_groups = backward_groups(n_kv, -(-n_k // block_k), lay.qf.nbytes)
     tiles = flash_tiles(n_k, lay.band, backward=True, n_groups=n_groups)
-    build, kernels = _kernels(mods, backward=True)
-    args = (lay.qf, lay.kf, lay.vf, of, lf, gf, lay.kv_index, lay.n_heads)
+    offset, left, right = lay.band
+    items = item_table(
+        FLEX_BACKWARD_ITEM,
+        kv=np.repeat(np.arange(n_kv), n_groups),
+        group=np.tile(np.arange(n_groups), n_kv),
+        b0=0,
+        q_row0=0,
+        n_q=n_q,
+        k_row0=0,
+        n_k=n_k,
+        offset=offset,
+        left=left,
+        right=right,
+    )
+    arrays = (lay.qf, lay.kf, lay.vf, of, lf, gf, lay.kv_index, lay.n_heads, items, lay.scale)
     with blas_one_thread(), serial_below(lay.work, config.FLASH_SERIAL_WORK):
-        dq, dk, dv = build.call(
-            kernels,
-            "flex_backward",
-            mods,
-            lay.dtype,
-            *args,
-            _blocks(mods, tiles),
-            lay.band,
-            lay.scale,
-            tiles,
-            mods.score_args,
-            mods.mask_args,
-            backward=True,
-        )
+        dq, dk, dv = run_backward(*arrays, tiles, mods, lay.dtype)
     q_shape, k_shape, v_shape = lay.shapes
     return (
         unbroadcast(dq.reshape(lay.lead + dq.shape[1:]), q_shape),

@@ -24,9 +24,16 @@ sequences keeps every thread busy.
 
 Masks: there is no ``mask`` keyword (FlashAttention's varlen has none
 either). A mask per sequence would be a ragged array; causal attention,
-windows and the alignment cover the usual packed-batch cases, and a
-sequence that needs an arbitrary mask can go through
-:func:`nbattn.flash_attention` on its own.
+windows and the alignment cover the usual packed-batch cases, and
+``mask_mod`` (programmable attention, below) any other.
+
+Programmable attention: ``score_mod``, ``mask_mod`` and ``mod_args`` as in
+:func:`nbattn.flash_attention`, with b the sequence's index in the pack, h
+the query head, and q_idx / kv_idx counted from the sequence's start
+(FlexAttention's convention for jagged batches), so that a function means
+the same on a packed batch as on a padded one. The work items (sequence,
+head, query tile) are records of the flex kernels' item table
+(``nbattn.attn.flex.item_table``), the same kernels as a padded batch's.
 
 Dropout: the weight of (query slice bh, packed row i, packed column j) is
 kept or dropped by the counter (bh * T_q + i) * T_k + j of
@@ -40,7 +47,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import config
-from .._core.attn_groups import Packing, Work
+from .._core.attn_groups import FLEX_BACKWARD_ITEM, FLEX_FORWARD_ITEM, Packing, Work
 from .._core.layout import flat_batch, unbroadcast
 from .._core.numeric import LOG2E
 from .._core.threads import blas_one_thread, serial_below
@@ -48,11 +55,13 @@ from .._core.validation import check_bool, check_dot_range, check_scale
 from ..dispatch.device import device_for, kernels_for
 from ..dispatch.transfer import to_host
 from .flash_args import (
+    backward_groups,
     band,
     check_forward_results,
     check_keywords,
     check_qkv,
     dropout_words,
+    flash_tiles,
     kv_layout,
     scale_values,
     score_transform,
@@ -60,6 +69,7 @@ from .flash_args import (
     value_scales,
     varlen_tiles,
 )
+from .flex import check_mods, check_on_cpu, item_table, run_backward, run_forward, uses_flex
 from .lengths import as_cu_seqlens, check_max_seqlen
 
 __all__ = ["flash_attention_varlen", "flash_attention_varlen_backward"]
@@ -69,7 +79,18 @@ class _Packed:
     """Checked, laid-out arrays and per-sequence data of one varlen call."""
 
     def __init__(
-        self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, kw, scale, others
+        self,
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        kw,
+        scale,
+        others,
+        base2=True,
     ):
         q, k, v, dtype = check_qkv(q, k, v, kw.enable_gqa, others, keys=("T_k", "packed keys"))
         t_q, t_k = q.shape[-2], k.shape[-2]
@@ -90,12 +111,13 @@ class _Packed:
         self.dtype = dtype
         self.shapes = (q.shape, k.shape, v.shape)
         self.qf = flat_batch(q, self.lead, dtype)
-        self.qf *= dtype(scale * LOG2E)
+        # the flash kernels take q in base 2, the programmable ones in natural units
+        self.qf *= dtype(scale * LOG2E if base2 else scale)
         self.kf = flat_batch(k, self.kv_lead, dtype)
         self.vf = flat_batch(v, self.kv_lead, dtype)
         # One band for all: its unbounded sides (T_q + T_k + 1) exceed every
         # sequence's; only the bottom-right offset is per sequence.
-        base = band(kw, t_q, t_k)
+        base = self.band = band(kw, t_q, t_k)
         bands = np.empty((self.len_q.size, 3), dtype=np.int64)
         bands[:, 0] = self.len_k - self.len_q if kw.causal_alignment == "bottom_right" else 0
         bands[:, 1:] = base.left, base.right
@@ -149,6 +171,77 @@ def _deal(cost, n_workers):
     return order[by_worker], np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
 
 
+def _mod_heads(packed):
+    """H, the number of query slices: the user functions' b is the sequence, h the slice."""
+    if len(packed.lead) > 1:
+        raise ValueError(
+            "score_mod and mask_mod take packed q of shape (H, T_q, E) or (T_q, E) (b is "
+            f"the sequence, h the head), got leading dimensions {packed.lead}"
+        )
+    return packed.qf.shape[0]
+
+
+def _bands(packed, seq):
+    """The band fields of the items of sequences ``seq``."""
+    bands = packed.packing.bands[seq]
+    return dict(offset=bands[:, 0], left=bands[:, 1], right=bands[:, 2])
+
+
+def _flex_forward(packed, mods):
+    """The forward of :func:`flash_attention_varlen` with score_mod / mask_mod: one item per
+    (sequence, query slice, query tile), largest first, indices from the sequence's start."""
+    n_heads = _mod_heads(packed)
+    tiles = flash_tiles(int(packed.len_k.max(initial=0)), packed.band, backward=False)
+    items, cost = packed.forward_items(tiles.block_q)
+    seq, bh, i0, i1 = items[np.argsort(-cost, kind="stable")].T
+    table = item_table(
+        FLEX_FORWARD_ITEM,
+        bh=bh,
+        kv=packed.kv_index[bh],
+        out=bh,
+        b=seq,
+        h=bh % n_heads,
+        qt=i0 // tiles.block_q,
+        i0=i0,
+        row0=packed.cu_q[seq] + i0,
+        rows=i1 - i0,
+        k_row0=packed.cu_k[seq],
+        k_lo=0,
+        k_hi=packed.len_k[seq],
+        **_bands(packed, seq),
+    )
+    n_bh = packed.qf.shape[0]
+    with blas_one_thread(), serial_below(packed.work, config.FLASH_SERIAL_WORK):
+        return run_forward(packed.qf, packed.kf, packed.vf, table, n_bh, tiles, mods, packed.dtype)
+
+
+def _flex_backward(packed, of, lf, gf, mods):
+    """The backward of :func:`flash_attention_varlen` with score_mod / mask_mod: one item per
+    (sequence, key/value slice, key-tile group), largest first."""
+    n_heads = _mod_heads(packed)
+    longest = int(packed.len_k.max(initial=0))
+    pairs, cost = packed.backward_items()
+    block_k = flash_tiles(longest, packed.band, backward=True).block_k
+    n_groups = backward_groups(pairs.shape[0], -(-longest // block_k), packed.qf.nbytes)
+    tiles = flash_tiles(longest, packed.band, backward=True, n_groups=n_groups)
+    seq, kv = np.repeat(pairs[np.argsort(-cost, kind="stable")], n_groups, axis=0).T
+    table = item_table(
+        FLEX_BACKWARD_ITEM,
+        kv=kv,
+        group=np.tile(np.arange(n_groups), pairs.shape[0]),
+        b0=seq,
+        q_row0=packed.cu_q[seq],
+        n_q=packed.len_q[seq],
+        k_row0=packed.cu_k[seq],
+        n_k=packed.len_k[seq],
+        **_bands(packed, seq),
+    )
+    scale = packed.score.scale
+    arrays = (packed.qf, packed.kf, packed.vf, of, lf, gf, packed.kv_index, n_heads, table, scale)
+    with blas_one_thread(), serial_below(packed.work, config.FLASH_SERIAL_WORK):
+        return run_backward(*arrays, tiles, mods, packed.dtype)
+
+
 def _run(kernel, device, packed, items, cost, arrays, dropout, tiles):
     """``kernel(*arrays, packing, work, score, dropout, tiles)`` with the items dealt to the
     threads, BLAS on one thread and one numba thread for small work; the results on
@@ -186,6 +279,11 @@ def flash_attention_varlen(
     dropout_p=0.0,
     random_state=None,
     device="cpu",
+    *,
+    score_mod=None,
+    mask_mod=None,
+    block_mask=None,
+    mod_args=(),
 ):
     """Blocked attention over sequences packed along the sequence axis.
 
@@ -193,6 +291,18 @@ def flash_attention_varlen(
     and keys/values K_s, V_s (rows cu_seqlens_k[s] ..):
 
         out[Q_s] = flash_attention(Q_s, K_s, V_s, <the same keywords>)
+
+    With ``score_mod`` / ``mask_mod`` (programmable attention, as in
+    :func:`nbattn.flash_attention` and PyTorch's FlexAttention on a jagged batch),
+    for query i and key j of sequence s, both counted from the sequence's start::
+
+        s_ij = score_mod(scale q_i . k_j, s, h, i, j, *mod_args)
+        s_ij = -inf  where not mask_mod(s, h, i, j, *mod_args)
+
+    so b is the sequence's index in the pack and h the query head, and a causal,
+    ALiBi or sliding-window function means what it means on a padded batch:
+    sequence s gives ``flash_attention(Q_s[None], K_s[None], V_s[None],
+    score_mod=..., mask_mod=...)`` with b = s in place of 0.
 
     Parameters
     ----------
@@ -215,6 +325,26 @@ def flash_attention_varlen(
         Where the varlen kernels run (``kernels_for("varlen", device)``; "auto"
         picks a CUDA GPU when numba sees one). Inputs and results are host
         arrays on either device.
+    score_mod : function ``score_mod(score, b, h, q_idx, kv_idx, *mod_args) -> float``, optional
+        As in :func:`nbattn.flash_attention`, with b the sequence and q_idx,
+        kv_idx counted from the sequence's start (above); q must then be
+        (H, T_q, E) or (T_q, E) (h = 0). An array indexed by b has a row per
+        sequence (``n_seqs``); one indexed by position needs the longest
+        sequence's length. CPU only; not with ``softcap`` or ``dropout_p``.
+    mask_mod : function ``mask_mod(b, h, q_idx, kv_idx, *mod_args) -> bool``, optional
+        True where query q_idx of sequence b may attend to key kv_idx (both from
+        the sequence's start); nothing attends across sequences in any case.
+    block_mask : None
+        Refused: a block mask classifies the tiles of one (B, H, L, S) rectangle,
+        while packed sequences have lengths, and tiles, of their own; it would be
+        a table over the longest sequence's square for every sequence, evaluated
+        mostly where no sequence has entries. ``mask_mod`` is evaluated per element
+        on the tiles visited, and ``causal`` / ``window`` skip the tiles outside
+        each sequence's band; for tile skipping by an arbitrary mask, pad the
+        batch and use :func:`nbattn.flash_attention` with a block mask.
+    mod_args : tuple of arrays and numbers
+        The trailing arguments of ``score_mod`` and ``mask_mod``, as in
+        :func:`nbattn.flash_attention`.
 
     Returns
     -------
@@ -223,17 +353,39 @@ def flash_attention_varlen(
     """
     return_lse = check_bool(return_lse, "return_lse")
     kw = check_keywords(causal, enable_gqa, window, causal_alignment, softcap, dropout_p)
-    device = device_for(device, q, k, v)
-    kernels = kernels_for("varlen", device)
-    packed = _Packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, kw, scale, ())
+    mods = None
+    if uses_flex(score_mod, mask_mod, block_mask, mod_args=mod_args):
+        entry = "flash_attention_varlen"
+        mods = check_mods(score_mod, mask_mod, block_mask, mod_args, None, kw, None, entry)
+        check_on_cpu(device, q, k, v)
+    else:
+        device = device_for(device, q, k, v)
+    packed = _Packed(
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        kw,
+        scale,
+        (),
+        base2=mods is None,
+    )
     t_q, t_k = packed.qf.shape[1], packed.kf.shape[1]
-    dropout = dropout_words(kw.dropout_p, random_state, t_q, t_k)
-    tiles = varlen_tiles(backward=False)
-    items, cost = packed.forward_items(tiles.block_q)
     # values near the top of the range: scaled per slice as in flash_attention
     scales = value_scales(packed.vf, int(packed.len_k.max(initial=0)))
-    arrays = (packed.qf, packed.kf, scale_values(packed.vf, scales), packed.kv_index)
-    out, lse = _run(kernels.varlen_forward, device, packed, items, cost, arrays, dropout, tiles)
+    scale_values(packed.vf, scales)
+    if mods is not None:
+        out, lse = _flex_forward(packed, mods)
+    else:
+        dropout = dropout_words(kw.dropout_p, random_state, t_q, t_k)
+        tiles = varlen_tiles(backward=False)
+        items, cost = packed.forward_items(tiles.block_q)
+        arrays = (packed.qf, packed.kf, packed.vf, packed.kv_index)
+        kernel = kernels_for("varlen", device).varlen_forward
+        out, lse = _run(kernel, device, packed, items, cost, arrays, dropout, tiles)
     unscale_output(out, scales, packed.kv_index)
     out = out.reshape(packed.lead + (t_q, packed.vf.shape[2]))
     return (out, lse.reshape(packed.lead + (t_q,))) if return_lse else out
@@ -259,6 +411,12 @@ def flash_attention_varlen_backward(
     dropout_p=0.0,
     random_state=None,
     device="cpu",
+    *,
+    score_mod=None,
+    mask_mod=None,
+    block_mask=None,
+    mod_args=(),
+    score_mod_grad=None,
 ):
     """Gradients of :func:`flash_attention_varlen`: ``(dq, dk, dv)``.
 
@@ -268,11 +426,21 @@ def flash_attention_varlen_backward(
     ``random_state`` must be the int seed the forward used (the mask is
     regenerated from it). Gradients are summed over broadcast leading
     dimensions, and over the query heads sharing a key/value head under
-    ``enable_gqa``.
+    ``enable_gqa``. ``score_mod``, ``mask_mod``, ``mod_args`` (and the refused
+    ``block_mask``) as in the forward call, with the index convention there;
+    the derivative of ``score_mod`` is taken by the complex step, or given as
+    ``score_mod_grad``, as in :func:`nbattn.flash_attention_backward`.
     """
     kw = check_keywords(causal, enable_gqa, window, causal_alignment, softcap, dropout_p)
-    device = device_for(device, q, k, v, out, lse, grad_out)
-    kernels = kernels_for("varlen", device)
+    mods = None
+    if uses_flex(score_mod, mask_mod, block_mask, score_mod_grad, mod_args):
+        entry = "flash_attention_varlen"
+        mods = check_mods(
+            score_mod, mask_mod, block_mask, mod_args, score_mod_grad, kw, None, entry
+        )
+        check_on_cpu(device, q, k, v, out, lse, grad_out)
+    else:
+        device = device_for(device, q, k, v, out, lse, grad_out)
     packed = _Packed(
         q,
         k,
@@ -284,24 +452,24 @@ def flash_attention_varlen_backward(
         kw,
         scale,
         (out, grad_out),
+        base2=mods is None,
     )
     t_q, t_k = packed.qf.shape[1], packed.kf.shape[1]
     out, lse, grad_out = check_forward_results(
         out, lse, grad_out, packed.lead, t_q, packed.vf.shape[2], packed.dtype
     )
-    dropout = dropout_words(kw.dropout_p, random_state, t_q, t_k, for_backward=True)
-    items, cost = packed.backward_items()
-    arrays = (
-        packed.qf,
-        packed.kf,
-        packed.vf,
-        flat_batch(out, packed.lead, packed.dtype),
-        np.ascontiguousarray(lse.reshape(-1, t_q), dtype=np.float64),
-        flat_batch(grad_out, packed.lead, packed.dtype),
-        packed.kv_index,
-    )
-    tiles = varlen_tiles(backward=True)
-    dq, dk, dv = _run(kernels.varlen_backward, device, packed, items, cost, arrays, dropout, tiles)
+    of = flat_batch(out, packed.lead, packed.dtype)
+    lf = np.ascontiguousarray(lse.reshape(-1, t_q), dtype=np.float64)
+    gf = flat_batch(grad_out, packed.lead, packed.dtype)
+    if mods is not None:
+        dq, dk, dv = _flex_backward(packed, of, lf, gf, mods)
+    else:
+        dropout = dropout_words(kw.dropout_p, random_state, t_q, t_k, for_backward=True)
+        items, cost = packed.backward_items()
+        arrays = (packed.qf, packed.kf, packed.vf, of, lf, gf, packed.kv_index)
+        tiles = varlen_tiles(backward=True)
+        kernel = kernels_for("varlen", device).varlen_backward
+        dq, dk, dv = _run(kernel, device, packed, items, cost, arrays, dropout, tiles)
     q_shape, k_shape, v_shape = packed.shapes
     return (
         unbroadcast(dq.reshape(packed.lead + dq.shape[1:]), q_shape),

@@ -1,8 +1,13 @@
 """Programmable flash attention: the tile loops of ``nbattn.kernels.flash`` with a
 user's score and mask functions compiled into them.
 
-For query slice ``bh`` (batch entry b = bh // H, head h = bh % H) and its
-key/value slice ``kv = kv_index[bh]``, the forward kernel computes
+Each work item of the forward kernel is a record of
+``nbattn._core.attn_groups.FLEX_FORWARD_ITEM``: rows of query slice ``bh``
+against a range of keys of key/value slice ``kv``, with the b and h the user
+functions see and the indices i (``q_idx``) and j (``kv_idx``) counted as the
+caller chose (from 0 in a padded batch, from each sequence's start in a packed
+one, the positions in the sequence when decoding). For those rows and keys it
+computes
 
     s_ij   = score_mod(q_i . k_j, b, h, i, j, *score_args)   (q arrives times scale)
     s_ij   = -inf where not mask_mod(b, h, i, j, *mask_args) or j is outside the band
@@ -17,7 +22,8 @@ that of :func:`nbattn.kernels.flash.flash_forward`, in base 2: the modified
 score is multiplied by log2(e) in the tile, once per element.
 
 ``blocks`` (BB, BH, QT, KT) uint8 classifies every (query tile, key tile) of
-the kernel's tile sizes for batch entry b and head h (BB in {1, B}, BH in
+the kernel's tile sizes for batch entry b and head h (the item's ``qt``; key
+tiles counted from its ``k_lo``) (BB in {1, B}, BH in
 {1, H}; QT or KT of 1 broadcast): 0 = ``mask_mod`` is False on the whole tile
 (never visited), 1 = partial (``mask_mod`` evaluated per element), 2 = True
 on the whole tile (no per-element mask). :func:`block_states` makes the
@@ -72,7 +78,6 @@ from nbattn.kernels.flash import (
     REBASE_EXACT_SUM,
     REBASE_SUM,
     _scale_row,
-    _tile_order,
     _transpose_into,
     exp2_shift_sum,
 )
@@ -373,38 +378,26 @@ def _block_rows(counter, n_q, n_k, block_q, block_k, mask_args, out):
                 out[b, h, qt, kt] = 1
 
 
-def flex_forward(q, k, v, kv_index, n_heads, blocks, band, tiles, score_args, mask_args):
+def flex_forward(q, k, v, blocks, items, tiles, score_args, mask_args, n_out):
     """Blocked attention forward with the module's score and mask functions; returns
-    ``(out, lse)``: out (BH, L, Ev) in the input dtype, lse (BH, L) float64 (natural units).
+    ``(out, lse)``: out (n_out, L, Ev) in the input dtype, lse (n_out, L) float64
+    (natural units); rows no item writes are zeros and -inf.
 
     A row where ``score_mod`` gives NaN or +inf on an admissible entry is NaN (out and
     lse, as in torch); -inf is a masked entry; a finite score whose base-2 form
     overflows (beyond ``LIMIT64`` or ``LIMIT32``) is a ValueError.
 
-    ``q`` (BH, L, E) is the user's q times ``scale``; ``n_heads`` = H gives
-    b = bh // H, h = bh % H; ``band`` and ``tiles`` as in ``nbattn.kernels.flash``.
-    The work items (query slice, query tile) run on the threads of
-    :func:`nbattn.kernels.flex_shared.run_items`.
+    ``q`` (BH, L, E) is the user's q times ``scale``; ``items`` (records of
+    ``nbattn._core.attn_groups.FLEX_FORWARD_ITEM``) say which rows meet which keys
+    with which b, h and band: a padded batch, packed sequences and decoding chunks
+    are tables of the same kind. ``tiles`` as in ``nbattn.kernels.flash``. The items
+    run, in table order, on the threads of :func:`nbattn.kernels.flex_shared.run_items`.
     """
-    n_bh, n_q, _ = q.shape
-    out = np.empty((n_bh, n_q, v.shape[2]), dtype=q.dtype)
-    lse = np.empty((n_bh, n_q), dtype=np.float64)
+    out = np.zeros((n_out, q.shape[1], v.shape[2]), dtype=q.dtype)
+    lse = np.full((n_out, q.shape[1]), -np.inf)
     status = np.zeros(1)
     run_items(
-        _forward_items,
-        q,
-        k,
-        v,
-        kv_index,
-        n_heads,
-        blocks,
-        band,
-        tiles,
-        score_args,
-        mask_args,
-        out,
-        lse,
-        status,
+        _forward_items, q, k, v, blocks, items, tiles, score_args, mask_args, out, lse, status
     )
     if status[0] > 0.0:
         limit = LIMIT32 if q.dtype == np.float32 else LIMIT64
@@ -417,84 +410,43 @@ def flex_forward(q, k, v, kv_index, n_heads, blocks, band, tiles, score_args, ma
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
-def _forward_items(
-    counter,
-    q,
-    k,
-    v,
-    kv_index,
-    n_heads,
-    blocks,
-    band,
-    tiles,
-    score_args,
-    mask_args,
-    out,
-    lse,
-    status,
-):
-    """The items of :func:`flex_forward`, one per increment of ``counter``; slices
-    interleaved, and heavy and light causal tiles (``_tile_order``)."""
-    n_bh, n_q, _ = q.shape
-    n_qt = (n_q + tiles.block_q - 1) // tiles.block_q
+def _forward_items(counter, q, k, v, blocks, items, tiles, score_args, mask_args, out, lse, status):
+    """The items of :func:`flex_forward`, one per increment of ``counter``."""
     while True:
         item = next_item(counter)
-        if item >= n_bh * n_qt:
+        if item >= items.shape[0]:
             return
-        bh = np.int64(item % n_bh)
-        qt = np.int64(_tile_order(item // n_bh, n_qt))
-        _forward_item(
-            q,
-            k,
-            v,
-            kv_index,
-            n_heads,
-            blocks,
-            band,
-            tiles,
-            score_args,
-            mask_args,
-            bh,
-            qt,
-            out,
-            lse,
-            status,
-        )
+        _forward_item(q, k, v, blocks, items[item], tiles, score_args, mask_args, out, lse, status)
 
 
 @njit(fastmath=config.FASTMATH, inline="always")
-def _forward_item(
-    q, k, v, kv_index, n_heads, blocks, band, tiles, score_args, mask_args, bh, qt, out, lse, status
-):
-    """Query tile ``qt`` of slice ``bh``: its rows of ``out`` and ``lse``."""
-    block_q, block_k = tiles.block_q, tiles.block_k
-    n_q = q.shape[1]
-    n_k = k.shape[1]
+def _forward_item(q, k, v, blocks, item, tiles, score_args, mask_args, out, lse, status):
+    """One item (see ``FLEX_FORWARD_ITEM``): its rows of ``out`` and ``lse``."""
+    block_k = tiles.block_k
     d_v = v.shape[2]
-    offset, left, right = band
-    b = bh // n_heads
-    h = bh % n_heads
-    i0 = qt * block_q
-    mb = min(block_q, n_q - i0)
-    kv = kv_index[bh]
+    bh, kv, b, h = item.bh, item.kv, item.b, item.h
+    i0, row0, mb = item.i0, item.row0, item.rows
+    k_row0, k_lo, k_hi = item.k_row0, item.k_lo, item.k_hi
+    offset, left, right = item.offset, item.left, item.right
+    band = (offset, left, right)
     s_flat = np.empty(mb * block_k, dtype=q.dtype)
     acc = np.zeros((mb, d_v), dtype=q.dtype)
     m = np.full(mb, -np.inf)
     l = np.zeros(mb)
     poison = np.zeros(mb, dtype=np.bool_)
-    q_tile = q[bh, i0 : i0 + mb]
-    j_first = max(i0 + offset - left, 0)
-    j_last = min(i0 + mb - 1 + offset + right, n_k - 1)
-    kt_first = j_first // block_k
-    kt_last = j_last // block_k if j_last >= j_first else kt_first - 1
+    q_tile = q[bh, row0 : row0 + mb]
+    j_first = max(i0 + offset - left, k_lo)
+    j_last = min(i0 + mb - 1 + offset + right, k_hi - 1)
+    kt_first = (j_first - k_lo) // block_k
+    kt_last = (j_last - k_lo) // block_k if j_last >= j_first else kt_first - 1
     for kt in range(kt_first, kt_last + 1):
-        state = _block_state(blocks, b, h, qt, kt)
+        state = _block_state(blocks, b, h, item.qt, kt)
         if state == 0:
             continue
         masked = state == 1
-        j0 = kt * block_k
-        nb = min(block_k, n_k - j0)
-        k_tile = k[kv, j0 : j0 + nb]
+        j0 = k_lo + kt * block_k
+        nb = min(block_k, k_hi - j0)
+        k_tile = k[kv, k_row0 + j0 : k_row0 + j0 + nb]
         st = s_flat[: mb * nb].reshape((mb, nb))
         gemm(q_tile, k_tile, st, False, True, 0.0)
         _mod_tile(st, b, h, i0, j0, band, masked, score_args, mask_args, poison, status)
@@ -540,41 +492,41 @@ def _forward_item(
                 for c in range(d_v):
                     acc_row[c] *= factor
             m[r] = top
-        gemm(st, v[kv, j0 : j0 + nb], acc, False, False, 1.0)
+        gemm(st, v[kv, k_row0 + j0 : k_row0 + j0 + nb], acc, False, False, 1.0)
     ln2 = math.log(2.0)
+    o = item.out
     for r in range(mb):
         if poison[r]:  # NaN or +inf from score_mod: NaN, as torch gives
             for c in range(d_v):
-                out[bh, i0 + r, c] = np.nan
-            lse[bh, i0 + r] = np.nan
+                out[o, row0 + r, c] = np.nan
+            lse[o, row0 + r] = np.nan
         elif l[r] > 0.0:
             inv = like(1.0 / l[r], acc)
             for c in range(d_v):
-                out[bh, i0 + r, c] = acc[r, c] * inv
-            lse[bh, i0 + r] = m[r] * ln2 + np.log(l[r])
-        else:
-            for c in range(d_v):
-                out[bh, i0 + r, c] = 0.0
-            lse[bh, i0 + r] = -np.inf
+                out[o, row0 + r, c] = acc[r, c] * inv
+            lse[o, row0 + r] = m[r] * ln2 + np.log(l[r])
 
 
 def flex_backward(
-    q, k, v, out, lse, dout, kv_index, n_heads, blocks, band, scale, tiles, score_args, mask_args
+    q, k, v, out, lse, dout, kv_index, n_heads, blocks, items, scale, tiles, score_args, mask_args
 ):
     """Blocked attention backward with the module's score and mask functions; returns
     ``(dq, dk, dv)`` in the input dtype (dq (BH, L, E), dk and dv (BKV, S, .) summed
     over the query slices that share them). ``q`` is the user's q times ``scale``,
     ``lse`` (BH, L) float64 natural units from :func:`flex_forward`; ``blocks`` for
-    the backward's tile sizes. Work items are (key/value slice, key-tile group) as
-    in ``nbattn.kernels.flash.flash_backward``, on the threads of
+    the backward's tile sizes. Work items (records of
+    ``nbattn._core.attn_groups.FLEX_BACKWARD_ITEM``) are (key/value slice, key-tile
+    group) of one sequence, as in ``nbattn.kernels.flash.flash_backward``; each runs
+    every query slice ``bh`` with ``kv_index[bh]`` its slice (b = b0 + bh //
+    ``n_heads``, h = bh % ``n_heads``), on the threads of
     :func:`nbattn.kernels.flex_shared.run_items`; the row terms before and the sum of the
     groups' dQ after are the compiled-once kernels of ``nbattn.kernels.flex_shared``."""
     n_bh, n_q, d = q.shape
     n_kv, n_k, _ = k.shape
     delta, lse_t = backward_rows(out, dout, lse)
     dq_part = np.zeros((tiles.n_groups, n_bh, n_q, d), dtype=q.dtype)
-    dk = np.empty((n_kv, n_k, d), dtype=q.dtype)
-    dv = np.empty((n_kv, n_k, v.shape[2]), dtype=q.dtype)
+    dk = np.zeros((n_kv, n_k, d), dtype=q.dtype)
+    dv = np.zeros((n_kv, n_k, v.shape[2]), dtype=q.dtype)
     run_items(
         _backward_items,
         q,
@@ -584,7 +536,7 @@ def flex_backward(
         kv_index,
         n_heads,
         blocks,
-        band,
+        items,
         tiles,
         score_args,
         mask_args,
@@ -607,7 +559,7 @@ def _backward_items(
     kv_index,
     n_heads,
     blocks,
-    band,
+    items,
     tiles,
     score_args,
     mask_args,
@@ -618,11 +570,9 @@ def _backward_items(
     dv,
 ):
     """The items of :func:`flex_backward`, one per increment of ``counter``."""
-    n_groups = tiles.n_groups
-    n_kv = k.shape[0]
     while True:
         item = next_item(counter)
-        if item >= n_kv * n_groups:
+        if item >= items.shape[0]:
             return
         _backward_item(
             q,
@@ -632,12 +582,10 @@ def _backward_items(
             kv_index,
             n_heads,
             blocks,
-            band,
+            items[item],
             tiles,
             score_args,
             mask_args,
-            np.int64(item // n_groups),
-            np.int64(item % n_groups),
             delta,
             lse_t,
             dq_part,
@@ -655,26 +603,26 @@ def _backward_item(
     kv_index,
     n_heads,
     blocks,
-    band,
+    item,
     tiles,
     score_args,
     mask_args,
-    kv,
-    group,
     delta,
     lse_t,
     dq_part,
     dk,
     dv,
 ):
-    """Key-tile group ``group`` of key/value slice ``kv``: its rows of dk and dv, its dq
-    buffer ``dq_part[group]``."""
+    """One item (see ``FLEX_BACKWARD_ITEM``): the rows of dk and dv of its key tiles, its
+    part of the dq buffer ``dq_part[group]``."""
     block_q, block_k, n_groups = tiles
-    n_bh, n_q, d = q.shape
-    n_k = k.shape[1]
+    n_bh, _, d = q.shape
     d_v = v.shape[2]
     dtype = q.dtype
-    offset, left, right = band
+    kv, group = item.kv, item.group
+    q_row0, n_q, k_row0, n_k = item.q_row0, item.n_q, item.k_row0, item.n_k
+    offset, left, right = item.offset, item.left, item.right
+    band = (offset, left, right)
     n_kt = (n_k + block_k - 1) // block_k
     s_flat = np.empty(block_q * block_k, dtype=dtype)
     dp_flat = np.empty(block_q * block_k, dtype=dtype)
@@ -690,8 +638,8 @@ def _backward_item(
         nb = min(block_k, n_k - j0)
         dk_acc[:nb] = 0.0
         dv_acc[:nb] = 0.0
-        k_tile = k[kv, j0 : j0 + nb]
-        v_tile = v[kv, j0 : j0 + nb]
+        k_tile = k[kv, k_row0 + j0 : k_row0 + j0 + nb]
+        v_tile = v[kv, k_row0 + j0 : k_row0 + j0 + nb]
         k_tile_t = _transpose_into(k_tile, kt_flat)
         v_tile_t = _transpose_into(v_tile, vt_flat)
         i_first = max(j0 - offset - right, 0)
@@ -701,7 +649,7 @@ def _backward_item(
         for bh in range(n_bh):
             if kv_index[bh] != kv:
                 continue
-            b = bh // n_heads
+            b = item.b0 + bh // n_heads
             h = bh % n_heads
             for qt in range(qt_first, qt_last + 1):
                 state = _block_state(blocks, b, h, qt, kt)
@@ -709,8 +657,9 @@ def _backward_item(
                     continue
                 i0 = qt * block_q
                 mb = min(block_q, n_q - i0)
-                q_tile = q[bh, i0 : i0 + mb]
-                do_tile = dout[bh, i0 : i0 + mb]
+                r0 = q_row0 + i0
+                q_tile = q[bh, r0 : r0 + mb]
+                do_tile = dout[bh, r0 : r0 + mb]
                 st = s_flat[: mb * nb].reshape((mb, nb))
                 dpt = dp_flat[: mb * nb].reshape((mb, nb))
                 gt = g_flat[: mb * nb].reshape((mb, nb))
@@ -719,7 +668,7 @@ def _backward_item(
                 p_sum = like(0.0, q)
                 for r in range(mb):
                     row = st[r]
-                    shift = lse_t[bh, i0 + r]
+                    shift = lse_t[bh, r0 + r]
                     if shift == neg_inf:
                         row[:] = 0.0
                     else:
@@ -730,15 +679,15 @@ def _backward_item(
                     row = st[r]
                     dp_row = dpt[r]
                     g_row = gt[r]
-                    di = delta[bh, i0 + r]
+                    di = delta[bh, r0 + r]
                     for j in range(nb):
                         dp_row[j] = row[j] * (dp_row[j] - di) * g_row[j]
                 gemm(st, do_tile, dv_acc[:nb], True, False, 1.0)
-                gemm(dpt, k_tile, dq_part[group, bh, i0 : i0 + mb], False, False, 1.0)
+                gemm(dpt, k_tile, dq_part[group, bh, r0 : r0 + mb], False, False, 1.0)
                 gemm(dpt, q_tile, dk_acc[:nb], True, False, 1.0)
         for j in range(nb):
             for c in range(d):
-                dk[kv, j0 + j, c] = dk_acc[j, c]
+                dk[kv, k_row0 + j0 + j, c] = dk_acc[j, c]
         for j in range(nb):
             for c in range(d_v):
-                dv[kv, j0 + j, c] = dv_acc[j, c]
+                dv[kv, k_row0 + j0 + j, c] = dv_acc[j, c]
