@@ -185,21 +185,21 @@ def _fit_items(counter, data, model, values_t, want_mfx, leaves, fit):
     # without missing values the local-linear moments and the local constant read the
     # differences from the keys: the design rows are never written (one pass less)
     store_design = missing or do_mfx or (p > 1 and degree >= 2) or (p > 1 and not fused)
-    # scratch zeroed once per thread (block_scratch): never junk from an earlier call
-    scores, design = block_scratch(p, dc)
-    wx = np.zeros(_KEY_BLOCK)
-    moments = np.zeros((p, p))
-    rhs = np.zeros((p, n_out))
-    scratch = np.zeros((p, p))
-    keep = np.zeros(p, dtype=np.bool_)
-    z = np.zeros(p)
-    dsum = np.zeros(dc)
-    dysum = np.zeros((dc, n_out))
     n_chunks = leaves.query_start.shape[0] - 1
     while True:
         chunk = next_item(counter)
         if chunk >= n_chunks:
             return
+        # scratch zeroed once per chunk (block_scratch): never junk from an earlier call
+        scores, design = block_scratch(p, dc)
+        wx = np.zeros(_KEY_BLOCK)
+        moments = np.zeros((p, p))
+        rhs = np.zeros((p, n_out))
+        scratch = np.zeros((p, p))
+        keep = np.zeros(p, dtype=np.bool_)
+        z = np.zeros(p)
+        dsum = np.zeros(dc)
+        dysum = np.zeros((dc, n_out))
         # the chunk's queries (neighbours in k-d order when pruned) visit the same keys
         first, stop, runs, n_runs = chunk_runs(chunk, data, model, leaves)
         for i in range(first, stop):

@@ -88,18 +88,18 @@ def _gradient_items(counter, data, model, fit, values_t, cat_dparams, out_weight
     n_out = values_t.shape[0]
     p = beta.shape[1]
     n_par = dc + dk
-    scores, design = block_scratch(p, dc)
-    coef = np.zeros(_KEY_BLOCK)
-    cvec = np.zeros(_KEY_BLOCK)
-    fitted = np.zeros(_KEY_BLOCK)
-    pen = np.zeros(_KEY_BLOCK)
-    a_sum = np.zeros(n_par)
-    s_sum = np.zeros(n_par)
     n_chunks = leaves.query_start.shape[0] - 1
     while True:
         chunk = next_item(counter)
         if chunk >= n_chunks:
             return
+        scores, design = block_scratch(p, dc)
+        coef = np.zeros(_KEY_BLOCK)
+        cvec = np.zeros(_KEY_BLOCK)
+        fitted = np.zeros(_KEY_BLOCK)
+        pen = np.zeros(_KEY_BLOCK)
+        a_sum = np.zeros(n_par)
+        s_sum = np.zeros(n_par)
         # the chunk's queries (neighbours in k-d order when pruned) visit the same keys
         first, stop, runs, n_runs = chunk_runs(chunk, data, model, leaves)
         for i in range(first, stop):
@@ -205,12 +205,12 @@ def _interval_items(counter, data, model, fit, residuals_t, out):
     n_q, dc, _, n_k = problem_shape(data)
     n_out = residuals_t.shape[0]
     p = g.shape[1]
-    scores, design = block_scratch(p, dc)
     n_chunks = (n_q + _QUERY_BLOCK - 1) // _QUERY_BLOCK
     while True:
         chunk = next_item(counter)
         if chunk >= n_chunks:
             return
+        scores, design = block_scratch(p, dc)
         stop = min(n_q, (chunk + 1) * _QUERY_BLOCK)
         for i in range(chunk * _QUERY_BLOCK, stop):
             if log_norm[i] == -np.inf:
@@ -252,12 +252,12 @@ def _equivalent_items(counter, data, model, fit, out):
     g, log_norm, nearest = fit.g, fit.log_norm, fit.nearest
     n_q, dc, _, n_k = problem_shape(data)
     p = g.shape[1]
-    scores, design = block_scratch(p, dc)
     n_chunks = (n_q + _QUERY_BLOCK - 1) // _QUERY_BLOCK
     while True:
         chunk = next_item(counter)
         if chunk >= n_chunks:
             return
+        scores, design = block_scratch(p, dc)
         stop = min(n_q, (chunk + 1) * _QUERY_BLOCK)
         for i in range(chunk * _QUERY_BLOCK, stop):
             if log_norm[i] == -np.inf:

@@ -626,13 +626,13 @@ def _pool_items(
     n_queries = queries.shape[0]
     n_outputs = values_s.shape[0]
     dtype = queries.dtype
-    scores = np.empty(_KEY_BLOCK, dtype=dtype)
-    acc = np.empty(n_outputs, dtype=np.float64)
     n_chunks = (n_queries + _QUERY_BLOCK - 1) // _QUERY_BLOCK
     while True:
         chunk = next_item(counter)
         if chunk >= n_chunks:
             return
+        scores = np.empty(_KEY_BLOCK, dtype=dtype)
+        acc = np.empty(n_outputs, dtype=np.float64)
         stop = min(n_queries, (chunk + 1) * _QUERY_BLOCK)
         try_one_pass = True
         for i in range(chunk * _QUERY_BLOCK, stop):
