@@ -54,7 +54,7 @@ rows, the keys the block sees, the sums it adds to), the score choice
 (:data:`ScoreChoice`) and the thread's scratch (:data:`GemmWork`,
 ``loo_fused.PairWork``).
 
-Inside ``prange``, ``np.dot`` calls BLAS: the caller (``nbattn.smoothing.tiled_loo``) holds
+Inside the work items, ``np.dot`` calls BLAS: the caller (``nbattn.smoothing.tiled_loo``) holds
 BLAS to one thread while the kernel runs.
 """
 
@@ -63,10 +63,11 @@ from __future__ import annotations
 from collections import namedtuple
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from .. import config
 from .fastmath import fast_exp, fmax
+from .items import next_item, run_items
 from .kd_order import kd_order, kept_keys, kept_leaves, leaf_boxes
 from .loo_fused import (
     add_row_part,
@@ -377,12 +378,28 @@ def _groups(n_rows, block_rows, n, d):
 
 
 @njit(cache=config.CACHE)
+def _group_totals(sse, m, c):
+    """``(sse, m, c)`` summed over their groups (axis 0), in group order."""
+    n_groups, d, _ = m.shape
+    total = 0.0
+    m_total = np.zeros((d, d))
+    c_total = np.zeros(c.shape[1])
+    for g in range(n_groups):
+        total += sse[g]
+        for a in range(d):
+            for b in range(d):
+                m_total[a, b] += m[g, a, b]
+        for j in range(c.shape[1]):
+            c_total[j] += c[g, j]
+    return total, m_total, c_total
+
+
+@njit(cache=config.CACHE)
 def _group_blocks(group, n_groups, n_blocks):
     """``(first, last)``: the blocks of group ``group``, an even share of ``n_blocks``."""
     return group * n_blocks // n_groups, (group + 1) * n_blocks // n_groups
 
 
-@njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
 def loo_tiles(
     z_t,
     points,
@@ -415,14 +432,64 @@ def loo_tiles(
     M_rows : (d, d), sum_r [a_r x_r x_r^T - x_r b_r^T - b_r x_r^T]
     key_sums : (n,), c_j = sum_r g_rj
     far : (n_rows,) bool, rows left to the caller
+
+    The groups of row blocks are the work items of
+    :func:`nbattn.kernels.items.run_items` (each with its own partial sums, added in
+    group order: the same bits on any number of threads).
     """
+    n_blocks, n_groups, partial_sse, partial_m, partial_c, far = _groups(
+        rows.shape[0], block_rows, z_t.shape[1], points.shape[1]
+    )
+    run_items(
+        _tiles_items,
+        z_t,
+        points,
+        np.ascontiguousarray(points.T),
+        values_t,
+        targets,
+        rows,
+        np.int64(block_rows),
+        bool(use_gemm),
+        float(gemm_max_radius2),
+        float(refine_max_radius2),
+        np.int64(n_blocks),
+        partial_sse,
+        partial_m,
+        partial_c,
+        far,
+    )
+    return (*_group_totals(partial_sse, partial_m, partial_c), far)
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
+def _tiles_items(
+    counter,
+    z_t,
+    points,
+    points_t,
+    values_t,
+    targets,
+    rows,
+    block_rows,
+    use_gemm,
+    gemm_max_radius2,
+    refine_max_radius2,
+    n_blocks,
+    partial_sse,
+    partial_m,
+    partial_c,
+    far,
+):
+    """The groups of row blocks that ``counter`` hands this thread: their partial sums."""
     k, n = z_t.shape
     n_rows = rows.shape[0]
     d = points.shape[1]
     p = values_t.shape[0]
-    n_blocks, n_groups, partial_sse, partial_m, partial_c, far = _groups(n_rows, block_rows, n, d)
-    points_t = np.ascontiguousarray(points.T)
-    for group in prange(n_groups):
+    n_groups = partial_sse.shape[0]
+    while True:
+        group = next_item(counter)
+        if group >= n_groups:
+            return
         work, pair = _workspace(k, n, d, p, block_rows, use_gemm)
         queries = TileQueries(z_t, points, targets, rows)
         choice = ScoreChoice(use_gemm, gemm_max_radius2, refine_max_radius2)
@@ -438,10 +505,8 @@ def loo_tiles(
                 own_at[r] = rows[i0 + r]
             sse += _tile_rows_pass(queries, i0, nb, keys, choice, work, pair, sums)
         partial_sse[group] = sse
-    return partial_sse.sum(), partial_m.sum(axis=0), partial_c.sum(axis=0), far
 
 
-@njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
 def loo_tiles_boxed(
     z_t,
     points,
@@ -465,14 +530,73 @@ def loo_tiles_boxed(
     their bounding boxes (:func:`leaf_boxes`). Each tile gathers the keys of the
     leaves within reach of its rows (``nbattn.kernels.kd_order``) into contiguous buffers
     and runs the one-pass softmax and GEMM gradient of :func:`loo_tiles` on them.
+
+    The groups of row blocks are the work items of
+    :func:`nbattn.kernels.items.run_items` (each with its own partial sums, added in
+    group order: the same bits on any number of threads).
     """
+    n_blocks, n_groups, partial_sse, partial_m, partial_c, far = _groups(
+        rows.shape[0], block_rows, z_t.shape[1], points.shape[1]
+    )
+    run_items(
+        _boxed_items,
+        z_t,
+        points,
+        np.ascontiguousarray(points.T),
+        values_t,
+        targets,
+        rows,
+        np.int64(block_rows),
+        bool(use_gemm),
+        float(gemm_max_radius2),
+        float(refine_max_radius2),
+        leaf_start,
+        box_lo,
+        box_hi,
+        float(prune_gap),
+        np.int64(n_blocks),
+        partial_sse,
+        partial_m,
+        partial_c,
+        far,
+    )
+    return (*_group_totals(partial_sse, partial_m, partial_c), far)
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
+def _boxed_items(
+    counter,
+    z_t,
+    points,
+    points_t,
+    values_t,
+    targets,
+    rows,
+    block_rows,
+    use_gemm,
+    gemm_max_radius2,
+    refine_max_radius2,
+    leaf_start,
+    box_lo,
+    box_hi,
+    prune_gap,
+    n_blocks,
+    partial_sse,
+    partial_m,
+    partial_c,
+    far,
+):
+    """The groups of row blocks that ``counter`` hands this thread: their partial sums."""
     k, n = z_t.shape
     n_rows = rows.shape[0]
     d = points.shape[1]
     p = values_t.shape[0]
     n_leaves = box_lo.shape[0]
-    n_blocks, n_groups, partial_sse, partial_m, partial_c, far = _groups(n_rows, block_rows, n, d)
-    for group in prange(n_groups):
+    n_groups = partial_sse.shape[0]
+    while True:
+        group = next_item(counter)
+        if group >= n_groups:
+            return
         work, pair = _workspace(k, n, d, p, block_rows, use_gemm)
         queries = TileQueries(z_t, points, targets, rows)
         choice = ScoreChoice(use_gemm, gemm_max_radius2, refine_max_radius2)
@@ -522,4 +646,3 @@ def loo_tiles_boxed(
             for t in range(width):
                 c_sum[key_index[t]] += keys_c[t]
         partial_sse[group] = sse
-    return partial_sse.sum(), partial_m.sum(axis=0), partial_c.sum(axis=0), far
