@@ -35,10 +35,11 @@ different ``score_mod`` does in PyTorch's FlexAttention). So:
 
 * plain, masked, causal, windowed, grouped-query, softcapped and dropout
   attention, and ``score_mod`` / ``mask_mod`` with their arrays in ``mod_args``,
-  compile with ``fullgraph=True``, forward and backward (tested with the
-  ``"eager"`` and ``"aot_eager"`` backends); the tensors of ``mod_args`` are graph
-  inputs, so bias tables, slopes and document ids may change from call to call
-  without recompiling;
+  compile with ``fullgraph=True``, forward and backward (the tests use the
+  ``"eager"`` and ``"aot_eager"`` backends, which need no C++ compiler; the
+  default, inductor, keeps the two operators as calls of their own too); the
+  tensors of ``mod_args`` are graph inputs, so bias tables, slopes and document ids
+  may change from call to call without recompiling;
 * a ``block_mask`` is a constant of the compiled graph: one compile per
   block-mask object, which suits a mask made once (a sliding window, a fixed
   document layout); for a mask that changes with every batch pass ``mask_mod``

@@ -12,9 +12,11 @@ and that pair (float64 and float32).
 
 from __future__ import annotations
 
+import gc
 import importlib
 import math
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -105,12 +107,13 @@ def _case(name, dtype=torch.float64):
     return _qkv(dtype, kv_heads=H_KV if name == "gqa" else H), ours(dtype), dense
 
 
-def _numpy_keywords(kw):
-    return {n: (v.numpy() if isinstance(v, torch.Tensor) else v) for n, v in kw.items()} | {
-        "mod_args": tuple(
-            a.numpy() if isinstance(a, torch.Tensor) else a for a in kw.get("mod_args", ())
-        )
-    }
+def _for_nbattn(kw):
+    """``kw`` with its tensors (those of mod_args too) as NumPy arrays, for nbattn itself."""
+
+    def array(x):
+        return x.numpy() if isinstance(x, torch.Tensor) else x
+
+    return {n: tuple(map(array, x)) if n == "mod_args" else array(x) for n, x in kw.items()}
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -118,7 +121,7 @@ def test_forward_is_nbattns_result_bit_for_bit(name):
     (q, k, v), kw, _ = _case(name)
     out, lse = nbt.flash_attention(q, k, v, return_lse=True, **kw)
     ref, ref_lse = nbattn.flash_attention(
-        *(x.detach().numpy() for x in (q, k, v)), return_lse=True, **_numpy_keywords(kw)
+        *(x.detach().numpy() for x in (q, k, v)), return_lse=True, **_for_nbattn(kw)
     )
     assert out.dtype == torch.float64 and lse.dtype == torch.float64
     assert np.array_equal(out.detach().numpy(), ref) and np.array_equal(lse.numpy(), ref_lse)
@@ -226,6 +229,37 @@ def test_inputs_are_neither_written_nor_required_contiguous():
         assert torch.equal(x.detach(), y)
 
 
+def test_handles_are_never_reused_and_hold_nothing_alive():
+    def make():
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score
+
+        return score_mod
+
+    fn = make()
+    handle = nbt._HANDLES.handle(fn, "score_mod")
+    assert nbt._HANDLES.handle(fn, "score_mod") == handle and nbt._HANDLES.get(handle) is fn
+    del fn
+    gc.collect()
+    with pytest.raises(RuntimeError, match="no longer exists"):
+        nbt._HANDLES.get(handle)
+    assert nbt._HANDLES.handle(make(), "score_mod") != handle
+
+
+def test_a_call_keeps_its_functions_alive_until_its_backward():
+    q, k, v = _qkv()
+    kw = _programmable(slopes=SLOPES)
+    # a copy of score_fn that nothing else holds (the same code: no new compile)
+    kw["score_mod"] = types.FunctionType(score_fn.__code__, score_fn.__globals__)
+    out = nbt.flash_attention(q, k, v, **kw)
+    del kw
+    gc.collect()
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    refs = torch.autograd.grad(_dense(q, k, v, slopes=SLOPES).sum(), (q, k, v))
+    for grad, ref in zip(grads, refs, strict=True):
+        np.testing.assert_allclose(grad.numpy(), ref.numpy(), rtol=0, atol=1e-10)
+
+
 def test_opcheck():
     """torch.library's checks of the operators: schema (no input written, no output
     aliasing an input), fake shapes against the real ones, autograd registration."""
@@ -246,11 +280,17 @@ def test_opcheck():
 
 
 def _compiled_matches_eager(fn, *args):
+    """Each call of ``fn`` compiled (aot_eager, fullgraph) gives eager's loss and gradients
+    (both after the same torch.manual_seed); returns the number of graphs compiled."""
+    import torch._dynamo.testing
+
     counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
     compiled = torch.compile(fn, backend=counter, fullgraph=True)
     for inputs in args:
+        torch.manual_seed(0)
         eager = fn(*inputs)
         grads = torch.autograd.grad(eager, inputs[:3])
+        torch.manual_seed(0)
         got = compiled(*inputs)
         assert torch.equal(got, eager)
         for grad, ref in zip(torch.autograd.grad(got, inputs[:3]), grads, strict=True):
@@ -259,8 +299,14 @@ def _compiled_matches_eager(fn, *args):
 
 
 def test_compiles_in_one_graph_forward_and_backward():
+    """Every keyword of the plain path, dropout's seed drawn inside the graph."""
+
     def loss(q, k, v, mask):
-        return nbt.flash_attention(q, k, v, causal=True, mask=mask, enable_gqa=True).square().sum()
+        out, lse = nbt.flash_attention(
+            q, k, v, mask=mask, enable_gqa=True, causal=True, causal_alignment="bottom_right",
+            window=(3, None), softcap=5.0, dropout_p=0.25, scale=0.3, return_lse=True,
+        )  # fmt: skip
+        return out.square().sum() + lse.nan_to_num(neginf=0.0).sum()
 
     q, k, v = _qkv(kv_heads=H_KV)
     assert _compiled_matches_eager(loss, (q, k, v, torch.rand(B, 1, 1, S) > 0.2)) == 1
