@@ -179,10 +179,12 @@ def _check_qkv(q, k, v):
         )
 
 
-#: How a number of ``mod_args`` travels to the operators: in the ints ("b", "i") or
-#: the floats ("f"); "t" is a tensor.
 def _split_mod_args(mod_args):
-    """``mod_args`` as (tensors, ints, floats, kinds) for the operators."""
+    """``mod_args`` as (tensors, ints, floats, kinds) for the operators: the tensors, the
+    bools and ints, the floats, and per entry its kind ("t" tensor, "b" bool, "i" int,
+    "f" float), from which the operators put the tuple back together."""
+    if mod_args is None:
+        mod_args = ()
     if not isinstance(mod_args, tuple):
         raise ValueError(
             f"mod_args must be a tuple of tensors and numbers, got {type(mod_args).__name__}"
