@@ -4,6 +4,7 @@ Build it with ``python -m sphinx -W --keep-going -b html docs OUTDIR`` after
 ``pip install -e '.[docs]'``; ``scripts/test`` does so into a temporary folder.
 """
 
+import importlib.util
 import inspect
 
 from nbattn import __version__
@@ -27,6 +28,9 @@ numpydoc_class_members_toctree = False
 # (predict, attention_weights, ... live on the shared base).
 autodoc_default_options = {"member-order": "bysource", "inherited-members": True}
 autodoc_typehints = "none"
+# nbattn.torch needs torch, an optional extra: where it is missing, autodoc reads the
+# module with torch mocked (its docstrings are all the pages need).
+autodoc_mock_imports = [] if importlib.util.find_spec("torch") else ["torch"]
 
 html_theme = "alabaster"
 html_static_path: list[str] = []

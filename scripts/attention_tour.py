@@ -20,6 +20,9 @@ Each step prints what it computes and saves its attention maps to OUTDIR:
 8. causal self-attention as a (toy) language model: greedy decoding with a
    key/value cache, one token per step, checked against the full forward
    (printed check)
+9. a torch model trained end to end through nbattn.torch.flash_attention with
+   ALiBi written as a score_mod: the loss going down (printed; skipped without
+   torch)
 """
 
 from __future__ import annotations
@@ -202,6 +205,7 @@ def main(outdir):
         )
     )
     greedy_decoding(rng)
+    training_with_a_score_mod()
     files = sorted(p.name for p in out.glob("*.png"))
     print(f"\nsaved {len(files)} figures to {out}: {', '.join(files)}")
 
@@ -245,6 +249,58 @@ def greedy_decoding(rng):
     )
     if not np.allclose(incremental, full[0], rtol=1e-10, atol=1e-10):
         raise SystemExit("decoding with the cache disagrees with the full forward")
+
+
+def alibi_score(score, b, h, q_idx, kv_idx, slopes):
+    """ALiBi as a score_mod: head h's scores fall by slopes[h] per position back."""
+    return score + slopes[h] * (kv_idx - q_idx)
+
+
+def training_with_a_score_mod(steps=40):
+    """Step 9: a one-layer causal attention model in torch, trained through nbattn.torch."""
+    step("9. training a torch model through nbattn.torch.flash_attention with an ALiBi score_mod")
+    try:
+        import torch
+
+        import nbattn.torch as nbattn_torch
+    except ImportError:
+        print("   torch is not installed: skipped (pip install 'nbattn[torch]')")
+        return
+    torch.manual_seed(0)
+    batch, n, features, heads, head_dim = 32, 16, 4, 2, 8
+    slopes = torch.tensor([0.7, 0.1], dtype=torch.float64)  # per head, fixed (not learned)
+    # the task: each position's target is an average of the first feature over the
+    # positions so far, weighted e^-0.7 per step back (what head 0's ALiBi alone gives)
+    decay = slopes[0] * (torch.arange(n)[None, :] - torch.arange(n)[:, None])
+    weights = torch.softmax(decay.masked_fill(decay > 0, -torch.inf), -1).float()
+
+    class OneLayer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = torch.nn.Linear(features, 3 * heads * head_dim)
+            self.head = torch.nn.Linear(heads * head_dim, 1)
+
+        def forward(self, x):
+            q, k, v = self.qkv(x).view(batch, n, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
+            out = nbattn_torch.flash_attention(
+                q, k, v, causal=True, score_mod=alibi_score, mod_args=(slopes,)
+            )  # (batch, heads, n, head_dim); q, k, v non-contiguous views are fine
+            return self.head(out.transpose(1, 2).reshape(batch, n, heads * head_dim))[..., 0]
+
+    model = OneLayer()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    losses = []
+    for i in range(steps):
+        x = torch.randn(batch, n, features)
+        loss = torch.nn.functional.mse_loss(model(x), x[..., 0] @ weights.T)
+        optimizer.zero_grad()
+        loss.backward()  # through nbattn's flash backward, the score_mod's by the complex step
+        optimizer.step()
+        losses.append(loss.item())
+        if i % 10 == 0 or i == steps - 1:
+            print(f"   step {i:3d}  loss {loss.item():.4f}")
+    if not losses[-1] < 0.5 * losses[0]:
+        raise SystemExit("the loss did not go down through nbattn.torch.flash_attention")
 
 
 if __name__ == "__main__":

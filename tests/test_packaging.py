@@ -69,7 +69,8 @@ lazy_submodule &= nbattn.datasets.__name__ == "nbattn.app.datasets"
 nbattn.NadarayaWatsonRegressor
 record("NadarayaWatsonRegressor")
 modules = [m.name for m in pkgutil.walk_packages(nbattn.__path__, "nbattn.")
-           if not m.name.startswith(("nbattn.cuda", "nbattn.data", "nbattn.app.dask"))]
+           if not m.name.startswith(("nbattn.cuda", "nbattn.data", "nbattn.app.dask",
+                                     "nbattn.torch"))]
 for module in modules:
     importlib.import_module(module)
 wrong = [n for n, mod in nbattn._PUBLIC.items()
