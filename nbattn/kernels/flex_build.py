@@ -15,7 +15,7 @@ its compiled kernels from disk, without compiling the user's functions at
 all.
 
 The key is a SHA-256 of the template's source and of each function's
-fingerprint (:func:`fingerprint`): its bytecode, constants, names, defaults
+fingerprint (:func:`fingerprint`): its module and name, bytecode, constants, names, defaults
 and the values it reads from its globals and closure (numbers, strings,
 modules by name, other functions recursively), including those read through a
 module (``helpers.SCALE``: by value, as numba freezes it). numba freezes a
@@ -138,7 +138,10 @@ def _function_print(fn, name, depth, seen):
     for where, value in _module_reads(code, fn.__globals__, cells):
         reads.append((where, _value_print(value, name, where, depth, seen)))
     defaults = tuple(_value_print(d, name, "default", depth, seen) for d in fn.__defaults__ or ())
-    return (_code_print(code), tuple(reads), defaults, options)
+    # its module and name too: numba's cache refers to the function by them, and a kernel
+    # cached for the same code under another module name fails to load
+    where = (fn.__module__, fn.__qualname__)
+    return (where, _code_print(code), tuple(reads), defaults, options)
 
 
 def _module_reads(code, globals_, cells):

@@ -517,6 +517,23 @@ def test_the_key_holds_values_read_through_modules(monkeypatch):
         flex_build.fingerprint(_reads_a_module_array, "score_mod")
 
 
+def test_the_key_holds_the_function_module():
+    """numba's cached kernel finds the user's function by module name: the same code in a
+    module loaded under another name (a script run as ``__main__``, then imported) must
+    not share the key, or the second process fails to load it (no kernel compiles here)."""
+    import types as pytypes
+
+    from nbattn.kernels import flex_build
+
+    source = "def score(score, b, h, q_idx, kv_idx):\n    return score * 0.5\n"
+    prints = set()
+    for name in ("__main__", "tour", "alias_tour"):
+        module = pytypes.ModuleType(name)
+        exec(compile(source, "tour.py", "exec"), module.__dict__)
+        prints.add(flex_build.fingerprint(module.score, "score_mod"))
+    assert len(prints) == 3
+
+
 def test_a_jitted_score_mod_is_compiled_anew():
     """The user's dispatcher may hold code frozen with older globals: never reused."""
     from numba import njit
