@@ -44,7 +44,7 @@ class Bias(namedtuple("Bias", ["mask", "mask_index", "mask_live", "slopes"])):
     mask : (BM, LM, SM) base-2 float (the CUDA twins also take bool, True = may
         attend), un-expanded: LM in {1, L}, SM in {1, S}; shape (0, 1, 1) = none.
     mask_index : int64 (BH,), the mask slice of each query slice.
-    mask_live : uint8 (BM, QT, KT) from ``nbattn.kernels.flash.mask_tile_live`` with
+    mask_live : uint8 (BM, QT, KT) from ``nbattn.kernels.masks.mask_tile_live`` with
         the kernel's own tile sizes (the CPU's; the CUDA twins ignore it).
     slopes : (BH,) base-2 ALiBi slopes a; shape (0,) = none.
     """

@@ -123,6 +123,7 @@ from .fastmath import (
     like,
 )
 from .items import next_item, run_items
+from .masks import mask_tile_live  # noqa: F401 (attn.flash calls it through the "flash" op)
 from .softmax import row_max
 
 LN2 = 0.6931471805599453
@@ -395,36 +396,6 @@ def _row_counter(dropout, bh, i, j0):
     """The dropout counter of entry (bh, i, j0): (bh n_rows + row0 + i) n_cols + col0 + j0."""
     row = np.uint64(bh) * dropout.n_rows + dropout.row0 + np.uint64(i)
     return row * dropout.n_cols + dropout.col0 + np.uint64(j0)
-
-
-@njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
-def mask_tile_live(mask, block_q, block_k):
-    """uint8 (BM, QT, KT): 1 where a (mask slice, query tile, key tile) has an entry > -inf.
-
-    QT = 1 when the mask has one row (LM = 1, e.g. key padding), else
-    ceil(LM / block_q); KT likewise over the keys. The kernels skip the
-    tiles flagged 0.
-    """
-    n_m, n_l, n_s = mask.shape
-    n_qt = (n_l + block_q - 1) // block_q if n_l > 1 else 1
-    n_kt = (n_s + block_k - 1) // block_k if n_s > 1 else 1
-    bq = block_q if n_l > 1 else 1
-    bk = block_k if n_s > 1 else 1
-    live = np.zeros((n_m, n_qt, n_kt), dtype=np.uint8)
-    neg = like(-np.inf, mask)
-    for item in prange(n_m * n_qt):
-        mi = item // n_qt
-        qt = item % n_qt
-        for i in range(qt * bq, min(n_l, (qt + 1) * bq)):
-            row = mask[mi, i]
-            for kt in range(n_kt):
-                if live[mi, qt, kt]:
-                    continue
-                for j in range(kt * bk, min(n_s, (kt + 1) * bk)):
-                    if row[j] > neg:
-                        live[mi, qt, kt] = 1
-                        break
-    return live
 
 
 def flash_forward(q, k, v, kv_index, bias, band, score, dropout, tiles):

@@ -10,7 +10,7 @@ also reports what the caller must check: whether the mask holds NaN or +inf,
 and its largest finite magnitude (masks beyond a few dozen are shifted per
 row by the caller, which redoes them).
 
-The table is that of ``nbattn.kernels.flash.mask_tile_live`` for the same
+The table is that of :func:`mask_tile_live` (for a mask already in base 2) for the same
 tile sizes: one flag per (mask slice, query tile, key tile), 1 where the
 tile holds an entry > -inf.
 """
@@ -22,8 +22,9 @@ from numba import njit, prange
 
 from .. import config
 from .._core.numeric import LOG2E
+from .fastmath import like
 
-__all__ = ["bool_mask_base2", "float_mask_base2"]
+__all__ = ["bool_mask_base2", "float_mask_base2", "mask_tile_live"]
 
 
 @njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
@@ -101,3 +102,33 @@ def float_mask_base2(mask, out, live, block_q, block_k):
     for item in prange(n_items):
         bad[item], top[item] = _float_rows(mask, out, live, item // n_qt, item % n_qt, bq, bk)
     return bad.sum(), top.max()
+
+
+@njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
+def mask_tile_live(mask, block_q, block_k):
+    """uint8 (BM, QT, KT): 1 where a (mask slice, query tile, key tile) has an entry > -inf.
+
+    QT = 1 when the mask has one row (LM = 1, e.g. key padding), else
+    ceil(LM / block_q); KT likewise over the keys. The kernels skip the
+    tiles flagged 0.
+    """
+    n_m, n_l, n_s = mask.shape
+    n_qt = (n_l + block_q - 1) // block_q if n_l > 1 else 1
+    n_kt = (n_s + block_k - 1) // block_k if n_s > 1 else 1
+    bq = block_q if n_l > 1 else 1
+    bk = block_k if n_s > 1 else 1
+    live = np.zeros((n_m, n_qt, n_kt), dtype=np.uint8)
+    neg = like(-np.inf, mask)
+    for item in prange(n_m * n_qt):
+        mi = item // n_qt
+        qt = item % n_qt
+        for i in range(qt * bq, min(n_l, (qt + 1) * bq)):
+            row = mask[mi, i]
+            for kt in range(n_kt):
+                if live[mi, qt, kt]:
+                    continue
+                for j in range(kt * bk, min(n_s, (kt + 1) * bk)):
+                    if row[j] > neg:
+                        live[mi, qt, kt] = 1
+                        break
+    return live
