@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from .. import config
 from .._core.local_groups import (
@@ -45,6 +45,7 @@ from .._core.local_groups import (
     UNORDERED,
 )
 from .fastmath import fast_exp, fmax
+from .items import next_item, run_items
 from .local_pairs import category_term, dlog_kernel, log_kernel
 from .normal import normal_cdf, normal_cdf_parts
 
@@ -66,6 +67,8 @@ __all__ = [
 
 #: Keys per block of the gradient pass: their scores in a buffer small enough for L1.
 SCORE_BLOCK = 256
+#: Queries per work item (:mod:`nbattn.kernels.items`): a query costs one pass over the keys.
+_ROWS = 8
 
 _LOG_HALF = math.log(0.5)
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
@@ -137,7 +140,6 @@ def pair_score(i, j, q_cont, keys_cont_t, q_cat, keys_cat_t, cat_params, log_wei
     return s
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, parallel=True)
 def log_kernel_sums(
     q_cont,
     keys_cont_t,
@@ -173,26 +175,70 @@ def log_kernel_sums(
     compiler vectorises, with no logarithm or erfc per pair, and stays exact in the far
     lower tail (the factor never underflows); the compact kernels and the categorical
     columns add their logarithms to the score, one pair at a time.
+
+    Chunks of ``_ROWS`` rows are the work items of
+    :func:`nbattn.kernels.items.run_items`.
     """
-    n_q = q_cont.shape[0]
-    out = np.empty(n_q)
-    for i in prange(n_q):
-        out[i] = _log_kernel_sums_row(
-            np.int64(i),
-            q_cont,
-            keys_cont_t,
-            q_cat,
-            keys_cat_t,
-            cont_integrated,
-            cat_integrated,
-            cat_params,
-            cat_kind,
-            cat_lambda,
-            cat_count,
-            log_weights,
-            kernel,
-        )
+    out = np.empty(q_cont.shape[0])
+    run_items(
+        _log_kernel_sums_items,
+        q_cont,
+        keys_cont_t,
+        q_cat,
+        keys_cat_t,
+        cont_integrated,
+        cat_integrated,
+        cat_params,
+        cat_kind,
+        cat_lambda,
+        cat_count,
+        log_weights,
+        kernel,
+        out,
+    )
     return out
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
+def _log_kernel_sums_items(
+    counter,
+    q_cont,
+    keys_cont_t,
+    q_cat,
+    keys_cat_t,
+    cont_integrated,
+    cat_integrated,
+    cat_params,
+    cat_kind,
+    cat_lambda,
+    cat_count,
+    log_weights,
+    kernel,
+    out,
+):
+    """The chunks of rows that ``counter`` hands this thread: their rows of ``out``."""
+    n_q = q_cont.shape[0]
+    n_chunks = (n_q + _ROWS - 1) // _ROWS
+    while True:
+        chunk = next_item(counter)
+        if chunk >= n_chunks:
+            return
+        for i in range(chunk * _ROWS, min(n_q, (chunk + 1) * _ROWS)):
+            out[i] = _log_kernel_sums_row(
+                np.int64(i),
+                q_cont,
+                keys_cont_t,
+                q_cat,
+                keys_cat_t,
+                cont_integrated,
+                cat_integrated,
+                cat_params,
+                cat_kind,
+                cat_lambda,
+                cat_count,
+                log_weights,
+                kernel,
+            )
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
@@ -273,7 +319,6 @@ def _log_kernel_sums_row(
     return top + math.log(total) if total > 0.0 else -math.inf
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, parallel=True)
 def log_sums_and_score_means(
     q_cont,
     keys_cont_t,
@@ -304,81 +349,130 @@ def log_sums_and_score_means(
     One online pass over blocks of ``SCORE_BLOCK`` keys: a block's scores first (loops the
     compiler vectorises), then its weights and their sums, rescaled whenever the running
     maximum grows.
+
+    Chunks of ``_ROWS`` rows are the work items of
+    :func:`nbattn.kernels.items.run_items`.
     """
+    n_q = q_cont.shape[0]
+    log_sums = np.empty(n_q)
+    means = np.zeros((n_q, keys_cont_t.shape[0] + keys_cat_t.shape[0]))
+    run_items(
+        _log_sums_and_score_means_items,
+        q_cont,
+        keys_cont_t,
+        q_cat,
+        keys_cat_t,
+        cat_params,
+        cat_dparams,
+        log_weights,
+        kernel,
+        exclude_self,
+        gradient,
+        log_sums,
+        means,
+    )
+    return log_sums, means
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
+def _log_sums_and_score_means_items(
+    counter,
+    q_cont,
+    keys_cont_t,
+    q_cat,
+    keys_cat_t,
+    cat_params,
+    cat_dparams,
+    log_weights,
+    kernel,
+    exclude_self,
+    gradient,
+    log_sums,
+    means,
+):
+    """The chunks of rows that ``counter`` hands this thread: their rows of ``log_sums``
+    and ``means``."""
     n_q = q_cont.shape[0]
     n_k = log_weights.shape[0]
     dc = keys_cont_t.shape[0]
     dk = keys_cat_t.shape[0]
-    log_sums = np.empty(n_q)
-    means = np.zeros((n_q, dc + dk))
-    for i in prange(n_q):
-        scores = np.empty(SCORE_BLOCK)
-        acc = np.zeros(dc + dk)
-        top = -math.inf
-        total = 0.0
-        for j0 in range(0, n_k, SCORE_BLOCK):
-            nb = min(SCORE_BLOCK, n_k - j0)
-            for jj in range(nb):
-                scores[jj] = log_weights[j0 + jj]
-            for c in range(dc):
-                qc = q_cont[i, c]
-                if kernel == GAUSSIAN:  # the common case, in a loop the compiler vectorises
-                    for jj in range(nb):
-                        d = keys_cont_t[c, j0 + jj] - qc
-                        scores[jj] -= 0.5 * d * d
-                else:
-                    for jj in range(nb):
-                        scores[jj] += log_kernel(keys_cont_t[c, j0 + jj] - qc, kernel)
-            for k in range(dk):
-                qk, a, b, t = q_cat[i, k], cat_params[k, 0], cat_params[k, 1], cat_params[k, 2]
+    n_chunks = (n_q + _ROWS - 1) // _ROWS
+    while True:
+        chunk = next_item(counter)
+        if chunk >= n_chunks:
+            return
+        for i in range(chunk * _ROWS, min(n_q, (chunk + 1) * _ROWS)):
+            scores = np.empty(SCORE_BLOCK)
+            acc = np.zeros(dc + dk)
+            top = -math.inf
+            total = 0.0
+            for j0 in range(0, n_k, SCORE_BLOCK):
+                nb = min(SCORE_BLOCK, n_k - j0)
                 for jj in range(nb):
-                    scores[jj] += category_term(keys_cat_t[k, j0 + jj], qk, a, b, t)
-            if exclude_self and j0 <= i < j0 + nb:
-                scores[i - j0] = -math.inf
-            block_top = -math.inf
-            for jj in range(nb):
-                block_top = fmax(block_top, scores[jj])
-            if block_top == -math.inf:
-                continue
-            if block_top > top:
-                scale = math.exp(top - block_top)
-                total *= scale
+                    scores[jj] = log_weights[j0 + jj]
+                for c in range(dc):
+                    qc = q_cont[i, c]
+                    if kernel == GAUSSIAN:  # the common case, in a loop the compiler vectorises
+                        for jj in range(nb):
+                            d = keys_cont_t[c, j0 + jj] - qc
+                            scores[jj] -= 0.5 * d * d
+                    else:
+                        for jj in range(nb):
+                            scores[jj] += log_kernel(keys_cont_t[c, j0 + jj] - qc, kernel)
+                for k in range(dk):
+                    qk, a, b, t = q_cat[i, k], cat_params[k, 0], cat_params[k, 1], cat_params[k, 2]
+                    for jj in range(nb):
+                        scores[jj] += category_term(keys_cat_t[k, j0 + jj], qk, a, b, t)
+                if exclude_self and j0 <= i < j0 + nb:
+                    scores[i - j0] = -math.inf
+                block_top = -math.inf
+                for jj in range(nb):
+                    block_top = fmax(block_top, scores[jj])
+                if block_top == -math.inf:
+                    continue
+                if block_top > top:
+                    scale = math.exp(top - block_top)
+                    total *= scale
+                    for g in range(dc + dk):
+                        acc[g] *= scale
+                    top = block_top
+                block_total = 0.0
+                for jj in range(nb):
+                    p = fast_exp(scores[jj] - top)
+                    scores[jj] = p
+                    block_total += p
+                total += block_total
+                if not gradient:
+                    continue
+                for c in range(dc):
+                    qc = q_cont[i, c]
+                    part = 0.0
+                    if kernel == GAUSSIAN:  # -d s'(d) = d^2
+                        for jj in range(nb):
+                            d = keys_cont_t[c, j0 + jj] - qc
+                            part += scores[jj] * d * d
+                    else:
+                        for jj in range(nb):
+                            d = keys_cont_t[c, j0 + jj] - qc
+                            part -= scores[jj] * d * dlog_kernel(d, kernel)
+                    acc[c] += part
+                for k in range(dk):
+                    qk, a, b, t = (
+                        q_cat[i, k],
+                        cat_dparams[k, 0],
+                        cat_dparams[k, 1],
+                        cat_dparams[k, 2],
+                    )
+                    part = 0.0
+                    for jj in range(nb):
+                        part += scores[jj] * category_term(keys_cat_t[k, j0 + jj], qk, a, b, t)
+                    acc[dc + k] += part
+            if total > 0.0:
+                log_sums[i] = top + math.log(total)
                 for g in range(dc + dk):
-                    acc[g] *= scale
-                top = block_top
-            block_total = 0.0
-            for jj in range(nb):
-                p = fast_exp(scores[jj] - top)
-                scores[jj] = p
-                block_total += p
-            total += block_total
-            if not gradient:
-                continue
-            for c in range(dc):
-                qc = q_cont[i, c]
-                part = 0.0
-                if kernel == GAUSSIAN:  # -d s'(d) = d^2
-                    for jj in range(nb):
-                        d = keys_cont_t[c, j0 + jj] - qc
-                        part += scores[jj] * d * d
-                else:
-                    for jj in range(nb):
-                        d = keys_cont_t[c, j0 + jj] - qc
-                        part -= scores[jj] * d * dlog_kernel(d, kernel)
-                acc[c] += part
-            for k in range(dk):
-                qk, a, b, t = q_cat[i, k], cat_dparams[k, 0], cat_dparams[k, 1], cat_dparams[k, 2]
-                part = 0.0
-                for jj in range(nb):
-                    part += scores[jj] * category_term(keys_cat_t[k, j0 + jj], qk, a, b, t)
-                acc[dc + k] += part
-        if total > 0.0:
-            log_sums[i] = top + math.log(total)
-            for g in range(dc + dk):
-                means[i, g] = acc[g] / total
-        else:
-            log_sums[i] = -math.inf
-    return log_sums, means
+                    means[i, g] = acc[g] / total
+            else:
+                log_sums[i] = -math.inf
 
 
 #: Keys whose weight is below this share of a query's largest are left out of its
@@ -441,19 +535,8 @@ def _row_scores(i, q_cont, keys_cont_t, q_cat, keys_cat_t, cat_params, log_weigh
             out[j] += category_term(keys_cat_t[k, j], qk, a, b, t)
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, parallel=True)
 def conditional_quantile_roots(
-    q_cont,
-    keys_cont_t,
-    q_cat,
-    keys_cat_t,
-    cat_params,
-    log_weights,
-    keys_y,
-    levels,
-    z,
-    kernel,
-    xtol,
+    q_cont, keys_cont_t, q_cat, keys_cat_t, cat_params, log_weights, keys_y, levels, z, kernel, xtol
 ):
     """The roots u of F(u | x_i) = tau (n_q, n_levels), F the mixture sum_j p_j G(u - y_j).
 
@@ -467,90 +550,132 @@ def conditional_quantile_roots(
     level's root raises the lower end), narrowed by regula falsi with the Illinois rule
     and a bisection every fourth step until the bracket is within ``xtol`` (or 4 ulp
     of its ends). NaN for a query that no key reaches (the caller falls back).
+
+    Chunks of ``_ROWS`` rows are the work items of
+    :func:`nbattn.kernels.items.run_items`.
     """
+    out = np.empty((q_cont.shape[0], levels.shape[1]))
+    run_items(
+        _conditional_quantile_roots_items,
+        q_cont,
+        keys_cont_t,
+        q_cat,
+        keys_cat_t,
+        cat_params,
+        log_weights,
+        keys_y,
+        levels,
+        z,
+        kernel,
+        xtol,
+        out,
+    )
+    return out
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
+def _conditional_quantile_roots_items(
+    counter,
+    q_cont,
+    keys_cont_t,
+    q_cat,
+    keys_cat_t,
+    cat_params,
+    log_weights,
+    keys_y,
+    levels,
+    z,
+    kernel,
+    xtol,
+    out,
+):
+    """The chunks of rows that ``counter`` hands this thread: their rows of ``out``."""
     n_q = q_cont.shape[0]
     n_k = log_weights.shape[0]
     n_levels = levels.shape[1]
-    out = np.empty((n_q, n_levels))
-    for i in prange(n_q):
-        scores = np.empty(n_k)
-        _row_scores(
-            np.int64(i),
-            q_cont,
-            keys_cont_t,
-            q_cat,
-            keys_cat_t,
-            cat_params,
-            log_weights,
-            kernel,
-            scores,
-        )
-        top = -math.inf
-        for j in range(n_k):
-            top = fmax(top, scores[j])
-        if top == -math.inf:
+    n_chunks = (n_q + _ROWS - 1) // _ROWS
+    while True:
+        chunk = next_item(counter)
+        if chunk >= n_chunks:
+            return
+        for i in range(chunk * _ROWS, min(n_q, (chunk + 1) * _ROWS)):
+            scores = np.empty(n_k)
+            _row_scores(
+                np.int64(i),
+                q_cont,
+                keys_cont_t,
+                q_cat,
+                keys_cat_t,
+                cat_params,
+                log_weights,
+                kernel,
+                scores,
+            )
+            top = -math.inf
+            for j in range(n_k):
+                top = fmax(top, scores[j])
+            if top == -math.inf:
+                for level in range(n_levels):
+                    out[i, level] = math.nan
+                continue
+            ys = np.empty(n_k)
+            ps = np.empty(n_k)
+            count = 0
+            total = 0.0
+            floor = math.log(QUANTILE_WEIGHT_FLOOR)
+            low_y = math.inf
+            high_y = -math.inf
+            for j in range(n_k):
+                if scores[j] - top >= floor:
+                    p = fast_exp(scores[j] - top)
+                    ys[count] = keys_y[j]
+                    ps[count] = p
+                    total += p
+                    count += 1
+                    low_y = min(low_y, keys_y[j])
+                    high_y = max(high_y, keys_y[j])
+            for m in range(count):
+                ps[m] /= total
+            previous = -math.inf
             for level in range(n_levels):
-                out[i, level] = math.nan
-            continue
-        ys = np.empty(n_k)
-        ps = np.empty(n_k)
-        count = 0
-        total = 0.0
-        floor = math.log(QUANTILE_WEIGHT_FLOOR)
-        low_y = math.inf
-        high_y = -math.inf
-        for j in range(n_k):
-            if scores[j] - top >= floor:
-                p = fast_exp(scores[j] - top)
-                ys[count] = keys_y[j]
-                ps[count] = p
-                total += p
-                count += 1
-                low_y = min(low_y, keys_y[j])
-                high_y = max(high_y, keys_y[j])
-        for m in range(count):
-            ps[m] /= total
-        previous = -math.inf
-        for level in range(n_levels):
-            tau = levels[i, level]
-            lo = max(low_y + z[i, level], previous)
-            hi = max(high_y + z[i, level], lo)
-            f_lo = _mixture_cdf(lo, ys, ps, count, kernel) - tau
-            f_hi = _mixture_cdf(hi, ys, ps, count, kernel) - tau
-            side = 0
-            for step in range(QUANTILE_MAX_STEPS):
-                width = hi - lo
-                if width <= xtol or width <= QUANTILE_ULPS * max(abs(lo), abs(hi)):
-                    break
-                if f_lo >= 0.0:
-                    hi = lo
-                    break
-                if f_hi <= 0.0:
-                    lo = hi
-                    break
-                u = hi - f_hi * (hi - lo) / (f_hi - f_lo)
-                if step % 4 == 3 or not (lo < u < hi):
-                    u = 0.5 * (lo + hi)
-                f_u = _mixture_cdf(u, ys, ps, count, kernel) - tau
-                if f_u < 0.0:
-                    lo = u
-                    f_lo = f_u
-                    if side == -1:
-                        f_hi *= 0.5
-                    side = -1
-                elif f_u > 0.0:
-                    hi = u
-                    f_hi = f_u
-                    if side == 1:
-                        f_lo *= 0.5
-                    side = 1
-                else:
-                    lo = u
-                    hi = u
-            root = 0.5 * (lo + hi)
-            out[i, level] = root
-            previous = root
-    return out
+                tau = levels[i, level]
+                lo = max(low_y + z[i, level], previous)
+                hi = max(high_y + z[i, level], lo)
+                f_lo = _mixture_cdf(lo, ys, ps, count, kernel) - tau
+                f_hi = _mixture_cdf(hi, ys, ps, count, kernel) - tau
+                side = 0
+                for step in range(QUANTILE_MAX_STEPS):
+                    width = hi - lo
+                    if width <= xtol or width <= QUANTILE_ULPS * max(abs(lo), abs(hi)):
+                        break
+                    if f_lo >= 0.0:
+                        hi = lo
+                        break
+                    if f_hi <= 0.0:
+                        lo = hi
+                        break
+                    u = hi - f_hi * (hi - lo) / (f_hi - f_lo)
+                    if step % 4 == 3 or not (lo < u < hi):
+                        u = 0.5 * (lo + hi)
+                    f_u = _mixture_cdf(u, ys, ps, count, kernel) - tau
+                    if f_u < 0.0:
+                        lo = u
+                        f_lo = f_u
+                        if side == -1:
+                            f_hi *= 0.5
+                        side = -1
+                    elif f_u > 0.0:
+                        hi = u
+                        f_hi = f_u
+                        if side == 1:
+                            f_lo *= 0.5
+                        side = 1
+                    else:
+                        lo = u
+                        hi = u
+                root = 0.5 * (lo + hi)
+                out[i, level] = root
+                previous = root
 
 
 # the least-squares cross-validation kernels live in their own module; re-exported here, the

@@ -11,13 +11,18 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from .. import config
 from .._core.local_groups import GAUSSIAN, UNORDERED
+from .items import next_item, run_items
 from .local_pairs import category_term, dlog_kernel, log_kernel
 
 __all__ = ["category_convolution", "log_convolved_kernel", "ls_conditional_terms", "ls_pair_sums"]
+
+#: Rows per work item (:mod:`nbattn.kernels.items`): each row is a pass over all rows, or
+#: over all pairs, so one is work enough, and a small table still fills every thread.
+_ROWS = 1
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
@@ -166,7 +171,6 @@ def _ls_row(i, rows_cont, rows_cat, cat_params, cat_dparams, conv, log_weights, 
         out[i, 2 + d + g] = out[i, 2 + d + g] / total_l if total_l > 0.0 else 0.0
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, parallel=True)
 def ls_pair_sums(
     rows_cont, rows_cat, cat_params, cat_dparams, conv_params, conv_sums, log_weights, kernel
 ):
@@ -184,23 +188,60 @@ def ls_pair_sums(
 
     ``cat_params``, ``cat_dparams`` as :func:`log_sums_and_score_means`; ``conv_params``
     (dk, 4) and ``conv_sums`` (dk, 2, m) :func:`category_convolution`'s per column.
+
+    Chunks of ``_ROWS`` rows are the work items of
+    :func:`nbattn.kernels.items.run_items`.
     """
-    n, d = rows_cont.shape[0], rows_cont.shape[1] + rows_cat.shape[1]
-    out = np.zeros((n, 2 + 2 * d))
-    conv = (conv_params, conv_sums)
-    for row in prange(n):
-        _ls_row(
-            np.int64(row),
-            rows_cont,
-            rows_cat,
-            cat_params,
-            cat_dparams,
-            conv,
-            log_weights,
-            kernel,
-            out,
-        )
+    d = rows_cont.shape[1] + rows_cat.shape[1]
+    out = np.zeros((rows_cont.shape[0], 2 + 2 * d))
+    run_items(
+        _ls_pair_sums_items,
+        rows_cont,
+        rows_cat,
+        cat_params,
+        cat_dparams,
+        conv_params,
+        conv_sums,
+        log_weights,
+        kernel,
+        out,
+    )
     return out
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
+def _ls_pair_sums_items(
+    counter,
+    rows_cont,
+    rows_cat,
+    cat_params,
+    cat_dparams,
+    conv_params,
+    conv_sums,
+    log_weights,
+    kernel,
+    out,
+):
+    """The chunks of rows that ``counter`` hands this thread: their rows of ``out``."""
+    n = rows_cont.shape[0]
+    conv = (conv_params, conv_sums)
+    n_chunks = (n + _ROWS - 1) // _ROWS
+    while True:
+        chunk = next_item(counter)
+        if chunk >= n_chunks:
+            return
+        for row in range(chunk * _ROWS, min(n, (chunk + 1) * _ROWS)):
+            _ls_row(
+                np.int64(row),
+                rows_cont,
+                rows_cat,
+                cat_params,
+                cat_dparams,
+                conv,
+                log_weights,
+                kernel,
+                out,
+            )
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
@@ -281,7 +322,6 @@ def _ls_conditional_row(
         out[row, 2 + g] += 2.0 * (total - mean[g] * out[row, 0])
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, parallel=True)
 def ls_conditional_terms(
     rows_cont, rows_cat, cat_params, cat_dparams, conv_params, conv_sums, log_weights, kernel, ny
 ):
@@ -301,21 +341,60 @@ def ls_conditional_terms(
       sum_j p_j K_y (s'_j - mean s').
 
     O(n^2) per row (n^3 in all, as statsmodels' ``imse``), memory O(n d) per row.
+
+    Chunks of ``_ROWS`` rows are the work items of
+    :func:`nbattn.kernels.items.run_items`.
     """
-    n, d = rows_cont.shape[0], rows_cont.shape[1] + rows_cat.shape[1]
-    out = np.zeros((n, 2 + 2 * d))
-    conv = (conv_params, conv_sums)
-    for row in prange(n):
-        _ls_conditional_row(
-            np.int64(row),
-            rows_cont,
-            rows_cat,
-            cat_params,
-            cat_dparams,
-            conv,
-            log_weights,
-            kernel,
-            ny,
-            out,
-        )
+    d = rows_cont.shape[1] + rows_cat.shape[1]
+    out = np.zeros((rows_cont.shape[0], 2 + 2 * d))
+    run_items(
+        _ls_conditional_terms_items,
+        rows_cont,
+        rows_cat,
+        cat_params,
+        cat_dparams,
+        conv_params,
+        conv_sums,
+        log_weights,
+        kernel,
+        ny,
+        out,
+    )
     return out
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
+def _ls_conditional_terms_items(
+    counter,
+    rows_cont,
+    rows_cat,
+    cat_params,
+    cat_dparams,
+    conv_params,
+    conv_sums,
+    log_weights,
+    kernel,
+    ny,
+    out,
+):
+    """The chunks of rows that ``counter`` hands this thread: their rows of ``out``."""
+    n = rows_cont.shape[0]
+    conv = (conv_params, conv_sums)
+    n_chunks = (n + _ROWS - 1) // _ROWS
+    while True:
+        chunk = next_item(counter)
+        if chunk >= n_chunks:
+            return
+        for row in range(chunk * _ROWS, min(n, (chunk + 1) * _ROWS)):
+            _ls_conditional_row(
+                np.int64(row),
+                rows_cont,
+                rows_cat,
+                cat_params,
+                cat_dparams,
+                conv,
+                log_weights,
+                kernel,
+                ny,
+                out,
+            )
