@@ -71,6 +71,7 @@ from numba import njit, prange
 
 from .. import config
 from .fastmath import fast_exp, like
+from .items import next_item, run_items
 from .pooling import (
     _FAR_SCORE_FLOAT64,
     _block_scores,
@@ -344,16 +345,35 @@ def _power_of_two_near(x):
     return math.ldexp(1.0, e - 1)
 
 
-@njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
 def gaussian_spread(queries, keys_t, values_t, centers, lse, exclude_self):
     """``(std, sum_w2)``: the weighted std (n_queries, n_outputs) and sum_j w_ij^2 (n_queries,).
 
     std_ic = S_c sqrt(sum_j w_ij ((v_jc - c_ic) / S_c)^2) with S_c a power of
     two near max_j |v_jc| (module docstring); both float64. A query with no
     admissible key gets std = 0 and sum_w2 = 0.
+    The chunks of queries are the work items of :func:`nbattn.kernels.items.run_items`.
     """
+    inv_scale, std, sum_w2 = _spread_outputs(queries, values_t)
+    run_items(
+        _spread_items,
+        queries,
+        keys_t,
+        values_t,
+        centers,
+        lse,
+        bool(exclude_self),
+        inv_scale,
+        std,
+        sum_w2,
+    )
+    return std, sum_w2
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _spread_outputs(queries, values_t):
+    """``(inv_scale, std, sum_w2)``: 1 / S_c per output and the zeroed outputs."""
     n_queries = queries.shape[0]
-    n_keys = keys_t.shape[1]
+    n_keys = values_t.shape[1]
     n_outputs = values_t.shape[0]
     inv_scale = np.empty(n_outputs, dtype=np.float64)
     for c in range(n_outputs):
@@ -363,26 +383,24 @@ def gaussian_spread(queries, keys_t, values_t, centers, lse, exclude_self):
         inv_scale[c] = 1.0 / _power_of_two_near(big)
     std = np.zeros((n_queries, n_outputs), dtype=np.float64)
     sum_w2 = np.zeros(n_queries, dtype=np.float64)
-    n_chunks = (n_queries + _QUERY_BLOCK - 1) // _QUERY_BLOCK
-    for chunk in prange(n_chunks):
+    return inv_scale, std, sum_w2
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
+def _spread_items(
+    counter, queries, keys_t, values_t, centers, lse, exclude_self, inv_scale, std, sum_w2
+):
+    """The chunks of queries that ``counter`` hands this thread (:func:`_spread_chunk`)."""
+    n_chunks = (queries.shape[0] + _QUERY_BLOCK - 1) // _QUERY_BLOCK
+    while True:
+        chunk = next_item(counter)
+        if chunk >= n_chunks:
+            return
         _spread_chunk(
-            queries,
-            keys_t,
-            values_t,
-            centers,
-            lse,
-            exclude_self,
-            inv_scale,
-            np.int64(chunk),
-            std,
-            sum_w2,
+            queries, keys_t, values_t, centers, lse, exclude_self, inv_scale, chunk, std, sum_w2
         )
-    return std, sum_w2
 
 
-# The body of the parallel loop is a function of its own, called once per chunk of queries:
-# numba's parallel passes copy and rewrite every statement of a loop body (most of the
-# kernel's compile time); a call costs them nothing, and nothing measurable at run time.
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def _spread_chunk(
     queries, keys_t, values_t, centers, lse, exclude_self, inv_scale, chunk, std, sum_w2
@@ -426,7 +444,6 @@ def _spread_chunk(
         sum_w2[i] = w2
 
 
-@njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
 def loo_squared_error(queries, keys_t, values_t, targets, self_index):
     """sum_i sum_c (f_-i(q_i)_c - targets[i, c])^2 in float64: the LOO loss in one pass.
 
@@ -437,20 +454,30 @@ def loo_squared_error(queries, keys_t, values_t, targets, self_index):
     it is the exact LOO sum; with a subset of the rows as queries (and their
     row numbers as ``self_index``) an unbiased estimate of it. A query with
     no admissible key (n = 1) predicts 0.
+    The chunks of queries are the work items of :func:`nbattn.kernels.items.run_items`,
+    each with its own partial sum, added in chunk order.
     """
-    n_queries = queries.shape[0]
-    n_chunks = (n_queries + _QUERY_BLOCK - 1) // _QUERY_BLOCK
-    partial = np.zeros(n_chunks, dtype=np.float64)
-    for chunk in prange(n_chunks):
-        _squared_error_chunk(
-            queries, keys_t, values_t, targets, self_index, np.int64(chunk), partial
-        )
+    partial = np.zeros((queries.shape[0] + _QUERY_BLOCK - 1) // _QUERY_BLOCK)
+    run_items(_squared_error_items, queries, keys_t, values_t, targets, self_index, partial)
+    return _total(partial)
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _total(partial):
+    """``partial.sum()``."""
     return partial.sum()
 
 
-# The body of the parallel loop is a function of its own, called once per chunk of queries:
-# numba's parallel passes copy and rewrite every statement of a loop body (most of the
-# kernel's compile time); a call costs them nothing, and nothing measurable at run time.
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
+def _squared_error_items(counter, queries, keys_t, values_t, targets, self_index, partial):
+    """The chunks of queries that ``counter`` hands this thread (:func:`_squared_error_chunk`)."""
+    while True:
+        chunk = next_item(counter)
+        if chunk >= partial.shape[0]:
+            return
+        _squared_error_chunk(queries, keys_t, values_t, targets, self_index, chunk, partial)
+
+
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def _squared_error_chunk(queries, keys_t, values_t, targets, self_index, chunk, partial):
     """The squared errors of the queries of chunk ``chunk`` into ``partial[chunk]``."""
