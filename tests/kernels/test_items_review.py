@@ -437,3 +437,52 @@ def test_workqueue_layer_predict_from_many_threads():
 def test_workqueue_layer_varlen_backward_from_one_thread():
     done = _under_workqueue("varlen_backward", callers=1)
     assert done.returncode == 0 and "same bytes" in done.stdout, done.stderr[-2000:]
+
+
+@two_threads
+def test_the_thread_count_rules_apply(monkeypatch, threads_of_this_thread):
+    """As many workers as ``numba.get_num_threads()`` of the calling thread, none (the
+    calling thread alone) at one thread, and none for a call below nbattn's serial
+    threshold (``serial_below``)."""
+    asked = []
+    submit = items._submit
+
+    def counting(kernel, n_workers, counter, args, futures):
+        asked.append(n_workers)
+        submit(kernel, n_workers, counter, args, futures)
+
+    monkeypatch.setattr(items, "_submit", counting)
+    numba.set_num_threads(2)
+    _spin(10)
+    numba.set_num_threads(1)
+    _spin(10)
+    assert asked == [2]
+    numba.set_num_threads(2)
+    q, k, v = _flash_case()
+    monkeypatch.setattr(config, "FLASH_SERIAL_WORK", 1 << 40)
+    nbattn.flash_attention(q, k, v)
+    assert asked == [2]
+    monkeypatch.setattr(config, "FLASH_SERIAL_WORK", 0)
+    nbattn.flash_attention(q, k, v)
+    assert asked == [2, 2]
+
+
+def test_numba_num_threads_of_the_environment_applies():
+    """``NUMBA_NUM_THREADS=1``: every item on the calling thread, no pool."""
+    script = textwrap.dedent(
+        """
+        import nbattn.kernels.items as items
+        from tests.kernels.test_items_review import _spin, _spin_here
+        asked = []
+        items._submit = lambda *args: asked.append(args[1])
+        assert (_spin(50) == _spin_here(50)).all()
+        assert asked == [], asked
+        print("no pool")
+        """
+    )
+    env = dict(os.environ, NUMBA_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0 and "no pool" in done.stdout, done.stderr[-2000:]
