@@ -598,3 +598,35 @@ def test_digits_as_packed_sequences_match_the_dense_formulation():
             **MODS,
         )
         np.testing.assert_allclose(out[:, rows], alone[0], rtol=0, atol=1e-13)
+
+
+def test_hostile_offsets_heads_and_caches_are_refused_naming_them():
+    q, k, v, cu_q, cu_k, args = _fixed_pack()
+    kw = dict(enable_gqa=True, mod_args=args, **MODS)
+    refusals = {
+        "cu_seqlens_q must start at 0": (cu_q + 1, cu_k),
+        r"cu_seqlens_q must be non-decreasing": (cu_q[[0, 3, 2, 3, 4, 5]], cu_k),
+        "cu_seqlens_q must be an array of integers": (cu_q.astype(float), cu_k),
+        "cu_seqlens_k must end at the packed length 37": (cu_q, np.minimum(cu_k, 36)),
+        "describes 5 sequences but cu_seqlens_k 4": (cu_q, np.r_[cu_k[:4], cu_k[-1]]),
+    }
+    for message, (a, b) in refusals.items():
+        with pytest.raises(ValueError, match=message):
+            nbattn.flash_attention_varlen(q, k, v, a, b, **kw)
+    three = np.concatenate([q, q[:1]])
+    with pytest.raises(ValueError, match="must divide the query heads H=3"):
+        nbattn.flash_attention_varlen(three, k[[0, 0]], v[[0, 0]], cu_q, cu_k, **kw)
+    with pytest.raises(ValueError, match="q contains NaN or inf"):
+        nbattn.flash_attention_varlen(q * np.nan, k, v, cu_q, cu_k, **kw)
+    k_cache, v_cache = np.zeros((1, 1, 8, 8)), np.zeros((1, 1, 8, 5))
+    step = q[None, :, :1]
+    with pytest.raises(ValueError, match="cache overflow in batch row 0"):
+        nbattn.flash_decode(step, k_cache, v_cache, np.array([9]), **kw)
+    with pytest.raises(ValueError, match="cache_seqlens must be non-negative"):
+        nbattn.flash_decode(step, k_cache, v_cache, np.array([-1]), **kw)
+    with pytest.raises(ValueError, match="must be writable"):
+        nbattn.flash_decode(step, np.broadcast_to(k_cache, k_cache.shape), v_cache, [2], **kw)
+    with pytest.raises(ValueError, match="must divide the query heads"):
+        nbattn.flash_decode(
+            three[None, :, :1], np.zeros((1, 2, 8, 8)), np.zeros((1, 2, 8, 5)), [2], **kw
+        )
