@@ -281,9 +281,21 @@ def _pool_all(x, y):
     return [model.predict(np.nan_to_num(x))]
 
 
+def _warm_up():
+    """Every kernel of the cases imported (and loaded or compiled) with the default
+    thresholds: a kernel module imported while a compiled tunable is patched would
+    compile without the on-disk cache (``config.CACHE``)."""
+    q, k, v = _flash_case()
+    x, y = _regression_case()
+    _flash_all(q, k, v)
+    _pool_all(x, y)
+    _local_all(x[:40], y[:40])
+
+
 @pytest.fixture
 def every_call_parallel(monkeypatch):
     """The thread rules' thresholds at 0: every call above runs on all numba threads."""
+    _warm_up()
     monkeypatch.setattr(config, "FLASH_SERIAL_WORK", 0)
     monkeypatch.setattr(config, "SERIAL_PAIRS", 0)
 
@@ -347,13 +359,11 @@ _WORKQUEUE_SCRIPT = """
 import sys
 from concurrent.futures import ThreadPoolExecutor
 import numba, numpy as np
+import nbattn
 from nbattn import config
-config.FLASH_SERIAL_WORK = 0
-config.SERIAL_PAIRS = 0
 from tests.kernels.test_items_review import (
     _bytes, _flash_all, _flash_case, _pool_all, _regression_case,
 )
-import nbattn
 q, k, v = _flash_case()
 x, y = _regression_case()
 cu = np.array([0, 30, 30, 70])
@@ -370,6 +380,9 @@ job = {
     "predict": lambda: _pool_all(x, y),
     "varlen_backward": varlen_backward,
 }[sys.argv[1]]
+job()  # the kernels loaded from the cache before the thresholds are patched
+config.FLASH_SERIAL_WORK = 0
+config.SERIAL_PAIRS = 0
 want = _bytes(job())
 assert numba.threading_layer() == "workqueue", numba.threading_layer()
 with ThreadPoolExecutor(int(sys.argv[2])) as executor:
