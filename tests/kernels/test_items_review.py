@@ -267,12 +267,18 @@ def _regression_case():
 
 
 def _local_all(x, y):
+    """Every pass on work items: the fit (degrees 0-2), the leave-one-out gradient (the
+    width search), the interval sums and the equivalent-kernel weights."""
     results = []
     for degree in (0, 1, 2):
         model = nbattn.LocalPolynomialRegressor(
             degree=degree, bandwidth=[0.4, 0.6], missing="marginalize"
         ).fit(x, y)
         results.append(model.predict(x[:150]))
+    searched = nbattn.LocalPolynomialRegressor(missing="marginalize").fit(x[:200], y[:200])
+    results.append(searched.bandwidth_)
+    results.append(searched.predict_interval(x[:50]))
+    results.append(searched.attention_weights(x[:50]))
     return results
 
 
