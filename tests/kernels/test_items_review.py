@@ -30,6 +30,7 @@ from numba.core.registry import CPUDispatcher
 import nbattn
 import nbattn.kernels.items as items
 from nbattn import config
+from nbattn.dispatch.device import kernels_for
 from nbattn.kernels.items import next_item, run_items
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -283,8 +284,13 @@ def _local_all(x, y):
 
 
 def _pool_all(x, y):
-    model = nbattn.NadarayaWatsonRegressor(bandwidth=[0.3, 0.5]).fit(np.nan_to_num(x), y)
-    return [model.predict(np.nan_to_num(x))]
+    """The Gaussian pool on predicted rows, and on the rows left out one by one."""
+    x = np.nan_to_num(x)
+    model = nbattn.NadarayaWatsonRegressor(bandwidth=[0.3, 0.5]).fit(x, y)
+    pool = kernels_for("pooling", "cpu").gaussian_pool
+    z = x / np.array([0.3, 0.5])
+    left_out = pool(z, np.ascontiguousarray(z.T), y[None, :].copy(), True, 0)
+    return [model.predict(x), *left_out]
 
 
 def _warm_up():
@@ -367,6 +373,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numba, numpy as np
 import nbattn
 from nbattn import config
+from nbattn.dispatch.device import kernels_for
 from tests.kernels.test_items_review import (
     _bytes, _flash_all, _flash_case, _pool_all, _regression_case,
 )
@@ -505,3 +512,23 @@ def test_numba_num_threads_of_the_environment_applies():
         [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True
     )
     assert done.returncode == 0 and "no pool" in done.stdout, done.stderr[-2000:]
+
+
+@two_threads
+@pytest.mark.usefixtures("every_call_parallel")
+@pytest.mark.xfail(
+    strict=True,
+    reason="the leave-one-out loss of the width search (loo_squared_error in "
+    "nbattn/kernels/loo.py, a prange kernel) ends in partial.sum(), which numba makes a "
+    "parallel reduction: its order, hence the last bits of the loss and of the width "
+    "chosen, depends on the thread count",
+)
+def test_the_searched_width_is_the_same_on_one_and_two_threads(threads_of_this_thread):
+    x, y = _regression_case()
+    x = np.nan_to_num(x)
+    widths = []
+    for n in (1, 2):
+        numba.set_num_threads(n)
+        model = nbattn.NadarayaWatsonRegressor(bandwidth="loo").fit(x[:300], y[:300])
+        widths.append(model.bandwidth_.tobytes())
+    assert widths[0] == widths[1]
