@@ -366,6 +366,26 @@ def test_dask_threads_give_the_serial_bytes():
         assert _bytes(result) == want_flash
 
 
+@two_threads
+def test_distributed_workers_in_this_process_give_the_serial_bytes():
+    """A Dask cluster's workers (threads of this process: two workers of two threads)
+    calling flash attention and a Nadaraya-Watson predict at once."""
+    distributed = pytest.importorskip("distributed")
+    q, k, v = _flash_case()
+    x, y = _regression_case()
+    want_flash, want_pool = _bytes(_flash_all(q, k, v)), _bytes(_pool_all(x, y))
+    cluster = distributed.LocalCluster(
+        n_workers=2, threads_per_worker=2, processes=False, dashboard_address=None
+    )
+    with cluster, distributed.Client(cluster) as client:
+        flash = [client.submit(_flash_all, q, k, v, pure=False) for _ in range(4)]
+        pool = [client.submit(_pool_all, x, y, pure=False) for _ in range(4)]
+        for result in client.gather(flash):
+            assert _bytes(result) == want_flash
+        for result in client.gather(pool):
+            assert _bytes(result) == want_pool
+
+
 # --------------------------------------------------------------------------- workqueue
 _WORKQUEUE_SCRIPT = """
 import sys
