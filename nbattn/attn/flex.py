@@ -90,28 +90,58 @@ _MASK_PARAMS = "b, h, q_idx, kv_idx"
 
 
 def _mod_args(mod_args, name="mod_args"):
-    """``mod_args`` as a tuple of C-contiguous writeable arrays and numbers."""
+    """``mod_args`` as a tuple of C-contiguous writeable arrays and numbers, of the types
+    numba compiles: native byte order (a big-endian array is converted), float16 widened
+    to float32 (exactly), a plain ``ndarray`` for a subclass; a masked array (whose mask
+    the compiled code would ignore), long doubles and ints beyond 64 bits are refused."""
     if mod_args is None:
         return ()
     if not isinstance(mod_args, tuple):
         raise ValueError(
             f"{name} must be a tuple of arrays and numbers, got {type(mod_args).__name__}"
         )
-    checked = []
-    for n, arg in enumerate(mod_args):
-        if isinstance(arg, np.ndarray):
-            if arg.dtype.kind not in "biuf":
-                raise ValueError(f"{name}[{n}] must be a bool, int or float array, got {arg.dtype}")
-            # (np.ascontiguousarray would make a 0-d array 1-d)
-            arr = arg if arg.flags.c_contiguous else np.ascontiguousarray(arg)
-            checked.append(arr if arr.flags.writeable else arr.copy())
-        elif isinstance(arg, (bool, int, float, np.bool_, np.integer, np.floating)):
-            checked.append(arg)
-        else:
-            raise ValueError(
-                f"{name}[{n}] must be a NumPy array or a number, got {type(arg).__name__}"
-            )
-    return tuple(checked)
+    return tuple(_mod_arg(arg, f"{name}[{n}]") for n, arg in enumerate(mod_args))
+
+
+def _mod_arg(arg, where):
+    """One entry of :func:`_mod_args`."""
+    if isinstance(arg, np.ma.MaskedArray):
+        raise ValueError(
+            f"{where} is a masked array, whose mask the compiled functions would not see; "
+            "pass arg.filled(value), or the mask as an array of its own"
+        )
+    if isinstance(arg, np.ndarray):
+        arr = np.asarray(arg)  # a plain ndarray (np.matrix and other subclasses)
+        if arr.dtype.kind not in "biuf":
+            raise ValueError(f"{where} must be a bool, int or float array, got {arr.dtype}")
+        arr = _native(arr, where)
+        # (np.ascontiguousarray would make a 0-d array 1-d)
+        if not arr.flags.c_contiguous:
+            arr = np.ascontiguousarray(arr)
+        return arr if arr.flags.writeable else arr.copy()
+    if isinstance(arg, (bool, np.bool_)):
+        return arg
+    if isinstance(arg, (int, np.integer)):
+        if not -(2**63) <= int(arg) < 2**64:
+            raise ValueError(f"{where} = {arg} is beyond the 64-bit integers numba computes with")
+        return arg
+    if isinstance(arg, (float, np.floating)):
+        return _native(np.asarray(arg), where)[()] if isinstance(arg, np.floating) else arg
+    raise ValueError(f"{where} must be a NumPy array or a number, got {type(arg).__name__}")
+
+
+def _native(arr, where):
+    """``arr`` in a dtype numba compiles: native byte order, float16 as float32."""
+    if arr.dtype.kind == "f" and arr.dtype.itemsize not in (2, 4, 8):
+        raise ValueError(
+            f"{where} has dtype {arr.dtype.name}, which numba does not compute with; "
+            "convert it to float64"
+        )
+    if arr.dtype.kind == "f" and arr.dtype.itemsize == 2:
+        return arr.astype(np.float32)  # exact
+    if not arr.dtype.isnative:
+        return arr.astype(arr.dtype.newbyteorder("="))  # exact
+    return arr
 
 
 @dataclass

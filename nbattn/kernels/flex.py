@@ -248,6 +248,31 @@ def _score_limit_overload(array):
     return lambda array: np.float64(LIMIT64)
 
 
+#: The largest float32: a finite float64 score beyond it is stored as it (sign kept).
+MAX32 = float(np.finfo(np.float32).max)
+
+
+def tile_score(x, tile):
+    """``x`` as stored in ``tile``: unchanged, but for a float32 tile a finite ``x`` beyond
+    the float32 range becomes the largest float32 of its sign (rounding would make it
+    inf, a NaN row; or -inf, a masked entry), so that :func:`_to_base2` refuses it as
+    the overflow it is. NaN and infinities stay what they are."""
+    return x
+
+
+@overload(tile_score, inline="always")
+def _tile_score_overload(x, tile):
+    if tile.dtype == types.float32 and isinstance(x, types.Float) and x.bitwidth == 64:
+
+        def clamp(x, tile):
+            if abs(x) > MAX32 and abs(x) < np.inf:
+                return np.float32(MAX32) if x > 0 else np.float32(-MAX32)
+            return np.float32(x)
+
+        return clamp
+    return lambda x, tile: x
+
+
 @njit(fastmath=config.FASTMATH, inline="always")
 def _to_base2(band_row, limit, log2e, neg, poison, r, status):
     """The modified, masked scores of one row turned to base 2, in place.
@@ -301,7 +326,8 @@ def _mod_tile(st, b, h, i0, j0, band, masked, score_args, mask_args, poison, sta
         band_row = row[lo:hi]  # indices from 0: no negative-index check, the loop vectorises
         k0 = j0 + lo
         for j in range(band_row.shape[0]):
-            band_row[j] = real_score(score_mod(band_row[j], b, h, i, k0 + j, *score_args))
+            value = real_score(score_mod(band_row[j], b, h, i, k0 + j, *score_args))
+            band_row[j] = tile_score(value, band_row)
         for j in range(hi, nb):
             row[j] = neg
         if masked:
@@ -401,8 +427,11 @@ def flex_forward(q, k, v, blocks, items, tiles, score_args, mask_args, n_out):
     )
     if status[0] > 0.0:
         limit = LIMIT32 if q.dtype == np.float32 else LIMIT64
+        size = f"{status[0]:.4g}"
+        if q.dtype == np.float32 and status[0] >= MAX32:
+            size = f"at least {MAX32:.4g} (beyond the float32 range)"
         raise ValueError(
-            f"score_mod returned a score of magnitude {status[0]:.4g}, beyond {limit:.4g} "
+            f"score_mod returned a score of magnitude {size}, beyond {limit:.4g} "
             f"(the largest {q.dtype} / log2(e)): the kernel's base-2 scores would overflow; "
             "keep scores below that (-inf masks an entry)"
         )

@@ -59,6 +59,11 @@ _SOURCE = _TEMPLATE.read_text()
 _SOURCE_BYTES = _SOURCE.encode()
 _SOURCE_HASH = hashlib.sha256(_SOURCE_BYTES).hexdigest()
 _MODULES: dict = {}
+#: Held while a module is loaded and its functions bound: a second thread asking for the
+#: same functions meanwhile would get the half-executed module (no kernels yet, or the
+#: template's defaults where the user's functions belong, which numba could compile,
+#: and cache on disk, in their place).
+_LOCK = threading.RLock()
 #: The scores at which the backward's check compares the complex step with a finite
 #: difference of ``score_mod``.
 _PROBES = np.array([-3.1, -0.7, 0.4, 2.9])
@@ -271,17 +276,21 @@ def specialise(score_mod=None, mask_mod=None, score_grad=None):
         fingerprint(score_grad, "score_grad"),
     )
     key = hashlib.sha256(repr(prints).encode()).hexdigest()[:24]
-    if key in _MODULES:
-        return _MODULES[key]
-    module = _load(key)
-    if score_mod is not None:
-        module.score_mod = _jitted(score_mod)
-    if mask_mod is not None:
-        module.mask_mod = _jitted(mask_mod)
-    if score_grad is not None:
-        module.score_grad = _jitted(score_grad)
-        module.value_and_grad = module._user_grad
-    _MODULES[key] = module
+    module = _MODULES.get(key)
+    if module is not None:
+        return module
+    with _LOCK:
+        if key in _MODULES:
+            return _MODULES[key]
+        module = _load(key)
+        if score_mod is not None:
+            module.score_mod = _jitted(score_mod)
+        if mask_mod is not None:
+            module.mask_mod = _jitted(mask_mod)
+        if score_grad is not None:
+            module.score_grad = _jitted(score_grad)
+            module.value_and_grad = module._user_grad
+        _MODULES[key] = module  # published bound, never before
     return module
 
 

@@ -16,21 +16,30 @@ itself, and take their items from a shared counter::
             return
         ...                             # the item's work
 
-:func:`run_items` calls such a kernel on ``numba.get_num_threads()`` threads
-at once (the calling thread and a pool of Python threads, which run
-concurrently while the kernel holds no GIL), so ``NUMBA_NUM_THREADS``,
-``numba.set_num_threads`` and ``nbattn._core.threads.serial_below`` apply as
-to a ``prange``. Items are handed out one at a time as each thread finishes
-one (as under ``numba.parallel_chunksize(1)``), so a thread that the OS holds
-back delays only its current item. Each item writes only its own outputs, so
-the result does not depend on which thread ran which item: bit for bit the
-same on every run and every thread count.
+:func:`run_items` calls such a kernel on ``numba.get_num_threads()`` threads of a
+pool of Python threads at once (they run concurrently while the kernel holds no
+GIL), so ``NUMBA_NUM_THREADS``, ``numba.set_num_threads`` and
+``nbattn._core.threads.serial_below`` apply as to a ``prange`` (one thread: the
+kernel runs on the calling thread). Items are handed out one at a time as each
+thread finishes one (as under ``numba.parallel_chunksize(1)``), so a thread that
+the OS holds back delays only its current item. Each item writes only its own
+outputs, so the result does not depend on which thread ran which item: bit for
+bit the same on every run and every thread count.
+
+The calling thread waits for the pool rather than taking items itself, so that
+it stays interruptible: on Ctrl-C (or when a worker raises) the counter is set
+past every item, each worker finishes the item it holds, and the exception is
+raised once no worker writes any more, within one item's time rather than after
+the whole loop. Several Python threads may call :func:`run_items` at once (their
+items queue on the one pool), and a process forked from one that used the pool
+starts a pool of its own.
 """
 
 from __future__ import annotations
 
+import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 
 import numba
 import numpy as np
@@ -40,10 +49,25 @@ from numba.extending import intrinsic
 
 __all__ = ["next_item", "run_items"]
 
-#: A counter past every item: the call that only compiles (or loads) the kernel.
+#: A counter past every item: the call that only compiles (or loads) the kernel, and the
+#: value that stops the workers of an interrupted call.
 _DONE = np.int64(2**62)
+#: The pool and its size, ``[(executor, n_workers)]`` once made.
 _POOL: list = []
 _POOL_LOCK = threading.Lock()
+
+
+def _forget_pool():
+    """In a forked child: the parent's pool threads do not exist here, so its executor
+    would queue work that no thread runs; forget it (and a lock another thread may
+    have held at the fork)."""
+    global _POOL_LOCK
+    _POOL.clear()
+    _POOL_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
 
 
 @intrinsic
@@ -64,13 +88,20 @@ def next_item(typingctx, counter):
     return types.int64(counter), codegen
 
 
-def _pool(n_workers):
+def _submit(kernel, n_workers, counter, args, futures):
+    """``kernel(counter, *args)`` submitted ``n_workers`` times to a pool of at least that
+    many threads, appended to ``futures``. Under the lock, so that no other thread
+    replaces the pool between its lookup and the submissions."""
     with _POOL_LOCK:
-        if not _POOL or _POOL[0]._max_workers < n_workers:
+        if not _POOL or _POOL[0][1] < n_workers:
             if _POOL:
-                _POOL.pop().shutdown(wait=False)
-            _POOL.append(ThreadPoolExecutor(n_workers, thread_name_prefix="nbattn-items"))
-        return _POOL[0]
+                _POOL.pop()[0].shutdown(wait=False)  # its queued work still runs
+            _POOL.append(
+                (ThreadPoolExecutor(n_workers, thread_name_prefix="nbattn-items"), n_workers)
+            )
+        pool = _POOL[0][0]
+        for _ in range(n_workers):
+            futures.append(pool.submit(kernel, counter, *args))
 
 
 def run_items(kernel, *args):
@@ -79,7 +110,9 @@ def run_items(kernel, *args):
 
     On more than one thread the kernel is first called once on this thread with
     the counter past every item, so that it compiles (or loads from the cache)
-    here, and a compile error is raised here, before any thread starts.
+    here, and a compile error is raised here, before any thread starts. The first
+    exception of a worker is raised here after the others stop (each finishes
+    the item it holds), as is a KeyboardInterrupt that arrives while waiting.
     """
     counter = np.zeros(1, dtype=np.int64)
     n_threads = numba.get_num_threads()
@@ -87,8 +120,19 @@ def run_items(kernel, *args):
         kernel(counter, *args)
         return
     kernel(np.full(1, _DONE), *args)
-    pool = _pool(n_threads - 1)
-    futures = [pool.submit(kernel, counter, *args) for _ in range(n_threads - 1)]
-    kernel(counter, *args)
-    for future in futures:
-        future.result()
+    futures: list = []
+    try:
+        _submit(kernel, n_threads, counter, args, futures)
+        wait(futures, return_when=FIRST_EXCEPTION)
+        failed = [f.exception() for f in futures if f.done() and f.exception() is not None]
+        if failed:
+            raise failed[0]
+    except BaseException:
+        # no item is handed out any more (the workers' next fetch-and-add returns a
+        # value past every item); wait for the ones in hand, so that nothing writes
+        # to the outputs after this call has left
+        counter[0] = _DONE
+        for future in futures:
+            future.cancel()
+        wait(futures)
+        raise
