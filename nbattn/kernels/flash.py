@@ -96,7 +96,7 @@ plain arrays and scalars.
 
 All floating arrays share one dtype (float32 or float64); tiles are
 accumulated in it, ``m``, ``l`` and ``lse`` are float64. BLAS must be held
-to one thread while these kernels run (a GEMM inside ``prange`` otherwise
+to one thread while these kernels run (a GEMM on the work items' threads otherwise
 starts BLAS threads that fight the numba threads). A row with no admissible
 key gets zeros and lse = -inf, and zero gradients.
 """
@@ -106,7 +106,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 from numba.extending import overload
 
 from .. import config
@@ -552,18 +552,20 @@ def _transpose_into(tile, flat):
     return out
 
 
-@njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def backward_rows(out, dout, lse):
     """``(delta, lse_t)`` of a backward pass, both (BH, L) in ``out``'s dtype:
     delta_i = dO_i . O_i (summed in float64) and lse_t = lse * log2(e) (``lse``
     float64, natural units).
     The first pass of :func:`flash_backward` and of the programmable kernels'
-    backward (``nbattn.kernels.flex``).
+    backward (``nbattn.kernels.flex``). Serial, as :func:`sum_groups`: a pass over
+    the rows, small beside the backward's, and safe to call from any thread and from
+    inside a parallel loop (varlen's), whatever numba's threading layer.
     """
     n_bh, n_q, d_v = out.shape
     delta = np.empty((n_bh, n_q), dtype=out.dtype)
     lse_t = np.empty((n_bh, n_q), dtype=out.dtype)
-    for row in prange(n_bh * n_q):
+    for row in range(n_bh * n_q):
         bh = row // n_q
         i = row % n_q
         total = 0.0
@@ -574,7 +576,7 @@ def backward_rows(out, dout, lse):
     return delta, lse_t
 
 
-@njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def sum_groups(part, scale):
     """``scale * part.sum(axis=0)`` for ``part`` (G, BH, L, E), the per-group dQ buffers
     of a backward pass, in ``part``'s dtype and group order: the last pass of
@@ -582,7 +584,7 @@ def sum_groups(part, scale):
     n_groups, n_bh, n_q, d = part.shape
     factor = like(scale, part)
     dq = np.empty((n_bh, n_q, d), dtype=part.dtype)
-    for row in prange(n_bh * n_q):
+    for row in range(n_bh * n_q):
         bh = row // n_q
         i = row % n_q
         for c in range(d):

@@ -8,7 +8,7 @@ region to the compile of every new ``score_mod``.
 
 :func:`backward_rows` and :func:`sum_groups` (``flash_backward``'s own first and last
 passes, from :mod:`nbattn.kernels.flash`) are the backward's passes before and after its
-items, parallel kernels compiled once for every user function.
+items, serial kernels compiled once for every user function.
 """
 
 from __future__ import annotations

@@ -60,8 +60,8 @@ def _forward_on_one_thread(q, k, v, kv_index, bias, band, score, dropout, tiles)
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def _backward_on_one_thread(q, k, v, out, lse, dout, kv_index, bias, band, score, dropout, tiles):
-    """``flash_backward`` on the calling thread (its row pass and group sum are parallel
-    kernels: inside the loop over workers numba runs them on that worker's thread)."""
+    """``flash_backward`` on the calling thread: all of its work items, from a counter of
+    this call's own, between its serial row pass and group sum."""
     n_bh, n_q, d = q.shape
     n_kv, n_k, _ = k.shape
     delta, lse_t = backward_rows(out, dout, lse)

@@ -448,12 +448,6 @@ def test_workqueue_layer_forward_from_many_threads():
 
 
 @two_threads
-@pytest.mark.xfail(
-    strict=True,
-    reason="flash_attention_backward calls the parallel=True kernels backward_rows and "
-    "sum_groups (nbattn/kernels/flash.py) from the calling thread: two Python threads "
-    "at once abort the process under the workqueue threading layer",
-)
 def test_workqueue_layer_backward_from_many_threads():
     done = _under_workqueue("backward")
     assert done.returncode == 0 and "same bytes" in done.stdout, done.stderr[-2000:]
@@ -472,14 +466,6 @@ def test_workqueue_layer_predict_from_many_threads():
 
 
 @two_threads
-@pytest.mark.xfail(
-    strict=True,
-    reason="flash_attention_varlen_backward runs flash's backward_rows and sum_groups "
-    "(parallel=True) inside varlen_backward's parallel loop (nbattn/kernels/varlen.py, "
-    "_backward_on_one_thread, since the flash kernels moved to work items; before, serial "
-    "twins): a nested parallel region, which aborts the process under the workqueue "
-    "threading layer even from one Python thread",
-)
 def test_workqueue_layer_varlen_backward_from_one_thread():
     done = _under_workqueue("varlen_backward", callers=1)
     assert done.returncode == 0 and "same bytes" in done.stdout, done.stderr[-2000:]
@@ -536,13 +522,6 @@ def test_numba_num_threads_of_the_environment_applies():
 
 @two_threads
 @pytest.mark.usefixtures("every_call_parallel")
-@pytest.mark.xfail(
-    strict=True,
-    reason="the leave-one-out loss of the width search (loo_squared_error in "
-    "nbattn/kernels/loo.py, a prange kernel) ends in partial.sum(), which numba makes a "
-    "parallel reduction: its order, hence the last bits of the loss and of the width "
-    "chosen, depends on the thread count",
-)
 def test_the_searched_width_is_the_same_on_one_and_two_threads(threads_of_this_thread):
     x, y = _regression_case()
     x = np.nan_to_num(x)
