@@ -43,11 +43,13 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 
 import numba
 import numpy as np
-from numba import types
+from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["next_item", "run_items"]
+from .. import config
+
+__all__ = ["next_item", "run_items", "sum_in_order"]
 
 #: A counter past every item: the call that only compiles (or loads) the kernel, and the
 #: value that stops the workers of an interrupted call.
@@ -136,3 +138,15 @@ def run_items(kernel, *args):
             future.cancel()
         wait(futures)
         raise
+
+
+@njit(cache=config.CACHE)
+def sum_in_order(partial):
+    """The sum of the 1-D ``partial`` from first to last: the items' partial sums added in
+    item order, so the total does not depend on the threads. (Inside a ``parallel=True``
+    kernel numba would make ``partial.sum()`` a parallel reduction, whose order depends on
+    the thread count.)"""
+    total = 0.0
+    for value in partial:
+        total += value
+    return total

@@ -71,7 +71,7 @@ from numba import njit, prange
 
 from .. import config
 from .fastmath import fast_exp, like
-from .items import next_item, run_items
+from .items import next_item, run_items, sum_in_order
 from .pooling import (
     _FAR_SCORE_FLOAT64,
     _block_scores,
@@ -459,13 +459,7 @@ def loo_squared_error(queries, keys_t, values_t, targets, self_index):
     """
     partial = np.zeros((queries.shape[0] + _QUERY_BLOCK - 1) // _QUERY_BLOCK)
     run_items(_squared_error_items, queries, keys_t, values_t, targets, self_index, partial)
-    return _total(partial)
-
-
-@njit(fastmath=config.FASTMATH, cache=config.CACHE)
-def _total(partial):
-    """``partial.sum()``."""
-    return partial.sum()
+    return sum_in_order(partial)
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)

@@ -38,6 +38,7 @@ from numba import njit, prange
 
 from .. import config
 from .fastmath import fast_exp, like
+from .items import sum_in_order
 from .pooling import _FAR_SCORE_FLOAT64, far_pool, far_score
 
 _KEY_BLOCK = config.KEY_BLOCK
@@ -143,7 +144,7 @@ def loo_squared_error_sorted_1d(zs, values_t, targets, rows, prune_gap):
                 err = acc[c] / total - targets[i, c]
                 sq += err * err
         partial[chunk] = sq
-    return partial.sum()
+    return sum_in_order(partial)
 
 
 def taylor_terms(span_sq, dtype=np.float64) -> int:
@@ -426,7 +427,7 @@ def loo_squared_error_boxed_1d(
                 err = (num - np.float64(values_t[c, i])) / total - targets[i, c]
                 sq += err * err
         partial[run] = sq
-    return partial.sum()
+    return sum_in_order(partial)
 
 
 def boxed_1d_plan(n):

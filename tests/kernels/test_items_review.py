@@ -523,11 +523,15 @@ def test_numba_num_threads_of_the_environment_applies():
 @two_threads
 @pytest.mark.usefixtures("every_call_parallel")
 def test_the_searched_width_is_the_same_on_one_and_two_threads(threads_of_this_thread):
+    """The leave-one-out criterion adds its partial sums in item order (``sum_in_order``):
+    the width is the same to the bit on one and two threads, in 1-D (the windowed and
+    series criteria of ``kernels/loo_1d.py``) and in 3-D."""
     x, y = _regression_case()
     x = np.nan_to_num(x)
-    widths = []
-    for n in (1, 2):
-        numba.set_num_threads(n)
-        model = nbattn.NadarayaWatsonRegressor(bandwidth="loo").fit(x[:300], y[:300])
-        widths.append(model.bandwidth_.tobytes())
-    assert widths[0] == widths[1]
+    for columns in (x[:300, :1], x[:300]):
+        widths = []
+        for n in (1, 2):
+            numba.set_num_threads(n)
+            model = nbattn.NadarayaWatsonRegressor(bandwidth="loo").fit(columns, y[:300])
+            widths.append(model.bandwidth_.tobytes())
+        assert widths[0] == widths[1]
