@@ -528,10 +528,10 @@ def test_the_searched_width_is_the_same_on_one_and_two_threads(threads_of_this_t
     series criteria of ``kernels/loo_1d.py``) and in 3-D."""
     x, y = _regression_case()
     x = np.nan_to_num(x)
-    for columns in (x[:300, :1], x[:300]):
+    for columns in (x[:150, :1], x[:150]):
         widths = []
         for n in (1, 2):
             numba.set_num_threads(n)
-            model = nbattn.NadarayaWatsonRegressor(bandwidth="loo").fit(columns, y[:300])
+            model = nbattn.NadarayaWatsonRegressor(bandwidth="loo").fit(columns, y[:150])
             widths.append(model.bandwidth_.tobytes())
         assert widths[0] == widths[1]
