@@ -109,8 +109,8 @@ def vectorisation():
     from nbattn import config
     from nbattn.kernels import decode
 
-    fresh = njit(parallel=True, fastmath=config.FASTMATH)(decode.decode_partials.py_func)
-    for signature in decode.decode_partials.signatures:  # those the runs above used
+    fresh = njit(fastmath=config.FASTMATH, nogil=True)(decode.decode_items.py_func)
+    for signature in decode.decode_items.signatures:  # those the runs above used
         fresh.compile(signature)
     asm = "\n".join(fresh.inspect_asm().values())
     packed = re.findall(r"\bv(?:fmadd|fnmadd|mul|add)[0-9a-z]*p([sd])\s+%([yz])mm", asm)

@@ -46,6 +46,7 @@ from numba import njit, prange
 
 from .. import config
 from .fastmath import like
+from .items import next_item, run_items
 from .softmax import exp_shift_sum, row_max
 
 
@@ -63,7 +64,6 @@ def _admissible_range(p, total, causal, left, right):
     return lo, hi
 
 
-@njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
 def decode_partials(q, k_cache, v_cache, keys, window, scale, softcap, block_k):
     """Chunk states of split-KV decoding: ``(out, lse)``, one per chunk and query row.
 
@@ -90,7 +90,35 @@ def decode_partials(q, k_cache, v_cache, keys, window, scale, softcap, block_k):
     -------
     out : float64 (n_splits, B*H*L, Ev), rows ordered (b, h, i); normalised per chunk.
     lse : float64 (n_splits, B*H*L); -inf where the chunk holds no admissible key.
+
+    The (batch row, kv head, chunk) items run on :func:`nbattn.kernels.items.run_items`.
     """
+    n_rows = q.shape[0] * q.shape[1] * q.shape[2]
+    n_splits = keys[4]  # KeySplit.n_splits
+    part_out = np.zeros((n_splits, n_rows, v_cache.shape[3]))
+    part_lse = np.full((n_splits, n_rows), -np.inf)
+    run_items(
+        decode_items,
+        q,
+        k_cache,
+        v_cache,
+        keys,
+        window,
+        float(scale),
+        float(softcap),
+        np.int64(block_k),
+        part_out,
+        part_lse,
+    )
+    return part_out, part_lse
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
+def decode_items(
+    counter, q, k_cache, v_cache, keys, window, scale, softcap, block_k, part_out, part_lse
+):
+    """The (batch row, kv head, chunk) items that ``counter`` hands this thread: their
+    rows of ``part_out`` and ``part_lse``."""
     totals, starts, chunks, ends, n_splits = keys
     causal, left, right = window
     n_b, n_h, n_q, d = q.shape
@@ -98,10 +126,11 @@ def decode_partials(q, k_cache, v_cache, keys, window, scale, softcap, block_k):
     d_v = v_cache.shape[3]
     n_rep = n_h // n_hkv
     n_rows = n_rep * n_q
-    part_out = np.zeros((n_splits, n_b * n_h * n_q, d_v))
-    part_lse = np.full((n_splits, n_b * n_h * n_q), -np.inf)
     dtype = q.dtype
-    for item in prange(n_b * n_hkv * n_splits):
+    while True:
+        item = next_item(counter)
+        if item >= n_b * n_hkv * n_splits:
+            return
         split = item % n_splits
         bh_kv = item // n_splits
         b = bh_kv // n_hkv
@@ -173,7 +202,6 @@ def decode_partials(q, k_cache, v_cache, keys, window, scale, softcap, block_k):
                 for c in range(d_v):
                     part_out[split, out_row, c] = (acc64[r, c] + acc[r, c]) * inv
                 part_lse[split, out_row] = m[r] + np.log(l_sum[r])
-    return part_out, part_lse
 
 
 @njit(parallel=True, cache=config.CACHE)
