@@ -1,4 +1,4 @@
-"""Packed variable-length attention: the flash kernels per sequence, inside one parallel loop.
+"""Packed variable-length attention: the flash kernels per sequence, on the work-item threads.
 
 Sequences of different lengths are concatenated along the sequence axis:
 q (BH, T_q, E), k (BKV, T_k, E), v (BKV, T_k, Ev), sequence s owning rows
@@ -14,11 +14,11 @@ flash kernels of ``nbattn.kernels.flash`` on its own slices (views, no copy):
 
 The caller deals the items out to the threads beforehand, largest first in
 a back-and-forth order (``worker_start[w] .. worker_start[w + 1] - 1`` are
-worker w's items), and the parallel loop runs over the workers: the threads
-get about equal work whatever the mix of lengths, without a scheduler call
-per item (numba's ``parallel_chunksize(1)`` cost 5-10x the work here).
+worker w's items), and each worker's list is one work item of
+``nbattn.kernels.items.run_items``: the threads get about equal work
+whatever the mix of lengths, with one counter step per worker.
 
-Inside this loop each call runs all of a flash kernel's work items
+Within a worker each call runs all of a flash kernel's work items
 (``nbattn.kernels.flash.forward_items``, ``backward_items``) on the
 worker's thread, from a counter of its own. (numba's cache does not notice
 when ``kernels/flash.py`` changes under a cached caller here: delete
@@ -39,11 +39,12 @@ cu_k[s] on a slice of one query slice. There is no mask and no ALiBi.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from .. import config
 from .._core.attn_groups import Band, Bias, Dropout
 from .flash import backward_items, backward_rows, forward_items, sum_groups
+from .items import next_item, run_items
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
@@ -105,7 +106,6 @@ def _counters_from(dropout, row0, col0):
     )
 
 
-@njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
 def varlen_forward(q, k, v, kv_index, packing, work, score, dropout, tiles):
     """Packed forward; returns ``(out (BH, T_q, Ev), lse (BH, T_q) float64)``.
 
@@ -122,17 +122,33 @@ def varlen_forward(q, k, v, kv_index, packing, work, score, dropout, tiles):
 
     Rows of empty sequences do not exist; a query of a sequence without keys
     gets zeros and lse = -inf.
+
+    Each worker's list of items is a work item of :func:`nbattn.kernels.items.run_items`.
     """
+    out = np.zeros((q.shape[0], q.shape[1], v.shape[2]), dtype=q.dtype)
+    lse = np.full((q.shape[0], q.shape[1]), -np.inf)
+    run_items(
+        _varlen_forward_items, q, k, v, kv_index, packing, work, score, dropout, tiles, out, lse
+    )
+    return out, lse
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
+def _varlen_forward_items(
+    counter, q, k, v, kv_index, packing, work, score, dropout, tiles, out, lse
+):
+    """The workers' lists of items that ``counter`` hands this thread."""
     cu_q, cu_k, bands = packing
     items, worker_start = work
     n_bh, t_q, d = q.shape
     d_v = v.shape[2]
-    out = np.zeros((n_bh, t_q, d_v), dtype=q.dtype)
-    lse = np.full((n_bh, t_q), -np.inf)
     no_mask = np.zeros((0, 1, 1), dtype=q.dtype)
     live = np.ones((1, 1, 1), dtype=np.uint8)
     no_slopes = np.zeros(0, dtype=q.dtype)
-    for w in prange(worker_start.shape[0] - 1):
+    while True:
+        w = next_item(counter)
+        if w >= worker_start.shape[0] - 1:
+            return
         zero = np.zeros(1, dtype=np.int64)
         no_bias = Bias(no_mask, zero, live, no_slopes)
         for t in range(worker_start[w], worker_start[w + 1]):
@@ -156,10 +172,8 @@ def varlen_forward(q, k, v, kv_index, packing, work, score, dropout, tiles):
                 lse[bh, a_q + i0 + i] = l_[0, i]
                 for c in range(d_v):
                     out[bh, a_q + i0 + i, c] = o[0, i, c]
-    return out, lse
 
 
-@njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
 def varlen_backward(q, k, v, out, lse, dout, kv_index, packing, work, score, dropout, tiles):
     """Packed backward; returns ``(dq, dk, dv)`` of the shapes of q, k, v.
 
@@ -169,18 +183,49 @@ def varlen_backward(q, k, v, out, lse, dout, kv_index, packing, work, score, dro
     reads key/value slice kv (in order), so it owns its rows of dK and dV.
     ``score.scale`` is the user's scale (the kernels' dQ factor). Other
     arguments as :func:`varlen_forward`.
+
+    Each worker's list of items is a work item of :func:`nbattn.kernels.items.run_items`.
     """
+    dq = np.zeros(q.shape, dtype=q.dtype)
+    dk = np.zeros(k.shape, dtype=q.dtype)
+    dv = np.zeros(v.shape, dtype=q.dtype)
+    run_items(
+        _varlen_backward_items,
+        q,
+        k,
+        v,
+        out,
+        lse,
+        dout,
+        kv_index,
+        packing,
+        work,
+        score,
+        dropout,
+        tiles,
+        dq,
+        dk,
+        dv,
+    )
+    return dq, dk, dv
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
+def _varlen_backward_items(
+    counter, q, k, v, out, lse, dout, kv_index, packing, work, score, dropout, tiles, dq, dk, dv
+):
+    """The workers' lists of items that ``counter`` hands this thread."""
     cu_q, cu_k, bands = packing
     items, worker_start = work
     n_bh, t_q, d = q.shape
     n_kv, t_k, d_v = v.shape
-    dq = np.zeros((n_bh, t_q, d), dtype=q.dtype)
-    dk = np.zeros((n_kv, t_k, d), dtype=q.dtype)
-    dv = np.zeros((n_kv, t_k, d_v), dtype=q.dtype)
     no_mask = np.zeros((0, 1, 1), dtype=q.dtype)
     live = np.ones((1, 1, 1), dtype=np.uint8)
     no_slopes = np.zeros(0, dtype=q.dtype)
-    for w in prange(worker_start.shape[0] - 1):
+    while True:
+        w = next_item(counter)
+        if w >= worker_start.shape[0] - 1:
+            return
         for t in range(worker_start[w], worker_start[w + 1]):
             s, kv = items[t, 0], items[t, 1]
             a_q, b_q, a_k, b_k = cu_q[s], cu_q[s + 1], cu_k[s], cu_k[s + 1]
@@ -216,4 +261,3 @@ def varlen_backward(q, k, v, out, lse, dout, kv_index, packing, work, score, dro
                         dk[kv, a_k + j, c] += g_k[0, j, c]
                     for c in range(d_v):
                         dv[kv, a_k + j, c] += g_v[0, j, c]
-    return dq, dk, dv
