@@ -16,7 +16,8 @@ Gradients with respect to q, k and v come from
 ``lse`` that the forward saved. ``mask`` and the tensors in ``mod_args`` are
 constants: no gradient is built for them (a tensor there that requires grad is
 refused), and ``lse`` is returned without a gradient. CUDA tensors are refused:
-the operators run nbattn's CPU kernels.
+the operators run nbattn's CPU kernels; so are sparse and nested tensors, and
+``mask`` or ``mod_args`` tensors of a dtype NumPy lacks (bfloat16).
 
 Importing this module needs PyTorch (``pip install 'nbattn[torch]'``);
 ``import nbattn`` never imports torch.
@@ -39,14 +40,17 @@ different ``score_mod`` does in PyTorch's FlexAttention). So:
   ``"eager"`` and ``"aot_eager"`` backends, which need no C++ compiler; the
   default, inductor, keeps the two operators as calls of their own too); the
   tensors of ``mod_args`` are graph inputs, so bias tables, slopes and document ids
-  may change from call to call without recompiling;
+  may change from call to call without recompiling, while its numbers are
+  constants of the graph, as Python numbers are anywhere in a compiled function (a
+  new value compiles anew: pass a value that changes every call as a 0-d tensor);
 * a ``block_mask`` is a constant of the compiled graph: one compile per
   block-mask object, which suits a mask made once (a sliding window, a fixed
   document layout); for a mask that changes with every batch pass ``mask_mod``
   with its arrays in ``mod_args``, or call outside the compiled region;
 * define ``score_mod`` and ``mask_mod`` outside the compiled function, and keep
   them (and block masks) alive while a compiled function that uses them is in
-  use;
+  use (one defined inside the compiled function lives only while it is traced:
+  the call is refused with a message that says so);
 * dropout without ``random_state`` draws its seed from torch's generator inside
   the graph (``torch.manual_seed`` makes it reproducible), and the backward
   regenerates the mask from that seed.
@@ -100,10 +104,8 @@ class _Handles:
         try:
             weakref.finalize(obj, self._forget, id(obj))
         except TypeError:
-            raise ValueError(
-                f"{name} must be a function (or, for block_mask, a BlockMask), "
-                f"got {type(obj).__name__}"
-            ) from None
+            kind = "a function" if name != "block_mask" else "made by nbattn.create_block_mask"
+            raise ValueError(f"{name} must be {kind}, got {type(obj).__name__}") from None
         label = getattr(obj, "__qualname__", type(obj).__name__)
         handle = f"{label}#{next(self._count)}"
         self._objects[handle] = obj
@@ -121,8 +123,10 @@ class _Handles:
         if obj is None:
             raise RuntimeError(
                 f"the function or block mask {handle!r} that this compiled graph calls no "
-                "longer exists: keep score_mod, mask_mod and block_mask alive while the "
-                "compiled function is in use"
+                "longer exists. score_mod, mask_mod, score_mod_grad and block_mask must live "
+                "as long as the compiled function that calls them: define them outside the "
+                "compiled function (one defined inside it, a def or a lambda there, lives only "
+                "while torch.compile traces it) and keep them alive while it is in use"
             )
         return obj
 
@@ -149,7 +153,20 @@ def _mod_handles(score_mod, mask_mod, block_mask, score_mod_grad) -> dict:
 
 
 # --------------------------------------------------------------------------- arguments
-def _check_tensor(x, name, allow_grad=True):
+#: The dtypes of tensors that NumPy can view (``Tensor.numpy()``): not bfloat16, the
+#: float8 and quantized types, nor the sub-byte ints.
+_NUMPY_DTYPES = frozenset(
+    getattr(torch, name)
+    for name in "bool float16 float32 float64 complex64 complex128".split()
+    + [f"{kind}{bits}" for kind in ("int", "uint") for bits in (8, 16, 32, 64)]
+    if hasattr(torch, name)  # uint16 ... uint64 are torch 2.3's
+)
+
+
+def _check_tensor(x, name, allow_grad=True, check_dtype=True):
+    """``x`` is a dense CPU tensor that NumPy can view (its dtype too, unless
+    ``check_dtype`` is False: q, k and v have a stricter rule of their own) and, unless
+    ``allow_grad``, requires no grad; a ValueError naming ``name`` otherwise."""
     if not isinstance(x, Tensor):
         raise ValueError(
             f"{name} must be a torch.Tensor, got {type(x).__name__} "
@@ -160,6 +177,20 @@ def _check_tensor(x, name, allow_grad=True):
             f"{name} is on the {x.device.type} device: nbattn.torch runs nbattn's CPU kernels "
             "and takes CPU tensors only (CUDA tensors are not supported)"
         )
+    if x.is_nested:
+        raise ValueError(
+            f"{name} is a nested tensor: nbattn.torch takes dense tensors (pad the sequences "
+            "to one length and pass a mask that leaves the padding out)"
+        )
+    if x.layout != torch.strided:
+        raise ValueError(
+            f"{name} is a {x.layout} tensor: nbattn.torch takes dense tensors, pass "
+            f"{name}.to_dense()"
+        )
+    if check_dtype and x.dtype not in _NUMPY_DTYPES:
+        raise ValueError(
+            f"{name} has dtype {x.dtype}, which NumPy has no type for: pass {name}.float()"
+        )
     if not allow_grad and x.requires_grad:
         raise ValueError(
             f"{name} requires grad, but nbattn.torch builds no gradient for it (gradients with "
@@ -168,9 +199,17 @@ def _check_tensor(x, name, allow_grad=True):
         )
 
 
+def _check_int64(value, name, hint=""):
+    """``value`` (an int) as an int that fits in int64, the operators' int; a ValueError
+    naming ``name`` (and ending in ``hint``) otherwise."""
+    if not -(2**63) <= int(value) < 2**63:
+        raise ValueError(f"{name} must fit in int64, got {value}{hint}")
+    return int(value)
+
+
 def _check_qkv(q, k, v):
     for x, name in ((q, "q"), (k, "k"), (v, "v")):
-        _check_tensor(x, name)
+        _check_tensor(x, name, check_dtype=False)
     dtypes = {q.dtype, k.dtype, v.dtype}
     if len(dtypes) > 1 or q.dtype not in (torch.float32, torch.float64):
         raise ValueError(
@@ -200,7 +239,7 @@ def _split_mod_args(mod_args):
             ints.append(int(arg))
             kinds += "b"
         elif isinstance(arg, (int, np.integer)):
-            ints.append(int(arg))
+            ints.append(_check_int64(arg, name))
             kinds += "i"
         elif isinstance(arg, (float, np.floating)):
             floats.append(float(arg))
@@ -245,9 +284,7 @@ def _dropout_seed(dropout_p, random_state):
             "random_state must be None or an int (the backward regenerates the dropout mask "
             f"from it), got {type(random_state).__name__}"
         )
-    if not -(2**63) <= int(random_state) < 2**63:
-        raise ValueError(f"random_state must fit in int64, got {random_state}")
-    return torch.tensor(int(random_state), dtype=torch.int64)
+    return torch.tensor(_check_int64(random_state, "random_state"), dtype=torch.int64)
 
 
 def _nbattn_call(arguments: dict) -> tuple[list, dict]:
@@ -474,9 +511,11 @@ def flash_attention(
     Raises
     ------
     ValueError
-        Naming the argument: a tensor that is not on the CPU, q, k and v not of one
-        float32 / float64 dtype, a mask or ``mod_args`` tensor that requires grad, a
-        ``mod_args`` entry that is not a tensor or a number, and everything
+        Naming the argument: a tensor that is not on the CPU, a sparse or nested
+        tensor, q, k and v not of one float32 / float64 dtype, a mask or
+        ``mod_args`` tensor that requires grad or whose dtype NumPy lacks
+        (bfloat16), a ``mod_args`` entry that is not a tensor or a number, an int
+        (in ``mod_args``, ``window``, ``random_state``) beyond int64, and everything
         :func:`nbattn.flash_attention` refuses.
     """
     _check_qkv(q, k, v)
@@ -490,7 +529,10 @@ def flash_attention(
             f"block_mask must come from nbattn.create_block_mask, got {type(block_mask).__name__}"
         )
     kw = check_keywords(causal, enable_gqa, window, causal_alignment, softcap, dropout_p)
-    window_left, window_right = (None, None) if kw.window is None else kw.window
+    window_left, window_right = [
+        None if side is None else _check_int64(side, f"window {which} side", " (None: unbounded)")
+        for side, which in zip(kw.window or (None, None), ("left", "right"))
+    ]
     tensors, ints, floats, kinds = _split_mod_args(mod_args)
     out, lse = _forward_op(
         q,

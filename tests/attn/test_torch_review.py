@@ -343,3 +343,60 @@ def test_a_small_model_on_digits_trains_as_with_torch_sdpa():
     torchs = curve(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True))
     np.testing.assert_allclose(ours, torchs, rtol=0, atol=1e-5)
     assert ours[-1] < 0.6 * ours[0]
+
+
+# ----------------------------------------------------------------------------- refusals
+
+
+def test_ints_beyond_int64_are_refused_naming_the_argument():
+    q, k, v = _qkv()
+    mod_args = (2**70, torch.tensor([0.5, -0.25], dtype=F64), torch.zeros(1, 7, dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"mod_args\[0\].*int64"):
+        nbt.flash_attention(q, k, v, score_mod=biased, mod_args=mod_args)
+    for window in ((2**70, None), (0, -(2**70))):
+        with pytest.raises(ValueError, match="window"):
+            nbt.flash_attention(q, k, v, window=window)
+
+
+def test_tensors_numpy_cannot_view_are_refused_naming_the_argument():
+    q, k, v = _qkv()
+    mod_args = list(_mod_args())
+    cases = [
+        ({"mask": torch.zeros(5, 7, dtype=torch.bfloat16)}, r"mask.*bfloat16.*mask\.float\(\)"),
+        ({"mask": torch.ones(5, 7).to_sparse()}, r"mask.*sparse.*to_dense\(\)"),
+        (
+            {"q": torch.nested.nested_tensor([torch.zeros(5, 4, dtype=F64)], layout=torch.jagged)},
+            r"\bq\b.*nested",
+        ),
+        (
+            {"score_mod": biased, "mod_args": (0.0, mod_args[1].bfloat16(), mod_args[2])},
+            r"mod_args\[1\].*bfloat16",
+        ),
+    ]
+    for kw, message in cases:
+        args = {"q": q, "k": k, "v": v} | kw
+        with pytest.raises(ValueError, match=message):
+            nbt.flash_attention(args.pop("q"), args.pop("k"), args.pop("v"), **args)
+
+
+def test_a_non_function_is_refused_in_its_own_words():
+    q, k, v = _qkv()
+    for name in ("score_mod", "mask_mod", "score_mod_grad"):
+        with pytest.raises(ValueError, match=f"^{name} must be a function, got str$"):
+            nbt.flash_attention(q, k, v, **{name: "alibi"})
+
+
+def test_a_score_mod_written_inside_the_compiled_function_is_refused_with_the_fix():
+    """A def or lambda inside the compiled function is a new object each trace, which
+    nothing keeps: the message says where to define it."""
+    q, k, v = _qkv()
+
+    def loss(q, k, v):
+        def inner(score, b, h, q_idx, kv_idx):
+            return score * 0.5
+
+        return nbt.flash_attention(q, k, v, score_mod=inner).sum()
+
+    compiled = torch.compile(loss, backend="aot_eager", fullgraph=True)
+    with pytest.raises(Exception, match="outside the compiled function"):
+        compiled(q, k, v)
