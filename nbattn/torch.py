@@ -19,6 +19,14 @@ refused), and ``lse`` is returned without a gradient. CUDA tensors are refused:
 the operators run nbattn's CPU kernels; so are sparse and nested tensors, and
 ``mask`` or ``mod_args`` tensors of a dtype NumPy lacks (bfloat16).
 
+Derivatives are first-order and reverse-mode (``backward()``,
+``torch.autograd.grad``, ``retain_graph`` included). Differentiating a gradient
+again (``create_graph=True``, a Hessian), forward mode (``torch.func.jvp``,
+``torch.autograd.forward_ad``) and the ``torch.func`` transforms (``grad``,
+``vjp``, ``jacrev``, ``vmap``) raise NotImplementedError: torch would refuse the
+transforms with a message about the operators' registration, and would treat the
+operator as a constant in forward mode (a zero tangent, silently).
+
 Importing this module needs PyTorch (``pip install 'nbattn[torch]'``);
 ``import nbattn`` never imports torch.
 
@@ -70,6 +78,7 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
 
 import numpy as np
 from torch import Tensor
+from torch.autograd import forward_ad
 
 from ._core.validation import check_bool, check_scale
 from .attn import flash
@@ -438,6 +447,46 @@ def _no_gradient(arg):
 _forward_op.register_autograd(_gradients, setup_context=_save_for_backward)
 
 
+def _no_second_derivatives(ctx, *grads):
+    raise NotImplementedError(
+        "nbattn.torch computes first derivatives only: no second derivatives (a gradient "
+        "taken with create_graph=True and differentiated again, a Hessian, a gradient "
+        "penalty through the attention)"
+    )
+
+
+# Without it, differentiating the backward's results would fail with a message about
+# registering an autograd formula.
+_backward_op.register_autograd(_no_second_derivatives)
+
+
+def _check_differentiation(tensors):
+    """Refuse what torch would get wrong or refuse obscurely: forward-mode derivatives
+    (torch.func.jvp, torch.autograd.forward_ad), which would come back as zeros (torch
+    sees an operator without a forward-mode formula as a constant), and the torch.func
+    transforms grad, vjp, jacrev and vmap, which custom operators like these do not
+    support. Eager calls only: under torch.compile the transforms are traced apart."""
+    if torch.compiler.is_compiling():
+        return
+    stack = torch._C._functorch.get_interpreter_stack() or ()
+    transforms = {interpreter.key() for interpreter in stack}
+    transforms.discard(torch._C._functorch.TransformType.Functionalize)
+    if torch._C._functorch.TransformType.Jvp in transforms or any(
+        isinstance(x, Tensor) and forward_ad.unpack_dual(x).tangent is not None for x in tensors
+    ):
+        raise NotImplementedError(
+            "nbattn.torch computes no forward-mode derivatives (torch.func.jvp, "
+            "torch.autograd.forward_ad): the tangent would be lost; use reverse mode "
+            "(backward(), torch.autograd.grad)"
+        )
+    if transforms:
+        raise NotImplementedError(
+            "nbattn.torch does not run under torch.func transforms (grad, vjp, jacrev, "
+            "vmap): take gradients with torch.autograd (backward(), torch.autograd.grad) "
+            "and batch through the leading dimensions, which broadcast"
+        )
+
+
 # --------------------------------------------------------------------------- public
 def flash_attention(
     q,
@@ -517,8 +566,14 @@ def flash_attention(
         (bfloat16), a ``mod_args`` entry that is not a tensor or a number, an int
         (in ``mod_args``, ``window``, ``random_state``) beyond int64, and everything
         :func:`nbattn.flash_attention` refuses.
+    NotImplementedError
+        Under forward-mode differentiation (``torch.func.jvp``,
+        ``torch.autograd.forward_ad``) or a ``torch.func`` transform (``grad``,
+        ``vjp``, ``jacrev``, ``vmap``); and in the backward, when a gradient is
+        differentiated again (second derivatives).
     """
     _check_qkv(q, k, v)
+    _check_differentiation((q, k, v, mask, *(mod_args if isinstance(mod_args, tuple) else ())))
     return_lse = check_bool(return_lse, "return_lse")
     if scale is not None:
         scale = check_scale(scale, q.shape[-1])

@@ -348,6 +348,42 @@ def test_a_small_model_on_digits_trains_as_with_torch_sdpa():
 # ----------------------------------------------------------------------------- refusals
 
 
+def test_forward_mode_derivatives_are_refused_not_returned_as_zero():
+    """A tangent through nbattn.torch would be dropped (torch treats a custom operator
+    without a forward-mode formula as constant): refused instead."""
+    import torch.autograd.forward_ad as fwAD
+
+    q, k, v = _qkv(grad=False)
+    with pytest.raises(NotImplementedError, match="forward-mode"):
+        torch.func.jvp(lambda q: nbt.flash_attention(q, k, v), (q,), (torch.ones_like(q),))
+    with fwAD.dual_level(), pytest.raises(NotImplementedError, match="forward-mode"):
+        nbt.flash_attention(q, k, fwAD.make_dual(v, torch.ones_like(v)))
+    mask = torch.zeros(5, 7, dtype=F64)
+    with fwAD.dual_level(), pytest.raises(NotImplementedError, match="forward-mode"):
+        nbt.flash_attention(q, k, v, mask=fwAD.make_dual(mask, torch.ones_like(mask)))
+
+
+@pytest.mark.parametrize("transform", ["grad", "vmap", "jacrev"])
+def test_torch_func_transforms_are_refused_with_what_to_use_instead(transform):
+    q, k, v = _qkv(grad=False)
+
+    def loss(q):
+        return nbt.flash_attention(q, k, v).sum()
+
+    with pytest.raises(NotImplementedError, match=r"torch\.func.*torch\.autograd"):
+        getattr(torch.func, transform)(loss)(q)
+
+
+def test_second_derivatives_are_refused_clearly():
+    q, k, v = _qkv()
+    out = nbt.flash_attention(q, k, v, causal=True)
+    (dq,) = torch.autograd.grad(out.square().sum(), q, create_graph=True)
+    (ref,) = _grads(out.square().sum(), (q,))
+    assert torch.equal(dq.detach(), ref)  # the first derivative itself is there
+    with pytest.raises(NotImplementedError, match="second derivatives"):
+        torch.autograd.grad(dq.sum(), (q, k, v))
+
+
 def test_ints_beyond_int64_are_refused_naming_the_argument():
     q, k, v = _qkv()
     mod_args = (2**70, torch.tensor([0.5, -0.25], dtype=F64), torch.zeros(1, 7, dtype=torch.int64))
@@ -400,3 +436,14 @@ def test_a_score_mod_written_inside_the_compiled_function_is_refused_with_the_fi
     compiled = torch.compile(loss, backend="aot_eager", fullgraph=True)
     with pytest.raises(Exception, match="outside the compiled function"):
         compiled(q, k, v)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="nbattn's overflow check advises float64 inputs to calls that are float64 already",
+)
+def test_the_overflow_message_of_float64_inputs_does_not_advise_float64():
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="float64") as info:
+        nbt.flash_attention(q * 1e300, k * 1e300, v)
+    assert "use float64" not in str(info.value)
