@@ -45,8 +45,9 @@ different ``score_mod`` does in PyTorch's FlexAttention). So:
 * plain, masked, causal, windowed, grouped-query, softcapped and dropout
   attention, and ``score_mod`` / ``mask_mod`` with their arrays in ``mod_args``,
   compile with ``fullgraph=True``, forward and backward (the tests use the
-  ``"eager"`` and ``"aot_eager"`` backends, which need no C++ compiler; the
-  default, inductor, keeps the two operators as calls of their own too); the
+  ``"eager"`` and ``"aot_eager"`` backends, which need no C++ compiler, and the
+  default, inductor, where one is installed: it keeps the two operators as calls
+  of their own); the
   tensors of ``mod_args`` are graph inputs, so bias tables, slopes and document ids
   may change from call to call without recompiling, while its numbers are
   constants of the graph, as Python numbers are anywhere in a compiled function (a
@@ -366,7 +367,14 @@ def _forward_op(
     """(out, lse) of :func:`nbattn.flash_attention`; ``score_mod_grad`` is for the backward."""
     arrays, keywords = _nbattn_call(locals())  # the arguments above, by name
     out, lse = flash.flash_attention(*arrays, return_lse=True, **keywords)
-    return torch.from_numpy(out), torch.from_numpy(lse)
+    return _tensor(out), _tensor(lse)
+
+
+def _tensor(array):
+    """A result as a contiguous tensor over its memory (a copy only where nbattn's array
+    is not C-contiguous), the layout the fake implementations give: inductor checks
+    the real strides against the fake ones."""
+    return torch.from_numpy(np.ascontiguousarray(array))
 
 
 @_forward_op.register_fake
@@ -408,12 +416,13 @@ def _backward_op(
     """(dq, dk, dv) of :func:`nbattn.flash_attention_backward`."""
     arrays, keywords = _nbattn_call(locals())  # the arguments above, by name
     grads = flash.flash_attention_backward(*arrays, **keywords)
-    return tuple(torch.from_numpy(g) for g in grads)
+    return tuple(_tensor(g) for g in grads)
 
 
 @_backward_op.register_fake
 def _backward_shapes(q, k, v, *rest):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    # contiguous, as _tensor makes them (empty_like would keep a transposed q's strides)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _save_for_backward(ctx, inputs, output):

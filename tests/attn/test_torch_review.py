@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import math
+import shutil
 import threading
 
 import numpy as np
@@ -447,3 +448,53 @@ def test_the_overflow_message_of_float64_inputs_does_not_advise_float64():
     with pytest.raises(ValueError, match="float64") as info:
         nbt.flash_attention(q * 1e300, k * 1e300, v)
     assert "use float64" not in str(info.value)
+
+
+def test_fake_outputs_have_the_real_outputs_strides_for_transposed_inputs():
+    """q, k, v in the (B, L, H, E) memory of a projection, seen as (B, H, L, E): the
+    gradients come back contiguous, and the fake implementations must say so (inductor
+    checks the real strides against the fake ones)."""
+    q, k, v = (
+        x.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_()
+        for x in _qkv(((2, 3, 5, 4), (2, 3, 6, 4), (2, 3, 6, 3)))
+    )
+    settings = ([], [], [], "", True, None, False, None, None, "top_left", None, 0.0)
+    settings += ("", "", "", "")
+    forward = (q, k, v, None, None, *settings)
+    torch.library.opcheck(torch.ops.nbattn.flash_attention.default, forward)
+    out, lse = torch.ops.nbattn.flash_attention(*forward)
+    backward = (q, k, v, out.detach(), lse, torch.ones_like(out), None, None, *settings)
+    checks = ("test_schema", "test_faketensor")  # no autograd: no second derivatives
+    torch.library.opcheck(
+        torch.ops.nbattn.flash_attention_backward.default, backward, test_utils=checks
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("c++") is None, reason="inductor compiles C++")
+def test_inductor_compiles_a_projection_layout_forward_and_backward():
+    """torch.compile's default backend on q, k, v transposed out of a projection (the
+    layout of every multi-head layer), with the caches off (they key on the graph, not
+    on the operators' fake implementations)."""
+    import torch._functorch.config
+    import torch._inductor.config
+
+    projection = torch.nn.Linear(8, 24, dtype=F64)
+
+    def loss(x):
+        n, length, _ = x.shape
+        q, k, v = projection(x).reshape(n, length, 3, 2, 4).unbind(2)  # (B, L, H, E)
+        out = nbt.flash_attention(*(t.transpose(1, 2) for t in (q, k, v)), causal=True)
+        return (out.transpose(1, 2).reshape(n, length, 8) * torch.arange(8.0)).sum()
+
+    x = torch.randn(3, 6, 8, dtype=F64, generator=torch.Generator().manual_seed(0))
+    want = loss(x)
+    (want_grad,) = _grads(want, (projection.weight,))
+    with (
+        torch._inductor.config.patch(fx_graph_cache=False),
+        torch._functorch.config.patch(enable_autograd_cache=False),
+    ):
+        got = torch.compile(loss, fullgraph=True)(x)
+        (grad,) = _grads(got, (projection.weight,))
+    np.testing.assert_allclose(got.detach(), want.detach(), rtol=0, atol=1e-13)
+    np.testing.assert_allclose(grad, want_grad, rtol=0, atol=1e-13)
