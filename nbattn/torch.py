@@ -62,7 +62,9 @@ different ``score_mod`` does in PyTorch's FlexAttention). So:
   the call is refused with a message that says so);
 * dropout without ``random_state`` draws its seed from torch's generator inside
   the graph (``torch.manual_seed`` makes it reproducible), and the backward
-  regenerates the mask from that seed.
+  regenerates the mask from that seed. Inductor draws random numbers its own way,
+  as it does for every random operation: compiled there, the seeds (so the masks)
+  are not eager's, unless ``torch._inductor.config.fallback_random`` is set.
 """
 
 from __future__ import annotations
@@ -215,6 +217,19 @@ def _check_int64(value, name, hint=""):
     if not -(2**63) <= int(value) < 2**63:
         raise ValueError(f"{name} must fit in int64, got {value}{hint}")
     return int(value)
+
+
+def _autocast(x):
+    """Under ``torch.autocast("cpu")``, a float16 or bfloat16 tensor as float32 (as autocast
+    runs its float32 operations: nbattn's kernels run float32 and float64); anything
+    else as it is."""
+    if (
+        isinstance(x, Tensor)
+        and x.dtype in (torch.float16, torch.bfloat16)
+        and torch.is_autocast_enabled("cpu")
+    ):
+        return x.float()
+    return x
 
 
 def _check_qkv(q, k, v):
@@ -534,7 +549,9 @@ def flash_attention(
     Parameters
     ----------
     q, k, v : torch.Tensor (..., L, E), (..., S, E), (..., S, Ev)
-        CPU tensors of one dtype, float32 or float64, any strides. Leading
+        CPU tensors of one dtype, float32 or float64, any strides (under
+        ``torch.autocast("cpu")``, float16 and bfloat16 ones, and such a float
+        mask, run in float32, as autocast's float32 operations do). Leading
         dimensions broadcast as in :func:`nbattn.flash_attention`; with
         ``score_mod``, ``mask_mod`` or ``block_mask``, q is (B, H, L, E), (H, L, E)
         or (L, E).
@@ -581,6 +598,7 @@ def flash_attention(
         ``vjp``, ``jacrev``, ``vmap``); and in the backward, when a gradient is
         differentiated again (second derivatives).
     """
+    q, k, v, mask = (_autocast(x) for x in (q, k, v, mask))
     _check_qkv(q, k, v)
     _check_differentiation((q, k, v, mask, *(mod_args if isinstance(mod_args, tuple) else ())))
     return_lse = check_bool(return_lse, "return_lse")

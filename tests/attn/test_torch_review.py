@@ -498,3 +498,24 @@ def test_inductor_compiles_a_projection_layout_forward_and_backward():
         (grad,) = _grads(got, (projection.weight,))
     np.testing.assert_allclose(got.detach(), want.detach(), rtol=0, atol=1e-13)
     np.testing.assert_allclose(grad, want_grad, rtol=0, atol=1e-13)
+
+
+@pytest.mark.parametrize("low", [torch.bfloat16, torch.float16])
+def test_under_cpu_autocast_half_precision_inputs_run_in_float32(low):
+    """torch.autocast("cpu") makes linear layers give bfloat16 (or float16): the call
+    runs them in float32, as autocast runs its float32 operations (softmax, norms), and
+    the gradients reach the layer; outside autocast they are refused."""
+    projection = torch.nn.Linear(4, 12)
+    x = torch.randn(2, 5, 4, generator=torch.Generator().manual_seed(0))
+    mask = torch.randn(5, 5, dtype=low)
+    with torch.autocast("cpu", dtype=low):
+        q, k, v = projection(x).unflatten(-1, (3, 2, 2)).permute(2, 0, 3, 1, 4)
+        assert q.dtype == low
+        out = nbt.flash_attention(q, k, v, mask=mask, causal=True)
+    assert out.dtype == F32
+    want = nbt.flash_attention(q.float(), k.float(), v.float(), mask=mask.float(), causal=True)
+    assert torch.equal(out, want)
+    (grad,) = _grads(out, (projection.weight,))
+    assert grad.dtype == F32 and grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="float32 or float64"):
+        nbt.flash_attention(q, k, v)
