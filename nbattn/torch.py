@@ -591,7 +591,9 @@ def flash_attention(
         ``mod_args`` tensor that requires grad or whose dtype NumPy lacks
         (bfloat16), a ``mod_args`` entry that is not a tensor or a number, an int
         (in ``mod_args``, ``window``, ``random_state``) beyond int64, and everything
-        :func:`nbattn.flash_attention` refuses.
+        :func:`nbattn.flash_attention` refuses, an empty tensor among them (a
+        zero-length batch, head, query, key or feature axis, where torch's
+        ``scaled_dot_product_attention`` returns an empty or zero output).
     NotImplementedError
         Under forward-mode differentiation (``torch.func.jvp``,
         ``torch.autograd.forward_ad``) or a ``torch.func`` transform (``grad``,

@@ -11,6 +11,8 @@ from __future__ import annotations
 import gc
 import math
 import shutil
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -519,3 +521,29 @@ def test_under_cpu_autocast_half_precision_inputs_run_in_float32(low):
     assert grad.dtype == F32 and grad.abs().sum() > 0
     with pytest.raises(ValueError, match="float32 or float64"):
         nbt.flash_attention(q, k, v)
+
+
+def test_empty_tensors_are_refused_naming_them():
+    """A zero-length axis (batch, heads, queries, keys, features) is refused, as by
+    nbattn.flash_attention (torch's SDPA returns empty or zero outputs there)."""
+    for shapes, name in [
+        (((0, 2, 3, 4), (0, 2, 5, 4), (0, 2, 5, 3)), "q"),
+        (((1, 2, 0, 4), (1, 2, 5, 4), (1, 2, 5, 3)), "q"),
+        (((1, 2, 3, 4), (1, 2, 0, 4), (1, 2, 0, 3)), "k"),
+        (((1, 2, 3, 0), (1, 2, 5, 0), (1, 2, 5, 3)), "q"),
+    ]:
+        with pytest.raises(ValueError, match=rf"^{name} is empty \(shape"):
+            nbt.flash_attention(*_qkv(shapes))
+
+
+def test_importing_nbattn_and_using_it_imports_no_torch():
+    code = (
+        "import sys, numpy as np, nbattn, nbattn.attn, nbattn.estimators, nbattn.smoothing\n"
+        "x = np.ones((1, 2, 3, 4))\n"
+        "nbattn.flash_attention(x, x, x, causal=True)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300
+    )
+    assert result.stdout.strip() == "[]"
