@@ -70,6 +70,7 @@ different ``score_mod`` does in PyTorch's FlexAttention). So:
 from __future__ import annotations
 
 import itertools
+import secrets
 import weakref
 
 try:
@@ -95,16 +96,21 @@ __all__ = ["flash_attention"]
 class _Handles:
     """User functions and block masks, which cannot be operator arguments, by a string handle.
 
-    A handle is made once per live object (``"score_fn#3"``) and never reused; the
-    registry holds weak references, so it keeps nothing alive (a call keeps its own
-    objects alive until its backward has run). An object that has been collected
-    while a compiled graph still names its handle is an error, never another object.
+    A handle is made once per live object (``"score_fn#3@5f0c9a2e"``) and never
+    reused; the registry holds weak references, so it keeps nothing alive (a call
+    keeps its own objects alive until its backward has run). An object that has been
+    collected while a compiled graph still names its handle is an error, never
+    another object. The part after ``@`` is drawn at random per registry, so per
+    process: a graph saved by ``torch.export`` and loaded in another process names
+    handles that no registry there made (an error), never ones that another function
+    of the same name took there.
     """
 
     def __init__(self):
         self._objects = weakref.WeakValueDictionary()  # handle -> object
         self._by_id = {}  # id(object) -> handle, while the object lives
         self._count = itertools.count()
+        self._token = secrets.token_hex(4)
 
     def handle(self, obj, name) -> str:
         """The handle of ``obj`` ("" for None)."""
@@ -119,7 +125,7 @@ class _Handles:
             kind = "a function" if name != "block_mask" else "made by nbattn.create_block_mask"
             raise ValueError(f"{name} must be {kind}, got {type(obj).__name__}") from None
         label = getattr(obj, "__qualname__", type(obj).__name__)
-        handle = f"{label}#{next(self._count)}"
+        handle = f"{label}#{next(self._count)}@{self._token}"
         self._objects[handle] = obj
         self._by_id[id(obj)] = handle
         return handle
@@ -132,6 +138,13 @@ class _Handles:
         if not handle:
             return None
         obj = self._objects.get(handle)
+        if obj is None and handle.rpartition("@")[2] != self._token:
+            raise RuntimeError(
+                f"the function or block mask {handle!r} that this graph calls was made in "
+                "another process (a graph saved by torch.export and loaded here): user "
+                "functions and block masks cannot travel with a saved graph; export it "
+                "again in this process"
+            )
         if obj is None:
             raise RuntimeError(
                 f"the function or block mask {handle!r} that this compiled graph calls no "

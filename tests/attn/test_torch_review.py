@@ -547,3 +547,23 @@ def test_importing_nbattn_and_using_it_imports_no_torch():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300
     )
     assert result.stdout.strip() == "[]"
+
+
+def test_handles_of_two_processes_never_coincide():
+    """A graph exported with torch.export holds its functions' handles as strings: loaded
+    in another process, where a different function of the same name took the same
+    handle, it ran that function, silently. Each registry (one per process) now makes
+    handles of its own, so a foreign handle is an error."""
+
+    def make(factor):
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score * factor
+
+        return score_mod
+
+    here, elsewhere = nbt._Handles(), nbt._Handles()
+    first, second = make(0.5), make(2.0)
+    handle = elsewhere.handle(first, "score_mod")
+    assert here.handle(second, "score_mod") != handle
+    with pytest.raises(RuntimeError, match="no longer exists|another process"):
+        here.get(handle)
