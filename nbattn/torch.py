@@ -23,8 +23,10 @@ Derivatives are first-order and reverse-mode (``backward()``,
 ``torch.autograd.grad``, ``retain_graph`` included). Differentiating a gradient
 again (``create_graph=True``, a Hessian), forward mode (``torch.func.jvp``,
 ``torch.autograd.forward_ad``) and the ``torch.func`` transforms (``grad``,
-``vjp``, ``jacrev``, ``vmap``) raise NotImplementedError: torch would refuse the
-transforms with a message about the operators' registration, and would treat the
+``vjp``, ``jacrev``, ``vmap``) raise NotImplementedError, and so do batched
+gradients of the output (``torch.autograd.grad(..., is_grads_batched=True)``,
+``jacobian(..., vectorize=True)``; ``jacobian``'s default loop works): torch would
+refuse these with messages about the operators' registration, and would treat the
 operator as a constant in forward mode (a zero tangent, silently).
 
 Importing this module needs PyTorch (``pip install 'nbattn[torch]'``);
@@ -465,12 +467,26 @@ def _save_for_backward(ctx, inputs, output):
 
 
 def _gradients(ctx, grad_out, grad_lse):
+    if _is_legacy_batched(grad_out):
+        raise NotImplementedError(
+            "nbattn.torch's backward takes one gradient of the output at a time: "
+            "torch.autograd.grad(..., is_grads_batched=True) and "
+            "torch.autograd.functional.jacobian(..., vectorize=True) are not supported "
+            "(jacobian with vectorize=False is)"
+        )
     q, k, v, out, lse, mask, seed, *mod_tensors = ctx.saved_tensors
     if grad_out is None:
         grad_out = torch.zeros_like(out)
     dq, dk, dv = _backward_op(q, k, v, out, lse, grad_out, mask, seed, mod_tensors, *ctx.settings)
     others = (mod_tensors, *ctx.settings)
     return (dq, dk, dv, None, None, *(_no_gradient(arg) for arg in others))
+
+
+def _is_legacy_batched(x):
+    """``x`` is batched by autograd's own vmap (``is_grads_batched``), which cannot loop
+    over an operator with a list of tensors among its arguments."""
+    test = getattr(torch._C._functorch, "is_legacy_batchedtensor", None)
+    return x is not None and test is not None and test(x)
 
 
 def _no_gradient(arg):
@@ -611,7 +627,8 @@ def flash_attention(
         Under forward-mode differentiation (``torch.func.jvp``,
         ``torch.autograd.forward_ad``) or a ``torch.func`` transform (``grad``,
         ``vjp``, ``jacrev``, ``vmap``); and in the backward, when a gradient is
-        differentiated again (second derivatives).
+        differentiated again (second derivatives) or the gradients of the output
+        come batched (``is_grads_batched=True``).
     """
     q, k, v, mask = (_autocast(x) for x in (q, k, v, mask))
     _check_qkv(q, k, v)

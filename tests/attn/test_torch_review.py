@@ -567,3 +567,26 @@ def test_handles_of_two_processes_never_coincide():
     assert here.handle(second, "score_mod") != handle
     with pytest.raises(RuntimeError, match="no longer exists|another process"):
         here.get(handle)
+
+
+def test_batched_grad_outputs_are_refused_clearly_and_jacobians_loop():
+    """autograd.grad(is_grads_batched=True), as jacobian(vectorize=True) calls it, runs
+    the backward under autograd's own vmap, which cannot loop over these operators:
+    refused in words, while jacobian's default (a loop) gives torch's dense one."""
+    q, k, v = _qkv(((1, 2, 3, 2), (1, 2, 4, 2), (1, 2, 4, 2)))
+    out = nbt.flash_attention(q, k, v, causal=True)
+    grad_outs = torch.ones((3, *out.shape), dtype=F64)
+    with pytest.raises(NotImplementedError, match="is_grads_batched"):
+        torch.autograd.grad(out, (q, k, v), grad_outs, is_grads_batched=True)
+
+    def ours(v):
+        return nbt.flash_attention(q.detach(), k.detach(), v, causal=True)
+
+    def dense(v):
+        return F.scaled_dot_product_attention(q.detach(), k.detach(), v, is_causal=True)
+
+    jacobian = torch.autograd.functional.jacobian(ours, v)
+    want = torch.autograd.functional.jacobian(dense, v)
+    np.testing.assert_allclose(jacobian, want, rtol=0, atol=1e-14)
+    with pytest.raises(NotImplementedError, match="vectorize=False"):
+        torch.autograd.functional.jacobian(ours, v, vectorize=True)
