@@ -61,7 +61,10 @@ different ``score_mod`` does in PyTorch's FlexAttention). So:
 * define ``score_mod`` and ``mask_mod`` outside the compiled function, and keep
   them (and block masks) alive while a compiled function that uses them is in
   use (one defined inside the compiled function lives only while it is traced:
-  the call is refused with a message that says so);
+  the call is refused with a message that says so); make each once, not per
+  step: every new function object (a closure made again, of the same code and
+  values) compiles the graph anew, and torch.compile gives up after its
+  recompile limit (8 by default; with ``fullgraph=True`` an error);
 * dropout without ``random_state`` draws its seed from torch's generator inside
   the graph (``torch.manual_seed`` makes it reproducible), and the backward
   regenerates the mask from that seed. Inductor draws random numbers its own way,
