@@ -16,7 +16,18 @@ Gradients with respect to q, k and v come from
 ``lse`` that the forward saved. ``mask`` and the tensors in ``mod_args`` are
 constants: no gradient is built for them (a tensor there that requires grad is
 refused), and ``lse`` is returned without a gradient. CUDA tensors are refused:
-the operators run nbattn's CPU kernels.
+the operators run nbattn's CPU kernels; so are sparse and nested tensors, and
+``mask`` or ``mod_args`` tensors of a dtype NumPy lacks (bfloat16).
+
+Derivatives are first-order and reverse-mode (``backward()``,
+``torch.autograd.grad``, ``retain_graph`` included). Differentiating a gradient
+again (``create_graph=True``, a Hessian), forward mode (``torch.func.jvp``,
+``torch.autograd.forward_ad``) and the ``torch.func`` transforms (``grad``,
+``vjp``, ``jacrev``, ``vmap``) raise NotImplementedError, and so do batched
+gradients of the output (``torch.autograd.grad(..., is_grads_batched=True)``,
+``jacobian(..., vectorize=True)``; ``jacobian``'s default loop works): torch would
+refuse these with messages about the operators' registration, and would treat the
+operator as a constant in forward mode (a zero tangent, silently).
 
 Importing this module needs PyTorch (``pip install 'nbattn[torch]'``);
 ``import nbattn`` never imports torch.
@@ -36,25 +47,35 @@ different ``score_mod`` does in PyTorch's FlexAttention). So:
 * plain, masked, causal, windowed, grouped-query, softcapped and dropout
   attention, and ``score_mod`` / ``mask_mod`` with their arrays in ``mod_args``,
   compile with ``fullgraph=True``, forward and backward (the tests use the
-  ``"eager"`` and ``"aot_eager"`` backends, which need no C++ compiler; the
-  default, inductor, keeps the two operators as calls of their own too); the
+  ``"eager"`` and ``"aot_eager"`` backends, which need no C++ compiler, and the
+  default, inductor, where one is installed: it keeps the two operators as calls
+  of their own); the
   tensors of ``mod_args`` are graph inputs, so bias tables, slopes and document ids
-  may change from call to call without recompiling;
+  may change from call to call without recompiling, while its numbers are
+  constants of the graph, as Python numbers are anywhere in a compiled function (a
+  new value compiles anew: pass a value that changes every call as a 0-d tensor);
 * a ``block_mask`` is a constant of the compiled graph: one compile per
   block-mask object, which suits a mask made once (a sliding window, a fixed
   document layout); for a mask that changes with every batch pass ``mask_mod``
   with its arrays in ``mod_args``, or call outside the compiled region;
 * define ``score_mod`` and ``mask_mod`` outside the compiled function, and keep
   them (and block masks) alive while a compiled function that uses them is in
-  use;
+  use (one defined inside the compiled function lives only while it is traced:
+  the call is refused with a message that says so); make each once, not per
+  step: every new function object (a closure made again, of the same code and
+  values) compiles the graph anew, and torch.compile gives up after its
+  recompile limit (8 by default; with ``fullgraph=True`` an error);
 * dropout without ``random_state`` draws its seed from torch's generator inside
   the graph (``torch.manual_seed`` makes it reproducible), and the backward
-  regenerates the mask from that seed.
+  regenerates the mask from that seed. Inductor draws random numbers its own way,
+  as it does for every random operation: compiled there, the seeds (so the masks)
+  are not eager's, unless ``torch._inductor.config.fallback_random`` is set.
 """
 
 from __future__ import annotations
 
 import itertools
+import secrets
 import weakref
 
 try:
@@ -66,6 +87,7 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
 
 import numpy as np
 from torch import Tensor
+from torch.autograd import forward_ad
 
 from ._core.validation import check_bool, check_scale
 from .attn import flash
@@ -79,16 +101,21 @@ __all__ = ["flash_attention"]
 class _Handles:
     """User functions and block masks, which cannot be operator arguments, by a string handle.
 
-    A handle is made once per live object (``"score_fn#3"``) and never reused; the
-    registry holds weak references, so it keeps nothing alive (a call keeps its own
-    objects alive until its backward has run). An object that has been collected
-    while a compiled graph still names its handle is an error, never another object.
+    A handle is made once per live object (``"score_fn#3@5f0c9a2e"``) and never
+    reused; the registry holds weak references, so it keeps nothing alive (a call
+    keeps its own objects alive until its backward has run). An object that has been
+    collected while a compiled graph still names its handle is an error, never
+    another object. The part after ``@`` is drawn at random per registry, so per
+    process: a graph saved by ``torch.export`` and loaded in another process names
+    handles that no registry there made (an error), never ones that another function
+    of the same name took there.
     """
 
     def __init__(self):
         self._objects = weakref.WeakValueDictionary()  # handle -> object
         self._by_id = {}  # id(object) -> handle, while the object lives
         self._count = itertools.count()
+        self._token = secrets.token_hex(4)
 
     def handle(self, obj, name) -> str:
         """The handle of ``obj`` ("" for None)."""
@@ -100,12 +127,10 @@ class _Handles:
         try:
             weakref.finalize(obj, self._forget, id(obj))
         except TypeError:
-            raise ValueError(
-                f"{name} must be a function (or, for block_mask, a BlockMask), "
-                f"got {type(obj).__name__}"
-            ) from None
+            kind = "a function" if name != "block_mask" else "made by nbattn.create_block_mask"
+            raise ValueError(f"{name} must be {kind}, got {type(obj).__name__}") from None
         label = getattr(obj, "__qualname__", type(obj).__name__)
-        handle = f"{label}#{next(self._count)}"
+        handle = f"{label}#{next(self._count)}@{self._token}"
         self._objects[handle] = obj
         self._by_id[id(obj)] = handle
         return handle
@@ -118,11 +143,20 @@ class _Handles:
         if not handle:
             return None
         obj = self._objects.get(handle)
+        if obj is None and handle.rpartition("@")[2] != self._token:
+            raise RuntimeError(
+                f"the function or block mask {handle!r} that this graph calls was made in "
+                "another process (a graph saved by torch.export and loaded here): user "
+                "functions and block masks cannot travel with a saved graph; export it "
+                "again in this process"
+            )
         if obj is None:
             raise RuntimeError(
                 f"the function or block mask {handle!r} that this compiled graph calls no "
-                "longer exists: keep score_mod, mask_mod and block_mask alive while the "
-                "compiled function is in use"
+                "longer exists. score_mod, mask_mod, score_mod_grad and block_mask must live "
+                "as long as the compiled function that calls them: define them outside the "
+                "compiled function (one defined inside it, a def or a lambda there, lives only "
+                "while torch.compile traces it) and keep them alive while it is in use"
             )
         return obj
 
@@ -149,7 +183,20 @@ def _mod_handles(score_mod, mask_mod, block_mask, score_mod_grad) -> dict:
 
 
 # --------------------------------------------------------------------------- arguments
-def _check_tensor(x, name, allow_grad=True):
+#: The dtypes of tensors that NumPy can view (``Tensor.numpy()``): not bfloat16, the
+#: float8 and quantized types, nor the sub-byte ints.
+_NUMPY_DTYPES = frozenset(
+    getattr(torch, name)
+    for name in "bool float16 float32 float64 complex64 complex128".split()
+    + [f"{kind}{bits}" for kind in ("int", "uint") for bits in (8, 16, 32, 64)]
+    if hasattr(torch, name)  # uint16 ... uint64 are torch 2.3's
+)
+
+
+def _check_tensor(x, name, allow_grad=True, check_dtype=True):
+    """``x`` is a dense CPU tensor that NumPy can view (its dtype too, unless
+    ``check_dtype`` is False: q, k and v have a stricter rule of their own) and, unless
+    ``allow_grad``, requires no grad; a ValueError naming ``name`` otherwise."""
     if not isinstance(x, Tensor):
         raise ValueError(
             f"{name} must be a torch.Tensor, got {type(x).__name__} "
@@ -160,6 +207,20 @@ def _check_tensor(x, name, allow_grad=True):
             f"{name} is on the {x.device.type} device: nbattn.torch runs nbattn's CPU kernels "
             "and takes CPU tensors only (CUDA tensors are not supported)"
         )
+    if x.is_nested:
+        raise ValueError(
+            f"{name} is a nested tensor: nbattn.torch takes dense tensors (pad the sequences "
+            "to one length and pass a mask that leaves the padding out)"
+        )
+    if x.layout != torch.strided:
+        raise ValueError(
+            f"{name} is a {x.layout} tensor: nbattn.torch takes dense tensors, pass "
+            f"{name}.to_dense()"
+        )
+    if check_dtype and x.dtype not in _NUMPY_DTYPES:
+        raise ValueError(
+            f"{name} has dtype {x.dtype}, which NumPy has no type for: pass {name}.float()"
+        )
     if not allow_grad and x.requires_grad:
         raise ValueError(
             f"{name} requires grad, but nbattn.torch builds no gradient for it (gradients with "
@@ -168,9 +229,30 @@ def _check_tensor(x, name, allow_grad=True):
         )
 
 
+def _check_int64(value, name, hint=""):
+    """``value`` (an int) as an int that fits in int64, the operators' int; a ValueError
+    naming ``name`` (and ending in ``hint``) otherwise."""
+    if not -(2**63) <= int(value) < 2**63:
+        raise ValueError(f"{name} must fit in int64, got {value}{hint}")
+    return int(value)
+
+
+def _autocast(x):
+    """Under ``torch.autocast("cpu")``, a float16 or bfloat16 tensor as float32 (as autocast
+    runs its float32 operations: nbattn's kernels run float32 and float64); anything
+    else as it is."""
+    if (
+        isinstance(x, Tensor)
+        and x.dtype in (torch.float16, torch.bfloat16)
+        and torch.is_autocast_enabled("cpu")
+    ):
+        return x.float()
+    return x
+
+
 def _check_qkv(q, k, v):
     for x, name in ((q, "q"), (k, "k"), (v, "v")):
-        _check_tensor(x, name)
+        _check_tensor(x, name, check_dtype=False)
     dtypes = {q.dtype, k.dtype, v.dtype}
     if len(dtypes) > 1 or q.dtype not in (torch.float32, torch.float64):
         raise ValueError(
@@ -200,7 +282,7 @@ def _split_mod_args(mod_args):
             ints.append(int(arg))
             kinds += "b"
         elif isinstance(arg, (int, np.integer)):
-            ints.append(int(arg))
+            ints.append(_check_int64(arg, name))
             kinds += "i"
         elif isinstance(arg, (float, np.floating)):
             floats.append(float(arg))
@@ -245,9 +327,7 @@ def _dropout_seed(dropout_p, random_state):
             "random_state must be None or an int (the backward regenerates the dropout mask "
             f"from it), got {type(random_state).__name__}"
         )
-    if not -(2**63) <= int(random_state) < 2**63:
-        raise ValueError(f"random_state must fit in int64, got {random_state}")
-    return torch.tensor(int(random_state), dtype=torch.int64)
+    return torch.tensor(_check_int64(random_state, "random_state"), dtype=torch.int64)
 
 
 def _nbattn_call(arguments: dict) -> tuple[list, dict]:
@@ -320,7 +400,14 @@ def _forward_op(
     """(out, lse) of :func:`nbattn.flash_attention`; ``score_mod_grad`` is for the backward."""
     arrays, keywords = _nbattn_call(locals())  # the arguments above, by name
     out, lse = flash.flash_attention(*arrays, return_lse=True, **keywords)
-    return torch.from_numpy(out), torch.from_numpy(lse)
+    return _tensor(out), _tensor(lse)
+
+
+def _tensor(array):
+    """A result as a contiguous tensor over its memory (a copy only where nbattn's array
+    is not C-contiguous), the layout the fake implementations give: inductor checks
+    the real strides against the fake ones."""
+    return torch.from_numpy(np.ascontiguousarray(array))
 
 
 @_forward_op.register_fake
@@ -362,12 +449,13 @@ def _backward_op(
     """(dq, dk, dv) of :func:`nbattn.flash_attention_backward`."""
     arrays, keywords = _nbattn_call(locals())  # the arguments above, by name
     grads = flash.flash_attention_backward(*arrays, **keywords)
-    return tuple(torch.from_numpy(g) for g in grads)
+    return tuple(_tensor(g) for g in grads)
 
 
 @_backward_op.register_fake
 def _backward_shapes(q, k, v, *rest):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    # contiguous, as _tensor makes them (empty_like would keep a transposed q's strides)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _save_for_backward(ctx, inputs, output):
@@ -382,12 +470,26 @@ def _save_for_backward(ctx, inputs, output):
 
 
 def _gradients(ctx, grad_out, grad_lse):
+    if _is_legacy_batched(grad_out):
+        raise NotImplementedError(
+            "nbattn.torch's backward takes one gradient of the output at a time: "
+            "torch.autograd.grad(..., is_grads_batched=True) and "
+            "torch.autograd.functional.jacobian(..., vectorize=True) are not supported "
+            "(jacobian with vectorize=False is)"
+        )
     q, k, v, out, lse, mask, seed, *mod_tensors = ctx.saved_tensors
     if grad_out is None:
         grad_out = torch.zeros_like(out)
     dq, dk, dv = _backward_op(q, k, v, out, lse, grad_out, mask, seed, mod_tensors, *ctx.settings)
     others = (mod_tensors, *ctx.settings)
     return (dq, dk, dv, None, None, *(_no_gradient(arg) for arg in others))
+
+
+def _is_legacy_batched(x):
+    """``x`` is batched by autograd's own vmap (``is_grads_batched``), which cannot loop
+    over an operator with a list of tensors among its arguments."""
+    test = getattr(torch._C._functorch, "is_legacy_batchedtensor", None)
+    return x is not None and test is not None and test(x)
 
 
 def _no_gradient(arg):
@@ -399,6 +501,46 @@ def _no_gradient(arg):
 
 
 _forward_op.register_autograd(_gradients, setup_context=_save_for_backward)
+
+
+def _no_second_derivatives(ctx, *grads):
+    raise NotImplementedError(
+        "nbattn.torch computes first derivatives only: no second derivatives (a gradient "
+        "taken with create_graph=True and differentiated again, a Hessian, a gradient "
+        "penalty through the attention)"
+    )
+
+
+# Without it, differentiating the backward's results would fail with a message about
+# registering an autograd formula.
+_backward_op.register_autograd(_no_second_derivatives)
+
+
+def _check_differentiation(tensors):
+    """Refuse what torch would get wrong or refuse obscurely: forward-mode derivatives
+    (torch.func.jvp, torch.autograd.forward_ad), which would come back as zeros (torch
+    sees an operator without a forward-mode formula as a constant), and the torch.func
+    transforms grad, vjp, jacrev and vmap, which custom operators like these do not
+    support. Eager calls only: under torch.compile the transforms are traced apart."""
+    if torch.compiler.is_compiling():
+        return
+    stack = torch._C._functorch.get_interpreter_stack() or ()
+    transforms = {interpreter.key() for interpreter in stack}
+    transforms.discard(torch._C._functorch.TransformType.Functionalize)
+    if torch._C._functorch.TransformType.Jvp in transforms or any(
+        isinstance(x, Tensor) and forward_ad.unpack_dual(x).tangent is not None for x in tensors
+    ):
+        raise NotImplementedError(
+            "nbattn.torch computes no forward-mode derivatives (torch.func.jvp, "
+            "torch.autograd.forward_ad): the tangent would be lost; use reverse mode "
+            "(backward(), torch.autograd.grad)"
+        )
+    if transforms:
+        raise NotImplementedError(
+            "nbattn.torch does not run under torch.func transforms (grad, vjp, jacrev, "
+            "vmap): take gradients with torch.autograd (backward(), torch.autograd.grad) "
+            "and batch through the leading dimensions, which broadcast"
+        )
 
 
 # --------------------------------------------------------------------------- public
@@ -439,7 +581,9 @@ def flash_attention(
     Parameters
     ----------
     q, k, v : torch.Tensor (..., L, E), (..., S, E), (..., S, Ev)
-        CPU tensors of one dtype, float32 or float64, any strides. Leading
+        CPU tensors of one dtype, float32 or float64, any strides (under
+        ``torch.autocast("cpu")``, float16 and bfloat16 ones, and such a float
+        mask, run in float32, as autocast's float32 operations do). Leading
         dimensions broadcast as in :func:`nbattn.flash_attention`; with
         ``score_mod``, ``mask_mod`` or ``block_mask``, q is (B, H, L, E), (H, L, E)
         or (L, E).
@@ -474,12 +618,24 @@ def flash_attention(
     Raises
     ------
     ValueError
-        Naming the argument: a tensor that is not on the CPU, q, k and v not of one
-        float32 / float64 dtype, a mask or ``mod_args`` tensor that requires grad, a
-        ``mod_args`` entry that is not a tensor or a number, and everything
-        :func:`nbattn.flash_attention` refuses.
+        Naming the argument: a tensor that is not on the CPU, a sparse or nested
+        tensor, q, k and v not of one float32 / float64 dtype, a mask or
+        ``mod_args`` tensor that requires grad or whose dtype NumPy lacks
+        (bfloat16), a ``mod_args`` entry that is not a tensor or a number, an int
+        (in ``mod_args``, ``window``, ``random_state``) beyond int64, and everything
+        :func:`nbattn.flash_attention` refuses, an empty tensor among them (a
+        zero-length batch, head, query, key or feature axis, where torch's
+        ``scaled_dot_product_attention`` returns an empty or zero output).
+    NotImplementedError
+        Under forward-mode differentiation (``torch.func.jvp``,
+        ``torch.autograd.forward_ad``) or a ``torch.func`` transform (``grad``,
+        ``vjp``, ``jacrev``, ``vmap``); and in the backward, when a gradient is
+        differentiated again (second derivatives) or the gradients of the output
+        come batched (``is_grads_batched=True``).
     """
+    q, k, v, mask = (_autocast(x) for x in (q, k, v, mask))
     _check_qkv(q, k, v)
+    _check_differentiation((q, k, v, mask, *(mod_args if isinstance(mod_args, tuple) else ())))
     return_lse = check_bool(return_lse, "return_lse")
     if scale is not None:
         scale = check_scale(scale, q.shape[-1])
@@ -490,7 +646,10 @@ def flash_attention(
             f"block_mask must come from nbattn.create_block_mask, got {type(block_mask).__name__}"
         )
     kw = check_keywords(causal, enable_gqa, window, causal_alignment, softcap, dropout_p)
-    window_left, window_right = (None, None) if kw.window is None else kw.window
+    window_left, window_right = [
+        None if side is None else _check_int64(side, f"window {which} side", " (None: unbounded)")
+        for side, which in zip(kw.window or (None, None), ("left", "right"))
+    ]
     tensors, ints, floats, kinds = _split_mod_args(mod_args)
     out, lse = _forward_op(
         q,
