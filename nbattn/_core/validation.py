@@ -281,10 +281,10 @@ def check_dot_range(q, k, scale: float, dtype, name: str = "q and k") -> None:
     log_bound = log_q + _log_max_abs(k) + math.log(q.shape[-1])
     if log_q > log_limit or log_bound > log_limit:
         reach = max(log_q, log_bound) / math.log(10)
+        advice = "rescale them" + (" (or use float64 inputs)" if dtype != np.float64 else "")
         raise ValueError(
             f"{name}: the scores scale * q . k can reach about 10**{reach:.0f}, beyond what "
-            f"{np.dtype(dtype).name} can hold (10**{log_limit / math.log(10):.0f}); rescale them "
-            "(or use float64 inputs)"
+            f"{np.dtype(dtype).name} can hold (10**{log_limit / math.log(10):.0f}); {advice}"
         )
 
 

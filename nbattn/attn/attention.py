@@ -300,9 +300,10 @@ def attention(
         else:
             s = record.cpu(np.ascontiguousarray(qf[:, l0:l1]), kf, p)
             if not np.isfinite(s).all():
+                wider = " (or use float64 inputs)" if dt != np.float64 else ""
                 raise ValueError(
                     f"q and k: the {record.name!r} scores overflow {np.dtype(dt).name}; "
-                    "rescale them (or use float64 inputs)"
+                    f"rescale them{wider}"
                 )
         bias_c = _NO_BIAS[dt]
         if has_bias:

@@ -441,10 +441,6 @@ def test_a_score_mod_written_inside_the_compiled_function_is_refused_with_the_fi
         compiled(q, k, v)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="nbattn's overflow check advises float64 inputs to calls that are float64 already",
-)
 def test_the_overflow_message_of_float64_inputs_does_not_advise_float64():
     q, k, v = _qkv()
     with pytest.raises(ValueError, match="float64") as info:
