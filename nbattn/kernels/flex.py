@@ -53,12 +53,12 @@ function of its own re-optimises, in LLVM, everything it calls: the item
 bodies are inlined into their ``_*_items`` loop): the kernels are serial and
 ``nogil`` (``flex_forward``, ``flex_backward`` and ``block_states`` are Python
 functions that run their ``_*_items`` kernel on the threads of
-:func:`nbattn.kernels.flex_shared.run_items`: a ``prange`` would add a parallel
+:func:`nbattn.kernels.items.run_items`: a ``prange`` would add a parallel
 region to compile, whose module re-optimises the whole loop body), and the
-backward's row terms and dQ sum are the compiled-once kernels of
-``nbattn.kernels.flex_shared``. ``check_forward`` / ``check_backward`` compile the
-user's functions alone first, so that one of the wrong type is refused
-before the kernels compile.
+backward's row terms and dQ sum are flash's compiled-once kernels
+(``nbattn.kernels.flash.backward_rows``, ``sum_groups``). ``check_forward`` /
+``check_backward`` compile the user's functions alone first, so that one of the
+wrong type is refused before the kernels compile.
 """
 
 from __future__ import annotations
@@ -79,9 +79,11 @@ from nbattn.kernels.flash import (
     REBASE_SUM,
     _scale_row,
     _transpose_into,
+    backward_rows,
     exp2_shift_sum,
+    sum_groups,
 )
-from nbattn.kernels.flex_shared import backward_rows, next_item, run_items, sum_groups
+from nbattn.kernels.items import next_item, run_items
 from nbattn.kernels.softmax import row_max
 
 #: The complex step h: score_mod(s + i h) = score_mod(s) + i h g(s) + O(h^2).
@@ -417,7 +419,7 @@ def flex_forward(q, k, v, blocks, items, tiles, score_args, mask_args, n_out):
     ``nbattn._core.attn_groups.FLEX_FORWARD_ITEM``) say which rows meet which keys
     with which b, h and band: a padded batch, packed sequences and decoding chunks
     are tables of the same kind. ``tiles`` as in ``nbattn.kernels.flash``. The items
-    run, in table order, on the threads of :func:`nbattn.kernels.flex_shared.run_items`.
+    run, in table order, on the threads of :func:`nbattn.kernels.items.run_items`.
     """
     out = np.zeros((n_out, q.shape[1], v.shape[2]), dtype=q.dtype)
     lse = np.full((n_out, q.shape[1]), -np.inf)
@@ -548,8 +550,8 @@ def flex_backward(
     group) of one sequence, as in ``nbattn.kernels.flash.flash_backward``; each runs
     every query slice ``bh`` with ``kv_index[bh]`` its slice (b = b0 + bh //
     ``n_heads``, h = bh % ``n_heads``), on the threads of
-    :func:`nbattn.kernels.flex_shared.run_items`; the row terms before and the sum of the
-    groups' dQ after are the compiled-once kernels of ``nbattn.kernels.flex_shared``."""
+    :func:`nbattn.kernels.items.run_items`; the row terms before and the sum of the
+    groups' dQ after are flash's compiled-once kernels (``backward_rows``, ``sum_groups``)."""
     n_bh, n_q, d = q.shape
     n_kv, n_k, _ = k.shape
     delta, lse_t = backward_rows(out, dout, lse)

@@ -1,14 +1,7 @@
-"""The compiled-once parts of the flex kernels (``nbattn.kernels.flex``, compiled anew per
-user function): their work items on Python threads, the backward's row terms and dQ sum,
-and :func:`tanh`, the vectorisable tanh for the user's ``score_mod``.
-
-The flex kernels are serial, compiled ``nogil``, and run their work items on
-Python threads (:mod:`nbattn.kernels.items`): a ``prange`` would add a parallel
-region to the compile of every new ``score_mod``.
-
-:func:`backward_rows` and :func:`sum_groups` (``flash_backward``'s own first and last
-passes, from :mod:`nbattn.kernels.flash`) are the backward's passes before and after its
-items, serial kernels compiled once for every user function.
+"""What the flex kernels (``nbattn.kernels.flex``, compiled anew per user function) take
+from here: :func:`tanh`, the vectorisable tanh for the user's ``score_mod``
+(``nbattn.flex_tanh``). Their work items run on :mod:`nbattn.kernels.items`, and the
+backward's row terms and dQ sum are flash's compiled-once kernels.
 """
 
 from __future__ import annotations
@@ -21,10 +14,9 @@ from numba.extending import overload
 
 from .. import config
 from .._core.numeric import LOG2E
-from .flash import backward_rows, exp2, sum_groups  # flash's passes, shared
-from .items import next_item, run_items
+from .flash import exp2
 
-__all__ = ["backward_rows", "next_item", "run_items", "sum_groups", "tanh"]
+__all__ = ["tanh"]
 
 
 def tanh(x):
