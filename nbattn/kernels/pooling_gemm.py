@@ -54,7 +54,7 @@ Callers lay out the arrays: ``queries`` (n_queries, d) and ``keys``
 direct path, or an empty (0, 0) array, and then the kernel transposes the
 keys itself if a row needs them;
 ``values_t`` (n_outputs, n_keys); all one dtype. BLAS must be held to one
-thread while the kernel runs (``np.dot`` inside ``prange``).
+thread while the kernel runs (``np.dot`` on the work items' threads).
 """
 
 from __future__ import annotations
@@ -62,11 +62,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from .. import config
 from .fastmath import fmax, like
 from .flash import LN2, LOG2E, exp2
+from .items import next_item, run_items
 from .pooling import (
     _KEY_BLOCK,
     far_score,
@@ -160,30 +161,102 @@ def _exp2_sum_store(row, key_norms, q_norm, shift):
     return total
 
 
-@njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
 def gaussian_pool_gemm(queries, keys, keys_t, values_t, exclude_self, self_offset):
     """Gaussian attention pooling on GEMM tiles; returns ``(out, lse)`` like
     ``pooling.gaussian_pool`` (module docstring for the layout and the row checks).
 
     With ``exclude_self``, query row i is key row ``i + self_offset``. The offset has
-    no default: an omitted argument would be a second compiled specialisation."""
-    n_queries, n_features = queries.shape
-    n_keys = keys.shape[0]
-    n_outputs = values_t.shape[0]
-    dtype = queries.dtype
-    block_q, block_k = tile_shape(n_features)
+    no default: an omitted argument would be a second compiled specialisation.
+
+    The tiles of query rows, then the rows left to the direct path, are work items of
+    :func:`nbattn.kernels.items.run_items`.
+    """
+    exponents, values_s, values_kc, key_norms, query_norms, out, lse, redo = _gemm_setup(
+        queries, keys, values_t
+    )
+    exclude_self, self_offset = bool(exclude_self), np.int64(self_offset)
+    run_items(
+        _tile_items,
+        queries,
+        keys,
+        values_s,
+        values_kc,
+        key_norms,
+        query_norms,
+        exponents,
+        exclude_self,
+        self_offset,
+        out,
+        lse,
+        redo,
+    )
+    rows = np.nonzero(redo)[0]
+    if rows.size > 0:
+        # keys.T built here when the caller left the transposed copy out (rare rows need it)
+        if keys_t.shape != (keys.shape[1], keys.shape[0]):
+            keys_t = np.ascontiguousarray(keys.T)
+        run_items(
+            _redo_items,
+            out,
+            lse,
+            rows,
+            queries,
+            keys_t,
+            values_s,
+            exponents,
+            exclude_self,
+            self_offset,
+        )
+    return out, lse
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _gemm_setup(queries, keys, values_t):
+    """``(exponents, values_s, values_kc, key_norms, query_norms, out, lse, redo)``: the
+    values' power-of-two scales, the scaled values (and key-major for the P V GEMM), the
+    squared norms, and the outputs the items fill."""
+    n_queries = queries.shape[0]
     exponents = value_scales(values_t)
     values_s = scaled_values(values_t, exponents)
     values_kc = np.ascontiguousarray(values_s.T)  # (n_keys, n_outputs) for the P V GEMM
     key_norms = squared_norms(keys, queries)
     query_norms = squared_norms(queries, queries)
+    out = np.zeros((n_queries, values_t.shape[0]), dtype=queries.dtype)
+    lse = np.empty(n_queries, dtype=np.float64)
+    redo = np.zeros(n_queries, dtype=np.bool_)  # rows for the direct path
+    return exponents, values_s, values_kc, key_norms, query_norms, out, lse, redo
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
+def _tile_items(
+    counter,
+    queries,
+    keys,
+    values_s,
+    values_kc,
+    key_norms,
+    query_norms,
+    exponents,
+    exclude_self,
+    self_offset,
+    out,
+    lse,
+    redo,
+):
+    """The tiles of query rows that ``counter`` hands this thread: their rows of ``out``
+    and ``lse``, or their flag in ``redo``."""
+    n_queries, n_features = queries.shape
+    n_keys = keys.shape[0]
+    n_outputs = values_s.shape[0]
+    dtype = queries.dtype
+    block_q, block_k = tile_shape(n_features)
     max_key_norm = np.float64(key_norms.max()) if n_keys > 0 else 0.0
     far = far_score(queries)
-    out = np.zeros((n_queries, n_outputs), dtype=dtype)
-    lse = np.empty(n_queries, dtype=np.float64)
     n_tiles = (n_queries + block_q - 1) // block_q
-    redo = np.zeros(n_queries, dtype=np.bool_)  # rows for the direct path
-    for tile in prange(n_tiles):
+    while True:
+        tile = next_item(counter)
+        if tile >= n_tiles:
+            return
         i0 = tile * block_q
         mb = min(block_q, n_queries - i0)
         s_flat = np.empty(mb * block_k, dtype=dtype)
@@ -242,26 +315,18 @@ def gaussian_pool_gemm(queries, keys, keys_t, values_t, exclude_self, self_offse
                 store_row(out, lse, i, best, l[r], row_acc, exponents)
             else:
                 redo[i] = True
-    rows = np.nonzero(redo)[0]
-    if rows.size > 0:
-        _redo_rows(
-            out, lse, rows, queries, keys, keys_t, values_s, exponents, exclude_self, self_offset
-        )
-    return out, lse
 
 
-@njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
-def _redo_rows(
-    out, lse, rows, queries, keys, keys_t, values_s, exponents, exclude_self, self_offset
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
+def _redo_items(
+    counter, out, lse, rows, queries, k_t, values_s, exponents, exclude_self, self_offset
 ):
-    """The rows the GEMM tiles did not keep, by ``pooling.pool_row_one_pass`` on the
-    feature-major keys: ``keys_t``, or keys.T built here when ``keys_t`` is empty
-    (callers may leave the transposed copy out; the rows that need it are rare)."""
-    if keys_t.shape[0] == keys.shape[1] and keys_t.shape[1] == keys.shape[0]:
-        k_t = keys_t
-    else:
-        k_t = np.ascontiguousarray(keys.T)
-    for index in prange(rows.size):
+    """The rows the GEMM tiles did not keep that ``counter`` hands this thread, by
+    ``pooling.pool_row_one_pass`` on the feature-major keys ``k_t``."""
+    while True:
+        index = next_item(counter)
+        if index >= rows.size:
+            return
         i = rows[index]
         scores = np.empty(_KEY_BLOCK, dtype=queries.dtype)
         row_acc = np.empty(values_s.shape[0])
