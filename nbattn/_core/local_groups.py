@@ -14,7 +14,9 @@ floor both ``kernels/`` and ``cuda/`` stand on):
   ``exclude_self`` and ``missing``;
 * :class:`LocalFit`, the first pass's outputs, which the second passes read;
 * :class:`LocalLeaves`, the keys' k-d leaves and ``rtol``: which keys a pass may
-  skip (CPU only; ``nbattn.kernels.local_leaves``).
+  skip (CPU only; ``nbattn.kernels.local_leaves``), or :class:`AllKeys` where every
+  query visits every key (rtol = 0): a type of its own, so that the exact passes
+  compile without the pruning code.
 
 They are ``NamedTuple`` classes, which numba types as tuples (one compiled
 specialisation per combination of field types, so the scalars keep one type
@@ -89,6 +91,13 @@ class LocalFit(NamedTuple):
     nearest: np.ndarray
     #: (n_q, dc, n_out) the local-constant marginal effects d fit / d q (zeros unless asked)
     mfx: np.ndarray
+
+
+class AllKeys(NamedTuple):
+    """The exact passes' leaves: every query visits every key, in the keys' order."""
+
+    #: (n_chunks + 1,) int64 the first query of each chunk of a pass, then n_q
+    query_start: np.ndarray
 
 
 class LocalLeaves(NamedTuple):

@@ -31,8 +31,8 @@ def host_array(a, dtype=np.float64):
 
 
 def refuse_pruning(leaves):
-    """The GPU passes visit every key: ``leaves`` (``LocalLeaves``) must say rtol = 0."""
-    if leaves is not None and leaves.rtol > 0:
+    """The GPU passes visit every key: ``leaves`` is ``AllKeys`` or says rtol = 0."""
+    if leaves is not None and getattr(leaves, "rtol", 0.0) > 0:
         raise NotImplementedError(
             "rtol > 0 (pruned local passes) runs on the CPU only; use device='cpu' or rtol=0"
         )

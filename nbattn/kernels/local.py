@@ -72,6 +72,7 @@ import numpy as np
 from numba import njit
 
 from .. import config
+from .._core import local_groups
 from .._core.local_groups import (
     EPANECHNIKOV,
     GAUSSIAN,
@@ -98,7 +99,6 @@ from .local_pairs import (
     block_scores,
     block_scratch,
     nearest_key,
-    problem_shape,
     problem_sizes,
 )
 from .local_passes import local_equivalent_weights, local_interval_sums, local_loo_gradient
@@ -154,12 +154,12 @@ def local_fit(data, model, values_t, want_mfx, leaves):
     return fit
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def _fit_outputs(data, model, values_t):
-    """The ``LocalFit`` that :func:`_fit_items` fills, in its initial state."""
-    n_q, dc, _, _ = problem_shape(data)
+    """The ``LocalFit`` that :func:`_fit_items` fills, in its initial state (NumPy:
+    nothing here needs compiling)."""
+    n_q, dc = data.q_cont.shape[0], data.keys_cont_t.shape[0]
     n_out = values_t.shape[0]
-    p = n_terms(dc, model.degree)
+    p = local_groups.n_terms(dc, int(model.degree))
     return LocalFit(
         np.zeros((n_q, p, n_out)),
         np.zeros((n_q, p)),

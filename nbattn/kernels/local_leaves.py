@@ -36,9 +36,11 @@ gradient is the exact derivative of the pruned criterion). A leaf whose keys all
 weigh exactly 0 (outside a compact kernel's support, a category at l = 0) has
 U_L = 0 and is dropped at any rtol > 0.
 
-With rtol = 0, with missing values (their terms are left out, which no box bounds
-here) or with a single leaf, the pass visits every key, in the order of the exact
-kernels: one run [0, n_k), the same blocks, the same sums to the bit.
+With rtol = 0 the passes receive ``AllKeys`` instead (every key, and none of this
+module's code compiled into them). With missing values (their terms are left out,
+which no box bounds here) or with a single leaf, a pruned pass visits every key
+too, in the order of the exact kernels: one run [0, n_k), the same blocks, the
+same sums to the bit.
 
 Kept leaves next to each other merge into one run, which the passes walk in blocks
 of at most ``config.KEY_BLOCK`` keys.
@@ -50,9 +52,10 @@ import math
 
 import numpy as np
 from numba import njit
+from numba.extending import overload
 
 from .. import config
-from .._core.local_groups import EPANECHNIKOV, GAUSSIAN
+from .._core.local_groups import EPANECHNIKOV, GAUSSIAN, AllKeys
 
 #: Relative margin on each upper bound: the passes' differences and the bounds'
 #: box distances round differently (a few ulp); this covers it many times over.
@@ -318,16 +321,37 @@ def kept_runs(i0, i1, data, model, leaves, upper, lower, runs):
     return n_runs
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def chunk_runs(chunk, data, model, leaves):
     """``(first, stop, runs, n_runs)``: the queries first .. stop-1 of chunk ``chunk``
-    (``leaves.query_start``) and the key ranges ``runs[:n_runs]`` they visit
-    (:func:`kept_runs`), the passes' one call per chunk."""
+    (``leaves.query_start``) and the key ranges ``runs[:n_runs]`` they visit, the
+    passes' one call per chunk: with ``AllKeys`` every key, with ``LocalLeaves`` the
+    runs of :func:`kept_runs`. The choice is made on the type, when a pass compiles,
+    so the exact passes carry none of the pruning code (it cost their first compile
+    about 5 s)."""
+    raise NotImplementedError("chunk_runs is compiled into the passes (numba only)")
+
+
+@overload(chunk_runs, inline="always")
+def _chunk_runs_overload(chunk, data, model, leaves):
+    if getattr(leaves, "instance_class", None) is AllKeys:
+
+        def every_key(chunk, data, model, leaves):
+            runs = np.zeros((1, 2), dtype=np.int64)
+            runs[0, 1] = data.log_weights.shape[0]
+            return leaves.query_start[chunk], leaves.query_start[chunk + 1], runs, np.int64(1)
+
+        return every_key
+    return lambda chunk, data, model, leaves: _pruned_runs(chunk, data, model, leaves)
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _pruned_runs(chunk, data, model, leaves):
     n_leaves = leaves.leaf_start.shape[0] - 1
     upper, lower = np.zeros(n_leaves), np.zeros(n_leaves)
     runs = np.zeros((max(n_leaves, 1), 2), dtype=np.int64)
     first, stop = leaves.query_start[chunk], leaves.query_start[chunk + 1]
-    return first, stop, runs, kept_runs(first, stop, data, model, leaves, upper, lower, runs)
+    n_runs = np.int64(kept_runs(first, stop, data, model, leaves, upper, lower, runs))
+    return first, stop, runs, n_runs
 
 
 @njit(cache=config.CACHE)

@@ -42,7 +42,7 @@ import math
 import numpy as np
 
 from .. import config
-from .._core.local_groups import LocalLeaves
+from .._core.local_groups import AllKeys, LocalLeaves
 from ..dispatch.device import kernels_for
 from .problem import LocalProblem
 
@@ -53,23 +53,10 @@ __all__ = ["TreeLayout", "exact_leaves", "tree_layout"]
 _MOST_CODE_STRETCH = 64.0
 
 
-def exact_leaves(problem) -> LocalLeaves:
-    """One leaf holding every key, rtol 0: the exact passes. ``problem``: a
-    ``LocalProblem`` or a ``LocalData`` (the same array names)."""
-    n_k, n_q = problem.log_weights.shape[0], problem.q_cont.shape[0]
-    dc, dk = problem.keys_cont_t.shape[0], problem.keys_cat_t.shape[0]
-    return LocalLeaves(
-        query_start=_chunks(np.array([0, n_q], dtype=np.int64)),
-        leaf_start=np.array([0, n_k], dtype=np.int64),
-        box_lo=np.zeros((1, dc)),
-        box_hi=np.zeros((1, dc)),
-        cat_lo=np.zeros((1, dk)),
-        cat_hi=np.zeros((1, dk)),
-        log_weight_max=np.zeros(1),
-        log_weight_min=np.zeros(1),
-        log_size=np.zeros(1),
-        rtol=0.0,
-    )
+def exact_leaves(problem) -> AllKeys:
+    """Every key for every query: the exact passes. ``problem``: a ``LocalProblem``
+    or a ``LocalData`` (the same array names)."""
+    return AllKeys(query_start=_chunks(np.array([0, problem.q_cont.shape[0]], dtype=np.int64)))
 
 
 @dataclasses.dataclass
@@ -81,7 +68,7 @@ class TreeLayout:
     """
 
     problem: LocalProblem
-    leaves: LocalLeaves
+    leaves: LocalLeaves | AllKeys
     key_order: np.ndarray | None = None
     query_order: np.ndarray | None = None
     #: the problem in its original order (None: ``problem`` is)

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 import nbattn
 from nbattn import config
+from nbattn._core.local_groups import LocalLeaves
 from nbattn.cuda import local as cuda_local
 from nbattn.kernels import local as cpu_local
 from nbattn.local.engine import local_interval_sums, local_prediction_interval
@@ -369,6 +370,19 @@ def test_pruned_leaves_are_refused_on_the_gpu():
         exclude_self=False,
         missing=False,
     )
-    pruned = exact_leaves(data)._replace(rtol=1e-6)
+    n_k, dc, dk = data.log_weights.shape[0], data.keys_cont_t.shape[0], data.keys_cat_t.shape[0]
+    one = np.zeros(1)
+    pruned = LocalLeaves(
+        exact_leaves(data).query_start,
+        np.array([0, n_k], dtype=np.int64),
+        np.zeros((1, dc)),
+        np.zeros((1, dc)),
+        np.zeros((1, dk)),
+        np.zeros((1, dk)),
+        one,
+        one,
+        one,
+        1e-6,
+    )
     with pytest.raises(NotImplementedError, match="CPU only"):
         cuda_local.local_fit(data, model, problem["values_t"], False, pruned)
