@@ -91,8 +91,12 @@ the optional terms in the typed groups of ``nbattn._core.attn_groups``:
     tiles      Tiles        block_q, block_k; n_groups key-tile groups per
                             key/value slice (backward)
 
-The kernels unpack the groups before their parallel loops, so the loops see
-plain arrays and scalars.
+The public entries :func:`flash_forward` and :func:`flash_backward` hand the
+item kernels ``None`` for a group that does nothing (no mask and no ALiBi,
+no softcap, no dropout), and every use of a group sits under an ``is None``
+test of the argument, which numba decides when it compiles: a plain call
+compiles none of the mask, softcap and dropout code (about a third of the
+forward's first compile).
 
 All floating arrays share one dtype (float32 or float64); tiles are
 accumulated in it, ``m``, ``l`` and ``lse`` are float64. BLAS must be held
@@ -249,7 +253,7 @@ _ALWAYS = np.bool_(True)
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
-def _score_row(q_tile, k_tile, st, r, bh, i0, j0, mask, mask_index, slopes, band, softcap):
+def _score_row(q_tile, k_tile, st, r, bh, i0, j0, bias, band, score):
     """Row r of the score tile ``st`` again: q_r K^T with its softcap, mask, ALiBi and band
     (a mask with one entry per key excepted, as in the tile pass)."""
     # row r as a C-contiguous (1, nb) tile, the type of ``st``: ``st[r : r + 1]`` would
@@ -257,9 +261,7 @@ def _score_row(q_tile, k_tile, st, r, bh, i0, j0, mask, mask_index, slopes, band
     nb = st.shape[1]
     one = st.reshape(st.size)[r * nb : (r + 1) * nb].reshape((1, nb))
     gemm(q_tile[r : r + 1], k_tile, one, False, True, 0.0)
-    _tile_terms(
-        one, one, bh, i0 + r, j0, mask, mask_index, slopes, band, softcap, _ALWAYS, False, False
-    )
+    _tile_terms(one, one, bh, i0 + r, j0, bias, band, score, _ALWAYS, False, False)
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
@@ -313,21 +315,10 @@ def _tanh_in_place(row, inv_cap, cap, saved, save):
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
-def _tile_terms(
-    st, th, bh, i0, j0, mask, mask_index, slopes, band, softcap, need_band, save_th, add_keys
-):
-    """Softcap, mask, ALiBi and band of one score tile ``st`` (rows i0.., keys j0..), in place.
-
-    ``th`` receives tanh of the capped scores when ``save_th`` (the backward's
-    cap' = 1 - th**2). A mask with one entry per key (SM = S) is added only
-    when ``add_keys``; otherwise the caller fuses it into its exponential pass.
-    """
+def _bias_terms(st, bh, i0, j0, bias, add_keys):
+    """The mask (per-key masks only with ``add_keys``) and ALiBi terms of a score tile."""
     mb, nb = st.shape
-    if softcap > 0.0:
-        cap = like(softcap, st)
-        inv_cap = like(1.0 / softcap, st)
-        for r in range(mb):
-            _tanh_in_place(st[r], inv_cap, cap, th[r], save_th)
+    mask, mask_index, _, slopes = bias
     if mask.shape[0] > 0 and (add_keys or mask.shape[2] == 1):
         mi = mask_index[bh]
         per_row = mask.shape[1] > 1
@@ -349,6 +340,27 @@ def _tile_terms(
             base = slope * like(j0 - (i0 + r), st)
             for j in range(nb):
                 row[j] += base + slope * like(j, st)
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _tile_terms(st, th, bh, i0, j0, bias, band, score, need_band, save_th, add_keys):
+    """Softcap, mask, ALiBi and band of one score tile ``st`` (rows i0.., keys j0..), in place.
+
+    ``th`` receives tanh of the capped scores when ``save_th`` (the backward's
+    cap' = 1 - th**2). A mask with one entry per key (SM = S) is added only
+    when ``add_keys``; otherwise the caller fuses it into its exponential pass.
+    ``bias`` or ``score`` None: no such terms (their code is not compiled).
+    """
+    mb, nb = st.shape
+    if score is not None:
+        softcap = score.softcap
+        if softcap > 0.0:
+            cap = like(softcap, st)
+            inv_cap = like(1.0 / softcap, st)
+            for r in range(mb):
+                _tanh_in_place(st[r], inv_cap, cap, th[r], save_th)
+    if bias is not None:
+        _bias_terms(st, bh, i0, j0, bias, add_keys)
     if need_band:
         neg = like(-np.inf, st)
         offset, left, right = band
@@ -371,8 +383,11 @@ def _needs_band(i0, mb, j0, nb, band):
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
-def _tile_is_live(mask, mask_index, mask_live, bh, qt, kt):
+def _tile_is_live(bias, bh, qt, kt):
     """False when the mask excludes every entry of tile (qt, kt) of query slice bh."""
+    if bias is None:
+        return True
+    mask, mask_index, mask_live, _ = bias
     if mask.shape[0] == 0:
         return True
     mq = qt if mask.shape[1] > 1 else 0
@@ -381,13 +396,30 @@ def _tile_is_live(mask, mask_index, mask_live, bh, qt, kt):
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
-def _drop_row(row, scale, seed, threshold, counter0):
-    """``row[j] <- row[j] * (keep ? scale : 0)`` with the counter of entry j = counter0 + j."""
+def _key_row(bias, bh, i, j0, nb):
+    """The per-key mask entries of row i for the keys j0 .. j0 + nb - 1."""
+    mask, mask_index, _, _ = bias
+    return mask[mask_index[bh], i if mask.shape[1] > 1 else 0, j0 : j0 + nb]
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _key_mask(bias):
+    """Whether ``bias`` holds a mask with an entry per key (fused into the exponentials)."""
+    if bias is None:
+        return False
+    mask = bias.mask
+    return mask.shape[0] > 0 and mask.shape[2] > 1
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _drop_row(row, dropout, bh, i, j0):
+    """``row[j] <- row[j] * keep`` (1 or 0) with the counters of entries (bh, i, j0 + j):
+    the forward's weights stay unscaled (1 / (1 - p) is applied with the normaliser)."""
+    seed, threshold = dropout.seed, dropout.threshold
+    counter0 = _row_counter(dropout, bh, i, j0)
     zero = like(0.0, row)
     for j in range(row.shape[0]):
-        if keep(seed, counter0 + np.uint64(j), threshold):
-            row[j] = row[j] * scale
-        else:
+        if not keep(seed, counter0 + np.uint64(j), threshold):
             row[j] = zero
 
 
@@ -408,8 +440,22 @@ def flash_forward(q, k, v, kv_index, bias, band, score, dropout, tiles):
     n_bh, n_q, _ = q.shape
     out = np.empty((n_bh, n_q, v.shape[2]), dtype=q.dtype)
     lse = np.empty((n_bh, n_q), dtype=np.float64)
+    bias, score, dropout = used_terms(bias, score, dropout)
     run_items(forward_items, q, k, v, kv_index, bias, band, score, dropout, tiles, out, lse)
     return out, lse
+
+
+def used_terms(bias, score, dropout):
+    """``(bias, score, dropout)`` with None for each group that does nothing: no mask
+    and no slopes, softcap 0, threshold 0 (the module docstring: their code then does
+    not compile)."""
+    if bias is not None and bias.mask.shape[0] == 0 and bias.slopes.shape[0] == 0:
+        bias = None
+    if score is not None and not score.softcap > 0.0:
+        score = None
+    if dropout is not None and not dropout.threshold > 0:
+        dropout = None
+    return bias, score, dropout
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
@@ -425,18 +471,13 @@ def forward_items(counter, q, k, v, kv_index, bias, band, score, dropout, tiles,
             return
         bh = np.int64(item % n_bh)
         qt = np.int64(_tile_order(item // n_bh, n_qt))
-        mask, mask_index, mask_live, slopes = bias
-        softcap = score.softcap
-        keep_scale = dropout.keep_scale
+        keep_scale = 1.0 if dropout is None else dropout.keep_scale
         block_q, block_k = tiles.block_q, tiles.block_k
         n_q = q.shape[1]
         n_k = k.shape[1]
         d_v = v.shape[2]
         offset, left, right = band
-        seed, threshold = dropout.seed, dropout.threshold
-        use_dropout = threshold > 0
-        key_mask = mask.shape[0] > 0 and mask.shape[2] > 1  # fused into the exponential pass
-        mask_rows = mask.shape[1] > 1
+        key_mask = _key_mask(bias)  # fused into the exponential pass
         i0 = qt * block_q
         mb = min(block_q, n_q - i0)
         kv = kv_index[bh]
@@ -450,7 +491,7 @@ def forward_items(counter, q, k, v, kv_index, bias, band, score, dropout, tiles,
         kt_first = j_first // block_k
         kt_last = j_last // block_k if j_last >= j_first else kt_first - 1
         for kt in range(kt_first, kt_last + 1):
-            if not _tile_is_live(mask, mask_index, mask_live, bh, qt, kt):
+            if not _tile_is_live(bias, bh, qt, kt):
                 continue
             j0 = kt * block_k
             nb = min(block_k, n_k - j0)
@@ -460,19 +501,16 @@ def forward_items(counter, q, k, v, kv_index, bias, band, score, dropout, tiles,
             st = s_flat[: mb * nb].reshape((mb, nb))
             gemm(q_tile, k_tile, st, False, True, 0.0)
             need_band = _needs_band(i0, mb, j0, nb, band)
-            _tile_terms(
-                st, st, bh, i0, j0, mask, mask_index, slopes, band, softcap, need_band, False, False
-            )
+            _tile_terms(st, st, bh, i0, j0, bias, band, score, need_band, False, False)
             for r in range(mb):
                 row = st[r]
-                if key_mask:
-                    key_bias = mask[mask_index[bh], i0 + r if mask_rows else 0, j0 : j0 + nb]
-                else:
-                    key_bias = row  # unused
                 shift = m[r]
                 if shift != -np.inf:
                     # one pass: the exponentials against the kept reference maximum
-                    if key_mask:
+                    if bias is None:
+                        total = exp2_shift_sum(row, like(shift, row))
+                    elif key_mask:
+                        key_bias = _key_row(bias, bh, i0 + r, j0, nb)
                         total = _exp2_shift_sum_masked(row, key_bias, like(shift, row))
                     else:
                         total = exp2_shift_sum(row, like(shift, row))
@@ -490,29 +528,16 @@ def forward_items(counter, q, k, v, kv_index, bias, band, score, dropout, tiles,
                     else:
                         # weights may have saturated at 2**127 (2**1023): score the row
                         # again and rebase it on its maximum below
-                        _score_row(
-                            q_tile,
-                            k_tile,
-                            st,
-                            r,
-                            bh,
-                            i0,
-                            j0,
-                            mask,
-                            mask_index,
-                            slopes,
-                            band,
-                            softcap,
-                        )
+                        _score_row(q_tile, k_tile, st, r, bh, i0, j0, bias, band, score)
                         rebased = False
                     if rebased:
-                        if use_dropout:
-                            counter0 = _row_counter(dropout, bh, i0 + r, j0)
-                            _drop_row(row, like(1.0, row), seed, threshold, counter0)
+                        if dropout is not None:
+                            _drop_row(row, dropout, bh, i0 + r, j0)
                         continue
                 # the row's first admissible tile, or a saturated jump: rebase on the maximum
-                if key_mask:
-                    _add_row(row, key_bias)
+                if bias is not None:
+                    if key_mask:
+                        _add_row(row, _key_row(bias, bh, i0 + r, j0, nb))
                 top = np.float64(row_max(row))
                 if top == -np.inf:  # nothing admissible yet (shift is -inf too)
                     row[:] = 0.0
@@ -525,9 +550,8 @@ def forward_items(counter, q, k, v, kv_index, bias, band, score, dropout, tiles,
                     for c in range(d_v):
                         acc_row[c] *= factor
                 m[r] = top
-                if use_dropout:
-                    counter0 = _row_counter(dropout, bh, i0 + r, j0)
-                    _drop_row(row, like(1.0, row), seed, threshold, counter0)
+                if dropout is not None:
+                    _drop_row(row, dropout, bh, i0 + r, j0)
             gemm(st, v[kv, j0 : j0 + nb], acc, False, False, 1.0)
         for r in range(mb):
             if l[r] > 0.0:
@@ -613,6 +637,8 @@ def flash_backward(q, k, v, out, lse, dout, kv_index, bias, band, score, dropout
     dq_part = np.zeros((tiles.n_groups, n_bh, n_q, d), dtype=q.dtype)
     dk = np.empty((n_kv, n_k, d), dtype=q.dtype)
     dv = np.empty((n_kv, n_k, v.shape[2]), dtype=q.dtype)
+    scale = score.scale
+    bias, score, dropout = used_terms(bias, score, dropout)
     run_items(
         backward_items,
         q,
@@ -631,7 +657,7 @@ def flash_backward(q, k, v, out, lse, dout, kv_index, bias, band, score, dropout
         dk,
         dv,
     )
-    return sum_groups(dq_part, score.scale), dk, dv
+    return sum_groups(dq_part, scale), dk, dv
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
@@ -655,21 +681,15 @@ def backward_items(
 ):
     """The work items that ``counter`` hands this thread (key-tile group ``group`` of
     key/value slice ``kv``): their rows of dk and dv, and the group's dq buffer
-    ``dq_part[group]``."""
-    mask, mask_index, mask_live, slopes = bias
-    softcap = score.softcap
-    keep_scale = dropout.keep_scale
+    ``dq_part[group]``; ``score.scale`` is not read (the caller scales dQ)."""
+    use_cap = False if score is None else score.softcap > 0.0
     block_q, block_k, n_groups = tiles
     n_bh, n_q, d = q.shape
     n_k = k.shape[1]
     d_v = v.shape[2]
     dtype = q.dtype
     offset, left, right = band
-    seed, threshold = dropout.seed, dropout.threshold
-    use_dropout = threshold > 0
-    use_cap = softcap > 0.0
-    key_mask = mask.shape[0] > 0 and mask.shape[2] > 1  # fused into the exponential pass
-    mask_rows = mask.shape[1] > 1
+    key_mask = _key_mask(bias)  # fused into the exponential pass
     n_kt = (n_k + block_k - 1) // block_k
     s_flat = np.empty(block_q * block_k, dtype=dtype)
     dp_flat = np.empty(block_q * block_k, dtype=dtype)
@@ -680,7 +700,6 @@ def backward_items(
     vt_flat = np.empty(d_v * block_k, dtype=dtype)
     neg_inf = like(-np.inf, q)
     one = like(1.0, q)
-    drop_scale = like(keep_scale, q)
     sink = np.zeros(1, dtype=dtype)
     n_items = dk.shape[0] * n_groups
     while True:
@@ -708,7 +727,7 @@ def backward_items(
                 if kv_index[bh] != kv:
                     continue
                 for qt in range(qt_first, qt_last + 1):
-                    if not _tile_is_live(mask, mask_index, mask_live, bh, qt, kt):
+                    if not _tile_is_live(bias, bh, qt, kt):
                         continue
                     i0 = qt * block_q
                     mb = min(block_q, n_q - i0)
@@ -719,31 +738,15 @@ def backward_items(
                     tht = th_flat[: mb * nb].reshape((mb, nb)) if use_cap else st
                     gemm(q_tile, k_tile_t, st, False, False, 0.0)
                     need_band = _needs_band(i0, mb, j0, nb, band)
-                    _tile_terms(
-                        st,
-                        tht,
-                        bh,
-                        i0,
-                        j0,
-                        mask,
-                        mask_index,
-                        slopes,
-                        band,
-                        softcap,
-                        need_band,
-                        True,
-                        False,
-                    )
+                    _tile_terms(st, tht, bh, i0, j0, bias, band, score, need_band, True, False)
                     p_sum = like(0.0, q)
                     for r in range(mb):
                         row = st[r]
                         shift = lse_t[bh, i0 + r]
                         if shift == neg_inf:
                             row[:] = 0.0
-                        elif key_mask:
-                            key_bias = mask[
-                                mask_index[bh], i0 + r if mask_rows else 0, j0 : j0 + nb
-                            ]
+                        elif bias is not None and key_mask:
+                            key_bias = _key_row(bias, bh, i0 + r, j0, nb)
                             p_sum += _exp2_shift_sum_masked(row, key_bias, shift)
                         else:
                             # LLVM vectorises this loop only if its sum is used: kept in sink
@@ -754,7 +757,9 @@ def backward_items(
                         row = st[r]
                         dp_row = dpt[r]
                         di = delta[bh, i0 + r]
-                        if use_dropout:
+                        if dropout is not None:
+                            seed, threshold = dropout.seed, dropout.threshold
+                            drop_scale = like(dropout.keep_scale, q)
                             counter0 = _row_counter(dropout, bh, i0 + r, j0)
                             for j in range(nb):
                                 if keep(seed, counter0 + np.uint64(j), threshold):
