@@ -460,13 +460,22 @@ def _check_live(k_cache, v_cache, lengths):
     """Refuse NaN or inf in the live cache rows (j < ``lengths[b]``), naming the batch
     row, kv head and position; return max |v| per (batch row, kv head), float64.
 
-    One parallel read of the live rows (``nbattn.kernels.decode.live_scan``), no copy.
+    One parallel read of the live rows as unsigned bits
+    (``nbattn.kernels.decode.live_magnitudes``), no copy; the position of a bad
+    entry is looked up only when there is one.
     """
-    bad, top = kernels_for("decode", "cpu").live_scan(k_cache, v_cache, lengths)
-    hits = np.argwhere(bad >= 0)
+    bits = np.dtype(f"u{k_cache.dtype.itemsize}")
+    k_top, v_top = kernels_for("decode", "cpu").live_magnitudes(
+        k_cache.view(bits), v_cache.view(bits), lengths
+    )
+    inf_bits = np.array(np.inf, dtype=k_cache.dtype).view(bits)
+    hits = np.argwhere((k_top >= inf_bits) | (v_top >= inf_bits))
     if hits.size:
         b, h = (int(x) for x in hits[0])
-        j = int(bad[b, h])
+        live = slice(0, int(lengths[b]))
+        finite_rows = np.isfinite(k_cache[b, h, live]).all(axis=1)
+        finite_rows &= np.isfinite(v_cache[b, h, live]).all(axis=1)
+        j = int(np.flatnonzero(~finite_rows)[0])
         which = [
             name
             for name, cache in (("k_cache", k_cache), ("v_cache", v_cache))
@@ -478,7 +487,7 @@ def _check_live(k_cache, v_cache, lengths):
             f"(within cache_seqlens[{b}] = {lengths[b]}); every cached key and value must be "
             "finite"
         )
-    return top
+    return v_top.view(v_cache.dtype).astype(np.float64)
 
 
 def _check_finite_result(out, lse, totals):

@@ -205,39 +205,42 @@ def decode_items(
 
 
 @njit(parallel=True, cache=config.CACHE)
-def live_scan(k_cache, v_cache, lengths):
-    """Check the live rows of the caches and measure the values, in one read.
+def live_magnitudes(k_bits, v_bits, lengths):
+    """The largest magnitude in the live rows of the caches, as bits, in one read.
 
-    For every (batch row b, kv head h), over the positions j < ``lengths[b]``:
+    ``k_bits``, ``v_bits``: the caches (B, H_kv, S_max, E) viewed as unsigned
+    integers of their float's width (no copy). For every (batch row b, kv head h),
+    over the positions j < ``lengths[b]``:
 
-        bad[b, h] = the first j where k_cache[b, h, j] or v_cache[b, h, j] holds
-                    NaN or inf, or -1;
-        top[b, h] = max_j,c |v_cache[b, h, j, c]|   (float64)
+        k_top[b, h] = max_j,c (k_bits[b, h, j, c] & ~sign),   v_top likewise
 
-    A row is tested by summing ``x * 0`` over its entries (NaN iff one is
-    non-finite), which vectorises; compiled without fastmath so that the sum is
-    not folded away. Nothing is copied or written.
+    The bits of |x| order as |x| does, +inf is the exponent field all ones
+    (``np.finfo(dtype)``'s largest finite value plus one ulp) and every NaN lies above
+    it: a slice holds NaN or inf iff its top is at least the bits of inf, and
+    otherwise v_top read as a float is max |v|. An unsigned maximum vectorises
+    (a float maximum or a NaN test summed over floats does not without fast-math,
+    which would assume the NaN away): the check costs one read of the caches at
+    memory speed.
     """
-    n_b, n_h = k_cache.shape[0], k_cache.shape[1]
-    d, d_v = k_cache.shape[3], v_cache.shape[3]
-    bad = np.full((n_b, n_h), -1, dtype=np.int64)
-    top = np.zeros((n_b, n_h))
+    n_b, n_h = k_bits.shape[0], k_bits.shape[1]
+    sign = k_bits.dtype.type(1) << k_bits.dtype.type(8 * k_bits.itemsize - 1)
+    magnitude = ~sign
+    k_top = np.zeros((n_b, n_h), dtype=k_bits.dtype)
+    v_top = np.zeros((n_b, n_h), dtype=v_bits.dtype)
     for item in prange(n_b * n_h):
         b = item // n_h
         h = item - b * n_h
-        largest = 0.0
-        for j in range(lengths[b]):
-            k_row = k_cache[b, h, j]
-            v_row = v_cache[b, h, j]
-            probe = 0.0
-            for c in range(d):
-                probe += k_row[c] * 0.0
-            for c in range(d_v):
-                x = v_row[c]
-                probe += x * 0.0
-                largest = max(largest, abs(np.float64(x)))
-            if probe != 0.0:
-                bad[b, h] = j
-                break
-        top[b, h] = largest
-    return bad, top
+        k_top[b, h] = _top_bits(k_bits[b, h], lengths[b], magnitude)
+        v_top[b, h] = _top_bits(v_bits[b, h], lengths[b], magnitude)
+    return k_top, v_top
+
+
+@njit(cache=config.CACHE)
+def _top_bits(rows, n, magnitude):
+    """max over rows[:n] of (bits & magnitude)."""
+    top = rows.dtype.type(0)
+    for j in range(n):
+        row = rows[j]
+        for c in range(row.shape[0]):
+            top = max(top, row[c] & magnitude)
+    return top

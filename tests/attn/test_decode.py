@@ -344,3 +344,39 @@ def test_kv_cache_float32_and_reset_rows_start_over(rng):
     ref1, _ = naive.attention_bottom_right(q[1], keys1, vals1, causal=True)
     np.testing.assert_allclose(out[0], ref0, atol=2e-5)
     np.testing.assert_allclose(out[1], ref1, atol=2e-5)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_live_magnitudes_equal_numpy_on_strided_caches_of_any_magnitude(rng, dtype):
+    """The cache check's bit maximum read as a float is max |v| over the live rows, and
+    it reaches the bits of inf exactly where a live entry is NaN or inf, whatever the
+    magnitudes (subnormals, -0, the largest finite) and strides (a (B, S, H, E) buffer
+    seen as (B, H, S, E), the layout of many model caches)."""
+    from nbattn.kernels.decode import live_magnitudes
+
+    info = np.finfo(dtype)
+    special = np.array([0.0, -0.0, info.smallest_subnormal, -info.max, info.max, 1.0], dtype)
+    bits = np.dtype(f"u{np.dtype(dtype).itemsize}")
+    inf_bits = np.array(np.inf, dtype).view(bits)
+    for trial in range(60):
+        B, H, S, E = (int(n) for n in rng.integers(1, 5, size=4))
+        lengths = rng.integers(0, S + 1, size=B).astype(np.int64)
+        caches = []
+        for _ in range(2):
+            buffer = (rng.normal(size=(B, S, H, E)) * 10.0 ** rng.integers(-30, 30)).astype(dtype)
+            picks = rng.random(buffer.shape) < 0.2
+            buffer[picks] = rng.choice(special, size=int(picks.sum()))
+            caches.append(buffer.transpose(0, 2, 1, 3))
+        k, v = caches
+        if trial % 3 == 0:  # a non-finite entry somewhere, live or not
+            target = (k, v)[trial % 2]
+            target[tuple(int(rng.integers(n)) for n in target.shape)] = (np.nan, np.inf)[trial % 2]
+        k_top, v_top = live_magnitudes(k.view(bits), v.view(bits), lengths)
+        for b in range(B):
+            for h in range(H):
+                live_k, live_v = k[b, h, : lengths[b]], v[b, h, : lengths[b]]
+                finite = np.isfinite(live_k).all() and np.isfinite(live_v).all()
+                assert ((k_top[b, h] < inf_bits) and (v_top[b, h] < inf_bits)) == finite
+                if finite:
+                    expected = np.abs(live_v).max(initial=0.0)
+                    assert v_top[b, h].view(dtype) == expected
