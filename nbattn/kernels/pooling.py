@@ -649,26 +649,30 @@ def _pool_items(
             store_row(out, lse, i, running_max, running_sum, acc, exponents)
 
 
-@njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
 def gaussian_weights(queries, keys_t, exclude_self):
     """Full attention-weight matrix (n_queries, n_keys) of the Gaussian score.
 
     Row i is softmax_j(-||q_i - k_j||^2); a row with no admissible key is 0.
     For small inputs only (plots, diagnostics): memory is n_queries x n_keys.
     A row whose best score lies beyond ``FAR_SCORE_<dtype>`` (or overflowed)
-    takes the anchored weights of ``far_state`` (module docstring).
+    takes the anchored weights of ``far_state`` (module docstring). The rows are
+    the work items of :func:`nbattn.kernels.items.run_items`.
     """
-    n_queries = queries.shape[0]
-    n_keys = keys_t.shape[1]
-    weights = np.zeros((n_queries, n_keys), dtype=queries.dtype)
-    for i in prange(n_queries):
-        _weights_row(queries, keys_t, exclude_self, i, weights)
+    weights = np.zeros((queries.shape[0], keys_t.shape[1]), dtype=queries.dtype)
+    run_items(_weights_items, queries, keys_t, bool(exclude_self), weights)
     return weights
 
 
-# The body of the parallel loop is a function of its own, called once per query:
-# numba's parallel passes copy and rewrite every statement of a loop body (most of the
-# kernel's compile time); a call costs them nothing, and nothing measurable at run time.
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
+def _weights_items(counter, queries, keys_t, exclude_self, weights):
+    """The rows of ``weights`` that ``counter`` hands this thread."""
+    while True:
+        i = next_item(counter)
+        if i >= queries.shape[0]:
+            return
+        _weights_row(queries, keys_t, exclude_self, i, weights)
+
+
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def _weights_row(queries, keys_t, exclude_self, i, weights):
     """Row ``i`` of ``weights``."""
