@@ -156,7 +156,7 @@ def _make_kernels(float_type, d, d_v, score_mod, mask_mod, score_grad):
     mask_dev = device_function(mask_mod if has_mask else _always)
     grad_dev = device_function(score_grad if user_grad else _identity_score)
 
-    @jit(device=True, inline=True)
+    @jit(device=True, inline=True, cache=False)
     def cell(blocks, cell_q, cell_k, b, h, qc, kc):
         """The class of tile (qc, kc) of ``blocks`` for batch entry b, head h."""
         return blocks[
@@ -166,7 +166,7 @@ def _make_kernels(float_type, d, d_v, score_mod, mask_mod, score_grad):
             kc if blocks.shape[3] > 1 else 0,
         ]
 
-    @jit(device=True, inline=True)
+    @jit(device=True, inline=True, cache=False)
     def any_open(blocks, cell_q, cell_k, b, h, i_lo, i_hi, j_lo, j_hi):
         """Whether some cell meeting rows [i_lo, i_hi) and keys [j_lo, j_hi) is not closed."""
         if i_hi <= i_lo or j_hi <= j_lo:
@@ -177,7 +177,7 @@ def _make_kernels(float_type, d, d_v, score_mod, mask_mod, score_grad):
                     return True
         return False
 
-    @jit(device=True, inline=True)
+    @jit(device=True, inline=True, cache=False)
     def admitted(blocks, cell_q, cell_k, b, h, i, j, mask_args):
         """Whether entry (i, j) is admissible: its tile's class, then ``mask_mod`` on a
         partial tile."""
@@ -188,14 +188,14 @@ def _make_kernels(float_type, d, d_v, score_mod, mask_mod, score_grad):
             return bool(mask_dev(b, h, i, j, *mask_args))
         return True
 
-    @jit(device=True, inline=True)
+    @jit(device=True, inline=True, cache=False)
     def modified(s, b, h, i, j, score_args):
         """score_mod of the product, as a float64 (the CPU's value before its tile cast)."""
         if has_score:
             return float(score_dev(s, b, h, i, j, *score_args))
         return float(s)
 
-    @jit(device=True, inline=True)
+    @jit(device=True, inline=True, cache=False)
     def value_and_grad(s, b, h, i, j, score_args):
         """(score_mod(s), d score_mod / d s): the complex step or the user's derivative."""
         if not has_score:
@@ -207,7 +207,7 @@ def _make_kernels(float_type, d, d_v, score_mod, mask_mod, score_grad):
         z = score_dev(complex(float(s), STEP), b, h, i, j, *score_args)
         return z.real, z.imag * INV_STEP
 
-    @jit
+    @jit(cache=False)
     def flex_forward_kernel(
         q, k, v, kv_index, offsets, blocks, cell_q, cell_k, n_heads, score_args, mask_args,
         block_k, bh0, out, lse, status,
@@ -294,7 +294,7 @@ def _make_kernels(float_type, d, d_v, score_mod, mask_mod, score_grad):
                     out[bh, i, c] = zero
                 lse[bh, i] = -math.inf
 
-    @jit
+    @jit(cache=False)
     def flex_dq_kernel(
         q, k, v, out, lse, dout, kv_index, offsets, blocks, cell_q, cell_k, n_heads,
         score_args, mask_args, scale, block_k, bh0, dq, delta,
@@ -373,7 +373,7 @@ def _make_kernels(float_type, d, d_v, score_mod, mask_mod, score_grad):
         """One thread per key: dK (want_dk) or dV (want_dv) of its key row, summed over
         the query slices that read its key/value slice."""
 
-        @jit
+        @jit(cache=False)
         def flex_dkdv_kernel(
             q, k, v, lse, dout, delta, readers, reader_start, offsets, blocks, cell_q,
             cell_k, n_heads, score_args, mask_args, block_q, kv0, dk, dv,
