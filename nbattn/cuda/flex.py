@@ -478,7 +478,7 @@ def flex_kernels(dtype, d, d_v, functions, prints):
     if not (1 <= d <= limit and 1 <= d_v <= limit):
         raise ValueError(
             f"the CUDA flex kernels take head dimensions up to {limit} "
-            f"(config.CUDA_MAX_HEAD_DIM), got D={d}, Dv={d_v}"
+            f"(config.CUDA_MAX_HEAD_DIM), got D={d}, Dv={d_v}; use device='cpu'"
         )
     t = np.dtype(dtype).type
     key = ("flex", t, int(d), int(d_v), *prints)
