@@ -18,7 +18,9 @@ running maximum, float64 sum, rescaled accumulator), and the backward
 with g by the complex step (score_mod(s + i h) in complex128, h = 2**-64: g =
 Im / h, the value its real part) or from the user's ``score_grad``.
 
-NaN or +inf from ``score_mod`` on an admissible entry makes the row NaN (out
+``score_mod`` runs only on the entries the mask admits (the CPU runs it on every
+entry of a visited tile and masks after: the same results, as ``score_mod`` has no
+effects). NaN or +inf from ``score_mod`` on an admissible entry makes the row NaN (out
 and lse), -inf masks the entry, and a finite score whose base-2 form would
 overflow is recorded and refused by :func:`flex_forward` (the CPU kernel's
 message), as on the CPU.
@@ -157,7 +159,7 @@ def _make_kernels(float_type, d, d_v, score_mod, mask_mod, score_grad):
     grad_dev = device_function(score_grad if user_grad else _identity_score)
 
     @jit(device=True, inline=True, cache=False)
-    def cell(blocks, cell_q, cell_k, b, h, qc, kc):
+    def cell(blocks, b, h, qc, kc):
         """The class of tile (qc, kc) of ``blocks`` for batch entry b, head h."""
         return blocks[
             b if blocks.shape[0] > 1 else 0,
@@ -173,15 +175,14 @@ def _make_kernels(float_type, d, d_v, score_mod, mask_mod, score_grad):
             return False
         for qc in range(i_lo // cell_q, (i_hi - 1) // cell_q + 1):
             for kc in range(j_lo // cell_k, (j_hi - 1) // cell_k + 1):
-                if cell(blocks, cell_q, cell_k, b, h, qc, kc) != 0:
+                if cell(blocks, b, h, qc, kc) != 0:
                     return True
         return False
 
     @jit(device=True, inline=True, cache=False)
-    def admitted(blocks, cell_q, cell_k, b, h, i, j, mask_args):
-        """Whether entry (i, j) is admissible: its tile's class, then ``mask_mod`` on a
-        partial tile."""
-        state = cell(blocks, cell_q, cell_k, b, h, i // cell_q, j // cell_k)
+    def admitted(state, b, h, i, j, mask_args):
+        """Whether entry (i, j), in a cell of class ``state``, is admissible: never in a
+        closed cell, always in an open one, by ``mask_mod`` in a partial one."""
         if state == 0:
             return False
         if has_mask and state == 1:
@@ -232,6 +233,8 @@ def _make_kernels(float_type, d, d_v, score_mod, mask_mod, score_grad):
         i = first + tx
         active = i < n_q
         last = imin(first + tpb, n_q)
+        row = np.int64(i)
+        qc = row // cell_q  # the thread's row of the table
         q_row = cuda.local.array(d, dtype=float_type)
         acc = cuda.local.array(d_v, dtype=float_type)
         for f in range(d):
@@ -255,11 +258,17 @@ def _make_kernels(float_type, d, d_v, score_mod, mask_mod, score_grad):
             if active:
                 lo = imax(0, i + lo_off - j0)
                 hi = imin(nb, i + hi_off + 1 - j0)
+                edge = np.int64(-1)  # the first key of the next cell of the table
+                state = np.uint8(0)
                 for jj in range(lo, hi):
                     j = np.int64(j0 + jj)
-                    if not admitted(blocks, cell_q, cell_k, b, h, np.int64(i), j, mask_args):
+                    if j >= edge:  # a division per cell, not per key
+                        kc = j // cell_k
+                        edge = (kc + 1) * cell_k
+                        state = cell(blocks, b, h, qc, kc)
+                    if not admitted(state, b, h, row, j, mask_args):
                         continue
-                    x = modified(dot_d(q_row, tile, U(jj) * U(d)), b, h, np.int64(i), j, score_args)
+                    x = modified(dot_d(q_row, tile, U(jj) * U(d)), b, h, row, j, score_args)
                     if x != x or x == math.inf:
                         poison = True
                         continue
@@ -319,6 +328,8 @@ def _make_kernels(float_type, d, d_v, score_mod, mask_mod, score_grad):
         i = first + tx
         active = i < n_q
         last = imin(first + tpb, n_q)
+        row = np.int64(i)
+        qc = row // cell_q
         q_row = cuda.local.array(d, dtype=float_type)
         do_row = cuda.local.array(d_v, dtype=float_type)
         acc = cuda.local.array(d, dtype=float_type)
@@ -350,12 +361,18 @@ def _make_kernels(float_type, d, d_v, score_mod, mask_mod, score_grad):
             if active:
                 lo = imax(0, i + lo_off - j0)
                 hi = imin(nb, i + hi_off + 1 - j0)
+                edge = np.int64(-1)
+                state = np.uint8(0)
                 for jj in range(lo, hi):
                     j = np.int64(j0 + jj)
-                    if not admitted(blocks, cell_q, cell_k, b, h, np.int64(i), j, mask_args):
+                    if j >= edge:
+                        kc = j // cell_k
+                        edge = (kc + 1) * cell_k
+                        state = cell(blocks, b, h, qc, kc)
+                    if not admitted(state, b, h, row, j, mask_args):
                         continue
                     s = dot_d(q_row, tile, U(jj) * U(d))
-                    x, g = value_and_grad(s, b, h, np.int64(i), j, score_args)
+                    x, g = value_and_grad(s, b, h, row, j, score_args)
                     t = float_type(x * LOG2E)
                     if t == minus_inf:
                         continue
@@ -395,6 +412,8 @@ def _make_kernels(float_type, d, d_v, score_mod, mask_mod, score_grad):
             j = first + tx
             active = j < n_k
             last = imin(first + tpb, n_k)
+            col = np.int64(j)
+            kc = col // cell_k  # the thread's column of the table
             k_row = cuda.local.array(d, dtype=float_type)
             v_row = cuda.local.array(d_v if want_dk else 1, dtype=float_type)
             dk_acc = cuda.local.array(d if want_dk else 1, dtype=float_type)
@@ -433,16 +452,22 @@ def _make_kernels(float_type, d, d_v, score_mod, mask_mod, score_grad):
                 if active:
                     lo = imax(0, j - hi_off - i0)
                     hi = imin(mb, j - lo_off + 1 - i0)
+                    edge = np.int64(-1)  # the first row of the next cell of the table
+                    state = np.uint8(0)
                     for ii in range(lo, hi):
+                        i = np.int64(i0 + ii)
+                        if i >= edge:  # a division per cell, not per row
+                            qc = i // cell_q
+                            edge = (qc + 1) * cell_q
+                            state = cell(blocks, b, h, qc, kc)
                         shift = tile[lse_off + ii]
                         if shift == minus_inf:
                             continue
-                        i = np.int64(i0 + ii)
-                        if not admitted(blocks, cell_q, cell_k, b, h, i, np.int64(j), mask_args):
+                        if not admitted(state, b, h, i, col, mask_args):
                             continue
                         base = U(ii) * U(d)
                         s = dot_d(k_row, tile, base)
-                        x, g = value_and_grad(s, b, h, i, np.int64(j), score_args)
+                        x, g = value_and_grad(s, b, h, i, col, score_args)
                         t = float_type(x * LOG2E)
                         if t == minus_inf:
                             continue
