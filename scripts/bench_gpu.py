@@ -8,6 +8,9 @@ time beside its result, and a time budget keeps time for the timings.
 Sections, in their default order (``--sections`` takes any of these names):
 
 checks, CUDA against the CPU on small inputs
+  flex      programmable attention (score_mod / mask_mod / block_mask, ``nbattn.cuda.flex``):
+            a softcap score_mod with causal=True, and a document block mask, float32
+            D = 64, forward and backward
   density   the distributions (``nbattn.cuda.density``): the joint CDF of mixed columns
             (Gaussian and Epanechnikov), the density, the conditional CDF and quantiles
             with device="cuda" against "cpu"
@@ -38,6 +41,11 @@ timings (best of 3 after a warm-up call, bracketed by ``cuda.synchronize()``)
               FLOP convention of FlashAttention and torch: forward 4 N^2 D per head
               (half when causal), backward 2.5x the forward (nbattn's backward does
               8/5 of that work; the figure still uses the convention).
+  time-flex   programmable attention against the same without user functions,
+              B = 1, H = 8, N = 2048, D = 64, float32, host arrays through the public
+              calls: a softcap score_mod with causal=True, and with a causal block
+              mask, against flash_attention(causal=True, softcap=); forward and
+              forward + backward, seconds and the ratio flex / built-in
   time-density  the density (the engine's pass) and the joint CDF of 1e5 queries
               against 1e6 keys (2 continuous columns, float64) on the GPU, the
               conditional quantiles (3 levels) of 1e4 queries against 1e5 keys; the
@@ -91,7 +99,10 @@ import traceback
 
 import numpy as np
 
+import nbattn  # imports no numba (NUMBA_ENABLE_CUDASIM may still be set after it)
+
 CHECK_SECTIONS = (
+    "flex",
     "density",
     "features",
     "varlen",
@@ -103,7 +114,7 @@ CHECK_SECTIONS = (
     "flash",
     "twins",
 )
-TIMING_SECTIONS = ("time-density", "time-nw", "time-loo", "time-flash")
+TIMING_SECTIONS = ("time-flex", "time-density", "time-nw", "time-loo", "time-flash")
 SECTIONS = CHECK_SECTIONS + TIMING_SECTIONS
 
 
@@ -351,6 +362,50 @@ def check_features(report, tiny, rng):
         report.guard(
             f"flash {label} {_name(dtype)}", run, dtype, dim, label, kw, section="features"
         )
+
+
+CAP = 20.0  # the flex checks' and timing's softcap
+
+
+def flex_softcap(score, b, h, q_idx, kv_idx, doc):
+    """The flex checks' score_mod: a tanh softcap of CAP."""
+    return CAP * nbattn.flex_tanh(score / CAP)
+
+
+def flex_documents(b, h, q_idx, kv_idx, doc):
+    """The flex checks' mask_mod: causal within documents (doc: a document id per position)."""
+    return (kv_idx <= q_idx) & (doc[q_idx] == doc[kv_idx])
+
+
+def check_flex(report, tiny, rng):
+    """score_mod / mask_mod / block_mask on the GPU against the CPU flex kernels."""
+    import nbattn
+
+    heads, n, dim = (2, 11, 4) if tiny else (4, 300, 64)
+    tol = TOL[np.dtype(np.float32)]
+    q, k, v, g = (rng.normal(size=(1, heads, n, dim)).astype(np.float32) for _ in range(4))
+    doc = (np.arange(n) // max(1, n // 3)).astype(np.int64)
+    block = nbattn.create_block_mask(flex_documents, None, None, n, n, mod_args=(doc,))
+
+    def run(label, kw):
+        name = f"flex {label} float32 D={dim}"
+        kw = dict(score_mod=flex_softcap, mod_args=(doc,), **kw)
+        out, lse = report.on_gpu(
+            nbattn.flash_attention, q, k, v, return_lse=True, device="cuda", **kw
+        )
+        ref_out, ref_lse = nbattn.flash_attention(q, k, v, return_lse=True, **kw)
+        report.compare(f"{name} out", out, ref_out, tol)
+        report.compare(f"{name} lse", lse, ref_lse, tol)
+        got = report.on_gpu(
+            nbattn.flash_attention_backward, q, k, v, out, lse, g, device="cuda", **kw
+        )
+        ref = nbattn.flash_attention_backward(q, k, v, ref_out, ref_lse, g, **kw)
+        for grad_name, a, b in zip(("dq", "dk", "dv"), got, ref, strict=True):
+            report.compare(f"{name} {grad_name}", a, b, tol)
+
+    for label, kw in (("softcap, causal", dict(causal=True)), ("document block mask", {})):
+        kw = kw if label.startswith("softcap") else dict(block_mask=block)
+        report.guard(f"flex {label}", run, label, kw, section="flex")
 
 
 def check_varlen(report, tiny, rng):
@@ -677,6 +732,7 @@ def check_kernel_twins(report, tiny, rng):
 
 
 CHECKS = {
+    "flex": (check_flex, "programmable attention (score_mod, mask_mod, block_mask)"),
     "density": (check_density, "densities, CDFs and quantiles, device='cuda' against 'cpu'"),
     "features": (check_features, "flash features: masks, GQA, windows, softcap, dropout"),
     "varlen": (check_varlen, "packed variable-length attention"),
@@ -869,6 +925,54 @@ def bench_flash(report, sizes, tiny, use_torch):
                 report.timing("flash", f"N={n} causal={causal} {name}", figure)
 
 
+def flex_causal(b, h, q_idx, kv_idx, doc):
+    """The flex timing's mask_mod (of its block mask): causal."""
+    return kv_idx <= q_idx
+
+
+def bench_flex(report, tiny):
+    """Programmable attention against the built-in terms, through the public calls."""
+    import nbattn
+
+    heads, n, dim = (2, 16, 4) if tiny else (8, 2048, 64)
+    print(f"\nflex attention, float32, B=1 H={heads} N={n} D={dim} (seconds, best of 3)")
+    rng = np.random.default_rng(5)
+    q, k, v, g = (rng.normal(size=(1, heads, n, dim)).astype(np.float32) for _ in range(4))
+    doc = np.zeros(n, dtype=np.int64)
+    block = nbattn.create_block_mask(flex_causal, None, None, n, n, mod_args=(doc,))
+    variants = {
+        "built-in causal softcap": dict(causal=True, softcap=CAP),
+        "flex softcap, causal=True": dict(causal=True, score_mod=flex_softcap, mod_args=(doc,)),
+        "flex softcap, causal block mask": dict(
+            score_mod=flex_softcap, block_mask=block, mod_args=(doc,)
+        ),
+    }
+
+    def times(kw):
+        def forward():
+            return nbattn.flash_attention(q, k, v, return_lse=True, device="cuda", **kw)
+
+        def both():
+            out, lse = forward()
+            nbattn.flash_attention_backward(q, k, v, out, lse, g, device="cuda", **kw)
+
+        return {"forward": _best_of(forward, lambda: None), "fwd+bwd": _best_of(both, lambda: None)}
+
+    found = {}
+    for label, kw in variants.items():
+        if report.out_of_time():
+            report.skip("time-flex", f"flex timing {label}")
+            continue
+        found[label] = report.guard(f"flex timing {label}", times, kw)
+    base = found.get("built-in causal softcap")
+    for label, result in found.items():
+        for what, seconds in (result or {}).items():
+            figure = f"{seconds:.4g} s"
+            if base and label != "built-in causal softcap":
+                figure += f", flex / built-in {seconds / base[what]:.2f}"
+            report.timing("flex", f"{label} {what}", figure)
+
+
 def _nbattn_times(flash, arrays, scale, causal):
     """Best-of-3 seconds of the CUDA forward and backward kernels on device arrays."""
     from numba import cuda
@@ -983,6 +1087,7 @@ def main(argv=None):
     print(f"sections: {' '.join(args.sections)}; {limits}", flush=True)
     tiny = args.simulate_tiny
     timings = {
+        "time-flex": (bench_flex, (report, tiny)),
         "time-density": (bench_density, (report, tiny)),
         "time-nw": (bench_nadaraya_watson, (report, tiny)),
         "time-loo": (bench_loo, (report, tiny)),

@@ -29,6 +29,8 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
+import nbattn
+
 #: The compute capability compiled for: Hopper (H100, H200).
 CC = (9, 0)
 
@@ -115,6 +117,45 @@ def decode_cases(dtype, d, d_v):
     sig = _sig(a4, a4, a4, i64_1, i64_1, i64_1, i64_1, *ints, "float64[:,:,::1]", "float64[:,::1]")
     return [
         Case(f"decode partials {dtype} D={d} Dv={d_v}", decode.decode_kernel(dtype, d, d_v), sig)
+    ]
+
+
+def _softcap_alibi(score, b, h, q_idx, kv_idx, slopes, doc):
+    """A catalogue score_mod: a tanh softcap of 30 and ALiBi with per-head slopes."""
+    return 30.0 * nbattn.flex_tanh(score / 30.0) + slopes[h] * (kv_idx - q_idx)
+
+
+def _causal_document(b, h, q_idx, kv_idx, slopes, doc):
+    """A catalogue mask_mod: causal within documents."""
+    return kv_idx <= q_idx and doc[q_idx] == doc[kv_idx]
+
+
+def flex_cases(dtype, d, d_v, score_mod=_softcap_alibi, mask_mod=_causal_document):
+    """The programmable-attention kernels (``flex.flex_kernels``: forward, dq, dk, dv) with
+    a score_mod and a mask_mod compiled in (by default a softcap + ALiBi and a causal
+    document mask, with ``mod_args = (slopes, doc)``: dtype[::1], int64[::1]), with the
+    argument types ``flex.flex_forward`` and ``flex.flex_backward`` launch them with.
+    They are kept per process, not on disk (``cache=False``)."""
+    from nbattn.cuda import flex
+    from nbattn.kernels import flex_build
+
+    flex.adopt_tanh(flex_build.tanh)
+    a3, a2, f64_2 = f"{dtype}[:,:,::1]", f"{dtype}[:,::1]", "float64[:,::1]"
+    i64_1, i64_2, blocks = "int64[::1]", "int64[:,::1]", "uint8[:,:,:,::1]"
+    functions = (score_mod, mask_mod, None)
+    prints = tuple(flex_build.fingerprint(f, "f") for f in functions)
+    fwd, dq, dk, dv = flex.flex_kernels(dtype, d, d_v, functions, prints)
+    args = f"Tuple(({dtype}[::1], {i64_1}))"
+    tables = (i64_2, blocks, "int64", "int64", "int64", args, args)  # offsets .. mask_args
+    tag = f"{dtype} D={d} Dv={d_v}"
+    forward = _sig(a3, a3, a3, i64_1, *tables, "int64", "int64", a3, f64_2, "float64[::1]")
+    dq_sig = _sig(a3, a3, a3, a3, f64_2, a3, i64_1, *tables, "float64", "int64", "int64", a3, a2)
+    dkdv = _sig(a3, a3, a3, f64_2, a3, a2, i64_1, i64_1, *tables, "int64", "int64", a3, a3)
+    return [
+        Case(f"flex forward {tag}", fwd, forward),
+        Case(f"flex dq {tag}", dq, dq_sig),
+        Case(f"flex dk {tag}", dk, dkdv),
+        Case(f"flex dv {tag}", dv, dkdv),
     ]
 
 
@@ -268,6 +309,7 @@ def density_cases(dc, dk, kernel=0):
 def kernel_cases():
     """The catalogue at the sizes that matter: flash D = 64 and 128 (float32 and
     float64) and, at D = 64, with every optional term and with a boolean mask;
+    the flex kernels at D = 64 with a softcap + ALiBi score_mod and a document mask;
     split-KV decoding at D = 128;
     Nadaraya-Watson, the LOO loss, the spread and the weight matrix at d = 1
     and 8 with 1 and 8 outputs, LOO gradients with 8 and 64 entries
@@ -277,6 +319,7 @@ def kernel_cases():
         for d in (64, 128):
             cases += flash_cases(dtype, d, d)
         cases += flash_feature_cases(dtype, 64) + decode_cases(dtype, 128, 128)
+        cases += flex_cases(dtype, 64, 64)
         for d, n_outputs in ((1, 1), (8, 1), (8, 8)):
             cases += pooling_cases(dtype, d, n_outputs)
         for d in (1, 8):

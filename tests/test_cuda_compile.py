@@ -151,6 +151,28 @@ def test_decode_kernel_at_head_size_128(ptx):
     _assert_no_local_memory(ptx, case, _compile(ptx, case))
 
 
+def test_flex_kernels_compile_with_user_functions(ptx):
+    """The programmable-attention kernels at D = 64 float32 with a score_mod (a softcap
+    through nbattn.flex_tanh, ALiBi from mod_args) and a mask_mod (causal documents)
+    compiled in, the backward's complex step included: K, V, Q and dO rows read 4 floats
+    at a time, the weights through the fast exp2 (ex2.approx); the forward keeps its rows
+    in registers, dV spills nothing, and dQ and dK spill no more than they did when
+    written (304 and 288 bytes, NVVM of CUDA 13.0). Odd head sizes (the dot products'
+    tail loops) compile too."""
+    forward, dq, dk, dv = ptx.flex_cases("float32", 64, 64)
+    texts = {case.name: _compile(ptx, case) for case in (forward, dq, dk, dv)}
+    for name, text in texts.items():
+        assert ptx.shared_load_widths(text)["v4"] == 32, name
+        assert "ex2.approx" in text, name
+    _assert_no_local_memory(ptx, forward, texts[forward.name])
+    usage = _usage_or_skip(ptx, texts[dv.name])
+    assert usage.spill_stores == usage.spill_loads == 0, (dv.name, usage)
+    for case, spilled_before in ((dq, 304), (dk, 288)):
+        _assert_spills_at_most(ptx, case, texts[case.name], spilled_before)
+    for case in ptx.flex_cases("float64", 6, 5):
+        _usage(ptx, _compile(ptx, case))
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_pooling_and_loo_kernels_fit_in_registers(ptx, dtype):
     """Nadaraya-Watson, the LOO loss and the spread at d = 8 with 8 outputs, the
@@ -260,7 +282,8 @@ def _cache_key(kernel, signature):
 
 def test_every_catalogued_kernel_has_a_disk_cache_with_distinct_keys():
     """Every kernel of the catalogue (closures built per compile-time sizes, and the
-    module-level layout kernels) caches on disk, numba can compute its cache key
+    module-level layout kernels) but the flex kernels (which hold the user's functions,
+    see ``nbattn.cuda.flex``) caches on disk, numba can compute its cache key
     (which pickles the closure: sizes, dtypes, the device functions it calls), and
     two specialisations of one kernel never share a key."""
     from nbattn import config
@@ -276,6 +299,9 @@ def test_every_catalogued_kernel_has_a_disk_cache_with_distinct_keys():
     )
     seen = {}
     for case in cases:
+        if case.name.startswith("flex "):  # the user's functions: kept per process only
+            assert type(case.kernel._cache).__name__ == "NullCache", case.name
+            continue
         assert type(case.kernel._cache).__name__ == expected, case.name
         if not config.CUDA_CACHE:
             continue

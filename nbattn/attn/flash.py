@@ -99,7 +99,8 @@ from .flash_args import (
     value_scales,
 )
 from .flash_args import backward_groups as _n_groups
-from .flex import check_mods, check_on_cpu, flex_backward, flex_forward, uses_flex
+from .flex import check_mods, flex_backward, flex_forward, uses_flex
+from .flex_cuda import flex_device
 from .masks import mask_as_bias, mask_input
 
 __all__ = [
@@ -629,7 +630,9 @@ def flash_attention(
         ``functools.partial`` or bound method: put parameters in ``mod_args``.
         As in FlexAttention it is evaluated on every entry of a visited tile
         inside the band, masked or not: it must be safe there (numba does not
-        check array bounds). CPU only; not with ``mask``,
+        check array bounds). On ``device="cuda"`` (host arrays) the same
+        functions are compiled with ``numba.cuda.jit(device=True)`` into the GPU
+        kernels, once per process (``nbattn.attn.flex_cuda``). Not with ``mask``,
         ``softcap`` or ``dropout_p`` (express them in the functions; for a
         softcap, ``c * nbattn.flex_tanh(score / c)`` vectorises where
         ``np.tanh`` does not; ``math.tanh`` has no complex form, so the
@@ -666,8 +669,8 @@ def flash_attention(
     return_lse = check_bool(return_lse, "return_lse")
     if uses_flex(score_mod, mask_mod, block_mask, mod_args=mod_args):
         mods = check_mods(score_mod, mask_mod, block_mask, mod_args, None, kw, mask)
-        check_on_cpu(device, q, k, v)
-        return flex_forward(q, k, v, kw, scale, return_lse, mods)
+        device = flex_device(device, q, k, v)
+        return flex_forward(q, k, v, kw, scale, return_lse, mods, device)
     device = device_for(device, q, k, v)
     if device == "cuda" and any(is_device_array(a) for a in (q, k, v)):
         _cuda_refuses(kw, mask)
@@ -754,8 +757,8 @@ def flash_attention_backward(
     arrays = (q, k, v, out, lse, grad_out)
     if uses_flex(score_mod, mask_mod, block_mask, score_mod_grad, mod_args):
         mods = check_mods(score_mod, mask_mod, block_mask, mod_args, score_mod_grad, kw, mask)
-        check_on_cpu(device, *arrays)
-        return flex_backward(q, k, v, out, lse, grad_out, kw, scale, mods)
+        device = flex_device(device, *arrays)
+        return flex_backward(q, k, v, out, lse, grad_out, kw, scale, mods, device)
     device = device_for(device, *arrays)
     if device == "cuda" and any(is_device_array(a) for a in arrays):
         _cuda_refuses(kw, mask)

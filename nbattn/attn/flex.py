@@ -48,6 +48,7 @@ from .._core.numeric import LOG2E
 from .._core.threads import blas_one_thread, serial_below
 from .._core.validation import check_dot_range, check_scale
 from ..dispatch.device import device_for, kernels_for
+from . import flex_cuda
 from .flash_args import (
     Keywords,
     backward_groups,
@@ -239,11 +240,14 @@ def uses_flex(score_mod, mask_mod, block_mask, score_mod_grad=None, mod_args=())
 
 
 def check_on_cpu(device, *arrays):
-    """score_mod, mask_mod and block_mask run on the CPU kernels only; say so (for
-    device="cuda" whether or not a GPU is there: the GPU is not the problem)."""
+    """score_mod and mask_mod of ``flash_attention_varlen`` and ``flash_decode`` run on
+    the CPU kernels only; say so (for device="cuda" whether or not a GPU is there: the
+    GPU is not the problem). ``flash_attention`` runs them on the GPU too
+    (``flex_cuda.flex_device``)."""
     if device == "cuda" or device_for(device, *arrays) != "cpu":
         raise ValueError(
-            "score_mod, mask_mod and block_mask run on the CPU only (device='cpu', host arrays)"
+            "score_mod and mask_mod of flash_attention_varlen and flash_decode run on the "
+            "CPU only (device='cpu', host arrays); flash_attention runs them on the GPU too"
         )
 
 
@@ -493,17 +497,20 @@ def _padded_forward_items(lay: _FlexLayout, tiles: Tiles) -> np.ndarray:
     )
 
 
-def flex_forward(q, k, v, kw: Keywords, scale, return_lse, mods: Mods):
+def flex_forward(q, k, v, kw: Keywords, scale, return_lse, mods: Mods, device="cpu"):
     """:func:`nbattn.flash_attention` with score_mod / mask_mod / block_mask (see the
-    module docstring)."""
+    module docstring) on ``device`` ("cpu" or "cuda": ``nbattn.attn.flex_cuda``)."""
     lay = _layout(q, k, v, kw, scale, mods)
     n_bh, n_q, _ = lay.qf.shape
     scales = value_scales(lay.vf, lay.kf.shape[1])
     scale_values(lay.vf, scales)
     tiles = _forward_tiles(lay.kf.shape[1], lay.band, mods.block_mask is not None)
-    items = _padded_forward_items(lay, tiles)
-    with blas_one_thread(), serial_below(lay.work, config.FLASH_SERIAL_WORK):
-        out, lse = run_forward(lay.qf, lay.kf, lay.vf, items, n_bh, tiles, mods, lay.dtype)
+    if device == "cuda":
+        out, lse = flex_cuda.forward(lay, tiles, mods)
+    else:
+        items = _padded_forward_items(lay, tiles)
+        with blas_one_thread(), serial_below(lay.work, config.FLASH_SERIAL_WORK):
+            out, lse = run_forward(lay.qf, lay.kf, lay.vf, items, n_bh, tiles, mods, lay.dtype)
     unscale_output(out, scales, lay.kv_index)
     out = out.reshape(lay.lead + (n_q, lay.vf.shape[2]))
     if not return_lse:
@@ -511,10 +518,10 @@ def flex_forward(q, k, v, kw: Keywords, scale, return_lse, mods: Mods):
     return out, lse.reshape(lay.lead + (n_q,))
 
 
-def flex_backward(q, k, v, out, lse, grad_out, kw: Keywords, scale, mods: Mods):
+def flex_backward(q, k, v, out, lse, grad_out, kw: Keywords, scale, mods: Mods, device="cpu"):
     """:func:`nbattn.flash_attention_backward` with score_mod / mask_mod / block_mask:
     ``(dq, dk, dv)``, the derivative of ``score_mod`` by the complex step or from
-    ``score_mod_grad``."""
+    ``score_mod_grad``, on ``device`` ("cpu" or "cuda")."""
     lay = _layout(q, k, v, kw, scale, mods, others=(out, grad_out))
     n_bh, n_q, _ = lay.qf.shape
     n_kv, n_k, _ = lay.kf.shape
@@ -542,8 +549,11 @@ def flex_backward(q, k, v, out, lse, grad_out, kw: Keywords, scale, mods: Mods):
         right=right,
     )
     arrays = (lay.qf, lay.kf, lay.vf, of, lf, gf, lay.kv_index, lay.n_heads, items, lay.scale)
-    with blas_one_thread(), serial_below(lay.work, config.FLASH_SERIAL_WORK):
-        dq, dk, dv = run_backward(*arrays, tiles, mods, lay.dtype)
+    if device == "cuda":
+        dq, dk, dv = flex_cuda.backward(lay, of, lf, gf, tiles, mods)
+    else:
+        with blas_one_thread(), serial_below(lay.work, config.FLASH_SERIAL_WORK):
+            dq, dk, dv = run_backward(*arrays, tiles, mods, lay.dtype)
     q_shape, k_shape, v_shape = lay.shapes
     return (
         unbroadcast(dq.reshape(lay.lead + dq.shape[1:]), q_shape),

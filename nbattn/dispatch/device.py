@@ -93,6 +93,7 @@ KERNELS = {
     ("flash", "cpu"): "nbattn.kernels.flash",
     ("flash", "cuda"): "nbattn.cuda.flash",
     ("flex", "cpu"): "nbattn.kernels.flex_build",
+    ("flex", "cuda"): "nbattn.cuda.flex",
     ("masks", "cpu"): "nbattn.kernels.masks",
     ("scores", "cpu"): "nbattn.kernels.scores",
     ("softmax", "cpu"): "nbattn.kernels.softmax",
