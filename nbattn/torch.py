@@ -164,7 +164,7 @@ class _Handles:
 _HANDLES = _Handles()
 
 #: The user's objects that reach the operators as handles, in the operators' order.
-_MOD_NAMES = ("score_mod", "mask_mod", "block_mask", "score_mod_grad")
+_MOD_NAMES = ("score_mod", "mask_mod", "block_mask", "score_mod_grad", "score_mod_args_grad")
 
 
 @torch.compiler.assume_constant_result
@@ -174,9 +174,9 @@ def _register(*objects) -> tuple:
     return tuple(_HANDLES.handle(obj, name) for obj, name in zip(objects, _MOD_NAMES))
 
 
-def _mod_handles(score_mod, mask_mod, block_mask, score_mod_grad) -> dict:
+def _mod_handles(score_mod, mask_mod, block_mask, score_mod_grad, args_grad) -> dict:
     """The handles by argument name, with torch.compile guarding on the objects' identity."""
-    objects = (score_mod, mask_mod, block_mask, score_mod_grad)
+    objects = (score_mod, mask_mod, block_mask, score_mod_grad, args_grad)
     for obj in objects:
         id(obj)  # traced: a guard on the object itself (not only on a function's code)
     return dict(zip(_MOD_NAMES, _register(*objects)))
@@ -222,10 +222,15 @@ def _check_tensor(x, name, allow_grad=True, check_dtype=True):
             f"{name} has dtype {x.dtype}, which NumPy has no type for: pass {name}.float()"
         )
     if not allow_grad and x.requires_grad:
+        why = (
+            "pass score_mod_args_grad, the chain rule of score_mod with respect to its "
+            "mod_args (see nbattn.flash_attention_backward), to learn it, or "
+            if name.startswith("mod_args")
+            else "gradients with respect to masks are not built: pass "
+        )
         raise ValueError(
-            f"{name} requires grad, but nbattn.torch builds no gradient for it (gradients with "
-            f"respect to masks and bias tables are not built): pass {name}.detach() to use "
-            "it as a constant"
+            f"{name} requires grad, but nbattn.torch builds no gradient for it: {why}"
+            f"{name}.detach() to use it as a constant"
         )
 
 
@@ -261,10 +266,11 @@ def _check_qkv(q, k, v):
         )
 
 
-def _split_mod_args(mod_args):
+def _split_mod_args(mod_args, learn=False):
     """``mod_args`` as (tensors, ints, floats, kinds) for the operators: the tensors, the
     bools and ints, the floats, and per entry its kind ("t" tensor, "b" bool, "i" int,
-    "f" float), from which the operators put the tuple back together."""
+    "f" float), from which the operators put the tuple back together. A tensor that
+    requires grad is refused unless ``learn`` (``score_mod_args_grad`` given)."""
     if mod_args is None:
         mod_args = ()
     if not isinstance(mod_args, tuple):
@@ -275,7 +281,7 @@ def _split_mod_args(mod_args):
     for n, arg in enumerate(mod_args):
         name = f"mod_args[{n}]"
         if isinstance(arg, Tensor):
-            _check_tensor(arg, name, allow_grad=False)
+            _check_tensor(arg, name, allow_grad=learn)
             tensors.append(arg)
             kinds += "t"
         elif isinstance(arg, (bool, np.bool_)):
@@ -351,6 +357,7 @@ def _nbattn_call(arguments: dict) -> tuple[list, dict]:
     )
     if "grad_out" not in arguments:
         del keywords["score_mod_grad"]  # the backward's alone
+        del keywords["score_mod_args_grad"]
     return arrays, keywords
 
 
@@ -396,8 +403,10 @@ def _forward_op(
     mask_mod: str,
     block_mask: str,
     score_mod_grad: str,
+    score_mod_args_grad: str,
 ) -> tuple[Tensor, Tensor]:
-    """(out, lse) of :func:`nbattn.flash_attention`; ``score_mod_grad`` is for the backward."""
+    """(out, lse) of :func:`nbattn.flash_attention`; ``score_mod_grad`` and
+    ``score_mod_args_grad`` are for the backward."""
     arrays, keywords = _nbattn_call(locals())  # the arguments above, by name
     out, lse = flash.flash_attention(*arrays, return_lse=True, **keywords)
     return _tensor(out), _tensor(lse)
@@ -445,17 +454,25 @@ def _backward_op(
     mask_mod: str,
     block_mask: str,
     score_mod_grad: str,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """(dq, dk, dv) of :func:`nbattn.flash_attention_backward`."""
+    score_mod_args_grad: str,
+) -> tuple[Tensor, Tensor, Tensor, list[Tensor]]:
+    """(dq, dk, dv, the gradients of the float tensors of ``mod_tensors``) of
+    :func:`nbattn.flash_attention_backward` (the list empty without
+    ``score_mod_args_grad``)."""
     arrays, keywords = _nbattn_call(locals())  # the arguments above, by name
     grads = flash.flash_attention_backward(*arrays, **keywords)
-    return tuple(_tensor(g) for g in grads)
+    d_args = [] if len(grads) == 3 else [g for g in grads[3] if g is not None]
+    learned = [t for t in mod_tensors if t.is_floating_point()]
+    d_args = [_tensor(g).to(t.dtype) for g, t in zip(d_args, learned)]
+    return (*(_tensor(g) for g in grads[:3]), d_args)
 
 
 @_backward_op.register_fake
-def _backward_shapes(q, k, v, *rest):
+def _backward_shapes(q, k, v, out, lse, grad_out, mask, seed, mod_tensors, *rest):
     # contiguous, as _tensor makes them (empty_like would keep a transposed q's strides)
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    learned = [t.new_empty(t.shape) for t in mod_tensors if t.is_floating_point()]
+    d_args = learned if rest[-1] else []
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), d_args
 
 
 def _save_for_backward(ctx, inputs, output):
@@ -480,9 +497,15 @@ def _gradients(ctx, grad_out, grad_lse):
     q, k, v, out, lse, mask, seed, *mod_tensors = ctx.saved_tensors
     if grad_out is None:
         grad_out = torch.zeros_like(out)
-    dq, dk, dv = _backward_op(q, k, v, out, lse, grad_out, mask, seed, mod_tensors, *ctx.settings)
-    others = (mod_tensors, *ctx.settings)
-    return (dq, dk, dv, None, None, *(_no_gradient(arg) for arg in others))
+    dq, dk, dv, d_args = _backward_op(
+        q, k, v, out, lse, grad_out, mask, seed, mod_tensors, *ctx.settings
+    )
+    d_mod = _no_gradient(mod_tensors)
+    if ctx.settings[-1]:  # score_mod_args_grad: the float tensors' gradients, in order
+        learned = iter(d_args)
+        d_mod = [next(learned) if t.is_floating_point() else None for t in mod_tensors]
+    others = (_no_gradient(arg) for arg in ctx.settings)
+    return (dq, dk, dv, None, None, d_mod, *others)
 
 
 def _is_legacy_batched(x):
@@ -563,6 +586,7 @@ def flash_attention(
     block_mask=None,
     mod_args=(),
     score_mod_grad=None,
+    score_mod_args_grad=None,
     return_lse=False,
 ):
     """:func:`nbattn.flash_attention` on CPU torch tensors, differentiable in q, k and v::
@@ -650,7 +674,9 @@ def flash_attention(
         None if side is None else _check_int64(side, f"window {which} side", " (None: unbounded)")
         for side, which in zip(kw.window or (None, None), ("left", "right"))
     ]
-    tensors, ints, floats, kinds = _split_mod_args(mod_args)
+    tensors, ints, floats, kinds = _split_mod_args(mod_args, score_mod_args_grad is not None)
+    if not any(t.requires_grad and t.is_floating_point() for t in tensors):
+        score_mod_args_grad = None  # nothing to learn: the backward builds no such gradient
     out, lse = _forward_op(
         q,
         k,
@@ -669,6 +695,6 @@ def flash_attention(
         causal_alignment=kw.causal_alignment,
         softcap=kw.softcap,
         dropout_p=kw.dropout_p,
-        **_mod_handles(score_mod, mask_mod, block_mask, score_mod_grad),
+        **_mod_handles(score_mod, mask_mod, block_mask, score_mod_grad, score_mod_args_grad),
     )
     return (out, lse) if return_lse else out
