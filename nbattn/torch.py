@@ -174,7 +174,7 @@ def _register(*objects) -> tuple:
     return tuple(_HANDLES.handle(obj, name) for obj, name in zip(objects, _MOD_NAMES))
 
 
-def _mod_handles(score_mod, mask_mod, block_mask, score_mod_grad, args_grad) -> dict:
+def _mod_handles(score_mod, mask_mod, block_mask, score_mod_grad, args_grad=None) -> dict:
     """The handles by argument name, with torch.compile guarding on the objects' identity."""
     objects = (score_mod, mask_mod, block_mask, score_mod_grad, args_grad)
     for obj in objects:
@@ -222,15 +222,17 @@ def _check_tensor(x, name, allow_grad=True, check_dtype=True):
             f"{name} has dtype {x.dtype}, which NumPy has no type for: pass {name}.float()"
         )
     if not allow_grad and x.requires_grad:
-        why = (
-            "pass score_mod_args_grad, the chain rule of score_mod with respect to its "
-            "mod_args (see nbattn.flash_attention_backward), to learn it, or "
-            if name.startswith("mod_args")
-            else "gradients with respect to masks are not built: pass "
-        )
+        if name.startswith("mod_args"):
+            raise ValueError(
+                f"{name} requires grad, but without score_mod_args_grad its gradient is not "
+                "built: pass score_mod_args_grad (the chain rule of score_mod with respect to "
+                "its mod_args, see nbattn.flash_attention_backward) to learn it, or "
+                f"{name}.detach() to use it as a constant"
+            )
         raise ValueError(
-            f"{name} requires grad, but nbattn.torch builds no gradient for it: {why}"
-            f"{name}.detach() to use it as a constant"
+            f"{name} requires grad, but nbattn.torch builds no gradient for it (gradients with "
+            f"respect to masks and bias tables are not built): pass {name}.detach() to use "
+            "it as a constant"
         )
 
 
@@ -480,7 +482,7 @@ def _save_for_backward(ctx, inputs, output):
     out, lse = output
     ctx.mark_non_differentiable(lse)
     ctx.save_for_backward(q, k, v, out, lse, mask, seed, *mod_tensors)
-    ctx.settings = settings  # mod_ints ... score_mod_grad, as the backward operator takes them
+    ctx.settings = settings  # mod_ints ... score_mod_args_grad, as the backward operator takes them
     # the user's objects stay alive until the backward has run (the registry holds
     # them weakly): a score_mod written inline as a lambda is still there
     ctx.objects = [_HANDLES.get(handle) for handle in settings[-len(_MOD_NAMES) :]]
