@@ -1,4 +1,5 @@
-"""nbattn's flash attention for PyTorch: CPU tensors in and out, differentiable in q, k, v.
+"""nbattn's flash attention for PyTorch: CPU tensors in and out, differentiable in q, k, v
+(and in the float tensors of ``mod_args``, given ``score_mod_args_grad``).
 
 It computes::
 
@@ -13,9 +14,11 @@ their memory (``Tensor.numpy()``, no copy; nbattn copies what it lays out and ne
 writes into its inputs), and the results come back as tensors over nbattn's arrays.
 Gradients with respect to q, k and v come from
 :func:`nbattn.flash_attention_backward` with the same keywords, from the ``out`` and
-``lse`` that the forward saved. ``mask`` and the tensors in ``mod_args`` are
-constants: no gradient is built for them (a tensor there that requires grad is
-refused), and ``lse`` is returned without a gradient. CUDA tensors are refused:
+``lse`` that the forward saved. ``mask`` is a constant (one that requires grad is
+refused), and ``lse`` is returned without a gradient. The float tensors of
+``mod_args`` (a bias table, slopes, a softcap) get gradients when
+``score_mod_args_grad`` is given (see :func:`nbattn.flash_attention_backward`) and
+one of them requires grad; without it such a tensor is refused. CUDA tensors are refused:
 the operators run nbattn's CPU kernels; so are sparse and nested tensors, and
 ``mask`` or ``mod_args`` tensors of a dtype NumPy lacks (bfloat16).
 
@@ -622,7 +625,7 @@ def flash_attention(
     random_state : int, optional
         The dropout seed; None draws one from torch's generator (so
         ``torch.manual_seed`` fixes it). The backward reuses it.
-    score_mod, mask_mod, block_mask, score_mod_grad
+    score_mod, mask_mod, block_mask, score_mod_grad, score_mod_args_grad
         Python (or numba-jitted) functions with FlexAttention's signatures,
         compiled into nbattn's kernels with numba, and a block mask from
         :func:`nbattn.create_block_mask` (whose ``mod_args`` are NumPy arrays, for
@@ -630,9 +633,9 @@ def flash_attention(
         :func:`nbattn.flash_attention_backward`.
     mod_args : tuple of torch.Tensor and numbers
         The trailing arguments of ``score_mod`` and ``mask_mod``; the functions see
-        the tensors as NumPy arrays over the same memory. Constants: a tensor that
-        requires grad is refused (gradients with respect to bias tables, slopes
-        and the like are not built).
+        the tensors as NumPy arrays over the same memory. A float tensor that
+        requires grad gets its gradient from ``score_mod_args_grad`` (in its dtype;
+        none for the other entries); without that function it is refused.
     return_lse : bool
         Also return ``lse`` (..., L), float64, without a gradient.
 
@@ -645,8 +648,9 @@ def flash_attention(
     ------
     ValueError
         Naming the argument: a tensor that is not on the CPU, a sparse or nested
-        tensor, q, k and v not of one float32 / float64 dtype, a mask or
-        ``mod_args`` tensor that requires grad or whose dtype NumPy lacks
+        tensor, q, k and v not of one float32 / float64 dtype, a mask (or a
+        ``mod_args`` tensor without ``score_mod_args_grad``) that requires grad, a
+        ``mod_args`` tensor whose dtype NumPy lacks
         (bfloat16), a ``mod_args`` entry that is not a tensor or a number, an int
         (in ``mod_args``, ``window``, ``random_state``) beyond int64, and everything
         :func:`nbattn.flash_attention` refuses, an empty tensor among them (a

@@ -26,6 +26,11 @@ anew from its ``py_func`` (its dispatcher may hold code compiled with older
 values of its globals). The cache directory is ``$NBATTN_FLEX_DIR``, else
 ``$XDG_CACHE_HOME/nbattn/flex`` (``~/.cache/nbattn/flex``), else a fresh
 temporary directory when neither can be written.
+
+The gradients with respect to ``mod_args`` are a second template,
+``nbattn.kernels.flex_args``, specialised the same way on (``score_mod``,
+``mask_mod``, ``score_mod_args_grad``) into ``nbattn_flex_args_<key>.py``
+(:func:`specialise_args`): only calls that pass ``score_mod_args_grad`` build it.
 """
 
 from __future__ import annotations
