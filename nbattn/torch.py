@@ -468,7 +468,7 @@ def _backward_op(
     grads = flash.flash_attention_backward(*arrays, **keywords)
     d_args = [] if len(grads) == 3 else [g for g in grads[3] if g is not None]
     learned = [t for t in mod_tensors if t.is_floating_point()]
-    d_args = [_tensor(g).to(t.dtype) for g, t in zip(d_args, learned)]
+    d_args = [_tensor(g).reshape(t.shape).to(t.dtype) for g, t in zip(d_args, learned)]
     return (*(_tensor(g) for g in grads[:3]), d_args)
 
 

@@ -253,14 +253,15 @@ def _write(path: Path, source: bytes):
     os.replace(tmp, path)
 
 
-def _load(key: str, prefix="nbattn_flex", source=_SOURCE_BYTES):
-    """The generated module ``<prefix>_<key>`` (of the template ``source``): written once,
-    imported once per process.
+def _load(key: str, prefix="nbattn_flex", source=None):
+    """The generated module ``<prefix>_<key>`` (of the template ``source``, by default
+    ``flex.py``'s): written once, imported once per process.
 
     A file that is not the template's source (truncated, edited, from another
     version) is written anew before it is imported; a module whose import fails
     is dropped from ``sys.modules``, so the next call starts over.
     """
+    source = _SOURCE_BYTES if source is None else source
     name = f"{prefix}_{key}"
     if name in sys.modules:
         return sys.modules[name]

@@ -279,3 +279,48 @@ def test_torch_adapter_learns_a_bias_table():
         losses.append(loss.item())
     assert all(later < earlier for earlier, later in zip(losses, losses[1:])), losses
     assert losses[-1] < 0.75 * losses[0], losses
+
+
+def test_torch_compile_and_opcheck_of_the_backward_with_mod_args_gradients():
+    import torch._dynamo.testing
+
+    import nbattn.torch as nbt
+
+    n = 50
+    torch.manual_seed(1)
+    q, k, v = (torch.randn(1, H, n, E, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    cap, slopes, table, doc, _ = (
+        torch.from_numpy(np.asarray(a)) for a in _args(1, 1.4, n=n, n_b=1)
+    )
+    slopes.requires_grad_()
+    table.requires_grad_()
+
+    def loss(q, k, v, slopes, table):
+        mod_args = (cap, slopes, table, doc, 0)
+        out = nbt.flash_attention(
+            q, k, v, mod_args=mod_args, score_mod_args_grad=args_grad_fn, **MODS
+        )
+        return out.square().sum()
+
+    inputs = (q, k, v, slopes, table)
+    eager = torch.autograd.grad(loss(*inputs), inputs)
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(loss, backend=counter, fullgraph=True)
+    for got, want in zip(torch.autograd.grad(compiled(*inputs), inputs), eager, strict=True):
+        assert torch.equal(got, want)
+    graphs = counter.frame_count
+    new_table = (2.0 * table).detach().requires_grad_()
+    compiled(q, k, v, slopes, new_table).backward()  # a new table: no recompile
+    assert counter.frame_count == graphs and new_table.grad is not None
+    assert sum("nbattn.flash_attention.default" in g.code for g in counter.graphs) == 1
+
+    constants = [cap, slopes.detach(), table.detach(), doc]
+    out, lse = nbt.flash_attention(q, k, v, mod_args=(*constants, 0), return_lse=True, **MODS)
+    handles = nbt._mod_handles(score_fn, mask_fn, None, None, args_grad_fn)
+    settings = ([0], [], "tttti", False, None, False, None, None, "top_left", None, 0.0)
+    backward = (q, k, v, out.detach(), lse, torch.ones_like(out), None, None)
+    backward += (constants, *settings, *handles.values())
+    checks = ("test_schema", "test_faketensor")  # no autograd: no second derivatives
+    torch.library.opcheck(
+        torch.ops.nbattn.flash_attention_backward.default, backward, test_utils=checks
+    )
