@@ -32,7 +32,15 @@ are never visited and fully open ones skip the per-element mask, so document
 masking, prefix-LM and sliding windows cost only the tiles they keep. The
 backward differentiates through ``score_mod`` by the complex step (a
 complex128 evaluation of the function; exact to rounding where it is
-analytic in ``score``) or with the user's ``score_mod_grad``.
+analytic in ``score``) or with the user's ``score_mod_grad``; given the user's
+``score_mod_args_grad``, a pass of its own (``nbattn.kernels.flex_args``) also gives
+the gradients of the float arrays of ``mod_args``:
+
+    dL/dT[k] = sum_ij P_ij (dP_ij - D_i) d score_mod(s_ij, b, h, i, j, *T) / dT[k]
+
+over the admissible entries, in float64 buffers per slot of work summed in slot
+order (a number of slots that does not depend on the threads, so neither do the
+bits), returned in each array's dtype.
 """
 
 from __future__ import annotations

@@ -21,9 +21,11 @@ one sequence; its ``group`` is ignored: every key tile of the slice is run).
 The items are dealt to ``n_slots`` slots, item n to slot n % n_slots, and each
 slot is one unit of work that runs its items in table order into a private
 set of gradient buffers (``grads[m][slot]``): the slots, summed in slot order
-by the caller, give sums that do not depend on the threads. A slot's buffer
-of a ``mod_args`` entry without a gradient (ints, numbers) is a view of one
-scratch element (stride 0), where writes go unseen.
+by the caller, give sums that do not depend on the threads. An entry that is
+not a float array (int or bool arrays, numbers: a float number has no place to
+learn in, pass a 0-d or 1-element array) has no gradient; the function still gets
+an array in its place, of the entry's shape ((1,) for a number), every element of
+which is one scratch value per slot (stride 0), where writes go unseen.
 
 This file is a template, as ``nbattn.kernels.flex`` is: ``nbattn.kernels.flex_build``
 copies it into a module of its own per (score_mod, mask_mod, score_mod_args_grad)
