@@ -1,4 +1,5 @@
-"""nbattn's flash attention for PyTorch: CPU tensors in and out, differentiable in q, k, v.
+"""nbattn's flash attention for PyTorch: CPU tensors in and out, differentiable in q, k, v
+(and in the float tensors of ``mod_args``, given ``score_mod_args_grad``).
 
 It computes::
 
@@ -13,9 +14,11 @@ their memory (``Tensor.numpy()``, no copy; nbattn copies what it lays out and ne
 writes into its inputs), and the results come back as tensors over nbattn's arrays.
 Gradients with respect to q, k and v come from
 :func:`nbattn.flash_attention_backward` with the same keywords, from the ``out`` and
-``lse`` that the forward saved. ``mask`` and the tensors in ``mod_args`` are
-constants: no gradient is built for them (a tensor there that requires grad is
-refused), and ``lse`` is returned without a gradient. CUDA tensors are refused:
+``lse`` that the forward saved. ``mask`` is a constant (one that requires grad is
+refused), and ``lse`` is returned without a gradient. The float tensors of
+``mod_args`` (a bias table, slopes, a softcap) get gradients when
+``score_mod_args_grad`` is given (see :func:`nbattn.flash_attention_backward`) and
+one of them requires grad; without it such a tensor is refused. CUDA tensors are refused:
 the operators run nbattn's CPU kernels; so are sparse and nested tensors, and
 ``mask`` or ``mod_args`` tensors of a dtype NumPy lacks (bfloat16).
 
@@ -164,7 +167,7 @@ class _Handles:
 _HANDLES = _Handles()
 
 #: The user's objects that reach the operators as handles, in the operators' order.
-_MOD_NAMES = ("score_mod", "mask_mod", "block_mask", "score_mod_grad")
+_MOD_NAMES = ("score_mod", "mask_mod", "block_mask", "score_mod_grad", "score_mod_args_grad")
 
 
 @torch.compiler.assume_constant_result
@@ -174,9 +177,9 @@ def _register(*objects) -> tuple:
     return tuple(_HANDLES.handle(obj, name) for obj, name in zip(objects, _MOD_NAMES))
 
 
-def _mod_handles(score_mod, mask_mod, block_mask, score_mod_grad) -> dict:
+def _mod_handles(score_mod, mask_mod, block_mask, score_mod_grad, args_grad=None) -> dict:
     """The handles by argument name, with torch.compile guarding on the objects' identity."""
-    objects = (score_mod, mask_mod, block_mask, score_mod_grad)
+    objects = (score_mod, mask_mod, block_mask, score_mod_grad, args_grad)
     for obj in objects:
         id(obj)  # traced: a guard on the object itself (not only on a function's code)
     return dict(zip(_MOD_NAMES, _register(*objects)))
@@ -222,6 +225,13 @@ def _check_tensor(x, name, allow_grad=True, check_dtype=True):
             f"{name} has dtype {x.dtype}, which NumPy has no type for: pass {name}.float()"
         )
     if not allow_grad and x.requires_grad:
+        if name.startswith("mod_args"):
+            raise ValueError(
+                f"{name} requires grad, but without score_mod_args_grad its gradient is not "
+                "built: pass score_mod_args_grad (the chain rule of score_mod with respect to "
+                "its mod_args, see nbattn.flash_attention_backward) to learn it, or "
+                f"{name}.detach() to use it as a constant"
+            )
         raise ValueError(
             f"{name} requires grad, but nbattn.torch builds no gradient for it (gradients with "
             f"respect to masks and bias tables are not built): pass {name}.detach() to use "
@@ -261,10 +271,11 @@ def _check_qkv(q, k, v):
         )
 
 
-def _split_mod_args(mod_args):
+def _split_mod_args(mod_args, learn=False):
     """``mod_args`` as (tensors, ints, floats, kinds) for the operators: the tensors, the
     bools and ints, the floats, and per entry its kind ("t" tensor, "b" bool, "i" int,
-    "f" float), from which the operators put the tuple back together."""
+    "f" float), from which the operators put the tuple back together. A tensor that
+    requires grad is refused unless ``learn`` (``score_mod_args_grad`` given)."""
     if mod_args is None:
         mod_args = ()
     if not isinstance(mod_args, tuple):
@@ -275,7 +286,7 @@ def _split_mod_args(mod_args):
     for n, arg in enumerate(mod_args):
         name = f"mod_args[{n}]"
         if isinstance(arg, Tensor):
-            _check_tensor(arg, name, allow_grad=False)
+            _check_tensor(arg, name, allow_grad=learn)
             tensors.append(arg)
             kinds += "t"
         elif isinstance(arg, (bool, np.bool_)):
@@ -351,6 +362,7 @@ def _nbattn_call(arguments: dict) -> tuple[list, dict]:
     )
     if "grad_out" not in arguments:
         del keywords["score_mod_grad"]  # the backward's alone
+        del keywords["score_mod_args_grad"]
     return arrays, keywords
 
 
@@ -396,8 +408,10 @@ def _forward_op(
     mask_mod: str,
     block_mask: str,
     score_mod_grad: str,
+    score_mod_args_grad: str,
 ) -> tuple[Tensor, Tensor]:
-    """(out, lse) of :func:`nbattn.flash_attention`; ``score_mod_grad`` is for the backward."""
+    """(out, lse) of :func:`nbattn.flash_attention`; ``score_mod_grad`` and
+    ``score_mod_args_grad`` are for the backward."""
     arrays, keywords = _nbattn_call(locals())  # the arguments above, by name
     out, lse = flash.flash_attention(*arrays, return_lse=True, **keywords)
     return _tensor(out), _tensor(lse)
@@ -445,17 +459,25 @@ def _backward_op(
     mask_mod: str,
     block_mask: str,
     score_mod_grad: str,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """(dq, dk, dv) of :func:`nbattn.flash_attention_backward`."""
+    score_mod_args_grad: str,
+) -> tuple[Tensor, Tensor, Tensor, list[Tensor]]:
+    """(dq, dk, dv, the gradients of the float tensors of ``mod_tensors``) of
+    :func:`nbattn.flash_attention_backward` (the list empty without
+    ``score_mod_args_grad``)."""
     arrays, keywords = _nbattn_call(locals())  # the arguments above, by name
     grads = flash.flash_attention_backward(*arrays, **keywords)
-    return tuple(_tensor(g) for g in grads)
+    d_args = [] if len(grads) == 3 else [g for g in grads[3] if g is not None]
+    learned = [t for t in mod_tensors if t.is_floating_point()]
+    d_args = [_tensor(g).reshape(t.shape).to(t.dtype) for g, t in zip(d_args, learned)]
+    return (*(_tensor(g) for g in grads[:3]), d_args)
 
 
 @_backward_op.register_fake
-def _backward_shapes(q, k, v, *rest):
+def _backward_shapes(q, k, v, out, lse, grad_out, mask, seed, mod_tensors, *rest):
     # contiguous, as _tensor makes them (empty_like would keep a transposed q's strides)
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    learned = [t.new_empty(t.shape) for t in mod_tensors if t.is_floating_point()]
+    d_args = learned if rest[-1] else []
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), d_args
 
 
 def _save_for_backward(ctx, inputs, output):
@@ -463,7 +485,7 @@ def _save_for_backward(ctx, inputs, output):
     out, lse = output
     ctx.mark_non_differentiable(lse)
     ctx.save_for_backward(q, k, v, out, lse, mask, seed, *mod_tensors)
-    ctx.settings = settings  # mod_ints ... score_mod_grad, as the backward operator takes them
+    ctx.settings = settings  # mod_ints ... score_mod_args_grad, as the backward operator takes them
     # the user's objects stay alive until the backward has run (the registry holds
     # them weakly): a score_mod written inline as a lambda is still there
     ctx.objects = [_HANDLES.get(handle) for handle in settings[-len(_MOD_NAMES) :]]
@@ -480,9 +502,15 @@ def _gradients(ctx, grad_out, grad_lse):
     q, k, v, out, lse, mask, seed, *mod_tensors = ctx.saved_tensors
     if grad_out is None:
         grad_out = torch.zeros_like(out)
-    dq, dk, dv = _backward_op(q, k, v, out, lse, grad_out, mask, seed, mod_tensors, *ctx.settings)
-    others = (mod_tensors, *ctx.settings)
-    return (dq, dk, dv, None, None, *(_no_gradient(arg) for arg in others))
+    dq, dk, dv, d_args = _backward_op(
+        q, k, v, out, lse, grad_out, mask, seed, mod_tensors, *ctx.settings
+    )
+    d_mod = _no_gradient(mod_tensors)
+    if ctx.settings[-1]:  # score_mod_args_grad: the float tensors' gradients, in order
+        learned = iter(d_args)
+        d_mod = [next(learned) if t.is_floating_point() else None for t in mod_tensors]
+    others = (_no_gradient(arg) for arg in ctx.settings)
+    return (dq, dk, dv, None, None, d_mod, *others)
 
 
 def _is_legacy_batched(x):
@@ -563,6 +591,7 @@ def flash_attention(
     block_mask=None,
     mod_args=(),
     score_mod_grad=None,
+    score_mod_args_grad=None,
     return_lse=False,
 ):
     """:func:`nbattn.flash_attention` on CPU torch tensors, differentiable in q, k and v::
@@ -596,7 +625,7 @@ def flash_attention(
     random_state : int, optional
         The dropout seed; None draws one from torch's generator (so
         ``torch.manual_seed`` fixes it). The backward reuses it.
-    score_mod, mask_mod, block_mask, score_mod_grad
+    score_mod, mask_mod, block_mask, score_mod_grad, score_mod_args_grad
         Python (or numba-jitted) functions with FlexAttention's signatures,
         compiled into nbattn's kernels with numba, and a block mask from
         :func:`nbattn.create_block_mask` (whose ``mod_args`` are NumPy arrays, for
@@ -604,9 +633,9 @@ def flash_attention(
         :func:`nbattn.flash_attention_backward`.
     mod_args : tuple of torch.Tensor and numbers
         The trailing arguments of ``score_mod`` and ``mask_mod``; the functions see
-        the tensors as NumPy arrays over the same memory. Constants: a tensor that
-        requires grad is refused (gradients with respect to bias tables, slopes
-        and the like are not built).
+        the tensors as NumPy arrays over the same memory. A float tensor that
+        requires grad gets its gradient from ``score_mod_args_grad`` (in its dtype;
+        none for the other entries); without that function it is refused.
     return_lse : bool
         Also return ``lse`` (..., L), float64, without a gradient.
 
@@ -619,8 +648,9 @@ def flash_attention(
     ------
     ValueError
         Naming the argument: a tensor that is not on the CPU, a sparse or nested
-        tensor, q, k and v not of one float32 / float64 dtype, a mask or
-        ``mod_args`` tensor that requires grad or whose dtype NumPy lacks
+        tensor, q, k and v not of one float32 / float64 dtype, a mask (or a
+        ``mod_args`` tensor without ``score_mod_args_grad``) that requires grad, a
+        ``mod_args`` tensor whose dtype NumPy lacks
         (bfloat16), a ``mod_args`` entry that is not a tensor or a number, an int
         (in ``mod_args``, ``window``, ``random_state``) beyond int64, and everything
         :func:`nbattn.flash_attention` refuses, an empty tensor among them (a
@@ -650,7 +680,9 @@ def flash_attention(
         None if side is None else _check_int64(side, f"window {which} side", " (None: unbounded)")
         for side, which in zip(kw.window or (None, None), ("left", "right"))
     ]
-    tensors, ints, floats, kinds = _split_mod_args(mod_args)
+    tensors, ints, floats, kinds = _split_mod_args(mod_args, score_mod_args_grad is not None)
+    if not any(t.requires_grad and t.is_floating_point() for t in tensors):
+        score_mod_args_grad = None  # nothing to learn: the backward builds no such gradient
     out, lse = _forward_op(
         q,
         k,
@@ -669,6 +701,6 @@ def flash_attention(
         causal_alignment=kw.causal_alignment,
         softcap=kw.softcap,
         dropout_p=kw.dropout_p,
-        **_mod_handles(score_mod, mask_mod, block_mask, score_mod_grad),
+        **_mod_handles(score_mod, mask_mod, block_mask, score_mod_grad, score_mod_args_grad),
     )
     return (out, lse) if return_lse else out

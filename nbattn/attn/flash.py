@@ -99,7 +99,7 @@ from .flash_args import (
     value_scales,
 )
 from .flash_args import backward_groups as _n_groups
-from .flex import check_mods, flex_backward, flex_forward, uses_flex
+from .flex import check_mods, check_on_cpu, flex_backward, flex_forward, uses_flex
 from .flex_cuda import flex_device
 from .masks import mask_as_bias, mask_input
 
@@ -701,6 +701,7 @@ def flash_attention_backward(
     block_mask=None,
     mod_args=(),
     score_mod_grad=None,
+    score_mod_args_grad=None,
 ):
     """Gradients of :func:`flash_attention`: ``(dq, dk, dv)``, blocked, O(N) memory.
 
@@ -743,21 +744,44 @@ def flash_attention_backward(
         with a finite difference of ``score_mod`` at scores -3.1, -0.7, 0.4, 2.9
         (b = h = q_idx = kv_idx = 0, this call's ``mod_args``), and a mismatch is
         refused (pass ``score_mod_grad``); a non-analytic point elsewhere can still
-        go unseen. No gradient is returned for the arrays in ``mod_args``.
+        go unseen.
     score_mod_grad : function ``score_mod_grad(score, b, h, q_idx, kv_idx, *mod_args)``, optional
         d score_mod / d score, for functions that are not analytic (``abs``,
         ``max``, comparisons on the score) or to spare the complex arithmetic.
+    score_mod_args_grad : function, optional
+        ``(grad_score, score, b, h, q_idx, kv_idx, *mod_args, *mod_args_grads)``:
+        adds grad_score * d score_mod / d mod_args[m] into ``mod_args_grads[m]``
+        (float64, the shape of ``mod_args[m]``), dL/dT = sum_e grad_score_e
+        d score_mod_e / dT. Called on every admissible entry (never masked ones),
+        grad_score = dL/d score_mod (float64), score the unmodified scaled product.
+        Entries that are not float arrays get a placeholder (see
+        ``nbattn.kernels.flex_args``). Without it no ``mod_args`` gradient is built.
 
     Returns
     -------
     dq, dk, dv : ndarrays of the shapes of q, k, v (gradients summed over
-        broadcast leading dimensions) in the computation dtype.
+        broadcast leading dimensions) in the computation dtype; with
+        ``score_mod_args_grad``, ``(dq, dk, dv, dmod_args)``: per ``mod_args``
+        entry its gradient in its shape and dtype, or None (not a float array).
     """
     kw = check_keywords(causal, enable_gqa, window, causal_alignment, softcap, dropout_p)
     arrays = (q, k, v, out, lse, grad_out)
-    if uses_flex(score_mod, mask_mod, block_mask, score_mod_grad, mod_args):
-        mods = check_mods(score_mod, mask_mod, block_mask, mod_args, score_mod_grad, kw, mask)
-        device = flex_device(device, *arrays)
+    if uses_flex(score_mod, mask_mod, block_mask, score_mod_grad, mod_args, score_mod_args_grad):
+        mods = check_mods(
+            score_mod,
+            mask_mod,
+            block_mask,
+            mod_args,
+            score_mod_grad,
+            kw,
+            mask,
+            score_mod_args_grad=score_mod_args_grad,
+        )
+        if score_mod_args_grad is None:
+            device = flex_device(device, *arrays)
+        else:  # the mod_args gradients have no GPU kernel
+            check_on_cpu(device, *arrays, what="score_mod_args_grad")
+            device = "cpu"
         return flex_backward(q, k, v, out, lse, grad_out, kw, scale, mods, device)
     device = device_for(device, *arrays)
     if device == "cuda" and any(is_device_array(a) for a in arrays):

@@ -32,7 +32,15 @@ are never visited and fully open ones skip the per-element mask, so document
 masking, prefix-LM and sliding windows cost only the tiles they keep. The
 backward differentiates through ``score_mod`` by the complex step (a
 complex128 evaluation of the function; exact to rounding where it is
-analytic in ``score``) or with the user's ``score_mod_grad``.
+analytic in ``score``) or with the user's ``score_mod_grad``; given the user's
+``score_mod_args_grad``, a pass of its own (``nbattn.kernels.flex_args``) also gives
+the gradients of the float arrays of ``mod_args``:
+
+    dL/dT[k] = sum_ij P_ij (dP_ij - D_i) d score_mod(s_ij, b, h, i, j, *T) / dT[k]
+
+over the admissible entries, in float64 buffers per slot of work summed in slot
+order (a number of slots that does not depend on the threads, so neither do the
+bits), returned in each array's dtype.
 """
 
 from __future__ import annotations
@@ -71,6 +79,7 @@ __all__ = [
     "flex_backward",
     "flex_forward",
     "item_table",
+    "run_args_backward",
     "run_backward",
     "run_forward",
     "uses_flex",
@@ -88,6 +97,7 @@ def __getattr__(name):
 
 _SCORE_PARAMS = "score, b, h, q_idx, kv_idx"
 _MASK_PARAMS = "b, h, q_idx, kv_idx"
+_ARGS_PARAMS = "grad_score, score, b, h, q_idx, kv_idx, *mod_args, then one gradient array"
 
 
 def _mod_args(mod_args, name="mod_args"):
@@ -228,23 +238,29 @@ class Mods:
     score_args: tuple
     mask_args: tuple
     score_grad: object = None
+    args_grad: object = None
 
 
-def uses_flex(score_mod, mask_mod, block_mask, score_mod_grad=None, mod_args=()) -> bool:
+def uses_flex(
+    score_mod, mask_mod, block_mask, score_mod_grad=None, mod_args=(), args_grad=None
+) -> bool:
     """Whether a flash call takes the programmable path (``mod_args`` without functions
     takes it too, to be refused by :func:`check_mods`)."""
     given_args = not (mod_args is None or (isinstance(mod_args, tuple) and not mod_args))
     return given_args or any(
-        f is not None for f in (score_mod, mask_mod, block_mask, score_mod_grad)
+        f is not None for f in (score_mod, mask_mod, block_mask, score_mod_grad, args_grad)
     )
 
 
-def check_on_cpu(device, *arrays):
-    """score_mod and mask_mod of ``flash_attention_varlen`` and ``flash_decode`` run on
-    the CPU kernels only; say so (for device="cuda" whether or not a GPU is there: the
-    GPU is not the problem). ``flash_attention`` runs them on the GPU too
+def check_on_cpu(device, *arrays, what=None):
+    """score_mod and mask_mod of ``flash_attention_varlen`` and ``flash_decode``, and
+    ``what`` (``score_mod_args_grad``) wherever it is given, run on the CPU kernels
+    only; say so (for device="cuda" whether or not a GPU is there: the GPU is not the
+    problem). ``flash_attention`` runs score_mod and mask_mod on the GPU too
     (``flex_cuda.flex_device``)."""
     if device == "cuda" or device_for(device, *arrays) != "cpu":
+        if what is not None:
+            raise ValueError(f"{what} runs on the CPU only (device='cpu', host arrays)")
         raise ValueError(
             "score_mod and mask_mod of flash_attention_varlen and flash_decode run on the "
             "CPU only (device='cpu', host arrays); flash_attention runs them on the GPU too"
@@ -276,6 +292,7 @@ def check_mods(
     kw: Keywords,
     mask,
     entry="flash_attention",
+    score_mod_args_grad=None,
 ):
     """The user functions checked against ``mod_args`` and the other keywords of the
     public function ``entry`` (``flash_attention``, ``flash_attention_varlen`` or
@@ -309,6 +326,15 @@ def check_mods(
         build.check_signature(score_mod, "score_mod", 5, len(args), _SCORE_PARAMS)
     if score_mod_grad is not None:
         build.check_signature(score_mod_grad, "score_mod_grad", 5, len(args), _SCORE_PARAMS)
+    if score_mod_args_grad is not None:
+        if score_mod is None:
+            raise ValueError(
+                "score_mod_args_grad is given without score_mod (it differentiates score_mod "
+                "with respect to the arrays of mod_args)"
+            )
+        build.check_signature(
+            score_mod_args_grad, "score_mod_args_grad", 6 + len(args), len(args), _ARGS_PARAMS
+        )
     mask_args = args
     if block_mask is not None:
         if not isinstance(block_mask, BlockMask):
@@ -321,7 +347,9 @@ def check_mods(
         mask_mod, mask_args = block_mask.mask_mod, block_mask.mod_args
     elif mask_mod is not None:
         build.check_signature(mask_mod, "mask_mod", 4, len(args), _MASK_PARAMS)
-    return Mods(score_mod, mask_mod, block_mask, args, mask_args, score_mod_grad)
+    return Mods(
+        score_mod, mask_mod, block_mask, args, mask_args, score_mod_grad, score_mod_args_grad
+    )
 
 
 def item_table(dtype, **fields) -> np.ndarray:
@@ -384,6 +412,58 @@ def run_backward(qf, kf, vf, of, lf, gf, kv_index, n_heads, items, scale, tiles,
         mods.mask_args,
         backward=True,
     )
+
+
+#: The most slots (private gradient buffers) of the mod_args gradients: a number fixed
+#: whatever the threads, so that the sums are too.
+_ARGS_SLOTS = 16
+
+
+def _args_buffers(args, n_slots):
+    """Per ``mod_args`` entry the float64 slot buffers (n_slots,) + its shape; for an entry
+    without a gradient (not a float array) a placeholder of its shape ((1,) for a number)
+    whose elements are all one scratch value per slot (stride 0: writes go unseen)."""
+    buffers = []
+    for arg in args:
+        if isinstance(arg, np.ndarray) and arg.dtype.kind == "f":
+            buffers.append(np.zeros((n_slots,) + arg.shape))
+            continue
+        shape = arg.shape if isinstance(arg, np.ndarray) else (1,)
+        scratch = np.zeros(n_slots)
+        strides = (scratch.strides[0],) + (0,) * len(shape)
+        buffers.append(np.lib.stride_tricks.as_strided(scratch, (n_slots,) + shape, strides))
+    return tuple(buffers)
+
+
+def run_args_backward(qf, kf, vf, of, lf, gf, kv_index, n_heads, items, tiles, mods, dtype):
+    """The gradients of the ``mod_args`` entries (None for those that are not float arrays),
+    each in its entry's shape and dtype, from ``score_mod_args_grad`` (see
+    ``nbattn.kernels.flex_args``); arguments as in :func:`run_backward`, whose work items
+    (``FLEX_BACKWARD_ITEM``) give the slices (each slice once, whatever its key-tile
+    groups). The slots are summed in slot order, in float64."""
+    build = kernels_for("flex", "cpu")
+    kernels = build.specialise_args(mods.score_mod, mods.mask_mod, mods.args_grad)
+    items = np.ascontiguousarray(items[items["group"] == 0])
+    args = mods.score_args
+    per_slot = 8 * sum(
+        a.size if isinstance(a, np.ndarray) and a.dtype.kind == "f" else 0 for a in args
+    )
+    room = max(1, config.FLASH_MAX_DQ_BUFFER_BYTES // max(per_slot, 1))
+    n_slots = max(1, min(_ARGS_SLOTS, items.shape[0], room))
+    grads = _args_buffers(args, n_slots)
+    slices = Tiles(tiles.block_q, tiles.block_k, 1)
+    arrays = (qf, kf, vf, of, lf, gf, kv_index, n_heads, _blocks(mods, slices), items, slices)
+    build.call_args(kernels, mods, dtype, grads, *arrays, args, mods.mask_args)
+    results = []
+    for arg, buffer in zip(args, grads):
+        if not (isinstance(arg, np.ndarray) and arg.dtype.kind == "f"):
+            results.append(None)
+            continue
+        total = buffer[0].copy()
+        for slot in range(1, n_slots):
+            total += buffer[slot]
+        results.append(total.astype(arg.dtype))
+    return tuple(results)
 
 
 @dataclass
@@ -521,7 +601,9 @@ def flex_forward(q, k, v, kw: Keywords, scale, return_lse, mods: Mods, device="c
 def flex_backward(q, k, v, out, lse, grad_out, kw: Keywords, scale, mods: Mods, device="cpu"):
     """:func:`nbattn.flash_attention_backward` with score_mod / mask_mod / block_mask:
     ``(dq, dk, dv)``, the derivative of ``score_mod`` by the complex step or from
-    ``score_mod_grad``, on ``device`` ("cpu" or "cuda")."""
+    ``score_mod_grad``, on ``device`` ("cpu" or "cuda"); and the gradients of
+    ``mod_args`` as a fourth result when ``score_mod_args_grad`` is given
+    (:func:`run_args_backward`, CPU only)."""
     lay = _layout(q, k, v, kw, scale, mods, others=(out, grad_out))
     n_bh, n_q, _ = lay.qf.shape
     n_kv, n_k, _ = lay.kf.shape
@@ -554,9 +636,12 @@ def flex_backward(q, k, v, out, lse, grad_out, kw: Keywords, scale, mods: Mods, 
     else:
         with blas_one_thread(), serial_below(lay.work, config.FLASH_SERIAL_WORK):
             dq, dk, dv = run_backward(*arrays, tiles, mods, lay.dtype)
+            if mods.args_grad is not None:
+                d_args = run_args_backward(*arrays[:-1], tiles, mods, lay.dtype)
     q_shape, k_shape, v_shape = lay.shapes
-    return (
+    grads = (
         unbroadcast(dq.reshape(lay.lead + dq.shape[1:]), q_shape),
         unbroadcast(dk.reshape(lay.kv_lead + dk.shape[1:]), k_shape),
         unbroadcast(dv.reshape(lay.kv_lead + dv.shape[1:]), v_shape),
     )
+    return grads if mods.args_grad is None else grads + (d_args,)

@@ -69,7 +69,15 @@ from .flash_args import (
     value_scales,
     varlen_tiles,
 )
-from .flex import check_mods, check_on_cpu, item_table, run_backward, run_forward, uses_flex
+from .flex import (
+    check_mods,
+    check_on_cpu,
+    item_table,
+    run_args_backward,
+    run_backward,
+    run_forward,
+    uses_flex,
+)
 from .lengths import as_cu_seqlens, check_max_seqlen
 
 __all__ = ["flash_attention_varlen", "flash_attention_varlen_backward"]
@@ -239,7 +247,10 @@ def _flex_backward(packed, of, lf, gf, mods):
     scale = packed.score.scale
     arrays = (packed.qf, packed.kf, packed.vf, of, lf, gf, packed.kv_index, n_heads, table, scale)
     with blas_one_thread(), serial_below(packed.work, config.FLASH_SERIAL_WORK):
-        return run_backward(*arrays, tiles, mods, packed.dtype)
+        grads = run_backward(*arrays, tiles, mods, packed.dtype)
+        if mods.args_grad is None:
+            return grads, None
+        return grads, run_args_backward(*arrays[:-1], tiles, mods, packed.dtype)
 
 
 def _run(kernel, device, packed, items, cost, arrays, dropout, tiles):
@@ -417,8 +428,10 @@ def flash_attention_varlen_backward(
     block_mask=None,
     mod_args=(),
     score_mod_grad=None,
+    score_mod_args_grad=None,
 ):
-    """Gradients of :func:`flash_attention_varlen`: ``(dq, dk, dv)``.
+    """Gradients of :func:`flash_attention_varlen`: ``(dq, dk, dv)``, and ``(dq, dk, dv,
+    dmod_args)`` when ``score_mod_args_grad`` is given.
 
     Per sequence the gradients of :func:`nbattn.flash_attention_backward`
     (see there for the formulas), packed as the inputs are. ``out`` and
@@ -429,14 +442,25 @@ def flash_attention_varlen_backward(
     ``enable_gqa``. ``score_mod``, ``mask_mod``, ``mod_args`` (and the refused
     ``block_mask``) as in the forward call, with the index convention there;
     the derivative of ``score_mod`` is taken by the complex step, or given as
-    ``score_mod_grad``, as in :func:`nbattn.flash_attention_backward`.
+    ``score_mod_grad``, as in :func:`nbattn.flash_attention_backward`; so are the
+    gradients of the ``mod_args`` arrays with ``score_mod_args_grad`` (``b`` the
+    sequence, ``q_idx`` and ``kv_idx`` counted from its start, sums over all
+    sequences).
     """
     kw = check_keywords(causal, enable_gqa, window, causal_alignment, softcap, dropout_p)
     mods = None
-    if uses_flex(score_mod, mask_mod, block_mask, score_mod_grad, mod_args):
+    if uses_flex(score_mod, mask_mod, block_mask, score_mod_grad, mod_args, score_mod_args_grad):
         entry = "flash_attention_varlen"
         mods = check_mods(
-            score_mod, mask_mod, block_mask, mod_args, score_mod_grad, kw, None, entry
+            score_mod,
+            mask_mod,
+            block_mask,
+            mod_args,
+            score_mod_grad,
+            kw,
+            None,
+            entry,
+            score_mod_args_grad=score_mod_args_grad,
         )
         check_on_cpu(device, q, k, v, out, lse, grad_out)
     else:
@@ -461,8 +485,9 @@ def flash_attention_varlen_backward(
     of = flat_batch(out, packed.lead, packed.dtype)
     lf = np.ascontiguousarray(lse.reshape(-1, t_q), dtype=np.float64)
     gf = flat_batch(grad_out, packed.lead, packed.dtype)
+    d_args = None
     if mods is not None:
-        dq, dk, dv = _flex_backward(packed, of, lf, gf, mods)
+        (dq, dk, dv), d_args = _flex_backward(packed, of, lf, gf, mods)
     else:
         dropout = dropout_words(kw.dropout_p, random_state, t_q, t_k, for_backward=True)
         items, cost = packed.backward_items()
@@ -471,8 +496,9 @@ def flash_attention_varlen_backward(
         kernel = kernels_for("varlen", device).varlen_backward
         dq, dk, dv = _run(kernel, device, packed, items, cost, arrays, dropout, tiles)
     q_shape, k_shape, v_shape = packed.shapes
-    return (
+    grads = (
         unbroadcast(dq.reshape(packed.lead + dq.shape[1:]), q_shape),
         unbroadcast(dk.reshape(packed.kv_lead + dk.shape[1:]), k_shape),
         unbroadcast(dv.reshape(packed.kv_lead + dv.shape[1:]), v_shape),
     )
+    return grads if d_args is None else grads + (d_args,)

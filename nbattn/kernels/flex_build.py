@@ -26,6 +26,11 @@ anew from its ``py_func`` (its dispatcher may hold code compiled with older
 values of its globals). The cache directory is ``$NBATTN_FLEX_DIR``, else
 ``$XDG_CACHE_HOME/nbattn/flex`` (``~/.cache/nbattn/flex``), else a fresh
 temporary directory when neither can be written.
+
+The gradients with respect to ``mod_args`` are a second template,
+``nbattn.kernels.flex_args``, specialised the same way on (``score_mod``,
+``mask_mod``, ``score_mod_args_grad``) into ``nbattn_flex_args_<key>.py``
+(:func:`specialise_args`): only calls that pass ``score_mod_args_grad`` build it.
 """
 
 from __future__ import annotations
@@ -51,13 +56,24 @@ from numba.core.registry import CPUDispatcher
 from .. import config
 from .flex_shared import tanh
 
-__all__ = ["block_states", "call", "check_signature", "fingerprint", "specialise", "tanh"]
+__all__ = [
+    "block_states",
+    "call",
+    "call_args",
+    "check_signature",
+    "fingerprint",
+    "specialise",
+    "specialise_args",
+    "tanh",
+]
 
 _TEMPLATE = Path(__file__).with_name("flex.py")
 #: The template's source and its hash, read once (a module is keyed by both).
 _SOURCE = _TEMPLATE.read_text()
 _SOURCE_BYTES = _SOURCE.encode()
 _SOURCE_HASH = hashlib.sha256(_SOURCE_BYTES).hexdigest()
+_ARGS_BYTES = _TEMPLATE.with_name("flex_args.py").read_bytes()
+_ARGS_HASH = hashlib.sha256(_ARGS_BYTES).hexdigest()
 _MODULES: dict = {}
 #: Held while a module is loaded and its functions bound: a second thread asking for the
 #: same functions meanwhile would get the half-executed module (no kernels yet, or the
@@ -229,32 +245,34 @@ def _jitted(fn):
     return njit(fastmath=config.FASTMATH)(_py_func(fn))
 
 
-def _write(path: Path):
-    """The template's source written to ``path`` atomically (a temporary file replaced)."""
+def _write(path: Path, source: bytes):
+    """``source`` written to ``path`` atomically (a temporary file replaced)."""
     path.parent.mkdir(parents=True, exist_ok=True)  # the folder may have been removed
     tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_bytes(_SOURCE_BYTES)
+    tmp.write_bytes(source)
     os.replace(tmp, path)
 
 
-def _load(key: str):
-    """The generated module ``nbattn_flex_<key>``: written once, imported once per process.
+def _load(key: str, prefix="nbattn_flex", source=None):
+    """The generated module ``<prefix>_<key>`` (of the template ``source``, by default
+    ``flex.py``'s): written once, imported once per process.
 
     A file that is not the template's source (truncated, edited, from another
     version) is written anew before it is imported; a module whose import fails
     is dropped from ``sys.modules``, so the next call starts over.
     """
-    name = f"nbattn_flex_{key}"
+    source = _SOURCE_BYTES if source is None else source
+    name = f"{prefix}_{key}"
     if name in sys.modules:
         return sys.modules[name]
     path = _cache_dir() / f"{name}.py"
     try:
-        intact = path.read_bytes() == _SOURCE_BYTES
+        intact = path.read_bytes() == source
     except OSError:
         intact = False
     if not intact:
         # rewritten only when damaged (numba's cache keys on the file's mtime)
-        _write(path)
+        _write(path, source)
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
@@ -292,6 +310,61 @@ def specialise(score_mod=None, mask_mod=None, score_grad=None):
             module.value_and_grad = module._user_grad
         _MODULES[key] = module  # published bound, never before
     return module
+
+
+def specialise_args(score_mod=None, mask_mod=None, args_grad=None):
+    """The kernels of ``nbattn.kernels.flex_args`` (gradients with respect to ``mod_args``)
+    with ``score_mod``, ``mask_mod`` and ``score_mod_args_grad`` bound: a module of its own,
+    keyed as :func:`specialise`'s (and by both templates' source: it imports helpers of
+    ``flex``), built only for calls that ask for these gradients."""
+    prints = (
+        _SOURCE_HASH,
+        _ARGS_HASH,
+        fingerprint(score_mod, "score_mod"),
+        fingerprint(mask_mod, "mask_mod"),
+        fingerprint(args_grad, "score_mod_args_grad"),
+    )
+    key = "args_" + hashlib.sha256(repr(prints).encode()).hexdigest()[:24]
+    module = _MODULES.get(key)
+    if module is not None:
+        return module
+    with _LOCK:
+        if key in _MODULES:
+            return _MODULES[key]
+        module = _load(key[5:], "nbattn_flex_args", _ARGS_BYTES)
+        for name, fn in (
+            ("score_mod", score_mod),
+            ("mask_mod", mask_mod),
+            ("score_mod_args_grad", args_grad),
+        ):
+            if fn is not None:
+                setattr(module, name, _jitted(fn))
+        _MODULES[key] = module  # published bound, never before
+    return module
+
+
+def call_args(module, mods, dtype, grads, *args):
+    """``module.flex_args_backward(*args, grads)``, with a ValueError naming
+    ``score_mod_args_grad`` when it does not compile for these arguments (checked
+    first, alone, by the module's ``check_args_grad``)."""
+    score_t = typeof(dtype(0))
+    try:
+        module.check_args_grad.compile(
+            (nb_types.float64, score_t, typeof(mods.score_args), typeof(grads))
+        )
+    except (TypingError, NotImplementedError) as exc:
+        raise ValueError(
+            "score_mod_args_grad(grad_score, score, b, h, q_idx, kv_idx, *mod_args, "
+            f"*mod_args_grads) could not be compiled for grad_score float64, score {score_t}, "
+            f"mod_args {tuple(typeof(a) for a in mods.score_args)} and the float64 gradient "
+            f"arrays {tuple(typeof(g) for g in grads)} (one per mod_args entry, each of "
+            f"its entry's shape; a placeholder for an entry without gradient): "
+            f"{_first_line(exc)}"
+        ) from None
+    try:
+        return module.flex_args_backward(*args, grads)
+    except (TypingError, NotImplementedError) as exc:
+        raise ValueError(_diagnose(exc, mods, dtype, False)) from None
 
 
 def block_states(mask_mod, n_b, n_h, n_q, n_k, block_q, block_k, mask_args):

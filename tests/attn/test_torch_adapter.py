@@ -272,7 +272,7 @@ def test_opcheck():
     gqa = _qkv(kv_heads=H_KV)
     mask = torch.rand(B, 1, L, S) > 0.3
     args = (*gqa, mask, None, [], [], [], "", False, None, True) + (None, None, "top_left")
-    args += (None, 0.0, "", "", "", "")
+    args += (None, 0.0, "", "", "", "", "")
     torch.library.opcheck(torch.ops.nbattn.flash_attention.default, args)
 
 

@@ -457,7 +457,7 @@ def test_fake_outputs_have_the_real_outputs_strides_for_transposed_inputs():
         for x in _qkv(((2, 3, 5, 4), (2, 3, 6, 4), (2, 3, 6, 3)))
     )
     settings = ([], [], [], "", True, None, False, None, None, "top_left", None, 0.0)
-    settings += ("", "", "", "")
+    settings += ("", "", "", "", "")
     forward = (q, k, v, None, None, *settings)
     torch.library.opcheck(torch.ops.nbattn.flash_attention.default, forward)
     out, lse = torch.ops.nbattn.flash_attention(*forward)
