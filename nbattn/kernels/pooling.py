@@ -409,6 +409,22 @@ def pool_row(query_row, keys_t, values_t, own, scores, acc):
     return running_max, running_sum
 
 
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def near_row(query_row, keys_t, values_t, own, scores, acc):
+    """:func:`pool_row` without its far paths: ``(m, l, far)``, where ``far`` says that
+    the row is one of the far rows (module docstring), for which ``pool_row`` gives the
+    answer instead. The streaming pass leaves the far rows to a second kernel, compiled
+    only when a call has one (their paths cost the first compile about 4 s)."""
+    running_max, running_sum = _online_row(query_row, keys_t, values_t, own, scores, acc)
+    limit = far_score(scores)
+    far = (
+        (limit < _FAR_SCORE_FLOAT64 and not running_max >= -limit)
+        or running_max < -_FAR_SCORE_FLOAT64
+        or (running_max == -np.inf and has_admissible_key(keys_t.shape[1], own))
+    )
+    return running_max, running_sum, far
+
+
 # --------------------------------------------------------------------------- one pass
 # A Gaussian score is never positive, so exp(s) <= 1 cannot overflow and the
 # first attempt at a row needs no running maximum: one fused pass per key
@@ -582,24 +598,19 @@ def gaussian_pool(queries, keys_t, values_t, exclude_self, self_offset=0):
     See the module docstring for the layout of the arguments. With
     ``exclude_self``, query i skips key ``i + self_offset`` (the offset places
     a block of query rows inside the keys, for leave-one-out over partitions).
-    Each row is one fused pass where its weights allow it (``pool_row_one_pass``),
-    else the max-shifted online softmax and the far-row paths of ``pool_row``;
-    a row after one that failed the one-pass bound goes to ``pool_row`` directly.
-    The chunks of queries are the work items of :func:`nbattn.kernels.items.run_items`.
+    Each row is one fused pass where its weights allow it (``one_pass_row``),
+    else the max-shifted online softmax (``near_row``); a row after one that failed
+    the one-pass bound goes to ``near_row`` directly. The far rows (module docstring)
+    are then computed by ``pool_row`` in a second kernel, :func:`_far_items`.
+    The chunks of queries, then the far rows, are the work items of
+    :func:`nbattn.kernels.items.run_items`.
     """
     exponents, values_s, log_min_sum, out, lse = _pool_setup(queries, keys_t, values_t)
-    run_items(
-        _pool_items,
-        queries,
-        keys_t,
-        values_s,
-        bool(exclude_self),
-        np.int64(self_offset),
-        exponents,
-        log_min_sum,
-        out,
-        lse,
-    )
+    rows = (queries, keys_t, values_s, bool(exclude_self), np.int64(self_offset), exponents)
+    far = np.zeros(queries.shape[0], dtype=np.bool_)
+    run_items(_pool_items, *rows, log_min_sum, out, lse, far)
+    if far.any():
+        run_items(_far_items, *rows, np.flatnonzero(far), out, lse)
     return out, lse
 
 
@@ -619,10 +630,20 @@ def _pool_setup(queries, keys_t, values_t):
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
 def _pool_items(
-    counter, queries, keys_t, values_s, exclude_self, self_offset, exponents, log_min_sum, out, lse
+    counter,
+    queries,
+    keys_t,
+    values_s,
+    exclude_self,
+    self_offset,
+    exponents,
+    log_min_sum,
+    out,
+    lse,
+    far,
 ):
     """The chunks of queries that ``counter`` hands this thread: their rows of ``out`` and
-    ``lse``."""
+    ``lse``, except the far rows, marked in ``far`` (and left to :func:`_far_items`)."""
     n_queries = queries.shape[0]
     n_outputs = values_s.shape[0]
     dtype = queries.dtype
@@ -637,16 +658,41 @@ def _pool_items(
         try_one_pass = True
         for i in range(chunk * _QUERY_BLOCK, stop):
             own = i + self_offset if exclude_self else -1
+            total = 0.0
             if try_one_pass:
-                running_max, running_sum = pool_row_one_pass(
+                total = one_pass_row(queries[i], keys_t, values_s, own, scores, acc)
+            if try_one_pass and total >= one_pass_min_sum(keys_t.shape[1], scores):
+                running_max, running_sum, is_far = 0.0, total, False
+            else:
+                running_max, running_sum, is_far = near_row(
                     queries[i], keys_t, values_s, own, scores, acc
                 )
-            else:
-                running_max, running_sum = pool_row(queries[i], keys_t, values_s, own, scores, acc)
             # Neighbouring queries tend to be alike: after a row whose unshifted sum
-            # would have failed the bound, the next row starts with the shifted path.
+            # would have failed the bound (a far row always would), the next row starts
+            # with the shifted path.
             try_one_pass = running_sum > 0.0 and running_max + np.log(running_sum) >= log_min_sum
-            store_row(out, lse, i, running_max, running_sum, acc, exponents)
+            if is_far:
+                far[i] = True
+                try_one_pass = False
+            else:
+                store_row(out, lse, i, running_max, running_sum, acc, exponents)
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
+def _far_items(
+    counter, queries, keys_t, values_s, exclude_self, self_offset, exponents, rows, out, lse
+):
+    """The far rows ``rows`` (one per item) of :func:`gaussian_pool`, by ``pool_row``."""
+    scores = np.empty(_KEY_BLOCK, dtype=queries.dtype)
+    acc = np.empty(values_s.shape[0], dtype=np.float64)
+    while True:
+        t = next_item(counter)
+        if t >= rows.shape[0]:
+            return
+        i = rows[t]
+        own = i + self_offset if exclude_self else -1
+        running_max, running_sum = pool_row(queries[i], keys_t, values_s, own, scores, acc)
+        store_row(out, lse, i, running_max, running_sum, acc, exponents)
 
 
 def gaussian_weights(queries, keys_t, exclude_self):
