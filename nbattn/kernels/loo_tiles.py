@@ -268,6 +268,13 @@ def _shifted_exps(row, best, keys_v, width, f_row):
 # ---------------------------------------------------------------- the tile body and the entries
 
 
+def _choice(use_gemm, gemm_max_radius2, refine_max_radius2):
+    """The kernels' :data:`ScoreChoice`, or None without GEMM scores."""
+    if not use_gemm:
+        return None
+    return ScoreChoice(True, float(gemm_max_radius2), float(refine_max_radius2))
+
+
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def _tile_rows_pass(queries, i0, nb, keys, choice, work, pair, sums):
     """The one tile body of both kernels: rows ``queries.rows[i0:i0+nb]`` against the
@@ -279,7 +286,8 @@ def _tile_rows_pass(queries, i0, nb, keys, choice, work, pair, sums):
     ``sums.far``. ``work`` and ``pair`` are the thread's :data:`GemmWork` and
     ``loo_fused.PairWork``.
 
-    Scores (``choice``, a :data:`ScoreChoice`): GEMM when the block's squared radius is
+    Scores (``choice``, a :data:`ScoreChoice`, or None: direct scores only, and the
+    GEMM code is not compiled): GEMM when the block's squared radius is
     at most ``gemm_max_radius2``; GEMM then exact differences for the keys near each
     row's best (section "refined GEMM scores") up to ``refine_max_radius2``; direct
     beyond (``loo_fused.direct_rows_pass``).
@@ -291,13 +299,11 @@ def _tile_rows_pass(queries, i0, nb, keys, choice, work, pair, sums):
     row_sums, gx, near, dist = work.row_sums, work.gx, work.near, work.dist
     p = keys_v.shape[0]
     sse = 0.0
-    refine = False
-    use_gemm = choice.use_gemm
-    if use_gemm:
-        radius2 = _block_radius2(z_t, rows, i0, nb, work.centre)
-        refine = radius2 > choice.gemm_max_radius2
-        use_gemm = radius2 <= max(choice.gemm_max_radius2, choice.refine_max_radius2)
-    if not use_gemm:
+    if choice is None:  # decided when the kernel compiles: no GEMM code without GEMMs
+        return direct_rows_pass(queries, i0, nb, keys, pair, sums)
+    radius2 = _block_radius2(z_t, rows, i0, nb, work.centre)
+    refine = radius2 > choice.gemm_max_radius2
+    if not radius2 <= max(choice.gemm_max_radius2, choice.refine_max_radius2):
         return direct_rows_pass(queries, i0, nb, keys, pair, sums)
     tile = work.tile[: nb * width].reshape((nb, width))
     _gemm_scores(queries, i0, nb, keys, work, tile, refine)
@@ -449,9 +455,7 @@ def loo_tiles(
         targets,
         rows,
         np.int64(block_rows),
-        bool(use_gemm),
-        float(gemm_max_radius2),
-        float(refine_max_radius2),
+        _choice(use_gemm, gemm_max_radius2, refine_max_radius2),
         np.int64(n_blocks),
         partial_sse,
         partial_m,
@@ -471,9 +475,7 @@ def _tiles_items(
     targets,
     rows,
     block_rows,
-    use_gemm,
-    gemm_max_radius2,
-    refine_max_radius2,
+    choice,
     n_blocks,
     partial_sse,
     partial_m,
@@ -490,9 +492,8 @@ def _tiles_items(
         group = next_item(counter)
         if group >= n_groups:
             return
-        work, pair = _workspace(k, n, d, p, block_rows, use_gemm)
+        work, pair = _workspace(k, n, d, p, block_rows, choice is not None)
         queries = TileQueries(z_t, points, targets, rows)
-        choice = ScoreChoice(use_gemm, gemm_max_radius2, refine_max_radius2)
         own_at = np.empty(block_rows, dtype=np.int64)
         keys = TileKeys(z_t, values_t, points, points_t, n, own_at)
         sums = TileSums(partial_c[group], partial_m[group], far)
@@ -547,9 +548,7 @@ def loo_tiles_boxed(
         targets,
         rows,
         np.int64(block_rows),
-        bool(use_gemm),
-        float(gemm_max_radius2),
-        float(refine_max_radius2),
+        _choice(use_gemm, gemm_max_radius2, refine_max_radius2),
         leaf_start,
         box_lo,
         box_hi,
@@ -573,9 +572,7 @@ def _boxed_items(
     targets,
     rows,
     block_rows,
-    use_gemm,
-    gemm_max_radius2,
-    refine_max_radius2,
+    choice,
     leaf_start,
     box_lo,
     box_hi,
@@ -597,9 +594,8 @@ def _boxed_items(
         group = next_item(counter)
         if group >= n_groups:
             return
-        work, pair = _workspace(k, n, d, p, block_rows, use_gemm)
+        work, pair = _workspace(k, n, d, p, block_rows, choice is not None)
         queries = TileQueries(z_t, points, targets, rows)
-        choice = ScoreChoice(use_gemm, gemm_max_radius2, refine_max_radius2)
         keep = np.empty(n_leaves, dtype=np.bool_)
         reach = np.empty(block_rows)
         key_index = np.empty(n, dtype=np.int64)
