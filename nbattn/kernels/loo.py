@@ -79,6 +79,7 @@ from .pooling import (
     far_score,
     far_state,
     has_admissible_key,
+    near_row,
     pool_row,
 )
 
@@ -455,26 +456,37 @@ def loo_squared_error(queries, keys_t, values_t, targets, self_index):
     row numbers as ``self_index``) an unbiased estimate of it. A query with
     no admissible key (n = 1) predicts 0.
     The chunks of queries are the work items of :func:`nbattn.kernels.items.run_items`,
-    each with its own partial sum, added in chunk order.
+    each with its own partial sum, added in chunk order. The far rows
+    (``pooling.near_row``) are left to a second kernel, compiled only when a call has
+    one, and their errors are added to their chunks' sums in row order.
     """
     partial = np.zeros((queries.shape[0] + _QUERY_BLOCK - 1) // _QUERY_BLOCK)
-    run_items(_squared_error_items, queries, keys_t, values_t, targets, self_index, partial)
+    far = np.zeros(queries.shape[0], dtype=np.bool_)
+    args = (queries, keys_t, values_t, targets, self_index)
+    run_items(_squared_error_items, *args, partial, far)
+    if far.any():
+        rows = np.flatnonzero(far)
+        errors = np.zeros(rows.shape[0])
+        run_items(_far_errors_items, *args, rows, errors)
+        for row, error in zip(rows, errors):
+            partial[row // _QUERY_BLOCK] += error
     return sum_in_order(partial)
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
-def _squared_error_items(counter, queries, keys_t, values_t, targets, self_index, partial):
+def _squared_error_items(counter, queries, keys_t, values_t, targets, self_index, partial, far):
     """The chunks of queries that ``counter`` hands this thread (:func:`_squared_error_chunk`)."""
     while True:
         chunk = next_item(counter)
         if chunk >= partial.shape[0]:
             return
-        _squared_error_chunk(queries, keys_t, values_t, targets, self_index, chunk, partial)
+        _squared_error_chunk(queries, keys_t, values_t, targets, self_index, chunk, partial, far)
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
-def _squared_error_chunk(queries, keys_t, values_t, targets, self_index, chunk, partial):
-    """The squared errors of the queries of chunk ``chunk`` into ``partial[chunk]``."""
+def _squared_error_chunk(queries, keys_t, values_t, targets, self_index, chunk, partial, far):
+    """The squared errors of the queries of chunk ``chunk`` into ``partial[chunk]``, but
+    for its far rows, marked in ``far``."""
     n_queries = queries.shape[0]
     n_outputs = values_t.shape[0]
     dtype = queries.dtype
@@ -483,9 +495,34 @@ def _squared_error_chunk(queries, keys_t, values_t, targets, self_index, chunk, 
     stop = min(n_queries, (chunk + 1) * _QUERY_BLOCK)
     sq = 0.0
     for i in range(chunk * _QUERY_BLOCK, stop):
-        _, running_sum = pool_row(queries[i], keys_t, values_t, self_index[i], scores, acc)
-        inv = 1.0 / running_sum if running_sum > 0.0 else 0.0
-        for c in range(n_outputs):
-            err = acc[c] * inv - targets[i, c]
-            sq += err * err
+        _, running_sum, is_far = near_row(queries[i], keys_t, values_t, self_index[i], scores, acc)
+        if is_far:
+            far[i] = True
+            continue
+        sq = _add_row_error(sq, acc, running_sum, targets[i])
     partial[chunk] = sq
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _add_row_error(sq, acc, running_sum, target):
+    """sq + sum_c (acc[c] / running_sum - target[c])^2, added term by term (a row without
+    weight predicts 0)."""
+    inv = 1.0 / running_sum if running_sum > 0.0 else 0.0
+    for c in range(acc.shape[0]):
+        err = acc[c] * inv - target[c]
+        sq += err * err
+    return sq
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
+def _far_errors_items(counter, queries, keys_t, values_t, targets, self_index, rows, errors):
+    """The squared errors of the far rows ``rows`` (one per item), by ``pool_row``."""
+    scores = np.empty(_KEY_BLOCK, dtype=queries.dtype)
+    acc = np.empty(values_t.shape[0], dtype=np.float64)
+    while True:
+        t = next_item(counter)
+        if t >= rows.shape[0]:
+            return
+        i = rows[t]
+        _, running_sum = pool_row(queries[i], keys_t, values_t, self_index[i], scores, acc)
+        errors[t] = _add_row_error(0.0, acc, running_sum, targets[i])
