@@ -705,30 +705,37 @@ def gaussian_weights(queries, keys_t, exclude_self):
     the work items of :func:`nbattn.kernels.items.run_items`.
     """
     weights = np.zeros((queries.shape[0], keys_t.shape[1]), dtype=queries.dtype)
-    run_items(_weights_items, queries, keys_t, bool(exclude_self), weights)
+    far = np.zeros(queries.shape[0], dtype=np.bool_)
+    run_items(_weights_items, queries, keys_t, bool(exclude_self), weights, far)
+    if far.any():  # their own kernel, compiled only when a call has one
+        run_items(
+            _far_weights_items, queries, keys_t, bool(exclude_self), np.flatnonzero(far), weights
+        )
     return weights
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
-def _weights_items(counter, queries, keys_t, exclude_self, weights):
-    """The rows of ``weights`` that ``counter`` hands this thread."""
+def _weights_items(counter, queries, keys_t, exclude_self, weights, far):
+    """The rows of ``weights`` that ``counter`` hands this thread, but the far ones,
+    marked in ``far``."""
     while True:
         i = next_item(counter)
         if i >= queries.shape[0]:
             return
-        _weights_row(queries, keys_t, exclude_self, i, weights)
+        far[i] = not _weights_row(queries, keys_t, exclude_self, i, weights)
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE)
-def _weights_row(queries, keys_t, exclude_self, i, weights):
-    """Row ``i`` of ``weights``."""
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
+def _far_weights_items(counter, queries, keys_t, exclude_self, rows, weights):
+    """The far rows ``rows`` of ``weights`` (one per item): the anchored weights of
+    ``far_state`` (module docstring)."""
     n_keys = keys_t.shape[1]
-    row = weights[i]
-    _block_scores(queries[i], keys_t, 0, n_keys, row)
-    if exclude_self and i < n_keys:
-        row[i] = -np.inf
-    best = row_max(row)
-    if best < -far_score(row) or best == -np.inf:
+    while True:
+        t = next_item(counter)
+        if t >= rows.shape[0]:
+            return
+        i = rows[t]
+        row = weights[i]
         row[:] = 0.0
         own = np.int64(i) if exclude_self else np.int64(-1)
         anchor, c, _, shift, total = far_state(queries[i], keys_t, own)
@@ -737,11 +744,24 @@ def _weights_row(queries, keys_t, exclude_self, i, weights):
             inv_total = like(1.0 / total, row)
             for j in range(n_keys):
                 row[j] *= inv_total
-        return
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _weights_row(queries, keys_t, exclude_self, i, weights):
+    """Row ``i`` of ``weights`` and True; for a far row False, its scores left in the row."""
+    n_keys = keys_t.shape[1]
+    row = weights[i]
+    _block_scores(queries[i], keys_t, 0, n_keys, row)
+    if exclude_self and i < n_keys:
+        row[i] = -np.inf
+    best = row_max(row)
+    if best < -far_score(row) or best == -np.inf:
+        return False
     total = exp_shift_sum(row, best)
     inv_total = 1.0 / total
     for j in range(n_keys):
         row[j] *= inv_total
+    return True
 
 
 # --------------------------------------------------------------------------- layout
