@@ -488,9 +488,10 @@ EXTREMES = {
     "tied 1e300 entries": lambda t, t2, c, centre: t2[1].__setitem__(2, 1e300),
 }
 TIES = (
-    "lse = max + log(sum) rounds to the maximum when the scores are beyond 2**53: "
-    "P = exp(s - lse) is then 1 on each of n tied maxima instead of 1 / n, and the "
-    "gradients of such rows (dq, dk, dv and those of mod_args) come n times too large"
+    "lse = max + log(sum) rounds to the maximum when log(sum) is below half an ulp of "
+    "it (scores of 1e300 here): P = exp(s - lse) is then 1 on each of n tied maxima "
+    "instead of 1 / n, and the gradients of such rows (dq, dk, dv and those of mod_args) "
+    "come n times too large"
 )
 
 
@@ -534,7 +535,7 @@ def test_float32_extremes():
     reason="with float32 q, k, v the forward stores score_mod's float64 result (a float64 "
     "table) rounded to float32, and its lse is of those scores, but the mod_args pass "
     "takes P = exp(s - lse) with s unrounded: at 2e38 the difference (~1e31) makes P inf "
-    "and the gradients of table2 and cap NaN, while dq, dk and dv stay right",
+    "and the gradients of table, table2 and cap NaN, while dq, dk and dv stay right",
 )
 def test_float32_inputs_with_a_float64_table_entry_of_2e38():
     q, k, v, g, args, keep = _small(seed=9)
