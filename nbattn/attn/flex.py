@@ -239,6 +239,10 @@ class Mods:
     mask_args: tuple
     score_grad: object = None
     args_grad: object = None
+    #: the dtype of each ``mod_args`` entry as the caller gave it (None for a number):
+    #: the dtype of its gradient (the kernels see float16 as float32, any byte order
+    #: as native)
+    arg_dtypes: tuple = ()
 
 
 def uses_flex(
@@ -347,8 +351,18 @@ def check_mods(
         mask_mod, mask_args = block_mask.mask_mod, block_mask.mod_args
     elif mask_mod is not None:
         build.check_signature(mask_mod, "mask_mod", 4, len(args), _MASK_PARAMS)
+    arg_dtypes = tuple(
+        arg.dtype if isinstance(arg, np.ndarray) else None for arg in (mod_args or ())
+    )
     return Mods(
-        score_mod, mask_mod, block_mask, args, mask_args, score_mod_grad, score_mod_args_grad
+        score_mod,
+        mask_mod,
+        block_mask,
+        args,
+        mask_args,
+        score_mod_grad,
+        score_mod_args_grad,
+        arg_dtypes,
     )
 
 
@@ -455,14 +469,14 @@ def run_args_backward(qf, kf, vf, of, lf, gf, kv_index, n_heads, items, tiles, m
     arrays = (qf, kf, vf, of, lf, gf, kv_index, n_heads, _blocks(mods, slices), items, slices)
     build.call_args(kernels, mods, dtype, grads, *arrays, args, mods.mask_args)
     results = []
-    for arg, buffer in zip(args, grads):
+    for arg, buffer, given in zip(args, grads, mods.arg_dtypes, strict=True):
         if not (isinstance(arg, np.ndarray) and arg.dtype.kind == "f"):
             results.append(None)
             continue
-        total = buffer[0].copy()
+        total = np.array(buffer[0])  # a copy; a 0-d array for a 0-d entry, not a scalar
         for slot in range(1, n_slots):
             total += buffer[slot]
-        results.append(total.astype(arg.dtype))
+        results.append(total.astype(given))
     return tuple(results)
 
 

@@ -36,13 +36,14 @@ call asks for these gradients: the ordinary backward compiles none of it.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.core.errors import TypingError
 from numba.extending import overload
 
 from nbattn import config
 from nbattn.kernels.blas import gemm
 from nbattn.kernels.flash import _transpose_into, backward_rows
-from nbattn.kernels.flex import _band_limits, _block_state, keep_entry, real_score
+from nbattn.kernels.flex import _band_limits, _block_state, keep_entry, real_score, tile_score
 from nbattn.kernels.items import next_item, run_items
 
 
@@ -81,14 +82,29 @@ def _slot_views_overload(grads, slot):
     return space["views"]
 
 
+def returns_nothing(x):
+    """Refuses (at compile time) a ``score_mod_args_grad`` that returns a value: it must
+    add into its gradient arrays, and a returned gradient would be lost."""
+    return x
+
+
+@overload(returns_nothing, inline="always")
+def _returns_nothing_overload(x):
+    if isinstance(x, (types.NoneType, types.Omitted)) or x == types.none:
+        return lambda x: None
+    raise TypingError(
+        f"score_mod_args_grad must add into its gradient arrays and return nothing; it returns {x}"
+    )
+
+
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def check_args_grad(grad_score, score, score_args, grads):
     """``score_mod_args_grad`` as the kernel calls it: compiled (never run, it would write
-    into ``grads``) before the kernel, so that a function of the wrong type is refused
-    before the kernel is typed."""
+    into ``grads``) before the kernel, so that a function of the wrong type, or one that
+    returns a value, is refused before the kernel is typed."""
     index = np.int64(0)
     arguments = score_args + slot_views(grads, index)
-    score_mod_args_grad(grad_score, score, index, index, index, index, *arguments)
+    returns_nothing(score_mod_args_grad(grad_score, score, index, index, index, index, *arguments))
 
 
 def flex_args_backward(
@@ -233,8 +249,12 @@ def _args_item(
                         if state == 1 and not keep_entry(mask_mod(b, h, i, kv_idx, *mask_args)):
                             continue
                         score = st[r, j]
+                        # rounded to the tiles' dtype, as the forward stored it (lse is
+                        # of that value: a float64 value of a float32 call is not)
                         value = np.float64(
-                            real_score(score_mod(score, b, h, i, kv_idx, *score_args))
+                            tile_score(
+                                real_score(score_mod(score, b, h, i, kv_idx, *score_args)), st
+                            )
                         )
                         if value == -np.inf:
                             continue
