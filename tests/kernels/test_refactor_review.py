@@ -210,8 +210,10 @@ def _same_numbers(a, b, what, tol=1e-13):
 @pytest.mark.parametrize("band", ["none", "causal"])
 def test_neutral_groups_give_the_plain_call(band):
     """A group that does nothing (zero masks, an all-true mask, zero slopes, a zero key
-    bias) gives the bits of the call without it: adding 0 changes no score, and the
-    None and the full specialisations sum in the same order."""
+    bias) gives the numbers of the call without it. In one compile state the bits are
+    equal too (adding 0 changes no score, the sums run in the same order), but a
+    kernel loaded from numba's on-disk cache can differ in the last bit from the same
+    kernel compiled in the process, so two specialisations are compared to rounding."""
     plain = BANDS[band]
     zero = np.zeros((B, H, L, S))
     cases = {
@@ -224,8 +226,7 @@ def test_neutral_groups_give_the_plain_call(band):
     for what, (kw, bias) in cases.items():
         base = dict(causal="causal" in band) if bias else plain
         a, b = _pair(base, kw, bias=bias)
-        for x, y in zip(a, b):
-            assert np.array_equal(x, y), what
+        _same_numbers(a, b, what, tol=1e-14)
 
 
 @pytest.mark.usefixtures("small_tiles")
