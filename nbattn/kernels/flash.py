@@ -110,7 +110,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+from numba import njit, types
 from numba.extending import overload
 
 from .. import config
@@ -291,24 +291,12 @@ def _tile_order(t, n):
     return n - 1 - half
 
 
-# error_model="numpy": without it the division (1 - e) / (1 + e) checks for a zero divisor
-# (never: 1 + e >= 1), a branch that keeps the loop from vectorising (measured 1.8x).
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, error_model="numpy")
 def _tanh_in_place(row, inv_cap, cap, saved, save):
-    """``row[j] <- cap * tanh(row[j] * inv_cap)``; ``saved[j] <- tanh(...)`` when ``save``.
-
-    tanh(x) = sign(x) (1 - e) / (1 + e) with e = exp(-2|x|) = 2**(-2|x| log2 e):
-    the inlined ``exp2`` keeps the loop vectorised (numba's ``np.tanh`` is a
-    scalar libm call) and the error stays within a few ulps of 1.
-    """
-    two_log2e = like(2.0 * LOG2E, row)
-    one = like(1.0, row)
+    """``row[j] <- cap * tanh(row[j] * inv_cap)``; ``saved[j] <- tanh(...)`` when ``save``,
+    by :func:`tanh_real` (vectorised: numba's ``np.tanh`` is a scalar libm call)."""
     for j in range(row.shape[0]):
-        x = row[j] * inv_cap
-        e = exp2(-abs(x) * two_log2e)
-        th = (one - e) / (one + e)
-        if x < 0:
-            th = -th
+        th = tanh_real(row[j] * inv_cap)
         row[j] = cap * th
         if save:
             saved[j] = th
@@ -340,6 +328,57 @@ def _bias_terms(st, bh, i0, j0, bias, add_keys):
             base = slope * like(j0 - (i0 + r), st)
             for j in range(nb):
                 row[j] += base + slope * like(j, st)
+
+
+#: Below this |x| :func:`tanh_real` takes the odd Taylor polynomial (its first omitted
+#: term is below 2**-60 of x there; the exponential form's cancellation costs u / 2|x|,
+#: 16 units in the last place at the switch).
+TANH_SERIES_BELOW = 1.0 / 32.0
+
+
+def tanh_real(x):
+    """tanh(x) in x's dtype (float32 or float64), inside a kernel an inlined form that
+    vectorises (no libm call):
+
+        |x| <  1/32: x (1 + x^2 (-1/3 + x^2 (2/15 + x^2 (-17/315 + x^2 62/2835))))
+        |x| >= 1/32: sign(x) (1 - e) / (1 + e),   e = exp(-2|x|) = 2**(-2|x| log2 e)
+
+    within a few units in the last place of tanh(x), relatively: a softcap far above
+    the scores, where tanh(x) ~ x, keeps them (the exponential form alone rounds
+    1 - e to 0 there). Called from Python it is ``np.tanh``."""
+    return np.tanh(x)
+
+
+def _tanh_real_source(float_type):
+    """The implementation of :func:`tanh_real` for one float type (its constants in it)."""
+    one, two_log2e, switch = float_type(1.0), float_type(2.0 * LOG2E), float_type(TANH_SERIES_BELOW)
+    c3, c5 = float_type(-1.0 / 3.0), float_type(2.0 / 15.0)
+    c7, c9 = float_type(-17.0 / 315.0), float_type(62.0 / 2835.0)
+
+    def tanh_of(x):
+        ax = abs(x)
+        x2 = x * x
+        series = x * (one + x2 * (c3 + x2 * (c5 + x2 * (c7 + x2 * c9))))
+        e = exp2(-ax * two_log2e)
+        th = (one - e) / (one + e)
+        if x < 0:
+            th = -th
+        return series if ax < switch else th
+
+    return tanh_of
+
+
+#: :func:`tanh_real`'s implementation per float bit width (also ``nbattn.flex_tanh``'s).
+TANH_REAL = {32: _tanh_real_source(np.float32), 64: _tanh_real_source(np.float64)}
+
+
+# error_model="numpy": the division needs no zero check (1 + e >= 1), whose branch would
+# keep the loop from vectorising (measured 1.8x)
+@overload(tanh_real, jit_options={"fastmath": config.FASTMATH, "error_model": "numpy"})
+def _tanh_real_overload(x):
+    if isinstance(x, types.Float):
+        return TANH_REAL[x.bitwidth]
+    return None
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
@@ -447,13 +486,14 @@ def flash_forward(q, k, v, kv_index, bias, band, score, dropout, tiles):
 
 def used_terms(bias, score, dropout):
     """``(bias, score, dropout)`` with None for each group that does nothing: no mask
-    and no slopes, softcap 0, threshold 0 (the module docstring: their code then does
-    not compile)."""
+    and no slopes, softcap 0, no drop and no scale (the module docstring: their code
+    then does not compile)."""
     if bias is not None and bias.mask.shape[0] == 0 and bias.slopes.shape[0] == 0:
         bias = None
     if score is not None and not score.softcap > 0.0:
         score = None
-    if dropout is not None and not dropout.threshold > 0:
+    # a p whose threshold rounds to 0 drops nothing but still scales by 1 / (1 - p)
+    if dropout is not None and not dropout.threshold > 0 and dropout.keep_scale == 1.0:
         dropout = None
     return bias, score, dropout
 

@@ -13,8 +13,7 @@ from numba import types
 from numba.extending import overload
 
 from .. import config
-from .._core.numeric import LOG2E
-from .flash import exp2
+from .flash import TANH_REAL
 
 __all__ = ["tanh"]
 
@@ -25,34 +24,14 @@ def tanh(x):
     C library, one element at a time).
 
     For a real ``x`` (float32 or float64) it is the ``softcap=`` path's
-    tanh (``nbattn.kernels.flash``): sign(x) (1 - e) / (1 + e) with
-    e = 2**(-2 ``|x|`` log2(e)), within a few units in the last place of 1 of the
-    true value (an absolute error: relative accuracy is lost for ``|x|`` far below 1,
-    where tanh(x) ~ x). For a complex ``x`` it is ``cmath.tanh``, exact, so the
+    tanh, ``nbattn.kernels.flash.tanh_real`` (an odd polynomial below 1/32, else
+    sign(x) (1 - e) / (1 + e) with e = 2**(-2 ``|x|`` log2(e)); within a few units in
+    the last place). For a complex ``x`` it is ``cmath.tanh``, exact, so the
     complex-step derivative of the backward (``nbattn.kernels.flex``) works
     through it. Called from Python it is ``np.tanh`` (arrays too, as the
     reference implementations call a ``score_mod``).
     """
     return np.tanh(x)
-
-
-_TWO_LOG2E = 2.0 * LOG2E
-
-
-def _tanh64(x):
-    e = exp2(-abs(x) * _TWO_LOG2E)
-    th = (1.0 - e) / (1.0 + e)
-    return -th if x < 0 else th
-
-
-_TWO_LOG2E32 = np.float32(_TWO_LOG2E)
-_ONE32 = np.float32(1.0)
-
-
-def _tanh32(x):
-    e = exp2(-abs(x) * _TWO_LOG2E32)
-    th = (_ONE32 - e) / (_ONE32 + e)
-    return -th if x < 0 else th
 
 
 def _tanh_complex(x):
@@ -66,5 +45,5 @@ def _tanh_overload(x):
     if isinstance(x, types.Complex):
         return _tanh_complex
     if isinstance(x, types.Float):
-        return _tanh32 if x.bitwidth == 32 else _tanh64
+        return TANH_REAL[x.bitwidth]
     return None

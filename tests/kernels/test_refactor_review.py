@@ -244,13 +244,6 @@ def test_large_softcap_is_close_to_dense():
 
 
 @pytest.mark.usefixtures("small_tiles")
-@pytest.mark.xfail(
-    strict=True,
-    reason="kernels/flash.py _tanh_in_place computes tanh(x) as (1 - e) / (1 + e), e = "
-    "exp(-2|x|): for |x| = |s| / softcap below about 1e-16 e rounds to 1 and every capped "
-    "score to 0 (uniform weights); the relative error is about eps / |x| above that "
-    "(softcap 1e8: 1e-9 on the output). Present before the refactor, not caused by it",
-)
 def test_huge_softcap_gives_the_plain_call():
     (out0, *_), (out1, *_) = _pair({}, dict(softcap=1e20))
     np.testing.assert_allclose(out1, out0, rtol=1e-12, atol=1e-12)
@@ -260,25 +253,12 @@ TINY_P = 1e-8  # below 2**-25: a dropout threshold of 0, every weight kept, scal
 
 
 @pytest.mark.usefixtures("small_tiles")
-@pytest.mark.xfail(
-    strict=True,
-    reason="flash_attention with 0 < dropout_p < 2**-25 (threshold rounds to 0) no longer "
-    "scales the output by 1 / (1 - p): used_terms drops the dropout group, and "
-    "forward_items then takes keep_scale = 1.0 (the dense formulation, the varlen kernels "
-    "and flash_attention before the refactor all scale)",
-)
 def test_tiny_dropout_scales_the_kept_weights():
     (out0, *_), (out1, *_) = _pair({}, dict(dropout_p=TINY_P, random_state=SEED))
     np.testing.assert_allclose(out1, out0 / (1.0 - TINY_P), rtol=1e-13, atol=1e-15)
 
 
 @pytest.mark.usefixtures("small_tiles")
-@pytest.mark.xfail(
-    strict=True,
-    reason="the flash backward never applies keep_scale when the dropout threshold rounds "
-    "to 0 (0 < dropout_p < 2**-25), before and after the refactor: dV lacks the factor "
-    "1 / (1 - p) of the dense formulation",
-)
 def test_tiny_dropout_gradients_match_dense():
     q, k, v, g = _qkv(np.float64)
     kw = dict(dropout_p=TINY_P, random_state=SEED)
@@ -301,15 +281,7 @@ def _packed_one_sequence(q, k, v):
     "p",
     [
         0.25,
-        pytest.param(
-            TINY_P,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="0 < dropout_p < 2**-25: flash_attention drops the dropout group "
-                "(used_terms) and leaves the output unscaled, the varlen kernels (full "
-                "groups) scale it by 1 / (1 - p): the two entries disagree by p",
-            ),
-        ),
+        TINY_P,
     ],
 )
 def test_dropout_flash_equals_varlen_on_one_sequence(p):
