@@ -632,7 +632,8 @@ class _Call:
             slopes = np.zeros(1, dtype=q.dtype)
         self.slopes = to_device(slopes)
         self.softcap = float(score.softcap)
-        self.dropout = bool(dropout.threshold > 0)
+        # a p whose threshold rounds to 0 drops nothing but still scales by 1 / (1 - p)
+        self.dropout = bool(dropout.threshold > 0 or dropout.keep_scale != 1.0)
         self.scalars = (  # the launched kernels take the dropout group flat
             np.uint64(dropout.seed),
             np.uint64(dropout.threshold),
