@@ -6,7 +6,8 @@ The warm-up makes those first calls itself, on tiny inputs of the types the
 library passes, in parallel processes: the estimators (Nadaraya-Watson with rule
 and leave-one-out widths, the learned width, local-linear fits, the
 classifier), ``nadaraya_watson`` and ``local_polynomial`` in float64 and
-float32, and ``flash_attention`` (forward and backward) in float32 and float64.
+float32, and ``flash_attention`` (forward and backward, with and without a mask) in
+float32 and float64.
 
 Each job runs in a process of its own, longest first; a kernel that two jobs
 need is compiled once: the second process waits for the first (a file lock per
@@ -111,8 +112,11 @@ def _flash(dtype):
 
     rng = np.random.default_rng(0)
     q, k, v = (rng.normal(size=(1, 2, 16, 8)).astype(dtype) for _ in range(3))
-    out, lse = nbattn.flash_attention(q, k, v, return_lse=True)
-    nbattn.flash_attention_backward(q, k, v, out, lse, np.ones_like(out))
+    # without and with a mask: each compiles its own kernels (a group a call does not
+    # use is left out of them, nbattn.kernels.flash); causal and windows need none
+    for mask in (None, np.tril(np.ones((16, 16), dtype=bool))):
+        out, lse = nbattn.flash_attention(q, k, v, mask=mask, return_lse=True)
+        nbattn.flash_attention_backward(q, k, v, out, lse, np.ones_like(out), mask=mask)
 
 
 #: (name, rough seconds of compiling on an idle core, job, arguments), longest first.
