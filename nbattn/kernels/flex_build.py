@@ -18,7 +18,11 @@ The key is a SHA-256 of the template's source and of each function's
 fingerprint (:func:`fingerprint`): its module and name, bytecode, constants, names, defaults
 and the values it reads from its globals and closure (numbers, strings,
 modules by name, other functions recursively), including those read through a
-module (``helpers.SCALE``: by value, as numba freezes it). numba freezes a
+module (``helpers.SCALE``: by value, as numba freezes it); jitted helpers of any
+target (CPU, CUDA) by their code, builtins, ufuncs, library functions, classes,
+numba types, dtypes and enum members by name. Any other object read is refused
+(:class:`UnknownValue`: nothing of it could key a file shared between processes);
+the GPU's in-process cache keys it by identity instead. numba freezes a
 global, closed-over or module-attribute array into compiled code, where a
 later change of the array would go unseen: such functions are refused (pass
 the array in ``mod_args``). A function that is jitted already is compiled
