@@ -121,6 +121,14 @@ def unscale_output(out, scales, index=None):
 def check_forward_results(out, lse, grad_out, lead, n_q, d_v, dtype):
     """The forward's ``out`` (lead + (L, Ev)) and ``lse`` (lead + (L,), float64, -inf
     allowed) and the incoming ``grad_out`` (out's shape), checked and converted."""
+    needs = (
+        ("out", out, "the forward's output"),
+        ("lse", lse, "the forward's lse: flash_attention(..., return_lse=True)"),
+        ("grad_out", grad_out, "the gradient of the loss with respect to out"),
+    )
+    for name, arr, what in needs:
+        if arr is None:
+            raise ValueError(f"{name} is required: pass {what}")
     out_shape = lead + (n_q, d_v)
     out = as_float_array(out, "out", min_ndim=2, dtype=dtype, allow_bool=False)
     grad_out = as_float_array(grad_out, "grad_out", min_ndim=2, dtype=dtype, allow_bool=False)

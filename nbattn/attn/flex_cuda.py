@@ -12,22 +12,19 @@ GPU reads it at those tiles whatever its own. GPU arrays (numba device
 arrays, CuPy, torch CUDA tensors) are refused with these functions, and
 ``flash_attention_varlen`` and ``flash_decode`` run them on the CPU only.
 
-The backward's complex step is checked, as the CPU's, against a finite
-difference of ``score_mod`` at a few scores, here by calling the Python
-function (no compile); a function that does not run in Python is not checked.
+The user functions are checked first by the CPU's own checks
+(``flex_build.check``: the type of what they return; the backward's complex
+step against a finite difference of ``score_mod`` at a few scores), so the GPU
+refuses what the CPU refuses, with the same messages; a function the CPU cannot
+compile (one that calls a CUDA device function) is left to the GPU compiler.
 """
 
 from __future__ import annotations
-
-import numpy as np
 
 from ..dispatch.device import device_for, kernels_for
 from ..dispatch.transfer import is_device_array, to_host
 
 __all__ = ["backward", "flex_device", "forward"]
-
-#: The scores at which the complex step is compared with a finite difference (the CPU's).
-_PROBES = (-3.1, -0.7, 0.4, 2.9)
 
 
 def flex_device(device, *arrays) -> str:
@@ -41,15 +38,21 @@ def flex_device(device, *arrays) -> str:
     return device_for(device, *arrays)
 
 
-def _functions(mods, backward):
-    """The user functions, their fingerprints and the CUDA kernel module."""
+def _functions(mods, backward, dtype):
+    """The user functions, their fingerprints and the CUDA kernel module, after the CPU's
+    checks of the functions (``flex_build.check``: the GPU refuses what the CPU refuses,
+    with its messages). The fingerprints are in-process keys: an object the functions
+    read that has no value to print is keyed by its identity."""
     build = kernels_for("flex", "cpu")
+    build.check(mods, dtype, backward)
     gpu = kernels_for("flex", "cuda")
     gpu.adopt_tanh(build.tanh)
     grad = mods.score_grad if backward else None
     functions = (mods.score_mod, mods.mask_mod, grad)
     names = ("score_mod", "mask_mod", "score_mod_grad")
-    prints = tuple(build.fingerprint(f, n) for f, n in zip(functions, names, strict=True))
+    prints = tuple(
+        build.fingerprint(f, n, process=True) for f, n in zip(functions, names, strict=True)
+    )
     return gpu, functions, prints
 
 
@@ -65,7 +68,7 @@ def _blocks(gpu, mods, tiles, n_q, n_k):
 def forward(lay, tiles, mods):
     """``(out (BH, L, Ev), lse (BH, L))`` on the host from the GPU flex forward of a
     layout of ``nbattn.attn.flex`` (q times the scale, v already scaled)."""
-    gpu, functions, prints = _functions(mods, backward=False)
+    gpu, functions, prints = _functions(mods, False, lay.dtype)
     n_q, n_k = lay.qf.shape[1], lay.kf.shape[1]
     blocks, cells = _blocks(gpu, mods, tiles, n_q, n_k)
     out, lse = gpu.flex_forward(
@@ -78,9 +81,7 @@ def forward(lay, tiles, mods):
 def backward(lay, of, lf, gf, tiles, mods):
     """``(dq, dk, dv)`` flat, on the host, from the GPU flex backward (``lf`` the
     forward's lse (BH, L) float64)."""
-    if mods.score_mod is not None and mods.score_grad is None:
-        _check_complex_step(mods.score_mod, mods.score_args)
-    gpu, functions, prints = _functions(mods, backward=True)
+    gpu, functions, prints = _functions(mods, True, lay.dtype)
     n_q, n_k = lay.qf.shape[1], lay.kf.shape[1]
     blocks, cells = _blocks(gpu, mods, tiles, n_q, n_k)
     grads = gpu.flex_backward(
@@ -88,30 +89,3 @@ def backward(lay, of, lf, gf, tiles, mods):
         cells, functions, prints, mods.score_args, mods.mask_args, lay.scale,
     )  # fmt: skip
     return tuple(to_host(g) for g in grads)
-
-
-def _check_complex_step(score_mod, args):
-    """Refuse a complex step that is not the derivative (``abs``, ``max``, comparisons
-    inside an expression that stays complex), as the CPU backward does: the function
-    called in Python at ``_PROBES`` (b = h = q_idx = kv_idx = 0)."""
-    fn = getattr(score_mod, "py_func", score_mod)
-    for s in _PROBES:
-        step = 1e-5 * max(1.0, abs(s))
-        try:
-            with np.errstate(all="ignore"):
-                z = complex(fn(complex(s, 2.0**-64), 0, 0, 0, 0, *args))
-                up = float(fn(s + step, 0, 0, 0, 0, *args))
-                down = float(fn(s - step, 0, 0, 0, 0, *args))
-        except Exception:  # noqa: BLE001 - not runnable in Python: the compile decides
-            return
-        grad, diff, size = z.imag * 2.0**64, (up - down) / (2.0 * step), abs(up) + abs(down)
-        if not (np.isfinite(grad) and np.isfinite(diff) and np.isfinite(size)):
-            continue
-        tol = 1e-4 * (abs(grad) + abs(diff)) + 1e-6 + 64 * np.finfo(np.float64).eps * size / step
-        if abs(grad - diff) > tol:
-            raise ValueError(
-                f"score_mod is not differentiable by complex step: at score = {s} (b = h = "
-                f"q_idx = kv_idx = 0) its complex step gives {grad:.6g}, a finite difference "
-                f"{diff:.6g}; pass score_mod_grad(score, b, h, q_idx, kv_idx, *mod_args), "
-                "its derivative"
-            )

@@ -13,7 +13,8 @@ on the scaled score, before the mask), M the un-expanded mask (BM, 1 or L,
 boolean, True = may attend), a the ALiBi slope, Z the dropout factors (0 or
 1 / (1 - p), ``nbattn.cuda.dropout.keep`` from the seed and the weight's
 counter, the same bits as the CPU; lse is taken before dropout). The
-backward recomputes P = 2**(T - lse log2 e) tile by tile:
+backward recomputes P = 2**min(T - lse log2 e, 0) tile by tile (the exponent is
+<= 0 but for the rounding of lse, which at huge scores could overflow 2**):
 
     D_i = sum_c dO_ic O_ic,   dS = P o ((dO V^T) o Z - D) o (1 - tanh^2),
     dQ = scale dS K,          dK = ln 2 dS^T Q',        dV = (P o Z)^T dO
@@ -425,7 +426,8 @@ def _make_kernels(float_type, d, d_v, mask_kind, use_alibi, use_softcap, use_dro
                     s = terms(s, mask, m_bh, slope, i, j0 + jj)
                     if has_mask and s == minus_inf:  # only a mask gives -inf
                         continue
-                    p = exp2(s - shift)
+                    e = s - shift  # <= 0 but for rounding: never above 0 (no overflow)
+                    p = exp2(zero if e > zero else e)
                     dp = dot_v(do_row, tile, U(v_off) + U(jj) * U(d_v))
                     if use_dropout:  # dP of the weights before dropout: (dO V^T) o Z
                         count = counter(bh, row0 + a_q + i, col0 + a_k + j0 + jj, n_rows, n_cols)
@@ -525,7 +527,8 @@ def _make_kernels(float_type, d, d_v, mask_kind, use_alibi, use_softcap, use_dro
                         s = terms(s, mask, m_bh, slope, i0 + ii, j)
                         if has_mask and s == minus_inf:
                             continue
-                        p = exp2(s - shift)
+                        e = s - shift  # <= 0 but for rounding: never above 0
+                        p = exp2(zero if e > zero else e)
                         pz = p  # P o Z: the weight after dropout
                         if use_dropout:
                             count = counter(

@@ -16,7 +16,13 @@ running maximum, float64 sum, rescaled accumulator), and the backward
     dQ = scale dS K,  dK = dS^T (scale Q),  dV = P^T dO
 
 with g by the complex step (score_mod(s + i h) in complex128, h = 2**-64: g =
-Im / h, the value its real part) or from the user's ``score_grad``.
+Im / h, the value its real part) or from the user's ``score_grad``. P is
+2**min(t - lse log2(e), 0), t the forward's base-2 score (rounded as there), and
+the shift lse log2(e) taken in float64: float32 kernels split it into top =
+float32(shift) and the float32 rest (t - top is exact near the row's maximum);
+float64 kernels take an exponent within the shift's rounding error (4 ulp) of 0
+as 0. Either way the rounding of lse can neither make P overflow nor make the
+largest score of a row lose its weight at huge scores.
 
 ``score_mod`` runs only on the entries the mask admits (the CPU runs it on every
 entry of a visited tile and masks after: the same results, as ``score_mod`` has no
@@ -92,6 +98,9 @@ INV_STEP = 2.0**64
 MAX32 = float(np.finfo(np.float32).max)
 LIMIT32 = MAX32 / LOG2E
 LIMIT64 = float(np.finfo(np.float64).max) / LOG2E
+#: A bound on the relative rounding error of lse log2(e) (lse from the forward's m ln 2 +
+#: log l): 4 ulp, twice what the three roundings can make.
+NOISE = 2.0**-50
 U = np.uint64
 
 #: The tanh functions given a CUDA form (:func:`adopt_tanh`).
@@ -145,7 +154,8 @@ def _make_kernels(float_type, d, d_v, score_mod, mask_mod, score_grad):
     zero = float_type(0.0)
     minus_inf = float_type(-np.inf)
     log2e = float_type(LOG2E)
-    limit = LIMIT32 if float_type == np.float32 else LIMIT64
+    is32 = float_type == np.float32
+    limit = LIMIT32 if is32 else LIMIT64
     # the CPU stores a float32 score beyond the float32 range as the largest float32
     status_cap = MAX32 if float_type == np.float32 else math.inf
     exp2 = exp2_for(float_type)
@@ -207,6 +217,30 @@ def _make_kernels(float_type, d, d_v, score_mod, mask_mod, score_grad):
             )
         z = score_dev(complex(float(s), STEP), b, h, i, j, *score_args)
         return z.real, z.imag * INV_STEP
+
+    @jit(device=True, inline=True, cache=False)
+    def row_shift(lse_value):
+        """(top, second) of a row's shift lse log2(e) (module docstring: the backward's
+        P): float32(shift) and the float32 rest (beyond its rounding error, else 0) in
+        float32 kernels; the shift and its rounding error in float64 kernels."""
+        shift = lse_value * LOG2E
+        noise = abs(shift) * NOISE
+        top = float_type(shift)
+        if is32:
+            rest = shift - float(top)
+            return top, float_type(rest) if abs(rest) > noise else zero
+        return top, float_type(noise)
+
+    @jit(device=True, inline=True, cache=False)
+    def weight(x, top, second):
+        """P of a modified score ``x`` (float64) against a row's (top, second): 2 to the
+        forward's base-2 score less the shift, never above 0."""
+        t = float_type(x) * log2e
+        if is32:
+            e = (t - top) - second
+            return exp2(zero if e > zero else e)
+        e = t - top
+        return exp2(zero if e > -second else e)
 
     @jit(cache=False)
     def flex_forward_kernel(
@@ -333,11 +367,12 @@ def _make_kernels(float_type, d, d_v, score_mod, mask_mod, score_grad):
         q_row = cuda.local.array(d, dtype=float_type)
         do_row = cuda.local.array(d_v, dtype=float_type)
         acc = cuda.local.array(d, dtype=float_type)
-        shift = zero
+        top = zero
+        second = zero
         d_i = zero
         if active:
             active = lse[bh, i] != -math.inf
-            shift = float_type(lse[bh, i] * LOG2E)
+            top, second = row_shift(lse[bh, i])
             total = 0.0
             for c in range(d_v):
                 total += float(dout[bh, i, c]) * float(out[bh, i, c])
@@ -373,10 +408,9 @@ def _make_kernels(float_type, d, d_v, score_mod, mask_mod, score_grad):
                         continue
                     s = dot_d(q_row, tile, U(jj) * U(d))
                     x, g = value_and_grad(s, b, h, row, j, score_args)
-                    t = float_type(x * LOG2E)
-                    if t == minus_inf:
+                    if x == -math.inf:
                         continue
-                    p = exp2(t - shift)
+                    p = weight(x, top, second)
                     dp = dot_v(do_row, tile, U(v_off) + U(jj) * U(d_v))
                     ds = p * (dp - d_i) * float_type(g)
                     axpy_d(acc, ds, tile, U(jj) * U(d))
@@ -429,8 +463,9 @@ def _make_kernels(float_type, d, d_v, score_mod, mask_mod, score_grad):
                 for c in range(d_v):
                     dv_acc[c] = zero
             do_off = aligned(block_q * d)
-            lse_off = do_off + block_q * d_v
-            delta_off = lse_off + block_q
+            lse_off = do_off + block_q * d_v  # the rows' (top, second): row_shift
+            second_off = lse_off + block_q
+            delta_off = second_off + block_q
             i_begin = imax(0, first - hi_off)
             i_end = imin(n_q, last - lo_off)
             n_tiles = imax(0, (i_end - i_begin + block_q - 1) // block_q)
@@ -446,7 +481,9 @@ def _make_kernels(float_type, d, d_v, score_mod, mask_mod, score_grad):
                 load_d(tile, 0, q, bh, i0, mb, float_type(1.0))
                 load_v(tile, do_off, dout, bh, i0, mb, float_type(1.0))
                 for idx in range(tx, mb, tpb):
-                    tile[lse_off + idx] = float_type(lse[bh, i0 + idx] * LOG2E)
+                    top, second = row_shift(lse[bh, i0 + idx])
+                    tile[lse_off + idx] = top
+                    tile[second_off + idx] = second
                     tile[delta_off + idx] = delta[bh, i0 + idx]
                 cuda.syncthreads()
                 if active:
@@ -460,18 +497,17 @@ def _make_kernels(float_type, d, d_v, score_mod, mask_mod, score_grad):
                             qc = i // cell_q
                             edge = (qc + 1) * cell_q
                             state = cell(blocks, b, h, qc, kc)
-                        shift = tile[lse_off + ii]
-                        if shift == minus_inf:
+                        top = tile[lse_off + ii]
+                        if top == minus_inf:
                             continue
                         if not admitted(state, b, h, i, col, mask_args):
                             continue
                         base = U(ii) * U(d)
                         s = dot_d(k_row, tile, base)
                         x, g = value_and_grad(s, b, h, i, col, score_args)
-                        t = float_type(x * LOG2E)
-                        if t == minus_inf:
+                        if x == -math.inf:
                             continue
-                        p = exp2(t - shift)
+                        p = weight(x, top, tile[second_off + ii])
                         g_base = U(do_off) + U(ii) * U(d_v)
                         if want_dv:
                             axpy_v(dv_acc, p, tile, g_base)
@@ -503,7 +539,7 @@ def flex_kernels(dtype, d, d_v, functions, prints):
     if not (1 <= d <= limit and 1 <= d_v <= limit):
         raise ValueError(
             f"the CUDA flex kernels take head dimensions up to {limit} "
-            f"(config.CUDA_MAX_HEAD_DIM), got D={d}, Dv={d_v}; use device='cpu'"
+            f"(config.CUDA_MAX_HEAD_DIM), got E={d}, Ev={d_v}; use device='cpu'"
         )
     t = np.dtype(dtype).type
     key = ("flex", t, int(d), int(d_v), *prints)
@@ -610,7 +646,7 @@ def flex_backward(q, k, v, out, lse, dout, kv_index, n_heads, band, blocks, cell
 
     shared = shared_bytes(block_k * (d + d_v) + 3, dtype.itemsize)
     _compiling(lambda: launch(dq_kernel, n_q, dq_args, shared=shared, n_slices=n_bh), "dq")
-    block_q = tile_rows(d + d_v + 2, dtype.itemsize)
+    block_q = tile_rows(d + d_v + 3, dtype.itemsize)
     order = np.argsort(index, kind="stable").astype(np.int64)
     start = np.concatenate(([0], np.cumsum(np.bincount(index, minlength=n_kv)[:n_kv])))
     readers, reader_start = to_device(order), to_device(start.astype(np.int64))
@@ -619,7 +655,7 @@ def flex_backward(q, k, v, out, lse, dout, kv_index, n_heads, band, blocks, cell
         inputs = (q, k, v, lse, dout, delta, readers, reader_start, offsets, *tables, *words)
         return (*inputs, block_q, b0, dk, dv)
 
-    shared = shared_bytes(block_q * (d + d_v + 2) + 3, dtype.itemsize)
+    shared = shared_bytes(block_q * (d + d_v + 3) + 3, dtype.itemsize)
     for kernel, what in ((dv_kernel, "dv"), (dk_kernel, "dk")):
         _compiling(
             lambda kernel=kernel: launch(kernel, n_k, dkdv_args, shared=shared, n_slices=n_kv),

@@ -80,6 +80,7 @@ from nbattn.kernels.flash import (
     _scale_row,
     _transpose_into,
     backward_rows,
+    exp2,
     exp2_shift_sum,
     sum_groups,
 )
@@ -359,7 +360,8 @@ def _mod_tile_grad(st, gt, b, h, i0, j0, band, masked, score_args, mask_args):
         k0 = j0 + lo
         for j in range(band_row.shape[0]):
             value, grad = value_and_grad(band_row[j], b, h, i, k0 + j, score_args)
-            band_row[j] = value * log2e
+            # the forward's base-2 score: stored in the tile's dtype, then times log2e
+            band_row[j] = like(tile_score(value, band_row), band_row) * log2e
             band_g[j] = grad
         for j in range(hi, nb):
             row[j] = neg
@@ -538,6 +540,54 @@ def _forward_item(q, k, v, blocks, item, tiles, score_args, mask_args, out, lse,
             lse[o, row0 + r] = m[r] * ln2 + np.log(l[r])
 
 
+#: A bound on the relative rounding error of lse log2(e) (lse from the forward's m ln 2 +
+#: log l): 4 ulp, twice what the three roundings can make.
+NOISE = 2.0**-50
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def backward_shifts(lse, like_array):
+    """(3, BH, L) in ``like_array``'s dtype: per row of ``lse`` (float64, natural units)
+    the shift lse log2(e) as (top, rest, margin) for :func:`_weights`. float32: top =
+    float32(shift), rest = the float32 of what top leaves (0 when within the shift's
+    rounding error, ``NOISE``), margin 0; float64: top = shift, rest 0, margin its
+    rounding error."""
+    n_bh, n_q = lse.shape
+    out = np.zeros((3, n_bh, n_q), dtype=like_array.dtype)
+    for bh in range(n_bh):
+        for i in range(n_q):
+            shift = lse[bh, i] * LOG2E
+            noise = abs(shift) * NOISE
+            top = like(shift, like_array)
+            out[0, bh, i] = top
+            if like_array.itemsize == 4:
+                rest = shift - np.float64(top)
+                if abs(rest) > noise:
+                    out[1, bh, i] = rest
+            else:
+                out[2, bh, i] = noise
+    return out
+
+
+@njit(fastmath=config.FASTMATH, inline="always")
+def _weights(row, top, rest, margin):
+    """In place ``row[j] <- 2**min(row[j] - shift, 0)`` for a row's shift (top, rest,
+    margin) of :func:`backward_shifts`: ``row - top`` first, in a loop of its own (exact
+    near the row's maximum, and kept apart from ``- rest`` under reassociation), an
+    exponent above ``-margin`` taken as 0 (never above 0: no overflow from the rounding
+    of lse). Returns the sum of the new values."""
+    for j in range(row.shape[0]):
+        row[j] -= top
+    total = like(0.0, row)
+    zero = like(0.0, row)
+    for j in range(row.shape[0]):
+        e = row[j] - rest
+        w = exp2(zero if e > -margin else e)
+        row[j] = w
+        total += w
+    return total
+
+
 def flex_backward(
     q, k, v, out, lse, dout, kv_index, n_heads, blocks, items, scale, tiles, score_args, mask_args
 ):
@@ -554,7 +604,8 @@ def flex_backward(
     groups' dQ after are flash's compiled-once kernels (``backward_rows``, ``sum_groups``)."""
     n_bh, n_q, d = q.shape
     n_kv, n_k, _ = k.shape
-    delta, lse_t = backward_rows(out, dout, lse)
+    delta, _ = backward_rows(out, dout, lse)
+    shifts = backward_shifts(lse, q)
     dq_part = np.zeros((tiles.n_groups, n_bh, n_q, d), dtype=q.dtype)
     dk = np.zeros((n_kv, n_k, d), dtype=q.dtype)
     dv = np.zeros((n_kv, n_k, v.shape[2]), dtype=q.dtype)
@@ -572,7 +623,7 @@ def flex_backward(
         score_args,
         mask_args,
         delta,
-        lse_t,
+        shifts,
         dq_part,
         dk,
         dv,
@@ -595,7 +646,7 @@ def _backward_items(
     score_args,
     mask_args,
     delta,
-    lse_t,
+    shifts,
     dq_part,
     dk,
     dv,
@@ -618,7 +669,7 @@ def _backward_items(
             score_args,
             mask_args,
             delta,
-            lse_t,
+            shifts,
             dq_part,
             dk,
             dv,
@@ -639,7 +690,7 @@ def _backward_item(
     score_args,
     mask_args,
     delta,
-    lse_t,
+    shifts,
     dq_part,
     dk,
     dv,
@@ -699,11 +750,11 @@ def _backward_item(
                 p_sum = like(0.0, q)
                 for r in range(mb):
                     row = st[r]
-                    shift = lse_t[bh, r0 + r]
-                    if shift == neg_inf:
+                    top = shifts[0, bh, r0 + r]
+                    if top == neg_inf:
                         row[:] = 0.0
                     else:
-                        p_sum += exp2_shift_sum(row, shift)
+                        p_sum += _weights(row, top, shifts[1, bh, r0 + r], shifts[2, bh, r0 + r])
                 sink[0] += p_sum
                 gemm(do_tile, v_tile_t, dpt, False, False, 0.0)
                 for r in range(mb):

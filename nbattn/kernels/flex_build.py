@@ -18,7 +18,11 @@ The key is a SHA-256 of the template's source and of each function's
 fingerprint (:func:`fingerprint`): its module and name, bytecode, constants, names, defaults
 and the values it reads from its globals and closure (numbers, strings,
 modules by name, other functions recursively), including those read through a
-module (``helpers.SCALE``: by value, as numba freezes it). numba freezes a
+module (``helpers.SCALE``: by value, as numba freezes it); jitted helpers of any
+target (CPU, CUDA) by their code, builtins, ufuncs, library functions, classes,
+numba types, dtypes and enum members by name. Any other object read is refused
+(:class:`UnknownValue`: nothing of it could key a file shared between processes);
+the GPU's in-process cache keys it by identity instead. numba freezes a
 global, closed-over or module-attribute array into compiled code, where a
 later change of the array would go unseen: such functions are refused (pass
 the array in ``mod_args``). A function that is jitted already is compiled
@@ -36,6 +40,7 @@ The gradients with respect to ``mod_args`` are a second template,
 from __future__ import annotations
 
 import dis
+import enum
 import hashlib
 import importlib.util
 import inspect
@@ -50,7 +55,7 @@ from pathlib import Path
 import numpy as np
 from numba import njit, typeof
 from numba import types as nb_types
-from numba.core.errors import TypingError
+from numba.core.errors import NumbaError, TypingError
 from numba.core.registry import CPUDispatcher
 
 from .. import config
@@ -60,6 +65,7 @@ __all__ = [
     "block_states",
     "call",
     "call_args",
+    "check",
     "check_signature",
     "fingerprint",
     "specialise",
@@ -109,8 +115,41 @@ def _py_func(fn):
     return fn.py_func if isinstance(fn, CPUDispatcher) else fn
 
 
-def _value_print(value, name, where, depth, seen):
-    """A stable description of a value a user function reads, for the key."""
+class UnknownValue(ValueError):
+    """A user function reads an object whose effect on the compiled code nbattn cannot
+    describe by value (the on-disk key refuses it)."""
+
+
+#: The objects printed by identity into in-process keys (:func:`fingerprint` with
+#: ``process=True``), held so that no other object takes their id while the process runs.
+_HELD: dict = {}
+
+
+def _is_jitted(value):
+    """A numba dispatcher of any target (CPU, CUDA, the CUDA simulator): it has the plain
+    function it compiles as ``py_func``."""
+    return isinstance(getattr(value, "py_func", None), types.FunctionType)
+
+
+def _importable(value):
+    """Whether ``value`` is what its own ``__module__`` and ``__qualname__`` name (a class,
+    a library function such as ``np.clip``): then those names say what it is."""
+    module = sys.modules.get(getattr(value, "__module__", None) or "")
+    qualname = getattr(value, "__qualname__", None)
+    if module is None or not isinstance(qualname, str):
+        return False
+    found = module
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    return found is value
+
+
+def _value_print(value, name, where, depth, seen, process=False):
+    """A stable description of a value a user function reads, for the key: by value
+    (numbers, strings, tuples), by code (functions and jitted functions, recursively)
+    or by a name that fixes what it is (modules, builtins, ufuncs, classes, numba
+    types, dtypes, enum members). Anything else is refused (:class:`UnknownValue`)
+    unless ``process``, where it is printed by its identity (an in-process key)."""
     if isinstance(value, np.ndarray):
         kind = "closure" if where.startswith("closure") else "globals"
         if "." in where:
@@ -122,13 +161,31 @@ def _value_print(value, name, where, depth, seen):
         )
     if isinstance(value, types.ModuleType):
         return ("module", value.__name__)
+    if isinstance(value, enum.Enum):
+        kind = type(value)
+        return ("enum", kind.__module__, kind.__qualname__, value.name, repr(value.value))
     if isinstance(value, (bool, int, float, complex, str, bytes, type(None), np.number, np.bool_)):
         return (type(value).__name__, repr(value))
     if isinstance(value, (tuple, list)):
-        return tuple(_value_print(v, name, where, depth, seen) for v in value)
-    if isinstance(value, CPUDispatcher) or isinstance(value, types.FunctionType):
-        return _function_print(value, name, depth + 1, seen)
-    return (type(value).__module__, type(value).__qualname__, getattr(value, "__name__", ""))
+        items = tuple(_value_print(v, name, where, depth, seen, process) for v in value)
+        return (type(value).__module__, type(value).__qualname__, items)
+    if isinstance(value, types.FunctionType) or _is_jitted(value):
+        return _function_print(value, name, depth + 1, seen, process)
+    if isinstance(value, (types.BuiltinFunctionType, np.ufunc)) or _importable(value):
+        module = getattr(value, "__module__", None) or type(value).__module__
+        label = getattr(value, "__qualname__", None) or value.__name__
+        return ("named", type(value).__module__, type(value).__qualname__, module, label)
+    if isinstance(value, (nb_types.Type, np.dtype)):
+        return (type(value).__module__, type(value).__qualname__, repr(value))
+    if process:
+        _HELD[id(value)] = value
+        return ("object", type(value).__module__, type(value).__qualname__, id(value))
+    kind = "closure" if where.startswith("closure") else "globals"
+    raise UnknownValue(
+        f"{name} reads {where!r} from its {kind}, a {type(value).__qualname__}: nbattn cannot "
+        "tell from its value what numba compiles of it; pass it in mod_args or use numbers, "
+        "tuples, functions or modules"
+    )
 
 
 def _code_print(code):
@@ -138,27 +195,32 @@ def _code_print(code):
     return (code.co_code, consts, code.co_names, code.co_varnames, code.co_argcount, code.co_flags)
 
 
-def _function_print(fn, name, depth, seen):
+def _function_print(fn, name, depth, seen, process=False):
     if depth > 8:
         return ("deep",)
     options = ()
-    if isinstance(fn, CPUDispatcher):
-        options = tuple(sorted((k, repr(v)) for k, v in fn.targetoptions.items()))
-    fn = _py_func(fn)
+    if _is_jitted(fn):
+        target = getattr(fn, "targetoptions", None) or {}
+        options = (type(fn).__qualname__, tuple(sorted((k, repr(v)) for k, v in target.items())))
+        fn = fn.py_func
     if id(fn) in seen:
         return ("recursive", fn.__qualname__)
     seen = seen | {id(fn)}
     code = fn.__code__
+
+    def value(v, where):
+        return _value_print(v, name, where, depth, seen, process)
+
     reads = []
     for g in _global_names(code):
         if g in fn.__globals__:
-            reads.append((g, _value_print(fn.__globals__[g], name, g, depth, seen)))
+            reads.append((g, value(fn.__globals__[g], g)))
     cells = dict(zip(code.co_freevars, fn.__closure__ or ()))
     for var, cell in cells.items():
-        reads.append((var, _value_print(cell.cell_contents, name, f"closure {var}", depth, seen)))
-    for where, value in _module_reads(code, fn.__globals__, cells):
-        reads.append((where, _value_print(value, name, where, depth, seen)))
-    defaults = tuple(_value_print(d, name, "default", depth, seen) for d in fn.__defaults__ or ())
+        reads.append((var, value(cell.cell_contents, f"closure {var}")))
+    for where, v in _module_reads(code, fn.__globals__, cells):
+        reads.append((where, value(v, where)))
+    defaults = tuple(value(d, "default") for d in fn.__defaults__ or ())
     # its module and name too: numba's cache refers to the function by them, and a kernel
     # cached for the same code under another module name fails to load
     where = (fn.__module__, fn.__qualname__)
@@ -201,11 +263,19 @@ def _global_names(code):
     return sorted(names)
 
 
-def fingerprint(fn, name) -> str:
-    """SHA-256 of what determines ``fn``'s compiled code (None for no function)."""
+def fingerprint(fn, name, process=False) -> str:
+    """SHA-256 of what determines ``fn``'s compiled code (None for no function).
+
+    An object read by ``fn`` that is neither a value, a function nor a named thing
+    (module, builtin, ufunc, class, numba type, dtype, enum member) is refused with
+    :class:`UnknownValue` (naming ``name``): the key of the on-disk cache must not
+    depend on the process. With ``process=True`` (keys of an in-process cache: the GPU
+    kernels) such an object is printed by its identity instead, and held for the
+    life of the process, so that two objects never share a key."""
     if fn is None:
         return "none"
-    return hashlib.sha256(repr(_function_print(fn, name, 0, frozenset())).encode()).hexdigest()
+    text = repr(_function_print(fn, name, 0, frozenset(), process))
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def check_signature(fn, name, n_fixed, n_args, fixed_names):
@@ -394,8 +464,9 @@ def _first_line(exc):
     return lines[0] if lines else type(exc).__name__
 
 
-def _diagnose(exc, mods, dtype, backward):
-    """The clear message for a kernel that did not compile: which user function, why."""
+def _refusal(exc):
+    """The message of a user function refused for the type of what it returns (by
+    ``real_score``, ``complex_score``, ``real_grad`` or ``keep_entry``), else None."""
     text = str(exc)
     phrases = ("score_mod_grad must return", "score_mod must return", "mask_mod must return")
     for phrase in phrases + ("not differentiable",):
@@ -409,6 +480,14 @@ def _diagnose(exc, mods, dtype, backward):
                     "; pass score_mod_grad(score, b, h, q_idx, kv_idx, *mod_args), its derivative"
                 )
             return line
+    return None
+
+
+def _diagnose(exc, mods, dtype, backward):
+    """The clear message for a kernel that did not compile: which user function, why."""
+    refused = _refusal(exc)
+    if refused is not None:
+        return refused
     index = (nb_types.int64,) * 4
     score_t = nb_types.complex128 if backward and mods.score_grad is None else typeof(dtype(0))
     checks = (
@@ -459,6 +538,26 @@ def _check(module, mods, dtype, backward):
                 "that stays complex drop the imaginary part); pass "
                 "score_mod_grad(score, b, h, q_idx, kv_idx, *mod_args), its derivative"
             )
+
+
+def check(mods, dtype, backward):
+    """The CPU kernels' checks of the user functions in ``mods`` for ``dtype``, for the
+    kernels of another device (``nbattn.attn.flex_cuda``): a ValueError with the CPU's
+    message where the CPU refuses them for what they return (a bool or complex score,
+    a mask that is not a bool, a complex step that is not complex or not the
+    derivative). A function the CPU cannot compile at all (one that calls a CUDA
+    device function) or cannot key on disk is left to that device's compiler."""
+    grad = mods.score_grad if backward else None
+    try:
+        module = specialise(mods.score_mod, mods.mask_mod, grad)
+    except UnknownValue:
+        return
+    try:
+        _check(module, mods, dtype, backward)
+    except (NumbaError, NotImplementedError) as exc:
+        refused = _refusal(exc)
+        if refused is not None:
+            raise ValueError(refused) from None
 
 
 def call(module, name, mods, dtype, *args, backward=False):

@@ -4,8 +4,7 @@
 ``device="cuda"`` is compared with the same call on ``device="cpu"`` (the CPU flex
 kernels) and with dense NumPy formulations: every score_mod kind, every mask kind,
 block masks of other shapes, odd shapes and dtypes, extreme magnitudes, user
-functions of every form and wrong ``mod_args``. Cases where the GPU path is wrong
-today are strict xfails whose reason says what is wrong.
+functions of every form and wrong ``mod_args``.
 
 One score_mod / mask_mod pair (module level, the same argument types in every call)
 serves every comparison with the CPU, so the CPU compiles one specialisation per
@@ -223,11 +222,6 @@ def test_head_dimension_129_is_refused(e, ev):
         nbattn.flash_attention(q, k, v, mod_args=args(), device="cuda", **PAIR)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the refusal names the head dimensions D= and Dv=; the API (q (B, H, L, E)) "
-    "and the plain CUDA flash refusal call them E= and Ev=",
-)
 def test_head_dimension_refusal_uses_the_api_names():
     q, k, v = qkv(shape=(1, 1, 2, 3, 129, 4))
     with pytest.raises(ValueError, match="E=129"):
@@ -433,25 +427,7 @@ def test_huge_scores_forward_equals_the_cpu_and_the_dense_formulation(dtype, fac
     close(out, dense(q, k, v, score, mask, mod_args)[0], dtype)
 
 
-_OVERFLOW = (
-    "the backward recomputes p = exp2(t - shift) with t = score * log2e and shift = lse * "
-    "log2e rounded apart from the forward's base-2 scores: for scores of {size} t - shift "
-    "is a large positive number, exp2 overflows (OverflowError in the simulator, inf on a "
-    "GPU) where dV = P^T dO is no larger than dO; {others}"
-)
-
-
-@pytest.mark.parametrize(
-    ("dtype", "factor"),
-    [
-        pytest.param(np.float32, 1e30, marks=pytest.mark.xfail(strict=True, reason=_OVERFLOW.format(
-            size="1e30 in float32", others="the CPU flex and the plain CUDA flash backward "
-            "are within 5.4e-8 of the dense dV here"))),
-        pytest.param(np.float64, 1e20, marks=pytest.mark.xfail(strict=True, reason=_OVERFLOW.format(
-            size="1e20 in float64", others="the CPU flex backward (dV inf) and the plain "
-            "CUDA flash backward (the same overflow) fail here too"))),
-    ],
-)  # fmt: skip
+@pytest.mark.parametrize(("dtype", "factor"), [(np.float32, 1e30), (np.float64, 1e20)])
 def test_huge_scores_backward_stays_finite(dtype, factor):
     q, k, v = (a.astype(dtype) for a in _scaled(*qkv(dtype), "q", factor))
     grad = np.random.default_rng(3).standard_normal((B, H, L, EV)).astype(dtype)
@@ -461,14 +437,6 @@ def test_huge_scores_backward_stays_finite(dtype, factor):
     close(got[4], ref[4], dtype, tol=1e-6)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="float32 backward: shift = float32(lse * log2e) loses log2(l) below the ulp of "
-    "the row maximum and t = float32(score * log2e) is not the forward's float32(score) * "
-    "float32(log2e), so P is off by ~ulp(score) in the exponent: dV is 1.5e-5 from the "
-    "float64 dense value at scores ~1e3, where the CPU flex and the plain CUDA flash "
-    "backward are within 5.4e-8",
-)
 def test_float32_backward_at_large_scores_is_as_accurate_as_the_cpu():
     q, k, v = (a.astype(np.float32) for a in _scaled(*qkv(np.float32), "q", 300.0))
     grad = np.random.default_rng(3).standard_normal((B, H, L, EV)).astype(np.float32)
@@ -615,12 +583,6 @@ def calling(helper):
     return score_mod
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="score_mods that close over different CUDA device functions of one name share "
-    "a fingerprint (flex_build prints an unknown object by its type and __name__ only), so "
-    "the kernels compiled for the first are reused for the second (c = -3 gets c = 2)",
-)
 def test_closures_over_different_cuda_device_functions_are_not_confused():
     q, k, v = qkv()
     for c in (2.0, -3.0):
@@ -676,13 +638,6 @@ def test_score_mod_returning_ints_forward(fn):
         close(g, r)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the devices disagree: the CPU refuses a score_mod returning an int under the "
-    "complex step ('not differentiable by complex step ... pass score_mod_grad'), the GPU "
-    "backward runs it (g = int.imag = 0); the GPU path has no type check of the user's "
-    "functions of its own",
-)
 def test_score_mod_returning_ints_backward_is_refused_as_on_the_cpu():
     q, k, v = qkv()
     for device in ("cpu", "cuda"):
@@ -690,11 +645,6 @@ def test_score_mod_returning_ints_backward_is_refused_as_on_the_cpu():
             both(q, k, v, device, score_mod=distance_int)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the devices disagree: the CPU refuses a score_mod returning a bool ('must "
-    "return a real number (a float), got bool'), the GPU forward takes it as 0.0 / 1.0",
-)
 def test_score_mod_returning_bool_is_refused_as_on_the_cpu():
     q, k, v = qkv()
     for device in ("cpu", "cuda"):
