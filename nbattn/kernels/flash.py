@@ -221,6 +221,24 @@ def exp2_shift_sum(row, shift):
     return total
 
 
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _weights_from_lse(row, bias, shift):
+    """The backward's weights, in place: ``row[j] <- 2**min(row[j] + bias[j] - shift, 0)``
+    (``bias`` None: no term); returns their sum. A weight is at most 1: a positive
+    exponent is the rounding of a huge score against its row's lse (float32 scores
+    beyond ~1e7, float64 beyond ~1e15), where 2**x would give inf or a value above 1."""
+    total = like(0.0, row)
+    zero = like(0.0, row)
+    for j in range(row.shape[0]):
+        x = row[j]
+        if bias is not None:
+            x += bias[j]
+        w = exp2(min(x - shift, zero))
+        row[j] = w
+        total += w
+    return total
+
+
 #: A row's reference maximum m (base 2) is kept while the weights 2**(t - m) of
 #: a new tile sum to at most REBASE_SUM (so none exceeds it): the exponentials
 #: then need no maximum pass of their own (the one-pass path of the forward;
@@ -787,10 +805,10 @@ def backward_items(
                             row[:] = 0.0
                         elif bias is not None and key_mask:
                             key_bias = _key_row(bias, bh, i0 + r, j0, nb)
-                            p_sum += _exp2_shift_sum_masked(row, key_bias, shift)
+                            p_sum += _weights_from_lse(row, key_bias, shift)
                         else:
                             # LLVM vectorises this loop only if its sum is used: kept in sink
-                            p_sum += exp2_shift_sum(row, shift)
+                            p_sum += _weights_from_lse(row, None, shift)
                     sink[0] += p_sum
                     gemm(do_tile, v_tile_t, dpt, False, False, 0.0)
                     for r in range(mb):
