@@ -13,7 +13,7 @@ from numba import types
 from numba.extending import overload
 
 from .. import config
-from .flash import TANH_REAL
+from .base2 import TANH_REAL
 
 __all__ = ["tanh"]
 
