@@ -384,17 +384,18 @@ LOCAL_LOO_STAGE_GROWTH = _env_int("LOCAL_LOO_STAGE_GROWTH", 4, compiled=False)
 #: Query rows and keys per tile of the blocked (flash) attention kernels. A
 #: score tile holds FLASH_BLOCK_Q x FLASH_BLOCK_K floats per thread and should
 #: stay in L2; both GEMMs per tile go to BLAS, so larger tiles amortise its
-#: packing. The backward pass keeps two such tiles per thread.
-FLASH_BLOCK_Q = _env_int("FLASH_BLOCK_Q", 128)
-FLASH_BLOCK_K = _env_int("FLASH_BLOCK_K", 512)
-FLASH_BWD_BLOCK_Q = _env_int("FLASH_BWD_BLOCK_Q", 128)
-FLASH_BWD_BLOCK_K = _env_int("FLASH_BWD_BLOCK_K", 256)
+#: packing. The backward pass keeps two such tiles per thread. Read at every call (the
+#: kernels take the sizes as arguments), so a patch leaves numba's cache on.
+FLASH_BLOCK_Q = _env_int("FLASH_BLOCK_Q", 128, compiled=False)
+FLASH_BLOCK_K = _env_int("FLASH_BLOCK_K", 512, compiled=False)
+FLASH_BWD_BLOCK_Q = _env_int("FLASH_BWD_BLOCK_Q", 128, compiled=False)
+FLASH_BWD_BLOCK_K = _env_int("FLASH_BWD_BLOCK_K", 256, compiled=False)
 
 #: Below this many multiply-adds (queries x keys x features, all heads) a flash
 #: call runs on one numba thread: waking the others costs more (measured 68 us
 #: on one thread against 5.7 ms on two for a 2 x 16 x 8 input on a busy
 #: machine). Read at every call.
-FLASH_SERIAL_WORK = _env_int("FLASH_SERIAL_WORK", 1 << 22)
+FLASH_SERIAL_WORK = _env_int("FLASH_SERIAL_WORK", 1 << 22, compiled=False)
 
 #: Memory allowed for the per-group dQ buffers of the flash backward pass, in
 #: bytes (extra key-tile groups that keep every thread busy when there are
