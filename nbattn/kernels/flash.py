@@ -114,7 +114,7 @@ from numba import njit
 
 from .. import config
 from .._core.numeric import LOG2E
-from .base2 import LN2, exp2, tanh_real  # noqa: F401 (LN2, exp2: also for their importers)
+from .base2 import LN2, exp2, tanh_real
 from .blas import gemm
 from .dropout import keep
 from .fastmath import like

@@ -72,6 +72,7 @@ from numba.extending import overload
 
 from nbattn import config
 from nbattn._core.numeric import LOG2E
+from nbattn.kernels.base2 import exp2
 from nbattn.kernels.blas import gemm
 from nbattn.kernels.fastmath import like
 from nbattn.kernels.flash import (
@@ -80,7 +81,6 @@ from nbattn.kernels.flash import (
     _scale_row,
     _transpose_into,
     backward_rows,
-    exp2,
     exp2_shift_sum,
     sum_groups,
 )

@@ -24,7 +24,7 @@ def tanh(x):
     C library, one element at a time).
 
     For a real ``x`` (float32 or float64) it is the ``softcap=`` path's
-    tanh, ``nbattn.kernels.flash.tanh_real`` (an odd polynomial below 1/32, else
+    tanh, ``nbattn.kernels.base2.tanh_real`` (an odd polynomial below 1/32, else
     sign(x) (1 - e) / (1 + e) with e = 2**(-2 ``|x|`` log2(e)); within a few units in
     the last place). For a complex ``x`` it is ``cmath.tanh``, exact, so the
     complex-step derivative of the backward (``nbattn.kernels.flex``) works

@@ -14,7 +14,7 @@ kernels (``nbattn.kernels.flash``): with b = log2(e) the score is
 (the clamp removes the rounding-level negative distances of near pairs, so
 that a weight never exceeds 1; b is applied last, so that its rounding is
 relative to |s|, not to the norms). The first pass takes the row's maximum
-of t, the second recomputes t and accumulates 2**(t - m) (``flash.exp2``:
+of t, the second recomputes t and accumulates 2**(t - m) (``base2.exp2``:
 one exact range reduction, cheaper than ``exp``), its sum and, with one
 output, its product with the values; the scores are never stored (a loop
 that stores them and reduces their maximum does not vectorise). With
@@ -65,8 +65,9 @@ import numpy as np
 from numba import njit
 
 from .. import config
+from .._core.numeric import LOG2E
+from .base2 import LN2, exp2
 from .fastmath import fmax, like
-from .flash import LN2, LOG2E, exp2
 from .items import next_item, run_items
 from .pooling import (
     _KEY_BLOCK,

@@ -181,3 +181,22 @@ def test_property_powers_of_two_pass_through_exactly(seed, dtype, n_keys, shift,
         assert np.array_equal(out_big, out_low * dtype(2.0**top_exp))
     # repeatable
     assert np.array_equal(nbattn.flash_attention(q, k, big), nbattn.flash_attention(q, k, big))
+
+
+@pytest.mark.parametrize("dtype, size", [(np.float64, 1e20), (np.float32, 1e30)])
+def test_backward_weights_stay_at_most_one_at_huge_scores(rng, dtype, size):
+    """Scores of 1e20 (float64) or 1e30 (float32): the backward rebuilds its weights as
+    2**(s - lse), and lse's rounding there is far above 1 in the exponent. The weights
+    must stay in [0, 1] (so |dV_j| <= sum_i |dO_i|, every gradient finite), never
+    2**(rounding) or inf. (Which key of a row keeps weight 1 is beyond lse's precision
+    there: the forward's one-hot weights are not promised.)"""
+    for _ in range(20):
+        n_q, n_k, e = (int(n) for n in rng.integers(1, 12, size=3))
+        q = (rng.normal(size=(1, 2, n_q, e)) * size).astype(dtype)
+        k, v = (rng.normal(size=(1, 2, n_k, e)).astype(dtype) for _ in range(2))
+        g = rng.normal(size=(1, 2, n_q, e)).astype(dtype)
+        out, lse = nbattn.flash_attention(q, k, v, return_lse=True)
+        dq, dk, dv = nbattn.flash_attention_backward(q, k, v, out, lse, g)
+        assert all(np.isfinite(x).all() for x in (dq, dk, dv))
+        bound = np.abs(g.astype(np.float64)).sum(axis=2, keepdims=True)
+        assert (np.abs(dv) <= bound * (1 + 1e-6)).all()

@@ -225,7 +225,7 @@ def test_exp2_accuracy(dtype, rel):
     """The kernels' inlined 2**x against np.exp2 (float64) over its whole range."""
     from numba import njit
 
-    from nbattn.kernels.flash import exp2
+    from nbattn.kernels.base2 import exp2
 
     @njit(fastmath=config.FASTMATH)
     def evaluate(x):
