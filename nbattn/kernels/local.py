@@ -87,14 +87,7 @@ from .items import next_item, run_items
 from .kd_order import kd_order
 from .local_args import n_terms
 from .local_leaves import chunk_runs, leaf_ranges, visited_share
-from .local_moments import (
-    FUSED_TERMS,
-    constant_moments,
-    design_moments,
-    fused_moments,
-    score_derivative_sums,
-    solve,
-)
+from .local_moments import FUSED_TERMS, block_moments, solve
 from .local_pairs import (
     block_scores,
     block_scratch,
@@ -125,7 +118,8 @@ __all__ = [
 
 _KEY_BLOCK = config.KEY_BLOCK
 _QUERY_BLOCK = config.QUERY_BLOCK
-_FEWEST_FUSED, _MOST_FUSED = FUSED_TERMS[0], FUSED_TERMS[-1]
+#: ``nearest`` of a query that no key reached, until :func:`_nearest_items` fills it.
+_NEAREST_PENDING = -2
 
 
 def local_fit(data, model, values_t, want_mfx, leaves):
@@ -150,7 +144,16 @@ def local_fit(data, model, values_t, want_mfx, leaves):
                              sum_j p_j (y_j - fit) ds_j/dq; zeros otherwise
     """
     fit = _fit_outputs(data, model, values_t)
-    run_items(_fit_items, data, model, values_t, bool(want_mfx), leaves, fit)
+    p = fit.g.shape[1]
+    # the fused moment sums of this p, chosen by type (a tuple of p zeros): the other
+    # moment paths are not compiled into this call's kernel (nor it into theirs)
+    fused_terms = (0.0,) * p if values_t.shape[0] == 1 and p in FUSED_TERMS else None
+    run_items(_fit_items, data, model, values_t, bool(want_mfx), fused_terms, leaves, fit)
+    # queries that no key reached take their nearest key, in a kernel of their own
+    # (compiled only by a call that has such a query)
+    fallback = np.flatnonzero(fit.nearest == _NEAREST_PENDING)
+    if fallback.size:
+        run_items(_nearest_items, fallback, data, model, values_t, fit)
     return fit
 
 
@@ -170,21 +173,35 @@ def _fit_outputs(data, model, values_t):
     )
 
 
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def rescale(moments, rhs, dsum, dysum, factor):
+    """The running sums times ``factor`` (a new maximum of the scores). Loops, not
+    ``moments *= factor``: numba compiles an array expression per statement."""
+    for a in range(moments.shape[0]):
+        for b in range(moments.shape[1]):
+            moments[a, b] *= factor
+        for o in range(rhs.shape[1]):
+            rhs[a, o] *= factor
+    for c in range(dsum.shape[0]):
+        dsum[c] *= factor
+        for o in range(dysum.shape[1]):
+            dysum[c, o] *= factor
+
+
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
-def _fit_items(counter, data, model, values_t, want_mfx, leaves, fit):
-    """The chunks of queries that ``counter`` hands this thread: their rows of ``fit``."""
+def _fit_items(counter, data, model, values_t, want_mfx, fused_terms, leaves, fit):
+    """The chunks of queries that ``counter`` hands this thread: their rows of ``fit``.
+    ``fused_terms``: p zeros where ``fused_moments`` sums the moments, else None."""
     beta, g, shift, log_norm, nearest, mfx = fit
-    q_cont, keys_cont_t = data.q_cont, data.keys_cont_t
-    kernel, ridge, exclude_self = model.kernel, model.ridge, model.exclude_self
+    kernel, ridge = model.kernel, model.ridge
     degree, missing = model.degree, model.missing
     n_q, dc, _, _, weighted = problem_sizes(data)
     n_out = values_t.shape[0]
     p = n_terms(dc, degree)
     do_mfx = want_mfx and p == 1 and dc > 0
-    fused = n_out == 1 and _FEWEST_FUSED <= p <= _MOST_FUSED
     # without missing values the local-linear moments and the local constant read the
     # differences from the keys: the design rows are never written (one pass less)
-    store_design = missing or do_mfx or (p > 1 and degree >= 2) or (p > 1 and not fused)
+    store_design = missing or do_mfx or (p > 1 and (degree >= 2 or fused_terms is None))
     n_chunks = leaves.query_start.shape[0] - 1
     while True:
         chunk = next_item(counter)
@@ -223,48 +240,15 @@ def _fit_items(counter, data, model, values_t, want_mfx, leaves, fit):
                         continue
                     if block_max > m:
                         if m > -np.inf:
-                            factor = np.exp(m - block_max)
-                            moments *= factor
-                            rhs *= factor
-                            dsum *= factor
-                            dysum *= factor
+                            rescale(moments, rhs, dsum, dysum, np.exp(m - block_max))
                         m = block_max
-                    if fused:
-                        y = values_t[0, j0 : j0 + nb]
-                        if store_design:  # rows past the last term repeat it (never read)
-                            rows = (
-                                design[1, 0:nb],
-                                design[min(2, p - 1), 0:nb],
-                                design[min(3, p - 1), 0:nb],
-                                design[min(4, p - 1), 0:nb],
-                            )
-                            offsets = (0.0, 0.0, 0.0, 0.0)
-                        else:  # rows past the last column repeat it (never read)
-                            c1, c2, c3 = min(1, dc - 1), min(2, dc - 1), min(3, dc - 1)
-                            rows = (
-                                keys_cont_t[0, j0 : j0 + nb],
-                                keys_cont_t[c1, j0 : j0 + nb],
-                                keys_cont_t[c2, j0 : j0 + nb],
-                                keys_cont_t[c3, j0 : j0 + nb],
-                            )
-                            offsets = (q_cont[i, 0], q_cont[i, c1], q_cont[i, c2], q_cont[i, c3])
-                        fused_moments(scores, rows, offsets, y, nb, m, p, moments, rhs)
-                    elif p == 1 and n_out == 1 and not do_mfx:
-                        constant_moments(scores, values_t[0, j0 : j0 + nb], nb, m, moments, rhs)
-                    else:
-                        design_moments(scores, design, values_t, j0, nb, m, p, wx, moments, rhs)
-                        if do_mfx:
-                            score_derivative_sums(
-                                scores, design, values_t, j0, nb, kernel, dsum, dysum
-                            )
+                    block_moments(
+                        fused_terms, i, j0, nb, data, values_t, store_design, do_mfx, kernel,
+                        scores, design, m, wx, moments, rhs, dsum, dysum,
+                    )  # fmt: skip
             total = moments[0, 0]
             if not (total > 0.0):
-                near = nearest_key(i, data, exclude_self)
-                nearest[i] = near
-                if near >= 0:
-                    g[i, 0] = 1.0
-                    for o in range(n_out):
-                        beta[i, 0, o] = values_t[o, near]
+                nearest[i] = _NEAREST_PENDING
                 continue
             inv = 1.0 / total
             for a in range(p):
@@ -285,3 +269,22 @@ def _fit_items(counter, data, model, values_t, want_mfx, leaves, fit):
                 for c in range(dc):
                     for o in range(n_out):
                         mfx[i, c, o] = (dysum[c, o] - beta[i, 0, o] * dsum[c]) * inv
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
+def _nearest_items(counter, rows, data, model, values_t, fit):
+    """The queries ``rows`` that no key reached, one per item: the values of their
+    nearest admissible key (``nearest_key``), or nothing (``nearest`` -1) without one."""
+    beta, g, nearest = fit.beta, fit.g, fit.nearest
+    n_out = values_t.shape[0]
+    while True:
+        item = next_item(counter)
+        if item >= rows.shape[0]:
+            return
+        i = rows[item]
+        near = nearest_key(i, data, model.exclude_self)
+        nearest[i] = near
+        if near >= 0:
+            g[i, 0] = 1.0
+            for o in range(n_out):
+                beta[i, 0, o] = values_t[o, near]

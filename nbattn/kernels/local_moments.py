@@ -9,7 +9,7 @@ the online softmax (``nbattn.kernels.local``), the first pass adds
 
 * :func:`constant_moments`: the local constant with one output, one pass
   for l = sum_j w_j and sum_j w_j y_j;
-* ``fused_moments``: one output and p = 2 to 5 terms (local-linear in 1-4
+* ``fused_moments_<p>``: one output and p = 2 to 5 terms (local-linear in 1-4
   columns, local-quadratic in one), every moment of the block in one pass
   with register accumulators. Its source is generated per p from one
   template (:func:`fused_moments_source`, shown for p = 3 in its docstring):
@@ -20,12 +20,16 @@ the online softmax (``nbattn.kernels.local``), the first pass adds
 
 :func:`score_derivative_sums` adds the sums of the local-constant marginal
 effects, and :func:`solve` solves the normalised system for g and beta.
+:func:`block_moments` picks the path by the type of its first argument (a
+tuple of p zeros for the fused sums, None otherwise), so a first pass compiles
+the path of its own p only.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import overload
 
 from .. import config
 from .fastmath import fast_exp
@@ -50,13 +54,12 @@ def constant_moments(scores, y, nb, m, moments, rhs):
     rhs[0, 0] += acc
 
 
-def fused_moments_source(term_counts=FUSED_TERMS):
-    """The source of ``fused_moments(scores, rows, offsets, y, nb, m, p, moments, rhs)``.
+def fused_moments_source(p):
+    """The source of ``fused_moments_<p>(scores, rows, offsets, y, nb, m, moments, rhs)``.
 
-    One branch per p in ``term_counts`` (the last one the ``else``). Term t >= 1
-    of key j is ``rows[t - 1][j] - offsets[t - 1]``: the key rows and the query's
-    coordinates (the differences computed here, never stored), or the design
-    rows and zeros. The branch for p = 3 reads::
+    Term t >= 1 of key j is ``rows[t - 1][j] - offsets[t - 1]``: the key rows and
+    the query's coordinates (the differences computed here, never stored), or the
+    design rows and zeros. For p = 3 it reads::
 
         s00 = s01 = s02 = s11 = s12 = s22 = v0 = v1 = v2 = 0.0
         x1 = rows[0]
@@ -83,53 +86,119 @@ def fused_moments_source(term_counts=FUSED_TERMS):
         ...
         rhs[2, 0] += v2
     """
-    lines = ["def fused_moments(scores, rows, offsets, y, nb, m, p, moments, rhs):"]
-    for case, p in enumerate(term_counts):
-        if case == 0:
-            lines.append(f"    if p == {p}:")
-        elif case < len(term_counts) - 1:
-            lines.append(f"    elif p == {p}:")
-        else:
-            lines.append("    else:")
-        terms = range(1, p)
-        pairs = [(a, b) for a in range(p) for b in range(a, p)]
-        sums = [f"s{a}{b}" for a, b in pairs] + [f"v{a}" for a in range(p)]
-        body = [" = ".join(sums) + " = 0.0"]
-        for t in terms:
-            body += [f"x{t} = rows[{t - 1}]", f"o{t} = offsets[{t - 1}]"]
-        body.append("for j in range(nb):")
-        loop = ["w = fast_exp(scores[j] - m)"]
-        loop += [f"d{t} = x{t}[j] - o{t}" for t in terms]
-        loop += [f"wd{t} = w * d{t}" for t in terms]
-        loop += [f"s0{b} += " + ("w" if b == 0 else f"wd{b}") for b in range(p)]
-        loop += [f"s{a}{b} += wd{a} * d{b}" for a, b in pairs if a > 0]
-        # the products (w d) y for one difference, (w y) d for more: the forms of the
-        # hand-written sums this replaced, so that the results stay bit for bit the same
-        if p == 2:
-            loop += ["v0 += w * y[j]", "v1 += wd1 * y[j]"]
-        else:
-            loop += ["wy = w * y[j]", "v0 += wy"] + [f"v{t} += wy * d{t}" for t in terms]
-        body += ["    " + line for line in loop]
-        body += [f"moments[{a}, {b}] += s{a}{b}" for a, b in pairs]
-        body += [f"rhs[{a}, 0] += v{a}" for a in range(p)]
-        lines += ["        " + line for line in body]
+    lines = [f"def fused_moments_{p}(scores, rows, offsets, y, nb, m, moments, rhs):"]
+    terms = range(1, p)
+    pairs = [(a, b) for a in range(p) for b in range(a, p)]
+    sums = [f"s{a}{b}" for a, b in pairs] + [f"v{a}" for a in range(p)]
+    body = [" = ".join(sums) + " = 0.0"]
+    for t in terms:
+        body += [f"x{t} = rows[{t - 1}]", f"o{t} = offsets[{t - 1}]"]
+    body.append("for j in range(nb):")
+    loop = ["w = fast_exp(scores[j] - m)"]
+    loop += [f"d{t} = x{t}[j] - o{t}" for t in terms]
+    loop += [f"wd{t} = w * d{t}" for t in terms]
+    loop += [f"s0{b} += " + ("w" if b == 0 else f"wd{b}") for b in range(p)]
+    loop += [f"s{a}{b} += wd{a} * d{b}" for a, b in pairs if a > 0]
+    # the products (w d) y for one difference, (w y) d for more: the forms of the
+    # hand-written sums this replaced, so that the results stay bit for bit the same
+    if p == 2:
+        loop += ["v0 += w * y[j]", "v1 += wd1 * y[j]"]
+    else:
+        loop += ["wy = w * y[j]", "v0 += wy"] + [f"v{t} += wy * d{t}" for t in terms]
+    body += ["    " + line for line in loop]
+    body += [f"moments[{a}, {b}] += s{a}{b}" for a, b in pairs]
+    body += [f"rhs[{a}, 0] += v{a}" for a in range(p)]
+    lines += ["    " + line for line in body]
     return "\n".join(lines) + "\n"
 
 
-def _compile_fused_moments():
+def _compile_fused_moments(p):
     namespace = {"fast_exp": fast_exp}
     # compiled under this file's name: cache=True needs a function's source file on disk
     # (numba's error messages then point at this file's lines, not the generated ones)
-    exec(compile(fused_moments_source(), __file__, "exec"), namespace)
-    function = namespace["fused_moments"]
+    exec(compile(fused_moments_source(p), __file__, "exec"), namespace)
+    function = namespace[f"fused_moments_{p}"]
     function.__doc__ = (
-        "All moments of a block in one pass with register accumulators, for one output "
-        "and p in FUSED_TERMS (the source: ``fused_moments_source``)."
+        f"All moments of a block in one pass with register accumulators, for one output "
+        f"and p = {p} (the source: ``fused_moments_source``)."
     )
     return njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")(function)
 
 
-fused_moments = _compile_fused_moments()
+_FUSED_BY_TERMS = {p: _compile_fused_moments(p) for p in FUSED_TERMS}
+
+
+def block_moments(
+    fused_terms, i, j0, nb, data, values_t, store_design, do_mfx, kernel,
+    scores, design, m, wx, moments, rhs, dsum, dysum,
+):  # fmt: skip
+    """Adds keys j0 .. j0+nb-1 of query i (their ``scores`` and ``design`` rows from
+    ``block_scores``) to the moments, at the running maximum m, the path chosen by type:
+
+    * ``fused_terms`` a tuple of p zeros (one output, p in ``FUSED_TERMS``): the fused
+      sums of that p (``fused_moments_<p>``), the differences read from the design
+      rows (``store_design``) or from the keys and the query;
+    * ``fused_terms`` None: :func:`constant_moments` for the local constant with one
+      output and no marginal effects, else :func:`design_moments` (and, with ``do_mfx``,
+      :func:`score_derivative_sums`).
+
+    Only the chosen path is compiled into the caller (a branch on a value would compile
+    all five)."""
+    raise NotImplementedError("block_moments runs in compiled code only")
+
+
+@overload(block_moments, inline="always")
+def _block_moments_overload(
+    fused_terms, i, j0, nb, data, values_t, store_design, do_mfx, kernel,
+    scores, design, m, wx, moments, rhs, dsum, dysum,
+):  # fmt: skip
+    if isinstance(fused_terms, types.NoneType):
+
+        def general(
+            fused_terms, i, j0, nb, data, values_t, store_design, do_mfx, kernel,
+            scores, design, m, wx, moments, rhs, dsum, dysum,
+        ):  # fmt: skip
+            p = moments.shape[0]
+            if p == 1 and values_t.shape[0] == 1 and not do_mfx:
+                constant_moments(scores, values_t[0, j0 : j0 + nb], nb, m, moments, rhs)
+            else:
+                design_moments(scores, design, values_t, j0, nb, m, p, wx, moments, rhs)
+                if do_mfx:
+                    score_derivative_sums(scores, design, values_t, j0, nb, kernel, dsum, dysum)
+
+        return general
+    if not isinstance(fused_terms, types.UniTuple) or fused_terms.count not in _FUSED_BY_TERMS:
+        return None
+    fused_moments = _FUSED_BY_TERMS[fused_terms.count]
+
+    def fused(
+        fused_terms, i, j0, nb, data, values_t, store_design, do_mfx, kernel,
+        scores, design, m, wx, moments, rhs, dsum, dysum,
+    ):  # fmt: skip
+        p = moments.shape[0]
+        y = values_t[0, j0 : j0 + nb]
+        if store_design:  # rows past the last term repeat it (never read)
+            rows = (
+                design[1, 0:nb],
+                design[min(2, p - 1), 0:nb],
+                design[min(3, p - 1), 0:nb],
+                design[min(4, p - 1), 0:nb],
+            )
+            offsets = (0.0, 0.0, 0.0, 0.0)
+        else:  # rows past the last column repeat it (never read)
+            q_cont, keys_cont_t = data.q_cont, data.keys_cont_t
+            dc = keys_cont_t.shape[0]
+            c1, c2, c3 = min(1, dc - 1), min(2, dc - 1), min(3, dc - 1)
+            rows = (
+                keys_cont_t[0, j0 : j0 + nb],
+                keys_cont_t[c1, j0 : j0 + nb],
+                keys_cont_t[c2, j0 : j0 + nb],
+                keys_cont_t[c3, j0 : j0 + nb],
+            )
+            offsets = (q_cont[i, 0], q_cont[i, c1], q_cont[i, c2], q_cont[i, c3])
+        fused_moments(scores, rows, offsets, y, nb, m, moments, rhs)
+
+    return fused
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)

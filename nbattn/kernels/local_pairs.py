@@ -185,7 +185,7 @@ def block_scores(i, j0, nb, data, model, weighted, store_design, scores, design)
     return best
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
 def any_weight(log_weights):
     """Whether any key has a log weight other than 0 (the unweighted case skips them)."""
     for j in range(log_weights.shape[0]):
@@ -194,7 +194,7 @@ def any_weight(log_weights):
     return False
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
 def problem_sizes(data):
     """(n_q, dc, dk, n_k, weighted) of the ``LocalData`` group: the queries, the
     continuous and categorical columns, the keys, and whether any key has a log
@@ -203,7 +203,7 @@ def problem_sizes(data):
     return n_q, dc, dk, n_k, any_weight(data.log_weights)
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
 def problem_shape(data):
     """(n_q, dc, dk, n_k) of the ``LocalData`` group (:func:`problem_sizes` without the
     pass over the key weights)."""
@@ -214,7 +214,7 @@ def problem_shape(data):
     return n_q, dc, dk, n_k
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
 def block_scratch(p, dc):
     """The scratch of :func:`block_scores` for a chunk of queries: the block's scores
     and its design rows (p terms, and at least the 1 + dc rows of the differences).

@@ -36,7 +36,7 @@ _KEY_BLOCK = config.KEY_BLOCK
 _QUERY_BLOCK = config.QUERY_BLOCK
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
 def block_weights(i, j0, nb, data, model, fit, weighted, scores, design):
     """The normalised weights p_j = exp(s_j - shift_i - log_norm_i) of keys j0 .. j0+nb-1
     for query i into ``scores`` and their design rows into ``design`` (``block_scores``);
@@ -71,7 +71,7 @@ def local_loo_gradient(data, model, fit, values_t, cat_dparams, out_weights, lea
     (``nbattn.kernels.local_leaves``): the derivative of the pruned sums.
     Returns (n_q, dc + dk).
     """
-    n_q, dc, dk, _ = problem_shape(data)
+    n_q, dc, dk = data.q_cont.shape[0], data.keys_cont_t.shape[0], data.keys_cat_t.shape[0]
     out = np.zeros((n_q, dc + dk))
     run_items(_gradient_items, data, model, fit, values_t, cat_dparams, out_weights, out, leaves)
     return out
@@ -192,7 +192,7 @@ def local_interval_sums(data, model, fit, residuals_t):
     equivalent-kernel weights of the first pass ``fit`` (the nearest key's weight is 1
     for a query that fell back). ``residuals_t`` (n_out, n_k). Returns (n_q, n_out).
     """
-    out = np.zeros((problem_shape(data)[0], residuals_t.shape[0]))
+    out = np.zeros((data.q_cont.shape[0], residuals_t.shape[0]))
     run_items(_interval_items, data, model, fit, residuals_t, out)
     return out
 
@@ -239,8 +239,7 @@ def local_equivalent_weights(data, model, fit):
     polynomial extrapolates), (n_q, n_k). A query that fell back to its nearest key
     has weight 1 there and 0 elsewhere; a query with no admissible key a row of zeros.
     """
-    n_q, _, _, n_k = problem_shape(data)
-    out = np.zeros((n_q, n_k))
+    out = np.zeros((data.q_cont.shape[0], data.log_weights.shape[0]))
     run_items(_equivalent_items, data, model, fit, out)
     return out
 
