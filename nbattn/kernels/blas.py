@@ -36,7 +36,7 @@ import ctypes
 
 import llvmlite.binding as llvm
 import numpy as np
-from numba import cfunc, types
+from numba import cfunc, njit, types
 from numba.extending import overload
 
 from .. import config
@@ -148,15 +148,10 @@ def _bind_symbols():
 ON_NUMPY_BLAS = _bind_symbols()
 
 
-def gemm(a, b, c, trans_a, trans_b, beta):
-    """``c <- op(a) op(b) + beta c`` in place, op(x) = x.T when ``trans_x`` else x.
-
-    a, b, c are 2-D float32 or float64 arrays of one dtype whose rows are
-    contiguous (unit stride along the last axis); c is (m, n), op(a) (m, k),
-    op(b) (k, n). With ``beta = 0`` c need not be initialised. The caller
-    checks the shapes (kernels trust their callers).
-    """
-    raise NotImplementedError("gemm runs inside numba kernels only")
+def _gemm(a, b, c, trans_a, trans_b, beta):
+    """:func:`gemm`'s body, an overload per dtype (an overload is compiled anew in each
+    process that compiles a caller: :func:`gemm` wraps it to be cached on disk)."""
+    raise NotImplementedError("_gemm runs inside numba kernels only")
 
 
 def _gemm_impl(bits, kind):
@@ -223,10 +218,24 @@ def _gemm_impl(bits, kind):
 _IMPLS = {32: _gemm_impl(32, ord("s")), 64: _gemm_impl(64, ord("d"))}
 
 
-@overload(gemm, jit_options={"fastmath": config.FASTMATH})
+@overload(_gemm, jit_options={"fastmath": config.FASTMATH})
 def _gemm_overload(a, b, c, trans_a, trans_b, beta):
     if not all(isinstance(x, types.Array) and x.ndim == 2 for x in (a, b, c)):
         return None
     if not (isinstance(c.dtype, types.Float) and a.dtype == b.dtype == c.dtype):
         return None
     return _IMPLS[c.dtype.bitwidth]
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def gemm(a, b, c, trans_a, trans_b, beta):
+    """``c <- op(a) op(b) + beta c`` in place, op(x) = x.T when ``trans_x`` else x.
+
+    a, b, c are 2-D float32 or float64 arrays of one dtype whose rows are
+    contiguous (unit stride along the last axis); c is (m, n), op(a) (m, k),
+    op(b) (k, n). With ``beta = 0`` c need not be initialised. The caller
+    checks the shapes (kernels trust their callers). A compiled function of its own,
+    cached on disk, so that the kernels that call it (flash, each flex module) link it
+    instead of compiling the BLAS call again.
+    """
+    _gemm(a, b, c, trans_a, trans_b, beta)

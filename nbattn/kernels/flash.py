@@ -172,7 +172,7 @@ REBASE_SUM = 2.0**20
 REBASE_EXACT_SUM = 2.0**100
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
 def _scale_row(row, acc_row, factor):
     """``row *= factor``, ``acc_row *= factor`` (a power of two: exact)."""
     f_row = like(factor, row)
@@ -218,7 +218,7 @@ def _exp2_shift_sum_masked(row, bias, shift):
     return total
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
 def _tile_order(t, n):
     """Interleave heavy and light causal tiles: 0, n-1, 1, n-2, ..."""
     half = t // 2
@@ -299,14 +299,14 @@ def _tile_terms(st, th, bh, i0, j0, bias, band, score, need_band, save_th, add_k
                 row[j] = neg
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
 def _needs_band(i0, mb, j0, nb, band):
     """Whether some entry of the tile (rows i0..i0+mb-1, keys j0..j0+nb-1) is outside the band."""
     offset, left, right = band
     return j0 < i0 + mb - 1 + offset - left or j0 + nb - 1 > i0 + offset + right
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
 def _tile_is_live(bias, bh, qt, kt):
     """False when the mask excludes every entry of tile (qt, kt) of query slice bh."""
     if bias is None:
@@ -319,14 +319,14 @@ def _tile_is_live(bias, bh, qt, kt):
     return mask_live[mask_index[bh], mq, mk] != 0
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
 def _key_row(bias, bh, i, j0, nb):
     """The per-key mask entries of row i for the keys j0 .. j0 + nb - 1."""
     mask, mask_index, _, _ = bias
     return mask[mask_index[bh], i if mask.shape[1] > 1 else 0, j0 : j0 + nb]
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
 def _key_mask(bias):
     """Whether ``bias`` holds a mask with an entry per key (fused into the exponentials)."""
     if bias is None:
