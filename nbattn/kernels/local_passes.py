@@ -73,6 +73,8 @@ def local_loo_gradient(data, model, fit, values_t, cat_dparams, out_weights, lea
     """
     n_q, dc, dk = data.q_cont.shape[0], data.keys_cont_t.shape[0], data.keys_cat_t.shape[0]
     out = np.zeros((n_q, dc + dk))
+    # without categorical columns their derivative code is not compiled (None: rule 4)
+    cat_dparams = cat_dparams if dk else None
     run_items(_gradient_items, data, model, fit, values_t, cat_dparams, out_weights, out, leaves)
     return out
 
@@ -156,20 +158,21 @@ def _gradient_items(counter, data, model, fit, values_t, cat_dparams, out_weight
                             acc_s += scores[j] * ds
                         a_sum[c] += acc_a
                         s_sum[c] += acc_s
-                    for k in range(dk):
-                        qk = q_cat[i, k]
-                        if missing and qk != qk:
-                            continue
-                        dparams = cat_dparams[k]  # the score's term, derived (category_term)
-                        acc_a = 0.0
-                        acc_s = 0.0
-                        for j in range(nb):
-                            x = keys_cat_t[k, j0 + j]
-                            ds = category_term(x, qk, dparams[0], dparams[1], dparams[2])
-                            acc_a += coef[j] * ds
-                            acc_s += scores[j] * ds
-                        a_sum[dc + k] += acc_a
-                        s_sum[dc + k] += acc_s
+                    if cat_dparams is not None:
+                        for k in range(dk):
+                            qk = q_cat[i, k]
+                            if missing and qk != qk:
+                                continue
+                            dparams = cat_dparams[k]  # the score's term, derived (category_term)
+                            acc_a = 0.0
+                            acc_s = 0.0
+                            for j in range(nb):
+                                x = keys_cat_t[k, j0 + j]
+                                ds = category_term(x, qk, dparams[0], dparams[1], dparams[2])
+                                acc_a += coef[j] * ds
+                                acc_s += scores[j] * ds
+                            a_sum[dc + k] += acc_a
+                            s_sum[dc + k] += acc_s
             for t in range(n_par):
                 out[i, t] = a_sum[t] - a_total * s_sum[t]
 
