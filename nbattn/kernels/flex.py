@@ -56,9 +56,11 @@ functions that run their ``_*_items`` kernel on the threads of
 :func:`nbattn.kernels.items.run_items`: a ``prange`` would add a parallel
 region to compile, whose module re-optimises the whole loop body), and the
 backward's row terms and dQ sum are flash's compiled-once kernels
-(``nbattn.kernels.flash.backward_rows``, ``sum_groups``). ``check_forward`` /
-``check_backward`` compile the user's functions alone first, so that one of the
-wrong type is refused before the kernels compile.
+(``nbattn.kernels.flash.backward_rows``, ``sum_groups``), as are the functions that
+do not call the user's (``nbattn.kernels.flex_shared``: ``block_state``,
+``band_limits``, ``backward_shifts``) and the BLAS call (``nbattn.kernels.blas.gemm``).
+``check_forward`` / ``check_backward`` compile the user's functions alone first, so
+that one of the wrong type is refused before the kernels compile.
 """
 
 from __future__ import annotations
@@ -84,6 +86,7 @@ from nbattn.kernels.flash import (
     exp2_shift_sum,
     sum_groups,
 )
+from nbattn.kernels.flex_shared import backward_shifts, band_limits, block_state
 from nbattn.kernels.items import next_item, run_items
 from nbattn.kernels.softmax import row_max
 
@@ -215,25 +218,6 @@ def check_backward(score, score_args, mask_args, probes):
     return result
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE)
-def _block_state(blocks, b, h, qt, kt):
-    """The tile's class in ``blocks``: 0 closed, 1 partial, 2 open."""
-    return blocks[
-        b if blocks.shape[0] > 1 else 0,
-        h if blocks.shape[1] > 1 else 0,
-        qt if blocks.shape[2] > 1 else 0,
-        kt if blocks.shape[3] > 1 else 0,
-    ]
-
-
-@njit(fastmath=config.FASTMATH, cache=config.CACHE)
-def _band_limits(i, j0, nb, band):
-    """The tile columns [lo, hi) of row i inside the band."""
-    offset, left, right = band
-    centre = i + offset - j0
-    return min(max(centre - left, 0), nb), min(max(centre + right + 1, 0), nb)
-
-
 #: The largest score whose base-2 form (times log2(e)) is finite, per tile dtype.
 LIMIT64 = float(np.finfo(np.float64).max) / LOG2E
 LIMIT32 = float(np.finfo(np.float32).max) / LOG2E
@@ -323,7 +307,7 @@ def _mod_tile(st, b, h, i0, j0, band, masked, score_args, mask_args, poison, sta
     for r in range(mb):
         i = i0 + r
         row = st[r]
-        lo, hi = _band_limits(i, j0, nb, band)
+        lo, hi = band_limits(i, j0, nb, band)
         for j in range(lo):
             row[j] = neg
         band_row = row[lo:hi]  # indices from 0: no negative-index check, the loop vectorises
@@ -351,7 +335,7 @@ def _mod_tile_grad(st, gt, b, h, i0, j0, band, masked, score_args, mask_args):
         i = i0 + r
         row = st[r]
         g_row = gt[r]
-        lo, hi = _band_limits(i, j0, nb, band)
+        lo, hi = band_limits(i, j0, nb, band)
         for j in range(lo):
             row[j] = neg
             g_row[j] = zero
@@ -473,7 +457,7 @@ def _forward_item(q, k, v, blocks, item, tiles, score_args, mask_args, out, lse,
     kt_first = (j_first - k_lo) // block_k
     kt_last = (j_last - k_lo) // block_k if j_last >= j_first else kt_first - 1
     for kt in range(kt_first, kt_last + 1):
-        state = _block_state(blocks, b, h, item.qt, kt)
+        state = block_state(blocks, b, h, item.qt, kt)
         if state == 0:
             continue
         masked = state == 1
@@ -538,35 +522,6 @@ def _forward_item(q, k, v, blocks, item, tiles, score_args, mask_args, out, lse,
             for c in range(d_v):
                 out[o, row0 + r, c] = acc[r, c] * inv
             lse[o, row0 + r] = m[r] * ln2 + np.log(l[r])
-
-
-#: A bound on the relative rounding error of lse log2(e) (lse from the forward's m ln 2 +
-#: log l): 4 ulp, twice what the three roundings can make.
-NOISE = 2.0**-50
-
-
-@njit(fastmath=config.FASTMATH, cache=config.CACHE)
-def backward_shifts(lse, like_array):
-    """(3, BH, L) in ``like_array``'s dtype: per row of ``lse`` (float64, natural units)
-    the shift lse log2(e) as (top, rest, margin) for :func:`_weights`. float32: top =
-    float32(shift), rest = the float32 of what top leaves (0 when within the shift's
-    rounding error, ``NOISE``), margin 0; float64: top = shift, rest 0, margin its
-    rounding error."""
-    n_bh, n_q = lse.shape
-    out = np.zeros((3, n_bh, n_q), dtype=like_array.dtype)
-    for bh in range(n_bh):
-        for i in range(n_q):
-            shift = lse[bh, i] * LOG2E
-            noise = abs(shift) * NOISE
-            top = like(shift, like_array)
-            out[0, bh, i] = top
-            if like_array.itemsize == 4:
-                rest = shift - np.float64(top)
-                if abs(rest) > noise:
-                    out[1, bh, i] = rest
-            else:
-                out[2, bh, i] = noise
-    return out
 
 
 @njit(fastmath=config.FASTMATH, inline="always")
@@ -734,7 +689,7 @@ def _backward_item(
             b = item.b0 + bh // n_heads
             h = bh % n_heads
             for qt in range(qt_first, qt_last + 1):
-                state = _block_state(blocks, b, h, qt, kt)
+                state = block_state(blocks, b, h, qt, kt)
                 if state == 0:
                     continue
                 i0 = qt * block_q

@@ -43,7 +43,8 @@ from numba.extending import overload
 from nbattn import config
 from nbattn.kernels.blas import gemm
 from nbattn.kernels.flash import _transpose_into, backward_rows
-from nbattn.kernels.flex import _band_limits, _block_state, keep_entry, real_score, tile_score
+from nbattn.kernels.flex import keep_entry, real_score, tile_score
+from nbattn.kernels.flex_shared import band_limits, block_state
 from nbattn.kernels.items import next_item, run_items
 
 
@@ -227,7 +228,7 @@ def _args_item(
             b = item.b0 + bh // n_heads
             h = bh % n_heads
             for qt in range(qt_first, qt_last + 1):
-                state = _block_state(blocks, b, h, qt, kt)
+                state = block_state(blocks, b, h, qt, kt)
                 if state == 0:
                     continue
                 i0 = qt * block_q
@@ -243,7 +244,7 @@ def _args_item(
                         continue
                     i = i0 + r
                     di = np.float64(delta[bh, r0 + r])
-                    lo, hi = _band_limits(i, j0, nb, band)
+                    lo, hi = band_limits(i, j0, nb, band)
                     for j in range(lo, hi):
                         kv_idx = j0 + j
                         if state == 1 and not keep_entry(mask_mod(b, h, i, kv_idx, *mask_args)):
