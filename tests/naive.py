@@ -136,6 +136,24 @@ def loo_grad(X, y, bandwidth=None, components=None):
     return -np.asarray(components) @ outer
 
 
+def loo_grad_sums_full(queries, points, values_t, resid, centers, lse):
+    """``kernels.loo.loo_grad_full``'s sums with every query its own key (self_offset 0):
+
+    M_ab = sum_i sum_{j != i} g_ij (x_ia - x_ja)(x_ib - x_jb),
+    g_ij = w_ij sum_c r_ic (y_jc - f_ic),  w_ij = exp(s_ij - lse_i),  s_ij = -||z_i - z_j||^2
+
+    for the score-space ``queries`` z (n, k), the ``points`` x (n, d), ``values_t`` y^T
+    (p, n), ``resid`` r and ``centers`` f (n, p) and ``lse`` (n,), in float64.
+    """
+    z, x, y_t, r, f, lse = (np.asarray(a, dtype=np.float64)
+                            for a in (queries, points, values_t, resid, centers, lse))  # fmt: skip
+    w = np.exp(-((z[:, None, :] - z[None, :, :]) ** 2).sum(axis=-1) - lse[:, None])
+    np.fill_diagonal(w, 0.0)
+    g = w * np.einsum("ic,ijc->ij", r, y_t.T[None, :, :] - f[:, None, :])
+    delta = x[:, None, :] - x[None, :, :]
+    return np.einsum("ij,ija,ijb->ab", g, delta, delta)
+
+
 def weighted_spread(queries, keys, values, bandwidth):
     """(mean, std, n_eff) of Gaussian attention pooling with the full weight matrix."""
     w = nadaraya_watson_weights(queries, keys, bandwidth)
