@@ -1419,7 +1419,8 @@ def flex_attention_grads(
     if window is not None:
         keep &= (j >= i - window[0]) & (j <= i + window[1])
     s = np.where(keep, s, -np.inf)
-    p, lse = softmax_rows(s), logsumexp_rows(s)
+    with np.errstate(invalid="ignore"):  # inf / inf in a row with +inf: set to NaN below
+        p, lse = softmax_rows(s), logsumexp_rows(s)
     undefined = (np.isnan(s) | (s == np.inf)).any(axis=-1)
     p[undefined], lse[undefined] = np.nan, np.nan
     out = p @ v
