@@ -136,6 +136,24 @@ def loo_grad(X, y, bandwidth=None, components=None):
     return -np.asarray(components) @ outer
 
 
+def loo_grad_sums_full(queries, points, values_t, resid, centers, lse):
+    """``kernels.loo.loo_grad_full``'s sums with every query its own key (self_offset 0):
+
+    M_ab = sum_i sum_{j != i} g_ij (x_ia - x_ja)(x_ib - x_jb),
+    g_ij = w_ij sum_c r_ic (y_jc - f_ic),  w_ij = exp(s_ij - lse_i),  s_ij = -||z_i - z_j||^2
+
+    for the score-space ``queries`` z (n, k), the ``points`` x (n, d), ``values_t`` y^T
+    (p, n), ``resid`` r and ``centers`` f (n, p) and ``lse`` (n,), in float64.
+    """
+    z, x, y_t, r, f, lse = (np.asarray(a, dtype=np.float64)
+                            for a in (queries, points, values_t, resid, centers, lse))  # fmt: skip
+    w = np.exp(-((z[:, None, :] - z[None, :, :]) ** 2).sum(axis=-1) - lse[:, None])
+    np.fill_diagonal(w, 0.0)
+    g = w * np.einsum("ic,ijc->ij", r, y_t.T[None, :, :] - f[:, None, :])
+    delta = x[:, None, :] - x[None, :, :]
+    return np.einsum("ij,ija,ijb->ab", g, delta, delta)
+
+
 def weighted_spread(queries, keys, values, bandwidth):
     """(mean, std, n_eff) of Gaussian attention pooling with the full weight matrix."""
     w = nadaraya_watson_weights(queries, keys, bandwidth)
@@ -1360,3 +1378,67 @@ def flex_attention(q, k, v, score_mod=None, mask_mod=None, scale=None, mod_args=
         keep = getattr(mask_mod, "py_func", mask_mod)(b, h, i, j, *mod_args)
         s = np.where(np.broadcast_to(keep, s.shape), s, -np.inf)
     return softmax_rows(s) @ v, logsumexp_rows(s)
+
+
+def flex_attention_grads(
+    q, k, v, grad_out=None, score_mod=None, mask_mod=None, scale=None, mod_args=(), *,
+    score_grad=None, causal=False, window=None, enable_gqa=False,
+):  # fmt: skip
+    """(out, lse) of :func:`flex_attention` and, with ``grad_out``, (out, lse, dq, dk, dv)
+    by the softmax backward with the whole score array, in float64:
+
+    r = scale q k^T, s = score_mod(r, b, h, i, j, *mod_args), -inf where not admissible,
+    P = softmax(s), dV = P^T dO, dP = dO V^T, dS = P o (dP - rowsum(P o dP)) o
+    score_grad(r, b, h, i, j, *mod_args), dQ = scale dS K, dK = scale dS^T Q.
+
+    ``score_grad`` is d score_mod / d r (required with ``score_mod`` and ``grad_out``;
+    1 without ``score_mod``). Admissible: ``mask_mod`` true, and j <= i under
+    ``causal`` (top left), i - left <= j <= i + right under ``window=(left, right)``.
+    A row with NaN or +inf on an admissible entry has P, out and lse NaN (the kernels'
+    rule); a row without admissible entries zeros and lse = -inf.
+    q is (B, H, L, E), (H, L, E) (b = 0) or (L, E) (b = h = 0); k and v have q's
+    leading dimensions, or H_kv heads dividing H under ``enable_gqa`` (query head h
+    reads key head h // (H / H_kv); dK and dV sum over the heads that read them).
+    """
+    shapes = [np.shape(a) for a in (q, k, v)]
+    q, k, v = (np.asarray(a, dtype=np.float64).reshape((1,) * (4 - a.ndim) + a.shape)
+               for a in map(np.asarray, (q, k, v)))  # fmt: skip
+    group = q.shape[1] // k.shape[1] if enable_gqa else 1
+    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+    if scale is None:
+        scale = 1.0 / np.sqrt(q.shape[-1])
+    raw = (q @ np.swapaxes(k, -1, -2)) * scale
+    b, h, i, j = np.ix_(*(np.arange(n) for n in raw.shape))
+    fn = getattr(score_mod, "py_func", score_mod)
+    s = raw if fn is None else np.broadcast_to(fn(raw, b, h, i, j, *mod_args), raw.shape)
+    keep = np.ones(raw.shape, dtype=bool)
+    if mask_mod is not None:
+        keep &= getattr(mask_mod, "py_func", mask_mod)(b, h, i, j, *mod_args)
+    if causal:
+        keep &= j <= i
+    if window is not None:
+        keep &= (j >= i - window[0]) & (j <= i + window[1])
+    s = np.where(keep, s, -np.inf)
+    with np.errstate(invalid="ignore"):  # inf / inf in a row with +inf: set to NaN below
+        p, lse = softmax_rows(s), logsumexp_rows(s)
+    undefined = (np.isnan(s) | (s == np.inf)).any(axis=-1)
+    p[undefined], lse[undefined] = np.nan, np.nan
+    out = p @ v
+    lead = shapes[0][:-1]
+    if grad_out is None:
+        return out.reshape(lead + (v.shape[-1],)), lse.reshape(lead)
+    if score_mod is not None and score_grad is None:
+        raise ValueError("flex_attention_grads needs score_grad, d score_mod / d score")
+    g = np.asarray(grad_out, dtype=np.float64).reshape(out.shape)
+    dp = g @ np.swapaxes(v, -1, -2)
+    ds = p * (dp - (p * dp).sum(-1, keepdims=True))
+    if score_grad is not None:
+        fn = getattr(score_grad, "py_func", score_grad)
+        ds = np.where(p > 0, ds * np.broadcast_to(fn(raw, b, h, i, j, *mod_args), ds.shape), 0.0)
+    dq = scale * ds @ k
+    dk = scale * np.swapaxes(ds, -1, -2) @ q
+    dv = np.swapaxes(p, -1, -2) @ g
+    n_b, n_h = q.shape[:2]
+    dk, dv = (d.reshape(n_b, n_h // group, group, *d.shape[2:]).sum(2) for d in (dk, dv))
+    return (out.reshape(lead + (v.shape[-1],)), lse.reshape(lead), dq.reshape(shapes[0]),
+            dk.reshape(shapes[1]), dv.reshape(shapes[2]))  # fmt: skip
