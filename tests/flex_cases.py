@@ -16,10 +16,11 @@ one compiled specialisation per dtype instead of compiling their own.
 * ``table`` (rows, 2n + 1 or 2n - 1): a relative-position bias
   table[h % rows, j - i + centre], centre = its width // 2;
 * ``table2`` (rows2, cols2): an absolute key bias table2[h % rows2, j % cols2];
-* ``doc`` (B, 2, n) int64: the document of query i (doc[b, 0, i]) and of key j
-  (doc[b, 1, j]); a query of document -1 sees no key;
-* ``prefix`` (B,) int64: keys j < prefix[b] seen by every query of the document;
-* ``left``, ``right`` (int): the window j - i in [-left, right] outside the prefix;
+* ``doc`` (B, 3, n) int64: the document of query i (doc[b, 0, i]) and of key j
+  (doc[b, 1, j]), a query of document -1 seeing no key; doc[b, 2, j] != 0 marks a
+  global key, seen by every query of its document whatever the window (a prefix
+  of p keys: doc[b, 2, :p] = 1);
+* ``left``, ``right`` (int): the window j - i in [-left, right] for other keys;
 * ``diag`` (float): added on j == i;
 * ``spy``: a float array no function reads, whose gradient buffer a test's
   ``score_mod_args_grad`` may use to count its calls.
@@ -34,13 +35,15 @@ import nbattn
 WIDE = 10**6  # an unbounded window side
 
 NAMES = (
-    "scalar", "cap", "slopes", "table", "table2", "doc", "prefix", "left", "right", "diag", "spy",
+    "scalar", "cap", "slopes", "table", "table2", "doc", "left", "right", "diag", "spy",
 )  # fmt: skip
-SCALAR, CAP, SLOPES, TABLE, TABLE2, DOC, PREFIX, LEFT, RIGHT, DIAG, SPY = range(len(NAMES))
+SCALAR, CAP, SLOPES, TABLE, TABLE2, DOC, LEFT, RIGHT, DIAG, SPY = range(len(NAMES))
+# (a prefix is a row of doc, not an int array of its own: the stride-0 gradient
+# placeholder of a (B,) int array is C-contiguous for B = 1 only, another numba type)
 
 
 def score_fn(
-    score, b, h, q_idx, kv_idx, scalar, cap, slopes, table, table2, doc, prefix, left, right,
+    score, b, h, q_idx, kv_idx, scalar, cap, slopes, table, table2, doc, left, right,
     diag, spy,
 ):  # fmt: skip
     """s = score scalar, then c tanh(s / c) for c = cap > 0, plus slopes[h] (j - i),
@@ -55,19 +58,17 @@ def score_fn(
     return s + diag * (kv_idx == q_idx)  # (NumPy operations: also tests/naive.py's form)
 
 
-def mask_fn(
-    b, h, q_idx, kv_idx, scalar, cap, slopes, table, table2, doc, prefix, left, right, diag, spy
-):
-    """Query and key in the same document (not -1), and j - i in [-left, right] or
-    j < prefix[b]."""
+def mask_fn(b, h, q_idx, kv_idx, scalar, cap, slopes, table, table2, doc, left, right, diag, spy):
+    """Query and key in the same document (not -1), and j - i in [-left, right] or key
+    j global."""
     mine = doc[b, 0, q_idx]
     same = (mine >= 0) & (mine == doc[b, 1, kv_idx])
     inside = (kv_idx >= q_idx - left) & (kv_idx <= q_idx + right)
-    return same & (inside | (kv_idx < prefix[b]))
+    return same & (inside | (doc[b, 2, kv_idx] != 0))
 
 
 def score_grad_fn(
-    score, b, h, q_idx, kv_idx, scalar, cap, slopes, table, table2, doc, prefix, left, right,
+    score, b, h, q_idx, kv_idx, scalar, cap, slopes, table, table2, doc, left, right,
     diag, spy,
 ):  # fmt: skip
     """d score_fn / d score: scalar (1 - tanh(score scalar / c)**2) under a softcap c,
@@ -90,7 +91,8 @@ def make_args(
     """``mod_args`` for :func:`score_fn` / :func:`mask_fn`, batch ``n_b``, ``n_h`` query
     heads and ``n`` positions (at least the queries and keys). Absent terms are float64
     zeros (a table of (1, 2n + 1), a table2 of (1, 1)), one document 0 and no window;
-    ``doc`` may be (B, n), the same for queries and keys; ``prefix`` a number or (B,).
+    ``doc`` may be (B, n), the same for queries and keys, or (B, 2, n); ``prefix`` (a
+    number or (B,)) makes keys j < prefix[b] global.
     A float entry given as a NumPy array is taken as it is (its dtype kept), one given
     as numbers becomes a float64 array."""
 
@@ -102,14 +104,16 @@ def make_args(
     doc = np.asarray(doc, dtype=np.int64)
     if doc.ndim == 2:
         doc = np.stack([doc, doc], axis=1)
+    prefix = np.broadcast_to(np.asarray(prefix, dtype=np.int64), (n_b,))
+    glob = (np.arange(doc.shape[-1]) < prefix[:, None]).astype(np.int64)
+    doc = np.concatenate([doc, glob[:, None]], axis=1)
     return (
         floats(scalar, 1.0),
         floats(cap, 0.0),
         floats(slopes, np.zeros(n_h)),
         floats(table, np.zeros((1, 2 * n + 1))),
         floats(table2, np.zeros((1, 1))),
-        np.ascontiguousarray(doc),
-        np.array(np.broadcast_to(np.asarray(prefix, dtype=np.int64), (n_b,))),  # a writable copy
+        doc,
         int(left),
         int(right),
         float(diag),

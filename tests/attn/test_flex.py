@@ -25,7 +25,6 @@ from tests.flex_cases import (
     CAP,
     DOC,
     LEFT,
-    PREFIX,
     RIGHT,
     SLOPES,
     TABLE,
@@ -96,7 +95,7 @@ def _flex(q, k, v, args, **kw):
 
 def _torch_mods(args):
     cap, left, right = float(args[CAP]), args[LEFT], args[RIGHT]
-    slopes, table, doc, prefix = (torch.from_numpy(args[i]) for i in (SLOPES, TABLE, DOC, PREFIX))
+    slopes, table, doc = (torch.from_numpy(args[i]) for i in (SLOPES, TABLE, DOC))
     rows, centre = table.shape[0], table.shape[1] // 2
 
     def sm(score, b, h, q_idx, kv_idx):
@@ -106,7 +105,7 @@ def _torch_mods(args):
     def mm(b, h, q_idx, kv_idx):
         same = doc[b, 0, q_idx] == doc[b, 1, kv_idx]
         inside = (kv_idx >= q_idx - left) & (kv_idx <= q_idx + right)
-        return same & (inside | (kv_idx < prefix[b]))
+        return same & (inside | (doc[b, 2, kv_idx] != 0))
 
     return sm, mm
 
@@ -237,7 +236,7 @@ def test_block_mask_tiles_are_square(monkeypatch):
         monkeypatch.setattr(config, name, value)
     n = 64
     args = _args(n=n)
-    args[DOC][:] = np.arange(args[DOC].shape[-1]) // 16
+    args[DOC][:, :2] = np.arange(args[DOC].shape[-1]) // 16
     rng = np.random.default_rng(2)
     q, k, v = (rng.standard_normal((B, H, n, E)) for _ in range(3))
     block_mask = nbattn.create_block_mask(mask_fn, B, H, n, n, mod_args=args)
@@ -257,7 +256,7 @@ def test_rows_without_a_key_give_zeros_and_minus_inf():
     """Queries i >= S, in documents of their own, see no key (the flash convention)."""
     n = S + 9
     args = _args(docs=3, n=n)
-    args[DOC][:, :, S:] = 99
+    args[DOC][:, :2, S:] = 99
     q, _, _ = _qkv(np.float64, n=n)
     _, k, v = _qkv(np.float64)
     out, lse = _flex(q, k, v, args)

@@ -42,9 +42,9 @@ CENTRE = L - 1  # the table's column of kv_idx - q_idx = 0
 
 
 def args_grad_fn(
-    grad_score, score, b, h, q_idx, kv_idx, scalar, cap, slopes, table, table2, doc, prefix,
-    left, right, diag, spy, d_scalar, d_cap, d_slopes, d_table, d_table2, d_doc, d_prefix,
-    d_left, d_right, d_diag, d_spy,
+    grad_score, score, b, h, q_idx, kv_idx, scalar, cap, slopes, table, table2, doc, left,
+    right, diag, spy, d_scalar, d_cap, d_slopes, d_table, d_table2, d_doc, d_left, d_right,
+    d_diag, d_spy,
 ):  # fmt: skip
     """d score_fn / d (cap, slopes, table) times grad_score, added in (scalar = 1 and no
     table2 or diag in this file)."""
@@ -239,7 +239,7 @@ def test_refusals():
         )
 
     def complex_into_float(
-        gs, s, b, h, i, j, scalar, cap, slopes, table, table2, doc, prefix, left, right, diag,
+        gs, s, b, h, i, j, scalar, cap, slopes, table, table2, doc, left, right, diag,
         spy, *grads,
     ):  # fmt: skip
         grads[3][h, 0] = gs * 1j  # d_table: the gradient arrays are float64
@@ -326,7 +326,7 @@ def test_torch_compile_and_opcheck_of_the_backward_with_mod_args_gradients():
     handles = nbt._mod_handles(score_fn, mask_fn, None, None, args_grad_fn)
     constants = [a for a in mod_args if isinstance(a, torch.Tensor)]
     ints, floats = [WIDE, WIDE], [0.0]  # left, right; diag
-    settings = (ints, floats, "tttttttiift", False, None, False, None, None, "top_left", None, 0.0)
+    settings = (ints, floats, "ttttttiift", False, None, False, None, None, "top_left", None, 0.0)
     backward = (q, k, v, out.detach(), lse, torch.ones_like(out), None, None)
     backward += (constants, *settings, *handles.values())
     checks = ("test_schema", "test_faketensor")  # no autograd: no second derivatives

@@ -42,9 +42,9 @@ H = 4  # query heads of every case
 
 
 def args_grad_fn(
-    gs, score, b, h, q_idx, kv_idx, scalar, cap, slopes, table, table2, ids, prefix, left,
-    right, pyf, spy, d_scalar, d_cap, d_slopes, d_table, d_table2, d_ids, d_prefix, d_left,
-    d_right, d_pyf, d_spy,
+    gs, score, b, h, q_idx, kv_idx, scalar, cap, slopes, table, table2, ids, left, right,
+    pyf, spy, d_scalar, d_cap, d_slopes, d_table, d_table2, d_ids, d_left, d_right, d_pyf,
+    d_spy,
 ):  # fmt: skip
     """The chain rule of the shared score_fn for the temperature ``scalar`` and the two
     tables (no softcap or slopes here); it also writes into the placeholders of ids and
@@ -238,8 +238,8 @@ def test_block_mask_gives_the_mask_mod_gradients():
     n_b, L = 2, 300
     q, k, v, g = make_qkv(13, n_b, L, L)
     args = make_args(13, n_b, L, L)
-    args[DOC][:, :, 256:] = 1
-    args[DOC][1, :, 280:] = 2
+    args[DOC][:, :2, 256:] = 1
+    args[DOC][1, :2, 280:] = 2
     block = nbattn.create_block_mask(mask_fn, n_b, None, L, L, mod_args=args)
     assert 0 < block.sparsity(128, 256) < 1
     with_mask = run(q, k, v, g, args, causal=True)
@@ -558,9 +558,9 @@ def test_nan_or_inf_in_a_table_is_refused_by_the_backward_naming_out(value):
 
 
 def oob_fn(
-    gs, score, b, h, q_idx, kv_idx, scalar, cap, slopes, table, table2, ids, prefix, left,
-    right, pyf, spy, d_scalar, d_cap, d_slopes, d_table, d_table2, d_ids, d_prefix, d_left,
-    d_right, d_pyf, d_spy,
+    gs, score, b, h, q_idx, kv_idx, scalar, cap, slopes, table, table2, ids, left, right,
+    pyf, spy, d_scalar, d_cap, d_slopes, d_table, d_table2, d_ids, d_left, d_right, d_pyf,
+    d_spy,
 ):  # fmt: skip
     """Counts the calls of head 0 one element past the end of row 0 of the table's
     gradient."""
@@ -569,9 +569,9 @@ def oob_fn(
 
 
 def returns_fn(
-    gs, score, b, h, q_idx, kv_idx, scalar, cap, slopes, table, table2, ids, prefix, left,
-    right, pyf, spy, d_scalar, d_cap, d_slopes, d_table, d_table2, d_ids, d_prefix, d_left,
-    d_right, d_pyf, d_spy,
+    gs, score, b, h, q_idx, kv_idx, scalar, cap, slopes, table, table2, ids, left, right,
+    pyf, spy, d_scalar, d_cap, d_slopes, d_table, d_table2, d_ids, d_left, d_right, d_pyf,
+    d_spy,
 ):  # fmt: skip
     """The mistake of returning the gradient instead of adding it in."""
     return gs
@@ -609,13 +609,13 @@ def _refusal(match, **keywords):
 
 def test_refusals_name_the_argument_and_say_what_to_do():
     def short(
-        gs, score, b, h, q_idx, kv_idx, scalar, cap, slopes, table, table2, ids, prefix,
+        gs, score, b, h, q_idx, kv_idx, scalar, cap, slopes, table, table2, ids,
         left, right, pyf, spy, d_scalar,
     ):  # fmt: skip
         pass
 
     _refusal(
-        r"score_mod_args_grad must take \(grad_score, .*one gradient array.*28 in all",
+        r"score_mod_args_grad must take \(grad_score, .*one gradient array.*26 in all",
         score_mod_args_grad=short,
     )
     _refusal("score_mod_args_grad must be a function", score_mod_args_grad="args_grad_fn")

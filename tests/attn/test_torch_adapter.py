@@ -268,7 +268,7 @@ def test_opcheck():
     documents = _block_mask(DOCS)
     handles = nbt._mod_handles(fc.score_fn, None, documents, None)
     tensors = [a for a in _mod_args(slopes=SLOPES) if isinstance(a, torch.Tensor)]
-    ints, floats, kinds = [fc.WIDE, fc.WIDE], [0.0], "tttttttiift"  # left, right; diag
+    ints, floats, kinds = [fc.WIDE, fc.WIDE], [0.0], "ttttttiift"  # left, right; diag
     args = (q, k, v, None, None, tensors, ints, floats, kinds, True, None, False)
     args += (None, None, "top_left", None, 0.0, *handles.values())
     torch.library.opcheck(torch.ops.nbattn.flash_attention.default, args)
