@@ -2,9 +2,10 @@
 
 Against the dense formulation of ``tests/naive.py``, PyTorch's FlexAttention
 (eager) and torch autograd when torch is installed, and finite differences.
-Every case runs the same two module-level functions (:func:`score_fn`,
-:func:`mask_fn`) with different ``mod_args``, so the suite compiles one
-specialisation per dtype (each new function is a new compile of the kernels).
+Every case runs the same two module-level functions (``score_fn``, ``mask_fn`` of
+``tests/flex_cases.py``, shared with other files) with different ``mod_args``, so the
+suite compiles one specialisation per dtype (each new function is a new compile of the
+kernels).
 """
 
 from __future__ import annotations
@@ -20,6 +21,20 @@ from hypothesis import strategies as st
 
 import nbattn
 from tests import naive
+from tests.flex_cases import (
+    CAP,
+    DOC,
+    LEFT,
+    RIGHT,
+    SLOPES,
+    TABLE,
+    WIDE,
+    make_args,
+    mask_fn,
+    score_fn,
+    score_grad_fn,
+    with_args,
+)
 
 try:
     import torch
@@ -31,46 +46,25 @@ except ImportError:  # pragma: no cover - torch is optional
 needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed")
 
 B, H, L, S, E = 2, 2, 37, 45, 8
-WIDE = 10**6  # an unbounded window side
-
-
-def score_fn(score, b, h, q_idx, kv_idx, cap, slopes, table, doc, prefix, left, right):
-    """A tanh softcap (cap > 0, by nbattn.flex_tanh), ALiBi slopes[h] (j - i) and a
-    relative-position bias table[h, j - i + centre]: one function for every case of the
-    suite."""
-    s = score
-    if cap > 0:
-        s = cap * nbattn.flex_tanh(s / cap)
-    return s + slopes[h] * (kv_idx - q_idx) + table[h, kv_idx - q_idx + table.shape[1] // 2]
-
-
-def mask_fn(b, h, q_idx, kv_idx, cap, slopes, table, doc, prefix, left, right):
-    """Same document, and inside the window [i - left, i + right] or in the prefix."""
-    same = doc[b, q_idx] == doc[b, kv_idx]
-    inside = (kv_idx >= q_idx - left) & (kv_idx <= q_idx + right)
-    return same & (inside | (kv_idx < prefix[b]))
-
-
-def score_grad_fn(score, b, h, q_idx, kv_idx, cap, slopes, table, doc, prefix, left, right):
-    """d score_fn / d score."""
-    if cap > 0:
-        t = np.tanh(score / cap)
-        return 1.0 - t * t
-    return 1.0 + 0.0 * score
 
 
 def _args(cap=0.0, alibi=False, table=False, docs=None, prefix=0, left=WIDE, right=WIDE, n=L):
+    """mod_args of the shared functions: a softcap, ALiBi slopes, a relative-position bias
+    table, ``docs`` random documents, a prefix and a window."""
     rng = np.random.default_rng(7)
     n_pos = max(n, S)
-    slopes = 2.0 ** -(np.arange(H) + 1.0) if alibi else np.zeros(H)
-    bias = rng.standard_normal((H, 2 * n_pos + 1)) if table else np.zeros((H, 2 * n_pos + 1))
+    slopes = 2.0 ** -(np.arange(H) + 1.0) if alibi else None
+    bias = rng.standard_normal((H, 2 * n_pos + 1)) if table else None
     doc = np.zeros((B, n_pos), dtype=np.int64)
     if docs is not None:
         for b in range(B):
             doc[b] = np.searchsorted(
                 np.sort(rng.choice(n_pos, docs - 1, replace=False)), np.arange(n_pos), "right"
             )
-    return (float(cap), slopes, bias, doc, np.full(B, prefix, dtype=np.int64), left, right)
+    return make_args(
+        B, H, n_pos, cap=cap, slopes=slopes, table=bias, doc=doc, prefix=prefix, left=left,
+        right=right,
+    )  # fmt: skip
 
 
 CASES = {
@@ -100,18 +94,18 @@ def _flex(q, k, v, args, **kw):
 
 
 def _torch_mods(args):
-    cap, slopes, table, doc, prefix, left, right = args
-    slopes, table, doc, prefix = (torch.from_numpy(a) for a in (slopes, table, doc, prefix))
-    centre = table.shape[1] // 2
+    cap, left, right = float(args[CAP]), args[LEFT], args[RIGHT]
+    slopes, table, doc = (torch.from_numpy(args[i]) for i in (SLOPES, TABLE, DOC))
+    rows, centre = table.shape[0], table.shape[1] // 2
 
     def sm(score, b, h, q_idx, kv_idx):
         s = cap * torch.tanh(score / cap) if cap > 0 else score
-        return s + slopes[h] * (kv_idx - q_idx) + table[h, kv_idx - q_idx + centre]
+        return s + slopes[h] * (kv_idx - q_idx) + table[h % rows, kv_idx - q_idx + centre]
 
     def mm(b, h, q_idx, kv_idx):
-        same = doc[b, q_idx] == doc[b, kv_idx]
+        same = doc[b, 0, q_idx] == doc[b, 1, kv_idx]
         inside = (kv_idx >= q_idx - left) & (kv_idx <= q_idx + right)
-        return same & (inside | (kv_idx < prefix[b]))
+        return same & (inside | (doc[b, 2, kv_idx] != 0))
 
     return sm, mm
 
@@ -242,7 +236,7 @@ def test_block_mask_tiles_are_square(monkeypatch):
         monkeypatch.setattr(config, name, value)
     n = 64
     args = _args(n=n)
-    args[3][:] = np.arange(args[3].shape[1]) // 16
+    args[DOC][:, :2] = np.arange(args[DOC].shape[-1]) // 16
     rng = np.random.default_rng(2)
     q, k, v = (rng.standard_normal((B, H, n, E)) for _ in range(3))
     block_mask = nbattn.create_block_mask(mask_fn, B, H, n, n, mod_args=args)
@@ -262,7 +256,7 @@ def test_rows_without_a_key_give_zeros_and_minus_inf():
     """Queries i >= S, in documents of their own, see no key (the flash convention)."""
     n = S + 9
     args = _args(docs=3, n=n)
-    args[3][:, S:] = 99
+    args[DOC][:, :2, S:] = 99
     q, _, _ = _qkv(np.float64, n=n)
     _, k, v = _qkv(np.float64)
     out, lse = _flex(q, k, v, args)
@@ -284,32 +278,32 @@ def test_nan_and_inf_scores_propagate_and_overflow_is_refused():
     overflows is a ValueError (not a silently empty row). Through the bias table of
     the suite's own functions (no new compile)."""
     q, k, v = _qkv(np.float64)
-    cap, slopes, table, doc, prefix, left, right = CASES["causal"]
+    table = CASES["causal"][TABLE]
     centre = table.shape[1] // 2
     clean, clean_lse = _flex(q, k, v, CASES["causal"])
     for odd in (np.nan, np.inf, -np.inf):
         masked = table.copy()
         masked[:, centre + 1 :] = odd  # keys after the query: masked by the causal mask
-        out, lse = _flex(q, k, v, (cap, slopes, masked, doc, prefix, left, right))
+        out, lse = _flex(q, k, v, with_args(CASES["causal"], table=masked))
         np.testing.assert_array_equal(out, clean)
         np.testing.assert_array_equal(lse, clean_lse)
     for odd in (np.nan, np.inf):
         admitted = table.copy()
         admitted[:, centre - 1] = odd  # key i - 1: admissible for every row but the first
-        out, lse = _flex(q, k, v, (cap, slopes, admitted, doc, prefix, left, right))
+        out, lse = _flex(q, k, v, with_args(CASES["causal"], table=admitted))
         assert np.all(np.isnan(out[:, :, 1:])) and np.all(np.isnan(lse[:, :, 1:]))
         np.testing.assert_array_equal(out[:, :, 0], clean[:, :, 0])
     admitted = table.copy()
     admitted[:, centre - 1] = -np.inf  # as if masked
-    out, lse = _flex(q, k, v, (cap, slopes, admitted, doc, prefix, left, right))
+    out, lse = _flex(q, k, v, with_args(CASES["causal"], table=admitted))
     ref, ref_lse = naive.flex_attention(
-        q, k, v, score_fn, mask_fn, mod_args=(cap, slopes, admitted, doc, prefix, left, right)
+        q, k, v, score_fn, mask_fn, mod_args=with_args(CASES["causal"], table=admitted)
     )
     np.testing.assert_allclose(out, ref, rtol=0, atol=1e-12)
     huge = table.copy()
     huge[:, centre - 1] = 1.5e308
     with pytest.raises(ValueError, match=r"score_mod returned a score of magnitude 1\.5e\+308"):
-        _flex(q, k, v, (cap, slopes, huge, doc, prefix, left, right))
+        _flex(q, k, v, with_args(CASES["causal"], table=huge))
 
 
 @pytest.mark.usefixtures("small_flash_tiles")
@@ -346,15 +340,13 @@ def test_random_shapes_match_the_dense_formulation(n_q, n_k, gqa, left, right, c
     k = rng.standard_normal((B, n_kv_heads, n_k, E))
     v = rng.standard_normal((B, n_kv_heads, n_k, 3))
     n_pos = max(n_q, n_k)
-    args = (
-        cap,
-        rng.standard_normal(H) * 0.1,
-        rng.standard_normal((H, 2 * n_pos + 1)),
-        rng.integers(0, 2, (B, n_pos)),
-        rng.integers(0, 5, B),
-        left,
-        right,
-    )
+    slopes = rng.standard_normal(H) * 0.1
+    table = rng.standard_normal((H, 2 * n_pos + 1))
+    doc = rng.integers(0, 2, (B, n_pos))
+    args = make_args(
+        B, H, n_pos, cap=cap, slopes=slopes, table=table, doc=doc,
+        prefix=rng.integers(0, 5, B), left=left, right=right,
+    )  # fmt: skip
     out, lse = nbattn.flash_attention(
         q,
         k,

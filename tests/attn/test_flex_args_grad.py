@@ -3,8 +3,11 @@
 Against torch autograd on the dense formulation (float64, 1e-10), finite differences,
 varlen against flash on each sequence alone, float32, bit-identical repeats on one and
 two threads, the refusals and the torch adapter learning a bias table. Every case runs
-the same module-level functions (:func:`score_fn`, :func:`mask_fn`, :func:`args_grad_fn`)
-with different ``mod_args``, so the file compiles one specialisation per dtype.
+the same module-level functions (``score_fn`` and ``mask_fn`` of ``tests/flex_cases.py``,
+shared with other files, and :func:`args_grad_fn`) with different ``mod_args``, so the
+file compiles one specialisation per dtype: a learned softcap cap (0-d; none when 0),
+ALiBi slopes[h] (j - i), a relative position bias table[h, j - i + centre], documents
+and, when causal, a window of right side 0.
 """
 
 from __future__ import annotations
@@ -14,6 +17,20 @@ import numpy as np
 import pytest
 
 import nbattn
+from tests.flex_cases import (
+    CAP,
+    DOC,
+    MODS,
+    RIGHT,
+    SLOPES,
+    TABLE,
+    WIDE,
+    make_args,
+    mask_fn,
+    score_fn,
+    to_torch,
+    with_args,
+)
 
 torch = pytest.importorskip("torch")
 
@@ -24,26 +41,13 @@ B, H, L, E = 2, 4, 300, 8
 CENTRE = L - 1  # the table's column of kv_idx - q_idx = 0
 
 
-def score_fn(score, b, h, q_idx, kv_idx, cap, slopes, table, doc, causal):
-    """A learned softcap cap (0-d; none when 0), ALiBi slopes[h] (j - i) and a relative
-    position bias table[h, j - i + centre]."""
-    c = cap[()]
-    s = score
-    if c > 0:
-        s = c * nbattn.flex_tanh(s / c)
-    return s + slopes[h] * (kv_idx - q_idx) + table[h, kv_idx - q_idx + table.shape[1] // 2]
-
-
-def mask_fn(b, h, q_idx, kv_idx, cap, slopes, table, doc, causal):
-    """Same document, and kv_idx <= q_idx when causal."""
-    return (doc[b, q_idx] == doc[b, kv_idx]) & ((causal == 0) | (kv_idx <= q_idx))
-
-
 def args_grad_fn(
-    grad_score, score, b, h, q_idx, kv_idx, cap, slopes, table, doc, causal, d_cap, d_slopes,
-    d_table, d_doc, d_causal,
+    grad_score, score, b, h, q_idx, kv_idx, scalar, cap, slopes, table, table2, doc, left,
+    right, diag, spy, d_scalar, d_cap, d_slopes, d_table, d_table2, d_doc, d_left, d_right,
+    d_diag, d_spy,
 ):  # fmt: skip
-    """d score_fn / d (cap, slopes, table) times grad_score, added in."""
+    """d score_fn / d (cap, slopes, table) times grad_score, added in (scalar = 1 and no
+    table2 or diag in this file)."""
     c = cap[()]
     if c > 0:
         t = np.tanh(score / c)
@@ -52,7 +56,11 @@ def args_grad_fn(
     d_table[h, kv_idx - q_idx + table.shape[1] // 2] += grad_score
 
 
-MODS = dict(score_mod=score_fn, mask_mod=mask_fn)
+LEARNED = (CAP, SLOPES, TABLE)  # the mod_args entries with gradients here
+
+
+def _learned(d_args):
+    return tuple(d_args[m] for m in LEARNED)
 
 
 def _args(seed, cap=0.0, docs=1, causal=0, n=L, n_b=B, dtype=np.float64):
@@ -62,13 +70,11 @@ def _args(seed, cap=0.0, docs=1, causal=0, n=L, n_b=B, dtype=np.float64):
         for b in range(n_b):
             cuts = np.sort(rng.choice(np.arange(1, n), docs - 1, replace=False))
             doc[b] = np.searchsorted(cuts, np.arange(n), "right")
-    return (
-        np.array(cap, dtype=dtype),
-        (0.5 * rng.standard_normal(H)).astype(dtype),
-        rng.standard_normal((H, 2 * n - 1)).astype(dtype),
-        doc,
-        causal,
-    )
+    slopes = 0.5 * rng.standard_normal(H)
+    table = rng.standard_normal((H, 2 * n - 1))
+    right = 0 if causal else WIDE
+    cap, slopes, table = (np.asarray(x, dtype=dtype) for x in (cap, slopes, table))
+    return make_args(n_b, H, n, cap=cap, slopes=slopes, table=table, doc=doc, right=right)
 
 
 def _qkv(seed, h_kv=H, n_b=B, dtype=np.float64):
@@ -91,10 +97,10 @@ def _nbattn(q, k, v, g, args, gqa=False):
 
 def _dense(q, k, v, g, args):
     """Gradients of sum(g o out) by torch autograd on the explicit dense formulation."""
-    cap, slopes, table, doc, causal = args
+    cap, table, doc, causal = args[CAP], args[TABLE], args[DOC][:, 0], args[RIGHT] == 0
     t = [torch.tensor(np.asarray(x, dtype=np.float64), requires_grad=True) for x in (q, k, v)]
     tc, ts, tt = (
-        torch.tensor(np.asarray(x, dtype=np.float64), requires_grad=True) for x in args[:3]
+        torch.tensor(np.asarray(x, dtype=np.float64), requires_grad=True) for x in _learned(args)
     )
     tq, tk, tv = t
     reps = tq.shape[1] // tk.shape[1]
@@ -130,13 +136,13 @@ def test_matches_torch_autograd_of_the_dense_formulation(case, seed):
     h_kv = spec.pop("h_kv", H)
     q, k, v, g = _qkv(seed, h_kv)
     args = _args(seed, **spec)
-    copies = [x.copy() for x in (q, k, v, g) + args[:4]]
+    copies = [x.copy() for x in (q, k, v, g, *_learned(args), args[DOC])]
     dq, dk, dv, d_args = _nbattn(q, k, v, g, args, gqa=h_kv != H)
     (tq, tk, tv), want = _dense(q, k, v, g, args)
-    for got, ref in zip((dq, dk, dv) + d_args[:3], [tq, tk, tv, *want]):
+    for got, ref in zip((dq, dk, dv) + _learned(d_args), [tq, tk, tv, *want]):
         np.testing.assert_allclose(got, ref, rtol=0, atol=1e-10 * max(1.0, np.abs(ref).max()))
-    assert d_args[3] is None and d_args[4] is None  # doc ids, the causal flag
-    for x, y in zip((q, k, v, g) + args[:4], copies):
+    assert d_args[DOC] is None and d_args[RIGHT] is None  # doc ids, the window side
+    for x, y in zip((q, k, v, g, *_learned(args), args[DOC]), copies):
         np.testing.assert_array_equal(x, y)  # inputs never modified
 
 
@@ -149,8 +155,9 @@ def test_finite_differences():
         return float(np.sum(g * nbattn.flash_attention(q, k, v, mod_args=a, **MODS)))
 
     rng = np.random.default_rng(3)
-    picks = [(0, ()), (1, (2,)), (2, (1, CENTRE)), (2, (3, CENTRE - 5)), (2, (0, CENTRE + 9))]
-    picks += [(2, (int(rng.integers(H)), int(rng.integers(2 * L - 1)))) for _ in range(3)]
+    picks = [(CAP, ()), (SLOPES, (2,)), (TABLE, (1, CENTRE)), (TABLE, (3, CENTRE - 5))]
+    picks += [(TABLE, (0, CENTRE + 9))]
+    picks += [(TABLE, (int(rng.integers(H)), int(rng.integers(2 * L - 1)))) for _ in range(3)]
     for m, index in picks:
         step = 1e-6
         up = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
@@ -174,15 +181,15 @@ def test_varlen_sums_the_gradients_of_each_sequence_alone():
     dq, dk, dv, d_args = nbattn.flash_attention_varlen_backward(
         q, k, v, out, lse, g, cu, cu, mod_args=args, score_mod_args_grad=args_grad_fn, **MODS
     )
-    total = [np.zeros_like(a) for a in args[:3]]
+    total = [np.zeros_like(a) for a in _learned(args)]
     for s in range(len(lengths)):
         rows = slice(cu[s], cu[s + 1])
         alone = _nbattn(*(x[None, :, rows] for x in (q, k, v, g)), args)
         for got, want in zip((dq, dk, dv), alone[:3]):
             np.testing.assert_allclose(got[:, rows], want[0], rtol=0, atol=1e-13)
-        for t, d in zip(total, alone[3]):
+        for t, d in zip(total, _learned(alone[3])):
             t += d
-    for got, want in zip(d_args[:3], total):
+    for got, want in zip(_learned(d_args), total):
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-12 * max(1.0, np.abs(want).max()))
 
 
@@ -191,7 +198,7 @@ def test_float32_within_float32_rounding():
     args = _args(7, cap=1.5, docs=2, dtype=np.float32)
     dq, dk, dv, d_args = _nbattn(q, k, v, g, args, gqa=True)
     _, want = _dense(q, k, v, g, args)
-    for got, ref in zip(d_args[:3], want):
+    for got, ref in zip(_learned(d_args), want):
         assert got.dtype == np.float32
         np.testing.assert_allclose(got, ref, rtol=0, atol=2e-4 * max(1.0, np.abs(ref).max()))
 
@@ -209,7 +216,7 @@ def test_one_and_two_threads_and_two_runs_give_the_same_bytes():
         again = _nbattn(q, k, v, g, args, gqa=True)[3]
     finally:
         numba.set_num_threads(saved)
-    for a, b, c in zip(one[:3], two[:3], again[:3]):
+    for a, b, c in zip(_learned(one), _learned(two), _learned(again)):
         assert a.tobytes() == b.tobytes() == c.tobytes()
 
 
@@ -231,8 +238,11 @@ def test_refusals():
             *call, mask_mod=mask_fn, mod_args=args, score_mod_args_grad=args_grad_fn
         )
 
-    def complex_into_float(gs, s, b, h, i, j, cap, slopes, table, doc, causal, *grads):
-        grads[2][h, 0] = gs * 1j  # the gradient arrays are float64
+    def complex_into_float(
+        gs, s, b, h, i, j, scalar, cap, slopes, table, table2, doc, left, right, diag,
+        spy, *grads,
+    ):  # fmt: skip
+        grads[3][h, 0] = gs * 1j  # d_table: the gradient arrays are float64
 
     with pytest.raises(ValueError, match="score_mod_args_grad.*could not be compiled"):
         nbattn.flash_attention_backward(
@@ -251,12 +261,12 @@ def test_torch_adapter_learns_a_bias_table():
 
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, H, L, E, dtype=torch.float64) for _ in range(3))
-    cap, slopes, _, doc, _ = (torch.from_numpy(np.asarray(a)) for a in _args(0, n_b=1))
+    base = to_torch(_args(0, n_b=1))
     table = torch.zeros(H, 2 * L - 1, dtype=torch.float64, requires_grad=True)
     target = _torch_dense(q, k, v, torch.randn(H, 2 * L - 1, dtype=torch.float64))
 
     def loss_of(t):
-        mod_args = (cap, slopes * 0, t, doc, 1)
+        mod_args = with_args(base, slopes=base[SLOPES] * 0, table=t, right=0)
         out = flash_attention(q, k, v, mod_args=mod_args, score_mod_args_grad=args_grad_fn, **MODS)
         return ((out - target) ** 2).sum()
 
@@ -266,8 +276,8 @@ def test_torch_adapter_learns_a_bias_table():
     ((_torch_dense(q, k, v, reference) - target) ** 2).sum().backward()
     torch.testing.assert_close(table.grad, reference.grad, rtol=0, atol=1e-10)
 
-    with pytest.raises(ValueError, match="mod_args\\[2\\] requires grad.*score_mod_args_grad"):
-        flash_attention(q, k, v, mod_args=(cap, slopes, table, doc, 1), **MODS)
+    with pytest.raises(ValueError, match="mod_args\\[3\\] requires grad.*score_mod_args_grad"):
+        flash_attention(q, k, v, mod_args=with_args(base, table=table, right=0), **MODS)
 
     optimiser = torch.optim.Adam([table], lr=0.1)
     losses = []
@@ -289,14 +299,11 @@ def test_torch_compile_and_opcheck_of_the_backward_with_mod_args_gradients():
     n = 50
     torch.manual_seed(1)
     q, k, v = (torch.randn(1, H, n, E, dtype=torch.float64, requires_grad=True) for _ in range(3))
-    cap, slopes, table, doc, _ = (
-        torch.from_numpy(np.asarray(a)) for a in _args(1, 1.4, n=n, n_b=1)
-    )
-    slopes.requires_grad_()
-    table.requires_grad_()
+    base = to_torch(_args(1, 1.4, n=n, n_b=1))
+    slopes, table = base[SLOPES].requires_grad_(), base[TABLE].requires_grad_()
 
     def loss(q, k, v, slopes, table):
-        mod_args = (cap, slopes, table, doc, 0)
+        mod_args = with_args(base, slopes=slopes, table=table)
         out = nbt.flash_attention(
             q, k, v, mod_args=mod_args, score_mod_args_grad=args_grad_fn, **MODS
         )
@@ -314,10 +321,12 @@ def test_torch_compile_and_opcheck_of_the_backward_with_mod_args_gradients():
     assert counter.frame_count == graphs and new_table.grad is not None
     assert sum("nbattn.flash_attention.default" in g.code for g in counter.graphs) == 1
 
-    constants = [cap, slopes.detach(), table.detach(), doc]
-    out, lse = nbt.flash_attention(q, k, v, mod_args=(*constants, 0), return_lse=True, **MODS)
+    mod_args = with_args(base, slopes=slopes.detach(), table=table.detach())
+    out, lse = nbt.flash_attention(q, k, v, mod_args=mod_args, return_lse=True, **MODS)
     handles = nbt._mod_handles(score_fn, mask_fn, None, None, args_grad_fn)
-    settings = ([0], [], "tttti", False, None, False, None, None, "top_left", None, 0.0)
+    constants = [a for a in mod_args if isinstance(a, torch.Tensor)]
+    ints, floats = [WIDE, WIDE], [0.0]  # left, right; diag
+    settings = (ints, floats, "ttttttiift", False, None, False, None, None, "top_left", None, 0.0)
     backward = (q, k, v, out.detach(), lse, torch.ones_like(out), None, None)
     backward += (constants, *settings, *handles.values())
     checks = ("test_schema", "test_faketensor")  # no autograd: no second derivatives

@@ -4,10 +4,12 @@ Each case is checked against torch autograd on the explicit dense formulation
 (float64, 1e-10) or finite differences, and the user function also counts its calls
 into a "spy" array, so that the tests see where it runs: once per admissible entry,
 never on a masked entry, outside the causal band or window, or in a fully masked row.
-Every case runs the same module-level functions (:func:`score_fn`, :func:`mask_fn`,
+Every case runs the same module-level functions (``score_fn`` and ``mask_fn`` of
+``tests/flex_cases.py``, shared with the other flex test files, and
 :func:`args_grad_fn`) with ``mod_args`` of one set of types, so the file compiles few
-specialisations: float64 and float32 q with float64 tables, float64 q with float32
-tables, a backward with ``score_mod_grad``, and two misbehaving functions.
+specialisations: float64 and float32 q with float64 tables (those of the other files),
+float64 q with float32 and float16 tables, a backward with ``score_mod_grad``, and two
+misbehaving functions.
 """
 
 from __future__ import annotations
@@ -19,36 +21,36 @@ import pytest
 import nbattn
 from nbattn import config
 from nbattn.attn import flex
+from tests.flex_cases import (
+    DIAG,
+    DOC,
+    MODS,
+    SCALAR,
+    SPY,
+    TABLE,
+    TABLE2,
+    mask_fn,
+    score_grad_fn,
+    to_torch,
+    with_args,
+)
+from tests.flex_cases import make_args as shared_args
 
 torch = pytest.importorskip("torch")
 
 H = 4  # query heads of every case
 
 
-def score_fn(score, b, h, q_idx, kv_idx, table, table2, cap, ids, pyf, spy):
-    """A temperature cap (0-d), a relative-position bias table[h % rows, j - i + centre],
-    an absolute key bias table2[h % rows, j % cols] and pyf on the diagonal."""
-    s = score * cap[()]
-    s += table[h % table.shape[0], kv_idx - q_idx + table.shape[1] // 2]
-    s += table2[h % table2.shape[0], kv_idx % table2.shape[1]]
-    if kv_idx == q_idx:
-        s += pyf
-    return s
-
-
-def mask_fn(b, h, q_idx, kv_idx, table, table2, cap, ids, pyf, spy):
-    """Query q_idx and key kv_idx in the same document (ids[b, 0] for the queries,
-    ids[b, 1] for the keys); a query of id -1 sees no key."""
-    return (ids[b, 0, q_idx] >= 0) & (ids[b, 0, q_idx] == ids[b, 1, kv_idx])
-
-
 def args_grad_fn(
-    gs, score, b, h, q_idx, kv_idx, table, table2, cap, ids, pyf, spy,
-    d_table, d_table2, d_cap, d_ids, d_pyf, d_spy,
+    gs, score, b, h, q_idx, kv_idx, scalar, cap, slopes, table, table2, ids, left, right,
+    pyf, spy, d_scalar, d_cap, d_slopes, d_table, d_table2, d_ids, d_left, d_right, d_pyf,
+    d_spy,
 ):  # fmt: skip
-    """The chain rule of :func:`score_fn`; it also writes into the placeholders of ids
-    and pyf (which have no gradient) and counts its calls in d_spy[b, h, i, j]."""
-    d_cap[()] += gs * score
+    """The chain rule of the shared score_fn for the temperature ``scalar`` and the two
+    tables (no softcap or slopes here); it also writes into the placeholders of ids and
+    pyf (``doc`` and ``diag``, which have no gradient) and counts its calls in
+    d_spy[b, h, i, j]."""
+    d_scalar[()] += gs * score
     d_table[h % table.shape[0], kv_idx - q_idx + table.shape[1] // 2] += gs
     d_table2[h % table2.shape[0], kv_idx % table2.shape[1]] += gs
     d_ids[b, 0, q_idx] += gs
@@ -57,17 +59,25 @@ def args_grad_fn(
         d_spy[b, h, q_idx, kv_idx] += 1.0
 
 
-def score_grad_fn(score, b, h, q_idx, kv_idx, table, table2, cap, ids, pyf, spy):
-    """d score_fn / d score."""
-    return cap[()] + 0.0 * score
+LEARNED = (TABLE, TABLE2, SCALAR)  # the entries learned here, in dense_out's order
 
 
-MODS = dict(score_mod=score_fn, mask_mod=mask_fn)
+def learned(args):
+    """(table, table2, cap) of ``args`` (or of its gradients)."""
+    return tuple(args[m] for m in LEARNED)
+
+
+def with_learned(args, tables):
+    """``args`` with (table, table2, cap) replaced."""
+    return with_args(args, **dict(zip(("table", "table2", "scalar"), tables)))
 
 
 def make_args(seed, n_b, L, S, rows=H, cols2=7, docs=1, dtype=np.float64, spy=True):
-    """(table, table2, cap, ids, pyf, spy) for a call of n_b batch entries (or sequences)
-    of L queries and S keys; docs contiguous documents shared by queries and keys."""
+    """mod_args of the shared functions for a call of n_b batch entries (or sequences)
+    of L queries and S keys: a temperature cap (0-d, the ``scalar``), a relative-position
+    bias table[h % rows, j - i + centre], an absolute key bias table2[h % rows, j % cols],
+    ids (``doc``: docs contiguous documents shared by queries and keys), pyf (``diag``)
+    on the diagonal and a spy."""
     rng = np.random.default_rng(seed)
     n = max(L, S, 1)
     ids = np.zeros((n_b, 2, n), dtype=np.int64)
@@ -75,13 +85,12 @@ def make_args(seed, n_b, L, S, rows=H, cols2=7, docs=1, dtype=np.float64, spy=Tr
         for side, length in ((0, L), (1, S)):
             cuts = np.linspace(0, length, docs + 1)[1:-1].astype(np.int64)
             ids[:, side, :length] = np.searchsorted(cuts, np.arange(length), "right")
-    return (
-        rng.standard_normal((rows, 2 * n - 1)).astype(dtype),
-        rng.standard_normal((rows if cols2 > 1 else 1, cols2)).astype(dtype),
-        np.array(rng.uniform(0.5, 1.5), dtype=dtype),
-        ids,
-        0.3,
-        np.zeros((n_b, H, L, S) if spy else (1, 1, 1, 1)),
+    table = rng.standard_normal((rows, 2 * n - 1)).astype(dtype)
+    table2 = rng.standard_normal((rows if cols2 > 1 else 1, cols2)).astype(dtype)
+    cap = np.array(rng.uniform(0.5, 1.5), dtype=dtype)
+    spy = np.zeros((n_b, H, L, S) if spy else (1, 1, 1, 1))
+    return shared_args(
+        n_b, H, n, scalar=cap, table=table, table2=table2, doc=ids, diag=0.3, spy=spy
     )
 
 
@@ -108,7 +117,7 @@ def run(q, k, v, g, args, fn=args_grad_fn, backward=None, **kw):
 
 def keep_map(args, n_b, L, S, causal=False, window=None, alignment="top_left"):
     """(n_b, 1, L, S) boolean: the admissible entries (band and documents)."""
-    ids = args[3]
+    ids = args[DOC]
     offset = S - L if alignment == "bottom_right" else 0
     d = np.arange(S)[None, :] - np.arange(L)[:, None] - offset
     band = np.ones((L, S), dtype=bool)
@@ -143,8 +152,8 @@ def dense(q, k, v, g, args, keep, learn=(0, 1, 2)):
     """Gradients of sum(g o out) by torch autograd on the explicit dense formulation, in
     float64: (dq, dk, dv) and those of the args entries in ``learn``."""
     tensors = [torch.tensor(np.asarray(x, np.float64), requires_grad=True) for x in (q, k, v)]
-    tables = [torch.tensor(np.asarray(a, np.float64), requires_grad=True) for a in args[:3]]
-    out = dense_out(*tensors, *tables, args[4], keep)
+    tables = [torch.tensor(np.asarray(a, np.float64), requires_grad=True) for a in learned(args)]
+    out = dense_out(*tensors, *tables, args[DIAG], keep)
     loss = (out * torch.tensor(np.asarray(g, np.float64))).sum()
     wrt = tensors + [tables[m] for m in learn]
     return [x.numpy() for x in torch.autograd.grad(loss, wrt)]
@@ -181,17 +190,17 @@ def _case(name, seed=0, **extra):
 @pytest.mark.parametrize("name", list(CASES))
 def test_matches_dense_autograd_and_runs_only_on_admissible_entries(name):
     q, k, v, g, args, kw, keep = _case(name)
-    copies = [x.copy() for x in (q, k, v, g, *args[:4])]
+    copies = [x.copy() for x in (q, k, v, g, *learned(args), args[DOC])]
     dq, dk, dv, d_args = run(q, k, v, g, args, **kw)
     want = dense(q, k, v, g, args, keep)
-    for got, ref in zip((dq, dk, dv, *d_args[:3]), want):
+    for got, ref in zip((dq, dk, dv, *learned(d_args)), want):
         close(got, ref)
-    assert d_args[3] is None and d_args[4] is None  # int array, Python float
-    assert d_args[2].shape == () and d_args[1].shape == args[1].shape
-    assert all(d.dtype == np.float64 for d in d_args[:3] + (d_args[5],))
+    assert d_args[DOC] is None and d_args[DIAG] is None  # int array, Python float
+    assert d_args[SCALAR].shape == () and d_args[TABLE2].shape == args[TABLE2].shape
+    assert all(d.dtype == np.float64 for d in learned(d_args) + (d_args[SPY],))
     # the function ran exactly once on each admissible entry, nowhere else
-    np.testing.assert_array_equal(d_args[5], np.broadcast_to(keep, d_args[5].shape))
-    for x, y in zip((q, k, v, g, *args[:4]), copies):
+    np.testing.assert_array_equal(d_args[SPY], np.broadcast_to(keep, d_args[SPY].shape))
+    for x, y in zip((q, k, v, g, *learned(args), args[DOC]), copies):
         np.testing.assert_array_equal(x, y)  # inputs never modified
 
 
@@ -199,7 +208,7 @@ def test_fully_masked_rows_and_masked_keys():
     n_b, L, S = 2, 300, 280
     q, k, v, g = make_qkv(11, n_b, L, S)
     args = make_args(11, n_b, L, S, docs=2)
-    ids = args[3]
+    ids = args[DOC]
     ids[0, 0, 5:140] = -1  # rows without keys
     ids[1, 1, 100:] = -2  # keys nobody sees
     ids[1, 0, 200:] = 7  # queries of a document without keys
@@ -207,9 +216,9 @@ def test_fully_masked_rows_and_masked_keys():
     assert not keep[0, 0, 5:140].any() and not keep[1, 0, 200:].any()
     dq, dk, dv, d_args = run(q, k, v, g, args)
     want = dense(q, k, v, g, args, keep)
-    for got, ref in zip((dq, dk, dv, *d_args[:3]), want):
+    for got, ref in zip((dq, dk, dv, *learned(d_args)), want):
         close(got, ref)
-    np.testing.assert_array_equal(d_args[5], np.broadcast_to(keep, d_args[5].shape))
+    np.testing.assert_array_equal(d_args[SPY], np.broadcast_to(keep, d_args[SPY].shape))
     assert not dq[0, :, 5:140].any() and not dq[1, :, 200:].any()
 
 
@@ -217,9 +226,9 @@ def test_everything_masked_gives_zero_gradients_and_no_call():
     n_b, L, S = 1, 40, 50
     q, k, v, g = make_qkv(12, n_b, L, S)
     args = make_args(12, n_b, L, S)
-    args[3][:, 0] = -1
+    args[DOC][:, 0] = -1
     dq, dk, dv, d_args = run(q, k, v, g, args)
-    for d in (dq, dk, dv, *d_args[:3], d_args[5]):
+    for d in (dq, dk, dv, *learned(d_args), d_args[SPY]):
         assert not d.any()
 
 
@@ -229,17 +238,19 @@ def test_block_mask_gives_the_mask_mod_gradients():
     n_b, L = 2, 300
     q, k, v, g = make_qkv(13, n_b, L, L)
     args = make_args(13, n_b, L, L)
-    args[3][:, :, 256:] = 1
-    args[3][1, :, 280:] = 2
+    args[DOC][:, :2, 256:] = 1
+    args[DOC][1, :2, 280:] = 2
     block = nbattn.create_block_mask(mask_fn, n_b, None, L, L, mod_args=args)
     assert 0 < block.sparsity(128, 256) < 1
     with_mask = run(q, k, v, g, args, causal=True)
     with_block = run(q, k, v, g, args, causal=True, block_mask=block)
-    for got, want in zip(with_block[:3] + with_block[3][:3], with_mask[:3] + with_mask[3][:3]):
+    for got, want in zip(
+        with_block[:3] + learned(with_block[3]), with_mask[:3] + learned(with_mask[3])
+    ):
         close(got, want, 1e-13)
-    np.testing.assert_array_equal(with_block[3][5], with_mask[3][5])
+    np.testing.assert_array_equal(with_block[3][SPY], with_mask[3][SPY])
     keep = keep_map(args, n_b, L, L, causal=True)
-    for got, ref in zip(with_block[3][:3], dense(q, k, v, g, args, keep)[3:]):
+    for got, ref in zip(learned(with_block[3]), dense(q, k, v, g, args, keep)[3:]):
         close(got, ref)
 
 
@@ -261,24 +272,24 @@ def test_varlen_with_empty_and_one_token_sequences():
         q, k, v, out, lse, g, cu_q, cu_k, mod_args=args, score_mod_args_grad=args_grad_fn,
         **kw, **MODS,
     )  # fmt: skip
-    total = [np.zeros(a.shape) for a in args[:3]]
-    calls = np.zeros_like(args[5])
+    total = [np.zeros(a.shape) for a in learned(args)]
+    calls = np.zeros_like(args[SPY])
     for s in range(n_seq):
         rq, rk = slice(cu_q[s], cu_q[s + 1]), slice(cu_k[s], cu_k[s + 1])
         L, S = len_q[s], len_k[s]
-        keep = keep_map((None, None, None, args[3][s : s + 1]), 1, L, S, True, None, "bottom_right")
+        seq_args = with_args(args, doc=args[DOC][s : s + 1])
+        keep = keep_map(seq_args, 1, L, S, True, None, "bottom_right")
         calls[s, :, :L, :S] = keep[0]
         if L == 0 or S == 0:
             assert not dq[:, rq].any() and not dk[:, rk].any() and not dv[:, rk].any()
             continue
-        seq_args = (*args[:3], args[3][s : s + 1], args[4], args[5])
         want = dense(q[None, :, rq], k[None, :, rk], v[None, :, rk], g[None, :, rq], seq_args, keep)
         close(dq[:, rq], want[0][0])
         close(dk[:, rk], want[1][0])
         for t, w in zip(total, want[3:]):
             t += w
-    np.testing.assert_array_equal(d_args[5], calls)
-    for got, want in zip(d_args[:3], total):
+    np.testing.assert_array_equal(d_args[SPY], calls)
+    for got, want in zip(learned(d_args), total):
         close(got, want)
 
 
@@ -289,9 +300,10 @@ def test_finite_differences():
     def loss(a):
         return float(np.sum(g * nbattn.flash_attention(q, k, v, mod_args=a, **MODS, **kw)))
 
-    centre = args[0].shape[1] // 2
-    picks = [(2, ()), (0, (1, centre)), (0, (0, centre - 9)), (0, (1, centre + 3))]
-    picks += [(0, (0, centre + 4)), (0, (1, centre - 10)), (1, (0, 3)), (1, (1, 6))]
+    centre = args[TABLE].shape[1] // 2
+    picks = [(SCALAR, ()), (TABLE, (1, centre)), (TABLE, (0, centre - 9))]
+    picks += [(TABLE, (1, centre + 3)), (TABLE, (0, centre + 4)), (TABLE, (1, centre - 10))]
+    picks += [(TABLE2, (0, 3)), (TABLE2, (1, 6))]
     for m, index in picks:  # (0, centre + 4) and (1, centre - 10) lie outside the band: 0
         step = 1e-6
         up, down = ([a.copy() if isinstance(a, np.ndarray) else a for a in args] for _ in "ud")
@@ -299,7 +311,7 @@ def test_finite_differences():
         down[m][index] -= step
         diff = (loss(tuple(up)) - loss(tuple(down))) / (2 * step)
         assert abs(d_args[m][index] - diff) < 1e-6 * max(1.0, abs(diff)), (m, index)
-    assert d_args[0][0, centre + 4] == 0.0 and d_args[0][1, centre - 10] == 0.0
+    assert d_args[TABLE][0, centre + 4] == 0.0 and d_args[TABLE][1, centre - 10] == 0.0
 
 
 def test_score_mod_grad_given_too_changes_nothing():
@@ -324,7 +336,7 @@ def test_one_and_two_threads_and_two_runs_give_the_same_bits():
         again = run(q, k, v, g, args, **kw)[3]
     finally:
         numba.set_num_threads(saved)
-    for a, b, c in zip(one[:3], two[:3], again[:3]):
+    for a, b, c in zip(learned(one), learned(two), learned(again)):
         assert a.tobytes() == b.tobytes() == c.tobytes()
 
 
@@ -342,12 +354,12 @@ def test_a_memory_cap_on_the_slots_keeps_the_gradients_and_their_bits(monkeypatc
     args = make_args(15, n_b, L, L, docs=2)
     # a large relative table (its rows beyond the band never read): 12 MB a slot
     big = np.random.default_rng(15).standard_normal((H, 2 * 200_000 - 1))
-    big[:, 200_000 - L : 200_000 + L - 1] = args[0][:, :]
-    args = (big, *args[1:])
+    big[:, 200_000 - L : 200_000 + L - 1] = args[TABLE][:, :]
+    args = with_args(args, table=big)
     kw = dict(enable_gqa=True, causal=True)
     free = run(q, k, v, g, args, **kw)[3]  # 8 slots
     want = dense(q, k, v, g, args, keep_map(args, n_b, L, L, causal=True))[3:]
-    for got, ref in zip(free[:3], want):
+    for got, ref in zip(learned(free), want):
         close(got, ref)
     made = []
 
@@ -367,10 +379,10 @@ def test_a_memory_cap_on_the_slots_keeps_the_gradients_and_their_bits(monkeypatc
             two = run(q, k, v, g, args, **kw)[3]
         finally:
             numba.set_num_threads(saved)
-        for a, b, f in zip(one[:3], two[:3], free[:3]):
+        for a, b, f in zip(learned(one), learned(two), learned(free)):
             assert a.tobytes() == b.tobytes()
             close(a, f, 1e-13)
-        np.testing.assert_array_equal(one[5], free[5])
+        np.testing.assert_array_equal(one[SPY], free[SPY])
     assert made == [3, 3, 1, 1]
 
 
@@ -388,35 +400,35 @@ def test_float32_inputs_with_float64_tables():
     q, k, v, g, args, keep = _small()
     q32, k32, v32, g32 = (x.astype(np.float32) for x in (q, k, v, g))
     dq, _, _, d_args = run(q32, k32, v32, g32, args, **SMALL)
-    assert dq.dtype == np.float32 and all(d.dtype == np.float64 for d in d_args[:3])
+    assert dq.dtype == np.float32 and all(d.dtype == np.float64 for d in learned(d_args))
     want = dense(q32, k32, v32, g32, args, keep)
-    for got, ref in zip(d_args[:3], want[3:]):
+    for got, ref in zip(learned(d_args), want[3:]):
         close(got, ref, 1e-5)
 
 
 def test_float64_inputs_with_float32_tables_are_exact_to_float32_rounding():
     q, k, v, g, args, keep = _small(dtype=np.float32)
     dq, _, _, d_args = run(q, k, v, g, args, **SMALL)
-    assert dq.dtype == np.float64 and all(d.dtype == np.float32 for d in d_args[:3])
+    assert dq.dtype == np.float64 and all(d.dtype == np.float32 for d in learned(d_args))
     want = dense(q, k, v, g, args, keep)
     close(dq, want[0])  # the tables' float32 values, in float64 arithmetic
-    for got, ref in zip(d_args[:3], want[3:]):
+    for got, ref in zip(learned(d_args), want[3:]):
         close(got, ref, 1e-7)  # float32 rounding of the results
 
 
 def test_float16_tables_get_gradients_in_float16():
     q, k, v, g, args, keep = _small(dtype=np.float16)
     d_args = run(q, k, v, g, args, **SMALL)[3]
-    assert [d.dtype for d in d_args[:3]] == [np.float16] * 3
+    assert [d.dtype for d in learned(d_args)] == [np.float16] * 3
     want = dense(q, k, v, g, args, keep)
-    for got, ref in zip(d_args[:3], want[3:]):
+    for got, ref in zip(learned(d_args), want[3:]):
         np.testing.assert_allclose(got, ref, rtol=1e-3, atol=1e-6)
 
 
 def test_read_only_non_contiguous_and_big_endian_tables():
     q, k, v, g, args, keep = _small()
     plain = run(q, k, v, g, args, **SMALL)[3]
-    table, table2, cap = args[:3]
+    table, table2, cap = learned(args)
     wide = np.zeros((table.shape[0], 2 * table.shape[1]))
     wide[:, ::2] = table
     locked = table2.copy()
@@ -429,8 +441,8 @@ def test_read_only_non_contiguous_and_big_endian_tables():
     }
     for name, tables in variants.items():
         copies = [t.copy() for t in tables]
-        got = run(q, k, v, g, (*tables, *args[3:]), **SMALL)[3]
-        for d, p, t in zip(got[:3], plain[:3], tables):
+        got = run(q, k, v, g, with_learned(args, tables), **SMALL)[3]
+        for d, p, t in zip(learned(got), learned(plain), tables):
             assert d.shape == t.shape, name
             assert d.dtype == t.dtype, name  # the gradient of a table in its own dtype
             assert d.astype(np.float64).tobytes() == p.tobytes(), name
@@ -441,23 +453,23 @@ def test_read_only_non_contiguous_and_big_endian_tables():
 
 def test_big_endian_tables_get_gradients_of_their_dtype():
     q, k, v, g, args, keep = _small()
-    tables = tuple(a.astype(">f8") for a in args[:3])
-    d_args = run(q, k, v, g, (*tables, *args[3:]), **SMALL)[3]
-    assert [d.dtype for d in d_args[:3]] == [np.dtype(">f8")] * 3
+    tables = tuple(a.astype(">f8") for a in learned(args))
+    d_args = run(q, k, v, g, with_learned(args, tables), **SMALL)[3]
+    assert [d.dtype for d in learned(d_args)] == [np.dtype(">f8")] * 3
 
 
 def test_tables_that_are_views_of_one_buffer():
     # table and table2 overlap: each gets the gradient of its own reads, the buffer is kept
     q, k, v, g, args, keep = _small()
-    rows, cols = args[0].shape
+    rows, cols = args[TABLE].shape
     buffer = np.random.default_rng(7).standard_normal(rows * cols + 10)
     table = buffer[: rows * cols].reshape(rows, cols)
     table2 = buffer[5 : 5 + 2 * 7].reshape(2, 7)
-    aliased = (table, table2, *args[2:])
+    aliased = with_args(args, table=table, table2=table2)
     kept = buffer.copy()
     d_args = run(q, k, v, g, aliased, **SMALL)[3]
     np.testing.assert_array_equal(buffer, kept)
-    for got, ref in zip(d_args[:3], dense(q, k, v, g, aliased, keep)[3:]):
+    for got, ref in zip(learned(d_args), dense(q, k, v, g, aliased, keep)[3:]):
         close(got, ref)
 
 
@@ -495,12 +507,12 @@ TIES = (
 )
 def test_extreme_table_values_follow_the_dense_formulation(what):
     q, k, v, g, args, keep = _small(seed=8)
-    table, table2, cap = (a.copy() for a in args[:3])
+    table, table2, cap = (a.copy() for a in learned(args))
     EXTREMES[what](table, table2, cap, table.shape[1] // 2)
-    bad = (table, table2, cap, *args[3:])
+    bad = with_learned(args, (table, table2, cap))
     got = run(q, k, v, g, bad, **SMALL)
     want = dense(q, k, v, g, bad, keep)
-    for d, ref in zip(got[:3] + got[3][:3], want):
+    for d, ref in zip(got[:3] + learned(got[3]), want):
         close(d, ref)
 
 
@@ -509,11 +521,11 @@ def test_float32_extremes():
     # float32 q with a float64 one is refused (the float32 kernel's base-2 scores would
     # overflow), naming score_mod
     q, k, v, g, args, keep = _small(seed=9, dtype=np.float32)
-    args[0][0, args[0].shape[1] // 2 - 2] = 3e38
+    args[TABLE][0, args[TABLE].shape[1] // 2 - 2] = 3e38
     want = dense(q, k, v, g, args, keep)
-    for d, ref in zip(run(q, k, v, g, args, **SMALL)[3][:3], want[3:]):
+    for d, ref in zip(learned(run(q, k, v, g, args, **SMALL)[3]), want[3:]):
         close(d, ref, 1e-7)  # float32 rounding of the results
-    args64 = (*(a.astype(np.float64) for a in args[:3]), *args[3:])
+    args64 = with_learned(args, tuple(a.astype(np.float64) for a in learned(args)))
     q32, k32, v32 = (x.astype(np.float32) for x in (q, k, v))
     with pytest.raises(ValueError, match="score_mod returned a score of magnitude 3e\\+38"):
         nbattn.flash_attention(q32, k32, v32, mod_args=args64, **MODS, **SMALL)
@@ -521,22 +533,22 @@ def test_float32_extremes():
 
 def test_float32_inputs_with_a_float64_table_entry_of_2e38():
     q, k, v, g, args, keep = _small(seed=9)
-    args[0][0, args[0].shape[1] // 2 - 2] = 2e38  # below float32's largest / log2(e)
+    args[TABLE][0, args[TABLE].shape[1] // 2 - 2] = 2e38  # below float32's largest / log2(e)
     q32, k32, v32, g32 = (x.astype(np.float32) for x in (q, k, v, g))
     want = dense(q32, k32, v32, g32, args, keep)
     got = run(q32, k32, v32, g32, args, **SMALL)
     for d, ref in zip(got[:3], want):
         close(d, ref, 1e-5)
-    for d, ref in zip(got[3][:3], want[3:]):
+    for d, ref in zip(learned(got[3]), want[3:]):
         close(d, ref, 1e-5)
 
 
 @pytest.mark.parametrize("value", [np.nan, np.inf])
 def test_nan_or_inf_in_a_table_is_refused_by_the_backward_naming_out(value):
     q, k, v, g, args, keep = _small(seed=10)
-    table = args[0].copy()
+    table = args[TABLE].copy()
     table[1, table.shape[1] // 2] = value  # the diagonal of head 1
-    bad = (table, *args[1:])
+    bad = with_args(args, table=table)
     out, lse = nbattn.flash_attention(q, k, v, return_lse=True, mod_args=bad, **MODS, **SMALL)
     assert np.isnan(out[0, 1]).all(axis=-1).any() and not np.isnan(out[0, 0]).any()
     with pytest.raises(ValueError, match="out contains NaN or inf"):
@@ -546,8 +558,9 @@ def test_nan_or_inf_in_a_table_is_refused_by_the_backward_naming_out(value):
 
 
 def oob_fn(
-    gs, score, b, h, q_idx, kv_idx, table, table2, cap, ids, pyf, spy,
-    d_table, d_table2, d_cap, d_ids, d_pyf, d_spy,
+    gs, score, b, h, q_idx, kv_idx, scalar, cap, slopes, table, table2, ids, left, right,
+    pyf, spy, d_scalar, d_cap, d_slopes, d_table, d_table2, d_ids, d_left, d_right, d_pyf,
+    d_spy,
 ):  # fmt: skip
     """Counts the calls of head 0 one element past the end of row 0 of the table's
     gradient."""
@@ -556,8 +569,9 @@ def oob_fn(
 
 
 def returns_fn(
-    gs, score, b, h, q_idx, kv_idx, table, table2, cap, ids, pyf, spy,
-    d_table, d_table2, d_cap, d_ids, d_pyf, d_spy,
+    gs, score, b, h, q_idx, kv_idx, scalar, cap, slopes, table, table2, ids, left, right,
+    pyf, spy, d_scalar, d_cap, d_slopes, d_table, d_table2, d_ids, d_left, d_right, d_pyf,
+    d_spy,
 ):  # fmt: skip
     """The mistake of returning the gradient instead of adding it in."""
     return gs
@@ -569,7 +583,7 @@ def test_writes_past_a_row_land_in_the_next_row():
     # someone else, which nothing detects
     q, k, v, g, args, keep = _small()
     d_args = run(q, k, v, g, args, fn=oob_fn, **SMALL)[3]
-    spilled = d_args[0].copy()
+    spilled = d_args[TABLE].copy()
     assert spilled[1, 0] == keep.sum()  # the calls of head 0: its admissible entries
     spilled[1, 0] = 0.0
     assert not spilled.any()
@@ -586,19 +600,22 @@ def _refusal(match, **keywords):
     out, lse = nbattn.flash_attention(q, k, v, return_lse=True, mod_args=args, **MODS, **SMALL)
     call = dict(MODS, mod_args=args, score_mod_args_grad=args_grad_fn, **SMALL)
     call.update(keywords)
-    kept = [x.copy() for x in (q, k, v, g, out, lse, *args[:4])]
+    kept = [x.copy() for x in (q, k, v, g, out, lse, *learned(args), args[DOC])]
     with pytest.raises(ValueError, match=match):
         nbattn.flash_attention_backward(q, k, v, out, lse, g, **call)
-    for x, y in zip((q, k, v, g, out, lse, *args[:4]), kept):
+    for x, y in zip((q, k, v, g, out, lse, *learned(args), args[DOC]), kept):
         np.testing.assert_array_equal(x, y)
 
 
 def test_refusals_name_the_argument_and_say_what_to_do():
-    def short(gs, score, b, h, q_idx, kv_idx, table, table2, cap, ids, pyf, spy, d_table):
+    def short(
+        gs, score, b, h, q_idx, kv_idx, scalar, cap, slopes, table, table2, ids,
+        left, right, pyf, spy, d_scalar,
+    ):  # fmt: skip
         pass
 
     _refusal(
-        r"score_mod_args_grad must take \(grad_score, .*one gradient array.*18 in all",
+        r"score_mod_args_grad must take \(grad_score, .*one gradient array.*26 in all",
         score_mod_args_grad=short,
     )
     _refusal("score_mod_args_grad must be a function", score_mod_args_grad="args_grad_fn")
@@ -612,7 +629,7 @@ def test_device_auto_runs_on_the_cpu():
     call = dict(MODS, mod_args=args, score_mod_args_grad=args_grad_fn, **SMALL)
     auto = nbattn.flash_attention_backward(q, k, v, out, lse, g, device="auto", **call)
     cpu = nbattn.flash_attention_backward(q, k, v, out, lse, g, **call)
-    for a, c in zip(auto[:3] + auto[3][:3], cpu[:3] + cpu[3][:3]):
+    for a, c in zip(auto[:3] + learned(auto[3]), cpu[:3] + learned(cpu[3])):
         assert a.tobytes() == c.tobytes()
 
 
@@ -634,8 +651,8 @@ def _torch_case(seed=20, n_b=2, L=45, S=50, h_kv=2, dtype=torch.float64):
     """q, k, v (requiring grad), mod_args as tensors (none requiring grad) and keep."""
     q, k, v, g = (torch.from_numpy(x) for x in make_qkv(seed, n_b, L, S, h_kv))
     args = make_args(seed, n_b, L, S, docs=2, spy=False)
-    tables = [torch.from_numpy(a).to(dtype) for a in args[:3]]
-    mod_args = (*tables, torch.from_numpy(args[3]), args[4], torch.from_numpy(args[5]))
+    mod_args = to_torch(args)
+    mod_args = with_learned(mod_args, [t.to(dtype) for t in learned(mod_args)])
     keep = keep_map(args, n_b, L, S, causal=True)
     return [x.requires_grad_() for x in (q, k, v)], g, mod_args, keep
 
@@ -649,7 +666,7 @@ def _adapter(q, k, v, mod_args, fn=args_grad_fn):
 
 def test_torch_gradients_for_the_tensors_that_require_grad_only():
     (q, k, v), g, mod_args, keep = _torch_case()
-    table, table2, cap = mod_args[:3]
+    table, table2, cap = learned(mod_args)
     table.requires_grad_()
     cap.requires_grad_()
     ((_adapter(q, k, v, mod_args) * g).sum()).backward()
@@ -657,28 +674,28 @@ def test_torch_gradients_for_the_tensors_that_require_grad_only():
     assert table2.grad is None
     for x in (q, k, v, table, cap):
         x.grad = None
-    ((dense_out(q, k, v, table, table2, cap, mod_args[4], keep) * g).sum()).backward()
+    ((dense_out(q, k, v, table, table2, cap, mod_args[DIAG], keep) * g).sum()).backward()
     for a, b in zip(got, (q.grad, k.grad, v.grad, table.grad, cap.grad)):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-10 * max(1.0, b.abs().max().item()))
 
 
 def test_torch_one_tensor_in_two_mod_args_entries_gets_both_gradients():
     (q, k, v), g, mod_args, keep = _torch_case(21)
-    table = mod_args[0].requires_grad_()
-    twice = (table, table, *mod_args[2:])  # the relative table, read as the key bias too
+    table = mod_args[TABLE].requires_grad_()
+    twice = with_args(mod_args, table2=table)  # the relative table, read as the key bias too
     ((_adapter(q, k, v, twice) * g).sum()).backward()
     got = table.grad.clone()
     table.grad = None
-    ((dense_out(q, k, v, table, table, twice[2], twice[4], keep) * g).sum()).backward()
+    ((dense_out(q, k, v, table, table, twice[SCALAR], twice[DIAG], keep) * g).sum()).backward()
     torch.testing.assert_close(got, table.grad, rtol=0, atol=1e-10)
 
 
 def test_torch_compile_aot_eager_gives_the_eager_gradients():
     (q, k, v), g, mod_args, _ = _torch_case(22)
-    table, table2 = (a.requires_grad_() for a in mod_args[:2])
+    table, table2 = (mod_args[m].requires_grad_() for m in (TABLE, TABLE2))
 
     def loss(q, k, v, table, table2):
-        return (_adapter(q, k, v, (table, table2, *mod_args[2:])) * g).sum()
+        return (_adapter(q, k, v, with_args(mod_args, table=table, table2=table2)) * g).sum()
 
     inputs = (q, k, v, table, table2)
     eager = torch.autograd.grad(loss(*inputs), inputs)
@@ -689,10 +706,10 @@ def test_torch_compile_aot_eager_gives_the_eager_gradients():
 
 def test_torch_gradcheck_on_a_tiny_case():
     (q, k, v), g, mod_args, _ = _torch_case(23, n_b=1, L=3, S=4, h_kv=H)
-    table, table2, cap = (a.detach().clone().requires_grad_() for a in mod_args[:3])
+    table, table2, cap = (a.detach().clone().requires_grad_() for a in learned(mod_args))
 
     def f(q, k, v, table, table2, cap):
-        return _adapter(q, k, v, (table, table2, cap, *mod_args[3:]))
+        return _adapter(q, k, v, with_learned(mod_args, (table, table2, cap)))
 
     assert torch.autograd.gradcheck(f, (q, k, v, table, table2, cap), eps=1e-6, atol=1e-8)
 
@@ -701,11 +718,11 @@ def test_torch_refusals_and_no_grad():
     from nbattn.torch import flash_attention
 
     (q, k, v), g, mod_args, _ = _torch_case(24)
-    table = mod_args[0].requires_grad_()
-    with pytest.raises(ValueError, match=r"mod_args\[0\] requires grad.*pass score_mod_args_grad"):
+    table = mod_args[TABLE].requires_grad_()
+    with pytest.raises(ValueError, match=r"mod_args\[3\] requires grad.*pass score_mod_args_grad"):
         flash_attention(q, k, v, mod_args=mod_args, causal=True, enable_gqa=True, **MODS)
     with pytest.raises(RuntimeError, match="floating point"):  # torch's own rule
-        mod_args[3].requires_grad_()
+        mod_args[DOC].requires_grad_()
     with torch.no_grad():
         quiet = _adapter(q, k, v, mod_args)
     assert not quiet.requires_grad
@@ -715,11 +732,11 @@ def test_torch_refusals_and_no_grad():
 
 def test_torch_float16_tables_get_float16_gradients():
     (q, k, v), g, mod_args, keep = _torch_case(25, dtype=torch.float16)
-    table, table2, cap = (a.requires_grad_() for a in mod_args[:3])
+    table, table2, cap = (a.requires_grad_() for a in learned(mod_args))
     ((_adapter(q, k, v, mod_args) * g).sum()).backward()
     assert [t.grad.dtype for t in (table, table2, cap)] == [torch.float16] * 3
     got = [t.grad.double() for t in (table, table2, cap)]
     wide = [t.detach().double().requires_grad_() for t in (table, table2, cap)]
-    ((dense_out(q, k, v, *wide, mod_args[4], keep) * g).sum()).backward()
+    ((dense_out(q, k, v, *wide, mod_args[DIAG], keep) * g).sum()).backward()
     for a, w in zip(got, wide):
         torch.testing.assert_close(a, w.grad, rtol=2e-3, atol=1e-3)

@@ -2,8 +2,9 @@
 the forward's lse stays finite (the exponent never above 0, whatever the rounding of
 lse) and as accurate as the dense float64 formulation allows.
 
-One score_mod (a scalar factor from mod_args, the same types in every call) serves
-every case: one specialisation per dtype.
+The shared score_mod and mask_mod of ``tests/flex_cases.py`` (a scalar factor from
+mod_args, the same types in every call, every key admitted) serve every case: one
+specialisation per dtype, shared with the other flex test files.
 """
 
 from __future__ import annotations
@@ -13,12 +14,9 @@ import numpy as np
 import pytest
 
 import nbattn
+from tests.flex_cases import MODS, make_args
 
 B, H, L, S, E, EV = 2, 2, 5, 6, 4, 3
-
-
-def scaled(score, b, h, q_idx, kv_idx, c):
-    return score * c
 
 
 def draw(dtype, factor, seed=0):
@@ -31,7 +29,7 @@ def draw(dtype, factor, seed=0):
 
 
 def run(q, k, v, grad, c=1.0):
-    kw = {"score_mod": scaled, "mod_args": (float(c),)}
+    kw = {**MODS, "mod_args": make_args(B, H, max(L, S), scalar=c)}
     out, lse = nbattn.flash_attention(q, k, v, return_lse=True, **kw)
     return nbattn.flash_attention_backward(q, k, v, out, lse, grad, **kw)
 
@@ -97,7 +95,7 @@ def test_the_backward_is_repeatable_on_one_and_two_threads():
 @pytest.mark.parametrize("missing", ["out", "lse", "grad_out"])
 def test_a_missing_forward_result_is_named(missing):
     q, k, v, grad = draw(np.float64, 1.0)
-    kw = {"score_mod": scaled, "mod_args": (1.0,)}
+    kw = {**MODS, "mod_args": make_args(B, H, max(L, S))}
     out, lse = nbattn.flash_attention(q, k, v, return_lse=True, **kw)
     given = {"out": out, "lse": lse, "grad_out": grad, missing: None}
     for extra in (kw, {}):

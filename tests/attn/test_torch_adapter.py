@@ -3,11 +3,11 @@
 The forward must be nbattn's NumPy result bit for bit, and the gradients torch
 autograd's on the dense formulation softmax(scale q k^T + mods) v. Each new user
 function is a numba compile of the flex kernels (seconds), and so is each new pair
-of score_mod and mask_mod: every programmable case here runs the same pair,
-:func:`score_fn` (a softcap and ALiBi slopes, either switched off by its
-``mod_args``) under a block mask of :func:`same_document` (one document where a
-case has no mask), on tiny shapes. The file compiles the plain kernels (float64)
-and that pair (float64 and float32).
+of score_mod and mask_mod: every programmable case here runs the score_mod of
+``tests/flex_cases.py`` (shared with the other flex test files; here a softcap and
+ALiBi slopes, either switched off by its ``mod_args``) under a block mask of its
+mask_mod (documents; one document where a case has no mask), on tiny shapes. The file
+compiles the plain kernels (float64) and that score_mod (float64, shared, and float32).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 import nbattn
+from tests import flex_cases as fc
 
 torch = pytest.importorskip("torch")
 nbt = pytest.importorskip("nbattn.torch")
@@ -32,19 +33,6 @@ SLOPES = 2.0 ** -(np.arange(H) + 1.0)
 #: document ids of the key positions (query i sits at position i)
 DOCS = np.array([[0, 0, 0, 1, 1, 2, 2, 2, 2], [0, 0, 1, 1, 1, 1, 3, 3, 3]])
 ONE_DOCUMENT = np.zeros_like(DOCS)
-
-
-def score_fn(score, b, h, q_idx, kv_idx, cap, slopes):
-    """A tanh softcap cap tanh(score / cap) (none for cap = 0), then ALiBi slopes[h] (j - i)."""
-    s = score
-    if cap > 0:
-        s = cap * nbattn.flex_tanh(s / cap)
-    return s + slopes[h] * (kv_idx - q_idx)
-
-
-def same_document(b, h, q_idx, kv_idx, doc):
-    """Query i attends to key j of its own document."""
-    return doc[b, q_idx] == doc[b, kv_idx]
 
 
 def _qkv(dtype=torch.float64, kv_heads=H, seed=0, requires_grad=True):
@@ -76,25 +64,38 @@ def _dense(q, k, v, *, causal=False, cap=0.0, slopes=None, docs=None, enable_gqa
 
 
 def _block_mask(docs=ONE_DOCUMENT):
-    return nbattn.create_block_mask(same_document, B, None, L, S, mod_args=(docs,))
+    """A block mask of the shared mask_mod: query i and key j of one document."""
+    return nbattn.create_block_mask(
+        fc.mask_fn, B, None, L, S, mod_args=fc.make_args(B, H, S, doc=docs)
+    )
 
 
-def _programmable(cap=0.0, slopes=None, docs=ONE_DOCUMENT, dtype=torch.float64):
+def _mod_args(cap=0.0, slopes=None, n_b=B, n_h=H, n=S):
+    """The shared score_mod's mod_args (tensors) for a softcap cap (none for 0) and ALiBi
+    slopes (tensor or array; none when absent)."""
+    slopes = None if slopes is None else np.asarray(slopes, dtype=np.float64)
+    return fc.to_torch(fc.make_args(n_b, n_h, n, cap=cap, slopes=slopes))
+
+
+def _programmable(cap=0.0, slopes=None, docs=ONE_DOCUMENT):
     """nbattn.torch's keywords for score_fn(cap, slopes) under a block mask of ``docs``."""
-    slopes = torch.zeros(H, dtype=dtype) if slopes is None else torch.from_numpy(slopes).to(dtype)
-    return {"score_mod": score_fn, "mod_args": (cap, slopes), "block_mask": _block_mask(docs)}
+    return {
+        "score_mod": fc.score_fn,
+        "mod_args": _mod_args(cap, slopes),
+        "block_mask": _block_mask(docs),
+    }
 
 
 #: name -> (nbattn.torch's keywords, given the dtype, and the dense formulation's)
 CASES = {
     "plain": (lambda dtype: {}, {}),
     "causal": (lambda dtype: {"causal": True}, {"causal": True}),
-    "softcap": (lambda dtype: _programmable(cap=2.0, dtype=dtype), {"cap": 2.0}),
+    "softcap": (lambda dtype: _programmable(cap=2.0), {"cap": 2.0}),
     "alibi": (
-        lambda dtype: _programmable(slopes=SLOPES, dtype=dtype) | {"causal": True},
+        lambda dtype: _programmable(slopes=SLOPES) | {"causal": True},
         {"slopes": SLOPES, "causal": True},
     ),
-    "documents": (lambda dtype: _programmable(docs=DOCS, dtype=dtype), {"docs": DOCS}),
+    "documents": (lambda dtype: _programmable(docs=DOCS), {"docs": DOCS}),
     "gqa": (
         lambda dtype: {"enable_gqa": True, "causal": True},
         {"enable_gqa": True, "causal": True},
@@ -147,13 +148,12 @@ def test_gradcheck():
     for x in (q, k, v):
         x.requires_grad_()
 
-    slopes = torch.tensor([0.5, -0.25], dtype=torch.float64)
-    documents = nbattn.create_block_mask(
-        same_document, 1, None, 3, 4, mod_args=(np.array([[0, 0, 1, 1]]),)
-    )
+    mod_args = _mod_args(2.0, [0.5, -0.25], n_b=1, n_h=2, n=4)
+    doc = fc.make_args(1, 2, 4, doc=np.array([[0, 0, 1, 1]]))
+    documents = nbattn.create_block_mask(fc.mask_fn, 1, None, 3, 4, mod_args=doc)
 
     def f(q, k, v):
-        kw = {"score_mod": score_fn, "mod_args": (2.0, slopes), "block_mask": documents}
+        kw = {"score_mod": fc.score_fn, "mod_args": mod_args, "block_mask": documents}
         return nbt.flash_attention(q, k, v, causal=True, **kw)
 
     assert torch.autograd.gradcheck(f, (q, k, v))
@@ -217,7 +217,8 @@ def test_inputs_are_neither_written_nor_required_contiguous():
     qt, kt, vt = (x.detach().transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))
     assert not qt.is_contiguous()
     before = [x.detach().clone() for x in (q, k, v, qt, slopes, mask)]
-    programmable = {"score_mod": score_fn, "mod_args": (0.0, slopes), "block_mask": _block_mask()}
+    mod_args = fc.with_args(_mod_args(), slopes=slopes)
+    programmable = {"score_mod": fc.score_fn, "mod_args": mod_args, "block_mask": _block_mask()}
     for kw in ({"mask": mask}, programmable):
         out, lse = nbt.flash_attention(q, k, v, return_lse=True, **kw)
         out_t = nbt.flash_attention(qt, kt, vt, **kw)
@@ -250,7 +251,7 @@ def test_a_call_keeps_its_functions_alive_until_its_backward():
     q, k, v = _qkv()
     kw = _programmable(slopes=SLOPES)
     # a copy of score_fn that nothing else holds (the same code: no new compile)
-    kw["score_mod"] = types.FunctionType(score_fn.__code__, score_fn.__globals__)
+    kw["score_mod"] = types.FunctionType(fc.score_fn.__code__, fc.score_fn.__globals__)
     out = nbt.flash_attention(q, k, v, **kw)
     del kw
     gc.collect()
@@ -265,8 +266,10 @@ def test_opcheck():
     aliasing an input), fake shapes against the real ones, autograd registration."""
     q, k, v = _qkv()
     documents = _block_mask(DOCS)
-    handles = nbt._mod_handles(score_fn, None, documents, None)
-    args = (q, k, v, None, None, [torch.from_numpy(SLOPES)], [], [0.0], "ft", True, None, False)
+    handles = nbt._mod_handles(fc.score_fn, None, documents, None)
+    tensors = [a for a in _mod_args(slopes=SLOPES) if isinstance(a, torch.Tensor)]
+    ints, floats, kinds = [fc.WIDE, fc.WIDE], [0.0], "ttttttiift"  # left, right; diag
+    args = (q, k, v, None, None, tensors, ints, floats, kinds, True, None, False)
     args += (None, None, "top_left", None, 0.0, *handles.values())
     torch.library.opcheck(torch.ops.nbattn.flash_attention.default, args)
     gqa = _qkv(kv_heads=H_KV)
@@ -316,7 +319,8 @@ def test_compiled_score_mod_takes_new_tables_without_recompiling():
     documents = _block_mask(DOCS)
 
     def loss(q, k, v, slopes):
-        kw = {"score_mod": score_fn, "mod_args": (0.0, slopes), "block_mask": documents}
+        mod_args = fc.with_args(_mod_args(), slopes=slopes)
+        kw = {"score_mod": fc.score_fn, "mod_args": mod_args, "block_mask": documents}
         return nbt.flash_attention(q, k, v, **kw).sum()
 
     q, k, v = _qkv()
@@ -352,7 +356,8 @@ def test_compiled_graphs_are_specialised_on_the_block_mask():
     slopes = torch.from_numpy(SLOPES)
 
     def loss(q, k, v, block_mask):
-        kw = {"score_mod": score_fn, "mod_args": (0.0, slopes), "block_mask": block_mask}
+        mod_args = fc.with_args(_mod_args(), slopes=slopes)
+        kw = {"score_mod": fc.score_fn, "mod_args": mod_args, "block_mask": block_mask}
         return nbt.flash_attention(q, k, v, **kw).sum()
 
     q, k, v = _qkv()
@@ -365,6 +370,7 @@ def test_compiled_graphs_are_specialised_on_the_block_mask():
 
 def test_refuses_what_it_cannot_compute():
     q, k, v = _qkv()
+    wanted = torch.ones(H, requires_grad=True)
     cases = [
         ({"q": q.detach().to("meta")}, "q is on the meta device.*CPU tensors only"),
         ({"v": v.detach().float()}, "one dtype, float32 or float64"),
@@ -372,11 +378,11 @@ def test_refuses_what_it_cannot_compute():
         ({"k": k.detach().numpy()}, "k must be a torch.Tensor"),
         ({"mask": torch.zeros(L, S, requires_grad=True)}, "mask requires grad.*bias tables"),
         (
-            {"score_mod": score_fn, "mod_args": (0.0, torch.ones(H, requires_grad=True))},
-            r"mod_args\[1\] requires grad.*not built",
+            {"score_mod": fc.score_fn, "mod_args": fc.with_args(_mod_args(), slopes=wanted)},
+            r"mod_args\[2\] requires grad.*not built",
         ),
-        ({"score_mod": score_fn, "mod_args": [0.0, torch.ones(H)]}, "mod_args must be a tuple"),
-        ({"score_mod": score_fn, "mod_args": ("cap",)}, r"mod_args\[0\] must be a torch.Tensor"),
+        ({"score_mod": fc.score_fn, "mod_args": list(_mod_args())}, "mod_args must be a tuple"),
+        ({"score_mod": fc.score_fn, "mod_args": ("cap",)}, r"mod_args\[0\] must be a torch.Tensor"),
         ({"dropout_p": 0.1, "random_state": np.random.default_rng()}, "random_state must be"),
         ({"block_mask": object()}, "block_mask must come from nbattn.create_block_mask"),
         ({"window": 3}, "window must be a pair"),

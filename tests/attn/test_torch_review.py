@@ -1,9 +1,9 @@
 """nbattn.torch under hostile and new-user use: odd tensors, transforms, threads, training.
 
-Companion of ``test_torch_adapter.py``. Every programmable case here runs one
-score_mod / mask_mod pair (:func:`biased`, :func:`same_document`, which share
-their ``mod_args``), defined once at module level: each new function is a numba
-compile of the flex kernels (seconds).
+Companion of ``test_torch_adapter.py``. Every programmable case here runs the
+score_mod / mask_mod pair of ``tests/flex_cases.py`` (shared with the other flex test
+files) with a softcap, ALiBi slopes and documents (:func:`_mod_args`): each new function
+is a numba compile of the flex kernels (seconds).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import threading
 import numpy as np
 import pytest
 
-import nbattn
+from tests.flex_cases import MODS, SLOPES, make_args, to_torch, with_args
 
 torch = pytest.importorskip("torch")
 nbt = pytest.importorskip("nbattn.torch")
@@ -28,21 +28,16 @@ import torch.nn.functional as F  # noqa: E402  (after the importorskip)
 F64, F32 = torch.float64, torch.float32
 
 
-def biased(score, b, h, q_idx, kv_idx, cap, slopes, doc):
-    """A tanh softcap (none for cap = 0), then ALiBi slopes[h] (j - i)."""
-    s = score
-    if cap > 0:
-        s = cap * nbattn.flex_tanh(s / cap)
-    return s + slopes[h] * (kv_idx - q_idx)
-
-
-def same_document(b, h, q_idx, kv_idx, cap, slopes, doc):
-    """Query i attends to key j of its own document."""
-    return doc[b, q_idx] == doc[b, kv_idx]
+def _mod_args(cap, slopes, doc):
+    """mod_args of the shared functions for a tanh softcap (none for cap = 0), then ALiBi
+    slopes[h] (j - i), query i attending to key j of its own document doc[b]."""
+    n_b, n = doc.shape
+    slopes = slopes.detach().double().numpy()
+    return to_torch(make_args(n_b, len(slopes), n, cap=cap, slopes=slopes, doc=doc.numpy()))
 
 
 def _dense(q, k, v, cap, slopes, doc, causal, gqa, scale):
-    """softmax(s) v with torch ops, the same s as :func:`biased` under :func:`same_document`."""
+    """softmax(s) v with torch ops, the s of the shared functions under :func:`_mod_args`."""
     if gqa:
         k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
     s = q @ k.transpose(-1, -2) * (1 / math.sqrt(q.shape[-1]) if scale is None else scale)
@@ -66,7 +61,8 @@ def _grads(out, inputs, grad_out=None):
 
 
 def _random_case(seed, dtype):
-    """Random shapes and keywords for biased + same_document, with GQA and causality."""
+    """Random shapes and keywords for the shared functions (softcap, ALiBi
+    slopes, documents: the parameters of :func:`_mod_args`), with GQA and causality."""
     rng = np.random.default_rng(seed)
     gen = torch.Generator().manual_seed(seed)
     b, h_kv = int(rng.integers(1, 3)), int(rng.integers(1, 3))
@@ -92,14 +88,12 @@ def _random_case(seed, dtype):
 @pytest.mark.parametrize("dtype, atol", [(F64, 1e-12), (F32, 5e-5)])
 def test_score_mod_mask_mod_gqa_causal_match_the_dense_formulation_over_many_draws(dtype, atol):
     for seed in range(20):
-        (q, k, v), grad_out, kw, mod_args = _random_case(seed, dtype)
-        out = nbt.flash_attention(
-            q, k, v, score_mod=biased, mask_mod=same_document, mod_args=mod_args, **kw
-        )
+        (q, k, v), grad_out, kw, params = _random_case(seed, dtype)
+        out = nbt.flash_attention(q, k, v, mod_args=_mod_args(*params), **MODS, **kw)
         assert out.dtype == dtype
         grads = _grads(out, (q, k, v), grad_out)
         q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
-        ref = _dense(q64, k64, v64, *mod_args, kw["causal"], kw["enable_gqa"], kw["scale"])
+        ref = _dense(q64, k64, v64, *params, kw["causal"], kw["enable_gqa"], kw["scale"])
         refs = _grads(ref, (q64, k64, v64), grad_out.double())
         for got, want in zip((out.detach(), *grads), (ref.detach(), *refs), strict=True):
             np.testing.assert_allclose(got.double(), want, rtol=0, atol=atol, err_msg=str(seed))
@@ -198,15 +192,18 @@ def test_two_identical_calls_give_identical_bytes_with_deterministic_algorithms(
 
 def test_backward_twice_with_retain_graph_adds_the_same_gradients():
     q, k, v = _qkv()
-    out = nbt.flash_attention(q, k, v, score_mod=biased, mod_args=_mod_args())
+    out = nbt.flash_attention(q, k, v, mod_args=_small_mod_args(), **MODS)
     out.sum().backward(retain_graph=True)
     first = q.grad.clone()
     out.sum().backward()
     assert torch.equal(q.grad, 2 * first)
 
 
-def _mod_args(dtype=F64):
-    return (0.0, torch.tensor([0.5, -0.25], dtype=dtype), torch.zeros(1, 7, dtype=torch.int64))
+def _small_mod_args(cap=0.0):
+    """mod_args for the (1, 2, 5 / 7, .) inputs of :func:`_qkv`."""
+    return _mod_args(
+        cap, torch.tensor([0.5, -0.25], dtype=F64), torch.zeros(1, 7, dtype=torch.int64)
+    )
 
 
 # ----------------------------------------------------------------------------- handles
@@ -214,20 +211,22 @@ def _mod_args(dtype=F64):
 
 def test_forward_only_calls_leave_the_handle_registry_as_it_was():
     q, k, v = _qkv()
-    mod_args = _mod_args()
-    nbt.flash_attention(q, k, v, score_mod=biased, mod_args=mod_args)
+    kw = dict(mod_args=_small_mod_args(), **MODS)
+    nbt.flash_attention(q, k, v, **kw)
     before = (len(nbt._HANDLES._objects), len(nbt._HANDLES._by_id))
     for grad in (False, True):
         for _ in range(500):
-            nbt.flash_attention(q.requires_grad_(grad), k, v, score_mod=biased, mod_args=mod_args)
+            nbt.flash_attention(q.requires_grad_(grad), k, v, **kw)
     gc.collect()
     assert (len(nbt._HANDLES._objects), len(nbt._HANDLES._by_id)) == before
 
 
 def test_many_threads_at_once_get_the_single_threaded_bytes():
     q, k, v = _qkv(((2, 2, 17, 8), (2, 2, 33, 8), (2, 2, 33, 5)))
-    mod_args = (1.5, torch.tensor([0.5, 0.25], dtype=F64), torch.zeros(2, 33, dtype=torch.int64))
-    kw = dict(score_mod=biased, mask_mod=same_document, mod_args=mod_args, causal=True)
+    mod_args = _mod_args(
+        1.5, torch.tensor([0.5, 0.25], dtype=F64), torch.zeros(2, 33, dtype=torch.int64)
+    )
+    kw = dict(mod_args=mod_args, causal=True, **MODS)
     ref = nbt.flash_attention(q, k, v, **kw)
     ref_grads = _grads(ref, (q, k, v))
     failures = []
@@ -265,7 +264,7 @@ def test_compiled_closures_of_one_code_give_their_own_results():
         return score_mod
 
     q, k, v = _qkv()
-    mod_args = _mod_args()
+    mod_args = (0.0, torch.tensor([0.5, -0.25], dtype=F64), torch.zeros(1, 7, dtype=torch.int64))
 
     def loss(q, k, v, score_mod):
         return nbt.flash_attention(q, k, v, score_mod=score_mod, mod_args=mod_args).sum()
@@ -389,9 +388,9 @@ def test_second_derivatives_are_refused_clearly():
 
 def test_ints_beyond_int64_are_refused_naming_the_argument():
     q, k, v = _qkv()
-    mod_args = (2**70, torch.tensor([0.5, -0.25], dtype=F64), torch.zeros(1, 7, dtype=torch.int64))
-    with pytest.raises(ValueError, match=r"mod_args\[0\].*int64"):
-        nbt.flash_attention(q, k, v, score_mod=biased, mod_args=mod_args)
+    mod_args = with_args(_small_mod_args(), left=2**70)
+    with pytest.raises(ValueError, match=r"mod_args\[6\].*int64"):
+        nbt.flash_attention(q, k, v, mod_args=mod_args, **MODS)
     for window in ((2**70, None), (0, -(2**70))):
         with pytest.raises(ValueError, match="window"):
             nbt.flash_attention(q, k, v, window=window)
@@ -399,7 +398,7 @@ def test_ints_beyond_int64_are_refused_naming_the_argument():
 
 def test_tensors_numpy_cannot_view_are_refused_naming_the_argument():
     q, k, v = _qkv()
-    mod_args = list(_mod_args())
+    mod_args = _small_mod_args()
     cases = [
         ({"mask": torch.zeros(5, 7, dtype=torch.bfloat16)}, r"mask.*bfloat16.*mask\.float\(\)"),
         ({"mask": torch.ones(5, 7).to_sparse()}, r"mask.*sparse.*to_dense\(\)"),
@@ -408,8 +407,8 @@ def test_tensors_numpy_cannot_view_are_refused_naming_the_argument():
             r"\bq\b.*nested",
         ),
         (
-            {"score_mod": biased, "mod_args": (0.0, mod_args[1].bfloat16(), mod_args[2])},
-            r"mod_args\[1\].*bfloat16",
+            {**MODS, "mod_args": with_args(mod_args, slopes=mod_args[SLOPES].bfloat16())},
+            r"mod_args\[2\].*bfloat16",
         ),
     ]
     for kw, message in cases:
