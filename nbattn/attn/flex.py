@@ -436,16 +436,21 @@ _ARGS_SLOTS = 16
 def _args_buffers(args, n_slots):
     """Per ``mod_args`` entry the float64 slot buffers (n_slots,) + its shape; for an entry
     without a gradient (not a float array) a placeholder of its shape ((1,) for a number)
-    whose elements are all one scratch value per slot (stride 0: writes go unseen)."""
+    whose elements are all one scratch value per slot (stride 0: writes go unseen).
+
+    A placeholder is never contiguous, whatever its shape (at least two slots, 16 bytes
+    apart): numba would type one of shape (1, ..., 1) as C-contiguous and the others
+    not, and compile the gradient kernels once more when a batch of 1 follows one of 2."""
     buffers = []
     for arg in args:
         if isinstance(arg, np.ndarray) and arg.dtype.kind == "f":
             buffers.append(np.zeros((n_slots,) + arg.shape))
             continue
         shape = arg.shape if isinstance(arg, np.ndarray) else (1,)
-        scratch = np.zeros(n_slots)
+        slots = max(n_slots, 2)
+        scratch = np.zeros((slots, 2))[:, 0]
         strides = (scratch.strides[0],) + (0,) * len(shape)
-        buffers.append(np.lib.stride_tricks.as_strided(scratch, (n_slots,) + shape, strides))
+        buffers.append(np.lib.stride_tricks.as_strided(scratch, (slots,) + shape, strides))
     return tuple(buffers)
 
 

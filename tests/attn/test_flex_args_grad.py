@@ -333,3 +333,25 @@ def test_torch_compile_and_opcheck_of_the_backward_with_mod_args_gradients():
     torch.library.opcheck(
         torch.ops.nbattn.flash_attention_backward.default, backward, test_utils=checks
     )
+
+
+@pytest.mark.parametrize("ndim", [1, 2, 3])
+def test_placeholders_of_entries_without_gradient_have_one_type_per_ndim(ndim):
+    """The stand-ins for non-float mod_args entries (an int document table, a number) are
+    typed alike whatever their shape and the slot count, so a batch of 1 after a batch of
+    2 does not compile the gradient kernels again (a (1, ..., 1) stand-in was C-contiguous
+    and the others not)."""
+    from nbattn.attn.flex import _args_buffers
+
+    rng = np.random.default_rng(ndim)
+    seen = set()
+    for _ in range(20):
+        shape = tuple(int(n) for n in rng.integers(1, 4, ndim))
+        table = np.zeros(shape, dtype=np.int64)
+        for n_slots in (1, 2, 5):
+            stand_in, number = _args_buffers((table, 3), n_slots)
+            assert stand_in.shape[1:] == shape and stand_in.shape[0] >= n_slots
+            stand_in[n_slots - 1, ...] = 1.0  # every element is the slot's one scratch value
+            assert (stand_in[n_slots - 1] == 1.0).all()
+            seen.add((numba.typeof(stand_in), numba.typeof(number)))
+    assert len(seen) == 1, seen
