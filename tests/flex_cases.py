@@ -38,8 +38,6 @@ NAMES = (
     "scalar", "cap", "slopes", "table", "table2", "doc", "left", "right", "diag", "spy",
 )  # fmt: skip
 SCALAR, CAP, SLOPES, TABLE, TABLE2, DOC, LEFT, RIGHT, DIAG, SPY = range(len(NAMES))
-# (a prefix is a row of doc, not an int array of its own: the stride-0 gradient
-# placeholder of a (B,) int array is C-contiguous for B = 1 only, another numba type)
 
 
 def score_fn(
