@@ -21,7 +21,9 @@ from hypothesis import strategies as st
 
 import nbattn
 from nbattn.attn.flex import _mod_args
-from tests.attn.test_flex import WIDE, mask_fn, score_fn
+from tests.flex_cases import WIDE
+from tests.flex_cases import packed_mask_fn as mask_fn
+from tests.flex_cases import packed_score_fn as score_fn
 
 try:
     import torch

@@ -16,7 +16,9 @@ import pytest
 
 import nbattn
 from nbattn.attn.flex import BlockMask
-from tests.attn.test_flex import WIDE, mask_fn, score_fn
+from tests.flex_cases import WIDE
+from tests.flex_cases import packed_mask_fn as mask_fn
+from tests.flex_cases import packed_score_fn as score_fn
 
 H, E = 2, 8
 LENS_Q = np.array([5, 0, 13, 21, 1])
