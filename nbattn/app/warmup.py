@@ -5,7 +5,8 @@ installation (then loaded from numba's on-disk cache by every later process).
 The warm-up makes those first calls itself, on tiny inputs of the types the
 library passes, in parallel processes: the estimators (Nadaraya-Watson with rule
 and leave-one-out widths, the learned width, local-linear fits, the
-classifier), ``nadaraya_watson`` and ``local_polynomial`` in float64 and
+classifier; local fits of one to five columns and a categorical one),
+``nadaraya_watson`` and ``local_polynomial`` in float64 and
 float32, and ``flash_attention`` (forward and backward, with and without a mask) in
 float32 and float64.
 
@@ -78,6 +79,21 @@ def _local_polynomial():
     nbattn.local_polynomial(x, x, y, 1.0)
 
 
+def _local_polynomial_shapes():
+    """The local fits of the other column counts: the first pass compiles one kernel per
+    number of terms p = 2..5 (a local-linear fit of 1 to 4 columns) and one for the rest
+    (``nbattn.kernels.local_moments.block_moments``); a categorical column adds the
+    gradient of its width."""
+    import nbattn
+
+    for d in (1, 2, 4, 5):
+        x, y = _data(d=d)
+        nbattn.LocalPolynomialRegressor().fit(x, y).predict(x[:5])
+    x, y = _data(d=2)
+    x[:, 1] = np.arange(x.shape[0]) % 3
+    nbattn.LocalPolynomialRegressor(var_type="cu").fit(x, y).predict(x[:5])
+
+
 def _classifier():
     import nbattn
 
@@ -126,6 +142,7 @@ JOBS = [
     ("Nadaraya-Watson estimators", 14, _nw_estimator, ()),
     ("learned widths", 12, _learned, ()),
     ("local polynomial", 10, _local_polynomial, ()),
+    ("local polynomial shapes", 30, _local_polynomial_shapes, ()),
     ("classifier", 6, _classifier, ()),
     ("densities", 12, _densities, ()),
     ("nadaraya_watson float32", 6, _nadaraya_watson, (np.float32,)),

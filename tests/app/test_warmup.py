@@ -41,6 +41,7 @@ def test_the_jobs_cover_the_common_entry_points():
         "nadaraya_watson float32",
         "nadaraya_watson float64",
         "local polynomial",
+        "local polynomial shapes",
         "Nadaraya-Watson estimators",
         "learned widths",
         "classifier",
