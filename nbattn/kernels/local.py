@@ -191,7 +191,8 @@ def rescale(moments, rhs, dsum, dysum, factor):
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
 def _fit_items(counter, data, model, values_t, want_mfx, fused_terms, leaves, fit):
     """The chunks of queries that ``counter`` hands this thread: their rows of ``fit``.
-    ``fused_terms``: p zeros where ``fused_moments`` sums the moments, else None."""
+    ``fused_terms``: a tuple of p zeros where ``block_moments`` takes the fused sums of
+    that p, else None (the general paths)."""
     beta, g, shift, log_norm, nearest, mfx = fit
     kernel, ridge = model.kernel, model.ridge
     degree, missing = model.degree, model.missing
