@@ -22,6 +22,7 @@ from nbattn.attn.flex import BlockMask
 from nbattn.cuda import flex as cuda_flex
 
 from .. import naive
+from .test_flex_cuda_review import close
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("NUMBA_ENABLE_CUDASIM") != "1", reason="runs under the CUDA simulator"
@@ -29,11 +30,8 @@ pytestmark = pytest.mark.skipif(
 
 B, H, L, S, E, EV = 2, 2, 11, 13, 4, 3
 WIDE = 10**6
-#: Against the float64 dense formulation, relative to the reference's largest entry.
-#: The worst over 10 seeds of every comparison in the two files (float32 the forward and
-#: backward at the float32 cases): float64 1.8e-14 (E = 128; 5e-15 otherwise), float32
-#: 7.9e-7; a margin of about 3 on each.
-TOL = {np.float64: 1e-13, np.float32: 2e-6}
+# Results are compared with the float64 dense formulation by test_flex_cuda_review's
+# ``close`` and its TOL (the worst errors over 10 seeds of both files, and the margin).
 
 
 def score_fn(score, b, h, q_idx, kv_idx, cap, slopes, table, doc, left, right):
@@ -92,17 +90,6 @@ def _qkv(dtype, seed=0, kv_heads=H):
     return q.astype(dtype), k.astype(dtype), v.astype(dtype)
 
 
-def _close(got, ref, dtype):
-    """Equal non-finite entries; finite ones within TOL of the reference's largest entry."""
-    got, ref = np.asarray(got, dtype=np.float64), np.asarray(ref, dtype=np.float64)
-    assert got.shape == ref.shape
-    finite = np.isfinite(ref)
-    np.testing.assert_array_equal(np.isfinite(got), finite)
-    np.testing.assert_array_equal(got[~finite], ref[~finite])
-    scale = max(np.abs(ref[finite]).max(initial=0.0), 1e-30)
-    assert np.abs(got[finite] - ref[finite]).max(initial=0.0) <= TOL[dtype] * scale
-
-
 def _grad(q, v):
     """The output gradient of every backward here (seed 3, q's dtype)."""
     shape = q.shape[:-1] + v.shape[-1:]
@@ -137,7 +124,7 @@ def _equal_dense(got, q, k, v, args, **kw):
     for g, r, want in zip(got, _dense(q, k, v, args, **kw), (dtype, np.float64, *[dtype] * 3),
                           strict=True):  # fmt: skip
         assert isinstance(g, np.ndarray) and g.dtype == want
-        _close(g, r, dtype)
+        close(g, r, dtype)
 
 
 @pytest.fixture
@@ -193,7 +180,7 @@ def test_block_classes_decide_without_mask_mod():
     open_mask = BlockMask(mask_fn, args, shape)
     open_mask.table = lambda block_q, block_k: np.full((1, 1, 1, 1), 2, dtype=np.uint8)
     out = nbattn.flash_attention(q, k, v, block_mask=open_mask, device="cuda")
-    _close(out, naive.sdpa(q, k, v)[0], np.float64)
+    close(out, naive.sdpa(q, k, v)[0], np.float64)
     closed = BlockMask(mask_fn, args, shape)
     closed.table = lambda block_q, block_k: np.zeros((1, 1, 1, 1), dtype=np.uint8)
     out, lse = nbattn.flash_attention(q, k, v, block_mask=closed, return_lse=True, device="cuda")
@@ -218,7 +205,7 @@ def test_score_mod_grad_equals_the_complex_step():
         q, k, v, out, lse, _grad(q, v), score_mod_grad=score_grad_fn, **mods
     )
     for a, b in zip(by_step, given_, strict=True):
-        _close(a, b, np.float64)
+        close(a, b, np.float64)
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
@@ -257,7 +244,7 @@ def test_auto_runs_on_the_gpu(launches):
     q, k, v = _qkv(np.float64)
     out = nbattn.flash_attention(q, k, v, score_mod=score_fn, mod_args=args, device="auto")
     assert calls == ["flex_forward"]
-    _close(out, naive.flex_attention(q, k, v, score_fn, None, mod_args=args)[0], np.float64)
+    close(out, naive.flex_attention(q, k, v, score_fn, None, mod_args=args)[0], np.float64)
 
 
 def test_nan_rows_and_overflow_as_on_the_cpu():
@@ -278,7 +265,7 @@ def test_nan_rows_and_overflow_as_on_the_cpu():
     ref = naive.flex_attention_grads(q, k, v, None, score_fn, mask_fn, mod_args=args)
     assert np.isnan(got[1][:, 1, : L - 3]).all() and np.isfinite(got[1][:, 0]).all()
     for g, r in zip(got, ref, strict=True):
-        _close(g, r, np.float64)
+        close(g, r, np.float64)
     table[1, centre + 3] = 1.3e308
     with pytest.raises(ValueError, match="score_mod returned a score of magnitude 1.3e\\+308"):
         nbattn.flash_attention(q, k, v, score_mod=score_fn, mod_args=args, device="cuda")
