@@ -147,7 +147,7 @@ def _local_fits(args):
 
         return run
 
-    for criterion in (local_widths._Criterion, local_widths._PooledCriterion):
+    for criterion in (local_widths.LooCriterion, local_widths._PooledCriterion):
         criterion._value = counted(criterion.__dict__["_value"], "loss")
         criterion.loss_and_grad = counted(criterion.__dict__["loss_and_grad"], "grad")
     pooled_criterion = local_widths.criterion_for
@@ -171,7 +171,7 @@ def _local_fits(args):
         searches += [(f"subsample {args.loo_subsample}", args.loo_subsample)]
     criteria = [("", pooled_criterion)]
     if args.local_engine:  # the engine's general passes on the same search, for comparison
-        criteria.append((", engine criterion", local_widths._Criterion))
+        criteria.append((", engine criterion", local_widths.LooCriterion))
     for name in args.local_tables.split(","):
         X, y, var_type, label = _table(name, args.local_rows, rng)
         print(f"{label}: {X.shape[0]} rows, var_type {var_type}")
