@@ -379,6 +379,12 @@ LOCAL_TREE_MAX_SHARE = _env_int("LOCAL_TREE_MAX_SHARE", 80, compiled=False, maxi
 #: more rows at a time up to all of them. Read at call time.
 LOCAL_LOO_STAGE_GROWTH = _env_int("LOCAL_LOO_STAGE_GROWTH", 4, compiled=False)
 
+#: The leave-one-out criterion of the local fits pools tied training rows (rows equal in
+#: every column: ``nbattn.local.ties``) when the distinct rows are at most this percentage
+#: of all rows: its pairs fall as the square of that share (CPS1988's 10,000-row sample
+#: has 3,792 distinct rows: 14 % of the pairs). Read at call time.
+LOCAL_TIE_MAX_SHARE = _env_int("LOCAL_TIE_MAX_SHARE", 70, compiled=False, maximum=100)
+
 # --- flash: flash attention tiles and scheduling (nbattn.attn, nbattn.kernels.flash) ----------
 
 #: Query rows and keys per tile of the blocked (flash) attention kernels. A
@@ -571,6 +577,7 @@ SECTIONS = {
         "LOCAL_TREE_SAMPLE_CHUNKS",
         "LOCAL_TREE_MAX_SHARE",
         "LOCAL_LOO_STAGE_GROWTH",
+        "LOCAL_TIE_MAX_SHARE",
     ),
     "flash": (
         "FLASH_BLOCK_Q",

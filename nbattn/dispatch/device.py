@@ -98,6 +98,7 @@ KERNELS = {
     ("scores", "cpu"): "nbattn.kernels.scores",
     ("softmax", "cpu"): "nbattn.kernels.softmax",
     ("local", "cpu"): "nbattn.kernels.local",
+    ("local_ties", "cpu"): "nbattn.kernels.local_ties",
     ("loo_tiles", "cpu"): "nbattn.kernels.loo_tiles",
     ("loo_1d", "cpu"): "nbattn.kernels.loo_1d",
     ("local", "cuda"): "nbattn.cuda.local",

@@ -52,6 +52,7 @@ from .problem import (
     spec_options,
 )
 from .search import search_widths, sigmoid, staged_search, theta_to_widths, widths_to_theta
+from .ties import tie_groups, tied_loo_fits, tied_loo_gradient
 
 __all__ = [
     "LooCriterion",
@@ -111,6 +112,8 @@ class LooCriterion:
         # the basins the search visited (the staged search carries them to more rows)
         self.basins = []
         self.log = None  # a FitProgress: a line per evaluation (verbose)
+        # tied training rows pooled, one key per distinct row (None: the plain pass)
+        self.ties = tie_groups(problem)
 
     def problem_at(self, theta):
         spec = self.base.spec
@@ -162,7 +165,11 @@ class LooCriterion:
     def _value(self, theta) -> float:
         """The criterion at theta, computed (the hook a criterion of another loss overrides:
         :meth:`loss` caches, counts and records it)."""
-        return self.score(fit_problem(self.problem_at(theta))[0][:, 0, :])
+        problem = self.problem_at(theta)
+        tied = None if self.ties is None else tied_loo_fits(problem, self.ties)
+        if tied is not None:
+            return self.score(tied.fits)
+        return self.score(fit_problem(problem)[0][:, 0, :])
 
     def score(self, fits):
         """The criterion of the leave-one-out fits (n, n_out): the weighted squared error."""
@@ -175,13 +182,29 @@ class LooCriterion:
     def loss_and_grad(self, theta):
         self.n_grad += 1
         problem = self.problem_at(theta)
-        tree = tree_layout(problem)  # the keys each pass visits (all of them at rtol = 0)
-        fit = fit_layout(tree)
-        fits = tree.from_layout(fit.beta[:, 0, :])
-        value = self.score(fits)
+        spec = problem.spec
+        cat_dparams = categorical_derivatives(theta, spec.var_type, spec.n_categories)
+        tied = None if self.ties is None else tied_loo_fits(problem, self.ties)
+        if tied is not None:
+            value = self.score(tied.fits)
+            sums = tied_loo_gradient(tied, self.ties, cat_dparams, self.score_slopes(tied.fits))
+        else:
+            value, sums = self._plain_loss_and_grad(problem, cat_dparams)
         self.cache[np.asarray(theta, dtype=np.float64).tobytes()] = (
             value if math.isfinite(value) else math.inf
         )
+        grad = np.empty(len(spec.var_type))
+        grad[self.order] = sums
+        if not math.isfinite(value) or not np.isfinite(grad).all():
+            return math.inf, np.zeros_like(grad)
+        self._record(value, theta)
+        return value, grad
+
+    def _plain_loss_and_grad(self, problem, cat_dparams):
+        """``(CV, gradient sums in the kernels' order)`` from the engine's two passes."""
+        tree = tree_layout(problem)  # the keys each pass visits (all of them at rtol = 0)
+        fit = fit_layout(tree)
+        fits = tree.from_layout(fit.beta[:, 0, :])
         out_weights = np.ascontiguousarray(tree.to_layout(self.score_slopes(fits)))
         module = kernels_for("local", problem.spec.device)
         with threads_for(problem):
@@ -189,16 +212,11 @@ class LooCriterion:
                 *tree.problem.kernel_groups(exclude_self=True),
                 fit,
                 tree.problem.values_t,
-                categorical_derivatives(theta, problem.spec.var_type, problem.spec.n_categories),
+                cat_dparams,
                 out_weights,
                 tree.leaves,
             )
-        grad = np.empty(len(problem.spec.var_type))
-        grad[self.order] = per_query.sum(axis=0)
-        if not math.isfinite(value) or not np.isfinite(grad).all():
-            return math.inf, np.zeros_like(grad)
-        self._record(value, theta)
-        return value, grad
+        return self.score(fits), per_query.sum(axis=0)
 
 
 class _PooledCriterion(LooCriterion):

@@ -1,0 +1,295 @@
+"""Leave-one-out local fits of a training set with tied rows (CPU).
+
+Rows that agree in every column (the training set of a table with discrete columns:
+years of schooling, counts, categories) have the same kernel weight against every
+key. Pooled into one key per distinct row, a group g of c_g rows with values summing
+to S_g weighs log c_g more in its score and carries the mean S_g / c_g, so the
+leave-one-out sums of every member i of g are
+
+    M_i = M_g + (c_g - 1) e^a e_1 e_1^T,     V_i = V_g + e^a (S_g - y_i) e_1
+
+with M_g, V_g the sums over the other groups (one stream per group, the pooled key g
+excluded as the plain pass excludes key i) and a = sum_k a_k the score of a pair
+equal in every column (log K(0) = 0 for every continuous kernel; a_k the equal-code
+term of categorical column k). The design of an equal row is e_1 = (1, 0, ..., 0): the
+tie adds to the constant's moment and the value's sum only. Each member then solves
+its own system as the plain pass does (``local.normalised_solve``). The pairs cost
+falls from n^2 to G^2 for G distinct rows, the sums agree with the plain pass to
+rounding.
+
+A member whose sums weigh nothing (no other row in reach of a compact kernel, no tie)
+gets NaN here: the plain pass's nearest-key fallback is the caller's to run.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .. import config
+from .._core.local_groups import LocalFit
+from .items import next_item, run_items
+from .local import design_stored, normalised_solve, query_moments
+from .local_args import n_terms
+from .local_leaves import chunk_runs
+from .local_moments import FUSED_TERMS
+from .local_pairs import block_scratch, category_term, dlog_kernel, problem_sizes
+from .local_passes import block_weights
+
+__all__ = ["tied_loo_fits", "tied_loo_gradient"]
+
+_KEY_BLOCK = config.KEY_BLOCK
+
+
+def tied_loo_fits(data, model, values_t, group_sums, row_values, member_start, members, leaves):
+    """The leave-one-out fits of every training row from its tie groups.
+
+    ``data`` and ``model``: the groups' problem (``LocalData``, ``LocalModel`` of the
+    pooled keys, queries = keys, ``exclude_self`` True; ``log_weights`` log c_g);
+    ``values_t`` (n_out, G) the groups' means, ``group_sums`` (n_out, G) their sums,
+    ``row_values`` (n_out, n) the rows' own values; the rows of group g are
+    ``members[member_start[g] : member_start[g + 1]]``; ``leaves`` the ``AllKeys`` of the
+    G queries.
+
+    Returns ``(group_fit, beta)``: a ``LocalFit`` of the G groups whose ``shift``,
+    ``log_norm`` and ``g`` every member shares (the members' systems differ in V only),
+    and the members' coefficients ``beta`` (n, p, n_out), NaN for the members of a group
+    whose sums weigh nothing (module docstring)."""
+    n_groups, n_out = values_t.shape[1], values_t.shape[0]
+    p = n_terms(data.keys_cont_t.shape[0], int(model.degree))
+    group_fit = LocalFit(
+        np.zeros((0, p, n_out)),
+        np.zeros((n_groups, p)),
+        np.full(n_groups, -np.inf),
+        np.full(n_groups, -np.inf),
+        np.full(n_groups, -1, dtype=np.int64),
+        np.zeros((0, 0, n_out)),
+    )
+    beta = np.full((members.shape[0], p, n_out), np.nan)
+    fused_terms = (0.0,) * p if n_out == 1 and p in FUSED_TERMS else None
+    run_items(
+        _tied_items, data, model, values_t, group_sums, row_values, member_start, members,
+        fused_terms, leaves, group_fit, beta,
+    )  # fmt: skip
+    return group_fit, beta
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def equal_row_score(model):
+    """a = sum_k a_k: the score of a pair equal in every column (log K(0) = 0)."""
+    score = 0.0
+    for k in range(model.cat_params.shape[0]):
+        score += model.cat_params[k, 0]
+    return score
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
+def _tied_items(
+    counter, data, model, values_t, group_sums, row_values, member_start, members,
+    fused_terms, leaves, group_fit, beta,
+):  # fmt: skip
+    """The chunks of groups that ``counter`` hands this thread: their rows of
+    ``group_fit`` and their members' rows of ``beta``."""
+    dc = data.keys_cont_t.shape[0]
+    weighted = problem_sizes(data)[4]
+    n_out = values_t.shape[0]
+    p = n_terms(dc, model.degree)
+    store_design = design_stored(model, p, False, fused_terms)
+    equal_score = equal_row_score(model)
+    n_chunks = leaves.query_start.shape[0] - 1
+    while True:
+        chunk = next_item(counter)
+        if chunk >= n_chunks:
+            return
+        scores, design = block_scratch(p, dc)
+        wx = np.zeros(_KEY_BLOCK)
+        moments, rhs = np.zeros((p, p)), np.zeros((p, n_out))
+        own_moments, own_rhs = np.zeros((p, p)), np.zeros((p, n_out))
+        scratch, keep, z = np.zeros((p, p)), np.zeros(p, dtype=np.bool_), np.zeros(p)
+        dsum, dysum = np.zeros(0), np.zeros((0, n_out))
+        first, stop, runs, n_runs = chunk_runs(chunk, data, model, leaves)
+        for group in range(first, stop):
+            m = query_moments(
+                group, runs, n_runs, data, model, values_t, weighted, store_design, False,
+                fused_terms, scores, design, wx, moments, rhs, dsum, dysum,
+            )  # fmt: skip
+            size = member_start[group + 1] - member_start[group]
+            # the other members together: score log(c_g - 1) + a (-inf without any)
+            tie_score = np.log(size - 1.0) + equal_score if size > 1 else -np.inf
+            scale, tie, shift = 1.0, 0.0, m
+            if tie_score > m:  # the tie sets the running maximum
+                scale = np.exp(m - tie_score) if m > -np.inf else 0.0
+                tie, shift = 1.0, tie_score
+            elif tie_score > -np.inf:
+                tie = np.exp(tie_score - m)
+            for t in range(member_start[group], member_start[group + 1]):
+                row = members[t]
+                for a in range(p):
+                    for b in range(p):
+                        own_moments[a, b] = moments[a, b] * scale
+                    for o in range(n_out):
+                        own_rhs[a, o] = rhs[a, o] * scale
+                if tie > 0.0:
+                    own_moments[0, 0] += tie
+                    for o in range(n_out):
+                        mean_of_others = (group_sums[o, group] - row_values[o, row]) / (size - 1.0)
+                        own_rhs[0, o] += tie * mean_of_others
+                total = own_moments[0, 0]
+                if not (total > 0.0):
+                    break  # NaN: the caller's nearest-key fallback
+                normalised_solve(own_moments, own_rhs, total, model.ridge, group_fit.g[group],
+                                 beta[row], scratch, keep, z)  # fmt: skip
+                group_fit.shift[group] = shift
+                group_fit.log_norm[group] = np.log(total)
+
+
+def tied_loo_gradient(
+    data, model, group_fit, beta, values_t, group_sums, row_values, member_start, members,
+    cat_dparams, out_weights, leaves,
+):  # fmt: skip
+    """``local_passes.local_loo_gradient`` of the tied rows, summed over each group's
+    members: (G, dc + dk), from :func:`tied_loo_fits`'s ``group_fit`` and ``beta``
+    and the rows' ``out_weights`` (n, n_out), the other arguments as there.
+
+    The members share every weight p_j, the design and g; only beta_i and the weights
+    e_io of their fits differ, and the derivative is linear in both: a key adds
+    p_j (ds_j - sum_k p_k ds_k) c_j sum_o (E_o y_jo - B_o . x_j - ridge sum_t g_t B_to x_jt^2)
+    with E_o = sum_i e_io and B_o = sum_i e_io beta_io (taken about the first member's
+    fit, y and beta_0 less it, so that the difference keeps its digits), and the rest
+    of the group adds the same with x = e_1, y the mean of the member's others and
+    ds_k = da_k (continuous ds = 0 at d = 0)."""
+    n_groups, dc, dk = data.q_cont.shape[0], data.keys_cont_t.shape[0], data.keys_cat_t.shape[0]
+    out = np.zeros((n_groups, dc + dk))
+    cat_dparams = cat_dparams if dk else None
+    run_items(
+        _tied_gradient_items, data, model, group_fit, beta, values_t, group_sums, row_values,
+        member_start, members, cat_dparams, out_weights, out, leaves,
+    )  # fmt: skip
+    return out
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
+def _tied_gradient_items(
+    counter, data, model, group_fit, beta, values_t, group_sums, row_values, member_start,
+    members, cat_dparams, out_weights, out, leaves,
+):  # fmt: skip
+    """The chunks of groups that ``counter`` hands this thread: their rows of ``out``."""
+    weighted = problem_sizes(data)[4]
+    q_cat, keys_cat_t = data.q_cat, data.keys_cat_t
+    kernel, ridge = model.kernel, model.ridge
+    g, shift, log_norm = group_fit.g, group_fit.shift, group_fit.log_norm
+    dc, dk = data.keys_cont_t.shape[0], keys_cat_t.shape[0]
+    n_out = values_t.shape[0]
+    p = g.shape[1]
+    n_par = dc + dk
+    equal_score = equal_row_score(model)
+    n_chunks = leaves.query_start.shape[0] - 1
+    while True:
+        chunk = next_item(counter)
+        if chunk >= n_chunks:
+            return
+        scores, design = block_scratch(p, dc)
+        coef = np.zeros(_KEY_BLOCK)
+        cvec = np.zeros(_KEY_BLOCK)
+        fitted = np.zeros(_KEY_BLOCK)
+        pen = np.zeros(_KEY_BLOCK)
+        a_sum = np.zeros(n_par)
+        s_sum = np.zeros(n_par)
+        e_sum = np.zeros(n_out)
+        b_sum = np.zeros((p, n_out))
+        ref = np.zeros(n_out)
+        first, stop, runs, n_runs = chunk_runs(chunk, data, model, leaves)
+        for group in range(first, stop):
+            if log_norm[group] == -np.inf:
+                continue
+            lead = members[member_start[group]]
+            size = member_start[group + 1] - member_start[group]
+            # E_o, B_o about the first member's fit; the rest of the group's term
+            tie_coef = 0.0
+            for o in range(n_out):
+                ref[o] = beta[lead, 0, o]
+                e_sum[o] = 0.0
+                for t in range(p):
+                    b_sum[t, o] = 0.0
+            for s in range(member_start[group], member_start[group + 1]):
+                row = members[s]
+                for o in range(n_out):
+                    e = out_weights[row, o]
+                    e_sum[o] += e
+                    b_sum[0, o] += e * (beta[row, 0, o] - ref[o])
+                    for t in range(1, p):
+                        b_sum[t, o] += e * beta[row, t, o]
+                    if size > 1:
+                        others = (group_sums[o, group] - row_values[o, row]) / (size - 1.0)
+                        tie_coef += e * g[group, 0] * (others - beta[row, 0, o])
+            for t in range(n_par):
+                a_sum[t] = 0.0
+                s_sum[t] = 0.0
+            a_total = 0.0
+            for r in range(n_runs):
+                for j0 in range(runs[r, 0], runs[r, 1], _KEY_BLOCK):
+                    nb = min(_KEY_BLOCK, runs[r, 1] - j0)
+                    nb = block_weights(group, j0, nb, data, model, group_fit, weighted, scores,
+                                       design)  # fmt: skip
+                    # coef_j = p_j sum_o [c_j (E_o (y_jo - ref_o) - B_o . x_j) - ridge pen_jo]
+                    for j in range(nb):
+                        cvec[j] = g[group, 0]
+                        coef[j] = 0.0
+                    for t in range(1, p):
+                        gt = g[group, t]
+                        xt = design[t]
+                        for j in range(nb):
+                            cvec[j] += gt * xt[j]
+                    for o in range(n_out):
+                        e = e_sum[o]
+                        y = values_t[o, j0 : j0 + nb]
+                        b0, r0 = b_sum[0, o], ref[o]
+                        for j in range(nb):
+                            fitted[j] = b0
+                            pen[j] = 0.0
+                        for t in range(1, p):
+                            bt = b_sum[t, o]
+                            gbt = g[group, t] * bt
+                            xt = design[t]
+                            for j in range(nb):
+                                fitted[j] += bt * xt[j]
+                                pen[j] += gbt * xt[j] * xt[j]
+                        for j in range(nb):
+                            coef[j] += cvec[j] * (e * (y[j] - r0) - fitted[j]) - ridge * pen[j]
+                    for j in range(nb):
+                        coef[j] *= scores[j]
+                        a_total += coef[j]
+                    for c in range(dc):
+                        row = design[1 + c]
+                        acc_a = 0.0
+                        acc_s = 0.0
+                        for j in range(nb):
+                            d = row[j]
+                            ds = -d * dlog_kernel(d, kernel)
+                            acc_a += coef[j] * ds
+                            acc_s += scores[j] * ds
+                        a_sum[c] += acc_a
+                        s_sum[c] += acc_s
+                    if cat_dparams is not None:
+                        for k in range(dk):
+                            qk = q_cat[group, k]
+                            dparams = cat_dparams[k]
+                            acc_a = 0.0
+                            acc_s = 0.0
+                            for j in range(nb):
+                                x = keys_cat_t[k, j0 + j]
+                                ds = category_term(x, qk, dparams[0], dparams[1], dparams[2])
+                                acc_a += coef[j] * ds
+                                acc_s += scores[j] * ds
+                            a_sum[dc + k] += acc_a
+                            s_sum[dc + k] += acc_s
+            if size > 1:  # the rest of the group: x = e_1, continuous ds = 0, ds_k = da_k
+                tie_score = np.log(size - 1.0) + equal_score
+                tie_weight = np.exp(tie_score - shift[group] - log_norm[group])
+                a_total += tie_weight * tie_coef
+                if cat_dparams is not None:
+                    for k in range(dk):
+                        a_sum[dc + k] += tie_weight * tie_coef * cat_dparams[k, 0]
+                        s_sum[dc + k] += tie_weight * cat_dparams[k, 0]
+            for t in range(n_par):
+                out[group, t] = a_sum[t] - a_total * s_sum[t]
