@@ -83,7 +83,7 @@ def _local_polynomial_shapes():
     """The local fits of the other column counts: the first pass compiles one kernel per
     number of terms p = 2..5 (a local-linear fit of 1 to 4 columns) and one for the rest
     (``nbattn.kernels.local_moments.block_moments``); a categorical column adds the
-    gradient of its width."""
+    gradient of its width; tied rows the pooled leave-one-out passes."""
     import nbattn
 
     for d in (1, 2, 4, 5):
@@ -92,6 +92,10 @@ def _local_polynomial_shapes():
     x, y = _data(d=2)
     x[:, 1] = np.arange(x.shape[0]) % 3
     nbattn.LocalPolynomialRegressor(var_type="cu").fit(x, y).predict(x[:5])
+    # tied rows (discrete columns) take the pooled leave-one-out passes (nbattn.local.ties)
+    x[:, 0] = np.round(x[:, 0])
+    nbattn.LocalPolynomialRegressor(var_type="cu").fit(x, y)
+    nbattn.LocalPolynomialRegressor().fit(np.round(_data(d=2)[0]), y)
 
 
 def _classifier():
