@@ -32,7 +32,9 @@ evaluations on each stage's rows (criterion alone / with its gradient) and their
 seconds each, the widths and the exact LOO criterion at each answer. On continuous
 columns Nadaraya-Watson's criterion comes from the leave-one-out tiles
 (``nbattn.local.widths.criterion_for``); ``--local-engine`` runs each fit again with the
-engine's general passes, for comparison.
+engine's general passes, for comparison. The tables' distinct rows are printed: at
+rtol = 0 the engine's criterion pools tied rows (``nbattn.local.ties``) where they are
+few enough.
 """
 
 from __future__ import annotations
@@ -130,7 +132,7 @@ def _table(name, n, rng):
 
 def _local_fits(args):
     """The mid-size LOO fits (module docstring)."""
-    from nbattn import LocalPolynomialRegressor, NadarayaWatsonRegressor
+    from nbattn import LocalPolynomialRegressor, NadarayaWatsonRegressor, config
     from nbattn.local import widths as local_widths
     from nbattn.local.engine import local_loo_loss
 
@@ -174,7 +176,11 @@ def _local_fits(args):
         criteria.append((", engine criterion", local_widths.LooCriterion))
     for name in args.local_tables.split(","):
         X, y, var_type, label = _table(name, args.local_rows, rng)
-        print(f"{label}: {X.shape[0]} rows, var_type {var_type}")
+        distinct = np.unique(X, axis=0).shape[0]
+        print(
+            f"{label}: {X.shape[0]} rows, var_type {var_type}, {distinct} distinct rows "
+            f"(ties pooled at rtol=0 from {config.LOCAL_TIE_MAX_SHARE} % of the rows down)"
+        )
         make(None, var_type=var_type, rtol=args.rtol).fit(X[:300], y[:300])  # compile first
         make(None, var_type=var_type).fit(X[:300], y[:300])
         for (search, subsample), rtol, (which, criterion) in itertools.product(
