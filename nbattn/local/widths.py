@@ -187,7 +187,7 @@ class LooCriterion:
         tied = None if self.ties is None else tied_loo_fits(problem, self.ties)
         if tied is not None:
             value = self.score(tied.fits)
-            sums = tied_loo_gradient(tied, self.ties, cat_dparams, self.score_slopes(tied.fits))
+            sums = tied_loo_gradient(tied, cat_dparams, self.score_slopes(tied.fits))
         else:
             value, sums = self._plain_loss_and_grad(problem, cat_dparams)
         self.cache[np.asarray(theta, dtype=np.float64).tobytes()] = (
