@@ -132,22 +132,3 @@ def to_torch(args):
     import torch
 
     return tuple(torch.from_numpy(a) if isinstance(a, np.ndarray) else a for a in args)
-
-
-def packed_score_fn(score, b, h, q_idx, kv_idx, cap, slopes, table, doc, prefix, left, right):
-    """The pair of the packed-sequence and decoding tests (tests/attn/test_flex_review.py,
-    test_flex_varlen_decode.py), whose ``mod_args`` hold one row per sequence b (``doc[b]``,
-    ``prefix[b]``) so that a packed call and its per-sequence calls slice the same tables:
-    a tanh softcap (cap > 0), ALiBi slopes[h] (j - i), a relative-position bias
-    table[h, j - i + centre]."""
-    s = score
-    if cap > 0:
-        s = cap * nbattn.flex_tanh(s / cap)
-    return s + slopes[h] * (kv_idx - q_idx) + table[h, kv_idx - q_idx + table.shape[1] // 2]
-
-
-def packed_mask_fn(b, h, q_idx, kv_idx, cap, slopes, table, doc, prefix, left, right):
-    """Same document, and inside the window [i - left, i + right] or in the prefix."""
-    same = doc[b, q_idx] == doc[b, kv_idx]
-    inside = (kv_idx >= q_idx - left) & (kv_idx <= q_idx + right)
-    return same & (inside | (kv_idx < prefix[b]))

@@ -4,9 +4,10 @@ sequence) over random draws, torch autograd of that formulation for the gradient
 1 and 2 threads, inputs left untouched, hostile mod_args, scores beyond the range,
 several threads compiling new functions at once, and real data (scikit-learn's digits).
 
-Every kernel call runs ``test_flex``'s two module-level functions with float64 (or, for
-the range test, float32) arguments of the suite's types, so this file compiles nothing
-that ``test_flex.py`` does not.
+Every kernel call runs the suite's shared ``score_fn`` / ``mask_fn``
+(``tests/flex_cases.py``) with ``make_args`` arguments and float64 (or, for the range
+test, float32) q, as ``test_flex.py`` and ``test_flex_huge_scores.py`` do, so this file
+shares their forward and backward kernels.
 """
 
 from __future__ import annotations
@@ -21,9 +22,22 @@ from hypothesis import strategies as st
 
 import nbattn
 from nbattn.attn.flex import _mod_args
-from tests.flex_cases import WIDE
-from tests.flex_cases import packed_mask_fn as mask_fn
-from tests.flex_cases import packed_score_fn as score_fn
+from tests.flex_cases import (
+    CAP,
+    DIAG,
+    DOC,
+    LEFT,
+    RIGHT,
+    SCALAR,
+    SLOPES,
+    TABLE,
+    TABLE2,
+    WIDE,
+    make_args,
+    mask_fn,
+    score_fn,
+    with_args,
+)  # fmt: skip
 
 try:
     import torch
@@ -35,18 +49,16 @@ P = 24  # positions of the tables: more than any sequence, cache or query below
 
 
 def _args(rng, n_b, n_h, cap=0.0, left=WIDE, right=WIDE):
-    """Random ``score_fn`` / ``mask_fn`` arguments: a softcap, ALiBi slopes, a bias table,
-    documents of the b rows and prefixes (the suite's types: float, f8[:], f8[:, :],
-    i8[:, :], i8[:], int, int)."""
-    return (
-        float(cap),
-        rng.standard_normal(n_h) * 0.3,
-        rng.standard_normal((n_h, 2 * P + 1)) * 0.5,
-        rng.integers(0, 2, (n_b, P)).astype(np.int64),
-        rng.integers(0, 4, n_b).astype(np.int64),
-        int(left),
-        int(right),
-    )
+    """Random ``score_fn`` / ``mask_fn`` arguments (``make_args``): a softcap, ALiBi
+    slopes, a relative-position bias table, documents of the b rows and prefixes."""
+    slopes = rng.standard_normal(n_h) * 0.3
+    table = rng.standard_normal((n_h, 2 * P + 1)) * 0.5
+    doc = rng.integers(0, 2, (n_b, P)).astype(np.int64)
+    prefix = rng.integers(0, 4, n_b).astype(np.int64)
+    return make_args(
+        n_b, n_h, P, cap=cap, slopes=slopes, table=table, doc=doc, prefix=prefix, left=left,
+        right=right,
+    )  # fmt: skip
 
 
 def _dense_rows(qs, ks, vs, b, h, q_pos, args, scale, band):
@@ -157,8 +169,9 @@ def test_varlen_matches_the_dense_formulation(pack):
 
 def _torch_varlen_loss(q, k, v, g, cu_q, cu_k, args, kw):
     """sum(out * g) of the dense formulation in torch (float64), for autograd."""
-    cap, slopes, table, doc, prefix, left, right = args
-    slopes, table, doc, prefix = (torch.from_numpy(a) for a in (slopes, table, doc, prefix))
+    scalar, cap, diag = float(args[SCALAR]), float(args[CAP]), args[DIAG]
+    left, right = args[LEFT], args[RIGHT]
+    slopes, table, table2, doc = (torch.from_numpy(args[i]) for i in (SLOPES, TABLE, TABLE2, DOC))
     n_h, _, e = q.shape
     rep = n_h // k.shape[0]
     total = q.sum() * 0.0
@@ -176,13 +189,16 @@ def _torch_varlen_loss(q, k, v, g, cu_q, cu_k, args, kw):
             qs = q[h, cu_q[s] : cu_q[s + 1]]
             ks = k[h // rep, cu_k[s] : cu_k[s + 1]]
             vs = v[h // rep, cu_k[s] : cu_k[s + 1]]
-            sc = (qs @ ks.T) / np.sqrt(e)
+            sc = (qs @ ks.T) / np.sqrt(e) * scalar
             if cap > 0:
                 sc = cap * torch.tanh(sc / cap)
-            sc = sc + slopes[h] * (j - i) + table[h, j - i + table.shape[1] // 2]
-            same = doc[s, i] == doc[s, j]
+            sc = sc + slopes[h] * (j - i)
+            sc = sc + table[h % table.shape[0], j - i + table.shape[1] // 2]
+            sc = sc + table2[h % table2.shape[0], j % table2.shape[1]] + diag * (j == i)
+            mine = doc[s, 0, i]
+            same = (mine >= 0) & (mine == doc[s, 1, j])
             inside = (j >= i - left) & (j <= i + right)
-            keep = same & (inside | (j < prefix[s])) & band
+            keep = same & (inside | (doc[s, 2, j] != 0)) & band
             sc = sc.masked_fill(~keep, -torch.inf)
             live = keep.any(dim=1, keepdim=True)
             w = torch.softmax(sc.masked_fill(~live, 0.0), dim=1) * live
@@ -339,7 +355,7 @@ def _decode_all(q, k, v, cu_q, cu_k, args):
         v[None, :, 13:15].repeat(2, axis=0),
         enable_gqa=True,
         return_lse=True,
-        mod_args=args[:3] + (args[3][:2], args[4][:2]) + args[5:],
+        mod_args=with_args(args, doc=args[DOC][:2]),
         **MODS,
     )
     return out, lse
@@ -384,10 +400,10 @@ def test_no_input_is_modified():
     """q, k, v, the offsets and every mod_args array, read-only and non-contiguous ones
     too, after a forward and a backward; the caches outside the rows a step appends."""
     q, k, v, cu_q, cu_k, args = _fixed_pack()
-    table = np.asfortranarray(args[2])  # non-contiguous for the kernel: copied, not changed
-    slopes = args[1].copy()
+    table = np.asfortranarray(args[TABLE])  # non-contiguous for the kernel: copied, not changed
+    slopes = args[SLOPES].copy()
     slopes.flags.writeable = False
-    args = (args[0], slopes, table) + args[3:]
+    args = with_args(args, slopes=slopes, table=table)
     inputs = [q, k, v, cu_q, cu_k, args]
     before = _copies(inputs)
     _varlen_all(*inputs)
@@ -431,8 +447,9 @@ def test_edges_one_token_subnormal_and_everything_masked():
     ref, ref_lse = _dense_varlen(tiny, k, v, cu_q, cu_k, args)
     np.testing.assert_allclose(out, ref, rtol=0, atol=1e-12)
     np.testing.assert_allclose(lse, ref_lse, rtol=1e-12)
-    nothing = args[:5] + (-1, -1)  # kv_idx in [q_idx + 1, q_idx - 1]: no key, no prefix
-    nothing = nothing[:4] + (np.zeros_like(args[4]),) + nothing[5:]
+    no_prefix = args[DOC].copy()
+    no_prefix[:, 2] = 0  # kv_idx in [q_idx + 1, q_idx - 1]: no key, no prefix
+    nothing = with_args(args, left=-1, right=-1, doc=no_prefix)
     out, lse = nbattn.flash_attention_varlen(
         q, k, v, cu_q, cu_k, return_lse=True, enable_gqa=True, mod_args=nothing, **MODS
     )
@@ -452,15 +469,14 @@ def test_mod_args_in_layouts_numba_cannot_take_are_converted():
     q, k, v, cu_q, cu_k, args = _fixed_pack()
     kw = dict(enable_gqa=True, mod_args=args, **MODS)
     want = nbattn.flash_attention_varlen(q, k, v, cu_q, cu_k, **kw)
-    big = args[2].astype(">f8")
-    read_only = args[3].copy()
+    read_only = args[DOC].copy()
     read_only.flags.writeable = False
     for odd in (
-        args[:2] + (big,) + args[3:],
-        args[:2] + (np.asmatrix(args[2]),) + args[3:],
-        args[:2] + (np.asfortranarray(args[2]),) + args[3:],
-        args[:3] + (read_only,) + args[4:],
-        args[:1] + (args[1].astype(">f8"),) + args[2:4] + (args[4].astype(">i8"),) + args[5:],
+        with_args(args, table=args[TABLE].astype(">f8")),
+        with_args(args, table=np.asmatrix(args[TABLE])),
+        with_args(args, table=np.asfortranarray(args[TABLE])),
+        with_args(args, doc=read_only),
+        with_args(args, slopes=args[SLOPES].astype(">f8"), doc=args[DOC].astype(">i8")),
     ):
         kw["mod_args"] = odd
         got = nbattn.flash_attention_varlen(q, k, v, cu_q, cu_k, **kw)
@@ -471,13 +487,17 @@ def test_mod_args_numba_cannot_compute_with_are_refused_naming_them():
     q, k, v, cu_q, cu_k, args = _fixed_pack()
     call = dict(enable_gqa=True, **MODS)
     cases = {
-        r"mod_args\[5\] = 1180591620717411303424 is beyond the 64-bit": args[:5]
-        + (2**70,)
-        + args[6:],
-        r"mod_args\[6\] = -9223372036854775809": args[:6] + (-(2**63) - 1,),
-        r"mod_args\[1\] is a masked array": args[:1] + (np.ma.masked_array(args[1]),) + args[2:],
-        r"mod_args\[2\] has dtype float128": args[:2] + (args[2].astype(np.longdouble),) + args[3:],
-        r"mod_args\[0\] has dtype float128": (np.longdouble(0.0),) + args[1:],
+        rf"mod_args\[{LEFT}\] = 1180591620717411303424 is beyond the 64-bit": with_args(
+            args, left=2**70
+        ),
+        rf"mod_args\[{RIGHT}\] = -9223372036854775809": with_args(args, right=-(2**63) - 1),
+        rf"mod_args\[{SLOPES}\] is a masked array": with_args(
+            args, slopes=np.ma.masked_array(args[SLOPES])
+        ),
+        rf"mod_args\[{TABLE}\] has dtype float128": with_args(
+            args, table=args[TABLE].astype(np.longdouble)
+        ),
+        rf"mod_args\[{CAP}\] has dtype float128": with_args(args, cap=np.longdouble(0.0)),
     }
     for message, odd in cases.items():
         if np.dtype(np.longdouble).itemsize in (8,) and "float128" in message:
@@ -517,25 +537,25 @@ def test_float32_scores_beyond_the_float32_range_are_refused():
     it was a NaN row (1e300 rounded to inf) or a silently masked entry (-1e300)."""
     q, k, v, cu_q, cu_k, args = _fixed_pack()
     q, k, v = (a.astype(np.float32) for a in (q, k, v))
-    centre = args[2].shape[1] // 2
+    centre = args[TABLE].shape[1] // 2
     kw = dict(enable_gqa=True, **MODS)
     clean = nbattn.flash_attention_varlen(q, k, v, cu_q, cu_k, mod_args=args, **kw)
     assert np.all(np.isfinite(clean))
     for value in (3e38, 1e300, -1e300, 1e39):
-        table = args[2].copy()
+        table = args[TABLE].copy()
         table[:, centre] = value  # the diagonal: admissible in every sequence
-        odd = args[:2] + (table,) + args[3:]
+        odd = with_args(args, table=table)
         with pytest.raises(ValueError, match="score_mod returned a score of magnitude"):
             nbattn.flash_attention_varlen(q, k, v, cu_q, cu_k, mod_args=odd, **kw)
         with pytest.raises(ValueError, match="score_mod returned a score of magnitude"):
-            first = odd[:3] + (odd[3][:1], odd[4][:1]) + odd[5:]  # the first sequence
+            first = with_args(odd, doc=odd[DOC][:1])  # the first sequence
             nbattn.flash_attention(
                 q[None, :, :7], k[None, :, :9], v[None, :, :9], mod_args=first, **kw
             )
-    table = args[2].copy()
+    table = args[TABLE].copy()
     table[:, centre] = np.inf  # +inf stays +inf: a NaN row, as torch gives
     out = nbattn.flash_attention_varlen(
-        q, k, v, cu_q, cu_k, mod_args=args[:2] + (table,) + args[3:], **kw
+        q, k, v, cu_q, cu_k, mod_args=with_args(args, table=table), **kw
     )
     assert np.isnan(out[:, cu_q[0]]).all()
 
@@ -590,7 +610,7 @@ def test_digits_as_packed_sequences_match_the_dense_formulation():
     np.testing.assert_allclose(lse, ref_lse, rtol=1e-13)
     for s in range(lengths.size):
         rows = slice(cu[s], cu[s + 1])
-        one = args[:3] + (args[3][s : s + 1], args[4][s : s + 1]) + args[5:]
+        one = with_args(args, doc=args[DOC][s : s + 1])
         alone = nbattn.flash_attention(
             x[None, :, rows],
             x[None, :, rows],

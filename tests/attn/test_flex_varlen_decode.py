@@ -4,9 +4,9 @@
 The reference is :func:`nbattn.flash_attention` itself (checked against the dense
 formulation and torch in ``test_flex.py``) on each sequence alone: varlen's b is the
 sequence and its indices count from the sequence's start; decoding's q_idx is the
-query's position in its sequence. Every case runs ``test_flex``'s two module-level
-functions with float64 arguments of the same types, so these tests compile nothing
-that ``test_flex.py`` does not (one forward and one backward kernel in all).
+query's position in its sequence. Every case runs the suite's shared ``score_fn`` /
+``mask_fn`` (``tests/flex_cases.py``) with float64 ``make_args`` arguments, as
+``test_flex.py`` does, so these tests share its forward and backward kernels.
 """
 
 from __future__ import annotations
@@ -16,9 +16,7 @@ import pytest
 
 import nbattn
 from nbattn.attn.flex import BlockMask
-from tests.flex_cases import WIDE
-from tests.flex_cases import packed_mask_fn as mask_fn
-from tests.flex_cases import packed_score_fn as score_fn
+from tests.flex_cases import DOC, TABLE, WIDE, make_args, mask_fn, score_fn, with_args
 
 H, E = 2, 8
 LENS_Q = np.array([5, 0, 13, 21, 1])
@@ -27,21 +25,24 @@ N_POS = 40  # longer than every sequence: position-indexed tables fit all of the
 
 
 def _mod_args(n_b, n_h, cap=0.0, alibi=False, docs=False, prefix=0, left=WIDE, right=WIDE):
-    """``score_fn`` / ``mask_fn``'s arguments with b-indexed rows for ``n_b`` sequences (or
-    batch rows) and h-indexed ones for ``n_h`` heads."""
+    """``score_fn`` / ``mask_fn``'s arguments (``make_args``) with b-indexed rows for ``n_b``
+    sequences (or batch rows) and h-indexed ones for ``n_h`` heads: a softcap, ALiBi
+    slopes, a relative-position table, documents, a prefix and a window."""
     rng = np.random.default_rng(11)
-    slopes = 2.0 ** -(np.arange(n_h) + 1.0) if alibi else np.zeros(n_h)
+    slopes = 2.0 ** -(np.arange(n_h) + 1.0) if alibi else None
     table = rng.standard_normal((n_h, 2 * N_POS + 1)) * 0.5
     doc = np.zeros((n_b, N_POS), dtype=np.int64)
     if docs:
         doc[:] = np.cumsum(rng.random((n_b, N_POS)) < 0.15, axis=1)
-    return (float(cap), slopes, table, doc, np.full(n_b, prefix, dtype=np.int64), left, right)
+    return make_args(
+        n_b, n_h, N_POS, cap=cap, slopes=slopes, table=table, doc=doc, prefix=prefix,
+        left=left, right=right,
+    )  # fmt: skip
 
 
 def _row(args, b):
-    """``args`` with the b-indexed arrays cut to row ``b``: a padded call's b = 0."""
-    cap, slopes, table, doc, prefix, left, right = args
-    return (cap, slopes, table, doc[b : b + 1], prefix[b : b + 1], left, right)
+    """``args`` with the b-indexed documents cut to row ``b``: a padded call's b = 0."""
+    return with_args(args, doc=args[DOC][b : b + 1])
 
 
 VARLEN_CASES = {
@@ -202,9 +203,9 @@ def test_decode_keeps_nan_from_score_mod_and_refuses_overflowing_scores():
     k_cache = rng.standard_normal((1, H, N_POS, E))
     v_cache = rng.standard_normal((1, H, N_POS, E))
     q = rng.standard_normal((1, H, 1, E))
-    cap, slopes, table, doc, prefix, left, right = _mod_args(1, H)
+    args = _mod_args(1, H)
+    table = args[TABLE]
     table[:, N_POS - 1] = np.nan
-    args = (cap, slopes, table, doc, prefix, left, right)
     mods = dict(score_mod=score_fn, mask_mod=mask_fn, mod_args=args)
     out = nbattn.flash_decode(q, k_cache, v_cache, np.array([20]), **mods)
     assert np.all(np.isnan(out))
