@@ -48,8 +48,8 @@ def tied_loo_fits(data, model, values_t, group_sums, row_values, member_start, m
     pooled keys, queries = keys, ``exclude_self`` True; ``log_weights`` log c_g);
     ``values_t`` (n_out, G) the groups' means, ``group_sums`` (n_out, G) their sums,
     ``row_values`` (n_out, n) the rows' own values; the rows of group g are
-    ``members[member_start[g] : member_start[g + 1]]``; ``leaves`` the ``AllKeys`` of the
-    G queries.
+    ``members[member_start[g] : member_start[g + 1]]``; ``leaves`` the groups' leaves
+    (``AllKeys``, or with rtol > 0 the pruned ``LocalLeaves`` of the groups in k-d order).
 
     Returns ``(group_fit, beta)``: a ``LocalFit`` of the G groups whose ``shift``,
     ``log_norm`` and ``g`` every member shares (the members' systems differ in V only),
