@@ -28,7 +28,7 @@ import numpy as np
 from .. import config
 from .._core.numeric import sum_safe_units
 from .._core.threads import serial_below
-from ..dispatch.device import kernels_for
+from ..dispatch.device import kernels_for, resolve_device
 from .leaves import TreeLayout, tree_layout
 from .problem import LocalProblem
 
@@ -66,9 +66,10 @@ def tie_groups(problem: LocalProblem) -> TieGroups | None:
     take the pooled path (module docstring)."""
     spec = problem.spec
     n = problem.q_cont.shape[0]
+    on_cpu = spec.device == "cpu" or (spec.device == "auto" and resolve_device("auto") == "cpu")
     if (
         not problem.exclude_self
-        or spec.device != "cpu"
+        or not on_cpu
         or spec.missing
         or problem.sample_weight is not None
         or n < 2

@@ -292,3 +292,16 @@ def test_pooled_criterion_and_gradient_with_rtol_near_the_exact_ones(degree):
     value_exact, grad_exact = exact.loss_and_grad(theta)
     assert abs(value - value_exact) <= 1e-7 * value_exact
     np.testing.assert_allclose(grad, grad_exact, rtol=1e-5, atol=1e-9 * np.abs(grad_exact).max())
+
+
+def test_device_auto_on_a_machine_without_a_gpu_pools_ties():
+    """device='auto' runs on the CPU where numba sees no GPU, and pools there as 'cpu' does."""
+    from nbattn.dispatch.device import resolve_device
+
+    if resolve_device("auto") != "cpu":
+        pytest.skip("a GPU is visible: 'auto' runs the plain pass on it")
+    rng = np.random.default_rng(0)
+    X = _tied_table(rng, 50, "cu", 3)
+    spec = check_spec(2, var_type="cu", data=(X,), device="auto")
+    problem = layout(spec, X, X, rng.normal(size=50), np.array([1.0, 0.3]), 1, exclude_self=True)
+    assert tie_groups(problem) is not None
