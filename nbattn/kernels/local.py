@@ -188,87 +188,21 @@ def rescale(moments, rhs, dsum, dysum, factor):
             dysum[c, o] *= factor
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def design_stored(model, p, do_mfx, fused_terms):
-    """Whether ``block_scores`` stores the design rows: without missing values the
-    local-linear fused sums and the local constant read the differences from the keys,
-    and the rows are never written (one pass less)."""
-    return model.missing or do_mfx or (p > 1 and (model.degree >= 2 or fused_terms is None))
-
-
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def query_moments(
-    i, runs, n_runs, data, model, values_t, weighted, store_design, do_mfx, fused_terms,
-    scores, design, wx, moments, rhs, dsum, dysum,
-):  # fmt: skip
-    """Query i's moment sums (``moments``, ``rhs``, and with ``do_mfx`` ``dsum``,
-    ``dysum``: zeroed here) over the keys of ``runs[:n_runs]``, one online-softmax
-    stream: block scores, a rescale where the running maximum grows, the block's
-    moments (``block_moments``). Returns the running maximum m (-inf: no key weighs)."""
-    p = moments.shape[0]
-    n_out = rhs.shape[1]
-    for a in range(p):  # explicit loops: slice assignment costs more per query
-        for b in range(p):
-            moments[a, b] = 0.0
-        for o in range(n_out):
-            rhs[a, o] = 0.0
-    for c in range(dsum.shape[0]):
-        dsum[c] = 0.0
-        for o in range(n_out):
-            dysum[c, o] = 0.0
-    m = -np.inf
-    for r in range(n_runs):
-        for j0 in range(runs[r, 0], runs[r, 1], _KEY_BLOCK):
-            nb = min(_KEY_BLOCK, runs[r, 1] - j0)
-            block_max = block_scores(i, j0, nb, data, model, weighted, store_design, scores, design)
-            if block_max == -np.inf:
-                continue
-            if block_max > m:
-                if m > -np.inf:
-                    rescale(moments, rhs, dsum, dysum, np.exp(m - block_max))
-                m = block_max
-            block_moments(
-                fused_terms, i, j0, nb, data, values_t, store_design, do_mfx, model.kernel,
-                scores, design, m, wx, moments, rhs, dsum, dysum,
-            )  # fmt: skip
-    return m
-
-
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def normalised_solve(moments, rhs, total, ridge, g_row, beta_row, scratch, keep, z):
-    """The sums divided by l = ``total`` (> 0), then (M/l + R) [g, beta] = [e_1, V/l]
-    into ``g_row`` (p,) and ``beta_row`` (p, n_out) (``local_moments.solve``; the local
-    constant needs no factorisation). Returns 1 / l."""
-    p = moments.shape[0]
-    n_out = rhs.shape[1]
-    inv = 1.0 / total
-    for a in range(p):
-        for b in range(a, p):
-            moments[b, a] = moments[a, b] * inv
-            moments[a, b] = moments[b, a]
-        for o in range(n_out):
-            rhs[a, o] *= inv
-    if p == 1:  # the local constant: M/l = 1, nothing to factorise
-        g_row[0] = 1.0
-        for o in range(n_out):
-            beta_row[0, o] = rhs[0, o]
-    else:
-        solve(moments, rhs, ridge, g_row, beta_row, scratch, keep, z)
-    return inv
-
-
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
 def _fit_items(counter, data, model, values_t, want_mfx, fused_terms, leaves, fit):
     """The chunks of queries that ``counter`` hands this thread: their rows of ``fit``.
     ``fused_terms``: a tuple of p zeros where ``block_moments`` takes the fused sums of
     that p, else None (the general paths)."""
     beta, g, shift, log_norm, nearest, mfx = fit
-    ridge = model.ridge
+    kernel, ridge = model.kernel, model.ridge
+    degree, missing = model.degree, model.missing
     n_q, dc, _, _, weighted = problem_sizes(data)
     n_out = values_t.shape[0]
-    p = n_terms(dc, model.degree)
+    p = n_terms(dc, degree)
     do_mfx = want_mfx and p == 1 and dc > 0
-    store_design = design_stored(model, p, do_mfx, fused_terms)
+    # without missing values the local-linear moments and the local constant read the
+    # differences from the keys: the design rows are never written (one pass less)
+    store_design = missing or do_mfx or (p > 1 and (degree >= 2 or fused_terms is None))
     n_chunks = leaves.query_start.shape[0] - 1
     while True:
         chunk = next_item(counter)
@@ -287,15 +221,49 @@ def _fit_items(counter, data, model, values_t, want_mfx, fused_terms, leaves, fi
         # the chunk's queries (neighbours in k-d order when pruned) visit the same keys
         first, stop, runs, n_runs = chunk_runs(chunk, data, model, leaves)
         for i in range(first, stop):
-            m = query_moments(
-                i, runs, n_runs, data, model, values_t, weighted, store_design, do_mfx,
-                fused_terms, scores, design, wx, moments, rhs, dsum, dysum,
-            )  # fmt: skip
+            for a in range(p):  # explicit loops: slice assignment costs more per query
+                for b in range(p):
+                    moments[a, b] = 0.0
+                for o in range(n_out):
+                    rhs[a, o] = 0.0
+            for c in range(dc):
+                dsum[c] = 0.0
+                for o in range(n_out):
+                    dysum[c, o] = 0.0
+            m = -np.inf
+            for r in range(n_runs):
+                for j0 in range(runs[r, 0], runs[r, 1], _KEY_BLOCK):
+                    nb = min(_KEY_BLOCK, runs[r, 1] - j0)
+                    block_max = block_scores(
+                        i, j0, nb, data, model, weighted, store_design, scores, design
+                    )
+                    if block_max == -np.inf:
+                        continue
+                    if block_max > m:
+                        if m > -np.inf:
+                            rescale(moments, rhs, dsum, dysum, np.exp(m - block_max))
+                        m = block_max
+                    block_moments(
+                        fused_terms, i, j0, nb, data, values_t, store_design, do_mfx, kernel,
+                        scores, design, m, wx, moments, rhs, dsum, dysum,
+                    )  # fmt: skip
             total = moments[0, 0]
             if not (total > 0.0):
                 nearest[i] = _NEAREST_PENDING
                 continue
-            inv = normalised_solve(moments, rhs, total, ridge, g[i], beta[i], scratch, keep, z)
+            inv = 1.0 / total
+            for a in range(p):
+                for b in range(a, p):
+                    moments[b, a] = moments[a, b] * inv
+                    moments[a, b] = moments[b, a]
+                for o in range(n_out):
+                    rhs[a, o] *= inv
+            if p == 1:  # the local constant: M/l = 1, nothing to factorise
+                g[i, 0] = 1.0
+                for o in range(n_out):
+                    beta[i, 0, o] = rhs[0, o]
+            else:
+                solve(moments, rhs, ridge, g[i], beta[i], scratch, keep, z)
             shift[i] = m
             log_norm[i] = np.log(total)
             if do_mfx:

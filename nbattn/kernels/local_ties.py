@@ -1,24 +1,20 @@
-"""Leave-one-out local fits of a training set with tied rows (CPU).
+"""The leave-one-out width gradient of a training set with tied rows (CPU).
 
-Rows that agree in every column (the training set of a table with discrete columns:
-years of schooling, counts, categories) have the same kernel weight against every
-key. Pooled into one key per distinct row, a group g of c_g rows with values summing
-to S_g weighs log c_g more in its score and carries the mean S_g / c_g, so the
-leave-one-out sums of every member i of g are
+Rows that agree in every column (a table with discrete columns: years of schooling,
+counts, categories) have the same kernel weight against every key. Pooled into one key
+per distinct row (``nbattn.local.ties``: log c_g more in its score, the group's mean as
+its value), the leave-one-out system of a member i of group g is the others' plus the
+rest of its group, whose design is e_1 = (1, 0, ..., 0):
 
     M_i = M_g + (c_g - 1) e^a e_1 e_1^T,     V_i = V_g + e^a (S_g - y_i) e_1
 
-with M_g, V_g the sums over the other groups (one stream per group, the pooled key g
-excluded as the plain pass excludes key i) and a = sum_k a_k the score of a pair
-equal in every column (log K(0) = 0 for every continuous kernel; a_k the equal-code
-term of categorical column k). The design of an equal row is e_1 = (1, 0, ..., 0): the
-tie adds to the constant's moment and the value's sum only. Each member then solves
-its own system as the plain pass does (``local.normalised_solve``). The pairs cost
-falls from n^2 to G^2 for G distinct rows, the sums agree with the plain pass to
-rounding.
-
-A member whose sums weigh nothing (no other row in reach of a compact kernel, no tie)
-gets NaN here: the plain pass's nearest-key fallback is the caller's to run.
+(M_g, V_g the sums over the other groups, a = sum_k a_k the score of a pair equal in
+every column: log K(0) = 0 for every continuous kernel, a_k the equal-code term of
+categorical column k). So the members of a group share every weight p_j, the design
+and g = (M/l + R)^-1 e_1, and differ only in beta_i and the weights e_io of their fits,
+in which the gradient is linear: :func:`tied_loo_gradient` streams each group once and
+sums its members first. The first pass needs no kernel of its own
+(``nbattn.local.ties`` solves the members' systems from the others' solution).
 """
 
 from __future__ import annotations
@@ -27,51 +23,14 @@ import numpy as np
 from numba import njit
 
 from .. import config
-from .._core.local_groups import LocalFit
 from .items import next_item, run_items
-from .local import design_stored, normalised_solve, query_moments
-from .local_args import n_terms
 from .local_leaves import chunk_runs
-from .local_moments import FUSED_TERMS
 from .local_pairs import block_scratch, category_term, dlog_kernel, problem_sizes
 from .local_passes import block_weights
 
-__all__ = ["tied_loo_fits", "tied_loo_gradient"]
+__all__ = ["tied_loo_gradient"]
 
 _KEY_BLOCK = config.KEY_BLOCK
-
-
-def tied_loo_fits(data, model, values_t, group_sums, row_values, member_start, members, leaves):
-    """The leave-one-out fits of every training row from its tie groups.
-
-    ``data`` and ``model``: the groups' problem (``LocalData``, ``LocalModel`` of the
-    pooled keys, queries = keys, ``exclude_self`` True; ``log_weights`` log c_g);
-    ``values_t`` (n_out, G) the groups' means, ``group_sums`` (n_out, G) their sums,
-    ``row_values`` (n_out, n) the rows' own values; the rows of group g are
-    ``members[member_start[g] : member_start[g + 1]]``; ``leaves`` the groups' leaves
-    (``AllKeys``, or with rtol > 0 the pruned ``LocalLeaves`` of the groups in k-d order).
-
-    Returns ``(group_fit, beta)``: a ``LocalFit`` of the G groups whose ``shift``,
-    ``log_norm`` and ``g`` every member shares (the members' systems differ in V only),
-    and the members' coefficients ``beta`` (n, p, n_out), NaN for the members of a group
-    whose sums weigh nothing (module docstring)."""
-    n_groups, n_out = values_t.shape[1], values_t.shape[0]
-    p = n_terms(data.keys_cont_t.shape[0], int(model.degree))
-    group_fit = LocalFit(
-        np.zeros((0, p, n_out)),
-        np.zeros((n_groups, p)),
-        np.full(n_groups, -np.inf),
-        np.full(n_groups, -np.inf),
-        np.full(n_groups, -1, dtype=np.int64),
-        np.zeros((0, 0, n_out)),
-    )
-    beta = np.full((members.shape[0], p, n_out), np.nan)
-    fused_terms = (0.0,) * p if n_out == 1 and p in FUSED_TERMS else None
-    run_items(
-        _tied_items, data, model, values_t, group_sums, row_values, member_start, members,
-        fused_terms, leaves, group_fit, beta,
-    )  # fmt: skip
-    return group_fit, beta
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
@@ -81,66 +40,6 @@ def equal_row_score(model):
     for k in range(model.cat_params.shape[0]):
         score += model.cat_params[k, 0]
     return score
-
-
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
-def _tied_items(
-    counter, data, model, values_t, group_sums, row_values, member_start, members,
-    fused_terms, leaves, group_fit, beta,
-):  # fmt: skip
-    """The chunks of groups that ``counter`` hands this thread: their rows of
-    ``group_fit`` and their members' rows of ``beta``."""
-    dc = data.keys_cont_t.shape[0]
-    weighted = problem_sizes(data)[4]
-    n_out = values_t.shape[0]
-    p = n_terms(dc, model.degree)
-    store_design = design_stored(model, p, False, fused_terms)
-    equal_score = equal_row_score(model)
-    n_chunks = leaves.query_start.shape[0] - 1
-    while True:
-        chunk = next_item(counter)
-        if chunk >= n_chunks:
-            return
-        scores, design = block_scratch(p, dc)
-        wx = np.zeros(_KEY_BLOCK)
-        moments, rhs = np.zeros((p, p)), np.zeros((p, n_out))
-        own_moments, own_rhs = np.zeros((p, p)), np.zeros((p, n_out))
-        scratch, keep, z = np.zeros((p, p)), np.zeros(p, dtype=np.bool_), np.zeros(p)
-        dsum, dysum = np.zeros(0), np.zeros((0, n_out))
-        first, stop, runs, n_runs = chunk_runs(chunk, data, model, leaves)
-        for group in range(first, stop):
-            m = query_moments(
-                group, runs, n_runs, data, model, values_t, weighted, store_design, False,
-                fused_terms, scores, design, wx, moments, rhs, dsum, dysum,
-            )  # fmt: skip
-            size = member_start[group + 1] - member_start[group]
-            # the other members together: score log(c_g - 1) + a (-inf without any)
-            tie_score = np.log(size - 1.0) + equal_score if size > 1 else -np.inf
-            scale, tie, shift = 1.0, 0.0, m
-            if tie_score > m:  # the tie sets the running maximum
-                scale = np.exp(m - tie_score) if m > -np.inf else 0.0
-                tie, shift = 1.0, tie_score
-            elif tie_score > -np.inf:
-                tie = np.exp(tie_score - m)
-            for t in range(member_start[group], member_start[group + 1]):
-                row = members[t]
-                for a in range(p):
-                    for b in range(p):
-                        own_moments[a, b] = moments[a, b] * scale
-                    for o in range(n_out):
-                        own_rhs[a, o] = rhs[a, o] * scale
-                if tie > 0.0:
-                    own_moments[0, 0] += tie
-                    for o in range(n_out):
-                        mean_of_others = (group_sums[o, group] - row_values[o, row]) / (size - 1.0)
-                        own_rhs[0, o] += tie * mean_of_others
-                total = own_moments[0, 0]
-                if not (total > 0.0):
-                    break  # NaN: the caller's nearest-key fallback
-                normalised_solve(own_moments, own_rhs, total, model.ridge, group_fit.g[group],
-                                 beta[row], scratch, keep, z)  # fmt: skip
-                group_fit.shift[group] = shift
-                group_fit.log_norm[group] = np.log(total)
 
 
 def tied_loo_gradient(

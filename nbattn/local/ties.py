@@ -3,20 +3,34 @@
 Tables with discrete columns (years of schooling, counts, categories) repeat rows: a
 10,000-row sample of CPS1988 (education, experience and four categorical columns) has
 3,792 distinct rows. Every row of a tie group has the same weight against every key,
-so the leave-one-out criterion can stream the distinct rows against the distinct rows
-(G^2 pairs instead of n^2) and give each member its own system by adding the rest of
-its group (``nbattn.kernels.local_ties``, whose docstring has the formulas). The fits
-agree with the plain pass to rounding.
+so the leave-one-out criterion streams the distinct rows against the distinct rows
+(G^2 pairs instead of n^2): the groups are a problem of their own (a key per group,
+weighing log c_g, the group's mean its value), fitted by the engine's first pass with
+the group's own key left out. Member i of group g then adds the rest of its group,
+whose design is e_1 (the constant's moment and the value's sum only):
+
+    A_i = A_g + c e_1 e_1^T,    V_i = V_g + c y'_i e_1,    c = (c_g - 1) e^a,
+    y'_i = (S_g - y_i) / (c_g - 1)
+
+(A = M + ridge diag(0, M_11, ...), the engine's system before normalising; a the score
+of a pair equal in every column). With u = A_g^-1 e_1 = g / l (Sherman and Morrison),
+
+    beta_i = beta_g + u c (y'_i - beta_g0) / (1 + c u_0),    g_i = g (1 + r) / (1 + r g_0)
+
+(r = c / l), the same solution as the member's own system: adding to A_00 only raises
+the later pivots, so a system whose terms the others' solution keeps keeps them all.
+A group whose others' solution dropped a term (or that no other group reaches, without
+a tie) has its members solved directly by the plain pass, each on its own row; a tied
+group that no other reaches is its tie alone. Where one of those rows falls back to a
+nearest key the pooled path declines (None) and the plain pass decides. The gradient's
+pass is ``nbattn.kernels.local_ties``. The fits agree with the plain pass to rounding.
 
 :func:`tie_groups` says whether a training problem takes this path: the CPU, no
 sample weights, no missing values, and distinct rows at most
-``config.LOCAL_TIE_MAX_SHARE`` percent of all rows. The groups are a problem of their
-own (a key per group, weighing log c_g), laid out by ``leaves.tree_layout`` as any
-other: with rtol > 0 in k-d order with pruned leaves, so a table of many rows and few
-distinct ones is both pooled and pruned. :func:`tied_loo_fits` computes the fits; it
-returns None where a member's sums weigh nothing (the plain pass's nearest-key
-fallback then decides), so the caller runs the plain pass instead;
-:func:`tied_loo_gradient` the criterion's gradient on the same leaves.
+``config.LOCAL_TIE_MAX_SHARE`` percent of all rows. The groups' problem is laid out by
+``leaves.tree_layout`` as any other: with rtol > 0 in k-d order with pruned leaves,
+the bound holding for the sums over the other groups (the rest of a row's group only
+adds to them).
 """
 
 from __future__ import annotations
@@ -29,7 +43,7 @@ from .. import config
 from .._core.numeric import sum_safe_units
 from .._core.threads import serial_below
 from ..dispatch.device import kernels_for, resolve_device
-from .leaves import TreeLayout, tree_layout
+from .leaves import TreeLayout, exact_leaves, tree_layout
 from .problem import LocalProblem
 
 __all__ = ["TieGroups", "TiedPass", "tie_groups", "tied_loo_fits", "tied_loo_gradient"]
@@ -115,14 +129,10 @@ class TiedPass:
 def tied_loo_fits(problem: LocalProblem, ties: TieGroups) -> TiedPass | None:
     """The first pass over the tie groups at ``problem``'s widths (the criterion's
     ``problem_at``): the rows' leave-one-out fits and the state of
-    :func:`tied_loo_gradient`; None where a row's sums weigh nothing. Values beyond
-    2**+-400 are pooled divided by a power of two, as
-    ``nbattn.local.engine.fit_problem`` does (exact).
-
-    The groups form a problem of their own (one key per group, log c_g its log weight,
-    the group's mean its value), which ``leaves.tree_layout`` lays out as any other: with
-    ``spec.rtol`` > 0 in k-d order with pruned leaves, the bound holding for the sums
-    over the other groups (the rest of a row's group only adds to them)."""
+    :func:`tied_loo_gradient` (module docstring); None where a row falls back to a
+    nearest key. Values beyond 2**+-400 are
+    pooled divided by a power of two, as ``nbattn.local.engine.fit_problem`` does
+    (exact)."""
     units = sum_safe_units(problem.values_t)
     row_values = np.ascontiguousarray(problem.values_t / units[:, None])
     group_sums = np.zeros((row_values.shape[0], ties.counts.shape[0]))
@@ -145,24 +155,105 @@ def tied_loo_fits(problem: LocalProblem, ties: TieGroups) -> TiedPass | None:
     if order is not None:
         group_sums = group_sums[:, order]
     member_start, members = ties.members(order)
-    module = kernels_for("local_ties", "cpu")
+    module = kernels_for("local", "cpu")
     with serial_below(first.shape[0] ** 2, config.SERIAL_PAIRS):  # as engine.threads_for
-        group_fit, beta = module.tied_loo_fits(
+        others = module.local_fit(
             *tree.problem.kernel_groups(exclude_self=True),
             tree.problem.values_t,
-            np.ascontiguousarray(group_sums),
-            row_values,
-            member_start,
-            members,
+            False,
             tree.leaves,
         )
-    if np.isnan(beta).any():
+    # the rest of each group: weight c = (c_g - 1) e^a, score log c (-inf: no tie, or
+    # an ordered column at l = 1, where equal codes weigh nothing)
+    counts = ties.counts if order is None else ties.counts[order]
+    equal_score = float(np.sum(problem.cat_params[:, 0])) if problem.cat_params.size else 0.0
+    tie_score = np.full(counts.shape[0], -np.inf)
+    tie_score[counts > 1] = np.log(counts[counts > 1] - 1.0) + equal_score
+    tied_groups = tie_score > -np.inf
+    # every member's system is the others' plus its tie, A_i = A + c e_1 e_1^T: solved
+    # from the others' solution where that keeps every term (module docstring); a tied
+    # group that no other reaches is its tie alone (the mean of the others, slopes dropped)
+    alone = (others.log_norm == -np.inf) & tied_groups
+    reached = others.log_norm > -np.inf
+    redo = ~(alone | (reached & np.all(others.g != 0.0, axis=1)))
+    p = others.g.shape[1]
+    unit = np.zeros(p)
+    unit[0] = 1.0
+    g = np.where(alone[:, None], unit, others.g)
+    shift = np.where(alone, tie_score, others.shift)
+    log_norm = np.where(alone, -np.inf, others.log_norm)
+    base_beta = np.where(alone[:, None, None], 0.0, others.beta)
+    # r = c / l, the tie's weight over the others' (both at the others' running maximum)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        log_r = tie_score - shift - log_norm  # +inf where the tie is alone
+        inv_r = np.exp(-log_r)  # inf without a tie, 0 where it is alone
+        g0 = g[:, 0]
+        lift = np.where(tied_groups, 1.0 / (inv_r + g0), 0.0)  # r / (1 + r g0)
+        grow = np.where(tied_groups, (inv_r + 1.0) / (inv_r + g0), 1.0)  # (1 + r) / (1 + r g0)
+    group_of_row = np.empty(members.shape[0], dtype=np.int64)
+    group_of_row[members] = np.repeat(np.arange(counts.shape[0]), np.diff(member_start))
+    size = counts[group_of_row]
+    mean_of_others = np.where(
+        size[None, :] > 1,
+        (group_sums[:, group_of_row] - row_values) / np.maximum(size - 1.0, 1.0)[None, :],
+        0.0,
+    )
+    base = base_beta[group_of_row]  # (n, p, n_out)
+    step = lift[group_of_row, None] * (mean_of_others.T - base[:, 0, :])  # (n, n_out)
+    beta = base + g[group_of_row][:, :, None] * step[:, None, :]
+    with np.errstate(invalid="ignore"):  # -inf - -inf in the groups solved directly below
+        log_norm = np.logaddexp(log_norm, tie_score - shift)
+    group_fit = others._replace(g=g * grow[:, None], shift=shift, log_norm=log_norm)
+    if redo.any() and not _solve_directly(
+        problem, row_values, group_of_row, member_start, members, redo, group_fit, beta
+    ):
+        return None
+    if not np.isfinite(beta).all():
         return None
     with np.errstate(over="ignore"):  # a fit beyond float64 is inf, as on the plain pass
         fits = beta[:, 0, :] * units
     return TiedPass(
         fits, tree, member_start, members, group_fit, beta, group_sums, row_values, units
     )
+
+
+def _solve_directly(problem, row_values, group_of_row, member_start, members, redo, fit, beta):
+    """The members of the groups ``redo`` (whose others' solution dropped a term or fell
+    back) by the plain exact pass, each row its own system: their rows of ``beta`` and
+    their groups' state in ``fit`` (a group's members share it). The queries are those
+    rows and the keys every row with those first, so that query i is key i as the pass
+    excludes it. False where one of them falls back to a nearest key (the plain pass
+    breaks ties between nearest keys in the original order: it decides)."""
+    rows = members[
+        np.concatenate(
+            [np.arange(member_start[t], member_start[t + 1]) for t in np.flatnonzero(redo)]
+        )
+    ]
+    keys = np.concatenate([rows, np.setdiff1d(np.arange(group_of_row.shape[0]), rows)])
+    subset = dataclasses.replace(
+        problem,
+        q_cont=np.ascontiguousarray(problem.q_cont[rows]),
+        q_cat=np.ascontiguousarray(problem.q_cat[rows]),
+        keys_cont_t=np.ascontiguousarray(problem.keys_cont_t[:, keys]),
+        keys_cat_t=np.ascontiguousarray(problem.keys_cat_t[:, keys]),
+        log_weights=np.ascontiguousarray(problem.log_weights[keys]),
+        values_t=np.ascontiguousarray(row_values[:, keys]),
+    )
+    with serial_below(rows.shape[0] * keys.shape[0], config.SERIAL_PAIRS):
+        direct = kernels_for("local", "cpu").local_fit(
+            *subset.kernel_groups(exclude_self=True),
+            subset.values_t,
+            False,
+            exact_leaves(subset),
+        )
+    if np.any(direct.log_norm == -np.inf):
+        return False
+    beta[rows] = direct.beta
+    groups = group_of_row[rows]
+    fit.g[groups] = direct.g
+    fit.shift[groups] = direct.shift
+    fit.log_norm[groups] = direct.log_norm
+    return True
 
 
 def tied_loo_gradient(tied: TiedPass, cat_dparams, out_weights) -> np.ndarray:

@@ -62,9 +62,8 @@ def _widths(rng, X, var_type, kernel):
 )
 def test_tied_fits_are_the_leave_one_out_fits(seed, n, var_type, levels, degree, kernel, power):
     """Pooled ties give every row its leave-one-out fit: the dense reference's where the
-    local design is well conditioned, the plain pass's to rounding everywhere it has
-    one; where a row's sums weigh nothing the pooled path declines (None) and the plain
-    pass falls back to a nearest key there. Targets from 1e-300 to 1e300."""
+    local design is well conditioned, the plain pass's to rounding; where the pooled
+    path declines (None) the plain pass decides. Targets from 1e-300 to 1e300."""
     rng = np.random.default_rng(seed)
     X = _tied_table(rng, n, var_type, levels)
     y = (rng.normal(size=n) + X[:, 0]) * 10.0**power
@@ -79,6 +78,7 @@ def test_tied_fits_are_the_leave_one_out_fits(seed, n, var_type, levels, degree,
     plain = fit_problem(problem)
     tied_pass = tied_loo_fits(problem, ties)
     if tied_pass is None:
+        # declined only where a row falls back to a nearest key on the plain pass too
         assert (plain.log_norm == -np.inf).any()
         return
     tied = tied_pass.fits
