@@ -73,6 +73,8 @@ class LikelihoodCriterion(LooCriterion):
     With ``n_response`` > 0 the problem is the joint one of (y, x), y's columns first, and
     the density the conditional f₋ᵢ(y_i | x_i) (:mod:`nbattn.distribution.conditional`)."""
 
+    pools_ties = False  # a density's criterion: no local fits
+
     def __init__(self, problem: LocalProblem, n_response: int = 0):
         super().__init__(problem)
         self.positive = self.loo_weights > 0.0

@@ -112,6 +112,8 @@ class LeastSquaresCriterion(LooCriterion):
     With ``n_response`` > 0 the problem is the joint one of (y, x), y's columns first,
     and CV the conditional density's."""
 
+    pools_ties = False  # a density's criterion: no local fits
+
     has_gradient = True
 
     def __init__(self, problem: LocalProblem, n_response: int = 0):

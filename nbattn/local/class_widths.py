@@ -193,6 +193,8 @@ class LogLossCriterion(LooCriterion):
     """The smoothed leave-one-out log-loss of one-hot targets (module docstring) on the
     engine's leave-one-out problem, profiled over alpha; no gradient."""
 
+    pools_ties = False  # its criterion reads the plain pass's fits
+
     has_gradient = False
 
     def __init__(self, problem):

@@ -94,6 +94,10 @@ def _column_order(var_type):
 class LooCriterion:
     """CV(theta) and its gradient on one prepared training problem."""
 
+    #: whether :meth:`_value` and :meth:`loss_and_grad` may take the pooled ties
+    #: (``nbattn.local.ties``); a criterion that overrides both says False
+    pools_ties = True
+
     def __init__(self, problem: LocalProblem):
         self.base = problem
         self.targets = problem.values_t.T.copy()  # (n, n_out)
@@ -113,7 +117,7 @@ class LooCriterion:
         self.basins = []
         self.log = None  # a FitProgress: a line per evaluation (verbose)
         # tied training rows pooled, one key per distinct row (None: the plain pass)
-        self.ties = tie_groups(problem)
+        self.ties = tie_groups(problem) if self.pools_ties else None
 
     def problem_at(self, theta):
         spec = self.base.spec
@@ -226,6 +230,8 @@ class _PooledCriterion(LooCriterion):
     in one pass, pruned at exp(-50) of each row's largest weight (exact to rounding) or,
     with ``spec.rtol`` > 0, at rtol / (n - 1) of it (every kernel sum within rtol). A
     loss alone takes the same pass (its gradient is cheap beside the scores)."""
+
+    pools_ties = False  # the tiles compute it
 
     def _tiles(self, theta):
         from ..smoothing.loo import prepared_loss_and_grad
