@@ -47,7 +47,7 @@ def tied_loo_gradient(
     cat_dparams, out_weights, leaves,
 ):  # fmt: skip
     """``local_passes.local_loo_gradient`` of the tied rows, summed over each group's
-    members: (G, dc + dk), from :func:`tied_loo_fits`'s ``group_fit`` and ``beta``
+    members: (G, dc + dk), from the ``group_fit`` and ``beta`` of ``nbattn.local.ties``
     and the rows' ``out_weights`` (n, n_out), the other arguments as there.
 
     The members share every weight p_j, the design and g; only beta_i and the weights

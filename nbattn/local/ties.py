@@ -130,9 +130,8 @@ def tied_loo_fits(problem: LocalProblem, ties: TieGroups) -> TiedPass | None:
     """The first pass over the tie groups at ``problem``'s widths (the criterion's
     ``problem_at``): the rows' leave-one-out fits and the state of
     :func:`tied_loo_gradient` (module docstring); None where a row falls back to a
-    nearest key. Values beyond 2**+-400 are
-    pooled divided by a power of two, as ``nbattn.local.engine.fit_problem`` does
-    (exact)."""
+    nearest key. Values beyond 2**+-400 are pooled divided by a power of two, as
+    ``nbattn.local.engine.fit_problem`` does (exact)."""
     units = sum_safe_units(problem.values_t)
     row_values = np.ascontiguousarray(problem.values_t / units[:, None])
     group_sums = np.zeros((row_values.shape[0], ties.counts.shape[0]))
