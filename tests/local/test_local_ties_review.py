@@ -25,6 +25,7 @@ from nbattn.local.search import widths_to_theta
 from nbattn.local.ties import tie_groups, tied_loo_fits
 from nbattn.local.widths import LooCriterion, local_loo_loss_and_grad
 from tests import naive
+from tests._config import config_values
 
 KERNELS = ["gaussian", "epanechnikov", "tricube"]
 
@@ -468,3 +469,106 @@ def test_random_tied_tables_of_two_outputs(seed):
         return
     _, tied, plain = _pooled_and_plain(X, Y, "cuo", kernel, seed % 2, widths)
     _assert_agree(tied, plain, Y)
+
+
+# --- review of the Sherman-Morrison step and the groups solved directly (commit 2b62bdf) ---
+
+
+@pytest.mark.parametrize("degree", [1, 2])
+@pytest.mark.parametrize("far", [20.0, 38.5, 60.0])
+def test_a_dominant_tie_beside_far_rows(far, degree):
+    """A group of 1000 rows beside rows 20, 38.5 and 60 widths away: the tie's weight over
+    the others' r = c / l near e^200, beyond e^709 (1 / r underflows to 0) and far beyond;
+    the members' fits from the others' solution are the tie's mean to rounding, as the
+    plain pass gives them (where the far rows underflow and drop the slopes), for each of
+    two outputs of unlike scales, and the criterion and gradient agree."""
+    rng = np.random.default_rng(11)
+    x = np.concatenate([np.zeros(1000), far + 0.5 * np.arange(12)])
+    X = np.column_stack([x, np.concatenate([np.zeros(1000), np.arange(12) % 2])])
+    Y = np.column_stack([rng.normal(size=x.size) + x, 1e6 * rng.normal(size=x.size) - x**2])
+    took, tied, plain = _pooled_and_plain(X, Y, "cu", "gaussian", degree, [1.0, 0.3])
+    assert took
+    _assert_agree(tied, plain, Y)
+    _, problem = _problem(X, Y, "cu", "gaussian", degree, [1.0, 0.3])
+    fits = tied_loo_fits(problem, tie_groups(problem)).fits
+    expected = fit_problem(problem).beta[:, 0, :]
+    for o in range(2):
+        scale = np.abs(Y[:, o]).max()
+        np.testing.assert_allclose(fits[:, o], expected[:, o], rtol=0, atol=1e-13 * scale)
+        mean_of_others = (Y[:1000, o].sum() - Y[:1000, o]) / 999.0  # rounded to ~1e-13
+        np.testing.assert_allclose(fits[:1000, o], mean_of_others, rtol=0, atol=1e-12 * scale)
+
+
+def _rank_deficient_table():
+    """Tied groups whose others' designs drop a term (two groups at x = 0 and 1 that reach
+    only each other; cells of one or two x values at exact matching) beside a cluster of
+    ordinary groups; columns 'cu'."""
+    rng = np.random.default_rng(0)
+    cluster = np.column_stack([rng.integers(0, 6, 120) + 20.0, rng.integers(0, 3, 120)])
+    pair = np.array([[0, 0]] * 3 + [[1, 0]] * 2 + [[0, 1]] * 2, float)
+    cells = np.array([[50, 0]] * 3 + [[50, 1]] * 2 + [[52, 2]] * 2 + [[53, 2]] + [[51, 2]] * 3)
+    X = np.concatenate([cluster, pair, cells]).astype(float)
+    return X, rng.normal(size=X.shape[0]) + 0.1 * X[:, 0] + X[:, 1]
+
+
+@pytest.mark.parametrize("degree", [1, 2])
+@pytest.mark.parametrize("kernel", ["epanechnikov", "tricube"])
+def test_groups_solved_directly_beside_the_others(monkeypatch, kernel, degree):
+    """Groups whose others' solution dropped a term are solved on the plain pass, groups no
+    other group reaches are their tie alone, the rest by the rank-one update, in one table:
+    each row's fit, the criterion and the gradient are the plain ones, at exact matching
+    (lambda = 0) and with smoothing."""
+    import nbattn.local.ties as ties_module
+
+    redone = []
+    solve_directly = ties_module._solve_directly
+
+    def spy(*args):
+        redone.append(int(args[5].sum()))
+        return solve_directly(*args)
+
+    monkeypatch.setattr(ties_module, "_solve_directly", spy)
+    X, y = _rank_deficient_table()
+    for lam in (0.0, 0.3):
+        redone.clear()
+        took, tied, plain = _pooled_and_plain(X, y, "cu", kernel, degree, [1.5, lam])
+        assert took and redone and redone[0] > 0
+        _assert_agree(tied, plain, y)
+        _, problem = _problem(X, y, "cu", kernel, degree, [1.5, lam])
+        ties = tie_groups(problem)
+        pooled = tied_loo_fits(problem, ties)
+        np.testing.assert_allclose(
+            pooled.fits[:, 0], fit_problem(problem).beta[:, 0, 0], rtol=0, atol=1e-12
+        )
+        if lam == 0.0:  # the cell (50, 0) meets no other row: its tie alone, slopes dropped
+            order = pooled.tree.key_order
+            group = ties.group[np.flatnonzero((X == [50, 0]).all(axis=1))[0]]
+            t = group if order is None else int(np.flatnonzero(order == group)[0])
+            assert pooled.group_fit.g[t, 0] == 1.0 and not pooled.group_fit.g[t, 1:].any()
+
+
+@pytest.mark.parametrize("degree", [1, 2])
+def test_groups_solved_directly_on_pruned_leaves(degree):
+    """rtol = 1e-6 on the forced tree (groups in k-d order, pruned leaves) with groups
+    solved directly and alone: the criterion and gradient within the tolerance's order of
+    the exact plain ones, and the same bits on a second call."""
+    X, y = _rank_deficient_table()
+    for kernel in ("epanechnikov", "gaussian"):
+        for widths in ([1.5, 0.0], [1.5, 0.3]):
+            spec, problem = _problem(X, y, "cu", kernel, degree, widths)
+            exact = LooCriterion(problem)
+            exact.ties = None
+            theta = widths_to_theta(np.asarray(widths), "cu", spec.n_categories)
+            value_exact, grad_exact = exact.loss_and_grad(theta)
+            with config_values(LOCAL_LEAF_KEYS=4, LOCAL_TREE_MIN_KEYS=1, LOCAL_TREE_MAX_SHARE=100):
+                _, problem = _problem(X, y, "cu", kernel, degree, widths, rtol=1e-6)
+                pooled = LooCriterion(problem)
+                assert pooled.ties is not None
+                assert tied_loo_fits(pooled.problem_at(theta), pooled.ties) is not None
+                value, grad = pooled.loss_and_grad(theta)
+                again = pooled.loss_and_grad(theta)
+            assert again[0] == value
+            np.testing.assert_array_equal(again[1], grad)
+            assert abs(value - value_exact) <= 1e-6 * value_exact
+            scale = max(np.abs(grad_exact).max(), value_exact)
+            np.testing.assert_allclose(grad, grad_exact, rtol=0, atol=1e-5 * scale)
