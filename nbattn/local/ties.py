@@ -204,8 +204,9 @@ def tied_loo_fits(problem: LocalProblem, ties: TieGroups) -> TiedPass | None:
         log_norm = np.logaddexp(log_norm, tie_score - shift)
     group_fit = others._replace(g=g * grow[:, None], shift=shift, log_norm=log_norm)
     if redo.any() and not _solve_directly(
-        problem, row_values, group_of_row, member_start, members, redo, group_fit, beta
-    ):
+        problem, row_values, mean_of_others, tie_score, group_of_row, member_start, members,
+        redo, group_fit, beta,
+    ):  # fmt: skip
         return None
     if not np.isfinite(beta).all():
         return None
@@ -216,29 +217,32 @@ def tied_loo_fits(problem: LocalProblem, ties: TieGroups) -> TiedPass | None:
     )
 
 
-def _solve_directly(problem, row_values, group_of_row, member_start, members, redo, fit, beta):
-    """The members of the groups ``redo`` (whose others' solution dropped a term or fell
-    back) by the plain exact pass, each row its own system: their rows of ``beta`` and
-    their groups' state in ``fit`` (a group's members share it). The queries are those
-    rows and the keys every row with those first, so that query i is key i as the pass
-    excludes it. False where one of them falls back to a nearest key (the plain pass
-    breaks ties between nearest keys in the original order: it decides)."""
-    rows = members[
-        np.concatenate(
-            [np.arange(member_start[t], member_start[t + 1]) for t in np.flatnonzero(redo)]
-        )
-    ]
-    keys = np.concatenate([rows, np.setdiff1d(np.arange(group_of_row.shape[0]), rows)])
+def _solve_directly(
+    problem, row_values, others_mean, tie_score, group_of_row, member_start, members, redo,
+    fit, beta,
+):  # fmt: skip
+    """The groups ``redo`` (whose others' solution dropped a term, or that nothing
+    reaches) solved on the plain exact pass: their rows of ``beta`` and their state in
+    ``fit``. The members of a group share one system A and differ in its right-hand
+    side only by the tie's c y'_i e_1, so one member per group (its first) is solved and
+    the others follow, beta_i = beta_1 + (c / l) (y'_i - y'_1) g (``others_mean`` the
+    y'_i, (n_out, n); the kept terms are the same). The queries are those members and
+    the keys every row with them first, so that query k is key k as the pass excludes
+    it. False where one of them falls back to a nearest key (the plain pass breaks ties
+    between nearest keys in the original order: it decides)."""
+    groups = np.flatnonzero(redo)
+    firsts = members[member_start[groups]]
+    keys = np.concatenate([firsts, np.setdiff1d(np.arange(group_of_row.shape[0]), firsts)])
     subset = dataclasses.replace(
         problem,
-        q_cont=np.ascontiguousarray(problem.q_cont[rows]),
-        q_cat=np.ascontiguousarray(problem.q_cat[rows]),
+        q_cont=np.ascontiguousarray(problem.q_cont[firsts]),
+        q_cat=np.ascontiguousarray(problem.q_cat[firsts]),
         keys_cont_t=np.ascontiguousarray(problem.keys_cont_t[:, keys]),
         keys_cat_t=np.ascontiguousarray(problem.keys_cat_t[:, keys]),
         log_weights=np.ascontiguousarray(problem.log_weights[keys]),
         values_t=np.ascontiguousarray(row_values[:, keys]),
     )
-    with serial_below(rows.shape[0] * keys.shape[0], config.SERIAL_PAIRS):
+    with serial_below(firsts.shape[0] * keys.shape[0], config.SERIAL_PAIRS):
         direct = kernels_for("local", "cpu").local_fit(
             *subset.kernel_groups(exclude_self=True),
             subset.values_t,
@@ -247,11 +251,20 @@ def _solve_directly(problem, row_values, group_of_row, member_start, members, re
         )
     if np.any(direct.log_norm == -np.inf):
         return False
-    beta[rows] = direct.beta
-    groups = group_of_row[rows]
     fit.g[groups] = direct.g
     fit.shift[groups] = direct.shift
     fit.log_norm[groups] = direct.log_norm
+    # the other members: c / l = exp(tie score - shift - log l) of their group's system
+    position = np.full(redo.shape[0], -1)
+    position[groups] = np.arange(groups.shape[0])
+    rows = np.flatnonzero(redo[group_of_row])
+    at = position[group_of_row[rows]]
+    with np.errstate(invalid="ignore"):  # no tie: -inf - finite, c / l = 0
+        ratio = np.exp(tie_score[groups] - direct.shift - direct.log_norm)
+    ratio = np.where(np.isnan(ratio), 0.0, ratio)
+    moved = others_mean[:, rows] - others_mean[:, firsts[at]]  # (n_out, rows)
+    step = ratio[at, None] * moved.T  # (rows, n_out)
+    beta[rows] = direct.beta[at] + direct.g[at][:, :, None] * step[:, None, :]
     return True
 
 
