@@ -20,9 +20,10 @@ of a pair equal in every column). With u = A_g^-1 e_1 = g / l (Sherman and Morri
 (r = c / l), the same solution as the member's own system: adding to A_00 only raises
 the later pivots, so a system whose terms the others' solution keeps keeps them all.
 A group whose others' solution dropped a term (or that no other group reaches, without
-a tie) has its members solved directly by the plain pass, each on its own row; a tied
-group that no other reaches is its tie alone. Where one of those rows falls back to a
-nearest key the pooled path declines (None) and the plain pass decides. The gradient's
+a tie) is solved directly by the plain pass, one member (the others share its system
+and follow from it); a tied group that no other reaches is its tie alone. Where such a
+member falls back to a nearest key the pooled path declines (None) and the plain pass
+decides. The gradient's
 pass is ``nbattn.kernels.local_ties``. The fits agree with the plain pass to rounding.
 
 :func:`tie_groups` says whether a training problem takes this path: the CPU, no
