@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import json
 import os
 import pathlib
@@ -152,7 +153,13 @@ print(json.dumps(results))
 def fresh_imports():
     """Every module imported where no other nbattn module is loaded: {module: (rc, stderr)}."""
     skip_cuda = not _has_numba_cuda()
-    modules = [m for m in MODULES if not (skip_cuda and m.startswith("nbattn.cuda"))]
+    skip_torch = importlib.util.find_spec("torch") is None  # the optional adapter needs it
+    modules = [
+        m
+        for m in MODULES
+        if not (skip_cuda and m.startswith("nbattn.cuda"))
+        and not (skip_torch and m == "nbattn.torch")
+    ]
     if hasattr(os, "fork"):
         out = subprocess.run(
             [sys.executable, "-c", _FORK_SERVER, json.dumps(modules)],
@@ -183,6 +190,6 @@ def fresh_imports():
 @pytest.mark.parametrize("module", MODULES)
 def test_module_imports_in_a_fresh_process(module, fresh_imports):
     if module not in fresh_imports:
-        pytest.skip("numba-cuda is not installed")
+        pytest.skip(f"{'torch' if module == 'nbattn.torch' else 'numba-cuda'} is not installed")
     rc, err = fresh_imports[module]
     assert rc == 0, f"import {module} failed:\n{err[-3000:]}"
