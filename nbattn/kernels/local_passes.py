@@ -53,6 +53,84 @@ def block_weights(i, j0, nb, data, model, fit, weighted, scores, design):
     return nb
 
 
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def equivalent_coefficients(g_row, design, nb, cvec):
+    """``cvec[j] <- c_j = g . x_j`` for the block's ``nb`` keys (x_j0 = 1; ``design`` the
+    block's design rows): the equivalent-kernel coefficient of each key."""
+    p = g_row.shape[0]
+    for j in range(nb):
+        cvec[j] = g_row[0]
+    for t in range(1, p):
+        gt = g_row[t]
+        xt = design[t]
+        for j in range(nb):
+            cvec[j] += gt * xt[j]
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def fitted_and_penalty(b, g_row, design, nb, fitted, pen):
+    """``fitted[j] <- b . x_j`` and ``pen[j] <- sum_{t>=1} g_t b_t x_jt^2`` for the block's
+    ``nb`` keys (``b`` (p,) one output's coefficients): the local fit at each key and the
+    ridge's term of the width gradient."""
+    p = g_row.shape[0]
+    b0 = b[0]
+    for j in range(nb):
+        fitted[j] = b0
+        pen[j] = 0.0
+    for t in range(1, p):
+        bt = b[t]
+        gbt = g_row[t] * bt
+        xt = design[t]
+        for j in range(nb):
+            fitted[j] += bt * xt[j]
+            pen[j] += gbt * xt[j] * xt[j]
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def add_continuous_derivative_sums(i, nb, data, model, coef, scores, design, a_sum, s_sum):
+    """``a_sum[c] += sum_j coef_j ds_jc`` and ``s_sum[c] += sum_j p_j ds_jc`` over the
+    block's keys for every continuous column c of query i, ds_jc = -d_jc s'(d_jc) the
+    score's derivative with respect to log h_c (``scores`` holds the p_j)."""
+    for c in range(data.keys_cont_t.shape[0]):
+        qc = data.q_cont[i, c]
+        if model.missing and qc != qc:
+            continue
+        row = design[1 + c]
+        acc_a = 0.0
+        acc_s = 0.0
+        for j in range(nb):
+            d = row[j]
+            ds = -d * dlog_kernel(d, model.kernel)
+            acc_a += coef[j] * ds
+            acc_s += scores[j] * ds
+        a_sum[c] += acc_a
+        s_sum[c] += acc_s
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def add_categorical_derivative_sums(
+    i, j0, nb, data, model, cat_dparams, coef, scores, a_sum, s_sum
+):  # fmt: skip
+    """The same sums for every categorical column k of query i (after the dc continuous
+    ones in ``a_sum``, ``s_sum``), ds_jk the column's term with the derivatives
+    ``cat_dparams[k]`` of its parameters (``category_term``)."""
+    dc = data.keys_cont_t.shape[0]
+    for k in range(data.keys_cat_t.shape[0]):
+        qk = data.q_cat[i, k]
+        if model.missing and qk != qk:
+            continue
+        dparams = cat_dparams[k]  # the score's term, derived (category_term)
+        acc_a = 0.0
+        acc_s = 0.0
+        for j in range(nb):
+            x = data.keys_cat_t[k, j0 + j]
+            ds = category_term(x, qk, dparams[0], dparams[1], dparams[2])
+            acc_a += coef[j] * ds
+            acc_s += scores[j] * ds
+        a_sum[dc + k] += acc_a
+        s_sum[dc + k] += acc_s
+
+
 def local_loo_gradient(data, model, fit, values_t, cat_dparams, out_weights, leaves):
     """The second pass: per query sum_o e_o d fit_o / d theta for every width parameter.
 
@@ -83,8 +161,7 @@ def local_loo_gradient(data, model, fit, values_t, cat_dparams, out_weights, lea
 def _gradient_items(counter, data, model, fit, values_t, cat_dparams, out_weights, out, leaves):
     """The chunks of queries that ``counter`` hands this thread: their rows of ``out``."""
     weighted = problem_sizes(data)[4]
-    q_cont, q_cat, keys_cat_t = data.q_cont, data.q_cat, data.keys_cat_t
-    kernel, ridge, missing = model.kernel, model.ridge, model.missing
+    ridge = model.ridge
     beta, g, log_norm = fit.beta, fit.g, fit.log_norm
     n_q, dc, dk, n_k = problem_shape(data)
     n_out = values_t.shape[0]
@@ -115,64 +192,25 @@ def _gradient_items(counter, data, model, fit, values_t, cat_dparams, out_weight
                     nb = min(_KEY_BLOCK, runs[r, 1] - j0)
                     nb = block_weights(i, j0, nb, data, model, fit, weighted, scores, design)
                     # coef_j = p_j sum_o e_o [c_j r_jo - ridge sum_t g_t beta_to x_jt^2]
+                    equivalent_coefficients(g[i], design, nb, cvec)
                     for j in range(nb):
-                        cvec[j] = g[i, 0]
                         coef[j] = 0.0
-                    for t in range(1, p):
-                        gt = g[i, t]
-                        xt = design[t]
-                        for j in range(nb):
-                            cvec[j] += gt * xt[j]
                     for o in range(n_out):
                         e = out_weights[i, o]
                         if e == 0.0:
                             continue
                         y = values_t[o, j0 : j0 + nb]
-                        b0 = beta[i, 0, o]
-                        for j in range(nb):
-                            fitted[j] = b0
-                            pen[j] = 0.0
-                        for t in range(1, p):
-                            bt = beta[i, t, o]
-                            gbt = g[i, t] * bt
-                            xt = design[t]
-                            for j in range(nb):
-                                fitted[j] += bt * xt[j]
-                                pen[j] += gbt * xt[j] * xt[j]
+                        fitted_and_penalty(beta[i, :, o], g[i], design, nb, fitted, pen)
                         for j in range(nb):
                             coef[j] += e * (cvec[j] * (y[j] - fitted[j]) - ridge * pen[j])
                     for j in range(nb):
                         coef[j] *= scores[j]
                         a_total += coef[j]
-                    for c in range(dc):
-                        qc = q_cont[i, c]
-                        if missing and qc != qc:
-                            continue
-                        row = design[1 + c]
-                        acc_a = 0.0
-                        acc_s = 0.0
-                        for j in range(nb):
-                            d = row[j]
-                            ds = -d * dlog_kernel(d, kernel)
-                            acc_a += coef[j] * ds
-                            acc_s += scores[j] * ds
-                        a_sum[c] += acc_a
-                        s_sum[c] += acc_s
+                    add_continuous_derivative_sums(i, nb, data, model, coef, scores, design,
+                                                   a_sum, s_sum)  # fmt: skip
                     if cat_dparams is not None:
-                        for k in range(dk):
-                            qk = q_cat[i, k]
-                            if missing and qk != qk:
-                                continue
-                            dparams = cat_dparams[k]  # the score's term, derived (category_term)
-                            acc_a = 0.0
-                            acc_s = 0.0
-                            for j in range(nb):
-                                x = keys_cat_t[k, j0 + j]
-                                ds = category_term(x, qk, dparams[0], dparams[1], dparams[2])
-                                acc_a += coef[j] * ds
-                                acc_s += scores[j] * ds
-                            a_sum[dc + k] += acc_a
-                            s_sum[dc + k] += acc_s
+                        add_categorical_derivative_sums(i, j0, nb, data, model, cat_dparams,
+                                                        coef, scores, a_sum, s_sum)  # fmt: skip
             for t in range(n_par):
                 out[i, t] = a_sum[t] - a_total * s_sum[t]
 

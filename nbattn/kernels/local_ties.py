@@ -25,8 +25,14 @@ from numba import njit
 from .. import config
 from .items import next_item, run_items
 from .local_leaves import chunk_runs
-from .local_pairs import block_scratch, category_term, dlog_kernel, problem_sizes
-from .local_passes import block_weights
+from .local_pairs import block_scratch, problem_sizes
+from .local_passes import (
+    add_categorical_derivative_sums,
+    add_continuous_derivative_sums,
+    block_weights,
+    equivalent_coefficients,
+    fitted_and_penalty,
+)
 
 __all__ = ["tied_loo_gradient"]
 
@@ -74,10 +80,9 @@ def _tied_gradient_items(
 ):  # fmt: skip
     """The chunks of groups that ``counter`` hands this thread: their rows of ``out``."""
     weighted = problem_sizes(data)[4]
-    q_cat, keys_cat_t = data.q_cat, data.keys_cat_t
-    kernel, ridge = model.kernel, model.ridge
+    ridge = model.ridge
     g, shift, log_norm = group_fit.g, group_fit.shift, group_fit.log_norm
-    dc, dk = data.keys_cont_t.shape[0], keys_cat_t.shape[0]
+    dc, dk = data.keys_cont_t.shape[0], data.keys_cat_t.shape[0]
     n_out = values_t.shape[0]
     p = g.shape[1]
     n_par = dc + dk
@@ -131,57 +136,24 @@ def _tied_gradient_items(
                     nb = block_weights(group, j0, nb, data, model, group_fit, weighted, scores,
                                        design)  # fmt: skip
                     # coef_j = p_j sum_o [c_j (E_o (y_jo - ref_o) - B_o . x_j) - ridge pen_jo]
+                    equivalent_coefficients(g[group], design, nb, cvec)
                     for j in range(nb):
-                        cvec[j] = g[group, 0]
                         coef[j] = 0.0
-                    for t in range(1, p):
-                        gt = g[group, t]
-                        xt = design[t]
-                        for j in range(nb):
-                            cvec[j] += gt * xt[j]
                     for o in range(n_out):
-                        e = e_sum[o]
+                        e, r0 = e_sum[o], ref[o]
                         y = values_t[o, j0 : j0 + nb]
-                        b0, r0 = b_sum[0, o], ref[o]
-                        for j in range(nb):
-                            fitted[j] = b0
-                            pen[j] = 0.0
-                        for t in range(1, p):
-                            bt = b_sum[t, o]
-                            gbt = g[group, t] * bt
-                            xt = design[t]
-                            for j in range(nb):
-                                fitted[j] += bt * xt[j]
-                                pen[j] += gbt * xt[j] * xt[j]
+                        fitted_and_penalty(b_sum[:, o], g[group], design, nb, fitted, pen)
                         for j in range(nb):
                             coef[j] += cvec[j] * (e * (y[j] - r0) - fitted[j]) - ridge * pen[j]
                     for j in range(nb):
                         coef[j] *= scores[j]
                         a_total += coef[j]
-                    for c in range(dc):
-                        row = design[1 + c]
-                        acc_a = 0.0
-                        acc_s = 0.0
-                        for j in range(nb):
-                            d = row[j]
-                            ds = -d * dlog_kernel(d, kernel)
-                            acc_a += coef[j] * ds
-                            acc_s += scores[j] * ds
-                        a_sum[c] += acc_a
-                        s_sum[c] += acc_s
+                    add_continuous_derivative_sums(group, nb, data, model, coef, scores,
+                                                   design, a_sum, s_sum)  # fmt: skip
                     if cat_dparams is not None:
-                        for k in range(dk):
-                            qk = q_cat[group, k]
-                            dparams = cat_dparams[k]
-                            acc_a = 0.0
-                            acc_s = 0.0
-                            for j in range(nb):
-                                x = keys_cat_t[k, j0 + j]
-                                ds = category_term(x, qk, dparams[0], dparams[1], dparams[2])
-                                acc_a += coef[j] * ds
-                                acc_s += scores[j] * ds
-                            a_sum[dc + k] += acc_a
-                            s_sum[dc + k] += acc_s
+                        add_categorical_derivative_sums(group, j0, nb, data, model,
+                                                        cat_dparams, coef, scores, a_sum,
+                                                        s_sum)  # fmt: skip
             if size > 1:  # the rest of the group: x = e_1, continuous ds = 0, ds_k = da_k
                 tie_score = np.log(size - 1.0) + equal_score
                 tie_weight = np.exp(tie_score - shift[group] - log_norm[group])

@@ -62,9 +62,10 @@ class TieGroups:
     counts: np.ndarray
 
     def members(self, order=None):
-        """``(member_start, members)`` of the groups in ``order`` (positions -> groups;
-        None: their own order): the rows of the t-th group are
-        ``members[member_start[t] : member_start[t + 1]]``, in increasing order."""
+        """``(member_start, members, position)`` of the groups in ``order`` (positions ->
+        groups; None: their own order): the rows of the t-th group are
+        ``members[member_start[t] : member_start[t + 1]]``, in increasing order, and
+        ``position[i]`` is the position of row i's group."""
         counts, position = self.counts, self.group
         if order is not None:
             counts = counts[order]
@@ -73,7 +74,7 @@ class TieGroups:
             position = place[self.group]
         member_start = np.zeros(counts.shape[0] + 1, dtype=np.int64)
         np.cumsum(counts.astype(np.int64), out=member_start[1:])
-        return member_start, np.argsort(position, kind="stable").astype(np.int64)
+        return member_start, np.argsort(position, kind="stable").astype(np.int64), position
 
 
 def tie_groups(problem: LocalProblem) -> TieGroups | None:
@@ -154,7 +155,7 @@ def tied_loo_fits(problem: LocalProblem, ties: TieGroups) -> TiedPass | None:
     order = tree.key_order
     if order is not None:
         group_sums = group_sums[:, order]
-    member_start, members = ties.members(order)
+    member_start, members, group_of_row = ties.members(order)
     module = kernels_for("local", "cpu")
     with serial_below(first.shape[0] ** 2, config.SERIAL_PAIRS):  # as engine.threads_for
         others = module.local_fit(
@@ -190,8 +191,6 @@ def tied_loo_fits(problem: LocalProblem, ties: TieGroups) -> TiedPass | None:
         g0 = g[:, 0]
         lift = np.where(tied_groups, 1.0 / (inv_r + g0), 0.0)  # r / (1 + r g0)
         grow = np.where(tied_groups, (inv_r + 1.0) / (inv_r + g0), 1.0)  # (1 + r) / (1 + r g0)
-    group_of_row = np.empty(members.shape[0], dtype=np.int64)
-    group_of_row[members] = np.repeat(np.arange(counts.shape[0]), np.diff(member_start))
     size = counts[group_of_row]
     mean_of_others = np.where(
         size[None, :] > 1,

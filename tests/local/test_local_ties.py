@@ -74,7 +74,10 @@ def test_tied_fits_are_the_leave_one_out_fits(seed, n, var_type, levels, degree,
     assert (ties is None) == (100 * distinct > config.LOCAL_TIE_MAX_SHARE * n)
     if ties is None:
         return
-    assert sorted(ties.members()[1].tolist()) == list(range(n))
+    member_start, members, position = ties.members()
+    assert sorted(members.tolist()) == list(range(n))
+    for t in range(ties.counts.shape[0]):  # each group's rows, and the way back
+        np.testing.assert_array_equal(position[members[member_start[t] : member_start[t + 1]]], t)
     plain = fit_problem(problem)
     tied_pass = tied_loo_fits(problem, ties)
     if tied_pass is None:
