@@ -267,6 +267,7 @@ def local_cases(dc, dk, degree, n_out, kernel=0, missing=False):
     from nbattn.cuda import local
 
     f2, f1, f3, i1 = "float64[:,::1]", "float64[::1]", "float64[:,:,::1]", "int64[::1]"
+    i2 = "int64[:,::1]"  # the blocks' key runs (block_table, key_ranges)
     names = ("gaussian", "epanechnikov", "tricube")
     tag = f"dc={dc} dk={dk} deg={degree} out={n_out} {names[kernel]}" + (" nan" if missing else "")
     do_mfx = local.n_terms(dc, degree) == 1 and dc > 0
@@ -278,17 +279,33 @@ def local_cases(dc, dk, degree, n_out, kernel=0, missing=False):
         Case(
             f"local fit {tag}",
             fit,
-            _sig(*inputs, f2, "boolean", "float64", "int64", f3, f2, f1, f1, i1, f3),
+            _sig(*inputs, f2, "boolean", "float64", "int64", i2, i2, f3, f2, f1, f1, i1, f3),
         ),
         Case(
             f"local interval {tag}",
             interval,
-            _sig(*inputs, f2, "boolean", f2, f1, f1, i1, "int64", f2),
+            _sig(*inputs, f2, "boolean", f2, f1, f1, i1, "int64", i2, i2, f2),
         ),
         Case(
             f"local gradient {tag}",
             gradient,
-            _sig(*inputs[:5], f2, f1, f2, "boolean", "float64", f3, f2, f1, f1, f2, "int64", f2),
+            _sig(
+                *inputs[:5],
+                f2,
+                f1,
+                f2,
+                "boolean",
+                "float64",
+                f3,
+                f2,
+                f1,
+                f1,
+                f2,
+                "int64",
+                i2,
+                i2,
+                f2,
+            ),  # fmt: skip
         ),
     ]
 

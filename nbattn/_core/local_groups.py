@@ -14,9 +14,11 @@ floor both ``kernels/`` and ``cuda/`` stand on):
   ``exclude_self`` and ``missing``;
 * :class:`LocalFit`, the first pass's outputs, which the second passes read;
 * :class:`LocalLeaves`, the keys' k-d leaves and ``rtol``: which keys a pass may
-  skip (CPU only; ``nbattn.kernels.local_leaves``), or :class:`AllKeys` where every
+  skip (``nbattn.kernels.local_leaves``), or :class:`AllKeys` where every
   query visits every key (rtol = 0): a type of its own, so that the exact passes
-  compile without the pruning code.
+  compile without the pruning code;
+* :class:`BlockRuns`, the GPU's form of the pruned leaves: the key ranges each block
+  of queries visits, computed on the host from a ``LocalLeaves`` by the CPU's rule.
 
 They are ``NamedTuple`` classes, which numba types as tuples (one compiled
 specialisation per combination of field types, so the scalars keep one type
@@ -123,6 +125,24 @@ class LocalLeaves(NamedTuple):
     #: (n_leaves,) log of the leaf's key count, widened by the bounds' rounding margin
     log_size: np.ndarray
     #: the relative error allowed on every kernel sum (0: exact)
+    rtol: float
+
+
+class BlockRuns(NamedTuple):
+    """The pruned leaves as the GPU passes read them: for each block of ``block_size``
+    consecutive queries (one thread each, in k-d order), the runs of keys it visits,
+    ``runs[block_runs[b, 0] : block_runs[b, 1]]``, each run a key range [start, stop).
+    The host computes them from a :class:`LocalLeaves` with the CPU's rule, a block of
+    queries bounded together as the CPU bounds a chunk (``kernels.local_leaves.block_runs``),
+    so every kernel sum keeps the same ``rtol`` contract."""
+
+    #: the queries per block, the launch's threads per block
+    block_size: int
+    #: (n_blocks, 2) int64 each block's first run and the end of its runs
+    block_runs: np.ndarray
+    #: (n_runs, 2) int64 key ranges [start, stop)
+    runs: np.ndarray
+    #: the relative error allowed on every kernel sum
     rtol: float
 
 

@@ -211,8 +211,9 @@ def shared_bytes(n_floats, itemsize):
     return -(-n_floats * itemsize // 16) * 16
 
 
-def launch(kernel, n_rows, args, *, shared=0, n_slices=None, max_blocks=None):
-    """Run ``kernel`` with one thread per row (``threads_for`` threads per block).
+def launch(kernel, n_rows, args, *, shared=0, n_slices=None, max_blocks=None, threads=None):
+    """Run ``kernel`` with one thread per row (``threads_for`` threads per block, or
+    ``threads``: a kernel whose blocks read per-block tables built for that size).
 
     Without ``n_slices``: a 1-D grid of ``ceil(n_rows / threads)`` blocks (at
     most ``max_blocks``: kernels that loop with a grid stride) and ``args`` a
@@ -220,7 +221,7 @@ def launch(kernel, n_rows, args, *, shared=0, n_slices=None, max_blocks=None):
     most ``MAX_GRID_Y`` slices, and ``args(b0, b1)`` gives the arguments for
     the slices b0:b1. ``shared``: dynamic shared memory per block, in bytes.
     """
-    tpb = threads_for(n_rows, n_slices or 1)
+    tpb = threads_for(n_rows, n_slices or 1) if threads is None else int(threads)
     blocks = max(1, -(-n_rows // tpb))
     if n_slices is None:
         if max_blocks is not None:

@@ -69,7 +69,7 @@ from .._core.local_groups import (
     n_terms,
 )
 from .common import compiled, jit, launch, tile_rows, to_device
-from .local_args import device_inputs, refuse_pruning
+from .local_args import device_inputs, key_runs
 from .local_moments import moments_function, solve_function
 from .local_pairs import (
     key_walk_function,
@@ -120,6 +120,8 @@ def _make_fit_kernel(dc, dk, kernel, degree, missing, n_out, do_mfx):
         exclude_self,
         ridge,
         block_k,
+        block_table,
+        key_ranges,
         beta,
         g,
         shift,
@@ -145,7 +147,8 @@ def _make_fit_kernel(dc, dk, kernel, degree, missing, n_out, do_mfx):
                 dysum[c, o] = 0.0
         inputs = (q_cont, keys_cont_t, q_cat, keys_cat_t, cat_params, log_weights)
         sums = (moments, rhs, dsum, dysum)
-        m = walk_keys(i, active, exclude_self, inputs, values_t, block_k, sums, minus_inf)
+        runs = (block_table, key_ranges)
+        m = walk_keys(i, active, exclude_self, inputs, values_t, block_k, runs, sums, minus_inf)
         if not active:
             return
         total = moments[0, 0]
@@ -195,9 +198,10 @@ def local_fit(data, model, values_t, want_mfx, leaves=None):
     """The first pass on the GPU: the twin of :func:`nbattn.kernels.local.local_fit`.
 
     ``data`` (``LocalData``) and ``model`` (``LocalModel``) with NumPy or device
-    arrays, ``values_t`` (n_out, n_k); ``leaves`` (``LocalLeaves``) only with rtol = 0:
-    the GPU visits every key (the pruned passes are CPU only). Returns a ``LocalFit``
-    of NumPy arrays, as the CPU kernel:
+    arrays, ``values_t`` (n_out, n_k); ``leaves``: None or ``AllKeys`` (every key), or
+    the ``BlockRuns`` of pruned leaves (``nbattn.local.leaves.TreeLayout.leaves_on``:
+    each block of queries visits its runs of keys; the queries in the k-d order they
+    were bounded in). Returns a ``LocalFit`` of NumPy arrays, as the CPU kernel:
 
     beta : (n_q, p, n_out)   coefficients in scaled units (beta[:, 0] is the fit)
     g : (n_q, p)             (M/l + R)^-1 e_1, the equivalent-kernel vector
@@ -207,7 +211,6 @@ def local_fit(data, model, values_t, want_mfx, leaves=None):
     mfx : (n_q, dc, n_out)   with ``want_mfx`` and degree 0 (p = 1, dc > 0):
                              d fit / d q = sum_j p_j (y_j - fit) ds_j/dq; zeros otherwise
     """
-    refuse_pruning(leaves)
     inputs = device_inputs(data, model)
     device_values_t = to_device(values_t)
     kernel, degree, missing = model.kernel, model.degree, model.missing
@@ -228,6 +231,7 @@ def local_fit(data, model, values_t, want_mfx, leaves=None):
     device_shift = cuda.device_array(n_q, dtype=np.float64)
     device_log_norm = cuda.device_array(n_q, dtype=np.float64)
     device_nearest = cuda.device_array(n_q, dtype=np.int64)
+    threads, runs = key_runs(leaves, n_q, inputs[5].shape[0])
     for c0, c1 in output_ranges(n_out):
         per_key = tile_floats(dc, dk, c1 - c0)
         block_k = tile_rows(per_key, 8)
@@ -240,6 +244,7 @@ def local_fit(data, model, values_t, want_mfx, leaves=None):
             bool(model.exclude_self),
             float(model.ridge),
             block_k,
+            *runs,
             device_beta,
             device_g,
             device_shift,
@@ -247,7 +252,7 @@ def local_fit(data, model, values_t, want_mfx, leaves=None):
             device_nearest,
             device_mfx,
         )
-        launch(kernel_fn, n_q, args, shared=per_key * block_k * 8)
+        launch(kernel_fn, n_q, args, shared=per_key * block_k * 8, threads=threads)
         beta[:, :, c0:c1] = device_beta.copy_to_host()
         if do_mfx:
             mfx[:, :, c0:c1] = device_mfx.copy_to_host()[:, :dc]

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .common import to_device
+from .._core.local_groups import BlockRuns
+from .common import threads_for, to_device
 
 
 def device_inputs(data, model):
@@ -30,9 +31,28 @@ def host_array(a, dtype=np.float64):
     return np.ascontiguousarray(a if isinstance(a, np.ndarray) else a.copy_to_host(), dtype=dtype)
 
 
-def refuse_pruning(leaves):
-    """The GPU passes visit every key: ``leaves`` is ``AllKeys`` or says rtol = 0."""
-    if leaves is not None and getattr(leaves, "rtol", 0.0) > 0:
-        raise NotImplementedError(
-            "rtol > 0 (pruned local passes) runs on the CPU only; use device='cpu' or rtol=0"
-        )
+def key_runs(leaves, n_q, n_k):
+    """``(threads, (block_table, key_runs))`` of a launch over n_q queries: the threads per
+    block and the key ranges each block visits, on the device (``local_pairs.key_walk_function``).
+    ``leaves``: a ``BlockRuns`` (the pruned leaves' runs, at its block size), or None /
+    ``AllKeys`` / rtol = 0 (every key in one run, at the launch's usual block size)."""
+    if isinstance(leaves, BlockRuns):
+        expected = -(-n_q // leaves.block_size)
+        if leaves.block_runs.shape[0] != expected:
+            raise ValueError(
+                f"the key runs are for {leaves.block_runs.shape[0]} blocks of "
+                f"{leaves.block_size} queries, not {n_q} queries"
+            )
+        table, runs = leaves.block_runs, leaves.runs
+        threads = int(leaves.block_size)
+    else:
+        if leaves is not None and getattr(leaves, "rtol", 0.0) > 0:
+            raise TypeError(
+                "the GPU passes take pruned leaves as BlockRuns "
+                "(nbattn.local.leaves.TreeLayout.leaves_on)"
+            )
+        threads = threads_for(n_q)
+        table = np.zeros((max(-(-n_q // threads), 1), 2), dtype=np.int64)
+        table[:, 1] = 1
+        runs = np.array([[0, n_k]], dtype=np.int64)
+    return threads, (to_device(np.ascontiguousarray(table)), to_device(np.ascontiguousarray(runs)))

@@ -231,10 +231,13 @@ def pass_state_function(p):
 def key_walk_function(dc, dk, kernel, degree, missing, visit):
     """The device function ``walk_keys`` of a kernel whose per-pair work is ``visit``.
 
-    ``walk_keys(i, active, exclude_self, inputs, rows_t, block_k, state, carry)``
+    ``walk_keys(i, active, exclude_self, inputs, rows_t, block_k, runs, state, carry)``
     is the loop every local kernel runs for its thread's query i: ``inputs`` =
     (q_cont, keys_cont_t, q_cat, keys_cat_t, cat_params, log_weights), the
-    launch's arrays; the keys go through a shared-memory tile of ``block_k`` keys
+    launch's arrays; ``runs`` = (block_table, key_ranges), the key ranges the block
+    visits, ``key_ranges[block_table[b, 0] : block_table[b, 1]]`` for block b
+    (``local_args.key_runs``: every key in one run, or the pruned leaves' runs of a
+    ``BlockRuns``); the keys go through a shared-memory tile of ``block_k`` keys
     (``load_tile``, with the rows of ``rows_t``, the values or residuals, after
     the keys'), all threads of the block loading each tile, and for every
     admissible pair (the key is not query i itself under ``exclude_self``, its
@@ -256,8 +259,9 @@ def key_walk_function(dc, dk, kernel, degree, missing, visit):
     minus_inf = -math.inf
 
     @jit(device=True, inline=True)
-    def walk_keys(i, active, exclude_self, inputs, rows_t, block_k, state, carry):
+    def walk_keys(i, active, exclude_self, inputs, rows_t, block_k, runs, state, carry):
         q_cont, keys_cont_t, q_cat, keys_cat_t, cat_params, log_weights = inputs
+        block_table, key_ranges = runs
         tile = cuda.shared.array(0, dtype=_TILE_TYPE)  # (dc + dk + 1 + rows) x block_k
         # the query row in registers (compile-time sizes); the categorical terms, the
         # same for every thread, are read from global memory, one load per warp
@@ -271,20 +275,22 @@ def key_walk_function(dc, dk, kernel, degree, missing, visit):
         x = cuda.local.array(n_design, dtype=np.float64)
         clear(x)
         own = i if exclude_self else -1
-        n_k = log_weights.shape[0]
-        for j0 in range(0, n_k, block_k):
-            nb = imin(block_k, n_k - j0)
-            load_tile(tile, block_k, j0, nb, keys_cont_t, keys_cat_t, log_weights, rows_t)
-            cuda.syncthreads()
-            if active:
-                for jj in range(nb):
-                    if j0 + jj == own:
-                        continue
-                    s = pair_score(tile, block_k, jj, q_cont_row, q_cat_row, cat_params, x)
-                    if s == minus_inf:  # weight 0: contributes nothing
-                        continue
-                    carry = visit(s, carry, x, tile, block_k, jj, q_cont_row, q_cat_row, state)
-            cuda.syncthreads()
+        block = cuda.blockIdx.x
+        for r in range(block_table[block, 0], block_table[block, 1]):
+            stop = key_ranges[r, 1]
+            for j0 in range(key_ranges[r, 0], stop, block_k):
+                nb = imin(block_k, stop - j0)
+                load_tile(tile, block_k, j0, nb, keys_cont_t, keys_cat_t, log_weights, rows_t)
+                cuda.syncthreads()
+                if active:
+                    for jj in range(nb):
+                        if j0 + jj == own:
+                            continue
+                        s = pair_score(tile, block_k, jj, q_cont_row, q_cat_row, cat_params, x)
+                        if s == minus_inf:  # weight 0: contributes nothing
+                            continue
+                        carry = visit(s, carry, x, tile, block_k, jj, q_cont_row, q_cat_row, state)
+                cuda.syncthreads()
         return carry
 
     return walk_keys

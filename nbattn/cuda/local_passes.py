@@ -20,7 +20,7 @@ from numba import cuda
 
 from .._core.local_groups import n_terms
 from .common import compiled, jit, launch, tile_rows, to_device
-from .local_args import device_inputs, host_array, refuse_pruning
+from .local_args import device_inputs, host_array, key_runs
 from .local_pairs import (
     category_term,
     clear,
@@ -69,6 +69,8 @@ def _make_interval_kernel(dc, dk, kernel, degree, missing, n_out):
         log_norm,
         nearest,
         block_k,
+        block_table,
+        key_ranges,
         out,
     ):
         """out[i, o] = sum_j l_j^2 r_jo^2, l_j = exp(s_j - shift_i - log_norm_i) (g_i . x_j);
@@ -80,7 +82,9 @@ def _make_interval_kernel(dc, dk, kernel, degree, missing, n_out):
         clear(acc)
         active, offset = load_pass_state(i, in_range, g, shift, log_norm, g_row)
         inputs = (q_cont, keys_cont_t, q_cat, keys_cat_t, cat_params, log_weights)
-        walk_keys(i, active, exclude_self, inputs, residuals_t, block_k, (g_row, offset, acc), 0.0)
+        runs = (block_table, key_ranges)
+        state = (g_row, offset, acc)
+        walk_keys(i, active, exclude_self, inputs, residuals_t, block_k, runs, state, 0.0)
         if not in_range:
             return
         if active:
@@ -119,6 +123,7 @@ def local_interval_sums(data, model, fit, residuals_t):
         return out
     state = [to_device(host_array(a)) for a in (fit.g, fit.shift, fit.log_norm)]
     device_nearest = to_device(host_array(fit.nearest, np.int64))
+    threads, runs = key_runs(None, n_q, inputs[5].shape[0])
     for c0, c1 in output_ranges(n_out):
         per_key = tile_floats(dc, dk, c1 - c0)
         block_k = tile_rows(per_key, 8)
@@ -131,9 +136,10 @@ def local_interval_sums(data, model, fit, residuals_t):
             *state,
             device_nearest,
             block_k,
+            *runs,
             device_out,
         )
-        launch(kernel_fn, n_q, args, shared=per_key * block_k * 8)
+        launch(kernel_fn, n_q, args, shared=per_key * block_k * 8, threads=threads)
         out[:, c0:c1] = device_out.copy_to_host()
     return out
 
@@ -207,6 +213,8 @@ def _make_gradient_kernel(dc, dk, kernel, degree, missing, n_out):
         log_norm,
         out_weights,
         block_k,
+        block_table,
+        key_ranges,
         out,
     ):
         """Adds this launch's outputs' part of d (sum_o e_o fit_o) / d theta to out[i]:
@@ -229,7 +237,8 @@ def _make_gradient_kernel(dc, dk, kernel, degree, missing, n_out):
             e_row[o] = out_weights[i, o] if in_range else 0.0
         inputs = (q_cont, keys_cont_t, q_cat, keys_cat_t, cat_params, log_weights)
         state = (g_row, beta_row, e_row, offset, ridge, cat_dparams, a_sum, s_sum)
-        a_total = walk_keys(i, active, exclude_self, inputs, values_t, block_k, state, 0.0)
+        runs = (block_table, key_ranges)
+        a_total = walk_keys(i, active, exclude_self, inputs, values_t, block_k, runs, state, 0.0)
         if active:
             for t in range(dc + dk):
                 out[i, t] += a_sum[t] - a_total * s_sum[t]
@@ -249,9 +258,8 @@ def local_loo_gradient(data, model, fit, values_t, cat_dparams, out_weights, lea
     continuous columns, then one parameter per categorical column; ``fit`` from
     :func:`nbattn.cuda.local.local_fit`, its ``beta``, ``g``, ``shift`` and
     ``log_norm``; ``out_weights`` the e_o (n_q, n_out)). Queries that fell back
-    (log_norm = -inf) get 0; ``leaves`` only with rtol = 0, as in ``local_fit``.
-    Returns (n_q, dc + dk) NumPy."""
-    refuse_pruning(leaves)
+    (log_norm = -inf) get 0; ``leaves`` as in ``local_fit`` (the first pass's: the
+    derivative of the pruned sums). Returns (n_q, dc + dk) NumPy."""
     inputs = device_inputs(data, model)
     device_dparams = to_device(host_array(cat_dparams))
     device_values_t = to_device(values_t)
@@ -266,6 +274,7 @@ def local_loo_gradient(data, model, fit, values_t, cat_dparams, out_weights, lea
         to_device(host_array(a)) for a in (fit.g, fit.shift, fit.log_norm)
     )
     device_out = cuda.to_device(np.zeros((n_q, dc + dk)))
+    threads, runs = key_runs(leaves, n_q, inputs[5].shape[0])
     for c0, c1 in output_ranges(n_out):
         per_key = tile_floats(dc, dk, c1 - c0)
         block_k = tile_rows(per_key, 8)
@@ -287,7 +296,8 @@ def local_loo_gradient(data, model, fit, values_t, cat_dparams, out_weights, lea
             device_log_norm,
             to_device(np.ascontiguousarray(host_e[:, c0:c1])),
             block_k,
+            *runs,
             device_out,
         )
-        launch(kernel_fn, n_q, args, shared=per_key * block_k * 8)
+        launch(kernel_fn, n_q, args, shared=per_key * block_k * 8, threads=threads)
     return device_out.copy_to_host()

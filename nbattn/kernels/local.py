@@ -86,7 +86,7 @@ from .._core.local_groups import (
 from .items import next_item, run_items
 from .kd_order import kd_order
 from .local_args import n_terms
-from .local_leaves import chunk_runs, leaf_ranges, visited_share
+from .local_leaves import block_runs, chunk_runs, leaf_ranges, visited_share
 from .local_moments import FUSED_TERMS, block_moments, solve
 from .local_pairs import (
     block_scores,
@@ -105,6 +105,7 @@ __all__ = [
     "LocalFit",
     "LocalLeaves",
     "LocalModel",
+    "block_runs",
     "local_equivalent_weights",
     "local_fit",
     "local_interval_sums",

@@ -44,6 +44,10 @@ same sums to the bit.
 
 Kept leaves next to each other merge into one run, which the passes walk in blocks
 of at most ``config.KEY_BLOCK`` keys.
+
+The GPU passes take the same runs per block of queries (one thread per query, the
+block's threads walking the keys together): :func:`block_runs` computes them on the
+host with the same rule, each block of consecutive queries bounded together as a chunk.
 """
 
 from __future__ import annotations
@@ -352,6 +356,33 @@ def _pruned_runs(chunk, data, model, leaves):
     first, stop = leaves.query_start[chunk], leaves.query_start[chunk + 1]
     n_runs = np.int64(kept_runs(first, stop, data, model, leaves, upper, lower, runs))
     return first, stop, runs, n_runs
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def block_runs(block_size, data, model, leaves):
+    """``(block_runs, runs)`` of the GPU passes (``_core.local_groups.BlockRuns``): for
+    each block of ``block_size`` consecutive queries the key ranges :func:`kept_runs`
+    keeps for them, ``runs[block_runs[b, 0] : block_runs[b, 1]]``."""
+    n_q = data.q_cont.shape[0]
+    n_leaves = leaves.leaf_start.shape[0] - 1
+    n_blocks = (n_q + block_size - 1) // block_size
+    upper, lower = np.zeros(n_leaves), np.zeros(n_leaves)
+    scratch = np.zeros((max(n_leaves, 1), 2), dtype=np.int64)
+    table = np.zeros((n_blocks, 2), dtype=np.int64)
+    runs = np.zeros((max(n_blocks, 1), 2), dtype=np.int64)
+    used = 0
+    for b in range(n_blocks):
+        i0 = b * block_size
+        i1 = min(i0 + block_size, n_q)
+        n_runs = kept_runs(i0, i1, data, model, leaves, upper, lower, scratch)
+        if used + n_runs > runs.shape[0]:  # grow by doubling: the total is not known ahead
+            grown = np.zeros((max(2 * runs.shape[0], used + n_runs), 2), dtype=np.int64)
+            grown[:used] = runs[:used]
+            runs = grown
+        runs[used : used + n_runs] = scratch[:n_runs]
+        table[b, 0], table[b, 1] = used, used + n_runs
+        used += n_runs
+    return table, runs[: max(used, 1)].copy()
 
 
 @njit(cache=config.CACHE)

@@ -137,7 +137,10 @@ def fit_layout(tree: TreeLayout, want_mfx=False):
     module = kernels_for("local", problem.spec.device)
     with threads_for(problem):
         fit = module.local_fit(
-            *problem.kernel_groups(), problem.values_t, bool(want_mfx), tree.leaves
+            *problem.kernel_groups(),
+            problem.values_t,
+            bool(want_mfx),
+            tree.leaves_on(problem.spec.device),
         )
     return tree.settled(fit)
 
@@ -221,7 +224,8 @@ def local_polynomial(
         The output dtype (the computation is float64 throughout).
     rtol : float in [0, 1), default 0
         The relative error allowed on every kernel sum: 0 sums every key (exact).
-        With ``rtol > 0`` (CPU only) each chunk of neighbouring queries skips the
+        With ``rtol > 0`` (on the GPU: ``device="cuda"``; "auto" stays on the CPU)
+        each chunk of neighbouring queries skips the
         leaves of keys, in k-d order, of smallest certified weight bound while their
         sum stays within ``rtol`` times a lower bound on each query's normaliser
         (``nbattn.local.leaves``): the normaliser and

@@ -218,7 +218,7 @@ class LooCriterion:
                 tree.problem.values_t,
                 cat_dparams,
                 out_weights,
-                tree.leaves,
+                tree.leaves_on(problem.spec.device),
             )
         return self.score(fits), per_query.sum(axis=0)
 

@@ -358,7 +358,8 @@ def test_loo_loss_and_gradient_on_cuda_equal_cpu_and_naive(rng, degree):
 
 
 def test_pruned_leaves_are_refused_on_the_gpu():
-    """The GPU passes visit every key: leaves with rtol > 0 are refused, never ignored."""
+    """The GPU passes take pruned leaves as the blocks' key runs (``BlockRuns``): the CPU's
+    ``LocalLeaves`` with rtol > 0 are refused, never ignored."""
     rng = np.random.default_rng(0)
     problem = make_problem(rng, 5, 8, 1, 0, 1)
     data, model = groups(
@@ -384,5 +385,5 @@ def test_pruned_leaves_are_refused_on_the_gpu():
         one,
         1e-6,
     )
-    with pytest.raises(NotImplementedError, match="CPU only"):
+    with pytest.raises(TypeError, match="BlockRuns"):
         cuda_local.local_fit(data, model, problem["values_t"], False, pruned)

@@ -288,10 +288,12 @@ def test_bad_rtol_is_refused(bad):
         LocalPolynomialRegressor(rtol=bad).fit(X, X[:, 0])
 
 
-def test_rtol_on_the_gpu_is_refused():
+def test_rtol_on_auto_stays_on_the_cpu():
+    """With rtol > 0 "auto" runs on the CPU (the pruned GPU passes run where "cuda" is
+    asked for: ``tests/cuda/test_local_pruned.py``)."""
     X = np.random.default_rng(0).normal(size=(20, 2))
-    with pytest.raises(NotImplementedError, match="CPU only"):
-        local_polynomial(X, X, X[:, 0], rtol=1e-6, device="cuda")
+    problem = prepare(X, X, X[:, 0], "scott", 1, rtol=1e-6, device="auto")
+    assert problem.spec.device == "cpu"
 
 
 def test_gradient_path_settles_fallback_ties_as_the_exact_path(leaves_always):
