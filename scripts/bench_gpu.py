@@ -524,8 +524,39 @@ def check_local(report, tiny, rng):
         ref = nbattn.local_polynomial(X[:20], X, y, widths, **kw)
         report.compare(f"local polynomial degree {degree}", got, ref, 1e-9)
 
+    def pruned():
+        from nbattn import config
+
+        # clustered keys at narrow widths: each block of queries keeps a few runs of keys
+        # (BlockRuns); the pruned GPU fit against the exact CPU one, within the contract
+        n, n_q = (300, 40) if tiny else (200_000, 20_000)
+        centres = rng.uniform(-20, 20, (50, 2))
+        X = np.column_stack(
+            [centres[rng.integers(0, 50, n)] + rng.normal(size=(n, 2)), rng.integers(0, 3, n)]
+        ).astype(float)
+        y = np.sin(X[:, 0]) + 0.3 * X[:, 2] + 0.1 * rng.normal(size=n)
+        queries = X[rng.integers(0, n, n_q)]
+        kw = dict(degree=1, var_type="ccu", n_categories=[0, 0, 3])
+        widths, rtol = [0.3, 0.3, 0.1], 1e-6
+        on_cpu = nbattn.local_polynomial(queries, X, y, widths, rtol=rtol, **kw)
+        exact = report.on_gpu(nbattn.local_polynomial, queries, X, y, widths, device="cuda", **kw)
+        # each line's GPU time is its own call's: the exact pass, then the pruned one;
+        # the bound 2 rtol / (1 - rtol) ||g||_1 max |y - x beta| with ||g||_1 of order 1
+        report.compare("local polynomial exact (GPU) vs rtol=1e-6 (CPU)", exact, on_cpu, 1e-4)
+        saved = config.LOCAL_TREE_MIN_KEYS, config.LOCAL_LEAF_KEYS
+        if tiny:  # leaves at the simulator's sizes, so that the tiny run prunes too
+            config.LOCAL_TREE_MIN_KEYS, config.LOCAL_LEAF_KEYS = 1, 8
+        try:
+            got = report.on_gpu(
+                nbattn.local_polynomial, queries, X, y, widths, device="cuda", rtol=rtol, **kw
+            )
+        finally:
+            config.LOCAL_TREE_MIN_KEYS, config.LOCAL_LEAF_KEYS = saved
+        report.compare("local polynomial rtol=1e-6 (GPU) vs exact (GPU)", got, exact, 1e-4)
+
     for degree in (0, 1):
         report.guard(f"local polynomial degree {degree}", run, degree, section="local")
+    report.guard("local polynomial pruned (rtol)", pruned, section="local")
 
 
 def check_torch(report, tiny, rng):
