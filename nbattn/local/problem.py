@@ -477,7 +477,9 @@ def layout(
         cat_params=categorical_terms(spec.var_type, spec.n_categories, widths),
         log_weights=log_key_weights(sample_weight, keys.shape[0]),
         sample_weight=sample_weight,
-        values_t=np.ascontiguousarray(values_2d.T),
+        # writable: a read-only y (a fitted model's memory-mapped y_fit_) would compile
+        # every pass again for read-only arrays
+        values_t=np.require(values_2d.T, requirements=("C", "W")),
         degree=int(degree),
         exclude_self=bool(exclude_self),
         h=h,

@@ -274,7 +274,8 @@ def _centred_scaled(x, centre, h, scale, dtype, name, out=None, out_t=None):
     kernel = kernels_for("pooling", "cpu").centred_scaled
     centre = np.ascontiguousarray(centre, dtype=np.float64)
     scale = np.ascontiguousarray(scale, dtype=np.float64)
-    largest = kernel(np.ascontiguousarray(x), centre, scale, out, out_t)
+    # writable: a read-only x (a memory-mapped X_fit_) would compile the kernel again
+    largest = kernel(np.require(x, requirements=("C", "W")), centre, scale, out, out_t)
     if not largest <= float(np.finfo(dtype).max):  # overflow: the safe, checked path
         z = scaled_columns(x, name, h, scale=scale, centre=centre, dtype=dtype)
         if out.shape[0] == x.shape[0]:
