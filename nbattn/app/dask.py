@@ -14,9 +14,13 @@ over query rows, each row against all keys:
 
 ``sharded_training`` runs every such sum of the smoothing layer (the
 bandwidth search of ``bandwidth="loo_scale"``, the L-BFGS-B fits of
-``LearnedKernelRegressor``) as one task per row range on the cluster and adds
-the partial sums, so the result equals the in-memory one up to the order of
-additions. ``fit(estimator, X, y)`` does this for dask collections.
+``LearnedKernelRegressor``) and of the local-polynomial engine (the width
+searches of ``LocalPolynomialRegressor`` and of Nadaraya-Watson on mixed
+columns, ``nbattn.local.rows``: ranges of k-d chunks with rtol > 0) as one task
+per row range on the cluster and adds the partial sums, so the result equals
+the in-memory one up to the order of additions. (A table whose rows tie pools
+them in the calling process, ``nbattn.local.ties``: its distinct rows' pass is
+the cheaper one.) ``fit(estimator, X, y)`` does this for dask collections.
 
 Sharded keys. Nadaraya-Watson over keys split into shards K_1, ..., K_m is
 exact: each shard returns, per query, its normalised output ``o_r`` and log
@@ -31,6 +35,7 @@ associative, so the shards are combined in a tree.
 
 from __future__ import annotations
 
+import dataclasses
 from contextlib import contextmanager
 from functools import partial
 
@@ -423,9 +428,9 @@ def sharded_training(client=None, n_partitions=None, verbose=0):
     evaluations = []  # row ranges of each evaluation run so far
 
     def cluster_runner(task, n_rows, args):
+        # arrays and the engine's layouts (dataclasses of arrays) go once to every worker
         remote = [
-            client.scatter(a, broadcast=True, hash=False) if isinstance(a, np.ndarray) else a
-            for a in args
+            client.scatter(a, broadcast=True, hash=False) if _shipped_once(a) else a for a in args
         ]
         futures = [client.submit(task, a, b, *remote, pure=False) for a, b in bounds_of(n_rows)]
         if log.enabled:
@@ -446,6 +451,15 @@ def sharded_training(client=None, n_partitions=None, verbose=0):
                 f"{plural(len(evaluations), 'evaluation')}, "
                 f"{plural(sum(evaluations), 'task')} on the cluster"
             )
+
+
+def _shipped_once(arg) -> bool:
+    """Whether a row task's argument is scattered to the workers once per evaluation (an
+    array, or a dataclass of them such as the engine's ``TreeLayout``) rather than
+    pickled into every task."""
+    return isinstance(arg, np.ndarray) or (
+        dataclasses.is_dataclass(arg) and not isinstance(arg, type)
+    )
 
 
 def _report_evaluation(log, futures, k):

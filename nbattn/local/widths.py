@@ -32,10 +32,11 @@ import numbers
 import numpy as np
 
 from .. import config
-from .._core.numeric import MIN_SUBSAMPLE_ROWS, row_ladder, within_squares
+from .._core.numeric import MIN_SUBSAMPLE_ROWS, row_ladder, sum_safe_units, within_squares
 from .._core.progress import FitProgress
 from .._core.validation import as_float_array, check_positive_int, scaled_columns, shown
 from ..dispatch.device import kernels_for
+from ..smoothing.loo_rows import row_runner_active
 from .engine import fit_layout, fit_problem, loo_term_weights, threads_for
 from .leaves import tree_layout
 from .problem import (
@@ -51,6 +52,7 @@ from .problem import (
     rule_widths,
     spec_options,
 )
+from .rows import loo_loss_and_grad_rows, loo_loss_rows
 from .search import search_widths, sigmoid, staged_search, theta_to_widths, widths_to_theta
 from .ties import tie_groups, tied_loo_fits, tied_loo_gradient
 
@@ -173,6 +175,8 @@ class LooCriterion:
         tied = None if self.ties is None else tied_loo_fits(problem, self.ties)
         if tied is not None:
             return self.score(tied.fits)
+        if _on_row_ranges(problem):
+            return loo_loss_rows(tree_layout(problem), self.targets, self.loo_weights)
         return self.score(fit_problem(problem)[0][:, 0, :])
 
     def score(self, fits):
@@ -207,6 +211,8 @@ class LooCriterion:
     def _plain_loss_and_grad(self, problem, cat_dparams):
         """``(CV, gradient sums in the kernels' order)`` from the engine's two passes."""
         tree = tree_layout(problem)  # the keys each pass visits (all of them at rtol = 0)
+        if _on_row_ranges(problem):
+            return loo_loss_and_grad_rows(tree, self.targets, self.loo_weights, cat_dparams)
         fit = fit_layout(tree)
         fits = tree.from_layout(fit.beta[:, 0, :])
         out_weights = np.ascontiguousarray(tree.to_layout(self.score_slopes(fits)))
@@ -221,6 +227,13 @@ class LooCriterion:
                 tree.leaves_on(problem.spec.device),
             )
         return self.score(fits), per_query.sum(axis=0)
+
+
+def _on_row_ranges(problem: LocalProblem) -> bool:
+    """Whether the plain passes run as ranges of rows through a row runner
+    (``nbattn.local.rows``; ``nbattn.dask.sharded_training``): where one is in force and
+    no values need the power-of-two rescaling of ``engine.fit_problem``."""
+    return row_runner_active() and not np.any(sum_safe_units(problem.values_t) != 1.0)
 
 
 class _PooledCriterion(LooCriterion):

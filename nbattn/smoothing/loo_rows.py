@@ -35,6 +35,7 @@ __all__ = [
     "loss_from_layout",
     "loss_grad_rows",
     "row_runner",
+    "row_runner_active",
     "sum_over_rows",
     "threads_for",
 ]
@@ -83,6 +84,11 @@ def row_runner(runner):
         yield runner
     finally:
         _ROW_RUNNER.reset(token)
+
+
+def row_runner_active() -> bool:
+    """Whether a :func:`row_runner` other than the default (one call, here) is in force."""
+    return _ROW_RUNNER.get() is not None
 
 
 def sum_over_rows(task, n_rows, *args):

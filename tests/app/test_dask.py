@@ -242,6 +242,56 @@ def test_fit_on_dask_dataframe_equals_in_memory_fit(client, make):
     assert list(model.feature_names_in_) == ["a", "b", "c"]
 
 
+def _mixed_table(n, seed):
+    """(X, y): two continuous columns (no tied rows) and a categorical one."""
+    rng = np.random.default_rng(seed)
+    X = np.column_stack([rng.uniform(0, 5, size=(n, 2)), rng.integers(0, 3, n)])
+    y = np.sin(X[:, 0]) + 0.3 * X[:, 2] + rng.normal(0, 0.1, n)
+    return X, y
+
+
+@pytest.mark.parametrize("rtol", [0.0, 1e-3])
+def test_engine_loo_sums_on_the_cluster_equal_in_memory(client, rtol):
+    """The local-polynomial engine's criterion and gradient as row-range tasks
+    (nbattn.local.rows): ranges of the layout's chunks, each pruned (rtol > 0, forced
+    at this size) against the whole tree as in memory, so the same sums to rounding."""
+    from nbattn.local.widths import local_loo_loss_and_grad, widths_to_theta
+
+    from .._config import config_values
+
+    X, y = _mixed_table(240, 9)
+    theta = widths_to_theta(np.array([0.4, 0.5, 0.2]), "ccu", (0, 0, 3))
+    forced = {"LOCAL_LEAF_KEYS": 4, "LOCAL_TREE_MIN_KEYS": 1, "LOCAL_TREE_MAX_SHARE": 100}
+
+    def run():
+        with config_values(**forced):
+            return local_loo_loss_and_grad(X, y, theta, 1, var_type="ccu", rtol=rtol)
+
+    expected = run()
+    with distributed.get_task_stream(client) as stream, nbdask.sharded_training(client, 3):
+        got = run()
+        again = run()
+    names = [task["key"] for task in stream.data]
+    assert sum("chunk_range" in str(name) for name in names) >= 6  # two evaluations, 3 ranges
+    assert again[0] == got[0] and np.array_equal(again[1], got[1])
+    assert got[0] == pytest.approx(expected[0], rel=1e-12)
+    np.testing.assert_allclose(got[1], expected[1], rtol=1e-10, atol=1e-14)
+
+
+def test_local_polynomial_fit_on_the_cluster_equals_in_memory(client):
+    """LocalPolynomialRegressor's leave-one-out width search through nbattn.dask.fit: every
+    evaluation on the cluster, the same widths as in memory."""
+    X, y = _mixed_table(90, 4)
+    X = X[:, [0, 2]]  # one continuous and one categorical column: a short search
+    make = lambda: nbattn.LocalPolynomialRegressor(var_type="cu")  # noqa: E731
+    with distributed.get_task_stream(client) as stream:
+        model = nbdask.fit(make(), da.from_array(X, chunks=(30, 2)), da.from_array(y, chunks=30))
+    assert sum("chunk_range" in str(task["key"]) for task in stream.data) >= 30
+    local = make().fit(X, y)
+    np.testing.assert_allclose(model.bandwidth_, local.bandwidth_, rtol=1e-8)
+    np.testing.assert_allclose(model.predict(X), local.predict(X), rtol=1e-8)
+
+
 # Last: it kills a worker of the shared cluster.
 def test_worker_killed_mid_job_still_gives_identical_results(client, data):
     queries, keys, values = data
