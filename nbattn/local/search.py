@@ -12,7 +12,8 @@ factor with the categorical smoothing at exactly 0 (exact matching; all categori
 columns, and each alone that the descent left below half its range), the corner of a
 valley in (log h, t) that no move of one parameter follows (tied x). Then sweeps of each
 parameter alone over a grid (plateaus, flat ends), each sweep that gains more than
-``config.LOO_RTOL`` followed by another descent. The best point ever evaluated is
+``config.LOO_RTOL`` followed by another descent and, over the columns where one grid
+step of one parameter still gains, another sweep. The best point ever evaluated is
 returned, so the answer is never worse than the start or the best common scale.
 A :class:`SearchPolicy` sets how each stage spends its evaluations: the default one is
 the search above; :data:`SMOOTH_POLICY`, for a smooth criterion with an exact gradient
@@ -130,6 +131,12 @@ class SearchPolicy:
         sweep only the columns where that gained more than ``config.LOO_RTOL``: on a
         smooth criterion a descent's end that no step of one parameter improves is the
         sweeps' answer too.
+    verify_repeats : bool
+        The check of ``verify`` before the second and later rounds of sweeps only: the
+        first round sweeps every column, and a later one follows a descent from a point
+        the first round's sweeps already reached, so a column whose one step either side
+        gains nothing was swept from nearly the same point (what it could still find is
+        of the order of the gain that triggered the round).
     descent_rtol : float or None
         L-BFGS-B's relative stopping tolerance (:func:`_descend`; None: scipy's default).
     """
@@ -140,6 +147,7 @@ class SearchPolicy:
     rule_descent: bool = True
     corner_walk: bool = False
     verify: bool = False
+    verify_repeats: bool = True
     descent_rtol: float | None = None
 
 
@@ -243,9 +251,10 @@ def _policy_search(criterion, start, maxiter, per_column, policy):
     has_gradient = getattr(criterion, "has_gradient", True)
     stride = policy.common_stride if has_gradient else _SWEEP_STRIDE_WITHOUT_GRADIENT
     sweep = {"fill_margin": policy.common_fill, "basins": policy.common_basins}
-    for _ in range(_SWEEPS):
+    for sweep_round in range(_SWEEPS):
         before = criterion.best[0]
-        columns = _steps_that_gain(criterion, cont, lower, upper) if policy.verify else None
+        verify = policy.verify or (policy.verify_repeats and sweep_round > 0)
+        columns = _steps_that_gain(criterion, cont, lower, upper) if verify else None
         if columns is not None and not columns:
             break  # no step of one parameter gains: the sweeps would find nothing
         _sweep_columns(criterion, cont, lower, upper, stride, columns=columns, **sweep)
