@@ -73,24 +73,25 @@ class TreeLayout:
     query_order: np.ndarray | None = None
     #: the problem in its original order (None: ``problem`` is)
     source: LocalProblem | None = None
-    #: the GPU's form of ``leaves`` (:meth:`leaves_on`), built once
-    block_runs: BlockRuns | None = None
+    #: the GPU's form of ``leaves`` (:meth:`leaves_on`) and the leaves it was built from
+    block_runs: tuple | None = None
 
     def leaves_on(self, device):
         """The leaves as the passes on ``device`` read them: ``leaves`` on the CPU; on the
         GPU, pruned leaves become the key runs of each block of
         ``config.CUDA_THREADS_PER_BLOCK`` queries (``BlockRuns``), computed here on the
         host by the CPU's rule (``kernels.local_leaves.block_runs``), once per layout
-        (the first pass and its second passes visit the same keys)."""
+        (the first pass and its second passes visit the same keys), built again where
+        ``leaves`` is no longer the object they were built from."""
         if not isinstance(self.leaves, LocalLeaves) or resolve_device(device) != "cuda":
             return self.leaves
-        if self.block_runs is None:
+        if self.block_runs is None or self.block_runs[0] is not self.leaves:
             size = int(config.CUDA_THREADS_PER_BLOCK)
             table, runs = kernels_for("local", "cpu").block_runs(
                 size, *self.problem.kernel_groups(), self.leaves
             )
-            self.block_runs = BlockRuns(size, table, runs, self.leaves.rtol)
-        return self.block_runs
+            self.block_runs = (self.leaves, BlockRuns(size, table, runs, self.leaves.rtol))
+        return self.block_runs[1]
 
     def to_layout(self, rows):
         """Per-query rows (n_q, ...) of the original order, in the layout's."""

@@ -56,9 +56,7 @@ def _chunk_range(a, b, tree, targets, loo_weights, cat_dparams):
     gradient a zero-length array without ``cat_dparams``). ``targets`` and
     ``loo_weights`` in the layout's query order."""
     starts = tree.leaves.query_start
-    part = dataclasses.replace(
-        tree, leaves=tree.leaves._replace(query_start=starts[a : b + 1]), block_runs=None
-    )
+    part = dataclasses.replace(tree, leaves=tree.leaves._replace(query_start=starts[a : b + 1]))
     fit = fit_layout(part)
     rows = slice(int(starts[a]), int(starts[b]))
     residuals = fit.beta[rows, 0, :] - targets[rows]

@@ -89,15 +89,9 @@ def test_pruned_gpu_edge_cases_within_the_bound(case):
     assert np.all(diff[reached] <= allowed[reached] + 1e-9)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="TreeLayout.leaves_on caches BlockRuns without checking which leaves they were "
-    "built from: a layout whose leaves change (dataclasses.replace(tree, leaves=...) copies "
-    "the cached block_runs field; or tree.leaves = ...) keeps walking the old runs on the "
-    "GPU, while the CPU reads the new leaves (rows.py avoids it by passing block_runs=None "
-    "by hand)",
-)
 def test_layout_with_new_leaves_does_not_reuse_stale_runs():
+    """A layout whose leaves change (``dataclasses.replace`` copies the cached runs) builds
+    its blocks' runs again from the new leaves, as the CPU reads them."""
     queries, keys, y, _ = _clustered(43, 120, 40)
     widths = np.array([2.0, 2.0, 0.3])  # wide: rtol = 0.9 drops real weight
     with config_values(**_FORCE):
