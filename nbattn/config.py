@@ -351,7 +351,10 @@ LOCAL_RIDGE = 1e-12
 #: earlier columns: a constant column, fewer distinct neighbours than terms, a query
 #: far from all keys) is dropped (coefficient 0), like a truncated pseudo-inverse;
 #: the fit then shrinks towards the local constant instead of amplifying rounding.
-#: Read when the kernels are compiled.
+#: Pivot and diagonal are the ridged system's (M/l + R): a column exactly in the span
+#: of earlier ones that are themselves nearly dependent keeps a pivot of about
+#: ridge / (their relative pivot), so it may be kept, the ridge then deciding its
+#: coefficient. Read when the kernels are compiled.
 LOCAL_PIVOT_TOL = 1e-8
 
 #: Keys per leaf of the k-d order that the local passes prune with ``rtol > 0``
