@@ -377,9 +377,11 @@ def block_runs(block_size, data, model, leaves):
         n_runs = kept_runs(i0, i1, data, model, leaves, upper, lower, scratch)
         if used + n_runs > runs.shape[0]:  # grow by doubling: the total is not known ahead
             grown = np.zeros((max(2 * runs.shape[0], used + n_runs), 2), dtype=np.int64)
-            grown[:used] = runs[:used]
+            for r in range(used):  # element by element (tests/kernels/test_kernel_sources.py)
+                grown[r, 0], grown[r, 1] = runs[r, 0], runs[r, 1]
             runs = grown
-        runs[used : used + n_runs] = scratch[:n_runs]
+        for r in range(n_runs):
+            runs[used + r, 0], runs[used + r, 1] = scratch[r, 0], scratch[r, 1]
         table[b, 0], table[b, 1] = used, used + n_runs
         used += n_runs
     return table, runs[: max(used, 1)].copy()
