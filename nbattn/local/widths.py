@@ -52,7 +52,7 @@ from .problem import (
     rule_widths,
     spec_options,
 )
-from .rows import loo_loss_and_grad_rows, loo_loss_rows
+from .rows import loo_fits_rows, loo_gradient_rows, squared_error_slopes
 from .search import search_widths, sigmoid, staged_search, theta_to_widths, widths_to_theta
 from .ties import tie_groups, tied_loo_fits, tied_loo_gradient
 
@@ -176,7 +176,7 @@ class LooCriterion:
         if tied is not None:
             return self.score(tied.fits)
         if _on_row_ranges(problem):
-            return loo_loss_rows(tree_layout(problem), self.targets, self.loo_weights)
+            return self.score(loo_fits_rows(tree_layout(problem)))
         return self.score(fit_problem(problem)[0][:, 0, :])
 
     def score(self, fits):
@@ -185,7 +185,7 @@ class LooCriterion:
 
     def score_slopes(self, fits):
         """d criterion / d fit_{-i} (n, n_out) at the leave-one-out fits."""
-        return 2.0 * (fits - self.targets) * self.loo_weights[:, None]
+        return squared_error_slopes(fits, self.targets, self.loo_weights)
 
     def loss_and_grad(self, theta):
         self.n_grad += 1
@@ -211,8 +211,9 @@ class LooCriterion:
     def _plain_loss_and_grad(self, problem, cat_dparams):
         """``(CV, gradient sums in the kernels' order)`` from the engine's two passes."""
         tree = tree_layout(problem)  # the keys each pass visits (all of them at rtol = 0)
-        if _on_row_ranges(problem):
-            return loo_loss_and_grad_rows(tree, self.targets, self.loo_weights, cat_dparams)
+        if _on_row_ranges(problem):  # the same rows, so the same sums, from the tasks
+            fits, per_query = loo_gradient_rows(tree, self.targets, self.loo_weights, cat_dparams)
+            return self.score(fits), per_query.sum(axis=0)
         fit = fit_layout(tree)
         fits = tree.from_layout(fit.beta[:, 0, :])
         out_weights = np.ascontiguousarray(tree.to_layout(self.score_slopes(fits)))

@@ -31,6 +31,7 @@ from ..dispatch.device import kernels_for
 from ..dispatch.transfer import to_host
 
 __all__ = [
+    "RowBlock",
     "loo_kernels",
     "loss_from_layout",
     "loss_grad_rows",
@@ -64,7 +65,7 @@ def row_runner(runner):
 
     ``runner(task, n_rows, args)`` must return the sum, over row ranges
     ``[a, b)`` that cover ``range(n_rows)``, of ``task(a, b, *args)`` (a float,
-    or a tuple of floats and arrays, added elementwise). Each range is left
+    or a tuple of floats, arrays and :class:`RowBlock`, added elementwise). Each range is left
     out and predicted against all keys, so the ranges are independent:
     ``nbattn.dask.sharded_training`` maps them onto a Dask cluster. ``None``
     runs them here, as one call. Contexts nest and are per thread / task
@@ -84,6 +85,24 @@ def row_runner(runner):
         yield runner
     finally:
         _ROW_RUNNER.reset(token)
+
+
+class RowBlock:
+    """Rows ``start ..`` of a per-row result (``rows``, an array whose first axis is the
+    rows), one range's part. Blocks add by placing their rows, not by summing: the
+    ranges are disjoint, so the sum over the ranges is every row in order, and the
+    caller reduces them in the order it would in one call (the same bits however the
+    rows were split)."""
+
+    def __init__(self, start, rows):
+        self.start = int(start)
+        self.rows = np.asarray(rows)
+
+    def __add__(self, other):
+        first, second = (self, other) if self.start <= other.start else (other, self)
+        if first.start + first.rows.shape[0] != second.start:
+            raise ValueError("row blocks add only where one ends where the other starts")
+        return RowBlock(first.start, np.concatenate([first.rows, second.rows]))
 
 
 def row_runner_active() -> bool:
