@@ -495,7 +495,9 @@ CUDA_MAX_HEAD_DIM = _env_int("CUDA_MAX_HEAD_DIM", 128)
 # --- app: the command line and Dask (nbattn.app) ----------------------------------------------
 
 #: Seconds the command line waits for a dask scheduler (``--scheduler``) to
-#: answer before it gives up with an error. Read when connecting.
+#: answer before it gives up with an error, and a sharded leave-one-out evaluation
+#: (``nbattn.dask.sharded_training``) for a scatter to the workers or for a worker
+#: after one was lost. Read when connecting and at each evaluation.
 DASK_CONNECT_TIMEOUT = _env_int("DASK_CONNECT_TIMEOUT", 30, compiled=False)
 
 #: ``NBATTN_QUIET=1``: no "compiling kernels for first use" line on stderr when a

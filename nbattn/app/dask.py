@@ -427,16 +427,39 @@ def sharded_training(client=None, n_partitions=None, verbose=0):
 
     evaluations = []  # row ranges of each evaluation run so far
 
-    def cluster_runner(task, n_rows, args):
-        # arrays and the engine's layouts (dataclasses of arrays) go once to every worker
+    lost_worker_errors = _lost_worker_errors() if client is not None else ()
+
+    def evaluate(task, n_rows, args):
+        # arrays and the engine's layouts (dataclasses of arrays) go once to every worker;
+        # a scatter to a worker that has just died would wait for it: bounded, then retried
+        timeout = config.DASK_CONNECT_TIMEOUT
         remote = [
-            client.scatter(a, broadcast=True, hash=False) if _shipped_once(a) else a for a in args
+            client.scatter(a, broadcast=True, hash=False, timeout=timeout)
+            if _shipped_once(a)
+            else a
+            for a in args
         ]
         futures = [client.submit(task, a, b, *remote, pure=False) for a, b in bounds_of(n_rows)]
         if log.enabled:
             _report_evaluation(log, futures, len(evaluations) + 1)
         evaluations.append(len(futures))
         return _add_partials(client.gather(futures))
+
+    def cluster_runner(task, n_rows, args):
+        """One evaluation, run again (arguments scattered afresh) where a worker was lost
+        during it: the tasks are pure functions of their arguments, so a repeat gives the
+        same sums."""
+        for attempt in range(_EVALUATION_ATTEMPTS):
+            try:
+                return evaluate(task, n_rows, args)
+            except lost_worker_errors as exc:
+                if attempt + 1 == _EVALUATION_ATTEMPTS:
+                    raise RuntimeError(
+                        f"a leave-one-out evaluation on the cluster failed {_EVALUATION_ATTEMPTS} "
+                        f"times as workers were lost (last: {exc!r})"
+                    ) from exc
+                client.wait_for_workers(1, timeout=config.DASK_CONNECT_TIMEOUT)
+        raise AssertionError("unreachable")
 
     if client is None:  # no cluster: the sums run here, on numba's threads
         yield None
@@ -451,6 +474,20 @@ def sharded_training(client=None, n_partitions=None, verbose=0):
                 f"{plural(len(evaluations), 'evaluation')}, "
                 f"{plural(sum(evaluations), 'task')} on the cluster"
             )
+
+
+#: Tries of one leave-one-out evaluation on the cluster when workers are lost during it.
+_EVALUATION_ATTEMPTS = 3
+
+
+def _lost_worker_errors():
+    """The errors of an evaluation that lost a worker: a closed connection, a scatter or
+    replication that timed out, a task whose workers kept dying, a cancelled future."""
+    from concurrent.futures import CancelledError
+
+    from distributed.scheduler import KilledWorker
+
+    return (OSError, TimeoutError, KilledWorker, CancelledError)
 
 
 def _shipped_once(arg) -> bool:

@@ -179,13 +179,15 @@ def test_mixed_fit_widths_equal_in_memory(client):
 
 
 @pytest.mark.xfail(
-    strict=True,
-    reason="a worker killed mid-search fails the search: sharded_training's per-evaluation "
-    "client.scatter(..., broadcast=True) to the dead worker raises CommClosedError (or, "
-    "when the kill lands a little earlier, hangs in the scheduler's replication for minutes); "
-    "no retry, so the fit does not give the in-memory widths",
+    strict=False,
+    reason="a worker killed just before an evaluation: where the scatter fails "
+    "(CommClosedError) sharded_training runs the evaluation again and it passes; where the "
+    "scheduler still replicates to the dead worker, client.scatter(broadcast=True) hangs "
+    "past its own timeout (about one run in three here), which no retry reaches",
 )
 def test_evaluation_right_after_a_worker_dies_still_equals_in_memory():
+    """A worker killed between two evaluations: the next one's scatter fails (or would
+    wait for the dead worker); sharded_training runs the evaluation again, the same sums."""
     X, y = _mixed(90, 4)
     th = widths_to_theta(np.array([0.6, 0.7, 0.2]), "ccu", (0, 0, 3))
     expected = _criterion(X, y, th, var_type="ccu")
@@ -206,10 +208,10 @@ def test_evaluation_right_after_a_worker_dies_still_equals_in_memory():
 
         worker = threading.Thread(target=evaluate, daemon=True)
         worker.start()
-        worker.join(30)
+        worker.join(40)
         assert not worker.is_alive(), "the evaluation hung"
         assert "error" not in box, repr(box.get("error"))
-        assert box["got"][1] == pytest.approx(expected[1], rel=1e-13)
+        assert box["got"][1] == expected[1]
     finally:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
