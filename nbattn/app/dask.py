@@ -14,13 +14,15 @@ over query rows, each row against all keys:
 
 ``sharded_training`` runs every such sum of the smoothing layer (the
 bandwidth search of ``bandwidth="loo_scale"``, the L-BFGS-B fits of
-``LearnedKernelRegressor``) and of the local-polynomial engine (the width
-searches of ``LocalPolynomialRegressor`` and of Nadaraya-Watson on mixed
-columns, ``nbattn.local.rows``: ranges of k-d chunks with rtol > 0) as one task
-per row range on the cluster and adds the partial sums, so the result equals
-the in-memory one up to the order of additions. (A table whose rows tie pools
-them in the calling process, ``nbattn.local.ties``: its distinct rows' pass is
-the cheaper one.) ``fit(estimator, X, y)`` does this for dask collections.
+``LearnedKernelRegressor``) as one task per row range on the cluster and adds
+the partial sums, so the result equals the in-memory one up to the order of
+additions. The local-polynomial engine's (the width searches of
+``LocalPolynomialRegressor`` and of Nadaraya-Watson on mixed columns,
+``nbattn.local.rows``: ranges of k-d chunks with rtol > 0) return their rows
+instead, which the calling process sums in the in-memory order: the same bits.
+(A table whose rows tie pools them in the calling process, ``nbattn.local.ties``:
+its distinct rows' pass is the cheaper one.) An evaluation that loses a worker
+runs again. ``fit(estimator, X, y)`` does this for dask collections.
 
 Sharded keys. Nadaraya-Watson over keys split into shards K_1, ..., K_m is
 exact: each shard returns, per query, its normalised output ``o_r`` and log
