@@ -9,6 +9,7 @@ file reuses the kernels it compiles."""
 from __future__ import annotations
 
 import _thread
+import signal
 import threading
 import time
 import warnings
@@ -365,7 +366,17 @@ def test_the_same_bits_on_one_and_two_threads_and_on_a_second_call():
 
 def test_an_interrupted_evaluation_leaves_the_criterion_as_it_was():
     """Ctrl-C (an interrupt of the main thread) during pooled evaluations: the next call
-    gives the bits of the first (about 5,000 groups: a pass of a few tenths of a second)."""
+    gives the bits of the first (about 5,000 groups: a pass of a few tenths of a second).
+    Python's own SIGINT handler for the test: a process started in the background by a
+    shell without job control ignores SIGINT, and interrupt_main then does nothing."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _interrupt_evaluations()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _interrupt_evaluations():
     criterion, theta = _large_tied_criterion(12000, 2000)
     start = time.perf_counter()
     reference = _evaluate(criterion, theta)
