@@ -83,7 +83,9 @@ def test_block_runs_equal_the_cpu_on_the_same_keys(seed, n, dc, degree, exclude_
     cpu_leaves = _cpu_leaves_of(tree, blocks)
     cpu = cpu_local.local_fit(*groups, ordered.values_t, False, cpu_leaves)
     gpu = cuda_local.local_fit(*groups, ordered.values_t, False, blocks)
-    assert_fits_equal(gpu, cpu)  # the exact twins' tolerances
+    # the exact twins' tolerances; a local design of few keys per term (degree >= 1)
+    # amplifies the sums' rounding in the fit as in the coefficients (1e-7 there)
+    assert_fits_equal(gpu, cpu, fit_rtol=1e-9 if degree == 0 else 1e-7)
     if not exclude_self:
         return
     # the gradient pass over the same runs
