@@ -13,7 +13,8 @@ columns, and each alone that the descent left below half its range), the corner 
 valley in (log h, t) that no move of one parameter follows (tied x). Then sweeps of each
 parameter alone over a grid (plateaus, flat ends), each sweep that gains more than
 ``config.LOO_RTOL`` followed by another descent and, over the columns where one grid
-step of one parameter still gains, another sweep. The best point ever evaluated is
+step of one parameter still gains or whose last sweep started more than a grid step
+away in another parameter, another sweep. The best point ever evaluated is
 returned, so the answer is never worse than the start or the best common scale.
 A :class:`SearchPolicy` sets how each stage spends its evaluations: the default one is
 the search above; :data:`SMOOTH_POLICY`, for a smooth criterion with an exact gradient
@@ -132,11 +133,12 @@ class SearchPolicy:
         smooth criterion a descent's end that no step of one parameter improves is the
         sweeps' answer too.
     verify_repeats : bool
-        The check of ``verify`` before the second and later rounds of sweeps only: the
-        first round sweeps every column, and a later one follows a descent from a point
-        the first round's sweeps already reached, so a column whose one step either side
-        gains nothing was swept from nearly the same point (what it could still find is
-        of the order of the gain that triggered the round).
+        Before the second and later rounds of sweeps only (the first sweeps every column):
+        skip a column whose one step either side gains nothing (as ``verify``) *and* whose
+        last sweep started within one grid step of the best point in every other
+        parameter (``_moved_since_swept``), so that it was swept along nearly the same
+        line. A sweep that moved another parameter far can open a well in this column
+        that one step either side does not reach; that column is swept again.
     descent_rtol : float or None
         L-BFGS-B's relative stopping tolerance (:func:`_descend`; None: scipy's default).
     """
@@ -251,13 +253,20 @@ def _policy_search(criterion, start, maxiter, per_column, policy):
     has_gradient = getattr(criterion, "has_gradient", True)
     stride = policy.common_stride if has_gradient else _SWEEP_STRIDE_WITHOUT_GRADIENT
     sweep = {"fill_margin": policy.common_fill, "basins": policy.common_basins}
+    swept_from = {}  # column -> the point its last sweep started from
     for sweep_round in range(_SWEEPS):
         before = criterion.best[0]
-        verify = policy.verify or (policy.verify_repeats and sweep_round > 0)
-        columns = _steps_that_gain(criterion, cont, lower, upper) if verify else None
+        columns = None
+        if policy.verify:
+            columns = _steps_that_gain(criterion, cont, lower, upper)
+        elif policy.verify_repeats and sweep_round > 0:
+            moved = _moved_since_swept(criterion.best[1], swept_from, cont)
+            columns = sorted(set(_steps_that_gain(criterion, cont, lower, upper)) | set(moved))
         if columns is not None and not columns:
             break  # no step of one parameter gains: the sweeps would find nothing
-        _sweep_columns(criterion, cont, lower, upper, stride, columns=columns, **sweep)
+        _sweep_columns(
+            criterion, cont, lower, upper, stride, columns=columns, swept_from=swept_from, **sweep
+        )
         if not _lower_by_rtol(criterion.best[0], before):
             break  # nothing gained beyond the tolerance: another descent would not move
         descend()  # the sweep left a local minimum: descend from there
@@ -294,6 +303,28 @@ def _steps_that_gain(criterion, cont, lower, upper) -> list:
                 gained.append(column)
                 break
     return gained
+
+
+def _moved_since_swept(best, swept_from, cont) -> list:
+    """The columns whose last sweep started from a point that differs from ``best`` by more
+    than one grid step in another parameter (log h by a factor of ``config.LOO_GRID``, a
+    categorical one by a step of ``_LAMBDA_SHARES`` in l / lambda_max): what that sweep saw
+    along its column says little of the column's line through ``best``, where a well the
+    other parameters' move opened may lie far from one step either side."""
+    step = math.log(config.LOO_GRID[1] / config.LOO_GRID[0])
+    spacing = 1.0 / (_LAMBDA_SHARES.size - 1)
+
+    def position(theta):  # log h, or l / lambda_max = sigmoid(t) scaled to the h step
+        shares = [0.0 if c else sigmoid(float(t)) for t, c in zip(theta, cont)]
+        return np.where(cont, theta, np.array(shares) * (step / spacing))
+
+    here = position(best)
+    moved = []
+    for column, origin in swept_from.items():
+        others = np.arange(cont.size) != column
+        if np.any(np.abs(here[others] - position(origin)[others]) > step * (1 + 1e-9)):
+            moved.append(column)
+    return moved
 
 
 def _descend(criterion, start, bounds, maxiter, rtol=None):
@@ -395,20 +426,25 @@ def _exact_match_subsets(cont, shares):
     return subsets
 
 
-def _sweep_columns(criterion, cont, lower, upper, stride=1, columns=None, **options):
+def _sweep_columns(
+    criterion, cont, lower, upper, stride=1, columns=None, swept_from=None, **options
+):
     """One pass over the columns from the best point so far, each parameter alone: h by the
     log-scale search over ``config.LOO_GRID`` factors, lambda over ``_LAMBDA_SHARES`` of its
     range. L-BFGS-B stops in a local minimum of a criterion with plateaus (tied values) and
     flat ends (lambda near its bounds, where the sigmoid's slope vanishes); the sweep sees
     past both at a cost of about 30 evaluations per continuous and 13 per categorical column.
     ``stride``: the log-scale search's coarse stride; ``columns``: the columns to sweep
-    (None: all); ``options``: the log-scale search's others (``fill_margin``, ``basins``).
+    (None: all); ``swept_from``: a dict that records, per column, the point its sweep
+    started from; ``options``: the log-scale search's others (``fill_margin``, ``basins``).
     """
     from ..smoothing.search import minimize_log_scale
 
     log_factors = np.log(np.asarray(config.LOO_GRID))
     for column in range(cont.size) if columns is None else columns:
         base = criterion.best[1].copy()
+        if swept_from is not None:
+            swept_from[column] = base
         if cont[column]:
 
             def along(log_factor, base=base, column=column):
