@@ -599,3 +599,24 @@ def test_engine_spread_of_targets_near_the_ends_of_float64(seed, exponent, param
     assert np.all(np.isfinite(std)) and np.all(std > 0)
     np.testing.assert_allclose(np.ldexp(std, -exponent), unit_std, rtol=1e-12)
     np.testing.assert_allclose(np.ldexp(mean, -exponent), unit_mean, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_effective_neighbours_within_one_and_n_far_from_the_keys(dtype):
+    """Queries tens of widths from a tight cluster of keys: the scores are near -500, where
+    a float32 lse is good to one ulp (3e-5); the spread pass renormalises its own weights,
+    so 1 / sum w^2 stays within [1, n] to float rounding (it drifted by 2e-4 before), and
+    the std agrees with the weighted std of the normalised weights in float64."""
+    worst = 0.0
+    for seed in range(200):
+        rng = np.random.default_rng(seed)
+        n, d = int(rng.integers(1, 8)), int(rng.integers(1, 4))
+        X = rng.normal(size=(n, d)) * 1e8
+        Q = rng.normal(size=(5, d)) * 10.0 ** rng.integers(13, 16)
+        y = rng.normal(size=n)
+        mean, std, n_eff = regression.nadaraya_watson_spread(Q, X, y, 1e14, dtype=dtype)
+        worst = max(worst, float(np.max(n_eff / n - 1)), float(np.max(1 - n_eff)))
+        W = naive.nadaraya_watson_weights(Q, X, 1e14)
+        want = np.sqrt(np.sum(W * (y[None, :] - mean[:, None]) ** 2, axis=1))
+        np.testing.assert_allclose(std, want, rtol=1e-3, atol=1e-6 * np.abs(y).max())
+    assert worst <= (1e-6 if dtype == "float32" else 1e-12), worst

@@ -511,12 +511,14 @@ def _make_spread_kernel(float_type, k, n_outputs):
         for c in range(n_outputs):
             center[c] = float_type(centers[i, c]) if in_range else zero
             acc[c] = 0.0
+        w1 = 0.0
         w2 = 0.0
         for j0 in range(0, n_keys, bk):
             nb = imin(bk, n_keys - j0)
             load_columns(tile, bk, j0, nb, keys_t, k, values_t, n_outputs)
             cuda.syncthreads()
             if active:
+                part_w1 = zero
                 part_w2 = zero
                 for c in range(n_outputs):
                     part[c] = zero
@@ -524,6 +526,7 @@ def _make_spread_kernel(float_type, k, n_outputs):
                     if j0 + jj == own:
                         continue
                     w = exp(tile_score(tile, bk, jj, q_row) - shift)
+                    part_w1 += w
                     part_w2 += w * w
                     for c in range(n_outputs):
                         dev = tile[(k + c) * bk + jj] - center[c]
@@ -531,15 +534,17 @@ def _make_spread_kernel(float_type, k, n_outputs):
                             part[c] += w * dev * dev
                         else:
                             acc[c] += w * dev * dev
+                w1 += part_w1
                 w2 += part_w2
                 if per_tile:
                     for c in range(n_outputs):
                         acc[c] += part[c]
             cuda.syncthreads()
-        if in_range:
+        if in_range:  # renormalised, as the CPU kernel's (0 for a row left to the far kernel)
+            norm = 1.0 / w1 if w1 > 0.0 else 0.0
             for c in range(n_outputs):
-                var[i, c] = acc[c]
-            sum_w2[i] = w2
+                var[i, c] = acc[c] * norm
+            sum_w2[i] = w2 * norm * norm
 
     return gaussian_spread_kernel
 
@@ -562,6 +567,7 @@ def _make_far_spread_kernel(float_type):
         )
         if skip:
             return
+        w1 = 0.0
         w2 = 0.0
         for c in range(values_t.shape[0]):
             total = 0.0
@@ -573,9 +579,13 @@ def _make_far_spread_kernel(float_type):
                 dev = values_t[c, j] - centers[i, c]
                 total += w * dev * dev
                 if c == 0:
+                    w1 += w
                     w2 += w * w
             var[i, c] = total
-        sum_w2[i] = w2
+        if w1 > 0.0:  # renormalised, as the CPU kernel's
+            for c in range(values_t.shape[0]):
+                var[i, c] /= w1
+            sum_w2[i] = w2 / (w1 * w1)
 
     return far_spread_kernel
 
@@ -599,7 +609,8 @@ def gaussian_spread(queries, keys_t, values_t, centers, lse, exclude_self):
     """``(std, sum_w2)``: the weighted std (n_queries, n_outputs) and sum_j w_ij^2 (n_queries,).
 
     The twin of :func:`nbattn.kernels.loo.gaussian_spread`, with
-    w_ij = exp(s_ij - lse_i): std_ic = S_c sqrt(sum_j w_ij ((v_jc - c_ic) / S_c)^2),
+    w_ij = exp(s_ij - lse_i): std_ic = S_c sqrt(sum_j w_ij ((v_jc - c_ic) / S_c)^2 / sum_j w_ij)
+    and sum_w2 = sum_j w_ij^2 / (sum_j w_ij)^2 (renormalised, as the CPU kernel's),
     S_c a power of two near max_j |v_jc| (dividing by it is exact), so values
     near 1e200 keep their spread. Host or device arrays in (``centers`` and
     ``lse`` as the pool returns them); float64 host arrays out. A query with

@@ -349,9 +349,13 @@ def _power_of_two_near(x):
 def gaussian_spread(queries, keys_t, values_t, centers, lse, exclude_self):
     """``(std, sum_w2)``: the weighted std (n_queries, n_outputs) and sum_j w_ij^2 (n_queries,).
 
-    std_ic = S_c sqrt(sum_j w_ij ((v_jc - c_ic) / S_c)^2) with S_c a power of
-    two near max_j |v_jc| (module docstring); both float64. A query with no
-    admissible key gets std = 0 and sum_w2 = 0.
+    std_ic = S_c sqrt(sum_j w_ij ((v_jc - c_ic) / S_c)^2 / sum_j w_ij) with S_c a
+    power of two near max_j |v_jc| (module docstring) and w_ij = exp(s_ij - lse_i);
+    sum_w2 = sum_j w_ij^2 / (sum_j w_ij)^2. Dividing by this pass's own sum of the
+    weights (1 up to the error of lse_i) keeps 1 / sum_w2 within [1, n_keys]: in
+    float32 an lse_i of |s| ~ 500 is good to one ulp, 3e-5, which would otherwise
+    scale sum_w2 by exp(-2 * 3e-5). Both float64. A query with no admissible key
+    gets std = 0 and sum_w2 = 0.
     The chunks of queries are the work items of :func:`nbattn.kernels.items.run_items`.
     """
     inv_scale, std, sum_w2 = _spread_outputs(queries, values_t)
@@ -424,13 +428,17 @@ def _spread_chunk(
         if skip:
             continue
         var[:] = 0.0
+        w1 = 0.0
         w2 = 0.0
         for j0 in range(0, n_keys, _KEY_BLOCK):
             nb = min(_KEY_BLOCK, n_keys - j0)
             _row_block_weights(row, keys_t, j0, nb, weights, scores64)
+            block_w1 = like(0.0, weights)
             block_w2 = like(0.0, weights)
             for j in range(nb):
+                block_w1 += weights[j]
                 block_w2 += weights[j] * weights[j]
+            w1 += block_w1
             w2 += block_w2
             for out in range(n_outputs):
                 inv = inv_scale[out]
@@ -440,9 +448,10 @@ def _spread_chunk(
                     diff = np.float64(values_t[out, j0 + j]) * inv - center
                     total += np.float64(weights[j]) * diff * diff
                 var[out] += total
-        for out in range(n_outputs):
-            std[i, out] = np.sqrt(var[out]) / inv_scale[out]
-        sum_w2[i] = w2
+        if w1 > 0.0:  # renormalised: the error of lse_i (an ulp of |s| in float32) cancels
+            for out in range(n_outputs):
+                std[i, out] = np.sqrt(var[out] / w1) / inv_scale[out]
+            sum_w2[i] = w2 / (w1 * w1)
 
 
 def loo_squared_error(queries, keys_t, values_t, targets, self_index):
