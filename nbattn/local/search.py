@@ -14,7 +14,7 @@ valley in (log h, t) that no move of one parameter follows (tied x). Then sweeps
 parameter alone over a grid (plateaus, flat ends), each sweep that gains more than
 ``config.LOO_RTOL`` followed by another descent and, over the columns where one grid
 step of one parameter still gains or whose last sweep started more than a grid step
-away in another parameter, another sweep. The best point ever evaluated is
+from the best point, another sweep. The best point ever evaluated is
 returned, so the answer is never worse than the start or the best common scale.
 A :class:`SearchPolicy` sets how each stage spends its evaluations: the default one is
 the search above; :data:`SMOOTH_POLICY`, for a smooth criterion with an exact gradient
@@ -135,10 +135,10 @@ class SearchPolicy:
     verify_repeats : bool
         Before the second and later rounds of sweeps only (the first sweeps every column):
         skip a column whose one step either side gains nothing (as ``verify``) *and* whose
-        last sweep started within one grid step of the best point in every other
-        parameter (``_moved_since_swept``), so that it was swept along nearly the same
-        line. A sweep that moved another parameter far can open a well in this column
-        that one step either side does not reach; that column is swept again.
+        last sweep started within one grid step of the best point in every parameter,
+        on the same side of exact matching (``_moved_since_swept``), so that the sweep
+        would start from nearly where it did. What a skipped column can still miss is a
+        gain finer than one grid step that the sweep's refinement would find again.
     descent_rtol : float or None
         L-BFGS-B's relative stopping tolerance (:func:`_descend`; None: scipy's default).
     """
@@ -307,10 +307,12 @@ def _steps_that_gain(criterion, cont, lower, upper) -> list:
 
 def _moved_since_swept(best, swept_from, cont) -> list:
     """The columns whose last sweep started from a point that differs from ``best`` by more
-    than one grid step in another parameter (log h by a factor of ``config.LOO_GRID``, a
-    categorical one by a step of ``_LAMBDA_SHARES`` in l / lambda_max): what that sweep saw
-    along its column says little of the column's line through ``best``, where a well the
-    other parameters' move opened may lie far from one step either side."""
+    than one grid step in any parameter, its own included (log h by a factor of
+    ``config.LOO_GRID``, a categorical one by a step of ``_LAMBDA_SHARES`` in
+    l / lambda_max, or between exact matching, l = 0, and any l > 0): that sweep's line
+    is not this one. Another parameter's move can open a well in the column far from one
+    step either side; the column's own move shifts the two decades its sweep reaches;
+    exact matching is a floor that no finite t reaches (``_exact_match_subsets``)."""
     step = math.log(config.LOO_GRID[1] / config.LOO_GRID[0])
     spacing = 1.0 / (_LAMBDA_SHARES.size - 1)
 
@@ -318,11 +320,11 @@ def _moved_since_swept(best, swept_from, cont) -> list:
         shares = [0.0 if c else sigmoid(float(t)) for t, c in zip(theta, cont)]
         return np.where(cont, theta, np.array(shares) * (step / spacing))
 
-    here = position(best)
+    here, exact_here = position(best), ~cont & (best == -math.inf)
     moved = []
     for column, origin in swept_from.items():
-        others = np.arange(cont.size) != column
-        if np.any(np.abs(here[others] - position(origin)[others]) > step * (1 + 1e-9)):
+        far = np.abs(here - position(origin)) > step * (1 + 1e-9)
+        if np.any(far | (exact_here != (~cont & (origin == -math.inf)))):
             moved.append(column)
     return moved
 
