@@ -65,6 +65,7 @@ from .._core.validation import (
     resolve_dtype,
 )
 from ..dispatch.device import kernels_for
+from .distinct import distinct_problem, queries_of
 from .leaves import TreeLayout, exact_leaves, tree_layout
 from .problem import (
     DEFAULT_RIDGE,
@@ -148,8 +149,22 @@ def fit_layout(tree: TreeLayout, want_mfx=False):
 def fit_values(problem: LocalProblem, return_gradient=False):
     """The local fit of the problem's values at its queries, float64 shaped like the
     values' rows (n_queries,) or (n_queries, n_outputs); with ``return_gradient``
-    also the marginal effects (:func:`marginal_effects`)."""
-    beta, _, _, _, _, mfx = fit_problem(problem, want_mfx=return_gradient)
+    also the marginal effects (:func:`marginal_effects`). Tied keys are merged and
+    tied queries fitted once (:mod:`nbattn.local.distinct`)."""
+    distinct = distinct_problem(problem)
+    beta, _, _, _, nearest, mfx = fit_problem(distinct.problem, want_mfx=return_gradient)
+    fell_back = np.flatnonzero(nearest >= 0)
+    if distinct.keys_pooled and fell_back.size:
+        # the nearest key is the first of its ties, not their merged mean: every key again
+        rows = fell_back if distinct.first is None else distinct.first[fell_back]
+        again = fit_problem(queries_of(problem, rows), want_mfx=return_gradient)
+        beta[fell_back] = again.beta
+        if mfx.shape[0] == beta.shape[0]:
+            mfx[fell_back] = again.mfx
+    if distinct.inverse is not None:  # back to every query
+        beta = beta[distinct.inverse]
+        if mfx.shape[0] == distinct.first.shape[0]:
+            mfx = mfx[distinct.inverse]
     fit = beta[:, 0, :]
     if problem.values_1d:
         fit = fit[:, 0]
