@@ -130,13 +130,13 @@ def _table(name, n, rng):
     return X[rows], y[rows], var_type, label
 
 
-def _local_fits(args):
-    """The mid-size LOO fits (module docstring)."""
-    from nbattn import LocalPolynomialRegressor, NadarayaWatsonRegressor, config
+def count_evaluations() -> dict:
+    """From now on in this process, every evaluation of the local fits' LOO criteria
+    (alone, "loss", or with the gradient, "grad") is counted and timed in the returned
+    dict: (rows of the stage, kind) -> [evaluations, seconds]."""
     from nbattn.local import widths as local_widths
-    from nbattn.local.engine import local_loo_loss
 
-    counts = {}  # (rows of the stage, "loss" | "grad") -> [evaluations, seconds]
+    counts = {}
 
     def counted(method, kind):
         def run(self, theta):
@@ -152,6 +152,28 @@ def _local_fits(args):
     for criterion in (local_widths.LooCriterion, local_widths._PooledCriterion):
         criterion._value = counted(criterion.__dict__["_value"], "loss")
         criterion.loss_and_grad = counted(criterion.__dict__["loss_and_grad"], "grad")
+    return counts
+
+
+def print_counts(counts):
+    """A line per stage of :func:`count_evaluations`'s counts."""
+    for rows in sorted({r for r, _ in counts}):
+        loss = counts.get((rows, "loss"), [0, 0.0])
+        grad = counts.get((rows, "grad"), [0, 0.0])
+        print(
+            f"    on {rows:6d} rows: {loss[0]:3d} criterion evaluations "
+            f"({loss[1] / max(loss[0], 1):.3f} s each), {grad[0]:3d} with the "
+            f"gradient ({grad[1] / max(grad[0], 1):.3f} s each)"
+        )
+
+
+def _local_fits(args):
+    """The mid-size LOO fits (module docstring)."""
+    from nbattn import LocalPolynomialRegressor, NadarayaWatsonRegressor, config
+    from nbattn.local import widths as local_widths
+    from nbattn.local.engine import local_loo_loss
+
+    counts = count_evaluations()
     pooled_criterion = local_widths.criterion_for
     threads = os.environ.get("NUMBA_NUM_THREADS", "all")
     if args.local_model == "nw":
@@ -198,16 +220,7 @@ def _local_fits(args):
                 f"  search on {search}, rtol={rtol:g}{which}: fit {seconds:6.1f} s, "
                 f"exact LOO criterion {exact:.7g}"
             )
-            for rows in sorted({r for r, _ in counts}):
-                loss, grad = (
-                    counts.get((rows, "loss"), [0, 0.0]),
-                    counts.get((rows, "grad"), [0, 0.0]),
-                )
-                print(
-                    f"    on {rows:6d} rows: {loss[0]:3d} criterion evaluations "
-                    f"({loss[1] / max(loss[0], 1):.3f} s each), {grad[0]:3d} with the "
-                    f"gradient ({grad[1] / max(grad[0], 1):.3f} s each)"
-                )
+            print_counts(counts)
             print(f"    widths {np.array2string(model.bandwidth_, precision=4)}")
 
 
