@@ -23,6 +23,7 @@ from nbattn.local.leaves import tree_layout
 from nbattn.local.problem import prepare
 from nbattn.local.widths import local_loo_loss_and_grad, widths_to_theta
 
+from .. import naive
 from .._config import config_values
 from ..strategies import seeds
 from .test_local import assert_fits_equal
@@ -48,6 +49,23 @@ def _clustered(seed, n, dc, n_codes, exclude_self):
     lam = float(rng.choice([0.0, 0.2]))
     widths = np.array([0.3] * dc + [lam * (n_codes - 1) / n_codes])
     return queries, keys, y, "c" * dc + "u", widths
+
+
+def _conditioned_rows(tree, queries, keys, var_type, widths, degree, exclude_self):
+    """Which queries, in the layout's order, have a local design whose Jacobi-scaled
+    condition number is below 1e6 (every key weighted as the exact fit weighs it)."""
+    counts = [0 if kind == "c" else int(keys[:, c].max()) + 1 for c, kind in enumerate(var_type)]
+    _, _, W = naive.local_polynomial_exact(
+        queries, keys, np.zeros(keys.shape[0]), widths, var_type, counts, degree,
+        exclude_self=exclude_self,
+    )  # fmt: skip
+    design = naive.local_design(queries, keys, var_type, degree)
+    well = np.zeros(queries.shape[0], dtype=bool)
+    for i in range(queries.shape[0]):
+        M = np.einsum("j,ja,jb->ab", W[i], design[i], design[i])
+        diag = np.sqrt(np.maximum(np.diag(M), 1e-300))
+        well[i] = W[i].any() and np.linalg.cond(M / np.outer(diag, diag)) < 1e6
+    return tree.to_layout(well)
 
 
 def _cpu_leaves_of(tree, blocks: BlockRuns) -> LocalLeaves:
@@ -83,9 +101,17 @@ def test_block_runs_equal_the_cpu_on_the_same_keys(seed, n, dc, degree, exclude_
     cpu_leaves = _cpu_leaves_of(tree, blocks)
     cpu = cpu_local.local_fit(*groups, ordered.values_t, False, cpu_leaves)
     gpu = cuda_local.local_fit(*groups, ordered.values_t, False, blocks)
-    # the exact twins' tolerances; a local design of few keys per term (degree >= 1)
-    # amplifies the sums' rounding in the fit as in the coefficients (1e-7 there)
-    assert_fits_equal(gpu, cpu, fit_rtol=1e-9 if degree == 0 else 1e-7)
+    # the exact twins agree to rounding where the local design is well conditioned; a
+    # design of few keys per term (n = 12 keys in four clusters under a quadratic in two
+    # columns) amplifies the sums' rounding by its condition number (6e-5 seen at 1e9),
+    # and one at the edge of its rank may keep other terms: there both must be finite
+    well = _conditioned_rows(tree, queries, keys, var_type, widths, degree, exclude_self)
+    if degree == 0:
+        well[:] = True
+    if well.any():
+        rows = [type(fit)(*(part[well] for part in fit)) for fit in (gpu, cpu)]
+        assert_fits_equal(*rows, fit_rtol=1e-9 if degree == 0 else 1e-7)
+    assert np.isfinite(gpu[0]).all()
     if not exclude_self:
         return
     # the gradient pass over the same runs
