@@ -85,6 +85,7 @@ from .problem import (
     resolve_widths,
     spec_options,
 )
+from .ties import tie_groups, tied_loo_fits
 
 __all__ = [
     "DEFAULT_RIDGE",
@@ -504,7 +505,10 @@ def local_loo_loss(
 
 def loo_loss(problem: LocalProblem) -> float:
     """The (weighted) leave-one-out MSE of a problem whose queries are its keys
-    (``exclude_self=True``); the key weights weigh the terms too."""
-    beta = fit_problem(problem)[0]
-    errors = ((beta[:, 0, :] - problem.values_t.T) ** 2).sum(axis=1)
+    (``exclude_self=True``); the key weights weigh the terms too. Tied rows are pooled
+    where ``nbattn.local.ties`` takes them (as the width search's criterion does)."""
+    ties = tie_groups(problem)
+    tied = None if ties is None else tied_loo_fits(problem, ties)
+    fits = tied.fits if tied is not None else fit_problem(problem)[0][:, 0, :]
+    errors = ((fits - problem.values_t.T) ** 2).sum(axis=1)
     return float(errors @ loo_term_weights(problem.sample_weight, errors.shape[0]))

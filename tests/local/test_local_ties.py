@@ -310,3 +310,30 @@ def test_device_auto_on_a_machine_without_a_gpu_pools_ties():
     spec = check_spec(2, var_type="cu", data=(X,), device="auto")
     problem = layout(spec, X, X, rng.normal(size=50), np.array([1.0, 0.3]), 1, exclude_self=True)
     assert tie_groups(problem) is not None
+
+
+@pytest.mark.parametrize("degree", [0, 1, 2])
+def test_public_loo_loss_pools_ties_and_equals_the_plain_pass(degree, monkeypatch):
+    """``local_loo_loss`` on tied tables takes the pooled pass (the plain first pass is
+    not called) and equals the plain pass and the dense reference, over many draws."""
+    from nbattn.local import engine
+
+    for seed in range(8):
+        rng = np.random.default_rng(seed)
+        n = 150
+        X = np.column_stack([rng.integers(0, 6, n) * 0.5, rng.integers(0, 3, n)]).astype(float)
+        y = np.sin(X[:, 0]) + 0.3 * X[:, 1] + rng.normal(size=n)
+        widths = np.array([rng.uniform(0.3, 1.5), rng.uniform(0.0, 0.6)])
+        kw = dict(var_type="cu", n_categories=[0, 3])
+        with config_values(LOCAL_TIE_MAX_SHARE=0):
+            plain = engine.local_loo_loss(X, y, widths, degree, **kw)
+        with monkeypatch.context() as patch:
+            patch.setattr(engine, "fit_problem", _refuse)
+            pooled = engine.local_loo_loss(X, y, widths, degree, **kw)
+        dense = naive.local_loo_loss_exact(X, y, widths, "cu", [0, 3], degree)
+        np.testing.assert_allclose(pooled, plain, rtol=1e-10)
+        np.testing.assert_allclose(pooled, dense, rtol=1e-8)
+
+
+def _refuse(*args, **kwargs):
+    raise AssertionError("the plain first pass ran on a tied table")
