@@ -261,7 +261,8 @@ def _policy_search(criterion, start, maxiter, per_column, policy):
             columns = _steps_that_gain(criterion, cont, lower, upper)
         elif policy.verify_repeats and sweep_round > 0:
             moved = _moved_since_swept(criterion.best[1], swept_from, cont)
-            columns = sorted(set(_steps_that_gain(criterion, cont, lower, upper)) | set(moved))
+            gained = _steps_that_gain(criterion, cont, lower, upper, skip=moved)
+            columns = sorted(set(gained) | set(moved))
         if columns is not None and not columns:
             break  # no step of one parameter gains: the sweeps would find nothing
         _sweep_columns(
@@ -273,11 +274,12 @@ def _policy_search(criterion, start, maxiter, per_column, policy):
     return criterion.best[1]
 
 
-def _steps_that_gain(criterion, cont, lower, upper) -> list:
+def _steps_that_gain(criterion, cont, lower, upper, skip=()) -> list:
     """The columns where one parameter moved alone from the best point gains more than
     ``config.LOO_RTOL``: h by one factor of ``config.LOO_GRID`` either way (within
     ``lower``, ``upper``), l at 0, at its top and at the shares of ``_LAMBDA_SHARES`` on
-    either side of its own (columns of one category, whose l is 0 whatever t, left out)."""
+    either side of its own (columns of one category, whose l is 0 whatever t, left out;
+    ``skip``: columns not probed, already chosen for a sweep)."""
     spec = criterion.base.spec
     top = lambda_max(spec.var_type, spec.n_categories)
     base, value = criterion.best[1].copy(), criterion.best[0]
@@ -285,6 +287,8 @@ def _steps_that_gain(criterion, cont, lower, upper) -> list:
     spacing = 1.0 / (_LAMBDA_SHARES.size - 1)
     gained = []
     for column in range(cont.size):
+        if column in skip:
+            continue
         if cont[column]:
             moves = [
                 min(max(base[column] + sign * step, lower[column]), upper[column])
