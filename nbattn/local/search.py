@@ -347,9 +347,15 @@ def _descend(criterion, start, bounds, maxiter, rtol=None, patient=True):
     descent on CPS1988's 10,000 rows after that first step, 3.4e-5 above the minimum;
     on ill-scaled quadratics started 2 to 40 rtol above their minimum, one small gain
     after the first ended above rtol on 13 % of draws, two in a row on 1.5 %, never
-    above 2 rtol: ``tests/local/test_descent_stop.py``.) ``patient`` False: scipy's own
+    above 2 rtol: ``tests/local/test_descent_stop.py``. A gain is not a distance: on
+    curved valleys started hundreds of rtol above, it stops up to a few tens of rtol
+    above: ``tests/local/test_descent_stop_review.py``.) ``patient`` False: scipy's own
     test instead, cheaper where the point is only a start for another descent (the
     staged search's stages between the first and the last).
+
+    The end appended to ``criterion.basins`` is scipy's point with the criterion's own
+    value there (scipy's ``fun`` can be a later trial point's, after a line search that
+    failed, and carries the scaling's rounding).
     """
     from scipy.optimize import minimize
 
@@ -357,29 +363,33 @@ def _descend(criterion, start, bounds, maxiter, rtol=None, patient=True):
         return
     lower, upper = np.array([b[0] for b in bounds]), np.array([b[1] for b in bounds])
     start = np.clip(start, lower, upper)
-    objective, options, callback = criterion.loss_and_grad, {"maxiter": int(maxiter)}, None
-    scale, reached = {}, []  # the first value; (value, theta) after each iteration
-    if rtol is not None:
-        values = {}
+    options, callback = {"maxiter": int(maxiter)}, None
+    values, scale, reached = {}, {}, []  # theta's bytes -> value; the first value; iterates
 
-        def objective(theta):  # divided by the first value: scipy's gradient test is relative
-            value, grad = criterion.loss_and_grad(theta)
-            values[np.asarray(theta, dtype=np.float64).tobytes()] = value
-            by = scale.setdefault("first", value if 0.0 < value < math.inf else 1.0)
-            return value / by, grad / by
+    def objective(theta):
+        value, grad = criterion.loss_and_grad(theta)
+        values[np.asarray(theta, dtype=np.float64).tobytes()] = value
+        if rtol is None:
+            return value, grad
+        # divided by the first value: scipy's gradient test is then relative
+        by = scale.setdefault("first", value if 0.0 < value < math.inf else 1.0)
+        return value / by, grad / by
+
+    def value_at(theta):
+        return values.get(np.asarray(theta, dtype=np.float64).tobytes(), math.inf)
+
+    if rtol is not None and patient:
+        options["ftol"] = 0.0  # the callback's test replaces scipy's
 
         def callback(theta):
-            theta = np.array(theta, dtype=np.float64)
-            reached.append((values.get(theta.tobytes(), math.inf), theta))
+            reached.append((value_at(theta), np.array(theta, dtype=np.float64)))
             if len(reached) >= 3 and not any(
                 _lower_by(reached[k][0], reached[k - 1][0], rtol) for k in (-1, -2)
             ):
-                raise StopIteration
+                raise _Converged
 
-        if patient:
-            options["ftol"] = 0.0  # the callback's test replaces scipy's
-        else:
-            options["ftol"], callback = float(rtol), None
+    elif rtol is not None:
+        options["ftol"] = float(rtol)
     with blas_one_thread():  # L-BFGS-B's BLAS calls on 5 numbers: threads only contend
         try:
             result = minimize(
@@ -391,12 +401,19 @@ def _descend(criterion, start, bounds, maxiter, rtol=None, patient=True):
                 options=options,
                 callback=callback,
             )
-            end = (float(result.fun) * scale.get("first", 1.0), np.asarray(result.x, np.float64))
-        except StopIteration:  # scipy < 1.11 lets a callback's StopIteration through
+            theta = np.array(result.x, dtype=np.float64)
+            end = (value_at(theta), theta)
+        except _Converged:  # scipy < 1.11 lets a callback's StopIteration through
             end = reached[-1]
     ends = getattr(criterion, "basins", None)
     if ends is not None and math.isfinite(end[0]):
         ends.append(end)
+
+
+class _Converged(StopIteration):
+    """The patient rule's stop (:func:`_descend`), raised by its callback: scipy ends the
+    run on a callback's StopIteration; its own class here, so that a StopIteration from
+    the criterion itself is not taken for it and reaches the caller."""
 
 
 #: Most column sweeps after L-BFGS-B (each one that improves is followed by another descent).
