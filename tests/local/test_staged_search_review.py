@@ -125,8 +125,10 @@ def test_staged_search_around_the_threshold(seed, extra, degree, zeros):
 
 def test_exact_matching_through_the_stages():
     """Tied x (5 values) and a category that scales y: the search on every row ends at
-    exact matching (l = 0) and an h that isolates each x; the staged answer is as good to
-    1e-4 (l within 1e-2 of 0), and a rescaled l = 0 stays exactly 0 (t = -inf)."""
+    or next to exact matching (l = 0, or a share of 1e-3 of its range, which the sweep's
+    decades find 2e-5 below it) and an h that isolates each x, no worse than exact
+    matching at its h; the staged answer is as good to 1e-4 (l within 1e-2 of 0), and a
+    rescaled l = 0 stays exactly 0 (t = -inf)."""
     spec_kw = dict(var_type="cu", n_categories=[0, 3])
     for seed in range(2):
         rng = np.random.default_rng(seed)
@@ -134,8 +136,10 @@ def test_exact_matching_through_the_stages():
         y = np.cos(X[:, 0]) * (1 + X[:, 1]) + 0.1 * rng.normal(size=300)
         staged = local_loo_widths(X, y, subsample=50, **spec_kw)
         every = local_loo_widths(X, y, **spec_kw)
-        assert every[1] == 0.0 and staged[1] < 1e-2, (staged, every)
+        assert every[1] < 1e-2 and staged[1] < 1e-2, (staged, every)
         ours, full = (local_loo_loss(X, y, w, **spec_kw) for w in (staged, every))
+        exact_matching = local_loo_loss(X, y, [every[0], 0.0], **spec_kw)
+        assert full <= exact_matching, (seed, full, exact_matching)
         assert ours <= full * (1 + 1e-4), (seed, ours, full)
     spec, _ = check_columns({"X": np.zeros((1, 2))}, **spec_kw)
     theta = np.array([0.0, -np.inf])
