@@ -237,7 +237,8 @@ def _policy_search(criterion, start, maxiter, per_column, policy):
         top = lambda_max(var_type, counts)
         widths = theta_to_widths(descended, var_type, counts)
         shares = np.where(cont, 0.0, np.divide(widths, top, out=np.ones_like(top), where=top > 0))
-        for columns in _exact_match_subsets(cont, shares):
+        idle = ~cont & (top == 0)  # one category: l is 0 whatever t, no corner to seek
+        for columns in _exact_match_subsets(cont | idle, shares):
             corner = descended.copy()
             corner[columns] = -math.inf
             if not policy.corner_walk:
@@ -315,17 +316,24 @@ def _steps_that_gain(criterion, cont, lower, upper, skip=()) -> list:
 def _moved_since_swept(best, swept_from, cont) -> list:
     """The columns whose last sweep started from a point that differs from ``best`` by more
     than one grid step in any parameter, its own included (log h by a factor of
-    ``config.LOO_GRID``, a categorical one by a step of ``_LAMBDA_SHARES`` in
-    l / lambda_max, or between exact matching, l = 0, and any l > 0): that sweep's line
-    is not this one. Another parameter's move can open a well in the column far from one
-    step either side; the column's own move shifts the two decades its sweep reaches;
-    exact matching is a floor that no finite t reaches (``_exact_match_subsets``)."""
+    ``config.LOO_GRID``; a categorical one by a step of ``_LAMBDA_SHARES`` in
+    l / lambda_max, or below the first of those shares by a decade, as its sweep's
+    ``_LAMBDA_DECADES`` are spaced; or between exact matching, l = 0, and any l > 0): that
+    sweep's line is not this one. Another parameter's move can open a well in the column
+    far from one step either side; the column's own move shifts the two decades its sweep
+    reaches; exact matching is a floor that no finite t reaches
+    (``_exact_match_subsets``)."""
     step = math.log(config.LOO_GRID[1] / config.LOO_GRID[0])
     spacing = 1.0 / (_LAMBDA_SHARES.size - 1)
+    smallest = sigmoid(-_T_BOUND)
 
-    def position(theta):  # log h, or l / lambda_max = sigmoid(t) scaled to the h step
-        shares = [0.0 if c else sigmoid(float(t)) for t, c in zip(theta, cont)]
-        return np.where(cont, theta, np.array(shares) * (step / spacing))
+    def steps(share):  # linear steps of the shares above the first, a step per decade below
+        if share >= spacing:
+            return share / spacing
+        return 1.0 + math.log10(max(share, smallest) / spacing)
+
+    def position(theta):  # log h, or l / lambda_max in steps scaled to the h step
+        return np.array([t if c else steps(sigmoid(float(t))) * step for t, c in zip(theta, cont)])
 
     here, exact_here = position(best), ~cont & (best == -math.inf)
     moved = []
@@ -432,7 +440,10 @@ _LAMBDA_SHARES = np.linspace(0.0, 1.0, 13)
 #: l > 0 far below it, between the linear shares and exact matching, that no descent
 #: from either reaches (the flat sigmoid, a barrier between). On 10,000 rows of ggplot2's
 #: diamonds, clarity's l: 0.01301 at 5e-5, 0.01302 at 1e-5, 0.01299 at 3e-7, 0.0147 at 0.
-_LAMBDA_DECADES = 10.0 ** np.arange(-8.0, -1.0)
+#: Down to 1e-12, the last decade above the smallest share a finite t reaches
+#: (sigmoid(-30), 9e-14): tied x put such wells near exp(-1 / (2 h^2)), 2e-10 at h a
+#: seventh of the spacing.
+_LAMBDA_DECADES = 10.0 ** np.arange(-12.0, -1.0)
 
 
 def _lower_by_rtol(value, reference):
@@ -503,15 +514,19 @@ def _sweep_columns(
     range and the ``_LAMBDA_DECADES`` below them. L-BFGS-B stops in a local minimum of a
     criterion with plateaus (tied values) and flat ends (lambda near its bounds, where the
     sigmoid's slope vanishes); the sweep sees past both at a cost of about 30 evaluations
-    per continuous and 20 per categorical column.
+    per continuous and 24 per categorical column (none for a column of one category).
     ``stride``: the log-scale search's coarse stride; ``columns``: the columns to sweep
     (None: all); ``swept_from``: a dict that records, per column, the point its sweep
     started from; ``options``: the log-scale search's others (``fill_margin``, ``basins``).
     """
     from ..smoothing.search import minimize_log_scale
 
+    spec = criterion.base.spec
+    top = lambda_max(spec.var_type, spec.n_categories)
     log_factors = np.log(np.asarray(config.LOO_GRID))
     for column in range(cont.size) if columns is None else columns:
+        if not cont[column] and top[column] == 0:
+            continue  # one category: l is 0 whatever t
         base = criterion.best[1].copy()
         if swept_from is not None:
             swept_from[column] = base
