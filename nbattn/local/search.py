@@ -129,9 +129,10 @@ class SearchPolicy:
         Before each round of sweeps, evaluate each parameter alone one grid step either
         side of the best point (h by one factor of ``config.LOO_GRID``, l at the
         neighbouring shares of ``_LAMBDA_SHARES`` or decades and at both ends of its
-        range) and sweep only the columns where that gained more than ``config.LOO_RTOL``: on a
-        smooth criterion a descent's end that no step of one parameter improves is the
-        sweeps' answer too.
+        range) and sweep only the columns where that gained more than
+        ``config.LOO_RTOL``: on a smooth criterion a descent's end that no step of one
+        parameter improves is the sweeps' answer too. (A well in l several decades
+        below the point is then not sought: ``tests/local/test_search_small_l_review.py``.)
     verify_repeats : bool
         Before the second and later rounds of sweeps only (the first sweeps every column):
         skip a column whose one step either side gains nothing (as ``verify``) *and* whose
