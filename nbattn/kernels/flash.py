@@ -39,7 +39,10 @@ with the weights (one tile of scratch per thread, which stays in L2 with the
 K and V tiles). A row keeps its reference maximum while a tile's weights sum
 to at most ``REBASE_SUM``; a larger sum up to ``REBASE_EXACT_SUM`` raises the
 reference by a power of two (weights, sum and accumulator scaled exactly),
-and beyond it the row is scored again and rebased on its maximum.
+and beyond it the row is scored again and rebased on its maximum; such a row
+then takes each next tile's maximum first (no second scoring) until a tile
+stays at or below its reference (scores that climb along the keys, an ALiBi
+bias towards later keys, would otherwise be scored twice in every tile).
 Memory is O(threads * block_q * block_k) for scratch plus the output. Tiles
 outside the band are never visited (a window costs O(L * window) work), and
 tiles whose mask entries are all ``-inf`` are skipped through ``mask_live``,
@@ -410,6 +413,9 @@ def forward_items(counter, q, k, v, kv_index, bias, band, score, dropout, tiles,
         acc = np.zeros((mb, d_v), dtype=q.dtype)
         m = np.full(mb, -np.inf)
         l = np.zeros(mb)
+        # rows whose scores climbed past their reference in the last tile: their next tile
+        # takes its maximum first instead of scoring a saturated row a second time
+        climbing = np.zeros(mb, dtype=np.bool_)
         q_tile = q[bh, i0 : i0 + mb]
         j_first = max(i0 + offset - left, 0)
         j_last = min(i0 + mb - 1 + offset + right, n_k - 1)
@@ -430,7 +436,7 @@ def forward_items(counter, q, k, v, kv_index, bias, band, score, dropout, tiles,
             for r in range(mb):
                 row = st[r]
                 shift = m[r]
-                if shift != -np.inf:
+                if shift != -np.inf and not climbing[r]:
                     # one pass: the exponentials against the kept reference maximum
                     if bias is None:
                         total = exp2_shift_sum(row, like(shift, row))
@@ -454,6 +460,7 @@ def forward_items(counter, q, k, v, kv_index, bias, band, score, dropout, tiles,
                         # weights may have saturated at 2**127 (2**1023): score the row
                         # again and rebase it on its maximum below
                         _score_row(q_tile, k_tile, st, r, bh, i0, j0, bias, band, score)
+                        climbing[r] = True
                         rebased = False
                     if rebased:
                         if dropout is not None:
@@ -464,9 +471,12 @@ def forward_items(counter, q, k, v, kv_index, bias, band, score, dropout, tiles,
                     if key_mask:
                         _add_row(row, _key_row(bias, bh, i0 + r, j0, nb))
                 top = np.float64(row_max(row))
-                if top == -np.inf:  # nothing admissible yet (shift is -inf too)
+                if top == -np.inf:  # nothing admissible in this tile (nor yet, if shift is -inf)
                     row[:] = 0.0
                     continue
+                if climbing[r] and top <= shift:  # the climb stopped: keep the reference
+                    climbing[r] = False
+                    top = shift
                 rescale = np.exp2(shift - top)
                 l[r] = l[r] * rescale + exp2_shift_sum(row, like(top, row))
                 if rescale != 1.0:

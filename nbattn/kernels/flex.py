@@ -451,6 +451,9 @@ def _forward_item(q, k, v, blocks, item, tiles, score_args, mask_args, out, lse,
     m = np.full(mb, -np.inf)
     l = np.zeros(mb)
     poison = np.zeros(mb, dtype=np.bool_)
+    # rows whose scores climbed past their reference in the last tile: their next tile
+    # takes its maximum first instead of scoring a saturated row a second time
+    climbing = np.zeros(mb, dtype=np.bool_)
     q_tile = q[bh, row0 : row0 + mb]
     j_first = max(i0 + offset - left, k_lo)
     j_last = min(i0 + mb - 1 + offset + right, k_hi - 1)
@@ -470,7 +473,7 @@ def _forward_item(q, k, v, blocks, item, tiles, score_args, mask_args, out, lse,
         for r in range(mb):
             row = st[r]
             shift = m[r]
-            if shift != -np.inf:
+            if shift != -np.inf and not climbing[r]:
                 total = exp2_shift_sum(row, like(shift, row))
                 if total <= REBASE_SUM:
                     l[r] += total
@@ -497,10 +500,14 @@ def _forward_item(q, k, v, blocks, item, tiles, score_args, mask_args, out, lse,
                     poison[r : r + 1],
                     status,
                 )
+                climbing[r] = True
             top = np.float64(row_max(row))
-            if top == -np.inf:  # nothing admissible yet
+            if top == -np.inf:  # nothing admissible in this tile (nor yet, if shift is -inf)
                 row[:] = 0.0
                 continue
+            if climbing[r] and top <= shift:  # the climb stopped: keep the reference
+                climbing[r] = False
+                top = shift
             rescale = np.exp2(shift - top)
             l[r] = l[r] * rescale + exp2_shift_sum(row, like(top, row))
             if rescale != 1.0:
