@@ -32,7 +32,11 @@ merge as
     L = logaddexp(lse_a, lse_b),   o = exp(lse_a - L) o_a + exp(lse_b - L) o_b
 
 (a shard with no admissible key has lse = -inf and weight 0). The merge is
-associative, so the shards are combined in a tree.
+associative, so the shards are combined in a tree. With ``rtol > 0`` each shard
+prunes its own k-d tree (``nbattn.smoothing.pruned``) within ``rtol`` of its own
+sums, and the tolerance carries over to the merge: a shard leaves out keys of
+weight E_r <= rtol S_r, so the merged sum leaves out E = sum_r E_r <= rtol
+sum_r S_r = rtol S, the single-machine contract.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ import numpy as np
 from .. import config
 from .._core.numeric import power_of_two_scale
 from .._core.progress import FitProgress, check_verbose
-from .._core.validation import plural
+from .._core.validation import check_rtol, plural
 from ..smoothing import loo_rows, regression
 
 __all__ = [
@@ -272,19 +276,19 @@ def merge_partial(a, b):
     return merge_attention_states(a[0], a[1], b[0], b[1])
 
 
-def _partial(queries, keys, values, bandwidth, dtype):
+def _partial(queries, keys, values, bandwidth, dtype, rtol):
     values = values if values.ndim == 2 else values[:, None]
     out, lse = regression.nadaraya_watson(
-        queries, keys, values, bandwidth, dtype=dtype, return_lse=True
+        queries, keys, values, bandwidth, dtype=dtype, return_lse=True, rtol=rtol
     )
     return np.asarray(out, dtype=np.float64), lse
 
 
-def _merged_block(queries, key_blocks, value_blocks, bandwidth, dtype):
+def _merged_block(queries, key_blocks, value_blocks, bandwidth, dtype, rtol):
     import dask
 
     states = [
-        dask.delayed(_partial, pure=True)(queries, k, v, bandwidth, dtype)
+        dask.delayed(_partial, pure=True)(queries, k, v, bandwidth, dtype, rtol)
         for k, v in zip(key_blocks, value_blocks)
     ]
     while len(states) > 1:
@@ -314,9 +318,10 @@ def _sharded_bandwidth(bandwidth, keys):
 
 
 def nadaraya_watson_sharded(
-    queries, keys, values, bandwidth="scott", *, dtype=None, progress=False
+    queries, keys, values, bandwidth="scott", *, dtype=None, rtol=0.0, progress=False
 ):
-    """Nadaraya-Watson with keys and values sharded across dask chunks; exact.
+    """Nadaraya-Watson with keys and values sharded across dask chunks; exact, or
+    within ``rtol``.
 
     Parameters
     ----------
@@ -325,6 +330,13 @@ def nadaraya_watson_sharded(
     values : dask Array (n_keys,) or (n_keys, n_outputs), chunked like ``keys``
     bandwidth, dtype : as for :func:`nbattn.nadaraya_watson`; a rule name is
         computed over all keys.
+    rtol : float in [0, 1), default 0
+        :func:`nbattn.nadaraya_watson`'s tolerance, applied by each shard to its
+        own kernel sums (its own k-d tree, built where the shard lies): every
+        shard's normaliser S_r comes out in [(1 - rtol) S_r, S_r], so the merged
+        one in [(1 - rtol) S, S], and each prediction obeys the same bound as on
+        one machine, |f_hat_i - f_i| <= rtol / (1 - rtol) max_j |v_j - f_i|.
+        0 computes every pair.
     progress : bool or int, default False
         Compute the result now and report the query blocks done on stderr, as
         :func:`predict` does; the result is then a NumPy array.
@@ -332,12 +344,14 @@ def nadaraya_watson_sharded(
     Returns
     -------
     dask Array (n_queries,) or (n_queries, n_outputs), chunked like the
-    queries' rows; equal to the in-memory result up to rounding of the merge.
+    queries' rows; with ``rtol=0`` equal to the in-memory result up to rounding of
+    the merge.
     With ``progress``: that array computed.
     """
     _require_dask()
     import dask.array as da
 
+    rtol = check_rtol(rtol)
     keys = da.asarray(keys)
     values = da.asarray(values)
     if keys.ndim == 1:
@@ -363,7 +377,7 @@ def nadaraya_watson_sharded(
     n_outputs = 1 if squeeze else values.shape[1]
     pieces = []
     for rows, q_block in zip(queries.chunks[0], queries.to_delayed().ravel().tolist()):
-        state = _merged_block(q_block, key_blocks, value_blocks, h, dtype)
+        state = _merged_block(q_block, key_blocks, value_blocks, h, dtype, rtol)
         out = state[0]
         pieces.append(da.from_delayed(out, shape=(rows, n_outputs), dtype=np.float64))
     result = da.concatenate(pieces, axis=0)

@@ -107,6 +107,56 @@ def test_sharded_keys_merge_is_exact(client, data, key_chunk):
     np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-14)
 
 
+def _clustered(seed, n_keys=12000, n_queries=1500):
+    """Keys in 12 tight clusters far apart (a tenth of them duplicated), two outputs;
+    queries near the clusters, ten of them far from every key."""
+    rng = np.random.default_rng(seed)
+    centres = rng.uniform(-60, 60, size=(12, 2))
+    keys = centres[rng.integers(0, 12, n_keys)] + rng.normal(0, 0.6, (n_keys, 2))
+    tenth = n_keys // 10
+    keys[:tenth] = keys[tenth : 2 * tenth]
+    values = np.column_stack([np.sin(keys[:, 0]), keys[:, 1] * 1e3]) + rng.normal(
+        0, 0.1, (n_keys, 2)
+    )
+    queries = centres[rng.integers(0, 12, n_queries)] + rng.normal(0, 1.0, (n_queries, 2))
+    queries[:10] += 1e3
+    return queries, keys, values
+
+
+@pytest.mark.parametrize("rtol", [1e-6, 1e-3, 0.1])
+def test_sharded_keys_within_rtol_obey_the_single_machine_bound(client, rtol):
+    """Each shard prunes its own tree within rtol of its own sums; the merged prediction
+    obeys nadaraya_watson's bound rtol / (1 - rtol) max_j |v_j - f_i| against the exact
+    one, on shards of unequal sizes, and two computations give the same bits."""
+    h = np.array([0.7, 0.7])
+    pruned = 0
+    for seed in range(3):
+        queries, keys, values = _clustered(seed)
+        lazy = nbdask.nadaraya_watson_sharded(
+            da.from_array(queries, chunks=(600, 2)),
+            da.from_array(keys, chunks=((5000, 4000, 3000), 2)),
+            da.from_array(values, chunks=((5000, 4000, 3000), 2)),
+            bandwidth=h,
+            rtol=rtol,
+        )
+        got = lazy.compute()
+        np.testing.assert_array_equal(got, lazy.compute())
+        exact = nbattn.nadaraya_watson(queries, keys, values, h)
+        spread = np.abs(values[None, :, :] - exact[:, None, :]).max(axis=1)
+        bound = rtol / (1.0 - rtol) * spread + 1e-12 * np.abs(values).max(axis=0)
+        assert (np.abs(got - exact) <= bound).all(), np.abs(got - exact).max()
+        pruned += int((got != exact).any())
+    if rtol >= 1e-3:  # the trees did prune (else the bound was never exercised)
+        assert pruned == 3
+
+
+def test_sharded_keys_refuse_an_rtol_outside_0_1():
+    keys = da.from_array(np.zeros((4, 1)), chunks=(2, 1))
+    for bad in (1.0, -0.1, float("nan"), True, "1e-3"):
+        with pytest.raises(ValueError, match="rtol"):
+            nbdask.nadaraya_watson_sharded(np.zeros((2, 1)), keys, keys[:, 0], 1.0, rtol=bad)
+
+
 def test_merge_of_empty_shard_is_identity():
     out = np.array([[1.0], [2.0]])
     lse = np.array([0.5, -np.inf])
