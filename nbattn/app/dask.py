@@ -42,6 +42,7 @@ sum_r S_r = rtol S, the single-machine contract.
 from __future__ import annotations
 
 import dataclasses
+import math
 from contextlib import contextmanager
 from functools import partial
 
@@ -284,13 +285,44 @@ def _partial(queries, keys, values, bandwidth, dtype, rtol):
     return np.asarray(out, dtype=np.float64), lse
 
 
-def _merged_block(queries, key_blocks, value_blocks, bandwidth, dtype, rtol):
+#: The merge weighs shard r by exp(lse_r - L). A far row's lse_r carries the rounding
+#: of its direct score, about (d + 3) u |lse_r| (``nbattn.kernels.pooling``, "Far
+#: rows"): beyond this much, shards whose lse lie within that error of each other
+#: cannot be ranked.
+_LSE_ERROR_LIMIT = 1e-6
+
+
+def _ranked_shards(merged, lses, first_row, n_features):
+    """``merged`` (the merged state's output), or a ValueError naming the first query
+    row for which the shards cannot be weighed: every shard's lse -inf (a query beyond
+    the float64 range of squared distances from every key), or a best lse whose
+    rounding, (d + 3) u |lse|, exceeds ``_LSE_ERROR_LIMIT`` with a second shard within
+    twice that rounding plus 50 (so its weight, e^-50 or more, could be anything)."""
+    lses = np.stack(lses)
+    order = np.sort(lses, axis=0)
+    top, second = order[-1], order[-2]
+    error = (n_features + 3) * np.finfo(np.float64).eps / 2 * np.abs(top)
+    lost = ~np.isfinite(top) | ((error > _LSE_ERROR_LIMIT) & (second >= top - 2 * error - 50))
+    if lost.any():
+        row = int(np.flatnonzero(lost)[0])
+        size = f"{top[row]:.3g}" if np.isfinite(top[row]) else "-inf (overflowed)"
+        raise ValueError(
+            f"queries row {first_row + row} lies too far from every key for sharded keys: "
+            f"its shards' log normalisers ({size}) agree to within their rounding, so the "
+            "shards cannot be weighed against each other; pool such queries with the keys "
+            "in memory (nbattn.nadaraya_watson ranks the nearest keys exactly)"
+        )
+    return merged
+
+
+def _merged_block(queries, key_blocks, value_blocks, bandwidth, dtype, rtol, first_row, n_features):
     import dask
 
     states = [
         dask.delayed(_partial, pure=True)(queries, k, v, bandwidth, dtype, rtol)
         for k, v in zip(key_blocks, value_blocks)
     ]
+    shard_states = states
     while len(states) > 1:
         states = [
             dask.delayed(merge_partial, pure=True)(states[i], states[i + 1])
@@ -298,7 +330,11 @@ def _merged_block(queries, key_blocks, value_blocks, bandwidth, dtype, rtol):
             else states[i]
             for i in range(0, len(states), 2)
         ]
-    return states[0]
+    if len(shard_states) == 1:
+        return states[0][0]
+    return dask.delayed(_ranked_shards, pure=True)(
+        states[0][0], [state[1] for state in shard_states], first_row, n_features
+    )
 
 
 def _sharded_bandwidth(bandwidth, keys):
@@ -347,6 +383,16 @@ def nadaraya_watson_sharded(
     queries' rows; with ``rtol=0`` equal to the in-memory result up to rounding of
     the merge.
     With ``progress``: that array computed.
+
+    Raises
+    ------
+    ValueError
+        At once: keys, values or queries with chunks of unknown size (compute them
+        first), no key at all. When computed: a query so far from every key (about
+        1e16 widths or more) that its shards' log normalisers agree to within their
+        rounding, naming its row: the merge could not weigh the shards' nearest
+        keys, which the in-memory :func:`nbattn.nadaraya_watson` ranks exactly.
+        Chunks of no rows are skipped.
     """
     _require_dask()
     import dask.array as da
@@ -354,6 +400,14 @@ def nadaraya_watson_sharded(
     rtol = check_rtol(rtol)
     keys = da.asarray(keys)
     values = da.asarray(values)
+    queries = da.asarray(queries)
+    for name, array in (("queries", queries), ("keys", keys), ("values", values)):
+        if any(math.isnan(size) for size in array.chunks[0]):
+            raise ValueError(
+                f"{name} has chunks of unknown size (after boolean indexing, or a dask "
+                f"DataFrame's to_dask_array()): call {name}.compute_chunk_sizes() first, or "
+                "to_dask_array(lengths=True)"
+            )
     if keys.ndim == 1:
         keys = keys[:, None]
     if keys.shape[0] != values.shape[0]:
@@ -363,7 +417,6 @@ def nadaraya_watson_sharded(
     squeeze = values.ndim == 1
     keys = keys.rechunk({1: -1})
     values = values.rechunk({0: keys.chunks[0]} if values.ndim == 1 else {0: keys.chunks[0], 1: -1})
-    queries = da.asarray(queries)
     if queries.ndim == 1:
         queries = queries[:, None]
     queries = queries.rechunk({1: -1})
@@ -372,13 +425,20 @@ def nadaraya_watson_sharded(
             f"queries has {plural(queries.shape[1], 'feature')} but keys has {keys.shape[1]}"
         )
     h = _sharded_bandwidth(bandwidth, keys)
-    key_blocks = keys.to_delayed().ravel().tolist()
-    value_blocks = values.to_delayed().ravel().tolist()
+    # a shard of no rows adds nothing (dask allows chunks of 0 rows)
+    filled = [rows > 0 for rows in keys.chunks[0]]
+    if not any(filled):
+        raise ValueError(f"keys is empty (shape {keys.shape})")
+    key_blocks = [b for b, f in zip(keys.to_delayed().ravel().tolist(), filled) if f]
+    value_blocks = [b for b, f in zip(values.to_delayed().ravel().tolist(), filled) if f]
     n_outputs = 1 if squeeze else values.shape[1]
     pieces = []
+    first_row = 0
     for rows, q_block in zip(queries.chunks[0], queries.to_delayed().ravel().tolist()):
-        state = _merged_block(q_block, key_blocks, value_blocks, h, dtype, rtol)
-        out = state[0]
+        out = _merged_block(
+            q_block, key_blocks, value_blocks, h, dtype, rtol, first_row, keys.shape[1]
+        )
+        first_row += rows
         pieces.append(da.from_delayed(out, shape=(rows, n_outputs), dtype=np.float64))
     result = da.concatenate(pieces, axis=0)
     result = result[:, 0] if squeeze else result
