@@ -21,6 +21,12 @@ read (a bias table, per-head slopes, document ids) are passed in
 global or closed-over array into the compiled code, so functions that read
 one are refused.
 
+On float32 inputs the score functions compute as torch's do: their Python float
+constants are float32 (torch's "weak" scalars take the tensor's dtype; numba alone
+would type them float64), through a copy of each function made by
+:func:`computing_in`; constants float32 cannot hold, ``np.float64(c)`` and float64
+``mod_args`` keep float64 arithmetic.
+
 Inside ``score_mod``, ``nbattn.flex_tanh`` (a tanh softcap) compiles to an
 inlined form that vectorises with the score loop, where ``np.tanh`` is a
 call to the C library per element (about 3x slower for a causal softcapped
@@ -45,7 +51,7 @@ bits), returned in each array's dtype.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -386,6 +392,23 @@ def _blocks(mods: Mods, tiles: Tiles) -> np.ndarray:
     return np.full((1, 1, 1, 1), 1 if mods.mask_mod is not None else 2, dtype=np.uint8)
 
 
+def computing_in(mods: Mods, dtype) -> Mods:
+    """``mods`` whose score functions (``score_mod``, ``score_mod_grad``,
+    ``score_mod_args_grad``) compute as torch's FlexAttention does for inputs of
+    ``dtype``: for float32 their Python float constants are float32
+    (``flex_build.float32_constants``); otherwise unchanged. ``mask_mod`` returns a
+    bool and stays as given."""
+    if np.dtype(dtype) != np.float32:
+        return mods
+    weak = kernels_for("flex", "cpu").float32_constants
+    return replace(
+        mods,
+        score_mod=weak(mods.score_mod),
+        score_grad=weak(mods.score_grad),
+        args_grad=weak(mods.args_grad),
+    )
+
+
 def _kernels(mods: Mods, backward: bool):
     build = kernels_for("flex", "cpu")
     return build, build.specialise(
@@ -396,6 +419,7 @@ def _kernels(mods: Mods, backward: bool):
 def run_forward(qf, kf, vf, items, n_out, tiles: Tiles, mods: Mods, dtype):
     """``(out (n_out, L, Ev), lse (n_out, L))`` of the flex forward kernel over the work
     ``items`` (``FLEX_FORWARD_ITEM``): qf (BH, L, E) times the scale, kf, vf (BKV, S, .)."""
+    mods = computing_in(mods, dtype)
     build, kernels = _kernels(mods, backward=False)
     args = (qf, kf, vf, _blocks(mods, tiles), items, tiles, mods.score_args, mods.mask_args)
     return build.call(kernels, "flex_forward", mods, dtype, *args, n_out)
@@ -404,6 +428,7 @@ def run_forward(qf, kf, vf, items, n_out, tiles: Tiles, mods: Mods, dtype):
 def run_backward(qf, kf, vf, of, lf, gf, kv_index, n_heads, items, scale, tiles, mods, dtype):
     """``(dq, dk, dv)`` of the flex backward kernel over the work ``items``
     (``FLEX_BACKWARD_ITEM``): qf times the scale, lf the forward's lse (BH, L) float64."""
+    mods = computing_in(mods, dtype)
     build, kernels = _kernels(mods, backward=True)
     return build.call(
         kernels,
@@ -460,6 +485,7 @@ def run_args_backward(qf, kf, vf, of, lf, gf, kv_index, n_heads, items, tiles, m
     ``nbattn.kernels.flex_args``); arguments as in :func:`run_backward`, whose work items
     (``FLEX_BACKWARD_ITEM``) give the slices (each slice once, whatever its key-tile
     groups). The slots are summed in slot order, in float64."""
+    mods = computing_in(mods, dtype)
     build = kernels_for("flex", "cpu")
     kernels = build.specialise_args(mods.score_mod, mods.mask_mod, mods.args_grad)
     items = np.ascontiguousarray(items[items["group"] == 0])
@@ -605,7 +631,7 @@ def flex_forward(q, k, v, kw: Keywords, scale, return_lse, mods: Mods, device="c
     scale_values(lay.vf, scales)
     tiles = _forward_tiles(lay.kf.shape[1], lay.band, mods.block_mask is not None)
     if device == "cuda":
-        out, lse = flex_cuda.forward(lay, tiles, mods)
+        out, lse = flex_cuda.forward(lay, tiles, computing_in(mods, lay.dtype))
     else:
         items = _padded_forward_items(lay, tiles)
         with blas_one_thread(), serial_below(lay.work, config.FLASH_SERIAL_WORK):
@@ -651,7 +677,7 @@ def flex_backward(q, k, v, out, lse, grad_out, kw: Keywords, scale, mods: Mods, 
     )
     arrays = (lay.qf, lay.kf, lay.vf, of, lf, gf, lay.kv_index, lay.n_heads, items, lay.scale)
     if device == "cuda":
-        dq, dk, dv = flex_cuda.backward(lay, of, lf, gf, tiles, mods)
+        dq, dk, dv = flex_cuda.backward(lay, of, lf, gf, tiles, computing_in(mods, lay.dtype))
     else:
         with blas_one_thread(), serial_below(lay.work, config.FLASH_SERIAL_WORK):
             dq, dk, dv = run_backward(*arrays, tiles, mods, lay.dtype)

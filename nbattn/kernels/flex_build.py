@@ -44,6 +44,7 @@ import enum
 import hashlib
 import importlib.util
 import inspect
+import math
 import os
 import re
 import sys
@@ -304,6 +305,43 @@ def check_signature(fn, name, n_fixed, n_args, fixed_names):
         f"{name} must take ({fixed_names}) and one more argument per mod_args entry "
         f"({n_args} given): {needed} in all; it takes {len(positional)}: {sig}"
     )
+
+
+def float32_constants(fn):
+    """``fn`` (a plain or jitted function; None stays None) with every Python float
+    constant of its code, nested code included, made a ``numpy.float32``, as a plain
+    function of the same globals, closure and defaults.
+
+    What torch's FlexAttention computes for a float32 call: there a Python float is a
+    "weak" scalar that takes the tensor's dtype, so ``30.0 * tanh(score / 30.0)``
+    computes in float32; numba types a Python float as a float64, so the same function
+    would compute in float64 and round at the end (1.4-1.5x slower for a tanh softcap).
+    Floats written ``np.float64(c)`` and float64 ``mod_args`` stay float64, and so does
+    a constant that float32 cannot hold (finite beyond its range, or below its smallest
+    normal number but not 0), which torch would turn into inf or 0 silently: its
+    arithmetic then stays float64, and a score beyond float32 is refused as before."""
+    if fn is None:
+        return None
+    py = _py_func(fn)
+    small, large = float(np.finfo(np.float32).tiny), float(np.finfo(np.float32).max)
+
+    def weak(c):
+        if type(c) is float and (c == 0.0 or not math.isfinite(c) or small <= abs(c) <= large):
+            return np.float32(c)
+        if isinstance(c, types.CodeType):
+            return convert(c)
+        return c
+
+    def convert(code):
+        return code.replace(co_consts=tuple(weak(c) for c in code.co_consts))
+
+    out = types.FunctionType(
+        convert(py.__code__), py.__globals__, py.__name__, py.__defaults__, py.__closure__
+    )
+    out.__kwdefaults__ = py.__kwdefaults__
+    out.__qualname__ = py.__qualname__
+    out.__module__ = py.__module__
+    return out
 
 
 def _jitted(fn):
