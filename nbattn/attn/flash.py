@@ -637,12 +637,13 @@ def flash_attention(
         softcap, ``c * nbattn.flex_tanh(score / c)`` vectorises where
         ``np.tanh`` does not; ``math.tanh`` has no complex form, so the
         backward's complex step refuses it). As in torch, whose Python floats
-        take the tensor's dtype, on float32 inputs its Python float constants
-        are float32 (``30.0 * nbattn.flex_tanh(score / 30.0)`` computes in
-        float32: numba alone would type 30.0 as a float64 and compute the
-        softcap 1.4-1.5x slower); ``np.float64(c)`` or float64 ``mod_args``
-        keep float64 arithmetic where it is wanted. The same holds for
-        ``score_mod_grad`` and ``score_mod_args_grad``. NaN or +inf on an admissible
+        take the tensor's dtype, on float32 inputs the Python floats it reads
+        (constants, closure cells, module globals, defaults) are float32
+        (``30.0 * nbattn.flex_tanh(score / 30.0)`` computes in float32: numba
+        alone would type 30.0 as a float64 and compute the softcap 1.4-1.5x
+        slower); ``np.float64(c)``, module attributes such as ``math.pi`` and
+        float64 ``mod_args`` keep float64 arithmetic where it is wanted. The
+        same holds for ``score_mod_grad`` and ``score_mod_args_grad``. NaN or +inf on an admissible
         entry makes the row's output and lse NaN (as in torch), -inf masks the
         entry, and a finite score beyond max / log2(e) of the dtype (about
         1.2e308 in float64) is a ValueError. Indexing out of range in it is

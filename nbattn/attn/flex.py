@@ -21,11 +21,12 @@ read (a bias table, per-head slopes, document ids) are passed in
 global or closed-over array into the compiled code, so functions that read
 one are refused.
 
-On float32 inputs the score functions compute as torch's do: their Python float
-constants are float32 (torch's "weak" scalars take the tensor's dtype; numba alone
-would type them float64), through a copy of each function made by
-:func:`computing_in`; constants float32 cannot hold, ``np.float64(c)`` and float64
-``mod_args`` keep float64 arithmetic.
+On float32 inputs the score functions compute as torch's do: the Python floats they
+read (constants, closure cells, module globals, defaults) are float32 (torch's "weak"
+scalars take the tensor's dtype; numba alone would type them float64), through a copy
+of each function made by :func:`computing_in`; floats float32 cannot hold,
+``np.float64(c)``, module attributes (``math.pi``) and float64 ``mod_args`` keep
+float64 arithmetic.
 
 Inside ``score_mod``, ``nbattn.flex_tanh`` (a tanh softcap) compiles to an
 inlined form that vectorises with the score loop, where ``np.tanh`` is a

@@ -260,7 +260,7 @@ def _global_names(code):
     names = set(code.co_names)
     for c in code.co_consts:
         if isinstance(c, types.CodeType):
-            names |= _global_names(c)
+            names.update(_global_names(c))
     return sorted(names)
 
 
@@ -308,16 +308,20 @@ def check_signature(fn, name, n_fixed, n_args, fixed_names):
 
 
 def float32_constants(fn):
-    """``fn`` (a plain or jitted function; None stays None) with every Python float
-    constant of its code, nested code included, made a ``numpy.float32``, as a plain
-    function of the same globals, closure and defaults.
+    """``fn`` (a plain or jitted function; None stays None) with the Python floats it
+    reads made ``numpy.float32``: the constants of its code (nested code and tuples
+    included), its closure cells, the module globals it names and its defaults; a new
+    plain function, ``fn`` itself untouched. A module's attributes (``math.pi``,
+    ``np.pi``) stay as they are.
 
     What torch's FlexAttention computes for a float32 call: there a Python float is a
-    "weak" scalar that takes the tensor's dtype, so ``30.0 * tanh(score / 30.0)``
-    computes in float32; numba types a Python float as a float64, so the same function
-    would compute in float64 and round at the end (1.4-1.5x slower for a tanh softcap).
-    Floats written ``np.float64(c)`` and float64 ``mod_args`` stay float64, and so does
-    a constant that float32 cannot hold (finite beyond its range, or below its smallest
+    "weak" scalar that takes the tensor's dtype, so ``30.0 * tanh(score / 30.0)`` (or
+    ``cap * tanh(score / cap)`` with ``cap`` a closure's float) computes in float32;
+    numba types a Python float as a float64, so the same function would compute in
+    float64 and round at the end (1.4-1.5x slower for a tanh softcap). Floats written
+    ``np.float64(c)``, float64 ``mod_args``, the floats of other functions it calls and
+    int64 indices (numba's int64 with a float32 is a float64) stay float64, and so does
+    a float that float32 cannot hold (finite beyond its range, or below its smallest
     normal number but not 0), which torch would turn into inf or 0 silently: its
     arithmetic then stays float64, and a score beyond float32 is refused as before."""
     if fn is None:
@@ -330,15 +334,32 @@ def float32_constants(fn):
             return np.float32(c)
         if isinstance(c, types.CodeType):
             return convert(c)
+        if type(c) is tuple:
+            return tuple(weak(x) for x in c)
         return c
 
     def convert(code):
         return code.replace(co_consts=tuple(weak(c) for c in code.co_consts))
 
-    out = types.FunctionType(
-        convert(py.__code__), py.__globals__, py.__name__, py.__defaults__, py.__closure__
-    )
-    out.__kwdefaults__ = py.__kwdefaults__
+    def cell(old):
+        try:
+            return types.CellType(weak(old.cell_contents))
+        except ValueError:  # an empty cell
+            return old
+
+    globals_ = py.__globals__
+    floats = {
+        name: weak(globals_[name])
+        for name in _global_names(py.__code__)
+        if type(globals_.get(name)) is float
+    }
+    if floats:  # a copy of the module's namespace with those names float32
+        globals_ = {**globals_, **floats}
+    closure = None if py.__closure__ is None else tuple(cell(c) for c in py.__closure__)
+    defaults = None if py.__defaults__ is None else tuple(weak(d) for d in py.__defaults__)
+    out = types.FunctionType(convert(py.__code__), globals_, py.__name__, defaults, closure)
+    if py.__kwdefaults__ is not None:
+        out.__kwdefaults__ = {k: weak(d) for k, d in py.__kwdefaults__.items()}
     out.__qualname__ = py.__qualname__
     out.__module__ = py.__module__
     return out

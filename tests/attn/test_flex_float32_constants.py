@@ -16,8 +16,10 @@ import pytest
 
 import nbattn
 from nbattn.kernels.flex_build import float32_constants
+from tests import naive
 
 F32, F64 = np.float32(0.1), np.float64(0.1)
+CAP = 30.0  # a module global Python float
 
 
 def scaled(score, b, h, q_idx, kv_idx):
@@ -93,8 +95,11 @@ def test_the_copy_converts_nested_constants_only_and_leaves_the_function_alone()
     assert ints == [c for c in before.co_consts if type(c) in (int, bool)]
     inner = next(c for c in copy.__code__.co_consts if hasattr(c, "co_consts"))
     assert np.float32(0.25) in inner.co_consts
-    # defaults are arguments, not constants of the code: they keep their type
-    assert copy.__defaults__ == (2.5,) and copy.__kwdefaults__ == {"shift": -1.5}
+    assert copy.__defaults__ == (2.5,) and type(copy.__defaults__[0]) is np.float32
+    assert (
+        copy.__kwdefaults__ == {"shift": -1.5} and type(copy.__kwdefaults__["shift"]) is np.float32
+    )
+    assert type(_nested.__defaults__[0]) is float  # the user's own stay
     x = np.float32(2.0)
     assert copy(x, 0, 0, 0, 0) == np.float32(0.5) * 2.5 * np.float32(0.75) - 1.5 + 2
     assert float32_constants(None) is None
@@ -142,9 +147,58 @@ def test_a_closure_and_a_jitted_function_keep_their_cells_and_code():
         return score / width + 0.5
 
     copy = float32_constants(closure)
-    assert copy.__closure__ is closure.__closure__
+    assert type(copy.__closure__[0].cell_contents) is np.float32
+    assert closure.__closure__[0].cell_contents == 4.0  # the user's cell untouched
+    assert type(closure.__closure__[0].cell_contents) is float
     assert copy(np.float32(2.0), 0, 0, 0, 0) == np.float32(1.0)
     jitted = numba.njit(scaled)
     copy = float32_constants(jitted)
     assert copy.__code__.co_code == scaled.__code__.co_code
     assert np.float32(0.1) in copy.__code__.co_consts
+
+
+def softcap_literal(score, b, h, q_idx, kv_idx):
+    return 30.0 * nbattn.flex_tanh(score / 30.0)
+
+
+def softcap_global(score, b, h, q_idx, kv_idx):
+    return CAP * nbattn.flex_tanh(score / CAP)
+
+
+def generate_tanh_softcap(cap):
+    """attention-gym's softcap: a closure over a Python float."""
+
+    def softcap(score, b, h, q_idx, kv_idx):
+        return cap * nbattn.flex_tanh(score / cap)
+
+    return softcap
+
+
+def test_closure_and_global_floats_compute_in_float32_as_the_literal():
+    """The usual FlexAttention ports: the cap in a closure cell or a module global gives
+    the literal's float32 bits (it computed in float64 before), and float64 calls the
+    float64 bits of each."""
+    closure = generate_tanh_softcap(30.0)
+    for dtype in (np.float32, np.float64):
+        q, k, v = qkv(dtype, seed=3)
+        q *= 8  # scores of tens: the softcap bends them
+        literal = run(softcap_literal, q, k, v)
+        for fn in (closure, softcap_global):
+            for a, b in zip(run(fn, q, k, v), literal):
+                np.testing.assert_array_equal(a, b)
+    assert type(closure.__closure__[0].cell_contents) is float and type(CAP) is float
+
+
+def with_inner_function(score, b, h, q_idx, kv_idx):
+    half = lambda x: x * 0.5  # noqa: E731
+    return half(score) + CAP * 0.0
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_score_mod_with_a_nested_function_runs(dtype):
+    """A lambda inside score_mod (nested code): its globals were collected as a list and
+    added to a set, a TypeError in the key before any kernel ran."""
+    q, k, v = qkv(dtype, seed=4)
+    got = nbattn.flash_attention(q, k, v, score_mod=with_inner_function)
+    ref, _ = naive.flex_attention(q, k, v, lambda s, b, h, i, j: s * 0.5)
+    np.testing.assert_allclose(got, ref, rtol=0, atol=64 * np.finfo(dtype).eps)
