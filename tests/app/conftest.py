@@ -1,4 +1,5 @@
-"""What the command's tests share: the command run in this process, and its fit on a CSV."""
+"""What the app's tests share: the command run in this process, its fit on a CSV, and a
+Dask cluster of two worker processes."""
 
 import pytest
 
@@ -27,3 +28,16 @@ def fit_csv(nbattn_cli):
         return nbattn_cli("fit", data, "--target", target, "-q", *options)
 
     return fit
+
+
+@pytest.fixture(scope="module")
+def client():
+    """A ``distributed`` client of a LocalCluster with two single-threaded worker
+    processes, one per test module that asks for it (a module may define its own)."""
+    distributed = pytest.importorskip("distributed")
+    cluster = distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+    )
+    with distributed.Client(cluster) as c:
+        yield c
+    cluster.close()

@@ -33,16 +33,6 @@ def test_fit_and_predict_without_a_client_use_the_local_scheduler():
 
 
 @pytest.fixture(scope="module")
-def client():
-    cluster = distributed.LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
-    )
-    with distributed.Client(cluster) as c:
-        yield c
-    cluster.close()
-
-
-@pytest.fixture(scope="module")
 def data():
     rng = np.random.default_rng(7)
     keys = rng.uniform(0, 6, size=(3000, 2))

@@ -19,16 +19,6 @@ RTOLS = [0.0, 1e-12, 1e-6, 0.5, 0.999]
 SEEDS = [0, 1, 2]
 
 
-@pytest.fixture(scope="module")
-def client():
-    cluster = distributed.LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
-    )
-    with distributed.Client(cluster) as c:
-        yield c
-    cluster.close()
-
-
 # ------------------------------------------------------------------------------- helpers
 def _sharded(queries, keys, values, bandwidth, key_chunks, *, q_chunk=200, **kw):
     """The sharded call with keys/values split into ``key_chunks`` rows."""
