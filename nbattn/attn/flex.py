@@ -396,8 +396,8 @@ def _blocks(mods: Mods, tiles: Tiles) -> np.ndarray:
 def computing_in(mods: Mods, dtype) -> Mods:
     """``mods`` whose score functions (``score_mod``, ``score_mod_grad``,
     ``score_mod_args_grad``) compute as torch's FlexAttention does for inputs of
-    ``dtype``: for float32 their Python float constants are float32
-    (``flex_build.float32_constants``); otherwise unchanged. ``mask_mod`` returns a
+    ``dtype``: for float32 the Python floats they read are float32 (copies made by
+    ``flex_build.float32_constants``); otherwise unchanged. ``mask_mod`` returns a
     bool and stays as given."""
     if np.dtype(dtype) != np.float32:
         return mods
