@@ -509,7 +509,7 @@ def shifted(score, b, h, q_idx, kv_idx):
 
 rng = np.random.default_rng(0)
 res = {{}}
-for dt in (np.float32, np.float64):
+for dt in (np.float32,):  # float64 calls run the user's function: test_flex.py's keys
     q, k, v = (rng.standard_normal((1, 1, 8, 4)).astype(dt) for _ in range(3))
     a = nbattn.flash_attention(q, k, v, score_mod=shifted)
     SHIFT = 2.5
@@ -523,7 +523,7 @@ print("ok")
 """
 
 
-def test_editing_a_global_between_calls_recompiles_in_both_dtypes(tmp_path):
+def test_editing_a_global_between_calls_recompiles_the_float32_copy(tmp_path):
     env = dict(os.environ, NUMBA_NUM_THREADS="1", NBATTN_FLEX_DIR=str(tmp_path / "flex"))
     code = textwrap.dedent(_GLOBAL_CHILD.format(root=str(ROOT)))
     done = subprocess.run(
