@@ -238,7 +238,7 @@ def _policy_search(criterion, start, maxiter, per_column, policy):
         top = lambda_max(var_type, counts)
         widths = theta_to_widths(descended, var_type, counts)
         shares = np.where(cont, 0.0, np.divide(widths, top, out=np.ones_like(top), where=top > 0))
-        idle = ~cont & (top == 0)  # one category: l is 0 whatever t, no corner to seek
+        idle = ~cont & (top == 0)  # _one_category: no corner of exact matching to seek
         for columns in _exact_match_subsets(cont | idle, shares):
             corner = descended.copy()
             corner[columns] = -math.inf
@@ -276,6 +276,12 @@ def _policy_search(criterion, start, maxiter, per_column, policy):
     return criterion.best[1]
 
 
+def _one_category(cont, spec) -> np.ndarray:
+    """The categorical columns with one category: lambda_max is 0, so l is 0 whatever t
+    (nothing to sweep, probe or set to exact matching)."""
+    return ~cont & (lambda_max(spec.var_type, spec.n_categories) == 0)
+
+
 def _steps_that_gain(criterion, cont, lower, upper, skip=()) -> list:
     """The columns where one parameter moved alone from the best point gains more than
     ``config.LOO_RTOL``: h by one factor of ``config.LOO_GRID`` either way (within
@@ -283,8 +289,7 @@ def _steps_that_gain(criterion, cont, lower, upper, skip=()) -> list:
     either side of its own and, from a share below the first of them, a decade either
     side (columns of one category, whose l is 0 whatever t, left out; ``skip``: columns
     not probed, already chosen for a sweep)."""
-    spec = criterion.base.spec
-    top = lambda_max(spec.var_type, spec.n_categories)
+    idle = _one_category(cont, criterion.base.spec)
     base, value = criterion.best[1].copy(), criterion.best[0]
     step = math.log(config.LOO_GRID[1] / config.LOO_GRID[0])
     spacing = 1.0 / (_LAMBDA_SHARES.size - 1)
@@ -297,7 +302,7 @@ def _steps_that_gain(criterion, cont, lower, upper, skip=()) -> list:
                 min(max(base[column] + sign * step, lower[column]), upper[column])
                 for sign in (-1.0, 1.0)
             ]
-        elif top[column] == 0:
+        elif idle[column]:
             continue
         else:
             share = 0.0 if base[column] == -math.inf else sigmoid(float(base[column]))
@@ -522,12 +527,11 @@ def _sweep_columns(
     """
     from ..smoothing.search import minimize_log_scale
 
-    spec = criterion.base.spec
-    top = lambda_max(spec.var_type, spec.n_categories)
+    idle = _one_category(cont, criterion.base.spec)
     log_factors = np.log(np.asarray(config.LOO_GRID))
     for column in range(cont.size) if columns is None else columns:
-        if not cont[column] and top[column] == 0:
-            continue  # one category: l is 0 whatever t
+        if idle[column]:
+            continue
         base = criterion.best[1].copy()
         if swept_from is not None:
             swept_from[column] = base
@@ -682,7 +686,7 @@ def _short_search(criterion, starts, theta0, maxiter, last=True):
     _walk_common_factor(criterion, theta, value, cont, lower, upper)
     _descend(criterion, criterion.best[1], bounds, maxiter, rtol=config.LOO_RTOL, patient=last)
     descended, before = criterion.best[1].copy(), criterion.best[0]
-    idle = ~cont & (lambda_max(spec.var_type, spec.n_categories) == 0)  # one category: no l
+    idle = _one_category(cont, spec)
     for probe in _probes(descended, theta0, cont, lower, upper, idle):
         criterion.loss(probe)
     for column in np.flatnonzero(~cont & ~idle):

@@ -90,14 +90,20 @@ def climbing_keys(rng, shape, dtype, climb):
     return k.astype(dtype)
 
 
-# -------------------------------------------------------------- flash: masks, dropout, cap
-@pytest.mark.usefixtures("small_flash_tiles")
-@SETTINGS
-@given(
+#: The draws both property tests share: dtype, query and key counts, GQA or not.
+SHAPES = dict(
     dtype=st.sampled_from(DTYPES),
     n_q=st.integers(1, 26),
     n_k=st.integers(1, 80),
     gqa=st.booleans(),
+)
+
+
+# -------------------------------------------------------------- flash: masks, dropout, cap
+@pytest.mark.usefixtures("small_flash_tiles")
+@SETTINGS
+@given(
+    **SHAPES,
     mask_kind=st.sampled_from(["none", "bool", "key_padding", "rows"]),
     causal=st.booleans(),
     window=st.sampled_from([None, (3, 0), (20, 5), (None, 17), (40, None)]),
@@ -233,10 +239,7 @@ def flex_ref(q, k, v, args, grad_out=None, **kw):
 @pytest.mark.usefixtures("small_flash_tiles")
 @SETTINGS
 @given(
-    dtype=st.sampled_from(DTYPES),
-    n_q=st.integers(1, 26),
-    n_k=st.integers(1, 80),
-    gqa=st.booleans(),
+    **SHAPES,
     causal=st.booleans(),
     window=st.sampled_from([None, (4, 0), (30, 30)]),
     docs=st.booleans(),
