@@ -19,16 +19,25 @@ between the process that compiled it and one that loaded it from numba's
 on-disk cache, and between processes that had called other kernels first.
 
 Here, once a caller's module is optimised, its callees' ``linkonce_odr``
-definitions become ``internal``: private to the caller's object, so its calls bind
-to the code compiled with it, whatever else the process has loaded. A kernel's
-result is then a function of its object code alone, the same in every process and
-every call order. The optimisation itself runs as before (the linkage changes
-after it), and the module later callers link is taken before the change, with
-numba's linkage, so their compiles see what they saw without this module: the
-compile time and the kernels' code are unchanged but for how a call binds. Only
-libraries that define an nbattn function (an nbattn module, or a generated
-``nbattn_flex_*`` module) are changed; other numba code in the process links as
-numba made it.
+definitions (and the ``weak_odr`` wrappers of the parallel loops numba links
+into ``parallel=True`` kernels) become ``internal``: private to the caller's
+object, so its calls bind to the code compiled with it, whatever else the
+process has loaded. A kernel's result is then a function of its object code
+alone, the same in every process and every call order. The optimisation itself
+runs as before (the linkage changes after it), and the module later callers link
+is taken before the change, with numba's linkage, so their compiles see what they
+saw without this module: the compile time and the kernels' code are unchanged but
+for how a call binds. Only
+libraries whose own (external) functions are nbattn's (an nbattn module, or a
+generated ``nbattn_flex_*`` module) are changed; other numba code in the process,
+a user's function that calls an nbattn kernel included, links as numba made it.
+
+Caches written before this module existed hold the weak copies still. numba
+keeps a kernel's cached object while its source file is unchanged, which an
+upgrade by pip does change; a git checkout keeps them (ARCHITECTURE, "numba's
+on-disk cache"). The generated flex modules are keyed by the sources of every
+kernel module and of this one, so an nbattn that links differently writes new
+ones.
 
 The hook wraps ``CPUCodeLibrary._optimize_final_module``, which numba's
 ``finalize`` calls after linking and before the module is compiled to machine
@@ -57,16 +66,25 @@ def installed() -> bool:
 
 
 def _defines_nbattn_function(module) -> bool:
-    return any(not fn.is_declaration and _NBATTN_NAME.match(fn.name) for fn in module.functions)
+    """Whether one of the library's own functions (external: not a linked copy) is
+    nbattn's."""
+    from llvmlite import binding as ll
+
+    return any(
+        not fn.is_declaration and fn.linkage == ll.Linkage.external and _NBATTN_NAME.match(fn.name)
+        for fn in module.functions
+    )
 
 
 def privatise_linked_copies(module) -> int:
-    """Make the ``linkonce_odr`` function definitions of ``module`` internal; their count."""
+    """Make the linked copies of ``module`` (its ``linkonce_odr`` and ``weak_odr`` function
+    definitions) internal; their count."""
     from llvmlite import binding as ll
 
+    shared = (ll.Linkage.linkonce_odr, ll.Linkage.weak_odr)
     count = 0
     for fn in module.functions:
-        if not fn.is_declaration and fn.linkage == ll.Linkage.linkonce_odr:
+        if not fn.is_declaration and fn.linkage in shared:
             fn.linkage = ll.Linkage.internal
             count += 1
     return count

@@ -75,12 +75,25 @@ __all__ = [
 ]
 
 _TEMPLATE = Path(__file__).with_name("flex.py")
-#: The template's source and its hash, read once (a module is keyed by both).
+#: The template's source, read once.
 _SOURCE = _TEMPLATE.read_text()
 _SOURCE_BYTES = _SOURCE.encode()
-_SOURCE_HASH = hashlib.sha256(_SOURCE_BYTES).hexdigest()
+
+
+def _kernel_sources_hash() -> str:
+    """A hash of every module of ``nbattn.kernels`` and ``nbattn._core``: a generated module
+    is keyed by it, so one that an older nbattn wrote (whose numba cache holds that
+    nbattn's helpers, compiled and linked its way) is never loaded by a newer one."""
+    digest = hashlib.sha256()
+    for package in (_TEMPLATE.parent, _TEMPLATE.parent.parent / "_core"):
+        for path in sorted(package.glob("*.py")):
+            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+#: The sources' hash (read once; a module is keyed by it).
+_SOURCE_HASH = _kernel_sources_hash()
 _ARGS_BYTES = _TEMPLATE.with_name("flex_args.py").read_bytes()
-_ARGS_HASH = hashlib.sha256(_ARGS_BYTES).hexdigest()
 _MODULES: dict = {}
 #: Held while a module is loaded and its functions bound: a second thread asking for the
 #: same functions meanwhile would get the half-executed module (no kernels yet, or the
@@ -281,7 +294,8 @@ def fingerprint(fn, name, process=False) -> str:
 
 def check_signature(fn, name, n_fixed, n_args, fixed_names):
     """A ValueError naming ``name`` unless ``fn`` is callable with ``n_fixed`` + ``n_args``
-    positional arguments (``fixed_names`` first, then one per ``mod_args`` entry)."""
+    positional arguments (``fixed_names`` first, then one per ``mod_args`` entry) and
+    takes no keyword-only parameter and no ``**kwargs``."""
     if not callable(fn):
         raise ValueError(f"{name} must be a function, got {type(fn).__name__}")
     if not isinstance(_py_func(fn), types.FunctionType):
@@ -294,6 +308,13 @@ def check_signature(fn, name, n_fixed, n_args, fixed_names):
     except (TypeError, ValueError):
         return
     params = list(sig.parameters.values())
+    by_keyword = [p for p in params if p.kind in (p.KEYWORD_ONLY, p.VAR_KEYWORD)]
+    if by_keyword:
+        # numba calls the function positionally and compiles neither kind
+        raise ValueError(
+            f"{name} has the keyword-only parameter {by_keyword[0]}, which numba cannot "
+            f"compile: make it positional, or pass its value in mod_args; {name}{sig}"
+        )
     if any(p.kind is p.VAR_POSITIONAL for p in params):
         return
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
@@ -444,11 +465,10 @@ def specialise(score_mod=None, mask_mod=None, score_grad=None):
 def specialise_args(score_mod=None, mask_mod=None, args_grad=None):
     """The kernels of ``nbattn.kernels.flex_args`` (gradients with respect to ``mod_args``)
     with ``score_mod``, ``mask_mod`` and ``score_mod_args_grad`` bound: a module of its own,
-    keyed as :func:`specialise`'s (and by both templates' source: it imports helpers of
-    ``flex``), built only for calls that ask for these gradients."""
+    keyed as :func:`specialise`'s (the sources' hash covers both templates: it imports
+    helpers of ``flex``), built only for calls that ask for these gradients."""
     prints = (
         _SOURCE_HASH,
-        _ARGS_HASH,
         fingerprint(score_mod, "score_mod"),
         fingerprint(mask_mod, "mask_mod"),
         fingerprint(args_grad, "score_mod_args_grad"),

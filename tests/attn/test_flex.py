@@ -420,6 +420,32 @@ def _reads_a_global_array(score, b, h, q_idx, kv_idx):
     return score + _TABLE[0]
 
 
+def _keyword_only(score, b, h, q_idx, kv_idx, *, scale=2.0):
+    return score * scale
+
+
+def _keyword_bag(score, b, h, q_idx, kv_idx, **extra):
+    return score
+
+
+def _mask_keyword_only(b, h, q_idx, kv_idx, *, keep=True):
+    return keep
+
+
+def test_keyword_only_parameters_are_refused_by_name():
+    """numba calls score functions positionally and compiles neither keyword-only
+    parameters nor ``**kwargs``: refused before any compile, naming the parameter."""
+    q, k, v = _qkv(np.float64)
+    with pytest.raises(ValueError, match=r"score_mod has the keyword-only parameter scale=2\.0"):
+        nbattn.flash_attention(q, k, v, score_mod=_keyword_only)
+    with pytest.raises(ValueError, match=r"score_mod has the keyword-only parameter \*\*extra"):
+        nbattn.flash_attention(q, k, v, score_mod=_keyword_bag)
+    with pytest.raises(ValueError, match="mask_mod has the keyword-only parameter keep"):
+        nbattn.flash_attention(q, k, v, mask_mod=_mask_keyword_only)
+    with pytest.raises(ValueError, match="mask_mod has the keyword-only parameter keep"):
+        nbattn.create_block_mask(_mask_keyword_only, None, None, 8, 8)
+
+
 def test_errors_name_the_argument():
     q, k, v = _qkv(np.float64)
     args = CASES["causal"]

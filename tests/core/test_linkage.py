@@ -108,17 +108,20 @@ def test_privatise_makes_only_linked_copies_internal():
     module = ll.parse_assembly(
         """
         define linkonce_odr double @copy(double %x) { ret double %x }
+        define weak_odr double @loop_wrapper(double %x) { ret double %x }
         define double @own(double %x) {
           %y = call double @copy(double %x)
-          ret double %y
+          %z = call double @loop_wrapper(double %y)
+          ret double %z
         }
         declare double @elsewhere(double)
         """
     )
-    assert linkage.privatise_linked_copies(module) == 1
+    assert linkage.privatise_linked_copies(module) == 2
     linkages = {fn.name: fn.linkage for fn in module.functions}
     assert linkages == {
         "copy": ll.Linkage.internal,
+        "loop_wrapper": ll.Linkage.internal,
         "own": ll.Linkage.external,
         "elsewhere": ll.Linkage.external,
     }
