@@ -95,7 +95,7 @@ from torch.autograd import forward_ad
 from ._core.validation import check_bool, check_scale
 from .attn import flash
 from .attn.flash_args import check_keywords
-from .attn.flex import BlockMask
+from .attn.flex import BlockMask, check_score_functions
 
 __all__ = ["flash_attention"]
 
@@ -175,6 +175,16 @@ def _register(*objects) -> tuple:
     # Run for real when torch.compile traces the call (its result is a constant of the
     # graph); the caller's id() of each object makes the graph guard their identity.
     return tuple(_HANDLES.handle(obj, name) for obj, name in zip(objects, _MOD_NAMES))
+
+
+@torch.compiler.assume_constant_result
+def _check_score_functions(score_mod, score_mod_grad, args_grad, n_args) -> bool:
+    # The forward operator does not take the backward's functions: they are checked at
+    # the call, so that a bad one is refused before the forward compiles, with or without
+    # a backward to follow (run for real when torch.compile traces the call, like
+    # _register: the check reads the functions' code, which dynamo does not trace).
+    check_score_functions(score_mod, score_mod_grad, args_grad, n_args)
+    return True
 
 
 def _mod_handles(score_mod, mask_mod, block_mask, score_mod_grad, args_grad=None) -> dict:
@@ -681,6 +691,7 @@ def flash_attention(
         for side, which in zip(kw.window or (None, None), ("left", "right"))
     ]
     tensors, ints, floats, kinds = _split_mod_args(mod_args, score_mod_args_grad is not None)
+    _check_score_functions(score_mod, score_mod_grad, score_mod_args_grad, len(mod_args or ()))
     if not any(t.requires_grad and t.is_floating_point() for t in tensors):
         score_mod_args_grad = None  # nothing to learn: the backward builds no such gradient
     out, lse = _forward_op(

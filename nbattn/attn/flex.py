@@ -82,6 +82,7 @@ __all__ = [
     "BlockMask",
     "check_mods",
     "check_on_cpu",
+    "check_score_functions",
     "create_block_mask",
     "flex_backward",
     "flex_forward",
@@ -139,6 +140,8 @@ def _mod_arg(arg, where):
         return arr if arr.flags.writeable else arr.copy()
     if isinstance(arg, (bool, np.bool_)):
         return arg
+    if isinstance(arg, (np.timedelta64, np.datetime64)):  # np.timedelta64 is an np.integer
+        raise ValueError(f"{where} must be a NumPy array or a number, got {type(arg).__name__}")
     if isinstance(arg, (int, np.integer)):
         if not -(2**63) <= int(arg) < 2**64:
             raise ValueError(f"{where} = {arg} is beyond the 64-bit integers numba computes with")
@@ -294,6 +297,28 @@ _NO_BLOCK_MASK = {
 }
 
 
+def check_score_functions(score_mod, score_mod_grad, score_mod_args_grad, n_args):
+    """``score_mod`` and the backward's ``score_mod_grad`` and ``score_mod_args_grad``
+    checked against ``n_args`` entries of ``mod_args`` (each may be None); the torch
+    adapter checks the backward's two in its forward, before anything compiles."""
+    build = kernels_for("flex", "cpu")
+    if score_mod is not None:
+        build.check_signature(score_mod, "score_mod", 5, n_args, _SCORE_PARAMS)
+    if score_mod_grad is not None:
+        build.check_signature(score_mod_grad, "score_mod_grad", 5, n_args, _SCORE_PARAMS)
+        if score_mod is None:
+            raise ValueError("score_mod_grad is given without score_mod")
+    if score_mod_args_grad is not None:
+        build.check_signature(
+            score_mod_args_grad, "score_mod_args_grad", 6 + n_args, n_args, _ARGS_PARAMS
+        )
+        if score_mod is None:
+            raise ValueError(
+                "score_mod_args_grad is given without score_mod (it differentiates score_mod "
+                "with respect to the arrays of mod_args)"
+            )
+
+
 def check_mods(
     score_mod,
     mask_mod,
@@ -325,27 +350,13 @@ def check_mods(
         )
     if block_mask is not None and entry in _NO_BLOCK_MASK:
         raise ValueError(_NO_BLOCK_MASK[entry])
-    if score_mod_grad is not None and score_mod is None:
-        raise ValueError("score_mod_grad is given without score_mod")
     args = _mod_args(mod_args)
     if args and score_mod is None and mask_mod is None:
         raise ValueError(
             "mod_args are the trailing arguments of score_mod and mask_mod, and neither is "
             "given (a block_mask holds its own: create_block_mask(..., mod_args=))"
         )
-    if score_mod is not None:
-        build.check_signature(score_mod, "score_mod", 5, len(args), _SCORE_PARAMS)
-    if score_mod_grad is not None:
-        build.check_signature(score_mod_grad, "score_mod_grad", 5, len(args), _SCORE_PARAMS)
-    if score_mod_args_grad is not None:
-        if score_mod is None:
-            raise ValueError(
-                "score_mod_args_grad is given without score_mod (it differentiates score_mod "
-                "with respect to the arrays of mod_args)"
-            )
-        build.check_signature(
-            score_mod_args_grad, "score_mod_args_grad", 6 + len(args), len(args), _ARGS_PARAMS
-        )
+    check_score_functions(score_mod, score_mod_grad, score_mod_args_grad, len(args))
     mask_args = args
     if block_mask is not None:
         if not isinstance(block_mask, BlockMask):

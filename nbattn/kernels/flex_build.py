@@ -292,6 +292,17 @@ def fingerprint(fn, name, process=False) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def _as_compiled(py):
+    """``py`` as numba compiles it: a new function of its code, defaults and closure, so
+    that its signature is the code's, not a ``__signature__`` or a ``functools.wraps``
+    ``__wrapped__`` that numba would not follow when it reads the arguments."""
+    plain = types.FunctionType(
+        py.__code__, py.__globals__, py.__name__, py.__defaults__, py.__closure__
+    )
+    plain.__kwdefaults__ = py.__kwdefaults__
+    return plain
+
+
 def check_signature(fn, name, n_fixed, n_args, fixed_names):
     """A ValueError naming ``name`` unless ``fn`` is callable with ``n_fixed`` + ``n_args``
     positional arguments (``fixed_names`` first, then one per ``mod_args`` entry) and
@@ -304,7 +315,7 @@ def check_signature(fn, name, n_fixed, n_args, fixed_names):
             f"{type(fn).__name__}: pass a plain function; put parameters in mod_args"
         )
     try:
-        sig = inspect.signature(_py_func(fn))
+        sig = inspect.signature(_as_compiled(_py_func(fn)))
     except (TypeError, ValueError):
         return
     params = list(sig.parameters.values())
