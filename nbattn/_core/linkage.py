@@ -27,10 +27,10 @@ alone, the same in every process and every call order. The optimisation itself
 runs as before (the linkage changes after it), and the module later callers link
 is taken before the change, with numba's linkage, so their compiles see what they
 saw without this module: the compile time and the kernels' code are unchanged but
-for how a call binds. Only
-libraries whose own (external) functions are nbattn's (an nbattn module, or a
-generated ``nbattn_flex_*`` module) are changed; other numba code in the process,
-a user's function that calls an nbattn kernel included, links as numba made it.
+for how a call binds. Only libraries whose own (external) functions are nbattn's
+(an nbattn module, or a generated ``nbattn_flex_*`` module) are changed; other
+numba code in the process, a user's function that calls an nbattn kernel
+included, links as numba made it.
 
 Caches written before this module existed hold the weak copies still. numba
 keeps a kernel's cached object while its source file is unchanged, which an
