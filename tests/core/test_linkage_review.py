@@ -53,23 +53,19 @@ def score_mod(score, b, h, q_idx, kv_idx):
 
 rng = np.random.default_rng(7)
 q, k, v = (rng.standard_normal((1, 2, 40, 8)) for _ in range(3))
-out, lse = nbattn.flash_attention(q, k, v, return_lse=True)
-grads = nbattn.flash_attention_backward(q, k, v, out, lse, np.ones_like(out))
+out = nbattn.flash_attention(q, k, v)
 flex = nbattn.flash_attention(q, k, v, score_mod=score_mod)
-print(json.dumps({{
-    "forward": out.tobytes().hex(),
-    "backward": b"".join(g.tobytes() for g in grads).hex(),
-    "flex": flex.tobytes().hex(),
-}}))
+print(json.dumps({{"forward": out.tobytes().hex(), "flex": flex.tobytes().hex()}}))
 """
 
 
 def test_the_compiling_process_and_the_loading_processes_agree_bit_for_bit(tmp_path):
-    """The process that compiles the float64 flash forward, backward and a flex kernel
-    into empty caches, one that loads them, and one that loads them after calling the
-    kernels' helpers on their own: the same bits. Before the private linkage the
-    compiling process ran the helpers compiled on their own (it compiles them first) and
-    differed from a loading process by an ulp in all three."""
+    """The process that compiles the float64 flash forward and a flex kernel into empty
+    caches, one that loads them, and one that loads them after calling the kernels'
+    helpers on their own: the same bits. Before the private linkage the compiling
+    process ran the helpers compiled on their own (it compiles them first) and differed
+    from a loading process by an ulp in both (and in the backward, left out here for its
+    compile time: the structural test covers every kernel's object)."""
     env = _caches(tmp_path)
     compiled = _run(_PUBLIC_RESULTS.format(others_first=False), env)
     loaded = _run(_PUBLIC_RESULTS.format(others_first=False), env)
@@ -214,9 +210,10 @@ def test_a_flex_module_is_keyed_by_every_kernel_and_core_source(tmp_path, monkey
             root / package,
             ignore=shutil.ignore_patterns("__pycache__"),
         )
+    installed = flex_build._kernel_sources_hash()
     monkeypatch.setattr(flex_build, "_TEMPLATE", root / "kernels" / "flex.py")
     first = flex_build._kernel_sources_hash()
-    assert first == flex_build._SOURCE_HASH  # the copy hashes as the installed package
+    assert first == installed  # the copy hashes as the installed package
     for edited in (root / "_core" / "linkage.py", root / "kernels" / "flash.py"):
         original = edited.read_bytes()
         edited.write_bytes(original + b"\n")
