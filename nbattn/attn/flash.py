@@ -627,7 +627,8 @@ def flash_attention(
         (``nbattn.kernels.flex_build``): each new function, and each new value
         of a number it reads from its globals or closure, compiles anew (about
         4 s), so pass values that change in ``mod_args``. Not a
-        ``functools.partial`` or bound method: put parameters in ``mod_args``.
+        ``functools.partial`` or bound method, and no keyword-only parameter or
+        ``**kwargs`` (numba calls it positionally): put parameters in ``mod_args``.
         As in FlexAttention it is evaluated on every entry of a visited tile
         inside the band, masked or not: it must be safe there (numba does not
         check array bounds). On ``device="cuda"`` (host arrays) the same
