@@ -213,7 +213,9 @@ def _numpy_calls():
     fwd = nbattn.flash_attention
     back = nbattn.flash_attention_backward
     var = nbattn.flash_attention_varlen
-    var_back = nbattn.flash_attention_varlen_backward
+    packed_back = functools.partial(
+        nbattn.flash_attention_varlen_backward, packed, packed, packed, p_out, p_lse, p_g, cu, cu
+    )
     return [
         ("forward-score_mod", lambda: fwd(*qkv, score_mod=_kw_default), "score_mod", qkv),
         ("forward-mask_mod", lambda: fwd(*qkv, mask_mod=_mask_kw), "mask_mod", qkv),
@@ -256,36 +258,15 @@ def _numpy_calls():
         ),
         (
             "varlen_backward-score_mod_grad",
-            lambda: var_back(
-                packed,
-                packed,
-                packed,
-                p_out,
-                p_lse,
-                p_g,
-                cu,
-                cu,
-                score_mod=_plain,
-                score_mod_grad=_kw_bag,
-            ),  # fmt: skip
+            lambda: packed_back(score_mod=_plain, score_mod_grad=_kw_bag),
             "score_mod_grad",
             (packed, p_out, p_lse, p_g, cu),
         ),
         (
             "varlen_backward-score_mod_args_grad",
-            lambda: var_back(
-                packed,
-                packed,
-                packed,
-                p_out,
-                p_lse,
-                p_g,
-                cu,
-                cu,
-                score_mod=_plain_slopes,
-                mod_args=(slopes,),
-                score_mod_args_grad=_args_grad_kw,
-            ),  # fmt: skip
+            lambda: packed_back(
+                score_mod=_plain_slopes, mod_args=(slopes,), score_mod_args_grad=_args_grad_kw
+            ),
             "score_mod_args_grad",
             (packed, slopes),
         ),
