@@ -599,6 +599,23 @@ def local_design(queries, keys, var_type, degree):
     return np.stack(cols, axis=-1)
 
 
+def local_design_condition(queries, keys, weights, var_type, degree):
+    """Per query, the condition number of its local design M = sum_j w_ij x_ij x_ij^T
+    (``weights`` (n_q, n_k) as :func:`local_polynomial_exact` returns them) scaled to a
+    unit diagonal (Jacobi); 1 for a query that no key weighs. Above about 1e6 a design
+    has no well-determined fit: its nearly dependent terms are dropped or kept by
+    rounding, so two passes that should agree may not."""
+    design = local_design(queries, keys, var_type, degree)
+    cond = np.ones(design.shape[0])
+    for i in range(design.shape[0]):
+        if not weights[i].any():
+            continue
+        M = np.einsum("j,ja,jb->ab", weights[i], design[i], design[i])
+        diag = np.sqrt(np.maximum(np.diag(M), 1e-300))
+        cond[i] = np.linalg.cond(M / np.outer(diag, diag))
+    return cond
+
+
 def local_polynomial_exact(
     queries,
     keys,

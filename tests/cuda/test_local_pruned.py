@@ -59,13 +59,8 @@ def _conditioned_rows(tree, queries, keys, var_type, widths, degree, exclude_sel
         queries, keys, np.zeros(keys.shape[0]), widths, var_type, counts, degree,
         exclude_self=exclude_self,
     )  # fmt: skip
-    design = naive.local_design(queries, keys, var_type, degree)
-    well = np.zeros(queries.shape[0], dtype=bool)
-    for i in range(queries.shape[0]):
-        M = np.einsum("j,ja,jb->ab", W[i], design[i], design[i])
-        diag = np.sqrt(np.maximum(np.diag(M), 1e-300))
-        well[i] = W[i].any() and np.linalg.cond(M / np.outer(diag, diag)) < 1e6
-    return tree.to_layout(well)
+    cond = naive.local_design_condition(queries, keys, W, var_type, degree)
+    return tree.to_layout(W.any(axis=1) & (cond < 1e6))
 
 
 def _cpu_leaves_of(tree, blocks: BlockRuns) -> LocalLeaves:

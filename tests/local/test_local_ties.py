@@ -101,14 +101,11 @@ def test_tied_fits_are_the_leave_one_out_fits(seed, n, var_type, levels, degree,
         ridge=config.LOCAL_RIDGE,
     )
     ref = ref * 10.0**power
-    design = naive.local_design(X, X, var_type, degree)
+    cond = naive.local_design_condition(X, X, weights, var_type, degree)
     for i in range(n):
-        M = np.einsum("j,ja,jb->ab", weights[i], design[i], design[i])
-        diag = np.sqrt(np.maximum(np.diag(M), 1e-300))
-        cond = np.linalg.cond(M / np.outer(diag, diag)) if weights[i].any() else 1.0
-        if cond < 1e6:
-            assert abs(tied[i, 0] - ref[i]) <= 1e-9 * scale, (i, cond)
-            assert abs(tied[i, 0] - plain.beta[i, 0, 0]) <= 1e-9 * scale, (i, cond)
+        if cond[i] < 1e6:
+            assert abs(tied[i, 0] - ref[i]) <= 1e-9 * scale, (i, cond[i])
+            assert abs(tied[i, 0] - plain.beta[i, 0, 0]) <= 1e-9 * scale, (i, cond[i])
 
 
 def test_the_width_search_on_pooled_ties_finds_the_plain_search_s_widths(monkeypatch):
