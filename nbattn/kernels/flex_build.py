@@ -326,16 +326,22 @@ def check_signature(fn, name, n_fixed, n_args, fixed_names):
             f"{name} has the keyword-only parameter {by_keyword[0]}, which numba cannot "
             f"compile: make it positional, or pass its value in mod_args; {name}{sig}"
         )
-    if any(p.kind is p.VAR_POSITIONAL for p in params):
-        return
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     needed = n_fixed + n_args
     required = [p for p in positional if p.default is p.empty]
-    if len(required) <= needed <= len(positional):
+    # *args takes any number beyond the named parameters, never fewer than the required
+    most = math.inf if any(p.kind is p.VAR_POSITIONAL for p in params) else len(positional)
+    if len(required) <= needed <= most:
         return
+    if most == len(required):
+        takes = str(most)
+    elif most == math.inf:
+        takes = f"{len(required)} or more"
+    else:
+        takes = f"{len(required)} to {most}"
     raise ValueError(
         f"{name} must take ({fixed_names}) and one more argument per mod_args entry "
-        f"({n_args} given): {needed} in all; it takes {len(positional)}: {sig}"
+        f"({n_args} given): {needed} in all; it takes {takes}: {sig}"
     )
 
 

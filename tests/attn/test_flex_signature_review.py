@@ -399,15 +399,23 @@ def test_a_function_jitted_with_an_explicit_signature_is_accepted():
     np.testing.assert_allclose(out, _dense(q, k, v, 0.125 * (j - i)), rtol=1e-12, atol=1e-12)
 
 
-def test_star_args_with_too_many_required_parameters_is_refused_by_name():
-    """``*rest`` skips the count check (pre-existing): numba's own mismatch, named."""
+def test_star_args_with_too_many_required_parameters_is_refused_by_name(no_compile):
+    """``*rest`` takes any number of arguments beyond the named ones, never fewer than
+    the required ones: refused before compiling (it once reached numba's own mismatch)."""
 
     def needs_two(score, b, h, q_idx, kv_idx, x, y, *rest):
         return score
 
+    def takes_one_more(score, b, h, q_idx, kv_idx, x, y=1.0):
+        return score
+
     q, k, v = _qkv()
-    with pytest.raises(ValueError, match="^score_mod could not be compiled"):
+    with pytest.raises(ValueError, match=r"^score_mod must take .* it takes 7 or more"):
         nbattn.flash_attention(q, k, v, score_mod=needs_two)
+    with pytest.raises(ValueError, match=r"^score_mod must take .* it takes 6 to 7"):
+        nbattn.flash_attention(q, k, v, score_mod=takes_one_more)
+    with pytest.raises(ValueError, match=r"^score_mod must take .* \(3 given\).* it takes 6 to 7"):
+        nbattn.flash_attention(q, k, v, score_mod=takes_one_more, mod_args=(1.0, 2.0, 3.0))
 
 
 def test_mod_args_of_the_wrong_kind_are_named(no_compile):
