@@ -1459,3 +1459,51 @@ def flex_attention_grads(
     dk, dv = (d.reshape(n_b, n_h // group, group, *d.shape[2:]).sum(2) for d in (dk, dv))
     return (out.reshape(lead + (v.shape[-1],)), lse.reshape(lead), dq.reshape(shapes[0]),
             dk.reshape(shapes[1]), dv.reshape(shapes[2]))  # fmt: skip
+
+
+def kd_order(z, leaf_keys):
+    """``nbattn.kernels.kd_order.kd_order`` in plain Python, reading the keys through the
+    order as it is permuted: (order, leaf_start). Each node [a, b) of more than
+    ``leaf_keys`` keys is split at mid = (a + b) // 2 along its widest coordinate by
+    Hoare's selection (the same pivots and swaps as the kernel, so the same order);
+    leaves come out depth first."""
+    z = np.asarray(z, dtype=np.float64)
+    n, k = z.shape
+    order = list(range(n))
+    starts = []
+    stack = [(0, n)]
+    while stack:
+        a, b = stack.pop()
+        if b - a <= leaf_keys:
+            starts.append(a)
+            continue
+        extents = [
+            max([-np.inf] + [z[order[t], f] for t in range(a, b)])
+            - min([np.inf] + [z[order[t], f] for t in range(a, b)])
+            for f in range(k)
+        ]
+        dim = int(np.argmax(extents))  # the first of equal extents, as the kernel's strict >
+        mid = (a + b) // 2
+        lo, hi = a, b - 1
+        while lo < hi:
+            pivot = z[order[(lo + hi) // 2], dim]
+            i, j = lo, hi
+            while i <= j:
+                while z[order[i], dim] < pivot:
+                    i += 1
+                while z[order[j], dim] > pivot:
+                    j -= 1
+                if i <= j:
+                    order[i], order[j] = order[j], order[i]
+                    i += 1
+                    j -= 1
+            if mid <= j:
+                hi = j
+            elif mid >= i:
+                lo = i
+            else:
+                break
+        stack.append((mid, b))
+        stack.append((a, mid))
+    starts.append(n)
+    return np.array(order, dtype=np.int64), np.array(starts, dtype=np.int64)

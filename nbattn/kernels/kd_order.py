@@ -33,20 +33,26 @@ _NEIGHBOURS = 4  # keys on each side, in the k-d order, that bound a row's best 
 
 
 @njit(cache=config.CACHE)
-def _select_median(order, z, a, b, mid, dim):
+def _select_median(order, zc, a, b, mid, dim):
     """Reorder order[a:b] so that order[mid] holds the median key along ``dim``, with no
-    key before it larger and none after it smaller (Hoare's selection)."""
+    key before it larger and none after it smaller (Hoare's selection). ``zc`` (k, n)
+    holds the keys' coordinates in the current order (column t is key order[t]) and its
+    columns move with ``order``: the selection reads contiguous memory, not the keys
+    gathered through ``order``."""
+    k = zc.shape[0]
     lo, hi = a, b - 1
     while lo < hi:
-        pivot = z[order[(lo + hi) // 2], dim]
+        pivot = zc[dim, (lo + hi) // 2]
         i, j = lo, hi
         while i <= j:
-            while z[order[i], dim] < pivot:
+            while zc[dim, i] < pivot:
                 i += 1
-            while z[order[j], dim] > pivot:
+            while zc[dim, j] > pivot:
                 j -= 1
             if i <= j:
                 order[i], order[j] = order[j], order[i]
+                for f in range(k):
+                    zc[f, i], zc[f, j] = zc[f, j], zc[f, i]
                 i += 1
                 j -= 1
         if mid <= j:
@@ -62,10 +68,16 @@ def kd_order(z, leaf_keys):
     """``(order, leaf_start)``: keys in k-d order and the leaves' first positions (plus n).
 
     Each node [a, b) of more than ``leaf_keys`` keys is split at its median along its
-    widest coordinate; leaves are ranges of ``order``, in depth-first order.
+    widest coordinate; leaves are ranges of ``order``, in depth-first order. The split
+    works on a copy of the coordinates kept in the current order (feature-major), so
+    that each node's extents and selection scan contiguous memory.
     """
     n, k = z.shape
     order = np.arange(n)
+    zc = np.empty((k, n))
+    for t in range(n):
+        for f in range(k):
+            zc[f, t] = z[t, f]
     stack_a = np.empty(64, dtype=np.int64)
     stack_b = np.empty(64, dtype=np.int64)
     starts = np.empty(n + 1, dtype=np.int64)
@@ -84,13 +96,13 @@ def kd_order(z, leaf_keys):
         for f in range(k):
             low, high = np.inf, -np.inf
             for t in range(a, b):
-                value = z[order[t], f]
+                value = zc[f, t]
                 low = min(low, value)
                 high = max(high, value)
             if high - low > best_extent:
                 best_dim, best_extent = f, high - low
         mid = (a + b) // 2
-        _select_median(order, z, a, b, mid, best_dim)
+        _select_median(order, zc, a, b, mid, best_dim)
         # the right half first on the stack, so that the left leaf comes out first
         stack_a[top], stack_b[top] = mid, b
         stack_a[top + 1], stack_b[top + 1] = a, mid

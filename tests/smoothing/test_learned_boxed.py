@@ -54,6 +54,11 @@ def test_kd_order_leaves_partition_the_keys(n, k, leaf_keys, ties, seed):
     if ties:
         z = np.round(z)  # many equal coordinates, whole equal rows
     order, starts = kd_order.kd_order(z, leaf_keys)
+    # the same order as the plain-Python split (the kernel permutes a copy of the keys
+    # with the order instead of reading them through it)
+    ref_order, ref_starts = naive.kd_order(z, leaf_keys)
+    np.testing.assert_array_equal(order, ref_order)
+    np.testing.assert_array_equal(starts, ref_starts)
     assert np.array_equal(np.sort(order), np.arange(n))
     assert starts[0] == 0 and starts[-1] == n
     sizes = np.diff(starts)
