@@ -1466,7 +1466,7 @@ def kd_order(z, leaf_keys):
     order as it is permuted: (order, leaf_start). Each node [a, b) of more than
     ``leaf_keys`` keys is split at mid = (a + b) // 2 along its widest coordinate by
     Hoare's selection (the same pivots and swaps as the kernel, so the same order);
-    leaves come out depth first."""
+    leaves come out depth first. Keys are compared as float64."""
     z = np.asarray(z, dtype=np.float64)
     n, k = z.shape
     order = list(range(n))
@@ -1482,7 +1482,10 @@ def kd_order(z, leaf_keys):
             - min([np.inf] + [z[order[t], f] for t in range(a, b)])
             for f in range(k)
         ]
-        dim = int(np.argmax(extents))  # the first of equal extents, as the kernel's strict >
+        dim, widest = 0, -1.0
+        for f, extent in enumerate(extents):  # the first widest; a NaN extent never wins
+            if extent > widest:
+                dim, widest = f, extent
         mid = (a + b) // 2
         lo, hi = a, b - 1
         while lo < hi:

@@ -67,12 +67,14 @@ def _select_median(order, zc, a, b, mid, dim):
 def kd_order(z, leaf_keys):
     """``(order, leaf_start)``: keys in k-d order and the leaves' first positions (plus n).
 
-    Each node [a, b) of more than ``leaf_keys`` keys is split at its median along its
-    widest coordinate; leaves are ranges of ``order``, in depth-first order. The split
-    works on a copy of the coordinates kept in the current order (feature-major), so
-    that each node's extents and selection scan contiguous memory.
+    Each node [a, b) of more than ``leaf_keys`` keys (at least 1) is split at its median
+    along its widest coordinate; leaves are ranges of ``order``, in depth-first order.
+    Keys are compared as float64. The split works on a copy of the coordinates kept in
+    the current order (feature-major, k n float64 more), so that each node's extents and
+    selection scan contiguous memory.
     """
     n, k = z.shape
+    leaf_keys = max(leaf_keys, 1)
     order = np.arange(n)
     zc = np.empty((k, n))
     for t in range(n):
@@ -80,7 +82,7 @@ def kd_order(z, leaf_keys):
             zc[f, t] = z[t, f]
     stack_a = np.empty(64, dtype=np.int64)
     stack_b = np.empty(64, dtype=np.int64)
-    starts = np.empty(n + 1, dtype=np.int64)
+    starts = np.empty(n + 2, dtype=np.int64)  # n = 0: one empty leaf, then the end
     n_leaves = 0
     top = 0
     stack_a[0], stack_b[0] = 0, n
