@@ -76,13 +76,15 @@ def kd_order(z, leaf_keys):
     n, k = z.shape
     leaf_keys = max(leaf_keys, 1)
     order = np.arange(n)
+    if n == 0:  # no leaf: the starts hold the end alone
+        return order, np.zeros(1, dtype=np.int64)
     zc = np.empty((k, n))
     for t in range(n):
         for f in range(k):
             zc[f, t] = z[t, f]
     stack_a = np.empty(64, dtype=np.int64)
     stack_b = np.empty(64, dtype=np.int64)
-    starts = np.empty(n + 2, dtype=np.int64)  # n = 0: one empty leaf, then the end
+    starts = np.empty(n + 1, dtype=np.int64)
     n_leaves = 0
     top = 0
     stack_a[0], stack_b[0] = 0, n
