@@ -68,7 +68,12 @@ beside its GPU time is mostly the CPU reference's first call: numba compiles
 the CPU kernels too, on a machine whose cache does not have them yet. What
 the budget skipped is listed at the end with the command that runs it.
 Every part runs guarded: an exception is printed as ERROR with its last
-line and counted, and the run goes on.
+line and counted, and the run goes on. Each part prints its name as it
+starts (``...``), and one still running after ``--stall-report`` seconds
+(default 90) prints every thread's Python stack, again each time as long
+again: a part that never returns shows whether it waits in a compile, a
+kernel or the CPU's reference (on 2026-12-04 the first ``features`` check
+ran silent for 340 s on an H200, before this report existed).
 
 Figures of the first run on an NVIDIA H200 (numba-cuda 0.30.4): NW float32
 1-D 5.4e11 pairs/s at 2^19 x 2^19, 8-D 2.7e11; flash float32 N = 4096
@@ -92,6 +97,7 @@ this NumPy: the message says which).
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
 import sys
 import time
@@ -153,6 +159,14 @@ def _parse(argv=None):
         help="seconds after which no further timing starts (default 420; none with "
         "--simulate-tiny)",
     )
+    parser.add_argument(
+        "--stall-report",
+        type=float,
+        default=90.0,
+        help="seconds after which a part still running prints every thread's Python stack, "
+        "and again each time as long again (default 90; 0: never): a stall then shows "
+        "whether it is in a compile, a kernel or the CPU's reference",
+    )
     parser.add_argument("--no-torch", action="store_true", help="skip torch SDPA")
     args = parser.parse_args(argv)
     no_limit = np.inf if args.simulate_tiny else None
@@ -171,10 +185,12 @@ class Report:
     check: mostly kernel compiles, or cache loads).
     """
 
-    def __init__(self, budget_s, check_budget_s):
+    def __init__(self, budget_s, check_budget_s, stall_report_s=0.0):
         self.t0 = time.perf_counter()
         self.budget_s = budget_s
         self.check_budget_s = check_budget_s
+        self.stall_report_s = stall_report_s
+        self.depth = 0  # guards running (a section's guard holds its checks' guards)
         self.checks = []  # (name, status, detail)
         self.timings = []  # (section, what, figure)
         self.skipped = []  # (section, what)
@@ -215,6 +231,10 @@ class Report:
             return None
         start = time.perf_counter()
         self.gpu_s = 0.0
+        self.depth += 1
+        if self.stall_report_s > 0:
+            print(f"  ...   {name}", flush=True)
+            faulthandler.dump_traceback_later(self.stall_report_s, repeat=True, file=sys.stdout)
         try:
             return fn(*args)
         except Exception as exc:  # one part failing must not stop the others
@@ -225,6 +245,10 @@ class Report:
             print(f"  ERROR {name}: {detail}", flush=True)
             return None
         finally:
+            self.depth -= 1
+            faulthandler.cancel_dump_traceback_later()
+            if self.depth and self.stall_report_s > 0:  # the enclosing guard's watch again
+                faulthandler.dump_traceback_later(self.stall_report_s, repeat=True, file=sys.stdout)
             if section is not None:
                 print(f"        [{name}: {time.perf_counter() - start:.1f} s]", flush=True)
 
@@ -1074,6 +1098,9 @@ def _kernel_cache_counts():
 
 def main(argv=None):
     args = _parse(argv)
+    # the small checks' grids are small on purpose: numba-cuda's warning on each launch
+    # buried the results in the log (set the variable to 1 to see them)
+    os.environ.setdefault("NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS", "0")
     if args.simulate_tiny:
         os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
         import numba
@@ -1098,7 +1125,7 @@ def main(argv=None):
     import numba
     from numba import cuda
 
-    report = Report(args.budget, args.check_budget)
+    report = Report(args.budget, args.check_budget, args.stall_report)
     if args.simulate_tiny:
         print("device: CUDA simulator (NUMBA_ENABLE_CUDASIM=1), tiny shapes, 8 threads per block")
     else:
