@@ -1461,15 +1461,24 @@ def flex_attention_grads(
             dk.reshape(shapes[1]), dv.reshape(shapes[2]))  # fmt: skip
 
 
-def kd_order(z, leaf_keys):
+def kd_order(z, leaf_keys, trace=None):
     """``nbattn.kernels.kd_order.kd_order`` in plain Python, reading the keys through the
     order as it is permuted: (order, leaf_start). Each node [a, b) of more than
     ``leaf_keys`` keys is split at mid = (a + b) // 2 along its widest coordinate by
     Hoare's selection (the same pivots and swaps as the kernel, so the same order);
-    leaves come out depth first. Keys are compared as float64."""
+    leaves come out depth first. Keys are compared as float64.
+
+    The kernel's guard: a node's passes add the keys they scan (hi - lo + 1); a pass that
+    would take the count past 32 (b - a) + 256 is not made and [lo, hi] is sorted
+    instead by the key, NaN last, ties in their present order. ``trace``: a list that,
+    when given, receives (a, b, scanned, sorted) of each split node: the keys its passes
+    scanned (the refused pass not counted) and whether the guard sorted."""
     z = np.asarray(z, dtype=np.float64)
     n, k = z.shape
     order = list(range(n))
+    if n == 0:  # no keys: no leaf, only the end
+        return np.array(order, dtype=np.int64), np.array([0], dtype=np.int64)
+    leaf_keys = max(leaf_keys, 1)  # as the kernel: below 1 would split one key forever
     starts = []
     stack = [(0, n)]
     while stack:
@@ -1488,7 +1497,19 @@ def kd_order(z, leaf_keys):
                 dim, widest = f, extent
         mid = (a + b) // 2
         lo, hi = a, b - 1
+        budget, scanned, guarded = 32 * (b - a) + 256, 0, False
         while lo < hi:
+            if scanned + hi - lo + 1 > budget:
+                values = [float(z[order[t], dim]) for t in range(lo, hi + 1)]
+                # NaN last; sorted is stable: ties (-0.0 and 0.0 among them) keep their order
+                nan = [value != value for value in values]
+                rank = sorted(
+                    range(hi + 1 - lo), key=lambda t: (nan[t], 0.0 if nan[t] else values[t])
+                )
+                order[lo : hi + 1] = [order[lo + t] for t in rank]
+                guarded = True
+                break
+            scanned += hi - lo + 1
             pivot = z[order[(lo + hi) // 2], dim]
             i, j = lo, hi
             while i <= j:
@@ -1506,6 +1527,8 @@ def kd_order(z, leaf_keys):
                 lo = i
             else:
                 break
+        if trace is not None:
+            trace.append((a, b, scanned, guarded))
         stack.append((mid, b))
         stack.append((a, mid))
     starts.append(n)
