@@ -467,7 +467,8 @@ def sharded_training(client=None, n_partitions=None, verbose=0):
     into ``n_partitions`` row ranges (default: twice the number of workers);
     each range is a task that scores its rows against all keys, and the
     partial sums come back to be added. Arrays go to the workers with
-    ``client.scatter`` once per evaluation, under fresh keys (``hash=False``):
+    ``client.scatter`` once per evaluation (to one worker each, from which the
+    tasks on the others fetch them), under fresh keys (``hash=False``):
     content-hashed keys would let the release of one evaluation's copy drop
     the identical array that the next evaluation has just scattered.
 
@@ -506,14 +507,14 @@ def sharded_training(client=None, n_partitions=None, verbose=0):
     lost_worker_errors = _lost_worker_errors() if client is not None else ()
 
     def evaluate(task, n_rows, args):
-        # arrays and the engine's layouts (dataclasses of arrays) go once to every worker;
-        # a scatter to a worker that has just died would wait for it: bounded, then retried
+        # arrays and the engine's layouts (dataclasses of arrays) are scattered once, and
+        # the tasks fetch them from the worker that holds them. Not broadcast: replicating
+        # to a worker that had just died, still listed by the scheduler, hung past the
+        # scatter's own timeout (about one evaluation in three after a worker was killed).
+        # A scatter that reaches a dead worker fails within the timeout and is retried.
         timeout = config.DASK_CONNECT_TIMEOUT
         remote = [
-            client.scatter(a, broadcast=True, hash=False, timeout=timeout)
-            if _shipped_once(a)
-            else a
-            for a in args
+            client.scatter(a, hash=False, timeout=timeout) if _shipped_once(a) else a for a in args
         ]
         futures = [client.submit(task, a, b, *remote, pure=False) for a, b in bounds_of(n_rows)]
         if log.enabled:

@@ -178,16 +178,11 @@ def test_mixed_fit_widths_equal_in_memory(client):
     np.testing.assert_array_equal(got.bandwidth_, make().fit(X, y).bandwidth_)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="a worker killed just before an evaluation: where the scatter fails "
-    "(CommClosedError) sharded_training runs the evaluation again and it passes; where the "
-    "scheduler still replicates to the dead worker, client.scatter(broadcast=True) hangs "
-    "past its own timeout (about one run in three here), which no retry reaches",
-)
 def test_evaluation_right_after_a_worker_dies_still_equals_in_memory():
     """A worker killed between two evaluations: the next one's scatter fails (or would
-    wait for the dead worker); sharded_training runs the evaluation again, the same sums."""
+    wait for the dead worker); sharded_training runs the evaluation again, the same sums.
+    (A scatter with broadcast=True, replicating to a worker the scheduler still listed,
+    hung past its own timeout in about one run in three.)"""
     X, y = _mixed(90, 4)
     th = widths_to_theta(np.array([0.6, 0.7, 0.2]), "ccu", (0, 0, 3))
     expected = _criterion(X, y, th, var_type="ccu")
