@@ -1,4 +1,5 @@
 import hashlib
+import json
 import os
 import sys
 import tempfile
@@ -70,6 +71,11 @@ def pytest_configure(config):
     folder = Path(tempfile.gettempdir()) / f"nbattn-compile-locks-{digest}"
     folder.mkdir(parents=True, exist_ok=True)
     lock_compiles(folder)
+    # The same lock in the worker processes of the suite's Dask clusters (LocalCluster
+    # spawns them; dask reads its DASK_* variables when it is imported, after this).
+    os.environ["NBATTN_TEST_COMPILE_LOCKS"] = str(folder)
+    preload = Path(__file__).resolve().parent / "dask_worker_setup.py"
+    os.environ.setdefault("DASK_DISTRIBUTED__WORKER__PRELOAD", json.dumps([str(preload)]))
     # The flex kernels generated per user function (nbattn.kernels.flex_build) go to a
     # folder per checkout in the system's temporary folder, shared by xdist's workers and
     # by later runs as numba's cache is, never to the user's cache folder.

@@ -348,3 +348,15 @@ def test_worker_killed_mid_job_still_gives_identical_results(client, data):
     assert got.shape == expected.shape
     np.testing.assert_allclose(got, expected, rtol=1e-12, atol=0)
     client.wait_for_workers(2, timeout=120)  # the nanny restarts the killed worker
+
+
+def test_the_suites_workers_take_the_compile_lock(client):
+    """tests/dask_worker_setup.py ran in every worker: a kernel that is not cached yet is
+    compiled once across the workers and the test processes, not by each."""
+
+    def locked():
+        from numba.core import dispatcher
+
+        return getattr(dispatcher.Dispatcher.compile, "_nbattn_locked", False)
+
+    assert set(client.run(locked).values()) == {True}
