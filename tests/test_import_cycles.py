@@ -120,13 +120,21 @@ def test_the_cycle_finder_finds_cycles():
     assert _find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
 
 
-#: Run in one interpreter: numpy and numba (the base every module needs) are loaded once,
-#: then each module is imported in a fork of that interpreter, where no nbattn module is
-#: loaded yet. A fresh interpreter per module would load numpy and numba 65 times over
-#: (about 30 s of CPU); a module that forgets an import of its own fails here all the same.
+#: Run in one interpreter: numpy, numba and the other libraries nbattn's modules use are
+#: loaded once, then each module is imported in a fork of that interpreter, where no
+#: nbattn module is loaded yet. A fresh interpreter per module would load them all over
+#: again for each module (about 30 s of CPU); a module that forgets an import of its own
+#: fails here all the same (another library loaded is not a name bound in the module).
 _FORK_SERVER = """
-import json, os, sys, traceback
+import importlib, json, os, sys, traceback
 import numpy, numba
+for library in ("scipy.optimize", "scipy.special", "scipy.stats", "pandas", "sklearn.base",
+                "sklearn.utils.validation", "matplotlib.pyplot", "tqdm", "threadpoolctl",
+                "dask.array", "dask.dataframe", "distributed"):
+    try:
+        importlib.import_module(library)
+    except ImportError:  # an optional one that is not installed
+        pass
 results = {}
 for module in json.loads(sys.argv[1]):
     read, write = os.pipe()
