@@ -1533,3 +1533,24 @@ def kd_order(z, leaf_keys, trace=None):
         stack.append((a, mid))
     starts.append(n)
     return np.array(order, dtype=np.int64), np.array(starts, dtype=np.int64)
+
+
+def assert_valid_kd_split(z, leaf_keys, order, starts):
+    """``kd_order``'s (order, starts) for keys ``z`` without NaN: a permutation, leaves
+    as ``kd_nodes`` expects, none over ``leaf_keys``, and at each node the left half no
+    larger than the right along the node's widest axis (the first widest, as the
+    kernel's strict >)."""
+    from nbattn.kernels import kd_order as kd
+
+    n = z.shape[0]
+    np.testing.assert_array_equal(np.sort(order), np.arange(n))
+    z_t = np.ascontiguousarray(z[order].T)
+    start, stop, right, lo, hi = kd.kd_nodes(z_t, leaf_keys)
+    leaves = right < 0
+    np.testing.assert_array_equal(np.append(start[leaves], n), starts)
+    assert np.all(stop[leaves] - start[leaves] <= leaf_keys)
+    for node in np.flatnonzero(~leaves):
+        dim = int(np.argmax(hi[node] - lo[node]))
+        left, rite = node + 1, right[node]
+        assert stop[left] == start[rite] == (start[node] + stop[node]) // 2
+        assert hi[left, dim] <= lo[rite, dim]

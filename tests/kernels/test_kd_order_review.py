@@ -99,18 +99,7 @@ def test_every_split_separates_its_halves(data, leaf_keys):
     n = 5000
     z = np.ascontiguousarray(_cases(n, 3, seed=11)[data])
     order, starts = kd_order.kd_order(z, leaf_keys)
-    np.testing.assert_array_equal(np.sort(order), np.arange(n))
-    z_t = np.ascontiguousarray(z[order].T)
-    start, stop, right, lo, hi = kd_order.kd_nodes(z_t, leaf_keys)
-    leaves = right < 0
-    np.testing.assert_array_equal(np.append(start[leaves], n), starts)
-    assert np.all(stop[leaves] - start[leaves] <= leaf_keys)
-    for node in np.flatnonzero(~leaves):
-        extent = hi[node] - lo[node]
-        dim = int(np.argmax(extent))  # the first widest, as the kernel's strict >
-        left, rite = node + 1, right[node]
-        assert stop[left] == start[rite] == (start[node] + stop[node]) // 2
-        assert hi[left, dim] <= lo[rite, dim]
+    naive.assert_valid_kd_split(z, leaf_keys, order, starts)
 
 
 def test_naive_twin_with_infinite_extent():

@@ -202,21 +202,7 @@ def _keys(column, k):
     return np.ascontiguousarray(np.stack(cols, axis=1))
 
 
-def _assert_valid(z, leaf_keys, order, starts):
-    """A permutation; leaves as kd_nodes expects, none over leaf_keys; at each node the left
-    half no larger than the right along the node's widest axis (keys without NaN)."""
-    n = z.shape[0]
-    np.testing.assert_array_equal(np.sort(order), np.arange(n))
-    z_t = np.ascontiguousarray(z[order].T)
-    start, stop, right, lo, hi = kd_order.kd_nodes(z_t, leaf_keys)
-    leaves = right < 0
-    np.testing.assert_array_equal(np.append(start[leaves], n), starts)
-    assert np.all(stop[leaves] - start[leaves] <= leaf_keys)
-    for node in np.flatnonzero(~leaves):
-        dim = int(np.argmax(hi[node] - lo[node]))
-        left, rite = node + 1, right[node]
-        assert stop[left] == start[rite] == (start[node] + stop[node]) // 2
-        assert hi[left, dim] <= lo[rite, dim]
+_assert_valid = naive.assert_valid_kd_split
 
 
 # ---------------------------------------------------------------------------------------
