@@ -1461,7 +1461,7 @@ def flex_attention_grads(
             dk.reshape(shapes[1]), dv.reshape(shapes[2]))  # fmt: skip
 
 
-def kd_order(z, leaf_keys, trace=None):
+def kd_order(z, leaf_keys, trace=None, scan_per_key=32):
     """``nbattn.kernels.kd_order.kd_order`` in plain Python, reading the keys through the
     order as it is permuted: (order, leaf_start). Each node [a, b) of more than
     ``leaf_keys`` keys is split at mid = (a + b) // 2 along its widest coordinate by
@@ -1469,7 +1469,7 @@ def kd_order(z, leaf_keys, trace=None):
     leaves come out depth first. Keys are compared as float64.
 
     The kernel's guard: a node's passes add the keys they scan (hi - lo + 1); a pass that
-    would take the count past 32 (b - a) + 256 is not made and [lo, hi] is sorted
+    would take the count past ``scan_per_key`` (b - a) + 256 is not made and [lo, hi] is sorted
     instead by the key, NaN last, ties in their present order. ``trace``: a list that,
     when given, receives (a, b, scanned, sorted) of each split node: the keys its passes
     scanned (the refused pass not counted) and whether the guard sorted."""
@@ -1497,7 +1497,7 @@ def kd_order(z, leaf_keys, trace=None):
                 dim, widest = f, extent
         mid = (a + b) // 2
         lo, hi = a, b - 1
-        budget, scanned, guarded = 32 * (b - a) + 256, 0, False
+        budget, scanned, guarded = scan_per_key * (b - a) + 256, 0, False
         while lo < hi:
             if scanned + hi - lo + 1 > budget:
                 values = [float(z[order[t], dim]) for t in range(lo, hi + 1)]

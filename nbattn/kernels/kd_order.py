@@ -95,7 +95,7 @@ def _sort_range(order, zc, lo, stop, dim):
 
 
 @njit(cache=config.CACHE)
-def _select_median(order, zc, a, b, mid, dim):
+def _select_median(order, zc, a, b, mid, dim, scan_per_key):
     """Reorder order[a:b] so that order[mid] holds the median key along ``dim``, with no
     key before it larger and none after it smaller (Hoare's selection, the middle
     element as pivot, guarded). ``zc`` (k, n) holds the keys' coordinates in the current
@@ -105,7 +105,7 @@ def _select_median(order, zc, a, b, mid, dim):
     The guard (introselect's idea): the middle pivot takes quadratic time on some columns
     (organ-pipe values, rising then falling: ~5 s at 2e5 keys, minutes at 1e6). Each pass
     adds the keys it scans, hi - lo + 1, to a count; a pass that would take it past
-    ``_SCAN_PER_KEY * (b - a) + _SCAN_SLACK`` is not made, and the range [lo, hi] still
+    ``scan_per_key * (b - a) + _SCAN_SLACK`` is not made, and the range [lo, hi] still
     holding the median is sorted instead (``_sort_range``: O(m log m), stable, NaN
     last), so a call costs O(m log m) at worst. The passes before leave [a, lo) no larger
     and (hi, b) no smaller than what [lo, hi] holds, so the split stays valid. Random
@@ -115,7 +115,7 @@ def _select_median(order, zc, a, b, mid, dim):
     the guard sorted."""
     k = zc.shape[0]
     lo, hi = a, b - 1
-    budget = _SCAN_PER_KEY * (b - a) + _SCAN_SLACK
+    budget = scan_per_key * (b - a) + _SCAN_SLACK
     scanned = 0
     while lo < hi:
         scanned += hi - lo + 1
@@ -145,7 +145,7 @@ def _select_median(order, zc, a, b, mid, dim):
 
 
 @njit(cache=config.CACHE)
-def kd_order(z, leaf_keys):
+def kd_order(z, leaf_keys, scan_per_key=_SCAN_PER_KEY):
     """``(order, leaf_start)``: keys in k-d order and the leaves' first positions (plus n).
 
     Each node [a, b) of more than ``leaf_keys`` keys (at least 1) is split at its median
@@ -154,7 +154,9 @@ def kd_order(z, leaf_keys):
     the current order (feature-major, k n float64 more), so that each node's extents and
     selection scan contiguous memory. The median selection is guarded
     (``_select_median``): O(m log m) per node at worst, O(n log^2 n) in all, and on
-    normal keys the same order as plain Hoare's selection.
+    normal keys the same order as plain Hoare's selection. ``scan_per_key``: the guard's
+    budget per key (``_SCAN_PER_KEY``; one too large to reach, such as 2**40, gives the
+    plain selection, the reference the tests compare with).
     """
     n, k = z.shape
     leaf_keys = max(leaf_keys, 1)
@@ -189,7 +191,7 @@ def kd_order(z, leaf_keys):
             if high - low > best_extent:
                 best_dim, best_extent = f, high - low
         mid = (a + b) // 2
-        _select_median(order, zc, a, b, mid, best_dim)
+        _select_median(order, zc, a, b, mid, best_dim, scan_per_key)
         # the right half first on the stack, so that the left leaf comes out first
         stack_a[top], stack_b[top] = mid, b
         stack_a[top + 1], stack_b[top + 1] = a, mid

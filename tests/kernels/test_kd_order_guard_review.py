@@ -429,7 +429,7 @@ def test_select_median_any_mid_any_range(seed):
     a = int(rng.integers(0, n // 4))
     b = int(rng.integers(3 * n // 4, n + 1))
     mid = int(rng.integers(a, b))
-    kd._select_median(order, zc, a, b, mid, 0)
+    kd._select_median(order, zc, a, b, mid, 0, kd._SCAN_PER_KEY)
     np.testing.assert_array_equal(zc[0], column[order])
     np.testing.assert_array_equal(zc[1], order * 1.0)
     np.testing.assert_array_equal(np.sort(order[a:b]), np.arange(a, b))

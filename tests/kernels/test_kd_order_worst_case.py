@@ -7,108 +7,20 @@ import math
 
 import numpy as np
 import pytest
-from numba import njit
 
 from nbattn.kernels import kd_order
 from tests import naive
 
-# ---------------------------------------------------------------------------------------
-# the selection as it was before the guard (a reference: the same pivots and swaps)
+#: A budget per key no selection reaches: the plain (unguarded) selection, as before the guard
+UNGUARDED = 2**40
 
 
-@njit(cache=False)
-def _old_select_median(order, zc, a, b, mid, dim):
-    k = zc.shape[0]
-    lo, hi = a, b - 1
-    while lo < hi:
-        pivot = zc[dim, (lo + hi) // 2]
-        i, j = lo, hi
-        while i <= j:
-            while zc[dim, i] < pivot:
-                i += 1
-            while zc[dim, j] > pivot:
-                j -= 1
-            if i <= j:
-                order[i], order[j] = order[j], order[i]
-                for f in range(k):
-                    zc[f, i], zc[f, j] = zc[f, j], zc[f, i]
-                i += 1
-                j -= 1
-        if mid <= j:
-            hi = j
-        elif mid >= i:
-            lo = i
-        else:
-            return
-
-
-@njit(cache=False)
-def _old_kd_order(z, leaf_keys):
-    n, k = z.shape
-    leaf_keys = max(leaf_keys, 1)
-    order = np.arange(n)
-    if n == 0:
-        return order, np.zeros(1, dtype=np.int64)
-    zc = np.empty((k, n))
-    for t in range(n):
-        for f in range(k):
-            zc[f, t] = z[t, f]
-    stack_a = np.empty(64, dtype=np.int64)
-    stack_b = np.empty(64, dtype=np.int64)
-    starts = np.empty(n + 1, dtype=np.int64)
-    n_leaves = 0
-    stack_a[0], stack_b[0] = 0, n
-    top = 1
-    while top > 0:
-        top -= 1
-        a, b = stack_a[top], stack_b[top]
-        if b - a <= leaf_keys:
-            starts[n_leaves] = a
-            n_leaves += 1
-            continue
-        best_dim, best_extent = 0, -1.0
-        for f in range(k):
-            low, high = np.inf, -np.inf
-            for t in range(a, b):
-                value = zc[f, t]
-                low = min(low, value)
-                high = max(high, value)
-            if high - low > best_extent:
-                best_dim, best_extent = f, high - low
-        mid = (a + b) // 2
-        _old_select_median(order, zc, a, b, mid, best_dim)
-        stack_a[top], stack_b[top] = mid, b
-        stack_a[top + 1], stack_b[top + 1] = a, mid
-        top += 2
-    starts[n_leaves] = n
-    return order, starts[: n_leaves + 1].copy()
-
-
-def _old_scanned(column):
-    """Keys scanned by the unguarded selection at the root of a 1-D column (plain Python)."""
-    values = list(map(float, column))
-    n = len(values)
-    lo, hi, mid, scanned = 0, n - 1, n // 2, 0
-    while lo < hi:
-        scanned += hi - lo + 1
-        pivot = values[(lo + hi) // 2]
-        i, j = lo, hi
-        while i <= j:
-            while values[i] < pivot:
-                i += 1
-            while values[j] > pivot:
-                j -= 1
-            if i <= j:
-                values[i], values[j] = values[j], values[i]
-                i += 1
-                j -= 1
-        if mid <= j:
-            hi = j
-        elif mid >= i:
-            lo = i
-        else:
-            break
-    return scanned
+def _unguarded_root_scan(column):
+    """Keys scanned by the unguarded selection at the root of a 1-D column (the twin's
+    trace; leaves of n - 1 keys, so the root is the only node split)."""
+    trace = []
+    naive.kd_order(column[:, None], column.size - 1, trace, scan_per_key=UNGUARDED)
+    return trace[0][2]
 
 
 # ---------------------------------------------------------------------------------------
@@ -234,8 +146,8 @@ def test_the_guard_fires_where_the_old_selection_overran(n):
     built to keep it going a key per pass past the budget. The guarded one sorts instead,
     within the budget."""
     columns = _columns(n)
-    assert _old_scanned(columns["organ_pipe"]) > n * n / 8
-    assert _old_scanned(columns["middle_pivot_killer"]) > 32 * n + 256
+    assert _unguarded_root_scan(columns["organ_pipe"]) > n * n / 8
+    assert _unguarded_root_scan(columns["middle_pivot_killer"]) > 32 * n + 256
     for name in ("organ_pipe", "middle_pivot_killer"):
         trace = []
         naive.kd_order(columns[name][:, None], 16, trace)
@@ -275,7 +187,7 @@ def test_select_median_reports_the_guard():
         zc = np.ascontiguousarray(np.stack([column, -column]))
         order = np.arange(n)
         mid = n // 2
-        assert kd_order._select_median(order, zc, 0, n, mid, 0) == guarded
+        assert kd_order._select_median(order, zc, 0, n, mid, 0, kd_order._SCAN_PER_KEY) == guarded
         np.testing.assert_array_equal(zc[0], column[order])  # the columns moved with order
         np.testing.assert_array_equal(zc[1], -column[order])
         assert zc[0, mid] == np.sort(column)[mid]
@@ -342,7 +254,7 @@ def test_normal_keys_never_reach_the_guard(kind):
         z = np.ascontiguousarray(_normal_keys(kind, n, k, rng))
         for leaf_keys in (1, 8, 256):
             order, starts = kd_order.kd_order(z, leaf_keys)
-            ref_order, ref_starts = _old_kd_order(z, leaf_keys)
+            ref_order, ref_starts = kd_order.kd_order(z, leaf_keys, UNGUARDED)
             np.testing.assert_array_equal(order, ref_order, err_msg=f"{seed} {n} {k}")
             np.testing.assert_array_equal(starts, ref_starts, err_msg=f"{seed} {n} {k}")
 
