@@ -350,13 +350,23 @@ def test_worker_killed_mid_job_still_gives_identical_results(client, data):
     client.wait_for_workers(2, timeout=120)  # the nanny restarts the killed worker
 
 
-def test_the_suites_workers_take_the_compile_lock(client):
-    """tests/dask_worker_setup.py ran in every worker: a kernel that is not cached yet is
-    compiled once across the workers and the test processes, not by each."""
+def test_the_suites_workers_take_the_compile_lock():
+    """tests/dask_worker_setup.py runs in every worker a cluster of the suite starts: a
+    kernel that is not cached yet is compiled once across the workers and the test
+    processes, not by each. (A cluster of its own: the module's shared one may have lost
+    a worker to an earlier test.)"""
+    distributed = pytest.importorskip("distributed")
 
     def locked():
         from numba.core import dispatcher
 
         return getattr(dispatcher.Dispatcher.compile, "_nbattn_locked", False)
 
-    assert set(client.run(locked).values()) == {True}
+    with (
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+        ) as cluster,
+        distributed.Client(cluster) as c,
+    ):
+        c.wait_for_workers(2)
+        assert list(c.run(locked).values()) == [True, True]
