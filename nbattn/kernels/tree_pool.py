@@ -10,8 +10,8 @@ Here the keys are in the k-d order of ``nbattn.kernels.kd_order`` and every node
 split (``kd_nodes``) carries the bounding box of its keys. A tile of queries (neighbours
 in k-d order) walks the tree together, depth first, nearer child first (Gray and Moore's
 traversal; "nearer" by the sum of the rows' box distances), and each row sums the leaves
-it keeps with a max-shifted online softmax in float64 running sums, as the streaming
-kernel does. Every row keeps its own L, U and running maximum: an internal node is
+it keeps into float64 running sums relative to a shift (below, "Shift"). Every row keeps
+its own L, U and shift: an internal node is
 dropped for the tile only when the rule below drops it for every row of the tile (each
 row's U then grows by its own B), and a leaf is dropped or summed row by row. So the rule
 is applied per row exactly as for a row walking alone; a tile only changes the order of
@@ -55,11 +55,26 @@ Consequences, for the computed Shat = S - E and Ahat_c = A_c - sum_{dropped j} w
 All of these are on top of the rounding error that the exact streaming sums carry
 themselves (the scores are computed in the input dtype, as there).
 
-Far rows. A row whose best score lies below ``-far_score`` of its dtype (the threshold
-of ``nbattn.kernels.pooling``'s far rows), or whose every score overflowed, is flagged
-instead of finished (``far``), and the caller recomputes it with the exact kernel, whose
-far-row paths give the nearest key's value where the textbook formula gives 0/0. A row
-whose root box already lies beyond that distance is flagged before any leaf is summed.
+Shift. A row's sums are kept relative to exp(m), m a bound on every score it has summed,
+so no weight exceeds 1. Before a leaf is summed m is raised, where it is lower, to the
+leaf's box bound -d2 (rounded to the keys' dtype, so that every leaf of the row subtracts
+the same m): the bound is known before the scores, so the partial distances, the last
+feature, the exponential and both sums are one fused pass per leaf, as in the streaming
+kernel's one-pass rows (``nbattn.kernels.pooling``, "One pass"), and no pass looks for
+the leaf's maximum. A box may bound its keys loosely; if a row's final L then lies below
+the one-pass minimum (``one_pass_min_sum``: the weights flushed to zero could matter),
+the row walks the tree again with m its running best score, each leaf's scores computed
+and their maximum taken before the exponentials (the streaming kernel's max-shifted
+online softmax). Either way L is a sum of the kept keys' weights relative to the same m
+as U, and the proof above holds as written.
+
+Far rows. A row whose best score may lie below ``-far_score`` of its dtype (the threshold
+of ``nbattn.kernels.pooling``'s far rows): m + log L, which is at least the best score
+and at most log(n_keys) above it, below -far_score + log(n_keys); or whose every score
+overflowed, is flagged instead of finished (``far``), and the caller recomputes it with
+the exact kernel, which decides by the best score itself and whose far-row paths give the
+nearest key's value where the textbook formula gives 0/0. A row whose root box already
+lies beyond that distance is flagged before any leaf is summed.
 
 Layout: ``queries`` (n_queries, d), ``keys_t`` (d, n_keys) and ``values_t``
 (n_outputs, n_keys) in k-d order, of one dtype (float32 or float64), C-contiguous; the
@@ -76,7 +91,7 @@ from numba import njit, prange
 from .. import config
 from .fastmath import fast_exp, like
 from .kd_order import kd_nodes, kd_order
-from .pooling import far_score
+from .pooling import far_score, one_pass_min_sum
 from .softmax import row_max
 
 __all__ = ["kd_nodes", "kd_order", "tree_pool"]
@@ -122,79 +137,136 @@ def packed_leaves(keys_t, values_t, start, stop, right):
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def _leaf_scores(qt, r, pack, base, nb, buf):
-    """buf[t] = -||query r of the tile - key t of the leaf at ``base``||^2 for t < nb
-    (dtype of the keys)."""
+def _leaf_range(qt, r, pack, base, nb, t0, t1, shift, n_outputs, buf, acc_row):
+    """Keys t0 <= t < t1 of the leaf at ``base`` for query r of the tile, in one fused
+    pass after the partial distances: returns sum_t exp(s_t - shift) (the keys' dtype)
+    and adds sum_t exp(s_t - shift) v_tc into ``acc_row[c]``.
+
+    Every loop runs over slices from index 0: numba then knows no index is negative and
+    drops the wraparound select that keeps a loop over ``pack[base + t]`` scalar."""
+    k = qt.shape[1]
+    n = t1 - t0
+    part = buf[t0:t1]
+    if k > 1:
+        keys_f = pack[base + t0 : base + t1]
+        q0 = qt[r, 0]
+        for j in range(n):
+            diff = keys_f[j] - q0
+            part[j] = diff * diff
+        for f in range(1, k - 1):
+            keys_f = pack[base + f * nb + t0 : base + f * nb + t1]
+            qf = qt[r, f]
+            for j in range(n):
+                diff = keys_f[j] - qf
+                part[j] += diff * diff
+    last = pack[base + (k - 1) * nb + t0 : base + (k - 1) * nb + t1]
+    q_last = qt[r, k - 1]
+    s = like(shift, buf)
+    total = like(0.0, buf)
+    if n_outputs == 1:
+        values = pack[base + k * nb + t0 : base + k * nb + t1]
+        weighted = like(0.0, buf)
+        if k == 1:
+            for j in range(n):
+                diff = last[j] - q_last
+                w = fast_exp(-(diff * diff) - s)
+                total += w
+                weighted += w * values[j]
+        else:
+            for j in range(n):
+                diff = last[j] - q_last
+                w = fast_exp(-(part[j] + diff * diff) - s)
+                total += w
+                weighted += w * values[j]
+        acc_row[0] += weighted
+        return total
+    for j in range(n):
+        diff = last[j] - q_last
+        dist = diff * diff
+        if k > 1:
+            dist += part[j]
+        w = fast_exp(-dist - s)
+        part[j] = w
+        total += w
+    for c in range(n_outputs):
+        values = pack[base + (k + c) * nb + t0 : base + (k + c) * nb + t1]
+        weighted = like(0.0, buf)
+        for j in range(n):
+            weighted += part[j] * values[j]
+        acc_row[c] += weighted
+    return total
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def _rescale(r, new_m, n_outputs, acc, m, total, used):
+    """Row r's sums moved from the shift m[r] to ``new_m`` (above it)."""
+    scale = math.exp(m[r] - new_m)
+    total[r] *= scale
+    used[r] *= scale
+    for c in range(n_outputs):
+        acc[r, c] *= scale
+    m[r] = new_m
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def _sum_leaf_at_best(qt, r, pack, base, nb, n_outputs, skip, buf, acc, m, total, used):
+    """The leaf's scores first, then the row's shift raised to their maximum where it is
+    above m[r] (module docstring, "Shift": the rows the box's bound left too small)."""
+    k = qt.shape[1]
+    part = buf[:nb]
+    keys_f = pack[base : base + nb]
     q0 = qt[r, 0]
-    for t in range(nb):
-        diff = pack[base + t] - q0
-        buf[t] = -(diff * diff)
-    for f in range(1, qt.shape[1]):
+    for j in range(nb):
+        diff = keys_f[j] - q0
+        part[j] = -(diff * diff)
+    for f in range(1, k):
+        keys_f = pack[base + f * nb : base + (f + 1) * nb]
         qf = qt[r, f]
-        row = base + f * nb
-        for t in range(nb):
-            diff = pack[row + t] - qf
-            buf[t] -= diff * diff
-
-
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def _leaf_sum_dot(buf, nb, shift, pack, row):
-    """(sum_t exp(buf[t] - shift), sum_t exp(buf[t] - shift) pack[row + t]), one pass."""
-    total = like(0.0, buf)
-    weighted = like(0.0, buf)
-    s = like(shift, buf)
-    for t in range(nb):
-        w = fast_exp(buf[t] - s)
-        total += w
-        weighted += w * pack[row + t]
-    return total, weighted
-
-
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def _leaf_weights(buf, nb, shift):
-    """buf[t] <- exp(buf[t] - shift) for t < nb; returns their sum (dtype of buf)."""
-    total = like(0.0, buf)
-    s = like(shift, buf)
-    for t in range(nb):
-        w = fast_exp(buf[t] - s)
-        buf[t] = w
-        total += w
-    return total
-
-
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def _leaf_dot(buf, nb, pack, row):
-    total = like(0.0, buf)
-    for t in range(nb):
-        total += buf[t] * pack[row + t]
-    return total
-
-
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def _sum_leaf(qt, r, pack, base, nb, n_outputs, skip, buf, acc, m, total, used):
-    """Adds the leaf at ``base`` to row r of the tile (its state m, total, used, acc[r])."""
-    _leaf_scores(qt, r, pack, base, nb, buf)
+        for j in range(nb):
+            diff = keys_f[j] - qf
+            part[j] -= diff * diff
     if 0 <= skip < nb:
-        buf[skip] = -np.inf
-    best = np.float64(row_max(buf[:nb]))
+        part[skip] = -np.inf
+    best = np.float64(row_max(part))
     if best == -np.inf:  # every score overflowed (or the one key was excluded)
         return
     if best > m[r]:
-        scale = math.exp(m[r] - best)
-        total[r] *= scale
-        used[r] *= scale
-        for c in range(n_outputs):
-            acc[r, c] *= scale
-        m[r] = best
-    k = qt.shape[1]
-    if n_outputs == 1:
-        leaf_total, weighted = _leaf_sum_dot(buf, nb, m[r], pack, base + k * nb)
-        total[r] += leaf_total
-        acc[r, 0] += weighted
-        return
-    total[r] += _leaf_weights(buf, nb, m[r])
+        _rescale(r, best, n_outputs, acc, m, total, used)
+    s = like(m[r], buf)
+    leaf_total = like(0.0, buf)
+    for j in range(nb):
+        w = fast_exp(part[j] - s)
+        part[j] = w
+        leaf_total += w
+    total[r] += np.float64(leaf_total)
     for c in range(n_outputs):
-        acc[r, c] += _leaf_dot(buf, nb, pack, base + (k + c) * nb)
+        values = pack[base + (k + c) * nb : base + (k + c + 1) * nb]
+        weighted = like(0.0, buf)
+        for j in range(nb):
+            weighted += part[j] * values[j]
+        acc[r, c] += weighted
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def _sum_leaf(qt, r, pack, base, nb, n_outputs, skip, d2, at_best, buf, acc, m, total, used):
+    """Adds the leaf at ``base``, at box distance ``d2`` from row r of the tile, to the
+    row's state (m, total, used, acc[r]; module docstring, "Shift").
+
+    The shift is the box's bound -d2 (rounded to the keys' dtype) where it exceeds the
+    row's m, so every weight is exp(s - m) <= 1 and one fused pass sums the leaf;
+    ``at_best``: the leaf's best score instead (:func:`_sum_leaf_at_best`)."""
+    if at_best:
+        _sum_leaf_at_best(qt, r, pack, base, nb, n_outputs, skip, buf, acc, m, total, used)
+        return
+    shift = np.float64(like(-d2, buf))
+    if shift > m[r]:
+        _rescale(r, shift, n_outputs, acc, m, total, used)
+    if 0 <= skip < nb:
+        lead = _leaf_range(qt, r, pack, base, nb, 0, skip, m[r], n_outputs, buf, acc[r])
+        tail = _leaf_range(qt, r, pack, base, nb, skip + 1, nb, m[r], n_outputs, buf, acc[r])
+        total[r] += np.float64(lead) + np.float64(tail)
+        return
+    total[r] += np.float64(_leaf_range(qt, r, pack, base, nb, 0, nb, m[r], n_outputs, buf, acc[r]))
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
@@ -223,6 +295,7 @@ def _tree_tile(
     lo,
     hi,
     rtol,
+    at_best,
     buf,
     acc,
     m,
@@ -291,12 +364,28 @@ def _tree_tile(
         base = a0 * width
         for a in range(n_active):
             r = active[a]
-            bound = _drops(node, stack_d2[top, r], start, stop, rtol, m, total, used, r)
+            d2 = stack_d2[top, r]
+            bound = _drops(node, d2, start, stop, rtol, m, total, used, r)
             if bound >= 0.0:
                 used[r] += bound
                 continue
             summed[r] += nb
-            _sum_leaf(qt, r, pack, base, nb, n_outputs, skip[r] - a0, buf, acc, m, total, used)
+            _sum_leaf(
+                qt,
+                r,
+                pack,
+                base,
+                nb,
+                n_outputs,
+                skip[r] - a0,
+                d2,
+                at_best,
+                buf,
+                acc,
+                m,
+                total,
+                used,
+            )
 
 
 @njit(fastmath=False, cache=config.CACHE)
@@ -336,6 +425,8 @@ def tree_pool(queries, keys_t, values_t, start, stop, right, lo, hi, own, rtol, 
     k = queries.shape[1]
     dtype = queries.dtype
     far = far_score(queries)
+    min_sum = one_pass_min_sum(n_keys, queries)
+    maybe_far = -far + math.log(max(n_keys, 1))
     exponents, values_s = _value_exponents(values_t)
     pack = packed_leaves(keys_t, values_s, start, stop, right)
     leaf_max = 0
@@ -378,7 +469,8 @@ def tree_pool(queries, keys_t, values_t, start, stop, right, lo, hi, own, rtol, 
             else:
                 active[n_active] = r
                 n_active += 1
-        if n_active > 0:
+        at_best = False
+        while n_active > 0:
             _tree_tile(
                 qt,
                 q64,
@@ -393,6 +485,7 @@ def tree_pool(queries, keys_t, values_t, start, stop, right, lo, hi, own, rtol, 
                 lo,
                 hi,
                 rtol,
+                at_best,
                 buf,
                 acc,
                 m,
@@ -403,13 +496,29 @@ def tree_pool(queries, keys_t, values_t, start, stop, right, lo, hi, own, rtol, 
                 stack_node,
                 stack_d2,
             )
+            if at_best:
+                break
+            # the rows the box's shift left below the one-pass minimum: again, each leaf
+            # shifted by its best score (module docstring, "Shift")
+            n_again = 0
+            for a in range(n_active):
+                r = active[a]
+                if total[r] < min_sum:
+                    active[n_again] = r
+                    n_again += 1
+                    m[r] = -np.inf
+                    total[r] = 0.0
+                    used[r] = 0.0
+                    acc[r, :] = 0.0
+            n_active = n_again
+            at_best = True
         for r in range(nt):
             work[r0 + r, 0] = summed[r]
             work[r0 + r, 1] = seen[r]
             if far_rows[r0 + r]:
                 continue
             if total[r] > 0.0:
-                if m[r] < -far:
+                if total[r] < min_sum or m[r] + np.log(total[r]) < maybe_far:
                     far_rows[r0 + r] = True
                     continue
                 for c in range(n_outputs):
