@@ -257,7 +257,11 @@ def _log_kernel_sums_row(
     log_weights,
     kernel,
 ):
-    """Row ``i`` of :func:`log_kernel_sums`."""
+    """Row ``i`` of :func:`log_kernel_sums`.
+
+    The key loops here and in :func:`log_sums_and_score_means` run over slices from
+    index 0: numba then knows no index is negative and drops the wraparound select that
+    keeps a loop over ``keys_cont_t[c, j0 + jj]`` scalar."""
     n_k = log_weights.shape[0]
     dc = keys_cont_t.shape[0]
     dk = keys_cat_t.shape[0]
@@ -267,38 +271,41 @@ def _log_kernel_sums_row(
     total = 0.0
     for j0 in range(0, n_k, SCORE_BLOCK):
         nb = min(SCORE_BLOCK, n_k - j0)
+        block_weights = log_weights[j0 : j0 + nb]
         for jj in range(nb):
-            scores[jj] = log_weights[j0 + jj]
+            scores[jj] = block_weights[jj]
             values[jj] = 1.0
         for c in range(dc):
             qc = q_cont[i, c]
+            keys_c = keys_cont_t[c, j0 : j0 + nb]
             if kernel == GAUSSIAN and cont_integrated[c]:  # the common cases, vectorised
                 for jj in range(nb):
-                    e, v = normal_cdf_parts(qc - keys_cont_t[c, j0 + jj])
+                    e, v = normal_cdf_parts(qc - keys_c[jj])
                     scores[jj] += e
                     values[jj] *= v
             elif kernel == GAUSSIAN:
                 for jj in range(nb):
-                    d = qc - keys_cont_t[c, j0 + jj]
+                    d = qc - keys_c[jj]
                     scores[jj] -= 0.5 * d * d
             elif cont_integrated[c]:
                 for jj in range(nb):
-                    scores[jj] += log_integrated_kernel(qc - keys_cont_t[c, j0 + jj], kernel)
+                    scores[jj] += log_integrated_kernel(qc - keys_c[jj], kernel)
             else:
                 for jj in range(nb):
-                    scores[jj] += log_kernel(qc - keys_cont_t[c, j0 + jj], kernel)
+                    scores[jj] += log_kernel(qc - keys_c[jj], kernel)
         for k in range(dk):
             qk = q_cat[i, k]
+            keys_k = keys_cat_t[k, j0 : j0 + nb]
             for jj in range(nb):
                 if scores[jj] == -math.inf:
                     continue
                 if cat_integrated[k]:
                     scores[jj] += log_category_cdf(
-                        qk, keys_cat_t[k, j0 + jj], cat_kind[k], cat_lambda[k], cat_count[k]
+                        qk, keys_k[jj], cat_kind[k], cat_lambda[k], cat_count[k]
                     )
                 else:
                     scores[jj] += category_term(
-                        keys_cat_t[k, j0 + jj],
+                        keys_k[jj],
                         qk,
                         cat_params[k, 0],
                         cat_params[k, 1],
@@ -408,21 +415,24 @@ def _log_sums_and_score_means_items(
             total = 0.0
             for j0 in range(0, n_k, SCORE_BLOCK):
                 nb = min(SCORE_BLOCK, n_k - j0)
+                block_weights = log_weights[j0 : j0 + nb]
                 for jj in range(nb):
-                    scores[jj] = log_weights[j0 + jj]
+                    scores[jj] = block_weights[jj]
                 for c in range(dc):
                     qc = q_cont[i, c]
+                    keys_c = keys_cont_t[c, j0 : j0 + nb]
                     if kernel == GAUSSIAN:  # the common case, in a loop the compiler vectorises
                         for jj in range(nb):
-                            d = keys_cont_t[c, j0 + jj] - qc
+                            d = keys_c[jj] - qc
                             scores[jj] -= 0.5 * d * d
-                    else:
+                    else:  # indexed: over the slice this loop measured 1.5x slower here
                         for jj in range(nb):
                             scores[jj] += log_kernel(keys_cont_t[c, j0 + jj] - qc, kernel)
                 for k in range(dk):
                     qk, a, b, t = q_cat[i, k], cat_params[k, 0], cat_params[k, 1], cat_params[k, 2]
+                    keys_k = keys_cat_t[k, j0 : j0 + nb]
                     for jj in range(nb):
-                        scores[jj] += category_term(keys_cat_t[k, j0 + jj], qk, a, b, t)
+                        scores[jj] += category_term(keys_k[jj], qk, a, b, t)
                 if exclude_self and j0 <= i < j0 + nb:
                     scores[i - j0] = -math.inf
                 block_top = -math.inf
@@ -446,14 +456,15 @@ def _log_sums_and_score_means_items(
                     continue
                 for c in range(dc):
                     qc = q_cont[i, c]
+                    keys_c = keys_cont_t[c, j0 : j0 + nb]
                     part = 0.0
                     if kernel == GAUSSIAN:  # -d s'(d) = d^2
                         for jj in range(nb):
-                            d = keys_cont_t[c, j0 + jj] - qc
+                            d = keys_c[jj] - qc
                             part += scores[jj] * d * d
                     else:
                         for jj in range(nb):
-                            d = keys_cont_t[c, j0 + jj] - qc
+                            d = keys_c[jj] - qc
                             part -= scores[jj] * d * dlog_kernel(d, kernel)
                     acc[c] += part
                 for k in range(dk):
@@ -463,9 +474,10 @@ def _log_sums_and_score_means_items(
                         cat_dparams[k, 1],
                         cat_dparams[k, 2],
                     )
+                    keys_k = keys_cat_t[k, j0 : j0 + nb]
                     part = 0.0
                     for jj in range(nb):
-                        part += scores[jj] * category_term(keys_cat_t[k, j0 + jj], qk, a, b, t)
+                        part += scores[jj] * category_term(keys_k[jj], qk, a, b, t)
                     acc[dc + k] += part
             if total > 0.0:
                 log_sums[i] = top + math.log(total)

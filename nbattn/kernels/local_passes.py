@@ -122,8 +122,10 @@ def add_categorical_derivative_sums(
         dparams = cat_dparams[k]  # the score's term, derived (category_term)
         acc_a = 0.0
         acc_s = 0.0
+        # a slice from index 0: numba drops the wraparound select of keys_cat_t[k, j0 + j]
+        keys_k = data.keys_cat_t[k, j0 : j0 + nb]
         for j in range(nb):
-            x = data.keys_cat_t[k, j0 + j]
+            x = keys_k[j]
             ds = category_term(x, qk, dparams[0], dparams[1], dparams[2])
             acc_a += coef[j] * ds
             acc_s += scores[j] * ds
@@ -308,5 +310,6 @@ def _equivalent_items(counter, data, model, fit, out):
                 nb = min(_KEY_BLOCK, n_k - j0)
                 nb = block_weights(i, j0, nb, data, model, fit, weighted, scores, design)
                 block_equivalent_weights(g[i], design, nb, scores)
+                row = out[i, j0 : j0 + nb]
                 for j in range(nb):  # not a slice assignment: see kernels/flash.py
-                    out[i, j0 + j] = scores[j]
+                    row[j] = scores[j]

@@ -151,14 +151,19 @@ def _row_block_weights(row, keys_t, j0, nb, weights, scores64):
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def _block_coef(weights, values_t, resid, centers, i, j0, nb, coef):
-    """coef[j] = weights[j] * sum_c resid[i, c] * (values_t[c, j0 + j] - centers[i, c])."""
+    """coef[j] = weights[j] * sum_c resid[i, c] * (values_t[c, j0 + j] - centers[i, c]).
+
+    The key loops of this module run over slices from index 0: numba then knows no
+    index is negative and drops the wraparound select that keeps a loop over
+    ``values_t[c, j0 + j]`` scalar."""
     for j in range(nb):
         coef[j] = 0.0
     for c in range(values_t.shape[0]):
         r = resid[i, c]
         fc = centers[i, c]
+        values = values_t[c, j0 : j0 + nb]
         for j in range(nb):
-            coef[j] += r * (values_t[c, j0 + j] - fc)
+            coef[j] += r * (values[j] - fc)
     for j in range(nb):
         coef[j] *= weights[j]
 
@@ -210,9 +215,10 @@ def _grad_diag_chunk(queries, keys_t, values_t, resid, centers, lse, self_offset
             zero = like(0.0, weights)
             for f in range(k):
                 qf = query_row[f]
+                keys_f = keys_t[f, j0 : j0 + nb]
                 total = like(0.0, weights)
                 for j in range(nb):
-                    diff = keys_t[f, j0 + j] - qf
+                    diff = keys_f[j] - qf
                     term = coef[j] * diff * diff
                     # a zero weight times an overflowing square is 0, not NaN
                     total += term if coef[j] != 0.0 else zero
@@ -319,10 +325,11 @@ def _grad_full_group(
             _row_block_weights(row, keys_t, j0, nb, weights, scores64)
             _block_coef(weights, values_t, resid, centers, i, j0, nb, coef)
             block_total = 0.0
+            sums = c_sum[j0 : j0 + nb]
             for j in range(nb):
                 g = np.float64(coef[j])
                 block_total += g
-                c_sum[j0 + j] += g
+                sums[j] += g
             a_i += block_total
             for a in range(d):
                 keys_a = points_t[a, j0 : j0 + nb]
@@ -443,9 +450,10 @@ def _spread_chunk(
             for out in range(n_outputs):
                 inv = inv_scale[out]
                 center = np.float64(centers[i, out]) * inv
+                values = values_t[out, j0 : j0 + nb]
                 total = 0.0
                 for j in range(nb):
-                    diff = np.float64(values_t[out, j0 + j]) * inv - center
+                    diff = np.float64(values[j]) * inv - center
                     total += np.float64(weights[j]) * diff * diff
                 var[out] += total
         if w1 > 0.0:  # renormalised: the error of lse_i (an ulp of |s| in float32) cancels

@@ -64,24 +64,28 @@ def prune_gap_for(dtype) -> float:
 def _window_sums(zs, values_t, zi, shift, start, stop, acc, weights):
     """Adds sum_j exp(shift - (zs_j - zi)^2) (returned) and its v-weighted sums (into acc).
 
-    Computed in the dtype of the scratch buffer ``weights``.
+    Computed in the dtype of the scratch buffer ``weights``. The loops run over slices
+    from index 0: numba then knows no index is negative and drops the wraparound select
+    that keeps a loop over ``zs[b0 + j]`` scalar.
     """
     total = 0.0
     zi = like(zi, weights)
     shift = like(shift, weights)
     for b0 in range(start, stop, _KEY_BLOCK):
         nb = min(stop - b0, _KEY_BLOCK)
+        keys = zs[b0 : b0 + nb]
         block = like(0.0, weights)
         for j in range(nb):
-            diff = like(zs[b0 + j], weights) - zi
+            diff = like(keys[j], weights) - zi
             w = fast_exp(shift - diff * diff)
             weights[j] = w
             block += w
         total += block
         for c in range(values_t.shape[0]):
+            values = values_t[c, b0 : b0 + nb]
             weighted = like(0.0, weights)
             for j in range(nb):
-                weighted += weights[j] * values_t[c, b0 + j]
+                weighted += weights[j] * values[j]
             acc[c] += weighted
     return total
 
@@ -353,8 +357,9 @@ def loo_squared_error_boxed_1d(
         mass = 0.0  # B = sum_j exp(-s_j^2 / 2)
         for j0 in range(lo, hi, _HERMITE_BLOCK):
             nb = min(hi - j0, _HERMITE_BLOCK)
+            keys = zs[j0 : j0 + nb]
             for j in range(nb):
-                s = np.float64(zs[j0 + j]) - centre
+                s = np.float64(keys[j]) - centre
                 two_s[j] = 2.0 * s
                 table[0, j] = fast_exp(-0.5 * s * s)
             block = 0.0
@@ -364,8 +369,9 @@ def loo_squared_error_boxed_1d(
             for j in range(nb):
                 table[0, j] *= table[0, j]
             for c in range(n_outputs):
+                values = values_t[c, j0 : j0 + nb]
                 for j in range(nb):
-                    vals[c, j] = np.float64(values_t[c, j0 + j])
+                    vals[c, j] = np.float64(values[j])
             if n_outputs == 1:  # one pass per term: the recurrence and both sums
                 for j in range(nb):
                     table[1, j] = 0.0  # h_{-1}, overwritten by h_1 below
