@@ -147,11 +147,12 @@ GEMM_NORM_FLOOR = _env_int("GEMM_NORM_FLOOR", 64)
 
 #: Keys per leaf of the k-d tree that ``nbattn.nadaraya_watson(..., rtol > 0)`` walks. Each
 #: node looked at costs a box distance and a bound per row, so larger leaves than the LOO
-#: tiles' pay: 1e6 clustered 3-D keys at Scott's widths, one thread, tiles of 16, CPU
-#: seconds per 2000 queries (a loaded machine, +-30 %): 3.6 at 32 keys, 1.8 at 64, 1.1-1.5
-#: at 128, 0.9 at 256, 1.2 at 512 (exact streaming 8-10); at a quarter of the widths 0.56,
-#: 0.40, 0.32 at 64, 128, 256 (exact 24 per 4000). Read at call time.
-TREE_LEAF_KEYS = _env_int("TREE_LEAF_KEYS", 256, compiled=False)
+#: tiles' pay. Clustered 3-D keys (scripts/bench_scale.py's data), tiles of 16, two
+#: threads, idle machine, seconds of the tree path with its build at 256 / 512 / 1024 keys:
+#: 1e6 keys x 1e5 queries at Scott's widths 7.3 / 5.7 / 5.2, at a quarter of them
+#: 1.16 / 1.20 / 1.18; 1e5 keys x 2e4 queries at Scott's widths 0.33 / 0.27 / 0.29, at a
+#: quarter 0.072 / 0.069 / 0.079, at a sixteenth 0.042 / 0.042 / 0.048. Read at call time.
+TREE_LEAF_KEYS = _env_int("TREE_LEAF_KEYS", 512, compiled=False)
 
 #: Queries (neighbours in k-d order) that walk the tree together: a node is dropped for
 #: the tile only when the rule drops it for each of its rows, and each leaf is read
@@ -167,13 +168,14 @@ TREE_TILE_ROWS = _env_int("TREE_TILE_ROWS", 16, compiled=False)
 #: kernel (TREE_KEY_COST per key summed in a leaf, TREE_NODE_COST per node looked at, plus
 #: TREE_BUILD_COST n log2 n for the tree), is at most TREE_MAX_COST_SHARE percent of the
 #: streaming kernel's n_queries x n_keys. The costs are in hundredths of one streamed key,
-#: fitted to the TREE_LEAF_KEYS measurements at 256 keys (a summed key about 1.0-1.2
-#: streamed keys, a node 12-14). Read at call time.
+#: fitted to the TREE_LEAF_KEYS measurements at 1e5 keys (Scott's widths and a quarter of
+#: them, leaves of 512, against exact streaming's 0.52 ns a pair on two threads): a summed
+#: key about 1.14 streamed keys, a node about 18. Read at call time.
 TREE_MIN_KEYS = _env_int("TREE_MIN_KEYS", 2048, compiled=False)
 TREE_MAX_FEATURES = _env_int("TREE_MAX_FEATURES", 16, compiled=False)
 TREE_SAMPLE_QUERIES = _env_int("TREE_SAMPLE_QUERIES", 64, compiled=False)
-TREE_KEY_COST = _env_int("TREE_KEY_COST", 120, compiled=False)
-TREE_NODE_COST = _env_int("TREE_NODE_COST", 1300, compiled=False)
+TREE_KEY_COST = _env_int("TREE_KEY_COST", 115, compiled=False)
+TREE_NODE_COST = _env_int("TREE_NODE_COST", 1800, compiled=False)
 TREE_BUILD_COST = _env_int("TREE_BUILD_COST", 100, compiled=False)
 TREE_MAX_COST_SHARE = _env_int("TREE_MAX_COST_SHARE", 80, compiled=False)
 
