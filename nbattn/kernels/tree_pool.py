@@ -69,12 +69,15 @@ online softmax). Either way L is a sum of the kept keys' weights relative to the
 as U, and the proof above holds as written.
 
 Far rows. A row whose best score may lie below ``-far_score`` of its dtype (the threshold
-of ``nbattn.kernels.pooling``'s far rows): m + log L, which is at least the best score
-and at most log(n_keys) above it, below -far_score + log(n_keys); or whose every score
-overflowed, is flagged instead of finished (``far``), and the caller recomputes it with
-the exact kernel, which decides by the best score itself and whose far-row paths give the
-nearest key's value where the textbook formula gives 0/0. A row whose root box already
-lies beyond that distance is flagged before any leaf is summed.
+of ``nbattn.kernels.pooling``'s far rows): m itself below -far_score, or m + log L, which
+is at least the best score and at most log(n_keys) above it, below -far_score +
+log(n_keys); or whose every score overflowed, is flagged instead of finished (``far``),
+and the caller recomputes it with the exact kernel, which decides by the best score itself
+and whose far-row paths give the nearest key's value where the textbook formula gives 0/0.
+The first test matters: beyond -far_score the rounding of a score, about |s| times the
+unit roundoff, can exceed the range of exp, so a weight relative to a box's bound may be
+inf (L then is too, and is flagged as well). A row whose root box already lies beyond
+that distance is flagged before any leaf is summed.
 
 Layout: ``queries`` (n_queries, d), ``keys_t`` (d, n_keys) and ``values_t``
 (n_outputs, n_keys) in k-d order, of one dtype (float32 or float64), C-contiguous; the
@@ -518,7 +521,12 @@ def tree_pool(queries, keys_t, values_t, start, stop, right, lo, hi, own, rtol, 
             if far_rows[r0 + r]:
                 continue
             if total[r] > 0.0:
-                if total[r] < min_sum or m[r] + np.log(total[r]) < maybe_far:
+                if (
+                    m[r] < -far
+                    or not total[r] < np.inf
+                    or total[r] < min_sum
+                    or m[r] + np.log(total[r]) < maybe_far
+                ):
                     far_rows[r0 + r] = True
                     continue
                 for c in range(n_outputs):
