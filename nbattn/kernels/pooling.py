@@ -434,9 +434,11 @@ def near_row(query_row, keys_t, values_t, own, scores, acc):
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def _fused_range(query_row, keys_t, values_t, a, b, buf, acc):
-    """Keys a <= j < b of the one-pass row: returns sum_j exp(s_j) (input dtype) and adds
-    sum_j exp(s_j) v_j into ``acc`` (float64). ``buf`` holds at least b - a floats.
+def fused_range(query_row, keys_t, values_t, a, b, shift, buf, acc):
+    """Keys a <= j < b of the one-pass row: returns sum_j exp(s_j - shift) (input dtype)
+    and adds sum_j exp(s_j - shift) v_j into ``acc`` (float64). ``buf`` holds at least
+    b - a floats. ``shift`` (0 here; a bound on the scores in ``nbattn.kernels.tree_pool``)
+    is rounded to the input dtype.
 
     The squared distance over all features but the last is accumulated in
     ``buf``; the last feature, the exponential and the sums are one loop. With
@@ -459,6 +461,7 @@ def _fused_range(query_row, keys_t, values_t, a, b, buf, acc):
             for j in range(n):
                 diff = keys_f[j] - qf
                 buf[j] += diff * diff
+    s = like(shift, buf)
     total = like(0.0, buf)
     if n_outputs == 1:
         values_row = values_t[0, a:b]
@@ -466,13 +469,13 @@ def _fused_range(query_row, keys_t, values_t, a, b, buf, acc):
         if d == 1:
             for j in range(n):
                 diff = last[j] - q_last
-                w = fast_exp(-(diff * diff))
+                w = fast_exp(-(diff * diff) - s)
                 total += w
                 weighted += w * values_row[j]
         else:
             for j in range(n):
                 diff = last[j] - q_last
-                w = fast_exp(-(buf[j] + diff * diff))
+                w = fast_exp(-(buf[j] + diff * diff) - s)
                 total += w
                 weighted += w * values_row[j]
         acc[0] += weighted
@@ -482,7 +485,7 @@ def _fused_range(query_row, keys_t, values_t, a, b, buf, acc):
         dist = diff * diff
         if d > 1:
             dist += buf[j]
-        w = fast_exp(-dist)
+        w = fast_exp(-dist - s)
         buf[j] = w
         total += w
     for c in range(n_outputs):
@@ -508,10 +511,10 @@ def one_pass_row(query_row, keys_t, values_t, own, buf, acc):
     for j0 in range(0, n_keys, _KEY_BLOCK):
         j1 = min(n_keys, j0 + _KEY_BLOCK)
         if j0 <= own < j1:
-            total += _fused_range(query_row, keys_t, values_t, j0, own, buf, acc)
-            total += _fused_range(query_row, keys_t, values_t, own + 1, j1, buf, acc)
+            total += fused_range(query_row, keys_t, values_t, j0, own, 0.0, buf, acc)
+            total += fused_range(query_row, keys_t, values_t, own + 1, j1, 0.0, buf, acc)
         else:
-            total += _fused_range(query_row, keys_t, values_t, j0, j1, buf, acc)
+            total += fused_range(query_row, keys_t, values_t, j0, j1, 0.0, buf, acc)
     return total
 
 

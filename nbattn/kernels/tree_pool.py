@@ -94,7 +94,7 @@ from numba import njit, prange
 from .. import config
 from .fastmath import fast_exp, like
 from .kd_order import kd_nodes, kd_order
-from .pooling import far_score, one_pass_min_sum
+from .pooling import far_score, fused_range, one_pass_min_sum
 from .softmax import row_max
 
 __all__ = ["kd_nodes", "kd_order", "tree_pool"]
@@ -141,63 +141,13 @@ def packed_leaves(keys_t, values_t, start, stop, right):
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
 def _leaf_range(qt, r, pack, base, nb, t0, t1, shift, n_outputs, buf, acc_row):
-    """Keys t0 <= t < t1 of the leaf at ``base`` for query r of the tile, in one fused
-    pass after the partial distances: returns sum_t exp(s_t - shift) (the keys' dtype)
-    and adds sum_t exp(s_t - shift) v_tc into ``acc_row[c]``.
-
-    Every loop runs over slices from index 0: numba then knows no index is negative and
-    drops the wraparound select that keeps a loop over ``pack[base + t]`` scalar."""
+    """Keys t0 <= t < t1 of the leaf at ``base`` for query r of the tile: the streaming
+    kernel's fused pass (``pooling.fused_range``) on the leaf's block of ``pack`` seen as
+    its (d + p, nb) rows; returns sum_t exp(s_t - shift) in the keys' dtype and adds
+    sum_t exp(s_t - shift) v_tc into ``acc_row[c]``."""
     k = qt.shape[1]
-    n = t1 - t0
-    part = buf[t0:t1]
-    if k > 1:
-        keys_f = pack[base + t0 : base + t1]
-        q0 = qt[r, 0]
-        for j in range(n):
-            diff = keys_f[j] - q0
-            part[j] = diff * diff
-        for f in range(1, k - 1):
-            keys_f = pack[base + f * nb + t0 : base + f * nb + t1]
-            qf = qt[r, f]
-            for j in range(n):
-                diff = keys_f[j] - qf
-                part[j] += diff * diff
-    last = pack[base + (k - 1) * nb + t0 : base + (k - 1) * nb + t1]
-    q_last = qt[r, k - 1]
-    s = like(shift, buf)
-    total = like(0.0, buf)
-    if n_outputs == 1:
-        values = pack[base + k * nb + t0 : base + k * nb + t1]
-        weighted = like(0.0, buf)
-        if k == 1:
-            for j in range(n):
-                diff = last[j] - q_last
-                w = fast_exp(-(diff * diff) - s)
-                total += w
-                weighted += w * values[j]
-        else:
-            for j in range(n):
-                diff = last[j] - q_last
-                w = fast_exp(-(part[j] + diff * diff) - s)
-                total += w
-                weighted += w * values[j]
-        acc_row[0] += weighted
-        return total
-    for j in range(n):
-        diff = last[j] - q_last
-        dist = diff * diff
-        if k > 1:
-            dist += part[j]
-        w = fast_exp(-dist - s)
-        part[j] = w
-        total += w
-    for c in range(n_outputs):
-        values = pack[base + (k + c) * nb + t0 : base + (k + c) * nb + t1]
-        weighted = like(0.0, buf)
-        for j in range(n):
-            weighted += part[j] * values[j]
-        acc_row[c] += weighted
-    return total
+    block = pack[base : base + (k + n_outputs) * nb].reshape((k + n_outputs, nb))
+    return fused_range(qt[r], block[:k], block[k:], t0, t1, shift, buf, acc_row)
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")

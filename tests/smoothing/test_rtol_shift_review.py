@@ -30,7 +30,13 @@ def _nw(queries, keys, values, h, dtype, rtol, leaf_keys, exclude_self=False):
     with _force(leaf_keys):
         runs = [
             nbattn.nadaraya_watson(
-                queries, keys, values, h, exclude_self, dtype=dtype.__name__, rtol=rtol,
+                queries,
+                keys,
+                values,
+                h,
+                exclude_self,
+                dtype=dtype.__name__,
+                rtol=rtol,
                 return_lse=True,
             )
             for _ in range(2)
