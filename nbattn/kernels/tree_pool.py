@@ -140,14 +140,27 @@ def packed_leaves(keys_t, values_t, start, stop, right):
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def _leaf_range(qt, r, pack, base, nb, t0, t1, shift, n_outputs, buf, acc_row):
-    """Keys t0 <= t < t1 of the leaf at ``base`` for query r of the tile: the streaming
-    kernel's fused pass (``pooling.fused_range``) on the leaf's block of ``pack`` seen as
-    its (d + p, nb) rows; returns sum_t exp(s_t - shift) in the keys' dtype and adds
-    sum_t exp(s_t - shift) v_tc into ``acc_row[c]``."""
+def _leaf_range(qt, r, pack, base, nb, skip, shift, n_outputs, buf, acc_row):
+    """The keys of the leaf at ``base`` but ``skip`` (none when outside [0, nb)) for query r
+    of the tile: the streaming kernel's fused pass (``pooling.fused_range``) on the leaf's
+    block of ``pack`` seen as its (d + p, nb) rows, before the skipped key and after it;
+    returns sum_t exp(s_t - shift) (each part summed in the keys' dtype, the parts in
+    float64) and adds sum_t exp(s_t - shift) v_tc into ``acc_row[c]``.
+
+    One call site of ``fused_range``, in a loop over the two parts: the fused pass is a
+    long loop body (the exponential's polynomial, a branch per output count), and each
+    inlined copy cost the walk seconds of compile time."""
     k = qt.shape[1]
     block = pack[base : base + (k + n_outputs) * nb].reshape((k + n_outputs, nb))
-    return fused_range(qt[r], block[:k], block[k:], t0, t1, shift, buf, acc_row)
+    keys, values = block[:k], block[k:]
+    lead_end = skip if 0 <= skip < nb else nb
+    total = 0.0
+    a, b = 0, lead_end
+    for _ in range(2):
+        if b > a:
+            total += np.float64(fused_range(qt[r], keys, values, a, b, shift, buf, acc_row))
+        a, b = lead_end + 1, nb
+    return total
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
@@ -161,10 +174,11 @@ def _rescale(r, new_m, n_outputs, acc, m, total, used):
     m[r] = new_m
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def _sum_leaf_at_best(qt, r, pack, base, nb, n_outputs, skip, buf, acc, m, total, used):
     """The leaf's scores first, then the row's shift raised to their maximum where it is
-    above m[r] (module docstring, "Shift": the rows the box's bound left too small)."""
+    above m[r] (module docstring, "Shift": the rows the box's bound left too small).
+    Called, not inlined (rare, and compile time)."""
     k = qt.shape[1]
     part = buf[:nb]
     keys_f = pack[base : base + nb]
@@ -214,12 +228,37 @@ def _sum_leaf(qt, r, pack, base, nb, n_outputs, skip, d2, at_best, buf, acc, m, 
     shift = np.float64(like(-d2, buf))
     if shift > m[r]:
         _rescale(r, shift, n_outputs, acc, m, total, used)
-    if 0 <= skip < nb:
-        lead = _leaf_range(qt, r, pack, base, nb, 0, skip, m[r], n_outputs, buf, acc[r])
-        tail = _leaf_range(qt, r, pack, base, nb, skip + 1, nb, m[r], n_outputs, buf, acc[r])
-        total[r] += np.float64(lead) + np.float64(tail)
-        return
-    total[r] += np.float64(_leaf_range(qt, r, pack, base, nb, 0, nb, m[r], n_outputs, buf, acc[r]))
+    total[r] += _leaf_range(qt, r, pack, base, nb, skip, m[r], n_outputs, buf, acc[r])
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _sum_leaf_rows(
+    qt, keep, n_keep, d2, pack, a0, nb, n_outputs, skip, at_best, buf, acc, m, total, used, summed
+):
+    """The leaf of keys [a0, a0 + nb) added to each row ``keep[:n_keep]`` of the tile
+    (:func:`_sum_leaf`; ``d2[r]``: the leaf's box distance from row r). Called once per
+    leaf and tile, not inlined into the walk: one compiled copy of the leaf pass, and a
+    call that costs nothing beside the rows' hundreds of keys each."""
+    base = a0 * (qt.shape[1] + n_outputs)
+    for x in range(n_keep):
+        r = keep[x]
+        summed[r] += nb
+        _sum_leaf(
+            qt,
+            r,
+            pack,
+            base,
+            nb,
+            n_outputs,
+            skip[r] - a0,
+            d2[r],
+            at_best,
+            buf,
+            acc,
+            m,
+            total,
+            used,
+        )
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
@@ -239,6 +278,7 @@ def _tree_tile(
     q64,
     active,
     n_active,
+    keep,
     skip,
     pack,
     n_outputs,
@@ -260,10 +300,9 @@ def _tree_tile(
     stack_d2,
 ):
     """Walks the tree once for the tile's active rows (``active[:n_active]``, indices
-    into the tile's buffers), summing the leaves each row keeps into acc[r], m[r],
-    total[r], used[r] (module docstring); counts keys summed and nodes seen per row."""
-    k = qt.shape[1]
-    width = k + n_outputs
+    into the tile's buffers; ``keep`` a scratch of as many), summing the leaves each row
+    keeps into acc[r], m[r], total[r], used[r] (module docstring); counts keys summed and
+    nodes seen per row."""
     for a in range(n_active):
         r = active[a]
         stack_d2[0, r] = _box_d2(q64, r, lo, hi, 0)
@@ -312,32 +351,34 @@ def _tree_tile(
                 stack_node[top], stack_node[top + 1] = left, rgt
             top += 2
             continue
-        a0 = start[node]
-        nb = stop[node] - a0
-        base = a0 * width
+        n_keep = np.int64(0)
         for a in range(n_active):
             r = active[a]
-            d2 = stack_d2[top, r]
-            bound = _drops(node, d2, start, stop, rtol, m, total, used, r)
+            bound = _drops(node, stack_d2[top, r], start, stop, rtol, m, total, used, r)
             if bound >= 0.0:
                 used[r] += bound
-                continue
-            summed[r] += nb
-            _sum_leaf(
+            else:
+                keep[n_keep] = r
+                n_keep += 1
+        if n_keep > 0:
+            a0 = start[node]
+            _sum_leaf_rows(
                 qt,
-                r,
+                keep,
+                n_keep,
+                stack_d2[top],
                 pack,
-                base,
-                nb,
+                a0,
+                stop[node] - a0,
                 n_outputs,
-                skip[r] - a0,
-                d2,
+                skip,
                 at_best,
                 buf,
                 acc,
                 m,
                 total,
                 used,
+                summed,
             )
 
 
@@ -404,11 +445,15 @@ def tree_pool(queries, keys_t, values_t, start, stop, right, lo, hi, own, rtol, 
         seen = np.zeros(tile, dtype=np.int64)
         skip = np.full(tile, -1, dtype=np.int64)
         active = np.empty(tile, dtype=np.int64)
+        keep = np.empty(tile, dtype=np.int64)
         stack_node = np.empty(_STACK, dtype=np.int64)
         stack_d2 = np.empty((_STACK, tile), dtype=np.float64)
         r0 = t * tile
         nt = min(n_rows, r0 + tile) - r0
-        n_active = 0
+        # counters and flags passed to a called kernel are typed from their first value:
+        # a literal 0 or False would make numba compile the callee once more for
+        # Literal[int](0) or Literal[bool](False) before the int64 or bool it settles on
+        n_active = np.int64(0)
         for r in range(nt):
             i = rows[r0 + r]
             for f in range(k):
@@ -422,13 +467,14 @@ def tree_pool(queries, keys_t, values_t, start, stop, right, lo, hi, own, rtol, 
             else:
                 active[n_active] = r
                 n_active += 1
-        at_best = False
+        at_best = np.bool_(False)
         while n_active > 0:
             _tree_tile(
                 qt,
                 q64,
                 active,
                 n_active,
+                keep,
                 skip,
                 pack,
                 n_outputs,
@@ -453,7 +499,7 @@ def tree_pool(queries, keys_t, values_t, start, stop, right, lo, hi, own, rtol, 
                 break
             # the rows the box's shift left below the one-pass minimum: again, each leaf
             # shifted by its best score (module docstring, "Shift")
-            n_again = 0
+            n_again = np.int64(0)
             for a in range(n_active):
                 r = active[a]
                 if total[r] < min_sum:
