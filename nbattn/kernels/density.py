@@ -632,7 +632,7 @@ def _conditional_quantile_roots_items(
                 continue
             ys = np.empty(n_k)
             ps = np.empty(n_k)
-            count = 0
+            count = np.int64(0)  # not Literal[int](0): _mixture_cdf compiles once
             total = 0.0
             floor = math.log(QUANTILE_WEIGHT_FLOOR)
             low_y = math.inf

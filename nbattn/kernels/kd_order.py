@@ -181,7 +181,8 @@ def kd_order(z, leaf_keys, scan_per_key=_SCAN_PER_KEY):
             starts[n_leaves] = a
             n_leaves += 1
             continue
-        best_dim, best_extent = 0, -1.0
+        # int64 from its first value: a literal 0 compiles _select_median once more
+        best_dim, best_extent = np.int64(0), -1.0
         for f in range(k):
             low, high = np.inf, -np.inf
             for t in range(a, b):

@@ -383,7 +383,7 @@ def direct_rows_pass(queries, i0, nb, keys, pair, sums):
         for x in range(2):
             row = row_a if x == 0 else row_b
             if x == 1 and not second:  # the pair's second row repeats the first: no sums
-                _no_gradient(coef, f_rows, 1)
+                _no_gradient(coef, f_rows, np.int64(1))  # int64 like x: one compile
                 continue
             best, total, weighted = reference_zero_sums(
                 z_t, rows[i0 + r0 + x], keys, own_at[r0 + x], row, pair_sums[x, 0], pair_sums[x, 1]

@@ -265,7 +265,7 @@ def far_state(query_row, keys_t, own):
     c = _far_scale(query_row, keys_t)
     buf = np.empty(_KEY_BLOCK, dtype=np.float64)
     # 1. the smallest scaled direct distance: the anchor up to rounding ties
-    anchor = -1
+    anchor = np.int64(-1)  # int64 from its first value: the callees compile once
     best = np.inf
     for j0 in range(0, n_keys, _KEY_BLOCK):
         nb = min(_KEY_BLOCK, n_keys - j0)
