@@ -407,7 +407,8 @@ def tree_pool(queries, keys_t, values_t, start, stop, right, lo, hi, own, rtol, 
 
     out (n_rows, n_outputs) in the input dtype, lse (n_rows,) float64, far (n_rows,)
     bool: rows to recompute with the exact kernel (their out and lse are left 0 and
-    nan), work (n_rows, 2) int64: keys summed and nodes seen per row. ``own``
+    nan), work (n_rows, 2) int64: keys summed and nodes seen per row (over both walks
+    of a row that walks again, module docstring "Shift"). ``own``
     (n_queries,) holds the k-d position of the key each query skips (-1: none), or is
     empty (no key is skipped). ``rtol`` in [0, 1): the module docstring's tolerance.
     ``tile`` (>= 1): consecutive entries of ``rows`` that walk the tree together (the
