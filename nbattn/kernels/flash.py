@@ -254,8 +254,9 @@ def _bias_terms(st, bh, i0, j0, bias, add_keys):
             m_row = mask[mi, i0 + r if per_row else 0]
             row = st[r]
             if per_key:
+                keys_mask = m_row[j0 : j0 + nb]  # a slice: m_row[j0 + j] would not vectorise
                 for j in range(nb):
-                    row[j] += m_row[j0 + j]
+                    row[j] += keys_mask[j]
             else:
                 b = m_row[0]
                 for j in range(nb):

@@ -93,8 +93,9 @@ def block_scores(i, j0, nb, data, model, weighted, store_design, scores, design)
     dc = keys_cont_t.shape[0]
     dk = keys_cat_t.shape[0]
     if weighted:
+        block_log_weights = log_weights[j0 : j0 + nb]  # a slice: [j0 + j] would not vectorise
         for j in range(nb):
-            scores[j] = log_weights[j0 + j]
+            scores[j] = block_log_weights[j]
     else:
         for j in range(nb):
             scores[j] = 0.0

@@ -41,6 +41,7 @@ adds to them).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
@@ -70,15 +71,27 @@ class TieGroups:
         groups; None: their own order): the rows of the t-th group are
         ``members[member_start[t] : member_start[t + 1]]``, in increasing order, and
         ``position[i]`` is the position of row i's group."""
-        counts, position = self.counts, self.group
-        if order is not None:
-            counts = counts[order]
-            place = np.empty_like(order)
-            place[order] = np.arange(order.shape[0])
-            position = place[self.group]
-        member_start = np.zeros(counts.shape[0] + 1, dtype=np.int64)
-        np.cumsum(counts.astype(np.int64), out=member_start[1:])
-        return member_start, np.argsort(position, kind="stable").astype(np.int64), position
+        by_group, group_start = self._rows_by_group
+        if order is None:
+            return group_start, by_group, self.group
+        sizes = np.diff(group_start)[order]
+        member_start = np.zeros(sizes.shape[0] + 1, dtype=np.int64)
+        np.cumsum(sizes, out=member_start[1:])
+        # the t-th group's rows are by_group[group_start[order[t]] + k], k < sizes[t]
+        shift = np.repeat(group_start[order] - member_start[:-1], sizes)
+        members = by_group[shift + np.arange(by_group.shape[0])]
+        place = np.empty_like(order)
+        place[order] = np.arange(order.shape[0])
+        return member_start, members, place[self.group]
+
+    @functools.cached_property
+    def _rows_by_group(self):
+        """``(by_group, group_start)``: the rows sorted by group, in increasing order within
+        each (a stable sort, once per grouping: :meth:`members` then only gathers), and
+        where each group's rows start."""
+        group_start = np.zeros(self.counts.shape[0] + 1, dtype=np.int64)
+        np.cumsum(self.counts.astype(np.int64), out=group_start[1:])
+        return np.argsort(self.group, kind="stable").astype(np.int64), group_start
 
 
 def tie_groups(problem: LocalProblem) -> TieGroups | None:
