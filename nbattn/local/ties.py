@@ -249,7 +249,9 @@ def _solve_directly(
     between nearest keys in the original order: it decides)."""
     groups = np.flatnonzero(redo)
     firsts = members[member_start[groups]]
-    keys = np.concatenate([firsts, np.setdiff1d(np.arange(group_of_row.shape[0]), firsts)])
+    rest = np.ones(group_of_row.shape[0], dtype=np.bool_)
+    rest[firsts] = False  # the other rows in increasing order (a mask: setdiff1d sorts)
+    keys = np.concatenate([firsts, np.flatnonzero(rest)])
     subset = dataclasses.replace(
         problem,
         q_cont=np.ascontiguousarray(problem.q_cont[firsts]),
