@@ -36,7 +36,12 @@ the unit roundoff (2**-24, 2**-53); a subnormal or zero l fails. Such a row
 (a query whose best score is below about -55 in float32 or -650 in float64)
 is redone by ``pool_row``, the max-shifted online softmax described next,
 which also holds every far-row path below; and since neighbouring queries
-tend to be alike, the next row then starts there too. An accepted row has
+tend to be alike, the next row then starts there too. For the same reason,
+once the first row of a chunk of ``config.QUERY_BLOCK`` queries passes, the
+others take the one pass together (``one_pass_rows``): each key block is read
+once for the chunk, not once per row (a key set beyond the caches was
+otherwise streamed from memory per row), and each row keeps the order of its
+sums, so its bits are those of the row alone. An accepted row has
 m = 0, l its unshifted sum and lse = log l, so callers see one contract.
 
 Callers (``nbattn.smoothing.regression``, with the one-pass ``centred_scaled`` at the
@@ -510,12 +515,42 @@ def one_pass_row(query_row, keys_t, values_t, own, buf, acc):
     total = 0.0
     for j0 in range(0, n_keys, _KEY_BLOCK):
         j1 = min(n_keys, j0 + _KEY_BLOCK)
-        if j0 <= own < j1:
-            total += fused_range(query_row, keys_t, values_t, j0, own, 0.0, buf, acc)
-            total += fused_range(query_row, keys_t, values_t, own + 1, j1, 0.0, buf, acc)
-        else:
-            total += fused_range(query_row, keys_t, values_t, j0, j1, 0.0, buf, acc)
+        # the parts before and after ``own``: one call site of the long fused pass
+        lead_end = own if j0 <= own < j1 else j1
+        a, b = j0, lead_end
+        for _ in range(2):
+            if b > a:
+                total += fused_range(query_row, keys_t, values_t, a, b, 0.0, buf, acc)
+            a, b = lead_end + 1, j1
     return total
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def one_pass_rows(
+    queries, first, stop, keys_t, values_t, exclude_self, self_offset, buf, totals, accs
+):
+    """:func:`one_pass_row` of the rows first <= i < stop together, into ``totals[i - first]``
+    and ``accs[i - first]``: each row summed in the same order as alone (to the same bits),
+    but each block of keys read once for all of them, so that a key set larger than the
+    caches is streamed from memory once per chunk of queries, not once per query. The key
+    ``own`` is skipped by a loop over the parts before and after it: one call site of the
+    long fused pass (each inlined copy costs compile time)."""
+    n_keys = keys_t.shape[1]
+    for r in range(stop - first):
+        totals[r] = 0.0
+        for c in range(accs.shape[1]):
+            accs[r, c] = 0.0
+    for j0 in range(0, n_keys, _KEY_BLOCK):
+        j1 = min(n_keys, j0 + _KEY_BLOCK)
+        for r in range(stop - first):
+            i = first + r
+            own = i + self_offset if exclude_self else -1
+            lead_end = own if j0 <= own < j1 else j1
+            a, b = j0, lead_end
+            for _ in range(2):
+                if b > a:
+                    totals[r] += fused_range(queries[i], keys_t, values_t, a, b, 0.0, buf, accs[r])
+                a, b = lead_end + 1, j1
 
 
 def one_pass_min_sum(n_keys, array):
@@ -658,14 +693,30 @@ def _pool_items(
             return
         scores = np.empty(_KEY_BLOCK, dtype=dtype)
         acc = np.empty(n_outputs, dtype=np.float64)
-        stop = min(n_queries, (chunk + 1) * _QUERY_BLOCK)
+        totals = np.empty(_QUERY_BLOCK, dtype=np.float64)
+        accs = np.empty((_QUERY_BLOCK, n_outputs), dtype=np.float64)
+        first = chunk * _QUERY_BLOCK
+        stop = min(n_queries, first + _QUERY_BLOCK)
         try_one_pass = True
-        for i in range(chunk * _QUERY_BLOCK, stop):
+        together = False  # the rows after the first summed by one_pass_rows
+        for i in range(first, stop):
             own = i + self_offset if exclude_self else -1
             total = 0.0
-            if try_one_pass:
+            if together:
+                total = totals[i - first - 1]
+                for c in range(n_outputs):
+                    acc[c] = accs[i - first - 1, c]
+            elif try_one_pass:
                 total = one_pass_row(queries[i], keys_t, values_s, own, scores, acc)
-            if try_one_pass and total >= one_pass_min_sum(keys_t.shape[1], scores):
+            if (together or try_one_pass) and total >= one_pass_min_sum(keys_t.shape[1], scores):
+                # the first row passed: the others (neighbouring queries tend to be
+                # alike) take the one pass together, each key block read once for them
+                if i == first and stop > first + 1:
+                    one_pass_rows(
+                        queries, first + 1, stop, keys_t, values_s, exclude_self,
+                        self_offset, scores, totals, accs,
+                    )  # fmt: skip
+                    together = True
                 running_max, running_sum, is_far = 0.0, total, False
             else:
                 running_max, running_sum, is_far = near_row(

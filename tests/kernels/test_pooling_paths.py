@@ -100,6 +100,38 @@ def test_one_pass_bound_is_the_documented_one():
     assert pooling.one_pass_min_sum(1000, f64) == 1000 * 2.0**-950
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    n_queries=st.integers(1, 40),
+    n_keys=st.sampled_from([1, 3, 700, config.KEY_BLOCK, config.KEY_BLOCK + 300]),
+    d=st.integers(1, 4),
+    n_outputs=st.sampled_from([1, 3]),
+    exclude_self=st.booleans(),
+    f32=st.booleans(),
+    seed=seeds,
+)
+def test_a_chunk_of_rows_sums_as_each_row_alone(
+    n_queries, n_keys, d, n_outputs, exclude_self, f32, seed
+):
+    """The rows of a chunk that take the one pass together (each key block read once for
+    all of them) give the bits of each row pooled alone, with its own key skipped
+    wherever it falls in a key block."""
+    rng = np.random.default_rng(seed)
+    dtype = np.float32 if f32 else np.float64
+    keys_t = rng.normal(size=(d, n_keys)).astype(dtype)
+    values_t = rng.normal(size=(n_outputs, n_keys)).astype(dtype)
+    exclude_self = exclude_self and n_keys > n_queries
+    offset = int(rng.integers(0, n_keys - n_queries + 1)) if exclude_self else 0
+    queries = rng.normal(scale=0.5, size=(n_queries, d)).astype(dtype)
+    out, lse = pooling.gaussian_pool(queries, keys_t, values_t, exclude_self, offset)
+    for i in range(n_queries):
+        alone, alone_lse = pooling.gaussian_pool(
+            queries[i : i + 1], keys_t, values_t, exclude_self, offset + i
+        )
+        np.testing.assert_array_equal(out[i], alone[0])
+        assert lse[i] == alone_lse[0]
+
+
 def test_value_scaling_is_exact_and_bounded():
     values_t = np.array([[3.0, -5.0, 0.0], [0.0, 0.0, 0.0], [1e-310, 2e-310, -1e-320]])
     e = pooling.value_scales(values_t)
