@@ -54,8 +54,8 @@ is the overflow of a finite log normaliser, and the row is a far row.
 A far row (``nbattn.kernels.pooling``, "Far rows") takes its weights the way
 the pool did: lse below ``-config.FAR_SCORE_FLOAT32`` in a float32 kernel,
 from float64 scores; lse below ``-config.FAR_SCORE_FLOAT64`` (or overflowed),
-from the anchored float64 form of ``pooling.far_state`` and
-``pooling.far_block_weights``. The other rows recompute the direct scores.
+from the anchored float64 form of ``far_rows.far_state`` and
+``far_rows.far_block_weights``. The other rows recompute the direct scores.
 
 Tunables: ``config.KEY_BLOCK``, ``QUERY_BLOCK`` and ``LOO_FULL_GROUPS`` are
 read when this module is imported (compiled in as constants).
@@ -70,14 +70,13 @@ import numpy as np
 from numba import njit, prange
 
 from .. import config
+from .far_rows import far_block_weights, far_state
 from .fastmath import fast_exp, like
 from .items import next_item, run_items, sum_in_order
 from .pooling import (
     _FAR_SCORE_FLOAT64,
     _block_scores,
-    far_block_weights,
     far_score,
-    far_state,
     has_admissible_key,
     near_row,
     pool_row,

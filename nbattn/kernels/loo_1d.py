@@ -19,7 +19,7 @@ float64, as ``nbattn.kernels.loo.loo_squared_error`` would:
 
 Far rows (the nearest neighbour beyond ``config.FAR_SCORE_<dtype>``) take the
 path of ``pooling.pool_row``: the window in float64, or every key by the
-anchored ``pooling.far_pool``.
+anchored ``far_rows.far_pool``.
 
 Tunables: ``config.KEY_BLOCK`` and ``QUERY_BLOCK`` are read when this module is
 imported (compiled in as constants); ``config.PRUNE_GAP_<dtype>`` at call time
@@ -37,9 +37,10 @@ import numpy as np
 from numba import njit, prange
 
 from .. import config
+from .far_rows import far_pool
 from .fastmath import fast_exp, like
 from .items import sum_in_order
-from .pooling import _FAR_SCORE_FLOAT64, far_pool, far_score
+from .pooling import _FAR_SCORE_FLOAT64, far_score
 
 _KEY_BLOCK = config.KEY_BLOCK
 _QUERY_BLOCK = config.QUERY_BLOCK
@@ -105,7 +106,7 @@ def loo_squared_error_sorted_1d(zs, values_t, targets, rows, prune_gap):
     Far rows as in ``pooling.pool_row``: dmin_i^2 beyond
     ``config.FAR_SCORE_FLOAT32`` in float32, the window in float64; beyond
     ``config.FAR_SCORE_FLOAT64`` (or overflowing), all keys by the anchored
-    ``pooling.far_pool``.
+    ``far_rows.far_pool``.
     """
     n = zs.shape[0]
     n_rows = rows.shape[0]
