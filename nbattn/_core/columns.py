@@ -320,7 +320,7 @@ def fit_categories(X, var_type: str, table: str = "X") -> list:
         else:
             values = _column(frame, j)
             distinct = {}
-            for v in values[~_missing_mask(values)]:
+            for v in _distinct(values[~_missing_mask(values)])[0]:
                 try:
                     p = _plain(v)
                 except ValueError as exc:
@@ -427,26 +427,58 @@ def _numbers(values, gone, name) -> np.ndarray:
 def _codes(values, gone, cats, name, handle_unknown, features=True) -> np.ndarray:
     lookup = {category_key(c): k for k, c in enumerate(cats)}
     col = np.full(values.shape, np.nan)
-    for i, v in enumerate(values):
-        if gone[i]:
-            continue
+    rows = np.flatnonzero(~gone)
+    distinct, inverse = _distinct(values[rows])
+    codes = np.empty(len(distinct))
+    for t, v in enumerate(distinct):
         key = category_key(v)
         code = None if key is None else lookup.get(key)
-        if code is None:
-            if handle_unknown != "ignore":
-                hint = (
-                    "; pass handle_unknown='ignore' (command line: --handle-unknown ignore) to "
-                    "give it the mismatch weight"
-                    if features
-                    else ""
-                )
-                raise ValueError(
-                    f"{name} holds the category {shown(v)} (row {i}, counting from 0) "
-                    f"that was not seen at fit (known: {_preview(cats)}){hint}"
-                )
-            code = UNKNOWN_CODE
-        col[i] = code
+        codes[t] = np.inf if code is None else code  # inf: not seen at fit
+    unknown = np.isinf(codes)
+    if unknown.any():
+        if handle_unknown != "ignore":
+            i = int(rows[np.argmax(unknown[inverse])])  # the first such row
+            hint = (
+                "; pass handle_unknown='ignore' (command line: --handle-unknown ignore) to "
+                "give it the mismatch weight"
+                if features
+                else ""
+            )
+            raise ValueError(
+                f"{name} holds the category {shown(values[i])} (row {i}, counting from 0) "
+                f"that was not seen at fit (known: {_preview(cats)}){hint}"
+            )
+        codes[unknown] = UNKNOWN_CODE
+    col[rows] = codes[inverse]
     return col
+
+
+def _distinct(values) -> tuple[list, np.ndarray]:
+    """``(distinct, inverse)``: one value of each kind in ``values`` (the first of its kind, in
+    order of first appearance; numbers of a numeric array in increasing order) and each
+    value's index into them, so that a column's categories are worked out once per
+    distinct value, not once per row. Of a kind: equal and of one type (so ``True`` and
+    ``1`` stay apart, as ``category_key`` keeps them); an unhashable value is a kind of
+    its own."""
+    if values.dtype.kind in "biuf":
+        _, first, inverse = np.unique(values, return_index=True, return_inverse=True)
+        return list(values[first]), inverse.reshape(-1).astype(np.int64)
+    index: dict = {}
+    distinct: list = []
+    inverse = np.empty(values.shape[0], dtype=np.int64)
+    for i, v in enumerate(values):
+        try:
+            key = (type(v), v)
+            t = index.get(key)
+        except TypeError:  # unhashable
+            key, t = None, None
+        if t is None:
+            t = len(distinct)
+            distinct.append(v)
+            if key is not None:
+                index[key] = t
+        inverse[i] = t
+    return distinct, inverse
 
 
 def _preview(cats, k: int = 8) -> str:
