@@ -457,21 +457,19 @@ def _distinct(values) -> tuple[list, np.ndarray]:
     """``(distinct, inverse)``: one value of each kind in ``values`` (the first of its kind, in
     order of first appearance; numbers of a numeric array in increasing order) and each
     value's index into them, so that a column's categories are worked out once per
-    distinct value, not once per row. Of a kind: equal and of one type (so ``True`` and
-    ``1`` stay apart, as ``category_key`` keeps them); an unhashable value is a kind of
-    its own."""
-    if values.dtype.kind in "biuf":
+    distinct value, not once per row. Of a kind: equal, of one type, and a plain text,
+    number or bool (:func:`_groupable`; so ``True`` and ``1`` stay apart, as
+    ``category_key`` keeps them); any other value is a kind of its own, and meets the
+    row-by-row rule's checks as it always did."""
+    if values.dtype.kind in "biuf" and values.dtype.itemsize <= 8:
         _, first, inverse = np.unique(values, return_index=True, return_inverse=True)
         return list(values[first]), inverse.reshape(-1).astype(np.int64)
     index: dict = {}
     distinct: list = []
     inverse = np.empty(values.shape[0], dtype=np.int64)
     for i, v in enumerate(values):
-        try:
-            key = (type(v), v)
-            t = index.get(key)
-        except TypeError:  # unhashable
-            key, t = None, None
+        key = (type(v), v) if _groupable(v) else None
+        t = None if key is None else index.get(key)
         if t is None:
             t = len(distinct)
             distinct.append(v)
@@ -479,6 +477,18 @@ def _distinct(values) -> tuple[list, np.ndarray]:
                 index[key] = t
         inverse[i] = t
     return distinct, inverse
+
+
+def _groupable(value) -> bool:
+    """Whether rows holding ``value`` may share its category work: a str, int, float or bool,
+    or a NumPy number or bool of at most 8 bytes (equal values of one such type are one
+    category; a datetime's or timedelta's value depends on its unit, a long double's on
+    more bits)."""
+    if isinstance(value, (str, int, float, bool)):
+        return True
+    if isinstance(value, np.timedelta64):  # a NumPy integer, whose value depends on its unit
+        return False
+    return isinstance(value, (np.bool_, np.integer, np.floating)) and value.dtype.itemsize <= 8
 
 
 def _preview(cats, k: int = 8) -> str:
