@@ -429,12 +429,15 @@ def _codes(values, gone, cats, name, handle_unknown, features=True) -> np.ndarra
     col = np.full(values.shape, np.nan)
     rows = np.flatnonzero(~gone)
     distinct, inverse = _distinct(values[rows])
-    codes = np.empty(len(distinct))
+    codes = np.full(len(distinct), UNKNOWN_CODE)
+    unknown = np.zeros(len(distinct), dtype=np.bool_)  # not seen at fit
     for t, v in enumerate(distinct):
         key = category_key(v)
         code = None if key is None else lookup.get(key)
-        codes[t] = np.inf if code is None else code  # inf: not seen at fit
-    unknown = np.isinf(codes)
+        if code is None:
+            unknown[t] = True
+        else:
+            codes[t] = code
     if unknown.any():
         if handle_unknown != "ignore":
             i = int(rows[np.argmax(unknown[inverse])])  # the first such row
@@ -448,7 +451,6 @@ def _codes(values, gone, cats, name, handle_unknown, features=True) -> np.ndarra
                 f"{name} holds the category {shown(values[i])} (row {i}, counting from 0) "
                 f"that was not seen at fit (known: {_preview(cats)}){hint}"
             )
-        codes[unknown] = UNKNOWN_CODE
     col[rows] = codes[inverse]
     return col
 
