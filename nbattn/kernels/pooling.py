@@ -80,7 +80,7 @@ from numba.extending import overload
 
 from .. import config
 from .far_rows import far_block_weights, far_pool, far_state
-from .fastmath import fast_exp, like
+from .fastmath import exp_within, fast_exp, like
 from .items import next_item, run_items
 from .layout_pass import centred_scaled  # noqa: F401 - the op module's layout pass
 from .softmax import exp_shift_sum, row_max
@@ -239,11 +239,12 @@ def near_row(query_row, keys_t, values_t, own, scores, acc):
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def fused_range(query_row, keys_t, values_t, a, b, shift, buf, acc):
+def fused_range(query_row, keys_t, values_t, a, b, shift, buf, acc, coarse):
     """Keys a <= j < b of the one-pass row: returns sum_j exp(s_j - shift) (input dtype)
     and adds sum_j exp(s_j - shift) v_j into ``acc`` (float64). ``buf`` holds at least
     b - a floats. ``shift`` (0 here; a bound on the scores in ``nbattn.kernels.tree_pool``)
-    is rounded to the input dtype.
+    is rounded to the input dtype. ``coarse``: None (here) for ``fast_exp``, a bool for
+    ``coarse_exp`` (``fastmath.exp_within``; the tree's sums within a tolerance).
 
     The squared distance over all features but the last is accumulated in
     ``buf``; the last feature, the exponential and the sums are one loop. With
@@ -274,13 +275,13 @@ def fused_range(query_row, keys_t, values_t, a, b, shift, buf, acc):
         if d == 1:
             for j in range(n):
                 diff = last[j] - q_last
-                w = fast_exp(-(diff * diff) - s)
+                w = exp_within(-(diff * diff) - s, coarse)
                 total += w
                 weighted += w * values_row[j]
         else:
             for j in range(n):
                 diff = last[j] - q_last
-                w = fast_exp(-(buf[j] + diff * diff) - s)
+                w = exp_within(-(buf[j] + diff * diff) - s, coarse)
                 total += w
                 weighted += w * values_row[j]
         acc[0] += weighted
@@ -290,7 +291,7 @@ def fused_range(query_row, keys_t, values_t, a, b, shift, buf, acc):
         dist = diff * diff
         if d > 1:
             dist += buf[j]
-        w = fast_exp(-dist - s)
+        w = exp_within(-dist - s, coarse)
         buf[j] = w
         total += w
     for c in range(n_outputs):
@@ -320,7 +321,7 @@ def one_pass_row(query_row, keys_t, values_t, own, buf, acc):
         a, b = j0, lead_end
         for _ in range(2):
             if b > a:
-                total += fused_range(query_row, keys_t, values_t, a, b, 0.0, buf, acc)
+                total += fused_range(query_row, keys_t, values_t, a, b, 0.0, buf, acc, None)
             a, b = lead_end + 1, j1
     return total
 
@@ -349,7 +350,9 @@ def one_pass_rows(
             a, b = j0, lead_end
             for _ in range(2):
                 if b > a:
-                    totals[r] += fused_range(queries[i], keys_t, values_t, a, b, 0.0, buf, accs[r])
+                    totals[r] += fused_range(
+                        queries[i], keys_t, values_t, a, b, 0.0, buf, accs[r], None
+                    )
                 a, b = lead_end + 1, j1
 
 

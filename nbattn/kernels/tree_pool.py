@@ -55,6 +55,24 @@ Consequences, for the computed Shat = S - E and Ahat_c = A_c - sum_{dropped j} w
 All of these are on top of the rounding error that the exact streaming sums carry
 themselves (the scores are computed in the input dtype, as there).
 
+Coarse exponential. In float64, from rtol >= 16 eps on (eps = ``COARSE_EXP_RTOL``, 1e-8),
+the leaves' weights are computed by ``coarse_exp``, each within eps relative of exp
+(``nbattn.kernels.fastmath``: a polynomial of degree 7 instead of 12, about 1/7 of the
+walk's time), and the rule runs with rtol' = (rtol - eps) / (1 + eps) in place of rtol.
+The computed L is then at most (1 + eps) times the true sum of the kept weights, so the
+dropped mass is E <= rtol' (1 + eps) S = (rtol - eps) S, and the kept weights' own error
+is at most eps times their sum. The bounds above hold as stated, with one change: Shat
+may exceed S by eps S (lse moves up by at most eps, down by at most -log(1 - rtol)):
+
+* (1 - rtol) S <= (1 - eps)(S - E) <= Shat <= (1 + eps) S;
+* |Ahat_c - A_c| <= (E + eps S) max_j |v_jc| <= rtol * S * max_j |v_jc|;
+* |fhat_c - f_c| <= (E + eps (S - E)) max_j |v_jc - f_c| / ((1 - eps)(S - E))
+  <= rtol / (1 - rtol) * max_j |v_jc - f_c|.
+
+Below 16 eps, and in float32 (whose exponential is already within its rounding), the
+weights are ``fast_exp``'s and rtol is the rule's (``coarse_for`` decides; the argument's
+type picks the exponential when the walk is compiled, so each choice is its own copy).
+
 Shift. A row's sums are kept relative to exp(m), m a bound on every score it has summed,
 so no weight exceeds 1. Before a leaf is summed m is raised, where it is lower, to the
 leaf's box bound -d2 (rounded to the keys' dtype, so that every leaf of the row subtracts
@@ -92,18 +110,27 @@ import numpy as np
 from numba import njit, prange
 
 from .. import config
-from .fastmath import fast_exp, like
+from .fastmath import COARSE_EXP_RTOL, fast_exp, like
 from .kd_order import kd_nodes, kd_order
 from .pooling import far_score, fused_range, one_pass_min_sum
 from .softmax import row_max
 
-__all__ = ["kd_nodes", "kd_order", "tree_pool"]
+__all__ = ["coarse_for", "kd_nodes", "kd_order", "tree_pool"]
 
 _QUERY_BLOCK = config.QUERY_BLOCK
 # A box distance is rounded by at most ~(d + 2) 2**-53 relative; shrinking it by 2**-40
 # keeps each bound B an upper bound for any d below 2**13.
 _D2_SHRINK = 1.0 - 2.0**-40
 _STACK = 128  # the tree's depth is below 64 for any n below 2**63
+#: The least rtol whose float64 leaves are summed with ``coarse_exp`` (module docstring,
+#: "Coarse exponential"): its error then takes at most 1/16 of the tolerance.
+COARSE_MIN_RTOL = 16.0 * COARSE_EXP_RTOL
+
+
+def coarse_for(rtol, dtype):
+    """:func:`tree_pool`'s ``coarse`` for a tolerance and the inputs' dtype: True (the
+    coarse exponential) for float64 from ``COARSE_MIN_RTOL`` on, else None."""
+    return True if np.dtype(dtype) == np.float64 and rtol >= COARSE_MIN_RTOL else None
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
@@ -140,12 +167,13 @@ def packed_leaves(keys_t, values_t, start, stop, right):
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def _leaf_range(qt, r, pack, base, nb, skip, shift, n_outputs, buf, acc_row):
+def _leaf_range(qt, r, pack, base, nb, skip, shift, n_outputs, coarse, buf, acc_row):
     """The keys of the leaf at ``base`` but ``skip`` (none when outside [0, nb)) for query r
     of the tile: the streaming kernel's fused pass (``pooling.fused_range``) on the leaf's
     block of ``pack`` seen as its (d + p, nb) rows, before the skipped key and after it;
     returns sum_t exp(s_t - shift) (each part summed in the keys' dtype, the parts in
-    float64) and adds sum_t exp(s_t - shift) v_tc into ``acc_row[c]``.
+    float64) and adds sum_t exp(s_t - shift) v_tc into ``acc_row[c]``; each weight by
+    ``coarse_exp`` where ``coarse`` (module docstring, "Coarse exponential").
 
     One call site of ``fused_range``, in a loop over the two parts: the fused pass is a
     long loop body (the exponential's polynomial, a branch per output count), and each
@@ -158,7 +186,7 @@ def _leaf_range(qt, r, pack, base, nb, skip, shift, n_outputs, buf, acc_row):
     a, b = 0, lead_end
     for _ in range(2):
         if b > a:
-            total += np.float64(fused_range(qt[r], keys, values, a, b, shift, buf, acc_row))
+            total += np.float64(fused_range(qt[r], keys, values, a, b, shift, buf, acc_row, coarse))
         a, b = lead_end + 1, nb
     return total
 
@@ -215,7 +243,9 @@ def _sum_leaf_at_best(qt, r, pack, base, nb, n_outputs, skip, buf, acc, m, total
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def _sum_leaf(qt, r, pack, base, nb, n_outputs, skip, d2, at_best, buf, acc, m, total, used):
+def _sum_leaf(
+    qt, r, pack, base, nb, n_outputs, skip, d2, at_best, coarse, buf, acc, m, total, used
+):
     """Adds the leaf at ``base``, at box distance ``d2`` from row r of the tile, to the
     row's state (m, total, used, acc[r]; module docstring, "Shift").
 
@@ -228,12 +258,28 @@ def _sum_leaf(qt, r, pack, base, nb, n_outputs, skip, d2, at_best, buf, acc, m, 
     shift = np.float64(like(-d2, buf))
     if shift > m[r]:
         _rescale(r, shift, n_outputs, acc, m, total, used)
-    total[r] += _leaf_range(qt, r, pack, base, nb, skip, m[r], n_outputs, buf, acc[r])
+    total[r] += _leaf_range(qt, r, pack, base, nb, skip, m[r], n_outputs, coarse, buf, acc[r])
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def _sum_leaf_rows(
-    qt, keep, n_keep, d2, pack, a0, nb, n_outputs, skip, at_best, buf, acc, m, total, used, summed
+    qt,
+    keep,
+    n_keep,
+    d2,
+    pack,
+    a0,
+    nb,
+    n_outputs,
+    skip,
+    at_best,
+    coarse,
+    buf,
+    acc,
+    m,
+    total,
+    used,
+    summed,
 ):
     """The leaf of keys [a0, a0 + nb) added to each row ``keep[:n_keep]`` of the tile
     (:func:`_sum_leaf`; ``d2[r]``: the leaf's box distance from row r). Called once per
@@ -253,6 +299,7 @@ def _sum_leaf_rows(
             skip[r] - a0,
             d2[r],
             at_best,
+            coarse,
             buf,
             acc,
             m,
@@ -289,6 +336,7 @@ def _tree_tile(
     hi,
     rtol,
     at_best,
+    coarse,
     buf,
     acc,
     m,
@@ -373,6 +421,7 @@ def _tree_tile(
                 n_outputs,
                 skip,
                 at_best,
+                coarse,
                 buf,
                 acc,
                 m,
@@ -402,7 +451,7 @@ def _value_exponents(values_t):
 
 
 @njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
-def tree_pool(queries, keys_t, values_t, start, stop, right, lo, hi, own, rtol, rows, tile):
+def tree_pool(queries, keys_t, values_t, start, stop, right, lo, hi, own, rtol, rows, tile, coarse):
     """``(out, lse, far, work)`` for the queries ``rows`` (indices into ``queries``).
 
     out (n_rows, n_outputs) in the input dtype, lse (n_rows,) float64, far (n_rows,)
@@ -413,6 +462,9 @@ def tree_pool(queries, keys_t, values_t, start, stop, right, lo, hi, own, rtol, 
     empty (no key is skipped). ``rtol`` in [0, 1): the module docstring's tolerance.
     ``tile`` (>= 1): consecutive entries of ``rows`` that walk the tree together (the
     rows of a tile should be near each other, as in k-d order, for the walk to pay).
+    ``coarse``: :func:`coarse_for`'s None (the leaves' weights by ``fast_exp``) or True
+    (by ``coarse_exp``, the rule with part of rtol; module docstring, "Coarse
+    exponential"); each compiles its own copy of the walk.
     """
     n_rows = rows.shape[0]
     n_outputs = values_t.shape[0]
@@ -423,6 +475,9 @@ def tree_pool(queries, keys_t, values_t, start, stop, right, lo, hi, own, rtol, 
     min_sum = one_pass_min_sum(n_keys, queries)
     maybe_far = -far + math.log(max(n_keys, 1))
     exponents, values_s = _value_exponents(values_t)
+    prune_rtol = rtol
+    if coarse is not None:  # module docstring, "Coarse exponential": part of rtol pays for it
+        prune_rtol = (rtol - COARSE_EXP_RTOL) / (1.0 + COARSE_EXP_RTOL)
     pack = packed_leaves(keys_t, values_s, start, stop, right)
     leaf_max = 0
     for node in range(start.shape[0]):
@@ -484,8 +539,9 @@ def tree_pool(queries, keys_t, values_t, start, stop, right, lo, hi, own, rtol, 
                 right,
                 lo,
                 hi,
-                rtol,
+                prune_rtol,
                 at_best,
+                coarse,
                 buf,
                 acc,
                 m,

@@ -68,8 +68,9 @@ def _tree_pays(q, k_t, v_t, nodes, own, rtol, order):
     n_queries, n_keys = q.shape[0], k_t.shape[1]
     tile = int(config.TREE_TILE_ROWS)
     rows = _sample_tiles(order, tile, int(config.TREE_SAMPLE_QUERIES))
-    _, _, far, work = kernels_for("tree_pool", "cpu").tree_pool(
-        q, k_t, v_t, *nodes, own, rtol, rows, tile
+    tree = kernels_for("tree_pool", "cpu")
+    _, _, far, work = tree.tree_pool(
+        q, k_t, v_t, *nodes, own, rtol, rows, tile, tree.coarse_for(rtol, q.dtype)
     )
     near = ~far
     if not near.any():
@@ -103,8 +104,17 @@ def pool_within_rtol(q, k_t, v_t, exclude_self, rtol, decide=True):
     rows = _query_order(q)
     if decide and not _tree_pays(q, k_t, v_t, nodes, own, rtol, rows):
         return None
-    out_rows, lse_rows, far, _ = kernels_for("tree_pool", "cpu").tree_pool(
-        q, k_t, v_t, *nodes, own, rtol, rows, int(config.TREE_TILE_ROWS)
+    tree = kernels_for("tree_pool", "cpu")
+    out_rows, lse_rows, far, _ = tree.tree_pool(
+        q,
+        k_t,
+        v_t,
+        *nodes,
+        own,
+        rtol,
+        rows,
+        int(config.TREE_TILE_ROWS),
+        tree.coarse_for(rtol, q.dtype),
     )
     out = np.empty_like(out_rows)
     lse = np.empty_like(lse_rows)

@@ -348,8 +348,11 @@ def nadaraya_watson(
         a k-d tree over the scaled keys (``nbattn.kernels.tree_pool`` states the
         rule and proves the bound); a cost model runs the exact path instead
         where the tree would not pay (few keys, many features, little to prune),
-        so ``rtol > 0`` may return the exact result. CPU only: ``rtol > 0`` with
-        the GPU raises NotImplementedError.
+        so ``rtol > 0`` may return the exact result. In float64 from
+        ``rtol = 1.6e-7`` on, the kept weights come from an exponential within
+        1e-8 relative, paid for out of ``rtol``: the normaliser may then also
+        exceed S by 1e-8 S (lse its exact value by 1e-8); the other bounds stay
+        as stated. CPU only: ``rtol > 0`` with the GPU raises NotImplementedError.
 
     Returns
     -------

@@ -5,7 +5,7 @@ import pytest
 from numba import njit
 
 from nbattn import config
-from nbattn.kernels.fastmath import fast_exp
+from nbattn.kernels.fastmath import COARSE_EXP_RTOL, coarse_exp, exp_within, fast_exp
 from nbattn.kernels.pooling import pool_row
 from nbattn.kernels.softmax import exp_shift_sum, row_max
 
@@ -19,6 +19,30 @@ def _exp_loop(x, out):
 def _run(x):
     out = np.empty_like(x)
     _exp_loop(x, out)
+    return out
+
+
+@njit(fastmath=config.FASTMATH)
+def _coarse_loop(x, out):
+    for i in range(x.shape[0]):
+        out[i] = coarse_exp(x[i])
+
+
+@njit(fastmath=config.FASTMATH)
+def _within_loop(x, coarse, out):
+    for i in range(x.shape[0]):
+        out[i] = exp_within(x[i], coarse)
+
+
+def _run_coarse(x):
+    out = np.empty_like(x)
+    _coarse_loop(x, out)
+    return out
+
+
+def _run_within(x, coarse):
+    out = np.empty_like(x)
+    _within_loop(x, coarse, out)
     return out
 
 
@@ -36,16 +60,50 @@ def test_float32_within_two_ulp():
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_edges_flush_to_zero_and_overflow_to_inf(dtype):
+@pytest.mark.parametrize("run", [_run, _run_coarse], ids=["fast_exp", "coarse_exp"])
+def test_edges_flush_to_zero_and_overflow_to_inf(dtype, run):
     x = np.array([-np.inf, -1e4, 0.0, 1e4, np.inf], dtype=dtype)
-    np.testing.assert_array_equal(_run(x), [0.0, 0.0, 1.0, np.inf, np.inf])
+    np.testing.assert_array_equal(run(x), [0.0, 0.0, 1.0, np.inf, np.inf])
+
+
+def test_coarse_float64_within_its_stated_error_and_no_closer_than_its_degree_allows(rng):
+    # the whole range, and the ends of the reduced interval |r| <= ln(2)/2 (the largest
+    # truncation error) in several binades
+    half = np.log(2.0) / 2.0
+    ends = (np.arange(-1000, 1000)[:, None] * np.log(2.0) + np.array([-half, half])).ravel()
+    ends = ends[(ends > -708.3) & (ends < 709.4)]
+    x = np.concatenate(
+        [
+            np.linspace(-708.3, 709.4, 1_000_003),
+            ends,
+            ends * (1.0 - 1e-12),
+            rng.uniform(-50.0, 0.0, 100_000),
+        ]
+    )
+    rel = np.abs(_run_coarse(x) - np.exp(x)) / np.exp(x)
+    assert rel.max() < COARSE_EXP_RTOL
+    # the truncation of a degree-7 polynomial: about 7e-9 at the interval's ends
+    assert rel.max() > 1e-9
+
+
+def test_coarse_float32_is_fast_exp_bit_for_bit():
+    x = np.linspace(-87.3, 88.3, 100_003).astype(np.float32)
+    assert np.array_equal(_run_coarse(x), _run(x))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_loop_vectorises(dtype):
-    _run(np.zeros(4, dtype=dtype))
-    sig = next(s for s in _exp_loop.signatures if str(s[0].dtype) == np.dtype(dtype).name)
-    asm = _exp_loop.inspect_asm(sig)
+def test_exp_within_picks_by_the_type_of_its_flag(rng, dtype):
+    x = rng.uniform(-30.0, 5.0, 10_001).astype(dtype)
+    assert np.array_equal(_run_within(x, None), _run(x))
+    assert np.array_equal(_run_within(x, True), _run_coarse(x))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("loop", [_exp_loop, _coarse_loop], ids=["fast_exp", "coarse_exp"])
+def test_loop_vectorises(dtype, loop):
+    loop(np.zeros(4, dtype=dtype), np.zeros(4, dtype=dtype))
+    sig = next(s for s in loop.signatures if str(s[0].dtype) == np.dtype(dtype).name)
+    asm = loop.inspect_asm(sig)
     suffix = "ps" if dtype == np.float32 else "pd"
     packed_fma = [
         line

@@ -29,7 +29,8 @@ def _walk(queries, keys, values, h, dtype, rtol, leaf_keys):
         q, k_t, v_t, _ = regression._layout(queries, keys, values, h, dtype)
         k_t, v_t, nodes, own = tree_layout(k_t, v_t, False, q.shape[0])
     rows = np.arange(q.shape[0])
-    return kernels_for("tree_pool", "cpu").tree_pool(q, k_t, v_t, *nodes, own, rtol, rows, 4)
+    tree = kernels_for("tree_pool", "cpu")
+    return tree.tree_pool(q, k_t, v_t, *nodes, own, rtol, rows, 4, tree.coarse_for(rtol, q.dtype))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -53,7 +53,10 @@ def _walk(queries, keys, values, h, dtype, rtol, leaf_keys, rows, tile):
     with config_values(TREE_LEAF_KEYS=leaf_keys):
         q, k_t, v_t, _ = regression._layout(queries, keys, values, h, dtype)
         k_t, v_t, nodes, own = tree_layout(k_t, v_t, False, q.shape[0])
-    return kernels_for("tree_pool", "cpu").tree_pool(q, k_t, v_t, *nodes, own, rtol, rows, tile)
+    tree = kernels_for("tree_pool", "cpu")
+    return tree.tree_pool(
+        q, k_t, v_t, *nodes, own, rtol, rows, tile, tree.coarse_for(rtol, q.dtype)
+    )
 
 
 _F32_GAPS = [55.0, 56.0, 86.5, 87.5, 103.5, 104.5, 4000.0]
