@@ -158,6 +158,21 @@ GEOMS = ["uniform", "clustered", "duplicates", "line", "far"]
 VALUES = ["normal", "mixed", "constant", "huge", "tiny", "subnormal", "near_max"]
 
 
+@pytest.fixture
+def tree_runs(monkeypatch):
+    """Whether each call of the public path ran the tree (``pool_within_rtol`` spied)."""
+    ran = []
+    real = regression.pool_within_rtol
+
+    def spy(*args, **kwargs):
+        result = real(*args, **kwargs)
+        ran.append(result is not None)
+        return result
+
+    monkeypatch.setattr(regression, "pool_within_rtol", spy)
+    return ran
+
+
 # ------------------------------------------------------------- the public contract
 @pytest.mark.parametrize("rtol", [_BELOW, COARSE_MIN_RTOL, 1e-6, 0.5])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
@@ -318,21 +333,12 @@ def test_the_switch_really_switches():
 # ------------------------------------------------------------------ a public table
 @pytest.mark.parametrize("rtol", [_BELOW, COARSE_MIN_RTOL, 1e-6, 1e-3, 0.5, 0.999])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_bundled_diabetes_table(rtol, dtype, monkeypatch):
+def test_bundled_diabetes_table(rtol, dtype, tree_runs):
     """scikit-learn's bundled diabetes table (442 x 10, continuous, standardised): each
     random subset of its columns predicts the target and the bmi column, on the tree path
     (spied to have run), within the contract against the exact path."""
     datasets = pytest.importorskip("sklearn.datasets")
     X, y = datasets.load_diabetes(return_X_y=True)
-    ran = []
-    real = regression.pool_within_rtol
-
-    def spy(*args, **kwargs):
-        result = real(*args, **kwargs)
-        ran.append(result is not None)
-        return result
-
-    monkeypatch.setattr(regression, "pool_within_rtol", spy)
     for seed in range(2):
         rng = np.random.default_rng([seed, 442])
         cols = np.sort(rng.choice([0, 2, 3, 4, 5, 6, 7, 8, 9], size=1 + seed % 4, replace=False))
@@ -346,7 +352,7 @@ def test_bundled_diabetes_table(rtol, dtype, monkeypatch):
         ):
             out, lse = _tree_nw(queries, keys, vals, h, rtol, dtype, exclude_self=excl)
             _check_contract(out, lse, queries, keys, vals, h, rtol, dtype, exclude_self=excl)
-    assert ran and all(ran)
+    assert tree_runs and all(tree_runs)
 
 
 # ------------------------------------------------------------------- coarse_exp itself
@@ -500,29 +506,17 @@ def test_tight_pruning_on_a_line_any_tile(tile, rtol):
 
 
 @pytest.mark.parametrize("rtol", [COARSE_MIN_RTOL, 1e-3])
-def test_default_configuration_large_clustered(rtol):
+def test_default_configuration_large_clustered(rtol, tree_runs):
     """No forcing: the cost model picks the tree (spied) on 20,000 clustered keys at a
     narrow width, and the result honours the contract."""
-    ran = []
-    real = regression.pool_within_rtol
-
-    def spy(*args, **kwargs):
-        result = real(*args, **kwargs)
-        ran.append(result is not None)
-        return result
-
     for seed in range(2):
         rng = np.random.default_rng([seed, 20000])
         queries, keys, _ = _geometry("clustered", rng, 200, 20000, 2)
         h = np.full(2, 0.02)
         values = rng.normal(size=(20000, 2)) * [1.0, 1e-200] + [3.0, 0.0]
-        regression.pool_within_rtol = spy
-        try:
-            out, lse = nbattn.nadaraya_watson(queries, keys, values, h, rtol=rtol, return_lse=True)
-        finally:
-            regression.pool_within_rtol = real
+        out, lse = nbattn.nadaraya_watson(queries, keys, values, h, rtol=rtol, return_lse=True)
         _check_contract(out, lse, queries, keys, values, h, rtol, np.float64)
-    assert ran and all(ran)
+    assert tree_runs and all(tree_runs)
 
 
 @pytest.mark.parametrize("rtol", [_BELOW, COARSE_MIN_RTOL, 1e-3, 0.5])
