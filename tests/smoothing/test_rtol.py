@@ -71,7 +71,7 @@ def _check_bound(out, lse, queries, keys, values, h, rtol, dtype, exclude_self=F
     allowed = rtol / (1.0 - rtol) * spread + slack
     assert np.all(np.abs(out - exact) <= allowed), np.abs(out - exact).max()
     lse_slack = (3e-4 if dtype == np.float32 else 1e-10) * (1.0 + np.abs(exact_lse))
-    coarse = dtype == np.float64 and rtol >= 16 * COARSE_EXP_RTOL
+    coarse = kernels_for("tree_pool", "cpu").coarse_for(rtol, dtype) is not None
     assert np.all(lse <= exact_lse + (COARSE_EXP_RTOL if coarse else 0.0) + lse_slack)
     assert np.all(lse >= exact_lse + np.log1p(-rtol) - lse_slack)
 
