@@ -107,10 +107,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from .. import config
 from .fastmath import COARSE_EXP_RTOL, fast_exp, like
+from .items import next_item, run_items
 from .kd_order import kd_nodes, kd_order
 from .pooling import far_score, fused_range, one_pass_min_sum
 from .softmax import row_max
@@ -450,7 +451,6 @@ def _value_exponents(values_t):
     return exponents, scaled
 
 
-@njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
 def tree_pool(queries, keys_t, values_t, start, stop, right, lo, hi, own, rtol, rows, tile, coarse):
     """``(out, lse, far, work)`` for the queries ``rows`` (indices into ``queries``).
 
@@ -464,46 +464,107 @@ def tree_pool(queries, keys_t, values_t, start, stop, right, lo, hi, own, rtol, 
     rows of a tile should be near each other, as in k-d order, for the walk to pay).
     ``coarse``: :func:`coarse_for`'s None (the leaves' weights by ``fast_exp``) or True
     (by ``coarse_exp``, the rule with part of rtol; module docstring, "Coarse
-    exponential"); each compiles its own copy of the walk.
+    exponential"); each compiles its own copy of the walk. The tiles are the work items
+    of :func:`nbattn.kernels.items.run_items` (a serial kernel on a pool of threads: no
+    parallel region to compile).
     """
     n_rows = rows.shape[0]
     n_outputs = values_t.shape[0]
-    n_keys = keys_t.shape[1]
+    exponents, values_s = _value_exponents(values_t)
+    prune_rtol = float(rtol)
+    if coarse is not None:  # module docstring, "Coarse exponential": part of rtol pays for it
+        prune_rtol = (prune_rtol - COARSE_EXP_RTOL) / (1.0 + COARSE_EXP_RTOL)
+    pack = packed_leaves(keys_t, values_s, start, stop, right)
+    leaves = right < 0
+    leaf_max = int((stop[leaves] - start[leaves]).max()) if leaves.any() else 0
+    out = np.zeros((n_rows, n_outputs), dtype=queries.dtype)
+    lse = np.full(n_rows, np.nan)
+    far_rows = np.zeros(n_rows, dtype=np.bool_)
+    work = np.zeros((n_rows, 2), dtype=np.int64)
+    run_items(
+        _tile_items,
+        queries,
+        pack,
+        n_outputs,
+        keys_t.shape[1],
+        start,
+        stop,
+        right,
+        lo,
+        hi,
+        own,
+        prune_rtol,
+        rows,
+        np.int64(max(int(tile), 1)),
+        coarse,
+        exponents,
+        np.int64(leaf_max),
+        out,
+        lse,
+        far_rows,
+        work,
+    )
+    return out, lse, far_rows, work
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
+def _tile_items(
+    counter,
+    queries,
+    pack,
+    n_outputs,
+    n_keys,
+    start,
+    stop,
+    right,
+    lo,
+    hi,
+    own,
+    prune_rtol,
+    rows,
+    tile,
+    coarse,
+    exponents,
+    leaf_max,
+    out,
+    lse,
+    far_rows,
+    work,
+):
+    """The tiles of :func:`tree_pool` taken from ``counter`` (``items.next_item``): each
+    walks the tree and writes its rows of out, lse, far_rows and work."""
+    n_rows = rows.shape[0]
     k = queries.shape[1]
     dtype = queries.dtype
     far = far_score(queries)
     min_sum = one_pass_min_sum(n_keys, queries)
     maybe_far = -far + math.log(max(n_keys, 1))
-    exponents, values_s = _value_exponents(values_t)
-    prune_rtol = rtol
-    if coarse is not None:  # module docstring, "Coarse exponential": part of rtol pays for it
-        prune_rtol = (rtol - COARSE_EXP_RTOL) / (1.0 + COARSE_EXP_RTOL)
-    pack = packed_leaves(keys_t, values_s, start, stop, right)
-    leaf_max = 0
-    for node in range(start.shape[0]):
-        if right[node] < 0:
-            leaf_max = max(leaf_max, stop[node] - start[node])
-    out = np.zeros((n_rows, n_outputs), dtype=dtype)
-    lse = np.full(n_rows, np.nan)
-    far_rows = np.zeros(n_rows, dtype=np.bool_)
-    work = np.zeros((n_rows, 2), dtype=np.int64)
-    tile = max(tile, 1)
     n_tiles = (n_rows + tile - 1) // tile
-    for t in prange(n_tiles):
-        buf = np.empty(max(leaf_max, 1), dtype=dtype)
-        acc = np.zeros((tile, n_outputs), dtype=np.float64)
-        qt = np.empty((tile, k), dtype=dtype)
-        q64 = np.empty((tile, k), dtype=np.float64)
-        m = np.full(tile, -np.inf)
-        total = np.zeros(tile)
-        used = np.zeros(tile)
-        summed = np.zeros(tile, dtype=np.int64)
-        seen = np.zeros(tile, dtype=np.int64)
-        skip = np.full(tile, -1, dtype=np.int64)
-        active = np.empty(tile, dtype=np.int64)
-        keep = np.empty(tile, dtype=np.int64)
-        stack_node = np.empty(_STACK, dtype=np.int64)
-        stack_d2 = np.empty((_STACK, tile), dtype=np.float64)
+    buf = np.empty(max(leaf_max, 1), dtype=dtype)
+    acc = np.zeros((tile, n_outputs), dtype=np.float64)
+    qt = np.empty((tile, k), dtype=dtype)
+    q64 = np.empty((tile, k), dtype=np.float64)
+    m = np.empty(tile)
+    total = np.empty(tile)
+    used = np.empty(tile)
+    summed = np.empty(tile, dtype=np.int64)
+    seen = np.empty(tile, dtype=np.int64)
+    skip = np.empty(tile, dtype=np.int64)
+    active = np.empty(tile, dtype=np.int64)
+    keep = np.empty(tile, dtype=np.int64)
+    stack_node = np.empty(_STACK, dtype=np.int64)
+    stack_d2 = np.empty((_STACK, tile), dtype=np.float64)
+    while True:
+        t = next_item(counter)
+        if t >= n_tiles:
+            return
+        acc[:] = 0.0
+        m[:] = -np.inf
+        total[:] = 0.0
+        used[:] = 0.0
+        summed[:] = 0
+        seen[:] = 0
+        skip[:] = -1
         r0 = t * tile
         nt = min(n_rows, r0 + tile) - r0
         # counters and flags passed to a called kernel are typed from their first value:
@@ -589,4 +650,3 @@ def tree_pool(queries, keys_t, values_t, start, stop, right, lo, hi, own, rtol, 
                 far_rows[r0 + r] = True  # every admissible score overflowed
             else:  # no admissible key: one key, excluded
                 lse[r0 + r] = -np.inf
-    return out, lse, far_rows, work
