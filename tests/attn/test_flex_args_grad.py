@@ -4,7 +4,8 @@ Against torch autograd on the dense formulation (float64, 1e-10), finite differe
 varlen against flash on each sequence alone, float32, bit-identical repeats on one and
 two threads, the refusals and the torch adapter learning a bias table. Every case runs
 the same module-level functions (``score_fn`` and ``mask_fn`` of ``tests/flex_cases.py``,
-shared with other files, and :func:`args_grad_fn`) with different ``mod_args``, so the
+shared with other files, and :func:`args_grad_fn`, shared with
+``test_flex_args_grad_review.py``) with different ``mod_args``, so the
 file compiles one specialisation per dtype: a learned softcap cap (0-d; none when 0),
 ALiBi slopes[h] (j - i), a relative position bias table[h, j - i + centre], documents
 and, when causal, a window of right side 0.
@@ -46,14 +47,26 @@ def args_grad_fn(
     right, diag, spy, d_scalar, d_cap, d_slopes, d_table, d_table2, d_doc, d_left, d_right,
     d_diag, d_spy,
 ):  # fmt: skip
-    """d score_fn / d (cap, slopes, table) times grad_score, added in (scalar = 1 and no
-    table2 or diag in this file)."""
+    """d score_fn / d (scalar, cap, slopes, table, table2) times grad_score, added in. Also
+    test_flex_args_grad_review.py's (one args module for both files), hence: it writes
+    into the placeholders of doc and diag too (no gradient: the writes go unseen) and
+    counts its calls in d_spy[b, h, i, j] when spy is (B, H, L, S), not the (1, 1, 1, 1)
+    stand-in of this file."""
+    s = score * scalar[()]
     c = cap[()]
     if c > 0:
-        t = np.tanh(score / c)
-        d_cap[()] += grad_score * (t - score / c * (1.0 - t * t))
+        t = np.tanh(s / c)
+        d_cap[()] += grad_score * (t - s / c * (1.0 - t * t))
+        d_scalar[()] += grad_score * score * (1.0 - t * t)
+    else:
+        d_scalar[()] += grad_score * score
     d_slopes[h] += grad_score * (kv_idx - q_idx)
-    d_table[h, kv_idx - q_idx + table.shape[1] // 2] += grad_score
+    d_table[h % table.shape[0], kv_idx - q_idx + table.shape[1] // 2] += grad_score
+    d_table2[h % table2.shape[0], kv_idx % table2.shape[1]] += grad_score
+    d_doc[b, 0, q_idx] += grad_score
+    d_diag[0] += grad_score
+    if spy.shape[1] > 1:
+        d_spy[b, h, q_idx, kv_idx] += 1.0
 
 
 LEARNED = (CAP, SLOPES, TABLE)  # the mod_args entries with gradients here

@@ -5,8 +5,8 @@ Each case is checked against torch autograd on the explicit dense formulation
 into a "spy" array, so that the tests see where it runs: once per admissible entry,
 never on a masked entry, outside the causal band or window, or in a fully masked row.
 Every case runs the same module-level functions (``score_fn`` and ``mask_fn`` of
-``tests/flex_cases.py``, shared with the other flex test files, and
-:func:`args_grad_fn`) with ``mod_args`` of one set of types, so the file compiles few
+``tests/flex_cases.py``, shared with the other flex test files, and ``args_grad_fn`` of
+``test_flex_args_grad.py``) with ``mod_args`` of one set of types, so the file compiles few
 specialisations: float64 and float32 q with float64 tables (those of the other files),
 float64 q with float32 and float16 tables, a backward with ``score_mod_grad``, and two
 misbehaving functions.
@@ -21,6 +21,7 @@ import pytest
 import nbattn
 from nbattn import config
 from nbattn.attn import flex
+from tests.attn.test_flex_args_grad import args_grad_fn
 from tests.flex_cases import (
     DIAG,
     DOC,
@@ -41,22 +42,10 @@ torch = pytest.importorskip("torch")
 H = 4  # query heads of every case
 
 
-def args_grad_fn(
-    gs, score, b, h, q_idx, kv_idx, scalar, cap, slopes, table, table2, ids, left, right,
-    pyf, spy, d_scalar, d_cap, d_slopes, d_table, d_table2, d_ids, d_left, d_right, d_pyf,
-    d_spy,
-):  # fmt: skip
-    """The chain rule of the shared score_fn for the temperature ``scalar`` and the two
-    tables (no softcap or slopes here); it also writes into the placeholders of ids and
-    pyf (``doc`` and ``diag``, which have no gradient) and counts its calls in
-    d_spy[b, h, i, j]."""
-    d_scalar[()] += gs * score
-    d_table[h % table.shape[0], kv_idx - q_idx + table.shape[1] // 2] += gs
-    d_table2[h % table2.shape[0], kv_idx % table2.shape[1]] += gs
-    d_ids[b, 0, q_idx] += gs
-    d_pyf[0] += gs
-    if spy.shape[1] > 1:  # a spy of (B, H, L, S), not the (1, 1, 1, 1) stand-in
-        d_spy[b, h, q_idx, kv_idx] += 1.0
+# args_grad_fn: the chain rule of the shared score_fn, test_flex_args_grad.py's (one
+# args module for both files). Here only the temperature ``scalar`` and the two tables
+# are learned (no softcap or slopes); it also writes into the placeholders of ids and pyf
+# (``doc`` and ``diag``, which have no gradient) and counts its calls in d_spy[b, h, i, j].
 
 
 LEARNED = (TABLE, TABLE2, SCALAR)  # the entries learned here, in dense_out's order

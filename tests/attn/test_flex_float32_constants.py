@@ -157,12 +157,21 @@ def test_a_closure_and_a_jitted_function_keep_their_cells_and_code():
     assert np.float32(0.1) in copy.__code__.co_consts
 
 
+# The softcap in its three usual forms. softcap_literal and generate_tanh_softcap are
+# also test_flex_float32_constants_review.py's soft and make_softcap (imported there:
+# one kernel per form and dtype for both files; a copy would be keyed, and compiled,
+# apart by its module and name).
+
+
 def softcap_literal(score, b, h, q_idx, kv_idx):
     return 30.0 * nbattn.flex_tanh(score / 30.0)
 
 
 def softcap_global(score, b, h, q_idx, kv_idx):
-    return CAP * nbattn.flex_tanh(score / CAP)
+    """The cap a module global, read in a nested function (nested code: the key and the
+    float32 copy see its globals too; test_a_score_mod_with_a_nested_function_runs)."""
+    capped = lambda x: CAP * nbattn.flex_tanh(x / CAP)  # noqa: E731
+    return capped(score)
 
 
 def generate_tanh_softcap(cap):
@@ -175,9 +184,9 @@ def generate_tanh_softcap(cap):
 
 
 def test_closure_and_global_floats_compute_in_float32_as_the_literal():
-    """The usual FlexAttention ports: the cap in a closure cell or a module global gives
-    the literal's float32 bits (it computed in float64 before), and float64 calls the
-    float64 bits of each."""
+    """The usual FlexAttention ports: the cap in a closure cell or a module global (read
+    in a nested function) gives the literal's float32 bits (it computed in float64
+    before), and float64 calls the float64 bits of each."""
     closure = generate_tanh_softcap(30.0)
     for dtype in (np.float32, np.float64):
         q, k, v = qkv(dtype, seed=3)
@@ -189,16 +198,12 @@ def test_closure_and_global_floats_compute_in_float32_as_the_literal():
     assert type(closure.__closure__[0].cell_contents) is float and type(CAP) is float
 
 
-def with_inner_function(score, b, h, q_idx, kv_idx):
-    half = lambda x: x * 0.5  # noqa: E731
-    return half(score) + CAP * 0.0
-
-
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_a_score_mod_with_a_nested_function_runs(dtype):
-    """A lambda inside score_mod (nested code): its globals were collected as a list and
-    added to a set, a TypeError in the key before any kernel ran."""
+    """A lambda inside score_mod (nested code: softcap_global's, whose kernels the test
+    above compiles): its globals were collected as a list and added to a set, a TypeError
+    in the key before any kernel ran."""
     q, k, v = qkv(dtype, seed=4)
-    got = nbattn.flash_attention(q, k, v, score_mod=with_inner_function)
-    ref, _ = naive.flex_attention(q, k, v, lambda s, b, h, i, j: s * 0.5)
+    got = nbattn.flash_attention(q, k, v, score_mod=softcap_global)
+    ref, _ = naive.flex_attention(q, k, v, lambda s, b, h, i, j: 30.0 * np.tanh(s / 30.0))
     np.testing.assert_allclose(got, ref, rtol=0, atol=64 * np.finfo(dtype).eps)

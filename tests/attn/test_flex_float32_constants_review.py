@@ -30,6 +30,7 @@ import pytest
 import nbattn
 from nbattn.kernels.flex_build import fingerprint, float32_constants
 from tests import naive
+from tests.attn.test_flex_float32_constants import generate_tanh_softcap, softcap_literal
 
 ROOT = Path(__file__).resolve().parents[2]
 F01, F13, F3 = np.float32(0.1), np.float32(1 / 3), np.float32(3.0)
@@ -53,21 +54,13 @@ def poly_grad(score, b, h, q_idx, kv_idx):
     return 0.1 * 3.0 + 0.0 * score
 
 
-def soft(score, b, h, q_idx, kv_idx):
-    """The FlexAttention softcap, written with Python floats (converted in float32)."""
-    return 30.0 * nbattn.flex_tanh(score / 30.0)
-
-
-def make_softcap(cap):
-    """attention-gym's ``generate_tanh_softcap``: the cap is a closure cell, which the copy
-    converts as it does the literal form's constants."""
-
-    def softcap(score, b, h, q_idx, kv_idx):
-        return cap * nbattn.flex_tanh(score / cap)
-
-    return softcap
-
-
+# soft: the FlexAttention softcap, written with Python floats (converted in float32);
+# make_softcap: attention-gym's ``generate_tanh_softcap``, the cap a closure cell, which
+# the copy converts as it does the literal form's constants. The functions of
+# test_flex_float32_constants.py, so that the two files share their kernels (a function
+# is keyed by its module and name too).
+soft = softcap_literal
+make_softcap = generate_tanh_softcap
 soft_closure = make_softcap(30.0)
 
 
@@ -85,12 +78,17 @@ def quirky(score, b, h, q_idx, kv_idx, table):
     return score * 3.0 - t
 
 
-def bias_mod(score, b, h, q_idx, kv_idx, w):
-    return score * 0.1 + w[h] * 0.3
-
-
-def bias_args_grad(grad_score, score, b, h, q_idx, kv_idx, w, gw):
-    gw[h] += grad_score * 0.3
+def quirky_args_grad(grad_score, score, b, h, q_idx, kv_idx, table, d_table):
+    """d quirky / d table[h, int(kv * 0.5)] times grad_score, added in, with quirky's
+    constants (its index, its float32 comparison): +1 where the score adds t, -1 where it
+    subtracts it, 0 on the soft-masked keys and the bare constant. (Reuses quirky's
+    kernels: only the gradient's own module compiles.)"""
+    j = int(kv_idx * 0.5)
+    if kv_idx < q_idx + 2:
+        if table[h, j] > 0.1:
+            d_table[h, j] += grad_score * 1.0
+        else:
+            d_table[h, j] -= grad_score * 1.0
 
 
 # ---------------------------------------------------------------- helpers
@@ -401,30 +399,35 @@ def test_backward_gradients_finite_at_large_scores(scale):
 
 
 def test_score_mod_args_grad_with_float_constants():
+    """quirky's table learned through quirky_args_grad (float constants in both, as an
+    index and in a comparison), against central differences of the float64 reference."""
     for seed in (0, 1, 2):
         rng = np.random.default_rng(seed)
-        q, k, v = qkv(np.float32, seed, scale=2.0)
-        w = rng.standard_normal(2).astype(np.float32)
+        q, k, v = qkv(np.float32, seed, shape=(1, 2, 12, 8), scale=2.0)
+        table = rng.standard_normal((2, 6)).astype(np.float32)
         g = rng.standard_normal(q.shape).astype(np.float32)
-        kw = dict(score_mod=bias_mod, mod_args=(w,), causal=True)
+        kw = dict(score_mod=quirky, mod_args=(table,))
         out, lse = nbattn.flash_attention(q, k, v, return_lse=True, **kw)
-        dq, dk, dv, (dw,) = nbattn.flash_attention_backward(
-            q, k, v, out, lse, g, score_mod_args_grad=bias_args_grad, **kw
+        dq, dk, dv, (dt,) = nbattn.flash_attention_backward(
+            q, k, v, out, lse, g, score_mod_args_grad=quirky_args_grad, **kw
         )
-        assert dw.dtype == np.float32
+        assert dt.dtype == np.float32 and dt.shape == table.shape
 
-        # d/dw[h]: 0.3 sum_ij dS_ij over head h; by a central difference in float64
-        def loss(wt, q=q, k=k, v=v, g=g):
-            o = naive.flex_attention_grads(
-                q, k, v, score_mod=bias_mod, mod_args=(wt,), causal=True
-            )[0]
-            return (o * g).sum()
+        # by a central difference in float64 of each entry (none within the step of 0.1),
+        # quirky evaluated per element (it branches: not vectorised)
+        raw = (q.astype(np.float64) @ np.swapaxes(k, -1, -2)) / np.sqrt(8)
 
-        fd = np.array([
-            (loss(w + e) - loss(w - e)) / 2e-4
-            for e in np.eye(2) * 1e-4
-        ])  # fmt: skip
-        np.testing.assert_allclose(dw, fd, rtol=0, atol=1e-3 * max(1.0, np.abs(fd).max()))
+        def loss(t, raw=raw, v=v, g=g):
+            s = np.empty(raw.shape)
+            for idx in np.ndindex(*raw.shape):
+                s[idx] = quirky(raw[idx], 0, idx[1], idx[2], idx[3], t)
+            return ((naive.softmax_rows(s) @ v.astype(np.float64)) * g).sum()
+
+        assert np.abs(table.astype(float) - 0.1).min() > 1e-3
+        steps = np.eye(table.size).reshape((table.size,) + table.shape) * 1e-4
+        fd = np.array([(loss(table + e) - loss(table - e)) / 2e-4 for e in steps])
+        assert np.abs(fd).max() > 0.1  # gradients of both signs, not all 0
+        np.testing.assert_allclose(dt.ravel(), fd, rtol=0, atol=1e-3 * max(1.0, np.abs(fd).max()))
 
 
 # ---------------------------------------------------------------- caching and the function
@@ -446,16 +449,16 @@ def test_float32_then_float64_then_float32_each_own_bits_in_one_process():
 
 
 def test_the_users_functions_are_untouched():
-    fns = (poly, soft, soft_closure, quirky, bias_mod, bias_args_grad, poly_grad)
+    fns = (poly, soft, soft_closure, quirky, quirky_args_grad, poly_grad)
     before = [(f.__code__, f.__defaults__, f.__kwdefaults__, f.__closure__) for f in fns]
     consts = [f.__code__.co_consts for f in fns]
-    q, k, v = qkv(np.float32, 11)
+    q, k, v = qkv(np.float32, 11, shape=(1, 2, 12, 8))
     nbattn.flash_attention(q, k, v, score_mod=poly)
     nbattn.flash_attention(q, k, v, score_mod=soft_closure)
-    w = np.ones(2, dtype=np.float32)
-    out, lse = nbattn.flash_attention(q, k, v, score_mod=bias_mod, mod_args=(w,), return_lse=True)
+    t = np.ones((2, 6), dtype=np.float32)
+    out, lse = nbattn.flash_attention(q, k, v, score_mod=quirky, mod_args=(t,), return_lse=True)
     nbattn.flash_attention_backward(
-        q, k, v, out, lse, q, score_mod=bias_mod, mod_args=(w,), score_mod_args_grad=bias_args_grad
+        q, k, v, out, lse, q, score_mod=quirky, mod_args=(t,), score_mod_args_grad=quirky_args_grad
     )
     after = [(f.__code__, f.__defaults__, f.__kwdefaults__, f.__closure__) for f in fns]
     assert all(a is b or a == b for x, y in zip(before, after) for a, b in zip(x, y))
