@@ -559,12 +559,13 @@ def _tile_items(
         if t >= n_tiles:
             return
         acc[:] = 0.0
-        m[:] = -np.inf
-        total[:] = 0.0
-        used[:] = 0.0
-        summed[:] = 0
-        seen[:] = 0
-        skip[:] = -1
+        for r in range(tile):
+            m[r] = -np.inf
+            total[r] = 0.0
+            used[r] = 0.0
+            summed[r] = 0
+            seen[r] = 0
+            skip[r] = -1
         r0 = t * tile
         nt = min(n_rows, r0 + tile) - r0
         # counters and flags passed to a called kernel are typed from their first value:
