@@ -9,7 +9,9 @@
 
 For Scott's widths and a quarter of them it prints the time of the exact path
 (``rtol=0``) and of ``rtol`` (the public call, cost model included), the speedup, the
-share of keys the tree summed per query (a sample of rows), the largest observed error
+share of keys the tree summed per query beside the fewest that any rule dropping at most
+rtol of each row's sum must sum (the heaviest keys; on 100 of the queries), the largest
+observed error
 of a prediction as a fraction of its bound rtol / (1 - rtol) max_j |v_j - f| and of lse
 as a fraction of -log(1 - rtol), scikit-learn's ``KernelDensity(rtol=...)`` on the same
 normaliser sums (a subset of queries, timed and scaled to all of them), and the peak
@@ -54,6 +56,19 @@ import numpy as np
 
 def _clustered(rng, n, centres):
     return centres[rng.integers(0, centres.shape[0], n)] + 0.03 * rng.normal(size=(n, 3))
+
+
+def _fewest_keys(q, k_t, rtol):
+    """The mean share of the keys that any rule dropping at most rtol of each row's sum
+    must sum (the heaviest ones, until the rest weigh at most rtol S), over the rows of
+    the laid-out queries ``q`` and keys ``k_t``: the floor of every pruning rule."""
+    shares = []
+    for row in q:
+        scores = -((k_t.T - row) ** 2).sum(axis=1)
+        weights = np.sort(np.exp(scores - scores.max()))
+        light = np.searchsorted(np.cumsum(weights), rtol * weights.sum(), side="right")
+        shares.append(1.0 - light / weights.size)
+    return float(np.mean(shares))
 
 
 def _peak_mib():
@@ -339,8 +354,9 @@ def main(argv=None):
         bound_share = np.max(np.abs(f_r - f) / (rtol / (1 - rtol) * spread))
         lse_share = np.max(lse - lse_r) / -math.log1p(-rtol)
         lse_above = max(np.max(lse_r - lse), 0.0)  # the coarse exponential's up to 1e-8
-        # the share of keys the tree sums, on a sample of rows
-        q, k_t, v_t, _ = _layout(queries[:512], keys, values[:, None], h, args.dtype)
+        # the share of keys the tree sums per query: the walk of all the queries again (the
+        # tiles of a sample of them would be wider than those of the real call)
+        q, k_t, v_t, _ = _layout(queries, keys, values[:, None], h, args.dtype)
         k_t, v_t, nodes, own = tree_layout(k_t, v_t, False, q.shape[0])
         tree = kernels_for("tree_pool", "cpu")
         rows = _query_order(q)
@@ -349,7 +365,8 @@ def main(argv=None):
         work = tree.tree_pool(q, k_t, v_t, *nodes, own, rtol, rows, tile, coarse)[3]
         print(
             f"  {label:8s} exact {t_exact:8.2f} s   rtol {t_rtol:8.2f} s   speedup "
-            f"{t_exact / t_rtol:6.1f}x   keys summed {work[:, 0].mean() / args.keys:.2%}, "
+            f"{t_exact / t_rtol:6.1f}x   keys summed {work[:, 0].mean() / args.keys:.2%} "
+            f"(fewest possible {_fewest_keys(q[:: max(1, q.shape[0] // 100)], k_t, rtol):.2%}), "
             f"nodes {work[:, 1].mean():.0f}/query"
         )
         print(
