@@ -6,6 +6,7 @@
     NUMBA_NUM_THREADS=2 python scripts/bench_scale.py --local    # the mid-size LOO fits
     NUMBA_NUM_THREADS=2 python scripts/bench_scale.py --local --local-model nw
     NUMBA_NUM_THREADS=2 python scripts/bench_scale.py --loo      # LOO loss+grad, exact vs rtol
+    python scripts/bench_scale.py --series                        # where series could pay
 
 For Scott's widths and a quarter of them it prints the time of the exact path
 (``rtol=0``) and of ``rtol`` (the public call, cost model included), the speedup, the
@@ -69,6 +70,44 @@ def _fewest_keys(q, k_t, rtol):
         light = np.searchsorted(np.cumsum(weights), rtol * weights.sum(), side="right")
         shares.append(1.0 - light / weights.size)
     return float(np.mean(shares))
+
+
+def _series_nodes(args):
+    """Where Taylor series per k-d node (the improved fast Gauss transform) could pay on
+    the clustered keys: for weights exp(-||q - k||^2) in the scaled units, a node of
+    radius r and a query at distance a from its centre, the series of total degree p
+    errs by at most (2 a r)^p / p! exp(-(a - r)^2) per key (the truncated Taylor series
+    of exp(2 a.b)). For p = 6 and 10 it prints the largest r whose worst case over a is
+    below 1e-7, and how many nodes of the tree (leaves of 32 keys) that small hold at
+    least as many keys as the series has terms, at 1/4, 1 and 4 times Scott's widths."""
+    from nbattn import config
+    from nbattn.smoothing.pruned import tree_layout
+    from nbattn.smoothing.regression import _layout, bandwidth_rule
+
+    rng = np.random.default_rng(0)
+    keys = _clustered(rng, args.keys, rng.uniform(size=(100, 3)))
+    config.TREE_LEAF_KEYS = 32
+    distance = np.linspace(0.0, 10.0, 2001)
+    for factor in (0.25, 1.0, 4.0):
+        h = bandwidth_rule(keys) * factor
+        _, k_t, v_t, _ = _layout(keys[:1], keys, keys[:, :1], h, "float64")
+        _, _, (start, stop, _, lo, hi), _ = tree_layout(k_t, v_t, False, 1)
+        radius = 0.5 * np.sqrt(((hi - lo) ** 2).sum(axis=1))
+        count = stop - start
+        for p in (6, 10):
+            terms = math.comb(p + 3, 3)
+
+            def worst(r, p=p):
+                gap = np.maximum(distance - r, 0.0)
+                return ((2.0 * distance * r) ** p / math.factorial(p) * np.exp(-gap * gap)).max()
+
+            r_max = max((r for r in np.linspace(0.01, 2.0, 200) if worst(r) <= 1e-7), default=0.0)
+            fit = (radius <= r_max) & (count >= terms)
+            median = np.median(count[fit]) if fit.any() else 0
+            print(
+                f"  {factor:4g} x Scott, degree {p:2d} ({terms} terms): radius <= {r_max:.2f}; "
+                f"{fit.sum()} nodes that small hold >= {terms} keys (median {median:.0f})"
+            )
 
 
 def _peak_mib():
@@ -301,7 +340,13 @@ def main(argv=None):
         "--loo", action="store_true", help="the LOO loss and gradient, exact vs rtol"
     )
     parser.add_argument("--loo-rows", default="2000,5000,10000,20000", help="--loo: row counts")
+    parser.add_argument(
+        "--series", action="store_true", help="where Taylor series per tree node could pay"
+    )
     args = parser.parse_args(argv)
+    if args.series:
+        _series_nodes(args)
+        return
     if args.loo:
         _loo_sweep(args)
         return
