@@ -495,7 +495,7 @@ def tree_pool(queries, keys_t, values_t, start, stop, right, lo, hi, own, rtol, 
         own,
         prune_rtol,
         rows,
-        np.int64(max(int(tile), 1)),
+        np.int64(max(1, min(int(tile), n_rows))),  # scratch per thread: (_STACK, tile)
         coarse,
         exponents,
         np.int64(leaf_max),
