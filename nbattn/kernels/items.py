@@ -30,9 +30,9 @@ The calling thread waits for the pool rather than taking items itself, so that
 it stays interruptible: on Ctrl-C (or when a worker raises) the counter is set
 past every item, each worker finishes the item it holds, and the exception is
 raised once no worker writes any more, within one item's time rather than after
-the whole loop. Several Python threads may call :func:`run_items` at once (their
-items queue on the one pool), and a process forked from one that used the pool
-starts a pool of its own.
+the whole loop (a second Ctrl-C meanwhile does not cut that wait short). Several
+Python threads may call :func:`run_items` at once (their items queue on the one
+pool), and a process forked from one that used the pool starts a pool of its own.
 """
 
 from __future__ import annotations
@@ -136,7 +136,12 @@ def run_items(kernel, *args):
         counter[0] = _DONE
         for future in futures:
             future.cancel()
-        wait(futures)
+        while True:
+            try:
+                wait(futures)
+                break
+            except KeyboardInterrupt:  # a second Ctrl-C: the workers stop within an item
+                continue
         raise
 
 

@@ -190,6 +190,47 @@ def test_ctrl_c_stops_the_loop_within_an_item_and_the_next_call_is_right(
 
 
 @two_threads
+def test_a_second_ctrl_c_during_the_cleanup_still_waits_for_every_worker(
+    monkeypatch, threads_of_this_thread
+):
+    """Ctrl-C while the call waits, and again while it waits for the workers to finish the
+    items in hand: the call raises only once every worker has stopped, so nothing is
+    written to the outputs afterwards."""
+    numba.set_num_threads(2)
+    _spin(4)  # compiled or loaded
+    real_wait = items.wait
+    interrupts = []
+
+    def wait_interrupted(futures, **kwargs):
+        if len(interrupts) < 3:  # the first wait and two during the cleanup
+            interrupts.append(len(interrupts))
+            time.sleep(0.01)  # items in hand, mid-way
+            raise KeyboardInterrupt
+        return real_wait(futures, **kwargs)
+
+    monkeypatch.setattr(items, "wait", wait_interrupted)
+    started = []
+    real_submit = items._submit
+
+    def submit(kernel, n_workers, counter, args, futures):
+        real_submit(kernel, n_workers, counter, args, futures)
+        started.extend(futures)
+
+    monkeypatch.setattr(items, "_submit", submit)
+    out = np.zeros(400)
+    with pytest.raises(KeyboardInterrupt):
+        run_items(_spin_items, 400, 10**6, out)  # about 1 ms an item
+    assert len(interrupts) == 3 and started
+    assert all(future.done() for future in started)
+    done = out.copy()
+    time.sleep(0.05)  # a worker still running would write now
+    np.testing.assert_array_equal(out, done)
+    assert np.count_nonzero(done) < 400  # the interrupt did stop the loop
+    monkeypatch.setattr(items, "wait", real_wait)
+    np.testing.assert_array_equal(_spin(64), _spin_here(64))
+
+
+@two_threads
 def test_a_worker_exception_propagates_and_the_next_call_is_right(threads_of_this_thread):
     numba.set_num_threads(2)
     for bad in (0, 1, 57, 199):
