@@ -32,6 +32,7 @@ __all__ = [
     "DEFAULTS",
     "DENSITIES",
     "ESTIMATORS",
+    "RESULT_ATTRIBUTES",
     "check_attributes",
     "check_fitted_state",
     "check_params",
@@ -46,6 +47,9 @@ __all__ = [
 #: estimator class name -> {parameter: its :class:`nbattn.estimators.spec.Param`}, the
 #: parameters a model file saves, in the order of the class's ``__init__``
 ESTIMATORS = {name: {p.name: p for p in spec.params if p.saved} for name, spec in SPECS.items()}
+#: attributes that hold results of a method run after fit (``significance_test``'s table,
+#: about the data it was given), not the fitted model: model files do not save them
+RESULT_ATTRIBUTES = frozenset({"significance_"})
 #: the estimators that predict class labels
 CLASSIFIERS = tuple(name for name, spec in SPECS.items() if spec.classifier)
 #: estimator class name -> its ``__init__`` defaults: a parameter a model file lacks

@@ -23,12 +23,13 @@ from sklearn.base import RegressorMixin
 from .._core.validation import as_float_array
 from ..smoothing import learned_metric
 from .base import _nadaraya_watson_init, _PoolingEstimator
+from .significance import SignificanceTests
 from .widths import engine_loo_loss, engine_loo_widths, fit_widths
 
 __all__ = ["LearnedKernelRegressor", "LocalPolynomialRegressor", "NadarayaWatsonRegressor"]
 
 
-class _PoolingRegressor(RegressorMixin, _PoolingEstimator):
+class _PoolingRegressor(SignificanceTests, RegressorMixin, _PoolingEstimator):
     """The regressors' share: targets as float64 columns, 1-D or 2-D output, ``return_std``."""
 
     def __sklearn_tags__(self):

@@ -162,12 +162,14 @@ def _array_for_file(value: np.ndarray):
 
 def _fitted_state(model):
     """(arrays, attribute descriptions) of the fitted state of ``model``."""
+    from ..estimators.fitted_state import RESULT_ATTRIBUTES
+
     params = set(model.get_params(deep=False))
     arrays, attributes = {}, {}
     for name, value in sorted(vars(model).items()):
         public = name.endswith("_") and not name.startswith("_")
         private = name.startswith("_") and not name.startswith("__")
-        if name in params or not (public or private):
+        if name in params or name in RESULT_ATTRIBUTES or not (public or private):
             continue
         try:
             if isinstance(value, np.ndarray | np.generic):
