@@ -140,6 +140,8 @@ def _cmd_fit(args) -> int:
         if hasattr(estimator, "y_bandwidth_"):
             lam = "" if estimator.y_type_ == "c" else " (lambda)"
             print(f"y bandwidth: {io.column_option(args.target)}={estimator.y_bandwidth_:.6g}{lam}")
+    if args.summary:
+        print(estimator.summary())
     return 0
 
 
@@ -527,6 +529,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_options(fit)
     fit.add_argument("-o", "--output", required=True, metavar="MODEL", help="model file (.npz)")
     fit.add_argument("-v", "--verbose", action="store_true", help="one line per fit iteration")
+    fit.add_argument(
+        "--summary",
+        action="store_true",
+        help="print the fit's summary: widths per column (h/sd, lambda/lambda_max), the "
+        "leave-one-out criterion, the effective number of neighbours (printed with -q too)",
+    )
     _add_common(fit)
     fit.set_defaults(func=_cmd_fit)
 

@@ -54,7 +54,7 @@ from sklearn.utils.validation import (
 from .._core import columns
 from ..smoothing import regression
 from . import spec as specs
-from .fitted_state import check_attributes
+from .fitted_state import RESULT_ATTRIBUTES, check_attributes
 from .prediction import (
     ModelSettings,
     PoolingPrediction,
@@ -232,6 +232,25 @@ class SpecEstimator(ModelSettings, BaseEstimator):
         # every use of the weights is scale-free: equal weights are the unweighted fit,
         # bit for bit, whatever their value (5e-324 to 1e308)
         return X, y, (None if sw.size == 0 or np.all(sw == sw[0]) else sw)
+
+    # ---- the report of a fit
+
+    def summary(self):
+        """The fit in brief, as R np's ``summary(npreg(...))``: ``print(model.summary())``.
+
+        A :class:`nbattn.estimators.summary.Summary`: the training rows (and the sum of
+        the sample weights), the main options, the leave-one-out criterion at the fitted
+        widths (a regressor's MSE and ``R^2 = 1 - MSE / var(y)``, the classifier's
+        accuracy and log-loss, a density's log-likelihood per row), the effective number
+        of neighbours ``1 / sum_j p_ij^2`` of the training rows (Kish's effective sample
+        size of the kernel weights), and ``.table``, one row per column: its kind, width
+        (h or lambda) and scaled width (h / sd or lambda / lambda_max), with the p-values
+        of ``significance_`` when the model holds one. Costs about one leave-one-out
+        pass over the training rows. Raises scikit-learn's ``NotFittedError`` before fit.
+        """
+        from .summary import summarize
+
+        return summarize(self)
 
     # ---- what the shared computation reads (nbattn.estimators.prediction)
 
@@ -428,7 +447,8 @@ def check_fitted_state(model) -> None:
       ``bandwidth_`` and ``feature_names_in_``, ``classes_`` = the one-hot
       columns of ``y_fit_``, ``components_`` (n_components, n_features), a
       numeric ``bandwidth`` parameter = ``bandwidth_``);
-    * that the model holds no other attribute.
+    * that the model holds no other attribute (besides the results of methods run
+      after fit, ``fitted_state.RESULT_ATTRIBUTES``: ``significance_``).
 
     Raises
     ------
@@ -442,5 +462,6 @@ def check_fitted_state(model) -> None:
         )
     model._validate_params()
     params = model.get_params(deep=False)
-    state = {name: value for name, value in vars(model).items() if name not in params}
+    held = vars(model).items()
+    state = {k: v for k, v in held if k not in params and k not in RESULT_ATTRIBUTES}
     check_attributes(model._spec.name, params, state)
