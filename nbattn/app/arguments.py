@@ -8,7 +8,7 @@ import argparse
 import math
 
 from .._core.columns import KINDS
-from ..estimators.spec import BANDWIDTH_NAMES, DENSITY_BANDWIDTH_NAMES
+from ..estimators.spec import DENSITY_BANDWIDTH_NAMES, REGRESSOR_BANDWIDTH_NAMES
 from . import io
 
 __all__ = [
@@ -28,7 +28,9 @@ __all__ = [
 ]
 
 #: the width names ``--bandwidth`` takes: the regressors' and the densities' rules and criteria
-WIDTH_NAMES = BANDWIDTH_NAMES + DENSITY_BANDWIDTH_NAMES
+#: (the regressors' include the classifier's; a name a model does not take is refused
+#: when the estimator is built, naming the model)
+WIDTH_NAMES = REGRESSOR_BANDWIDTH_NAMES + DENSITY_BANDWIDTH_NAMES
 
 
 def quantile_column(level) -> str:

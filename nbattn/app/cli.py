@@ -442,7 +442,7 @@ def _add_model_options(p, models=tuple(MODELS)) -> None:
             "density of the target, quantile: its conditional quantile"
         )
     p.add_argument("--model", choices=models, default="nw", help=model_help)
-    names = ", ".join(BANDWIDTH_NAMES)
+    names = ", ".join(BANDWIDTH_NAMES) + " (nw, lp: also aicc)"
     if "kde" in models:
         names += f" (kde, cdens, quantile: {', '.join(DENSITY_BANDWIDTH_NAMES)})"
     p.add_argument(

@@ -54,6 +54,7 @@ from .._core.numeric import MIN_SUBSAMPLE_ROWS
 __all__ = [
     "BANDWIDTH_NAMES",
     "DENSITY_BANDWIDTH_NAMES",
+    "REGRESSOR_BANDWIDTH_NAMES",
     "DENSITY_SPECS",
     "POOLING_SPECS",
     "SPECS",
@@ -74,6 +75,9 @@ __all__ = [
 #: leave-one-out searches: "loo" (every width on its own) and "loo_scale" (one factor of
 #: Scott's widths); ``tests/estimators`` checks the rules agree
 BANDWIDTH_NAMES = ("scott", "silverman", "loo", "loo_scale")
+#: the regressors' names: those, and "aicc", the improved Akaike criterion of Hurvich,
+#: Simonoff and Tsai (1998) (:mod:`nbattn.local.aicc`), which a classifier does not take
+REGRESSOR_BANDWIDTH_NAMES = (*BANDWIDTH_NAMES, "aicc")
 #: the densities' width rules and criteria (:data:`nbattn.distribution.density.DENSITY_RULES`,
 #: ``"cv_ml"``, the leave-one-out likelihood, and ``"cv_ls"``, least-squares
 #: cross-validation), statsmodels' names
@@ -257,11 +261,11 @@ class EstimatorSpec:
         return {p.name: p.default for p in self.params}
 
 
-def _bandwidth(default: str) -> Param:
+def _bandwidth(default: str, names=BANDWIDTH_NAMES) -> Param:
     return Param(
         "bandwidth",
         default,
-        (Options(*BANDWIDTH_NAMES), RealRange(0, inclusive=False), ArrayLike()),
+        (Options(*names), RealRange(0, inclusive=False), ArrayLike()),
     )
 
 
@@ -292,7 +296,13 @@ POOLING_SPECS = {
     for spec in (
         EstimatorSpec(
             "NadarayaWatsonRegressor",
-            (_bandwidth("scott"), _kernel("average"), _RTOL, *_TABLE, *_RUN),
+            (
+                _bandwidth("scott", REGRESSOR_BANDWIDTH_NAMES),
+                _kernel("average"),
+                _RTOL,
+                *_TABLE,
+                *_RUN,
+            ),
         ),
         EstimatorSpec(
             "LearnedKernelRegressor",
@@ -312,7 +322,7 @@ POOLING_SPECS = {
             "LocalPolynomialRegressor",
             (
                 Param("degree", 1, (IntRange(0, 2),)),
-                _bandwidth("loo"),
+                _bandwidth("loo", REGRESSOR_BANDWIDTH_NAMES),
                 _kernel(),
                 _RTOL,
                 Param("loo_subsample", None, (IntRange(MIN_SUBSAMPLE_ROWS),), none=True),

@@ -21,6 +21,11 @@ With sample weights the rules use the weighted spread and n = Kish's effective
 number of rows (:func:`effective_size`), so that multiplying every weight by one
 constant changes no width, and "loo" weighs each left-out term.
 
+A regressor's "aicc" learns every width by the improved Akaike criterion of Hurvich,
+Simonoff and Tsai (1998), ``log sigma2 + (1 + tr(H)/n) / (1 - (tr(H) + 2)/n)``, on the
+engine's fit of this degree at the training rows (:func:`engine_aicc_widths`; the
+search starts at the (weighted) Scott rule and is never worse than it).
+
 A classifier's "loo" and "loo_scale" minimise the leave-one-out log-loss of its
 probabilities smoothed towards the class frequencies instead
 (:func:`fit_class_widths`), on the engine on every path.
@@ -47,6 +52,7 @@ from ..smoothing.regression import effective_size, weighted_spread
 from ..smoothing.search import minimize_log_scale
 
 __all__ = [
+    "engine_aicc_widths",
     "engine_loo_loss",
     "effective_size",
     "engine_loo_widths",
@@ -65,13 +71,15 @@ def fit_widths(model, bandwidth, X, Y, sample_weight=None, degree=0) -> np.ndarr
     Parameters
     ----------
     model : a nbattn estimator being fitted (its ``var_type_`` and ``categories_`` set)
-    bandwidth : its ``bandwidth`` parameter: "loo", "loo_scale", a rule name, a number or
-        an array
+    bandwidth : its ``bandwidth`` parameter: "loo", "loo_scale", "aicc" (a regressor's), a
+        rule name, a number or an array
     X : ndarray (n, d) float64, the checked training rows
     Y : ndarray (n, m) float64, the values pooled (targets or one-hot labels)
     sample_weight : ndarray (n,) of positive weights, or None
     degree : int, the local polynomial's degree (the engine's LOO fit)
     """
+    if isinstance(bandwidth, str) and bandwidth == "aicc":
+        return engine_aicc_widths(model, X, Y, sample_weight, degree)
     if _is_loo(bandwidth, X):
         fast = not model._uses_engine()
         if bandwidth == "loo":
@@ -125,12 +133,7 @@ def fit_class_widths(model, bandwidth, X, Y, sample_weight=None) -> tuple[np.nda
     from ..local.class_widths import class_loo_widths
 
     spec = model._local_spec()
-    init = None
-    if sample_weight is not None:
-        # the largest weight brought to [1, 2) (exact): weights times a power of two fit the
-        # same to the bit (the engine takes log w, which a scale changes in the last bits)
-        sample_weight = sample_weight / power_of_two_scale(sample_weight.max())
-        init = weighted_default_widths(X, spec, sample_weight, "scott")
+    sample_weight, init = _scaled_weights(X, spec, sample_weight)
     return class_loo_widths(
         spec,
         X,
@@ -139,6 +142,30 @@ def fit_class_widths(model, bandwidth, X, Y, sample_weight=None) -> tuple[np.nda
         init=init,
         per_column=bandwidth == "loo",
         verbose=model.verbose,
+    )
+
+
+def _scaled_weights(X, spec, sample_weight):
+    """``(sample_weight, init)`` of a search on the engine: the weights with the largest
+    brought to [1, 2) (exact: weights times a power of two fit the same to the bit, where
+    the engine's log w would change in the last bits) and the weighted rule's widths
+    (None without weights: the search's own rule)."""
+    if sample_weight is None:
+        return None, None
+    sample_weight = sample_weight / power_of_two_scale(sample_weight.max())
+    return sample_weight, weighted_default_widths(X, spec, sample_weight, "scott")
+
+
+def engine_aicc_widths(model, X, Y, sample_weight, degree) -> np.ndarray:
+    """Every h and lambda learned by AICc of this degree's fit
+    (:func:`nbattn.local.aicc.aicc_widths` on the checked training data), from the
+    (weighted) Scott rule."""
+    from ..local.aicc import aicc_widths
+
+    spec = model._local_spec()
+    sample_weight, init = _scaled_weights(X, spec, sample_weight)
+    return aicc_widths(
+        spec, X, Y, degree, sample_weight=sample_weight, init=init, verbose=model.verbose
     )
 
 

@@ -64,7 +64,7 @@ def test_a_class_whose_signature_is_not_its_spec_is_refused():
         (
             "NadarayaWatsonRegressor",
             "bandwidth",
-            "'scott', 'silverman', 'loo', 'loo_scale', a positive number or an array",
+            "'scott', 'silverman', 'loo', 'loo_scale', 'aicc', a positive number or an array",
         ),
         (
             "NadarayaWatsonRegressor",
