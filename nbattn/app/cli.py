@@ -626,6 +626,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _with_data(p)
     p.add_argument("--target", help="default: the model's target")
+    p.add_argument(
+        "--band",
+        choices=("asymptotic", "bootstrap"),
+        default="asymptotic",
+        help="a regressor's 95%% band of the mean: the normal interval of the sandwich "
+        "variance (default) or the percentiles of 999 wild-bootstrap replicates at the "
+        "model's widths",
+    )
     p = kinds.add_parser(
         "density",
         help="a density model (--model kde, cdens, quantile): a density's curve or joint "

@@ -26,7 +26,9 @@ def _fit(args):
         var_type=batch.model_kinds(model, features),
         categories=batch.model_categories(model, features),
     )
-    return plotting.fit_figure(model, X, y, target, label=os.path.basename(args.data))
+    # --band: the sandwich's normal band ("asymptotic") or the wild bootstrap's
+    band = getattr(args, "band", None) or "asymptotic"
+    return plotting.fit_figure(model, X, y, target, label=os.path.basename(args.data), band=band)
 
 
 def _density(args):

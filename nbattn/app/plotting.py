@@ -287,24 +287,33 @@ def held_at(reference, kinds, features, name, width=56) -> str:
     return "\n".join(lines)
 
 
-def _band(model, queries):
-    """(lower, upper) of the 95% interval of the mean, or None when the model has none."""
+#: the legend of each kind of band (``nbattn plot fit --band``)
+BAND_LABELS = {
+    "asymptotic": "95% band of the mean",
+    "bootstrap": "95% wild-bootstrap\nband of the mean",
+}
+
+
+def _band(model, queries, band="asymptotic"):
+    """(lower, upper) of the 95% interval of the mean, or None when the model has none:
+    the sandwich's normal interval, or with ``band="bootstrap"`` the wild bootstrap's."""
     if not hasattr(model, "predict_interval") or getattr(model, "kernel", None) == "average":
         return None
-    band = np.asarray(model.predict_interval(queries, alpha=0.05, kind="mean"))
-    return band[:, 0], band[:, 1]
+    out = np.asarray(model.predict_interval(queries, alpha=0.05, kind="mean", method=band))
+    return out[:, 0], out[:, 1]
 
 
-def _regression_panel(ax, model, queries, grid, x, y, continuous, label, curve_label):
+def _regression_panel(ax, model, queries, grid, x, y, continuous, label, curve_label, band):
     """Panel of a regressor: the data (x, y), the prediction at ``queries`` along ``grid``
-    with its 95% band (a category's prediction and band as a point and an error bar)."""
+    with its 95% band of kind ``band`` (a category's prediction and band as a point and an
+    error bar)."""
     curve = np.asarray(model.predict(queries))
-    band = _band(model, queries)
+    band_label, band = BAND_LABELS[band], _band(model, queries, band)
     if continuous:
         ax.scatter(x, y, s=8, color="tab:red", alpha=0.6, label=label)
         ax.plot(grid, curve, color="tab:blue", label=curve_label)
         if band is not None:
-            ax.fill_between(grid, *band, color="tab:blue", alpha=0.2, label="95% band of the mean")
+            ax.fill_between(grid, *band, color="tab:blue", alpha=0.2, label=band_label)
         return
     jitter = np.random.default_rng(1).uniform(-0.2, 0.2, x.size)
     ax.scatter(x + jitter, y, s=8, color="tab:red", alpha=0.4, label=label)
@@ -316,7 +325,7 @@ def _regression_panel(ax, model, queries, grid, x, y, continuous, label, curve_l
         fmt="o",
         color="tab:blue",
         capsize=4,
-        label=curve_label if band is None else f"{curve_label}, 95% band",
+        label=curve_label if band is None else f"{curve_label}, {band_label}",
     )
 
 
@@ -362,7 +371,7 @@ def _class_panel(ax, model, queries, grid, x, y, continuous, label):
     ax.set_ylim(-0.06, 1.06)
 
 
-def fit_figure(model, X, y, target, label="data"):
+def fit_figure(model, X, y, target, label="data", band="asymptotic"):
     """The fitted curve over the data with its 95% band, one panel per feature; for a
     classifier, the probability of each class.
 
@@ -374,7 +383,9 @@ def fit_figure(model, X, y, target, label="data"):
     data's ``(x_f, y)``. A categorical feature's panel shows the prediction
     at each category (with its band as an error bar) over the data points of
     each category. The band is the pointwise 95% interval of the mean
-    (``model.predict_interval``), when the model has one. A classifier's panels
+    (``model.predict_interval``), when the model has one: the normal interval of the
+    sandwich variance (``band="asymptotic"``) or the percentile band of 999 wild-bootstrap
+    replicates at the fitted widths (``band="bootstrap"``). A classifier's panels
     show ``P(class | x)`` for each class along the slice, and each class's share of
     the data per bin of the feature (per category).
 
@@ -385,6 +396,7 @@ def fit_figure(model, X, y, target, label="data"):
     y : array (n,), targets or class labels
     target : str, the label of the y axis
     label : str, the name of the data in the legend
+    band : "asymptotic" or "bootstrap", the regressors' band
     """
     import pandas as pd
 
@@ -429,7 +441,8 @@ def fit_figure(model, X, y, target, label="data"):
         if classifier:
             _class_panel(ax, model, queries, grid, x, y[shown], continuous, label)
         else:
-            _regression_panel(ax, model, queries, grid, x, y[shown], continuous, label, curve_label)
+            panel = (grid, x, y[shown], continuous, label, curve_label, band)
+            _regression_panel(ax, model, queries, *panel)
         if not continuous:
             ax.set_xticks(range(len(grid)), [str(v) for v in grid], rotation=30, ha="right")
         ax.set_xlabel(name)

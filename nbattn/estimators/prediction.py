@@ -417,18 +417,23 @@ class PoolingPrediction(ModelSettings):
             grad = grad @ self._fitted("components_")
         return grad
 
-    def _interval(self, X, alpha=0.05, kind="mean"):
+    def _interval(self, X, alpha=0.05, kind="mean", method="asymptotic", n_boot=999, boot=()):
         """The pointwise (1 - alpha) normal interval at the checked queries X: (n, 2), or
         (n, m, 2) for a 2-D target, column 0 the lower end
         (:func:`nbattn.local.engine.prediction_interval`: leave-one-out residuals and the
         equivalent-kernel weights; the Gaussian fast path's models in their score
         coordinates, the full metric's as Lx with unit widths). With ``rtol > 0`` on the
         fast path the interval is moved to centre on predict's value (those predictions
-        come from another pruned walk than the engine's fit here)."""
+        come from another pruned walk than the engine's fit here). ``method="bootstrap"``:
+        :func:`nbattn.local.bands.bootstrap_band` on the same layout, ``boot`` = (resample,
+        random_state) (default ("wild", None)), the wild band centred on predict's value."""
+        from ..local.bands import bootstrap_band, check_band
         from ..local.engine import prediction_interval
         from ..local.problem import check_widths
 
         kind = check_choice(kind, "kind", ("mean", "observation", "quantile"))
+        resample, random_state = tuple(boot) or ("wild", None)
+        method, n_boot, resample = check_band(method, kind, n_boot, resample)
         if self._average():
             raise ValueError("predict_interval needs a kernel; kernel='average' has none")
         spec = self._local_spec(X)
@@ -442,16 +447,23 @@ class PoolingPrediction(ModelSettings):
             )
         if kind == "quantile":
             return self._quantile_interval(X, spec, q, k, widths, alpha)
+        args = (spec, k, self._fitted("y_fit_"), q)
+        args += (check_widths(widths, spec.var_type, spec.counts, name="bandwidth_"),)
+        if method == "bootstrap":
+            band = bootstrap_band(
+                *args,
+                self._degree(),
+                sample_weight=self._weights(),
+                alpha=alpha,
+                n_boot=n_boot,
+                resample=resample,
+                random_state=random_state,
+                centre=self._pooled(X),
+            )
+            out = np.stack(band, axis=-1)
+            return out if self._fitted("outputs_2d_") else out[:, 0, :]
         fit, lower, upper = prediction_interval(
-            spec,
-            k,
-            self._fitted("y_fit_"),
-            q,
-            check_widths(widths, spec.var_type, spec.counts, name="bandwidth_"),
-            self._degree(),
-            sample_weight=self._weights(),
-            alpha=alpha,
-            kind=kind,
+            *args, self._degree(), sample_weight=self._weights(), alpha=alpha, kind=kind
         )
         out = np.stack([np.asarray(lower), np.asarray(upper)], axis=-1).astype(np.float64)
         if self._rtol() > 0.0 and not self._uses_engine():

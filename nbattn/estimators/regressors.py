@@ -89,9 +89,21 @@ class _PoolingRegressor(SignificanceTests, RegressorMixin, _PoolingEstimator):
         """
         return self._marginal_effects(self._check_queries(X))
 
-    def predict_interval(self, X, alpha=0.05, kind="mean"):
-        """A pointwise (1 - alpha) normal interval at the rows of X: (n, 2), or
+    def predict_interval(
+        self,
+        X,
+        alpha=0.05,
+        kind="mean",
+        method="asymptotic",
+        n_boot=999,
+        resample="wild",
+        random_state=None,
+    ):
+        """A pointwise (1 - alpha) interval at the rows of X: (n, 2), or
         (n, n_outputs, 2) for a 2-D target; column 0 the lower, 1 the upper end.
+
+        ``method="asymptotic"`` (the default) gives the normal intervals below;
+        ``method="bootstrap"`` a bootstrap band of the mean (further below).
 
         From the leave-one-out residuals r_j of the training rows and the
         equivalent-kernel weights l_j(x) of the fit (``f(x) = sum_j l_j(x) y_j``):
@@ -115,8 +127,37 @@ class _PoolingRegressor(SignificanceTests, RegressorMixin, _PoolingEstimator):
           the residuals predicts; :func:`nbattn.distribution.cdf_widths.quantile_interval`).
           Free to be skewed and to widen where the noise does; the residuals' smoothing
           widens it a little. For a 1-D target, on complete rows.
+
+        ``method="bootstrap"`` (``kind="mean"`` only): a band for the estimator's
+        expectation E[g(x)] at the fitted widths, like the sandwich: the widths stay at
+        ``bandwidth_`` in every replicate (re-choosing them per replicate is not done), so
+        it shares the sandwich's blindness to the smoothing bias. ``n_boot`` replicates
+        (an int >= 1; a warning when ``n_boot * alpha / 2 < 1``, where an end would be the
+        replicates' extreme), drawn from ``random_state`` (None: a fixed seed, so that two
+        calls agree to the bit; an int seed; a numpy Generator, advanced, or a RandomState):
+
+        * ``resample="wild"`` (Wu 1986; Mammen 1993, "Bootstrap and wild bootstrap for
+          high dimensional linear models"): with Mammen's two-point multipliers v_jb
+          (mean 0, variance 1, third moment 1) replicate b deviates from the fit by
+          ``d_b(x) = sum_j l_j(x) r_j v_jb``, whose variance is the sandwich's
+          ``sum_j l_j(x)^2 r_j^2``; the band is ``[f(x) + q_{alpha/2}(d(x)),
+          f(x) + q_{1-alpha/2}(d(x))]``, the replicates' percentiles recentred on
+          predict's value f(x). The fit is linear in its values, so all replicates come
+          from one pass of the engine over the columns r v_b.
+        * ``resample="pairs"`` (Efron 1979, "Bootstrap methods: another look at the
+          jackknife"): the rows drawn with replacement (their counts multiply the sample
+          weights), the model refitted at the held widths in every replicate (one pass
+          each: n_boot times the work of a prediction), and the band the alpha/2 and
+          1 - alpha/2 percentiles of the refits g*_b(x). Where no drawn row reaches x (a
+          compact kernel) a refit takes the nearest drawn row's target, as a model fitted
+          on those rows predicts.
+
+        Percentiles interpolate linearly between order statistics. The Gaussian
+        streaming models resample in their score coordinates, as their normal interval
+        is computed (:func:`nbattn.local.bands.bootstrap_band`).
         """
-        return self._interval(self._check_queries(X), alpha, kind)
+        boot = (resample, random_state)
+        return self._interval(self._check_queries(X), alpha, kind, method, n_boot, boot)
 
 
 class NadarayaWatsonRegressor(_PoolingRegressor):

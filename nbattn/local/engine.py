@@ -404,9 +404,7 @@ def prediction_interval(
 ):
     """``(fit, lower, upper)`` of :func:`local_prediction_interval` on checked data
     (:func:`nbattn.local.problem.layout`)."""
-    alpha = check_positive_float(alpha, "alpha")
-    if not alpha < 1:
-        raise ValueError(f"alpha must lie in (0, 1), got {alpha!r}")
+    alpha = check_alpha(alpha)
     kind = check_choice(kind, "kind", ("mean", "observation"))
 
     residuals_t = loo_residuals(spec, X, y, widths, degree, sample_weight=sample_weight).T
@@ -433,6 +431,14 @@ def prediction_interval(
     if problem.values_1d:
         fit, lower, upper = fit[:, 0], lower[:, 0], upper[:, 0]
     return fit, lower, upper
+
+
+def check_alpha(alpha) -> float:
+    """An interval's ``alpha`` as a float in (0, 1); a ValueError naming it otherwise."""
+    alpha = check_positive_float(alpha, "alpha")
+    if not alpha < 1:
+        raise ValueError(f"alpha must lie in (0, 1), got {alpha!r}")
+    return alpha
 
 
 def loo_residuals(spec: LocalSpec, X, y, widths, degree, *, sample_weight=None) -> np.ndarray:

@@ -157,17 +157,35 @@ class Predictor(PoolingPrediction, DensityPrediction):
         self._refuse_classifier("marginal_effects")
         return self._marginal_effects(self._check_queries(X))
 
-    def predict_interval(self, X, alpha=0.05, kind="mean"):
-        """What a regressor's ``predict_interval(X, alpha, kind)`` returns: (n, 2), the
-        lower and upper ends of the pointwise (1 - alpha) interval; for a
-        KernelQuantileRegressor, what its ``predict_interval(X, alpha)`` returns: its
-        conditional quantiles at alpha/2 and 1 - alpha/2, (n, 2) (``kind`` unused)."""
+    def predict_interval(
+        self,
+        X,
+        alpha=0.05,
+        kind="mean",
+        method="asymptotic",
+        n_boot=999,
+        resample="wild",
+        random_state=None,
+    ):
+        """What a regressor's ``predict_interval(X, alpha, kind, method, n_boot, resample,
+        random_state)`` returns: (n, 2), the lower and upper ends of the pointwise
+        (1 - alpha) interval (``method="bootstrap"``: the bootstrap band of the mean at the
+        held widths); for a KernelQuantileRegressor, what its ``predict_interval(X,
+        alpha)`` returns: its conditional quantiles at alpha/2 and 1 - alpha/2, (n, 2)
+        (``kind`` and the bootstrap's keywords unused, ``method`` "asymptotic" only)."""
         if self.estimator == "KernelQuantileRegressor":
             from ..distribution.conditional import interval_levels
 
+            if method != "asymptotic":
+                raise ValueError(
+                    f"method={method!r}: a KernelQuantileRegressor's interval is its "
+                    "conditional quantiles (method='asymptotic'); the bootstrap is for the "
+                    "pooling regressors"
+                )
             return self._quantiles(self._check_queries(X), interval_levels(alpha))
         self._refuse_classifier("predict_interval")
-        return self._interval(self._check_queries(X), alpha, kind)
+        boot = (resample, random_state)
+        return self._interval(self._check_queries(X), alpha, kind, method, n_boot, boot)
 
     def predict_quantile(self, X, q):
         """What a conditional model's ``predict_quantile(X, q)`` returns: (n,) for one

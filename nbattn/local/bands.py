@@ -1,0 +1,211 @@
+"""Bootstrap bands of the local fit at held widths (functional layer).
+
+A pointwise (1 - alpha) band for the fit's expectation at the queries, E[g(x)] with the
+widths held where the model put them (as the sandwich interval of
+:func:`nbattn.local.engine.prediction_interval`); re-choosing the widths in every
+replicate is not done. Two resamplings (:mod:`nbattn.local.resampling` draws them):
+
+* ``"wild"`` (Wu 1986, "Jackknife, bootstrap and other resampling methods in regression
+  analysis"; Mammen 1993, "Bootstrap and wild bootstrap for high dimensional linear
+  models"; Haerdle and Marron 1991, "Bootstrap simultaneous error bars for nonparametric
+  regression"): with r_j the training rows' leave-one-out residuals
+  (:func:`nbattn.local.engine.loo_residuals`, the sandwich's) and v_jb Mammen's two-point
+  multipliers, replicate b's deviation at x is
+
+      d_b(x) = sum_j l_j(x) r_j v_jb,
+
+  l_j the equivalent-kernel weights (``g(x) = sum_j l_j(x) y_j``), so that
+  Var d(x) = sum_j l_j(x)^2 r_j^2 exactly, the sandwich variance. The fit is linear in
+  its values, so every replicate comes from ONE engine pass whose values are the columns
+  r v_b (in chunks of columns: about n_train * chunk * 8 bytes each). The band is the
+  percentile interval of the replicates recentred on the fit:
+  [g(x) + q_{alpha/2}(d(x)), g(x) + q_{1-alpha/2}(d(x))]. A row's multiplier is shared
+  by every output of a 2-D target.
+* ``"pairs"`` (Efron 1979, "Bootstrap methods: another look at the jackknife"): rows
+  drawn with replacement, their counts c_jb multiplying the fit's own weights, the
+  model refitted at the held widths (one engine pass per replicate), and the band the
+  alpha/2 and 1 - alpha/2 percentiles of g*_b(x). A query that no drawn row reaches
+  (a compact kernel) takes the nearest drawn row's target, what a model fitted on the
+  drawn rows predicts there.
+
+Percentiles are numpy's default (linear interpolation between order statistics, Hyndman
+and Fan 1996's type 7). With n_boot * alpha / 2 < 1 an end lies beyond the replicates'
+range and is read as their extreme: a ``UserWarning`` says so (no minimum is imposed; R's
+np imposes none either). The queries are taken in blocks whose replicates (n_block,
+n_outputs, n_boot) hold about :data:`BAND_BYTES`; every block draws the same
+multipliers (or counts) from a copy of the generator, which afterwards stands where one
+pass over them leaves it.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import numpy as np
+
+from .._core.numeric import power_of_two_scale
+from .._core.validation import check_choice, check_positive_int
+from .engine import check_alpha, fit_values, loo_residuals
+from .problem import LocalSpec, layout
+from .resampling import bootstrap_generator, pairs_counts, wild_multipliers
+
+__all__ = [
+    "BAND_BYTES",
+    "METHODS",
+    "RESAMPLES",
+    "bootstrap_band",
+    "bootstrap_replicates",
+    "check_band",
+]
+
+#: the interval methods of ``predict_interval``
+METHODS = ("asymptotic", "bootstrap")
+#: the bootstrap's resamplings
+RESAMPLES = ("wild", "pairs")
+#: about the bytes of one block of replicates, and of one chunk of the wild values
+BAND_BYTES = 2**26
+
+
+def check_band(method, kind, n_boot, resample):
+    """``(method, n_boot, resample)`` checked: ``method`` one of :data:`METHODS`,
+    ``n_boot`` an int >= 1, ``resample`` one of :data:`RESAMPLES`; the bootstrap is a
+    band of the mean only (``kind="mean"``)."""
+    method = check_choice(method, "method", METHODS)
+    n_boot = check_positive_int(n_boot, "n_boot")
+    resample = check_choice(resample, "resample", RESAMPLES)
+    if method == "bootstrap" and kind != "mean":
+        raise ValueError(
+            f"method='bootstrap' gives a band of the mean (kind='mean') only; kind={kind!r} "
+            "is for method='asymptotic'"
+        )
+    return method, n_boot, resample
+
+
+def bootstrap_replicates(
+    spec: LocalSpec,
+    keys,
+    y,
+    queries,
+    widths,
+    degree,
+    *,
+    sample_weight=None,
+    n_boot=999,
+    resample="wild",
+    rng=None,
+    residuals=None,
+    chunk=None,
+):
+    """The replicates at the queries, (n_queries, n_outputs, n_boot), on checked data
+    (:func:`nbattn.local.problem.layout`'s inputs; ``y`` (n, n_outputs)).
+
+    ``"wild"``: the deviations d_b(x) = sum_j l_j(x) r_j v_jb (module docstring), r the
+    ``residuals`` (n, n_outputs) (None: :func:`nbattn.local.engine.loo_residuals`);
+    ``"pairs"``: the refits g*_b(x) with weights c_jb s_j. ``rng`` a numpy Generator
+    (None: the fixed seed of :func:`nbattn.local.resampling.bootstrap_generator`),
+    advanced by the draws; ``chunk`` the wild replicates per engine pass (None: as many
+    as fit in :data:`BAND_BYTES` of values).
+    """
+    rng = bootstrap_generator(None) if rng is None else rng
+    n, m = y.shape
+    out = np.empty((queries.shape[0], m, n_boot))
+    if resample == "pairs":
+        weights = np.ones(n) if sample_weight is None else sample_weight
+        chunk = max(1, BAND_BYTES // (8 * n))  # counts drawn for this many replicates at once
+        for start in range(0, n_boot, chunk):
+            for b, count in enumerate(pairs_counts(rng, n, min(chunk, n_boot - start)), start):
+                refit = layout(
+                    spec, queries, keys, y, widths, degree, sample_weight=count * weights
+                )
+                out[:, :, b] = fit_values(refit).reshape(-1, m)
+        return out
+    if residuals is None:
+        residuals = loo_residuals(spec, keys, y, widths, degree, sample_weight=sample_weight)
+    # divided by a power of two near their largest magnitude (exact), so that r v stays
+    # finite for residuals near 1.7e308; the deviations are multiplied back
+    unit = float(power_of_two_scale(np.max(np.abs(residuals)) if residuals.size else 0.0))
+    scaled = residuals / unit
+    chunk = max(1, BAND_BYTES // (8 * n * m)) if chunk is None else int(chunk)
+    for start in range(0, n_boot, chunk):
+        size = min(chunk, n_boot - start)
+        v = wild_multipliers(rng, n, size)
+        values = (scaled[:, :, None] * v[:, None, :]).reshape(n, m * size)
+        problem = layout(spec, queries, keys, values, widths, degree, sample_weight=sample_weight)
+        out[:, :, start : start + size] = fit_values(problem).reshape(-1, m, size)
+    with np.errstate(over="ignore"):  # a deviation beyond float64 is inf
+        out *= unit
+    return out
+
+
+def bootstrap_band(
+    spec: LocalSpec,
+    keys,
+    y,
+    queries,
+    widths,
+    degree,
+    *,
+    sample_weight=None,
+    alpha=0.05,
+    n_boot=999,
+    resample="wild",
+    random_state=None,
+    centre=None,
+):
+    """``(lower, upper)``, each (n_queries, n_outputs): the pointwise (1 - alpha)
+    bootstrap band of the fit's expectation at the queries, widths held (module
+    docstring), on checked data (``y`` (n, n_outputs)).
+
+    ``"wild"``: ``centre + percentiles of d(x)``, ``centre`` the fit g at the queries
+    (None: :func:`nbattn.local.engine.fit_values` of this layout); ``"pairs"``: the
+    percentiles of the refits g*_b(x). ``random_state``: None (a fixed seed), an int, a
+    numpy Generator (advanced) or a RandomState
+    (:func:`nbattn.local.resampling.bootstrap_generator`).
+    """
+    alpha = check_alpha(alpha)
+    n_boot = check_positive_int(n_boot, "n_boot")
+    resample = check_choice(resample, "resample", RESAMPLES)
+    rng = bootstrap_generator(random_state)
+    if n_boot * alpha / 2.0 < 1.0:
+        warnings.warn(
+            f"n_boot={n_boot} replicates at alpha={alpha!r}: n_boot * alpha / 2 < 1, so the "
+            "band's ends are the replicates' extremes (it is too narrow); take n_boot of "
+            f"at least 2 / alpha = {2.0 / alpha:.6g}",
+            UserWarning,
+            stacklevel=4,  # the caller of an estimator's predict_interval
+        )
+    residuals = None
+    if resample == "wild":
+        residuals = loo_residuals(spec, keys, y, widths, degree, sample_weight=sample_weight)
+        if centre is None:
+            fit = layout(spec, queries, keys, y, widths, degree, sample_weight=sample_weight)
+            centre = fit_values(fit)
+        centre = np.asarray(centre, dtype=np.float64).reshape(queries.shape[0], y.shape[1])
+    levels = [alpha / 2.0, 1.0 - alpha / 2.0]
+    lower = np.empty((queries.shape[0], y.shape[1]))
+    upper = np.empty_like(lower)
+    block = max(1, BAND_BYTES // (8 * y.shape[1] * n_boot))
+    start_state = copy.deepcopy(rng)
+    for start in range(0, queries.shape[0], block):
+        rows = slice(start, start + block)
+        gen = copy.deepcopy(start_state)
+        reps = bootstrap_replicates(
+            spec,
+            keys,
+            y,
+            queries[rows],
+            widths,
+            degree,
+            sample_weight=sample_weight,
+            n_boot=n_boot,
+            resample=resample,
+            rng=gen,
+            residuals=residuals,
+        )
+        lower[rows], upper[rows] = np.quantile(reps, levels, axis=-1)
+    rng.bit_generator.state = gen.bit_generator.state  # as one pass over the draws leaves it
+    if resample == "wild":
+        with np.errstate(over="ignore"):  # an end beyond float64 is inf
+            lower, upper = centre + lower, centre + upper
+    return lower, upper
