@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
-from .._core.validation import as_float_array, check_choice
+from .._core.validation import as_float_array, check_choice, check_positive_int
 from ..local.problem import check_sample_weight, check_widths
 from ..local.resampling import bootstrap_generator
 from ..local.significance import significance_tests
@@ -74,7 +76,10 @@ class SignificanceTests:
         -------
         pandas.DataFrame indexed by column name (``"joint: a, b"`` for the group), with
         columns ``statistic`` and ``p_value``; also kept as ``significance_`` (shown by
-        ``summary()``).
+        ``summary()``). The statistic is in y's units squared (per unit of x squared for
+        a continuous column); where that lies beyond float64's range it is reported as 0
+        or inf with a RuntimeWarning, and the p-values, computed in scaled units, are
+        exact at any scale.
         """
         import pandas as pd
 
@@ -89,8 +94,7 @@ class SignificanceTests:
             raise ValueError(f"y has {y.shape[0]} rows but X has {X.shape[0]}")
         if X.shape[0] < 2:
             raise ValueError(f"significance_test needs at least 2 rows, X has {X.shape[0]}")
-        if not is_int(n_boot) or n_boot < 1:
-            raise ValueError(f"n_boot must be an int >= 1, got {n_boot!r}")
+        n_boot = check_positive_int(n_boot, "n_boot")
         method = check_choice(method, "method", tuple(METHODS))
         rng = bootstrap_generator(random_state)
         sample_weight = check_sample_weight(sample_weight, X.shape[0])
@@ -118,9 +122,18 @@ class SignificanceTests:
             tested,
             rng,
             sample_weight=sample_weight,
-            n_boot=int(n_boot),
+            n_boot=n_boot,
             multipliers=METHODS[method],
         )
+        lost = [label for label, r in zip(labels, results) if r.out_of_range]
+        if lost:
+            warnings.warn(
+                f"the statistic of {lost} lies beyond float64's range in the units of y and "
+                "X and is reported as 0 or inf (rescale y or X to see it); the p-values do "
+                "not depend on the scale and are exact",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         table = pd.DataFrame(
             {
                 "statistic": [r.statistic for r in results],
@@ -128,7 +141,7 @@ class SignificanceTests:
             },
             index=pd.Index(labels, name="column"),
         )
-        table.attrs.update(n_boot=int(n_boot), method=method)
+        table.attrs.update(n_boot=n_boot, method=method)
         self.significance_ = table
         return table
 

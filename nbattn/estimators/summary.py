@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 
 import numpy as np
 
@@ -527,10 +528,9 @@ def _report(summary: Summary) -> list:
     if summary.tests is not None and len(summary.tests):
         lines.append(thin)
         lines.append(f"{'test':<40}{'statistic':>19}{'p-value':>21}")
-        for name, row in summary.tests.iterrows():
-            lines.append(
-                f"{_clip(str(name), 39):<40}{_number(row['statistic']):>19}{_p(row['p_value']):>21}"
-            )
+        labels = _labels(summary.tests.index, 39)
+        for label, (_, row) in zip(labels, summary.tests.iterrows()):
+            lines.append(f"{label:<40}{_number(row['statistic']):>19}{_p(row['p_value']):>21}")
     lines.append(rule)
     return lines
 
@@ -553,10 +553,9 @@ def _column_table(table) -> list:
     if has_p:
         head += f"{'p-value':>14}"
     lines = [head]
-    for _, row in table.iterrows():
+    for label, (_, row) in zip(_labels(table["name"], 23), table.iterrows()):
         line = (
-            f"{_clip(row['name'], 23):<24}{row['kind']:<12}"
-            f"{_number(row['width']):>14}{_number(row['scaled']):>14}"
+            f"{label:<24}{row['kind']:<12}{_number(row['width']):>14}{_number(row['scaled']):>14}"
         )
         if has_p:
             line += f"{_p(row['p_value']):>14}"
@@ -568,8 +567,44 @@ def _column_table(table) -> list:
     return lines
 
 
+def _labels(names, width: int) -> list:
+    """The names clipped to ``width`` characters so that they stay told apart: a long name
+    keeps what it does not share with every other name (the part between their common
+    prefix and suffix) and as much of its start and end as fit, "..." for what is cut;
+    a name whose own part is too long keeps its start and end (:func:`_clip`)."""
+    names = [str(name) for name in names]
+    if all(len(name) <= width for name in names):
+        return names
+    if len(set(names)) < 2:
+        return [_clip(name, width) for name in names]
+    a = len(os.path.commonprefix(names))
+    s = min(len(os.path.commonprefix([n[::-1] for n in names])), min(map(len, names)) - a)
+    out = []
+    for name in names:
+        head, core, tail = name[:a], name[a : len(name) - s], name[len(name) - s :]
+        budget = width - len(core)
+        if len(name) <= width:
+            out.append(name)
+        elif len(tail) + 4 <= budget:  # cut the shared start only
+            out.append(head[: budget - len(tail) - 3] + "..." + core + tail)
+        elif len(head) + 4 <= budget:  # cut the shared end only
+            out.append(head + core + "..." + tail[len(tail) - (budget - len(head) - 3) :])
+        elif budget >= 8:  # cut both
+            keep = (budget - 6) // 2
+            rest = budget - 6 - keep
+            out.append(head[:keep] + "..." + core + "..." + tail[len(tail) - rest :])
+        else:
+            out.append(_clip(name, width))
+    return out
+
+
 def _clip(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 3] + "..."
+    """``text`` in at most ``width`` characters: its start and its end about "..." (long
+    names of one table often share a prefix and differ at the end: x_1, ..., x_12)."""
+    if len(text) <= width:
+        return text
+    tail = (width - 3) // 2
+    return text[: width - 3 - tail] + "..." + text[len(text) - tail :]
 
 
 def _wrapped(text: str) -> list:

@@ -28,13 +28,15 @@ against a modest slope); np brings them to the spread of the unrestricted in-sam
 residuals instead, which the fit shrinks, so its replicates are too quiet under the
 null (that rescaling here: 12.5 % rejections at 5 % on 200 simulated data sets of 80
 rows, against 4.5 % with u). np's restricted fit holds the columns at their median in
-the unrestricted fit rather than leaving them out. Its statistic I*_b is computed as I with the fit of y*_b at the same widths. The
-p-value is (1 + #{b : I*_b >= I}) / (B + 1), never 0 (Davison and Hinkley 1997,
-"Bootstrap methods and their application", section 4.2).
+the unrestricted fit rather than leaving them out. Its statistic I*_b is computed as I
+with the fit of y*_b at the same widths. The p-value is (1 + #{b : I*_b >= I}) / (B + 1),
+never 0 (Davison and Hinkley 1997, "Bootstrap methods and their application", section 4.2).
 
 The fit is linear in its values, so the B replicates are B columns of values of one
 engine pass (:func:`nbattn.local.engine.fit_values`), in chunks of columns that bound
-the memory of the slopes to about ``CHUNK_FLOATS`` floats.
+the memory of the slopes to about ``CHUNK_FLOATS`` floats. y is first taken about its
+mid-range, which no fit sees (each reproduces a constant), so that a constant y gives
+I = 0 and p = 1 exactly rather than a test of the fits' rounding.
 """
 
 from __future__ import annotations
@@ -63,11 +65,14 @@ CHUNK_FLOATS = 1 << 24
 
 
 class GroupTest(NamedTuple):
-    """One group's result: the statistic I, its p-value and the B replicates' I*."""
+    """One group's result: the statistic I, its p-value and the B replicates' I*;
+    ``out_of_range``: I > 0 lies beyond float64's range in the units of y and X (it is
+    reported as 0 or inf; the p-value, computed in scaled units, is exact)."""
 
     statistic: float
     p_value: float
     replicates: np.ndarray
+    out_of_range: bool = False
 
 
 def _levels(column: np.ndarray) -> np.ndarray:
@@ -161,10 +166,17 @@ def significance_tests(
     X (n, d) float64 columns of ``spec``, y (n,), ``widths`` (d,) checked. The
     multipliers are drawn once, (n, n_boot), and shared by the groups."""
     v = wild_multipliers(rng, y.shape[0], n_boot, multipliers)
+    # y about its mid-range, in units of a power of two (exact): every fit reproduces a
+    # constant, so I and the I* do not change, but a constant y is then exactly 0 (I = 0,
+    # p = 1, not a coin toss on rounding noise) and the spreads cannot overflow
+    centre = y.min() + (y.max() / 2.0 - y.min() / 2.0)  # no overflow; y.min() if constant
+    y = y - centre
     unit = float(power_of_two_scale(np.max(np.abs(y))))
-    y = y / unit  # exact; the p-values do not depend on y's scale, the spreads would overflow
+    y = y / unit
     w = loo_term_weights(sample_weight, y.shape[0])
-    spread = _spread(loo_residuals(spec, X, y, widths, degree, sample_weight=sample_weight)[:, 0], w)
+    spread = _spread(
+        loo_residuals(spec, X, y, widths, degree, sample_weight=sample_weight)[:, 0], w
+    )
     out = []
     for columns in groups:
         g_r = restricted_fit(spec, X, y, widths, degree, columns, sample_weight=sample_weight)
@@ -179,6 +191,7 @@ def significance_tests(
         p_value = (1.0 + np.count_nonzero(both[1:] >= both[0])) / (n_boot + 1.0)
         # back to y's units and the weights' scale: inf or 0 only beyond float64's range
         with np.errstate(over="ignore", under="ignore", divide="ignore"):
-            both = np.exp(np.log(both) + log_weight + 2.0 * np.log(unit))
-        out.append(GroupTest(float(both[0]), float(p_value), both[1:]))
+            scaled = np.exp(np.log(both) + log_weight + 2.0 * np.log(unit))
+        lost = bool(both[0] > 0.0 and (scaled[0] == 0.0 or not np.isfinite(scaled[0])))
+        out.append(GroupTest(float(scaled[0]), float(p_value), scaled[1:], lost))
     return out

@@ -1,0 +1,40 @@
+"""Review of summary(): long column names that share a start or an end stay told apart at
+80 columns."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import nbattn
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        "a_really_long_column_name_number_{i}_with_suffix",  # differ in the middle
+        "measurement_of_the_patient_at_visit_{i}",  # differ at the end
+        "{i}_th_measurement_of_the_patient_at_visit",  # differ at the start
+    ],
+)
+def test_long_names_stay_distinct_and_fit_80_columns(pattern):
+    rng = np.random.default_rng(0)
+    n, d = 12, 12
+    names = [pattern.format(i=i) for i in range(d)]
+    frame = pd.DataFrame(rng.uniform(size=(n, d)), columns=names)
+    y = frame.iloc[:, 0].to_numpy()
+    model = nbattn.NadarayaWatsonRegressor(bandwidth=[0.5] * d).fit(frame, y)
+    model.significance_test(frame, y, columns=[], joint=names[:3], n_boot=3)
+    model.significance_test(frame, y, columns=[0], joint=names[1:], n_boot=3)
+    lines = str(model.summary()).splitlines()
+    assert max(map(len, lines)) <= 80
+    start = next(i for i, line in enumerate(lines) if line.startswith("column")) + 1
+    labels = [line[:24].rstrip() for line in lines[start : start + d]]
+    assert len(set(labels)) == d
+    for label, name in zip(labels, names):
+        pieces = label.split("...")  # each kept piece is the name's, in order
+        assert name.startswith(pieces[0]) and name.endswith(pieces[-1])
+        assert len(label) <= 23
+    joint = next(line for line in lines if line.startswith("joint"))
+    assert joint[:40].rstrip().endswith(names[-1][-10:])  # the end of a long list kept
