@@ -48,6 +48,7 @@ __all__ = [
     "SMOOTH_POLICY",
     "SearchPolicy",
     "rescaled_widths",
+    "search_bounds",
     "search_widths",
     "staged_search",
     "theta_to_widths",
@@ -182,7 +183,7 @@ def search_widths(
     return _policy_search(criterion, start, maxiter, per_column, policy or SearchPolicy())
 
 
-def _search_bounds(theta0, cont):
+def search_bounds(theta0, cont):
     """L-BFGS-B's bounds around the start ``theta0``: log h within ``config.WIDTH_BOUNDS``
     of the start's (and below ``_LOG_H_MAX``), t within +-30; ``(bounds, lower, upper)``."""
     low, high = config.WIDTH_BOUNDS
@@ -200,7 +201,7 @@ def _policy_search(criterion, start, maxiter, per_column, policy):
     var_type, counts = spec.var_type, spec.n_categories
     theta0 = widths_to_theta(start, var_type, counts)
     cont = spec.continuous
-    bounds, lower, upper = _search_bounds(theta0, cont)
+    bounds, lower, upper = search_bounds(theta0, cont)
     options = {
         "stride": policy.common_stride,
         "fill_margin": policy.common_fill,
@@ -676,7 +677,7 @@ def _short_search(criterion, starts, theta0, maxiter, last=True):
     :func:`_descend` (the others' only start the next stage's). Returns the best theta."""
     spec = criterion.base.spec
     cont = spec.continuous
-    bounds, lower, upper = _search_bounds(theta0, cont)
+    bounds, lower, upper = search_bounds(theta0, cont)
     value = math.inf
     for candidate in starts:
         candidate = np.where(cont, np.clip(candidate, lower, upper), candidate)  # t = -inf stays

@@ -59,6 +59,7 @@ from .ties import tie_groups, tied_loo_fits, tied_loo_gradient
 __all__ = [
     "LooCriterion",
     "categorical_derivatives",
+    "check_training",
     "local_loo_loss_and_grad",
     "local_loo_widths",
     "theta_to_widths",
@@ -301,7 +302,7 @@ def criterion_for(problem: LocalProblem) -> LooCriterion:
     return _PooledCriterion(problem) if pooled else LooCriterion(problem)
 
 
-def _check_training(X, y, degree, sample_weight, **options):
+def check_training(X, y, degree, sample_weight, **options):
     """The public functions' checks: ``(spec, X, y, degree, sample_weight)``."""
     spec, (X,) = check_columns({"X": X}, **options)
     y = as_float_array(y, "y", ndim=(1, 2), dtype="float64")
@@ -337,7 +338,7 @@ def local_loo_loss_and_grad(
     criterion of the pruned fits (:func:`nbattn.local.engine.local_polynomial`) and
     its exact gradient.
     """
-    spec, X, y, degree, sample_weight = _check_training(
+    spec, X, y, degree, sample_weight = check_training(
         X, y, degree, sample_weight, **spec_options(locals())
     )
     theta = np.asarray(theta, dtype=np.float64).reshape(-1)
@@ -400,7 +401,7 @@ def local_loo_widths(
     categorical parameters t to [-30, 30] (l within 1e-13 of either end) in the
     descent; the joint stage and the sweeps also try l = 0 exactly.
     """
-    spec, X, y, degree, sample_weight = _check_training(
+    spec, X, y, degree, sample_weight = check_training(
         X, y, degree, sample_weight, **spec_options(locals())
     )
     if init is not None:
