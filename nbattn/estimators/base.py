@@ -36,6 +36,7 @@ and that it holds nothing else.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import numbers
 from numbers import Integral, Real
@@ -142,6 +143,8 @@ class SpecEstimator(ModelSettings, BaseEstimator):
             _check_signature(cls, spec)
             cls._spec = spec
             cls._parameter_constraints = parameter_constraints(spec)
+        if "fit" in cls.__dict__:
+            cls.fit = _all_or_nothing(cls.__dict__["fit"])
 
     def _set_params_from(self, values: dict) -> None:
         """The body of every ``__init__``: each parameter of the spec stored as given
@@ -356,6 +359,26 @@ class _PoolingEstimator(PoolingPrediction, SpecEstimator):
         """
         X = self._check_queries(X)
         return self._pooled_spread(X)[2]
+
+
+def _all_or_nothing(fit):
+    """``fit`` that leaves the estimator as it found it when it raises (a bad input found
+    late, a KeyboardInterrupt in a width search): an unfitted estimator stays unfitted,
+    a fitted one keeps its previous fit, never a mix of the two (scikit-learn's
+    ``check_is_fitted`` would take a model holding ``n_features_in_`` but no widths for a
+    fitted one)."""
+
+    @functools.wraps(fit)
+    def wrapped(self, *args, **kwargs):
+        before = dict(vars(self))
+        try:
+            return fit(self, *args, **kwargs)
+        except BaseException:
+            vars(self).clear()
+            vars(self).update(before)
+            raise
+
+    return wrapped
 
 
 def _nadaraya_watson_init(
