@@ -278,8 +278,17 @@ def _regression_criteria(model) -> dict:
 
         problem = _layout(model, model.X_fit_, scaled, exclude_self=True)
         mse = loo_loss(problem) / m
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore", under="ignore"):
         loo_mse = mse * unit * unit
+    if mse > 0.0 and (loo_mse == 0.0 or math.isinf(loo_mse)):
+        import warnings
+
+        warnings.warn(
+            f"the leave-one-out MSE lies beyond float64's range in y's units squared and is "
+            f"shown as {loo_mse}; LOO R^2, computed in scaled units, is exact",
+            RuntimeWarning,
+            stacklevel=3,
+        )
     r2 = 1.0 - mse / variance if variance > 0.0 else math.nan
     return {"loo_mse": loo_mse, "loo_r2": r2}
 

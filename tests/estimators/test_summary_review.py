@@ -38,3 +38,15 @@ def test_long_names_stay_distinct_and_fit_80_columns(pattern):
         assert len(label) <= 23
     joint = next(line for line in lines if line.startswith("joint"))
     assert joint[:40].rstrip().endswith(names[-1][-10:])  # the end of a long list kept
+
+
+@pytest.mark.parametrize("scale", [1e200, 1e-200])
+def test_an_mse_beyond_float64_is_warned_about_and_r2_is_exact(scale):
+    rng = np.random.default_rng(4)
+    X = rng.normal(size=(30, 1))
+    y = np.sin(X[:, 0]) + 0.3 * rng.normal(size=30)
+    base = nbattn.NadarayaWatsonRegressor(bandwidth=0.5).fit(X, y).summary()
+    with pytest.warns(RuntimeWarning, match="beyond float64's range"):
+        scaled = nbattn.NadarayaWatsonRegressor(bandwidth=0.5).fit(X, y * scale).summary()
+    assert scaled.loo_mse in (0.0, np.inf)
+    assert scaled.loo_r2 == pytest.approx(base.loo_r2, rel=1e-12)
