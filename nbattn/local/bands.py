@@ -29,7 +29,11 @@ replicate is not done. Two resamplings (:mod:`nbattn.local.resampling` draws the
   drawn rows predicts there.
 
 Percentiles are numpy's default (linear interpolation between order statistics, Hyndman
-and Fan 1996's type 7). With n_boot * alpha / 2 < 1 an end lies beyond the replicates'
+and Fan 1996's type 7), taken without overflow for replicates near +-1e308
+(:func:`percentiles`); the wild band works on y divided by a power of two when it nears
+float64's top, so that its residuals and deviations stay finite and only an end that
+itself passes float64 is inf. No queries give empty ends and draw nothing.
+With n_boot * alpha / 2 < 1 an end lies beyond the replicates'
 range and is read as their extreme: a ``UserWarning`` says so (no minimum is imposed; R's
 np imposes none either). The queries are taken in blocks whose replicates (n_block,
 n_outputs, n_boot) hold about :data:`BAND_BYTES`; every block draws the same
@@ -57,6 +61,7 @@ __all__ = [
     "bootstrap_band",
     "bootstrap_replicates",
     "check_band",
+    "percentiles",
 ]
 
 #: the interval methods of ``predict_interval``
@@ -107,6 +112,30 @@ def bootstrap_replicates(
     advanced by the draws; ``chunk`` the wild replicates per engine pass (None: as many
     as fit in :data:`BAND_BYTES` of values).
     """
+    reps, unit = _scaled_replicates(
+        spec,
+        keys,
+        y,
+        queries,
+        widths,
+        degree,
+        sample_weight,
+        n_boot,
+        resample,
+        rng,
+        residuals,
+        chunk,
+    )
+    with np.errstate(over="ignore"):  # a deviation beyond float64 is inf
+        return reps * unit
+
+
+def _scaled_replicates(
+    spec, keys, y, queries, widths, degree, sample_weight, n_boot, resample, rng, residuals, chunk
+):
+    """``(reps, unit)``: :func:`bootstrap_replicates`'s replicates divided by the power of
+    two ``unit`` (1 for ``"pairs"``), so that wild deviations beyond float64 stay finite
+    until their percentiles are taken."""
     rng = bootstrap_generator(None) if rng is None else rng
     n, m = y.shape
     out = np.empty((queries.shape[0], m, n_boot))
@@ -119,7 +148,7 @@ def bootstrap_replicates(
                     spec, queries, keys, y, widths, degree, sample_weight=count * weights
                 )
                 out[:, :, b] = fit_values(refit).reshape(-1, m)
-        return out
+        return out, 1.0
     if residuals is None:
         residuals = loo_residuals(spec, keys, y, widths, degree, sample_weight=sample_weight)
     # divided by a power of two near their largest magnitude (exact), so that r v stays
@@ -133,9 +162,37 @@ def bootstrap_replicates(
         values = (scaled[:, :, None] * v[:, None, :]).reshape(n, m * size)
         problem = layout(spec, queries, keys, values, widths, degree, sample_weight=sample_weight)
         out[:, :, start : start + size] = fit_values(problem).reshape(-1, m, size)
-    with np.errstate(over="ignore"):  # a deviation beyond float64 is inf
-        out *= unit
-    return out
+    return out, unit
+
+
+def percentiles(reps, levels):
+    """``np.quantile(reps, levels, axis=-1)`` (type 7: a + (b - a) t between the order
+    statistics a <= b) without its overflow: where b - a would pass float64 (replicates
+    of both signs near 1e308) the row is divided by 4 first and its percentiles multiplied
+    back, both exact, so the percentile is the finite value between a and b, never an
+    inf or NaN that the replicates do not hold."""
+    reps = np.asarray(reps, dtype=np.float64)
+    big = np.max(np.abs(reps), axis=-1, initial=0.0) > 2.0**1021
+    if not big.any():
+        return np.quantile(reps, levels, axis=-1)
+    scale = np.where(big, 4.0, 1.0)
+    out = np.quantile(reps / scale[..., None], levels, axis=-1)
+    with np.errstate(over="ignore"):  # only an end beyond float64 itself
+        return out * scale
+
+
+def _recentred(centre, q, exponent):
+    """centre + q 2**exponent, q the deviations' percentiles in units of 2**exponent (a
+    power of two that may itself pass float64); where q 2**exponent alone passes float64
+    it is (centre 2**-exponent + q) 2**exponent, finite whenever the end itself is (an
+    end beyond float64 is inf)."""
+    with np.errstate(over="ignore"):
+        wide = np.ldexp(q, exponent)
+        end = centre + wide
+        far = ~np.isfinite(wide) & np.isfinite(q)
+        if far.any():
+            end = np.where(far, np.ldexp(np.ldexp(centre, -exponent) + q, exponent), end)
+    return end
 
 
 def bootstrap_band(
@@ -175,37 +232,47 @@ def bootstrap_band(
             UserWarning,
             stacklevel=4,  # the caller of an estimator's predict_interval
         )
-    residuals = None
+    n_queries, m = queries.shape[0], y.shape[1]
+    if n_queries == 0:  # nothing to resample: no draws, the generator stays where it is
+        return np.empty((0, m)), np.empty((0, m))
+    residuals, unit = None, 1.0
     if resample == "wild":
-        residuals = loo_residuals(spec, keys, y, widths, degree, sample_weight=sample_weight)
+        # y divided by a power of two when near float64's top (exact; the fit is linear in
+        # y), so that a leave-one-out residual y_j - g_-j(x_j) of about 2 max|y| is finite
+        top = float(np.max(np.abs(y), initial=0.0))
+        unit = float(power_of_two_scale(top)) * 2.0**-1000 if top > 2.0**1000 else 1.0
+        residuals = loo_residuals(spec, keys, y / unit, widths, degree, sample_weight=sample_weight)
         if centre is None:
             fit = layout(spec, queries, keys, y, widths, degree, sample_weight=sample_weight)
             centre = fit_values(fit)
-        centre = np.asarray(centre, dtype=np.float64).reshape(queries.shape[0], y.shape[1])
+        centre = np.asarray(centre, dtype=np.float64).reshape(n_queries, m)
     levels = [alpha / 2.0, 1.0 - alpha / 2.0]
-    lower = np.empty((queries.shape[0], y.shape[1]))
+    lower = np.empty((n_queries, m))
     upper = np.empty_like(lower)
-    block = max(1, BAND_BYTES // (8 * y.shape[1] * n_boot))
+    block = max(1, BAND_BYTES // (8 * m * n_boot))
     start_state = copy.deepcopy(rng)
     for start in range(0, queries.shape[0], block):
         rows = slice(start, start + block)
         gen = copy.deepcopy(start_state)
-        reps = bootstrap_replicates(
+        reps, scale = _scaled_replicates(
             spec,
             keys,
             y,
             queries[rows],
             widths,
             degree,
-            sample_weight=sample_weight,
-            n_boot=n_boot,
-            resample=resample,
-            rng=gen,
-            residuals=residuals,
+            sample_weight,
+            n_boot,
+            resample,
+            gen,
+            residuals,
+            None,
         )
-        lower[rows], upper[rows] = np.quantile(reps, levels, axis=-1)
+        lower[rows], upper[rows] = percentiles(reps, levels)
     rng.bit_generator.state = gen.bit_generator.state  # as one pass over the draws leaves it
     if resample == "wild":
-        with np.errstate(over="ignore"):  # an end beyond float64 is inf
-            lower, upper = centre + lower, centre + upper
+        # the deviations' power of two, 2**exponent = unit * scale (the same in every
+        # block), which may pass float64 where the deviations do not
+        exponent = int(np.frexp(unit)[1]) + int(np.frexp(scale)[1]) - 2
+        lower, upper = _recentred(centre, lower, exponent), _recentred(centre, upper, exponent)
     return lower, upper
