@@ -20,6 +20,21 @@ def power_of_two_scale(magnitude):
     return np.where(magnitude > 0, np.ldexp(1.0, np.frexp(magnitude)[1] - 1), 1.0)
 
 
+def plus_scaled(centre, q, exponent: int):
+    """``centre + q 2**exponent`` without overflowing on the way: ``q 2**exponent`` alone
+    may pass float64 (q an interval's half-width in units of a power of two that is
+    itself near the limit) where the sum does not; there it is computed as
+    ``(centre 2**-exponent + q) 2**exponent``, so the result is inf only where the end
+    itself lies beyond float64."""
+    with np.errstate(over="ignore"):
+        wide = np.ldexp(q, exponent)
+        end = centre + wide
+        far = ~np.isfinite(wide) & np.isfinite(q)
+        if np.any(far):
+            end = np.where(far, np.ldexp(np.ldexp(centre, -exponent) + q, exponent), end)
+    return end
+
+
 def sum_safe_units(values_t) -> np.ndarray:
     """Per row of ``values_t`` (one output's values), the power of two to divide it by so
     that sums of its products with weights up to about 2**60 neither overflow nor lose

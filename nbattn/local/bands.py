@@ -48,7 +48,7 @@ import warnings
 
 import numpy as np
 
-from .._core.numeric import power_of_two_scale
+from .._core.numeric import plus_scaled, power_of_two_scale
 from .._core.validation import check_choice, check_positive_int
 from .engine import check_alpha, fit_values, loo_residuals
 from .problem import LocalSpec, layout
@@ -181,20 +181,6 @@ def percentiles(reps, levels):
         return out * scale
 
 
-def _recentred(centre, q, exponent):
-    """centre + q 2**exponent, q the deviations' percentiles in units of 2**exponent (a
-    power of two that may itself pass float64); where q 2**exponent alone passes float64
-    it is (centre 2**-exponent + q) 2**exponent, finite whenever the end itself is (an
-    end beyond float64 is inf)."""
-    with np.errstate(over="ignore"):
-        wide = np.ldexp(q, exponent)
-        end = centre + wide
-        far = ~np.isfinite(wide) & np.isfinite(q)
-        if far.any():
-            end = np.where(far, np.ldexp(np.ldexp(centre, -exponent) + q, exponent), end)
-    return end
-
-
 def bootstrap_band(
     spec: LocalSpec,
     keys,
@@ -274,5 +260,5 @@ def bootstrap_band(
         # the deviations' power of two, 2**exponent = unit * scale (the same in every
         # block), which may pass float64 where the deviations do not
         exponent = int(np.frexp(unit)[1]) + int(np.frexp(scale)[1]) - 2
-        lower, upper = _recentred(centre, lower, exponent), _recentred(centre, upper, exponent)
+        lower, upper = plus_scaled(centre, lower, exponent), plus_scaled(centre, upper, exponent)
     return lower, upper

@@ -55,7 +55,7 @@ import numpy as np
 
 from .. import config
 from .._core.columns import check_var_type
-from .._core.numeric import power_of_two_scale, sum_safe_units
+from .._core.numeric import plus_scaled, power_of_two_scale, sum_safe_units
 from .._core.threads import serial_below
 from .._core.validation import (
     as_float_array,
@@ -407,9 +407,12 @@ def prediction_interval(
     alpha = check_alpha(alpha)
     kind = check_choice(kind, "kind", ("mean", "observation"))
 
-    residuals_t = loo_residuals(spec, X, y, widths, degree, sample_weight=sample_weight).T
-    # residuals divided by a power of two near their largest magnitude (exact), so that
-    # their squares neither overflow nor underflow; the half-width is multiplied back
+    # the residuals of y divided by a power of two near max |y| (exact: every fit is linear
+    # in y; y - fit of targets of both signs near 1e308 would overflow), then by one near
+    # their own largest magnitude, so that their squares neither overflow nor underflow;
+    # the half-width is multiplied back by both
+    y_unit = float(power_of_two_scale(np.max(np.abs(y)) if y.size else 0.0))
+    residuals_t = loo_residuals(spec, X, y / y_unit, widths, degree, sample_weight=sample_weight).T
     unit = float(power_of_two_scale(np.max(np.abs(residuals_t)) if residuals_t.size else 0.0))
     residuals_t = np.ascontiguousarray(residuals_t / unit)
     problem = layout(spec, queries, X, y, widths, degree, sample_weight=sample_weight)
@@ -426,8 +429,11 @@ def prediction_interval(
         variance = variance + local_var
     z = normal_quantile_upper(alpha / 2.0, alpha)
     fit = state.beta[:, 0, :]
-    half = z * (np.sqrt(np.maximum(variance, 0.0)) * unit)
-    lower, upper = fit - half, fit + half
+    # the half-width in units of unit * y_unit (both powers of two), the ends multiplied
+    # back without overflowing on the way: inf only where an end lies beyond float64
+    half = z * np.sqrt(np.maximum(variance, 0.0))
+    exponent = int(np.frexp(unit)[1]) + int(np.frexp(y_unit)[1]) - 2
+    lower, upper = plus_scaled(fit, -half, exponent), plus_scaled(fit, half, exponent)
     if problem.values_1d:
         fit, lower, upper = fit[:, 0], lower[:, 0], upper[:, 0]
     return fit, lower, upper

@@ -222,3 +222,21 @@ def test_local_polynomial_weights_reproduce_linear_functions(seed, degree, var_t
     # weights miss a linear function by the local trend, O(0.1) here
     np.testing.assert_allclose(W.sum(axis=1), 1.0, rtol=0, atol=1e-5)
     np.testing.assert_allclose(W @ (a + X[:, cont] @ b), a + Q[:, cont] @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_the_sandwich_interval_of_targets_of_both_signs_near_the_float64_limit():
+    """y - fit of targets near +-1.7e308 would overflow: the residuals are taken in units
+    of a power of two, so the interval is the unscaled one times the scale (an end beyond
+    float64's range the infinity of its sign)."""
+    rng = np.random.default_rng(6)
+    X = rng.normal(size=(40, 1))
+    y = np.sin(2 * X[:, 0]) + 0.3 * rng.normal(size=40)
+    scale = 1.7e308 / np.max(np.abs(y))
+    base = nbattn.LocalPolynomialRegressor(bandwidth=0.5).fit(X, y).predict_interval(X[:5])
+    big = nbattn.LocalPolynomialRegressor(bandwidth=0.5).fit(X, y * scale).predict_interval(X[:5])
+    with np.errstate(over="ignore"):
+        representable = np.isfinite(base * scale)
+    assert representable.sum() >= 5  # most ends are finite: the test tests something
+    np.testing.assert_allclose(big[representable] / scale, base[representable], rtol=1e-12)
+    beyond = ~representable  # an end beyond float64 is an infinity of its sign
+    np.testing.assert_array_equal(big[beyond], np.sign(base[beyond]) * np.inf)
