@@ -1,7 +1,7 @@
-"""Significance tests: nbattn's wild bootstrap against statsmodels' ``sig_test``.
+"""Inference at held widths: significance tests against statsmodels, bootstrap bands.
 
-    NUMBA_NUM_THREADS=2 python scripts/bench_significance.py
-    NUMBA_NUM_THREADS=2 python scripts/bench_significance.py --rows 200 --sm-boots 4 8
+    NUMBA_NUM_THREADS=2 python scripts/bench_inference.py
+    NUMBA_NUM_THREADS=2 python scripts/bench_inference.py --rows 200 --sm-boots 4 8
 
 On ``--rows`` rows of three continuous columns (y = sin(2 x0) + 0.5 x1 + noise; x2
 irrelevant) at fixed local-linear widths (0.3 sd), it times
@@ -12,6 +12,12 @@ column at the same widths with few replicates (``--sm-boots``, two counts: its t
 linear in them, so the slope between the two gives its time at ``--boots``; statsmodels
 draws iid residuals, nbattn wild ones, one refit per replicate either way). Prints both
 p-values, the times and the ratio.
+
+Then a bootstrap band: ``predict_interval(method="bootstrap")`` of ``--band-rows``
+training rows (two continuous columns, local-linear at 0.3 sd) at ``--band-points``
+queries with ``--band-boots`` wild replicates, and with pairs replicates, beside the
+sandwich interval (``method="asymptotic"``) on the same model, each timed warm, with the
+median width of each.
 """
 
 from __future__ import annotations
@@ -36,8 +42,42 @@ def main(argv=None):
     parser.add_argument("--boots", type=int, default=399)
     parser.add_argument("--sm-boots", type=int, nargs=2, default=(2, 6))
     parser.add_argument("--skip-statsmodels", action="store_true")
+    parser.add_argument("--band-rows", type=int, default=2000)
+    parser.add_argument("--band-points", type=int, default=1000)
+    parser.add_argument("--band-boots", type=int, default=999)
     args = parser.parse_args(argv)
+    significance(args)
+    bands(args)
 
+
+def bands(args):
+    import nbattn
+
+    rng = np.random.default_rng(1)
+    X = rng.uniform(-2.0, 2.0, (args.band_rows, 2))
+    y = np.sin(2.0 * X[:, 0]) + 0.5 * X[:, 1] + rng.normal(0.0, 0.5, args.band_rows)
+    Q = rng.uniform(-2.0, 2.0, (args.band_points, 2))
+    model = nbattn.LocalPolynomialRegressor(degree=1, bandwidth=0.3 * X.std(axis=0, ddof=1))
+    model.fit(X, y)
+    print(
+        f"\nband of {args.band_points} points from {args.band_rows} rows, "
+        f"{args.band_boots} replicates, local-linear, widths 0.3 sd"
+    )
+    runs = [
+        ("sandwich (asymptotic)", dict(method="asymptotic")),
+        ("wild bootstrap", dict(method="bootstrap", n_boot=args.band_boots)),
+        ("pairs bootstrap", dict(method="bootstrap", n_boot=args.band_boots, resample="pairs")),
+    ]
+    for label, options in runs:
+        model.predict_interval(Q[:10], **options)  # compiles on a cold cache
+        start = time.perf_counter()
+        band = model.predict_interval(Q, **options)
+        took = time.perf_counter() - start
+        width = np.median(band[:, 1] - band[:, 0])
+        print(f"{label:22s} {took:8.3f} s   median width {width:.4f}")
+
+
+def significance(args):
     import nbattn
 
     X, y = data(args.rows)
