@@ -30,6 +30,7 @@ _PUBLIC = {
     "MultiHeadAttention": "attn.layers",
     "NadarayaWatsonClassifier": "estimators.classifier",
     "NadarayaWatsonRegressor": "estimators.regressors",
+    "PartiallyLinearRegressor": "estimators.partially_linear",
     "SelfAttention": "attn.layers",
     "attention": "attn.attention",
     "average_pooling": "smoothing.regression",
@@ -69,6 +70,7 @@ __all__ = [
     "MultiHeadAttention",
     "NadarayaWatsonClassifier",
     "NadarayaWatsonRegressor",
+    "PartiallyLinearRegressor",
     "SelfAttention",
     "__version__",
     "attention",
@@ -173,6 +175,7 @@ if TYPE_CHECKING:
     from .estimators.classifier import NadarayaWatsonClassifier
     from .estimators.conditional import ConditionalKernelDensity, KernelQuantileRegressor
     from .estimators.density import KernelDensity
+    from .estimators.partially_linear import PartiallyLinearRegressor
     from .estimators.regressors import (
         LearnedKernelRegressor,
         LocalPolynomialRegressor,

@@ -21,6 +21,7 @@ _HOMES = {
     "LocalPolynomialRegressor": "regressors",
     "NadarayaWatsonClassifier": "classifier",
     "NadarayaWatsonRegressor": "regressors",
+    "PartiallyLinearRegressor": "partially_linear",
     "check_fitted_state": "base",
 }
 

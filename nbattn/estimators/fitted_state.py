@@ -24,6 +24,7 @@ from .._core.columns import check_categories, check_var_type, n_categories
 from .._core.validation import check_bandwidth
 from ..local.class_widths import ALPHA_HIGH_PER_ROW, ALPHA_LOW
 from ..local.problem import check_widths
+from .partially_linear_prediction import smooth_part
 from .spec import DENSITY_SPECS, SPECS, is_int, is_real
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "DEFAULTS",
     "DENSITIES",
     "ESTIMATORS",
+    "PARTIALLY_LINEAR",
     "RESULT_ATTRIBUTES",
     "check_attributes",
     "check_fitted_state",
@@ -60,6 +62,8 @@ DEFAULTS = {name: spec.defaults() for name, spec in SPECS.items()}
 #: ``y_categories_``, ``y_bandwidth_``)
 DENSITIES = tuple(DENSITY_SPECS)
 CONDITIONALS = ("ConditionalKernelDensity", "KernelQuantileRegressor")
+#: the partially linear model: x_lin . coef_ + g(z), g pooled over the z columns only
+PARTIALLY_LINEAR = "PartiallyLinearRegressor"
 
 
 def check_params(estimator: str, params: dict) -> dict:
@@ -361,7 +365,9 @@ def check_attributes(estimator: str, params: dict, state: dict) -> None:
     else:
         allowed = _common_attributes(state, params, estimator)
         allowed |= _regressor_attributes(state, estimator)
-        if estimator == "LearnedKernelRegressor":
+        if estimator == PARTIALLY_LINEAR:
+            allowed |= _partially_linear_attributes(state, params, estimator)
+        elif estimator == "LearnedKernelRegressor":
             allowed |= _learned_attributes(state, params, estimator)
         else:
             require_bandwidth(state, params["bandwidth"], state["var_type_"], estimator)
@@ -372,3 +378,52 @@ def check_attributes(estimator: str, params: dict, state: dict) -> None:
             f"{estimator}: {unknown[0]!r} is not a fitted attribute of this estimator"
             + (f" (nor are {unknown[1:]})" if len(unknown) > 1 else "")
         )
+
+
+# ----------------------------------------------------------------------------- partially linear
+
+
+def _partially_linear_attributes(state, params, estimator) -> set:
+    """linear_columns_ (distinct positions of continuous columns, not all), coef_ and
+    coef_se_ (p,), bandwidth_ (q,) the widths of y's and g's regressions on z and
+    linear_bandwidths_ (p, q) those of the linear columns', both inside the engine's
+    ranges for z's kinds; a 1-D target."""
+    X = state["X_fit_"]
+    d = X.shape[1]
+    lin = require_array(state, "linear_columns_", "i", (None,), estimator=estimator)
+    p = lin.size
+    if not 1 <= p < d or np.unique(lin).size != p or lin.min() < 0 or lin.max() >= d:
+        raise ValueError(
+            f"linear_columns_ must hold 1 to {d - 1} distinct column positions in [0, {d}), "
+            f"got {lin.tolist()}"
+        )
+    kinds = state["var_type_"]
+    if any(kinds[j] != "c" for j in lin):
+        raise ValueError("linear_columns_ must name continuous columns only")
+    if np.isnan(X[:, lin]).any():
+        raise ValueError("X_fit_ holds NaN in a linear column")
+    if state["outputs_2d_"] or state["n_outputs_"] != 1:
+        raise ValueError(f"{estimator} fits a 1-D target: outputs_2d_ must be False")
+    require_array(state, "coef_", "f", (p,), estimator=estimator)
+    se = require_array(state, "coef_se_", "f", (p,), estimator=estimator)
+    if np.any(se < 0):
+        raise ValueError("coef_se_ must be non-negative")
+    view = smooth_part(params, state, with_target=False)
+    z_kinds, counts = view._kinds(), view._n_categories()
+    h = require_array(state, "bandwidth_", "f", (d - p,), estimator=estimator)
+    check_widths(h, z_kinds, counts, name="bandwidth_")
+    widths = require_array(state, "linear_bandwidths_", "f", (p, d - p), estimator=estimator)
+    for row in widths:
+        check_widths(row, z_kinds, counts, name="linear_bandwidths_")
+    given = params["bandwidth"]
+    if given is not None and not isinstance(given, str):
+        # a number or an array is every regression's widths (one number: z's continuous h)
+        continuous = np.array([k == "c" for k in z_kinds])
+        for row in (h, *widths):
+            if isinstance(given, Real):
+                ok = np.all(row[continuous] == float(given))
+            else:
+                ok = np.array_equal(np.asarray(given, dtype=np.float64).reshape(-1), row)
+            if not ok:
+                raise ValueError("bandwidth_ does not match the numeric bandwidth parameter")
+    return {"linear_columns_", "coef_", "coef_se_", "bandwidth_", "linear_bandwidths_"}

@@ -331,6 +331,21 @@ POOLING_SPECS = {
             ),
         ),
         EstimatorSpec(
+            "PartiallyLinearRegressor",
+            (
+                # the columns of X that enter linearly, by position or name (None: refused
+                # at fit; scikit-learn's defaults must be immutable)
+                Param("linear_columns", None, (ArrayLike(),), none=True),
+                Param("degree", 1, (IntRange(0, 2),)),
+                _bandwidth("loo", REGRESSOR_BANDWIDTH_NAMES),
+                _kernel(),
+                _RTOL,
+                Param("loo_subsample", None, (IntRange(MIN_SUBSAMPLE_ROWS),), none=True),
+                *_TABLE,
+                *_RUN,
+            ),
+        ),
+        EstimatorSpec(
             "NadarayaWatsonClassifier",
             (_bandwidth("scott"), _kernel(), _RTOL, *_TABLE, *_RUN),
             classifier=True,

@@ -25,6 +25,10 @@ bit the estimator's:
   label is the first class of largest probability;
 * a regressor's ``marginal_effects`` and ``predict_interval``: the estimator's
   methods, computed by the same shared code;
+* ``PartiallyLinearRegressor``: ``x_lin . coef_`` plus the local polynomial of the
+  partial residuals over the z columns
+  (:func:`nbattn.estimators.partially_linear_prediction.partially_linear_predict`, the
+  estimator's own);
 * the density estimators (``KernelDensity``, ``ConditionalKernelDensity``,
   ``KernelQuantileRegressor``): log densities (``score_samples``), distribution
   functions (``cdf``) and conditional quantiles (``predict``, ``predict_quantile``,
@@ -42,7 +46,14 @@ from pathlib import Path
 import numpy as np
 
 from .._core import columns
-from ..estimators.fitted_state import CLASSIFIERS, CONDITIONALS, DENSITIES, check_fitted_state
+from ..estimators.fitted_state import (
+    CLASSIFIERS,
+    CONDITIONALS,
+    DENSITIES,
+    PARTIALLY_LINEAR,
+    check_fitted_state,
+)
+from ..estimators.partially_linear_prediction import partially_linear_predict
 from ..estimators.prediction import DensityPrediction, PoolingPrediction
 from .modelfile import invalid_model, read_fitted_state
 
@@ -142,6 +153,10 @@ class Predictor(PoolingPrediction, DensityPrediction):
             proba = self.predict_proba(X)
             return self.state["classes_"][np.argmax(proba, axis=1)]
         X = self._check_queries(X)
+        if self.estimator == PARTIALLY_LINEAR:
+            if return_std:
+                raise ValueError(f"return_std is not offered by {PARTIALLY_LINEAR}")
+            return partially_linear_predict(self.params, self.state, X)
         return self._predictions(X, return_std)
 
     def predict_proba(self, X):
@@ -221,7 +236,7 @@ class Predictor(PoolingPrediction, DensityPrediction):
         return np.exp(self._conditional_log_cdf(self._check_queries(X), y))
 
     def _refuse_classifier(self, method) -> None:
-        if self.is_classifier:
+        if self.is_classifier or self.estimator == PARTIALLY_LINEAR:
             raise AttributeError(f"{self.estimator} has no {method}")
         self._refuse_density(method)
 
