@@ -153,9 +153,12 @@ class PartiallyLinearRegressor(RegressorMixin, SpecEstimator):
             )
         X, y, sw = self._validate_training_X(X, y, sample_weight, y_numeric=True)
         y = as_float_array(y, "y", ndim=(1,), dtype="float64")
-        if X.shape[0] < 2:
+        if X.shape[0] < 3:
+            # two rows: each row's leave-one-out fit is the other row's value, so
+            # (y~, x~) = +-(y_1 - y_2, x_1 - x_2) and the least squares fits exactly (se 0)
             raise ValueError(
-                "PartiallyLinearRegressor needs at least 2 samples (leave-one-out residuals), "
+                "PartiallyLinearRegressor needs at least 3 samples (with 2, each row's "
+                "leave-one-out fit is the other row and the standard errors are 0), "
                 f"got n_samples={X.shape[0]} (rows of weight 0 are left out)"
             )
         lin = self._linear_positions(X)
@@ -170,22 +173,14 @@ class PartiallyLinearRegressor(RegressorMixin, SpecEstimator):
         view = smooth_part(params, state, with_target=False)
         Z = view._fitted("X_fit_")
         targets = np.column_stack([y, X[:, lin]])
-        widths = self._widths(view, Z, targets, sw)
+        widths = self._widths(view, Z, targets, sw, lin)
         # every column in units of a power of two near its largest |value| (exact), so that
         # the residuals and the sandwich's products neither overflow nor vanish
         unit = power_of_two_scale(np.max(np.abs(targets), axis=0))
         resid = _loo_residuals(view, Z, targets / unit, widths)
         self._refuse_unidentified(targets / unit, resid[:, 1:], lin, view)
         beta, se = _sandwich(resid[:, 0], resid[:, 1:], view._weights())
-        with np.errstate(over="ignore", invalid="ignore"):
-            factor = unit[0] / unit[1:]
-            beta, se = beta * factor, se * factor
-        if not (np.all(np.isfinite(beta)) and np.all(np.isfinite(se))):
-            k = int(np.flatnonzero(~(np.isfinite(beta) & np.isfinite(se)))[0])
-            raise ValueError(
-                f"the coefficient of linear column {self._label(lin[k])} is beyond float64's "
-                "range (y's scale over the column's)"
-            )
+        beta, se = self._rescale(beta, se, unit, lin)
         linear_offset(X[:, lin], beta)  # g's values y - x . beta must be finite
         self.linear_columns_ = lin
         self.X_fit_ = X
@@ -267,7 +262,7 @@ class PartiallyLinearRegressor(RegressorMixin, SpecEstimator):
         names = getattr(self, "feature_names_in_", None)
         return repr(str(names[j])) if names is not None else str(int(j))
 
-    def _widths(self, view, Z, targets, sample_weight) -> np.ndarray:
+    def _widths(self, view, Z, targets, sample_weight, lin) -> np.ndarray:
         """(1 + p, q) widths on z: a search per target (y, then each linear column), or
         one set of widths for all (:func:`nbattn.estimators.widths.fit_widths`)."""
         degree = view._degree()
@@ -278,8 +273,45 @@ class PartiallyLinearRegressor(RegressorMixin, SpecEstimator):
                 for k in range(targets.shape[1])
             ]
             return np.array(rows, dtype=np.float64)
+        if not isinstance(bandwidth, str) and np.ndim(bandwidth) > 0:
+            self._check_width_count(bandwidth, lin, Z.shape[1])
         widths = fit_widths(view, bandwidth, Z, targets, sample_weight, degree)
         return np.tile(np.asarray(widths, dtype=np.float64), (targets.shape[1], 1))
+
+    def _rescale(self, beta, se, unit, lin):
+        """beta and se from the columns' units back to the data's: times
+        ``2**(e_y - e_k)`` (``unit`` = 2**e per column, y first), one exact ``ldexp`` per
+        entry (no intermediate ratio of units to overflow or vanish); a ValueError where a
+        coefficient or its standard error leaves float64's range, above (inf) or below (a
+        nonzero value that would read 0)."""
+        exponent = np.frexp(unit)[1] - 1
+        shift = exponent[0] - exponent[1:]
+        with np.errstate(over="ignore", under="ignore"):
+            out_beta, out_se = np.ldexp(beta, shift), np.ldexp(se, shift)
+        lost = ((out_beta == 0) & (beta != 0)) | ((out_se == 0) & (se != 0))
+        bad = ~(np.isfinite(out_beta) & np.isfinite(out_se)) | lost
+        if bad.any():
+            k = int(np.flatnonzero(bad)[0])
+            side = "below" if lost[k] else "beyond"
+            raise ValueError(
+                f"the coefficient of linear column {self._label(lin[k])} (or its standard "
+                f"error) is {side} float64's range (y's scale over the column's, about "
+                f"2**{int(shift[k])})"
+            )
+        return out_beta, out_se
+
+    def _check_width_count(self, bandwidth, lin, q) -> None:
+        """A ValueError unless an array ``bandwidth`` holds one width per z column (the
+        columns of X not in ``linear_columns``, in column order), not one per column of X."""
+        size = int(np.size(bandwidth))
+        if size != q:
+            z = np.setdiff1d(np.arange(self.n_features_in_), lin)
+            names = ", ".join(self._label(j) for j in z)
+            raise ValueError(
+                f"bandwidth holds {size} widths but z has {q} (X's column"
+                f"{'s' if q > 1 else ''} {names}, those not in linear_columns); give one "
+                "width per z column, in column order"
+            )
 
     def _refuse_unidentified(self, scaled, x_resid, lin, view) -> None:
         """A ValueError for a linear column that does not vary given z (constant, or its
