@@ -12,8 +12,8 @@ import pytest
 import nbattn
 from nbattn.local.widths import (
     LooCriterion,
-    _check_training,
     _training_problem,
+    check_training,
     theta_to_widths,
     widths_to_theta,
 )
@@ -51,7 +51,7 @@ def _mixed(n, seed):
 
 def _criterion(X, y, theta, degree=1, sample_weight=None, **options):
     """(loss alone, loss of loss_and_grad, gradient) of the engine's LooCriterion."""
-    spec, X, y, degree, sample_weight = _check_training(X, y, degree, sample_weight, **options)
+    spec, X, y, degree, sample_weight = check_training(X, y, degree, sample_weight, **options)
     theta = np.asarray(theta, dtype=np.float64)
     widths = theta_to_widths(theta, spec.var_type, spec.n_categories)
     problem = _training_problem(spec, X, y, degree, sample_weight, widths)
