@@ -164,6 +164,44 @@ class SpecEstimator(ModelSettings, BaseEstimator):
         tags.input_tags.allow_nan = getattr(self, "missing", "error") == "marginalize"
         return tags
 
+    # ---- columns by name or position
+
+    def _column_names(self) -> list:
+        """The fitted columns' names: a DataFrame's (as str), else x0, x1, ...
+        (scikit-learn's ``get_feature_names_out`` convention)."""
+        names = getattr(self, "feature_names_in_", None)
+        if names is not None:
+            return [str(name) for name in names]
+        return [f"x{position}" for position in range(self.n_features_in_)]
+
+    def _column_positions(self, columns, name: str) -> list:
+        """``columns`` (one or a list of column names and int positions, negative ones
+        counted from the end) as positions, in the order given; a ValueError naming the
+        argument ``name`` for an unknown name, a position out of range, another kind of
+        value, or a column given twice."""
+        names = self._column_names()
+        d = len(names)
+        if isinstance(columns, (str, bytes)) or specs.is_int(columns):
+            columns = [columns]
+        positions = []
+        for column in columns.tolist() if isinstance(columns, np.ndarray) else columns:
+            if specs.is_int(column):
+                if not -d <= column < d:
+                    raise ValueError(f"{name}: position {column} is out of range for {d} columns")
+                position = int(column) % d
+            elif isinstance(column, str):
+                if column not in names:
+                    raise ValueError(f"{name}: {column!r} is not a column of the model ({names})")
+                position = names.index(column)
+            else:
+                raise ValueError(
+                    f"{name} holds {column!r}: give column names (str) or positions (int)"
+                )
+            if position in positions:
+                raise ValueError(f"{name}: column {names[position]!r} is listed twice")
+            positions.append(position)
+        return positions
+
     # ---- fit-time helpers
 
     def _validate_training_X(self, X, y, sample_weight=None, unsupervised=False, **kwargs):

@@ -28,7 +28,6 @@ from .._core.threads import blas_one_thread
 from .._core.validation import as_float_array
 from .base import SpecEstimator
 from .partially_linear_prediction import linear_offset, partially_linear_predict, smooth_part
-from .spec import is_int
 from .widths import fit_widths
 
 __all__ = ["PartiallyLinearRegressor", "PartiallyLinearSummary"]
@@ -196,46 +195,14 @@ class PartiallyLinearRegressor(RegressorMixin, SpecEstimator):
 
     def _linear_positions(self, X) -> np.ndarray:
         """``linear_columns`` as positions in X (int64, in the order given), checked."""
-        given = self.linear_columns
-        items = given.tolist() if isinstance(given, np.ndarray) else list(given)
-        items = [v for item in items for v in (item if isinstance(item, list) else [item])]
         d = X.shape[1]
-        if not items:
+        if isinstance(self.linear_columns, (list, tuple, np.ndarray)) and not len(
+            self.linear_columns
+        ):
             raise ValueError(
                 "linear_columns is empty: name at least one column of X that enters linearly"
             )
-        if all(is_int(v) for v in items):
-            bad = [v for v in items if not 0 <= v < d]
-            if bad:
-                raise ValueError(
-                    f"linear_columns holds {bad[0]!r}, not a column position of X (0 to {d - 1})"
-                )
-            positions = [int(v) for v in items]
-        elif all(isinstance(v, str) for v in items):
-            names = getattr(self, "feature_names_in_", None)
-            if names is None:
-                raise ValueError(
-                    f"linear_columns names columns ({items}) but X has no column names: "
-                    "give positions, or fit on a DataFrame"
-                )
-            lookup = {str(name): j for j, name in enumerate(names)}
-            unknown = [v for v in items if v not in lookup]
-            if unknown:
-                raise ValueError(
-                    f"linear_columns names {unknown[0]!r}, not a column of X "
-                    f"(its columns: {list(lookup)})"
-                )
-            positions = [lookup[v] for v in items]
-        else:
-            raise ValueError(
-                "linear_columns must hold column positions (ints) or column names "
-                f"(strings), not a mix or other values; got {items!r}"
-            )
-        seen = set()
-        for j in positions:
-            if j in seen:
-                raise ValueError(f"linear_columns names column {self._label(j)} twice")
-            seen.add(j)
+        positions = self._column_positions(self.linear_columns, "linear_columns")
         if len(positions) == d:
             raise ValueError(
                 f"linear_columns names every column of X (n_features = {d}): at least one "
@@ -258,9 +225,8 @@ class PartiallyLinearRegressor(RegressorMixin, SpecEstimator):
         return np.array(positions, dtype=np.int64)
 
     def _label(self, j) -> str:
-        """Column j by name (a DataFrame's) or position."""
-        names = getattr(self, "feature_names_in_", None)
-        return repr(str(names[j])) if names is not None else str(int(j))
+        """Column j by name (a DataFrame's, else x0, x1, ...), quoted."""
+        return repr(self._column_names()[j])
 
     def _widths(self, view, Z, targets, sample_weight, lin) -> np.ndarray:
         """(1 + p, q) widths on z: a search per target (y, then each linear column), or

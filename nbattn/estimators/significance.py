@@ -10,7 +10,6 @@ from .._core.validation import as_float_array, check_choice, check_positive_int
 from ..local.problem import check_sample_weight, check_widths
 from ..local.resampling import bootstrap_generator
 from ..local.significance import significance_tests
-from .spec import is_int
 
 __all__ = ["SignificanceTests"]
 
@@ -101,10 +100,10 @@ class SignificanceTests:
         names = self._column_names()
         if columns is None:
             columns = [] if joint is not None else list(range(len(names)))
-        tested = [[p] for p in self._positions(columns, "columns")]
+        tested = [[p] for p in sorted(self._column_positions(columns, "columns"))]
         labels = [names[group[0]] for group in tested]
         if joint is not None:
-            group = self._positions(joint, "joint")
+            group = sorted(self._column_positions(joint, "joint"))
             if not group:
                 raise ValueError("joint must list at least one column")
             tested.append(group)
@@ -162,31 +161,3 @@ class SignificanceTests:
                         f"column {self._column_names()[position]!r} holds a category the model "
                         f"was not fitted on (first at row {row})"
                     )
-
-    def _column_names(self) -> list:
-        names = getattr(self, "feature_names_in_", None)
-        if names is not None:
-            return [str(name) for name in names]
-        return [f"x{position}" for position in range(self.n_features_in_)]
-
-    def _positions(self, columns, name) -> list:
-        """Column names or positions -> sorted distinct positions; errors name ``name``."""
-        if isinstance(columns, (str, bytes)) or is_int(columns):
-            columns = [columns]
-        names = self._column_names()
-        positions = []
-        for column in columns:
-            if is_int(column):
-                if not -len(names) <= column < len(names):
-                    raise ValueError(
-                        f"{name}: position {column} is out of range for {len(names)} columns"
-                    )
-                position = int(column) % len(names)
-            elif isinstance(column, str) and column in names:
-                position = names.index(column)
-            else:
-                raise ValueError(f"{name}: {column!r} is not a column of the model ({names})")
-            if position in positions:
-                raise ValueError(f"{name}: column {names[position]!r} is listed twice")
-            positions.append(position)
-        return sorted(positions)

@@ -415,8 +415,7 @@ def _table(model):
 
     kinds = model._kinds()
     d = len(kinds)
-    names = getattr(model, "feature_names_in_", None)
-    names = [str(name) for name in names] if names is not None else [f"x{i}" for i in range(d)]
+    names = model._column_names()
     if hasattr(model, "bandwidth_"):
         widths = np.asarray(model.bandwidth_, dtype=np.float64)
         scaled = _scaled_widths(model, widths, kinds, model.X_fit_)

@@ -200,9 +200,10 @@ def test_summary_table():
     [
         (None, "needs linear_columns"),
         ([], "linear_columns is empty"),
-        ([5], "not a column position"),
-        (["x9"], "no column names"),
-        ([0, "z"], "not a mix"),
+        ([5], "linear_columns: position 5 is out of range"),
+        (["x9"], "linear_columns: 'x9' is not a column"),
+        ([0, "z"], "linear_columns: 'z' is not a column"),
+        ([0, 0.5], "linear_columns holds 0.5"),
         ([0, 0], "twice"),
         ([0, 1, 2], "every column"),
     ],
