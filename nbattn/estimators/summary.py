@@ -68,6 +68,7 @@ _RULES = {
     "loo_scale": "leave-one-out, one factor of Scott's",
     "cv_ml": "cross-validated likelihood (cv_ml)",
     "cv_ls": "least-squares cross-validation (cv_ls)",
+    "aicc": "AICc of Hurvich, Simonoff and Tsai, per column",
 }
 _WIDTH = 80
 _CRITERION_NOTES = {

@@ -50,3 +50,17 @@ def test_an_mse_beyond_float64_is_warned_about_and_r2_is_exact(scale):
         scaled = nbattn.NadarayaWatsonRegressor(bandwidth=0.5).fit(X, y * scale).summary()
     assert scaled.loo_mse in (0.0, np.inf)
     assert scaled.loo_r2 == pytest.approx(base.loo_r2, rel=1e-12)
+
+
+def test_every_width_name_is_said_in_words():
+    """Each bandwidth name a regressor takes has its words in the summary (none is
+    printed as the raw option name)."""
+    from nbattn.estimators.spec import REGRESSOR_BANDWIDTH_NAMES
+    from nbattn.estimators.summary import _RULES
+
+    assert set(REGRESSOR_BANDWIDTH_NAMES) <= set(_RULES)
+    rng = np.random.default_rng(2)
+    X = rng.normal(size=(25, 1))
+    y = X[:, 0] + 0.2 * rng.normal(size=25)
+    text = str(nbattn.LocalPolynomialRegressor(bandwidth="aicc").fit(X, y).summary())
+    assert "AICc of Hurvich, Simonoff and Tsai" in text
