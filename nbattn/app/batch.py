@@ -42,6 +42,7 @@ __all__ = [
     "read_model",
     "response_block",
     "row_id_columns",
+    "smoothed_columns",
     "warn_row_ids",
 ]
 
@@ -112,21 +113,52 @@ def command_features(args) -> list:
     """The feature columns of ``args.data`` (``--target``, ``--features``, ``--drop``), and
     the options that give one value per feature (``--var-type``, ``--bandwidth H1,H2,...``)
     checked against them, naming the features: before the file is read."""
-    features = feature_columns(args.data, args.target, args.features, getattr(args, "drop", None))
+    drop = getattr(args, "drop", None)
+    features = feature_columns(args.data, args.target, args.features, drop)
+    linear = getattr(args, "linear_columns", None) or []
+    _check_linear_columns(linear, features, args.target, drop)
     bandwidth = getattr(args, "bandwidth", None)
+    z = [f for f in features if f not in linear]
     per_feature = {
-        "--var-type": (getattr(args, "var_type", None), "letter"),
-        "--bandwidth": (bandwidth if isinstance(bandwidth, list) else None, "width"),
+        "--var-type": (getattr(args, "var_type", None), "letter", features),
+        "--bandwidth": (bandwidth if isinstance(bandwidth, list) else None, "width", z),
     }
-    for option, (values, unit) in per_feature.items():
-        if values is not None and len(values) != len(features):
-            names = io.clip(", ".join(io.column_option(f) for f in features), 300)
-            are = "is" if len(features) == 1 else "are"
+    for option, (values, unit, columns) in per_feature.items():
+        if values is not None and len(values) != len(columns):
+            names = io.clip(", ".join(io.column_option(f) for f in columns), 300)
+            each, are = "feature", "is" if len(columns) == 1 else "are"
+            if columns is z and linear:
+                each = "feature not in --linear-columns"
             raise ValueError(
-                f"{option} gives {plural(len(values), unit)}, one per feature, but there "
-                f"{are} {plural(len(features), 'feature')}: {names}"
+                f"{option} gives {plural(len(values), unit)}, one per {each}, but there "
+                f"{are} {plural(len(columns), 'feature')}: {names}"
             )
     return features
+
+
+def _check_linear_columns(linear, features, target, drop) -> None:
+    """A ValueError naming the column for a ``--linear-columns`` name that is not one of
+    the features (the target, a ``--drop`` column, or not given by ``--features``),
+    named twice, or that leaves no feature for the nonparametric part z."""
+    for k, column in enumerate(linear):
+        shown = io.shorten(column)
+        if column in linear[:k]:
+            raise ValueError(f"--linear-columns names the column {shown} twice")
+        if column in features:
+            continue
+        if column == target:
+            why = "is the target column"
+        elif drop and column in drop:
+            why = "is left out by --drop"
+        else:
+            why = "is not one of the features"
+        names = io.clip(", ".join(io.column_option(f) for f in features), 300)
+        raise ValueError(f"--linear-columns {shown} {why}; the features are: {names}")
+    if linear and len(set(linear)) == len(features):
+        raise ValueError(
+            "--linear-columns names every feature; at least one must stay in z, the "
+            "nonparametric part g(z)"
+        )
 
 
 def is_classifier(model) -> bool:
@@ -272,6 +304,13 @@ def model_kinds(model, features) -> str:
     """The column kinds a fitted model reads its features with (all "c" for old models)."""
     kinds = getattr(model, "var_type_", None)
     return kinds if isinstance(kinds, str) else "c" * len(features)
+
+
+def smoothed_columns(model) -> list:
+    """The positions of a fitted model's columns with a kernel width (``bandwidth_``, in
+    this order): all, but a partially linear model's z only (not in ``linear_columns_``)."""
+    linear = np.asarray(getattr(model, "linear_columns_", ()), dtype=np.int64)
+    return [j for j in range(np.asarray(model.X_fit_).shape[1]) if j not in linear]
 
 
 def model_categories(model, features) -> list:

@@ -44,6 +44,7 @@ from .process import run_command
 MODELS = {
     "nw": "NadarayaWatsonRegressor",
     "lp": "LocalPolynomialRegressor",
+    "plr": "PartiallyLinearRegressor",
     "learned": "LearnedKernelRegressor",
     "classifier": "NadarayaWatsonClassifier",
     "kde": "KernelDensity",
@@ -62,9 +63,9 @@ _SEED_LIMIT = 2**32  # the seeds numpy's and scikit-learn's splitters accept
 
 def make_estimator(model="nw", *, verbose=False, **options):
     """The estimator that ``nbattn fit`` builds: ``options`` are bandwidth, metric,
-    max_iter, kernel, degree, rtol, loo_subsample, var_type, missing, quantile and
-    y_bandwidth (None: the estimator's default), refused where they do not apply (an
-    option the model does not take, or a name its parameter does not allow)."""
+    max_iter, kernel, degree, rtol, loo_subsample, var_type, missing, quantile,
+    y_bandwidth and linear_columns (None: the estimator's default), refused where they do
+    not apply (an option the model does not take, or a name its parameter does not allow)."""
     from .. import estimators
 
     spec = SPECS[MODELS[model]]
@@ -115,8 +116,8 @@ def _load_for(estimator, args, features, target):
 
 
 def _cmd_fit(args) -> int:
-    features = batch.command_features(args)
     estimator = make_estimator(args.model, verbose=args.verbose, **_model_options(args))
+    features = batch.command_features(args)
     io.check_output(args.output, [args.data])
     estimator, X, y, dropped = _load_for(estimator, args, features, args.target)
     batch.warn_row_ids(X, estimator.get_params()["var_type"] or "c" * len(features))
@@ -130,19 +131,33 @@ def _cmd_fit(args) -> int:
             f"{plural(len(features), 'feature')}"
             f"{extra} -> {args.output}"
         )
-        if hasattr(estimator, "bandwidth_"):
-            kinds = batch.model_kinds(estimator, features)
-            widths = ", ".join(
-                f"{io.column_option(f)}={h:.6g}" + ("" if k == "c" else " (lambda)")
-                for f, h, k in zip(features, estimator.bandwidth_, kinds)
-            )
-            print(f"bandwidth: {widths}")
+        _print_fitted(estimator, features)
         if hasattr(estimator, "y_bandwidth_"):
             lam = "" if estimator.y_type_ == "c" else " (lambda)"
             print(f"y bandwidth: {io.column_option(args.target)}={estimator.y_bandwidth_:.6g}{lam}")
     if args.summary:
         print(estimator.summary())
     return 0
+
+
+def _print_fitted(estimator, features) -> None:
+    """The fitted widths per feature (h, or lambda of a categorical one); for a partially
+    linear model, its coefficients with their HC0 standard errors first, and the widths
+    of the features in z (the others) only."""
+    linear = hasattr(estimator, "linear_columns_")
+    if linear:
+        coefs = ", ".join(
+            f"{io.column_option(features[j])}={b:.6g} (se {se:.3g})"
+            for j, b, se in zip(estimator.linear_columns_, estimator.coef_, estimator.coef_se_)
+        )
+        print(f"coefficients: {coefs}")
+    if hasattr(estimator, "bandwidth_"):
+        kinds = batch.model_kinds(estimator, features)
+        widths = ", ".join(
+            f"{io.column_option(features[j])}={h:.6g}" + ("" if kinds[j] == "c" else " (lambda)")
+            for j, h in zip(batch.smoothed_columns(estimator), estimator.bandwidth_)
+        )
+        print(f"bandwidth{' (z)' if linear else ''}: {widths}")
 
 
 def _model_options(args, bandwidth=None) -> dict:
@@ -158,6 +173,7 @@ def _model_options(args, bandwidth=None) -> dict:
         "handle_unknown": args.handle_unknown,
         "quantile": getattr(args, "quantile", None),  # fit's options (cv has none)
         "y_bandwidth": getattr(args, "y_bandwidth", None),
+        "linear_columns": args.linear_columns,
     }
 
 
@@ -187,6 +203,25 @@ def _read_predictor(path):
         raise ValueError(f"{path}: the model has no feature names (fit it on a table)")
     target = (meta.get("user") or {}).get("target")
     return model, list(names), target if isinstance(target, str) and target else None
+
+
+#: the ``nbattn predict`` options a model offers no output for, and what it offers
+_NOT_OFFERED = {
+    "PartiallyLinearRegressor": (
+        ("--std", "--interval", "--marginal-effects"),
+        "it writes its predictions x . beta + g(z) only (nbattn fit prints the coefficients "
+        "beta with their standard errors)",
+    )
+}
+
+
+def _refuse_not_offered(args, model) -> None:
+    """A ValueError naming the option and the model for an output option the model does
+    not offer (:data:`_NOT_OFFERED`)."""
+    options, offered = _NOT_OFFERED.get(model.estimator, ((), ""))
+    for option in options:
+        if getattr(args, option[2:].replace("-", "_")) not in (None, False):
+            raise ValueError(f"{option} does not apply to a {model.estimator} model: {offered}")
 
 
 def _regressor_outputs(args, model, features) -> dict:
@@ -266,6 +301,7 @@ def _cmd_predict(args) -> int:
             raise ValueError("--std is for regressors; use --proba with a classifier")
         if args.proba and not classifier:
             raise ValueError("--proba is for classifiers")
+        _refuse_not_offered(args, model)
         outputs = _regressor_outputs(args, model, features)
     rows, dropped = batch.predict_file(
         model,
@@ -312,9 +348,9 @@ def _cmd_cv(args) -> int:
 
     if args.grid and args.bandwidth is not None:
         raise ValueError("--grid compares bandwidths; it replaces --bandwidth")
-    features = batch.command_features(args)
     candidates = args.grid or [args.bandwidth]
     estimators = [make_estimator(args.model, **_model_options(args, b)) for b in candidates]
+    features = batch.command_features(args)
     classifier = batch.is_classifier(estimators[0])
     X = y = None
     for estimator in estimators:
@@ -435,21 +471,29 @@ def _add_model_options(p, models=tuple(MODELS)) -> None:
         metavar="A,B,...",
         help="columns to leave out of the features (e.g. a row id); may be given again",
     )
-    model_help = "default: nw"
+    p.add_argument(
+        "--linear-columns",
+        type=column_list,
+        metavar="A,B,...",
+        help="--model plr (required): the features x that enter linearly in y = x . beta + "
+        "g(z), each continuous; the other features are z, g a kernel regression on them",
+    )
+    model_help = "default: nw; plr: partially linear (with --linear-columns)"
     if "kde" in models:
         model_help += (
             "; kde: the density of the features (no --target), cdens: the conditional "
             "density of the target, quantile: its conditional quantile"
         )
     p.add_argument("--model", choices=models, default="nw", help=model_help)
-    names = ", ".join(BANDWIDTH_NAMES) + " (nw, lp: also aicc)"
+    names = ", ".join(BANDWIDTH_NAMES) + " (nw, lp, plr: also aicc)"
     if "kde" in models:
         names += f" (kde, cdens, quantile: {', '.join(DENSITY_BANDWIDTH_NAMES)})"
     p.add_argument(
         "--bandwidth",
         type=bandwidth_arg,
         help=f"ONE bandwidth: {names}, H (every feature) or H1,H2,... "
-        "(one per feature, in order); default: the model's",
+        "(one per feature, in order; --model plr: one per feature not in --linear-columns); "
+        "default: the model's",
     )
     if "quantile" in models:
         p.add_argument(
@@ -476,7 +520,7 @@ def _add_model_options(p, models=tuple(MODELS)) -> None:
     p.add_argument(
         "--degree",
         type=int_arg(_degrees.low, _degrees.high + 1),
-        help="--model lp: local polynomial degree (default 1)",
+        help="--model lp, plr: local polynomial degree (default 1)",
     )
     p.add_argument(
         "--rtol",
@@ -488,7 +532,7 @@ def _add_model_options(p, models=tuple(MODELS)) -> None:
         "--loo-subsample",
         type=int_arg(_subsample.low),
         metavar="ROWS",
-        help="--model lp: with --bandwidth loo on at least twice ROWS rows, search a random "
+        help="--model lp, plr: with --bandwidth loo on at least twice ROWS rows, search a random "
         "subsample of ROWS rows first and finish on all rows: several times faster, never "
         "worse than the rule, but it may stop in another basin (default: every row)",
     )
@@ -629,10 +673,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--band",
         choices=("asymptotic", "bootstrap"),
-        default="asymptotic",
         help="a regressor's 95%% band of the mean: the normal interval of the sandwich "
         "variance (default) or the percentiles of 999 wild-bootstrap replicates at the "
-        "model's widths",
+        "model's widths (--model plr: no band)",
     )
     p = kinds.add_parser(
         "density",
@@ -708,6 +751,10 @@ def _dispatch(argv) -> int:
             parser.error(f"the following arguments are required for --model {args.model}: --target")
         if args.model == "kde" and args.target is not None:
             parser.error("--target does not apply to --model kde (the density of the features)")
+        if args.model == "plr" and args.linear_columns is None:
+            parser.error(
+                "--model plr needs --linear-columns A,B,...: the features that enter linearly"
+            )
     if getattr(args, "quiet", False):  # -q: no progress, and no first-compile notice
         from .._core import compiling
 

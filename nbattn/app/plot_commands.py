@@ -27,7 +27,13 @@ def _fit(args):
         categories=batch.model_categories(model, features),
     )
     # --band: the sandwich's normal band ("asymptotic") or the wild bootstrap's
-    band = getattr(args, "band", None) or "asymptotic"
+    band = getattr(args, "band", None)
+    if band is not None and not hasattr(model, "predict_interval"):
+        raise ValueError(
+            f"--band {band}: a {type(model).__name__} model has no band of the mean; "
+            "leave --band out to draw its fit"
+        )
+    band = band or "asymptotic"
     return plotting.fit_figure(model, X, y, target, label=os.path.basename(args.data), band=band)
 
 

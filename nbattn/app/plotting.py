@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from .._core.validation import plural
+from .batch import smoothed_columns
 from .legends import lay_out, place_legend
 from .names import column_option
 
@@ -682,26 +683,25 @@ def loo_figure(X, y, points=30, progress=None, var_type=None, verbose=0):
 def relative_widths(model):
     """Each width relative to its feature: ``h_d / sd_d`` for a continuous column (its
     training spread; 1 when constant), ``lambda / lambda_max`` for a categorical one
-    (lambda_max = (c - 1)/c unordered, 1 ordered: 1 means the column is ignored)."""
-    widths = _model_widths(model)
-    keys = np.asarray(model.X_fit_)
-    d = keys.shape[1]
-    kinds = kinds_of(model, d)
-    out = np.empty(d)
-    for j, kind in enumerate(kinds):
-        if kind == "c":
+    (lambda_max = (c - 1)/c unordered, 1 ordered: 1 means the column is ignored); one per
+    column of :func:`nbattn.app.batch.smoothed_columns`."""
+    widths, keys = _model_widths(model), np.asarray(model.X_fit_)
+    kinds, columns = kinds_of(model, keys.shape[1]), smoothed_columns(model)
+    out = np.empty(len(columns))
+    for k, j in enumerate(columns):
+        if kinds[j] == "c":
             column = keys[:, j][~np.isnan(keys[:, j])]
             sd = float(np.std(column, ddof=1)) if column.size > 1 else 0.0
-            out[j] = widths[j] / (sd if sd > 0 else 1.0)
+            out[k] = widths[k] / (sd if sd > 0 else 1.0)
         else:
-            top = _lambda_max(model, j, kind)
-            out[j] = widths[j] / top if top > 0 else 1.0
+            top = _lambda_max(model, j, kinds[j])
+            out[k] = widths[k] / top if top > 0 else 1.0
     return out
 
 
 def _model_widths(model):
     widths = np.asarray(model.bandwidth_, dtype=np.float64).reshape(-1)
-    d = np.asarray(model.X_fit_).shape[1]
+    d = len(smoothed_columns(model))
     return np.full(d, widths[0]) if widths.size == 1 and d > 1 else widths
 
 
@@ -755,9 +755,10 @@ def widths_figure(model, features):
     plt = pyplot()
     name = type(model).__name__
     if getattr(model, "bandwidth_", None) is not None:
-        widths = _model_widths(model)
-        ratios = relative_widths(model)
-        kinds = kinds_of(model, ratios.size)
+        widths, ratios = _model_widths(model), relative_widths(model)
+        smoothed = smoothed_columns(model)  # a partially linear model's z columns only
+        kinds = [kinds_of(model, len(features))[j] for j in smoothed]
+        features = [features[j] for j in smoothed]
         cont = [j for j, k in enumerate(kinds) if k == "c"]
         cat = [j for j, k in enumerate(kinds) if k != "c"]
         panels = [p for p in (cont, cat) if p]
@@ -775,7 +776,7 @@ def widths_figure(model, features):
                 _continuous_widths(ax, names, widths[panel], ratios[panel])
                 ax.set_title("continuous columns" if cat else f"{name}: widths")
             else:
-                tops = np.array([_lambda_max(model, j, kinds[j]) for j in panel])
+                tops = np.array([_lambda_max(model, smoothed[j], kinds[j]) for j in panel])
                 _categorical_widths(ax, names, widths[panel], tops)
                 ax.set_title("categorical columns" if cont else f"{name}: widths")
         if cont and cat:
