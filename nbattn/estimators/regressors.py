@@ -417,7 +417,9 @@ class LearnedKernelRegressor(_PoolingRegressor):
                     "metric='diagonal'"
                 )
             widths = engine_loo_widths(self, X, y2, sw, degree=0)
-            loss = engine_loo_loss(self, X, y2, widths, sw, degree=0)
+            # the engine sums the outputs' squared errors; loss_ is their mean, as on the
+            # L-BFGS path (the class docstring's 1 / (n p))
+            loss = engine_loo_loss(self, X, y2, widths, sw, degree=0) / y2.shape[1]
             self._store_training_data(X, y2, outputs_2d, sw)
             self.bandwidth_ = widths
             self.loss_ = loss

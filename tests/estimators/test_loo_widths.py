@@ -139,3 +139,20 @@ def test_a_leave_one_out_width_needs_two_rows_on_every_path(make, bandwidth):
     weights[7] = 1.0
     with pytest.raises(ValueError, match=r"n_samples=1 \(rows of weight 0 are left out\)"):
         make(bandwidth).fit(X, rng.normal(size=40), sample_weight=weights)
+
+
+def test_learned_loss_is_the_mean_over_outputs_on_both_paths():
+    """loss_ is (1 / (n p)) sum ||f_-i - y_i||^2 whichever way the widths are learned:
+    L-BFGS on the streaming tiles, or the engine (here: sample weights)."""
+    from nbattn.local.engine import local_loo_loss
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(40, 2))
+    Y = X + 0.3 * rng.normal(size=(40, 2))
+    lbfgs = nbattn.LearnedKernelRegressor(metric="diagonal").fit(X, Y)
+    assert lbfgs.loss_ == pytest.approx(local_loo_loss(X, Y, lbfgs.bandwidth_, 0) / 2, rel=1e-9)
+    w = np.ones(40)
+    w[0] = 2.0
+    engine = nbattn.LearnedKernelRegressor(metric="diagonal").fit(X, Y, sample_weight=w)
+    expected = local_loo_loss(X, Y, engine.bandwidth_, 0, sample_weight=w) / 2
+    assert engine.loss_ == pytest.approx(expected, rel=1e-12)
