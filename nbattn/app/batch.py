@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import re
 import shlex
 import warnings
 
@@ -524,6 +525,7 @@ def predict_file(
             X, keep = io.feature_block(
                 frame, features, kinds, categories=cats, **where, on_nan=on_nan, **refuses
             )
+            rows = first_row + np.flatnonzero(keep)  # data rows of the chunk's rows kept
             y = None
             if response:
                 y, keep_y = response_block(model, frame, response, where, on_nan)
@@ -542,7 +544,9 @@ def predict_file(
             if runner is not None:
                 runner.submit(X, ids, **given)
             else:
-                write(columns_of(model, X, **given), ids)
+                with file_rows(data, in_fmt, rows):
+                    columns = columns_of(model, X, **given)
+                write(columns, ids)
         if runner is not None:
             runner.finish()
         if n_in == 0:
@@ -550,6 +554,25 @@ def predict_file(
         if writer.rows == 0:
             raise ValueError(f"{data}: no rows left after dropping rows with missing values")
     return writer.rows, dropped
+
+
+#: how an estimator's error names a row of the X it was given ("... at row 3 ...")
+_AT_ROW = re.compile(r" at row (\d+)\b")
+
+
+@contextlib.contextmanager
+def file_rows(data, fmt, rows):
+    """Re-raise a ValueError of a model on one chunk that names a row of it ("at row i")
+    naming that row of the file instead, ``rows[i]`` (its 0-based data row): the chunk's
+    own numbering (from 0 in each chunk, after the dropped rows) tells the user nothing."""
+    try:
+        yield
+    except ValueError as exc:
+        found = _AT_ROW.search(str(exc))
+        if found is None or int(found.group(1)) >= len(rows):
+            raise
+        where = io.row_location(data, fmt, int(rows[int(found.group(1))]))
+        raise ValueError(f"{where}: {_AT_ROW.sub('', str(exc), count=1)}") from None
 
 
 def evaluate_file(model, features, target, data, *, chunksize=100_000, on_nan="error", quiet=True):
@@ -594,7 +617,8 @@ def evaluate_file(model, features, target, data, *, chunksize=100_000, on_nan="e
                 def where(i, first_row=first_row, rows=rows):
                     return io.row_location(data, fmt, first_row + int(rows[i]))
 
-                score_chunk(model, X.iloc[rows].reset_index(drop=True), y, metrics, where)
+                with file_rows(data, fmt, first_row + rows):
+                    score_chunk(model, X.iloc[rows].reset_index(drop=True), y, metrics, where)
     if n_in == 0:
         raise ValueError(f"{data}: no data rows (only a header)")
     if metrics.n == 0:

@@ -474,9 +474,11 @@ def _add_model_options(p, models=tuple(MODELS)) -> None:
     p.add_argument(
         "--linear-columns",
         type=column_list,
+        action="extend",
         metavar="A,B,...",
         help="--model plr (required): the features x that enter linearly in y = x . beta + "
-        "g(z), each continuous; the other features are z, g a kernel regression on them",
+        "g(z), each continuous; the other features are z, g a kernel regression on them; "
+        "may be given again",
     )
     model_help = "default: nw; plr: partially linear (with --linear-columns)"
     if "kde" in models:
