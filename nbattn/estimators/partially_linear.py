@@ -152,15 +152,18 @@ class PartiallyLinearRegressor(RegressorMixin, SpecEstimator):
             )
         X, y, sw = self._validate_training_X(X, y, sample_weight, y_numeric=True)
         y = as_float_array(y, "y", ndim=(1,), dtype="float64")
-        if X.shape[0] < 3:
-            # two rows: each row's leave-one-out fit is the other row's value, so
-            # (y~, x~) = +-(y_1 - y_2, x_1 - x_2) and the least squares fits exactly (se 0)
-            raise ValueError(
-                "PartiallyLinearRegressor needs at least 3 samples (with 2, each row's "
-                "leave-one-out fit is the other row and the standard errors are 0), "
-                f"got n_samples={X.shape[0]} (rows of weight 0 are left out)"
-            )
         lin = self._linear_positions(X)
+        if X.shape[0] < lin.size + 2:
+            # leave-one-out residuals nearly sum to 0 (one dimension fewer than the rows),
+            # so with p coefficients and p + 1 rows or fewer the least squares fits them
+            # exactly (two rows: each row's leave-one-out fit is the other row, so
+            # (y~, x~) = +-(y_1 - y_2, x_1 - x_2)) and the standard errors are 0
+            raise ValueError(
+                f"PartiallyLinearRegressor needs at least {lin.size + 2} samples for "
+                f"{lin.size} linear column(s) (with fewer the least squares fits the "
+                f"leave-one-out residuals exactly and the standard errors are 0), got "
+                f"n_samples={X.shape[0]} (rows of weight 0 are left out)"
+            )
         params = self.get_params(deep=False)
         state = {
             "X_fit_": X,

@@ -123,3 +123,15 @@ def test_coverage_at_leave_one_out_widths():
         covered += int(np.sum(np.abs(model.coef_ - BETA) <= 1.96 * model.coef_se_))
     low, high = stats.binom.interval(0.99, 2 * reps, 0.95)
     assert low <= covered <= high, (covered, low, high)
+
+
+def test_too_few_rows_for_the_linear_columns_are_refused():
+    """p linear columns need p + 2 rows: with p + 1 the leave-one-out residuals (one
+    dimension fewer, as they nearly sum to 0) are fitted exactly and se would read 0."""
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(3, 3))
+    y = rng.normal(size=3)
+    with pytest.raises(ValueError, match="needs at least 4 samples for 2 linear column"):
+        nbattn.PartiallyLinearRegressor(linear_columns=[0, 1], bandwidth=0.5).fit(X, y)
+    model = nbattn.PartiallyLinearRegressor(linear_columns=[0], bandwidth=0.5).fit(X, y)
+    assert model.coef_se_[0] > 0
