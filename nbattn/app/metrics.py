@@ -1,9 +1,11 @@
 """Metrics accumulated over chunks of a file, so that a file of any length is scored in
 bounded memory: MSE, MAE and R² for regressors, accuracy and log-loss for classifiers.
 
-Regression sums are exact merges of per-chunk sums; the total sum of squares of the
-targets uses Chan et al.'s pairwise update of (count, mean, M2), so R² does not depend
-on how the file was split:
+Regression sums are exact merges of per-chunk sums, kept in units of a power of two
+near the largest value so far (so R² is exact for targets near 1e300, and an MSE is
+inf only where it lies beyond float64); the total sum of squares of the targets uses
+Chan et al.'s pairwise update of (count, mean, M2), so R² does not depend on how the
+file was split:
 
     mean = mean_a + δ n_b / n,   M2 = M2_a + M2_b + δ² n_a n_b / n,   δ = mean_b − mean_a
 """
@@ -36,6 +38,11 @@ class Metrics:
         self.classifier = classifier
         self.classes = None if classes is None else np.asarray(classes)
         self.n = 0
+        # the regression sums in units of the power of two ``unit`` (the largest |target|
+        # or |prediction| so far, rounded down to a power of two): sums of squares of
+        # targets near 1e300 stay finite, so R^2 is exact at any scale and an MSE is inf
+        # only where it lies beyond float64 itself
+        self.unit = 0.0  # set by the first chunk
         self.sse = self.sae = 0.0
         self.mean = self.m2 = 0.0
         self.correct = 0
@@ -43,20 +50,32 @@ class Metrics:
 
     def add_regression(self, y, pred) -> None:
         """Add a chunk of targets ``y`` and predictions ``pred`` (1-D)."""
+        from .._core.numeric import power_of_two_scale
+
         y = np.asarray(y, dtype=np.float64)
-        # Targets near the float64 limit (1e300) overflow the sums of squares: the
-        # metric is then inf (and R² NaN), as NumPy gives it, not a Python OverflowError.
-        with np.errstate(over="ignore", invalid="ignore"):
-            err = np.asarray(pred, dtype=np.float64) - y
-            self.sse += float(err @ err)
-            self.sae += float(np.abs(err).sum())
-            n_b = len(y)
-            mean_b = np.float64(y.mean())
-            m2_b = np.float64(((y - mean_b) ** 2).sum())
-            delta = mean_b - np.float64(self.mean)
-            total = self.n + n_b
-            self.mean = float(self.mean + delta * n_b / total)
-            self.m2 = float(self.m2 + m2_b + delta * delta * self.n * n_b / total)
+        pred = np.asarray(pred, dtype=np.float64)
+        if y.size == 0:  # an empty chunk adds nothing (its mean would be NaN)
+            return
+        top = max(np.max(np.abs(y), initial=0.0), np.max(np.abs(pred), initial=0.0))
+        unit = max(self.unit, float(power_of_two_scale(top)))
+        if unit != self.unit:  # the sums so far into the new unit (exact but for underflow)
+            ratio = self.unit / unit  # 0 before the first chunk, whose sums are all 0
+            self.sse *= ratio * ratio
+            self.m2 *= ratio * ratio
+            self.sae *= ratio
+            self.mean *= ratio
+            self.unit = unit
+        y, pred = y / unit, pred / unit
+        err = pred - y
+        self.sse += float(err @ err)
+        self.sae += float(np.abs(err).sum())
+        n_b = len(y)
+        mean_b = float(y.mean())
+        m2_b = float(((y - mean_b) ** 2).sum())
+        delta = mean_b - self.mean
+        total = self.n + n_b
+        self.mean = self.mean + delta * n_b / total
+        self.m2 = self.m2 + m2_b + delta * delta * self.n * n_b / total
         self.n = total
 
     def add_classification(self, y, proba, *, where=None) -> None:
@@ -93,7 +112,10 @@ class Metrics:
         if self.classifier:
             return {"n": self.n, "accuracy": self.correct / self.n, "log_loss": self.nll / self.n}
         r2 = 1.0 - self.sse / self.m2 if self.m2 > 0 else float("nan")
-        return {"n": self.n, "mse": self.sse / self.n, "mae": self.sae / self.n, "r2": r2}
+        with np.errstate(over="ignore"):  # an MSE beyond float64 itself is inf
+            mse = float(np.float64(self.sse / self.n) * self.unit * self.unit)
+        mae = self.sae / self.n * self.unit
+        return {"n": self.n, "mse": mse, "mae": mae, "r2": r2}
 
 
 def score_chunk(model, X, y, metrics: Metrics, where=None) -> None:

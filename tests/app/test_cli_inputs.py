@@ -189,6 +189,27 @@ def test_metrics_of_targets_near_the_float64_limit_are_inf_not_an_error():
     assert result["mae"] == pytest.approx(np.mean(y) * 0.5)
 
 
+@pytest.mark.parametrize("scale", [2.0**1000, 2.0**-1000])
+def test_r2_of_targets_at_any_scale_is_the_unscaled_one(scale):
+    """The sums are kept in units of a power of two: R^2 of targets near 1e300 or 1e-300
+    is the bits of the unscaled R^2 (it was NaN from inf / inf or 0 / 0), whatever the
+    chunks; the MSE is its scaled value where float64 holds it."""
+    rng = np.random.default_rng(1)
+    y = rng.normal(size=40)
+    pred = y + 0.3 * rng.normal(size=40)
+    base = Metrics(False)
+    base.add_regression(y, pred)
+    for cut in (0, 7, 39):
+        metrics = Metrics(False)
+        metrics.add_regression(y[:cut] * scale, pred[:cut] * scale)
+        metrics.add_regression(y[cut:] * scale, pred[cut:] * scale)
+        result = metrics.result()
+        assert result["r2"] == pytest.approx(base.result()["r2"], rel=1e-14)
+        with np.errstate(over="ignore", under="ignore"):
+            expected_mse = base.result()["mse"] * scale * scale
+        assert result["mse"] == pytest.approx(expected_mse, rel=1e-14)
+
+
 def test_cv_of_targets_near_the_float64_limit_reports_null_mse(tmp_path, nbattn_cli):
     frame = _table()
     frame["y"] = (frame["y"] + 2) * 1e300
