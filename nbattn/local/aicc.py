@@ -54,10 +54,11 @@ variance of output o: the same minimiser, positive and free of y's units, so tha
 search's relative tolerances (``config.LOO_RTOL``) are absolute ones on AICc. The sweeps
 move one width at a time, which stalls in a valley that runs across two widths (on the
 air-quality table's three continuous columns, 6e-4 above the minimum); a Nelder-Mead
-polish (Nelder and Mead 1965, "A simplex method for function minimization") over the
-finite entries of theta (log h, and t of each l) then follows that valley from the
-sweeps' best, with a first simplex of half a grid step (a factor 10**(1/12)) in each,
-within the search's bounds; the best point ever evaluated is still the one returned.
+polish (Nelder and Mead 1965, "A simplex method for function minimization";
+:func:`nbattn.local.search.polish_without_gradient`) over the finite entries of theta
+(log h, and t of each l) then follows that valley from the sweeps' best, with a first
+simplex of half a grid step (a factor 10**(1/12)) in each, within the search's bounds;
+the best point ever evaluated is still the one returned.
 ``rtol`` > 0: the fits and their g, m and log l come from the pruned passes (every
 kernel sum within rtol, so every H_ii within about rtol of its exact value); the best
 point and the rule are then evaluated exactly and the better returned.
@@ -84,14 +85,13 @@ from .problem import (
     rule_widths,
     spec_options,
 )
-from .search import search_bounds, search_widths, theta_to_widths, widths_to_theta
+from .search import polish_without_gradient, search_widths, theta_to_widths, widths_to_theta
 from .widths import LooCriterion, check_training
 
 _LN2 = math.log(2.0)
 
 __all__ = [
     "AiccCriterion",
-    "NelderMeadPolish",
     "aicc",
     "aicc_widths",
     "fits_and_leverages",
@@ -257,53 +257,6 @@ class AiccCriterion(LooCriterion):
         raise NotImplementedError("AICc has no gradient pass")
 
 
-class NelderMeadPolish:
-    """The gradient-free descent after the sweeps (module docstring): scipy's Nelder-Mead
-    over the finite entries of the best theta, the others (exact matching, t = -inf)
-    held, within the search's bounds about the start ``theta0``."""
-
-    #: the first simplex's step in each entry: half a factor of config.LOO_GRID
-    step = math.log(10.0) / 12.0
-    #: evaluations allowed per free entry
-    evaluations_per_entry = 60
-
-    def __init__(self, criterion: AiccCriterion, theta0):
-        self.criterion = criterion
-        self.lower, self.upper = search_bounds(theta0, criterion.base.spec.continuous)[1:]
-
-    def __call__(self) -> np.ndarray:
-        from scipy.optimize import minimize
-
-        criterion = self.criterion
-        best = criterion.best[1].copy()
-        free = np.isfinite(best)
-        if not free.any() or not math.isfinite(criterion.best[0]):
-            return best
-        lower, upper = self.lower[free], self.upper[free]
-        x0 = np.clip(best[free], lower, upper)
-        # each vertex steps away from the nearer bound, so the simplex stays inside
-        steps = np.where(x0 + self.step <= upper, self.step, -self.step)
-        simplex = np.vstack([x0, x0 + np.diag(steps)])
-
-        def loss(z):
-            theta = best.copy()
-            theta[free] = np.clip(z, lower, upper)
-            return criterion.loss(theta)
-
-        minimize(
-            loss,
-            x0,
-            method="Nelder-Mead",
-            options={
-                "initial_simplex": simplex,
-                "xatol": 1e-4,
-                "fatol": 0.0,
-                "maxfev": self.evaluations_per_entry * int(free.sum()),
-            },
-        )
-        return criterion.best[1]
-
-
 def _check_rows(spec: LocalSpec, n, degree):
     """ValueError where AICc is +inf at every width: tr(H) is at least the p terms of the
     local design (the global polynomial's trace, which the widest widths reach), so n
@@ -331,9 +284,9 @@ def aicc_widths(spec: LocalSpec, X, y, degree, *, sample_weight=None, init=None,
     with FitProgress(verbose, "aicc_widths", unit="evaluation") as criterion.log:
         try:
             search_widths(criterion, start)
-            theta = NelderMeadPolish(
+            theta = polish_without_gradient(
                 criterion, widths_to_theta(start, spec.var_type, spec.n_categories)
-            )()
+            )
         except ValueError:
             if criterion.best[1] is not None:
                 raise

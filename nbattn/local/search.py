@@ -16,6 +16,8 @@ parameter alone over a grid (plateaus, flat ends), each sweep that gains more th
 step of one parameter still gains or whose last sweep started more than a grid step
 from the best point, another sweep. The best point ever evaluated is
 returned, so the answer is never worse than the start or the best common scale.
+:func:`polish_without_gradient`: a Nelder-Mead pass from there for a criterion without a
+gradient, whose sweeps move one width at a time (a valley across two widths).
 A :class:`SearchPolicy` sets how each stage spends its evaluations: the default one is
 the search above; :data:`SMOOTH_POLICY`, for a smooth criterion with an exact gradient
 (a density's leave-one-out likelihood under the Gaussian kernel), takes the common
@@ -47,6 +49,7 @@ from .problem import LocalSpec, lambda_max
 __all__ = [
     "SMOOTH_POLICY",
     "SearchPolicy",
+    "polish_without_gradient",
     "rescaled_widths",
     "search_bounds",
     "search_widths",
@@ -192,6 +195,45 @@ def search_bounds(theta0, cont):
         for t, c in zip(theta0, cont)
     ]
     return bounds, np.array([b[0] for b in bounds]), np.array([b[1] for b in bounds])
+
+
+#: The polish's first simplex: half a factor of ``config.LOO_GRID`` in each entry.
+_POLISH_STEP = math.log(10.0) / 12.0
+
+
+def polish_without_gradient(
+    criterion, theta0, evaluations_per_entry=60, xatol=1e-4, rtol=0.0
+) -> np.ndarray:
+    """Nelder and Mead (1965), "A simplex method for function minimization", from the
+    criterion's best theta after :func:`search_widths` without a gradient (whose sweeps,
+    one width at a time, stall in a valley across two), over its finite entries (log h,
+    t; exact matching, t = -inf, held): a first simplex of the best point z0 and
+    ``z0 + s e_k`` for each entry k (s = log 10 / 12, signed away from the nearer bound),
+    each trial clipped into :func:`search_bounds` about the start ``theta0``; at most
+    ``evaluations_per_entry`` evaluations per entry, fewer where the simplex spans less
+    than ``xatol`` in every entry and ``rtol`` of the best value in the criterion.
+    Returns the best point ever evaluated (never worse than the search's)."""
+    from scipy.optimize import minimize
+
+    best = criterion.best[1].copy()
+    free = np.isfinite(best)
+    if not free.any() or not math.isfinite(criterion.best[0]):
+        return best
+    _, lower, upper = search_bounds(theta0, criterion.base.spec.continuous)
+    lower, upper = lower[free], upper[free]
+    z0 = np.clip(best[free], lower, upper)
+    steps = np.where(z0 + _POLISH_STEP <= upper, _POLISH_STEP, -_POLISH_STEP)
+
+    def loss(z):
+        theta = best.copy()
+        theta[free] = np.clip(z, lower, upper)
+        return criterion.loss(theta)
+
+    options = {"initial_simplex": np.vstack([z0, z0 + np.diag(steps)]), "xatol": xatol}
+    fatol = rtol * abs(criterion.best[0])
+    options.update(fatol=fatol, maxfev=evaluations_per_entry * int(free.sum()))
+    minimize(loss, z0, method="Nelder-Mead", options=options)
+    return criterion.best[1]
 
 
 def _policy_search(criterion, start, maxiter, per_column, policy):
