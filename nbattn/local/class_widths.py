@@ -291,12 +291,13 @@ def class_loo_widths(
         theta = search_widths(criterion, start, per_column=False)
         if per_column:
             scaled = theta
-            search_widths(criterion, start, per_column=True)
+            found = search_widths(criterion, start, per_column=True)
             theta = polish_without_gradient(
                 criterion,
                 widths_to_theta(start, spec.var_type, spec.n_categories),
                 xatol=_POLISH_XATOL,
                 rtol=config.LOO_RTOL,
+                start=found,
             )
             if not criterion.better_by_a_standard_error(theta, scaled, PER_COLUMN_Z):
                 theta = scaled

@@ -197,27 +197,28 @@ def search_bounds(theta0, cont):
     return bounds, np.array([b[0] for b in bounds]), np.array([b[1] for b in bounds])
 
 
-#: The polish's first simplex: half a factor of ``config.LOO_GRID`` in each entry.
-_POLISH_STEP = math.log(10.0) / 12.0
+_POLISH_STEP = math.log(10.0) / 12.0  # the polish's first simplex: half a LOO_GRID factor
 
 
 def polish_without_gradient(
-    criterion, theta0, evaluations_per_entry=60, xatol=1e-4, rtol=0.0
+    criterion, theta0, evaluations_per_entry=60, xatol=1e-4, rtol=0.0, start=None
 ) -> np.ndarray:
-    """Nelder and Mead (1965), "A simplex method for function minimization", from the
-    criterion's best theta after :func:`search_widths` without a gradient (whose sweeps,
-    one width at a time, stall in a valley across two), over its finite entries (log h,
-    t; exact matching, t = -inf, held): a first simplex of the best point z0 and
-    ``z0 + s e_k`` for each entry k (s = log 10 / 12, signed away from the nearer bound),
-    each trial clipped into :func:`search_bounds` about the start ``theta0``; at most
-    ``evaluations_per_entry`` evaluations per entry, fewer where the simplex spans less
-    than ``xatol`` in every entry and ``rtol`` of the best value in the criterion.
-    Returns the best point ever evaluated (never worse than the search's)."""
+    """Nelder and Mead (1965), "A simplex method for function minimization", after a
+    gradient-free :func:`search_widths` (its sweeps, one width at a time, stall in a valley
+    across two): from the criterion's best theta (after evaluating ``start``, the search's
+    answer), over its finite entries (t = -inf held), a first simplex z0, z0 + s e_k (s =
+    log 10 / 12, away from the nearer bound), trials clipped into :func:`search_bounds`
+    about ``theta0``; ``evaluations_per_entry`` at most, fewer once the simplex spans less
+    than ``xatol`` per entry and ``rtol`` of the best value. Returns the best point ever
+    evaluated, or ``start`` where none is finite (a fenced criterion)."""
     from scipy.optimize import minimize
 
-    best = criterion.best[1].copy()
-    free = np.isfinite(best)
-    if not free.any() or not math.isfinite(criterion.best[0]):
+    if start is not None:
+        criterion.loss(start)
+    if criterion.best[1] is None or not math.isfinite(criterion.best[0]):
+        return start if start is not None else criterion.best[1]
+    best, free = criterion.best[1].copy(), np.isfinite(criterion.best[1])
+    if not free.any():
         return best
     _, lower, upper = search_bounds(theta0, criterion.base.spec.continuous)
     lower, upper = lower[free], upper[free]
