@@ -417,23 +417,23 @@ class PoolingPrediction(ModelSettings):
             grad = grad @ self._fitted("components_")
         return grad
 
-    def _interval(self, X, alpha=0.05, kind="mean", method="asymptotic", n_boot=999, boot=()):
+    def _interval(self, X, alpha=0.05, kind="mean", band=None):
         """The pointwise (1 - alpha) normal interval at the checked queries X: (n, 2), or
         (n, m, 2) for a 2-D target, column 0 the lower end
         (:func:`nbattn.local.engine.prediction_interval`: leave-one-out residuals and the
         equivalent-kernel weights; the Gaussian fast path's models in their score
         coordinates, the full metric's as Lx with unit widths). With ``rtol > 0`` on the
         fast path the interval is moved to centre on predict's value (those predictions
-        come from another pruned walk than the engine's fit here). ``method="bootstrap"``:
-        :func:`nbattn.local.bands.bootstrap_band` on the same layout, ``boot`` = (resample,
-        random_state) (default ("wild", None)), the wild band centred on predict's value."""
-        from ..local.bands import bootstrap_band, check_band
+        come from another pruned walk than the engine's fit here). ``band``: a
+        :class:`nbattn.local.bands.BandOptions` (None: the normal interval); with
+        ``method="bootstrap"`` :func:`nbattn.local.bands.bootstrap_band` on the same
+        layout, centred on predict's value."""
+        from ..local.bands import BandOptions, bootstrap_band, check_band
         from ..local.engine import prediction_interval
         from ..local.problem import check_widths
 
         kind = check_choice(kind, "kind", ("mean", "observation", "quantile"))
-        resample, random_state = tuple(boot) or ("wild", None)
-        method, n_boot, resample = check_band(method, kind, n_boot, resample)
+        band = check_band(BandOptions() if band is None else band, kind)
         if self._average():
             raise ValueError("predict_interval needs a kernel; kernel='average' has none")
         spec = self._local_spec(X)
@@ -449,18 +449,18 @@ class PoolingPrediction(ModelSettings):
             return self._quantile_interval(X, spec, q, k, widths, alpha)
         args = (spec, k, self._fitted("y_fit_"), q)
         args += (check_widths(widths, spec.var_type, spec.counts, name="bandwidth_"),)
-        if method == "bootstrap":
-            band = bootstrap_band(
+        if band.method == "bootstrap":
+            ends = bootstrap_band(
                 *args,
                 self._degree(),
                 sample_weight=self._weights(),
                 alpha=alpha,
-                n_boot=n_boot,
-                resample=resample,
-                random_state=random_state,
+                n_boot=band.n_boot,
+                resample=band.resample,
+                random_state=band.random_state,
                 centre=self._pooled(X),
             )
-            out = np.stack(band, axis=-1)
+            out = np.stack(ends, axis=-1)
             return out if self._fitted("outputs_2d_") else out[:, 0, :]
         fit, lower, upper = prediction_interval(
             *args, self._degree(), sample_weight=self._weights(), alpha=alpha, kind=kind

@@ -21,6 +21,7 @@ import numpy as np
 from sklearn.base import RegressorMixin
 
 from .._core.validation import as_float_array
+from ..local.bands import BandOptions
 from ..smoothing import learned_metric
 from .base import _nadaraya_watson_init, _PoolingEstimator
 from .significance import SignificanceTests
@@ -156,8 +157,8 @@ class _PoolingRegressor(SignificanceTests, RegressorMixin, _PoolingEstimator):
         streaming models resample in their score coordinates, as their normal interval
         is computed (:func:`nbattn.local.bands.bootstrap_band`).
         """
-        boot = (resample, random_state)
-        return self._interval(self._check_queries(X), alpha, kind, method, n_boot, boot)
+        band = BandOptions(method, n_boot, resample, random_state)
+        return self._interval(self._check_queries(X), alpha, kind, band)
 
 
 class NadarayaWatsonRegressor(_PoolingRegressor):

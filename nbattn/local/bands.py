@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import copy
 import warnings
+from typing import NamedTuple
 
 import numpy as np
 
@@ -56,6 +57,7 @@ from .resampling import bootstrap_generator, pairs_counts, wild_multipliers
 
 __all__ = [
     "BAND_BYTES",
+    "BandOptions",
     "METHODS",
     "RESAMPLES",
     "bootstrap_band",
@@ -72,19 +74,29 @@ RESAMPLES = ("wild", "pairs")
 BAND_BYTES = 2**26
 
 
-def check_band(method, kind, n_boot, resample):
-    """``(method, n_boot, resample)`` checked: ``method`` one of :data:`METHODS`,
-    ``n_boot`` an int >= 1, ``resample`` one of :data:`RESAMPLES`; the bootstrap is a
-    band of the mean only (``kind="mean"``)."""
-    method = check_choice(method, "method", METHODS)
-    n_boot = check_positive_int(n_boot, "n_boot")
-    resample = check_choice(resample, "resample", RESAMPLES)
+class BandOptions(NamedTuple):
+    """``predict_interval``'s ``method`` and its bootstrap's keywords, as the user gave
+    them (:func:`check_band` checks them)."""
+
+    method: str = "asymptotic"
+    n_boot: int = 999
+    resample: str = "wild"
+    random_state: object = None
+
+
+def check_band(options: BandOptions, kind) -> BandOptions:
+    """``options`` checked: ``method`` one of :data:`METHODS`, ``n_boot`` an int >= 1,
+    ``resample`` one of :data:`RESAMPLES`; the bootstrap is a band of the mean only
+    (``kind="mean"``). ``random_state`` is checked where the draws start."""
+    method = check_choice(options.method, "method", METHODS)
+    n_boot = check_positive_int(options.n_boot, "n_boot")
+    resample = check_choice(options.resample, "resample", RESAMPLES)
     if method == "bootstrap" and kind != "mean":
         raise ValueError(
             f"method='bootstrap' gives a band of the mean (kind='mean') only; kind={kind!r} "
             "is for method='asymptotic'"
         )
-    return method, n_boot, resample
+    return options._replace(method=method, n_boot=n_boot, resample=resample)
 
 
 def bootstrap_replicates(

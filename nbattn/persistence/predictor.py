@@ -199,8 +199,10 @@ class Predictor(PoolingPrediction, DensityPrediction):
                 )
             return self._quantiles(self._check_queries(X), interval_levels(alpha))
         self._refuse_classifier("predict_interval")
-        boot = (resample, random_state)
-        return self._interval(self._check_queries(X), alpha, kind, method, n_boot, boot)
+        from ..local.bands import BandOptions
+
+        band = BandOptions(method, n_boot, resample, random_state)
+        return self._interval(self._check_queries(X), alpha, kind, band)
 
     def predict_quantile(self, X, q):
         """What a conditional model's ``predict_quantile(X, q)`` returns: (n,) for one
