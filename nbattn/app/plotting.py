@@ -15,7 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
+from .._core.columns import n_categories
 from .._core.validation import plural
+from ..local.problem import lambda_max
 from .batch import smoothed_columns
 from .legends import lay_out, place_legend
 from .names import column_option
@@ -681,22 +683,17 @@ def loo_figure(X, y, points=30, progress=None, var_type=None, verbose=0):
 
 
 def relative_widths(model):
-    """Each width relative to its feature: ``h_d / sd_d`` for a continuous column (its
-    training spread; 1 when constant), ``lambda / lambda_max`` for a categorical one
-    (lambda_max = (c - 1)/c unordered, 1 ordered: 1 means the column is ignored); one per
-    column of :func:`nbattn.app.batch.smoothed_columns`."""
+    """Each width relative to its feature (:func:`nbattn.estimators.summary.scaled_widths`:
+    h / sd, lambda / lambda_max), one per column of
+    :func:`nbattn.app.batch.smoothed_columns`; a constant column's is h itself, a
+    one-category column's 1."""
+    from ..estimators.summary import scaled_widths
+
     widths, keys = _model_widths(model), np.asarray(model.X_fit_)
-    kinds, columns = kinds_of(model, keys.shape[1]), smoothed_columns(model)
-    out = np.empty(len(columns))
-    for k, j in enumerate(columns):
-        if kinds[j] == "c":
-            column = keys[:, j][~np.isnan(keys[:, j])]
-            sd = float(np.std(column, ddof=1)) if column.size > 1 else 0.0
-            out[k] = widths[k] / (sd if sd > 0 else 1.0)
-        else:
-            top = _lambda_max(model, j, kinds[j])
-            out[k] = widths[k] / top if top > 0 else 1.0
-    return out
+    columns = smoothed_columns(model)
+    kinds = "".join(kinds_of(model, keys.shape[1])[j] for j in columns)
+    out = scaled_widths(widths, kinds, _smoothed_counts(model), keys[:, columns])
+    return np.where(np.isnan(out), np.where([k == "c" for k in kinds], widths, 1.0), out)
 
 
 def _model_widths(model):
@@ -705,10 +702,12 @@ def _model_widths(model):
     return np.full(d, widths[0]) if widths.size == 1 and d > 1 else widths
 
 
-def _lambda_max(model, j, kind) -> float:
-    cats = (getattr(model, "categories_", None) or [None] * (j + 1))[j]
-    c = len(cats) if cats else 2
-    return (c - 1) / c if kind == "u" else 1.0
+def _smoothed_counts(model) -> list:
+    """The categories of each column of :func:`nbattn.app.batch.smoothed_columns` (0 for a
+    continuous one)."""
+    d = np.asarray(model.X_fit_).shape[1]
+    counts = n_categories(getattr(model, "categories_", None) or [None] * d)
+    return [counts[j] for j in smoothed_columns(model)]
 
 
 def _plain_log_x(ax):
@@ -776,7 +775,7 @@ def widths_figure(model, features):
                 _continuous_widths(ax, names, widths[panel], ratios[panel])
                 ax.set_title("continuous columns" if cat else f"{name}: widths")
             else:
-                tops = np.array([_lambda_max(model, smoothed[j], kinds[j]) for j in panel])
+                tops = lambda_max("".join(kinds), _smoothed_counts(model))[panel]
                 _categorical_widths(ax, names, widths[panel], tops)
                 ax.set_title("categorical columns" if cont else f"{name}: widths")
         if cont and cat:

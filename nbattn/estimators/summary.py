@@ -51,7 +51,7 @@ import numpy as np
 
 from .prediction import DensityPrediction
 
-__all__ = ["N_EFF_QUERIES", "Summary", "summarize"]
+__all__ = ["N_EFF_QUERIES", "Summary", "scaled_widths", "summarize"]
 
 #: Above this many training rows the effective number of neighbours is taken at this
 #: many rows drawn without replacement by ``numpy.random.default_rng(N_EFF_SEED)``.
@@ -389,13 +389,15 @@ def _n_eff(model, queries, density) -> np.ndarray:
 # ----------------------------------------------------------------------------- the table
 
 
-def _scaled_widths(model, widths, kinds, X) -> np.ndarray:
-    """h / sd per continuous column (sd the sample's, missing values left out), lambda /
-    lambda_max per categorical one; NaN where sd or lambda_max is 0."""
+def scaled_widths(widths, kinds, counts, X) -> np.ndarray:
+    """Each width relative to its column: h / sd for a continuous one (sd the sample's,
+    missing values left out, at any magnitude), lambda / lambda_max for a categorical one
+    (``counts`` its categories; lambda_max = (c - 1)/c unordered, 1 ordered: 1 means the
+    column is smoothed out); NaN where sd or lambda_max is 0. ``X`` (n, len(kinds))."""
     from ..local.problem import lambda_max
     from ..smoothing.regression import feature_spread
 
-    top = lambda_max(kinds, model._n_categories())
+    top = lambda_max(kinds, counts)
     out = np.full(len(kinds), math.nan)
     for position, kind in enumerate(kinds):
         if kind == "c":
@@ -419,7 +421,7 @@ def _table(model):
     names = model._column_names()
     if hasattr(model, "bandwidth_"):
         widths = np.asarray(model.bandwidth_, dtype=np.float64)
-        scaled = _scaled_widths(model, widths, kinds, model.X_fit_)
+        scaled = scaled_widths(widths, kinds, model._n_categories(), model.X_fit_)
     else:  # the full learned metric: no width per column
         widths = scaled = np.full(d, math.nan)
     frame = {
@@ -431,7 +433,8 @@ def _table(model):
     if hasattr(model, "y_bandwidth_"):
         y_kind = model.y_type_
         counts = [0 if model.y_categories_ is None else len(model.y_categories_)]
-        y_scaled = _scaled_width_y(model, y_kind, counts)
+        y_column = np.asarray(model.y_fit_, dtype=np.float64).reshape(-1, 1)
+        y_scaled = scaled_widths([float(model.y_bandwidth_)], y_kind, counts, y_column)[0]
         frame["name"] = ["y", *frame["name"]]
         frame["kind"] = [_KIND_NAMES[y_kind], *frame["kind"]]
         frame["width"] = np.concatenate([[model.y_bandwidth_], widths])
@@ -450,19 +453,6 @@ def _table(model):
         if extra:
             tests = significance.iloc[extra]
     return table, tests
-
-
-def _scaled_width_y(model, kind, counts) -> float:
-    """y's scaled width: h / sd of y, or lambda / lambda_max."""
-    from ..local.problem import lambda_max
-    from ..smoothing.regression import feature_spread
-
-    width = float(model.y_bandwidth_)
-    if kind == "c":
-        sd = float(feature_spread(np.asarray(model.y_fit_)[:, None], name="y")[0])
-        return width / sd if sd > 0.0 else math.nan
-    top = float(lambda_max(kind, counts)[0])
-    return width / top if top > 0.0 else math.nan
 
 
 # ----------------------------------------------------------------------------- the text
