@@ -390,6 +390,15 @@ LOCAL_LOO_STAGE_GROWTH = _env_int("LOCAL_LOO_STAGE_GROWTH", 4, compiled=False)
 #: has 3,792 distinct rows: 14 % of the pairs). Read at call time.
 LOCAL_TIE_MAX_SHARE = _env_int("LOCAL_TIE_MAX_SHARE", 70, compiled=False, maximum=100)
 
+#: The search for nearest-neighbour counts k (``nbattn.local.neighbour_search``): every k
+#: is evaluated where [1, n - 1] holds at most NN_EXHAUSTIVE_COUNTS of them, else grids of
+#: that many counts (log-spaced) narrow the range until one does; a categorical column's l
+#: is searched on two grids of NN_LAMBDA_GRID points; coordinate descent over the columns
+#: stops after NN_MAX_SWEEPS sweeps. Read at call time.
+NN_EXHAUSTIVE_COUNTS = _env_int("NN_EXHAUSTIVE_COUNTS", 64, compiled=False)
+NN_LAMBDA_GRID = _env_int("NN_LAMBDA_GRID", 11, compiled=False)
+NN_MAX_SWEEPS = _env_int("NN_MAX_SWEEPS", 4, compiled=False)
+
 # --- flash: flash attention tiles and scheduling (nbattn.attn, nbattn.kernels.flash) ----------
 
 #: Query rows and keys per tile of the blocked (flash) attention kernels. A
@@ -585,6 +594,9 @@ SECTIONS = {
         "LOCAL_TREE_MAX_SHARE",
         "LOCAL_LOO_STAGE_GROWTH",
         "LOCAL_TIE_MAX_SHARE",
+        "NN_EXHAUSTIVE_COUNTS",
+        "NN_LAMBDA_GRID",
+        "NN_MAX_SWEEPS",
     ),
     "flash": (
         "FLASH_BLOCK_Q",

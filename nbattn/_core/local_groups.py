@@ -6,8 +6,9 @@ arguments, defined once here for both sides (plain data: ``_core`` is the
 floor both ``kernels/`` and ``cuda/`` stand on):
 
 * :class:`LocalData`, the problem's data layout: the queries and the keys
-  (continuous columns scaled by their widths, categorical codes as floats)
-  and the keys' log sample weights;
+  (continuous columns scaled by their widths, categorical codes as floats),
+  the keys' log sample weights, and the stretches of nearest-neighbour widths
+  (a width per query or per key; empty for fixed widths);
 * :class:`LocalModel`, how pairs are weighed and fitted: the continuous
   kernel's code, the categorical columns' score terms (from their widths),
   the degree and the relative ridge of the local fit, and the pair flags
@@ -59,6 +60,13 @@ class LocalData(NamedTuple):
     keys_cat_t: np.ndarray
     #: (n_k,) log sample weight of each key (-inf leaves it out, 0 everywhere: unweighted)
     log_weights: np.ndarray
+    #: (n_q, dc) per query and continuous column, the factor r by which the kernel's argument
+    #: is stretched, K(r d) (generalised nearest-neighbour widths, ``nbattn.local.neighbours``:
+    #: r = h / h(q)); shape (0, 0) where no query is stretched (fixed widths)
+    q_stretch: np.ndarray
+    #: (dc, n_k) the same per key (adaptive nearest-neighbour widths: r = h / h_j); (0, 0)
+    #: where no key is stretched. The design rows keep the unstretched differences d.
+    keys_stretch_t: np.ndarray
 
 
 class LocalModel(NamedTuple):

@@ -18,6 +18,8 @@ from .common import threads_for, to_device
 def device_inputs(data, model):
     """The arrays every launch reads, on the device and in the launched kernels' order:
     (q_cont, keys_cont_t, q_cat, keys_cat_t, cat_params, log_weights)."""
+    if data.q_stretch.shape[0] > 0 or data.keys_stretch_t.shape[1] > 0:
+        raise NotImplementedError("nearest-neighbour widths run on the CPU only so far")
     arrays = (data.q_cont, data.keys_cont_t, data.q_cat, data.keys_cat_t)
     arrays += (model.cat_params, data.log_weights)
     return tuple(

@@ -51,6 +51,7 @@ from .._core.threads import serial_below
 from .._core.validation import check_choice
 from ..dispatch.device import kernels_for
 from ..local.engine import fit_problem
+from ..local.neighbours import query_log_stretch, refuse_stretched
 from ..local.problem import (
     LocalProblem,
     LocalSpec,
@@ -185,6 +186,7 @@ def log_density_of(problem: LocalProblem, fit=None) -> np.ndarray:
     reached = (fit.log_norm > -np.inf) & (log_total > -np.inf)
     with np.errstate(invalid="ignore"):
         value = fit.shift + fit.log_norm - log_total - constant
+        value = value + query_log_stretch(problem.q_stretch)
     return np.where(reached, value, -np.inf)
 
 
@@ -193,6 +195,7 @@ def log_kernel_sums_of(problem: LocalProblem, cont_integrated, cat_integrated) -
     problem's queries (n_q,): :func:`nbattn.kernels.density.log_kernel_sums` (kernels
     without their constants), or its GPU twin on the spec's device."""
     spec = problem.spec
+    refuse_stretched(problem, "distribution functions and quantiles")
     kinds, lambdas, counts = _categorical_columns(spec, problem.widths)
     module = kernels_for("density", spec.device)
     n_q, n_k = problem.q_cont.shape[0], problem.log_weights.shape[0]
@@ -290,8 +293,13 @@ def resolve_density_widths(spec: LocalSpec, keys, bandwidth, sample_weight=None)
     """A rule's widths on the checked keys (:func:`density_rule_widths`), or checked
     widths (one per column, or one number for every column)."""
     if isinstance(bandwidth, str):
+        if spec.nearest_neighbour:
+            raise ValueError(
+                f"bandwidth={bandwidth!r}: with bandwidth_type={spec.bandwidth_type!r} the "
+                "widths are an integer k per continuous column"
+            )
         return density_rule_widths(spec, keys, bandwidth, sample_weight)
-    return check_widths(bandwidth, spec.var_type, spec.counts)
+    return check_widths(bandwidth, spec.var_type, spec.counts, bandwidth_type=spec.bandwidth_type)
 
 
 def _prepare(queries, keys, bandwidth, sample_weight, **options):
@@ -316,6 +324,7 @@ def kernel_density(
     log=False,
     rtol=0.0,
     device="cpu",
+    bandwidth_type="fixed",
 ):
     """The kernel density of ``keys`` (n, d) at ``queries`` (n_q, d) (module docstring).
 
@@ -325,7 +334,9 @@ def kernel_density(
     hold integer codes 0 .. c - 1, ``n_categories`` c per column, else counted from the
     keys); ``kernel`` the continuous kernel; ``sample_weight`` (n,) non-negative key
     weights; ``log`` returns log f (exact where f underflows); ``rtol`` the relative
-    error allowed on every kernel sum (CPU). Returns float64 (n_q,).
+    error allowed on every kernel sum (CPU); ``bandwidth_type`` "fixed" or a
+    nearest-neighbour type, R np's ``bwtype`` (``bandwidth`` then holds an integer k per
+    continuous column: :mod:`nbattn.local.neighbours`; exact, CPU). Returns float64 (n_q,).
     """
     problem = _prepare(
         queries,
@@ -337,6 +348,7 @@ def kernel_density(
         kernel=kernel,
         rtol=rtol,
         device=device,
+        bandwidth_type=bandwidth_type,
     )
     out = log_density_of(problem)
     return out if log else np.exp(out)

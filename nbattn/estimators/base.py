@@ -431,8 +431,25 @@ def _nadaraya_watson_init(
     dtype="float64",
     verbose=0,
 ):
-    """The ``__init__`` of NadarayaWatsonRegressor and NadarayaWatsonClassifier, whose
-    parameters are the same (the regressor's kernels include "average")."""
+    """The ``__init__`` of NadarayaWatsonClassifier."""
+    self._set_params_from(locals())
+
+
+def _nadaraya_watson_regressor_init(
+    self,
+    bandwidth="scott",
+    bandwidth_type="fixed",
+    kernel="gaussian",
+    rtol=0.0,
+    var_type=None,
+    missing="error",
+    handle_unknown="error",
+    device="cpu",
+    dtype="float64",
+    verbose=0,
+):
+    """The ``__init__`` of NadarayaWatsonRegressor: the classifier's parameters and
+    ``bandwidth_type`` (its kernels include "average" too)."""
     self._set_params_from(locals())
 
 

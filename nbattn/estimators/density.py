@@ -84,6 +84,7 @@ class KernelDensity(DensityPrediction, SpecEstimator):
     def __init__(
         self,
         bandwidth="normal_reference",
+        bandwidth_type="fixed",
         kernel="gaussian",
         rtol=0.0,
         var_type=None,

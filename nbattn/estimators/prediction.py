@@ -63,6 +63,10 @@ class ModelSettings:
 
     # ---- how the model reads its columns
 
+    def _bandwidth_type(self) -> str:
+        """ "fixed", or a nearest-neighbour type (``bandwidth_`` then holds counts k)."""
+        return self._param("bandwidth_type", "fixed")
+
     def _kinds(self) -> str:
         """The fitted column kinds ("c" for every column of a model from an older file)."""
         kinds = self._fitted("var_type_")
@@ -148,7 +152,7 @@ class PoolingPrediction(ModelSettings):
         All-continuous data with the Gaussian kernel and no missing values
         stays on the streaming Nadaraya-Watson kernels (CPU and GPU).
         """
-        if self._is_local_polynomial():
+        if self._is_local_polynomial() or self._bandwidth_type() != "fixed":
             return True
         return self._encodes() or self._kernel() != "gaussian"
 
@@ -189,6 +193,7 @@ class PoolingPrediction(ModelSettings):
             missing=bool(missing),
             device=self._device(),
             rtol=self._rtol(),
+            bandwidth_type=self._bandwidth_type(),
         )
 
     def _local_problem(self, spec, X, values, degree):
@@ -583,6 +588,7 @@ class DensityPrediction(ModelSettings):
             kernel=self._param("kernel"),
             device=self._device() if device is None else device,
             rtol=self._rtol(),
+            bandwidth_type=self._bandwidth_type(),
         )
 
     # ---- missing values

@@ -23,7 +23,7 @@ from sklearn.base import RegressorMixin
 from .._core.validation import as_float_array
 from ..local.bands import BandOptions
 from ..smoothing import learned_metric
-from .base import _nadaraya_watson_init, _PoolingEstimator
+from .base import _nadaraya_watson_regressor_init, _PoolingEstimator
 from .significance import SignificanceTests
 from .widths import engine_loo_loss, engine_loo_widths, fit_widths
 
@@ -252,7 +252,7 @@ class NadarayaWatsonRegressor(_PoolingRegressor):
     y_fit_ : ndarray (n_samples, n_outputs), a float64 copy of the targets (values)
     """
 
-    __init__ = _nadaraya_watson_init
+    __init__ = _nadaraya_watson_regressor_init
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -523,6 +523,7 @@ class LocalPolynomialRegressor(_PoolingRegressor):
         self,
         degree=1,
         bandwidth="loo",
+        bandwidth_type="fixed",
         kernel="gaussian",
         rtol=0.0,
         loo_subsample=None,

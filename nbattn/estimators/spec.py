@@ -50,6 +50,7 @@ import numpy as np
 
 from .._core.columns import CONTINUOUS_KERNELS
 from .._core.numeric import MIN_SUBSAMPLE_ROWS
+from ..local.neighbours import BANDWIDTH_TYPES
 
 __all__ = [
     "BANDWIDTH_NAMES",
@@ -273,6 +274,9 @@ def _kernel(*more: str) -> Param:
     return Param("kernel", "gaussian", (Options(*CONTINUOUS_KERNELS, *more),))
 
 
+#: fixed widths, or R np's nearest-neighbour counts k (:mod:`nbattn.local.neighbours`)
+_BANDWIDTH_TYPE = Param("bandwidth_type", "fixed", (Options(*BANDWIDTH_TYPES),))
+
 #: the relative error allowed on every kernel sum (0: exact; the pruned CPU paths)
 _RTOL = Param("rtol", 0.0, (RealRange(0.0, below=1.0),))
 
@@ -298,6 +302,7 @@ POOLING_SPECS = {
             "NadarayaWatsonRegressor",
             (
                 _bandwidth("scott", REGRESSOR_BANDWIDTH_NAMES),
+                _BANDWIDTH_TYPE,
                 _kernel("average"),
                 _RTOL,
                 *_TABLE,
@@ -323,6 +328,7 @@ POOLING_SPECS = {
             (
                 Param("degree", 1, (IntRange(0, 2),)),
                 _bandwidth("loo", REGRESSOR_BANDWIDTH_NAMES),
+                _BANDWIDTH_TYPE,
                 _kernel(),
                 _RTOL,
                 Param("loo_subsample", None, (IntRange(MIN_SUBSAMPLE_ROWS),), none=True),
@@ -376,7 +382,10 @@ _DENSITY_REST = (_kernel(), _RTOL, _VAR_TYPE, _MISSING, _DEVICE, _VERBOSE)
 DENSITY_SPECS = {
     spec.name: spec
     for spec in (
-        EstimatorSpec("KernelDensity", (_density_bandwidth("normal_reference"), *_DENSITY_REST)),
+        EstimatorSpec(
+            "KernelDensity",
+            (_density_bandwidth("normal_reference"), _BANDWIDTH_TYPE, *_DENSITY_REST),
+        ),
         EstimatorSpec(
             "ConditionalKernelDensity",
             (_density_bandwidth("normal_reference"), _Y_BANDWIDTH, *_DENSITY_REST),

@@ -58,6 +58,7 @@ __all__ = [
     "engine_loo_widths",
     "fit_class_widths",
     "fit_widths",
+    "neighbour_widths",
     "weighted_default_widths",
     "weighted_loo_scale",
     "weighted_rule_bandwidth",
@@ -78,6 +79,8 @@ def fit_widths(model, bandwidth, X, Y, sample_weight=None, degree=0) -> np.ndarr
     sample_weight : ndarray (n,) of positive weights, or None
     degree : int, the local polynomial's degree (the engine's LOO fit)
     """
+    if model._bandwidth_type() != "fixed":
+        return neighbour_widths(model, bandwidth, X, Y, sample_weight, degree)
     if isinstance(bandwidth, str) and bandwidth == "aicc":
         return engine_aicc_widths(model, X, Y, sample_weight, degree)
     if _is_loo(bandwidth, X):
@@ -106,6 +109,36 @@ def fit_widths(model, bandwidth, X, Y, sample_weight=None, degree=0) -> np.ndarr
         widths[spec.continuous] = check_bandwidth(bandwidth, 1)[0]
         return widths
     return check_widths(bandwidth, spec.var_type, spec.counts)
+
+
+def neighbour_widths(model, bandwidth, X, Y, sample_weight=None, degree=0) -> np.ndarray:
+    """A nearest-neighbour model's widths (:mod:`nbattn.local.neighbours`): "loo" searches
+    the counts k and the categorical l by the engine's leave-one-out MSE
+    (:func:`nbattn.local.neighbour_search.neighbour_loo_widths`); a number is one k for
+    every continuous column (the categorical columns at their rule's l); an array holds k
+    per continuous column and l per categorical one. The other names (rules, "loo_scale",
+    "aicc") measure fixed widths: refused."""
+    from ..local.neighbour_search import neighbour_loo_widths
+    from ..local.neighbours import check_neighbour_counts
+    from ..local.problem import check_widths, rule_lambdas
+
+    spec = model._local_spec()
+    kind = spec.bandwidth_type
+    if isinstance(bandwidth, str):
+        if bandwidth != "loo":
+            raise ValueError(
+                f"bandwidth={bandwidth!r} chooses fixed widths; with bandwidth_type={kind!r} "
+                'bandwidth is "loo" (the counts k by leave-one-out), an integer k, or an '
+                "array (k per continuous column, l per categorical one)"
+            )
+        return neighbour_loo_widths(spec, X, Y, degree, sample_weight)[0]
+    if isinstance(bandwidth, Real):
+        widths = rule_lambdas(spec.var_type, spec.counts, X.shape[0])
+        widths[spec.continuous] = check_neighbour_counts([bandwidth], X.shape[0])[0]
+    else:
+        widths = check_widths(bandwidth, spec.var_type, spec.counts, bandwidth_type=kind)
+    check_neighbour_counts(widths[spec.continuous], X.shape[0])
+    return widths
 
 
 def _is_loo(bandwidth, X) -> bool:

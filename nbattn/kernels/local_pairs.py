@@ -5,7 +5,8 @@ are in ``nbattn.kernels.local``'s docstring),
 
     s_j = log w_j + sum_c log K(d_jc) + sum_k (a_k if equal else b_k + t_k |q_k - k_jk|),
 
-with d_jc = k_jc - q_ic (the columns are already divided by their widths), and
+with d_jc = k_jc - q_ic (the columns are already divided by their widths; under
+nearest-neighbour widths log K(r d_jc), r the query's or the key's stretch), and
 the local design x_j = (1, d_j, [d_jc d_jc' for c <= c']). :func:`block_scores`
 computes both for one block of keys (vectorised loops over the keys, one
 column at a time); :func:`nearest_key` is the fallback of a query that no key
@@ -74,6 +75,46 @@ def log_kernel(d, kernel):
     return 3.0 * math.log(inside) if inside > 0.0 else -math.inf
 
 
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def stretched_terms(i, j0, nb, data, kernel, missing, scores, design):
+    """The continuous columns' terms of :func:`block_scores` under nearest-neighbour
+    widths: log K(r d_jc), r the query's stretch ``q_stretch[i, c]`` or the key's
+    ``keys_stretch_t[c, j]`` (``LocalData``), added to ``scores``; the unstretched
+    differences d_jc go to the design rows (always written)."""
+    q_cont, keys_cont_t = data.q_cont, data.keys_cont_t
+    per_query = data.q_stretch.shape[0] > 0
+    per_key = data.keys_stretch_t.shape[1] > 0
+    gaussian = kernel == GAUSSIAN
+    prod = design[0]
+    for j in range(nb):
+        prod[j] = 1.0
+    for c in range(keys_cont_t.shape[0]):
+        qc = q_cont[i, c]
+        kc = keys_cont_t[c, j0 : j0 + nb]
+        # the keys' stretches, or any row of the same type where they are not stretched
+        rk = data.keys_stretch_t[c, j0 : j0 + nb] if per_key else kc
+        rq = data.q_stretch[i, c] if per_query else 1.0
+        row = design[1 + c]
+        for j in range(nb):
+            d = kc[j] - qc
+            if missing and d != d:
+                d = 0.0
+            row[j] = d
+            u = d * rk[j] if per_key else d * rq
+            if gaussian:
+                scores[j] -= 0.5 * u * u
+            elif kernel == EPANECHNIKOV:
+                f = 1.0 - u * u
+                prod[j] *= f if f > 0.0 else 0.0
+            else:
+                a = abs(u)
+                f = 1.0 - a * a * a
+                prod[j] *= f * f * f if f > 0.0 else 0.0
+    if not gaussian and keys_cont_t.shape[0] > 0:
+        for j in range(nb):
+            scores[j] += np.log(prod[j]) if prod[j] > 0.0 else -np.inf
+
+
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def block_scores(i, j0, nb, data, model, weighted, store_design, scores, design):
     """Scores of keys j0 .. j0+nb-1 for query i into ``scores``, the scaled differences
@@ -99,7 +140,9 @@ def block_scores(i, j0, nb, data, model, weighted, store_design, scores, design)
     else:
         for j in range(nb):
             scores[j] = 0.0
-    if kernel == GAUSSIAN:
+    if data.q_stretch.shape[0] > 0 or data.keys_stretch_t.shape[1] > 0:
+        stretched_terms(i, j0, nb, data, kernel, missing, scores, design)
+    elif kernel == GAUSSIAN:
         for c in range(dc):
             qc = q_cont[i, c]
             kc = keys_cont_t[c, j0 : j0 + nb]

@@ -19,7 +19,8 @@ A query that no key reaches falls back to its nearest key's value, the first on 
 queries are fitted again against every key. Only the fit and its slopes are pooled:
 the leave-one-out passes (``exclude_self``; see
 ``nbattn.local.ties``), the intervals (sums of squared weights, which merging keys
-changes) and tables with missing values take every row.
+changes), tables with missing values and nearest-neighbour widths (a key's weight
+depends on its own width too) take every row.
 """
 
 from __future__ import annotations
@@ -111,7 +112,7 @@ class Distinct(NamedTuple):
 def distinct_problem(problem: LocalProblem) -> Distinct:
     """``problem`` with tied keys merged and tied queries asked once (:class:`Distinct`);
     unchanged where the module docstring says every row is taken."""
-    if problem.exclude_self or problem.spec.missing:
+    if problem.exclude_self or problem.spec.missing or problem.stretched:
         return Distinct(problem, False, None, None)
     pooled = _pooled_keys(problem)
     keys_pooled = pooled is not problem
@@ -124,8 +125,10 @@ def distinct_problem(problem: LocalProblem) -> Distinct:
 
 def queries_of(problem: LocalProblem, rows) -> LocalProblem:
     """``problem`` at its queries ``rows`` only (keys unchanged)."""
+    q_stretch = problem.q_stretch
     return dataclasses.replace(
         problem,
         q_cont=np.ascontiguousarray(problem.q_cont[rows]),
         q_cat=np.ascontiguousarray(problem.q_cat[rows]),
+        q_stretch=np.ascontiguousarray(q_stretch[rows]) if q_stretch.shape[0] else q_stretch,
     )

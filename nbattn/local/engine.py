@@ -67,6 +67,7 @@ from .._core.validation import (
 from ..dispatch.device import kernels_for
 from .distinct import distinct_problem, queries_of
 from .leaves import TreeLayout, exact_leaves, tree_layout
+from .neighbours import refuse_stretched
 from .problem import (
     DEFAULT_RIDGE,
     KERNELS,
@@ -152,6 +153,8 @@ def fit_values(problem: LocalProblem, return_gradient=False):
     values' rows (n_queries,) or (n_queries, n_outputs); with ``return_gradient``
     also the marginal effects (:func:`marginal_effects`). Tied keys are merged and
     tied queries fitted once (:mod:`nbattn.local.distinct`)."""
+    if return_gradient and problem.degree == 0:
+        refuse_stretched(problem, "the local constant's marginal effects")
     distinct = distinct_problem(problem)
     beta, _, _, _, nearest, mfx = fit_problem(distinct.problem, want_mfx=return_gradient)
     fell_back = np.flatnonzero(nearest >= 0)
@@ -193,6 +196,7 @@ def local_polynomial(
     device="cpu",
     dtype=None,
     rtol=0.0,
+    bandwidth_type="fixed",
 ):
     """Local-polynomial regression (degree 0: Nadaraya-Watson, 1: local-linear, 2: quadratic).
 
@@ -254,6 +258,12 @@ def local_polynomial(
         term under any perturbation, and the truncated solve jumps). Below
         ``config.LOCAL_TREE_MIN_KEYS`` keys, or with missing values, the exact
         path runs.
+    bandwidth_type : "fixed", "generalized_nn" or "adaptive_nn"
+        R np's ``bwtype``: with a nearest-neighbour type ``bandwidth`` holds an integer k
+        per continuous column (l per categorical one), and each query (generalised) or
+        each key (adaptive) takes the distance to its k-th nearest training value in that
+        column as its width (:mod:`nbattn.local.neighbours`). Exact (``rtol`` 0), on the
+        CPU; ``return_gradient`` at degree 0 is not available with them.
 
     Returns
     -------
@@ -492,6 +502,7 @@ def local_loo_loss(
     ridge=None,
     device="cpu",
     rtol=0.0,
+    bandwidth_type="fixed",
 ):
     """The leave-one-out mean squared error of the local fit at the training points.
 
@@ -500,7 +511,8 @@ def local_loo_loss(
     (statsmodels ``KernelReg.cv_loo`` when unweighted and with one output), where
     fit_{-i} leaves row i out of the keys; ``sample_weight`` weighs both the
     keys of every fit and the terms of the sum. ``rtol``: as in
-    :func:`local_polynomial`, for every leave-one-out fit.
+    :func:`local_polynomial`, for every leave-one-out fit; ``bandwidth_type`` as there
+    (a training row's generalised width is the distance to its k-th nearest *other* value).
     """
     problem = prepare(
         X,

@@ -12,6 +12,7 @@ are the engine's module docstring.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from .._core.validation import (
     check_rtol,
     scaled_columns,
 )
+from .neighbours import BANDWIDTH_TYPES, check_neighbour_counts, neighbour_widths
 
 __all__ = [
     "DEFAULT_RIDGE",
@@ -62,7 +64,16 @@ DEFAULT_RIDGE = config.LOCAL_RIDGE
 
 # --------------------------------------------------------------------------- the options
 #: The keywords of the public local functions that make their :class:`LocalSpec`.
-SPEC_OPTIONS = ("var_type", "n_categories", "kernel", "missing", "ridge", "device", "rtol")
+SPEC_OPTIONS = (
+    "var_type",
+    "n_categories",
+    "kernel",
+    "missing",
+    "ridge",
+    "device",
+    "rtol",
+    "bandwidth_type",
+)
 
 
 def spec_options(arguments: dict) -> dict:
@@ -79,7 +90,9 @@ class LocalSpec:
     categories per column (0 for 'c'); ``kernel`` a name of ``KERNELS``;
     ``missing`` whether NaN entries are marginalised; ``ridge`` the relative
     ridge of the local solve; ``device`` "cpu", "cuda" or "auto"; ``rtol`` the
-    relative error allowed on every kernel sum (0: exact; ``nbattn.local.leaves``).
+    relative error allowed on every kernel sum (0: exact; ``nbattn.local.leaves``);
+    ``bandwidth_type`` "fixed" (a width h per continuous column) or a nearest-neighbour
+    type (an integer k per continuous column: :mod:`nbattn.local.neighbours`).
     """
 
     var_type: str
@@ -89,6 +102,12 @@ class LocalSpec:
     ridge: float = DEFAULT_RIDGE
     device: str = "cpu"
     rtol: float = 0.0
+    bandwidth_type: str = "fixed"
+
+    @property
+    def nearest_neighbour(self) -> bool:
+        """Whether the continuous columns' widths are nearest-neighbour counts k."""
+        return self.bandwidth_type != "fixed"
 
     @property
     def continuous(self) -> np.ndarray:
@@ -111,6 +130,7 @@ def check_spec(
     ridge=None,
     device="cpu",
     rtol=0.0,
+    bandwidth_type="fixed",
     data=(),
 ) -> LocalSpec:
     """The options checked into a :class:`LocalSpec`; ``data`` (checked (n, d) arrays)
@@ -123,6 +143,7 @@ def check_spec(
         device = "cpu"
     var_type = check_var_type(var_type, n_columns)
     counts = check_n_categories(n_categories, var_type, *data)
+    bandwidth_type = check_bandwidth_type(bandwidth_type, rtol=rtol, missing=marginalize)
     return LocalSpec(
         var_type=var_type,
         n_categories=tuple(int(c) for c in counts),
@@ -131,7 +152,27 @@ def check_spec(
         ridge=DEFAULT_RIDGE if ridge is None else _check_ridge(ridge),
         device=device,
         rtol=rtol,
+        bandwidth_type=bandwidth_type,
     )
+
+
+def check_bandwidth_type(bandwidth_type, *, rtol=0.0, missing=False) -> str:
+    """``bandwidth_type`` checked (:data:`nbattn.local.neighbours.BANDWIDTH_TYPES`); a
+    nearest-neighbour type is exact (``rtol`` 0: the pruned passes bound a leaf by one
+    width per column) and needs complete continuous columns (``missing="error"``)."""
+    bandwidth_type = check_choice(bandwidth_type, "bandwidth_type", BANDWIDTH_TYPES)
+    if bandwidth_type != "fixed":
+        if rtol > 0.0:
+            raise ValueError(
+                f"bandwidth_type={bandwidth_type!r} is exact: rtol must be 0 (the pruned "
+                "passes bound a leaf of keys by one width per column), got rtol={rtol!r}"
+            )
+        if missing:
+            raise ValueError(
+                f"bandwidth_type={bandwidth_type!r} needs complete continuous columns: "
+                'missing="marginalize" is not available with nearest-neighbour widths'
+            )
+    return bandwidth_type
 
 
 def check_columns(named: dict, **options):
@@ -256,8 +297,12 @@ def lambda_max(var_type: str, n_categories) -> np.ndarray:
     return out
 
 
-def check_widths(bandwidth, var_type, n_categories, name="bandwidth") -> np.ndarray:
-    """Per-column widths (d,) float64: h > 0 (normal) for 'c'; for a categorical column l in
+def check_widths(
+    bandwidth, var_type, n_categories, name="bandwidth", bandwidth_type="fixed"
+) -> np.ndarray:
+    """Per-column widths (d,) float64: h > 0 (normal) for 'c' (with a nearest-neighbour
+    ``bandwidth_type``, an integer k >= 1 instead: its upper end, n - 1, is checked by the
+    layout, which knows n); for a categorical column l in
     [0, (c-1)/c] for 'u' (the end is the uniform kernel: the column ignored) and l in [0, 1)
     for 'o' (at l = 1 the Wang-van Ryzin kernel is 0 for every pair: no weight is left, and
     the fit would fall back to its nearest neighbours)."""
@@ -271,8 +316,10 @@ def check_widths(bandwidth, var_type, n_categories, name="bandwidth") -> np.ndar
         arr = np.full(d, arr[0])
     if arr.size != d:
         raise ValueError(f"{name} has {arr.size} entries but the data has {d} columns")
-    cont = np.array([k == "c" for k in var_type])
-    if cont.any():
+    cont = np.array([k == "c" for k in var_type], dtype=bool)
+    if cont.any() and bandwidth_type != "fixed":
+        arr[cont] = check_neighbour_counts(arr[cont], math.inf, name)
+    elif cont.any():
         arr[cont] = check_bandwidth(arr[cont], int(cont.sum()), name)
     top = lambda_max(var_type, n_categories)
     for position, kind in enumerate(var_type):
@@ -359,6 +406,10 @@ def rule_lambdas(var_type: str, n_categories, n, rule="scott") -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- layout
+def _no_stretch():
+    return np.zeros((0, 0))
+
+
 @dataclass
 class LocalProblem:
     """Checked inputs laid out for ``nbattn.kernels.local`` (see its docstring): the
@@ -382,13 +433,35 @@ class LocalProblem:
     values_1d: bool
     #: the centre subtracted from each continuous column before the division by h
     centre: np.ndarray | None = None
+    #: nearest-neighbour widths (:mod:`nbattn.local.neighbours`): (n_q, dc) the queries'
+    #: stretches h / h(x) (generalised), else (0, 0)
+    q_stretch: np.ndarray = dataclasses.field(default_factory=_no_stretch)
+    #: (dc, n_k) the keys' stretches h / h_j (adaptive), else (0, 0)
+    keys_stretch_t: np.ndarray = dataclasses.field(default_factory=_no_stretch)
+
+    @property
+    def stretched(self) -> bool:
+        """Whether the problem has nearest-neighbour widths (a stretch per query or key)."""
+        return self.q_stretch.shape[0] > 0 or self.keys_stretch_t.shape[1] > 0
 
     def kernel_groups(self, **model_changes):
         """The local kernels' argument groups for this problem, ``(LocalData,
         LocalModel)`` (``nbattn._core.local_groups``, the same on CPU and GPU);
-        ``model_changes`` replace fields of the model (``degree``, ``exclude_self``)."""
+        ``model_changes`` replace fields of the model (``degree``, ``exclude_self``).
+        Adaptive widths' 1 / h_j enters each key's log weight as log(h / h_j)."""
+        log_weights = self.log_weights
+        if self.keys_stretch_t.shape[1] > 0:
+            log_weights = np.ascontiguousarray(
+                log_weights + np.log(self.keys_stretch_t).sum(axis=0)
+            )
         data = LocalData(
-            self.q_cont, self.keys_cont_t, self.q_cat, self.keys_cat_t, self.log_weights
+            self.q_cont,
+            self.keys_cont_t,
+            self.q_cat,
+            self.keys_cat_t,
+            log_weights,
+            self.q_stretch,
+            self.keys_stretch_t,
         )
         model = LocalModel(
             cat_params=self.cat_params,
@@ -455,6 +528,12 @@ def layout(
     cont = spec.continuous
     h = widths[cont]
     kc, qc = keys[:, cont], queries[:, cont]
+    stretches = {}
+    if spec.nearest_neighbour and cont.any():
+        h, q_stretch, keys_stretch_t = neighbour_widths(
+            spec.bandwidth_type, h, kc, qc, bool(exclude_self)
+        )
+        stretches = {"q_stretch": q_stretch, "keys_stretch_t": keys_stretch_t}
     if not cont.any():
         centre = np.zeros(0)
     elif spec.missing and np.isnan(kc).any():
@@ -486,6 +565,7 @@ def layout(
         widths=widths,
         values_1d=values_1d,
         centre=centre,
+        **stretches,
     )
 
 
@@ -526,8 +606,13 @@ def prepare(
 def resolve_widths(spec: LocalSpec, keys, bandwidth) -> np.ndarray:
     """A rule name's widths on the checked keys (:func:`rule_widths`), or checked widths."""
     if isinstance(bandwidth, str):
+        if spec.nearest_neighbour:
+            raise ValueError(
+                f"bandwidth={bandwidth!r}: with bandwidth_type={spec.bandwidth_type!r} the "
+                "widths are an integer k per continuous column (or a search of the caller's)"
+            )
         return rule_widths(spec, keys, bandwidth)
-    return check_widths(bandwidth, spec.var_type, spec.counts)
+    return check_widths(bandwidth, spec.var_type, spec.counts, bandwidth_type=spec.bandwidth_type)
 
 
 def check_sample_weight(sample_weight, n_keys):

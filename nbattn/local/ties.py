@@ -31,7 +31,7 @@ criterion then differs from the plain pass's by up to 1e-6 relative, as both dif
 from the dense solve.
 
 :func:`tie_groups` says whether a training problem takes this path: the CPU, no
-sample weights, no missing values, and distinct rows at most
+sample weights, no missing values, fixed widths, and distinct rows at most
 ``config.LOCAL_TIE_MAX_SHARE`` percent of all rows. The groups' problem is laid out by
 ``leaves.tree_layout`` as any other: with rtol > 0 in k-d order with pruned leaves,
 the bound holding for the sums over the other groups (the rest of a row's group only
@@ -105,6 +105,7 @@ def tie_groups(problem: LocalProblem) -> TieGroups | None:
         or not on_cpu
         or spec.missing
         or problem.sample_weight is not None
+        or problem.stretched
         or n < 2
     ):
         return None
