@@ -63,7 +63,7 @@ _SEED_LIMIT = 2**32  # the seeds numpy's and scikit-learn's splitters accept
 
 def make_estimator(model="nw", *, verbose=False, **options):
     """The estimator that ``nbattn fit`` builds: ``options`` are bandwidth, metric,
-    max_iter, kernel, degree, rtol, loo_subsample, var_type, missing, quantile,
+    max_iter, kernel, degree, rtol, bandwidth_type, loo_subsample, var_type, missing, quantile,
     y_bandwidth and linear_columns (None: the estimator's default), refused where they do
     not apply (an option the model does not take, or a name its parameter does not allow)."""
     from .. import estimators
@@ -168,6 +168,7 @@ def _model_options(args, bandwidth=None) -> dict:
         "kernel": args.kernel,
         "degree": args.degree,
         "rtol": args.rtol,
+        "bandwidth_type": args.bandwidth_type,
         "loo_subsample": args.loo_subsample,
         "missing": "marginalize" if args.on_nan == "marginalize" else None,
         "handle_unknown": args.handle_unknown,
@@ -518,6 +519,12 @@ def _add_model_options(p, models=tuple(MODELS)) -> None:
         "--kernel",
         choices=_options("nw", "kernel"),
         help="kernel of the continuous columns (default gaussian; average: --model nw)",
+    )
+    p.add_argument(
+        "--bandwidth-type",
+        choices=_options("lp", "bandwidth_type"),
+        help="--model nw, lp, kde: fixed widths (default), or R np's nearest-neighbour widths "
+        "(--bandwidth then loo / cv_ml or an integer k per continuous feature)",
     )
     p.add_argument(
         "--degree",

@@ -689,6 +689,8 @@ def relative_widths(model):
     one-category column's 1."""
     from ..estimators.summary import scaled_widths
 
+    if (kind := model._bandwidth_type()) != "fixed":
+        raise ValueError(f"the widths figure draws fixed widths, not bandwidth_type={kind!r}")
     widths, keys = _model_widths(model), np.asarray(model.X_fit_)
     columns = smoothed_columns(model)
     kinds = "".join(kinds_of(model, keys.shape[1])[j] for j in columns)

@@ -43,12 +43,16 @@ import numpy as np
 from .. import config
 from .._core.numeric import power_of_two_scale
 from .._core.progress import FitProgress
+from ..local.engine import loo_term_weights
+from ..local.neighbour_search import search_neighbour_widths
 from ..local.problem import (
     LocalProblem,
     LocalSpec,
     categorical_terms,
     check_columns,
     check_sample_weight,
+    lambda_max,
+    rule_lambdas,
 )
 from ..local.search import SMOOTH_POLICY, search_widths, theta_to_widths, widths_to_theta
 from ..local.widths import LooCriterion, categorical_derivatives
@@ -64,7 +68,13 @@ from .density import (
     score_means,
 )
 
-__all__ = ["LikelihoodCriterion", "cv_ml_widths", "loo_log_likelihood", "warn_at_the_floor"]
+__all__ = [
+    "LikelihoodCriterion",
+    "cv_ml_widths",
+    "loo_log_likelihood",
+    "neighbour_cv_ml_widths",
+    "warn_at_the_floor",
+]
 
 
 class LikelihoodCriterion(LooCriterion):
@@ -237,6 +247,31 @@ def cv_ml_widths(
     widths = theta_to_widths(theta, spec.var_type, spec.n_categories)
     warn_at_the_floor(spec, start, widths, n_response=n_response)
     return widths
+
+
+def neighbour_cv_ml_widths(spec: LocalSpec, X, sample_weight=None) -> np.ndarray:
+    """The nearest-neighbour widths (d,) of least CV (module docstring) on checked data X
+    (n, d): counts k per continuous column, l per categorical one, by
+    :func:`nbattn.local.neighbour_search.search_neighbour_widths` (every k evaluated where
+    n - 1 holds few of them, else narrowing grids; never a k worse than those the grids
+    held), the criterion computed by the engine at each candidate."""
+    n = X.shape[0]
+    if n < 2:
+        raise ValueError(
+            f"bandwidth='cv_ml' leaves each row out: it needs at least 2 rows (n_samples = {n})"
+        )
+    terms = loo_term_weights(sample_weight, n)
+    keep = terms > 0.0
+
+    def criterion(widths):
+        logs = log_density_of(_loo_problem(spec, X, widths, sample_weight))
+        if not np.all(logs[keep] > -np.inf):
+            return math.inf
+        return -float(terms[keep] @ logs[keep])
+
+    start = rule_lambdas(spec.var_type, spec.counts, n)
+    top = lambda_max(spec.var_type, spec.counts)
+    return search_neighbour_widths(criterion, spec.var_type, start, top, n - 1)[0]
 
 
 def _at_the_floor(spec: LocalSpec, start, theta) -> bool:

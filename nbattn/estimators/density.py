@@ -50,6 +50,15 @@ class KernelDensity(DensityPrediction, SpecEstimator):
         the rule's; Gaussian and Epanechnikov kernels), one number for every column
         or an array in column order (h for continuous columns, l in [0, (c-1)/c] for
         unordered and [0, 1) for ordered ones).
+    bandwidth_type : {"fixed", "generalized_nn", "adaptive_nn"}
+        R np's ``bwtype``. With a nearest-neighbour type ``bandwidth`` is ``"cv_ml"`` (the
+        counts of greatest leave-one-out likelihood), one integer k for every continuous
+        column, or an array (k per continuous column, l per categorical one): at a query x
+        a continuous column's width is the distance from x to its k-th nearest training
+        value (generalised), or each training row carries the distance to its k-th nearest
+        other value and weighs K((x - x_i) / h_i) / h_i (adaptive)
+        (:mod:`nbattn.local.neighbours`). Exact (``rtol`` 0), CPU and GPU; ``pdf`` and
+        ``score_samples`` only (not ``cdf`` nor ``sample``).
     kernel : {"gaussian", "epanechnikov", "tricube"}
         The continuous kernel (compact ones with h the half-width of the support).
     rtol : float in [0, 1)
@@ -106,7 +115,9 @@ class KernelDensity(DensityPrediction, SpecEstimator):
         X, _, sample_weight = self._validate_training_X(X, None, sample_weight, unsupervised=True)
         self._refuse_incomplete_rows(X)
         spec = self._local_spec()
-        if isinstance(self.bandwidth, str) and self.bandwidth == "cv_ml":
+        if spec.nearest_neighbour:
+            widths = _neighbour_widths(spec, X, self.bandwidth, sample_weight)
+        elif isinstance(self.bandwidth, str) and self.bandwidth == "cv_ml":
             widths = cv_ml_widths(spec, X, sample_weight, verbose=self.verbose)
         elif isinstance(self.bandwidth, str) and self.bandwidth == "cv_ls":
             widths = cv_ls_widths(spec, X, sample_weight, verbose=self.verbose)
@@ -150,6 +161,11 @@ class KernelDensity(DensityPrediction, SpecEstimator):
         if n_samples < 1:
             raise ValueError(f"n_samples must be an int >= 1, got {n_samples!r}")
         spec = self._local_spec("cpu")
+        if spec.nearest_neighbour:
+            raise NotImplementedError(
+                "sample() draws from fixed widths; this density has nearest-neighbour "
+                f"widths (bandwidth_type={spec.bandwidth_type!r})"
+            )
         rows = sample_rows(
             spec,
             self.X_fit_,
@@ -159,3 +175,33 @@ class KernelDensity(DensityPrediction, SpecEstimator):
             generator(random_state),
         )
         return decoded_rows(self, rows)
+
+
+def _neighbour_widths(spec, X, bandwidth, sample_weight):
+    """A nearest-neighbour density's widths: "cv_ml" searches the counts k (and the
+    categorical l) by the leave-one-out likelihood
+    (:func:`nbattn.distribution.density_widths.neighbour_cv_ml_widths`); a number is one k
+    for every continuous column (categorical columns at the rule's l); an array holds k
+    per continuous column and l per categorical one. The rules and "cv_ls" measure fixed
+    widths: refused."""
+    from ..distribution.density_widths import neighbour_cv_ml_widths
+    from ..local.neighbours import check_neighbour_counts
+    from ..local.problem import check_widths, rule_lambdas
+
+    if isinstance(bandwidth, str):
+        if bandwidth != "cv_ml":
+            raise ValueError(
+                f"bandwidth={bandwidth!r} chooses fixed widths; with bandwidth_type="
+                f'{spec.bandwidth_type!r} bandwidth is "cv_ml" (the counts k by '
+                "leave-one-out likelihood), an integer k, or an array"
+            )
+        return neighbour_cv_ml_widths(spec, X, sample_weight)
+    if isinstance(bandwidth, (int, float, np.integer, np.floating)):
+        widths = rule_lambdas(spec.var_type, spec.counts, X.shape[0])
+        widths[spec.continuous] = bandwidth
+    else:
+        widths = check_widths(
+            bandwidth, spec.var_type, spec.counts, bandwidth_type=spec.bandwidth_type
+        )
+    check_neighbour_counts(widths[spec.continuous], X.shape[0])
+    return widths

@@ -183,6 +183,16 @@ class NadarayaWatsonRegressor(_PoolingRegressor):
         (:func:`nbattn.local.widths.local_loo_widths`, as R np's
         ``npregbw(bwmethod="cv.ls")``); "loo_scale" scales Scott's widths by the one
         factor that minimises it (:func:`nbattn.smoothing.width_search.loo_bandwidth`).
+    bandwidth_type : "fixed", "generalized_nn" or "adaptive_nn"
+        R np's ``bwtype``. With a nearest-neighbour type ``bandwidth`` is ``"loo"`` (the
+        counts k, and l per categorical column, of least leave-one-out MSE: every k
+        evaluated where n - 1 holds at most ``config.NN_EXHAUSTIVE_COUNTS`` of them, else
+        narrowing grids), one integer k for every continuous column, or an array (k per
+        continuous column, l per categorical one). Generalised: at a query x a continuous
+        column's width is the distance from x to its k-th nearest training value;
+        adaptive: training row i carries the distance from x_i to its k-th nearest other
+        value, h_i, and weighs K((x - x_i) / h_i) / h_i (:mod:`nbattn.local.neighbours`).
+        Exact (``rtol`` 0), complete continuous columns; not with "aicc" or a rule.
     kernel : "gaussian", "epanechnikov", "tricube" or "average"
         The kernel of the continuous columns. "average" is average pooling
         (the walk-through, section 1.3.1): every training target gets the same
@@ -485,6 +495,16 @@ class LocalPolynomialRegressor(_PoolingRegressor):
         continuous columns its widths and the categorical ones the engine's
         default lambda (:func:`nbattn.local.engine.default_widths`); one number is h
         for every continuous column; an array gives h or lambda per column.
+    bandwidth_type : "fixed", "generalized_nn" or "adaptive_nn"
+        R np's ``bwtype``. With a nearest-neighbour type ``bandwidth`` is ``"loo"`` (the
+        counts k, and l per categorical column, of least leave-one-out MSE: every k
+        evaluated where n - 1 holds at most ``config.NN_EXHAUSTIVE_COUNTS`` of them, else
+        narrowing grids), one integer k for every continuous column, or an array (k per
+        continuous column, l per categorical one). Generalised: at a query x a continuous
+        column's width is the distance from x to its k-th nearest training value;
+        adaptive: training row i carries the distance from x_i to its k-th nearest other
+        value, h_i, and weighs K((x - x_i) / h_i) / h_i (:mod:`nbattn.local.neighbours`).
+        Exact (``rtol`` 0), complete continuous columns; not with "aicc" or a rule.
     kernel : "gaussian", "epanechnikov" or "tricube"
         The kernel of the continuous columns.
     rtol : float in [0, 1), default 0

@@ -59,7 +59,16 @@ N_EFF_QUERIES = 2000
 N_EFF_SEED = 0
 
 _KIND_NAMES = {"c": "continuous", "u": "unordered", "o": "ordered"}
-_OPTIONS = ("metric", "degree", "kernel", "bandwidth", "y_bandwidth", "quantile", "rtol")
+_OPTIONS = (
+    "metric",
+    "degree",
+    "kernel",
+    "bandwidth",
+    "bandwidth_type",
+    "y_bandwidth",
+    "quantile",
+    "rtol",
+)
 _RULES = {
     "scott": "Scott's rule",
     "silverman": "Silverman's rule",
@@ -422,6 +431,9 @@ def _table(model):
     if hasattr(model, "bandwidth_"):
         widths = np.asarray(model.bandwidth_, dtype=np.float64)
         scaled = scaled_widths(widths, kinds, model._n_categories(), model.X_fit_)
+        if model._bandwidth_type() != "fixed":  # counts k: the share of the other rows
+            cont = np.array([kind == "c" for kind in kinds], dtype=bool)
+            scaled[cont] = widths[cont] / max(model.X_fit_.shape[0] - 1, 1)
     else:  # the full learned metric: no width per column
         widths = scaled = np.full(d, math.nan)
     frame = {
@@ -440,6 +452,7 @@ def _table(model):
         frame["width"] = np.concatenate([[model.y_bandwidth_], widths])
         frame["scaled"] = np.concatenate([[y_scaled], scaled])
     table = pd.DataFrame(frame)
+    table.attrs["bandwidth_type"] = model._bandwidth_type()
     tests = None
     significance = getattr(model, "significance_", None)
     if significance is not None:
@@ -546,8 +559,14 @@ def _column_table(table) -> list:
     head = f"{'column':<24}{'kind':<12}{'width':>14}{'scaled':>14}"
     continuous = (table["kind"] == "continuous").any()
     categorical = (table["kind"] != "continuous").any()
+    neighbours = table.attrs.get("bandwidth_type", "fixed") != "fixed"
     scale_note = ", ".join(
-        part for part, on in (("h/sd", continuous), ("lambda/lambda_max", categorical)) if on
+        part
+        for part, on in (
+            ("k/(n-1)" if neighbours else "h/sd", continuous),
+            ("lambda/lambda_max", categorical),
+        )
+        if on
     )
     if has_p:
         head += f"{'p-value':>14}"
@@ -562,7 +581,8 @@ def _column_table(table) -> list:
     if np.all(np.isnan(table["width"].to_numpy(dtype=np.float64))):
         lines.append("full learned metric (components_): no width per column")
     else:
-        lines.append(f"width: h (continuous) or lambda (categorical); scaled: {scale_note}")
+        h = f"k (continuous, {table.attrs['bandwidth_type']})" if neighbours else "h (continuous)"
+        lines.append(f"width: {h} or lambda (categorical); scaled: {scale_note}")
     return lines
 
 
