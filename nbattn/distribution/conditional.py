@@ -35,6 +35,7 @@ from .._core.local_groups import KERNEL_CODES
 from .._core.threads import serial_below
 from ..dispatch.device import kernels_for
 from ..local.engine import fit_problem
+from ..local.neighbours import refuse_stretched
 from ..local.problem import LocalProblem
 from .density import log_density_of, log_kernel_sums_of
 
@@ -63,6 +64,11 @@ def _columns_problem(joint: LocalProblem, n_response: int, keep_response: bool):
         return slice(None, first) if keep_response else slice(first, None)
 
     cont, cat, columns = cut(n_cont), cut(n_cat), cut(n_response)
+    q_stretch, keys_stretch_t = joint.q_stretch, joint.keys_stretch_t
+    if q_stretch.shape[0]:  # nearest-neighbour widths: each column's stretch with it
+        q_stretch = np.ascontiguousarray(q_stretch[:, cont])
+    if keys_stretch_t.shape[1]:
+        keys_stretch_t = np.ascontiguousarray(keys_stretch_t[cont])
     return dataclasses.replace(
         joint,
         spec=dataclasses.replace(
@@ -78,6 +84,8 @@ def _columns_problem(joint: LocalProblem, n_response: int, keep_response: bool):
         h=joint.h[cont],
         widths=joint.widths[columns],
         centre=None if joint.centre is None else joint.centre[cont],
+        q_stretch=q_stretch,
+        keys_stretch_t=keys_stretch_t,
     )
 
 
@@ -136,7 +144,13 @@ def _nearest_keys(marginal: LocalProblem, rows) -> np.ndarray:
 
 def _single_key(problem: LocalProblem, rows, keys) -> LocalProblem:
     """The problem of ``rows`` (queries) against one key each (their nearest): the keys'
-    columns repeated, each query its own key (exclude_self off)."""
+    columns repeated, each query its own key (exclude_self off); nearest-neighbour
+    stretches follow their queries and keys."""
+    q_stretch, keys_stretch_t = problem.q_stretch, problem.keys_stretch_t
+    if q_stretch.shape[0]:
+        q_stretch = np.ascontiguousarray(q_stretch[rows])
+    if keys_stretch_t.shape[1]:
+        keys_stretch_t = np.ascontiguousarray(keys_stretch_t[:, keys])
     return dataclasses.replace(
         problem,
         q_cont=np.ascontiguousarray(problem.q_cont[rows]),
@@ -147,6 +161,8 @@ def _single_key(problem: LocalProblem, rows, keys) -> LocalProblem:
         sample_weight=None,
         values_t=np.zeros((1, len(keys))),
         exclude_self=False,
+        q_stretch=q_stretch,
+        keys_stretch_t=keys_stretch_t,
     )
 
 
@@ -199,8 +215,8 @@ def _pooled_far(joint, marginal, n_response, compute, log_normaliser, out) -> No
     """``compute(problem, row)`` for the rows of a Gaussian joint problem whose x's log
     normaliser ``log_normaliser`` is finite but below :data:`FAR_SCORE`, each on its
     one-row problem about its best key (:func:`_about_nearest`), into ``out[row]``."""
-    if joint.spec.kernel != "gaussian" or joint.exclude_self:
-        return
+    if joint.spec.kernel != "gaussian" or joint.exclude_self or joint.stretched:
+        return  # (nearest-neighbour widths: the shift below assumes one width per column)
     rows = np.flatnonzero((log_normaliser < FAR_SCORE) & (log_normaliser > -np.inf))
     for row in rows:  # rare rows: one problem each
         row = int(row)
@@ -309,6 +325,7 @@ def conditional_quantiles(joint: LocalProblem, levels) -> np.ndarray:
     (n_q, n_levels) per row; by the module docstring's root-finder
     (:func:`nbattn.kernels.density.conditional_quantile_roots`, on the CPU), non-decreasing
     along increasing levels; its GPU twin on the spec's device."""
+    refuse_stretched(joint, "conditional quantiles")
     n_q = joint.q_cont.shape[0]
     levels = np.asarray(levels, dtype=np.float64)
     if levels.ndim < 2:

@@ -249,9 +249,10 @@ def cv_ml_widths(
     return widths
 
 
-def neighbour_cv_ml_widths(spec: LocalSpec, X, sample_weight=None) -> np.ndarray:
+def neighbour_cv_ml_widths(spec: LocalSpec, X, sample_weight=None, n_response=0) -> np.ndarray:
     """The nearest-neighbour widths (d,) of least CV (module docstring) on checked data X
-    (n, d): counts k per continuous column, l per categorical one, by
+    (n, d) (``n_response`` > 0: X holds (y, x), y's columns first, and CV is the
+    conditional likelihood): counts k per continuous column, l per categorical one, by
     :func:`nbattn.local.neighbour_search.search_neighbour_widths` (every k evaluated where
     n - 1 holds few of them, else narrowing grids; never a k worse than those the grids
     held), the criterion computed by the engine at each candidate."""
@@ -264,7 +265,11 @@ def neighbour_cv_ml_widths(spec: LocalSpec, X, sample_weight=None) -> np.ndarray
     keep = terms > 0.0
 
     def criterion(widths):
-        logs = log_density_of(_loo_problem(spec, X, widths, sample_weight))
+        problem = _loo_problem(spec, X, widths, sample_weight)
+        if n_response:
+            logs = conditional_log_density(problem, n_response)
+        else:
+            logs = log_density_of(problem)
         if not np.all(logs[keep] > -np.inf):
             return math.inf
         return -float(terms[keep] @ logs[keep])

@@ -60,6 +60,12 @@ class _ConditionalModel(DensityPrediction, SpecEstimator):
         self.y_categories_ = y_categories
         joint = np.column_stack([y_checked, X])
         spec = self._joint_spec()
+        if spec.nearest_neighbour:
+            widths = _neighbour_widths(self, spec, joint, sample_weight)
+            self.X_fit_, self.y_fit_, self.sample_weight_ = X, y_checked, sample_weight
+            self.y_bandwidth_ = float(widths[0])
+            self.bandwidth_ = widths[1:].copy()
+            return self
         by_cdf = isinstance(self.y_bandwidth, str)  # "cv_cdf": y's width for the CDF
         y_width = None if by_cdf else self.y_bandwidth
         searches = {"cv_ml": cv_ml_widths, "cv_ls": cv_ls_widths}
@@ -105,6 +111,54 @@ class _ConditionalModel(DensityPrediction, SpecEstimator):
         return self._quantiles(self._check_queries(X), levels)
 
 
+def _neighbour_widths(model, spec, joint, sample_weight):
+    """The joint widths (y's, then X's) of a nearest-neighbour conditional model: "cv_ml"
+    (y_bandwidth None) searches the counts k and the categorical l by the leave-one-out
+    conditional likelihood; else ``bandwidth`` holds X's (one k for every continuous
+    column, or an array) and ``y_bandwidth`` y's (its k, or l for a categorical y; None:
+    the single k of ``bandwidth``). Rules, "cv_ls" and "cv_cdf" measure fixed widths."""
+    from ..distribution.density_widths import neighbour_cv_ml_widths
+    from ..local.neighbours import check_neighbour_counts
+    from ..local.problem import rule_lambdas
+
+    kind, bandwidth, y_width = spec.bandwidth_type, model.bandwidth, model.y_bandwidth
+    if isinstance(y_width, str) or (isinstance(bandwidth, str) and bandwidth != "cv_ml"):
+        raise ValueError(
+            f"bandwidth={bandwidth!r}, y_bandwidth={y_width!r}: with bandwidth_type={kind!r} "
+            'bandwidth is "cv_ml" (y_bandwidth None), an integer k or an array, and '
+            "y_bandwidth y's k (its l when y is categorical) or None"
+        )
+    if isinstance(bandwidth, str):
+        if y_width is not None:
+            raise ValueError("y_bandwidth must be None with bandwidth='cv_ml'")
+        return neighbour_cv_ml_widths(spec, joint, sample_weight, n_response=1)
+    n = joint.shape[0]
+    widths = rule_lambdas(spec.var_type, spec.counts, n)
+    x_widths = np.asarray(bandwidth, dtype=np.float64).reshape(-1)
+    if x_widths.size not in (1, joint.shape[1] - 1):
+        raise ValueError(f"bandwidth has {x_widths.size} entries but X has {joint.shape[1] - 1}")
+    if x_widths.size == 1:  # one k for every continuous column of X
+        widths[1:] = np.where(spec.continuous[1:], x_widths[0], widths[1:])
+    else:
+        widths[1:] = x_widths
+    if y_width is not None:
+        widths[0] = y_width
+    elif spec.var_type[0] == "c":
+        if x_widths.size != 1:
+            raise ValueError("y_bandwidth (y's k) is needed when bandwidth is an array")
+        widths[0] = x_widths[0]
+    y_part = (spec.var_type[:1], spec.counts[:1])
+    x_part = (spec.var_type[1:], spec.counts[1:])
+    widths = np.concatenate(
+        [
+            check_widths(widths[:1], *y_part, "y_bandwidth", bandwidth_type=kind),
+            check_widths(widths[1:], *x_part, "bandwidth", bandwidth_type=kind),
+        ]
+    )
+    check_neighbour_counts(widths[spec.continuous], n)
+    return widths
+
+
 def _required(y, method: str):
     """y, which ``method`` evaluates at (a ValueError when it is None)."""
     if y is None:
@@ -142,6 +196,12 @@ class ConditionalKernelDensity(_ConditionalModel):
         ``npcdistbw``: :mod:`nbattn.distribution.cdf_widths`), the width for F(y | x) and
         its quantiles rather than for the density (narrower: a density's width widens
         F's spread by about h_y^2).
+    bandwidth_type : {"fixed", "generalized_nn", "adaptive_nn"}
+        As :class:`nbattn.KernelDensity`: with a nearest-neighbour type ``bandwidth`` is
+        ``"cv_ml"`` (the counts of X and y, y_bandwidth None), one integer k or an array
+        in X's column order, and ``y_bandwidth`` y's k (its l when y is categorical; None
+        with one k: the same k). ``pdf``, ``score_samples`` and ``predict_proba`` only
+        (not ``cdf`` nor the quantiles).
     kernel, rtol, var_type, device, verbose
         As :class:`nbattn.KernelDensity` (``var_type`` is X's; y's kind comes from its
         dtype: numbers are continuous, a pandas category unordered or ordered).
@@ -169,6 +229,7 @@ class ConditionalKernelDensity(_ConditionalModel):
         self,
         bandwidth="normal_reference",
         y_bandwidth=None,
+        bandwidth_type="fixed",
         kernel="gaussian",
         rtol=0.0,
         var_type=None,

@@ -179,12 +179,10 @@ class PoolingPrediction(ModelSettings):
         return X, X_fit, self._fitted("bandwidth_")
 
     def _local_spec(self, X=None):
-        """The engine's options for this model (:class:`nbattn.local.problem.LocalSpec`), at
-        the checked queries X (None at fit)."""
+        """The engine's options (``LocalSpec``) at the checked queries X (None at fit)."""
         from ..local.problem import LocalSpec
 
-        # NaN in the queries of a model that refuses missing values is an unseen category:
-        # the engine leaves that column out of the row's product (see nbattn._core.columns)
+        # NaN where missing values are refused is an unseen category: its term left out
         missing = self._missing() == "marginalize" or (X is not None and np.isnan(X).any())
         return LocalSpec(
             var_type=self._kinds(),

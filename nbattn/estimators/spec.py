@@ -388,7 +388,12 @@ DENSITY_SPECS = {
         ),
         EstimatorSpec(
             "ConditionalKernelDensity",
-            (_density_bandwidth("normal_reference"), _Y_BANDWIDTH, *_DENSITY_REST),
+            (
+                _density_bandwidth("normal_reference"),
+                _Y_BANDWIDTH,
+                _BANDWIDTH_TYPE,
+                *_DENSITY_REST,
+            ),
         ),
         EstimatorSpec(
             "KernelQuantileRegressor",
