@@ -260,21 +260,24 @@ def layout_cases():
     ]
 
 
-def local_cases(dc, dk, degree, n_out, kernel=0, missing=False):
+def local_cases(dc, dk, degree, n_out, kernel=0, missing=False, stretch=0):
     """The local-polynomial kernels (``local.local_fit`` with marginal effects where
     they apply, ``local_interval_sums``, ``local_loo_gradient``) at dc continuous and
-    dk categorical columns, a degree, n_out outputs per launch; float64 (their one dtype)."""
+    dk categorical columns, a degree, n_out outputs per launch, a stretch kind of
+    nearest-neighbour widths (``local_pairs``: 0 none, 1 per query, 2 per key); float64
+    (their one dtype)."""
     from nbattn.cuda import local
 
     f2, f1, f3, i1 = "float64[:,::1]", "float64[::1]", "float64[:,:,::1]", "int64[::1]"
     i2 = "int64[:,::1]"  # the blocks' key runs (block_table, key_ranges)
     names = ("gaussian", "epanechnikov", "tricube")
     tag = f"dc={dc} dk={dk} deg={degree} out={n_out} {names[kernel]}" + (" nan" if missing else "")
+    tag += ("", " query-stretch", " key-stretch")[stretch]
     do_mfx = local.n_terms(dc, degree) == 1 and dc > 0
-    fit = local.fit_kernel(dc, dk, kernel, degree, missing, n_out, do_mfx)
-    interval = local.interval_kernel(dc, dk, kernel, degree, missing, n_out)
-    gradient = local.gradient_kernel(dc, dk, kernel, degree, missing, n_out)
-    inputs = (f2, f2, f2, f2, f2, f1)
+    fit = local.fit_kernel(dc, dk, kernel, degree, missing, n_out, do_mfx, stretch)
+    interval = local.interval_kernel(dc, dk, kernel, degree, missing, n_out, stretch)
+    gradient = local.gradient_kernel(dc, dk, kernel, degree, missing, n_out, stretch)
+    inputs = (f2, f2, f2, f2, f2, f1, f2, f2)  # ... log_weights, q_stretch, keys_stretch_t
     return [
         Case(
             f"local fit {tag}",
@@ -292,7 +295,7 @@ def local_cases(dc, dk, degree, n_out, kernel=0, missing=False):
             _sig(
                 *inputs[:5],
                 f2,
-                f1,
+                *inputs[5:],
                 f2,
                 "boolean",
                 "float64",
@@ -345,8 +348,11 @@ def kernel_cases():
             cases += grad_cases(dtype, n_acc)
     # local polynomial: local-linear with 3 continuous and 2 categorical columns,
     # local-quadratic in 2-D, local-constant (marginal effects) with a compact kernel
+    # and local-linear under nearest-neighbour widths (a stretch per query, per key)
     for args in ((3, 2, 1, 1), (2, 0, 2, 1), (3, 2, 0, 1, 2, True), (1, 1, 1, 8)):
         cases += local_cases(*args)
+    for stretch in (1, 2):
+        cases += local_cases(2, 1, 1, 1, 0, False, stretch)
     for dtype in ("float32", "float64"):
         cases += far_cases(dtype, 8)
     # the densities: a Gaussian CDF of 2 continuous and 2 categorical columns, a compact one

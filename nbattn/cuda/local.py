@@ -5,7 +5,9 @@ Same contracts, layouts and results as the CPU kernels (their module docstring
 has the formulas): float64 throughout, the same argument groups
 (``_core.local_groups``: ``LocalData`` with ``q_cont`` (n_q, dc) and ``keys_cont_t``
 (dc, n_k) scaled by the widths, ``q_cat`` (n_q, dk) and ``keys_cat_t`` (dk, n_k)
-float-coded categories, ``log_weights`` (n_k,); ``LocalModel`` with
+float-coded categories, ``log_weights`` (n_k,), and the stretches of
+nearest-neighbour widths ``q_stretch`` (n_q, dc) or ``keys_stretch_t`` (dc, n_k), the
+kernel's argument r d_jc, ``local_pairs``; ``LocalModel`` with
 ``cat_params`` (dk, 3) the terms (a, b, t), ``kernel`` 0 gaussian,
 1 epanechnikov, 2 tricube, the degree, the ridge, ``exclude_self`` and
 ``missing``: NaN entries marginalised, their term left out). The score of a
@@ -41,7 +43,8 @@ share: each gives it its per-pair work), ``local_moments`` (the moment sums, the
 fit's per-pair work, and the solve,
 ``solve_function``, written step for step like the CPU's ``solve`` so that both
 drop the same terms), ``local_passes`` (the second passes). Kernels are compiled
-per (dc, dk, kernel, degree, missing, outputs per launch[, marginal effects]); at
+per (dc, dk, kernel, degree, missing, outputs per launch[, marginal effects], stretch
+kind); at
 most ``config.CUDA_MAX_OUTPUTS`` outputs run per launch (the moments M, and so
 g, do not depend on the outputs; the gradient is a sum over outputs, so each
 launch adds its part). The host wrappers take the groups with NumPy or device
@@ -69,9 +72,10 @@ from .._core.local_groups import (
     n_terms,
 )
 from .common import compiled, jit, launch, tile_rows, to_device
-from .local_args import device_inputs, key_runs
+from .local_args import device_inputs, key_runs, stretch_kind
 from .local_moments import moments_function, solve_function
 from .local_pairs import (
+    NO_STRETCH,
     key_walk_function,
     nearest_key,
     output_ranges,
@@ -100,11 +104,11 @@ __all__ = [
 ]
 
 
-def _make_fit_kernel(dc, dk, kernel, degree, missing, n_out, do_mfx):
+def _make_fit_kernel(dc, dk, kernel, degree, missing, n_out, do_mfx, stretch):
     p = n_terms(dc, degree)
     dc1 = max(dc, 1)  # local arrays need a positive size
     add_pair = moments_function(p, n_out, dc, dk, kernel, do_mfx)
-    walk_keys = key_walk_function(dc, dk, kernel, degree, missing, add_pair)
+    walk_keys = key_walk_function(dc, dk, kernel, degree, missing, add_pair, stretch)
     solve = solve_function(p, n_out)
     minus_inf = -math.inf
 
@@ -116,6 +120,8 @@ def _make_fit_kernel(dc, dk, kernel, degree, missing, n_out, do_mfx):
         keys_cat_t,
         cat_params,
         log_weights,
+        q_stretch,
+        keys_stretch_t,
         values_t,
         exclude_self,
         ridge,
@@ -145,7 +151,8 @@ def _make_fit_kernel(dc, dk, kernel, degree, missing, n_out, do_mfx):
             dsum[c] = 0.0
             for o in range(n_out):
                 dysum[c, o] = 0.0
-        inputs = (q_cont, keys_cont_t, q_cat, keys_cat_t, cat_params, log_weights)
+        inputs = (q_cont, keys_cont_t, q_cat, keys_cat_t)
+        inputs = (*inputs, cat_params, log_weights, q_stretch, keys_stretch_t)
         sums = (moments, rhs, dsum, dysum)
         runs = (block_table, key_ranges)
         m = walk_keys(i, active, exclude_self, inputs, values_t, block_k, runs, sums, minus_inf)
@@ -188,9 +195,11 @@ def _make_fit_kernel(dc, dk, kernel, degree, missing, n_out, do_mfx):
     return local_fit_kernel
 
 
-def fit_kernel(dc, dk, kernel, degree, missing, n_out, do_mfx):
-    """The compiled first-pass kernel for these compile-time sizes and flags."""
+def fit_kernel(dc, dk, kernel, degree, missing, n_out, do_mfx, stretch=NO_STRETCH):
+    """The compiled first-pass kernel for these compile-time sizes and flags
+    (``stretch``: ``local_pairs.NO_STRETCH``, ``QUERY_STRETCH`` or ``KEY_STRETCH``)."""
     args = (int(dc), int(dk), int(kernel), int(degree), bool(missing), int(n_out), bool(do_mfx))
+    args += (int(stretch),)
     return compiled(("local_fit", *args), lambda: _make_fit_kernel(*args))
 
 
@@ -212,6 +221,7 @@ def local_fit(data, model, values_t, want_mfx, leaves=None):
                              d fit / d q = sum_j p_j (y_j - fit) ds_j/dq; zeros otherwise
     """
     inputs = device_inputs(data, model)
+    stretch = stretch_kind(inputs)
     device_values_t = to_device(values_t)
     kernel, degree, missing = model.kernel, model.degree, model.missing
     n_q, dc = inputs[0].shape
@@ -233,11 +243,11 @@ def local_fit(data, model, values_t, want_mfx, leaves=None):
     device_nearest = cuda.device_array(n_q, dtype=np.int64)
     threads, runs = key_runs(leaves, n_q, inputs[5].shape[0])
     for c0, c1 in output_ranges(n_out):
-        per_key = tile_floats(dc, dk, c1 - c0)
+        per_key = tile_floats(dc, dk, c1 - c0, stretch)
         block_k = tile_rows(per_key, 8)
         device_beta = cuda.device_array((n_q, p, c1 - c0), dtype=np.float64)
         device_mfx = cuda.device_array((n_q, max(dc, 1), c1 - c0), dtype=np.float64)
-        kernel_fn = fit_kernel(dc, dk, kernel, degree, missing, c1 - c0, do_mfx)
+        kernel_fn = fit_kernel(dc, dk, kernel, degree, missing, c1 - c0, do_mfx, stretch)
         args = (
             *inputs,
             device_values_t[c0:c1],

@@ -13,19 +13,37 @@ import numpy as np
 
 from .._core.local_groups import BlockRuns
 from .common import threads_for, to_device
+from .local_pairs import KEY_STRETCH, NO_STRETCH, QUERY_STRETCH
 
 
 def device_inputs(data, model):
     """The arrays every launch reads, on the device and in the launched kernels' order:
-    (q_cont, keys_cont_t, q_cat, keys_cat_t, cat_params, log_weights)."""
-    if data.q_stretch.shape[0] > 0 or data.keys_stretch_t.shape[1] > 0:
-        raise NotImplementedError("nearest-neighbour widths run on the CPU only so far")
+    (q_cont, keys_cont_t, q_cat, keys_cat_t, cat_params, log_weights, q_stretch,
+    keys_stretch_t), the last two the stretches of nearest-neighbour widths, (0, 0) where
+    there are none (:func:`stretch_kind`)."""
     arrays = (data.q_cont, data.keys_cont_t, data.q_cat, data.keys_cat_t)
-    arrays += (model.cat_params, data.log_weights)
+    arrays += (model.cat_params, data.log_weights, data.q_stretch, data.keys_stretch_t)
     return tuple(
         to_device(np.ascontiguousarray(a, dtype=np.float64) if isinstance(a, np.ndarray) else a)
         for a in arrays
     )
+
+
+def stretch_kind(inputs):
+    """The compile-time stretch flag of :func:`device_inputs`'s arrays
+    (``local_pairs``): ``QUERY_STRETCH`` where the queries have stretches,
+    ``KEY_STRETCH`` where the keys have, else ``NO_STRETCH`` (at most one of the two)."""
+    q_cont, keys_cont_t, q_stretch, keys_stretch_t = inputs[0], inputs[1], inputs[6], inputs[7]
+    per_query, per_key = q_stretch.shape[0] > 0, keys_stretch_t.shape[1] > 0
+    if per_query and per_key:
+        raise ValueError("nearest-neighbour widths stretch the queries or the keys, not both")
+    if per_query and q_stretch.shape != q_cont.shape:
+        raise ValueError(f"q_stretch is {q_stretch.shape}, the queries {q_cont.shape}")
+    if per_key and keys_stretch_t.shape != keys_cont_t.shape:
+        raise ValueError(f"keys_stretch_t is {keys_stretch_t.shape}, the keys {keys_cont_t.shape}")
+    if per_query:
+        return QUERY_STRETCH
+    return KEY_STRETCH if per_key else NO_STRETCH
 
 
 def host_array(a, dtype=np.float64):

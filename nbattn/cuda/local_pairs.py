@@ -9,6 +9,14 @@ query row, the tiles of keys in shared memory, ``load_tile``, ``tile_floats``,
 the pair's score and design vector), zeroed accumulators (``clear``) and, in
 the second passes, the first pass's state (``pass_state_function``).
 The formulas are in ``nbattn.kernels.local``'s docstring.
+
+Nearest-neighbour widths (``nbattn.local.neighbours``) stretch the kernel's argument
+of continuous column c, u = r d with d = k_jc - q_ic, as the CPU's ``stretched_terms``
+does: r the query's ``q_stretch[i, c]`` (``QUERY_STRETCH``: the thread keeps its row in
+registers, as it does its query row) or the key's ``keys_stretch_t[c, j]``
+(``KEY_STRETCH``: dc more rows of the tile, after the values'); the design keeps d.
+The stretch kind is a compile-time flag of ``pair_function`` and ``key_walk_function``
+(``NO_STRETCH``, fixed widths: the code and the tiles of before).
 """
 
 from __future__ import annotations
@@ -25,6 +33,10 @@ from .common import compiled, imin, jit
 #: The tiles' element type (float64: the CPU kernels' one dtype).
 _TILE_TYPE = from_dtype(np.dtype(np.float64))
 
+#: The stretch kinds of nearest-neighbour widths (``LocalData.q_stretch`` /
+#: ``keys_stretch_t``), a compile-time flag: none (fixed widths), per query, per key.
+NO_STRETCH, QUERY_STRETCH, KEY_STRETCH = 0, 1, 2
+
 
 def design_rows(dc, degree):
     """Entries of the per-pair design vector: the p terms, and at least 1 + dc (the
@@ -32,10 +44,10 @@ def design_rows(dc, degree):
     return max(n_terms(dc, degree), 1 + dc)
 
 
-def tile_floats(dc, dk, n_out):
+def tile_floats(dc, dk, n_out, stretch=NO_STRETCH):
     """Floats per key in a tile: its continuous and categorical columns, its log
-    weight and its n_out values."""
-    return dc + dk + 1 + n_out
+    weight, its n_out values and, under ``KEY_STRETCH``, its dc stretches."""
+    return dc + dk + 1 + n_out + (dc if stretch == KEY_STRETCH else 0)
 
 
 def output_ranges(n_out):
@@ -85,19 +97,31 @@ def category_term(xk, qk, a, b, t):
     return 0.0
 
 
-def _make_pair(dc, dk, kernel, degree, missing):
+def _make_pair(dc, dk, kernel, degree, missing, stretch):
     p = n_terms(dc, degree)
     weight_row = dc + dk
     minus_inf = -math.inf
 
     @jit(device=True, inline=True)
-    def pair_score(tile, block_k, jj, q_cont_row, q_cat_row, cat, x):
+    def argument(d, c, tile, block_k, jj, q_stretch_row, stretch_row):
+        """The kernel's argument u = r d of continuous column c: r = 1 (fixed widths),
+        the query's stretch ``q_stretch_row[c]`` or the key's, tile row stretch_row + c."""
+        if stretch == QUERY_STRETCH:
+            return d * q_stretch_row[c]
+        if stretch == KEY_STRETCH:
+            return d * tile[(stretch_row + c) * block_k + jj]
+        return d
+
+    @jit(device=True, inline=True)
+    def pair_score(tile, block_k, jj, q_cont_row, q_cat_row, q_stretch_row, stretch_row, cat, x):
         """The score s_j of the key in column ``jj`` of the tile, and its design vector.
 
         Tile rows: 0..dc-1 the scaled continuous columns, dc..dc+dk-1 the
-        categorical codes, dc+dk the log weight. ``cat`` (dk, 3) holds (a, b, t)
-        per categorical column (``cat_params``). Fills x[0] = 1, x[1 + c] = d_jc (0 where
-        missing) and, for degree 2, the products d_jc d_jc' (c <= c').
+        categorical codes, dc+dk the log weight, and from ``stretch_row`` on the keys'
+        stretches (``KEY_STRETCH``). ``cat`` (dk, 3) holds (a, b, t) per categorical
+        column (``cat_params``). The continuous terms are log K(u_jc), u_jc = r d_jc
+        (``argument``). Fills x[0] = 1, x[1 + c] = d_jc (0 where missing) and, for
+        degree 2, the products d_jc d_jc' (c <= c').
         """
         s = tile[weight_row * block_k + jj]
         if kernel == GAUSSIAN:
@@ -106,7 +130,8 @@ def _make_pair(dc, dk, kernel, degree, missing):
                 if missing and d != d:  # missing on either side: the term is left out
                     d = 0.0
                 x[1 + c] = d
-                s -= 0.5 * d * d
+                u = argument(d, c, tile, block_k, jj, q_stretch_row, stretch_row)
+                s -= 0.5 * u * u
         elif dc > 0:
             # compact kernels: the product in the linear domain, one log per pair
             prod = 1.0
@@ -115,10 +140,11 @@ def _make_pair(dc, dk, kernel, degree, missing):
                 if missing and d != d:
                     d = 0.0
                 x[1 + c] = d
+                u = argument(d, c, tile, block_k, jj, q_stretch_row, stretch_row)
                 if kernel == EPANECHNIKOV:
-                    f = 1.0 - d * d
+                    f = 1.0 - u * u
                 else:
-                    a = abs(d)
+                    a = abs(u)
                     f = 1.0 - a * a * a
                     f = f * f * f
                 prod *= f if f > 0.0 else 0.0
@@ -141,12 +167,11 @@ def _make_pair(dc, dk, kernel, degree, missing):
     return pair_score
 
 
-def pair_function(dc, dk, kernel, degree, missing):
-    """The device function ``pair_score`` for these compile-time sizes and flags."""
-    key = ("local_pair", int(dc), int(dk), int(kernel), int(degree), bool(missing))
-    return compiled(
-        key, lambda: _make_pair(int(dc), int(dk), int(kernel), int(degree), bool(missing))
-    )
+def pair_function(dc, dk, kernel, degree, missing, stretch=NO_STRETCH):
+    """The device function ``pair_score`` for these compile-time sizes and flags
+    (``stretch``: ``NO_STRETCH``, ``QUERY_STRETCH`` or ``KEY_STRETCH``)."""
+    args = (int(dc), int(dk), int(kernel), int(degree), bool(missing), int(stretch))
+    return compiled(("local_pair", *args), lambda: _make_pair(*args))
 
 
 @jit(device=True, inline=True)
@@ -164,6 +189,16 @@ def load_tile(tile, block_k, j0, nb, keys_cont_t, keys_cat_t, log_weights, value
         tile[(dc + dk) * block_k + jj] = log_weights[j0 + jj]
         for f in range(values_t.shape[0]):
             tile[(dc + dk + 1 + f) * block_k + jj] = values_t[f, j0 + jj]
+
+
+@jit(device=True, inline=True)
+def load_stretch_rows(tile, block_k, j0, nb, keys_stretch_t, stretch_row):
+    """The stretches of keys j0:j0 + nb (``KEY_STRETCH``) into tile rows stretch_row ..
+    stretch_row + dc - 1, after ``load_tile``'s rows; coalesced as there. The caller
+    synchronises."""
+    for jj in range(cuda.threadIdx.x, nb, cuda.blockDim.x):
+        for c in range(keys_stretch_t.shape[0]):
+            tile[(stretch_row + c) * block_k + jj] = keys_stretch_t[c, j0 + jj]
 
 
 @jit(device=True)
@@ -228,18 +263,21 @@ def pass_state_function(p):
     return compiled(("local_pass_state", int(p)), lambda: _make_pass_state(int(p)))
 
 
-def key_walk_function(dc, dk, kernel, degree, missing, visit):
+def key_walk_function(dc, dk, kernel, degree, missing, visit, stretch=NO_STRETCH):
     """The device function ``walk_keys`` of a kernel whose per-pair work is ``visit``.
 
     ``walk_keys(i, active, exclude_self, inputs, rows_t, block_k, runs, state, carry)``
     is the loop every local kernel runs for its thread's query i: ``inputs`` =
-    (q_cont, keys_cont_t, q_cat, keys_cat_t, cat_params, log_weights), the
-    launch's arrays; ``runs`` = (block_table, key_ranges), the key ranges the block
+    (q_cont, keys_cont_t, q_cat, keys_cat_t, cat_params, log_weights, q_stretch,
+    keys_stretch_t), the launch's arrays (``local_args.device_inputs``; the stretches
+    (0, 0) where ``stretch`` is ``NO_STRETCH``); ``runs`` = (block_table, key_ranges),
+    the key ranges the block
     visits, ``key_ranges[block_table[b, 0] : block_table[b, 1]]`` for block b
     (``local_args.key_runs``: every key in one run, or the pruned leaves' runs of a
     ``BlockRuns``); the keys go through a shared-memory tile of ``block_k`` keys
     (``load_tile``, with the rows of ``rows_t``, the values or residuals, after
-    the keys'), all threads of the block loading each tile, and for every
+    the keys', then under ``KEY_STRETCH`` the keys' stretches, ``load_stretch_rows``),
+    all threads of the block loading each tile, and for every
     admissible pair (the key is not query i itself under ``exclude_self``, its
     score is above -inf) of an ``active`` thread it calls
 
@@ -249,29 +287,45 @@ def key_walk_function(dc, dk, kernel, degree, missing, visit):
     the key's column in the tile (the rows_t rows start at row dc + dk + 1), the
     query's row and ``state``, the kernel's own accumulators and constants (a
     tuple); returns the last ``carry`` (the fit's running maximum, the
-    gradient's sum of coefficients). The query row and x are the walk's own
-    (compile-time sizes: they stay in registers); the tile is the launch's dynamic
-    shared memory, ``tile_floats(dc, dk, rows) * block_k`` floats.
+    gradient's sum of coefficients). The query row (and under ``QUERY_STRETCH`` its
+    stretches) and x are the walk's own (compile-time sizes: they stay in registers);
+    the tile is the launch's dynamic shared memory,
+    ``tile_floats(dc, dk, rows, stretch) * block_k`` floats.
     """
     n_design = design_rows(dc, degree)
     dc1, dk1 = max(dc, 1), max(dk, 1)  # local arrays need a positive size
-    pair_score = pair_function(dc, dk, kernel, degree, missing)
+    pair_score = pair_function(dc, dk, kernel, degree, missing, stretch)
+    query_stretch = stretch == QUERY_STRETCH
+    key_stretch = stretch == KEY_STRETCH
     minus_inf = -math.inf
 
     @jit(device=True, inline=True)
     def walk_keys(i, active, exclude_self, inputs, rows_t, block_k, runs, state, carry):
-        q_cont, keys_cont_t, q_cat, keys_cat_t, cat_params, log_weights = inputs
+        (
+            q_cont,
+            keys_cont_t,
+            q_cat,
+            keys_cat_t,
+            cat_params,
+            log_weights,
+            q_stretch,
+            keys_stretch_t,
+        ) = inputs
         block_table, key_ranges = runs
-        tile = cuda.shared.array(0, dtype=_TILE_TYPE)  # (dc + dk + 1 + rows) x block_k
+        tile = cuda.shared.array(0, dtype=_TILE_TYPE)  # tile_floats(...) x block_k
         # the query row in registers (compile-time sizes); the categorical terms, the
         # same for every thread, are read from global memory, one load per warp
         in_range = i < q_cont.shape[0]
         q_cont_row = cuda.local.array(dc1, dtype=np.float64)
         q_cat_row = cuda.local.array(dk1, dtype=np.float64)
+        q_stretch_row = cuda.local.array(dc1, dtype=np.float64)
         for c in range(dc):
             q_cont_row[c] = q_cont[i, c] if in_range else 0.0
+            if query_stretch:
+                q_stretch_row[c] = q_stretch[i, c] if in_range else 0.0
         for k in range(dk):
             q_cat_row[k] = q_cat[i, k] if in_range else 0.0
+        stretch_row = dc + dk + 1 + rows_t.shape[0]  # the keys' stretches (KEY_STRETCH)
         x = cuda.local.array(n_design, dtype=np.float64)
         clear(x)
         own = i if exclude_self else -1
@@ -281,12 +335,24 @@ def key_walk_function(dc, dk, kernel, degree, missing, visit):
             for j0 in range(key_ranges[r, 0], stop, block_k):
                 nb = imin(block_k, stop - j0)
                 load_tile(tile, block_k, j0, nb, keys_cont_t, keys_cat_t, log_weights, rows_t)
+                if key_stretch:
+                    load_stretch_rows(tile, block_k, j0, nb, keys_stretch_t, stretch_row)
                 cuda.syncthreads()
                 if active:
                     for jj in range(nb):
                         if j0 + jj == own:
                             continue
-                        s = pair_score(tile, block_k, jj, q_cont_row, q_cat_row, cat_params, x)
+                        s = pair_score(
+                            tile,
+                            block_k,
+                            jj,
+                            q_cont_row,
+                            q_cat_row,
+                            q_stretch_row,
+                            stretch_row,
+                            cat_params,
+                            x,
+                        )
                         if s == minus_inf:  # weight 0: contributes nothing
                             continue
                         carry = visit(s, carry, x, tile, block_k, jj, q_cont_row, q_cat_row, state)

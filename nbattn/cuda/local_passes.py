@@ -20,8 +20,9 @@ from numba import cuda
 
 from .._core.local_groups import n_terms
 from .common import compiled, jit, launch, tile_rows, to_device
-from .local_args import device_inputs, host_array, key_runs
+from .local_args import device_inputs, host_array, key_runs, stretch_kind
 from .local_pairs import (
+    NO_STRETCH,
     category_term,
     clear,
     dlog_kernel_function,
@@ -32,7 +33,7 @@ from .local_pairs import (
 )
 
 
-def _make_interval_kernel(dc, dk, kernel, degree, missing, n_out):
+def _make_interval_kernel(dc, dk, kernel, degree, missing, n_out, stretch):
     p = n_terms(dc, degree)
     value_row = dc + dk + 1  # the residuals' first row in the tile (``load_tile``)
     load_pass_state = pass_state_function(p)
@@ -52,7 +53,7 @@ def _make_interval_kernel(dc, dk, kernel, degree, missing, n_out):
             acc[o] += l2 * r * r
         return carry
 
-    walk_keys = key_walk_function(dc, dk, kernel, degree, missing, add_squared_weight)
+    walk_keys = key_walk_function(dc, dk, kernel, degree, missing, add_squared_weight, stretch)
 
     @jit
     def local_interval_sums_kernel(
@@ -62,6 +63,8 @@ def _make_interval_kernel(dc, dk, kernel, degree, missing, n_out):
         keys_cat_t,
         cat_params,
         log_weights,
+        q_stretch,
+        keys_stretch_t,
         residuals_t,
         exclude_self,
         g,
@@ -81,7 +84,8 @@ def _make_interval_kernel(dc, dk, kernel, degree, missing, n_out):
         acc = cuda.local.array(n_out, dtype=np.float64)
         clear(acc)
         active, offset = load_pass_state(i, in_range, g, shift, log_norm, g_row)
-        inputs = (q_cont, keys_cont_t, q_cat, keys_cat_t, cat_params, log_weights)
+        inputs = (q_cont, keys_cont_t, q_cat, keys_cat_t)
+        inputs = (*inputs, cat_params, log_weights, q_stretch, keys_stretch_t)
         runs = (block_table, key_ranges)
         state = (g_row, offset, acc)
         walk_keys(i, active, exclude_self, inputs, residuals_t, block_k, runs, state, 0.0)
@@ -102,9 +106,9 @@ def _make_interval_kernel(dc, dk, kernel, degree, missing, n_out):
     return local_interval_sums_kernel
 
 
-def interval_kernel(dc, dk, kernel, degree, missing, n_out):
+def interval_kernel(dc, dk, kernel, degree, missing, n_out, stretch=NO_STRETCH):
     """The compiled interval-sums kernel for these compile-time sizes and flags."""
-    args = (int(dc), int(dk), int(kernel), int(degree), bool(missing), int(n_out))
+    args = (int(dc), int(dk), int(kernel), int(degree), bool(missing), int(n_out), int(stretch))
     return compiled(("local_interval", *args), lambda: _make_interval_kernel(*args))
 
 
@@ -114,6 +118,7 @@ def local_interval_sums(data, model, fit, residuals_t):
     :func:`nbattn.cuda.local.local_fit`: its ``g``, ``shift``, ``log_norm`` and
     ``nearest``). Returns (n_q, n_out) NumPy."""
     inputs = device_inputs(data, model)
+    stretch = stretch_kind(inputs)
     device_r_t = to_device(residuals_t)
     n_q, dc = inputs[0].shape
     dk = inputs[2].shape[1]
@@ -125,10 +130,11 @@ def local_interval_sums(data, model, fit, residuals_t):
     device_nearest = to_device(host_array(fit.nearest, np.int64))
     threads, runs = key_runs(None, n_q, inputs[5].shape[0])
     for c0, c1 in output_ranges(n_out):
-        per_key = tile_floats(dc, dk, c1 - c0)
+        per_key = tile_floats(dc, dk, c1 - c0, stretch)
         block_k = tile_rows(per_key, 8)
         device_out = cuda.device_array((n_q, c1 - c0), dtype=np.float64)
-        kernel_fn = interval_kernel(dc, dk, model.kernel, model.degree, model.missing, c1 - c0)
+        flags = (model.kernel, model.degree, model.missing, c1 - c0, stretch)
+        kernel_fn = interval_kernel(dc, dk, *flags)
         args = (
             *inputs,
             device_r_t[c0:c1],
@@ -144,7 +150,7 @@ def local_interval_sums(data, model, fit, residuals_t):
     return out
 
 
-def _make_gradient_kernel(dc, dk, kernel, degree, missing, n_out):
+def _make_gradient_kernel(dc, dk, kernel, degree, missing, n_out, stretch):
     p = n_terms(dc, degree)
     n_par1 = max(dc + dk, 1)  # local arrays need a positive size
     value_row = dc + dk + 1  # the values' first row in the tile (``load_tile``)
@@ -193,7 +199,7 @@ def _make_gradient_kernel(dc, dk, kernel, degree, missing, n_out):
             s_sum[dc + k] += w * ds
         return a_total + coef
 
-    walk_keys = key_walk_function(dc, dk, kernel, degree, missing, add_gradient_terms)
+    walk_keys = key_walk_function(dc, dk, kernel, degree, missing, add_gradient_terms, stretch)
 
     @jit
     def local_loo_gradient_kernel(
@@ -204,6 +210,8 @@ def _make_gradient_kernel(dc, dk, kernel, degree, missing, n_out):
         cat_params,
         cat_dparams,
         log_weights,
+        q_stretch,
+        keys_stretch_t,
         values_t,
         exclude_self,
         ridge,
@@ -235,7 +243,8 @@ def _make_gradient_kernel(dc, dk, kernel, degree, missing, n_out):
                 beta_row[t, o] = beta[i, t, o] if in_range else 0.0
         for o in range(n_out):
             e_row[o] = out_weights[i, o] if in_range else 0.0
-        inputs = (q_cont, keys_cont_t, q_cat, keys_cat_t, cat_params, log_weights)
+        inputs = (q_cont, keys_cont_t, q_cat, keys_cat_t)
+        inputs = (*inputs, cat_params, log_weights, q_stretch, keys_stretch_t)
         state = (g_row, beta_row, e_row, offset, ridge, cat_dparams, a_sum, s_sum)
         runs = (block_table, key_ranges)
         a_total = walk_keys(i, active, exclude_self, inputs, values_t, block_k, runs, state, 0.0)
@@ -246,9 +255,9 @@ def _make_gradient_kernel(dc, dk, kernel, degree, missing, n_out):
     return local_loo_gradient_kernel
 
 
-def gradient_kernel(dc, dk, kernel, degree, missing, n_out):
+def gradient_kernel(dc, dk, kernel, degree, missing, n_out, stretch=NO_STRETCH):
     """The compiled LOO-gradient kernel for these compile-time sizes and flags."""
-    args = (int(dc), int(dk), int(kernel), int(degree), bool(missing), int(n_out))
+    args = (int(dc), int(dk), int(kernel), int(degree), bool(missing), int(n_out), int(stretch))
     return compiled(("local_gradient", *args), lambda: _make_gradient_kernel(*args))
 
 
@@ -261,6 +270,7 @@ def local_loo_gradient(data, model, fit, values_t, cat_dparams, out_weights, lea
     (log_norm = -inf) get 0; ``leaves`` as in ``local_fit`` (the first pass's: the
     derivative of the pruned sums). Returns (n_q, dc + dk) NumPy."""
     inputs = device_inputs(data, model)
+    stretch = stretch_kind(inputs)
     device_dparams = to_device(host_array(cat_dparams))
     device_values_t = to_device(values_t)
     n_q, dc = inputs[0].shape
@@ -276,9 +286,10 @@ def local_loo_gradient(data, model, fit, values_t, cat_dparams, out_weights, lea
     device_out = cuda.to_device(np.zeros((n_q, dc + dk)))
     threads, runs = key_runs(leaves, n_q, inputs[5].shape[0])
     for c0, c1 in output_ranges(n_out):
-        per_key = tile_floats(dc, dk, c1 - c0)
+        per_key = tile_floats(dc, dk, c1 - c0, stretch)
         block_k = tile_rows(per_key, 8)
-        kernel_fn = gradient_kernel(dc, dk, model.kernel, model.degree, model.missing, c1 - c0)
+        flags = (model.kernel, model.degree, model.missing, c1 - c0, stretch)
+        kernel_fn = gradient_kernel(dc, dk, *flags)
         args = (
             inputs[0],
             inputs[1],
@@ -287,6 +298,8 @@ def local_loo_gradient(data, model, fit, values_t, cat_dparams, out_weights, lea
             inputs[4],
             device_dparams,
             inputs[5],
+            inputs[6],
+            inputs[7],
             device_values_t[c0:c1],
             bool(model.exclude_self),
             float(model.ridge),

@@ -336,7 +336,7 @@ def kernel_density(
     weights; ``log`` returns log f (exact where f underflows); ``rtol`` the relative
     error allowed on every kernel sum (CPU); ``bandwidth_type`` "fixed" or a
     nearest-neighbour type, R np's ``bwtype`` (``bandwidth`` then holds an integer k per
-    continuous column: :mod:`nbattn.local.neighbours`; exact, CPU). Returns float64 (n_q,).
+    continuous column: :mod:`nbattn.local.neighbours`; exact). Returns float64 (n_q,).
     """
     problem = _prepare(
         queries,

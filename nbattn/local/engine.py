@@ -262,8 +262,8 @@ def local_polynomial(
         R np's ``bwtype``: with a nearest-neighbour type ``bandwidth`` holds an integer k
         per continuous column (l per categorical one), and each query (generalised) or
         each key (adaptive) takes the distance to its k-th nearest training value in that
-        column as its width (:mod:`nbattn.local.neighbours`). Exact (``rtol`` 0), on the
-        CPU; ``return_gradient`` at degree 0 is not available with them.
+        column as its width (:mod:`nbattn.local.neighbours`). Exact (``rtol`` 0), CPU
+        and GPU; ``return_gradient`` at degree 0 is not available with them.
 
     Returns
     -------

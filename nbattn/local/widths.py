@@ -39,6 +39,7 @@ from ..dispatch.device import kernels_for
 from ..smoothing.loo_rows import row_runner_active
 from .engine import fit_layout, fit_problem, loo_term_weights, threads_for
 from .leaves import tree_layout
+from .neighbours import refuse_stretched
 from .problem import (
     LocalProblem,
     LocalSpec,
@@ -211,6 +212,7 @@ class LooCriterion:
 
     def _plain_loss_and_grad(self, problem, cat_dparams):
         """``(CV, gradient sums in the kernels' order)`` from the engine's two passes."""
+        refuse_stretched(problem, "the widths' gradient (a search over h)")
         tree = tree_layout(problem)  # the keys each pass visits (all of them at rtol = 0)
         if _on_row_ranges(problem):  # the same rows, so the same sums, from the tasks
             fits, per_query = loo_gradient_rows(tree, self.targets, self.loo_weights, cat_dparams)

@@ -71,7 +71,8 @@ def problem_arrays(q_cont, keys_cont_t, q_cat, keys_cat_t, cat_params, log_weigh
 def groups(module, problem, *, kernel, degree, ridge, exclude_self, missing):
     """``module``'s (LocalData, LocalModel) for a problem from :func:`make_problem`."""
     names = ("q_cont", "keys_cont_t", "q_cat", "keys_cat_t", "log_weights")
-    data = module.LocalData(*(problem[name] for name in names))
+    no_stretch = (np.zeros((0, 0)), np.zeros((0, 0)))  # fixed widths
+    data = module.LocalData(*(problem[name] for name in names), *no_stretch)
     model = module.LocalModel(
         problem["cat_params"], kernel, degree, float(ridge), exclude_self, missing
     )
