@@ -1554,3 +1554,148 @@ def assert_valid_kd_split(z, leaf_keys, order, starts):
         left, rite = node + 1, right[node]
         assert stop[left] == start[rite] == (start[node] + stop[node]) // 2
         assert hi[left, dim] <= lo[rite, dim]
+
+
+# --------------------------------------------------------------------------- nearest neighbours
+def nn_widths(values, points, k, skip_self=False):
+    """(m,) per point, the k-th smallest of |values - point| (k counted from 1), sorted
+    one point at a time; with ``skip_self`` each point is one of ``values`` and one zero
+    distance (its own) is dropped first. Where that distance is 0 (k tied values at the
+    point), the smallest positive distance instead (the nearest value unequal to the
+    point); 0 where there is none."""
+    v = np.asarray(values, dtype=np.float64).reshape(-1)
+    p = np.asarray(points, dtype=np.float64).reshape(-1)
+    out = np.empty(p.shape[0])
+    for i, x in enumerate(p):
+        d = np.sort(np.abs(v - x))
+        if skip_self:
+            assert d[0] == 0.0, "skip_self: the point must be one of the values"
+            d = d[1:]
+        width = d[int(k) - 1]
+        if width == 0.0:
+            positive = d[d > 0.0]
+            width = positive[0] if positive.size else 0.0
+        out[i] = width
+    return out
+
+
+def _nn_continuous_factor(u, kernel, normalised):
+    """The continuous kernel at u: gaussian exp(-u^2/2), epanechnikov max(1 - u^2, 0),
+    tricube max(1 - |u|^3, 0)^3, or with ``normalised`` the density kernels of
+    :func:`_continuous_pdf`."""
+    if normalised:
+        return _continuous_pdf(u, kernel)
+    if kernel == "gaussian":
+        return np.exp(-0.5 * u**2)
+    if kernel == "epanechnikov":
+        return np.maximum(1.0 - u**2, 0.0)
+    return np.maximum(1.0 - np.abs(u) ** 3, 0.0) ** 3
+
+
+def nn_kernel_matrix(
+    queries,
+    keys,
+    widths,
+    var_type,
+    n_categories,
+    bandwidth_type,
+    kernel="gaussian",
+    exclude_self=False,
+    normalised=False,
+):
+    """K[i, j] = prod_c K_c(q_ic, k_jc) under nearest-neighbour widths (R np's bwtype):
+    for a continuous column c with count k = widths[c], K((k_jc - q_ic) / h) / h with
+
+    * "generalized_nn": h = h(q_i), :func:`nn_widths` of the query among the keys' values
+      of the column (with ``exclude_self``, the queries are the keys and h is the k-th
+      nearest *other* value);
+    * "adaptive_nn": h = h_j, the key's k-th nearest other key value;
+
+    and a categorical column's factor the Aitchison-Aitken ('u') or Wang-van Ryzin ('o')
+    kernel of :func:`_category_pdf` at l = widths[c]. With ``exclude_self`` the diagonal
+    is 0. ``normalised``: the density kernels (integrating to 1), else the regression's
+    (constants dropped; the 1 / h factors kept)."""
+    q = np.asarray(queries, dtype=np.float64)
+    k = np.asarray(keys, dtype=np.float64)
+    q, k = (q[:, None] if q.ndim == 1 else q), (k[:, None] if k.ndim == 1 else k)
+    K = np.ones((q.shape[0], k.shape[0]))
+    for c, kind in enumerate(var_type):
+        a, b = q[:, c][:, None], k[:, c][None, :]
+        if kind != "c":
+            K = K * _category_pdf(kind, a, b, float(widths[c]), int(n_categories[c]))
+            continue
+        count = int(widths[c])
+        if bandwidth_type == "generalized_nn":
+            h = nn_widths(k[:, c], q[:, c], count, skip_self=exclude_self)[:, None]
+        elif bandwidth_type == "adaptive_nn":
+            h = nn_widths(k[:, c], k[:, c], count, skip_self=True)[None, :]
+        else:
+            raise ValueError(bandwidth_type)
+        K = K * _nn_continuous_factor((b - a) / h, kernel, normalised) / h
+    if exclude_self:
+        np.fill_diagonal(K, 0.0)
+    return K
+
+
+def nn_local_polynomial(
+    queries,
+    keys,
+    values,
+    widths,
+    var_type,
+    n_categories,
+    degree,
+    bandwidth_type,
+    kernel="gaussian",
+    exclude_self=False,
+):
+    """The local constant (degree 0) or local-linear (degree 1) fit per query under the
+    weights of :func:`nn_kernel_matrix`: weighted least squares on the design
+    (1, k_j - q_i over the continuous columns) by ``np.linalg.lstsq`` on the
+    square-root-weighted rows. Asserts that every query has some weight (no fallback
+    here: the tests keep their queries inside the keys' reach)."""
+    q = np.asarray(queries, dtype=np.float64)
+    k = np.asarray(keys, dtype=np.float64)
+    q, k = (q[:, None] if q.ndim == 1 else q), (k[:, None] if k.ndim == 1 else k)
+    y = np.asarray(values, dtype=np.float64)
+    y2 = y[:, None] if y.ndim == 1 else y
+    K = nn_kernel_matrix(q, k, widths, var_type, n_categories, bandwidth_type, kernel, exclude_self)
+    X = local_design(q, k, var_type, degree)
+    fit = np.empty((q.shape[0], y2.shape[1]))
+    for i in range(q.shape[0]):
+        total = K[i].sum()
+        assert total > 0.0, f"query {i} has no kernel weight"
+        p = K[i] / total
+        if degree == 0:
+            fit[i] = p @ y2
+            continue
+        root = np.sqrt(p)[:, None]
+        beta = np.linalg.lstsq(root * X[i], root * y2, rcond=None)[0]
+        fit[i] = beta[0]
+    return fit[:, 0] if y.ndim == 1 else fit
+
+
+def nn_loo_mse(X, y, widths, var_type, n_categories, degree, bandwidth_type, kernel="gaussian"):
+    """The leave-one-out mean squared error mean_i ||fit_-i(x_i) - y_i||^2 of
+    :func:`nn_local_polynomial` (every row a query, its own pair left out; the keys'
+    adaptive widths and the queries' generalised widths those of the full training set,
+    a row's own value not counted)."""
+    X = np.asarray(X, dtype=np.float64)
+    X = X[:, None] if X.ndim == 1 else X
+    y = np.asarray(y, dtype=np.float64)
+    fit = nn_local_polynomial(
+        X, X, y, widths, var_type, n_categories, degree, bandwidth_type, kernel, True
+    )
+    err = (fit - y) ** 2
+    return float(np.mean(err.reshape(err.shape[0], -1).sum(axis=1)))
+
+
+def nn_kde_pdf(queries, keys, widths, var_type, n_categories, bandwidth_type, kernel="gaussian"):
+    """f(q) = 1/n sum_j prod_c K((q_c - k_jc) / h) / h prod_k L_k(q_k, k_jk) with the
+    density kernels (:func:`_continuous_pdf`, :func:`_category_pdf`) and h the query's
+    (generalised, its k-th nearest key value) or the key's (adaptive, its k-th nearest
+    other key value) nearest-neighbour width (:func:`nn_kernel_matrix`)."""
+    K = nn_kernel_matrix(
+        queries, keys, widths, var_type, n_categories, bandwidth_type, kernel, normalised=True
+    )
+    return K.mean(axis=1)

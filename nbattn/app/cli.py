@@ -523,7 +523,8 @@ def _add_model_options(p, models=tuple(MODELS)) -> None:
     p.add_argument(
         "--bandwidth-type",
         choices=_options("lp", "bandwidth_type"),
-        help="--model nw, lp, kde: fixed widths (default), or R np's nearest-neighbour widths "
+        help="--model nw, lp, kde, cdens: fixed widths (default), or R np's nearest-neighbour "
+        "widths "
         "(--bandwidth then loo / cv_ml or an integer k per continuous feature)",
     )
     p.add_argument(

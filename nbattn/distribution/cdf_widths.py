@@ -268,8 +268,11 @@ def quantile_interval(spec, queries, keys, y, widths, alpha, sample_weight=None)
     ``keys`` (the columns of ``spec``) and targets ``y``, with x's ``widths`` as given and
     y's by the CDF's cross-validation from the normal-reference rule of the joint table
     (y's column first, as :class:`nbattn.KernelQuantileRegressor` with ``bandwidth=widths``
-    fits it: :func:`cv_cdf_width`)."""
-
+    fits it: :func:`cv_cdf_width`). Fixed widths only (its CDF reads one width per column)."""
+    if spec.nearest_neighbour:
+        raise NotImplementedError(
+            f"predict_interval(kind='quantile') takes fixed widths, not {spec.bandwidth_type!r}"
+        )
     levels = interval_levels(alpha)
     joint_spec = dataclasses.replace(
         spec, var_type="c" + spec.var_type, n_categories=(0, *spec.n_categories)

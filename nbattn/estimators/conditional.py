@@ -119,9 +119,15 @@ def _neighbour_widths(model, spec, joint, sample_weight):
     the single k of ``bandwidth``). Rules, "cv_ls" and "cv_cdf" measure fixed widths."""
     from ..distribution.density_widths import neighbour_cv_ml_widths
     from ..local.neighbours import check_neighbour_counts
-    from ..local.problem import rule_lambdas
+    from ..local.problem import check_bandwidth_type, rule_lambdas
+    from .widths import check_neighbour_columns
 
     kind, bandwidth, y_width = spec.bandwidth_type, model.bandwidth, model.y_bandwidth
+    check_bandwidth_type(kind, rtol=spec.rtol, missing=model._missing() == "marginalize")
+    check_neighbour_columns(joint, spec.var_type, ["y", *model._column_names()])
+    for name, value in (("bandwidth", bandwidth), ("y_bandwidth", y_width)):
+        if isinstance(value, (bool, np.bool_)):
+            raise ValueError(f"{name} must be an integer k or an array of them, got {value!r}")
     if isinstance(y_width, str) or (isinstance(bandwidth, str) and bandwidth != "cv_ml"):
         raise ValueError(
             f"bandwidth={bandwidth!r}, y_bandwidth={y_width!r}: with bandwidth_type={kind!r} "
@@ -155,7 +161,7 @@ def _neighbour_widths(model, spec, joint, sample_weight):
             check_widths(widths[1:], *x_part, "bandwidth", bandwidth_type=kind),
         ]
     )
-    check_neighbour_counts(widths[spec.continuous], n)
+    check_neighbour_counts(widths[spec.continuous], n, "(y_bandwidth, *bandwidth)")
     return widths
 
 

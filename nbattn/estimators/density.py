@@ -58,7 +58,11 @@ class KernelDensity(DensityPrediction, SpecEstimator):
         value (generalised), or each training row carries the distance to its k-th nearest
         other value and weighs K((x - x_i) / h_i) / h_i (adaptive)
         (:mod:`nbattn.local.neighbours`). Exact (``rtol`` 0), CPU and GPU; ``pdf`` and
-        ``score_samples`` only (not ``cdf`` nor ``sample``).
+        ``score_samples`` only (not ``cdf`` nor ``sample``). The generalised estimate is
+        Loftsgaarden and Quesenberry's "balloon" estimator: its width grows with the
+        distance to the data, so its tails fall as 1/|x| and it does not integrate to 1
+        (Terrell and Scott 1992, "Variable kernel density estimation"); the adaptive one
+        is a mixture of kernels and does.
     kernel : {"gaussian", "epanechnikov", "tricube"}
         The continuous kernel (compact ones with h the half-width of the support).
     rtol : float in [0, 1)
@@ -116,7 +120,7 @@ class KernelDensity(DensityPrediction, SpecEstimator):
         self._refuse_incomplete_rows(X)
         spec = self._local_spec()
         if spec.nearest_neighbour:
-            widths = _neighbour_widths(spec, X, self.bandwidth, sample_weight)
+            widths = _neighbour_widths(self, spec, X, self.bandwidth, sample_weight)
         elif isinstance(self.bandwidth, str) and self.bandwidth == "cv_ml":
             widths = cv_ml_widths(spec, X, sample_weight, verbose=self.verbose)
         elif isinstance(self.bandwidth, str) and self.bandwidth == "cv_ls":
@@ -177,17 +181,19 @@ class KernelDensity(DensityPrediction, SpecEstimator):
         return decoded_rows(self, rows)
 
 
-def _neighbour_widths(spec, X, bandwidth, sample_weight):
+def _neighbour_widths(model, spec, X, bandwidth, sample_weight):
     """A nearest-neighbour density's widths: "cv_ml" searches the counts k (and the
     categorical l) by the leave-one-out likelihood
-    (:func:`nbattn.distribution.density_widths.neighbour_cv_ml_widths`); a number is one k
-    for every continuous column (categorical columns at the rule's l); an array holds k
-    per continuous column and l per categorical one. The rules and "cv_ls" measure fixed
-    widths: refused."""
+    (:func:`nbattn.distribution.density_widths.neighbour_cv_ml_widths`), else
+    :func:`nbattn.estimators.widths.given_neighbour_widths`. The rules and "cv_ls"
+    measure fixed widths: refused."""
     from ..distribution.density_widths import neighbour_cv_ml_widths
-    from ..local.neighbours import check_neighbour_counts
-    from ..local.problem import check_widths, rule_lambdas
+    from ..local.problem import check_bandwidth_type
+    from .widths import check_neighbour_columns, given_neighbour_widths
 
+    names = model._column_names()
+    missing = model._missing() == "marginalize"
+    check_bandwidth_type(spec.bandwidth_type, rtol=spec.rtol, missing=missing)
     if isinstance(bandwidth, str):
         if bandwidth != "cv_ml":
             raise ValueError(
@@ -195,13 +201,6 @@ def _neighbour_widths(spec, X, bandwidth, sample_weight):
                 f'{spec.bandwidth_type!r} bandwidth is "cv_ml" (the counts k by '
                 "leave-one-out likelihood), an integer k, or an array"
             )
+        check_neighbour_columns(X, spec.var_type, names)
         return neighbour_cv_ml_widths(spec, X, sample_weight)
-    if isinstance(bandwidth, (int, float, np.integer, np.floating)):
-        widths = rule_lambdas(spec.var_type, spec.counts, X.shape[0])
-        widths[spec.continuous] = bandwidth
-    else:
-        widths = check_widths(
-            bandwidth, spec.var_type, spec.counts, bandwidth_type=spec.bandwidth_type
-        )
-    check_neighbour_counts(widths[spec.continuous], X.shape[0])
-    return widths
+    return given_neighbour_widths(spec, X, bandwidth, names)

@@ -394,7 +394,7 @@ class PoolingPrediction(ModelSettings):
         m = self._fitted("y_fit_").shape[1]
         if self._average():
             grad = np.zeros((X.shape[0], m, int(continuous.sum())))
-        elif self._degree() == 0 and self._kernel() == "gaussian" and self._missing() == "error":
+        elif self._degree() == 0 and not self._uses_engine():
             grad = self._gaussian_slopes(X)[:, :, continuous]
         else:
             _, grad = self._local_fit(X, self._fitted("y_fit_"), return_gradient=True)

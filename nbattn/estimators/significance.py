@@ -152,6 +152,11 @@ class SignificanceTests:
             raise ValueError(
                 "significance_test needs a width per column; metric='full' learns a linear map"
             )
+        if self._bandwidth_type() != "fixed":  # its calibration is measured at fixed widths
+            raise NotImplementedError(
+                "significance_test holds fixed widths; nearest-neighbour widths "
+                f"(bandwidth_type={self._bandwidth_type()!r}) are not available there"
+            )
         kinds = self._kinds()
         if self._missing() != "marginalize":
             for position, kind in enumerate(kinds):

@@ -57,7 +57,9 @@ __all__ = [
     "effective_size",
     "engine_loo_widths",
     "fit_class_widths",
+    "check_neighbour_columns",
     "fit_widths",
+    "given_neighbour_widths",
     "neighbour_widths",
     "weighted_default_widths",
     "weighted_loo_scale",
@@ -112,18 +114,17 @@ def fit_widths(model, bandwidth, X, Y, sample_weight=None, degree=0) -> np.ndarr
 
 
 def neighbour_widths(model, bandwidth, X, Y, sample_weight=None, degree=0) -> np.ndarray:
-    """A nearest-neighbour model's widths (:mod:`nbattn.local.neighbours`): "loo" searches
-    the counts k and the categorical l by the engine's leave-one-out MSE
-    (:func:`nbattn.local.neighbour_search.neighbour_loo_widths`); a number is one k for
-    every continuous column (the categorical columns at their rule's l); an array holds k
-    per continuous column and l per categorical one. The other names (rules, "loo_scale",
-    "aicc") measure fixed widths: refused."""
+    """A nearest-neighbour regressor's widths (:mod:`nbattn.local.neighbours`): "loo"
+    searches the counts k and the categorical l by the engine's leave-one-out MSE
+    (:func:`nbattn.local.neighbour_search.neighbour_loo_widths`), else
+    :func:`given_neighbour_widths`. The other names (rules, "loo_scale", "aicc") measure
+    fixed widths: refused; so are ``rtol > 0`` and ``missing="marginalize"``."""
     from ..local.neighbour_search import neighbour_loo_widths
-    from ..local.neighbours import check_neighbour_counts
-    from ..local.problem import check_widths, rule_lambdas
+    from ..local.problem import check_bandwidth_type
 
     spec = model._local_spec()
     kind = spec.bandwidth_type
+    check_bandwidth_type(kind, rtol=spec.rtol, missing=model._missing() == "marginalize")
     if isinstance(bandwidth, str):
         if bandwidth != "loo":
             raise ValueError(
@@ -131,14 +132,43 @@ def neighbour_widths(model, bandwidth, X, Y, sample_weight=None, degree=0) -> np
                 'bandwidth is "loo" (the counts k by leave-one-out), an integer k, or an '
                 "array (k per continuous column, l per categorical one)"
             )
+        check_neighbour_columns(X, spec.var_type, model._column_names())
         return neighbour_loo_widths(spec, X, Y, degree, sample_weight)[0]
+    return given_neighbour_widths(spec, X, bandwidth, model._column_names())
+
+
+def given_neighbour_widths(spec, X, bandwidth, names, name="bandwidth") -> np.ndarray:
+    """Given nearest-neighbour widths on checked rows X (n, d): one integer is k for every
+    continuous column (the categorical columns at their rule's l), an array holds k per
+    continuous column and l per categorical one; checked against the data at fit (k in
+    [1, n - 1], every continuous column with two distinct values, errors naming the
+    column ``names[j]``), so that a fitted model predicts."""
+    from ..local.neighbours import check_neighbour_counts
+    from ..local.problem import check_widths, rule_lambdas
+
+    if isinstance(bandwidth, (bool, np.bool_)):
+        raise ValueError(f"{name} must be an integer k or an array of them, got {bandwidth!r}")
     if isinstance(bandwidth, Real):
         widths = rule_lambdas(spec.var_type, spec.counts, X.shape[0])
-        widths[spec.continuous] = check_neighbour_counts([bandwidth], X.shape[0])[0]
+        widths[spec.continuous] = check_neighbour_counts([bandwidth], X.shape[0], name)[0]
     else:
-        widths = check_widths(bandwidth, spec.var_type, spec.counts, bandwidth_type=kind)
-    check_neighbour_counts(widths[spec.continuous], X.shape[0])
+        widths = check_widths(
+            bandwidth, spec.var_type, spec.counts, name, bandwidth_type=spec.bandwidth_type
+        )
+    check_neighbour_counts(widths[spec.continuous], X.shape[0], name)
+    check_neighbour_columns(X, spec.var_type, names)
     return widths
+
+
+def check_neighbour_columns(X, var_type, names) -> None:
+    """A ValueError naming the first continuous column of X that holds one value only:
+    it has no nearest-neighbour width (every distance to another row is 0)."""
+    for j, kind in enumerate(var_type):
+        if kind == "c" and X.shape[0] and not np.any(X[:, j] != X[0, j]):
+            raise ValueError(
+                f"column {names[j]!r} holds one value only: it has no nearest-neighbour "
+                "width (a nearest-neighbour width needs two distinct values)"
+            )
 
 
 def _is_loo(bandwidth, X) -> bool:

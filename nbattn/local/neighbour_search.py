@@ -30,6 +30,7 @@ import math
 import numpy as np
 
 from .. import config
+from .._core.numeric import power_of_two_scale
 from .engine import loo_loss
 from .problem import LocalSpec, lambda_max, layout, rule_lambdas
 
@@ -77,7 +78,7 @@ def _best(criterion, widths, position, candidates):
 def _search_count(criterion, widths, positions, n_max):
     """The count k in [1, n_max] shared by ``positions`` (one column, or every continuous
     column at once) of smallest criterion, the others held (module docstring)."""
-    size = max(3, int(config.NN_EXHAUSTIVE_COUNTS))  # a bracket of 3 always narrows
+    size = max(4, int(config.NN_EXHAUSTIVE_COUNTS))
     low, high = 1, n_max
 
     def set_count(k):
@@ -88,14 +89,18 @@ def _search_count(criterion, widths, positions, n_max):
     best_k, best_value = None, math.inf
     while True:
         grid = count_grid(low, high, size)
+        if best_k is not None:  # the best so far stays on the grid: its bracket holds it
+            grid = np.union1d(grid, [best_k])
         values = [criterion(set_count(k)) for k in grid]
-        at = int(np.argmin(values))
-        if values[at] < best_value or best_k is None:
-            best_k, best_value = int(grid[at]), values[at]
+        at = int(np.argmin(values))  # the smallest count on ties
+        best_k, best_value = int(grid[at]), values[at]
         if grid.shape[0] == high - low + 1:  # every count of the range evaluated
             break
-        low = int(grid[max(at - 1, 0)])
-        high = int(grid[min(at + 1, grid.shape[0] - 1)])
+        bracket = int(grid[max(at - 1, 0)]), int(grid[min(at + 1, grid.shape[0] - 1)])
+        if bracket == (low, high):  # rounding left too few counts to narrow: halve instead
+            middle = (low + high) // 2
+            bracket = (low, middle) if best_k <= middle else (middle, high)
+        low, high = bracket
     return best_k, best_value
 
 
@@ -145,11 +150,16 @@ def search_neighbour_widths(function, var_type, start, lambda_top, n_max):
 def neighbour_loo_widths(spec: LocalSpec, X, Y, degree, sample_weight=None):
     """The nearest-neighbour widths of a regression (counts k, and l per categorical
     column) minimising the engine's leave-one-out MSE (``loo_loss``: the key weights weigh
-    the terms too) on checked training rows X (n, d) and values Y (n, m).
-    Returns ``(widths, criterion, n_evaluations)``."""
+    the terms too) on checked training rows X (n, d) and values Y (n, m), searched on Y
+    divided by a power of two (exact). Returns ``(widths, criterion, n_evaluations)``."""
     n = X.shape[0]
     if n < 2:
         raise ValueError(f"nearest-neighbour widths need at least 2 samples, got n_samples={n}")
+
+    # y divided by a power of two near its largest magnitude (exact): the squared errors
+    # of y near 1e300 stay finite and compare as they would at y / 1e300
+    unit = float(power_of_two_scale(np.max(np.abs(Y)))) if Y.size else 1.0
+    Y = Y / unit
 
     def criterion(widths):
         problem = layout(
@@ -159,4 +169,8 @@ def neighbour_loo_widths(spec: LocalSpec, X, Y, degree, sample_weight=None):
 
     start = rule_lambdas(spec.var_type, spec.counts, n)
     top = lambda_max(spec.var_type, spec.counts)
-    return search_neighbour_widths(criterion, spec.var_type, start, top, n - 1)
+    widths, value, evaluations = search_neighbour_widths(
+        criterion, spec.var_type, start, top, n - 1
+    )
+    with np.errstate(over="ignore"):  # in y's units: inf only beyond float64
+        return widths, value * unit * unit, evaluations

@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._core.numeric import power_of_two_scale
-
 __all__ = [
     "BANDWIDTH_TYPES",
     "NN_TYPES",
@@ -59,7 +57,7 @@ def check_neighbour_counts(counts, n_train: int, name="bandwidth") -> np.ndarray
             )
         if k > n_train - 1:
             raise ValueError(
-                f"{name}: k = {int(k)} for continuous column {position}, but a training row "
+                f"{name}: k = {k:g} for continuous column {position}, but a training row "
                 f"has only {n_train - 1} other rows (n = {n_train})"
             )
     return counts
@@ -109,10 +107,12 @@ def neighbour_widths(kind, counts, keys_cont, queries_cont, exclude_self, names=
 
     ``counts`` the k per continuous column (:func:`check_neighbour_counts`),
     ``keys_cont`` (n, dc) and ``queries_cont`` (n_q, dc) checked, complete columns;
-    ``exclude_self``: the queries are the keys of a leave-one-out fit. A column whose
-    values are all equal has no positive width: a ValueError naming it. Distances are
-    taken in units of a power of two near the column's largest key (exact), so values
-    near 1e308 or 1e-308 give their widths without overflow or underflow."""
+    ``exclude_self``: the queries are the keys of a leave-one-out fit; ``names`` the
+    columns' names in errors. Distances are taken in the data's own units (a difference
+    of subnormals is exact). A ValueError names the column where one has a single value
+    (no positive width), where a width lies beyond float64 (values near +-1e308 of both
+    signs), or where the widths' ratio to their median does (a column spanning 1e-300 to
+    1e300): never a silent 0 or inf."""
     n, dc = keys_cont.shape
     counts = check_neighbour_counts(counts, n)
     h = np.empty(dc)
@@ -120,32 +120,37 @@ def neighbour_widths(kind, counts, keys_cont, queries_cont, exclude_self, names=
     q_stretch = np.empty((queries_cont.shape[0], dc) if per_query else (0, 0))
     keys_stretch_t = np.empty((0, 0) if per_query else (dc, n))
     for c in range(dc):
-        unit = float(power_of_two_scale(np.max(np.abs(keys_cont[:, c]))))
-        keys = np.sort(keys_cont[:, c] / unit)
-        at_keys = kth_distances(keys, keys_cont[:, c] / unit, counts[c], skip_self=True)
+        label = names[c] if names is not None else f"continuous column {c}"
+        keys = np.sort(keys_cont[:, c])
+        at_keys = kth_distances(keys, keys_cont[:, c], counts[c], skip_self=True)
         if not at_keys.max() > 0.0:
-            label = names[c] if names is not None else f"continuous column {c}"
             raise ValueError(
                 f"{label} holds one value only: it has no nearest-neighbour width (a "
                 "nearest-neighbour width needs two distinct values)"
             )
         reference = float(np.median(at_keys[at_keys > 0.0]))
-        h[c] = reference * unit
+        widths = at_keys
+        if per_query and not exclude_self:  # else the queries are the keys
+            widths = kth_distances(keys, queries_cont[:, c], counts[c])
+        with np.errstate(over="ignore", divide="ignore"):
+            stretch = _stretch(reference, widths)
+        if not (np.isfinite(reference) and np.isfinite(stretch).all() and (stretch > 0).all()):
+            raise ValueError(
+                f"{label}: its nearest-neighbour widths (k = {counts[c]:g}) range from "
+                f"{widths.min():.3g} to {widths.max():.3g} around their median "
+                f"{reference:.3g}, beyond what float64 holds as a ratio or a distance"
+            )
+        h[c] = reference
         if per_query:
-            if exclude_self:  # the queries are the keys: their k-th nearest other values
-                at = at_keys
-            else:
-                with np.errstate(over="ignore"):
-                    at = kth_distances(keys, queries_cont[:, c] / unit, counts[c])
-            q_stretch[:, c] = _stretch(reference, at)
+            q_stretch[:, c] = stretch
         else:
-            keys_stretch_t[c] = _stretch(reference, at_keys)
+            keys_stretch_t[c] = stretch
     return h, np.ascontiguousarray(q_stretch), np.ascontiguousarray(keys_stretch_t)
 
 
 def _stretch(reference, widths):
     """h / h(x), with a width of 0 (a point tied with every value) stretched as the smallest
-    positive width of the column would be, and an infinite one (beyond float64) left at 0."""
+    positive width of the column would be."""
     positive = widths[widths > 0.0]
     floor = positive.min() if positive.size else reference
     with np.errstate(divide="ignore", over="ignore"):

@@ -104,6 +104,10 @@ class LocalSpec:
     rtol: float = 0.0
     bandwidth_type: str = "fixed"
 
+    def __post_init__(self):
+        if self.bandwidth_type != "fixed" and self.rtol > 0.0:
+            check_bandwidth_type(self.bandwidth_type, rtol=self.rtol)  # its error
+
     @property
     def nearest_neighbour(self) -> bool:
         """Whether the continuous columns' widths are nearest-neighbour counts k."""
@@ -165,7 +169,7 @@ def check_bandwidth_type(bandwidth_type, *, rtol=0.0, missing=False) -> str:
         if rtol > 0.0:
             raise ValueError(
                 f"bandwidth_type={bandwidth_type!r} is exact: rtol must be 0 (the pruned "
-                "passes bound a leaf of keys by one width per column), got rtol={rtol!r}"
+                f"passes bound a leaf of keys by one width per column), got rtol={rtol!r}"
             )
         if missing:
             raise ValueError(
@@ -530,8 +534,9 @@ def layout(
     kc, qc = keys[:, cont], queries[:, cont]
     stretches = {}
     if spec.nearest_neighbour and cont.any():
+        names = [f"column {j}" for j in np.flatnonzero(cont)]
         h, q_stretch, keys_stretch_t = neighbour_widths(
-            spec.bandwidth_type, h, kc, qc, bool(exclude_self)
+            spec.bandwidth_type, h, kc, qc, bool(exclude_self), names
         )
         stretches = {"q_stretch": q_stretch, "keys_stretch_t": keys_stretch_t}
     if not cont.any():
