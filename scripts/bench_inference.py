@@ -18,6 +18,13 @@ training rows (two continuous columns, local-linear at 0.3 sd) at ``--band-point
 queries with ``--band-boots`` wild replicates, and with pairs replicates, beside the
 sandwich interval (``method="asymptotic"``) on the same model, each timed warm, with the
 median width of each.
+
+Last, nearest-neighbour widths (R np's ``bwtype``): on ``--nn-rows`` rows of two
+continuous columns, ``LocalPolynomialRegressor(bandwidth="loo")`` and
+``KernelDensity(bandwidth="cv_ml")`` fitted with fixed, generalised and adaptive widths
+(warm), each fit's time, its criterion at the fitted widths, the ratio of its time to the
+fixed widths' fit, and the time to predict ``--nn-rows`` new rows (statsmodels has no
+nearest-neighbour widths; ``--nn-rows 0`` skips this part).
 """
 
 from __future__ import annotations
@@ -45,9 +52,52 @@ def main(argv=None):
     parser.add_argument("--band-rows", type=int, default=2000)
     parser.add_argument("--band-points", type=int, default=1000)
     parser.add_argument("--band-boots", type=int, default=999)
+    parser.add_argument("--nn-rows", type=int, default=1000)
     args = parser.parse_args(argv)
     significance(args)
     bands(args)
+    if args.nn_rows:
+        neighbours(args.nn_rows)
+
+
+def neighbours(rows):
+    import nbattn
+    from nbattn.local.engine import local_loo_loss
+
+    X, y = data(rows, seed=2)
+    X, Q = X[:, :2], data(rows, seed=3)[0][:, :2]
+    kinds = ("fixed", "generalized_nn", "adaptive_nn")
+    for name, make, criterion in (
+        (
+            "LocalPolynomialRegressor(bandwidth='loo')",
+            lambda t: nbattn.LocalPolynomialRegressor(bandwidth="loo", bandwidth_type=t),
+            lambda m, t: local_loo_loss(X, y, m.bandwidth_, 1, bandwidth_type=t),
+        ),
+        (
+            "KernelDensity(bandwidth='cv_ml')",
+            lambda t: nbattn.KernelDensity(bandwidth="cv_ml", bandwidth_type=t),
+            None,
+        ),
+    ):
+        base = None
+        for kind in kinds:
+            make(kind).fit(X[:50], y[:50]) if "Regressor" in name else make(kind).fit(X[:50])
+            start = time.perf_counter()
+            model = make(kind).fit(X, y) if "Regressor" in name else make(kind).fit(X)
+            fit_s = time.perf_counter() - start
+            start = time.perf_counter()
+            model.predict(Q) if "Regressor" in name else model.score_samples(Q)
+            predict_s = time.perf_counter() - start
+            base = fit_s if base is None else base
+            if criterion is not None:
+                value = f"LOO MSE {criterion(model, kind):.5f}"
+            else:
+                value = f"LOO log-lik/row {model.summary().criteria['loo_log_likelihood']:.4f}"
+            widths = np.array2string(model.bandwidth_, precision=3)
+            print(
+                f"{name} {kind:>15} on {rows} rows: fit {fit_s:6.2f} s ({fit_s / base:5.2f}x "
+                f"fixed), predict {rows} rows {predict_s:6.3f} s, {value}, widths {widths}"
+            )
 
 
 def bands(args):

@@ -60,7 +60,7 @@ class KernelDensity(DensityPrediction, SpecEstimator):
         (:mod:`nbattn.local.neighbours`). Exact (``rtol`` 0), CPU and GPU; ``pdf`` and
         ``score_samples`` only (not ``cdf`` nor ``sample``). The generalised estimate is
         Loftsgaarden and Quesenberry's "balloon" estimator: its width grows with the
-        distance to the data, so its tails fall as 1/|x| and it does not integrate to 1
+        distance to the data, so its tails fall as ``1 / abs(x)`` and it does not integrate to 1
         (Terrell and Scott 1992, "Variable kernel density estimation"); the adaptive one
         is a mixture of kernels and does.
     kernel : {"gaussian", "epanechnikov", "tricube"}
