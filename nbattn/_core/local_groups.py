@@ -62,11 +62,14 @@ class LocalData(NamedTuple):
     log_weights: np.ndarray
     #: (n_q, dc) per query and continuous column, the factor r by which the kernel's argument
     #: is stretched, K(r d) (generalised nearest-neighbour widths, ``nbattn.local.neighbours``:
-    #: r = h / h(q)); shape (0, 0) where no query is stretched (fixed widths)
-    q_stretch: np.ndarray
+    #: r = h / h(q)); shape (0, 0) where no query is stretched. None for fixed widths on the
+    #: CPU: a type of its own, so the fixed-width kernels compile without the stretched
+    #: code (``kernels.local_pairs.stretched_terms``); the GPU's host code reads None as (0, 0)
+    q_stretch: np.ndarray | None
     #: (dc, n_k) the same per key (adaptive nearest-neighbour widths: r = h / h_j); (0, 0)
-    #: where no key is stretched. The design rows keep the unstretched differences d.
-    keys_stretch_t: np.ndarray
+    #: where no key is stretched, None with ``q_stretch``. The design rows keep the
+    #: unstretched differences d.
+    keys_stretch_t: np.ndarray | None
 
 
 class LocalModel(NamedTuple):

@@ -20,9 +20,10 @@ def device_inputs(data, model):
     """The arrays every launch reads, on the device and in the launched kernels' order:
     (q_cont, keys_cont_t, q_cat, keys_cat_t, cat_params, log_weights, q_stretch,
     keys_stretch_t), the last two the stretches of nearest-neighbour widths, (0, 0) where
-    there are none (:func:`stretch_kind`)."""
+    there are none (None in ``data``: :func:`stretch_kind`)."""
+    stretches = tuple(np.zeros((0, 0)) if a is None else a for a in data[5:7])  # None: fixed
     arrays = (data.q_cont, data.keys_cont_t, data.q_cat, data.keys_cat_t)
-    arrays += (model.cat_params, data.log_weights, data.q_stretch, data.keys_stretch_t)
+    arrays += (model.cat_params, data.log_weights, *stretches)
     return tuple(
         to_device(np.ascontiguousarray(a, dtype=np.float64) if isinstance(a, np.ndarray) else a)
         for a in arrays

@@ -19,7 +19,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import overload
 
 from .. import config
 from .._core.local_groups import EPANECHNIKOV, GAUSSIAN
@@ -75,12 +76,36 @@ def log_kernel(d, kernel):
     return 3.0 * math.log(inside) if inside > 0.0 else -math.inf
 
 
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
 def stretched_terms(i, j0, nb, data, kernel, missing, scores, design):
     """The continuous columns' terms of :func:`block_scores` under nearest-neighbour
-    widths: log K(r d_jc), r the query's stretch ``q_stretch[i, c]`` or the key's
-    ``keys_stretch_t[c, j]`` (``LocalData``), added to ``scores``; the unstretched
-    differences d_jc go to the design rows (always written)."""
+    widths, chosen by type: where ``LocalData``'s stretches are None (fixed widths) it does
+    nothing and returns False, and no stretched code is compiled into the caller (a branch
+    on a value would compile it into every local kernel: +1.5 s of the first local-linear
+    call); where they are arrays, :func:`_stretched_terms` and True."""
+    raise NotImplementedError("stretched_terms runs in compiled code only")
+
+
+@overload(stretched_terms, inline="always")
+def _stretched_terms_overload(i, j0, nb, data, kernel, missing, scores, design):
+    if isinstance(data.types[data.fields.index("q_stretch")], types.NoneType):
+
+        def fixed(i, j0, nb, data, kernel, missing, scores, design):
+            return False
+
+        return fixed
+
+    def stretched(i, j0, nb, data, kernel, missing, scores, design):
+        _stretched_terms(i, j0, nb, data, kernel, missing, scores, design)
+        return True
+
+    return stretched
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def _stretched_terms(i, j0, nb, data, kernel, missing, scores, design):
+    """log K(r d_jc), r the query's stretch ``q_stretch[i, c]`` or the key's
+    ``keys_stretch_t[c, j]`` (``LocalData``; one of them (0, 0)), added to ``scores``; the
+    unstretched differences d_jc go to the design rows (always written)."""
     q_cont, keys_cont_t = data.q_cont, data.keys_cont_t
     per_query = data.q_stretch.shape[0] > 0
     per_key = data.keys_stretch_t.shape[1] > 0
@@ -140,8 +165,8 @@ def block_scores(i, j0, nb, data, model, weighted, store_design, scores, design)
     else:
         for j in range(nb):
             scores[j] = 0.0
-    if data.q_stretch.shape[0] > 0 or data.keys_stretch_t.shape[1] > 0:
-        stretched_terms(i, j0, nb, data, kernel, missing, scores, design)
+    if stretched_terms(i, j0, nb, data, kernel, missing, scores, design):
+        pass
     elif kernel == GAUSSIAN:
         for c in range(dc):
             qc = q_cont[i, c]

@@ -458,14 +458,15 @@ class LocalProblem:
             log_weights = np.ascontiguousarray(
                 log_weights + np.log(self.keys_stretch_t).sum(axis=0)
             )
+        stretched = self.stretched  # else None: the kernels compile without the stretches
         data = LocalData(
             self.q_cont,
             self.keys_cont_t,
             self.q_cat,
             self.keys_cat_t,
             log_weights,
-            self.q_stretch,
-            self.keys_stretch_t,
+            self.q_stretch if stretched else None,
+            self.keys_stretch_t if stretched else None,
         )
         model = LocalModel(
             cat_params=self.cat_params,
