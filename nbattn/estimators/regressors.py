@@ -496,15 +496,8 @@ class LocalPolynomialRegressor(_PoolingRegressor):
         default lambda (:func:`nbattn.local.engine.default_widths`); one number is h
         for every continuous column; an array gives h or lambda per column.
     bandwidth_type : "fixed", "generalized_nn" or "adaptive_nn"
-        R np's ``bwtype``. With a nearest-neighbour type ``bandwidth`` is ``"loo"`` (the
-        counts k, and l per categorical column, of least leave-one-out MSE: every k
-        evaluated where n - 1 holds at most ``config.NN_EXHAUSTIVE_COUNTS`` of them, else
-        narrowing grids), one integer k for every continuous column, or an array (k per
-        continuous column, l per categorical one). Generalised: at a query x a continuous
-        column's width is the distance from x to its k-th nearest training value;
-        adaptive: training row i carries the distance from x_i to its k-th nearest other
-        value, h_i, and weighs K((x - x_i) / h_i) / h_i (:mod:`nbattn.local.neighbours`).
-        Exact (``rtol`` 0), complete continuous columns; not with "aicc" or a rule.
+        R np's ``bwtype``, as :class:`nbattn.NadarayaWatsonRegressor` takes it (counts k of
+        nearest neighbours in ``bandwidth``; "loo" searches them).
     kernel : "gaussian", "epanechnikov" or "tricube"
         The kernel of the continuous columns.
     rtol : float in [0, 1), default 0
