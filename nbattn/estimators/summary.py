@@ -447,6 +447,8 @@ def _table(model):
         counts = [0 if model.y_categories_ is None else len(model.y_categories_)]
         y_column = np.asarray(model.y_fit_, dtype=np.float64).reshape(-1, 1)
         y_scaled = scaled_widths([float(model.y_bandwidth_)], y_kind, counts, y_column)[0]
+        if y_kind == "c" and model._bandwidth_type() != "fixed":  # y's count k
+            y_scaled = float(model.y_bandwidth_) / max(y_column.shape[0] - 1, 1)
         frame["name"] = ["y", *frame["name"]]
         frame["kind"] = [_KIND_NAMES[y_kind], *frame["kind"]]
         frame["width"] = np.concatenate([[model.y_bandwidth_], widths])

@@ -418,3 +418,24 @@ def test_a_column_spanning_1e_minus_300_to_1e300_gets_its_widths():
         w = np.exp(scores - scores.max())
         expected.append(w @ y / w.sum())
     np.testing.assert_allclose(got, expected, rtol=1e-12)
+
+
+@pytest.mark.parametrize("bandwidth_type", NN_TYPES)
+def test_summary_reports_counts_as_shares_of_the_other_rows(bandwidth_type):
+    """summary() of a nearest-neighbour model: each continuous column's width is its k and
+    its scaled width k / (n - 1) (y's too for a conditional density), and the text says
+    the widths are counts."""
+    X, y, _ = _data(6, n=40)
+    models = (
+        _regressor(bandwidth_type, bandwidth=[7, 11]).fit(X, y),
+        KernelDensity(bandwidth=[7, 11], bandwidth_type=bandwidth_type).fit(X),
+        nbattn.ConditionalKernelDensity(
+            bandwidth=[7, 11], y_bandwidth=5, bandwidth_type=bandwidth_type
+        ).fit(X, y),
+    )
+    for model in models:
+        summary = model.summary()
+        table = summary.table
+        counts = table["width"].to_numpy(dtype=np.float64)
+        np.testing.assert_array_equal(table["scaled"].to_numpy(dtype=np.float64), counts / 39)
+        assert f"k (continuous, {bandwidth_type})" in str(summary)
