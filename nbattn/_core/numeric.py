@@ -20,6 +20,21 @@ def power_of_two_scale(magnitude):
     return np.where(magnitude > 0, np.ldexp(1.0, np.frexp(magnitude)[1] - 1), 1.0)
 
 
+def median(x, axis=0, skip_nan=False):
+    """``np.median`` (``np.nanmedian`` with ``skip_nan``) along ``axis``, except where the
+    mean of the two middle values overflows (both near +-1.8e308, an even count): there
+    the lower middle value, itself a value of the data. The one centre of columns and
+    widths at any magnitude."""
+    x = np.asarray(x, dtype=np.float64)
+    with np.errstate(over="ignore"):
+        middle = np.nanmedian(x, axis=axis) if skip_nan else np.median(x, axis=axis)
+    overflowed = np.isinf(middle)
+    if np.any(overflowed):
+        quantile = np.nanquantile if skip_nan else np.quantile
+        middle = np.where(overflowed, quantile(x, 0.5, axis=axis, method="lower"), middle)
+    return middle
+
+
 def plus_scaled(centre, q, exponent: int):
     """``centre + q 2**exponent`` without overflowing on the way: ``q 2**exponent`` alone
     may pass float64 (q an interval's half-width in units of a power of two that is

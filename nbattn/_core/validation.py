@@ -29,6 +29,8 @@ import numbers
 
 import numpy as np
 
+from .numeric import median
+
 _DTYPES = {"float64": np.float64, "float32": np.float32}
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 _FLOAT64_TINY = float(np.finfo(np.float64).tiny)
@@ -402,7 +404,7 @@ def centred_columns(x) -> np.ndarray:
     is further than the largest float64.
     """
     x = np.asarray(x, dtype=np.float64)
-    centre = np.median(x, axis=0)
+    centre = median(x)
     with np.errstate(over="ignore", invalid="ignore"):
         centred = x - centre
     wide = ~np.isfinite(centred).all(axis=0)

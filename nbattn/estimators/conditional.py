@@ -12,6 +12,8 @@ fitted state.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 from sklearn.base import RegressorMixin
 from sklearn.utils.validation import check_is_fitted, column_or_1d
@@ -116,18 +118,19 @@ def _neighbour_widths(model, spec, joint, sample_weight):
     (y_bandwidth None) searches the counts k and the categorical l by the leave-one-out
     conditional likelihood; else ``bandwidth`` holds X's (one k for every continuous
     column, or an array) and ``y_bandwidth`` y's (its k, or l for a categorical y; None:
-    the single k of ``bandwidth``). Rules, "cv_ls" and "cv_cdf" measure fixed widths."""
+    the single k of ``bandwidth``), each checked by
+    :func:`nbattn.estimators.widths.given_neighbour_widths`. Rules, "cv_ls" and "cv_cdf"
+    measure fixed widths."""
+    from numbers import Real
+
     from ..distribution.density_widths import neighbour_cv_ml_widths
-    from ..local.neighbours import check_neighbour_counts
     from ..local.problem import check_bandwidth_type, rule_lambdas
-    from .widths import check_neighbour_columns
+    from .widths import check_neighbour_columns, given_neighbour_widths, refuse_bool_counts
 
     kind, bandwidth, y_width = spec.bandwidth_type, model.bandwidth, model.y_bandwidth
     check_bandwidth_type(kind, rtol=spec.rtol, missing=model._missing() == "marginalize")
-    check_neighbour_columns(joint, spec.var_type, ["y", *model._column_names()])
-    for name, value in (("bandwidth", bandwidth), ("y_bandwidth", y_width)):
-        if isinstance(value, (bool, np.bool_)):
-            raise ValueError(f"{name} must be an integer k or an array of them, got {value!r}")
+    refuse_bool_counts(bandwidth)
+    refuse_bool_counts(y_width, "y_bandwidth")
     if isinstance(y_width, str) or (isinstance(bandwidth, str) and bandwidth != "cv_ml"):
         raise ValueError(
             f"bandwidth={bandwidth!r}, y_bandwidth={y_width!r}: with bandwidth_type={kind!r} "
@@ -137,32 +140,25 @@ def _neighbour_widths(model, spec, joint, sample_weight):
     if isinstance(bandwidth, str):
         if y_width is not None:
             raise ValueError("y_bandwidth must be None with bandwidth='cv_ml'")
+        check_neighbour_columns(joint, spec.var_type, ["y", *model._column_names()])
         return neighbour_cv_ml_widths(spec, joint, sample_weight, n_response=1)
-    n = joint.shape[0]
-    widths = rule_lambdas(spec.var_type, spec.counts, n)
-    x_widths = np.asarray(bandwidth, dtype=np.float64).reshape(-1)
-    if x_widths.size not in (1, joint.shape[1] - 1):
-        raise ValueError(f"bandwidth has {x_widths.size} entries but X has {joint.shape[1] - 1}")
-    if x_widths.size == 1:  # one k for every continuous column of X
-        widths[1:] = np.where(spec.continuous[1:], x_widths[0], widths[1:])
-    else:
-        widths[1:] = x_widths
-    if y_width is not None:
-        widths[0] = y_width
-    elif spec.var_type[0] == "c":
-        if x_widths.size != 1:
+
+    def part(columns):
+        return dataclasses.replace(
+            spec, var_type=spec.var_type[columns], n_categories=spec.n_categories[columns]
+        )
+
+    x_part, y_part = part(slice(1, None)), part(slice(None, 1))
+    x_widths = given_neighbour_widths(x_part, joint[:, 1:], bandwidth, model._column_names())
+    if y_width is None:
+        if y_part.var_type != "c":  # a categorical y: its rule's l
+            y_width = rule_lambdas(y_part.var_type, y_part.counts, joint.shape[0])[0]
+        elif isinstance(bandwidth, Real):
+            y_width = bandwidth
+        else:
             raise ValueError("y_bandwidth (y's k) is needed when bandwidth is an array")
-        widths[0] = x_widths[0]
-    y_part = (spec.var_type[:1], spec.counts[:1])
-    x_part = (spec.var_type[1:], spec.counts[1:])
-    widths = np.concatenate(
-        [
-            check_widths(widths[:1], *y_part, "y_bandwidth", bandwidth_type=kind),
-            check_widths(widths[1:], *x_part, "bandwidth", bandwidth_type=kind),
-        ]
-    )
-    check_neighbour_counts(widths[spec.continuous], n, "(y_bandwidth, *bandwidth)")
-    return widths
+    y_widths = given_neighbour_widths(y_part, joint[:, :1], [y_width], ["y"], "y_bandwidth")
+    return np.concatenate([y_widths, x_widths])
 
 
 def _required(y, method: str):

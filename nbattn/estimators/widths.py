@@ -61,6 +61,7 @@ __all__ = [
     "fit_widths",
     "given_neighbour_widths",
     "neighbour_widths",
+    "refuse_bool_counts",
     "weighted_default_widths",
     "weighted_loo_scale",
     "weighted_rule_bandwidth",
@@ -146,18 +147,26 @@ def given_neighbour_widths(spec, X, bandwidth, names, name="bandwidth") -> np.nd
     from ..local.neighbours import check_neighbour_counts
     from ..local.problem import check_widths, rule_lambdas
 
-    if isinstance(bandwidth, (bool, np.bool_)):
-        raise ValueError(f"{name} must be an integer k or an array of them, got {bandwidth!r}")
+    refuse_bool_counts(bandwidth, name)
+    continuous = [n for n, kind in zip(names, spec.var_type) if kind == "c"]
     if isinstance(bandwidth, Real):
         widths = rule_lambdas(spec.var_type, spec.counts, X.shape[0])
-        widths[spec.continuous] = check_neighbour_counts([bandwidth], X.shape[0], name)[0]
+        counts = check_neighbour_counts([bandwidth] * len(continuous), X.shape[0], name, continuous)
+        widths[spec.continuous] = counts
     else:
         widths = check_widths(
             bandwidth, spec.var_type, spec.counts, name, bandwidth_type=spec.bandwidth_type
         )
-    check_neighbour_counts(widths[spec.continuous], X.shape[0], name)
+    check_neighbour_counts(widths[spec.continuous], X.shape[0], name, continuous)
     check_neighbour_columns(X, spec.var_type, names)
     return widths
+
+
+def refuse_bool_counts(bandwidth, name="bandwidth") -> None:
+    """A ValueError where ``bandwidth`` is a bool or holds one (numpy reads True as 1)."""
+    values = bandwidth if isinstance(bandwidth, (list, tuple, np.ndarray)) else [bandwidth]
+    if any(isinstance(v, (bool, np.bool_)) for v in np.asarray(values, dtype=object).ravel()):
+        raise ValueError(f"{name} must be an integer k or an array of them, got {bandwidth!r}")
 
 
 def check_neighbour_columns(X, var_type, names) -> None:

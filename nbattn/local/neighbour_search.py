@@ -129,6 +129,12 @@ def search_neighbour_widths(function, var_type, start, lambda_top, n_max):
         widths[positions] = k
     else:
         value = criterion(widths)
+    if not math.isfinite(value):
+        raise ValueError(
+            "the leave-one-out criterion is infinite at every count k the search evaluated "
+            "(a compact kernel leaves some row no other row within reach): use the "
+            "Gaussian kernel or given counts"
+        )
     if len(var_type) > 1:
         for _ in range(int(config.NN_MAX_SWEEPS)):
             before = widths.copy()

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._core.numeric import median
+
 __all__ = [
     "BANDWIDTH_TYPES",
     "NN_TYPES",
@@ -45,19 +47,21 @@ NN_TYPES = ("generalized_nn", "adaptive_nn")
 BANDWIDTH_TYPES = ("fixed", *NN_TYPES)
 
 
-def check_neighbour_counts(counts, n_train: int, name="bandwidth") -> np.ndarray:
+def check_neighbour_counts(counts, n_train: int, name="bandwidth", columns=None) -> np.ndarray:
     """Neighbour counts k (one per continuous column) as float64 integers in [1, n - 1]
-    (a training row has n - 1 other values); a ValueError naming the entry otherwise."""
+    (a training row has n - 1 other values); a ValueError naming the entry (``columns``:
+    the continuous columns' names, else their positions among them) otherwise."""
     counts = np.asarray(counts, dtype=np.float64).reshape(-1)
     for position, k in enumerate(counts):
+        label = f"column {columns[position]!r}" if columns else f"continuous column {position}"
         if not (np.isfinite(k) and k == np.floor(k) and k >= 1):
             raise ValueError(
                 f"{name}: nearest-neighbour widths take an integer k >= 1 per continuous "
-                f"column, got {float(k)!r} for continuous column {position}"
+                f"column, got {float(k)!r} for {label}"
             )
         if k > n_train - 1:
             raise ValueError(
-                f"{name}: k = {k:g} for continuous column {position}, but a training row "
+                f"{name}: k = {k:g} for {label}, but a training row "
                 f"has only {n_train - 1} other rows (n = {n_train})"
             )
     return counts
@@ -128,7 +132,7 @@ def neighbour_widths(kind, counts, keys_cont, queries_cont, exclude_self, names=
                 f"{label} holds one value only: it has no nearest-neighbour width (a "
                 "nearest-neighbour width needs two distinct values)"
             )
-        reference = float(np.median(at_keys[at_keys > 0.0]))
+        reference = float(median(at_keys[at_keys > 0.0]))
         widths = at_keys
         if per_query and not exclude_self:  # else the queries are the keys
             widths = kth_distances(keys, queries_cont[:, c], counts[c])

@@ -23,6 +23,7 @@ from .. import config
 from .._core.columns import CONTINUOUS_KERNELS as KERNELS
 from .._core.columns import check_var_type
 from .._core.local_groups import KERNEL_CODES, LocalData, LocalModel
+from .._core.numeric import median
 from .._core.validation import (
     as_float_array,
     check_bandwidth,
@@ -545,10 +546,10 @@ def layout(
     elif spec.missing and np.isnan(kc).any():
         with warnings.catch_warnings():  # an all-NaN column has no centre: use 0
             warnings.simplefilter("ignore", RuntimeWarning)
-            centre = np.nanmedian(kc, axis=0)
+            centre = median(kc, skip_nan=True)
         centre = np.where(np.isnan(centre), 0.0, centre)
     else:
-        centre = np.median(kc, axis=0)
+        centre = median(kc)
     missing = bool(spec.missing)
     q_cont = scaled_columns(qc, "queries", h, centre=centre, allow_nan=missing)
     keys_cont_t = scaled_columns(kc, "keys", h, centre=centre, allow_nan=missing).T

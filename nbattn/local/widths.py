@@ -32,7 +32,13 @@ import numbers
 import numpy as np
 
 from .. import config
-from .._core.numeric import MIN_SUBSAMPLE_ROWS, row_ladder, sum_safe_units, within_squares
+from .._core.numeric import (
+    MIN_SUBSAMPLE_ROWS,
+    median,
+    row_ladder,
+    sum_safe_units,
+    within_squares,
+)
 from .._core.progress import FitProgress
 from .._core.validation import as_float_array, check_positive_int, scaled_columns, shown
 from ..dispatch.device import kernels_for
@@ -271,7 +277,7 @@ class _PooledCriterion(LooCriterion):
         super().__init__(problem)
         # the tiles' contract (prepare_xy): y centred on its median, which no left-out fit's
         # residual depends on, and without which offset targets lose the gradient's digits
-        self.centred_targets = self.targets - np.median(self.targets, axis=0)
+        self.centred_targets = self.targets - median(self.targets)
 
     def _value(self, theta) -> float:
         return self._tiles(theta)[0]

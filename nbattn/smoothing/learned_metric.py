@@ -27,7 +27,7 @@ import warnings
 import numpy as np
 
 from .. import config
-from .._core.numeric import row_ladder
+from .._core.numeric import median, row_ladder
 from .._core.progress import FitProgress, check_verbose
 from .._core.validation import check_choice, check_rtol, resolve_dtype, scaled_columns
 from .loo import (
@@ -475,7 +475,7 @@ def _standardise(X):
     """(X - median) / spread per column, with the spread computed at any magnitude."""
     sigma = feature_spread(X)
     sigma = np.where(sigma > 0, sigma, 1.0)
-    centre = np.median(X, axis=0)
+    centre = median(X)
     return scaled_columns(X, "X", sigma, centre=centre, width_name="spread"), sigma
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import config
-from .._core.numeric import power_of_two_scale
+from .._core.numeric import median, power_of_two_scale
 from .._core.threads import serial_below
 from .._core.validation import (
     as_float_array,
@@ -248,7 +248,7 @@ def _layout(queries, keys, values, h, dtype, keys_row_major=False, keys_feature_
     """
     scale = _score_scale(h)
     step = max(1, keys.shape[0] // _CENTRE_SAMPLE)
-    centre = np.median(keys[::step], axis=0)
+    centre = median(keys[::step])
     dtype = np.dtype(dtype)
     n_keys, d = keys.shape
     q = _centred_scaled(queries, centre, h, scale, dtype, "queries")

@@ -439,3 +439,42 @@ def test_summary_reports_counts_as_shares_of_the_other_rows(bandwidth_type):
         counts = table["width"].to_numpy(dtype=np.float64)
         np.testing.assert_array_equal(table["scaled"].to_numpy(dtype=np.float64), counts / 39)
         assert f"k (continuous, {bandwidth_type})" in str(summary)
+
+
+@pytest.mark.parametrize("bandwidth_type", ("fixed", *NN_TYPES))
+def test_a_column_near_the_largest_float_is_centred_without_overflow(bandwidth_type):
+    """Four values between 1.5e308 and 1.79e308: the mean of the two middle ones (the
+    median) overflows, and the column is centred on the lower one instead, so predict at
+    the training rows is the brute-force pooling (weights in log space, the widths of
+    the definition), with fixed and nearest-neighbour widths alike."""
+    x = np.array([1.5e308, 1.6e308, 1.7e308, 1.79e308])
+    y = np.arange(4.0)
+    bandwidth = 1e307 if bandwidth_type == "fixed" else 1
+    got = _regressor(bandwidth_type, bandwidth=bandwidth).fit(x[:, None], y).predict(x[:, None])
+    half = x / 2  # differences of halves: no overflow on the way
+    if bandwidth_type == "adaptive_nn":
+        h_half = naive.nn_widths(half, half, 1, skip_self=True)
+        scores = -0.5 * ((half[None, :] - half[:, None]) / h_half[None, :]) ** 2 - np.log(h_half)
+    else:
+        h_half = np.full(4, 5e306) if bandwidth_type == "fixed" else naive.nn_widths(half, half, 1)
+        scores = -0.5 * ((half[None, :] - half[:, None]) / h_half[:, None]) ** 2
+    w = np.exp(scores - scores.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(got, w @ y / w.sum(axis=1), rtol=1e-12)
+
+
+def test_bools_among_counts_and_an_infinite_criterion_are_refused():
+    """True among the counts is not k = 1; a cv_ml search whose criterion is infinite at
+    every count (a compact kernel that leaves a row no other row) says so instead of
+    returning k = 1; a conditional model names the argument and the column at fault."""
+    X, y, _ = _data(7, n=30)
+    with pytest.raises(ValueError, match=r"integer k or an array of them, got \[True, 3\]"):
+        _regressor("adaptive_nn", bandwidth=[True, 3]).fit(X, y)
+    with pytest.raises(ValueError, match="infinite at every count"):
+        KernelDensity(bandwidth="cv_ml", kernel="epanechnikov", bandwidth_type="adaptive_nn").fit(
+            [[0.0], [1.0], [100.0]]
+        )
+    conditional = nbattn.ConditionalKernelDensity
+    with pytest.raises(ValueError, match=r"^bandwidth: .* got 2.5 for column 'x0'"):
+        conditional(bandwidth=2.5, bandwidth_type="adaptive_nn").fit(X, y)
+    with pytest.raises(ValueError, match=r"^y_bandwidth: k = 31 for column 'y'"):
+        conditional(bandwidth=[3, 4], y_bandwidth=31, bandwidth_type="adaptive_nn").fit(X, y)
