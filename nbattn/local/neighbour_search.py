@@ -8,9 +8,11 @@ width across a gap between clusters changes it in a step), so the search evaluat
   ``config.NN_EXHAUSTIVE_COUNTS`` of them; else a grid of at most that many counts,
   evenly spaced in log k and always holding both ends, is evaluated, the interval between
   the best count's neighbours in the grid becomes the next range, and so on until a
-  range holds at most that many counts, each of which is evaluated. The answer is the best
-  count evaluated (the smallest on ties), so it is never worse than any count the grids
-  held, among them 1, n - 1 and every count near the answer;
+  range holds at most that many counts, each of which is evaluated (the best count so far
+  stays on every grid; a range that the grid's rounding cannot narrow is halved about it).
+  The answer is the best count evaluated (the smallest on ties), so it is never worse than
+  any count the grids held, among them 1, n - 1 and every count near the answer; a
+  criterion infinite at every count evaluated is an error, not an answer;
 * **categorical columns**: l on a grid of ``config.NN_LAMBDA_GRID`` points over
   [0, l_max] (ends included), then the same grid between the best point's neighbours;
 * **several columns**: first one count shared by every continuous column (the
