@@ -153,8 +153,10 @@ def _print_fitted(estimator, features) -> None:
         print(f"coefficients: {coefs}")
     if hasattr(estimator, "bandwidth_"):
         kinds = batch.model_kinds(estimator, features)
+        count = getattr(estimator, "bandwidth_type", "fixed") != "fixed"  # k neighbours
         widths = ", ".join(
-            f"{io.column_option(features[j])}={h:.6g}" + ("" if kinds[j] == "c" else " (lambda)")
+            f"{io.column_option(features[j])}={h:.6g}"
+            + (" (lambda)" if kinds[j] != "c" else " (k)" if count else "")
             for j, h in zip(batch.smoothed_columns(estimator), estimator.bandwidth_)
         )
         print(f"bandwidth{' (z)' if linear else ''}: {widths}")
