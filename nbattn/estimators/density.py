@@ -13,11 +13,12 @@ import numpy as np
 from sklearn.utils.validation import check_is_fitted
 
 from ..distribution.density import resolve_density_widths, sample_rows
-from ..distribution.density_widths import cv_ml_widths
+from ..distribution.density_widths import cv_ml_widths, neighbour_cv_ml_widths
 from ..distribution.ls_widths import cv_ls_widths
 from ..local.problem import LocalSpec
 from .base import SpecEstimator, decoded_rows, generator
 from .prediction import DensityPrediction
+from .widths import fit_neighbour_counts
 
 __all__ = ["KernelDensity"]
 
@@ -120,7 +121,8 @@ class KernelDensity(DensityPrediction, SpecEstimator):
         self._refuse_incomplete_rows(X)
         spec = self._local_spec()
         if spec.nearest_neighbour:
-            widths = _neighbour_widths(self, spec, X, self.bandwidth, sample_weight)
+            search = lambda: neighbour_cv_ml_widths(spec, X, sample_weight)  # noqa: E731
+            widths = fit_neighbour_counts(self, spec, X, self.bandwidth, "cv_ml", search)
         elif isinstance(self.bandwidth, str) and self.bandwidth == "cv_ml":
             widths = cv_ml_widths(spec, X, sample_weight, verbose=self.verbose)
         elif isinstance(self.bandwidth, str) and self.bandwidth == "cv_ls":
@@ -179,28 +181,3 @@ class KernelDensity(DensityPrediction, SpecEstimator):
             generator(random_state),
         )
         return decoded_rows(self, rows)
-
-
-def _neighbour_widths(model, spec, X, bandwidth, sample_weight):
-    """A nearest-neighbour density's widths: "cv_ml" searches the counts k (and the
-    categorical l) by the leave-one-out likelihood
-    (:func:`nbattn.distribution.density_widths.neighbour_cv_ml_widths`), else
-    :func:`nbattn.estimators.widths.given_neighbour_widths`. The rules and "cv_ls"
-    measure fixed widths: refused."""
-    from ..distribution.density_widths import neighbour_cv_ml_widths
-    from ..local.problem import check_bandwidth_type
-    from .widths import check_neighbour_columns, given_neighbour_widths
-
-    names = model._column_names()
-    missing = model._missing() == "marginalize"
-    check_bandwidth_type(spec.bandwidth_type, rtol=spec.rtol, missing=missing)
-    if isinstance(bandwidth, str):
-        if bandwidth != "cv_ml":
-            raise ValueError(
-                f"bandwidth={bandwidth!r} chooses fixed widths; with bandwidth_type="
-                f'{spec.bandwidth_type!r} bandwidth is "cv_ml" (the counts k by '
-                "leave-one-out likelihood), an integer k, or an array"
-            )
-        check_neighbour_columns(X, spec.var_type, names)
-        return neighbour_cv_ml_widths(spec, X, sample_weight)
-    return given_neighbour_widths(spec, X, bandwidth, names)

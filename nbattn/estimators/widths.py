@@ -59,8 +59,8 @@ __all__ = [
     "fit_class_widths",
     "check_neighbour_columns",
     "fit_widths",
+    "fit_neighbour_counts",
     "given_neighbour_widths",
-    "neighbour_widths",
     "refuse_bool_counts",
     "weighted_default_widths",
     "weighted_loo_scale",
@@ -83,7 +83,11 @@ def fit_widths(model, bandwidth, X, Y, sample_weight=None, degree=0) -> np.ndarr
     degree : int, the local polynomial's degree (the engine's LOO fit)
     """
     if model._bandwidth_type() != "fixed":
-        return neighbour_widths(model, bandwidth, X, Y, sample_weight, degree)
+        from ..local.neighbour_search import neighbour_loo_widths
+
+        spec = model._local_spec()
+        search = lambda: neighbour_loo_widths(spec, X, Y, degree, sample_weight)[0]  # noqa: E731
+        return fit_neighbour_counts(model, spec, X, bandwidth, "loo", search)
     if isinstance(bandwidth, str) and bandwidth == "aicc":
         return engine_aicc_widths(model, X, Y, sample_weight, degree)
     if _is_loo(bandwidth, X):
@@ -114,28 +118,27 @@ def fit_widths(model, bandwidth, X, Y, sample_weight=None, degree=0) -> np.ndarr
     return check_widths(bandwidth, spec.var_type, spec.counts)
 
 
-def neighbour_widths(model, bandwidth, X, Y, sample_weight=None, degree=0) -> np.ndarray:
-    """A nearest-neighbour regressor's widths (:mod:`nbattn.local.neighbours`): "loo"
-    searches the counts k and the categorical l by the engine's leave-one-out MSE
-    (:func:`nbattn.local.neighbour_search.neighbour_loo_widths`), else
-    :func:`given_neighbour_widths`. The other names (rules, "loo_scale", "aicc") measure
-    fixed widths: refused; so are ``rtol > 0`` and ``missing="marginalize"``."""
-    from ..local.neighbour_search import neighbour_loo_widths
+def fit_neighbour_counts(model, spec, X, bandwidth, search_name, search) -> np.ndarray:
+    """A nearest-neighbour model's widths (:mod:`nbattn.local.neighbours`) at fit:
+    ``bandwidth == search_name`` ("loo" for a regressor, "cv_ml" for a density) runs
+    ``search()``, the search of the counts k and the categorical l, else
+    :func:`given_neighbour_widths`. The other names (rules, "loo_scale", "aicc", "cv_ls")
+    measure fixed widths: refused; so are ``rtol > 0`` and ``missing="marginalize"``."""
     from ..local.problem import check_bandwidth_type
 
-    spec = model._local_spec()
     kind = spec.bandwidth_type
     check_bandwidth_type(kind, rtol=spec.rtol, missing=model._missing() == "marginalize")
+    names = model._column_names()
     if isinstance(bandwidth, str):
-        if bandwidth != "loo":
+        if bandwidth != search_name:
             raise ValueError(
                 f"bandwidth={bandwidth!r} chooses fixed widths; with bandwidth_type={kind!r} "
-                'bandwidth is "loo" (the counts k by leave-one-out), an integer k, or an '
-                "array (k per continuous column, l per categorical one)"
+                f'bandwidth is "{search_name}" (the counts k by leave-one-out), an integer k, '
+                "or an array (k per continuous column, l per categorical one)"
             )
-        check_neighbour_columns(X, spec.var_type, model._column_names())
-        return neighbour_loo_widths(spec, X, Y, degree, sample_weight)[0]
-    return given_neighbour_widths(spec, X, bandwidth, model._column_names())
+        check_neighbour_columns(X, spec.var_type, names)
+        return search()
+    return given_neighbour_widths(spec, X, bandwidth, names)
 
 
 def given_neighbour_widths(spec, X, bandwidth, names, name="bandwidth") -> np.ndarray:
