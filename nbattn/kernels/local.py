@@ -89,9 +89,10 @@ from .local_args import n_terms
 from .local_leaves import block_runs, chunk_runs, leaf_ranges, visited_share
 from .local_moments import FUSED_TERMS, block_moments, solve
 from .local_pairs import (
-    block_scores,
     block_scratch,
     nearest_key,
+    one_pass_for,
+    pair_scores,
     problem_sizes,
 )
 from .local_passes import local_equivalent_weights, local_interval_sums, local_loo_gradient
@@ -149,7 +150,10 @@ def local_fit(data, model, values_t, want_mfx, leaves):
     # the fused moment sums of this p, chosen by type (a tuple of p zeros): the other
     # moment paths are not compiled into this call's kernel (nor it into theirs)
     fused_terms = (0.0,) * p if values_t.shape[0] == 1 and p in FUSED_TERMS else None
-    run_items(_fit_items, data, model, values_t, bool(want_mfx), fused_terms, leaves, fit)
+    # the scores in one pass over the keys where a kernel of the columns' kinds serves,
+    # passed by address (one compiled _fit_items for all kinds)
+    one_pass = one_pass_for(data, model)
+    run_items(_fit_items, data, model, values_t, bool(want_mfx), fused_terms, one_pass, leaves, fit)
     # queries that no key reached take their nearest key, in a kernel of their own
     # (compiled only by a call that has such a query)
     fallback = np.flatnonzero(fit.nearest == _NEAREST_PENDING)
@@ -190,10 +194,10 @@ def rescale(moments, rhs, dsum, dysum, factor):
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
-def _fit_items(counter, data, model, values_t, want_mfx, fused_terms, leaves, fit):
+def _fit_items(counter, data, model, values_t, want_mfx, fused_terms, one_pass, leaves, fit):
     """The chunks of queries that ``counter`` hands this thread: their rows of ``fit``.
     ``fused_terms``: a tuple of p zeros where ``block_moments`` takes the fused sums of
-    that p, else None (the general paths)."""
+    that p, else None (the general paths); ``one_pass``: ``local_pairs.one_pass_for``'s."""
     beta, g, shift, log_norm, nearest, mfx = fit
     kernel, ridge = model.kernel, model.ridge
     degree, missing = model.degree, model.missing
@@ -235,8 +239,8 @@ def _fit_items(counter, data, model, values_t, want_mfx, fused_terms, leaves, fi
             for r in range(n_runs):
                 for j0 in range(runs[r, 0], runs[r, 1], _KEY_BLOCK):
                     nb = min(_KEY_BLOCK, runs[r, 1] - j0)
-                    block_max = block_scores(
-                        i, j0, nb, data, model, weighted, store_design, scores, design
+                    block_max = pair_scores(
+                        one_pass, i, j0, nb, data, model, weighted, store_design, scores, design
                     )
                     if block_max == -np.inf:
                         continue

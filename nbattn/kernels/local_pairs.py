@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, types
+from numba import carray, cfunc, njit, types
 from numba.extending import overload
 
 from .. import config
@@ -238,6 +238,13 @@ def block_scores(i, j0, nb, data, model, weighted, store_design, scores, design)
             for j in range(nb):
                 x = kk[j]
                 scores[j] += a_eq if x == qk else b_ne + t_step * fmax(abs(x - qk), 1.0)
+    return finish_block(i, j0, nb, dc, degree, exclude_self, scores, design)
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def finish_block(i, j0, nb, dc, degree, exclude_self, scores, design):
+    """The end of a block's scores: query i's own key excluded, the quadratic terms of the
+    design (degree 2), and the block's maximum score (returned)."""
     if exclude_self and j0 <= i < j0 + nb:
         scores[i - j0] = -np.inf
     p = design.shape[0]
@@ -252,6 +259,179 @@ def block_scores(i, j0, nb, data, model, weighted, store_design, scores, design)
     for j in range(nb):
         best = fmax(best, scores[j])  # maxnum vectorises; scores are never NaN
     return best
+
+
+# --------------------------------------------------------------------------- one-pass scores
+#: The flags of the one-pass scores: config.FASTMATH without reassociation, so that LLVM
+#: keeps each pair's additions in the order written, the order of the one-column passes
+#: of :func:`block_scores` (bit for bit the same scores).
+_IN_ORDER = set(config.FASTMATH) - {"reassoc"}
+
+#: The most columns (continuous and categorical together) of a one-pass score kernel.
+ONE_PASS_COLUMNS = 8
+
+
+def one_pass_kinds(data, model):
+    """The column kinds of the one-pass scores of a problem, a string ('c' continuous, 'u'
+    a categorical column with t = 0, 'o' another one), or None where :func:`block_scores`
+    serves it (a compact kernel, missing values, nearest-neighbour widths, too many
+    columns, or an array that is not C-contiguous float64: the kernel reads them by
+    address)."""
+    dc, dk = data.keys_cont_t.shape[0], data.keys_cat_t.shape[0]
+    arrays = (data.q_cont, data.keys_cont_t, data.q_cat, data.keys_cat_t, data.log_weights,
+              model.cat_params)  # fmt: skip
+    if (
+        int(model.kernel) != GAUSSIAN
+        or bool(model.missing)
+        or data.q_stretch is not None
+        or not 0 < dc + dk <= ONE_PASS_COLUMNS
+        or not all(a.dtype == np.float64 and a.flags.c_contiguous for a in arrays)
+    ):
+        return None
+    return "c" * dc + "".join("u" if t == 0.0 else "o" for t in model.cat_params[:, 2])
+
+
+_F8P = types.CPointer(types.float64)
+#: The C signature of every one-pass kernel (:func:`one_pass_source`): one type for all
+#: column kinds, so the kernels that call one (through its address, an argument) compile
+#: once, not once per kinds.
+ONE_PASS_SIGNATURE = types.void(
+    types.int64, types.int64, types.int64, types.int64, types.int64, types.int64,
+    types.int64, types.int64, types.int64,
+    _F8P, _F8P, _F8P, _F8P, _F8P, _F8P, _F8P, _F8P,
+)  # fmt: skip
+
+
+def one_pass_source(kinds):
+    """The source of ``one_pass_<kinds>(i, j0, nb, n_q, n_k, n_rows, n_cols, weighted,
+    store_design, q_cont, keys_cont_t, q_cat, keys_cat_t, log_weights, cat_params, scores,
+    design)`` (the arrays by address: ``ONE_PASS_SIGNATURE``): the scores of keys
+    j0 .. j0+nb-1 for query i in one pass over the keys, each pair's score in a register
+    (the log weight or 0, then each continuous column's -d^2/2, then each categorical
+    column's term: the order of :func:`block_scores`' one-column passes), and with
+    ``store_design`` the differences into ``design[1 : 1 + dc]``. Gaussian kernel, no
+    missing value."""
+    dc = kinds.count("c")
+    cats = kinds[dc:]
+    dk = len(cats)
+    head = [
+        f"def one_pass_{kinds}(i, j0, nb, n_q, n_k, n_rows, n_cols, weighted, "
+        "store_design, q_cont_p, keys_cont_p, q_cat_p, keys_cat_p, log_weights_p, "
+        "cat_params_p, scores_p, design_p):"
+    ]
+    body = [
+        "w = carray(log_weights_p, (n_k,))[j0 : j0 + nb]",
+        "scores = carray(scores_p, (nb,))",
+    ]
+    if dc:
+        body += [
+            f"q_cont = carray(q_cont_p, (n_q, {dc}))",
+            f"keys_cont_t = carray(keys_cont_p, ({dc}, n_k))",
+            "design = carray(design_p, (n_rows, n_cols))",
+        ]
+    if dk:
+        body += [
+            f"q_cat = carray(q_cat_p, (n_q, {dk}))",
+            f"keys_cat_t = carray(keys_cat_p, ({dk}, n_k))",
+            f"cat_params = carray(cat_params_p, ({dk}, 3))",
+        ]
+    for c in range(dc):
+        body += [
+            f"x{c} = keys_cont_t[{c}, j0 : j0 + nb]",
+            f"q{c} = q_cont[i, {c}]",
+            f"e{c} = design[{1 + c}]",
+        ]
+    for k, kind in enumerate(cats):
+        body += [
+            f"y{k} = keys_cat_t[{k}, j0 : j0 + nb]",
+            f"r{k} = q_cat[i, {k}]",
+            f"a{k} = cat_params[{k}, 0]",
+            f"b{k} = cat_params[{k}, 1]",
+        ]
+        if kind == "o":
+            body.append(f"t{k} = cat_params[{k}, 2]")
+
+    def loop(start, store):
+        lines = ["for j in range(nb):", f"    s = {start}"]
+        for c in range(dc):
+            lines.append(f"    d = x{c}[j] - q{c}")
+            if store:
+                lines.append(f"    e{c}[j] = d")
+            lines += ["    dd = d * d", "    s = s - 0.5 * dd"]
+        for k, kind in enumerate(cats):
+            if kind == "u":
+                lines.append(f"    s = s + (a{k} if y{k}[j] == r{k} else b{k})")
+            else:
+                lines += [
+                    f"    u = y{k}[j]",
+                    f"    s = s + (a{k} if u == r{k} else b{k} + t{k} * fmax(abs(u - r{k}), 1.0))",
+                ]
+        lines.append("    scores[j] = s")
+        return lines
+
+    def indent(lines, n):
+        return [" " * n + line for line in lines]
+
+    def by_weights(store):
+        return (
+            ["if weighted:"]
+            + indent(loop("w[j]", store), 4)
+            + ["else:"]
+            + indent(loop("0.0", store), 4)
+        )
+
+    if dc:
+        body += ["if store_design:"] + indent(by_weights(True), 4)
+        body += ["else:"] + indent(by_weights(False), 4)
+    else:
+        body += by_weights(False)
+    return "\n".join(head + indent(body, 4)) + "\n"
+
+
+_ONE_PASS = {}
+
+
+def one_pass_kernel(kinds):
+    """The compiled ``one_pass_<kinds>`` (:func:`one_pass_source`, a C callback), made once
+    per kinds in a process (and cached on disk)."""
+    if kinds not in _ONE_PASS:
+        # compiled under this file's name and module (cache=True needs a function's source
+        # file on disk, and a cached callback rebuilds its environment from its module)
+        namespace = {"__name__": __name__, "fmax": fmax, "carray": carray}
+        exec(compile(one_pass_source(kinds), __file__, "exec"), namespace)
+        _ONE_PASS[kinds] = cfunc(ONE_PASS_SIGNATURE, fastmath=_IN_ORDER, cache=config.CACHE)(
+            namespace[f"one_pass_{kinds}"]
+        )
+    return _ONE_PASS[kinds]
+
+
+def one_pass_for(data, model):
+    """``(address, on)``, what :func:`pair_scores` reads: the address of the one-pass
+    scores of the problem's column kinds (:func:`one_pass_kinds`) and True, or, where
+    :func:`block_scores` serves the problem, the address of the kernel of no column
+    (never called) and False. One argument type either way, so a local kernel compiles
+    once for every problem (a None here would compile each kernel twice)."""
+    kinds = one_pass_kinds(data, model)
+    return one_pass_kernel(kinds or "").ctypes, kinds is not None
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
+def pair_scores(one_pass, i, j0, nb, data, model, weighted, store_design, scores, design):
+    """:func:`block_scores`' scores, design rows and block maximum, from the one-pass kernel
+    where ``one_pass`` (:func:`one_pass_for`) says so (the same bits in one pass over the
+    keys), else from :func:`block_scores` itself."""
+    address, on = one_pass
+    if not on:
+        return block_scores(i, j0, nb, data, model, weighted, store_design, scores, design)
+    n_q, dc, _, n_k = problem_shape(data)
+    address(
+        i, j0, nb, n_q, n_k, design.shape[0], design.shape[1],
+        1 if weighted else 0, 1 if store_design else 0,
+        data.q_cont.ctypes, data.keys_cont_t.ctypes, data.q_cat.ctypes,
+        data.keys_cat_t.ctypes, data.log_weights.ctypes, model.cat_params.ctypes,
+        scores.ctypes, design.ctypes,
+    )  # fmt: skip
+    return finish_block(i, j0, nb, dc, model.degree, model.exclude_self, scores, design)
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")

@@ -24,10 +24,11 @@ from .fastmath import fast_exp
 from .items import next_item, run_items
 from .local_leaves import chunk_runs
 from .local_pairs import (
-    block_scores,
     block_scratch,
     category_term,
     dlog_kernel,
+    one_pass_for,
+    pair_scores,
     problem_shape,
     problem_sizes,
 )
@@ -37,14 +38,17 @@ _QUERY_BLOCK = config.QUERY_BLOCK
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def block_weights(i, j0, nb, data, model, fit, weighted, scores, design):
+def block_weights(one_pass, i, j0, nb, data, model, fit, weighted, scores, design):
     """The normalised weights p_j = exp(s_j - shift_i - log_norm_i) of keys j0 .. j0+nb-1
-    for query i into ``scores`` and their design rows into ``design`` (``block_scores``);
-    returns nb, or 0 when no key of the block is admissible (nothing to add)."""
+    for query i into ``scores`` and their design rows into ``design``
+    (``local_pairs.pair_scores``, ``one_pass`` its ``one_pass_for``); returns nb, or 0
+    when no key of the block is admissible (nothing to add)."""
     # the design rows are stored (np.bool_, not the literal True: numba would compile
     # block_scores once more for a literal argument)
     store_design = np.bool_(True)
-    block_max = block_scores(i, j0, nb, data, model, weighted, store_design, scores, design)
+    block_max = pair_scores(
+        one_pass, i, j0, nb, data, model, weighted, store_design, scores, design
+    )
     if block_max == -np.inf:
         return 0
     offset = fit.shift[i] + fit.log_norm[i]
@@ -155,13 +159,19 @@ def local_loo_gradient(data, model, fit, values_t, cat_dparams, out_weights, lea
     out = np.zeros((n_q, dc + dk))
     # without categorical columns their derivative code is not compiled (None: rule 4)
     cat_dparams = cat_dparams if dk else None
-    run_items(_gradient_items, data, model, fit, values_t, cat_dparams, out_weights, out, leaves)
+    run_items(
+        _gradient_items, data, model, fit, values_t, cat_dparams, out_weights, out, leaves,
+        one_pass_for(data, model),
+    )  # fmt: skip
     return out
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
-def _gradient_items(counter, data, model, fit, values_t, cat_dparams, out_weights, out, leaves):
-    """The chunks of queries that ``counter`` hands this thread: their rows of ``out``."""
+def _gradient_items(
+    counter, data, model, fit, values_t, cat_dparams, out_weights, out, leaves, one_pass
+):  # fmt: skip
+    """The chunks of queries that ``counter`` hands this thread: their rows of ``out``
+    (``one_pass``: ``local_pairs.one_pass_for``'s)."""
     weighted = problem_sizes(data)[4]
     ridge = model.ridge
     beta, g, log_norm = fit.beta, fit.g, fit.log_norm
@@ -192,7 +202,8 @@ def _gradient_items(counter, data, model, fit, values_t, cat_dparams, out_weight
             for r in range(n_runs):
                 for j0 in range(runs[r, 0], runs[r, 1], _KEY_BLOCK):
                     nb = min(_KEY_BLOCK, runs[r, 1] - j0)
-                    nb = block_weights(i, j0, nb, data, model, fit, weighted, scores, design)
+                    nb = block_weights(one_pass, i, j0, nb, data, model, fit, weighted, scores,
+                                       design)  # fmt: skip
                     # coef_j = p_j sum_o e_o [c_j r_jo - ridge sum_t g_t beta_to x_jt^2]
                     equivalent_coefficients(g[i], design, nb, cvec)
                     for j in range(nb):
@@ -236,12 +247,12 @@ def local_interval_sums(data, model, fit, residuals_t):
     for a query that fell back). ``residuals_t`` (n_out, n_k). Returns (n_q, n_out).
     """
     out = np.zeros((data.q_cont.shape[0], residuals_t.shape[0]))
-    run_items(_interval_items, data, model, fit, residuals_t, out)
+    run_items(_interval_items, data, model, fit, residuals_t, out, one_pass_for(data, model))
     return out
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
-def _interval_items(counter, data, model, fit, residuals_t, out):
+def _interval_items(counter, data, model, fit, residuals_t, out, one_pass):
     """The chunks of queries that ``counter`` hands this thread: their rows of ``out``."""
     weighted = problem_sizes(data)[4]
     g, log_norm, nearest = fit.g, fit.log_norm, fit.nearest
@@ -264,7 +275,7 @@ def _interval_items(counter, data, model, fit, residuals_t, out):
                 continue
             for j0 in range(0, n_k, _KEY_BLOCK):
                 nb = min(_KEY_BLOCK, n_k - j0)
-                nb = block_weights(i, j0, nb, data, model, fit, weighted, scores, design)
+                nb = block_weights(one_pass, i, j0, nb, data, model, fit, weighted, scores, design)
                 block_equivalent_weights(g[i], design, nb, scores)
                 for j in range(nb):
                     scores[j] *= scores[j]
@@ -283,12 +294,12 @@ def local_equivalent_weights(data, model, fit):
     has weight 1 there and 0 elsewhere; a query with no admissible key a row of zeros.
     """
     out = np.zeros((data.q_cont.shape[0], data.log_weights.shape[0]))
-    run_items(_equivalent_items, data, model, fit, out)
+    run_items(_equivalent_items, data, model, fit, out, one_pass_for(data, model))
     return out
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
-def _equivalent_items(counter, data, model, fit, out):
+def _equivalent_items(counter, data, model, fit, out, one_pass):
     """The chunks of queries that ``counter`` hands this thread: their rows of ``out``."""
     weighted = problem_sizes(data)[4]
     g, log_norm, nearest = fit.g, fit.log_norm, fit.nearest
@@ -308,7 +319,7 @@ def _equivalent_items(counter, data, model, fit, out):
                 continue
             for j0 in range(0, n_k, _KEY_BLOCK):
                 nb = min(_KEY_BLOCK, n_k - j0)
-                nb = block_weights(i, j0, nb, data, model, fit, weighted, scores, design)
+                nb = block_weights(one_pass, i, j0, nb, data, model, fit, weighted, scores, design)
                 block_equivalent_weights(g[i], design, nb, scores)
                 row = out[i, j0 : j0 + nb]
                 for j in range(nb):  # not a slice assignment: see kernels/flash.py

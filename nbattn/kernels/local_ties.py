@@ -25,7 +25,7 @@ from numba import njit
 from .. import config
 from .items import next_item, run_items
 from .local_leaves import chunk_runs
-from .local_pairs import block_scratch, problem_sizes
+from .local_pairs import block_scratch, one_pass_for, problem_sizes
 from .local_passes import (
     add_categorical_derivative_sums,
     add_continuous_derivative_sums,
@@ -68,7 +68,7 @@ def tied_loo_gradient(
     cat_dparams = cat_dparams if dk else None
     run_items(
         _tied_gradient_items, data, model, group_fit, beta, values_t, group_sums, row_values,
-        member_start, members, cat_dparams, out_weights, out, leaves,
+        member_start, members, cat_dparams, out_weights, out, leaves, one_pass_for(data, model),
     )  # fmt: skip
     return out
 
@@ -76,9 +76,10 @@ def tied_loo_gradient(
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
 def _tied_gradient_items(
     counter, data, model, group_fit, beta, values_t, group_sums, row_values, member_start,
-    members, cat_dparams, out_weights, out, leaves,
+    members, cat_dparams, out_weights, out, leaves, one_pass,
 ):  # fmt: skip
-    """The chunks of groups that ``counter`` hands this thread: their rows of ``out``."""
+    """The chunks of groups that ``counter`` hands this thread: their rows of ``out``
+    (``one_pass``: ``local_pairs.one_pass_for``'s)."""
     weighted = problem_sizes(data)[4]
     ridge = model.ridge
     g, shift, log_norm = group_fit.g, group_fit.shift, group_fit.log_norm
@@ -133,8 +134,8 @@ def _tied_gradient_items(
             for r in range(n_runs):
                 for j0 in range(runs[r, 0], runs[r, 1], _KEY_BLOCK):
                     nb = min(_KEY_BLOCK, runs[r, 1] - j0)
-                    nb = block_weights(group, j0, nb, data, model, group_fit, weighted, scores,
-                                       design)  # fmt: skip
+                    nb = block_weights(one_pass, group, j0, nb, data, model, group_fit, weighted,
+                                       scores, design)  # fmt: skip
                     # coef_j = p_j sum_o [c_j (E_o (y_jo - ref_o) - B_o . x_j) - ridge pen_jo]
                     equivalent_coefficients(g[group], design, nb, cvec)
                     for j in range(nb):
