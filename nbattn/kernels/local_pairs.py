@@ -270,14 +270,23 @@ _IN_ORDER = set(config.FASTMATH) - {"reassoc"}
 #: The most columns (continuous and categorical together) of a one-pass score kernel.
 ONE_PASS_COLUMNS = 8
 
+#: The most continuous columns a local-linear fit scores in one pass. Beyond them the
+#: one-column passes are as fast or faster (one thread, in-process alternation, time one
+#: pass / the other: 0.79-0.91 with up to four continuous columns, 0.95 with five, 1.00
+#: with six, 1.05-1.20 with eight); a local-quadratic fit, whose moment sums dominate,
+#: gained nothing (0.99) and keeps them.
+ONE_PASS_LINEAR_COLUMNS = 5
+
 
 def one_pass_kinds(data, model):
     """The column kinds of the one-pass scores of a problem, a string ('c' continuous, 'u'
     a categorical column with t = 0, 'o' another one), or None where :func:`block_scores`
     serves it (a compact kernel, missing values, nearest-neighbour widths, too many
-    columns, or an array that is not C-contiguous float64: the kernel reads them by
-    address)."""
+    columns, a local-linear fit of more than ``ONE_PASS_LINEAR_COLUMNS`` continuous
+    columns or a local-quadratic one, where it does not pay, or an array that is not
+    C-contiguous float64: the kernel reads them by address)."""
     dc, dk = data.keys_cont_t.shape[0], data.keys_cat_t.shape[0]
+    degree = int(model.degree)
     arrays = (data.q_cont, data.keys_cont_t, data.q_cat, data.keys_cat_t, data.log_weights,
               model.cat_params)  # fmt: skip
     if (
@@ -285,6 +294,8 @@ def one_pass_kinds(data, model):
         or bool(model.missing)
         or data.q_stretch is not None
         or not 0 < dc + dk <= ONE_PASS_COLUMNS
+        or degree >= 2
+        or (degree == 1 and dc > ONE_PASS_LINEAR_COLUMNS)
         or not all(a.dtype == np.float64 and a.flags.c_contiguous for a in arrays)
     ):
         return None
