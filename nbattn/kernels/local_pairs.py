@@ -9,7 +9,10 @@ with d_jc = k_jc - q_ic (the columns are already divided by their widths; under
 nearest-neighbour widths log K(r d_jc), r the query's or the key's stretch), and
 the local design x_j = (1, d_j, [d_jc d_jc' for c <= c']). :func:`block_scores`
 computes both for one block of keys (vectorised loops over the keys, one
-column at a time); :func:`nearest_key` is the fallback of a query that no key
+column at a time); :func:`pair_scores` computes the same bits in one pass over the
+keys where a generated kernel of the columns' kinds serves (:func:`one_pass_for`;
+Gaussian, no missing value, fixed widths, few columns), a C callback the local
+passes call by address; :func:`nearest_key` is the fallback of a query that no key
 reaches; :func:`dlog_kernel` is s'(d), which the marginal effects and the
 width gradient read.
 """
