@@ -413,9 +413,12 @@ def one_pass_kernel(kinds):
         # file on disk, and a cached callback rebuilds its environment from its module)
         namespace = {"__name__": __name__, "fmax": fmax, "carray": carray}
         exec(compile(one_pass_source(kinds), __file__, "exec"), namespace)
-        _ONE_PASS[kinds] = cfunc(ONE_PASS_SIGNATURE, fastmath=_IN_ORDER, cache=config.CACHE)(
+        compiled = cfunc(ONE_PASS_SIGNATURE, fastmath=_IN_ORDER, cache=config.CACHE)(
             namespace[f"one_pass_{kinds}"]
         )
+        # the first one stored wins: a thread whose kernel is running holds only its address,
+        # and a callback replaced in the dict would free the code under it
+        _ONE_PASS.setdefault(kinds, compiled)
     return _ONE_PASS[kinds]
 
 
