@@ -80,10 +80,12 @@ def _local_polynomial():
 
 
 def _local_polynomial_shapes():
-    """The local fits of the other column counts: the first pass compiles one kernel per
-    number of terms p = 2..5 (a local-linear fit of 1 to 4 columns) and one for the rest
-    (``nbattn.kernels.local_moments.block_moments``); a categorical column adds the
-    gradient of its width; tied rows the pooled leave-one-out passes."""
+    """The local fits of the other column counts: each number of terms p = 2..5 (a
+    local-linear fit of 1 to 4 columns) has a small callback of its fused moment sums
+    (``nbattn.kernels.local_moments.fused_moments_kernel``), and each string of column
+    kinds one of its scores (``nbattn.kernels.local_pairs.one_pass_kernel``); a
+    categorical column adds the gradient of its width; tied rows the pooled
+    leave-one-out passes."""
     import nbattn
 
     for d in (1, 2, 4, 5):

@@ -87,7 +87,7 @@ from .items import next_item, run_items
 from .kd_order import kd_order
 from .local_args import n_terms
 from .local_leaves import block_runs, chunk_runs, leaf_ranges, visited_share
-from .local_moments import FUSED_TERMS, block_moments, solve
+from .local_moments import block_moments, fused_moments_for, solve
 from .local_pairs import (
     block_scratch,
     nearest_key,
@@ -147,13 +147,13 @@ def local_fit(data, model, values_t, want_mfx, leaves):
     """
     fit = _fit_outputs(data, model, values_t)
     p = fit.g.shape[1]
-    # the fused moment sums of this p, chosen by type (a tuple of p zeros): the other
-    # moment paths are not compiled into this call's kernel (nor it into theirs)
-    fused_terms = (0.0,) * p if values_t.shape[0] == 1 and p in FUSED_TERMS else None
+    # the fused moment sums of this p where they serve, passed by address (one compiled
+    # _fit_items for every p)
+    fused = fused_moments_for(p, data, values_t)
     # the scores in one pass over the keys where a kernel of the columns' kinds serves,
     # passed by address (one compiled _fit_items for all kinds)
     one_pass = one_pass_for(data, model)
-    run_items(_fit_items, data, model, values_t, bool(want_mfx), fused_terms, one_pass, leaves, fit)
+    run_items(_fit_items, data, model, values_t, bool(want_mfx), fused, one_pass, leaves, fit)
     # queries that no key reached take their nearest key, in a kernel of their own
     # (compiled only by a call that has such a query)
     fallback = np.flatnonzero(fit.nearest == _NEAREST_PENDING)
@@ -194,10 +194,10 @@ def rescale(moments, rhs, dsum, dysum, factor):
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
-def _fit_items(counter, data, model, values_t, want_mfx, fused_terms, one_pass, leaves, fit):
+def _fit_items(counter, data, model, values_t, want_mfx, fused, one_pass, leaves, fit):
     """The chunks of queries that ``counter`` hands this thread: their rows of ``fit``.
-    ``fused_terms``: a tuple of p zeros where ``block_moments`` takes the fused sums of
-    that p, else None (the general paths); ``one_pass``: ``local_pairs.one_pass_for``'s."""
+    ``fused``: ``local_moments.fused_moments_for``'s (the fused moment sums or the general
+    paths); ``one_pass``: ``local_pairs.one_pass_for``'s."""
     beta, g, shift, log_norm, nearest, mfx = fit
     kernel, ridge = model.kernel, model.ridge
     degree, missing = model.degree, model.missing
@@ -207,7 +207,7 @@ def _fit_items(counter, data, model, values_t, want_mfx, fused_terms, one_pass, 
     do_mfx = want_mfx and p == 1 and dc > 0
     # without missing values the local-linear moments and the local constant read the
     # differences from the keys: the design rows are never written (one pass less)
-    store_design = missing or do_mfx or (p > 1 and (degree >= 2 or fused_terms is None))
+    store_design = missing or do_mfx or (p > 1 and (degree >= 2 or not fused[1]))
     n_chunks = leaves.query_start.shape[0] - 1
     while True:
         chunk = next_item(counter)
@@ -249,7 +249,7 @@ def _fit_items(counter, data, model, values_t, want_mfx, fused_terms, one_pass, 
                             rescale(moments, rhs, dsum, dysum, np.exp(m - block_max))
                         m = block_max
                     block_moments(
-                        fused_terms, i, j0, nb, data, values_t, store_design, do_mfx, kernel,
+                        fused, i, j0, nb, data, values_t, store_design, do_mfx, kernel,
                         scores, design, m, wx, moments, rhs, dsum, dysum,
                     )  # fmt: skip
             total = moments[0, 0]

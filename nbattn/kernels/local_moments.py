@@ -14,22 +14,23 @@ the online softmax (``nbattn.kernels.local``), the first pass adds
   with register accumulators. Its source is generated per p from one
   template (:func:`fused_moments_source`, shown for p = 3 in its docstring):
   numba keeps scalars in registers but not arrays, so each moment needs a
-  variable of its own;
+  variable of its own. Each p is a C callback, compiled when a fit first
+  needs it (:func:`fused_moments_kernel`);
 * :func:`design_moments`: any p and outputs, w_j stored over the scores,
   then one vectorised dot product per moment.
 
 :func:`score_derivative_sums` adds the sums of the local-constant marginal
 effects, and :func:`solve` solves the normalised system for g and beta.
-:func:`block_moments` picks the path by the type of its first argument (a
-tuple of p zeros for the fused sums, None otherwise), so a first pass compiles
-the path of its own p only.
+:func:`block_moments` picks the path at run time from the pair that
+:func:`fused_moments_for` hands it (the fused kernel's address and whether it
+serves), so the first pass compiles once for every p, and a new p costs only
+its small callback.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, types
-from numba.extending import overload
+from numba import carray, cfunc, njit, types
 
 from .. import config
 from .fastmath import fast_exp
@@ -55,17 +56,20 @@ def constant_moments(scores, y, nb, m, moments, rhs):
 
 
 def fused_moments_source(p):
-    """The source of ``fused_moments_<p>(scores, rows, offsets, y, nb, m, moments, rhs)``.
+    """The source of ``fused_moments_<p>(nb, m, scores_p, y_p, x1_p, x2_p, x3_p, x4_p,
+    o1, o2, o3, o4, moments_p, rhs_p)`` (the arrays by address: ``FUSED_SIGNATURE``).
 
-    Term t >= 1 of key j is ``rows[t - 1][j] - offsets[t - 1]``: the key rows and
-    the query's coordinates (the differences computed here, never stored), or the
-    design rows and zeros. For p = 3 it reads::
+    Term t >= 1 of key j is ``x<t>[j] - o<t>``: the key rows and the query's
+    coordinates (the differences computed here, never stored), or the design rows
+    and zeros; the rows past term p - 1 are never read. For p = 3 it reads::
 
+        scores = carray(scores_p, (nb,))
+        y = carray(y_p, (nb,))
+        moments = carray(moments_p, (3, 3))
+        rhs = carray(rhs_p, (3,))
         s00 = s01 = s02 = s11 = s12 = s22 = v0 = v1 = v2 = 0.0
-        x1 = rows[0]
-        o1 = offsets[0]
-        x2 = rows[1]
-        o2 = offsets[1]
+        x1 = carray(x1_p, (nb,))
+        x2 = carray(x2_p, (nb,))
         for j in range(nb):
             w = fast_exp(scores[j] - m)
             d1 = x1[j] - o1
@@ -84,15 +88,28 @@ def fused_moments_source(p):
             v2 += wy * d2
         moments[0, 0] += s00
         ...
-        rhs[2, 0] += v2
+        rhs[2] += v2
+
+    p = 0 gives a kernel that does nothing: the address handed where no fused sums
+    serve (:func:`fused_moments_for`).
     """
-    lines = [f"def fused_moments_{p}(scores, rows, offsets, y, nb, m, moments, rhs):"]
+    head = (
+        f"def fused_moments_{p}(nb, m, scores_p, y_p, x1_p, x2_p, x3_p, x4_p, "
+        "o1, o2, o3, o4, moments_p, rhs_p):"
+    )
+    if p == 0:
+        return head + "\n    return\n"
     terms = range(1, p)
     pairs = [(a, b) for a in range(p) for b in range(a, p)]
     sums = [f"s{a}{b}" for a, b in pairs] + [f"v{a}" for a in range(p)]
-    body = [" = ".join(sums) + " = 0.0"]
-    for t in terms:
-        body += [f"x{t} = rows[{t - 1}]", f"o{t} = offsets[{t - 1}]"]
+    body = [
+        "scores = carray(scores_p, (nb,))",
+        "y = carray(y_p, (nb,))",
+        f"moments = carray(moments_p, ({p}, {p}))",
+        f"rhs = carray(rhs_p, ({p},))",
+        " = ".join(sums) + " = 0.0",
+    ]
+    body += [f"x{t} = carray(x{t}_p, (nb,))" for t in terms]
     body.append("for j in range(nb):")
     loop = ["w = fast_exp(scores[j] - m)"]
     loop += [f"d{t} = x{t}[j] - o{t}" for t in terms]
@@ -107,98 +124,95 @@ def fused_moments_source(p):
         loop += ["wy = w * y[j]", "v0 += wy"] + [f"v{t} += wy * d{t}" for t in terms]
     body += ["    " + line for line in loop]
     body += [f"moments[{a}, {b}] += s{a}{b}" for a, b in pairs]
-    body += [f"rhs[{a}, 0] += v{a}" for a in range(p)]
-    lines += ["    " + line for line in body]
-    return "\n".join(lines) + "\n"
+    body += [f"rhs[{a}] += v{a}" for a in range(p)]
+    return "\n".join([head] + ["    " + line for line in body]) + "\n"
 
 
-def _compile_fused_moments(p):
-    namespace = {"fast_exp": fast_exp}
-    # compiled under this file's name: cache=True needs a function's source file on disk
-    # (numba's error messages then point at this file's lines, not the generated ones)
-    exec(compile(fused_moments_source(p), __file__, "exec"), namespace)
-    function = namespace[f"fused_moments_{p}"]
-    function.__doc__ = (
-        f"All moments of a block in one pass with register accumulators, for one output "
-        f"and p = {p} (the source: ``fused_moments_source``)."
+_F8P = types.CPointer(types.float64)
+#: The C signature of every fused moment kernel (:func:`fused_moments_source`): one type
+#: for all p, so the first pass that calls one (through its address, an argument)
+#: compiles once, not once per p.
+FUSED_SIGNATURE = types.void(
+    types.int64, types.float64, _F8P, _F8P, _F8P, _F8P, _F8P, _F8P,
+    types.float64, types.float64, types.float64, types.float64, _F8P, _F8P,
+)  # fmt: skip
+
+_FUSED = {}
+
+
+def fused_moments_kernel(p):
+    """The compiled ``fused_moments_<p>`` (:func:`fused_moments_source`, a C callback),
+    made once per p in a process (and cached on disk)."""
+    if p not in _FUSED:
+        # compiled under this file's name and module (cache=True needs a function's source
+        # file on disk, and a cached callback rebuilds its environment from its module)
+        namespace = {"__name__": __name__, "fast_exp": fast_exp, "carray": carray}
+        exec(compile(fused_moments_source(p), __file__, "exec"), namespace)
+        compiled = cfunc(FUSED_SIGNATURE, fastmath=config.FASTMATH, cache=config.CACHE)(
+            namespace[f"fused_moments_{p}"]
+        )
+        # the first one stored wins: a thread whose kernel is running holds only its address,
+        # and a callback replaced in the dict would free the code under it
+        _FUSED.setdefault(p, compiled)
+    return _FUSED[p]
+
+
+def fused_moments_for(p, data, values_t):
+    """``(address, on)``, what :func:`block_moments` reads: the address of the fused
+    sums of p terms and True for one output (``values_t`` (1, n_k)) and p in
+    ``FUSED_TERMS``, else the address of the kernel that does nothing (never called)
+    and False. One argument type either way, so the first pass compiles once for every
+    p (chosen by type, it compiled once per p: about 5 s of CPU each). The kernel reads
+    rows of the keys and values by address, so they must be C-contiguous float64."""
+    arrays = (values_t, data.keys_cont_t, data.q_cont)
+    on = (
+        values_t.shape[0] == 1
+        and p in FUSED_TERMS
+        and all(a.dtype == np.float64 and a.flags.c_contiguous for a in arrays)
     )
-    return njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")(function)
+    return fused_moments_kernel(p if on else 0).ctypes, on
 
 
-_FUSED_BY_TERMS = {p: _compile_fused_moments(p) for p in FUSED_TERMS}
-
-
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
 def block_moments(
-    fused_terms, i, j0, nb, data, values_t, store_design, do_mfx, kernel,
+    fused, i, j0, nb, data, values_t, store_design, do_mfx, kernel,
     scores, design, m, wx, moments, rhs, dsum, dysum,
 ):  # fmt: skip
     """Adds keys j0 .. j0+nb-1 of query i (their ``scores`` and ``design`` rows from
-    ``block_scores``) to the moments, at the running maximum m, the path chosen by type:
+    ``block_scores``) to the moments, at the running maximum m:
 
-    * ``fused_terms`` a tuple of p zeros (one output, p in ``FUSED_TERMS``): the fused
-      sums of that p (``fused_moments_<p>``), the differences read from the design
-      rows (``store_design``) or from the keys and the query;
-    * ``fused_terms`` None: :func:`constant_moments` for the local constant with one
-      output and no marginal effects, else :func:`design_moments` (and, with ``do_mfx``,
-      :func:`score_derivative_sums`).
-
-    Only the chosen path is compiled into the caller (a branch on a value would compile
-    all five)."""
-    raise NotImplementedError("block_moments runs in compiled code only")
-
-
-@overload(block_moments, inline="always")
-def _block_moments_overload(
-    fused_terms, i, j0, nb, data, values_t, store_design, do_mfx, kernel,
-    scores, design, m, wx, moments, rhs, dsum, dysum,
-):  # fmt: skip
-    if isinstance(fused_terms, types.NoneType):
-
-        def general(
-            fused_terms, i, j0, nb, data, values_t, store_design, do_mfx, kernel,
-            scores, design, m, wx, moments, rhs, dsum, dysum,
-        ):  # fmt: skip
-            p = moments.shape[0]
-            if p == 1 and values_t.shape[0] == 1 and not do_mfx:
-                constant_moments(scores, values_t[0, j0 : j0 + nb], nb, m, moments, rhs)
-            else:
-                design_moments(scores, design, values_t, j0, nb, m, p, wx, moments, rhs)
-                if do_mfx:
-                    score_derivative_sums(scores, design, values_t, j0, nb, kernel, dsum, dysum)
-
-        return general
-    if not isinstance(fused_terms, types.UniTuple) or fused_terms.count not in _FUSED_BY_TERMS:
-        return None
-    fused_moments = _FUSED_BY_TERMS[fused_terms.count]
-
-    def fused(
-        fused_terms, i, j0, nb, data, values_t, store_design, do_mfx, kernel,
-        scores, design, m, wx, moments, rhs, dsum, dysum,
-    ):  # fmt: skip
-        p = moments.shape[0]
-        y = values_t[0, j0 : j0 + nb]
-        if store_design:  # rows past the last term repeat it (never read)
-            rows = (
-                design[1, 0:nb],
-                design[min(2, p - 1), 0:nb],
-                design[min(3, p - 1), 0:nb],
-                design[min(4, p - 1), 0:nb],
-            )
-            offsets = (0.0, 0.0, 0.0, 0.0)
-        else:  # rows past the last column repeat it (never read)
-            q_cont, keys_cont_t = data.q_cont, data.keys_cont_t
-            dc = keys_cont_t.shape[0]
-            c1, c2, c3 = min(1, dc - 1), min(2, dc - 1), min(3, dc - 1)
-            rows = (
-                keys_cont_t[0, j0 : j0 + nb],
-                keys_cont_t[c1, j0 : j0 + nb],
-                keys_cont_t[c2, j0 : j0 + nb],
-                keys_cont_t[c3, j0 : j0 + nb],
-            )
-            offsets = (q_cont[i, 0], q_cont[i, c1], q_cont[i, c2], q_cont[i, c3])
-        fused_moments(scores, rows, offsets, y, nb, m, moments, rhs)
-
-    return fused
+    * ``fused`` on (:func:`fused_moments_for`: one output, p in ``FUSED_TERMS``): the
+      fused sums of that p (``fused_moments_<p>``, called by address), the differences
+      read from the design rows (``store_design``) or from the keys and the query;
+    * else :func:`constant_moments` for the local constant with one output and no
+      marginal effects, or :func:`design_moments` (and, with ``do_mfx``,
+      :func:`score_derivative_sums`)."""
+    address, on = fused
+    p = moments.shape[0]
+    if not on:
+        if p == 1 and values_t.shape[0] == 1 and not do_mfx:
+            constant_moments(scores, values_t[0, j0 : j0 + nb], nb, m, moments, rhs)
+        else:
+            design_moments(scores, design, values_t, j0, nb, m, p, wx, moments, rhs)
+            if do_mfx:
+                score_derivative_sums(scores, design, values_t, j0, nb, kernel, dsum, dysum)
+        return
+    y = values_t[0, j0 : j0 + nb]
+    if store_design:  # rows past the last term repeat it (never read)
+        x1, x2 = design[1, 0:nb], design[min(2, p - 1), 0:nb]
+        x3, x4 = design[min(3, p - 1), 0:nb], design[min(4, p - 1), 0:nb]
+        o1 = o2 = o3 = o4 = 0.0
+    else:  # rows past the last column repeat it (never read)
+        q_cont, keys_cont_t = data.q_cont, data.keys_cont_t
+        dc = keys_cont_t.shape[0]
+        c1, c2, c3 = min(1, dc - 1), min(2, dc - 1), min(3, dc - 1)
+        x1, x2 = keys_cont_t[0, j0 : j0 + nb], keys_cont_t[c1, j0 : j0 + nb]
+        x3, x4 = keys_cont_t[c2, j0 : j0 + nb], keys_cont_t[c3, j0 : j0 + nb]
+        o1, o2, o3, o4 = q_cont[i, 0], q_cont[i, c1], q_cont[i, c2], q_cont[i, c3]
+    address(
+        nb, m, scores.ctypes, y.ctypes, x1.ctypes, x2.ctypes, x3.ctypes, x4.ctypes,
+        o1, o2, o3, o4, moments.ctypes, rhs.ctypes,
+    )  # fmt: skip
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
