@@ -60,7 +60,8 @@ from .problem import (
     spec_options,
 )
 from .rows import loo_fits_rows, loo_gradient_rows, squared_error_slopes
-from .search import search_widths, sigmoid, staged_search, theta_to_widths, widths_to_theta
+from .search import search_widths, sigmoid, theta_to_widths, widths_to_theta
+from .staged import staged_search
 from .ties import tie_groups, tied_loo_fits, tied_loo_gradient
 
 __all__ = [
@@ -395,7 +396,7 @@ def local_loo_widths(
     subsample : int >= 10 or None, default None
         On at least twice this many rows, run the search on a random subsample of
         this many rows first (a fixed seed: the same rows every call) and carry its
-        widths to all rows (:func:`nbattn.local.search.staged_search`): faster, never
+        widths to all rows (:func:`nbattn.local.staged.staged_search`): faster, never
         worse than the rule, but it may stop in another basin than the search on
         every row. None: every row from the start.
 

@@ -8,7 +8,7 @@ import pytest
 from nbattn._core.numeric import row_ladder
 from nbattn.local.engine import default_widths, local_loo_loss
 from nbattn.local.problem import check_columns
-from nbattn.local.search import rescaled_widths
+from nbattn.local.staged import rescaled_widths
 from nbattn.local.widths import local_loo_widths
 from tests._config import config_values
 from tests.local.test_local import _BRUTE_FORCE_GRID, _curve_to_break, _grid_minimum

@@ -1,4 +1,4 @@
-"""The staged LOO width search of the local fits (``nbattn.local.search.staged_search``)
+"""The staged LOO width search of the local fits (``nbattn.local.staged.staged_search``)
 where a subsample misleads it: rows of weight 0, structure that only all rows resolve,
 a column that varies only outside the subsample; its input checks; and an interrupted
 fit. Small subsamples (``subsample=``) let a few hundred rows run in stages."""
@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nbattn import LocalPolynomialRegressor
-from nbattn.local import search as local_search
+from nbattn.local import staged as local_staged
 from nbattn.local import widths as local_widths
 from nbattn.local.engine import default_widths, local_loo_loss
 from nbattn.local.problem import check_columns
@@ -143,7 +143,7 @@ def test_exact_matching_through_the_stages():
         assert ours <= full * (1 + 1e-4), (seed, ours, full)
     spec, _ = check_columns({"X": np.zeros((1, 2))}, **spec_kw)
     theta = np.array([0.0, -np.inf])
-    assert local_search._rescaled_theta(theta, spec, 50, 300)[1] == -np.inf
+    assert local_staged._rescaled_theta(theta, spec, 50, 300)[1] == -np.inf
 
 
 @pytest.mark.parametrize("maxiter", ["many", -1, 2.5, True])

@@ -1,6 +1,6 @@
 """The staged LOO width search on tied tables: a stage between the first and the last
 whose criterion streams more than half the distinct rows that all rows' criterion
-streams is skipped (``nbattn.local.search.staged_search``). The tables put x on a grid
+streams is skipped (``nbattn.local.staged.staged_search``). The tables put x on a grid
 (many tied rows) beside a 3-level column; a step of 0 leaves x continuous (no ties)."""
 
 import numpy as np
@@ -63,6 +63,11 @@ def test_the_stages_skipped_are_those_the_rule_names(step, capsys):
         _, err = _fit(X, y, capsys)
         said = [rows for rows in _STAGES if f": {rows} rows skipped" in err]
         assert said == expected, (step, seed, said, expected)
+        order = np.random.default_rng(0).permutation(X.shape[0])
+        for rows in expected:  # the counts it gives: distinct rows only where they are pooled
+            streams = _streamed(X[np.sort(order[:rows])])
+            reason = f"streams {streams} of them, more than half the {_streamed(X)} that"
+            assert f"{rows} rows skipped (an evaluation {reason}" in err, (step, rows, err)
         for k, rows in enumerate(_STAGES[1:-1], start=2):
             ran = f"stage {k} of {len(_STAGES)}: a random subsample of {rows} rows" in err
             assert ran == (rows not in expected), (step, seed, rows, err)
