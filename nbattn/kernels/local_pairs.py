@@ -305,14 +305,16 @@ def one_pass_kinds(data, model):
     return "c" * dc + "".join("u" if t == 0.0 else "o" for t in model.cat_params[:, 2])
 
 
-_F8P = types.CPointer(types.float64)
+#: A pointer to float64, the array arguments of the C callbacks (here and
+#: ``local_moments``'s fused sums).
+F8P = types.CPointer(types.float64)
 #: The C signature of every one-pass kernel (:func:`one_pass_source`): one type for all
 #: column kinds, so the kernels that call one (through its address, an argument) compile
 #: once, not once per kinds.
 ONE_PASS_SIGNATURE = types.void(
     types.int64, types.int64, types.int64, types.int64, types.int64, types.int64,
     types.int64, types.int64, types.int64,
-    _F8P, _F8P, _F8P, _F8P, _F8P, _F8P, _F8P, _F8P,
+    F8P, F8P, F8P, F8P, F8P, F8P, F8P, F8P,
 )  # fmt: skip
 
 
