@@ -30,11 +30,11 @@ its small callback.
 from __future__ import annotations
 
 import numpy as np
-from numba import carray, cfunc, njit, types
+from numba import carray, njit, types
 
 from .. import config
 from .fastmath import fast_exp
-from .local_pairs import F8P, dlog_kernel
+from .local_pairs import F8P, compiled_callback, dlog_kernel
 
 _PIVOT_TOL = config.LOCAL_PIVOT_TOL
 
@@ -142,18 +142,13 @@ _FUSED = {}
 def fused_moments_kernel(p):
     """The compiled ``fused_moments_<p>`` (:func:`fused_moments_source`, a C callback),
     made once per p in a process (and cached on disk)."""
-    if p not in _FUSED:
-        # compiled under this file's name and module (cache=True needs a function's source
-        # file on disk, and a cached callback rebuilds its environment from its module)
-        namespace = {"__name__": __name__, "fast_exp": fast_exp, "carray": carray}
-        exec(compile(fused_moments_source(p), __file__, "exec"), namespace)
-        compiled = cfunc(FUSED_SIGNATURE, fastmath=config.FASTMATH, cache=config.CACHE)(
-            namespace[f"fused_moments_{p}"]
-        )
-        # the first one stored wins: a thread whose kernel is running holds only its address,
-        # and a callback replaced in the dict would free the code under it
-        _FUSED.setdefault(p, compiled)
-    return _FUSED[p]
+    if p in _FUSED:
+        return _FUSED[p]
+    namespace = {"__name__": __name__, "fast_exp": fast_exp, "carray": carray}
+    return compiled_callback(
+        _FUSED, p, fused_moments_source(p), f"fused_moments_{p}", FUSED_SIGNATURE,
+        config.FASTMATH, namespace, __file__,
+    )  # fmt: skip
 
 
 def fused_moments_for(p, data, values_t):

@@ -407,21 +407,33 @@ def one_pass_source(kinds):
 _ONE_PASS = {}
 
 
+def compiled_callback(registry, key, source, name, signature, fastmath, namespace, filename):
+    """``registry[key]``, compiling it first when absent: the C callback ``name`` defined
+    by ``source`` (executed in ``namespace``, which holds the caller's ``__name__``, as if
+    written in ``filename``, the caller's file), of C ``signature``, cached on disk.
+    The local passes' generated callbacks (:func:`one_pass_kernel`,
+    ``local_moments.fused_moments_kernel``) are made here."""
+    if key not in registry:
+        # cache=True needs a function's source file on disk, and a cached callback
+        # rebuilds its environment from its module: hence the caller's file and name
+        exec(compile(source, filename, "exec"), namespace)
+        compiled = cfunc(signature, fastmath=fastmath, cache=config.CACHE)(namespace[name])
+        # the first one stored wins: a thread whose kernel is running holds only its address,
+        # and a callback replaced in the registry would free the code under it
+        registry.setdefault(key, compiled)
+    return registry[key]
+
+
 def one_pass_kernel(kinds):
     """The compiled ``one_pass_<kinds>`` (:func:`one_pass_source`, a C callback), made once
     per kinds in a process (and cached on disk)."""
-    if kinds not in _ONE_PASS:
-        # compiled under this file's name and module (cache=True needs a function's source
-        # file on disk, and a cached callback rebuilds its environment from its module)
-        namespace = {"__name__": __name__, "fmax": fmax, "carray": carray}
-        exec(compile(one_pass_source(kinds), __file__, "exec"), namespace)
-        compiled = cfunc(ONE_PASS_SIGNATURE, fastmath=_IN_ORDER, cache=config.CACHE)(
-            namespace[f"one_pass_{kinds}"]
-        )
-        # the first one stored wins: a thread whose kernel is running holds only its address,
-        # and a callback replaced in the dict would free the code under it
-        _ONE_PASS.setdefault(kinds, compiled)
-    return _ONE_PASS[kinds]
+    if kinds in _ONE_PASS:
+        return _ONE_PASS[kinds]
+    namespace = {"__name__": __name__, "fmax": fmax, "carray": carray}
+    return compiled_callback(
+        _ONE_PASS, kinds, one_pass_source(kinds), f"one_pass_{kinds}", ONE_PASS_SIGNATURE,
+        _IN_ORDER, namespace, __file__,
+    )  # fmt: skip
 
 
 def one_pass_for(data, model):
