@@ -34,12 +34,12 @@ import functools
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from .. import config
 from .far_rows import far_pool
 from .fastmath import fast_exp, like
-from .items import sum_in_order
+from .items import next_item, run_items, sum_in_order
 from .pooling import _FAR_SCORE_FLOAT64, far_score
 
 _KEY_BLOCK = config.KEY_BLOCK
@@ -67,7 +67,11 @@ def _window_sums(zs, values_t, zi, shift, start, stop, acc, weights):
 
     Computed in the dtype of the scratch buffer ``weights``. The loops run over slices
     from index 0: numba then knows no index is negative and drops the wraparound select
-    that keeps a loop over ``zs[b0 + j]`` scalar.
+    that keeps a loop over ``zs[b0 + j]`` scalar. The loop that stores the weights sums
+    nothing: a sum there would be vectorised behind a runtime check of the distance
+    between ``weights`` and ``zs`` and fall back to the scalar order when they lie close,
+    so its bits would depend on where the arrays were allocated. The weights' sum is
+    taken in the first output's read-only loop instead.
     """
     total = 0.0
     zi = like(zi, weights)
@@ -75,14 +79,18 @@ def _window_sums(zs, values_t, zi, shift, start, stop, acc, weights):
     for b0 in range(start, stop, _KEY_BLOCK):
         nb = min(stop - b0, _KEY_BLOCK)
         keys = zs[b0 : b0 + nb]
-        block = like(0.0, weights)
         for j in range(nb):
             diff = like(keys[j], weights) - zi
-            w = fast_exp(shift - diff * diff)
-            weights[j] = w
-            block += w
+            weights[j] = fast_exp(shift - diff * diff)
+        block = like(0.0, weights)
+        values = values_t[0, b0 : b0 + nb]
+        weighted = like(0.0, weights)
+        for j in range(nb):
+            block += weights[j]
+            weighted += weights[j] * values[j]
         total += block
-        for c in range(values_t.shape[0]):
+        acc[0] += weighted
+        for c in range(1, values_t.shape[0]):
             values = values_t[c, b0 : b0 + nb]
             weighted = like(0.0, weights)
             for j in range(nb):
@@ -91,7 +99,6 @@ def _window_sums(zs, values_t, zi, shift, start, stop, acc, weights):
     return total
 
 
-@njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
 def loo_squared_error_sorted_1d(zs, values_t, targets, rows, prune_gap):
     """The LOO squared-error sum of ``loo_squared_error`` for 1-D points, sorted.
 
@@ -108,15 +115,28 @@ def loo_squared_error_sorted_1d(zs, values_t, targets, rows, prune_gap):
     ``config.FAR_SCORE_FLOAT64`` (or overflowing), all keys by the anchored
     ``far_rows.far_pool``.
     """
+    n_chunks = (rows.shape[0] + _QUERY_BLOCK - 1) // _QUERY_BLOCK
+    partial = np.zeros(n_chunks, dtype=np.float64)
+    run_items(_sorted_items, zs, values_t, targets, rows, float(prune_gap), partial)
+    return float(sum_in_order(partial))
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
+def _sorted_items(counter, zs, values_t, targets, rows, prune_gap, partial):
+    """The chunks of ``_QUERY_BLOCK`` rows of :func:`loo_squared_error_sorted_1d` taken
+    from ``counter`` (``items.next_item``): each writes its squared-error sum into
+    ``partial[chunk]``."""
     n = zs.shape[0]
     n_rows = rows.shape[0]
     n_outputs = values_t.shape[0]
-    n_chunks = (n_rows + _QUERY_BLOCK - 1) // _QUERY_BLOCK
-    partial = np.zeros(n_chunks, dtype=np.float64)
-    for chunk in prange(n_chunks):
-        acc = np.empty(n_outputs, dtype=np.float64)
-        weights = np.empty(_KEY_BLOCK, dtype=zs.dtype)
-        scores64 = np.empty(_KEY_BLOCK, dtype=np.float64)
+    n_chunks = partial.shape[0]
+    acc = np.empty(n_outputs, dtype=np.float64)
+    weights = np.empty(_KEY_BLOCK, dtype=zs.dtype)
+    scores64 = np.empty(_KEY_BLOCK, dtype=np.float64)
+    while True:
+        chunk = next_item(counter)
+        if chunk >= n_chunks:
+            return
         stop = min(n_rows, (chunk + 1) * _QUERY_BLOCK)
         sq = 0.0
         for r in range(chunk * _QUERY_BLOCK, stop):
@@ -149,7 +169,6 @@ def loo_squared_error_sorted_1d(zs, values_t, targets, rows, prune_gap):
                 err = acc[c] / total - targets[i, c]
                 sq += err * err
         partial[chunk] = sq
-    return sum_in_order(partial)
 
 
 def taylor_terms(span_sq, dtype=np.float64) -> int:
@@ -279,7 +298,6 @@ def hermite_rounding(half_width, n_terms) -> float:
     return 4.0 * n_terms * np.finfo(np.float64).eps * _CRAMER * size
 
 
-@njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
 def loo_squared_error_boxed_1d(
     zs, values_t, targets, rows, half_width, n_terms, reach, bound, omitted, tolerance, expanded
 ):
@@ -325,12 +343,36 @@ def loo_squared_error_boxed_1d(
     whatever the dtype. Cost: (keys within reach of a box) x boxes x n_terms,
     plus n_terms per row, whatever the width.
     """
-    n = zs.shape[0]
-    n_outputs = values_t.shape[0]
+    box_of, run_start, inv_factorial = _box_runs(zs, rows, 2.0 * half_width, n_terms)
+    partial = np.zeros(run_start.shape[0] - 1, dtype=np.float64)
+    run_items(
+        _boxed_items,
+        zs,
+        values_t,
+        targets,
+        rows,
+        float(half_width),
+        np.int64(n_terms),
+        float(reach),
+        float(bound),
+        float(omitted),
+        float(tolerance),
+        expanded,
+        box_of,
+        run_start,
+        inv_factorial,
+        partial,
+    )
+    return float(sum_in_order(partial))
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _box_runs(zs, rows, width, n_terms):
+    """``(box_of, run_start, inv_factorial)`` of :func:`loo_squared_error_boxed_1d`: each
+    row's box (boxes of ``width`` from ``zs[0]``), the starts of the runs of equal box
+    along the sorted rows (closed by ``n_rows``), and 1/k! for k < ``n_terms``."""
     n_rows = rows.shape[0]
-    width = 2.0 * half_width
     z0 = np.float64(zs[0])
-    # boxes holding rows: runs of equal box index along the sorted rows
     box_of = np.empty(n_rows, dtype=np.int64)
     for r in range(n_rows):
         box_of[r] = int((np.float64(zs[rows[r]]) - z0) / width)
@@ -341,20 +383,53 @@ def loo_squared_error_boxed_1d(
             run_start[n_runs] = r
             n_runs += 1
     run_start[n_runs] = n_rows
-    partial = np.zeros(n_runs, dtype=np.float64)
     inv_factorial = np.empty(n_terms, dtype=np.float64)
     inv_factorial[0] = 1.0
     for k in range(1, n_terms):
         inv_factorial[k] = inv_factorial[k - 1] / k
-    for run in prange(n_runs):
+    return box_of, run_start[: n_runs + 1].copy(), inv_factorial
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
+def _boxed_items(
+    counter,
+    zs,
+    values_t,
+    targets,
+    rows,
+    half_width,
+    n_terms,
+    reach,
+    bound,
+    omitted,
+    tolerance,
+    expanded,
+    box_of,
+    run_start,
+    inv_factorial,
+    partial,
+):
+    """The runs of rows in one box of :func:`loo_squared_error_boxed_1d` taken from
+    ``counter`` (``items.next_item``): each writes its rows' ``expanded`` flags and its
+    squared-error sum into ``partial[run]``."""
+    n = zs.shape[0]
+    n_outputs = values_t.shape[0]
+    n_runs = partial.shape[0]
+    width = 2.0 * half_width
+    z0 = np.float64(zs[0])
+    coef = np.empty((n_outputs + 1, n_terms), dtype=np.float64)
+    table = np.empty((max(n_terms, 2), _HERMITE_BLOCK), dtype=np.float64)  # h_k(s_j)
+    two_s = np.empty(_HERMITE_BLOCK, dtype=np.float64)
+    vals = np.empty((n_outputs, _HERMITE_BLOCK), dtype=np.float64)
+    while True:
+        run = next_item(counter)
+        if run >= n_runs:
+            return
         a, e = run_start[run], run_start[run + 1]
         centre = z0 + width * (box_of[a] + 0.5)
         lo = np.searchsorted(zs, like(centre - reach, zs), side="left")
         hi = np.searchsorted(zs, like(centre + reach, zs), side="right")
-        coef = np.zeros((n_outputs + 1, n_terms), dtype=np.float64)
-        table = np.empty((max(n_terms, 2), _HERMITE_BLOCK), dtype=np.float64)  # h_k(s_j)
-        two_s = np.empty(_HERMITE_BLOCK, dtype=np.float64)
-        vals = np.empty((n_outputs, _HERMITE_BLOCK), dtype=np.float64)
+        coef[:] = 0.0
         mass = 0.0  # B = sum_j exp(-s_j^2 / 2)
         for j0 in range(lo, hi, _HERMITE_BLOCK):
             nb = min(hi - j0, _HERMITE_BLOCK)
@@ -434,7 +509,6 @@ def loo_squared_error_boxed_1d(
                 err = (num - np.float64(values_t[c, i])) / total - targets[i, c]
                 sq += err * err
         partial[run] = sq
-    return sum_in_order(partial)
 
 
 def boxed_1d_plan(n):
