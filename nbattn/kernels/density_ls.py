@@ -85,7 +85,12 @@ def category_convolution(x, y, params, sums):
 
 
 # _kernel_terms, _convolved_terms and _online_add are inlined: called per pair with
-# array arguments, they took half of a pass (1-D, n = 300: 8.6 ms called, 4.6 ms inlined)
+# array arguments, they took half of a pass (1-D, n = 300: 8.6 ms called, 4.6 ms inlined).
+# The continuous columns' sum and their derivatives are two loops: LLVM vectorises a loop
+# that stores (``out``) behind a runtime check of the distance between ``out`` and the
+# rows it reads, and a sum in such a loop would take the scalar order or the vector one
+# depending on where the arrays were allocated (ARCHITECTURE, "Numerics"). Two loops
+# cost the conditional criterion about 3 % (a scratch for the convolved terms, 15 %).
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
 def _kernel_terms(rows_cont, rows_cat, i, j, c0, c1, k0, k1, cat_params, cat_dparams, kernel, out):
     """The engine's log kernel of rows i and j (no weight, no constants) over the
@@ -94,8 +99,9 @@ def _kernel_terms(rows_cont, rows_cat, i, j, c0, c1, k0, k1, cat_params, cat_dpa
     dc = rows_cont.shape[1]
     s = 0.0
     for c in range(c0, c1):
+        s += log_kernel(rows_cont[j, c] - rows_cont[i, c], kernel)
+    for c in range(c0, c1):
         u = rows_cont[j, c] - rows_cont[i, c]
-        s += log_kernel(u, kernel)
         out[c] = -u * dlog_kernel(u, kernel)
     for k in range(k0, k1):
         x, q = rows_cat[j, k], rows_cat[i, k]
@@ -112,10 +118,10 @@ def _convolved_terms(rows_cont, rows_cat, i, j, c1, k1, conv_params, conv_sums, 
     dc = rows_cont.shape[1]
     s = 0.0
     for c in range(c1):
+        s += log_convolved_kernel(rows_cont[j, c] - rows_cont[i, c], kernel)[0]
+    for c in range(c1):
         u = rows_cont[j, c] - rows_cont[i, c]
-        value, slope = log_convolved_kernel(u, kernel)
-        s += value
-        out[c] = -u * slope
+        out[c] = -u * log_convolved_kernel(u, kernel)[1]
     for k in range(k1):
         value, slope = category_convolution(
             rows_cat[i, k], rows_cat[j, k], conv_params[k], conv_sums[k]
