@@ -115,8 +115,10 @@ from .items import next_item, run_items
 from .kd_order import kd_nodes, kd_order
 from .pooling import far_score, fused_range, one_pass_min_sum
 from .softmax import row_max
+from .tree_series import monomials, series_coefficients, series_rows
+from .tree_series import rescale as _rescale
 
-__all__ = ["coarse_for", "kd_nodes", "kd_order", "tree_pool"]
+__all__ = ["coarse_for", "kd_nodes", "kd_order", "series_for", "tree_pool"]
 
 _QUERY_BLOCK = config.QUERY_BLOCK
 # A box distance is rounded by at most ~(d + 2) 2**-53 relative; shrinking it by 2**-40
@@ -190,17 +192,6 @@ def _leaf_range(qt, r, pack, base, nb, skip, shift, n_outputs, coarse, buf, acc_
             total += np.float64(fused_range(qt[r], keys, values, a, b, shift, buf, acc_row, coarse))
         a, b = lead_end + 1, nb
     return total
-
-
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def _rescale(r, new_m, n_outputs, acc, m, total, used):
-    """Row r's sums moved from the shift m[r] to ``new_m`` (above it)."""
-    scale = math.exp(m[r] - new_m)
-    total[r] *= scale
-    used[r] *= scale
-    for c in range(n_outputs):
-        acc[r, c] *= scale
-    m[r] = new_m
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
@@ -347,11 +338,17 @@ def _tree_tile(
     seen,
     stack_node,
     stack_d2,
+    series,
+    ratio,
+    series_scratch,
 ):
     """Walks the tree once for the tile's active rows (``active[:n_active]``, indices
     into the tile's buffers; ``keep`` a scratch of as many), summing the leaves each row
     keeps into acc[r], m[r], total[r], used[r] (module docstring); counts keys summed and
-    nodes seen per row."""
+    nodes seen per row. ``series``: ``tree_series.series_rows``'s tables (no degree: none;
+    module docstring, "Series"), ``series_scratch`` = (terms, choice, shifts, errs, mono,
+    a)."""
+    with_series = series[0].shape[0] > 0 and not at_best
     for a in range(n_active):
         r = active[a]
         stack_d2[0, r] = _box_d2(q64, r, lo, hi, 0)
@@ -374,6 +371,15 @@ def _tree_tile(
                 for a in range(n_active):
                     r = active[a]
                     used[r] += _drops(node, stack_d2[top, r], start, stop, rtol, m, total, used, r)
+                continue
+        n_keep = np.int64(-1)
+        if with_series:  # module docstring, "Series": drop, series or neither, per row
+            n_keep = series_rows(
+                q64, active, n_active, rgt >= 0, keep, node, stack_d2[top], start, stop, skip,
+                series, ratio, rtol, buf, acc, m, total, used, series_scratch,
+            )  # fmt: skip
+        if rgt >= 0:
+            if n_keep == 0:  # every row dropped it or took its series
                 continue
             left = node + 1
             near_left = 0.0
@@ -400,15 +406,16 @@ def _tree_tile(
                 stack_node[top], stack_node[top + 1] = left, rgt
             top += 2
             continue
-        n_keep = np.int64(0)
-        for a in range(n_active):
-            r = active[a]
-            bound = _drops(node, stack_d2[top, r], start, stop, rtol, m, total, used, r)
-            if bound >= 0.0:
-                used[r] += bound
-            else:
-                keep[n_keep] = r
-                n_keep += 1
+        if n_keep < 0:
+            n_keep = 0
+            for a in range(n_active):
+                r = active[a]
+                bound = _drops(node, stack_d2[top, r], start, stop, rtol, m, total, used, r)
+                if bound >= 0.0:
+                    used[r] += bound
+                else:
+                    keep[n_keep] = r
+                    n_keep += 1
         if n_keep > 0:
             a0 = start[node]
             _sum_leaf_rows(
@@ -451,13 +458,47 @@ def _value_exponents(values_t):
     return exponents, scaled
 
 
-def tree_pool(queries, keys_t, values_t, start, stop, right, lo, hi, own, rtol, rows, tile, coarse):
+def series_for(keys_t, values_t, start, stop, lo, hi, p_max, per):
+    """The nodes' Taylor series for :func:`tree_pool`'s ``series`` (module docstring,
+    "Series"): ``tree_series.series_coefficients`` of the keys and of the values scaled as
+    the walk scales them, terms of degree below ``p_max``, a node's degree the largest
+    whose terms are at most its keys / ``per``."""
+    parent, var, const, deg_end = monomials(keys_t.shape[0], int(p_max))
+    _, values_s = _value_exponents(values_t)
+    degree, offset, centre, radius, coef = series_coefficients(
+        keys_t, values_s, start, stop, lo, hi, parent, var, const, deg_end, float(per)
+    )
+    return degree, offset, centre, radius, coef, parent, var, deg_end
+
+
+def _no_series(k):
+    empty = np.zeros(0, dtype=np.int64)
+    return empty, empty, np.zeros((0, k)), np.zeros(0), np.zeros(0), empty, empty, empty
+
+
+def tree_pool(
+    queries,
+    keys_t,
+    values_t,
+    start,
+    stop,
+    right,
+    lo,
+    hi,
+    own,
+    rtol,
+    rows,
+    tile,
+    coarse,
+    series=None,
+    ratio=1.0,
+):
     """``(out, lse, far, work)`` for the queries ``rows`` (indices into ``queries``).
 
     out (n_rows, n_outputs) in the input dtype, lse (n_rows,) float64, far (n_rows,)
     bool: rows to recompute with the exact kernel (their out and lse are left 0 and
-    nan), work (n_rows, 2) int64: keys summed and nodes seen per row (over both walks
-    of a row that walks again, module docstring "Shift"). ``own``
+    nan), work (n_rows, 3) int64: keys summed, nodes seen and series terms evaluated
+    per row (over both walks of a row that walks again, module docstring "Shift"). ``own``
     (n_queries,) holds the k-d position of the key each query skips (-1: none), or is
     empty (no key is skipped). ``rtol`` in [0, 1): the module docstring's tolerance.
     ``tile`` (>= 1): consecutive entries of ``rows`` that walk the tree together (the
@@ -466,21 +507,28 @@ def tree_pool(queries, keys_t, values_t, start, stop, right, lo, hi, own, rtol, 
     (by ``coarse_exp``, the rule with part of rtol; module docstring, "Coarse
     exponential"); each compiles its own copy of the walk. The tiles are the work items
     of :func:`nbattn.kernels.items.run_items` (a serial kernel on a pool of threads: no
-    parallel region to compile).
+    parallel region to compile). ``series``: :func:`series_for`'s tables (None: no
+    series), taken where a node's deg_end[p] terms times ``ratio`` cost at most its keys
+    (module docstring, "Series").
     """
     n_rows = rows.shape[0]
     n_outputs = values_t.shape[0]
     exponents, values_s = _value_exponents(values_t)
     prune_rtol = float(rtol)
-    if coarse is not None:  # module docstring, "Coarse exponential": part of rtol pays for it
-        prune_rtol = (prune_rtol - COARSE_EXP_RTOL) / (1.0 + COARSE_EXP_RTOL)
+    eps = COARSE_EXP_RTOL if coarse is not None else 0.0
+    if series is not None and series[0].shape[0] > 0:  # module docstring, "Series"
+        prune_rtol = (prune_rtol - eps) / (1.0 + prune_rtol)
+    elif coarse is not None:  # module docstring, "Coarse exponential": part of rtol pays for it
+        prune_rtol = (prune_rtol - eps) / (1.0 + eps)
+    if series is None:
+        series = _no_series(keys_t.shape[0])
     pack = packed_leaves(keys_t, values_s, start, stop, right)
     leaves = right < 0
     leaf_max = int((stop[leaves] - start[leaves]).max()) if leaves.any() else 0
     out = np.zeros((n_rows, n_outputs), dtype=queries.dtype)
     lse = np.full(n_rows, np.nan)
     far_rows = np.zeros(n_rows, dtype=np.bool_)
-    work = np.zeros((n_rows, 2), dtype=np.int64)
+    work = np.zeros((n_rows, 3), dtype=np.int64)
     run_items(
         _tile_items,
         queries,
@@ -503,6 +551,8 @@ def tree_pool(queries, keys_t, values_t, start, stop, right, lo, hi, own, rtol, 
         lse,
         far_rows,
         work,
+        series,
+        float(ratio),
     )
     return out, lse, far_rows, work
 
@@ -530,6 +580,8 @@ def _tile_items(
     lse,
     far_rows,
     work,
+    series,
+    ratio,
 ):
     """The tiles of :func:`tree_pool` taken from ``counter`` (``items.next_item``): each
     walks the tree and writes its rows of out, lse, far_rows and work."""
@@ -554,6 +606,16 @@ def _tile_items(
     keep = np.empty(tile, dtype=np.int64)
     stack_node = np.empty(_STACK, dtype=np.int64)
     stack_d2 = np.empty((_STACK, tile), dtype=np.float64)
+    deg_end = series[7]
+    scratch = (
+        np.empty(tile, dtype=np.int64),
+        np.empty(tile, dtype=np.int64),
+        np.empty(tile),
+        np.empty(tile),
+        np.empty(max(deg_end[-1] if deg_end.shape[0] > 0 else 1, 1)),
+        np.empty(k),
+    )
+    terms = scratch[0]
     while True:
         t = next_item(counter)
         if t >= n_tiles:
@@ -565,6 +627,7 @@ def _tile_items(
             used[r] = 0.0
             summed[r] = 0
             seen[r] = 0
+            terms[r] = 0
             skip[r] = -1
         r0 = t * tile
         nt = min(n_rows, r0 + tile) - r0
@@ -613,6 +676,9 @@ def _tile_items(
                 seen,
                 stack_node,
                 stack_d2,
+                series,
+                ratio,
+                scratch,
             )
             if at_best:
                 break
@@ -633,6 +699,7 @@ def _tile_items(
         for r in range(nt):
             work[r0 + r, 0] = summed[r]
             work[r0 + r, 1] = seen[r]
+            work[r0 + r, 2] = terms[r]
             if far_rows[r0 + r]:
                 continue
             if total[r] > 0.0:
