@@ -73,6 +73,42 @@ Below 16 eps, and in float32 (whose exponential is already within its rounding),
 weights are ``fast_exp``'s and rtol is the rule's (``coarse_for`` decides; the argument's
 type picks the exponential when the walk is compiled, so each choice is its own copy).
 
+Series. Where the keys are within reach of every query (wide widths, few features) the
+rule drops little. With ``series`` (``nbattn.kernels.tree_series``: a node's Taylor
+series, the improved fast Gauss transform, with its truncation bound and proof) a row may
+instead take a node's series: its value T (the weight's; T_c the values') is added to L
+and its error bound E (truncation and rounding: |T - W| <= E for the node's true weight
+W, |T_c - W_c| <= E max_j |v_jc|, and the error of the series of
+sum_j w_j (v_jc - f) at most E max_j |v_jc - f|) to U, where
+
+    U + 2 E <= rho * L                  (the series' rule; then U + E <= rho (L + T))
+
+since T >= W - E >= -E. An internal node not dropped for the whole tile takes its series
+only when each row drops it or may take its series (else the tile descends); a leaf is
+dropped, taken by its series or summed, row by row; a node holding the row's excluded key
+never takes its series, nor does the second walk (below, "Shift"). Both rules keep
+U <= rho L. With series the rule runs with rho = (rtol - eps) / (1 + rtol) in place of
+rtol (eps: ``COARSE_EXP_RTOL`` where the leaves take ``coarse_exp``, else 0). Proof, per
+row: let D be the dropped keys, Z the series' nodes and K the summed keys, so
+S = W(D) + W(Z) + W(K), L = sum_Z T + Lhat(K) with |Lhat(K) - W(K)| <= eps W(K), and
+U >= W(D) + sum_Z E. Then |L - S| <= W(D) + sum_Z E + eps S <= U + eps S, and
+U <= rho L <= rho (S + U + eps S) gives U <= rho (1 + eps) S / (1 - rho) = (rtol - eps) S,
+so, for Shat = L and Ahat_c the computed weighted sums:
+
+* the normaliser: (1 - rtol) S <= Shat <= (1 + rtol) S (lse within -log(1 - rtol) below
+  and log(1 + rtol) above): series may add as well as leave out;
+* each weighted sum: |Ahat_c - A_c| <= (U + eps S) max_j |v_jc| <= rtol * S * max_j |v_jc|;
+* the prediction: Ahat_c - f_c Shat errs from sum_j w_j (v_jc - f_c) = 0 by at most
+  (W(D) + sum_Z E + eps W(K)) max_j |v_jc - f_c| <= rtol S max_j |v_jc - f_c|, so
+  |fhat_c - f_c| <= rtol / (1 - rtol) * max_j |v_jc - f_c|.
+
+Only the normaliser's upper side is new: without series (``series`` None, or a walk
+that takes none) the section above holds as written. Before a series is taken the row's
+shift is raised to the node's box bound, as before a leaf (below); the series is
+evaluated relative to it. A row's sums depend on its own walk only (the tile decides a
+node's series from its rows' states, which do not depend on the thread), so the result is
+the same bits on every run and thread count.
+
 Shift. A row's sums are kept relative to exp(m), m a bound on every score it has summed,
 so no weight exceeds 1. Before a leaf is summed m is raised, where it is lower, to the
 leaf's box bound -d2 (rounded to the keys' dtype, so that every leaf of the row subtracts
@@ -547,12 +583,12 @@ def tree_pool(
         coarse,
         exponents,
         np.int64(leaf_max),
+        series,
+        float(ratio),
         out,
         lse,
         far_rows,
         work,
-        series,
-        float(ratio),
     )
     return out, lse, far_rows, work
 
@@ -576,12 +612,12 @@ def _tile_items(
     coarse,
     exponents,
     leaf_max,
+    series,
+    ratio,
     out,
     lse,
     far_rows,
     work,
-    series,
-    ratio,
 ):
     """The tiles of :func:`tree_pool` taken from ``counter`` (``items.next_item``): each
     walks the tree and writes its rows of out, lse, far_rows and work."""
