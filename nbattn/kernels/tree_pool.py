@@ -385,6 +385,7 @@ def _tree_tile(
     module docstring, "Series"), ``series_scratch`` = (terms, choice, shifts, errs, mono,
     a)."""
     with_series = series[0].shape[0] > 0 and not at_best
+    single = np.float64(like(0.1, buf)) != 0.1  # float32 keys (a runtime flag: one copy)
     for a in range(n_active):
         r = active[a]
         stack_d2[0, r] = _box_d2(q64, r, lo, hi, 0)
@@ -412,7 +413,7 @@ def _tree_tile(
         if with_series:  # module docstring, "Series": drop, series or neither, per row
             n_keep = series_rows(
                 q64, active, n_active, rgt >= 0, keep, node, stack_d2[top], start, stop, skip,
-                series, ratio, rtol, buf, acc, m, total, used, series_scratch,
+                series, ratio, rtol, single, acc, m, total, used, series_scratch,
             )  # fmt: skip
         if rgt >= 0:
             if n_keep == 0:  # every row dropped it or took its series

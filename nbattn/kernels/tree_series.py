@@ -51,7 +51,7 @@ import numpy as np
 from numba import njit
 
 from .. import config
-from .fastmath import fast_exp, like
+from .fastmath import fast_exp
 from .items import next_item, run_items
 
 __all__ = [
@@ -124,6 +124,8 @@ def series_coefficients(keys_t, values_t, start, stop, lo, hi, parent, var, cons
     )
     coef = np.zeros(total)
     radius = np.zeros(start.shape[0])
+    keys_t = np.ascontiguousarray(keys_t, dtype=np.float64)  # one compiled copy for both
+    values_t = np.ascontiguousarray(values_t, dtype=np.float64)
     run_items(
         _coef_items,
         keys_t,
@@ -237,7 +239,7 @@ def series_degree(
     m,
     total,
     used,
-    buf,
+    single,
 ):
     """``(p, shift, err)`` for row r of the tile and ``node`` (``count`` keys at box distance
     ``d2``): the least degree p whose error bound err fits the row's budget,
@@ -248,7 +250,10 @@ def series_degree(
     p_node = degree[node]
     if p_node == 0 or own_in or not total[r] > 0.0:
         return 0, 0.0, 0.0
-    shift = max(m[r], np.float64(like(-d2, buf)))
+    shift = -d2
+    if single:  # the leaves' shift in the keys' dtype (tree_pool, "Shift")
+        shift = np.float64(np.float32(shift))
+    shift = max(m[r], shift)
     room = (rho * total[r] - used[r]) * math.exp(m[r] - shift)
     if not room > 0.0:
         return 0, shift, 0.0
@@ -330,7 +335,7 @@ def series_rows(
     series,
     ratio,
     rho,
-    buf,
+    single,
     acc,
     m,
     total,
@@ -375,7 +380,7 @@ def series_rows(
             m,
             total,
             used,
-            buf,
+            single,
         )
         if p == 0 and whole:
             return -1
