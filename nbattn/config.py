@@ -195,8 +195,8 @@ TREE_MAX_COST_SHARE = _env_int("TREE_MAX_COST_SHARE", 80, compiled=False)
 #: more per node looked at (the series' test), TREE_SERIES_BUILD_COST per key, term and
 #: channel of each node's coefficients. Fitted on one thread to clustered keys (50,000
 #: keys x 4,000 queries, d = 1, 2, 3 at 1/4 to 16 times Scott's widths, leaves of 512):
-#: a term about 1.6 ns a channel, the test about 30 ns a node, the build about 1.1 ns a
-#: key, term and channel, against about 0.9 ns a streamed key. Read at call time.
+#: a term about 1.6 ns a channel, the test about 30 ns a node, the build about 0.3 ns a
+#: key, term and channel, against about 1 ns a streamed key. Read at call time.
 TREE_SERIES = _env_switch("TREE_SERIES") is not False
 TREE_SERIES_MAX_FEATURES = _env_int("TREE_SERIES_MAX_FEATURES", 3, compiled=False)
 TREE_SERIES_MIN_SHARE = _env_int("TREE_SERIES_MIN_SHARE", 5, compiled=False)
@@ -206,7 +206,7 @@ TREE_SERIES_KEYS_PER_TERM = _env_int("TREE_SERIES_KEYS_PER_TERM", 2, compiled=Fa
 TREE_SERIES_MAX_BUILD_SHARE = _env_int("TREE_SERIES_MAX_BUILD_SHARE", 10, compiled=False)
 TREE_SERIES_TERM_COST = _env_int("TREE_SERIES_TERM_COST", 180, compiled=False)
 TREE_SERIES_NODE_COST = _env_int("TREE_SERIES_NODE_COST", 3300, compiled=False)
-TREE_SERIES_BUILD_COST = _env_int("TREE_SERIES_BUILD_COST", 120, compiled=False)
+TREE_SERIES_BUILD_COST = _env_int("TREE_SERIES_BUILD_COST", 30, compiled=False)
 
 
 # --- loo: leave-one-out kernels (nbattn.kernels.loo) ------------------------------------------

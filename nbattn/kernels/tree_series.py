@@ -69,6 +69,7 @@ _ROUND = 2.0**-52
 #: exp in the bound is rounded; this covers it and the rounding of the bound's product.
 _BOUND_UP = 1.0 + 2.0**-30
 _D2_SHRINK = 1.0 - 2.0**-40  # as tree_pool's rule
+_BUILD_BLOCK = 64  # keys per block of the coefficients' build
 
 
 def monomials(d, p_max):
@@ -185,11 +186,14 @@ def _coef_items(
     radius,
     coef,
 ):
-    """The nodes of :func:`series_coefficients` taken from ``counter``."""
+    """The nodes of :func:`series_coefficients` taken from ``counter``. Keys go in blocks
+    of ``_BUILD_BLOCK``: each monomial for the whole block in one pass (a product of two
+    rows), then its sums with the weights and values, every inner loop over the block's
+    keys (vectorised)."""
     k = keys_t.shape[0]
     width = 1 + values_t.shape[0]
-    b = np.empty(k)
-    mono = np.empty(deg_end[deg_end.shape[0] - 1])
+    b = np.empty((k, _BUILD_BLOCK))
+    mono = np.empty((deg_end[deg_end.shape[0] - 1], _BUILD_BLOCK))
     while True:
         node = next_item(counter)
         if node >= start.shape[0]:
@@ -200,22 +204,37 @@ def _coef_items(
         n_terms = deg_end[p]
         base = offset[node]
         far = 0.0
-        for j in range(start[node], stop[node]):
-            b2 = 0.0
+        for j0 in range(start[node], stop[node], _BUILD_BLOCK):
+            nb = min(_BUILD_BLOCK, stop[node] - j0)
+            weight = mono[0]
+            for j in range(nb):
+                weight[j] = 0.0
             for f in range(k):
-                b[f] = np.float64(keys_t[f, j]) - centre[node, f]
-                b2 += b[f] * b[f]
-            far = max(far, b2)
-            mono[0] = math.exp(-b2)
+                cf = centre[node, f]
+                bf = b[f]
+                for j in range(nb):
+                    bf[j] = keys_t[f, j0 + j] - cf
+                    weight[j] += bf[j] * bf[j]
+            for j in range(nb):
+                far = max(far, weight[j])
+            for j in range(nb):
+                weight[j] = math.exp(-weight[j])
             for t in range(1, n_terms):
-                mono[t] = mono[parent[t]] * b[var[t]]
+                row, prev, bf = mono[t], mono[parent[t]], b[var[t]]
+                for j in range(nb):
+                    row[j] = prev[j] * bf[j]
             for t in range(n_terms):
-                coef[base + t] += mono[t]
-            for c in range(width - 1):
-                v = np.float64(values_t[c, j])
-                at = base + (c + 1) * n_terms
-                for t in range(n_terms):
-                    coef[at + t] += mono[t] * v
+                row = mono[t]
+                total = 0.0
+                for j in range(nb):
+                    total += row[j]
+                coef[base + t] += total
+                for c in range(width - 1):
+                    values = values_t[c, j0 : j0 + nb]
+                    total = 0.0
+                    for j in range(nb):
+                        total += row[j] * values[j]
+                    coef[base + (c + 1) * n_terms + t] += total
         radius[node] = math.sqrt(far)
         for ch in range(width):
             for t in range(n_terms):
