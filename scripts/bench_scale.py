@@ -80,7 +80,8 @@ def _series_bench(args):
     (``config.TREE_SERIES = False``), and with them (the default), best of two each,
     beside the time to build the nodes' coefficients alone, the series terms and keys the
     walk evaluated per query, and the largest observed error of a prediction and of lse
-    as a fraction of its bound (on ``--sklearn-queries`` of the queries)."""
+    as a fraction of its bound (on ``--sklearn-queries`` of the queries); keys and terms
+    are nan where the cost model chose exact streaming."""
     from nbattn import config, nadaraya_watson
     from nbattn.dispatch.device import kernels_for
     from nbattn.smoothing import pruned
@@ -125,8 +126,9 @@ def _series_bench(args):
                 outs[label] = nadaraya_watson(queries, keys, values, h, rtol=rtol, return_lse=True)
                 best = min(best, time.perf_counter() - t0)
             times[label] = best
-            if label == "series":
-                work = works[-1].mean(axis=0) if works else np.zeros(3)
+            if label == "series":  # the walk over every query, if the cost model took it
+                full = [w for w in works if w.shape[0] == args.queries]
+                work = full[-1].mean(axis=0) if full else np.full(3, np.nan)
         config.TREE_SERIES = True
         q, k_t, v_t, _ = _layout(queries[:1], keys, values[:, None], h, "float64")
         k_t, v_t, nodes, _ = pruned.tree_layout(k_t, v_t, False, 1)
