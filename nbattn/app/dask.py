@@ -370,8 +370,9 @@ def nadaraya_watson_sharded(
         :func:`nbattn.nadaraya_watson`'s tolerance, applied by each shard to its
         own kernel sums (its own k-d tree, built where the shard lies): every
         shard's normaliser S_r comes out in [(1 - rtol) S_r, (1 + rtol) S_r], so
-        the merged one in [(1 - rtol) S, (1 + rtol) S], and each prediction obeys the same bound as on
-        one machine, ``|f_hat_i - f_i| <= rtol / (1 - rtol) max_j |v_j - f_i|``.
+        the merged one in [(1 - rtol) S, (1 + rtol) S], and each prediction obeys
+        the same bound as on one machine,
+        ``|f_hat_i - f_i| <= rtol / (1 - rtol) max_j |v_j - f_i|``.
         0 computes every pair.
     progress : bool or int, default False
         Compute the result now and report the query blocks done on stderr, as
