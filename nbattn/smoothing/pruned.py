@@ -7,6 +7,9 @@ rule and its proof), and the rows too far from every key for the tree's sums are
 recomputed by the exact streaming kernel. A cost model picks the exact streaming path
 instead where the tree would not pay (few keys, many features, or a sample of the
 queries that finds little to drop): ``rtol`` is a licence to be faster, never slower.
+Where that sample sums much of the keys (wide widths, few features) it may also build the
+nodes' Taylor series (``nbattn.kernels.tree_series``) and walk the sample again with them,
+keeping them where that is cheaper (:func:`_tree_plan`).
 """
 
 from __future__ import annotations
