@@ -105,9 +105,9 @@ so, for Shat = L and Ahat_c the computed weighted sums:
 Only the normaliser's upper side is new: without series (``series`` None, or a walk
 that takes none) the section above holds as written. Before a series is taken the row's
 shift is raised to the node's box bound, as before a leaf (below); the series is
-evaluated relative to it. A row's sums depend on its own walk only (the tile decides a
-node's series from its rows' states, which do not depend on the thread), so the result is
-the same bits on every run and thread count.
+evaluated relative to it. A row's sums depend on its tile's walk only (the tile decides
+a node's series from its rows' states; the tiles are fixed by ``rows`` and ``tile``, not
+by the threads), so the result is the same bits on every run and thread count.
 
 Shift. A row's sums are kept relative to exp(m), m a bound on every score it has summed,
 so no weight exceeds 1. Before a leaf is summed m is raised, where it is lower, to the
