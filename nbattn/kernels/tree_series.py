@@ -36,6 +36,8 @@ p + 3 roundings, and the evaluation a sum of T terms built one multiply each; wi
 times sum_j sum_alpha 2^|alpha| / alpha! |a^alpha| |b_j^alpha| exp(-A^2 - B^2) <=
 c exp(-max(A - r, 0)^2) (the same steps with |a|.|b| <= A r). The bound the walk uses,
 :func:`series_degree`'s E, adds (c + 2 T + 64) 2^-52 to the truncation factor for it.
+In the values' series that allowance scales with max_j |v_j|, not max_j |v_j - f|: for the
+prediction's bound it is rounding on top, as the exact path's own rounding is.
 
 The walk (``tree_pool``'s module docstring, "Series") picks per row the least p whose E
 fits the row's budget, at the cost of T(p) = C(p - 1 + d, d) terms against the node's c
