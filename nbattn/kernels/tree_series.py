@@ -72,6 +72,7 @@ _ROUND = 2.0**-52
 _BOUND_UP = 1.0 + 2.0**-30
 _D2_SHRINK = 1.0 - 2.0**-40  # as tree_pool's rule
 _BUILD_BLOCK = 64  # keys per block of the coefficients' build
+_INV_FACTORIAL = np.array([1.0 / math.factorial(p) for p in range(171)])
 
 
 def monomials(d, p_max):
@@ -276,8 +277,15 @@ def series_degree(
     if single:  # the leaves' shift in the keys' dtype (tree_pool, "Shift")
         shift = np.float64(np.float32(shift))
     shift = max(m[r], shift)
-    room = (rho * total[r] - used[r]) * math.exp(m[r] - shift)
+    room = (rho * total[r] - used[r]) * fast_exp(m[r] - shift)
     if not room > 0.0:
+        return 0, shift, 0.0
+    p_cost = 0  # the highest degree whose terms cost no more than the keys
+    for p in range(1, p_node + 1):
+        if deg_end[p] * ratio > count:
+            break
+        p_cost = p
+    if p_cost == 0:
         return 0, shift, 0.0
     a2 = 0.0
     for f in range(q64.shape[1]):
@@ -288,11 +296,14 @@ def series_degree(
     gap = max(dist - rad, 0.0)
     scale = count * fast_exp(-gap * gap - shift) * _BOUND_UP
     x = 2.0 * dist * rad
+    # x^p / p! is unimodal in p: its least over 1..p_cost is at an end, so a row that no
+    # degree can serve leaves here, without the search below (most rows that test)
+    least = min(x, x**p_cost * _INV_FACTORIAL[p_cost])
+    if 2.0 * scale * (least + (count + 2 * deg_end[1] + 64) * _ROUND) > room:
+        return 0, shift, 0.0
     term = 1.0
-    for p in range(1, p_node + 1):
+    for p in range(1, p_cost + 1):
         n_terms = deg_end[p]
-        if n_terms * ratio > count:
-            break
         term = term * x / p
         err = scale * (term + (count + 2 * n_terms + 64) * _ROUND)
         if 2.0 * err <= room:

@@ -89,7 +89,9 @@ def _walk_cost(q, k_t, v_t, nodes, own, rtol, rows, series, ratio):
 def series_degree(d):
     """The series' degree bound p (terms of degree below p) for d features (config)."""
     p = 1
-    while p < config.TREE_SERIES_MAX_DEGREE and math.comb(p + d, d) <= config.TREE_SERIES_MAX_TERMS:
+    while p < min(config.TREE_SERIES_MAX_DEGREE, 170) and (
+        math.comb(p + d, d) <= config.TREE_SERIES_MAX_TERMS
+    ):
         p += 1
     return p
 
