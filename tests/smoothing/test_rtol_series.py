@@ -122,7 +122,8 @@ def test_series_within_the_stated_bounds(kind, seed, n_queries, n_keys, d, p, fa
         )
     assert out.dtype == dtype and np.all(np.isfinite(out)) and np.all(np.isfinite(lse))
     _check(out, lse, queries, keys, values, h, rtol, dtype)
-    if factor == 16.0 and rtol >= 1e-3 and kind != "far":  # there series always pay
+    if factor == 16.0 and kind != "far" and (rtol >= 0.1 or (d <= 2 and rtol >= 1e-3)):
+        # where series always fit (1e-6 in the dedicated tests below)
         assert sum(int(w[:, 2].sum()) for w in works) > 0
 
 
