@@ -179,6 +179,35 @@ TREE_NODE_COST = _env_int("TREE_NODE_COST", 1800, compiled=False)
 TREE_BUILD_COST = _env_int("TREE_BUILD_COST", 100, compiled=False)
 TREE_MAX_COST_SHARE = _env_int("TREE_MAX_COST_SHARE", 80, compiled=False)
 
+#: Taylor series per node of that tree (``nbattn.kernels.tree_series``, the improved fast
+#: Gauss transform), for wide widths where the walk can drop little. TREE_SERIES (False,
+#: or NBATTN_TREE_SERIES=0: off) lets the cost model consider them for inputs of at most
+#: TREE_SERIES_MAX_FEATURES features whose sample walk without series sums at least
+#: TREE_SERIES_MIN_SHARE percent of the keys, when building the coefficients costs at most
+#: TREE_SERIES_MAX_BUILD_SHARE percent of exact streaming and less than that walk; they
+#: are then built and the sample walked again with them, and kept when that is cheaper.
+#: A node of c keys gets the terms of total degree below p, p at most
+#: TREE_SERIES_MAX_DEGREE and with at most TREE_SERIES_MAX_TERMS terms (d = 1, 2, 3:
+#: 16, 15, 8), the largest whose terms are at most c / TREE_SERIES_KEYS_PER_TERM. A row
+#: takes a node's series where its error bound fits and its terms cost no more than its
+#: keys. Costs, in hundredths of one streamed key as TREE_KEY_COST: TREE_SERIES_TERM_COST
+#: per term and channel (the weight and each output) evaluated, TREE_SERIES_NODE_COST
+#: more per node looked at (the series' test), TREE_SERIES_BUILD_COST per key, term and
+#: channel of each node's coefficients. Fitted on one thread to clustered keys (50,000
+#: keys x 4,000 queries, d = 1, 2, 3 at 1/4 to 16 times Scott's widths, leaves of 512):
+#: a term about 1.6 ns a channel, the test about 30 ns a node, the build about 0.3 ns a
+#: key, term and channel, against about 1 ns a streamed key. Read at call time.
+TREE_SERIES = _env_switch("TREE_SERIES") is not False
+TREE_SERIES_MAX_FEATURES = _env_int("TREE_SERIES_MAX_FEATURES", 3, compiled=False)
+TREE_SERIES_MIN_SHARE = _env_int("TREE_SERIES_MIN_SHARE", 5, compiled=False)
+TREE_SERIES_MAX_DEGREE = _env_int("TREE_SERIES_MAX_DEGREE", 16, compiled=False)
+TREE_SERIES_MAX_TERMS = _env_int("TREE_SERIES_MAX_TERMS", 128, compiled=False)
+TREE_SERIES_KEYS_PER_TERM = _env_int("TREE_SERIES_KEYS_PER_TERM", 2, compiled=False)
+TREE_SERIES_MAX_BUILD_SHARE = _env_int("TREE_SERIES_MAX_BUILD_SHARE", 5, compiled=False)
+TREE_SERIES_TERM_COST = _env_int("TREE_SERIES_TERM_COST", 180, compiled=False)
+TREE_SERIES_NODE_COST = _env_int("TREE_SERIES_NODE_COST", 3300, compiled=False)
+TREE_SERIES_BUILD_COST = _env_int("TREE_SERIES_BUILD_COST", 30, compiled=False)
+
 
 # --- loo: leave-one-out kernels (nbattn.kernels.loo) ------------------------------------------
 
@@ -550,6 +579,16 @@ SECTIONS = {
         "TREE_NODE_COST",
         "TREE_BUILD_COST",
         "TREE_MAX_COST_SHARE",
+        "TREE_SERIES",
+        "TREE_SERIES_MAX_FEATURES",
+        "TREE_SERIES_MIN_SHARE",
+        "TREE_SERIES_MAX_DEGREE",
+        "TREE_SERIES_MAX_TERMS",
+        "TREE_SERIES_KEYS_PER_TERM",
+        "TREE_SERIES_MAX_BUILD_SHARE",
+        "TREE_SERIES_TERM_COST",
+        "TREE_SERIES_NODE_COST",
+        "TREE_SERIES_BUILD_COST",
     ),
     "loo": (
         "LOO_FULL_GROUPS",

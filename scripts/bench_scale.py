@@ -6,7 +6,7 @@
     NUMBA_NUM_THREADS=2 python scripts/bench_scale.py --local    # the mid-size LOO fits
     NUMBA_NUM_THREADS=2 python scripts/bench_scale.py --local --local-model nw
     NUMBA_NUM_THREADS=2 python scripts/bench_scale.py --loo      # LOO loss+grad, exact vs rtol
-    python scripts/bench_scale.py --series                        # where series could pay
+    NUMBA_NUM_THREADS=2 python scripts/bench_scale.py --series   # series per node, measured
 
 For Scott's widths and a quarter of them it prints the time of the exact path
 (``rtol=0``) and of ``rtol`` (the public call, cost model included), the speedup, the
@@ -72,42 +72,86 @@ def _fewest_keys(q, k_t, rtol):
     return float(np.mean(shares))
 
 
-def _series_nodes(args):
-    """Where Taylor series per k-d node (the improved fast Gauss transform) could pay on
-    the clustered keys: for weights exp(-||q - k||^2) in the scaled units, a node of
-    radius r and a query at distance a from its centre, the series of total degree p
-    errs by at most (2 a r)^p / p! exp(-(a - r)^2) per key (the truncated Taylor series
-    of exp(2 a.b)). For p = 6 and 10 it prints the largest r whose worst case over a is
-    below 1e-7, and how many nodes of the tree (leaves of 32 keys) that small hold at
-    least as many keys as the series has terms, at 1/4, 1 and 4 times Scott's widths."""
-    from nbattn import config
-    from nbattn.smoothing.pruned import tree_layout
+def _series_bench(args):
+    """Taylor series per k-d node (the improved fast Gauss transform) measured: on
+    clustered keys (100 clusters, sd 0.03, centres uniform in the unit cube) in 3-D at 4
+    times Scott's widths and in 1-D and 2-D at Scott's widths (and 4 times), the public call
+    exact (``rtol=0``), with ``--rtol`` and the series switched off
+    (``config.TREE_SERIES = False``), and with them (the default), best of two each,
+    beside the time to build the nodes' coefficients alone, the series terms and keys the
+    walk evaluated per query, and the largest observed error of a prediction and of lse
+    as a fraction of its bound (on ``--sklearn-queries`` of the queries); keys and terms
+    are nan where the cost model chose exact streaming."""
+    from nbattn import config, nadaraya_watson
+    from nbattn.dispatch.device import kernels_for
+    from nbattn.smoothing import pruned
     from nbattn.smoothing.regression import _layout, bandwidth_rule
 
+    tree = kernels_for("tree_pool", "cpu")
+    real = tree.tree_pool
+    works = []
+
+    def spy(*a, **k):
+        result = real(*a, **k)
+        works.append(result[3])
+        return result
+
+    tree.tree_pool = spy
     rng = np.random.default_rng(0)
-    keys = _clustered(rng, args.keys, rng.uniform(size=(100, 3)))
-    config.TREE_LEAF_KEYS = 32
-    distance = np.linspace(0.0, 10.0, 2001)
-    for factor in (0.25, 1.0, 4.0):
+    print(f"{args.keys} keys x {args.queries} queries, rtol {args.rtol:g}")
+    print(
+        " d  width  exact_s  plain_s  series_s  exact/series  plain/series  build_s  "
+        "keys/q  terms/q  err/bound(f)  err/bound(lse)"
+    )
+    for d, factor in ((3, 4.0), (1, 1.0), (1, 4.0), (2, 1.0), (2, 4.0)):
+        centres = rng.uniform(size=(100, d))
+        keys = centres[rng.integers(0, 100, args.keys)] + 0.03 * rng.normal(size=(args.keys, d))
+        queries = centres[rng.integers(0, 100, args.queries)] + 0.03 * rng.normal(
+            size=(args.queries, d)
+        )
+        values = np.sin(6.0 * keys).sum(axis=1)
         h = bandwidth_rule(keys) * factor
-        _, k_t, v_t, _ = _layout(keys[:1], keys, keys[:, :1], h, "float64")
-        _, _, (start, stop, _, lo, hi), _ = tree_layout(k_t, v_t, False, 1)
-        radius = 0.5 * np.sqrt(((hi - lo) ** 2).sum(axis=1))
-        count = stop - start
-        for p in (6, 10):
-            terms = math.comb(p + 3, 3)
-
-            def worst(r, p=p):
-                gap = np.maximum(distance - r, 0.0)
-                return ((2.0 * distance * r) ** p / math.factorial(p) * np.exp(-gap * gap)).max()
-
-            r_max = max((r for r in np.linspace(0.01, 2.0, 200) if worst(r) <= 1e-7), default=0.0)
-            fit = (radius <= r_max) & (count >= terms)
-            median = np.median(count[fit]) if fit.any() else 0
-            print(
-                f"  {factor:4g} x Scott, degree {p:2d} ({terms} terms): radius <= {r_max:.2f}; "
-                f"{fit.sum()} nodes that small hold >= {terms} keys (median {median:.0f})"
-            )
+        times, outs = {}, {}
+        for label, rtol, series in (
+            ("exact", 0.0, True),
+            ("plain", args.rtol, False),
+            ("series", args.rtol, True),
+        ):
+            config.TREE_SERIES = series
+            nadaraya_watson(queries[:100], keys, values, h, rtol=rtol)  # compile
+            best = math.inf
+            for _ in range(2):
+                works.clear()
+                t0 = time.perf_counter()
+                outs[label] = nadaraya_watson(queries, keys, values, h, rtol=rtol, return_lse=True)
+                best = min(best, time.perf_counter() - t0)
+            times[label] = best
+            if label == "series":  # the walk over every query, if the cost model took it
+                full = [w for w in works if w.shape[0] == args.queries]
+                work = full[-1].mean(axis=0) if full else np.full(3, np.nan)
+        config.TREE_SERIES = True
+        q, k_t, v_t, _ = _layout(queries[:1], keys, values[:, None], h, "float64")
+        k_t, v_t, nodes, _ = pruned.tree_layout(k_t, v_t, False, 1)
+        start, stop, _, lo, hi = nodes
+        t0 = time.perf_counter()
+        tree.series_for(
+            k_t, v_t, start, stop, lo, hi, pruned.series_degree(d), config.TREE_SERIES_KEYS_PER_TERM
+        )
+        build = time.perf_counter() - t0
+        sub = slice(0, args.sklearn_queries)
+        exact, exact_lse = outs["exact"][0][sub], outs["exact"][1][sub]
+        out, lse = outs["series"][0][sub], outs["series"][1][sub]
+        spread = np.maximum(values.max() - exact, exact - values.min())
+        bound = args.rtol / (1 - args.rtol) * spread
+        err_f = (np.abs(out - exact) / np.maximum(bound, 1e-300)).max()
+        err_lse = (np.abs(lse - exact_lse) / -math.log1p(-args.rtol)).max()
+        print(
+            f"{d:2d} {factor:5g} {times['exact']:8.3f} {times['plain']:8.3f} "
+            f"{times['series']:9.3f} {times['exact'] / times['series']:13.2f} "
+            f"{times['plain'] / times['series']:13.2f} {build:8.3f} {work[0]:7.0f} "
+            f"{work[2]:8.0f} {err_f:13.3g} {err_lse:15.3g}"
+        )
+    tree.tree_pool = real
 
 
 def _peak_mib():
@@ -341,11 +385,17 @@ def main(argv=None):
     )
     parser.add_argument("--loo-rows", default="2000,5000,10000,20000", help="--loo: row counts")
     parser.add_argument(
-        "--series", action="store_true", help="where Taylor series per tree node could pay"
+        "--series",
+        action="store_true",
+        help="Taylor series per tree node: exact vs rtol without and with them (2e5 x 2e4)",
     )
     args = parser.parse_args(argv)
     if args.series:
-        _series_nodes(args)
+        if args.keys == parser.get_default("keys") and args.queries == parser.get_default(
+            "queries"
+        ):
+            args.keys, args.queries, args.sklearn_queries = 200_000, 20_000, 200
+        _series_bench(args)
         return
     if args.loo:
         _loo_sweep(args)

@@ -34,9 +34,9 @@ merge as
 (a shard with no admissible key has lse = -inf and weight 0). The merge is
 associative, so the shards are combined in a tree. With ``rtol > 0`` each shard
 prunes its own k-d tree (``nbattn.smoothing.pruned``) within ``rtol`` of its own
-sums, and the tolerance carries over to the merge: a shard leaves out keys of
-weight E_r <= rtol S_r, so the merged sum leaves out E = sum_r E_r <= rtol
-sum_r S_r = rtol S, the single-machine contract.
+sums, and the tolerance carries over to the merge: a shard's sums err by
+E_r <= rtol S_r (keys left out, or a node's series), so the merged sums err by
+E = sum_r E_r <= rtol sum_r S_r = rtol S, the single-machine contract.
 """
 
 from __future__ import annotations
@@ -369,9 +369,10 @@ def nadaraya_watson_sharded(
     rtol : float in [0, 1), default 0
         :func:`nbattn.nadaraya_watson`'s tolerance, applied by each shard to its
         own kernel sums (its own k-d tree, built where the shard lies): every
-        shard's normaliser S_r comes out in [(1 - rtol) S_r, S_r], so the merged
-        one in [(1 - rtol) S, S], and each prediction obeys the same bound as on
-        one machine, ``|f_hat_i - f_i| <= rtol / (1 - rtol) max_j |v_j - f_i|``.
+        shard's normaliser S_r comes out in [(1 - rtol) S_r, (1 + rtol) S_r], so
+        the merged one in [(1 - rtol) S, (1 + rtol) S], and each prediction obeys
+        the same bound as on one machine,
+        ``|f_hat_i - f_i| <= rtol / (1 - rtol) max_j |v_j - f_i|``.
         0 computes every pair.
     progress : bool or int, default False
         Compute the result now and report the query blocks done on stderr, as

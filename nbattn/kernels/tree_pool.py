@@ -73,6 +73,42 @@ Below 16 eps, and in float32 (whose exponential is already within its rounding),
 weights are ``fast_exp``'s and rtol is the rule's (``coarse_for`` decides; the argument's
 type picks the exponential when the walk is compiled, so each choice is its own copy).
 
+Series. Where the keys are within reach of every query (wide widths, few features) the
+rule drops little. With ``series`` (``nbattn.kernels.tree_series``: a node's Taylor
+series, the improved fast Gauss transform, with its truncation bound and proof) a row may
+instead take a node's series: its value T (the weight's; T_c the values') is added to L
+and its error bound E (truncation and rounding: |T - W| <= E for the node's true weight
+W, |T_c - W_c| <= E max_j |v_jc|, and the error of the series of
+sum_j w_j (v_jc - f) at most E max_j |v_jc - f|) to U, where
+
+    U + 2 E <= rho * L                  (the series' rule; then U + E <= rho (L + T))
+
+since T >= W - E >= -E. An internal node not dropped for the whole tile takes its series
+only when each row drops it or may take its series (else the tile descends); a leaf is
+dropped, taken by its series or summed, row by row; a node holding the row's excluded key
+never takes its series, nor does the second walk (below, "Shift"). Both rules keep
+U <= rho L. With series the rule runs with rho = (rtol - eps) / (1 + rtol) in place of
+rtol (eps: ``COARSE_EXP_RTOL`` where the leaves take ``coarse_exp``, else 0). Proof, per
+row: let D be the dropped keys, Z the series' nodes and K the summed keys, so
+S = W(D) + W(Z) + W(K), L = sum_Z T + Lhat(K) with |Lhat(K) - W(K)| <= eps W(K), and
+U >= W(D) + sum_Z E. Then |L - S| <= W(D) + sum_Z E + eps S <= U + eps S, and
+U <= rho L <= rho (S + U + eps S) gives U <= rho (1 + eps) S / (1 - rho) = (rtol - eps) S,
+so, for Shat = L and Ahat_c the computed weighted sums:
+
+* the normaliser: (1 - rtol) S <= Shat <= (1 + rtol) S (lse within -log(1 - rtol) below
+  and log(1 + rtol) above): series may add as well as leave out;
+* each weighted sum: |Ahat_c - A_c| <= (U + eps S) max_j |v_jc| <= rtol * S * max_j |v_jc|;
+* the prediction: Ahat_c - f_c Shat errs from sum_j w_j (v_jc - f_c) = 0 by at most
+  (W(D) + sum_Z E + eps W(K)) max_j |v_jc - f_c| <= rtol S max_j |v_jc - f_c|, so
+  |fhat_c - f_c| <= rtol / (1 - rtol) * max_j |v_jc - f_c|.
+
+Only the normaliser's upper side is new: without series (``series`` None, or a walk
+that takes none) the section above holds as written. Before a series is taken the row's
+shift is raised to the node's box bound, as before a leaf (below); the series is
+evaluated relative to it. A row's sums depend on its tile's walk only (the tile decides
+a node's series from its rows' states; the tiles are fixed by ``rows`` and ``tile``, not
+by the threads), so the result is the same bits on every run and thread count.
+
 Shift. A row's sums are kept relative to exp(m), m a bound on every score it has summed,
 so no weight exceeds 1. Before a leaf is summed m is raised, where it is lower, to the
 leaf's box bound -d2 (rounded to the keys' dtype, so that every leaf of the row subtracts
@@ -115,8 +151,10 @@ from .items import next_item, run_items
 from .kd_order import kd_nodes, kd_order
 from .pooling import far_score, fused_range, one_pass_min_sum
 from .softmax import row_max
+from .tree_series import monomials, series_coefficients, series_rows
+from .tree_series import rescale as _rescale
 
-__all__ = ["coarse_for", "kd_nodes", "kd_order", "tree_pool"]
+__all__ = ["coarse_for", "kd_nodes", "kd_order", "series_for", "tree_pool"]
 
 _QUERY_BLOCK = config.QUERY_BLOCK
 # A box distance is rounded by at most ~(d + 2) 2**-53 relative; shrinking it by 2**-40
@@ -190,17 +228,6 @@ def _leaf_range(qt, r, pack, base, nb, skip, shift, n_outputs, coarse, buf, acc_
             total += np.float64(fused_range(qt[r], keys, values, a, b, shift, buf, acc_row, coarse))
         a, b = lead_end + 1, nb
     return total
-
-
-@njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
-def _rescale(r, new_m, n_outputs, acc, m, total, used):
-    """Row r's sums moved from the shift m[r] to ``new_m`` (above it)."""
-    scale = math.exp(m[r] - new_m)
-    total[r] *= scale
-    used[r] *= scale
-    for c in range(n_outputs):
-        acc[r, c] *= scale
-    m[r] = new_m
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
@@ -347,11 +374,18 @@ def _tree_tile(
     seen,
     stack_node,
     stack_d2,
+    series,
+    ratio,
+    series_scratch,
 ):
     """Walks the tree once for the tile's active rows (``active[:n_active]``, indices
     into the tile's buffers; ``keep`` a scratch of as many), summing the leaves each row
     keeps into acc[r], m[r], total[r], used[r] (module docstring); counts keys summed and
-    nodes seen per row."""
+    nodes seen per row. ``series``: ``tree_series.series_rows``'s tables (no degree: none;
+    module docstring, "Series"), ``series_scratch`` = (terms, choice, shifts, errs, mono,
+    a)."""
+    with_series = series[0].shape[0] > 0 and not at_best
+    single = np.float64(like(0.1, buf)) != 0.1  # float32 keys (a runtime flag: one copy)
     for a in range(n_active):
         r = active[a]
         stack_d2[0, r] = _box_d2(q64, r, lo, hi, 0)
@@ -374,6 +408,15 @@ def _tree_tile(
                 for a in range(n_active):
                     r = active[a]
                     used[r] += _drops(node, stack_d2[top, r], start, stop, rtol, m, total, used, r)
+                continue
+        n_keep = np.int64(-1)
+        if with_series:  # module docstring, "Series": drop, series or neither, per row
+            n_keep = series_rows(
+                q64, active, n_active, rgt >= 0, keep, node, stack_d2[top], start, stop, skip,
+                series, ratio, rtol, single, acc, m, total, used, series_scratch,
+            )  # fmt: skip
+        if rgt >= 0:
+            if n_keep == 0:  # every row dropped it or took its series
                 continue
             left = node + 1
             near_left = 0.0
@@ -400,15 +443,16 @@ def _tree_tile(
                 stack_node[top], stack_node[top + 1] = left, rgt
             top += 2
             continue
-        n_keep = np.int64(0)
-        for a in range(n_active):
-            r = active[a]
-            bound = _drops(node, stack_d2[top, r], start, stop, rtol, m, total, used, r)
-            if bound >= 0.0:
-                used[r] += bound
-            else:
-                keep[n_keep] = r
-                n_keep += 1
+        if n_keep < 0:
+            n_keep = 0
+            for a in range(n_active):
+                r = active[a]
+                bound = _drops(node, stack_d2[top, r], start, stop, rtol, m, total, used, r)
+                if bound >= 0.0:
+                    used[r] += bound
+                else:
+                    keep[n_keep] = r
+                    n_keep += 1
         if n_keep > 0:
             a0 = start[node]
             _sum_leaf_rows(
@@ -451,13 +495,47 @@ def _value_exponents(values_t):
     return exponents, scaled
 
 
-def tree_pool(queries, keys_t, values_t, start, stop, right, lo, hi, own, rtol, rows, tile, coarse):
+def series_for(keys_t, values_t, start, stop, lo, hi, p_max, per):
+    """The nodes' Taylor series for :func:`tree_pool`'s ``series`` (module docstring,
+    "Series"): ``tree_series.series_coefficients`` of the keys and of the values scaled as
+    the walk scales them, terms of degree below ``p_max``, a node's degree the largest
+    whose terms are at most its keys / ``per``."""
+    parent, var, const, deg_end = monomials(keys_t.shape[0], int(p_max))
+    _, values_s = _value_exponents(values_t)
+    degree, offset, centre, radius, coef = series_coefficients(
+        keys_t, values_s, start, stop, lo, hi, parent, var, const, deg_end, float(per)
+    )
+    return degree, offset, centre, radius, coef, parent, var, deg_end
+
+
+def _no_series(k):
+    empty = np.zeros(0, dtype=np.int64)
+    return empty, empty, np.zeros((0, k)), np.zeros(0), np.zeros(0), empty, empty, empty
+
+
+def tree_pool(
+    queries,
+    keys_t,
+    values_t,
+    start,
+    stop,
+    right,
+    lo,
+    hi,
+    own,
+    rtol,
+    rows,
+    tile,
+    coarse,
+    series=None,
+    ratio=1.0,
+):
     """``(out, lse, far, work)`` for the queries ``rows`` (indices into ``queries``).
 
     out (n_rows, n_outputs) in the input dtype, lse (n_rows,) float64, far (n_rows,)
     bool: rows to recompute with the exact kernel (their out and lse are left 0 and
-    nan), work (n_rows, 2) int64: keys summed and nodes seen per row (over both walks
-    of a row that walks again, module docstring "Shift"). ``own``
+    nan), work (n_rows, 3) int64: keys summed, nodes seen and series terms evaluated
+    per row (over both walks of a row that walks again, module docstring "Shift"). ``own``
     (n_queries,) holds the k-d position of the key each query skips (-1: none), or is
     empty (no key is skipped). ``rtol`` in [0, 1): the module docstring's tolerance.
     ``tile`` (>= 1): consecutive entries of ``rows`` that walk the tree together (the
@@ -466,21 +544,28 @@ def tree_pool(queries, keys_t, values_t, start, stop, right, lo, hi, own, rtol, 
     (by ``coarse_exp``, the rule with part of rtol; module docstring, "Coarse
     exponential"); each compiles its own copy of the walk. The tiles are the work items
     of :func:`nbattn.kernels.items.run_items` (a serial kernel on a pool of threads: no
-    parallel region to compile).
+    parallel region to compile). ``series``: :func:`series_for`'s tables (None: no
+    series), taken where a node's deg_end[p] terms times ``ratio`` cost at most its keys
+    (module docstring, "Series").
     """
     n_rows = rows.shape[0]
     n_outputs = values_t.shape[0]
     exponents, values_s = _value_exponents(values_t)
     prune_rtol = float(rtol)
-    if coarse is not None:  # module docstring, "Coarse exponential": part of rtol pays for it
-        prune_rtol = (prune_rtol - COARSE_EXP_RTOL) / (1.0 + COARSE_EXP_RTOL)
+    eps = COARSE_EXP_RTOL if coarse is not None else 0.0
+    if series is not None and series[0].shape[0] > 0:  # module docstring, "Series"
+        prune_rtol = (prune_rtol - eps) / (1.0 + prune_rtol)
+    elif coarse is not None:  # module docstring, "Coarse exponential": part of rtol pays for it
+        prune_rtol = (prune_rtol - eps) / (1.0 + eps)
+    if series is None:
+        series = _no_series(keys_t.shape[0])
     pack = packed_leaves(keys_t, values_s, start, stop, right)
     leaves = right < 0
     leaf_max = int((stop[leaves] - start[leaves]).max()) if leaves.any() else 0
     out = np.zeros((n_rows, n_outputs), dtype=queries.dtype)
     lse = np.full(n_rows, np.nan)
     far_rows = np.zeros(n_rows, dtype=np.bool_)
-    work = np.zeros((n_rows, 2), dtype=np.int64)
+    work = np.zeros((n_rows, 3), dtype=np.int64)
     run_items(
         _tile_items,
         queries,
@@ -499,6 +584,8 @@ def tree_pool(queries, keys_t, values_t, start, stop, right, lo, hi, own, rtol, 
         coarse,
         exponents,
         np.int64(leaf_max),
+        series,
+        float(ratio),
         out,
         lse,
         far_rows,
@@ -526,6 +613,8 @@ def _tile_items(
     coarse,
     exponents,
     leaf_max,
+    series,
+    ratio,
     out,
     lse,
     far_rows,
@@ -554,6 +643,16 @@ def _tile_items(
     keep = np.empty(tile, dtype=np.int64)
     stack_node = np.empty(_STACK, dtype=np.int64)
     stack_d2 = np.empty((_STACK, tile), dtype=np.float64)
+    deg_end = series[7]
+    scratch = (
+        np.empty(tile, dtype=np.int64),
+        np.empty(tile, dtype=np.int64),
+        np.empty(tile),
+        np.empty(tile),
+        np.empty(max(deg_end[-1] if deg_end.shape[0] > 0 else 1, 1)),
+        np.empty(k),
+    )
+    terms = scratch[0]
     while True:
         t = next_item(counter)
         if t >= n_tiles:
@@ -565,6 +664,7 @@ def _tile_items(
             used[r] = 0.0
             summed[r] = 0
             seen[r] = 0
+            terms[r] = 0
             skip[r] = -1
         r0 = t * tile
         nt = min(n_rows, r0 + tile) - r0
@@ -613,6 +713,9 @@ def _tile_items(
                 seen,
                 stack_node,
                 stack_d2,
+                series,
+                ratio,
+                scratch,
             )
             if at_best:
                 break
@@ -633,6 +736,7 @@ def _tile_items(
         for r in range(nt):
             work[r0 + r, 0] = summed[r]
             work[r0 + r, 1] = seen[r]
+            work[r0 + r, 2] = terms[r]
             if far_rows[r0 + r]:
                 continue
             if total[r] > 0.0:

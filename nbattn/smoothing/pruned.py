@@ -7,6 +7,9 @@ rule and its proof), and the rows too far from every key for the tree's sums are
 recomputed by the exact streaming kernel. A cost model picks the exact streaming path
 instead where the tree would not pay (few keys, many features, or a sample of the
 queries that finds little to drop): ``rtol`` is a licence to be faster, never slower.
+Where that sample sums much of the keys (wide widths, few features) it may also build the
+nodes' Taylor series (``nbattn.kernels.tree_series``) and walk the sample again with them,
+keeping them where that is cheaper (:func:`_tree_plan`).
 """
 
 from __future__ import annotations
@@ -61,27 +64,86 @@ def _sample_tiles(order, tile, n_sample):
     return order[(firsts[:, None] + np.arange(tile)).ravel()]
 
 
-def _tree_pays(q, k_t, v_t, nodes, own, rtol, order):
-    """The cost model: whether walking the tree (built) beats streaming every key, from a
-    sample of tiles of the queries in k-d order ``order`` (``config.TREE_*``;
-    deterministic, no clocks)."""
-    n_queries, n_keys = q.shape[0], k_t.shape[1]
-    tile = int(config.TREE_TILE_ROWS)
-    rows = _sample_tiles(order, tile, int(config.TREE_SAMPLE_QUERIES))
+def _walk_cost(q, k_t, v_t, nodes, own, rtol, rows, series, ratio):
+    """The sample walk of ``rows`` (with ``series`` or None): ``(cost per near query in
+    streamed keys, share of near rows, share of the keys summed)`` (``config.TREE_*``)."""
     tree = kernels_for("tree_pool", "cpu")
+    tile = int(config.TREE_TILE_ROWS)
+    coarse = tree.coarse_for(rtol, q.dtype)
     _, _, far, work = tree.tree_pool(
-        q, k_t, v_t, *nodes, own, rtol, rows, tile, tree.coarse_for(rtol, q.dtype)
+        q, k_t, v_t, *nodes, own, rtol, rows, tile, coarse, series, ratio
     )
     near = ~far
     if not near.any():
-        return False
+        return None
+    channels = 1 + v_t.shape[0]
+    node_cost = config.TREE_NODE_COST + (0 if series is None else config.TREE_SERIES_NODE_COST)
     per_query = (
-        work[near, 0].mean() * config.TREE_KEY_COST + work[near, 1].mean() * config.TREE_NODE_COST
+        work[near, 0].mean() * config.TREE_KEY_COST
+        + work[near, 1].mean() * node_cost
+        + work[near, 2].mean() * channels * config.TREE_SERIES_TERM_COST
     ) / 100.0
-    share = near.mean()  # far rows cost a full streaming pass on either path
+    return per_query, near.mean(), work[near, 0].mean() / k_t.shape[1]
+
+
+def series_degree(d):
+    """The series' degree bound p (terms of degree below p) for d features (config)."""
+    p = 1
+    while p < min(config.TREE_SERIES_MAX_DEGREE, 170) and (
+        math.comb(p + d, d) <= config.TREE_SERIES_MAX_TERMS
+    ):
+        p += 1
+    return p
+
+
+def series_build_cost(nodes, d, n_outputs):
+    """What building the nodes' series costs, in streamed keys (``config.TREE_SERIES_*``):
+    each node's keys times its terms times the channels (``tree_series``'s rule)."""
+    start, stop = nodes[0], nodes[1]
+    p_max = series_degree(d)
+    terms = np.array([math.comb(p - 1 + d, d) for p in range(1, p_max + 1)])
+    fit = np.searchsorted(terms * config.TREE_SERIES_KEYS_PER_TERM, stop - start, side="right")
+    per_node = np.where(fit > 0, terms[np.maximum(fit - 1, 0)], 0)
+    ops = float(((stop - start) * per_node).sum()) * (1 + n_outputs)
+    return config.TREE_SERIES_BUILD_COST / 100.0 * ops
+
+
+def _tree_plan(q, k_t, v_t, nodes, own, rtol, order):
+    """The cost model: ``(pays, series, ratio)``: whether walking the tree (built) beats
+    streaming every key, and with the nodes' Taylor series (their tables) or without
+    (None), from a sample of tiles of the queries in k-d order ``order`` (``config.TREE_*``;
+    deterministic, no clocks). Series are built only where the sample walk without them
+    sums a large share of the keys and could still pay for their build."""
+    n_queries, n_keys, d = q.shape[0], k_t.shape[1], q.shape[1]
+    rows = _sample_tiles(order, int(config.TREE_TILE_ROWS), int(config.TREE_SAMPLE_QUERIES))
+    ratio = config.TREE_SERIES_TERM_COST * (1 + v_t.shape[0]) / config.TREE_KEY_COST
+    plain = _walk_cost(q, k_t, v_t, nodes, own, rtol, rows, None, ratio)
+    if plain is None:
+        return False, None, ratio
     build = config.TREE_BUILD_COST / 100.0 * n_keys * math.log2(n_keys)
-    tree_cost = build + n_queries * (share * per_query + (1.0 - share) * n_keys)
-    return tree_cost <= config.TREE_MAX_COST_SHARE / 100.0 * n_queries * n_keys
+
+    def total(per_query, share):  # far rows cost a full streaming pass on either path
+        return build + n_queries * (share * per_query + (1.0 - share) * n_keys)
+
+    best, series = total(*plain[:2]), None
+    if (
+        config.TREE_SERIES
+        and d <= config.TREE_SERIES_MAX_FEATURES
+        and plain[2] * 100.0 >= config.TREE_SERIES_MIN_SHARE
+    ):
+        build_series = series_build_cost(nodes, d, v_t.shape[0])
+        exact = n_queries * n_keys
+        if build + build_series < best and (
+            build_series <= config.TREE_SERIES_MAX_BUILD_SHARE / 100.0 * exact
+        ):
+            start, stop, _, lo, hi = nodes
+            tables = kernels_for("tree_pool", "cpu").series_for(
+                k_t, v_t, start, stop, lo, hi, series_degree(d), config.TREE_SERIES_KEYS_PER_TERM
+            )
+            walked = _walk_cost(q, k_t, v_t, nodes, own, rtol, rows, tables, ratio)
+            if walked is not None and build_series + total(*walked[:2]) < best:
+                best, series = build_series + total(*walked[:2]), tables
+    return best <= config.TREE_MAX_COST_SHARE / 100.0 * n_queries * n_keys, series, ratio
 
 
 def worth_a_tree(n_queries, n_keys, n_features) -> bool:
@@ -102,8 +164,11 @@ def pool_within_rtol(q, k_t, v_t, exclude_self, rtol, decide=True):
         return None
     k_t, v_t, nodes, own = tree_layout(k_t, v_t, exclude_self, n_queries)
     rows = _query_order(q)
-    if decide and not _tree_pays(q, k_t, v_t, nodes, own, rtol, rows):
-        return None
+    series, ratio = None, 1.0
+    if decide:
+        pays, series, ratio = _tree_plan(q, k_t, v_t, nodes, own, rtol, rows)
+        if not pays:
+            return None
     tree = kernels_for("tree_pool", "cpu")
     out_rows, lse_rows, far, _ = tree.tree_pool(
         q,
@@ -115,6 +180,8 @@ def pool_within_rtol(q, k_t, v_t, exclude_self, rtol, decide=True):
         rows,
         int(config.TREE_TILE_ROWS),
         tree.coarse_for(rtol, q.dtype),
+        series,
+        ratio,
     )
     out = np.empty_like(out_rows)
     lse = np.empty_like(lse_rows)

@@ -348,7 +348,12 @@ def nadaraya_watson(
         a k-d tree over the scaled keys (``nbattn.kernels.tree_pool`` states the
         rule and proves the bound); a cost model runs the exact path instead
         where the tree would not pay (few keys, many features, little to prune),
-        so ``rtol > 0`` may return the exact result. In float64 from
+        so ``rtol > 0`` may return the exact result. At wide widths with at most
+        three features the tree may also sum a node of keys by its Taylor series
+        (the improved fast Gauss transform), within a certified error paid for out
+        of ``rtol``: the normaliser then lies in [(1 - rtol) S, (1 + rtol) S] (lse
+        within log(1 + rtol) above), the other bounds as stated
+        (``nbattn.kernels.tree_pool``, "Series"). In float64 from
         ``rtol = 1.6e-7`` on, the kept weights come from an exponential within
         1e-8 relative, paid for out of ``rtol``: the normaliser may then also
         exceed S by 1e-8 S (lse its exact value by 1e-8); the other bounds stay

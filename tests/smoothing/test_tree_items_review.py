@@ -299,7 +299,7 @@ def test_no_rows_one_key_one_key_excluded_and_duplicates(dtype, threads):
     with _threads(threads):
         out, lse, far, work = _walk(lay, 1e-6, 16, rows=np.empty(0, dtype=np.int64))
     assert out.shape == (0, 2) and out.dtype == dtype
-    assert lse.shape == (0,) and far.shape == (0,) and work.shape == (0, 2)
+    assert lse.shape == (0,) and far.shape == (0,) and work.shape == (0, 3)
 
     # one key: every row sums it, or is far
     keys = np.array([[0.3, -0.2]])
