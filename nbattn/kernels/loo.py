@@ -67,7 +67,7 @@ import math
 from collections import namedtuple
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from .. import config
 from .far_rows import far_block_weights, far_state
@@ -167,29 +167,52 @@ def _block_coef(weights, values_t, resid, centers, i, j0, nb, coef):
         coef[j] *= weights[j]
 
 
-@njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
 def loo_grad_diag(queries, keys_t, values_t, resid, centers, lse, self_offset=0):
     """G_f = sum_i sum_{j != i} g_ij (z_if - z_jf)^2, float64 (k,); see the module docstring.
 
-    Query i is key ``i + self_offset`` (a block of rows for partitioned sums).
+    Query i is key ``i + self_offset`` (a block of rows for partitioned sums). The chunks
+    of queries are the work items of :func:`nbattn.kernels.items.run_items`, their sums
+    added in chunk order.
     """
     n_queries, k = queries.shape
     n_chunks = (n_queries + _QUERY_BLOCK - 1) // _QUERY_BLOCK
     partial = np.zeros((n_chunks, k), dtype=np.float64)
-    for chunk in prange(n_chunks):
-        _grad_diag_chunk(
-            queries, keys_t, values_t, resid, centers, lse, self_offset, np.int64(chunk), partial
-        )
-    out = np.zeros(k, dtype=np.float64)
-    for chunk in range(n_chunks):
-        for f in range(k):
+    run_items(
+        _grad_diag_items,
+        queries,
+        keys_t,
+        values_t,
+        resid,
+        centers,
+        lse,
+        np.int64(self_offset),
+        partial,
+    )
+    return _rows_in_order(partial)
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _rows_in_order(partial):
+    """The rows of ``partial`` (n, k) added from first to last, float64 (k,)."""
+    out = np.zeros(partial.shape[1], dtype=np.float64)
+    for chunk in range(partial.shape[0]):
+        for f in range(partial.shape[1]):
             out[f] += partial[chunk, f]
     return out
 
 
-# The body of the parallel loop is a function of its own, called once per chunk of queries:
-# numba's parallel passes copy and rewrite every statement of a loop body (most of the
-# kernel's compile time); a call costs them nothing, and nothing measurable at run time.
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
+def _grad_diag_items(counter, queries, keys_t, values_t, resid, centers, lse, self_offset, partial):
+    """The chunks of queries that ``counter`` hands this thread (:func:`_grad_diag_chunk`)."""
+    while True:
+        chunk = next_item(counter)
+        if chunk >= partial.shape[0]:
+            return
+        _grad_diag_chunk(
+            queries, keys_t, values_t, resid, centers, lse, self_offset, chunk, partial
+        )
+
+
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def _grad_diag_chunk(queries, keys_t, values_t, resid, centers, lse, self_offset, chunk, partial):
     """The queries of chunk ``chunk`` into ``partial[chunk]``."""
@@ -224,7 +247,6 @@ def _grad_diag_chunk(queries, keys_t, values_t, resid, centers, lse, self_offset
                 acc[f] += total
 
 
-@njit(parallel=True, fastmath=config.FASTMATH, cache=config.CACHE)
 def loo_grad_full(queries, keys_t, points, points_t, values_t, resid, centers, lse, self_offset=0):
     """M_ab = sum_i sum_{j != i} g_ij (x_ia - x_ja)(x_ib - x_jb), float64 (d, d).
 
@@ -239,7 +261,8 @@ def loo_grad_full(queries, keys_t, points, points_t, values_t, resid, centers, l
 
     The sums a, b, c are float64 (c per thread), so the cancellation between
     the terms costs float64 rounding only, scaled by (|x| / |x_i - x_j|)^2; the
-    caller centres the points to keep |x| small.
+    caller centres the points to keep |x| small. The groups of query rows are the work
+    items of :func:`nbattn.kernels.items.run_items`.
     """
     n_queries = queries.shape[0]
     n_keys = keys_t.shape[1]
@@ -249,7 +272,45 @@ def loo_grad_full(queries, keys_t, points, points_t, values_t, resid, centers, l
     n_groups = min(_FULL_GROUPS, n_queries)
     partial = np.zeros((n_groups, d, d), dtype=np.float64)
     key_sums = np.zeros((n_groups, n_keys), dtype=np.float64)
-    for group in prange(n_groups):
+    run_items(
+        _grad_full_items,
+        queries,
+        keys_t,
+        points,
+        points_t,
+        values_t,
+        resid,
+        centers,
+        lse,
+        np.int64(self_offset),
+        np.int64(n_groups),
+        partial,
+        key_sums,
+    )
+    return _full_in_order(partial, key_sums, points_t)
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
+def _grad_full_items(
+    counter,
+    queries,
+    keys_t,
+    points,
+    points_t,
+    values_t,
+    resid,
+    centers,
+    lse,
+    self_offset,
+    n_groups,
+    partial,
+    key_sums,
+):
+    """The groups of query rows that ``counter`` hands this thread (:func:`_grad_full_group`)."""
+    while True:
+        group = next_item(counter)
+        if group >= n_groups:
+            return
         _grad_full_group(
             queries,
             keys_t,
@@ -260,13 +321,20 @@ def loo_grad_full(queries, keys_t, points, points_t, values_t, resid, centers, l
             centers,
             lse,
             self_offset,
-            np.int64(group),
+            group,
             n_groups,
             partial,
             key_sums,
         )
+
+
+@njit(fastmath=config.FASTMATH, cache=config.CACHE)
+def _full_in_order(partial, key_sums, points_t):
+    """M from the groups' sums in group order and the keys' c_j (:func:`loo_grad_full`)."""
+    d = partial.shape[1]
+    n_keys = key_sums.shape[1]
     out = np.zeros((d, d), dtype=np.float64)
-    for group in range(n_groups):
+    for group in range(partial.shape[0]):
         out += partial[group]
     for j in range(n_keys):
         c_j = 0.0
@@ -279,9 +347,6 @@ def loo_grad_full(queries, keys_t, points, points_t, values_t, resid, centers, l
     return out
 
 
-# The body of the parallel loop is a function of its own, called once per group of query rows:
-# numba's parallel passes copy and rewrite every statement of a loop body (most of the
-# kernel's compile time); a call costs them nothing, and nothing measurable at run time.
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
 def _grad_full_group(
     queries,
