@@ -319,9 +319,10 @@ def series_value(
     weight's and adds each value's into ``acc_row``; ``mono`` a scratch of deg_end[p]
     or more, ``a`` one of d. Called, not inlined (compile time)."""
     k = q64.shape[1]
-    a2 = 0.0
     for f in range(k):
         a[f] = q64[r, f] - centre[node, f]
+    a2 = 0.0
+    for f in range(k):  # a sum in the loop that stores a would depend on where a lies
         a2 += a[f] * a[f]
     n_terms = deg_end[p]
     mono[0] = 1.0
