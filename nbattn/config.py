@@ -166,26 +166,37 @@ TREE_TILE_ROWS = _env_int("TREE_TILE_ROWS", 16, compiled=False)
 #: path runs. Otherwise the tree is built and TREE_SAMPLE_QUERIES evenly spaced queries
 #: walk it; the tree path runs when their estimated cost, in key visits of the streaming
 #: kernel (TREE_KEY_COST per key summed in a leaf, TREE_NODE_COST per node looked at, plus
-#: TREE_BUILD_COST n log2 n for the tree), is at most TREE_MAX_COST_SHARE percent of the
-#: streaming kernel's n_queries x n_keys. The costs are in hundredths of one streamed key,
-#: fitted to the TREE_LEAF_KEYS measurements at 1e5 keys (Scott's widths and a quarter of
-#: them, leaves of 512, against exact streaming's 0.52 ns a pair on two threads): a summed
-#: key about 1.14 streamed keys, a node about 18. Read at call time.
+#: TREE_BUILD_COST d n log2 n for the tree's layout), is at most TREE_MAX_COST_SHARE percent
+#: of the streaming kernel's n_queries x n_keys. What trying costs when the sample then
+#: chooses the exact path, the layout and the sample walk at worst (its queries visiting
+#: every key, TREE_SAMPLE_KEY_COST each), is at most TREE_MAX_OVERHEAD_SHARE percent of
+#: the streaming kernel's, or the tree is not tried: so ``rtol > 0`` is never slower than
+#: exact streaming by more than about that share. The costs are in hundredths of one
+#: streamed key, fitted at 1e5 keys (Scott's widths and a quarter of them, leaves of 512,
+#: against exact streaming's 0.52 ns a pair on two threads): a summed key about 1.14
+#: streamed keys, a node about 18; the layout about 7 d n log2 n for d features (176 ns a
+#: key at 1e5 3-D keys, 131 at 2e4, 246 at 1e6; 71 at 1e5 1-D keys: its k-d order most of
+#: it), a sample row's key visit about 2.2 (64 rows on 2e4 keys: 1.45 ms). Read at call
+#: time.
 TREE_MIN_KEYS = _env_int("TREE_MIN_KEYS", 2048, compiled=False)
 TREE_MAX_FEATURES = _env_int("TREE_MAX_FEATURES", 16, compiled=False)
 TREE_SAMPLE_QUERIES = _env_int("TREE_SAMPLE_QUERIES", 64, compiled=False)
 TREE_KEY_COST = _env_int("TREE_KEY_COST", 115, compiled=False)
 TREE_NODE_COST = _env_int("TREE_NODE_COST", 1800, compiled=False)
-TREE_BUILD_COST = _env_int("TREE_BUILD_COST", 100, compiled=False)
+TREE_BUILD_COST = _env_int("TREE_BUILD_COST", 700, compiled=False)
+TREE_SAMPLE_KEY_COST = _env_int("TREE_SAMPLE_KEY_COST", 220, compiled=False)
 TREE_MAX_COST_SHARE = _env_int("TREE_MAX_COST_SHARE", 80, compiled=False)
+TREE_MAX_OVERHEAD_SHARE = _env_int("TREE_MAX_OVERHEAD_SHARE", 10, compiled=False)
 
 #: Taylor series per node of that tree (``nbattn.kernels.tree_series``, the improved fast
 #: Gauss transform), for wide widths where the walk can drop little. TREE_SERIES (False,
 #: or NBATTN_TREE_SERIES=0: off) lets the cost model consider them for inputs of at most
 #: TREE_SERIES_MAX_FEATURES features whose sample walk without series sums at least
 #: TREE_SERIES_MIN_SHARE percent of the keys, when building the coefficients costs at most
-#: TREE_SERIES_MAX_BUILD_SHARE percent of exact streaming and less than that walk; they
-#: are then built and the sample walked again with them, and kept when that is cheaper.
+#: TREE_SERIES_MAX_BUILD_SHARE percent of exact streaming and less than that walk, and
+#: when the build and a second sample walk keep what trying costs within
+#: TREE_MAX_OVERHEAD_SHARE; they are then built and the sample walked again with them, and
+#: kept when that is cheaper.
 #: A node of c keys gets the terms of total degree below p, p at most
 #: TREE_SERIES_MAX_DEGREE and with at most TREE_SERIES_MAX_TERMS terms (d = 1, 2, 3:
 #: 16, 15, 8), the largest whose terms are at most c / TREE_SERIES_KEYS_PER_TERM. A row
@@ -195,8 +206,10 @@ TREE_MAX_COST_SHARE = _env_int("TREE_MAX_COST_SHARE", 80, compiled=False)
 #: more per node looked at (the series' test), TREE_SERIES_BUILD_COST per key, term and
 #: channel of each node's coefficients. Fitted on one thread to clustered keys (50,000
 #: keys x 4,000 queries, d = 1, 2, 3 at 1/4 to 16 times Scott's widths, leaves of 512):
-#: a term about 1.6 ns a channel, the test about 30 ns a node, the build about 0.3 ns a
-#: key, term and channel, against about 1 ns a streamed key. Read at call time.
+#: a term about 1.6 ns a channel, the test about 30 ns a node, against about 1 ns a
+#: streamed key; the build, on two threads, about 0.1 ns a key, term and channel against
+#: 0.65 ns a streamed key (2e4 2-D keys at 16 times Scott's widths: 4.7 ms for 5e7 of
+#: them). Read at call time.
 TREE_SERIES = _env_switch("TREE_SERIES") is not False
 TREE_SERIES_MAX_FEATURES = _env_int("TREE_SERIES_MAX_FEATURES", 3, compiled=False)
 TREE_SERIES_MIN_SHARE = _env_int("TREE_SERIES_MIN_SHARE", 5, compiled=False)
@@ -206,7 +219,7 @@ TREE_SERIES_KEYS_PER_TERM = _env_int("TREE_SERIES_KEYS_PER_TERM", 2, compiled=Fa
 TREE_SERIES_MAX_BUILD_SHARE = _env_int("TREE_SERIES_MAX_BUILD_SHARE", 5, compiled=False)
 TREE_SERIES_TERM_COST = _env_int("TREE_SERIES_TERM_COST", 180, compiled=False)
 TREE_SERIES_NODE_COST = _env_int("TREE_SERIES_NODE_COST", 3300, compiled=False)
-TREE_SERIES_BUILD_COST = _env_int("TREE_SERIES_BUILD_COST", 30, compiled=False)
+TREE_SERIES_BUILD_COST = _env_int("TREE_SERIES_BUILD_COST", 15, compiled=False)
 
 
 # --- loo: leave-one-out kernels (nbattn.kernels.loo) ------------------------------------------
@@ -578,7 +591,9 @@ SECTIONS = {
         "TREE_KEY_COST",
         "TREE_NODE_COST",
         "TREE_BUILD_COST",
+        "TREE_SAMPLE_KEY_COST",
         "TREE_MAX_COST_SHARE",
+        "TREE_MAX_OVERHEAD_SHARE",
         "TREE_SERIES",
         "TREE_SERIES_MAX_FEATURES",
         "TREE_SERIES_MIN_SHARE",

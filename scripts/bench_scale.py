@@ -165,6 +165,7 @@ def _compile_time():
         "import numpy as np, nbattn\n"
         "from nbattn import config\n"
         "config.TREE_MIN_KEYS = 1; config.TREE_MAX_COST_SHARE = 10**9\n"
+        "config.TREE_MAX_OVERHEAD_SHARE = 10**9\n"
         "x = np.random.default_rng(0).normal(size=(300, 3))\n"
         "nbattn.nadaraya_watson(x, x, x[:, 0], rtol=1e-6)\n"
         "nbattn.nadaraya_watson(x.astype('float32'), x.astype('float32'),"
@@ -428,10 +429,14 @@ def main(argv=None):
     # compile both paths on a tiny call first (the tree path forced)
     from nbattn import config
 
-    saved = config.TREE_MIN_KEYS, config.TREE_MAX_COST_SHARE
-    config.TREE_MIN_KEYS, config.TREE_MAX_COST_SHARE = 1, 10**9
+    saved = config.TREE_MIN_KEYS, config.TREE_MAX_COST_SHARE, config.TREE_MAX_OVERHEAD_SHARE
+    config.TREE_MIN_KEYS, config.TREE_MAX_COST_SHARE, config.TREE_MAX_OVERHEAD_SHARE = (
+        1,
+        10**9,
+        10**9,
+    )
     nbattn.nadaraya_watson(queries[:10], keys[:500], values[:500], dtype=args.dtype, rtol=rtol)
-    config.TREE_MIN_KEYS, config.TREE_MAX_COST_SHARE = saved
+    config.TREE_MIN_KEYS, config.TREE_MAX_COST_SHARE, config.TREE_MAX_OVERHEAD_SHARE = saved
     nbattn.nadaraya_watson(queries[:10], keys[:500], values[:500], dtype=args.dtype)
     scott = bandwidth_rule(keys)
     for label, factor in (("Scott", 1.0), ("Scott/4", 0.25)):

@@ -202,9 +202,11 @@ class NadarayaWatsonRegressor(_PoolingRegressor):
     rtol : float in [0, 1), default 0
         The relative error allowed on every kernel sum, in the width search and in
         predictions, on the CPU: 0 sums every key exactly; ``rtol > 0`` lets a query skip
-        the keys (leaves of a k-d tree) it certifiably cannot weigh, so that each
-        normaliser S keeps at least (1 - rtol) S and each prediction moves by at most
-        ``rtol / (1 - rtol)`` times the spread of the targets about it
+        the keys (leaves of a k-d tree) it certifiably cannot weigh, or sum a node of them
+        by a Taylor series within a certified error (wide widths, at most three
+        features), so that each normaliser S comes out within [(1 - rtol) S,
+        (1 + rtol) S] (at least (1 - rtol) S without series) and each prediction moves
+        by at most ``rtol / (1 - rtol)`` times the spread of the targets about it
         (:func:`nbattn.smoothing.regression.nadaraya_watson` on the streaming path,
         :func:`nbattn.local.engine.local_polynomial` on the engine). A cost model keeps
         the exact path where the tree would not pay. The ``"loo"`` and ``"loo_scale"``

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 
+import numba
 import numpy as np
 
 from .. import config
@@ -120,7 +121,7 @@ def _tree_plan(q, k_t, v_t, nodes, own, rtol, order):
     plain = _walk_cost(q, k_t, v_t, nodes, own, rtol, rows, None, ratio)
     if plain is None:
         return False, None, ratio
-    build = config.TREE_BUILD_COST / 100.0 * n_keys * math.log2(n_keys)
+    build = _layout_cost(n_keys, d)
 
     def total(per_query, share):  # far rows cost a full streaming pass on either path
         return build + n_queries * (share * per_query + (1.0 - share) * n_keys)
@@ -133,8 +134,15 @@ def _tree_plan(q, k_t, v_t, nodes, own, rtol, order):
     ):
         build_series = series_build_cost(nodes, d, v_t.shape[0])
         exact = n_queries * n_keys
-        if build + build_series < best and (
-            build_series <= config.TREE_SERIES_MAX_BUILD_SHARE / 100.0 * exact
+        # what trying the series costs (the layout, the sample walk just taken, their
+        # build and a second walk like it) stays within what a call may lose to the
+        # cost model when the exact path wins
+        sample = rows.shape[0] * plain[1] * plain[0] * _serial_scale()
+        trying = build + build_series + 2.0 * sample
+        if (
+            build + build_series < best
+            and build_series <= config.TREE_SERIES_MAX_BUILD_SHARE / 100.0 * exact
+            and trying <= config.TREE_MAX_OVERHEAD_SHARE / 100.0 * exact
         ):
             start, stop, _, lo, hi = nodes
             tables = kernels_for("tree_pool", "cpu").series_for(
@@ -146,12 +154,34 @@ def _tree_plan(q, k_t, v_t, nodes, own, rtol, order):
     return best <= config.TREE_MAX_COST_SHARE / 100.0 * n_queries * n_keys, series, ratio
 
 
+def _serial_scale():
+    """How much more a step that does not run on all the threads (the layout, the sample's
+    few tiles) weighs against an exact pass than where the costs were fitted (two
+    threads): the pass speeds up with the threads, the step does not."""
+    return max(numba.get_num_threads(), 1) / 2.0
+
+
+def _layout_cost(n_keys, n_features):
+    """The tree's layout (k-d order, nodes, packed leaves) in streamed keys (config)."""
+    per_key = config.TREE_BUILD_COST / 100.0 * n_features * math.log2(max(n_keys, 2))
+    return per_key * n_keys * _serial_scale()
+
+
+def _sample_cost(n_queries, n_keys):
+    """The cost model's sample walk at worst (each sample row visits every key)."""
+    n_sample = min(n_queries, int(config.TREE_SAMPLE_QUERIES) + int(config.TREE_TILE_ROWS))
+    return config.TREE_SAMPLE_KEY_COST / 100.0 * n_sample * n_keys * _serial_scale()
+
+
 def worth_a_tree(n_queries, n_keys, n_features) -> bool:
-    """The cost model's first cut, before any tree is built (``config.TREE_*``)."""
+    """The cost model's first cut, before any tree is built (``config.TREE_*``): enough keys,
+    few enough features, and trying the tree (its layout and the sample walk, at worst)
+    costs at most ``TREE_MAX_OVERHEAD_SHARE`` percent of exact streaming, which is what a
+    call loses when the sample then chooses the exact path."""
     if n_keys < config.TREE_MIN_KEYS or n_features >= config.TREE_MAX_FEATURES:
         return False
-    build = config.TREE_BUILD_COST / 100.0 * n_keys * math.log2(n_keys)
-    return build <= config.TREE_MAX_COST_SHARE / 100.0 * n_queries * n_keys
+    trying = _layout_cost(n_keys, n_features) + _sample_cost(n_queries, n_keys)
+    return trying <= config.TREE_MAX_OVERHEAD_SHARE / 100.0 * n_queries * n_keys
 
 
 def pool_within_rtol(q, k_t, v_t, exclude_self, rtol, decide=True):

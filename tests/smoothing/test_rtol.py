@@ -33,7 +33,12 @@ def _tree_always():
     return config_values(**_FORCE)
 
 
-_FORCE = {"TREE_LEAF_KEYS": 4, "TREE_MIN_KEYS": 1, "TREE_MAX_COST_SHARE": 10**9}
+_FORCE = {
+    "TREE_LEAF_KEYS": 4,
+    "TREE_MIN_KEYS": 1,
+    "TREE_MAX_COST_SHARE": 10**9,
+    "TREE_MAX_OVERHEAD_SHARE": 10**9,
+}
 
 
 @pytest.fixture
@@ -147,6 +152,7 @@ def test_rtol_zero_is_the_exact_path_bit_for_bit(monkeypatch):
     exact = nbattn.nadaraya_watson(queries, keys, values)
     monkeypatch.setattr(config, "TREE_MIN_KEYS", 1)
     monkeypatch.setattr(config, "TREE_MAX_COST_SHARE", 10**9)
+    monkeypatch.setattr(config, "TREE_MAX_OVERHEAD_SHARE", 10**9)
     assert np.array_equal(nbattn.nadaraya_watson(queries, keys, values, rtol=0.0), exact)
     assert np.array_equal(nbattn.nadaraya_watson(queries, keys, values, rtol=0), exact)
     # and the tree path with rtol > 0 is a different computation (so the test could fail)
@@ -167,8 +173,9 @@ def test_small_problems_take_the_exact_path():
 
 def test_the_cost_model_takes_the_tree_where_it_prunes(monkeypatch):
     """Many clustered keys at a narrow width: the sample finds little to sum, the tree runs
-    (the result differs from the exact one, within the bound)."""
-    queries, keys, values, h = _problem("clustered", 5, 300, 6000, 2, 1, np.float64)
+    (the result differs from the exact one, within the bound). Enough queries that
+    trying the tree costs at most ``TREE_MAX_OVERHEAD_SHARE`` of exact streaming."""
+    queries, keys, values, h = _problem("clustered", 5, 4000, 6000, 2, 1, np.float64)
     h = h / 8
     exact = nbattn.nadaraya_watson(queries, keys, values, h)
     out, lse = nbattn.nadaraya_watson(queries, keys, values, h, rtol=1e-3, return_lse=True)

@@ -34,6 +34,7 @@ _FORCE = {
     "TREE_LEAF_KEYS": 16,
     "TREE_MIN_KEYS": 1,
     "TREE_MAX_COST_SHARE": 10**9,
+    "TREE_MAX_OVERHEAD_SHARE": 10**9,
     "TREE_SERIES": True,
     "TREE_SERIES_MIN_SHARE": 1,
     "TREE_SERIES_MAX_BUILD_SHARE": 10**9,
@@ -166,7 +167,7 @@ def test_series_cut_work_and_repeat_bit_for_bit():
 
 def test_the_cost_model_takes_series_at_wide_widths_only_where_they_pay():
     """Default costs: 1-D keys at 16 times Scott's widths take the series; off, none."""
-    queries, keys, values, h = _problem("uniform", 2, 3000, 20000, 1, 1, 16.0, np.float64)
+    queries, keys, values, h = _problem("uniform", 2, 6000, 20000, 1, 1, 16.0, np.float64)
     q, k_t, v_t, _ = regression._layout(queries, keys, values, h, np.float64)
     k_t, v_t, nodes, own = pruned.tree_layout(k_t, v_t, False, q.shape[0])
     rows = pruned._query_order(q)

@@ -85,7 +85,12 @@ def test_queries_between_two_clusters_within_the_bound(
         t = rng.uniform(-0.5, 0.5, n_queries)
         queries = separation * t[:, None] * direction + 0.01 * rng.normal(size=(n_queries, d))
     h = np.ones(d)
-    force = {"TREE_LEAF_KEYS": leaf_keys, "TREE_MIN_KEYS": 1, "TREE_MAX_COST_SHARE": 10**9}
+    force = {
+        "TREE_LEAF_KEYS": leaf_keys,
+        "TREE_MIN_KEYS": 1,
+        "TREE_MAX_COST_SHARE": 10**9,
+        "TREE_MAX_OVERHEAD_SHARE": 10**9,
+    }
     with config_values(**force):
         out, lse = nbattn.nadaraya_watson(
             queries,
@@ -112,7 +117,9 @@ def test_the_far_rows_threshold_still_holds():
     queries = np.zeros((1, 2))
     _, _, far, _ = _walk(queries, keys.astype(np.float32), values, h, np.float32, 1e-6, 8)
     assert far.all()
-    with config_values(TREE_LEAF_KEYS=8, TREE_MIN_KEYS=1, TREE_MAX_COST_SHARE=10**9):
+    with config_values(
+        TREE_LEAF_KEYS=8, TREE_MIN_KEYS=1, TREE_MAX_COST_SHARE=10**9, TREE_MAX_OVERHEAD_SHARE=10**9
+    ):
         out = nbattn.nadaraya_watson(queries, keys, values, h, dtype="float32", rtol=1e-6)
     exact = naive.nadaraya_watson(queries, keys, values, h)
     np.testing.assert_allclose(out, exact, rtol=1e-5)

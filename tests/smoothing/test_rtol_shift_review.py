@@ -21,7 +21,12 @@ from .test_rtol import _check_bound
 
 
 def _force(leaf_keys):
-    return config_values(TREE_LEAF_KEYS=leaf_keys, TREE_MIN_KEYS=1, TREE_MAX_COST_SHARE=10**9)
+    return config_values(
+        TREE_LEAF_KEYS=leaf_keys,
+        TREE_MIN_KEYS=1,
+        TREE_MAX_COST_SHARE=10**9,
+        TREE_MAX_OVERHEAD_SHARE=10**9,
+    )
 
 
 def _nw(queries, keys, values, h, dtype, rtol, leaf_keys, exclude_self=False):

@@ -40,7 +40,12 @@ TREE = kernels_for("tree_pool", "cpu")
 EXACT = kernels_for("pooling", "cpu").gaussian_pool
 MAX_THREADS = numba.config.NUMBA_NUM_THREADS
 ROOT = Path(__file__).resolve().parents[2]
-_FORCE = {"TREE_MIN_KEYS": 1, "TREE_MAX_COST_SHARE": 10**9, "TREE_LEAF_KEYS": 16}
+_FORCE = {
+    "TREE_MIN_KEYS": 1,
+    "TREE_MAX_COST_SHARE": 10**9,
+    "TREE_MAX_OVERHEAD_SHARE": 10**9,
+    "TREE_LEAF_KEYS": 16,
+}
 
 
 @contextlib.contextmanager
