@@ -491,7 +491,7 @@ def test_nadaraya_watson_rtol_on_an_organ_pipe(monkeypatch, seed):
     rng, x, y = _pipe_data(6000, seed)
     assert (0, 6000) in _guarded(_twin(x[:, None], 256)[2])  # the keys' tree is guarded
     rtol = 1e-6
-    for queries, exclude_self in ((rng.random(2000) * 0.5, False), (x, True)):
+    for queries, exclude_self in ((rng.random(4000) * 0.5, False), (x, True)):
         exact = nbattn.nadaraya_watson(queries, x, y, bandwidth=0.002, exclude_self=exclude_self)
         first = nbattn.nadaraya_watson(
             queries, x, y, bandwidth=0.002, exclude_self=exclude_self, rtol=rtol
