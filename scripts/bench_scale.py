@@ -133,10 +133,9 @@ def _series_bench(args):
         q, k_t, v_t, _ = _layout(queries[:1], keys, values[:, None], h, "float64")
         k_t, v_t, nodes, _ = pruned.tree_layout(k_t, v_t, False, 1)
         start, stop, _, lo, hi = nodes
+        per_term = config.TREE_SERIES_KEYS_PER_TERM
         t0 = time.perf_counter()
-        tree.series_for(
-            k_t, v_t, start, stop, lo, hi, pruned.series_degree(d), config.TREE_SERIES_KEYS_PER_TERM
-        )
+        tree.series_for(k_t, v_t, start, stop, lo, hi, pruned.series_degree_bound(d), per_term)
         build = time.perf_counter() - t0
         sub = slice(0, args.sklearn_queries)
         exact, exact_lse = outs["exact"][0][sub], outs["exact"][1][sub]

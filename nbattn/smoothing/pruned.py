@@ -87,7 +87,7 @@ def _walk_cost(q, k_t, v_t, nodes, own, rtol, rows, series, ratio):
     return per_query, near.mean(), work[near, 0].mean() / k_t.shape[1]
 
 
-def series_degree(d):
+def series_degree_bound(d):
     """The series' degree bound p (terms of degree below p) for d features (config)."""
     p = 1
     while p < min(config.TREE_SERIES_MAX_DEGREE, 170) and (
@@ -101,7 +101,7 @@ def series_build_cost(nodes, d, n_outputs):
     """What building the nodes' series costs, in streamed keys (``config.TREE_SERIES_*``):
     each node's keys times its terms times the channels (``tree_series``'s rule)."""
     start, stop = nodes[0], nodes[1]
-    p_max = series_degree(d)
+    p_max = series_degree_bound(d)
     terms = np.array([math.comb(p - 1 + d, d) for p in range(1, p_max + 1)])
     fit = np.searchsorted(terms * config.TREE_SERIES_KEYS_PER_TERM, stop - start, side="right")
     per_node = np.where(fit > 0, terms[np.maximum(fit - 1, 0)], 0)
@@ -145,8 +145,9 @@ def _tree_plan(q, k_t, v_t, nodes, own, rtol, order):
             and trying <= config.TREE_MAX_OVERHEAD_SHARE / 100.0 * exact
         ):
             start, stop, _, lo, hi = nodes
+            per_term = config.TREE_SERIES_KEYS_PER_TERM
             tables = kernels_for("tree_pool", "cpu").series_for(
-                k_t, v_t, start, stop, lo, hi, series_degree(d), config.TREE_SERIES_KEYS_PER_TERM
+                k_t, v_t, start, stop, lo, hi, series_degree_bound(d), per_term
             )
             walked = _walk_cost(q, k_t, v_t, nodes, own, rtol, rows, tables, ratio)
             if walked is not None and build_series + total(*walked[:2]) < best:
