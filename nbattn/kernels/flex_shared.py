@@ -20,7 +20,15 @@ from .._core.numeric import LOG2E
 from .base2 import TANH_REAL
 from .fastmath import like
 
-__all__ = ["backward_shifts", "band_limits", "block_state", "tanh"]
+__all__ = [
+    "LIMIT32",
+    "LIMIT64",
+    "MAX32",
+    "backward_shifts",
+    "band_limits",
+    "block_state",
+    "tanh",
+]
 
 
 def tanh(x):
@@ -53,6 +61,12 @@ def _tanh_overload(x):
         return TANH_REAL[x.bitwidth]
     return None
 
+
+#: The largest score whose base-2 form (times log2(e)) is finite, per tile dtype.
+LIMIT64 = float(np.finfo(np.float64).max) / LOG2E
+LIMIT32 = float(np.finfo(np.float32).max) / LOG2E
+#: The largest float32: a finite float64 score beyond it is stored as it (sign kept).
+MAX32 = float(np.finfo(np.float32).max)
 
 #: A bound on the relative rounding error of lse log2(e) (lse from the forward's m ln 2 +
 #: log l): 4 ulp, twice what the three roundings can make.
