@@ -32,9 +32,11 @@ def tree_layout(k_t, v_t, exclude_self, n_queries):
     (``exclude_self``) or an empty array."""
     tree = kernels_for("tree_pool", "cpu")
     leaf_keys = int(config.TREE_LEAF_KEYS)
-    order, _ = tree.kd_order(np.ascontiguousarray(k_t.T, dtype=np.float64), leaf_keys)
-    k_t = np.ascontiguousarray(k_t[:, order])
-    v_t = np.ascontiguousarray(v_t[:, order])
+    points = np.array(k_t, dtype=np.float64, order="C")  # left in k-d order by kd_split
+    order, _ = tree.kd_split(points, leaf_keys)
+    # float64 back to k_t's dtype is exact: the keys in k-d order, with no gather
+    k_t = points if k_t.dtype == np.float64 else points.astype(k_t.dtype)
+    v_t = tree.take_columns(v_t, order)
     nodes = tree.kd_nodes(k_t, leaf_keys)
     own = np.empty(0, dtype=np.int64)
     if exclude_self:
