@@ -52,8 +52,8 @@ _PARALLEL_KEYS = 16384
 #: The nodes per thread whose subtrees ``kd_split`` hands out whole (work items of about
 #: equal size: a thread that finishes early takes the next one).
 _ITEMS_PER_THREAD = 4
-#: Rows per work item of the transposed copy.
-_COPY_ROWS = 4096
+#: Columns per work item of ``take_columns``.
+_TAKE_COLUMNS = 4096
 
 
 @njit(cache=config.CACHE)
@@ -155,98 +155,64 @@ def _select_median(order, zc, a, b, mid, dim, scan_per_key):
     return False
 
 
-@njit(cache=config.CACHE)
-def _split_node(order, zc, a, b, scan_per_key):
-    """Split node [a, b): its median along its widest coordinate to (a + b) // 2
-    (``_select_median``), the keys before it no larger and those after no smaller."""
+@njit(nogil=True, cache=config.CACHE)
+def _split_items(counter, order, zc, node_a, node_b, leaf_keys, scan_per_key, levels):
+    """Work items: node [node_a[i], node_b[i]) and its descendants down to ``levels``
+    below it (all of them: 64) split, depth first, left before right, down to leaves of
+    at most ``leaf_keys`` keys. A node is split at its median along its widest
+    coordinate to (a + b) // 2 (``_select_median``). The nodes are disjoint, so each item
+    moves its own range of ``order`` and ``zc``'s columns only."""
     k = zc.shape[0]
-    # int64 from its first value: a literal 0 compiles _select_median once more
-    best_dim, best_extent = np.int64(0), -1.0
-    for f in range(k):
-        low, high = np.inf, -np.inf
-        for t in range(a, b):
-            value = zc[f, t]
-            low = min(low, value)
-            high = max(high, value)
-        if high - low > best_extent:
-            best_dim, best_extent = f, high - low
-    _select_median(order, zc, a, b, (a + b) // 2, best_dim, scan_per_key)
-
-
-@njit(cache=config.CACHE)
-def _split_subtree(order, zc, a, b, leaf_keys, scan_per_key):
-    """Split node [a, b) and its descendants down to leaves of at most ``leaf_keys`` keys,
-    depth first, left before right."""
     stack_a = np.empty(64, dtype=np.int64)
     stack_b = np.empty(64, dtype=np.int64)
-    stack_a[0], stack_b[0] = a, b
-    top = 1
-    while top > 0:
-        top -= 1
-        a, b = stack_a[top], stack_b[top]
-        if b - a <= leaf_keys:
-            continue
-        _split_node(order, zc, a, b, scan_per_key)
-        mid = (a + b) // 2
-        # the right half first on the stack, so that the left one is split first
-        stack_a[top], stack_b[top] = mid, b
-        stack_a[top + 1], stack_b[top + 1] = a, mid
-        top += 2
-
-
-@njit(nogil=True, cache=config.CACHE)
-def _split_items(counter, order, zc, node_a, node_b, leaf_keys, scan_per_key, whole):
-    """Work items: node [node_a[i], node_b[i]) split once, or with its whole subtree
-    (``whole``). The nodes are disjoint, so each item moves its own range of ``order``
-    and ``zc``'s columns only."""
+    stack_level = np.empty(64, dtype=np.int64)
     while True:
         item = next_item(counter)
         if item >= node_a.shape[0]:
             return
-        if whole:
-            _split_subtree(order, zc, node_a[item], node_b[item], leaf_keys, scan_per_key)
-        else:
-            _split_node(order, zc, node_a[item], node_b[item], scan_per_key)
-
-
-@njit(nogil=True, cache=config.CACHE)
-def _transpose_items(counter, z, zc):
-    """Work items: zc[f, t] = float64(z[t, f]) for the rows of chunk ``item``."""
-    n, k = z.shape
-    n_chunks = (n + _COPY_ROWS - 1) // _COPY_ROWS
-    while True:
-        chunk = next_item(counter)
-        if chunk >= n_chunks:
-            return
-        for t in range(chunk * _COPY_ROWS, min(n, (chunk + 1) * _COPY_ROWS)):
-            for f in range(k):
-                zc[f, t] = z[t, f]
-
-
-@njit(cache=config.CACHE)
-def _leaf_starts(n, leaf_keys):
-    """The leaves' first positions (plus n), in depth-first order, which is ascending:
-    every split is at (a + b) // 2, so they follow from n and ``leaf_keys`` alone."""
-    stack_a = np.empty(64, dtype=np.int64)
-    stack_b = np.empty(64, dtype=np.int64)
-    starts = np.empty(n + 1, dtype=np.int64)
-    n_leaves = 0
-    if n > 0:
-        stack_a[0], stack_b[0] = 0, n
+        stack_a[0], stack_b[0], stack_level[0] = node_a[item], node_b[item], 0
         top = 1
         while top > 0:
             top -= 1
-            a, b = stack_a[top], stack_b[top]
-            if b - a <= leaf_keys:
-                starts[n_leaves] = a
-                n_leaves += 1
+            a, b, level = stack_a[top], stack_b[top], stack_level[top]
+            if b - a <= leaf_keys or level >= levels:
                 continue
+            # int64 from its first value: a literal 0 compiles _select_median once more
+            best_dim, best_extent = np.int64(0), -1.0
+            for f in range(k):
+                low, high = np.inf, -np.inf
+                for t in range(a, b):
+                    value = zc[f, t]
+                    low = min(low, value)
+                    high = max(high, value)
+                if high - low > best_extent:
+                    best_dim, best_extent = f, high - low
             mid = (a + b) // 2
-            stack_a[top], stack_b[top] = mid, b
-            stack_a[top + 1], stack_b[top + 1] = a, mid
+            _select_median(order, zc, a, b, mid, best_dim, scan_per_key)
+            # the right half first on the stack, so that the left one is split first
+            stack_a[top], stack_b[top], stack_level[top] = mid, b, level + 1
+            stack_a[top + 1], stack_b[top + 1], stack_level[top + 1] = a, mid, level + 1
             top += 2
-    starts[n_leaves] = n
-    return starts[: n_leaves + 1].copy()
+
+
+def _leaf_starts(n, leaf_keys):
+    """The leaves' first positions (plus n), in depth-first order, which is ascending:
+    every split is at (a + b) // 2, so they follow from n and ``leaf_keys`` alone
+    (computed level by level)."""
+    node_a = np.zeros(1 if n > 0 else 0, dtype=np.int64)
+    node_b = np.full(node_a.shape[0], n, dtype=np.int64)
+    starts = [np.full(1, n, dtype=np.int64)]
+    while node_a.shape[0] > 0:
+        leaf = node_b - node_a <= leaf_keys
+        starts.append(node_a[leaf])
+        node_a, node_b = _children(node_a[~leaf], node_b[~leaf])
+    return np.sort(np.concatenate(starts))
+
+
+def _children(node_a, node_b):
+    """The nodes' halves, left then right of each: ``(a, b)`` of 2 len(node_a) nodes."""
+    mid = (node_a + node_b) // 2
+    return np.stack((node_a, mid), axis=1).ravel(), np.stack((mid, node_b), axis=1).ravel()
 
 
 def _run(kernel, threaded, *args):
@@ -290,15 +256,13 @@ def kd_split(zc, leaf_keys, scan_per_key=_SCAN_PER_KEY, parallel_keys=_PARALLEL_
                 node_b,
                 leaf_keys,
                 scan_per_key,
-                False,
+                1,
             )
-            mid = (node_a + node_b) // 2
-            node_a = np.stack((node_a, mid), axis=1).ravel()
-            node_b = np.stack((mid, node_b), axis=1).ravel()
+            node_a, node_b = _children(node_a, node_b)
             split = node_b - node_a > leaf_keys
             node_a, node_b = node_a[split], node_b[split]
     if node_a.shape[0] > 0:
-        _run(_split_items, threaded, order, zc, node_a, node_b, leaf_keys, scan_per_key, True)
+        _run(_split_items, threaded, order, zc, node_a, node_b, leaf_keys, scan_per_key, 64)
     return order, starts
 
 
@@ -316,10 +280,7 @@ def kd_order(z, leaf_keys, scan_per_key=_SCAN_PER_KEY, parallel_keys=_PARALLEL_K
     plain selection, the reference the tests compare with). From ``parallel_keys`` keys
     on the split runs on the threads (:func:`kd_split`), to the same order.
     """
-    n, k = z.shape
-    zc = np.empty((k, n))
-    threaded = numba.get_num_threads() > 1 and n >= parallel_keys
-    _run(_transpose_items, threaded, z, zc)
+    zc = np.array(z.T, dtype=np.float64, order="C")  # a copy, even of a float64 z.T
     return kd_split(zc, leaf_keys, scan_per_key, parallel_keys)
 
 
@@ -327,13 +288,13 @@ def kd_order(z, leaf_keys, scan_per_key=_SCAN_PER_KEY, parallel_keys=_PARALLEL_K
 def _take_items(counter, x, order, out):
     """Work items: out[:, t] = x[:, order[t]] for the columns of chunk ``item``."""
     p, n = out.shape
-    n_chunks = (n + _COPY_ROWS - 1) // _COPY_ROWS
+    n_chunks = (n + _TAKE_COLUMNS - 1) // _TAKE_COLUMNS
     while True:
         chunk = next_item(counter)
         if chunk >= n_chunks:
             return
         for f in range(p):
-            for t in range(chunk * _COPY_ROWS, min(n, (chunk + 1) * _COPY_ROWS)):
+            for t in range(chunk * _TAKE_COLUMNS, min(n, (chunk + 1) * _TAKE_COLUMNS)):
                 out[f, t] = x[f, order[t]]
 
 
