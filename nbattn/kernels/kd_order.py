@@ -52,8 +52,10 @@ _PARALLEL_KEYS = 16384
 #: The nodes per thread whose subtrees ``kd_split`` hands out whole (work items of about
 #: equal size: a thread that finishes early takes the next one).
 _ITEMS_PER_THREAD = 4
-#: Columns per work item of ``take_columns``.
+#: Columns per work item of ``take_columns``, and the values from which it gathers on the
+#: threads (about 0.3 ms of work: a hand-off costs about 0.05).
 _TAKE_COLUMNS = 4096
+_PARALLEL_VALUES = 1 << 17
 
 
 @njit(cache=config.CACHE)
@@ -298,11 +300,11 @@ def _take_items(counter, x, order, out):
                 out[f, t] = x[f, order[t]]
 
 
-def take_columns(x, order, parallel_keys=_PARALLEL_KEYS):
+def take_columns(x, order, parallel_values=_PARALLEL_VALUES):
     """``x[:, order]`` (C-contiguous, x's dtype), its chunks of columns on the threads
-    from ``parallel_keys`` columns on."""
+    from ``parallel_values`` values on (a few ns each: a gather from memory)."""
     out = np.empty((x.shape[0], order.shape[0]), dtype=x.dtype)
-    threaded = numba.get_num_threads() > 1 and order.shape[0] >= parallel_keys
+    threaded = numba.get_num_threads() > 1 and out.size >= parallel_values
     _run(_take_items, threaded, x, order, out)
     return out
 

@@ -177,8 +177,8 @@ def test_take_columns_is_the_gather():
     try:
         for threads in THREADS:
             numba.set_num_threads(threads)
-            for parallel_keys in (1, kd._PARALLEL_KEYS):
-                got = kd.take_columns(x, order, parallel_keys)
+            for parallel_values in (1, kd._PARALLEL_VALUES):
+                got = kd.take_columns(x, order, parallel_values)
                 assert got.flags.c_contiguous and got.dtype == x.dtype
                 np.testing.assert_array_equal(got, x[:, order])
     finally:
