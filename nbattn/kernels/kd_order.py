@@ -52,6 +52,9 @@ _PARALLEL_KEYS = 16384
 #: The nodes per thread whose subtrees ``kd_split`` hands out whole (work items of about
 #: equal size: a thread that finishes early takes the next one).
 _ITEMS_PER_THREAD = 4
+#: Subtrees of at most this many keys are handed out whole even when there are fewer than
+#: ``_ITEMS_PER_THREAD`` a thread (``kd_split``).
+_SUBTREE_KEYS = 16384
 #: Columns per work item of ``take_columns``, and the values from which it gathers on the
 #: threads (about 0.3 ms of work: a hand-off costs about 0.05).
 _TAKE_COLUMNS = 4096
@@ -217,6 +220,19 @@ def _children(node_a, node_b):
     return np.stack((node_a, mid), axis=1).ravel(), np.stack((mid, node_b), axis=1).ravel()
 
 
+def _split_a_level(node_a, node_b, threads):
+    """Whether ``kd_split`` splits the nodes [node_a, node_b) one level before it hands
+    their subtrees out whole: while they are fewer than the threads, or fewer than
+    ``_ITEMS_PER_THREAD`` per thread and larger than ``_SUBTREE_KEYS`` (a level's
+    hand-off costs about what a few items of that size lose to an uneven share)."""
+    count = node_a.shape[0]
+    if count == 0:
+        return False
+    return count < threads or (
+        count < _ITEMS_PER_THREAD * threads and (node_b - node_a).max() > _SUBTREE_KEYS
+    )
+
+
 def _run(kernel, threaded, *args):
     """``kernel(counter, *args)`` on the threads (:func:`run_items`) or on this one."""
     if threaded:
@@ -233,8 +249,9 @@ def kd_split(zc, leaf_keys, scan_per_key=_SCAN_PER_KEY, parallel_keys=_PARALLEL_
     nodes with no ancestor left to split can be split in any order, on any thread, to
     the same result as the serial depth-first split. From ``parallel_keys`` keys on (and
     on more than one thread) the top of the tree is split level by level, each level's
-    nodes the work items of :func:`nbattn.kernels.items.run_items`, until a level holds
-    ``_ITEMS_PER_THREAD`` nodes to split per thread; those nodes' subtrees are then
+    nodes the work items of :func:`nbattn.kernels.items.run_items`, until a level holds a
+    node to split per thread and either ``_ITEMS_PER_THREAD`` per thread or nodes of at
+    most ``_SUBTREE_KEYS`` keys (:func:`_split_a_level`); those nodes' subtrees are then
     split whole, one item each. Below it, or on one thread, the root's subtree is the
     one item, on this thread.
     """
@@ -248,7 +265,7 @@ def kd_split(zc, leaf_keys, scan_per_key=_SCAN_PER_KEY, parallel_keys=_PARALLEL_
     node_a = np.zeros(1 if n > leaf_keys else 0, dtype=np.int64)  # the nodes to split
     node_b = np.full(node_a.shape[0], n, dtype=np.int64)
     if threaded:
-        while 0 < node_a.shape[0] < _ITEMS_PER_THREAD * threads:
+        while _split_a_level(node_a, node_b, threads):
             _run(
                 _split_items,
                 node_a.shape[0] > 1,

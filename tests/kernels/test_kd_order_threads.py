@@ -114,14 +114,22 @@ def _check(z, leaf_keys, parallel_keys):
     leaf_keys=st.sampled_from([0, 1, 2, 7, 16, 64, 512]),
     dtype=st.sampled_from([np.float64, np.float32, np.int64]),
     layout=st.sampled_from("CF"),
+    levels=st.booleans(),
     seed=st.integers(0, 2**32 - 1),
 )
-def test_threaded_split_is_the_serial_split(kind, n, k, leaf_keys, dtype, layout, seed):
+def test_threaded_split_is_the_serial_split(kind, n, k, leaf_keys, dtype, layout, levels, seed):
+    """``levels``: the top split level by level on the threads down to _ITEMS_PER_THREAD
+    nodes a thread (``_SUBTREE_KEYS`` 1), as at large n."""
     z = _keys(kind, n, k, seed)
     if dtype == np.int64:
         z = np.nan_to_num(np.round(z * 10.0))
     z = np.asarray(z, dtype=dtype, order=layout)  # F: z.T is already feature-major
-    _check(z, leaf_keys, parallel_keys=1)
+    subtree_keys = kd._SUBTREE_KEYS
+    kd._SUBTREE_KEYS = 1 if levels else subtree_keys
+    try:
+        _check(z, leaf_keys, parallel_keys=1)
+    finally:
+        kd._SUBTREE_KEYS = subtree_keys
 
 
 @pytest.mark.parametrize(
@@ -141,19 +149,22 @@ def test_threaded_split_at_default_threshold(kind, n, k, leaf_keys):
 
 @pytest.mark.skipif(len(THREADS) < 2, reason="one numba thread")
 def test_the_split_runs_on_the_threads(monkeypatch):
-    """From ``_PARALLEL_KEYS`` keys on two threads, the levels after the root and the
-    subtrees are work items on the pool; below it, none is."""
+    """From ``_PARALLEL_KEYS`` keys on two threads the subtrees are work items on the pool,
+    and the levels after the root too where their nodes are larger than
+    ``_SUBTREE_KEYS``; below ``_PARALLEL_KEYS``, nothing is."""
     calls = []
     monkeypatch.setattr(kd, "_run", _counting_run(kd._run, calls))
-    z = _keys("clustered", kd._PARALLEL_KEYS, 3, seed=1)
+    z = _keys("clustered", 4 * kd._SUBTREE_KEYS, 3, seed=1)
     with_threads = numba.get_num_threads()
     try:
         numba.set_num_threads(2)
-        kd.kd_order(z, 64)
-        threaded = [kernel for kernel, on_threads in calls if on_threads]
-        assert threaded.count(kd._split_items) >= 2  # levels after the root, then subtrees
+        for n, at_least in ((z.shape[0], 2), (kd._PARALLEL_KEYS, 1)):
+            calls.clear()
+            kd.kd_order(z[:n], 64)
+            threaded = [kernel for kernel, on_threads in calls if on_threads]
+            assert threaded.count(kd._split_items) >= at_least
         calls.clear()
-        kd.kd_order(z[:-1], 64)
+        kd.kd_order(z[: kd._PARALLEL_KEYS - 1], 64)
         assert calls and not any(on_threads for _, on_threads in calls)
     finally:
         numba.set_num_threads(with_threads)
