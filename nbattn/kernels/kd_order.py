@@ -202,16 +202,23 @@ def _split_items(counter, order, zc, node_a, node_b, leaf_keys, scan_per_key, le
 
 def _leaf_starts(n, leaf_keys):
     """The leaves' first positions (plus n), in depth-first order, which is ascending:
-    every split is at (a + b) // 2, so they follow from n and ``leaf_keys`` alone
-    (computed level by level)."""
-    node_a = np.zeros(1 if n > 0 else 0, dtype=np.int64)
-    node_b = np.full(node_a.shape[0], n, dtype=np.int64)
-    starts = [np.full(1, n, dtype=np.int64)]
-    while node_a.shape[0] > 0:
-        leaf = node_b - node_a <= leaf_keys
-        starts.append(node_a[leaf])
-        node_a, node_b = _children(node_a[~leaf], node_b[~leaf])
-    return np.sort(np.concatenate(starts))
+    every split is at (a + b) // 2, so they follow from n and ``leaf_keys`` alone."""
+    if n == 0:  # no leaf: the starts hold the end alone
+        return np.zeros(1, dtype=np.int64)
+    return np.append(_leaf_offsets(n, leaf_keys, {}), n)
+
+
+def _leaf_offsets(m, leaf_keys, known):
+    """The leaves' first positions in a node of m keys: a node of m > ``leaf_keys`` keys
+    holds one of m // 2 and, after it, one of m - m // 2. A level's nodes have at most two
+    sizes, so ``known`` (size -> offsets) makes it O(log m) concatenations."""
+    if m <= leaf_keys:
+        return np.zeros(1, dtype=np.int64)
+    if m not in known:
+        half = m // 2
+        left = _leaf_offsets(half, leaf_keys, known)
+        known[m] = np.concatenate((left, half + _leaf_offsets(m - half, leaf_keys, known)))
+    return known[m]
 
 
 def _children(node_a, node_b):
