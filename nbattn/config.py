@@ -178,8 +178,7 @@ TREE_TILE_ROWS = _env_int("TREE_TILE_ROWS", 16, compiled=False)
 #: split on the threads (clustered keys, the least of several runs: 60 / 74 / 99 ns a key at
 #: 2e4 / 1e5 / 1e6 3-D keys, 71 / 86 / 92 at 2-D, 2.7 to 5.0 d n log2 n; about the
 #: geometric mean of the six), a sample row's key visit about 2.2 (64 rows on 2e4 keys:
-#: 1.45 ms).
-#: Read at call time.
+#: 1.45 ms). Read at call time.
 TREE_MIN_KEYS = _env_int("TREE_MIN_KEYS", 2048, compiled=False)
 TREE_MAX_FEATURES = _env_int("TREE_MAX_FEATURES", 16, compiled=False)
 TREE_SAMPLE_QUERIES = _env_int("TREE_SAMPLE_QUERIES", 64, compiled=False)
