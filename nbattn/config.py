@@ -174,16 +174,17 @@ TREE_TILE_ROWS = _env_int("TREE_TILE_ROWS", 16, compiled=False)
 #: exact streaming by more than about that share. The costs are in hundredths of one
 #: streamed key, fitted at 1e5 keys (Scott's widths and a quarter of them, leaves of 512,
 #: against exact streaming's 0.52 ns a pair on two threads): a summed key about 1.14
-#: streamed keys, a node about 18; the layout about 7 d n log2 n for d features (176 ns a
-#: key at 1e5 3-D keys, 131 at 2e4, 246 at 1e6; 71 at 1e5 1-D keys: its k-d order most of
-#: it), a sample row's key visit about 2.2 (64 rows on 2e4 keys: 1.45 ms). Read at call
-#: time.
+#: streamed keys, a node about 18; the layout about 3.8 d n log2 n for d features, its k-d
+#: split on the threads (clustered keys, the least of several runs: 60 / 74 / 99 ns a key at
+#: 2e4 / 1e5 / 1e6 3-D keys, 71 / 86 / 92 at 2-D, 2.7 to 5.0 d n log2 n; about the
+#: geometric mean of the six), a sample row's key visit about 2.2 (64 rows on 2e4 keys:
+#: 1.45 ms). Read at call time.
 TREE_MIN_KEYS = _env_int("TREE_MIN_KEYS", 2048, compiled=False)
 TREE_MAX_FEATURES = _env_int("TREE_MAX_FEATURES", 16, compiled=False)
 TREE_SAMPLE_QUERIES = _env_int("TREE_SAMPLE_QUERIES", 64, compiled=False)
 TREE_KEY_COST = _env_int("TREE_KEY_COST", 115, compiled=False)
 TREE_NODE_COST = _env_int("TREE_NODE_COST", 1800, compiled=False)
-TREE_BUILD_COST = _env_int("TREE_BUILD_COST", 700, compiled=False)
+TREE_BUILD_COST = _env_int("TREE_BUILD_COST", 380, compiled=False)
 TREE_SAMPLE_KEY_COST = _env_int("TREE_SAMPLE_KEY_COST", 220, compiled=False)
 TREE_MAX_COST_SHARE = _env_int("TREE_MAX_COST_SHARE", 80, compiled=False)
 TREE_MAX_OVERHEAD_SHARE = _env_int("TREE_MAX_OVERHEAD_SHARE", 10, compiled=False)

@@ -24,10 +24,12 @@ k-d order for the boxes and the bound.
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 from numba import njit
 
 from .. import config
+from .items import next_item, run_items
 
 _NEIGHBOURS = 4  # keys on each side, in the k-d order, that bound a row's best score
 
@@ -43,6 +45,20 @@ _NEIGHBOURS = 4  # keys on each side, in the k-d order, that bound a row's best 
 #: shapes): there the order is the guarded selection's, as valid a split.
 _SCAN_PER_KEY = 32
 _SCAN_SLACK = 256
+
+#: ``kd_order`` splits on the threads from this many keys (``kd_split``): below it the
+#: hand-offs (about 0.05 ms each, a few a call) cost about what the threads save.
+_PARALLEL_KEYS = 16384
+#: The nodes per thread whose subtrees ``kd_split`` hands out whole (work items of about
+#: equal size: a thread that finishes early takes the next one).
+_ITEMS_PER_THREAD = 4
+#: Subtrees of at most this many keys are handed out whole even when there are fewer than
+#: ``_ITEMS_PER_THREAD`` a thread (``kd_split``).
+_SUBTREE_KEYS = 16384
+#: Columns per work item of ``take_columns``, and the values from which it gathers on the
+#: threads (about 0.3 ms of work: a hand-off costs about 0.05).
+_TAKE_COLUMNS = 4096
+_PARALLEL_VALUES = 1 << 17
 
 
 @njit(cache=config.CACHE)
@@ -144,8 +160,139 @@ def _select_median(order, zc, a, b, mid, dim, scan_per_key):
     return False
 
 
-@njit(cache=config.CACHE)
-def kd_order(z, leaf_keys, scan_per_key=_SCAN_PER_KEY):
+@njit(nogil=True, cache=config.CACHE)
+def _split_items(counter, order, zc, node_a, node_b, leaf_keys, scan_per_key, levels):
+    """Work items: node [node_a[i], node_b[i]) and its descendants down to ``levels``
+    below it (all of them: 64) split, depth first, left before right, down to leaves of
+    at most ``leaf_keys`` keys. A node is split at its median along its widest
+    coordinate to (a + b) // 2 (``_select_median``). The nodes are disjoint, so each item
+    moves its own range of ``order`` and ``zc``'s columns only."""
+    k = zc.shape[0]
+    stack_a = np.empty(64, dtype=np.int64)
+    stack_b = np.empty(64, dtype=np.int64)
+    stack_level = np.empty(64, dtype=np.int64)
+    while True:
+        item = next_item(counter)
+        if item >= node_a.shape[0]:
+            return
+        stack_a[0], stack_b[0], stack_level[0] = node_a[item], node_b[item], 0
+        top = 1
+        while top > 0:
+            top -= 1
+            a, b, level = stack_a[top], stack_b[top], stack_level[top]
+            if b - a <= leaf_keys or level >= levels:
+                continue
+            # int64 from its first value: a literal 0 compiles _select_median once more
+            best_dim, best_extent = np.int64(0), -1.0
+            for f in range(k):
+                low, high = np.inf, -np.inf
+                for t in range(a, b):
+                    value = zc[f, t]
+                    low = min(low, value)
+                    high = max(high, value)
+                if high - low > best_extent:
+                    best_dim, best_extent = f, high - low
+            mid = (a + b) // 2
+            _select_median(order, zc, a, b, mid, best_dim, scan_per_key)
+            # the right half first on the stack, so that the left one is split first
+            stack_a[top], stack_b[top], stack_level[top] = mid, b, level + 1
+            stack_a[top + 1], stack_b[top + 1], stack_level[top + 1] = a, mid, level + 1
+            top += 2
+
+
+def _leaf_starts(n, leaf_keys):
+    """The leaves' first positions (plus n), in depth-first order, which is ascending:
+    every split is at (a + b) // 2, so they follow from n and ``leaf_keys`` alone."""
+    if n == 0:  # no leaf: the starts hold the end alone
+        return np.zeros(1, dtype=np.int64)
+    return np.append(_leaf_offsets(n, leaf_keys, {}), n)
+
+
+def _leaf_offsets(m, leaf_keys, known):
+    """The leaves' first positions in a node of m keys: a node of m > ``leaf_keys`` keys
+    holds one of m // 2 and, after it, one of m - m // 2. A level's nodes have at most two
+    sizes, so ``known`` (size -> offsets) makes it O(log m) concatenations."""
+    if m <= leaf_keys:
+        return np.zeros(1, dtype=np.int64)
+    if m not in known:
+        half = m // 2
+        left = _leaf_offsets(half, leaf_keys, known)
+        known[m] = np.concatenate((left, half + _leaf_offsets(m - half, leaf_keys, known)))
+    return known[m]
+
+
+def _children(node_a, node_b):
+    """The nodes' halves, left then right of each: ``(a, b)`` of 2 len(node_a) nodes."""
+    mid = (node_a + node_b) // 2
+    return np.stack((node_a, mid), axis=1).ravel(), np.stack((mid, node_b), axis=1).ravel()
+
+
+def _split_a_level(node_a, node_b, threads):
+    """Whether ``kd_split`` splits the nodes [node_a, node_b) one level before it hands
+    their subtrees out whole: while they are fewer than the threads, or fewer than
+    ``_ITEMS_PER_THREAD`` per thread and larger than ``_SUBTREE_KEYS`` (a level's
+    hand-off costs about what a few items of that size lose to an uneven share)."""
+    count = node_a.shape[0]
+    if count == 0:
+        return False
+    return count < threads or (
+        count < _ITEMS_PER_THREAD * threads and (node_b - node_a).max() > _SUBTREE_KEYS
+    )
+
+
+def _run(kernel, threaded, *args):
+    """``kernel(counter, *args)`` on the threads (:func:`run_items`) or on this one."""
+    if threaded:
+        run_items(kernel, *args)
+    else:
+        kernel(np.zeros(1, dtype=np.int64), *args)
+
+
+def kd_split(zc, leaf_keys, scan_per_key=_SCAN_PER_KEY, parallel_keys=_PARALLEL_KEYS):
+    """``(order, leaf_start)`` of :func:`kd_order` for the keys' float64 coordinates
+    ``zc`` (k, n), C-contiguous, which it leaves in k-d order (column t is key order[t]).
+
+    The split of a node reads and moves only its own range of ``order`` and ``zc``, so
+    nodes with no ancestor left to split can be split in any order, on any thread, to
+    the same result as the serial depth-first split. From ``parallel_keys`` keys on (and
+    on more than one thread) the top of the tree is split level by level, each level's
+    nodes the work items of :func:`nbattn.kernels.items.run_items`, until a level holds a
+    node to split per thread and either ``_ITEMS_PER_THREAD`` per thread or nodes of at
+    most ``_SUBTREE_KEYS`` keys (:func:`_split_a_level`); those nodes' subtrees are then
+    split whole, one item each. Below it, or on one thread, the root's subtree is the
+    one item, on this thread.
+    """
+    k, n = zc.shape
+    leaf_keys = max(int(leaf_keys), 1)
+    order = np.arange(n)
+    starts = _leaf_starts(n, leaf_keys)
+    scan_per_key = np.int64(scan_per_key)
+    threads = numba.get_num_threads()
+    threaded = threads > 1 and n >= parallel_keys
+    node_a = np.zeros(1 if n > leaf_keys else 0, dtype=np.int64)  # the nodes to split
+    node_b = np.full(node_a.shape[0], n, dtype=np.int64)
+    if threaded:
+        while _split_a_level(node_a, node_b, threads):
+            _run(
+                _split_items,
+                node_a.shape[0] > 1,
+                order,
+                zc,
+                node_a,
+                node_b,
+                leaf_keys,
+                scan_per_key,
+                1,
+            )
+            node_a, node_b = _children(node_a, node_b)
+            split = node_b - node_a > leaf_keys
+            node_a, node_b = node_a[split], node_b[split]
+    if node_a.shape[0] > 0:
+        _run(_split_items, threaded, order, zc, node_a, node_b, leaf_keys, scan_per_key, 64)
+    return order, starts
+
+
+def kd_order(z, leaf_keys, scan_per_key=_SCAN_PER_KEY, parallel_keys=_PARALLEL_KEYS):
     """``(order, leaf_start)``: keys in k-d order and the leaves' first positions (plus n).
 
     Each node [a, b) of more than ``leaf_keys`` keys (at least 1) is split at its median
@@ -156,49 +303,34 @@ def kd_order(z, leaf_keys, scan_per_key=_SCAN_PER_KEY):
     (``_select_median``): O(m log m) per node at worst, O(n log^2 n) in all, and on
     normal keys the same order as plain Hoare's selection. ``scan_per_key``: the guard's
     budget per key (``_SCAN_PER_KEY``; one too large to reach, such as 2**40, gives the
-    plain selection, the reference the tests compare with).
+    plain selection, the reference the tests compare with). From ``parallel_keys`` keys
+    on the split runs on the threads (:func:`kd_split`), to the same order.
     """
-    n, k = z.shape
-    leaf_keys = max(leaf_keys, 1)
-    order = np.arange(n)
-    if n == 0:  # no leaf: the starts hold the end alone
-        return order, np.zeros(1, dtype=np.int64)
-    zc = np.empty((k, n))
-    for t in range(n):
-        for f in range(k):
-            zc[f, t] = z[t, f]
-    stack_a = np.empty(64, dtype=np.int64)
-    stack_b = np.empty(64, dtype=np.int64)
-    starts = np.empty(n + 1, dtype=np.int64)
-    n_leaves = 0
-    top = 0
-    stack_a[0], stack_b[0] = 0, n
-    top = 1
-    while top > 0:
-        top -= 1
-        a, b = stack_a[top], stack_b[top]
-        if b - a <= leaf_keys:
-            starts[n_leaves] = a
-            n_leaves += 1
-            continue
-        # int64 from its first value: a literal 0 compiles _select_median once more
-        best_dim, best_extent = np.int64(0), -1.0
-        for f in range(k):
-            low, high = np.inf, -np.inf
-            for t in range(a, b):
-                value = zc[f, t]
-                low = min(low, value)
-                high = max(high, value)
-            if high - low > best_extent:
-                best_dim, best_extent = f, high - low
-        mid = (a + b) // 2
-        _select_median(order, zc, a, b, mid, best_dim, scan_per_key)
-        # the right half first on the stack, so that the left leaf comes out first
-        stack_a[top], stack_b[top] = mid, b
-        stack_a[top + 1], stack_b[top + 1] = a, mid
-        top += 2
-    starts[n_leaves] = n
-    return order, starts[: n_leaves + 1].copy()
+    zc = np.array(z.T, dtype=np.float64, order="C")  # a copy, even of a float64 z.T
+    return kd_split(zc, leaf_keys, scan_per_key, parallel_keys)
+
+
+@njit(nogil=True, cache=config.CACHE)
+def _take_items(counter, x, order, out):
+    """Work items: out[:, t] = x[:, order[t]] for the columns of chunk ``item``."""
+    p, n = out.shape
+    n_chunks = (n + _TAKE_COLUMNS - 1) // _TAKE_COLUMNS
+    while True:
+        chunk = next_item(counter)
+        if chunk >= n_chunks:
+            return
+        for f in range(p):
+            for t in range(chunk * _TAKE_COLUMNS, min(n, (chunk + 1) * _TAKE_COLUMNS)):
+                out[f, t] = x[f, order[t]]
+
+
+def take_columns(x, order, parallel_values=_PARALLEL_VALUES):
+    """``x[:, order]`` (C-contiguous, x's dtype), its chunks of columns on the threads
+    from ``parallel_values`` values on (a few ns each: a gather from memory)."""
+    out = np.empty((x.shape[0], order.shape[0]), dtype=x.dtype)
+    threaded = numba.get_num_threads() > 1 and out.size >= parallel_values
+    _run(_take_items, threaded, x, order, out)
+    return out
 
 
 @njit(cache=config.CACHE)

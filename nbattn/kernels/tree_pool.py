@@ -148,13 +148,21 @@ from numba import njit
 from .. import config
 from .fastmath import COARSE_EXP_RTOL, fast_exp, like
 from .items import next_item, run_items
-from .kd_order import kd_nodes, kd_order
+from .kd_order import kd_nodes, kd_order, kd_split, take_columns
 from .pooling import far_score, fused_range, one_pass_min_sum
 from .softmax import row_max
 from .tree_series import monomials, series_coefficients, series_rows
 from .tree_series import rescale as _rescale
 
-__all__ = ["coarse_for", "kd_nodes", "kd_order", "series_for", "tree_pool"]
+__all__ = [
+    "coarse_for",
+    "kd_nodes",
+    "kd_order",
+    "kd_split",
+    "series_for",
+    "take_columns",
+    "tree_pool",
+]
 
 _QUERY_BLOCK = config.QUERY_BLOCK
 # A box distance is rounded by at most ~(d + 2) 2**-53 relative; shrinking it by 2**-40

@@ -32,9 +32,11 @@ def tree_layout(k_t, v_t, exclude_self, n_queries):
     (``exclude_self``) or an empty array."""
     tree = kernels_for("tree_pool", "cpu")
     leaf_keys = int(config.TREE_LEAF_KEYS)
-    order, _ = tree.kd_order(np.ascontiguousarray(k_t.T, dtype=np.float64), leaf_keys)
-    k_t = np.ascontiguousarray(k_t[:, order])
-    v_t = np.ascontiguousarray(v_t[:, order])
+    points = np.array(k_t, dtype=np.float64, order="C")  # left in k-d order by kd_split
+    order, _ = tree.kd_split(points, leaf_keys)
+    # float64 back to k_t's dtype is exact: the keys in k-d order, with no gather
+    k_t = points if k_t.dtype == np.float64 else points.astype(k_t.dtype)
+    v_t = tree.take_columns(v_t, order)
     nodes = tree.kd_nodes(k_t, leaf_keys)
     own = np.empty(0, dtype=np.int64)
     if exclude_self:
@@ -156,16 +158,19 @@ def _tree_plan(q, k_t, v_t, nodes, own, rtol, order):
 
 
 def _serial_scale():
-    """How much more a step that does not run on all the threads (the layout, the sample's
-    few tiles) weighs against an exact pass than where the costs were fitted (two
-    threads): the pass speeds up with the threads, the step does not."""
+    """How much more a step that does not run on all the threads (the sample's few tiles)
+    weighs against an exact pass than where the costs were fitted (two threads): the
+    pass speeds up with the threads, the step does not."""
     return max(numba.get_num_threads(), 1) / 2.0
 
 
 def _layout_cost(n_keys, n_features):
-    """The tree's layout (k-d order, nodes, packed leaves) in streamed keys (config)."""
+    """The tree's layout (k-d order, nodes, packed leaves) in streamed keys (config):
+    TREE_BUILD_COST / 100 d n log2 n. Its k-d split runs on the threads below the root
+    (``kernels.kd_order.kd_split``), so it is counted as scaling with them as an exact
+    pass does."""
     per_key = config.TREE_BUILD_COST / 100.0 * n_features * math.log2(max(n_keys, 2))
-    return per_key * n_keys * _serial_scale()
+    return per_key * n_keys
 
 
 def _sample_cost(n_queries, n_keys):
