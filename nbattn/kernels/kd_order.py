@@ -269,7 +269,8 @@ def kd_split(zc, leaf_keys, scan_per_key=_SCAN_PER_KEY, parallel_keys=_PARALLEL_
     scan_per_key = np.int64(scan_per_key)
     threads = numba.get_num_threads()
     threaded = threads > 1 and n >= parallel_keys
-    node_a = np.zeros(1 if n > leaf_keys else 0, dtype=np.int64)  # the nodes to split
+    # the nodes to split (none without coordinates: any order is a k-d order of no features)
+    node_a = np.zeros(1 if n > leaf_keys and k > 0 else 0, dtype=np.int64)
     node_b = np.full(node_a.shape[0], n, dtype=np.int64)
     if threaded:
         while _split_a_level(node_a, node_b, threads):
