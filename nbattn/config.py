@@ -166,28 +166,35 @@ TREE_TILE_ROWS = _env_int("TREE_TILE_ROWS", 16, compiled=False)
 #: path runs. Otherwise the tree is built and TREE_SAMPLE_QUERIES evenly spaced queries
 #: walk it; the tree path runs when their estimated cost, in key visits of the streaming
 #: kernel (TREE_KEY_COST per key summed in a leaf, TREE_NODE_COST per node looked at, plus
-#: TREE_BUILD_COST d n log2 n for the tree's layout), is at most TREE_MAX_COST_SHARE percent
-#: of the streaming kernel's n_queries x n_keys. What trying costs when the sample then
-#: chooses the exact path, the layout and the sample walk at worst (its queries visiting
-#: every key, TREE_SAMPLE_KEY_COST each), is at most TREE_MAX_OVERHEAD_SHARE percent of
-#: the streaming kernel's, or the tree is not tried: so ``rtol > 0`` is never slower than
-#: exact streaming by more than about that share. The costs are in hundredths of one
-#: streamed key, fitted at 1e5 keys (Scott's widths and a quarter of them, leaves of 512,
-#: against exact streaming's 0.52 ns a pair on two threads): a summed key about 1.14
-#: streamed keys, a node about 18; the layout about 3.8 d n log2 n for d features, its k-d
-#: split on the threads (clustered keys, the least of several runs: 60 / 74 / 99 ns a key at
-#: 2e4 / 1e5 / 1e6 3-D keys, 71 / 86 / 92 at 2-D, 2.7 to 5.0 d n log2 n; about the
-#: geometric mean of the six), a sample row's key visit about 2.2 (64 rows on 2e4 keys:
-#: 1.45 ms). Read at call time.
+#: TREE_BUILD_COST (n log2 n + m log2 m) for the layout of n keys and the order of m
+#: queries), is at most TREE_MAX_COST_SHARE percent of the streaming kernel's n_queries x
+#: n_keys. What trying costs when the sample then chooses the exact path, the layout, the
+#: queries' order and the sample walk at worst (its queries visiting every key,
+#: TREE_SAMPLE_KEY_COST each), is at most TREE_MAX_OVERHEAD_SHARE percent of the streaming
+#: kernel's, or the tree is not tried: so ``rtol > 0`` is never slower than exact streaming
+#: by more than about that share. The costs are in hundredths of one streamed key, fitted
+#: at 1e5 keys (Scott's widths and a quarter of them, leaves of 512, against exact
+#: streaming's 0.52 ns a pair on two threads): a summed key about 1.14 streamed keys, a
+#: node about 18, a sample row's key visit about 2.2 (64 rows on 2e4 keys: 1.45 ms). The
+#: layout, its k-d split on the threads, measured against exact streaming in as many
+#: features (clustered keys, 1 to 8 features, 5e3 to 1e6 keys, two threads, the least of
+#: several runs), costs 3.7 to 10.6 n log2 n streamed keys whatever the features (most at
+#: 1e5 keys, least at 1e6 where streaming itself slows down), the queries' order 1.8 to
+#: 4.6 m log2 m: TREE_BUILD_COST is about the most of the layout's, for both. The share
+#: leaves 3 points for what the model does not count (the exact pass after the tree's steps
+#: runs about 0.5 ms slower at 2e4 keys, its caches cold, and the calls between them): at
+#: 10, calls just past the threshold ran 1.09-1.13 times exact streaming's time (1-3
+#: features, 5e3-2e4 keys, 16 times Scott's widths, where the sample then picks exact
+#: streaming), at 7 at most 1.10. Read at call time.
 TREE_MIN_KEYS = _env_int("TREE_MIN_KEYS", 2048, compiled=False)
 TREE_MAX_FEATURES = _env_int("TREE_MAX_FEATURES", 16, compiled=False)
 TREE_SAMPLE_QUERIES = _env_int("TREE_SAMPLE_QUERIES", 64, compiled=False)
 TREE_KEY_COST = _env_int("TREE_KEY_COST", 115, compiled=False)
 TREE_NODE_COST = _env_int("TREE_NODE_COST", 1800, compiled=False)
-TREE_BUILD_COST = _env_int("TREE_BUILD_COST", 380, compiled=False)
+TREE_BUILD_COST = _env_int("TREE_BUILD_COST", 1000, compiled=False)
 TREE_SAMPLE_KEY_COST = _env_int("TREE_SAMPLE_KEY_COST", 220, compiled=False)
 TREE_MAX_COST_SHARE = _env_int("TREE_MAX_COST_SHARE", 80, compiled=False)
-TREE_MAX_OVERHEAD_SHARE = _env_int("TREE_MAX_OVERHEAD_SHARE", 10, compiled=False)
+TREE_MAX_OVERHEAD_SHARE = _env_int("TREE_MAX_OVERHEAD_SHARE", 7, compiled=False)
 
 #: Taylor series per node of that tree (``nbattn.kernels.tree_series``, the improved fast
 #: Gauss transform), for wide widths where the walk can drop little. TREE_SERIES (False,

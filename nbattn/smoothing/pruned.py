@@ -123,7 +123,7 @@ def _tree_plan(q, k_t, v_t, nodes, own, rtol, order):
     plain = _walk_cost(q, k_t, v_t, nodes, own, rtol, rows, None, ratio)
     if plain is None:
         return False, None, ratio
-    build = _layout_cost(n_keys, d)
+    build = _layout_cost(n_keys, n_queries)
 
     def total(per_query, share):  # far rows cost a full streaming pass on either path
         return build + n_queries * (share * per_query + (1.0 - share) * n_keys)
@@ -164,13 +164,17 @@ def _serial_scale():
     return max(numba.get_num_threads(), 1) / 2.0
 
 
-def _layout_cost(n_keys, n_features):
-    """The tree's layout (k-d order, nodes, packed leaves) in streamed keys (config):
-    TREE_BUILD_COST / 100 d n log2 n. Its k-d split runs on the threads below the root
-    (``kernels.kd_order.kd_split``), so it is counted as scaling with them as an exact
-    pass does."""
-    per_key = config.TREE_BUILD_COST / 100.0 * n_features * math.log2(max(n_keys, 2))
-    return per_key * n_keys
+def _layout_cost(n_keys, n_queries):
+    """The tree's layout (the keys' k-d order, nodes and packed leaves) and the queries'
+    k-d order, in streamed keys (config): TREE_BUILD_COST / 100 (n log2 n + m log2 m) for
+    n keys and m queries. Measured, a key's share of the layout costs about the same
+    whatever the features, where a streamed key costs more with each feature: the layout
+    weighs most, against exact streaming, in one dimension, the case it is fitted to. Its
+    k-d split runs on the threads below the root (``kernels.kd_order.kd_split``), but the
+    root, the copies and the nodes do not: counted as not speeding up beyond the two
+    threads it was fitted on (``_serial_scale``; never less than those two's cost)."""
+    sorts = n_keys * math.log2(max(n_keys, 2)) + n_queries * math.log2(max(n_queries, 2))
+    return config.TREE_BUILD_COST / 100.0 * sorts * max(_serial_scale(), 1.0)
 
 
 def _sample_cost(n_queries, n_keys):
@@ -181,12 +185,12 @@ def _sample_cost(n_queries, n_keys):
 
 def worth_a_tree(n_queries, n_keys, n_features) -> bool:
     """The cost model's first cut, before any tree is built (``config.TREE_*``): enough keys,
-    few enough features, and trying the tree (its layout and the sample walk, at worst)
-    costs at most ``TREE_MAX_OVERHEAD_SHARE`` percent of exact streaming, which is what a
-    call loses when the sample then chooses the exact path."""
+    few enough features, and trying the tree (its layout, the queries' order and the
+    sample walk, at worst) costs at most ``TREE_MAX_OVERHEAD_SHARE`` percent of exact
+    streaming, which is what a call loses when the sample then chooses the exact path."""
     if n_keys < config.TREE_MIN_KEYS or n_features >= config.TREE_MAX_FEATURES:
         return False
-    trying = _layout_cost(n_keys, n_features) + _sample_cost(n_queries, n_keys)
+    trying = _layout_cost(n_keys, n_queries) + _sample_cost(n_queries, n_keys)
     return trying <= config.TREE_MAX_OVERHEAD_SHARE / 100.0 * n_queries * n_keys
 
 

@@ -175,7 +175,7 @@ def test_the_cost_model_takes_the_tree_where_it_prunes(monkeypatch):
     """Many clustered keys at a narrow width: the sample finds little to sum, the tree runs
     (the result differs from the exact one, within the bound). Enough queries that
     trying the tree costs at most ``TREE_MAX_OVERHEAD_SHARE`` of exact streaming."""
-    queries, keys, values, h = _problem("clustered", 5, 4000, 6000, 2, 1, np.float64)
+    queries, keys, values, h = _problem("clustered", 5, 8000, 6000, 2, 1, np.float64)
     h = h / 8
     exact = nbattn.nadaraya_watson(queries, keys, values, h)
     out, lse = nbattn.nadaraya_watson(queries, keys, values, h, rtol=1e-3, return_lse=True)

@@ -513,11 +513,11 @@ def test_tight_pruning_on_a_line_any_tile(tile, rtol):
 @pytest.mark.parametrize("rtol", [COARSE_MIN_RTOL, 1e-3])
 def test_default_configuration_large_clustered(rtol, tree_runs):
     """No forcing: the cost model picks the tree (spied) on 20,000 clustered keys at a
-    narrow width, and the result honours the contract (4,000 queries: enough that trying
+    narrow width, and the result honours the contract (6,000 queries: enough that trying
     the tree costs at most ``TREE_MAX_OVERHEAD_SHARE`` of exact streaming)."""
     for seed in range(2):
         rng = np.random.default_rng([seed, 20000])
-        queries, keys, _ = _geometry("clustered", rng, 4000, 20000, 2)
+        queries, keys, _ = _geometry("clustered", rng, 6000, 20000, 2)
         h = np.full(2, 0.02)
         values = rng.normal(size=(20000, 2)) * [1.0, 1e-200] + [3.0, 0.0]
         out, lse = nbattn.nadaraya_watson(queries, keys, values, h, rtol=rtol, return_lse=True)
