@@ -7,6 +7,7 @@
     NUMBA_NUM_THREADS=2 python scripts/bench_scale.py --local --local-model nw
     NUMBA_NUM_THREADS=2 python scripts/bench_scale.py --loo      # LOO loss+grad, exact vs rtol
     NUMBA_NUM_THREADS=2 python scripts/bench_scale.py --series   # series per node, measured
+    NUMBA_NUM_THREADS=2 python scripts/bench_scale.py --threshold  # at the cost model's edge
 
 For Scott's widths and a quarter of them it prints the time of the exact path
 (``rtol=0``) and of ``rtol`` (the public call, cost model included), the speedup, the
@@ -22,6 +23,13 @@ whose centres are uniform in the unit cube.
 ``--loo`` times ``loo_loss_and_grad`` exact and with ``--rtol`` on clustered data of
 ``--loo-rows`` rows, in one and three dimensions, at 4, 1, 1/4 and 1/20 of Scott's
 widths, and prints the ratio (above 1: the tolerance is faster).
+
+``--threshold`` times ``nadaraya_watson`` exact and with ``--rtol`` where trying the tree
+costs the most against exact streaming: 5e3, 1e4 and 2e4 clustered keys in one to three
+dimensions, with the fewest queries for which the cost model tries the tree
+(``smoothing.pruned.worth_a_tree``) and twice as many, at 16, 1 and 1/4 of Scott's
+widths (at 16 the sample then picks exact streaming, and the call pays for trying): the
+least of nine interleaved calls each, and their ratio (the target: at most 1.10).
 
 ``--local`` times the mid-size case instead: ``LocalPolynomialRegressor(degree=1)``
 (``--local-model nw``: ``NadarayaWatsonRegressor``) with leave-one-out widths on
@@ -353,6 +361,44 @@ def _loo_sweep(args):
                 )
 
 
+def _threshold_sweep(args):
+    """``nadaraya_watson`` with ``--rtol`` against exact streaming just past the cost model's
+    threshold (module docstring): prints each case's times and their ratio, and the most."""
+    import nbattn
+    from nbattn.smoothing.pruned import worth_a_tree
+
+    threads = os.environ.get("NUMBA_NUM_THREADS", "all")
+    print(f"nadaraya_watson, rtol={args.rtol:g} / exact, NUMBA_NUM_THREADS={threads}")
+    print(f"{'d':>2} {'keys':>6} {'queries':>7} {'x Scott':>8} {'exact ms':>9} {'ratio':>6}")
+    rng = np.random.default_rng(3)
+    worst = 0.0
+    for d in (1, 2, 3):
+        centres = rng.uniform(size=(100, d))
+        for n_keys in (5000, 10000, 20000):
+            keys = centres[rng.integers(0, 100, n_keys)] + 0.03 * rng.normal(size=(n_keys, d))
+            values = np.sin(6.0 * keys).sum(axis=1)
+            first = next(m for m in itertools.count(100, 10) if worth_a_tree(m, n_keys, d))
+            for n_queries in (first, 2 * first):
+                queries = centres[rng.integers(0, 100, n_queries)]
+                queries = queries + 0.03 * rng.normal(size=(n_queries, d))
+                scott = keys.std(axis=0) * n_keys ** (-1.0 / (d + 4))
+                for factor in (16.0, 1.0, 0.25):
+                    h = factor * scott
+                    best = [math.inf, math.inf]
+                    for _ in range(9):  # interleaved: both see the same state of the machine
+                        for slot, rtol in enumerate((0.0, args.rtol)):
+                            t0 = time.perf_counter()
+                            nbattn.nadaraya_watson(queries, keys, values, h, rtol=rtol)
+                            best[slot] = min(best[slot], time.perf_counter() - t0)
+                    ratio = best[1] / best[0]
+                    worst = max(worst, ratio)
+                    print(
+                        f"{d:2d} {n_keys:6d} {n_queries:7d} {factor:8.2f} "
+                        f"{best[0] * 1e3:9.2f} {ratio:6.3f}"
+                    )
+    print(f"most: {worst:.3f} (above 1: the tolerance is slower)")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keys", type=int, default=1_000_000)
@@ -389,7 +435,15 @@ def main(argv=None):
         action="store_true",
         help="Taylor series per tree node: exact vs rtol without and with them (2e5 x 2e4)",
     )
+    parser.add_argument(
+        "--threshold",
+        action="store_true",
+        help="rtol against exact just past the cost model's threshold (mid sizes)",
+    )
     args = parser.parse_args(argv)
+    if args.threshold:
+        _threshold_sweep(args)
+        return
     if args.series:
         if args.keys == parser.get_default("keys") and args.queries == parser.get_default(
             "queries"
