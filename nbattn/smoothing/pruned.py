@@ -167,9 +167,10 @@ def _serial_scale():
 def _layout_cost(n_keys, n_queries):
     """The tree's layout (the keys' k-d order, nodes and packed leaves) and the queries'
     k-d order, in streamed keys (config): TREE_BUILD_COST / 100 (n log2 n + m log2 m) for
-    n keys and m queries. Measured, a key's share of the layout costs about the same
-    whatever the features, where a streamed key costs more with each feature: the layout
-    weighs most, against exact streaming, in one dimension, the case it is fitted to. Its
+    n keys and m queries. Measured against exact streaming in as many features, a key's
+    share of the layout costs about the same whatever the features (a streamed key costs
+    more with each feature, the layout's work per key barely), so no factor d: the
+    constant is about the most measured over 1 to 8 features (config). Its
     k-d split runs on the threads below the root (``kernels.kd_order.kd_split``), but the
     root, the copies and the nodes do not: counted as not speeding up beyond the two
     threads it was fitted on (``_serial_scale``; never less than those two's cost)."""
