@@ -367,33 +367,13 @@ def _block_rows(counter, n_q, n_k, block_q, block_k, mask_args, out):
                 out[b, h, qt, kt] = 1
 
 
-def flex_forward(q, k, v, blocks, items, tiles, score_args, mask_args, n_out):
-    """``nbattn.kernels.flex_loops.flex_forward`` with this module's :func:`_mod_tile`:
-    ``(out, lse)`` (see there)."""
-    return loops.flex_forward(
-        _mod_tile, q, k, v, blocks, items, tiles, score_args, mask_args, n_out
-    )
+def flex_forward(*args):
+    """``nbattn.kernels.flex_loops.flex_forward`` with this module's :func:`_mod_tile` as its
+    tile function, ``args`` its arguments after that: ``(out, lse)``."""
+    return loops.flex_forward(_mod_tile, *args)
 
 
-def flex_backward(
-    q, k, v, out, lse, dout, kv_index, n_heads, blocks, items, scale, tiles, score_args, mask_args
-):
-    """``nbattn.kernels.flex_loops.flex_backward`` with this module's :func:`_mod_tile_grad`:
-    ``(dq, dk, dv)`` (see there)."""
-    return loops.flex_backward(
-        _mod_tile_grad,
-        q,
-        k,
-        v,
-        out,
-        lse,
-        dout,
-        kv_index,
-        n_heads,
-        blocks,
-        items,
-        scale,
-        tiles,
-        score_args,
-        mask_args,
-    )
+def flex_backward(*args):
+    """``nbattn.kernels.flex_loops.flex_backward`` with this module's :func:`_mod_tile_grad`
+    as its tile function, ``args`` its arguments after that: ``(dq, dk, dv)``."""
+    return loops.flex_backward(_mod_tile_grad, *args)
