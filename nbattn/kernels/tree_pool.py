@@ -159,6 +159,7 @@ __all__ = [
     "kd_nodes",
     "kd_order",
     "kd_split",
+    "leaf_blocks",
     "series_for",
     "take_columns",
     "tree_pool",
@@ -516,6 +517,19 @@ def series_for(keys_t, values_t, start, stop, lo, hi, p_max, per):
     return degree, offset, centre, radius, coef, parent, var, deg_end
 
 
+def leaf_blocks(keys_t, values_t, start, stop, right):
+    """What every walk of one tree reads: ``(pack, exponents, leaf_max)``, the leaves in
+    one block each (:func:`packed_leaves`) with the values scaled by
+    :func:`_value_exponents` (``exponents`` undoes it) and the largest leaf's keys. Built
+    once and passed to each :func:`tree_pool` of the tree (the cost model's sample walk,
+    then the walk of every query), instead of once per walk."""
+    exponents, values_s = _value_exponents(values_t)
+    pack = packed_leaves(keys_t, values_s, start, stop, right)
+    leaves = right < 0
+    leaf_max = int((stop[leaves] - start[leaves]).max()) if leaves.any() else 0
+    return pack, exponents, leaf_max
+
+
 def _no_series(k):
     empty = np.zeros(0, dtype=np.int64)
     return empty, empty, np.zeros((0, k)), np.zeros(0), np.zeros(0), empty, empty, empty
@@ -537,6 +551,7 @@ def tree_pool(
     coarse,
     series=None,
     ratio=1.0,
+    leaves=None,
 ):
     """``(out, lse, far, work)`` for the queries ``rows`` (indices into ``queries``).
 
@@ -554,11 +569,14 @@ def tree_pool(
     of :func:`nbattn.kernels.items.run_items` (a serial kernel on a pool of threads: no
     parallel region to compile). ``series``: :func:`series_for`'s tables (None: no
     series), taken where a node's deg_end[p] terms times ``ratio`` cost at most its keys
-    (module docstring, "Series").
+    (module docstring, "Series"). ``leaves``: :func:`leaf_blocks` of these keys, values
+    and nodes (None: built here).
     """
     n_rows = rows.shape[0]
     n_outputs = values_t.shape[0]
-    exponents, values_s = _value_exponents(values_t)
+    if leaves is None:
+        leaves = leaf_blocks(keys_t, values_t, start, stop, right)
+    pack, exponents, leaf_max = leaves
     prune_rtol = float(rtol)
     eps = COARSE_EXP_RTOL if coarse is not None else 0.0
     if series is not None and series[0].shape[0] > 0:  # module docstring, "Series"
@@ -567,9 +585,6 @@ def tree_pool(
         prune_rtol = (prune_rtol - eps) / (1.0 + eps)
     if series is None:
         series = _no_series(keys_t.shape[0])
-    pack = packed_leaves(keys_t, values_s, start, stop, right)
-    leaves = right < 0
-    leaf_max = int((stop[leaves] - start[leaves]).max()) if leaves.any() else 0
     out = np.zeros((n_rows, n_outputs), dtype=queries.dtype)
     lse = np.full(n_rows, np.nan)
     far_rows = np.zeros(n_rows, dtype=np.bool_)

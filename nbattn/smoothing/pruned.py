@@ -67,14 +67,15 @@ def _sample_tiles(order, tile, n_sample):
     return order[(firsts[:, None] + np.arange(tile)).ravel()]
 
 
-def _walk_cost(q, k_t, v_t, nodes, own, rtol, rows, series, ratio):
-    """The sample walk of ``rows`` (with ``series`` or None): ``(cost per near query in
-    streamed keys, share of near rows, share of the keys summed)`` (``config.TREE_*``)."""
+def _walk_cost(q, k_t, v_t, nodes, own, rtol, rows, series, ratio, leaves):
+    """The sample walk of ``rows`` (with ``series`` or None; ``leaves`` the tree's
+    ``leaf_blocks``): ``(cost per near query in streamed keys, share of near rows, share
+    of the keys summed)`` (``config.TREE_*``)."""
     tree = kernels_for("tree_pool", "cpu")
     tile = int(config.TREE_TILE_ROWS)
     coarse = tree.coarse_for(rtol, q.dtype)
     _, _, far, work = tree.tree_pool(
-        q, k_t, v_t, *nodes, own, rtol, rows, tile, coarse, series, ratio
+        q, k_t, v_t, *nodes, own, rtol, rows, tile, coarse, series, ratio, leaves
     )
     near = ~far
     if not near.any():
@@ -111,16 +112,19 @@ def series_build_cost(nodes, d, n_outputs):
     return config.TREE_SERIES_BUILD_COST / 100.0 * ops
 
 
-def _tree_plan(q, k_t, v_t, nodes, own, rtol, order):
+def _tree_plan(q, k_t, v_t, nodes, own, rtol, order, leaves=None):
     """The cost model: ``(pays, series, ratio)``: whether walking the tree (built) beats
     streaming every key, and with the nodes' Taylor series (their tables) or without
     (None), from a sample of tiles of the queries in k-d order ``order`` (``config.TREE_*``;
     deterministic, no clocks). Series are built only where the sample walk without them
-    sums a large share of the keys and could still pay for their build."""
+    sums a large share of the keys and could still pay for their build. ``leaves``: the
+    tree's ``leaf_blocks`` (None: built here), which the walks share."""
+    if leaves is None:
+        leaves = kernels_for("tree_pool", "cpu").leaf_blocks(k_t, v_t, *nodes[:3])
     n_queries, n_keys, d = q.shape[0], k_t.shape[1], q.shape[1]
     rows = _sample_tiles(order, int(config.TREE_TILE_ROWS), int(config.TREE_SAMPLE_QUERIES))
     ratio = config.TREE_SERIES_TERM_COST * (1 + v_t.shape[0]) / config.TREE_KEY_COST
-    plain = _walk_cost(q, k_t, v_t, nodes, own, rtol, rows, None, ratio)
+    plain = _walk_cost(q, k_t, v_t, nodes, own, rtol, rows, None, ratio, leaves)
     if plain is None:
         return False, None, ratio
     build = _layout_cost(n_keys, n_queries)
@@ -151,7 +155,7 @@ def _tree_plan(q, k_t, v_t, nodes, own, rtol, order):
             tables = kernels_for("tree_pool", "cpu").series_for(
                 k_t, v_t, start, stop, lo, hi, series_degree_bound(d), per_term
             )
-            walked = _walk_cost(q, k_t, v_t, nodes, own, rtol, rows, tables, ratio)
+            walked = _walk_cost(q, k_t, v_t, nodes, own, rtol, rows, tables, ratio, leaves)
             if walked is not None and build_series + total(*walked[:2]) < best:
                 best, series = build_series + total(*walked[:2]), tables
     return best <= config.TREE_MAX_COST_SHARE / 100.0 * n_queries * n_keys, series, ratio
@@ -205,12 +209,13 @@ def pool_within_rtol(q, k_t, v_t, exclude_self, rtol, decide=True):
         return None
     k_t, v_t, nodes, own = tree_layout(k_t, v_t, exclude_self, n_queries)
     rows = _query_order(q)
+    tree = kernels_for("tree_pool", "cpu")
+    leaves = tree.leaf_blocks(k_t, v_t, *nodes[:3])
     series, ratio = None, 1.0
     if decide:
-        pays, series, ratio = _tree_plan(q, k_t, v_t, nodes, own, rtol, rows)
+        pays, series, ratio = _tree_plan(q, k_t, v_t, nodes, own, rtol, rows, leaves)
         if not pays:
             return None
-    tree = kernels_for("tree_pool", "cpu")
     out_rows, lse_rows, far, _ = tree.tree_pool(
         q,
         k_t,
@@ -223,6 +228,7 @@ def pool_within_rtol(q, k_t, v_t, exclude_self, rtol, decide=True):
         tree.coarse_for(rtol, q.dtype),
         series,
         ratio,
+        leaves,
     )
     out = np.empty_like(out_rows)
     lse = np.empty_like(lse_rows)
