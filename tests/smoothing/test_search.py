@@ -220,7 +220,11 @@ def test_property_random_curves_against_brute_force(
     """Sums of dips on a level with a flat (clipped) stretch: never worse than the
     anchor, within 0.5 % of the brute-force minimum over the range searched (the grid,
     extended at an end that holds its best point; a deeper dip beyond an end whose
-    approach is higher than an interior minimum is not sought)."""
+    approach is higher than an interior minimum is not sought), but for the one miss
+    the strided coarse stage documents: a dip wholly inside a coarse interval left
+    unfilled, whose two ends both stand more than ``fill_margin`` above the best grid
+    value (a randomised run found one: dips at 2.75 and 4.5 of widths 0.375 and 0.75,
+    the deeper minimum between grid points 2.30 and 3.45, both 11 % above the best)."""
 
     def clean(t):
         u = max(t, plateau) if plateau < 0 else min(t, plateau)  # flat beyond `plateau`
@@ -236,11 +240,17 @@ def test_property_random_curves_against_brute_force(
     # the range searched: the grid, extended where its best point was an end
     lo, hi = res.grid.min(), res.grid.max()
     assert GRID.min() - 3 * LN10 - 1e-9 <= lo and hi <= GRID.max() + 3 * LN10 + 1e-9
-    _, v_true = _brute(f, lo, hi, 3001)
+    t_true, v_true = _brute(f, lo, hi, 3001)
     assert res.value <= f(0.0)
-    assert res.value <= v_true * 1.005
     assert lo <= res.t <= hi
     assert res.n_exact <= res.grid.size + 60
+    if res.value <= v_true * 1.005:
+        return
+    k = int(np.searchsorted(res.grid, t_true))
+    assert stride > 1 and 0 < k < res.grid.size, (res.value, v_true, t_true)
+    assert res.grid[k] - res.grid[k - 1] > 1.5 * (GRID[1] - GRID[0]), "a filled interval"
+    ceiling = 1.1 * np.min(res.grid_values)  # fill_margin's default; the curves are > 0
+    assert res.grid_values[k - 1] > ceiling and res.grid_values[k] > ceiling
 
 
 # --------------------------------------------------------------------------- coarse stage and fill
