@@ -8,6 +8,7 @@
     NUMBA_NUM_THREADS=2 python scripts/bench_scale.py --loo      # LOO loss+grad, exact vs rtol
     NUMBA_NUM_THREADS=2 python scripts/bench_scale.py --series   # series per node, measured
     NUMBA_NUM_THREADS=2 python scripts/bench_scale.py --threshold  # at the cost model's edge
+    python scripts/bench_scale.py --bounds                       # keys summed: rule vs oracle
 
 For Scott's widths and a quarter of them it prints the time of the exact path
 (``rtol=0``) and of ``rtol`` (the public call, cost model included), the speedup, the
@@ -30,6 +31,12 @@ dimensions, with the fewest queries for which the cost model tries the tree
 (``smoothing.pruned.worth_a_tree``) and twice as many, at 16, 1 and 1/4 of Scott's
 widths (at 16 the sample then picks exact streaming, and the call pays for trying): the
 least of nine interleaved calls each, and their ratio (the target: at most 1.10).
+
+``--bounds`` counts, at a quarter of Scott's widths and for leaves of 512 to 64 keys, the
+keys a query walking alone sums by the tree's rule, by the same rule given each node's
+exact weight as its bound (an oracle) and by a best-first walk, beside the fewest any
+rule can sum: how much of the gap to that floor is the box's bound, the leaves' size or
+the order of the walk.
 
 ``--local`` times the mid-size case instead: ``LocalPolynomialRegressor(degree=1)``
 (``--local-model nw``: ``NadarayaWatsonRegressor``) with leave-one-out widths on
@@ -399,6 +406,88 @@ def _threshold_sweep(args):
     print(f"most: {worst:.3f} (above 1: the tolerance is slower)")
 
 
+def _bounds_study(args):
+    """Where the tree's keys summed come from, at a quarter of Scott's widths (the
+    benchmark's data, ``--bounds-queries`` evenly spaced queries): per leaf size, the keys
+    a query sums when it walks alone by the rule of ``nbattn.kernels.tree_pool`` (bound
+    c exp(-d2) from the node's box), by the same rule with each node's exact weight as its
+    bound (an oracle: no walk knows it without summing the node), and by the walk best
+    first (the frontier's nodes by their box distance, stopping once their bounds sum to
+    at most rtol L), beside the fewest any rule can sum (``_fewest_keys``)."""
+    from nbattn import config
+    from nbattn.smoothing import pruned
+    from nbattn.smoothing.regression import _layout, bandwidth_rule
+
+    rng = np.random.default_rng(0)
+    centres = rng.uniform(size=(100, 3))
+    keys = _clustered(rng, args.keys, centres)
+    queries = _clustered(rng, args.queries, centres)
+    values = np.sin(6.0 * keys[:, 0])
+    h = bandwidth_rule(keys) * 0.25
+    q, k_t, v_t, _ = _layout(queries, keys, values[:, None], h, "float64")
+    sample = q[np.linspace(0, q.shape[0] - 1, args.bounds_queries).astype(np.int64)]
+    rtol = args.rtol
+    n = sample.shape[0]
+    print(f"{args.keys} keys, a quarter of Scott's widths, rtol={rtol:g}, {n} queries")
+    print(f"fewest possible: {100 * _fewest_keys(sample, k_t, rtol):.3f} % of the keys")
+    print(f"{'leaf keys':>9} {'rule':>8} {'oracle':>8} {'best first':>10}   (% of keys summed)")
+    saved = config.TREE_LEAF_KEYS
+    try:
+        for leaf in (512, 256, 128, 64):
+            config.TREE_LEAF_KEYS = leaf
+            k_tree, _, (start, stop, right, lo, hi), _ = pruned.tree_layout(k_t, v_t, False, 0)
+            counts = np.zeros(3)
+            for row in sample:
+                weights = np.exp(-((k_tree.T - row) ** 2).sum(axis=1))
+                prefix = np.concatenate([[0.0], np.cumsum(weights)])
+                mass = prefix[stop] - prefix[start]
+                d2 = (np.maximum(np.maximum(lo - row, row - hi), 0.0) ** 2).sum(axis=1)
+                box = (stop - start) * np.exp(-d2)
+                for slot, bound in enumerate((box, mass)):
+                    counts[slot] += _walk_alone(d2, bound, mass, start, stop, right, rtol)
+                counts[2] += _walk_best_first(d2, box, mass, start, stop, right, rtol)
+            share = 100 * counts / (sample.shape[0] * k_t.shape[1])
+            print(f"{leaf:9d} {share[0]:8.3f} {share[1]:8.3f} {share[2]:10.3f}")
+    finally:
+        config.TREE_LEAF_KEYS = saved
+
+
+def _walk_alone(d2, bound, mass, start, stop, right, rtol):
+    """Keys summed by one query walking depth first, nearer child first, dropping a node
+    when U + bound <= rtol L (``kernels.tree_pool``'s rule, L the leaves summed so far)."""
+    stack, summed, total, used = [0], 0, 0.0, 0.0
+    while stack:
+        node = stack.pop()
+        if total > 0.0 and used + bound[node] <= rtol * total:
+            used += bound[node]
+        elif right[node] < 0:
+            total += mass[node]
+            summed += stop[node] - start[node]
+        else:
+            left, rgt = node + 1, right[node]
+            stack += [left, rgt] if d2[left] > d2[rgt] else [rgt, left]
+    return summed
+
+
+def _walk_best_first(d2, bound, mass, start, stop, right, rtol):
+    """Keys summed by one query expanding the nearest node of its frontier (by box
+    distance) until the frontier's bounds sum to at most rtol L."""
+    import heapq
+
+    frontier, summed, total, open_bound = [(d2[0], 0)], 0, 0.0, bound[0]
+    while frontier and not (total > 0.0 and open_bound <= rtol * total):
+        _, node = heapq.heappop(frontier)
+        open_bound -= bound[node]
+        if right[node] < 0:
+            total += mass[node]
+            summed += stop[node] - start[node]
+            continue
+        for child in (node + 1, right[node]):
+            open_bound += bound[child]
+            heapq.heappush(frontier, (d2[child], child))
+    return summed
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keys", type=int, default=1_000_000)
@@ -440,7 +529,16 @@ def main(argv=None):
         action="store_true",
         help="rtol against exact just past the cost model's threshold (mid sizes)",
     )
+    parser.add_argument(
+        "--bounds",
+        action="store_true",
+        help="keys summed by the rule, an exact-weight oracle and best first, per leaf size",
+    )
+    parser.add_argument("--bounds-queries", type=int, default=200, help="--bounds: queries")
     args = parser.parse_args(argv)
+    if args.bounds:
+        _bounds_study(args)
+        return
     if args.threshold:
         _threshold_sweep(args)
         return
