@@ -577,6 +577,13 @@ def tree_pool(
     if leaves is None:
         leaves = leaf_blocks(keys_t, values_t, start, stop, right)
     pack, exponents, leaf_max = leaves
+    width = keys_t.shape[0] + n_outputs
+    if pack.shape != (keys_t.shape[1] * width,) or exponents.shape != (n_outputs,):
+        # the walk reads the pack unchecked: blocks of another tree would read past it
+        raise ValueError(
+            f"leaves: a pack of {pack.shape[0]} and {exponents.shape[0]} exponents, not the "
+            f"{keys_t.shape[1]} keys x {width} of these keys and values (leaf_blocks)"
+        )
     prune_rtol = float(rtol)
     eps = COARSE_EXP_RTOL if coarse is not None else 0.0
     if series is not None and series[0].shape[0] > 0:  # module docstring, "Series"

@@ -306,3 +306,41 @@ def test_tiles_share_the_walk():
     np.testing.assert_allclose(one[0], tiled[0], rtol=1e-5)
     # the tile is one walk: rows see the union of their walks, so not fewer nodes each
     assert tiled[3][:, 1].sum() >= one[3][:, 1].sum()
+
+
+@settings(max_examples=15)
+@given(
+    seed=seeds,
+    n_keys=st.integers(1, 400),
+    d=st.integers(1, 3),
+    n_outputs=st.integers(1, 3),
+    exclude_self=st.booleans(),
+    dtype=float_dtypes,
+)
+def test_leaf_blocks_built_once_give_the_walk_its_own_bits(
+    seed, n_keys, d, n_outputs, exclude_self, dtype
+):
+    """One tree's leaf_blocks, shared by its walks, give the bits of a walk that builds
+    them itself; a pack of another tree is refused, not read past its end."""
+    rng = np.random.default_rng(seed)
+    keys = rng.normal(size=(n_keys, d))
+    decades = 30 if np.dtype(dtype) == np.float32 else 300
+    values = rng.normal(size=(n_keys, n_outputs)) * 10.0 ** rng.integers(-decades, decades)
+    queries = keys[rng.integers(0, n_keys, 30)] + 0.1 * rng.normal(size=(30, d))
+    with _tree_always():
+        q, k_t, v_t, _ = regression._layout(queries, keys, values, 0.3, dtype)
+        k_t, v_t, nodes, own = tree_layout(k_t, v_t, exclude_self, q.shape[0])
+        tree = kernels_for("tree_pool", "cpu")
+        rows = np.arange(q.shape[0])
+        shared = tree.leaf_blocks(k_t, v_t, *nodes[:3])
+        for rtol in (1e-6, 1e-2):
+            coarse = tree.coarse_for(rtol, q.dtype)
+            own_walk = tree.tree_pool(q, k_t, v_t, *nodes, own, rtol, rows, 4, coarse)
+            given_walk = tree.tree_pool(
+                q, k_t, v_t, *nodes, own, rtol, rows, 4, coarse, None, 1.0, shared
+            )
+            for a, b in zip(own_walk, given_walk):
+                np.testing.assert_array_equal(a, b)
+        other = tree.leaf_blocks(k_t[:, :-1], v_t[:, :-1], *tree.kd_nodes(k_t[:, :-1], 4)[:3])
+        with pytest.raises(ValueError, match="leaves"):
+            tree.tree_pool(q, k_t, v_t, *nodes, own, 1e-6, rows, 4, None, None, 1.0, other)
