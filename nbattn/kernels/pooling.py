@@ -18,8 +18,8 @@ and rounding keeps the sign), so exp(s) <= 1 never overflows and
 ``gaussian_pool`` first tries each row without a running maximum: one fused
 loop per key block computes the score, exp(s), their sum l = sum_j exp(s_j)
 and the weighted sums acc = sum_j exp(s_j) v_j (``one_pass_row``; the
-squared distances of all features but the last are summed in a buffer, the
-last feature is fused into the exponential). The driver first divides each
+squared distances of all features but the last two are summed in a buffer, the
+last two are fused into the exponential). The driver first divides each
 column of values by a power of two (exact) so that |v| <= 2, and multiplies
 the outputs back. What the missing shift can cost is underflow: ``fast_exp``
 flushes weights below the smallest normal number T (2**-126 float32,
