@@ -436,11 +436,18 @@ def _bounds_study(args):
         for leaf in (512, 256, 128, 64):
             config.TREE_LEAF_KEYS = leaf
             k_tree, _, (start, stop, right, lo, hi), _ = pruned.tree_layout(k_t, v_t, False, 0)
+            leaves = np.flatnonzero(right < 0)
+            leaves = leaves[np.argsort(start[leaves])]
+            levels = _levels_up(right)
             counts = np.zeros(3)
             for row in sample:
                 weights = np.exp(-((k_tree.T - row) ** 2).sum(axis=1))
-                prefix = np.concatenate([[0.0], np.cumsum(weights)])
-                mass = prefix[stop] - prefix[start]
+                # each node's exact weight summed up the tree, never as a difference of
+                # running sums (a light node after heavy keys would come out 0)
+                mass = np.zeros(start.shape[0])
+                mass[leaves] = np.add.reduceat(weights, start[leaves])
+                for internal in levels:
+                    mass[internal] = mass[internal + 1] + mass[right[internal]]
                 d2 = (np.maximum(np.maximum(lo - row, row - hi), 0.0) ** 2).sum(axis=1)
                 box = (stop - start) * np.exp(-d2)
                 for slot, bound in enumerate((box, mass)):
@@ -450,6 +457,16 @@ def _bounds_study(args):
             print(f"{leaf:9d} {share[0]:8.3f} {share[1]:8.3f} {share[2]:10.3f}")
     finally:
         config.TREE_LEAF_KEYS = saved
+
+
+def _levels_up(right):
+    """The internal nodes of a ``kd_nodes`` tree by depth, deepest first (children of node
+    i: i + 1 and right[i]), so that each level's sums read finished children."""
+    depth = np.zeros(right.shape[0], dtype=np.int64)
+    for node in np.flatnonzero(right >= 0):  # parents come before their children
+        depth[node + 1] = depth[right[node]] = depth[node] + 1
+    internal = np.flatnonzero(right >= 0)
+    return [internal[depth[internal] == k] for k in range(depth.max(), -1, -1)]
 
 
 def _walk_alone(d2, bound, mass, start, stop, right, rtol):
@@ -536,6 +553,8 @@ def main(argv=None):
     )
     parser.add_argument("--bounds-queries", type=int, default=200, help="--bounds: queries")
     args = parser.parse_args(argv)
+    if args.bounds and args.bounds_queries < 1:
+        parser.error(f"--bounds-queries must be at least 1, got {args.bounds_queries}")
     if args.bounds:
         _bounds_study(args)
         return

@@ -1,13 +1,11 @@
 """Review of ``scripts/bench_scale.py --bounds`` (the study of keys summed by the tree's
 rule, an exact-weight oracle and best first, beside the fewest any rule can sum).
 
-DEFECT (xfail): the oracle's node weights are differences of one prefix sum over the
-keys in k-d order (``prefix[stop] - prefix[start]``), so a light node after heavy keys
-gets the weight 0 exactly (its mass is below the prefix's rounding). For rtol below the
-unit roundoff (0, 1e-300) the oracle then drops nodes of positive weight and prints
-fewer keys than the floor it is meant to be compared with (15 % against 58 % at 20,000
-keys and rtol 0; 15 % against 54 % at rtol 1e-300). Summed directly per node, the
-oracle gives 79 % and 77 %, above the floor.
+The oracle's node weights were once differences of one prefix sum over the keys in
+k-d order (``prefix[stop] - prefix[start]``), so a light node after heavy keys got the
+weight 0 exactly; for rtol below the unit roundoff (0, 1e-300) the oracle then dropped
+nodes of positive weight and printed fewer keys than the floor (15 % against 58 % at
+20,000 keys and rtol 0). They are now summed up the tree.
 """
 
 from __future__ import annotations
@@ -47,12 +45,6 @@ def test_bounds_study_runs_with_one_query_and_keeps_its_floor_at_a_usual_rtol():
         assert oracle <= rule + 1e-9, text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT: --bounds' oracle takes node weights as differences of one prefix "
-    "sum; below the unit roundoff (rtol 0, 1e-300) light nodes weigh 0 and the oracle "
-    "prints fewer keys than the floor",
-)
 @pytest.mark.parametrize("rtol", [0.0, 1e-300])
 def test_bounds_oracle_never_below_the_floor_at_tiny_rtol(rtol):
     floor, rows, text = _study(rtol)

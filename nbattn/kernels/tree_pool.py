@@ -518,16 +518,39 @@ def series_for(keys_t, values_t, start, stop, lo, hi, p_max, per):
 
 
 def leaf_blocks(keys_t, values_t, start, stop, right):
-    """What every walk of one tree reads: ``(pack, exponents, leaf_max)``, the leaves in
-    one block each (:func:`packed_leaves`) with the values scaled by
-    :func:`_value_exponents` (``exponents`` undoes it) and the largest leaf's keys. Built
-    once and passed to each :func:`tree_pool` of the tree (the cost model's sample walk,
-    then the walk of every query), instead of once per walk."""
+    """What every walk of one tree reads: ``(pack, exponents, leaf_max, nodes)``, the
+    leaves in one block each (:func:`packed_leaves`) with the values scaled by
+    :func:`_value_exponents` (``exponents`` undoes it), the largest leaf's keys and the
+    tree's ``(start, stop, right)`` they were packed for. Built once and passed to each
+    :func:`tree_pool` of the tree (the cost model's sample walk, then the walk of every
+    query), instead of once per walk."""
     exponents, values_s = _value_exponents(values_t)
     pack = packed_leaves(keys_t, values_s, start, stop, right)
     leaves = right < 0
     leaf_max = int((stop[leaves] - start[leaves]).max()) if leaves.any() else 0
-    return pack, exponents, leaf_max
+    return pack, exponents, leaf_max, (start, stop, right)
+
+
+def _check_blocks(leaves, keys_t, n_outputs, start, stop, right):
+    """Refuses :func:`leaf_blocks` of other keys or another tree than the walk's: the walk
+    reads the pack and sizes its scratch by ``leaf_max`` unchecked, so blocks of a tree
+    with smaller leaves would overrun it. What it cannot see: other values of the same
+    shape (the blocks must be built from the walk's own arrays)."""
+    pack, exponents, _, (b_start, b_stop, b_right) = leaves
+    width = keys_t.shape[0] + n_outputs
+    if pack.shape != (keys_t.shape[1] * width,) or exponents.shape != (n_outputs,):
+        raise ValueError(
+            f"leaves: a pack of {pack.shape[0]} and {exponents.shape[0]} exponents, not the "
+            f"{keys_t.shape[1]} keys x {width} of these keys and values (leaf_blocks)"
+        )
+    if pack.dtype != keys_t.dtype:
+        raise ValueError(f"leaves: packed in {pack.dtype}, the keys are {keys_t.dtype}")
+    same = all(
+        mine.shape == theirs.shape and np.array_equal(mine, theirs)
+        for mine, theirs in ((start, b_start), (stop, b_stop), (right, b_right))
+    )
+    if not same:
+        raise ValueError("leaves: packed for another tree than the nodes walked (leaf_blocks)")
 
 
 def _no_series(k):
@@ -570,20 +593,15 @@ def tree_pool(
     parallel region to compile). ``series``: :func:`series_for`'s tables (None: no
     series), taken where a node's deg_end[p] terms times ``ratio`` cost at most its keys
     (module docstring, "Series"). ``leaves``: :func:`leaf_blocks` of these keys, values
-    and nodes (None: built here).
+    and nodes (None: built here; blocks of another tree or size raise ValueError).
     """
     n_rows = rows.shape[0]
     n_outputs = values_t.shape[0]
     if leaves is None:
         leaves = leaf_blocks(keys_t, values_t, start, stop, right)
-    pack, exponents, leaf_max = leaves
-    width = keys_t.shape[0] + n_outputs
-    if pack.shape != (keys_t.shape[1] * width,) or exponents.shape != (n_outputs,):
-        # the walk reads the pack unchecked: blocks of another tree would read past it
-        raise ValueError(
-            f"leaves: a pack of {pack.shape[0]} and {exponents.shape[0]} exponents, not the "
-            f"{keys_t.shape[1]} keys x {width} of these keys and values (leaf_blocks)"
-        )
+    else:
+        _check_blocks(leaves, keys_t, n_outputs, start, stop, right)
+    pack, exponents, leaf_max, _ = leaves
     prune_rtol = float(rtol)
     eps = COARSE_EXP_RTOL if coarse is not None else 0.0
     if series is not None and series[0].shape[0] > 0:  # module docstring, "Series"

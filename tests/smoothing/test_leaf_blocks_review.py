@@ -6,11 +6,10 @@ model's sample walk and the main walk.
   docstring of ``nbattn.kernels.tree_pool`` (within rtol / (1 - rtol) max |v - f| of
   exact) over dtypes, leave-one-out, output counts, value magnitudes and odd rtols, give
   the same bits on 1 and 2 threads and on repeated calls, and actually walk the tree;
-* DEFECT (xfail): ``tree_pool`` checks only the sizes of the blocks it is given.
-  Blocks of another tree over the same keys (same n, d and outputs) pass the check;
-  where that tree's largest leaf is smaller than a leaf of the tree walked, the walk's
-  scratch buffer (sized by the blocks' ``leaf_max``) is overrun: heap corruption
-  (glibc aborts with "free(): invalid next size"). Run in a subprocess.
+* blocks of another tree over the same keys (same n, d and outputs), whose leaves are
+  smaller than the tree walked, are refused: the walk's scratch buffer is sized by the
+  blocks' ``leaf_max``, and they once overran it (heap corruption, an abort). Run in a
+  subprocess, which such an abort would end.
 """
 
 from __future__ import annotations
@@ -195,12 +194,6 @@ _FOREIGN_BLOCKS = textwrap.dedent(
 )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT: tree_pool accepts leaf_blocks of another tree over the same keys "
-    "(only the sizes are checked); with smaller leaves than the tree walked, the scratch "
-    "buffer sized by their leaf_max is overrun (heap corruption, abort)",
-)
 def test_blocks_of_another_tree_over_the_same_keys_are_refused():
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     run = subprocess.run(

@@ -344,3 +344,7 @@ def test_leaf_blocks_built_once_give_the_walk_its_own_bits(
         other = tree.leaf_blocks(k_t[:, :-1], v_t[:, :-1], *tree.kd_nodes(k_t[:, :-1], 4)[:3])
         with pytest.raises(ValueError, match="leaves"):
             tree.tree_pool(q, k_t, v_t, *nodes, own, 1e-6, rows, 4, None, None, 1.0, other)
+        if n_keys > 4:  # the same keys in leaves of up to 64: another tree
+            coarser = tree.leaf_blocks(k_t, v_t, *tree.kd_nodes(k_t, 64)[:3])
+            with pytest.raises(ValueError, match="another tree"):
+                tree.tree_pool(q, k_t, v_t, *nodes, own, 1e-6, rows, 4, None, None, 1.0, coarser)
