@@ -135,9 +135,10 @@ def offset_grad(score, b, h, q_idx, kv_idx, table, c, d):
 
 def test_scalars_of_other_widths_after_int64_ones_without_new_loops():
     """mod_args (table, c, d) with c an int64, then an int16, a uint8, a bool, a float32
-    and an int beyond int64, d a float64 or a float32: each is the dense result (written
-    and read at its own types: a dispatcher's conversion to a type compiled before would
-    misread them), forward and backward, and none compiles the loops again."""
+    and an int beyond int64, d a float64 or a float32: each is the dense result, forward
+    and backward (written and read back at its own types, whatever types were written
+    before: a Python int beyond int64 after int64 ones raised OverflowError when the
+    writer's dispatcher chose the int64 overload), and none compiles the loops again."""
     from nbattn.kernels import flex_loops
 
     q, k, v, g = _inputs()
