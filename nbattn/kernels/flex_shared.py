@@ -178,13 +178,13 @@ def load_args(typingctx, address, kind):
 
 
 @njit(cache=config.CACHE)
-def _store_args(buffer, value):
-    _store(buffer, value)
-
-
-@njit(cache=config.CACHE)
-def _release_args(buffer, value):
-    _release(buffer, value)
+def _hold(buffer, value, release):
+    """:func:`_store` ``value`` into ``buffer``, or with ``release`` :func:`_release` it: one
+    function, so that each new type of ``mod_args`` compiles one small kernel, not two."""
+    if release:
+        _release(buffer, value)
+    else:
+        _store(buffer, value)
 
 
 class held_args:  # noqa: N801 - used as a function: ``with held_args(value) as address``
@@ -205,11 +205,11 @@ class held_args:  # noqa: N801 - used as a function: ``with held_args(value) as 
         self.buffer = self.buffer[start : start + max(size, 1)]
 
     def __enter__(self):
-        _exactly(_store_args, self.buffer, self.value)
+        _exactly(_hold, self.buffer, self.value, False)
         return self.buffer.ctypes.data
 
     def __exit__(self, *exc):
-        _exactly(_release_args, self.buffer, self.value)
+        _exactly(_hold, self.buffer, self.value, True)
         return False
 
 
