@@ -424,7 +424,10 @@ def computing_in(mods: Mods, dtype) -> Mods:
 def _kernels(mods: Mods, backward: bool):
     build = kernels_for("flex", "cpu")
     return build, build.specialise(
-        mods.score_mod, mods.mask_mod, mods.score_grad if backward else None
+        mods.score_mod,
+        mods.mask_mod,
+        mods.score_grad if backward else None,
+        (mods.score_args, mods.mask_args),
     )
 
 

@@ -40,30 +40,32 @@ score_mod(s + i h) = score_mod(s) + i h g(s) + O(h^2) with h = 2**-64 (exact
 to rounding for a function analytic in ``score``: tanh softcaps, ALiBi,
 bias tables), evaluated in complex128; or the user's ``score_grad``.
 
-This file is a template. ``nbattn.kernels.flex_build`` copies its source into
-a module of its own for each (score_mod, mask_mod, score_grad) and binds
-``score_mod``, ``mask_mod``, ``score_grad`` and ``value_and_grad`` there
-before anything compiles, so each copy's kernels have the user's functions
-compiled in (numba resolves a global when it compiles) and numba's on-disk
-cache works for them as for any module. The definitions below are the
-defaults: no modification and no mask.
+This file is a template. ``nbattn.kernels.flex_build`` copies its source into a module
+of its own for each (score_mod, mask_mod, score_grad) and types of ``mod_args``, and
+binds ``score_mod``, ``mask_mod``, ``score_grad``, ``value_and_grad`` and ``ARGS``
+there before anything compiles, so each copy's kernels have the user's functions
+compiled in (numba resolves a global when it compiles) and numba's on-disk cache works
+for them as for any module. The definitions below are the defaults: no modification
+and no mask.
 
 What is compiled per copy is kept small: the tile functions that call the user's
 (:func:`_mod_tile`, :func:`_mod_tile_grad`), the block table's loop
 (:func:`block_states`) and the checks. The forward's and backward's tile loops are
-``nbattn.kernels.flex_loops``'s, compiled once per dtype and ``mod_args`` types and
-cached there: :func:`flex_forward` and :func:`flex_backward` pass them this module's
-tile function as a first-class function. The functions that do not call the user's
-are ``nbattn.kernels.flex_shared``'s (``block_state``, ``band_limits``,
-``backward_shifts``). ``check_forward`` / ``check_backward`` compile the user's
-functions alone first, so that one of the wrong type is refused before the tile
-functions compile.
+``nbattn.kernels.flex_loops``'s, compiled once per dtype and cached there:
+:func:`flex_forward` and :func:`flex_backward` pass them this module's tile function
+as a first-class function, and ``mod_args`` as the address of their values, which the
+tile functions read back as :data:`ARGS`, the types this copy is made for
+(``flex_build`` makes a copy per functions and types of ``mod_args``). The functions
+that do not call the user's are ``nbattn.kernels.flex_shared``'s (``block_state``,
+``band_limits``, ``backward_shifts``). ``check_forward`` / ``check_backward`` compile
+the user's functions alone first, so that one of the wrong type is refused before the
+tile functions compile.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, types
+from numba import njit, typeof, types
 from numba.core.errors import TypingError
 from numba.extending import overload
 
@@ -71,7 +73,7 @@ from nbattn import config
 from nbattn._core.numeric import LOG2E
 from nbattn.kernels import flex_loops as loops
 from nbattn.kernels.fastmath import like
-from nbattn.kernels.flex_shared import LIMIT32, LIMIT64, MAX32, band_limits
+from nbattn.kernels.flex_shared import LIMIT32, LIMIT64, MAX32, band_limits, load_args
 from nbattn.kernels.items import next_item, run_items
 
 #: The complex step h: score_mod(s + i h) = score_mod(s) + i h g(s) + O(h^2).
@@ -265,16 +267,24 @@ def _to_base2(band_row, limit, log2e, neg, poison, r, status):
             band_row[j] = x * log2e
 
 
+#: The numba type of ``(score_args, mask_args)`` that this copy's tile functions read from
+#: the address the loops pass them (``nbattn.kernels.flex_shared.held_args``): bound with
+#: the user's functions (a copy is made per functions and types of ``mod_args``).
+ARGS = types.Tuple((types.Tuple(()), types.Tuple(())))
+
+
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
-def _mod_tile(st, b, h, i0, j0, band, masked, score_args, mask_args, poison, status):
+def _mod_tile(st, b, h, i0, j0, band, masked, address, poison, status):
     """The score tile ``st`` (rows i0.., keys j0.., natural units) modified, masked and
-    turned to base 2, in place (``poison`` and ``status`` as in :func:`_to_base2`).
+    turned to base 2, in place (``poison`` and ``status`` as in :func:`_to_base2`);
+    ``score_args`` and ``mask_args`` (of types :data:`ARGS`) are read at ``address``.
 
     ``score_mod`` runs on every entry inside the band, masked or not (as in
     FlexAttention, where the mask applies to the modified scores), in a loop of
     its own: the scores of a tile are then the same whether or not its mask is
     evaluated (a block mask's open tiles give bit-identical results).
     """
+    score_args, mask_args = load_args(address, ARGS)
     mb, nb = st.shape
     log2e = like(LOG2E, st)
     neg = like(-np.inf, st)
@@ -300,8 +310,9 @@ def _mod_tile(st, b, h, i0, j0, band, masked, score_args, mask_args, poison, sta
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE)
-def _mod_tile_grad(st, gt, b, h, i0, j0, band, masked, score_args, mask_args):
+def _mod_tile_grad(st, gt, b, h, i0, j0, band, masked, address):
     """:func:`_mod_tile` that also writes d score_mod / d score into ``gt`` (0 where masked)."""
+    score_args, mask_args = load_args(address, ARGS)
     mb, nb = st.shape
     log2e = like(LOG2E, st)
     neg = like(-np.inf, st)
@@ -367,13 +378,25 @@ def _block_rows(counter, n_q, n_k, block_q, block_k, mask_args, out):
                 out[b, h, qt, kt] = 1
 
 
-def flex_forward(*args):
+def _args_of_this_copy(score_args, mask_args):
+    """A TypeError unless ``mod_args`` are of the types :data:`ARGS` this copy's tile
+    functions read (another copy is made for other types: ``flex_build.specialise``)."""
+    given = typeof((score_args, mask_args))
+    if given != ARGS:
+        raise TypeError(f"this flex module reads mod_args of types {ARGS}, given {given}")
+
+
+def flex_forward(q, k, v, blocks, items, tiles, score_args, mask_args, n_out):
     """``nbattn.kernels.flex_loops.flex_forward`` with this module's :func:`_mod_tile` as its
-    tile function, ``args`` its arguments after that: ``(out, lse)``."""
-    return loops.flex_forward(_mod_tile, *args)
+    tile function, the arguments after that as there: ``(out, lse)``."""
+    _args_of_this_copy(score_args, mask_args)
+    return loops.flex_forward(
+        _mod_tile, q, k, v, blocks, items, tiles, score_args, mask_args, n_out
+    )
 
 
 def flex_backward(*args):
     """``nbattn.kernels.flex_loops.flex_backward`` with this module's :func:`_mod_tile_grad`
     as its tile function, ``args`` its arguments after that: ``(dq, dk, dv)``."""
+    _args_of_this_copy(args[-2], args[-1])
     return loops.flex_backward(_mod_tile_grad, *args)

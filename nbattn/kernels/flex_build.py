@@ -4,11 +4,13 @@
 A kernel that takes a jitted function as an argument is specialised on it,
 but numba's on-disk cache cannot hold such a kernel (the function is part of
 its type, and a function type does not survive the process). So each
-combination of user functions gets a module of its own: the template's
-source is written, once, to ``<cache dir>/nbattn_flex_<key>.py``, imported
-under that name, and the user's functions are bound to its globals
+combination of user functions and types of ``mod_args`` gets a module of its
+own: the template's source is written, once, to ``<cache dir>/nbattn_flex_<key>.py``,
+imported under that name, and the user's functions are bound to its globals
 ``score_mod``, ``mask_mod``, ``score_grad`` (and ``value_and_grad`` to the
-complex step or to the user's derivative) before anything compiles. numba's
+complex step or to the user's derivative), and the types of ``mod_args`` to
+``ARGS`` (its tile functions read them from an address: the loops they run in
+are compiled once, whatever the types), before anything compiles. numba's
 ``cache=True`` then works for that module as for any other: a second
 process that asks for the same functions imports the same file and loads
 its compiled kernels from disk, without compiling the user's functions at
@@ -451,14 +453,19 @@ def _load(key: str, prefix="nbattn_flex", source=None):
     return module
 
 
-def specialise(score_mod=None, mask_mod=None, score_grad=None):
+def specialise(score_mod=None, mask_mod=None, score_grad=None, args=((), ())):
     """The kernels of ``nbattn.kernels.flex`` with these functions bound (None = the
-    template's default: no modification, no mask, the complex step)."""
+    template's default: no modification, no mask, the complex step), for ``args`` =
+    ``(score_args, mask_args)`` of these types: a copy per functions and types, whose
+    tile functions read the arguments of its types (its ``ARGS``) from the address the
+    compiled-once loops of ``nbattn.kernels.flex_loops`` pass them."""
+    kind = typeof(args)
     prints = (
         _SOURCE_HASH,
         fingerprint(score_mod, "score_mod"),
         fingerprint(mask_mod, "mask_mod"),
         fingerprint(score_grad, "score_grad"),
+        str(kind),  # numba's name of a type is its identity (types are interned by it)
     )
     key = hashlib.sha256(repr(prints).encode()).hexdigest()[:24]
     module = _MODULES.get(key)
@@ -468,6 +475,7 @@ def specialise(score_mod=None, mask_mod=None, score_grad=None):
         if key in _MODULES:
             return _MODULES[key]
         module = _load(key)
+        module.ARGS = kind
         if score_mod is not None:
             module.score_mod = _jitted(score_mod)
         if mask_mod is not None:
@@ -538,7 +546,7 @@ def block_states(mask_mod, n_b, n_h, n_q, n_k, block_q, block_k, mask_args):
     mods = types.SimpleNamespace(
         score_mod=None, mask_mod=mask_mod, score_grad=None, score_args=(), mask_args=mask_args
     )
-    module = specialise(mask_mod=mask_mod)
+    module = specialise(mask_mod=mask_mod, args=((), mask_args))
     return call(
         module, "block_states", mods, np.float64, n_b, n_h, n_q, n_k, block_q, block_k, mask_args
     )
@@ -645,7 +653,7 @@ def check(mods, dtype, backward):
     device function) or cannot key on disk is left to that device's compiler."""
     grad = mods.score_grad if backward else None
     try:
-        module = specialise(mods.score_mod, mods.mask_mod, grad)
+        module = specialise(mods.score_mod, mods.mask_mod, grad, (mods.score_args, mods.mask_args))
     except UnknownValue:
         return
     try:

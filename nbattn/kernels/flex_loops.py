@@ -9,8 +9,12 @@ d score_mod / d score). The loops around them (the forward's online softmax
 over key tiles, the backward's dS = P o (dP - D) o g and its products) do not
 depend on the user's functions, and are here: each takes the tile function as
 a first-class function argument (``numba.types.FunctionType``), called once per
-tile through its address. So the loops compile, and are cached on disk, once per
-dtype and types of ``mod_args``, and a new ``score_mod`` compiles its tile
+tile through its address. ``mod_args`` reach them as one int64, the address of
+their native values (``nbattn.kernels.flex_shared.held_args``), which the tile
+function, compiled for their types, reads back: so the loops compile, and are
+cached on disk, once per dtype whatever the types of ``mod_args`` (17 forward and
+10 backward compiles of about 2 CPU s each in the test suite when they were part
+of the loops' signature), and a new ``score_mod`` compiles its tile
 functions alone (about 1 CPU s for both; 2 with the module's checks of the user's
 functions) instead of the whole forward and backward again (6). The formulas are
 those of ``nbattn.kernels.flex``'s docstring.
@@ -41,7 +45,7 @@ from .flash import (
     exp2_shift_sum,
     sum_groups,
 )
-from .flex_shared import LIMIT32, LIMIT64, MAX32, backward_shifts, block_state
+from .flex_shared import LIMIT32, LIMIT64, MAX32, backward_shifts, block_state, held_args
 from .items import next_item, run_items
 from .softmax import row_max
 
@@ -51,14 +55,18 @@ _INDEX = types.int64
 _COUNTER = types.Array(types.int64, 1, "C")
 _FLAGS = types.Array(types.boolean, 1, "C")
 _STATUS = types.Array(types.float64, 1, "C")
+#: The address of the held ``(score_args, mask_args)`` (``flex_shared.held_args``).
+_ADDRESS = types.int64
 
 
-def tile_function_type(q, score_args, mask_args, backward):
+def tile_function_type(q, backward):
     """The ``FunctionType`` of a generated module's ``_mod_tile`` (``backward``: its
     ``_mod_tile_grad``) as the loops call it: tiles (m, n) C-contiguous of ``q``'s dtype,
     b, h, i0, j0 int64, the band (offset, left, right), whether the tile is masked, and
-    ``mod_args`` of these types (then, forward, the rows' NaN flags and the overflow
-    status)."""
+    the address of ``(score_args, mask_args)`` (``nbattn.kernels.flex_shared.held_args``;
+    then, forward, the rows' NaN flags and the overflow status). The types of
+    ``mod_args`` are not part of it: the generated module's tile function, compiled for
+    them, reads them back from the address, and the loops compile once per dtype."""
     tile = types.Array(typeof(q).dtype, 2, "C")
     head = (tile, tile) if backward else (tile,)
     common = (
@@ -68,8 +76,7 @@ def tile_function_type(q, score_args, mask_args, backward):
         _INDEX,
         types.UniTuple(_INDEX, 3),
         types.boolean,
-        typeof(score_args),
-        typeof(mask_args),
+        _ADDRESS,
     )
     tail = () if backward else (_FLAGS, _STATUS)
     return types.FunctionType(types.void(*head, *common, *tail))
@@ -107,9 +114,10 @@ def flex_forward(mod_tile, q, k, v, blocks, items, tiles, score_args, mask_args,
     out = np.zeros((n_out, q.shape[1], v.shape[2]), dtype=q.dtype)
     lse = np.full((n_out, q.shape[1]), -np.inf)
     status = np.zeros(1)
-    args = (q, k, v, blocks, items, tiles, score_args, mask_args, out, lse, status)
-    kernel = _entry(_forward_items, tile_function_type(q, score_args, mask_args, False), args)
-    run_items(kernel, mod_tile, *args)
+    with held_args((score_args, mask_args)) as address:
+        args = (q, k, v, blocks, items, tiles, address, out, lse, status)
+        kernel = _entry(_forward_items, tile_function_type(q, False), args)
+        run_items(kernel, mod_tile, *args)
     if status[0] > 0.0:
         limit = LIMIT32 if q.dtype == np.float32 else LIMIT64
         size = f"{status[0]:.4g}"
@@ -124,21 +132,17 @@ def flex_forward(mod_tile, q, k, v, blocks, items, tiles, score_args, mask_args,
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, nogil=True)
-def _forward_items(
-    counter, mod_tile, q, k, v, blocks, items, tiles, score_args, mask_args, out, lse, status
-):
+def _forward_items(counter, mod_tile, q, k, v, blocks, items, tiles, address, out, lse, status):
     """The items of :func:`flex_forward`, one per increment of ``counter``."""
     while True:
         item = next_item(counter)
         if item >= items.shape[0]:
             return
-        _forward_item(
-            mod_tile, q, k, v, blocks, items[item], tiles, score_args, mask_args, out, lse, status
-        )
+        _forward_item(mod_tile, q, k, v, blocks, items[item], tiles, address, out, lse, status)
 
 
 @njit(fastmath=config.FASTMATH, inline="always")
-def _forward_item(mod_tile, q, k, v, blocks, item, tiles, score_args, mask_args, out, lse, status):
+def _forward_item(mod_tile, q, k, v, blocks, item, tiles, address, out, lse, status):
     """One item (see ``FLEX_FORWARD_ITEM``): its rows of ``out`` and ``lse``."""
     block_k = tiles.block_k
     d_v = v.shape[2]
@@ -170,7 +174,7 @@ def _forward_item(mod_tile, q, k, v, blocks, item, tiles, score_args, mask_args,
         k_tile = k[kv, k_row0 + j0 : k_row0 + j0 + nb]
         st = s_flat[: mb * nb].reshape((mb, nb))
         gemm(q_tile, k_tile, st, False, True, 0.0)
-        mod_tile(st, b, h, i0, j0, band, masked, score_args, mask_args, poison, status)
+        mod_tile(st, b, h, i0, j0, band, masked, address, poison, status)
         for r in range(mb):
             row = st[r]
             shift = m[r]
@@ -196,8 +200,7 @@ def _forward_item(mod_tile, q, k, v, blocks, item, tiles, score_args, mask_args,
                     j0,
                     band,
                     masked,
-                    score_args,
-                    mask_args,
+                    address,
                     poison[r : r + 1],
                     status,
                 )
@@ -287,26 +290,26 @@ def flex_backward(
     dq_part = np.zeros((tiles.n_groups, n_bh, n_q, d), dtype=q.dtype)
     dk = np.zeros((n_kv, n_k, d), dtype=q.dtype)
     dv = np.zeros((n_kv, n_k, v.shape[2]), dtype=q.dtype)
-    args = (
-        q,
-        k,
-        v,
-        dout,
-        kv_index,
-        n_heads,
-        blocks,
-        items,
-        tiles,
-        score_args,
-        mask_args,
-        delta,
-        shifts,
-        dq_part,
-        dk,
-        dv,
-    )
-    kernel = _entry(_backward_items, tile_function_type(q, score_args, mask_args, True), args)
-    run_items(kernel, mod_tile_grad, *args)
+    with held_args((score_args, mask_args)) as address:
+        args = (
+            q,
+            k,
+            v,
+            dout,
+            kv_index,
+            n_heads,
+            blocks,
+            items,
+            tiles,
+            address,
+            delta,
+            shifts,
+            dq_part,
+            dk,
+            dv,
+        )
+        kernel = _entry(_backward_items, tile_function_type(q, True), args)
+        run_items(kernel, mod_tile_grad, *args)
     return sum_groups(dq_part, scale), dk, dv
 
 
@@ -323,8 +326,7 @@ def _backward_items(
     blocks,
     items,
     tiles,
-    score_args,
-    mask_args,
+    address,
     delta,
     shifts,
     dq_part,
@@ -347,8 +349,7 @@ def _backward_items(
             blocks,
             items[item],
             tiles,
-            score_args,
-            mask_args,
+            address,
             delta,
             shifts,
             dq_part,
@@ -369,8 +370,7 @@ def _backward_item(
     blocks,
     item,
     tiles,
-    score_args,
-    mask_args,
+    address,
     delta,
     shifts,
     dq_part,
@@ -428,7 +428,7 @@ def _backward_item(
                 dpt = dp_flat[: mb * nb].reshape((mb, nb))
                 gt = g_flat[: mb * nb].reshape((mb, nb))
                 gemm(q_tile, k_tile_t, st, False, False, 0.0)
-                mod_tile_grad(st, gt, b, h, i0, j0, band, state == 1, score_args, mask_args)
+                mod_tile_grad(st, gt, b, h, i0, j0, band, state == 1, address)
                 p_sum = like(0.0, q)
                 for r in range(mb):
                     row = st[r]

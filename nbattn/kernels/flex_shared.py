@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import cmath
 
+import numba
 import numpy as np
 from numba import njit, types
-from numba.extending import overload
+from numba.core.registry import cpu_target
+from numba.extending import intrinsic, overload
 
 from .. import config
 from .._core.numeric import LOG2E
@@ -27,6 +29,8 @@ __all__ = [
     "backward_shifts",
     "band_limits",
     "block_state",
+    "held_args",
+    "load_args",
     "tanh",
 ]
 
@@ -114,3 +118,109 @@ def backward_shifts(lse, like_array):
             else:
                 out[2, bh, i] = noise
     return out
+
+
+# ------------------------------------------------------------- mod_args held at an address
+#
+# The flex loops (``nbattn.kernels.flex_loops``) only pass ``mod_args`` through to the tile
+# function. Taken as arguments, their types would be part of the loops' signature, and
+# the loops would compile again (about 2 CPU s each, forward and backward) for every
+# combination of types a caller passes (a float64 table and a float, an int32 table and
+# an int, a bool table...). Instead the loops take one int64: the address of the
+# arguments' native representation (numba's struct of the tuple, arrays as numba holds
+# them), written by :func:`held_args`; the tile function of a generated module, which
+# is specialised on these types anyway, reads them back with :func:`load_args`. The
+# values are the same bits, passed the same way to the user's functions.
+
+
+@intrinsic
+def _store(typingctx, buffer, value):
+    """Write ``value``'s native representation into ``buffer``'s bytes and take a reference
+    to its arrays (they stay alive until :func:`_release`)."""
+
+    def codegen(context, builder, sig, args):
+        array, val = args
+        data = context.make_array(sig.args[0])(context, builder, array).data
+        where = builder.bitcast(data, context.get_value_type(sig.args[1]).as_pointer())
+        builder.store(val, where)
+        context.nrt.incref(builder, sig.args[1], val)
+        return context.get_dummy_value()
+
+    return types.none(buffer, value), codegen
+
+
+@intrinsic
+def _release(typingctx, buffer, value):
+    """Drop the references :func:`_store` took (``value`` gives only the type)."""
+
+    def codegen(context, builder, sig, args):
+        data = context.make_array(sig.args[0])(context, builder, args[0]).data
+        where = builder.bitcast(data, context.get_value_type(sig.args[1]).as_pointer())
+        context.nrt.decref(builder, sig.args[1], builder.load(where))
+        return context.get_dummy_value()
+
+    return types.none(buffer, value), codegen
+
+
+@intrinsic
+def load_args(typingctx, address, kind):
+    """The value of type ``kind`` (a type reference: a global numba type) that
+    :func:`held_args` wrote at ``address``, a new reference to it."""
+    value_type = kind.instance_type
+
+    def codegen(context, builder, sig, args):
+        where = builder.inttoptr(args[0], context.get_value_type(value_type).as_pointer())
+        value = builder.load(where)
+        context.nrt.incref(builder, value_type, value)
+        return value
+
+    return value_type(address, kind), codegen
+
+
+@njit(cache=config.CACHE)
+def _hold(buffer, value, release):
+    """:func:`_store` ``value`` into ``buffer``, or with ``release`` :func:`_release` it: one
+    function, so that each new type of ``mod_args`` compiles one small kernel, not two."""
+    if release:
+        _release(buffer, value)
+    else:
+        _store(buffer, value)
+
+
+class held_args:  # noqa: N801 - used as a function: ``with held_args(value) as address``
+    """``with held_args(value) as address``: ``value`` (a tuple of arrays and numbers)
+    written, in numba's native representation, into a buffer whose address (an int) the
+    block gets; :func:`load_args` reads it back inside a kernel with the type
+    ``numba.typeof(value)``. The arrays are referenced until the block ends, however it
+    ends; the buffer must not be read after that (the flex loops' ``run_items`` returns
+    only once no thread runs an item)."""
+
+    def __init__(self, value):
+        self.value = value
+        context = cpu_target.target_context
+        size = context.get_abi_sizeof(context.get_value_type(numba.typeof(value)))
+        # 16-byte aligned: a float's or a pointer's alignment whatever the dtype's
+        self.buffer = np.zeros(max(size, 1) + 15, dtype=np.uint8)
+        start = (-self.buffer.ctypes.data) % 16
+        self.buffer = self.buffer[start : start + max(size, 1)]
+
+    def __enter__(self):
+        _exactly(_hold, self.buffer, self.value, False)
+        return self.buffer.ctypes.data
+
+    def __exit__(self, *exc):
+        _exactly(_hold, self.buffer, self.value, True)
+        return False
+
+
+def _exactly(kernel, *args):
+    """``kernel(*args)`` compiled (or loaded) for exactly the types of ``args``: the
+    dispatcher would otherwise run an overload it can convert them to (a Python int of
+    [2**63, 2**64) into an int64 one, an OverflowError), and the value written must be of
+    the type :func:`load_args` reads."""
+    sig = tuple(numba.typeof(a) for a in args)
+    compiled = kernel.overloads.get(sig)
+    if compiled is None:
+        kernel.compile(sig)
+        compiled = kernel.overloads[sig]
+    return compiled.entry_point(*args)

@@ -1,13 +1,16 @@
 """A hostile review of the flex tile loops compiled once (``nbattn.kernels.flex_loops``).
 
 The loops take the generated module's tile function as a first-class function and are
-compiled, through an explicit signature, once per dtype and per types of ``mod_args``.
-These tests call one ``score_mod`` with ``mod_args`` of several types in one process
-(each must run its own specialisation, never a stale one: every result is checked
-against the dense formulation of ``tests/naive.py``), a Python int beyond int64 after
-int64 ones (the parent's dispatcher raised OverflowError there), one and two numba
-threads (the same bits), and two Python threads with different ``score_mod`` at once
-(the same bits as one after the other). Few types, small shapes: cheap once cached.
+compiled, through an explicit signature, once per dtype: ``mod_args`` reach them as
+the address of their native values, which the tile function (compiled for their types)
+reads back. These tests call one ``score_mod`` with ``mod_args`` of several types in
+one process (each must run its own specialisation, never a stale one: every result is
+checked against the dense formulation of ``tests/naive.py``), scalars of other widths
+after int64 ones (each written and read at its own type) without a new loop, a Python
+int beyond int64 after int64 ones (the parent's dispatcher raised OverflowError
+there), one and two numba threads (the same bits), and two Python threads with
+different ``score_mod`` at once (the same bits as one after the other). Few types,
+small shapes: cheap once cached.
 """
 
 from __future__ import annotations
@@ -86,10 +89,14 @@ MOD_ARG_TYPES = {
 
 
 def test_one_score_mod_with_mod_args_of_many_types_in_one_process():
-    """Each type of mod_args runs its own loops and tile function: every result is the
-    dense one, whatever ran before it (and back to the first types at the end)."""
+    """Each type of mod_args runs its own tile function: every result is the dense one,
+    whatever ran before it (and back to the first types at the end), and the loops, which
+    read them from an address, compile once for them all."""
+    from nbattn.kernels import flex_loops
+
     q, k, v, _ = _inputs()
     table = _table()
+    compiled = None
     for name in list(MOD_ARG_TYPES) + ["float64_table_float"]:
         args = MOD_ARG_TYPES[name](table)
         if name == "fortran_readonly_table":
@@ -99,6 +106,9 @@ def test_one_score_mod_with_mod_args_of_many_types_in_one_process():
             np.ascontiguousarray(a) if isinstance(a, np.ndarray) else a for a in args
         )
         _close(got, _dense(q, k, v, dense_args), np.float64)
+        if compiled is None:
+            compiled = len(flex_loops._forward_items.overloads)
+    assert len(flex_loops._forward_items.overloads) == compiled
 
 
 def test_float32_inputs_and_mask_with_the_same_functions():
@@ -117,6 +127,49 @@ def test_an_int_beyond_int64_after_int64_ones():
     for c in (2, 2**63 + 1):
         got = _forward(q, k, v, (table, c))
         _close(got, _dense(q, k, v, (table, c)), np.float64)
+
+
+def offset_score(score, b, h, q_idx, kv_idx, table, c, d):
+    """A table times c plus d: c and d of many widths (read at the wrong one, d would be
+    read from c's bytes or beyond them)."""
+    return score + table[h, kv_idx] * c + d
+
+
+def offset_grad(score, b, h, q_idx, kv_idx, table, c, d):
+    """d offset_score / d score (for the dense formulation)."""
+    return 1.0 + 0.0 * score
+
+
+def test_scalars_of_other_widths_after_int64_ones_without_new_loops():
+    """mod_args (table, c, d) with c and d int64 and float64, then an int16 and a float32,
+    then a bool and a float64, then the first types again: each is the dense result,
+    forward and backward (the narrow scalars written and read back at their own types,
+    whatever types were written before), and none compiles the backward's loops again.
+    (A Python int beyond int64 after int64 ones: test_an_int_beyond_int64_after_int64_ones.)
+    """
+    from nbattn.kernels import flex_loops
+
+    q, k, v, g = _inputs()
+    table = _table() * 0.25
+
+    def both(args):
+        out, lse = _forward(q, k, v, args, score_mod=offset_score)
+        grads = nbattn.flash_attention_backward(
+            q, k, v, out, lse, g, score_mod=offset_score, mod_args=args
+        )
+        return (out, lse) + tuple(grads)
+
+    def dense(args):
+        return naive.flex_attention_grads(
+            q, k, v, g, offset_score, None, mod_args=args, score_grad=offset_grad
+        )
+
+    _close(both((table, 2, -0.5)), dense((table, 2, -0.5)), np.float64)
+    compiled = (len(flex_loops._forward_items.overloads), len(flex_loops._backward_items.overloads))
+    for args in ((table, np.int16(-3), np.float32(-1.25)), (table, True, 1.5), (table, 2, -0.5)):
+        _close(both(args), dense(args), np.float64)
+    after = (len(flex_loops._forward_items.overloads), len(flex_loops._backward_items.overloads))
+    assert after == compiled
 
 
 def test_backward_matches_dense():
