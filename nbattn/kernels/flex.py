@@ -65,7 +65,7 @@ tile functions compile.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, typeof, types
+from numba import njit, types
 from numba.core.errors import TypingError
 from numba.extending import overload
 
@@ -378,18 +378,10 @@ def _block_rows(counter, n_q, n_k, block_q, block_k, mask_args, out):
                 out[b, h, qt, kt] = 1
 
 
-def _args_of_this_copy(score_args, mask_args):
-    """A TypeError unless ``mod_args`` are of the types :data:`ARGS` this copy's tile
-    functions read (another copy is made for other types: ``flex_build.specialise``)."""
-    given = typeof((score_args, mask_args))
-    if given != ARGS:
-        raise TypeError(f"this flex module reads mod_args of types {ARGS}, given {given}")
-
-
 def flex_forward(q, k, v, blocks, items, tiles, score_args, mask_args, n_out):
     """``nbattn.kernels.flex_loops.flex_forward`` with this module's :func:`_mod_tile` as its
-    tile function, the arguments after that as there: ``(out, lse)``."""
-    _args_of_this_copy(score_args, mask_args)
+    tile function, the arguments after that as there: ``(out, lse)`` (mod_args of other
+    types than :data:`ARGS` are a TypeError there)."""
     return loops.flex_forward(
         _mod_tile, q, k, v, blocks, items, tiles, score_args, mask_args, n_out
     )
@@ -398,5 +390,4 @@ def flex_forward(q, k, v, blocks, items, tiles, score_args, mask_args, n_out):
 def flex_backward(*args):
     """``nbattn.kernels.flex_loops.flex_backward`` with this module's :func:`_mod_tile_grad`
     as its tile function, ``args`` its arguments after that: ``(dq, dk, dv)``."""
-    _args_of_this_copy(args[-2], args[-1])
     return loops.flex_backward(_mod_tile_grad, *args)

@@ -453,6 +453,13 @@ def _load(key: str, prefix="nbattn_flex", source=None):
     return module
 
 
+def _named(kind):
+    """Whether the numba type ``kind`` is or holds a named tuple (a record's class)."""
+    if isinstance(kind, nb_types.BaseNamedTuple):
+        return True
+    return isinstance(kind, nb_types.BaseTuple) and any(_named(t) for t in kind.types)
+
+
 def specialise(score_mod=None, mask_mod=None, score_grad=None, args=((), ())):
     """The kernels of ``nbattn.kernels.flex`` with these functions bound (None = the
     template's default: no modification, no mask, the complex step), for ``args`` =
@@ -460,12 +467,16 @@ def specialise(score_mod=None, mask_mod=None, score_grad=None, args=((), ())):
     tile functions read the arguments of its types (its ``ARGS``) from the address the
     compiled-once loops of ``nbattn.kernels.flex_loops`` pass them."""
     kind = typeof(args)
+    if _named(kind):
+        # a named tuple's name is all of its class that numba's name of the type shows:
+        # two classes of one name would share a key, not a layout
+        raise TypeError(f"mod_args must be plain tuples of arrays and numbers, got {kind}")
     prints = (
         _SOURCE_HASH,
         fingerprint(score_mod, "score_mod"),
         fingerprint(mask_mod, "mask_mod"),
         fingerprint(score_grad, "score_grad"),
-        str(kind),  # numba's name of a type is its identity (types are interned by it)
+        str(kind),  # numba's name of a type of plain tuples is its identity
     )
     key = hashlib.sha256(repr(prints).encode()).hexdigest()[:24]
     module = _MODULES.get(key)

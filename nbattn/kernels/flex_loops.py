@@ -95,6 +95,12 @@ def _entry(kernel, function_type, args):
     return compiled.entry_point
 
 
+def _reads(tile_function):
+    """The types of ``(score_args, mask_args)`` a generated module's tile function reads at
+    the address it is given: its module's ``ARGS`` (``nbattn.kernels.flex``)."""
+    return tile_function.py_func.__globals__["ARGS"]
+
+
 def flex_forward(mod_tile, q, k, v, blocks, items, tiles, score_args, mask_args, n_out):
     """Blocked attention forward with the tile function ``mod_tile`` (a generated module's
     ``_mod_tile``, the user's functions compiled in: ``nbattn.kernels.flex``); returns
@@ -114,7 +120,7 @@ def flex_forward(mod_tile, q, k, v, blocks, items, tiles, score_args, mask_args,
     out = np.zeros((n_out, q.shape[1], v.shape[2]), dtype=q.dtype)
     lse = np.full((n_out, q.shape[1]), -np.inf)
     status = np.zeros(1)
-    with held_args((score_args, mask_args)) as address:
+    with held_args((score_args, mask_args), _reads(mod_tile)) as address:
         args = (q, k, v, blocks, items, tiles, address, out, lse, status)
         kernel = _entry(_forward_items, tile_function_type(q, False), args)
         run_items(kernel, mod_tile, *args)
@@ -290,7 +296,7 @@ def flex_backward(
     dq_part = np.zeros((tiles.n_groups, n_bh, n_q, d), dtype=q.dtype)
     dk = np.zeros((n_kv, n_k, d), dtype=q.dtype)
     dv = np.zeros((n_kv, n_k, v.shape[2]), dtype=q.dtype)
-    with held_args((score_args, mask_args)) as address:
+    with held_args((score_args, mask_args), _reads(mod_tile_grad)) as address:
         args = (
             q,
             k,

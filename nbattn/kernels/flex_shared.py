@@ -188,39 +188,45 @@ def _hold(buffer, value, release):
 
 
 class held_args:  # noqa: N801 - used as a function: ``with held_args(value) as address``
-    """``with held_args(value) as address``: ``value`` (a tuple of arrays and numbers)
-    written, in numba's native representation, into a buffer whose address (an int) the
-    block gets; :func:`load_args` reads it back inside a kernel with the type
-    ``numba.typeof(value)``. The arrays are referenced until the block ends, however it
-    ends; the buffer must not be read after that (the flex loops' ``run_items`` returns
-    only once no thread runs an item)."""
+    """``with held_args(value, kind) as address``: ``value`` (a tuple of arrays and numbers)
+    written, in numba's native representation of the type ``kind`` (None:
+    ``numba.typeof(value)``), into a buffer whose address (an int) the block gets;
+    :func:`load_args` reads it back inside a kernel with that type. A value of another
+    type than ``kind`` is a TypeError here: read at another layout it would be garbage
+    or a crash. The arrays are referenced until the block ends, however it ends, and
+    released as the type written, whatever the value became meanwhile; the buffer must
+    not be read after that (the flex loops' ``run_items`` returns only once no thread
+    runs an item)."""
 
-    def __init__(self, value):
+    def __init__(self, value, kind=None):
+        given = numba.typeof(value)
+        if kind is not None and given != kind:
+            raise TypeError(f"mod_args of types {given}, where {kind} are read")
         self.value = value
         context = cpu_target.target_context
-        size = context.get_abi_sizeof(context.get_value_type(numba.typeof(value)))
+        size = context.get_abi_sizeof(context.get_value_type(given))
         # 16-byte aligned: a float's or a pointer's alignment whatever the dtype's
         self.buffer = np.zeros(max(size, 1) + 15, dtype=np.uint8)
         start = (-self.buffer.ctypes.data) % 16
         self.buffer = self.buffer[start : start + max(size, 1)]
+        self.signature = (numba.typeof(self.buffer), given, types.boolean)
 
     def __enter__(self):
-        _exactly(_hold, self.buffer, self.value, False)
+        _exactly(_hold, self.signature, self.buffer, self.value, False)
         return self.buffer.ctypes.data
 
     def __exit__(self, *exc):
-        _exactly(_hold, self.buffer, self.value, True)
+        _exactly(_hold, self.signature, self.buffer, self.value, True)
         return False
 
 
-def _exactly(kernel, *args):
-    """``kernel(*args)`` compiled (or loaded) for exactly the types of ``args``: the
-    dispatcher would otherwise run an overload it can convert them to (a Python int of
+def _exactly(kernel, signature, *args):
+    """``kernel(*args)`` compiled (or loaded) for exactly ``signature``: the dispatcher
+    would otherwise run an overload it can convert them to (a Python int of
     [2**63, 2**64) into an int64 one, an OverflowError), and the value written must be of
-    the type :func:`load_args` reads."""
-    sig = tuple(numba.typeof(a) for a in args)
-    compiled = kernel.overloads.get(sig)
+    the type :func:`load_args` reads (and released as the type written)."""
+    compiled = kernel.overloads.get(signature)
     if compiled is None:
-        kernel.compile(sig)
-        compiled = kernel.overloads[sig]
+        kernel.compile(signature)
+        compiled = kernel.overloads[signature]
     return compiled.entry_point(*args)

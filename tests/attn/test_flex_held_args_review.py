@@ -6,18 +6,18 @@ duration of the call) and read back by the tile function of the generated module
 tests check the lifetimes (no reference gained or lost by the arrays across calls, an
 error of the kernel, or a block left by an exception), 8 Python threads at once with
 ``mod_args`` of different types (the same bits as one call after the other, no new loop
-compiled), 22 ``mod_args`` of mixed widths against the dense formulation, and, marked
-xfail (strict), three defects of the helpers reachable only below the public API:
+compiled), 22 ``mod_args`` of mixed widths against the dense formulation, and three
+defects the review found below the public API, fixed since:
 
-- ``held_args`` releases with the type of the value at the block's end, not the one it
-  wrote: a value changed in place during the block (here an array's dtype) makes the
-  release raise and its reference leak;
-- ``flex_loops.flex_forward`` given a tile function and ``mod_args`` of other types reads
-  them at the wrong layout (a segmentation fault, in a subprocess; the parent raised
-  a TypingError);
-- ``flex_build.specialise`` keys its modules on ``str(numba.typeof(args))``, which is not
-  a type's identity (two namedtuple classes of one name and field types): the second
-  type gets the first type's module, whose check refuses it.
+- ``held_args`` released with the type of the value at the block's end, not the one it
+  wrote: a value changed in place during the block (here an array's dtype) made the
+  release raise and its reference leak; it now releases the type it wrote;
+- ``flex_loops.flex_forward`` given a tile function and ``mod_args`` of other types read
+  them at the wrong layout (a segmentation fault; run in a subprocess); ``held_args``
+  now refuses a value of other types than the tile function reads (a TypeError);
+- ``flex_build.specialise`` keyed its modules on ``str(numba.typeof(args))``, which does
+  not tell two namedtuple classes of one name and field types apart; it now takes plain
+  tuples only (``attn.flex`` makes them) and refuses named ones.
 """
 
 from __future__ import annotations
@@ -171,12 +171,6 @@ def test_twenty_two_mod_args_of_mixed_widths_match_dense():
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="held_args.__exit__ releases with numba.typeof(value) at the block's end, not the "
-    "type it wrote: a value changed in place during the block (an array's dtype set to one "
-    "numba does not type) makes the release raise and the array's reference leak",
-)
 def test_held_args_releases_what_it_wrote_whatever_the_value_became():
     from nbattn.kernels.flex_shared import held_args
 
@@ -217,12 +211,6 @@ _MISMATCH = textwrap.dedent(
 )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="flex_loops.flex_forward no longer types mod_args against the tile function: "
-    "one of other types is read at the wrong layout (SIGSEGV; the parent raised a "
-    "TypingError). Only the generated module's wrapper checks (_args_of_this_copy)",
-)
 def test_loops_given_mod_args_of_other_types_refuse_them():
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
@@ -230,7 +218,10 @@ def test_loops_given_mod_args_of_other_types_refuse_them():
         [sys.executable, "-c", _MISMATCH], cwd=root, env=env, capture_output=True, text=True,
         timeout=600,
     )  # fmt: skip
-    assert done.returncode == 0 and "refused" in done.stdout, (done.returncode, done.stderr[-500:])
+    assert done.returncode == 0 and "refused: TypeError" in done.stdout, (
+        done.returncode,
+        done.stderr[-500:],
+    )
 
 
 def one_field(score, b, h, q_idx, kv_idx, p):
@@ -238,21 +229,15 @@ def one_field(score, b, h, q_idx, kv_idx, p):
     return score + p[0]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="flex_build.specialise keys on str(numba.typeof(args)), not the type: two "
-    "namedtuple classes of one name and field types share a module (the second is "
-    "refused by its ARGS check; on disk, a module's cached tile function is that of "
-    "whichever type compiled it first)",
-)
-def test_specialise_gives_types_of_one_name_their_own_modules():
+def test_specialise_refuses_named_tuples_whose_name_is_no_type_identity():
     from numba import typeof
 
     from nbattn.kernels import flex_build
 
     first = collections.namedtuple("P", "a b")
     second = collections.namedtuple("P", "x y")
-    args1, args2 = ((first(1.0, 2.0),), ()), ((second(1.0, 2.0),), ())
-    flex_build.specialise(one_field, None, None, args1)
-    module = flex_build.specialise(one_field, None, None, args2)
-    assert module.ARGS == typeof(args2)
+    for args in (((first(1.0, 2.0),), ()), ((), ((second(1.0, 2.0),),))):
+        with pytest.raises(TypeError, match="plain tuples"):
+            flex_build.specialise(one_field, None, None, args)
+    plain = ((1.0, 2.0),), ()
+    assert flex_build.specialise(one_field, None, None, plain).ARGS == typeof(plain)
