@@ -249,9 +249,10 @@ def fused_range(query_row, keys_t, values_t, a, b, shift, buf, acc, coarse):
     The squared distance over the features but the last two is accumulated in
     ``buf``; the last two features, the exponential and the sums are one loop (with one
     output; with several the weights go through ``buf``). One pass through ``buf`` fewer
-    than the last feature alone in the loop: 15 % less time a pair at two features, 8 %
-    at three, on one thread of this project's AMD EPYC (Zen 4) machine, and one more
-    compiled copy of the loop (about 1 CPU s on the first call).
+    than with the last feature alone in the loop: about 9 % less time a pair at two
+    features and 5 % at three (none measurable at four), exact streaming on one thread of
+    an AMD EPYC (Zen 4), best of three interleaved runs; one more compiled copy of the
+    loop (about 1 CPU s on the first call).
     """
     n = b - a
     d = keys_t.shape[0]
