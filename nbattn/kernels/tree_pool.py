@@ -151,6 +151,7 @@ from .items import next_item, run_items
 from .kd_order import kd_nodes, kd_order, kd_split, take_columns
 from .pooling import far_score, fused_range, one_pass_min_sum
 from .softmax import row_max
+from .tree_leaves import check_blocks, leaf_blocks, value_exponents
 from .tree_series import monomials, series_coefficients, series_rows
 from .tree_series import rescale as _rescale
 
@@ -189,29 +190,6 @@ def _box_d2(q64, r, lo, hi, node):
         gap = max(lo[node, f] - q64[r, f], q64[r, f] - hi[node, f], 0.0)
         total += gap * gap
     return total
-
-
-@njit(fastmath=config.FASTMATH, cache=config.CACHE)
-def packed_leaves(keys_t, values_t, start, stop, right):
-    """Each leaf's keys and values in one contiguous block (a walk reads a leaf as one
-    stream instead of d + p strided ones): the leaf [a, b) of nb keys starts at
-    a * (d + p) and holds feature f of its t-th key at f * nb + t, then value c at
-    (d + c) * nb + t."""
-    k, n = keys_t.shape
-    width = k + values_t.shape[0]
-    pack = np.empty(n * width, dtype=keys_t.dtype)
-    for node in range(start.shape[0]):
-        if right[node] >= 0:
-            continue
-        a, nb = start[node], stop[node] - start[node]
-        base = a * width
-        for f in range(k):
-            for t in range(nb):
-                pack[base + f * nb + t] = keys_t[f, a + t]
-        for c in range(values_t.shape[0]):
-            for t in range(nb):
-                pack[base + (k + c) * nb + t] = values_t[c, a + t]
-    return pack
 
 
 @njit(fastmath=config.FASTMATH, cache=config.CACHE, inline="always")
@@ -485,72 +463,17 @@ def _tree_tile(
             )
 
 
-@njit(fastmath=False, cache=config.CACHE)
-def _value_exponents(values_t):
-    """Per output c the exponent e_c with max_j |v_cj| < 2**e_c <= 2 max_j |v_cj| (0 for
-    zeros), and the values divided by 2**(e_c - 1) (exact): sums of n weights times
-    values in [-2, 2] cannot overflow where values near the largest float would."""
-    n_outputs, n = values_t.shape
-    exponents = np.zeros(n_outputs, dtype=np.int64)
-    scaled = np.empty_like(values_t)
-    for c in range(n_outputs):
-        big = 0.0
-        for j in range(n):
-            big = max(big, abs(np.float64(values_t[c, j])))
-        if big > 0.0:
-            exponents[c] = math.frexp(big)[1]
-        for j in range(n):
-            scaled[c, j] = math.ldexp(np.float64(values_t[c, j]), 1 - exponents[c])
-    return exponents, scaled
-
-
 def series_for(keys_t, values_t, start, stop, lo, hi, p_max, per):
     """The nodes' Taylor series for :func:`tree_pool`'s ``series`` (module docstring,
     "Series"): ``tree_series.series_coefficients`` of the keys and of the values scaled as
     the walk scales them, terms of degree below ``p_max``, a node's degree the largest
     whose terms are at most its keys / ``per``."""
     parent, var, const, deg_end = monomials(keys_t.shape[0], int(p_max))
-    _, values_s = _value_exponents(values_t)
+    _, values_s = value_exponents(values_t)
     degree, offset, centre, radius, coef = series_coefficients(
         keys_t, values_s, start, stop, lo, hi, parent, var, const, deg_end, float(per)
     )
     return degree, offset, centre, radius, coef, parent, var, deg_end
-
-
-def leaf_blocks(keys_t, values_t, start, stop, right):
-    """What every walk of one tree reads: ``(pack, exponents, leaf_max, nodes)``, the
-    leaves in one block each (:func:`packed_leaves`) with the values scaled by
-    :func:`_value_exponents` (``exponents`` undoes it), the largest leaf's keys and the
-    tree's ``(start, stop, right)`` they were packed for. Built once and passed to each
-    :func:`tree_pool` of the tree (the cost model's sample walk, then the walk of every
-    query), instead of once per walk."""
-    exponents, values_s = _value_exponents(values_t)
-    pack = packed_leaves(keys_t, values_s, start, stop, right)
-    leaves = right < 0
-    leaf_max = int((stop[leaves] - start[leaves]).max()) if leaves.any() else 0
-    return pack, exponents, leaf_max, (start, stop, right)
-
-
-def _check_blocks(leaves, keys_t, n_outputs, start, stop, right):
-    """Refuses :func:`leaf_blocks` of other keys or another tree than the walk's: the walk
-    reads the pack and sizes its scratch by ``leaf_max`` unchecked, so blocks of a tree
-    with smaller leaves would overrun it. What it cannot see: other values of the same
-    shape (the blocks must be built from the walk's own arrays)."""
-    pack, exponents, _, (b_start, b_stop, b_right) = leaves
-    width = keys_t.shape[0] + n_outputs
-    if pack.shape != (keys_t.shape[1] * width,) or exponents.shape != (n_outputs,):
-        raise ValueError(
-            f"leaves: a pack of {pack.shape[0]} and {exponents.shape[0]} exponents, not the "
-            f"{keys_t.shape[1]} keys x {width} of these keys and values (leaf_blocks)"
-        )
-    if pack.dtype != keys_t.dtype:
-        raise ValueError(f"leaves: packed in {pack.dtype}, the keys are {keys_t.dtype}")
-    same = all(
-        mine.shape == theirs.shape and np.array_equal(mine, theirs)
-        for mine, theirs in ((start, b_start), (stop, b_stop), (right, b_right))
-    )
-    if not same:
-        raise ValueError("leaves: packed for another tree than the nodes walked (leaf_blocks)")
 
 
 def _no_series(k):
@@ -592,15 +515,15 @@ def tree_pool(
     of :func:`nbattn.kernels.items.run_items` (a serial kernel on a pool of threads: no
     parallel region to compile). ``series``: :func:`series_for`'s tables (None: no
     series), taken where a node's deg_end[p] terms times ``ratio`` cost at most its keys
-    (module docstring, "Series"). ``leaves``: :func:`leaf_blocks` of these keys, values
-    and nodes (None: built here; blocks of another tree or size raise ValueError).
+    (module docstring, "Series"). ``leaves``: ``tree_leaves.leaf_blocks`` of these keys,
+    values and nodes (None: built here; blocks of another tree or size raise ValueError).
     """
     n_rows = rows.shape[0]
     n_outputs = values_t.shape[0]
     if leaves is None:
         leaves = leaf_blocks(keys_t, values_t, start, stop, right)
     else:
-        _check_blocks(leaves, keys_t, n_outputs, start, stop, right)
+        check_blocks(leaves, keys_t, n_outputs, start, stop, right)
     pack, exponents, leaf_max, _ = leaves
     prune_rtol = float(rtol)
     eps = COARSE_EXP_RTOL if coarse is not None else 0.0
