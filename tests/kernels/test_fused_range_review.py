@@ -1,7 +1,8 @@
-"""Review of ``pooling.fused_range`` after cdcfba0 (the last two features inline in the
-fused loop, the others through ``buf``).
+"""Review of ``pooling.fused_range`` with the last two features inline in the fused loop
+and the others through ``buf``.
 
-The previous implementation (46ba170) is kept below as ``_fused_range_46ba170``, compiled
+The previous implementation (every feature but the last through ``buf``) is kept below
+as ``_fused_range_buffered``, compiled
 with the library's fastmath flags, and both are run on the same ranges: d = 1..8
 features, 1..4 outputs, float32 and float64, ranges of 0..33 keys inside a larger
 array, keys at extreme magnitudes (squared distances overflowing to inf, subnormal
@@ -29,8 +30,8 @@ from .. import naive
 
 
 @njit(fastmath=config.FASTMATH, inline="always")
-def _fused_range_46ba170(query_row, keys_t, values_t, a, b, shift, buf, acc, coarse):
-    """``pooling.fused_range`` as of 46ba170 (all features but the last through buf)."""
+def _fused_range_buffered(query_row, keys_t, values_t, a, b, shift, buf, acc, coarse):
+    """``pooling.fused_range`` as it was (all features but the last through buf)."""
     n = b - a
     d = keys_t.shape[0]
     n_outputs = values_t.shape[0]
@@ -91,7 +92,7 @@ def _run_new(q, k_t, v_t, a, b, shift, buf, acc, coarse):
 
 @njit(fastmath=config.FASTMATH)
 def _run_old(q, k_t, v_t, a, b, shift, buf, acc, coarse):
-    return _fused_range_46ba170(q, k_t, v_t, a, b, shift, buf, acc, coarse)
+    return _fused_range_buffered(q, k_t, v_t, a, b, shift, buf, acc, coarse)
 
 
 def _keys(kind, rng, d, n, dtype):
@@ -131,7 +132,7 @@ def _kind(x):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("kind", ["normal", "huge", "subnormal", "ties", "signed_zeros", "mixed"])
-def test_fused_range_agrees_with_46ba170(dtype, kind):
+def test_fused_range_agrees_with_the_buffered_original(dtype, kind):
     """Every d, output count, range length, shift and ``coarse``: the same inf / NaN / 0
     pattern as before, the same bits where the arithmetic is unchanged (one feature, or
     several outputs), and otherwise agreement to rounding of the weighted sums."""

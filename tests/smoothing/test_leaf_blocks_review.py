@@ -1,4 +1,4 @@
-"""Review of ``tree_pool.leaf_blocks`` and ``tree_pool(..., leaves=)`` (0204714): the
+"""Review of ``tree_pool.leaf_blocks`` and ``tree_pool(..., leaves=)``: the
 packed leaves and the values' scaling built once per call and shared by the cost
 model's sample walk and the main walk.
 

@@ -1,8 +1,8 @@
-"""Review of the relaxed assertion of ``test_property_random_curves_against_brute_force``
-(cdcfba0's parent range): it now lets the strided search miss the brute-force minimum
-by more than 0.5 % when the minimiser lies in a coarse interval left unfilled whose two
-ends are both more than ``fill_margin`` above the best grid value (the one miss the
-module docstring of ``nbattn.smoothing.search`` documents).
+"""Review of the relaxed assertion of ``test_property_random_curves_against_brute_force``:
+it now lets the strided search miss the brute-force minimum by more than 0.5 % when the
+minimiser lies in a coarse interval left unfilled whose two ends are both more than
+``fill_margin`` above the best grid value (the one miss the module docstring of
+``nbattn.smoothing.search`` documents).
 
 Can it still fail? The property test's body is run on fixed curves (found by a seeded
 random hunt) with the search broken on purpose:
