@@ -45,7 +45,15 @@ from .flash import (
     exp2_shift_sum,
     sum_groups,
 )
-from .flex_shared import LIMIT32, LIMIT64, MAX32, backward_shifts, block_state, held_args
+from .flex_shared import (
+    LIMIT32,
+    LIMIT64,
+    MAX32,
+    backward_shifts,
+    block_state,
+    compiled_entry,
+    held_args,
+)
 from .items import next_item, run_items
 from .softmax import row_max
 
@@ -87,12 +95,7 @@ def _entry(kernel, function_type, args):
     loaded from the cache) for the tile function's type, so that a call with any
     function of that type runs the same machine code (a jitted function passed to a
     kernel otherwise types as itself, and the kernel would compile again for each)."""
-    sig = (_COUNTER, function_type) + tuple(typeof(a) for a in args)
-    compiled = kernel.overloads.get(sig)
-    if compiled is None:
-        kernel.compile(sig)
-        compiled = kernel.overloads[sig]
-    return compiled.entry_point
+    return compiled_entry(kernel, (_COUNTER, function_type) + tuple(typeof(a) for a in args))
 
 
 def _reads(tile_function):

@@ -29,6 +29,7 @@ __all__ = [
     "backward_shifts",
     "band_limits",
     "block_state",
+    "compiled_entry",
     "held_args",
     "load_args",
     "tanh",
@@ -212,21 +213,22 @@ class held_args:  # noqa: N801 - used as a function: ``with held_args(value) as 
         self.signature = (numba.typeof(self.buffer), given, types.boolean)
 
     def __enter__(self):
-        _exactly(_hold, self.signature, self.buffer, self.value, False)
+        compiled_entry(_hold, self.signature)(self.buffer, self.value, False)
         return self.buffer.ctypes.data
 
     def __exit__(self, *exc):
-        _exactly(_hold, self.signature, self.buffer, self.value, True)
+        compiled_entry(_hold, self.signature)(self.buffer, self.value, True)
         return False
 
 
-def _exactly(kernel, signature, *args):
-    """``kernel(*args)`` compiled (or loaded) for exactly ``signature``: the dispatcher
-    would otherwise run an overload it can convert them to (a Python int of
-    [2**63, 2**64) into an int64 one, an OverflowError), and the value written must be of
-    the type :func:`load_args` reads (and released as the type written)."""
+def compiled_entry(kernel, signature):
+    """``kernel``'s compiled entry point for exactly ``signature`` (compiled, or loaded from
+    the cache, on first use). The dispatcher would otherwise pick an overload it can
+    convert the arguments to (a Python int of [2**63, 2**64) into an int64 one, an
+    OverflowError; a jitted function as its own type, a compile per function), where the
+    callers need the machine code of that one signature."""
     compiled = kernel.overloads.get(signature)
     if compiled is None:
         kernel.compile(signature)
         compiled = kernel.overloads[signature]
-    return compiled.entry_point(*args)
+    return compiled.entry_point

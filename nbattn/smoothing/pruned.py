@@ -118,9 +118,7 @@ def _tree_plan(q, k_t, v_t, nodes, own, rtol, order, leaves=None):
     (None), from a sample of tiles of the queries in k-d order ``order`` (``config.TREE_*``;
     deterministic, no clocks). Series are built only where the sample walk without them
     sums a large share of the keys and could still pay for their build. ``leaves``: the
-    tree's ``leaf_blocks`` (None: built here), which the walks share."""
-    if leaves is None:
-        leaves = kernels_for("tree_pool", "cpu").leaf_blocks(k_t, v_t, *nodes[:3])
+    tree's ``leaf_blocks``, which the walks share (None: each walk builds its own)."""
     n_queries, n_keys, d = q.shape[0], k_t.shape[1], q.shape[1]
     rows = _sample_tiles(order, int(config.TREE_TILE_ROWS), int(config.TREE_SAMPLE_QUERIES))
     ratio = config.TREE_SERIES_TERM_COST * (1 + v_t.shape[0]) / config.TREE_KEY_COST
