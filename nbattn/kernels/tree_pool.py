@@ -174,6 +174,12 @@ _STACK = 128  # the tree's depth is below 64 for any n below 2**63
 #: The least rtol whose float64 leaves are summed with ``coarse_exp`` (module docstring,
 #: "Coarse exponential"): its error then takes at most 1/16 of the tolerance.
 COARSE_MIN_RTOL = 16.0 * COARSE_EXP_RTOL
+#: ``pooling.fused_range`` compiled as a function of its own, which the walk calls
+#: instead of inlining it (the streaming kernel inlines it): numba's inlining of its long
+#: body (the exponential's polynomial, a loop per feature count) was about 2.2 of the
+#: 11.8 CPU s that each copy of the walk took to compile, and a call costs nothing beside
+#: a leaf's hundreds of keys (same bits, same time a pair).
+_leaf_pass = njit(fastmath=config.FASTMATH, cache=config.CACHE)(fused_range.py_func)
 
 
 def coarse_for(rtol, dtype):
@@ -201,9 +207,8 @@ def _leaf_range(qt, r, pack, base, nb, skip, shift, n_outputs, coarse, buf, acc_
     float64) and adds sum_t exp(s_t - shift) v_tc into ``acc_row[c]``; each weight by
     ``coarse_exp`` where ``coarse`` (module docstring, "Coarse exponential").
 
-    One call site of ``fused_range``, in a loop over the two parts: the fused pass is a
-    long loop body (the exponential's polynomial, a branch per output count), and each
-    inlined copy cost the walk seconds of compile time."""
+    One call site of the fused pass (``_leaf_pass``, a call, not inlined), in a loop over
+    the two parts."""
     k = qt.shape[1]
     block = pack[base : base + (k + n_outputs) * nb].reshape((k + n_outputs, nb))
     keys, values = block[:k], block[k:]
@@ -212,7 +217,7 @@ def _leaf_range(qt, r, pack, base, nb, skip, shift, n_outputs, coarse, buf, acc_
     a, b = 0, lead_end
     for _ in range(2):
         if b > a:
-            total += np.float64(fused_range(qt[r], keys, values, a, b, shift, buf, acc_row, coarse))
+            total += np.float64(_leaf_pass(qt[r], keys, values, a, b, shift, buf, acc_row, coarse))
         a, b = lead_end + 1, nb
     return total
 
