@@ -214,7 +214,7 @@ def _leaf_range(qt, r, pack, base, nb, skip, shift, n_outputs, coarse, buf, acc_
     keys, values = block[:k], block[k:]
     lead_end = skip if 0 <= skip < nb else nb
     total = 0.0
-    a, b = 0, lead_end
+    a, b = np.int64(0), lead_end  # not a literal 0: _leaf_pass would compile for it too
     for _ in range(2):
         if b > a:
             total += np.float64(_leaf_pass(qt[r], keys, values, a, b, shift, buf, acc_row, coarse))
