@@ -176,9 +176,9 @@ _STACK = 128  # the tree's depth is below 64 for any n below 2**63
 COARSE_MIN_RTOL = 16.0 * COARSE_EXP_RTOL
 #: ``pooling.fused_range`` compiled as a function of its own, which the walk calls
 #: instead of inlining it (the streaming kernel inlines it): numba's inlining of its long
-#: body (the exponential's polynomial, a loop per feature count) was about 2.2 of the
-#: 11.8 CPU s that each copy of the walk took to compile, and a call costs nothing beside
-#: a leaf's hundreds of keys (same bits, same time a pair).
+#: body (the exponential's polynomial, a loop per feature count) was about a fifth of the
+#: 11.8-12.2 CPU s that each copy of the walk took to compile (now about 9.6), and a call
+#: costs nothing beside a leaf's hundreds of keys (same bits, same time a pair).
 _leaf_pass = njit(fastmath=config.FASTMATH, cache=config.CACHE)(fused_range.py_func)
 
 
